@@ -1,0 +1,162 @@
+#include "common/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+
+hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, char *err,
+                               size_t errlen)
+{
+    size_t cap = 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof(*ids));
+    const char *p = text;
+
+    if (ids == NULL)
+        return HPD_ERR_NO_MEMORY;
+    while (*p) {
+        char *end;
+        long long v;
+
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == '\0')
+            break;
+        if (!isdigit((unsigned char)*p)) {
+            snprintf(err, errlen, "token id list: expected a non-negative integer at '%.20s'", p);
+            goto err_free;
+        }
+        errno = 0;
+        v = strtoll(p, &end, 10);
+        if (errno != 0 || v > INT32_MAX) {
+            snprintf(err, errlen, "token id list: value '%.20s' is out of range", p);
+            goto err_free;
+        }
+        if (n == cap) {
+            int32_t *grown = realloc(ids, 2 * cap * sizeof(*ids));
+            if (grown == NULL) {
+                free(ids);
+                return HPD_ERR_NO_MEMORY;
+            }
+            ids = grown;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p != '\0') {
+            snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p);
+            goto err_free;
+        }
+    }
+    if (n == 0) {
+        snprintf(err, errlen, "token id list is empty");
+        goto err_free;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return HPD_OK;
+
+err_free:
+    free(ids);
+    return HPD_ERR_INVALID_ARG;
+}
+
+int hpd_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *value_p)
+{
+    char *end;
+    unsigned long long v;
+
+    if (text == NULL || !isdigit((unsigned char)text[0]))
+        return -1;
+    errno = 0;
+    v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v < min || v > max)
+        return -1;
+    *value_p = v;
+    return 0;
+}
+
+int hpd_parse_float(const char *text, float *value_p)
+{
+    char *end;
+    float v;
+
+    if (text == NULL || *text == '\0')
+        return -1;
+    errno = 0;
+    v = strtof(text, &end);
+    if (errno != 0 || *end != '\0' || !isfinite(v))
+        return -1;
+    *value_p = v;
+    return 0;
+}
+
+hpd_status_t hpd_read_file(const char *path, char **data_p, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    char *data;
+    long len;
+
+    if (f == NULL) {
+        HPD_LOG_ERROR("util", "cannot open %s: %s", path, strerror(errno));
+        return HPD_ERR_IO;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        HPD_LOG_ERROR("util", "cannot size %s: %s", path, strerror(errno));
+        fclose(f);
+        return HPD_ERR_IO;
+    }
+    data = malloc((size_t)len + 1);
+    if (data == NULL) {
+        fclose(f);
+        return HPD_ERR_NO_MEMORY;
+    }
+    if (fread(data, 1, (size_t)len, f) != (size_t)len) {
+        HPD_LOG_ERROR("util", "cannot read %s", path);
+        free(data);
+        fclose(f);
+        return HPD_ERR_IO;
+    }
+    fclose(f);
+    data[len] = '\0';
+    *data_p = data;
+    *len_p = (size_t)len;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+
+    if (f == NULL) {
+        HPD_LOG_ERROR("util", "cannot create %s: %s", path, strerror(errno));
+        return HPD_ERR_IO;
+    }
+    size_t written = fwrite(data, 1, len, f);
+    int closed = fclose(f);
+
+    if (written != len || closed != 0) {
+        HPD_LOG_ERROR("util", "cannot write %s: %s", path, strerror(errno));
+        return HPD_ERR_IO;
+    }
+    return HPD_OK;
+}
+
+double hpd_time_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

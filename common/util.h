@@ -1,0 +1,37 @@
+/* Small utilities: parsing, files, time. */
+#ifndef HPD_COMMON_UTIL_H
+#define HPD_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define HPD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define HPD_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define HPD_DIV_UP(a, b) (((a) + (b) - 1) / (b))
+#define HPD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Parses a comma-separated list of non-negative integers ("1,2,3", spaces
+ * allowed around commas). On success *ids_p is a malloc'ed array owned by the
+ * caller. An empty list, a negative or non-numeric item, or a value above
+ * INT32_MAX gives HPD_ERR_INVALID_ARG and a message in err (errlen bytes). */
+hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, char *err,
+                               size_t errlen);
+
+/* Parses a whole unsigned decimal number into [min, max]. Returns 0 or -1. */
+int hpd_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *value_p);
+
+/* Parses a whole finite float. Returns 0 or -1. */
+int hpd_parse_float(const char *text, float *value_p);
+
+/* Reads a whole file into a malloc'ed, NUL-terminated buffer. */
+hpd_status_t hpd_read_file(const char *path, char **data_p, size_t *len_p);
+
+/* Writes len bytes to path (created or truncated). */
+hpd_status_t hpd_write_file(const char *path, const void *data, size_t len);
+
+/* Monotonic time in seconds. */
+double hpd_time_now(void);
+
+#endif

@@ -1,0 +1,343 @@
+/* The kernel backend: an ops table plus a context (docs/kernels.md).
+ *
+ * Every op takes one args struct (pointers, shapes, strides, block tables),
+ * so adding a field does not change every signature. Pointers in args are
+ * backend memory (host memory for the CPU backend). Optional ops may be NULL;
+ * the inline wrappers then answer HPD_ERR_UNSUPPORTED.
+ *
+ * Determinism: every op computes each output row with a reduction order that
+ * depends neither on the other rows of the batch nor on the page layout. */
+#ifndef HPD_KERNELS_BACKEND_H
+#define HPD_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/kv_layout.h"
+#include "common/status.h"
+
+typedef struct hpd_backend hpd_backend_t;
+
+/* A strided [tokens][heads][dim] view: element (t, h, d) is p[t*ld + h*hs + d]. */
+typedef struct {
+    float *p;
+    uint32_t ld; /* elements between tokens */
+    uint32_t hs; /* elements between heads */
+} hpd_view_t;
+
+/* One sequence of a batch: its rows in the batch activations and where they
+ * sit in the sequence. */
+typedef struct {
+    uint32_t row;       /* first row in the batch */
+    uint32_t n_tokens;  /* rows this step */
+    uint32_t start_pos; /* absolute position of the first row */
+} hpd_seq_t;
+
+typedef struct {
+    const int32_t *ids; /* n token ids, each < vocab (checked by the caller) */
+    uint32_t n;
+    const float *table; /* [vocab][dim] */
+    uint32_t dim;
+    float *out; /* [n][ld] */
+    uint32_t ld;
+} hpd_embed_args_t;
+
+/* y[m][n] = (accumulate ? y[m][n] : 0) + sum_k x[m][k] * w[n][k] */
+typedef struct {
+    const float *x;
+    uint32_t ldx;
+    const float *w; /* [n][k] row-major, leading dimension k */
+    float *y;
+    uint32_t ldy;
+    uint32_t m, n, k;
+    bool accumulate;
+} hpd_gemm_args_t;
+
+/* RMSNorm of every (token, head) row of dim elements:
+ * y = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). In place is allowed. */
+typedef struct {
+    hpd_view_t x, y;
+    uint32_t n_tokens, n_heads, dim;
+    const float *w;
+    float eps;
+    bool zero_centred;
+} hpd_rmsnorm_args_t;
+
+/* Gated RMSNorm (GDN output): y = x * rsqrt(mean(x^2)+eps) * w * silu(z). */
+typedef struct {
+    hpd_view_t x, z, y;
+    uint32_t n_tokens, n_heads, dim;
+    const float *w;
+    float eps;
+} hpd_gated_rmsnorm_args_t;
+
+/* L2 normalisation in place, then a scale: x = x * rsqrt(sum(x^2) + eps) * scale. */
+typedef struct {
+    hpd_view_t x;
+    uint32_t n_tokens, n_heads, dim;
+    float eps, scale;
+} hpd_l2norm_args_t;
+
+/* NeoX rotary embedding in place on the first rot_dim dims of each head. */
+typedef struct {
+    hpd_view_t x;
+    uint32_t n_tokens, n_heads, head_dim, rot_dim;
+    const int32_t *positions; /* per token */
+    float theta;
+} hpd_rope_args_t;
+
+/* out[t][i] = silu(gu[t][i]) * gu[t][inter + i] (SwiGLU) */
+typedef struct {
+    const float *gu;
+    uint32_t ldgu;
+    float *out;
+    uint32_t ldout;
+    uint32_t n_tokens, inter;
+} hpd_silu_mul_args_t;
+
+/* x(t, h, d) *= sigmoid(gate(t, h, d)) (attention output gate) */
+typedef struct {
+    hpd_view_t x, gate;
+    uint32_t n_tokens, n_heads, dim;
+} hpd_sigmoid_mul_args_t;
+
+/* Paged KV for one full-attention layer of a batch. */
+typedef struct {
+    const hpd_kv_layout_t *layout;
+    void *pool;                          /* base of the page pool */
+    uint32_t member;                     /* m = a % P */
+    const uint32_t *const *block_tables; /* per sequence: the pages of this layer's group */
+} hpd_paged_kv_t;
+
+/* Write K and V rows of the batch into their pages. */
+typedef struct {
+    hpd_paged_kv_t kv;
+    hpd_view_t k, v; /* [tokens][n_kv_heads][head_dim] */
+    const hpd_seq_t *seqs;
+    uint32_t n_seqs;
+} hpd_kv_store_args_t;
+
+/* Causal GQA attention over paged KV: query row i of a sequence at position
+ * p = start_pos + i attends to keys 0..p, walked in fixed 16-token tiles with
+ * online softmax. Prefill (many queries) and decode (one) are the same op. */
+typedef struct {
+    hpd_paged_kv_t kv;
+    hpd_view_t q;   /* [tokens][n_heads][head_dim] */
+    hpd_view_t out; /* [tokens][n_heads][head_dim] */
+    uint32_t n_heads;
+    float scale;
+    const hpd_seq_t *seqs;
+    uint32_t n_seqs;
+} hpd_attention_args_t;
+
+/* Causal depthwise conv1d (no bias) + SiLU with a conv state per sequence.
+ * state is [channels][kc-1], the last kc-1 inputs, oldest first; it is read
+ * as the history and replaced by the newest inputs. */
+typedef struct {
+    const float *x; /* [tokens][ldx], channels used */
+    uint32_t ldx;
+    float *y; /* [tokens][ldy]; may not alias x */
+    uint32_t ldy;
+    const float *w; /* [channels][kc] */
+    uint32_t channels, kc;
+    float *const *states; /* per sequence */
+    const hpd_seq_t *seqs;
+    uint32_t n_seqs;
+} hpd_conv1d_args_t;
+
+/* g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b) (fp32) */
+typedef struct {
+    const float *a, *b;
+    uint32_t lda, ldb;
+    const float *a_log, *dt_bias; /* [nv] */
+    float *g, *beta;              /* [tokens][nv] */
+    uint32_t n_tokens, nv;
+} hpd_gdn_gating_args_t;
+
+/* The gated delta rule for every value head of a batch. State per sequence
+ * [nv][dk][dv] fp32, read and updated. Value head h uses key head h / (nv/nk).
+ * q must already be L2-normalised and scaled, k L2-normalised. */
+typedef struct {
+    hpd_view_t q, k;   /* [tokens][nk][dk] */
+    hpd_view_t v;      /* [tokens][nv][dv] */
+    const float *g, *beta; /* [tokens][nv] */
+    hpd_view_t out;    /* [tokens][nv][dv] */
+    uint32_t nk, nv, dk, dv;
+    float *const *states; /* per sequence */
+    const hpd_seq_t *seqs;
+    uint32_t n_seqs;
+} hpd_gdn_args_t;
+
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* in (0, 1]; 1 disables */
+    uint32_t top_k;    /* 0 disables */
+    uint64_t seed;
+} hpd_sampling_t;
+
+/* Draw one token per row: row r uses params[r] and the counter-based RNG
+ * keyed by (params[r].seed, positions[r]). */
+typedef struct {
+    const float *logits;
+    uint32_t ld;
+    uint32_t n_rows, vocab;
+    const hpd_sampling_t *params;
+    const uint64_t *positions;
+    int32_t *out; /* host memory */
+} hpd_sample_args_t;
+
+typedef struct {
+    const char *name;
+    void (*destroy)(hpd_backend_t *backend);
+    /* memory */
+    hpd_status_t (*alloc)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
+    void (*free)(hpd_backend_t *backend, void *ptr);
+    hpd_status_t (*memset)(hpd_backend_t *backend, void *ptr, int value, size_t bytes);
+    hpd_status_t (*copy)(hpd_backend_t *backend, void *dst, const void *src, size_t bytes);
+    hpd_status_t (*to_host)(hpd_backend_t *backend, void *host, const void *src, size_t bytes);
+    hpd_status_t (*from_host)(hpd_backend_t *backend, void *dst, const void *host, size_t bytes);
+    /* kernels */
+    hpd_status_t (*embed)(hpd_backend_t *backend, const hpd_embed_args_t *args);
+    hpd_status_t (*gemm)(hpd_backend_t *backend, const hpd_gemm_args_t *args);
+    hpd_status_t (*rmsnorm)(hpd_backend_t *backend, const hpd_rmsnorm_args_t *args);
+    hpd_status_t (*gated_rmsnorm)(hpd_backend_t *backend, const hpd_gated_rmsnorm_args_t *args);
+    hpd_status_t (*l2norm)(hpd_backend_t *backend, const hpd_l2norm_args_t *args);
+    hpd_status_t (*rope)(hpd_backend_t *backend, const hpd_rope_args_t *args);
+    hpd_status_t (*silu_mul)(hpd_backend_t *backend, const hpd_silu_mul_args_t *args);
+    hpd_status_t (*sigmoid_mul)(hpd_backend_t *backend, const hpd_sigmoid_mul_args_t *args);
+    hpd_status_t (*kv_store)(hpd_backend_t *backend, const hpd_kv_store_args_t *args);
+    hpd_status_t (*attention)(hpd_backend_t *backend, const hpd_attention_args_t *args);
+    hpd_status_t (*conv1d)(hpd_backend_t *backend, const hpd_conv1d_args_t *args);
+    hpd_status_t (*conv1d_step)(hpd_backend_t *backend, const hpd_conv1d_args_t *args);
+    hpd_status_t (*gdn_gating)(hpd_backend_t *backend, const hpd_gdn_gating_args_t *args);
+    hpd_status_t (*gdn_chunked)(hpd_backend_t *backend, const hpd_gdn_args_t *args);
+    hpd_status_t (*gdn_recurrent)(hpd_backend_t *backend, const hpd_gdn_args_t *args);
+    hpd_status_t (*sample)(hpd_backend_t *backend, const hpd_sample_args_t *args);
+} hpd_backend_ops_t;
+
+struct hpd_backend {
+    const hpd_backend_ops_t *ops;
+    void *ctx;
+};
+
+typedef struct {
+    const char *device;  /* "cpu" (the default when NULL) */
+    uint32_t n_threads;  /* CPU threads; 0: all cores */
+} hpd_backend_params_t;
+
+/* Creates the backend named by params->device. An unknown or unavailable
+ * device is logged and answered HPD_ERR_UNSUPPORTED. */
+hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p);
+
+/* Destroys a backend. Accepts NULL. */
+void hpd_backend_destroy(hpd_backend_t *backend);
+
+/* The CPU backend. */
+hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
+                                    hpd_backend_t **backend_p);
+
+#define HPD_BACKEND_CALL(backend, op, ...)                                    \
+    ((backend)->ops->op != NULL ? (backend)->ops->op((backend), __VA_ARGS__) \
+                                : HPD_ERR_UNSUPPORTED)
+
+static inline hpd_status_t hpd_backend_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    return HPD_BACKEND_CALL(b, alloc, bytes, ptr_p);
+}
+static inline void hpd_backend_free(hpd_backend_t *b, void *ptr)
+{
+    if (ptr != NULL)
+        b->ops->free(b, ptr);
+}
+static inline hpd_status_t hpd_backend_memset(hpd_backend_t *b, void *ptr, int v, size_t n)
+{
+    return HPD_BACKEND_CALL(b, memset, ptr, v, n);
+}
+static inline hpd_status_t hpd_backend_copy(hpd_backend_t *b, void *dst, const void *src,
+                                            size_t n)
+{
+    return HPD_BACKEND_CALL(b, copy, dst, src, n);
+}
+static inline hpd_status_t hpd_backend_to_host(hpd_backend_t *b, void *host, const void *src,
+                                               size_t n)
+{
+    return HPD_BACKEND_CALL(b, to_host, host, src, n);
+}
+static inline hpd_status_t hpd_backend_from_host(hpd_backend_t *b, void *dst, const void *host,
+                                                 size_t n)
+{
+    return HPD_BACKEND_CALL(b, from_host, dst, host, n);
+}
+static inline hpd_status_t hpd_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, embed, a);
+}
+static inline hpd_status_t hpd_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gemm, a);
+}
+static inline hpd_status_t hpd_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, rmsnorm, a);
+}
+static inline hpd_status_t hpd_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gated_rmsnorm, a);
+}
+static inline hpd_status_t hpd_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, l2norm, a);
+}
+static inline hpd_status_t hpd_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, rope, a);
+}
+static inline hpd_status_t hpd_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, silu_mul, a);
+}
+static inline hpd_status_t hpd_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, sigmoid_mul, a);
+}
+static inline hpd_status_t hpd_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, kv_store, a);
+}
+static inline hpd_status_t hpd_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, attention, a);
+}
+static inline hpd_status_t hpd_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, conv1d, a);
+}
+static inline hpd_status_t hpd_conv1d_step(hpd_backend_t *b, const hpd_conv1d_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, conv1d_step, a);
+}
+static inline hpd_status_t hpd_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gdn_gating, a);
+}
+static inline hpd_status_t hpd_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gdn_chunked, a);
+}
+static inline hpd_status_t hpd_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gdn_recurrent, a);
+}
+static inline hpd_status_t hpd_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, sample, a);
+}
+
+/* The chunk length of the chunked gated delta rule; chunks sit on multiples
+ * of it in absolute positions. */
+#define HPD_GDN_CHUNK 64
+/* Keys per attention tile. */
+#define HPD_ATTN_TILE 16
+
+#endif

@@ -1,0 +1,118 @@
+/* Paged KV store and causal GQA attention on the CPU.
+ *
+ * The attention walks keys in fixed tiles of HPD_ATTN_TILE tokens with an
+ * online softmax; the order depends only on the query position, never on the
+ * block size, pack size or page order, nor on the batch. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
+
+static inline float *at(const hpd_view_t *v, uint32_t t, uint32_t h)
+{
+    return v->p + (size_t)t * v->ld + (size_t)h * v->hs;
+}
+
+/* Address of the head_dim row of (kv, absolute token t, head h) of sequence s. */
+static inline float *kv_row(const hpd_paged_kv_t *kv, uint32_t s, uint32_t which, uint32_t t,
+                            uint32_t h)
+{
+    const hpd_kv_layout_t *l = kv->layout;
+    const uint32_t page = kv->block_tables[s][t / l->block_size];
+
+    return (float *)kv->pool + (size_t)page * hpd_kv_layout_page_elems(l) +
+           hpd_kv_layout_row(l, kv->member, which, t % l->block_size, h);
+}
+
+hpd_status_t hpd_cpu_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a)
+{
+    const hpd_kv_layout_t *l = a->kv.layout;
+    const size_t bytes = l->head_dim * sizeof(float);
+
+    if (l->dtype != HPD_DTYPE_F32)
+        return HPD_ERR_UNSUPPORTED;
+    for (uint32_t s = 0; s < a->n_seqs; s++) {
+        const hpd_seq_t *seq = &a->seqs[s];
+        for (uint32_t i = 0; i < seq->n_tokens; i++) {
+            const uint32_t pos = seq->start_pos + i, row = seq->row + i;
+            for (uint32_t h = 0; h < l->n_kv_heads; h++) {
+                memcpy(kv_row(&a->kv, s, 0, pos, h), at(&a->k, row, h), bytes);
+                memcpy(kv_row(&a->kv, s, 1, pos, h), at(&a->v, row, h), bytes);
+            }
+        }
+    }
+    return HPD_OK;
+}
+
+static void attend_one(const hpd_attention_args_t *a, uint32_t s, uint32_t row, uint32_t pos,
+                       uint32_t h)
+{
+    const hpd_kv_layout_t *l = a->kv.layout;
+    const uint32_t hd = l->head_dim;
+    const uint32_t kvh = h / (a->n_heads / l->n_kv_heads);
+    const float *q = at(&a->q, row, h);
+    float *out = at(&a->out, row, h);
+    float acc[1024];
+    float m = -INFINITY, sum = 0.0f;
+
+    memset(acc, 0, hd * sizeof(float));
+    for (uint32_t t0 = 0; t0 <= pos; t0 += HPD_ATTN_TILE) {
+        const uint32_t t1 = t0 + HPD_ATTN_TILE <= pos + 1 ? t0 + HPD_ATTN_TILE : pos + 1;
+        float sc[HPD_ATTN_TILE];
+        float tile_max = -INFINITY, m_new, alpha;
+
+        for (uint32_t t = t0; t < t1; t++) {
+            sc[t - t0] = hpd_dot(q, kv_row(&a->kv, s, 0, t, kvh), hd) * a->scale;
+            tile_max = fmaxf(tile_max, sc[t - t0]);
+        }
+        m_new = fmaxf(m, tile_max);
+        alpha = expf(m - m_new);
+        hpd_scale(acc, alpha, hd);
+        sum *= alpha;
+        for (uint32_t t = t0; t < t1; t++) {
+            const float p = expf(sc[t - t0] - m_new);
+            sum += p;
+            hpd_axpy(acc, p, kv_row(&a->kv, s, 1, t, kvh), hd);
+        }
+        m = m_new;
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t d = 0; d < hd; d++)
+        out[d] = acc[d] * inv;
+}
+
+hpd_status_t hpd_cpu_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
+{
+    const hpd_kv_layout_t *l = a->kv.layout;
+    uint32_t n_rows = 0;
+    uint32_t(*items)[3];
+
+    if (l->dtype != HPD_DTYPE_F32 || l->head_dim > 1024)
+        return HPD_ERR_UNSUPPORTED;
+    for (uint32_t s = 0; s < a->n_seqs; s++)
+        n_rows += a->seqs[s].n_tokens;
+    items = malloc((size_t)n_rows * sizeof(*items));
+    if (items == NULL)
+        return HPD_ERR_NO_MEMORY;
+    /* (sequence, batch row, position) of every query row */
+    for (uint32_t s = 0, r = 0; s < a->n_seqs; s++) {
+        for (uint32_t i = 0; i < a->seqs[s].n_tokens; i++, r++) {
+            items[r][0] = s;
+            items[r][1] = a->seqs[s].row + i;
+            items[r][2] = a->seqs[s].start_pos + i;
+        }
+    }
+    const uint32_t total = n_rows * a->n_heads;
+    const int threads = total > 1 ? hpd_cpu_threads(b) : 1;
+
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+    for (uint32_t w = 0; w < total; w++) {
+        const uint32_t r = w / a->n_heads, h = w % a->n_heads;
+        attend_one(a, items[r][0], items[r][1], items[r][2], h);
+    }
+    free(items);
+    return HPD_OK;
+}

@@ -1,0 +1,88 @@
+/* The CPU backend: host memory and the ops of kernels/cpu/. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "kernels/cpu/cpu_ops.h"
+
+static void cpu_destroy(hpd_backend_t *b)
+{
+    free(b->ctx);
+    free(b);
+}
+
+static hpd_status_t cpu_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    void *p = NULL;
+
+    /* 64-byte alignment: cache lines, and any vector width we use */
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) & ~(size_t)63 : 64) != 0) {
+        HPD_LOG_ERROR("cpu", "allocation of %zu bytes failed", bytes);
+        return HPD_ERR_NO_MEMORY;
+    }
+    *ptr_p = p;
+    return HPD_OK;
+}
+
+static void cpu_free(hpd_backend_t *b, void *ptr)
+{
+    free(ptr);
+}
+
+static hpd_status_t cpu_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
+{
+    memset(ptr, value, bytes);
+    return HPD_OK;
+}
+
+static hpd_status_t cpu_copy(hpd_backend_t *b, void *dst, const void *src, size_t bytes)
+{
+    memmove(dst, src, bytes);
+    return HPD_OK;
+}
+
+static const hpd_backend_ops_t cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memset = cpu_memset,
+    .copy = cpu_copy,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .embed = hpd_cpu_embed,
+    .gemm = hpd_cpu_gemm,
+    .rmsnorm = hpd_cpu_rmsnorm,
+    .gated_rmsnorm = hpd_cpu_gated_rmsnorm,
+    .l2norm = hpd_cpu_l2norm,
+    .rope = hpd_cpu_rope,
+    .silu_mul = hpd_cpu_silu_mul,
+    .sigmoid_mul = hpd_cpu_sigmoid_mul,
+    .kv_store = hpd_cpu_kv_store,
+    .attention = hpd_cpu_attention,
+    .conv1d = hpd_cpu_conv1d,
+    .conv1d_step = hpd_cpu_conv1d,
+    .gdn_gating = hpd_cpu_gdn_gating,
+    .gdn_chunked = hpd_cpu_gdn_chunked,
+    .gdn_recurrent = hpd_cpu_gdn_recurrent,
+    .sample = hpd_cpu_sample,
+};
+
+hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
+                                    hpd_backend_t **backend_p)
+{
+    hpd_backend_t *b = calloc(1, sizeof(*b));
+    hpd_cpu_ctx_t *ctx = calloc(1, sizeof(*ctx));
+
+    if (b == NULL || ctx == NULL) {
+        free(b);
+        free(ctx);
+        return HPD_ERR_NO_MEMORY;
+    }
+    ctx->n_threads = params->n_threads ? (int)params->n_threads : omp_get_num_procs();
+    b->ops = &cpu_ops;
+    b->ctx = ctx;
+    *backend_p = b;
+    return HPD_OK;
+}

@@ -1,0 +1,32 @@
+/* The CPU backend's ops, shared between its files. */
+#ifndef HPD_KERNELS_CPU_OPS_H
+#define HPD_KERNELS_CPU_OPS_H
+
+#include "kernels/backend.h"
+
+typedef struct {
+    int n_threads;
+} hpd_cpu_ctx_t;
+
+static inline int hpd_cpu_threads(hpd_backend_t *b)
+{
+    return ((hpd_cpu_ctx_t *)b->ctx)->n_threads;
+}
+
+hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
+hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cpu_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
+hpd_status_t hpd_cpu_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a);
+hpd_status_t hpd_cpu_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);
+hpd_status_t hpd_cpu_rope(hpd_backend_t *b, const hpd_rope_args_t *a);
+hpd_status_t hpd_cpu_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a);
+hpd_status_t hpd_cpu_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a);
+hpd_status_t hpd_cpu_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
+hpd_status_t hpd_cpu_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
+hpd_status_t hpd_cpu_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a);
+hpd_status_t hpd_cpu_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a);
+hpd_status_t hpd_cpu_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cpu_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cpu_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
+
+#endif

@@ -1,0 +1,97 @@
+/* Embedding, RoPE, SwiGLU, the attention gate and GDN gating on the CPU. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+static inline float *at(const hpd_view_t *v, uint32_t t, uint32_t h)
+{
+    return v->p + (size_t)t * v->ld + (size_t)h * v->hs;
+}
+
+hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
+{
+    for (uint32_t i = 0; i < a->n; i++)
+        memcpy(a->out + (size_t)i * a->ld, a->table + (size_t)a->ids[i] * a->dim,
+               a->dim * sizeof(float));
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
+{
+    const uint32_t half = a->rot_dim / 2;
+    float inv_freq[512];
+
+    if (half > 512)
+        return HPD_ERR_UNSUPPORTED;
+    /* as Hugging Face computes it, in fp32: 1 / theta^(2i / rot_dim) */
+    for (uint32_t i = 0; i < half; i++)
+        inv_freq[i] = 1.0f / powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
+    for (uint32_t t = 0; t < a->n_tokens; t++) {
+        float cs[512], sn[512];
+        const float pos = (float)a->positions[t];
+
+        for (uint32_t i = 0; i < half; i++) {
+            const float f = pos * inv_freq[i];
+            cs[i] = cosf(f);
+            sn[i] = sinf(f);
+        }
+        for (uint32_t h = 0; h < a->n_heads; h++) {
+            float *x = at(&a->x, t, h);
+            for (uint32_t i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * cs[i] - x2 * sn[i];
+                x[i + half] = x2 * cs[i] + x1 * sn[i];
+            }
+        }
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
+{
+    const int threads =
+        (uint64_t)a->n_tokens * a->inter >= (1u << 15) ? hpd_cpu_threads(b) : 1;
+
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (uint32_t t = 0; t < a->n_tokens; t++) {
+        const float *g = a->gu + (size_t)t * a->ldgu, *u = g + a->inter;
+        float *o = a->out + (size_t)t * a->ldout;
+        for (uint32_t i = 0; i < a->inter; i++)
+            o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a)
+{
+    for (uint32_t t = 0; t < a->n_tokens; t++) {
+        for (uint32_t h = 0; h < a->n_heads; h++) {
+            float *x = at(&a->x, t, h);
+            const float *g = at(&a->gate, t, h);
+            for (uint32_t d = 0; d < a->dim; d++)
+                x[d] = x[d] * (1.0f / (1.0f + expf(-g[d])));
+        }
+    }
+    return HPD_OK;
+}
+
+static inline float softplus(float x)
+{
+    /* PyTorch's softplus: linear above a threshold of 20 */
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+hpd_status_t hpd_cpu_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a)
+{
+    for (uint32_t t = 0; t < a->n_tokens; t++) {
+        for (uint32_t h = 0; h < a->nv; h++) {
+            const float av = a->a[(size_t)t * a->lda + h];
+            const float bv = a->b[(size_t)t * a->ldb + h];
+            a->g[(size_t)t * a->nv + h] = -expf(a->a_log[h]) * softplus(av + a->dt_bias[h]);
+            a->beta[(size_t)t * a->nv + h] = 1.0f / (1.0f + expf(-bv));
+        }
+    }
+    return HPD_OK;
+}

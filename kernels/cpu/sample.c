@@ -1,0 +1,97 @@
+/* Token sampling on the CPU: greedy, or temperature with top-k / top-p, each
+ * draw from the counter-based RNG keyed by (seed, position). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/rng.h"
+#include "kernels/cpu/cpu_ops.h"
+
+typedef struct {
+    float logit;
+    uint32_t id;
+} cand_t;
+
+/* Descending logit, ties by ascending id: a total order, so the result does
+ * not depend on the sort algorithm. */
+static int cand_cmp(const void *pa, const void *pb)
+{
+    const cand_t *a = pa, *b = pb;
+    if (a->logit != b->logit)
+        return a->logit > b->logit ? -1 : 1;
+    return a->id < b->id ? -1 : (a->id > b->id);
+}
+
+static int32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return (int32_t)best;
+}
+
+static hpd_status_t sample_row(const float *logits, uint32_t vocab, const hpd_sampling_t *p,
+                               uint64_t position, cand_t *cand, int32_t *out)
+{
+    const float inv_t = 1.0f / p->temperature;
+    const float u = hpd_rng_uniform(p->seed, position);
+    const bool filter = (p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f;
+    uint32_t n = vocab;
+    float max = -INFINITY, total = 0.0f, target, cum = 0.0f;
+
+    for (uint32_t i = 0; i < vocab; i++) {
+        cand[i].logit = logits[i] * inv_t;
+        cand[i].id = i;
+    }
+    if (filter) {
+        qsort(cand, vocab, sizeof(*cand), cand_cmp);
+        if (p->top_k > 0 && p->top_k < n)
+            n = p->top_k;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        max = fmaxf(max, cand[i].logit);
+    for (uint32_t i = 0; i < n; i++) {
+        cand[i].logit = expf(cand[i].logit - max); /* now an unnormalised probability */
+        total += cand[i].logit;
+    }
+    if (p->top_p < 1.0f) {
+        /* smallest prefix (in sorted order) whose mass reaches top_p */
+        float kept = 0.0f;
+        uint32_t keep = 0;
+        while (keep < n && (keep == 0 || kept < p->top_p * total))
+            kept += cand[keep++].logit;
+        n = keep;
+        total = kept;
+    }
+    target = u * total;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += cand[i].logit;
+        if (target < cum) {
+            *out = (int32_t)cand[i].id;
+            return HPD_OK;
+        }
+    }
+    *out = (int32_t)cand[n - 1].id; /* rounding left u*total at the very end */
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
+{
+    cand_t *cand = NULL;
+    hpd_status_t st = HPD_OK;
+
+    for (uint32_t r = 0; r < a->n_rows && st == HPD_OK; r++) {
+        const float *logits = a->logits + (size_t)r * a->ld;
+        const hpd_sampling_t *p = &a->params[r];
+
+        if (p->temperature <= 0.0f) {
+            a->out[r] = argmax(logits, a->vocab);
+            continue;
+        }
+        if (cand == NULL && (cand = malloc(a->vocab * sizeof(*cand))) == NULL)
+            return HPD_ERR_NO_MEMORY;
+        st = sample_row(logits, a->vocab, p, a->positions[r], cand, &a->out[r]);
+    }
+    free(cand);
+    return st;
+}

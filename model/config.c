@@ -1,0 +1,385 @@
+#include "model/config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+#define LOG_COMPONENT "model"
+
+const char *hpd_model_arch_name(hpd_model_arch_t arch)
+{
+    switch (arch) {
+    case HPD_ARCH_QWEN3_NEXT: return "qwen3_next";
+    case HPD_ARCH_QWEN3_5_TEXT: return "qwen3_5_text";
+    case HPD_ARCH_QWEN3_5: return "qwen3_5";
+    }
+    return "?";
+}
+
+uint64_t hpd_model_config_gdn_layer_bytes(const hpd_model_config_t *c)
+{
+    return 4ull * ((uint64_t)c->lin_n_v_heads * c->lin_k_dim * c->lin_v_dim +
+                   (uint64_t)c->conv_dim * (c->conv_kernel - 1));
+}
+
+/* Looks a field up in the text config first, then in the top-level object
+ * (Qwen3.5 keeps some fields, e.g. tie_word_embeddings, at the top). */
+static json_t *field(json_t *text, json_t *top, const char *name)
+{
+    json_t *v = json_object_get(text, name);
+    if (v == NULL && top != NULL && top != text)
+        v = json_object_get(top, name);
+    return v;
+}
+
+static hpd_status_t get_u32(json_t *text, json_t *top, const char *origin, const char *name,
+                            bool required, uint32_t dflt, uint32_t *out)
+{
+    json_t *v = field(text, top, name);
+
+    if (v == NULL || json_is_null(v)) {
+        if (required) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: missing field '%s' (expected a positive integer)",
+                          origin, name);
+            return HPD_ERR_FORMAT;
+        }
+        *out = dflt;
+        return HPD_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > (json_int_t)UINT32_MAX) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: field '%s' must be a non-negative integer", origin,
+                      name);
+        return HPD_ERR_FORMAT;
+    }
+    *out = (uint32_t)json_integer_value(v);
+    return HPD_OK;
+}
+
+static hpd_status_t get_float(json_t *obj, const char *origin, const char *name, bool *found,
+                              float *out)
+{
+    json_t *v = json_object_get(obj, name);
+
+    *found = false;
+    if (v == NULL || json_is_null(v))
+        return HPD_OK;
+    if (!json_is_number(v)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: field '%s' must be a number", origin, name);
+        return HPD_ERR_FORMAT;
+    }
+    *out = (float)json_number_value(v);
+    *found = true;
+    return HPD_OK;
+}
+
+static hpd_status_t parse_rope(json_t *text, json_t *top, const char *origin,
+                               hpd_model_config_t *c)
+{
+    json_t *params = field(text, top, "rope_parameters");
+    json_t *scaling = field(text, top, "rope_scaling");
+    bool found;
+    hpd_status_t st;
+
+    c->rope_theta = 10000.0f;
+    c->partial_rotary_factor = 1.0f;
+    if ((st = get_float(text, origin, "rope_theta", &found, &c->rope_theta)) != HPD_OK)
+        return st;
+    if ((st = get_float(text, origin, "partial_rotary_factor", &found,
+                        &c->partial_rotary_factor)) != HPD_OK)
+        return st;
+    for (int i = 0; i < 2; i++) {
+        json_t *p = i == 0 ? params : scaling;
+        json_t *type;
+
+        if (p == NULL || json_is_null(p))
+            continue;
+        if (!json_is_object(p)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: field '%s' must be an object", origin,
+                          i == 0 ? "rope_parameters" : "rope_scaling");
+            return HPD_ERR_FORMAT;
+        }
+        type = json_object_get(p, "rope_type");
+        if (type == NULL)
+            type = json_object_get(p, "type");
+        if (type != NULL && (!json_is_string(type) ||
+                             strcmp(json_string_value(type), "default") != 0)) {
+            HPD_LOG_ERROR(LOG_COMPONENT,
+                          "%s: rope type '%s' is not supported (expected \"default\")", origin,
+                          json_is_string(type) ? json_string_value(type) : "?");
+            return HPD_ERR_UNSUPPORTED;
+        }
+        if ((st = get_float(p, origin, "rope_theta", &found, &c->rope_theta)) != HPD_OK)
+            return st;
+        if ((st = get_float(p, origin, "partial_rotary_factor", &found,
+                            &c->partial_rotary_factor)) != HPD_OK)
+            return st;
+    }
+    return HPD_OK;
+}
+
+static hpd_status_t parse_layer_types(json_t *text, json_t *top, const char *origin,
+                                      hpd_model_config_t *c)
+{
+    json_t *types = field(text, top, "layer_types");
+    uint32_t interval;
+    hpd_status_t st;
+
+    if (types != NULL && !json_is_null(types)) {
+        if (!json_is_array(types) || json_array_size(types) != c->n_layers) {
+            HPD_LOG_ERROR(LOG_COMPONENT,
+                          "%s: 'layer_types' must be an array of num_hidden_layers=%u strings",
+                          origin, c->n_layers);
+            return HPD_ERR_FORMAT;
+        }
+        for (uint32_t i = 0; i < c->n_layers; i++) {
+            const char *t = json_string_value(json_array_get(types, i));
+            if (t != NULL && strcmp(t, "full_attention") == 0)
+                c->layer_full[i] = true;
+            else if (t != NULL && strcmp(t, "linear_attention") == 0)
+                c->layer_full[i] = false;
+            else {
+                HPD_LOG_ERROR(LOG_COMPONENT,
+                              "%s: layer_types[%u] is '%s' (expected \"full_attention\" or "
+                              "\"linear_attention\")",
+                              origin, i, t ? t : "not a string");
+                return HPD_ERR_FORMAT;
+            }
+        }
+        return HPD_OK;
+    }
+    if ((st = get_u32(text, top, origin, "full_attention_interval", true, 0, &interval)) !=
+        HPD_OK)
+        return st;
+    if (interval == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: full_attention_interval must be at least 1", origin);
+        return HPD_ERR_FORMAT;
+    }
+    for (uint32_t i = 0; i < c->n_layers; i++)
+        c->layer_full[i] = (i + 1) % interval == 0;
+    return HPD_OK;
+}
+
+static hpd_status_t check_supported(json_t *text, json_t *top, const char *origin)
+{
+    json_t *v = field(text, top, "num_experts");
+    json_t *act = field(text, top, "hidden_act");
+    json_t *bias = field(text, top, "attention_bias");
+
+    if (v != NULL && json_is_integer(v) && json_integer_value(v) > 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: num_experts=%lld: mixture-of-experts models are not supported yet "
+                      "(expected a dense model, num_experts 0)",
+                      origin, (long long)json_integer_value(v));
+        return HPD_ERR_UNSUPPORTED;
+    }
+    if (act != NULL && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: hidden_act '%s' is not supported (expected \"silu\")",
+                      origin, json_is_string(act) ? json_string_value(act) : "?");
+        return HPD_ERR_UNSUPPORTED;
+    }
+    if (bias != NULL && json_is_true(bias)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: attention_bias=true is not supported", origin);
+        return HPD_ERR_UNSUPPORTED;
+    }
+    return HPD_OK;
+}
+
+static hpd_status_t validate(const char *origin, hpd_model_config_t *c)
+{
+    const struct {
+        const char *name;
+        uint32_t v;
+    } positive[] = {
+        {"vocab_size", c->vocab_size},
+        {"hidden_size", c->hidden_size},
+        {"intermediate_size", c->intermediate_size},
+        {"num_hidden_layers", c->n_layers},
+        {"num_attention_heads", c->n_heads},
+        {"num_key_value_heads", c->n_kv_heads},
+        {"head_dim", c->head_dim},
+        {"linear_num_key_heads", c->lin_n_k_heads},
+        {"linear_num_value_heads", c->lin_n_v_heads},
+        {"linear_key_head_dim", c->lin_k_dim},
+        {"linear_value_head_dim", c->lin_v_dim},
+    };
+    float rot;
+
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(positive); i++) {
+        if (positive[i].v == 0) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: %s must be positive", origin, positive[i].name);
+            return HPD_ERR_FORMAT;
+        }
+    }
+    if (c->n_layers > HPD_MAX_LAYERS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: num_hidden_layers=%u exceeds the supported %d",
+                      origin, c->n_layers, HPD_MAX_LAYERS);
+        return HPD_ERR_UNSUPPORTED;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: num_attention_heads=%u is not a multiple of num_key_value_heads=%u",
+                      origin, c->n_heads, c->n_kv_heads);
+        return HPD_ERR_FORMAT;
+    }
+    if (c->lin_n_v_heads % c->lin_n_k_heads != 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: linear_num_value_heads=%u is not a multiple of linear_num_key_heads=%u",
+                      origin, c->lin_n_v_heads, c->lin_n_k_heads);
+        return HPD_ERR_FORMAT;
+    }
+    if (c->conv_kernel < 2 || c->conv_kernel > 16) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: linear_conv_kernel_dim=%u (expected 2..16)", origin,
+                      c->conv_kernel);
+        return HPD_ERR_FORMAT;
+    }
+    if (!(c->partial_rotary_factor > 0.0f && c->partial_rotary_factor <= 1.0f)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: partial_rotary_factor=%g (expected in (0, 1])", origin,
+                      c->partial_rotary_factor);
+        return HPD_ERR_FORMAT;
+    }
+    if (!(c->rope_theta > 0.0f) || !(c->rms_norm_eps > 0.0f)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: rope_theta and rms_norm_eps must be positive", origin);
+        return HPD_ERR_FORMAT;
+    }
+    rot = (float)c->head_dim * c->partial_rotary_factor;
+    c->rot_dim = (uint32_t)rot; /* int() truncation, as HF computes it */
+    if (c->rot_dim % 2 != 0 || c->rot_dim == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: rotary dimension %u (head_dim %u * %g) must be even",
+                      origin, c->rot_dim, c->head_dim, c->partial_rotary_factor);
+        return HPD_ERR_FORMAT;
+    }
+    c->n_full_layers = c->n_linear_layers = 0;
+    for (uint32_t i = 0; i < c->n_layers; i++)
+        c->kind_index[i] = c->layer_full[i] ? c->n_full_layers++ : c->n_linear_layers++;
+    c->conv_dim = 2 * c->lin_n_k_heads * c->lin_k_dim + c->lin_n_v_heads * c->lin_v_dim;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
+                                    hpd_model_config_t *config_p)
+{
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, 0, &jerr);
+    json_t *text;
+    const char *model_type;
+    hpd_model_config_t c;
+    hpd_status_t st = HPD_ERR_FORMAT;
+    json_t *tie;
+    bool found;
+
+    memset(&c, 0, sizeof(c));
+    if (root == NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: line %d: malformed JSON: %s", origin, jerr.line,
+                      jerr.text);
+        return HPD_ERR_FORMAT;
+    }
+    if (!json_is_object(root)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: expected a JSON object", origin);
+        goto out;
+    }
+    model_type = json_string_value(json_object_get(root, "model_type"));
+    text = root;
+    if (model_type == NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: missing field 'model_type'", origin);
+        goto out;
+    } else if (strcmp(model_type, "qwen3_next") == 0) {
+        c.arch = HPD_ARCH_QWEN3_NEXT;
+    } else if (strcmp(model_type, "qwen3_5_text") == 0) {
+        c.arch = HPD_ARCH_QWEN3_5_TEXT;
+    } else if (strcmp(model_type, "qwen3_5") == 0) {
+        c.arch = HPD_ARCH_QWEN3_5;
+        text = json_object_get(root, "text_config");
+        if (!json_is_object(text)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: model_type qwen3_5 needs an object 'text_config'",
+                          origin);
+            goto out;
+        }
+    } else {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: model_type '%s' is not supported (expected qwen3_next, qwen3_5_text "
+                      "or qwen3_5)",
+                      origin, model_type);
+        st = HPD_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if ((st = check_supported(text, root, origin)) != HPD_OK)
+        goto out;
+
+    struct {
+        const char *name;
+        uint32_t *dst;
+        bool required;
+        uint32_t dflt;
+    } fields[] = {
+        {"vocab_size", &c.vocab_size, true, 0},
+        {"hidden_size", &c.hidden_size, true, 0},
+        {"intermediate_size", &c.intermediate_size, true, 0},
+        {"num_hidden_layers", &c.n_layers, true, 0},
+        {"num_attention_heads", &c.n_heads, true, 0},
+        {"num_key_value_heads", &c.n_kv_heads, true, 0},
+        {"head_dim", &c.head_dim, false, 0},
+        {"linear_num_key_heads", &c.lin_n_k_heads, true, 0},
+        {"linear_num_value_heads", &c.lin_n_v_heads, true, 0},
+        {"linear_key_head_dim", &c.lin_k_dim, true, 0},
+        {"linear_value_head_dim", &c.lin_v_dim, true, 0},
+        {"linear_conv_kernel_dim", &c.conv_kernel, false, 4},
+        {"max_position_embeddings", &c.max_position_embeddings, false, 262144},
+    };
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(fields); i++) {
+        st = get_u32(text, root, origin, fields[i].name, fields[i].required, fields[i].dflt,
+                     fields[i].dst);
+        if (st != HPD_OK)
+            goto out;
+    }
+    if (c.head_dim == 0 && c.n_heads != 0)
+        c.head_dim = c.hidden_size / c.n_heads;
+    if (c.n_layers > HPD_MAX_LAYERS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: num_hidden_layers=%u exceeds the supported %d",
+                      origin, c.n_layers, HPD_MAX_LAYERS);
+        st = HPD_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if ((st = parse_layer_types(text, root, origin, &c)) != HPD_OK)
+        goto out;
+    if ((st = parse_rope(text, root, origin, &c)) != HPD_OK)
+        goto out;
+    c.rms_norm_eps = 1e-6f;
+    if ((st = get_float(text, origin, "rms_norm_eps", &found, &c.rms_norm_eps)) != HPD_OK)
+        goto out;
+    tie = field(text, root, "tie_word_embeddings");
+    if (tie != NULL && !json_is_boolean(tie)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'tie_word_embeddings' must be true or false",
+                      origin);
+        st = HPD_ERR_FORMAT;
+        goto out;
+    }
+    c.tie_word_embeddings = tie != NULL && json_is_true(tie);
+    if ((st = validate(origin, &c)) != HPD_OK)
+        goto out;
+    *config_p = c;
+    st = HPD_OK;
+out:
+    json_decref(root);
+    return st;
+}
+
+hpd_status_t hpd_model_config_load(const char *model_dir, hpd_model_config_t *config_p)
+{
+    char path[4096];
+    char *text;
+    size_t len;
+    hpd_status_t st;
+
+    snprintf(path, sizeof(path), "%s/config.json", model_dir);
+    if ((st = hpd_read_file(path, &text, &len)) != HPD_OK)
+        return st;
+    st = hpd_model_config_parse(text, path, config_p);
+    free(text);
+    return st;
+}

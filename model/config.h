@@ -1,0 +1,65 @@
+/* Model configuration read from a Hugging Face config.json. */
+#ifndef HPD_MODEL_CONFIG_H
+#define HPD_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define HPD_MAX_LAYERS 256
+
+typedef enum {
+    HPD_ARCH_QWEN3_NEXT = 0,   /* model_type "qwen3_next" */
+    HPD_ARCH_QWEN3_5_TEXT = 1, /* model_type "qwen3_5_text" */
+    HPD_ARCH_QWEN3_5 = 2,      /* model_type "qwen3_5" with a nested text_config */
+} hpd_model_arch_t;
+
+typedef struct {
+    hpd_model_arch_t arch;
+    uint32_t vocab_size;
+    uint32_t hidden_size;
+    uint32_t intermediate_size;
+    uint32_t n_layers;
+    bool layer_full[HPD_MAX_LAYERS]; /* true: gated full attention; false: GDN */
+    /* gated full attention */
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t rot_dim; /* head_dim * partial_rotary_factor, even */
+    float rope_theta;
+    float partial_rotary_factor;
+    float rms_norm_eps;
+    /* Gated DeltaNet */
+    uint32_t lin_n_k_heads;
+    uint32_t lin_n_v_heads;
+    uint32_t lin_k_dim;
+    uint32_t lin_v_dim;
+    uint32_t conv_kernel;
+    bool tie_word_embeddings;
+    uint32_t max_position_embeddings;
+    /* derived */
+    uint32_t n_full_layers;   /* A: full-attention layers */
+    uint32_t n_linear_layers; /* GDN layers */
+    uint32_t kind_index[HPD_MAX_LAYERS]; /* index of layer i among the layers of its kind */
+    uint32_t conv_dim;        /* 2 * nk * dk + nv * dv */
+} hpd_model_config_t;
+
+/* Parses config.json text. `origin` names the file in error messages. Errors
+ * (malformed JSON, a missing or ill-typed field, a MoE model, an unsupported
+ * rope type) are logged with the field and what was expected, and return
+ * HPD_ERR_FORMAT or HPD_ERR_UNSUPPORTED. */
+hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
+                                    hpd_model_config_t *config_p);
+
+/* Reads and parses DIR/config.json. */
+hpd_status_t hpd_model_config_load(const char *model_dir, hpd_model_config_t *config_p);
+
+/* Name of an architecture as it appears in model_type. */
+const char *hpd_model_arch_name(hpd_model_arch_t arch);
+
+/* Bytes of one GDN layer's state in a slot: recurrent [nv][dk][dv] fp32 then
+ * conv state [conv_dim][kc-1] fp32. */
+uint64_t hpd_model_config_gdn_layer_bytes(const hpd_model_config_t *config);
+
+#endif

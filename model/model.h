@@ -1,0 +1,56 @@
+/* A loaded model: its configuration and fp32 weights in the engine's fused
+ * layout (both Hugging Face namings load into the same layout). */
+#ifndef HPD_MODEL_MODEL_H
+#define HPD_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "model/config.h"
+
+/* Weight matrices are row-major [out][in], as Hugging Face stores Linear. */
+typedef struct {
+    float *input_norm; /* [H] zero-centred RMSNorm weight */
+    float *post_norm;  /* [H] */
+    float *mlp_gate_up; /* [2*I][H]: gate rows then up rows */
+    float *mlp_down;    /* [H][I] */
+    /* full attention (layer_full) */
+    float *attn_qkv; /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
+    float *attn_o;   /* [H][nh*hd] */
+    float *q_norm;   /* [hd] */
+    float *k_norm;   /* [hd] */
+    /* Gated DeltaNet (!layer_full) */
+    float *gdn_in;      /* [conv_dim + nv*dv + 2*nv][H]: q|k|v, z, b, a */
+    float *gdn_conv;    /* [conv_dim][kc] */
+    float *gdn_a_log;   /* [nv] */
+    float *gdn_dt_bias; /* [nv] */
+    float *gdn_norm;    /* [dv] plain (not zero-centred) RMSNorm weight */
+    float *gdn_out;     /* [H][nv*dv] */
+} hpd_layer_weights_t;
+
+typedef struct {
+    hpd_model_config_t config;
+    float *embed;      /* [V][H] */
+    float *final_norm; /* [H] */
+    float *lm_head;    /* [V][H]; == embed when tied */
+    hpd_layer_weights_t layers[HPD_MAX_LAYERS];
+    uint8_t fingerprint[16]; /* XXH3-128 of config.json and every tensor */
+    uint64_t n_params;
+} hpd_model_t;
+
+/* Loads DIR (config.json + safetensors). Any missing tensor, wrong shape,
+ * unsupported dtype or bad file is logged, naming the file, the tensor and
+ * what was expected, and returned as an error. */
+hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p);
+
+/* Frees the weights. Accepts NULL. */
+void hpd_model_destroy(hpd_model_t *model);
+
+/* Hex form of the fingerprint (33 bytes with the NUL). */
+void hpd_model_fingerprint_hex(const hpd_model_t *model, char out[33]);
+
+/* Rows of the fused GDN input projection and of the attention projection. */
+uint32_t hpd_model_gdn_in_rows(const hpd_model_config_t *config);
+uint32_t hpd_model_attn_qkv_rows(const hpd_model_config_t *config);
+
+#endif

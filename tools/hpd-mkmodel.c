@@ -1,0 +1,472 @@
+/* hpd-mkmodel: writes a random Qwen3-Next / Qwen3.5 dense model as a Hugging
+ * Face directory (config.json + safetensors), for tests and demos.
+ *
+ * The weights are a pure function of (seed, tensor, element): the same seed
+ * gives the same model whatever the naming, dtype or sharding, so the loader
+ * can be checked across all of them. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/dtype.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+typedef struct {
+    const char *out;
+    uint64_t seed;
+    hpd_model_arch_t arch;
+    hpd_dtype_t dtype;
+    uint32_t hidden, layers, full_interval, inter, vocab, heads, kv_heads, head_dim;
+    uint32_t lk_heads, lv_heads, lk_dim, lv_dim, conv_kernel, shards, max_pos;
+    float rope_theta, partial_rotary;
+    int tie, interval_only;
+} opts_t;
+
+typedef struct {
+    hpd_st_write_tensor_t *t;
+    void **bufs;
+    size_t n, cap;
+    uint32_t next_id; /* logical tensor counter: keys the random stream */
+    hpd_dtype_t dtype;
+} writer_t;
+
+/* Gaussian from the counter-based RNG: element e of logical tensor id. */
+static float gauss(uint64_t seed, uint32_t id, uint64_t e)
+{
+    hpd_philox_out_t r = hpd_philox4x32(seed, e, id);
+    float u1 = ((float)(r.v[0] >> 8) + 0.5f) * (1.0f / 16777216.0f);
+    float u2 = (float)(r.v[1] >> 8) * (1.0f / 16777216.0f);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+static float uniform(uint64_t seed, uint32_t id, uint64_t e)
+{
+    return hpd_u32_to_unit(hpd_philox4x32(seed, e, id).v[2]);
+}
+
+typedef enum { DIST_NORMAL, DIST_ONE_PLUS, DIST_LOG_UNIFORM } dist_t;
+
+/* A logical tensor of n fp32 values (rows x cols). */
+static float *make(const opts_t *o, writer_t *w, uint64_t n, dist_t dist, float scale)
+{
+    const uint32_t id = w->next_id++;
+    float *v = malloc(n * sizeof(float));
+
+    if (v == NULL)
+        return NULL;
+    for (uint64_t e = 0; e < n; e++) {
+        switch (dist) {
+        case DIST_NORMAL: v[e] = scale * gauss(o->seed, id, e); break;
+        case DIST_ONE_PLUS: v[e] = 1.0f + scale * gauss(o->seed, id, e); break;
+        case DIST_LOG_UNIFORM: /* A_log: log of A uniform in [0.1, 0.1 + scale] */
+            v[e] = logf(0.1f + scale * uniform(o->seed, id, e));
+            break;
+        }
+    }
+    return v;
+}
+
+/* Adds a tensor to the file, converted to the output dtype; takes f32. */
+static int add(writer_t *w, const char *name, const float *f32, uint32_t ndim, uint64_t d0,
+               uint64_t d1, uint64_t d2)
+{
+    const uint64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+    void *buf = malloc(n * hpd_dtype_size(w->dtype) + 1);
+
+    if (buf == NULL)
+        return -1;
+    if (w->n == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 64;
+        w->t = realloc(w->t, w->cap * sizeof(*w->t));
+        w->bufs = realloc(w->bufs, w->cap * sizeof(*w->bufs));
+        if (w->t == NULL || w->bufs == NULL)
+            return -1;
+    }
+    hpd_dtype_from_f32(w->dtype, f32, buf, n);
+    hpd_st_write_tensor_t *t = &w->t[w->n];
+    memset(t, 0, sizeof(*t));
+    t->name = strdup(name);
+    t->dtype = w->dtype;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->shape[2] = d2;
+    t->data = buf;
+    w->bufs[w->n++] = buf;
+    return 0;
+}
+
+#define CHECK(x)                                                      \
+    do {                                                              \
+        if (!(x)) {                                                   \
+            fprintf(stderr, "hpd-mkmodel: out of memory\n");          \
+            exit(1);                                                  \
+        }                                                             \
+    } while (0)
+
+static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l, bool full)
+{
+    const uint64_t H = o->hidden, I = o->inter;
+    const float sh = 1.0f / sqrtf((float)H);
+    char name[256];
+    float *t;
+
+    /* The same logical order for every naming keeps the random streams equal. */
+#define ADD(suffix, buf, nd, a, b, c)                                       \
+    do {                                                                    \
+        snprintf(name, sizeof(name), "%slayers.%u.%s", pfx, l, suffix);     \
+        CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
+    } while (0)
+    CHECK(t = make(o, w, H, DIST_NORMAL, 0.1f));
+    ADD("input_layernorm.weight", t, 1, H, 0, 0);
+    free(t);
+    CHECK(t = make(o, w, H, DIST_NORMAL, 0.1f));
+    ADD("post_attention_layernorm.weight", t, 1, H, 0, 0);
+    free(t);
+    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+    ADD("mlp.gate_proj.weight", t, 2, I, H, 0);
+    free(t);
+    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+    ADD("mlp.up_proj.weight", t, 2, I, H, 0);
+    free(t);
+    CHECK(t = make(o, w, H * I, DIST_NORMAL, 1.0f / sqrtf((float)I)));
+    ADD("mlp.down_proj.weight", t, 2, H, I, 0);
+    free(t);
+
+    if (full) {
+        const uint64_t nh = o->heads, nkv = o->kv_heads, hd = o->head_dim;
+        CHECK(t = make(o, w, nh * 2 * hd * H, DIST_NORMAL, sh));
+        ADD("self_attn.q_proj.weight", t, 2, nh * 2 * hd, H, 0);
+        free(t);
+        CHECK(t = make(o, w, nkv * hd * H, DIST_NORMAL, sh));
+        ADD("self_attn.k_proj.weight", t, 2, nkv * hd, H, 0);
+        free(t);
+        CHECK(t = make(o, w, nkv * hd * H, DIST_NORMAL, sh));
+        ADD("self_attn.v_proj.weight", t, 2, nkv * hd, H, 0);
+        free(t);
+        CHECK(t = make(o, w, H * nh * hd, DIST_NORMAL, 1.0f / sqrtf((float)(nh * hd))));
+        ADD("self_attn.o_proj.weight", t, 2, H, nh * hd, 0);
+        free(t);
+        CHECK(t = make(o, w, hd, DIST_NORMAL, 0.1f));
+        ADD("self_attn.q_norm.weight", t, 1, hd, 0, 0);
+        free(t);
+        CHECK(t = make(o, w, hd, DIST_NORMAL, 0.1f));
+        ADD("self_attn.k_norm.weight", t, 1, hd, 0, 0);
+        free(t);
+        return;
+    }
+
+    const uint64_t nk = o->lk_heads, nv = o->lv_heads, dk = o->lk_dim, dv = o->lv_dim;
+    const uint64_t r = nv / nk, conv_dim = 2 * nk * dk + nv * dv;
+    float *q, *k, *v, *z, *b, *a;
+    CHECK(q = make(o, w, nk * dk * H, DIST_NORMAL, sh));
+    CHECK(k = make(o, w, nk * dk * H, DIST_NORMAL, sh));
+    CHECK(v = make(o, w, nv * dv * H, DIST_NORMAL, sh));
+    CHECK(z = make(o, w, nv * dv * H, DIST_NORMAL, sh));
+    CHECK(b = make(o, w, nv * H, DIST_NORMAL, sh));
+    CHECK(a = make(o, w, nv * H, DIST_NORMAL, sh));
+    if (o->arch == HPD_ARCH_QWEN3_NEXT) {
+        const uint64_t group = 2 * dk + 2 * r * dv;
+        float *qkvz, *ba;
+        CHECK(qkvz = malloc(nk * group * H * sizeof(float)));
+        CHECK(ba = malloc(nk * 2 * r * H * sizeof(float)));
+        for (uint64_t g = 0; g < nk; g++) {
+            float *dst = qkvz + g * group * H;
+            memcpy(dst, q + g * dk * H, dk * H * sizeof(float));
+            memcpy(dst + dk * H, k + g * dk * H, dk * H * sizeof(float));
+            memcpy(dst + 2 * dk * H, v + g * r * dv * H, r * dv * H * sizeof(float));
+            memcpy(dst + (2 * dk + r * dv) * H, z + g * r * dv * H, r * dv * H * sizeof(float));
+            memcpy(ba + g * 2 * r * H, b + g * r * H, r * H * sizeof(float));
+            memcpy(ba + (g * 2 * r + r) * H, a + g * r * H, r * H * sizeof(float));
+        }
+        ADD("linear_attn.in_proj_qkvz.weight", qkvz, 2, nk * group, H, 0);
+        ADD("linear_attn.in_proj_ba.weight", ba, 2, nk * 2 * r, H, 0);
+        free(qkvz);
+        free(ba);
+    } else {
+        float *qkv;
+        CHECK(qkv = malloc(conv_dim * H * sizeof(float)));
+        memcpy(qkv, q, nk * dk * H * sizeof(float));
+        memcpy(qkv + nk * dk * H, k, nk * dk * H * sizeof(float));
+        memcpy(qkv + 2 * nk * dk * H, v, nv * dv * H * sizeof(float));
+        ADD("linear_attn.in_proj_qkv.weight", qkv, 2, conv_dim, H, 0);
+        ADD("linear_attn.in_proj_z.weight", z, 2, nv * dv, H, 0);
+        ADD("linear_attn.in_proj_b.weight", b, 2, nv, H, 0);
+        ADD("linear_attn.in_proj_a.weight", a, 2, nv, H, 0);
+        free(qkv);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(z);
+    free(b);
+    free(a);
+    CHECK(t = make(o, w, conv_dim * o->conv_kernel, DIST_NORMAL,
+                   1.0f / sqrtf((float)o->conv_kernel)));
+    ADD("linear_attn.conv1d.weight", t, 3, conv_dim, 1, o->conv_kernel);
+    free(t);
+    CHECK(t = make(o, w, nv, DIST_LOG_UNIFORM, 1.9f));
+    ADD("linear_attn.A_log", t, 1, nv, 0, 0);
+    free(t);
+    CHECK(t = make(o, w, nv, DIST_ONE_PLUS, 0.1f));
+    ADD("linear_attn.dt_bias", t, 1, nv, 0, 0);
+    free(t);
+    CHECK(t = make(o, w, dv, DIST_ONE_PLUS, 0.1f));
+    ADD("linear_attn.norm.weight", t, 1, dv, 0, 0);
+    free(t);
+    CHECK(t = make(o, w, H * nv * dv, DIST_NORMAL, 1.0f / sqrtf((float)(nv * dv))));
+    ADD("linear_attn.out_proj.weight", t, 2, H, nv * dv, 0);
+    free(t);
+#undef ADD
+}
+
+static json_t *text_config(const opts_t *o)
+{
+    json_t *c = json_object();
+    json_t *types = json_array();
+    const char *mt = o->arch == HPD_ARCH_QWEN3_NEXT ? "qwen3_next" : "qwen3_5_text";
+
+    for (uint32_t i = 0; i < o->layers; i++)
+        json_array_append_new(types, json_string((i + 1) % o->full_interval == 0
+                                                     ? "full_attention"
+                                                     : "linear_attention"));
+    json_object_set_new(c, "model_type", json_string(mt));
+    json_object_set_new(c, "vocab_size", json_integer(o->vocab));
+    json_object_set_new(c, "hidden_size", json_integer(o->hidden));
+    json_object_set_new(c, "intermediate_size", json_integer(o->inter));
+    json_object_set_new(c, "num_hidden_layers", json_integer(o->layers));
+    json_object_set_new(c, "full_attention_interval", json_integer(o->full_interval));
+    if (!o->interval_only)
+        json_object_set_new(c, "layer_types", types);
+    else
+        json_decref(types);
+    json_object_set_new(c, "num_attention_heads", json_integer(o->heads));
+    json_object_set_new(c, "num_key_value_heads", json_integer(o->kv_heads));
+    json_object_set_new(c, "head_dim", json_integer(o->head_dim));
+    json_object_set_new(c, "linear_num_key_heads", json_integer(o->lk_heads));
+    json_object_set_new(c, "linear_num_value_heads", json_integer(o->lv_heads));
+    json_object_set_new(c, "linear_key_head_dim", json_integer(o->lk_dim));
+    json_object_set_new(c, "linear_value_head_dim", json_integer(o->lv_dim));
+    json_object_set_new(c, "linear_conv_kernel_dim", json_integer(o->conv_kernel));
+    json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "max_position_embeddings", json_integer(o->max_pos));
+    json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "rope_parameters",
+                        json_pack("{s:s, s:f, s:f}", "rope_type", "default", "rope_theta",
+                                  (double)o->rope_theta, "partial_rotary_factor",
+                                  (double)o->partial_rotary));
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(o->tie));
+    if (o->arch == HPD_ARCH_QWEN3_NEXT) {
+        json_object_set_new(c, "num_experts", json_integer(0));
+        json_object_set_new(c, "architectures", json_pack("[s]", "Qwen3NextForCausalLM"));
+    } else {
+        json_object_set_new(c, "architectures", json_pack("[s]", "Qwen3_5ForCausalLM"));
+    }
+    json_object_set_new(c, "torch_dtype", json_string(o->dtype == HPD_DTYPE_F32   ? "float32"
+                                                      : o->dtype == HPD_DTYPE_F16 ? "float16"
+                                                                                  : "bfloat16"));
+    return c;
+}
+
+static int write_config(const opts_t *o)
+{
+    char path[4096];
+    json_t *cfg = text_config(o);
+    int rc;
+
+    if (o->arch == HPD_ARCH_QWEN3_5) {
+        json_t *top = json_object();
+        json_object_set_new(top, "model_type", json_string("qwen3_5"));
+        json_object_set_new(top, "architectures",
+                            json_pack("[s]", "Qwen3_5ForConditionalGeneration"));
+        json_object_set_new(top, "tie_word_embeddings", json_boolean(o->tie));
+        json_object_del(cfg, "tie_word_embeddings");
+        json_object_set_new(top, "text_config", cfg);
+        cfg = top;
+    }
+    snprintf(path, sizeof(path), "%s/config.json", o->out);
+    rc = json_dump_file(cfg, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    if (rc != 0)
+        fprintf(stderr, "hpd-mkmodel: cannot write %s\n", path);
+    return rc;
+}
+
+static int write_weights(const opts_t *o, writer_t *w)
+{
+    char path[4096];
+
+    if (o->shards <= 1) {
+        snprintf(path, sizeof(path), "%s/model.safetensors", o->out);
+        return hpd_st_write(path, w->t, w->n) == HPD_OK ? 0 : -1;
+    }
+    json_t *index = json_object(), *map = json_object();
+    const size_t per = (w->n + o->shards - 1) / o->shards;
+    for (uint32_t s = 0; s < o->shards; s++) {
+        const size_t b = s * per, e = b + per < w->n ? b + per : w->n;
+        char file[64];
+        snprintf(file, sizeof(file), "model-%05u-of-%05u.safetensors", s + 1, o->shards);
+        snprintf(path, sizeof(path), "%s/%s", o->out, file);
+        if (hpd_st_write(path, w->t + b, e > b ? e - b : 0) != HPD_OK)
+            return -1;
+        for (size_t i = b; i < e; i++)
+            json_object_set_new(map, w->t[i].name, json_string(file));
+    }
+    json_object_set_new(index, "metadata", json_object());
+    json_object_set_new(index, "weight_map", map);
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", o->out);
+    int rc = json_dump_file(index, path, JSON_INDENT(2));
+    json_decref(index);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: hpd-mkmodel --out DIR [options]\n"
+            "  --seed N              random seed (1)\n"
+            "  --arch A              qwen3_next | qwen3_5_text | qwen3_5 (qwen3_next)\n"
+            "  --dtype D             f32 | bf16 | f16 (bf16)\n"
+            "  --hidden N (256) --layers N (8) --full-interval N (4) --intermediate N (512)\n"
+            "  --vocab N (1024) --heads N (4) --kv-heads N (2) --head-dim N (64)\n"
+            "  --lin-k-heads N (2) --lin-v-heads N (4) --lin-k-dim N (64) --lin-v-dim N (64)\n"
+            "  --conv-kernel N (4) --rope-theta F (10000000) --partial-rotary F (0.25)\n"
+            "  --max-pos N (32768) --tie  --shards N (1)\n"
+            "  --interval-only       write full_attention_interval without layer_types\n");
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {.seed = 1, .arch = HPD_ARCH_QWEN3_NEXT, .dtype = HPD_DTYPE_BF16,
+                .hidden = 256, .layers = 8, .full_interval = 4, .inter = 512, .vocab = 1024,
+                .heads = 4, .kv_heads = 2, .head_dim = 64, .lk_heads = 2, .lv_heads = 4,
+                .lk_dim = 64, .lv_dim = 64, .conv_kernel = 4, .shards = 1, .max_pos = 32768,
+                .rope_theta = 10000000.0f, .partial_rotary = 0.25f};
+    static const struct option longopts[] = {
+        {"out", 1, 0, 'o'}, {"seed", 1, 0, 's'}, {"arch", 1, 0, 'a'}, {"dtype", 1, 0, 'd'},
+        {"hidden", 1, 0, 1}, {"layers", 1, 0, 2}, {"full-interval", 1, 0, 3},
+        {"intermediate", 1, 0, 4}, {"vocab", 1, 0, 5}, {"heads", 1, 0, 6},
+        {"kv-heads", 1, 0, 7}, {"head-dim", 1, 0, 8}, {"lin-k-heads", 1, 0, 9},
+        {"lin-v-heads", 1, 0, 10}, {"lin-k-dim", 1, 0, 11}, {"lin-v-dim", 1, 0, 12},
+        {"conv-kernel", 1, 0, 13}, {"rope-theta", 1, 0, 14}, {"partial-rotary", 1, 0, 15},
+        {"max-pos", 1, 0, 16}, {"tie", 0, 0, 17}, {"shards", 1, 0, 18},
+        {"interval-only", 0, 0, 19}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
+                          &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
+                          &o.lk_dim, &o.lv_dim, &o.conv_kernel};
+    writer_t w = {0};
+    int c;
+    uint64_t v;
+
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (c >= 1 && c <= 13) {
+            if (hpd_parse_u64(optarg, 1, 1u << 20, &v) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --%s '%s' must be an integer from 1 to %u\n",
+                        longopts[c + 3].name, optarg, 1u << 20);
+                return 2;
+            }
+            *u32opt[c] = (uint32_t)v;
+            continue;
+        }
+        switch (c) {
+        case 'o': o.out = optarg; break;
+        case 's':
+            if (hpd_parse_u64(optarg, 0, UINT64_MAX, &o.seed) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --seed '%s' is not a number\n", optarg);
+                return 2;
+            }
+            break;
+        case 'a':
+            if (strcmp(optarg, "qwen3_next") == 0)
+                o.arch = HPD_ARCH_QWEN3_NEXT;
+            else if (strcmp(optarg, "qwen3_5_text") == 0)
+                o.arch = HPD_ARCH_QWEN3_5_TEXT;
+            else if (strcmp(optarg, "qwen3_5") == 0)
+                o.arch = HPD_ARCH_QWEN3_5;
+            else {
+                fprintf(stderr,
+                        "hpd-mkmodel: --arch '%s' (expected qwen3_next, qwen3_5_text, qwen3_5)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'd':
+            if (hpd_dtype_parse(optarg, &o.dtype) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --dtype '%s' (expected f32, bf16 or f16)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 14:
+        case 15:
+            if (hpd_parse_float(optarg, c == 14 ? &o.rope_theta : &o.partial_rotary) != 0) {
+                fprintf(stderr, "hpd-mkmodel: '%s' is not a number\n", optarg);
+                return 2;
+            }
+            break;
+        case 16:
+        case 18:
+            if (hpd_parse_u64(optarg, 1, 1u << 30, &v) != 0) {
+                fprintf(stderr, "hpd-mkmodel: '%s' must be a positive integer\n", optarg);
+                return 2;
+            }
+            *(c == 16 ? &o.max_pos : &o.shards) = (uint32_t)v;
+            break;
+        case 17: o.tie = 1; break;
+        case 19: o.interval_only = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (o.out == NULL || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (o.lv_heads % o.lk_heads != 0 || o.heads % o.kv_heads != 0) {
+        fprintf(stderr, "hpd-mkmodel: value heads must be a multiple of key heads, and "
+                        "attention heads of kv heads\n");
+        return 2;
+    }
+    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "hpd-mkmodel: cannot create %s: %s\n", o.out, strerror(errno));
+        return 1;
+    }
+    w.dtype = o.dtype;
+    const char *pfx = o.arch == HPD_ARCH_QWEN3_5 ? "model.language_model." : "model.";
+    char name[128];
+    float *t;
+    CHECK(t = make(&o, &w, (uint64_t)o.vocab * o.hidden, DIST_NORMAL, 1.0f));
+    snprintf(name, sizeof(name), "%sembed_tokens.weight", pfx);
+    CHECK(add(&w, name, t, 2, o.vocab, o.hidden, 0) == 0);
+    free(t);
+    for (uint32_t l = 0; l < o.layers; l++)
+        gen_layer(&o, &w, pfx, l, (l + 1) % o.full_interval == 0);
+    CHECK(t = make(&o, &w, o.hidden, DIST_NORMAL, 0.1f));
+    snprintf(name, sizeof(name), "%snorm.weight", pfx);
+    CHECK(add(&w, name, t, 1, o.hidden, 0, 0) == 0);
+    free(t);
+    CHECK(t = make(&o, &w, (uint64_t)o.vocab * o.hidden, DIST_NORMAL,
+                   3.0f / sqrtf((float)o.hidden)));
+    if (!o.tie)
+        CHECK(add(&w, "lm_head.weight", t, 2, o.vocab, o.hidden, 0) == 0);
+    free(t);
+
+    int rc = write_config(&o) == 0 && write_weights(&o, &w) == 0 ? 0 : 1;
+    for (size_t i = 0; i < w.n; i++) {
+        free((void *)w.t[i].name);
+        free(w.bufs[i]);
+    }
+    free(w.t);
+    free(w.bufs);
+    return rc;
+}

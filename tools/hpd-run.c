@@ -1,0 +1,315 @@
+/* hpd-run: generates tokens from a model in one process.
+ *
+ * Prints the generated ids of each prompt as one line of space-separated
+ * integers on stdout; diagnostics go to stderr. Exit status: 0 success,
+ * 2 bad input (flags, prompt, ids), 1 any other failure. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/engine.h"
+#include "kernels/backend.h"
+#include "model/model.h"
+
+typedef struct {
+    int32_t *ids;
+    size_t n;
+} prompt_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: hpd-run --model DIR (--prompt-ids 1,2,3 | --prompts-file F) [options]\n"
+            "  --max-tokens N        tokens to generate per prompt (16)\n"
+            "  --temperature T       0 is greedy (0)\n"
+            "  --top-p P             nucleus sampling mass in (0, 1] (1)\n"
+            "  --top-k K             keep the K most likely tokens, 0 = all (0)\n"
+            "  --seed S              sampling seed (0)\n"
+            "  --kv-block-size B     tokens per KV page, a multiple of 16 (64)\n"
+            "  --kv-layout B,P,O     KV page layout, e.g. 64,1,nhd or 16,2,hnd\n"
+            "  --max-context N       prompt + generated tokens allowed (4096)\n"
+            "  --max-batch N         requests run together (16)\n"
+            "  --prefill-chunk N     prefill tokens per step, a multiple of 64 (256)\n"
+            "  --threads N           CPU threads (all cores)\n"
+            "  --device D            cpu (cpu)\n"
+            "  --logits-out FILE     write the logits of the last step of the first prompt\n"
+            "                        as little-endian float32\n"
+            "  --log-level L         error|warn|info|debug (warn)\n");
+}
+
+typedef struct {
+    FILE *f;
+    uint64_t want_id;
+    float *last;
+    uint32_t vocab;
+} logits_sink_t;
+
+static void keep_logits(void *arg, uint64_t id, uint32_t position, const float *logits,
+                        uint32_t vocab)
+{
+    logits_sink_t *s = arg;
+    if (id != s->want_id)
+        return;
+    if (s->last == NULL)
+        s->last = malloc(vocab * sizeof(float));
+    if (s->last != NULL) {
+        memcpy(s->last, logits, vocab * sizeof(float));
+        s->vocab = vocab;
+    }
+}
+
+static int read_prompts(const char *path, prompt_t **prompts_p, size_t *n_p)
+{
+    char *text, *save = NULL, err[160];
+    size_t len, n = 0, cap = 16, line = 0;
+    prompt_t *prompts = malloc(cap * sizeof(*prompts));
+
+    if (prompts == NULL || hpd_read_file(path, &text, &len) != HPD_OK) {
+        free(prompts);
+        return -1;
+    }
+    for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
+        line++;
+        if (strspn(l, " \t\r") == strlen(l))
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            prompts = realloc(prompts, cap * sizeof(*prompts));
+            if (prompts == NULL) {
+                free(text);
+                return -1;
+            }
+        }
+        if (hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err)) != HPD_OK) {
+            fprintf(stderr, "hpd-run: %s line %zu: %s\n", path, line, err);
+            free(text);
+            for (size_t i = 0; i < n; i++)
+                free(prompts[i].ids);
+            free(prompts);
+            return -1;
+        }
+        n++;
+    }
+    free(text);
+    if (n == 0) {
+        fprintf(stderr, "hpd-run: %s holds no prompt\n", path);
+        free(prompts);
+        return -1;
+    }
+    *prompts_p = prompts;
+    *n_p = n;
+    return 0;
+}
+
+static int parse_u32(const char *flag, const char *v, uint64_t min, uint64_t max, uint32_t *out)
+{
+    uint64_t x;
+    if (hpd_parse_u64(v, min, max, &x) != 0) {
+        fprintf(stderr, "hpd-run: %s '%s' must be an integer from %llu to %llu\n", flag, v,
+                (unsigned long long)min, (unsigned long long)max);
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", 1, 0, 'm'}, {"prompt-ids", 1, 0, 'p'}, {"prompts-file", 1, 0, 'f'},
+        {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'}, {"top-p", 1, 0, 'P'},
+        {"top-k", 1, 0, 'k'}, {"seed", 1, 0, 's'}, {"kv-block-size", 1, 0, 'b'},
+        {"kv-layout", 1, 0, 'L'}, {"max-context", 1, 0, 'c'}, {"max-batch", 1, 0, 'B'},
+        {"prefill-chunk", 1, 0, 'C'}, {"threads", 1, 0, 'T'}, {"device", 1, 0, 'd'},
+        {"logits-out", 1, 0, 'o'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *model_dir = NULL, *prompt_ids = NULL, *prompts_file = NULL, *logits_out = NULL;
+    hpd_engine_params_t ep;
+    hpd_backend_params_t bp = {"cpu", 0};
+    hpd_sampling_t samp = {0.0f, 1.0f, 0, 0};
+    uint32_t max_tokens = 16, block_size = 0;
+    const char *layout_text = NULL;
+    prompt_t *prompts = NULL;
+    size_t n_prompts = 0;
+    hpd_model_t *model = NULL;
+    hpd_backend_t *backend = NULL;
+    hpd_engine_t *engine = NULL;
+    uint64_t *ids = NULL;
+    logits_sink_t sink = {0};
+    int rc = 2, c, lvl;
+    char err[160];
+
+    hpd_engine_params_init(&ep);
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'p': prompt_ids = optarg; break;
+        case 'f': prompts_file = optarg; break;
+        case 'n':
+            if (parse_u32("--max-tokens", optarg, 1, 1u << 20, &max_tokens))
+                return 2;
+            break;
+        case 't':
+            if (hpd_parse_float(optarg, &samp.temperature) != 0 || samp.temperature < 0) {
+                fprintf(stderr, "hpd-run: --temperature '%s' must be a number >= 0\n", optarg);
+                return 2;
+            }
+            break;
+        case 'P':
+            if (hpd_parse_float(optarg, &samp.top_p) != 0 || samp.top_p <= 0 ||
+                samp.top_p > 1) {
+                fprintf(stderr, "hpd-run: --top-p '%s' must be in (0, 1]\n", optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            if (parse_u32("--top-k", optarg, 0, UINT32_MAX, &samp.top_k))
+                return 2;
+            break;
+        case 's':
+            if (hpd_parse_u64(optarg, 0, UINT64_MAX, &samp.seed) != 0) {
+                fprintf(stderr, "hpd-run: --seed '%s' must be a non-negative integer\n", optarg);
+                return 2;
+            }
+            break;
+        case 'b':
+            if (parse_u32("--kv-block-size", optarg, 16, 4096, &block_size))
+                return 2;
+            break;
+        case 'L': layout_text = optarg; break;
+        case 'c':
+            if (parse_u32("--max-context", optarg, 1, 1u << 24, &ep.max_context))
+                return 2;
+            break;
+        case 'B':
+            if (parse_u32("--max-batch", optarg, 1, 4096, &ep.max_batch))
+                return 2;
+            break;
+        case 'C':
+            if (parse_u32("--prefill-chunk", optarg, 64, 1u << 16, &ep.prefill_chunk))
+                return 2;
+            break;
+        case 'T':
+            if (parse_u32("--threads", optarg, 1, 1024, &bp.n_threads))
+                return 2;
+            break;
+        case 'd': bp.device = optarg; break;
+        case 'o': logits_out = optarg; break;
+        case 'l':
+            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
+                fprintf(stderr, "hpd-run: --log-level '%s' (expected error|warn|info|debug)\n",
+                        optarg);
+                return 2;
+            }
+            hpd_log_set_level((hpd_log_level_t)lvl);
+            break;
+        case 'h': usage(stdout); return 0;
+        default:
+            fprintf(stderr, "hpd-run: see --help for the flags\n");
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "hpd-run: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (model_dir == NULL || (prompt_ids == NULL) == (prompts_file == NULL)) {
+        fprintf(stderr, "hpd-run: --model and one of --prompt-ids or --prompts-file are needed\n");
+        usage(stderr);
+        return 2;
+    }
+    if (layout_text != NULL && hpd_kv_layout_parse(layout_text, &ep.kv_layout) != HPD_OK)
+        return 2;
+    if (block_size != 0)
+        ep.kv_layout.block_size = block_size;
+    if (ep.prefill_chunk % 64 != 0) {
+        fprintf(stderr, "hpd-run: --prefill-chunk %u must be a multiple of 64\n",
+                ep.prefill_chunk);
+        return 2;
+    }
+    if (prompt_ids != NULL) {
+        prompts = calloc(1, sizeof(*prompts));
+        if (prompts == NULL)
+            return 1;
+        if (hpd_parse_id_list(prompt_ids, &prompts[0].ids, &prompts[0].n, err, sizeof(err)) !=
+            HPD_OK) {
+            fprintf(stderr, "hpd-run: --prompt-ids: %s\n", err);
+            free(prompts);
+            return 2;
+        }
+        n_prompts = 1;
+    } else if (read_prompts(prompts_file, &prompts, &n_prompts) != 0) {
+        return 2;
+    }
+
+    rc = 1;
+    if (hpd_model_load(model_dir, &model) != HPD_OK)
+        goto out;
+    ep.kv_layout.n_layers = model->config.n_full_layers;
+    ep.kv_layout.n_kv_heads = model->config.n_kv_heads;
+    ep.kv_layout.head_dim = model->config.head_dim;
+    if (model->config.n_full_layers > 0 && hpd_kv_layout_validate(&ep.kv_layout) != HPD_OK) {
+        rc = 2;
+        goto out;
+    }
+    if (hpd_backend_create(&bp, &backend) != HPD_OK)
+        goto out;
+    ep.model = model;
+    ep.backend = backend;
+    if (logits_out != NULL) {
+        ep.logits_cb = keep_logits;
+        ep.logits_cb_arg = &sink;
+    }
+    if (hpd_engine_create(&ep, &engine) != HPD_OK)
+        goto out;
+    ids = calloc(n_prompts, sizeof(*ids));
+    if (ids == NULL)
+        goto out;
+    for (size_t i = 0; i < n_prompts; i++) {
+        hpd_request_params_t rp = {prompts[i].ids, (uint32_t)prompts[i].n, max_tokens, samp,
+                                   NULL, 0};
+        if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
+            if (n_prompts > 1)
+                fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);
+            rc = 2;
+            goto out;
+        }
+    }
+    sink.want_id = ids[0];
+    if (hpd_engine_run(engine) != HPD_OK)
+        goto out;
+    for (size_t i = 0; i < n_prompts; i++) {
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t state;
+
+        hpd_engine_result(engine, ids[i], &toks, &n, &state);
+        if (state != HPD_REQ_FINISHED) {
+            fprintf(stderr, "hpd-run: prompt %zu failed\n", i + 1);
+            goto out;
+        }
+        for (uint32_t t = 0; t < n; t++)
+            printf(t ? " %d" : "%d", toks[t]);
+        printf("\n");
+    }
+    fflush(stdout);
+    if (logits_out != NULL) {
+        if (sink.last == NULL ||
+            hpd_write_file(logits_out, sink.last, sink.vocab * sizeof(float)) != HPD_OK)
+            goto out;
+    }
+    rc = 0;
+out:
+    hpd_engine_destroy(engine);
+    hpd_backend_destroy(backend);
+    hpd_model_destroy(model);
+    for (size_t i = 0; i < n_prompts; i++)
+        free(prompts[i].ids);
+    free(prompts);
+    free(ids);
+    free(sink.last);
+    return rc;
+}
