@@ -1,0 +1,141 @@
+/* Paged attention equals a naive dense attention, and its results are
+ * bit-identical whatever the block size, pack size and page order. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kernels/backend.h"
+#include "tests/test_helpers.h"
+
+enum { NH = 4, NKV = 2, HD = 32, NLAYERS = 3, LAYER = 1 };
+
+typedef struct {
+    uint32_t B, P;
+    hpd_kv_order_t order;
+} layout_case_t;
+
+/* Stores T tokens of K/V (T x NKV x HD) for layer LAYER into a fresh pool of
+ * the given layout (pages handed out in a scrambled order), then attends the
+ * last Tq tokens as queries. out: [Tq][NH][HD]. */
+static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, const float *k,
+                  const float *v, const float *q, float *out)
+{
+    hpd_kv_layout_t l = {lc.B, lc.P, lc.order, HPD_DTYPE_F32, NLAYERS, NKV, HD};
+    const uint32_t n_blocks = (T + lc.B - 1) / lc.B, n_pages = 3 * n_blocks + 5;
+    float *pool = calloc(n_pages * hpd_kv_layout_page_elems(&l), sizeof(float));
+    uint32_t *table = malloc(n_blocks * sizeof(uint32_t));
+    const uint32_t *tables[1] = {table};
+
+    for (uint32_t i = 0; i < n_blocks; i++)
+        table[i] = n_pages - 1 - 3 * i; /* distinct pages, in reverse order */
+    hpd_paged_kv_t kv = {&l, pool, LAYER % lc.P, tables};
+    /* prefix as one sequence, then the query rows as a second store */
+    hpd_seq_t all = {0, T, 0};
+    hpd_kv_store_args_t st = {kv, {(float *)k, NKV * HD, HD}, {(float *)v, NKV * HD, HD}, &all, 1};
+    assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
+    hpd_seq_t qs = {0, Tq, T - Tq};
+    hpd_attention_args_t a = {kv, {(float *)q, NH * HD, HD}, {out, NH * HD, HD}, NH,
+                              1.0f / sqrtf((float)HD), &qs, 1};
+    assert_int_equal(hpd_attention(be, &a), HPD_OK);
+    free(pool);
+    free(table);
+}
+
+static void dense(uint32_t T, uint32_t Tq, const float *k, const float *v, const float *q,
+                  float *out)
+{
+    for (uint32_t i = 0; i < Tq; i++) {
+        const uint32_t pos = T - Tq + i;
+        for (uint32_t h = 0; h < NH; h++) {
+            const uint32_t kh = h / (NH / NKV);
+            double s[4096], m = -1e300, sum = 0;
+            for (uint32_t t = 0; t <= pos; t++) {
+                double d = 0;
+                for (uint32_t x = 0; x < HD; x++)
+                    d += (double)q[((size_t)i * NH + h) * HD + x] * k[((size_t)t * NKV + kh) * HD + x];
+                s[t] = d / sqrt((double)HD);
+                m = s[t] > m ? s[t] : m;
+            }
+            for (uint32_t t = 0; t <= pos; t++)
+                sum += (s[t] = exp(s[t] - m));
+            for (uint32_t x = 0; x < HD; x++) {
+                double o = 0;
+                for (uint32_t t = 0; t <= pos; t++)
+                    o += s[t] * v[((size_t)t * NKV + kh) * HD + x];
+                out[((size_t)i * NH + h) * HD + x] = (float)(o / sum);
+            }
+        }
+    }
+}
+
+static void test_paged_matches_dense_and_layouts(void **state)
+{
+    hpd_backend_params_t bp = {"cpu", 2};
+    hpd_backend_t *be;
+    const uint32_t lengths[] = {1, 15, 16, 33, 100, 257};
+    const layout_case_t cases[] = {
+        {16, 1, HPD_KV_NHD}, {32, 1, HPD_KV_NHD}, {64, 1, HPD_KV_NHD}, {16, 2, HPD_KV_HND},
+        {32, 3, HPD_KV_HND}, {64, 2, HPD_KV_NHD}, {128, 3, HPD_KV_HND}, {48, 1, HPD_KV_HND},
+    };
+
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (size_t li = 0; li < sizeof(lengths) / sizeof(lengths[0]); li++) {
+        const uint32_t T = lengths[li], Tq = T < 40 ? T : 40;
+        float *k = malloc((size_t)T * NKV * HD * sizeof(float));
+        float *v = malloc((size_t)T * NKV * HD * sizeof(float));
+        float *q = malloc((size_t)Tq * NH * HD * sizeof(float));
+        float *ref = malloc((size_t)Tq * NH * HD * sizeof(float));
+        float *first = malloc((size_t)Tq * NH * HD * sizeof(float));
+        float *out = malloc((size_t)Tq * NH * HD * sizeof(float));
+        test_fill(k, (size_t)T * NKV * HD, 10 + T, 1.0f);
+        test_fill(v, (size_t)T * NKV * HD, 20 + T, 1.0f);
+        test_fill(q, (size_t)Tq * NH * HD, 30 + T, 1.0f);
+        dense(T, Tq, k, v, q, ref);
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            paged(be, cases[c], T, Tq, k, v, q, c == 0 ? first : out);
+            if (c == 0) {
+                double e = test_rel_rms(first, ref, (size_t)Tq * NH * HD);
+                print_message("T=%u: paged vs dense rel rms %.2e\n", T, e);
+                assert_true(e < 1e-5);
+            } else {
+                /* exact equality across block size, pack size and order */
+                assert_memory_equal(first, out, (size_t)Tq * NH * HD * sizeof(float));
+            }
+        }
+        free(k), free(v), free(q), free(ref), free(first), free(out);
+    }
+    hpd_backend_destroy(be);
+}
+
+/* Decode (one query per sequence, batched) gives the bits of the prefill row. */
+static void test_decode_equals_prefill_row(void **state)
+{
+    hpd_backend_params_t bp = {"cpu", 2};
+    hpd_backend_t *be;
+    const uint32_t T = 90;
+    float *k = malloc(T * NKV * HD * sizeof(float)), *v = malloc(T * NKV * HD * sizeof(float));
+    float *q = malloc(T * NH * HD * sizeof(float));
+    float *pre = malloc(T * NH * HD * sizeof(float)), *dec = malloc(NH * HD * sizeof(float));
+
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    test_fill(k, T * NKV * HD, 1, 1.0f);
+    test_fill(v, T * NKV * HD, 2, 1.0f);
+    test_fill(q, T * NH * HD, 3, 1.0f);
+    layout_case_t lc = {32, 1, HPD_KV_NHD};
+    paged(be, lc, T, T, k, v, q, pre);
+    paged(be, lc, T, 1, k, v, q + (size_t)(T - 1) * NH * HD, dec);
+    assert_memory_equal(pre + (size_t)(T - 1) * NH * HD, dec, NH * HD * sizeof(float));
+    free(k), free(v), free(q), free(pre), free(dec);
+    hpd_backend_destroy(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_paged_matches_dense_and_layouts),
+        cmocka_unit_test(test_decode_equals_prefill_row),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,84 @@
+/* GEMM against a double-precision reference, and batch invariance: a row's
+ * bits do not depend on how many rows are computed with it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kernels/backend.h"
+#include "tests/test_helpers.h"
+
+static hpd_backend_t *cpu(uint32_t threads)
+{
+    hpd_backend_params_t p = {"cpu", threads};
+    hpd_backend_t *be;
+    assert_int_equal(hpd_backend_cpu_create(&p, &be), HPD_OK);
+    return be;
+}
+
+static void test_matches_reference(void **state)
+{
+    const uint32_t shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {4, 2, 8}, {9, 33, 100},
+                                  {17, 70, 256}, {64, 96, 64}, {5, 1030, 24}};
+    hpd_backend_t *be = cpu(2);
+
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        const uint32_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *x = malloc((size_t)m * k * 4), *w = malloc((size_t)n * k * 4);
+        float *y = malloc((size_t)m * n * 4), *ref = malloc((size_t)m * n * 4);
+        test_fill(x, (size_t)m * k, 1 + s, 1.0f);
+        test_fill(w, (size_t)n * k, 100 + s, 1.0f);
+        for (uint32_t i = 0; i < m; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                double acc = 0;
+                for (uint32_t t = 0; t < k; t++)
+                    acc += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
+                ref[(size_t)i * n + j] = (float)acc;
+            }
+        hpd_gemm_args_t a = {x, k, w, y, n, m, n, k, false};
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        assert_true(test_rel_rms(y, ref, (size_t)m * n) < 1e-6);
+        /* accumulate adds onto y */
+        a.accumulate = true;
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        for (size_t i = 0; i < (size_t)m * n; i++)
+            ref[i] *= 2;
+        assert_true(test_rel_rms(y, ref, (size_t)m * n) < 1e-6);
+        free(x), free(w), free(y), free(ref);
+    }
+    hpd_backend_destroy(be);
+}
+
+static void test_batch_invariant(void **state)
+{
+    const uint32_t M = 13, N = 77, K = 203;
+    hpd_backend_t *be1 = cpu(1), *be2 = cpu(2);
+    float *x = malloc(M * K * 4), *w = malloc(N * K * 4);
+    float *full = malloc(M * N * 4), *part = malloc(M * N * 4);
+
+    test_fill(x, M * K, 7, 1.0f);
+    test_fill(w, N * K, 8, 1.0f);
+    hpd_gemm_args_t a = {x, K, w, full, N, M, N, K, false};
+    assert_int_equal(hpd_gemm(be2, &a), HPD_OK);
+    /* every sub-batch [r0, r0 + m) reproduces its rows exactly, on 1 or 2 threads */
+    for (uint32_t r0 = 0; r0 < M; r0++) {
+        for (uint32_t m = 1; r0 + m <= M; m += 3) {
+            hpd_gemm_args_t b = {x + (size_t)r0 * K, K, w, part, N, m, N, K, false};
+            assert_int_equal(hpd_gemm((m & 1) ? be1 : be2, &b), HPD_OK);
+            assert_memory_equal(part, full + (size_t)r0 * N, (size_t)m * N * 4);
+        }
+    }
+    free(x), free(w), free(full), free(part);
+    hpd_backend_destroy(be1);
+    hpd_backend_destroy(be2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matches_reference),
+        cmocka_unit_test(test_batch_invariant),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,198 @@
+/* The small ops against straightforward references: norms, RoPE, conv1d
+ * (sequence vs step with state), GDN gating, SwiGLU, the attention gate. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kernels/backend.h"
+#include "tests/test_helpers.h"
+
+static hpd_backend_t *be;
+
+static int setup(void **state)
+{
+    hpd_backend_params_t p = {"cpu", 2};
+    return hpd_backend_cpu_create(&p, &be) == HPD_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    hpd_backend_destroy(be);
+    return 0;
+}
+
+static void test_rmsnorm(void **state)
+{
+    enum { T = 3, NH = 2, D = 40 };
+    float x[T * NH * D], w[D], y[T * NH * D], ref[T * NH * D];
+    test_fill(x, T * NH * D, 1, 2.0f);
+    test_fill(w, D, 2, 0.1f);
+    for (int zc = 0; zc < 2; zc++) {
+        for (int r = 0; r < T * NH; r++) {
+            double ss = 0;
+            for (int d = 0; d < D; d++)
+                ss += (double)x[r * D + d] * x[r * D + d];
+            for (int d = 0; d < D; d++)
+                ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss / D + 1e-6) * (zc ? 1.0 + w[d] : w[d]));
+        }
+        hpd_rmsnorm_args_t a = {{x, NH * D, D}, {y, NH * D, D}, T, NH, D, w, 1e-6f, zc};
+        assert_int_equal(hpd_rmsnorm(be, &a), HPD_OK);
+        assert_true(test_rel_rms(y, ref, T * NH * D) < 1e-6);
+    }
+}
+
+static void test_gated_rmsnorm_and_l2norm(void **state)
+{
+    enum { T = 2, NH = 3, D = 16 };
+    float x[T * NH * D], z[T * NH * D], w[D], y[T * NH * D], ref[T * NH * D];
+    test_fill(x, T * NH * D, 3, 1.0f);
+    test_fill(z, T * NH * D, 4, 1.0f);
+    test_fill(w, D, 5, 1.0f);
+    for (int r = 0; r < T * NH; r++) {
+        double ss = 0;
+        for (int d = 0; d < D; d++)
+            ss += (double)x[r * D + d] * x[r * D + d];
+        for (int d = 0; d < D; d++) {
+            double zz = z[r * D + d];
+            ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss / D + 1e-6) * w[d] * zz / (1 + exp(-zz)));
+        }
+    }
+    hpd_gated_rmsnorm_args_t a = {{x, NH * D, D}, {z, NH * D, D}, {y, NH * D, D}, T, NH, D, w,
+                                  1e-6f};
+    assert_int_equal(hpd_gated_rmsnorm(be, &a), HPD_OK);
+    assert_true(test_rel_rms(y, ref, T * NH * D) < 1e-6);
+
+    for (int r = 0; r < T * NH; r++) {
+        double ss = 0;
+        for (int d = 0; d < D; d++)
+            ss += (double)x[r * D + d] * x[r * D + d];
+        for (int d = 0; d < D; d++)
+            ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss + 1e-6) * 0.25);
+    }
+    hpd_l2norm_args_t l = {{x, NH * D, D}, T, NH, D, 1e-6f, 0.25f};
+    assert_int_equal(hpd_l2norm(be, &l), HPD_OK);
+    assert_true(test_rel_rms(x, ref, T * NH * D) < 1e-6);
+}
+
+static void test_rope_partial_neox(void **state)
+{
+    enum { T = 3, NH = 2, D = 32, ROT = 8 };
+    float x[T * NH * D], orig[T * NH * D];
+    const int32_t pos[T] = {0, 5, 1000};
+    test_fill(x, T * NH * D, 6, 1.0f);
+    memcpy(orig, x, sizeof(x));
+    hpd_rope_args_t a = {{x, NH * D, D}, T, NH, D, ROT, pos, 10000.0f};
+    assert_int_equal(hpd_rope(be, &a), HPD_OK);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            const float *o = orig + (t * NH + h) * D, *r = x + (t * NH + h) * D;
+            for (int i = 0; i < ROT / 2; i++) {
+                double f = pos[t] * pow(10000.0, -2.0 * i / ROT);
+                assert_float_equal(r[i], o[i] * cos(f) - o[i + ROT / 2] * sin(f), 2e-3);
+                assert_float_equal(r[i + ROT / 2], o[i + ROT / 2] * cos(f) + o[i] * sin(f), 2e-3);
+            }
+            /* the dims past rot_dim pass through untouched */
+            assert_memory_equal(r + ROT, o + ROT, (D - ROT) * sizeof(float));
+        }
+}
+
+/* A sequence through conv1d equals the same tokens one step at a time, and
+ * both equal the causal conv with the state as left history. */
+static void test_conv1d_sequence_vs_steps(void **state)
+{
+    enum { T = 9, CH = 5, KC = 4 };
+    float x[T * CH], w[CH * KC], y_seq[T * CH], y_step[T * CH];
+    float st_seq[CH * (KC - 1)], st_step[CH * (KC - 1)], hist[CH * (KC - 1)];
+    test_fill(x, T * CH, 7, 1.0f);
+    test_fill(w, CH * KC, 8, 0.5f);
+    test_fill(hist, CH * (KC - 1), 9, 1.0f);
+    memcpy(st_seq, hist, sizeof(hist));
+    memcpy(st_step, hist, sizeof(hist));
+    float *s1[1] = {st_seq}, *s2[1] = {st_step};
+    hpd_seq_t seq = {0, T, 0};
+    hpd_conv1d_args_t a = {x, CH, y_seq, CH, w, CH, KC, s1, &seq, 1};
+    assert_int_equal(hpd_conv1d(be, &a), HPD_OK);
+    for (int t = 0; t < T; t++) {
+        hpd_seq_t one = {0, 1, (uint32_t)t};
+        hpd_conv1d_args_t b = {x + t * CH, CH, y_step + t * CH, CH, w, CH, KC, s2, &one, 1};
+        assert_int_equal(hpd_conv1d_step(be, &b), HPD_OK);
+    }
+    assert_memory_equal(y_seq, y_step, sizeof(y_seq));
+    assert_memory_equal(st_seq, st_step, sizeof(st_seq));
+    for (int c = 0; c < CH; c++) {
+        for (int t = 0; t < T; t++) {
+            double acc = 0;
+            for (int j = 0; j < KC; j++) {
+                int src = t - (KC - 1) + j; /* < 0 reads the history */
+                double in = src >= 0 ? x[src * CH + c] : hist[c * (KC - 1) + (KC - 1 + src)];
+                acc += w[c * KC + j] * in;
+            }
+            assert_float_equal(y_seq[t * CH + c], acc / (1 + exp(-acc)), 1e-5);
+        }
+        for (int j = 0; j < KC - 1; j++) /* the state keeps the newest kc-1 inputs */
+            assert_true(st_seq[c * (KC - 1) + j] == x[(T - (KC - 1) + j) * CH + c]);
+    }
+}
+
+static void test_gating_silu_sigmoid_embed(void **state)
+{
+    enum { T = 2, NV = 3, I = 5 };
+    float a[T * NV], b[T * NV], alog[NV], dtb[NV], g[T * NV], beta[T * NV];
+    test_fill(a, T * NV, 10, 3.0f);
+    test_fill(b, T * NV, 11, 1.0f);
+    test_fill(alog, NV, 12, 1.0f);
+    test_fill(dtb, NV, 13, 1.0f);
+    a[0] = 30.0f; /* softplus past its linear threshold */
+    hpd_gdn_gating_args_t ga = {a, b, NV, NV, alog, dtb, g, beta, T, NV};
+    assert_int_equal(hpd_gdn_gating(be, &ga), HPD_OK);
+    for (int i = 0; i < T * NV; i++) {
+        double x = a[i] + dtb[i % NV], sp = x > 20 ? x : log1p(exp(x));
+        assert_float_equal(g[i], -exp(alog[i % NV]) * sp, 1e-4 * fabs(g[i]) + 1e-6);
+        assert_float_equal(beta[i], 1 / (1 + exp(-b[i])), 1e-6);
+    }
+
+    float gu[T * 2 * I], out[T * I];
+    test_fill(gu, T * 2 * I, 14, 2.0f);
+    hpd_silu_mul_args_t sa = {gu, 2 * I, out, I, T, I};
+    assert_int_equal(hpd_silu_mul(be, &sa), HPD_OK);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < I; i++) {
+            double gg = gu[t * 2 * I + i];
+            assert_float_equal(out[t * I + i], gg / (1 + exp(-gg)) * gu[t * 2 * I + I + i], 1e-5);
+        }
+
+    float x[T * 4], gate[T * 8], x0[T * 4];
+    test_fill(x, T * 4, 15, 1.0f);
+    test_fill(gate, T * 8, 16, 1.0f);
+    memcpy(x0, x, sizeof(x));
+    hpd_sigmoid_mul_args_t sm = {{x, 4, 2}, {gate + 2, 8, 4}, T, 2, 2};
+    assert_int_equal(hpd_sigmoid_mul(be, &sm), HPD_OK);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < 2; h++)
+            for (int d = 0; d < 2; d++)
+                assert_float_equal(x[t * 4 + h * 2 + d],
+                                   x0[t * 4 + h * 2 + d] / (1 + exp(-gate[t * 8 + 2 + h * 4 + d])),
+                                   1e-6);
+
+    float table[6 * 3], emb[2 * 4];
+    const int32_t ids[2] = {5, 1};
+    test_fill(table, 18, 17, 1.0f);
+    hpd_embed_args_t ea = {ids, 2, table, 3, emb, 4};
+    assert_int_equal(hpd_embed(be, &ea), HPD_OK);
+    assert_memory_equal(emb, table + 15, 12);
+    assert_memory_equal(emb + 4, table + 3, 12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_gated_rmsnorm_and_l2norm),
+        cmocka_unit_test(test_rope_partial_neox),
+        cmocka_unit_test(test_conv1d_sequence_vs_steps),
+        cmocka_unit_test(test_gating_silu_sigmoid_embed),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
