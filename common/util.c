@@ -19,16 +19,17 @@ hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, c
 
     if (ids == NULL)
         return HPD_ERR_NO_MEMORY;
-    while (*p) {
+    for (;;) {
         char *end;
         long long v;
 
         while (isspace((unsigned char)*p))
             p++;
-        if (*p == '\0')
+        if (*p == '\0' && n == 0)
             break;
         if (!isdigit((unsigned char)*p)) {
-            snprintf(err, errlen, "token id list: expected a non-negative integer at '%.20s'", p);
+            snprintf(err, errlen, "token id list: expected a non-negative integer at '%.20s'",
+                     *p ? p : "end of list");
             goto err_free;
         }
         errno = 0;
@@ -54,10 +55,10 @@ hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, c
             p++;
             continue;
         }
-        if (*p != '\0') {
-            snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p);
-            goto err_free;
-        }
+        if (*p == '\0')
+            break;
+        snprintf(err, errlen, "token id list: expected ',' at '%.20s'", p);
+        goto err_free;
     }
     if (n == 0) {
         snprintf(err, errlen, "token id list is empty");

@@ -1,6 +1,345 @@
+/* The engine end to end on a small random model: prefill vs decode logits,
+ * repeatability, batch invariance, layouts, namings, bad requests and pool
+ * pressure. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-int main(void){return 0;}
+
+#include "engine/engine.h"
+#include "tests/test_helpers.h"
+
+#define SMALL "--hidden 128 --layers 6 --full-interval 3 --intermediate 256 --vocab 512 " \
+              "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "    \
+              "--lin-k-dim 32 --lin-v-dim 48 --seed 11"
+
+static char root[256];
+static hpd_model_t *model;
+static hpd_backend_t *be;
+
+static int setup(void **state)
+{
+    char dir[512];
+    hpd_backend_params_t bp = {"cpu", 2};
+    test_tmpdir(root, sizeof(root), "engine");
+    snprintf(dir, sizeof(dir), "%s/next", root);
+    if (test_mkmodel(dir, SMALL " --arch qwen3_next") != 0 ||
+        hpd_model_load(dir, &model) != HPD_OK)
+        return -1;
+    return hpd_backend_cpu_create(&bp, &be) == HPD_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    hpd_model_destroy(model);
+    hpd_backend_destroy(be);
+    test_rmtree(root);
+    return 0;
+}
+
+static void prompt_of(int32_t *p, uint32_t n, uint64_t seed)
+{
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (int32_t)(hpd_philox4x32(seed, i, 1).v[0] % 512);
+}
+
+static hpd_engine_t *engine_with(hpd_engine_params_t *ep, const hpd_model_t *m)
+{
+    hpd_engine_t *e;
+    ep->model = m;
+    ep->backend = be;
+    assert_int_equal(hpd_engine_create(ep, &e), HPD_OK);
+    return e;
+}
+
+static hpd_engine_t *engine_default(void)
+{
+    hpd_engine_params_t ep;
+    hpd_engine_params_init(&ep);
+    return engine_with(&ep, model);
+}
+
+typedef struct {
+    uint32_t position;
+    float logits[512];
+    int seen;
+} capture_t;
+
+static void capture(void *arg, uint64_t id, uint32_t position, const float *logits,
+                    uint32_t vocab)
+{
+    capture_t *c = arg;
+    if (position == c->position) {
+        memcpy(c->logits, logits, vocab * sizeof(float));
+        c->seen++;
+    }
+}
+
+/* Logits at the last position: one prefill over the whole sequence vs a
+ * prefill of a prefix and decode steps (replayed tokens) over the rest. */
+static void test_prefill_equals_prefill_plus_decode(void **state)
+{
+    enum { N = 150 };
+    int32_t seq[N];
+    const uint32_t splits[] = {1, 63, 64, 100, 149};
+    capture_t whole = {.position = N - 1}, part = {.position = N - 1};
+    hpd_engine_params_t ep;
+    hpd_engine_t *e;
+    uint64_t id;
+
+    prompt_of(seq, N, 1);
+    hpd_engine_params_init(&ep);
+    ep.logits_cb = capture;
+    ep.logits_cb_arg = &whole;
+    e = engine_with(&ep, model);
+    hpd_request_params_t rp = {seq, N, 1, {0, 1, 0, 0}, NULL, 0};
+    assert_int_equal(hpd_engine_submit(e, &rp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(whole.seen, 1);
+    hpd_engine_destroy(e);
+
+    for (size_t s = 0; s < sizeof(splits) / sizeof(splits[0]); s++) {
+        const uint32_t k = splits[s];
+        part.seen = 0;
+        ep.logits_cb_arg = &part;
+        e = engine_with(&ep, model);
+        hpd_request_params_t pr = {seq, k, N - k + 1, {0, 1, 0, 0}, seq + k, N - k};
+        assert_int_equal(hpd_engine_submit(e, &pr, &id), HPD_OK);
+        assert_int_equal(hpd_engine_run(e), HPD_OK);
+        assert_int_equal(part.seen, 1);
+        double err = test_rel_rms(part.logits, whole.logits, 512);
+        print_message("prefill %u + decode %u: logits rel rms %.2e\n", k, N - k, err);
+        assert_true(err < 1e-4);
+        /* the replayed tokens come out as the generated ones */
+        const int32_t *toks;
+        uint32_t n;
+        hpd_engine_result(e, id, &toks, &n, NULL);
+        assert_int_equal(n, N - k + 1);
+        assert_memory_equal(toks, seq + k, (N - k) * sizeof(int32_t));
+        hpd_engine_destroy(e);
+    }
+}
+
+typedef struct {
+    uint32_t len, max_tokens;
+    hpd_sampling_t s;
+} req_t;
+
+static const req_t reqs[] = {
+    {5, 20, {0, 1, 0, 0}},        {64, 12, {0.9f, 0.95f, 0, 3}}, {130, 16, {0, 1, 0, 0}},
+    {1, 25, {1.2f, 1, 40, 8}},    {200, 8, {0.7f, 0.8f, 10, 9}}, {77, 30, {0, 1, 0, 0}},
+};
+#define N_REQS (sizeof(reqs) / sizeof(reqs[0]))
+
+static void run_alone(const hpd_model_t *m, hpd_engine_params_t *ep, size_t i, int32_t *out)
+{
+    int32_t prompt[256];
+    uint64_t id;
+    const int32_t *toks;
+    uint32_t n;
+    hpd_request_state_t st;
+    hpd_engine_t *e = engine_with(ep, m);
+
+    prompt_of(prompt, reqs[i].len, 100 + i);
+    hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+    assert_int_equal(hpd_engine_submit(e, &rp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+    assert_int_equal(st, HPD_REQ_FINISHED);
+    assert_int_equal(n, reqs[i].max_tokens);
+    memcpy(out, toks, n * sizeof(int32_t));
+    hpd_engine_destroy(e);
+}
+
+static void run_batch(hpd_engine_params_t *ep, int32_t out[][32])
+{
+    int32_t prompt[256];
+    uint64_t ids[N_REQS];
+    hpd_engine_t *e = engine_with(ep, model);
+    uint32_t pages_used, slots_used;
+
+    for (size_t i = 0; i < N_REQS; i++) {
+        prompt_of(prompt, reqs[i].len, 100 + i);
+        hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+        assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
+    }
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    for (size_t i = 0; i < N_REQS; i++) {
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t st;
+        hpd_engine_result(e, ids[i], &toks, &n, &st);
+        assert_int_equal(st, HPD_REQ_FINISHED);
+        memcpy(out[i], toks, n * sizeof(int32_t));
+    }
+    hpd_engine_usage(e, &pages_used, NULL, &slots_used, NULL);
+    assert_int_equal(pages_used, 0); /* nothing leaked */
+    assert_int_equal(slots_used, 0);
+    hpd_engine_destroy(e);
+}
+
+static void test_repeatable_and_batch_invariant(void **state)
+{
+    int32_t alone[N_REQS][32], again[32], batch[N_REQS][32];
+    hpd_engine_params_t ep;
+    int distinct = 0;
+
+    hpd_engine_params_init(&ep);
+    for (size_t i = 0; i < N_REQS; i++) {
+        run_alone(model, &ep, i, alone[i]);
+        run_alone(model, &ep, i, again);
+        assert_memory_equal(alone[i], again, reqs[i].max_tokens * sizeof(int32_t));
+    }
+    /* greedy output is not one token repeated */
+    for (uint32_t t = 1; t < reqs[5].max_tokens; t++)
+        distinct += alone[5][t] != alone[5][0];
+    assert_true(distinct > 5);
+
+    /* everything at once, then with a tight step budget that interleaves
+     * prefill chunks with decode steps, then one request at a time */
+    const uint32_t budgets[][3] = {{16, 256, 0}, {4, 64, 68}, {1, 128, 0}};
+    for (size_t b = 0; b < 3; b++) {
+        hpd_engine_params_init(&ep);
+        ep.max_batch = budgets[b][0];
+        ep.prefill_chunk = budgets[b][1];
+        ep.max_step_tokens = budgets[b][2];
+        run_batch(&ep, batch);
+        for (size_t i = 0; i < N_REQS; i++)
+            assert_memory_equal(alone[i], batch[i], reqs[i].max_tokens * sizeof(int32_t));
+    }
+}
+
+static void test_layouts_and_namings(void **state)
+{
+    int32_t ref[N_REQS][32], got[N_REQS][32];
+    const struct {
+        uint32_t B, P;
+        hpd_kv_order_t o;
+    } layouts[] = {{16, 1, HPD_KV_NHD}, {32, 2, HPD_KV_HND}, {128, 1, HPD_KV_HND},
+                   {64, 2, HPD_KV_NHD}};
+    hpd_engine_params_t ep;
+
+    hpd_engine_params_init(&ep);
+    run_batch(&ep, ref);
+    for (size_t l = 0; l < sizeof(layouts) / sizeof(layouts[0]); l++) {
+        hpd_engine_params_init(&ep);
+        ep.kv_layout.block_size = layouts[l].B;
+        ep.kv_layout.pack_size = layouts[l].P;
+        ep.kv_layout.order = layouts[l].o;
+        run_batch(&ep, got);
+        for (size_t i = 0; i < N_REQS; i++)
+            assert_memory_equal(ref[i], got[i], reqs[i].max_tokens * sizeof(int32_t));
+    }
+
+    /* the same random model written with the Qwen3.5 naming */
+    const char *archs[] = {"qwen3_5_text", "qwen3_5"};
+    for (size_t a = 0; a < 2; a++) {
+        char dir[512], args[1024];
+        hpd_model_t *other;
+        snprintf(dir, sizeof(dir), "%s/%s", root, archs[a]);
+        snprintf(args, sizeof(args), SMALL " --arch %s", archs[a]);
+        assert_int_equal(test_mkmodel(dir, args), 0);
+        assert_int_equal(hpd_model_load(dir, &other), HPD_OK);
+        hpd_engine_params_init(&ep);
+        for (size_t i = 0; i < N_REQS; i++) {
+            run_alone(other, &ep, i, got[i]);
+            assert_memory_equal(ref[i], got[i], reqs[i].max_tokens * sizeof(int32_t));
+        }
+        hpd_model_destroy(other);
+    }
+}
+
+static void test_bad_requests(void **state)
+{
+    hpd_engine_t *e = engine_default();
+    int32_t ok[3] = {1, 2, 3}, bad_id[3] = {1, 512, 3}, neg[2] = {4, -1};
+    int32_t *long_prompt = calloc(5000, sizeof(int32_t));
+    uint64_t id;
+    const hpd_sampling_t g = {0, 1, 0, 0};
+    const hpd_request_params_t cases[] = {
+        {ok, 0, 4, g, NULL, 0},                 /* empty prompt */
+        {bad_id, 3, 4, g, NULL, 0},             /* id >= vocab */
+        {neg, 2, 4, g, NULL, 0},                /* negative id */
+        {long_prompt, 5000, 4, g, NULL, 0},     /* beyond max context */
+        {ok, 3, 0, g, NULL, 0},                 /* no tokens asked */
+        {ok, 3, 4, {0.5f, 0.0f, 0, 0}, NULL, 0}, /* top-p 0 */
+        {ok, 3, 4, {-1.0f, 1, 0, 0}, NULL, 0},  /* negative temperature */
+        {ok, 3, 2, g, bad_id, 3},               /* more replay than max tokens */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        assert_int_equal(hpd_engine_submit(e, &cases[i], &id), HPD_ERR_INVALID_ARG);
+    /* and the engine still serves */
+    hpd_request_params_t good = {ok, 3, 4, g, NULL, 0};
+    const int32_t *toks;
+    uint32_t n;
+    assert_int_equal(hpd_engine_submit(e, &good, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, NULL), HPD_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(hpd_engine_result(e, 999, &toks, &n, NULL), HPD_ERR_NOT_FOUND);
+    free(long_prompt);
+    hpd_engine_destroy(e);
+}
+
+/* A pool that fits one request at a time: requests wait, all finish with the
+ * same tokens, one that can never fit fails alone, nothing leaks. */
+static void test_pool_pressure_and_cancel(void **state)
+{
+    int32_t ref[N_REQS][32], got[N_REQS][32], prompt[256];
+    hpd_engine_params_t ep;
+    uint64_t ids[N_REQS], big, victim;
+    uint32_t pages, slots;
+
+    hpd_engine_params_init(&ep);
+    run_batch(&ep, ref);
+    hpd_engine_params_init(&ep);
+    ep.kv_layout.block_size = 16;
+    ep.n_pages = 2 * 14; /* 2 groups x 14 blocks: the longest request (208 tokens) alone */
+    ep.n_slots = 2;
+    hpd_engine_t *e = engine_with(&ep, model);
+    for (size_t i = 0; i < N_REQS; i++) {
+        prompt_of(prompt, reqs[i].len, 100 + i);
+        hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+        assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
+    }
+    prompt_of(prompt, 250, 5);
+    hpd_request_params_t huge = {prompt, 250, 10, {0, 1, 0, 0}, NULL, 0};
+    assert_int_equal(hpd_engine_submit(e, &huge, &big), HPD_OK);
+    hpd_request_params_t cancelled = {prompt, 100, 20, {0, 1, 0, 0}, NULL, 0};
+    assert_int_equal(hpd_engine_submit(e, &cancelled, &victim), HPD_OK);
+    assert_int_equal(hpd_engine_step(e, NULL), HPD_OK);
+    assert_int_equal(hpd_engine_cancel(e, victim), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    for (size_t i = 0; i < N_REQS; i++) {
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t st;
+        hpd_engine_result(e, ids[i], &toks, &n, &st);
+        assert_int_equal(st, HPD_REQ_FINISHED);
+        memcpy(got[i], toks, n * sizeof(int32_t));
+        assert_memory_equal(ref[i], got[i], reqs[i].max_tokens * sizeof(int32_t));
+        hpd_engine_release(e, ids[i]);
+    }
+    hpd_request_state_t st;
+    hpd_engine_result(e, big, NULL, NULL, &st);
+    assert_int_equal(st, HPD_REQ_FAILED);
+    hpd_engine_result(e, victim, NULL, NULL, &st);
+    assert_int_equal(st, HPD_REQ_FAILED);
+    hpd_engine_usage(e, &pages, NULL, &slots, NULL);
+    assert_int_equal(pages, 0);
+    assert_int_equal(slots, 0);
+    hpd_engine_destroy(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_equals_prefill_plus_decode),
+        cmocka_unit_test(test_repeatable_and_batch_invariant),
+        cmocka_unit_test(test_layouts_and_namings),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_pool_pressure_and_cancel),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

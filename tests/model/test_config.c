@@ -1,6 +1,123 @@
+/* config.json parsing: the three model types, both layer-type forms, rope
+ * fields in either place, and a clear refusal of what is not supported. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-int main(void){return 0;}
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/config.h"
+
+#define DIMS                                                                              \
+    "\"vocab_size\": 1000, \"hidden_size\": 128, \"intermediate_size\": 300, "            \
+    "\"num_hidden_layers\": 5, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, " \
+    "\"head_dim\": 32, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 6, "     \
+    "\"linear_key_head_dim\": 16, \"linear_value_head_dim\": 24, "                        \
+    "\"linear_conv_kernel_dim\": 4, \"rms_norm_eps\": 1e-5"
+
+static void test_qwen3_next_layer_types(void **state)
+{
+    const char *j = "{\"model_type\": \"qwen3_next\", " DIMS ", \"num_experts\": 0, "
+                    "\"layer_types\": [\"full_attention\", \"linear_attention\", "
+                    "\"linear_attention\", \"full_attention\", \"linear_attention\"], "
+                    "\"rope_theta\": 5000.0, \"partial_rotary_factor\": 0.5, "
+                    "\"tie_word_embeddings\": true}";
+    hpd_model_config_t c;
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    assert_int_equal(c.arch, HPD_ARCH_QWEN3_NEXT);
+    assert_int_equal(c.n_layers, 5);
+    /* the pattern is read, not assumed */
+    assert_true(c.layer_full[0] && !c.layer_full[1] && !c.layer_full[2] && c.layer_full[3] &&
+                !c.layer_full[4]);
+    assert_int_equal(c.n_full_layers, 2);
+    assert_int_equal(c.n_linear_layers, 3);
+    assert_int_equal(c.kind_index[3], 1);
+    assert_int_equal(c.kind_index[4], 2);
+    assert_int_equal(c.lin_k_dim, 16); /* dk != dv, nv != nk */
+    assert_int_equal(c.lin_v_dim, 24);
+    assert_int_equal(c.lin_n_v_heads, 6);
+    assert_int_equal(c.conv_dim, 2 * 2 * 16 + 6 * 24);
+    assert_int_equal(c.rot_dim, 16);
+    assert_true(c.rope_theta == 5000.0f);
+    assert_true(c.tie_word_embeddings);
+    assert_true(c.rms_norm_eps == 1e-5f);
+}
+
+static void test_qwen3_5_text_interval_rope_parameters(void **state)
+{
+    const char *j = "{\"model_type\": \"qwen3_5_text\", " DIMS ", \"full_attention_interval\": 2, "
+                    "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e7, "
+                    "\"partial_rotary_factor\": 0.25, \"mrope_section\": [11, 11, 10]}}";
+    hpd_model_config_t c;
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    assert_int_equal(c.arch, HPD_ARCH_QWEN3_5_TEXT);
+    for (uint32_t i = 0; i < 5; i++)
+        assert_int_equal(c.layer_full[i], (i + 1) % 2 == 0);
+    assert_true(c.rope_theta == 1e7f);
+    assert_int_equal(c.rot_dim, 8);
+    assert_false(c.tie_word_embeddings);
+}
+
+static void test_qwen3_5_nested(void **state)
+{
+    const char *j = "{\"model_type\": \"qwen3_5\", \"tie_word_embeddings\": true, "
+                    "\"vision_config\": {}, \"text_config\": {\"model_type\": \"qwen3_5_text\", " DIMS
+                    ", \"full_attention_interval\": 4}}";
+    hpd_model_config_t c;
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    assert_int_equal(c.arch, HPD_ARCH_QWEN3_5);
+    assert_int_equal(c.hidden_size, 128);
+    assert_true(c.tie_word_embeddings); /* read from the top level */
+    assert_true(c.layer_full[3] && !c.layer_full[0]);
+}
+
+static void test_refusals(void **state)
+{
+    char j[2048];
+    hpd_model_config_t c;
+    const struct {
+        const char *extra;
+        hpd_status_t want;
+    } cases[] = {
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 512",
+         HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"llama\", \"full_attention_interval\": 4", HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"qwen3_next\"", HPD_ERR_FORMAT}, /* neither layer form */
+        {"\"model_type\": \"qwen3_next\", \"layer_types\": [\"full_attention\"]", HPD_ERR_FORMAT},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"rope_scaling\": "
+         "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"hidden_act\": \"gelu\"",
+         HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"qwen3_5\", \"full_attention_interval\": 4", HPD_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(j, sizeof(j), "{%s, %s}", cases[i].extra, DIMS);
+        assert_int_equal(hpd_model_config_parse(j, "t", &c), cases[i].want);
+    }
+    assert_int_equal(hpd_model_config_parse("{not json", "t", &c), HPD_ERR_FORMAT);
+    snprintf(j, sizeof(j),
+             "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}",
+             "\"vocab_size\": 10, \"hidden_size\": \"big\"");
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_ERR_FORMAT);
+    /* value heads not a multiple of key heads */
+    snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}",
+             DIMS);
+    char *p = strstr(j, "\"linear_num_value_heads\": 6");
+    memcpy(p, "\"linear_num_value_heads\": 5", strlen("\"linear_num_value_heads\": 5"));
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_ERR_FORMAT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3_next_layer_types),
+        cmocka_unit_test(test_qwen3_5_text_interval_rope_parameters),
+        cmocka_unit_test(test_qwen3_5_nested),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,6 +1,189 @@
+/* Model loading: every naming, dtype and sharding of the same random model
+ * loads into the same weights; bad model files are refused by name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-int main(void){return 0;}
+
+#include "common/util.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "tests/test_helpers.h"
+
+#define SMALL "--hidden 64 --layers 5 --full-interval 3 --intermediate 96 --vocab 200 " \
+              "--heads 2 --kv-heads 1 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "   \
+              "--lin-k-dim 16 --lin-v-dim 24 --seed 5"
+
+static char root[256];
+
+static int setup(void **state)
+{
+    test_tmpdir(root, sizeof(root), "model");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    test_rmtree(root);
+    return 0;
+}
+
+static hpd_model_t *make_and_load(const char *name, const char *extra)
+{
+    char dir[512], args[1024];
+    hpd_model_t *m = NULL;
+    snprintf(dir, sizeof(dir), "%s/%s", root, name);
+    snprintf(args, sizeof(args), "%s %s", SMALL, extra);
+    assert_int_equal(test_mkmodel(dir, args), 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    return m;
+}
+
+static void assert_same_weights(const hpd_model_t *a, const hpd_model_t *b)
+{
+    const hpd_model_config_t *c = &a->config;
+    const size_t H = c->hidden_size;
+    assert_memory_equal(a->embed, b->embed, c->vocab_size * H * 4);
+    assert_memory_equal(a->lm_head, b->lm_head, c->vocab_size * H * 4);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const hpd_layer_weights_t *x = &a->layers[l], *y = &b->layers[l];
+        assert_memory_equal(x->mlp_gate_up, y->mlp_gate_up, 2 * c->intermediate_size * H * 4);
+        if (c->layer_full[l]) {
+            assert_memory_equal(x->attn_qkv, y->attn_qkv, hpd_model_attn_qkv_rows(c) * H * 4);
+            assert_memory_equal(x->k_norm, y->k_norm, c->head_dim * 4);
+        } else {
+            assert_memory_equal(x->gdn_in, y->gdn_in, hpd_model_gdn_in_rows(c) * H * 4);
+            assert_memory_equal(x->gdn_conv, y->gdn_conv, c->conv_dim * c->conv_kernel * 4);
+            assert_memory_equal(x->gdn_a_log, y->gdn_a_log, c->lin_n_v_heads * 4);
+            assert_memory_equal(x->gdn_out, y->gdn_out, H * c->lin_n_v_heads * c->lin_v_dim * 4);
+        }
+    }
+}
+
+static void test_namings_dtypes_shards(void **state)
+{
+    hpd_model_t *next = make_and_load("next", "--arch qwen3_next --dtype bf16");
+    hpd_model_t *q35 = make_and_load("q35", "--arch qwen3_5_text --dtype bf16");
+    hpd_model_t *nested = make_and_load("nested", "--arch qwen3_5 --dtype bf16 --shards 3");
+    hpd_model_t *interval = make_and_load("interval", "--dtype bf16 --interval-only");
+    hpd_model_t *f32 = make_and_load("f32", "--dtype f32");
+    hpd_model_t *f16 = make_and_load("f16", "--dtype f16 --tie");
+
+    assert_int_equal(next->config.arch, HPD_ARCH_QWEN3_NEXT);
+    assert_int_equal(nested->config.arch, HPD_ARCH_QWEN3_5);
+    assert_int_equal(next->config.n_full_layers, 1);
+    assert_true(next->config.layer_full[2] && !next->config.layer_full[3]);
+    /* Qwen3-Next's grouped qkvz/ba unpack to the Qwen3.5 order exactly */
+    assert_same_weights(next, q35);
+    assert_same_weights(next, nested);
+    assert_same_weights(next, interval);
+    /* bf16 on disk is the f32 model rounded */
+    assert_true(next->embed[7] == hpd_bf16_to_f32(hpd_f32_to_bf16(f32->embed[7])));
+    assert_true(f16->lm_head == f16->embed); /* tied */
+    /* fingerprints tell files apart */
+    assert_memory_not_equal(next->fingerprint, f32->fingerprint, 16);
+    assert_memory_not_equal(next->fingerprint, q35->fingerprint, 16);
+    hpd_model_t *again;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s/next", root);
+    assert_int_equal(hpd_model_load(dir, &again), HPD_OK);
+    assert_memory_equal(next->fingerprint, again->fingerprint, 16);
+    hpd_model_destroy(again);
+    hpd_model_destroy(next);
+    hpd_model_destroy(q35);
+    hpd_model_destroy(nested);
+    hpd_model_destroy(interval);
+    hpd_model_destroy(f32);
+    hpd_model_destroy(f16);
+}
+
+/* Rewrites dir/model.safetensors with one tensor dropped, reshaped or
+ * retyped. mode: 0 drop, 1 wrong shape. */
+static void rewrite(const char *dir, const char *victim, int mode)
+{
+    char path[600];
+    hpd_st_archive_t *ar;
+    assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);
+    size_t n = hpd_st_archive_count(ar), k = 0;
+    hpd_st_write_tensor_t *t = calloc(n, sizeof(*t));
+    void **copies = calloc(n, sizeof(void *));
+    for (size_t i = 0; i < n; i++) {
+        const hpd_st_tensor_t *s = hpd_st_archive_get(ar, i);
+        if (strcmp(s->name, victim) == 0 && mode == 0)
+            continue;
+        copies[k] = malloc(s->nbytes + 1);
+        memcpy(copies[k], s->data, s->nbytes);
+        t[k].name = s->name;
+        t[k].dtype = s->dtype;
+        t[k].ndim = s->ndim;
+        memcpy(t[k].shape, s->shape, sizeof(s->shape));
+        t[k].data = copies[k];
+        if (strcmp(s->name, victim) == 0 && mode == 1) { /* same bytes, transposed shape */
+            t[k].shape[0] = s->shape[1];
+            t[k].shape[1] = s->shape[0];
+        }
+        k++;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors.new", dir);
+    assert_int_equal(hpd_st_write(path, t, k), HPD_OK);
+    hpd_st_archive_destroy(ar);
+    char final[600];
+    snprintf(final, sizeof(final), "%s/model.safetensors", dir);
+    assert_int_equal(rename(path, final), 0);
+    for (size_t i = 0; i < k; i++)
+        free(copies[i]);
+    free(copies);
+    free(t);
+}
+
+static void test_bad_models(void **state)
+{
+    char dir[512], path[600];
+    hpd_model_t *m = NULL;
+
+    snprintf(dir, sizeof(dir), "%s/bad", root);
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    rewrite(dir, "model.layers.0.linear_attn.in_proj_ba.weight", 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_NOT_FOUND);
+
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    rewrite(dir, "model.layers.2.mlp.down_proj.weight", 1);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+
+    /* an unsupported dtype: BF16 -> BOOL keeps the header length */
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    char *data;
+    size_t len;
+    assert_int_equal(hpd_read_file(path, &data, &len), HPD_OK);
+    char *hit = strstr(data + 8, "\"BF16\"");
+    assert_non_null(hit);
+    memcpy(hit, "\"BOOL\"", 6);
+    assert_int_equal(hpd_write_file(path, data, len), HPD_OK);
+    free(data);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+
+    /* truncated weights */
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    assert_int_equal(truncate(path, 4096), 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+
+    /* no config.json, then a MoE config */
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_IO);
+    const char *moe = "{\"model_type\": \"qwen3_next\", \"num_experts\": 64}";
+    assert_int_equal(hpd_write_file(path, moe, strlen(moe)), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_UNSUPPORTED);
+    assert_null(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_namings_dtypes_shards),
+        cmocka_unit_test(test_bad_models),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

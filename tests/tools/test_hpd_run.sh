@@ -1,1 +1,69 @@
-exit 0
+#!/usr/bin/env bash
+# hpd-run as a user calls it: output format, repeatability, prompts files,
+# both weight namings, and exit status 2 with a message for every bad input.
+set -u
+run=$1
+mkmodel=$2
+tmp=$(mktemp -d /tmp/hpd-test-cli-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+
+check() { # check NAME CONDITION...
+    local name=$1
+    shift
+    if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
+}
+
+"$mkmodel" --out "$tmp/next" --seed 3 --arch qwen3_next || exit 1
+"$mkmodel" --out "$tmp/q35" --seed 3 --arch qwen3_5 --shards 2 || exit 1
+
+prompt=$(seq -s, 1 70)
+out1=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12)
+check "exit 0" test $? -eq 0
+check "one line of 12 integers" bash -c '[[ "$1" =~ ^[0-9]+( [0-9]+){11}$ ]]' _ "$out1"
+out2=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12)
+check "repeatable" test "$out1" = "$out2"
+out3=$("$run" --model "$tmp/q35" --prompt-ids "$prompt" --max-tokens 12)
+check "qwen3.5 naming gives the same tokens" test "$out1" = "$out3"
+out4=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --kv-layout 16,2,hnd)
+check "layout does not change tokens" test "$out1" = "$out4"
+s1=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --temperature 0.9 --top-p 0.9 --top-k 50 --seed 4)
+s2=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --temperature 0.9 --top-p 0.9 --top-k 50 --seed 4)
+s3=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --temperature 0.9 --top-p 0.9 --top-k 50 --seed 5)
+check "seeded sampling repeatable" test "$s1" = "$s2"
+check "another seed samples differently" test "$s1" != "$s3"
+
+printf '%s\n5,6,7\n\n9\n' "$prompt" > "$tmp/prompts"
+multi=$("$run" --model "$tmp/next" --prompts-file "$tmp/prompts" --max-tokens 12)
+check "prompts file: one line per prompt" test "$(echo "$multi" | wc -l)" -eq 3
+check "prompts file: batch equals alone" test "$(echo "$multi" | head -1)" = "$out1"
+alone3=$("$run" --model "$tmp/next" --prompt-ids 9 --max-tokens 12)
+check "prompts file: last line equals alone" test "$(echo "$multi" | tail -1)" = "$alone3"
+
+expect_2() { # expect_2 NAME WORD ARGS... : exit 2, nothing on stdout, WORD on stderr
+    local name=$1 word=$2
+    shift 2
+    "$run" "$@" > "$tmp/out" 2> "$tmp/err"
+    local rc=$?
+    check "$name: exit 2 (got $rc)" test $rc -eq 2
+    check "$name: stdout empty" test ! -s "$tmp/out"
+    check "$name: message mentions '$word'" grep -qi -- "$word" "$tmp/err"
+}
+expect_2 "empty prompt" "empty" --model "$tmp/next" --prompt-ids "" --max-tokens 4
+expect_2 "id >= vocab" "vocab" --model "$tmp/next" --prompt-ids 1,1024,3 --max-tokens 4
+expect_2 "negative id" "integer" --model "$tmp/next" --prompt-ids 1,-3 --max-tokens 4
+expect_2 "too long" "maximum context" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 4 --max-context 50
+expect_2 "unknown flag" "unrecognized" --model "$tmp/next" --prompt-ids 1 --frobnicate
+expect_2 "no model" "--model" --prompt-ids 1
+expect_2 "bad block size" "multiple of 16" --model "$tmp/next" --prompt-ids 1 --kv-block-size 24
+expect_2 "bad top-p" "top-p" --model "$tmp/next" --prompt-ids 1 --top-p 1.5
+expect_2 "bad layout" "layout" --model "$tmp/next" --prompt-ids 1 --kv-layout 64,nhd
+
+"$run" --model "$tmp/nowhere" --prompt-ids 1 > "$tmp/out" 2> "$tmp/err"
+rc=$?
+check "missing model: exit 1 (got $rc)" test $rc -eq 1
+check "missing model: names the file" grep -q "nowhere/config.json" "$tmp/err"
+
+echo "$pass passed, $fails failed"
+test $fails -eq 0
