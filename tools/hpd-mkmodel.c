@@ -330,6 +330,26 @@ static int write_weights(const opts_t *o, writer_t *w)
     return rc;
 }
 
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+
+    if (n == 0 || n >= sizeof(buf))
+        return -1;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -437,7 +457,7 @@ int main(int argc, char **argv)
                         "attention heads of kv heads\n");
         return 2;
     }
-    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
+    if (make_dirs(o.out) != 0) {
         fprintf(stderr, "hpd-mkmodel: cannot create %s: %s\n", o.out, strerror(errno));
         return 1;
     }

@@ -1,0 +1,159 @@
+/* hpd-bench-cpu: prefill and decode tokens/s of the CPU backend for the
+ * models given, with the memory bandwidth of a large memcpy measured in the
+ * same run, so that decode is shown against its bandwidth bound.
+ *
+ *   hpd-bench-cpu [--threads N] [--prompt N] [--decode N] MODEL_DIR...
+ *
+ * Decode streams every weight once per step: its bound is
+ * weight_bytes / read_bandwidth per token (batch 1). */
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/engine.h"
+
+/* memcpy of `bytes` split over the threads; returns bytes moved (read +
+ * written) per second, best of a few runs. */
+static double memcpy_bandwidth(size_t bytes, int threads)
+{
+    char *src = malloc(bytes), *dst = malloc(bytes);
+    double best = 0;
+
+    if (src == NULL || dst == NULL) {
+        free(src);
+        free(dst);
+        return 0;
+    }
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = hpd_time_now();
+#pragma omp parallel num_threads(threads)
+        {
+            const int n = omp_get_num_threads(), i = omp_get_thread_num();
+            const size_t chunk = bytes / (size_t)n;
+            memcpy(dst + i * chunk, src + i * chunk, i == n - 1 ? bytes - i * chunk : chunk);
+        }
+        double bw = 2.0 * (double)bytes / (hpd_time_now() - t0);
+        best = bw > best ? bw : best;
+    }
+    free(src);
+    free(dst);
+    return best;
+}
+
+typedef struct {
+    double prefill_tps, decode_tps_b1, decode_tps_b8;
+} result_t;
+
+static int run_requests(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32_t max_tokens,
+                        uint32_t vocab)
+{
+    int32_t *prompt = malloc(prompt_len * sizeof(int32_t));
+    uint64_t id;
+
+    for (uint32_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < prompt_len; i++)
+            prompt[i] = (int32_t)((i * 7919u + r * 104729u + 13) % vocab);
+        hpd_request_params_t rp = {prompt, prompt_len, max_tokens, {0, 1, 0, 0}, NULL, 0};
+        if (hpd_engine_submit(e, &rp, &id) != HPD_OK) {
+            free(prompt);
+            return -1;
+        }
+    }
+    free(prompt);
+    return hpd_engine_run(e) == HPD_OK ? 0 : -1;
+}
+
+static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
+                       uint32_t decode_len, double copy_bw)
+{
+    hpd_model_t *m;
+    hpd_engine_params_t ep;
+    hpd_engine_t *e;
+    hpd_engine_stats_t s;
+    result_t r;
+
+    if (hpd_model_load(dir, &m) != HPD_OK)
+        return -1;
+    const hpd_model_config_t *c = &m->config;
+    const double weight_bytes = 4.0 * (double)m->n_params;
+    hpd_engine_params_init(&ep);
+    ep.model = m;
+    ep.backend = be;
+    ep.max_batch = 8;
+    ep.prefill_chunk = 512;
+    ep.max_context = prompt_len + decode_len + 64;
+
+    /* prefill: one prompt, one token */
+    if (hpd_engine_create(&ep, &e) != HPD_OK || run_requests(e, 1, prompt_len, 1, c->vocab_size))
+        return -1;
+    hpd_engine_stats(e, &s);
+    r.prefill_tps = (double)s.prefill_tokens / s.prefill_seconds;
+    hpd_engine_destroy(e);
+    /* decode, batch 1 and batch 8, after a 64-token prompt */
+    for (int b = 0; b < 2; b++) {
+        const uint32_t n = b == 0 ? 1 : 8;
+        if (hpd_engine_create(&ep, &e) != HPD_OK ||
+            run_requests(e, n, 64, decode_len + 1, c->vocab_size))
+            return -1;
+        hpd_engine_stats(e, &s);
+        double tps = (double)s.decode_tokens / s.decode_seconds;
+        *(b == 0 ? &r.decode_tps_b1 : &r.decode_tps_b8) = tps;
+        hpd_engine_destroy(e);
+    }
+    const double b1_bw = r.decode_tps_b1 * weight_bytes;
+    printf("model %s: hidden %u, %u layers (%u GDN, %u attention), vocab %u, %.1f M params "
+           "(%.0f MiB fp32)\n",
+           dir, c->hidden_size, c->n_layers, c->n_linear_layers, c->n_full_layers, c->vocab_size,
+           m->n_params / 1e6, weight_bytes / (1 << 20));
+    printf("  prefill (%u-token prompt):   %10.1f tokens/s\n", prompt_len, r.prefill_tps);
+    printf("  decode batch 1:              %10.1f tokens/s  (weights read %.2f GB/s)\n",
+           r.decode_tps_b1, b1_bw / 1e9);
+    printf("  decode batch 8:              %10.1f tokens/s\n", r.decode_tps_b8);
+    printf("  decode batch 1 vs memcpy:    %.2f of the memcpy bandwidth (%.2f GB/s read+write)\n",
+           b1_bw / copy_bw, copy_bw / 1e9);
+    hpd_model_destroy(m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"threads", 1, 0, 't'}, {"prompt", 1, 0, 'p'},
+                                             {"decode", 1, 0, 'd'}, {0, 0, 0, 0}};
+    uint64_t threads = 0, prompt = 512, decode = 64;
+    hpd_backend_params_t bp = {"cpu", 0};
+    hpd_backend_t *be;
+    int c;
+
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        uint64_t *dst = c == 't' ? &threads : c == 'p' ? &prompt : c == 'd' ? &decode : NULL;
+        if (dst == NULL || hpd_parse_u64(optarg, 1, 1u << 20, dst) != 0) {
+            fprintf(stderr, "usage: hpd-bench-cpu [--threads N] [--prompt N] [--decode N] "
+                            "MODEL_DIR...\n");
+            return 2;
+        }
+    }
+    if (optind == argc) {
+        fprintf(stderr, "hpd-bench-cpu: give at least one model directory\n");
+        return 2;
+    }
+    bp.n_threads = (uint32_t)threads;
+    if (hpd_backend_create(&bp, &be) != HPD_OK)
+        return 1;
+    const int nt = threads ? (int)threads : omp_get_num_procs();
+    const double bw = memcpy_bandwidth((size_t)512 << 20, nt);
+    printf("memcpy 512 MiB on %d threads: %.2f GB/s (read + write)\n", nt, bw / 1e9);
+    for (int i = optind; i < argc; i++)
+        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw) != 0) {
+            fprintf(stderr, "hpd-bench-cpu: %s failed\n", argv[i]);
+            hpd_backend_destroy(be);
+            return 1;
+        }
+    hpd_backend_destroy(be);
+    return 0;
+}
