@@ -27,6 +27,12 @@ typedef struct {
     uint32_t slot;     /* 0: none */
     uint32_t n_blocks; /* pages per pack group */
     uint32_t *pages;   /* [n_groups][n_blocks] */
+    /* prefix cache */
+    hpd_block_hash_t *hashes; /* of the prompt's full blocks */
+    hpd_prefix_match_t match; /* locked while the request runs */
+    uint32_t ckpt_pos[64];    /* checkpoint positions still to save, ascending */
+    uint32_t n_ckpt, next_ckpt;
+    uint32_t cached_tokens, cached_host_tokens;
 } request_t;
 
 /* One row group of the current forward pass. */
@@ -43,6 +49,7 @@ struct hpd_engine {
     hpd_backend_t *be;
     hpd_page_pool_t *pages;
     hpd_slot_pool_t *slots;
+    hpd_prefix_cache_t *cache;
     uint32_t n_groups;
     uint64_t gdn_layer_bytes;
 
@@ -78,6 +85,9 @@ void hpd_engine_params_init(hpd_engine_params_t *p)
     p->kv_layout.order = HPD_KV_NHD;
     p->max_batch = 16;
     p->prefill_chunk = 256;
+    p->prefix_cache = true;
+    p->host_cache_bytes = 512ull << 20;
+    p->checkpoint_every = 16;
 }
 
 /* ---------------------------------------------------------------- create */
@@ -160,8 +170,11 @@ static hpd_status_t resolve_params(hpd_engine_params_t *p, const hpd_model_confi
     p->kv_layout.head_dim = c->head_dim;
     p->kv_layout.dtype = HPD_DTYPE_F32;
     if (p->n_pages == 0 && c->n_full_layers > 0)
-        p->n_pages = p->max_batch * hpd_kv_layout_n_groups(&p->kv_layout) *
+        p->n_pages = (p->prefix_cache ? 2 : 1) * p->max_batch *
+                     hpd_kv_layout_n_groups(&p->kv_layout) *
                      HPD_DIV_UP(p->max_context, p->kv_layout.block_size);
+    if (p->n_checkpoints == 0)
+        p->n_checkpoints = 4 * p->max_batch;
     return HPD_OK;
 }
 
@@ -190,6 +203,15 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
         if ((st = hpd_slot_pool_create(&sp, &e->slots)) != HPD_OK)
             goto err;
     }
+    if (e->p.prefix_cache) {
+        hpd_prefix_cache_params_t cp = {e->be, e->pages,
+                                        e->gdn_layer_bytes * e->cfg->n_linear_layers,
+                                        e->p.n_checkpoints, e->p.host_cache_bytes,
+                                        e->p.checkpoint_every, {0}};
+        memcpy(cp.salt, e->p.model->fingerprint, 16);
+        if ((st = hpd_prefix_cache_create(&cp, &e->cache)) != HPD_OK)
+            goto err;
+    }
     if ((st = alloc_buffers(e)) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "activation buffers for %u rows: %s", e->p.max_step_tokens,
                       hpd_status_str(st));
@@ -202,14 +224,19 @@ err:
     return st;
 }
 
+#define NO_PAGE UINT32_MAX
+
 static void request_free_resources(hpd_engine_t *e, request_t *r)
 {
     if (r->pages != NULL) {
         for (uint32_t i = 0; i < e->n_groups * r->n_blocks; i++)
-            hpd_page_pool_unref(e->pages, r->pages[i]);
+            if (r->pages[i] != NO_PAGE)
+                hpd_page_pool_unref(e->pages, r->pages[i]);
         free(r->pages);
         r->pages = NULL;
     }
+    if (e->cache != NULL)
+        hpd_prefix_cache_release(e->cache, &r->match);
     if (r->slot != 0) {
         hpd_slot_pool_unref(e->slots, r->slot);
         r->slot = 0;
@@ -223,6 +250,7 @@ static void request_destroy(request_t *r)
     free(r->prompt);
     free(r->replay);
     free(r->out);
+    free(r->hashes);
     free(r);
 }
 
@@ -258,6 +286,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
     free(e->sampled);
     free(e->logit_rows);
     free(e->logit_items);
+    hpd_prefix_cache_destroy(e->cache);
     hpd_page_pool_destroy(e->pages);
     hpd_slot_pool_destroy(e->slots);
     free(e);
@@ -368,10 +397,26 @@ static void finish(hpd_engine_t *e, request_t *r, hpd_request_state_t state)
     r->state = state;
 }
 
-/* Takes a slot and every page the request can need, or nothing. */
+static void request_tables(const hpd_engine_t *e, const request_t *r, uint32_t **tables)
+{
+    for (uint32_t g = 0; g < e->n_groups; g++)
+        tables[g] = r->pages + (size_t)g * r->n_blocks;
+}
+
+/* Pages, with the prefix cache evicting to make room when it can. */
+static hpd_status_t take_pages(hpd_engine_t *e, uint32_t n, uint32_t *ids)
+{
+    if (hpd_page_pool_n_free(e->pages) < n && e->cache != NULL)
+        hpd_prefix_cache_make_room(e->cache, n);
+    return hpd_page_pool_alloc(e->pages, n, ids);
+}
+
+/* Takes a slot and every page the request can need, the prefix hit first,
+ * or nothing. */
 static hpd_status_t admit(hpd_engine_t *e, request_t *r)
 {
     const uint32_t ctx = r->n_prompt + r->max_tokens;
+    uint32_t *tables[256], hit_pages = 0;
     hpd_status_t st;
 
     if (e->pages != NULL) {
@@ -386,20 +431,57 @@ static hpd_status_t admit(hpd_engine_t *e, request_t *r)
         r->pages = malloc((size_t)r->n_blocks * e->n_groups * sizeof(uint32_t));
         if (r->pages == NULL)
             return HPD_ERR_NO_MEMORY;
-        st = hpd_page_pool_alloc(e->pages, r->n_blocks * e->n_groups, r->pages);
-        if (st != HPD_OK) {
-            free(r->pages);
-            r->pages = NULL;
-            return st;
-        }
+        for (uint32_t i = 0; i < r->n_blocks * e->n_groups; i++)
+            r->pages[i] = NO_PAGE;
+        request_tables(e, r, tables);
     }
-    if (e->slots != NULL && (st = hpd_slot_pool_alloc(e->slots, &r->slot)) != HPD_OK) {
-        request_free_resources(e, r);
-        return st;
+    if (e->slots != NULL && (st = hpd_slot_pool_alloc(e->slots, &r->slot)) != HPD_OK)
+        goto fail;
+    if (e->cache != NULL) {
+        const uint32_t nb = r->n_prompt / HPD_PREFIX_BLOCK;
+        if (r->hashes == NULL && (r->hashes = malloc((nb + 1) * sizeof(*r->hashes))) == NULL) {
+            st = HPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        hpd_prefix_cache_hash(e->cache, r->prompt, nb, r->hashes);
+        if ((st = hpd_prefix_cache_lookup(e->cache, r->hashes, r->n_prompt, &r->match)) != HPD_OK)
+            goto fail;
+        void *state = r->slot ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
+        if ((st = hpd_prefix_cache_attach(e->cache, &r->match, tables, state)) != HPD_OK)
+            goto fail;
+        r->cached_tokens = r->match.hit_blocks * HPD_PREFIX_BLOCK;
+        r->cached_host_tokens = r->match.host_blocks * HPD_PREFIX_BLOCK;
+        if (e->pages != NULL)
+            hit_pages = HPD_DIV_UP(r->cached_tokens, e->p.kv_layout.block_size);
+        r->n_ckpt = hpd_prefix_cache_checkpoint_plan(e->cache, &r->match, r->n_prompt,
+                                                     r->cached_tokens, r->ckpt_pos, 64);
+        r->next_ckpt = 0;
+        r->n_done = r->cached_tokens;
+    }
+    if (e->pages != NULL && r->n_blocks > hit_pages) {
+        const uint32_t per_group = r->n_blocks - hit_pages;
+        uint32_t *ids = malloc((size_t)per_group * e->n_groups * sizeof(uint32_t));
+        if (ids == NULL) {
+            st = HPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        if ((st = take_pages(e, per_group * e->n_groups, ids)) != HPD_OK) {
+            free(ids);
+            goto fail;
+        }
+        for (uint32_t g = 0; g < e->n_groups; g++)
+            memcpy(tables[g] + hit_pages, ids + (size_t)g * per_group,
+                   per_group * sizeof(uint32_t));
+        free(ids);
     }
     r->state = HPD_REQ_RUNNING;
     e->n_running++;
     return HPD_OK;
+fail:
+    request_free_resources(e, r);
+    r->cached_tokens = r->cached_host_tokens = 0;
+    r->n_done = 0;
+    return st;
 }
 
 static void admit_waiting(hpd_engine_t *e)
@@ -627,6 +709,9 @@ static void build_batch(hpd_engine_t *e, batch_t *bt)
                 const uint32_t left = r->n_prompt - r->n_done;
                 const uint32_t room = budget - bt->rows;
                 n = HPD_MIN(left, e->p.prefill_chunk);
+                /* a chunk ends where a checkpoint is to be saved */
+                if (r->next_ckpt < r->n_ckpt)
+                    n = HPD_MIN(n, r->ckpt_pos[r->next_ckpt] - r->n_done);
                 if (n > room)
                     n = room / HPD_GDN_CHUNK * HPD_GDN_CHUNK;
                 if (n == 0)
@@ -688,6 +773,30 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
     return HPD_OK;
 }
 
+/* Records the blocks a prefill chunk completed, with the GDN state when the
+ * chunk ended on a checkpoint position. */
+static void cache_prefill_progress(hpd_engine_t *e, request_t *r)
+{
+    const uint32_t blocks = HPD_MIN(r->n_done, r->n_prompt) / HPD_PREFIX_BLOCK;
+    const void *state = NULL;
+    uint32_t *tables[256];
+    hpd_status_t st;
+
+    if (r->next_ckpt < r->n_ckpt && r->ckpt_pos[r->next_ckpt] == r->n_done) {
+        r->next_ckpt++;
+        if (r->slot != 0)
+            state = hpd_slot_pool_ptr(e->slots, r->slot);
+    }
+    if (blocks == 0)
+        return;
+    request_tables(e, r, tables);
+    st = hpd_prefix_cache_insert(e->cache, r->hashes, blocks, (const uint32_t *const *)tables,
+                                 state);
+    if (st != HPD_OK) /* the cache only loses an entry; the request goes on */
+        HPD_LOG_WARN(LOG_COMPONENT, "request %llu: prefix cache insert failed: %s",
+                     (unsigned long long)r->id, hpd_status_str(st));
+}
+
 hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
 {
     batch_t bt;
@@ -710,6 +819,8 @@ hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
             for (uint32_t i = 0; i < bt.n_items; i++) {
                 request_t *r = e->items[i].req;
                 r->n_done += e->items[i].n_tokens;
+                if (!e->items[i].decode && e->cache != NULL)
+                    cache_prefill_progress(e, r);
                 if (r->n_out == r->max_tokens)
                     finish(e, r, HPD_REQ_FINISHED);
             }
@@ -795,6 +906,66 @@ void hpd_engine_usage(const hpd_engine_t *e, uint32_t *pages_used_p, uint32_t *p
         *slots_used_p = st - (e->slots ? hpd_slot_pool_n_free(e->slots) : 0);
     if (slots_total_p)
         *slots_total_p = st;
+}
+
+hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
+                                     hpd_request_info_t *info)
+{
+    const request_t *r = find(e, id);
+
+    if (r == NULL)
+        return HPD_ERR_NOT_FOUND;
+    info->prompt_tokens = r->n_prompt;
+    info->cached_tokens = r->cached_tokens;
+    info->cached_host_tokens = r->cached_host_tokens;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_cache_stats(const hpd_engine_t *e, hpd_prefix_cache_stats_t *stats_p)
+{
+    if (e->cache == NULL)
+        return HPD_ERR_NOT_FOUND;
+    hpd_prefix_cache_stats(e->cache, stats_p);
+    return HPD_OK;
+}
+
+uint32_t hpd_engine_audit(const hpd_engine_t *e)
+{
+    uint32_t bad = 0, live = 0;
+
+    if (e->pages != NULL) {
+        const uint32_t np = hpd_page_pool_n_pages(e->pages);
+        uint32_t *want = calloc(np, sizeof(uint32_t));
+        if (want == NULL)
+            return UINT32_MAX;
+        if (e->cache != NULL)
+            hpd_prefix_cache_page_refs(e->cache, want);
+        for (uint64_t i = 0; i < e->n_reqs; i++) {
+            const request_t *r = e->reqs[i];
+            if (r == NULL || r->pages == NULL)
+                continue;
+            for (uint32_t j = 0; j < e->n_groups * r->n_blocks; j++)
+                if (r->pages[j] != NO_PAGE)
+                    want[r->pages[j]]++;
+        }
+        for (uint32_t i = 0; i < np; i++)
+            if (hpd_page_pool_refcount(e->pages, i) != want[i]) {
+                HPD_LOG_ERROR(LOG_COMPONENT, "page %u has %u references, expected %u", i,
+                              hpd_page_pool_refcount(e->pages, i), want[i]);
+                bad++;
+            }
+        free(want);
+    }
+    if (e->slots != NULL) {
+        for (uint64_t i = 0; i < e->n_reqs; i++)
+            live += e->reqs[i] != NULL && e->reqs[i]->slot != 0;
+        const uint32_t used = hpd_slot_pool_n_slots(e->slots) - hpd_slot_pool_n_free(e->slots);
+        if (used != live) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%u live slots in use, %u requests hold one", used, live);
+            bad++;
+        }
+    }
+    return bad;
 }
 
 void hpd_engine_stats(const hpd_engine_t *e, hpd_engine_stats_t *stats_p)

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "cache/kv_layout.h"
+#include "cache/prefix_cache.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 
@@ -27,8 +28,14 @@ typedef struct {
     uint32_t max_context;       /* prompt + generated tokens; default min(4096, model max) */
     uint32_t prefill_chunk;     /* a multiple of 64; default 256 */
     uint32_t max_step_tokens;   /* rows per forward step; default prefill_chunk + max_batch */
-    uint32_t n_pages;           /* 0: enough for max_batch requests of max_context */
-    uint32_t n_slots;           /* 0: max_batch */
+    uint32_t n_pages;           /* 0: enough for max_batch requests of max_context
+                                   (twice that with the prefix cache on) */
+    uint32_t n_slots;           /* live GDN slots; 0: max_batch */
+    /* prefix cache (docs/prefix_cache.md) */
+    bool prefix_cache;          /* default true */
+    uint32_t n_checkpoints;     /* device checkpoint slots; default 4 * max_batch */
+    uint64_t host_cache_bytes;  /* host tier bound; default 512 MiB; 0 disables the tier */
+    uint32_t checkpoint_every;  /* checkpoint every N blocks of long prompts; default 16 */
     hpd_engine_logits_cb_t logits_cb;
     void *logits_cb_arg;
 } hpd_engine_params_t;
@@ -87,6 +94,25 @@ void hpd_engine_release(hpd_engine_t *engine, uint64_t id);
 /* Pages and slots in use, for leak checks and status. */
 void hpd_engine_usage(const hpd_engine_t *engine, uint32_t *pages_used_p, uint32_t *pages_total_p,
                       uint32_t *slots_used_p, uint32_t *slots_total_p);
+
+/* What the prefix cache gave a request. */
+typedef struct {
+    uint32_t prompt_tokens;
+    uint32_t cached_tokens;      /* tokens not computed thanks to the prefix cache */
+    uint32_t cached_host_tokens; /* of which came from the host tier */
+} hpd_request_info_t;
+
+hpd_status_t hpd_engine_request_info(const hpd_engine_t *engine, uint64_t id,
+                                     hpd_request_info_t *info_p);
+
+/* The prefix cache's counters; HPD_ERR_NOT_FOUND when the cache is off. */
+hpd_status_t hpd_engine_cache_stats(const hpd_engine_t *engine,
+                                    hpd_prefix_cache_stats_t *stats_p);
+
+/* Checks every page's refcount against the references the prefix cache and
+ * the unfinished requests hold, and the live slots against the unfinished
+ * requests. Returns the number of mismatches (0 when nothing leaked). */
+uint32_t hpd_engine_audit(const hpd_engine_t *engine);
 
 /* Counters since create. */
 typedef struct {

@@ -169,6 +169,33 @@ typedef struct {
     uint32_t n_seqs;
 } hpd_gdn_args_t;
 
+/* A run of tokens in paged KV: token i sits at position pos + i of the block
+ * tables (page tables[g][(pos + i) / B], row (pos + i) % B). */
+typedef struct {
+    const hpd_kv_layout_t *layout;
+    void *pool;
+    const uint32_t *const *tables; /* per pack group */
+    uint32_t pos;
+} hpd_kv_span_t;
+
+/* Layout translation: copies every (layer, K/V, token, head) row of n_tokens
+ * tokens from src to dst, which may differ in block size, pack size and
+ * order but not in dtype or KV shape. Exact (bytes equal). With zero_tail,
+ * the rows after the last copied token up to the end of dst's last page are
+ * zeroed. */
+typedef struct {
+    hpd_kv_span_t src, dst;
+    uint32_t n_tokens;
+    bool zero_tail;
+} hpd_kv_translate_args_t;
+
+/* Copies a GDN state slot (a checkpoint save or restore). */
+typedef struct {
+    void *dst;
+    const void *src;
+    uint64_t bytes;
+} hpd_slot_copy_args_t;
+
 typedef struct {
     float temperature; /* <= 0: greedy */
     float top_p;       /* in (0, 1]; 1 disables */
@@ -214,6 +241,8 @@ typedef struct {
     hpd_status_t (*gdn_chunked)(hpd_backend_t *backend, const hpd_gdn_args_t *args);
     hpd_status_t (*gdn_recurrent)(hpd_backend_t *backend, const hpd_gdn_args_t *args);
     hpd_status_t (*sample)(hpd_backend_t *backend, const hpd_sample_args_t *args);
+    hpd_status_t (*kv_translate)(hpd_backend_t *backend, const hpd_kv_translate_args_t *args);
+    hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
 } hpd_backend_ops_t;
 
 struct hpd_backend {
@@ -332,6 +361,15 @@ static inline hpd_status_t hpd_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_arg
 static inline hpd_status_t hpd_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
 {
     return HPD_BACKEND_CALL(b, sample, a);
+}
+
+static inline hpd_status_t hpd_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, kv_translate, a);
+}
+static inline hpd_status_t hpd_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, slot_copy, a);
 }
 
 /* The chunk length of the chunked gated delta rule; chunks sit on multiples

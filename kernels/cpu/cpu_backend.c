@@ -67,6 +67,8 @@ static const hpd_backend_ops_t cpu_ops = {
     .gdn_chunked = hpd_cpu_gdn_chunked,
     .gdn_recurrent = hpd_cpu_gdn_recurrent,
     .sample = hpd_cpu_sample,
+    .kv_translate = hpd_cpu_kv_translate,
+    .slot_copy = hpd_cpu_slot_copy,
 };
 
 hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
