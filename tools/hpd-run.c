@@ -4,6 +4,7 @@
  * integers on stdout; diagnostics go to stderr. Exit status: 0 success,
  * 2 bad input (flags, prompt, ids), 1 any other failure. */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,12 @@ static void usage(FILE *f)
             "  --prefill-chunk N     prefill tokens per step, a multiple of 64 (256)\n"
             "  --threads N           CPU threads (all cores)\n"
             "  --device D            cpu (cpu)\n"
+            "  --no-prefix-cache     compute every prompt token\n"
+            "  --checkpoints N       device GDN checkpoint slots of the prefix cache (4 x batch)\n"
+            "  --checkpoint-every N  also checkpoint every N 64-token blocks (16)\n"
+            "  --host-cache-mb N     host tier of the prefix cache in MiB, 0 = off (512)\n"
+            "  --kv-pages N          KV pages in the pool (enough for the batch, x2 with cache)\n"
+            "  --stats-json FILE     write per-request cached tokens and cache counters\n"
             "  --logits-out FILE     write the logits of the last step of the first prompt\n"
             "                        as little-endian float32\n"
             "  --log-level L         error|warn|info|debug (warn)\n");
@@ -104,6 +111,68 @@ static int read_prompts(const char *path, prompt_t **prompts_p, size_t *n_p)
     return 0;
 }
 
+/* Per-request cached tokens, the prefix cache's counters and the engine's. */
+static int write_stats(const char *path, const hpd_engine_t *engine, const uint64_t *ids,
+                       size_t n)
+{
+    json_t *root = json_object(), *reqs = json_array();
+    hpd_prefix_cache_stats_t cs;
+    hpd_engine_stats_t es;
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        hpd_request_info_t info;
+        hpd_engine_request_info(engine, ids[i], &info);
+        json_array_append_new(reqs, json_pack("{s:I, s:I, s:I}", "prompt_tokens",
+                                              (json_int_t)info.prompt_tokens, "cached_tokens",
+                                              (json_int_t)info.cached_tokens, "cached_host_tokens",
+                                              (json_int_t)info.cached_host_tokens));
+    }
+    json_object_set_new(root, "requests", reqs);
+    if (hpd_engine_cache_stats(engine, &cs) == HPD_OK) {
+        json_t *c = json_object();
+        const struct {
+            const char *name;
+            uint64_t v;
+        } f[] = {
+            {"lookups", cs.lookups},
+            {"lookup_tokens", cs.lookup_tokens},
+            {"hit_tokens_device", cs.hit_tokens_device},
+            {"hit_tokens_host", cs.hit_tokens_host},
+            {"inserted_blocks", cs.inserted_blocks},
+            {"evicted_to_host", cs.evicted_to_host},
+            {"evicted_dropped", cs.evicted_dropped},
+            {"host_dropped", cs.host_dropped},
+            {"promotions", cs.promotions},
+            {"checkpoints_created", cs.checkpoints_created},
+            {"checkpoint_bytes", cs.checkpoint_bytes},
+            {"host_checkpoint_bytes", cs.host_checkpoint_bytes},
+            {"host_bytes", cs.host_bytes},
+            {"device_entries", cs.device_entries},
+            {"host_entries", cs.host_entries},
+            {"device_checkpoints", cs.device_checkpoints},
+            {"pages_held", cs.pages_held},
+        };
+        for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+            json_object_set_new(c, f[i].name, json_integer((json_int_t)f[i].v));
+        json_object_set_new(root, "prefix_cache", c);
+    } else {
+        json_object_set_new(root, "prefix_cache", json_null());
+    }
+    hpd_engine_stats(engine, &es);
+    json_object_set_new(root, "engine",
+                        json_pack("{s:I, s:I, s:I, s:f, s:f}", "steps", (json_int_t)es.steps,
+                                  "prefill_tokens", (json_int_t)es.prefill_tokens,
+                                  "decode_tokens", (json_int_t)es.decode_tokens,
+                                  "prefill_seconds", es.prefill_seconds, "decode_seconds",
+                                  es.decode_seconds));
+    rc = json_dump_file(root, path, JSON_INDENT(2));
+    json_decref(root);
+    if (rc != 0)
+        fprintf(stderr, "hpd-run: cannot write %s\n", path);
+    return rc;
+}
+
 static int parse_u32(const char *flag, const char *v, uint64_t min, uint64_t max, uint32_t *out)
 {
     uint64_t x;
@@ -125,8 +194,12 @@ int main(int argc, char **argv)
         {"kv-layout", 1, 0, 'L'}, {"max-context", 1, 0, 'c'}, {"max-batch", 1, 0, 'B'},
         {"prefill-chunk", 1, 0, 'C'}, {"threads", 1, 0, 'T'}, {"device", 1, 0, 'd'},
         {"logits-out", 1, 0, 'o'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
+        {"no-prefix-cache", 0, 0, 1}, {"checkpoints", 1, 0, 2}, {"checkpoint-every", 1, 0, 3},
+        {"host-cache-mb", 1, 0, 4}, {"kv-pages", 1, 0, 5}, {"stats-json", 1, 0, 6},
         {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt_ids = NULL, *prompts_file = NULL, *logits_out = NULL;
+    const char *stats_json = NULL;
+    uint32_t host_mb = 512;
     hpd_engine_params_t ep;
     hpd_backend_params_t bp = {"cpu", 0};
     hpd_sampling_t samp = {0.0f, 1.0f, 0, 0};
@@ -206,6 +279,24 @@ int main(int argc, char **argv)
             }
             hpd_log_set_level((hpd_log_level_t)lvl);
             break;
+        case 1: ep.prefix_cache = false; break;
+        case 2:
+            if (parse_u32("--checkpoints", optarg, 1, 1u << 20, &ep.n_checkpoints))
+                return 2;
+            break;
+        case 3:
+            if (parse_u32("--checkpoint-every", optarg, 0, 1u << 20, &ep.checkpoint_every))
+                return 2;
+            break;
+        case 4:
+            if (parse_u32("--host-cache-mb", optarg, 0, 1u << 24, &host_mb))
+                return 2;
+            break;
+        case 5:
+            if (parse_u32("--kv-pages", optarg, 1, 1u << 30, &ep.n_pages))
+                return 2;
+            break;
+        case 6: stats_json = optarg; break;
         case 'h': usage(stdout); return 0;
         default:
             fprintf(stderr, "hpd-run: see --help for the flags\n");
@@ -259,6 +350,7 @@ int main(int argc, char **argv)
         goto out;
     ep.model = model;
     ep.backend = backend;
+    ep.host_cache_bytes = (uint64_t)host_mb << 20;
     if (logits_out != NULL) {
         ep.logits_cb = keep_logits;
         ep.logits_cb_arg = &sink;
@@ -301,6 +393,8 @@ int main(int argc, char **argv)
             hpd_write_file(logits_out, sink.last, sink.vocab * sizeof(float)) != HPD_OK)
             goto out;
     }
+    if (stats_json != NULL && write_stats(stats_json, engine, ids, n_prompts) != 0)
+        goto out;
     rc = 0;
 out:
     hpd_engine_destroy(engine);

@@ -41,6 +41,18 @@ check "prompts file: batch equals alone" test "$(echo "$multi" | head -1)" = "$o
 alone3=$("$run" --model "$tmp/next" --prompt-ids 9 --max-tokens 12)
 check "prompts file: last line equals alone" test "$(echo "$multi" | tail -1)" = "$alone3"
 
+# prefix cache: same tokens on and off, hits reported in --stats-json
+base=$(seq -s, 1 200)
+printf '%s,7,8,9\n%s,10,11\n%s,7,8,9\n%s\n' "$base" "$base" "$base" "$(seq -s, 1 70)" > "$tmp/shared"
+on=$("$run" --model "$tmp/next" --prompts-file "$tmp/shared" --max-tokens 6 --max-batch 1 --stats-json "$tmp/stats.json")
+off=$("$run" --model "$tmp/next" --prompts-file "$tmp/shared" --max-tokens 6 --no-prefix-cache --stats-json "$tmp/off.json")
+check "prefix cache on = off" test "$on" = "$off"
+cached() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join(str(r['cached_tokens']) for r in d['requests']))" "$1"; }
+check "cached tokens per request (cache on)" test "$(cached "$tmp/stats.json")" = "0 192 192 0"
+check "cached tokens per request (cache off)" test "$(cached "$tmp/off.json")" = "0 0 0 0"
+check "cache counters in the stats" grep -q '"hit_tokens_device": 384' "$tmp/stats.json"
+check "no cache: null counters" grep -q '"prefix_cache": null' "$tmp/off.json"
+
 expect_2() { # expect_2 NAME WORD ARGS... : exit 2, nothing on stdout, WORD on stderr
     local name=$1 word=$2
     shift 2

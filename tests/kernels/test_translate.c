@@ -1,0 +1,146 @@
+/* Property tests of KV layout translation over random layouts, positions
+ * and lengths: exact, round-trips, zero-fills the destination's tail. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kernels/backend.h"
+#include "tests/test_helpers.h"
+
+typedef struct {
+    hpd_kv_layout_t l;
+    uint32_t n_pages;
+    float *pool;
+    uint32_t *ids; /* [groups][blocks] */
+    uint32_t blocks;
+    const uint32_t *tables[16];
+} paged_t;
+
+static uint32_t rnd(uint64_t *s, uint32_t n)
+{
+    *s += 1;
+    return hpd_philox4x32(99, *s, 0).v[0] % n;
+}
+
+static void paged_init(paged_t *p, hpd_kv_layout_t l, uint32_t tokens, uint64_t *seed)
+{
+    const uint32_t groups = hpd_kv_layout_n_groups(&l);
+    p->l = l;
+    p->blocks = (tokens + l.block_size - 1) / l.block_size;
+    p->n_pages = groups * p->blocks + 3;
+    p->pool = malloc(p->n_pages * hpd_kv_layout_page_bytes(&l));
+    for (size_t i = 0; i < p->n_pages * hpd_kv_layout_page_elems(&l); i++)
+        p->pool[i] = NAN; /* anything not written stays NaN */
+    /* a random permutation of pages */
+    uint32_t *perm = malloc(p->n_pages * sizeof(uint32_t));
+    for (uint32_t i = 0; i < p->n_pages; i++)
+        perm[i] = i;
+    for (uint32_t i = p->n_pages - 1; i > 0; i--) {
+        uint32_t j = rnd(seed, i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    p->ids = malloc(groups * p->blocks * sizeof(uint32_t));
+    for (uint32_t i = 0; i < groups * p->blocks; i++)
+        p->ids[i] = perm[i];
+    for (uint32_t g = 0; g < groups; g++)
+        p->tables[g] = p->ids + g * p->blocks;
+    free(perm);
+}
+
+static float *row_of(paged_t *p, uint32_t layer, uint32_t kv, uint32_t pos, uint32_t h)
+{
+    const uint32_t g = layer / p->l.pack_size, m = layer % p->l.pack_size;
+    return p->pool + p->tables[g][pos / p->l.block_size] * hpd_kv_layout_page_elems(&p->l) +
+           hpd_kv_layout_row(&p->l, m, kv, pos % p->l.block_size, h);
+}
+
+static float value(uint32_t layer, uint32_t kv, uint32_t pos, uint32_t h, uint32_t d)
+{
+    return (float)(((layer * 2 + kv) * 10000 + pos) * 100 + h * 10 + d);
+}
+
+static hpd_kv_layout_t random_layout(uint64_t *s, uint32_t A, uint32_t nkv, uint32_t hd)
+{
+    const uint32_t Bs[] = {16, 32, 48, 64, 128, 256};
+    hpd_kv_layout_t l = {Bs[rnd(s, 6)], 1 + rnd(s, A), rnd(s, 2) ? HPD_KV_HND : HPD_KV_NHD,
+                         HPD_DTYPE_F32, A, nkv, hd};
+    return l;
+}
+
+static void test_random_translations(void **state)
+{
+    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_t *be;
+    uint64_t s = 0;
+
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (int iter = 0; iter < 300; iter++) {
+        const uint32_t A = 1 + rnd(&s, 5), nkv = 1 + rnd(&s, 3), hd = 1 + rnd(&s, 8);
+        const uint32_t n = 1 + rnd(&s, 300), spos = rnd(&s, 100), dpos = rnd(&s, 100);
+        paged_t a, b, back;
+        paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
+        paged_init(&b, random_layout(&s, A, nkv, hd), dpos + n, &s);
+        paged_init(&back, a.l, spos + n, &s);
+        for (uint32_t layer = 0; layer < A; layer++)
+            for (uint32_t kv = 0; kv < 2; kv++)
+                for (uint32_t i = 0; i < n; i++)
+                    for (uint32_t h = 0; h < nkv; h++)
+                        for (uint32_t d = 0; d < hd; d++)
+                            row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
+
+        hpd_kv_translate_args_t t = {{&a.l, a.pool, a.tables, spos}, {&b.l, b.pool, b.tables, dpos},
+                                     n, true};
+        assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
+        const uint32_t end = dpos + n, page_end = (end + b.l.block_size - 1) / b.l.block_size *
+                                                  b.l.block_size;
+        for (uint32_t layer = 0; layer < A; layer++)
+            for (uint32_t kv = 0; kv < 2; kv++) {
+                for (uint32_t i = 0; i < n; i++)
+                    for (uint32_t h = 0; h < nkv; h++) /* exact */
+                        assert_memory_equal(row_of(&b, layer, kv, dpos + i, h),
+                                            row_of(&a, layer, kv, spos + i, h), hd * 4);
+                for (uint32_t p = end; p < page_end; p++) /* the tail is zeroed */
+                    for (uint32_t h = 0; h < nkv; h++)
+                        for (uint32_t d = 0; d < hd; d++)
+                            assert_true(row_of(&b, layer, kv, p, h)[d] == 0.0f);
+            }
+        /* and back: A -> B -> A is the identity on the tokens */
+        hpd_kv_translate_args_t r = {{&b.l, b.pool, b.tables, dpos},
+                                     {&back.l, back.pool, back.tables, spos}, n, false};
+        assert_int_equal(hpd_kv_translate(be, &r), HPD_OK);
+        for (uint32_t layer = 0; layer < A; layer++)
+            for (uint32_t kv = 0; kv < 2; kv++)
+                for (uint32_t i = 0; i < n; i++)
+                    for (uint32_t h = 0; h < nkv; h++)
+                        assert_memory_equal(row_of(&back, layer, kv, spos + i, h),
+                                            row_of(&a, layer, kv, spos + i, h), hd * 4);
+        free(a.pool), free(a.ids), free(b.pool), free(b.ids), free(back.pool), free(back.ids);
+    }
+    /* layouts of different shapes are refused */
+    hpd_kv_layout_t x = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 4}, y = x;
+    y.head_dim = 8;
+    float buf[1024];
+    uint32_t id = 0;
+    const uint32_t *tab[2] = {&id, &id};
+    hpd_kv_translate_args_t bad = {{&x, buf, tab, 0}, {&y, buf, tab, 0}, 1, false};
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
+
+    /* slot copy */
+    float s1[10], s2[10];
+    test_fill(s1, 10, 3, 1.0f);
+    hpd_slot_copy_args_t c = {s2, s1, sizeof(s1)};
+    assert_int_equal(hpd_slot_copy(be, &c), HPD_OK);
+    assert_memory_equal(s1, s2, sizeof(s1));
+    hpd_backend_destroy(be);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_translations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
