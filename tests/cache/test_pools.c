@@ -6,7 +6,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cache/kv_layout.h"
 #include "cache/page_pool.h"
@@ -110,12 +115,90 @@ static void test_slot_pool(void **state)
     hpd_slot_pool_destroy(pool);
 }
 
+/* Runs fn in a child; true when the child died of SIGABRT. */
+static bool aborts(void (*fn)(void))
+{
+    pid_t pid = fork();
+    int status;
+    if (pid == 0) {
+        /* a child of a sanitized build must not report the abort as an error */
+        fclose(stderr);
+        fn();
+        _exit(0);
+    }
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+static void page_double_free(void)
+{
+    hpd_page_pool_params_t pp = {be, {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, 2};
+    hpd_page_pool_t *pool;
+    uint32_t id;
+    hpd_page_pool_create(&pp, &pool);
+    hpd_page_pool_alloc(pool, 1, &id);
+    hpd_page_pool_unref(pool, id);
+    hpd_page_pool_unref(pool, id);
+}
+
+static void page_use_after_free(void)
+{
+    hpd_page_pool_params_t pp = {be, {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, 2};
+    hpd_page_pool_t *pool;
+    uint32_t id;
+    hpd_page_pool_create(&pp, &pool);
+    hpd_page_pool_alloc(pool, 1, &id);
+    hpd_page_pool_unref(pool, id);
+    hpd_page_pool_ref(pool, id);
+}
+
+static void slot_double_free(void)
+{
+    hpd_slot_pool_params_t sp = {be, 2, 64};
+    hpd_slot_pool_t *pool;
+    uint32_t s;
+    hpd_slot_pool_create(&sp, &pool);
+    hpd_slot_pool_alloc(pool, &s);
+    hpd_slot_pool_unref(pool, s);
+    hpd_slot_pool_unref(pool, s);
+}
+
+static void slot_use_after_free(void)
+{
+    hpd_slot_pool_params_t sp = {be, 2, 64};
+    hpd_slot_pool_t *pool;
+    uint32_t s;
+    hpd_slot_pool_create(&sp, &pool);
+    hpd_slot_pool_alloc(pool, &s);
+    hpd_slot_pool_unref(pool, s);
+    hpd_slot_pool_ref(pool, s);
+}
+
+/* Debug builds (HPD_DEBUG, the sanitizer pass of scripts/test.sh) catch
+ * double frees and uses after free; release builds leave the refcount alone. */
+static void test_debug_catches_misuse(void **state)
+{
+#ifdef HPD_DEBUG
+    assert_true(aborts(page_double_free));
+    assert_true(aborts(page_use_after_free));
+    assert_true(aborts(slot_double_free));
+    assert_true(aborts(slot_use_after_free));
+#else
+    print_message("release build: the debug checks are compiled out\n");
+    (void)aborts;
+    (void)page_double_free, (void)page_use_after_free;
+    (void)slot_double_free, (void)slot_use_after_free;
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_page_pool),
         cmocka_unit_test(test_slot_pool),
+        cmocka_unit_test(test_debug_catches_misuse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

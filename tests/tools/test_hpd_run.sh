@@ -47,7 +47,7 @@ printf '%s,7,8,9\n%s,10,11\n%s,7,8,9\n%s\n' "$base" "$base" "$base" "$(seq -s, 1
 on=$("$run" --model "$tmp/next" --prompts-file "$tmp/shared" --max-tokens 6 --max-batch 1 --stats-json "$tmp/stats.json")
 off=$("$run" --model "$tmp/next" --prompts-file "$tmp/shared" --max-tokens 6 --no-prefix-cache --stats-json "$tmp/off.json")
 check "prefix cache on = off" test "$on" = "$off"
-cached() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join(str(r['cached_tokens']) for r in d['requests']))" "$1"; }
+cached() { grep -o '"cached_tokens": [0-9]*' "$1" | awk '{print $2}' | paste -sd' '; }
 check "cached tokens per request (cache on)" test "$(cached "$tmp/stats.json")" = "0 192 192 0"
 check "cached tokens per request (cache off)" test "$(cached "$tmp/off.json")" = "0 0 0 0"
 check "cache counters in the stats" grep -q '"hit_tokens_device": 384' "$tmp/stats.json"
