@@ -5,7 +5,8 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
-      libjansson-dev libxxhash-dev libcmocka-dev)
+      libjansson-dev libxxhash-dev libcmocka-dev
+      libevent-dev libmsgpack-dev libucx-dev ucx-utils)
 
 missing=()
 for p in "${pkgs[@]}"; do

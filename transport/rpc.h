@@ -1,0 +1,157 @@
+/* msgpack-RPC over TCP on libevent: connection, server, client
+ * (docs/protocol.md). One event loop per thread; nothing here blocks except
+ * hpd_rpc_client_create and hpd_rpc_call_sync, which run the loop. */
+#ifndef HPD_TRANSPORT_RPC_H
+#define HPD_TRANSPORT_RPC_H
+
+#include <event2/event.h>
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "transport/rpc_codec.h"
+
+typedef struct hpd_rpc_conn hpd_rpc_conn_t;
+typedef struct hpd_rpc_server hpd_rpc_server_t;
+typedef struct hpd_rpc_client hpd_rpc_client_t;
+
+/* A packed msgpack value (params or result) under construction. */
+typedef struct {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} hpd_rpc_buf_t;
+
+void hpd_rpc_buf_init(hpd_rpc_buf_t *buf);
+void hpd_rpc_buf_destroy(hpd_rpc_buf_t *buf);
+
+/* ---------------------------------------------------------- connection */
+
+/* on_msg: one decoded message; views valid during the call only.
+ * on_close: called once when the connection closes (by either side, on a
+ * protocol error or on close()); the connection is freed after it returns
+ * unless references remain. */
+typedef struct {
+    void (*on_msg)(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg);
+    void (*on_close)(hpd_rpc_conn_t *conn, hpd_status_t why, void *arg);
+    void *arg;
+    size_t max_message; /* 0: HPD_RPC_DEFAULT_MAX_MESSAGE */
+} hpd_rpc_conn_ops_t;
+
+/* Wraps a connected socket (the connection owns it). */
+hpd_status_t hpd_rpc_conn_create(struct event_base *base, int fd, const hpd_rpc_conn_ops_t *ops,
+                                 hpd_rpc_conn_t **conn_p);
+
+/* Queues bytes already packed as one message. HPD_ERR_IO once closing. */
+hpd_status_t hpd_rpc_conn_send(hpd_rpc_conn_t *conn, const void *data, size_t len);
+
+/* Closes, after flushing queued output when flush is set. Safe inside any
+ * callback: the connection is freed only after every callback on it has
+ * returned and every reference is dropped. */
+void hpd_rpc_conn_close(hpd_rpc_conn_t *conn, bool flush);
+
+/* References keep the memory valid (not the socket open) across deferred work. */
+void hpd_rpc_conn_ref(hpd_rpc_conn_t *conn);
+void hpd_rpc_conn_unref(hpd_rpc_conn_t *conn);
+bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *conn);
+/* Drops the callbacks: nothing more is delivered to the owner. */
+void hpd_rpc_conn_detach(hpd_rpc_conn_t *conn);
+void hpd_rpc_conn_set_data(hpd_rpc_conn_t *conn, void *data);
+void *hpd_rpc_conn_data(const hpd_rpc_conn_t *conn);
+
+/* Replies and notifications; result/params hold exactly one packed object
+ * (NULL packs nil). They are no-ops on a closed connection. */
+hpd_status_t hpd_rpc_reply(hpd_rpc_conn_t *conn, uint32_t id, const hpd_rpc_buf_t *result);
+hpd_status_t hpd_rpc_reply_error(hpd_rpc_conn_t *conn, uint32_t id, int64_t code,
+                                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+hpd_status_t hpd_rpc_notify(hpd_rpc_conn_t *conn, const char *method,
+                            const hpd_rpc_buf_t *params);
+
+/* ---------------------------------------------------------- server */
+
+/* A method handler. It answers with hpd_rpc_reply*() now or later (holding a
+ * reference on conn); it never writes to the socket itself. */
+typedef void (*hpd_rpc_handler_t)(hpd_rpc_conn_t *conn, uint32_t id,
+                                  const msgpack_object *params, void *arg);
+
+typedef struct {
+    const char *name;
+    hpd_rpc_handler_t fn;
+} hpd_rpc_method_t;
+
+typedef struct {
+    struct event_base *base;
+    const char *host;   /* address to bind, e.g. "127.0.0.1" */
+    uint16_t port;      /* 0: any free port (see hpd_rpc_server_port) */
+    const char *token;  /* shared secret; NULL: no authentication */
+    const hpd_rpc_method_t *methods;
+    size_t n_methods;
+    void *arg;          /* passed to handlers */
+    size_t max_message; /* 0: HPD_RPC_DEFAULT_MAX_MESSAGE */
+    uint32_t max_conns; /* 0: 1024 */
+    /* optional: a connection closed (after its handlers' replies are moot) */
+    void (*on_disconnect)(hpd_rpc_conn_t *conn, void *arg);
+} hpd_rpc_server_params_t;
+
+hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
+                                   hpd_rpc_server_t **server_p);
+
+/* Closes the listener and every connection. Accepts NULL. Not to be called
+ * from a handler or callback of the server's own connections. */
+void hpd_rpc_server_destroy(hpd_rpc_server_t *server);
+
+uint16_t hpd_rpc_server_port(const hpd_rpc_server_t *server);
+
+/* Reads a token file: its first line, without surrounding white space. */
+hpd_status_t hpd_rpc_read_token(const char *path, char **token_p);
+
+/* ---------------------------------------------------------- client */
+
+/* reply is NULL when status is not HPD_OK (timeout, connection closed). */
+typedef void (*hpd_rpc_reply_cb_t)(void *arg, hpd_status_t status, const hpd_rpc_msg_t *reply);
+
+typedef struct {
+    struct event_base *base;
+    const char *host;
+    uint16_t port;
+    const char *token;      /* presented at connect when not NULL */
+    uint32_t timeout_ms;    /* default per-call timeout; 0: 10 s */
+    size_t max_message;
+    void (*on_notify)(void *arg, const hpd_rpc_msg_t *msg);
+    void (*on_close)(void *arg, hpd_status_t why);
+    void *arg;
+} hpd_rpc_client_params_t;
+
+/* Connects and authenticates, running the loop until done or failed
+ * (HPD_ERR_IO: no connection; HPD_ERR_INVALID_ARG: token refused). */
+hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
+                                   hpd_rpc_client_t **client_p);
+
+/* Fails pending calls with HPD_ERR_CANCELED and closes. Accepts NULL. */
+void hpd_rpc_client_destroy(hpd_rpc_client_t *client);
+
+/* Sends a request; cb runs once with the reply, a timeout or a close.
+ * timeout_ms 0 uses the client's default. */
+hpd_status_t hpd_rpc_call(hpd_rpc_client_t *client, const char *method,
+                          const hpd_rpc_buf_t *params, uint32_t timeout_ms,
+                          hpd_rpc_reply_cb_t cb, void *arg);
+
+/* A reply kept beyond its callback. */
+typedef struct {
+    hpd_status_t status;  /* HPD_OK, HPD_ERR_TIMEOUT, HPD_ERR_IO (closed) */
+    bool is_error;        /* the server answered with an error object */
+    int64_t error_code;
+    char error_message[256];
+    msgpack_zone zone;
+    msgpack_object result;
+} hpd_rpc_result_t;
+
+/* The blocking form: runs the loop until the reply, timeout or close.
+ * Returns result->status; free with hpd_rpc_result_destroy. */
+hpd_status_t hpd_rpc_call_sync(hpd_rpc_client_t *client, const char *method,
+                               const hpd_rpc_buf_t *params, uint32_t timeout_ms,
+                               hpd_rpc_result_t *result);
+void hpd_rpc_result_destroy(hpd_rpc_result_t *result);
+
+bool hpd_rpc_client_is_open(const hpd_rpc_client_t *client);
+
+#endif

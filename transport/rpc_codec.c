@@ -1,0 +1,169 @@
+#include "transport/rpc_codec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static hpd_status_t fail(char *err, size_t errlen, const char *what)
+{
+    snprintf(err, errlen, "%s", what);
+    return HPD_ERR_FORMAT;
+}
+
+static bool get_id(const msgpack_object *o, uint32_t *id)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > UINT32_MAX)
+        return false;
+    *id = (uint32_t)o->via.u64;
+    return true;
+}
+
+static bool get_method(const msgpack_object *o, hpd_rpc_msg_t *msg)
+{
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
+        o->via.str.size > HPD_RPC_MAX_METHOD)
+        return false;
+    msg->method = o->via.str.ptr;
+    msg->method_len = o->via.str.size;
+    return true;
+}
+
+hpd_status_t hpd_rpc_decode(const msgpack_object *obj, hpd_rpc_msg_t *msg, char *err,
+                            size_t errlen)
+{
+    const msgpack_object *a;
+    uint32_t n;
+
+    memset(msg, 0, sizeof(*msg));
+    if (obj->type != MSGPACK_OBJECT_ARRAY)
+        return fail(err, errlen, "message is not an array");
+    a = obj->via.array.ptr;
+    n = obj->via.array.size;
+    if (n < 3 || a[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return fail(err, errlen, "message must start with a type 0, 1 or 2");
+    switch (a[0].via.u64) {
+    case HPD_RPC_REQUEST:
+        msg->type = HPD_RPC_REQUEST;
+        if (n != 4)
+            return fail(err, errlen, "request must be [0, id, method, params]");
+        if (!get_id(&a[1], &msg->id))
+            return fail(err, errlen, "request id must be an integer from 0 to 2^32-1");
+        if (!get_method(&a[2], msg))
+            return fail(err, errlen, "request method must be a string of 1 to 64 bytes");
+        msg->params = &a[3];
+        return HPD_OK;
+    case HPD_RPC_RESPONSE:
+        msg->type = HPD_RPC_RESPONSE;
+        if (n != 4)
+            return fail(err, errlen, "response must be [1, id, error, result]");
+        if (!get_id(&a[1], &msg->id))
+            return fail(err, errlen, "response id must be an integer from 0 to 2^32-1");
+        msg->result = &a[3];
+        if (a[2].type == MSGPACK_OBJECT_NIL)
+            return HPD_OK;
+        {
+            const msgpack_object *code = hpd_rpc_map_get(&a[2], "code");
+            const msgpack_object *m = hpd_rpc_map_get(&a[2], "message");
+            if (code == NULL || m == NULL ||
+                (code->type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+                 code->type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
+                m->type != MSGPACK_OBJECT_STR)
+                return fail(err, errlen, "response error must be nil or {code: int, message: str}");
+            msg->is_error = true;
+            msg->error_code = code->via.i64;
+            msg->error_message = m->via.str.ptr;
+            msg->error_message_len = m->via.str.size;
+        }
+        return HPD_OK;
+    case HPD_RPC_NOTIFY:
+        msg->type = HPD_RPC_NOTIFY;
+        if (n != 3)
+            return fail(err, errlen, "notification must be [2, method, params]");
+        if (!get_method(&a[1], msg))
+            return fail(err, errlen, "notification method must be a string of 1 to 64 bytes");
+        msg->params = &a[2];
+        return HPD_OK;
+    }
+    return fail(err, errlen, "message type must be 0, 1 or 2");
+}
+
+hpd_status_t hpd_rpc_parse(const char *data, size_t len, msgpack_zone *zone, msgpack_object *obj,
+                           hpd_rpc_msg_t *msg, char *err, size_t errlen)
+{
+    size_t off = 0;
+
+    switch (msgpack_unpack(data, len, &off, zone, obj)) {
+    case MSGPACK_UNPACK_SUCCESS:
+        break;
+    case MSGPACK_UNPACK_EXTRA_BYTES:
+        return fail(err, errlen, "trailing bytes after the message");
+    case MSGPACK_UNPACK_CONTINUE:
+        return fail(err, errlen, "truncated message");
+    case MSGPACK_UNPACK_NOMEM_ERROR:
+        return fail(err, errlen, "message too large to unpack");
+    default:
+        return fail(err, errlen, "malformed msgpack");
+    }
+    return hpd_rpc_decode(obj, msg, err, errlen);
+}
+
+void hpd_rpc_pack_str(msgpack_packer *pk, const char *s)
+{
+    const size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+void hpd_rpc_pack_request(msgpack_packer *pk, uint32_t id, const char *method)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint8(pk, HPD_RPC_REQUEST);
+    msgpack_pack_uint32(pk, id);
+    hpd_rpc_pack_str(pk, method);
+}
+
+void hpd_rpc_pack_notify(msgpack_packer *pk, const char *method)
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint8(pk, HPD_RPC_NOTIFY);
+    hpd_rpc_pack_str(pk, method);
+}
+
+void hpd_rpc_pack_response_ok(msgpack_packer *pk, uint32_t id)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint8(pk, HPD_RPC_RESPONSE);
+    msgpack_pack_uint32(pk, id);
+    msgpack_pack_nil(pk);
+}
+
+void hpd_rpc_pack_response_error(msgpack_packer *pk, uint32_t id, int64_t code,
+                                 const char *message)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint8(pk, HPD_RPC_RESPONSE);
+    msgpack_pack_uint32(pk, id);
+    msgpack_pack_map(pk, 2);
+    hpd_rpc_pack_str(pk, "code");
+    msgpack_pack_int64(pk, code);
+    hpd_rpc_pack_str(pk, "message");
+    hpd_rpc_pack_str(pk, message);
+    msgpack_pack_nil(pk);
+}
+
+bool hpd_rpc_str_eq(const char *p, uint32_t len, const char *s)
+{
+    return strlen(s) == len && memcmp(p, s, len) == 0;
+}
+
+const msgpack_object *hpd_rpc_map_get(const msgpack_object *obj, const char *key)
+{
+    if (obj == NULL || obj->type != MSGPACK_OBJECT_MAP)
+        return NULL;
+    for (uint32_t i = 0; i < obj->via.map.size; i++) {
+        const msgpack_object_kv *kv = &obj->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR &&
+            hpd_rpc_str_eq(kv->key.via.str.ptr, kv->key.via.str.size, key))
+            return &kv->val;
+    }
+    return NULL;
+}

@@ -1,0 +1,86 @@
+/* The msgpack-RPC codec: pure, no I/O (docs/protocol.md).
+ *
+ *   request       [0, id, method, params]
+ *   response      [1, id, error, result]      error: nil or {code, message}
+ *   notification  [2, method, params]
+ *
+ * Decoding is strict: the array length, every type, the id range, the method
+ * length and the error object's fields are checked, and a violation is
+ * answered with HPD_ERR_FORMAT and a message naming what was wrong. */
+#ifndef HPD_TRANSPORT_RPC_CODEC_H
+#define HPD_TRANSPORT_RPC_CODEC_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define HPD_RPC_MAX_METHOD 64
+#define HPD_RPC_DEFAULT_MAX_MESSAGE (16u << 20)
+
+typedef enum {
+    HPD_RPC_REQUEST = 0,
+    HPD_RPC_RESPONSE = 1,
+    HPD_RPC_NOTIFY = 2,
+} hpd_rpc_type_t;
+
+/* Error codes carried in {code, message}. */
+typedef enum {
+    HPD_RPC_ERR_PARSE = -32700,        /* not msgpack, or not an RPC message */
+    HPD_RPC_ERR_INVALID = -32600,      /* a malformed request */
+    HPD_RPC_ERR_NO_METHOD = -32601,    /* unknown method */
+    HPD_RPC_ERR_PARAMS = -32602,       /* bad params */
+    HPD_RPC_ERR_INTERNAL = -32603,
+    HPD_RPC_ERR_AUTH = -32001,         /* missing or wrong token */
+    HPD_RPC_ERR_TOO_LARGE = -32002,    /* message above the size limit */
+    HPD_RPC_ERR_TIMEOUT = -32003,      /* (client side) no reply in time */
+    HPD_RPC_ERR_CLOSED = -32004,       /* (client side) connection closed */
+    HPD_RPC_ERR_OVERLOADED = -32005,
+    HPD_RPC_ERR_APP = -32000,          /* an application error */
+} hpd_rpc_error_code_t;
+
+typedef struct {
+    hpd_rpc_type_t type;
+    uint32_t id;                  /* request, response */
+    const char *method;           /* request, notify: not NUL-terminated */
+    uint32_t method_len;
+    const msgpack_object *params; /* request, notify */
+    bool is_error;                /* response */
+    int64_t error_code;
+    const char *error_message; /* not NUL-terminated */
+    uint32_t error_message_len;
+    const msgpack_object *result; /* response (nil on error) */
+} hpd_rpc_msg_t;
+
+/* Checks obj and fills msg with views into it (valid while obj lives).
+ * err gets a message on failure. */
+hpd_status_t hpd_rpc_decode(const msgpack_object *obj, hpd_rpc_msg_t *msg, char *err,
+                            size_t errlen);
+
+/* Decodes one whole message from a buffer: unpacks exactly `len` bytes into
+ * zone (trailing bytes, truncation and malformed msgpack are errors) then
+ * decodes it. Used by the fuzzer and the tests. */
+hpd_status_t hpd_rpc_parse(const char *data, size_t len, msgpack_zone *zone, msgpack_object *obj,
+                           hpd_rpc_msg_t *msg, char *err, size_t errlen);
+
+/* Encoders write the envelope; the caller then packs exactly one object
+ * (the params, or the result). */
+void hpd_rpc_pack_request(msgpack_packer *pk, uint32_t id, const char *method);
+void hpd_rpc_pack_notify(msgpack_packer *pk, const char *method);
+void hpd_rpc_pack_response_ok(msgpack_packer *pk, uint32_t id);
+/* A whole error response: [1, id, {code, message}, nil]. */
+void hpd_rpc_pack_response_error(msgpack_packer *pk, uint32_t id, int64_t code,
+                                 const char *message);
+
+/* Packs a NUL-terminated string. */
+void hpd_rpc_pack_str(msgpack_packer *pk, const char *s);
+
+/* True when a msgpack string equals s. */
+bool hpd_rpc_str_eq(const char *p, uint32_t len, const char *s);
+
+/* Looks a key up in a map object; NULL when absent or obj is not a map. */
+const msgpack_object *hpd_rpc_map_get(const msgpack_object *obj, const char *key);
+
+#endif

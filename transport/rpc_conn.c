@@ -1,0 +1,326 @@
+/* One msgpack-RPC connection: a bufferevent feeding a msgpack unpacker.
+ *
+ * Who frees what: the connection holds one reference on itself from create
+ * until its close completes (on_close has run and the bufferevent is freed);
+ * users may add references. Memory goes when the count reaches zero and no
+ * callback of this connection is running. */
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "transport/rpc.h"
+#include "transport/rpc_internal.h"
+
+#define LOG_COMPONENT "rpc"
+
+struct hpd_rpc_conn {
+    struct bufferevent *bev;
+    hpd_rpc_conn_ops_t ops;
+    msgpack_unpacker unpacker;
+    msgpack_unpacked unpacked;
+    uint32_t refs;
+    uint32_t in_callback;
+    bool closing, closed, close_when_drained;
+    hpd_status_t close_reason;
+    void *data;
+};
+
+void hpd_rpc_buf_init(hpd_rpc_buf_t *b)
+{
+    msgpack_sbuffer_init(&b->sb);
+    msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
+}
+
+void hpd_rpc_buf_destroy(hpd_rpc_buf_t *b)
+{
+    msgpack_sbuffer_destroy(&b->sb);
+}
+
+static void conn_free(hpd_rpc_conn_t *c)
+{
+    msgpack_unpacked_destroy(&c->unpacked);
+    msgpack_unpacker_destroy(&c->unpacker);
+    free(c);
+}
+
+void hpd_rpc_conn_ref(hpd_rpc_conn_t *c)
+{
+    c->refs++;
+}
+
+void hpd_rpc_conn_unref(hpd_rpc_conn_t *c)
+{
+    if (--c->refs == 0 && c->in_callback == 0)
+        conn_free(c);
+}
+
+/* Finishes a close: tells the owner once, frees the socket, drops the
+ * connection's own reference. Runs only outside this connection's callbacks. */
+static void conn_finish(hpd_rpc_conn_t *c)
+{
+    if (c->closed)
+        return;
+    c->closed = true;
+    if (c->bev != NULL) {
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+    }
+    if (c->ops.on_close != NULL) {
+        c->in_callback++;
+        c->ops.on_close(c, c->close_reason, c->ops.arg);
+        c->in_callback--;
+    }
+    hpd_rpc_conn_unref(c);
+}
+
+/* Leaves a callback: a close requested inside it happens now. */
+static void leave(hpd_rpc_conn_t *c)
+{
+    c->in_callback--;
+    if (c->in_callback > 0)
+        return;
+    if (c->closing && !c->close_when_drained)
+        conn_finish(c);
+    else if (c->refs == 0)
+        conn_free(c);
+}
+
+static void fail_and_close(hpd_rpc_conn_t *c, hpd_status_t why, int64_t code, const char *what)
+{
+    hpd_rpc_buf_t b;
+
+    /* a last word for the peer, then close once it is written */
+    hpd_rpc_buf_init(&b);
+    hpd_rpc_pack_notify(&b.pk, "error");
+    msgpack_pack_map(&b.pk, 2);
+    hpd_rpc_pack_str(&b.pk, "code");
+    msgpack_pack_int64(&b.pk, code);
+    hpd_rpc_pack_str(&b.pk, "message");
+    hpd_rpc_pack_str(&b.pk, what);
+    hpd_rpc_conn_send(c, b.sb.data, b.sb.size);
+    hpd_rpc_buf_destroy(&b);
+    c->close_reason = why;
+    hpd_rpc_conn_close(c, true);
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    hpd_rpc_conn_t *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const size_t max = c->ops.max_message ? c->ops.max_message : HPD_RPC_DEFAULT_MAX_MESSAGE;
+    char err[160];
+
+    c->in_callback++;
+    while (!c->closing && evbuffer_get_length(in) > 0) {
+        size_t n = evbuffer_get_length(in);
+        if (n > 65536)
+            n = 65536;
+        if (!msgpack_unpacker_reserve_buffer(&c->unpacker, n)) {
+            fail_and_close(c, HPD_ERR_NO_MEMORY, HPD_RPC_ERR_TOO_LARGE, "out of memory");
+            break;
+        }
+        const int got = evbuffer_remove(in, msgpack_unpacker_buffer(&c->unpacker), n);
+        if (got <= 0)
+            break;
+        msgpack_unpacker_buffer_consumed(&c->unpacker, (size_t)got);
+        for (;;) {
+            msgpack_unpack_return r = msgpack_unpacker_next(&c->unpacker, &c->unpacked);
+            if (r == MSGPACK_UNPACK_SUCCESS || r == MSGPACK_UNPACK_EXTRA_BYTES) {
+                hpd_rpc_msg_t msg;
+                if (hpd_rpc_decode(&c->unpacked.data, &msg, err, sizeof(err)) != HPD_OK) {
+                    hpd_rpc_conn_invalid(c, &c->unpacked.data, err);
+                    if (c->closing)
+                        break;
+                    continue;
+                }
+                if (c->ops.on_msg != NULL)
+                    c->ops.on_msg(c, &msg, c->ops.arg);
+                if (c->closing)
+                    break;
+                continue;
+            }
+            if (r == MSGPACK_UNPACK_CONTINUE) {
+                if (msgpack_unpacker_message_size(&c->unpacker) > max) {
+                    snprintf(err, sizeof(err), "message exceeds the limit of %zu bytes", max);
+                    fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_TOO_LARGE, err);
+                }
+                break;
+            }
+            fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_PARSE,
+                           r == MSGPACK_UNPACK_NOMEM_ERROR ? "message too large to unpack"
+                                                           : "malformed msgpack");
+            break;
+        }
+    }
+    leave(c);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    hpd_rpc_conn_t *c = arg;
+
+    if (c->closing && c->close_when_drained &&
+        evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+        c->close_when_drained = false;
+        c->in_callback++;
+        leave(c);
+    }
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    hpd_rpc_conn_t *c = arg;
+
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
+        c->in_callback++;
+        if (!c->closing)
+            c->close_reason = (what & BEV_EVENT_EOF) ? HPD_OK : HPD_ERR_IO;
+        c->closing = true;
+        c->close_when_drained = false;
+        leave(c);
+    }
+}
+
+hpd_status_t hpd_rpc_conn_create(struct event_base *base, int fd, const hpd_rpc_conn_ops_t *ops,
+                                 hpd_rpc_conn_t **conn_p)
+{
+    hpd_rpc_conn_t *c = calloc(1, sizeof(*c));
+
+    if (c == NULL)
+        return HPD_ERR_NO_MEMORY;
+    if (!msgpack_unpacker_init(&c->unpacker, 65536)) {
+        free(c);
+        return HPD_ERR_NO_MEMORY;
+    }
+    msgpack_unpacked_init(&c->unpacked);
+    c->ops = *ops;
+    c->refs = 1;
+    c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) {
+        conn_free(c);
+        return HPD_ERR_IO;
+    }
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    *conn_p = c;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_rpc_conn_send(hpd_rpc_conn_t *c, const void *data, size_t len)
+{
+    if (c->closed || c->bev == NULL)
+        return HPD_ERR_IO;
+    if (bufferevent_write(c->bev, data, len) != 0)
+        return HPD_ERR_IO;
+    return HPD_OK;
+}
+
+void hpd_rpc_conn_close(hpd_rpc_conn_t *c, bool flush)
+{
+    if (c->closing || c->closed)
+        return;
+    c->closing = true;
+    bufferevent_disable(c->bev, EV_READ);
+    if (flush && evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) {
+        /* on_write finishes it; a peer that never reads gets 5 s */
+        const struct timeval tv = {5, 0};
+        c->close_when_drained = true;
+        bufferevent_set_timeouts(c->bev, NULL, &tv);
+        return;
+    }
+    if (c->in_callback == 0)
+        conn_finish(c);
+}
+
+void hpd_rpc_conn_detach(hpd_rpc_conn_t *c)
+{
+    c->ops.on_msg = NULL;
+    c->ops.on_close = NULL;
+    c->ops.arg = NULL;
+}
+
+bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *c)
+{
+    return !c->closing && !c->closed;
+}
+
+void hpd_rpc_conn_set_data(hpd_rpc_conn_t *c, void *data)
+{
+    c->data = data;
+}
+
+void *hpd_rpc_conn_data(const hpd_rpc_conn_t *c)
+{
+    return c->data;
+}
+
+static hpd_status_t send_buf(hpd_rpc_conn_t *c, hpd_rpc_buf_t *b)
+{
+    hpd_status_t st = hpd_rpc_conn_is_open(c) ? hpd_rpc_conn_send(c, b->sb.data, b->sb.size)
+                                              : HPD_ERR_IO;
+    hpd_rpc_buf_destroy(b);
+    return st;
+}
+
+static void append(hpd_rpc_buf_t *b, const hpd_rpc_buf_t *value)
+{
+    if (value == NULL || value->sb.size == 0)
+        msgpack_pack_nil(&b->pk);
+    else
+        msgpack_sbuffer_write(&b->sb, value->sb.data, value->sb.size);
+}
+
+hpd_status_t hpd_rpc_reply(hpd_rpc_conn_t *c, uint32_t id, const hpd_rpc_buf_t *result)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_rpc_pack_response_ok(&b.pk, id);
+    append(&b, result);
+    return send_buf(c, &b);
+}
+
+hpd_status_t hpd_rpc_reply_error(hpd_rpc_conn_t *c, uint32_t id, int64_t code, const char *fmt,
+                                 ...)
+{
+    char msg[512];
+    va_list ap;
+    hpd_rpc_buf_t b;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    hpd_rpc_buf_init(&b);
+    hpd_rpc_pack_response_error(&b.pk, id, code, msg);
+    return send_buf(c, &b);
+}
+
+hpd_status_t hpd_rpc_notify(hpd_rpc_conn_t *c, const char *method, const hpd_rpc_buf_t *params)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_rpc_pack_notify(&b.pk, method);
+    append(&b, params);
+    return send_buf(c, &b);
+}
+
+void hpd_rpc_conn_invalid(hpd_rpc_conn_t *c, const msgpack_object *obj, const char *why)
+{
+    /* a request whose id can be read gets an error reply; anything else
+     * closes the connection */
+    if (obj->type == MSGPACK_OBJECT_ARRAY && obj->via.array.size >= 2 &&
+        obj->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        obj->via.array.ptr[0].via.u64 == HPD_RPC_REQUEST &&
+        obj->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+        obj->via.array.ptr[1].via.u64 <= UINT32_MAX) {
+        hpd_rpc_reply_error(c, (uint32_t)obj->via.array.ptr[1].via.u64, HPD_RPC_ERR_INVALID,
+                            "invalid request: %s", why);
+        return;
+    }
+    HPD_LOG_INFO(LOG_COMPONENT, "closing a connection after an invalid message: %s", why);
+    fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_INVALID, why);
+}

@@ -1,0 +1,11 @@
+/* Shared between the files of transport/ (not a public header). */
+#ifndef HPD_TRANSPORT_RPC_INTERNAL_H
+#define HPD_TRANSPORT_RPC_INTERNAL_H
+
+#include "transport/rpc.h"
+
+/* Answers a message that is msgpack but not valid RPC: an error reply when it
+ * is a request with a readable id, else an error notification and a close. */
+void hpd_rpc_conn_invalid(hpd_rpc_conn_t *conn, const msgpack_object *obj, const char *why);
+
+#endif
