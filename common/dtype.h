@@ -43,17 +43,58 @@ static inline uint16_t hpd_f32_to_bf16(float f)
 
 static inline float hpd_f16_to_f32(uint16_t h)
 {
-    _Float16 v;
-    memcpy(&v, &h, sizeof(v));
-    return (float)v;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    float f;
+
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (mant << 13); /* inf, nan */
+    } else if (exp != 0) {
+        u = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        exp = 113;
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            exp--;
+        }
+        u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    memcpy(&f, &u, sizeof(f));
+    return f;
 }
 
+/* Round to nearest even, with subnormals, overflow to inf and NaN kept. */
 static inline uint16_t hpd_f32_to_f16(float f)
 {
-    _Float16 v = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &v, sizeof(h));
-    return h;
+    uint32_t u, sign, mant;
+    int32_t exp;
+
+    memcpy(&u, &f, sizeof(u));
+    sign = (u >> 16) & 0x8000u;
+    exp = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    mant = u & 0x7fffffu;
+    if (((u >> 23) & 0xffu) == 0xffu)
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    if (exp >= 0x1f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000u;
+        const uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = mant >> shift;
+        const uint32_t rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1u)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13);
+    const uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++; /* may carry into the exponent, up to inf: still correct */
+    return (uint16_t)h;
 }
 
 /* Converts n elements of src (of dtype) to fp32. src may be unaligned. */

@@ -86,11 +86,151 @@ hpd_status_t hpd_rpc_decode(const msgpack_object *obj, hpd_rpc_msg_t *msg, char 
     return fail(err, errlen, "message type must be 0, 1 or 2");
 }
 
+void hpd_rpc_scanner_reset(hpd_rpc_scanner_t *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+static uint64_t be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Header bytes (the first included) a value starting with byte b needs. */
+static int header_size(uint8_t b)
+{
+    if (b <= 0xbf || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return 1;
+    switch (b) {
+    case 0xc4: case 0xd9: case 0xcc: case 0xd0: return 2;
+    case 0xc5: case 0xda: case 0xcd: case 0xd1: case 0xdc: case 0xde: return 3;
+    case 0xc6: case 0xdb: case 0xce: case 0xd2: case 0xca: case 0xdd: case 0xdf: return 5;
+    case 0xcf: case 0xd3: case 0xcb: return 9;
+    case 0xc7: return 3;  /* len8, type */
+    case 0xc8: return 4;  /* len16, type */
+    case 0xc9: return 6;  /* len32, type */
+    case 0xd4: return 3;  /* fixext1: type + 1 */
+    case 0xd5: return 4;
+    case 0xd6: return 6;
+    case 0xd7: return 10;
+    case 0xd8: return 2;  /* fixext16: type, then 16 bytes skipped */
+    }
+    return 0; /* 0xc1: never used */
+}
+
+/* A value is done: count it against the open containers. */
+static bool value_done(hpd_rpc_scanner_t *s)
+{
+    while (s->depth > 0) {
+        if (--s->remaining[s->depth - 1] > 0)
+            return false;
+        s->depth--;
+    }
+    return true; /* the top-level value: the message */
+}
+
+hpd_status_t hpd_rpc_scan(hpd_rpc_scanner_t *s, const uint8_t *p, size_t n, size_t max,
+                          size_t *used_p, bool *complete_p, char *err, size_t errlen)
+{
+    size_t i = 0;
+
+    *complete_p = false;
+    while (i < n) {
+        if (s->skip > 0) {
+            const size_t k = s->skip < n - i ? (size_t)s->skip : n - i;
+            s->skip -= k;
+            s->msg_bytes += k;
+            i += k;
+            if (s->skip == 0 && value_done(s)) {
+                *complete_p = true;
+                break;
+            }
+            continue;
+        }
+        s->hdr[s->hdr_len++] = p[i++];
+        s->msg_bytes++;
+        if (s->msg_bytes > max) {
+            snprintf(err, errlen, "message exceeds the limit of %zu bytes", max);
+            return HPD_ERR_FORMAT;
+        }
+        if (s->hdr_len == 1 && (s->hdr_need = (uint8_t)header_size(s->hdr[0])) == 0) {
+            snprintf(err, errlen, "malformed msgpack (byte 0xc1)");
+            return HPD_ERR_FORMAT;
+        }
+        if (s->hdr_len < s->hdr_need)
+            continue;
+        const uint8_t b = s->hdr[0];
+        uint64_t count = 0, payload = 0;
+        bool container = false;
+        if (b >= 0x80 && b <= 0x8f)
+            container = true, count = 2ull * (b & 0x0f);
+        else if (b >= 0x90 && b <= 0x9f)
+            container = true, count = b & 0x0f;
+        else if (b >= 0xa0 && b <= 0xbf)
+            payload = b & 0x1f;
+        else if (b == 0xc4 || b == 0xd9 || b == 0xc7)
+            payload = be(s->hdr + 1, 1);
+        else if (b == 0xc5 || b == 0xda || b == 0xc8)
+            payload = be(s->hdr + 1, 2);
+        else if (b == 0xc6 || b == 0xdb || b == 0xc9)
+            payload = be(s->hdr + 1, 4);
+        else if (b == 0xd8)
+            payload = 16;
+        else if (b == 0xdc)
+            container = true, count = be(s->hdr + 1, 2);
+        else if (b == 0xdd)
+            container = true, count = be(s->hdr + 1, 4);
+        else if (b == 0xde)
+            container = true, count = 2 * be(s->hdr + 1, 2);
+        else if (b == 0xdf)
+            container = true, count = 2 * be(s->hdr + 1, 4);
+        s->hdr_len = 0;
+        /* every element takes at least a byte, a payload its length */
+        if (count + payload > max - s->msg_bytes) {
+            snprintf(err, errlen, "message declares %llu %s, beyond the limit of %zu bytes",
+                     (unsigned long long)(container ? count : payload),
+                     container ? "elements" : "payload bytes", max);
+            return HPD_ERR_FORMAT;
+        }
+        if (container && count > 0) {
+            if (s->depth == HPD_RPC_MAX_DEPTH) {
+                snprintf(err, errlen, "message nests deeper than %d levels", HPD_RPC_MAX_DEPTH);
+                return HPD_ERR_FORMAT;
+            }
+            s->remaining[s->depth++] = count;
+            continue;
+        }
+        if (payload > 0) {
+            s->skip = payload;
+            continue;
+        }
+        if (value_done(s)) {
+            *complete_p = true;
+            break;
+        }
+    }
+    *used_p = i;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_rpc_parse(const char *data, size_t len, msgpack_zone *zone, msgpack_object *obj,
                            hpd_rpc_msg_t *msg, char *err, size_t errlen)
 {
-    size_t off = 0;
+    hpd_rpc_scanner_t sc;
+    size_t off = 0, used;
+    bool complete;
 
+    hpd_rpc_scanner_reset(&sc);
+    if (hpd_rpc_scan(&sc, (const uint8_t *)data, len, HPD_RPC_DEFAULT_MAX_MESSAGE, &used,
+                     &complete, err, errlen) != HPD_OK)
+        return HPD_ERR_FORMAT;
+    if (!complete)
+        return fail(err, errlen, "truncated message");
+    if (used != len)
+        return fail(err, errlen, "trailing bytes after the message");
     switch (msgpack_unpack(data, len, &off, zone, obj)) {
     case MSGPACK_UNPACK_SUCCESS:
         break;

@@ -18,7 +18,8 @@
 #include "common/status.h"
 
 #define HPD_RPC_MAX_METHOD 64
-#define HPD_RPC_DEFAULT_MAX_MESSAGE (16u << 20)
+#define HPD_RPC_DEFAULT_MAX_MESSAGE (4u << 20)
+#define HPD_RPC_MAX_DEPTH 32
 
 typedef enum {
     HPD_RPC_REQUEST = 0,
@@ -54,14 +55,38 @@ typedef struct {
     const msgpack_object *result; /* response (nil on error) */
 } hpd_rpc_msg_t;
 
+/* Framing without allocation: finds where one msgpack message ends while
+ * checking that every declared string length and container count fits in
+ * what is left of the size limit and that nesting stays within
+ * HPD_RPC_MAX_DEPTH. Only a complete message that passed is handed to
+ * msgpack-c, so a header announcing 2^32 elements costs nothing. Resumable:
+ * bytes may come in any pieces. */
+typedef struct {
+    uint32_t depth;
+    uint64_t remaining[HPD_RPC_MAX_DEPTH + 1]; /* elements left per open container */
+    uint64_t skip;                             /* payload bytes still to pass over */
+    uint8_t hdr[10];
+    uint8_t hdr_len, hdr_need;
+    uint64_t msg_bytes; /* bytes of the current message so far */
+} hpd_rpc_scanner_t;
+
+void hpd_rpc_scanner_reset(hpd_rpc_scanner_t *scanner);
+
+/* Feeds up to n bytes. Stops right after a message ends: *used_p bytes were
+ * taken and *complete_p is set (then reset the scanner for the next one).
+ * HPD_ERR_FORMAT for an invalid byte, too deep a nesting, or a message that
+ * is or would be larger than max; err says which. */
+hpd_status_t hpd_rpc_scan(hpd_rpc_scanner_t *scanner, const uint8_t *p, size_t n, size_t max,
+                          size_t *used_p, bool *complete_p, char *err, size_t errlen);
+
 /* Checks obj and fills msg with views into it (valid while obj lives).
  * err gets a message on failure. */
 hpd_status_t hpd_rpc_decode(const msgpack_object *obj, hpd_rpc_msg_t *msg, char *err,
                             size_t errlen);
 
-/* Decodes one whole message from a buffer: unpacks exactly `len` bytes into
- * zone (trailing bytes, truncation and malformed msgpack are errors) then
- * decodes it. Used by the fuzzer and the tests. */
+/* Decodes one whole message from a buffer: scans it (limit max_message, 0
+ * for the default), unpacks exactly `len` bytes into zone (trailing bytes,
+ * truncation and malformed msgpack are errors) then decodes it. */
 hpd_status_t hpd_rpc_parse(const char *data, size_t len, msgpack_zone *zone, msgpack_object *obj,
                            hpd_rpc_msg_t *msg, char *err, size_t errlen);
 

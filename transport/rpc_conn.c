@@ -21,8 +21,8 @@
 struct hpd_rpc_conn {
     struct bufferevent *bev;
     hpd_rpc_conn_ops_t ops;
-    msgpack_unpacker unpacker;
-    msgpack_unpacked unpacked;
+    hpd_rpc_scanner_t scanner;
+    size_t scanned; /* bytes of the input buffer already scanned */
     uint32_t refs;
     uint32_t in_callback;
     bool closing, closed, close_when_drained;
@@ -43,8 +43,6 @@ void hpd_rpc_buf_destroy(hpd_rpc_buf_t *b)
 
 static void conn_free(hpd_rpc_conn_t *c)
 {
-    msgpack_unpacked_destroy(&c->unpacked);
-    msgpack_unpacker_destroy(&c->unpacker);
     free(c);
 }
 
@@ -108,6 +106,29 @@ static void fail_and_close(hpd_rpc_conn_t *c, hpd_status_t why, int64_t code, co
     hpd_rpc_conn_close(c, true);
 }
 
+/* Unpacks and delivers one complete, scanned message of len bytes. */
+static void deliver(hpd_rpc_conn_t *c, struct evbuffer *in, size_t len)
+{
+    const char *data = (const char *)evbuffer_pullup(in, (ssize_t)len);
+    msgpack_zone zone;
+    msgpack_object obj;
+    hpd_rpc_msg_t msg;
+    char err[160];
+    size_t off = 0;
+
+    msgpack_zone_init(&zone, 4096);
+    if (data == NULL || msgpack_unpack(data, len, &off, &zone, &obj) != MSGPACK_UNPACK_SUCCESS) {
+        fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_PARSE, "malformed msgpack");
+    } else if (hpd_rpc_decode(&obj, &msg, err, sizeof(err)) != HPD_OK) {
+        hpd_rpc_conn_invalid(c, &obj, err);
+    } else if (c->ops.on_msg != NULL) {
+        c->ops.on_msg(c, &msg, c->ops.arg);
+    }
+    msgpack_zone_destroy(&zone);
+    if (c->bev != NULL)
+        evbuffer_drain(in, len);
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
     hpd_rpc_conn_t *c = arg;
@@ -116,46 +137,28 @@ static void on_read(struct bufferevent *bev, void *arg)
     char err[160];
 
     c->in_callback++;
-    while (!c->closing && evbuffer_get_length(in) > 0) {
-        size_t n = evbuffer_get_length(in);
-        if (n > 65536)
-            n = 65536;
-        if (!msgpack_unpacker_reserve_buffer(&c->unpacker, n)) {
-            fail_and_close(c, HPD_ERR_NO_MEMORY, HPD_RPC_ERR_TOO_LARGE, "out of memory");
-            break;
-        }
-        const int got = evbuffer_remove(in, msgpack_unpacker_buffer(&c->unpacker), n);
-        if (got <= 0)
-            break;
-        msgpack_unpacker_buffer_consumed(&c->unpacker, (size_t)got);
-        for (;;) {
-            msgpack_unpack_return r = msgpack_unpacker_next(&c->unpacker, &c->unpacked);
-            if (r == MSGPACK_UNPACK_SUCCESS || r == MSGPACK_UNPACK_EXTRA_BYTES) {
-                hpd_rpc_msg_t msg;
-                if (hpd_rpc_decode(&c->unpacked.data, &msg, err, sizeof(err)) != HPD_OK) {
-                    hpd_rpc_conn_invalid(c, &c->unpacked.data, err);
-                    if (c->closing)
-                        break;
-                    continue;
-                }
-                if (c->ops.on_msg != NULL)
-                    c->ops.on_msg(c, &msg, c->ops.arg);
-                if (c->closing)
-                    break;
-                continue;
-            }
-            if (r == MSGPACK_UNPACK_CONTINUE) {
-                if (msgpack_unpacker_message_size(&c->unpacker) > max) {
-                    snprintf(err, sizeof(err), "message exceeds the limit of %zu bytes", max);
-                    fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_TOO_LARGE, err);
-                }
+    while (!c->closing && evbuffer_get_length(in) > c->scanned) {
+        struct evbuffer_ptr pos;
+        struct evbuffer_iovec vec[16];
+        bool complete = false;
+        size_t used = 0;
+
+        evbuffer_ptr_set(in, &pos, c->scanned, EVBUFFER_PTR_SET);
+        const int n_vec = evbuffer_peek(in, -1, &pos, vec, 16);
+        for (int v = 0; v < n_vec && !complete; v++) {
+            if (hpd_rpc_scan(&c->scanner, vec[v].iov_base, vec[v].iov_len, max, &used,
+                             &complete, err, sizeof(err)) != HPD_OK) {
+                fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_TOO_LARGE, err);
                 break;
             }
-            fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_PARSE,
-                           r == MSGPACK_UNPACK_NOMEM_ERROR ? "message too large to unpack"
-                                                           : "malformed msgpack");
-            break;
+            c->scanned += used;
         }
+        if (c->closing || !complete)
+            break;
+        const size_t len = c->scanned;
+        hpd_rpc_scanner_reset(&c->scanner);
+        c->scanned = 0;
+        deliver(c, in, len);
     }
     leave(c);
 }
@@ -193,11 +196,7 @@ hpd_status_t hpd_rpc_conn_create(struct event_base *base, int fd, const hpd_rpc_
 
     if (c == NULL)
         return HPD_ERR_NO_MEMORY;
-    if (!msgpack_unpacker_init(&c->unpacker, 65536)) {
-        free(c);
-        return HPD_ERR_NO_MEMORY;
-    }
-    msgpack_unpacked_init(&c->unpacked);
+    hpd_rpc_scanner_reset(&c->scanner);
     c->ops = *ops;
     c->refs = 1;
     c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);

@@ -59,6 +59,17 @@ static void test_dtypes(void **state)
         h = hpd_f32_to_f16(vals[i]);
         assert_float_equal(hpd_f16_to_f32(h), vals[i], fabsf(vals[i]) / 1024 + 1e-7);
     }
+    /* f16: every one of the 65536 bit patterns converts exactly to f32 and back */
+    for (uint32_t i = 0; i < 65536; i++) {
+        const float f = hpd_f16_to_f32((uint16_t)i);
+        if (f == f) /* NaNs keep being NaN but may change payload */
+            assert_int_equal(hpd_f32_to_f16(f), i);
+    }
+    assert_true(hpd_f16_to_f32(0x3c00) == 1.0f);
+    assert_true(hpd_f16_to_f32(0x0001) == 5.9604644775390625e-8f); /* smallest subnormal */
+    assert_int_equal(hpd_f32_to_f16(1e6f), 0x7c00);                 /* overflow: inf */
+    assert_int_equal(hpd_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);   /* a tie rounds to even */
+    assert_int_equal(hpd_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);
     /* bf16 rounds to nearest even */
     assert_int_equal(hpd_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
     hpd_dtype_t d;
