@@ -298,7 +298,7 @@ static hpd_status_t entry_to_host(hpd_prefix_cache_t *c, uint32_t idx)
         hpd_kv_translate_args_t t = {
             {&c->layout, hpd_page_pool_base(c->p.pages), src,
              e->depth * B64 - first_page(c, e->depth) * c->layout.block_size},
-            {&c->staging, c->staging_pool, dst, 0}, B64, false};
+            {&c->staging, c->staging_pool, dst, 0}, B64, false, 0, 0};
         if ((st = hpd_kv_translate(c->p.backend, &t)) != HPD_OK ||
             (st = hpd_backend_to_host(c->p.backend, buf, c->staging_pool, kv)) != HPD_OK) {
             free(buf);

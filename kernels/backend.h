@@ -182,11 +182,14 @@ typedef struct {
  * tokens from src to dst, which may differ in block size, pack size and
  * order but not in dtype or KV shape. Exact (bytes equal). With zero_tail,
  * the rows after the last copied token up to the end of dst's last page are
- * zeroed. */
+ * zeroed. A layer range restricts the copy to some layers (a sender pushing
+ * one pack group as soon as its layers are computed). */
 typedef struct {
     hpd_kv_span_t src, dst;
     uint32_t n_tokens;
     bool zero_tail;
+    uint32_t first_layer; /* full-attention layers [first_layer, first_layer + n_layers) */
+    uint32_t n_layers;    /* 0: all layers */
 } hpd_kv_translate_args_t;
 
 /* Copies a GDN state slot (a checkpoint save or restore). */

@@ -92,7 +92,7 @@ static void test_random_translations(void **state)
                             row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
 
         hpd_kv_translate_args_t t = {{&a.l, a.pool, a.tables, spos}, {&b.l, b.pool, b.tables, dpos},
-                                     n, true};
+                                     n, true, 0, 0};
         assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
         const uint32_t end = dpos + n, page_end = (end + b.l.block_size - 1) / b.l.block_size *
                                                   b.l.block_size;
@@ -109,7 +109,7 @@ static void test_random_translations(void **state)
             }
         /* and back: A -> B -> A is the identity on the tokens */
         hpd_kv_translate_args_t r = {{&b.l, b.pool, b.tables, dpos},
-                                     {&back.l, back.pool, back.tables, spos}, n, false};
+                                     {&back.l, back.pool, back.tables, spos}, n, false, 0, 0};
         assert_int_equal(hpd_kv_translate(be, &r), HPD_OK);
         for (uint32_t layer = 0; layer < A; layer++)
             for (uint32_t kv = 0; kv < 2; kv++)
@@ -125,7 +125,7 @@ static void test_random_translations(void **state)
     float buf[1024];
     uint32_t id = 0;
     const uint32_t *tab[2] = {&id, &id};
-    hpd_kv_translate_args_t bad = {{&x, buf, tab, 0}, {&y, buf, tab, 0}, 1, false};
+    hpd_kv_translate_args_t bad = {{&x, buf, tab, 0}, {&y, buf, tab, 0}, 1, false, 0, 0};
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
 
     /* slot copy */

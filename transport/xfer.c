@@ -1,0 +1,850 @@
+/* UCX data plane (see xfer.h).
+ *
+ * Who frees what: the context owns its regions and peers. A peer is freed
+ * when it has been disconnected (or its context destroyed) and no UCX
+ * request that points at it is still in flight (refs). A transfer is owned
+ * by its peer until its completion message was sent or it failed; its done
+ * callback runs exactly once. */
+#include "transport/xfer.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+#include <xxhash.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+#define LOG_COMPONENT "xfer"
+#define AM_DONE 7 /* active message id of the completion notice */
+
+typedef struct {
+    uint32_t region;
+    uint32_t pad;
+    uint64_t offset;
+    uint64_t bytes;
+} dest_t;
+
+/* The completion notice's header; the destinations follow as data. */
+typedef struct {
+    uint64_t magic;
+    uint64_t sender;
+    uint64_t xfer_id;
+    uint64_t checksum;
+    uint64_t bytes;
+    uint32_t n_dests;
+    uint32_t pad;
+} notice_hdr_t;
+
+#define NOTICE_MAGIC 0x6870642d78666572ull /* "hpd-xfer" */
+
+typedef struct xfer {
+    struct xfer *next;
+    hpd_xfer_peer_t *peer;
+    uint64_t id;
+    XXH3_state_t *hash;
+    dest_t *dests;
+    uint32_t n_dests, cap_dests;
+    notice_hdr_t hdr;
+    bool finishing;
+    bool ended; /* callback delivered; a UCX request still points here */
+    hpd_xfer_done_cb_t cb;
+    void *cb_arg;
+} xfer_t;
+
+typedef struct {
+    void *base;
+    size_t len;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+} region_t;
+
+typedef struct {
+    uint64_t base, len;
+    ucp_rkey_h rkey;
+} remote_region_t;
+
+struct hpd_xfer_peer {
+    hpd_xfer_ctx_t *ctx;
+    hpd_xfer_peer_t *next;
+    ucp_ep_h ep;
+    uint64_t node;
+    remote_region_t regions[HPD_XFER_MAX_REGIONS];
+    uint32_t n_regions;
+    xfer_t *xfers;
+    uint32_t refs; /* 1 while connected + one per UCX request in flight */
+    bool failed, closed;
+};
+
+struct hpd_xfer_ctx {
+    hpd_xfer_params_t p;
+    ucp_context_h ucp;
+    ucp_worker_h worker;
+    ucp_address_t *address;
+    size_t address_len;
+    int efd;
+    struct event *ev, *tick;
+    region_t regions[HPD_XFER_MAX_REGIONS];
+    uint32_t n_regions;
+    hpd_xfer_peer_t *peers;
+    hpd_xfer_peer_t *closing; /* disconnected, UCX requests still pending */
+    xfer_t *orphans;          /* ended transfers a UCX request still points to */
+    hpd_xfer_stats_t st;
+    char tls[128];
+    bool cuda;
+    bool polling;
+};
+
+/* ------------------------------------------------------------ progress */
+
+static void arm_tick_now(hpd_xfer_ctx_t *c);
+
+/* Progress, bounded: a transport retrying towards a dead peer reports
+ * progress forever, and the event loop must get its turn (the timer comes
+ * back). Then arm the event fd, unless polling. */
+static void progress_and_arm(hpd_xfer_ctx_t *c)
+{
+    for (int round = 0; round < 16; round++) {
+        for (int i = 0; i < 256 && ucp_worker_progress(c->worker) != 0; i++)
+            ;
+        if (c->polling || ucp_worker_arm(c->worker) != UCS_ERR_BUSY)
+            return;
+    }
+    arm_tick_now(c);
+}
+
+/* While requests are in flight (always, when polling) a 1 ms timer keeps UCX
+ * progressing, whatever events the transports signal. */
+static void arm_tick(hpd_xfer_ctx_t *c)
+{
+    const struct timeval tv = {0, 1000};
+    if (c->tick != NULL && (c->st.inflight > 0 || c->polling) &&
+        !evtimer_pending(c->tick, NULL))
+        evtimer_add(c->tick, &tv);
+}
+
+static void arm_tick_now(hpd_xfer_ctx_t *c)
+{
+    const struct timeval tv = {0, 1000};
+    if (c->tick != NULL && !evtimer_pending(c->tick, NULL))
+        evtimer_add(c->tick, &tv);
+}
+
+/* True when a UCX_TLS list names no network transport. */
+static bool shm_only(const char *tls)
+{
+    static const char *net[] = {"tcp", "rc", "ud", "dc", "ib", "all", "cuda", "rocm", "gdr"};
+    if (tls == NULL)
+        return false;
+    for (size_t i = 0; i < sizeof(net) / sizeof(net[0]); i++)
+        if (strstr(tls, net[i]) != NULL)
+            return false;
+    return true;
+}
+
+static void on_efd(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_xfer_ctx_t *c = arg;
+    progress_and_arm(c);
+    arm_tick(c);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_xfer_ctx_t *c = arg;
+    progress_and_arm(c);
+    arm_tick(c);
+}
+
+void hpd_xfer_progress(hpd_xfer_ctx_t *c)
+{
+    progress_and_arm(c);
+    arm_tick(c);
+}
+
+/* ------------------------------------------------------------ peers */
+
+static void peer_free(hpd_xfer_peer_t *p)
+{
+    for (uint32_t i = 0; i < p->n_regions; i++)
+        if (p->regions[i].rkey != NULL)
+            ucp_rkey_destroy(p->regions[i].rkey);
+    free(p);
+}
+
+static void peer_unref(hpd_xfer_peer_t *p)
+{
+    if (--p->refs > 0)
+        return;
+    for (hpd_xfer_peer_t **pp = &p->ctx->closing; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    peer_free(p);
+}
+
+static void xfer_free(xfer_t *x)
+{
+    if (x->hash != NULL)
+        XXH3_freeState(x->hash);
+    free(x->dests);
+    free(x);
+}
+
+static void xfer_unlink(hpd_xfer_peer_t *p, xfer_t *x)
+{
+    for (xfer_t **pp = &p->xfers; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            p->ctx->st.open_transfers--;
+            return;
+        }
+}
+
+/* Ends a transfer with status: its callback once, then it is gone. */
+static void xfer_end(xfer_t *x, hpd_status_t st)
+{
+    hpd_xfer_peer_t *p = x->peer;
+    xfer_unlink(p, x);
+    if (st == HPD_OK)
+        p->ctx->st.transfers_finished++;
+    else
+        p->ctx->st.transfers_failed++;
+    if (x->cb != NULL)
+        x->cb(x->cb_arg, x->id, st);
+    xfer_free(x);
+}
+
+/* Ends every transfer of a peer now. One that a UCX request (flush or
+ * notice) still points to is kept as an orphan until that request completes
+ * or the context goes: UCX cannot cancel requests towards a peer without
+ * error handling (shared memory). */
+static void fail_transfers(hpd_xfer_peer_t *p, hpd_status_t st)
+{
+    xfer_t *x = p->xfers, *next;
+    for (; x != NULL; x = next) {
+        next = x->next;
+        if (!x->finishing) {
+            xfer_end(x, st);
+            continue;
+        }
+        xfer_unlink(p, x);
+        p->ctx->st.transfers_failed++;
+        if (x->cb != NULL)
+            x->cb(x->cb_arg, x->id, st);
+        x->cb = NULL;
+        x->ended = true;
+        x->next = p->ctx->orphans;
+        p->ctx->orphans = x;
+    }
+}
+
+/* A UCX request on an orphan completed: nothing to tell anyone. */
+static bool orphan_done(xfer_t *x)
+{
+    if (!x->ended)
+        return false;
+    for (xfer_t **pp = &x->peer->ctx->orphans; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+    xfer_free(x);
+    return true;
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    hpd_xfer_peer_t *p = arg;
+    hpd_xfer_ctx_t *c = p->ctx;
+
+    if (p->failed)
+        return;
+    HPD_LOG_WARN(LOG_COMPONENT, "endpoint to node %llu failed: %s", (unsigned long long)p->node,
+                 ucs_status_string(status));
+    p->failed = true;
+    fail_transfers(p, HPD_ERR_IO);
+    if (c->p.on_peer_error != NULL)
+        c->p.on_peer_error(c->p.arg, p, HPD_ERR_IO);
+}
+
+/* A UCX request that holds a reference on the peer completed. */
+static void request_done(void *request, hpd_xfer_peer_t *p)
+{
+    if (request != NULL)
+        ucp_request_free(request);
+    p->ctx->st.inflight--;
+    peer_unref(p);
+}
+
+static void on_put_done(void *request, ucs_status_t status, void *user_data)
+{
+    hpd_xfer_peer_t *p = user_data;
+    if (status != UCS_OK && !p->failed)
+        on_ep_error(p, p->ep, status);
+    request_done(request, p);
+}
+
+/* Counts a returned status pointer: in flight, done, or failed. */
+static hpd_status_t track(hpd_xfer_peer_t *p, ucs_status_ptr_t r)
+{
+    if (r == NULL)
+        return HPD_OK;
+    if (UCS_PTR_IS_ERR(r)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request to node %llu failed: %s",
+                      (unsigned long long)p->node, ucs_status_string(UCS_PTR_STATUS(r)));
+        return HPD_ERR_IO;
+    }
+    p->refs++;
+    p->ctx->st.inflight++;
+    arm_tick(p->ctx);
+    return HPD_OK;
+}
+
+/* ------------------------------------------------------------ receiver */
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    hpd_xfer_ctx_t *c = arg;
+    notice_hdr_t h;
+    hpd_xfer_notice_t n;
+    XXH3_state_t *state;
+    const dest_t *d = data;
+
+    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "completion notice of %zu header bytes dropped",
+                      header_length);
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof(h));
+    n.sender = h.sender;
+    n.xfer_id = h.xfer_id;
+    n.bytes = h.bytes;
+    n.status = HPD_OK;
+    if (h.magic != NOTICE_MAGIC || length != (size_t)h.n_dests * sizeof(dest_t) ||
+        (state = XXH3_createState()) == NULL) {
+        n.status = HPD_ERR_FORMAT;
+    } else {
+        uint64_t total = 0;
+        XXH3_64bits_reset(state);
+        for (uint32_t i = 0; i < h.n_dests && n.status == HPD_OK; i++) {
+            dest_t e;
+            memcpy(&e, d + i, sizeof(e));
+            if (e.region >= c->n_regions || e.offset > c->regions[e.region].len ||
+                e.bytes > c->regions[e.region].len - e.offset) {
+                n.status = HPD_ERR_FORMAT;
+                break;
+            }
+            XXH3_64bits_update(state, (const uint8_t *)c->regions[e.region].base + e.offset,
+                               e.bytes);
+            total += e.bytes;
+        }
+        if (n.status == HPD_OK && (total != h.bytes || XXH3_64bits_digest(state) != h.checksum))
+            n.status = HPD_ERR_FORMAT;
+        XXH3_freeState(state);
+    }
+    if (n.status == HPD_OK)
+        c->st.notices_ok++;
+    else {
+        c->st.notices_bad++;
+        HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu failed its checksum",
+                      (unsigned long long)h.xfer_id, (unsigned long long)h.sender);
+    }
+    if (c->p.on_notice != NULL)
+        c->p.on_notice(c->p.arg, &n);
+    return UCS_OK;
+}
+
+/* ------------------------------------------------------------ context */
+
+hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **ctx_p)
+{
+    hpd_xfer_ctx_t *c = calloc(1, sizeof(*c));
+    ucp_config_t *config = NULL;
+    ucs_status_t us;
+
+    if (c == NULL)
+        return HPD_ERR_NO_MEMORY;
+    c->p = *params;
+    c->efd = -1;
+    c->polling = params->polling || shm_only(params->tls);
+    if ((us = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
+        goto ucx_err;
+    if (params->tls != NULL && (us = ucp_config_modify(config, "TLS", params->tls)) != UCS_OK)
+        goto ucx_err;
+    if (params->net_devices != NULL &&
+        (us = ucp_config_modify(config, "NET_DEVICES", params->net_devices)) != UCS_OK)
+        goto ucx_err;
+    /* find dead peers within seconds on transports without a connection to lose */
+    ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+    if ((us = ucp_init(&up, config, &c->ucp)) != UCS_OK)
+        goto ucx_err;
+    ucp_config_release(config);
+    config = NULL;
+    ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(c->ucp, &ca) == UCS_OK)
+        c->cuda = (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if ((us = ucp_worker_create(c->ucp, &wp, &c->worker)) != UCS_OK)
+        goto ucx_err;
+    if ((us = ucp_worker_get_address(c->worker, &c->address, &c->address_len)) != UCS_OK ||
+        (us = ucp_worker_get_efd(c->worker, &c->efd)) != UCS_OK)
+        goto ucx_err;
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = AM_DONE, .cb = on_am, .arg = c};
+    if ((us = ucp_worker_set_am_recv_handler(c->worker, &hp)) != UCS_OK)
+        goto ucx_err;
+    snprintf(c->tls, sizeof(c->tls), "%s", params->tls ? params->tls : "default");
+    if (params->base != NULL) {
+        c->tick = evtimer_new(params->base, on_tick, c);
+        if (!c->polling)
+            c->ev = event_new(params->base, c->efd, EV_READ | EV_PERSIST, on_efd, c);
+        if (c->tick == NULL || (!c->polling && (c->ev == NULL || event_add(c->ev, NULL) != 0))) {
+            hpd_xfer_destroy(c);
+            return HPD_ERR_NO_MEMORY;
+        }
+    }
+    progress_and_arm(c);
+    arm_tick(c);
+    *ctx_p = c;
+    return HPD_OK;
+ucx_err:
+    HPD_LOG_ERROR(LOG_COMPONENT, "ucx initialisation (TLS=%s) failed: %s",
+                  params->tls ? params->tls : "default", ucs_status_string(us));
+    if (config != NULL)
+        ucp_config_release(config);
+    hpd_xfer_destroy(c);
+    return HPD_ERR_IO;
+}
+
+void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
+{
+    if (c == NULL)
+        return;
+    while (c->peers != NULL)
+        hpd_xfer_disconnect(c->peers);
+    /* let force-closed endpoints and cancelled requests complete */
+    for (int i = 0; i < 100 && c->worker != NULL && c->st.inflight > 0; i++)
+        for (int k = 0; k < 256 && ucp_worker_progress(c->worker) != 0; k++)
+            ;
+    if (c->ev != NULL)
+        event_free(c->ev);
+    if (c->tick != NULL)
+        event_free(c->tick);
+    for (uint32_t i = 0; i < c->n_regions; i++) {
+        ucp_rkey_buffer_release(c->regions[i].rkey_buf);
+        ucp_mem_unmap(c->ucp, c->regions[i].memh);
+    }
+    if (c->address != NULL)
+        ucp_worker_release_address(c->worker, c->address);
+    if (c->worker != NULL)
+        ucp_worker_destroy(c->worker);
+    /* what requests UCX never completed still pointed at */
+    while (c->orphans != NULL) {
+        xfer_t *x = c->orphans;
+        c->orphans = x->next;
+        xfer_free(x);
+    }
+    while (c->closing != NULL) {
+        hpd_xfer_peer_t *p = c->closing;
+        c->closing = p->next;
+        peer_free(p);
+    }
+    if (c->ucp != NULL)
+        ucp_cleanup(c->ucp);
+    free(c);
+}
+
+bool hpd_xfer_cuda_supported(const hpd_xfer_ctx_t *c)
+{
+    return c->cuda;
+}
+
+const char *hpd_xfer_tls(const hpd_xfer_ctx_t *c)
+{
+    return c->tls;
+}
+
+hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *c, void *base, size_t len, uint32_t *region_p)
+{
+    region_t *r;
+    ucs_status_t us;
+
+    if (c->n_regions == HPD_XFER_MAX_REGIONS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "more than %d registered regions", HPD_XFER_MAX_REGIONS);
+        return HPD_ERR_NO_RESOURCE;
+    }
+    r = &c->regions[c->n_regions];
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = base, .length = len};
+    if ((us = ucp_mem_map(c->ucp, &mp, &r->memh)) != UCS_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "registration of %zu bytes failed: %s", len,
+                      ucs_status_string(us));
+        return HPD_ERR_IO;
+    }
+    if ((us = ucp_rkey_pack(c->ucp, r->memh, &r->rkey_buf, &r->rkey_len)) != UCS_OK) {
+        ucp_mem_unmap(c->ucp, r->memh);
+        HPD_LOG_ERROR(LOG_COMPONENT, "rkey pack failed: %s", ucs_status_string(us));
+        return HPD_ERR_IO;
+    }
+    r->base = base;
+    r->len = len;
+    *region_p = c->n_regions++;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *c, hpd_rpc_buf_t *b)
+{
+    msgpack_pack_map(&b->pk, 3);
+    hpd_rpc_pack_str(&b->pk, "node");
+    msgpack_pack_uint64(&b->pk, c->p.node_id);
+    hpd_rpc_pack_str(&b->pk, "address");
+    msgpack_pack_bin(&b->pk, c->address_len);
+    msgpack_pack_bin_body(&b->pk, c->address, c->address_len);
+    hpd_rpc_pack_str(&b->pk, "regions");
+    msgpack_pack_array(&b->pk, c->n_regions);
+    for (uint32_t i = 0; i < c->n_regions; i++) {
+        msgpack_pack_array(&b->pk, 3);
+        msgpack_pack_uint64(&b->pk, (uint64_t)(uintptr_t)c->regions[i].base);
+        msgpack_pack_uint64(&b->pk, c->regions[i].len);
+        msgpack_pack_bin(&b->pk, c->regions[i].rkey_len);
+        msgpack_pack_bin_body(&b->pk, c->regions[i].rkey_buf, c->regions[i].rkey_len);
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
+                              hpd_xfer_peer_t **peer_p)
+{
+    const msgpack_object *node = hpd_rpc_map_get(info, "node");
+    const msgpack_object *addr = hpd_rpc_map_get(info, "address");
+    const msgpack_object *regs = hpd_rpc_map_get(info, "regions");
+    hpd_xfer_peer_t *p;
+    ucs_status_t us;
+
+    if (node == NULL || node->type != MSGPACK_OBJECT_POSITIVE_INTEGER || addr == NULL ||
+        addr->type != MSGPACK_OBJECT_BIN || regs == NULL || regs->type != MSGPACK_OBJECT_ARRAY ||
+        regs->via.array.size > HPD_XFER_MAX_REGIONS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "peer info is malformed (expected node, address and "
+                                     "regions)");
+        return HPD_ERR_FORMAT;
+    }
+    if ((p = calloc(1, sizeof(*p))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    p->ctx = c;
+    p->node = node->via.u64;
+    p->refs = 1;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .address = (const ucp_address_t *)addr->via.bin.ptr,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {on_ep_error, p}};
+    us = ucp_ep_create(c->worker, &ep, &p->ep);
+    if (us == UCS_ERR_UNREACHABLE) {
+        /* shared-memory transports cannot report a dead peer: without UCX's
+         * error handling, the control-plane link's loss disconnects the peer */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(c->worker, &ep, &p->ep);
+        if (us == UCS_OK)
+            HPD_LOG_INFO(LOG_COMPONENT, "node %llu: no transport with peer failure detection; "
+                                        "relying on the control plane",
+                         (unsigned long long)p->node);
+    }
+    if (us != UCS_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "endpoint to node %llu: %s", (unsigned long long)p->node,
+                      ucs_status_string(us));
+        free(p);
+        return HPD_ERR_IO;
+    }
+    for (uint32_t i = 0; i < regs->via.array.size; i++) {
+        const msgpack_object *r = &regs->via.array.ptr[i];
+        if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 3 ||
+            r->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            r->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            r->via.array.ptr[2].type != MSGPACK_OBJECT_BIN ||
+            ucp_ep_rkey_unpack(p->ep, r->via.array.ptr[2].via.bin.ptr, &p->regions[i].rkey) !=
+                UCS_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "peer %llu: region %u is malformed",
+                          (unsigned long long)p->node, i);
+            p->n_regions = i;
+            p->next = c->peers;
+            c->peers = p;
+            hpd_xfer_disconnect(p);
+            return HPD_ERR_FORMAT;
+        }
+        p->regions[i].base = r->via.array.ptr[0].via.u64;
+        p->regions[i].len = r->via.array.ptr[1].via.u64;
+        p->n_regions = i + 1;
+    }
+    p->next = c->peers;
+    c->peers = p;
+    progress_and_arm(c);
+    *peer_p = p;
+    return HPD_OK;
+}
+
+static void on_close_done(void *request, ucs_status_t status, void *user_data)
+{
+    request_done(request, user_data);
+}
+
+void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
+{
+    hpd_xfer_ctx_t *c = p->ctx;
+
+    for (hpd_xfer_peer_t **pp = &c->peers; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    p->closed = true;
+    fail_transfers(p, HPD_ERR_CANCELED);
+    p->next = c->closing;
+    c->closing = p;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                              .cb.send = on_close_done,
+                              .user_data = p};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
+    if (r != NULL && !UCS_PTR_IS_ERR(r)) {
+        p->refs++;
+        c->st.inflight++;
+        arm_tick(c);
+    }
+    peer_unref(p); /* the connection's reference */
+}
+
+uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *p)
+{
+    return p->node;
+}
+
+bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *p)
+{
+    return p->failed;
+}
+
+/* ------------------------------------------------------------ sender */
+
+static xfer_t *xfer_get(hpd_xfer_peer_t *p, uint64_t id, bool create)
+{
+    for (xfer_t *x = p->xfers; x != NULL; x = x->next)
+        if (x->id == id && !x->finishing)
+            return x;
+    if (!create)
+        return NULL;
+    xfer_t *x = calloc(1, sizeof(*x));
+    if (x == NULL || (x->hash = XXH3_createState()) == NULL) {
+        free(x);
+        return NULL;
+    }
+    XXH3_64bits_reset(x->hash);
+    x->peer = p;
+    x->id = id;
+    x->next = p->xfers;
+    p->xfers = x;
+    p->ctx->st.open_transfers++;
+    return x;
+}
+
+static ucp_mem_h local_memh(const hpd_xfer_ctx_t *c, const void *ptr, uint64_t bytes)
+{
+    for (uint32_t i = 0; i < c->n_regions; i++) {
+        const uint8_t *b = c->regions[i].base;
+        if ((const uint8_t *)ptr >= b && (const uint8_t *)ptr + bytes <= b + c->regions[i].len)
+            return c->regions[i].memh;
+    }
+    return NULL;
+}
+
+hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
+                          uint32_t n)
+{
+    hpd_xfer_ctx_t *c = p->ctx;
+    xfer_t *x;
+    hpd_status_t st;
+
+    if (p->failed || p->closed)
+        return HPD_ERR_IO;
+    if ((x = xfer_get(p, xfer_id, true)) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < n; i++) {
+        const hpd_xfer_put_t *u = &puts[i];
+        if (u->region >= p->n_regions || u->offset > p->regions[u->region].len ||
+            u->bytes > p->regions[u->region].len - u->offset) {
+            HPD_LOG_ERROR(LOG_COMPONENT,
+                          "put of %llu bytes at offset %llu of node %llu's region %u is outside it",
+                          (unsigned long long)u->bytes, (unsigned long long)u->offset,
+                          (unsigned long long)p->node, u->region);
+            return HPD_ERR_INVALID_ARG;
+        }
+        if (x->n_dests == x->cap_dests) {
+            uint32_t cap = x->cap_dests ? 2 * x->cap_dests : 64;
+            dest_t *grown = realloc(x->dests, cap * sizeof(*grown));
+            if (grown == NULL)
+                return HPD_ERR_NO_MEMORY;
+            x->dests = grown;
+            x->cap_dests = cap;
+        }
+        x->dests[x->n_dests++] = (dest_t){u->region, 0, u->offset, u->bytes};
+        XXH3_64bits_update(x->hash, u->local, u->bytes);
+        x->hdr.bytes += u->bytes;
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                  UCP_OP_ATTR_FIELD_USER_DATA,
+                                  .cb.send = on_put_done,
+                                  .user_data = p};
+        ucp_mem_h memh = local_memh(c, u->local, u->bytes);
+        if (memh != NULL) {
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            rp.memh = memh;
+        }
+        st = track(p, ucp_put_nbx(p->ep, u->local, u->bytes,
+                                  p->regions[u->region].base + u->offset,
+                                  p->regions[u->region].rkey, &rp));
+        if (st != HPD_OK)
+            return st;
+        c->st.puts++;
+        c->st.bytes_put += u->bytes;
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_kv_args_t *a)
+{
+    const hpd_kv_layout_t *dl = a->dst_layout;
+    const uint32_t groups = hpd_kv_layout_n_groups(dl);
+    const uint32_t k = HPD_DIV_UP(a->n_tokens, dl->block_size);
+    const uint64_t page_bytes = hpd_kv_layout_page_bytes(dl);
+    const uint32_t g0 = a->group == UINT32_MAX ? 0 : a->group;
+    const uint32_t g1 = a->group == UINT32_MAX ? groups : a->group + 1;
+    hpd_status_t st;
+
+    if (g1 > groups || (uint64_t)groups * k > a->staging_pages || k == 0)
+        return HPD_ERR_INVALID_ARG;
+    for (uint32_t g = g0; g < g1; g++) {
+        uint32_t *ids = malloc(k * sizeof(uint32_t));
+        const uint32_t *tables[256];
+        hpd_xfer_put_t *puts = malloc(k * sizeof(*puts));
+        if (ids == NULL || puts == NULL || groups > 256) {
+            free(ids);
+            free(puts);
+            return HPD_ERR_NO_MEMORY;
+        }
+        for (uint32_t j = 0; j < k; j++)
+            ids[j] = g * k + j;
+        for (uint32_t i = 0; i < groups; i++)
+            tables[i] = ids; /* only group g's layers are written */
+        const uint32_t first = g * dl->pack_size;
+        hpd_kv_translate_args_t t = {a->src, {dl, a->staging, tables, 0}, a->n_tokens, true,
+                                     first, HPD_MIN(dl->pack_size, dl->n_layers - first)};
+        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK) {
+            free(ids);
+            free(puts);
+            return st;
+        }
+        for (uint32_t j = 0; j < k; j++)
+            puts[j] = (hpd_xfer_put_t){(const uint8_t *)a->staging + (uint64_t)ids[j] * page_bytes,
+                                       a->dst_region, (uint64_t)a->dst_tables[g][j] * page_bytes,
+                                       page_bytes};
+        st = hpd_xfer_put(p, xfer_id, puts, k);
+        free(ids);
+        free(puts);
+        if (st != HPD_OK)
+            return st;
+    }
+    return HPD_OK;
+}
+
+static void on_notice_sent(void *request, ucs_status_t status, void *user_data)
+{
+    xfer_t *x = user_data;
+    hpd_xfer_peer_t *p = x->peer;
+    if (!orphan_done(x))
+        xfer_end(x, status == UCS_OK ? HPD_OK : HPD_ERR_IO);
+    request_done(request, p);
+}
+
+static void send_notice(xfer_t *x)
+{
+    hpd_xfer_peer_t *p = x->peer;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER,
+                              .cb.send = on_notice_sent,
+                              .user_data = x};
+    ucs_status_ptr_t r;
+
+    if (p->failed || p->closed) {
+        xfer_end(x, HPD_ERR_IO);
+        return;
+    }
+    r = ucp_am_send_nbx(p->ep, AM_DONE, &x->hdr, sizeof(x->hdr), x->dests,
+                        (size_t)x->n_dests * sizeof(dest_t), &rp);
+    if (r == NULL)
+        xfer_end(x, HPD_OK);
+    else if (track(p, r) != HPD_OK)
+        xfer_end(x, HPD_ERR_IO);
+}
+
+static void on_flushed(void *request, ucs_status_t status, void *user_data)
+{
+    xfer_t *x = user_data;
+    hpd_xfer_peer_t *p = x->peer;
+
+    if (orphan_done(x))
+        ;
+    else if (status == UCS_OK)
+        send_notice(x);
+    else
+        xfer_end(x, HPD_ERR_IO);
+    request_done(request, p);
+}
+
+hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
+                             void *arg, bool corrupt_for_test)
+{
+    xfer_t *x;
+    ucs_status_ptr_t r;
+
+    if (p->failed || p->closed)
+        return HPD_ERR_IO;
+    if ((x = xfer_get(p, xfer_id, true)) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    x->cb = cb;
+    x->cb_arg = arg;
+    x->finishing = true;
+    x->hdr.magic = NOTICE_MAGIC;
+    x->hdr.sender = p->ctx->p.node_id;
+    x->hdr.xfer_id = xfer_id;
+    x->hdr.checksum = XXH3_64bits_digest(x->hash) ^ (corrupt_for_test ? 1 : 0);
+    x->hdr.n_dests = x->n_dests;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_flushed,
+                              .user_data = x};
+    /* every put of this endpoint lands before the notice is sent */
+    r = ucp_ep_flush_nbx(p->ep, &rp);
+    if (r == NULL)
+        send_notice(x);
+    else if (track(p, r) != HPD_OK)
+        xfer_end(x, HPD_ERR_IO);
+    return HPD_OK;
+}
+
+void hpd_xfer_stats(const hpd_xfer_ctx_t *c, hpd_xfer_stats_t *stats_p)
+{
+    *stats_p = c->st;
+}

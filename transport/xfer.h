@@ -1,0 +1,142 @@
+/* The data plane: UCX (ucp) RMA puts from prefill nodes into decode nodes'
+ * registered page and slot pools (docs/protocol.md, "Data plane").
+ *
+ * A node maps its pools once (regions), publishes its worker address and the
+ * packed rkeys (hpd_xfer_pack_info), and connects to peers from their info.
+ * A sender pushes a transfer as a list of puts, possibly group by group as
+ * prefill proceeds, then finishes it: the endpoint is flushed (every put has
+ * landed) and an active message carries the transfer id, the destinations
+ * and an XXH3-64 checksum of the bytes sent, which the receiver verifies
+ * before it uses the data. Progress runs from the libevent loop through the
+ * worker's event fd. A failed endpoint fails every transfer on it, on both
+ * sides, through callbacks. */
+#ifndef HPD_TRANSPORT_XFER_H
+#define HPD_TRANSPORT_XFER_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "transport/rpc.h"
+
+#define HPD_XFER_MAX_REGIONS 16
+
+typedef struct hpd_xfer_ctx hpd_xfer_ctx_t;
+typedef struct hpd_xfer_peer hpd_xfer_peer_t;
+
+/* What a receiver learns when a sender finished a transfer. */
+typedef struct {
+    uint64_t sender;  /* the sender's node id */
+    uint64_t xfer_id;
+    uint64_t bytes;
+    hpd_status_t status; /* HPD_OK: checksum verified; HPD_ERR_FORMAT: mismatch */
+} hpd_xfer_notice_t;
+
+typedef struct {
+    struct event_base *base;
+    uint64_t node_id;        /* carried in completion notices */
+    const char *tls;         /* UCX_TLS for this context, e.g. "tcp" or "posix,sysv,cma";
+                                NULL: the environment's */
+    const char *net_devices; /* UCX_NET_DEVICES, e.g. "lo"; NULL: the environment's */
+    /* Poll from a 1 ms timer instead of arming the worker's event fd. Forced
+     * when the transports are shared memory only: UCX 1.13 can block inside
+     * ucp_worker_arm once a shared-memory peer died. */
+    bool polling;
+    /* receiver: a transfer into this node completed (or failed its checksum) */
+    void (*on_notice)(void *arg, const hpd_xfer_notice_t *notice);
+    /* either side: an endpoint failed; every transfer on it has failed */
+    void (*on_peer_error)(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status);
+    void *arg;
+} hpd_xfer_params_t;
+
+hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **ctx_p);
+
+/* Closes every peer (their transfers fail) and unmaps the regions. */
+void hpd_xfer_destroy(hpd_xfer_ctx_t *ctx);
+
+/* True when UCX can register CUDA memory directly (else GPU memory is staged
+ * through pinned host buffers). */
+bool hpd_xfer_cuda_supported(const hpd_xfer_ctx_t *ctx);
+
+/* The transports UCX selected, for logs ("tcp/lo" style names). */
+const char *hpd_xfer_tls(const hpd_xfer_ctx_t *ctx);
+
+/* Maps [base, base + len) once (a page pool, a slot pool, a staging buffer).
+ * Region ids are 0, 1, ... in registration order. */
+hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *ctx, void *base, size_t len, uint32_t *region_p);
+
+/* Packs {"node": id, "address": bin, "regions": [[base, len, rkey bin], ...]}
+ * as one msgpack value into buf. */
+hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *ctx, hpd_rpc_buf_t *buf);
+
+/* Connects to a peer from its packed info (endpoint created once, rkeys
+ * unpacked once). A malformed info is refused with HPD_ERR_FORMAT. */
+hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *ctx, const msgpack_object *info,
+                              hpd_xfer_peer_t **peer_p);
+
+/* Closes the endpoint; open transfers fail. */
+void hpd_xfer_disconnect(hpd_xfer_peer_t *peer);
+
+uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *peer);
+bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *peer);
+
+/* One put: bytes from local memory to (remote region, offset). */
+typedef struct {
+    const void *local;
+    uint32_t region;
+    uint64_t offset;
+    uint64_t bytes;
+} hpd_xfer_put_t;
+
+/* Adds puts to transfer xfer_id (opened on first use). The local bytes must
+ * stay unchanged until the transfer finishes. HPD_ERR_IO on a failed peer;
+ * HPD_ERR_INVALID_ARG when a put falls outside the remote region. */
+hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_xfer_put_t *puts,
+                          uint32_t n);
+
+/* Pushes n_tokens of KV, translated at the sender into the receiver's
+ * layout: the tokens of destination pack group `group` (or all groups when
+ * group is UINT32_MAX) are translated into the registered staging buffer
+ * (dst layout pages; page j of group g at staging page g * ceil(n/B) + j),
+ * zero-filling the last page's tail, then put one page per destination page
+ * into dst_region at dst_tables[g][j] * page_bytes. */
+typedef struct {
+    hpd_backend_t *backend;
+    hpd_kv_span_t src;
+    uint32_t n_tokens;
+    const hpd_kv_layout_t *dst_layout;
+    uint32_t dst_region;
+    const uint32_t *const *dst_tables;
+    void *staging;          /* registered; at least n_groups * ceil(n / B) dst pages */
+    uint32_t staging_pages;
+    uint32_t group;
+} hpd_xfer_kv_args_t;
+
+hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *peer, uint64_t xfer_id,
+                              const hpd_xfer_kv_args_t *args);
+
+/* Ends a transfer: flush, then the completion message. cb (may be NULL) runs
+ * once: HPD_OK when the message was delivered to the wire, an error when the
+ * peer failed first. corrupt_for_test sends a wrong checksum (fault
+ * injection for tests). */
+typedef void (*hpd_xfer_done_cb_t)(void *arg, uint64_t xfer_id, hpd_status_t status);
+hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *peer, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
+                             void *arg, bool corrupt_for_test);
+
+/* Drives UCX until nothing more progresses (the event loop does this by
+ * itself; for code that waits outside the loop). */
+void hpd_xfer_progress(hpd_xfer_ctx_t *ctx);
+
+typedef struct {
+    uint64_t puts, bytes_put;
+    uint64_t transfers_finished, transfers_failed;
+    uint64_t notices_ok, notices_bad;
+    uint32_t inflight; /* UCX requests not yet completed (towards a dead
+                          shared-memory peer they may stay until destroy) */
+    uint32_t open_transfers; /* transfers whose callback has not run */
+} hpd_xfer_stats_t;
+
+void hpd_xfer_stats(const hpd_xfer_ctx_t *ctx, hpd_xfer_stats_t *stats_p);
+
+#endif
