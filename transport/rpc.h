@@ -142,7 +142,8 @@ typedef struct {
     int64_t error_code;
     char error_message[256];
     msgpack_zone zone;
-    msgpack_object result;
+    msgpack_object result; /* strings point into raw (msgpack-c is zero-copy) */
+    char *raw;
 } hpd_rpc_result_t;
 
 /* The blocking form: runs the loop until the reply, timeout or close.

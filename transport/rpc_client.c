@@ -167,9 +167,10 @@ static void keep_result(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_object(&pk, *reply->result);
-    if (msgpack_unpack(sb.data, sb.size, &off, &r->zone, &r->result) != MSGPACK_UNPACK_SUCCESS)
+    const size_t size = sb.size;
+    r->raw = msgpack_sbuffer_release(&sb); /* the result's strings live here */
+    if (msgpack_unpack(r->raw, size, &off, &r->zone, &r->result) != MSGPACK_UNPACK_SUCCESS)
         r->status = HPD_ERR_NO_MEMORY;
-    msgpack_sbuffer_destroy(&sb);
 }
 
 typedef struct {
@@ -215,6 +216,8 @@ hpd_status_t hpd_rpc_call_sync(hpd_rpc_client_t *c, const char *method,
 void hpd_rpc_result_destroy(hpd_rpc_result_t *r)
 {
     msgpack_zone_destroy(&r->zone);
+    free(r->raw);
+    r->raw = NULL;
 }
 
 /* A blocking TCP connect with a timeout; -1 on failure. */
