@@ -114,14 +114,18 @@ static void progress_and_arm(hpd_xfer_ctx_t *c)
     arm_tick_now(c);
 }
 
-/* While requests are in flight (always, when polling) a 1 ms timer keeps UCX
- * progressing, whatever events the transports signal. */
+/* While requests are in flight UCX is progressed again on the next turn of
+ * the loop (the loop's other events still run in between); when polling, an
+ * idle context looks every millisecond for incoming notices. */
 static void arm_tick(hpd_xfer_ctx_t *c)
 {
-    const struct timeval tv = {0, 1000};
-    if (c->tick != NULL && (c->st.inflight > 0 || c->polling) &&
-        !evtimer_pending(c->tick, NULL))
-        evtimer_add(c->tick, &tv);
+    const struct timeval busy = {0, 0}, idle = {0, 1000};
+    if (c->tick == NULL || evtimer_pending(c->tick, NULL))
+        return;
+    if (c->st.inflight > 0)
+        evtimer_add(c->tick, &busy);
+    else if (c->polling)
+        evtimer_add(c->tick, &idle);
 }
 
 static void arm_tick_now(hpd_xfer_ctx_t *c)

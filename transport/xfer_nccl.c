@@ -1,0 +1,104 @@
+#include "transport/xfer_nccl.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+#define LOG_COMPONENT "nccl"
+
+struct hpd_nccl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device;
+};
+
+#define CUDA_OK(call, what)                                                                  \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s failed: %s", what, cudaGetErrorString(e_));     \
+            return HPD_ERR_IO;                                                               \
+        }                                                                                    \
+    } while (0)
+
+#define NCCL_OK(call, what)                                                                  \
+    do {                                                                                     \
+        ncclResult_t r_ = (call);                                                            \
+        if (r_ != ncclSuccess) {                                                             \
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s failed: %s", what, ncclGetErrorString(r_));     \
+            return HPD_ERR_IO;                                                               \
+        }                                                                                    \
+    } while (0)
+
+int hpd_nccl_device_count(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+hpd_status_t hpd_nccl_unique_id(uint8_t id[HPD_NCCL_ID_BYTES])
+{
+    ncclUniqueId u;
+    NCCL_OK(ncclGetUniqueId(&u), "ncclGetUniqueId");
+    memcpy(id, u.internal, HPD_NCCL_ID_BYTES);
+    return HPD_OK;
+}
+
+hpd_status_t hpd_nccl_create(const hpd_nccl_params_t *p, hpd_nccl_t **nccl_p)
+{
+    hpd_nccl_t *n = calloc(1, sizeof(*n));
+    ncclUniqueId u;
+
+    if (n == NULL)
+        return HPD_ERR_NO_MEMORY;
+    n->device = p->device;
+    memcpy(u.internal, p->id, HPD_NCCL_ID_BYTES);
+    if (cudaSetDevice(p->device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "device %d: cannot create a stream", p->device);
+        free(n);
+        return HPD_ERR_IO;
+    }
+    ncclResult_t r = ncclCommInitRank(&n->comm, p->n_ranks, u, p->rank);
+    if (r != ncclSuccess) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "rank %d of %d on device %d: %s", p->rank, p->n_ranks,
+                      p->device, ncclGetErrorString(r));
+        cudaStreamDestroy(n->stream);
+        free(n);
+        return HPD_ERR_IO;
+    }
+    *nccl_p = n;
+    return HPD_OK;
+}
+
+void hpd_nccl_destroy(hpd_nccl_t *n)
+{
+    if (n == NULL)
+        return;
+    ncclCommDestroy(n->comm);
+    cudaStreamDestroy(n->stream);
+    free(n);
+}
+
+hpd_status_t hpd_nccl_send(hpd_nccl_t *n, const void *dev, size_t bytes, int peer)
+{
+    CUDA_OK(cudaSetDevice(n->device), "cudaSetDevice");
+    NCCL_OK(ncclSend(dev, bytes, ncclUint8, peer, n->comm, n->stream), "ncclSend");
+    return HPD_OK;
+}
+
+hpd_status_t hpd_nccl_recv(hpd_nccl_t *n, void *dev, size_t bytes, int peer)
+{
+    CUDA_OK(cudaSetDevice(n->device), "cudaSetDevice");
+    NCCL_OK(ncclRecv(dev, bytes, ncclUint8, peer, n->comm, n->stream), "ncclRecv");
+    return HPD_OK;
+}
+
+hpd_status_t hpd_nccl_sync(hpd_nccl_t *n)
+{
+    CUDA_OK(cudaStreamSynchronize(n->stream), "cudaStreamSynchronize");
+    return HPD_OK;
+}
