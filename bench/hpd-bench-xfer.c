@@ -5,7 +5,10 @@
  * worst ratio over pages of 256 KiB and more.
  *
  *   hpd-bench-xfer [--tls tcp] [--dev lo] [--mib 256] [--sizes 65536,262144,1048576,4194304]
- *                  [--reps 3] [--perftest PATH] */
+ *                  [--reps 3] [--perftest PATH] [--ucx-alloc]
+ *
+ * --ucx-alloc: the receiver's region is allocated through UCX
+ * (hpd_xfer_alloc), as a shared-memory deployment would allocate its pools. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -58,6 +61,8 @@ static void rx_notice(void *arg, const hpd_xfer_notice_t *n)
 
 /* The receiver: one region, its info over the socket, then notices until
  * told how many to expect and all have come. */
+static int ucx_alloc;
+
 static int receiver(int fd, const char *tls, const char *dev, size_t bytes)
 {
     struct event_base *base = event_base_new();
@@ -66,11 +71,14 @@ static int receiver(int fd, const char *tls, const char *dev, size_t bytes)
                             .on_notice = rx_notice, .arg = &rx};
     hpd_xfer_ctx_t *ctx;
     uint32_t region;
-    void *mem = calloc(1, bytes);
+    void *mem = NULL;
     hpd_rpc_buf_t b;
 
-    if (mem == NULL || hpd_xfer_create(&xp, &ctx) != HPD_OK ||
-        hpd_xfer_register(ctx, mem, bytes, &region) != HPD_OK)
+    if (hpd_xfer_create(&xp, &ctx) != HPD_OK)
+        return 1;
+    if (ucx_alloc ? hpd_xfer_alloc(ctx, bytes, &mem, &region) != HPD_OK
+                  : ((mem = calloc(1, bytes)) == NULL ||
+                     hpd_xfer_register(ctx, mem, bytes, &region) != HPD_OK))
         return 1;
     hpd_rpc_buf_init(&b);
     hpd_xfer_pack_info(ctx, &b);
@@ -130,7 +138,8 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"tls", 1, 0, 't'},  {"dev", 1, 0, 'd'},      {"mib", 1, 0, 'm'},
-        {"sizes", 1, 0, 's'}, {"reps", 1, 0, 'r'}, {"perftest", 1, 0, 'p'}, {0, 0, 0, 0}};
+        {"sizes", 1, 0, 's'}, {"reps", 1, 0, 'r'}, {"perftest", 1, 0, 'p'},
+        {"ucx-alloc", 0, 0, 'u'}, {0, 0, 0, 0}};
     const char *tls = "tcp", *dev = "lo", *sizes_text = "65536,262144,1048576,4194304";
     const char *perftest_bin = "ucx_perftest";
     uint64_t mib = 256, reps = 3;
@@ -142,6 +151,7 @@ int main(int argc, char **argv)
         case 'd': dev = strcmp(optarg, "none") == 0 ? NULL : optarg; break;
         case 's': sizes_text = optarg; break;
         case 'p': perftest_bin = optarg; break;
+        case 'u': ucx_alloc = 1; break;
         case 'm':
         case 'r':
             if (hpd_parse_u64(optarg, 1, 1u << 16, c == 'm' ? &mib : &reps) != 0)
@@ -226,9 +236,10 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    printf("UCX_TLS=%s%s%s, %llu MiB per run, best of %llu; receiver verified every checksum\n",
+    printf("UCX_TLS=%s%s%s, %llu MiB per run, best of %llu, receiver memory %s; receiver "
+           "verified every checksum\n",
            tls, dev ? " UCX_NET_DEVICES=" : "", dev ? dev : "", (unsigned long long)mib,
-           (unsigned long long)reps);
+           (unsigned long long)reps, ucx_alloc ? "allocated by UCX" : "malloc");
     printf("%10s %14s %18s %8s\n", "page", "hpd_xfer MiB/s", "ucx_perftest MiB/s", "ratio");
     double worst = 1e30;
     for (size_t s = 0; s < n_sizes; s++) {

@@ -73,7 +73,8 @@ struct hpd_xfer_peer {
     remote_region_t regions[HPD_XFER_MAX_REGIONS];
     uint32_t n_regions;
     xfer_t *xfers;
-    uint32_t refs; /* 1 while connected + one per UCX request in flight */
+    uint32_t refs;     /* 1 while connected + one per UCX request in flight */
+    uint32_t inflight; /* UCX requests in flight on this peer */
     bool failed, closed;
 };
 
@@ -114,17 +115,23 @@ static void progress_and_arm(hpd_xfer_ctx_t *c)
     arm_tick_now(c);
 }
 
-/* While requests are in flight UCX is progressed again on the next turn of
- * the loop (the loop's other events still run in between); when polling, an
- * idle context looks every millisecond for incoming notices. */
+/* While requests to live peers are in flight UCX is progressed on every turn
+ * of the loop (a zero-delay timer; the loop's other events run in between;
+ * epoll would round any shorter delay up to a millisecond); when polling, an
+ * idle context looks every millisecond for incoming notices. Requests stuck
+ * towards a failed or disconnected peer do not keep the context busy. */
 static void arm_tick(hpd_xfer_ctx_t *c)
 {
     const struct timeval busy = {0, 0}, idle = {0, 1000};
+    bool live = false;
+
     if (c->tick == NULL || evtimer_pending(c->tick, NULL))
         return;
-    if (c->st.inflight > 0)
+    for (hpd_xfer_peer_t *p = c->peers; p != NULL && !live; p = p->next)
+        live = p->inflight > 0 && !p->failed;
+    if (live)
         evtimer_add(c->tick, &busy);
-    else if (c->polling)
+    else if (c->polling || c->st.inflight > 0)
         evtimer_add(c->tick, &idle);
 }
 
@@ -280,6 +287,7 @@ static void request_done(void *request, hpd_xfer_peer_t *p)
     if (request != NULL)
         ucp_request_free(request);
     p->ctx->st.inflight--;
+    p->inflight--;
     peer_unref(p);
 }
 
@@ -302,6 +310,7 @@ static hpd_status_t track(hpd_xfer_peer_t *p, ucs_status_ptr_t r)
         return HPD_ERR_IO;
     }
     p->refs++;
+    p->inflight++;
     p->ctx->st.inflight++;
     arm_tick(p->ctx);
     return HPD_OK;
@@ -506,6 +515,35 @@ hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *c, void *base, size_t len, uint32
     return HPD_OK;
 }
 
+hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *c, size_t len, void **base_p, uint32_t *region_p)
+{
+    region_t *r;
+    ucs_status_t us;
+    ucp_mem_attr_t attr = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
+
+    if (c->n_regions == HPD_XFER_MAX_REGIONS)
+        return HPD_ERR_NO_RESOURCE;
+    r = &c->regions[c->n_regions];
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                             UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                               .length = len, .flags = UCP_MEM_MAP_ALLOCATE};
+    if ((us = ucp_mem_map(c->ucp, &mp, &r->memh)) != UCS_OK ||
+        (us = ucp_mem_query(r->memh, &attr)) != UCS_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "ucx allocation of %zu bytes failed: %s", len,
+                      ucs_status_string(us));
+        return HPD_ERR_NO_MEMORY;
+    }
+    if ((us = ucp_rkey_pack(c->ucp, r->memh, &r->rkey_buf, &r->rkey_len)) != UCS_OK) {
+        ucp_mem_unmap(c->ucp, r->memh);
+        return HPD_ERR_IO;
+    }
+    r->base = attr.address;
+    r->len = len;
+    *base_p = attr.address;
+    *region_p = c->n_regions++;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *c, hpd_rpc_buf_t *b)
 {
     msgpack_pack_map(&b->pk, 3);
@@ -624,6 +662,7 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r != NULL && !UCS_PTR_IS_ERR(r)) {
         p->refs++;
+        p->inflight++;
         c->st.inflight++;
         arm_tick(c);
     }

@@ -9,7 +9,12 @@
  * and an XXH3-64 checksum of the bytes sent, which the receiver verifies
  * before it uses the data. Progress runs from the libevent loop through the
  * worker's event fd. A failed endpoint fails every transfer on it, on both
- * sides, through callbacks. */
+ * sides, through callbacks.
+ *
+ * While requests to live peers are in flight the context keeps a zero-delay
+ * timer active, so a caller that turns the loop itself uses
+ * event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK) (EVLOOP_NONBLOCK alone
+ * would not return while the transfer lasts). */
 #ifndef HPD_TRANSPORT_XFER_H
 #define HPD_TRANSPORT_XFER_H
 
@@ -65,6 +70,11 @@ const char *hpd_xfer_tls(const hpd_xfer_ctx_t *ctx);
 /* Maps [base, base + len) once (a page pool, a slot pool, a staging buffer).
  * Region ids are 0, 1, ... in registration order. */
 hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *ctx, void *base, size_t len, uint32_t *region_p);
+
+/* Allocates len bytes through UCX and maps them as a region: with shared
+ * memory transports the peers can then map it too, and a put becomes a
+ * memcpy. *base_p is freed by hpd_xfer_destroy. */
+hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *ctx, size_t len, void **base_p, uint32_t *region_p);
 
 /* Packs {"node": id, "address": bin, "regions": [[base, len, rkey bin], ...]}
  * as one msgpack value into buf. */

@@ -289,12 +289,12 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
                 break;
             if (i == 8)
                 kill(pid, SIGKILL);
-            event_base_loop(base, EVLOOP_NONBLOCK);
+            event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
         }
         if (link.lost || hpd_xfer_finish(peer, 9, tx_done, &tx, false) != HPD_OK)
             tx.done = true, tx.status = HPD_ERR_IO;
         while (!tx.done && hpd_time_now() - t0 < 20) {
-            event_base_loop(base, EVLOOP_NONBLOCK);
+            event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
             link_check(&link);
             usleep(500);
         }
@@ -343,7 +343,7 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
     int status = 0;
     /* let the receiver check what landed; keep progressing meanwhile */
     while (mode != RUN_KILL && waitpid(pid, &status, WNOHANG) == 0) {
-        event_base_loop(base, EVLOOP_NONBLOCK);
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
         usleep(1000);
     }
     if (mode == RUN_OK) {
