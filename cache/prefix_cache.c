@@ -40,7 +40,8 @@ struct hpd_prefix_cache {
     uint32_t staged; /* entry whose host KV is in staging, or NONE */
     hpd_slot_pool_t *ckpts;
     entry_t *e;
-    uint32_t n_entries, cap_entries, free_head;
+    uint32_t n_entries, free_head;
+    size_t cap_entries;
     uint32_t *buckets;
     uint32_t n_buckets, n_used;
     uint64_t clock;
@@ -138,14 +139,8 @@ static hpd_status_t new_entry(hpd_prefix_cache_t *c, const hpd_block_hash_t *key
         idx = c->free_head;
         c->free_head = c->e[idx].hnext;
     } else {
-        if (c->n_entries == c->cap_entries) {
-            uint32_t cap = c->cap_entries ? 2 * c->cap_entries : 256;
-            entry_t *grown = realloc(c->e, cap * sizeof(*grown));
-            if (grown == NULL)
-                return HPD_ERR_NO_MEMORY;
-            c->e = grown;
-            c->cap_entries = cap;
-        }
+        if (hpd_grow(&c->e, &c->cap_entries, (size_t)c->n_entries + 1, sizeof(*c->e)) != HPD_OK)
+            return HPD_ERR_NO_MEMORY;
         idx = c->n_entries++;
     }
     entry_t *e = &c->e[idx];

@@ -10,15 +10,30 @@
 
 #include "common/log.h"
 
+hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem)
+{
+    void **items = items_p;
+    size_t cap = *cap_p ? *cap_p : 16;
+    void *grown;
+
+    if (need <= *cap_p)
+        return HPD_OK;
+    while (cap < need)
+        cap *= 2;
+    if ((grown = realloc(*items, cap * elem)) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    *items = grown;
+    *cap_p = cap;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, char *err,
                                size_t errlen)
 {
-    size_t cap = 16, n = 0;
-    int32_t *ids = malloc(cap * sizeof(*ids));
+    size_t cap = 0, n = 0;
+    int32_t *ids = NULL;
     const char *p = text;
 
-    if (ids == NULL)
-        return HPD_ERR_NO_MEMORY;
     for (;;) {
         char *end;
         long long v;
@@ -38,14 +53,9 @@ hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, c
             snprintf(err, errlen, "token id list: value '%.20s' is out of range", p);
             goto err_free;
         }
-        if (n == cap) {
-            int32_t *grown = realloc(ids, 2 * cap * sizeof(*ids));
-            if (grown == NULL) {
-                free(ids);
-                return HPD_ERR_NO_MEMORY;
-            }
-            ids = grown;
-            cap *= 2;
+        if (hpd_grow(&ids, &cap, n + 1, sizeof(*ids)) != HPD_OK) {
+            free(ids);
+            return HPD_ERR_NO_MEMORY;
         }
         ids[n++] = (int32_t)v;
         p = end;

@@ -12,6 +12,11 @@
 #define HPD_DIV_UP(a, b) (((a) + (b) - 1) / (b))
 #define HPD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Makes room for `need` elements of `elem` bytes in the array *items_p of
+ * capacity *cap_p (doubling, from 16). On failure nothing changes and
+ * HPD_ERR_NO_MEMORY is returned. items_p points to the array pointer. */
+hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem);
+
 /* Parses a comma-separated list of non-negative integers ("1,2,3", spaces
  * allowed around commas). On success *ids_p is a malloc'ed array owned by the
  * caller. An empty list, a negative or non-numeric item, or a value above

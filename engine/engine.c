@@ -54,7 +54,8 @@ struct hpd_engine {
     uint64_t gdn_layer_bytes;
 
     request_t **reqs; /* by id - 1; NULL once released */
-    uint64_t n_reqs, cap_reqs;
+    uint64_t n_reqs;
+    size_t cap_reqs;
     uint32_t n_running;
 
     /* activations, backend memory, R = max_step_tokens rows */
@@ -352,14 +353,8 @@ hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, u
 
     if ((st = validate_request(e, p)) != HPD_OK)
         return st;
-    if (e->n_reqs == e->cap_reqs) {
-        uint64_t cap = e->cap_reqs ? 2 * e->cap_reqs : 64;
-        request_t **grown = realloc(e->reqs, cap * sizeof(*grown));
-        if (grown == NULL)
-            return HPD_ERR_NO_MEMORY;
-        e->reqs = grown;
-        e->cap_reqs = cap;
-    }
+    if (hpd_grow(&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof(*e->reqs)) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     r = calloc(1, sizeof(*r));
     if (r == NULL)
         return HPD_ERR_NO_MEMORY;

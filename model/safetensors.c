@@ -39,14 +39,8 @@ static int tensor_cmp(const void *a, const void *b)
 
 static hpd_status_t push_tensor(hpd_st_archive_t *ar, const hpd_st_tensor_t *t)
 {
-    if (ar->n_tensors == ar->cap_tensors) {
-        size_t cap = ar->cap_tensors ? 2 * ar->cap_tensors : 64;
-        hpd_st_tensor_t *grown = realloc(ar->tensors, cap * sizeof(*grown));
-        if (grown == NULL)
-            return HPD_ERR_NO_MEMORY;
-        ar->tensors = grown;
-        ar->cap_tensors = cap;
-    }
+    if (hpd_grow(&ar->tensors, &ar->cap_tensors, ar->n_tensors + 1, sizeof(*t)) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     ar->tensors[ar->n_tensors++] = *t;
     return HPD_OK;
 }

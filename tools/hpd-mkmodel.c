@@ -84,12 +84,11 @@ static int add(writer_t *w, const char *name, const float *f32, uint32_t ndim, u
 
     if (buf == NULL)
         return -1;
-    if (w->n == w->cap) {
-        w->cap = w->cap ? 2 * w->cap : 64;
-        w->t = realloc(w->t, w->cap * sizeof(*w->t));
-        w->bufs = realloc(w->bufs, w->cap * sizeof(*w->bufs));
-        if (w->t == NULL || w->bufs == NULL)
-            return -1;
+    size_t cap_bufs = w->cap;
+    if (hpd_grow(&w->t, &w->cap, w->n + 1, sizeof(*w->t)) != HPD_OK ||
+        hpd_grow(&w->bufs, &cap_bufs, w->n + 1, sizeof(*w->bufs)) != HPD_OK) {
+        free(buf);
+        return -1;
     }
     hpd_dtype_from_f32(w->dtype, f32, buf, n);
     hpd_st_write_tensor_t *t = &w->t[w->n];

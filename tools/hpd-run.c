@@ -71,24 +71,21 @@ static void keep_logits(void *arg, uint64_t id, uint32_t position, const float *
 static int read_prompts(const char *path, prompt_t **prompts_p, size_t *n_p)
 {
     char *text, *save = NULL, err[160];
-    size_t len, n = 0, cap = 16, line = 0;
-    prompt_t *prompts = malloc(cap * sizeof(*prompts));
+    size_t len, n = 0, cap = 0, line = 0;
+    prompt_t *prompts = NULL;
 
-    if (prompts == NULL || hpd_read_file(path, &text, &len) != HPD_OK) {
-        free(prompts);
+    if (hpd_read_file(path, &text, &len) != HPD_OK)
         return -1;
-    }
     for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
         line++;
         if (strspn(l, " \t\r") == strlen(l))
             continue;
-        if (n == cap) {
-            cap *= 2;
-            prompts = realloc(prompts, cap * sizeof(*prompts));
-            if (prompts == NULL) {
-                free(text);
-                return -1;
-            }
+        if (hpd_grow(&prompts, &cap, n + 1, sizeof(*prompts)) != HPD_OK) {
+            free(text);
+            for (size_t i = 0; i < n; i++)
+                free(prompts[i].ids);
+            free(prompts);
+            return -1;
         }
         if (hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err)) != HPD_OK) {
             fprintf(stderr, "hpd-run: %s line %zu: %s\n", path, line, err);

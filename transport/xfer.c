@@ -44,7 +44,8 @@ typedef struct xfer {
     uint64_t id;
     XXH3_state_t *hash;
     dest_t *dests;
-    uint32_t n_dests, cap_dests;
+    uint32_t n_dests;
+    size_t cap_dests;
     notice_hdr_t hdr;
     bool finishing;
     bool ended; /* callback delivered; a UCX request still points here */
@@ -733,14 +734,9 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
                           (unsigned long long)p->node, u->region);
             return HPD_ERR_INVALID_ARG;
         }
-        if (x->n_dests == x->cap_dests) {
-            uint32_t cap = x->cap_dests ? 2 * x->cap_dests : 64;
-            dest_t *grown = realloc(x->dests, cap * sizeof(*grown));
-            if (grown == NULL)
-                return HPD_ERR_NO_MEMORY;
-            x->dests = grown;
-            x->cap_dests = cap;
-        }
+        if (hpd_grow(&x->dests, &x->cap_dests, (size_t)x->n_dests + 1, sizeof(*x->dests)) !=
+            HPD_OK)
+            return HPD_ERR_NO_MEMORY;
         x->dests[x->n_dests++] = (dest_t){u->region, 0, u->offset, u->bytes};
         XXH3_64bits_update(x->hash, u->local, u->bytes);
         x->hdr.bytes += u->bytes;
