@@ -522,34 +522,50 @@ static hpd_status_t fill_from_entry(hpd_prefix_cache_t *c, uint32_t idx, uint32_
     return hpd_kv_translate(c->p.backend, &t);
 }
 
-/* Host-tier entries of a hit move back onto the request's pages. */
-static void promote_path(hpd_prefix_cache_t *c, const hpd_prefix_match_t *m,
-                         uint32_t *const *tables)
+/* Makes an entry reference the request's pages over its tokens; an entry in
+ * the host tier is thereby promoted back to the device (its host KV goes;
+ * its checkpoint stays where it is). */
+static hpd_status_t adopt_pages(hpd_prefix_cache_t *c, uint32_t idx,
+                                const uint32_t *const *tables)
 {
-    for (uint32_t i = 0; i < m->hit_blocks; i++) {
-        entry_t *e = &c->e[m->path[i]];
-        const uint32_t npp = pages_per_group(c, e->depth), f = first_page(c, e->depth);
-        uint32_t *pages;
+    entry_t *e = &c->e[idx];
+    const uint32_t npp = pages_per_group(c, e->depth), f = first_page(c, e->depth);
+    uint32_t *pages = malloc((size_t)(c->n_groups * npp + 1) * sizeof(uint32_t));
 
-        if (e->tier != TIER_HOST)
-            continue;
-        if ((pages = malloc((size_t)(c->n_groups * npp + 1) * sizeof(uint32_t))) == NULL)
-            continue; /* stays in the host tier */
-        for (uint32_t g = 0; g < c->n_groups; g++)
-            for (uint32_t j = 0; j < npp; j++) {
-                pages[g * npp + j] = tables[g][f + j];
-                hpd_page_pool_ref(c->p.pages, tables[g][f + j]);
-            }
-        e->pages = pages;
+    if (pages == NULL)
+        return HPD_ERR_NO_MEMORY;
+    for (uint32_t g = 0; g < c->n_groups; g++)
+        for (uint32_t j = 0; j < npp; j++) {
+            pages[g * npp + j] = tables[g][f + j];
+            hpd_page_pool_ref(c->p.pages, tables[g][f + j]);
+        }
+    e->pages = pages;
+    if (e->tier == TIER_HOST) {
         free(e->host_kv);
         e->host_kv = NULL;
-        if (c->staged == m->path[i])
+        if (c->staged == idx)
             c->staged = NONE;
         c->st.host_bytes -= host_kv_bytes(c);
         e->tier = TIER_DEVICE;
         if (e->parent != NONE)
             c->e[e->parent].n_dev_children++;
         c->st.promotions++;
+    }
+    return HPD_OK;
+}
+
+/* Host-tier entries of a hit move back onto the request's pages. */
+static void promote_path(hpd_prefix_cache_t *c, const hpd_prefix_match_t *m,
+                         const uint32_t *const *tables)
+{
+    for (uint32_t i = 0; i < m->hit_blocks; i++) {
+        entry_t *e = &c->e[m->path[i]];
+
+        if (e->tier != TIER_HOST)
+            continue;
+        if (adopt_pages(c, m->path[i], tables) != HPD_OK)
+            continue; /* stays in the host tier */
+        e = &c->e[m->path[i]];
         /* its checkpoint comes back too when a device slot can be had */
         uint32_t slot;
         if (e->host_ckpt != NULL && ckpt_alloc(c, &slot) == HPD_OK) {
@@ -618,7 +634,7 @@ hpd_status_t hpd_prefix_cache_attach(hpd_prefix_cache_t *c, const hpd_prefix_mat
             }
         }
     }
-    promote_path(c, m, tables);
+    promote_path(c, m, (const uint32_t *const *)tables);
     const entry_t *last = &c->e[m->path[m->hit_blocks - 1]];
     if (c->p.state_bytes > 0) {
         if (last->ckpt != 0) {
@@ -658,27 +674,8 @@ hpd_status_t hpd_prefix_cache_insert(hpd_prefix_cache_t *c, const hpd_block_hash
         if (e->tier == TIER_DEVICE && e->pages != NULL)
             continue;
         /* new, or in the host tier: reference the request's pages */
-        const uint32_t npp = pages_per_group(c, i), f = first_page(c, i);
-        uint32_t *pages = malloc((size_t)(c->n_groups * npp + 1) * sizeof(uint32_t));
-        if (pages == NULL)
-            return HPD_ERR_NO_MEMORY;
-        for (uint32_t g = 0; g < c->n_groups; g++)
-            for (uint32_t j = 0; j < npp; j++) {
-                pages[g * npp + j] = tables[g][f + j];
-                hpd_page_pool_ref(c->p.pages, tables[g][f + j]);
-            }
-        e->pages = pages;
-        if (e->tier == TIER_HOST) {
-            free(e->host_kv);
-            e->host_kv = NULL;
-            if (c->staged == idx)
-                c->staged = NONE;
-            c->st.host_bytes -= host_kv_bytes(c);
-            e->tier = TIER_DEVICE;
-            if (e->parent != NONE)
-                c->e[e->parent].n_dev_children++;
-            c->st.promotions++;
-        }
+        if ((st = adopt_pages(c, idx, tables)) != HPD_OK)
+            return st;
     }
     if (state == NULL || idx == NONE || c->p.state_bytes == 0)
         return HPD_OK;
