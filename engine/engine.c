@@ -56,6 +56,9 @@ struct hpd_engine {
     request_t **reqs; /* by id - 1; NULL once released */
     uint64_t n_reqs;
     size_t cap_reqs;
+    request_t **active; /* waiting and running requests, in submit (or start) order */
+    uint32_t n_active;
+    size_t cap_active;
     uint32_t n_running;
 
     /* activations, backend memory, R = max_step_tokens rows */
@@ -74,6 +77,7 @@ struct hpd_engine {
     int32_t *sampled;
     uint32_t *logit_rows; /* batch row of each logits row */
     batch_item_t **logit_items;
+    hpd_engine_step_item_t *step_items;
 
     hpd_engine_stats_t stats;
 };
@@ -135,7 +139,8 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
     e->sampled = malloc(B * sizeof(*e->sampled));
     e->logit_rows = malloc(B * sizeof(*e->logit_rows));
     e->logit_items = malloc(B * sizeof(*e->logit_items));
-    if (!e->logits_host || !e->ids || !e->positions || !e->items || !e->seqs_all ||
+    e->step_items = malloc(B * sizeof(*e->step_items));
+    if (!e->step_items || !e->logits_host || !e->ids || !e->positions || !e->items || !e->seqs_all ||
         !e->seqs_pre || !e->seqs_dec || !e->bt_all || !e->st_pre || !e->st_dec || !e->cs_pre ||
         !e->cs_dec || !e->samp || !e->samp_pos || !e->sampled || !e->logit_rows ||
         !e->logit_items)
@@ -266,6 +271,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
         }
     }
     free(e->reqs);
+    free(e->active);
     float *bufs[] = {e->x, e->h, e->proj, e->conv, e->g, e->beta, e->core, e->act, e->lhid,
                      e->logits};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
@@ -287,6 +293,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
     free(e->sampled);
     free(e->logit_rows);
     free(e->logit_items);
+    free(e->step_items);
     hpd_prefix_cache_destroy(e->cache);
     hpd_page_pool_destroy(e->pages);
     hpd_slot_pool_destroy(e->slots);
@@ -346,14 +353,17 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
     return HPD_OK;
 }
 
-hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+/* Validates and records a request (not yet in the active list). */
+static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, request_t **r_p)
 {
     request_t *r;
     hpd_status_t st;
 
     if ((st = validate_request(e, p)) != HPD_OK)
         return st;
-    if (hpd_grow(&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof(*e->reqs)) != HPD_OK)
+    if (hpd_grow(&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof(*e->reqs)) != HPD_OK ||
+        hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
+            HPD_OK)
         return HPD_ERR_NO_MEMORY;
     r = calloc(1, sizeof(*r));
     if (r == NULL)
@@ -375,6 +385,18 @@ hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, u
     r->state = HPD_REQ_WAITING;
     r->id = e->n_reqs + 1;
     e->reqs[e->n_reqs++] = r;
+    *r_p = r;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    request_t *r;
+    hpd_status_t st;
+
+    if ((st = new_request(e, p, &r)) != HPD_OK)
+        return st;
+    e->active[e->n_active++] = r; /* room made by new_request */
     *id_p = r->id;
     return HPD_OK;
 }
@@ -388,6 +410,15 @@ static void finish(hpd_engine_t *e, request_t *r, hpd_request_state_t state)
 {
     if (r->state == HPD_REQ_RUNNING)
         e->n_running--;
+    if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING) {
+        uint32_t i = 0;
+        while (i < e->n_active && e->active[i] != r)
+            i++;
+        if (i < e->n_active) {
+            memmove(e->active + i, e->active + i + 1, (e->n_active - i - 1) * sizeof(*e->active));
+            e->n_active--;
+        }
+    }
     request_free_resources(e, r);
     r->state = state;
 }
@@ -481,17 +512,19 @@ fail:
 
 static void admit_waiting(hpd_engine_t *e)
 {
-    for (uint64_t i = 0; i < e->n_reqs && e->n_running < e->p.max_batch; i++) {
-        request_t *r = e->reqs[i];
+    for (uint32_t i = 0; i < e->n_active && e->n_running < e->p.max_batch; i++) {
+        request_t *r = e->active[i];
         hpd_status_t st;
 
-        if (r == NULL || r->state != HPD_REQ_WAITING)
+        if (r->state != HPD_REQ_WAITING)
             continue;
         st = admit(e, r);
         if (st == HPD_ERR_NO_RESOURCE)
             break; /* first come, first served: wait for frees */
-        if (st != HPD_OK)
-            finish(e, r, HPD_REQ_FAILED);
+        if (st != HPD_OK) {
+            finish(e, r, HPD_REQ_FAILED); /* removes it from the active list */
+            i--;
+        }
     }
 }
 
@@ -670,9 +703,21 @@ static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
                             c->hidden_size};
     if ((st = hpd_embed(e->be, &emb)) != HPD_OK)
         return st;
+    if (e->p.layer_cb != NULL)
+        for (uint32_t i = 0; i < bt->n_items; i++) {
+            const batch_item_t *it = &e->items[i];
+            e->step_items[i] = (hpd_engine_step_item_t){
+                it->req->id, it->req->n_done, it->n_tokens, !it->decode,
+                !it->decode && it->req->n_done + it->n_tokens == it->req->n_prompt};
+        }
     for (uint32_t l = 0; l < c->n_layers; l++) {
         st = c->layer_full[l] ? attn_layer(e, bt, l) : gdn_layer(e, bt, l);
-        if (st != HPD_OK || (st = mlp(e, bt, l)) != HPD_OK)
+        if (st != HPD_OK)
+            return st;
+        /* this layer's KV rows and GDN states are final for the step's tokens */
+        if (e->p.layer_cb != NULL)
+            e->p.layer_cb(e->p.layer_cb_arg, l, e->step_items, bt->n_items);
+        if ((st = mlp(e, bt, l)) != HPD_OK)
             return st;
     }
     return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;
@@ -687,13 +732,13 @@ static void build_batch(hpd_engine_t *e, batch_t *bt)
     memset(bt, 0, sizeof(*bt));
 
     for (int pass = 0; pass < 2; pass++) {
-        for (uint64_t i = 0; i < e->n_reqs; i++) {
-            request_t *r = e->reqs[i];
+        for (uint32_t i = 0; i < e->n_active; i++) {
+            request_t *r = e->active[i];
             batch_item_t *it;
             uint32_t n;
             bool decode;
 
-            if (r == NULL || r->state != HPD_REQ_RUNNING)
+            if (r->state != HPD_REQ_RUNNING)
                 continue;
             decode = r->n_done >= r->n_prompt;
             if (decode != (pass == 0))
@@ -828,13 +873,8 @@ hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
         else
             e->stats.decode_seconds += hpd_time_now() - t0;
     }
-    if (n_active_p != NULL) {
-        uint32_t n = 0;
-        for (uint64_t i = 0; i < e->n_reqs; i++)
-            n += e->reqs[i] != NULL && (e->reqs[i]->state == HPD_REQ_WAITING ||
-                                        e->reqs[i]->state == HPD_REQ_RUNNING);
-        *n_active_p = n;
-    }
+    if (n_active_p != NULL)
+        *n_active_p = e->n_active;
     return st;
 }
 
@@ -871,7 +911,8 @@ hpd_status_t hpd_engine_cancel(hpd_engine_t *e, uint64_t id)
 
     if (r == NULL)
         return HPD_ERR_NOT_FOUND;
-    if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING)
+    if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING ||
+        r->state == HPD_REQ_RESERVED)
         finish(e, r, HPD_REQ_FAILED);
     return HPD_OK;
 }
@@ -971,4 +1012,94 @@ void hpd_engine_stats(const hpd_engine_t *e, hpd_engine_stats_t *stats_p)
 const hpd_engine_params_t *hpd_engine_params(const hpd_engine_t *e)
 {
     return &e->p;
+}
+
+/* ---------------------------------------------------------------- disaggregation */
+
+hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    request_t *r;
+    hpd_status_t st;
+
+    if (e->cache != NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "reservations need an engine without the prefix cache");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if ((st = new_request(e, p, &r)) != HPD_OK)
+        return st;
+    if ((st = admit(e, r)) != HPD_OK) {
+        /* admit() left nothing held; the request is forgotten */
+        e->reqs[--e->n_reqs] = NULL;
+        request_destroy(r);
+        return st;
+    }
+    /* admit() counted it as running; it runs only once started */
+    e->n_running--;
+    r->state = HPD_REQ_RESERVED;
+    *id_p = r->id;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
+{
+    request_t *r = find(e, id);
+
+    if (r == NULL || r->state != HPD_REQ_RESERVED)
+        return HPD_ERR_NOT_FOUND;
+    if (first_token < 0 || (uint32_t)first_token >= e->cfg->vocab_size) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d is outside the vocabulary "
+                      "(0 to %u)", (unsigned long long)id, first_token, e->cfg->vocab_size - 1);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (r->n_replay > 0 && r->replay[0] != first_token) {
+        /* the prefill node and the earlier decode disagree: determinism broke */
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d differs from the replayed %d",
+                      (unsigned long long)id, first_token, r->replay[0]);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
+        HPD_OK)
+        return HPD_ERR_NO_MEMORY;
+    r->n_done = r->n_prompt;
+    r->out[0] = first_token;
+    r->n_out = 1;
+    r->state = HPD_REQ_RUNNING;
+    e->n_running++;
+    e->active[e->n_active++] = r;
+    if (r->n_out == r->max_tokens)
+        finish(e, r, HPD_REQ_FINISHED);
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engine_kv_t *kv)
+{
+    const request_t *r = find(e, id);
+
+    if (r == NULL || (r->state != HPD_REQ_RUNNING && r->state != HPD_REQ_RESERVED))
+        return HPD_ERR_NOT_FOUND;
+    memset(kv, 0, sizeof(*kv));
+    kv->n_groups = e->n_groups;
+    kv->n_blocks = r->n_blocks;
+    for (uint32_t g = 0; g < e->n_groups && g < HPD_ENGINE_MAX_GROUPS; g++)
+        kv->tables[g] = r->pages + (size_t)g * r->n_blocks;
+    kv->state = r->slot != 0 ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
+    kv->slot = r->slot;
+    return HPD_OK;
+}
+
+void hpd_engine_memory(const hpd_engine_t *e, hpd_engine_memory_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->layout = &e->p.kv_layout;
+    if (e->pages != NULL) {
+        m->kv_pool = hpd_page_pool_base(e->pages);
+        m->kv_pool_bytes =
+            (uint64_t)hpd_page_pool_n_pages(e->pages) * hpd_kv_layout_page_bytes(&e->p.kv_layout);
+    }
+    if (e->slots != NULL) {
+        m->slot_pool = hpd_slot_pool_ptr(e->slots, 0);
+        m->slot_bytes = hpd_slot_pool_slot_bytes(e->slots);
+        m->slot_pool_bytes = (uint64_t)(hpd_slot_pool_n_slots(e->slots) + 1) * m->slot_bytes;
+    }
+    m->layer_state_bytes = e->gdn_layer_bytes;
 }

@@ -19,6 +19,21 @@ typedef struct hpd_engine hpd_engine_t;
 typedef void (*hpd_engine_logits_cb_t)(void *arg, uint64_t id, uint32_t position,
                                        const float *logits, uint32_t vocab);
 
+/* One request's rows in a forward step. */
+typedef struct {
+    uint64_t id;
+    uint32_t pos;      /* position of the first token computed in this step */
+    uint32_t n_tokens;
+    bool prefill;
+    bool last_chunk;   /* a prefill chunk that ends the prompt */
+} hpd_engine_step_item_t;
+
+/* Called during a step right after layer `layer` ran (before its MLP): the
+ * layer's KV rows and GDN state are final for the step's tokens. A prefill
+ * node pushes them from here (layerwise). */
+typedef void (*hpd_engine_layer_cb_t)(void *arg, uint32_t layer,
+                                      const hpd_engine_step_item_t *items, uint32_t n_items);
+
 typedef struct {
     const hpd_model_t *model;   /* borrowed; must outlive the engine */
     hpd_backend_t *backend;     /* borrowed; must outlive the engine */
@@ -38,6 +53,8 @@ typedef struct {
     uint32_t checkpoint_every;  /* checkpoint every N blocks of long prompts; default 16 */
     hpd_engine_logits_cb_t logits_cb;
     void *logits_cb_arg;
+    hpd_engine_layer_cb_t layer_cb;
+    void *layer_cb_arg;
 } hpd_engine_params_t;
 
 /* Fills params with the defaults (model and backend left NULL). */
@@ -59,6 +76,7 @@ typedef enum {
     HPD_REQ_RUNNING = 1,
     HPD_REQ_FINISHED = 2,
     HPD_REQ_FAILED = 3,
+    HPD_REQ_RESERVED = 4, /* holds its pages and slot; runs once started */
 } hpd_request_state_t;
 
 hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t **engine_p);
@@ -113,6 +131,46 @@ hpd_status_t hpd_engine_cache_stats(const hpd_engine_t *engine,
  * the unfinished requests hold, and the live slots against the unfinished
  * requests. Returns the number of mismatches (0 when nothing leaked). */
 uint32_t hpd_engine_audit(const hpd_engine_t *engine);
+
+/* ------------------------------------------------- disaggregated serving */
+
+/* Decode side: records a request and takes, now or never, a zeroed GDN slot
+ * and the KV pages for prompt + max_tokens tokens; the request does not run
+ * until hpd_engine_start. Its state and prompt KV are written by a peer into
+ * the pages and slot (hpd_engine_request_kv). HPD_ERR_NO_RESOURCE when the
+ * pools lack room (nothing is held then), HPD_ERR_INVALID_ARG for a bad
+ * request. Needs an engine without the prefix cache. Cancel frees it. */
+hpd_status_t hpd_engine_reserve(hpd_engine_t *engine, const hpd_request_params_t *params,
+                                uint64_t *id_p);
+
+/* Starts a reserved request whose prompt has been computed elsewhere: it
+ * joins the batch in its decode phase with first_token (sampled by the
+ * prefill side) as its first output token. */
+hpd_status_t hpd_engine_start(hpd_engine_t *engine, uint64_t id, int32_t first_token);
+
+#define HPD_ENGINE_MAX_GROUPS 256
+
+/* Where a running or reserved request's KV and GDN state live. */
+typedef struct {
+    const uint32_t *tables[HPD_ENGINE_MAX_GROUPS]; /* page ids per pack group */
+    uint32_t n_groups, n_blocks;
+    void *state;   /* the request's GDN slot (backend memory); NULL without GDN layers */
+    uint32_t slot;
+} hpd_engine_kv_t;
+
+hpd_status_t hpd_engine_request_kv(const hpd_engine_t *engine, uint64_t id, hpd_engine_kv_t *kv_p);
+
+/* The pools' memory, for a transport to map once. */
+typedef struct {
+    const hpd_kv_layout_t *layout;
+    void *kv_pool; /* page p at kv_pool + p * page_bytes */
+    uint64_t kv_pool_bytes;
+    void *slot_pool; /* slot s at slot_pool + s * slot_bytes; slot 0 is PAD */
+    uint64_t slot_pool_bytes, slot_bytes;
+    uint64_t layer_state_bytes; /* GDN layer i's state at i * layer_state_bytes in a slot */
+} hpd_engine_memory_t;
+
+void hpd_engine_memory(const hpd_engine_t *engine, hpd_engine_memory_t *memory_p);
 
 /* Counters since create. */
 typedef struct {
