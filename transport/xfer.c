@@ -763,47 +763,48 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
 hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_kv_args_t *a)
 {
     const hpd_kv_layout_t *dl = a->dst_layout;
-    const uint32_t groups = hpd_kv_layout_n_groups(dl);
-    const uint32_t k = HPD_DIV_UP(a->n_tokens, dl->block_size);
+    const uint32_t B = dl->block_size, groups = hpd_kv_layout_n_groups(dl);
+    const uint32_t j0 = a->first_token / B, j1 = HPD_DIV_UP(a->n_tokens, B);
+    const uint32_t stride = groups > 0 ? a->staging_pages / groups : 0;
     const uint64_t page_bytes = hpd_kv_layout_page_bytes(dl);
     const uint32_t g0 = a->group == UINT32_MAX ? 0 : a->group;
     const uint32_t g1 = a->group == UINT32_MAX ? groups : a->group + 1;
-    hpd_status_t st;
+    const uint32_t *tables[256];
+    hpd_status_t st = HPD_OK;
 
-    if (g1 > groups || (uint64_t)groups * k > a->staging_pages || k == 0)
+    if (g1 > groups || groups > 256 || j1 > stride || a->first_token % B != 0 ||
+        a->first_token >= a->n_tokens || (!a->last && a->n_tokens % B != 0))
         return HPD_ERR_INVALID_ARG;
-    for (uint32_t g = g0; g < g1; g++) {
-        uint32_t *ids = malloc(k * sizeof(uint32_t));
-        const uint32_t *tables[256];
-        hpd_xfer_put_t *puts = malloc(k * sizeof(*puts));
-        if (ids == NULL || puts == NULL || groups > 256) {
-            free(ids);
-            free(puts);
-            return HPD_ERR_NO_MEMORY;
-        }
-        for (uint32_t j = 0; j < k; j++)
-            ids[j] = g * k + j;
-        for (uint32_t i = 0; i < groups; i++)
-            tables[i] = ids; /* only group g's layers are written */
-        const uint32_t first = g * dl->pack_size;
-        hpd_kv_translate_args_t t = {a->src, {dl, a->staging, tables, 0}, a->n_tokens, true,
-                                     first, HPD_MIN(dl->pack_size, dl->n_layers - first)};
-        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK) {
-            free(ids);
-            free(puts);
-            return st;
-        }
-        for (uint32_t j = 0; j < k; j++)
-            puts[j] = (hpd_xfer_put_t){(const uint8_t *)a->staging + (uint64_t)ids[j] * page_bytes,
-                                       a->dst_region, (uint64_t)a->dst_tables[g][j] * page_bytes,
-                                       page_bytes};
-        st = hpd_xfer_put(p, xfer_id, puts, k);
+    uint32_t *ids = malloc((size_t)groups * stride * sizeof(uint32_t));
+    hpd_xfer_put_t *puts = malloc((j1 - j0) * sizeof(*puts));
+    if (ids == NULL || puts == NULL) {
         free(ids);
         free(puts);
-        if (st != HPD_OK)
-            return st;
+        return HPD_ERR_NO_MEMORY;
     }
-    return HPD_OK;
+    for (uint32_t g = 0; g < groups; g++) {
+        for (uint32_t j = 0; j < stride; j++)
+            ids[(size_t)g * stride + j] = g * stride + j;
+        tables[g] = ids + (size_t)g * stride;
+    }
+    for (uint32_t g = g0; g < g1 && st == HPD_OK; g++) {
+        const uint32_t first = g * dl->pack_size;
+        hpd_kv_span_t src = a->src;
+        src.pos = a->first_token;
+        hpd_kv_translate_args_t t = {src, {dl, a->staging, tables, a->first_token},
+                                     a->n_tokens - a->first_token, a->last, first,
+                                     HPD_MIN(dl->pack_size, dl->n_layers - first)};
+        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK)
+            break;
+        for (uint32_t j = j0; j < j1; j++)
+            puts[j - j0] = (hpd_xfer_put_t){
+                (const uint8_t *)a->staging + (uint64_t)tables[g][j] * page_bytes, a->dst_region,
+                (uint64_t)a->dst_tables[g][j] * page_bytes, page_bytes};
+        st = hpd_xfer_put(p, xfer_id, puts, j1 - j0);
+    }
+    free(ids);
+    free(puts);
+    return st;
 }
 
 static void on_notice_sent(void *request, ucs_status_t status, void *user_data)

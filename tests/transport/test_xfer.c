@@ -321,11 +321,29 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
             assert_int_equal(s.inflight, 0);
         free(buf);
     } else {
-        /* layerwise: one destination pack group at a time, then each GDN layer */
+        /* layerwise: one destination pack group at a time, whole pages of
+         * a first chunk then the rest (as prefill chunks complete), then
+         * each GDN layer */
+        const uint32_t split = TOKENS / 2 / dst_layout.block_size * dst_layout.block_size;
         for (uint32_t g = 0; g < groups; g++) {
-            hpd_xfer_kv_args_t kv = {be, {&src_layout, src, src_tables, 0}, TOKENS, &dst_layout,
-                                     0, dst_tables, staging, groups * k, g};
+            hpd_xfer_kv_args_t kv = {be,          {&src_layout, src, src_tables, 0},
+                                     0,           split,
+                                     false,       &dst_layout,
+                                     0,           dst_tables,
+                                     staging,     groups * k,
+                                     g};
             assert_int_equal(hpd_xfer_push_kv(peer, 5, &kv), HPD_OK);
+            kv.first_token = split;
+            kv.n_tokens = TOKENS;
+            kv.last = true;
+            assert_int_equal(hpd_xfer_push_kv(peer, 5, &kv), HPD_OK);
+            /* a chunk that does not end on a page, or starts inside one, is refused */
+            kv.first_token = 0;
+            kv.n_tokens = split + 1;
+            kv.last = false;
+            assert_int_equal(hpd_xfer_push_kv(peer, 6, &kv), HPD_ERR_INVALID_ARG);
+            kv.first_token = 1;
+            assert_int_equal(hpd_xfer_push_kv(peer, 6, &kv), HPD_ERR_INVALID_ARG);
         }
         for (uint32_t l = 0; l < GDN_LAYERS; l++) {
             hpd_xfer_put_t u = {state + l * LAYER_BYTES, 1,
