@@ -69,6 +69,14 @@ hpd_status_t hpd_prefix_cache_create(const hpd_prefix_cache_params_t *params,
 /* Drops every entry (page references, checkpoints, host copies). Accepts NULL. */
 void hpd_prefix_cache_destroy(hpd_prefix_cache_t *cache);
 
+/* h_{-1} from a model fingerprint. */
+void hpd_prefix_hash_root(const uint8_t salt[16], hpd_block_hash_t *root_p);
+
+/* The chain h_0 .. h_{n_blocks-1} of the first n_blocks full blocks of
+ * tokens, from h_{-1} = root (what a router computes without a cache). */
+void hpd_prefix_hash_chain(const hpd_block_hash_t *root, const int32_t *tokens,
+                           uint32_t n_blocks, hpd_block_hash_t *hashes);
+
 /* Hashes of the first n_blocks full blocks of tokens into hashes[0..n_blocks). */
 void hpd_prefix_cache_hash(const hpd_prefix_cache_t *cache, const int32_t *tokens,
                            uint32_t n_blocks, hpd_block_hash_t *hashes);
@@ -119,5 +127,20 @@ void hpd_prefix_cache_stats(const hpd_prefix_cache_t *cache, hpd_prefix_cache_st
 /* Adds, for every page id, the references the cache holds on it into
  * counts[0 .. n_pages) (for leak checks). */
 void hpd_prefix_cache_page_refs(const hpd_prefix_cache_t *cache, uint32_t *counts);
+
+/* A compact summary of where lookups can hit, for routers: a Bloom filter
+ * (4 probes) over the keys of the entries that hold a checkpoint (device or
+ * host tier). Clears and fills summary[0 .. bytes); returns the number of
+ * keys added. */
+uint32_t hpd_prefix_cache_summary(const hpd_prefix_cache_t *cache, uint8_t *summary,
+                                  size_t bytes);
+void hpd_prefix_summary_add(uint8_t *summary, size_t bytes, const hpd_block_hash_t *key);
+bool hpd_prefix_summary_test(const uint8_t *summary, size_t bytes, const hpd_block_hash_t *key);
+
+/* The expected hit of a prompt of n_tokens (hashes of its full blocks) in
+ * blocks: the longest prefix whose last block is in the summary (false
+ * positives of the filter can overestimate it). */
+uint32_t hpd_prefix_summary_match(const uint8_t *summary, size_t bytes,
+                                  const hpd_block_hash_t *hashes, uint32_t n_tokens);
 
 #endif

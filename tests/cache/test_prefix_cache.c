@@ -229,6 +229,39 @@ static void test_salt_separates_models(void **state)
     fixture_fini(&f2);
 }
 
+/* The router's summary: the free hash chain equals the cache's, and the
+ * summary's expected hit equals what a lookup finds. */
+static void test_summary(void **state)
+{
+    fixture_t f;
+    req_t r;
+    uint8_t sum[1024];
+    fixture_init(&f, 64, 64, 8, 0, 2, 1);
+    run_prompt(&f, (spec_t)P(300), &r);
+    end_prompt(&f, &r);
+    assert_true(hpd_prefix_cache_summary(f.cache, sum, sizeof(sum)) >= 2);
+    const uint8_t salt[16] = {1};
+    hpd_block_hash_t root, h1[8], h2[8];
+    int32_t tok[MAXTOK];
+    static const spec_t probes[] = {P(300), P(500), MIX(150, 300), MIX(20, 300), P(64), P(129)};
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+        uint32_t hit, kv;
+        tokens_of(probes[i], tok);
+        hpd_prefix_hash_root(salt, &root);
+        hpd_prefix_hash_chain(&root, tok, probes[i].len / 64, h1);
+        hpd_prefix_cache_hash(f.cache, tok, probes[i].len / 64, h2);
+        assert_memory_equal(h1, h2, probes[i].len / 64 * sizeof(h1[0]));
+        probe(&f, probes[i], &hit, &kv);
+        assert_int_equal(hpd_prefix_summary_match(sum, sizeof(sum), h1, probes[i].len), hit);
+    }
+    /* an empty summary expects nothing */
+    memset(sum, 0, sizeof(sum));
+    tokens_of((spec_t)P(300), tok);
+    hpd_prefix_hash_chain(&root, tok, 4, h1);
+    assert_int_equal(hpd_prefix_summary_match(sum, sizeof(sum), h1, 300), 0);
+    fixture_fini(&f);
+}
+
 /* A pool too small for two prompts: the first moves to the host tier and is
  * promoted back, with the same rows and state, on the next hit. Then a host
  * tier too small for it: entries are dropped, lookups stay correct. */
@@ -273,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_hit_rules),
         cmocka_unit_test(test_salt_separates_models),
         cmocka_unit_test(test_host_tier),
+        cmocka_unit_test(test_summary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
