@@ -126,6 +126,13 @@ typedef struct {
 hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
                                    hpd_rpc_client_t **client_p);
 
+/* The same without running the loop (for code already inside it): the TCP
+ * connect is made now, the token is sent as the first call and calls may
+ * follow at once; a refused token closes the connection (on_close runs and
+ * the queued calls fail). */
+hpd_status_t hpd_rpc_client_connect(const hpd_rpc_client_params_t *params,
+                                    hpd_rpc_client_t **client_p);
+
 /* Fails pending calls with HPD_ERR_CANCELED and closes. Accepts NULL. */
 void hpd_rpc_client_destroy(hpd_rpc_client_t *client);
 

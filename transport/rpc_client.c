@@ -244,12 +244,10 @@ static int dial(const char *host, uint16_t port, uint32_t timeout_ms)
     return fd;
 }
 
-hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
-                                   hpd_rpc_client_t **client_p)
+static hpd_status_t client_open(const hpd_rpc_client_params_t *params, hpd_rpc_client_t **c_p)
 {
     hpd_rpc_client_t *c = calloc(1, sizeof(*c));
     hpd_rpc_conn_ops_t ops;
-    hpd_rpc_result_t r;
     hpd_status_t st;
     int fd;
 
@@ -273,10 +271,28 @@ hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
     }
     hpd_rpc_conn_ref(c->conn); /* the client's own, dropped in destroy */
     c->open = true;
+    *c_p = c;
+    return HPD_OK;
+}
+
+static void pack_auth(hpd_rpc_buf_t *b, const char *token)
+{
+    hpd_rpc_buf_init(b);
+    msgpack_pack_array(&b->pk, 1);
+    hpd_rpc_pack_str(&b->pk, token ? token : "");
+}
+
+hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
+                                   hpd_rpc_client_t **client_p)
+{
+    hpd_rpc_client_t *c;
+    hpd_rpc_result_t r;
     hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_array(&b.pk, 1);
-    hpd_rpc_pack_str(&b.pk, params->token ? params->token : "");
+    hpd_status_t st;
+
+    if ((st = client_open(params, &c)) != HPD_OK)
+        return st;
+    pack_auth(&b, params->token);
     st = hpd_rpc_call_sync(c, "auth", &b, 0, &r);
     hpd_rpc_buf_destroy(&b);
     if (st == HPD_OK && r.is_error) {
@@ -289,6 +305,42 @@ hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
                       hpd_status_str(st));
     }
     hpd_rpc_result_destroy(&r);
+    if (st != HPD_OK) {
+        hpd_rpc_client_destroy(c);
+        return st;
+    }
+    *client_p = c;
+    return HPD_OK;
+}
+
+static void on_auth_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    hpd_rpc_client_t *c = arg;
+
+    if ((st == HPD_OK && !reply->is_error) || st == HPD_ERR_CANCELED) /* ok, or destroyed */
+        return;
+    if (st == HPD_OK)
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s:%u refused the connection: %.*s",
+                      c->p.host ? c->p.host : "127.0.0.1", c->p.port,
+                      (int)reply->error_message_len, reply->error_message);
+    /* the server closes after a refused token; calls queued behind the auth
+     * fail with the close */
+    if (c->open)
+        hpd_rpc_conn_close(c->conn, false);
+}
+
+hpd_status_t hpd_rpc_client_connect(const hpd_rpc_client_params_t *params,
+                                    hpd_rpc_client_t **client_p)
+{
+    hpd_rpc_client_t *c;
+    hpd_rpc_buf_t b;
+    hpd_status_t st;
+
+    if ((st = client_open(params, &c)) != HPD_OK)
+        return st;
+    pack_auth(&b, params->token);
+    st = hpd_rpc_call(c, "auth", &b, 0, on_auth_reply, c);
+    hpd_rpc_buf_destroy(&b);
     if (st != HPD_OK) {
         hpd_rpc_client_destroy(c);
         return st;

@@ -198,6 +198,19 @@ static void test_auth_and_calls(void **state)
     hpd_rpc_result_destroy(&r);
     ping_ok(c);
     hpd_rpc_client_destroy(c);
+
+    /* the non-blocking connect: calls right behind the token; a wrong token
+     * fails them with the close */
+    hpd_rpc_client_params_t p = {base, "127.0.0.1", port, TOKEN, 2000, MAX_MSG, NULL, NULL, NULL};
+    assert_int_equal(hpd_rpc_client_connect(&p, &c), HPD_OK);
+    ping_ok(c);
+    hpd_rpc_client_destroy(c);
+    p.token = "wrong";
+    assert_int_equal(hpd_rpc_client_connect(&p, &c), HPD_OK);
+    assert_int_equal(hpd_rpc_call_sync(c, "ping", NULL, 2000, &r), HPD_ERR_IO);
+    hpd_rpc_result_destroy(&r);
+    assert_false(hpd_rpc_client_is_open(c));
+    hpd_rpc_client_destroy(c);
     event_base_free(base);
 }
 
