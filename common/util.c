@@ -171,3 +171,49 @@ double hpd_time_now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+void hpd_prompts_free(hpd_prompt_t *prompts, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(prompts[i].ids);
+    free(prompts);
+}
+
+hpd_status_t hpd_read_prompts(const char *tool, const char *path, hpd_prompt_t **prompts_p,
+                              size_t *n_p)
+{
+    char *text, *save = NULL, err[160];
+    size_t len, n = 0, cap = 0, line = 0;
+    hpd_prompt_t *prompts = NULL;
+
+    if (hpd_read_file(path, &text, &len) != HPD_OK) {
+        fprintf(stderr, "%s: cannot read %s\n", tool, path);
+        return HPD_ERR_IO;
+    }
+    for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
+        line++;
+        if (strspn(l, " \t\r") == strlen(l))
+            continue;
+        if (hpd_grow(&prompts, &cap, n + 1, sizeof(*prompts)) != HPD_OK) {
+            free(text);
+            hpd_prompts_free(prompts, n);
+            return HPD_ERR_NO_MEMORY;
+        }
+        if (hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err)) != HPD_OK) {
+            fprintf(stderr, "%s: %s line %zu: %s\n", tool, path, line, err);
+            free(text);
+            hpd_prompts_free(prompts, n);
+            return HPD_ERR_INVALID_ARG;
+        }
+        n++;
+    }
+    free(text);
+    if (n == 0) {
+        fprintf(stderr, "%s: %s holds no prompt\n", tool, path);
+        free(prompts);
+        return HPD_ERR_INVALID_ARG;
+    }
+    *prompts_p = prompts;
+    *n_p = n;
+    return HPD_OK;
+}

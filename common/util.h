@@ -39,4 +39,18 @@ hpd_status_t hpd_write_file(const char *path, const void *data, size_t len);
 /* Monotonic time in seconds. */
 double hpd_time_now(void);
 
+/* A prompt of token ids. */
+typedef struct {
+    int32_t *ids;
+    size_t n;
+} hpd_prompt_t;
+
+/* Reads a prompts file: one prompt per line as comma- or space-separated
+ * token ids, blank lines skipped. Errors (unreadable file, a bad id with its
+ * line, no prompt at all) are printed to stderr after `tool: `.
+ * Free with hpd_prompts_free. */
+hpd_status_t hpd_read_prompts(const char *tool, const char *path, hpd_prompt_t **prompts_p,
+                              size_t *n_p);
+void hpd_prompts_free(hpd_prompt_t *prompts, size_t n);
+
 #endif

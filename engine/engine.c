@@ -1103,3 +1103,18 @@ void hpd_engine_memory(const hpd_engine_t *e, hpd_engine_memory_t *m)
     }
     m->layer_state_bytes = e->gdn_layer_bytes;
 }
+
+void hpd_engine_set_layer_cb(hpd_engine_t *e, hpd_engine_layer_cb_t cb, void *arg)
+{
+    e->p.layer_cb = cb;
+    e->p.layer_cb_arg = arg;
+}
+
+uint32_t hpd_engine_prefix_summary(const hpd_engine_t *e, uint8_t *summary, size_t bytes)
+{
+    if (e->cache == NULL) {
+        memset(summary, 0, bytes);
+        return 0;
+    }
+    return hpd_prefix_cache_summary(e->cache, summary, bytes);
+}

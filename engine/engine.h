@@ -172,6 +172,13 @@ typedef struct {
 
 void hpd_engine_memory(const hpd_engine_t *engine, hpd_engine_memory_t *memory_p);
 
+/* Replaces the layer callback (for owners created before the engine). */
+void hpd_engine_set_layer_cb(hpd_engine_t *engine, hpd_engine_layer_cb_t cb, void *arg);
+
+/* The prefix cache's summary for routers (hpd_prefix_cache_summary); all
+ * zero when the cache is off. Returns the number of keys. */
+uint32_t hpd_engine_prefix_summary(const hpd_engine_t *engine, uint8_t *summary, size_t bytes);
+
 /* Counters since create. */
 typedef struct {
     uint64_t steps;

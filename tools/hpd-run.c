@@ -15,10 +15,7 @@
 #include "kernels/backend.h"
 #include "model/model.h"
 
-typedef struct {
-    int32_t *ids;
-    size_t n;
-} prompt_t;
+typedef hpd_prompt_t prompt_t;
 
 static void usage(FILE *f)
 {
@@ -68,45 +65,6 @@ static void keep_logits(void *arg, uint64_t id, uint32_t position, const float *
     }
 }
 
-static int read_prompts(const char *path, prompt_t **prompts_p, size_t *n_p)
-{
-    char *text, *save = NULL, err[160];
-    size_t len, n = 0, cap = 0, line = 0;
-    prompt_t *prompts = NULL;
-
-    if (hpd_read_file(path, &text, &len) != HPD_OK)
-        return -1;
-    for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
-        line++;
-        if (strspn(l, " \t\r") == strlen(l))
-            continue;
-        if (hpd_grow(&prompts, &cap, n + 1, sizeof(*prompts)) != HPD_OK) {
-            free(text);
-            for (size_t i = 0; i < n; i++)
-                free(prompts[i].ids);
-            free(prompts);
-            return -1;
-        }
-        if (hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err)) != HPD_OK) {
-            fprintf(stderr, "hpd-run: %s line %zu: %s\n", path, line, err);
-            free(text);
-            for (size_t i = 0; i < n; i++)
-                free(prompts[i].ids);
-            free(prompts);
-            return -1;
-        }
-        n++;
-    }
-    free(text);
-    if (n == 0) {
-        fprintf(stderr, "hpd-run: %s holds no prompt\n", path);
-        free(prompts);
-        return -1;
-    }
-    *prompts_p = prompts;
-    *n_p = n;
-    return 0;
-}
 
 /* Per-request cached tokens, the prefix cache's counters and the engine's. */
 static int write_stats(const char *path, const hpd_engine_t *engine, const uint64_t *ids,
@@ -329,7 +287,7 @@ int main(int argc, char **argv)
             return 2;
         }
         n_prompts = 1;
-    } else if (read_prompts(prompts_file, &prompts, &n_prompts) != 0) {
+    } else if (hpd_read_prompts("hpd-run", prompts_file, &prompts, &n_prompts) != HPD_OK) {
         return 2;
     }
 

@@ -57,6 +57,10 @@ bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *conn);
 void hpd_rpc_conn_detach(hpd_rpc_conn_t *conn);
 void hpd_rpc_conn_set_data(hpd_rpc_conn_t *conn, void *data);
 void *hpd_rpc_conn_data(const hpd_rpc_conn_t *conn);
+/* A pointer for the application (the server uses conn data itself; handlers
+ * of a server's connections use this one). */
+void hpd_rpc_conn_set_user(hpd_rpc_conn_t *conn, void *user);
+void *hpd_rpc_conn_user(const hpd_rpc_conn_t *conn);
 
 /* Replies and notifications; result/params hold exactly one packed object
  * (NULL packs nil). They are no-ops on a closed connection. */

@@ -27,7 +27,8 @@ struct hpd_rpc_conn {
     uint32_t in_callback;
     bool closing, closed, close_when_drained;
     hpd_status_t close_reason;
-    void *data;
+    void *data; /* the owner's (the server keeps its bookkeeping here) */
+    void *user; /* the application's */
 };
 
 void hpd_rpc_buf_init(hpd_rpc_buf_t *b)
@@ -256,6 +257,16 @@ void hpd_rpc_conn_set_data(hpd_rpc_conn_t *c, void *data)
 void *hpd_rpc_conn_data(const hpd_rpc_conn_t *c)
 {
     return c->data;
+}
+
+void hpd_rpc_conn_set_user(hpd_rpc_conn_t *c, void *user)
+{
+    c->user = user;
+}
+
+void *hpd_rpc_conn_user(const hpd_rpc_conn_t *c)
+{
+    return c->user;
 }
 
 static hpd_status_t send_buf(hpd_rpc_conn_t *c, hpd_rpc_buf_t *b)

@@ -477,6 +477,11 @@ void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
     free(c);
 }
 
+void hpd_xfer_set_node_id(hpd_xfer_ctx_t *c, uint64_t node_id)
+{
+    c->p.node_id = node_id;
+}
+
 bool hpd_xfer_cuda_supported(const hpd_xfer_ctx_t *c)
 {
     return c->cuda;

@@ -60,6 +60,10 @@ hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **c
 /* Closes every peer (their transfers fail) and unmaps the regions. */
 void hpd_xfer_destroy(hpd_xfer_ctx_t *ctx);
 
+/* Sets the node id carried in notices and the packed info (a node learns
+ * its id when it registers, after its context exists). */
+void hpd_xfer_set_node_id(hpd_xfer_ctx_t *ctx, uint64_t node_id);
+
 /* True when UCX can register CUDA memory directly (else GPU memory is staged
  * through pinned host buffers). */
 bool hpd_xfer_cuda_supported(const hpd_xfer_ctx_t *ctx);

@@ -1,0 +1,316 @@
+#include "client/client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "node/proto.h"
+
+#define LOG_COMPONENT "client"
+
+typedef struct pending {
+    hpd_client_t *client;
+    uint64_t handle;
+    hpd_client_token_cb_t on_token;
+    hpd_client_done_cb_t on_done;
+    void *arg;
+    double t_submit, t_first;
+    uint32_t streamed; /* tokens delivered to on_token */
+    struct pending *next;
+} pending_t;
+
+struct hpd_client {
+    hpd_client_params_t p;
+    struct event_base *base;
+    hpd_rpc_client_t *rpc;
+    pending_t *pending;
+    uint32_t n_pending;
+    uint64_t next_handle;
+};
+
+static pending_t *find(hpd_client_t *c, uint64_t handle)
+{
+    for (pending_t *q = c->pending; q != NULL; q = q->next)
+        if (q->handle == handle)
+            return q;
+    return NULL;
+}
+
+static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    hpd_client_t *c = arg;
+    hpd_proto_err_t err;
+    uint64_t tag;
+    uint32_t index, n;
+    int32_t *ids;
+    pending_t *q;
+
+    if (!hpd_rpc_str_eq(msg->method, msg->method_len, "tokens"))
+        return;
+    if (!hpd_proto_u64(msg->params, "tag", true, UINT64_MAX, &tag, &err) ||
+        !hpd_proto_u32(msg->params, "index", true, UINT32_MAX, &index, &err) ||
+        !hpd_proto_ids(msg->params, "ids", true, INT32_MAX, &ids, &n, &err)) {
+        HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification: %s", err.text);
+        return;
+    }
+    if ((q = find(c, tag)) != NULL && n > 0) {
+        if (q->t_first == 0)
+            q->t_first = hpd_time_now();
+        /* the coordinator sends every position once, in order */
+        if (index == q->streamed && q->on_token != NULL)
+            q->on_token(q->arg, q->handle, index, ids, n);
+        if (index == q->streamed)
+            q->streamed += n;
+    }
+    free(ids);
+}
+
+static void on_close(void *arg, hpd_status_t why)
+{
+    (void)arg;
+    HPD_LOG_DEBUG(LOG_COMPONENT, "connection to the coordinator closed: %s",
+                  hpd_status_str(why));
+}
+
+hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t **client_p)
+{
+    hpd_client_t *c = calloc(1, sizeof(*c));
+    hpd_status_t st;
+
+    if (c == NULL)
+        return HPD_ERR_NO_MEMORY;
+    c->p = *params;
+    if (c->p.host == NULL)
+        c->p.host = "127.0.0.1";
+    if (c->p.port == 0)
+        c->p.port = 7000;
+    if (c->p.timeout_ms == 0)
+        c->p.timeout_ms = 600000;
+    c->next_handle = 1;
+    if ((c->base = event_base_new()) == NULL) {
+        free(c);
+        return HPD_ERR_NO_MEMORY;
+    }
+    hpd_rpc_client_params_t rp = {c->base, c->p.host, c->p.port, c->p.token, 10000, 0,
+                                  on_notify, on_close, c};
+    if ((st = hpd_rpc_client_create(&rp, &c->rpc)) != HPD_OK) {
+        event_base_free(c->base);
+        free(c);
+        return st;
+    }
+    *client_p = c;
+    return HPD_OK;
+}
+
+static void drop(hpd_client_t *c, pending_t *q)
+{
+    for (pending_t **pp = &c->pending; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    c->n_pending--;
+    free(q);
+}
+
+void hpd_client_destroy(hpd_client_t *c)
+{
+    if (c == NULL)
+        return;
+    /* the pending calls fail with HPD_ERR_CANCELED through on_reply */
+    hpd_rpc_client_destroy(c->rpc);
+    event_base_free(c->base);
+    free(c);
+}
+
+static hpd_status_t status_of_code(int64_t code)
+{
+    switch (code) {
+    case HPD_RPC_ERR_PARAMS:
+    case HPD_RPC_ERR_INVALID: return HPD_ERR_INVALID_ARG;
+    case HPD_RPC_ERR_OVERLOADED: return HPD_ERR_NO_RESOURCE;
+    case HPD_RPC_ERR_AUTH: return HPD_ERR_INVALID_ARG;
+    default: return HPD_ERR_INTERNAL;
+    }
+}
+
+static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    pending_t *q = arg;
+    hpd_client_t *c = q->client;
+    hpd_generate_result_t r;
+    hpd_proto_err_t err;
+
+    memset(&r, 0, sizeof(r));
+    r.status = st;
+    r.client_total_ms = (hpd_time_now() - q->t_submit) * 1e3;
+    r.client_ttft_ms = q->t_first > 0 ? (q->t_first - q->t_submit) * 1e3 : 0;
+    if (st != HPD_OK) {
+        snprintf(r.error, sizeof(r.error), "%s", hpd_status_str(st));
+    } else if (reply->is_error) {
+        snprintf(r.error, sizeof(r.error), "%.*s", (int)reply->error_message_len,
+                 reply->error_message);
+        r.status = strcmp(r.error, "canceled") == 0 ? HPD_ERR_CANCELED
+                                                    : status_of_code(reply->error_code);
+    } else if (!hpd_proto_ids(reply->result, "tokens", true, INT32_MAX, &r.tokens, &r.n_tokens,
+                              &err) ||
+               !hpd_proto_u32(reply->result, "prompt_tokens", false, UINT32_MAX,
+                              &r.prompt_tokens, &err) ||
+               !hpd_proto_u32(reply->result, "cached_tokens", false, UINT32_MAX,
+                              &r.cached_tokens, &err) ||
+               !hpd_proto_u32(reply->result, "attempts", false, UINT32_MAX, &r.attempts, &err)) {
+        r.status = HPD_ERR_FORMAT;
+        snprintf(r.error, sizeof(r.error), "bad reply: %.200s", err.text);
+    } else {
+        float ttft = 0, total = 0;
+        hpd_proto_float(reply->result, "ttft_ms", false, &ttft, &err);
+        hpd_proto_float(reply->result, "total_ms", false, &total, &err);
+        r.ttft_ms = ttft;
+        r.total_ms = total;
+        /* tokens the stream did not deliver yet (a non-streaming request) */
+        if (q->on_token != NULL && q->streamed < r.n_tokens)
+            q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
+                        r.n_tokens - q->streamed);
+    }
+    if (q->on_done != NULL)
+        q->on_done(q->arg, q->handle, &r);
+    free(r.tokens);
+    drop(c, q);
+}
+
+hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
+                               hpd_client_token_cb_t on_token, hpd_client_done_cb_t on_done,
+                               void *arg, uint64_t *handle_p)
+{
+    pending_t *q = calloc(1, sizeof(*q));
+    hpd_rpc_buf_t b;
+    hpd_status_t st;
+
+    if (q == NULL)
+        return HPD_ERR_NO_MEMORY;
+    *q = (pending_t){c, c->next_handle++, on_token, on_done, arg, hpd_time_now(), 0, 0, NULL};
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 8);
+    hpd_proto_key(&b.pk, "prompt");
+    hpd_proto_pack_ids(&b.pk, p->prompt, p->n_prompt);
+    hpd_proto_key(&b.pk, "max_tokens");
+    msgpack_pack_uint32(&b.pk, p->max_tokens);
+    hpd_proto_key(&b.pk, "temperature");
+    msgpack_pack_float(&b.pk, p->sampling.temperature);
+    hpd_proto_key(&b.pk, "top_p");
+    msgpack_pack_float(&b.pk, p->sampling.top_p);
+    hpd_proto_key(&b.pk, "top_k");
+    msgpack_pack_uint32(&b.pk, p->sampling.top_k);
+    hpd_proto_key(&b.pk, "seed");
+    msgpack_pack_uint64(&b.pk, p->sampling.seed);
+    hpd_proto_key(&b.pk, "stream");
+    if (on_token != NULL)
+        msgpack_pack_true(&b.pk);
+    else
+        msgpack_pack_false(&b.pk);
+    hpd_proto_key(&b.pk, "tag");
+    msgpack_pack_uint64(&b.pk, q->handle);
+    st = hpd_rpc_call(c->rpc, "generate", &b, c->p.timeout_ms, on_reply, q);
+    hpd_rpc_buf_destroy(&b);
+    if (st != HPD_OK) {
+        free(q);
+        return st;
+    }
+    q->next = c->pending;
+    c->pending = q;
+    c->n_pending++;
+    if (handle_p != NULL)
+        *handle_p = q->handle;
+    return HPD_OK;
+}
+
+static void ignore(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+}
+
+hpd_status_t hpd_client_cancel(hpd_client_t *c, uint64_t handle)
+{
+    hpd_rpc_buf_t b;
+    hpd_status_t st;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 1);
+    hpd_proto_key(&b.pk, "tag");
+    msgpack_pack_uint64(&b.pk, handle);
+    st = hpd_rpc_call(c->rpc, "cancel", &b, 0, ignore, NULL);
+    hpd_rpc_buf_destroy(&b);
+    return st;
+}
+
+uint32_t hpd_client_pending(const hpd_client_t *c)
+{
+    return c->n_pending;
+}
+
+void hpd_client_poll(hpd_client_t *c, uint32_t timeout_ms)
+{
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    event_base_loopexit(c->base, &tv);
+    event_base_loop(c->base, EVLOOP_ONCE);
+}
+
+hpd_status_t hpd_client_run(hpd_client_t *c)
+{
+    while (c->n_pending > 0)
+        if (event_base_loop(c->base, EVLOOP_ONCE) < 0)
+            return HPD_ERR_IO;
+    return HPD_OK;
+}
+
+typedef struct {
+    hpd_generate_result_t *out;
+    hpd_client_token_cb_t on_token;
+    void *arg;
+} sync_t;
+
+static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
+{
+    sync_t *s = arg;
+    *s->out = *r;
+    r->tokens = NULL; /* ours now */
+}
+
+static void sync_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids,
+                       uint32_t n)
+{
+    sync_t *s = arg;
+    s->on_token(s->arg, handle, index, ids, n);
+}
+
+hpd_status_t hpd_client_generate(hpd_client_t *c, const hpd_generate_params_t *p,
+                                 hpd_client_token_cb_t on_token, void *arg,
+                                 hpd_generate_result_t *result)
+{
+    sync_t s = {result, on_token, arg};
+    uint64_t handle;
+    hpd_status_t st;
+
+    memset(result, 0, sizeof(*result));
+    st = hpd_client_submit(c, p, on_token ? sync_token : NULL, sync_done, &s, &handle);
+    if (st != HPD_OK) {
+        result->status = st;
+        snprintf(result->error, sizeof(result->error), "%s", hpd_status_str(st));
+        return st;
+    }
+    while (find(c, handle) != NULL)
+        if (event_base_loop(c->base, EVLOOP_ONCE) < 0)
+            return HPD_ERR_IO;
+    return result->status;
+}
+
+void hpd_generate_result_free(hpd_generate_result_t *r)
+{
+    free(r->tokens);
+    r->tokens = NULL;
+}
+
+hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)
+{
+    return hpd_rpc_call_sync(c->rpc, "status", NULL, 10000, r);
+}

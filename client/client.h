@@ -1,0 +1,84 @@
+/* The client library: generate requests to a hpd coordinator, blocking or
+ * streaming, several at once (docs/cluster.md). A client owns its event
+ * loop; use it from one thread. */
+#ifndef HPD_CLIENT_CLIENT_H
+#define HPD_CLIENT_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "transport/rpc.h"
+
+typedef struct hpd_client hpd_client_t;
+
+typedef struct {
+    const char *host;     /* coordinator address; default 127.0.0.1 */
+    uint16_t port;        /* default 7000 */
+    const char *token;    /* shared secret or NULL */
+    uint32_t timeout_ms;  /* per request, from submit to the last token; default 600000 */
+} hpd_client_params_t;
+
+typedef struct {
+    const int32_t *prompt;
+    uint32_t n_prompt;
+    uint32_t max_tokens;
+    hpd_sampling_t sampling;
+} hpd_generate_params_t;
+
+typedef struct {
+    hpd_status_t status;   /* HPD_OK, or why not (HPD_ERR_INVALID_ARG: the request was refused
+                              as malformed; HPD_ERR_NO_RESOURCE: overloaded; HPD_ERR_CANCELED;
+                              HPD_ERR_TIMEOUT; HPD_ERR_IO: connection lost; HPD_ERR_INTERNAL) */
+    char error[256];       /* the coordinator's message when status is not HPD_OK */
+    int32_t *tokens;       /* malloc'd */
+    uint32_t n_tokens;
+    uint32_t prompt_tokens, cached_tokens, attempts;
+    double ttft_ms, total_ms; /* measured by the coordinator */
+    double client_ttft_ms, client_total_ms; /* measured here (first streamed token) */
+} hpd_generate_result_t;
+
+/* Streamed tokens: ids are the tokens from position index on. */
+typedef void (*hpd_client_token_cb_t)(void *arg, uint64_t handle, uint32_t index,
+                                      const int32_t *ids, uint32_t n);
+/* The end of a request; result is valid during the call (take ownership of
+ * result->tokens by setting it to NULL). */
+typedef void (*hpd_client_done_cb_t)(void *arg, uint64_t handle, hpd_generate_result_t *result);
+
+/* Connects and authenticates (HPD_ERR_IO: unreachable; HPD_ERR_INVALID_ARG:
+ * token refused). */
+hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t **client_p);
+
+/* Closes the connection: the coordinator cancels every request still open.
+ * Pending done callbacks run with HPD_ERR_CANCELED. Accepts NULL. */
+void hpd_client_destroy(hpd_client_t *client);
+
+/* Sends a request; on_token (may be NULL: no streaming) runs as tokens
+ * arrive and on_done once, from hpd_client_run*. */
+hpd_status_t hpd_client_submit(hpd_client_t *client, const hpd_generate_params_t *params,
+                               hpd_client_token_cb_t on_token, hpd_client_done_cb_t on_done,
+                               void *arg, uint64_t *handle_p);
+
+/* Asks the coordinator to cancel a request (its done callback then runs
+ * with HPD_ERR_CANCELED). */
+hpd_status_t hpd_client_cancel(hpd_client_t *client, uint64_t handle);
+
+/* Runs the loop until no request is pending. */
+hpd_status_t hpd_client_run(hpd_client_t *client);
+/* Runs the loop once, waiting at most timeout_ms for something to happen. */
+void hpd_client_poll(hpd_client_t *client, uint32_t timeout_ms);
+uint32_t hpd_client_pending(const hpd_client_t *client);
+
+/* The blocking form: submits, runs until done and fills *result (free with
+ * hpd_generate_result_free). on_token may be NULL. Returns result->status. */
+hpd_status_t hpd_client_generate(hpd_client_t *client, const hpd_generate_params_t *params,
+                                 hpd_client_token_cb_t on_token, void *arg,
+                                 hpd_generate_result_t *result);
+void hpd_generate_result_free(hpd_generate_result_t *result);
+
+/* The coordinator's status (nodes, load, pools, cache counters, request
+ * counts) as a msgpack map in result->result. */
+hpd_status_t hpd_client_status(hpd_client_t *client, hpd_rpc_result_t *result);
+
+#endif

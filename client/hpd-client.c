@@ -1,0 +1,428 @@
+/* hpd-client: talks to a hpd coordinator.
+ *
+ *   hpd-client generate (--prompt-ids 1,2,3 | --prompts-file F) [options]
+ *       prints the generated ids of each prompt as one line of space-separated
+ *       integers, in prompt order (the format of hpd-run); with --stream the
+ *       line of the oldest unfinished prompt grows as its tokens arrive
+ *   hpd-client status [--json]
+ *       the nodes, their load, pools and cache hit rates
+ *
+ * Exit status: 0 success, 2 bad input (flags, prompts, a request the
+ * cluster refused as malformed), 1 any other failure. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "node/proto.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: hpd-client [--coordinator HOST:PORT] [--token-file F] COMMAND [options]\n"
+            "commands:\n"
+            "  generate (--prompt-ids 1,2,3 | --prompts-file F)\n"
+            "    --max-tokens N        tokens to generate per prompt (16)\n"
+            "    --temperature T       0 is greedy (0)\n"
+            "    --top-p P             nucleus sampling mass in (0, 1] (1)\n"
+            "    --top-k K             keep the K most likely tokens, 0 = all (0)\n"
+            "    --seed S              sampling seed (0)\n"
+            "    --stream              print tokens as they arrive\n"
+            "    --concurrency N       requests in flight at once (64)\n"
+            "    --stats-json FILE     per-request TTFT, total time and cached tokens\n"
+            "  status [--json]         nodes, load, pools, cache hits, request counts\n"
+            "common options:\n"
+            "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
+            "  --token-file F          shared secret, first line\n"
+            "  --timeout-ms N          per request (600000)\n"
+            "  --log-level L           error|warn|info|debug (warn)\n");
+}
+
+typedef struct {
+    hpd_prompt_t *prompts;
+    size_t n;
+    hpd_generate_result_t *results;
+    bool *done;
+    uint64_t *handles;
+    size_t next_submit, n_done, printed; /* prompts whose line is complete on stdout */
+    uint32_t streamed_on_line;           /* tokens printed on the current line */
+    bool stream;
+    int32_t **partial; /* streamed tokens per prompt */
+    uint32_t *n_partial;
+} gen_t;
+
+static gen_t G;
+
+static void print_ids(const int32_t *ids, uint32_t n, bool lead_space)
+{
+    for (uint32_t i = 0; i < n; i++)
+        printf(i == 0 && !lead_space ? "%d" : " %d", ids[i]);
+}
+
+/* Prints what can be printed in order: finished lines, then the streamed
+ * part of the oldest unfinished prompt. */
+static void flush_output(void)
+{
+    while (G.printed < G.n) {
+        const size_t i = G.printed;
+        const int32_t *ids = G.done[i] ? G.results[i].tokens : G.partial[i];
+        const uint32_t n = G.done[i] ? G.results[i].n_tokens : G.n_partial[i];
+        if (n > G.streamed_on_line && (G.stream || G.done[i])) {
+            print_ids(ids + G.streamed_on_line, n - G.streamed_on_line, G.streamed_on_line > 0);
+            G.streamed_on_line = n;
+        }
+        if (!G.done[i])
+            break;
+        printf("\n");
+        G.printed++;
+        G.streamed_on_line = 0;
+    }
+    fflush(stdout);
+}
+
+static size_t index_of(uint64_t handle)
+{
+    for (size_t i = 0; i < G.next_submit; i++)
+        if (G.handles[i] == handle)
+            return i;
+    return G.n;
+}
+
+static void on_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids, uint32_t n)
+{
+    const size_t i = index_of(handle);
+    if (i == G.n || index != G.n_partial[i])
+        return;
+    int32_t *p = realloc(G.partial[i], (index + n) * sizeof(int32_t));
+    if (p == NULL)
+        return;
+    memcpy(p + index, ids, n * sizeof(int32_t));
+    G.partial[i] = p;
+    G.n_partial[i] = index + n;
+    flush_output();
+}
+
+static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
+{
+    const size_t i = index_of(handle);
+    if (i == G.n)
+        return;
+    G.results[i] = *r;
+    r->tokens = NULL;
+    G.done[i] = true;
+    G.n_done++;
+    if (G.results[i].status != HPD_OK)
+        fprintf(stderr, "hpd-client: prompt %zu: %s\n", i + 1, G.results[i].error);
+    flush_output();
+}
+
+static int write_stats(const char *path)
+{
+    json_t *root = json_object(), *reqs = json_array();
+    for (size_t i = 0; i < G.n; i++) {
+        const hpd_generate_result_t *r = &G.results[i];
+        json_array_append_new(
+            reqs, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:I}", "prompt_tokens",
+                            (json_int_t)G.prompts[i].n, "generated", (json_int_t)r->n_tokens,
+                            "cached_tokens", (json_int_t)r->cached_tokens, "ttft_ms",
+                            r->client_ttft_ms > 0 ? r->client_ttft_ms : r->ttft_ms, "total_ms",
+                            r->client_total_ms, "server_ttft_ms", r->ttft_ms, "attempts",
+                            (json_int_t)r->attempts));
+    }
+    json_object_set_new(root, "requests", reqs);
+    const int rc = json_dump_file(root, path, JSON_INDENT(2));
+    json_decref(root);
+    if (rc != 0)
+        fprintf(stderr, "hpd-client: cannot write %s\n", path);
+    return rc;
+}
+
+static int cmd_generate(hpd_client_t *c, const hpd_generate_params_t *base, uint32_t concurrency,
+                        const char *stats_json)
+{
+    int rc = 0;
+    G.results = calloc(G.n, sizeof(*G.results));
+    G.done = calloc(G.n, sizeof(bool));
+    G.handles = calloc(G.n, sizeof(uint64_t));
+    G.partial = calloc(G.n, sizeof(int32_t *));
+    G.n_partial = calloc(G.n, sizeof(uint32_t));
+    if (!G.results || !G.done || !G.handles || !G.partial || !G.n_partial)
+        return 1;
+    while (G.n_done < G.n) {
+        while (G.next_submit < G.n && G.next_submit - G.n_done < concurrency) {
+            hpd_generate_params_t p = *base;
+            const size_t i = G.next_submit;
+            p.prompt = G.prompts[i].ids;
+            p.n_prompt = (uint32_t)G.prompts[i].n;
+            if (hpd_client_submit(c, &p, G.stream ? on_token : NULL, on_done, NULL,
+                                  &G.handles[i]) != HPD_OK) {
+                fprintf(stderr, "hpd-client: lost the connection to the coordinator\n");
+                return 1;
+            }
+            G.next_submit++;
+        }
+        hpd_client_poll(c, 1000);
+    }
+    for (size_t i = 0; i < G.n; i++) {
+        if (G.results[i].status == HPD_ERR_INVALID_ARG)
+            rc = rc ? rc : 2;
+        else if (G.results[i].status != HPD_OK)
+            rc = 1;
+    }
+    if (stats_json != NULL && write_stats(stats_json) != 0 && rc == 0)
+        rc = 1;
+    for (size_t i = 0; i < G.n; i++) {
+        hpd_generate_result_free(&G.results[i]);
+        free(G.partial[i]);
+    }
+    free(G.results);
+    free(G.done);
+    free(G.handles);
+    free(G.partial);
+    free(G.n_partial);
+    return rc;
+}
+
+/* msgpack -> jansson, for --json and for reading fields. */
+static json_t *to_json(const msgpack_object *o)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return json_null();
+    case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: return json_integer((json_int_t)o->via.u64);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return json_real(o->via.f64);
+    case MSGPACK_OBJECT_STR: return json_stringn(o->via.str.ptr, o->via.str.size);
+    case MSGPACK_OBJECT_ARRAY: {
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            json_array_append_new(a, to_json(&o->via.array.ptr[i]));
+        return a;
+    }
+    case MSGPACK_OBJECT_MAP: {
+        json_t *m = json_object();
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            char key[128];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                continue;
+            snprintf(key, sizeof(key), "%.*s", (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            json_object_set_new(m, key, to_json(&kv->val));
+        }
+        return m;
+    }
+    default: return json_null();
+    }
+}
+
+static json_int_t jint(json_t *o, const char *path)
+{
+    char buf[128], *save = NULL;
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *k = strtok_r(buf, ".", &save); k != NULL && o != NULL; k = strtok_r(NULL, ".", &save))
+        o = json_object_get(o, k);
+    return o != NULL && json_is_integer(o) ? json_integer_value(o) : 0;
+}
+
+static int cmd_status(hpd_client_t *c, bool as_json)
+{
+    hpd_rpc_result_t r;
+    if (hpd_client_status(c, &r) != HPD_OK || r.is_error) {
+        fprintf(stderr, "hpd-client: status failed: %s\n",
+                r.is_error ? r.error_message : hpd_status_str(r.status));
+        hpd_rpc_result_destroy(&r);
+        return 1;
+    }
+    json_t *s = to_json(&r.result);
+    hpd_rpc_result_destroy(&r);
+    if (as_json) {
+        char *text = json_dumps(s, JSON_INDENT(2));
+        printf("%s\n", text);
+        free(text);
+        json_decref(s);
+        return 0;
+    }
+    json_t *nodes = json_object_get(s, "nodes"), *n;
+    size_t i;
+    printf("%-4s %-8s %-16s %-22s %-10s %5s %13s %11s %9s %8s\n", "id", "role", "name",
+           "address", "layout", "load", "pages", "slots", "cache", "hit");
+    json_array_foreach(nodes, i, n) {
+        json_t *lay = json_object_get(n, "layout"), *st = json_object_get(n, "stats");
+        char layout[32], pages[32], slots[32], cache[32], hit[16], load[16];
+        snprintf(layout, sizeof(layout), "%lld,%lld,%s", (long long)jint(lay, "block_size"),
+                 (long long)jint(lay, "pack_size"),
+                 json_string_value(json_object_get(lay, "order")));
+        snprintf(pages, sizeof(pages), "%lld/%lld", (long long)jint(st, "pages_used"),
+                 (long long)jint(st, "pages_total"));
+        snprintf(slots, sizeof(slots), "%lld/%lld", (long long)jint(st, "slots_used"),
+                 (long long)jint(st, "slots_total"));
+        snprintf(cache, sizeof(cache), "%lld", (long long)jint(st, "cache_pages"));
+        const double look = (double)jint(st, "cache.lookup_tokens");
+        const double hits = (double)(jint(st, "cache.hit_tokens_device") +
+                                     jint(st, "cache.hit_tokens_host"));
+        if (look > 0)
+            snprintf(hit, sizeof(hit), "%.1f%%", 100.0 * hits / look);
+        else
+            snprintf(hit, sizeof(hit), "-");
+        const bool pre = strcmp(json_string_value(json_object_get(n, "role")), "prefill") == 0;
+        snprintf(load, sizeof(load), "%lld",
+                 (long long)(pre ? jint(st, "load.jobs_queued") + jint(st, "load.jobs_running")
+                                 : jint(st, "load.running")));
+        printf("%-4lld %-8s %-16s %-22s %-10s %5s %13s %11s %9s %8s\n",
+               (long long)jint(n, "id"), json_string_value(json_object_get(n, "role")),
+               json_string_value(json_object_get(n, "name")),
+               json_string_value(json_object_get(n, "address")), layout, load, pages, slots,
+               cache, hit);
+    }
+    printf("requests: %lld active, %lld queued, %lld finished, %lld failed, %lld canceled, "
+           "%lld retried, %lld rejected\n",
+           (long long)jint(s, "requests.active"), (long long)jint(s, "requests.queued"),
+           (long long)jint(s, "requests.finished"), (long long)jint(s, "requests.failed"),
+           (long long)jint(s, "requests.canceled"), (long long)jint(s, "requests.retried"),
+           (long long)jint(s, "requests.rejected"));
+    json_decref(s);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
+           O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_HELP };
+    static const struct option longopts[] = {
+        {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
+        {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
+        {"prompt-ids", 1, 0, O_IDS}, {"prompts-file", 1, 0, O_FILE},
+        {"max-tokens", 1, 0, O_MAXTOK}, {"temperature", 1, 0, O_TEMP},
+        {"top-p", 1, 0, O_TOPP}, {"top-k", 1, 0, O_TOPK}, {"seed", 1, 0, O_SEED},
+        {"stream", 0, 0, O_STREAM}, {"concurrency", 1, 0, O_CONC},
+        {"stats-json", 1, 0, O_STATS}, {"json", 0, 0, O_JSON}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
+    hpd_client_params_t cp = {"127.0.0.1", 7000, NULL, 0};
+    hpd_generate_params_t gp = {NULL, 0, 16, {0.0f, 1.0f, 0, 0}};
+    char host[64] = "127.0.0.1", err[160];
+    const char *token_file = NULL, *ids = NULL, *file = NULL, *stats = NULL;
+    uint32_t concurrency = 64;
+    bool as_json = false;
+    uint64_t v;
+    int c, lvl;
+
+    hpd_log_set_level(HPD_LOG_LEVEL_WARN);
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_COORD:
+            if (!hpd_proto_parse_endpoint(optarg, host, sizeof(host), &cp.port)) {
+                fprintf(stderr, "hpd-client: --coordinator '%s' is invalid (expected HOST:PORT)\n",
+                        optarg);
+                return 2;
+            }
+            cp.host = host;
+            break;
+        case O_TOKEN: token_file = optarg; break;
+        case O_TIMEOUT:
+            if (hpd_parse_u64(optarg, 1, UINT32_MAX, &v) != 0)
+                goto bad_number;
+            cp.timeout_ms = (uint32_t)v;
+            break;
+        case O_LOG:
+            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
+                fprintf(stderr, "hpd-client: --log-level '%s' is invalid\n", optarg);
+                return 2;
+            }
+            hpd_log_set_level((hpd_log_level_t)lvl);
+            break;
+        case O_IDS: ids = optarg; break;
+        case O_FILE: file = optarg; break;
+        case O_MAXTOK:
+            if (hpd_parse_u64(optarg, 1, 1u << 20, &v) != 0)
+                goto bad_number;
+            gp.max_tokens = (uint32_t)v;
+            break;
+        case O_TEMP:
+            if (hpd_parse_float(optarg, &gp.sampling.temperature) != 0 ||
+                gp.sampling.temperature < 0)
+                goto bad_number;
+            break;
+        case O_TOPP:
+            if (hpd_parse_float(optarg, &gp.sampling.top_p) != 0 || !(gp.sampling.top_p > 0) ||
+                gp.sampling.top_p > 1)
+                goto bad_number;
+            break;
+        case O_TOPK:
+            if (hpd_parse_u64(optarg, 0, UINT32_MAX, &v) != 0)
+                goto bad_number;
+            gp.sampling.top_k = (uint32_t)v;
+            break;
+        case O_SEED:
+            if (hpd_parse_u64(optarg, 0, UINT64_MAX, &gp.sampling.seed) != 0)
+                goto bad_number;
+            break;
+        case O_STREAM: G.stream = true; break;
+        case O_CONC:
+            if (hpd_parse_u64(optarg, 1, 1u << 16, &v) != 0)
+                goto bad_number;
+            concurrency = (uint32_t)v;
+            break;
+        case O_STATS: stats = optarg; break;
+        case O_JSON: as_json = true; break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        continue;
+    bad_number:
+        fprintf(stderr, "hpd-client: %s '%s' is invalid\n", argv[optind - 2 >= 0 ? optind - 2 : 0],
+                optarg);
+        return 2;
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[optind];
+    const bool gen = strcmp(cmd, "generate") == 0;
+    if (!gen && strcmp(cmd, "status") != 0) {
+        fprintf(stderr, "hpd-client: unknown command '%s' (expected generate or status)\n", cmd);
+        return 2;
+    }
+    if (gen) {
+        if ((ids == NULL) == (file == NULL)) {
+            fprintf(stderr, "hpd-client: generate takes one of --prompt-ids and --prompts-file\n");
+            return 2;
+        }
+        if (ids != NULL) {
+            G.prompts = calloc(1, sizeof(*G.prompts));
+            G.n = 1;
+            if (G.prompts == NULL ||
+                hpd_parse_id_list(ids, &G.prompts[0].ids, &G.prompts[0].n, err, sizeof(err)) !=
+                    HPD_OK) {
+                fprintf(stderr, "hpd-client: --prompt-ids: %s\n", err);
+                return 2;
+            }
+        } else if (hpd_read_prompts("hpd-client", file, &G.prompts, &G.n) != HPD_OK) {
+            return 2;
+        }
+    }
+    char *token = NULL;
+    if (token_file != NULL && hpd_rpc_read_token(token_file, &token) != HPD_OK) {
+        fprintf(stderr, "hpd-client: cannot read the token file %s\n", token_file);
+        return 2;
+    }
+    cp.token = token;
+    hpd_client_t *client;
+    hpd_status_t st = hpd_client_create(&cp, &client);
+    if (st != HPD_OK) {
+        fprintf(stderr, "hpd-client: cannot reach the coordinator at %s:%u: %s\n", cp.host,
+                cp.port, st == HPD_ERR_INVALID_ARG ? "token refused" : hpd_status_str(st));
+        free(token);
+        return 1;
+    }
+    const int rc = gen ? cmd_generate(client, &gp, concurrency, stats) : cmd_status(client, as_json);
+    hpd_client_destroy(client);
+    hpd_prompts_free(G.prompts, G.n);
+    free(token);
+    return rc;
+}

@@ -1,0 +1,1188 @@
+/* hpd-coordinator: the node registry, routing, the request state machine,
+ * token streaming, cancellation and failover (docs/cluster.md).
+ *
+ * Nodes register over their own connection and heartbeat on it; the
+ * coordinator connects back to each node's RPC server to send commands. A
+ * request moves queued -> reserving (decode node reserves a slot and pages)
+ * -> prefilling (prefill node computes and pushes) -> decoding (decode node
+ * streams tokens) -> done. Each attempt has its own job id; replies and
+ * notifications of an older attempt are ignored. A lost node sends its
+ * requests back to the queue: they run again from the prompt, replaying the
+ * tokens already sent to the client, so the client's stream continues with
+ * no token lost or repeated.
+ * Who frees what: a request holds a reference on its client's connection
+ * until it is answered; node clients are destroyed from a deferred event,
+ * never inside their own callbacks. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache/prefix_cache.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "node/proto.h"
+#include "transport/rpc.h"
+
+#define LOG_COMPONENT "coordinator"
+#define SUMMARY_BYTES 8192
+#define PREFILL_TIMEOUT_MS 600000
+
+typedef enum { ROLE_PREFILL, ROLE_DECODE } role_t;
+
+typedef struct node {
+    uint64_t id;
+    role_t role;
+    char name[64], host[64];
+    uint16_t port;
+    bool alive;
+    double lease_until;
+    hpd_rpc_client_t *client; /* coordinator -> node */
+    hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
+    hpd_kv_layout_t layout;
+    uint32_t pages, slots, max_context, vocab, max_batch;
+    char *xfer_info; /* packed msgpack */
+    size_t xfer_info_len;
+    /* what the coordinator has handed out */
+    uint32_t slots_reserved, pages_reserved; /* decode */
+    uint32_t jobs;                           /* prefill */
+    uint64_t queued_tokens;
+    uint8_t summary[SUMMARY_BYTES];
+    bool have_summary;
+    char *stats; /* last heartbeat without the summary, packed */
+    size_t stats_len;
+    struct node *next;
+} node_t;
+
+typedef enum { R_QUEUED, R_RESERVING, R_PREFILLING, R_DECODING } rstate_t;
+
+typedef struct req {
+    uint64_t id;
+    hpd_rpc_conn_t *client;
+    uint32_t call_id;
+    uint64_t tag;
+    bool stream;
+    int32_t *prompt;
+    uint32_t n_prompt, max_tokens;
+    hpd_sampling_t sampling;
+    hpd_block_hash_t *hashes;
+    int32_t *out;
+    uint32_t n_out;
+    rstate_t state;
+    uint64_t job;
+    node_t *pnode, *dnode;
+    uint32_t dpages;
+    uint32_t attempts;
+    char last_error[160];
+    double t_submit, t_queued, t_first;
+    uint32_t cached_tokens;
+    struct req *next;
+} req_t;
+
+typedef struct {
+    const char *host;
+    uint16_t port;
+    const char *port_file;
+    const char *token_file;
+    uint32_t heartbeat_ms, lease_ms;
+    uint32_t max_requests;
+    uint32_t queue_timeout_ms;
+    uint32_t max_attempts;
+} opts_t;
+
+typedef struct {
+    opts_t o;
+    struct event_base *base;
+    hpd_rpc_server_t *server;
+    char *token;
+    node_t *nodes;
+    node_t *dead; /* waiting for the reaper */
+    req_t *reqs;  /* in arrival order */
+    uint32_t n_reqs;
+    uint64_t next_node, next_req, next_job;
+    uint8_t fingerprint[16];
+    bool have_fingerprint;
+    hpd_block_hash_t root;
+    struct event *tick, *reap, *sched, *sig_int, *sig_term;
+    uint64_t finished, failed, canceled, retried, rejected;
+} coord_t;
+
+static coord_t C;
+
+static void schedule_soon(void);
+static void schedule_later(uint32_t ms);
+static void requeue(req_t *r, const char *why, ...) __attribute__((format(printf, 2, 3)));
+
+/* ------------------------------------------------------------ helpers */
+
+static node_t *node_by_id(uint64_t id)
+{
+    for (node_t *n = C.nodes; n != NULL; n = n->next)
+        if (n->id == id)
+            return n;
+    return NULL;
+}
+
+static req_t *req_by_job(uint64_t job)
+{
+    for (req_t *r = C.reqs; r != NULL; r = r->next)
+        if (r->job == job)
+            return r;
+    return NULL;
+}
+
+static uint32_t pages_for(const node_t *d, uint32_t tokens)
+{
+    if (d->layout.n_layers == 0)
+        return 0;
+    return hpd_kv_layout_n_groups(&d->layout) * HPD_DIV_UP(tokens, d->layout.block_size);
+}
+
+/* A call's context: which attempt it belongs to. */
+typedef struct {
+    uint64_t job;
+    uint64_t node;
+} call_ctx_t;
+
+static call_ctx_t *ctx_new(uint64_t job, uint64_t node)
+{
+    call_ctx_t *c = malloc(sizeof(*c));
+    if (c != NULL)
+        *c = (call_ctx_t){job, node};
+    return c;
+}
+
+static void ignore_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    free(arg);
+}
+
+static void send_cancel(node_t *n, uint64_t job, hpd_rpc_reply_cb_t cb, void *arg)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 1);
+    hpd_proto_key(&b.pk, "job");
+    msgpack_pack_uint64(&b.pk, job);
+    if (n == NULL || !n->alive || hpd_rpc_call(n->client, "cancel", &b, 30000, cb, arg) != HPD_OK)
+        cb(arg, HPD_ERR_IO, NULL);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* The decode side is freed only after the prefill side stopped writing. */
+static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *c = arg; /* node: the decode node */
+    send_cancel(node_by_id(c->node), c->job, ignore_reply, NULL);
+    free(c);
+}
+
+/* Undoes the current attempt on the nodes (their work stops, their memory
+ * is freed) and in the coordinator's accounting. */
+static void abort_attempt(req_t *r)
+{
+    node_t *d = r->dnode, *p = r->pnode;
+    if (d != NULL) {
+        d->slots_reserved--;
+        d->pages_reserved -= r->dpages;
+    }
+    if (r->state == R_PREFILLING && p != NULL) {
+        p->jobs--;
+        p->queued_tokens -= r->n_prompt;
+        call_ctx_t *c = ctx_new(r->job, d ? d->id : 0);
+        if (c != NULL)
+            send_cancel(p, r->job, on_prefill_canceled, c);
+    } else if (d != NULL && r->state != R_QUEUED) {
+        send_cancel(d, r->job, ignore_reply, NULL);
+    }
+    r->dnode = r->pnode = NULL;
+    r->dpages = 0;
+    r->job = 0;
+    r->state = R_QUEUED;
+}
+
+static void req_free(req_t *r)
+{
+    for (req_t **pp = &C.reqs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    C.n_reqs--;
+    if (r->client)
+        hpd_rpc_conn_unref(r->client);
+    free(r->prompt);
+    free(r->hashes);
+    free(r->out);
+    free(r);
+}
+
+static void req_fail(req_t *r, int64_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void req_fail(req_t *r, int64_t code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    abort_attempt(r);
+    HPD_LOG_WARN(LOG_COMPONENT, "request %llu failed: %s", (unsigned long long)r->id, msg);
+    hpd_rpc_reply_error(r->client, r->call_id, code, "%s", msg);
+    C.failed++;
+    req_free(r);
+    schedule_soon();
+}
+
+static void requeue(req_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->last_error, sizeof(r->last_error), fmt, ap);
+    va_end(ap);
+    abort_attempt(r);
+    if (++r->attempts >= C.o.max_attempts) {
+        req_fail(r, HPD_RPC_ERR_APP, "gave up after %u attempts; last: %s", r->attempts,
+                 r->last_error);
+        return;
+    }
+    HPD_LOG_INFO(LOG_COMPONENT, "request %llu: retrying (%s)", (unsigned long long)r->id,
+                 r->last_error);
+    C.retried++;
+    r->t_queued = hpd_time_now();
+    schedule_soon();
+}
+
+/* Sends tokens [from, n_out) to a streaming client. */
+static void stream(req_t *r, uint32_t from)
+{
+    hpd_rpc_buf_t b;
+    if (!r->stream || from >= r->n_out)
+        return;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 3);
+    hpd_proto_key(&b.pk, "tag");
+    msgpack_pack_uint64(&b.pk, r->tag);
+    hpd_proto_key(&b.pk, "index");
+    msgpack_pack_uint32(&b.pk, from);
+    hpd_proto_key(&b.pk, "ids");
+    hpd_proto_pack_ids(&b.pk, r->out + from, r->n_out - from);
+    hpd_rpc_notify(r->client, "tokens", &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void req_finish(req_t *r)
+{
+    hpd_rpc_buf_t b;
+    const double now = hpd_time_now();
+    node_t *d = r->dnode;
+    if (d != NULL) { /* the decode node freed it itself */
+        d->slots_reserved--;
+        d->pages_reserved -= r->dpages;
+        r->dnode = NULL;
+    }
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 7);
+    hpd_proto_key(&b.pk, "request");
+    msgpack_pack_uint64(&b.pk, r->id);
+    hpd_proto_key(&b.pk, "tokens");
+    hpd_proto_pack_ids(&b.pk, r->out, r->n_out);
+    hpd_proto_key(&b.pk, "prompt_tokens");
+    msgpack_pack_uint32(&b.pk, r->n_prompt);
+    hpd_proto_key(&b.pk, "cached_tokens");
+    msgpack_pack_uint32(&b.pk, r->cached_tokens);
+    hpd_proto_key(&b.pk, "ttft_ms");
+    msgpack_pack_double(&b.pk, (r->t_first - r->t_submit) * 1e3);
+    hpd_proto_key(&b.pk, "total_ms");
+    msgpack_pack_double(&b.pk, (now - r->t_submit) * 1e3);
+    hpd_proto_key(&b.pk, "attempts");
+    msgpack_pack_uint32(&b.pk, r->attempts + 1);
+    hpd_rpc_reply(r->client, r->call_id, &b);
+    hpd_rpc_buf_destroy(&b);
+    C.finished++;
+    req_free(r);
+    schedule_soon();
+}
+
+/* Appends tokens reported from index `index` on; earlier ones (replayed
+ * after a failover) must match what the client already has. */
+static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
+{
+    const uint32_t before = r->n_out;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t pos = index + i;
+        if (pos < r->n_out) {
+            if (r->out[pos] != ids[i])
+                HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: token %u is %d after a retry, %d "
+                              "before (determinism broken)", (unsigned long long)r->id, pos,
+                              ids[i], r->out[pos]);
+        } else if (pos == r->n_out && r->n_out < r->max_tokens) {
+            r->out[r->n_out++] = ids[i];
+        }
+    }
+    if (before == 0 && r->n_out > 0)
+        r->t_first = hpd_time_now();
+    stream(r, before);
+}
+
+/* ------------------------------------------------------------ routing */
+
+/* Prefill cost: prompt tokens left after the node's expected prefix hit,
+ * plus the tokens already queued there. */
+static node_t *pick_prefill(const req_t *r)
+{
+    node_t *best = NULL;
+    uint64_t best_cost = UINT64_MAX;
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->role != ROLE_PREFILL || n->max_context < r->n_prompt + 1)
+            continue;
+        uint64_t hit = 0;
+        if (n->have_summary)
+            hit = (uint64_t)hpd_prefix_summary_match(n->summary, SUMMARY_BYTES, r->hashes,
+                                                      r->n_prompt) * HPD_PREFIX_BLOCK;
+        const uint64_t cost = (r->n_prompt - hit) + n->queued_tokens;
+        if (cost < best_cost) {
+            best = n;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+/* Decode: the most free slots among nodes with room for the whole request. */
+static node_t *pick_decode(const req_t *r, uint32_t *pages_p)
+{
+    node_t *best = NULL;
+    uint32_t best_free = 0;
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->role != ROLE_DECODE || n->max_context < r->n_prompt + r->max_tokens)
+            continue;
+        const uint32_t need = pages_for(n, r->n_prompt + r->max_tokens);
+        const uint32_t free_slots = n->slots - n->slots_reserved;
+        if (free_slots == 0 || n->pages - n->pages_reserved < need)
+            continue;
+        if (free_slots > best_free) {
+            best = n;
+            best_free = free_slots;
+            *pages_p = need;
+        }
+    }
+    return best;
+}
+
+static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *c = arg;
+    req_t *r = req_by_job(c->job);
+    if (r != NULL && r->state == R_DECODING && (st != HPD_OK || reply->is_error))
+        requeue(r, "decode start failed: %s",
+                st != HPD_OK ? hpd_status_str(st) : "refused by the decode node");
+    free(c);
+}
+
+static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *c = arg;
+    req_t *r = req_by_job(c->job);
+    hpd_proto_err_t err;
+    uint32_t first = 0, cached = 0;
+    free(c);
+    if (r == NULL || r->state != R_PREFILLING)
+        return; /* an older attempt */
+    node_t *p = r->pnode, *d = r->dnode;
+    if (st != HPD_OK) {
+        requeue(r, "prefill on %s: %s", p->name, hpd_status_str(st));
+        return;
+    }
+    if (reply->is_error) {
+        if (reply->error_code == HPD_RPC_ERR_PARAMS)
+            req_fail(r, HPD_RPC_ERR_PARAMS, "%.*s", (int)reply->error_message_len,
+                     reply->error_message);
+        else
+            requeue(r, "prefill on %s: %.*s", p->name, (int)reply->error_message_len,
+                    reply->error_message);
+        return;
+    }
+    if (!hpd_proto_u32(reply->result, "first_token", true, UINT32_MAX, &first, &err) ||
+        !hpd_proto_u32(reply->result, "cached_tokens", false, UINT32_MAX, &cached, &err)) {
+        requeue(r, "prefill on %s: bad reply: %s", p->name, err.text);
+        return;
+    }
+    p->jobs--;
+    p->queued_tokens -= r->n_prompt;
+    r->cached_tokens = cached;
+    const int32_t t = (int32_t)first;
+    add_tokens(r, 0, &t, 1);
+    r->state = R_DECODING;
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    hpd_proto_key(&b.pk, "job");
+    msgpack_pack_uint64(&b.pk, r->job);
+    hpd_proto_key(&b.pk, "first_token");
+    msgpack_pack_uint32(&b.pk, first);
+    call_ctx_t *sc = ctx_new(r->job, d->id);
+    if (sc == NULL || hpd_rpc_call(d->client, "start", &b, 30000, on_started, sc) != HPD_OK) {
+        free(sc);
+        requeue(r, "cannot reach decode node %s", d->name);
+    }
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *c = arg;
+    req_t *r = req_by_job(c->job);
+    const uint64_t job = c->job;
+    free(c);
+    if (r == NULL || r->state != R_RESERVING) {
+        return; /* an older attempt: abort_attempt already sent the cancel */
+    }
+    node_t *d = r->dnode;
+    if (st != HPD_OK) {
+        requeue(r, "reserve on %s: %s", d->name, hpd_status_str(st));
+        return;
+    }
+    if (reply->is_error) {
+        if (reply->error_code == HPD_RPC_ERR_OVERLOADED) {
+            /* our accounting was ahead of the node's frees: wait in the queue */
+            abort_attempt(r);
+            schedule_later(20);
+        } else {
+            req_fail(r, HPD_RPC_ERR_PARAMS, "%.*s", (int)reply->error_message_len,
+                     reply->error_message);
+        }
+        return;
+    }
+    node_t *p = pick_prefill(r);
+    if (p == NULL) {
+        requeue(r, "no prefill node can take %u tokens", r->n_prompt);
+        return;
+    }
+    /* the job: the prompt and where its state goes (the decode node's reply) */
+    const msgpack_object *res = reply->result;
+    const msgpack_object *keys[5] = {hpd_rpc_map_get(res, "layout"),
+                                     hpd_rpc_map_get(res, "tables"),
+                                     hpd_rpc_map_get(res, "slot_offset"),
+                                     hpd_rpc_map_get(res, "kv_region"),
+                                     hpd_rpc_map_get(res, "slot_region")};
+    static const char *names[5] = {"layout", "tables", "slot_offset", "kv_region", "slot_region"};
+    for (int i = 0; i < 5; i++)
+        if (keys[i] == NULL) {
+            requeue(r, "reserve on %s: reply without '%s'", d->name, names[i]);
+            return;
+        }
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 4);
+    hpd_proto_key(&b.pk, "job");
+    msgpack_pack_uint64(&b.pk, job);
+    hpd_proto_key(&b.pk, "prompt");
+    hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
+    hpd_proto_key(&b.pk, "sampling");
+    hpd_proto_pack_sampling(&b.pk, &r->sampling);
+    hpd_proto_key(&b.pk, "decode");
+    msgpack_pack_map(&b.pk, 7);
+    hpd_proto_key(&b.pk, "node");
+    msgpack_pack_uint64(&b.pk, d->id);
+    hpd_proto_key(&b.pk, "xfer");
+    msgpack_sbuffer_write(&b.sb, d->xfer_info, d->xfer_info_len);
+    for (int i = 0; i < 5; i++) {
+        hpd_proto_key(&b.pk, names[i]);
+        msgpack_pack_object(&b.pk, *keys[i]);
+    }
+    r->pnode = p;
+    r->state = R_PREFILLING;
+    p->jobs++;
+    p->queued_tokens += r->n_prompt;
+    call_ctx_t *pc = ctx_new(job, p->id);
+    if (pc == NULL ||
+        hpd_rpc_call(p->client, "prefill", &b, PREFILL_TIMEOUT_MS, on_prefilled, pc) != HPD_OK) {
+        free(pc);
+        requeue(r, "cannot reach prefill node %s", p->name);
+    }
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* Places queued requests, first come first served, while decode room lasts. */
+static void schedule(void)
+{
+    for (req_t *r = C.reqs; r != NULL; r = r->next) {
+        uint32_t pages = 0;
+        node_t *d;
+        if (r->state != R_QUEUED)
+            continue;
+        if ((d = pick_decode(r, &pages)) == NULL)
+            break;
+        bool have_prefill = false;
+        for (node_t *n = C.nodes; n != NULL; n = n->next)
+            have_prefill |= n->alive && n->role == ROLE_PREFILL;
+        if (!have_prefill)
+            break;
+        r->job = ++C.next_job;
+        r->dnode = d;
+        r->dpages = pages;
+        d->slots_reserved++;
+        d->pages_reserved += pages;
+        r->state = R_RESERVING;
+        hpd_rpc_buf_t b;
+        hpd_rpc_buf_init(&b);
+        msgpack_pack_map(&b.pk, 5);
+        hpd_proto_key(&b.pk, "job");
+        msgpack_pack_uint64(&b.pk, r->job);
+        hpd_proto_key(&b.pk, "prompt");
+        hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
+        hpd_proto_key(&b.pk, "max_tokens");
+        msgpack_pack_uint32(&b.pk, r->max_tokens);
+        hpd_proto_key(&b.pk, "sampling");
+        hpd_proto_pack_sampling(&b.pk, &r->sampling);
+        hpd_proto_key(&b.pk, "replay"); /* what the client already has */
+        hpd_proto_pack_ids(&b.pk, r->out, r->n_out);
+        call_ctx_t *c = ctx_new(r->job, d->id);
+        const hpd_status_t st = c == NULL ? HPD_ERR_NO_MEMORY
+                                          : hpd_rpc_call(d->client, "reserve", &b, 30000,
+                                                         on_reserved, c);
+        hpd_rpc_buf_destroy(&b);
+        if (st != HPD_OK) {
+            free(c);
+            requeue(r, "cannot reach decode node %s", d->name);
+            return; /* requeue schedules again */
+        }
+    }
+}
+
+static void on_sched(evutil_socket_t fd, short what, void *arg)
+{
+    schedule();
+}
+
+static void schedule_soon(void)
+{
+    static const struct timeval now = {0, 0};
+    evtimer_add(C.sched, &now); /* (re)arms it to run at once */
+}
+
+static void schedule_later(uint32_t ms)
+{
+    const struct timeval tv = {0, ms * 1000};
+    if (!evtimer_pending(C.sched, NULL))
+        evtimer_add(C.sched, &tv);
+}
+
+/* ------------------------------------------------------------ nodes */
+
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    while (C.dead != NULL) {
+        node_t *n = C.dead;
+        C.dead = n->next;
+        hpd_rpc_client_destroy(n->client);
+        if (n->reg_conn != NULL)
+            hpd_rpc_conn_unref(n->reg_conn);
+        free(n->xfer_info);
+        free(n->stats);
+        free(n);
+    }
+}
+
+static void node_lost(node_t *n, const char *why)
+{
+    static const struct timeval now = {0, 0};
+    if (!n->alive)
+        return;
+    HPD_LOG_WARN(LOG_COMPONENT, "%s node %s (%llu) lost: %s", n->role == ROLE_PREFILL ?
+                 "prefill" : "decode", n->name, (unsigned long long)n->id, why);
+    n->alive = false;
+    for (req_t *r = C.reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->dnode != n && r->pnode != n)
+            continue;
+        /* nothing is sent to the dead node: what it held died with it; the
+         * survivor of the pair is told to stop (abort_attempt) */
+        if (r->dnode == n) {
+            r->dnode = NULL;
+            r->dpages = 0;
+        }
+        if (r->pnode == n)
+            r->pnode = NULL;
+        requeue(r, "%s node %s lost", n->role == ROLE_PREFILL ? "prefill" : "decode", n->name);
+    }
+    for (node_t **pp = &C.nodes; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == n) {
+            *pp = n->next;
+            break;
+        }
+    if (n->reg_conn != NULL)
+        hpd_rpc_conn_close(n->reg_conn, false);
+    n->next = C.dead;
+    C.dead = n;
+    evtimer_add(C.reap, &now);
+    schedule_soon();
+}
+
+static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    node_t *n = node_by_id((uint64_t)(uintptr_t)arg);
+    hpd_proto_err_t err;
+    uint64_t job;
+    uint32_t index = 0, n_ids = 0;
+    int32_t *ids = NULL;
+    bool done = false;
+    char error[160] = "";
+    req_t *r;
+
+    if (n == NULL || !hpd_rpc_str_eq(msg->method, msg->method_len, "tokens"))
+        return;
+    if (!hpd_proto_u64(msg->params, "job", true, UINT64_MAX, &job, &err) ||
+        !hpd_proto_u32(msg->params, "index", true, UINT32_MAX, &index, &err) ||
+        !hpd_proto_ids(msg->params, "ids", true, INT32_MAX, &ids, &n_ids, &err) ||
+        !hpd_proto_bool(msg->params, "done", true, &done, &err) ||
+        !hpd_proto_str(msg->params, "error", false, error, sizeof(error), &err)) {
+        HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification from %s: %s", n->name, err.text);
+        return;
+    }
+    if ((r = req_by_job(job)) != NULL && r->state == R_DECODING && r->dnode == n) {
+        if (error[0] != '\0') {
+            r->dnode->slots_reserved--; /* the node freed it already */
+            r->dnode->pages_reserved -= r->dpages;
+            r->dnode = NULL;
+            requeue(r, "decode on %s: %s", n->name, error);
+        } else {
+            add_tokens(r, index, ids, n_ids);
+            if (done)
+                req_finish(r);
+        }
+    }
+    free(ids);
+}
+
+static void on_node_close(void *arg, hpd_status_t why)
+{
+    node_t *n = node_by_id((uint64_t)(uintptr_t)arg);
+    if (n != NULL)
+        node_lost(n, "its RPC connection closed");
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    const double now = hpd_time_now();
+    for (node_t *n = C.nodes, *next; n != NULL; n = next) {
+        next = n->next;
+        if (n->lease_until < now)
+            node_lost(n, "lease expired (no heartbeat)");
+    }
+    for (req_t *r = C.reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->state == R_QUEUED && now - r->t_queued > C.o.queue_timeout_ms / 1000.0)
+            req_fail(r, HPD_RPC_ERR_OVERLOADED,
+                     "no node could take the request within %u ms (%s)", C.o.queue_timeout_ms,
+                     r->last_error[0] ? r->last_error : "no room or no nodes");
+    }
+}
+
+static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg)
+{
+    hpd_proto_err_t err = {{0}};
+    char role[16];
+    const void *fp;
+    uint32_t fp_len, port = 0;
+    node_t *n = calloc(1, sizeof(*n));
+    const msgpack_object *info;
+
+    if (n == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    if (!hpd_proto_str(params, "role", true, role, sizeof(role), &err) ||
+        !hpd_proto_str(params, "name", true, n->name, sizeof(n->name), &err) ||
+        !hpd_proto_str(params, "host", true, n->host, sizeof(n->host), &err) ||
+        !hpd_proto_u32(params, "port", true, 65535, &port, &err) ||
+        !hpd_proto_bin(params, "fingerprint", true, &fp, &fp_len, &err) ||
+        !hpd_proto_u32(params, "vocab", true, UINT32_MAX, &n->vocab, &err) ||
+        !hpd_proto_u32(params, "max_context", true, UINT32_MAX, &n->max_context, &err) ||
+        !hpd_proto_layout(params, "layout", &n->layout, &err) ||
+        !hpd_proto_u32(params, "kv_layers", true, 4096, &n->layout.n_layers, &err) ||
+        !hpd_proto_u32(params, "pages", true, UINT32_MAX, &n->pages, &err) ||
+        !hpd_proto_u32(params, "slots", true, UINT32_MAX, &n->slots, &err) ||
+        !hpd_proto_u32(params, "max_batch", true, UINT32_MAX, &n->max_batch, &err) ||
+        (info = hpd_proto_map(params, "xfer", true, &err)) == NULL)
+        goto bad;
+    if (strcmp(role, "prefill") == 0) {
+        n->role = ROLE_PREFILL;
+    } else if (strcmp(role, "decode") == 0) {
+        n->role = ROLE_DECODE;
+    } else {
+        snprintf(err.text, sizeof(err.text), "role is '%s' (expected prefill or decode)", role);
+        goto bad;
+    }
+    if (fp_len != 16) {
+        snprintf(err.text, sizeof(err.text), "fingerprint has %u bytes (expected 16)", fp_len);
+        goto bad;
+    }
+    if (C.have_fingerprint && memcmp(C.fingerprint, fp, 16) != 0) {
+        snprintf(err.text, sizeof(err.text),
+                 "node %s serves a different model than the cluster (fingerprint differs)",
+                 n->name);
+        goto bad;
+    }
+    if (!C.have_fingerprint) {
+        memcpy(C.fingerprint, fp, 16);
+        hpd_prefix_hash_root(C.fingerprint, &C.root);
+        C.have_fingerprint = true;
+    }
+    hpd_rpc_buf_t ib;
+    hpd_rpc_buf_init(&ib);
+    msgpack_pack_object(&ib.pk, *info);
+    n->xfer_info_len = ib.sb.size;
+    n->xfer_info = msgpack_sbuffer_release(&ib.sb);
+    hpd_rpc_client_params_t cp = {C.base, n->host, (uint16_t)port, C.token, 30000, 0,
+                                  on_node_notify, on_node_close, NULL};
+    n->id = ++C.next_node;
+    n->port = (uint16_t)port;
+    cp.arg = (void *)(uintptr_t)n->id;
+    if (hpd_rpc_client_connect(&cp, &n->client) != HPD_OK) {
+        snprintf(err.text, sizeof(err.text), "cannot connect back to %s:%u", n->host, port);
+        free(n->xfer_info);
+        goto bad;
+    }
+    n->alive = true;
+    n->reg_conn = conn;
+    hpd_rpc_conn_ref(conn);
+    hpd_rpc_conn_set_user(conn, (void *)(uintptr_t)n->id);
+    n->lease_until = hpd_time_now() + C.o.lease_ms / 1000.0;
+    n->next = C.nodes;
+    C.nodes = n;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, kv layout %u,%u,%s, "
+                 "%u pages, %u slots", role, n->name, (unsigned long long)n->id, n->host, port,
+                 n->layout.block_size, n->layout.pack_size,
+                 n->layout.order == HPD_KV_HND ? "hnd" : "nhd", n->pages, n->slots);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 3);
+    hpd_proto_key(&b.pk, "node_id");
+    msgpack_pack_uint64(&b.pk, n->id);
+    hpd_proto_key(&b.pk, "heartbeat_ms");
+    msgpack_pack_uint32(&b.pk, C.o.heartbeat_ms);
+    hpd_proto_key(&b.pk, "lease_ms");
+    msgpack_pack_uint32(&b.pk, C.o.lease_ms);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+    schedule_soon();
+    return;
+bad:
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "register: %s", err.text);
+    free(n);
+}
+
+static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                        void *arg)
+{
+    hpd_proto_err_t err = {{0}};
+    uint64_t node_id;
+    node_t *n;
+    const void *sum;
+    uint32_t sum_len = 0;
+
+    if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
+        return;
+    }
+    if ((n = node_by_id(node_id)) == NULL || !n->alive) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
+                            "heartbeat: node %llu is not registered (lease lapsed?)",
+                            (unsigned long long)node_id);
+        return;
+    }
+    n->lease_until = hpd_time_now() + C.o.lease_ms / 1000.0;
+    if (hpd_proto_bin(params, "prefix_summary", false, &sum, &sum_len, &err) &&
+        sum_len == SUMMARY_BYTES) {
+        memcpy(n->summary, sum, SUMMARY_BYTES);
+        n->have_summary = true;
+    }
+    /* keep the rest for status */
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < params->via.map.size; i++)
+        keep += !hpd_rpc_str_eq(params->via.map.ptr[i].key.via.str.ptr,
+                                params->via.map.ptr[i].key.via.str.size, "prefix_summary");
+    msgpack_pack_map(&b.pk, keep);
+    for (uint32_t i = 0; i < params->via.map.size; i++) {
+        const msgpack_object_kv *kv = &params->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR &&
+            hpd_rpc_str_eq(kv->key.via.str.ptr, kv->key.via.str.size, "prefix_summary"))
+            continue;
+        msgpack_pack_object(&b.pk, kv->key);
+        msgpack_pack_object(&b.pk, kv->val);
+    }
+    free(n->stats);
+    n->stats_len = b.sb.size;
+    n->stats = msgpack_sbuffer_release(&b.sb);
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+/* ------------------------------------------------------------ clients */
+
+static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg)
+{
+    hpd_proto_err_t err = {{0}};
+    uint32_t vocab = UINT32_MAX, max_ctx = 0;
+    bool have_p = false, have_d = false;
+    req_t *r;
+
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        if (!n->alive)
+            continue;
+        vocab = HPD_MIN(vocab, n->vocab);
+        if (n->role == ROLE_DECODE)
+            max_ctx = HPD_MAX(max_ctx, n->max_context);
+        have_p |= n->role == ROLE_PREFILL;
+        have_d |= n->role == ROLE_DECODE;
+    }
+    if (!have_p || !have_d) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: no %s node is registered", !have_p ? "prefill" : "decode");
+        C.rejected++;
+        return;
+    }
+    if (C.n_reqs >= C.o.max_requests) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: overloaded: %u requests in flight (limit %u)", C.n_reqs,
+                            C.o.max_requests);
+        C.rejected++;
+        return;
+    }
+    if ((r = calloc(1, sizeof(*r))) == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    r->max_tokens = 16;
+    r->sampling = (hpd_sampling_t){0, 1, 0, 0};
+    if (!hpd_proto_ids(params, "prompt", true, vocab, &r->prompt, &r->n_prompt, &err) ||
+        !hpd_proto_u32(params, "max_tokens", false, UINT32_MAX, &r->max_tokens, &err) ||
+        !hpd_proto_sampling(params, &r->sampling, &err) ||
+        !hpd_proto_bool(params, "stream", false, &r->stream, &err) ||
+        !hpd_proto_u64(params, "tag", false, UINT64_MAX, &r->tag, &err))
+        goto bad;
+    if (r->n_prompt == 0) {
+        snprintf(err.text, sizeof(err.text), "prompt is empty (expected at least one token id)");
+        goto bad;
+    }
+    if (r->max_tokens == 0 || (uint64_t)r->n_prompt + r->max_tokens > max_ctx) {
+        snprintf(err.text, sizeof(err.text),
+                 "prompt of %u tokens + max_tokens %u must be at most %u (the largest decode "
+                 "context) with max_tokens >= 1", r->n_prompt, r->max_tokens, max_ctx);
+        goto bad;
+    }
+    if (!(r->sampling.temperature >= 0) || !(r->sampling.top_p > 0 && r->sampling.top_p <= 1)) {
+        snprintf(err.text, sizeof(err.text),
+                 "temperature %g / top_p %g invalid (expected temperature >= 0, top_p in (0, 1])",
+                 r->sampling.temperature, r->sampling.top_p);
+        goto bad;
+    }
+    if ((r->out = malloc(r->max_tokens * sizeof(int32_t))) == NULL ||
+        (r->hashes = malloc((r->n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL) {
+        snprintf(err.text, sizeof(err.text), "out of memory");
+        goto bad;
+    }
+    hpd_prefix_hash_chain(&C.root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
+    r->id = ++C.next_req;
+    r->client = conn;
+    r->call_id = id;
+    hpd_rpc_conn_ref(conn);
+    r->t_submit = r->t_queued = hpd_time_now();
+    req_t **tail = &C.reqs;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = r;
+    C.n_reqs++;
+    schedule_soon();
+    return;
+bad:
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "generate: %s", err.text);
+    free(r->prompt);
+    free(r->out);
+    free(r->hashes);
+    free(r);
+}
+
+static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_proto_err_t err;
+    uint64_t tag;
+    bool found = false;
+
+    if (!hpd_proto_u64(params, "tag", true, UINT64_MAX, &tag, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "cancel: %s", err.text);
+        return;
+    }
+    for (req_t *r = C.reqs; r != NULL; r = r->next) {
+        if (r->client == conn && r->tag == tag) {
+            abort_attempt(r);
+            hpd_rpc_reply_error(r->client, r->call_id, HPD_RPC_ERR_APP, "canceled");
+            C.canceled++;
+            req_free(r);
+            found = true;
+            break;
+        }
+    }
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 1);
+    hpd_proto_key(&b.pk, "canceled");
+    if (found)
+        msgpack_pack_true(&b.pk);
+    else
+        msgpack_pack_false(&b.pk);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+    schedule_soon();
+}
+
+static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_rpc_buf_t b;
+    uint32_t n_nodes = 0, queued = 0;
+    for (node_t *n = C.nodes; n != NULL; n = n->next)
+        n_nodes++;
+    for (req_t *r = C.reqs; r != NULL; r = r->next)
+        queued += r->state == R_QUEUED;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    hpd_proto_key(&b.pk, "nodes");
+    msgpack_pack_array(&b.pk, n_nodes);
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        msgpack_pack_map(&b.pk, 8);
+        hpd_proto_key(&b.pk, "id");
+        msgpack_pack_uint64(&b.pk, n->id);
+        hpd_proto_key(&b.pk, "role");
+        hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
+        hpd_proto_key(&b.pk, "name");
+        hpd_rpc_pack_str(&b.pk, n->name);
+        hpd_proto_key(&b.pk, "address");
+        char addr[96];
+        snprintf(addr, sizeof(addr), "%s:%u", n->host, n->port);
+        hpd_rpc_pack_str(&b.pk, addr);
+        hpd_proto_key(&b.pk, "layout");
+        hpd_proto_pack_layout(&b.pk, &n->layout);
+        hpd_proto_key(&b.pk, "reserved_slots");
+        msgpack_pack_uint32(&b.pk, n->slots_reserved);
+        hpd_proto_key(&b.pk, "jobs");
+        msgpack_pack_uint32(&b.pk, n->jobs);
+        hpd_proto_key(&b.pk, "stats");
+        if (n->stats != NULL)
+            msgpack_sbuffer_write(&b.sb, n->stats, n->stats_len);
+        else
+            msgpack_pack_nil(&b.pk);
+    }
+    hpd_proto_key(&b.pk, "requests");
+    msgpack_pack_map(&b.pk, 7);
+    hpd_proto_key(&b.pk, "active");
+    msgpack_pack_uint32(&b.pk, C.n_reqs);
+    hpd_proto_key(&b.pk, "queued");
+    msgpack_pack_uint32(&b.pk, queued);
+    hpd_proto_key(&b.pk, "finished");
+    msgpack_pack_uint64(&b.pk, C.finished);
+    hpd_proto_key(&b.pk, "failed");
+    msgpack_pack_uint64(&b.pk, C.failed);
+    hpd_proto_key(&b.pk, "canceled");
+    msgpack_pack_uint64(&b.pk, C.canceled);
+    hpd_proto_key(&b.pk, "retried");
+    msgpack_pack_uint64(&b.pk, C.retried);
+    hpd_proto_key(&b.pk, "rejected");
+    msgpack_pack_uint64(&b.pk, C.rejected);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* A client's connection closed: its requests go; a node's: the node is lost. */
+static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
+{
+    const uint64_t node_id = (uint64_t)(uintptr_t)hpd_rpc_conn_user(conn);
+    if (node_id != 0) {
+        node_t *n = node_by_id(node_id);
+        if (n != NULL)
+            node_lost(n, "its registration connection closed");
+        return;
+    }
+    for (req_t *r = C.reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->client == conn) {
+            abort_attempt(r);
+            C.canceled++;
+            req_free(r);
+        }
+    }
+    schedule_soon();
+}
+
+/* ------------------------------------------------------------ main */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: hpd-coordinator [options]\n"
+            "  --host ADDR            address to bind (127.0.0.1)\n"
+            "  --port N               port, 0 = any free port (7000)\n"
+            "  --port-file F          write the bound port to F once listening\n"
+            "  --token-file F         shared secret (first line) required of every peer\n"
+            "  --heartbeat-ms N       node heartbeat period (500)\n"
+            "  --lease-ms N           a node silent this long is lost (2000)\n"
+            "  --max-requests N       requests in flight before 'overloaded' (256)\n"
+            "  --queue-timeout-ms N   a request no node can take fails after (60000)\n"
+            "  --max-attempts N       attempts per request across failures (4)\n"
+            "  --log-level L          error|warn|info|debug (info)\n");
+}
+
+static int parse_opts(int argc, char **argv, opts_t *o)
+{
+    enum { O_HOST = 256, O_PORT, O_PORTFILE, O_TOKEN, O_HB, O_LEASE, O_MAXREQ, O_QTIMEOUT,
+           O_ATTEMPTS, O_LOG, O_HELP };
+    static const struct option longopts[] = {
+        {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"port-file", 1, 0, O_PORTFILE},
+        {"token-file", 1, 0, O_TOKEN}, {"heartbeat-ms", 1, 0, O_HB}, {"lease-ms", 1, 0, O_LEASE},
+        {"max-requests", 1, 0, O_MAXREQ}, {"queue-timeout-ms", 1, 0, O_QTIMEOUT},
+        {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
+    struct {
+        int opt;
+        const char *flag;
+        uint64_t min, max;
+        uint32_t *dst;
+    } nums[] = {{O_HB, "--heartbeat-ms", 10, 60000, &o->heartbeat_ms},
+                {O_LEASE, "--lease-ms", 30, 600000, &o->lease_ms},
+                {O_MAXREQ, "--max-requests", 1, 1u << 24, &o->max_requests},
+                {O_QTIMEOUT, "--queue-timeout-ms", 1, UINT32_MAX, &o->queue_timeout_ms},
+                {O_ATTEMPTS, "--max-attempts", 1, 100, &o->max_attempts}};
+    uint64_t v;
+    int c, lvl;
+
+    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 2000, 256, 60000, 4};
+    hpd_log_set_level(HPD_LOG_LEVEL_INFO);
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        bool done = false;
+        for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+            if (nums[i].opt != c)
+                continue;
+            if (hpd_parse_u64(optarg, nums[i].min, nums[i].max, &v) != 0) {
+                fprintf(stderr, "%s: '%s' is invalid (expected an integer from %llu to %llu)\n",
+                        nums[i].flag, optarg, (unsigned long long)nums[i].min,
+                        (unsigned long long)nums[i].max);
+                return -1;
+            }
+            *nums[i].dst = (uint32_t)v;
+            done = true;
+        }
+        if (done)
+            continue;
+        switch (c) {
+        case O_HOST: o->host = optarg; break;
+        case O_PORT:
+            if (hpd_parse_u64(optarg, 0, 65535, &v) != 0) {
+                fprintf(stderr, "--port: '%s' is invalid (expected 0 to 65535)\n", optarg);
+                return -1;
+            }
+            o->port = (uint16_t)v;
+            break;
+        case O_PORTFILE: o->port_file = optarg; break;
+        case O_TOKEN: o->token_file = optarg; break;
+        case O_LOG:
+            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
+                fprintf(stderr, "--log-level: '%s' is invalid (expected error, warn, info or "
+                                "debug)\n", optarg);
+                return -1;
+            }
+            hpd_log_set_level((hpd_log_level_t)lvl);
+            break;
+        case O_HELP: usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (o->lease_ms <= o->heartbeat_ms) {
+        fprintf(stderr, "--lease-ms %u must exceed --heartbeat-ms %u\n", o->lease_ms,
+                o->heartbeat_ms);
+        return -1;
+    }
+    return 0;
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    HPD_LOG_INFO(LOG_COMPONENT, "signal %d, stopping", (int)sig);
+    event_base_loopbreak(C.base);
+}
+
+int main(int argc, char **argv)
+{
+    static const hpd_rpc_method_t methods[] = {
+        {"register", m_register}, {"heartbeat", m_heartbeat}, {"generate", m_generate},
+        {"cancel", m_cancel},     {"status", m_status},
+    };
+    int rc = 1;
+
+    signal(SIGPIPE, SIG_IGN);
+    if (parse_opts(argc, argv, &C.o) != 0)
+        return 2;
+    if (C.o.token_file != NULL && hpd_rpc_read_token(C.o.token_file, &C.token) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "cannot read the token file %s", C.o.token_file);
+        return 2;
+    }
+    if ((C.base = event_base_new()) == NULL)
+        return 1;
+    hpd_rpc_server_params_t sp = {C.base, C.o.host, C.o.port, C.token, methods,
+                                  sizeof(methods) / sizeof(methods[0]), NULL, 0, 0,
+                                  on_disconnect};
+    if (hpd_rpc_server_create(&sp, &C.server) != HPD_OK)
+        goto out;
+    if (C.o.port_file != NULL) {
+        char text[16];
+        const int len = snprintf(text, sizeof(text), "%u\n", hpd_rpc_server_port(C.server));
+        if (hpd_write_file(C.o.port_file, text, (size_t)len) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "cannot write the port file %s", C.o.port_file);
+            goto out;
+        }
+    }
+    C.tick = event_new(C.base, -1, EV_PERSIST, on_tick, NULL);
+    C.reap = evtimer_new(C.base, on_reap, NULL);
+    C.sched = evtimer_new(C.base, on_sched, NULL);
+    C.sig_int = evsignal_new(C.base, SIGINT, on_signal, NULL);
+    C.sig_term = evsignal_new(C.base, SIGTERM, on_signal, NULL);
+    struct timeval tick = {0, 100 * 1000};
+    event_add(C.tick, &tick);
+    evsignal_add(C.sig_int, NULL);
+    evsignal_add(C.sig_term, NULL);
+    HPD_LOG_INFO(LOG_COMPONENT, "listening on %s:%u", C.o.host, hpd_rpc_server_port(C.server));
+    event_base_dispatch(C.base);
+    rc = 0;
+out:
+    while (C.reqs != NULL) {
+        hpd_rpc_reply_error(C.reqs->client, C.reqs->call_id, HPD_RPC_ERR_APP,
+                            "coordinator shutting down");
+        req_free(C.reqs);
+    }
+    while (C.nodes != NULL) {
+        node_t *n = C.nodes;
+        C.nodes = n->next;
+        n->next = C.dead;
+        C.dead = n;
+    }
+    on_reap(-1, 0, NULL);
+    hpd_rpc_server_destroy(C.server);
+    event_free(C.tick);
+    event_free(C.reap);
+    event_free(C.sched);
+    event_free(C.sig_int);
+    event_free(C.sig_term);
+    free(C.token);
+    event_base_free(C.base);
+    return rc;
+}

@@ -1,0 +1,395 @@
+/* hpd-decode: holds reservations (a GDN slot and the KV pages of a request)
+ * that prefill nodes fill over UCX, then runs the requests in one
+ * continuous batch and streams their tokens to the coordinator
+ * (docs/cluster.md).
+ *
+ * A request here: `reserve` creates it (reserved), the transfer's
+ * completion notice and the coordinator's `start` (with the first token)
+ * may come in either order, and with both it joins the batch (running).
+ * Tokens go out as `tokens` notifications on the coordinator's connection
+ * after each step; a finished, failed, canceled or expired request is freed
+ * at once. Who frees what: a request holds a reference on the connection it
+ * streams to. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "node/node.h"
+#include "node/proto.h"
+
+#define LOG_COMPONENT "decode"
+
+typedef struct dreq {
+    uint64_t job;
+    uint64_t eng_id;
+    hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
+    bool have_notice, have_start, running;
+    int32_t first_token;
+    uint32_t n_sent;      /* tokens already streamed (index of the next one) */
+    struct event *expiry;
+    struct dreq *next;
+} dreq_t;
+
+typedef struct {
+    hpd_node_t *node;
+    dreq_t *reqs;
+    uint32_t kv_region, slot_region;
+    uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
+} decode_t;
+
+static decode_t D;
+
+static dreq_t *find(decode_t *d, uint64_t job)
+{
+    for (dreq_t *r = d->reqs; r != NULL; r = r->next)
+        if (r->job == job)
+            return r;
+    return NULL;
+}
+
+static void dreq_free(decode_t *d, dreq_t *r)
+{
+    for (dreq_t **pp = &d->reqs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    hpd_engine_release(d->node->engine, r->eng_id); /* frees its pages and slot */
+    if (r->expiry)
+        event_free(r->expiry);
+    if (r->conn)
+        hpd_rpc_conn_unref(r->conn);
+    free(r);
+}
+
+/* tokens {job, index, ids, done, error?}: ids are the tokens from index on. */
+static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t n, bool done,
+                          const char *error)
+{
+    hpd_rpc_buf_t b;
+    const uint32_t from = HPD_MIN(r->n_sent, n);
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, error ? 5 : 4);
+    hpd_proto_key(&b.pk, "job");
+    msgpack_pack_uint64(&b.pk, r->job);
+    hpd_proto_key(&b.pk, "index");
+    msgpack_pack_uint32(&b.pk, from);
+    hpd_proto_key(&b.pk, "ids");
+    hpd_proto_pack_ids(&b.pk, toks + from, n - from);
+    hpd_proto_key(&b.pk, "done");
+    if (done)
+        msgpack_pack_true(&b.pk);
+    else
+        msgpack_pack_false(&b.pk);
+    if (error) {
+        hpd_proto_key(&b.pk, "error");
+        hpd_rpc_pack_str(&b.pk, error);
+    }
+    hpd_rpc_notify(r->conn, "tokens", &b);
+    hpd_rpc_buf_destroy(&b);
+    r->n_sent = n;
+}
+
+static void fail_req(decode_t *d, dreq_t *r, const char *why)
+{
+    HPD_LOG_WARN(LOG_COMPONENT, "%s: job %llu failed: %s", d->node->o.name,
+                 (unsigned long long)r->job, why);
+    notify_tokens(d, r, NULL, 0, true, why);
+    d->failed++;
+    dreq_free(d, r);
+}
+
+static void try_run(decode_t *d, dreq_t *r)
+{
+    hpd_status_t st;
+    if (!r->have_notice || !r->have_start || r->running)
+        return;
+    if ((st = hpd_engine_start(d->node->engine, r->eng_id, r->first_token)) != HPD_OK) {
+        fail_req(d, r, "the first token does not continue the replayed tokens");
+        return;
+    }
+    event_del(r->expiry);
+    r->running = true;
+    d->started++;
+    hpd_node_kick(d->node);
+}
+
+static void after_step(hpd_node_t *n)
+{
+    decode_t *d = n->role_data;
+    dreq_t *r = d->reqs;
+    while (r != NULL) {
+        dreq_t *next = r->next;
+        const int32_t *toks;
+        uint32_t nt;
+        hpd_request_state_t st;
+        if (r->running && hpd_engine_result(n->engine, r->eng_id, &toks, &nt, &st) == HPD_OK) {
+            if (st == HPD_REQ_FAILED) {
+                fail_req(d, r, "the decode step failed");
+            } else if (nt > r->n_sent || st == HPD_REQ_FINISHED) {
+                notify_tokens(d, r, toks, nt, st == HPD_REQ_FINISHED, NULL);
+                if (st == HPD_REQ_FINISHED) {
+                    d->finished++;
+                    dreq_free(d, r);
+                }
+            }
+        }
+        r = next;
+    }
+}
+
+static void on_expiry(evutil_socket_t fd, short what, void *arg)
+{
+    dreq_t *r = arg;
+    decode_t *d = &D;
+    HPD_LOG_WARN(LOG_COMPONENT, "%s: reservation of job %llu expired before it started",
+                 d->node->o.name, (unsigned long long)r->job);
+    d->expired++;
+    notify_tokens(d, r, NULL, 0, true, "reservation expired");
+    dreq_free(d, r);
+}
+
+/* ------------------------------------------------------------ methods */
+
+static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    decode_t *d = n->role_data;
+    const uint32_t vocab = n->model->config.vocab_size;
+    hpd_proto_err_t err = {{0}};
+    hpd_request_params_t rp = {NULL, 0, 0, {0, 1, 0, 0}, NULL, 0};
+    const msgpack_object *sampling;
+    uint64_t job;
+    int32_t *prompt = NULL, *replay = NULL;
+    dreq_t *r = NULL;
+    hpd_status_t st;
+
+    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err) ||
+        !hpd_proto_ids(params, "prompt", true, vocab, &prompt, &rp.n_prompt, &err) ||
+        !hpd_proto_u32(params, "max_tokens", true, UINT32_MAX, &rp.max_tokens, &err) ||
+        !hpd_proto_ids(params, "replay", false, vocab, &replay, &rp.n_replay, &err) ||
+        ((sampling = hpd_proto_map(params, "sampling", false, &err)) == NULL && err.text[0]) ||
+        (sampling != NULL && !hpd_proto_sampling(sampling, &rp.sampling, &err))) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: %s", err.text);
+        goto out;
+    }
+    if (find(d, job) != NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: job %llu already exists",
+                            (unsigned long long)job);
+        goto out;
+    }
+    rp.prompt = prompt;
+    rp.replay = replay;
+    if ((r = calloc(1, sizeof(*r))) == NULL ||
+        (r->expiry = evtimer_new(n->base, on_expiry, r)) == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "reserve: out of memory");
+        goto out;
+    }
+    st = hpd_engine_reserve(n->engine, &rp, &r->eng_id);
+    if (st == HPD_ERR_NO_RESOURCE) {
+        uint32_t pu, pt, su, stot;
+        hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "reserve: no room for %u + %u tokens (%u of %u slots and %u of %u "
+                            "pages free)",
+                            rp.n_prompt, rp.max_tokens, stot - su, stot, pt - pu, pt);
+        goto out;
+    }
+    if (st != HPD_OK) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
+                            "reserve: request refused (%u prompt tokens, %u new, max context %u)",
+                            rp.n_prompt, rp.max_tokens, hpd_engine_params(n->engine)->max_context);
+        goto out;
+    }
+    r->job = job;
+    r->conn = conn;
+    r->n_sent = HPD_MAX(1u, rp.n_replay); /* the coordinator has these already */
+    hpd_rpc_conn_ref(conn);
+    r->next = d->reqs;
+    d->reqs = r;
+    d->reserved++;
+    struct timeval tv = {n->o.reserve_timeout_ms / 1000, (n->o.reserve_timeout_ms % 1000) * 1000};
+    evtimer_add(r->expiry, &tv);
+
+    /* where the prefill node writes: pages of the prompt per group, the slot */
+    hpd_engine_kv_t kv;
+    hpd_engine_memory_t m;
+    hpd_engine_request_kv(n->engine, r->eng_id, &kv);
+    hpd_engine_memory(n->engine, &m);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 5);
+    hpd_proto_key(&b.pk, "layout");
+    hpd_proto_pack_layout(&b.pk, m.layout);
+    hpd_proto_key(&b.pk, "kv_region");
+    msgpack_pack_uint32(&b.pk, d->kv_region);
+    hpd_proto_key(&b.pk, "slot_region");
+    msgpack_pack_uint32(&b.pk, d->slot_region);
+    hpd_proto_key(&b.pk, "slot_offset");
+    msgpack_pack_uint64(&b.pk, (uint64_t)kv.slot * m.slot_bytes);
+    hpd_proto_key(&b.pk, "tables");
+    const uint32_t prompt_pages = HPD_DIV_UP(rp.n_prompt, m.layout->block_size);
+    msgpack_pack_array(&b.pk, kv.n_groups);
+    for (uint32_t g = 0; g < kv.n_groups; g++) {
+        msgpack_pack_array(&b.pk, prompt_pages);
+        for (uint32_t i = 0; i < prompt_pages; i++)
+            msgpack_pack_uint32(&b.pk, kv.tables[g][i]);
+    }
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+    r = NULL;
+out:
+    if (r != NULL) {
+        if (r->expiry)
+            event_free(r->expiry);
+        free(r);
+    }
+    free(prompt);
+    free(replay);
+}
+
+static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    decode_t *d = n->role_data;
+    hpd_proto_err_t err;
+    uint64_t job;
+    uint32_t first;
+    dreq_t *r;
+
+    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err) ||
+        !hpd_proto_u32(params, "first_token", true, n->model->config.vocab_size - 1, &first,
+                       &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "start: %s", err.text);
+        return;
+    }
+    if ((r = find(d, job)) == NULL || r->have_start) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
+                            "start: job %llu is not reserved here (expired, canceled or started)",
+                            (unsigned long long)job);
+        return;
+    }
+    r->first_token = (int32_t)first;
+    r->have_start = true;
+    hpd_rpc_reply(conn, id, NULL);
+    try_run(d, r);
+}
+
+static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    decode_t *d = n->role_data;
+    hpd_proto_err_t err;
+    uint64_t job;
+    dreq_t *r;
+
+    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "cancel: %s", err.text);
+        return;
+    }
+    if ((r = find(d, job)) != NULL) {
+        d->canceled++;
+        dreq_free(d, r);
+    }
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+static const hpd_rpc_method_t methods[] = {
+    {"reserve", m_reserve},
+    {"start", m_start},
+    {"cancel", m_cancel},
+};
+
+/* ------------------------------------------------------------ role */
+
+static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
+{
+    decode_t *d = n->role_data;
+    dreq_t *r = find(d, notice->xfer_id);
+    if (r == NULL) {
+        HPD_LOG_DEBUG(LOG_COMPONENT, "%s: transfer %llu from node %llu for no reservation",
+                      n->o.name, (unsigned long long)notice->xfer_id,
+                      (unsigned long long)notice->sender);
+        return;
+    }
+    if (notice->status != HPD_OK) {
+        d->bad_transfers++;
+        fail_req(d, r, "transfer checksum mismatch");
+        return;
+    }
+    r->have_notice = true;
+    try_run(d, r);
+}
+
+static hpd_status_t init(hpd_node_t *n)
+{
+    decode_t *d = &D;
+    hpd_engine_memory_t m;
+    hpd_status_t st;
+
+    d->node = n;
+    n->role_data = d;
+    hpd_engine_memory(n->engine, &m);
+    /* regions 0 and 1: the page pool and the slot pool, mapped once */
+    if ((st = hpd_xfer_register(n->xfer, m.kv_pool, HPD_MAX(m.kv_pool_bytes, 64), &d->kv_region)) !=
+            HPD_OK ||
+        (st = hpd_xfer_register(n->xfer, m.slot_pool, HPD_MAX(m.slot_pool_bytes, 64),
+                                &d->slot_region)) != HPD_OK)
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map the pools: %s", n->o.name,
+                      hpd_status_str(st));
+    return st;
+}
+
+static void pack_load(hpd_node_t *n, msgpack_packer *pk)
+{
+    decode_t *d = n->role_data;
+    uint32_t reserved = 0, running = 0;
+    for (dreq_t *r = d->reqs; r != NULL; r = r->next) {
+        reserved += !r->running;
+        running += r->running;
+    }
+    msgpack_pack_map(pk, 8);
+    hpd_proto_key(pk, "reserved");
+    msgpack_pack_uint32(pk, reserved);
+    hpd_proto_key(pk, "running");
+    msgpack_pack_uint32(pk, running);
+    hpd_proto_key(pk, "started");
+    msgpack_pack_uint64(pk, d->started);
+    hpd_proto_key(pk, "finished");
+    msgpack_pack_uint64(pk, d->finished);
+    hpd_proto_key(pk, "failed");
+    msgpack_pack_uint64(pk, d->failed);
+    hpd_proto_key(pk, "canceled");
+    msgpack_pack_uint64(pk, d->canceled);
+    hpd_proto_key(pk, "expired");
+    msgpack_pack_uint64(pk, d->expired);
+    hpd_proto_key(pk, "bad_transfers");
+    msgpack_pack_uint64(pk, d->bad_transfers);
+}
+
+static void fini(hpd_node_t *n)
+{
+    decode_t *d = n->role_data;
+    if (d == NULL)
+        return;
+    while (d->reqs != NULL)
+        dreq_free(d, d->reqs);
+}
+
+static const hpd_node_role_t role = {
+    .name = "decode",
+    .methods = methods,
+    .n_methods = sizeof(methods) / sizeof(methods[0]),
+    .init = init,
+    .pack_load = pack_load,
+    .after_step = after_step,
+    .on_notice = on_notice,
+    .fini = fini,
+};
+
+int main(int argc, char **argv)
+{
+    return hpd_node_main(argc, argv, &role);
+}

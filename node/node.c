@@ -1,0 +1,540 @@
+#include "node/node.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "node/proto.h"
+
+#define LOG_COMPONENT "node"
+
+/* ------------------------------------------------------------ options */
+
+static void usage(FILE *f, const char *role)
+{
+    fprintf(f,
+            "usage: hpd-%s --coordinator HOST:PORT --model DIR [options]\n"
+            "  --token-file F         shared secret (first line) for every connection\n"
+            "  --name NAME            node name in status and logs (%s-<pid>)\n"
+            "  --host ADDR            address to bind and announce (127.0.0.1)\n"
+            "  --port N               RPC port, 0 = any free port (0)\n"
+            "  --device D             cpu (cpu)\n"
+            "  --threads N            CPU threads (all cores)\n"
+            "  --kv-layout B,P,O      KV page layout, e.g. 64,1,nhd or 16,4,hnd (64,1,nhd)\n"
+            "  --max-batch N          requests in one batch (16)\n"
+            "  --max-context N        prompt + generated tokens (4096)\n"
+            "  --prefill-chunk N      prefill tokens per step, a multiple of 64 (256)\n"
+            "  --kv-pages N           KV pages in the pool (enough for the batch)\n"
+            "  --no-prefix-cache      prefill: compute every prompt token\n"
+            "  --checkpoints N        prefill: device GDN checkpoint slots (4 x batch)\n"
+            "  --host-cache-mb N      prefill: host tier of the prefix cache, 0 = off (512)\n"
+            "  --staging-mb N         prefill: registered staging for pushes (256)\n"
+            "  --reserve-timeout-ms N decode: an unstarted reservation expires (60000)\n"
+            "  --ucx-tls T            UCX transports (tcp)\n"
+            "  --ucx-dev D            UCX network devices (lo)\n"
+            "  --connect-timeout-ms N keep trying to reach the coordinator (10000)\n"
+            "  --log-level L          error|warn|info|debug (info)\n",
+            role, role);
+}
+
+static int parse_u32(const char *flag, const char *text, uint64_t min, uint64_t max,
+                     uint32_t *out)
+{
+    uint64_t v;
+    if (hpd_parse_u64(text, min, max, &v) != 0) {
+        fprintf(stderr, "%s: '%s' is invalid (expected an integer from %llu to %llu)\n", flag,
+                text, (unsigned long long)min, (unsigned long long)max);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *o)
+{
+    enum { O_COORD = 256, O_TOKEN, O_NAME, O_HOST, O_PORT, O_DEVICE, O_THREADS, O_LAYOUT,
+           O_BATCH, O_CTX, O_CHUNK, O_PAGES, O_NOCACHE, O_CKPT, O_HOSTMB, O_STAGING, O_RESERVE,
+           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_HELP };
+    static const struct option longopts[] = {
+        {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
+        {"name", 1, 0, O_NAME}, {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT},
+        {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS},
+        {"kv-layout", 1, 0, O_LAYOUT}, {"max-batch", 1, 0, O_BATCH},
+        {"max-context", 1, 0, O_CTX}, {"prefill-chunk", 1, 0, O_CHUNK},
+        {"kv-pages", 1, 0, O_PAGES}, {"no-prefix-cache", 0, 0, O_NOCACHE},
+        {"checkpoints", 1, 0, O_CKPT}, {"host-cache-mb", 1, 0, O_HOSTMB},
+        {"staging-mb", 1, 0, O_STAGING}, {"reserve-timeout-ms", 1, 0, O_RESERVE},
+        {"ucx-tls", 1, 0, O_TLS}, {"ucx-dev", 1, 0, O_DEV},
+        {"connect-timeout-ms", 1, 0, O_CONNECT}, {"log-level", 1, 0, O_LOG},
+        {"model", 1, 0, O_MODEL}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    uint32_t v;
+    int c, lvl;
+    bool have_coord = false;
+
+    memset(o, 0, sizeof(*o));
+    hpd_engine_params_init(&o->engine);
+    o->host = "127.0.0.1";
+    o->device = "cpu";
+    o->ucx_tls = "tcp";
+    o->ucx_dev = "lo";
+    o->staging_bytes = 256ull << 20;
+    o->reserve_timeout_ms = 60000;
+    o->connect_timeout_ms = 10000;
+    hpd_log_set_level(HPD_LOG_LEVEL_INFO);
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_COORD:
+            if (!hpd_proto_parse_endpoint(optarg, o->coordinator_host,
+                                          sizeof(o->coordinator_host), &o->coordinator_port)) {
+                fprintf(stderr, "--coordinator: '%s' is invalid (expected HOST:PORT)\n", optarg);
+                return -1;
+            }
+            have_coord = true;
+            break;
+        case O_TOKEN: o->token_file = optarg; break;
+        case O_NAME: o->name = optarg; break;
+        case O_HOST: o->host = optarg; break;
+        case O_PORT:
+            if (parse_u32("--port", optarg, 0, 65535, &v) != 0)
+                return -1;
+            o->port = (uint16_t)v;
+            break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_THREADS:
+            if (parse_u32("--threads", optarg, 1, 1024, &o->threads) != 0)
+                return -1;
+            break;
+        case O_LAYOUT:
+            if (hpd_kv_layout_parse(optarg, &o->engine.kv_layout) != HPD_OK) {
+                fprintf(stderr, "--kv-layout: '%s' is invalid (expected B,P,nhd|hnd with B a "
+                                "multiple of 16)\n", optarg);
+                return -1;
+            }
+            break;
+        case O_BATCH:
+            if (parse_u32("--max-batch", optarg, 1, 4096, &o->engine.max_batch) != 0)
+                return -1;
+            break;
+        case O_CTX:
+            if (parse_u32("--max-context", optarg, 2, 1u << 20, &o->engine.max_context) != 0)
+                return -1;
+            break;
+        case O_CHUNK:
+            if (parse_u32("--prefill-chunk", optarg, 64, 1u << 16, &o->engine.prefill_chunk) != 0)
+                return -1;
+            break;
+        case O_PAGES:
+            if (parse_u32("--kv-pages", optarg, 1, UINT32_MAX - 1, &o->engine.n_pages) != 0)
+                return -1;
+            break;
+        case O_NOCACHE: o->engine.prefix_cache = false; break;
+        case O_CKPT:
+            if (parse_u32("--checkpoints", optarg, 1, 1u << 20, &o->engine.n_checkpoints) != 0)
+                return -1;
+            break;
+        case O_HOSTMB:
+            if (parse_u32("--host-cache-mb", optarg, 0, 1u << 24, &v) != 0)
+                return -1;
+            o->engine.host_cache_bytes = (uint64_t)v << 20;
+            break;
+        case O_STAGING:
+            if (parse_u32("--staging-mb", optarg, 1, 1u << 20, &v) != 0)
+                return -1;
+            o->staging_bytes = (uint64_t)v << 20;
+            break;
+        case O_RESERVE:
+            if (parse_u32("--reserve-timeout-ms", optarg, 1, UINT32_MAX, &o->reserve_timeout_ms))
+                return -1;
+            break;
+        case O_TLS: o->ucx_tls = optarg; break;
+        case O_DEV: o->ucx_dev = optarg; break;
+        case O_CONNECT:
+            if (parse_u32("--connect-timeout-ms", optarg, 0, UINT32_MAX, &o->connect_timeout_ms))
+                return -1;
+            break;
+        case O_LOG:
+            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
+                fprintf(stderr, "--log-level: '%s' is invalid (expected error, warn, info or "
+                                "debug)\n", optarg);
+                return -1;
+            }
+            hpd_log_set_level((hpd_log_level_t)lvl);
+            break;
+        case O_MODEL: o->model_dir = optarg; break;
+        case O_HELP: usage(stdout, role); exit(0);
+        default: usage(stderr, role); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!have_coord || o->model_dir == NULL) {
+        fprintf(stderr, "hpd-%s: --coordinator and --model are required\n", role);
+        usage(stderr, role);
+        return -1;
+    }
+    if (strcmp(role, "decode") == 0)
+        o->engine.prefix_cache = false; /* a decode node holds only reserved requests */
+    return 0;
+}
+
+/* ------------------------------------------------------------ stepping */
+
+static void on_step(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_node_t *n = arg;
+    uint32_t active = 0;
+    hpd_status_t st = hpd_engine_step(n->engine, &active);
+
+    if (st != HPD_OK) /* the engine failed the step's requests; the role reports them */
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: engine step failed: %s", n->o.name,
+                      hpd_status_str(st));
+    if (n->role->after_step != NULL)
+        n->role->after_step(n);
+    if (active > 0)
+        hpd_node_kick(n);
+}
+
+void hpd_node_kick(hpd_node_t *n)
+{
+    static const struct timeval now = {0, 0};
+    if (!evtimer_pending(n->step_ev, NULL))
+        evtimer_add(n->step_ev, &now);
+}
+
+/* ------------------------------------------------------------ stats */
+
+static void pack_stats(hpd_node_t *n, msgpack_packer *pk, bool with_extra)
+{
+    uint32_t pu, pt, su, stot;
+    hpd_engine_stats_t es;
+    hpd_prefix_cache_stats_t cs;
+    hpd_xfer_stats_t xs;
+    const bool cache = hpd_engine_cache_stats(n->engine, &cs) == HPD_OK;
+    const uint32_t extra = with_extra && n->role->n_extra ? n->role->n_extra(n) : 0;
+
+    hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
+    hpd_engine_stats(n->engine, &es);
+    hpd_xfer_stats(n->xfer, &xs);
+    msgpack_pack_map(pk, 14 + extra);
+    hpd_proto_key(pk, "node_id");
+    msgpack_pack_uint64(pk, n->node_id);
+    hpd_proto_key(pk, "role");
+    hpd_rpc_pack_str(pk, n->role->name);
+    hpd_proto_key(pk, "name");
+    hpd_rpc_pack_str(pk, n->o.name);
+    hpd_proto_key(pk, "uptime_s");
+    msgpack_pack_double(pk, hpd_time_now() - n->started);
+    hpd_proto_key(pk, "pages_used");
+    msgpack_pack_uint32(pk, pu);
+    hpd_proto_key(pk, "pages_total");
+    msgpack_pack_uint32(pk, pt);
+    hpd_proto_key(pk, "slots_used");
+    msgpack_pack_uint32(pk, su);
+    hpd_proto_key(pk, "slots_total");
+    msgpack_pack_uint32(pk, stot);
+    hpd_proto_key(pk, "cache_pages");
+    msgpack_pack_uint32(pk, cache ? cs.pages_held : 0);
+    hpd_proto_key(pk, "audit_errors");
+    msgpack_pack_uint32(pk, hpd_engine_audit(n->engine));
+    hpd_proto_key(pk, "engine");
+    msgpack_pack_map(pk, 3);
+    hpd_proto_key(pk, "steps");
+    msgpack_pack_uint64(pk, es.steps);
+    hpd_proto_key(pk, "prefill_tokens");
+    msgpack_pack_uint64(pk, es.prefill_tokens);
+    hpd_proto_key(pk, "decode_tokens");
+    msgpack_pack_uint64(pk, es.decode_tokens);
+    hpd_proto_key(pk, "cache");
+    msgpack_pack_map(pk, 4);
+    hpd_proto_key(pk, "lookup_tokens");
+    msgpack_pack_uint64(pk, cache ? cs.lookup_tokens : 0);
+    hpd_proto_key(pk, "hit_tokens_device");
+    msgpack_pack_uint64(pk, cache ? cs.hit_tokens_device : 0);
+    hpd_proto_key(pk, "hit_tokens_host");
+    msgpack_pack_uint64(pk, cache ? cs.hit_tokens_host : 0);
+    hpd_proto_key(pk, "entries");
+    msgpack_pack_uint32(pk, cache ? cs.device_entries + cs.host_entries : 0);
+    hpd_proto_key(pk, "xfer");
+    msgpack_pack_map(pk, 6);
+    hpd_proto_key(pk, "bytes_put");
+    msgpack_pack_uint64(pk, xs.bytes_put);
+    hpd_proto_key(pk, "transfers_finished");
+    msgpack_pack_uint64(pk, xs.transfers_finished);
+    hpd_proto_key(pk, "transfers_failed");
+    msgpack_pack_uint64(pk, xs.transfers_failed);
+    hpd_proto_key(pk, "notices_ok");
+    msgpack_pack_uint64(pk, xs.notices_ok);
+    hpd_proto_key(pk, "notices_bad");
+    msgpack_pack_uint64(pk, xs.notices_bad);
+    hpd_proto_key(pk, "open_transfers");
+    msgpack_pack_uint32(pk, xs.open_transfers);
+    hpd_proto_key(pk, "load");
+    n->role->pack_load(n, pk);
+    if (extra > 0)
+        n->role->pack_extra(n, pk);
+}
+
+static void m_stats(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    pack_stats(n, &b.pk, false);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* ------------------------------------------------------------ coordinator */
+
+static void on_heartbeat_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    hpd_node_t *n = arg;
+    n->heartbeat_pending = false;
+    if (st == HPD_ERR_CANCELED)
+        return;
+    if (st == HPD_OK && reply->is_error) {
+        /* the coordinator dropped us (our lease lapsed): what we hold is
+         * already recovered elsewhere, so start over as a fresh process */
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: coordinator refused the heartbeat: %.*s; exiting",
+                      n->o.name, (int)reply->error_message_len, reply->error_message);
+        n->exit_code = 3;
+        event_base_loopbreak(n->base);
+    } else if (st != HPD_OK) {
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: heartbeat failed: %s", n->o.name, hpd_status_str(st));
+    }
+}
+
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_node_t *n = arg;
+    hpd_rpc_buf_t b;
+
+    if (n->heartbeat_pending || !hpd_rpc_client_is_open(n->coord))
+        return;
+    hpd_rpc_buf_init(&b);
+    pack_stats(n, &b.pk, true);
+    if (hpd_rpc_call(n->coord, "heartbeat", &b, n->heartbeat_ms * 4, on_heartbeat_reply, n) ==
+        HPD_OK)
+        n->heartbeat_pending = true;
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void on_coord_close(void *arg, hpd_status_t why)
+{
+    hpd_node_t *n = arg;
+    HPD_LOG_ERROR(LOG_COMPONENT, "%s: connection to the coordinator lost (%s); exiting",
+                  n->o.name, hpd_status_str(why));
+    n->exit_code = 3;
+    event_base_loopbreak(n->base);
+}
+
+static hpd_status_t register_node(hpd_node_t *n)
+{
+    hpd_rpc_client_params_t cp = {n->base, n->o.coordinator_host, n->o.coordinator_port,
+                                  n->token, 5000, 0, NULL, on_coord_close, n};
+    const hpd_engine_params_t *ep = hpd_engine_params(n->engine);
+    const double deadline = hpd_time_now() + n->o.connect_timeout_ms / 1000.0;
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_t b, info;
+    hpd_proto_err_t err;
+    hpd_status_t st;
+    uint32_t pt, stot;
+
+    /* the coordinator may still be starting */
+    while ((st = hpd_rpc_client_create(&cp, &n->coord)) == HPD_ERR_IO &&
+           hpd_time_now() < deadline)
+        usleep(100 * 1000);
+    if (st != HPD_OK)
+        return st;
+    hpd_engine_usage(n->engine, NULL, &pt, NULL, &stot);
+    hpd_rpc_buf_init(&info);
+    if ((st = hpd_xfer_pack_info(n->xfer, &info)) != HPD_OK) {
+        hpd_rpc_buf_destroy(&info);
+        return st;
+    }
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 13);
+    hpd_proto_key(&b.pk, "role");
+    hpd_rpc_pack_str(&b.pk, n->role->name);
+    hpd_proto_key(&b.pk, "name");
+    hpd_rpc_pack_str(&b.pk, n->o.name);
+    hpd_proto_key(&b.pk, "host");
+    hpd_rpc_pack_str(&b.pk, n->o.host);
+    hpd_proto_key(&b.pk, "port");
+    msgpack_pack_uint16(&b.pk, hpd_rpc_server_port(n->server));
+    hpd_proto_key(&b.pk, "fingerprint");
+    hpd_proto_pack_bin(&b.pk, n->model->fingerprint, 16);
+    hpd_proto_key(&b.pk, "vocab");
+    msgpack_pack_uint32(&b.pk, n->model->config.vocab_size);
+    hpd_proto_key(&b.pk, "max_context");
+    msgpack_pack_uint32(&b.pk, ep->max_context);
+    hpd_proto_key(&b.pk, "layout");
+    hpd_proto_pack_layout(&b.pk, &ep->kv_layout);
+    hpd_proto_key(&b.pk, "kv_layers");
+    msgpack_pack_uint32(&b.pk, ep->kv_layout.n_layers);
+    hpd_proto_key(&b.pk, "pages");
+    msgpack_pack_uint32(&b.pk, pt);
+    hpd_proto_key(&b.pk, "slots");
+    msgpack_pack_uint32(&b.pk, stot);
+    hpd_proto_key(&b.pk, "max_batch");
+    msgpack_pack_uint32(&b.pk, ep->max_batch);
+    hpd_proto_key(&b.pk, "xfer");
+    msgpack_sbuffer_write(&b.sb, info.sb.data, info.sb.size);
+    hpd_rpc_buf_destroy(&info);
+    st = hpd_rpc_call_sync(n->coord, "register", &b, 10000, &r);
+    hpd_rpc_buf_destroy(&b);
+    if (st == HPD_OK && r.is_error) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: the coordinator refused the registration: %s",
+                      n->o.name, r.error_message);
+        st = HPD_ERR_INVALID_ARG;
+    } else if (st == HPD_OK) {
+        uint32_t hb = 500;
+        if (!hpd_proto_u64(&r.result, "node_id", true, UINT64_MAX, &n->node_id, &err) ||
+            !hpd_proto_u32(&r.result, "heartbeat_ms", false, 60000, &hb, &err)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
+            st = HPD_ERR_FORMAT;
+        }
+        n->heartbeat_ms = hb ? hb : 500;
+    } else {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: registration failed: %s", n->o.name,
+                      hpd_status_str(st));
+    }
+    hpd_rpc_result_destroy(&r);
+    return st;
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+static void on_notice(void *arg, const hpd_xfer_notice_t *notice)
+{
+    hpd_node_t *n = arg;
+    if (n->role->on_notice != NULL)
+        n->role->on_notice(n, notice);
+}
+
+static void on_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status)
+{
+    hpd_node_t *n = arg;
+    if (n->role->on_peer_error != NULL)
+        n->role->on_peer_error(n, peer, status);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    hpd_node_t *n = arg;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, stopping", n->o.name, (int)sig);
+    event_base_loopbreak(n->base);
+}
+
+static void node_destroy(hpd_node_t *n)
+{
+    if (n->role->fini != NULL)
+        n->role->fini(n);
+    if (n->step_ev)
+        event_free(n->step_ev);
+    if (n->hb_ev)
+        event_free(n->hb_ev);
+    if (n->sig_int)
+        event_free(n->sig_int);
+    if (n->sig_term)
+        event_free(n->sig_term);
+    hpd_rpc_client_destroy(n->coord);
+    hpd_rpc_server_destroy(n->server);
+    hpd_engine_destroy(n->engine);
+    hpd_xfer_destroy(n->xfer);
+    hpd_backend_destroy(n->backend);
+    hpd_model_destroy(n->model);
+    free(n->token);
+    if (n->base)
+        event_base_free(n->base);
+}
+
+int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
+{
+    static hpd_node_t node; /* one per process; reached from callbacks */
+    hpd_node_t *n = &node;
+    char name[96];
+    hpd_status_t st;
+    hpd_rpc_method_t methods[32];
+    size_t n_methods = 0;
+
+    signal(SIGPIPE, SIG_IGN);
+    n->role = role;
+    n->exit_code = 1;
+    n->started = hpd_time_now();
+    if (parse_opts(argc, argv, role->name, &n->o) != 0)
+        return 2;
+    if (n->o.name == NULL) {
+        snprintf(name, sizeof(name), "%s-%d", role->name, (int)getpid());
+        n->o.name = name;
+    }
+    if (n->o.token_file != NULL && hpd_rpc_read_token(n->o.token_file, &n->token) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot read the token file %s", n->o.name,
+                      n->o.token_file);
+        return 2;
+    }
+    if ((st = hpd_model_load(n->o.model_dir, &n->model)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_IO ? 2 : 1;
+        goto out;
+    }
+    hpd_backend_params_t bp = {n->o.device, n->o.threads};
+    if ((st = hpd_backend_create(&bp, &n->backend)) != HPD_OK) {
+        n->exit_code = 2;
+        goto out;
+    }
+    n->o.engine.model = n->model;
+    n->o.engine.backend = n->backend;
+    if ((st = hpd_engine_create(&n->o.engine, &n->engine)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
+        goto out;
+    }
+    if ((n->base = event_base_new()) == NULL)
+        goto out;
+    hpd_xfer_params_t xp = {n->base, 0, n->o.ucx_tls, n->o.ucx_dev, false, on_notice,
+                            on_peer_error, n};
+    xp.node_id = (uint64_t)getpid(); /* replaced by the registered id below */
+    if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)
+        goto out;
+    if (role->init != NULL && (st = role->init(n)) != HPD_OK)
+        goto out;
+    methods[n_methods++] = (hpd_rpc_method_t){"stats", m_stats};
+    for (size_t i = 0; i < role->n_methods && n_methods < 32; i++)
+        methods[n_methods++] = role->methods[i];
+    hpd_rpc_server_params_t sp = {n->base, n->o.host, n->o.port, n->token, methods, n_methods,
+                                  n, 0, 0, NULL};
+    if ((st = hpd_rpc_server_create(&sp, &n->server)) != HPD_OK)
+        goto out;
+    n->step_ev = evtimer_new(n->base, on_step, n);
+    n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
+    n->sig_int = evsignal_new(n->base, SIGINT, on_signal, n);
+    n->sig_term = evsignal_new(n->base, SIGTERM, on_signal, n);
+    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term)
+        goto out;
+    evsignal_add(n->sig_int, NULL);
+    evsignal_add(n->sig_term, NULL);
+    if ((st = register_node(n)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_IO ? 3 : 1;
+        goto out;
+    }
+    hpd_xfer_set_node_id(n->xfer, n->node_id);
+    struct timeval hb = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
+    event_add(n->hb_ev, &hb);
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: %s node %llu serving on %s:%u (kv layout %u,%u,%s; ucx %s)",
+                 n->o.name, role->name, (unsigned long long)n->node_id, n->o.host,
+                 hpd_rpc_server_port(n->server), hpd_engine_params(n->engine)->kv_layout.block_size,
+                 hpd_engine_params(n->engine)->kv_layout.pack_size,
+                 hpd_engine_params(n->engine)->kv_layout.order == HPD_KV_HND ? "hnd" : "nhd",
+                 hpd_xfer_tls(n->xfer));
+    n->exit_code = 0;
+    event_base_dispatch(n->base);
+out:
+    node_destroy(n);
+    return n->exit_code;
+}

@@ -1,0 +1,86 @@
+/* What a prefill node and a decode node share: options, the model, the
+ * engine and its stepping from the event loop, the UCX context, the RPC
+ * server, registration with the coordinator and heartbeats
+ * (docs/cluster.md). A role (prefill_node/, decode_node/) adds its methods
+ * and its per-step work through hpd_node_role_t. One thread, one loop. */
+#ifndef HPD_NODE_NODE_H
+#define HPD_NODE_NODE_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "transport/rpc.h"
+#include "transport/xfer.h"
+
+typedef struct hpd_node hpd_node_t;
+
+typedef struct {
+    char coordinator_host[64];
+    uint16_t coordinator_port;
+    const char *token_file;
+    const char *model_dir;
+    const char *name;
+    const char *host;      /* address this node binds and announces */
+    uint16_t port;         /* 0: any free port */
+    const char *device;    /* "cpu" */
+    uint32_t threads;
+    const char *ucx_tls;   /* default "tcp" */
+    const char *ucx_dev;   /* default "lo" */
+    hpd_engine_params_t engine;
+    uint64_t staging_bytes;      /* prefill: the registered staging arena */
+    uint32_t reserve_timeout_ms; /* decode: an unstarted reservation expires */
+    uint32_t connect_timeout_ms; /* how long to retry reaching the coordinator */
+} hpd_node_opts_t;
+
+typedef struct {
+    const char *name; /* "prefill" or "decode" */
+    const hpd_rpc_method_t *methods;
+    size_t n_methods;
+    /* after the engine and the UCX context exist, before registration:
+     * allocate the role's state and map its memory */
+    hpd_status_t (*init)(hpd_node_t *node);
+    /* packs one map of the role's load for heartbeats and stats */
+    void (*pack_load)(hpd_node_t *node, msgpack_packer *pk);
+    /* optional: extra heartbeat fields (key + value pairs); returns how many */
+    uint32_t (*n_extra)(hpd_node_t *node);
+    void (*pack_extra)(hpd_node_t *node, msgpack_packer *pk);
+    /* after every engine step */
+    void (*after_step)(hpd_node_t *node);
+    void (*on_notice)(hpd_node_t *node, const hpd_xfer_notice_t *notice);
+    void (*on_peer_error)(hpd_node_t *node, hpd_xfer_peer_t *peer, hpd_status_t status);
+    void (*fini)(hpd_node_t *node);
+} hpd_node_role_t;
+
+struct hpd_node {
+    hpd_node_opts_t o;
+    const hpd_node_role_t *role;
+    void *role_data;
+    struct event_base *base;
+    hpd_model_t *model;
+    hpd_backend_t *backend;
+    hpd_engine_t *engine;
+    hpd_xfer_ctx_t *xfer;
+    hpd_rpc_server_t *server;
+    hpd_rpc_client_t *coord;
+    char *token;
+    uint64_t node_id;
+    uint32_t heartbeat_ms;
+    bool heartbeat_pending;
+    struct event *step_ev, *hb_ev, *sig_int, *sig_term;
+    double started;
+    int exit_code;
+};
+
+/* Parses the command line, builds the node, registers and serves until a
+ * signal or the loss of the coordinator. Returns the process exit status:
+ * 0 after a signal, 2 for bad options, 3 when the coordinator was lost, 1
+ * for any other failure. */
+int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role);
+
+/* Runs an engine step soon (from the loop); the node keeps stepping while
+ * the engine has active requests. */
+void hpd_node_kick(hpd_node_t *node);
+
+#endif

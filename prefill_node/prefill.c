@@ -1,0 +1,702 @@
+/* hpd-prefill: runs prompts for the coordinator and pushes each request's
+ * KV pages and GDN state into a decode node's reservation, layer by layer
+ * as the forward pass produces them, translated into the decode node's
+ * layout (docs/cluster.md).
+ *
+ * A job: the coordinator's `prefill` call. It waits for staging memory
+ * (queued), runs in the engine with max_tokens 1 (running: pushes from the
+ * layer callback), then the transfer is flushed and its completion notice
+ * sent (finishing). The call is answered with the first token once the
+ * notice is on the wire, or with an error; the job is freed then.
+ * Who frees what: a job holds a reference on the coordinator's connection
+ * until it answered; its staging extent is freed when its transfer ended. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "node/node.h"
+#include "node/proto.h"
+
+#define LOG_COMPONENT "prefill"
+
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_FINISHING } job_state_t;
+
+typedef struct extent {
+    uint64_t off, len;
+    struct extent *next;
+} extent_t;
+
+typedef struct job {
+    uint64_t id; /* the coordinator's job id, also the transfer id */
+    uint64_t eng_id;
+    job_state_t state;
+    hpd_rpc_conn_t *conn;
+    uint32_t call_id;
+    int32_t *prompt;
+    uint32_t n_prompt;
+    hpd_sampling_t sampling;
+    /* destination */
+    uint64_t dst_node;
+    hpd_xfer_peer_t *peer;
+    hpd_kv_layout_t dst_layout;
+    uint32_t *dst_pages; /* [groups][dst_blocks] */
+    const uint32_t *dst_tables[HPD_ENGINE_MAX_GROUPS];
+    uint32_t dst_blocks;
+    uint64_t dst_slot_offset;
+    uint32_t kv_region, slot_region;
+    /* staging: KV pages in the destination layout, then the GDN state */
+    uint64_t staging_off, staging_bytes;
+    uint32_t staging_pages;
+    uint32_t pushed[HPD_ENGINE_MAX_GROUPS]; /* destination pages sent, per group */
+    bool xfer_open;
+    /* outcome */
+    bool failed;
+    char error[200];
+    int32_t first_token;
+    uint32_t cached_tokens;
+    double t_recv, t_start, t_end;
+    /* cancel calls waiting for the transfer to end */
+    hpd_rpc_conn_t *cancel_conn;
+    uint32_t cancel_id;
+    struct job *next;
+} job_t;
+
+typedef struct {
+    uint64_t node;
+    hpd_xfer_peer_t *peer;
+} peer_ent_t;
+
+typedef struct {
+    hpd_node_t *node;
+    job_t *jobs; /* in arrival order */
+    uint8_t *staging;
+    uint32_t staging_region;
+    uint64_t staging_bytes;
+    extent_t *free_list; /* sorted by offset */
+    peer_ent_t *peers;
+    size_t n_peers, cap_peers;
+    uint8_t summary[8192];
+    uint64_t jobs_done, jobs_failed, jobs_canceled;
+} prefill_t;
+
+static prefill_t P;
+
+/* ------------------------------------------------------------ staging */
+
+static bool staging_alloc(prefill_t *p, uint64_t len, uint64_t *off_p)
+{
+    len = (len + 63) & ~63ull;
+    for (extent_t **pp = &p->free_list; *pp != NULL; pp = &(*pp)->next) {
+        extent_t *e = *pp;
+        if (e->len < len)
+            continue;
+        *off_p = e->off;
+        e->off += len;
+        e->len -= len;
+        if (e->len == 0) {
+            *pp = e->next;
+            free(e);
+        }
+        return true;
+    }
+    return false;
+}
+
+static void staging_free(prefill_t *p, uint64_t off, uint64_t len)
+{
+    extent_t **pp = &p->free_list, *e;
+    len = (len + 63) & ~63ull;
+    while (*pp != NULL && (*pp)->off < off)
+        pp = &(*pp)->next;
+    /* merge with the next extent, then with the previous one */
+    if (*pp != NULL && off + len == (*pp)->off) {
+        (*pp)->off = off;
+        (*pp)->len += len;
+        e = *pp;
+    } else {
+        if ((e = malloc(sizeof(*e))) == NULL)
+            return; /* the extent is lost, nothing else */
+        *e = (extent_t){off, len, *pp};
+        *pp = e;
+    }
+    for (extent_t *prev = p->free_list; prev != NULL && prev != e; prev = prev->next) {
+        if (prev->next == e && prev->off + prev->len == e->off) {
+            prev->len += e->len;
+            prev->next = e->next;
+            free(e);
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ peers */
+
+static hpd_xfer_peer_t *peer_get(prefill_t *p, uint64_t node, const msgpack_object *info,
+                                 hpd_proto_err_t *err)
+{
+    hpd_xfer_peer_t *peer;
+    for (size_t i = 0; i < p->n_peers; i++) {
+        if (p->peers[i].node != node)
+            continue;
+        if (!hpd_xfer_peer_failed(p->peers[i].peer))
+            return p->peers[i].peer;
+        /* a failed endpoint to a node id we are asked to use again */
+        hpd_xfer_disconnect(p->peers[i].peer);
+        p->peers[i] = p->peers[--p->n_peers];
+        break;
+    }
+    if (hpd_xfer_connect(p->node->xfer, info, &peer) != HPD_OK) {
+        snprintf(err->text, sizeof(err->text), "cannot connect to decode node %llu's UCX info",
+                 (unsigned long long)node);
+        return NULL;
+    }
+    if (hpd_grow(&p->peers, &p->cap_peers, p->n_peers + 1, sizeof(*p->peers)) != HPD_OK) {
+        hpd_xfer_disconnect(peer);
+        snprintf(err->text, sizeof(err->text), "out of memory");
+        return NULL;
+    }
+    p->peers[p->n_peers++] = (peer_ent_t){node, peer};
+    return peer;
+}
+
+/* ------------------------------------------------------------ jobs */
+
+static job_t *job_find(prefill_t *p, uint64_t id)
+{
+    for (job_t *j = p->jobs; j != NULL; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+static job_t *job_by_engine_id(prefill_t *p, uint64_t eng_id)
+{
+    for (job_t *j = p->jobs; j != NULL; j = j->next)
+        if (j->eng_id == eng_id && j->state == JOB_RUNNING)
+            return j;
+    return NULL;
+}
+
+static void job_free(prefill_t *p, job_t *j)
+{
+    for (job_t **pp = &p->jobs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    if (j->eng_id != 0)
+        hpd_engine_release(p->node->engine, j->eng_id);
+    if (j->staging_bytes > 0)
+        staging_free(p, j->staging_off, j->staging_bytes);
+    if (j->conn != NULL)
+        hpd_rpc_conn_unref(j->conn);
+    if (j->cancel_conn != NULL) {
+        hpd_rpc_reply(j->cancel_conn, j->cancel_id, NULL);
+        hpd_rpc_conn_unref(j->cancel_conn);
+    }
+    free(j->prompt);
+    free(j->dst_pages);
+    free(j);
+}
+
+static void try_start(prefill_t *p);
+
+/* Answers the prefill call and frees the job. */
+static void job_end(prefill_t *p, job_t *j)
+{
+    j->t_end = hpd_time_now();
+    if (j->conn != NULL) {
+        if (j->cancel_conn != NULL) {
+            hpd_rpc_reply_error(j->conn, j->call_id, HPD_RPC_ERR_APP, "job %llu canceled",
+                                (unsigned long long)j->id);
+            p->jobs_canceled++;
+        } else if (j->failed) {
+            hpd_rpc_reply_error(j->conn, j->call_id, HPD_RPC_ERR_APP, "%s", j->error);
+            p->jobs_failed++;
+        } else {
+            hpd_rpc_buf_t b;
+            hpd_rpc_buf_init(&b);
+            msgpack_pack_map(&b.pk, 4);
+            hpd_proto_key(&b.pk, "first_token");
+            msgpack_pack_int32(&b.pk, j->first_token);
+            hpd_proto_key(&b.pk, "cached_tokens");
+            msgpack_pack_uint32(&b.pk, j->cached_tokens);
+            hpd_proto_key(&b.pk, "queue_ms");
+            msgpack_pack_double(&b.pk, (j->t_start - j->t_recv) * 1e3);
+            hpd_proto_key(&b.pk, "prefill_ms");
+            msgpack_pack_double(&b.pk, (j->t_end - j->t_start) * 1e3);
+            hpd_rpc_reply(j->conn, j->call_id, &b);
+            hpd_rpc_buf_destroy(&b);
+            p->jobs_done++;
+        }
+    }
+    job_free(p, j);
+    try_start(p); /* staging may have come free */
+}
+
+static void on_xfer_done(void *arg, uint64_t xfer_id, hpd_status_t st)
+{
+    job_t *j = arg;
+    if (st != HPD_OK && !j->failed) {
+        j->failed = true;
+        snprintf(j->error, sizeof(j->error), "transfer to decode node %llu failed: %s",
+                 (unsigned long long)j->dst_node, hpd_status_str(st));
+    }
+    job_end(&P, j);
+}
+
+/* Stops a job: the engine request goes; a transfer that has puts in flight
+ * is flushed first (the puts land before the caller frees the decode
+ * node's pages), else the job ends now. */
+static void job_stop(prefill_t *p, job_t *j)
+{
+    if (j->state == JOB_FINISHING)
+        return; /* its transfer callback ends it */
+    if (j->eng_id != 0)
+        hpd_engine_cancel(p->node->engine, j->eng_id);
+    if (j->xfer_open && !hpd_xfer_peer_failed(j->peer)) {
+        j->state = JOB_FINISHING;
+        if (hpd_xfer_finish(j->peer, j->id, on_xfer_done, j, false) == HPD_OK)
+            return;
+    }
+    job_end(p, j);
+}
+
+static void job_fail(prefill_t *p, job_t *j, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void job_fail(prefill_t *p, job_t *j, const char *fmt, ...)
+{
+    va_list ap;
+    if (!j->failed) {
+        j->failed = true;
+        va_start(ap, fmt);
+        vsnprintf(j->error, sizeof(j->error), fmt, ap);
+        va_end(ap);
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: job %llu: %s", p->node->o.name,
+                     (unsigned long long)j->id, j->error);
+    }
+}
+
+static uint64_t job_staging_bytes(const job_t *j, const hpd_engine_memory_t *m,
+                                  uint32_t n_gdn, uint32_t *kv_pages_p)
+{
+    const uint32_t groups = hpd_kv_layout_n_groups(&j->dst_layout);
+    const uint32_t pages = groups * HPD_DIV_UP(j->n_prompt, j->dst_layout.block_size);
+    *kv_pages_p = pages;
+    return (uint64_t)pages * hpd_kv_layout_page_bytes(&j->dst_layout) +
+           (uint64_t)n_gdn * m->layer_state_bytes;
+}
+
+/* Queued jobs enter the engine in arrival order while staging lasts. Not
+ * reentrant: a job that ends inside it does not restart it. */
+static void try_start(prefill_t *p)
+{
+    hpd_node_t *n = p->node;
+    hpd_engine_memory_t m;
+    static bool busy;
+
+    if (busy)
+        return;
+    busy = true;
+    hpd_engine_memory(n->engine, &m);
+    for (job_t *j = p->jobs; j != NULL;) {
+        uint64_t off;
+        uint32_t kv_pages;
+        if (j->state != JOB_QUEUED) {
+            j = j->next;
+            continue;
+        }
+        const uint64_t need = job_staging_bytes(j, &m, n->model->config.n_linear_layers,
+                                                &kv_pages);
+        if (!staging_alloc(p, need, &off))
+            break; /* first come, first served */
+        j->staging_off = off;
+        j->staging_bytes = need;
+        j->staging_pages = kv_pages;
+        hpd_request_params_t rp = {j->prompt, j->n_prompt, 1, j->sampling, NULL, 0};
+        hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
+        if (st != HPD_OK) {
+            j->eng_id = 0;
+            job_fail(p, j, "the engine refused the prompt: %s", hpd_status_str(st));
+            job_end(p, j);
+            j = p->jobs; /* the list changed */
+            continue;
+        }
+        j->state = JOB_RUNNING;
+        j->t_start = hpd_time_now();
+        hpd_node_kick(n);
+        j = j->next;
+    }
+    busy = false;
+}
+
+/* The layerwise push: called by the engine after each layer. */
+static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *items, uint32_t n)
+{
+    prefill_t *p = arg;
+    hpd_node_t *node = p->node;
+    const hpd_model_config_t *cfg = &node->model->config;
+    hpd_engine_memory_t m;
+    hpd_engine_memory(node->engine, &m);
+
+    for (uint32_t i = 0; i < n; i++) {
+        job_t *j = items[i].prefill ? job_by_engine_id(p, items[i].id) : NULL;
+        hpd_engine_kv_t kv;
+        hpd_status_t st = HPD_OK;
+        if (j == NULL || j->failed || hpd_engine_request_kv(node->engine, j->eng_id, &kv) != HPD_OK)
+            continue;
+        const uint32_t end = items[i].pos + items[i].n_tokens;
+        const hpd_kv_layout_t *dl = &j->dst_layout;
+        uint8_t *staging = p->staging + j->staging_off;
+        if (cfg->layer_full[layer]) {
+            const uint32_t a = cfg->kind_index[layer], g = a / dl->pack_size;
+            if (a % dl->pack_size != dl->pack_size - 1 && a != dl->n_layers - 1)
+                continue; /* the group's pages are not complete yet */
+            const uint32_t to = items[i].last_chunk ? end : end / dl->block_size * dl->block_size;
+            const uint32_t from = j->pushed[g] * dl->block_size;
+            if (to <= from)
+                continue;
+            hpd_xfer_kv_args_t a_kv = {node->backend,
+                                       {m.layout, m.kv_pool, kv.tables, 0},
+                                       from, to, items[i].last_chunk,
+                                       dl, j->kv_region, j->dst_tables,
+                                       staging, j->staging_pages, g};
+            st = hpd_xfer_push_kv(j->peer, j->id, &a_kv);
+            j->pushed[g] = HPD_DIV_UP(to, dl->block_size);
+        } else if (items[i].last_chunk) {
+            const uint32_t gi = cfg->kind_index[layer];
+            const uint64_t off = gi * m.layer_state_bytes;
+            uint8_t *dst = staging + (uint64_t)j->staging_pages * hpd_kv_layout_page_bytes(dl) + off;
+            hpd_slot_copy_args_t c = {dst, (uint8_t *)kv.state + off, m.layer_state_bytes};
+            hpd_xfer_put_t put = {dst, j->slot_region, j->dst_slot_offset + off,
+                                  m.layer_state_bytes};
+            if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK)
+                st = hpd_xfer_put(j->peer, j->id, &put, 1);
+        } else {
+            continue;
+        }
+        j->xfer_open = true;
+        if (st != HPD_OK)
+            job_fail(p, j, "push to decode node %llu failed at layer %u: %s",
+                     (unsigned long long)j->dst_node, layer, hpd_status_str(st));
+    }
+}
+
+static void after_step(hpd_node_t *n)
+{
+    prefill_t *p = n->role_data;
+    job_t *j = p->jobs;
+
+    while (j != NULL) {
+        job_t *next = j->next;
+        const int32_t *toks;
+        uint32_t nt;
+        hpd_request_state_t rs;
+        if (j->state != JOB_RUNNING ||
+            hpd_engine_result(n->engine, j->eng_id, &toks, &nt, &rs) != HPD_OK) {
+            j = next;
+            continue;
+        }
+        if (j->failed || rs == HPD_REQ_FAILED) {
+            if (!j->failed)
+                job_fail(p, j, "the prefill step failed");
+            job_stop(p, j);
+        } else if (rs == HPD_REQ_FINISHED) {
+            hpd_request_info_t info;
+            j->first_token = toks[0];
+            if (hpd_engine_request_info(n->engine, j->eng_id, &info) == HPD_OK)
+                j->cached_tokens = info.cached_tokens;
+            hpd_engine_release(n->engine, j->eng_id);
+            j->eng_id = 0;
+            j->state = JOB_FINISHING;
+            if (hpd_xfer_finish(j->peer, j->id, on_xfer_done, j, false) != HPD_OK) {
+                job_fail(p, j, "decode node %llu is gone", (unsigned long long)j->dst_node);
+                job_end(p, j);
+            }
+        }
+        j = next;
+    }
+}
+
+/* ------------------------------------------------------------ methods */
+
+static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
+                      hpd_proto_err_t *err)
+{
+    hpd_node_t *n = p->node;
+    const hpd_model_config_t *cfg = &n->model->config;
+    const hpd_engine_params_t *ep = hpd_engine_params(n->engine);
+    const msgpack_object *dst, *sampling, *info, *tables;
+    hpd_engine_memory_t m;
+
+    hpd_engine_memory(n->engine, &m);
+    j->sampling = (hpd_sampling_t){0, 1, 0, 0};
+    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &j->id, err) ||
+        !hpd_proto_ids(params, "prompt", true, cfg->vocab_size, &j->prompt, &j->n_prompt, err))
+        return false;
+    if (j->n_prompt == 0 || j->n_prompt + 1 > ep->max_context) {
+        snprintf(err->text, sizeof(err->text),
+                 "prompt has %u tokens (expected 1 to %u, this node's max context - 1)",
+                 j->n_prompt, ep->max_context - 1);
+        return false;
+    }
+    if ((sampling = hpd_proto_map(params, "sampling", false, err)) == NULL && err->text[0])
+        return false;
+    if (sampling != NULL && !hpd_proto_sampling(sampling, &j->sampling, err))
+        return false;
+    if ((dst = hpd_proto_map(params, "decode", true, err)) == NULL ||
+        !hpd_proto_u64(dst, "node", true, UINT64_MAX, &j->dst_node, err) ||
+        !hpd_proto_layout(dst, "layout", &j->dst_layout, err) ||
+        !hpd_proto_u64(dst, "slot_offset", true, UINT64_MAX, &j->dst_slot_offset, err) ||
+        !hpd_proto_u32(dst, "kv_region", true, HPD_XFER_MAX_REGIONS - 1, &j->kv_region, err) ||
+        !hpd_proto_u32(dst, "slot_region", true, HPD_XFER_MAX_REGIONS - 1, &j->slot_region,
+                       err) ||
+        (info = hpd_proto_map(dst, "xfer", true, err)) == NULL)
+        return false;
+    /* the destination holds the same model: only B, P and the order differ */
+    j->dst_layout.n_layers = m.layout->n_layers;
+    j->dst_layout.n_kv_heads = m.layout->n_kv_heads;
+    j->dst_layout.head_dim = m.layout->head_dim;
+    j->dst_layout.dtype = m.layout->dtype;
+    if (j->dst_layout.pack_size > HPD_MAX(m.layout->n_layers, 1)) {
+        snprintf(err->text, sizeof(err->text),
+                 "decode layout pack size %u exceeds the %u full-attention layers",
+                 j->dst_layout.pack_size, m.layout->n_layers);
+        return false;
+    }
+    const uint32_t groups = m.layout->n_layers ? hpd_kv_layout_n_groups(&j->dst_layout) : 0;
+    j->dst_blocks = HPD_DIV_UP(j->n_prompt, j->dst_layout.block_size);
+    tables = hpd_rpc_map_get(dst, "tables");
+    if (tables == NULL || tables->type != MSGPACK_OBJECT_ARRAY ||
+        tables->via.array.size != groups) {
+        snprintf(err->text, sizeof(err->text),
+                 "decode.tables must be an array of %u page lists (one per pack group)", groups);
+        return false;
+    }
+    if (groups > 0 && (j->dst_pages = malloc((size_t)groups * j->dst_blocks * 4)) == NULL) {
+        snprintf(err->text, sizeof(err->text), "out of memory");
+        return false;
+    }
+    for (uint32_t g = 0; g < groups; g++) {
+        uint32_t got, *row = j->dst_pages + (size_t)g * j->dst_blocks;
+        const msgpack_object *t = &tables->via.array.ptr[g];
+        char what[32];
+        snprintf(what, sizeof(what), "decode.tables[%u]", g);
+        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size < j->dst_blocks) {
+            snprintf(err->text, sizeof(err->text), "%s must list at least %u pages", what,
+                     j->dst_blocks);
+            return false;
+        }
+        msgpack_object head = *t;
+        head.via.array.size = j->dst_blocks; /* pages past the prompt are the decode node's */
+        if (!hpd_proto_u32s(&head, what, row, j->dst_blocks, &got, err))
+            return false;
+        j->dst_tables[g] = row;
+    }
+    if ((j->peer = peer_get(p, j->dst_node, info, err)) == NULL)
+        return false;
+    return true;
+}
+
+static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    prefill_t *p = n->role_data;
+    hpd_proto_err_t err = {{0}};
+    job_t *j = calloc(1, sizeof(*j));
+
+    if (j == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    if (!parse_job(p, j, params, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "prefill: %s", err.text);
+        free(j->prompt);
+        free(j->dst_pages);
+        free(j);
+        return;
+    }
+    if (job_find(p, j->id) != NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "prefill: job %llu already exists",
+                            (unsigned long long)j->id);
+        free(j->prompt);
+        free(j->dst_pages);
+        free(j);
+        return;
+    }
+    hpd_engine_memory_t m;
+    uint32_t kv_pages;
+    hpd_engine_memory(n->engine, &m);
+    const uint64_t need = job_staging_bytes(j, &m, n->model->config.n_linear_layers, &kv_pages);
+    if (need > p->staging_bytes) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
+                            "prefill: job %llu needs %llu MiB of staging, this node has %llu MiB "
+                            "(--staging-mb)",
+                            (unsigned long long)j->id, (unsigned long long)(need >> 20) + 1,
+                            (unsigned long long)(p->staging_bytes >> 20));
+        free(j->prompt);
+        free(j->dst_pages);
+        free(j);
+        return;
+    }
+    j->conn = conn;
+    j->call_id = id;
+    hpd_rpc_conn_ref(conn);
+    j->t_recv = hpd_time_now();
+    job_t **tail = &p->jobs;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = j;
+    try_start(p);
+}
+
+static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_node_t *n = arg;
+    prefill_t *p = n->role_data;
+    hpd_proto_err_t err;
+    uint64_t job_id;
+    job_t *j;
+
+    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job_id, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "cancel: %s", err.text);
+        return;
+    }
+    if ((j = job_find(p, job_id)) == NULL || j->cancel_conn != NULL) {
+        hpd_rpc_reply(conn, id, NULL); /* unknown, finished, or already being canceled */
+        return;
+    }
+    /* answered when the job is gone (after its puts landed) */
+    j->cancel_conn = conn;
+    j->cancel_id = id;
+    hpd_rpc_conn_ref(conn);
+    job_stop(p, j);
+}
+
+static const hpd_rpc_method_t methods[] = {
+    {"prefill", m_prefill},
+    {"cancel", m_cancel},
+};
+
+/* ------------------------------------------------------------ role */
+
+static hpd_status_t init(hpd_node_t *n)
+{
+    prefill_t *p = &P;
+    hpd_status_t st;
+
+    p->node = n;
+    n->role_data = p;
+    p->staging_bytes = n->o.staging_bytes;
+    if ((st = hpd_xfer_alloc(n->xfer, p->staging_bytes, (void **)&p->staging,
+                             &p->staging_region)) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map %llu MiB of staging: %s", n->o.name,
+                      (unsigned long long)(p->staging_bytes >> 20), hpd_status_str(st));
+        return st;
+    }
+    if ((p->free_list = malloc(sizeof(extent_t))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    *p->free_list = (extent_t){0, p->staging_bytes, NULL};
+    /* the engine was created before the role: hook the layer callback now */
+    hpd_engine_set_layer_cb(n->engine, on_layer, p);
+    return HPD_OK;
+}
+
+static void pack_load(hpd_node_t *n, msgpack_packer *pk)
+{
+    prefill_t *p = n->role_data;
+    uint32_t queued = 0, running = 0, finishing = 0;
+    uint64_t queued_tokens = 0;
+    for (job_t *j = p->jobs; j != NULL; j = j->next) {
+        queued += j->state == JOB_QUEUED;
+        running += j->state == JOB_RUNNING;
+        finishing += j->state == JOB_FINISHING;
+        if (j->state != JOB_FINISHING)
+            queued_tokens += j->n_prompt;
+    }
+    msgpack_pack_map(pk, 7);
+    hpd_proto_key(pk, "jobs_queued");
+    msgpack_pack_uint32(pk, queued);
+    hpd_proto_key(pk, "jobs_running");
+    msgpack_pack_uint32(pk, running);
+    hpd_proto_key(pk, "jobs_finishing");
+    msgpack_pack_uint32(pk, finishing);
+    hpd_proto_key(pk, "queued_tokens");
+    msgpack_pack_uint64(pk, queued_tokens);
+    hpd_proto_key(pk, "jobs_done");
+    msgpack_pack_uint64(pk, p->jobs_done);
+    hpd_proto_key(pk, "jobs_failed");
+    msgpack_pack_uint64(pk, p->jobs_failed);
+    hpd_proto_key(pk, "jobs_canceled");
+    msgpack_pack_uint64(pk, p->jobs_canceled);
+}
+
+static uint32_t n_extra(hpd_node_t *n)
+{
+    return hpd_engine_params(n->engine)->prefix_cache ? 1 : 0;
+}
+
+/* The prefix summary rides on heartbeats for prefix-aware routing. */
+static void pack_extra(hpd_node_t *n, msgpack_packer *pk)
+{
+    prefill_t *p = n->role_data;
+    hpd_engine_prefix_summary(n->engine, p->summary, sizeof(p->summary));
+    hpd_proto_key(pk, "prefix_summary");
+    hpd_proto_pack_bin(pk, p->summary, sizeof(p->summary));
+}
+
+static void on_peer_error(hpd_node_t *n, hpd_xfer_peer_t *peer, hpd_status_t status)
+{
+    prefill_t *p = n->role_data;
+    job_t *j = p->jobs;
+    while (j != NULL) {
+        job_t *next = j->next;
+        if (j->peer == peer && j->state != JOB_FINISHING) {
+            job_fail(p, j, "decode node %llu failed: %s", (unsigned long long)j->dst_node,
+                     hpd_status_str(status));
+            job_stop(p, j);
+        }
+        j = next;
+    }
+}
+
+static void fini(hpd_node_t *n)
+{
+    prefill_t *p = n->role_data;
+    if (p == NULL)
+        return;
+    while (p->jobs != NULL) {
+        job_t *j = p->jobs;
+        j->failed = true;
+        snprintf(j->error, sizeof(j->error), "prefill node shutting down");
+        j->state = JOB_FINISHING; /* no flush now: the context goes */
+        job_end(p, j);
+    }
+    while (p->free_list != NULL) {
+        extent_t *e = p->free_list;
+        p->free_list = e->next;
+        free(e);
+    }
+    free(p->peers);
+}
+
+static const hpd_node_role_t role = {
+    .name = "prefill",
+    .methods = methods,
+    .n_methods = sizeof(methods) / sizeof(methods[0]),
+    .init = init,
+    .pack_load = pack_load,
+    .n_extra = n_extra,
+    .pack_extra = pack_extra,
+    .after_step = after_step,
+    .on_peer_error = on_peer_error,
+    .fini = fini,
+};
+
+int main(int argc, char **argv)
+{
+    return hpd_node_main(argc, argv, &role);
+}
