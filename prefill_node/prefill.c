@@ -78,6 +78,7 @@ typedef struct {
     extent_t *free_list; /* sorted by offset */
     peer_ent_t *peers;
     size_t n_peers, cap_peers;
+    struct event *reap_ev; /* stops failed jobs outside engine steps */
     uint8_t summary[8192];
     uint64_t jobs_done, jobs_failed, jobs_canceled;
 } prefill_t;
@@ -203,6 +204,7 @@ static void job_free(prefill_t *p, job_t *j)
 }
 
 static void try_start(prefill_t *p);
+static void on_reap(evutil_socket_t fd, short what, void *arg);
 
 /* Answers the prefill call and frees the job. */
 static void job_end(prefill_t *p, job_t *j)
@@ -234,7 +236,11 @@ static void job_end(prefill_t *p, job_t *j)
         }
     }
     job_free(p, j);
-    try_start(p); /* staging may have come free */
+    /* staging may have come free: start queued jobs from the loop (this
+     * may run inside an engine step, from a UCX callback) */
+    static const struct timeval now = {0, 0};
+    if (p->reap_ev != NULL)
+        evtimer_add(p->reap_ev, &now);
 }
 
 static void on_xfer_done(void *arg, uint64_t xfer_id, hpd_status_t st)
@@ -600,6 +606,8 @@ static hpd_status_t init(hpd_node_t *n)
     if ((p->free_list = malloc(sizeof(extent_t))) == NULL)
         return HPD_ERR_NO_MEMORY;
     *p->free_list = (extent_t){0, p->staging_bytes, NULL};
+    if ((p->reap_ev = evtimer_new(n->base, on_reap, p)) == NULL)
+        return HPD_ERR_NO_MEMORY;
     /* the engine was created before the role: hook the layer callback now */
     hpd_engine_set_layer_cb(n->engine, on_layer, p);
     return HPD_OK;
@@ -648,19 +656,30 @@ static void pack_extra(hpd_node_t *n, msgpack_packer *pk)
     hpd_proto_pack_bin(pk, p->summary, sizeof(p->summary));
 }
 
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    prefill_t *p = arg;
+    for (job_t *j = p->jobs, *next; j != NULL; j = next) {
+        next = j->next;
+        if (j->failed && j->state != JOB_FINISHING) {
+            job_stop(p, j);
+            next = p->jobs; /* the list may have changed */
+        }
+    }
+    try_start(p);
+}
+
+/* UCX may report this from inside an engine step (a put progresses the
+ * worker): mark the jobs and stop them from the loop, after the step. */
 static void on_peer_error(hpd_node_t *n, hpd_xfer_peer_t *peer, hpd_status_t status)
 {
     prefill_t *p = n->role_data;
-    job_t *j = p->jobs;
-    while (j != NULL) {
-        job_t *next = j->next;
-        if (j->peer == peer && j->state != JOB_FINISHING) {
+    static const struct timeval now = {0, 0};
+    for (job_t *j = p->jobs; j != NULL; j = j->next)
+        if (j->peer == peer && j->state != JOB_FINISHING)
             job_fail(p, j, "decode node %llu failed: %s", (unsigned long long)j->dst_node,
                      hpd_status_str(status));
-            job_stop(p, j);
-        }
-        j = next;
-    }
+    evtimer_add(p->reap_ev, &now);
 }
 
 static void fini(hpd_node_t *n)
@@ -675,6 +694,8 @@ static void fini(hpd_node_t *n)
         j->state = JOB_FINISHING; /* no flush now: the context goes */
         job_end(p, j);
     }
+    if (p->reap_ev)
+        event_free(p->reap_ev);
     while (p->free_list != NULL) {
         extent_t *e = p->free_list;
         p->free_list = e->next;
