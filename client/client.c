@@ -164,11 +164,17 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.status = HPD_ERR_FORMAT;
         snprintf(r.error, sizeof(r.error), "bad reply: %.200s", err.text);
     } else {
-        float ttft = 0, total = 0;
+        float ttft = 0, total = 0, pre = 0, push = 0, exposed = 0;
         hpd_proto_float(reply->result, "ttft_ms", false, &ttft, &err);
         hpd_proto_float(reply->result, "total_ms", false, &total, &err);
+        hpd_proto_float(reply->result, "prefill_ms", false, &pre, &err);
+        hpd_proto_float(reply->result, "push_ms", false, &push, &err);
+        hpd_proto_float(reply->result, "exposed_push_ms", false, &exposed, &err);
         r.ttft_ms = ttft;
         r.total_ms = total;
+        r.prefill_ms = pre;
+        r.push_ms = push;
+        r.exposed_push_ms = exposed;
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,

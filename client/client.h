@@ -36,6 +36,9 @@ typedef struct {
     uint32_t n_tokens;
     uint32_t prompt_tokens, cached_tokens, attempts;
     double ttft_ms, total_ms; /* measured by the coordinator */
+    double prefill_ms;        /* the prefill node's compute (last attempt) */
+    double push_ms;           /* its transfer, first put to completion */
+    double exposed_push_ms;   /* the part of the transfer after the compute ended */
     double client_ttft_ms, client_total_ms; /* measured here (first streamed token) */
 } hpd_generate_result_t;
 

@@ -79,6 +79,7 @@ typedef struct req {
     char last_error[160];
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
+    float prefill_ms, push_ms, exposed_push_ms;
     struct req *next;
 } req_t;
 
@@ -285,7 +286,13 @@ static void req_finish(req_t *r)
         r->dnode = NULL;
     }
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 7);
+    msgpack_pack_map(&b.pk, 10);
+    hpd_proto_key(&b.pk, "prefill_ms");
+    msgpack_pack_double(&b.pk, r->prefill_ms);
+    hpd_proto_key(&b.pk, "push_ms");
+    msgpack_pack_double(&b.pk, r->push_ms);
+    hpd_proto_key(&b.pk, "exposed_push_ms");
+    msgpack_pack_double(&b.pk, r->exposed_push_ms);
     hpd_proto_key(&b.pk, "request");
     msgpack_pack_uint64(&b.pk, r->id);
     hpd_proto_key(&b.pk, "tokens");
@@ -414,6 +421,9 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     p->jobs--;
     p->queued_tokens -= r->n_prompt;
     r->cached_tokens = cached;
+    hpd_proto_float(reply->result, "prefill_ms", false, &r->prefill_ms, &err);
+    hpd_proto_float(reply->result, "push_ms", false, &r->push_ms, &err);
+    hpd_proto_float(reply->result, "exposed_push_ms", false, &r->exposed_push_ms, &err);
     const int32_t t = (int32_t)first;
     add_tokens(r, 0, &t, 1);
     r->state = R_DECODING;

@@ -58,6 +58,7 @@ typedef struct job {
     int32_t first_token;
     uint32_t cached_tokens;
     double t_recv, t_start, t_end;
+    double t_first_put, t_computed; /* transfer start, end of the prefill compute */
     /* cancel calls waiting for the transfer to end */
     hpd_rpc_conn_t *cancel_conn;
     uint32_t cancel_id;
@@ -221,7 +222,11 @@ static void job_end(prefill_t *p, job_t *j)
         } else {
             hpd_rpc_buf_t b;
             hpd_rpc_buf_init(&b);
-            msgpack_pack_map(&b.pk, 4);
+            msgpack_pack_map(&b.pk, 6);
+            hpd_proto_key(&b.pk, "push_ms"); /* first put to transfer done */
+            msgpack_pack_double(&b.pk, (j->t_end - j->t_first_put) * 1e3);
+            hpd_proto_key(&b.pk, "exposed_push_ms"); /* what the compute did not hide */
+            msgpack_pack_double(&b.pk, (j->t_end - j->t_computed) * 1e3);
             hpd_proto_key(&b.pk, "first_token");
             msgpack_pack_int32(&b.pk, j->first_token);
             hpd_proto_key(&b.pk, "cached_tokens");
@@ -229,7 +234,7 @@ static void job_end(prefill_t *p, job_t *j)
             hpd_proto_key(&b.pk, "queue_ms");
             msgpack_pack_double(&b.pk, (j->t_start - j->t_recv) * 1e3);
             hpd_proto_key(&b.pk, "prefill_ms");
-            msgpack_pack_double(&b.pk, (j->t_end - j->t_start) * 1e3);
+            msgpack_pack_double(&b.pk, (j->t_computed - j->t_start) * 1e3);
             hpd_rpc_reply(j->conn, j->call_id, &b);
             hpd_rpc_buf_destroy(&b);
             p->jobs_done++;
@@ -384,6 +389,8 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
         } else {
             continue;
         }
+        if (!j->xfer_open)
+            j->t_first_put = hpd_time_now();
         j->xfer_open = true;
         if (st != HPD_OK)
             job_fail(p, j, "push to decode node %llu failed at layer %u: %s",
@@ -412,6 +419,7 @@ static void after_step(hpd_node_t *n)
             job_stop(p, j);
         } else if (rs == HPD_REQ_FINISHED) {
             hpd_request_info_t info;
+            j->t_computed = hpd_time_now();
             j->first_token = toks[0];
             if (hpd_engine_request_info(n->engine, j->eng_id, &info) == HPD_OK)
                 j->cached_tokens = info.cached_tokens;
