@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     snprintf(ctx, sizeof(ctx), "%u", len + max_tokens + 64);
     snprintf(log, sizeof(log), "%s/coordinator.log", dir);
     char *cargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
-                     "--heartbeat-ms", "100", "--lease-ms", "2000", NULL};
+                     "--heartbeat-ms", "100", "--lease-ms", "30000", NULL};
     pid_t pids[3];
     pids[0] = spawn(cargv, log);
     uint16_t port = 0;

@@ -1042,7 +1042,8 @@ static void usage(FILE *f)
             "  --port-file F          write the bound port to F once listening\n"
             "  --token-file F         shared secret (first line) required of every peer\n"
             "  --heartbeat-ms N       node heartbeat period (500)\n"
-            "  --lease-ms N           a node silent this long is lost (2000)\n"
+            "  --lease-ms N           a node silent this long is lost; more than the\n"
+            "                         longest engine step (10000)\n"
             "  --max-requests N       requests in flight before 'overloaded' (256)\n"
             "  --queue-timeout-ms N   a request no node can take fails after (60000)\n"
             "  --max-attempts N       attempts per request across failures (4)\n"
@@ -1072,7 +1073,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     uint64_t v;
     int c, lvl;
 
-    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 2000, 256, 60000, 4};
+    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 10000, 256, 60000, 4};
     hpd_log_set_level(HPD_LOG_LEVEL_INFO);
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool done = false;
