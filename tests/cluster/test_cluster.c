@@ -353,7 +353,7 @@ static void kill_mid_load(batch_t *b)
     uint32_t streaming = 0;
     for (int i = 0; i < N_PROMPTS; i++)
         streaming += b->streamed[i] > 1 && b->streamed[i] < MAX_TOKENS;
-    if (killed == 0 && b->done >= 4 && streaming > 0) {
+    if (killed == 0 && b->done >= 4 && (streaming > 0 || b->done >= 48)) {
         print_message("killing %s and %s with %u requests done, %u streaming\n", nodes[0].name,
                       nodes[3].name, b->done, streaming);
         kill(nodes[0].pid, SIGKILL);
@@ -461,6 +461,57 @@ static void test_bad_requests(void **state)
     p = (hpd_generate_params_t){ok, 3, 4, greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
     hpd_generate_result_free(&r);
+
+    /* the nodes themselves: malformed commands get errors naming the field */
+    hpd_rpc_result_t st;
+    assert_int_equal(hpd_client_status(c, &st), HPD_OK);
+    const msgpack_object *ns = get(&st.result, "nodes");
+    char *token = NULL;
+    assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
+    struct event_base *base = event_base_new();
+    for (uint32_t i = 0; i < ns->via.array.size; i++) {
+        const msgpack_object *addr = get(&ns->via.array.ptr[i], "address");
+        const msgpack_object *role = get(&ns->via.array.ptr[i], "role");
+        char text[96], host[64];
+        uint16_t port;
+        snprintf(text, sizeof(text), "%.*s", (int)addr->via.str.size, addr->via.str.ptr);
+        assert_true(hpd_proto_parse_endpoint(text, host, sizeof(host), &port));
+        hpd_rpc_client_params_t cp = {base, host, port, token, 5000, 0, NULL, NULL, NULL};
+        hpd_rpc_client_t *rc;
+        assert_int_equal(hpd_rpc_client_create(&cp, &rc), HPD_OK);
+        const bool pre = hpd_rpc_str_eq(role->via.str.ptr, role->via.str.size, "prefill");
+        hpd_rpc_buf_t b;
+        hpd_rpc_result_t res;
+        hpd_rpc_buf_init(&b);
+        msgpack_pack_map(&b.pk, 2);
+        hpd_proto_key(&b.pk, "job");
+        msgpack_pack_uint64(&b.pk, 999999);
+        hpd_proto_key(&b.pk, "prompt");
+        msgpack_pack_array(&b.pk, 2);
+        msgpack_pack_int(&b.pk, 3);
+        msgpack_pack_int(&b.pk, -4);
+        assert_int_equal(hpd_rpc_call_sync(rc, pre ? "prefill" : "reserve", &b, 0, &res), HPD_OK);
+        assert_true(res.is_error);
+        assert_int_equal(res.error_code, HPD_RPC_ERR_PARAMS);
+        assert_non_null(strstr(res.error_message, "prompt[1] is -4"));
+        hpd_rpc_result_destroy(&res);
+        hpd_rpc_buf_destroy(&b);
+        hpd_rpc_buf_init(&b);
+        msgpack_pack_map(&b.pk, 0);
+        assert_int_equal(hpd_rpc_call_sync(rc, pre ? "prefill" : "start", &b, 0, &res), HPD_OK);
+        assert_true(res.is_error);
+        assert_non_null(strstr(res.error_message, "field 'job' is missing"));
+        hpd_rpc_result_destroy(&res);
+        hpd_rpc_buf_destroy(&b);
+        /* and it goes on serving */
+        assert_int_equal(hpd_rpc_call_sync(rc, "stats", NULL, 0, &res), HPD_OK);
+        assert_false(res.is_error);
+        hpd_rpc_result_destroy(&res);
+        hpd_rpc_client_destroy(rc);
+    }
+    event_base_free(base);
+    free(token);
+    hpd_rpc_result_destroy(&st);
     hpd_client_destroy(c);
 }
 
