@@ -178,7 +178,7 @@ static int setup(void **state)
     fclose(f);
     snprintf(log, sizeof(log), "%s/coordinator.log", root);
     char *argv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file, "--token-file",
-                    token_file, "--heartbeat-ms", "100", "--lease-ms", "1000",
+                    token_file, "--heartbeat-ms", "100", "--lease-ms", "1000", "--max-requests", "80",
                     "--log-level", "info", NULL};
     coord_pid = spawn(argv, log);
     for (int i = 0; i < 100; i++) {
@@ -392,6 +392,14 @@ static void count_done(void *arg, uint64_t h, hpd_generate_result_t *r)
     ((count_t *)arg)->done++;
 }
 
+static void count_outcome(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    if (r->status == HPD_ERR_NO_RESOURCE && strstr(r->error, "overloaded") != NULL)
+        (*(uint32_t *)arg)++;
+    else
+        assert_int_equal(r->status, HPD_OK);
+}
+
 static void test_cancels_and_disconnects(void **state)
 {
     static int32_t ref[N_PROMPTS][MAX_TOKENS];
@@ -515,6 +523,39 @@ static void test_bad_requests(void **state)
     hpd_client_destroy(c);
 }
 
+/* Past --max-requests (80) the coordinator answers "overloaded" at once;
+ * what it admitted completes. Then hpd-client prints what hpd-run prints. */
+static void test_admission_and_cli(void **state)
+{
+    hpd_client_t *c;
+    uint32_t over = 0, ok = 0;
+    /* 85 at once: the 5 past the limit are refused at once, the rest complete */
+    c = connect_client();
+    for (int i = 0; i < 85; i++) {
+        hpd_generate_params_t p = {prompts[i % N_PROMPTS].ids, (uint32_t)prompts[i % N_PROMPTS].n,
+                                   4, greedy};
+        uint64_t h;
+        assert_int_equal(hpd_client_submit(c, &p, NULL, count_outcome, &over, &h), HPD_OK);
+    }
+    while (hpd_client_pending(c) > 0)
+        hpd_client_poll(c, 100);
+    ok = 85 - over;
+    print_message("85 requests at once with --max-requests 80: %u admitted, %u overloaded\n", ok,
+                  over);
+    assert_int_equal(over, 5);
+    hpd_client_destroy(c);
+    wait_idle(N_NODES);
+
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s --model %s --prompts-file %s --max-tokens 8 --threads 2 > %s/run.out && "
+             "%s --coordinator %s --token-file %s generate --prompts-file %s --max-tokens 8 "
+             "--stream > %s/client.out && cmp %s/run.out %s/client.out",
+             HPD_RUN, model, prompts_file, root, HPD_CLIENT, coord_addr, token_file,
+             prompts_file, root, root, root);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -522,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_failover),
         cmocka_unit_test(test_cancels_and_disconnects),
+        cmocka_unit_test(test_admission_and_cli),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, setup, teardown);
