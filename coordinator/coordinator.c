@@ -166,8 +166,7 @@ static void send_cancel(node_t *n, uint64_t job, hpd_rpc_reply_cb_t cb, void *ar
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 1);
-    hpd_proto_key(&b.pk, "job");
-    msgpack_pack_uint64(&b.pk, job);
+    hpd_proto_kv_u64(&b.pk, "job", job);
     if (n == NULL || !n->alive || hpd_rpc_call(n->client, "cancel", &b, 30000, cb, arg) != HPD_OK)
         cb(arg, HPD_ERR_IO, NULL);
     hpd_rpc_buf_destroy(&b);
@@ -265,10 +264,8 @@ static void stream(req_t *r, uint32_t from)
         return;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 3);
-    hpd_proto_key(&b.pk, "tag");
-    msgpack_pack_uint64(&b.pk, r->tag);
-    hpd_proto_key(&b.pk, "index");
-    msgpack_pack_uint32(&b.pk, from);
+    hpd_proto_kv_u64(&b.pk, "tag", r->tag);
+    hpd_proto_kv_u64(&b.pk, "index", from);
     hpd_proto_key(&b.pk, "ids");
     hpd_proto_pack_ids(&b.pk, r->out + from, r->n_out - from);
     hpd_rpc_notify(r->client, "tokens", &b);
@@ -293,20 +290,16 @@ static void req_finish(req_t *r)
     msgpack_pack_double(&b.pk, r->push_ms);
     hpd_proto_key(&b.pk, "exposed_push_ms");
     msgpack_pack_double(&b.pk, r->exposed_push_ms);
-    hpd_proto_key(&b.pk, "request");
-    msgpack_pack_uint64(&b.pk, r->id);
+    hpd_proto_kv_u64(&b.pk, "request", r->id);
     hpd_proto_key(&b.pk, "tokens");
     hpd_proto_pack_ids(&b.pk, r->out, r->n_out);
-    hpd_proto_key(&b.pk, "prompt_tokens");
-    msgpack_pack_uint32(&b.pk, r->n_prompt);
-    hpd_proto_key(&b.pk, "cached_tokens");
-    msgpack_pack_uint32(&b.pk, r->cached_tokens);
+    hpd_proto_kv_u64(&b.pk, "prompt_tokens", r->n_prompt);
+    hpd_proto_kv_u64(&b.pk, "cached_tokens", r->cached_tokens);
     hpd_proto_key(&b.pk, "ttft_ms");
     msgpack_pack_double(&b.pk, (r->t_first - r->t_submit) * 1e3);
     hpd_proto_key(&b.pk, "total_ms");
     msgpack_pack_double(&b.pk, (now - r->t_submit) * 1e3);
-    hpd_proto_key(&b.pk, "attempts");
-    msgpack_pack_uint32(&b.pk, r->attempts + 1);
+    hpd_proto_kv_u64(&b.pk, "attempts", r->attempts + 1);
     hpd_rpc_reply(r->client, r->call_id, &b);
     hpd_rpc_buf_destroy(&b);
     C.finished++;
@@ -430,10 +423,8 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 2);
-    hpd_proto_key(&b.pk, "job");
-    msgpack_pack_uint64(&b.pk, r->job);
-    hpd_proto_key(&b.pk, "first_token");
-    msgpack_pack_uint32(&b.pk, first);
+    hpd_proto_kv_u64(&b.pk, "job", r->job);
+    hpd_proto_kv_u64(&b.pk, "first_token", first);
     call_ctx_t *sc = ctx_new(r->job, d->id);
     if (sc == NULL || hpd_rpc_call(d->client, "start", &b, 30000, on_started, sc) != HPD_OK) {
         free(sc);
@@ -488,16 +479,14 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 4);
-    hpd_proto_key(&b.pk, "job");
-    msgpack_pack_uint64(&b.pk, job);
+    hpd_proto_kv_u64(&b.pk, "job", job);
     hpd_proto_key(&b.pk, "prompt");
     hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
     hpd_proto_key(&b.pk, "sampling");
     hpd_proto_pack_sampling(&b.pk, &r->sampling);
     hpd_proto_key(&b.pk, "decode");
     msgpack_pack_map(&b.pk, 7);
-    hpd_proto_key(&b.pk, "node");
-    msgpack_pack_uint64(&b.pk, d->id);
+    hpd_proto_kv_u64(&b.pk, "node", d->id);
     hpd_proto_key(&b.pk, "xfer");
     msgpack_sbuffer_write(&b.sb, d->xfer_info, d->xfer_info_len);
     for (int i = 0; i < 5; i++) {
@@ -541,12 +530,10 @@ static void schedule(void)
         hpd_rpc_buf_t b;
         hpd_rpc_buf_init(&b);
         msgpack_pack_map(&b.pk, 5);
-        hpd_proto_key(&b.pk, "job");
-        msgpack_pack_uint64(&b.pk, r->job);
+        hpd_proto_kv_u64(&b.pk, "job", r->job);
         hpd_proto_key(&b.pk, "prompt");
         hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
-        hpd_proto_key(&b.pk, "max_tokens");
-        msgpack_pack_uint32(&b.pk, r->max_tokens);
+        hpd_proto_kv_u64(&b.pk, "max_tokens", r->max_tokens);
         hpd_proto_key(&b.pk, "sampling");
         hpd_proto_pack_sampling(&b.pk, &r->sampling);
         hpd_proto_key(&b.pk, "replay"); /* what the client already has */
@@ -773,12 +760,9 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 3);
-    hpd_proto_key(&b.pk, "node_id");
-    msgpack_pack_uint64(&b.pk, n->id);
-    hpd_proto_key(&b.pk, "heartbeat_ms");
-    msgpack_pack_uint32(&b.pk, C.o.heartbeat_ms);
-    hpd_proto_key(&b.pk, "lease_ms");
-    msgpack_pack_uint32(&b.pk, C.o.lease_ms);
+    hpd_proto_kv_u64(&b.pk, "node_id", n->id);
+    hpd_proto_kv_u64(&b.pk, "heartbeat_ms", C.o.heartbeat_ms);
+    hpd_proto_kv_u64(&b.pk, "lease_ms", C.o.lease_ms);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
     schedule_soon();
@@ -968,8 +952,7 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     msgpack_pack_array(&b.pk, n_nodes);
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
         msgpack_pack_map(&b.pk, 8);
-        hpd_proto_key(&b.pk, "id");
-        msgpack_pack_uint64(&b.pk, n->id);
+        hpd_proto_kv_u64(&b.pk, "id", n->id);
         hpd_proto_key(&b.pk, "role");
         hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
         hpd_proto_key(&b.pk, "name");
@@ -980,10 +963,8 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         hpd_rpc_pack_str(&b.pk, addr);
         hpd_proto_key(&b.pk, "layout");
         hpd_proto_pack_layout(&b.pk, &n->layout);
-        hpd_proto_key(&b.pk, "reserved_slots");
-        msgpack_pack_uint32(&b.pk, n->slots_reserved);
-        hpd_proto_key(&b.pk, "jobs");
-        msgpack_pack_uint32(&b.pk, n->jobs);
+        hpd_proto_kv_u64(&b.pk, "reserved_slots", n->slots_reserved);
+        hpd_proto_kv_u64(&b.pk, "jobs", n->jobs);
         hpd_proto_key(&b.pk, "stats");
         if (n->stats != NULL)
             msgpack_sbuffer_write(&b.sb, n->stats, n->stats_len);
@@ -992,20 +973,13 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     }
     hpd_proto_key(&b.pk, "requests");
     msgpack_pack_map(&b.pk, 7);
-    hpd_proto_key(&b.pk, "active");
-    msgpack_pack_uint32(&b.pk, C.n_reqs);
-    hpd_proto_key(&b.pk, "queued");
-    msgpack_pack_uint32(&b.pk, queued);
-    hpd_proto_key(&b.pk, "finished");
-    msgpack_pack_uint64(&b.pk, C.finished);
-    hpd_proto_key(&b.pk, "failed");
-    msgpack_pack_uint64(&b.pk, C.failed);
-    hpd_proto_key(&b.pk, "canceled");
-    msgpack_pack_uint64(&b.pk, C.canceled);
-    hpd_proto_key(&b.pk, "retried");
-    msgpack_pack_uint64(&b.pk, C.retried);
-    hpd_proto_key(&b.pk, "rejected");
-    msgpack_pack_uint64(&b.pk, C.rejected);
+    hpd_proto_kv_u64(&b.pk, "active", C.n_reqs);
+    hpd_proto_kv_u64(&b.pk, "queued", queued);
+    hpd_proto_kv_u64(&b.pk, "finished", C.finished);
+    hpd_proto_kv_u64(&b.pk, "failed", C.failed);
+    hpd_proto_kv_u64(&b.pk, "canceled", C.canceled);
+    hpd_proto_kv_u64(&b.pk, "retried", C.retried);
+    hpd_proto_kv_u64(&b.pk, "rejected", C.rejected);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
 }

@@ -72,10 +72,8 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
     const uint32_t from = HPD_MIN(r->n_sent, n);
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, error ? 5 : 4);
-    hpd_proto_key(&b.pk, "job");
-    msgpack_pack_uint64(&b.pk, r->job);
-    hpd_proto_key(&b.pk, "index");
-    msgpack_pack_uint32(&b.pk, from);
+    hpd_proto_kv_u64(&b.pk, "job", r->job);
+    hpd_proto_kv_u64(&b.pk, "index", from);
     hpd_proto_key(&b.pk, "ids");
     hpd_proto_pack_ids(&b.pk, toks + from, n - from);
     hpd_proto_key(&b.pk, "done");
@@ -223,12 +221,9 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     msgpack_pack_map(&b.pk, 5);
     hpd_proto_key(&b.pk, "layout");
     hpd_proto_pack_layout(&b.pk, m.layout);
-    hpd_proto_key(&b.pk, "kv_region");
-    msgpack_pack_uint32(&b.pk, d->kv_region);
-    hpd_proto_key(&b.pk, "slot_region");
-    msgpack_pack_uint32(&b.pk, d->slot_region);
-    hpd_proto_key(&b.pk, "slot_offset");
-    msgpack_pack_uint64(&b.pk, (uint64_t)kv.slot * m.slot_bytes);
+    hpd_proto_kv_u64(&b.pk, "kv_region", d->kv_region);
+    hpd_proto_kv_u64(&b.pk, "slot_region", d->slot_region);
+    hpd_proto_kv_u64(&b.pk, "slot_offset", (uint64_t)kv.slot * m.slot_bytes);
     hpd_proto_key(&b.pk, "tables");
     const uint32_t prompt_pages = HPD_DIV_UP(rp.n_prompt, m.layout->block_size);
     msgpack_pack_array(&b.pk, kv.n_groups);
@@ -351,22 +346,14 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
         running += r->running;
     }
     msgpack_pack_map(pk, 8);
-    hpd_proto_key(pk, "reserved");
-    msgpack_pack_uint32(pk, reserved);
-    hpd_proto_key(pk, "running");
-    msgpack_pack_uint32(pk, running);
-    hpd_proto_key(pk, "started");
-    msgpack_pack_uint64(pk, d->started);
-    hpd_proto_key(pk, "finished");
-    msgpack_pack_uint64(pk, d->finished);
-    hpd_proto_key(pk, "failed");
-    msgpack_pack_uint64(pk, d->failed);
-    hpd_proto_key(pk, "canceled");
-    msgpack_pack_uint64(pk, d->canceled);
-    hpd_proto_key(pk, "expired");
-    msgpack_pack_uint64(pk, d->expired);
-    hpd_proto_key(pk, "bad_transfers");
-    msgpack_pack_uint64(pk, d->bad_transfers);
+    hpd_proto_kv_u64(pk, "reserved", reserved);
+    hpd_proto_kv_u64(pk, "running", running);
+    hpd_proto_kv_u64(pk, "started", d->started);
+    hpd_proto_kv_u64(pk, "finished", d->finished);
+    hpd_proto_kv_u64(pk, "failed", d->failed);
+    hpd_proto_kv_u64(pk, "canceled", d->canceled);
+    hpd_proto_kv_u64(pk, "expired", d->expired);
+    hpd_proto_kv_u64(pk, "bad_transfers", d->bad_transfers);
 }
 
 static void fini(hpd_node_t *n)

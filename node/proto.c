@@ -234,6 +234,12 @@ void hpd_proto_key(msgpack_packer *pk, const char *key)
     hpd_rpc_pack_str(pk, key);
 }
 
+void hpd_proto_kv_u64(msgpack_packer *pk, const char *key, uint64_t value)
+{
+    hpd_rpc_pack_str(pk, key);
+    msgpack_pack_uint64(pk, value);
+}
+
 void hpd_proto_pack_sampling(msgpack_packer *pk, const hpd_sampling_t *s)
 {
     msgpack_pack_map(pk, 4);

@@ -57,6 +57,8 @@ void hpd_proto_pack_layout(msgpack_packer *pk, const hpd_kv_layout_t *layout);
 void hpd_proto_pack_ids(msgpack_packer *pk, const int32_t *ids, uint32_t n);
 /* Packs a key string then leaves the value to the caller. */
 void hpd_proto_key(msgpack_packer *pk, const char *key);
+/* Packs a key and an unsigned integer (msgpack's smallest encoding). */
+void hpd_proto_kv_u64(msgpack_packer *pk, const char *key, uint64_t value);
 void hpd_proto_pack_bin(msgpack_packer *pk, const void *data, size_t len);
 
 /* "host:port" into host (cap bytes) and port. */

@@ -229,8 +229,7 @@ static void job_end(prefill_t *p, job_t *j)
             msgpack_pack_double(&b.pk, (j->t_end - j->t_computed) * 1e3);
             hpd_proto_key(&b.pk, "first_token");
             msgpack_pack_int32(&b.pk, j->first_token);
-            hpd_proto_key(&b.pk, "cached_tokens");
-            msgpack_pack_uint32(&b.pk, j->cached_tokens);
+            hpd_proto_kv_u64(&b.pk, "cached_tokens", j->cached_tokens);
             hpd_proto_key(&b.pk, "queue_ms");
             msgpack_pack_double(&b.pk, (j->t_start - j->t_recv) * 1e3);
             hpd_proto_key(&b.pk, "prefill_ms");
@@ -634,20 +633,13 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
             queued_tokens += j->n_prompt;
     }
     msgpack_pack_map(pk, 7);
-    hpd_proto_key(pk, "jobs_queued");
-    msgpack_pack_uint32(pk, queued);
-    hpd_proto_key(pk, "jobs_running");
-    msgpack_pack_uint32(pk, running);
-    hpd_proto_key(pk, "jobs_finishing");
-    msgpack_pack_uint32(pk, finishing);
-    hpd_proto_key(pk, "queued_tokens");
-    msgpack_pack_uint64(pk, queued_tokens);
-    hpd_proto_key(pk, "jobs_done");
-    msgpack_pack_uint64(pk, p->jobs_done);
-    hpd_proto_key(pk, "jobs_failed");
-    msgpack_pack_uint64(pk, p->jobs_failed);
-    hpd_proto_key(pk, "jobs_canceled");
-    msgpack_pack_uint64(pk, p->jobs_canceled);
+    hpd_proto_kv_u64(pk, "jobs_queued", queued);
+    hpd_proto_kv_u64(pk, "jobs_running", running);
+    hpd_proto_kv_u64(pk, "jobs_finishing", finishing);
+    hpd_proto_kv_u64(pk, "queued_tokens", queued_tokens);
+    hpd_proto_kv_u64(pk, "jobs_done", p->jobs_done);
+    hpd_proto_kv_u64(pk, "jobs_failed", p->jobs_failed);
+    hpd_proto_kv_u64(pk, "jobs_canceled", p->jobs_canceled);
 }
 
 static uint32_t n_extra(hpd_node_t *n)
