@@ -21,7 +21,8 @@ int hpd_log_level_parse(const char *name)
     return -1;
 }
 
-void hpd_log_write(hpd_log_level_t level, const char *component, const char *fmt, ...)
+void hpd_log_write(hpd_log_level_t level, const char *component, uint64_t request,
+                   const char *fmt, ...)
 {
     char line[1024];
     struct timespec ts;
@@ -31,9 +32,12 @@ void hpd_log_write(hpd_log_level_t level, const char *component, const char *fmt
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s: ",
+    char req[32] = "-";
+    if (request != HPD_LOG_NO_REQ)
+        snprintf(req, sizeof(req), "%llu", (unsigned long long)request);
+    n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s req=%s: ",
                  tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                 tm.tm_sec, ts.tv_nsec / 1000000, level_names[level], component);
+                 tm.tm_sec, ts.tv_nsec / 1000000, level_names[level], component, req);
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof(line))
         vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);

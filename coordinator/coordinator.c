@@ -23,8 +23,10 @@
 
 #include "cache/prefix_cache.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/util.h"
 #include "node/proto.h"
+#include "transport/http.h"
 #include "transport/rpc.h"
 
 #define LOG_COMPONENT "coordinator"
@@ -39,6 +41,7 @@ typedef struct node {
     char name[64], host[64];
     uint16_t port;
     bool alive;
+    bool draining; /* the node said it is finishing its work to stop: no new jobs */
     double lease_until;
     hpd_rpc_client_t *client; /* coordinator -> node */
     hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
@@ -92,7 +95,19 @@ typedef struct {
     uint32_t max_requests;
     uint32_t queue_timeout_ms;
     uint32_t max_attempts;
+    int32_t metrics_port; /* -1: no HTTP endpoint */
+    uint32_t drain_timeout_ms;
 } opts_t;
+
+/* docs/operations.md lists these. */
+typedef struct {
+    hpd_metrics_t *reg;
+    hpd_metric_t *ok, *failed, *canceled, *overloaded, *invalid, *retries;
+    hpd_metric_t *ttft, *tpot, *duration, *queue_wait;
+    hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
+    hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
+    hpd_metric_t *node_losses, *uptime;
+} metrics_t;
 
 typedef struct {
     opts_t o;
@@ -109,6 +124,12 @@ typedef struct {
     hpd_block_hash_t root;
     struct event *tick, *reap, *sched, *sig_int, *sig_term;
     uint64_t finished, failed, canceled, retried, rejected;
+    metrics_t m;
+    hpd_http_t *http;
+    double started;
+    bool draining; /* SIGTERM: no new requests; stop once the open ones are done */
+    bool drained;  /* the drain ended: nodes were told to shut down */
+    struct event *drain_ev;
 } coord_t;
 
 static coord_t C;
@@ -218,6 +239,10 @@ static void req_free(req_t *r)
     free(r->hashes);
     free(r->out);
     free(r);
+    if (C.draining && !C.drained && C.n_reqs == 0) {
+        static const struct timeval now = {0, 0};
+        evtimer_add(C.drain_ev, &now);
+    }
 }
 
 static void req_fail(req_t *r, int64_t code, const char *fmt, ...)
@@ -230,9 +255,12 @@ static void req_fail(req_t *r, int64_t code, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     abort_attempt(r);
-    HPD_LOG_WARN(LOG_COMPONENT, "request %llu failed: %s", (unsigned long long)r->id, msg);
+    HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
     hpd_rpc_reply_error(r->client, r->call_id, code, "%s", msg);
     C.failed++;
+    hpd_metric_inc(code == HPD_RPC_ERR_OVERLOADED ? C.m.overloaded
+                   : code == HPD_RPC_ERR_PARAMS   ? C.m.invalid
+                                                  : C.m.failed, 1);
     req_free(r);
     schedule_soon();
 }
@@ -249,9 +277,10 @@ static void requeue(req_t *r, const char *fmt, ...)
                  r->last_error);
         return;
     }
-    HPD_LOG_INFO(LOG_COMPONENT, "request %llu: retrying (%s)", (unsigned long long)r->id,
-                 r->last_error);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "retrying (attempt %u): %s", r->attempts + 1,
+                  r->last_error);
     C.retried++;
+    hpd_metric_inc(C.m.retries, 1);
     r->t_queued = hpd_time_now();
     schedule_soon();
 }
@@ -302,7 +331,20 @@ static void req_finish(req_t *r)
     hpd_proto_kv_u64(&b.pk, "attempts", r->attempts + 1);
     hpd_rpc_reply(r->client, r->call_id, &b);
     hpd_rpc_buf_destroy(&b);
+    const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
+    const double tpot = r->n_out > 1 ? (now - r->t_first) / (r->n_out - 1) : 0;
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens, ttft %.1f ms, tpot %.2f ms, "
+                  "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, ttft * 1e3,
+                  tpot * 1e3, r->cached_tokens, r->n_prompt, r->attempts + 1);
     C.finished++;
+    hpd_metric_inc(C.m.ok, 1);
+    hpd_metric_observe(C.m.ttft, ttft);
+    if (r->n_out > 1)
+        hpd_metric_observe(C.m.tpot, tpot);
+    hpd_metric_observe(C.m.duration, total);
+    hpd_metric_inc(C.m.prompt_tokens, r->n_prompt);
+    hpd_metric_inc(C.m.generated_tokens, r->n_out);
+    hpd_metric_inc(C.m.cached_tokens, r->cached_tokens);
     req_free(r);
     schedule_soon();
 }
@@ -316,9 +358,8 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
         const uint32_t pos = index + i;
         if (pos < r->n_out) {
             if (r->out[pos] != ids[i])
-                HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: token %u is %d after a retry, %d "
-                              "before (determinism broken)", (unsigned long long)r->id, pos,
-                              ids[i], r->out[pos]);
+                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "token %u is %d after a retry, %d "
+                               "before (determinism broken)", pos, ids[i], r->out[pos]);
         } else if (pos == r->n_out && r->n_out < r->max_tokens) {
             r->out[r->n_out++] = ids[i];
         }
@@ -337,7 +378,8 @@ static node_t *pick_prefill(const req_t *r)
     node_t *best = NULL;
     uint64_t best_cost = UINT64_MAX;
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->role != ROLE_PREFILL || n->max_context < r->n_prompt + 1)
+        if (!n->alive || n->draining || n->role != ROLE_PREFILL ||
+            n->max_context < r->n_prompt + 1)
             continue;
         uint64_t hit = 0;
         if (n->have_summary)
@@ -358,7 +400,8 @@ static node_t *pick_decode(const req_t *r, uint32_t *pages_p)
     node_t *best = NULL;
     uint32_t best_free = 0;
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->role != ROLE_DECODE || n->max_context < r->n_prompt + r->max_tokens)
+        if (!n->alive || n->draining || n->role != ROLE_DECODE ||
+            n->max_context < r->n_prompt + r->max_tokens)
             continue;
         const uint32_t need = pages_for(n, r->n_prompt + r->max_tokens);
         const uint32_t free_slots = n->slots - n->slots_reserved;
@@ -478,8 +521,9 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         }
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 4);
+    msgpack_pack_map(&b.pk, 5);
     hpd_proto_kv_u64(&b.pk, "job", job);
+    hpd_proto_kv_u64(&b.pk, "request", r->id);
     hpd_proto_key(&b.pk, "prompt");
     hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
     hpd_proto_key(&b.pk, "sampling");
@@ -495,6 +539,8 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
     r->pnode = p;
     r->state = R_PREFILLING;
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "job %llu: prefill on %s, decode on %s",
+                  (unsigned long long)job, p->name, d->name);
     p->jobs++;
     p->queued_tokens += r->n_prompt;
     call_ctx_t *pc = ctx_new(job, p->id);
@@ -527,10 +573,12 @@ static void schedule(void)
         d->slots_reserved++;
         d->pages_reserved += pages;
         r->state = R_RESERVING;
+        hpd_metric_observe(C.m.queue_wait, hpd_time_now() - r->t_queued);
         hpd_rpc_buf_t b;
         hpd_rpc_buf_init(&b);
-        msgpack_pack_map(&b.pk, 5);
+        msgpack_pack_map(&b.pk, 6);
         hpd_proto_kv_u64(&b.pk, "job", r->job);
+        hpd_proto_kv_u64(&b.pk, "request", r->id);
         hpd_proto_key(&b.pk, "prompt");
         hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
         hpd_proto_kv_u64(&b.pk, "max_tokens", r->max_tokens);
@@ -593,6 +641,7 @@ static void node_lost(node_t *n, const char *why)
     HPD_LOG_WARN(LOG_COMPONENT, "%s node %s (%llu) lost: %s", n->role == ROLE_PREFILL ?
                  "prefill" : "decode", n->name, (unsigned long long)n->id, why);
     n->alive = false;
+    hpd_metric_inc(C.m.node_losses, 1);
     for (req_t *r = C.reqs, *next; r != NULL; r = next) {
         next = r->next;
         if (r->dnode != n && r->pnode != n)
@@ -792,6 +841,14 @@ static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object 
         return;
     }
     n->lease_until = hpd_time_now() + C.o.lease_ms / 1000.0;
+    bool draining = false;
+    if (hpd_proto_bool(params, "draining", false, &draining, &err) && draining != n->draining) {
+        n->draining = draining;
+        HPD_LOG_INFO(LOG_COMPONENT, "%s node %s %s", n->role == ROLE_PREFILL ? "prefill" : "decode",
+                     n->name, draining ? "is draining: no new work goes there" : "serves again");
+        if (!draining)
+            schedule_soon();
+    }
     if (hpd_proto_bin(params, "prefix_summary", false, &sum, &sum_len, &err) &&
         sum_len == SUMMARY_BYTES) {
         memcpy(n->summary, sum, SUMMARY_BYTES);
@@ -829,8 +886,15 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     bool have_p = false, have_d = false;
     req_t *r;
 
+    if (C.draining) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: the coordinator is shutting down (draining)");
+        C.rejected++;
+        hpd_metric_inc(C.m.overloaded, 1);
+        return;
+    }
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        if (!n->alive)
+        if (!n->alive || n->draining)
             continue;
         vocab = HPD_MIN(vocab, n->vocab);
         if (n->role == ROLE_DECODE)
@@ -842,6 +906,7 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
                             "generate: no %s node is registered", !have_p ? "prefill" : "decode");
         C.rejected++;
+        hpd_metric_inc(C.m.overloaded, 1);
         return;
     }
     if (C.n_reqs >= C.o.max_requests) {
@@ -849,6 +914,7 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                             "generate: overloaded: %u requests in flight (limit %u)", C.n_reqs,
                             C.o.max_requests);
         C.rejected++;
+        hpd_metric_inc(C.m.overloaded, 1);
         return;
     }
     if ((r = calloc(1, sizeof(*r))) == NULL) {
@@ -895,10 +961,13 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         tail = &(*tail)->next;
     *tail = r;
     C.n_reqs++;
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s", r->n_prompt,
+                  r->max_tokens, r->stream ? ", streaming" : "");
     schedule_soon();
     return;
 bad:
     hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "generate: %s", err.text);
+    hpd_metric_inc(C.m.invalid, 1);
     free(r->prompt);
     free(r->out);
     free(r->hashes);
@@ -919,7 +988,9 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         if (r->client == conn && r->tag == tag) {
             abort_attempt(r);
             hpd_rpc_reply_error(r->client, r->call_id, HPD_RPC_ERR_APP, "canceled");
+            HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled by the client");
             C.canceled++;
+            hpd_metric_inc(C.m.canceled, 1);
             req_free(r);
             found = true;
             break;
@@ -951,8 +1022,13 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     hpd_proto_key(&b.pk, "nodes");
     msgpack_pack_array(&b.pk, n_nodes);
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        msgpack_pack_map(&b.pk, 8);
+        msgpack_pack_map(&b.pk, 9);
         hpd_proto_kv_u64(&b.pk, "id", n->id);
+        hpd_proto_key(&b.pk, "draining");
+        if (n->draining)
+            msgpack_pack_true(&b.pk);
+        else
+            msgpack_pack_false(&b.pk);
         hpd_proto_key(&b.pk, "role");
         hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
         hpd_proto_key(&b.pk, "name");
@@ -998,7 +1074,9 @@ static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
         next = r->next;
         if (r->client == conn) {
             abort_attempt(r);
+            HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: the client disconnected");
             C.canceled++;
+            hpd_metric_inc(C.m.canceled, 1);
             req_free(r);
         }
     }
@@ -1021,19 +1099,22 @@ static void usage(FILE *f)
             "  --max-requests N       requests in flight before 'overloaded' (256)\n"
             "  --queue-timeout-ms N   a request no node can take fails after (60000)\n"
             "  --max-attempts N       attempts per request across failures (4)\n"
+            "  --metrics-port N       serve /metrics and /healthz over HTTP on --host\n"
+            "  --drain-timeout-ms N   on SIGTERM, open requests may finish this long (30000)\n"
             "  --log-level L          error|warn|info|debug (info)\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     enum { O_HOST = 256, O_PORT, O_PORTFILE, O_TOKEN, O_HB, O_LEASE, O_MAXREQ, O_QTIMEOUT,
-           O_ATTEMPTS, O_LOG, O_HELP };
+           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_HELP };
     static const struct option longopts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"port-file", 1, 0, O_PORTFILE},
         {"token-file", 1, 0, O_TOKEN}, {"heartbeat-ms", 1, 0, O_HB}, {"lease-ms", 1, 0, O_LEASE},
         {"max-requests", 1, 0, O_MAXREQ}, {"queue-timeout-ms", 1, 0, O_QTIMEOUT},
-        {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG}, {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0}};
+        {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG},
+        {"metrics-port", 1, 0, O_METRICS}, {"drain-timeout-ms", 1, 0, O_DRAIN},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     struct {
         int opt;
         const char *flag;
@@ -1043,11 +1124,12 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                 {O_LEASE, "--lease-ms", 30, 600000, &o->lease_ms},
                 {O_MAXREQ, "--max-requests", 1, 1u << 24, &o->max_requests},
                 {O_QTIMEOUT, "--queue-timeout-ms", 1, UINT32_MAX, &o->queue_timeout_ms},
-                {O_ATTEMPTS, "--max-attempts", 1, 100, &o->max_attempts}};
+                {O_ATTEMPTS, "--max-attempts", 1, 100, &o->max_attempts},
+                {O_DRAIN, "--drain-timeout-ms", 0, UINT32_MAX, &o->drain_timeout_ms}};
     uint64_t v;
     int c, lvl;
 
-    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 10000, 256, 60000, 4};
+    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 10000, 256, 60000, 4, -1, 30000};
     hpd_log_set_level(HPD_LOG_LEVEL_INFO);
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool done = false;
@@ -1073,6 +1155,14 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                 return -1;
             }
             o->port = (uint16_t)v;
+            break;
+        case O_METRICS:
+            if (hpd_parse_u64(optarg, 0, 65535, &v) != 0) {
+                fprintf(stderr, "--metrics-port: '%s' is invalid (expected 0 to 65535)\n",
+                        optarg);
+                return -1;
+            }
+            o->metrics_port = (int32_t)v;
             break;
         case O_PORTFILE: o->port_file = optarg; break;
         case O_TOKEN: o->token_file = optarg; break;
@@ -1100,10 +1190,140 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     return 0;
 }
 
+/* ------------------------------------------------------------ shutdown */
+
+/* The end of a drain: nodes are told to stop (they exit 0), then the loop
+ * ends once those notices are flushed. */
+static void on_drained(evutil_socket_t fd, short what, void *arg)
+{
+    static const struct timeval flush = {0, 200 * 1000};
+    C.drained = true;
+    while (C.reqs != NULL) { /* the deadline passed */
+        req_t *r = C.reqs;
+        HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: the drain deadline passed");
+        abort_attempt(r);
+        hpd_rpc_reply_error(r->client, r->call_id, HPD_RPC_ERR_APP,
+                            "coordinator shutting down (drain deadline passed)");
+        C.failed++;
+        hpd_metric_inc(C.m.failed, 1);
+        req_free(r);
+    }
+    for (node_t *n = C.nodes; n != NULL; n = n->next)
+        if (n->alive && n->reg_conn != NULL)
+            hpd_rpc_notify(n->reg_conn, "shutdown", NULL);
+    HPD_LOG_INFO(LOG_COMPONENT, "drained: nodes told to shut down, stopping");
+    event_base_loopexit(C.base, &flush);
+}
+
+/* First SIGTERM or SIGINT: drain (refuse new requests, let open ones
+ * finish within --drain-timeout-ms); a second one stops at once. */
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
-    HPD_LOG_INFO(LOG_COMPONENT, "signal %d, stopping", (int)sig);
-    event_base_loopbreak(C.base);
+    if (C.draining) {
+        HPD_LOG_INFO(LOG_COMPONENT, "signal %d again, stopping now", (int)sig);
+        event_base_loopbreak(C.base);
+        return;
+    }
+    C.draining = true;
+    HPD_LOG_INFO(LOG_COMPONENT, "signal %d: draining %u open requests (deadline %u ms)", (int)sig,
+                 C.n_reqs, C.o.drain_timeout_ms);
+    const struct timeval deadline = {C.o.drain_timeout_ms / 1000,
+                                     (C.o.drain_timeout_ms % 1000) * 1000};
+    static const struct timeval now = {0, 0};
+    evtimer_add(C.drain_ev, C.n_reqs == 0 ? &now : &deadline);
+}
+
+/* ------------------------------------------------------------ metrics */
+
+static hpd_status_t metrics_init(metrics_t *m)
+{
+    const double *lat = hpd_metrics_latency_bounds;
+    const uint32_t nl = hpd_metrics_n_latency_bounds;
+    static const double tpot_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                         0.1,    0.2,   0.5,   1.0,   2.0};
+    static const char req_help[] = "Generate requests answered, by outcome.";
+    hpd_status_t st = hpd_metrics_create(&m->reg);
+    if (st != HPD_OK)
+        return st;
+    m->ok = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                            "outcome=\"ok\"");
+    m->failed = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                "outcome=\"failed\"");
+    m->canceled = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                  "outcome=\"canceled\"");
+    m->overloaded = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                    "outcome=\"overloaded\"");
+    m->invalid = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                 "outcome=\"invalid\"");
+    m->retries = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_request_retries_total",
+                                 "Attempts started again after a node failed.", NULL);
+    m->ttft = hpd_metrics_histogram(m->reg, "hpd_ttft_seconds",
+                                    "Time from submit to the first token, finished requests.",
+                                    NULL, lat, nl);
+    m->tpot = hpd_metrics_histogram(m->reg, "hpd_tpot_seconds",
+                                    "Mean time per output token after the first, per request.",
+                                    NULL, tpot_bounds, HPD_ARRAY_SIZE(tpot_bounds));
+    m->duration = hpd_metrics_histogram(m->reg, "hpd_request_duration_seconds",
+                                        "Time from submit to the last token.", NULL, lat, nl);
+    m->queue_wait = hpd_metrics_histogram(m->reg, "hpd_queue_wait_seconds",
+                                          "Time a request waited in the queue per attempt.",
+                                          NULL, lat, nl);
+    m->prompt_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_prompt_tokens_total",
+                                       "Prompt tokens of finished requests.", NULL);
+    m->generated_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                          "hpd_generated_tokens_total",
+                                          "Tokens returned by finished requests.", NULL);
+    m->cached_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_prefix_cache_hit_tokens_total",
+                                       "Prompt tokens of finished requests served from a "
+                                       "prefill node's prefix cache.", NULL);
+    m->queued = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_requests_queued",
+                                "Requests waiting for a decode reservation.", NULL);
+    m->running = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_requests_running",
+                                 "Requests placed on nodes (reserving, prefilling, decoding).",
+                                 NULL);
+    m->nodes_prefill = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes",
+                                       "Registered nodes by role.", "role=\"prefill\"");
+    m->nodes_decode = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes",
+                                      "Registered nodes by role.", "role=\"decode\"");
+    m->nodes_draining = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes_draining",
+                                        "Registered nodes that are draining.", NULL);
+    m->node_losses = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_losses_total",
+                                     "Nodes lost (connection closed or lease expired).", NULL);
+    m->uptime = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_uptime_seconds",
+                                "Seconds since the process started.", NULL);
+    return HPD_OK;
+}
+
+static void metrics_collect(void *arg)
+{
+    uint32_t queued = 0, prefill = 0, decode = 0, draining = 0;
+    for (req_t *r = C.reqs; r != NULL; r = r->next)
+        queued += r->state == R_QUEUED;
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        prefill += n->alive && n->role == ROLE_PREFILL;
+        decode += n->alive && n->role == ROLE_DECODE;
+        draining += n->alive && n->draining;
+    }
+    hpd_metric_set(C.m.queued, queued);
+    hpd_metric_set(C.m.running, C.n_reqs - queued);
+    hpd_metric_set(C.m.nodes_prefill, prefill);
+    hpd_metric_set(C.m.nodes_decode, decode);
+    hpd_metric_set(C.m.nodes_draining, draining);
+    hpd_metric_set(C.m.uptime, hpd_time_now() - C.started);
+}
+
+/* Ready while not draining; the body says what the coordinator has. */
+static bool health(void *arg, char *msg, size_t len)
+{
+    uint32_t prefill = 0, decode = 0;
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        prefill += n->alive && !n->draining && n->role == ROLE_PREFILL;
+        decode += n->alive && !n->draining && n->role == ROLE_DECODE;
+    }
+    snprintf(msg, len, "%s: %u prefill and %u decode nodes, %u open requests",
+             C.draining ? "draining" : "ok", prefill, decode, C.n_reqs);
+    return !C.draining;
 }
 
 int main(int argc, char **argv)
@@ -1115,13 +1335,14 @@ int main(int argc, char **argv)
     int rc = 1;
 
     signal(SIGPIPE, SIG_IGN);
+    C.started = hpd_time_now();
     if (parse_opts(argc, argv, &C.o) != 0)
         return 2;
     if (C.o.token_file != NULL && hpd_rpc_read_token(C.o.token_file, &C.token) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "cannot read the token file %s", C.o.token_file);
         return 2;
     }
-    if ((C.base = event_base_new()) == NULL)
+    if ((C.base = event_base_new()) == NULL || metrics_init(&C.m) != HPD_OK)
         return 1;
     hpd_rpc_server_params_t sp = {C.base, C.o.host, C.o.port, C.token, methods,
                                   sizeof(methods) / sizeof(methods[0]), NULL, 0, 0,
@@ -1139,13 +1360,29 @@ int main(int argc, char **argv)
     C.tick = event_new(C.base, -1, EV_PERSIST, on_tick, NULL);
     C.reap = evtimer_new(C.base, on_reap, NULL);
     C.sched = evtimer_new(C.base, on_sched, NULL);
+    C.drain_ev = evtimer_new(C.base, on_drained, NULL);
+    if (C.o.metrics_port >= 0) {
+        hpd_http_params_t hp = {C.base, C.o.host, (uint16_t)C.o.metrics_port, C.m.reg,
+                                metrics_collect, health, NULL};
+        if (hpd_http_create(&hp, &C.http) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "--metrics-port %d: cannot listen on %s",
+                          C.o.metrics_port, C.o.host);
+            rc = 2;
+            goto out;
+        }
+    }
     C.sig_int = evsignal_new(C.base, SIGINT, on_signal, NULL);
     C.sig_term = evsignal_new(C.base, SIGTERM, on_signal, NULL);
     struct timeval tick = {0, 100 * 1000};
     event_add(C.tick, &tick);
     evsignal_add(C.sig_int, NULL);
     evsignal_add(C.sig_term, NULL);
-    HPD_LOG_INFO(LOG_COMPONENT, "listening on %s:%u", C.o.host, hpd_rpc_server_port(C.server));
+    if (C.http != NULL)
+        HPD_LOG_INFO(LOG_COMPONENT, "listening on %s:%u, metrics and health on http port %u",
+                     C.o.host, hpd_rpc_server_port(C.server), hpd_http_port(C.http));
+    else
+        HPD_LOG_INFO(LOG_COMPONENT, "listening on %s:%u", C.o.host,
+                     hpd_rpc_server_port(C.server));
     event_base_dispatch(C.base);
     rc = 0;
 out:
@@ -1162,11 +1399,12 @@ out:
     }
     on_reap(-1, 0, NULL);
     hpd_rpc_server_destroy(C.server);
-    event_free(C.tick);
-    event_free(C.reap);
-    event_free(C.sched);
-    event_free(C.sig_int);
-    event_free(C.sig_term);
+    hpd_http_destroy(C.http);
+    hpd_metrics_destroy(C.m.reg);
+    struct event *evs[] = {C.drain_ev, C.tick, C.reap, C.sched, C.sig_int, C.sig_term};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(evs); i++)
+        if (evs[i] != NULL)
+            event_free(evs[i]);
     free(C.token);
     event_base_free(C.base);
     return rc;

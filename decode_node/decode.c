@@ -23,7 +23,10 @@
 
 typedef struct dreq {
     uint64_t job;
+    uint64_t request; /* the coordinator's request id, for logs */
     uint64_t eng_id;
+    double t_reserved, t_running;
+    uint32_t n_first; /* tokens the request had when it joined the batch */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
     bool have_notice, have_start, running;
     int32_t first_token;
@@ -37,6 +40,10 @@ typedef struct {
     dreq_t *reqs;
     uint32_t kv_region, slot_region;
     uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
+    struct {
+        hpd_metric_t *done, *failed, *canceled, *expired, *reserved, *running;
+        hpd_metric_t *wait_s, *tpot_s;
+    } m;
 } decode_t;
 
 static decode_t D;
@@ -92,8 +99,8 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
 
 static void fail_req(decode_t *d, dreq_t *r, const char *why)
 {
-    HPD_LOG_WARN(LOG_COMPONENT, "%s: job %llu failed: %s", d->node->o.name,
-                 (unsigned long long)r->job, why);
+    HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: job %llu failed: %s", d->node->o.name,
+                  (unsigned long long)r->job, why);
     notify_tokens(d, r, NULL, 0, true, why);
     d->failed++;
     dreq_free(d, r);
@@ -110,6 +117,8 @@ static void try_run(decode_t *d, dreq_t *r)
     }
     event_del(r->expiry);
     r->running = true;
+    r->t_running = hpd_time_now();
+    r->n_first = r->n_sent;
     d->started++;
     hpd_node_kick(d->node);
 }
@@ -129,6 +138,12 @@ static void after_step(hpd_node_t *n)
             } else if (nt > r->n_sent || st == HPD_REQ_FINISHED) {
                 notify_tokens(d, r, toks, nt, st == HPD_REQ_FINISHED, NULL);
                 if (st == HPD_REQ_FINISHED) {
+                    const double t = hpd_time_now() - r->t_running;
+                    if (nt > r->n_first)
+                        hpd_metric_observe(d->m.tpot_s, t / (nt - r->n_first));
+                    HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu finished: %u tokens "
+                                  "in %.1f ms of decode", n->o.name, (unsigned long long)r->job,
+                                  nt, t * 1e3);
                     d->finished++;
                     dreq_free(d, r);
                 }
@@ -142,8 +157,8 @@ static void on_expiry(evutil_socket_t fd, short what, void *arg)
 {
     dreq_t *r = arg;
     decode_t *d = &D;
-    HPD_LOG_WARN(LOG_COMPONENT, "%s: reservation of job %llu expired before it started",
-                 d->node->o.name, (unsigned long long)r->job);
+    HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: reservation of job %llu expired before it "
+                  "started", d->node->o.name, (unsigned long long)r->job);
     d->expired++;
     notify_tokens(d, r, NULL, 0, true, "reservation expired");
     dreq_free(d, r);
@@ -159,12 +174,13 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     hpd_proto_err_t err = {{0}};
     hpd_request_params_t rp = {NULL, 0, 0, {0, 1, 0, 0}, NULL, 0};
     const msgpack_object *sampling;
-    uint64_t job;
+    uint64_t job, request = 0;
     int32_t *prompt = NULL, *replay = NULL;
     dreq_t *r = NULL;
     hpd_status_t st;
 
     if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err) ||
+        !hpd_proto_u64(params, "request", false, UINT64_MAX, &request, &err) ||
         !hpd_proto_ids(params, "prompt", true, vocab, &prompt, &rp.n_prompt, &err) ||
         !hpd_proto_u32(params, "max_tokens", true, UINT32_MAX, &rp.max_tokens, &err) ||
         !hpd_proto_ids(params, "replay", false, vocab, &replay, &rp.n_replay, &err) ||
@@ -202,6 +218,8 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         goto out;
     }
     r->job = job;
+    r->request = request;
+    r->t_reserved = hpd_time_now();
     r->conn = conn;
     r->n_sent = HPD_MAX(1u, rp.n_replay); /* the coordinator has these already */
     hpd_rpc_conn_ref(conn);
@@ -285,6 +303,8 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         return;
     }
     if ((r = find(d, job)) != NULL) {
+        HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu canceled", n->o.name,
+                      (unsigned long long)job);
         d->canceled++;
         dreq_free(d, r);
     }
@@ -315,7 +335,58 @@ static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
         return;
     }
     r->have_notice = true;
+    hpd_metric_observe(d->m.wait_s, hpd_time_now() - r->t_reserved);
     try_run(d, r);
+}
+
+static void metrics_init(decode_t *d, hpd_metrics_t *r)
+{
+    static const char jobs[] = "Decode jobs ended, by outcome.";
+    static const char state[] = "Decode jobs by state.";
+    static const double tpot[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                  0.1,    0.2,   0.5,   1.0,   2.0};
+    d->m.done = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs, "outcome=\"ok\"");
+    d->m.failed = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
+                                  "outcome=\"failed\"");
+    d->m.canceled = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
+                                    "outcome=\"canceled\"");
+    d->m.expired = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
+                                   "outcome=\"expired\"");
+    d->m.reserved = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_jobs", state,
+                                    "state=\"reserved\"");
+    d->m.running = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_jobs", state, "state=\"running\"");
+    d->m.wait_s = hpd_metrics_histogram(r, "hpd_xfer_wait_seconds",
+                                        "Time from a reservation to its transfer's verified "
+                                        "completion notice.", NULL, hpd_metrics_latency_bounds,
+                                        hpd_metrics_n_latency_bounds);
+    d->m.tpot_s = hpd_metrics_histogram(r, "hpd_tpot_seconds",
+                                        "Mean decode time per token, per finished job.", NULL,
+                                        tpot, HPD_ARRAY_SIZE(tpot));
+}
+
+static void collect(hpd_node_t *n)
+{
+    decode_t *d = n->role_data;
+    uint32_t reserved = 0, running = 0;
+    for (dreq_t *r = d->reqs; r != NULL; r = r->next) {
+        reserved += !r->running;
+        running += r->running;
+    }
+    hpd_metric_set(d->m.done, (double)d->finished);
+    hpd_metric_set(d->m.failed, (double)d->failed);
+    hpd_metric_set(d->m.canceled, (double)d->canceled);
+    hpd_metric_set(d->m.expired, (double)d->expired);
+    hpd_metric_set(d->m.reserved, reserved);
+    hpd_metric_set(d->m.running, running);
+}
+
+static uint32_t in_flight(hpd_node_t *n)
+{
+    decode_t *d = n->role_data;
+    uint32_t k = 0;
+    for (dreq_t *r = d != NULL ? d->reqs : NULL; r != NULL; r = r->next)
+        k++;
+    return k;
 }
 
 static hpd_status_t init(hpd_node_t *n)
@@ -326,6 +397,7 @@ static hpd_status_t init(hpd_node_t *n)
 
     d->node = n;
     n->role_data = d;
+    metrics_init(d, n->metrics);
     hpd_engine_memory(n->engine, &m);
     /* regions 0 and 1: the page pool and the slot pool, mapped once */
     if ((st = hpd_xfer_register(n->xfer, m.kv_pool, HPD_MAX(m.kv_pool_bytes, 64), &d->kv_region)) !=
@@ -374,6 +446,8 @@ static const hpd_node_role_t role = {
     .after_step = after_step,
     .on_notice = on_notice,
     .fini = fini,
+    .in_flight = in_flight,
+    .collect = collect,
 };
 
 int main(int argc, char **argv)

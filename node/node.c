@@ -38,6 +38,8 @@ static void usage(FILE *f, const char *role)
             "  --ucx-tls T            UCX transports (tcp)\n"
             "  --ucx-dev D            UCX network devices (lo)\n"
             "  --connect-timeout-ms N keep trying to reach the coordinator (10000)\n"
+            "  --metrics-port N       serve /metrics and /healthz over HTTP on --host\n"
+            "  --drain-timeout-ms N   on SIGTERM, jobs in flight may finish this long (30000)\n"
             "  --log-level L          error|warn|info|debug (info)\n",
             role, role);
 }
@@ -59,7 +61,7 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
 {
     enum { O_COORD = 256, O_TOKEN, O_NAME, O_HOST, O_PORT, O_DEVICE, O_THREADS, O_LAYOUT,
            O_BATCH, O_CTX, O_CHUNK, O_PAGES, O_NOCACHE, O_CKPT, O_HOSTMB, O_STAGING, O_RESERVE,
-           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_HELP };
+           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_METRICS, O_DRAIN, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"name", 1, 0, O_NAME}, {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT},
@@ -71,7 +73,8 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
         {"staging-mb", 1, 0, O_STAGING}, {"reserve-timeout-ms", 1, 0, O_RESERVE},
         {"ucx-tls", 1, 0, O_TLS}, {"ucx-dev", 1, 0, O_DEV},
         {"connect-timeout-ms", 1, 0, O_CONNECT}, {"log-level", 1, 0, O_LOG},
-        {"model", 1, 0, O_MODEL}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"model", 1, 0, O_MODEL}, {"metrics-port", 1, 0, O_METRICS},
+        {"drain-timeout-ms", 1, 0, O_DRAIN}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     uint32_t v;
     int c, lvl;
     bool have_coord = false;
@@ -85,6 +88,8 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
     o->staging_bytes = 256ull << 20;
     o->reserve_timeout_ms = 60000;
     o->connect_timeout_ms = 10000;
+    o->metrics_port = -1;
+    o->drain_timeout_ms = 30000;
     hpd_log_set_level(HPD_LOG_LEVEL_INFO);
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
@@ -166,6 +171,15 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
             hpd_log_set_level((hpd_log_level_t)lvl);
             break;
         case O_MODEL: o->model_dir = optarg; break;
+        case O_METRICS:
+            if (parse_u32("--metrics-port", optarg, 0, 65535, &v) != 0)
+                return -1;
+            o->metrics_port = (int32_t)v;
+            break;
+        case O_DRAIN:
+            if (parse_u32("--drain-timeout-ms", optarg, 0, UINT32_MAX, &o->drain_timeout_ms))
+                return -1;
+            break;
         case O_HELP: usage(stdout, role); exit(0);
         default: usage(stderr, role); return -1;
         }
@@ -222,8 +236,13 @@ static void pack_stats(hpd_node_t *n, msgpack_packer *pk, bool with_extra)
     hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
     hpd_engine_stats(n->engine, &es);
     hpd_xfer_stats(n->xfer, &xs);
-    msgpack_pack_map(pk, 14 + extra);
+    msgpack_pack_map(pk, 15 + extra);
     hpd_proto_kv_u64(pk, "node_id", n->node_id);
+    hpd_proto_key(pk, "draining");
+    if (n->draining)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
     hpd_proto_key(pk, "role");
     hpd_rpc_pack_str(pk, n->role->name);
     hpd_proto_key(pk, "name");
@@ -306,9 +325,23 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     hpd_rpc_buf_destroy(&b);
 }
 
+static void on_coord_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    hpd_node_t *n = arg;
+    if (!hpd_rpc_str_eq(msg->method, msg->method_len, "shutdown"))
+        return;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: the coordinator is shutting down the cluster; stopping",
+                 n->o.name);
+    n->shutdown = true;
+    n->exit_code = 0;
+    event_base_loopbreak(n->base);
+}
+
 static void on_coord_close(void *arg, hpd_status_t why)
 {
     hpd_node_t *n = arg;
+    if (n->shutdown)
+        return;
     HPD_LOG_ERROR(LOG_COMPONENT, "%s: connection to the coordinator lost (%s); exiting",
                   n->o.name, hpd_status_str(why));
     n->exit_code = 3;
@@ -318,7 +351,7 @@ static void on_coord_close(void *arg, hpd_status_t why)
 static hpd_status_t register_node(hpd_node_t *n)
 {
     hpd_rpc_client_params_t cp = {n->base, n->o.coordinator_host, n->o.coordinator_port,
-                                  n->token, 5000, 0, NULL, on_coord_close, n};
+                                  n->token, 5000, 0, on_coord_notify, on_coord_close, n};
     const hpd_engine_params_t *ep = hpd_engine_params(n->engine);
     const double deadline = hpd_time_now() + n->o.connect_timeout_ms / 1000.0;
     hpd_rpc_result_t r;
@@ -400,11 +433,146 @@ static void on_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status)
         n->role->on_peer_error(n, peer, status);
 }
 
+/* While draining: stop once nothing is in flight, or at the deadline. */
+static void on_drain_check(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_node_t *n = arg;
+    static const struct timeval again = {0, 50 * 1000};
+    const uint32_t left = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
+    if (left > 0 && hpd_time_now() < n->drain_deadline) {
+        evtimer_add(n->drain_ev, &again);
+        return;
+    }
+    if (left > 0)
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: drain deadline passed with %u jobs in flight; stopping",
+                     n->o.name, left);
+    else
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: drained; stopping", n->o.name);
+    event_base_loopbreak(n->base);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     hpd_node_t *n = arg;
-    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, stopping", n->o.name, (int)sig);
-    event_base_loopbreak(n->base);
+    static const struct timeval now = {0, 0};
+    if (n->draining || n->node_id == 0) {
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, stopping", n->o.name, (int)sig);
+        event_base_loopbreak(n->base);
+        return;
+    }
+    n->draining = true;
+    n->drain_deadline = hpd_time_now() + n->o.drain_timeout_ms / 1000.0;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, draining (%u jobs in flight, deadline %u ms)",
+                 n->o.name, (int)sig, n->role->in_flight ? n->role->in_flight(n) : 0,
+                 n->o.drain_timeout_ms);
+    on_heartbeat(-1, 0, n); /* tell the coordinator now */
+    evtimer_add(n->drain_ev, &now);
+}
+
+/* ------------------------------------------------------------ metrics */
+
+static hpd_status_t metrics_init(hpd_node_t *n)
+{
+    hpd_node_metrics_t *m = &n->m;
+    hpd_metrics_t *r;
+    hpd_status_t st = hpd_metrics_create(&n->metrics);
+    static const char hits[] = "Prompt tokens served from the prefix cache, by tier.";
+    static const char xfers[] = "KV/state transfers sent, by outcome.";
+    static const char notices[] = "Transfer completion notices received, by checksum outcome.";
+    if (st != HPD_OK)
+        return st;
+    r = n->metrics;
+    m->uptime = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_uptime_seconds",
+                                "Seconds since the process started.", NULL);
+    m->registered = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_registered",
+                                    "1 while registered with the coordinator.", NULL);
+    m->draining = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_draining",
+                                  "1 while finishing its work to stop.", NULL);
+    m->pages_used = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_kv_pages_used",
+                                    "KV pages in use (requests and the prefix cache).", NULL);
+    m->pages_total = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_kv_pages_total",
+                                     "KV pages in the pool.", NULL);
+    m->slots_used = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_slots_used",
+                                    "GDN state slots in use.", NULL);
+    m->slots_total = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_slots_total",
+                                     "GDN state slots in the pool.", NULL);
+    m->steps = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_engine_steps_total",
+                               "Engine steps (one batch each).", NULL);
+    m->prefill_tokens = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_engine_prefill_tokens_total",
+                                        "Prompt tokens computed (not served from cache).", NULL);
+    m->decode_tokens = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_engine_decode_tokens_total",
+                                       "Tokens produced by decode steps.", NULL);
+    m->lookup_tokens = hpd_metrics_add(r, HPD_METRIC_COUNTER,
+                                       "hpd_prefix_cache_lookup_tokens_total",
+                                       "Prompt tokens looked up in the prefix cache.", NULL);
+    m->hit_device = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_prefix_cache_hit_tokens_total",
+                                    hits, "tier=\"device\"");
+    m->hit_host = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_prefix_cache_hit_tokens_total",
+                                  hits, "tier=\"host\"");
+    m->cache_pages = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_prefix_cache_pages",
+                                     "KV pages held by the prefix cache.", NULL);
+    m->xfer_bytes = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_bytes_total",
+                                    "Bytes put to peers (KV pages and GDN state).", NULL);
+    m->xfer_ok = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_transfers_total", xfers,
+                                 "outcome=\"ok\"");
+    m->xfer_failed = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_transfers_total", xfers,
+                                     "outcome=\"failed\"");
+    m->notices_ok = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_notices_total", notices,
+                                    "outcome=\"ok\"");
+    m->notices_bad = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_notices_total", notices,
+                                     "outcome=\"bad_checksum\"");
+    m->xfer_open = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_xfer_open_transfers",
+                                   "Transfers started and not yet finished.", NULL);
+    return HPD_OK;
+}
+
+static void metrics_collect(void *arg)
+{
+    hpd_node_t *n = arg;
+    hpd_node_metrics_t *m = &n->m;
+    uint32_t pu, pt, su, stot;
+    hpd_engine_stats_t es;
+    hpd_prefix_cache_stats_t cs;
+    hpd_xfer_stats_t xs;
+
+    hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
+    hpd_engine_stats(n->engine, &es);
+    hpd_xfer_stats(n->xfer, &xs);
+    hpd_metric_set(m->uptime, hpd_time_now() - n->started);
+    hpd_metric_set(m->registered, n->node_id != 0);
+    hpd_metric_set(m->draining, n->draining);
+    hpd_metric_set(m->pages_used, pu);
+    hpd_metric_set(m->pages_total, pt);
+    hpd_metric_set(m->slots_used, su);
+    hpd_metric_set(m->slots_total, stot);
+    hpd_metric_set(m->steps, (double)es.steps);
+    hpd_metric_set(m->prefill_tokens, (double)es.prefill_tokens);
+    hpd_metric_set(m->decode_tokens, (double)es.decode_tokens);
+    if (hpd_engine_cache_stats(n->engine, &cs) == HPD_OK) {
+        hpd_metric_set(m->lookup_tokens, (double)cs.lookup_tokens);
+        hpd_metric_set(m->hit_device, (double)cs.hit_tokens_device);
+        hpd_metric_set(m->hit_host, (double)cs.hit_tokens_host);
+        hpd_metric_set(m->cache_pages, (double)cs.pages_held);
+    }
+    hpd_metric_set(m->xfer_bytes, (double)xs.bytes_put);
+    hpd_metric_set(m->xfer_ok, (double)(xs.transfers_finished - xs.transfers_failed));
+    hpd_metric_set(m->xfer_failed, (double)xs.transfers_failed);
+    hpd_metric_set(m->notices_ok, (double)xs.notices_ok);
+    hpd_metric_set(m->notices_bad, (double)xs.notices_bad);
+    hpd_metric_set(m->xfer_open, (double)xs.open_transfers);
+    if (n->role->collect != NULL)
+        n->role->collect(n);
+}
+
+/* Ready when registered and not draining. */
+static bool health(void *arg, char *msg, size_t len)
+{
+    hpd_node_t *n = arg;
+    const uint32_t jobs = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
+    const char *state = n->node_id == 0 ? "registering" : n->draining ? "draining" : "ok";
+    snprintf(msg, len, "%s: %s node %s, id %llu, %u jobs in flight", state, n->role->name,
+             n->o.name, (unsigned long long)n->node_id, jobs);
+    return n->node_id != 0 && !n->draining;
 }
 
 static void node_destroy(hpd_node_t *n)
@@ -419,6 +587,10 @@ static void node_destroy(hpd_node_t *n)
         event_free(n->sig_int);
     if (n->sig_term)
         event_free(n->sig_term);
+    if (n->drain_ev)
+        event_free(n->drain_ev);
+    hpd_http_destroy(n->http);
+    hpd_metrics_destroy(n->metrics);
     hpd_rpc_client_destroy(n->coord);
     hpd_rpc_server_destroy(n->server);
     hpd_engine_destroy(n->engine);
@@ -469,7 +641,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
         goto out;
     }
-    if ((n->base = event_base_new()) == NULL)
+    if ((n->base = event_base_new()) == NULL || metrics_init(n) != HPD_OK)
         goto out;
     hpd_xfer_params_t xp = {n->base, 0, n->o.ucx_tls, n->o.ucx_dev, false, on_notice,
                             on_peer_error, n};
@@ -489,8 +661,19 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
     n->sig_int = evsignal_new(n->base, SIGINT, on_signal, n);
     n->sig_term = evsignal_new(n->base, SIGTERM, on_signal, n);
-    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term)
+    n->drain_ev = evtimer_new(n->base, on_drain_check, n);
+    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term || !n->drain_ev)
         goto out;
+    if (n->o.metrics_port >= 0) { /* before registering: probes see "registering" */
+        hpd_http_params_t hp = {n->base, n->o.host, (uint16_t)n->o.metrics_port, n->metrics,
+                                metrics_collect, health, n};
+        if ((st = hpd_http_create(&hp, &n->http)) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: --metrics-port %d: cannot listen on %s",
+                          n->o.name, n->o.metrics_port, n->o.host);
+            n->exit_code = 2;
+            goto out;
+        }
+    }
     evsignal_add(n->sig_int, NULL);
     evsignal_add(n->sig_term, NULL);
     if ((st = register_node(n)) != HPD_OK) {

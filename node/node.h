@@ -10,7 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/metrics.h"
 #include "engine/engine.h"
+#include "transport/http.h"
 #include "transport/rpc.h"
 #include "transport/xfer.h"
 
@@ -32,6 +34,8 @@ typedef struct {
     uint64_t staging_bytes;      /* prefill: the registered staging arena */
     uint32_t reserve_timeout_ms; /* decode: an unstarted reservation expires */
     uint32_t connect_timeout_ms; /* how long to retry reaching the coordinator */
+    int32_t metrics_port;        /* HTTP /metrics and /healthz on host; -1: none */
+    uint32_t drain_timeout_ms;   /* SIGTERM: work in flight may finish this long */
 } hpd_node_opts_t;
 
 typedef struct {
@@ -51,7 +55,21 @@ typedef struct {
     void (*on_notice)(hpd_node_t *node, const hpd_xfer_notice_t *notice);
     void (*on_peer_error)(hpd_node_t *node, hpd_xfer_peer_t *peer, hpd_status_t status);
     void (*fini)(hpd_node_t *node);
+    /* jobs not yet answered (a draining node stops when this reaches 0) */
+    uint32_t (*in_flight)(hpd_node_t *node);
+    /* optional: refresh the role's gauges before a scrape (the role
+     * registers its metrics in node->metrics from init) */
+    void (*collect)(hpd_node_t *node);
 } hpd_node_role_t;
+
+/* The metrics every node exports (docs/operations.md). */
+typedef struct {
+    hpd_metric_t *uptime, *registered, *draining;
+    hpd_metric_t *pages_used, *pages_total, *slots_used, *slots_total;
+    hpd_metric_t *steps, *prefill_tokens, *decode_tokens;
+    hpd_metric_t *lookup_tokens, *hit_device, *hit_host, *cache_pages;
+    hpd_metric_t *xfer_bytes, *xfer_ok, *xfer_failed, *notices_ok, *notices_bad, *xfer_open;
+} hpd_node_metrics_t;
 
 struct hpd_node {
     hpd_node_opts_t o;
@@ -68,15 +86,24 @@ struct hpd_node {
     uint64_t node_id;
     uint32_t heartbeat_ms;
     bool heartbeat_pending;
-    struct event *step_ev, *hb_ev, *sig_int, *sig_term;
+    struct event *step_ev, *hb_ev, *sig_int, *sig_term, *drain_ev;
     double started;
+    double drain_deadline;
+    bool draining;  /* SIGTERM: no new work, stop when in_flight() is 0 */
+    bool shutdown;  /* the coordinator said to stop */
     int exit_code;
+    hpd_metrics_t *metrics;
+    hpd_node_metrics_t m;
+    hpd_http_t *http;
 };
 
 /* Parses the command line, builds the node, registers and serves until a
- * signal or the loss of the coordinator. Returns the process exit status:
- * 0 after a signal, 2 for bad options, 3 when the coordinator was lost, 1
- * for any other failure. */
+ * signal, the coordinator's shutdown notice or the loss of the coordinator.
+ * The first SIGTERM/SIGINT drains: heartbeats say so, the coordinator sends
+ * no new work, and the node stops when its jobs are done (or after
+ * --drain-timeout-ms); a second signal stops it at once. Returns the
+ * process exit status: 0 after a signal or a shutdown notice, 2 for bad
+ * options, 3 when the coordinator was lost, 1 for any other failure. */
 int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role);
 
 /* Runs an engine step soon (from the loop); the node keeps stepping while

@@ -31,6 +31,7 @@ typedef struct extent {
 
 typedef struct job {
     uint64_t id; /* the coordinator's job id, also the transfer id */
+    uint64_t request; /* the coordinator's request id, for logs */
     uint64_t eng_id;
     job_state_t state;
     hpd_rpc_conn_t *conn;
@@ -82,6 +83,10 @@ typedef struct {
     struct event *reap_ev; /* stops failed jobs outside engine steps */
     uint8_t summary[8192];
     uint64_t jobs_done, jobs_failed, jobs_canceled;
+    struct {
+        hpd_metric_t *done, *failed, *canceled, *queued, *running, *finishing;
+        hpd_metric_t *queue_s, *prefill_s, *push_s, *exposed_s;
+    } m;
 } prefill_t;
 
 static prefill_t P;
@@ -215,6 +220,8 @@ static void job_end(prefill_t *p, job_t *j)
         if (j->cancel_conn != NULL) {
             hpd_rpc_reply_error(j->conn, j->call_id, HPD_RPC_ERR_APP, "job %llu canceled",
                                 (unsigned long long)j->id);
+            HPD_LOGR_INFO(LOG_COMPONENT, j->request, "%s: job %llu canceled", p->node->o.name,
+                          (unsigned long long)j->id);
             p->jobs_canceled++;
         } else if (j->failed) {
             hpd_rpc_reply_error(j->conn, j->call_id, HPD_RPC_ERR_APP, "%s", j->error);
@@ -237,6 +244,15 @@ static void job_end(prefill_t *p, job_t *j)
             hpd_rpc_reply(j->conn, j->call_id, &b);
             hpd_rpc_buf_destroy(&b);
             p->jobs_done++;
+            hpd_metric_observe(p->m.queue_s, j->t_start - j->t_recv);
+            hpd_metric_observe(p->m.prefill_s, j->t_computed - j->t_start);
+            hpd_metric_observe(p->m.push_s, j->t_end - j->t_first_put);
+            hpd_metric_observe(p->m.exposed_s, j->t_end - j->t_computed);
+            HPD_LOGR_INFO(LOG_COMPONENT, j->request, "%s: job %llu prefilled %u tokens (%u "
+                          "cached) in %.1f ms, push %.1f ms (%.2f ms exposed)", p->node->o.name,
+                          (unsigned long long)j->id, j->n_prompt, j->cached_tokens,
+                          (j->t_computed - j->t_start) * 1e3, (j->t_end - j->t_first_put) * 1e3,
+                          (j->t_end - j->t_computed) * 1e3);
         }
     }
     job_free(p, j);
@@ -285,8 +301,8 @@ static void job_fail(prefill_t *p, job_t *j, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(j->error, sizeof(j->error), fmt, ap);
         va_end(ap);
-        HPD_LOG_WARN(LOG_COMPONENT, "%s: job %llu: %s", p->node->o.name,
-                     (unsigned long long)j->id, j->error);
+        HPD_LOGR_WARN(LOG_COMPONENT, j->request, "%s: job %llu: %s", p->node->o.name,
+                      (unsigned long long)j->id, j->error);
     }
 }
 
@@ -448,6 +464,7 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     hpd_engine_memory(n->engine, &m);
     j->sampling = (hpd_sampling_t){0, 1, 0, 0};
     if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &j->id, err) ||
+        !hpd_proto_u64(params, "request", false, UINT64_MAX, &j->request, err) ||
         !hpd_proto_ids(params, "prompt", true, cfg->vocab_size, &j->prompt, &j->n_prompt, err))
         return false;
     if (j->n_prompt == 0 || j->n_prompt + 1 > ep->max_context) {
@@ -596,6 +613,59 @@ static const hpd_rpc_method_t methods[] = {
 
 /* ------------------------------------------------------------ role */
 
+static void metrics_init(prefill_t *p, hpd_metrics_t *r)
+{
+    static const char jobs[] = "Prefill jobs answered, by outcome.";
+    static const char state[] = "Prefill jobs by state.";
+    const double *lat = hpd_metrics_latency_bounds;
+    const uint32_t nl = hpd_metrics_n_latency_bounds;
+    p->m.done = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs, "outcome=\"ok\"");
+    p->m.failed = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
+                                  "outcome=\"failed\"");
+    p->m.canceled = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
+                                    "outcome=\"canceled\"");
+    p->m.queued = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_jobs", state, "state=\"queued\"");
+    p->m.running = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_jobs", state, "state=\"running\"");
+    p->m.finishing = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_jobs", state,
+                                     "state=\"finishing\"");
+    p->m.queue_s = hpd_metrics_histogram(r, "hpd_prefill_queue_seconds",
+                                         "Time a job waited for staging memory.", NULL, lat, nl);
+    p->m.prefill_s = hpd_metrics_histogram(r, "hpd_prefill_seconds",
+                                           "Prefill compute time per job.", NULL, lat, nl);
+    p->m.push_s = hpd_metrics_histogram(r, "hpd_xfer_push_seconds",
+                                        "Transfer time per job, first put to completion.", NULL,
+                                        lat, nl);
+    p->m.exposed_s = hpd_metrics_histogram(r, "hpd_xfer_exposed_seconds",
+                                           "Transfer time per job after the compute ended.",
+                                           NULL, lat, nl);
+}
+
+static void collect(hpd_node_t *n)
+{
+    prefill_t *p = n->role_data;
+    uint32_t queued = 0, running = 0, finishing = 0;
+    for (job_t *j = p->jobs; j != NULL; j = j->next) {
+        queued += j->state == JOB_QUEUED;
+        running += j->state == JOB_RUNNING;
+        finishing += j->state == JOB_FINISHING;
+    }
+    hpd_metric_set(p->m.done, (double)p->jobs_done);
+    hpd_metric_set(p->m.failed, (double)p->jobs_failed);
+    hpd_metric_set(p->m.canceled, (double)p->jobs_canceled);
+    hpd_metric_set(p->m.queued, queued);
+    hpd_metric_set(p->m.running, running);
+    hpd_metric_set(p->m.finishing, finishing);
+}
+
+static uint32_t in_flight(hpd_node_t *n)
+{
+    prefill_t *p = n->role_data;
+    uint32_t k = 0;
+    for (job_t *j = p != NULL ? p->jobs : NULL; j != NULL; j = j->next)
+        k++;
+    return k;
+}
+
 static hpd_status_t init(hpd_node_t *n)
 {
     prefill_t *p = &P;
@@ -617,6 +687,7 @@ static hpd_status_t init(hpd_node_t *n)
         return HPD_ERR_NO_MEMORY;
     /* the engine was created before the role: hook the layer callback now */
     hpd_engine_set_layer_cb(n->engine, on_layer, p);
+    metrics_init(p, n->metrics);
     return HPD_OK;
 }
 
@@ -715,6 +786,8 @@ static const hpd_node_role_t role = {
     .after_step = after_step,
     .on_peer_error = on_peer_error,
     .fini = fini,
+    .in_flight = in_flight,
+    .collect = collect,
 };
 
 int main(int argc, char **argv)

@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
       libjansson-dev libxxhash-dev libcmocka-dev
-      libevent-dev libmsgpack-dev libucx-dev ucx-utils)
+      libevent-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -4,6 +4,7 @@
  * pending calls; a call is freed after its callback ran (reply, timeout or
  * close). */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -220,25 +221,32 @@ void hpd_rpc_result_destroy(hpd_rpc_result_t *r)
     r->raw = NULL;
 }
 
-/* A blocking TCP connect with a timeout; -1 on failure. */
+/* A blocking TCP connect with a timeout; -1 on failure. host is an IPv4
+ * address or a name (resolved here: a Kubernetes service, a hostname). */
 static int dial(const char *host, uint16_t port, uint32_t timeout_ms)
 {
-    struct sockaddr_in sin;
+    struct addrinfo hints, *res = NULL;
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    char service[8];
     int fd, one = 1;
 
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_port = htons(port);
-    if (inet_pton(AF_INET, host, &sin.sin_addr) != 1)
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(service, sizeof(service), "%u", port);
+    if (getaddrinfo(host, service, &hints, &res) != 0 || res == NULL)
         return -1;
-    if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0)
+    if ((fd = socket(AF_INET, SOCK_STREAM, 0)) < 0) {
+        freeaddrinfo(res);
         return -1;
+    }
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0) {
+    if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        freeaddrinfo(res);
         close(fd);
         return -1;
     }
+    freeaddrinfo(res);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     evutil_make_socket_nonblocking(fd);
     return fd;

@@ -1,0 +1,732 @@
+/* hpdctl: runs a cluster manifest (deploy/manifest.h) on this host.
+ *
+ *   hpdctl up MANIFEST       start this host's processes, wait until healthy
+ *   hpdctl status MANIFEST   every process: pid, health, jobs
+ *   hpdctl down MANIFEST     graceful stop: open requests finish first
+ *   hpdctl logs MANIFEST NODE [-n N] [-f]
+ *   hpdctl render MANIFEST --systemd --out DIR | --k8s [--out FILE]
+ *   hpdctl check MANIFEST    validate only
+ *
+ * Processes run detached (own session) with their output in
+ * STATE_DIR/NAME.log and their pid in STATE_DIR/NAME.pid; health comes from
+ * each process's /healthz (docs/operations.md). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <ifaddrs.h>
+#include <libgen.h>
+#include <limits.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "deploy/manifest.h"
+#include "deploy/render.h"
+#include "transport/http.h"
+
+typedef struct {
+    const char *manifest;
+    const char *host;      /* --host: which processes are "here" */
+    const char *state_dir; /* --state-dir overrides the manifest's */
+    const char *bin_dir;
+    const char *out;
+    bool systemd, k8s, follow;
+    uint32_t timeout_s;
+    uint32_t lines;
+} opts_t;
+
+static opts_t O;
+
+/* ------------------------------------------------------------ helpers */
+
+static const char *bin_name(hpd_proc_role_t role)
+{
+    return role == HPD_PROC_COORDINATOR ? "hpd-coordinator"
+           : role == HPD_PROC_PREFILL   ? "hpd-prefill"
+                                        : "hpd-decode";
+}
+
+static const char *build_subdir(hpd_proc_role_t role)
+{
+    return role == HPD_PROC_COORDINATOR ? "coordinator"
+           : role == HPD_PROC_PREFILL   ? "prefill_node"
+                                        : "decode_node";
+}
+
+/* The programs: --bin-dir, else beside hpdctl (installed) or in the build
+ * tree it came from (build/deploy/hpdctl -> build/<component>/), else PATH. */
+static bool find_bin(hpd_proc_role_t role, char *out, size_t len)
+{
+    char self[PATH_MAX], dir[PATH_MAX - 128];
+    const char *name = bin_name(role);
+    ssize_t n;
+
+    if (O.bin_dir != NULL) {
+        snprintf(out, len, "%s/%s", O.bin_dir, name);
+        return access(out, X_OK) == 0;
+    }
+    if ((n = readlink("/proc/self/exe", self, sizeof(self) - 1)) > 0) {
+        self[n] = '\0';
+        snprintf(dir, sizeof(dir), "%s", dirname(self));
+        snprintf(out, len, "%s/%s", dir, name);
+        if (access(out, X_OK) == 0)
+            return true;
+        snprintf(out, len, "%s/../%s/%s", dir, build_subdir(role), name);
+        if (access(out, X_OK) == 0 && realpath(out, self) != NULL) {
+            snprintf(out, len, "%s", self);
+            return true;
+        }
+    }
+    const char *path = getenv("PATH");
+    char *copy = path ? strdup(path) : NULL, *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(out, len, "%s/%s", d, name);
+        if (access(out, X_OK) == 0) {
+            free(copy);
+            return true;
+        }
+    }
+    free(copy);
+    snprintf(out, len, "%s", name);
+    return false;
+}
+
+/* Is this address one of this machine's? */
+static bool is_local(const char *host)
+{
+    struct ifaddrs *ifs, *i;
+    char name[256];
+    bool yes = false;
+
+    if (O.host != NULL)
+        return strcmp(O.host, host) == 0;
+    if (!strcmp(host, "127.0.0.1") || !strcmp(host, "localhost") || !strcmp(host, "::1") ||
+        !strcmp(host, "0.0.0.0"))
+        return true;
+    if (gethostname(name, sizeof(name)) == 0 && strcmp(name, host) == 0)
+        return true;
+    if (getifaddrs(&ifs) != 0)
+        return false;
+    for (i = ifs; i != NULL && !yes; i = i->ifa_next) {
+        char addr[INET6_ADDRSTRLEN];
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, addr, sizeof(addr));
+        yes = strcmp(addr, host) == 0;
+    }
+    freeifaddrs(ifs);
+    return yes;
+}
+
+static const char *probe_host(const hpd_manifest_proc_t *p)
+{
+    return strcmp(p->host, "0.0.0.0") == 0 ? "127.0.0.1" : p->host;
+}
+
+static void state_path(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *ext,
+                       char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s.%s", O.state_dir ? O.state_dir : m->state_dir, p->name, ext);
+}
+
+static int mkdirs(const char *path, mode_t mode)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *s = buf + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(buf, mode) != 0 && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(buf, mode) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The pid in NAME.pid if that process is alive and is the right program. */
+static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
+{
+    char path[PATH_MAX], *text = NULL, cmd[PATH_MAX];
+    size_t len;
+    uint64_t pid;
+    pid_t out = 0;
+
+    state_path(m, p, "pid", path, sizeof(path));
+    if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
+        return 0;
+    text[strcspn(text, "\n")] = '\0';
+    if (hpd_parse_u64(text, 1, INT32_MAX, &pid) == 0 && kill((pid_t)pid, 0) == 0) {
+        /* a reused pid runs something else */
+        snprintf(path, sizeof(path), "/proc/%llu/cmdline", (unsigned long long)pid);
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+            cmd[n] = '\0';
+            fclose(f);
+            char *base = strrchr(cmd, '/');
+            if (strcmp(base ? base + 1 : cmd, bin_name(p->role)) == 0)
+                out = (pid_t)pid;
+        }
+    }
+    free(text);
+    return out;
+}
+
+/* GET /healthz: 200, 503 or 0 when nothing answers; body is its first line. */
+static int health(const hpd_manifest_proc_t *p, char *body, size_t len)
+{
+    int code = 0;
+    char *text = NULL;
+    body[0] = '\0';
+    if (hpd_http_get(probe_host(p), p->metrics_port, "/healthz", 1000, &code, &text) != HPD_OK)
+        return 0;
+    if (text != NULL) {
+        text[strcspn(text, "\n")] = '\0';
+        snprintf(body, len, "%s", text);
+        free(text);
+    }
+    return code;
+}
+
+static void tail_file(const char *path, uint32_t lines, FILE *out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK) {
+        fprintf(out, "    (no log at %s)\n", path);
+        return;
+    }
+    size_t start = len;
+    uint32_t seen = 0;
+    while (start > 0 && seen <= lines)
+        if (text[--start] == '\n' && start + 1 < len)
+            seen++;
+    if (seen > lines)
+        start++;
+    fwrite(text + start, 1, len - start, out);
+    free(text);
+}
+
+static double now_s(void)
+{
+    return hpd_time_now();
+}
+
+/* ------------------------------------------------------------ up */
+
+static bool ensure_token(const hpd_manifest_t *m)
+{
+    char dir[PATH_MAX], tok[65];
+    unsigned char raw[32];
+    struct stat st;
+    if (stat(m->token_file, &st) == 0)
+        return true;
+    snprintf(dir, sizeof(dir), "%s", m->token_file);
+    if (mkdirs(dirname(dir), 0700) != 0) {
+        fprintf(stderr, "hpdctl: token_file: cannot create the directory of %s: %s\n",
+                m->token_file, strerror(errno));
+        return false;
+    }
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, raw, sizeof(raw)) != (ssize_t)sizeof(raw)) {
+        fprintf(stderr, "hpdctl: cannot read /dev/urandom for a token\n");
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    close(fd);
+    for (int i = 0; i < 32; i++)
+        snprintf(tok + 2 * i, 3, "%02x", raw[i]);
+    if ((fd = open(m->token_file, O_WRONLY | O_CREAT | O_EXCL, 0600)) < 0 ||
+        write(fd, tok, 64) != 64 || write(fd, "\n", 1) != 1) {
+        fprintf(stderr, "hpdctl: token_file: cannot write %s: %s\n", m->token_file,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    close(fd);
+    printf("hpdctl: created the token file %s (a new shared secret, mode 0600)\n",
+           m->token_file);
+    return true;
+}
+
+static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin)
+{
+    char log[PATH_MAX], pidfile[PATH_MAX], text[24];
+    char **argv;
+    pid_t pid;
+
+    if (hpd_manifest_args(m, p, bin, &argv) < 0)
+        return -1;
+    state_path(m, p, "log", log, sizeof(log));
+    state_path(m, p, "pid", pidfile, sizeof(pidfile));
+    fflush(stdout);
+    if ((pid = fork()) == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int null = open("/dev/null", O_RDONLY);
+        setsid(); /* outlives hpdctl and its terminal */
+        if (null >= 0)
+            dup2(null, 0);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        setenv("OMP_WAIT_POLICY", "passive", 0); /* processes share the cores */
+        execv(bin, argv);
+        fprintf(stderr, "hpdctl: cannot run %s: %s\n", bin, strerror(errno));
+        _exit(127);
+    }
+    hpd_manifest_args_free(argv);
+    if (pid > 0) {
+        int len = snprintf(text, sizeof(text), "%d\n", (int)pid);
+        hpd_write_file(pidfile, text, (size_t)len);
+    }
+    return pid;
+}
+
+static void stop_pids(const pid_t *pids, uint32_t n, double grace_s);
+
+typedef struct {
+    const hpd_manifest_proc_t *p;
+    pid_t pid;
+    bool healthy, exited;
+    char last[160];
+} up_t;
+
+/* Waits until every started process answers /healthz with 200. */
+static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
+{
+    const double deadline = t0 + O.timeout_s;
+    uint32_t healthy = 0;
+    for (uint32_t i = 0; i < n; i++)
+        healthy += u[i].healthy;
+    while (healthy < n) {
+        for (uint32_t i = 0; i < n; i++) {
+            char body[160], log[PATH_MAX];
+            int status, code;
+            if (u[i].healthy)
+                continue;
+            if (waitpid(u[i].pid, &status, WNOHANG) == u[i].pid) {
+                state_path(m, u[i].p, "log", log, sizeof(log));
+                fprintf(stderr, "hpdctl: %s (%s) failed: %s %d; the end of %s:\n",
+                        u[i].p->name, hpd_proc_role_name(u[i].p->role),
+                        WIFEXITED(status) ? "exited with status" : "killed by signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log);
+                tail_file(log, 15, stderr);
+                u[i].exited = true;
+                return -1;
+            }
+            code = health(u[i].p, body, sizeof(body));
+            if (code == 200) {
+                u[i].healthy = true;
+                healthy++;
+                printf("  [%5.1fs] %-16s healthy  (%s)\n", now_s() - t0, u[i].p->name, body);
+                fflush(stdout);
+            } else if (strcmp(body, u[i].last) != 0 && body[0]) {
+                snprintf(u[i].last, sizeof(u[i].last), "%s", body);
+                printf("  [%5.1fs] %-16s %s\n", now_s() - t0, u[i].p->name, body);
+                fflush(stdout);
+            }
+        }
+        if (healthy == n)
+            break;
+        if (now_s() > deadline) {
+            for (uint32_t i = 0; i < n; i++)
+                if (!u[i].healthy) {
+                    char log[PATH_MAX];
+                    state_path(m, u[i].p, "log", log, sizeof(log));
+                    fprintf(stderr, "hpdctl: %s is not healthy after %u s (last health: %s); "
+                            "the end of %s:\n", u[i].p->name, O.timeout_s,
+                            u[i].last[0] ? u[i].last : "no answer", log);
+                    tail_file(log, 15, stderr);
+                }
+            return -1;
+        }
+        usleep(100 * 1000);
+    }
+    return 0;
+}
+
+static int cmd_up(const hpd_manifest_t *m)
+{
+    up_t u[256];
+    uint32_t n = 0;
+    char bins[3][PATH_MAX], dir[PATH_MAX];
+    const double t0 = now_s();
+    struct stat st;
+
+    snprintf(dir, sizeof(dir), "%s/config.json", m->model);
+    for (uint32_t i = 0; i < m->n_procs; i++)
+        n += is_local(m->procs[i].host) && m->procs[i].role != HPD_PROC_COORDINATOR;
+    if (n > 0 && stat(dir, &st) != 0) {
+        fprintf(stderr, "hpdctl: model: %s has no config.json (expected a model directory; "
+                "build/tools/hpd-mkmodel --out DIR writes a small one)\n", m->model);
+        return 2;
+    }
+    for (int r = 0; r < 3; r++)
+        if (!find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]))) {
+            fprintf(stderr, "hpdctl: cannot find %s (expected beside hpdctl, in its build tree "
+                    "or on PATH; or give --bin-dir)\n", bins[r]);
+            return 2;
+        }
+    const char *sd = O.state_dir ? O.state_dir : m->state_dir;
+    if (mkdirs(sd, 0755) != 0) {
+        fprintf(stderr, "hpdctl: state_dir: cannot create %s: %s\n", sd, strerror(errno));
+        return 2;
+    }
+    if (!ensure_token(m))
+        return 2;
+    n = 0;
+    for (uint32_t i = 0; i < m->n_procs; i++) {
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        pid_t pid;
+        if (!is_local(p->host))
+            continue;
+        if ((pid = running_pid(m, p)) > 0) {
+            fprintf(stderr, "hpdctl: %s is already running (pid %d); run hpdctl down first\n",
+                    p->name, (int)pid);
+            pid_t pids[256];
+            for (uint32_t k = 0; k < n; k++)
+                pids[k] = u[k].pid;
+            stop_pids(pids, n, 10);
+            return 1;
+        }
+        u[n++] = (up_t){p, 0, false, false, ""};
+    }
+    if (n == 0) {
+        fprintf(stderr, "hpdctl: no process of %s runs on this host (hosts are matched against "
+                "this machine's addresses and name; --host picks one)\n", m->path);
+        return 2;
+    }
+    printf("hpdctl: starting %u processes of cluster '%s' (logs in %s)\n", n, m->cluster, sd);
+    /* the coordinator first, so that nodes register at once */
+    for (uint32_t i = 0; i < n; i++) {
+        u[i].pid = spawn(m, u[i].p, bins[u[i].p->role]);
+        if (u[i].pid < 0) {
+            fprintf(stderr, "hpdctl: cannot start %s: %s\n", u[i].p->name, strerror(errno));
+            n = i;
+            goto fail;
+        }
+        printf("  [%5.1fs] %-16s started  (%s, pid %d, %s:%u, metrics %u)\n", now_s() - t0,
+               u[i].p->name, hpd_proc_role_name(u[i].p->role), (int)u[i].pid, u[i].p->host,
+               u[i].p->port, u[i].p->metrics_port);
+        if (u[i].p->role == HPD_PROC_COORDINATOR && wait_healthy(m, &u[i], 1, t0) != 0) {
+            n = i + 1;
+            goto fail;
+        }
+    }
+    if (wait_healthy(m, u, n, t0) != 0)
+        goto fail;
+    const hpd_manifest_proc_t *co = &m->procs[0];
+    printf("hpdctl: cluster '%s' is up in %.1f s: coordinator %s:%u, %u local processes "
+           "healthy\n", m->cluster, now_s() - t0, co->host, co->port, n);
+    return 0;
+fail:
+    fprintf(stderr, "hpdctl: stopping the processes started\n");
+    pid_t pids[256];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (u[i].pid > 0 && !u[i].exited)
+            pids[k++] = u[i].pid;
+    stop_pids(pids, k, 10);
+    for (uint32_t i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        state_path(m, u[i].p, "pid", path, sizeof(path));
+        unlink(path);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ down */
+
+static bool alive(pid_t pid)
+{
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) /* our child (hpdctl up failing) */
+        return false;
+    return kill(pid, 0) == 0;
+}
+
+/* SIGTERM (a drain), then SIGKILL after grace_s. */
+static void stop_pids(const pid_t *pids, uint32_t n, double grace_s)
+{
+    const double deadline = now_s() + grace_s;
+    bool any = true;
+    for (uint32_t i = 0; i < n; i++)
+        kill(pids[i], SIGTERM);
+    while (any && now_s() < deadline) {
+        any = false;
+        for (uint32_t i = 0; i < n; i++)
+            any |= alive(pids[i]);
+        if (any)
+            usleep(50 * 1000);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (alive(pids[i]))
+            kill(pids[i], SIGKILL);
+}
+
+static int cmd_down(const hpd_manifest_t *m)
+{
+    pid_t pids[256];
+    const hpd_manifest_proc_t *procs[256];
+    uint32_t n = 0, drain_s = 30;
+    const double t0 = now_s();
+    pid_t coord = 0;
+
+    for (uint32_t i = 0; i < m->n_procs; i++) {
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        pid_t pid;
+        if (p->drain_timeout_ms / 1000 + 1 > drain_s)
+            drain_s = p->drain_timeout_ms / 1000 + 1;
+        if (!is_local(p->host) || (pid = running_pid(m, p)) <= 0)
+            continue;
+        if (p->role == HPD_PROC_COORDINATOR)
+            coord = pid;
+        procs[n] = p;
+        pids[n++] = pid;
+    }
+    const double deadline = t0 + (O.timeout_s ? O.timeout_s : drain_s + 10);
+    if (n == 0) {
+        printf("hpdctl: nothing of cluster '%s' runs on this host\n", m->cluster);
+        return 0;
+    }
+    /* The coordinator drains (refuses new requests, lets open ones finish)
+     * and then tells the nodes to stop; without a local coordinator the
+     * nodes drain themselves. */
+    if (coord > 0) {
+        printf("hpdctl: draining the coordinator (pid %d): open requests finish first\n",
+               (int)coord);
+        kill(coord, SIGTERM);
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            kill(pids[i], SIGTERM);
+    }
+    bool termed = coord <= 0;
+    bool any = true;
+    while (any && now_s() < deadline) {
+        any = false;
+        for (uint32_t i = 0; i < n; i++) {
+            if (pids[i] == 0)
+                continue;
+            if (!alive(pids[i])) {
+                printf("  [%5.1fs] %-16s stopped\n", now_s() - t0, procs[i]->name);
+                char path[PATH_MAX];
+                state_path(m, procs[i], "pid", path, sizeof(path));
+                unlink(path);
+                if (pids[i] == coord)
+                    coord = 0;
+                pids[i] = 0;
+                continue;
+            }
+            any = true;
+        }
+        /* nodes the coordinator did not reach: drain them directly */
+        if (any && !termed && coord == 0) {
+            usleep(2000 * 1000);
+            for (uint32_t i = 0; i < n; i++)
+                if (pids[i] != 0)
+                    kill(pids[i], SIGTERM);
+            termed = true;
+        }
+        if (any)
+            usleep(50 * 1000);
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (pids[i] != 0 && alive(pids[i])) {
+            fprintf(stderr, "hpdctl: %s (pid %d) did not stop in time; killing it\n",
+                    procs[i]->name, (int)pids[i]);
+            kill(pids[i], SIGKILL);
+            char path[PATH_MAX];
+            state_path(m, procs[i], "pid", path, sizeof(path));
+            unlink(path);
+            rc = 1;
+        }
+    }
+    printf("hpdctl: cluster '%s' is down on this host (%.1f s)\n", m->cluster, now_s() - t0);
+    return rc;
+}
+
+/* ------------------------------------------------------------ status, logs */
+
+static int cmd_status(const hpd_manifest_t *m)
+{
+    int rc = 0;
+    printf("cluster %s (%s)\n%-18s %-12s %-22s %-8s %-8s %s\n", m->cluster, m->path, "NAME",
+           "ROLE", "ADDRESS", "PID", "HEALTH", "DETAIL");
+    for (uint32_t i = 0; i < m->n_procs; i++) {
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        char addr[160], body[160], pid_text[16] = "-";
+        pid_t pid = is_local(p->host) ? running_pid(m, p) : 0;
+        int code = health(p, body, sizeof(body));
+        if (pid > 0)
+            snprintf(pid_text, sizeof(pid_text), "%d", (int)pid);
+        else if (!is_local(p->host))
+            snprintf(pid_text, sizeof(pid_text), "remote");
+        snprintf(addr, sizeof(addr), "%s:%u", p->host, p->port);
+        printf("%-18s %-12s %-22s %-8s %-8s %s\n", p->name, hpd_proc_role_name(p->role), addr,
+               pid_text, code == 200 ? "ok" : code ? "unready" : "down",
+               body[0] ? body : "(no answer on /healthz)");
+        rc |= code != 200;
+    }
+    return rc ? 1 : 0;
+}
+
+static int cmd_logs(const hpd_manifest_t *m, const char *name)
+{
+    const hpd_manifest_proc_t *p = hpd_manifest_find(m, name);
+    char path[PATH_MAX];
+    if (p == NULL) {
+        fprintf(stderr, "hpdctl logs: no process named '%s' in %s (expected coordinator or one "
+                "of the nodes)\n", name, m->path);
+        return 2;
+    }
+    state_path(m, p, "log", path, sizeof(path));
+    if (!O.follow) {
+        tail_file(path, O.lines, stdout);
+        return 0;
+    }
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "hpdctl logs: cannot open %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    tail_file(path, O.lines, stdout);
+    fseek(f, 0, SEEK_END);
+    for (;;) {
+        char buf[4096];
+        size_t k = fread(buf, 1, sizeof(buf), f);
+        if (k > 0) {
+            fwrite(buf, 1, k, stdout);
+            fflush(stdout);
+        } else {
+            clearerr(f);
+            usleep(200 * 1000);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ main */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: hpdctl COMMAND MANIFEST [options]\n"
+            "  up MANIFEST             start this host's processes; returns once all are\n"
+            "                          registered and healthy, or stops them and says why\n"
+            "  status MANIFEST         each process: pid, /healthz, jobs in flight\n"
+            "  down MANIFEST           graceful stop: in-flight requests finish first\n"
+            "  logs MANIFEST NODE      a process's log (-n N last lines, -f follow)\n"
+            "  render MANIFEST --systemd --out DIR | --k8s [--out FILE]\n"
+            "  check MANIFEST          validate the manifest\n"
+            "options:\n"
+            "  --host ADDR       treat processes with this host as local (default: any of\n"
+            "                    this machine's addresses, its name and 127.0.0.1)\n"
+            "  --state-dir DIR   pid files and logs (the manifest's state_dir)\n"
+            "  --bin-dir DIR     where hpd-coordinator, hpd-prefill and hpd-decode are\n"
+            "  --timeout-s N     up: wait for health (120); down: wait for the drain\n");
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_HOST = 256, O_STATE, O_BIN, O_OUT, O_SYSTEMD, O_K8S, O_TIMEOUT, O_HELP };
+    static const struct option longopts[] = {
+        {"host", 1, 0, O_HOST}, {"state-dir", 1, 0, O_STATE}, {"bin-dir", 1, 0, O_BIN},
+        {"out", 1, 0, O_OUT}, {"systemd", 0, 0, O_SYSTEMD}, {"k8s", 0, 0, O_K8S},
+        {"timeout-s", 1, 0, O_TIMEOUT}, {"follow", 0, 0, 'f'}, {"lines", 1, 0, 'n'},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    char err[8192];
+    hpd_manifest_t *m = NULL;
+    uint64_t v;
+    int c, rc;
+
+    signal(SIGPIPE, SIG_IGN);
+    O.lines = 100;
+    while ((c = getopt_long(argc, argv, "fn:", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_HOST: O.host = optarg; break;
+        case O_STATE: O.state_dir = optarg; break;
+        case O_BIN: O.bin_dir = optarg; break;
+        case O_OUT: O.out = optarg; break;
+        case O_SYSTEMD: O.systemd = true; break;
+        case O_K8S: O.k8s = true; break;
+        case 'f': O.follow = true; break;
+        case 'n':
+        case O_TIMEOUT:
+            if (hpd_parse_u64(optarg, 1, 1u << 20, &v) != 0) {
+                fprintf(stderr, "hpdctl: %s: '%s' is invalid (expected a positive integer)\n",
+                        c == 'n' ? "-n" : "--timeout-s", optarg);
+                return 2;
+            }
+            if (c == 'n')
+                O.lines = (uint32_t)v;
+            else
+                O.timeout_s = (uint32_t)v;
+            break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (argc - optind < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[optind], *path = argv[optind + 1];
+    static const char *cmds[] = {"up", "down", "status", "logs", "render", "check", NULL};
+    bool known = false;
+    for (int i = 0; cmds[i]; i++)
+        known |= strcmp(cmds[i], cmd) == 0;
+    if (!known) {
+        fprintf(stderr, "hpdctl: unknown command '%s' (expected up, down, status, logs, render "
+                "or check)\n", cmd);
+        return 2;
+    }
+    if (strcmp(cmd, "logs") == 0 ? argc - optind != 3 : argc - optind != 2) {
+        fprintf(stderr, "hpdctl %s: unexpected arguments\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    if (hpd_manifest_load(path, &m, err, sizeof(err)) != HPD_OK) {
+        fprintf(stderr, "%s", err);
+        return 2;
+    }
+    if (strcmp(cmd, "up") == 0) {
+        if (O.timeout_s == 0)
+            O.timeout_s = 120;
+        rc = cmd_up(m);
+    } else if (strcmp(cmd, "down") == 0) {
+        rc = cmd_down(m);
+    } else if (strcmp(cmd, "status") == 0) {
+        rc = cmd_status(m);
+    } else if (strcmp(cmd, "logs") == 0) {
+        rc = cmd_logs(m, argv[optind + 2]);
+    } else if (strcmp(cmd, "check") == 0) {
+        printf("%s: ok (cluster %s: %u processes)\n", path, m->cluster, m->n_procs);
+        rc = 0;
+    } else if (O.systemd == O.k8s) {
+        fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
+        rc = 2;
+    } else {
+        char bins[3][PATH_MAX];
+        for (int r = 0; r < 3; r++)
+            find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]));
+        hpd_render_params_t rp = {m, {bins[0], bins[1], bins[2]}, O.out};
+        rc = O.systemd ? hpd_render_systemd(&rp, err, sizeof(err))
+                       : hpd_render_k8s(&rp, err, sizeof(err));
+        if (rc != 0)
+            fprintf(stderr, "hpdctl render: %s\n", err);
+    }
+    hpd_manifest_destroy(m);
+    return rc;
+}

@@ -1,0 +1,87 @@
+/* A cluster manifest: one YAML file (libyaml) that names the model, the
+ * token file, the coordinator and every node with its host, ports, device,
+ * KV layout, pools, prefix cache and UCX transports (docs/operations.md has
+ * every field). Loading validates everything it can without touching the
+ * hosts: each mistake is reported with its line, the field's path and what
+ * is allowed. hpdctl turns a manifest into processes, systemd units or
+ * Kubernetes objects. */
+#ifndef HPD_DEPLOY_MANIFEST_H
+#define HPD_DEPLOY_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define HPD_MANIFEST_NAME_MAX 48
+#define HPD_MANIFEST_PATH_MAX 1024
+
+typedef enum {
+    HPD_PROC_COORDINATOR,
+    HPD_PROC_PREFILL,
+    HPD_PROC_DECODE,
+} hpd_proc_role_t;
+
+/* One process. Zero in a numeric field means "the program's default". */
+typedef struct {
+    char name[HPD_MANIFEST_NAME_MAX + 1];
+    hpd_proc_role_t role;
+    uint32_t line;      /* where it is declared */
+    char host[128];     /* the address it binds and announces */
+    uint16_t port;      /* RPC; 0 for a node: any free port */
+    uint16_t metrics_port;
+    char log_level[8];
+    uint32_t drain_timeout_ms;
+    /* nodes */
+    char device[16];    /* "cpu" or "cuda:N" */
+    int32_t gpu;        /* N of cuda:N, -1 for cpu */
+    uint32_t threads;
+    uint32_t kv_block, kv_pack;
+    char kv_order[4];   /* "nhd" or "hnd" */
+    uint32_t kv_pages, max_batch, max_context, prefill_chunk;
+    bool prefix_cache;
+    uint32_t checkpoints, host_cache_mb, staging_mb, reserve_timeout_ms;
+    char ucx_tls[64], ucx_dev[64];
+    /* coordinator */
+    uint32_t heartbeat_ms, lease_ms, max_requests, queue_timeout_ms, max_attempts;
+} hpd_manifest_proc_t;
+
+typedef struct {
+    char path[HPD_MANIFEST_PATH_MAX];   /* the file as given */
+    char cluster[HPD_MANIFEST_NAME_MAX + 1];
+    /* paths are resolved against the manifest's directory */
+    char model[HPD_MANIFEST_PATH_MAX];
+    char token_file[HPD_MANIFEST_PATH_MAX];
+    char state_dir[HPD_MANIFEST_PATH_MAX]; /* default /tmp/hybridpd-<cluster> */
+    char log_level[8];
+    char k8s_image[256];     /* kubernetes.image (hybridpd:latest) */
+    char k8s_namespace[64];  /* kubernetes.namespace (default) */
+    hpd_manifest_proc_t *procs; /* [0] is the coordinator, then the nodes in order */
+    uint32_t n_procs;
+} hpd_manifest_t;
+
+/* Reads and validates a manifest. On a mistake returns HPD_ERR_INVALID_ARG
+ * (HPD_ERR_IO: unreadable) with one line per problem in err, each
+ * "FILE:LINE: FIELD: what is wrong (what is allowed)". */
+hpd_status_t hpd_manifest_load(const char *path, hpd_manifest_t **manifest_p, char *err,
+                               size_t errlen);
+
+/* The same from text; relative paths resolve against dir. */
+hpd_status_t hpd_manifest_parse(const char *text, size_t len, const char *name, const char *dir,
+                                hpd_manifest_t **manifest_p, char *err, size_t errlen);
+
+void hpd_manifest_destroy(hpd_manifest_t *manifest);
+
+const hpd_manifest_proc_t *hpd_manifest_find(const hpd_manifest_t *manifest, const char *name);
+
+const char *hpd_proc_role_name(hpd_proc_role_t role);
+
+/* The command line of a process: bin then its flags, NULL-terminated.
+ * Returns the argument count, or -1 when out of memory. Free with
+ * hpd_manifest_args_free. */
+int hpd_manifest_args(const hpd_manifest_t *manifest, const hpd_manifest_proc_t *proc,
+                      const char *bin, char ***argv_p);
+void hpd_manifest_args_free(char **argv);
+
+#endif
