@@ -717,6 +717,10 @@ int main(int argc, char **argv)
     } else if (O.systemd == O.k8s) {
         fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
         rc = 2;
+    } else if (O.systemd && O.out == NULL) {
+        fprintf(stderr, "hpdctl render: --systemd needs --out DIR (one unit file per "
+                "process)\n");
+        rc = 2;
     } else {
         char bins[3][PATH_MAX];
         for (int r = 0; r < 3; r++)

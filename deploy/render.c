@@ -151,7 +151,7 @@ static int y_object(doc_t *y, const hpd_manifest_t *m, const char *api, const ch
                     const char *name, const char *component)
 {
     int root, meta, labels;
-    yaml_document_initialize(&y->d, NULL, NULL, NULL, 0, 0);
+    yaml_document_initialize(&y->d, NULL, NULL, NULL, 0, 1);
     root = y_map(y);
     y_put(y, root, "apiVersion", y_str(y, api));
     y_put(y, root, "kind", y_str(y, kind));

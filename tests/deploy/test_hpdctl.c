@@ -1,0 +1,436 @@
+/* hpdctl on deploy/examples/local.yaml (with the model, token and state in
+ * a temporary directory and the ports moved by 10000): up until healthy,
+ * status, requests while /metrics is scraped (counters move and end equal
+ * to what the client saw), logs with request ids, a graceful down with a
+ * request in flight, a failing up that names the process and stops the
+ * rest, and render output (systemd-analyze verify where available; the
+ * Kubernetes YAML parses and names every node). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+#include "client/client.h"
+#include "common/util.h"
+#include "deploy/manifest.h"
+#include "tests/test_helpers.h"
+#include "transport/http.h"
+
+#define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
+                   "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+#define N_REQ 12
+
+static char root[256], manifest[300], token_file[300], state_dir[300];
+
+/* local.yaml with its paths in root and every port + 10000 */
+static void write_manifest(const char *path, const char *decode_tls)
+{
+    char src[512], *text, out[16384];
+    size_t len, used = 0;
+    snprintf(src, sizeof(src), "%s/deploy/examples/local.yaml", HPD_SOURCE_DIR);
+    assert_int_equal(hpd_read_file(src, &text, &len), HPD_OK);
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char buf[600];
+        char *port = strstr(line, "port: 176");
+        if (strncmp(line, "model:", 6) == 0)
+            snprintf(buf, sizeof(buf), "model: %s/model", root);
+        else if (strncmp(line, "token_file:", 11) == 0)
+            snprintf(buf, sizeof(buf), "token_file: %s", token_file);
+        else if (strncmp(line, "state_dir:", 10) == 0)
+            snprintf(buf, sizeof(buf), "state_dir: %s", state_dir);
+        else if (port != NULL)
+            snprintf(buf, sizeof(buf), "%.*sport: 2%s", (int)(port - line), line, port + 7);
+        else
+            snprintf(buf, sizeof(buf), "%s", line);
+        used += (size_t)snprintf(out + used, sizeof(out) - used, "%s\n", buf);
+        if (decode_tls != NULL && strstr(line, "role: decode") != NULL)
+            used += (size_t)snprintf(out + used, sizeof(out) - used,
+                                     "    ucx: {tls: %s, dev: lo}\n", decode_tls);
+    }
+    free(text);
+    assert_int_equal(hpd_write_file(path, out, used), HPD_OK);
+}
+
+/* Runs hpdctl with arguments; stdout+stderr into *out (malloc'd). */
+static int hpdctl(char **out, const char *fmt, ...)
+{
+    char args[1024], cmd[2048], log[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(log, sizeof(log), "%s/hpdctl.out", root);
+    snprintf(cmd, sizeof(cmd), "%s %s > %s 2>&1", HPDCTL, args, log);
+    int rc = system(cmd);
+    size_t len;
+    if (out != NULL && hpd_read_file(log, out, &len) != HPD_OK)
+        *out = strdup("");
+    if (out != NULL)
+        fprintf(stderr, "$ hpdctl %s\n%s", args, *out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* The value of one sample ("name" or "name{labels}") in exposition text. */
+static double sample(const char *text, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *s = text; s != NULL && *s; s = strchr(s, '\n') ? strchr(s, '\n') + 1 : NULL)
+        if (strncmp(s, name, n) == 0 && s[n] == ' ')
+            return strtod(s + n + 1, NULL);
+    return -1;
+}
+
+static char *scrape(uint16_t port)
+{
+    int code = 0;
+    char *body = NULL;
+    assert_int_equal(hpd_http_get("127.0.0.1", port, "/metrics", 2000, &code, &body), HPD_OK);
+    assert_int_equal(code, 200);
+    return body;
+}
+
+static int setup(void **state)
+{
+    char dir[300];
+    test_tmpdir(root, sizeof(root), "hpdctl");
+    snprintf(dir, sizeof(dir), "%s/model", root);
+    snprintf(manifest, sizeof(manifest), "%s/local.yaml", root);
+    snprintf(token_file, sizeof(token_file), "%s/secret/token", root);
+    snprintf(state_dir, sizeof(state_dir), "%s/state", root);
+    if (test_mkmodel(dir, MODEL_ARGS) != 0)
+        return -1;
+    write_manifest(manifest, NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* whatever a failure left */
+    if (getenv("HPD_KEEP_TEST_DIR") == NULL)
+        test_rmtree(root);
+    return 0;
+}
+
+typedef struct {
+    uint32_t done, ok, tokens, cached, prompt, streamed;
+    uint32_t n_tokens[64]; /* by handle */
+    hpd_status_t status[64];
+} results_t;
+
+static void on_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids, uint32_t n)
+{
+    ((results_t *)arg)->streamed += n;
+}
+
+static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
+{
+    results_t *res = arg;
+    res->done++;
+    if (r->status == HPD_OK) {
+        res->ok++;
+        res->tokens += r->n_tokens;
+        res->cached += r->cached_tokens;
+        res->prompt += r->prompt_tokens;
+    }
+    if (handle < 64) {
+        res->status[handle] = r->status;
+        res->n_tokens[handle] = r->n_tokens;
+    }
+}
+
+static void test_up_metrics_down(void **state)
+{
+    char *out, *token;
+    results_t res = {0};
+    int32_t prompts[N_REQ][200];
+    uint64_t handles[N_REQ];
+
+    assert_int_equal(hpdctl(&out, "up %s", manifest), 0);
+    assert_non_null(strstr(out, "cluster 'local' is up"));
+    assert_non_null(strstr(out, "decode-0         healthy"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "status %s", manifest), 0);
+    assert_non_null(strstr(out, "prefill-0"));
+    assert_null(strstr(out, " down "));
+    free(out);
+
+    assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
+    hpd_client_params_t cp = {"127.0.0.1", 27600, token, 120000};
+    hpd_client_t *c;
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+
+    /* three families of prompts sharing 128-token prefixes: one of each
+     * first, then the other nine at once (they hit the prefix cache) */
+    double last_ok = 0, last_gen = 0;
+    uint32_t scrapes = 0, busy_scrapes = 0;
+    uint64_t hb = 0;
+    for (int phase = 0; phase < 2; phase++) {
+        for (int i = phase ? 3 : 0; i < (phase ? N_REQ : 3); i++) {
+            for (int k = 0; k < 200; k++)
+                prompts[i][k] = k < 128 ? (i % 3) * 100 + k % 97 + 1 : (i * 31 + k * 7) % 500 + 1;
+            hpd_generate_params_t gp = {prompts[i], 150 + i, 24, {0, 1, 0, 0}};
+            assert_int_equal(hpd_client_submit(c, &gp, on_token, on_done, &res, &handles[i]),
+                             HPD_OK);
+        }
+        if (phase == 1) {
+            int32_t bad_id = 100000; /* not in the vocabulary: outcome "invalid" */
+            hpd_generate_params_t bad = {&bad_id, 1, 4, {0, 1, 0, 0}};
+            assert_int_equal(hpd_client_submit(c, &bad, NULL, on_done, &res, &hb), HPD_OK);
+        }
+        /* scrape while they run */
+        while (hpd_client_pending(c) > 0) {
+            hpd_client_poll(c, 5);
+            char *m = scrape(27601);
+            const double ok = sample(m, "hpd_requests_total{outcome=\"ok\"}");
+            const double gen = sample(m, "hpd_generated_tokens_total");
+            const double running = sample(m, "hpd_requests_running");
+            const double queued = sample(m, "hpd_requests_queued");
+            assert_true(ok >= last_ok && gen >= last_gen); /* counters never go back */
+            assert_true(ok <= N_REQ);
+            busy_scrapes += running + queued > 0;
+            last_ok = ok;
+            last_gen = gen;
+            scrapes++;
+            free(m);
+        }
+    }
+    fprintf(stderr, "%u scrapes, %u while requests were open\n", scrapes, busy_scrapes);
+    assert_true(busy_scrapes > 0);
+    assert_int_equal(res.ok, N_REQ);
+    assert_int_equal(res.done, N_REQ + 1);
+    assert_int_equal(res.status[hb], HPD_ERR_INVALID_ARG);
+    assert_int_equal(res.streamed, res.tokens);
+
+    /* the end state equals what the client saw */
+    char *m = scrape(27601);
+    assert_true(sample(m, "hpd_requests_total{outcome=\"ok\"}") == N_REQ);
+    assert_true(sample(m, "hpd_requests_total{outcome=\"invalid\"}") == 1);
+    assert_true(sample(m, "hpd_requests_total{outcome=\"failed\"}") == 0);
+    assert_true(res.cached > 0);
+    assert_true(sample(m, "hpd_ttft_seconds_count") == N_REQ);
+    assert_true(sample(m, "hpd_ttft_seconds_bucket{le=\"+Inf\"}") == N_REQ);
+    assert_true(sample(m, "hpd_tpot_seconds_count") == N_REQ);
+    assert_true(sample(m, "hpd_generated_tokens_total") == res.tokens);
+    assert_true(sample(m, "hpd_prompt_tokens_total") == res.prompt);
+    assert_true(sample(m, "hpd_prefix_cache_hit_tokens_total") == res.cached);
+    assert_true(sample(m, "hpd_requests_running") == 0);
+    assert_true(sample(m, "hpd_nodes{role=\"decode\"}") == 1);
+    assert_true(sample(m, "hpd_uptime_seconds") > 0);
+    free(m);
+    fprintf(stderr, "client: %u tokens, %u prompt tokens, %u from the prefix cache\n",
+            res.tokens, res.prompt, res.cached);
+    m = scrape(27611); /* prefill */
+    assert_true(sample(m, "hpd_jobs_total{outcome=\"ok\"}") == N_REQ);
+    assert_true(sample(m, "hpd_prefix_cache_hit_tokens_total{tier=\"device\"}") +
+                    sample(m, "hpd_prefix_cache_hit_tokens_total{tier=\"host\"}") ==
+                res.cached);
+    assert_true(sample(m, "hpd_engine_prefill_tokens_total") == res.prompt - res.cached);
+    assert_true(sample(m, "hpd_xfer_transfers_total{outcome=\"ok\"}") == N_REQ);
+    assert_true(sample(m, "hpd_xfer_bytes_total") > 0);
+    assert_true(sample(m, "hpd_xfer_push_seconds_count") == N_REQ);
+    assert_true(sample(m, "hpd_registered") == 1);
+    free(m);
+    m = scrape(27621); /* decode */
+    assert_true(sample(m, "hpd_jobs_total{outcome=\"ok\"}") == N_REQ);
+    assert_true(sample(m, "hpd_xfer_notices_total{outcome=\"ok\"}") == N_REQ);
+    assert_true(sample(m, "hpd_engine_decode_tokens_total") == res.tokens - N_REQ);
+    assert_true(sample(m, "hpd_kv_pages_used") == 0);
+    assert_true(sample(m, "hpd_slots_used") == 0);
+    assert_true(sample(m, "hpd_tpot_seconds_count") == N_REQ);
+    free(m);
+
+    /* logs: one line per event with the request id */
+    assert_int_equal(hpdctl(&out, "logs %s coordinator -n 400", manifest), 0);
+    assert_non_null(strstr(out, "info  coordinator req=1: accepted: 150 prompt tokens"));
+    assert_non_null(strstr(out, "coordinator req=12: finished: 24 tokens"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "logs %s decode-0 -n 400", manifest), 0);
+    assert_non_null(strstr(out, "decode req=3: decode-0: job"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "logs %s nosuch", manifest), 2);
+    assert_non_null(strstr(out, "no process named 'nosuch'"));
+    free(out);
+
+    /* down with a request in flight: it finishes, then everything stops */
+    memset(&res, 0, sizeof(res));
+    uint64_t h;
+    hpd_generate_params_t gp = {prompts[0], 20, 300, {0, 1, 0, 0}};
+    assert_int_equal(hpd_client_submit(c, &gp, on_token, on_done, &res, &h), HPD_OK);
+    while (res.streamed == 0 && hpd_client_pending(c) > 0)
+        hpd_client_poll(c, 5);
+    char log[400];
+    snprintf(log, sizeof(log), "%s/down.out", root);
+    pid_t down = fork();
+    if (down == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(HPDCTL, HPDCTL, "down", manifest, (char *)NULL);
+        _exit(127);
+    }
+    while (hpd_client_pending(c) > 0)
+        hpd_client_poll(c, 5);
+    assert_int_equal(res.ok, 1);
+    assert_int_equal(res.n_tokens[h], 300);
+    int status;
+    assert_int_equal(waitpid(down, &status, 0), down);
+    hpd_read_file(log, &out, &(size_t){0});
+    fprintf(stderr, "$ hpdctl down\n%s", out);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_non_null(strstr(out, "draining the coordinator"));
+    assert_non_null(strstr(out, "is down on this host"));
+    free(out);
+    /* new requests are refused during a drain; after it nothing answers */
+    int code;
+    assert_int_not_equal(hpd_http_get("127.0.0.1", 27601, "/healthz", 500, &code, NULL), HPD_OK);
+    assert_int_not_equal(hpd_http_get("127.0.0.1", 27621, "/healthz", 500, &code, NULL), HPD_OK);
+    assert_int_equal(hpdctl(&out, "status %s", manifest), 1);
+    free(out);
+    char pidfile[400];
+    snprintf(pidfile, sizeof(pidfile), "%s/decode-0.pid", state_dir);
+    assert_int_not_equal(access(pidfile, F_OK), 0);
+    hpd_client_destroy(c);
+    free(token);
+}
+
+static void test_up_failure(void **state)
+{
+    char bad[400], *out;
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if the test before failed */
+    snprintf(bad, sizeof(bad), "%s/bad.yaml", root);
+    write_manifest(bad, "nosuch_transport");
+    assert_int_equal(hpdctl(&out, "up %s --timeout-s 60", bad), 1);
+    assert_non_null(strstr(out, "hpdctl: decode-0 (decode) failed: exited with status 1"));
+    assert_non_null(strstr(out, "nosuch_transport")); /* the end of its log says why */
+    assert_non_null(strstr(out, "stopping the processes started"));
+    free(out);
+    /* the coordinator and the prefill node were stopped */
+    int code;
+    assert_int_not_equal(hpd_http_get("127.0.0.1", 27601, "/healthz", 500, &code, NULL), HPD_OK);
+    assert_int_not_equal(hpd_http_get("127.0.0.1", 27611, "/healthz", 500, &code, NULL), HPD_OK);
+    /* a bad manifest is refused before anything starts */
+    snprintf(bad, sizeof(bad), "%s/bad2.yaml", root);
+    assert_int_equal(hpd_write_file(bad, "cluster: x\n", 11), HPD_OK);
+    assert_int_equal(hpdctl(&out, "up %s", bad), 2);
+    assert_non_null(strstr(out, "model: missing"));
+    free(out);
+}
+
+/* every scalar of every document, joined; the kinds seen */
+static void read_k8s(const char *path, char *all, size_t len, char *kinds, size_t klen)
+{
+    FILE *f = fopen(path, "r");
+    yaml_parser_t p;
+    yaml_document_t d;
+    size_t used = 0, kused = 0;
+    int docs = 0;
+    assert_non_null(f);
+    yaml_parser_initialize(&p);
+    yaml_parser_set_input_file(&p, f);
+    for (;;) {
+        assert_true(yaml_parser_load(&p, &d)); /* parses */
+        yaml_node_t *rootn = yaml_document_get_root_node(&d);
+        if (rootn == NULL) {
+            yaml_document_delete(&d);
+            break;
+        }
+        docs++;
+        for (yaml_node_t *n = d.nodes.start; n < d.nodes.top; n++)
+            if (n->type == YAML_SCALAR_NODE && used + n->data.scalar.length + 2 < len) {
+                memcpy(all + used, n->data.scalar.value, n->data.scalar.length);
+                used += n->data.scalar.length;
+                all[used++] = '\n';
+            }
+        for (yaml_node_pair_t *pr = rootn->data.mapping.pairs.start;
+             pr < rootn->data.mapping.pairs.top; pr++)
+            if (!strcmp((char *)yaml_document_get_node(&d, pr->key)->data.scalar.value, "kind"))
+                kused += (size_t)snprintf(kinds + kused, klen - kused, "%s ",
+                                          yaml_document_get_node(&d, pr->value)->data.scalar.value);
+        yaml_document_delete(&d);
+    }
+    all[used] = '\0';
+    yaml_parser_delete(&p);
+    fclose(f);
+    assert_true(docs >= 7);
+}
+
+static void test_render(void **state)
+{
+    char dir[400], cmd[1024], *out, *all = malloc(1 << 20), kinds[512], yml[400], multi[400];
+    hpd_manifest_t *m;
+    char err[4096];
+
+    /* systemd: a unit per process */
+    snprintf(dir, sizeof(dir), "%s/units", root);
+    assert_int_equal(hpdctl(&out, "render %s --systemd --out %s", manifest, dir), 0);
+    free(out);
+    const char *units[] = {"coordinator", "prefill-0", "decode-0"};
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/hybridpd-local-%s.service", dir, units[i]);
+        assert_int_equal(hpd_read_file(path, &out, &(size_t){0}), HPD_OK);
+        assert_non_null(strstr(out, "ExecStart=/"));
+        assert_non_null(strstr(out, "--metrics-port 276"));
+        free(out);
+    }
+    if (system("command -v systemd-analyze > /dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof(cmd), "systemd-analyze verify %s/*.service", dir);
+        int rc = system(cmd);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+        fprintf(stderr, "systemd-analyze verify: ok\n");
+    } else {
+        fprintf(stderr, "systemd-analyze not installed: unit verification skipped\n");
+    }
+    assert_int_equal(hpdctl(&out, "render %s --systemd", manifest), 2); /* needs --out */
+    free(out);
+
+    /* Kubernetes: the local example, then the multi-host one */
+    snprintf(yml, sizeof(yml), "%s/k8s.yaml", root);
+    assert_int_equal(hpdctl(&out, "render %s --k8s --out %s", manifest, yml), 0);
+    free(out);
+    read_k8s(yml, all, 1 << 20, kinds, sizeof(kinds));
+    assert_non_null(strstr(kinds, "Secret ConfigMap Deployment Service Service StatefulSet "
+                                  "Service StatefulSet"));
+    assert_non_null(strstr(all, "--name prefill-0"));
+    assert_non_null(strstr(all, "--name decode-0"));
+    assert_non_null(strstr(all, "/healthz"));
+
+    snprintf(multi, sizeof(multi), "%s/multi.yaml", root);
+    snprintf(cmd, sizeof(cmd), "sed 's#^token_file:.*#token_file: %s#' %s/deploy/examples/"
+             "multi-host.yaml > %s", token_file, HPD_SOURCE_DIR, multi);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(hpdctl(&out, "render %s --k8s --out %s", multi, yml), 0);
+    free(out);
+    read_k8s(yml, all, 1 << 20, kinds, sizeof(kinds));
+    assert_int_equal(hpd_manifest_load(multi, &m, err, sizeof(err)), HPD_OK);
+    for (uint32_t i = 1; i < m->n_procs; i++) {
+        char want[128];
+        snprintf(want, sizeof(want), "--name %s ", m->procs[i].name);
+        if (strstr(all, want) == NULL)
+            fprintf(stderr, "node %s is not in the Kubernetes output\n", m->procs[i].name);
+        assert_non_null(strstr(all, want));
+        assert_non_null(strstr(all, m->procs[i].name)); /* and in the role's annotation */
+    }
+    assert_non_null(strstr(all, "nvidia.com/gpu"));
+    assert_non_null(strstr(all, "qwen3-next-coordinator.inference.svc:7000"));
+    hpd_manifest_destroy(m);
+    free(all);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_up_metrics_down),
+        cmocka_unit_test(test_up_failure),
+        cmocka_unit_test(test_render),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,238 @@
+/* Manifests: the examples load; every kind of mistake is reported with its
+ * line, the field's path and what is allowed; command lines follow the
+ * manifest. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "deploy/manifest.h"
+
+static const char base[] =
+    "cluster: t\n"                                 /* 1 */
+    "model: models/tiny\n"                         /* 2 */
+    "token_file: /tmp/t.token\n"                   /* 3 */
+    "coordinator:\n"                               /* 4 */
+    "  port: 7000\n"                               /* 5 */
+    "  metrics_port: 7001\n"                       /* 6 */
+    "nodes:\n"                                     /* 7 */
+    "  - name: p0\n"                               /* 8 */
+    "    role: prefill\n"                          /* 9 */
+    "    port: 7010\n"                             /* 10 */
+    "    metrics_port: 7011\n"                     /* 11 */
+    "    kv_layout: {block: 64, pack: 1, order: nhd}\n" /* 12 */
+    "  - name: d0\n"                               /* 13 */
+    "    role: decode\n"                           /* 14 */
+    "    port: 7020\n"                             /* 15 */
+    "    metrics_port: 7021\n"                     /* 16 */
+    "    kv_layout: {block: 16, pack: 2, order: hnd}\n"; /* 17 */
+
+/* base with line `line` (1-based) replaced by `with` (NULL: deleted) */
+static char *edit(int line, const char *with)
+{
+    static char out[4096];
+    const char *s = base;
+    size_t used = 0;
+    for (int l = 1; *s; l++) {
+        const char *end = strchr(s, '\n');
+        size_t n = (size_t)(end - s) + 1;
+        if (l != line) {
+            memcpy(out + used, s, n);
+            used += n;
+        } else if (with != NULL) {
+            used += (size_t)snprintf(out + used, sizeof(out) - used, "%s\n", with);
+        }
+        s = end + 1;
+    }
+    out[used] = '\0';
+    return out;
+}
+
+static void expect_error(const char *text, const char *want1, const char *want2)
+{
+    char err[4096];
+    hpd_manifest_t *m = NULL;
+    hpd_status_t st = hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                         sizeof(err));
+    if (st == HPD_OK || strstr(err, want1) == NULL || (want2 && strstr(err, want2) == NULL))
+        fprintf(stderr, "expected '%s' and '%s' in:\n%s", want1, want2 ? want2 : "", err);
+    assert_int_equal(st, HPD_ERR_INVALID_ARG);
+    assert_null(m);
+    assert_non_null(strstr(err, want1));
+    if (want2)
+        assert_non_null(strstr(err, want2));
+}
+
+static void test_base_loads(void **state)
+{
+    char err[1024];
+    hpd_manifest_t *m = NULL;
+    assert_int_equal(hpd_manifest_parse(base, strlen(base), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    assert_int_equal(m->n_procs, 3);
+    assert_string_equal(m->model, "/srv/models/tiny"); /* relative to the manifest */
+    assert_string_equal(m->token_file, "/tmp/t.token");
+    assert_string_equal(m->state_dir, "/tmp/hybridpd-t");
+    assert_int_equal(m->procs[0].role, HPD_PROC_COORDINATOR);
+    assert_int_equal(m->procs[0].port, 7000);
+    const hpd_manifest_proc_t *d = hpd_manifest_find(m, "d0");
+    assert_non_null(d);
+    assert_int_equal(d->role, HPD_PROC_DECODE);
+    assert_int_equal(d->line, 13);
+    assert_int_equal(d->kv_block, 16);
+    assert_int_equal(d->kv_pack, 2);
+    assert_string_equal(d->kv_order, "hnd");
+    assert_string_equal(d->ucx_tls, "tcp");
+    assert_int_equal(d->gpu, -1);
+
+    /* the decode node's command line */
+    char **argv;
+    int argc = hpd_manifest_args(m, d, "/bin/hpd-decode", &argv);
+    assert_true(argc > 10);
+    char joined[2048] = "";
+    for (int i = 0; i < argc; i++) {
+        strcat(joined, argv[i]);
+        strcat(joined, " ");
+    }
+    assert_non_null(strstr(joined, "/bin/hpd-decode --host 127.0.0.1 --port 7020 "
+                                   "--metrics-port 7021 --token-file /tmp/t.token"));
+    assert_non_null(strstr(joined, "--coordinator 127.0.0.1:7000 --model /srv/models/tiny "
+                                   "--name d0 --device cpu --kv-layout 16,2,hnd"));
+    assert_null(strstr(joined, "--staging-mb")); /* a prefill flag */
+    hpd_manifest_args_free(argv);
+    hpd_manifest_destroy(m);
+}
+
+static void test_examples_load(void **state)
+{
+    static const char *files[] = {"local.yaml", "multi-host.yaml"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[1024], err[4096];
+        hpd_manifest_t *m = NULL;
+        snprintf(path, sizeof(path), "%s/deploy/examples/%s", HPD_SOURCE_DIR, files[i]);
+        hpd_status_t st = hpd_manifest_load(path, &m, err, sizeof(err));
+        if (st != HPD_OK)
+            fprintf(stderr, "%s", err);
+        assert_int_equal(st, HPD_OK);
+        assert_true(m->n_procs >= 3);
+        if (i == 1) {
+            const hpd_manifest_proc_t *p = hpd_manifest_find(m, "gpu-b3-decode");
+            assert_non_null(p);
+            assert_int_equal(p->gpu, 3);
+            assert_string_equal(p->host, "10.0.0.12");
+            assert_string_equal(p->ucx_tls, "rc,cuda_copy,cuda_ipc"); /* from defaults */
+            assert_int_equal(p->max_batch, 64);
+            assert_string_equal(m->k8s_namespace, "inference");
+        }
+        hpd_manifest_destroy(m);
+    }
+}
+
+static void test_unknown_field(void **state)
+{
+    expect_error(edit(15, "    prot: 7020"), "m.yaml:15: nodes[1].prot: unknown field",
+                 "expected one of: host, port");
+    expect_error(edit(1, "clusterr: t"), "m.yaml:1: clusterr: unknown field", NULL);
+    expect_error(edit(12, "    kv_layout: {block: 64, pack: 1, ordr: nhd}"),
+                 "m.yaml:12: nodes[0].kv_layout.ordr: unknown field", "block, pack, order");
+    /* a field of another role */
+    expect_error(edit(16, "    metrics_port: 7021\n    staging_mb: 64"),
+                 "m.yaml:17: nodes[1].staging_mb: applies to prefill nodes only", NULL);
+}
+
+static void test_wrong_type(void **state)
+{
+    expect_error(edit(10, "    port: seven"), "m.yaml:10: nodes[0].port: 'seven' is not an "
+                 "integer", "expected 0 to 65535");
+    expect_error(edit(10, "    port: \"7010\""), "nodes[0].port: '7010' is not an integer",
+                 NULL);
+    expect_error(edit(10, "    port: [7010]"), "nodes[0].port: a list is not an integer", NULL);
+    expect_error(edit(12, "    kv_layout: 64"), "m.yaml:12: nodes[0].kv_layout: a value where "
+                 "a mapping was expected", NULL);
+    expect_error("cluster: t\nmodel: m\ntoken_file: t\ncoordinator: {port: 1, metrics_port: 2}\n"
+                 "nodes: {a: 1}\n", "m.yaml:5: nodes: a mapping where a list of nodes", NULL);
+    expect_error(edit(11, "    metrics_port: 7011\n    prefix_cache: {enabled: maybe}"),
+                 "nodes[0].prefix_cache.enabled: 'maybe' is not a boolean", NULL);
+    expect_error(edit(11, "    metrics_port: 7011\n    device: gpu0"),
+                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu or cuda:N", NULL);
+    expect_error(edit(5, "  port: 70000"), "m.yaml:5: coordinator.port: 70000 is out of range "
+                 "(expected 0 to 65535)", NULL);
+}
+
+static void test_missing_role(void **state)
+{
+    expect_error(edit(14, NULL), "m.yaml:13: nodes[1]: missing field 'role' (expected prefill "
+                 "or decode)", NULL);
+    expect_error(edit(14, "    role: decoder"), "m.yaml:14: nodes[1].role: 'decoder' is invalid "
+                 "(expected prefill or decode)", NULL);
+    /* no decode node at all */
+    expect_error(edit(14, "    role: prefill"), "nodes: 2 prefill and 0 decode nodes (expected "
+                 "at least one of each)", NULL);
+}
+
+static void test_port_clash(void **state)
+{
+    expect_error(edit(16, "    metrics_port: 7011"), "m.yaml:13: d0.metrics_port: port 7011 on "
+                 "host 127.0.0.1 is already taken by p0.metrics_port (line 8)", NULL);
+    expect_error(edit(10, "    port: 7001"), "p0.port: port 7001 on host 127.0.0.1 is already "
+                 "taken by coordinator.metrics_port", NULL);
+    /* the same port on another host is fine */
+    const char *other = edit(15, "    port: 7010\n    host: 10.0.0.2");
+    char err[1024];
+    hpd_manifest_t *m = NULL;
+    assert_int_equal(hpd_manifest_parse(other, strlen(other), "m.yaml", "/", &m, err,
+                                        sizeof(err)), HPD_OK);
+    hpd_manifest_destroy(m);
+}
+
+static void test_bad_layout(void **state)
+{
+    expect_error(edit(12, "    kv_layout: {block: 24, pack: 1, order: nhd}"),
+                 "m.yaml:12: nodes[0].kv_layout.block: 24 is invalid (expected a multiple of 16 "
+                 "from 16 to 4096)", NULL);
+    expect_error(edit(12, "    kv_layout: {block: 64, pack: 1, order: nch}"),
+                 "nodes[0].kv_layout.order: 'nch' is invalid (expected nhd or hnd)", NULL);
+    expect_error(edit(11, "    metrics_port: 7011\n    prefill_chunk: 100"),
+                 "nodes[0].prefill_chunk: 100 is invalid (expected a multiple of 64", NULL);
+}
+
+static void test_missing_model(void **state)
+{
+    expect_error(edit(2, NULL), "m.yaml:1: model: missing (expected a path to the model "
+                 "directory with config.json)", NULL);
+    expect_error(edit(3, NULL), "token_file: missing", NULL);
+    expect_error(edit(6, NULL), "coordinator.metrics_port: missing", NULL);
+    expect_error(edit(11, NULL), "m.yaml:8: nodes[0].metrics_port: missing", NULL);
+}
+
+static void test_several_errors_and_syntax(void **state)
+{
+    /* every mistake is listed, not just the first */
+    const char *two = edit(12, "    kv_layout: {block: 24, pack: 1, order: nhd}\n    foo: 1");
+    expect_error(two, "nodes[0].kv_layout.block: 24", "m.yaml:13: nodes[0].foo: unknown field");
+    expect_error("cluster: [unclosed\n", "m.yaml:", "yaml:");
+    expect_error("", "manifest: the document is empty", NULL);
+    expect_error(edit(8, "  - name: P_0"), "nodes[0].name: 'P_0' is invalid", NULL);
+    expect_error(edit(13, "  - name: p0"), "nodes[1].name: 'p0' is already the name of the node "
+                 "at line 8", NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_base_loads),
+        cmocka_unit_test(test_examples_load),
+        cmocka_unit_test(test_unknown_field),
+        cmocka_unit_test(test_wrong_type),
+        cmocka_unit_test(test_missing_role),
+        cmocka_unit_test(test_port_clash),
+        cmocka_unit_test(test_bad_layout),
+        cmocka_unit_test(test_missing_model),
+        cmocka_unit_test(test_several_errors_and_syntax),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
