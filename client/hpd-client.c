@@ -125,13 +125,16 @@ static int write_stats(const char *path)
     json_t *root = json_object(), *reqs = json_array();
     for (size_t i = 0; i < G.n; i++) {
         const hpd_generate_result_t *r = &G.results[i];
+        const double ttft = r->client_ttft_ms > 0 ? r->client_ttft_ms : r->ttft_ms;
+        /* mean time per output token after the first */
+        const double tpot = r->n_tokens > 1 ? (r->client_total_ms - ttft) / (r->n_tokens - 1)
+                                            : 0;
         json_array_append_new(
-            reqs, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:I}", "prompt_tokens",
+            reqs, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I}", "prompt_tokens",
                             (json_int_t)G.prompts[i].n, "generated", (json_int_t)r->n_tokens,
-                            "cached_tokens", (json_int_t)r->cached_tokens, "ttft_ms",
-                            r->client_ttft_ms > 0 ? r->client_ttft_ms : r->ttft_ms, "total_ms",
-                            r->client_total_ms, "server_ttft_ms", r->ttft_ms, "attempts",
-                            (json_int_t)r->attempts));
+                            "cached_tokens", (json_int_t)r->cached_tokens, "ttft_ms", ttft,
+                            "tpot_ms", tpot, "total_ms", r->client_total_ms, "server_ttft_ms",
+                            r->ttft_ms, "attempts", (json_int_t)r->attempts));
     }
     json_object_set_new(root, "requests", reqs);
     const int rc = json_dump_file(root, path, JSON_INDENT(2));

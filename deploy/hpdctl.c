@@ -152,6 +152,8 @@ static int mkdirs(const char *path, mode_t mode)
     return mkdir(buf, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+static bool alive(pid_t pid);
+
 /* The pid in NAME.pid if that process is alive and is the right program. */
 static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
 {
@@ -164,7 +166,7 @@ static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
     if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
         return 0;
     text[strcspn(text, "\n")] = '\0';
-    if (hpd_parse_u64(text, 1, INT32_MAX, &pid) == 0 && kill((pid_t)pid, 0) == 0) {
+    if (hpd_parse_u64(text, 1, INT32_MAX, &pid) == 0 && alive((pid_t)pid)) {
         /* a reused pid runs something else */
         snprintf(path, sizeof(path), "/proc/%llu/cmdline", (unsigned long long)pid);
         FILE *f = fopen(path, "r");
@@ -451,10 +453,22 @@ fail:
 
 static bool alive(pid_t pid)
 {
+    char path[64], stat[256];
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) /* our child (hpdctl up failing) */
         return false;
-    return kill(pid, 0) == 0;
+    if (kill(pid, 0) != 0)
+        return false;
+    /* an exited process nobody reaped yet (a zombie) has stopped too */
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    const size_t n = fread(stat, 1, sizeof(stat) - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *end = strrchr(stat, ')'); /* "pid (comm) S ..." */
+    return !(end != NULL && end[1] == ' ' && end[2] == 'Z');
 }
 
 /* SIGTERM (a drain), then SIGKILL after grace_s. */
