@@ -296,6 +296,16 @@ static void test_up_metrics_down(void **state)
     char pidfile[400];
     snprintf(pidfile, sizeof(pidfile), "%s/decode-0.pid", state_dir);
     assert_int_not_equal(access(pidfile, F_OK), 0);
+    /* the processes ended cleanly (no sanitizer report in sanitizer builds) */
+    static const char *names[] = {"coordinator", "prefill-0", "decode-0"};
+    for (int i = 0; i < 3; i++) {
+        char path[400];
+        snprintf(path, sizeof(path), "%s/%s.log", state_dir, names[i]);
+        assert_int_equal(hpd_read_file(path, &out, &(size_t){0}), HPD_OK);
+        assert_null(strstr(out, "Sanitizer"));
+        assert_null(strstr(out, "runtime error"));
+        free(out);
+    }
     hpd_client_destroy(c);
     free(token);
 }
