@@ -14,6 +14,13 @@
 #include "common/dtype.h"
 #include "common/status.h"
 
+/* The addressing helpers run in CUDA kernels too. */
+#ifdef __CUDACC__
+#define HPD_HOST_DEVICE __host__ __device__
+#else
+#define HPD_HOST_DEVICE
+#endif
+
 typedef enum {
     HPD_KV_NHD = 0,
     HPD_KV_HND = 1,
@@ -32,13 +39,13 @@ typedef struct {
 } hpd_kv_layout_t;
 
 /* Number of pack groups, ceil(A / P). */
-static inline uint32_t hpd_kv_layout_n_groups(const hpd_kv_layout_t *l)
+HPD_HOST_DEVICE static inline uint32_t hpd_kv_layout_n_groups(const hpd_kv_layout_t *l)
 {
     return (l->n_layers + l->pack_size - 1) / l->pack_size;
 }
 
 /* Elements in one page: P * 2 * B * n_kv_heads * head_dim. */
-static inline uint64_t hpd_kv_layout_page_elems(const hpd_kv_layout_t *l)
+HPD_HOST_DEVICE static inline uint64_t hpd_kv_layout_page_elems(const hpd_kv_layout_t *l)
 {
     return (uint64_t)l->pack_size * 2 * l->block_size * l->n_kv_heads * l->head_dim;
 }
@@ -50,8 +57,8 @@ static inline uint64_t hpd_kv_layout_page_bytes(const hpd_kv_layout_t *l)
 
 /* Element offset, inside a page, of the head_dim row for (member m, kv 0=K
  * 1=V, token t within the page, head h). */
-static inline uint64_t hpd_kv_layout_row(const hpd_kv_layout_t *l, uint32_t m, uint32_t kv,
-                                         uint32_t t, uint32_t h)
+HPD_HOST_DEVICE static inline uint64_t hpd_kv_layout_row(const hpd_kv_layout_t *l, uint32_t m,
+                                                         uint32_t kv, uint32_t t, uint32_t h)
 {
     const uint64_t B = l->block_size, NH = l->n_kv_heads, D = l->head_dim;
     const uint64_t base = ((uint64_t)m * 2 + kv) * B * NH;

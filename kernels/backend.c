@@ -11,8 +11,12 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
     if (strcmp(device, "cpu") == 0)
         return hpd_backend_cpu_create(params, backend_p);
     if (strncmp(device, "cuda", 4) == 0) {
+#ifdef HPD_HAVE_CUDA
+        return hpd_backend_cuda_create(params, backend_p);
+#else
         HPD_LOG_ERROR("backend", "device '%s': this build has no CUDA backend", device);
         return HPD_ERR_UNSUPPORTED;
+#endif
     }
     HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu or cuda[:N])", device);
     return HPD_ERR_INVALID_ARG;

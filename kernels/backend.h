@@ -1,8 +1,11 @@
 /* The kernel backend: an ops table plus a context (docs/kernels.md).
  *
  * Every op takes one args struct (pointers, shapes, strides, block tables),
- * so adding a field does not change every signature. Pointers in args are
- * backend memory (host memory for the CPU backend). Optional ops may be NULL;
+ * so adding a field does not change every signature. Tensors in args
+ * (activations, weights, pools, states) are backend memory; the metadata
+ * arrays (token ids, positions, sequences, per-sequence state pointers,
+ * block tables, sampling parameters) are host memory, which a device
+ * backend stages itself. Optional ops may be NULL;
  * the inline wrappers then answer HPD_ERR_UNSUPPORTED.
  *
  * Determinism: every op computes each output row with a reduction order that
@@ -268,6 +271,12 @@ void hpd_backend_destroy(hpd_backend_t *backend);
 /* The CPU backend. */
 hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
                                     hpd_backend_t **backend_p);
+
+/* The CUDA backend (builds with the CUDA toolkit): device "cuda" or
+ * "cuda:N". HPD_ERR_UNSUPPORTED when no GPU is visible. Ops not written yet
+ * (kv_store, attention, gdn_chunked, sample) are NULL: HPD_ERR_UNSUPPORTED. */
+hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
+                                     hpd_backend_t **backend_p);
 
 #define HPD_BACKEND_CALL(backend, op, ...)                                    \
     ((backend)->ops->op != NULL ? (backend)->ops->op((backend), __VA_ARGS__) \

@@ -1,0 +1,179 @@
+/* The CUDA backend: device memory on one GPU, one stream, the ops of
+ * kernels/cuda/. Memory comes from the device's stream-ordered pool
+ * (cudaMallocAsync), released to it on free. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_ops.h"
+
+static void cuda_destroy(hpd_backend_t *b)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    if (c != NULL) {
+        cudaSetDevice(c->device);
+        if (c->scratch != NULL)
+            cudaFree(c->scratch);
+        cudaStreamSynchronize(c->stream);
+        cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(b);
+}
+
+static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    void *p = NULL;
+    cudaError_t err = cudaMallocAsync(&p, bytes ? (bytes + 255) & ~(size_t)255 : 256, c->stream);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "allocation of %zu bytes on GPU %d failed: %s", bytes, c->device,
+                      cudaGetErrorString(err));
+        return HPD_ERR_NO_MEMORY;
+    }
+    /* callers may touch it from another stream (UCX, NCCL): settle it */
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    *ptr_p = p;
+    return HPD_OK;
+}
+
+static void cuda_free(hpd_backend_t *b, void *ptr)
+{
+    cudaFreeAsync(ptr, hpd_cuda_ctx(b)->stream);
+}
+
+static hpd_status_t cuda_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
+{
+    HPD_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, hpd_cuda_ctx(b)->stream));
+    return HPD_OK;
+}
+
+static hpd_status_t cuda_copy(hpd_backend_t *b, void *dst, const void *src, size_t bytes)
+{
+    HPD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                   hpd_cuda_ctx(b)->stream));
+    return HPD_OK;
+}
+
+/* Host copies are synchronous: the host buffer is usable on return. */
+static hpd_status_t cuda_to_host(hpd_backend_t *b, void *host, const void *src, size_t bytes)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return HPD_OK;
+}
+
+static hpd_status_t cuda_from_host(hpd_backend_t *b, void *dst, const void *host, size_t bytes)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
+                            void **dev_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    const size_t off = (*off_p + 255) & ~(size_t)255;
+    if (off + bytes > c->scratch_bytes) {
+        /* the previous user of the scratch may still be running */
+        HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (off > 0) {
+            HPD_LOG_ERROR("cuda", "metadata of %zu bytes does not fit the %zu-byte scratch",
+                          off + bytes, c->scratch_bytes);
+            return HPD_ERR_NO_MEMORY;
+        }
+        size_t want = c->scratch_bytes ? c->scratch_bytes : (1u << 20);
+        while (want < bytes)
+            want *= 2;
+        if (c->scratch != NULL)
+            cudaFree(c->scratch);
+        c->scratch = NULL;
+        c->scratch_bytes = 0;
+        HPD_CUDA_CHECK(cudaMalloc(&c->scratch, want));
+        c->scratch_bytes = want;
+    }
+    /* pageable host memory: the copy is done with the host buffer on return */
+    HPD_CUDA_CHECK(cudaMemcpyAsync((char *)c->scratch + off, host, bytes, cudaMemcpyHostToDevice,
+                                   c->stream));
+    *dev_p = (char *)c->scratch + off;
+    *off_p = off + bytes;
+    return HPD_OK;
+}
+
+static const hpd_backend_ops_t cuda_ops = {
+    /* .name */ "cuda",
+    /* .destroy */ cuda_destroy,
+    /* .alloc */ cuda_alloc,
+    /* .free */ cuda_free,
+    /* .memset */ cuda_memset,
+    /* .copy */ cuda_copy,
+    /* .to_host */ cuda_to_host,
+    /* .from_host */ cuda_from_host,
+    /* .embed */ hpd_cuda_embed,
+    /* .gemm */ hpd_cuda_gemm,
+    /* .rmsnorm */ hpd_cuda_rmsnorm,
+    /* .gated_rmsnorm */ hpd_cuda_gated_rmsnorm,
+    /* .l2norm */ hpd_cuda_l2norm,
+    /* .rope */ hpd_cuda_rope,
+    /* .silu_mul */ hpd_cuda_silu_mul,
+    /* .sigmoid_mul */ hpd_cuda_sigmoid_mul,
+    /* .kv_store */ NULL,
+    /* .attention */ NULL,
+    /* .conv1d */ hpd_cuda_conv1d,
+    /* .conv1d_step */ hpd_cuda_conv1d,
+    /* .gdn_gating */ hpd_cuda_gdn_gating,
+    /* .gdn_chunked */ NULL,
+    /* .gdn_recurrent */ hpd_cuda_gdn_recurrent,
+    /* .sample */ NULL,
+    /* .kv_translate */ hpd_cuda_kv_translate,
+    /* .slot_copy */ hpd_cuda_slot_copy,
+};
+
+extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
+                                                hpd_backend_t **backend_p)
+{
+    const char *dev = params->device ? params->device : "cuda";
+    int id = 0, count = 0;
+    if (strncmp(dev, "cuda:", 5) == 0) {
+        char *end;
+        long v = strtol(dev + 5, &end, 10);
+        if (*end != '\0' || end == dev + 5 || v < 0 || v > 255) {
+            HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda or cuda:N)", dev);
+            return HPD_ERR_INVALID_ARG;
+        }
+        id = (int)v;
+    } else if (strcmp(dev, "cuda") != 0) {
+        HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda or cuda:N)", dev);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        HPD_LOG_ERROR("cuda", "device '%s': no CUDA GPU is visible", dev);
+        return HPD_ERR_UNSUPPORTED;
+    }
+    if (id >= count) {
+        HPD_LOG_ERROR("cuda", "device '%s': this machine has %d GPU(s) (expected cuda:0 to "
+                      "cuda:%d)", dev, count, count - 1);
+        return HPD_ERR_INVALID_ARG;
+    }
+    hpd_backend_t *b = (hpd_backend_t *)calloc(1, sizeof(*b));
+    hpd_cuda_ctx_t *c = (hpd_cuda_ctx_t *)calloc(1, sizeof(*c));
+    if (b == NULL || c == NULL) {
+        free(b);
+        free(c);
+        return HPD_ERR_NO_MEMORY;
+    }
+    c->device = id;
+    if (cudaSetDevice(id) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "cannot open GPU %d: %s", id, cudaGetErrorString(cudaGetLastError()));
+        free(b);
+        free(c);
+        return HPD_ERR_INTERNAL;
+    }
+    b->ops = &cuda_ops;
+    b->ctx = c;
+    *backend_p = b;
+    return HPD_OK;
+}

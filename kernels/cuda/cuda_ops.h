@@ -1,0 +1,62 @@
+/* The CUDA backend's context and what its op files share (docs/kernels.md).
+ * Every op enqueues on the context's stream; metadata the args carry in
+ * host memory (sequences, state pointers, block tables) is copied into a
+ * device scratch buffer first. Deterministic: each output row is reduced in
+ * an order fixed by the row alone (fixed block sizes, fixed trees). */
+#ifndef HPD_KERNELS_CUDA_OPS_H
+#define HPD_KERNELS_CUDA_OPS_H
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/log.h"
+#include "kernels/backend.h"
+}
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    void *scratch; /* device metadata staging */
+    size_t scratch_bytes;
+} hpd_cuda_ctx_t;
+
+static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
+{
+    return (hpd_cuda_ctx_t *)b->ctx;
+}
+
+/* Wraps a CUDA error at the boundary: logged once with what failed. */
+#define HPD_CUDA_CHECK(call)                                                           \
+    do {                                                                               \
+        cudaError_t err_ = (call);                                                     \
+        if (err_ != cudaSuccess) {                                                     \
+            HPD_LOG_ERROR("cuda", "%s failed: %s", #call, cudaGetErrorString(err_));   \
+            return err_ == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL; \
+        }                                                                              \
+    } while (0)
+
+/* A kernel launch's error, then HPD_OK. */
+#define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
+
+/* Copies host metadata into the scratch buffer (growing it) at a 256-byte
+ * aligned offset; *off_p advances. Returns the device address. */
+hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
+                            void **dev_p);
+
+#define HPD_CUDA_ROW_THREADS 256
+
+hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
+hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
+hpd_status_t hpd_cuda_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a);
+hpd_status_t hpd_cuda_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);
+hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a);
+hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a);
+hpd_status_t hpd_cuda_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a);
+hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a);
+hpd_status_t hpd_cuda_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a);
+hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);
+hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
+
+#endif

@@ -1,0 +1,120 @@
+/* Embedding, RoPE, SwiGLU, the attention gate and GDN gating on the GPU.
+ * Token ids and positions live in host memory (the engine's metadata) and
+ * are staged to the device first. */
+#include "kernels/cuda/cuda_ops.h"
+
+__global__ void embed_kernel(const int32_t *ids, uint32_t n, const float *table, uint32_t dim,
+                             float *out, uint32_t ld)
+{
+    const uint32_t i = blockIdx.x;
+    for (uint32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        out[(size_t)i * ld + d] = table[(size_t)ids[i] * dim + d];
+}
+
+hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
+{
+    size_t off = 0;
+    void *ids;
+    hpd_status_t st;
+    if (a->n == 0)
+        return HPD_OK;
+    if ((st = hpd_cuda_stage(b, a->ids, a->n * sizeof(int32_t), &off, &ids)) != HPD_OK)
+        return st;
+    embed_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>((const int32_t *)ids, a->n, a->table,
+                                                            a->dim, a->out, a->ld);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+/* One block per token; inverse frequencies as Hugging Face computes them. */
+__global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
+{
+    const uint32_t t = blockIdx.x, half = a.rot_dim / 2;
+    const float pos = (float)positions[t];
+    for (uint32_t e = threadIdx.x; e < a.n_heads * half; e += blockDim.x) {
+        const uint32_t h = e / half, i = e % half;
+        const float inv_freq = 1.0f / powf(a.theta, (float)(2 * i) / (float)a.rot_dim);
+        const float f = pos * inv_freq, cs = cosf(f), sn = sinf(f);
+        float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs;
+        const float x1 = x[i], x2 = x[i + half];
+        x[i] = x1 * cs - x2 * sn;
+        x[i + half] = x2 * cs + x1 * sn;
+    }
+}
+
+hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
+{
+    size_t off = 0;
+    void *pos;
+    hpd_status_t st;
+    if (a->n_tokens == 0)
+        return HPD_OK;
+    if ((st = hpd_cuda_stage(b, a->positions, a->n_tokens * sizeof(int32_t), &off, &pos)) !=
+        HPD_OK)
+        return st;
+    rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+__global__ void silu_mul_kernel(hpd_silu_mul_args_t a)
+{
+    const uint32_t t = blockIdx.y;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < a.inter;
+         i += gridDim.x * blockDim.x) {
+        const float g = a.gu[(size_t)t * a.ldgu + i], u = a.gu[(size_t)t * a.ldgu + a.inter + i];
+        a.out[(size_t)t * a.ldout + i] = (g / (1.0f + expf(-g))) * u;
+    }
+}
+
+hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
+{
+    if (a->n_tokens == 0)
+        return HPD_OK;
+    const dim3 grid((a->inter + 255) / 256, a->n_tokens);
+    silu_mul_kernel<<<grid, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+__global__ void sigmoid_mul_kernel(hpd_sigmoid_mul_args_t a)
+{
+    const uint32_t t = blockIdx.x;
+    for (uint32_t e = threadIdx.x; e < a.n_heads * a.dim; e += blockDim.x) {
+        const uint32_t h = e / a.dim, d = e % a.dim;
+        float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs + d;
+        const float g = a.gate.p[(size_t)t * a.gate.ld + (size_t)h * a.gate.hs + d];
+        *x = *x * (1.0f / (1.0f + expf(-g)));
+    }
+}
+
+hpd_status_t hpd_cuda_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a)
+{
+    if (a->n_tokens > 0)
+        sigmoid_mul_kernel<<<a->n_tokens, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+__device__ static float softplus(float x)
+{
+    return x > 20.0f ? x : log1pf(expf(x)); /* PyTorch's threshold */
+}
+
+__global__ void gdn_gating_kernel(hpd_gdn_gating_args_t a)
+{
+    const uint32_t t = blockIdx.x;
+    for (uint32_t h = threadIdx.x; h < a.nv; h += blockDim.x) {
+        const float av = a.a[(size_t)t * a.lda + h], bv = a.b[(size_t)t * a.ldb + h];
+        a.g[(size_t)t * a.nv + h] = -expf(a.a_log[h]) * softplus(av + a.dt_bias[h]);
+        a.beta[(size_t)t * a.nv + h] = 1.0f / (1.0f + expf(-bv));
+    }
+}
+
+hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a)
+{
+    if (a->n_tokens > 0)
+        gdn_gating_kernel<<<a->n_tokens, 64, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}

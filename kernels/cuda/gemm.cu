@@ -1,0 +1,58 @@
+/* GEMM y = (acc ? y : 0) + x w^T, deterministic: each output sums k in
+ * ascending order in one thread, so its value depends on its row and column
+ * alone (not on m, the batch). 64x64 tiles, 16x16 threads, 4x4 outputs per
+ * thread, k in steps of 16 through shared memory. No cuBLAS. */
+#include "kernels/cuda/cuda_ops.h"
+
+#define TM 64
+#define TN 64
+#define TK 16
+
+__global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
+                            const float *__restrict__ w, float *__restrict__ y, uint32_t ldy,
+                            uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+{
+    __shared__ float xs[TK][TM + 1];
+    __shared__ float ws[TK][TN + 1];
+    const uint32_t tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+    const uint32_t row0 = blockIdx.y * TM, col0 = blockIdx.x * TN;
+    float acc[4][4] = {{0}};
+
+    for (uint32_t k0 = 0; k0 < k; k0 += TK) {
+        /* 256 threads load 64x16 of x and of w, 4 elements each */
+        for (uint32_t i = tid; i < TM * TK; i += 256) {
+            const uint32_t r = i / TK, kk = i % TK;
+            const uint32_t gr = row0 + r, gk = k0 + kk;
+            xs[kk][r] = gr < m && gk < k ? x[(size_t)gr * ldx + gk] : 0.0f;
+            const uint32_t gc = col0 + r;
+            ws[kk][r] = gc < n && gk < k ? w[(size_t)gc * k + gk] : 0.0f;
+        }
+        __syncthreads();
+        for (uint32_t kk = 0; kk < TK; kk++)
+            for (uint32_t i = 0; i < 4; i++)
+                for (uint32_t j = 0; j < 4; j++)
+                    acc[i][j] += xs[kk][ty * 4 + i] * ws[kk][tx * 4 + j];
+        __syncthreads();
+    }
+    for (uint32_t i = 0; i < 4; i++) {
+        const uint32_t r = row0 + ty * 4 + i;
+        for (uint32_t j = 0; j < 4; j++) {
+            const uint32_t c = col0 + tx * 4 + j;
+            if (r < m && c < n) {
+                float *out = y + (size_t)r * ldy + c;
+                *out = accumulate ? *out + acc[i][j] : acc[i][j];
+            }
+        }
+    }
+}
+
+hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    if (a->m == 0 || a->n == 0)
+        return HPD_OK;
+    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
+    gemm_kernel<<<grid, block, 0, hpd_cuda_ctx(b)->stream>>>(a->x, a->ldx, a->w, a->y, a->ldy,
+                                                             a->m, a->n, a->k, a->accumulate);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
