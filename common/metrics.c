@@ -12,6 +12,10 @@ const double hpd_metrics_latency_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 
                                              0.25,  0.5,    1.0,   2.5,  5.0,   10.0, 30.0, 60.0};
 const uint32_t hpd_metrics_n_latency_bounds =
     sizeof(hpd_metrics_latency_bounds) / sizeof(hpd_metrics_latency_bounds[0]);
+const double hpd_metrics_tpot_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                          0.05,   0.1,   0.2,   0.5,   1.0,  2.0};
+const uint32_t hpd_metrics_n_tpot_bounds =
+    sizeof(hpd_metrics_tpot_bounds) / sizeof(hpd_metrics_tpot_bounds[0]);
 
 struct hpd_metric {
     hpd_metric_type_t type;

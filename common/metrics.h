@@ -22,6 +22,9 @@ typedef enum {
 /* Upper bounds in seconds for latency histograms: 1 ms to 60 s. */
 extern const double hpd_metrics_latency_bounds[];
 extern const uint32_t hpd_metrics_n_latency_bounds;
+/* Upper bounds in seconds for time-per-output-token histograms: 0.5 ms to 2 s. */
+extern const double hpd_metrics_tpot_bounds[];
+extern const uint32_t hpd_metrics_n_tpot_bounds;
 
 hpd_status_t hpd_metrics_create(hpd_metrics_t **metrics_p);
 void hpd_metrics_destroy(hpd_metrics_t *metrics);

@@ -1239,8 +1239,6 @@ static hpd_status_t metrics_init(metrics_t *m)
 {
     const double *lat = hpd_metrics_latency_bounds;
     const uint32_t nl = hpd_metrics_n_latency_bounds;
-    static const double tpot_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
-                                         0.1,    0.2,   0.5,   1.0,   2.0};
     static const char req_help[] = "Generate requests answered, by outcome.";
     hpd_status_t st = hpd_metrics_create(&m->reg);
     if (st != HPD_OK)
@@ -1262,7 +1260,8 @@ static hpd_status_t metrics_init(metrics_t *m)
                                     NULL, lat, nl);
     m->tpot = hpd_metrics_histogram(m->reg, "hpd_tpot_seconds",
                                     "Mean time per output token after the first, per request.",
-                                    NULL, tpot_bounds, HPD_ARRAY_SIZE(tpot_bounds));
+                                    NULL, hpd_metrics_tpot_bounds,
+                                    hpd_metrics_n_tpot_bounds);
     m->duration = hpd_metrics_histogram(m->reg, "hpd_request_duration_seconds",
                                         "Time from submit to the last token.", NULL, lat, nl);
     m->queue_wait = hpd_metrics_histogram(m->reg, "hpd_queue_wait_seconds",

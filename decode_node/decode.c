@@ -343,8 +343,6 @@ static void metrics_init(decode_t *d, hpd_metrics_t *r)
 {
     static const char jobs[] = "Decode jobs ended, by outcome.";
     static const char state[] = "Decode jobs by state.";
-    static const double tpot[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
-                                  0.1,    0.2,   0.5,   1.0,   2.0};
     d->m.done = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs, "outcome=\"ok\"");
     d->m.failed = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_jobs_total", jobs,
                                   "outcome=\"failed\"");
@@ -361,17 +359,26 @@ static void metrics_init(decode_t *d, hpd_metrics_t *r)
                                         hpd_metrics_n_latency_bounds);
     d->m.tpot_s = hpd_metrics_histogram(r, "hpd_tpot_seconds",
                                         "Mean decode time per token, per finished job.", NULL,
-                                        tpot, HPD_ARRAY_SIZE(tpot));
+                                        hpd_metrics_tpot_bounds, hpd_metrics_n_tpot_bounds);
+}
+
+/* Requests held: reserved (waiting for their transfer and start) and running. */
+static void count_reqs(const decode_t *d, uint32_t *reserved_p, uint32_t *running_p)
+{
+    uint32_t reserved = 0, running = 0;
+    for (const dreq_t *r = d != NULL ? d->reqs : NULL; r != NULL; r = r->next) {
+        reserved += !r->running;
+        running += r->running;
+    }
+    *reserved_p = reserved;
+    *running_p = running;
 }
 
 static void collect(hpd_node_t *n)
 {
     decode_t *d = n->role_data;
-    uint32_t reserved = 0, running = 0;
-    for (dreq_t *r = d->reqs; r != NULL; r = r->next) {
-        reserved += !r->running;
-        running += r->running;
-    }
+    uint32_t reserved, running;
+    count_reqs(d, &reserved, &running);
     hpd_metric_set(d->m.done, (double)d->finished);
     hpd_metric_set(d->m.failed, (double)d->failed);
     hpd_metric_set(d->m.canceled, (double)d->canceled);
@@ -382,11 +389,9 @@ static void collect(hpd_node_t *n)
 
 static uint32_t in_flight(hpd_node_t *n)
 {
-    decode_t *d = n->role_data;
-    uint32_t k = 0;
-    for (dreq_t *r = d != NULL ? d->reqs : NULL; r != NULL; r = r->next)
-        k++;
-    return k;
+    uint32_t reserved, running;
+    count_reqs(n->role_data, &reserved, &running);
+    return reserved + running;
 }
 
 static hpd_status_t init(hpd_node_t *n)
@@ -412,11 +417,8 @@ static hpd_status_t init(hpd_node_t *n)
 static void pack_load(hpd_node_t *n, msgpack_packer *pk)
 {
     decode_t *d = n->role_data;
-    uint32_t reserved = 0, running = 0;
-    for (dreq_t *r = d->reqs; r != NULL; r = r->next) {
-        reserved += !r->running;
-        running += r->running;
-    }
+    uint32_t reserved, running;
+    count_reqs(d, &reserved, &running);
     msgpack_pack_map(pk, 8);
     hpd_proto_kv_u64(pk, "reserved", reserved);
     hpd_proto_kv_u64(pk, "running", running);

@@ -218,9 +218,12 @@ static void tail_file(const char *path, uint32_t lines, FILE *out)
     free(text);
 }
 
-static double now_s(void)
+/* A process is gone: its pid file goes too. */
+static void forget(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
 {
-    return hpd_time_now();
+    char path[PATH_MAX];
+    state_path(m, p, "pid", path, sizeof(path));
+    unlink(path);
 }
 
 /* ------------------------------------------------------------ up */
@@ -332,17 +335,17 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
             if (code == 200) {
                 u[i].healthy = true;
                 healthy++;
-                printf("  [%5.1fs] %-16s healthy  (%s)\n", now_s() - t0, u[i].p->name, body);
+                printf("  [%5.1fs] %-16s healthy  (%s)\n", hpd_time_now() - t0, u[i].p->name, body);
                 fflush(stdout);
             } else if (strcmp(body, u[i].last) != 0 && body[0]) {
                 snprintf(u[i].last, sizeof(u[i].last), "%s", body);
-                printf("  [%5.1fs] %-16s %s\n", now_s() - t0, u[i].p->name, body);
+                printf("  [%5.1fs] %-16s %s\n", hpd_time_now() - t0, u[i].p->name, body);
                 fflush(stdout);
             }
         }
         if (healthy == n)
             break;
-        if (now_s() > deadline) {
+        if (hpd_time_now() > deadline) {
             for (uint32_t i = 0; i < n; i++)
                 if (!u[i].healthy) {
                     char log[PATH_MAX];
@@ -364,7 +367,7 @@ static int cmd_up(const hpd_manifest_t *m)
     up_t u[256];
     uint32_t n = 0;
     char bins[3][PATH_MAX], dir[PATH_MAX];
-    const double t0 = now_s();
+    const double t0 = hpd_time_now();
     struct stat st;
 
     snprintf(dir, sizeof(dir), "%s/config.json", m->model);
@@ -419,7 +422,7 @@ static int cmd_up(const hpd_manifest_t *m)
             n = i;
             goto fail;
         }
-        printf("  [%5.1fs] %-16s started  (%s, pid %d, %s:%u, metrics %u)\n", now_s() - t0,
+        printf("  [%5.1fs] %-16s started  (%s, pid %d, %s:%u, metrics %u)\n", hpd_time_now() - t0,
                u[i].p->name, hpd_proc_role_name(u[i].p->role), (int)u[i].pid, u[i].p->host,
                u[i].p->port, u[i].p->metrics_port);
         if (u[i].p->role == HPD_PROC_COORDINATOR && wait_healthy(m, &u[i], 1, t0) != 0) {
@@ -431,7 +434,7 @@ static int cmd_up(const hpd_manifest_t *m)
         goto fail;
     const hpd_manifest_proc_t *co = &m->procs[0];
     printf("hpdctl: cluster '%s' is up in %.1f s: coordinator %s:%u, %u local processes "
-           "healthy\n", m->cluster, now_s() - t0, co->host, co->port, n);
+           "healthy\n", m->cluster, hpd_time_now() - t0, co->host, co->port, n);
     return 0;
 fail:
     fprintf(stderr, "hpdctl: stopping the processes started\n");
@@ -441,11 +444,8 @@ fail:
         if (u[i].pid > 0 && !u[i].exited)
             pids[k++] = u[i].pid;
     stop_pids(pids, k, 10);
-    for (uint32_t i = 0; i < n; i++) {
-        char path[PATH_MAX];
-        state_path(m, u[i].p, "pid", path, sizeof(path));
-        unlink(path);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        forget(m, u[i].p);
     return 1;
 }
 
@@ -474,11 +474,11 @@ static bool alive(pid_t pid)
 /* SIGTERM (a drain), then SIGKILL after grace_s. */
 static void stop_pids(const pid_t *pids, uint32_t n, double grace_s)
 {
-    const double deadline = now_s() + grace_s;
+    const double deadline = hpd_time_now() + grace_s;
     bool any = true;
     for (uint32_t i = 0; i < n; i++)
         kill(pids[i], SIGTERM);
-    while (any && now_s() < deadline) {
+    while (any && hpd_time_now() < deadline) {
         any = false;
         for (uint32_t i = 0; i < n; i++)
             any |= alive(pids[i]);
@@ -495,7 +495,7 @@ static int cmd_down(const hpd_manifest_t *m)
     pid_t pids[256];
     const hpd_manifest_proc_t *procs[256];
     uint32_t n = 0, drain_s = 30;
-    const double t0 = now_s();
+    const double t0 = hpd_time_now();
     pid_t coord = 0;
 
     for (uint32_t i = 0; i < m->n_procs; i++) {
@@ -527,27 +527,28 @@ static int cmd_down(const hpd_manifest_t *m)
             kill(pids[i], SIGTERM);
     }
     bool termed = coord <= 0;
+    double coord_gone = 0; /* when the local coordinator stopped */
     bool any = true;
-    while (any && now_s() < deadline) {
+    while (any && hpd_time_now() < deadline) {
         any = false;
         for (uint32_t i = 0; i < n; i++) {
             if (pids[i] == 0)
                 continue;
             if (!alive(pids[i])) {
-                printf("  [%5.1fs] %-16s stopped\n", now_s() - t0, procs[i]->name);
-                char path[PATH_MAX];
-                state_path(m, procs[i], "pid", path, sizeof(path));
-                unlink(path);
-                if (pids[i] == coord)
+                printf("  [%5.1fs] %-16s stopped\n", hpd_time_now() - t0, procs[i]->name);
+                forget(m, procs[i]);
+                if (pids[i] == coord) {
                     coord = 0;
+                    coord_gone = hpd_time_now();
+                }
                 pids[i] = 0;
                 continue;
             }
             any = true;
         }
-        /* nodes the coordinator did not reach: drain them directly */
-        if (any && !termed && coord == 0) {
-            usleep(2000 * 1000);
+        /* nodes still up 2 s after the coordinator (its shutdown notice did
+         * not reach them): drain them directly */
+        if (any && !termed && coord == 0 && hpd_time_now() - coord_gone > 2.0) {
             for (uint32_t i = 0; i < n; i++)
                 if (pids[i] != 0)
                     kill(pids[i], SIGTERM);
@@ -562,13 +563,11 @@ static int cmd_down(const hpd_manifest_t *m)
             fprintf(stderr, "hpdctl: %s (pid %d) did not stop in time; killing it\n",
                     procs[i]->name, (int)pids[i]);
             kill(pids[i], SIGKILL);
-            char path[PATH_MAX];
-            state_path(m, procs[i], "pid", path, sizeof(path));
-            unlink(path);
+            forget(m, procs[i]);
             rc = 1;
         }
     }
-    printf("hpdctl: cluster '%s' is down on this host (%.1f s)\n", m->cluster, now_s() - t0);
+    printf("hpdctl: cluster '%s' is down on this host (%.1f s)\n", m->cluster, hpd_time_now() - t0);
     return rc;
 }
 

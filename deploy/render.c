@@ -146,9 +146,10 @@ static void y_add(doc_t *y, int seq, int item)
     yaml_document_append_sequence_item(&y->d, seq, item);
 }
 
-/* A new document: apiVersion, kind, metadata {name, namespace, labels}. */
+/* A new document: apiVersion, kind, metadata {name, namespace, labels};
+ * returns the root mapping and, when meta_p is not NULL, the metadata one. */
 static int y_object(doc_t *y, const hpd_manifest_t *m, const char *api, const char *kind,
-                    const char *name, const char *component)
+                    const char *name, const char *component, int *meta_p)
 {
     int root, meta, labels;
     yaml_document_initialize(&y->d, NULL, NULL, NULL, 0, 1);
@@ -165,6 +166,8 @@ static int y_object(doc_t *y, const hpd_manifest_t *m, const char *api, const ch
     y_put(y, labels, "app.kubernetes.io/instance", y_str(y, m->cluster));
     if (component != NULL)
         y_put(y, labels, "app.kubernetes.io/component", y_str(y, component));
+    if (meta_p != NULL)
+        *meta_p = meta;
     return root;
 }
 
@@ -381,14 +384,14 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     yaml_emitter_open(&e);
 
     /* the token */
-    int root = y_object(&y, m, "v1", "Secret", secret, NULL), data = y_map(&y);
+    int root = y_object(&y, m, "v1", "Secret", secret, NULL, NULL), data = y_map(&y);
     y_put(&y, root, "type", y_str(&y, "Opaque"));
     y_put(&y, root, "stringData", data);
     y_put(&y, data, "token", y_qstr(&y, token));
     rc |= emit(&e, &y);
 
     /* every process's flags, keyed by the pod that runs it */
-    root = y_object(&y, m, "v1", "ConfigMap", cm, NULL);
+    root = y_object(&y, m, "v1", "ConfigMap", cm, NULL, NULL);
     data = y_map(&y);
     y_put(&y, root, "data", data);
     uint32_t ordinal[3] = {0, 0, 0};
@@ -405,7 +408,7 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     rc |= emit(&e, &y);
 
     /* the coordinator: a Deployment of one and its Service */
-    root = y_object(&y, m, "apps/v1", "Deployment", co_name, "coordinator");
+    root = y_object(&y, m, "apps/v1", "Deployment", co_name, "coordinator", NULL);
     int spec = y_map(&y), sel = y_map(&y);
     y_put(&y, root, "spec", spec);
     y_put(&y, spec, "replicas", y_int(&y, 1));
@@ -414,7 +417,7 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     y_put(&y, spec, "template", y_pod(&y, m, &groups[HPD_PROC_COORDINATOR], "hpd-coordinator",
                                       cm, secret, co_addr));
     rc |= emit(&e, &y);
-    root = y_object(&y, m, "v1", "Service", co_name, "coordinator");
+    root = y_object(&y, m, "v1", "Service", co_name, "coordinator", NULL);
     spec = y_map(&y);
     y_put(&y, root, "spec", spec);
     y_put(&y, spec, "selector", y_selector(&y, m, "coordinator"));
@@ -442,7 +445,7 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
             if (m->procs[i].role == (hpd_proc_role_t)r)
                 used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
                                          used ? "," : "", m->procs[i].name);
-        root = y_object(&y, m, "v1", "Service", g->name, g->component);
+        root = y_object(&y, m, "v1", "Service", g->name, g->component, NULL);
         spec = y_map(&y);
         y_put(&y, root, "spec", spec);
         y_put(&y, spec, "clusterIP", y_str(&y, "None"));
@@ -455,15 +458,8 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
         y_add(&y, ports, p);
         rc |= emit(&e, &y);
 
-        root = y_object(&y, m, "apps/v1", "StatefulSet", g->name, g->component);
-        int meta = y_map(&y);
-        /* the annotation goes into the existing metadata map */
-        yaml_node_t *rootn = yaml_document_get_node(&y.d, root);
-        for (yaml_node_pair_t *pr = rootn->data.mapping.pairs.start;
-             pr < rootn->data.mapping.pairs.top; pr++)
-            if (strcmp((char *)yaml_document_get_node(&y.d, pr->key)->data.scalar.value,
-                       "metadata") == 0)
-                meta = pr->value;
+        int meta;
+        root = y_object(&y, m, "apps/v1", "StatefulSet", g->name, g->component, &meta);
         int ann = y_map(&y);
         y_put(&y, meta, "annotations", ann);
         y_put(&y, ann, "hybridpd.io/nodes", y_str(&y, names));

@@ -640,30 +640,40 @@ static void metrics_init(prefill_t *p, hpd_metrics_t *r)
                                            NULL, lat, nl);
 }
 
+typedef struct {
+    uint32_t queued, running, finishing;
+    uint64_t queued_tokens; /* prompt tokens of jobs not yet finishing */
+} job_counts_t;
+
+static job_counts_t count_jobs(const prefill_t *p)
+{
+    job_counts_t c = {0, 0, 0, 0};
+    for (const job_t *j = p != NULL ? p->jobs : NULL; j != NULL; j = j->next) {
+        c.queued += j->state == JOB_QUEUED;
+        c.running += j->state == JOB_RUNNING;
+        c.finishing += j->state == JOB_FINISHING;
+        if (j->state != JOB_FINISHING)
+            c.queued_tokens += j->n_prompt;
+    }
+    return c;
+}
+
 static void collect(hpd_node_t *n)
 {
     prefill_t *p = n->role_data;
-    uint32_t queued = 0, running = 0, finishing = 0;
-    for (job_t *j = p->jobs; j != NULL; j = j->next) {
-        queued += j->state == JOB_QUEUED;
-        running += j->state == JOB_RUNNING;
-        finishing += j->state == JOB_FINISHING;
-    }
+    const job_counts_t c = count_jobs(p);
     hpd_metric_set(p->m.done, (double)p->jobs_done);
     hpd_metric_set(p->m.failed, (double)p->jobs_failed);
     hpd_metric_set(p->m.canceled, (double)p->jobs_canceled);
-    hpd_metric_set(p->m.queued, queued);
-    hpd_metric_set(p->m.running, running);
-    hpd_metric_set(p->m.finishing, finishing);
+    hpd_metric_set(p->m.queued, c.queued);
+    hpd_metric_set(p->m.running, c.running);
+    hpd_metric_set(p->m.finishing, c.finishing);
 }
 
 static uint32_t in_flight(hpd_node_t *n)
 {
-    prefill_t *p = n->role_data;
-    uint32_t k = 0;
-    for (job_t *j = p != NULL ? p->jobs : NULL; j != NULL; j = j->next)
-        k++;
-    return k;
+    const job_counts_t c = count_jobs(n->role_data);
+    return c.queued + c.running + c.finishing;
 }
 
 static hpd_status_t init(hpd_node_t *n)
@@ -694,20 +704,12 @@ static hpd_status_t init(hpd_node_t *n)
 static void pack_load(hpd_node_t *n, msgpack_packer *pk)
 {
     prefill_t *p = n->role_data;
-    uint32_t queued = 0, running = 0, finishing = 0;
-    uint64_t queued_tokens = 0;
-    for (job_t *j = p->jobs; j != NULL; j = j->next) {
-        queued += j->state == JOB_QUEUED;
-        running += j->state == JOB_RUNNING;
-        finishing += j->state == JOB_FINISHING;
-        if (j->state != JOB_FINISHING)
-            queued_tokens += j->n_prompt;
-    }
+    const job_counts_t c = count_jobs(p);
     msgpack_pack_map(pk, 7);
-    hpd_proto_kv_u64(pk, "jobs_queued", queued);
-    hpd_proto_kv_u64(pk, "jobs_running", running);
-    hpd_proto_kv_u64(pk, "jobs_finishing", finishing);
-    hpd_proto_kv_u64(pk, "queued_tokens", queued_tokens);
+    hpd_proto_kv_u64(pk, "jobs_queued", c.queued);
+    hpd_proto_kv_u64(pk, "jobs_running", c.running);
+    hpd_proto_kv_u64(pk, "jobs_finishing", c.finishing);
+    hpd_proto_kv_u64(pk, "queued_tokens", c.queued_tokens);
     hpd_proto_kv_u64(pk, "jobs_done", p->jobs_done);
     hpd_proto_kv_u64(pk, "jobs_failed", p->jobs_failed);
     hpd_proto_kv_u64(pk, "jobs_canceled", p->jobs_canceled);
