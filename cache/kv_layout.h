@@ -14,12 +14,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 
-/* The addressing helpers run in CUDA kernels too. */
-#ifdef __CUDACC__
-#define HPD_HOST_DEVICE __host__ __device__
-#else
-#define HPD_HOST_DEVICE
-#endif
+#include "common/hostdev.h" /* the addressing helpers run in CUDA kernels too */
 
 typedef enum {
     HPD_KV_NHD = 0,

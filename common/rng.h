@@ -8,9 +8,7 @@
 
 #include <stdint.h>
 
-#ifndef HPD_HOST_DEVICE
-#define HPD_HOST_DEVICE
-#endif
+#include "common/hostdev.h"
 
 typedef struct {
     uint32_t v[4];

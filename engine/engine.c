@@ -47,6 +47,8 @@ struct hpd_engine {
     hpd_engine_params_t p;
     const hpd_model_config_t *cfg;
     hpd_backend_t *be;
+    const hpd_model_t *w;   /* the weights in backend memory: p.model or dev_model */
+    hpd_model_t *dev_model; /* a copy on a device backend, owned */
     hpd_page_pool_t *pages;
     hpd_slot_pool_t *slots;
     hpd_prefix_cache_t *cache;
@@ -96,6 +98,58 @@ void hpd_engine_params_init(hpd_engine_params_t *p)
 }
 
 /* ---------------------------------------------------------------- create */
+
+static void free_weights(hpd_engine_t *e)
+{
+    hpd_model_tensor_t t[HPD_MODEL_MAX_TENSORS];
+    if (e->dev_model == NULL)
+        return;
+    const uint32_t n = hpd_model_tensors(e->dev_model, t);
+    for (uint32_t i = 0; i < n; i++)
+        hpd_backend_free(e->be, *t[i].slot);
+    free(e->dev_model);
+    e->dev_model = NULL;
+}
+
+/* The kernels read the weights from backend memory: a device backend gets
+ * a copy of every tensor, once. */
+static hpd_status_t upload_weights(hpd_engine_t *e)
+{
+    hpd_model_tensor_t host[HPD_MODEL_MAX_TENSORS], dev[HPD_MODEL_MAX_TENSORS];
+    hpd_model_t *d;
+    hpd_status_t st = HPD_OK;
+    uint64_t bytes = 0;
+
+    e->w = e->p.model;
+    if (hpd_backend_host_memory(e->be))
+        return HPD_OK;
+    if ((d = malloc(sizeof(*d))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    *d = *e->p.model;
+    const uint32_t n = hpd_model_tensors((hpd_model_t *)e->p.model, host);
+    hpd_model_tensors(d, dev);
+    for (uint32_t i = 0; i < n; i++)
+        *dev[i].slot = NULL;
+    e->dev_model = d;
+    for (uint32_t i = 0; i < n && st == HPD_OK; i++) {
+        const size_t b = host[i].floats * sizeof(float);
+        if ((st = hpd_backend_alloc(e->be, b, (void **)dev[i].slot)) == HPD_OK)
+            st = hpd_backend_from_host(e->be, *dev[i].slot, *host[i].slot, b);
+        bytes += b;
+    }
+    if (st != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "copying %llu MiB of weights to the %s backend failed: %s",
+                      (unsigned long long)(bytes >> 20), e->be->ops->name, hpd_status_str(st));
+        free_weights(e);
+        return st;
+    }
+    if (d->config.tie_word_embeddings)
+        d->lm_head = d->embed;
+    e->w = d;
+    HPD_LOG_INFO(LOG_COMPONENT, "weights: %llu MiB copied to the %s backend",
+                 (unsigned long long)(bytes >> 20), e->be->ops->name);
+    return HPD_OK;
+}
 
 static hpd_status_t alloc_act(hpd_engine_t *e, float **p, uint64_t floats)
 {
@@ -194,7 +248,7 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
     e->p = *params;
     e->cfg = &params->model->config;
     e->be = params->backend;
-    if ((st = resolve_params(&e->p, e->cfg)) != HPD_OK)
+    if ((st = resolve_params(&e->p, e->cfg)) != HPD_OK || (st = upload_weights(e)) != HPD_OK)
         goto err;
     e->gdn_layer_bytes = hpd_model_config_gdn_layer_bytes(e->cfg);
     if (e->cfg->n_full_layers > 0) {
@@ -297,6 +351,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
     hpd_prefix_cache_destroy(e->cache);
     hpd_page_pool_destroy(e->pages);
     hpd_slot_pool_destroy(e->slots);
+    free_weights(e);
     free(e);
 }
 
@@ -544,7 +599,7 @@ static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index
 static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 {
     const hpd_model_config_t *c = e->cfg;
-    const hpd_layer_weights_t *w = &e->p.model->layers[l];
+    const hpd_layer_weights_t *w = &e->w->layers[l];
     const uint32_t R = bt->rows, H = c->hidden_size, nk = c->lin_n_k_heads;
     const uint32_t nv = c->lin_n_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     const uint32_t gi = c->kind_index[l], zoff = c->conv_dim, boff = zoff + nv * dv;
@@ -611,7 +666,7 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 {
     const hpd_model_config_t *c = e->cfg;
-    const hpd_layer_weights_t *w = &e->p.model->layers[l];
+    const hpd_layer_weights_t *w = &e->w->layers[l];
     const uint32_t R = bt->rows, H = c->hidden_size, nh = c->n_heads, nkv = c->n_kv_heads;
     const uint32_t hd = c->head_dim, a = c->kind_index[l];
     const uint32_t P = e->p.kv_layout.pack_size, group = a / P;
@@ -657,7 +712,7 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 {
     const hpd_model_config_t *c = e->cfg;
-    const hpd_layer_weights_t *w = &e->p.model->layers[l];
+    const hpd_layer_weights_t *w = &e->w->layers[l];
     const uint32_t R = bt->rows, H = c->hidden_size, I = c->intermediate_size;
     hpd_status_t st;
 
@@ -686,8 +741,8 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
             return st;
     }
     hpd_rmsnorm_args_t norm = {{e->lhid, H, 0}, {e->lhid, H, 0}, n, 1, H,
-                               e->p.model->final_norm, c->rms_norm_eps, true};
-    hpd_gemm_args_t head = {e->lhid, H, e->p.model->lm_head, e->logits, c->vocab_size, n,
+                               e->w->final_norm, c->rms_norm_eps, true};
+    hpd_gemm_args_t head = {e->lhid, H, e->w->lm_head, e->logits, c->vocab_size, n,
                             c->vocab_size, H, false};
     if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &head)) != HPD_OK)
         return st;
@@ -699,7 +754,7 @@ static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
     const hpd_model_config_t *c = e->cfg;
     hpd_status_t st;
 
-    hpd_embed_args_t emb = {e->ids, bt->rows, e->p.model->embed, c->hidden_size, e->x,
+    hpd_embed_args_t emb = {e->ids, bt->rows, e->w->embed, c->hidden_size, e->x,
                             c->hidden_size};
     if ((st = hpd_embed(e->be, &emb)) != HPD_OK)
         return st;

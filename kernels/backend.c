@@ -18,7 +18,7 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
         return HPD_ERR_UNSUPPORTED;
 #endif
     }
-    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu or cuda[:N])", device);
+    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu, cuda[:N] or cuda-fast[:N])", device);
     return HPD_ERR_INVALID_ARG;
 }
 

@@ -222,7 +222,18 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* true when backend memory is host memory (the CPU backend): the host
+     * may read and write it directly */
+    bool host_memory;
     void (*destroy)(hpd_backend_t *backend);
+    /* Ops may run asynchronously (in order); sync waits until everything
+     * enqueued has finished, before the host or another device engine (a
+     * NIC) reads what they wrote. NULL: ops are synchronous. */
+    hpd_status_t (*sync)(hpd_backend_t *backend);
+    /* Makes host memory (a transport's staging buffer) addressable by the
+     * backend's ops and fast to copy (pinned). NULL: nothing to do. */
+    hpd_status_t (*host_register)(hpd_backend_t *backend, void *ptr, size_t bytes);
+    void (*host_unregister)(hpd_backend_t *backend, void *ptr);
     /* memory */
     hpd_status_t (*alloc)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
     void (*free)(hpd_backend_t *backend, void *ptr);
@@ -257,7 +268,7 @@ struct hpd_backend {
 };
 
 typedef struct {
-    const char *device;  /* "cpu" (the default when NULL) */
+    const char *device;  /* "cpu" (the default when NULL), "cuda[:N]" or "cuda-fast[:N]" */
     uint32_t n_threads;  /* CPU threads; 0: all cores */
 } hpd_backend_params_t;
 
@@ -273,8 +284,9 @@ hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
                                     hpd_backend_t **backend_p);
 
 /* The CUDA backend (builds with the CUDA toolkit): device "cuda" or
- * "cuda:N". HPD_ERR_UNSUPPORTED when no GPU is visible. Ops not written yet
- * (kv_store, attention, gdn_chunked, sample) are NULL: HPD_ERR_UNSUPPORTED. */
+ * "cuda:N" (deterministic, the default), "cuda-fast" or "cuda-fast:N" (GEMMs
+ * through cuBLAS: faster, not batch-invariant). HPD_ERR_UNSUPPORTED when no
+ * GPU is visible. */
 hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
                                      hpd_backend_t **backend_p);
 
@@ -282,6 +294,23 @@ hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
     ((backend)->ops->op != NULL ? (backend)->ops->op((backend), __VA_ARGS__) \
                                 : HPD_ERR_UNSUPPORTED)
 
+static inline bool hpd_backend_host_memory(const hpd_backend_t *b)
+{
+    return b->ops->host_memory;
+}
+static inline hpd_status_t hpd_backend_sync(hpd_backend_t *b)
+{
+    return b->ops->sync != NULL ? b->ops->sync(b) : HPD_OK;
+}
+static inline hpd_status_t hpd_backend_host_register(hpd_backend_t *b, void *ptr, size_t n)
+{
+    return b->ops->host_register != NULL ? b->ops->host_register(b, ptr, n) : HPD_OK;
+}
+static inline void hpd_backend_host_unregister(hpd_backend_t *b, void *ptr)
+{
+    if (b->ops->host_unregister != NULL && ptr != NULL)
+        b->ops->host_unregister(b, ptr);
+}
 static inline hpd_status_t hpd_backend_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
 {
     return HPD_BACKEND_CALL(b, alloc, bytes, ptr_p);

@@ -336,23 +336,52 @@ err:
     return st;
 }
 
+uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
+{
+    const hpd_model_config_t *c = &m->config;
+    const uint64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size;
+    const uint64_t nh = c->n_heads, hd = c->head_dim;
+    const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
+    uint32_t n = 0;
+
+#define T(ptr, count) out[n++] = (hpd_model_tensor_t){&(ptr), (count)}
+    T(m->embed, V * H);
+    T(m->final_norm, H);
+    if (!c->tie_word_embeddings)
+        T(m->lm_head, V * H);
+    for (uint32_t l = 0; l < c->n_layers && l < HPD_MAX_LAYERS; l++) {
+        hpd_layer_weights_t *w = &m->layers[l];
+        T(w->input_norm, H);
+        T(w->post_norm, H);
+        T(w->mlp_gate_up, 2 * I * H);
+        T(w->mlp_down, H * I);
+        if (c->layer_full[l]) {
+            T(w->attn_qkv, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
+            T(w->attn_o, H * nh * hd);
+            T(w->q_norm, hd);
+            T(w->k_norm, hd);
+        } else {
+            T(w->gdn_in, (uint64_t)hpd_model_gdn_in_rows(c) * H);
+            T(w->gdn_conv, (uint64_t)c->conv_dim * c->conv_kernel);
+            T(w->gdn_a_log, nv);
+            T(w->gdn_dt_bias, nv);
+            T(w->gdn_norm, dv);
+            T(w->gdn_out, H * nv * dv);
+        }
+    }
+#undef T
+    return n;
+}
+
 void hpd_model_destroy(hpd_model_t *m)
 {
+    hpd_model_tensor_t t[HPD_MODEL_MAX_TENSORS];
     if (m == NULL)
         return;
-    for (uint32_t l = 0; l < HPD_MAX_LAYERS; l++) {
-        hpd_layer_weights_t *w = &m->layers[l];
-        float *all[] = {w->input_norm, w->post_norm, w->mlp_gate_up, w->mlp_down,
-                        w->attn_qkv,   w->attn_o,    w->q_norm,      w->k_norm,
-                        w->gdn_in,     w->gdn_conv,  w->gdn_a_log,   w->gdn_dt_bias,
-                        w->gdn_norm,   w->gdn_out};
-        for (size_t i = 0; i < HPD_ARRAY_SIZE(all); i++)
-            free(all[i]);
-    }
-    if (m->lm_head != m->embed)
-        free(m->lm_head);
-    free(m->embed);
-    free(m->final_norm);
+    /* a config that failed to load lists no layers: free what was loaded */
+    const uint32_t n = hpd_model_tensors(m, t);
+    for (uint32_t i = 0; i < n; i++)
+        free(*t[i].slot);
     free(m);
 }
 

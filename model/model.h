@@ -38,6 +38,19 @@ typedef struct {
     uint64_t n_params;
 } hpd_model_t;
 
+/* A weight tensor of a model: where its pointer sits and its floats. */
+typedef struct {
+    float **slot;
+    uint64_t floats;
+} hpd_model_tensor_t;
+
+#define HPD_MODEL_MAX_TENSORS (3 + 14 * HPD_MAX_LAYERS)
+
+/* Lists every tensor of m (lm_head only when it is not tied to embed), in a
+ * fixed order, into out (HPD_MODEL_MAX_TENSORS entries). Returns the count.
+ * Slots of tensors not loaded (yet) hold NULL. */
+uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out);
+
 /* Loads DIR (config.json + safetensors). Any missing tensor, wrong shape,
  * unsupported dtype or bad file is logged, naming the file, the tensor and
  * what was expected, and returned as an error. */

@@ -44,6 +44,7 @@ static hpd_status_t cpu_copy(hpd_backend_t *b, void *dst, const void *src, size_
 
 static const hpd_backend_ops_t cpu_ops = {
     .name = "cpu",
+    .host_memory = true,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -1,6 +1,7 @@
 /* The CUDA backend: device memory on one GPU, one stream, the ops of
  * kernels/cuda/. Memory comes from the device's stream-ordered pool
- * (cudaMallocAsync), released to it on free. */
+ * (cudaMallocAsync), released to it on free. Two variants: "cuda" (the
+ * deterministic kernels) and "cuda-fast" (GEMMs through cuBLAS). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,11 +14,33 @@ static void cuda_destroy(hpd_backend_t *b)
         cudaSetDevice(c->device);
         if (c->scratch != NULL)
             cudaFree(c->scratch);
+        if (c->cublas != NULL)
+            cublasDestroy(c->cublas);
         cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);
         free(c);
     }
     free(b);
+}
+
+static hpd_status_t cuda_sync(hpd_backend_t *b)
+{
+    HPD_CUDA_CHECK(cudaStreamSynchronize(hpd_cuda_ctx(b)->stream));
+    return HPD_OK;
+}
+
+/* Pins host memory and maps it into the device's address space (unified
+ * addressing: kernels then use the host pointer itself). */
+static hpd_status_t cuda_host_register(hpd_backend_t *b, void *ptr, size_t bytes)
+{
+    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
+    HPD_CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterMapped));
+    return HPD_OK;
+}
+
+static void cuda_host_unregister(hpd_backend_t *b, void *ptr)
+{
+    cudaHostUnregister(ptr);
 }
 
 static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
@@ -104,7 +127,11 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, si
 
 static const hpd_backend_ops_t cuda_ops = {
     /* .name */ "cuda",
+    /* .host_memory */ false,
     /* .destroy */ cuda_destroy,
+    /* .sync */ cuda_sync,
+    /* .host_register */ cuda_host_register,
+    /* .host_unregister */ cuda_host_unregister,
     /* .alloc */ cuda_alloc,
     /* .free */ cuda_free,
     /* .memset */ cuda_memset,
@@ -119,14 +146,47 @@ static const hpd_backend_ops_t cuda_ops = {
     /* .rope */ hpd_cuda_rope,
     /* .silu_mul */ hpd_cuda_silu_mul,
     /* .sigmoid_mul */ hpd_cuda_sigmoid_mul,
-    /* .kv_store */ NULL,
-    /* .attention */ NULL,
+    /* .kv_store */ hpd_cuda_kv_store,
+    /* .attention */ hpd_cuda_attention,
     /* .conv1d */ hpd_cuda_conv1d,
     /* .conv1d_step */ hpd_cuda_conv1d,
     /* .gdn_gating */ hpd_cuda_gdn_gating,
-    /* .gdn_chunked */ NULL,
+    /* .gdn_chunked */ hpd_cuda_gdn_chunked,
     /* .gdn_recurrent */ hpd_cuda_gdn_recurrent,
-    /* .sample */ NULL,
+    /* .sample */ hpd_cuda_sample,
+    /* .kv_translate */ hpd_cuda_kv_translate,
+    /* .slot_copy */ hpd_cuda_slot_copy,
+};
+
+static const hpd_backend_ops_t cuda_fast_ops = {
+    /* .name */ "cuda-fast",
+    /* .host_memory */ false,
+    /* .destroy */ cuda_destroy,
+    /* .sync */ cuda_sync,
+    /* .host_register */ cuda_host_register,
+    /* .host_unregister */ cuda_host_unregister,
+    /* .alloc */ cuda_alloc,
+    /* .free */ cuda_free,
+    /* .memset */ cuda_memset,
+    /* .copy */ cuda_copy,
+    /* .to_host */ cuda_to_host,
+    /* .from_host */ cuda_from_host,
+    /* .embed */ hpd_cuda_embed,
+    /* .gemm */ hpd_cuda_gemm_cublas,
+    /* .rmsnorm */ hpd_cuda_rmsnorm,
+    /* .gated_rmsnorm */ hpd_cuda_gated_rmsnorm,
+    /* .l2norm */ hpd_cuda_l2norm,
+    /* .rope */ hpd_cuda_rope,
+    /* .silu_mul */ hpd_cuda_silu_mul,
+    /* .sigmoid_mul */ hpd_cuda_sigmoid_mul,
+    /* .kv_store */ hpd_cuda_kv_store,
+    /* .attention */ hpd_cuda_attention,
+    /* .conv1d */ hpd_cuda_conv1d,
+    /* .conv1d_step */ hpd_cuda_conv1d,
+    /* .gdn_gating */ hpd_cuda_gdn_gating,
+    /* .gdn_chunked */ hpd_cuda_gdn_chunked,
+    /* .gdn_recurrent */ hpd_cuda_gdn_recurrent,
+    /* .sample */ hpd_cuda_sample,
     /* .kv_translate */ hpd_cuda_kv_translate,
     /* .slot_copy */ hpd_cuda_slot_copy,
 };
@@ -135,18 +195,22 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
                                                 hpd_backend_t **backend_p)
 {
     const char *dev = params->device ? params->device : "cuda";
+    const bool fast = strncmp(dev, "cuda-fast", 9) == 0;
+    const char *rest = dev + (fast ? 9 : 4);
     int id = 0, count = 0;
-    if (strncmp(dev, "cuda:", 5) == 0) {
+    if (strncmp(dev, "cuda", 4) != 0 || (*rest != '\0' && *rest != ':')) {
+        HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N] or cuda-fast[:N])", dev);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (*rest == ':') {
         char *end;
-        long v = strtol(dev + 5, &end, 10);
-        if (*end != '\0' || end == dev + 5 || v < 0 || v > 255) {
-            HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda or cuda:N)", dev);
+        long v = strtol(rest + 1, &end, 10);
+        if (*end != '\0' || end == rest + 1 || v < 0 || v > 255) {
+            HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N] or "
+                          "cuda-fast[:N], N a GPU index)", dev);
             return HPD_ERR_INVALID_ARG;
         }
         id = (int)v;
-    } else if (strcmp(dev, "cuda") != 0) {
-        HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda or cuda:N)", dev);
-        return HPD_ERR_INVALID_ARG;
     }
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         HPD_LOG_ERROR("cuda", "device '%s': no CUDA GPU is visible", dev);
@@ -165,14 +229,27 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         return HPD_ERR_NO_MEMORY;
     }
     c->device = id;
+    c->fast = fast;
+    int smem = 0;
     if (cudaSetDevice(id) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, id) !=
+            cudaSuccess) {
         HPD_LOG_ERROR("cuda", "cannot open GPU %d: %s", id, cudaGetErrorString(cudaGetLastError()));
         free(b);
         free(c);
         return HPD_ERR_INTERNAL;
     }
-    b->ops = &cuda_ops;
+    c->smem_optin = (size_t)smem;
+    if (fast && (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS ||
+                 cublasSetStream(c->cublas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+                 cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)) {
+        HPD_LOG_ERROR("cuda", "cannot create a cuBLAS handle on GPU %d", id);
+        b->ctx = c;
+        cuda_destroy(b);
+        return HPD_ERR_INTERNAL;
+    }
+    b->ops = fast ? &cuda_fast_ops : &cuda_ops;
     b->ctx = c;
     *backend_p = b;
     return HPD_OK;

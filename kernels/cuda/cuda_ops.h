@@ -6,6 +6,7 @@
 #ifndef HPD_KERNELS_CUDA_OPS_H
 #define HPD_KERNELS_CUDA_OPS_H
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -18,6 +19,9 @@ typedef struct {
     cudaStream_t stream;
     void *scratch; /* device metadata staging */
     size_t scratch_bytes;
+    size_t smem_optin; /* shared memory a block may opt in to */
+    bool fast;         /* cuda-fast: GEMMs through cuBLAS */
+    cublasHandle_t cublas;
 } hpd_cuda_ctx_t;
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
@@ -56,6 +60,11 @@ hpd_status_t hpd_cuda_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t
 hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a);
 hpd_status_t hpd_cuda_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a);
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
+hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
+hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);
 hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
 

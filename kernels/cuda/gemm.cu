@@ -56,3 +56,24 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
+
+/* The fast mode (device cuda-fast): cuBLAS SGEMM in fp32 (default math: no TF32).
+ * Its kernels and split-K choices depend on m, so a row's bits depend on
+ * the batch: not the deterministic contract of DESIGN.md section 4. Row-major
+ * y = x w^T is column-major y^T = w^T-as-stored times x^T-as-stored. */
+hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
+    if (a->m == 0 || a->n == 0)
+        return HPD_OK;
+    const cublasStatus_t cs = cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->n,
+                                          (int)a->m, (int)a->k, &alpha, a->w, (int)a->k, a->x,
+                                          (int)a->ldx, &beta, a->y, (int)a->ldy);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+        HPD_LOG_ERROR("cuda", "cublasSgemm %ux%ux%u failed: status %d", a->m, a->n, a->k,
+                      (int)cs);
+        return HPD_ERR_INTERNAL;
+    }
+    return HPD_OK;
+}

@@ -1,0 +1,308 @@
+/* Token sampling on the GPU: one block of 1024 threads per row, thread t
+ * owning a contiguous run of token ids.
+ *
+ * Greedy: the first maximum (ties to the lowest id), as the CPU backend.
+ * Temperature: the kept set is found without sorting. top-k keeps the k
+ * largest scaled logits (ties at the threshold to the lowest ids), found by
+ * bisection over the order-preserving integer keys of the floats; top-p
+ * then keeps the largest of those whose probability mass reaches top_p,
+ * found the same way. The draw u (Philox, keyed by (seed, position), from
+ * the host) walks the kept probabilities in id order. Every sum has a fixed
+ * order (each thread's run in order, then the runs in order), so a row's
+ * token depends on its logits and (seed, position) alone. The CPU walks the
+ * kept set in sorted order instead: both draw from the same distribution,
+ * greedy rows agree exactly, sampled ones in general do not. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/rng.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#define NT 1024
+
+typedef struct {
+    float inv_t; /* 0: greedy */
+    float top_p;
+    uint32_t top_k; /* 0: off */
+    float u;        /* the row's uniform draw */
+} row_params_t;
+
+/* Monotone map of floats to unsigned integers (-inf lowest). */
+__device__ static inline uint32_t fkey(float f)
+{
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+__device__ static inline float unkey(uint32_t k)
+{
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+/* Block-wide sums in a fixed tree; every thread gets the result. */
+__device__ static float block_sum(float v, float *red)
+{
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (uint32_t s = NT / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s)
+            red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float r = red[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ static uint32_t block_count(uint32_t v, uint32_t *red)
+{
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (uint32_t s = NT / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s)
+            red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const uint32_t r = red[0];
+    __syncthreads();
+    return r;
+}
+
+/* The kept set: key > tau, or key == tau among the first `need` such ids. */
+typedef struct {
+    uint32_t tau, need;
+} kept_t;
+
+/* One thread's run of a row: ids [i0, i1), scaled by inv_t. */
+typedef struct {
+    const float *x;
+    uint32_t i0, i1;
+    float inv_t;
+} run_t;
+
+/* Walks the kept ids of a run in order; eq is the number of ids equal to
+ * tau in the runs before. */
+#define FOR_KEPT(r, kept, eq, xs, i)                                           \
+    for (uint32_t i = (r).i0, eq_ = (eq); i < (r).i1; i++)                     \
+        if (float xs = (r).x[i] * (r).inv_t; fkey(xs) > (kept).tau ||          \
+                                             (fkey(xs) == (kept).tau && eq_++ < (kept).need))
+
+/* Every thread's count of ids equal to tau in the runs before its own. */
+__device__ static void eq_prefix(const run_t *r, uint32_t tau, uint32_t *red, uint32_t *before)
+{
+    uint32_t n = 0;
+    for (uint32_t i = r->i0; i < r->i1; i++)
+        n += fkey(r->x[i] * r->inv_t) == tau;
+    red[threadIdx.x] = n;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (uint32_t t = 0, acc = 0; t < NT; t++) {
+            before[t] = acc;
+            acc += red[t];
+        }
+    __syncthreads();
+}
+
+/* Probability mass (unnormalised, max mx) of the kept ids with key >= from. */
+__device__ static float kept_mass(const run_t *r, kept_t kept, uint32_t eq, float mx,
+                                  uint32_t from, float *red)
+{
+    float m = 0.0f;
+    FOR_KEPT(*r, kept, eq, xs, i)
+    {
+        if (fkey(xs) >= from)
+            m += expf(xs - mx);
+    }
+    return block_sum(m, red);
+}
+
+__global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
+                              const row_params_t *params, int32_t *out)
+{
+    __shared__ float redf[NT];
+    __shared__ uint32_t redu[NT];
+    __shared__ uint32_t eq_before[NT]; /* ids equal to tau in the runs before */
+    __shared__ float mass_before[NT];
+    const row_params_t p = params[blockIdx.x];
+    const float *x = logits + (size_t)blockIdx.x * ld;
+    const uint32_t tid = threadIdx.x, per = (vocab + NT - 1) / NT;
+    const uint32_t i0 = min(tid * per, vocab), i1 = min(i0 + per, vocab);
+    const run_t run = {x, i0, i1, p.inv_t};
+
+    if (p.inv_t == 0.0f) {
+        /* argmax: the larger value wins, then the lower id */
+        uint32_t best = i0;
+        for (uint32_t i = i0 + 1; i < i1; i++)
+            if (x[i] > x[best])
+                best = i;
+        redu[tid] = best;
+        __syncthreads();
+        for (uint32_t s = NT / 2; s > 0; s /= 2) {
+            if (tid < s) {
+                const uint32_t a = redu[tid], b = redu[tid + s];
+                if (b < vocab && (a >= vocab || x[b] > x[a]))
+                    redu[tid] = b;
+            }
+            __syncthreads();
+        }
+        if (tid == 0)
+            out[blockIdx.x] = (int32_t)redu[0];
+        return;
+    }
+
+    /* the largest scaled logit */
+    float mx = -INFINITY;
+    for (uint32_t i = i0; i < i1; i++)
+        mx = fmaxf(mx, x[i] * p.inv_t);
+    redf[tid] = mx;
+    __syncthreads();
+    for (uint32_t s = NT / 2; s > 0; s /= 2) {
+        if (tid < s)
+            redf[tid] = fmaxf(redf[tid], redf[tid + s]);
+        __syncthreads();
+    }
+    mx = redf[0];
+    __syncthreads();
+
+    kept_t kept = {0, vocab};
+    if (p.top_k > 0 && p.top_k < vocab) {
+        /* the largest tau with count(key >= tau) >= k */
+        uint32_t lo = 0, hi = 0xffffffffu;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo) / 2 + 1;
+            uint32_t n = 0;
+            for (uint32_t i = i0; i < i1; i++)
+                n += fkey(x[i] * p.inv_t) >= mid;
+            if (block_count(n, redu) >= p.top_k)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        uint32_t gt = 0;
+        for (uint32_t i = i0; i < i1; i++)
+            gt += fkey(x[i] * p.inv_t) > lo;
+        kept.tau = lo;
+        kept.need = p.top_k - block_count(gt, redu);
+    }
+    eq_prefix(&run, kept.tau, redu, eq_before);
+    float total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
+    if (p.top_p < 1.0f) {
+        /* the largest tau' with mass(key >= tau') >= top_p * total */
+        const float target = p.top_p * total;
+        uint32_t lo = kept.tau, hi = 0xffffffffu;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo) / 2 + 1;
+            if (kept_mass(&run, kept, eq_before[tid], mx, mid, redf) >= target)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        /* lo == tau: top-k's set already ends where top-p would */
+        if (lo > kept.tau) {
+            /* the keys above lo, then as many ids at lo (lowest first) as
+             * it takes to reach the mass */
+            const float above = kept_mass(&run, kept, eq_before[tid], mx, lo + 1, redf);
+            const float each = expf(unkey(lo) - mx);
+            uint32_t n = 0;
+            for (uint32_t i = i0; i < i1; i++)
+                n += fkey(x[i] * p.inv_t) == lo;
+            const uint32_t have = block_count(n, redu);
+            uint32_t need = each > 0.0f ? (uint32_t)ceilf((target - above) / each) : have;
+            kept.tau = lo;
+            kept.need = max(1u, min(need, have));
+            eq_prefix(&run, kept.tau, redu, eq_before);
+            total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
+        }
+    }
+
+    /* the draw: u * total along the kept probabilities in id order */
+    float mine = 0.0f;
+    FOR_KEPT(run, kept, eq_before[tid], xs, i)
+    {
+        mine += expf(xs - mx);
+    }
+    redf[tid] = mine;
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (uint32_t t = 0; t < NT; t++) {
+            mass_before[t] = acc;
+            acc += redf[t];
+        }
+    }
+    __syncthreads();
+    const float target = p.u * total, before = mass_before[tid];
+    const bool owns = mine > 0.0f && target >= before && target < before + mine;
+    int32_t drawn = -1, last = -1;
+    float cum = before;
+    FOR_KEPT(run, kept, eq_before[tid], xs, i)
+    {
+        last = (int32_t)i;
+        cum += expf(xs - mx);
+        if (drawn < 0 && target < cum)
+            drawn = (int32_t)i;
+    }
+    /* the first run that holds the target draws (its own walk's rounding
+     * may end just short: then its last kept id); a target past every run
+     * takes the highest kept id */
+    redu[tid] = owns ? tid : NT;
+    __syncthreads();
+    for (uint32_t s = NT / 2; s > 0; s /= 2) {
+        if (tid < s)
+            redu[tid] = min(redu[tid], redu[tid + s]);
+        __syncthreads();
+    }
+    const uint32_t owner = redu[0];
+    __syncthreads();
+    if (owner < NT) {
+        if (tid == owner)
+            out[blockIdx.x] = drawn >= 0 ? drawn : last;
+        return;
+    }
+    redu[tid] = (uint32_t)(last + 1);
+    __syncthreads();
+    for (uint32_t s = NT / 2; s > 0; s /= 2) {
+        if (tid < s)
+            redu[tid] = max(redu[tid], redu[tid + s]);
+        __syncthreads();
+    }
+    if (tid == 0)
+        out[blockIdx.x] = (int32_t)redu[0] - 1;
+}
+
+hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    size_t off = 0;
+    void *dparams, *dout;
+    hpd_status_t st;
+
+    if (a->n_rows == 0)
+        return HPD_OK;
+    if (a->vocab == 0)
+        return HPD_ERR_INVALID_ARG;
+    row_params_t *rp = (row_params_t *)malloc(a->n_rows * sizeof(*rp));
+    if (rp == NULL)
+        return HPD_ERR_NO_MEMORY;
+    for (uint32_t r = 0; r < a->n_rows; r++) {
+        const hpd_sampling_t *s = &a->params[r];
+        const bool greedy = s->temperature <= 0.0f;
+        rp[r] = (row_params_t){greedy ? 0.0f : 1.0f / s->temperature, s->top_p, s->top_k,
+                               greedy ? 0.0f : hpd_rng_uniform(s->seed, a->positions[r])};
+    }
+    st = hpd_cuda_stage(b, rp, a->n_rows * sizeof(*rp), &off, &dparams);
+    /* room for the tokens: staged from the output array itself */
+    if (st == HPD_OK)
+        st = hpd_cuda_stage(b, a->out, a->n_rows * sizeof(int32_t), &off, &dout);
+    free(rp);
+    if (st != HPD_OK)
+        return st;
+    sample_kernel<<<a->n_rows, NT, 0, c->stream>>>(a->logits, a->ld, a->vocab,
+                                                   (const row_params_t *)dparams,
+                                                   (int32_t *)dout);
+    HPD_CUDA_LAUNCHED();
+    HPD_CUDA_CHECK(cudaMemcpyAsync(a->out, dout, a->n_rows * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, c->stream));
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return HPD_OK;
+}
