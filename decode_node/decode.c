@@ -405,10 +405,10 @@ static hpd_status_t init(hpd_node_t *n)
     metrics_init(d, n->metrics);
     hpd_engine_memory(n->engine, &m);
     /* regions 0 and 1: the page pool and the slot pool, mapped once */
-    if ((st = hpd_xfer_register(n->xfer, m.kv_pool, HPD_MAX(m.kv_pool_bytes, 64), &d->kv_region)) !=
-            HPD_OK ||
-        (st = hpd_xfer_register(n->xfer, m.slot_pool, HPD_MAX(m.slot_pool_bytes, 64),
-                                &d->slot_region)) != HPD_OK)
+    if ((st = hpd_xfer_register_pool(n->xfer, n->backend, m.kv_pool,
+                                     HPD_MAX(m.kv_pool_bytes, 64), &d->kv_region)) != HPD_OK ||
+        (st = hpd_xfer_register_pool(n->xfer, n->backend, m.slot_pool,
+                                     HPD_MAX(m.slot_pool_bytes, 64), &d->slot_region)) != HPD_OK)
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map the pools: %s", n->o.name,
                       hpd_status_str(st));
     return st;

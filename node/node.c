@@ -23,7 +23,7 @@ static void usage(FILE *f, const char *role)
             "  --name NAME            node name in status and logs (%s-<pid>)\n"
             "  --host ADDR            address to bind and announce (127.0.0.1)\n"
             "  --port N               RPC port, 0 = any free port (0)\n"
-            "  --device D             cpu (cpu)\n"
+            "  --device D             cpu, cuda[:N] (the GPU id) or cuda-fast[:N] (cpu)\n"
             "  --threads N            CPU threads (all cores)\n"
             "  --kv-layout B,P,O      KV page layout, e.g. 64,1,nhd or 16,4,hnd (64,1,nhd)\n"
             "  --max-batch N          requests in one batch (16)\n"

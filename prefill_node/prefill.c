@@ -399,7 +399,8 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
             hpd_slot_copy_args_t c = {dst, (uint8_t *)kv.state + off, m.layer_state_bytes};
             hpd_xfer_put_t put = {dst, j->slot_region, j->dst_slot_offset + off,
                                   m.layer_state_bytes};
-            if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK)
+            if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK &&
+                (st = hpd_backend_sync(node->backend)) == HPD_OK)
                 st = hpd_xfer_put(j->peer, j->id, &put, 1);
         } else {
             continue;
@@ -684,8 +685,8 @@ static hpd_status_t init(hpd_node_t *n)
     p->node = n;
     n->role_data = p;
     p->staging_bytes = n->o.staging_bytes;
-    if ((st = hpd_xfer_alloc(n->xfer, p->staging_bytes, (void **)&p->staging,
-                             &p->staging_region)) != HPD_OK) {
+    if ((st = hpd_xfer_alloc_pinned(n->xfer, n->backend, p->staging_bytes, (void **)&p->staging,
+                                    &p->staging_region)) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map %llu MiB of staging: %s", n->o.name,
                       (unsigned long long)(p->staging_bytes >> 20), hpd_status_str(st));
         return st;

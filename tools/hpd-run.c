@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "  --max-batch N         requests run together (16)\n"
             "  --prefill-chunk N     prefill tokens per step, a multiple of 64 (256)\n"
             "  --threads N           CPU threads (all cores)\n"
-            "  --device D            cpu (cpu)\n"
+            "  --device D            cpu, cuda[:N] or cuda-fast[:N] (cpu)\n"
             "  --no-prefix-cache     compute every prompt token\n"
             "  --checkpoints N       device GDN checkpoint slots of the prefix cache (4 x batch)\n"
             "  --checkpoint-every N  also checkpoint every N 64-token blocks (16)\n"

@@ -54,11 +54,15 @@ typedef struct xfer {
 } xfer_t;
 
 typedef struct {
-    void *base;
+    void *base; /* what peers write: the memory itself, or its host mirror */
     size_t len;
     ucp_mem_h memh;
     void *rkey_buf;
     size_t rkey_len;
+    /* a pool in a device backend's memory (hpd_xfer_register_pool) */
+    hpd_backend_t *backend;
+    void *device; /* the pool; == base when UCX writes it directly */
+    bool pinned;  /* base was registered with the backend */
 } region_t;
 
 typedef struct {
@@ -319,6 +323,29 @@ static hpd_status_t track(hpd_xfer_peer_t *p, ucs_status_ptr_t r)
 
 /* ------------------------------------------------------------ receiver */
 
+/* Adds a destination's bytes to the checksum. Device memory UCX wrote
+ * directly is read back through the backend first. */
+static hpd_status_t hash_dest(hpd_xfer_ctx_t *c, const region_t *r, const dest_t *e,
+                              XXH3_state_t *state)
+{
+    if (r->device == NULL || r->device != r->base) {
+        XXH3_64bits_update(state, (const uint8_t *)r->base + e->offset, e->bytes);
+        return HPD_OK;
+    }
+    uint8_t *tmp = malloc(e->bytes ? e->bytes : 1);
+    hpd_status_t st = tmp == NULL ? HPD_ERR_NO_MEMORY
+                                  : hpd_backend_to_host(r->backend, tmp,
+                                                        (const uint8_t *)r->base + e->offset,
+                                                        e->bytes);
+    if (st == HPD_OK)
+        XXH3_64bits_update(state, tmp, e->bytes);
+    else
+        HPD_LOG_ERROR(LOG_COMPONENT, "reading %llu received bytes back from the %s backend: %s",
+                      (unsigned long long)e->bytes, r->backend->ops->name, hpd_status_str(st));
+    free(tmp);
+    return st;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -352,13 +379,25 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 n.status = HPD_ERR_FORMAT;
                 break;
             }
-            XXH3_64bits_update(state, (const uint8_t *)c->regions[e.region].base + e.offset,
-                               e.bytes);
+            if (hash_dest(c, &c->regions[e.region], &e, state) != HPD_OK) {
+                n.status = HPD_ERR_IO;
+                break;
+            }
             total += e.bytes;
         }
         if (n.status == HPD_OK && (total != h.bytes || XXH3_64bits_digest(state) != h.checksum))
             n.status = HPD_ERR_FORMAT;
         XXH3_freeState(state);
+        /* mirrored device pools: the verified bytes move to the device now */
+        for (uint32_t i = 0; i < h.n_dests && n.status == HPD_OK; i++) {
+            dest_t e;
+            memcpy(&e, d + i, sizeof(e));
+            const region_t *r = &c->regions[e.region];
+            if (r->device != NULL && r->device != r->base &&
+                hpd_backend_from_host(r->backend, (uint8_t *)r->device + e.offset,
+                                      (const uint8_t *)r->base + e.offset, e.bytes) != HPD_OK)
+                n.status = HPD_ERR_IO;
+        }
     }
     if (n.status == HPD_OK)
         c->st.notices_ok++;
@@ -454,6 +493,8 @@ void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
     if (c->tick != NULL)
         event_free(c->tick);
     for (uint32_t i = 0; i < c->n_regions; i++) {
+        if (c->regions[i].pinned)
+            hpd_backend_host_unregister(c->regions[i].backend, c->regions[i].base);
         ucp_rkey_buffer_release(c->regions[i].rkey_buf);
         ucp_mem_unmap(c->ucp, c->regions[i].memh);
     }
@@ -502,6 +543,7 @@ hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *c, void *base, size_t len, uint32
         return HPD_ERR_NO_RESOURCE;
     }
     r = &c->regions[c->n_regions];
+    memset(r, 0, sizeof(*r));
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                              UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                .address = base, .length = len};
@@ -530,6 +572,7 @@ hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *c, size_t len, void **base_p, uint32
     if (c->n_regions == HPD_XFER_MAX_REGIONS)
         return HPD_ERR_NO_RESOURCE;
     r = &c->regions[c->n_regions];
+    memset(r, 0, sizeof(*r));
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                                              UCP_MEM_MAP_PARAM_FIELD_FLAGS,
                                .length = len, .flags = UCP_MEM_MAP_ALLOCATE};
@@ -547,6 +590,47 @@ hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *c, size_t len, void **base_p, uint32
     r->len = len;
     *base_p = attr.address;
     *region_p = c->n_regions++;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_alloc_pinned(hpd_xfer_ctx_t *c, hpd_backend_t *backend, size_t len,
+                                   void **base_p, uint32_t *region_p)
+{
+    hpd_status_t st = hpd_xfer_alloc(c, len, base_p, region_p);
+    if (st != HPD_OK || hpd_backend_host_memory(backend))
+        return st;
+    region_t *r = &c->regions[*region_p];
+    if ((st = hpd_backend_host_register(backend, r->base, len)) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "pinning %zu bytes for the %s backend failed: %s", len,
+                      backend->ops->name, hpd_status_str(st));
+        return st; /* the region stays mapped until destroy */
+    }
+    r->backend = backend;
+    r->pinned = true;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_register_pool(hpd_xfer_ctx_t *c, hpd_backend_t *backend, void *pool,
+                                    size_t len, uint32_t *region_p)
+{
+    hpd_status_t st;
+    void *mirror;
+
+    if (hpd_backend_host_memory(backend))
+        return hpd_xfer_register(c, pool, len, region_p);
+    if (c->cuda) {
+        if ((st = hpd_xfer_register(c, pool, len, region_p)) != HPD_OK)
+            return st;
+        c->regions[*region_p].backend = backend;
+        c->regions[*region_p].device = pool;
+        return HPD_OK;
+    }
+    /* UCX cannot write device memory: peers write a pinned host mirror */
+    if ((st = hpd_xfer_alloc_pinned(c, backend, len, &mirror, region_p)) != HPD_OK)
+        return st;
+    c->regions[*region_p].device = pool;
+    HPD_LOG_INFO(LOG_COMPONENT, "region %u: %zu bytes of %s memory, received through a pinned "
+                 "host mirror (UCX has no CUDA support here)", *region_p, len, backend->ops->name);
     return HPD_OK;
 }
 
@@ -799,7 +883,9 @@ hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xf
         hpd_kv_translate_args_t t = {src, {dl, a->staging, tables, a->first_token},
                                      a->n_tokens - a->first_token, a->last, first,
                                      HPD_MIN(dl->pack_size, dl->n_layers - first)};
-        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK)
+        /* the NIC reads the staging buffer: the translation must have landed */
+        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK ||
+            (st = hpd_backend_sync(a->backend)) != HPD_OK)
             break;
         for (uint32_t j = j0; j < j1; j++)
             puts[j - j0] = (hpd_xfer_put_t){

@@ -80,6 +80,21 @@ hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *ctx, void *base, size_t len, uint
  * memcpy. *base_p is freed by hpd_xfer_destroy. */
 hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *ctx, size_t len, void **base_p, uint32_t *region_p);
 
+/* hpd_xfer_alloc, then pinned for a device backend (hpd_backend_host_register)
+ * so that its kernels and copies reach it: a sender's staging buffer. */
+hpd_status_t hpd_xfer_alloc_pinned(hpd_xfer_ctx_t *ctx, hpd_backend_t *backend, size_t len,
+                                   void **base_p, uint32_t *region_p);
+
+/* Maps a pool of backend memory (a receiver's page or slot pool). Host
+ * memory is registered as it is. Device memory is registered directly when
+ * UCX supports CUDA memory, and the receiver reads the received bytes back
+ * to verify them; otherwise peers write a pinned host mirror of the pool,
+ * and the bytes of a transfer move from the mirror into the pool once its
+ * checksum verified, before on_notice runs. Offsets are the pool's either
+ * way. */
+hpd_status_t hpd_xfer_register_pool(hpd_xfer_ctx_t *ctx, hpd_backend_t *backend, void *pool,
+                                    size_t len, uint32_t *region_p);
+
 /* Packs {"node": id, "address": bin, "regions": [[base, len, rkey bin], ...]}
  * as one msgpack value into buf. */
 hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *ctx, hpd_rpc_buf_t *buf);
@@ -110,7 +125,7 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_xfe
                           uint32_t n);
 
 /* Pushes tokens [first_token, n_tokens) of KV, translated at the sender
- * into the receiver's layout: the tokens of destination pack group `group`
+ * (on its backend, synchronised before the puts) into the receiver's layout: the tokens of destination pack group `group`
  * (or all groups when group is UINT32_MAX) are translated into the
  * registered staging buffer (dst layout pages; page j of group g at staging
  * page g * (staging_pages / n_groups) + j), then put one page per

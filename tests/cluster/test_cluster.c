@@ -3,7 +3,11 @@
  * (B=16,P=4 NHD and B=16,P=1 HND) on a small generated model with four
  * full-attention layers. Every output must equal hpd-run's, under load, with
  * nodes killed (-9) mid-load, and after 200 cancels and disconnects nothing
- * may stay allocated beyond the prefix caches. */
+ * may stay allocated beyond the prefix caches.
+ *
+ * HPD_TEST_DEVICE=cuda runs the same on the GPU (every node and hpd-run with
+ * --device cuda; ctest's test_cluster_cuda, label gpu); it exits 77 without
+ * a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +21,7 @@
 
 #include "client/client.h"
 #include "common/util.h"
+#include "kernels/backend.h"
 #include "node/proto.h"
 #include "tests/test_helpers.h"
 
@@ -28,6 +33,7 @@
 
 static char root[256], model[300], token_file[300], prompts_file[300];
 static char coord_addr[64];
+static const char *device = "cpu"; /* HPD_TEST_DEVICE */
 static uint16_t coord_port;
 static pid_t coord_pid;
 
@@ -72,7 +78,7 @@ static void start_node(node_proc_t *n)
                     "--name", (char *)n->name, "--kv-layout", (char *)n->layout,
                     "--threads", "1", "--max-batch", "16", "--max-context", "1024",
                     "--prefill-chunk", "128", "--reserve-timeout-ms", "30000",
-                    "--log-level", "warn", NULL};
+                    "--device", (char *)device, "--log-level", "warn", NULL};
     n->pid = spawn(argv, log);
 }
 
@@ -226,8 +232,8 @@ static void reference(const char *sampling, int32_t out[][MAX_TOKENS])
     char cmd[2048], line[8192];
     snprintf(cmd, sizeof(cmd),
              "OMP_WAIT_POLICY=passive %s --model %s --prompts-file %s --max-tokens %d "
-             "--threads 2 %s",
-             HPD_RUN, model, prompts_file, MAX_TOKENS, sampling);
+             "--threads 2 --device %s %s",
+             HPD_RUN, model, prompts_file, MAX_TOKENS, device, sampling);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -548,10 +554,11 @@ static void test_admission_and_cli(void **state)
 
     char cmd[4096];
     snprintf(cmd, sizeof(cmd),
-             "%s --model %s --prompts-file %s --max-tokens 8 --threads 2 > %s/run.out && "
+             "%s --model %s --prompts-file %s --max-tokens 8 --threads 2 --device %s "
+             "> %s/run.out && "
              "%s --coordinator %s --token-file %s generate --prompts-file %s --max-tokens 8 "
              "--stream > %s/client.out && cmp %s/run.out %s/client.out",
-             HPD_RUN, model, prompts_file, root, HPD_CLIENT, coord_addr, token_file,
+             HPD_RUN, model, prompts_file, device, root, HPD_CLIENT, coord_addr, token_file,
              prompts_file, root, root, root);
     assert_int_equal(system(cmd), 0);
 }
@@ -566,5 +573,15 @@ int main(void)
         cmocka_unit_test(test_admission_and_cli),
     };
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("HPD_TEST_DEVICE") != NULL && strcmp(getenv("HPD_TEST_DEVICE"), "cpu") != 0) {
+        hpd_backend_params_t bp = {getenv("HPD_TEST_DEVICE"), 1};
+        hpd_backend_t *b;
+        if (hpd_backend_create(&bp, &b) != HPD_OK) {
+            fprintf(stderr, "device %s is not available: skipped\n", bp.device);
+            return 77;
+        }
+        hpd_backend_destroy(b);
+        device = bp.device;
+    }
     return cmocka_run_group_tests(tests, setup, teardown);
 }

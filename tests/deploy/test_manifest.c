@@ -158,7 +158,7 @@ static void test_wrong_type(void **state)
     expect_error(edit(11, "    metrics_port: 7011\n    prefix_cache: {enabled: maybe}"),
                  "nodes[0].prefix_cache.enabled: 'maybe' is not a boolean", NULL);
     expect_error(edit(11, "    metrics_port: 7011\n    device: gpu0"),
-                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu or cuda:N", NULL);
+                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu, cuda:N or cuda-fast:N", NULL);
     expect_error(edit(5, "  port: 70000"), "m.yaml:5: coordinator.port: 70000 is out of range "
                  "(expected 0 to 65535)", NULL);
 }
