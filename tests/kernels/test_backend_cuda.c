@@ -1,15 +1,21 @@
 /* Every op of the CUDA backend against the CPU backend on the same inputs
  * (ggml's test-backend-ops): fp32 relative RMS error below 1e-5 for the
- * element-wise ops and norms, 1e-5 for GEMM, 1e-4 for the recurrent gated
- * delta rule and conv1d; translation and copies exact. Determinism: a row's
- * result is the same bits alone and inside a larger batch. Ops the CUDA
- * backend does not have yet are listed and skipped. Exits 77 (skipped)
- * without a GPU. */
+ * element-wise ops, norms, GEMM and attention, 1e-4 for the recurrent and
+ * the chunked gated delta rule and conv1d (fla's own tests allow 2e-3 and
+ * 5e-3 in bf16); KV stores, translation, copies and greedy sampling exact.
+ * Determinism: a row's result is the same bits alone and inside a larger
+ * batch, whatever the page layout, and a sequence resumed from a state
+ * taken on the 64 grid equals one pass. The cuda-fast variant's GEMM is
+ * checked too. Exits 77 (skipped) without a GPU. HPD_TEST_DEVICE names the
+ * device under test (cuda:0); "cpu" runs the checks against the CPU backend
+ * itself, which checks the test. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <math.h>
 
 #include "kernels/backend.h"
 #include "tests/test_helpers.h"
@@ -261,25 +267,286 @@ static void test_translate_and_copy(void **state)
     hpd_backend_free(gpu, dsrc), hpd_backend_free(gpu, ddst);
 }
 
-static void test_missing_ops(void **state)
+/* paged KV of one layer in a given layout, on both backends */
+typedef struct {
+    hpd_kv_layout_t l;
+    uint32_t *tables[2];
+    const uint32_t *ctables[2];
+    float *cpu_pool, *gpu_pool;
+    size_t elems;
+} paged_t;
+
+static void paged_init(paged_t *pg, uint32_t B, uint32_t P, hpd_kv_order_t order,
+                       const uint32_t *lens)
 {
-    /* what the CUDA backend does not have yet answers HPD_ERR_UNSUPPORTED */
-    hpd_attention_args_t at = {0};
-    hpd_sample_args_t sa = {0};
-    hpd_gdn_args_t gd = {0};
-    hpd_kv_store_args_t ks = {0};
-    fprintf(stderr, "not on the GPU yet: kv_store, attention, gdn_chunked, sample\n");
-    assert_int_equal(hpd_attention(gpu, &at), HPD_ERR_UNSUPPORTED);
-    assert_int_equal(hpd_sample(gpu, &sa), HPD_ERR_UNSUPPORTED);
-    assert_int_equal(hpd_gdn_chunked(gpu, &gd), HPD_ERR_UNSUPPORTED);
-    assert_int_equal(hpd_kv_store(gpu, &ks), HPD_ERR_UNSUPPORTED);
+    pg->l = (hpd_kv_layout_t){B, P, order, HPD_DTYPE_F32, 4, 2, 64};
+    uint32_t pages = 0;
+    for (int s = 0; s < 2; s++)
+        pages += (lens[s] + B - 1) / B;
+    pages = pages * 2 + 3;
+    pg->elems = pages * hpd_kv_layout_page_elems(&pg->l);
+    pg->cpu_pool = calloc(pg->elems, sizeof(float));
+    pg->gpu_pool = up(pg->cpu_pool, pg->elems);
+    for (uint32_t s = 0, next = pages - 1; s < 2; s++) {
+        const uint32_t nb = (lens[s] + B - 1) / B;
+        pg->tables[s] = malloc(nb * sizeof(uint32_t));
+        for (uint32_t j = 0; j < nb; j++, next -= 2)
+            pg->tables[s][j] = next; /* scattered, descending */
+        pg->ctables[s] = pg->tables[s];
+    }
+}
+
+static void paged_free(paged_t *pg)
+{
+    free(pg->cpu_pool);
+    hpd_backend_free(gpu, pg->gpu_pool);
+    free(pg->tables[0]);
+    free(pg->tables[1]);
+}
+
+/* Two sequences: 150 tokens of prefill (positions 0..149) and one decode
+ * row at position 77 whose first 77 tokens were stored before. */
+static void test_kv_store_and_attention(void **state)
+{
+    enum { NH = 8, NKV = 2, HD = 64, T0 = 150, T1 = 78, ROWS = T0 + 1 };
+    const uint32_t lens[2] = {T0, T1};
+    const size_t kvn = (size_t)(T0 + T1) * NKV * HD, qn = (size_t)ROWS * NH * HD;
+    float *k = rnd(kvn, 20, 1), *v = rnd(kvn, 21, 1), *q = rnd(qn, 22, 1);
+    float *dk = up(k, kvn), *dv = up(v, kvn), *dq = up(q, qn), *dout = up(q, qn);
+    float *ocpu = malloc(qn * sizeof(float)), *first = NULL;
+    const struct {
+        uint32_t B, P;
+        hpd_kv_order_t o;
+    } layouts[] = {{64, 1, HPD_KV_NHD}, {16, 4, HPD_KV_HND}, {32, 2, HPD_KV_NHD}};
+
+    for (size_t li = 0; li < 3; li++) {
+        paged_t pg;
+        paged_init(&pg, layouts[li].B, layouts[li].P, layouts[li].o, lens);
+        /* store: sequence 0's 150 rows, then sequence 1's 78 rows (rows
+         * 150.. of k, v), as two sequences of one batch */
+        hpd_seq_t st_seqs[2] = {{0, T0, 0}, {T0, T1, 0}};
+        hpd_paged_kv_t kc = {&pg.l, pg.cpu_pool, 1 % pg.l.pack_size, pg.ctables};
+        hpd_paged_kv_t kg = {&pg.l, pg.gpu_pool, 1 % pg.l.pack_size, pg.ctables};
+        hpd_kv_store_args_t ks = {kc, {k, NKV * HD, HD}, {v, NKV * HD, HD}, st_seqs, 2};
+        assert_int_equal(hpd_kv_store(cpu, &ks), HPD_OK);
+        ks = (hpd_kv_store_args_t){kg, {dk, NKV * HD, HD}, {dv, NKV * HD, HD}, st_seqs, 2};
+        assert_int_equal(hpd_kv_store(gpu, &ks), HPD_OK);
+        float *pool = down(pg.gpu_pool, pg.elems);
+        assert_memory_equal(pool, pg.cpu_pool, pg.elems * sizeof(float));
+        free(pool);
+
+        /* attention: the 150 prefill rows, then the decode row (q row 150) */
+        hpd_seq_t at_seqs[2] = {{0, T0, 0}, {T0, 1, T1 - 1}};
+        hpd_attention_args_t at = {kc, {q, NH * HD, HD}, {ocpu, NH * HD, HD}, NH, 0.125f,
+                                   at_seqs, 2};
+        assert_int_equal(hpd_attention(cpu, &at), HPD_OK);
+        at = (hpd_attention_args_t){kg, {dq, NH * HD, HD}, {dout, NH * HD, HD}, NH, 0.125f,
+                                    at_seqs, 2};
+        assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
+        float *got = down(dout, qn);
+        expect_close("attention", got, ocpu, qn, 1e-5);
+        /* the same bits in every layout */
+        if (first == NULL)
+            first = got;
+        else {
+            assert_memory_equal(got, first, qn * sizeof(float));
+            free(got);
+        }
+        /* the decode row alone gives the same bits as inside the batch */
+        at.seqs = &at_seqs[1];
+        at.kv.block_tables = &pg.ctables[1];
+        at.n_seqs = 1;
+        assert_int_equal(hpd_backend_memset(gpu, dout, 0, qn * sizeof(float)), HPD_OK);
+        assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
+        float *one = down(dout + (size_t)T0 * NH * HD, NH * HD);
+        assert_memory_equal(one, first + (size_t)T0 * NH * HD, NH * HD * sizeof(float));
+        free(one);
+        paged_free(&pg);
+    }
+    fprintf(stderr, "attention: the same bits in 3 layouts and alone vs in the batch\n");
+    free(first), free(k), free(v), free(q), free(ocpu);
+    hpd_backend_free(gpu, dk), hpd_backend_free(gpu, dv), hpd_backend_free(gpu, dq);
+    hpd_backend_free(gpu, dout);
+}
+
+/* The chunked rule against the CPU backend's, over two sequences that start
+ * off the 64 grid; then one sequence computed in one pass equals the same
+ * sequence computed as two calls split at a multiple of 64, and alone
+ * equals inside the batch. */
+static void test_gdn_chunked(void **state)
+{
+    enum { NK = 2, NV = 4, DK = 128, DV = 128, T = 300 };
+    hpd_seq_t seqs[2] = {{0, 200, 40}, {200, 100, 0}};
+    const size_t nq = (size_t)T * NK * DK, nvv = (size_t)T * NV * DV, ns = (size_t)NV * DK * DV;
+    float *q = rnd(nq, 30, 1), *k = rnd(nq, 31, 1), *v = rnd(nvv, 32, 1);
+    float *g = malloc(T * NV * sizeof(float)), *beta = malloc(T * NV * sizeof(float));
+    for (uint32_t i = 0; i < T * NV; i++) {
+        g[i] = -0.02f - 0.2f * test_uniform(33, i);
+        beta[i] = 0.1f + 0.8f * test_uniform(34, i);
+    }
+    hpd_l2norm_args_t l2 = {{q, NK * DK, DK}, T, NK, DK, 1e-6f, 1.0f / sqrtf(DK)};
+    hpd_l2norm(cpu, &l2);
+    l2 = (hpd_l2norm_args_t){{k, NK * DK, DK}, T, NK, DK, 1e-6f, 1.0f};
+    hpd_l2norm(cpu, &l2);
+    float *S0 = rnd(2 * ns, 35, 0.05f), *Sc = malloc(2 * ns * sizeof(float));
+    float *ocpu = malloc(nvv * sizeof(float));
+    memcpy(Sc, S0, 2 * ns * sizeof(float));
+    float *dq = up(q, nq), *dk_ = up(k, nq), *dvv = up(v, nvv), *dg = up(g, T * NV);
+    float *db = up(beta, T * NV), *dS = up(S0, 2 * ns), *dout = up(v, nvv);
+    float *sc[2] = {Sc, Sc + ns}, *sg[2] = {dS, dS + ns};
+    hpd_gdn_args_t ga = {{q, NK * DK, DK}, {k, NK * DK, DK}, {v, NV * DV, DV}, g, beta,
+                         {ocpu, NV * DV, DV}, NK, NV, DK, DV, sc, seqs, 2};
+    assert_int_equal(hpd_gdn_chunked(cpu, &ga), HPD_OK);
+    hpd_gdn_args_t gg = {{dq, NK * DK, DK}, {dk_, NK * DK, DK}, {dvv, NV * DV, DV}, dg, db,
+                         {dout, NV * DV, DV}, NK, NV, DK, DV, sg, seqs, 2};
+    assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
+    float *got = down(dout, nvv), *gS = down(dS, 2 * ns);
+    expect_close("gdn_chunked", got, ocpu, nvv, 1e-4);
+    expect_close("gdn_chunked S", gS, Sc, 2 * ns, 1e-4);
+
+    /* sequence 1 (positions 0..99) alone, in one call and split at 64 */
+    hpd_seq_t whole = {200, 100, 0}, a = {200, 64, 0}, b = {264, 36, 64};
+    float *one_S = up(S0 + ns, ns);
+    float *sone[1] = {one_S};
+    gg.states = sone;
+    gg.seqs = &whole;
+    gg.n_seqs = 1;
+    assert_int_equal(hpd_backend_memset(gpu, dout, 0, nvv * sizeof(float)), HPD_OK);
+    assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
+    float *alone = down(dout, nvv), *alone_S = down(one_S, ns);
+    const size_t off = (size_t)200 * NV * DV, n1 = (size_t)100 * NV * DV;
+    assert_memory_equal(alone + off, got + off, n1 * sizeof(float));
+    assert_memory_equal(alone_S, gS + ns, ns * sizeof(float));
+    assert_int_equal(hpd_backend_from_host(gpu, one_S, S0 + ns, ns * sizeof(float)), HPD_OK);
+    gg.seqs = &a;
+    assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
+    gg.seqs = &b;
+    assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
+    float *split = down(dout, nvv), *split_S = down(one_S, ns);
+    assert_memory_equal(split + off, got + off, n1 * sizeof(float));
+    assert_memory_equal(split_S, gS + ns, ns * sizeof(float));
+    fprintf(stderr, "gdn_chunked: alone, in a batch and resumed at 64 give the same bits\n");
+    free(got), free(gS), free(alone), free(alone_S), free(split), free(split_S);
+    free(q), free(k), free(v), free(g), free(beta), free(S0), free(Sc), free(ocpu);
+    float *dev[] = {dq, dk_, dvv, dg, db, dS, dout, one_S};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        hpd_backend_free(gpu, dev[i]);
+}
+
+/* Greedy rows equal the CPU's argmax (ties to the lowest id); sampled rows
+ * are deterministic, alone or in a batch, stay inside top-k and top-p, and
+ * top_k = 1 is greedy. */
+static void test_sample(void **state)
+{
+    enum { V = 50000, R = 6 };
+    float *logits = rnd((size_t)V * R, 40, 3);
+    logits[123] = logits[4567] = 50.0f; /* a tie in row 0: 123 wins */
+    logits[5 * (size_t)V + 999] = 40.0f; /* row 5 is peaked: top_p 0.05 keeps 999 alone */
+    float *dl = up(logits, (size_t)V * R);
+    hpd_sampling_t params[R] = {
+        {0, 1, 0, 1}, {0, 1, 0, 2}, {0.8f, 0.9f, 40, 3}, {1.0f, 1, 0, 4}, {0.7f, 1, 1, 5},
+        {1.2f, 0.05f, 0, 6}};
+    uint64_t pos[R] = {10, 11, 12, 13, 14, 15};
+    int32_t want[R], got[R], again[R];
+    hpd_sample_args_t a = {logits, V, R, V, params, pos, want};
+    assert_int_equal(hpd_sample(cpu, &a), HPD_OK);
+    a = (hpd_sample_args_t){dl, V, R, V, params, pos, got};
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    assert_int_equal(got[0], 123);
+    assert_int_equal(got[0], want[0]);
+    assert_int_equal(got[1], want[1]);
+    assert_int_equal(got[4], want[4]); /* top_k 1 */
+    assert_int_equal(got[5], 999);
+    assert_int_equal(want[5], 999);
+    a.out = again;
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    assert_memory_equal(again, got, sizeof(got));
+    /* row 2 alone */
+    int32_t alone;
+    a = (hpd_sample_args_t){dl + 2 * (size_t)V, V, 1, V, &params[2], &pos[2], &alone};
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    assert_int_equal(alone, got[2]);
+    /* inside the kept sets: rank of the token among the row's logits */
+    for (int r = 2; r < R; r++) {
+        const float *x = logits + (size_t)r * V, mine = x[got[r]];
+        uint32_t above = 0;
+        for (uint32_t i = 0; i < V; i++)
+            above += x[i] > mine;
+        if (r == 2)
+            assert_true(above < 40);
+        if (r == 4 || r == 5) /* top_k 1; top_p 0.05 of a peaked row */
+            assert_int_equal(above, 0);
+        fprintf(stderr, "sample row %d: token %d (cpu %d), %u logits above it\n", r, got[r],
+                want[r], above);
+    }
+    free(logits);
+    hpd_backend_free(gpu, dl);
+
+    /* 8 logits 0..7 at temperature 1, drawn at 4000 positions (one logits
+     * row read by every draw: ld 0): each token's count is within 5 sigma
+     * of 4000 softmax(i) */
+    enum { D = 4000 };
+    float small[8];
+    double z = 0;
+    for (int i = 0; i < 8; i++)
+        z += exp(small[i] = (float)i);
+    float *ds = up(small, 8);
+    hpd_sampling_t *sp = malloc(D * sizeof(*sp));
+    uint64_t *sps = malloc(D * sizeof(*sps));
+    int32_t *tok = malloc(D * sizeof(*tok));
+    for (int i = 0; i < D; i++) {
+        sp[i] = (hpd_sampling_t){1.0f, 1.0f, 0, 99};
+        sps[i] = (uint64_t)i;
+    }
+    a = (hpd_sample_args_t){ds, 0, D, 8, sp, sps, tok};
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    uint32_t count[8] = {0};
+    for (int i = 0; i < D; i++) {
+        assert_true(tok[i] >= 0 && tok[i] < 8);
+        count[tok[i]]++;
+    }
+    for (int i = 0; i < 8; i++) {
+        const double p = exp(i) / z, mean = D * p, sd = sqrt(D * p * (1 - p));
+        fprintf(stderr, "token %d: drawn %u times, expected %.1f\n", i, count[i], mean);
+        assert_true(fabs(count[i] - mean) <= 5 * sd + 1);
+    }
+    free(sp), free(sps), free(tok);
+    hpd_backend_free(gpu, ds);
+}
+
+/* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
+static void test_fast_gemm(void **state)
+{
+    hpd_backend_params_t fp = {"cuda-fast:0", 0};
+    hpd_backend_t *fast;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: cuda-fast not checked\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&fp, &fast), HPD_OK);
+    assert_string_equal(fast->ops->name, "cuda-fast");
+    const uint32_t m = 37, n = 300, k = 200;
+    float *x = rnd(m * k, 1, 1), *w = rnd(n * k, 2, 0.1f), *ycpu = calloc(m * n, sizeof(float));
+    float *dx = up(x, m * k), *dw = up(w, n * k), *dy = up(ycpu, m * n);
+    hpd_gemm_args_t a = {x, k, w, ycpu, n, m, n, k, false};
+    assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+    a = (hpd_gemm_args_t){dx, k, dw, dy, n, m, n, k, false};
+    assert_int_equal(hpd_gemm(fast, &a), HPD_OK);
+    assert_int_equal(hpd_backend_sync(fast), HPD_OK);
+    float *got = down(dy, m * n);
+    expect_close("gemm cublas", got, ycpu, m * n, 1e-5);
+    free(x), free(w), free(ycpu), free(got);
+    hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dw), hpd_backend_free(gpu, dy);
+    hpd_backend_destroy(fast);
 }
 
 int main(void)
 {
-    hpd_backend_params_t cp = {"cpu", 1}, gp = {"cuda:0", 0};
+    hpd_backend_params_t cp = {"cpu", 1};
+    hpd_backend_params_t gp = {getenv("HPD_TEST_DEVICE") ? getenv("HPD_TEST_DEVICE") : "cuda:0",
+                               0};
     if (hpd_backend_create(&gp, &gpu) != HPD_OK) {
-        fprintf(stderr, "no GPU: skipped\n");
+        fprintf(stderr, "no GPU (%s): skipped\n", gp.device);
         return 77;
     }
     hpd_backend_create(&cp, &cpu);
@@ -288,7 +555,10 @@ int main(void)
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),
-        cmocka_unit_test(test_missing_ops),
+        cmocka_unit_test(test_kv_store_and_attention),
+        cmocka_unit_test(test_gdn_chunked),
+        cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_fast_gemm),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     hpd_backend_destroy(gpu);

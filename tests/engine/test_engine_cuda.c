@@ -1,0 +1,205 @@
+/* The engine on the GPU (label gpu; exits 77 without one), on a small
+ * random model with both layer kinds:
+ * - against the CPU engine: how many greedy tokens agree (printed; most
+ *   must), and the first tokens' logits within fp32 error;
+ * - bit-identical to itself across page layouts, batch compositions (one
+ *   request at a time vs all at once with a mixed prefill/decode batch),
+ *   prefix-cache hits, and seeded sampling.
+ * HPD_TEST_DEVICE names the device under test (cuda:0); "cpu" runs the
+ * same checks on the CPU backend, which checks the test itself. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "engine/engine.h"
+#include "tests/test_helpers.h"
+
+#define SMALL "--hidden 256 --layers 8 --full-interval 2 --intermediate 512 --vocab 1024 " \
+              "--heads 4 --kv-heads 2 --head-dim 64 --lin-k-heads 2 --lin-v-heads 4 "     \
+              "--lin-k-dim 64 --lin-v-dim 64 --seed 17 --arch qwen3_next"
+#define N_REQ 12
+#define MAX_TOKENS 24
+#define VOCAB 1024
+
+static char root[256];
+static hpd_model_t *model;
+static hpd_backend_t *cpu, *gpu;
+static int32_t prompts[N_REQ][400];
+static uint32_t lens[N_REQ];
+
+static int setup(void **state)
+{
+    char dir[512];
+    hpd_backend_params_t cp = {"cpu", 0};
+    test_tmpdir(root, sizeof(root), "engine-cuda");
+    snprintf(dir, sizeof(dir), "%s/model", root);
+    if (test_mkmodel(dir, SMALL) != 0 || hpd_model_load(dir, &model) != HPD_OK ||
+        hpd_backend_create(&cp, &cpu) != HPD_OK)
+        return -1;
+    /* half the prompts share a 192-token prefix: prefix-cache hits */
+    for (uint32_t r = 0; r < N_REQ; r++) {
+        lens[r] = 70 + 27 * r;
+        for (uint32_t i = 0; i < lens[r]; i++) {
+            const uint64_t seed = (r % 2 == 0 && i < 192) ? 1000 : 2000 + r;
+            prompts[r][i] = (int32_t)(hpd_philox4x32(seed, i, 3).v[0] % VOCAB);
+        }
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    hpd_model_destroy(model);
+    hpd_backend_destroy(cpu);
+    hpd_backend_destroy(gpu);
+    test_rmtree(root);
+    return 0;
+}
+
+typedef struct {
+    uint32_t B, P;
+    hpd_kv_order_t order;
+    bool prefix_cache;
+    bool one_at_a_time;
+    hpd_sampling_t sampling;
+} run_cfg_t;
+
+/* first-token logits of each request, for the CPU comparison */
+typedef struct {
+    float logits[N_REQ][VOCAB];
+    uint64_t ids[N_REQ];
+} first_logits_t;
+
+static void capture(void *arg, uint64_t id, uint32_t position, const float *logits,
+                    uint32_t vocab)
+{
+    first_logits_t *f = arg;
+    for (uint32_t r = 0; r < N_REQ; r++)
+        if (f->ids[r] == id && position == lens[r] - 1)
+            memcpy(f->logits[r], logits, vocab * sizeof(float));
+}
+
+static void run(hpd_backend_t *be, const run_cfg_t *c, int32_t out[N_REQ][MAX_TOKENS],
+                first_logits_t *f, uint32_t *cached_p)
+{
+    hpd_engine_params_t ep;
+    hpd_engine_t *e;
+    uint64_t ids[N_REQ];
+    uint32_t cached = 0;
+
+    hpd_engine_params_init(&ep);
+    ep.model = model;
+    ep.backend = be;
+    ep.kv_layout.block_size = c->B;
+    ep.kv_layout.pack_size = c->P;
+    ep.kv_layout.order = c->order;
+    ep.prefix_cache = c->prefix_cache;
+    ep.max_context = 1024;
+    ep.prefill_chunk = 128;
+    if (f != NULL) {
+        ep.logits_cb = capture;
+        ep.logits_cb_arg = f;
+    }
+    assert_int_equal(hpd_engine_create(&ep, &e), HPD_OK);
+    for (uint32_t r = 0; r < N_REQ; r++) {
+        hpd_request_params_t rp = {prompts[r], lens[r], MAX_TOKENS, c->sampling, NULL, 0};
+        rp.sampling.seed += r;
+        assert_int_equal(hpd_engine_submit(e, &rp, &ids[r]), HPD_OK);
+        if (f != NULL)
+            f->ids[r] = ids[r];
+        if (c->one_at_a_time)
+            assert_int_equal(hpd_engine_run(e), HPD_OK);
+    }
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    for (uint32_t r = 0; r < N_REQ; r++) {
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t st;
+        hpd_request_info_t info;
+        assert_int_equal(hpd_engine_result(e, ids[r], &toks, &n, &st), HPD_OK);
+        assert_int_equal(st, HPD_REQ_FINISHED);
+        assert_int_equal(n, MAX_TOKENS);
+        memcpy(out[r], toks, sizeof(out[r]));
+        hpd_engine_request_info(e, ids[r], &info);
+        cached += info.cached_tokens;
+    }
+    assert_int_equal(hpd_engine_audit(e), 0);
+    hpd_engine_destroy(e);
+    if (cached_p != NULL)
+        *cached_p = cached;
+}
+
+static void test_gpu_vs_cpu(void **state)
+{
+    static int32_t tc[N_REQ][MAX_TOKENS], tg[N_REQ][MAX_TOKENS];
+    static first_logits_t fc, fg;
+    const run_cfg_t c = {64, 1, HPD_KV_NHD, false, false, {0, 1, 0, 0}};
+    uint32_t agree = 0, agree_prefix = 0;
+
+    run(cpu, &c, tc, &fc, NULL);
+    run(gpu, &c, tg, &fg, NULL);
+    for (uint32_t r = 0; r < N_REQ; r++) {
+        bool same = true;
+        for (uint32_t t = 0; t < MAX_TOKENS; t++) {
+            agree += tc[r][t] == tg[r][t];
+            same = same && tc[r][t] == tg[r][t];
+            agree_prefix += same;
+        }
+        const double err = test_rel_rms(fg.logits[r], fc.logits[r], VOCAB);
+        print_message("request %u: first-token logits rel rms %.2e\n", r, err);
+        assert_true(err < 1e-4);
+    }
+    print_message("greedy tokens, GPU vs CPU engine: %u of %u agree (%u before the first "
+                  "divergence)\n", agree, N_REQ * MAX_TOKENS, agree_prefix);
+    assert_true(agree * 10 >= N_REQ * MAX_TOKENS * 9);
+}
+
+static void test_gpu_bit_identical(void **state)
+{
+    static int32_t ref[N_REQ][MAX_TOKENS], got[N_REQ][MAX_TOKENS];
+    const hpd_sampling_t greedy = {0, 1, 0, 0}, seeded = {0.8f, 0.9f, 40, 7};
+    const run_cfg_t cases[] = {
+        {64, 1, HPD_KV_NHD, false, true, greedy}, /* the reference: alone, no cache */
+        {64, 1, HPD_KV_NHD, false, false, greedy},
+        {16, 4, HPD_KV_HND, false, false, greedy},
+        {32, 2, HPD_KV_NHD, true, false, greedy},
+        {16, 1, HPD_KV_HND, true, true, greedy},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint32_t cached;
+        run(gpu, &cases[i], i == 0 ? ref : got, NULL, &cached);
+        if (i > 0)
+            assert_memory_equal(got, ref, sizeof(ref));
+        print_message("B=%u P=%u %s, prefix cache %s, %s: identical (%u prompt tokens cached)\n",
+                      cases[i].B, cases[i].P, cases[i].order == HPD_KV_NHD ? "nhd" : "hnd",
+                      cases[i].prefix_cache ? "on" : "off",
+                      cases[i].one_at_a_time ? "one at a time" : "all at once", cached);
+        if (cases[i].prefix_cache && cases[i].one_at_a_time)
+            assert_true(cached > 0);
+    }
+    /* seeded sampling: two layouts and batchings, the same tokens */
+    run_cfg_t a = {64, 1, HPD_KV_NHD, false, true, seeded}, b = {16, 4, HPD_KV_HND, true, false,
+                                                                 seeded};
+    run(gpu, &a, ref, NULL, NULL);
+    run(gpu, &b, got, NULL, NULL);
+    assert_memory_equal(got, ref, sizeof(ref));
+    print_message("seeded sampling: identical across layouts, batches and prefix hits\n");
+}
+
+int main(void)
+{
+    hpd_backend_params_t gp = {getenv("HPD_TEST_DEVICE") ? getenv("HPD_TEST_DEVICE") : "cuda:0",
+                               0};
+    if (hpd_backend_create(&gp, &gpu) != HPD_OK) {
+        fprintf(stderr, "no GPU (%s): skipped\n", gp.device);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpu_vs_cpu),
+        cmocka_unit_test(test_gpu_bit_identical),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
