@@ -1,0 +1,57 @@
+#!/bin/bash
+# The GPU benchmarks (issue 7), on a machine with a GPU:
+#   bash bench/cuda.sh [BUILD_DIR]
+# 1. hpd-bench-cuda: copy bandwidth, GDN decode step and paged-attention
+#    decode against it, chunked GDN prefill, translation against a copy, and
+#    a model with Qwen3-Next's dimensions (8 layers, random weights);
+# 2. flash-linear-attention's fused_recurrent / chunk gated delta rule on the
+#    same shapes (wheels in .fla-wheels from tools/fetch-fla-wheels.sh,
+#    installed into .fla-venv over the machine's torch and Triton);
+# 3. the ratio fla time / our time per kernel (> 1: ours is faster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+seqs=${SEQS:-32} context=${CONTEXT:-4096} prefill=${PREFILL:-4096}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+model=${MODEL_DIR:-$out/qwen3-next-dims}
+if [ ! -f "$model/config.json" ]; then
+  echo "== generating a model with Qwen3-Next's dimensions (8 layers, random weights)"
+  "$build/tools/hpd-mkmodel" --out "$model" --arch qwen3_next --hidden 2048 --layers 8 \
+    --full-interval 4 --intermediate 5120 --vocab 151936 --heads 16 --kv-heads 2 \
+    --head-dim 256 --lin-k-heads 16 --lin-v-heads 32 --lin-k-dim 128 --lin-v-dim 128
+fi
+
+echo "== hpd-bench-cuda"
+"$build/bench/hpd-bench-cuda" --device "${DEVICE:-cuda:0}" --seqs "$seqs" --context "$context" \
+  --prefill "$prefill" --model "$model" | tee "$out/ours.txt"
+
+echo "== flash-linear-attention"
+py=python3
+if [ -d .fla-wheels ]; then
+  [ -d .fla-venv ] || python3 -m venv --system-site-packages .fla-venv
+  .fla-venv/bin/pip install -q --no-index --no-deps .fla-wheels/*.whl
+  py=.fla-venv/bin/python
+fi
+if ! "$py" -c 'import fla.ops.gated_delta_rule' 2>/dev/null; then
+  echo "flash-linear-attention is not importable (run tools/fetch-fla-wheels.sh and carry" \
+       ".fla-wheels): no side-by-side figures"
+  exit 0
+fi
+"$py" bench/fla_gdn.py --seqs "$seqs" --prefill "$prefill" | tee "$out/fla.txt"
+
+echo "== side by side (ratio = fla ms / hpd ms; > 1: hpd is faster)"
+field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p"; }
+ours_rec=$(grep '^gdn_recurrent' "$out/ours.txt" | field ms)
+for dt in f32 bf16; do
+  fla_rec=$(grep "^fla_gdn_recurrent dtype=$dt" "$out/fla.txt" | field ms)
+  awk -v a="$fla_rec" -v b="$ours_rec" -v d="$dt" -v s="$seqs" 'BEGIN {
+    printf "gdn_recurrent seqs=%s: hpd f32 %.4f ms, fla %s %.4f ms, ratio %.2f\n", s, b, d, a, a / b }'
+  for n in 1 4; do
+    ours=$(grep "^gdn_chunked seqs=$n " "$out/ours.txt" | field ms)
+    fla=$(grep "^fla_gdn_chunked dtype=$dt seqs=$n " "$out/fla.txt" | field ms)
+    awk -v a="$fla" -v b="$ours" -v d="$dt" -v n="$n" -v t="$prefill" 'BEGIN {
+      printf "gdn_chunked seqs=%s tokens=%s: hpd f32 %.3f ms, fla %s %.3f ms, ratio %.2f\n", n, t, b, d, a, a / b }'
+  done
+done

@@ -1,0 +1,357 @@
+/* hpd-bench-cuda: the kernel library on a device, each figure beside a
+ * reference measured in the same run (docs/kernels.md, "Benchmarks").
+ *
+ *   hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] [--prefill N]
+ *                  [--model DIR] [--reps N]
+ *
+ * - copy: device-to-device copy bandwidth of 1 GiB (bytes read + written per
+ *   second), the reference of the memory-bound kernels;
+ * - gdn_recurrent: one decode step of --seqs sequences with Qwen3-Next's GDN
+ *   dims (16 key heads, 32 value heads, dk = dv = 128): state bytes read +
+ *   written per second, as a fraction of the copy bandwidth;
+ * - attention: one decode row for each of --seqs sequences of --context
+ *   tokens (16 heads, 2 KV heads, head_dim 256, 64-token NHD pages): KV bytes
+ *   read per second, as a fraction of the copy bandwidth;
+ * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s;
+ * - translate: --context tokens of 12 full-attention layers from B=64,P=1
+ *   NHD to B=16,P=4 HND, against a copy of the same bytes;
+ * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
+ *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
+ *   and --seqs, decode beside its bound (the weights read once per step at
+ *   the copy bandwidth's read half).
+ * Lines are "name key=value ..." for bench/cuda.sh, which sets them beside
+ * flash-linear-attention's kernels on the same shapes. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "engine/engine.h"
+
+static hpd_backend_t *be;
+static int reps = 20;
+
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        hpd_status_t st_ = (call);                                                    \
+        if (st_ != HPD_OK) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,             \
+                    hpd_status_str(st_));                                             \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static void *dalloc(size_t bytes)
+{
+    void *p;
+    CHECK(hpd_backend_alloc(be, bytes, &p));
+    return p;
+}
+
+/* a device buffer of n floats, scale * N(0, 1) */
+static float *drand(size_t n, uint64_t seed, float scale)
+{
+    float *h = malloc(n * sizeof(float)), *d = dalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        hpd_philox_out_t r = hpd_philox4x32(seed, i, 0);
+        const float u1 = hpd_u32_to_unit(r.v[0]) + 1e-7f, u2 = hpd_u32_to_unit(r.v[1]);
+        h[i] = scale * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+    }
+    CHECK(hpd_backend_from_host(be, d, h, n * sizeof(float)));
+    free(h);
+    return d;
+}
+
+static float *dfill(size_t n, float lo, float hi, uint64_t seed)
+{
+    float *h = malloc(n * sizeof(float)), *d = dalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = lo + (hi - lo) * hpd_rng_uniform(seed, i);
+    CHECK(hpd_backend_from_host(be, d, h, n * sizeof(float)));
+    free(h);
+    return d;
+}
+
+/* Seconds per call of fn(arg): one warm-up call, then the best mean of 3
+ * rounds of `reps` calls, synchronised around each round. */
+static double timed(void (*fn)(void *), void *arg)
+{
+    double best = INFINITY;
+    fn(arg);
+    CHECK(hpd_backend_sync(be));
+    for (int round = 0; round < 3; round++) {
+        const double t0 = hpd_time_now();
+        for (int i = 0; i < reps; i++)
+            fn(arg);
+        CHECK(hpd_backend_sync(be));
+        const double t = (hpd_time_now() - t0) / reps;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+/* ----------------------------------------------------------------- copy */
+
+typedef struct {
+    void *dst, *src;
+    size_t bytes;
+} copy_t;
+
+static void do_copy(void *arg)
+{
+    copy_t *c = arg;
+    CHECK(hpd_backend_copy(be, c->dst, c->src, c->bytes));
+}
+
+static double copy_bandwidth(size_t bytes)
+{
+    copy_t c = {dalloc(bytes), dalloc(bytes), bytes};
+    CHECK(hpd_backend_memset(be, c.src, 1, bytes));
+    const double t = timed(do_copy, &c);
+    hpd_backend_free(be, c.dst);
+    hpd_backend_free(be, c.src);
+    return 2.0 * (double)bytes / t;
+}
+
+/* ------------------------------------------------------------------ GDN */
+
+enum { NK = 16, NV = 32, DK = 128, DV = 128 };
+
+typedef struct {
+    hpd_gdn_args_t a;
+    bool chunked;
+} gdn_t;
+
+static void do_gdn(void *arg)
+{
+    gdn_t *g = arg;
+    CHECK(g->chunked ? hpd_gdn_chunked(be, &g->a) : hpd_gdn_recurrent(be, &g->a));
+}
+
+/* n_seqs sequences of len tokens each */
+static double gdn_seconds(uint32_t n_seqs, uint32_t len, bool chunked)
+{
+    const uint32_t T = n_seqs * len;
+    const size_t state = (size_t)NV * DK * DV;
+    float *q = drand((size_t)T * NK * DK, 1, 0.088f), *k = drand((size_t)T * NK * DK, 2, 0.088f);
+    float *v = drand((size_t)T * NV * DV, 3, 1), *out = dalloc((size_t)T * NV * DV * 4);
+    float *g = dfill((size_t)T * NV, -0.2f, -0.01f, 4), *beta = dfill((size_t)T * NV, 0.1f, 0.9f, 5);
+    float *S = drand(state * n_seqs, 6, 0.01f);
+    float **states = malloc(n_seqs * sizeof(float *));
+    hpd_seq_t *seqs = malloc(n_seqs * sizeof(hpd_seq_t));
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        states[s] = S + state * s;
+        seqs[s] = (hpd_seq_t){s * len, len, 0};
+    }
+    gdn_t run = {{{q, NK * DK, DK}, {k, NK * DK, DK}, {v, NV * DV, DV}, g, beta,
+                  {out, NV * DV, DV}, NK, NV, DK, DV, states, seqs, n_seqs},
+                 chunked};
+    const double t = timed(do_gdn, &run);
+    float *bufs[] = {q, k, v, out, g, beta, S};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
+        hpd_backend_free(be, bufs[i]);
+    free(states);
+    free(seqs);
+    return t;
+}
+
+/* ------------------------------------------------------------ attention */
+
+enum { NH = 16, NKV = 2, HD = 256, ALAYERS = 12 };
+
+static void do_attention(void *arg)
+{
+    CHECK(hpd_attention(be, arg));
+}
+
+static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_bytes_p)
+{
+    hpd_kv_layout_t l = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, NKV, HD};
+    const uint32_t nb = HPD_DIV_UP(context, 64), pages = nb * n_seqs;
+    float *pool = drand((size_t)pages * hpd_kv_layout_page_elems(&l), 7, 1);
+    float *q = drand((size_t)n_seqs * NH * HD, 8, 1), *out = dalloc((size_t)n_seqs * NH * HD * 4);
+    uint32_t *ids = malloc((size_t)pages * sizeof(uint32_t));
+    const uint32_t **tables = malloc(n_seqs * sizeof(*tables));
+    hpd_seq_t *seqs = malloc(n_seqs * sizeof(hpd_seq_t));
+    for (uint32_t i = 0; i < pages; i++) /* scattered pages: a shuffled identity */
+        ids[i] = i;
+    for (uint32_t i = pages - 1; i > 0; i--) {
+        const uint32_t j = hpd_philox4x32(9, i, 0).v[0] % (i + 1), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        tables[s] = ids + (size_t)s * nb;
+        seqs[s] = (hpd_seq_t){s, 1, context - 1};
+    }
+    hpd_attention_args_t a = {{&l, pool, 0, tables}, {q, NH * HD, HD}, {out, NH * HD, HD}, NH,
+                              1.0f / 16.0f, seqs, n_seqs};
+    const double t = timed(do_attention, &a);
+    *kv_bytes_p = (uint64_t)n_seqs * context * 2 * NKV * HD * sizeof(float);
+    hpd_backend_free(be, pool);
+    hpd_backend_free(be, q);
+    hpd_backend_free(be, out);
+    free(ids);
+    free(tables);
+    free(seqs);
+    return t;
+}
+
+/* ------------------------------------------------------------ translate */
+
+static void do_translate(void *arg)
+{
+    CHECK(hpd_kv_translate(be, arg));
+}
+
+static void translate_vs_copy(uint32_t tokens)
+{
+    hpd_kv_layout_t sl = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, ALAYERS, NKV, HD};
+    hpd_kv_layout_t dl = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, ALAYERS, NKV, HD};
+    const uint32_t sg = hpd_kv_layout_n_groups(&sl), dg = hpd_kv_layout_n_groups(&dl);
+    const uint32_t snb = HPD_DIV_UP(tokens, 64), dnb = HPD_DIV_UP(tokens, 16);
+    const uint64_t sbytes = (uint64_t)sg * snb * hpd_kv_layout_page_bytes(&sl);
+    const uint64_t dbytes = (uint64_t)dg * dnb * hpd_kv_layout_page_bytes(&dl);
+    void *src = drand(sbytes / 4, 10, 1), *dst = dalloc(dbytes);
+    uint32_t *sid = malloc((size_t)sg * snb * 4), *did = malloc((size_t)dg * dnb * 4);
+    const uint32_t *st[ALAYERS], *dt[ALAYERS];
+    for (uint32_t i = 0; i < sg * snb; i++)
+        sid[i] = i;
+    for (uint32_t i = 0; i < dg * dnb; i++)
+        did[i] = dg * dnb - 1 - i;
+    for (uint32_t g = 0; g < sg; g++)
+        st[g] = sid + (size_t)g * snb;
+    for (uint32_t g = 0; g < dg; g++)
+        dt[g] = did + (size_t)g * dnb;
+    hpd_kv_translate_args_t a = {{&sl, src, st, 0}, {&dl, dst, dt, 0}, tokens, true, 0, 0};
+    const double t = timed(do_translate, &a);
+    const uint64_t moved = (uint64_t)tokens * ALAYERS * 2 * NKV * HD * sizeof(float);
+    copy_t c = {dst, src, moved};
+    const double tc = timed(do_copy, &c);
+    printf("translate tokens=%u layers=%u bytes=%llu ms=%.4f copy_ms=%.4f GBps=%.1f "
+           "copy_GBps=%.1f ratio=%.3f\n",
+           tokens, ALAYERS, (unsigned long long)moved, t * 1e3, tc * 1e3, 2.0 * moved / t / 1e9,
+           2.0 * moved / tc / 1e9, tc / t);
+    hpd_backend_free(be, src);
+    hpd_backend_free(be, dst);
+    free(sid);
+    free(did);
+}
+
+/* ---------------------------------------------------------------- model */
+
+static double engine_run(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32_t max_tokens,
+                         uint32_t vocab, bool decode_only, uint64_t *tokens_p)
+{
+    int32_t *prompt = malloc(prompt_len * sizeof(int32_t));
+    hpd_engine_stats_t s0, s1;
+    for (uint32_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < prompt_len; i++)
+            prompt[i] = (int32_t)(hpd_philox4x32(77 + r, i, 0).v[0] % vocab);
+        hpd_request_params_t rp = {prompt, prompt_len, max_tokens, {0, 1, 0, 0}, NULL, 0};
+        uint64_t id;
+        CHECK(hpd_engine_submit(e, &rp, &id));
+    }
+    hpd_engine_stats(e, &s0);
+    CHECK(hpd_engine_run(e));
+    hpd_engine_stats(e, &s1);
+    free(prompt);
+    if (decode_only) {
+        *tokens_p = s1.decode_tokens - s0.decode_tokens;
+        return s1.decode_seconds - s0.decode_seconds;
+    }
+    *tokens_p = s1.prefill_tokens - s0.prefill_tokens;
+    return s1.prefill_seconds - s0.prefill_seconds;
+}
+
+static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double copy_bw)
+{
+    hpd_model_t *m;
+    hpd_engine_t *e;
+    hpd_engine_params_t ep;
+    uint64_t toks;
+    CHECK(hpd_model_load(dir, &m));
+    hpd_engine_params_init(&ep);
+    ep.model = m;
+    ep.backend = be;
+    ep.max_batch = seqs;
+    ep.max_context = prefill + 128;
+    ep.prefill_chunk = 512;
+    ep.prefix_cache = false;
+    CHECK(hpd_engine_create(&ep, &e));
+    const double weight_bytes = 4.0 * (double)m->n_params;
+    engine_run(e, 1, 128, 2, m->config.vocab_size, false, &toks); /* warm-up */
+    double t = engine_run(e, 1, prefill, 1, m->config.vocab_size, false, &toks);
+    printf("model_prefill layers=%u params=%llu tokens=%llu tok_per_s=%.0f\n", m->config.n_layers,
+           (unsigned long long)m->n_params, (unsigned long long)toks, toks / t);
+    t = engine_run(e, 1, 64, 65, m->config.vocab_size, true, &toks);
+    const double bound = (copy_bw / 2) / weight_bytes; /* steps/s reading every weight once */
+    printf("model_decode batch=1 tok_per_s=%.1f bound_tok_per_s=%.1f of_bound=%.3f\n", toks / t,
+           bound, toks / t / bound);
+    t = engine_run(e, seqs, 64, 65, m->config.vocab_size, true, &toks);
+    printf("model_decode batch=%u tok_per_s=%.1f\n", seqs, toks / t);
+    hpd_engine_destroy(e);
+    hpd_model_destroy(m);
+}
+
+int main(int argc, char **argv)
+{
+    const char *device = "cuda:0", *model = NULL;
+    uint32_t seqs = 32, context = 4096, prefill = 4096;
+    static const struct option opts[] = {{"device", 1, 0, 'd'}, {"seqs", 1, 0, 's'},
+                                         {"context", 1, 0, 'c'}, {"prefill", 1, 0, 'p'},
+                                         {"model", 1, 0, 'm'},   {"reps", 1, 0, 'r'},
+                                         {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'd': device = optarg; break;
+        case 's': seqs = (uint32_t)atoi(optarg); break;
+        case 'c': context = (uint32_t)atoi(optarg); break;
+        case 'p': prefill = (uint32_t)atoi(optarg); break;
+        case 'm': model = optarg; break;
+        case 'r': reps = atoi(optarg); break;
+        default:
+            fprintf(stderr, "usage: hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] "
+                            "[--prefill N] [--model DIR] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (seqs == 0 || context == 0 || prefill == 0 || reps <= 0) {
+        fprintf(stderr, "hpd-bench-cuda: --seqs, --context, --prefill and --reps must be > 0\n");
+        return 2;
+    }
+    hpd_backend_params_t bp = {device, 0};
+    if (hpd_backend_create(&bp, &be) != HPD_OK) {
+        fprintf(stderr, "hpd-bench-cuda: device %s is not available\n", device);
+        return 77;
+    }
+    printf("device %s\n", be->ops->name);
+    const double bw = copy_bandwidth((size_t)1 << 30);
+    printf("copy bytes=%llu GBps=%.1f\n", 1ull << 30, bw / 1e9);
+
+    const double state_bytes = (double)NV * DK * DV * 4;
+    double t = gdn_seconds(seqs, 1, false);
+    printf("gdn_recurrent seqs=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f GBps=%.1f of_copy=%.3f\n", seqs,
+           NK, NV, DK, DV, t * 1e3, 2 * state_bytes * seqs / t / 1e9,
+           2 * state_bytes * seqs / t / bw);
+    uint64_t kv_bytes;
+    t = attention_seconds(seqs, context, &kv_bytes);
+    printf("attention seqs=%u context=%u heads=%d kv_heads=%d head_dim=%d ms=%.4f GBps=%.1f "
+           "of_copy=%.3f\n", seqs, context, NH, NKV, HD, t * 1e3, kv_bytes / t / 1e9,
+           kv_bytes / t / bw);
+    for (uint32_t n = 1; n <= 4; n *= 4) {
+        t = gdn_seconds(n, prefill, true);
+        printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f\n", n,
+               prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
+    }
+    translate_vs_copy(context);
+    if (model != NULL)
+        model_bench(model, prefill, seqs, bw);
+    hpd_backend_destroy(be);
+    return 0;
+}
