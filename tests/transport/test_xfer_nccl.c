@@ -1,5 +1,8 @@
-/* NCCL send/recv between two GPUs in two processes. Needs 2 GPUs; skips
- * (exit 77) otherwise. */
+/* NCCL send/recv between two GPUs in two processes: raw device memory, and
+ * a request's KV pages translated on the sender's GPU (B=64,P=1 NHD to
+ * B=16,P=4 HND) into scattered pages of the receiver's device pool, which
+ * must equal the CPU backend's translation. Needs 2 GPUs; skips (exit 77)
+ * otherwise. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/backend.h"
+#include "tests/test_helpers.h"
 #include "transport/xfer_nccl.h"
 
 enum { BYTES = 64 << 20 };
@@ -51,7 +56,118 @@ static int rank_main(int rank, const uint8_t *id)
     return 0;
 }
 
-static void test_send_recv(void **state)
+enum { TOKENS = 150, LAYERS = 4, KVH = 2, HDIM = 64, SPAGES = 3, DPAGES = 10, DPOOL = 16 };
+static const hpd_kv_layout_t src_l = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, LAYERS, KVH, HDIM};
+static const hpd_kv_layout_t dst_l = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, LAYERS, KVH, HDIM};
+
+/* the receiver's page for destination block j (one pack group) */
+static uint32_t dst_page(uint32_t j)
+{
+    return (j * 7 + 3) % DPOOL;
+}
+
+/* The source pool (pages g * SPAGES + j, identity tables) and the expected
+ * receiver pool (the CPU backend's translation into dst_page()). */
+static void kv_reference(float **src_p, float **want_p)
+{
+    hpd_backend_params_t cp = {"cpu", 1};
+    hpd_backend_t *cpu;
+    const size_t se = (size_t)LAYERS * SPAGES * hpd_kv_layout_page_elems(&src_l);
+    const size_t de = (size_t)DPOOL * hpd_kv_layout_page_elems(&dst_l);
+    float *src = malloc(se * sizeof(float)), *want = calloc(de, sizeof(float));
+    uint32_t stab[LAYERS][SPAGES], dtab[DPAGES];
+    const uint32_t *st[LAYERS], *dt[1] = {dtab};
+    test_fill(src, se, 50, 1);
+    for (uint32_t g = 0; g < LAYERS; g++) {
+        for (uint32_t j = 0; j < SPAGES; j++)
+            stab[g][j] = g * SPAGES + j;
+        st[g] = stab[g];
+    }
+    for (uint32_t j = 0; j < DPAGES; j++)
+        dtab[j] = dst_page(j);
+    hpd_backend_cpu_create(&cp, &cpu);
+    hpd_kv_translate_args_t a = {{&src_l, src, st, 0}, {&dst_l, want, dt, 0}, TOKENS, true, 0, 0};
+    if (hpd_kv_translate(cpu, &a) != HPD_OK)
+        abort();
+    hpd_backend_destroy(cpu);
+    *src_p = src;
+    *want_p = want;
+}
+
+/* Rank 0 translates on its GPU into device staging (dst pages 0..9) and
+ * sends page by page; rank 1 receives each page into dst_page(j) of its
+ * device pool and compares the pool with the CPU's translation. */
+static int kv_rank_main(int rank, const uint8_t *id)
+{
+    char dev[16];
+    hpd_nccl_params_t p = {rank, rank, 2, {0}};
+    hpd_nccl_t *n;
+    hpd_backend_t *gpu;
+    float *src, *want;
+    const size_t page = hpd_kv_layout_page_bytes(&dst_l);
+    const size_t de = (size_t)DPOOL * hpd_kv_layout_page_elems(&dst_l);
+    void *pool;
+
+    snprintf(dev, sizeof(dev), "cuda:%d", rank);
+    hpd_backend_params_t bp = {dev, 0};
+    memcpy(p.id, id, HPD_NCCL_ID_BYTES);
+    if (hpd_nccl_create(&p, &n) != HPD_OK || hpd_backend_create(&bp, &gpu) != HPD_OK)
+        return 1;
+    kv_reference(&src, &want);
+    if (rank == 0) {
+        const size_t sb = (size_t)LAYERS * SPAGES * hpd_kv_layout_page_bytes(&src_l);
+        void *dsrc;
+        uint32_t stab[LAYERS][SPAGES], dtab[DPAGES];
+        const uint32_t *st[LAYERS], *dt[1] = {dtab};
+        for (uint32_t g = 0; g < LAYERS; g++) {
+            for (uint32_t j = 0; j < SPAGES; j++)
+                stab[g][j] = g * SPAGES + j;
+            st[g] = stab[g];
+        }
+        for (uint32_t j = 0; j < DPAGES; j++)
+            dtab[j] = j;
+        if (hpd_backend_alloc(gpu, sb, &dsrc) != HPD_OK ||
+            hpd_backend_alloc(gpu, DPAGES * page, &pool) != HPD_OK ||
+            hpd_backend_from_host(gpu, dsrc, src, sb) != HPD_OK)
+            return 1;
+        hpd_kv_translate_args_t a = {{&src_l, dsrc, st, 0}, {&dst_l, pool, dt, 0}, TOKENS, true,
+                                     0, 0};
+        if (hpd_kv_translate(gpu, &a) != HPD_OK || hpd_backend_sync(gpu) != HPD_OK)
+            return 1;
+        for (uint32_t j = 0; j < DPAGES; j++)
+            if (hpd_nccl_send(n, (char *)pool + j * page, page, 1) != HPD_OK)
+                return 1;
+        if (hpd_nccl_sync(n) != HPD_OK)
+            return 1;
+        hpd_backend_free(gpu, dsrc);
+    } else {
+        float *got = malloc(de * sizeof(float));
+        if (hpd_backend_alloc(gpu, de * sizeof(float), &pool) != HPD_OK ||
+            hpd_backend_memset(gpu, pool, 0, de * sizeof(float)) != HPD_OK ||
+            hpd_backend_sync(gpu) != HPD_OK)
+            return 1;
+        for (uint32_t j = 0; j < DPAGES; j++)
+            if (hpd_nccl_recv(n, (char *)pool + dst_page(j) * page, page, 0) != HPD_OK)
+                return 1;
+        if (hpd_nccl_sync(n) != HPD_OK ||
+            hpd_backend_to_host(gpu, got, pool, de * sizeof(float)) != HPD_OK)
+            return 1;
+        if (memcmp(got, want, de * sizeof(float)) != 0) {
+            fprintf(stderr, "rank 1: received KV pages differ from the CPU translation\n");
+            return 1;
+        }
+        free(got);
+    }
+    hpd_backend_free(gpu, pool);
+    hpd_backend_destroy(gpu);
+    hpd_nccl_destroy(n);
+    free(src);
+    free(want);
+    return 0;
+}
+
+/* Runs fn as rank 0 and rank 1 in two child processes sharing an NCCL id. */
+static void run_ranks(int (*fn)(int rank, const uint8_t *id))
 {
     int fds[2];
     pid_t pids[2];
@@ -70,7 +186,7 @@ static void test_send_recv(void **state)
             } else if (read(fds[0], id, sizeof(id)) != sizeof(id)) {
                 _exit(1);
             }
-            _exit(rank_main(r, id));
+            _exit(fn(r, id));
         }
     }
     for (int r = 0; r < 2; r++) {
@@ -79,6 +195,16 @@ static void test_send_recv(void **state)
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 0);
     }
+}
+
+static void test_send_recv(void **state)
+{
+    run_ranks(rank_main);
+}
+
+static void test_kv_pages(void **state)
+{
+    run_ranks(kv_rank_main);
 }
 
 int main(void)
@@ -93,6 +219,7 @@ int main(void)
         printf("test_xfer_nccl: fewer than 2 GPUs, skipped\n");
         return 77;
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_send_recv)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_send_recv),
+                                       cmocka_unit_test(test_kv_pages)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
