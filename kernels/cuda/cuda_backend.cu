@@ -12,11 +12,16 @@ static void cuda_destroy(hpd_backend_t *b)
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     if (c != NULL) {
         cudaSetDevice(c->device);
+        cudaStreamSynchronize(c->stream);
         if (c->scratch != NULL)
             cudaFree(c->scratch);
+        if (c->host_stage != NULL)
+            cudaFreeHost(c->host_stage);
+        for (int i = 0; i < HPD_CUDA_STAGE_SLOTS; i++)
+            if (c->stage_ev[i] != NULL)
+                cudaEventDestroy(c->stage_ev[i]);
         if (c->cublas != NULL)
             cublasDestroy(c->cublas);
-        cudaStreamSynchronize(c->stream);
         cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -94,33 +99,65 @@ static hpd_status_t cuda_from_host(hpd_backend_t *b, void *dst, const void *host
     return HPD_OK;
 }
 
+/* (Re)allocates the staging ring with slots of slot_bytes. */
+static hpd_status_t ring_alloc(hpd_cuda_ctx_t *c, size_t slot_bytes)
+{
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->scratch != NULL)
+        cudaFree(c->scratch);
+    if (c->host_stage != NULL)
+        cudaFreeHost(c->host_stage);
+    c->scratch = NULL;
+    c->host_stage = NULL;
+    c->slot_bytes = 0;
+    HPD_CUDA_CHECK(cudaMalloc(&c->scratch, slot_bytes * HPD_CUDA_STAGE_SLOTS));
+    HPD_CUDA_CHECK(cudaMallocHost((void **)&c->host_stage, slot_bytes * HPD_CUDA_STAGE_SLOTS));
+    for (int i = 0; i < HPD_CUDA_STAGE_SLOTS; i++)
+        if (c->stage_ev[i] == NULL)
+            HPD_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
+    c->slot_bytes = slot_bytes;
+    return HPD_OK;
+}
+
+/* Metadata travels through a ring of slots, one per op: the host copy goes
+ * to the slot's pinned half, then an asynchronous copy to its device half.
+ * Before an op reuses a slot it waits for the event recorded after the
+ * copy of the op that used it HPD_CUDA_STAGE_SLOTS ops earlier, so that up
+ * to that many ops stay in flight. */
 hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
                             void **dev_p)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     const size_t off = (*off_p + 255) & ~(size_t)255;
-    if (off + bytes > c->scratch_bytes) {
-        /* the previous user of the scratch may still be running */
-        HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        if (off > 0) {
-            HPD_LOG_ERROR("cuda", "metadata of %zu bytes does not fit the %zu-byte scratch",
-                          off + bytes, c->scratch_bytes);
-            return HPD_ERR_NO_MEMORY;
+    hpd_status_t st;
+
+    if (off == 0) {
+        if (c->slot_bytes < bytes || c->slot_bytes == 0) {
+            size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
+            while (want < bytes)
+                want *= 2;
+            if ((st = ring_alloc(c, want)) != HPD_OK)
+                return st;
         }
-        size_t want = c->scratch_bytes ? c->scratch_bytes : (1u << 20);
-        while (want < bytes)
+        c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
+        HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
+    } else if (off + bytes > c->slot_bytes) {
+        /* the op's earlier metadata is in this slot already: grow for the
+         * next ops, fail this one */
+        HPD_LOG_ERROR("cuda", "metadata of %zu bytes does not fit the %zu-byte staging slot; "
+                      "the next op gets a larger one", off + bytes, c->slot_bytes);
+        size_t want = c->slot_bytes * 2;
+        while (want < off + bytes)
             want *= 2;
-        if (c->scratch != NULL)
-            cudaFree(c->scratch);
-        c->scratch = NULL;
-        c->scratch_bytes = 0;
-        HPD_CUDA_CHECK(cudaMalloc(&c->scratch, want));
-        c->scratch_bytes = want;
+        ring_alloc(c, want);
+        return HPD_ERR_NO_MEMORY;
     }
-    /* pageable host memory: the copy is done with the host buffer on return */
-    HPD_CUDA_CHECK(cudaMemcpyAsync((char *)c->scratch + off, host, bytes, cudaMemcpyHostToDevice,
-                                   c->stream));
-    *dev_p = (char *)c->scratch + off;
+    char *h = c->host_stage + c->slot * c->slot_bytes + off;
+    char *d = (char *)c->scratch + c->slot * c->slot_bytes + off;
+    memcpy(h, host, bytes);
+    HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+    HPD_CUDA_CHECK(cudaEventRecord(c->stage_ev[c->slot], c->stream));
+    *dev_p = d;
     *off_p = off + bytes;
     return HPD_OK;
 }

@@ -14,11 +14,17 @@ extern "C" {
 #include "kernels/backend.h"
 }
 
+#define HPD_CUDA_STAGE_SLOTS 8
+
 typedef struct {
     int device;
     cudaStream_t stream;
-    void *scratch; /* device metadata staging */
-    size_t scratch_bytes;
+    /* metadata staging: a ring of slots, pinned host and device halves */
+    void *scratch;
+    char *host_stage;
+    size_t slot_bytes;
+    uint32_t slot;
+    cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
     bool fast;         /* cuda-fast: GEMMs through cuBLAS */
     cublasHandle_t cublas;
@@ -42,8 +48,10 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
 /* A kernel launch's error, then HPD_OK. */
 #define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
 
-/* Copies host metadata into the scratch buffer (growing it) at a 256-byte
- * aligned offset; *off_p advances. Returns the device address. */
+/* Copies host metadata (an op's first call with *off_p == 0 takes the next
+ * slot of the staging ring) at a 256-byte aligned offset; *off_p advances.
+ * The host buffer is free again on return; the device copy is ordered
+ * before the op's launch on the stream. Returns the device address. */
 hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
                             void **dev_p);
 
