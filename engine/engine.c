@@ -1091,6 +1091,13 @@ hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, 
     /* admit() counted it as running; it runs only once started */
     e->n_running--;
     r->state = HPD_REQ_RESERVED;
+    /* a peer writes the slot next, maybe straight into device memory: the
+     * zeroing of the slot must have landed (a device backend runs it
+     * asynchronously) */
+    if ((st = hpd_backend_sync(e->be)) != HPD_OK) {
+        hpd_engine_release(e, r->id);
+        return st;
+    }
     *id_p = r->id;
     return HPD_OK;
 }
