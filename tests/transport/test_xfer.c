@@ -3,7 +3,10 @@
  * receiver's B=16,P=4,HND pages and slot, over tcp (loopback) and shared
  * memory; the receiver's bytes equal a local translation. A corrupted
  * checksum is caught; killing the receiver mid-transfer fails the sender's
- * transfer promptly and leaves nothing in flight. */
+ * transfer promptly and leaves nothing in flight. The mirror cases give the
+ * receiver pools in "device" memory (the CPU backend posing as a device,
+ * host_memory false) that UCX cannot write: peers write a host mirror, and
+ * only a verified transfer reaches the pools. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -97,6 +100,16 @@ static void rx_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t st)
 
 enum { DST_PAGES = 64, SLOTS = 4, BIG = 64 << 20 };
 
+static bool mirrored; /* the receiver's pools sit behind a host mirror */
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return false;
+    return true;
+}
+
 /* Exit status: 0 bytes verified, 3 checksum mismatch seen, 1 anything else. */
 static int receiver(int fd, const char *tls, const char *dev)
 {
@@ -111,9 +124,19 @@ static int receiver(int fd, const char *tls, const char *dev)
     uint8_t *pool = calloc(DST_PAGES, page_bytes), *slots = calloc(SLOTS, slot_bytes);
     uint8_t *big = calloc(1, BIG);
 
+    /* the pools' backend: the CPU's, or the CPU's posing as a device */
+    hpd_backend_t *cpu, posing;
+    hpd_backend_params_t cp = {"cpu", 1};
+    hpd_backend_ops_t dev_ops;
+    if (hpd_backend_cpu_create(&cp, &cpu) != HPD_OK)
+        return 1;
+    dev_ops = *cpu->ops;
+    dev_ops.name = "posing-device";
+    dev_ops.host_memory = !mirrored;
+    posing = (hpd_backend_t){&dev_ops, cpu->ctx};
     if (hpd_xfer_create(&xp, &ctx) != HPD_OK ||
-        hpd_xfer_register(ctx, pool, DST_PAGES * page_bytes, &pool_region) != HPD_OK ||
-        hpd_xfer_register(ctx, slots, SLOTS * slot_bytes, &slot_region) != HPD_OK ||
+        hpd_xfer_register_pool(ctx, &posing, pool, DST_PAGES * page_bytes, &pool_region) != HPD_OK ||
+        hpd_xfer_register_pool(ctx, &posing, slots, SLOTS * slot_bytes, &slot_region) != HPD_OK ||
         hpd_xfer_register(ctx, big, BIG, &big_region) != HPD_OK)
         return 1;
     /* the reservation: scrambled page ids per group, slot 2 */
@@ -150,7 +173,9 @@ static int receiver(int fd, const char *tls, const char *dev)
     if (!rx.done)
         return 1;
     if (rx.status == HPD_ERR_FORMAT)
-        return 3;
+        /* behind a mirror, nothing of a bad transfer reaches the pools */
+        return !mirrored || (all_zero(pool, DST_PAGES * page_bytes) &&
+                             all_zero(slots, SLOTS * slot_bytes)) ? 3 : 1;
     if (rx.status != HPD_OK)
         return 1;
 
@@ -176,6 +201,7 @@ static int receiver(int fd, const char *tls, const char *dev)
         return 1;
     hpd_backend_destroy(be);
     hpd_xfer_destroy(ctx);
+    hpd_backend_destroy(cpu);
     return 0;
 }
 
@@ -386,6 +412,24 @@ static void test_shm(void **state) { run("sm,self", NULL, RUN_OK); }
 static void test_corrupt(void **state) { run("tcp", "lo", RUN_CORRUPT); }
 static void test_kill_receiver_tcp(void **state) { run("tcp", "lo", RUN_KILL); }
 static void test_kill_receiver_shm(void **state) { run("sm,self", NULL, RUN_KILL); }
+static void test_mirror_tcp(void **state)
+{
+    mirrored = true;
+    run("tcp", "lo", RUN_OK);
+    mirrored = false;
+}
+static void test_mirror_shm(void **state)
+{
+    mirrored = true;
+    run("sm,self", NULL, RUN_OK);
+    mirrored = false;
+}
+static void test_mirror_corrupt(void **state)
+{
+    mirrored = true;
+    run("tcp", "lo", RUN_CORRUPT);
+    mirrored = false;
+}
 
 int main(void)
 {
@@ -395,6 +439,9 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_kill_receiver_tcp),
         cmocka_unit_test(test_kill_receiver_shm),
+        cmocka_unit_test(test_mirror_tcp),
+        cmocka_unit_test(test_mirror_shm),
+        cmocka_unit_test(test_mirror_corrupt),
     };
     if (getenv("HPD_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("HPD_TEST_FILTER"));
