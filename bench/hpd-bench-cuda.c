@@ -2,10 +2,10 @@
  * reference measured in the same run (docs/kernels.md, "Benchmarks").
  *
  *   hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] [--prefill N]
- *                  [--model DIR] [--reps N]
+ *                  [--model DIR] [--reps N] [--copy-mib N]
  *
- * - copy: device-to-device copy bandwidth of 1 GiB (bytes read + written per
- *   second), the reference of the memory-bound kernels;
+ * - copy: device-to-device copy bandwidth of --copy-mib (1024) MiB (bytes
+ *   read + written per second), the reference of the memory-bound kernels;
  * - gdn_recurrent: one decode step of --seqs sequences with Qwen3-Next's GDN
  *   dims (16 key heads, 32 value heads, dk = dv = 128): state bytes read +
  *   written per second, as a fraction of the copy bandwidth;
@@ -301,11 +301,11 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
 int main(int argc, char **argv)
 {
     const char *device = "cuda:0", *model = NULL;
-    uint32_t seqs = 32, context = 4096, prefill = 4096;
+    uint32_t seqs = 32, context = 4096, prefill = 4096, copy_mib = 1024;
     static const struct option opts[] = {{"device", 1, 0, 'd'}, {"seqs", 1, 0, 's'},
                                          {"context", 1, 0, 'c'}, {"prefill", 1, 0, 'p'},
                                          {"model", 1, 0, 'm'},   {"reps", 1, 0, 'r'},
-                                         {0, 0, 0, 0}};
+                                         {"copy-mib", 1, 0, 'b'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -315,14 +315,16 @@ int main(int argc, char **argv)
         case 'p': prefill = (uint32_t)atoi(optarg); break;
         case 'm': model = optarg; break;
         case 'r': reps = atoi(optarg); break;
+        case 'b': copy_mib = (uint32_t)atoi(optarg); break;
         default:
             fprintf(stderr, "usage: hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] "
-                            "[--prefill N] [--model DIR] [--reps N]\n");
+                            "[--prefill N] [--model DIR] [--reps N] [--copy-mib N]\n");
             return 2;
         }
     }
-    if (seqs == 0 || context == 0 || prefill == 0 || reps <= 0) {
-        fprintf(stderr, "hpd-bench-cuda: --seqs, --context, --prefill and --reps must be > 0\n");
+    if (seqs == 0 || context == 0 || prefill == 0 || reps <= 0 || copy_mib == 0) {
+        fprintf(stderr, "hpd-bench-cuda: --seqs, --context, --prefill, --reps and --copy-mib "
+                        "must be > 0\n");
         return 2;
     }
     hpd_backend_params_t bp = {device, 0};
@@ -331,8 +333,9 @@ int main(int argc, char **argv)
         return 77;
     }
     printf("device %s\n", be->ops->name);
-    const double bw = copy_bandwidth((size_t)1 << 30);
-    printf("copy bytes=%llu GBps=%.1f\n", 1ull << 30, bw / 1e9);
+    const size_t copy_bytes = (size_t)copy_mib << 20;
+    const double bw = copy_bandwidth(copy_bytes);
+    printf("copy bytes=%zu GBps=%.1f\n", copy_bytes, bw / 1e9);
 
     const double state_bytes = (double)NV * DK * DV * 4;
     double t = gdn_seconds(seqs, 1, false);
