@@ -2,7 +2,7 @@
  * reference measured in the same run (docs/kernels.md, "Benchmarks").
  *
  *   hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] [--prefill N]
- *                  [--model DIR] [--reps N] [--copy-mib N]
+ *                  [--model DIR] [--reps N] [--copy-mib N] [--threads N]
  *
  * - copy: device-to-device copy bandwidth of --copy-mib (1024) MiB (bytes
  *   read + written per second), the reference of the memory-bound kernels;
@@ -301,11 +301,12 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
 int main(int argc, char **argv)
 {
     const char *device = "cuda:0", *model = NULL;
-    uint32_t seqs = 32, context = 4096, prefill = 4096, copy_mib = 1024;
+    uint32_t seqs = 32, context = 4096, prefill = 4096, copy_mib = 1024, threads = 0;
     static const struct option opts[] = {{"device", 1, 0, 'd'}, {"seqs", 1, 0, 's'},
                                          {"context", 1, 0, 'c'}, {"prefill", 1, 0, 'p'},
                                          {"model", 1, 0, 'm'},   {"reps", 1, 0, 'r'},
-                                         {"copy-mib", 1, 0, 'b'}, {0, 0, 0, 0}};
+                                         {"copy-mib", 1, 0, 'b'}, {"threads", 1, 0, 't'},
+                                         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -316,9 +317,10 @@ int main(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'r': reps = atoi(optarg); break;
         case 'b': copy_mib = (uint32_t)atoi(optarg); break;
+        case 't': threads = (uint32_t)atoi(optarg); break;
         default:
             fprintf(stderr, "usage: hpd-bench-cuda [--device cuda:0] [--seqs N] [--context N] "
-                            "[--prefill N] [--model DIR] [--reps N] [--copy-mib N]\n");
+                            "[--prefill N] [--model DIR] [--reps N] [--copy-mib N] [--threads N]\n");
             return 2;
         }
     }
@@ -327,7 +329,7 @@ int main(int argc, char **argv)
                         "must be > 0\n");
         return 2;
     }
-    hpd_backend_params_t bp = {device, 0};
+    hpd_backend_params_t bp = {device, threads}; /* threads: the CPU backend's */
     if (hpd_backend_create(&bp, &be) != HPD_OK) {
         fprintf(stderr, "hpd-bench-cuda: device %s is not available\n", device);
         return 77;

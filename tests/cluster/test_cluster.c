@@ -184,7 +184,7 @@ static int setup(void **state)
     fclose(f);
     snprintf(log, sizeof(log), "%s/coordinator.log", root);
     char *argv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file, "--token-file",
-                    token_file, "--heartbeat-ms", "100", "--lease-ms", "1000", "--max-requests", "80",
+                    token_file, "--heartbeat-ms", "100", "--lease-ms", "5000", "--max-requests", "80",
                     "--log-level", "info", NULL};
     coord_pid = spawn(argv, log);
     for (int i = 0; i < 100; i++) {
