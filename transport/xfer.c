@@ -323,12 +323,17 @@ static hpd_status_t track(hpd_xfer_peer_t *p, ucs_status_ptr_t r)
 
 /* ------------------------------------------------------------ receiver */
 
+/* Device memory peers write through a host mirror (base) */
+static bool mirrored(const region_t *r)
+{
+    return r->device != NULL && r->device != r->base;
+}
+
 /* Adds a destination's bytes to the checksum. Device memory UCX wrote
  * directly is read back through the backend first. */
-static hpd_status_t hash_dest(hpd_xfer_ctx_t *c, const region_t *r, const dest_t *e,
-                              XXH3_state_t *state)
+static hpd_status_t hash_dest(const region_t *r, const dest_t *e, XXH3_state_t *state)
 {
-    if (r->device == NULL || r->device != r->base) {
+    if (r->device == NULL || mirrored(r)) {
         XXH3_64bits_update(state, (const uint8_t *)r->base + e->offset, e->bytes);
         return HPD_OK;
     }
@@ -379,7 +384,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 n.status = HPD_ERR_FORMAT;
                 break;
             }
-            if (hash_dest(c, &c->regions[e.region], &e, state) != HPD_OK) {
+            if (hash_dest(&c->regions[e.region], &e, state) != HPD_OK) {
                 n.status = HPD_ERR_IO;
                 break;
             }
@@ -393,7 +398,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             dest_t e;
             memcpy(&e, d + i, sizeof(e));
             const region_t *r = &c->regions[e.region];
-            if (r->device != NULL && r->device != r->base &&
+            if (mirrored(r) &&
                 hpd_backend_from_host(r->backend, (uint8_t *)r->device + e.offset,
                                       (const uint8_t *)r->base + e.offset, e.bytes) != HPD_OK)
                 n.status = HPD_ERR_IO;

@@ -33,19 +33,17 @@ __global__ void conv1d_kernel(hpd_conv1d_args_t a, const hpd_seq_t *seqs, float 
 
 hpd_status_t hpd_cuda_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a)
 {
-    size_t off = 0;
-    void *seqs, *states;
+    const hpd_seq_t *seqs;
+    float *const *states;
     hpd_status_t st;
     if (a->kc < 2 || a->kc > MAX_KC)
         return HPD_ERR_UNSUPPORTED;
     if (a->n_seqs == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->seqs, a->n_seqs * sizeof(hpd_seq_t), &off, &seqs)) != HPD_OK ||
-        (st = hpd_cuda_stage(b, a->states, a->n_seqs * sizeof(float *), &off, &states)) != HPD_OK)
+    if ((st = hpd_cuda_stage_seqs(b, a->seqs, a->states, a->n_seqs, &seqs, &states)) != HPD_OK)
         return st;
     const dim3 grid((a->channels + 127) / 128, a->n_seqs);
-    conv1d_kernel<<<grid, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const hpd_seq_t *)seqs,
-                                                             (float *const *)states);
+    conv1d_kernel<<<grid, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, seqs, states);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

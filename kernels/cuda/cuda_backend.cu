@@ -162,6 +162,20 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, si
     return HPD_OK;
 }
 
+hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float *const *states,
+                                 uint32_t n_seqs, const hpd_seq_t **dseqs_p,
+                                 float *const **dstates_p)
+{
+    size_t off = 0;
+    void *ds, *dst;
+    hpd_status_t st = hpd_cuda_stage(b, seqs, n_seqs * sizeof(hpd_seq_t), &off, &ds);
+    if (st == HPD_OK)
+        st = hpd_cuda_stage(b, states, n_seqs * sizeof(float *), &off, &dst);
+    *dseqs_p = (const hpd_seq_t *)ds;
+    *dstates_p = (float *const *)dst;
+    return st;
+}
+
 static const hpd_backend_ops_t cuda_ops = {
     /* .name */ "cuda",
     /* .host_memory */ false,
@@ -266,7 +280,6 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         return HPD_ERR_NO_MEMORY;
     }
     c->device = id;
-    c->fast = fast;
     int smem = 0;
     if (cudaSetDevice(id) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||

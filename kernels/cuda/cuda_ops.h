@@ -26,8 +26,7 @@ typedef struct {
     uint32_t slot;
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
-    bool fast;         /* cuda-fast: GEMMs through cuBLAS */
-    cublasHandle_t cublas;
+    cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
 } hpd_cuda_ctx_t;
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
@@ -54,6 +53,12 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
  * before the op's launch on the stream. Returns the device address. */
 hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
                             void **dev_p);
+
+/* Stages an op's sequences and per-sequence state pointers (conv1d and the
+ * gated delta rules). */
+hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float *const *states,
+                                 uint32_t n_seqs, const hpd_seq_t **dseqs_p,
+                                 float *const **dstates_p);
 
 #define HPD_CUDA_ROW_THREADS 256
 

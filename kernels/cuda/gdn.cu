@@ -55,19 +55,18 @@ __global__ void gdn_recurrent_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs,
 
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
 {
-    size_t off = 0;
-    void *seqs, *states;
+    const hpd_seq_t *seqs;
+    float *const *states;
     hpd_status_t st;
     if (a->dk > MAX_DK || a->dv > 1024 || a->nk == 0 || a->nv % a->nk != 0)
         return HPD_ERR_UNSUPPORTED;
     if (a->n_seqs == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->seqs, a->n_seqs * sizeof(hpd_seq_t), &off, &seqs)) != HPD_OK ||
-        (st = hpd_cuda_stage(b, a->states, a->n_seqs * sizeof(float *), &off, &states)) != HPD_OK)
+    if ((st = hpd_cuda_stage_seqs(b, a->seqs, a->states, a->n_seqs, &seqs, &states)) != HPD_OK)
         return st;
     const uint32_t threads = (a->dv + 31) / 32 * 32;
     gdn_recurrent_kernel<<<a->n_seqs * a->nv, threads, 0, hpd_cuda_ctx(b)->stream>>>(
-        *a, (const hpd_seq_t *)seqs, (float *const *)states);
+        *a, seqs, states);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
@@ -204,8 +203,8 @@ __global__ void gdn_chunked_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs,
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    size_t off = 0;
-    void *seqs, *states;
+    const hpd_seq_t *seqs;
+    float *const *states;
     hpd_status_t st;
 
     if (a->nk == 0 || a->nv % a->nk != 0)
@@ -218,13 +217,12 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
     }
     if (a->n_seqs == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->seqs, a->n_seqs * sizeof(hpd_seq_t), &off, &seqs)) != HPD_OK ||
-        (st = hpd_cuda_stage(b, a->states, a->n_seqs * sizeof(float *), &off, &states)) != HPD_OK)
+    if ((st = hpd_cuda_stage_seqs(b, a->seqs, a->states, a->n_seqs, &seqs, &states)) != HPD_OK)
         return st;
     HPD_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     gdn_chunked_kernel<<<a->n_seqs * a->nv, CHUNK_THREADS, smem, c->stream>>>(
-        *a, (const hpd_seq_t *)seqs, (float *const *)states);
+        *a, seqs, states);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

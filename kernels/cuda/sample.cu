@@ -39,34 +39,42 @@ __device__ static inline float unkey(uint32_t k)
     return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
 }
 
-/* Block-wide sums in a fixed tree; every thread gets the result. */
-__device__ static float block_sum(float v, float *red)
+/* A block-wide reduction in a fixed tree (the same order every time);
+ * every thread gets the result. */
+template <typename T, typename Op>
+__device__ static T block_reduce(T v, T *red, Op op)
 {
     red[threadIdx.x] = v;
     __syncthreads();
     for (uint32_t s = NT / 2; s > 0; s /= 2) {
         if (threadIdx.x < s)
-            red[threadIdx.x] += red[threadIdx.x + s];
+            red[threadIdx.x] = op(red[threadIdx.x], red[threadIdx.x + s]);
         __syncthreads();
     }
-    const float r = red[0];
+    const T r = red[0];
     __syncthreads();
     return r;
 }
 
-__device__ static uint32_t block_count(uint32_t v, uint32_t *red)
-{
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (uint32_t s = NT / 2; s > 0; s /= 2) {
-        if (threadIdx.x < s)
-            red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
+struct add_op {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct max_op {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return max(a, b); }
+};
+struct min_op {
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return min(a, b); }
+};
+/* ids: the larger logit wins, then the lower id (ids >= vocab: none) */
+struct argmax_op {
+    const float *x;
+    uint32_t vocab;
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const
+    {
+        return b < vocab && (a >= vocab || x[b] > x[a]) ? b : a;
     }
-    const uint32_t r = red[0];
-    __syncthreads();
-    return r;
-}
+};
 
 /* The kept set: key > tau, or key == tau among the first `need` such ids. */
 typedef struct {
@@ -113,7 +121,7 @@ __device__ static float kept_mass(const run_t *r, kept_t kept, uint32_t eq, floa
         if (fkey(xs) >= from)
             m += expf(xs - mx);
     }
-    return block_sum(m, red);
+    return block_reduce(m, red, add_op());
 }
 
 __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
@@ -135,18 +143,9 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
         for (uint32_t i = i0 + 1; i < i1; i++)
             if (x[i] > x[best])
                 best = i;
-        redu[tid] = best;
-        __syncthreads();
-        for (uint32_t s = NT / 2; s > 0; s /= 2) {
-            if (tid < s) {
-                const uint32_t a = redu[tid], b = redu[tid + s];
-                if (b < vocab && (a >= vocab || x[b] > x[a]))
-                    redu[tid] = b;
-            }
-            __syncthreads();
-        }
+        best = block_reduce(best, redu, argmax_op{x, vocab});
         if (tid == 0)
-            out[blockIdx.x] = (int32_t)redu[0];
+            out[blockIdx.x] = (int32_t)best;
         return;
     }
 
@@ -154,15 +153,7 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
     float mx = -INFINITY;
     for (uint32_t i = i0; i < i1; i++)
         mx = fmaxf(mx, x[i] * p.inv_t);
-    redf[tid] = mx;
-    __syncthreads();
-    for (uint32_t s = NT / 2; s > 0; s /= 2) {
-        if (tid < s)
-            redf[tid] = fmaxf(redf[tid], redf[tid + s]);
-        __syncthreads();
-    }
-    mx = redf[0];
-    __syncthreads();
+    mx = block_reduce(mx, redf, max_op());
 
     kept_t kept = {0, vocab};
     if (p.top_k > 0 && p.top_k < vocab) {
@@ -173,7 +164,7 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
             uint32_t n = 0;
             for (uint32_t i = i0; i < i1; i++)
                 n += fkey(x[i] * p.inv_t) >= mid;
-            if (block_count(n, redu) >= p.top_k)
+            if (block_reduce(n, redu, add_op()) >= p.top_k)
                 lo = mid;
             else
                 hi = mid - 1;
@@ -182,7 +173,7 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
         for (uint32_t i = i0; i < i1; i++)
             gt += fkey(x[i] * p.inv_t) > lo;
         kept.tau = lo;
-        kept.need = p.top_k - block_count(gt, redu);
+        kept.need = p.top_k - block_reduce(gt, redu, add_op());
     }
     eq_prefix(&run, kept.tau, redu, eq_before);
     float total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
@@ -206,7 +197,7 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
             uint32_t n = 0;
             for (uint32_t i = i0; i < i1; i++)
                 n += fkey(x[i] * p.inv_t) == lo;
-            const uint32_t have = block_count(n, redu);
+            const uint32_t have = block_reduce(n, redu, add_op());
             uint32_t need = each > 0.0f ? (uint32_t)ceilf((target - above) / each) : have;
             kept.tau = lo;
             kept.need = max(1u, min(need, have));
@@ -245,29 +236,15 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
     /* the first run that holds the target draws (its own walk's rounding
      * may end just short: then its last kept id); a target past every run
      * takes the highest kept id */
-    redu[tid] = owns ? tid : NT;
-    __syncthreads();
-    for (uint32_t s = NT / 2; s > 0; s /= 2) {
-        if (tid < s)
-            redu[tid] = min(redu[tid], redu[tid + s]);
-        __syncthreads();
-    }
-    const uint32_t owner = redu[0];
-    __syncthreads();
+    const uint32_t owner = block_reduce(owns ? tid : (uint32_t)NT, redu, min_op());
     if (owner < NT) {
         if (tid == owner)
             out[blockIdx.x] = drawn >= 0 ? drawn : last;
         return;
     }
-    redu[tid] = (uint32_t)(last + 1);
-    __syncthreads();
-    for (uint32_t s = NT / 2; s > 0; s /= 2) {
-        if (tid < s)
-            redu[tid] = max(redu[tid], redu[tid + s]);
-        __syncthreads();
-    }
+    const uint32_t highest = block_reduce((uint32_t)(last + 1), redu, max_op());
     if (tid == 0)
-        out[blockIdx.x] = (int32_t)redu[0] - 1;
+        out[blockIdx.x] = (int32_t)highest - 1;
 }
 
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)

@@ -166,6 +166,66 @@ static void test_norms_and_elementwise(void **state)
     hpd_backend_free(gpu, dy);
 }
 
+/* Inputs of the gated delta rule for two sequences on both backends: q, k
+ * L2-normalised (q scaled by 1/sqrt(dk)), g = g_top - g_span * u,
+ * beta = b_lo + b_span * u, two states of scale s_scale (Sc: the CPU's
+ * copy), seeds seed .. seed + 5. g* are the device copies. */
+typedef struct {
+    uint32_t nk, nv, dk, dv;
+    size_t nq, nvv, ns;
+    float *q, *k, *v, *g, *beta, *S0, *Sc, *ocpu;
+    float *gq, *gk, *gv, *gg, *gb, *gS, *gout;
+    float *sc[2], *sg[2];
+} gdn_case_t;
+
+static void gdn_case_init(gdn_case_t *c, uint32_t T, uint32_t nk, uint32_t nv, uint32_t dk,
+                          uint32_t dv, uint64_t seed, float g_top, float g_span, float b_lo,
+                          float b_span, float s_scale)
+{
+    *c = (gdn_case_t){.nk = nk, .nv = nv, .dk = dk, .dv = dv, .nq = (size_t)T * nk * dk,
+                      .nvv = (size_t)T * nv * dv, .ns = (size_t)nv * dk * dv};
+    c->q = rnd(c->nq, seed, 1), c->k = rnd(c->nq, seed + 1, 1), c->v = rnd(c->nvv, seed + 2, 1);
+    c->g = malloc(T * nv * sizeof(float)), c->beta = malloc(T * nv * sizeof(float));
+    for (uint32_t i = 0; i < T * nv; i++) {
+        c->g[i] = g_top - g_span * test_uniform(seed + 3, i);
+        c->beta[i] = b_lo + b_span * test_uniform(seed + 4, i);
+    }
+    hpd_l2norm_args_t l2 = {{c->q, nk * dk, dk}, T, nk, dk, 1e-6f, 1.0f / sqrtf((float)dk)};
+    hpd_l2norm(cpu, &l2);
+    l2 = (hpd_l2norm_args_t){{c->k, nk * dk, dk}, T, nk, dk, 1e-6f, 1.0f};
+    hpd_l2norm(cpu, &l2);
+    c->S0 = rnd(2 * c->ns, seed + 5, s_scale), c->Sc = malloc(2 * c->ns * sizeof(float));
+    c->ocpu = malloc(c->nvv * sizeof(float));
+    memcpy(c->Sc, c->S0, 2 * c->ns * sizeof(float));
+    c->gq = up(c->q, c->nq), c->gk = up(c->k, c->nq), c->gv = up(c->v, c->nvv);
+    c->gg = up(c->g, T * nv), c->gb = up(c->beta, T * nv), c->gS = up(c->S0, 2 * c->ns);
+    c->gout = up(c->v, c->nvv);
+    c->sc[0] = c->Sc, c->sc[1] = c->Sc + c->ns, c->sg[0] = c->gS, c->sg[1] = c->gS + c->ns;
+}
+
+/* the args over the CPU's or the GPU's copies */
+static hpd_gdn_args_t gdn_args(gdn_case_t *c, bool on_gpu, const hpd_seq_t *seqs, uint32_t n)
+{
+    const uint32_t qs = c->nk * c->dk, vs = c->nv * c->dv;
+    if (on_gpu)
+        return (hpd_gdn_args_t){{c->gq, qs, c->dk}, {c->gk, qs, c->dk}, {c->gv, vs, c->dv},
+                                c->gg, c->gb, {c->gout, vs, c->dv}, c->nk, c->nv, c->dk, c->dv,
+                                c->sg, seqs, n};
+    return (hpd_gdn_args_t){{c->q, qs, c->dk}, {c->k, qs, c->dk}, {c->v, vs, c->dv}, c->g,
+                            c->beta, {c->ocpu, vs, c->dv}, c->nk, c->nv, c->dk, c->dv, c->sc,
+                            seqs, n};
+}
+
+static void gdn_case_free(gdn_case_t *c)
+{
+    float *host[] = {c->q, c->k, c->v, c->g, c->beta, c->S0, c->Sc, c->ocpu};
+    float *dev[] = {c->gq, c->gk, c->gv, c->gg, c->gb, c->gS, c->gout};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+        free(host[i]);
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        hpd_backend_free(gpu, dev[i]);
+}
+
 /* conv1d and the recurrent rule over two sequences with their own states */
 static void test_conv_and_gdn(void **state)
 {
@@ -188,37 +248,20 @@ static void test_conv_and_gdn(void **state)
     free(got), free(gst);
 
     /* the recurrent rule: q, k L2-normalised, g < 0, beta in (0, 1) */
-    const size_t nq = T * nk * dk, nvv = T * nv * dv, ns = (size_t)nv * dk * dv;
-    float *q = rnd(nq, 10, 1), *k = rnd(nq, 11, 1), *v = rnd(nvv, 12, 1);
-    float *g = malloc(T * nv * sizeof(float)), *beta = malloc(T * nv * sizeof(float));
-    for (uint32_t i = 0; i < T * nv; i++) {
-        g[i] = -0.05f - 0.1f * test_uniform(13, i);
-        beta[i] = 0.2f + 0.6f * test_uniform(14, i);
-    }
-    hpd_l2norm_args_t l2 = {{q, nk * dk, dk}, T, nk, dk, 1e-6f, 0.125f};
-    hpd_l2norm(cpu, &l2);
-    l2 = (hpd_l2norm_args_t){{k, nk * dk, dk}, T, nk, dk, 1e-6f, 1.0f};
-    hpd_l2norm(cpu, &l2);
-    float *S0 = rnd(2 * ns, 15, 0.1f), *Sc = malloc(2 * ns * sizeof(float));
-    float *ocpu = malloc(nvv * sizeof(float));
-    memcpy(Sc, S0, 2 * ns * sizeof(float));
-    float *dq = up(q, nq), *dk_ = up(k, nq), *dvv = up(v, nvv), *dg = up(g, T * nv);
-    float *db = up(beta, T * nv), *dS = up(S0, 2 * ns), *dout = up(v, nvv);
-    float *sc[2] = {Sc, Sc + ns}, *sg[2] = {dS, dS + ns};
-    hpd_gdn_args_t ga = {{q, nk * dk, dk}, {k, nk * dk, dk}, {v, nv * dv, dv}, g, beta,
-                         {ocpu, nv * dv, dv}, nk, nv, dk, dv, sc, seqs, 2};
+    gdn_case_t c;
+    gdn_case_init(&c, T, nk, nv, dk, dv, 10, -0.05f, 0.1f, 0.2f, 0.6f, 0.1f);
+    hpd_gdn_args_t ga = gdn_args(&c, false, seqs, 2);
     assert_int_equal(hpd_gdn_recurrent(cpu, &ga), HPD_OK);
-    ga = (hpd_gdn_args_t){{dq, nk * dk, dk}, {dk_, nk * dk, dk}, {dvv, nv * dv, dv}, dg, db,
-                          {dout, nv * dv, dv}, nk, nv, dk, dv, sg, seqs, 2};
+    ga = gdn_args(&c, true, seqs, 2);
     assert_int_equal(hpd_gdn_recurrent(gpu, &ga), HPD_OK);
-    got = down(dout, nvv);
-    float *gS = down(dS, 2 * ns);
-    expect_close("gdn_recurrent", got, ocpu, nvv, 1e-4);
-    expect_close("gdn state", gS, Sc, 2 * ns, 1e-4);
+    got = down(c.gout, c.nvv);
+    float *gS = down(c.gS, 2 * c.ns);
+    expect_close("gdn_recurrent", got, c.ocpu, c.nvv, 1e-4);
+    expect_close("gdn state", gS, c.Sc, 2 * c.ns, 1e-4);
     free(got), free(gS);
-    free(x), free(w), free(st0), free(ycpu), free(stc), free(q), free(k), free(v), free(g);
-    free(beta), free(S0), free(Sc), free(ocpu);
-    float *dev[] = {dx, dw, dst, dy, dq, dk_, dvv, dg, db, dS, dout};
+    gdn_case_free(&c);
+    free(x), free(w), free(st0), free(ycpu), free(stc);
+    float *dev[] = {dx, dw, dst, dy};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         hpd_backend_free(gpu, dev[i]);
 }
@@ -377,60 +420,42 @@ static void test_gdn_chunked(void **state)
 {
     enum { NK = 2, NV = 4, DK = 128, DV = 128, T = 300 };
     hpd_seq_t seqs[2] = {{0, 200, 40}, {200, 100, 0}};
-    const size_t nq = (size_t)T * NK * DK, nvv = (size_t)T * NV * DV, ns = (size_t)NV * DK * DV;
-    float *q = rnd(nq, 30, 1), *k = rnd(nq, 31, 1), *v = rnd(nvv, 32, 1);
-    float *g = malloc(T * NV * sizeof(float)), *beta = malloc(T * NV * sizeof(float));
-    for (uint32_t i = 0; i < T * NV; i++) {
-        g[i] = -0.02f - 0.2f * test_uniform(33, i);
-        beta[i] = 0.1f + 0.8f * test_uniform(34, i);
-    }
-    hpd_l2norm_args_t l2 = {{q, NK * DK, DK}, T, NK, DK, 1e-6f, 1.0f / sqrtf(DK)};
-    hpd_l2norm(cpu, &l2);
-    l2 = (hpd_l2norm_args_t){{k, NK * DK, DK}, T, NK, DK, 1e-6f, 1.0f};
-    hpd_l2norm(cpu, &l2);
-    float *S0 = rnd(2 * ns, 35, 0.05f), *Sc = malloc(2 * ns * sizeof(float));
-    float *ocpu = malloc(nvv * sizeof(float));
-    memcpy(Sc, S0, 2 * ns * sizeof(float));
-    float *dq = up(q, nq), *dk_ = up(k, nq), *dvv = up(v, nvv), *dg = up(g, T * NV);
-    float *db = up(beta, T * NV), *dS = up(S0, 2 * ns), *dout = up(v, nvv);
-    float *sc[2] = {Sc, Sc + ns}, *sg[2] = {dS, dS + ns};
-    hpd_gdn_args_t ga = {{q, NK * DK, DK}, {k, NK * DK, DK}, {v, NV * DV, DV}, g, beta,
-                         {ocpu, NV * DV, DV}, NK, NV, DK, DV, sc, seqs, 2};
+    gdn_case_t c;
+    gdn_case_init(&c, T, NK, NV, DK, DV, 30, -0.02f, 0.2f, 0.1f, 0.8f, 0.05f);
+    const size_t nvv = c.nvv, ns = c.ns;
+    hpd_gdn_args_t ga = gdn_args(&c, false, seqs, 2);
     assert_int_equal(hpd_gdn_chunked(cpu, &ga), HPD_OK);
-    hpd_gdn_args_t gg = {{dq, NK * DK, DK}, {dk_, NK * DK, DK}, {dvv, NV * DV, DV}, dg, db,
-                         {dout, NV * DV, DV}, NK, NV, DK, DV, sg, seqs, 2};
+    hpd_gdn_args_t gg = gdn_args(&c, true, seqs, 2);
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
-    float *got = down(dout, nvv), *gS = down(dS, 2 * ns);
-    expect_close("gdn_chunked", got, ocpu, nvv, 1e-4);
-    expect_close("gdn_chunked S", gS, Sc, 2 * ns, 1e-4);
+    float *got = down(c.gout, nvv), *gS = down(c.gS, 2 * ns);
+    expect_close("gdn_chunked", got, c.ocpu, nvv, 1e-4);
+    expect_close("gdn_chunked S", gS, c.Sc, 2 * ns, 1e-4);
 
     /* sequence 1 (positions 0..99) alone, in one call and split at 64 */
     hpd_seq_t whole = {200, 100, 0}, a = {200, 64, 0}, b = {264, 36, 64};
-    float *one_S = up(S0 + ns, ns);
+    float *one_S = up(c.S0 + ns, ns);
     float *sone[1] = {one_S};
     gg.states = sone;
     gg.seqs = &whole;
     gg.n_seqs = 1;
-    assert_int_equal(hpd_backend_memset(gpu, dout, 0, nvv * sizeof(float)), HPD_OK);
+    assert_int_equal(hpd_backend_memset(gpu, c.gout, 0, nvv * sizeof(float)), HPD_OK);
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
-    float *alone = down(dout, nvv), *alone_S = down(one_S, ns);
+    float *alone = down(c.gout, nvv), *alone_S = down(one_S, ns);
     const size_t off = (size_t)200 * NV * DV, n1 = (size_t)100 * NV * DV;
     assert_memory_equal(alone + off, got + off, n1 * sizeof(float));
     assert_memory_equal(alone_S, gS + ns, ns * sizeof(float));
-    assert_int_equal(hpd_backend_from_host(gpu, one_S, S0 + ns, ns * sizeof(float)), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, one_S, c.S0 + ns, ns * sizeof(float)), HPD_OK);
     gg.seqs = &a;
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
     gg.seqs = &b;
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
-    float *split = down(dout, nvv), *split_S = down(one_S, ns);
+    float *split = down(c.gout, nvv), *split_S = down(one_S, ns);
     assert_memory_equal(split + off, got + off, n1 * sizeof(float));
     assert_memory_equal(split_S, gS + ns, ns * sizeof(float));
     fprintf(stderr, "gdn_chunked: alone, in a batch and resumed at 64 give the same bits\n");
     free(got), free(gS), free(alone), free(alone_S), free(split), free(split_S);
-    free(q), free(k), free(v), free(g), free(beta), free(S0), free(Sc), free(ocpu);
-    float *dev[] = {dq, dk_, dvv, dg, db, dS, dout, one_S};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        hpd_backend_free(gpu, dev[i]);
+    hpd_backend_free(gpu, one_S);
+    gdn_case_free(&c);
 }
 
 /* Greedy rows equal the CPU's argmax (ties to the lowest id); sampled rows
