@@ -2,9 +2,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "common/assert.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/util.h"
 

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "model/safetensors.h"

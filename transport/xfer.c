@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
-#include <xxhash.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/util.h"
 
