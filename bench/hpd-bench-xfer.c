@@ -2,15 +2,25 @@
  * one process to another through hpd_xfer (puts, flush, checksummed notice),
  * and, in the same run, `ucx_perftest -t ucp_put_bw` with the same UCX_TLS,
  * devices and message size. Prints both and their ratio; the last line is the
- * worst ratio over pages of 256 KiB and more. A second reference, a plain
- * one-thread memcpy of the same bytes in the same pages, shows the ceiling of
- * any path that copies distinct memory (ucx_perftest reuses one buffer).
+ * worst ratio over pages of 256 KiB and more.
+ *
+ * Per page size, best of --reps each, all in the same run:
+ *   hpd_xfer      N MiB of distinct pages into distinct pages, the default
+ *                 path (into memory the receiver allocated through UCX, a
+ *                 peer on this host with shared memory copies directly)
+ *   UCX puts      the same with every put through ucp_put_nbx (.ucx_puts)
+ *   1 page        N MiB as puts of one page into one page, again and again:
+ *                 ucx_perftest's access pattern, cache-resident
+ *   ucx_perftest  ucp_put_bw, one reused buffer
+ *   memcpy        one thread copying the same N MiB in the same pages: the
+ *                 ceiling of any path that copies distinct memory
  *
  *   hpd-bench-xfer [--tls tcp] [--dev lo] [--mib 256] [--sizes 65536,262144,1048576,4194304]
- *                  [--reps 3] [--perftest PATH] [--ucx-alloc]
+ *                  [--reps 3] [--perftest PATH] [--malloc]
  *
- * --ucx-alloc: the receiver's region is allocated through UCX
- * (hpd_xfer_alloc), as a shared-memory deployment would allocate its pools. */
+ * --malloc: the receiver's region is malloc'd memory registered with UCX
+ * (hpd_xfer_register) instead of UCX-allocated (hpd_xfer_alloc, as decode
+ * nodes on host memory allocate their pools). */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -63,7 +73,7 @@ static void rx_notice(void *arg, const hpd_xfer_notice_t *n)
 
 /* The receiver: one region, its info over the socket, then notices until
  * told how many to expect and all have come. */
-static int ucx_alloc;
+static int use_malloc;
 
 static int receiver(int fd, const char *tls, const char *dev, size_t bytes)
 {
@@ -78,10 +88,11 @@ static int receiver(int fd, const char *tls, const char *dev, size_t bytes)
 
     if (hpd_xfer_create(&xp, &ctx) != HPD_OK)
         return 1;
-    if (ucx_alloc ? hpd_xfer_alloc(ctx, bytes, &mem, &region) != HPD_OK
-                  : ((mem = calloc(1, bytes)) == NULL ||
-                     hpd_xfer_register(ctx, mem, bytes, &region) != HPD_OK))
+    if (!use_malloc ? hpd_xfer_alloc(ctx, bytes, &mem, &region) != HPD_OK
+                    : ((mem = calloc(1, bytes)) == NULL ||
+                       hpd_xfer_register(ctx, mem, bytes, &region) != HPD_OK))
         return 1;
+    memset(mem, 0, bytes);
     hpd_rpc_buf_init(&b);
     hpd_xfer_pack_info(ctx, &b);
     uint32_t n = (uint32_t)b.sb.size;
@@ -105,6 +116,43 @@ static void tx_done(void *arg, uint64_t id, hpd_status_t st)
 {
     ((tx_t *)arg)->done = true;
     ((tx_t *)arg)->st = st;
+}
+
+typedef struct {
+    bool ucx_puts;
+    hpd_xfer_ctx_t *ctx;
+    hpd_xfer_peer_t *peer;
+} sender_t;
+
+/* MiB/s of pushing `bytes` in puts of `size` as one transfer, best of reps:
+ * distinct pages into distinct pages, or (one_page) the first page into the
+ * first page again and again. -1 on a failure. */
+static double push(sender_t *t, struct event_base *base, const uint8_t *src, size_t bytes,
+                   size_t size, bool one_page, uint64_t reps, uint64_t *id)
+{
+    const size_t pages = bytes / size;
+    hpd_xfer_put_t *puts = malloc(pages * sizeof(*puts));
+    double best = 0;
+    if (puts == NULL)
+        return -1;
+    for (size_t i = 0; i < pages; i++)
+        puts[i] = (hpd_xfer_put_t){src + (one_page ? 0 : i * size), 0, one_page ? 0 : i * size,
+                                   size};
+    for (uint64_t r = 0; r < reps; r++, (*id)++) {
+        tx_t tx = {0};
+        const double t0 = hpd_time_now();
+        if (hpd_xfer_put(t->peer, *id, puts, (uint32_t)pages) != HPD_OK ||
+            hpd_xfer_finish(t->peer, *id, tx_done, &tx, false) != HPD_OK)
+            break;
+        while (!tx.done)
+            event_base_loop(base, EVLOOP_ONCE);
+        const double mibps = (double)(pages * size) / (1 << 20) / (hpd_time_now() - t0);
+        if (tx.st != HPD_OK)
+            break;
+        best = mibps > best ? mibps : best;
+    }
+    free(puts);
+    return best > 0 ? best : -1;
 }
 
 /* MiB/s of one thread copying `bytes` of distinct memory in pages of
@@ -161,7 +209,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"tls", 1, 0, 't'},  {"dev", 1, 0, 'd'},      {"mib", 1, 0, 'm'},
         {"sizes", 1, 0, 's'}, {"reps", 1, 0, 'r'}, {"perftest", 1, 0, 'p'},
-        {"ucx-alloc", 0, 0, 'u'}, {0, 0, 0, 0}};
+        {"malloc", 0, 0, 'u'}, {0, 0, 0, 0}};
     const char *tls = "tcp", *dev = "lo", *sizes_text = "65536,262144,1048576,4194304";
     const char *perftest_bin = "ucx_perftest";
     uint64_t mib = 256, reps = 3;
@@ -173,7 +221,7 @@ int main(int argc, char **argv)
         case 'd': dev = strcmp(optarg, "none") == 0 ? NULL : optarg; break;
         case 's': sizes_text = optarg; break;
         case 'p': perftest_bin = optarg; break;
-        case 'u': ucx_alloc = 1; break;
+        case 'u': use_malloc = 1; break;
         case 'm':
         case 'r':
             if (hpd_parse_u64(optarg, 1, 1u << 16, c == 'm' ? &mib : &reps) != 0)
@@ -203,56 +251,51 @@ int main(int argc, char **argv)
     }
     close(sv[1]);
 
+    /* two senders: the default path and UCX puts only */
     struct event_base *base = event_base_new();
-    hpd_xfer_params_t xp = {.base = base, .node_id = 1, .tls = tls, .net_devices = dev};
-    hpd_xfer_ctx_t *ctx;
-    hpd_xfer_peer_t *peer;
-    uint32_t n, region;
-    if (hpd_xfer_create(&xp, &ctx) != HPD_OK || recv_all(sv[0], &n, 4))
+    sender_t tx[2] = {{.ucx_puts = false}, {.ucx_puts = true}};
+    uint32_t n;
+    if (recv_all(sv[0], &n, 4))
         return 1;
     char *info = malloc(n);
     msgpack_zone z;
     msgpack_object o;
     size_t off = 0;
     msgpack_zone_init(&z, 1024);
-    if (recv_all(sv[0], info, n) || msgpack_unpack(info, n, &off, &z, &o) != MSGPACK_UNPACK_SUCCESS ||
-        hpd_xfer_connect(ctx, &o, &peer) != HPD_OK)
+    if (recv_all(sv[0], info, n) || msgpack_unpack(info, n, &off, &z, &o) != MSGPACK_UNPACK_SUCCESS)
         return 1;
     uint8_t *src = malloc(bytes);
     for (size_t i = 0; i < bytes; i++)
         src[i] = (uint8_t)(i * 2654435761u >> 24);
-    if (hpd_xfer_register(ctx, src, bytes, &region) != HPD_OK)
-        return 1;
-    uint64_t total = (uint64_t)n_sizes * reps;
+    for (int k = 0; k < 2; k++) {
+        hpd_xfer_params_t xp = {.base = base, .node_id = 1 + (uint64_t)k, .tls = tls,
+                                .net_devices = dev, .ucx_puts = tx[k].ucx_puts};
+        uint32_t region;
+        if (hpd_xfer_create(&xp, &tx[k].ctx) != HPD_OK ||
+            hpd_xfer_connect(tx[k].ctx, &o, &tx[k].peer) != HPD_OK ||
+            hpd_xfer_register(tx[k].ctx, src, bytes, &region) != HPD_OK)
+            return 1;
+    }
+    uint64_t total = (uint64_t)n_sizes * reps * 3;
     if (send_all(sv[0], &total, 8))
         return 1;
 
-    double ours[64];
+    double ours[64], via_ucx[64], one_page[64];
     uint64_t id = 1;
     for (size_t s = 0; s < n_sizes; s++) {
-        const size_t size = (size_t)sizes[s], pages = bytes / size;
-        ours[s] = 0;
-        for (uint64_t r = 0; r < reps; r++, id++) {
-            tx_t tx = {0};
-            hpd_xfer_put_t *puts = malloc(pages * sizeof(*puts));
-            for (size_t i = 0; i < pages; i++)
-                puts[i] = (hpd_xfer_put_t){src + i * size, 0, i * size, size};
-            const double t0 = hpd_time_now();
-            if (hpd_xfer_put(peer, id, puts, (uint32_t)pages) != HPD_OK ||
-                hpd_xfer_finish(peer, id, tx_done, &tx, false) != HPD_OK)
-                return 1;
-            while (!tx.done)
-                event_base_loop(base, EVLOOP_ONCE);
-            const double mibps = (double)(pages * size) / (1 << 20) / (hpd_time_now() - t0);
-            free(puts);
-            if (tx.st != HPD_OK)
-                return 1;
-            ours[s] = mibps > ours[s] ? mibps : ours[s];
-        }
+        const size_t size = (size_t)sizes[s];
+        ours[s] = push(&tx[0], base, src, bytes, size, false, reps, &id);
+        via_ucx[s] = push(&tx[1], base, src, bytes, size, false, reps, &id);
+        one_page[s] = push(&tx[0], base, src, bytes, size, true, reps, &id);
+        if (ours[s] < 0 || via_ucx[s] < 0 || one_page[s] < 0)
+            return 1;
     }
+    hpd_xfer_stats_t st;
+    hpd_xfer_stats(tx[0].ctx, &st);
     int status;
     waitpid(pid, &status, 0);
-    hpd_xfer_destroy(ctx);
+    for (int k = 0; k < 2; k++)
+        hpd_xfer_destroy(tx[k].ctx);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "hpd-bench-xfer: the receiver failed (checksums?)\n");
         return 1;
@@ -261,9 +304,14 @@ int main(int argc, char **argv)
     printf("UCX_TLS=%s%s%s, %llu MiB per run, best of %llu, receiver memory %s; receiver "
            "verified every checksum\n",
            tls, dev ? " UCX_NET_DEVICES=" : "", dev ? dev : "", (unsigned long long)mib,
-           (unsigned long long)reps, ucx_alloc ? "allocated by UCX" : "malloc");
-    printf("%10s %14s %18s %8s %16s %8s\n", "page", "hpd_xfer MiB/s", "ucx_perftest MiB/s",
-           "ratio", "memcpy MiB/s", "ratio");
+           (unsigned long long)reps, use_malloc ? "malloc" : "allocated by UCX");
+    printf("hpd_xfer: %.0f%% of its bytes copied into the receiver's memory mapped here, the "
+           "rest put through UCX\n",
+           st.bytes_put ? 100.0 * (double)st.bytes_mapped / (double)st.bytes_put : 0.0);
+    printf("%8s %9s %9s %9s %12s %6s %6s %9s %6s\n", "page", "hpd_xfer", "UCX puts", "1 page",
+           "ucx_perftest", "ratio", "1 page", "memcpy", "ratio");
+    printf("%8s %9s %9s %9s %12s %6s %6s %9s %6s\n", "bytes", "MiB/s", "MiB/s", "MiB/s", "MiB/s",
+           "", "ratio", "MiB/s", "");
     double worst = 1e30;
     for (size_t s = 0; s < n_sizes; s++) {
         const size_t size = (size_t)sizes[s];
@@ -274,7 +322,8 @@ int main(int argc, char **argv)
         }
         const double ratio = ref > 0 ? ours[s] / ref : 0;
         const double copy = memcpy_mibps(src, bytes, size, reps);
-        printf("%10zu %14.1f %18.1f %8.3f %16.1f %8.3f\n", size, ours[s], ref, ratio, copy,
+        printf("%8zu %9.1f %9.1f %9.1f %12.1f %6.3f %6.3f %9.1f %6.3f\n", size, ours[s],
+               via_ucx[s], one_page[s], ref, ratio, ref > 0 ? one_page[s] / ref : 0, copy,
                copy > 0 ? ours[s] / copy : 0);
         if (size >= 262144 && ratio < worst)
             worst = ratio;
@@ -283,5 +332,7 @@ int main(int argc, char **argv)
     free(sizes);
     free(src);
     free(info);
+    msgpack_zone_destroy(&z);
+    event_base_free(base);
     return 0;
 }

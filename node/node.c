@@ -643,9 +643,13 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     }
     if ((n->base = event_base_new()) == NULL || metrics_init(n) != HPD_OK)
         goto out;
-    hpd_xfer_params_t xp = {n->base, 0, n->o.ucx_tls, n->o.ucx_dev, false, on_notice,
-                            on_peer_error, n};
-    xp.node_id = (uint64_t)getpid(); /* replaced by the registered id below */
+    hpd_xfer_params_t xp = {.base = n->base,
+                            .node_id = (uint64_t)getpid(), /* the registered id, below */
+                            .tls = n->o.ucx_tls,
+                            .net_devices = n->o.ucx_dev,
+                            .on_notice = on_notice,
+                            .on_peer_error = on_peer_error,
+                            .arg = n};
     if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)
         goto out;
     if (role->init != NULL && (st = role->init(n)) != HPD_OK)

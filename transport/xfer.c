@@ -7,9 +7,13 @@
  * callback runs exactly once. */
 #include "transport/xfer.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "common/hash.h"
 #include "common/log.h"
@@ -68,6 +72,7 @@ typedef struct {
 typedef struct {
     uint64_t base, len;
     ucp_rkey_h rkey;
+    uint8_t *mapped; /* the region mapped into this process (ucp_rkey_ptr), or NULL */
 } remote_region_t;
 
 struct hpd_xfer_peer {
@@ -659,6 +664,21 @@ hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *c, hpd_rpc_buf_t *b)
     return HPD_OK;
 }
 
+/* A region the peer allocated through UCX in shared memory can be mapped
+ * here: puts into it become copies. UCX unpacks a shared-memory key only
+ * for a peer on this host. Without CUDA support in UCX only: there a key
+ * could stand for device memory. */
+static void map_region(const hpd_xfer_ctx_t *c, hpd_xfer_peer_t *p, uint32_t i)
+{
+    void *local;
+    if (c->p.ucx_puts || c->cuda ||
+        ucp_rkey_ptr(p->regions[i].rkey, p->regions[i].base, &local) != UCS_OK)
+        return;
+    p->regions[i].mapped = local;
+    HPD_LOG_DEBUG(LOG_COMPONENT, "node %llu's region %u (%llu bytes) is mapped here",
+                  (unsigned long long)p->node, i, (unsigned long long)p->regions[i].len);
+}
+
 hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
                               hpd_xfer_peer_t **peer_p)
 {
@@ -722,6 +742,7 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
         p->regions[i].base = r->via.array.ptr[0].via.u64;
         p->regions[i].len = r->via.array.ptr[1].via.u64;
         p->n_regions = i + 1;
+        map_region(c, p, i);
     }
     p->next = c->peers;
     c->peers = p;
@@ -797,6 +818,41 @@ static xfer_t *xfer_get(hpd_xfer_peer_t *p, uint64_t id, bool create)
     return x;
 }
 
+/* Copies into memory this process does not read back. On x86 the stores
+ * are non-temporal: they skip the read of each destination line that a
+ * cached store costs, and leave the cache to the source. */
+static void copy_out(uint8_t *dst, const uint8_t *src, size_t n)
+{
+#if defined(__x86_64__)
+    const size_t head = HPD_MIN(n, (16 - ((uintptr_t)dst & 15)) & 15);
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    for (; n >= 64; dst += 64, src += 64, n -= 64) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)src);
+        const __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        const __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* A put into a mapped region: copied and hashed 64 KiB at a time, so that
+ * the hash reads what the copy has just brought into the cache. */
+static void copy_and_hash(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *hash)
+{
+    enum { CHUNK = 64 << 10 };
+    for (size_t off = 0; off < n; off += CHUNK) {
+        const size_t len = HPD_MIN((size_t)CHUNK, n - off);
+        copy_out(dst + off, src + off, len);
+        XXH3_64bits_update(hash, src + off, len);
+    }
+}
+
 static ucp_mem_h local_memh(const hpd_xfer_ctx_t *c, const void *ptr, uint64_t bytes)
 {
     for (uint32_t i = 0; i < c->n_regions; i++) {
@@ -832,8 +888,15 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
             HPD_OK)
             return HPD_ERR_NO_MEMORY;
         x->dests[x->n_dests++] = (dest_t){u->region, 0, u->offset, u->bytes};
-        XXH3_64bits_update(x->hash, u->local, u->bytes);
         x->hdr.bytes += u->bytes;
+        c->st.puts++;
+        c->st.bytes_put += u->bytes;
+        if (p->regions[u->region].mapped != NULL) {
+            copy_and_hash(p->regions[u->region].mapped + u->offset, u->local, u->bytes, x->hash);
+            c->st.bytes_mapped += u->bytes;
+            continue;
+        }
+        XXH3_64bits_update(x->hash, u->local, u->bytes);
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                   UCP_OP_ATTR_FIELD_USER_DATA,
                                   .cb.send = on_put_done,
@@ -848,9 +911,10 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
                                   p->regions[u->region].rkey, &rp));
         if (st != HPD_OK)
             return st;
-        c->st.puts++;
-        c->st.bytes_put += u->bytes;
     }
+    /* the copies (non-temporal stores among them) are visible before
+     * anything this process sends later, the completion notice included */
+    atomic_thread_fence(memory_order_seq_cst);
     return HPD_OK;
 }
 

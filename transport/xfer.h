@@ -48,6 +48,10 @@ typedef struct {
      * when the transports are shared memory only: UCX 1.13 can block inside
      * ucp_worker_arm once a shared-memory peer died. */
     bool polling;
+    /* Every put goes through ucp_put_nbx, also into a peer's region that is
+     * mapped here (by default such a put is a copy; benchmarks and tests
+     * measure the other path with this). */
+    bool ucx_puts;
     /* receiver: a transfer into this node completed (or failed its checksum) */
     void (*on_notice)(void *arg, const hpd_xfer_notice_t *notice);
     /* either side: an endpoint failed; every transfer on it has failed */
@@ -76,8 +80,9 @@ const char *hpd_xfer_tls(const hpd_xfer_ctx_t *ctx);
 hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *ctx, void *base, size_t len, uint32_t *region_p);
 
 /* Allocates len bytes through UCX and maps them as a region: with shared
- * memory transports the peers can then map it too, and a put becomes a
- * memcpy. *base_p is freed by hpd_xfer_destroy. */
+ * memory transports (posix, sysv) a peer on this host maps it too, and its
+ * puts into it become copies (no UCX request; see hpd_xfer_stats_t
+ * bytes_mapped). *base_p is freed by hpd_xfer_destroy. */
 hpd_status_t hpd_xfer_alloc(hpd_xfer_ctx_t *ctx, size_t len, void **base_p, uint32_t *region_p);
 
 /* hpd_xfer_alloc, then pinned for a device backend (hpd_backend_host_register)
@@ -163,6 +168,7 @@ void hpd_xfer_progress(hpd_xfer_ctx_t *ctx);
 
 typedef struct {
     uint64_t puts, bytes_put;
+    uint64_t bytes_mapped; /* of bytes_put, copied into a peer's region mapped here */
     uint64_t transfers_finished, transfers_failed;
     uint64_t notices_ok, notices_bad;
     uint32_t inflight; /* UCX requests not yet completed (towards a dead

@@ -100,7 +100,9 @@ static void rx_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t st)
 
 enum { DST_PAGES = 64, SLOTS = 4, BIG = 64 << 20 };
 
-static bool mirrored; /* the receiver's pools sit behind a host mirror */
+static bool mirrored;  /* the receiver's pools sit behind a host mirror */
+static bool ucx_pools; /* the receiver's regions are allocated through UCX */
+static bool ucx_puts;  /* the sender puts through UCX even into mapped regions */
 
 static bool all_zero(const uint8_t *p, size_t n)
 {
@@ -121,8 +123,7 @@ static int receiver(int fd, const char *tls, const char *dev)
     uint32_t pool_region, slot_region, big_region;
     const uint64_t page_bytes = hpd_kv_layout_page_bytes(&dst_layout);
     const uint64_t slot_bytes = GDN_LAYERS * LAYER_BYTES;
-    uint8_t *pool = calloc(DST_PAGES, page_bytes), *slots = calloc(SLOTS, slot_bytes);
-    uint8_t *big = calloc(1, BIG);
+    uint8_t *pool, *slots, *big;
 
     /* the pools' backend: the CPU's, or the CPU's posing as a device */
     hpd_backend_t *cpu, posing;
@@ -134,10 +135,22 @@ static int receiver(int fd, const char *tls, const char *dev)
     dev_ops.name = "posing-device";
     dev_ops.host_memory = !mirrored;
     posing = (hpd_backend_t){&dev_ops, cpu->ctx};
-    if (hpd_xfer_create(&xp, &ctx) != HPD_OK ||
-        hpd_xfer_register_pool(ctx, &posing, pool, DST_PAGES * page_bytes, &pool_region) != HPD_OK ||
-        hpd_xfer_register_pool(ctx, &posing, slots, SLOTS * slot_bytes, &slot_region) != HPD_OK ||
-        hpd_xfer_register(ctx, big, BIG, &big_region) != HPD_OK)
+    if (hpd_xfer_create(&xp, &ctx) != HPD_OK)
+        return 1;
+    if (ucx_pools) {
+        if (hpd_xfer_alloc(ctx, DST_PAGES * page_bytes, (void **)&pool, &pool_region) != HPD_OK ||
+            hpd_xfer_alloc(ctx, SLOTS * slot_bytes, (void **)&slots, &slot_region) != HPD_OK ||
+            hpd_xfer_alloc(ctx, BIG, (void **)&big, &big_region) != HPD_OK)
+            return 1;
+        memset(pool, 0, DST_PAGES * page_bytes);
+        memset(slots, 0, SLOTS * slot_bytes);
+    } else if ((pool = calloc(DST_PAGES, page_bytes)) == NULL ||
+               (slots = calloc(SLOTS, slot_bytes)) == NULL || (big = calloc(1, BIG)) == NULL ||
+               hpd_xfer_register_pool(ctx, &posing, pool, DST_PAGES * page_bytes,
+                                      &pool_region) != HPD_OK ||
+               hpd_xfer_register_pool(ctx, &posing, slots, SLOTS * slot_bytes, &slot_region) !=
+                   HPD_OK ||
+               hpd_xfer_register(ctx, big, BIG, &big_region) != HPD_OK)
         return 1;
     /* the reservation: scrambled page ids per group, slot 2 */
     const uint32_t groups = hpd_kv_layout_n_groups(&dst_layout);
@@ -254,7 +267,8 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
     close(sv[1]);
 
     struct event_base *base = event_base_new();
-    hpd_xfer_params_t xp = {.base = base, .node_id = 1, .tls = tls, .net_devices = dev};
+    hpd_xfer_params_t xp = {.base = base, .node_id = 1, .tls = tls, .net_devices = dev,
+                            .ucx_puts = ucx_puts};
     hpd_xfer_ctx_t *ctx;
     hpd_xfer_peer_t *peer;
     msgpack_zone z;
@@ -383,6 +397,16 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
         while (!tx.done)
             event_base_loop(base, EVLOOP_ONCE);
         assert_int_equal(tx.status, HPD_OK);
+        /* UCX-allocated memory of a peer on this host is mapped here and
+         * written directly; anything else goes through UCX puts */
+        hpd_xfer_stats_t s;
+        hpd_xfer_stats(ctx, &s);
+        const bool shm = strcmp(tls, "tcp") != 0;
+        print_message("%s: %llu of %llu bytes copied into mapped memory\n", tls,
+                      (unsigned long long)s.bytes_mapped, (unsigned long long)s.bytes_put);
+        assert_true(s.bytes_put > 0);
+        assert_int_equal(s.bytes_mapped,
+                         shm && (ucx_pools || mirrored) && !ucx_puts ? s.bytes_put : 0);
     }
     int status = 0;
     /* let the receiver check what landed; keep progressing meanwhile */
@@ -431,6 +455,37 @@ static void test_mirror_corrupt(void **state)
     mirrored = false;
 }
 
+static void test_mapped_shm(void **state)
+{
+    ucx_pools = true;
+    run("sm,self", NULL, RUN_OK);
+    ucx_pools = false;
+}
+static void test_mapped_shm_ucx_puts(void **state)
+{
+    ucx_pools = ucx_puts = true;
+    run("sm,self", NULL, RUN_OK);
+    ucx_pools = ucx_puts = false;
+}
+static void test_mapped_tcp(void **state)
+{
+    ucx_pools = true;
+    run("tcp", "lo", RUN_OK);
+    ucx_pools = false;
+}
+static void test_mapped_corrupt(void **state)
+{
+    ucx_pools = true;
+    run("sm,self", NULL, RUN_CORRUPT);
+    ucx_pools = false;
+}
+static void test_mapped_kill_receiver(void **state)
+{
+    ucx_pools = true;
+    run("sm,self", NULL, RUN_KILL);
+    ucx_pools = false;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +497,11 @@ int main(void)
         cmocka_unit_test(test_mirror_tcp),
         cmocka_unit_test(test_mirror_shm),
         cmocka_unit_test(test_mirror_corrupt),
+        cmocka_unit_test(test_mapped_shm),
+        cmocka_unit_test(test_mapped_shm_ucx_puts),
+        cmocka_unit_test(test_mapped_tcp),
+        cmocka_unit_test(test_mapped_corrupt),
+        cmocka_unit_test(test_mapped_kill_receiver),
     };
     if (getenv("HPD_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("HPD_TEST_FILTER"));
