@@ -13,6 +13,7 @@ struct hpd_page_pool {
     uint32_t n_free;
     uint32_t *free_ids; /* stack of free page ids */
     uint32_t *refs;
+    bool owned; /* allocated from the backend, freed with the pool */
 };
 
 hpd_status_t hpd_page_pool_create(const hpd_page_pool_params_t *params,
@@ -39,9 +40,12 @@ hpd_status_t hpd_page_pool_create(const hpd_page_pool_params_t *params,
         st = HPD_ERR_NO_MEMORY;
         goto err;
     }
-    st = hpd_backend_alloc(params->backend,
-                           (size_t)params->n_pages * hpd_kv_layout_page_bytes(&params->layout),
-                           &pool->base);
+    pool->owned = params->memory == NULL;
+    st = pool->owned ? hpd_backend_alloc(params->backend,
+                                         (size_t)params->n_pages *
+                                             hpd_kv_layout_page_bytes(&params->layout),
+                                         &pool->base)
+                     : (pool->base = params->memory, HPD_OK);
     if (st != HPD_OK) {
         HPD_LOG_ERROR("page_pool", "allocation of %u pages of %llu bytes failed: %s",
                       params->n_pages,
@@ -66,7 +70,8 @@ void hpd_page_pool_destroy(hpd_page_pool_t *pool)
 {
     if (pool == NULL)
         return;
-    hpd_backend_free(pool->backend, pool->base);
+    if (pool->owned)
+        hpd_backend_free(pool->backend, pool->base);
     free(pool->free_ids);
     free(pool->refs);
     free(pool);

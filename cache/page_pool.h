@@ -14,9 +14,14 @@ typedef struct {
     hpd_backend_t *backend; /* owns the page memory; must outlive the pool */
     hpd_kv_layout_t layout; /* validated at create */
     uint32_t n_pages;
+    /* NULL: the pages are allocated from the backend. Else n_pages pages of
+     * memory the caller owns and frees after the pool (e.g. shared memory
+     * peers on this host map; hpd_engine_params_t.pool_alloc). */
+    void *memory;
 } hpd_page_pool_params_t;
 
-/* Allocates n_pages pages of the layout in backend memory. */
+/* Allocates n_pages pages of the layout in backend memory (or takes
+ * params->memory). */
 hpd_status_t hpd_page_pool_create(const hpd_page_pool_params_t *params,
                                   hpd_page_pool_t **pool_p);
 

@@ -390,7 +390,9 @@ hpd_status_t hpd_prefix_cache_create(const hpd_prefix_cache_params_t *params,
             c->staging_ids[g] = g;
     }
     if (params->state_bytes > 0 && params->n_checkpoints > 0) {
-        hpd_slot_pool_params_t sp = {params->backend, params->n_checkpoints, params->state_bytes};
+        hpd_slot_pool_params_t sp = {.backend = params->backend,
+                                     .n_slots = params->n_checkpoints,
+                                     .slot_bytes = params->state_bytes};
         if ((st = hpd_slot_pool_create(&sp, &c->ckpts)) != HPD_OK)
             goto err;
     }

@@ -13,6 +13,7 @@ struct hpd_slot_pool {
     uint32_t *free_ids;
     uint32_t *refs; /* [n_slots + 1]; refs[0] stays 0 */
     uint8_t *base;
+    bool owned; /* allocated from the backend, freed with the pool */
 };
 
 hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,
@@ -39,7 +40,10 @@ hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,
         st = HPD_ERR_NO_MEMORY;
         goto err;
     }
-    if ((st = hpd_backend_alloc(params->backend, total, (void **)&pool->base)) != HPD_OK) {
+    pool->owned = params->memory == NULL;
+    if (!pool->owned)
+        pool->base = params->memory;
+    else if ((st = hpd_backend_alloc(params->backend, total, (void **)&pool->base)) != HPD_OK) {
         HPD_LOG_ERROR("slot_pool", "allocation of %u slots of %llu bytes failed: %s",
                       params->n_slots, (unsigned long long)params->slot_bytes,
                       hpd_status_str(st));
@@ -47,7 +51,8 @@ hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,
     }
     /* PAD must read as zeros; other slots are zeroed when handed out */
     if ((st = hpd_backend_memset(params->backend, pool->base, 0, params->slot_bytes)) != HPD_OK) {
-        hpd_backend_free(params->backend, pool->base);
+        if (pool->owned)
+            hpd_backend_free(params->backend, pool->base);
         goto err;
     }
     for (uint32_t i = 0; i < params->n_slots; i++)
@@ -66,7 +71,8 @@ void hpd_slot_pool_destroy(hpd_slot_pool_t *pool)
 {
     if (pool == NULL)
         return;
-    hpd_backend_free(pool->backend, pool->base);
+    if (pool->owned)
+        hpd_backend_free(pool->backend, pool->base);
     free(pool->free_ids);
     free(pool->refs);
     free(pool);

@@ -15,6 +15,9 @@ typedef struct {
     hpd_backend_t *backend; /* owns the memory; must outlive the pool */
     uint32_t n_slots;       /* real slots, not counting PAD */
     uint64_t slot_bytes;
+    /* NULL: allocated from the backend. Else (n_slots + 1) * slot_bytes of
+     * memory the caller owns and frees after the pool. */
+    void *memory;
 } hpd_slot_pool_params_t;
 
 hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,

@@ -441,6 +441,7 @@ static void fini(hpd_node_t *n)
 
 static const hpd_node_role_t role = {
     .name = "decode",
+    .peers_write_pools = true,
     .methods = methods,
     .n_methods = sizeof(methods) / sizeof(methods[0]),
     .init = init,

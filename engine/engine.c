@@ -238,6 +238,19 @@ static hpd_status_t resolve_params(hpd_engine_params_t *p, const hpd_model_confi
     return HPD_OK;
 }
 
+/* A pool's memory from params.pool_alloc, or NULL: the backend's. */
+static hpd_status_t pool_memory(hpd_engine_t *e, size_t bytes, void **memory_p)
+{
+    *memory_p = NULL;
+    if (e->p.pool_alloc == NULL || !hpd_backend_host_memory(e->be))
+        return HPD_OK;
+    hpd_status_t st = e->p.pool_alloc(e->p.pool_alloc_arg, bytes, memory_p);
+    if (st != HPD_OK)
+        HPD_LOG_ERROR(LOG_COMPONENT, "allocating a pool of %zu bytes failed: %s", bytes,
+                      hpd_status_str(st));
+    return st;
+}
+
 hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t **engine_p)
 {
     hpd_engine_t *e = calloc(1, sizeof(*e));
@@ -252,15 +265,20 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
         goto err;
     e->gdn_layer_bytes = hpd_model_config_gdn_layer_bytes(e->cfg);
     if (e->cfg->n_full_layers > 0) {
-        hpd_page_pool_params_t pp = {e->be, e->p.kv_layout, e->p.n_pages};
-        if ((st = hpd_page_pool_create(&pp, &e->pages)) != HPD_OK)
+        hpd_page_pool_params_t pp = {.backend = e->be, .layout = e->p.kv_layout,
+                                     .n_pages = e->p.n_pages};
+        if ((st = pool_memory(e, (size_t)pp.n_pages * hpd_kv_layout_page_bytes(&pp.layout),
+                              &pp.memory)) != HPD_OK ||
+            (st = hpd_page_pool_create(&pp, &e->pages)) != HPD_OK)
             goto err;
         e->n_groups = hpd_kv_layout_n_groups(&e->p.kv_layout);
     }
     if (e->cfg->n_linear_layers > 0) {
-        hpd_slot_pool_params_t sp = {e->be, e->p.n_slots,
-                                     e->gdn_layer_bytes * e->cfg->n_linear_layers};
-        if ((st = hpd_slot_pool_create(&sp, &e->slots)) != HPD_OK)
+        hpd_slot_pool_params_t sp = {.backend = e->be, .n_slots = e->p.n_slots,
+                                     .slot_bytes = e->gdn_layer_bytes * e->cfg->n_linear_layers};
+        if ((st = pool_memory(e, (size_t)(sp.n_slots + 1) * sp.slot_bytes, &sp.memory)) !=
+                HPD_OK ||
+            (st = hpd_slot_pool_create(&sp, &e->slots)) != HPD_OK)
             goto err;
     }
     if (e->p.prefix_cache) {

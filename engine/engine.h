@@ -55,6 +55,11 @@ typedef struct {
     void *logits_cb_arg;
     hpd_engine_layer_cb_t layer_cb;
     void *layer_cb_arg;
+    /* When set and the backend's memory is host memory: allocates the page
+     * pool and the slot pool (e.g. through UCX, in shared memory that peers
+     * on this host map: decode nodes). The memory must outlive the engine. */
+    hpd_status_t (*pool_alloc)(void *arg, size_t bytes, void **memory_p);
+    void *pool_alloc_arg;
 } hpd_engine_params_t;
 
 /* Fills params with the defaults (model and backend left NULL). */

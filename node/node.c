@@ -267,8 +267,9 @@ static void pack_stats(hpd_node_t *n, msgpack_packer *pk, bool with_extra)
     hpd_proto_kv_u64(pk, "hit_tokens_host", cache ? cs.hit_tokens_host : 0);
     hpd_proto_kv_u64(pk, "entries", cache ? cs.device_entries + cs.host_entries : 0);
     hpd_proto_key(pk, "xfer");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 7);
     hpd_proto_kv_u64(pk, "bytes_put", xs.bytes_put);
+    hpd_proto_kv_u64(pk, "bytes_mapped", xs.bytes_mapped);
     hpd_proto_kv_u64(pk, "transfers_finished", xs.transfers_finished);
     hpd_proto_kv_u64(pk, "transfers_failed", xs.transfers_failed);
     hpd_proto_kv_u64(pk, "notices_ok", xs.notices_ok);
@@ -513,6 +514,9 @@ static hpd_status_t metrics_init(hpd_node_t *n)
                                      "KV pages held by the prefix cache.", NULL);
     m->xfer_bytes = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_bytes_total",
                                     "Bytes put to peers (KV pages and GDN state).", NULL);
+    m->xfer_bytes_mapped =
+        hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_bytes_mapped_total",
+                        "Of the bytes put, those copied into a peer's memory mapped here.", NULL);
     m->xfer_ok = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_transfers_total", xfers,
                                  "outcome=\"ok\"");
     m->xfer_failed = hpd_metrics_add(r, HPD_METRIC_COUNTER, "hpd_xfer_transfers_total", xfers,
@@ -555,6 +559,7 @@ static void metrics_collect(void *arg)
         hpd_metric_set(m->cache_pages, (double)cs.pages_held);
     }
     hpd_metric_set(m->xfer_bytes, (double)xs.bytes_put);
+    hpd_metric_set(m->xfer_bytes_mapped, (double)xs.bytes_mapped);
     hpd_metric_set(m->xfer_ok, (double)(xs.transfers_finished - xs.transfers_failed));
     hpd_metric_set(m->xfer_failed, (double)xs.transfers_failed);
     hpd_metric_set(m->notices_ok, (double)xs.notices_ok);
@@ -602,6 +607,15 @@ static void node_destroy(hpd_node_t *n)
         event_base_free(n->base);
 }
 
+/* The engine's pools, mapped as UCX regions (the role's init finds them
+ * registered already). */
+static hpd_status_t pool_alloc(void *arg, size_t bytes, void **memory_p)
+{
+    hpd_node_t *n = arg;
+    uint32_t region;
+    return hpd_xfer_alloc(n->xfer, bytes, memory_p, &region);
+}
+
 int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
 {
     static hpd_node_t node; /* one per process; reached from callbacks */
@@ -635,13 +649,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = 2;
         goto out;
     }
-    n->o.engine.model = n->model;
-    n->o.engine.backend = n->backend;
-    if ((st = hpd_engine_create(&n->o.engine, &n->engine)) != HPD_OK) {
-        n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
-        goto out;
-    }
-    if ((n->base = event_base_new()) == NULL || metrics_init(n) != HPD_OK)
+    if ((n->base = event_base_new()) == NULL)
         goto out;
     hpd_xfer_params_t xp = {.base = n->base,
                             .node_id = (uint64_t)getpid(), /* the registered id, below */
@@ -651,6 +659,18 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
                             .on_peer_error = on_peer_error,
                             .arg = n};
     if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)
+        goto out;
+    n->o.engine.model = n->model;
+    n->o.engine.backend = n->backend;
+    if (role->peers_write_pools) {
+        n->o.engine.pool_alloc = pool_alloc;
+        n->o.engine.pool_alloc_arg = n;
+    }
+    if ((st = hpd_engine_create(&n->o.engine, &n->engine)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
+        goto out;
+    }
+    if (metrics_init(n) != HPD_OK)
         goto out;
     if (role->init != NULL && (st = role->init(n)) != HPD_OK)
         goto out;

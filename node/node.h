@@ -42,6 +42,10 @@ typedef struct {
     const char *name; /* "prefill" or "decode" */
     const hpd_rpc_method_t *methods;
     size_t n_methods;
+    /* peers write the engine's pools: in host memory they are allocated
+     * through UCX (hpd_xfer_alloc), so that peers on this host with shared
+     * memory transports map them and copy instead of putting */
+    bool peers_write_pools;
     /* after the engine and the UCX context exist, before registration:
      * allocate the role's state and map its memory */
     hpd_status_t (*init)(hpd_node_t *node);
@@ -68,7 +72,8 @@ typedef struct {
     hpd_metric_t *pages_used, *pages_total, *slots_used, *slots_total;
     hpd_metric_t *steps, *prefill_tokens, *decode_tokens;
     hpd_metric_t *lookup_tokens, *hit_device, *hit_host, *cache_pages;
-    hpd_metric_t *xfer_bytes, *xfer_ok, *xfer_failed, *notices_ok, *notices_bad, *xfer_open;
+    hpd_metric_t *xfer_bytes, *xfer_bytes_mapped, *xfer_ok, *xfer_failed;
+    hpd_metric_t *notices_ok, *notices_bad, *xfer_open;
 } hpd_node_metrics_t;
 
 struct hpd_node {

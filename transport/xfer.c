@@ -548,6 +548,12 @@ hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *c, void *base, size_t len, uint32
     region_t *r;
     ucs_status_t us;
 
+    /* memory this context allocated (hpd_xfer_alloc) is a region already */
+    for (uint32_t i = 0; i < c->n_regions; i++)
+        if (c->regions[i].base == base && len <= c->regions[i].len) {
+            *region_p = i;
+            return HPD_OK;
+        }
     if (c->n_regions == HPD_XFER_MAX_REGIONS) {
         HPD_LOG_ERROR(LOG_COMPONENT, "more than %d registered regions", HPD_XFER_MAX_REGIONS);
         return HPD_ERR_NO_RESOURCE;

@@ -76,7 +76,8 @@ bool hpd_xfer_cuda_supported(const hpd_xfer_ctx_t *ctx);
 const char *hpd_xfer_tls(const hpd_xfer_ctx_t *ctx);
 
 /* Maps [base, base + len) once (a page pool, a slot pool, a staging buffer).
- * Region ids are 0, 1, ... in registration order. */
+ * Region ids are 0, 1, ... in registration order. Memory already mapped
+ * from base (hpd_xfer_alloc's, say) keeps its region id. */
 hpd_status_t hpd_xfer_register(hpd_xfer_ctx_t *ctx, void *base, size_t len, uint32_t *region_p);
 
 /* Allocates len bytes through UCX and maps them as a region: with shared

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,7 +62,8 @@ static void test_layout(void **state)
 
 static void test_page_pool(void **state)
 {
-    hpd_page_pool_params_t pp = {be, {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, 5};
+    hpd_page_pool_params_t pp = {
+        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, .n_pages = 5};
     hpd_page_pool_t *pool;
     uint32_t ids[6];
 
@@ -87,9 +89,41 @@ static void test_page_pool(void **state)
     assert_int_equal(hpd_page_pool_create(&pp, &pool), HPD_ERR_INVALID_ARG);
 }
 
+/* Pools over memory the caller owns (the decode node's UCX-allocated
+ * shared memory): used as given, left to the caller at destroy (ASan would
+ * report a double free). */
+static void test_pools_over_caller_memory(void **state)
+{
+    hpd_page_pool_params_t pp = {
+        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, .n_pages = 3};
+    const size_t page_bytes = hpd_kv_layout_page_bytes(&pp.layout);
+    uint8_t *pages = malloc(3 * page_bytes), *slots = malloc(3 * 64);
+    hpd_page_pool_t *pool;
+    hpd_slot_pool_t *spool;
+    uint32_t ids[3], slot;
+
+    pp.memory = pages;
+    assert_int_equal(hpd_page_pool_create(&pp, &pool), HPD_OK);
+    assert_ptr_equal(hpd_page_pool_base(pool), pages);
+    assert_int_equal(hpd_page_pool_alloc(pool, 3, ids), HPD_OK);
+    hpd_page_pool_destroy(pool);
+
+    memset(slots, 0xab, 3 * 64);
+    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64, .memory = slots};
+    assert_int_equal(hpd_slot_pool_create(&sp, &spool), HPD_OK);
+    assert_ptr_equal(hpd_slot_pool_ptr(spool, 0), slots);
+    const uint8_t zero[64] = {0};
+    assert_memory_equal(slots, zero, 64); /* PAD zeroed in the caller's memory */
+    assert_int_equal(hpd_slot_pool_alloc(spool, &slot), HPD_OK);
+    assert_memory_equal(hpd_slot_pool_ptr(spool, slot), zero, 64);
+    hpd_slot_pool_destroy(spool);
+    free(pages);
+    free(slots);
+}
+
 static void test_slot_pool(void **state)
 {
-    hpd_slot_pool_params_t sp = {be, 2, 64};
+    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
     hpd_slot_pool_t *pool;
     uint32_t a, b, c;
 
@@ -133,7 +167,8 @@ static bool aborts(void (*fn)(void))
 
 static void page_double_free(void)
 {
-    hpd_page_pool_params_t pp = {be, {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, 2};
+    hpd_page_pool_params_t pp = {
+        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
     hpd_page_pool_t *pool;
     uint32_t id;
     hpd_page_pool_create(&pp, &pool);
@@ -144,7 +179,8 @@ static void page_double_free(void)
 
 static void page_use_after_free(void)
 {
-    hpd_page_pool_params_t pp = {be, {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, 2};
+    hpd_page_pool_params_t pp = {
+        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
     hpd_page_pool_t *pool;
     uint32_t id;
     hpd_page_pool_create(&pp, &pool);
@@ -155,7 +191,7 @@ static void page_use_after_free(void)
 
 static void slot_double_free(void)
 {
-    hpd_slot_pool_params_t sp = {be, 2, 64};
+    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
     hpd_slot_pool_t *pool;
     uint32_t s;
     hpd_slot_pool_create(&sp, &pool);
@@ -166,7 +202,7 @@ static void slot_double_free(void)
 
 static void slot_use_after_free(void)
 {
-    hpd_slot_pool_params_t sp = {be, 2, 64};
+    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
     hpd_slot_pool_t *pool;
     uint32_t s;
     hpd_slot_pool_create(&sp, &pool);
@@ -198,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_page_pool),
         cmocka_unit_test(test_slot_pool),
+        cmocka_unit_test(test_pools_over_caller_memory),
         cmocka_unit_test(test_debug_catches_misuse),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -25,7 +25,7 @@ static void fixture_init(fixture_t *f, uint32_t B, uint32_t n_pages, uint32_t n_
     hpd_backend_params_t bp = {"cpu", 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &f->be), HPD_OK);
     f->layout = (hpd_kv_layout_t){B, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, HD};
-    hpd_page_pool_params_t pp = {f->be, f->layout, n_pages};
+    hpd_page_pool_params_t pp = {.backend = f->be, .layout = f->layout, .n_pages = n_pages};
     assert_int_equal(hpd_page_pool_create(&pp, &f->pool), HPD_OK);
     hpd_prefix_cache_params_t cp = {f->be, f->pool, STATE, n_ckpt, host_bytes, every, {salt}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &f->cache), HPD_OK);

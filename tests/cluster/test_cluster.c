@@ -34,6 +34,7 @@
 static char root[256], model[300], token_file[300], prompts_file[300];
 static char coord_addr[64];
 static const char *device = "cpu"; /* HPD_TEST_DEVICE */
+static const char *ucx_tls = "tcp"; /* HPD_TEST_UCX_TLS: the nodes' data plane */
 static uint16_t coord_port;
 static pid_t coord_pid;
 
@@ -78,7 +79,8 @@ static void start_node(node_proc_t *n)
                     "--name", (char *)n->name, "--kv-layout", (char *)n->layout,
                     "--threads", "1", "--max-batch", "16", "--max-context", "1024",
                     "--prefill-chunk", "128", "--reserve-timeout-ms", "30000",
-                    "--device", (char *)device, "--log-level", "warn", NULL};
+                    "--device", (char *)device, "--ucx-tls", (char *)ucx_tls,
+                    "--log-level", "warn", NULL};
     n->pid = spawn(argv, log);
 }
 
@@ -332,6 +334,28 @@ static void check_batch(const batch_t *b, int32_t ref[][MAX_TOKENS], const char 
     assert_int_equal(bad, 0);
 }
 
+/* Over shared memory, prefill nodes copy every byte into the decode nodes'
+ * pools mapped into them (UCX-allocated); over tcp, every byte is a UCX put. */
+static void check_data_path(void)
+{
+    hpd_client_t *c = connect_client();
+    hpd_rpc_result_t r;
+    uint64_t put = 0, mapped = 0;
+    assert_int_equal(hpd_client_status(c, &r), HPD_OK);
+    const msgpack_object *ns = get(&r.result, "nodes");
+    for (uint32_t i = 0; ns && i < ns->via.array.size; i++) {
+        const msgpack_object *xfer = get(get(&ns->via.array.ptr[i], "stats"), "xfer");
+        put += u(xfer, "bytes_put");
+        mapped += u(xfer, "bytes_mapped");
+    }
+    hpd_rpc_result_destroy(&r);
+    hpd_client_destroy(c);
+    print_message("UCX_TLS=%s: %llu of %llu bytes sent copied into mapped pools\n", ucx_tls,
+                  (unsigned long long)mapped, (unsigned long long)put);
+    assert_true(put > 0);
+    assert_true(mapped == (strcmp(ucx_tls, "tcp") == 0 ? 0 : put));
+}
+
 static const hpd_sampling_t greedy = {0, 1, 0, 0};
 static const hpd_sampling_t seeded = {0.8f, 0.9f, 40, 7};
 
@@ -350,6 +374,7 @@ static void test_bit_identical(void **state)
     check_batch(&b, ref_s, "seeded");
     print_message("seeded sampling: 64/64 identical to hpd-run\n");
     wait_idle(N_NODES);
+    check_data_path();
 }
 
 /* kill -9 of a prefill node and of a decode node while requests run */
@@ -573,6 +598,8 @@ int main(void)
         cmocka_unit_test(test_admission_and_cli),
     };
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("HPD_TEST_UCX_TLS") != NULL)
+        ucx_tls = getenv("HPD_TEST_UCX_TLS");
     if (getenv("HPD_TEST_DEVICE") != NULL && strcmp(getenv("HPD_TEST_DEVICE"), "cpu") != 0) {
         hpd_backend_params_t bp = {getenv("HPD_TEST_DEVICE"), 1};
         hpd_backend_t *b;
