@@ -431,59 +431,46 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
     close(sv[0]);
 }
 
-static void test_tcp(void **state) { run("tcp", "lo", RUN_OK); }
-static void test_shm(void **state) { run("sm,self", NULL, RUN_OK); }
-static void test_corrupt(void **state) { run("tcp", "lo", RUN_CORRUPT); }
-static void test_kill_receiver_tcp(void **state) { run("tcp", "lo", RUN_KILL); }
-static void test_kill_receiver_shm(void **state) { run("sm,self", NULL, RUN_KILL); }
-static void test_mirror_tcp(void **state)
+/* Every test sets all three knobs (an assertion leaves run() midway). */
+typedef enum { MEM_MALLOC, MEM_MIRROR, MEM_UCX } rx_mem_t;
+static void run_with(rx_mem_t mem, bool puts, const char *tls, const char *dev, mode_t_ mode)
 {
-    mirrored = true;
-    run("tcp", "lo", RUN_OK);
-    mirrored = false;
-}
-static void test_mirror_shm(void **state)
-{
-    mirrored = true;
-    run("sm,self", NULL, RUN_OK);
-    mirrored = false;
-}
-static void test_mirror_corrupt(void **state)
-{
-    mirrored = true;
-    run("tcp", "lo", RUN_CORRUPT);
-    mirrored = false;
+    mirrored = mem == MEM_MIRROR;
+    ucx_pools = mem == MEM_UCX;
+    ucx_puts = puts;
+    run(tls, dev, mode);
 }
 
-static void test_mapped_shm(void **state)
+static void test_tcp(void **state) { run_with(MEM_MALLOC, false, "tcp", "lo", RUN_OK); }
+static void test_shm(void **state) { run_with(MEM_MALLOC, false, "sm,self", NULL, RUN_OK); }
+static void test_corrupt(void **state) { run_with(MEM_MALLOC, false, "tcp", "lo", RUN_CORRUPT); }
+static void test_kill_receiver_tcp(void **state)
 {
-    ucx_pools = true;
-    run("sm,self", NULL, RUN_OK);
-    ucx_pools = false;
+    run_with(MEM_MALLOC, false, "tcp", "lo", RUN_KILL);
 }
+static void test_kill_receiver_shm(void **state)
+{
+    run_with(MEM_MALLOC, false, "sm,self", NULL, RUN_KILL);
+}
+static void test_mirror_tcp(void **state) { run_with(MEM_MIRROR, false, "tcp", "lo", RUN_OK); }
+static void test_mirror_shm(void **state) { run_with(MEM_MIRROR, false, "sm,self", NULL, RUN_OK); }
+static void test_mirror_corrupt(void **state)
+{
+    run_with(MEM_MIRROR, false, "tcp", "lo", RUN_CORRUPT);
+}
+static void test_mapped_shm(void **state) { run_with(MEM_UCX, false, "sm,self", NULL, RUN_OK); }
 static void test_mapped_shm_ucx_puts(void **state)
 {
-    ucx_pools = ucx_puts = true;
-    run("sm,self", NULL, RUN_OK);
-    ucx_pools = ucx_puts = false;
+    run_with(MEM_UCX, true, "sm,self", NULL, RUN_OK);
 }
-static void test_mapped_tcp(void **state)
-{
-    ucx_pools = true;
-    run("tcp", "lo", RUN_OK);
-    ucx_pools = false;
-}
+static void test_mapped_tcp(void **state) { run_with(MEM_UCX, false, "tcp", "lo", RUN_OK); }
 static void test_mapped_corrupt(void **state)
 {
-    ucx_pools = true;
-    run("sm,self", NULL, RUN_CORRUPT);
-    ucx_pools = false;
+    run_with(MEM_UCX, false, "sm,self", NULL, RUN_CORRUPT);
 }
 static void test_mapped_kill_receiver(void **state)
 {
-    ucx_pools = true;
-    run("sm,self", NULL, RUN_KILL);
-    ucx_pools = false;
+    run_with(MEM_UCX, false, "sm,self", NULL, RUN_KILL);
 }
 
 int main(void)
