@@ -41,12 +41,12 @@ hpd_status_t hpd_page_pool_create(const hpd_page_pool_params_t *params,
         goto err;
     }
     pool->owned = params->memory == NULL;
-    st = pool->owned ? hpd_backend_alloc(params->backend,
-                                         (size_t)params->n_pages *
-                                             hpd_kv_layout_page_bytes(&params->layout),
-                                         &pool->base)
-                     : (pool->base = params->memory, HPD_OK);
-    if (st != HPD_OK) {
+    if (!pool->owned)
+        pool->base = params->memory;
+    else if ((st = hpd_backend_alloc(params->backend,
+                                     (size_t)params->n_pages *
+                                         hpd_kv_layout_page_bytes(&params->layout),
+                                     &pool->base)) != HPD_OK) {
         HPD_LOG_ERROR("page_pool", "allocation of %u pages of %llu bytes failed: %s",
                       params->n_pages,
                       (unsigned long long)hpd_kv_layout_page_bytes(&params->layout),

@@ -895,10 +895,10 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
             return HPD_ERR_NO_MEMORY;
         x->dests[x->n_dests++] = (dest_t){u->region, 0, u->offset, u->bytes};
         x->hdr.bytes += u->bytes;
-        c->st.puts++;
-        c->st.bytes_put += u->bytes;
         if (p->regions[u->region].mapped != NULL) {
             copy_and_hash(p->regions[u->region].mapped + u->offset, u->local, u->bytes, x->hash);
+            c->st.puts++;
+            c->st.bytes_put += u->bytes;
             c->st.bytes_mapped += u->bytes;
             continue;
         }
@@ -917,6 +917,8 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
                                   p->regions[u->region].rkey, &rp));
         if (st != HPD_OK)
             return st;
+        c->st.puts++;
+        c->st.bytes_put += u->bytes;
     }
     /* the copies (non-temporal stores among them) are visible before
      * anything this process sends later, the completion notice included */
