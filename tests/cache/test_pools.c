@@ -165,49 +165,53 @@ static bool aborts(void (*fn)(void))
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
 }
 
-static void page_double_free(void)
+/* A pool of two with one page (slot) taken and given back: its id. */
+static uint32_t freed_page(hpd_page_pool_t **pool)
 {
     hpd_page_pool_params_t pp = {
         .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
-    hpd_page_pool_t *pool;
     uint32_t id;
-    hpd_page_pool_create(&pp, &pool);
-    hpd_page_pool_alloc(pool, 1, &id);
-    hpd_page_pool_unref(pool, id);
+    hpd_page_pool_create(&pp, pool);
+    hpd_page_pool_alloc(*pool, 1, &id);
+    hpd_page_pool_unref(*pool, id);
+    return id;
+}
+
+static uint32_t freed_slot(hpd_slot_pool_t **pool)
+{
+    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
+    uint32_t s;
+    hpd_slot_pool_create(&sp, pool);
+    hpd_slot_pool_alloc(*pool, &s);
+    hpd_slot_pool_unref(*pool, s);
+    return s;
+}
+
+static void page_double_free(void)
+{
+    hpd_page_pool_t *pool;
+    const uint32_t id = freed_page(&pool);
     hpd_page_pool_unref(pool, id);
 }
 
 static void page_use_after_free(void)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
     hpd_page_pool_t *pool;
-    uint32_t id;
-    hpd_page_pool_create(&pp, &pool);
-    hpd_page_pool_alloc(pool, 1, &id);
-    hpd_page_pool_unref(pool, id);
+    const uint32_t id = freed_page(&pool);
     hpd_page_pool_ref(pool, id);
 }
 
 static void slot_double_free(void)
 {
-    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
     hpd_slot_pool_t *pool;
-    uint32_t s;
-    hpd_slot_pool_create(&sp, &pool);
-    hpd_slot_pool_alloc(pool, &s);
-    hpd_slot_pool_unref(pool, s);
+    const uint32_t s = freed_slot(&pool);
     hpd_slot_pool_unref(pool, s);
 }
 
 static void slot_use_after_free(void)
 {
-    hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 2, .slot_bytes = 64};
     hpd_slot_pool_t *pool;
-    uint32_t s;
-    hpd_slot_pool_create(&sp, &pool);
-    hpd_slot_pool_alloc(pool, &s);
-    hpd_slot_pool_unref(pool, s);
+    const uint32_t s = freed_slot(&pool);
     hpd_slot_pool_ref(pool, s);
 }
 

@@ -8,35 +8,14 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
-#include "tests/test_helpers.h"
-
-#define SMALL "--hidden 128 --layers 6 --full-interval 3 --intermediate 256 --vocab 512 " \
-              "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "    \
-              "--lin-k-dim 32 --lin-v-dim 48 --seed 11"
-
-static char root[256];
-static hpd_model_t *model;
-static hpd_backend_t *be;
+#include "tests/engine/fixture.h"
 
 static int setup(void **state)
 {
-    char dir[512];
-    hpd_backend_params_t bp = {"cpu", 2};
-    test_tmpdir(root, sizeof(root), "engine");
-    snprintf(dir, sizeof(dir), "%s/next", root);
-    if (test_mkmodel(dir, SMALL " --arch qwen3_next") != 0 ||
-        hpd_model_load(dir, &model) != HPD_OK)
-        return -1;
-    return hpd_backend_cpu_create(&bp, &be) == HPD_OK ? 0 : -1;
+    return engine_fixture_setup("engine", ENGINE_TEST_SMALL " --arch qwen3_next");
 }
 
-static int teardown(void **state)
-{
-    hpd_model_destroy(model);
-    hpd_backend_destroy(be);
-    test_rmtree(root);
-    return 0;
-}
+static int teardown(void **state) { return engine_fixture_teardown(); }
 
 static void prompt_of(int32_t *p, uint32_t n, uint64_t seed)
 {
@@ -152,19 +131,20 @@ static void run_alone(const hpd_model_t *m, hpd_engine_params_t *ep, size_t i, i
     hpd_engine_destroy(e);
 }
 
-static void run_batch(hpd_engine_params_t *ep, int32_t out[][32])
+/* Submits every request of reqs[] (prompt i seeded 100 + i). */
+static void submit_reqs(hpd_engine_t *e, uint64_t ids[N_REQS])
 {
     int32_t prompt[256];
-    uint64_t ids[N_REQS];
-    hpd_engine_t *e = engine_with(ep, model);
-    uint32_t pages_used, slots_used;
-
     for (size_t i = 0; i < N_REQS; i++) {
         prompt_of(prompt, reqs[i].len, 100 + i);
         hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
         assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
     }
-    assert_int_equal(hpd_engine_run(e), HPD_OK);
+}
+
+/* The tokens of every request of reqs[], each finished. */
+static void collect_reqs(hpd_engine_t *e, const uint64_t ids[N_REQS], int32_t out[][32])
+{
     for (size_t i = 0; i < N_REQS; i++) {
         const int32_t *toks;
         uint32_t n;
@@ -173,6 +153,17 @@ static void run_batch(hpd_engine_params_t *ep, int32_t out[][32])
         assert_int_equal(st, HPD_REQ_FINISHED);
         memcpy(out[i], toks, n * sizeof(int32_t));
     }
+}
+
+static void run_batch(hpd_engine_params_t *ep, int32_t out[][32])
+{
+    uint64_t ids[N_REQS];
+    hpd_engine_t *e = engine_with(ep, model);
+    uint32_t pages_used, slots_used;
+
+    submit_reqs(e, ids);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    collect_reqs(e, ids, out);
     hpd_engine_usage(e, &pages_used, NULL, &slots_used, NULL);
     /* nothing leaked: every page reference is the prefix cache's */
     assert_int_equal(hpd_engine_audit(e), 0);
@@ -241,7 +232,7 @@ static void test_layouts_and_namings(void **state)
         char dir[512], args[1024];
         hpd_model_t *other;
         snprintf(dir, sizeof(dir), "%s/%s", root, archs[a]);
-        snprintf(args, sizeof(args), SMALL " --arch %s", archs[a]);
+        snprintf(args, sizeof(args), ENGINE_TEST_SMALL " --arch %s", archs[a]);
         assert_int_equal(test_mkmodel(dir, args), 0);
         assert_int_equal(hpd_model_load(dir, &other), HPD_OK);
         hpd_engine_params_init(&ep);
@@ -301,11 +292,7 @@ static void test_pool_pressure_and_cancel(void **state)
     ep.n_pages = 2 * 14; /* 2 groups x 14 blocks: the longest request (208 tokens) alone */
     ep.n_slots = 2;
     hpd_engine_t *e = engine_with(&ep, model);
-    for (size_t i = 0; i < N_REQS; i++) {
-        prompt_of(prompt, reqs[i].len, 100 + i);
-        hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
-        assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
-    }
+    submit_reqs(e, ids);
     prompt_of(prompt, 250, 5);
     hpd_request_params_t huge = {prompt, 250, 10, {0, 1, 0, 0}, NULL, 0};
     assert_int_equal(hpd_engine_submit(e, &huge, &big), HPD_OK);
@@ -314,13 +301,8 @@ static void test_pool_pressure_and_cancel(void **state)
     assert_int_equal(hpd_engine_step(e, NULL), HPD_OK);
     assert_int_equal(hpd_engine_cancel(e, victim), HPD_OK);
     assert_int_equal(hpd_engine_run(e), HPD_OK);
+    collect_reqs(e, ids, got);
     for (size_t i = 0; i < N_REQS; i++) {
-        const int32_t *toks;
-        uint32_t n;
-        hpd_request_state_t st;
-        hpd_engine_result(e, ids[i], &toks, &n, &st);
-        assert_int_equal(st, HPD_REQ_FINISHED);
-        memcpy(got[i], toks, n * sizeof(int32_t));
         assert_memory_equal(ref[i], got[i], reqs[i].max_tokens * sizeof(int32_t));
         hpd_engine_release(e, ids[i]);
     }

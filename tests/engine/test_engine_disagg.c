@@ -11,35 +11,14 @@
 
 #include "common/util.h"
 #include "engine/engine.h"
-#include "tests/test_helpers.h"
-
-#define SMALL "--hidden 128 --layers 6 --full-interval 3 --intermediate 256 --vocab 512 " \
-              "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "    \
-              "--lin-k-dim 32 --lin-v-dim 48 --seed 11"
-
-static char root[256];
-static hpd_model_t *model;
-static hpd_backend_t *be;
+#include "tests/engine/fixture.h"
 
 static int setup(void **state)
 {
-    char dir[512];
-    hpd_backend_params_t bp = {"cpu", 2};
-    test_tmpdir(root, sizeof(root), "disagg");
-    snprintf(dir, sizeof(dir), "%s/next", root);
-    if (test_mkmodel(dir, SMALL " --arch qwen3_next") != 0 ||
-        hpd_model_load(dir, &model) != HPD_OK)
-        return -1;
-    return hpd_backend_cpu_create(&bp, &be) == HPD_OK ? 0 : -1;
+    return engine_fixture_setup("disagg", ENGINE_TEST_SMALL " --arch qwen3_next");
 }
 
-static int teardown(void **state)
-{
-    hpd_model_destroy(model);
-    hpd_backend_destroy(be);
-    test_rmtree(root);
-    return 0;
-}
+static int teardown(void **state) { return engine_fixture_teardown(); }
 
 typedef struct {
     uint32_t len, max_tokens, n_replay;

@@ -8,15 +8,11 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
-#include "tests/test_helpers.h"
+#include "tests/engine/fixture.h"
 
 #define MODEL "--hidden 128 --layers 9 --full-interval 3 --intermediate 256 --vocab 512 " \
               "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "    \
               "--lin-k-dim 32 --lin-v-dim 32 --seed 21"
-
-static char root[256];
-static hpd_model_t *model;
-static hpd_backend_t *be;
 
 /* system prompt `sys` cut at `shared` tokens, then a user turn of stream `user` */
 typedef struct {
@@ -54,22 +50,10 @@ static void prompt_of(const req_t *r, int32_t *p)
 
 static int setup(void **state)
 {
-    char dir[512];
-    hpd_backend_params_t bp = {"cpu", 2};
-    test_tmpdir(root, sizeof(root), "prefix");
-    snprintf(dir, sizeof(dir), "%s/m", root);
-    if (test_mkmodel(dir, MODEL) != 0 || hpd_model_load(dir, &model) != HPD_OK)
-        return -1;
-    return hpd_backend_cpu_create(&bp, &be) == HPD_OK ? 0 : -1;
+    return engine_fixture_setup("prefix", MODEL);
 }
 
-static int teardown(void **state)
-{
-    hpd_model_destroy(model);
-    hpd_backend_destroy(be);
-    test_rmtree(root);
-    return 0;
-}
+static int teardown(void **state) { return engine_fixture_teardown(); }
 
 static void base_params(hpd_engine_params_t *ep)
 {
