@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,16 +35,47 @@ static inline void test_fill(float *x, size_t n, uint64_t seed, float scale)
         x[i] = scale * test_gauss(seed, i);
 }
 
-/* sqrt(sum (a-b)^2 / sum b^2) */
+/* sqrt(sum (a-b)^2 / sum b^2); +inf when any element of either is NaN or
+ * infinite, so that `test_rel_rms(...) < tol` fails on them. */
 static inline double test_rel_rms(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
         num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
         den += (double)b[i] * b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+/* Whether got is finite and within tol of want. cmocka 1.1's
+ * assert_float_equal passes when either side is NaN; every float comparison
+ * in the tests goes through this instead. */
+static inline bool test_close(double got, double want, double tol)
+{
+    return isfinite(got) && isfinite(want) && fabs(got - want) <= tol;
+}
+
+/* Fails the test (naming both expressions and values) unless got is finite
+ * and within tol of want. Needs cmocka.h included first. */
+#define assert_close(got, want, tol)                                                          \
+    do {                                                                                      \
+        const double got_ = (got), want_ = (want), tol_ = (tol);                              \
+        if (!test_close(got_, want_, tol_))                                                   \
+            fail_msg("%s = %.9g, expected %s = %.9g within %.3g", #got, got_, #want, want_,   \
+                     tol_);                                                                   \
+    } while (0)
+
+/* Fails unless the relative RMS error of a against b is below tol (and
+ * every element is finite). */
+#define assert_rel_rms_below(a, b, n, tol)                                                    \
+    do {                                                                                      \
+        const double err_ = test_rel_rms((a), (b), (n)), tol_ = (tol);                        \
+        if (!(err_ < tol_))                                                                   \
+            fail_msg("relative RMS of %s against %s is %.3g, expected below %.3g", #a, #b,    \
+                     err_, tol_);                                                             \
+    } while (0)
 
 /* A fresh temporary directory (created). */
 static inline void test_tmpdir(char *out, size_t len, const char *tag)

@@ -9,6 +9,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "common/util.h"
+#include "tests/test_helpers.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -55,9 +56,9 @@ static void test_dtypes(void **state)
     uint16_t h;
     for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
         h = hpd_f32_to_bf16(vals[i]);
-        assert_float_equal(hpd_bf16_to_f32(h), vals[i], fabsf(vals[i]) / 128 + 1e-30);
+        assert_close(hpd_bf16_to_f32(h), vals[i], fabsf(vals[i]) / 128 + 1e-30);
         h = hpd_f32_to_f16(vals[i]);
-        assert_float_equal(hpd_f16_to_f32(h), vals[i], fabsf(vals[i]) / 1024 + 1e-7);
+        assert_close(hpd_f16_to_f32(h), vals[i], fabsf(vals[i]) / 1024 + 1e-7);
     }
     /* f16: every one of the 65536 bit patterns converts exactly to f32 and back */
     for (uint32_t i = 0; i < 65536; i++) {
@@ -91,7 +92,7 @@ static void test_rng(void **state)
         assert_true(u >= 0.0f && u < 1.0f);
         mean += u;
     }
-    assert_float_equal(mean / 10000, 0.5, 0.02);
+    assert_close(mean / 10000, 0.5, 0.02);
 }
 
 int main(void)

@@ -142,7 +142,7 @@ static void check_shape(uint32_t T, uint32_t nk, uint32_t nv, uint32_t dk, uint3
     assert_true(e_sc < 1e-5);
     assert_true(e_rr < 1e-5);
     assert_true(e_cref < 1e-5);
-    assert_true(test_rel_rms(st_r, st_ref_f, ss) < 1e-5);
+    assert_rel_rms_below(st_r, st_ref_f, ss, 1e-5);
 
     free(out_c), free(out_r), free(out_ref), free(st_c), free(st_r), free(st_ref), free(st_ref_f);
     free_inputs(&in);

@@ -38,13 +38,13 @@ static void test_matches_reference(void **state)
             }
         hpd_gemm_args_t a = {x, k, w, y, n, m, n, k, false};
         assert_int_equal(hpd_gemm(be, &a), HPD_OK);
-        assert_true(test_rel_rms(y, ref, (size_t)m * n) < 1e-6);
+        assert_rel_rms_below(y, ref, (size_t)m * n, 1e-6);
         /* accumulate adds onto y */
         a.accumulate = true;
         assert_int_equal(hpd_gemm(be, &a), HPD_OK);
         for (size_t i = 0; i < (size_t)m * n; i++)
             ref[i] *= 2;
-        assert_true(test_rel_rms(y, ref, (size_t)m * n) < 1e-6);
+        assert_rel_rms_below(y, ref, (size_t)m * n, 1e-6);
         free(x), free(w), free(y), free(ref);
     }
     hpd_backend_destroy(be);

@@ -39,7 +39,7 @@ static void test_rmsnorm(void **state)
         }
         hpd_rmsnorm_args_t a = {{x, NH * D, D}, {y, NH * D, D}, T, NH, D, w, 1e-6f, zc};
         assert_int_equal(hpd_rmsnorm(be, &a), HPD_OK);
-        assert_true(test_rel_rms(y, ref, T * NH * D) < 1e-6);
+        assert_rel_rms_below(y, ref, T * NH * D, 1e-6);
     }
 }
 
@@ -62,7 +62,7 @@ static void test_gated_rmsnorm_and_l2norm(void **state)
     hpd_gated_rmsnorm_args_t a = {{x, NH * D, D}, {z, NH * D, D}, {y, NH * D, D}, T, NH, D, w,
                                   1e-6f};
     assert_int_equal(hpd_gated_rmsnorm(be, &a), HPD_OK);
-    assert_true(test_rel_rms(y, ref, T * NH * D) < 1e-6);
+    assert_rel_rms_below(y, ref, T * NH * D, 1e-6);
 
     for (int r = 0; r < T * NH; r++) {
         double ss = 0;
@@ -73,7 +73,7 @@ static void test_gated_rmsnorm_and_l2norm(void **state)
     }
     hpd_l2norm_args_t l = {{x, NH * D, D}, T, NH, D, 1e-6f, 0.25f};
     assert_int_equal(hpd_l2norm(be, &l), HPD_OK);
-    assert_true(test_rel_rms(x, ref, T * NH * D) < 1e-6);
+    assert_rel_rms_below(x, ref, T * NH * D, 1e-6);
 }
 
 static void test_rope_partial_neox(void **state)
@@ -90,8 +90,8 @@ static void test_rope_partial_neox(void **state)
             const float *o = orig + (t * NH + h) * D, *r = x + (t * NH + h) * D;
             for (int i = 0; i < ROT / 2; i++) {
                 double f = pos[t] * pow(10000.0, -2.0 * i / ROT);
-                assert_float_equal(r[i], o[i] * cos(f) - o[i + ROT / 2] * sin(f), 2e-3);
-                assert_float_equal(r[i + ROT / 2], o[i + ROT / 2] * cos(f) + o[i] * sin(f), 2e-3);
+                assert_close(r[i], o[i] * cos(f) - o[i + ROT / 2] * sin(f), 2e-3);
+                assert_close(r[i + ROT / 2], o[i + ROT / 2] * cos(f) + o[i] * sin(f), 2e-3);
             }
             /* the dims past rot_dim pass through untouched */
             assert_memory_equal(r + ROT, o + ROT, (D - ROT) * sizeof(float));
@@ -129,7 +129,7 @@ static void test_conv1d_sequence_vs_steps(void **state)
                 double in = src >= 0 ? x[src * CH + c] : hist[c * (KC - 1) + (KC - 1 + src)];
                 acc += w[c * KC + j] * in;
             }
-            assert_float_equal(y_seq[t * CH + c], acc / (1 + exp(-acc)), 1e-5);
+            assert_close(y_seq[t * CH + c], acc / (1 + exp(-acc)), 1e-5);
         }
         for (int j = 0; j < KC - 1; j++) /* the state keeps the newest kc-1 inputs */
             assert_true(st_seq[c * (KC - 1) + j] == x[(T - (KC - 1) + j) * CH + c]);
@@ -148,9 +148,10 @@ static void test_gating_silu_sigmoid_embed(void **state)
     hpd_gdn_gating_args_t ga = {a, b, NV, NV, alog, dtb, g, beta, T, NV};
     assert_int_equal(hpd_gdn_gating(be, &ga), HPD_OK);
     for (int i = 0; i < T * NV; i++) {
-        double x = a[i] + dtb[i % NV], sp = x > 20 ? x : log1p(exp(x));
-        assert_float_equal(g[i], -exp(alog[i % NV]) * sp, 1e-4 * fabs(g[i]) + 1e-6);
-        assert_float_equal(beta[i], 1 / (1 + exp(-b[i])), 1e-6);
+        const double x = a[i] + dtb[i % NV], sp = x > 20 ? x : log1p(exp(x));
+        const double want = -exp(alog[i % NV]) * sp;
+        assert_close(g[i], want, 1e-4 * fabs(want) + 1e-6);
+        assert_close(beta[i], 1 / (1 + exp(-b[i])), 1e-6);
     }
 
     float gu[T * 2 * I], out[T * I];
@@ -160,7 +161,7 @@ static void test_gating_silu_sigmoid_embed(void **state)
     for (int t = 0; t < T; t++)
         for (int i = 0; i < I; i++) {
             double gg = gu[t * 2 * I + i];
-            assert_float_equal(out[t * I + i], gg / (1 + exp(-gg)) * gu[t * 2 * I + I + i], 1e-5);
+            assert_close(out[t * I + i], gg / (1 + exp(-gg)) * gu[t * 2 * I + I + i], 1e-5);
         }
 
     float x[T * 4], gate[T * 8], x0[T * 4];
@@ -172,7 +173,7 @@ static void test_gating_silu_sigmoid_embed(void **state)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < 2; h++)
             for (int d = 0; d < 2; d++)
-                assert_float_equal(x[t * 4 + h * 2 + d],
+                assert_close(x[t * 4 + h * 2 + d],
                                    x0[t * 4 + h * 2 + d] / (1 + exp(-gate[t * 8 + 2 + h * 4 + d])),
                                    1e-6);
 
