@@ -272,8 +272,12 @@ typedef struct {
     uint32_t n_threads;  /* CPU threads; 0: all cores */
 } hpd_backend_params_t;
 
-/* Creates the backend named by params->device. An unknown or unavailable
- * device is logged and answered HPD_ERR_UNSUPPORTED. */
+/* Creates the backend named by params->device ("cpu", "cuda[:N]",
+ * "cuda-fast[:N]"). Failures are logged: HPD_ERR_NO_DEVICE only when the
+ * machine has no GPU at all (no driver, or none visible) and a GPU device
+ * was named; HPD_ERR_INVALID_ARG for a misspelt device or a GPU index this
+ * machine lacks; HPD_ERR_UNSUPPORTED for cuda in a build without CUDA; any
+ * other status is a device error. */
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p);
 
 /* Destroys a backend. Accepts NULL. */
@@ -285,10 +289,16 @@ hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
 
 /* The CUDA backend (builds with the CUDA toolkit): device "cuda" or
  * "cuda:N" (deterministic, the default), "cuda-fast" or "cuda-fast:N" (GEMMs
- * through cuBLAS: faster, not batch-invariant). HPD_ERR_UNSUPPORTED when no
- * GPU is visible. */
+ * through cuBLAS: faster, not batch-invariant). HPD_ERR_NO_DEVICE when the
+ * machine has no GPU (see hpd_backend_cuda_count). */
 hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
                                      hpd_backend_t **backend_p);
+
+/* The number of GPUs the CUDA runtime sees (> 0). HPD_ERR_NO_DEVICE when there
+ * is none at all: no GPU visible, or no driver installed. Any other runtime
+ * error (a driver older than the runtime needs, a broken install) is logged
+ * with CUDA's message and answered HPD_ERR_INTERNAL: it is not an absence. */
+hpd_status_t hpd_backend_cuda_count(int *count_p);
 
 #define HPD_BACKEND_CALL(backend, op, ...)                                    \
     ((backend)->ops->op != NULL ? (backend)->ops->op((backend), __VA_ARGS__) \

@@ -33,12 +33,6 @@ struct hpd_nccl {
         }                                                                                    \
     } while (0)
 
-int hpd_nccl_device_count(void)
-{
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 hpd_status_t hpd_nccl_unique_id(uint8_t id[HPD_NCCL_ID_BYTES])
 {
     ncclUniqueId u;

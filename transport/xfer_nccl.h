@@ -20,9 +20,6 @@ typedef struct {
     uint8_t id[HPD_NCCL_ID_BYTES]; /* from hpd_nccl_unique_id on one rank, shared out of band */
 } hpd_nccl_params_t;
 
-/* Number of CUDA devices (0 when none or no driver). */
-int hpd_nccl_device_count(void);
-
 /* A fresh communicator id (ncclGetUniqueId), to share with the other ranks. */
 hpd_status_t hpd_nccl_unique_id(uint8_t id[HPD_NCCL_ID_BYTES]);
 

@@ -242,6 +242,27 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     /* .slot_copy */ hpd_cuda_slot_copy,
 };
 
+extern "C" hpd_status_t hpd_backend_cuda_count(int *count_p)
+{
+    int count = 0, driver = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    /* No GPU here at all: none visible, or no driver installed (the runtime
+     * then says "insufficient driver" and the driver version reads 0). A
+     * driver too old for the runtime, or any other error, is a real failure. */
+    if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0) ||
+        (err == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
+         driver == 0))
+        return HPD_ERR_NO_DEVICE;
+    if (err != cudaSuccess) {
+        cudaDriverGetVersion(&driver);
+        HPD_LOG_ERROR("cuda", "cudaGetDeviceCount failed: %s (driver version %d)",
+                      cudaGetErrorString(err), driver);
+        return HPD_ERR_INTERNAL;
+    }
+    *count_p = count;
+    return HPD_OK;
+}
+
 extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
                                                 hpd_backend_t **backend_p)
 {
@@ -263,9 +284,12 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         }
         id = (int)v;
     }
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        HPD_LOG_ERROR("cuda", "device '%s': no CUDA GPU is visible", dev);
-        return HPD_ERR_UNSUPPORTED;
+    const hpd_status_t st = hpd_backend_cuda_count(&count);
+    if (st != HPD_OK) {
+        HPD_LOG_ERROR("cuda", "device '%s': %s", dev,
+                      st == HPD_ERR_NO_DEVICE ? "this machine has no CUDA GPU"
+                                              : "the CUDA runtime cannot count the GPUs");
+        return st;
     }
     if (id >= count) {
         HPD_LOG_ERROR("cuda", "device '%s': this machine has %d GPU(s) (expected cuda:0 to "

@@ -15,6 +15,7 @@
 
 #include "common/rng.h"
 #include "engine/engine.h"
+#include "tests/test_device.h"
 #include "tests/test_helpers.h"
 
 #define SMALL "--hidden 256 --layers 8 --full-interval 2 --intermediate 512 --vocab 1024 " \
@@ -191,12 +192,7 @@ static void test_gpu_bit_identical(void **state)
 
 int main(void)
 {
-    hpd_backend_params_t gp = {getenv("HPD_TEST_DEVICE") ? getenv("HPD_TEST_DEVICE") : "cuda:0",
-                               0};
-    if (hpd_backend_create(&gp, &gpu) != HPD_OK) {
-        fprintf(stderr, "no GPU (%s): skipped\n", gp.device);
-        return 77;
-    }
+    gpu = test_open_device("cuda:0", 0, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_vs_cpu),
         cmocka_unit_test(test_gpu_bit_identical),

@@ -18,6 +18,7 @@
 #include <math.h>
 
 #include "kernels/backend.h"
+#include "tests/test_device.h"
 #include "tests/test_helpers.h"
 
 static hpd_backend_t *cpu, *gpu;
@@ -567,14 +568,10 @@ static void test_fast_gemm(void **state)
 
 int main(void)
 {
-    hpd_backend_params_t cp = {"cpu", 1};
-    hpd_backend_params_t gp = {getenv("HPD_TEST_DEVICE") ? getenv("HPD_TEST_DEVICE") : "cuda:0",
-                               0};
-    if (hpd_backend_create(&gp, &gpu) != HPD_OK) {
-        fprintf(stderr, "no GPU (%s): skipped\n", gp.device);
-        return 77;
-    }
-    hpd_backend_create(&cp, &cpu);
+    hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
+    gpu = test_open_device("cuda:0", 0, NULL);
+    if (hpd_backend_create(&cp, &cpu) != HPD_OK)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_norms_and_elementwise),

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "tests/test_device.h"
 #include "tests/test_helpers.h"
 #include "transport/xfer_nccl.h"
 
@@ -209,15 +210,25 @@ static void test_kv_pages(void **state)
 
 int main(void)
 {
-    /* count devices in a child: CUDA must not be initialised before fork */
+    /* count devices in a child: CUDA must not be initialised before fork.
+     * Fewer than 2 GPUs skips (unless HPD_REQUIRE_GPU=1); a runtime error
+     * fails. */
     pid_t pid = fork();
-    if (pid == 0)
-        _exit(hpd_nccl_device_count() >= 2 ? 0 : 77);
+    if (pid == 0) {
+        int n = 0;
+        const hpd_status_t st = hpd_backend_cuda_count(&n);
+        _exit(st == HPD_OK ? (n >= 2 ? 0 : 77) : st == HPD_ERR_NO_DEVICE ? 77 : 1);
+    }
     int status;
     waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        printf("test_xfer_nccl: fewer than 2 GPUs, skipped\n");
-        return 77;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) == 1) {
+        fprintf(stderr, "test_xfer_nccl: the CUDA runtime failed to count the GPUs\n");
+        return 1;
+    }
+    if (WEXITSTATUS(status) == 77) {
+        fprintf(stderr, "test_xfer_nccl: fewer than 2 GPUs%s\n",
+                test_require_gpu() ? " (HPD_REQUIRE_GPU=1 forbids skipping)" : ", skipped");
+        return test_require_gpu() ? 1 : 77;
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_send_recv),
                                        cmocka_unit_test(test_kv_pages)};
