@@ -26,7 +26,7 @@
 
 static pid_t server_pid;
 static uint16_t port;
-static char tokfile[256];
+static char dir[128], tokfile[256], server_log[256];
 
 typedef struct {
     hpd_rpc_conn_t *conn;
@@ -84,6 +84,13 @@ static void slow(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params
     evtimer_add(s->timer, &tv);
 }
 
+static void on_sigterm(evutil_socket_t sig, short w, void *arg)
+{
+    event_base_loopbreak(arg);
+}
+
+/* The server: serves until SIGTERM, then frees everything and exits 0, so
+ * that the sanitizers' leak check runs on it too (exit(), not _exit()). */
 static void run_server(int fd)
 {
     struct event_base *base = event_base_new();
@@ -96,26 +103,34 @@ static void run_server(int fd)
     hpd_rpc_server_params_t p = {base, "127.0.0.1", 0, token, methods, 3, base, MAX_MSG, 64, NULL};
     if (hpd_rpc_server_create(&p, &srv) != HPD_OK)
         _exit(1);
+    struct event *term = evsignal_new(base, SIGTERM, on_sigterm, base);
+    evsignal_add(term, NULL);
     uint16_t got = hpd_rpc_server_port(srv);
     if (write(fd, &got, sizeof(got)) != sizeof(got))
         _exit(1);
     close(fd);
     event_base_dispatch(base);
-    _exit(0);
+    hpd_rpc_server_destroy(srv);
+    event_free(term);
+    event_base_free(base);
+    free(token);
+    exit(0);
 }
 
 static int setup(void **state)
 {
     int fds[2];
-    char dir[128];
     test_tmpdir(dir, sizeof(dir), "rpc");
     snprintf(tokfile, sizeof(tokfile), "%s/token", dir);
+    snprintf(server_log, sizeof(server_log), "%s/server.log", dir);
     if (hpd_write_file(tokfile, "  " TOKEN "\n", strlen(TOKEN) + 3) != HPD_OK || pipe(fds) != 0)
         return -1;
     server_pid = fork();
     if (server_pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         close(fds[0]);
+        if (freopen(server_log, "w", stderr) == NULL)
+            _exit(1);
         run_server(fds[1]);
     }
     close(fds[1]);
@@ -127,9 +142,13 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    int status;
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, &status, 0);
+    if (server_pid > 0) { /* a test failed before test_server_exits_clean */
+        kill(server_pid, SIGKILL);
+        waitpid(server_pid, NULL, 0);
+        fprintf(stderr, "server log in %s\n", server_log);
+        return 0;
+    }
+    test_rmtree(dir);
     return 0;
 }
 
@@ -236,17 +255,48 @@ static void raw_send(int fd, const void *p, size_t n)
     }
 }
 
-static void raw_auth(int fd)
+/* Logs in with `token`; returns whether the server accepted it (a success
+ * response to request 1), after reading exactly that response. */
+static bool raw_login(int fd, const char *token)
 {
     hpd_rpc_buf_t b;
-    char buf[256];
     hpd_rpc_buf_init(&b);
     hpd_rpc_pack_request(&b.pk, 1, "auth");
     msgpack_pack_array(&b.pk, 1);
-    hpd_rpc_pack_str(&b.pk, TOKEN);
+    hpd_rpc_pack_str(&b.pk, token);
     raw_send(fd, b.sb.data, b.sb.size);
     hpd_rpc_buf_destroy(&b);
-    assert_true(recv(fd, buf, sizeof(buf), 0) > 0);
+
+    char buf[4096];
+    size_t have = 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    while (have < sizeof(buf) && poll(&p, 1, 5000) > 0) {
+        const ssize_t n = recv(fd, buf + have, sizeof(buf) - have, 0);
+        if (n <= 0)
+            return false;
+        have += (size_t)n;
+        msgpack_zone z;
+        msgpack_object o;
+        hpd_rpc_msg_t m;
+        char err[128];
+        size_t off = 0;
+        msgpack_zone_init(&z, 1024);
+        if (msgpack_unpack(buf, have, &off, &z, &o) >= MSGPACK_UNPACK_EXTRA_BYTES) {
+            const bool ok = hpd_rpc_decode(&o, &m, err, sizeof(err)) == HPD_OK &&
+                            m.type == HPD_RPC_RESPONSE && m.id == 1 && !m.is_error;
+            msgpack_zone_destroy(&z);
+            return ok && off == have; /* nothing else was sent after the reply */
+        }
+        msgpack_zone_destroy(&z);
+    }
+    return false;
+}
+
+/* Logs in with the right token; fails the test unless that succeeded, so a
+ * hostile input below is judged on an authenticated connection. */
+static void raw_auth(int fd)
+{
+    assert_true(raw_login(fd, TOKEN));
 }
 
 /* What the server did within 2 s: 'e' an error reply or notification,
@@ -287,8 +337,14 @@ static void test_hardening(void **state)
     hpd_rpc_client_t *good;
     assert_int_equal(connect_client(base, TOKEN, &good), HPD_OK);
 
-    /* not authenticated: an error and a close */
+    /* the login the cases below rely on: the right token is accepted, a wrong
+     * one is not (it gets the same error and close as the hostile inputs) */
     int fd = raw_connect();
+    assert_false(raw_login(fd, "wrong"));
+    close(fd);
+
+    /* not authenticated: an error and a close */
+    fd = raw_connect();
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_rpc_pack_request(&b.pk, 5, "ping");
@@ -371,11 +427,35 @@ static void test_hardening(void **state)
     event_base_free(base);
 }
 
+/* The server, stopped with SIGTERM after all of the above, exits 0 within
+ * 10 s and its log holds no sanitizer report. */
+static void test_server_exits_clean(void **state)
+{
+    int status = 0;
+    pid_t got = 0;
+    char *log;
+    size_t len;
+    assert_int_equal(kill(server_pid, SIGTERM), 0);
+    for (int i = 0; i < 1000 && (got = waitpid(server_pid, &status, WNOHANG)) == 0; i++)
+        usleep(10 * 1000);
+    assert_int_equal(got, server_pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    server_pid = 0;
+    assert_int_equal(hpd_read_file(server_log, &log, &len), HPD_OK);
+    const bool clean = strstr(log, "Sanitizer") == NULL && strstr(log, "runtime error") == NULL;
+    if (!clean)
+        print_message("server log:\n%s\n", log);
+    free(log);
+    assert_true(clean);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth_and_calls),
         cmocka_unit_test(test_hardening),
+        cmocka_unit_test(test_server_exits_clean),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
