@@ -300,6 +300,97 @@ static void test_host_tier(void **state)
     }
 }
 
+/* A prompt run to its end: its blocks stay in the cache. */
+static void cache_prompt(fixture_t *f, spec_t s)
+{
+    req_t r;
+    run_prompt(f, s, &r);
+    end_prompt(f, &r);
+}
+
+static uint32_t hit_of(fixture_t *f, spec_t s)
+{
+    uint32_t hit, kv;
+    probe(f, s, &hit, &kv);
+    return hit;
+}
+
+/* Which entry eviction takes: prompts A and B are cached (B last), A is
+ * touched by a lookup, then exactly one entry must go. Least recently used
+ * is B; a cache that evicted the most recently used (or the first inserted)
+ * would take A. One case per place that picks a victim: the device tier,
+ * the host tier, the device checkpoint slots. */
+static const spec_t evict_a = {11, 0, 11, 65}, evict_b = {12, 0, 12, 65}, evict_c = {13, 0, 13, 65};
+
+static void test_eviction_order_device(void **state)
+{
+    fixture_t f;
+    hpd_prefix_cache_stats_t st;
+    fixture_init(&f, 64, 16, 4, 0, 0, 3); /* no host tier: evicted entries are dropped */
+    cache_prompt(&f, evict_a);
+    cache_prompt(&f, evict_b);
+    assert_int_equal(hit_of(&f, evict_a), 1); /* the touch */
+    /* one entry (one block: a page in each of the 2 groups) must go */
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, hpd_page_pool_n_free(f.pool) + 2),
+                     HPD_OK);
+    hpd_prefix_cache_stats(f.cache, &st);
+    assert_int_equal(st.evicted_dropped, 1);
+    assert_int_equal(st.device_entries, 1);
+    assert_int_equal(hit_of(&f, evict_b), 0);
+    assert_int_equal(hit_of(&f, evict_a), 1);
+    fixture_fini(&f);
+}
+
+static void test_eviction_order_host(void **state)
+{
+    fixture_t f;
+    hpd_prefix_cache_stats_t st;
+    /* the host tier holds exactly two entries (KV of 64 tokens in 2 groups
+     * of 2 x HD floats, and a checkpoint) */
+    const uint64_t entry = 2 * 64 * 2 * HD * sizeof(float) + STATE;
+    fixture_init(&f, 64, 6, 4, 2 * entry, 0, 3);
+    cache_prompt(&f, evict_a);
+    cache_prompt(&f, evict_b);
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, 6), HPD_OK); /* both to the host */
+    hpd_prefix_cache_stats(f.cache, &st);
+    assert_int_equal(st.host_entries, 2);
+    assert_int_equal(st.host_bytes, 2 * entry);
+    assert_int_equal(hit_of(&f, evict_a), 1); /* the touch, in the host tier */
+    cache_prompt(&f, evict_c);
+    /* C to the host tier: a full tier drops one entry for it */
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, 6), HPD_OK);
+    hpd_prefix_cache_stats(f.cache, &st);
+    assert_int_equal(st.host_dropped, 1);
+    assert_int_equal(st.host_entries, 2);
+    assert_int_equal(hit_of(&f, evict_b), 0);
+    assert_int_equal(hit_of(&f, evict_a), 1);
+    assert_int_equal(hit_of(&f, evict_c), 1);
+    fixture_fini(&f);
+}
+
+static void test_eviction_order_checkpoints(void **state)
+{
+    fixture_t f;
+    uint32_t hit, kv;
+    hpd_prefix_cache_stats_t st;
+    fixture_init(&f, 64, 64, 2, 0, 0, 3); /* two checkpoint slots, plenty of pages */
+    cache_prompt(&f, evict_a);
+    cache_prompt(&f, evict_b);
+    hpd_prefix_cache_stats(f.cache, &st);
+    assert_int_equal(st.device_checkpoints, 2);
+    assert_int_equal(hit_of(&f, evict_a), 1); /* the touch */
+    cache_prompt(&f, evict_c); /* its checkpoint takes B's slot */
+    hpd_prefix_cache_stats(f.cache, &st);
+    assert_int_equal(st.device_checkpoints, 2);
+    assert_int_equal(st.device_entries, 3); /* B keeps its KV, without a state */
+    probe(&f, evict_b, &hit, &kv);
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv, 1);
+    assert_int_equal(hit_of(&f, evict_a), 1);
+    assert_int_equal(hit_of(&f, evict_c), 1);
+    fixture_fini(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -307,6 +398,9 @@ int main(void)
         cmocka_unit_test(test_salt_separates_models),
         cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_summary),
+        cmocka_unit_test(test_eviction_order_device),
+        cmocka_unit_test(test_eviction_order_host),
+        cmocka_unit_test(test_eviction_order_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
