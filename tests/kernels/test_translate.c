@@ -1,5 +1,6 @@
-/* Property tests of KV layout translation over random layouts, positions
- * and lengths: exact, round-trips, zero-fills the destination's tail. */
+/* Property tests of KV layout translation over random layouts, positions,
+ * lengths and layer ranges: exact, round-trips, zero-fills the destination's
+ * tail, and writes nothing else. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -70,6 +71,37 @@ static hpd_kv_layout_t random_layout(uint64_t *s, uint32_t A, uint32_t nkv, uint
     return l;
 }
 
+/* The destination pool as it must be after a translation of n tokens of
+ * layers [l0, l1) to position dpos: those rows hold the source's values, the
+ * rows after them up to the end of their page are zero when zero_tail, and
+ * every other float (rows before dpos, other layers, pages outside the
+ * table, whatever the layout leaves unused) is still the NaN it was. */
+static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos, uint32_t n,
+                            bool zero_tail)
+{
+    const size_t elems = b->n_pages * hpd_kv_layout_page_elems(&b->l);
+    const uint32_t end = dpos + n;
+    const uint32_t page_end = (end + b->l.block_size - 1) / b->l.block_size * b->l.block_size;
+    float *want = malloc(elems * sizeof(float)), *saved = b->pool;
+    memcpy(want, b->pool, elems * sizeof(float));
+    b->pool = want; /* row_of addresses the copy */
+    for (uint32_t layer = l0; layer < l1; layer++)
+        for (uint32_t kv = 0; kv < 2; kv++)
+            for (uint32_t h = 0; h < b->l.n_kv_heads; h++)
+                for (uint32_t d = 0; d < b->l.head_dim; d++) {
+                    for (uint32_t i = 0; i < n; i++)
+                        row_of(b, layer, kv, dpos + i, h)[d] = value(layer, kv, i, h, d);
+                    for (uint32_t p = end; zero_tail && p < page_end; p++)
+                        row_of(b, layer, kv, p, h)[d] = 0.0f;
+                }
+    b->pool = saved;
+    return want;
+}
+
+/* Random layouts, positions, lengths and layer ranges: the destination pool
+ * must equal expected_pool byte for byte (so a write anywhere else, even to
+ * memory the layout does not use, fails), and translating back must give
+ * the source's rows. */
 static void test_random_translations(void **state)
 {
     hpd_backend_params_t bp = {"cpu", 1};
@@ -80,6 +112,11 @@ static void test_random_translations(void **state)
     for (int iter = 0; iter < 300; iter++) {
         const uint32_t A = 1 + rnd(&s, 5), nkv = 1 + rnd(&s, 3), hd = 1 + rnd(&s, 8);
         const uint32_t n = 1 + rnd(&s, 300), spos = rnd(&s, 100), dpos = rnd(&s, 100);
+        /* every other iteration a layer range (n_layers 0 means all) */
+        const uint32_t first = iter % 2 ? rnd(&s, A) : 0;
+        const uint32_t n_layers = iter % 2 ? 1 + rnd(&s, A - first) : 0;
+        const uint32_t l0 = first, l1 = n_layers ? first + n_layers : A;
+        const bool zero_tail = iter % 4 != 3;
         paged_t a, b, back;
         paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
         paged_init(&b, random_layout(&s, A, nkv, hd), dpos + n, &s);
@@ -91,27 +128,27 @@ static void test_random_translations(void **state)
                         for (uint32_t d = 0; d < hd; d++)
                             row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
 
+        float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail);
         hpd_kv_translate_args_t t = {{&a.l, a.pool, a.tables, spos}, {&b.l, b.pool, b.tables, dpos},
-                                     n, true, 0, 0};
+                                     n, zero_tail, first, n_layers};
         assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
-        const uint32_t end = dpos + n, page_end = (end + b.l.block_size - 1) / b.l.block_size *
-                                                  b.l.block_size;
-        for (uint32_t layer = 0; layer < A; layer++)
-            for (uint32_t kv = 0; kv < 2; kv++) {
-                for (uint32_t i = 0; i < n; i++)
-                    for (uint32_t h = 0; h < nkv; h++) /* exact */
-                        assert_memory_equal(row_of(&b, layer, kv, dpos + i, h),
-                                            row_of(&a, layer, kv, spos + i, h), hd * 4);
-                for (uint32_t p = end; p < page_end; p++) /* the tail is zeroed */
-                    for (uint32_t h = 0; h < nkv; h++)
-                        for (uint32_t d = 0; d < hd; d++)
-                            assert_true(row_of(&b, layer, kv, p, h)[d] == 0.0f);
-            }
-        /* and back: A -> B -> A is the identity on the tokens */
+        const size_t bytes = b.n_pages * hpd_kv_layout_page_bytes(&b.l);
+        if (memcmp(b.pool, want, bytes) != 0) {
+            const float *got = b.pool;
+            size_t i = 0;
+            while (memcmp(&got[i], &want[i], sizeof(float)) == 0)
+                i++;
+            fail_msg("iteration %d (layers %u..%u of %u, %u tokens at %u -> %u, zero_tail %d): "
+                     "float %zu of the destination pool is %g, expected %g",
+                     iter, l0, l1, A, n, spos, dpos, zero_tail, i, got[i], want[i]);
+        }
+        free(want);
+        /* and back: A -> B -> A is the identity on the tokens of those layers */
         hpd_kv_translate_args_t r = {{&b.l, b.pool, b.tables, dpos},
-                                     {&back.l, back.pool, back.tables, spos}, n, false, 0, 0};
+                                     {&back.l, back.pool, back.tables, spos}, n, false, first,
+                                     n_layers};
         assert_int_equal(hpd_kv_translate(be, &r), HPD_OK);
-        for (uint32_t layer = 0; layer < A; layer++)
+        for (uint32_t layer = l0; layer < l1; layer++)
             for (uint32_t kv = 0; kv < 2; kv++)
                 for (uint32_t i = 0; i < n; i++)
                     for (uint32_t h = 0; h < nkv; h++)
@@ -127,6 +164,14 @@ static void test_random_translations(void **state)
     const uint32_t *tab[2] = {&id, &id};
     hpd_kv_translate_args_t bad = {{&x, buf, tab, 0}, {&y, buf, tab, 0}, 1, false, 0, 0};
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
+    /* and so are layer ranges outside the 2 layers */
+    bad.dst.layout = &x;
+    bad.first_layer = 2;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
+    bad.first_layer = 1, bad.n_layers = 2;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
+    bad.first_layer = 1, bad.n_layers = 1;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_OK);
 
     /* slot copy */
     float s1[10], s2[10];
