@@ -93,7 +93,9 @@ static void test_prefill_equals_prefill_plus_decode(void **state)
         /* the replayed tokens come out as the generated ones */
         const int32_t *toks;
         uint32_t n;
-        hpd_engine_result(e, id, &toks, &n, NULL);
+        hpd_request_state_t st;
+        assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+        assert_int_equal(st, HPD_REQ_FINISHED);
         assert_int_equal(n, N - k + 1);
         assert_memory_equal(toks, seq + k, (N - k) * sizeof(int32_t));
         hpd_engine_destroy(e);
@@ -142,34 +144,48 @@ static void submit_reqs(hpd_engine_t *e, uint64_t ids[N_REQS])
     }
 }
 
-/* The tokens of every request of reqs[], each finished. */
+/* The tokens of every request of reqs[], each finished with all its
+ * max_tokens; out[i] holds nothing but them (the rest is -1, never an
+ * earlier round's tokens). */
 static void collect_reqs(hpd_engine_t *e, const uint64_t ids[N_REQS], int32_t out[][32])
 {
     for (size_t i = 0; i < N_REQS; i++) {
         const int32_t *toks;
-        uint32_t n;
+        uint32_t n = 0;
         hpd_request_state_t st;
-        hpd_engine_result(e, ids[i], &toks, &n, &st);
+        memset(out[i], 0xff, sizeof(out[i]));
+        assert_int_equal(hpd_engine_result(e, ids[i], &toks, &n, &st), HPD_OK);
         assert_int_equal(st, HPD_REQ_FINISHED);
+        assert_int_equal(n, reqs[i].max_tokens);
         memcpy(out[i], toks, n * sizeof(int32_t));
     }
+}
+
+/* Nothing leaked: every page in use is one the prefix cache holds (none
+ * without the cache), no slot is live, and the audit finds no mismatch. */
+static void assert_only_cache_holds(hpd_engine_t *e)
+{
+    uint32_t pages_used, slots_used;
+    hpd_prefix_cache_stats_t cs = {0};
+    hpd_engine_usage(e, &pages_used, NULL, &slots_used, NULL);
+    if (hpd_engine_cache_stats(e, &cs) == HPD_OK)
+        assert_true(cs.pages_held > 0); /* every test here caches something */
+    assert_int_equal(pages_used, cs.pages_held);
+    assert_int_equal(slots_used, 0);
+    assert_int_equal(hpd_engine_audit(e), 0);
 }
 
 static void run_batch(hpd_engine_params_t *ep, int32_t out[][32])
 {
     uint64_t ids[N_REQS];
     hpd_engine_t *e = engine_with(ep, model);
-    uint32_t pages_used, slots_used;
 
     submit_reqs(e, ids);
     assert_int_equal(hpd_engine_run(e), HPD_OK);
     collect_reqs(e, ids, out);
-    hpd_engine_usage(e, &pages_used, NULL, &slots_used, NULL);
-    /* nothing leaked: every page reference is the prefix cache's */
-    assert_int_equal(hpd_engine_audit(e), 0);
-    assert_int_equal(slots_used, 0);
-    if (!ep->prefix_cache)
-        assert_int_equal(pages_used, 0);
+    for (size_t i = 0; i < N_REQS; i++)
+        hpd_engine_release(e, ids[i]);
+    assert_only_cache_holds(e);
     hpd_engine_destroy(e);
 }
 
@@ -283,7 +299,6 @@ static void test_pool_pressure_and_cancel(void **state)
     int32_t ref[N_REQS][32], got[N_REQS][32], prompt[256];
     hpd_engine_params_t ep;
     uint64_t ids[N_REQS], big, victim;
-    uint32_t pages, slots;
 
     hpd_engine_params_init(&ep);
     run_batch(&ep, ref);
@@ -307,13 +322,13 @@ static void test_pool_pressure_and_cancel(void **state)
         hpd_engine_release(e, ids[i]);
     }
     hpd_request_state_t st;
-    hpd_engine_result(e, big, NULL, NULL, &st);
+    assert_int_equal(hpd_engine_result(e, big, NULL, NULL, &st), HPD_OK);
     assert_int_equal(st, HPD_REQ_FAILED);
-    hpd_engine_result(e, victim, NULL, NULL, &st);
+    assert_int_equal(hpd_engine_result(e, victim, NULL, NULL, &st), HPD_OK);
     assert_int_equal(st, HPD_REQ_FAILED);
-    hpd_engine_usage(e, &pages, NULL, &slots, NULL);
-    assert_int_equal(hpd_engine_audit(e), 0);
-    assert_int_equal(slots, 0);
+    hpd_engine_release(e, big);
+    hpd_engine_release(e, victim);
+    assert_only_cache_holds(e);
     hpd_engine_destroy(e);
 }
 
