@@ -1,5 +1,6 @@
 /* Model loading: every naming, dtype and sharding of the same random model
  * loads into the same weights; bad model files are refused by name. */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,23 +41,53 @@ static hpd_model_t *make_and_load(const char *name, const char *extra)
     return m;
 }
 
-static void assert_same_weights(const hpd_model_t *a, const hpd_model_t *b)
+/* Where a tensor's slot sits in m, for messages: its layer and its field's
+ * index in hpd_layer_weights_t, or the top level. */
+static const char *tensor_where(const hpd_model_t *m, float *const *slot)
 {
-    const hpd_model_config_t *c = &a->config;
-    const size_t H = c->hidden_size;
-    assert_memory_equal(a->embed, b->embed, c->vocab_size * H * 4);
-    assert_memory_equal(a->lm_head, b->lm_head, c->vocab_size * H * 4);
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const hpd_layer_weights_t *x = &a->layers[l], *y = &b->layers[l];
-        assert_memory_equal(x->mlp_gate_up, y->mlp_gate_up, 2 * c->intermediate_size * H * 4);
-        if (c->layer_full[l]) {
-            assert_memory_equal(x->attn_qkv, y->attn_qkv, hpd_model_attn_qkv_rows(c) * H * 4);
-            assert_memory_equal(x->k_norm, y->k_norm, c->head_dim * 4);
-        } else {
-            assert_memory_equal(x->gdn_in, y->gdn_in, hpd_model_gdn_in_rows(c) * H * 4);
-            assert_memory_equal(x->gdn_conv, y->gdn_conv, c->conv_dim * c->conv_kernel * 4);
-            assert_memory_equal(x->gdn_a_log, y->gdn_a_log, c->lin_n_v_heads * 4);
-            assert_memory_equal(x->gdn_out, y->gdn_out, H * c->lin_n_v_heads * c->lin_v_dim * 4);
+    static char buf[64];
+    const char *p = (const char *)slot, *l0 = (const char *)&m->layers[0];
+    if (p < l0 || p >= (const char *)&m->layers[HPD_MAX_LAYERS])
+        return "embed, final_norm or lm_head";
+    const size_t off = (size_t)(p - l0);
+    snprintf(buf, sizeof(buf), "layer %zu, field %zu of hpd_layer_weights_t",
+             off / sizeof(m->layers[0]), off % sizeof(m->layers[0]) / sizeof(float *));
+    return buf;
+}
+
+/* Every tensor of a and b, bit for bit. Walking hpd_model_tensors (the list
+ * that destroy frees) means a tensor added to the model is compared without
+ * touching this test. */
+static void assert_same_weights(hpd_model_t *a, hpd_model_t *b)
+{
+    hpd_model_tensor_t ta[HPD_MODEL_MAX_TENSORS], tb[HPD_MODEL_MAX_TENSORS];
+    const uint32_t n = hpd_model_tensors(a, ta);
+
+    assert_int_equal(hpd_model_tensors(b, tb), n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(ta[i].floats, tb[i].floats);
+        assert_non_null(*ta[i].slot);
+        assert_non_null(*tb[i].slot);
+        if (memcmp(*ta[i].slot, *tb[i].slot, ta[i].floats * sizeof(float)) != 0)
+            fail_msg("tensor %u of %u (%s) differs", i, n, tensor_where(a, ta[i].slot));
+    }
+}
+
+/* Every float of every tensor of lo (bf16 on disk) is that of f32 (the same
+ * seed in f32) rounded to bf16: the conversion runs on every tensor. */
+static void assert_bf16_of(hpd_model_t *lo, hpd_model_t *f32)
+{
+    hpd_model_tensor_t tl[HPD_MODEL_MAX_TENSORS], tf[HPD_MODEL_MAX_TENSORS];
+    const uint32_t n = hpd_model_tensors(lo, tl);
+
+    assert_int_equal(hpd_model_tensors(f32, tf), n);
+    for (uint32_t i = 0; i < n; i++) {
+        const float *l = *tl[i].slot, *f = *tf[i].slot;
+        assert_int_equal(tl[i].floats, tf[i].floats);
+        for (uint64_t e = 0; e < tl[i].floats; e++) {
+            const float want = hpd_bf16_to_f32(hpd_f32_to_bf16(f[e]));
+            if (memcmp(&l[e], &want, sizeof(float)) != 0)
+                fail_msg("tensor %u element %" PRIu64 ": %.9g, want %.9g", i, e, l[e], want);
         }
     }
 }
@@ -79,7 +110,7 @@ static void test_namings_dtypes_shards(void **state)
     assert_same_weights(next, nested);
     assert_same_weights(next, interval);
     /* bf16 on disk is the f32 model rounded */
-    assert_true(next->embed[7] == hpd_bf16_to_f32(hpd_f32_to_bf16(f32->embed[7])));
+    assert_bf16_of(next, f32);
     assert_true(f16->lm_head == f16->embed); /* tied */
     /* fingerprints tell files apart */
     assert_memory_not_equal(next->fingerprint, f32->fingerprint, 16);
