@@ -131,9 +131,43 @@ static void test_decode_equals_prefill_row(void **state)
     hpd_backend_destroy(be);
 }
 
+/* What the CPU kernel supports: f32 and head_dim up to 1024. At 1024 one
+ * token attends to itself, so the output is its value row exactly; 1025 and
+ * a bf16 cache are refused. */
+static void test_head_dim_limit(void **state)
+{
+    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_t *be;
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (uint32_t hd = 1024; hd <= 1025; hd++) {
+        hpd_kv_layout_t l = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, hd};
+        float *pool = calloc(hpd_kv_layout_page_elems(&l), sizeof(float));
+        float *k = malloc(hd * sizeof(float)), *v = malloc(hd * sizeof(float));
+        float *q = malloc(hd * sizeof(float)), *out = malloc(hd * sizeof(float));
+        const uint32_t page = 0, *tables[1] = {&page};
+        test_fill(k, hd, 1, 1.0f);
+        test_fill(v, hd, 2, 1.0f);
+        test_fill(q, hd, 3, 1.0f);
+        hpd_paged_kv_t kv = {&l, pool, 0, tables};
+        hpd_seq_t one = {0, 1, 0};
+        hpd_kv_store_args_t st = {kv, {k, hd, hd}, {v, hd, hd}, &one, 1};
+        assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
+        hpd_attention_args_t a = {kv, {q, hd, hd}, {out, hd, hd}, 1, 0.03f, &one, 1};
+        if (hd == 1024) {
+            assert_int_equal(hpd_attention(be, &a), HPD_OK);
+            assert_memory_equal(out, v, hd * sizeof(float));
+            l.dtype = HPD_DTYPE_BF16;
+        }
+        assert_int_equal(hpd_attention(be, &a), HPD_ERR_UNSUPPORTED);
+        free(pool), free(k), free(v), free(q), free(out);
+    }
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_head_dim_limit),
         cmocka_unit_test(test_paged_matches_dense_and_layouts),
         cmocka_unit_test(test_decode_equals_prefill_row),
     };

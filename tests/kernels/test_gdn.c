@@ -225,9 +225,38 @@ static void test_batch_invariant(void **state)
     hpd_backend_destroy(be);
 }
 
+/* The rule is linear in (v, S): zero values from a zero state give exactly
+ * zero outputs and a zero state, in both forms (no term may start from
+ * anything but zero). */
+static void test_zero_values_give_zero(void **state)
+{
+    hpd_backend_t *be = cpu();
+    inputs_t in;
+    const uint32_t T = 130, nk = 2, nv = 2, dk = 16, dv = 16;
+    make_inputs(&in, T, nk, nv, dk, dv, 9, 1.0f);
+    const size_t so = (size_t)T * nv * dv, ss = (size_t)nv * dk * dv;
+    memset(in.v, 0, so * sizeof(float));
+    float *out = malloc(so * sizeof(float)), *st = malloc(ss * sizeof(float));
+    for (int chunked = 0; chunked < 2; chunked++) {
+        memset(st, 0, ss * sizeof(float));
+        memset(out, 0xff, so * sizeof(float)); /* NaN: every output must be written */
+        run(be, &in, chunked, 0, T, 0, st, out);
+        for (size_t i = 0; i < so; i++)
+            if (!(out[i] == 0.0f))
+                fail_msg("chunked %d: output %zu is %g, expected 0", chunked, i, out[i]);
+        for (size_t i = 0; i < ss; i++)
+            if (!(st[i] == 0.0f))
+                fail_msg("chunked %d: state %zu is %g, expected 0", chunked, i, st[i]);
+    }
+    free(out), free(st);
+    free_inputs(&in);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero_values_give_zero),
         cmocka_unit_test(test_chunked_matches_recurrent),
         cmocka_unit_test(test_resume_bit_identical),
         cmocka_unit_test(test_batch_invariant),

@@ -1,10 +1,13 @@
-/* The small ops against straightforward references: norms, RoPE, conv1d
- * (sequence vs step with state), GDN gating, SwiGLU, the attention gate. */
+/* The CPU backend's memory ops, and the small ops against straightforward
+ * references: norms, RoPE, conv1d (sequence vs step with state), GDN gating,
+ * SwiGLU, the attention gate. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <malloc.h>
 
 #include "kernels/backend.h"
 #include "tests/test_helpers.h"
@@ -21,6 +24,42 @@ static int teardown(void **state)
 {
     hpd_backend_destroy(be);
     return 0;
+}
+
+/* The backend's name and memory: allocations aligned to 64 bytes with at
+ * least the bytes asked for (0 included), memset, copy (overlapping too),
+ * to_host and from_host. */
+static void test_memory(void **state)
+{
+    assert_string_equal(be->ops->name, "cpu");
+    assert_true(be->ops->host_memory);
+    for (size_t bytes = 0; bytes <= 300; bytes += bytes < 70 ? 1 : 37) {
+        uint8_t *p;
+        assert_int_equal(hpd_backend_alloc(be, bytes, (void **)&p), HPD_OK);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        assert_true(malloc_usable_size(p) >= bytes);
+        hpd_backend_free(be, p);
+    }
+    uint8_t *a, *b, host[200];
+    assert_int_equal(hpd_backend_alloc(be, 200, (void **)&a), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(be, 200, (void **)&b), HPD_OK);
+    assert_int_equal(hpd_backend_memset(be, a, 0x5a, 200), HPD_OK);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(a[i], 0x5a);
+    for (int i = 0; i < 200; i++)
+        host[i] = (uint8_t)(i * 7);
+    assert_int_equal(hpd_backend_from_host(be, b, host, 200), HPD_OK);
+    assert_memory_equal(b, host, 200);
+    assert_int_equal(hpd_backend_copy(be, a, b, 100), HPD_OK);
+    assert_memory_equal(a, host, 100);
+    assert_int_equal(a[100], 0x5a);
+    assert_int_equal(hpd_backend_copy(be, b + 10, b, 150), HPD_OK); /* overlapping */
+    assert_memory_equal(b + 10, host, 150);
+    memset(host, 0, sizeof(host));
+    assert_int_equal(hpd_backend_to_host(be, host, a, 200), HPD_OK);
+    assert_memory_equal(host, a, 200);
+    hpd_backend_free(be, a);
+    hpd_backend_free(be, b);
 }
 
 static void test_rmsnorm(void **state)
@@ -189,6 +228,7 @@ static void test_gating_silu_sigmoid_embed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_gated_rmsnorm_and_l2norm),
         cmocka_unit_test(test_rope_partial_neox),
