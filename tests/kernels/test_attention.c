@@ -164,9 +164,42 @@ static void test_head_dim_limit(void **state)
     hpd_backend_destroy(be);
 }
 
+/* One store of two sequences writes what two stores of one sequence each
+ * write (the second sequence's rows at its own positions and pages). */
+static void test_store_two_sequences(void **state)
+{
+    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_t *be;
+    hpd_kv_layout_t l = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, NKV, HD};
+    const size_t pool_floats = 8 * hpd_kv_layout_page_elems(&l);
+    float *one = calloc(pool_floats, sizeof(float)), *two = calloc(pool_floats, sizeof(float));
+    float k[40 * NKV * HD], v[40 * NKV * HD];
+    const uint32_t t0[2] = {5, 1}, t1[2] = {3, 7}; /* sequence s's pages */
+    const uint32_t *tables[2] = {t0, t1};
+    const hpd_seq_t seqs[2] = {{0, 20, 0}, {20, 20, 10}};
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    test_fill(k, 40 * NKV * HD, 1, 1.0f);
+    test_fill(v, 40 * NKV * HD, 2, 1.0f);
+    for (int s = 0; s < 2; s++) {
+        hpd_paged_kv_t kv = {&l, one, 0, &tables[s]};
+        hpd_kv_store_args_t st = {kv, {k, NKV * HD, HD}, {v, NKV * HD, HD}, &seqs[s], 1};
+        assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
+    }
+    hpd_paged_kv_t kv = {&l, two, 0, tables};
+    hpd_kv_store_args_t st = {kv, {k, NKV * HD, HD}, {v, NKV * HD, HD}, seqs, 2};
+    assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
+    assert_memory_equal(one, two, pool_floats * sizeof(float));
+    /* and the second sequence did land: its first row is in page 3 at offset 10 */
+    assert_memory_equal(two + 3 * hpd_kv_layout_page_elems(&l) + hpd_kv_layout_row(&l, 0, 0, 10, 0),
+                        k + 20 * NKV * HD, HD * sizeof(float));
+    free(one), free(two);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_two_sequences),
         cmocka_unit_test(test_head_dim_limit),
         cmocka_unit_test(test_paged_matches_dense_and_layouts),
         cmocka_unit_test(test_decode_equals_prefill_row),

@@ -253,9 +253,30 @@ static void test_zero_values_give_zero(void **state)
     hpd_backend_destroy(be);
 }
 
+/* Value heads must share key heads evenly: nv = 3 over nk = 2 is refused by
+ * both forms, as is nk = 0. */
+static void test_bad_head_counts(void **state)
+{
+    hpd_backend_t *be = cpu();
+    inputs_t in;
+    make_inputs(&in, 4, 2, 3, 8, 8, 1, 1.0f);
+    float out[4 * 3 * 8], st[3 * 8 * 8] = {0}, *states[1] = {st};
+    hpd_seq_t seq = {0, 4, 0};
+    hpd_gdn_args_t a = {{in.q, 2 * 8, 8}, {in.k, 2 * 8, 8}, {in.v, 3 * 8, 8}, in.g, in.beta,
+                        {out, 3 * 8, 8}, 2, 3, 8, 8, states, &seq, 1};
+    for (uint32_t nk = 0; nk <= 2; nk += 2) {
+        a.nk = nk;
+        assert_int_equal(hpd_gdn_chunked(be, &a), HPD_ERR_INVALID_ARG);
+        assert_int_equal(hpd_gdn_recurrent(be, &a), HPD_ERR_INVALID_ARG);
+    }
+    free_inputs(&in);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_head_counts),
         cmocka_unit_test(test_zero_values_give_zero),
         cmocka_unit_test(test_chunked_matches_recurrent),
         cmocka_unit_test(test_resume_bit_identical),

@@ -132,9 +132,33 @@ static void test_temperature_distribution(void **state)
     }
 }
 
+/* The draw's boundary rule: token i is drawn when cum_{i-1} <= u * total <
+ * cum_i. Two equally likely tokens and a position whose draw u is exactly
+ * 0.5 (found by search: u takes 2^24 values) land on the boundary: token 1. */
+static void test_draw_on_a_boundary(void **state)
+{
+    const uint64_t seed = 3;
+    uint64_t pos = 0;
+    while (hpd_rng_uniform(seed, pos) != 0.5f)
+        pos++;
+    const float two[2] = {0.25f, 0.25f};
+    const hpd_sampling_t s = {1.0f, 1.0f, 0, seed};
+    int32_t tok = -1;
+    hpd_sample_args_t a = {two, 2, 1, 2, &s, &pos, &tok};
+    assert_int_equal(hpd_sample(be, &a), HPD_OK);
+    assert_int_equal(tok, 1);
+    /* and just below it, token 0 */
+    pos = 0;
+    while (hpd_rng_uniform(seed, pos) >= 0.5f)
+        pos++;
+    assert_int_equal(hpd_sample(be, &a), HPD_OK);
+    assert_int_equal(tok, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_draw_on_a_boundary),
         cmocka_unit_test(test_greedy_and_top_k_1),
         cmocka_unit_test(test_deterministic_by_seed_and_position),
         cmocka_unit_test(test_top_k_and_top_p_restrict),
