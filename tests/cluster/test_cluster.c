@@ -2,29 +2,21 @@
  * prefill nodes (B=64,P=1 NHD and B=32,P=2 NHD) and two decode nodes
  * (B=16,P=4 NHD and B=16,P=1 HND) on a small generated model with four
  * full-attention layers. Every output must equal hpd-run's, under load, with
- * nodes killed (-9) mid-load, and after 200 cancels and disconnects nothing
- * may stay allocated beyond the prefix caches.
+ * nodes killed (-9) mid-load while they hold requests (which are then
+ * retried), and after 200 cancels and disconnects (each counted by the
+ * coordinator) nothing may stay allocated beyond the prefix caches. Past
+ * --max-requests exactly the extra requests are refused. At the end every
+ * process must exit 0 on SIGTERM with no sanitizer report in its log
+ * (tests/cluster/harness.h).
  *
  * HPD_TEST_DEVICE=cuda runs the same on the GPU (every node and hpd-run with
  * --device cuda; ctest's test_cluster_cuda, label gpu); it exits 77 without
  * a GPU. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
+#include "tests/cluster/harness.h"
 
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <fcntl.h>
-
-#include "client/client.h"
-#include "common/util.h"
 #include "kernels/backend.h"
 #include "node/proto.h"
 #include "tests/test_device.h"
-#include "tests/test_helpers.h"
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
@@ -32,144 +24,49 @@
 #define N_PROMPTS 64
 #define MAX_TOKENS 20
 
-static char root[256], model[300], token_file[300], prompts_file[300];
-static char coord_addr[64];
+static cl_t cl;
+static char prompts_file[300];
 static const char *device = "cpu"; /* HPD_TEST_DEVICE */
 static const char *ucx_tls = "tcp"; /* HPD_TEST_UCX_TLS: the nodes' data plane */
-static uint16_t coord_port;
-static pid_t coord_pid;
 
 typedef struct {
     const char *role, *name, *layout;
-    pid_t pid;
+    cl_proc_t *p;
 } node_proc_t;
 
 static node_proc_t nodes[] = {
-    {"prefill", "p64", "64,1,nhd", 0},
-    {"prefill", "p32", "32,2,nhd", 0},
-    {"decode", "d16x4", "16,4,nhd", 0},
-    {"decode", "d16hnd", "16,1,hnd", 0},
+    {"prefill", "p64", "64,1,nhd", NULL},
+    {"prefill", "p32", "32,2,nhd", NULL},
+    {"decode", "d16x4", "16,4,nhd", NULL},
+    {"decode", "d16hnd", "16,1,hnd", NULL},
 };
 #define N_NODES (sizeof(nodes) / sizeof(nodes[0]))
 
 static hpd_prompt_t prompts[N_PROMPTS];
 
-static pid_t spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
+typedef int32_t tokens_t[MAX_TOKENS];
 
 static void start_node(node_proc_t *n)
 {
-    char log[400];
-    snprintf(log, sizeof(log), "%s/%s.log", root, n->name);
-    char *argv[] = {(char *)(strcmp(n->role, "prefill") == 0 ? HPD_PREFILL : HPD_DECODE),
-                    "--coordinator", coord_addr, "--token-file", token_file, "--model", model,
-                    "--name", (char *)n->name, "--kv-layout", (char *)n->layout,
-                    "--threads", "1", "--max-batch", "16", "--max-context", "1024",
-                    "--prefill-chunk", "128", "--reserve-timeout-ms", "30000",
-                    "--device", (char *)device, "--ucx-tls", (char *)ucx_tls,
-                    "--log-level", "warn", NULL};
-    n->pid = spawn(argv, log);
+    /* reservations never expire here: prefill nodes are stopped for a while */
+    const char *args[] = {"--kv-layout", n->layout, "--max-batch", "16", "--max-context", "1024",
+                          "--prefill-chunk", "128", "--reserve-timeout-ms", "600000", NULL};
+    n->p = cl_start_node(&cl, n->role, n->name, args);
 }
 
-static hpd_client_t *connect_client(void)
+/* Every node registered and idle, no request open. */
+static void wait_idle(void)
 {
-    char *token = NULL;
-    hpd_client_t *c;
-    assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
-    hpd_client_params_t p = {"127.0.0.1", coord_port, token, 300000};
-    assert_int_equal(hpd_client_create(&p, &c), HPD_OK);
-    free(token);
-    return c;
-}
-
-/* Status numbers of every node: sums and whether each is idle. */
-typedef struct {
-    uint32_t n_nodes;
-    bool idle; /* nothing in use beyond the caches, no job, no open transfer */
-    uint32_t active;
-} cluster_state_t;
-
-static const msgpack_object *get(const msgpack_object *m, const char *k)
-{
-    return hpd_rpc_map_get(m, k);
-}
-
-static uint64_t u(const msgpack_object *m, const char *k)
-{
-    const msgpack_object *v = m ? get(m, k) : NULL;
-    return v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? v->via.u64 : 0;
-}
-
-static cluster_state_t cluster_state(hpd_client_t *c)
-{
-    cluster_state_t s = {0, true, 0};
-    hpd_rpc_result_t r;
-    assert_int_equal(hpd_client_status(c, &r), HPD_OK);
-    const msgpack_object *ns = get(&r.result, "nodes");
-    s.active = (uint32_t)u(get(&r.result, "requests"), "active");
-    s.idle = s.active == 0;
-    for (uint32_t i = 0; ns && i < ns->via.array.size; i++) {
-        const msgpack_object *st = get(&ns->via.array.ptr[i], "stats");
-        if (st == NULL || st->type != MSGPACK_OBJECT_MAP) {
-            s.idle = false;
-            continue;
-        }
-        s.n_nodes++;
-        const msgpack_object *load = get(st, "load");
-        if (u(st, "pages_used") != u(st, "cache_pages") || u(st, "slots_used") != 0 ||
-            u(st, "audit_errors") != 0 || u(get(st, "xfer"), "open_transfers") != 0 ||
-            u(load, "jobs_queued") + u(load, "jobs_running") + u(load, "jobs_finishing") +
-                    u(load, "reserved") + u(load, "running") != 0 ||
-            u(&ns->via.array.ptr[i], "reserved_slots") != 0 || u(&ns->via.array.ptr[i], "jobs"))
-            s.idle = false;
-    }
-    hpd_rpc_result_destroy(&r);
-    return s;
-}
-
-/* Waits (heartbeats refresh every 100 ms) until n nodes are registered and
- * idle; fails the test after 30 s. */
-static void wait_idle(uint32_t n)
-{
-    hpd_client_t *c = connect_client();
-    cluster_state_t s = {0};
-    for (int i = 0; i < 300; i++) {
-        s = cluster_state(c);
-        if (s.n_nodes == n && s.idle)
-            break;
-        usleep(100 * 1000);
-    }
-    hpd_client_destroy(c);
-    if (!(s.n_nodes == n && s.idle))
-        fail_msg("cluster not idle: %u nodes registered (want %u), %u requests active, idle %d",
-                 s.n_nodes, n, s.active, s.idle);
+    cl_wait_idle(&cl, N_NODES, 120);
 }
 
 static int setup(void **state)
 {
-    char log[400], port_file[300];
-    test_tmpdir(root, sizeof(root), "cluster");
-    snprintf(model, sizeof(model), "%s/model", root);
-    snprintf(token_file, sizeof(token_file), "%s/token", root);
-    snprintf(prompts_file, sizeof(prompts_file), "%s/prompts", root);
-    snprintf(port_file, sizeof(port_file), "%s/port", root);
-    if (test_mkmodel(model, MODEL_ARGS) != 0 ||
-        hpd_write_file(token_file, "cluster-secret\n", 15) != HPD_OK)
+    if (cl_init(&cl, "cluster", MODEL_ARGS) != 0)
         return -1;
+    cl.device = device;
+    cl.ucx_tls = ucx_tls;
+    snprintf(prompts_file, sizeof(prompts_file), "%s/prompts", cl.root);
     /* 8 system prompts of 64..400 tokens, 8 questions each, interleaved so
      * that later requests find their prefix cached */
     FILE *f = fopen(prompts_file, "w");
@@ -185,75 +82,59 @@ static int setup(void **state)
         fprintf(f, "\n");
     }
     fclose(f);
-    snprintf(log, sizeof(log), "%s/coordinator.log", root);
-    char *argv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file, "--token-file",
-                    token_file, "--heartbeat-ms", "100", "--lease-ms", "5000", "--max-requests", "80",
-                    "--log-level", "info", NULL};
-    coord_pid = spawn(argv, log);
-    for (int i = 0; i < 100; i++) {
-        char *text;
-        size_t len;
-        if (access(port_file, R_OK) == 0 && hpd_read_file(port_file, &text, &len) == HPD_OK) {
-            coord_port = (uint16_t)atoi(text);
-            free(text);
-            if (coord_port != 0)
-                break;
-        }
-        usleep(50 * 1000);
-    }
-    if (coord_port == 0)
-        return -1;
-    snprintf(coord_addr, sizeof(coord_addr), "127.0.0.1:%u", coord_port);
+    /* Nodes are lost here by kill -9 (their connections close at once) and
+     * prefill nodes are stopped for a while: no lease may lapse and no queued
+     * request time out in this test, whatever the load (test_cluster_policies
+     * covers both). */
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "120000", "--max-requests", "80",
+                          "--queue-timeout-ms", "600000", NULL};
+    cl_start_coordinator(&cl, "coordinator", args);
     for (size_t i = 0; i < N_NODES; i++)
         start_node(&nodes[i]);
-    wait_idle(N_NODES);
+    wait_idle();
     return 0;
 }
 
 static int teardown(void **state)
 {
-    int st;
-    for (size_t i = 0; i < N_NODES; i++)
-        if (nodes[i].pid > 0) {
-            kill(nodes[i].pid, SIGTERM);
-            waitpid(nodes[i].pid, &st, 0);
-        }
-    kill(coord_pid, SIGTERM);
-    waitpid(coord_pid, &st, 0);
     for (int i = 0; i < N_PROMPTS; i++)
         free(prompts[i].ids);
-    if (getenv("HPD_KEEP_TEST_DIR") == NULL)
-        test_rmtree(root);
-    else
-        fprintf(stderr, "logs in %s\n", root);
+    cl_finish(&cl);
     return 0;
 }
 
 /* hpd-run's lines for the prompts file. */
-static void reference(const char *sampling, int32_t out[][MAX_TOKENS])
+static void reference(const char *sampling, tokens_t *out)
 {
-    char cmd[2048], line[8192];
-    snprintf(cmd, sizeof(cmd),
-             "OMP_WAIT_POLICY=passive %s --model %s --prompts-file %s --max-tokens %d "
-             "--threads 2 --device %s %s",
-             HPD_RUN, model, prompts_file, MAX_TOKENS, device, sampling);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    for (int i = 0; i < N_PROMPTS; i++) {
-        assert_non_null(fgets(line, sizeof(line), p));
-        char *s = line, *end;
-        for (int t = 0; t < MAX_TOKENS; t++) {
-            out[i][t] = (int32_t)strtol(s, &end, 10);
-            assert_true(end != s);
-            s = end;
-        }
-    }
-    assert_int_equal(pclose(p), 0);
+    cl_reference(&cl, prompts_file, N_PROMPTS, MAX_TOKENS, sampling, &out[0][0]);
+}
+
+#define SEEDED_ARGS "--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7"
+
+/* The references, computed once. */
+static tokens_t *ref_greedy(void)
+{
+    static tokens_t ref[N_PROMPTS];
+    static bool have;
+    if (!have)
+        reference("", ref);
+    have = true;
+    return ref;
+}
+
+static tokens_t *ref_seeded(void)
+{
+    static tokens_t ref[N_PROMPTS];
+    static bool have;
+    if (!have)
+        reference(SEEDED_ARGS, ref);
+    have = true;
+    return ref;
 }
 
 typedef struct {
     int32_t tokens[N_PROMPTS][MAX_TOKENS];
-    uint32_t n[N_PROMPTS];
+    uint32_t n[N_PROMPTS], attempts[N_PROMPTS];
     hpd_status_t status[N_PROMPTS];
     uint32_t streamed[N_PROMPTS]; /* tokens seen on the stream, checked in order */
     bool stream_ok[N_PROMPTS];
@@ -291,6 +172,7 @@ static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
         return;
     b->status[i] = r->status;
     b->n[i] = r->n_tokens;
+    b->attempts[i] = r->attempts;
     if (r->status == HPD_OK) {
         if (memcmp(b->tokens[i], r->tokens, r->n_tokens * sizeof(int32_t)) != 0 ||
             b->streamed[i] != r->n_tokens)
@@ -302,10 +184,24 @@ static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
     b->done++;
 }
 
+typedef struct {
+    batch_t *b;
+    void (*during)(batch_t *);
+} run_t;
+
+static bool batch_done(cl_t *c, void *arg)
+{
+    run_t *run = arg;
+    if (run->during != NULL)
+        run->during(run->b);
+    return run->b->done == N_PROMPTS;
+}
+
 /* Runs the 64 prompts at once; `during` is called between polls. */
 static void run_batch(const hpd_sampling_t *s, batch_t *b, void (*during)(batch_t *))
 {
-    hpd_client_t *c = connect_client();
+    hpd_client_t *c = cl_client(&cl);
+    run_t run = {b, during};
     memset(b, 0, sizeof(*b));
     for (int i = 0; i < N_PROMPTS; i++) {
         hpd_generate_params_t p = {prompts[i].ids, (uint32_t)prompts[i].n, MAX_TOKENS, *s};
@@ -313,22 +209,19 @@ static void run_batch(const hpd_sampling_t *s, batch_t *b, void (*during)(batch_
         b->handles[i] = 0;
         assert_int_equal(hpd_client_submit(c, &p, on_token, on_done, b, &b->handles[i]), HPD_OK);
     }
-    while (b->done < N_PROMPTS) {
-        hpd_client_poll(c, 100);
-        if (during != NULL)
-            during(b);
-    }
+    cl_wait(&cl, c, 300, batch_done, &run, "the 64 requests");
     hpd_client_destroy(c);
 }
 
-static void check_batch(const batch_t *b, int32_t ref[][MAX_TOKENS], const char *what)
+static void check_batch(const batch_t *b, tokens_t *ref, const char *what)
 {
     int bad = 0;
     for (int i = 0; i < N_PROMPTS; i++) {
         if (b->status[i] != HPD_OK || b->n[i] != MAX_TOKENS || !b->stream_ok[i] ||
-            memcmp(b->tokens[i], ref[i], sizeof(ref[i])) != 0) {
-            print_message("%s: prompt %d differs (status %s, %u tokens, stream %s)\n", what, i,
-                          hpd_status_str(b->status[i]), b->n[i], b->stream_ok[i] ? "ok" : "bad");
+            b->attempts[i] == 0 || memcmp(b->tokens[i], ref[i], sizeof(ref[i])) != 0) {
+            print_message("%s: prompt %d differs (status %s, %u tokens, stream %s, %u attempts)\n",
+                          what, i, hpd_status_str(b->status[i]), b->n[i],
+                          b->stream_ok[i] ? "ok" : "bad", b->attempts[i]);
             bad++;
         }
     }
@@ -339,18 +232,14 @@ static void check_batch(const batch_t *b, int32_t ref[][MAX_TOKENS], const char 
  * pools mapped into them (UCX-allocated); over tcp, every byte is a UCX put. */
 static void check_data_path(void)
 {
-    hpd_client_t *c = connect_client();
-    hpd_rpc_result_t r;
+    cl_status_t s;
     uint64_t put = 0, mapped = 0;
-    assert_int_equal(hpd_client_status(c, &r), HPD_OK);
-    const msgpack_object *ns = get(&r.result, "nodes");
-    for (uint32_t i = 0; ns && i < ns->via.array.size; i++) {
-        const msgpack_object *xfer = get(get(&ns->via.array.ptr[i], "stats"), "xfer");
-        put += u(xfer, "bytes_put");
-        mapped += u(xfer, "bytes_mapped");
+    cl_status(&cl, &s);
+    for (uint32_t i = 0; i < s.nodes->via.array.size; i++) {
+        put += cl_u64_at(&s.nodes->via.array.ptr[i], "stats.xfer.bytes_put");
+        mapped += cl_u64_at(&s.nodes->via.array.ptr[i], "stats.xfer.bytes_mapped");
     }
-    hpd_rpc_result_destroy(&r);
-    hpd_client_destroy(c);
+    cl_status_free(&s);
     print_message("UCX_TLS=%s: %llu of %llu bytes sent copied into mapped pools\n", ucx_tls,
                   (unsigned long long)mapped, (unsigned long long)put);
     assert_true(put > 0);
@@ -362,83 +251,114 @@ static const hpd_sampling_t seeded = {0.8f, 0.9f, 40, 7};
 
 static void test_bit_identical(void **state)
 {
-    static int32_t ref_g[N_PROMPTS][MAX_TOKENS], ref_s[N_PROMPTS][MAX_TOKENS];
     static batch_t b;
-    reference("", ref_g);
-    reference("--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7", ref_s);
     run_batch(&greedy, &b, NULL);
-    check_batch(&b, ref_g, "greedy");
+    check_batch(&b, ref_greedy(), "greedy");
     print_message("greedy: 64/64 identical to hpd-run, %u prompt tokens from prefix caches\n",
                   b.cached);
     assert_true(b.cached > 0);
     run_batch(&seeded, &b, NULL);
-    check_batch(&b, ref_s, "seeded");
+    check_batch(&b, ref_seeded(), "seeded");
     print_message("seeded sampling: 64/64 identical to hpd-run\n");
-    wait_idle(N_NODES);
+    wait_idle();
     check_data_path();
+    cl.passed++;
 }
 
-/* kill -9 of a prefill node and of a decode node while requests run */
-static int killed;
+/* kill -9 of a prefill node and a decode node while they hold requests:
+ * both are stopped first, so that what the coordinator says they hold stays
+ * theirs until they die; while they hold nothing they go on, and a later
+ * poll tries again. */
+static uint64_t killed_holding;
 static void kill_mid_load(batch_t *b)
 {
     uint32_t streaming = 0;
+    cl_status_t s;
+    if (killed_holding > 0)
+        return;
     for (int i = 0; i < N_PROMPTS; i++)
         streaming += b->streamed[i] > 1 && b->streamed[i] < MAX_TOKENS;
-    if (killed == 0 && b->done >= 4 && (streaming > 0 || b->done >= 48)) {
-        print_message("killing %s and %s with %u requests done, %u streaming\n", nodes[0].name,
-                      nodes[3].name, b->done, streaming);
-        kill(nodes[0].pid, SIGKILL);
-        kill(nodes[3].pid, SIGKILL);
-        killed = 1;
+    if (b->done < 4 || (streaming == 0 && b->done < 48))
+        return;
+    cl_pause(nodes[0].p);
+    cl_pause(nodes[3].p);
+    cl_status(&cl, &s);
+    const msgpack_object *p = cl_status_node(&s, nodes[0].name);
+    const msgpack_object *d = cl_status_node(&s, nodes[3].name);
+    assert_non_null(p);
+    assert_non_null(d);
+    const uint64_t held = cl_u64(p, "jobs") + cl_u64(d, "reserved_slots");
+    cl_status_free(&s);
+    if (held == 0) {
+        cl_resume(nodes[0].p);
+        cl_resume(nodes[3].p);
+        return;
     }
+    print_message("killing %s and %s, which hold %llu requests, with %u done and %u streaming\n",
+                  nodes[0].name, nodes[3].name, (unsigned long long)held, b->done, streaming);
+    cl_kill9(&cl, nodes[0].p);
+    cl_kill9(&cl, nodes[3].p);
+    killed_holding = held;
 }
 
 static void test_failover(void **state)
 {
-    static int32_t ref[N_PROMPTS][MAX_TOKENS];
     static batch_t b;
-    int st;
-    reference("--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7", ref);
-    killed = 0;
+    tokens_t *ref = ref_seeded();
+    const cl_requests_t before = cl_requests(&cl);
+    killed_holding = 0;
     run_batch(&seeded, &b, kill_mid_load);
-    assert_int_equal(killed, 1);
+    assert_true(killed_holding > 0);
     check_batch(&b, ref, "failover");
-    print_message("after kill -9 of a prefill and a decode node: 64/64 identical\n");
-    waitpid(nodes[0].pid, &st, 0);
-    waitpid(nodes[3].pid, &st, 0);
+    /* what the killed nodes held ran again: every retry is one more attempt
+     * of a request that then finished */
+    const cl_requests_t after = cl_requests(&cl);
+    uint64_t again = 0;
+    for (int i = 0; i < N_PROMPTS; i++)
+        again += b.attempts[i] - 1;
+    print_message("after kill -9 of a prefill and a decode node: 64/64 identical, %llu retries\n",
+                  (unsigned long long)(after.retried - before.retried));
+    assert_true(after.retried - before.retried >= 1);
+    assert_int_equal(after.retried - before.retried, again);
+    assert_int_equal(after.failed, before.failed);
     /* replacements join; the cluster is whole and idle again */
     start_node(&nodes[0]);
     start_node(&nodes[3]);
-    wait_idle(N_NODES);
+    wait_idle();
+    cl.passed++;
 }
 
 /* 200 cancels and disconnects at random moments, then one more request
  * that must still be right, and nothing left allocated. */
 typedef struct {
-    uint32_t done;
+    uint32_t submitted, done, ok, canceled, by_reply, other;
+    bool closing; /* hpd_client_destroy ends what is still open */
 } count_t;
 
 static void count_done(void *arg, uint64_t h, hpd_generate_result_t *r)
 {
-    ((count_t *)arg)->done++;
-}
-
-static void count_outcome(void *arg, uint64_t h, hpd_generate_result_t *r)
-{
-    if (r->status == HPD_ERR_NO_RESOURCE && strstr(r->error, "overloaded") != NULL)
-        (*(uint32_t *)arg)++;
-    else
-        assert_int_equal(r->status, HPD_OK);
+    count_t *c = arg;
+    c->done++;
+    if (r->status == HPD_OK) {
+        c->ok++;
+    } else if (r->status == HPD_ERR_CANCELED) {
+        c->canceled++;
+        c->by_reply += !c->closing; /* the coordinator answered "canceled" */
+    } else {
+        print_message("a request of the cancel rounds ended with %s: %s\n",
+                      hpd_status_str(r->status), r->error);
+        c->other++;
+    }
 }
 
 static void test_cancels_and_disconnects(void **state)
 {
-    static int32_t ref[N_PROMPTS][MAX_TOKENS];
+    tokens_t *ref = ref_greedy();
     uint32_t events = 0, round = 0;
-    reference("", ref);
+    count_t all = {0};
+    const cl_requests_t before = cl_requests(&cl);
     while (events < 200) {
-        hpd_client_t *c = connect_client();
+        hpd_client_t *c = cl_client(&cl);
         count_t cnt = {0};
         uint64_t h[16];
         const uint32_t n = 8 + round % 8;
@@ -447,6 +367,7 @@ static void test_cancels_and_disconnects(void **state)
             hpd_generate_params_t p = {prompts[k].ids, (uint32_t)prompts[k].n, MAX_TOKENS,
                                        greedy};
             assert_int_equal(hpd_client_submit(c, &p, NULL, count_done, &cnt, &h[i]), HPD_OK);
+            cnt.submitted++;
         }
         /* cancel about half at random moments, then drop the connection */
         for (uint32_t i = 0; i < n; i++) {
@@ -460,13 +381,36 @@ static void test_cancels_and_disconnects(void **state)
         hpd_client_poll(c, hpd_philox4x32(round, 99, 9).v[0] % 50);
         if (cnt.done < n)
             events++; /* a disconnect with requests in flight */
+        cnt.closing = true;
         hpd_client_destroy(c);
+        assert_int_equal(cnt.done, n);
+        all.submitted += cnt.submitted;
+        all.ok += cnt.ok;
+        all.canceled += cnt.canceled;
+        all.by_reply += cnt.by_reply;
+        all.other += cnt.other;
         round++;
     }
-    print_message("%u cancels and disconnects in %u rounds\n", events, round);
-    wait_idle(N_NODES);
+    wait_idle();
+    /* The coordinator ended every request one way: finished, or canceled
+     * (by a cancel call or by the disconnect). What the client saw canceled
+     * includes the requests finished as their connection closed. */
+    const cl_requests_t after = cl_requests(&cl);
+    const uint64_t finished = after.finished - before.finished;
+    const uint64_t canceled = after.canceled - before.canceled;
+    print_message("%u cancels and disconnects in %u rounds: %u requests; client: %u finished, "
+                  "%u canceled (%u answered 'canceled'); coordinator: %llu finished, %llu "
+                  "canceled\n", events, round, all.submitted, all.ok, all.canceled, all.by_reply,
+                  (unsigned long long)finished, (unsigned long long)canceled);
+    assert_int_equal(all.other, 0);
+    assert_int_equal(after.failed, before.failed);
+    assert_int_equal(after.rejected, before.rejected);
+    assert_int_equal(finished + canceled, all.submitted);
+    assert_true(finished >= all.ok);
+    assert_true(canceled >= all.by_reply && canceled <= all.canceled);
+    assert_true(all.by_reply > 0);
     /* still serving, still right */
-    hpd_client_t *c = connect_client();
+    hpd_client_t *c = cl_client(&cl);
     hpd_generate_result_t r;
     hpd_generate_params_t p = {prompts[5].ids, (uint32_t)prompts[5].n, MAX_TOKENS, greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
@@ -474,12 +418,13 @@ static void test_cancels_and_disconnects(void **state)
     assert_memory_equal(r.tokens, ref[5], sizeof(ref[5]));
     hpd_generate_result_free(&r);
     hpd_client_destroy(c);
+    cl.passed++;
 }
 
 /* Malformed requests get errors that name the problem; serving goes on. */
 static void test_bad_requests(void **state)
 {
-    hpd_client_t *c = connect_client();
+    hpd_client_t *c = cl_client(&cl);
     hpd_generate_result_t r;
     int32_t bad_id[3] = {1, 512, 3}, ok[3] = {1, 2, 3};
     hpd_generate_params_t p = {bad_id, 3, 4, greedy};
@@ -501,17 +446,17 @@ static void test_bad_requests(void **state)
     p = (hpd_generate_params_t){ok, 3, 4, greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
     hpd_generate_result_free(&r);
+    hpd_client_destroy(c);
 
     /* the nodes themselves: malformed commands get errors naming the field */
-    hpd_rpc_result_t st;
-    assert_int_equal(hpd_client_status(c, &st), HPD_OK);
-    const msgpack_object *ns = get(&st.result, "nodes");
+    cl_status_t st;
+    cl_status(&cl, &st);
     char *token = NULL;
-    assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
+    assert_int_equal(hpd_rpc_read_token(cl.token_file, &token), HPD_OK);
     struct event_base *base = event_base_new();
-    for (uint32_t i = 0; i < ns->via.array.size; i++) {
-        const msgpack_object *addr = get(&ns->via.array.ptr[i], "address");
-        const msgpack_object *role = get(&ns->via.array.ptr[i], "role");
+    assert_int_equal(st.nodes->via.array.size, N_NODES);
+    for (uint32_t i = 0; i < st.nodes->via.array.size; i++) {
+        const msgpack_object *addr = cl_field(&st.nodes->via.array.ptr[i], "address");
         char text[96], host[64];
         uint16_t port;
         snprintf(text, sizeof(text), "%.*s", (int)addr->via.str.size, addr->via.str.ptr);
@@ -519,7 +464,7 @@ static void test_bad_requests(void **state)
         hpd_rpc_client_params_t cp = {base, host, port, token, 5000, 0, NULL, NULL, NULL};
         hpd_rpc_client_t *rc;
         assert_int_equal(hpd_rpc_client_create(&cp, &rc), HPD_OK);
-        const bool pre = hpd_rpc_str_eq(role->via.str.ptr, role->via.str.size, "prefill");
+        const bool pre = cl_str_is(&st.nodes->via.array.ptr[i], "role", "prefill");
         hpd_rpc_buf_t b;
         hpd_rpc_result_t res;
         hpd_rpc_buf_init(&b);
@@ -551,42 +496,120 @@ static void test_bad_requests(void **state)
     }
     event_base_free(base);
     free(token);
-    hpd_rpc_result_destroy(&st);
-    hpd_client_destroy(c);
+    cl_status_free(&st);
+    cl.passed++;
 }
 
 /* Past --max-requests (80) the coordinator answers "overloaded" at once;
  * what it admitted completes. Then hpd-client prints what hpd-run prints. */
+#define ADMITTED 80
+#define OVER 5
+#define ADMIT_TOKENS 4
+
+typedef struct {
+    uint64_t handles[ADMITTED + OVER];
+    hpd_status_t status[ADMITTED + OVER];
+    char error[ADMITTED + OVER][128];
+    int32_t tokens[ADMITTED + OVER][ADMIT_TOKENS];
+    uint32_t n[ADMITTED + OVER];
+    bool done[ADMITTED + OVER];
+    uint32_t n_done;
+} admit_t;
+
+static void on_admit_done(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    admit_t *a = arg;
+    for (int i = 0; i < ADMITTED + OVER; i++) {
+        if (a->handles[i] != h)
+            continue;
+        a->status[i] = r->status;
+        snprintf(a->error[i], sizeof(a->error[i]), "%.120s", r->error);
+        a->n[i] = r->n_tokens;
+        if (r->tokens != NULL)
+            memcpy(a->tokens[i], r->tokens, HPD_MIN(r->n_tokens, ADMIT_TOKENS) * sizeof(int32_t));
+        a->done[i] = true;
+        a->n_done++;
+    }
+}
+
+static void admit_submit(hpd_client_t *c, admit_t *a, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        hpd_generate_params_t p = {prompts[i % N_PROMPTS].ids, (uint32_t)prompts[i % N_PROMPTS].n,
+                                   ADMIT_TOKENS, greedy};
+        assert_int_equal(hpd_client_submit(c, &p, NULL, on_admit_done, a, &a->handles[i]),
+                         HPD_OK);
+    }
+}
+
+static bool all_admitted(cl_t *c, void *arg)
+{
+    return cl_requests(c).active == ADMITTED;
+}
+
+static bool over_answered(cl_t *c, void *arg)
+{
+    return ((admit_t *)arg)->n_done >= OVER;
+}
+
 static void test_admission_and_cli(void **state)
 {
-    hpd_client_t *c;
-    uint32_t over = 0, ok = 0;
-    /* 85 at once: the 5 past the limit are refused at once, the rest complete */
-    c = connect_client();
-    for (int i = 0; i < 85; i++) {
-        hpd_generate_params_t p = {prompts[i % N_PROMPTS].ids, (uint32_t)prompts[i % N_PROMPTS].n,
-                                   4, greedy};
-        uint64_t h;
-        assert_int_equal(hpd_client_submit(c, &p, NULL, count_outcome, &over, &h), HPD_OK);
+    static admit_t a;
+    tokens_t *ref = ref_greedy();
+    const cl_requests_t before = cl_requests(&cl);
+    hpd_client_t *c = cl_client(&cl);
+    assert_int_equal(before.active, 0);
+    /* Admission must not race completion: with the prefill nodes stopped,
+     * nothing admitted can finish until all 80 are in, then 5 more come. */
+    memset(&a, 0, sizeof(a));
+    cl_pause(nodes[0].p);
+    cl_pause(nodes[1].p);
+    admit_submit(c, &a, 0, ADMITTED);
+    cl_wait(&cl, c, 120, all_admitted, NULL, "80 requests admitted");
+    admit_submit(c, &a, ADMITTED, ADMITTED + OVER);
+    cl_wait(&cl, c, 60, over_answered, &a, "answers to the 5 requests past the limit");
+    for (int i = 0; i < ADMITTED + OVER; i++) {
+        if (i < ADMITTED && a.done[i])
+            fail_msg("request %d ended while nothing could finish: %s (%s)", i,
+                     hpd_status_str(a.status[i]), a.error[i]);
+        if (i >= ADMITTED && (!a.done[i] || a.status[i] != HPD_ERR_NO_RESOURCE ||
+                              strstr(a.error[i], "overloaded") == NULL))
+            fail_msg("request %d past the limit: %s (%s)", i,
+                     a.done[i] ? hpd_status_str(a.status[i]) : "open", a.error[i]);
     }
-    while (hpd_client_pending(c) > 0)
-        hpd_client_poll(c, 100);
-    ok = 85 - over;
-    print_message("85 requests at once with --max-requests 80: %u admitted, %u overloaded\n", ok,
-                  over);
-    assert_int_equal(over, 5);
+    assert_int_equal(cl_requests(&cl).rejected - before.rejected, OVER);
+    cl_resume(nodes[0].p);
+    cl_resume(nodes[1].p);
+    cl_client_wait(&cl, c, 300, "the 80 admitted requests");
+    for (int i = 0; i < ADMITTED; i++) {
+        if (a.status[i] != HPD_OK || a.n[i] != ADMIT_TOKENS ||
+            memcmp(a.tokens[i], ref[i % N_PROMPTS], sizeof(a.tokens[i])) != 0)
+            fail_msg("admitted request %d: %s (%s), %u tokens", i, hpd_status_str(a.status[i]),
+                     a.error[i], a.n[i]);
+    }
+    print_message("85 requests with --max-requests 80: the 80 admitted completed, identical to "
+                  "hpd-run; 5 overloaded\n");
     hpd_client_destroy(c);
-    wait_idle(N_NODES);
+    wait_idle();
 
     char cmd[4096];
     snprintf(cmd, sizeof(cmd),
-             "%s --model %s --prompts-file %s --max-tokens 8 --threads 2 --device %s "
-             "> %s/run.out && "
-             "%s --coordinator %s --token-file %s generate --prompts-file %s --max-tokens 8 "
-             "--stream > %s/client.out && cmp %s/run.out %s/client.out",
-             HPD_RUN, model, prompts_file, device, root, HPD_CLIENT, coord_addr, token_file,
-             prompts_file, root, root, root);
+             "timeout 300 %s --model %s --prompts-file %s --max-tokens 8 --threads 2 "
+             "--device %s > %s/run.out && "
+             "timeout 300 %s --coordinator %s --token-file %s generate --prompts-file %s "
+             "--max-tokens 8 --stream > %s/client.out && cmp %s/run.out %s/client.out",
+             HPD_RUN, cl.model, prompts_file, device, cl.root, HPD_CLIENT, cl.addr, cl.token_file,
+             prompts_file, cl.root, cl.root, cl.root);
     assert_int_equal(system(cmd), 0);
+    cl.passed++;
+}
+
+/* Last: every process exits 0 on SIGTERM (the nodes drain, then the
+ * coordinator drains and stops), and no log holds a sanitizer report. */
+static void test_clean_exit(void **state)
+{
+    cl_stop_all(&cl);
+    cl.passed++;
 }
 
 int main(void)
@@ -597,7 +620,9 @@ int main(void)
         cmocka_unit_test(test_failover),
         cmocka_unit_test(test_cancels_and_disconnects),
         cmocka_unit_test(test_admission_and_cli),
+        cmocka_unit_test(test_clean_exit), /* last: stops the cluster */
     };
+    cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);
     if (getenv("HPD_TEST_UCX_TLS") != NULL)
         ucx_tls = getenv("HPD_TEST_UCX_TLS");

@@ -1,0 +1,615 @@
+/* The coordinator's and the nodes' policies, each case a small cluster of
+ * real processes on 127.0.0.1 with short timeouts (tests/cluster/harness.h):
+ *
+ * - lease expiry: a prefill node stopped while it holds a request is lost
+ *   when its lease lapses; the request runs again on a new node and is
+ *   right; a stopped idle node, resumed, finds itself dropped and exits 3;
+ * - giving up after --max-attempts: the request's prefill node, then the
+ *   decode node of its next attempt die (-9) while they hold it; the client
+ *   gets "gave up after 2 attempts", and the cluster serves on;
+ * - queue timeout: a request that waits for a decode slot longer than
+ *   --queue-timeout-ms fails with "overloaded"; the others are served;
+ * - decode reservation expiry: a reservation whose prefill is held back is
+ *   freed after --reserve-timeout-ms; the request is retried and is right;
+ * - draining: after SIGTERM the coordinator refuses generate ("draining"),
+ *   /healthz answers 503, a request that cannot finish fails at
+ *   --drain-timeout-ms, and every process exits 0;
+ * - a wrong token is refused at client login and at node registration
+ *   (the node exits 1), and malformed HTTP on the metrics port gets an
+ *   error status or a closed connection, never a crash or a stall;
+ * - decode pool exhaustion: with pages for two requests, the other four
+ *   wait in the queue (none refused, none failed) and all six are right.
+ *
+ * No outcome is raced: a node is stopped (SIGSTOP) so that its lease
+ * lapses or its work stays where it is, or killed (-9) so that it is lost at
+ * once; the test waits for each outcome with a generous deadline and asserts
+ * it, with the coordinator's counters and logs, never on elapsed time. */
+#include "tests/cluster/harness.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "transport/http.h"
+
+#define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
+                   "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+#define N_PROMPTS 6
+#define MAX_TOKENS 8
+#define NEVER "600000" /* a lease or timeout that never lapses within a case */
+
+static cl_t cl;
+static int32_t prompts[N_PROMPTS][100];
+static uint32_t prompt_len[N_PROMPTS];
+static int32_t ref[N_PROMPTS][MAX_TOKENS];
+
+/* Prompts of 90..100 tokens: with MAX_TOKENS, 7 blocks of 16, so 28 pages
+ * on a decode node of layout 16,1,nhd (4 attention layers, 4 groups). */
+static int setup(void **state)
+{
+    char path[400];
+    if (cl_init(&cl, "policies", MODEL_ARGS) != 0)
+        return -1;
+    snprintf(path, sizeof(path), "%s/prompts", cl.root);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < N_PROMPTS; i++) {
+        prompt_len[i] = 90 + 2 * (uint32_t)i;
+        for (uint32_t t = 0; t < prompt_len[i]; t++) {
+            prompts[i][t] = (int32_t)(hpd_philox4x32(77 + i, t, 0).v[0] % 512);
+            fprintf(f, t ? ",%d" : "%d", prompts[i][t]);
+        }
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    cl_reference(&cl, path, N_PROMPTS, MAX_TOKENS, "", &ref[0][0]);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cl_finish(&cl);
+    return 0;
+}
+
+/* After a failed case, what it started goes. */
+static int case_teardown(void **state)
+{
+    cl_kill_all(&cl);
+    return 0;
+}
+
+/* A node with small pools (8 requests of up to 1024 tokens; decode pages
+ * of 16 tokens, one layer each), then one flag of the case (or none). */
+static cl_proc_t *start(const char *role, const char *name, const char *flag, const char *value)
+{
+    const bool prefill = strcmp(role, "prefill") == 0;
+    const char *args[] = {"--kv-layout", prefill ? "64,1,nhd" : "16,1,nhd", "--max-batch", "8",
+                          "--max-context", "1024", "--prefill-chunk", "128", "--staging-mb",
+                          "16", flag, value, NULL};
+    return cl_start_node(&cl, role, name, args);
+}
+
+typedef struct {
+    bool done;
+    hpd_status_t status;
+    char error[256];
+    int32_t tokens[MAX_TOKENS];
+    uint32_t n, attempts;
+} req_t;
+
+static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    req_t *q = arg;
+    q->done = true;
+    q->status = r->status;
+    snprintf(q->error, sizeof(q->error), "%s", r->error);
+    q->n = r->n_tokens;
+    q->attempts = r->attempts;
+    if (r->tokens != NULL)
+        memcpy(q->tokens, r->tokens, HPD_MIN(r->n_tokens, MAX_TOKENS) * sizeof(int32_t));
+}
+
+/* Prompt i, greedy, MAX_TOKENS tokens. */
+static void submit(hpd_client_t *c, int i, req_t *q)
+{
+    hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+    memset(q, 0, sizeof(*q));
+    assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, q, NULL), HPD_OK);
+}
+
+static bool is_done(cl_t *c, void *q)
+{
+    return ((req_t *)q)->done;
+}
+
+static void wait_done(hpd_client_t *c, req_t *q, const char *what)
+{
+    cl_wait(&cl, c, 120, is_done, q, what);
+}
+
+/* Prompt i's request finished with hpd-run's tokens after `attempts`. */
+static void expect_ok(const req_t *q, int i, uint32_t attempts)
+{
+    if (q->status != HPD_OK)
+        fail_msg("prompt %d: %s: %s", i, hpd_status_str(q->status), q->error);
+    assert_int_equal(q->n, MAX_TOKENS);
+    assert_memory_equal(q->tokens, ref[i], sizeof(ref[i]));
+    assert_int_equal(q->attempts, attempts);
+}
+
+static void expect_error(const req_t *q, hpd_status_t st, const char *needle)
+{
+    if (q->status != st || strstr(q->error, needle) == NULL)
+        fail_msg("expected %s with '%s', got %s: '%s'", hpd_status_str(st), needle,
+                 hpd_status_str(q->status), q->error);
+}
+
+/* A line of the log holds both a and b. */
+static bool log_line(const cl_proc_t *p, const char *a, const char *b)
+{
+    char *text;
+    size_t len;
+    bool found = false;
+    if (hpd_read_file(p->log, &text, &len) != HPD_OK)
+        return false;
+    for (char *line = strtok(text, "\n"); line != NULL && !found; line = strtok(NULL, "\n"))
+        found = strstr(line, a) != NULL && strstr(line, b) != NULL;
+    free(text);
+    return found;
+}
+
+typedef struct {
+    uint64_t retried, queued;
+} requeued_t;
+
+static bool requeued(cl_t *c, void *arg)
+{
+    const requeued_t *w = arg;
+    const cl_requests_t q = cl_requests(c);
+    return q.retried == w->retried && q.queued == w->queued;
+}
+
+/* The coordinator's HTTP port, from its log. */
+static uint16_t metrics_port(cl_proc_t *coord)
+{
+    char *text;
+    size_t len;
+    cl_wait_log(&cl, coord, "metrics and health on http port ", 30);
+    assert_int_equal(hpd_read_file(coord->log, &text, &len), HPD_OK);
+    const int port = atoi(strstr(text, "metrics and health on http port ") + 32);
+    free(text);
+    assert_true(port > 0 && port < 65536);
+    return (uint16_t)port;
+}
+
+/* A case's cluster: a coordinator with the case's flags, a decode node (with
+ * one flag of the case, or none) and a prefill node, both registered and
+ * idle, and a client; named TAG-coordinator, TAG-d and TAG-p. */
+typedef struct {
+    cl_proc_t *coord, *d, *p;
+    char d_name[32], p_name[32];
+    hpd_client_t *c;
+} small_t;
+
+static void small_start(small_t *s, const char *tag, const char *const *args, const char *flag,
+                        const char *value)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "%s-coordinator", tag);
+    snprintf(s->d_name, sizeof(s->d_name), "%s-d", tag);
+    snprintf(s->p_name, sizeof(s->p_name), "%s-p", tag);
+    s->coord = cl_start_coordinator(&cl, name, args);
+    s->d = start("decode", s->d_name, flag, value);
+    s->p = start("prefill", s->p_name, NULL, NULL);
+    cl_wait_idle(&cl, 2, 120);
+    s->c = cl_client(&cl);
+}
+
+/* Request q (prompt 0) placed with the prefill node stopped: reserved on the
+ * decode node, its job sent to the prefill node, where it stays. */
+static void small_hold(small_t *s, req_t *q)
+{
+    cl_pause(s->p);
+    submit(s->c, 0, q);
+    cl_wait_node(&cl, s->c, s->p_name, "jobs", 1, 60);
+}
+
+/* The end of a case that passed: n_nodes idle, every process exits 0. */
+static void small_end(small_t *s, uint32_t n_nodes)
+{
+    hpd_client_destroy(s->c);
+    cl_wait_idle(&cl, n_nodes, 120);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+/* ------------------------------------------------------------ cases */
+
+/* A prefill node stopped while it holds a request, and an idle decode node
+ * stopped with it: their leases lapse (no heartbeat), the coordinator drops
+ * both and queues the request again; a new prefill node runs it, right, as
+ * attempt 2. The idle node, resumed, is refused (its heartbeat, or its
+ * closed connection) and exits 3. (The prefill node is killed instead: it
+ * would wake up with the request's job and start pushing to the decode
+ * node, a zombie the coordinator cannot stop.) */
+static void test_lease_expiry(void **state)
+{
+    /* 6 s: much longer than any pause of a healthy node on loaded cores */
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", "--max-attempts", "2",
+                          NULL};
+    small_t s;
+    req_t q;
+    small_start(&s, "lease", args, NULL, NULL); /* lease-d: 8 slots, the request goes there */
+    cl_proc_t *idle = start("decode", "lease-idle", "--max-batch", "4");
+    cl_wait_idle(&cl, 3, 120);
+    cl_pause(idle);
+    small_hold(&s, &q);
+    cl_wait_node(&cl, s.c, "lease-d", "reserved_slots", 1, 60);
+    cl_wait_node(&cl, s.c, "lease-p", NULL, 0, 60);
+    cl_wait_node(&cl, s.c, "lease-idle", NULL, 0, 60);
+    assert_true(log_line(s.coord, "prefill node lease-p", "lost: lease expired (no heartbeat)"));
+    assert_true(log_line(s.coord, "decode node lease-idle", "lost: lease expired (no heartbeat)"));
+    const cl_requests_t r = cl_requests(&cl);
+    assert_int_equal(r.retried, 1);
+    assert_int_equal(r.queued, 1); /* no prefill node: it waits */
+    assert_int_equal(r.failed, 0);
+    assert_false(q.done);
+
+    cl_kill9(&cl, s.p);
+    cl_ending(idle);
+    cl_resume(idle);
+    cl_expect_end(&cl, idle, 3, 60);
+    assert_true(cl_file_has(idle->log, "exiting"));
+
+    start("prefill", "lease-p2", NULL, NULL);
+    wait_done(s.c, &q, "the request whose prefill node's lease lapsed");
+    expect_ok(&q, 0, 2);
+    small_end(&s, 2);
+}
+
+/* --max-attempts 2: the prefill node holding the request dies (attempt 1),
+ * then the decode node holding its attempt 2 dies: the request fails with
+ * "gave up after 2 attempts"; the cluster, with a new decode node, serves. */
+static void test_max_attempts(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--max-attempts", "2",
+                          NULL};
+    small_t s;
+    req_t q;
+    small_start(&s, "attempts", args, NULL, NULL);
+    small_hold(&s, &q);
+    cl_pause(s.d); /* attempt 2 will wait on it */
+    cl_kill9(&cl, s.p);
+    requeued_t w = {1, 1};
+    cl_wait(&cl, s.c, 60, requeued, &w, "the request queued again after its prefill node died");
+    start("prefill", "attempts-p2", NULL, NULL);
+    cl_wait_node(&cl, s.c, "attempts-d", "reserved_slots", 1, 120);
+    cl_kill9(&cl, s.d);
+    wait_done(s.c, &q, "the request whose nodes died twice");
+    expect_error(&q, HPD_ERR_INTERNAL, "gave up after 2 attempts");
+    expect_error(&q, HPD_ERR_INTERNAL, "attempts-d"); /* lost, or its reserve call failed */
+    const cl_requests_t r = cl_requests(&cl);
+    assert_int_equal(r.retried, 1);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.active, 0);
+
+    start("decode", "attempts-d2", NULL, NULL);
+    cl_wait_idle(&cl, 2, 120);
+    submit(s.c, 1, &q);
+    wait_done(s.c, &q, "a request after the failure");
+    expect_ok(&q, 1, 1);
+    small_end(&s, 2);
+}
+
+/* One decode slot, held by a request whose prefill node is stopped: the
+ * next request waits in the queue and fails with "overloaded" after
+ * --queue-timeout-ms; the first one then completes, and so does a third. */
+static void test_queue_timeout(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--queue-timeout-ms",
+                          "1500", NULL};
+    small_t s;
+    req_t q1, q2, q3;
+    small_start(&s, "queue", args, "--max-batch", "1");
+    small_hold(&s, &q1);
+    submit(s.c, 1, &q2);
+    wait_done(s.c, &q2, "the request waiting for a decode slot");
+    expect_error(&q2, HPD_ERR_NO_RESOURCE, "no node could take the request within 1500 ms");
+    cl_requests_t r = cl_requests(&cl);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.active, 1);
+    assert_false(q1.done);
+
+    cl_resume(s.p);
+    wait_done(s.c, &q1, "the request holding the slot");
+    expect_ok(&q1, 0, 1);
+    submit(s.c, 2, &q3);
+    wait_done(s.c, &q3, "a request after the timeout");
+    expect_ok(&q3, 2, 1);
+    r = cl_requests(&cl);
+    assert_int_equal(r.failed, 1);
+    assert_int_equal(r.retried, 0);
+    small_end(&s, 2);
+}
+
+/* A reservation whose prefill node is stopped expires after
+ * --reserve-timeout-ms: the decode node frees its slot and pages. The
+ * prefill node, resumed, finishes; the decode node refuses to start the
+ * expired job, and the request runs again, right. (On loaded cores a later
+ * attempt may expire too: each expiry is one retry.) */
+static void test_reservation_expiry(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--max-attempts", "20",
+                          NULL};
+    small_t s;
+    req_t q;
+    cl_status_t st;
+    small_start(&s, "reserve", args, "--reserve-timeout-ms", "2000");
+    small_hold(&s, &q);
+    cl_wait_node(&cl, s.c, "reserve-d", "stats.load.expired", 1, 60);
+    cl_status(&cl, &st);
+    const msgpack_object *dn = cl_status_node(&st, "reserve-d");
+    assert_non_null(dn);
+    assert_int_equal(cl_u64_at(dn, "stats.slots_used"), 0);
+    assert_int_equal(cl_u64_at(dn, "stats.pages_used"), 0);
+    assert_int_equal(cl_u64_at(dn, "stats.load.reserved"), 0);
+    cl_status_free(&st);
+    assert_true(log_line(s.d, "reservation of job", "expired before it started"));
+
+    cl_resume(s.p);
+    wait_done(s.c, &q, "the request whose reservation expired");
+    expect_ok(&q, 0, q.attempts);
+    assert_true(q.attempts >= 2);
+    cl_wait_idle(&cl, 2, 120);
+    cl_status(&cl, &st);
+    dn = cl_status_node(&st, "reserve-d");
+    assert_non_null(dn);
+    assert_int_equal(cl_u64_at(dn, "stats.load.expired"), q.attempts - 1);
+    assert_int_equal(st.req.retried, q.attempts - 1);
+    assert_int_equal(st.req.failed, 0);
+    cl_status_free(&st);
+    small_end(&s, 2);
+}
+
+/* SIGTERM drains the coordinator: generate is refused ("draining"), /healthz
+ * answers 503, the open request, which cannot finish (its prefill node is
+ * stopped), fails at --drain-timeout-ms; the coordinator then tells the
+ * nodes to stop, and all exit 0. */
+static void test_drain(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--drain-timeout-ms",
+                          "2000", "--metrics-port", "0", NULL};
+    small_t s;
+    req_t q1, q2;
+    int code = 0;
+    char *body = NULL;
+    small_start(&s, "drain", args, NULL, NULL);
+    const uint16_t http = metrics_port(s.coord);
+    small_hold(&s, &q1);
+
+    cl_ending(s.coord);
+    cl_ending(s.d);
+    cl_ending(s.p);
+    assert_int_equal(kill(s.coord->pid, SIGTERM), 0);
+    cl_wait_log(&cl, s.coord, "draining 1 open requests", 60);
+    assert_int_equal(hpd_http_get("127.0.0.1", http, "/healthz", 10000, &code, &body), HPD_OK);
+    assert_int_equal(code, 503);
+    assert_non_null(strstr(body, "draining"));
+    free(body);
+    submit(s.c, 1, &q2);
+    wait_done(s.c, &q2, "a request sent while the coordinator drains");
+    expect_error(&q2, HPD_ERR_NO_RESOURCE, "the coordinator is shutting down (draining)");
+    assert_int_equal(cl_requests(&cl).rejected, 1);
+    assert_false(q1.done);
+    wait_done(s.c, &q1, "the open request at the drain deadline");
+    expect_error(&q1, HPD_ERR_INTERNAL, "drain deadline passed");
+    hpd_client_destroy(s.c);
+    cl_expect_end(&cl, s.coord, 0, 60);
+    assert_true(cl_file_has(s.coord->log, "drained: nodes told to shut down"));
+    cl_expect_end(&cl, s.d, 0, 60);
+    cl_resume(s.p);
+    cl_expect_end(&cl, s.p, 0, 60);
+    cl.passed++;
+}
+
+#define TEXT(s) s, sizeof(s) - 1
+
+/* Sends bytes to an HTTP port, closes the sending side and returns the
+ * answer's status code (0: the server closed without one). */
+static int http_raw(uint16_t port, const char *data, size_t len)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct timeval tv = {30, 0};
+    char buf[4096];
+    size_t got = 0;
+    ssize_t n;
+    assert_true(fd >= 0);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    for (size_t off = 0; off < len; off += (size_t)n)
+        if ((n = send(fd, data + off, len - off, MSG_NOSIGNAL)) <= 0)
+            break; /* the server answered and closed before the end */
+    shutdown(fd, SHUT_WR);
+    while (got < sizeof(buf) - 1 && (n = recv(fd, buf + got, sizeof(buf) - 1 - got, 0)) > 0)
+        got += (size_t)n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        fail_msg("no answer and no close within 30 s");
+    close(fd);
+    buf[got] = '\0';
+    int code = 0;
+    if (got > 0 && sscanf(buf, "HTTP/1.%*d %d", &code) != 1)
+        fail_msg("not an HTTP answer: '%.80s'", buf);
+    return code;
+}
+
+/* A wrong token is refused at client login and at node registration (the
+ * node exits 1), and the coordinator goes on; malformed HTTP on its
+ * metrics port gets an error status or a closed connection, a stalled
+ * request does not hold up others, and /metrics is served after. */
+static void test_wrong_token_and_bad_http(void **state)
+{
+    const char *args[] = {"--metrics-port", "0", NULL};
+    char wrong[400], *body = NULL;
+    int code = 0;
+    hpd_client_t *c;
+    req_t q;
+    cl_proc_t *coord = cl_start_coordinator(&cl, "auth-coordinator", args);
+    const uint16_t http = metrics_port(coord);
+
+    /* clients */
+    hpd_client_params_t cp = {"127.0.0.1", cl.port, "not-the-secret", 10000};
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_ERR_INVALID_ARG);
+    cp.token = NULL;
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_ERR_INVALID_ARG);
+    cl_wait_log(&cl, coord, "connection refused: wrong token", 30);
+    c = cl_client(&cl);
+    submit(c, 0, &q); /* authenticated, but no node yet */
+    wait_done(c, &q, "a request with no node registered");
+    expect_error(&q, HPD_ERR_NO_RESOURCE, "no prefill node is registered");
+
+    /* a node */
+    snprintf(wrong, sizeof(wrong), "%s/wrong-token", cl.root);
+    assert_int_equal(hpd_write_file(wrong, "not-the-secret\n", 15), HPD_OK);
+    cl_proc_t *p = start("prefill", "auth-p", "--token-file", wrong);
+    cl_ending(p);
+    cl_expect_end(&cl, p, 1, 120);
+    assert_true(cl_file_has(p->log, "refused the connection: authentication failed"));
+    cl_status_t s;
+    cl_status(&cl, &s);
+    assert_int_equal(s.nodes->via.array.size, 0);
+    assert_int_equal(s.req.rejected, 1);
+    cl_status_free(&s);
+    hpd_client_destroy(c);
+
+    /* HTTP: each answered with one of its codes (0: closed, no answer) */
+    static char huge[1 << 20];
+    memset(huge, 'A', sizeof(huge));
+    memcpy(huge, "GET /metrics HTTP/1.1\r\nX-A: ", 28);
+    memcpy(huge + sizeof(huge) - 4, "\r\n\r\n", 4);
+    char binary[256];
+    for (int i = 0; i < 256; i++)
+        binary[i] = (char)i;
+    static const char chunked[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                                  "chunked\r\n\r\nzz\r\n";
+    const struct {
+        const char *data;
+        size_t len;
+        int codes[3];
+    } cases[] = {
+        {TEXT("GARBAGE\r\n\r\n"), {400}},
+        {TEXT("\r\n\r\n"), {400}},
+        {TEXT("GET /metrics HTTP/9.9\r\nHost: x\r\n\r\n"), {400}},
+        {TEXT("GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"), {400}},
+        {TEXT("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"), {405, 501}},
+        {TEXT("GET /nosuch HTTP/1.1\r\nHost: x\r\n\r\n"), {404}},
+        {TEXT("GET /metrics HTTP/1.1\r\n"), {0, 400}}, /* cut short */
+        {chunked, sizeof(chunked) - 1, {400, 413}},
+        {binary, sizeof(binary), {400}},
+        {huge, sizeof(huge), {0, 200, 400}}, /* 1 MiB of header */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        code = http_raw(http, cases[i].data, cases[i].len);
+        const bool allowed = code == cases[i].codes[0] ||
+                             (code != 0 && (code == cases[i].codes[1] || code == cases[i].codes[2]));
+        if (!allowed)
+            fail_msg("malformed HTTP case %zu ('%.20s'): answered %d", i, cases[i].data, code);
+        cl_check_alive(&cl);
+    }
+    /* a request that never ends its headers does not hold up others */
+    const int stall = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(http)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(stall, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(send(stall, "GET /metrics HTTP/1.1\r\nHost: x\r\n", 32, MSG_NOSIGNAL), 32);
+    body = cl_scrape(http);
+    assert_true(cl_sample(body, "hpd_requests_total{outcome=\"overloaded\"}") == 1);
+    free(body);
+    close(stall);
+    assert_int_equal(hpd_http_get("127.0.0.1", http, "/healthz", 10000, &code, &body), HPD_OK);
+    assert_int_equal(code, 200);
+    free(body);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+typedef struct {
+    uint64_t active, queued, reserved; /* reserved: the decode node's slots */
+} placed_t;
+
+static placed_t placed(void)
+{
+    cl_status_t s;
+    cl_status(&cl, &s);
+    const msgpack_object *d = cl_status_node(&s, "pool-d");
+    assert_non_null(d);
+    const placed_t pl = {s.req.active, s.req.queued, cl_u64(d, "reserved_slots")};
+    cl_status_free(&s);
+    return pl;
+}
+
+static bool two_placed(cl_t *c, void *arg)
+{
+    const placed_t pl = placed();
+    return pl.active == N_PROMPTS && pl.queued == N_PROMPTS - 2 && pl.reserved == 2;
+}
+
+/* A decode pool of 64 pages holds two of these requests (28 pages each):
+ * with the prefill node stopped, two are placed and four wait in the queue;
+ * then all six complete, right, each placed once (the coordinator accounts
+ * the pages it reserved: no reservation is sent for the node to refuse),
+ * and every page is free again. */
+static void test_decode_pool_exhaustion(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--metrics-port", "0",
+                          NULL};
+    small_t s;
+    req_t q[N_PROMPTS];
+    small_start(&s, "pool", args, "--kv-pages", "64");
+    const uint16_t http = metrics_port(s.coord);
+    cl_wait_node(&cl, NULL, "pool-d", "stats.pages_total", 64, 30);
+    cl_pause(s.p);
+    for (int i = 0; i < N_PROMPTS; i++)
+        submit(s.c, i, &q[i]);
+    cl_wait(&cl, s.c, 60, two_placed, NULL, "two requests placed, four queued");
+    cl_wait_node(&cl, s.c, "pool-d", "stats.pages_used", 56, 60);
+    cl_wait_node(&cl, s.c, "pool-d", "stats.slots_used", 2, 60);
+    for (int i = 0; i < 10; i++) { /* and it stays so */
+        hpd_client_poll(s.c, 50);
+        const placed_t pl = placed();
+        assert_int_equal(pl.queued, N_PROMPTS - 2);
+        assert_int_equal(pl.reserved, 2);
+    }
+    cl_resume(s.p);
+    cl_client_wait(&cl, s.c, 120, "the six requests");
+    for (int i = 0; i < N_PROMPTS; i++)
+        expect_ok(&q[i], i, 1);
+    const cl_requests_t r = cl_requests(&cl);
+    assert_int_equal(r.finished, N_PROMPTS);
+    assert_int_equal(r.failed + r.rejected + r.retried, 0);
+    char *m = cl_scrape(http);
+    const double placements = cl_sample(m, "hpd_queue_wait_seconds_count");
+    free(m);
+    if (placements != N_PROMPTS)
+        fail_msg("%.0f placements on the decode node for %d requests", placements, N_PROMPTS);
+    cl_wait_node(&cl, NULL, "pool-d", "stats.pages_used", 0, 30);
+    small_end(&s, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_lease_expiry, case_teardown),
+        cmocka_unit_test_teardown(test_max_attempts, case_teardown),
+        cmocka_unit_test_teardown(test_queue_timeout, case_teardown),
+        cmocka_unit_test_teardown(test_reservation_expiry, case_teardown),
+        cmocka_unit_test_teardown(test_drain, case_teardown),
+        cmocka_unit_test_teardown(test_wrong_token_and_bad_http, case_teardown),
+        cmocka_unit_test_teardown(test_decode_pool_exhaustion, case_teardown),
+    };
+    cl.cases = sizeof(tests) / sizeof(tests[0]);
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
