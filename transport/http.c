@@ -37,10 +37,6 @@ static void on_metrics(struct evhttp_request *req, void *arg)
     hpd_http_t *h = arg;
     size_t len = 0;
     char *text;
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_GET) {
-        evhttp_send_error(req, 405, "only GET");
-        return;
-    }
     if (h->p.collect != NULL)
         h->p.collect(h->p.arg);
     if ((text = hpd_metrics_render(h->p.metrics, &len)) == NULL) {
@@ -56,10 +52,6 @@ static void on_health(struct evhttp_request *req, void *arg)
     hpd_http_t *h = arg;
     char msg[256] = "ok";
     bool ok = true;
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_GET) {
-        evhttp_send_error(req, 405, "only GET");
-        return;
-    }
     if (h->p.health != NULL)
         ok = h->p.health(h->p.arg, msg, sizeof(msg) - 1);
     size_t len = strnlen(msg, sizeof(msg) - 1);
@@ -80,7 +72,11 @@ hpd_status_t hpd_http_create(const hpd_http_params_t *params, hpd_http_t **http_
     h->p = *params;
     if ((h->http = evhttp_new(params->base)) == NULL)
         goto err_free;
+    /* only GET (libevent answers any other method itself, 501); requests
+     * are small, so a peer cannot make it buffer more than these bounds */
     evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET);
+    evhttp_set_max_headers_size(h->http, HPD_HTTP_MAX_HEADERS);
+    evhttp_set_max_body_size(h->http, HPD_HTTP_MAX_BODY);
     evhttp_set_timeout(h->http, 10);
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_cb(h->http, "/healthz", on_health, h);

@@ -26,7 +26,14 @@ typedef struct {
     void *arg;
 } hpd_http_params_t;
 
-/* Binds and serves from params->base (HPD_ERR_IO: the port is taken). */
+/* What the server reads of one request: headers beyond HPD_HTTP_MAX_HEADERS
+ * bytes or a body beyond HPD_HTTP_MAX_BODY are refused (the connection is
+ * answered with an error or closed), never buffered. */
+#define HPD_HTTP_MAX_HEADERS (16u << 10)
+#define HPD_HTTP_MAX_BODY (64u << 10)
+
+/* Binds and serves GET /metrics and /healthz from params->base (HPD_ERR_IO:
+ * the port is taken). */
 hpd_status_t hpd_http_create(const hpd_http_params_t *params, hpd_http_t **http_p);
 uint16_t hpd_http_port(const hpd_http_t *http);
 void hpd_http_destroy(hpd_http_t *http);
