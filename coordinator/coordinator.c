@@ -553,15 +553,51 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 }
 
 /* Places queued requests, first come first served, while decode room lasts. */
+/* Whether a live decode node could ever hold r, were its pool empty. False
+ * only when decode nodes are registered and none of them could; then
+ * *need_p and *largest_p say how many pages r needs on the node whose pool
+ * comes closest (*largest_p pages). */
+static bool could_ever_place(const req_t *r, uint32_t *need_p, uint32_t *largest_p)
+{
+    bool any = false;
+    uint32_t tokens = r->n_prompt + r->max_tokens;
+    *need_p = *largest_p = 0;
+    for (node_t *n = C.nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->draining || n->role != ROLE_DECODE)
+            continue;
+        any = true;
+        const uint32_t need = pages_for(n, tokens);
+        if (n->slots > 0 && n->max_context >= tokens && need <= n->pages)
+            return true;
+        if (n->max_context >= tokens && n->pages >= *largest_p)
+            *need_p = need, *largest_p = n->pages;
+    }
+    /* none registered: wait for one; none with the context for it (need 0):
+     * admission refuses those, by max_context */
+    return !any || *need_p == 0;
+}
+
+/* Places queued requests in arrival order. A request that fits no decode
+ * node now waits, and so does everything behind it (first come, first
+ * served); one that no registered decode node could ever hold fails at once
+ * instead of holding up the queue until it times out. */
 static void schedule(void)
 {
-    for (req_t *r = C.reqs; r != NULL; r = r->next) {
-        uint32_t pages = 0;
+    for (req_t *r = C.reqs, *next; r != NULL; r = next) {
+        uint32_t pages = 0, largest;
         node_t *d;
+        next = r->next;
         if (r->state != R_QUEUED)
             continue;
-        if ((d = pick_decode(r, &pages)) == NULL)
-            break;
+        if ((d = pick_decode(r, &pages)) == NULL) {
+            if (could_ever_place(r, &pages, &largest))
+                break;
+            req_fail(r, HPD_RPC_ERR_PARAMS,
+                     "the request needs %u KV pages for %u prompt + %u new tokens, but the "
+                     "largest decode pool holds %u pages",
+                     pages, r->n_prompt, r->max_tokens, largest);
+            continue;
+        }
         bool have_prefill = false;
         for (node_t *n = C.nodes; n != NULL; n = n->next)
             have_prefill |= n->alive && n->role == ROLE_PREFILL;

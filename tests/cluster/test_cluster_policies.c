@@ -571,8 +571,16 @@ static void test_decode_pool_exhaustion(void **state)
     const uint16_t http = metrics_port(s.coord);
     cl_wait_node(&cl, NULL, "pool-d", "stats.pages_total", 64, 30);
     cl_pause(s.p);
+    /* first in the queue, one that no pool of 64 pages can ever hold: it
+     * fails at once, naming the pages, and holds up none behind it */
+    req_t big;
+    hpd_generate_params_t bp = {prompts[0], prompt_len[0], 600, {0, 1, 0, 0}};
+    memset(&big, 0, sizeof(big));
+    assert_int_equal(hpd_client_submit(s.c, &bp, NULL, on_done, &big, NULL), HPD_OK);
     for (int i = 0; i < N_PROMPTS; i++)
         submit(s.c, i, &q[i]);
+    wait_done(s.c, &big, "the request too large for any decode pool");
+    expect_error(&big, HPD_ERR_INVALID_ARG, "largest decode pool holds 64 pages");
     cl_wait(&cl, s.c, 60, two_placed, NULL, "two requests placed, four queued");
     cl_wait_node(&cl, s.c, "pool-d", "stats.pages_used", 56, 60);
     cl_wait_node(&cl, s.c, "pool-d", "stats.slots_used", 2, 60);
@@ -588,7 +596,8 @@ static void test_decode_pool_exhaustion(void **state)
         expect_ok(&q[i], i, 1);
     const cl_requests_t r = cl_requests(&cl);
     assert_int_equal(r.finished, N_PROMPTS);
-    assert_int_equal(r.failed + r.rejected + r.retried, 0);
+    assert_int_equal(r.failed, 1); /* the large one */
+    assert_int_equal(r.rejected + r.retried, 0);
     char *m = cl_scrape(http);
     const double placements = cl_sample(m, "hpd_queue_wait_seconds_count");
     free(m);
