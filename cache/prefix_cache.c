@@ -244,14 +244,15 @@ static bool host_room(hpd_prefix_cache_t *c, uint64_t bytes, uint32_t keep)
     return true;
 }
 
-/* Moves a device checkpoint to the host tier. */
-static hpd_status_t ckpt_to_host(hpd_prefix_cache_t *c, uint32_t idx)
+/* Moves a device checkpoint to the host tier, leaving room there for
+ * `reserve` more bytes (the entry's KV when it moves too). */
+static hpd_status_t ckpt_to_host(hpd_prefix_cache_t *c, uint32_t idx, uint64_t reserve)
 {
     entry_t *e = &c->e[idx];
     void *buf;
     hpd_status_t st;
 
-    if (c->p.host_bytes == 0 || !host_room(c, c->p.state_bytes, idx))
+    if (c->p.host_bytes == 0 || !host_room(c, c->p.state_bytes + reserve, idx))
         return HPD_ERR_NO_RESOURCE;
     if ((buf = malloc(c->p.state_bytes)) == NULL)
         return HPD_ERR_NO_MEMORY;
@@ -282,7 +283,7 @@ static hpd_status_t entry_to_host(hpd_prefix_cache_t *c, uint32_t idx)
 
     if (c->p.host_bytes == 0 || !host_room(c, kv, idx))
         return HPD_ERR_NO_RESOURCE;
-    if (e->ckpt != 0 && (st = ckpt_to_host(c, idx)) != HPD_OK)
+    if (e->ckpt != 0 && (st = ckpt_to_host(c, idx, kv)) != HPD_OK)
         release_ckpt(c, e); /* no room for the state: keep the KV, lose the checkpoint */
     if ((buf = malloc(kv ? kv : 1)) == NULL)
         return HPD_ERR_NO_MEMORY;
@@ -343,9 +344,12 @@ hpd_status_t hpd_prefix_cache_make_room(hpd_prefix_cache_t *c, uint32_t pages)
  * host tier if it has room) when all are taken. */
 static hpd_status_t ckpt_alloc(hpd_prefix_cache_t *c, uint32_t *slot_p)
 {
+    hpd_status_t st;
+
     if (c->ckpts == NULL)
         return HPD_ERR_NO_RESOURCE;
-    while (hpd_slot_pool_alloc(c->ckpts, slot_p) == HPD_ERR_NO_RESOURCE) {
+    /* eviction answers a full pool only; a backend error is passed up */
+    while ((st = hpd_slot_pool_alloc(c->ckpts, slot_p)) == HPD_ERR_NO_RESOURCE) {
         uint32_t best = NONE;
         for (uint32_t i = 0; i < c->n_entries; i++) {
             const entry_t *e = &c->e[i];
@@ -355,10 +359,10 @@ static hpd_status_t ckpt_alloc(hpd_prefix_cache_t *c, uint32_t *slot_p)
         }
         if (best == NONE)
             return HPD_ERR_NO_RESOURCE;
-        if (ckpt_to_host(c, best) != HPD_OK)
+        if (ckpt_to_host(c, best, 0) != HPD_OK)
             release_ckpt(c, &c->e[best]);
     }
-    return HPD_OK;
+    return st;
 }
 
 /* ------------------------------------------------------------ public */
@@ -730,19 +734,24 @@ hpd_status_t hpd_prefix_cache_insert(hpd_prefix_cache_t *c, const hpd_block_hash
 
     c->clock++;
     for (uint32_t i = 0; i < n_blocks; i++, parent = idx) {
+        bool created = false;
         idx = find(c, &hashes[i]);
         if (idx == NONE) {
             if ((st = new_entry(c, &hashes[i], parent, i, &idx)) != HPD_OK)
                 return st;
-            c->st.inserted_blocks++;
+            created = true;
         }
         entry_t *e = &c->e[idx];
         e->lru = c->clock;
         if (e->tier == TIER_DEVICE && e->pages != NULL)
             continue;
         /* new, or in the host tier: reference the request's pages */
-        if ((st = adopt_pages(c, idx, tables)) != HPD_OK)
+        if ((st = adopt_pages(c, idx, tables)) != HPD_OK) {
+            if (created)
+                drop_entry(c, idx); /* a device entry must hold its pages */
             return st;
+        }
+        c->st.inserted_blocks += created;
     }
     if (state == NULL || idx == NONE || c->p.state_bytes == 0)
         return HPD_OK;
@@ -754,8 +763,10 @@ hpd_status_t hpd_prefix_cache_insert(hpd_prefix_cache_t *c, const hpd_block_hash
     st = ckpt_alloc(c, &slot);
     last = &c->e[idx];
     last->lock--;
-    if (st != HPD_OK)
+    if (st == HPD_ERR_NO_RESOURCE)
         return HPD_OK; /* no slot to spare: the entry stays without state */
+    if (st != HPD_OK)
+        return st; /* the entry stays without state too */
     hpd_slot_copy_args_t cp = {hpd_slot_pool_ptr(c->ckpts, slot), state, c->p.state_bytes};
     if ((st = hpd_slot_copy(c->p.backend, &cp)) != HPD_OK) {
         hpd_slot_pool_unref(c->ckpts, slot);

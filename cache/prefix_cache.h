@@ -104,7 +104,9 @@ void hpd_prefix_cache_release(hpd_prefix_cache_t *cache, hpd_prefix_match_t *mat
  * in the pool's layout), a host-tier entry is promoted onto them. When
  * `state` is not NULL it is the GDN state after block n_blocks - 1, saved as
  * that entry's checkpoint if it has none (evicting an LRU checkpoint to the
- * host tier when the device slots are full). */
+ * host tier when the device slots are full; without a slot to spare the
+ * entry stays without state). On an error (out of memory, a backend copy
+ * failing) the blocks recorded before it stay, the state is not saved. */
 hpd_status_t hpd_prefix_cache_insert(hpd_prefix_cache_t *cache, const hpd_block_hash_t *hashes,
                                      uint32_t n_blocks, const uint32_t *const *tables,
                                      const void *state);
