@@ -42,11 +42,12 @@ void hpd_log_write(hpd_log_level_t level, const char *component, uint64_t reques
     if (n > 0 && (size_t)n < sizeof(line))
         vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
     va_end(ap);
-    /* one fputs per line keeps lines of concurrent threads whole */
+    /* one fputs per line keeps lines of concurrent threads whole; a line cut
+     * at the end of the buffer still ends with its newline */
     size_t len = strlen(line);
-    if (len + 1 < sizeof(line)) {
-        line[len] = '\n';
-        line[len + 1] = '\0';
-    }
+    if (len > sizeof(line) - 2)
+        len = sizeof(line) - 2;
+    line[len] = '\n';
+    line[len + 1] = '\0';
     fputs(line, stderr);
 }

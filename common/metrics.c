@@ -205,7 +205,8 @@ char *hpd_metrics_render(const hpd_metrics_t *m, size_t *len_p)
             if (strcmp(m->items[j]->name, x->name) == 0)
                 put_metric(f, m->items[j]);
     }
-    if (fclose(f) != 0) {
+    /* text is NULL when the stream's last allocation failed in fclose */
+    if (fclose(f) != 0 || text == NULL) {
         free(text);
         return NULL;
     }

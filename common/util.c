@@ -54,6 +54,7 @@ hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, c
             goto err_free;
         }
         if (hpd_grow(&ids, &cap, n + 1, sizeof(*ids)) != HPD_OK) {
+            snprintf(err, errlen, "token id list: out of memory");
             free(ids);
             return HPD_ERR_NO_MEMORY;
         }
@@ -182,28 +183,34 @@ void hpd_prompts_free(hpd_prompt_t *prompts, size_t n)
 hpd_status_t hpd_read_prompts(const char *tool, const char *path, hpd_prompt_t **prompts_p,
                               size_t *n_p)
 {
-    char *text, *save = NULL, err[160];
+    char *text, *next, err[160];
     size_t len, n = 0, cap = 0, line = 0;
     hpd_prompt_t *prompts = NULL;
+    hpd_status_t st;
 
     if (hpd_read_file(path, &text, &len) != HPD_OK) {
         fprintf(stderr, "%s: cannot read %s\n", tool, path);
         return HPD_ERR_IO;
     }
-    for (char *l = strtok_r(text, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
+    /* line by line: strtok_r would pass over empty lines and miscount them */
+    for (char *l = text; l != NULL; l = next) {
+        if ((next = strchr(l, '\n')) != NULL)
+            *next++ = '\0';
         line++;
         if (strspn(l, " \t\r") == strlen(l))
             continue;
         if (hpd_grow(&prompts, &cap, n + 1, sizeof(*prompts)) != HPD_OK) {
+            fprintf(stderr, "%s: %s: out of memory\n", tool, path);
             free(text);
             hpd_prompts_free(prompts, n);
             return HPD_ERR_NO_MEMORY;
         }
-        if (hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err)) != HPD_OK) {
+        st = hpd_parse_id_list(l, &prompts[n].ids, &prompts[n].n, err, sizeof(err));
+        if (st != HPD_OK) {
             fprintf(stderr, "%s: %s line %zu: %s\n", tool, path, line, err);
             free(text);
             hpd_prompts_free(prompts, n);
-            return HPD_ERR_INVALID_ARG;
+            return st;
         }
         n++;
     }

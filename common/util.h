@@ -20,7 +20,8 @@ hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem);
 /* Parses a comma-separated list of non-negative integers ("1,2,3", spaces
  * allowed around commas). On success *ids_p is a malloc'ed array owned by the
  * caller. An empty list, a negative or non-numeric item, or a value above
- * INT32_MAX gives HPD_ERR_INVALID_ARG and a message in err (errlen bytes). */
+ * INT32_MAX gives HPD_ERR_INVALID_ARG and a message in err (errlen bytes);
+ * out of memory, HPD_ERR_NO_MEMORY and a message. */
 hpd_status_t hpd_parse_id_list(const char *text, int32_t **ids_p, size_t *n_p, char *err,
                                size_t errlen);
 
@@ -45,9 +46,10 @@ typedef struct {
     size_t n;
 } hpd_prompt_t;
 
-/* Reads a prompts file: one prompt per line as comma- or space-separated
- * token ids, blank lines skipped. Errors (unreadable file, a bad id with its
- * line, no prompt at all) are printed to stderr after `tool: `.
+/* Reads a prompts file: one prompt per line as comma-separated token ids
+ * (hpd_parse_id_list), blank lines skipped. Errors (unreadable file, a bad
+ * id with its line, no prompt at all, out of memory) are printed to stderr
+ * after `tool: `.
  * Free with hpd_prompts_free. */
 hpd_status_t hpd_read_prompts(const char *tool, const char *path, hpd_prompt_t **prompts_p,
                               size_t *n_p);
