@@ -119,7 +119,7 @@ static void test_rope_partial_neox(void **state)
 {
     enum { T = 3, NH = 2, D = 32, ROT = 8 };
     float x[T * NH * D], orig[T * NH * D];
-    const int32_t pos[T] = {0, 5, 1000};
+    const int32_t pos[T] = {5, 0, 1000}; /* position 0 is the identity: not first */
     test_fill(x, T * NH * D, 6, 1.0f);
     memcpy(orig, x, sizeof(x));
     hpd_rope_args_t a = {{x, NH * D, D}, T, NH, D, ROT, pos, 10000.0f};
@@ -160,6 +160,12 @@ static void test_conv1d_sequence_vs_steps(void **state)
     }
     assert_memory_equal(y_seq, y_step, sizeof(y_seq));
     assert_memory_equal(st_seq, st_step, sizeof(st_seq));
+    /* kernels of 2 to 16 taps: one tap keeps no history, 17 is past the
+     * kernel's window; both are refused */
+    for (uint32_t kc = 1; kc <= 17; kc += 16) {
+        a.kc = kc;
+        assert_int_equal(hpd_conv1d(be, &a), HPD_ERR_UNSUPPORTED);
+    }
     for (int c = 0; c < CH; c++) {
         for (int t = 0; t < T; t++) {
             double acc = 0;
