@@ -506,6 +506,26 @@ static void slot_unref_past_end(void)
     hpd_slot_pool_unref(slot_pool_of_2(), 3);
 }
 
+static void page_ref_far_past_end(void)
+{
+    hpd_page_pool_ref(page_pool_of_2(), 3);
+}
+
+static void page_unref_far_past_end(void)
+{
+    hpd_page_pool_unref(page_pool_of_2(), 3);
+}
+
+static void slot_unref_far_past_end(void)
+{
+    hpd_slot_pool_unref(slot_pool_of_2(), 4);
+}
+
+static void slot_ref_far_past_end(void)
+{
+    hpd_slot_pool_ref(slot_pool_of_2(), 4);
+}
+
 static void slot_ref_pad(void)
 {
     hpd_slot_pool_ref(slot_pool_of_2(), 0);
@@ -522,6 +542,10 @@ static void test_bad_ids_abort(void **state)
 {
     assert_true(aborts(page_ref_past_end));
     assert_true(aborts(page_unref_past_end));
+    assert_true(aborts(page_ref_far_past_end));
+    assert_true(aborts(slot_ref_far_past_end));
+    assert_true(aborts(page_unref_far_past_end));
+    assert_true(aborts(slot_unref_far_past_end));
     assert_true(aborts(slot_ref_past_end));
     assert_true(aborts(slot_unref_past_end));
     assert_true(aborts(slot_ref_pad));

@@ -634,6 +634,54 @@ static void test_host_drop_under_device_parent(void **state)
     fixture_fini(&f);
 }
 
+/* A full host tier drops leaves first: a two-block prompt, both blocks in
+ * the host tier (the parent as old as its child), makes room for another
+ * entry by dropping its deepest block; its first block's KV stays. */
+static void test_host_drops_leaves_first(void **state)
+{
+    const spec_t p = {31, 0, 31, 129}, q = {32, 0, 32, 65}; /* p: states at 128 */
+    fixture_t f;
+    uint32_t hit, kv;
+    hpd_prefix_cache_stats_t st;
+
+    fixture_init(&f, 64, 16, 4, 2 * HOST_KV + STATE, 0, 3); /* p's two blocks and state */
+    cache_prompt(&f, p);
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, 16), HPD_OK);
+    assert_int_equal(stats_of(&f).host_entries, 2);
+    cache_prompt(&f, q);
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, 16), HPD_OK); /* q to the host */
+    st = stats_of(&f);
+    assert_int_equal(st.host_dropped, 1);
+    assert_int_equal(st.host_entries, 2);
+    probe(&f, p, &hit, &kv);
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv, 1); /* p's first block, the parent, is still there */
+    assert_int_equal(hit_of(&f, q), 1);
+    fixture_fini(&f);
+}
+
+/* A checkpoint promoted back from the host tier owns its device slot: a
+ * checkpoint saved next takes the other slot, and both states come back
+ * right on their hits (checked inside run_prompt). */
+static void test_promoted_checkpoint_keeps_its_slot(void **state)
+{
+    fixture_t f;
+    hpd_prefix_cache_stats_t st;
+
+    fixture_init(&f, 64, 16, 2, 1 << 20, 0, 3); /* two checkpoint slots */
+    cache_prompt(&f, evict_a);
+    assert_int_equal(hpd_prefix_cache_make_room(f.cache, 16), HPD_OK); /* A to the host */
+    assert_int_equal(stats_of(&f).device_checkpoints, 0);
+    cache_prompt(&f, evict_a); /* promoted: its state back in a slot */
+    cache_prompt(&f, evict_b); /* B's state in the other slot */
+    st = stats_of(&f);
+    assert_int_equal(st.device_checkpoints, 2);
+    assert_int_equal(st.host_checkpoint_bytes, 0);
+    cache_prompt(&f, evict_a);
+    cache_prompt(&f, evict_b);
+    fixture_fini(&f);
+}
+
 /* Many one-block prompts (the hash map's buckets hold several each), then
  * the least recently used half evicted: exactly those are gone, every
  * other one is still found. */
@@ -1424,6 +1472,8 @@ int main(void)
         cmocka_unit_test(test_host_tier_bound),
         cmocka_unit_test(test_host_drop_under_device_parent),
         cmocka_unit_test(test_hash_every_bit),
+        cmocka_unit_test(test_host_drops_leaves_first),
+        cmocka_unit_test(test_promoted_checkpoint_keeps_its_slot),
         cmocka_unit_test(test_evict_many_lru),
         cmocka_unit_test(test_locks),
         cmocka_unit_test(test_destroy_releases),
