@@ -24,7 +24,7 @@ int hpd_log_level_parse(const char *name)
 void hpd_log_write(hpd_log_level_t level, const char *component, uint64_t request,
                    const char *fmt, ...)
 {
-    char line[1024];
+    char line[HPD_LOG_MAX_LINE + 1];
     struct timespec ts;
     struct tm tm;
     va_list ap;

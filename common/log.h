@@ -26,6 +26,10 @@ int hpd_log_level_parse(const char *name);
 /* No request: the line says "req=-". */
 #define HPD_LOG_NO_REQ UINT64_C(0)
 
+/* The most a line holds, its newline included: a longer one is cut there
+ * and still ends with its newline. */
+#define HPD_LOG_MAX_LINE 1023
+
 /* Writes one formatted line; use the macros instead. */
 void hpd_log_write(hpd_log_level_t level, const char *component, uint64_t request,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));

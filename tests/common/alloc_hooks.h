@@ -10,6 +10,7 @@
 #ifndef HPD_TESTS_COMMON_ALLOC_HOOKS_H
 #define HPD_TESTS_COMMON_ALLOC_HOOKS_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@ static inline bool test_alloc_stop(void)
     return test_alloc_failed;
 }
 
+/* Whether this allocation fails; a failing one sets errno as glibc's does. */
 static bool test_alloc_fail_now(void)
 {
     if (test_alloc_fail_in < 0)
@@ -59,6 +61,7 @@ static bool test_alloc_fail_now(void)
     if (test_alloc_fail_in-- > 0)
         return false;
     test_alloc_failed = true;
+    errno = ENOMEM;
     return true;
 }
 

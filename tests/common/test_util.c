@@ -16,6 +16,7 @@
 #include "tests/test_helpers.h"
 
 #include <fcntl.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,11 @@ static void test_id_list(void **state)
 #ifdef TEST_ALLOC_HOOKS
     assert_int_equal(test_alloc_live, live); /* nothing left allocated */
 #endif
+    /* the message says where the list went wrong */
+    assert_int_equal(hpd_parse_id_list("1, 2,x9", &ids, &n, err, sizeof(err)), HPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "at 'x9'"));
+    assert_int_equal(hpd_parse_id_list("1,", &ids, &n, err, sizeof(err)), HPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "at 'end of list'"));
 }
 
 static void test_id_list_long(void **state)
@@ -149,6 +155,9 @@ static void test_parse_float(void **state)
     assert_true(f == 1000.0f);
     assert_int_equal(hpd_parse_float("0", &f), 0);
     assert_true(f == 0.0f);
+    errno = ERANGE; /* left by an earlier call: not this number's overflow */
+    assert_int_equal(hpd_parse_float("0.25", &f), 0);
+    assert_true(f == 0.25f);
     /* not a whole finite float, or out of the range of float: -1, *value_p
      * untouched */
     const char *bad[] = {"", " ", "inf", "-inf", "1e39", "-1e39", "1e-50", "0.5x",
