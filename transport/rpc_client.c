@@ -73,7 +73,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
             c->p.on_notify(c->p.arg, msg);
         return;
     }
-    hpd_rpc_conn_invalid(conn, msg->params, "the client takes responses and notifications only");
+    hpd_rpc_conn_invalid(conn, NULL, "the client takes responses and notifications only");
 }
 
 static void fail_all(hpd_rpc_client_t *c, hpd_status_t st)

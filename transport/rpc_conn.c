@@ -322,7 +322,7 @@ void hpd_rpc_conn_invalid(hpd_rpc_conn_t *c, const msgpack_object *obj, const ch
 {
     /* a request whose id can be read gets an error reply; anything else
      * closes the connection */
-    if (obj->type == MSGPACK_OBJECT_ARRAY && obj->via.array.size >= 2 &&
+    if (obj != NULL && obj->type == MSGPACK_OBJECT_ARRAY && obj->via.array.size >= 2 &&
         obj->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
         obj->via.array.ptr[0].via.u64 == HPD_RPC_REQUEST &&
         obj->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&

@@ -5,7 +5,9 @@
 #include "transport/rpc.h"
 
 /* Answers a message that is msgpack but not valid RPC: an error reply when it
- * is a request with a readable id, else an error notification and a close. */
+ * is a request with a readable id, else an error notification and a close.
+ * obj is the whole message as unpacked; NULL for a valid message of a type
+ * the receiver does not take (always a close). */
 void hpd_rpc_conn_invalid(hpd_rpc_conn_t *conn, const msgpack_object *obj, const char *why);
 
 #endif

@@ -52,8 +52,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
     if (msg->type != HPD_RPC_REQUEST) {
         if (msg->type == HPD_RPC_NOTIFY && node->authed)
             return; /* notifications to the server carry nothing it acts on yet */
-        hpd_rpc_conn_invalid(conn, msg->params ? msg->params : msg->result,
-                             "the server takes requests only");
+        hpd_rpc_conn_invalid(conn, NULL, "the server takes requests only");
         return;
     }
     if (!node->authed) {

@@ -186,11 +186,20 @@ void hpd_xfer_progress(hpd_xfer_ctx_t *c)
 
 /* ------------------------------------------------------------ peers */
 
-static void peer_free(hpd_xfer_peer_t *p)
+/* Gives the peer's rkeys back: they come from its worker's pool, so this
+ * runs before the worker is destroyed. */
+static void peer_release_rkeys(hpd_xfer_peer_t *p)
 {
     for (uint32_t i = 0; i < p->n_regions; i++)
-        if (p->regions[i].rkey != NULL)
+        if (p->regions[i].rkey != NULL) {
             ucp_rkey_destroy(p->regions[i].rkey);
+            p->regions[i].rkey = NULL;
+        }
+}
+
+static void peer_free(hpd_xfer_peer_t *p)
+{
+    peer_release_rkeys(p);
     free(p);
 }
 
@@ -281,7 +290,9 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     hpd_xfer_peer_t *p = arg;
     hpd_xfer_ctx_t *c = p->ctx;
 
-    if (p->failed)
+    /* once; and not for a peer its owner disconnected (the forced close
+     * cancels its requests): its transfers have ended, the owner let it go */
+    if (p->failed || p->closed)
         return;
     HPD_LOG_WARN(LOG_COMPONENT, "endpoint to node %llu failed: %s", (unsigned long long)p->node,
                  ucs_status_string(status));
@@ -498,6 +509,10 @@ void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
     for (int i = 0; i < 100 && c->worker != NULL && c->st.inflight > 0; i++)
         for (int k = 0; k < 256 && ucp_worker_progress(c->worker) != 0; k++)
             ;
+    /* peers whose close never completed are freed below, after the worker;
+     * their rkeys belong to the worker's pool and go now */
+    for (hpd_xfer_peer_t *p = c->closing; p != NULL; p = p->next)
+        peer_release_rkeys(p);
     if (c->ev != NULL)
         event_free(c->ev);
     if (c->tick != NULL)

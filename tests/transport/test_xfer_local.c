@@ -1,0 +1,2111 @@
+/* The UCX data plane in one process, on one event loop (docs/protocol.md,
+ * "Data plane"): contexts talking over tcp on lo, and a peer written with
+ * UCX directly from the protocol page, which checks the completion notice
+ * byte by byte as a receiver and sends hand-made notices as a sender.
+ *
+ * - hpd_xfer_connect refuses every malformed part of a peer's info;
+ * - puts outside a remote region are refused, at both ends of it;
+ * - the notice on the wire: magic, sender, id, XXH3 of the bytes in put
+ *   order, byte count, destinations {region, 0, offset, bytes};
+ * - the receiver's checks of a notice: each one turns the transfer into
+ *   HPD_ERR_FORMAT, and touches no memory outside its regions;
+ * - which transports make a context poll, and that an idle context leaves
+ *   the loop idle;
+ * - regions: ids, the limit, pinning of mirrors and its release;
+ * - stats and callbacks on finish, disconnect and destroy;
+ * - a peer's failure, UCX refusing a put, a flush or a notice, and every
+ *   allocation failing in turn: each reported once, nothing left behind.
+ *
+ * The link wraps (tests/CMakeLists.txt) the allocations (alloc_wrap.h: the
+ * k-th of an operation fails, for every k in turn; what an operation took
+ * is counted until given back), and six UCX calls, each a pass-through
+ * unless a test turns it on: ucp_context_query,
+ * to have a context claim CUDA support (the receiver then reads registered
+ * "device" pools back through its backend: the CPU backend posing as a
+ * device); ucp_put_nbx, to fail a put at once and to see whether a put
+ * names its source's registration; ucp_ep_flush_nbx and ucp_am_send_nbx,
+ * to fail a finish or keep its flush from completing; ucp_ep_create, to
+ * fail an endpoint; ucp_ep_close_nbx, to keep an endpoint's close from
+ * completing, as towards a dead shared-memory peer, or to complete it
+ * when the test says; and event_add (libevent), to see the timeouts a
+ * context sets. Freed memory is
+ * overwritten (M_PERTURB), so that a use after free crashes even where
+ * the sanitizers do not look (inside UCX). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <malloc.h>
+#include <sys/mman.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include "common/hash.h"
+#include "common/util.h"
+#include "tests/test_helpers.h"
+#include "tests/transport/alloc_wrap.h"
+#include "transport/xfer.h"
+
+/* after every header: it declares `base` */
+#include "tests/transport/loop.h"
+
+/* ------------------------------------------------------------ the wraps */
+
+static bool claim_cuda;  /* contexts created now report CUDA memory support */
+static bool fail_puts;   /* ucp_put_nbx fails at once */
+static bool hold_closes; /* endpoint closes never complete */
+static int n_held_closes;
+static char held_request; /* what a held close that UCX completed at once returns */
+
+/* event_add: the timeouts added while recording (a context's timer) */
+int __real_event_add(struct event *ev, const struct timeval *tv);
+static bool record_timers;
+static int n_timers;
+static struct timeval timers[256];
+
+int __wrap_event_add(struct event *ev, const struct timeval *tv)
+{
+    if (record_timers && tv != NULL && n_timers < 256)
+        timers[n_timers++] = *tv;
+    return __real_event_add(ev, tv);
+}
+
+/* How many of the recorded timeouts were of s seconds and us microseconds. */
+static int timers_of(long s, long us)
+{
+    int n = 0;
+    for (int i = 0; i < n_timers; i++)
+        n += timers[i].tv_sec == s && timers[i].tv_usec == us;
+    return n;
+}
+
+/* ucp_ep_create: the status each of the next calls returns instead of
+ * creating (UCS_OK: create), and the error mode each call asked for */
+static ucs_status_t ep_create_fails[2];
+static int n_ep_creates;
+static ucp_err_handling_mode_t ep_create_mode[4];
+
+ucs_status_t __real_ucp_ep_create(ucp_worker_h worker, const ucp_ep_params_t *params,
+                                  ucp_ep_h *ep_p);
+
+ucs_status_t __wrap_ucp_ep_create(ucp_worker_h worker, const ucp_ep_params_t *params,
+                                  ucp_ep_h *ep_p)
+{
+    const int k = n_ep_creates++;
+    if (k < 4)
+        ep_create_mode[k] = (params->field_mask & UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE)
+                                ? params->err_mode
+                                : UCP_ERR_HANDLING_MODE_NONE;
+    if (k < 2 && ep_create_fails[k] != UCS_OK)
+        return ep_create_fails[k];
+    return __real_ucp_ep_create(worker, params, ep_p);
+}
+
+static bool fail_flushes; /* ucp_ep_flush_nbx fails at once */
+static bool fail_ams;     /* ucp_am_send_nbx fails at once */
+
+ucs_status_t __real_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
+ucs_status_ptr_t __real_ucp_ep_flush_nbx(ucp_ep_h ep, const ucp_request_param_t *param);
+ucs_status_ptr_t __real_ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header,
+                                        size_t header_length, const void *buffer, size_t count,
+                                        const ucp_request_param_t *param);
+
+static bool hold_flushes; /* flushes never complete */
+static char held_flush;   /* what a held flush that UCX completed at once returns */
+static void swallow_close(void *request, ucs_status_t status, void *user_data);
+
+ucs_status_ptr_t __wrap_ucp_ep_flush_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
+{
+    if (fail_flushes)
+        return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    if (!hold_flushes)
+        return __real_ucp_ep_flush_nbx(ep, param);
+    ucp_request_param_t p = *param;
+    p.cb.send = swallow_close;
+    const ucs_status_ptr_t r = __real_ucp_ep_flush_nbx(ep, &p);
+    return r == NULL ? (ucs_status_ptr_t)&held_flush : r;
+}
+
+ucs_status_ptr_t __wrap_ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header,
+                                        size_t header_length, const void *buffer, size_t count,
+                                        const ucp_request_param_t *param)
+{
+    if (fail_ams)
+        return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    return __real_ucp_am_send_nbx(ep, id, header, header_length, buffer, count, param);
+}
+ucs_status_ptr_t __real_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __real_ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param);
+
+ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr)
+{
+    const ucs_status_t st = __real_ucp_context_query(context, attr);
+    if (st == UCS_OK && claim_cuda && (attr->field_mask & UCP_ATTR_FIELD_MEMORY_TYPES))
+        attr->memory_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+    return st;
+}
+
+static bool put_had_memh; /* the last put named a memory handle */
+
+ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    put_had_memh = (param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH) && param->memh != NULL;
+    if (fail_puts)
+        return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey, param);
+}
+
+static void swallow_close(void *request, ucs_status_t status, void *user_data)
+{
+    if (request != NULL)
+        ucp_request_free(request);
+}
+
+/* closes whose completion the test delivers itself (defer_closes) */
+static bool defer_closes;
+static struct {
+    ucp_send_nbx_callback_t cb;
+    void *user_data;
+} deferred[8];
+static int n_deferred;
+
+/* Tells the owner that deferred close i completed. */
+static void complete_deferred(int i)
+{
+    deferred[i].cb(NULL, UCS_OK, deferred[i].user_data);
+}
+
+ucs_status_ptr_t __wrap_ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
+{
+    if (defer_closes && n_deferred < 8) {
+        deferred[n_deferred].cb = param->cb.send;
+        deferred[n_deferred].user_data = param->user_data;
+        n_deferred++;
+    } else if (!hold_closes) {
+        return __real_ucp_ep_close_nbx(ep, param);
+    }
+    /* the endpoint closes; its owner hears of it when the test says
+     * (deferred), or never (held) */
+    ucp_request_param_t p = *param;
+    p.cb.send = swallow_close;
+    n_held_closes++;
+    const ucs_status_ptr_t r = __real_ucp_ep_close_nbx(ep, &p);
+    return r == NULL ? (ucs_status_ptr_t)&held_request : r;
+}
+
+/* ------------------------------------------------------------ the loop */
+
+static void on_marker(evutil_socket_t fd, short what, void *arg)
+{
+    *(bool *)arg = true;
+}
+
+/* Whether the loop idles: a few blocking turns, and the first event to
+ * come is a timer of marker_s. A context that keeps a timer going (polls,
+ * or thinks requests are in flight) returns from every turn at once. */
+static bool loop_idles(double marker_s)
+{
+    bool fired = false;
+    struct event *m = evtimer_new(base, on_marker, &fired);
+    const struct timeval tv = {(time_t)marker_s, (suseconds_t)((marker_s - (time_t)marker_s) * 1e6)};
+    evtimer_add(m, &tv);
+    n_timers = 0;
+    record_timers = true;
+    for (int i = 0; i < 8 && !fired; i++)
+        event_base_loop(base, EVLOOP_ONCE);
+    record_timers = false;
+    event_free(m);
+    return fired;
+}
+
+/* ------------------------------------------------------------ contexts */
+
+typedef struct {
+    int n;
+    hpd_xfer_notice_t last;
+    int n_peer_errors;
+} rx_t;
+
+static void rx_notice(void *arg, const hpd_xfer_notice_t *n)
+{
+    rx_t *r = arg;
+    r->n++;
+    r->last = *n;
+}
+
+static void rx_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t st)
+{
+    ((rx_t *)arg)->n_peer_errors++;
+}
+
+static hpd_xfer_ctx_t *ctx_new(const char *tls, uint64_t node, rx_t *rx)
+{
+    hpd_xfer_ctx_t *c;
+    hpd_xfer_params_t p = {.base = base,
+                           .node_id = node,
+                           .tls = tls,
+                           .net_devices = tls != NULL && strcmp(tls, "tcp") == 0 ? "lo" : NULL,
+                           .on_notice = rx != NULL ? rx_notice : NULL,
+                           .on_peer_error = rx != NULL ? rx_peer_error : NULL,
+                           .arg = rx};
+    assert_int_equal(hpd_xfer_create(&p, &c), HPD_OK);
+    return c;
+}
+
+/* A context's packed info, unpacked (views into b). */
+typedef struct {
+    hpd_rpc_buf_t b;
+    msgpack_zone z;
+    msgpack_object o;
+} info_t;
+
+static const msgpack_object *unpack(info_t *i)
+{
+    size_t off = 0;
+    msgpack_zone_init(&i->z, 4096);
+    assert_int_equal(msgpack_unpack(i->b.sb.data, i->b.sb.size, &off, &i->z, &i->o),
+                     MSGPACK_UNPACK_SUCCESS);
+    return &i->o;
+}
+
+static const msgpack_object *info_of(const hpd_xfer_ctx_t *c, info_t *i)
+{
+    hpd_rpc_buf_init(&i->b);
+    assert_int_equal(hpd_xfer_pack_info(c, &i->b), HPD_OK);
+    return unpack(i);
+}
+
+static void info_free(info_t *i)
+{
+    msgpack_zone_destroy(&i->z);
+    hpd_rpc_buf_destroy(&i->b);
+}
+
+static hpd_xfer_peer_t *connect_to(hpd_xfer_ctx_t *from, const hpd_xfer_ctx_t *to)
+{
+    info_t i;
+    hpd_xfer_peer_t *p = NULL;
+    assert_int_equal(hpd_xfer_connect(from, info_of(to, &i), &p), HPD_OK);
+    info_free(&i);
+    assert_non_null(p);
+    return p;
+}
+
+typedef struct {
+    int n;
+    uint64_t id;
+    hpd_status_t status;
+} done_t;
+
+static void on_done(void *arg, uint64_t id, hpd_status_t st)
+{
+    done_t *d = arg;
+    d->n++;
+    d->id = id;
+    d->status = st;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return false;
+    return true;
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)hpd_philox4x32(seed, i, 0).v[0];
+}
+
+/* One put of n bytes of src into (region, offset) of r, finished; returns
+ * the receiver's notice status. */
+static hpd_status_t transfer(hpd_xfer_ctx_t *s, hpd_xfer_peer_t *p, rx_t *rrx, uint64_t xid,
+                             const void *src, uint32_t region, uint64_t offset, uint64_t n)
+{
+    done_t d = {0};
+    const int before = rrx->n;
+    hpd_xfer_put_t u = {src, region, offset, n};
+    assert_int_equal(hpd_xfer_put(p, xid, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, xid, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx->n == before + 1, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx->last.xfer_id, xid);
+    return rrx->last.status;
+}
+
+/* ------------------------------------------------------------ connect */
+
+typedef enum {
+    F_NOT_MAP, F_NO_NODE, F_NODE_NEG, F_NODE_STR, F_NO_ADDRESS, F_ADDRESS_STR, F_NO_REGIONS,
+    F_REGIONS_MAP, F_17_REGIONS, F_REGION_INT, F_REGION_2, F_REGION_4, F_BASE_NEG, F_LEN_STR,
+    F_RKEY_STR, F_RKEY_NIL,
+    N_FAULTS,
+    /* accepted */
+    OK_16_REGIONS = N_FAULTS, OK_MORE_KEYS, OK_ANY_ORDER, OK_AS_IS,
+    N_SHAPES
+} shape_t;
+
+static const char *shape_name[N_SHAPES] = {
+    "not a map", "no node", "negative node", "node a string", "no address", "address a string",
+    "no regions", "regions a map", "17 regions", "region an integer", "region of 2",
+    "region of 4", "negative base", "length a string", "rkey a string", "rkey nil",
+    "16 regions", "more keys", "keys in another order", "as it is"};
+
+static void pack_str_bytes(msgpack_packer *pk, const msgpack_object *bin)
+{
+    msgpack_pack_str(pk, bin->via.bin.size);
+    msgpack_pack_str_body(pk, bin->via.bin.ptr, bin->via.bin.size);
+}
+
+/* Region r of an info, with the shape's fault when r == 1. */
+static void pack_region(msgpack_packer *pk, const msgpack_object *reg, uint32_t r, shape_t s)
+{
+    const msgpack_object *e = reg->via.array.ptr;
+    if (r != 1) {
+        msgpack_pack_object(pk, *reg);
+        return;
+    }
+    switch (s) {
+    case F_REGION_INT: msgpack_pack_int(pk, 1); return;
+    case F_REGION_2:
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_object(pk, e[0]);
+        msgpack_pack_object(pk, e[1]);
+        return;
+    case F_REGION_4:
+        msgpack_pack_array(pk, 4);
+        for (int i = 0; i < 3; i++)
+            msgpack_pack_object(pk, e[i]);
+        msgpack_pack_nil(pk);
+        return;
+    default: break;
+    }
+    msgpack_pack_array(pk, 3);
+    if (s == F_BASE_NEG)
+        msgpack_pack_int64(pk, -1);
+    else
+        msgpack_pack_object(pk, e[0]);
+    if (s == F_LEN_STR)
+        hpd_rpc_pack_str(pk, "4096");
+    else
+        msgpack_pack_object(pk, e[1]);
+    if (s == F_RKEY_STR)
+        pack_str_bytes(pk, &e[2]);
+    else if (s == F_RKEY_NIL)
+        msgpack_pack_nil(pk);
+    else
+        msgpack_pack_object(pk, e[2]);
+}
+
+/* A copy of a real info (two regions or more) in the given shape. */
+static void pack_shaped(const msgpack_object *info, shape_t s, hpd_rpc_buf_t *b)
+{
+    const msgpack_object *node = hpd_rpc_map_get(info, "node");
+    const msgpack_object *addr = hpd_rpc_map_get(info, "address");
+    const msgpack_object *regs = hpd_rpc_map_get(info, "regions");
+    msgpack_packer *pk = &b->pk;
+    const uint32_t n_keys = s == F_NO_NODE || s == F_NO_ADDRESS || s == F_NO_REGIONS ? 2
+                            : s == OK_MORE_KEYS                                      ? 4
+                                                                                     : 3;
+
+    if (s == F_NOT_MAP)
+        msgpack_pack_array(pk, 2 * n_keys);
+    else
+        msgpack_pack_map(pk, n_keys);
+    if (s == OK_MORE_KEYS) {
+        hpd_rpc_pack_str(pk, "zone");
+        hpd_rpc_pack_str(pk, "a");
+    }
+    if (s == OK_ANY_ORDER) {
+        hpd_rpc_pack_str(pk, "regions");
+        msgpack_pack_object(pk, *regs);
+        hpd_rpc_pack_str(pk, "address");
+        msgpack_pack_object(pk, *addr);
+        hpd_rpc_pack_str(pk, "node");
+        msgpack_pack_object(pk, *node);
+        return;
+    }
+    if (s != F_NO_NODE) {
+        hpd_rpc_pack_str(pk, "node");
+        if (s == F_NODE_NEG)
+            msgpack_pack_int64(pk, -2);
+        else if (s == F_NODE_STR)
+            hpd_rpc_pack_str(pk, "2");
+        else
+            msgpack_pack_object(pk, *node);
+    }
+    if (s != F_NO_ADDRESS) {
+        hpd_rpc_pack_str(pk, "address");
+        if (s == F_ADDRESS_STR)
+            pack_str_bytes(pk, addr);
+        else
+            msgpack_pack_object(pk, *addr);
+    }
+    if (s == F_NO_REGIONS)
+        return;
+    hpd_rpc_pack_str(pk, "regions");
+    if (s == F_REGIONS_MAP) {
+        msgpack_pack_map(pk, 0);
+        return;
+    }
+    const uint32_t n = s == F_17_REGIONS ? 17 : s == OK_16_REGIONS ? 16 : regs->via.array.size;
+    msgpack_pack_array(pk, n);
+    for (uint32_t r = 0; r < n; r++)
+        pack_region(pk, &regs->via.array.ptr[r % regs->via.array.size], r, s);
+}
+
+/* Every malformed part of an info is refused with HPD_ERR_FORMAT and
+ * leaves *peer_p alone; what is well formed connects, up to 16 regions. */
+static void test_connect_checks_info(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem0[4096], mem1[4096];
+    uint32_t id;
+    info_t real;
+
+    assert_int_equal(hpd_xfer_register(r, mem0, sizeof(mem0), &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem1, sizeof(mem1), &id), HPD_OK);
+    /* a peer connected meanwhile, with a transfer finishing (its flush held):
+     * the refusals leave it alone, and destroy ends its transfer */
+    hpd_xfer_peer_t *keep = connect_to(s, r);
+    done_t kept = {0};
+    uint8_t ksrc[16] = {1};
+    hpd_xfer_put_t ku = {ksrc, 0, 0, sizeof(ksrc)};
+    assert_int_equal(hpd_xfer_put(keep, 77, &ku, 1), HPD_OK);
+    hold_flushes = true;
+    assert_int_equal(hpd_xfer_finish(keep, 77, on_done, &kept, false), HPD_OK);
+    hold_flushes = false;
+    const msgpack_object *info = info_of(r, &real);
+    for (shape_t sh = 0; sh < N_SHAPES; sh++) {
+        info_t i;
+        hpd_xfer_peer_t *p = (hpd_xfer_peer_t *)&real; /* a sentinel */
+        hpd_rpc_buf_init(&i.b);
+        pack_shaped(info, sh, &i.b);
+        const hpd_status_t st = hpd_xfer_connect(s, unpack(&i), &p);
+        if (st != (sh < N_FAULTS ? HPD_ERR_FORMAT : HPD_OK))
+            fail_msg("info with %s: connect says %s", shape_name[sh], hpd_status_str(st));
+        if (sh < N_FAULTS) {
+            assert_ptr_equal(p, (hpd_xfer_peer_t *)&real);
+        } else {
+            assert_int_equal(hpd_xfer_peer_node(p), 2);
+            assert_false(hpd_xfer_peer_failed(p));
+            hpd_xfer_disconnect(p);
+        }
+        info_free(&i);
+    }
+    info_free(&real);
+
+    /* the context is none the worse: a transfer goes through */
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    done_t d = {0};
+    uint8_t src[64];
+    fill(src, sizeof(src), 1);
+    hpd_xfer_put_t u = {src, 1, 100, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_memory_equal(mem1 + 100, src, sizeof(src));
+    assert_int_equal(kept.n, 0);
+    hpd_xfer_destroy(s);
+    assert_int_equal(kept.n, 1);
+    assert_int_equal(kept.status, HPD_ERR_CANCELED);
+    hpd_xfer_destroy(r);
+}
+
+/* The endpoint asks UCX for peer failure detection; where no transport
+ * has it (UCS_ERR_UNREACHABLE) it is made without, and any other failure
+ * is HPD_ERR_IO, without a second try. */
+static void test_connect_endpoint_modes(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[64] = {2};
+    uint32_t id;
+    hpd_xfer_peer_t *p;
+    info_t i;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    const msgpack_object *info = info_of(r, &i);
+    static const struct {
+        ucs_status_t first;
+        hpd_status_t want;
+        int tries;
+    } cases[] = {
+        {UCS_OK, HPD_OK, 1},
+        {UCS_ERR_UNREACHABLE, HPD_OK, 2},
+        {UCS_ERR_INVALID_ADDR, HPD_ERR_IO, 1},
+        {UCS_ERR_NO_RESOURCE, HPD_ERR_IO, 1},
+        {UCS_ERR_NO_MEMORY, HPD_ERR_IO, 1},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        n_ep_creates = 0;
+        ep_create_fails[0] = cases[k].first;
+        p = NULL;
+        const hpd_status_t st = hpd_xfer_connect(s, info, &p);
+        ep_create_fails[0] = UCS_OK;
+        if (st != cases[k].want || n_ep_creates != cases[k].tries)
+            fail_msg("endpoint creation failing with %s: connect %s after %d tries",
+                     ucs_status_string(cases[k].first), hpd_status_str(st), n_ep_creates);
+        assert_int_equal(ep_create_mode[0], UCP_ERR_HANDLING_MODE_PEER);
+        if (cases[k].tries == 2)
+            assert_int_equal(ep_create_mode[1], UCP_ERR_HANDLING_MODE_NONE);
+        if (st != HPD_OK) {
+            assert_null(p);
+            continue;
+        }
+        assert_int_equal(transfer(s, p, &rrx, 10 + k, src, 0, 64 * k, sizeof(src)), HPD_OK);
+        hpd_xfer_disconnect(p);
+    }
+    /* both tries failing */
+    n_ep_creates = 0;
+    ep_create_fails[0] = UCS_ERR_UNREACHABLE;
+    ep_create_fails[1] = UCS_ERR_UNREACHABLE;
+    assert_int_equal(hpd_xfer_connect(s, info, &p), HPD_ERR_IO);
+    ep_create_fails[0] = ep_create_fails[1] = UCS_OK;
+    assert_int_equal(n_ep_creates, 2);
+    info_free(&i);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* ------------------------------------------------------------ puts */
+
+/* A put must lie inside the remote region: checked at both of its ends and
+ * against wrap-around; refused puts are not counted, accepted ones are,
+ * and the transfer carries exactly those. */
+static void test_put_bounds_and_stats(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem0[4096], mem1[1000];
+    uint8_t src[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    memset(mem0, 0, sizeof(mem0));
+    memset(mem1, 0, sizeof(mem1));
+    fill(src, sizeof(src), 7);
+    assert_int_equal(hpd_xfer_register(r, mem0, sizeof(mem0), &id), HPD_OK);
+    assert_int_equal(id, 0);
+    assert_int_equal(hpd_xfer_register(r, mem1, sizeof(mem1), &id), HPD_OK);
+    assert_int_equal(id, 1);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+
+    static const struct {
+        uint32_t region;
+        uint64_t offset, bytes;
+        bool ok;
+    } puts[] = {
+        {2, 0, 1, false},                     /* no region 2 */
+        {0, 4097, 0, false},                  /* starts past the end */
+        {0, 4096, 0, true},                   /* an empty put at the very end */
+        {0, 1, 4096, false},                  /* one byte past the end */
+        {0, 0, 4096, true},                   /* the whole region */
+        {1, 990, 11, false},
+        {1, 990, 10, true},                   /* the last 10 bytes */
+        {1, UINT64_MAX, 2, false},            /* offset + bytes wraps */
+        {1, 10, UINT64_MAX - 5, false},       /* likewise */
+        {1, 1000, 1, false},
+        {1, 0, 1001, false},
+    };
+    uint64_t bytes = 0, n_ok = 0;
+    for (size_t i = 0; i < sizeof(puts) / sizeof(puts[0]); i++) {
+        hpd_xfer_put_t u = {src, puts[i].region, puts[i].offset, puts[i].bytes};
+        const hpd_status_t want = puts[i].ok ? HPD_OK : HPD_ERR_INVALID_ARG;
+        const hpd_status_t got = hpd_xfer_put(p, 5, &u, 1);
+        if (got != want)
+            fail_msg("put %zu (region %u, offset %llu, %llu bytes): %s, expected %s", i,
+                     puts[i].region, (unsigned long long)puts[i].offset,
+                     (unsigned long long)puts[i].bytes, hpd_status_str(got),
+                     hpd_status_str(want));
+        if (puts[i].ok)
+            bytes += puts[i].bytes, n_ok++;
+    }
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, n_ok);
+    assert_int_equal(st.bytes_put, bytes);
+    assert_int_equal(st.bytes_mapped, 0);
+    assert_int_equal(st.open_transfers, 1);
+    assert_int_equal(st.transfers_finished, 0);
+
+    /* several puts in one call */
+    hpd_xfer_put_t two[2] = {{src + 100, 1, 0, 20}, {src + 200, 1, 500, 30}};
+    assert_int_equal(hpd_xfer_put(p, 5, two, 2), HPD_OK);
+    assert_int_equal(hpd_xfer_put(p, 5, two, 0), HPD_OK);
+    bytes += 50;
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_finish(p, 5, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(d.id, 5);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.sender, 1);
+    assert_int_equal(rrx.last.xfer_id, 5);
+    assert_int_equal(rrx.last.bytes, bytes);
+    assert_memory_equal(mem0, src, 4096);
+    assert_memory_equal(mem1 + 990, src, 10);
+    assert_memory_equal(mem1, src + 100, 20);
+    assert_memory_equal(mem1 + 500, src + 200, 30);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, n_ok + 2);
+    assert_int_equal(st.bytes_put, bytes);
+    assert_int_equal(st.transfers_finished, 1);
+    assert_int_equal(st.transfers_failed, 0);
+    assert_int_equal(st.open_transfers, 0);
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok, 1);
+    assert_int_equal(st.notices_bad, 0);
+    assert_int_equal(st.puts, 0);
+
+    /* a corrupted checksum: the receiver says so, the sender's part went fine */
+    rrx.n = 0;
+    d.n = 0;
+    assert_int_equal(hpd_xfer_put(p, 6, two, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 6, on_done, &d, true), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_ERR_FORMAT);
+    assert_int_equal(rrx.last.xfer_id, 6);
+    assert_int_equal(rrx.last.bytes, 20);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok, 1);
+    assert_int_equal(st.notices_bad, 1);
+
+    /* a finish without puts: an empty transfer, verified */
+    rrx.n = 0;
+    d.n = 0;
+    assert_int_equal(hpd_xfer_finish(p, 7, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, 0);
+    assert_int_equal(rrx.last.xfer_id, 7);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A put that UCX refuses at once fails hpd_xfer_put with HPD_ERR_IO and is
+ * not counted. */
+static void test_put_refused_by_ucx(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[64] = {1};
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    fail_puts = true;
+    const hpd_status_t got = hpd_xfer_put(p, 1, &u, 1);
+    fail_puts = false;
+    assert_int_equal(got, HPD_ERR_IO);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 0);
+    assert_int_equal(st.bytes_put, 0);
+    assert_int_equal(st.inflight, 0);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A finish whose flush or notice UCX refuses at once: the transfer fails
+ * through its callback with HPD_ERR_IO, and the receiver hears nothing. */
+static void test_finish_refused_by_ucx(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[64] = {1};
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    for (int k = 0; k < 2; k++) {
+        done_t d = {0};
+        hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+        assert_int_equal(hpd_xfer_put(p, 1 + k, &u, 1), HPD_OK);
+        PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+        fail_flushes = k == 0;
+        fail_ams = k == 1;
+        assert_int_equal(hpd_xfer_finish(p, 1 + k, on_done, &d, false), HPD_OK);
+        PROGRESS_UNTIL(d.n > 0, (void)0);
+        fail_flushes = fail_ams = false;
+        assert_int_equal(d.n, 1);
+        assert_int_equal(d.id, 1 + k);
+        assert_int_equal(d.status, HPD_ERR_IO);
+        hpd_xfer_stats(s, &st);
+        assert_int_equal(st.transfers_failed, 1 + k);
+        assert_int_equal(st.transfers_finished, 0);
+        assert_int_equal(st.open_transfers, 0);
+    }
+    /* the peer serves on */
+    assert_int_equal(transfer(s, p, &rrx, 3, src, 0, 100, sizeof(src)), HPD_OK);
+    assert_int_equal(rrx.n, 1);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A put from memory registered here names its registration (UCX does not
+ * register the source again); from anywhere else, or reaching past the end
+ * of a registered region, it names none. The bytes land either way. */
+static void test_put_names_registration(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[1 << 16], staging[8192], other[8192];
+    uint32_t id;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(s, staging, 4096, &id), HPD_OK);
+    fill(staging, sizeof(staging), 21);
+    fill(other, sizeof(other), 22);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    static const struct {
+        bool registered;
+        uint64_t from, bytes;
+        bool memh;
+    } cases[] = {
+        {true, 0, 4096, true},     /* all of the registered buffer */
+        {true, 4000, 96, true},    /* its last bytes */
+        {true, 4000, 97, false},   /* one byte past it */
+        {true, 4096, 100, false},  /* right behind it */
+        {false, 0, 4096, false},   /* memory never registered */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const uint8_t *src = (cases[i].registered ? staging : other) + cases[i].from;
+        put_had_memh = !cases[i].memh;
+        assert_int_equal(transfer(s, p, &rrx, 10 + i, src, 0, 1000 * i, cases[i].bytes),
+                         HPD_OK);
+        if (put_had_memh != cases[i].memh)
+            fail_msg("put %zu %s a memory handle", i, put_had_memh ? "names" : "does not name");
+        assert_memory_equal(mem + 1000 * i, src, cases[i].bytes);
+    }
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* ------------------------------------------------------------ a peer of our own */
+
+#define NOTICE_MAGIC 0x6870642d78666572ull
+#define AM_DONE 7
+
+typedef struct {
+    uint64_t magic, sender, xfer_id, checksum, bytes;
+    uint32_t n_dests, pad;
+} notice_hdr_t;
+
+typedef struct {
+    uint32_t region, pad;
+    uint64_t offset, bytes;
+} dest_t;
+
+/* A UCX context and worker made as docs/protocol.md says, progressed by
+ * hand. As a receiver it keeps the last notice it got. */
+typedef struct {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *address;
+    size_t address_len;
+    ucp_mem_h memh;
+    void *rkey;
+    size_t rkey_len;
+    uint8_t *mem;
+    size_t mem_len;
+    int n_notices;
+    size_t header_len;
+    notice_hdr_t hdr;
+    uint8_t data[4096];
+    size_t data_len;
+    bool rndv;
+} raw_t;
+
+static ucs_status_t raw_on_am(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param)
+{
+    raw_t *w = arg;
+    w->n_notices++;
+    w->header_len = header_length;
+    memcpy(&w->hdr, header, header_length < sizeof(w->hdr) ? header_length : sizeof(w->hdr));
+    w->rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    w->data_len = length;
+    if (!w->rndv && length <= sizeof(w->data))
+        memcpy(w->data, data, length);
+    return UCS_OK;
+}
+
+static void raw_init(raw_t *w, size_t mem_len)
+{
+    ucp_config_t *config;
+    memset(w, 0, sizeof(*w));
+    assert_int_equal(ucp_config_read(NULL, NULL, &config), UCS_OK);
+    assert_int_equal(ucp_config_modify(config, "TLS", "tcp"), UCS_OK);
+    assert_int_equal(ucp_config_modify(config, "NET_DEVICES", "lo"), UCS_OK);
+    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+    assert_int_equal(ucp_init(&up, config, &w->ctx), UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    assert_int_equal(ucp_worker_create(w->ctx, &wp, &w->worker), UCS_OK);
+    assert_int_equal(ucp_worker_get_address(w->worker, &w->address, &w->address_len), UCS_OK);
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = AM_DONE, .cb = raw_on_am, .arg = w};
+    assert_int_equal(ucp_worker_set_am_recv_handler(w->worker, &hp), UCS_OK);
+    if (mem_len > 0) {
+        w->mem = calloc(1, mem_len);
+        w->mem_len = mem_len;
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = w->mem, .length = mem_len};
+        assert_int_equal(ucp_mem_map(w->ctx, &mp, &w->memh), UCS_OK);
+        assert_int_equal(ucp_rkey_pack(w->ctx, w->memh, &w->rkey, &w->rkey_len), UCS_OK);
+    }
+}
+
+static void raw_progress(raw_t *w)
+{
+    while (ucp_worker_progress(w->worker) != 0)
+        ;
+}
+
+static void raw_fini(raw_t *w)
+{
+    if (w->memh != NULL) {
+        ucp_rkey_buffer_release(w->rkey);
+        ucp_mem_unmap(w->ctx, w->memh);
+    }
+    ucp_worker_release_address(w->worker, w->address);
+    ucp_worker_destroy(w->worker);
+    ucp_cleanup(w->ctx);
+    free(w->mem);
+}
+
+/* The info of docs/protocol.md for the raw peer: one region. */
+static void raw_info(const raw_t *w, uint64_t node, hpd_rpc_buf_t *b)
+{
+    hpd_rpc_buf_init(b);
+    msgpack_pack_map(&b->pk, 3);
+    hpd_rpc_pack_str(&b->pk, "node");
+    msgpack_pack_uint64(&b->pk, node);
+    hpd_rpc_pack_str(&b->pk, "address");
+    msgpack_pack_bin(&b->pk, w->address_len);
+    msgpack_pack_bin_body(&b->pk, w->address, w->address_len);
+    hpd_rpc_pack_str(&b->pk, "regions");
+    msgpack_pack_array(&b->pk, 1);
+    msgpack_pack_array(&b->pk, 3);
+    msgpack_pack_uint64(&b->pk, (uint64_t)(uintptr_t)w->mem);
+    msgpack_pack_uint64(&b->pk, w->mem_len);
+    msgpack_pack_bin(&b->pk, w->rkey_len);
+    msgpack_pack_bin_body(&b->pk, w->rkey, w->rkey_len);
+}
+
+/* The completion notice on the wire, as a receiver of our own reads it:
+ * the 48-byte header and the destinations exactly as docs/protocol.md
+ * lays them out, and the bytes in place. */
+static void test_notice_on_the_wire(void **state)
+{
+    raw_t w;
+    hpd_xfer_ctx_t *s = ctx_new("tcp", 11, NULL);
+    hpd_rpc_buf_t b;
+    info_t i;
+    hpd_xfer_peer_t *p;
+    uint8_t src[8192];
+
+    raw_init(&w, 1 << 16);
+    raw_info(&w, 42, &b);
+    i.b = b;
+    assert_int_equal(hpd_xfer_connect(s, unpack(&i), &p), HPD_OK);
+    assert_int_equal(hpd_xfer_peer_node(p), 42);
+    fill(src, sizeof(src), 3);
+
+    /* three puts, out of address order; the node id changed on the way */
+    const hpd_xfer_put_t u[3] = {{src, 0, 5000, 3000}, {src + 3000, 0, 100, 10},
+                                 {src + 3010, 0, 0, 50}};
+    assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[0], 1), HPD_OK);
+    assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[1], 2), HPD_OK);
+    hpd_xfer_set_node_id(s, 12);
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_finish(p, 0xabcdef0123ull, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && w.n_notices == 1, raw_progress(&w));
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(w.header_len, 48);
+    assert_false(w.rndv);
+    assert_true(w.hdr.magic == NOTICE_MAGIC);
+    assert_int_equal(w.hdr.sender, 12);
+    assert_true(w.hdr.xfer_id == 0xabcdef0123ull);
+    assert_int_equal(w.hdr.bytes, 3060);
+    assert_int_equal(w.hdr.n_dests, 3);
+    assert_int_equal(w.hdr.pad, 0);
+    assert_true(w.hdr.checksum == XXH3_64bits(src, 3060)); /* the bytes in put order */
+    assert_int_equal(w.data_len, 3 * 24);
+    for (int k = 0; k < 3; k++) {
+        dest_t e;
+        memcpy(&e, w.data + 24 * k, sizeof(e));
+        assert_int_equal(e.region, 0);
+        assert_int_equal(e.pad, 0);
+        assert_int_equal(e.offset, u[k].offset);
+        assert_int_equal(e.bytes, u[k].bytes);
+        assert_memory_equal(w.mem + u[k].offset, u[k].local, u[k].bytes);
+    }
+    /* a wrong checksum is the right one with its lowest bit flipped */
+    assert_int_equal(hpd_xfer_put(p, 2, &u[1], 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 2, on_done, &d, true), HPD_OK);
+    PROGRESS_UNTIL(d.n == 2 && w.n_notices == 2, raw_progress(&w));
+    assert_true(w.hdr.checksum == (XXH3_64bits(u[1].local, 10) ^ 1));
+    assert_int_equal(w.hdr.sender, 12);
+
+    hpd_rpc_buf_destroy(&b);
+    msgpack_zone_destroy(&i.z);
+    hpd_xfer_destroy(s);
+    for (int k = 0; k < 100; k++)
+        raw_progress(&w);
+    raw_fini(&w);
+}
+
+/* Sends a notice from the raw peer's endpoint and waits until it left. */
+static void raw_send_as(raw_t *w, ucp_ep_h ep, const void *hdr, size_t hdr_len,
+                        const void *data, size_t data_len, uint32_t flags)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = flags};
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, AM_DONE, hdr, hdr_len, data, data_len, &rp);
+    assert_false(UCS_PTR_IS_ERR(r));
+    if (r != NULL) {
+        PROGRESS_UNTIL(ucp_request_check_status(r) != UCS_INPROGRESS, raw_progress(w));
+        ucp_request_free(r);
+    }
+}
+
+static void raw_send_notice(raw_t *w, ucp_ep_h ep, const void *hdr, size_t hdr_len,
+                            const void *data, size_t data_len)
+{
+    raw_send_as(w, ep, hdr, hdr_len, data, data_len, UCP_AM_SEND_FLAG_EAGER);
+}
+
+/* The receiver's checks, against notices made by hand: each fault makes
+ * the transfer HPD_ERR_FORMAT (and reads nothing outside the regions; a
+ * destination in a region the receiver lacks would read address 0), the
+ * notice reports what the sender said, and the counts follow. */
+static void test_receiver_checks_notices(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx);
+    static uint8_t mem0[4096], mem1[1000];
+    uint32_t id;
+    raw_t w;
+    hpd_xfer_stats_t st;
+
+    fill(mem0, sizeof(mem0), 5);
+    fill(mem1, sizeof(mem1), 6);
+    assert_int_equal(hpd_xfer_register(r, mem0, sizeof(mem0), &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem1, sizeof(mem1), &id), HPD_OK);
+    raw_init(&w, 0);
+    info_t i;
+    const msgpack_object *addr = hpd_rpc_map_get(info_of(r, &i), "address");
+    ucp_ep_h ep;
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                                 .address = (const ucp_address_t *)addr->via.bin.ptr};
+    assert_int_equal(ucp_ep_create(w.worker, &ep_params, &ep), UCS_OK);
+    info_free(&i);
+
+    /* the good notice: 100 bytes of region 0 at 0, then 20 of region 1 at 10 */
+    const dest_t good[2] = {{0, 0, 0, 100}, {1, 0, 10, 20}};
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, mem0, 100);
+    XXH3_64bits_update(h, mem1 + 10, 20);
+    const uint64_t sum = XXH3_64bits_digest(h);
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, mem1 + 10, 20);
+    XXH3_64bits_update(h, mem0, 100);
+    const uint64_t sum_swapped = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    const notice_hdr_t ok = {NOTICE_MAGIC, 77, 1000, sum, 120, 2, 0};
+
+    typedef enum { GOOD, BAD_MAGIC, BAD_SUM, SWAPPED_SUM, BAD_BYTES, SHORT_DATA, LONG_DATA,
+                   NO_REGION, PAST_END, TOO_LONG, WRAPS, EMPTY, N_CASES } case_t;
+    static const char *names[N_CASES] = {
+        "good", "magic", "checksum", "checksum in another order", "byte count",
+        "one destination missing", "one destination more", "region 5", "offset past the end",
+        "bytes past the end", "offset + bytes wrapping", "no destinations"};
+    int n_ok = 0, n_bad = 0;
+    for (case_t c = 0; c < N_CASES; c++) {
+        notice_hdr_t hd = ok;
+        dest_t dd[3] = {good[0], good[1], {1, 0, 0, 1}};
+        size_t n = 2;
+        hd.xfer_id = 1000 + c;
+        switch (c) {
+        case BAD_MAGIC: hd.magic ^= 1ull << 40; break;
+        case BAD_SUM: hd.checksum ^= 1ull << 63; break;
+        case SWAPPED_SUM: hd.checksum = sum_swapped; break;
+        case BAD_BYTES: hd.bytes = 121; break;
+        case SHORT_DATA: n = 1; break;
+        case LONG_DATA: n = 3; break;
+        case NO_REGION: dd[1].region = 5; break;
+        case PAST_END: dd[1].offset = 1001, dd[1].bytes = 0; break;
+        case TOO_LONG: dd[1].bytes = 991; break;
+        case WRAPS: dd[1].offset = 16, dd[1].bytes = UINT64_MAX - 8; break;
+        case EMPTY:
+            hd.n_dests = 0, hd.bytes = 0, hd.checksum = XXH3_64bits(NULL, 0), n = 0;
+            break;
+        default: break;
+        }
+        const int before = rrx.n;
+        raw_send_notice(&w, ep, &hd, sizeof(hd), dd, n * sizeof(dest_t));
+        PROGRESS_UNTIL(rrx.n == before + 1, raw_progress(&w));
+        const hpd_status_t want = c == GOOD || c == EMPTY ? HPD_OK : HPD_ERR_FORMAT;
+        if (rrx.last.status != want)
+            fail_msg("notice with %s: %s, expected %s", names[c], hpd_status_str(rrx.last.status),
+                     hpd_status_str(want));
+        assert_int_equal(rrx.last.sender, 77);
+        assert_int_equal(rrx.last.xfer_id, 1000 + c);
+        assert_int_equal(rrx.last.bytes, hd.bytes);
+        want == HPD_OK ? n_ok++ : n_bad++;
+    }
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok, n_ok);
+    assert_int_equal(st.notices_bad, n_bad);
+
+    /* a header of another size is dropped: no notice at all */
+    const int before = rrx.n;
+    raw_send_notice(&w, ep, &ok, sizeof(ok) - 8, good, sizeof(good));
+    notice_hdr_t last = ok;
+    last.xfer_id = 2000;
+    raw_send_notice(&w, ep, &last, sizeof(last), good, sizeof(good));
+    PROGRESS_UNTIL(rrx.n > before, raw_progress(&w));
+    assert_int_equal(rrx.n, before + 1);
+    assert_int_equal(rrx.last.xfer_id, 2000);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok + st.notices_bad, n_ok + n_bad + 1);
+
+    /* a notice whose data comes by rendezvous is dropped likewise */
+    notice_hdr_t rndv = ok;
+    rndv.xfer_id = 3000;
+    raw_send_as(&w, ep, &rndv, sizeof(rndv), good, sizeof(good), UCP_AM_SEND_FLAG_RNDV);
+    last.xfer_id = 3001;
+    raw_send_notice(&w, ep, &last, sizeof(last), good, sizeof(good));
+    PROGRESS_UNTIL(rrx.n > before + 1, raw_progress(&w));
+    assert_int_equal(rrx.n, before + 2);
+    assert_int_equal(rrx.last.xfer_id, 3001);
+
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t cr = ucp_ep_close_nbx(ep, &cp);
+    if (cr != NULL && !UCS_PTR_IS_ERR(cr)) {
+        PROGRESS_UNTIL(ucp_request_check_status(cr) != UCS_INPROGRESS, raw_progress(&w));
+        ucp_request_free(cr);
+    }
+    hpd_xfer_destroy(r);
+    raw_fini(&w);
+}
+
+/* ------------------------------------------------------------ polling */
+
+/* A context polls when its transports are shared memory only (their
+ * names: sm, posix, sysv, cma, self...), or when asked; any network
+ * transport in the list, or the environment's choice, arms the event fd.
+ * An idle context that does not poll leaves the loop idle. */
+static void test_polling_and_idle(void **state)
+{
+    static const struct {
+        const char *tls;
+        bool polls;
+    } cases[] = {
+        {NULL, false},          {"tcp", false},         {"all", false},
+        {"rc,sm,self", false},  {"ud,sm,self", false},  {"dc,sm,self", false},
+        {"ib,sm,self", false},  {"cuda,sm,self", false}, {"rocm,sm,self", false},
+        {"sm,gdr_copy", false}, {"sm,self", true},      {"posix,sysv,cma", true},
+        {"self", true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        hpd_xfer_ctx_t *c = ctx_new(cases[i].tls, 1, NULL);
+        assert_string_equal(hpd_xfer_tls(c), cases[i].tls ? cases[i].tls : "default");
+        /* idling is over at the first turn that the 50 ms marker ends;
+         * polling is a turn every millisecond, 8 of them well before 2 s */
+        const bool idles = loop_idles(cases[i].polls ? 2.0 : 0.05);
+        if (idles == cases[i].polls)
+            fail_msg("a context on '%s' %s", cases[i].tls ? cases[i].tls : "(default)",
+                     cases[i].polls ? "does not poll" : "keeps the loop busy");
+        /* polling is a 1 ms timer, set again after each look */
+        if (cases[i].polls && (n_timers == 0 || timers_of(0, 1000) != n_timers))
+            fail_msg("a context on '%s' polls with %d timeouts, %d of them 1 ms", cases[i].tls,
+                     n_timers, timers_of(0, 1000));
+        if (!cases[i].polls)
+            assert_int_equal(n_timers, 0);
+        hpd_xfer_destroy(c);
+    }
+    hpd_xfer_ctx_t *c;
+    hpd_xfer_params_t p = {.base = base, .tls = "tcp", .net_devices = "lo", .polling = true};
+    assert_int_equal(hpd_xfer_create(&p, &c), HPD_OK);
+    assert_false(loop_idles(2.0));
+    hpd_xfer_destroy(c);
+
+    /* after a transfer, with the peers still connected, both sides idle */
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *peer = connect_to(s, r);
+    done_t d = {0};
+    uint8_t src[1024] = {9};
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    n_timers = 0;
+    record_timers = true;
+    assert_int_equal(hpd_xfer_put(peer, 1, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(peer, 1, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+    record_timers = false;
+    /* while requests were in flight, a zero-delay timer kept UCX going */
+    assert_true(timers_of(0, 0) > 0);
+    assert_int_equal(timers_of(0, 0), n_timers);
+    assert_true(loop_idles(0.05));
+    assert_false(hpd_xfer_peer_failed(peer));
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* ------------------------------------------------------------ regions */
+
+/* Region ids in registration order; the same memory keeps its id; 16 at
+ * most; the info lists them in order with their base and length. */
+static void test_regions(void **state)
+{
+    hpd_xfer_ctx_t *c = ctx_new("tcp", 9, NULL);
+    static uint8_t mem[HPD_XFER_MAX_REGIONS + 1][256];
+    uint32_t id;
+    void *a;
+
+    assert_int_equal(hpd_xfer_register(c, mem[0], 256, &id), HPD_OK);
+    assert_int_equal(id, 0);
+    assert_int_equal(hpd_xfer_alloc(c, 512, &a, &id), HPD_OK);
+    assert_int_equal(id, 1);
+    assert_non_null(a);
+    assert_int_equal(hpd_xfer_register(c, mem[0], 128, &id), HPD_OK); /* within region 0 */
+    assert_int_equal(id, 0);
+    assert_int_equal(hpd_xfer_register(c, a, 512, &id), HPD_OK);
+    assert_int_equal(id, 1);
+    assert_int_equal(hpd_xfer_register(c, mem[0], 257, &id), HPD_OK); /* longer: new */
+    assert_int_equal(id, 2);
+    for (uint32_t k = 3; k < HPD_XFER_MAX_REGIONS; k++) {
+        assert_int_equal(hpd_xfer_register(c, mem[k], 100 + k, &id), HPD_OK);
+        assert_int_equal(id, k);
+    }
+    assert_int_equal(hpd_xfer_register(c, mem[HPD_XFER_MAX_REGIONS], 64, &id),
+                     HPD_ERR_NO_RESOURCE);
+    assert_int_equal(hpd_xfer_alloc(c, 64, &a, &id), HPD_ERR_NO_RESOURCE);
+    assert_int_equal(hpd_xfer_register(c, mem[5], 105, &id), HPD_OK); /* still found */
+    assert_int_equal(id, 5);
+
+    info_t i;
+    const msgpack_object *info = info_of(c, &i);
+    assert_int_equal(hpd_rpc_map_get(info, "node")->via.u64, 9);
+    assert_int_equal(hpd_rpc_map_get(info, "address")->type, MSGPACK_OBJECT_BIN);
+    const msgpack_object *regs = hpd_rpc_map_get(info, "regions");
+    assert_int_equal(regs->via.array.size, HPD_XFER_MAX_REGIONS);
+    for (uint32_t k = 0; k < HPD_XFER_MAX_REGIONS; k++) {
+        const msgpack_object *e = regs->via.array.ptr[k].via.array.ptr;
+        assert_int_equal(regs->via.array.ptr[k].via.array.size, 3);
+        assert_int_equal(e[2].type, MSGPACK_OBJECT_BIN);
+        assert_true(e[2].via.bin.size > 0);
+        if (k == 0 || k >= 3) {
+            assert_true(e[0].via.u64 == (uint64_t)(uintptr_t)mem[k == 0 ? 0 : k]);
+            assert_int_equal(e[1].via.u64, k == 0 ? 256 : 100 + k);
+        }
+    }
+    assert_int_equal(regs->via.array.ptr[2].via.array.ptr[1].via.u64, 257);
+    info_free(&i);
+    hpd_xfer_set_node_id(c, 10);
+    info = info_of(c, &i);
+    assert_int_equal(hpd_rpc_map_get(info, "node")->via.u64, 10);
+    info_free(&i);
+    hpd_xfer_destroy(c);
+    hpd_xfer_destroy(NULL);
+}
+
+/* A backend posing as a device (the CPU's ops, host_memory false) that
+ * counts its host registrations and copies, and can fail them. */
+typedef struct {
+    hpd_backend_t *cpu;
+    hpd_backend_ops_t ops;
+    hpd_backend_t dev;
+} posing_t;
+
+static int n_registered, n_unregistered, n_to_host, n_from_host;
+static void *last_registered, *last_unregistered;
+static size_t last_registered_len;
+static bool fail_register, fail_to_host, fail_from_host;
+static const hpd_backend_ops_t *cpu_ops;
+
+static hpd_status_t pose_register(hpd_backend_t *b, void *ptr, size_t n)
+{
+    if (fail_register)
+        return HPD_ERR_IO;
+    n_registered++;
+    last_registered = ptr;
+    last_registered_len = n;
+    return HPD_OK;
+}
+
+static void pose_unregister(hpd_backend_t *b, void *ptr)
+{
+    n_unregistered++;
+    last_unregistered = ptr;
+}
+
+static hpd_status_t pose_to_host(hpd_backend_t *b, void *host, const void *src, size_t n)
+{
+    n_to_host++;
+    return fail_to_host ? HPD_ERR_IO : cpu_ops->to_host(b, host, src, n);
+}
+
+static hpd_status_t pose_from_host(hpd_backend_t *b, void *dst, const void *host, size_t n)
+{
+    n_from_host++;
+    return fail_from_host ? HPD_ERR_IO : cpu_ops->from_host(b, dst, host, n);
+}
+
+static void posing_init(posing_t *p)
+{
+    hpd_backend_params_t bp = {"cpu", 1};
+    assert_int_equal(hpd_backend_cpu_create(&bp, &p->cpu), HPD_OK);
+    cpu_ops = p->cpu->ops;
+    p->ops = *p->cpu->ops;
+    p->ops.name = "posing-device";
+    p->ops.host_memory = false;
+    p->ops.host_register = pose_register;
+    p->ops.host_unregister = pose_unregister;
+    p->ops.to_host = pose_to_host;
+    p->ops.from_host = pose_from_host;
+    p->dev = (hpd_backend_t){&p->ops, p->cpu->ctx};
+    n_registered = n_unregistered = n_to_host = n_from_host = 0;
+    last_registered = last_unregistered = NULL;
+    fail_register = fail_to_host = fail_from_host = false;
+}
+
+/* A pool in device memory that UCX cannot write: peers write a pinned
+ * host mirror; a verified transfer's destinations move into the pool (and
+ * only those); a failed move is HPD_ERR_IO; destroy unpins the mirror. A
+ * host-memory backend registers its pool as it is. */
+static void test_mirrored_pool(void **state)
+{
+    posing_t pose;
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t pool[8192], host_pool[1024];
+    uint8_t src[8192];
+    uint32_t id, host_id;
+
+    posing_init(&pose);
+    memset(pool, 0, sizeof(pool));
+    fill(src, sizeof(src), 11);
+    assert_false(hpd_xfer_cuda_supported(r));
+    assert_int_equal(hpd_xfer_register_pool(r, pose.cpu, host_pool, sizeof(host_pool), &host_id),
+                     HPD_OK);
+    assert_int_equal(hpd_xfer_register_pool(r, &pose.dev, pool, sizeof(pool), &id), HPD_OK);
+    assert_int_equal(host_id, 0);
+    assert_int_equal(id, 1);
+    assert_int_equal(n_registered, 1);
+    assert_int_equal(last_registered_len, sizeof(pool));
+    assert_ptr_not_equal(last_registered, pool);
+
+    info_t i;
+    const msgpack_object *regs = hpd_rpc_map_get(info_of(r, &i), "regions");
+    assert_true(regs->via.array.ptr[0].via.array.ptr[0].via.u64 == (uintptr_t)host_pool);
+    assert_true(regs->via.array.ptr[1].via.array.ptr[0].via.u64 == (uintptr_t)last_registered);
+    assert_int_equal(regs->via.array.ptr[1].via.array.ptr[1].via.u64, sizeof(pool));
+    info_free(&i);
+
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 1, src, 1, 4096, 1000), HPD_OK);
+    assert_int_equal(n_from_host, 1);
+    assert_memory_equal(pool + 4096, src, 1000);
+    assert_true(all_zero(pool, 4096) && all_zero(pool + 5096, sizeof(pool) - 5096));
+    assert_int_equal(transfer(s, p, &rrx, 2, src, 0, 24, 1000), HPD_OK); /* the host pool */
+    assert_memory_equal(host_pool + 24, src, 1000);
+    assert_int_equal(n_from_host, 1);
+    fail_from_host = true;
+    assert_int_equal(transfer(s, p, &rrx, 3, src + 1, 1, 0, 100), HPD_ERR_IO);
+    fail_from_host = false;
+    hpd_xfer_stats_t st;
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok, 2);
+    assert_int_equal(st.notices_bad, 1);
+    assert_int_equal(n_to_host, 0); /* the mirror is host memory: hashed as it is */
+    assert_int_equal(n_from_host, 2);
+
+    void *mirror = last_registered;
+
+    /* a pool mapped now lies above its mirror, mapped after it (the static
+     * one lies below its own): either way the verified bytes move */
+    uint8_t *pool2 = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint32_t id2;
+    assert_true(pool2 != MAP_FAILED);
+    assert_int_equal(hpd_xfer_register_pool(r, &pose.dev, pool2, 8192, &id2), HPD_OK);
+    assert_int_equal(id2, 2);
+    void *mirror2 = last_registered;
+    hpd_xfer_disconnect(p);
+    p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 4, src + 7, 2, 100, 2000), HPD_OK);
+    assert_memory_equal(pool2 + 100, src + 7, 2000);
+    assert_int_equal(n_from_host, 3);
+    hpd_xfer_destroy(s);
+    assert_int_equal(n_unregistered, 0);
+    hpd_xfer_destroy(r);
+    assert_int_equal(n_unregistered, 2);
+    assert_true((last_unregistered == mirror || last_unregistered == mirror2));
+    munmap(pool2, 8192);
+
+    /* pinning fails: the error comes back */
+    r = ctx_new("tcp", 2, NULL);
+    fail_register = true;
+    assert_int_equal(hpd_xfer_register_pool(r, &pose.dev, pool, sizeof(pool), &id), HPD_ERR_IO);
+    void *stage;
+    assert_int_equal(hpd_xfer_alloc_pinned(r, &pose.dev, 4096, &stage, &id), HPD_ERR_IO);
+    fail_register = false;
+    assert_int_equal(hpd_xfer_alloc_pinned(r, pose.cpu, 4096, &stage, &id), HPD_OK);
+    assert_int_equal(n_registered, 2); /* host memory needs no pinning */
+    assert_int_equal(hpd_xfer_alloc_pinned(r, &pose.dev, 4096, &stage, &id), HPD_OK);
+    assert_int_equal(n_registered, 3);
+    assert_ptr_equal(last_registered, stage);
+    hpd_xfer_destroy(r);
+    assert_int_equal(n_unregistered, 3);
+    assert_ptr_equal(last_unregistered, stage);
+    hpd_backend_destroy(pose.cpu);
+}
+
+/* With UCX claiming CUDA support, a device pool is registered as it is and
+ * written directly; the receiver reads a finished transfer's bytes back
+ * through the backend to verify them (a failed read is HPD_ERR_IO), and a
+ * sender with CUDA support maps no peer region. */
+static void test_device_pool_with_cuda(void **state)
+{
+    posing_t pose;
+    rx_t rrx = {0};
+    static uint8_t pool[8192];
+    uint8_t src[8192];
+    uint32_t id;
+
+    posing_init(&pose);
+    claim_cuda = true;
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    claim_cuda = false;
+    assert_true(hpd_xfer_cuda_supported(r));
+    memset(pool, 0, sizeof(pool));
+    fill(src, sizeof(src), 12);
+    assert_int_equal(hpd_xfer_register_pool(r, &pose.dev, pool, sizeof(pool), &id), HPD_OK);
+    assert_int_equal(n_registered, 0);
+    info_t i;
+    const msgpack_object *regs = hpd_rpc_map_get(info_of(r, &i), "regions");
+    assert_true(regs->via.array.ptr[0].via.array.ptr[0].via.u64 == (uintptr_t)pool);
+    info_free(&i);
+
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 1, src, 0, 100, 3000), HPD_OK);
+    assert_memory_equal(pool + 100, src, 3000);
+    assert_int_equal(n_to_host, 1);
+    assert_int_equal(n_from_host, 0);
+    fail_to_host = true;
+    assert_int_equal(transfer(s, p, &rrx, 2, src, 0, 0, 10), HPD_ERR_IO);
+    fail_to_host = false;
+    /* the read-back's buffer cannot be had: HPD_ERR_IO likewise */
+    {
+        done_t d = {0};
+        const int before = rrx.n;
+        hpd_xfer_put_t u = {src, 0, 0, 10};
+        assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
+        assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
+        arm(1, ALLOC_ANY);
+        PROGRESS_UNTIL(d.n == 1 && rrx.n == before + 1, (void)0);
+        assert_true(disarm());
+        assert_int_equal(rrx.last.status, HPD_ERR_IO);
+    }
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+    assert_int_equal(n_unregistered, 0);
+
+    /* shared memory, a UCX-allocated region: mapped for a sender without
+     * CUDA support, not for one with */
+    for (int cuda = 0; cuda < 2; cuda++) {
+        rx_t rx2 = {0};
+        void *mem;
+        hpd_xfer_stats_t st;
+        r = ctx_new("sm,self", 2, &rx2);
+        claim_cuda = cuda;
+        s = ctx_new("sm,self", 1, NULL);
+        claim_cuda = false;
+        assert_int_equal(hpd_xfer_alloc(r, 1 << 16, &mem, &id), HPD_OK);
+        p = connect_to(s, r);
+        assert_int_equal(transfer(s, p, &rx2, 1, src, 0, 64, 4096), HPD_OK);
+        assert_memory_equal((uint8_t *)mem + 64, src, 4096);
+        hpd_xfer_stats(s, &st);
+        assert_int_equal(st.bytes_put, 4096);
+        assert_int_equal(st.bytes_mapped, cuda ? 0 : 4096);
+        hpd_xfer_destroy(s);
+        hpd_xfer_destroy(r);
+    }
+    hpd_backend_destroy(pose.cpu);
+}
+
+/* ------------------------------------------------------------ endings */
+
+/* Disconnecting ends every open transfer at once: a finishing one's
+ * callback says HPD_ERR_CANCELED; the counts follow. The peer is gone for
+ * its owner: no on_peer_error names it afterwards, also not for the puts
+ * that the close cancels. */
+static void test_disconnect_fails_transfers(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, &srx);
+    static uint8_t mem[1 << 20];
+    static uint8_t src[1 << 20];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    done_t d1 = {0};
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);  /* open, not finishing */
+    assert_int_equal(hpd_xfer_put(p, 2, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 2, on_done, &d1, false), HPD_OK); /* finishing */
+    hpd_xfer_stats(s, &st);
+    if (d1.n == 0)
+        assert_int_equal(st.open_transfers, 2);
+    hpd_xfer_disconnect(p);
+    assert_int_equal(d1.n, 1);
+    assert_true(d1.status == HPD_ERR_CANCELED || d1.status == HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(st.transfers_failed + st.transfers_finished, 2);
+    assert_int_equal(st.transfers_failed, d1.status == HPD_OK ? 1 : 2);
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+    assert_int_equal(srx.n_peer_errors, 0);
+    assert_int_equal(srx.n, 0);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* Endpoints whose close never completes (as towards a dead shared-memory
+ * peer) keep their peers until the context goes; destroy then frees them,
+ * every one, also a peer of 16 regions, and does not hang. */
+static void test_destroy_with_closes_pending(void **state)
+{
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, NULL), *r2 = ctx_new("tcp", 3, NULL);
+    hpd_xfer_ctx_t *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    for (int k = 0; k < HPD_XFER_MAX_REGIONS; k++)
+        assert_int_equal(hpd_xfer_register(r, mem + 256 * k, 256, &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r2, mem, sizeof(mem), &id), HPD_OK);
+    track();
+    hpd_xfer_peer_t *p = connect_to(s, r), *p2 = connect_to(s, r2);
+    assert_int_equal(hpd_xfer_peer_node(p), 2);
+    assert_int_equal(hpd_xfer_peer_node(p2), 3);
+    hold_closes = true;
+    n_held_closes = 0;
+    hpd_xfer_disconnect(p);
+    hpd_xfer_disconnect(p2);
+    hold_closes = false;
+    assert_int_equal(n_held_closes, 2);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.inflight, 2);
+    assert_int_equal(st.open_transfers, 0);
+    hpd_xfer_destroy(s);
+    const size_t live = live_blocks();
+    untrack();
+    assert_int_equal(live, 0);
+    hpd_xfer_destroy(r2);
+    hpd_xfer_destroy(r);
+}
+
+
+/* ------------------------------------------------------------ more of the contract */
+
+/* A context UCX cannot make (no such transport, no such device) is
+ * HPD_ERR_IO, and *ctx_p is left alone. */
+static void test_create_fails(void **state)
+{
+    hpd_xfer_ctx_t *c = (hpd_xfer_ctx_t *)&c;
+    hpd_xfer_params_t p = {.base = base, .tls = "no_such_transport"};
+    assert_int_equal(hpd_xfer_create(&p, &c), HPD_ERR_IO);
+    assert_ptr_equal(c, (hpd_xfer_ctx_t *)&c);
+    p.tls = "tcp";
+    p.net_devices = "no_such_device0";
+    assert_int_equal(hpd_xfer_create(&p, &c), HPD_ERR_IO);
+    assert_ptr_equal(c, (hpd_xfer_ctx_t *)&c);
+}
+
+/* Without an event loop, hpd_xfer_progress drives everything. */
+static void test_without_a_loop(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_params_t rp = {.node_id = 2, .tls = "tcp", .net_devices = "lo",
+                            .on_notice = rx_notice, .arg = &rrx};
+    hpd_xfer_params_t sp = {.node_id = 1, .tls = "tcp", .net_devices = "lo"};
+    hpd_xfer_ctx_t *r, *s;
+    static uint8_t mem[4096];
+    uint8_t src[512];
+    uint32_t id;
+    done_t d = {0};
+
+    assert_int_equal(hpd_xfer_create(&rp, &r), HPD_OK);
+    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    fill(src, sizeof(src), 31);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_xfer_put_t u = {src, 0, 1024, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    const double t0 = hpd_time_now();
+    while (d.n == 0 || rrx.n == 0) {
+        if (hpd_time_now() - t0 > DEADLINE_S)
+            fail_msg("no transfer without a loop after %.0f s", DEADLINE_S);
+        hpd_xfer_progress(s);
+        hpd_xfer_progress(r);
+    }
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_memory_equal(mem + 1024, src, sizeof(src));
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A peer that goes away (its context destroyed: the tcp connection
+ * breaks): on_peer_error once with HPD_ERR_IO, its open transfers fail,
+ * and puts and finishes on it are refused with HPD_ERR_IO. */
+static void test_peer_failure(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, &srx);
+    static uint8_t mem[4096];
+    uint8_t src[256] = {3};
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 1, src, 0, 0, sizeof(src)), HPD_OK);
+    hpd_xfer_put_t u = {src, 0, 256, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 2, &u, 1), HPD_OK); /* open when the peer goes */
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+    hpd_xfer_destroy(r);
+    PROGRESS_UNTIL(srx.n_peer_errors > 0, (void)0);
+    assert_true(hpd_xfer_peer_failed(p));
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(st.transfers_failed, 1);
+    assert_int_equal(st.transfers_finished, 1);
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_ERR_IO);
+    assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_ERR_IO);
+    spin(20);
+    assert_int_equal(d.n, 0);
+    assert_int_equal(srx.n_peer_errors, 1);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(st.puts, 2);
+    hpd_xfer_disconnect(p);
+    hpd_xfer_destroy(s);
+}
+
+/* Puts into a peer's region mapped here are copies: at every alignment,
+ * of sizes around the copy's 64-byte stride and its 64 KiB hashing chunk;
+ * the receiver verifies each transfer, and every byte is counted as
+ * mapped. */
+static void test_mapped_copies(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("sm,self", 2, &rrx), *s = ctx_new("sm,self", 1, NULL);
+    enum { LEN = 1 << 20 };
+    uint8_t *mem, *src = malloc(LEN);
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_alloc(r, LEN, (void **)&mem, &id), HPD_OK);
+    memset(mem, 0, LEN);
+    fill(src, LEN, 41);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    static const uint64_t sizes[] = {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000,
+                                     65535, 65536, 65537, 3 * 65536 + 77};
+    uint64_t total = 0, xid = 100, off = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (uint64_t align = 0; align < 3; align++) {
+            const uint64_t at = off + align * 5 + i % 16;
+            const uint8_t *from = src + (i * 7 + align) % 64;
+            assert_int_equal(transfer(s, p, &rrx, xid++, from, 0, at, sizes[i]), HPD_OK);
+            if (memcmp(mem + at, from, sizes[i]) != 0)
+                fail_msg("a copy of %llu bytes to offset %llu differs",
+                         (unsigned long long)sizes[i], (unsigned long long)at);
+            total += sizes[i];
+            off = (at + sizes[i] + 64) % (LEN - 4 * 65536 - 4096);
+        }
+    }
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.bytes_put, total);
+    assert_int_equal(st.bytes_mapped, total);
+    assert_int_equal(st.inflight, 0);
+    /* several puts in one transfer, the checksum over all of them in order */
+    hpd_xfer_put_t u[3] = {{src + 1, 0, 10, 100}, {src + 2, 0, 5000, 70000}, {src + 3, 0, 200, 3}};
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_put(p, 1, u, 3), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    const int before = rrx.n;
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == before + 1, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, 70103);
+    for (int k = 0; k < 3; k++)
+        assert_memory_equal(mem + u[k].offset, u[k].local, u[k].bytes);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+    free(src);
+}
+
+/* A transfer id may be used again once its transfer is finishing: that is
+ * a new transfer. */
+static void test_transfer_ids(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[128];
+    uint32_t id;
+    done_t d1 = {0}, d2 = {0};
+    hpd_xfer_stats_t st;
+
+    fill(src, sizeof(src), 51);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_xfer_put_t a = {src, 0, 0, 64}, b = {src + 64, 0, 64, 32};
+    assert_int_equal(hpd_xfer_put(p, 9, &a, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_put(p, 8, &b, 1), HPD_OK); /* another transfer meanwhile */
+    assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d1, false), HPD_OK);
+    assert_int_equal(hpd_xfer_put(p, 9, &b, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d2, false), HPD_OK);
+    PROGRESS_UNTIL(d1.n == 1 && d2.n == 1 && rrx.n == 2, (void)0);
+    assert_int_equal(d1.status, HPD_OK);
+    assert_int_equal(d2.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, 32);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.transfers_finished, 2);
+    assert_int_equal(st.open_transfers, 1); /* transfer 8 */
+    done_t d3 = {0};
+    assert_int_equal(hpd_xfer_finish(p, 8, on_done, &d3, false), HPD_OK);
+    PROGRESS_UNTIL(d3.n == 1 && rrx.n == 3, (void)0);
+    assert_int_equal(rrx.last.xfer_id, 8);
+    assert_int_equal(rrx.last.bytes, 32);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    hpd_xfer_finish(p, 8, NULL, NULL, false); /* no callback wanted */
+    PROGRESS_UNTIL(rrx.n == 4, (void)0);
+    assert_int_equal(rrx.last.bytes, 0);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* ------------------------------------------------------------ KV */
+
+enum { KV_LAYERS = 6, KV_HEADS = 2, KV_HD = 16, KV_TOKENS = 100, KV_DST_PAGES = 40 };
+static const hpd_kv_layout_t kv_src = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, KV_LAYERS, KV_HEADS, KV_HD};
+static const hpd_kv_layout_t kv_dst = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, KV_LAYERS, KV_HEADS, KV_HD};
+
+/* KV pushed group by group (a first chunk of whole pages, then the rest)
+ * and all groups at once lands as a local translation would write it; the
+ * arguments are checked. */
+static void test_push_kv(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    const uint32_t groups = hpd_kv_layout_n_groups(&kv_dst), k = (KV_TOKENS + 15) / 16;
+    const uint64_t page = hpd_kv_layout_page_bytes(&kv_dst);
+    const uint32_t src_groups = hpd_kv_layout_n_groups(&kv_src), src_blocks = 2;
+    uint8_t *pool = calloc(KV_DST_PAGES, page), *expect = calloc(KV_DST_PAGES, page);
+    const size_t src_bytes = (size_t)src_groups * src_blocks * hpd_kv_layout_page_bytes(&kv_src);
+    float *src = malloc(src_bytes);
+    /* zeroed: the slots of the last group's pages for layers past the
+     * model's (6 layers in packs of 4) are sent as the staging holds them */
+    uint8_t *staging = calloc((size_t)groups * k, page);
+    uint32_t src_ids[KV_LAYERS][2], dst_ids[2][2][8], id;
+    const uint32_t *src_tables[KV_LAYERS], *dst_tables[2][2];
+    hpd_backend_t *be;
+    hpd_backend_params_t bp = {"cpu", 1};
+
+    assert_int_equal(groups, 2);
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    test_fill(src, src_bytes / sizeof(float), 61, 1.0f);
+    for (uint32_t g = 0; g < src_groups; g++) {
+        for (uint32_t j = 0; j < src_blocks; j++)
+            src_ids[g][j] = (g * src_blocks + j) * 5 % (src_groups * src_blocks);
+        src_tables[g] = src_ids[g];
+    }
+    for (int t = 0; t < 2; t++) /* two reservations: scrambled, disjoint */
+        for (uint32_t g = 0; g < groups; g++) {
+            for (uint32_t j = 0; j < k; j++)
+                dst_ids[t][g][j] = KV_DST_PAGES - 1 - (t * groups * k + j * groups + g);
+            dst_tables[t][g] = dst_ids[t][g];
+        }
+    assert_int_equal(hpd_xfer_register(r, pool, KV_DST_PAGES * page, &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * k * page, &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+
+    hpd_xfer_kv_args_t a = {.backend = be,
+                            .src = {&kv_src, src, src_tables, 0},
+                            .dst_layout = &kv_dst,
+                            .dst_region = 0,
+                            .dst_tables = dst_tables[0],
+                            .staging = staging,
+                            .staging_pages = groups * k};
+    const uint32_t split = 48;
+    for (uint32_t g = 0; g < groups; g++) {
+        a.group = g;
+        a.first_token = 0, a.n_tokens = split, a.last = false;
+        assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+        a.first_token = split, a.n_tokens = KV_TOKENS, a.last = true;
+        assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+    }
+    a.dst_tables = dst_tables[1];
+    a.group = UINT32_MAX;
+    a.first_token = 0;
+    assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+
+    /* refused: a group past the last, a staging buffer too small, a chunk
+     * that does not start or end on a page, an empty chunk */
+    hpd_xfer_kv_args_t bad = a;
+    bad.group = groups;
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.staging_pages = groups * k - 1;
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.first_token = 8;
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.last = false;
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.first_token = KV_TOKENS;
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.n_tokens = 96, bad.last = false; /* whole pages: fine */
+    assert_int_equal(hpd_xfer_push_kv(p, 3, &bad), HPD_OK);
+    hpd_xfer_stats_t st;
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 2 * groups * k + groups * 6);
+
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, 2 * groups * k * page);
+    for (int t = 0; t < 2; t++) {
+        hpd_kv_translate_args_t tr = {{&kv_src, src, src_tables, 0},
+                                      {&kv_dst, expect, dst_tables[t], 0},
+                                      KV_TOKENS, true, 0, 0};
+        assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
+    }
+    assert_memory_equal(pool, expect, KV_DST_PAGES * page);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+    hpd_backend_destroy(be);
+    free(pool);
+    free(expect);
+    free(src);
+    free(staging);
+}
+
+/* Transfers whose flush never completes when their peer is disconnected:
+ * their callbacks say HPD_ERR_CANCELED at once, and destroy frees them,
+ * every one. */
+static void test_destroy_with_flushes_pending(void **state)
+{
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, NULL), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[64] = {5};
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    done_t d[2] = {{0}};
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    track();
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hold_flushes = true;
+    for (int k = 0; k < 2; k++) {
+        hpd_xfer_put_t u = {src, 0, 64 * k, sizeof(src)};
+        assert_int_equal(hpd_xfer_put(p, 1 + k, &u, 1), HPD_OK);
+        assert_int_equal(hpd_xfer_finish(p, 1 + k, on_done, &d[k], false), HPD_OK);
+    }
+    hold_flushes = false;
+    spin(20);
+    assert_int_equal(d[0].n + d[1].n, 0);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 2);
+    hpd_xfer_disconnect(p);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(d[k].n, 1);
+        assert_int_equal(d[k].status, HPD_ERR_CANCELED);
+    }
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(st.transfers_failed, 2);
+    spin(20);
+    assert_int_equal(d[0].n + d[1].n, 2);
+    hpd_xfer_destroy(s);
+    const size_t live = live_blocks();
+    untrack();
+    assert_int_equal(live, 0);
+    hpd_xfer_destroy(r);
+}
+
+/* Every allocation of the context's operations fails in turn: each says
+ * HPD_ERR_NO_MEMORY (a callback does not run for what was refused), the
+ * context goes on working, and nothing leaks (the sanitizer build). */
+static void test_alloc_failures(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s, *c;
+    static uint8_t mem[1 << 20];
+    uint8_t src[256];
+    uint32_t id, k;
+    info_t i;
+    hpd_xfer_peer_t *p;
+    hpd_xfer_stats_t st;
+    hpd_xfer_params_t sp = {.base = base, .node_id = 1, .tls = "tcp", .net_devices = "lo"};
+
+    fill(src, sizeof(src), 71);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    arm(1, ALLOC_ANY);
+    assert_int_equal(hpd_xfer_create(&sp, &c), HPD_ERR_NO_MEMORY);
+    assert_true(disarm());
+    s = ctx_new("tcp", 1, NULL);
+    const msgpack_object *info = info_of(r, &i);
+    for (k = 1;; k++) {
+        arm(k, ALLOC_ANY);
+        const hpd_status_t st1 = hpd_xfer_connect(s, info, &p);
+        if (!disarm()) {
+            assert_int_equal(st1, HPD_OK);
+            break;
+        }
+        assert_int_equal(st1, HPD_ERR_NO_MEMORY);
+    }
+    info_free(&i);
+
+    /* a put opening a transfer, a finish opening one */
+    uint64_t xid = 100, ok_puts = 0;
+    for (k = 1;; k++) {
+        hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+        arm(k, ALLOC_ANY);
+        const hpd_status_t st1 = hpd_xfer_put(p, xid, &u, 1);
+        const bool hit = disarm();
+        hpd_xfer_stats(s, &st);
+        if (!hit) {
+            assert_int_equal(st1, HPD_OK);
+            assert_int_equal(st.puts, ++ok_puts);
+            break;
+        }
+        assert_int_equal(st1, HPD_ERR_NO_MEMORY);
+        assert_int_equal(st.puts, ok_puts);
+        xid++;
+    }
+    assert_true(k > 2); /* the transfer, its destinations */
+    done_t d = {0};
+    arm(1, ALLOC_ANY);
+    assert_int_equal(hpd_xfer_finish(p, 5000, on_done, &d, false), HPD_ERR_NO_MEMORY);
+    assert_true(disarm());
+    assert_int_equal(hpd_xfer_finish(p, xid, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, sizeof(src));
+
+    /* a KV push: its tables, its puts, the transfer */
+    const uint32_t groups = hpd_kv_layout_n_groups(&kv_dst), kk = (KV_TOKENS + 15) / 16;
+    const uint64_t page = hpd_kv_layout_page_bytes(&kv_dst);
+    float *kv = calloc(12, hpd_kv_layout_page_bytes(&kv_src));
+    uint8_t *staging = calloc((size_t)groups * kk, page);
+    uint32_t src_ids[KV_LAYERS][2], dst_ids[2][8];
+    const uint32_t *src_tables[KV_LAYERS], *dst_tables[2];
+    hpd_backend_t *be;
+    hpd_backend_params_t bp = {"cpu", 1};
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (uint32_t g = 0; g < KV_LAYERS; g++)
+        src_ids[g][0] = 2 * g, src_ids[g][1] = 2 * g + 1, src_tables[g] = src_ids[g];
+    for (uint32_t g = 0; g < groups; g++) {
+        for (uint32_t j = 0; j < kk; j++)
+            dst_ids[g][j] = g * kk + j;
+        dst_tables[g] = dst_ids[g];
+    }
+    assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * kk * page, &id), HPD_OK);
+    hpd_xfer_kv_args_t a = {.backend = be, .src = {&kv_src, kv, src_tables, 0},
+                            .n_tokens = KV_TOKENS, .last = true, .dst_layout = &kv_dst,
+                            .dst_tables = dst_tables, .staging = staging,
+                            .staging_pages = groups * kk, .group = UINT32_MAX};
+    for (k = 1;; k++) {
+        arm(k, ALLOC_ANY);
+        const hpd_status_t st1 = hpd_xfer_push_kv(p, 7000 + k, &a);
+        if (!disarm()) {
+            assert_int_equal(st1, HPD_OK);
+            break;
+        }
+        assert_int_equal(st1, HPD_ERR_NO_MEMORY);
+    }
+    assert_true(k > 4); /* the page ids, the puts, the transfer, its destinations */
+    hpd_backend_destroy(be);
+    free(kv);
+    hpd_xfer_destroy(s);
+    free(staging);
+    hpd_xfer_destroy(r);
+}
+
+/* What a peer and its transfers take is given back as soon as nothing
+ * refers to it: a transfer's when it ends, a peer's when its close has
+ * completed; not only when the context goes. */
+static void test_memory_returned(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[1 << 16];
+    uint8_t src[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    info_t i;
+    hpd_xfer_peer_t *p;
+
+    fill(src, sizeof(src), 81);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    const msgpack_object *info = info_of(r, &i);
+    track();
+    assert_int_equal(hpd_xfer_connect(s, info, &p), HPD_OK);
+    assert_int_equal(live_blocks(), 1); /* the peer */
+    for (uint64_t x = 1; x <= 3; x++) {
+        done_t d = {0};
+        for (uint64_t k = 0; k < 40; k++) { /* the destinations' list grows */
+            hpd_xfer_put_t u = {src + k, 0, 1000 * k + x, 100};
+            assert_int_equal(hpd_xfer_put(p, x, &u, 1), HPD_OK);
+        }
+        assert_int_equal(hpd_xfer_finish(p, x, x == 2 ? NULL : on_done, &d, x == 3), HPD_OK);
+        PROGRESS_UNTIL(rrx.n == (int)x, (void)0);
+        PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0 && st.open_transfers == 0),
+                       (void)0);
+        assert_int_equal(rrx.last.status, x == 3 ? HPD_ERR_FORMAT : HPD_OK);
+        assert_int_equal(live_blocks(), 1);
+    }
+    /* a transfer ended by the disconnect, with the peer */
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 9, &u, 1), HPD_OK);
+    hpd_xfer_disconnect(p);
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+    assert_int_equal(live_blocks(), 0);
+    untrack();
+    info_free(&i);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* Closes complete in any order: each peer leaves the list of closing ones
+ * by itself, whatever its place in it (freed memory is overwritten here, so
+ * that a peer freed but still listed would crash destroy). */
+static void test_closes_in_any_order(void **state)
+{
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, NULL), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    for (int order = 0; order < 2; order++) {
+        hpd_xfer_peer_t *a = connect_to(s, r), *b = connect_to(s, r);
+        hpd_xfer_peer_t *lo = a < b ? a : b, *hi = a < b ? b : a;
+        /* the higher one first, so that the lower one lies before it */
+        hpd_xfer_peer_t *first = order == 0 ? hi : lo, *second = order == 0 ? lo : hi;
+        defer_closes = true;
+        n_deferred = 0;
+        hpd_xfer_disconnect(first);
+        hpd_xfer_disconnect(second);
+        defer_closes = false;
+        assert_int_equal(n_deferred, 2);
+        hpd_xfer_stats(s, &st);
+        assert_int_equal(st.inflight, 2);
+        complete_deferred(0); /* the one behind in the list */
+        hpd_xfer_stats(s, &st);
+        assert_int_equal(st.inflight, 1);
+        complete_deferred(1);
+        hpd_xfer_stats(s, &st);
+        assert_int_equal(st.inflight, 0);
+    }
+    /* a close completing while one listed before it never does: the other
+     * stays listed, and destroy frees it (nothing of theirs is left) */
+    track();
+    hpd_xfer_peer_t *a = connect_to(s, r), *b = connect_to(s, r);
+    defer_closes = true;
+    n_deferred = 0;
+    hpd_xfer_disconnect(a < b ? b : a);
+    defer_closes = false;
+    hold_closes = true;
+    hpd_xfer_disconnect(a < b ? a : b);
+    hold_closes = false;
+    complete_deferred(0);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.inflight, 1);
+    hpd_xfer_destroy(s);
+    const size_t live = live_blocks();
+    untrack();
+    assert_int_equal(live, 0);
+    hpd_xfer_destroy(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_connect_checks_info),
+        cmocka_unit_test(test_connect_endpoint_modes),
+        cmocka_unit_test(test_put_bounds_and_stats),
+        cmocka_unit_test(test_put_refused_by_ucx),
+        cmocka_unit_test(test_put_names_registration),
+        cmocka_unit_test(test_finish_refused_by_ucx),
+        cmocka_unit_test(test_notice_on_the_wire),
+        cmocka_unit_test(test_receiver_checks_notices),
+        cmocka_unit_test(test_polling_and_idle),
+        cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_mirrored_pool),
+        cmocka_unit_test(test_device_pool_with_cuda),
+        cmocka_unit_test(test_disconnect_fails_transfers),
+        cmocka_unit_test(test_destroy_with_closes_pending),
+        cmocka_unit_test(test_destroy_with_flushes_pending),
+        cmocka_unit_test(test_create_fails),
+        cmocka_unit_test(test_without_a_loop),
+        cmocka_unit_test(test_peer_failure),
+        cmocka_unit_test(test_mapped_copies),
+        cmocka_unit_test(test_transfer_ids),
+        cmocka_unit_test(test_push_kv),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_memory_returned),
+        cmocka_unit_test(test_closes_in_any_order),
+    };
+    /* freed memory is overwritten, so that a use after free (of UCX's
+     * memory too, which the sanitizers do not watch) crashes here */
+    mallopt(M_PERTURB, 0xa5);
+    if (getenv("HPD_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("HPD_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
