@@ -155,17 +155,26 @@ static int mkdirs(const char *path, mode_t mode)
 static bool alive(pid_t pid);
 
 /* The pid in NAME.pid if that process is alive and is the right program. */
-static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
+/* The pid in p's pid file when that process still runs p's program; 0
+ * when it does not (or there is no pid file). *recorded_p (may be NULL)
+ * is the pid the file holds, 0 without one: a file whose process is gone
+ * belongs to a process that exited without hpdctl down. */
+static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
+                         pid_t *recorded_p)
 {
     char path[PATH_MAX], *text = NULL, cmd[PATH_MAX];
     size_t len;
     uint64_t pid;
     pid_t out = 0;
 
+    if (recorded_p != NULL)
+        *recorded_p = 0;
     state_path(m, p, "pid", path, sizeof(path));
     if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
         return 0;
     text[strcspn(text, "\n")] = '\0';
+    if (recorded_p != NULL && hpd_parse_u64(text, 1, INT32_MAX, &pid) == 0)
+        *recorded_p = (pid_t)pid;
     if (hpd_parse_u64(text, 1, INT32_MAX, &pid) == 0 && alive((pid_t)pid)) {
         /* a reused pid runs something else */
         snprintf(path, sizeof(path), "/proc/%llu/cmdline", (unsigned long long)pid);
@@ -397,13 +406,10 @@ static int cmd_up(const hpd_manifest_t *m)
         pid_t pid;
         if (!is_local(p->host))
             continue;
-        if ((pid = running_pid(m, p)) > 0) {
+        if ((pid = running_pid(m, p, NULL)) > 0) {
+            /* nothing was started yet, and what runs is left alone */
             fprintf(stderr, "hpdctl: %s is already running (pid %d); run hpdctl down first\n",
                     p->name, (int)pid);
-            pid_t pids[256];
-            for (uint32_t k = 0; k < n; k++)
-                pids[k] = u[k].pid;
-            stop_pids(pids, n, 10);
             return 1;
         }
         u[n++] = (up_t){p, 0, false, false, ""};
@@ -455,6 +461,8 @@ static bool alive(pid_t pid)
 {
     char path[64], stat[256];
     int status;
+    if (pid <= 0)
+        return false;
     if (waitpid(pid, &status, WNOHANG) == pid) /* our child (hpdctl up failing) */
         return false;
     if (kill(pid, 0) != 0)
@@ -471,13 +479,21 @@ static bool alive(pid_t pid)
     return !(end != NULL && end[1] == ' ' && end[2] == 'Z');
 }
 
+/* kill(2) for one process: pid 0 or below would signal a process group
+ * (ours with 0, every process we may signal with -1), never meant here. */
+static void signal_pid(pid_t pid, int sig)
+{
+    if (pid > 0)
+        kill(pid, sig);
+}
+
 /* SIGTERM (a drain), then SIGKILL after grace_s. */
 static void stop_pids(const pid_t *pids, uint32_t n, double grace_s)
 {
     const double deadline = hpd_time_now() + grace_s;
     bool any = true;
     for (uint32_t i = 0; i < n; i++)
-        kill(pids[i], SIGTERM);
+        signal_pid(pids[i], SIGTERM);
     while (any && hpd_time_now() < deadline) {
         any = false;
         for (uint32_t i = 0; i < n; i++)
@@ -487,24 +503,36 @@ static void stop_pids(const pid_t *pids, uint32_t n, double grace_s)
     }
     for (uint32_t i = 0; i < n; i++)
         if (alive(pids[i]))
-            kill(pids[i], SIGKILL);
+            signal_pid(pids[i], SIGKILL);
 }
 
 static int cmd_down(const hpd_manifest_t *m)
 {
     pid_t pids[256];
     const hpd_manifest_proc_t *procs[256];
-    uint32_t n = 0, drain_s = 30;
+    uint32_t n = 0, drain_s = 30, n_gone = 0;
     const double t0 = hpd_time_now();
     pid_t coord = 0;
 
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
-        pid_t pid;
+        pid_t pid, recorded;
         if (p->drain_timeout_ms / 1000 + 1 > drain_s)
             drain_s = p->drain_timeout_ms / 1000 + 1;
-        if (!is_local(p->host) || (pid = running_pid(m, p)) <= 0)
+        if (!is_local(p->host))
             continue;
+        if ((pid = running_pid(m, p, &recorded)) <= 0) {
+            if (recorded > 0) {
+                char log[PATH_MAX];
+                state_path(m, p, "log", log, sizeof(log));
+                fprintf(stderr, "hpdctl: %s (%s, pid %d) had already exited, not stopped by "
+                        "hpdctl: it crashed or was killed (its log: %s)\n", p->name,
+                        hpd_proc_role_name(p->role), (int)recorded, log);
+                forget(m, p);
+                n_gone++;
+            }
+            continue;
+        }
         if (p->role == HPD_PROC_COORDINATOR)
             coord = pid;
         procs[n] = p;
@@ -513,7 +541,7 @@ static int cmd_down(const hpd_manifest_t *m)
     const double deadline = t0 + (O.timeout_s ? O.timeout_s : drain_s + 10);
     if (n == 0) {
         printf("hpdctl: nothing of cluster '%s' runs on this host\n", m->cluster);
-        return 0;
+        return n_gone > 0 ? 1 : 0;
     }
     /* The coordinator drains (refuses new requests, lets open ones finish)
      * and then tells the nodes to stop; without a local coordinator the
@@ -521,10 +549,10 @@ static int cmd_down(const hpd_manifest_t *m)
     if (coord > 0) {
         printf("hpdctl: draining the coordinator (pid %d): open requests finish first\n",
                (int)coord);
-        kill(coord, SIGTERM);
+        signal_pid(coord, SIGTERM);
     } else {
         for (uint32_t i = 0; i < n; i++)
-            kill(pids[i], SIGTERM);
+            signal_pid(pids[i], SIGTERM);
     }
     bool termed = coord <= 0;
     double coord_gone = 0; /* when the local coordinator stopped */
@@ -551,7 +579,7 @@ static int cmd_down(const hpd_manifest_t *m)
         if (any && !termed && coord == 0 && hpd_time_now() - coord_gone > 2.0) {
             for (uint32_t i = 0; i < n; i++)
                 if (pids[i] != 0)
-                    kill(pids[i], SIGTERM);
+                    signal_pid(pids[i], SIGTERM);
             termed = true;
         }
         if (any)
@@ -562,13 +590,16 @@ static int cmd_down(const hpd_manifest_t *m)
         if (pids[i] != 0 && alive(pids[i])) {
             fprintf(stderr, "hpdctl: %s (pid %d) did not stop in time; killing it\n",
                     procs[i]->name, (int)pids[i]);
-            kill(pids[i], SIGKILL);
+            signal_pid(pids[i], SIGKILL);
             forget(m, procs[i]);
             rc = 1;
         }
     }
     printf("hpdctl: cluster '%s' is down on this host (%.1f s)\n", m->cluster, hpd_time_now() - t0);
-    return rc;
+    if (n_gone > 0)
+        fprintf(stderr, "hpdctl: %u process%s had exited before the down (named above)\n",
+                n_gone, n_gone == 1 ? "" : "es");
+    return n_gone > 0 ? 1 : rc;
 }
 
 /* ------------------------------------------------------------ status, logs */
@@ -581,7 +612,7 @@ static int cmd_status(const hpd_manifest_t *m)
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
         char addr[160], body[160], pid_text[16] = "-";
-        pid_t pid = is_local(p->host) ? running_pid(m, p) : 0;
+        pid_t pid = is_local(p->host) ? running_pid(m, p, NULL) : 0;
         int code = health(p, body, sizeof(body));
         if (pid > 0)
             snprintf(pid_text, sizeof(pid_text), "%d", (int)pid);

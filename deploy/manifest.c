@@ -612,6 +612,31 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
     free(where);
 }
 
+/* YAML leaves a key that appears twice in one mapping to the application
+ * (libyaml keeps both pairs): refused, since either reading of it could be
+ * what the author meant. */
+static void check_duplicate_keys(ctx_t *c)
+{
+    for (yaml_node_t *n = c->doc.nodes.start; n < c->doc.nodes.top; n++) {
+        if (n->type != YAML_MAPPING_NODE)
+            continue;
+        for (yaml_node_pair_t *a = n->data.mapping.pairs.start; a < n->data.mapping.pairs.top;
+             a++) {
+            const yaml_node_t *ka = yaml_document_get_node(&c->doc, a->key);
+            if (scalar(ka) == NULL)
+                continue;
+            for (yaml_node_pair_t *b = n->data.mapping.pairs.start; b < a; b++) {
+                const yaml_node_t *kb = yaml_document_get_node(&c->doc, b->key);
+                if (scalar(kb) != NULL && strcmp(scalar(ka), scalar(kb)) == 0) {
+                    fail(c, ka, scalar(ka), "appears again in the same mapping (first at line "
+                         "%lu); a key may appear once", (unsigned long)kb->start_mark.line + 1);
+                    break;
+                }
+            }
+        }
+    }
+}
+
 hpd_status_t hpd_manifest_parse(const char *text, size_t len, const char *name, const char *dir,
                                 hpd_manifest_t **manifest_p, char *err, size_t errlen)
 {
@@ -638,6 +663,7 @@ hpd_status_t hpd_manifest_parse(const char *text, size_t len, const char *name, 
         free(m);
         return HPD_ERR_INVALID_ARG;
     }
+    check_duplicate_keys(&c);
     parse_root(&c, yaml_document_get_root_node(&c.doc), m);
     yaml_document_delete(&c.doc);
     yaml_parser_delete(&parser);

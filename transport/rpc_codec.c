@@ -138,6 +138,7 @@ hpd_status_t hpd_rpc_scan(hpd_rpc_scanner_t *s, const uint8_t *p, size_t n, size
     size_t i = 0;
 
     *complete_p = false;
+    s->error_code = HPD_RPC_ERR_TOO_LARGE; /* what a failure below is, but for one */
     while (i < n) {
         if (s->skip > 0) {
             const size_t k = s->skip < n - i ? (size_t)s->skip : n - i;
@@ -158,6 +159,7 @@ hpd_status_t hpd_rpc_scan(hpd_rpc_scanner_t *s, const uint8_t *p, size_t n, size
         }
         if (s->hdr_len == 1 && (s->hdr_need = (uint8_t)header_size(s->hdr[0])) == 0) {
             snprintf(err, errlen, "malformed msgpack (byte 0xc1)");
+            s->error_code = HPD_RPC_ERR_PARSE;
             return HPD_ERR_FORMAT;
         }
         if (s->hdr_len < s->hdr_need)

@@ -68,14 +68,16 @@ typedef struct {
     uint8_t hdr[10];
     uint8_t hdr_len, hdr_need;
     uint64_t msg_bytes; /* bytes of the current message so far */
+    int64_t error_code; /* after a failed scan: HPD_RPC_ERR_PARSE or _TOO_LARGE */
 } hpd_rpc_scanner_t;
 
 void hpd_rpc_scanner_reset(hpd_rpc_scanner_t *scanner);
 
 /* Feeds up to n bytes. Stops right after a message ends: *used_p bytes were
  * taken and *complete_p is set (then reset the scanner for the next one).
- * HPD_ERR_FORMAT for an invalid byte, too deep a nesting, or a message that
- * is or would be larger than max; err says which. */
+ * HPD_ERR_FORMAT for an invalid byte (scanner->error_code then
+ * HPD_RPC_ERR_PARSE), too deep a nesting, or a message that is or would be
+ * larger than max (HPD_RPC_ERR_TOO_LARGE); err says which. */
 hpd_status_t hpd_rpc_scan(hpd_rpc_scanner_t *scanner, const uint8_t *p, size_t n, size_t max,
                           size_t *used_p, bool *complete_p, char *err, size_t errlen);
 

@@ -149,7 +149,7 @@ static void on_read(struct bufferevent *bev, void *arg)
         for (int v = 0; v < n_vec && !complete; v++) {
             if (hpd_rpc_scan(&c->scanner, vec[v].iov_base, vec[v].iov_len, max, &used,
                              &complete, err, sizeof(err)) != HPD_OK) {
-                fail_and_close(c, HPD_ERR_FORMAT, HPD_RPC_ERR_TOO_LARGE, err);
+                fail_and_close(c, HPD_ERR_FORMAT, c->scanner.error_code, err);
                 break;
             }
             c->scanned += used;

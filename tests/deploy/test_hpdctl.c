@@ -392,6 +392,75 @@ static void test_up_failure(void **state)
     cl.passed++;
 }
 
+/* A node that runs while its coordinator does not: hpdctl up refuses and
+ * leaves it alone; it never signals its own process group (it once called
+ * kill(0, SIGTERM) for the coordinator it had not started, which ended
+ * hpdctl and its caller). hpdctl down names the processes that had exited
+ * on their own and fails. The "node" is sleep(1) with argv[0] hpd-prefill,
+ * which is what hpdctl checks a pid file against. */
+static void test_up_with_a_node_left(void **state)
+{
+    char pidfile[400], text[32], log[400], *out;
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if the test before failed */
+    pid_t node = fork();
+    if (node == 0) {
+        execl("/bin/sleep", "hpd-prefill", "600", (char *)NULL);
+        _exit(127);
+    }
+    assert_true(node > 0);
+    snprintf(pidfile, sizeof(pidfile), "%s/prefill-0.pid", state_dir);
+    mkdir(state_dir, 0755);
+    assert_int_equal(hpd_write_file(pidfile, text, (size_t)snprintf(text, sizeof(text), "%d\n",
+                                                                    (int)node)), HPD_OK);
+
+    /* hpdctl up in a process group of its own, as a script's would be */
+    snprintf(log, sizeof(log), "%s/up.out", cl.root);
+    pid_t up = fork();
+    if (up == 0) {
+        setpgid(0, 0);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(HPDCTL, HPDCTL, "up", manifest, (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    cl_proc_t up_proc = {.name = "hpdctl up", .pid = up};
+    if (!cl_reap(&up_proc, 120, &status)) {
+        kill(up, SIGKILL);
+        fail_msg("hpdctl up did not end within 120 s");
+    }
+    hpd_read_file(log, &out, &(size_t){0});
+    fprintf(stderr, "$ hpdctl up\n%s", out);
+    if (WIFSIGNALED(status))
+        fail_msg("hpdctl up died of signal %d", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 1);
+    snprintf(text, sizeof(text), "(pid %d)", (int)node);
+    assert_non_null(strstr(out, "prefill-0 is already running"));
+    assert_non_null(strstr(out, text));
+    free(out);
+    assert_int_equal(kill(node, 0), 0); /* the node was left alone */
+    assert_int_equal(waitpid(node, &status, WNOHANG), 0);
+    int code;
+    assert_int_not_equal(hpd_http_get("127.0.0.1", port_of(17601), "/healthz", 500, &code, NULL),
+                         HPD_OK); /* and nothing was started */
+
+    /* the node dies without hpdctl: down names it and fails */
+    kill(node, SIGKILL);
+    assert_int_equal(waitpid(node, &status, 0), node);
+    assert_int_equal(hpdctl(&out, "down %s", manifest), 1);
+    assert_non_null(strstr(out, "prefill-0 (prefill"));
+    assert_non_null(strstr(out, "had already exited"));
+    assert_non_null(strstr(out, "prefill-0.log"));
+    free(out);
+    assert_int_not_equal(access(pidfile, F_OK), 0); /* forgotten */
+    assert_int_equal(hpdctl(&out, "down %s", manifest), 0); /* said once */
+    assert_non_null(strstr(out, "nothing of cluster"));
+    free(out);
+    cl.passed++;
+}
+
 /* every scalar of every document, joined; the kinds seen */
 static void read_k8s(const char *path, char *all, size_t len, char *kinds, size_t klen)
 {
@@ -501,6 +570,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_up_metrics_down),
         cmocka_unit_test(test_up_failure),
+        cmocka_unit_test(test_up_with_a_node_left),
         cmocka_unit_test(test_render),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);

@@ -144,6 +144,25 @@ static void test_unknown_field(void **state)
                  "m.yaml:17: nodes[1].staging_mb: applies to prefill nodes only", NULL);
 }
 
+/* A key given twice in one mapping is refused (libyaml keeps both; "last
+ * wins" silently dropped the first). */
+static void test_duplicate_key(void **state)
+{
+    expect_error(edit(10, "    port: 7010\n    port: 7012"),
+                 "m.yaml:11: port: appears again in the same mapping (first at line 10)",
+                 "a key may appear once");
+    expect_error(edit(12, "    kv_layout: {block: 64, pack: 1, pack: 2}"),
+                 "m.yaml:12: pack: appears again in the same mapping (first at line 12)", NULL);
+    expect_error(edit(1, "cluster: t\ncluster: u"),
+                 "m.yaml:2: cluster: appears again in the same mapping (first at line 1)", NULL);
+    /* the same key in two mappings is fine */
+    char err[4096];
+    hpd_manifest_t *m;
+    assert_int_equal(hpd_manifest_parse(base, strlen(base), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    hpd_manifest_destroy(m);
+}
+
 static void test_wrong_type(void **state)
 {
     expect_error(edit(10, "    port: seven"), "m.yaml:10: nodes[0].port: 'seven' is not an "
@@ -227,6 +246,7 @@ int main(void)
         cmocka_unit_test(test_base_loads),
         cmocka_unit_test(test_examples_load),
         cmocka_unit_test(test_unknown_field),
+        cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_wrong_type),
         cmocka_unit_test(test_missing_role),
         cmocka_unit_test(test_port_clash),

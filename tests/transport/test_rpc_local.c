@@ -365,8 +365,8 @@ static void test_conn_protocol_errors(void **state)
         int64_t code;
         const char *message;
     } closing[] = {
-        {LIT("\xc1"), 0, HPD_RPC_ERR_TOO_LARGE, "malformed msgpack (byte 0xc1)"},
-        {LIT("\x92\x01\xc1"), 0, HPD_RPC_ERR_TOO_LARGE, "malformed msgpack (byte 0xc1)"},
+        {LIT("\xc1"), 0, HPD_RPC_ERR_PARSE, "malformed msgpack (byte 0xc1)"},
+        {LIT("\x92\x01\xc1"), 0, HPD_RPC_ERR_PARSE, "malformed msgpack (byte 0xc1)"},
         {LIT("\xa5hello"), 0, HPD_RPC_ERR_INVALID, "message is not an array"},
         {LIT("\xd9\x64"), 64, HPD_RPC_ERR_TOO_LARGE,
          "message declares 100 payload bytes, beyond the limit of 64 bytes"},
