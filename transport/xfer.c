@@ -285,6 +285,17 @@ static bool orphan_done(xfer_t *x)
     return true;
 }
 
+/* A finish's UCX call answered at once (done, or refused): the transfer
+ * ends with st. Unless UCX reported the endpoint failed inside that call
+ * (it runs the error handler from within ucp_ep_flush_nbx or
+ * ucp_am_send_nbx): the failure already ended the transfer and listed it
+ * as an orphan, and only the orphan goes now. */
+static void finish_answered(xfer_t *x, hpd_status_t st)
+{
+    if (!orphan_done(x))
+        xfer_end(x, st);
+}
+
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     hpd_xfer_peer_t *p = arg;
@@ -930,6 +941,10 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
         st = track(p, ucp_put_nbx(p->ep, u->local, u->bytes,
                                   p->regions[u->region].base + u->offset,
                                   p->regions[u->region].rkey, &rp));
+        /* an endpoint that failed inside the put ended the transfer: x is
+         * gone */
+        if (p->failed)
+            return HPD_ERR_IO;
         if (st != HPD_OK)
             return st;
         c->st.puts++;
@@ -1011,15 +1026,15 @@ static void send_notice(xfer_t *x)
     ucs_status_ptr_t r;
 
     if (p->failed || p->closed) {
-        xfer_end(x, HPD_ERR_IO);
+        finish_answered(x, HPD_ERR_IO);
         return;
     }
     r = ucp_am_send_nbx(p->ep, AM_DONE, &x->hdr, sizeof(x->hdr), x->dests,
                         (size_t)x->n_dests * sizeof(dest_t), &rp);
     if (r == NULL)
-        xfer_end(x, HPD_OK);
+        finish_answered(x, HPD_OK);
     else if (track(p, r) != HPD_OK)
-        xfer_end(x, HPD_ERR_IO);
+        finish_answered(x, HPD_ERR_IO);
 }
 
 static void on_flushed(void *request, ucs_status_t status, void *user_data)
@@ -1060,10 +1075,12 @@ hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done
                               .user_data = x};
     /* every put of this endpoint lands before the notice is sent */
     r = ucp_ep_flush_nbx(p->ep, &rp);
-    if (r == NULL)
-        send_notice(x);
-    else if (track(p, r) != HPD_OK)
-        xfer_end(x, HPD_ERR_IO);
+    if (r == NULL) {
+        if (!orphan_done(x)) /* the endpoint did not fail inside the flush */
+            send_notice(x);
+    } else if (track(p, r) != HPD_OK) {
+        finish_answered(x, HPD_ERR_IO);
+    }
     return HPD_OK;
 }
 

@@ -85,6 +85,10 @@ static int timers_of(long s, long us)
  * creating (UCS_OK: create), and the error mode each call asked for */
 static ucs_status_t ep_create_fails[2];
 static int n_ep_creates;
+static struct {
+    ucp_ep_h ep;
+    ucp_err_handler_t h;
+} handlers[8]; /* the error handler of each endpoint created */
 static ucp_err_handling_mode_t ep_create_mode[4];
 
 ucs_status_t __real_ucp_ep_create(ucp_worker_h worker, const ucp_ep_params_t *params,
@@ -100,7 +104,37 @@ ucs_status_t __wrap_ucp_ep_create(ucp_worker_h worker, const ucp_ep_params_t *pa
                                 : UCP_ERR_HANDLING_MODE_NONE;
     if (k < 2 && ep_create_fails[k] != UCS_OK)
         return ep_create_fails[k];
-    return __real_ucp_ep_create(worker, params, ep_p);
+    const ucs_status_t st = __real_ucp_ep_create(worker, params, ep_p);
+    if (st == UCS_OK && (params->field_mask & UCP_EP_PARAM_FIELD_ERR_HANDLER))
+        for (int i = 0; i < 8; i++)
+            if (handlers[i].ep == NULL || handlers[i].ep == *ep_p) {
+                handlers[i].ep = *ep_p;
+                handlers[i].h = params->err_handler;
+                break;
+            }
+    return st;
+}
+
+/* An endpoint failing inside a UCX call, as UCX does when it finds the
+ * peer gone while sending: the call runs the endpoint's error handler
+ * before it returns. fail_inside names the call; it then answers
+ * inside_answer (NULL: done at once, or an error) without doing the work. */
+enum { INSIDE_NONE, INSIDE_FLUSH, INSIDE_AM, INSIDE_PUT };
+static int fail_inside;
+static ucs_status_ptr_t inside_answer;
+
+static bool failed_inside(ucp_ep_h ep, int call)
+{
+    if (fail_inside != call)
+        return false;
+    fail_inside = INSIDE_NONE;
+    for (int i = 0; i < 8; i++)
+        if (handlers[i].ep == ep) {
+            handlers[i].h.cb(handlers[i].h.arg, ep, UCS_ERR_ENDPOINT_TIMEOUT);
+            return true;
+        }
+    fail_msg("no error handler was registered for the endpoint");
+    return false;
 }
 
 static bool fail_flushes; /* ucp_ep_flush_nbx fails at once */
@@ -120,6 +154,8 @@ ucs_status_ptr_t __wrap_ucp_ep_flush_nbx(ucp_ep_h ep, const ucp_request_param_t 
 {
     if (fail_flushes)
         return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    if (failed_inside(ep, INSIDE_FLUSH))
+        return inside_answer;
     if (!hold_flushes)
         return __real_ucp_ep_flush_nbx(ep, param);
     ucp_request_param_t p = *param;
@@ -134,6 +170,8 @@ ucs_status_ptr_t __wrap_ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *he
 {
     if (fail_ams)
         return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    if (failed_inside(ep, INSIDE_AM))
+        return inside_answer;
     return __real_ucp_am_send_nbx(ep, id, header, header_length, buffer, count, param);
 }
 ucs_status_ptr_t __real_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
@@ -158,6 +196,8 @@ ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t coun
     put_had_memh = (param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH) && param->memh != NULL;
     if (fail_puts)
         return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
+    if (failed_inside(ep, INSIDE_PUT))
+        return inside_answer;
     return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey, param);
 }
 
@@ -1630,6 +1670,62 @@ static void test_peer_failure(void **state)
     hpd_xfer_destroy(s);
 }
 
+/* The endpoint fails inside the flush, the notice's send or a put (UCX
+ * runs the error handler from within the call), and the call then answers
+ * done or an error. The transfer fails once, through its callback, and is
+ * freed once: a transfer ended twice (once as the failure's orphan, once as
+ * the call's answer) was a use after free that crashed prefill nodes whose
+ * decode node hung (SIGSEGV in on_flushed; ASan: orphan_done). */
+static void test_endpoint_fails_inside_a_call(void **state)
+{
+    static uint8_t mem[4096];
+    uint8_t src[64] = {5};
+    static const int calls[] = {INSIDE_FLUSH, INSIDE_AM, INSIDE_PUT};
+    const ucs_status_ptr_t answers[] = {NULL, UCS_STATUS_PTR(UCS_ERR_ENDPOINT_TIMEOUT)};
+
+    for (int c = 0; c < 3; c++)
+        for (int a = 0; a < 2; a++) {
+            rx_t rrx = {0}, srx = {0};
+            hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, &srx);
+            uint32_t id;
+            hpd_xfer_stats_t st;
+            done_t d = {0};
+            hpd_xfer_put_t u[2] = {{src, 0, 0, 32}, {src + 32, 0, 64, 32}};
+
+            memset(handlers, 0, sizeof(handlers));
+            assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+            hpd_xfer_peer_t *p = connect_to(s, r);
+            inside_answer = answers[a];
+            fail_inside = calls[c];
+            if (calls[c] == INSIDE_PUT) {
+                /* the first of two puts: the second must not touch the
+                 * ended transfer */
+                assert_int_equal(hpd_xfer_put(p, 9, u, 2), HPD_ERR_IO);
+                assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d, false), HPD_ERR_IO);
+            } else {
+                assert_int_equal(hpd_xfer_put(p, 9, u, 2), HPD_OK);
+                PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
+                assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d, false), HPD_OK);
+                PROGRESS_UNTIL(d.n > 0, (void)0);
+                assert_int_equal(d.status, HPD_ERR_IO);
+                assert_int_equal(d.id, 9);
+            }
+            assert_int_equal(fail_inside, INSIDE_NONE); /* it happened */
+            spin(20);
+            assert_int_equal(d.n, calls[c] == INSIDE_PUT ? 0 : 1);
+            assert_int_equal(srx.n_peer_errors, 1);
+            assert_true(hpd_xfer_peer_failed(p));
+            hpd_xfer_stats(s, &st);
+            assert_int_equal(st.transfers_failed, 1);
+            assert_int_equal(st.transfers_finished, 0);
+            assert_int_equal(st.open_transfers, 0);
+            assert_int_equal(rrx.n, 0); /* no notice reached the receiver */
+            hpd_xfer_disconnect(p);
+            hpd_xfer_destroy(s);
+            hpd_xfer_destroy(r);
+        }
+}
+
 /* Puts into a peer's region mapped here are copies: at every alignment,
  * of sizes around the copy's 64-byte stride and its 64 KiB hashing chunk;
  * the receiver verifies each transfer, and every byte is counted as
@@ -2095,6 +2191,7 @@ int main(void)
         cmocka_unit_test(test_create_fails),
         cmocka_unit_test(test_without_a_loop),
         cmocka_unit_test(test_peer_failure),
+        cmocka_unit_test(test_endpoint_fails_inside_a_call),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_push_kv),
