@@ -25,6 +25,9 @@ struct hpd_client {
     hpd_client_params_t p;
     struct event_base *base;
     hpd_rpc_client_t *rpc;
+    hpd_rpc_client_params_t rp;
+    char host[256]; /* copies: the client connects again later */
+    char *token;
     pending_t *pending;
     uint32_t n_pending;
     uint64_t next_handle;
@@ -82,21 +85,28 @@ hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t *
     if (c == NULL)
         return HPD_ERR_NO_MEMORY;
     c->p = *params;
-    if (c->p.host == NULL)
-        c->p.host = "127.0.0.1";
+    snprintf(c->host, sizeof(c->host), "%s", params->host ? params->host : "127.0.0.1");
+    c->p.host = c->host;
+    if (params->token != NULL && (c->token = strdup(params->token)) == NULL) {
+        free(c);
+        return HPD_ERR_NO_MEMORY;
+    }
+    c->p.token = c->token;
     if (c->p.port == 0)
         c->p.port = 7000;
     if (c->p.timeout_ms == 0)
         c->p.timeout_ms = 600000;
     c->next_handle = 1;
     if ((c->base = event_base_new()) == NULL) {
+        free(c->token);
         free(c);
         return HPD_ERR_NO_MEMORY;
     }
-    hpd_rpc_client_params_t rp = {c->base, c->p.host, c->p.port, c->p.token, 10000, 0,
-                                  on_notify, on_close, c};
-    if ((st = hpd_rpc_client_create(&rp, &c->rpc)) != HPD_OK) {
+    c->rp = (hpd_rpc_client_params_t){c->base, c->p.host, c->p.port, c->p.token, 10000, 0,
+                                      on_notify, on_close, c};
+    if ((st = hpd_rpc_client_create(&c->rp, &c->rpc)) != HPD_OK) {
         event_base_free(c->base);
+        free(c->token);
         free(c);
         return st;
     }
@@ -122,7 +132,25 @@ void hpd_client_destroy(hpd_client_t *c)
     /* the pending calls fail with HPD_ERR_CANCELED through on_reply */
     hpd_rpc_client_destroy(c->rpc);
     event_base_free(c->base);
+    free(c->token);
     free(c);
+}
+
+/* After the connection was lost (the coordinator restarted, or a failover
+ * to a standby behind the same address): connects again, without running
+ * the loop (this may run inside a callback); the token goes first and the
+ * calls queue behind it. */
+static hpd_status_t ensure_connected(hpd_client_t *c)
+{
+    if (hpd_rpc_client_is_open(c->rpc))
+        return HPD_OK;
+    hpd_rpc_client_t *fresh;
+    const hpd_status_t st = hpd_rpc_client_connect(&c->rp, &fresh);
+    if (st != HPD_OK)
+        return st;
+    hpd_rpc_client_destroy(c->rpc);
+    c->rpc = fresh;
+    return HPD_OK;
 }
 
 static hpd_status_t status_of_code(int64_t code)
@@ -147,7 +175,11 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     r.status = st;
     r.client_total_ms = (hpd_time_now() - q->t_submit) * 1e3;
     r.client_ttft_ms = q->t_first > 0 ? (q->t_first - q->t_submit) * 1e3 : 0;
-    if (st != HPD_OK) {
+    if (st == HPD_ERR_IO) {
+        snprintf(r.error, sizeof(r.error), "the connection to the coordinator was lost before "
+                 "the request finished (it may or may not have run); submitting it again is "
+                 "safe");
+    } else if (st != HPD_OK) {
         snprintf(r.error, sizeof(r.error), "%s", hpd_status_str(st));
     } else if (reply->is_error) {
         snprintf(r.error, sizeof(r.error), "%.*s", (int)reply->error_message_len,
@@ -196,6 +228,10 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
 
     if (q == NULL)
         return HPD_ERR_NO_MEMORY;
+    if ((st = ensure_connected(c)) != HPD_OK) {
+        free(q);
+        return st;
+    }
     *q = (pending_t){c, c->next_handle++, on_token, on_done, arg, hpd_time_now(), 0, 0, NULL};
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 8);
@@ -240,6 +276,8 @@ hpd_status_t hpd_client_cancel(hpd_client_t *c, uint64_t handle)
 {
     hpd_rpc_buf_t b;
     hpd_status_t st;
+    if (!hpd_rpc_client_is_open(c->rpc))
+        return HPD_ERR_IO; /* its request failed with the connection */
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 1);
     hpd_proto_key(&b.pk, "tag");
@@ -318,5 +356,21 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
 
 hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)
 {
-    return hpd_rpc_call_sync(c->rpc, "status", NULL, 10000, r);
+    /* idempotent: once more on a new connection when the old one is gone */
+    memset(r, 0, sizeof(*r)); /* destroyable whatever happens */
+    msgpack_zone_init(&r->zone, 64);
+    r->result.type = MSGPACK_OBJECT_NIL;
+    hpd_status_t st = ensure_connected(c);
+    if (st != HPD_OK)
+        r->status = st;
+    if (st == HPD_OK) {
+        hpd_rpc_result_destroy(r);
+        st = hpd_rpc_call_sync(c->rpc, "status", NULL, 10000, r);
+    }
+    if (st == HPD_ERR_IO) {
+        hpd_rpc_result_destroy(r);
+        if ((st = ensure_connected(c)) == HPD_OK)
+            st = hpd_rpc_call_sync(c->rpc, "status", NULL, 10000, r);
+    }
+    return st;
 }

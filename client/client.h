@@ -58,7 +58,12 @@ hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t *
 void hpd_client_destroy(hpd_client_t *client);
 
 /* Sends a request; on_token (may be NULL: no streaming) runs as tokens
- * arrive and on_done once, from hpd_client_run*. */
+ * arrive and on_done once, from hpd_client_run*. When the connection to
+ * the coordinator is lost, the requests in flight end with HPD_ERR_IO and an
+ * error saying they may be submitted again; the next submit or status
+ * connects again (status, idempotent, is also retried once on a new
+ * connection). Generate is not retried by the library: whether it ran is
+ * not known. */
 hpd_status_t hpd_client_submit(hpd_client_t *client, const hpd_generate_params_t *params,
                                hpd_client_token_cb_t on_token, hpd_client_done_cb_t on_done,
                                void *arg, uint64_t *handle_p);

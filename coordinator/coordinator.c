@@ -831,6 +831,14 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         free(n->xfer_info);
         goto bad;
     }
+    /* a node registering again (it lost this coordinator, or restarted)
+     * replaces its old registration: what that held is re-routed */
+    for (node_t *o = C.nodes, *next; o != NULL; o = next) {
+        next = o->next;
+        if (o->alive && strcmp(o->name, n->name) == 0 && strcmp(o->host, n->host) == 0 &&
+            o->port == n->port)
+            node_lost(o, "it registered again");
+    }
     n->alive = true;
     n->reg_conn = conn;
     hpd_rpc_conn_ref(conn);
@@ -874,6 +882,12 @@ static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object 
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
                             "heartbeat: node %llu is not registered (lease lapsed?)",
                             (unsigned long long)node_id);
+        return;
+    }
+    if (n->reg_conn != conn) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP, "heartbeat: node %llu registered on "
+                            "another connection; a node's heartbeats come on the connection "
+                            "that registered it", (unsigned long long)node_id);
         return;
     }
     n->lease_until = hpd_time_now() + C.o.lease_ms / 1000.0;
@@ -1392,6 +1406,14 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    /* Node and job ids are new across restarts: they start at the
+     * milliseconds since 2020 times 2^14, so that a node still holding work
+     * of a coordinator that died (a late transfer notice, an endpoint named
+     * by a node id) never takes it for work of this one. Below 2^53. */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    const int64_t ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000 - 1577836800000;
+    C.next_node = C.next_job = ms > 0 ? (uint64_t)ms << 14 : 0;
     C.tick = event_new(C.base, -1, EV_PERSIST, on_tick, NULL);
     C.reap = evtimer_new(C.base, on_reap, NULL);
     C.sched = evtimer_new(C.base, on_sched, NULL);

@@ -430,6 +430,20 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
     hpd_proto_kv_u64(pk, "bad_transfers", d->bad_transfers);
 }
 
+/* The coordinator is gone: no one waits for these requests' tokens; their
+ * pages and slots come free. */
+static void drop_jobs(hpd_node_t *n, const char *why)
+{
+    decode_t *d = n->role_data;
+    while (d->reqs != NULL) {
+        dreq_t *r = d->reqs;
+        HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu dropped: the coordinator was "
+                      "lost", n->o.name, (unsigned long long)r->job);
+        d->canceled++;
+        dreq_free(d, r);
+    }
+}
+
 static void fini(hpd_node_t *n)
 {
     decode_t *d = n->role_data;
@@ -448,6 +462,7 @@ static const hpd_node_role_t role = {
     .pack_load = pack_load,
     .after_step = after_step,
     .on_notice = on_notice,
+    .drop_jobs = drop_jobs,
     .fini = fini,
     .in_flight = in_flight,
     .collect = collect,

@@ -293,20 +293,46 @@ static void m_stats(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
 
 /* ------------------------------------------------------------ coordinator */
 
+static void schedule_register(hpd_node_t *n);
+
+/* The coordinator is gone for this node: its connection closed, heartbeats
+ * went unanswered, or it no longer knows the node (the lease lapsed, or it
+ * restarted). Whatever it handed out is dropped: nobody waits for those
+ * answers (it re-routed or failed them when it lost the node, and a
+ * restarted coordinator never knew them). The caches stay. The node
+ * registers again from the loop. */
+static void coordinator_lost(hpd_node_t *n, const char *why)
+{
+    if (n->shutdown || !n->registered)
+        return;
+    n->registered = false;
+    n->heartbeat_pending = false;
+    n->lost_at = hpd_time_now();
+    n->reg_attempts = 0;
+    event_del(n->hb_ev);
+    const uint32_t jobs = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
+    HPD_LOG_WARN(LOG_COMPONENT, "%s: lost the coordinator (%s); dropping its %u jobs and "
+                 "registering again", n->o.name, why, jobs);
+    if (n->role->drop_jobs != NULL)
+        n->role->drop_jobs(n, why);
+    schedule_register(n);
+}
+
 static void on_heartbeat_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     hpd_node_t *n = arg;
+    char why[200];
     n->heartbeat_pending = false;
     if (st == HPD_ERR_CANCELED)
         return;
     if (st == HPD_OK && reply->is_error) {
-        /* the coordinator dropped us (our lease lapsed): what we hold is
-         * already recovered elsewhere, so start over as a fresh process */
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: coordinator refused the heartbeat: %.*s; exiting",
-                      n->o.name, (int)reply->error_message_len, reply->error_message);
-        n->exit_code = 3;
-        event_base_loopbreak(n->base);
-    } else if (st != HPD_OK) {
+        snprintf(why, sizeof(why), "it refused the heartbeat: %.*s",
+                 (int)reply->error_message_len, reply->error_message);
+        coordinator_lost(n, why);
+    } else if (st == HPD_ERR_TIMEOUT) {
+        snprintf(why, sizeof(why), "no heartbeat reply within the lease, %u ms", n->lease_ms);
+        coordinator_lost(n, why);
+    } else if (st != HPD_OK && st != HPD_ERR_IO) { /* IO: the close says it */
         HPD_LOG_WARN(LOG_COMPONENT, "%s: heartbeat failed: %s", n->o.name, hpd_status_str(st));
     }
 }
@@ -316,11 +342,13 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     hpd_node_t *n = arg;
     hpd_rpc_buf_t b;
 
-    if (n->heartbeat_pending || !hpd_rpc_client_is_open(n->coord))
+    if (!n->registered || n->heartbeat_pending || !hpd_rpc_client_is_open(n->coord))
         return;
     hpd_rpc_buf_init(&b);
     pack_stats(n, &b.pk, true);
-    if (hpd_rpc_call(n->coord, "heartbeat", &b, n->heartbeat_ms * 4, on_heartbeat_reply, n) ==
+    /* unanswered for the lease: the coordinator has dropped this node by
+     * then, or cannot be reached */
+    if (hpd_rpc_call(n->coord, "heartbeat", &b, n->lease_ms, on_heartbeat_reply, n) ==
         HPD_OK)
         n->heartbeat_pending = true;
     hpd_rpc_buf_destroy(&b);
@@ -341,81 +369,180 @@ static void on_coord_notify(void *arg, const hpd_rpc_msg_t *msg)
 static void on_coord_close(void *arg, hpd_status_t why)
 {
     hpd_node_t *n = arg;
-    if (n->shutdown)
-        return;
-    HPD_LOG_ERROR(LOG_COMPONENT, "%s: connection to the coordinator lost (%s); exiting",
-                  n->o.name, hpd_status_str(why));
-    n->exit_code = 3;
-    event_base_loopbreak(n->base);
+    char text[120];
+    /* an orderly close reads as HPD_OK: say what it was */
+    snprintf(text, sizeof(text), "its connection %s",
+             why == HPD_OK ? "was closed by the coordinator" : "failed");
+    if (why != HPD_OK)
+        snprintf(text + strlen(text), sizeof(text) - strlen(text), ": %s", hpd_status_str(why));
+    coordinator_lost(n, text);
 }
 
-static hpd_status_t register_node(hpd_node_t *n)
+/* The register call's params: who this node is, its pools and its UCX
+ * info. */
+static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
 {
-    hpd_rpc_client_params_t cp = {n->base, n->o.coordinator_host, n->o.coordinator_port,
-                                  n->token, 5000, 0, on_coord_notify, on_coord_close, n};
     const hpd_engine_params_t *ep = hpd_engine_params(n->engine);
-    const double deadline = hpd_time_now() + n->o.connect_timeout_ms / 1000.0;
-    hpd_rpc_result_t r;
-    hpd_rpc_buf_t b, info;
-    hpd_proto_err_t err;
+    hpd_rpc_buf_t info;
     hpd_status_t st;
     uint32_t pt, stot;
 
-    /* the coordinator may still be starting */
-    while ((st = hpd_rpc_client_create(&cp, &n->coord)) == HPD_ERR_IO &&
-           hpd_time_now() < deadline)
-        usleep(100 * 1000);
-    if (st != HPD_OK)
-        return st;
     hpd_engine_usage(n->engine, NULL, &pt, NULL, &stot);
     hpd_rpc_buf_init(&info);
     if ((st = hpd_xfer_pack_info(n->xfer, &info)) != HPD_OK) {
         hpd_rpc_buf_destroy(&info);
         return st;
     }
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 13);
-    hpd_proto_key(&b.pk, "role");
-    hpd_rpc_pack_str(&b.pk, n->role->name);
-    hpd_proto_key(&b.pk, "name");
-    hpd_rpc_pack_str(&b.pk, n->o.name);
-    hpd_proto_key(&b.pk, "host");
-    hpd_rpc_pack_str(&b.pk, n->o.host);
-    hpd_proto_key(&b.pk, "port");
-    msgpack_pack_uint16(&b.pk, hpd_rpc_server_port(n->server));
-    hpd_proto_key(&b.pk, "fingerprint");
-    hpd_proto_pack_bin(&b.pk, n->model->fingerprint, 16);
-    hpd_proto_kv_u64(&b.pk, "vocab", n->model->config.vocab_size);
-    hpd_proto_kv_u64(&b.pk, "max_context", ep->max_context);
-    hpd_proto_key(&b.pk, "layout");
-    hpd_proto_pack_layout(&b.pk, &ep->kv_layout);
-    hpd_proto_kv_u64(&b.pk, "kv_layers", ep->kv_layout.n_layers);
-    hpd_proto_kv_u64(&b.pk, "pages", pt);
-    hpd_proto_kv_u64(&b.pk, "slots", stot);
-    hpd_proto_kv_u64(&b.pk, "max_batch", ep->max_batch);
-    hpd_proto_key(&b.pk, "xfer");
-    msgpack_sbuffer_write(&b.sb, info.sb.data, info.sb.size);
+    hpd_rpc_buf_init(b);
+    msgpack_pack_map(&b->pk, 13);
+    hpd_proto_key(&b->pk, "role");
+    hpd_rpc_pack_str(&b->pk, n->role->name);
+    hpd_proto_key(&b->pk, "name");
+    hpd_rpc_pack_str(&b->pk, n->o.name);
+    hpd_proto_key(&b->pk, "host");
+    hpd_rpc_pack_str(&b->pk, n->o.host);
+    hpd_proto_key(&b->pk, "port");
+    msgpack_pack_uint16(&b->pk, hpd_rpc_server_port(n->server));
+    hpd_proto_key(&b->pk, "fingerprint");
+    hpd_proto_pack_bin(&b->pk, n->model->fingerprint, 16);
+    hpd_proto_kv_u64(&b->pk, "vocab", n->model->config.vocab_size);
+    hpd_proto_kv_u64(&b->pk, "max_context", ep->max_context);
+    hpd_proto_key(&b->pk, "layout");
+    hpd_proto_pack_layout(&b->pk, &ep->kv_layout);
+    hpd_proto_kv_u64(&b->pk, "kv_layers", ep->kv_layout.n_layers);
+    hpd_proto_kv_u64(&b->pk, "pages", pt);
+    hpd_proto_kv_u64(&b->pk, "slots", stot);
+    hpd_proto_kv_u64(&b->pk, "max_batch", ep->max_batch);
+    hpd_proto_key(&b->pk, "xfer");
+    msgpack_sbuffer_write(&b->sb, info.sb.data, info.sb.size);
     hpd_rpc_buf_destroy(&info);
-    st = hpd_rpc_call_sync(n->coord, "register", &b, 10000, &r);
-    hpd_rpc_buf_destroy(&b);
-    if (st == HPD_OK && r.is_error) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: the coordinator refused the registration: %s",
-                      n->o.name, r.error_message);
-        st = HPD_ERR_INVALID_ARG;
-    } else if (st == HPD_OK) {
-        uint32_t hb = 500;
-        if (!hpd_proto_u64(&r.result, "node_id", true, UINT64_MAX, &n->node_id, &err) ||
-            !hpd_proto_u32(&r.result, "heartbeat_ms", false, 60000, &hb, &err)) {
-            HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
-            st = HPD_ERR_FORMAT;
-        }
-        n->heartbeat_ms = hb ? hb : 500;
-    } else {
+    return HPD_OK;
+}
+
+/* The register call's outcome: on success the node has its new id and
+ * heartbeats run. */
+static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    hpd_proto_err_t err;
+    if (st == HPD_OK && reply->is_error) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: the coordinator refused the registration: %.*s",
+                      n->o.name, (int)reply->error_message_len, reply->error_message);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (st != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: registration failed: %s", n->o.name,
                       hpd_status_str(st));
+        return st;
     }
+    uint32_t hb = 500, lease = 0;
+    uint64_t id;
+    if (!hpd_proto_u64(reply->result, "node_id", true, UINT64_MAX, &id, &err) ||
+        !hpd_proto_u32(reply->result, "heartbeat_ms", false, 60000, &hb, &err) ||
+        !hpd_proto_u32(reply->result, "lease_ms", false, UINT32_MAX, &lease, &err)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
+        return HPD_ERR_FORMAT;
+    }
+    n->node_id = id;
+    n->heartbeat_ms = hb ? hb : 500;
+    n->lease_ms = lease > n->heartbeat_ms ? lease : 10 * n->heartbeat_ms;
+    n->registered = true;
+    n->registrations++;
+    hpd_xfer_set_node_id(n->xfer, n->node_id);
+    const struct timeval tv = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
+    event_add(n->hb_ev, &tv);
+    return HPD_OK;
+}
+
+static hpd_rpc_client_params_t coordinator_params(hpd_node_t *n)
+{
+    return (hpd_rpc_client_params_t){.base = n->base,
+                                     .host = n->o.coordinator_host,
+                                     .port = n->o.coordinator_port,
+                                     .token = n->token,
+                                     .timeout_ms = 5000,
+                                     .on_notify = on_coord_notify,
+                                     .on_close = on_coord_close,
+                                     .arg = n};
+}
+
+/* At start: connects (retrying until deadline, an hpd_time_now() value:
+ * the coordinator may still be starting) and registers, running the loop. */
+static hpd_status_t register_node(hpd_node_t *n, double deadline)
+{
+    const hpd_rpc_client_params_t cp = coordinator_params(n);
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_t b;
+    hpd_status_t st;
+
+    while ((st = hpd_rpc_client_create(&cp, &n->coord)) == HPD_ERR_IO &&
+           hpd_time_now() < deadline)
+        usleep(100 * 1000);
+    if (st != HPD_OK || (st = pack_registration(n, &b)) != HPD_OK)
+        return st;
+    st = hpd_rpc_call_sync(n->coord, "register", &b, 10000, &r);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_msg_t reply = {.is_error = r.is_error,
+                           .error_message = r.error_message,
+                           .error_message_len = r.is_error ? strlen(r.error_message) : 0,
+                           .result = &r.result};
+    st = registration_done(n, st, &reply);
     hpd_rpc_result_destroy(&r);
     return st;
+}
+
+static void on_reregistered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    hpd_node_t *n = arg;
+    n->registering = false;
+    if (st == HPD_ERR_CANCELED) /* the node is stopping */
+        return;
+    if (registration_done(n, st, reply) == HPD_OK) {
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: registered again as node %llu, %.1f s after the loss "
+                     "(try %u)", n->o.name, (unsigned long long)n->node_id,
+                     hpd_time_now() - n->lost_at, n->reg_attempts);
+        return;
+    }
+    schedule_register(n);
+}
+
+/* Registers again after the loss of the coordinator, from the loop: one
+ * try at a time, 100 ms after the loss, then doubling to 2 s between
+ * tries. */
+static void on_register(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_node_t *n = arg;
+    const hpd_rpc_client_params_t cp = coordinator_params(n);
+    hpd_rpc_buf_t b;
+
+    if (n->registered || n->registering || n->shutdown)
+        return;
+    if (n->draining) /* the drain check stops the node: nothing is in flight */
+        return;
+    hpd_rpc_client_destroy(n->coord);
+    n->coord = NULL;
+    n->reg_attempts++;
+    if (hpd_rpc_client_connect(&cp, &n->coord) != HPD_OK) {
+        schedule_register(n);
+        return;
+    }
+    if (pack_registration(n, &b) != HPD_OK) {
+        schedule_register(n);
+        return;
+    }
+    /* a refused token closes the connection and fails this call */
+    if (hpd_rpc_call(n->coord, "register", &b, 10000, on_reregistered, n) == HPD_OK)
+        n->registering = true;
+    else
+        schedule_register(n);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void schedule_register(hpd_node_t *n)
+{
+    const uint32_t shift = HPD_MIN(n->reg_attempts, 5u);
+    const uint32_t ms = HPD_MIN(100u << shift, 2000u);
+    const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(n->reg_ev, &tv);
 }
 
 /* ------------------------------------------------------------ life cycle */
@@ -456,7 +583,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     hpd_node_t *n = arg;
     static const struct timeval now = {0, 0};
-    if (n->draining || n->node_id == 0) {
+    if (n->draining || !n->registered) {
         HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, stopping", n->o.name, (int)sig);
         event_base_loopbreak(n->base);
         return;
@@ -543,7 +670,7 @@ static void metrics_collect(void *arg)
     hpd_engine_stats(n->engine, &es);
     hpd_xfer_stats(n->xfer, &xs);
     hpd_metric_set(m->uptime, hpd_time_now() - n->started);
-    hpd_metric_set(m->registered, n->node_id != 0);
+    hpd_metric_set(m->registered, n->registered);
     hpd_metric_set(m->draining, n->draining);
     hpd_metric_set(m->pages_used, pu);
     hpd_metric_set(m->pages_total, pt);
@@ -574,10 +701,15 @@ static bool health(void *arg, char *msg, size_t len)
 {
     hpd_node_t *n = arg;
     const uint32_t jobs = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
-    const char *state = n->node_id == 0 ? "registering" : n->draining ? "draining" : "ok";
+    if (!n->registered && n->registrations > 0) {
+        snprintf(msg, len, "registering: %s node %s lost the coordinator %.1f s ago (%u tries)",
+                 n->role->name, n->o.name, hpd_time_now() - n->lost_at, n->reg_attempts);
+        return false;
+    }
+    const char *state = !n->registered ? "registering" : n->draining ? "draining" : "ok";
     snprintf(msg, len, "%s: %s node %s, id %llu, %u jobs in flight", state, n->role->name,
              n->o.name, (unsigned long long)n->node_id, jobs);
-    return n->node_id != 0 && !n->draining;
+    return n->registered && !n->draining;
 }
 
 static void node_destroy(hpd_node_t *n)
@@ -594,6 +726,8 @@ static void node_destroy(hpd_node_t *n)
         event_free(n->sig_term);
     if (n->drain_ev)
         event_free(n->drain_ev);
+    if (n->reg_ev)
+        event_free(n->reg_ev);
     hpd_http_destroy(n->http);
     hpd_metrics_destroy(n->metrics);
     hpd_rpc_client_destroy(n->coord);
@@ -686,7 +820,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     n->sig_int = evsignal_new(n->base, SIGINT, on_signal, n);
     n->sig_term = evsignal_new(n->base, SIGTERM, on_signal, n);
     n->drain_ev = evtimer_new(n->base, on_drain_check, n);
-    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term || !n->drain_ev)
+    n->reg_ev = evtimer_new(n->base, on_register, n);
+    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term || !n->drain_ev || !n->reg_ev)
         goto out;
     if (n->o.metrics_port >= 0) { /* before registering: probes see "registering" */
         hpd_http_params_t hp = {n->base, n->o.host, (uint16_t)n->o.metrics_port, n->metrics,
@@ -700,13 +835,11 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     }
     evsignal_add(n->sig_int, NULL);
     evsignal_add(n->sig_term, NULL);
-    if ((st = register_node(n)) != HPD_OK) {
+    /* the coordinator may still be starting: retried until the timeout */
+    if ((st = register_node(n, hpd_time_now() + n->o.connect_timeout_ms / 1000.0)) != HPD_OK) {
         n->exit_code = st == HPD_ERR_IO ? 3 : 1;
         goto out;
     }
-    hpd_xfer_set_node_id(n->xfer, n->node_id);
-    struct timeval hb = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
-    event_add(n->hb_ev, &hb);
     HPD_LOG_INFO(LOG_COMPONENT, "%s: %s node %llu serving on %s:%u (kv layout %u,%u,%s; ucx %s)",
                  n->o.name, role->name, (unsigned long long)n->node_id, n->o.host,
                  hpd_rpc_server_port(n->server), hpd_engine_params(n->engine)->kv_layout.block_size,

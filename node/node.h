@@ -58,6 +58,11 @@ typedef struct {
     void (*after_step)(hpd_node_t *node);
     void (*on_notice)(hpd_node_t *node, const hpd_xfer_notice_t *notice);
     void (*on_peer_error)(hpd_node_t *node, hpd_xfer_peer_t *peer, hpd_status_t status);
+    /* the coordinator is gone (node.c: coordinator_lost): end every job it
+     * gave, since nobody waits for their answers (it re-routed or failed
+     * them), give back their pages and slots, and forget what is named by
+     * its ids (a restarted coordinator hands out new ones) */
+    void (*drop_jobs)(hpd_node_t *node, const char *why);
     void (*fini)(hpd_node_t *node);
     /* jobs not yet answered (a draining node stops when this reaches 0) */
     uint32_t (*in_flight)(hpd_node_t *node);
@@ -88,10 +93,15 @@ struct hpd_node {
     hpd_rpc_server_t *server;
     hpd_rpc_client_t *coord;
     char *token;
-    uint64_t node_id;
-    uint32_t heartbeat_ms;
+    uint64_t node_id;      /* the coordinator's id for this node (new at each registration) */
+    uint32_t heartbeat_ms, lease_ms; /* from the registration */
     bool heartbeat_pending;
-    struct event *step_ev, *hb_ev, *sig_int, *sig_term, *drain_ev;
+    bool registered;       /* false from the loss of the coordinator until registered again */
+    bool registering;      /* inside register_node (it runs the loop) */
+    uint32_t reg_attempts; /* since the loss */
+    double lost_at;
+    uint64_t registrations;
+    struct event *step_ev, *hb_ev, *sig_int, *sig_term, *drain_ev, *reg_ev;
     double started;
     double drain_deadline;
     bool draining;  /* SIGTERM: no new work, stop when in_flight() is 0 */
@@ -103,12 +113,17 @@ struct hpd_node {
 };
 
 /* Parses the command line, builds the node, registers and serves until a
- * signal, the coordinator's shutdown notice or the loss of the coordinator.
+ * signal or the coordinator's shutdown notice. When the coordinator is lost
+ * (its connection closes, a heartbeat goes unanswered for the lease, or it no
+ * longer knows the node) the node drops the coordinator's jobs, keeps its
+ * caches, and registers again with backoff (100 ms doubling to 2 s) until
+ * it succeeds or is stopped.
  * The first SIGTERM/SIGINT drains: heartbeats say so, the coordinator sends
  * no new work, and the node stops when its jobs are done (or after
  * --drain-timeout-ms); a second signal stops it at once. Returns the
  * process exit status: 0 after a signal or a shutdown notice, 2 for bad
- * options, 3 when the coordinator was lost, 1 for any other failure. */
+ * options, 3 when the coordinator could not be reached at start
+ * (--connect-timeout-ms), 1 for any other failure. */
 int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role);
 
 /* Runs an engine step soon (from the loop); the node keeps stepping while

@@ -81,6 +81,7 @@ typedef struct {
     peer_ent_t *peers;
     size_t n_peers, cap_peers;
     struct event *reap_ev; /* stops failed jobs outside engine steps */
+    bool forget_peers;     /* at the next reap: drop_jobs ran */
     uint8_t summary[8192];
     uint64_t jobs_done, jobs_failed, jobs_canceled;
     struct {
@@ -730,6 +731,24 @@ static void pack_extra(hpd_node_t *n, msgpack_packer *pk)
     hpd_proto_pack_bin(pk, p->summary, sizeof(p->summary));
 }
 
+/* Disconnects the endpoints no job uses (after the loss of the
+ * coordinator: they are named by its node ids, which a new coordinator does
+ * not hand out again). */
+static void forget_peers(prefill_t *p)
+{
+    for (size_t i = 0; i < p->n_peers;) {
+        bool used = false;
+        for (job_t *j = p->jobs; j != NULL && !used; j = j->next)
+            used = j->peer == p->peers[i].peer;
+        if (used) {
+            i++;
+            continue;
+        }
+        hpd_xfer_disconnect(p->peers[i].peer);
+        p->peers[i] = p->peers[--p->n_peers];
+    }
+}
+
 static void on_reap(evutil_socket_t fd, short what, void *arg)
 {
     prefill_t *p = arg;
@@ -740,7 +759,25 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
             next = p->jobs; /* the list may have changed */
         }
     }
+    if (p->forget_peers) {
+        p->forget_peers = false;
+        forget_peers(p);
+    }
     try_start(p);
+}
+
+/* The coordinator is gone: every job fails (those pushing flush first, so
+ * that their puts land before anyone reuses the pages) and is stopped from
+ * the loop; then the endpoints go. */
+static void drop_jobs(hpd_node_t *n, const char *why)
+{
+    prefill_t *p = n->role_data;
+    static const struct timeval now = {0, 0};
+    for (job_t *j = p->jobs; j != NULL; j = j->next)
+        if (j->state != JOB_FINISHING)
+            job_fail(p, j, "the coordinator was lost: %s", why);
+    p->forget_peers = true;
+    evtimer_add(p->reap_ev, &now);
 }
 
 /* UCX may report this from inside an engine step (a put progresses the
@@ -788,6 +825,7 @@ static const hpd_node_role_t role = {
     .pack_extra = pack_extra,
     .after_step = after_step,
     .on_peer_error = on_peer_error,
+    .drop_jobs = drop_jobs,
     .fini = fini,
     .in_flight = in_flight,
     .collect = collect,

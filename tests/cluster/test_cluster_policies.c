@@ -3,7 +3,8 @@
  *
  * - lease expiry: a prefill node stopped while it holds a request is lost
  *   when its lease lapses; the request runs again on a new node and is
- *   right; a stopped idle node, resumed, finds itself dropped and exits 3;
+ *   right; a stopped idle node, resumed, finds itself dropped and
+ *   registers again;
  * - giving up after --max-attempts: the request's prefill node, then the
  *   decode node of its next attempt die (-9) while they hold it; the client
  *   gets "gave up after 2 attempts", and the cluster serves on;
@@ -230,7 +231,8 @@ static void small_end(small_t *s, uint32_t n_nodes)
  * stopped with it: their leases lapse (no heartbeat), the coordinator drops
  * both and queues the request again; a new prefill node runs it, right, as
  * attempt 2. The idle node, resumed, is refused (its heartbeat, or its
- * closed connection) and exits 3. (The prefill node is killed instead: it
+ * closed connection), drops what it held and registers again as a new
+ * node. (The prefill node is killed instead: it
  * would wake up with the request's job and start pushing to the decode
  * node, a zombie the coordinator cannot stop.) */
 static void test_lease_expiry(void **state)
@@ -257,15 +259,17 @@ static void test_lease_expiry(void **state)
     assert_false(q.done);
 
     cl_kill9(&cl, s.p);
-    cl_ending(idle);
     cl_resume(idle);
-    cl_expect_end(&cl, idle, 3, 60);
-    assert_true(cl_file_has(idle->log, "exiting"));
+    /* refused (its lease lapsed), it registers again, as a new node */
+    cl_wait_log(&cl, idle, "registered again as node", 60);
+    assert_true(cl_file_has(idle->log, "lost the coordinator"));
+    cl_wait_node(&cl, s.c, "lease-idle", "jobs", 0, 60);
+    assert_true(log_line(s.coord, "decode node lease-idle", "registered from"));
 
     start("prefill", "lease-p2", NULL, NULL);
     wait_done(s.c, &q, "the request whose prefill node's lease lapsed");
     expect_ok(&q, 0, 2);
-    small_end(&s, 2);
+    small_end(&s, 3);
 }
 
 /* --max-attempts 2: the prefill node holding the request dies (attempt 1),
@@ -607,6 +611,108 @@ static void test_decode_pool_exhaustion(void **state)
     small_end(&s, 2);
 }
 
+/* How many lines of p's log hold needle. */
+static uint32_t log_count(const cl_proc_t *p, const char *needle)
+{
+    char *text;
+    size_t len;
+    uint32_t n = 0;
+    if (hpd_read_file(p->log, &text, &len) != HPD_OK)
+        return 0;
+    for (const char *at = strstr(text, needle); at != NULL; at = strstr(at + 1, needle))
+        n++;
+    free(text);
+    return n;
+}
+
+typedef struct {
+    const cl_proc_t *p;
+    const char *needle;
+    uint32_t n;
+} count_wait_t;
+
+static bool log_count_reached(cl_t *c, void *arg)
+{
+    const count_wait_t *w = arg;
+    return log_count(w->p, w->needle) >= w->n;
+}
+
+static void wait_log_count(const cl_proc_t *p, const char *needle, uint32_t n)
+{
+    count_wait_t w = {p, needle, n};
+    char what[800];
+    snprintf(what, sizeof(what), "%u lines with '%s' in %s", n, needle, p->log);
+    cl_wait(&cl, NULL, 120, log_count_reached, &w, what);
+}
+
+/* Every prompt once through the client, each right on its first attempt. */
+static void serve_all(hpd_client_t *c)
+{
+    req_t qs[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        submit(c, i, &qs[i]);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        wait_done(c, &qs[i], "a request after the nodes registered again");
+        expect_ok(&qs[i], i, 1);
+    }
+}
+
+/* The coordinator dies (-9) while a request is in flight, and a new one
+ * starts on its port: the nodes stay up, drop what the dead one gave them,
+ * register again and serve; the request fails with an error saying it may
+ * be submitted again, and the client connects again by itself. Then the new
+ * coordinator stops (SIGSTOP) for longer than the lease: the nodes see no
+ * heartbeat reply within it, drop their jobs and register again once it
+ * resumes; the cluster serves. Nothing is restarted but the coordinator. */
+static void test_coordinator_restart(void **state)
+{
+    char port[16];
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", NULL};
+    small_t s;
+    req_t q;
+    small_start(&s, "restart", args, NULL, NULL);
+    const pid_t d_pid = s.d->pid, p_pid = s.p->pid;
+    serve_all(s.c);
+
+    small_hold(&s, &q); /* prefill node stopped with the request's job */
+    cl_forget_coordinator(&cl, s.coord);
+    cl_kill9(&cl, s.coord);
+    wait_done(s.c, &q, "the request in flight when the coordinator died");
+    expect_error(&q, HPD_ERR_IO, "submitting it again is safe");
+    cl_resume(s.p);
+    cl_wait_log(&cl, s.d, "lost the coordinator (its connection", 60);
+    cl_wait_log(&cl, s.p, "lost the coordinator (its connection", 60);
+    assert_true(log_line(s.p, "lost the coordinator", "dropping its 1 jobs"));
+
+    snprintf(port, sizeof(port), "%u", cl.port);
+    const char *args2[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", "--port", port, NULL};
+    cl_proc_t *coord2 = cl_start_coordinator(&cl, "restart-coordinator2", args2);
+    assert_int_equal(cl.port, atoi(port));
+    cl_wait_log(&cl, s.d, "registered again as node", 60);
+    cl_wait_log(&cl, s.p, "registered again as node", 60);
+    cl_wait_idle(&cl, 2, 120); /* nothing of the dead coordinator's is held */
+    serve_all(s.c);            /* the same client, connected again */
+
+    /* a hung coordinator: the nodes' heartbeats go unanswered for the lease */
+    const uint32_t lost_d = log_count(s.d, "lost the coordinator");
+    const uint32_t lost_p = log_count(s.p, "lost the coordinator");
+    cl_forget_coordinator(&cl, coord2); /* its status connection would hang */
+    cl_pause(coord2);
+    wait_log_count(s.d, "lost the coordinator (no heartbeat reply within the lease", 1);
+    wait_log_count(s.p, "lost the coordinator (no heartbeat reply within the lease", 1);
+    cl_resume(coord2);
+    cl.coord = coord2;
+    wait_log_count(s.d, "registered again as node", 2);
+    wait_log_count(s.p, "registered again as node", 2);
+    assert_int_equal(log_count(s.d, "lost the coordinator"), lost_d + 1);
+    assert_int_equal(log_count(s.p, "lost the coordinator"), lost_p + 1);
+    cl_wait_idle(&cl, 2, 120);
+    serve_all(s.c);
+    assert_int_equal(s.d->pid, d_pid); /* the same processes all along */
+    assert_int_equal(s.p->pid, p_pid);
+    small_end(&s, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -617,6 +723,7 @@ int main(void)
         cmocka_unit_test_teardown(test_drain, case_teardown),
         cmocka_unit_test_teardown(test_wrong_token_and_bad_http, case_teardown),
         cmocka_unit_test_teardown(test_decode_pool_exhaustion, case_teardown),
+        cmocka_unit_test_teardown(test_coordinator_restart, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);
