@@ -97,6 +97,7 @@ typedef struct {
     uint32_t max_attempts;
     int32_t metrics_port; /* -1: no HTTP endpoint */
     uint32_t drain_timeout_ms;
+    uint32_t max_connections; /* 0: the RPC server's default */
 } opts_t;
 
 /* docs/operations.md lists these. */
@@ -107,6 +108,8 @@ typedef struct {
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
     hpd_metric_t *node_losses, *uptime;
+    hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
+    hpd_metric_t *auth_timeouts, *auth_failures;
 } metrics_t;
 
 typedef struct {
@@ -1151,20 +1154,22 @@ static void usage(FILE *f)
             "  --max-attempts N       attempts per request across failures (4)\n"
             "  --metrics-port N       serve /metrics and /healthz over HTTP on --host\n"
             "  --drain-timeout-ms N   on SIGTERM, open requests may finish this long (30000)\n"
+            "  --max-connections N    open RPC connections, clients and nodes; half at most\n"
+            "                         unauthenticated (1024, or what the fd limit allows)\n"
             "  --log-level L          error|warn|info|debug (info)\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     enum { O_HOST = 256, O_PORT, O_PORTFILE, O_TOKEN, O_HB, O_LEASE, O_MAXREQ, O_QTIMEOUT,
-           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_HELP };
+           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_MAXCONN, O_HELP };
     static const struct option longopts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"port-file", 1, 0, O_PORTFILE},
         {"token-file", 1, 0, O_TOKEN}, {"heartbeat-ms", 1, 0, O_HB}, {"lease-ms", 1, 0, O_LEASE},
         {"max-requests", 1, 0, O_MAXREQ}, {"queue-timeout-ms", 1, 0, O_QTIMEOUT},
         {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG},
         {"metrics-port", 1, 0, O_METRICS}, {"drain-timeout-ms", 1, 0, O_DRAIN},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"max-connections", 1, 0, O_MAXCONN}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     struct {
         int opt;
         const char *flag;
@@ -1175,11 +1180,20 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                 {O_MAXREQ, "--max-requests", 1, 1u << 24, &o->max_requests},
                 {O_QTIMEOUT, "--queue-timeout-ms", 1, UINT32_MAX, &o->queue_timeout_ms},
                 {O_ATTEMPTS, "--max-attempts", 1, 100, &o->max_attempts},
-                {O_DRAIN, "--drain-timeout-ms", 0, UINT32_MAX, &o->drain_timeout_ms}};
+                {O_DRAIN, "--drain-timeout-ms", 0, UINT32_MAX, &o->drain_timeout_ms},
+                {O_MAXCONN, "--max-connections", 4, 1u << 20, &o->max_connections}};
     uint64_t v;
     int c, lvl;
 
-    *o = (opts_t){"127.0.0.1", 7000, NULL, NULL, 500, 10000, 256, 60000, 4, -1, 30000};
+    *o = (opts_t){.host = "127.0.0.1",
+                  .port = 7000,
+                  .heartbeat_ms = 500,
+                  .lease_ms = 10000,
+                  .max_requests = 256,
+                  .queue_timeout_ms = 60000,
+                  .max_attempts = 4,
+                  .metrics_port = -1,
+                  .drain_timeout_ms = 30000};
     hpd_log_set_level(HPD_LOG_LEVEL_INFO);
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool done = false;
@@ -1341,6 +1355,25 @@ static hpd_status_t metrics_init(metrics_t *m)
                                      "Nodes lost (connection closed or lease expired).", NULL);
     m->uptime = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_uptime_seconds",
                                 "Seconds since the process started.", NULL);
+    static const char conn_help[] = "Open RPC connections (clients and nodes).";
+    m->conns_authed = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_rpc_connections",
+                                      conn_help, "state=\"authenticated\"");
+    m->conns_unauthed = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_rpc_connections",
+                                        conn_help, "state=\"unauthenticated\"");
+    static const char closed_help[] = "RPC connections closed by the server before they "
+                                      "authenticated, by reason.";
+    m->conns_refused = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"limit\"");
+    m->conns_evicted = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"evicted\"");
+    m->auth_timeouts = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"auth_timeout\"");
+    m->auth_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"auth_failed\"");
     return HPD_OK;
 }
 
@@ -1360,6 +1393,14 @@ static void metrics_collect(void *arg)
     hpd_metric_set(C.m.nodes_decode, decode);
     hpd_metric_set(C.m.nodes_draining, draining);
     hpd_metric_set(C.m.uptime, hpd_time_now() - C.started);
+    hpd_rpc_server_stats_t rs;
+    hpd_rpc_server_stats(C.server, &rs);
+    hpd_metric_set(C.m.conns_authed, rs.open - rs.unauthenticated);
+    hpd_metric_set(C.m.conns_unauthed, rs.unauthenticated);
+    hpd_metric_set(C.m.conns_refused, (double)rs.refused);
+    hpd_metric_set(C.m.conns_evicted, (double)rs.evicted);
+    hpd_metric_set(C.m.auth_timeouts, (double)rs.auth_timeouts);
+    hpd_metric_set(C.m.auth_failures, (double)rs.auth_failures);
 }
 
 /* Ready while not draining; the body says what the coordinator has. */
@@ -1369,6 +1410,16 @@ static bool health(void *arg, char *msg, size_t len)
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
         prefill += n->alive && !n->draining && n->role == ROLE_PREFILL;
         decode += n->alive && !n->draining && n->role == ROLE_DECODE;
+    }
+    /* connections turned away now or in the last 10 s: clients and nodes
+     * may be locked out */
+    hpd_rpc_server_stats_t rs;
+    hpd_rpc_server_stats(C.server, &rs);
+    if (rs.last_refused > 0 && hpd_time_now() - rs.last_refused < 10.0) {
+        snprintf(msg, len, "refusing connections: %u open (limit %u), %llu refused, the last "
+                 "%.1f s ago", rs.open, rs.max_conns, (unsigned long long)rs.refused,
+                 hpd_time_now() - rs.last_refused);
+        return false;
     }
     snprintf(msg, len, "%s: %u prefill and %u decode nodes, %u open requests",
              C.draining ? "draining" : "ok", prefill, decode, C.n_reqs);
@@ -1393,9 +1444,11 @@ int main(int argc, char **argv)
     }
     if ((C.base = event_base_new()) == NULL || metrics_init(&C.m) != HPD_OK)
         return 1;
-    hpd_rpc_server_params_t sp = {C.base, C.o.host, C.o.port, C.token, methods,
-                                  sizeof(methods) / sizeof(methods[0]), NULL, 0, 0,
-                                  on_disconnect};
+    hpd_rpc_server_params_t sp = {.base = C.base, .host = C.o.host, .port = C.o.port,
+                                  .token = C.token, .methods = methods,
+                                  .n_methods = sizeof(methods) / sizeof(methods[0]),
+                                  .on_disconnect = on_disconnect,
+                                  .max_conns = C.o.max_connections};
     if (hpd_rpc_server_create(&sp, &C.server) != HPD_OK)
         goto out;
     if (C.o.port_file != NULL) {

@@ -811,8 +811,9 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     methods[n_methods++] = (hpd_rpc_method_t){"stats", m_stats};
     for (size_t i = 0; i < role->n_methods && n_methods < 32; i++)
         methods[n_methods++] = role->methods[i];
-    hpd_rpc_server_params_t sp = {n->base, n->o.host, n->o.port, n->token, methods, n_methods,
-                                  n, 0, 0, NULL};
+    hpd_rpc_server_params_t sp = {.base = n->base, .host = n->o.host, .port = n->o.port,
+                                  .token = n->token, .methods = methods,
+                                  .n_methods = n_methods, .arg = n};
     if ((st = hpd_rpc_server_create(&sp, &n->server)) != HPD_OK)
         goto out;
     n->step_ev = evtimer_new(n->base, on_step, n);

@@ -91,10 +91,33 @@ typedef struct {
     size_t n_methods;
     void *arg;          /* passed to handlers */
     size_t max_message; /* 0: HPD_RPC_DEFAULT_MAX_MESSAGE */
-    uint32_t max_conns; /* 0: 1024 */
+    uint32_t max_conns; /* 0: 1024; a connection beyond it is closed at once */
     /* optional: a connection closed (after its handlers' replies are moot) */
     void (*on_disconnect)(hpd_rpc_conn_t *conn, void *arg);
+    /* Connections that have not authenticated yet are bounded apart, so
+     * that idle or slow sockets cannot lock out clients and nodes: at most
+     * max_unauthed (0: 64, or half of max_conns when less) at once (the
+     * oldest is closed to make room for a new one, also when max_conns
+     * connections are open: only authenticated ones make the server refuse
+     * a connection), each closed after auth_timeout_ms (0: 5000) without a
+     * successful auth, and none may send a message above max_auth_message
+     * bytes (0: 4096) before it authenticates. */
+    uint32_t max_unauthed;
+    uint32_t auth_timeout_ms;
+    size_t max_auth_message;
 } hpd_rpc_server_params_t;
+
+typedef struct {
+    uint32_t open, unauthenticated; /* now */
+    uint32_t max_conns;             /* the limit in force */
+    uint64_t refused;       /* closed at accept: max_conns open */
+    uint64_t evicted;       /* unauthenticated, closed to make room for a newer one */
+    uint64_t auth_timeouts; /* unauthenticated for auth_timeout_ms */
+    uint64_t auth_failures; /* a wrong token, or a first request other than auth */
+    double last_refused;    /* hpd_time_now() of the last refusal; 0: never */
+} hpd_rpc_server_stats_t;
+
+void hpd_rpc_server_stats(const hpd_rpc_server_t *server, hpd_rpc_server_stats_t *stats_p);
 
 hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
                                    hpd_rpc_server_t **server_p);

@@ -318,6 +318,11 @@ hpd_status_t hpd_rpc_notify(hpd_rpc_conn_t *c, const char *method, const hpd_rpc
     return send_buf(c, &b);
 }
 
+void hpd_rpc_conn_set_max_message(hpd_rpc_conn_t *c, size_t max_message)
+{
+    c->ops.max_message = max_message;
+}
+
 void hpd_rpc_conn_invalid(hpd_rpc_conn_t *c, const msgpack_object *obj, const char *why)
 {
     /* a request whose id can be read gets an error reply; anything else

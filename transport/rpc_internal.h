@@ -10,4 +10,8 @@
  * the receiver does not take (always a close). */
 void hpd_rpc_conn_invalid(hpd_rpc_conn_t *conn, const msgpack_object *obj, const char *why);
 
+/* Changes the size limit of the messages conn takes from now on (0: the
+ * default): the server keeps it small until a connection authenticates. */
+void hpd_rpc_conn_set_max_message(hpd_rpc_conn_t *conn, size_t max_message);
+
 #endif

@@ -6,10 +6,12 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <event2/event.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "common/log.h"
@@ -21,7 +23,9 @@
 
 typedef struct conn_node {
     hpd_rpc_conn_t *conn;
+    hpd_rpc_server_t *server;
     bool authed;
+    struct event *auth_timer; /* until authenticated */
     struct conn_node *prev, *next;
 } conn_node_t;
 
@@ -29,10 +33,26 @@ struct hpd_rpc_server {
     hpd_rpc_server_params_t p;
     char *token;
     struct evconnlistener *listener;
+    struct event *resume_accept; /* after accept() failed (out of descriptors) */
     uint16_t port;
-    conn_node_t *conns;
-    uint32_t n_conns;
+    conn_node_t *conns; /* newest first */
+    uint32_t n_conns, n_unauthed;
+    uint32_t max_conns, max_unauthed;
+    hpd_rpc_server_stats_t st;
 };
+
+static void set_authed(hpd_rpc_server_t *s, conn_node_t *node)
+{
+    if (node->authed)
+        return;
+    node->authed = true;
+    s->n_unauthed--;
+    if (node->auth_timer != NULL) {
+        event_free(node->auth_timer);
+        node->auth_timer = NULL;
+    }
+    hpd_rpc_conn_set_max_message(node->conn, s->p.max_message);
+}
 
 /* Constant-time comparison of the presented token. */
 static bool token_ok(const char *want, const char *got, uint32_t len)
@@ -64,7 +84,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
                              token_ok(s->token, p->via.array.ptr[0].via.str.ptr,
                                       p->via.array.ptr[0].via.str.size));
             if (ok) {
-                node->authed = true;
+                set_authed(s, node);
                 hpd_rpc_buf_t r;
                 hpd_rpc_buf_init(&r);
                 hpd_rpc_pack_str(&r.pk, "hybridpd");
@@ -74,6 +94,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
             }
         }
         if (s->token != NULL) {
+            s->st.auth_failures++;
             HPD_LOG_WARN(LOG_COMPONENT, "connection refused: %s",
                          hpd_rpc_str_eq(msg->method, msg->method_len, "auth")
                              ? "wrong token"
@@ -84,7 +105,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
             hpd_rpc_conn_close(conn, true);
             return;
         }
-        node->authed = true; /* no token configured: open server */
+        set_authed(s, node); /* no token configured: open server */
     }
     if (hpd_rpc_str_eq(msg->method, msg->method_len, "ping")) {
         hpd_rpc_buf_t r;
@@ -111,6 +132,10 @@ static void on_close(hpd_rpc_conn_t *conn, hpd_status_t why, void *arg)
 
     if (s->p.on_disconnect != NULL)
         s->p.on_disconnect(conn, s->p.arg);
+    if (!node->authed)
+        s->n_unauthed--;
+    if (node->auth_timer != NULL)
+        event_free(node->auth_timer);
     if (node->prev)
         node->prev->next = node->next;
     else
@@ -122,30 +147,115 @@ static void on_close(hpd_rpc_conn_t *conn, hpd_status_t why, void *arg)
     hpd_rpc_conn_set_data(conn, NULL);
 }
 
+static void on_auth_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    conn_node_t *node = arg;
+    hpd_rpc_server_t *s = node->server;
+    s->st.auth_timeouts++;
+    HPD_LOG_DEBUG(LOG_COMPONENT, "closing a connection that did not authenticate in %u ms",
+                  s->p.auth_timeout_ms ? s->p.auth_timeout_ms : 5000);
+    hpd_rpc_conn_close(node->conn, false); /* on_close frees node */
+}
+
+/* Closes the oldest connection that has not authenticated. */
+static void evict_unauthed(hpd_rpc_server_t *s)
+{
+    conn_node_t *oldest = NULL;
+    for (conn_node_t *n = s->conns; n != NULL; n = n->next)
+        if (!n->authed)
+            oldest = n;
+    if (oldest == NULL)
+        return;
+    s->st.evicted++;
+    HPD_LOG_DEBUG(LOG_COMPONENT, "%u connections have not authenticated (limit %u): closing "
+                  "the oldest", s->n_unauthed, s->max_unauthed);
+    hpd_rpc_conn_close(oldest->conn, false);
+}
+
+static void refuse(hpd_rpc_server_t *s, evutil_socket_t fd, const char *why)
+{
+    /* one line a second at most: a flood must not flood the log too */
+    if (hpd_time_now() - s->st.last_refused >= 1.0)
+        HPD_LOG_WARN(LOG_COMPONENT, "refusing connections: %s (%llu refused so far)", why,
+                     (unsigned long long)s->st.refused + 1);
+    s->st.refused++;
+    s->st.last_refused = hpd_time_now();
+    evutil_closesocket(fd);
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *addr,
                       int len, void *arg)
 {
     hpd_rpc_server_t *s = arg;
-    const uint32_t max = s->p.max_conns ? s->p.max_conns : 1024;
-    hpd_rpc_conn_ops_t ops = {on_msg, on_close, s, s->p.max_message};
+    const size_t max = s->p.max_message ? s->p.max_message : HPD_RPC_DEFAULT_MAX_MESSAGE;
+    const size_t before_auth = s->p.max_auth_message ? s->p.max_auth_message : 4096;
+    hpd_rpc_conn_ops_t ops = {on_msg, on_close, s,
+                              s->token != NULL ? HPD_MIN(max, before_auth) : max};
+    const uint32_t timeout_ms = s->p.auth_timeout_ms ? s->p.auth_timeout_ms : 5000;
+    const struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     conn_node_t *node;
 
-    if (s->n_conns >= max || (node = calloc(1, sizeof(*node))) == NULL) {
-        HPD_LOG_WARN(LOG_COMPONENT, "refusing a connection: %u open (limit %u)", s->n_conns, max);
-        evutil_closesocket(fd);
+    /* room first from connections that have not authenticated */
+    if (s->n_unauthed > 0 && (s->n_unauthed >= s->max_unauthed || s->n_conns >= s->max_conns))
+        evict_unauthed(s);
+    if (s->n_conns >= s->max_conns) {
+        char why[96];
+        snprintf(why, sizeof(why), "%u authenticated connections open (limit %u)", s->n_conns,
+                 s->max_conns);
+        refuse(s, fd, why);
         return;
     }
-    if (hpd_rpc_conn_create(s->p.base, fd, &ops, &node->conn) != HPD_OK) {
+    if ((node = calloc(1, sizeof(*node))) == NULL) {
+        refuse(s, fd, "out of memory");
+        return;
+    }
+    node->server = s;
+    if ((node->auth_timer = evtimer_new(s->p.base, on_auth_timeout, node)) == NULL ||
+        hpd_rpc_conn_create(s->p.base, fd, &ops, &node->conn) != HPD_OK) {
+        if (node->auth_timer != NULL)
+            event_free(node->auth_timer);
         evutil_closesocket(fd);
         free(node);
         return;
     }
+    evtimer_add(node->auth_timer, &tv);
     hpd_rpc_conn_set_data(node->conn, node);
     node->next = s->conns;
     if (s->conns)
         s->conns->prev = node;
     s->conns = node;
     s->n_conns++;
+    s->n_unauthed++;
+}
+
+static void on_resume_accept(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_rpc_server_t *s = arg;
+    evconnlistener_enable(s->listener);
+}
+
+/* accept() failed: out of file descriptors, most likely. Accepting again at
+ * once would spin (the pending connection stays): pause 100 ms. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    hpd_rpc_server_t *s = arg;
+    static const struct timeval pause = {0, 100 * 1000};
+    const int err = EVUTIL_SOCKET_ERROR();
+    if (hpd_time_now() - s->st.last_refused >= 1.0)
+        HPD_LOG_WARN(LOG_COMPONENT, "accept failed: %s; pausing new connections for 100 ms",
+                     evutil_socket_error_to_string(err));
+    s->st.refused++;
+    s->st.last_refused = hpd_time_now();
+    evconnlistener_disable(l);
+    evtimer_add(s->resume_accept, &pause);
+}
+
+void hpd_rpc_server_stats(const hpd_rpc_server_t *s, hpd_rpc_server_stats_t *st_p)
+{
+    *st_p = s->st;
+    st_p->open = s->n_conns;
+    st_p->unauthenticated = s->n_unauthed;
+    st_p->max_conns = s->max_conns;
 }
 
 hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
@@ -182,8 +292,24 @@ hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
         free(s);
         return HPD_ERR_IO;
     }
+    if ((s->resume_accept = evtimer_new(params->base, on_resume_accept, s)) == NULL) {
+        evconnlistener_free(s->listener);
+        free(s->token);
+        free(s);
+        return HPD_ERR_NO_MEMORY;
+    }
+    evconnlistener_set_error_cb(s->listener, on_accept_error);
     getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&sin, &slen);
     s->port = ntohs(sin.sin_port);
+    /* the default limit leaves descriptors for the rest of the process */
+    struct rlimit rl;
+    uint64_t fit = 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        fit = rl.rlim_cur > 160 ? rl.rlim_cur - 128 : 32;
+    s->max_conns = params->max_conns ? params->max_conns : (uint32_t)HPD_MIN(1024, fit);
+    /* half the room at most, so that idle sockets never fill it */
+    s->max_unauthed = params->max_unauthed ? params->max_unauthed
+                                           : HPD_MAX(1u, HPD_MIN(64u, s->max_conns / 2));
     *server_p = s;
     return HPD_OK;
 }
@@ -198,8 +324,12 @@ void hpd_rpc_server_destroy(hpd_rpc_server_t *s)
         next = n->next;
         hpd_rpc_conn_detach(n->conn);
         hpd_rpc_conn_close(n->conn, false);
+        if (n->auth_timer != NULL)
+            event_free(n->auth_timer);
         free(n);
     }
+    if (s->resume_accept != NULL)
+        event_free(s->resume_accept);
     free(s->token);
     free(s);
 }

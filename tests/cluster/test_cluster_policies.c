@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "transport/http.h"
@@ -611,6 +612,107 @@ static void test_decode_pool_exhaustion(void **state)
     small_end(&s, 2);
 }
 
+/* The coordinator's /healthz: its status code and body. */
+static int healthz(uint16_t http, char *body, size_t len)
+{
+    int code = 0;
+    char *b = NULL;
+    assert_int_equal(hpd_http_get("127.0.0.1", http, "/healthz", 10000, &code, &b), HPD_OK);
+    snprintf(body, len, "%s", b ? b : "");
+    free(b);
+    return code;
+}
+
+typedef struct {
+    uint16_t http;
+    int code;
+} health_wait_t;
+
+static bool health_is(cl_t *c, void *arg)
+{
+    health_wait_t *w = arg;
+    char body[300];
+    return healthz(w->http, body, sizeof(body)) == w->code;
+}
+
+/* Idle sockets that never authenticate do not lock anyone out: with 2,000
+ * of them open against the coordinator (once about 1,020 locked out every
+ * client and node while /healthz said ok), a client and a new node get in
+ * and a request is served; /healthz stays ok. Authenticated connections up
+ * to --max-connections make the coordinator refuse the next one, and
+ * /healthz says so (503) until 10 s after the last refusal. */
+static void test_idle_connections(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms",   NEVER, "--metrics-port",
+                          "0",              "--max-connections", "16", NULL};
+    enum { WANT_IDLE = 2000, EXTRA = 16 };
+    static int idle[WANT_IDLE];
+    hpd_client_t *extra[EXTRA];
+    char body[300];
+    small_t s;
+    req_t q;
+
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < WANT_IDLE + 200 && rl.rlim_max > rl.rlim_cur) {
+        rl.rlim_cur = HPD_MIN(rl.rlim_max, (rlim_t)WANT_IDLE + 200);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    const int n_idle = (int)HPD_MIN((rlim_t)WANT_IDLE, rl.rlim_cur - 200);
+    if (n_idle < WANT_IDLE)
+        fprintf(stderr, "the descriptor limit allows %d idle sockets, not %d\n", n_idle,
+                WANT_IDLE);
+
+    small_start(&s, "idle", args, NULL, NULL);
+    const uint16_t http = metrics_port(s.coord);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(cl.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+    for (int i = 0; i < n_idle; i++) {
+        idle[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(idle[i] >= 0);
+        assert_int_equal(connect(idle[i], (struct sockaddr *)&sin, sizeof(sin)), 0);
+    }
+    /* a client, a new node and a request get through */
+    hpd_client_t *c2 = cl_client(&cl);
+    start("prefill", "idle-p2", NULL, NULL);
+    cl_wait_idle(&cl, 3, 120);
+    submit(c2, 2, &q);
+    wait_done(c2, &q, "a request with 2,000 idle sockets open");
+    expect_ok(&q, 2, 1);
+    assert_int_equal(healthz(http, body, sizeof(body)), 200);
+    char *m = cl_scrape(http);
+    const double evicted = cl_sample(m, "hpd_rpc_connections_closed_total{reason=\"evicted\"}");
+    fprintf(stderr, "%d idle sockets: %.0f evicted, %.0f left unauthenticated\n", n_idle,
+            evicted, cl_sample(m, "hpd_rpc_connections{state=\"unauthenticated\"}"));
+    assert_true(evicted >= n_idle - 8); /* at most 8 (half of 16) wait for auth */
+    assert_true(cl_sample(m, "hpd_rpc_connections_closed_total{reason=\"limit\"}") == 0);
+    free(m);
+    for (int i = 0; i < n_idle; i++)
+        close(idle[i]);
+
+    /* authenticated connections up to the limit: the next is refused */
+    int n_extra = 0;
+    for (; n_extra < EXTRA; n_extra++) {
+        char *token = NULL;
+        assert_int_equal(hpd_rpc_read_token(cl.token_file, &token), HPD_OK);
+        hpd_client_params_t p = {"127.0.0.1", cl.port, token, 300000};
+        const hpd_status_t st = hpd_client_create(&p, &extra[n_extra]);
+        free(token);
+        if (st != HPD_OK)
+            break;
+    }
+    assert_true(n_extra > 0 && n_extra < EXTRA);
+    assert_int_equal(healthz(http, body, sizeof(body)), 503);
+    assert_non_null(strstr(body, "refusing connections"));
+    fprintf(stderr, "/healthz at the limit: %s\n", body);
+    for (int i = 0; i < n_extra; i++)
+        hpd_client_destroy(extra[i]);
+    health_wait_t w = {http, 200};
+    cl_wait(&cl, NULL, 60, health_is, &w, "/healthz ok again after the refusals");
+    hpd_client_destroy(c2);
+    small_end(&s, 3);
+}
+
 /* How many lines of p's log hold needle. */
 static uint32_t log_count(const cl_proc_t *p, const char *needle)
 {
@@ -724,6 +826,7 @@ int main(void)
         cmocka_unit_test_teardown(test_wrong_token_and_bad_http, case_teardown),
         cmocka_unit_test_teardown(test_decode_pool_exhaustion, case_teardown),
         cmocka_unit_test_teardown(test_coordinator_restart, case_teardown),
+        cmocka_unit_test_teardown(test_idle_connections, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);

@@ -100,7 +100,9 @@ static void run_server(int fd)
 
     if (hpd_rpc_read_token(tokfile, &token) != HPD_OK)
         _exit(1);
-    hpd_rpc_server_params_t p = {base, "127.0.0.1", 0, token, methods, 3, base, MAX_MSG, 64, NULL};
+    hpd_rpc_server_params_t p = {.base = base, .host = "127.0.0.1", .token = token,
+                                 .methods = methods, .n_methods = 3, .arg = base,
+                                 .max_message = MAX_MSG, .max_conns = 64};
     if (hpd_rpc_server_create(&p, &srv) != HPD_OK)
         _exit(1);
     struct event *term = evsignal_new(base, SIGTERM, on_sigterm, base);

@@ -894,6 +894,107 @@ static void test_server_methods(void **state)
     hpd_rpc_server_destroy(s);
 }
 
+static void server_stats(hpd_rpc_server_t *s, hpd_rpc_server_stats_t *st)
+{
+    hpd_rpc_server_stats(s, st);
+}
+
+/* Whether the peer's socket was closed by the server (EOF), without
+ * blocking. */
+static bool peer_closed(peer_t *p)
+{
+    peer_pump(p);
+    return p->eof;
+}
+
+/* Connections that never authenticate cannot lock anyone out: at most
+ * max_unauthed at once (the oldest goes for a new one), each closed after
+ * auth_timeout_ms, none may send more than max_auth_message bytes before
+ * authenticating; authenticated connections are not touched; the server
+ * counts each kind of closing. */
+static void test_server_unauthenticated(void **state)
+{
+    hpd_rpc_server_t *s;
+    hpd_rpc_server_params_t sp = {.base = base,
+                                  .host = "127.0.0.1",
+                                  .token = TOKEN,
+                                  .methods = methods,
+                                  .n_methods = sizeof(methods) / sizeof(methods[0]),
+                                  .arg = &app,
+                                  .max_unauthed = 3,
+                                  .auth_timeout_ms = 300,
+                                  .max_auth_message = 100};
+    hpd_rpc_server_stats_t st;
+    peer_t *idle[6];
+    hpd_rpc_client_t *c;
+
+    memset(&app, 0, sizeof(app));
+    assert_int_equal(hpd_rpc_server_create(&sp, &s), HPD_OK);
+    for (int i = 0; i < 6; i++) {
+        idle[i] = raw_peer(s);
+        /* one at a time: which is the oldest is then known */
+        LOOP_UNTIL((server_stats(s, &st), st.open == (uint32_t)HPD_MIN(i + 1, 3)) &&
+                   st.evicted == (uint64_t)HPD_MAX(i - 2, 0));
+    }
+    assert_int_equal(st.unauthenticated, 3);
+    for (int i = 0; i < 3; i++)
+        LOOP_UNTIL(peer_closed(idle[i])); /* the three oldest went */
+    for (int i = 3; i < 6; i++)
+        assert_false(peer_closed(idle[i]));
+
+    /* a client still gets in (one more idle socket goes), and stays */
+    assert_int_equal(client_new(s, TOKEN, &c), HPD_OK);
+    ping_ok(c);
+    server_stats(s, &st);
+    assert_int_equal(st.evicted, 4);
+    LOOP_UNTIL(peer_closed(idle[3]));
+
+    /* the rest time out; the client does not */
+    LOOP_UNTIL(peer_closed(idle[4]) && peer_closed(idle[5]));
+    server_stats(s, &st);
+    assert_int_equal(st.auth_timeouts, 2);
+    assert_int_equal(st.unauthenticated, 0);
+    assert_int_equal(st.open, 1);
+    assert_int_equal(st.refused, 0);
+    ping_ok(c);
+
+    /* before auth, 100 bytes at most; after it, the usual limit */
+    peer_t *big = raw_peer(s);
+    hpd_rpc_buf_t b;
+    char text[200];
+    memset(text, 'a', sizeof(text));
+    hpd_rpc_buf_init(&b);
+    hpd_rpc_pack_request(&b.pk, 1, "auth");
+    msgpack_pack_array(&b.pk, 1);
+    msgpack_pack_str(&b.pk, sizeof(text));
+    msgpack_pack_str_body(&b.pk, text, sizeof(text));
+    peer_send_buf(big, &b);
+    hpd_rpc_buf_destroy(&b);
+    expect_error_notice_and_close(big, HPD_RPC_ERR_TOO_LARGE,
+                                  "message declares 200 payload bytes, beyond the limit of 100 "
+                                  "bytes");
+    peer_free(big);
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_str(&b.pk, sizeof(text));
+    msgpack_pack_str_body(&b.pk, text, sizeof(text));
+    assert_int_equal(hpd_rpc_call_sync(c, "echo", &b, 0, &r), HPD_OK);
+    assert_false(r.is_error);
+    hpd_rpc_result_destroy(&r);
+    hpd_rpc_buf_destroy(&b);
+
+    /* a wrong token is counted */
+    hpd_rpc_client_t *bad;
+    assert_int_equal(client_new(s, "wrong-token-of-same-len", &bad), HPD_ERR_INVALID_ARG);
+    LOOP_UNTIL((server_stats(s, &st), st.unauthenticated == 0));
+    assert_int_equal(st.auth_failures, 1);
+    for (int i = 0; i < 6; i++)
+        peer_free(idle[i]);
+    hpd_rpc_client_destroy(c);
+    LOOP_UNTIL((server_stats(s, &st), st.open == 0));
+    hpd_rpc_server_destroy(s);
+}
+
 /* max_conns: a connection beyond it is closed at once, the others are
  * served, and a closed one frees its place (on_disconnect once each). */
 static void test_server_limits(void **state)
@@ -1743,6 +1844,7 @@ int main(void)
         cmocka_unit_test(test_server_auth),
         cmocka_unit_test(test_server_methods),
         cmocka_unit_test(test_server_limits),
+        cmocka_unit_test(test_server_unauthenticated),
         cmocka_unit_test(test_server_destroy_closes),
         cmocka_unit_test(test_read_token),
         cmocka_unit_test(test_client_timeouts),
