@@ -28,6 +28,7 @@
 #include "node/proto.h"
 #include "transport/http.h"
 #include "transport/rpc.h"
+#include "transport/xfer.h"
 
 #define LOG_COMPONENT "coordinator"
 #define SUMMARY_BYTES 8192
@@ -806,6 +807,13 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     }
     if (fp_len != 16) {
         snprintf(err.text, sizeof(err.text), "fingerprint has %u bytes (expected 16)", fp_len);
+        goto bad;
+    }
+    /* a UCX address or region other nodes could not use (or that would
+     * abort them) is refused here, before any node sees it */
+    char why[200];
+    if (hpd_xfer_check_info(info, why, sizeof(why)) != HPD_OK) {
+        snprintf(err.text, sizeof(err.text), "xfer: %s", why);
         goto bad;
     }
     if (C.have_fingerprint && memcmp(C.fingerprint, fp, 16) != 0) {

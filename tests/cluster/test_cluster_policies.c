@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "transport/http.h"
+#include "transport/rpc.h"
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
@@ -713,6 +714,122 @@ static void test_idle_connections(void **state)
     small_end(&s, 3);
 }
 
+/* A register call's params for a fake decode node whose UCX worker address
+ * has the given first byte (UCX reads the address version from its low 4
+ * bits and aborts on one it does not know). */
+static void pack_fake_register(hpd_rpc_buf_t *b, uint8_t first_byte)
+{
+    static const uint8_t fp[16] = {1, 2, 3};
+    uint8_t address[64], rkey[16] = {0};
+    memset(address, 0x5a, sizeof(address));
+    address[0] = first_byte;
+    msgpack_packer *pk = &b->pk;
+    msgpack_pack_map(pk, 13);
+    hpd_rpc_pack_str(pk, "role");
+    hpd_rpc_pack_str(pk, "decode");
+    hpd_rpc_pack_str(pk, "name");
+    hpd_rpc_pack_str(pk, "impostor-d");
+    hpd_rpc_pack_str(pk, "host");
+    hpd_rpc_pack_str(pk, "127.0.0.1");
+    hpd_rpc_pack_str(pk, "port");
+    msgpack_pack_uint16(pk, 9); /* discard: never reached */
+    hpd_rpc_pack_str(pk, "fingerprint");
+    msgpack_pack_bin(pk, 16);
+    msgpack_pack_bin_body(pk, fp, 16);
+    const char *nums[] = {"vocab", "max_context", "kv_layers", "pages", "slots", "max_batch"};
+    const uint64_t vals[] = {512, 1024, 4, 1 << 20, 64, 64};
+    for (int i = 0; i < 6; i++) {
+        hpd_rpc_pack_str(pk, nums[i]);
+        msgpack_pack_uint64(pk, vals[i]);
+    }
+    hpd_rpc_pack_str(pk, "layout");
+    msgpack_pack_map(pk, 3);
+    hpd_rpc_pack_str(pk, "block_size");
+    msgpack_pack_uint32(pk, 16);
+    hpd_rpc_pack_str(pk, "pack_size");
+    msgpack_pack_uint32(pk, 1);
+    hpd_rpc_pack_str(pk, "order");
+    hpd_rpc_pack_str(pk, "nhd");
+    hpd_rpc_pack_str(pk, "xfer");
+    msgpack_pack_map(pk, 3);
+    hpd_rpc_pack_str(pk, "node");
+    msgpack_pack_uint64(pk, 77);
+    hpd_rpc_pack_str(pk, "address");
+    msgpack_pack_bin(pk, sizeof(address));
+    msgpack_pack_bin_body(pk, address, sizeof(address));
+    hpd_rpc_pack_str(pk, "regions");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 1 << 20);
+    msgpack_pack_uint64(pk, 1 << 20);
+    msgpack_pack_bin(pk, sizeof(rkey));
+    msgpack_pack_bin_body(pk, rkey, sizeof(rkey));
+}
+
+/* Hostile or broken peers of the coordinator: a node whose UCX worker
+ * address UCX cannot read is refused at registration (it once aborted the
+ * prefill node handed the address, and the retry the next one), and a
+ * heartbeat for a real node from another connection (a client's) is
+ * refused (it once made a node "draining" while /healthz said ok). The
+ * cluster serves on, the real nodes untouched. */
+static void test_fake_peers(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
+    small_t s;
+    req_t q;
+    char *token = NULL;
+    hpd_rpc_client_t *raw;
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_t b;
+    small_start(&s, "fake", args, NULL, NULL);
+    assert_int_equal(hpd_rpc_read_token(cl.token_file, &token), HPD_OK);
+    struct event_base *eb = event_base_new();
+    hpd_rpc_client_params_t cp = {.base = eb, .host = "127.0.0.1", .port = cl.port,
+                                  .token = token, .timeout_ms = 30000};
+    assert_int_equal(hpd_rpc_client_create(&cp, &raw), HPD_OK);
+
+    /* junk address: version 9 */
+    hpd_rpc_buf_init(&b);
+    pack_fake_register(&b, 0x09);
+    assert_int_equal(hpd_rpc_call_sync(raw, "register", &b, 30000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    assert_true(r.is_error);
+    fprintf(stderr, "register with a junk address: %s\n", r.error_message);
+    assert_non_null(strstr(r.error_message, "xfer: a UCX worker address of version 9"));
+    hpd_rpc_result_destroy(&r);
+
+    /* a heartbeat for the real decode node, from this connection */
+    cl_status_t st;
+    cl_status(&cl, &st);
+    const uint64_t d_id = cl_u64(cl_status_node(&st, s.d_name), "id");
+    cl_status_free(&st);
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    hpd_rpc_pack_str(&b.pk, "node_id");
+    msgpack_pack_uint64(&b.pk, d_id);
+    hpd_rpc_pack_str(&b.pk, "draining");
+    msgpack_pack_true(&b.pk);
+    assert_int_equal(hpd_rpc_call_sync(raw, "heartbeat", &b, 30000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    assert_true(r.is_error);
+    assert_non_null(strstr(r.error_message, "registered on another connection"));
+    hpd_rpc_result_destroy(&r);
+    cl_status(&cl, &st);
+    const msgpack_object *d = cl_status_node(&st, s.d_name);
+    assert_non_null(d);
+    assert_false(cl_field(d, "draining")->via.boolean);
+    assert_null(cl_status_node(&st, "impostor-d"));
+    cl_status_free(&st);
+
+    hpd_rpc_client_destroy(raw);
+    event_base_free(eb);
+    free(token);
+    submit(s.c, 3, &q);
+    wait_done(s.c, &q, "a request after the fake peers");
+    expect_ok(&q, 3, 1);
+    small_end(&s, 2);
+}
+
 /* How many lines of p's log hold needle. */
 static uint32_t log_count(const cl_proc_t *p, const char *needle)
 {
@@ -827,6 +944,7 @@ int main(void)
         cmocka_unit_test_teardown(test_decode_pool_exhaustion, case_teardown),
         cmocka_unit_test_teardown(test_coordinator_restart, case_teardown),
         cmocka_unit_test_teardown(test_idle_connections, case_teardown),
+        cmocka_unit_test_teardown(test_fake_peers, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);

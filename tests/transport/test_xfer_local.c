@@ -386,7 +386,8 @@ static hpd_status_t transfer(hpd_xfer_ctx_t *s, hpd_xfer_peer_t *p, rx_t *rrx, u
 typedef enum {
     F_NOT_MAP, F_NO_NODE, F_NODE_NEG, F_NODE_STR, F_NO_ADDRESS, F_ADDRESS_STR, F_NO_REGIONS,
     F_REGIONS_MAP, F_17_REGIONS, F_REGION_INT, F_REGION_2, F_REGION_4, F_BASE_NEG, F_LEN_STR,
-    F_RKEY_STR, F_RKEY_NIL,
+    F_RKEY_STR, F_RKEY_NIL, F_ADDR_VERSION, F_ADDR_SHORT, F_REGION_WRAP, F_LEN_ZERO,
+    F_RKEY_EMPTY,
     N_FAULTS,
     /* accepted */
     OK_16_REGIONS = N_FAULTS, OK_MORE_KEYS, OK_ANY_ORDER, OK_AS_IS,
@@ -397,7 +398,8 @@ static const char *shape_name[N_SHAPES] = {
     "not a map", "no node", "negative node", "node a string", "no address", "address a string",
     "no regions", "regions a map", "17 regions", "region an integer", "region of 2",
     "region of 4", "negative base", "length a string", "rkey a string", "rkey nil",
-    "16 regions", "more keys", "keys in another order", "as it is"};
+    "address of UCX version 9", "address of 2 bytes", "region past 2^64", "region of 0 bytes",
+    "rkey of 0 bytes", "16 regions", "more keys", "keys in another order", "as it is"};
 
 static void pack_str_bytes(msgpack_packer *pk, const msgpack_object *bin)
 {
@@ -431,16 +433,22 @@ static void pack_region(msgpack_packer *pk, const msgpack_object *reg, uint32_t 
     msgpack_pack_array(pk, 3);
     if (s == F_BASE_NEG)
         msgpack_pack_int64(pk, -1);
+    else if (s == F_REGION_WRAP)
+        msgpack_pack_uint64(pk, UINT64_MAX - 100);
     else
         msgpack_pack_object(pk, e[0]);
     if (s == F_LEN_STR)
         hpd_rpc_pack_str(pk, "4096");
+    else if (s == F_LEN_ZERO)
+        msgpack_pack_uint64(pk, 0);
     else
         msgpack_pack_object(pk, e[1]);
     if (s == F_RKEY_STR)
         pack_str_bytes(pk, &e[2]);
     else if (s == F_RKEY_NIL)
         msgpack_pack_nil(pk);
+    else if (s == F_RKEY_EMPTY)
+        msgpack_pack_bin(pk, 0);
     else
         msgpack_pack_object(pk, e[2]);
 }
@@ -484,10 +492,22 @@ static void pack_shaped(const msgpack_object *info, shape_t s, hpd_rpc_buf_t *b)
     }
     if (s != F_NO_ADDRESS) {
         hpd_rpc_pack_str(pk, "address");
-        if (s == F_ADDRESS_STR)
+        if (s == F_ADDRESS_STR) {
             pack_str_bytes(pk, addr);
-        else
+        } else if (s == F_ADDR_VERSION) {
+            /* UCX aborts the process on this one (ucp_address_unpack_header) */
+            msgpack_pack_bin(pk, addr->via.bin.size);
+            char *junk = malloc(addr->via.bin.size);
+            memcpy(junk, addr->via.bin.ptr, addr->via.bin.size);
+            junk[0] = (char)(((uint8_t)junk[0] & 0xf0) | 9);
+            msgpack_pack_bin_body(pk, junk, addr->via.bin.size);
+            free(junk);
+        } else if (s == F_ADDR_SHORT) {
+            msgpack_pack_bin(pk, 2);
+            msgpack_pack_bin_body(pk, addr->via.bin.ptr, 2);
+        } else {
             msgpack_pack_object(pk, *addr);
+        }
     }
     if (s == F_NO_REGIONS)
         return;
@@ -530,6 +550,13 @@ static void test_connect_checks_info(void **state)
         hpd_xfer_peer_t *p = (hpd_xfer_peer_t *)&real; /* a sentinel */
         hpd_rpc_buf_init(&i.b);
         pack_shaped(info, sh, &i.b);
+        char why[200] = "";
+        const hpd_status_t checked = hpd_xfer_check_info(unpack(&i), why, sizeof(why));
+        if (checked != (sh < N_FAULTS ? HPD_ERR_FORMAT : HPD_OK))
+            fail_msg("info with %s: the check says %s", shape_name[sh], hpd_status_str(checked));
+        if (sh < N_FAULTS)
+            fprintf(stderr, "%s: %s\n", shape_name[sh], why);
+        assert_true(sh >= N_FAULTS || why[0] != '\0');
         const hpd_status_t st = hpd_xfer_connect(s, unpack(&i), &p);
         if (st != (sh < N_FAULTS ? HPD_ERR_FORMAT : HPD_OK))
             fail_msg("info with %s: connect says %s", shape_name[sh], hpd_status_str(st));
