@@ -864,6 +864,67 @@ static void wait_log_count(const cl_proc_t *p, const char *needle, uint32_t n)
     cl_wait(&cl, NULL, 120, log_count_reached, &w, what);
 }
 
+/* A decode node stopped (SIGSTOP) under load, past its lease: the prefill
+ * nodes pushing to it must not crash (one did: an endpoint failing inside a
+ * UCX call ended its transfer twice) and its requests run again elsewhere,
+ * right. It resumes: it finds itself dropped, registers again and serves.
+ * The other decode node is stopped the same way and then killed (-9): the
+ * same. Every process exits 0 at the end with a clean log (no sanitizer
+ * report), which is what the crash showed as. */
+static void test_decode_node_hangs(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", "--max-attempts", "4",
+                          NULL};
+    enum { N = 16 };
+    small_t s;
+    req_t q[N];
+    small_start(&s, "hang", args, NULL, NULL);
+    cl_proc_t *d2 = start("decode", "hang-d2", NULL, NULL);
+    cl_proc_t *p2 = start("prefill", "hang-p2", NULL, NULL);
+    cl_wait_idle(&cl, 4, 120);
+    const cl_proc_t *victims[2] = {s.d, d2};
+    const char *names[2] = {"hang-d", "hang-d2"};
+    for (int round = 0; round < 2; round++) {
+        /* both decode nodes full (8 slots each) while the prefill nodes are
+         * held, then the victim stops and the prefill nodes push to it */
+        const cl_proc_t *live_d = round == 0 ? s.d : d2; /* the victim is a full one */
+        cl_pause(s.p);
+        cl_pause(p2);
+        for (int i = 0; i < N; i++)
+            submit(s.c, i % N_PROMPTS, &q[i]);
+        if (round == 0)
+            cl_wait_node(&cl, s.c, "hang-d2", "reserved_slots", 8, 60);
+        cl_wait_node(&cl, s.c, live_d->name, "reserved_slots", round == 0 ? 8 : 16 - 8, 60);
+        const uint64_t retried = cl_requests(&cl).retried;
+        cl_pause((cl_proc_t *)victims[round]);
+        cl_resume(s.p);
+        cl_resume(p2);
+        char lost[96];
+        snprintf(lost, sizeof(lost), "decode node %s", names[round]);
+        count_wait_t w = {s.coord, "lost: lease expired (no heartbeat)", (uint32_t)round + 1};
+        cl_wait(&cl, s.c, 120, log_count_reached, &w, "the stopped decode node's lease to lapse");
+        assert_true(log_line(s.coord, lost, "lost: lease expired (no heartbeat)"));
+        if (round == 0) {
+            cl_resume((cl_proc_t *)victims[round]);
+            cl_wait_log(&cl, victims[round], "registered again as node", 60);
+        } else {
+            cl_kill9(&cl, (cl_proc_t *)victims[round]);
+        }
+        for (int i = 0; i < N; i++) {
+            wait_done(s.c, &q[i], "a request placed while a decode node hung");
+            if (q[i].status != HPD_OK)
+                fail_msg("request %d: %s: %s", i, hpd_status_str(q[i].status), q[i].error);
+            assert_int_equal(q[i].n, MAX_TOKENS);
+            assert_memory_equal(q[i].tokens, ref[i % N_PROMPTS], sizeof(ref[0]));
+        }
+        /* the victim's requests ran again elsewhere */
+        assert_true(cl_requests(&cl).retried >= retried + 8);
+        /* the prefill nodes are alive and serving (cl_wait fails otherwise) */
+        assert_true(s.p->pid > 0 && p2->pid > 0);
+    }
+    small_end(&s, 3);
+}
+
 /* Every prompt once through the client, each right on its first attempt. */
 static void serve_all(hpd_client_t *c)
 {
@@ -945,6 +1006,7 @@ int main(void)
         cmocka_unit_test_teardown(test_coordinator_restart, case_teardown),
         cmocka_unit_test_teardown(test_idle_connections, case_teardown),
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
+        cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);
