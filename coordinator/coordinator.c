@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cache/prefix_cache.h"
+#include "coordinator/credentials.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -99,6 +100,7 @@ typedef struct {
     int32_t metrics_port; /* -1: no HTTP endpoint */
     uint32_t drain_timeout_ms;
     uint32_t max_connections; /* 0: the RPC server's default */
+    const char *client_keys_file; /* NULL: the token serves clients too */
 } opts_t;
 
 /* docs/operations.md lists these. */
@@ -126,7 +128,8 @@ typedef struct {
     uint8_t fingerprint[16];
     bool have_fingerprint;
     hpd_block_hash_t root;
-    struct event *tick, *reap, *sched, *sig_int, *sig_term;
+    struct event *tick, *reap, *sched, *sig_int, *sig_term, *sig_hup;
+    hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
     uint64_t finished, failed, canceled, retried, rejected;
     metrics_t m;
     hpd_http_t *http;
@@ -1022,8 +1025,11 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         tail = &(*tail)->next;
     *tail = r;
     C.n_reqs++;
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s", r->n_prompt,
-                  r->max_tokens, r->stream ? ", streaming" : "");
+    const char *who = hpd_rpc_conn_who(conn);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
+                  r->n_prompt, r->max_tokens, r->stream ? ", streaming" : "",
+                  strncmp(who, "tenant ", 7) == 0 ? ", " : "",
+                  strncmp(who, "tenant ", 7) == 0 ? who : "");
     schedule_soon();
     return;
 bad:
@@ -1153,7 +1159,10 @@ static void usage(FILE *f)
             "  --host ADDR            address to bind (127.0.0.1)\n"
             "  --port N               port, 0 = any free port (7000)\n"
             "  --port-file F          write the bound port to F once listening\n"
-            "  --token-file F         shared secret (first line) required of every peer\n"
+            "  --token-file F         the node secret (first line); also the client key\n"
+            "                         without --client-keys-file\n"
+            "  --client-keys-file F   client API keys, one per line: KEY [TENANT]; read\n"
+            "                         again on SIGHUP (a removed key's connections close)\n"
             "  --heartbeat-ms N       node heartbeat period (500)\n"
             "  --lease-ms N           a node silent this long is lost; more than the\n"
             "                         longest engine step (10000)\n"
@@ -1170,14 +1179,15 @@ static void usage(FILE *f)
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     enum { O_HOST = 256, O_PORT, O_PORTFILE, O_TOKEN, O_HB, O_LEASE, O_MAXREQ, O_QTIMEOUT,
-           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_MAXCONN, O_HELP };
+           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_MAXCONN, O_KEYS, O_HELP };
     static const struct option longopts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"port-file", 1, 0, O_PORTFILE},
         {"token-file", 1, 0, O_TOKEN}, {"heartbeat-ms", 1, 0, O_HB}, {"lease-ms", 1, 0, O_LEASE},
         {"max-requests", 1, 0, O_MAXREQ}, {"queue-timeout-ms", 1, 0, O_QTIMEOUT},
         {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG},
         {"metrics-port", 1, 0, O_METRICS}, {"drain-timeout-ms", 1, 0, O_DRAIN},
-        {"max-connections", 1, 0, O_MAXCONN}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"max-connections", 1, 0, O_MAXCONN}, {"client-keys-file", 1, 0, O_KEYS},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     struct {
         int opt;
         const char *flag;
@@ -1238,6 +1248,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             break;
         case O_PORTFILE: o->port_file = optarg; break;
         case O_TOKEN: o->token_file = optarg; break;
+        case O_KEYS: o->client_keys_file = optarg; break;
         case O_LOG:
             if ((lvl = hpd_log_level_parse(optarg)) < 0) {
                 fprintf(stderr, "--log-level: '%s' is invalid (expected error, warn, info or "
@@ -1252,6 +1263,10 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     }
     if (optind < argc) {
         fprintf(stderr, "unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (o->client_keys_file != NULL && o->token_file == NULL) {
+        fprintf(stderr, "--client-keys-file needs --token-file (the node secret)\n");
         return -1;
     }
     if (o->lease_ms <= o->heartbeat_ms) {
@@ -1289,6 +1304,42 @@ static void on_drained(evutil_socket_t fd, short what, void *arg)
 
 /* First SIGTERM or SIGINT: drain (refuse new requests, let open ones
  * finish within --drain-timeout-ms); a second one stops at once. */
+static uint32_t authenticate(void *arg, const char *token, size_t len, char *who, size_t who_len,
+                             uint64_t *credential_p)
+{
+    return hpd_credentials_check(C.creds, token, len, who, who_len, credential_p);
+}
+
+static bool revoked(const hpd_rpc_conn_t *conn, void *arg)
+{
+    return !hpd_credentials_grants(C.creds, hpd_rpc_conn_credential(conn),
+                                   hpd_rpc_conn_roles(conn));
+}
+
+/* SIGHUP: the credentials are read again; connections whose credential no
+ * longer grants their role are closed (their requests fail like a
+ * client's disconnect). A file that does not load keeps the old ones. */
+static void on_reload(evutil_socket_t sig, short what, void *arg)
+{
+    char err[400];
+    hpd_credentials_t *fresh;
+    if (C.creds == NULL) {
+        HPD_LOG_WARN(LOG_COMPONENT, "SIGHUP: no credentials to read again (no --token-file)");
+        return;
+    }
+    if (hpd_credentials_load(C.o.token_file, C.o.client_keys_file, &fresh, err, sizeof(err)) !=
+        HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "SIGHUP: keeping the credentials in force: %s", err);
+        return;
+    }
+    hpd_credentials_destroy(C.creds);
+    C.creds = fresh;
+    const uint32_t closed = hpd_rpc_server_close_if(C.server, revoked, NULL);
+    HPD_LOG_INFO(LOG_COMPONENT, "SIGHUP: credentials read again: %zu client keys; %u "
+                 "connections of revoked credentials closed", hpd_credentials_n_keys(C.creds),
+                 closed);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     if (C.draining) {
@@ -1437,8 +1488,11 @@ static bool health(void *arg, char *msg, size_t len)
 int main(int argc, char **argv)
 {
     static const hpd_rpc_method_t methods[] = {
-        {"register", m_register}, {"heartbeat", m_heartbeat}, {"generate", m_generate},
-        {"cancel", m_cancel},     {"status", m_status},
+        {"register", m_register, HPD_ROLE_NODE},
+        {"heartbeat", m_heartbeat, HPD_ROLE_NODE},
+        {"generate", m_generate, HPD_ROLE_CLIENT},
+        {"cancel", m_cancel, HPD_ROLE_CLIENT},
+        {"status", m_status, HPD_ROLE_CLIENT | HPD_ROLE_NODE},
     };
     int rc = 1;
 
@@ -1446,9 +1500,17 @@ int main(int argc, char **argv)
     C.started = hpd_time_now();
     if (parse_opts(argc, argv, &C.o) != 0)
         return 2;
-    if (C.o.token_file != NULL && hpd_rpc_read_token(C.o.token_file, &C.token) != HPD_OK) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "cannot read the token file %s", C.o.token_file);
-        return 2;
+    if (C.o.token_file != NULL) {
+        char err[400];
+        if (hpd_rpc_read_token(C.o.token_file, &C.token) != HPD_OK ||
+            hpd_credentials_load(C.o.token_file, C.o.client_keys_file, &C.creds, err,
+                                 sizeof(err)) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s", C.token == NULL
+                                                  ? "cannot read the token file"
+                                                  : err);
+            free(C.token);
+            return 2;
+        }
     }
     if ((C.base = event_base_new()) == NULL || metrics_init(&C.m) != HPD_OK)
         return 1;
@@ -1456,7 +1518,8 @@ int main(int argc, char **argv)
                                   .token = C.token, .methods = methods,
                                   .n_methods = sizeof(methods) / sizeof(methods[0]),
                                   .on_disconnect = on_disconnect,
-                                  .max_conns = C.o.max_connections};
+                                  .max_conns = C.o.max_connections,
+                                  .authenticate = C.creds != NULL ? authenticate : NULL};
     if (hpd_rpc_server_create(&sp, &C.server) != HPD_OK)
         goto out;
     if (C.o.port_file != NULL) {
@@ -1491,6 +1554,8 @@ int main(int argc, char **argv)
     }
     C.sig_int = evsignal_new(C.base, SIGINT, on_signal, NULL);
     C.sig_term = evsignal_new(C.base, SIGTERM, on_signal, NULL);
+    C.sig_hup = evsignal_new(C.base, SIGHUP, on_reload, NULL);
+    evsignal_add(C.sig_hup, NULL);
     struct timeval tick = {0, 100 * 1000};
     event_add(C.tick, &tick);
     evsignal_add(C.sig_int, NULL);
@@ -1519,11 +1584,12 @@ out:
     hpd_rpc_server_destroy(C.server);
     hpd_http_destroy(C.http);
     hpd_metrics_destroy(C.m.reg);
-    struct event *evs[] = {C.drain_ev, C.tick, C.reap, C.sched, C.sig_int, C.sig_term};
+    struct event *evs[] = {C.drain_ev, C.tick, C.reap, C.sched, C.sig_int, C.sig_term, C.sig_hup};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(evs); i++)
         if (evs[i] != NULL)
             event_free(evs[i]);
     free(C.token);
+    hpd_credentials_destroy(C.creds);
     event_base_free(C.base);
     return rc;
 }

@@ -435,8 +435,9 @@ static void check_ports(ctx_t *c, const hpd_manifest_t *m, const yaml_node_t *co
 
 static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
 {
-    static const char *top[] = {"cluster", "model", "token_file", "state_dir", "log_level",
-                                "coordinator", "defaults", "nodes", "kubernetes", NULL};
+    static const char *top[] = {"cluster",   "model",     "token_file", "client_keys_file",
+                                "state_dir", "log_level", "coordinator", "defaults",
+                                "nodes",     "kubernetes", NULL};
     const yaml_node_t *v, *coord, *nodes, *defs;
     hpd_manifest_proc_t tmpl;
     const yaml_node_t **where = NULL;
@@ -454,8 +455,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
             known |= strcmp(top[i], scalar(k)) == 0;
         if (!known)
             fail(c, k, scalar(k) ? scalar(k) : "?", "unknown field (expected one of: cluster, "
-                 "model, token_file, state_dir, log_level, coordinator, defaults, nodes, "
-                 "kubernetes)");
+                 "model, token_file, client_keys_file, state_dir, log_level, coordinator, "
+                 "defaults, nodes, kubernetes)");
     }
     if ((v = map_get(c, root, "cluster")) == NULL)
         fail(c, root, "cluster", "missing (expected the cluster's name)");
@@ -464,6 +465,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
              m->cluster);
     path_field(c, root, "model", true, m->model, sizeof(m->model));
     path_field(c, root, "token_file", true, m->token_file, sizeof(m->token_file));
+    path_field(c, root, "client_keys_file", false, m->client_keys_file,
+               sizeof(m->client_keys_file));
     if (!path_field(c, root, "state_dir", false, m->state_dir, sizeof(m->state_dir)))
         snprintf(m->state_dir, sizeof(m->state_dir), "/tmp/hybridpd-%s", m->cluster);
     strcpy(m->log_level, "info");
@@ -763,6 +766,10 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
     if (p->drain_timeout_ms)
         arg_u(&a, "--drain-timeout-ms", p->drain_timeout_ms);
     if (p->role == HPD_PROC_COORDINATOR) {
+        if (m->client_keys_file[0] != '\0') {
+            arg(&a, "--client-keys-file");
+            arg(&a, m->client_keys_file);
+        }
         const struct { const char *flag; uint32_t v; } nums[] = {
             {"--heartbeat-ms", p->heartbeat_ms}, {"--lease-ms", p->lease_ms},
             {"--max-requests", p->max_requests}, {"--queue-timeout-ms", p->queue_timeout_ms},

@@ -52,7 +52,8 @@ typedef struct {
     char cluster[HPD_MANIFEST_NAME_MAX + 1];
     /* paths are resolved against the manifest's directory */
     char model[HPD_MANIFEST_PATH_MAX];
-    char token_file[HPD_MANIFEST_PATH_MAX];
+    char token_file[HPD_MANIFEST_PATH_MAX];        /* the node secret */
+    char client_keys_file[HPD_MANIFEST_PATH_MAX];  /* "": the token serves clients too */
     char state_dir[HPD_MANIFEST_PATH_MAX]; /* default /tmp/hybridpd-<cluster> */
     char log_level[8];
     char k8s_image[256];     /* kubernetes.image (hybridpd:latest) */

@@ -808,7 +808,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         goto out;
     if (role->init != NULL && (st = role->init(n)) != HPD_OK)
         goto out;
-    methods[n_methods++] = (hpd_rpc_method_t){"stats", m_stats};
+    methods[n_methods++] = (hpd_rpc_method_t){"stats", m_stats, 0};
     for (size_t i = 0; i < role->n_methods && n_methods < 32; i++)
         methods[n_methods++] = role->methods[i];
     hpd_rpc_server_params_t sp = {.base = n->base, .host = n->o.host, .port = n->o.port,

@@ -609,8 +609,8 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
 }
 
 static const hpd_rpc_method_t methods[] = {
-    {"prefill", m_prefill},
-    {"cancel", m_cancel},
+    {"prefill", m_prefill, 0},
+    {"cancel", m_cancel, 0},
 };
 
 /* ------------------------------------------------------------ role */

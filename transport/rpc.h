@@ -80,7 +80,17 @@ typedef void (*hpd_rpc_handler_t)(hpd_rpc_conn_t *conn, uint32_t id,
 typedef struct {
     const char *name;
     hpd_rpc_handler_t fn;
+    /* the roles (bits the application defines, given at authentication)
+     * that may call it; 0: any authenticated connection */
+    uint32_t roles;
 } hpd_rpc_method_t;
+
+/* Decides what a presented token may do: the roles it grants (0: refused)
+ * and, in who, a name for logs and errors (a tenant, "node"); *credential_p
+ * identifies the credential (e.g. a hash of the key) for
+ * hpd_rpc_server_close_if. */
+typedef uint32_t (*hpd_rpc_auth_cb_t)(void *arg, const char *token, size_t len, char *who,
+                                      size_t who_len, uint64_t *credential_p);
 
 typedef struct {
     struct event_base *base;
@@ -105,6 +115,10 @@ typedef struct {
     uint32_t max_unauthed;
     uint32_t auth_timeout_ms;
     size_t max_auth_message;
+    /* optional: replaces the token check (token is then not used); called
+     * with arg. Without it a connection that presents token (or any, when
+     * token is NULL) gets every role. */
+    hpd_rpc_auth_cb_t authenticate;
 } hpd_rpc_server_params_t;
 
 typedef struct {
@@ -118,6 +132,18 @@ typedef struct {
 } hpd_rpc_server_stats_t;
 
 void hpd_rpc_server_stats(const hpd_rpc_server_t *server, hpd_rpc_server_stats_t *stats_p);
+
+/* What a server's connection authenticated as: its roles (0 before
+ * authentication), its name (never NULL) and its credential. */
+uint32_t hpd_rpc_conn_roles(const hpd_rpc_conn_t *conn);
+const char *hpd_rpc_conn_who(const hpd_rpc_conn_t *conn);
+uint64_t hpd_rpc_conn_credential(const hpd_rpc_conn_t *conn);
+
+/* Closes every authenticated connection for which pred says so (e.g. its
+ * credential was revoked). Not to be called from a handler of the server's
+ * own connections. Returns how many it closed. */
+uint32_t hpd_rpc_server_close_if(hpd_rpc_server_t *server,
+                                 bool (*pred)(const hpd_rpc_conn_t *conn, void *arg), void *arg);
 
 hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
                                    hpd_rpc_server_t **server_p);

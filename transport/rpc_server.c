@@ -24,7 +24,10 @@
 typedef struct conn_node {
     hpd_rpc_conn_t *conn;
     hpd_rpc_server_t *server;
-    bool authed;
+    bool authed, closing;
+    uint32_t roles;
+    uint64_t credential;
+    char who[64];
     struct event *auth_timer; /* until authenticated */
     struct conn_node *prev, *next;
 } conn_node_t;
@@ -41,11 +44,12 @@ struct hpd_rpc_server {
     hpd_rpc_server_stats_t st;
 };
 
-static void set_authed(hpd_rpc_server_t *s, conn_node_t *node)
+static void set_authed(hpd_rpc_server_t *s, conn_node_t *node, uint32_t roles)
 {
     if (node->authed)
         return;
     node->authed = true;
+    node->roles = roles;
     s->n_unauthed--;
     if (node->auth_timer != NULL) {
         event_free(node->auth_timer);
@@ -78,13 +82,21 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
     if (!node->authed) {
         const msgpack_object *p = msg->params;
         if (hpd_rpc_str_eq(msg->method, msg->method_len, "auth")) {
-            const bool ok = s->token == NULL ||
-                            (p->type == MSGPACK_OBJECT_ARRAY && p->via.array.size == 1 &&
-                             p->via.array.ptr[0].type == MSGPACK_OBJECT_STR &&
-                             token_ok(s->token, p->via.array.ptr[0].via.str.ptr,
-                                      p->via.array.ptr[0].via.str.size));
-            if (ok) {
-                set_authed(s, node);
+            const bool shaped = p->type == MSGPACK_OBJECT_ARRAY && p->via.array.size == 1 &&
+                                p->via.array.ptr[0].type == MSGPACK_OBJECT_STR;
+            uint32_t roles = 0;
+            if (s->p.authenticate != NULL) {
+                if (shaped)
+                    roles = s->p.authenticate(s->p.arg, p->via.array.ptr[0].via.str.ptr,
+                                              p->via.array.ptr[0].via.str.size, node->who,
+                                              sizeof(node->who), &node->credential);
+            } else if (s->token == NULL ||
+                       (shaped && token_ok(s->token, p->via.array.ptr[0].via.str.ptr,
+                                           p->via.array.ptr[0].via.str.size))) {
+                roles = UINT32_MAX;
+            }
+            if (roles != 0) {
+                set_authed(s, node, roles);
                 hpd_rpc_buf_t r;
                 hpd_rpc_buf_init(&r);
                 hpd_rpc_pack_str(&r.pk, "hybridpd");
@@ -93,7 +105,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
                 return;
             }
         }
-        if (s->token != NULL) {
+        if (s->token != NULL || s->p.authenticate != NULL) {
             s->st.auth_failures++;
             HPD_LOG_WARN(LOG_COMPONENT, "connection refused: %s",
                          hpd_rpc_str_eq(msg->method, msg->method_len, "auth")
@@ -105,7 +117,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
             hpd_rpc_conn_close(conn, true);
             return;
         }
-        set_authed(s, node); /* no token configured: open server */
+        set_authed(s, node, UINT32_MAX); /* no token configured: open server */
     }
     if (hpd_rpc_str_eq(msg->method, msg->method_len, "ping")) {
         hpd_rpc_buf_t r;
@@ -116,10 +128,20 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
         return;
     }
     for (size_t i = 0; i < s->p.n_methods; i++) {
-        if (hpd_rpc_str_eq(msg->method, msg->method_len, s->p.methods[i].name)) {
-            s->p.methods[i].fn(conn, msg->id, msg->params, s->p.arg);
+        const hpd_rpc_method_t *m = &s->p.methods[i];
+        if (!hpd_rpc_str_eq(msg->method, msg->method_len, m->name))
+            continue;
+        if (m->roles != 0 && (m->roles & node->roles) == 0) {
+            HPD_LOG_WARN(LOG_COMPONENT, "refused '%s' to a connection authenticated as %s",
+                         m->name, node->who[0] ? node->who : "a client");
+            hpd_rpc_reply_error(conn, msg->id, HPD_RPC_ERR_AUTH,
+                                "method '%s' is not allowed with the credential of this "
+                                "connection (%s)", m->name,
+                                node->who[0] ? node->who : "no role for it");
             return;
         }
+        m->fn(conn, msg->id, msg->params, s->p.arg);
+        return;
     }
     hpd_rpc_reply_error(conn, msg->id, HPD_RPC_ERR_NO_METHOD, "unknown method '%.*s'",
                         (int)msg->method_len, msg->method);
@@ -189,8 +211,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     hpd_rpc_server_t *s = arg;
     const size_t max = s->p.max_message ? s->p.max_message : HPD_RPC_DEFAULT_MAX_MESSAGE;
     const size_t before_auth = s->p.max_auth_message ? s->p.max_auth_message : 4096;
-    hpd_rpc_conn_ops_t ops = {on_msg, on_close, s,
-                              s->token != NULL ? HPD_MIN(max, before_auth) : max};
+    const bool auth = s->token != NULL || s->p.authenticate != NULL;
+    hpd_rpc_conn_ops_t ops = {on_msg, on_close, s, auth ? HPD_MIN(max, before_auth) : max};
     const uint32_t timeout_ms = s->p.auth_timeout_ms ? s->p.auth_timeout_ms : 5000;
     const struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     conn_node_t *node;
@@ -248,6 +270,44 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     s->st.last_refused = hpd_time_now();
     evconnlistener_disable(l);
     evtimer_add(s->resume_accept, &pause);
+}
+
+uint32_t hpd_rpc_conn_roles(const hpd_rpc_conn_t *conn)
+{
+    const conn_node_t *node = hpd_rpc_conn_data(conn);
+    return node != NULL && node->authed ? node->roles : 0;
+}
+
+const char *hpd_rpc_conn_who(const hpd_rpc_conn_t *conn)
+{
+    const conn_node_t *node = hpd_rpc_conn_data(conn);
+    return node != NULL ? node->who : "";
+}
+
+uint64_t hpd_rpc_conn_credential(const hpd_rpc_conn_t *conn)
+{
+    const conn_node_t *node = hpd_rpc_conn_data(conn);
+    return node != NULL ? node->credential : 0;
+}
+
+uint32_t hpd_rpc_server_close_if(hpd_rpc_server_t *s,
+                                 bool (*pred)(const hpd_rpc_conn_t *conn, void *arg), void *arg)
+{
+    uint32_t n = 0;
+    /* on_close unlinks a node: restart the walk after each close */
+    for (bool again = true; again;) {
+        again = false;
+        for (conn_node_t *node = s->conns; node != NULL; node = node->next) {
+            if (node->authed && !node->closing && pred(node->conn, arg)) {
+                node->closing = true;
+                hpd_rpc_conn_close(node->conn, true);
+                n++;
+                again = true;
+                break;
+            }
+        }
+    }
+    return n;
 }
 
 void hpd_rpc_server_stats(const hpd_rpc_server_t *s, hpd_rpc_server_stats_t *st_p)

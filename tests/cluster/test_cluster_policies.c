@@ -830,6 +830,111 @@ static void test_fake_peers(void **state)
     small_end(&s, 2);
 }
 
+/* A client of the running coordinator with this key; NULL when refused. */
+static hpd_client_t *client_with(const char *key)
+{
+    hpd_client_t *c;
+    hpd_client_params_t p = {"127.0.0.1", cl.port, key, 300000};
+    return hpd_client_create(&p, &c) == HPD_OK ? c : NULL;
+}
+
+/* Client API keys apart from the node secret: a client key generates but
+ * cannot register or heartbeat; a node started with a client key is
+ * refused and exits 1 saying why; the node secret cannot generate. A key
+ * removed from the file and SIGHUP: its open connection closes (its
+ * request fails), a new one is refused, the other key serves on. */
+static void test_client_keys(void **state)
+{
+    char keys[400], arg_keys[420];
+    snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
+    static const char key_a[] = "key-of-tenant-a-0123456789", key_b[] = "key-of-tenant-b-9876543210";
+    char text[200];
+    snprintf(text, sizeof(text), "# tenants\n%s team-a\n%s team-b\n", key_a, key_b);
+    assert_int_equal(hpd_write_file(keys, text, strlen(text)), HPD_OK);
+    snprintf(arg_keys, sizeof(arg_keys), "%s", keys);
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, "--client-keys-file",
+                          arg_keys, NULL};
+    req_t q;
+    /* the cluster harness's status client uses the token: give it a key */
+    cl_proc_t *coord = cl_start_coordinator(&cl, "keys-coordinator", args);
+    start("decode", "keys-d", NULL, NULL);
+    start("prefill", "keys-p", NULL, NULL);
+    hpd_client_t *a = client_with(key_a), *b = client_with(key_b);
+    assert_non_null(a);
+    assert_non_null(b);
+    cl.status_client = client_with(key_a);
+    cl_wait_idle(&cl, 2, 120);
+    submit(a, 0, &q);
+    wait_done(a, &q, "a request with tenant a's key");
+    expect_ok(&q, 0, 1);
+    assert_true(log_line(coord, "accepted:", "tenant team-a"));
+
+    /* the node secret is not a client key now */
+    char *secret = NULL;
+    assert_int_equal(hpd_rpc_read_token(cl.token_file, &secret), HPD_OK);
+    hpd_client_t *n = client_with(secret);
+    assert_non_null(n); /* it authenticates (as a node) ... */
+    submit(n, 1, &q);
+    wait_done(n, &q, "generate with the node secret");
+    expect_error(&q, HPD_ERR_INVALID_ARG, "method 'generate' is not allowed"); /* ... no more */
+    hpd_client_destroy(n);
+    free(secret);
+
+    /* a client key is not a node: register and heartbeat refused */
+    struct event_base *eb = event_base_new();
+    hpd_rpc_client_params_t cp = {.base = eb, .host = "127.0.0.1", .port = cl.port,
+                                  .token = key_b, .timeout_ms = 30000};
+    hpd_rpc_client_t *raw;
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_t buf;
+    assert_int_equal(hpd_rpc_client_create(&cp, &raw), HPD_OK);
+    hpd_rpc_buf_init(&buf);
+    pack_fake_register(&buf, 0x01);
+    assert_int_equal(hpd_rpc_call_sync(raw, "register", &buf, 30000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&buf);
+    assert_true(r.is_error);
+    assert_non_null(strstr(r.error_message, "method 'register' is not allowed"));
+    assert_non_null(strstr(r.error_message, "tenant team-b"));
+    hpd_rpc_result_destroy(&r);
+    hpd_rpc_client_destroy(raw);
+    event_base_free(eb);
+
+    /* a node given a client key is refused at registration and exits 1 */
+    char node_key[400];
+    snprintf(node_key, sizeof(node_key), "%s/node-with-client-key", cl.root);
+    snprintf(text, sizeof(text), "%s\n", key_a);
+    assert_int_equal(hpd_write_file(node_key, text, strlen(text)), HPD_OK);
+    const char *bad_args[] = {"--kv-layout", "16,1,nhd", "--token-file", node_key, NULL};
+    cl_proc_t *bad = cl_start_node(&cl, "decode", "keys-bad-d", bad_args);
+    cl_ending(bad);
+    cl_expect_end(&cl, bad, 1, 60);
+    assert_true(cl_file_has(bad->log, "method 'register' is not allowed"));
+
+    /* revoke b: its connection closes, a new one is refused; a serves on */
+    snprintf(text, sizeof(text), "%s team-a\n", key_a);
+    assert_int_equal(hpd_write_file(keys, text, strlen(text)), HPD_OK);
+    req_t qb;
+    submit(b, 2, &qb); /* open when the key goes */
+    assert_int_equal(kill(coord->pid, SIGHUP), 0);
+    cl_wait_log(&cl, coord, "1 connections of revoked credentials closed", 60);
+    wait_done(b, &qb, "tenant b's request when its key was revoked");
+    assert_int_equal(qb.status, HPD_ERR_IO);
+    assert_null(client_with(key_b));
+    submit(a, 3, &q);
+    wait_done(a, &q, "tenant a's request after the reload");
+    expect_ok(&q, 3, 1);
+    /* a keys file that does not load keeps the keys in force */
+    assert_int_equal(hpd_write_file(keys, "short\n", 6), HPD_OK);
+    assert_int_equal(kill(coord->pid, SIGHUP), 0);
+    cl_wait_log(&cl, coord, "keeping the credentials in force", 60);
+    hpd_client_t *a2 = client_with(key_a);
+    assert_non_null(a2);
+    hpd_client_destroy(a2);
+    hpd_client_destroy(b);
+    small_t s = {.coord = coord, .c = a};
+    small_end(&s, 2);
+}
+
 /* How many lines of p's log hold needle. */
 static uint32_t log_count(const cl_proc_t *p, const char *needle)
 {
@@ -1007,6 +1112,7 @@ int main(void)
         cmocka_unit_test_teardown(test_idle_connections, case_teardown),
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
+        cmocka_unit_test_teardown(test_client_keys, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);

@@ -107,6 +107,34 @@ static void test_base_loads(void **state)
     hpd_manifest_destroy(m);
 }
 
+/* client_keys_file goes to the coordinator only, resolved against the
+ * manifest's directory. */
+static void test_client_keys_file(void **state)
+{
+    char text[4096], err[4096], **argv, joined[2048] = "";
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%sclient_keys_file: keys/clients\n", base);
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    assert_string_equal(m->client_keys_file, "/srv/keys/clients");
+    int argc = hpd_manifest_args(m, &m->procs[0], "/bin/hpd-coordinator", &argv);
+    for (int i = 0; i < argc; i++) {
+        strcat(joined, argv[i]);
+        strcat(joined, " ");
+    }
+    assert_non_null(strstr(joined, "--client-keys-file /srv/keys/clients"));
+    hpd_manifest_args_free(argv);
+    joined[0] = '\0';
+    argc = hpd_manifest_args(m, &m->procs[1], "/bin/hpd-prefill", &argv);
+    for (int i = 0; i < argc; i++) {
+        strcat(joined, argv[i]);
+        strcat(joined, " ");
+    }
+    assert_null(strstr(joined, "--client-keys-file"));
+    hpd_manifest_args_free(argv);
+    hpd_manifest_destroy(m);
+}
+
 static void test_examples_load(void **state)
 {
     static const char *files[] = {"local.yaml", "multi-host.yaml"};
@@ -245,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_base_loads),
         cmocka_unit_test(test_examples_load),
+        cmocka_unit_test(test_client_keys_file),
         cmocka_unit_test(test_unknown_field),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_wrong_type),

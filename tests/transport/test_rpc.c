@@ -96,7 +96,7 @@ static void run_server(int fd)
     struct event_base *base = event_base_new();
     char *token;
     hpd_rpc_server_t *srv;
-    const hpd_rpc_method_t methods[] = {{"echo", echo}, {"add", add}, {"slow", slow}};
+    const hpd_rpc_method_t methods[] = {{"echo", echo, 0}, {"add", add, 0}, {"slow", slow, 0}};
 
     if (hpd_rpc_read_token(tokfile, &token) != HPD_OK)
         _exit(1);

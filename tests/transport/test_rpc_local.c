@@ -666,8 +666,8 @@ static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
 }
 
 static const hpd_rpc_method_t methods[] = {
-    {"echo", m_echo}, {"hold", m_hold}, {"sub", m_sub},   {"bye", m_bye},
-    {"ask", m_ask},   {"add", m_add},   {"add2", m_add2}, {"ask2", m_ask2},
+    {"echo", m_echo, 0}, {"hold", m_hold, 0}, {"sub", m_sub, 0},   {"bye", m_bye, 0},
+    {"ask", m_ask, 0},   {"add", m_add, 0},   {"add2", m_add2, 0}, {"ask2", m_ask2, 0},
 };
 
 static hpd_rpc_server_t *server_new(const char *token, uint32_t max_conns, size_t max_message)
@@ -992,6 +992,73 @@ static void test_server_unauthenticated(void **state)
         peer_free(idle[i]);
     hpd_rpc_client_destroy(c);
     LOOP_UNTIL((server_stats(s, &st), st.open == 0));
+    hpd_rpc_server_destroy(s);
+}
+
+static uint32_t roles_auth(void *arg, const char *token, size_t len, char *who, size_t who_len,
+                           uint64_t *cred)
+{
+    if (len == 12 && memcmp(token, "client-token", 12) == 0) {
+        snprintf(who, who_len, "tenant t1");
+        *cred = 1;
+        return 1;
+    }
+    if (len == 10 && memcmp(token, "node-token", 10) == 0) {
+        snprintf(who, who_len, "node");
+        *cred = 2;
+        return 2;
+    }
+    return 0;
+}
+
+static bool is_credential_1(const hpd_rpc_conn_t *conn, void *arg)
+{
+    return hpd_rpc_conn_credential(conn) == 1;
+}
+
+/* An authenticate callback decides the roles; a method limited to roles a
+ * connection lacks is refused with an AUTH error naming the credential,
+ * and the connection stays open; close_if closes the connections of one
+ * credential and leaves the rest. */
+static void test_server_roles(void **state)
+{
+    static const hpd_rpc_method_t limited[] = {{"echo", m_echo, 0}, {"add", m_add, 2}};
+    hpd_rpc_server_params_t sp = {.base = base, .host = "127.0.0.1", .methods = limited,
+                                  .n_methods = 2, .arg = &app, .authenticate = roles_auth,
+                                  .on_disconnect = on_disconnect};
+    hpd_rpc_server_t *s;
+    hpd_rpc_client_t *client, *node, *nobody;
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_t b;
+    memset(&app, 0, sizeof(app));
+    assert_int_equal(hpd_rpc_server_create(&sp, &s), HPD_OK);
+    assert_int_equal(client_new(s, "client-token", &client), HPD_OK);
+    assert_int_equal(client_new(s, "node-token", &node), HPD_OK);
+    assert_int_equal(client_new(s, "other-token", &nobody), HPD_ERR_INVALID_ARG);
+    for (int who = 0; who < 2; who++) {
+        hpd_rpc_buf_init(&b);
+        msgpack_pack_array(&b.pk, 2);
+        msgpack_pack_int(&b.pk, 2);
+        msgpack_pack_int(&b.pk, 3);
+        assert_int_equal(hpd_rpc_call_sync(who ? node : client, "add", &b, 0, &r), HPD_OK);
+        hpd_rpc_buf_destroy(&b);
+        if (who == 0) {
+            assert_true(r.is_error);
+            assert_int_equal(r.error_code, HPD_RPC_ERR_AUTH);
+            assert_string_equal(r.error_message, "method 'add' is not allowed with the "
+                                                 "credential of this connection (tenant t1)");
+        } else {
+            assert_false(r.is_error);
+        }
+        hpd_rpc_result_destroy(&r);
+    }
+    ping_ok(client); /* still open */
+    assert_int_equal(hpd_rpc_server_close_if(s, is_credential_1, NULL), 1);
+    LOOP_UNTIL(!hpd_rpc_client_is_open(client));
+    ping_ok(node);
+    hpd_rpc_client_destroy(client);
+    hpd_rpc_client_destroy(node);
+    LOOP_UNTIL(app.n_disconnects == 3);
     hpd_rpc_server_destroy(s);
 }
 
@@ -1656,7 +1723,7 @@ static void m_long_error(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object
 static void test_long_error(void **state)
 {
     hpd_rpc_server_t *s;
-    const hpd_rpc_method_t ms[] = {{"err", m_long_error}};
+    const hpd_rpc_method_t ms[] = {{"err", m_long_error, 0}};
     hpd_rpc_server_params_t sp = {.base = base, .methods = ms, .n_methods = 1};
     hpd_rpc_client_t *c;
     hpd_rpc_result_t res;
@@ -1845,6 +1912,7 @@ int main(void)
         cmocka_unit_test(test_server_methods),
         cmocka_unit_test(test_server_limits),
         cmocka_unit_test(test_server_unauthenticated),
+        cmocka_unit_test(test_server_roles),
         cmocka_unit_test(test_server_destroy_closes),
         cmocka_unit_test(test_read_token),
         cmocka_unit_test(test_client_timeouts),
