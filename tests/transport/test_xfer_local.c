@@ -189,6 +189,20 @@ ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t 
 
 static bool put_had_memh; /* the last put named a memory handle */
 
+/* The next put is made for real but reported failed when it completes (UCX
+ * never completes it in place: NO_IMM_CMPL), as a put towards a peer that
+ * breaks meanwhile is. */
+static bool fail_put_later;
+static ucp_send_nbx_callback_t later_cb;
+static void *later_data;
+static int n_failed_later;
+
+static void report_failed(void *request, ucs_status_t status, void *user_data)
+{
+    n_failed_later++;
+    later_cb(request, UCS_ERR_CONNECTION_RESET, later_data);
+}
+
 ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
                                     uint64_t remote_addr, ucp_rkey_h rkey,
                                     const ucp_request_param_t *param)
@@ -198,6 +212,15 @@ ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t coun
         return UCS_STATUS_PTR(UCS_ERR_IO_ERROR);
     if (failed_inside(ep, INSIDE_PUT))
         return inside_answer;
+    if (fail_put_later) {
+        fail_put_later = false;
+        ucp_request_param_t q = *param;
+        later_cb = param->cb.send;
+        later_data = param->user_data;
+        q.cb.send = report_failed;
+        q.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey, &q);
+    }
     return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey, param);
 }
 
@@ -1697,6 +1720,36 @@ static void test_peer_failure(void **state)
     hpd_xfer_destroy(s);
 }
 
+/* A put that fails when it completes (the peer broke meanwhile) fails the
+ * peer: on_peer_error once, its open transfer fails, later puts are
+ * refused. */
+static void test_put_fails_later(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, &srx);
+    static uint8_t mem[1 << 16], src[1 << 12];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    n_failed_later = 0;
+    fail_put_later = true;
+    assert_int_equal(hpd_xfer_put(p, 5, &u, 1), HPD_OK);
+    PROGRESS_UNTIL(n_failed_later == 1 && srx.n_peer_errors == 1, (void)0);
+    assert_true(hpd_xfer_peer_failed(p));
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.transfers_failed, 1);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(hpd_xfer_put(p, 6, &u, 1), HPD_ERR_IO);
+    spin(20);
+    assert_int_equal(srx.n_peer_errors, 1);
+    hpd_xfer_disconnect(p);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
 /* The endpoint fails inside the flush, the notice's send or a put (UCX
  * runs the error handler from within the call), and the call then answers
  * done or an error. The transfer fails once, through its callback, and is
@@ -2219,6 +2272,7 @@ int main(void)
         cmocka_unit_test(test_without_a_loop),
         cmocka_unit_test(test_peer_failure),
         cmocka_unit_test(test_endpoint_fails_inside_a_call),
+        cmocka_unit_test(test_put_fails_later),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_push_kv),
