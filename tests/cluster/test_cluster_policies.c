@@ -978,7 +978,7 @@ static void wait_log_count(const cl_proc_t *p, const char *needle, uint32_t n)
  * report), which is what the crash showed as. */
 static void test_decode_node_hangs(void **state)
 {
-    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", "--max-attempts", "4",
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", "--max-attempts", "4",
                           NULL};
     enum { N = 16 };
     small_t s;
@@ -1052,7 +1052,7 @@ static void serve_all(hpd_client_t *c)
 static void test_coordinator_restart(void **state)
 {
     char port[16];
-    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", NULL};
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", NULL};
     small_t s;
     req_t q;
     small_start(&s, "restart", args, NULL, NULL);
@@ -1070,7 +1070,7 @@ static void test_coordinator_restart(void **state)
     assert_true(log_line(s.p, "lost the coordinator", "dropping its 1 jobs"));
 
     snprintf(port, sizeof(port), "%u", cl.port);
-    const char *args2[] = {"--heartbeat-ms", "100", "--lease-ms", "3000", "--port", port, NULL};
+    const char *args2[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", "--port", port, NULL};
     cl_proc_t *coord2 = cl_start_coordinator(&cl, "restart-coordinator2", args2);
     assert_int_equal(cl.port, atoi(port));
     cl_wait_log(&cl, s.d, "registered again as node", 60);

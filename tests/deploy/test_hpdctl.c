@@ -22,6 +22,7 @@
 
 static cl_t cl; /* its directory, and waits with deadlines (no process of its own) */
 static char manifest[300], token_file[300], state_dir[300];
+static pid_t fake_node; /* test_up_with_a_node_left's, while it runs */
 
 /* The ports of local.yaml (176xx) and the free ones that replace them. */
 static struct {
@@ -159,6 +160,10 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    if (fake_node > 0) { /* test_up_with_a_node_left failed */
+        kill(fake_node, SIGKILL);
+        waitpid(fake_node, NULL, 0);
+    }
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* whatever a failure left */
     cl_finish(&cl);
     return 0;
@@ -392,6 +397,20 @@ static void test_up_failure(void **state)
     cl.passed++;
 }
 
+/* Whether the process runs as hpd-prefill (its argv[0]). */
+static bool is_fake_node(cl_t *c, void *arg)
+{
+    char path[64], cmd[64] = "";
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)*(pid_t *)arg);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    const size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+    fclose(f);
+    cmd[n] = '\0';
+    return strcmp(cmd, "hpd-prefill") == 0;
+}
+
 /* A node that runs while its coordinator does not: hpdctl up refuses and
  * leaves it alone; it never signals its own process group (it once called
  * kill(0, SIGTERM) for the coordinator it had not started, which ended
@@ -402,12 +421,14 @@ static void test_up_with_a_node_left(void **state)
 {
     char pidfile[400], text[32], log[400], *out;
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if the test before failed */
-    pid_t node = fork();
+    pid_t node = fake_node = fork();
     if (node == 0) {
         execl("/bin/sleep", "hpd-prefill", "600", (char *)NULL);
         _exit(127);
     }
     assert_true(node > 0);
+    /* until it has exec'd, it is this test by its command line */
+    cl_wait(&cl, NULL, 60, is_fake_node, &node, "the fake node to exec");
     snprintf(pidfile, sizeof(pidfile), "%s/prefill-0.pid", state_dir);
     mkdir(state_dir, 0755);
     assert_int_equal(hpd_write_file(pidfile, text, (size_t)snprintf(text, sizeof(text), "%d\n",
@@ -449,6 +470,7 @@ static void test_up_with_a_node_left(void **state)
     /* the node dies without hpdctl: down names it and fails */
     kill(node, SIGKILL);
     assert_int_equal(waitpid(node, &status, 0), node);
+    fake_node = 0;
     assert_int_equal(hpdctl(&out, "down %s", manifest), 1);
     assert_non_null(strstr(out, "prefill-0 (prefill"));
     assert_non_null(strstr(out, "had already exited"));
