@@ -575,6 +575,7 @@ static void test_dtype_arrays(void **state)
         assert_int_equal(buf[0], 0xa5);
         for (size_t i = 1 + size * N; i < sizeof(buf); i++)
             assert_int_equal(buf[i], 0xa5);
+        memset(back, 0xff, sizeof(back)); /* NaN: nothing left from the last dtype */
         back[N] = 42.0f;
         hpd_dtype_to_f32(types[t], buf + 1, back, N);
         assert_true(back[N] == 42.0f);
