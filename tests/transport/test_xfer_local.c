@@ -613,6 +613,49 @@ static void test_connect_checks_info(void **state)
     hpd_xfer_destroy(r);
 }
 
+/* The sizes hpd_xfer_check_info takes: an address and an rkey of 64 KiB
+ * pass the check, one byte more does not. */
+static void test_info_size_limits(void **state)
+{
+    enum { MAX = 64 << 10 };
+    static uint8_t blob[MAX + 1];
+    blob[0] = 1; /* address version 1 */
+    for (int over = 0; over < 2; over++)
+        for (int which = 0; which < 2; which++) {
+            hpd_rpc_buf_t b;
+            hpd_rpc_buf_init(&b);
+            msgpack_pack_map(&b.pk, 3);
+            hpd_rpc_pack_str(&b.pk, "node");
+            msgpack_pack_uint64(&b.pk, 1);
+            hpd_rpc_pack_str(&b.pk, "address");
+            const uint32_t alen = which == 0 ? MAX + over : 64;
+            msgpack_pack_bin(&b.pk, alen);
+            msgpack_pack_bin_body(&b.pk, blob, alen);
+            hpd_rpc_pack_str(&b.pk, "regions");
+            msgpack_pack_array(&b.pk, 1);
+            msgpack_pack_array(&b.pk, 3);
+            msgpack_pack_uint64(&b.pk, 4096);
+            msgpack_pack_uint64(&b.pk, 4096);
+            const uint32_t klen = which == 1 ? MAX + over : 16;
+            msgpack_pack_bin(&b.pk, klen);
+            msgpack_pack_bin_body(&b.pk, blob, klen);
+            msgpack_zone z;
+            msgpack_object o;
+            size_t off = 0;
+            msgpack_zone_init(&z, 4096);
+            assert_int_equal(msgpack_unpack(b.sb.data, b.sb.size, &off, &z, &o),
+                             MSGPACK_UNPACK_SUCCESS);
+            char why[200] = "";
+            assert_int_equal(hpd_xfer_check_info(&o, why, sizeof(why)),
+                             over ? HPD_ERR_FORMAT : HPD_OK);
+            if (over)
+                assert_non_null(strstr(why, which == 0 ? "a UCX worker address of 65537 bytes"
+                                                       : "rkey has 65537 bytes"));
+            msgpack_zone_destroy(&z);
+            hpd_rpc_buf_destroy(&b);
+        }
+}
+
 /* The endpoint asks UCX for peer failure detection; where no transport
  * has it (UCS_ERR_UNREACHABLE) it is made without, and any other failure
  * is HPD_ERR_IO, without a second try. */
@@ -1983,6 +2026,12 @@ static void test_push_kv(void **state)
     bad.first_token = KV_TOKENS;
     assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
+    bad.first_token = k * 16; /* on a page, past the last token */
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.n_tokens = 96, bad.first_token = 96, bad.last = false; /* on a page, empty */
+    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
     bad.n_tokens = 96, bad.last = false; /* whole pages: fine */
     assert_int_equal(hpd_xfer_push_kv(p, 3, &bad), HPD_OK);
     hpd_xfer_stats_t st;
@@ -2254,6 +2303,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_connect_checks_info),
+        cmocka_unit_test(test_info_size_limits),
         cmocka_unit_test(test_connect_endpoint_modes),
         cmocka_unit_test(test_put_bounds_and_stats),
         cmocka_unit_test(test_put_refused_by_ucx),
