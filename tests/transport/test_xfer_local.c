@@ -44,6 +44,7 @@
 
 #include "common/hash.h"
 #include "common/util.h"
+#include "tests/cache/faulty_backend.h"
 #include "tests/test_helpers.h"
 #include "tests/transport/alloc_wrap.h"
 #include "transport/xfer.h"
@@ -2034,6 +2035,12 @@ static void test_push_kv(void **state)
     bad = a;
     bad.n_tokens = 96, bad.last = false; /* whole pages: fine */
     assert_int_equal(hpd_xfer_push_kv(p, 3, &bad), HPD_OK);
+    /* the translation fails: its error, and nothing is put */
+    faulty_backend_t fb = {0};
+    bad = a;
+    bad.backend = faulty_backend_init(&fb, be);
+    fb.fail_translate = true;
+    assert_int_equal(hpd_xfer_push_kv(p, 4, &bad), HPD_ERR_INTERNAL);
     hpd_xfer_stats_t st;
     hpd_xfer_stats(s, &st);
     assert_int_equal(st.puts, 2 * groups * k + groups * 6);
