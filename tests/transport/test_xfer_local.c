@@ -575,13 +575,14 @@ static void test_connect_checks_info(void **state)
         hpd_rpc_buf_init(&i.b);
         pack_shaped(info, sh, &i.b);
         char why[200] = "";
-        const hpd_status_t checked = hpd_xfer_check_info(unpack(&i), why, sizeof(why));
+        const msgpack_object *obj = unpack(&i);
+        const hpd_status_t checked = hpd_xfer_check_info(obj, why, sizeof(why));
         if (checked != (sh < N_FAULTS ? HPD_ERR_FORMAT : HPD_OK))
             fail_msg("info with %s: the check says %s", shape_name[sh], hpd_status_str(checked));
         if (sh < N_FAULTS)
             fprintf(stderr, "%s: %s\n", shape_name[sh], why);
         assert_true(sh >= N_FAULTS || why[0] != '\0');
-        const hpd_status_t st = hpd_xfer_connect(s, unpack(&i), &p);
+        const hpd_status_t st = hpd_xfer_connect(s, obj, &p);
         if (st != (sh < N_FAULTS ? HPD_ERR_FORMAT : HPD_OK))
             fail_msg("info with %s: connect says %s", shape_name[sh], hpd_status_str(st));
         if (sh < N_FAULTS) {
