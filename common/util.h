@@ -40,6 +40,10 @@ hpd_status_t hpd_write_file(const char *path, const void *data, size_t len);
 /* Monotonic time in seconds. */
 double hpd_time_now(void);
 
+/* This host's available memory in bytes (MemAvailable of /proc/meminfo);
+ * 0 when it cannot be read. */
+uint64_t hpd_mem_available(void);
+
 /* A prompt of token ids. */
 typedef struct {
     int32_t *ids;

@@ -30,6 +30,8 @@
 #include "common/util.h"
 #include "deploy/manifest.h"
 #include "deploy/render.h"
+#include "engine/engine.h"
+#include "model/config.h"
 #include "transport/http.h"
 
 typedef struct {
@@ -661,6 +663,65 @@ static int cmd_logs(const hpd_manifest_t *m, const char *name)
     }
 }
 
+/* ------------------------------------------------------------ check */
+
+/* Beyond the manifest itself: each node's pools against the model (a pack
+ * size above its full-attention layers is refused) and, for a node on this
+ * host with its memory on the host (cpu), against the memory available. */
+static int cmd_check(const hpd_manifest_t *m, const char *path)
+{
+    hpd_model_config_t cfg;
+    const uint64_t avail = hpd_mem_available();
+    int rc = 0;
+
+    if (hpd_model_config_load(m->model, &cfg) != HPD_OK) {
+        fprintf(stderr, "%s: model: cannot read %s/config.json (the nodes' pools are checked "
+                "against it)\n", path, m->model);
+        return 2;
+    }
+    for (uint32_t i = 0; i < m->n_procs; i++) {
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        hpd_engine_params_t ep;
+        hpd_engine_plan_t plan;
+        char why[300];
+        if (p->role == HPD_PROC_COORDINATOR)
+            continue;
+        /* a zero field is the node's default, as on its command line */
+        hpd_engine_params_init(&ep);
+        if (p->kv_block)
+            ep.kv_layout.block_size = p->kv_block;
+        if (p->kv_pack)
+            ep.kv_layout.pack_size = p->kv_pack;
+        ep.kv_layout.order = strcmp(p->kv_order, "hnd") == 0 ? HPD_KV_HND : HPD_KV_NHD;
+        ep.n_pages = p->kv_pages;
+        if (p->max_batch)
+            ep.max_batch = p->max_batch;
+        ep.max_context = p->max_context;
+        if (p->prefill_chunk)
+            ep.prefill_chunk = p->prefill_chunk;
+        ep.prefix_cache = p->role == HPD_PROC_PREFILL && p->prefix_cache;
+        ep.n_checkpoints = p->checkpoints;
+        if (hpd_engine_plan(&ep, &cfg, &plan, why, sizeof(why)) != HPD_OK) {
+            fprintf(stderr, "%s:%u: %s: %s\n", path, p->line, p->name, why);
+            rc = 2;
+            continue;
+        }
+        const double gib = plan.device_bytes / 1073741824.0;
+        printf("  %-16s %-8s %u KV pages, %u state slots, %u checkpoints: %.2f GiB of pools\n",
+               p->name, hpd_proc_role_name(p->role), plan.n_pages, plan.n_slots,
+               plan.n_checkpoints, gib);
+        if (p->gpu < 0 && is_local(p->host) && avail > 0 && plan.device_bytes > avail) {
+            fprintf(stderr, "%s:%u: %s: its pools need %.2f GiB (max context %u) and this host "
+                    "has %.2f GiB available: lower max_context, max_batch or kv_pages\n", path,
+                    p->line, p->name, gib, plan.max_context, avail / 1073741824.0);
+            rc = 2;
+        }
+    }
+    if (rc == 0)
+        printf("%s: ok (cluster %s: %u processes)\n", path, m->cluster, m->n_procs);
+    return rc;
+}
+
 /* ------------------------------------------------------------ main */
 
 static void usage(FILE *f)
@@ -756,8 +817,7 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "logs") == 0) {
         rc = cmd_logs(m, argv[optind + 2]);
     } else if (strcmp(cmd, "check") == 0) {
-        printf("%s: ok (cluster %s: %u processes)\n", path, m->cluster, m->n_procs);
-        rc = 0;
+        rc = cmd_check(m, path);
     } else if (O.systemd == O.k8s) {
         fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
         rc = 2;

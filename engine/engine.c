@@ -238,6 +238,47 @@ static hpd_status_t resolve_params(hpd_engine_params_t *p, const hpd_model_confi
     return HPD_OK;
 }
 
+hpd_status_t hpd_engine_plan(const hpd_engine_params_t *params, const hpd_model_config_t *c,
+                             hpd_engine_plan_t *plan_p, char *why, size_t why_len)
+{
+    hpd_engine_params_t p = *params;
+    memset(plan_p, 0, sizeof(*plan_p));
+    if (p.prefill_chunk != 0 && p.prefill_chunk % HPD_GDN_CHUNK != 0) {
+        snprintf(why, why_len, "prefill chunk %u is not a multiple of %d", p.prefill_chunk,
+                 HPD_GDN_CHUNK);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (resolve_params(&p, c) != HPD_OK) {
+        snprintf(why, why_len, "max step tokens %u is below max batch %u + %d",
+                 p.max_step_tokens, p.max_batch, HPD_GDN_CHUNK);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (c->n_full_layers > 0 && p.kv_layout.pack_size > c->n_full_layers) {
+        snprintf(why, why_len, "kv pack size %u is above the model's %u full-attention layers",
+                 p.kv_layout.pack_size, c->n_full_layers);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (c->n_full_layers > 0 && hpd_kv_layout_validate(&p.kv_layout) != HPD_OK) {
+        snprintf(why, why_len, "kv layout %u,%u is invalid (block: a multiple of 16 from 16 to "
+                 "4096; pack: 1 to %u)", p.kv_layout.block_size, p.kv_layout.pack_size,
+                 c->n_full_layers);
+        return HPD_ERR_INVALID_ARG;
+    }
+    const uint64_t slot_bytes = hpd_model_config_gdn_layer_bytes(c) * c->n_linear_layers;
+    plan_p->n_pages = p.n_pages;
+    plan_p->n_slots = p.n_slots;
+    plan_p->n_checkpoints = p.prefix_cache ? p.n_checkpoints : 0;
+    plan_p->max_context = p.max_context;
+    plan_p->kv_pool_bytes =
+        c->n_full_layers > 0 ? (uint64_t)p.n_pages * hpd_kv_layout_page_bytes(&p.kv_layout) : 0;
+    plan_p->slot_pool_bytes = c->n_linear_layers > 0 ? (uint64_t)(p.n_slots + 1) * slot_bytes : 0;
+    plan_p->checkpoint_bytes = (uint64_t)plan_p->n_checkpoints * slot_bytes;
+    plan_p->host_cache_bytes = p.prefix_cache ? p.host_cache_bytes : 0;
+    plan_p->device_bytes =
+        plan_p->kv_pool_bytes + plan_p->slot_pool_bytes + plan_p->checkpoint_bytes;
+    return HPD_OK;
+}
+
 /* A pool's memory from params.pool_alloc, or NULL: the backend's. */
 static hpd_status_t pool_memory(hpd_engine_t *e, size_t bytes, void **memory_p)
 {

@@ -84,6 +84,22 @@ typedef enum {
     HPD_REQ_RESERVED = 4, /* holds its pages and slot; runs once started */
 } hpd_request_state_t;
 
+/* What an engine with these params would allocate for its pools (params
+ * resolved as hpd_engine_create resolves them; the model's weights are not
+ * counted), without allocating: for `hpdctl check` and for a node to refuse
+ * at start what the host cannot hold. */
+typedef struct {
+    uint32_t n_pages, n_slots, n_checkpoints, max_context;
+    uint64_t kv_pool_bytes, slot_pool_bytes, checkpoint_bytes, host_cache_bytes;
+    uint64_t device_bytes; /* kv + slots + checkpoints */
+} hpd_engine_plan_t;
+
+/* HPD_ERR_INVALID_ARG with why naming the value and what is allowed (a pack
+ * size above the model's full-attention layers, a prefill chunk that is not
+ * a multiple of 64, ...). */
+hpd_status_t hpd_engine_plan(const hpd_engine_params_t *params, const hpd_model_config_t *config,
+                             hpd_engine_plan_t *plan_p, char *why, size_t why_len);
+
 hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t **engine_p);
 
 /* Frees every request and pool. Accepts NULL. */

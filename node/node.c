@@ -800,6 +800,25 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->o.engine.pool_alloc = pool_alloc;
         n->o.engine.pool_alloc_arg = n;
     }
+    /* what the host cannot hold is refused here, with the sizes, rather
+     * than allocated and found out later */
+    hpd_engine_plan_t plan;
+    char why[300];
+    if (hpd_engine_plan(&n->o.engine, &n->model->config, &plan, why, sizeof(why)) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: %s", n->o.name, why);
+        n->exit_code = 2;
+        goto out;
+    }
+    const uint64_t avail = hpd_mem_available();
+    if (hpd_backend_host_memory(n->backend) && avail > 0 && plan.device_bytes > avail) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: the pools need %.2f GiB (%u KV pages for max context "
+                      "%u, %u state slots, %u checkpoints) and this host has %.2f GiB "
+                      "available: lower --max-context, --max-batch or --kv-pages",
+                      n->o.name, plan.device_bytes / 1073741824.0, plan.n_pages,
+                      plan.max_context, plan.n_slots, plan.n_checkpoints, avail / 1073741824.0);
+        n->exit_code = 2;
+        goto out;
+    }
     if ((st = hpd_engine_create(&n->o.engine, &n->engine)) != HPD_OK) {
         n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
         goto out;

@@ -935,6 +935,27 @@ static void test_client_keys(void **state)
     small_end(&s, 2);
 }
 
+/* A node whose pools the host cannot hold, or whose pack size exceeds the
+ * model's full-attention layers, refuses to start (status 2) with the
+ * sizes and what to lower, instead of allocating and being killed later. */
+static void test_node_refuses_oversized_pools(void **state)
+{
+    const char *huge[] = {"--max-context", "1000000", "--max-batch", "1024", "--kv-layout",
+                          "16,1,nhd", NULL};
+    cl_proc_t *d = cl_start_node(&cl, "decode", "huge-d", huge);
+    cl_ending(d);
+    cl_expect_end(&cl, d, 2, 60);
+    assert_true(cl_file_has(d->log, "the pools need"));
+    assert_true(cl_file_has(d->log, "lower --max-context, --max-batch or --kv-pages"));
+    const char *packed[] = {"--kv-layout", "16,9,nhd", NULL};
+    cl_proc_t *p = cl_start_node(&cl, "decode", "packed-d", packed);
+    cl_ending(p);
+    cl_expect_end(&cl, p, 2, 60);
+    assert_true(cl_file_has(p->log, "kv pack size 9 is above the model's 4 full-attention "
+                                    "layers"));
+    cl.passed++;
+}
+
 /* How many lines of p's log hold needle. */
 static uint32_t log_count(const cl_proc_t *p, const char *needle)
 {
@@ -1113,6 +1134,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_client_keys, case_teardown),
+        cmocka_unit_test_teardown(test_node_refuses_oversized_pools, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);

@@ -483,6 +483,59 @@ static void test_up_with_a_node_left(void **state)
     cl.passed++;
 }
 
+/* A copy of the test's manifest with one text replaced. */
+static void manifest_with(const char *path, const char *from, const char *to)
+{
+    char *text, out[16384];
+    size_t len;
+    assert_int_equal(hpd_read_file(manifest, &text, &len), HPD_OK);
+    const char *at = strstr(text, from);
+    assert_non_null(at);
+    const int n = snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - text), text, to,
+                           at + strlen(from));
+    assert_int_equal(hpd_write_file(path, out, (size_t)n), HPD_OK);
+    free(text);
+}
+
+/* check plans each node's pools against the model: ok with their sizes;
+ * a pack size above the model's full-attention layers, or pools this host
+ * cannot hold (max_context 1000000 x max_batch 1024), are refused with the
+ * line, the node
+ * and what to change (check once accepted both; the nodes then failed or
+ * allocated 65 GB). */
+static void test_check(void **state)
+{
+    char bad[400], *out;
+    assert_int_equal(hpdctl(&out, "check %s", manifest), 0);
+    assert_non_null(strstr(out, "decode-0         decode   2048 KV pages"));
+    assert_non_null(strstr(out, ": ok (cluster local: 3 processes)"));
+    free(out);
+    snprintf(bad, sizeof(bad), "%s/packed.yaml", cl.root);
+    manifest_with(bad, "{block: 16, pack: 2, order: hnd}", "{block: 16, pack: 9, order: hnd}");
+    assert_int_equal(hpdctl(&out, "check %s", bad), 2);
+    assert_non_null(strstr(out, "decode-0: kv pack size 9 is above the model's 4 full-attention "
+                                "layers"));
+    free(out);
+    snprintf(bad, sizeof(bad), "%s/huge.yaml", cl.root);
+    /* about 4 TiB of pools: more than any host this runs on */
+    manifest_with(bad, "max_context: 1024", "max_context: 1000000\n  max_batch: 1024");
+    {
+        char *t;
+        size_t l;
+        assert_int_equal(hpd_read_file(bad, &t, &l), HPD_OK);
+        char *dup = strstr(t, "  max_batch: 16\n");
+        assert_non_null(dup);
+        memmove(dup, dup + 15, strlen(dup + 15) + 1);
+        assert_int_equal(hpd_write_file(bad, t, strlen(t)), HPD_OK);
+        free(t);
+    }
+    assert_int_equal(hpdctl(&out, "check %s", bad), 2);
+    assert_non_null(strstr(out, "prefill-0: its pools need"));
+    assert_non_null(strstr(out, "lower max_context, max_batch or kv_pages"));
+    free(out);
+    cl.passed++;
+}
+
 /* every scalar of every document, joined; the kinds seen */
 static void read_k8s(const char *path, char *all, size_t len, char *kinds, size_t klen)
 {
@@ -593,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_up_metrics_down),
         cmocka_unit_test(test_up_failure),
         cmocka_unit_test(test_up_with_a_node_left),
+        cmocka_unit_test(test_check),
         cmocka_unit_test(test_render),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
