@@ -577,6 +577,9 @@ def parse_args(argv):
                          "scripts/test.sh's second build does; still Release, HPD_ASSERT off")
     ap.add_argument("--with-logs", action="store_true",
                     help="also mutate the lines of HPD_LOG* calls")
+    ap.add_argument("--judged", default=None, metavar="FILE",
+                    help="survivors judged by hand (default scripts/mutation-judged.tsv): "
+                         "ID, verdict (equivalent or sanitizer) and reason per line")
     ap.add_argument("--only", action="append", default=[], metavar="ID",
                     help="run only the mutant with this id (from results.tsv or "
                          "survivors.txt); repeatable; N and --seed are then ignored")
@@ -594,6 +597,7 @@ def main(argv):
             die(tool + " not found")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args.src = os.path.abspath(args.src or here)
+    args.judged = load_judged(args.judged or os.path.join(here, "scripts", "mutation-judged.tsv"))
     slug = args.module.replace("/", "-")
     if args.dir:
         args.dir = os.path.abspath(args.dir)
@@ -736,6 +740,30 @@ def check_stripping(tree, stripped):
         die("rebuilding the unmutated tests failed")
 
 
+JUDGED_VERDICTS = ("equivalent", "sanitizer")
+
+
+def load_judged(path):
+    """Survivors judged by hand: {id: (verdict, reason)}. 'equivalent': no
+    input can tell the mutant from the original; 'sanitizer': it survives the
+    Release build but the ASan/UBSan build (scripts/test.sh's second half,
+    --sanitize) kills it. A judged mutant is still run; the verdict only
+    explains a survival, and a killed one counts as killed."""
+    judged = {}
+    if not os.path.isfile(path):
+        return judged
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            parts = line.split("\t")
+            if len(parts) < 3 or parts[1] not in JUDGED_VERDICTS:
+                die("%s:%d: expected ID<TAB>%s<TAB>reason" % (path, n, "|".join(JUDGED_VERDICTS)))
+            judged[parts[0]] = (parts[1], parts[2])
+    return judged
+
+
 def summarize(args, module, tree, done, everything, raw_total, stripped, originals, wall):
     count = {k: sum(m.outcome == k for m in done)
              for k in ("KILLED", "TIMEOUT", "SURVIVED", "INVALID", "EQUIVALENT")}
@@ -763,7 +791,21 @@ def summarize(args, module, tree, done, everything, raw_total, stripped, origina
         "%d survived, %d invalid, %d equivalent" % (
             len(everything), raw_total, len(done), killed, count["TIMEOUT"],
             count["SURVIVED"], count["INVALID"], count["EQUIVALENT"]))
+    by = {v: [m for m in survivors if args.judged.get(m.id, ("",))[0] == v] for v in JUDGED_VERDICTS}
+    if any(by.values()):
+        left = scored - len(by["equivalent"])
+        say("   %d survivors judged equivalent, %d killed only under the sanitizers "
+            "(scripts/mutation-judged.tsv)" % (len(by["equivalent"]), len(by["sanitizer"])))
+        say("   of the non-equivalent: %s in Release, %s with the sanitizers' kills" % (
+            "%.1f %% (%d/%d)" % (100.0 * killed / left, killed, left) if left else "n/a",
+            "%.1f %% (%d/%d)" % (100.0 * (killed + len(by["sanitizer"])) / left,
+                                 killed + len(by["sanitizer"]), left) if left else "n/a"))
     say("   wall time %.0f s (%dm%02ds)" % (wall, wall // 60, wall % 60))
+    for v in JUDGED_VERDICTS:
+        for m in by[v]:
+            say("   judged %-10s %s  %s: %s" % (v, m.id, m.describe(stripped[m.rel]),
+                                              args.judged[m.id][1]))
+    survivors = [m for m in survivors if m.id not in args.judged]
     if survivors:
         say("== survivors (id  file:line: original  =>  mutant); patches in %s/%ssurvivors.txt"
             % (args.dir, prefix))
