@@ -733,17 +733,19 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification from %s: %s", n->name, err.text);
         return;
     }
-    if ((r = req_by_job(job)) != NULL && r->state == R_DECODING && r->dnode == n) {
-        if (error[0] != '\0') {
-            r->dnode->slots_reserved--; /* the node freed it already */
-            r->dnode->pages_reserved -= r->dpages;
-            r->dnode = NULL;
-            requeue(r, "decode on %s: %s", n->name, error);
-        } else {
-            add_tokens(r, index, ids, n_ids);
-            if (done)
-                req_finish(r);
-        }
+    if ((r = req_by_job(job)) != NULL && r->state != R_QUEUED && r->dnode == n &&
+        error[0] != '\0') {
+        /* the decode node ended the attempt (its reservation expired, a bad
+         * transfer, a failed step) in whatever state the coordinator holds
+         * it: the prefill node, if still at it, is told to stop */
+        r->dnode->slots_reserved--; /* the node freed it already */
+        r->dnode->pages_reserved -= r->dpages;
+        r->dnode = NULL;
+        requeue(r, "decode on %s: %s", n->name, error);
+    } else if (r != NULL && r->state == R_DECODING && r->dnode == n) {
+        add_tokens(r, index, ids, n_ids);
+        if (done)
+            req_finish(r);
     }
     free(ids);
 }
