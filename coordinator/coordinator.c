@@ -737,10 +737,15 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         error[0] != '\0') {
         /* the decode node ended the attempt (its reservation expired, a bad
          * transfer, a failed step) in whatever state the coordinator holds
-         * it: the prefill node, if still at it, is told to stop */
-        r->dnode->slots_reserved--; /* the node freed it already */
-        r->dnode->pages_reserved -= r->dpages;
-        r->dnode = NULL;
+         * it. While the prefill node is at it, it is told to stop first and
+         * the decode node's cancel follows its answer (abort_attempt): an
+         * expired reservation keeps its pages until then, fenced against
+         * the prefill node's late puts. Otherwise the node freed it. */
+        if (r->state != R_PREFILLING) {
+            r->dnode->slots_reserved--;
+            r->dnode->pages_reserved -= r->dpages;
+            r->dnode = NULL;
+        }
         requeue(r, "decode on %s: %s", n->name, error);
     } else if (r != NULL && r->state == R_DECODING && r->dnode == n) {
         add_tokens(r, index, ids, n_ids);

@@ -29,6 +29,7 @@ typedef struct dreq {
     uint32_t n_first; /* tokens the request had when it joined the batch */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
     bool have_notice, have_start, running;
+    bool fenced; /* expired before its transfer ended: pages held until the writer stopped */
     int32_t first_token;
     uint32_t n_sent;      /* tokens already streamed (index of the next one) */
     struct event *expiry;
@@ -40,6 +41,7 @@ typedef struct {
     dreq_t *reqs;
     uint32_t kv_region, slot_region;
     uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
+    uint64_t fence_backstops; /* fenced pages freed without a cancel */
     struct {
         hpd_metric_t *done, *failed, *canceled, *expired, *reserved, *running;
         hpd_metric_t *wait_s, *tpot_s;
@@ -109,7 +111,7 @@ static void fail_req(decode_t *d, dreq_t *r, const char *why)
 static void try_run(decode_t *d, dreq_t *r)
 {
     hpd_status_t st;
-    if (!r->have_notice || !r->have_start || r->running)
+    if (!r->have_notice || !r->have_start || r->running || r->fenced)
         return;
     if ((st = hpd_engine_start(d->node->engine, r->eng_id, r->first_token)) != HPD_OK) {
         fail_req(d, r, "the first token does not continue the replayed tokens");
@@ -153,15 +155,46 @@ static void after_step(hpd_node_t *n)
     }
 }
 
+/* The longest a fenced reservation holds its pages without the
+ * coordinator's cancel (which comes once the prefill node answered its own
+ * cancel, or was lost). */
+static uint32_t fence_backstop_ms(const decode_t *d)
+{
+    return HPD_MAX(60000u, d->node->o.reserve_timeout_ms);
+}
+
+/* A reservation not started in time. If its transfer already ended, its
+ * pages go now. If not, the prefill node may still be writing into them:
+ * the request is ended for the coordinator ("reservation expired") but
+ * its pages and slot stay held ("fenced") until the coordinator's cancel,
+ * which it sends once the prefill node has stopped and flushed its puts
+ * (or was lost), so that a late put never lands in a later request's
+ * pages. A backstop frees them if no cancel ever comes. */
 static void on_expiry(evutil_socket_t fd, short what, void *arg)
 {
     dreq_t *r = arg;
     decode_t *d = &D;
+    if (r->fenced) {
+        HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: freeing the pages of expired job %llu: "
+                      "no cancel came in %u ms", d->node->o.name, (unsigned long long)r->job,
+                      fence_backstop_ms(d));
+        d->fence_backstops++;
+        dreq_free(d, r);
+        return;
+    }
     HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: reservation of job %llu expired before it "
-                  "started", d->node->o.name, (unsigned long long)r->job);
+                  "started%s", d->node->o.name, (unsigned long long)r->job,
+                  r->have_notice ? "" : "; its pages stay held until its writer has stopped");
     d->expired++;
     notify_tokens(d, r, NULL, 0, true, "reservation expired");
-    dreq_free(d, r);
+    if (r->have_notice) {
+        dreq_free(d, r);
+        return;
+    }
+    r->fenced = true;
+    const uint32_t ms = fence_backstop_ms(d);
+    const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(r->expiry, &tv);
 }
 
 /* ------------------------------------------------------------ methods */
@@ -278,7 +311,7 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "start: %s", err.text);
         return;
     }
-    if ((r = find(d, job)) == NULL || r->have_start) {
+    if ((r = find(d, job)) == NULL || r->have_start || r->fenced) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
                             "start: job %llu is not reserved here (expired, canceled or started)",
                             (unsigned long long)job);
@@ -329,6 +362,12 @@ static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
                       (unsigned long long)notice->sender);
         return;
     }
+    if (r->fenced) { /* the writer has flushed: nothing more can land */
+        HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: the transfer of expired job %llu ended; "
+                      "its pages are free", n->o.name, (unsigned long long)r->job);
+        dreq_free(d, r);
+        return;
+    }
     if (notice->status != HPD_OK) {
         d->bad_transfers++;
         fail_req(d, r, "transfer checksum mismatch");
@@ -363,22 +402,26 @@ static void metrics_init(decode_t *d, hpd_metrics_t *r)
 }
 
 /* Requests held: reserved (waiting for their transfer and start) and running. */
-static void count_reqs(const decode_t *d, uint32_t *reserved_p, uint32_t *running_p)
+static void count_reqs(const decode_t *d, uint32_t *reserved_p, uint32_t *running_p,
+                       uint32_t *fenced_p)
 {
-    uint32_t reserved = 0, running = 0;
+    uint32_t reserved = 0, running = 0, fenced = 0;
     for (const dreq_t *r = d != NULL ? d->reqs : NULL; r != NULL; r = r->next) {
-        reserved += !r->running;
+        reserved += !r->running && !r->fenced;
         running += r->running;
+        fenced += r->fenced;
     }
     *reserved_p = reserved;
     *running_p = running;
+    if (fenced_p != NULL)
+        *fenced_p = fenced;
 }
 
 static void collect(hpd_node_t *n)
 {
     decode_t *d = n->role_data;
     uint32_t reserved, running;
-    count_reqs(d, &reserved, &running);
+    count_reqs(d, &reserved, &running, NULL);
     hpd_metric_set(d->m.done, (double)d->finished);
     hpd_metric_set(d->m.failed, (double)d->failed);
     hpd_metric_set(d->m.canceled, (double)d->canceled);
@@ -390,7 +433,7 @@ static void collect(hpd_node_t *n)
 static uint32_t in_flight(hpd_node_t *n)
 {
     uint32_t reserved, running;
-    count_reqs(n->role_data, &reserved, &running);
+    count_reqs(n->role_data, &reserved, &running, NULL);
     return reserved + running;
 }
 
@@ -418,9 +461,12 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
 {
     decode_t *d = n->role_data;
     uint32_t reserved, running;
-    count_reqs(d, &reserved, &running);
-    msgpack_pack_map(pk, 8);
+    uint32_t fenced;
+    count_reqs(d, &reserved, &running, &fenced);
+    msgpack_pack_map(pk, 10);
     hpd_proto_kv_u64(pk, "reserved", reserved);
+    hpd_proto_kv_u64(pk, "fenced", fenced); /* expired, pages held for a late writer */
+    hpd_proto_kv_u64(pk, "fence_backstops", d->fence_backstops);
     hpd_proto_kv_u64(pk, "running", running);
     hpd_proto_kv_u64(pk, "started", d->started);
     hpd_proto_kv_u64(pk, "finished", d->finished);

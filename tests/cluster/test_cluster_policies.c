@@ -362,9 +362,8 @@ static void test_reservation_expiry(void **state)
     cl_status(&cl, &st);
     const msgpack_object *dn = cl_status_node(&st, "reserve-d");
     assert_non_null(dn);
-    /* the expired reservation is gone; at most the next attempt's holds a
-     * slot now (the request is placed again at once, below) */
-    assert_true(cl_u64_at(dn, "stats.slots_used") <= 1);
+    /* the expired reservation is no longer reserved (at most the next
+     * attempt's is: the request is placed again at once, below) */
     assert_true(cl_u64_at(dn, "stats.load.reserved") <= 1);
     cl_status_free(&st);
     assert_true(log_line(s.d, "reservation of job", "expired before it started"));
@@ -372,6 +371,14 @@ static void test_reservation_expiry(void **state)
      * still stopped (it once waited for the prefill to answer) */
     cl_wait(&cl, s.c, 60, retried_once, NULL, "the request retried on the decode node's expiry");
     assert_true(log_line(s.coord, "retrying (attempt 2)", "reservation expired"));
+    /* its 28 pages stay held (fenced) while the prefill node, which may
+     * still write into them, has not answered its cancel */
+    cl_status(&cl, &st);
+    dn = cl_status_node(&st, "reserve-d");
+    assert_true(cl_u64_at(dn, "stats.load.fenced") >= 1);
+    assert_true(cl_u64_at(dn, "stats.pages_used") >= 28);
+    cl_status_free(&st);
+    assert_true(log_line(s.d, "expired before it started", "its pages stay held"));
 
     cl_resume(s.p);
     wait_done(s.c, &q, "the request whose reservation expired");
@@ -382,6 +389,8 @@ static void test_reservation_expiry(void **state)
     dn = cl_status_node(&st, "reserve-d");
     assert_non_null(dn);
     assert_int_equal(cl_u64_at(dn, "stats.load.expired"), q.attempts - 1);
+    assert_int_equal(cl_u64_at(dn, "stats.load.fenced"), 0); /* each freed by its cancel */
+    assert_int_equal(cl_u64_at(dn, "stats.load.fence_backstops"), 0);
     assert_int_equal(st.req.retried, q.attempts - 1);
     assert_int_equal(st.req.failed, 0);
     cl_status_free(&st);
