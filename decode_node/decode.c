@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "node/node.h"
+#include "decode_node/writes.h"
 #include "node/proto.h"
 
 #define LOG_COMPONENT "decode"
@@ -27,6 +28,7 @@ typedef struct dreq {
     uint64_t eng_id;
     double t_reserved, t_running;
     uint32_t n_first; /* tokens the request had when it joined the batch */
+    uint32_t n_prompt; /* its prompt pages are where the prefill node writes */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
     bool have_notice, have_start, running;
     bool fenced; /* expired before its transfer ended: pages held until the writer stopped */
@@ -42,6 +44,7 @@ typedef struct {
     uint32_t kv_region, slot_region;
     uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
     uint64_t fence_backstops; /* fenced pages freed without a cancel */
+    uint64_t foreign_writes;  /* notices naming memory outside their reservation */
     struct {
         hpd_metric_t *done, *failed, *canceled, *expired, *reserved, *running;
         hpd_metric_t *wait_s, *tpot_s;
@@ -252,6 +255,7 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     }
     r->job = job;
     r->request = request;
+    r->n_prompt = rp.n_prompt;
     r->t_reserved = hpd_time_now();
     r->conn = conn;
     r->n_sent = HPD_MAX(1u, rp.n_replay); /* the coordinator has these already */
@@ -352,6 +356,39 @@ static const hpd_rpc_method_t methods[] = {
 
 /* ------------------------------------------------------------ role */
 
+/* A transfer may have written only into its reservation's prompt pages and
+ * slot (decode_node/writes.c); one for no reservation here may have written
+ * nowhere. */
+static bool check_dests(hpd_node_t *n, const hpd_xfer_notice_t *notice,
+                        const hpd_xfer_dest_t *dests, uint32_t n_dests)
+{
+    decode_t *d = n->role_data;
+    dreq_t *r = find(d, notice->xfer_id);
+    hpd_engine_kv_t kv;
+    hpd_engine_memory_t m;
+    char why[200];
+    if (r == NULL || hpd_engine_request_kv(n->engine, r->eng_id, &kv) != HPD_OK) {
+        snprintf(why, sizeof(why), "it names no reservation here");
+    } else {
+        hpd_engine_memory(n->engine, &m);
+        const hpd_reservation_span_t span = {
+            .kv_region = d->kv_region,
+            .slot_region = d->slot_region,
+            .page_bytes = hpd_kv_layout_page_bytes(m.layout),
+            .tables = kv.tables,
+            .n_groups = kv.n_groups,
+            .n_pages = HPD_DIV_UP(r->n_prompt, m.layout->block_size),
+            .slot_offset = (uint64_t)kv.slot * m.slot_bytes,
+            .slot_bytes = m.slot_bytes};
+        if (hpd_reservation_allows(&span, dests, n_dests, why, sizeof(why)))
+            return true;
+    }
+    d->foreign_writes++;
+    HPD_LOG_ERROR(LOG_COMPONENT, "%s: transfer %llu from node %llu refused: %s", n->o.name,
+                  (unsigned long long)notice->xfer_id, (unsigned long long)notice->sender, why);
+    return false;
+}
+
 static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
 {
     decode_t *d = n->role_data;
@@ -370,7 +407,9 @@ static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
     }
     if (notice->status != HPD_OK) {
         d->bad_transfers++;
-        fail_req(d, r, "transfer checksum mismatch");
+        fail_req(d, r, notice->status == HPD_ERR_INVALID_ARG
+                           ? "transfer wrote outside its reservation"
+                           : "transfer checksum mismatch");
         return;
     }
     r->have_notice = true;
@@ -463,7 +502,7 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
     uint32_t reserved, running;
     uint32_t fenced;
     count_reqs(d, &reserved, &running, &fenced);
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 11);
     hpd_proto_kv_u64(pk, "reserved", reserved);
     hpd_proto_kv_u64(pk, "fenced", fenced); /* expired, pages held for a late writer */
     hpd_proto_kv_u64(pk, "fence_backstops", d->fence_backstops);
@@ -474,6 +513,7 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
     hpd_proto_kv_u64(pk, "canceled", d->canceled);
     hpd_proto_kv_u64(pk, "expired", d->expired);
     hpd_proto_kv_u64(pk, "bad_transfers", d->bad_transfers);
+    hpd_proto_kv_u64(pk, "foreign_writes", d->foreign_writes);
 }
 
 /* The coordinator is gone: no one waits for these requests' tokens; their
@@ -508,6 +548,7 @@ static const hpd_node_role_t role = {
     .pack_load = pack_load,
     .after_step = after_step,
     .on_notice = on_notice,
+    .check_dests = check_dests,
     .drop_jobs = drop_jobs,
     .fini = fini,
     .in_flight = in_flight,

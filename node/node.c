@@ -547,6 +547,13 @@ static void schedule_register(hpd_node_t *n)
 
 /* ------------------------------------------------------------ life cycle */
 
+static bool on_check_dests(void *arg, const hpd_xfer_notice_t *notice,
+                           const hpd_xfer_dest_t *dests, uint32_t n_dests)
+{
+    hpd_node_t *n = arg;
+    return n->role->check_dests == NULL || n->role->check_dests(n, notice, dests, n_dests);
+}
+
 static void on_notice(void *arg, const hpd_xfer_notice_t *notice)
 {
     hpd_node_t *n = arg;
@@ -790,6 +797,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
                             .tls = n->o.ucx_tls,
                             .net_devices = n->o.ucx_dev,
                             .on_notice = on_notice,
+                            .check_dests = on_check_dests,
                             .on_peer_error = on_peer_error,
                             .arg = n};
     if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)

@@ -57,6 +57,10 @@ typedef struct {
     /* after every engine step */
     void (*after_step)(hpd_node_t *node);
     void (*on_notice)(hpd_node_t *node, const hpd_xfer_notice_t *notice);
+    /* optional: whether a verified transfer wrote only where allowed
+     * (hpd_xfer_params_t.check_dests) */
+    bool (*check_dests)(hpd_node_t *node, const hpd_xfer_notice_t *notice,
+                        const hpd_xfer_dest_t *dests, uint32_t n_dests);
     void (*on_peer_error)(hpd_node_t *node, hpd_xfer_peer_t *peer, hpd_status_t status);
     /* the coordinator is gone (node.c: coordinator_lost): end every job it
      * gave, since nobody waits for their answers (it re-routed or failed

@@ -421,6 +421,25 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (n.status == HPD_OK && (total != h.bytes || XXH3_64bits_digest(state) != h.checksum))
             n.status = HPD_ERR_FORMAT;
         XXH3_freeState(state);
+        if (n.status == HPD_OK && c->p.check_dests != NULL) {
+            hpd_xfer_dest_t *dests = malloc((h.n_dests ? h.n_dests : 1) * sizeof(*dests));
+            if (dests == NULL) {
+                n.status = HPD_ERR_NO_MEMORY;
+            } else {
+                for (uint32_t i = 0; i < h.n_dests; i++) {
+                    dest_t e;
+                    memcpy(&e, d + i, sizeof(e));
+                    dests[i] = (hpd_xfer_dest_t){e.region, e.offset, e.bytes};
+                }
+                if (!c->p.check_dests(c->p.arg, &n, dests, h.n_dests)) {
+                    n.status = HPD_ERR_INVALID_ARG;
+                    HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu wrote where it "
+                                  "was not allowed to", (unsigned long long)h.xfer_id,
+                                  (unsigned long long)h.sender);
+                }
+                free(dests);
+            }
+        }
         /* mirrored device pools: the verified bytes move to the device now */
         for (uint32_t i = 0; i < h.n_dests && n.status == HPD_OK; i++) {
             dest_t e;
@@ -436,8 +455,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         c->st.notices_ok++;
     else {
         c->st.notices_bad++;
-        HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu failed its checksum",
-                      (unsigned long long)h.xfer_id, (unsigned long long)h.sender);
+        if (n.status != HPD_ERR_INVALID_ARG)
+            HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu failed its checks: %s",
+                          (unsigned long long)h.xfer_id, (unsigned long long)h.sender,
+                          hpd_status_str(n.status));
     }
     if (c->p.on_notice != NULL)
         c->p.on_notice(c->p.arg, &n);

@@ -35,8 +35,16 @@ typedef struct {
     uint64_t sender;  /* the sender's node id */
     uint64_t xfer_id;
     uint64_t bytes;
-    hpd_status_t status; /* HPD_OK: checksum verified; HPD_ERR_FORMAT: mismatch */
+    /* HPD_OK: checksum verified; HPD_ERR_FORMAT: mismatch; HPD_ERR_INVALID_ARG:
+     * verified, but check_dests refused where it wrote */
+    hpd_status_t status;
 } hpd_xfer_notice_t;
+
+/* Where a transfer wrote, as its notice names it. */
+typedef struct {
+    uint32_t region;
+    uint64_t offset, bytes;
+} hpd_xfer_dest_t;
 
 typedef struct {
     struct event_base *base;
@@ -56,6 +64,12 @@ typedef struct {
     void (*on_notice)(void *arg, const hpd_xfer_notice_t *notice);
     /* either side: an endpoint failed; every transfer on it has failed */
     void (*on_peer_error)(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status);
+    /* receiver, optional: whether a verified transfer wrote only where the
+     * receiver allowed it (a decode node: the reservation's pages and slot).
+     * False turns the notice into HPD_ERR_INVALID_ARG before anything of it
+     * is used (a mirrored pool copies nothing to the device). */
+    bool (*check_dests)(void *arg, const hpd_xfer_notice_t *notice, const hpd_xfer_dest_t *dests,
+                        uint32_t n_dests);
     void *arg;
 } hpd_xfer_params_t;
 

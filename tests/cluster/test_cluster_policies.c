@@ -391,6 +391,7 @@ static void test_reservation_expiry(void **state)
     assert_int_equal(cl_u64_at(dn, "stats.load.expired"), q.attempts - 1);
     assert_int_equal(cl_u64_at(dn, "stats.load.fenced"), 0); /* each freed by its cancel */
     assert_int_equal(cl_u64_at(dn, "stats.load.fence_backstops"), 0);
+    assert_int_equal(cl_u64_at(dn, "stats.load.foreign_writes"), 0);
     assert_int_equal(st.req.retried, q.attempts - 1);
     assert_int_equal(st.req.failed, 0);
     cl_status_free(&st);

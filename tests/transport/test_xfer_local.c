@@ -1765,6 +1765,79 @@ static void test_peer_failure(void **state)
     hpd_xfer_destroy(s);
 }
 
+/* check_dests, for test_check_dests: records what it was shown; allows
+ * region 0 below 4096 only */
+static struct {
+    int n;
+    hpd_xfer_dest_t first;
+    uint32_t n_dests;
+    uint64_t xfer_id;
+} shown;
+
+static bool allow_low(void *arg, const hpd_xfer_notice_t *notice, const hpd_xfer_dest_t *dests,
+                      uint32_t n_dests)
+{
+    shown.n++;
+    shown.n_dests = n_dests;
+    shown.xfer_id = notice->xfer_id;
+    if (n_dests > 0)
+        shown.first = dests[0];
+    for (uint32_t i = 0; i < n_dests; i++)
+        if (dests[i].region != 0 || dests[i].offset + dests[i].bytes > 4096)
+            return false;
+    return true;
+}
+
+/* The receiver's check_dests sees every destination of a verified
+ * transfer, in put order; a refusal turns the notice into
+ * HPD_ERR_INVALID_ARG and counts it bad; a checksum failure never reaches
+ * it. */
+static void test_check_dests(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r, *s = ctx_new("tcp", 1, NULL);
+    hpd_xfer_params_t rp = {.base = base, .node_id = 2, .tls = "tcp", .net_devices = "lo",
+                            .on_notice = rx_notice, .on_peer_error = rx_peer_error,
+                            .check_dests = allow_low, .arg = &rrx};
+    static uint8_t mem[16384];
+    uint8_t src[512];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    memset(&shown, 0, sizeof(shown));
+    fill(src, sizeof(src), 9);
+    assert_int_equal(hpd_xfer_create(&rp, &r), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 11, src, 0, 1024, sizeof(src)), HPD_OK);
+    assert_int_equal(shown.n, 1);
+    assert_int_equal(shown.xfer_id, 11);
+    assert_int_equal(shown.n_dests, 1);
+    assert_int_equal(shown.first.region, 0);
+    assert_int_equal(shown.first.offset, 1024);
+    assert_int_equal(shown.first.bytes, sizeof(src));
+    /* two puts, the second past 4096: refused */
+    hpd_xfer_put_t u[2] = {{src, 0, 0, 256}, {src + 256, 0, 8192, 256}};
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_put(p, 12, u, 2), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 12, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 2, (void)0);
+    assert_int_equal(rrx.last.status, HPD_ERR_INVALID_ARG);
+    assert_int_equal(shown.n, 2);
+    assert_int_equal(shown.n_dests, 2);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.notices_ok, 1);
+    assert_int_equal(st.notices_bad, 1);
+    /* a corrupt transfer fails its checksum first */
+    d.n = 0;
+    assert_int_equal(hpd_xfer_put(p, 13, u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 13, on_done, &d, true), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 3, (void)0);
+    assert_int_equal(rrx.last.status, HPD_ERR_FORMAT);
+    assert_int_equal(shown.n, 2);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
 /* A put that fails when it completes (the peer broke meanwhile) fails the
  * peer: on_peer_error once, its open transfer fails, later puts are
  * refused. */
@@ -2331,6 +2404,7 @@ int main(void)
         cmocka_unit_test(test_peer_failure),
         cmocka_unit_test(test_endpoint_fails_inside_a_call),
         cmocka_unit_test(test_put_fails_later),
+        cmocka_unit_test(test_check_dests),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_push_kv),
