@@ -36,7 +36,7 @@
 #include "transport/rpc_codec.h"
 #include "tests/test_helpers.h"
 
-#define CL_MAX_PROCS 48
+#define CL_MAX_PROCS 96
 #define CL_MAX_ARGS 64
 /* cl_expect_end: the test killed the process with -9 */
 #define CL_KILLED (-SIGKILL)

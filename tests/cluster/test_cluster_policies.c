@@ -976,6 +976,38 @@ static void test_node_refuses_oversized_pools(void **state)
     cl.passed++;
 }
 
+/* A client's cancel of a request whose prefill node is pushing to a
+ * stopped decode node is answered at once, without waiting for the stuck
+ * transfer (it once waited until the path came back); the pages come back
+ * when the decode node resumes and the cancels reach it. */
+static void test_cancel_while_stuck(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
+    small_t s;
+    req_t q;
+    uint64_t h;
+    small_start(&s, "stuck", args, NULL, NULL);
+    cl_pause(s.p);
+    hpd_generate_params_t p = {prompts[0], prompt_len[0], MAX_TOKENS, {0, 1, 0, 0}};
+    memset(&q, 0, sizeof(q));
+    assert_int_equal(hpd_client_submit(s.c, &p, NULL, on_done, &q, &h), HPD_OK);
+    cl_wait_node(&cl, s.c, s.p_name, "jobs", 1, 60);
+    cl_wait_node(&cl, s.c, s.d_name, "reserved_slots", 1, 60);
+    cl_pause(s.d);  /* the decode node stops ... */
+    cl_resume(s.p); /* ... and the prefill node pushes to it */
+    assert_int_equal(hpd_client_cancel(s.c, h), HPD_OK);
+    wait_done(s.c, &q, "the cancel of a request stuck on a stopped decode node");
+    if (q.status != HPD_ERR_CANCELED)
+        fail_msg("expected canceled, got %s: %s", hpd_status_str(q.status), q.error);
+    assert_int_equal(cl_requests(&cl).canceled, 1);
+    assert_true(s.d->paused); /* answered while the decode node was still stopped */
+    cl_resume(s.d);
+    submit(s.c, 1, &q);
+    wait_done(s.c, &q, "a request after the cancel");
+    expect_ok(&q, 1, 1);
+    small_end(&s, 2);
+}
+
 /* How many lines of p's log hold needle. */
 static uint32_t log_count(const cl_proc_t *p, const char *needle)
 {
@@ -1155,6 +1187,7 @@ int main(void)
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_client_keys, case_teardown),
         cmocka_unit_test_teardown(test_node_refuses_oversized_pools, case_teardown),
+        cmocka_unit_test_teardown(test_cancel_while_stuck, case_teardown),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     signal(SIGPIPE, SIG_IGN);
