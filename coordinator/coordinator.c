@@ -81,6 +81,7 @@ typedef struct req {
     node_t *pnode, *dnode;
     uint32_t dpages;
     uint32_t attempts;
+    uint64_t avoid_decode; /* the decode node of a pair that failed this request */
     char last_error[160];
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
@@ -406,9 +407,14 @@ static node_t *pick_decode(const req_t *r, uint32_t *pages_p)
 {
     node_t *best = NULL;
     uint32_t best_free = 0;
+    /* another decode node than the one of a pair that failed the request,
+     * while there is one (a path cut between the pair, say) */
+    bool others = false;
+    for (node_t *n = C.nodes; n != NULL && r->avoid_decode != 0; n = n->next)
+        others |= n->alive && !n->draining && n->role == ROLE_DECODE && n->id != r->avoid_decode;
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
         if (!n->alive || n->draining || n->role != ROLE_DECODE ||
-            n->max_context < r->n_prompt + r->max_tokens)
+            n->max_context < r->n_prompt + r->max_tokens || (others && n->id == r->avoid_decode))
             continue;
         const uint32_t need = pages_for(n, r->n_prompt + r->max_tokens);
         const uint32_t free_slots = n->slots - n->slots_reserved;
@@ -741,6 +747,11 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
          * the decode node's cancel follows its answer (abort_attempt): an
          * expired reservation keeps its pages until then, fenced against
          * the prefill node's late puts. Otherwise the node freed it. */
+        if (r->state == R_PREFILLING && r->pnode != NULL)
+            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %s while the prefill "
+                          "pushed; the request avoids %s", r->pnode->name, n->name, error,
+                          n->name);
+        r->avoid_decode = n->id;
         if (r->state != R_PREFILLING) {
             r->dnode->slots_reserved--;
             r->dnode->pages_reserved -= r->dpages;

@@ -478,6 +478,12 @@ hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **c
     c->p = *params;
     c->efd = -1;
     c->polling = params->polling || shm_only(params->tls);
+    /* UCX 1.13's tcp transport connects with a blocking connect() by default
+     * (UCX_TCP_CONN_NB=n): towards an unreachable peer, ucp_ep_create then
+     * stalls this node's whole loop for the kernel's SYN timeout (minutes),
+     * every other peer with it. Set before UCX reads its configuration; the
+     * environment may still say otherwise. */
+    setenv("UCX_TCP_CONN_NB", "y", 0);
     if ((us = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
         goto ucx_err;
     if (params->tls != NULL && (us = ucp_config_modify(config, "TLS", params->tls)) != UCS_OK)

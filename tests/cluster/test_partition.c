@@ -1,0 +1,204 @@
+/* A path cut between one prefill node and one decode node while both still
+ * reach the coordinator, on network namespaces of this machine: the
+ * coordinator on a bridge, a prefill node (p0) and two decode nodes (d0,
+ * d1) each in a namespace of its own with a veth port on the bridge. The
+ * cut is a bogus neighbour entry for d0 inside p0's namespace (its packets
+ * to d0 go to a MAC nobody has). Requests placed on the pair p0 -> d0 end
+ * when d0's reservation expires (--reserve-timeout-ms 3000); the
+ * coordinator then avoids d0 for them, they run on p0 -> d1 and are right;
+ * none hangs. d0's expired pages stay fenced while p0's stuck transfer
+ * might still write, and are freed once the path heals.
+ *
+ * Needs root for `ip netns` and veth pairs; skips (77) where the machine
+ * does not allow it. Only this test's own namespaces are ever targets. */
+#include "tests/cluster/harness.h"
+
+#define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
+                   "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+#define N 6
+#define MAX_TOKENS 8
+
+static cl_t cl;
+static int32_t prompts[N][100];
+static uint32_t prompt_len[N];
+static int32_t ref[N][MAX_TOKENS];
+static char tag[16];      /* unique per run: names of namespaces and links */
+static bool net_up;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    const int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static const char *const hosts[3] = {"p0", "d0", "d1"};
+static const char *const ips[3] = {"10.77.0.11", "10.77.0.21", "10.77.0.22"};
+
+static void net_down(void)
+{
+    for (int i = 0; i < 3; i++)
+        sh("ip netns del %s%s 2>/dev/null", tag, hosts[i]);
+    sh("ip link del %sbr 2>/dev/null", tag);
+}
+
+/* The bridge 10.77.0.1/24 and a namespace per node; false when the machine
+ * does not allow it. */
+static bool net_setup(void)
+{
+    if (sh("ip link add %sbr type bridge 2>/dev/null", tag) != 0)
+        return false;
+    if (sh("ip addr add 10.77.0.1/24 dev %sbr && ip link set %sbr up", tag, tag) != 0)
+        return false;
+    for (int i = 0; i < 3; i++) {
+        if (sh("ip netns add %s%s", tag, hosts[i]) != 0 ||
+            sh("ip link add %sv%d type veth peer name eth0 netns %s%s", tag, i, tag, hosts[i]) !=
+                0 ||
+            sh("ip link set %sv%d master %sbr up", tag, i, tag) != 0 ||
+            sh("ip netns exec %s%s sh -c 'ip addr add %s/24 dev eth0 && ip link set eth0 up && "
+               "ip link set lo up'", tag, hosts[i], ips[i]) != 0)
+            return false;
+    }
+    return true;
+}
+
+static int setup(void **state)
+{
+    char path[400];
+    snprintf(tag, sizeof(tag), "h%05d", (int)(getpid() % 100000));
+    if (geteuid() != 0 || !net_setup()) {
+        net_down();
+        fprintf(stderr, "skipped: this machine does not let the test make network namespaces "
+                        "(needs root and ip netns)\n");
+        exit(77);
+    }
+    net_up = true;
+    if (cl_init(&cl, "partition", MODEL_ARGS) != 0)
+        return -1;
+    snprintf(path, sizeof(path), "%s/prompts", cl.root);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < N; i++) {
+        prompt_len[i] = 90 + 2 * (uint32_t)i;
+        for (uint32_t t = 0; t < prompt_len[i]; t++) {
+            prompts[i][t] = (int32_t)(hpd_philox4x32(177 + i, t, 0).v[0] % 512);
+            fprintf(f, t ? ",%d" : "%d", prompts[i][t]);
+        }
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    cl_reference(&cl, path, N, MAX_TOKENS, "", &ref[0][0]);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cl_finish(&cl);
+    if (net_up)
+        net_down();
+    return 0;
+}
+
+/* A node in its namespace, bound to its address, talking UCX over eth0. */
+static cl_proc_t *node(int i, const char *const *extra)
+{
+    char ns[32], coord[64], *argv[CL_MAX_ARGS];
+    snprintf(ns, sizeof(ns), "%s%s", tag, hosts[i]);
+    snprintf(coord, sizeof(coord), "10.77.0.1:%u", cl.port);
+    const char *base[] = {"/usr/sbin/ip", "netns", "exec", ns,
+                          i == 0 ? HPD_PREFILL : HPD_DECODE, "--coordinator", coord,
+                          "--token-file", cl.token_file, "--model", cl.model, "--name", hosts[i],
+                          "--threads", "1", "--device", "cpu", "--ucx-tls", "tcp", "--ucx-dev",
+                          "eth0", "--host", ips[i], "--log-level", "info",
+                          "--kv-layout", i == 0 ? "64,1,nhd" : "16,1,nhd", "--max-batch", "8",
+                          "--max-context", "1024", "--staging-mb", "16"};
+    cl_args(argv, base, sizeof(base) / sizeof(base[0]), extra);
+    return cl_spawn(&cl, hosts[i], argv);
+}
+
+typedef struct {
+    bool done;
+    hpd_status_t status;
+    char error[256];
+    int32_t tokens[MAX_TOKENS];
+    uint32_t n, attempts;
+} req_t;
+
+static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    req_t *q = arg;
+    q->done = true;
+    q->status = r->status;
+    snprintf(q->error, sizeof(q->error), "%s", r->error);
+    q->n = r->n_tokens;
+    q->attempts = r->attempts;
+    if (r->tokens != NULL)
+        memcpy(q->tokens, r->tokens, HPD_MIN(r->n_tokens, MAX_TOKENS) * sizeof(int32_t));
+}
+
+static bool all_done(cl_t *c, void *arg)
+{
+    const req_t *q = arg;
+    for (int i = 0; i < N; i++)
+        if (!q[i].done)
+            return false;
+    return true;
+}
+
+static void test_cut_path(void **state)
+{
+    const char *args[] = {"--host", "0.0.0.0", "--heartbeat-ms", "100", "--lease-ms", "120000",
+                          "--max-attempts", "6", NULL};
+    const char *reserve[] = {"--reserve-timeout-ms", "3000", NULL};
+    req_t q[N];
+    cl_start_coordinator(&cl, "coordinator", args);
+    node(0, NULL);
+    cl_proc_t *d0 = node(1, reserve);
+    node(2, reserve);
+    cl_wait_idle(&cl, 3, 120);
+    hpd_client_t *c = cl_client(&cl);
+
+    /* p0's packets to d0 go to a MAC nobody has */
+    if (getenv("HPD_TEST_NO_CUT") == NULL)
+        assert_int_equal(sh("ip netns exec %sp0 ip neigh replace %s lladdr 02:00:00:77:00:01 "
+                            "dev eth0 nud permanent", tag, ips[1]), 0);
+    memset(q, 0, sizeof(q));
+    for (int i = 0; i < N; i++) {
+        hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+        assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, &q[i], NULL), HPD_OK);
+    }
+    cl_wait(&cl, c, 120, all_done, q, "every request with the path p0 -> d0 cut");
+    uint32_t rerouted = 0;
+    for (int i = 0; i < N; i++) {
+        if (q[i].status != HPD_OK)
+            fail_msg("request %d: %s: %s", i, hpd_status_str(q[i].status), q[i].error);
+        assert_int_equal(q[i].n, MAX_TOKENS);
+        assert_memory_equal(q[i].tokens, ref[i], sizeof(ref[i]));
+        rerouted += q[i].attempts > 1;
+    }
+    fprintf(stderr, "%u of %d requests ran again on another decode node\n", rerouted, N);
+    assert_true(rerouted > 0); /* some were placed on d0 first */
+    assert_true(cl_file_has(cl.coord->log, "pair p0 -> d0 failed"));
+    assert_true(cl_file_has(d0->log, "its pages stay held"));
+
+    /* the path heals: the held pages come back, the cluster serves on d0 too */
+    assert_int_equal(sh("ip netns exec %sp0 ip neigh del %s dev eth0", tag, ips[1]), 0);
+    cl_wait_idle(&cl, 3, 120);
+    hpd_client_destroy(c);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cut_path),
+    };
+    cl.cases = sizeof(tests) / sizeof(tests[0]);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
