@@ -690,6 +690,29 @@ static inline double cl_sample(const char *text, const char *name)
 
 /* hpd-run's tokens for the n prompts of prompts_file: out[i * max_tokens + t]
  * (hpd-run gets 300 s). */
+/* n prompts of 90, 92, ... tokens below 512, prompt i drawn from
+ * philox(seed + i); written one per line to ROOT/prompts, whose path goes
+ * to path (for cl_reference). */
+enum { CL_PROMPT_MAX = 100 };
+static inline void cl_make_prompts(const cl_t *cl, int n, uint64_t seed,
+                                   int32_t (*prompts)[CL_PROMPT_MAX], uint32_t *len, char *path,
+                                   size_t path_len)
+{
+    snprintf(path, path_len, "%s/prompts", cl->root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++) {
+        len[i] = 90 + 2 * (uint32_t)i;
+        assert_true(len[i] <= CL_PROMPT_MAX);
+        for (uint32_t t = 0; t < len[i]; t++) {
+            prompts[i][t] = (int32_t)(hpd_philox4x32(seed + (uint64_t)i, t, 0).v[0] % 512);
+            fprintf(f, t ? ",%d" : "%d", prompts[i][t]);
+        }
+        fprintf(f, "\n");
+    }
+    fclose(f);
+}
+
 static inline void cl_reference(const cl_t *cl, const char *prompts_file, int n, int max_tokens,
                                 const char *sampling, int32_t *out)
 {

@@ -43,7 +43,7 @@
 #define NEVER "600000" /* a lease or timeout that never lapses within a case */
 
 static cl_t cl;
-static int32_t prompts[N_PROMPTS][100];
+static int32_t prompts[N_PROMPTS][CL_PROMPT_MAX];
 static uint32_t prompt_len[N_PROMPTS];
 static int32_t ref[N_PROMPTS][MAX_TOKENS];
 
@@ -54,17 +54,7 @@ static int setup(void **state)
     char path[400];
     if (cl_init(&cl, "policies", MODEL_ARGS) != 0)
         return -1;
-    snprintf(path, sizeof(path), "%s/prompts", cl.root);
-    FILE *f = fopen(path, "w");
-    for (int i = 0; i < N_PROMPTS; i++) {
-        prompt_len[i] = 90 + 2 * (uint32_t)i;
-        for (uint32_t t = 0; t < prompt_len[i]; t++) {
-            prompts[i][t] = (int32_t)(hpd_philox4x32(77 + i, t, 0).v[0] % 512);
-            fprintf(f, t ? ",%d" : "%d", prompts[i][t]);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
+    cl_make_prompts(&cl, N_PROMPTS, 77, prompts, prompt_len, path, sizeof(path));
     cl_reference(&cl, path, N_PROMPTS, MAX_TOKENS, "", &ref[0][0]);
     return 0;
 }

@@ -20,7 +20,7 @@
 #define MAX_TOKENS 8
 
 static cl_t cl;
-static int32_t prompts[N][100];
+static int32_t prompts[N][CL_PROMPT_MAX];
 static uint32_t prompt_len[N];
 static int32_t ref[N][MAX_TOKENS];
 static char tag[16];      /* unique per run: names of namespaces and links */
@@ -81,17 +81,7 @@ static int setup(void **state)
     net_up = true;
     if (cl_init(&cl, "partition", MODEL_ARGS) != 0)
         return -1;
-    snprintf(path, sizeof(path), "%s/prompts", cl.root);
-    FILE *f = fopen(path, "w");
-    for (int i = 0; i < N; i++) {
-        prompt_len[i] = 90 + 2 * (uint32_t)i;
-        for (uint32_t t = 0; t < prompt_len[i]; t++) {
-            prompts[i][t] = (int32_t)(hpd_philox4x32(177 + i, t, 0).v[0] % 512);
-            fprintf(f, t ? ",%d" : "%d", prompts[i][t]);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
+    cl_make_prompts(&cl, N, 177, prompts, prompt_len, path, sizeof(path));
     cl_reference(&cl, path, N, MAX_TOKENS, "", &ref[0][0]);
     return 0;
 }
