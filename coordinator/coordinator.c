@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "cache/prefix_cache.h"
@@ -45,6 +46,8 @@ typedef struct node {
     bool alive;
     bool draining; /* the node said it is finishing its work to stop: no new jobs */
     double lease_until;
+    uint64_t alive_key;  /* its liveness pings name it (node/liveness.h) */
+    double alive_until;  /* 0: it has not pinged (yet) */
     hpd_rpc_client_t *client; /* coordinator -> node */
     hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
     hpd_kv_layout_t layout;
@@ -95,6 +98,7 @@ typedef struct {
     const char *port_file;
     const char *token_file;
     uint32_t heartbeat_ms, lease_ms;
+    uint32_t liveness_ms; /* a node whose pinger is silent this long is lost; 0: off */
     uint32_t max_requests;
     uint32_t queue_timeout_ms;
     uint32_t max_attempts;
@@ -111,7 +115,7 @@ typedef struct {
     hpd_metric_t *ttft, *tpot, *duration, *queue_wait;
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
-    hpd_metric_t *node_losses, *uptime;
+    hpd_metric_t *node_losses, *pair_failures, *uptime;
     hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
     hpd_metric_t *auth_timeouts, *auth_failures;
 } metrics_t;
@@ -454,10 +458,21 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         return;
     }
     if (reply->is_error) {
-        if (reply->error_code == HPD_RPC_ERR_PARAMS)
+        if (reply->error_code == HPD_RPC_ERR_PARAMS) {
             req_fail(r, HPD_RPC_ERR_PARAMS, "%.*s", (int)reply->error_message_len,
                      reply->error_message);
-        else
+        } else if (reply->error_code == HPD_RPC_ERR_PEER) {
+            /* the data path between the two failed (a cut, a stopped
+             * decode node, a missed transfer deadline): the next attempt
+             * goes to another decode node where there is one */
+            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %.*s; the request "
+                          "avoids %s", p->name, d->name, (int)reply->error_message_len,
+                          reply->error_message, d->name);
+            r->avoid_decode = d->id;
+            hpd_metric_inc(C.m.pair_failures, 1);
+            requeue(r, "prefill on %s: %.*s", p->name, (int)reply->error_message_len,
+                    reply->error_message);
+        } else
             requeue(r, "prefill on %s: %.*s", p->name, (int)reply->error_message_len,
                     reply->error_message);
         return;
@@ -778,8 +793,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     const double now = hpd_time_now();
     for (node_t *n = C.nodes, *next; n != NULL; n = next) {
         next = n->next;
-        if (n->lease_until < now)
+        if (n->lease_until < now) {
             node_lost(n, "lease expired (no heartbeat)");
+        } else if (n->alive_until > 0 && n->alive_until < now) {
+            char why[120];
+            snprintf(why, sizeof(why), "no liveness ping for %u ms: the process is stopped or "
+                     "hung", C.o.liveness_ms);
+            node_lost(n, why);
+        }
     }
     for (req_t *r = C.reqs, *next; r != NULL; r = next) {
         next = r->next;
@@ -884,10 +905,17 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                  n->layout.order == HPD_KV_HND ? "hnd" : "nhd", n->pages, n->slots);
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 3);
+    const bool liveness = C.o.liveness_ms > 0 && getrandom(&n->alive_key, sizeof(n->alive_key),
+                                                            0) == sizeof(n->alive_key);
+    msgpack_pack_map(&b.pk, liveness ? 5 : 3);
     hpd_proto_kv_u64(&b.pk, "node_id", n->id);
     hpd_proto_kv_u64(&b.pk, "heartbeat_ms", C.o.heartbeat_ms);
     hpd_proto_kv_u64(&b.pk, "lease_ms", C.o.lease_ms);
+    if (liveness) {
+        /* five pings per liveness lease */
+        hpd_proto_kv_u64(&b.pk, "alive_ms", C.o.liveness_ms / 5 > 10 ? C.o.liveness_ms / 5 : 10);
+        hpd_proto_kv_u64(&b.pk, "alive_key", n->alive_key);
+    }
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
     schedule_soon();
@@ -895,6 +923,30 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
 bad:
     hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "register: %s", err.text);
     free(n);
+}
+
+/* A liveness ping, from the node's pinger thread on a connection of its
+ * own: the key from the registration proves it is that node's. */
+static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_proto_err_t err = {{0}};
+    uint64_t node_id, key;
+    node_t *n;
+
+    if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err) ||
+        !hpd_proto_u64(params, "key", true, UINT64_MAX, &key, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "alive: %s", err.text);
+        return;
+    }
+    if ((n = node_by_id(node_id)) == NULL || !n->alive || n->alive_key == 0 ||
+        n->alive_key != key) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
+                            "alive: node %llu is not registered with that key",
+                            (unsigned long long)node_id);
+        return;
+    }
+    n->alive_until = hpd_time_now() + C.o.liveness_ms / 1000.0;
+    hpd_rpc_reply(conn, id, NULL);
 }
 
 static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
@@ -1184,6 +1236,8 @@ static void usage(FILE *f)
             "  --heartbeat-ms N       node heartbeat period (500)\n"
             "  --lease-ms N           a node silent this long is lost; more than the\n"
             "                         longest engine step (10000)\n"
+            "  --liveness-ms N        a node whose pinger thread is silent this long is\n"
+            "                         lost (stopped or hung process); 0 = off (500)\n"
             "  --max-requests N       requests in flight before 'overloaded' (256)\n"
             "  --queue-timeout-ms N   a request no node can take fails after (60000)\n"
             "  --max-attempts N       attempts per request across failures (4)\n"
@@ -1197,7 +1251,7 @@ static void usage(FILE *f)
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     enum { O_HOST = 256, O_PORT, O_PORTFILE, O_TOKEN, O_HB, O_LEASE, O_MAXREQ, O_QTIMEOUT,
-           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_MAXCONN, O_KEYS, O_HELP };
+           O_ATTEMPTS, O_LOG, O_METRICS, O_DRAIN, O_MAXCONN, O_KEYS, O_LIVENESS, O_HELP };
     static const struct option longopts[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"port-file", 1, 0, O_PORTFILE},
         {"token-file", 1, 0, O_TOKEN}, {"heartbeat-ms", 1, 0, O_HB}, {"lease-ms", 1, 0, O_LEASE},
@@ -1205,6 +1259,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"max-attempts", 1, 0, O_ATTEMPTS}, {"log-level", 1, 0, O_LOG},
         {"metrics-port", 1, 0, O_METRICS}, {"drain-timeout-ms", 1, 0, O_DRAIN},
         {"max-connections", 1, 0, O_MAXCONN}, {"client-keys-file", 1, 0, O_KEYS},
+        {"liveness-ms", 1, 0, O_LIVENESS},
         {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     struct {
         int opt;
@@ -1213,6 +1268,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         uint32_t *dst;
     } nums[] = {{O_HB, "--heartbeat-ms", 10, 60000, &o->heartbeat_ms},
                 {O_LEASE, "--lease-ms", 30, 600000, &o->lease_ms},
+                {O_LIVENESS, "--liveness-ms", 0, 600000, &o->liveness_ms},
                 {O_MAXREQ, "--max-requests", 1, 1u << 24, &o->max_requests},
                 {O_QTIMEOUT, "--queue-timeout-ms", 1, UINT32_MAX, &o->queue_timeout_ms},
                 {O_ATTEMPTS, "--max-attempts", 1, 100, &o->max_attempts},
@@ -1225,6 +1281,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                   .port = 7000,
                   .heartbeat_ms = 500,
                   .lease_ms = 10000,
+                  .liveness_ms = 500,
                   .max_requests = 256,
                   .queue_timeout_ms = 60000,
                   .max_attempts = 4,
@@ -1430,6 +1487,9 @@ static hpd_status_t metrics_init(metrics_t *m)
                                         "Registered nodes that are draining.", NULL);
     m->node_losses = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_losses_total",
                                      "Nodes lost (connection closed or lease expired).", NULL);
+    m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
+                                       "Prefill jobs whose transfer to the decode node failed "
+                                       "(the request went to another decode node).", NULL);
     m->uptime = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_uptime_seconds",
                                 "Seconds since the process started.", NULL);
     static const char conn_help[] = "Open RPC connections (clients and nodes).";
@@ -1508,6 +1568,7 @@ int main(int argc, char **argv)
     static const hpd_rpc_method_t methods[] = {
         {"register", m_register, HPD_ROLE_NODE},
         {"heartbeat", m_heartbeat, HPD_ROLE_NODE},
+        {"alive", m_alive, HPD_ROLE_NODE},
         {"generate", m_generate, HPD_ROLE_CLIENT},
         {"cancel", m_cancel, HPD_ROLE_CLIENT},
         {"status", m_status, HPD_ROLE_CLIENT | HPD_ROLE_NODE},

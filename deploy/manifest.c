@@ -114,10 +114,12 @@ static const field_t proc_fields[] = {
     U32("prefill_chunk", prefill_chunk, 64, 1u << 16, 64, R_NODE),
     {"prefix_cache", F_MAP, 0, 0, 0, 0, 0, R_PREFILL, prefix_fields},
     U32("staging_mb", staging_mb, 1, 1u << 20, 1, R_PREFILL),
+    U32("xfer_deadline_ms", xfer_deadline_ms, 1, 3600000, 1, R_PREFILL),
     U32("reserve_timeout_ms", reserve_timeout_ms, 1, UINT32_MAX, 1, R_DECODE),
     {"ucx", F_MAP, 0, 0, 0, 0, 0, R_NODE, ucx_fields},
     U32("heartbeat_ms", heartbeat_ms, 10, 60000, 1, R_COORD),
     U32("lease_ms", lease_ms, 30, 600000, 1, R_COORD),
+    U32("liveness_ms", liveness_ms, 10, 600000, 1, R_COORD),
     U32("max_requests", max_requests, 1, 1u << 24, 1, R_COORD),
     U32("queue_timeout_ms", queue_timeout_ms, 1, UINT32_MAX, 1, R_COORD),
     U32("max_attempts", max_attempts, 1, 100, 1, R_COORD),
@@ -772,6 +774,7 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         }
         const struct { const char *flag; uint32_t v; } nums[] = {
             {"--heartbeat-ms", p->heartbeat_ms}, {"--lease-ms", p->lease_ms},
+            {"--liveness-ms", p->liveness_ms},
             {"--max-requests", p->max_requests}, {"--queue-timeout-ms", p->queue_timeout_ms},
             {"--max-attempts", p->max_attempts}};
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
@@ -802,6 +805,7 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
             {"--prefill-chunk", p->prefill_chunk, true},
             {"--checkpoints", p->checkpoints, p->role == HPD_PROC_PREFILL},
             {"--staging-mb", p->staging_mb, p->role == HPD_PROC_PREFILL},
+            {"--xfer-deadline-ms", p->xfer_deadline_ms, p->role == HPD_PROC_PREFILL},
             {"--reserve-timeout-ms", p->reserve_timeout_ms, p->role == HPD_PROC_DECODE}};
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
             if (nums[i].v && nums[i].on)

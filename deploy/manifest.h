@@ -42,9 +42,11 @@ typedef struct {
     uint32_t kv_pages, max_batch, max_context, prefill_chunk;
     bool prefix_cache;
     uint32_t checkpoints, host_cache_mb, staging_mb, reserve_timeout_ms;
+    uint32_t xfer_deadline_ms; /* 0: the node's default */
     char ucx_tls[64], ucx_dev[64];
     /* coordinator */
     uint32_t heartbeat_ms, lease_ms, max_requests, queue_timeout_ms, max_attempts;
+    uint32_t liveness_ms; /* 0: the coordinator's default */
 } hpd_manifest_proc_t;
 
 typedef struct {

@@ -35,6 +35,9 @@ static void usage(FILE *f, const char *role)
             "  --host-cache-mb N      prefill: host tier of the prefix cache, 0 = off (512)\n"
             "  --staging-mb N         prefill: registered staging for pushes (256)\n"
             "  --reserve-timeout-ms N decode: an unstarted reservation expires (60000)\n"
+            "  --xfer-deadline-ms N   prefill: a transfer not acknowledged this long after\n"
+            "                         its end, plus its bytes at the link rate, fails its\n"
+            "                         pair; 0 = never (1000)\n"
             "  --ucx-tls T            UCX transports (tcp)\n"
             "  --ucx-dev D            UCX network devices (lo)\n"
             "  --connect-timeout-ms N keep trying to reach the coordinator (10000)\n"
@@ -61,7 +64,7 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
 {
     enum { O_COORD = 256, O_TOKEN, O_NAME, O_HOST, O_PORT, O_DEVICE, O_THREADS, O_LAYOUT,
            O_BATCH, O_CTX, O_CHUNK, O_PAGES, O_NOCACHE, O_CKPT, O_HOSTMB, O_STAGING, O_RESERVE,
-           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_METRICS, O_DRAIN, O_HELP };
+           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_METRICS, O_DRAIN, O_DEADLINE, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"name", 1, 0, O_NAME}, {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT},
@@ -71,6 +74,7 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
         {"kv-pages", 1, 0, O_PAGES}, {"no-prefix-cache", 0, 0, O_NOCACHE},
         {"checkpoints", 1, 0, O_CKPT}, {"host-cache-mb", 1, 0, O_HOSTMB},
         {"staging-mb", 1, 0, O_STAGING}, {"reserve-timeout-ms", 1, 0, O_RESERVE},
+        {"xfer-deadline-ms", 1, 0, O_DEADLINE},
         {"ucx-tls", 1, 0, O_TLS}, {"ucx-dev", 1, 0, O_DEV},
         {"connect-timeout-ms", 1, 0, O_CONNECT}, {"log-level", 1, 0, O_LOG},
         {"model", 1, 0, O_MODEL}, {"metrics-port", 1, 0, O_METRICS},
@@ -87,6 +91,7 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
     o->ucx_dev = "lo";
     o->staging_bytes = 256ull << 20;
     o->reserve_timeout_ms = 60000;
+    o->xfer_deadline_ms = 1000;
     o->connect_timeout_ms = 10000;
     o->metrics_port = -1;
     o->drain_timeout_ms = 30000;
@@ -154,6 +159,10 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
             break;
         case O_RESERVE:
             if (parse_u32("--reserve-timeout-ms", optarg, 1, UINT32_MAX, &o->reserve_timeout_ms))
+                return -1;
+            break;
+        case O_DEADLINE:
+            if (parse_u32("--xfer-deadline-ms", optarg, 0, 3600000, &o->xfer_deadline_ms))
                 return -1;
             break;
         case O_TLS: o->ucx_tls = optarg; break;
@@ -307,6 +316,7 @@ static void coordinator_lost(hpd_node_t *n, const char *why)
         return;
     n->registered = false;
     n->heartbeat_pending = false;
+    hpd_liveness_set(n->liveness, 0, 0, 0);
     n->lost_at = hpd_time_now();
     n->reg_attempts = 0;
     event_del(n->hb_ev);
@@ -434,11 +444,13 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
                       hpd_status_str(st));
         return st;
     }
-    uint32_t hb = 500, lease = 0;
-    uint64_t id;
+    uint32_t hb = 500, lease = 0, alive_ms = 0;
+    uint64_t id, alive_key = 0;
     if (!hpd_proto_u64(reply->result, "node_id", true, UINT64_MAX, &id, &err) ||
         !hpd_proto_u32(reply->result, "heartbeat_ms", false, 60000, &hb, &err) ||
-        !hpd_proto_u32(reply->result, "lease_ms", false, UINT32_MAX, &lease, &err)) {
+        !hpd_proto_u32(reply->result, "lease_ms", false, UINT32_MAX, &lease, &err) ||
+        !hpd_proto_u32(reply->result, "alive_ms", false, 60000, &alive_ms, &err) ||
+        !hpd_proto_u64(reply->result, "alive_key", false, UINT64_MAX, &alive_key, &err)) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
         return HPD_ERR_FORMAT;
     }
@@ -448,6 +460,18 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
     n->registered = true;
     n->registrations++;
     hpd_xfer_set_node_id(n->xfer, n->node_id);
+    /* a coordinator that asks for liveness pings gets them from the
+     * pinger thread (its connection is made on the first) */
+    if (alive_ms > 0 && n->liveness == NULL) {
+        hpd_liveness_params_t lp = {.host = n->o.coordinator_host,
+                                    .port = n->o.coordinator_port,
+                                    .token = n->token,
+                                    .name = n->o.name};
+        if (hpd_liveness_start(&lp, &n->liveness) != HPD_OK)
+            HPD_LOG_WARN(LOG_COMPONENT, "%s: cannot start the liveness thread; the "
+                         "coordinator detects a stopped node by its lease only", n->o.name);
+    }
+    hpd_liveness_set(n->liveness, alive_ms > 0 ? id : 0, alive_key, alive_ms);
     const struct timeval tv = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
     event_add(n->hb_ev, &tv);
     return HPD_OK;
@@ -721,6 +745,7 @@ static bool health(void *arg, char *msg, size_t len)
 
 static void node_destroy(hpd_node_t *n)
 {
+    hpd_liveness_stop(n->liveness);
     if (n->role->fini != NULL)
         n->role->fini(n);
     if (n->step_ev)
@@ -799,7 +824,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
                             .on_notice = on_notice,
                             .check_dests = on_check_dests,
                             .on_peer_error = on_peer_error,
-                            .arg = n};
+                            .arg = n,
+                            .deadline_ms = n->o.xfer_deadline_ms};
     if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)
         goto out;
     n->o.engine.model = n->model;

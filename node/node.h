@@ -12,6 +12,7 @@
 
 #include "common/metrics.h"
 #include "engine/engine.h"
+#include "node/liveness.h"
 #include "transport/http.h"
 #include "transport/rpc.h"
 #include "transport/xfer.h"
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t connect_timeout_ms; /* how long to retry reaching the coordinator */
     int32_t metrics_port;        /* HTTP /metrics and /healthz on host; -1: none */
     uint32_t drain_timeout_ms;   /* SIGTERM: work in flight may finish this long */
+    uint32_t xfer_deadline_ms;   /* prefill: hpd_xfer_params_t.deadline_ms */
 } hpd_node_opts_t;
 
 typedef struct {
@@ -96,6 +98,7 @@ struct hpd_node {
     hpd_xfer_ctx_t *xfer;
     hpd_rpc_server_t *server;
     hpd_rpc_client_t *coord;
+    hpd_liveness_t *liveness; /* pings from a thread of its own (node/liveness.h) */
     char *token;
     uint64_t node_id;      /* the coordinator's id for this node (new at each registration) */
     uint32_t heartbeat_ms, lease_ms; /* from the registration */

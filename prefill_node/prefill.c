@@ -55,6 +55,7 @@ typedef struct job {
     bool xfer_open;
     /* outcome */
     bool failed;
+    bool pair_failed; /* the transfer to the decode node failed: HPD_RPC_ERR_PEER */
     char error[200];
     int32_t first_token;
     uint32_t cached_tokens;
@@ -225,7 +226,9 @@ static void job_end(prefill_t *p, job_t *j)
                           (unsigned long long)j->id);
             p->jobs_canceled++;
         } else if (j->failed) {
-            hpd_rpc_reply_error(j->conn, j->call_id, HPD_RPC_ERR_APP, "%s", j->error);
+            hpd_rpc_reply_error(j->conn, j->call_id,
+                                j->pair_failed ? HPD_RPC_ERR_PEER : HPD_RPC_ERR_APP, "%s",
+                                j->error);
             p->jobs_failed++;
         } else {
             hpd_rpc_buf_t b;
@@ -269,6 +272,7 @@ static void on_xfer_done(void *arg, uint64_t xfer_id, hpd_status_t st)
     job_t *j = arg;
     if (st != HPD_OK && !j->failed) {
         j->failed = true;
+        j->pair_failed = st != HPD_ERR_CANCELED;
         snprintf(j->error, sizeof(j->error), "transfer to decode node %llu failed: %s",
                  (unsigned long long)j->dst_node, hpd_status_str(st));
     }
@@ -445,6 +449,7 @@ static void after_step(hpd_node_t *n)
             j->state = JOB_FINISHING;
             if (hpd_xfer_finish(j->peer, j->id, on_xfer_done, j, false) != HPD_OK) {
                 job_fail(p, j, "decode node %llu is gone", (unsigned long long)j->dst_node);
+                j->pair_failed = true;
                 job_end(p, j);
             }
         }
@@ -787,9 +792,11 @@ static void on_peer_error(hpd_node_t *n, hpd_xfer_peer_t *peer, hpd_status_t sta
     prefill_t *p = n->role_data;
     static const struct timeval now = {0, 0};
     for (job_t *j = p->jobs; j != NULL; j = j->next)
-        if (j->peer == peer && j->state != JOB_FINISHING)
+        if (j->peer == peer && j->state != JOB_FINISHING) {
             job_fail(p, j, "decode node %llu failed: %s", (unsigned long long)j->dst_node,
                      hpd_status_str(status));
+            j->pair_failed = true;
+        }
     evtimer_add(p->reap_ev, &now);
 }
 

@@ -56,6 +56,9 @@ typedef struct xfer {
     bool ended; /* callback delivered; a UCX request still points here */
     hpd_xfer_done_cb_t cb;
     void *cb_arg;
+    double t_first;         /* first put (or the finish, without puts) */
+    double t_finish, due;
+    struct event *deadline; /* while finishing, with deadlines on */
 } xfer_t;
 
 typedef struct {
@@ -87,6 +90,7 @@ struct hpd_xfer_peer {
     uint32_t refs;     /* 1 while connected + one per UCX request in flight */
     uint32_t inflight; /* UCX requests in flight on this peer */
     bool failed, closed;
+    bool ep_closed; /* a missed deadline closed the endpoint already */
 };
 
 struct hpd_xfer_ctx {
@@ -218,6 +222,8 @@ static void peer_unref(hpd_xfer_peer_t *p)
 
 static void xfer_free(xfer_t *x)
 {
+    if (x->deadline != NULL)
+        event_free(x->deadline);
     if (x->hash != NULL)
         XXH3_freeState(x->hash);
     free(x->dests);
@@ -263,6 +269,8 @@ static void fail_transfers(hpd_xfer_peer_t *p, hpd_status_t st)
         }
         xfer_unlink(p, x);
         p->ctx->st.transfers_failed++;
+        if (x->deadline != NULL)
+            event_del(x->deadline);
         if (x->cb != NULL)
             x->cb(x->cb_arg, x->id, st);
         x->cb = NULL;
@@ -873,6 +881,8 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data)
     request_done(request, user_data);
 }
 
+static void close_ep(hpd_xfer_peer_t *p);
+
 void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
 {
     hpd_xfer_ctx_t *c = p->ctx;
@@ -886,6 +896,17 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
     fail_transfers(p, HPD_ERR_CANCELED);
     p->next = c->closing;
     c->closing = p;
+    if (!p->ep_closed)
+        close_ep(p);
+    peer_unref(p); /* the connection's reference */
+}
+
+/* Closes the endpoint at once: UCX cancels its requests (their callbacks
+ * run with an error), and the peer is held until the close completed. */
+static void close_ep(hpd_xfer_peer_t *p)
+{
+    hpd_xfer_ctx_t *c = p->ctx;
+    p->ep_closed = true;
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
@@ -899,7 +920,6 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
         c->st.inflight++;
         arm_tick(c);
     }
-    peer_unref(p); /* the connection's reference */
 }
 
 uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *p)
@@ -991,6 +1011,8 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
         return HPD_ERR_IO;
     if ((x = xfer_get(p, xfer_id, true)) == NULL)
         return HPD_ERR_NO_MEMORY;
+    if (x->t_first == 0)
+        x->t_first = hpd_time_now();
     for (uint32_t i = 0; i < n; i++) {
         const hpd_xfer_put_t *u = &puts[i];
         if (u->region >= p->n_regions || u->offset > p->regions[u->region].len ||
@@ -1122,6 +1144,89 @@ static void send_notice(xfer_t *x)
         finish_answered(x, HPD_ERR_IO);
 }
 
+/* ------------------------------------------------------------ deadlines */
+
+#define RATE_SAMPLE_BYTES (1ull << 20)
+
+/* The rate a deadline assumes: a quarter of the measured link rate, at
+ * least min_rate. */
+static double deadline_rate(const hpd_xfer_ctx_t *c)
+{
+    const double floor = c->p.min_rate > 0 ? c->p.min_rate : 100e6;
+    const double r = c->st.link_rate / 4;
+    return r > floor ? r : floor;
+}
+
+/* A transfer missed its deadline: the pair is taken as failed. The
+ * endpoint closes now, so that nothing more of this peer's queued puts
+ * reaches the wire and the local bytes are free; the owner hears of it as
+ * of any failed endpoint. */
+static void arm_deadline(xfer_t *x);
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    xfer_t *x = arg;
+    hpd_xfer_peer_t *p = x->peer;
+    hpd_xfer_ctx_t *c = p->ctx;
+
+    if (p->failed || p->closed)
+        return;
+    /* a timer that fires more than 100 ms after it was due says this
+     * process did not run (stopped, starved): the peer may not be late, and the
+     * transfer gets its deadline again from now */
+    if (hpd_time_now() - x->due > 0.1) {
+        HPD_LOG_DEBUG(LOG_COMPONENT, "transfer %llu: the deadline timer fired %.0f ms late; "
+                      "this process did not run, the deadline starts again",
+                      (unsigned long long)x->id, (hpd_time_now() - x->due) * 1e3);
+        arm_deadline(x);
+        return;
+    }
+    HPD_LOG_WARN(LOG_COMPONENT, "transfer %llu to node %llu missed its deadline: %llu bytes "
+                 "not acknowledged %.0f ms after the finish (%u ms + the bytes at %.0f MB/s); "
+                 "the endpoint is closed", (unsigned long long)x->id,
+                 (unsigned long long)p->node, (unsigned long long)x->hdr.bytes,
+                 (hpd_time_now() - x->t_finish) * 1e3, c->p.deadline_ms,
+                 deadline_rate(c) / 1e6);
+    c->st.deadlines_missed++;
+    p->failed = true;
+    p->refs++; /* the callbacks below may disconnect it */
+    fail_transfers(p, HPD_ERR_TIMEOUT); /* x becomes an orphan */
+    if (!p->ep_closed)
+        close_ep(p); /* cancels the flush: the orphan goes */
+    if (!p->closed && c->p.on_peer_error != NULL)
+        c->p.on_peer_error(c->p.arg, p, HPD_ERR_TIMEOUT);
+    peer_unref(p);
+}
+
+static void arm_deadline(xfer_t *x)
+{
+    hpd_xfer_ctx_t *c = x->peer->ctx;
+    if (c->p.deadline_ms == 0 || c->p.base == NULL)
+        return;
+    if (x->deadline == NULL && (x->deadline = evtimer_new(c->p.base, on_deadline, x)) == NULL)
+        return; /* out of memory: this transfer goes without */
+    /* the puts went out while the sender computed; what is left of them
+     * is at most the whole transfer */
+    const double s = c->p.deadline_ms / 1e3 + (double)x->hdr.bytes / deadline_rate(c);
+    const uint64_t us = (uint64_t)(s * 1e6);
+    x->t_finish = hpd_time_now();
+    x->due = x->t_finish + s;
+    const struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
+    evtimer_add(x->deadline, &tv);
+}
+
+/* Every put landed: the link rate is sampled, then the notice goes. */
+static void flushed(xfer_t *x)
+{
+    hpd_xfer_ctx_t *c = x->peer->ctx;
+    const double dt = hpd_time_now() - x->t_first;
+    if (x->hdr.bytes >= RATE_SAMPLE_BYTES && dt > 0) {
+        const double sample = (double)x->hdr.bytes / dt;
+        c->st.link_rate = c->st.link_rate > 0 ? 0.75 * c->st.link_rate + 0.25 * sample : sample;
+    }
+    send_notice(x);
+}
+
 static void on_flushed(void *request, ucs_status_t status, void *user_data)
 {
     xfer_t *x = user_data;
@@ -1130,7 +1235,7 @@ static void on_flushed(void *request, ucs_status_t status, void *user_data)
     if (orphan_done(x))
         ;
     else if (status == UCS_OK)
-        send_notice(x);
+        flushed(x);
     else
         xfer_end(x, HPD_ERR_IO);
     request_done(request, p);
@@ -1159,10 +1264,13 @@ hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done
                               .cb.send = on_flushed,
                               .user_data = x};
     /* every put of this endpoint lands before the notice is sent */
+    if (x->t_first == 0)
+        x->t_first = hpd_time_now();
+    arm_deadline(x);
     r = ucp_ep_flush_nbx(p->ep, &rp);
     if (r == NULL) {
         if (!orphan_done(x)) /* the endpoint did not fail inside the flush */
-            send_notice(x);
+            flushed(x);
     } else if (track(p, r) != HPD_OK) {
         finish_answered(x, HPD_ERR_IO);
     }

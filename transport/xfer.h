@@ -71,6 +71,16 @@ typedef struct {
     bool (*check_dests)(void *arg, const hpd_xfer_notice_t *notice, const hpd_xfer_dest_t *dests,
                         uint32_t n_dests);
     void *arg;
+    /* Sender: a finished transfer that is not acknowledged (flushed and its
+     * notice sent) within deadline_ms + bytes / rate fails its peer with
+     * HPD_ERR_TIMEOUT: the endpoint is closed at once (its requests are
+     * cancelled; the local bytes are free again), every transfer on it
+     * fails, and on_peer_error runs. rate is a quarter of the link rate
+     * measured from earlier transfers of at least 1 MiB (bytes from first
+     * put to acknowledgement), and never below min_rate (0: 100 MB/s).
+     * deadline_ms 0: no deadlines. */
+    uint32_t deadline_ms;
+    double min_rate;
 } hpd_xfer_params_t;
 
 hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **ctx_p);
@@ -181,7 +191,8 @@ hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *peer, uint64_t xfer_id,
 
 /* Ends a transfer: flush, then the completion message. cb (may be NULL) runs
  * once: HPD_OK when the message was delivered to the wire, an error when the
- * peer failed first. corrupt_for_test sends a wrong checksum (fault
+ * peer failed first (HPD_ERR_TIMEOUT: it missed its deadline, see
+ * hpd_xfer_params_t.deadline_ms). corrupt_for_test sends a wrong checksum (fault
  * injection for tests). */
 typedef void (*hpd_xfer_done_cb_t)(void *arg, uint64_t xfer_id, hpd_status_t status);
 hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *peer, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
@@ -199,6 +210,8 @@ typedef struct {
     uint32_t inflight; /* UCX requests not yet completed (towards a dead
                           shared-memory peer they may stay until destroy) */
     uint32_t open_transfers; /* transfers whose callback has not run */
+    uint64_t deadlines_missed;
+    double link_rate; /* bytes/s measured (0: not yet), see deadline_ms */
 } hpd_xfer_stats_t;
 
 void hpd_xfer_stats(const hpd_xfer_ctx_t *ctx, hpd_xfer_stats_t *stats_p);

@@ -278,7 +278,9 @@ static inline void cl_args(char *argv[CL_MAX_ARGS], const char *const *base, siz
 }
 
 /* Starts a coordinator on a free port with extra flags (NULL-terminated;
- * later flags win) and waits until it listens. */
+ * later flags win) and waits until it listens. Liveness pings are off
+ * unless extra turns them on (--liveness-ms): tests stop nodes (SIGSTOP)
+ * to hold work where they want it. */
 static inline cl_proc_t *cl_start_coordinator(cl_t *cl, const char *name,
                                               const char *const *extra)
 {
@@ -286,7 +288,8 @@ static inline cl_proc_t *cl_start_coordinator(cl_t *cl, const char *name,
     snprintf(port_file, sizeof(port_file), "%s/%s.port", cl->root, name);
     unlink(port_file);
     const char *base[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
-                          "--token-file", cl->token_file, "--log-level", "info"};
+                          "--token-file", cl->token_file, "--log-level", "info",
+                          "--liveness-ms", "0"};
     cl_args(argv, base, sizeof(base) / sizeof(base[0]), extra);
     cl->coord = cl_spawn(cl, name, argv);
     cl_wait(cl, NULL, 30, cl_file_nonempty, port_file, "the coordinator's port file");

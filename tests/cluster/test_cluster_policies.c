@@ -1032,17 +1032,19 @@ static void wait_log_count(const cl_proc_t *p, const char *needle, uint32_t n)
     cl_wait(&cl, NULL, 120, log_count_reached, &w, what);
 }
 
-/* A decode node stopped (SIGSTOP) under load, past its lease: the prefill
- * nodes pushing to it must not crash (one did: an endpoint failing inside a
- * UCX call ended its transfer twice) and its requests run again elsewhere,
- * right. It resumes: it finds itself dropped, registers again and serves.
+/* A decode node stopped (SIGSTOP) under load: the coordinator's liveness
+ * lease (500 ms, the default) finds it, its requests run again elsewhere,
+ * right, all of them while it is still stopped (the heartbeat lease, 120 s
+ * here, never comes into it), and the prefill nodes pushing to it do not
+ * crash (one did: an endpoint failing inside a UCX call ended its transfer
+ * twice). It resumes: it finds itself dropped, registers again and serves.
  * The other decode node is stopped the same way and then killed (-9): the
  * same. Every process exits 0 at the end with a clean log (no sanitizer
  * report), which is what the crash showed as. */
 static void test_decode_node_hangs(void **state)
 {
-    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", "--max-attempts", "4",
-                          NULL};
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "120000", "--max-attempts", "4",
+                          "--liveness-ms", "500", NULL};
     enum { N = 16 };
     small_t s;
     req_t q[N];
@@ -1064,20 +1066,16 @@ static void test_decode_node_hangs(void **state)
             cl_wait_node(&cl, s.c, "hang-d2", "reserved_slots", 8, 60);
         cl_wait_node(&cl, s.c, live_d->name, "reserved_slots", round == 0 ? 8 : 16 - 8, 60);
         const uint64_t retried = cl_requests(&cl).retried;
+        const double t_stop = hpd_time_now();
         cl_pause((cl_proc_t *)victims[round]);
         cl_resume(s.p);
         cl_resume(p2);
         char lost[96];
         snprintf(lost, sizeof(lost), "decode node %s", names[round]);
-        count_wait_t w = {s.coord, "lost: lease expired (no heartbeat)", (uint32_t)round + 1};
-        cl_wait(&cl, s.c, 120, log_count_reached, &w, "the stopped decode node's lease to lapse");
-        assert_true(log_line(s.coord, lost, "lost: lease expired (no heartbeat)"));
-        if (round == 0) {
-            cl_resume((cl_proc_t *)victims[round]);
-            cl_wait_log(&cl, victims[round], "registered again as node", 60);
-        } else {
-            cl_kill9(&cl, (cl_proc_t *)victims[round]);
-        }
+        count_wait_t w = {s.coord, "lost: no liveness ping", (uint32_t)round + 1};
+        cl_wait(&cl, s.c, 120, log_count_reached, &w, "the stopped decode node's liveness lease");
+        const double t_lost = hpd_time_now();
+        assert_true(log_line(s.coord, lost, "lost: no liveness ping for 500 ms"));
         for (int i = 0; i < N; i++) {
             wait_done(s.c, &q[i], "a request placed while a decode node hung");
             if (q[i].status != HPD_OK)
@@ -1085,8 +1083,19 @@ static void test_decode_node_hangs(void **state)
             assert_int_equal(q[i].n, MAX_TOKENS);
             assert_memory_equal(q[i].tokens, ref[i % N_PROMPTS], sizeof(ref[0]));
         }
+        /* for the record (docs/operations.md's fault table), not a bound */
+        fprintf(stderr, "round %d: %s stopped; seen lost after %.2f s (the log "
+                "polled every 20 ms); all %d requests right %.2f s after the stop, the node "
+                "still stopped\n", round, names[round], t_lost - t_stop, N,
+                hpd_time_now() - t_stop);
         /* the victim's requests ran again elsewhere */
         assert_true(cl_requests(&cl).retried >= retried + 8);
+        if (round == 0) {
+            cl_resume((cl_proc_t *)victims[round]);
+            cl_wait_log(&cl, victims[round], "registered again as node", 60);
+        } else {
+            cl_kill9(&cl, (cl_proc_t *)victims[round]);
+        }
         /* the prefill nodes are alive and serving (cl_wait fails otherwise) */
         assert_true(s.p->pid > 0 && p2->pid > 0);
     }

@@ -32,7 +32,7 @@ static struct event_base *base;
 #define LOOP_UNTIL(cond) PROGRESS_UNTIL(cond, (void)0)
 
 /* A few turns of the loop, for "nothing more happens" checks. */
-static void spin(int turns)
+static inline void spin(int turns)
 {
     for (int i = 0; i < turns; i++) {
         event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);

@@ -245,8 +245,11 @@ static void complete_deferred(int i)
     deferred[i].cb(NULL, UCS_OK, deferred[i].user_data);
 }
 
+static int n_ep_closes; /* every call */
+
 ucs_status_ptr_t __wrap_ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
 {
+    n_ep_closes++;
     if (defer_closes && n_deferred < 8) {
         deferred[n_deferred].cb = param->cb.send;
         deferred[n_deferred].user_data = param->user_data;
@@ -1765,6 +1768,116 @@ static void test_peer_failure(void **state)
     hpd_xfer_destroy(s);
 }
 
+/* A transfer whose flush does not complete within its deadline fails its
+ * pair: the transfer ends with HPD_ERR_TIMEOUT, the endpoint is closed
+ * (later puts are refused), on_peer_error runs once, the receiver sees no
+ * notice, and the owner's disconnect afterwards closes nothing twice. A
+ * transfer acknowledged in time is not failed later, and one of 1 MiB or
+ * more measures the link rate. */
+static void test_deadline_fails_the_pair(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s;
+    hpd_xfer_params_t sp = {.base = base,
+                            .node_id = 1,
+                            .tls = "tcp",
+                            .net_devices = "lo",
+                            .on_peer_error = rx_peer_error,
+                            .arg = &srx,
+                            .deadline_ms = 30};
+    static uint8_t mem[2 << 20];
+    static uint8_t src[1 << 20];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    done_t d = {0};
+
+    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    fill(src, sizeof(src), 11);
+    assert_int_equal(transfer(s, p, &rrx, 1, src, 0, 0, 64), HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_true(st.link_rate == 0); /* too small to measure */
+    assert_int_equal(transfer(s, p, &rrx, 2, src, 0, 4096, sizeof(src)), HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_true(st.link_rate > 0 && st.link_rate < 1e13);
+    const double t_done = hpd_time_now();
+    PROGRESS_UNTIL(hpd_time_now() - t_done > 0.1, (void)0); /* past both deadlines */
+    assert_int_equal(srx.n_peer_errors, 0);
+    assert_false(hpd_xfer_peer_failed(p));
+
+    hold_flushes = true;
+    record_timers = true;
+    n_timers = 0;
+    hpd_xfer_put_t u = {src, 0, 0, 64};
+    assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
+    record_timers = false;
+    /* 30 ms and 64 bytes at 100 MB/s or more: under a microsecond */
+    assert_int_equal(timers_of(0, 30000), 1);
+    const int closes = n_ep_closes;
+    PROGRESS_UNTIL(d.n == 1, (void)0);
+    assert_int_equal(n_ep_closes, closes + 1);
+    hold_flushes = false;
+    assert_int_equal(d.status, HPD_ERR_TIMEOUT);
+    assert_int_equal(srx.n_peer_errors, 1);
+    assert_true(hpd_xfer_peer_failed(p));
+    assert_int_equal(hpd_xfer_put(p, 4, &u, 1), HPD_ERR_IO);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.deadlines_missed, 1);
+    assert_int_equal(st.open_transfers, 0);
+    assert_int_equal(st.transfers_failed, 1);
+    assert_int_equal(st.transfers_finished, 2);
+    spin(20);
+    assert_int_equal(d.n, 1);
+    assert_int_equal(srx.n_peer_errors, 1);
+    assert_int_equal(rrx.n, 2);
+    hpd_xfer_disconnect(p);
+    assert_int_equal(n_ep_closes, closes + 1);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A sender that did not run when its deadline came (stopped, starved: the
+ * timer fires late) does not blame the peer: the transfer gets its
+ * deadline again from then, and fails only when that one passes too. */
+static void test_deadline_after_a_stop(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s;
+    hpd_xfer_params_t sp = {.base = base,
+                            .node_id = 1,
+                            .tls = "tcp",
+                            .net_devices = "lo",
+                            .on_peer_error = rx_peer_error,
+                            .arg = &srx,
+                            .deadline_ms = 1000};
+    static uint8_t mem[4096];
+    uint8_t src[64] = {9};
+    uint32_t id;
+    done_t d = {0};
+
+    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hold_flushes = true;
+    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    const double t0 = hpd_time_now();
+    usleep(1300 * 1000); /* the loop does not run: as if stopped */
+    spin(50);
+    assert_int_equal(d.n, 0);
+    assert_int_equal(srx.n_peer_errors, 0);
+    PROGRESS_UNTIL(d.n == 1, (void)0);
+    hold_flushes = false;
+    assert_int_equal(d.status, HPD_ERR_TIMEOUT);
+    assert_true(hpd_time_now() - t0 >= 2.2); /* 1.3 s stopped, then a whole second */
+    hpd_xfer_disconnect(p);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
 /* check_dests, for test_check_dests: records what it was shown; allows
  * region 0 below 4096 only */
 static struct {
@@ -2405,6 +2518,8 @@ int main(void)
         cmocka_unit_test(test_endpoint_fails_inside_a_call),
         cmocka_unit_test(test_put_fails_later),
         cmocka_unit_test(test_check_dests),
+        cmocka_unit_test(test_deadline_fails_the_pair),
+        cmocka_unit_test(test_deadline_after_a_stop),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_push_kv),
