@@ -279,7 +279,10 @@ static int cmd_status(hpd_client_t *c, bool as_json)
         printf("%-4lld %-8s %-16s %-22s %-10s %5s %13s %11s %9s %8s\n",
                (long long)jint(n, "id"), json_string_value(json_object_get(n, "role")),
                json_string_value(json_object_get(n, "name")),
-               json_string_value(json_object_get(n, "address")), layout, load, pages, slots,
+               json_object_get(n, "address") != NULL
+                   ? json_string_value(json_object_get(n, "address"))
+                   : "-", /* shown to node credentials only */
+               layout, load, pages, slots,
                cache, hit);
     }
     printf("requests: %lld active, %lld queued, %lld finished, %lld failed, %lld canceled, "

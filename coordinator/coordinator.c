@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
+#include "node/msg.h"
 #include "node/proto.h"
 #include "transport/http.h"
 #include "transport/rpc.h"
@@ -198,8 +199,7 @@ static void send_cancel(node_t *n, uint64_t job, hpd_rpc_reply_cb_t cb, void *ar
 {
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 1);
-    hpd_proto_kv_u64(&b.pk, "job", job);
+    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job}, &b.pk);
     if (n == NULL || !n->alive || hpd_rpc_call(n->client, "cancel", &b, 30000, cb, arg) != HPD_OK)
         cb(arg, HPD_ERR_IO, NULL);
     hpd_rpc_buf_destroy(&b);
@@ -448,7 +448,7 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     call_ctx_t *c = arg;
     req_t *r = req_by_job(c->job);
     hpd_proto_err_t err;
-    uint32_t first = 0, cached = 0;
+    hpd_msg_prefilled_t m = {0};
     free(c);
     if (r == NULL || r->state != R_PREFILLING)
         return; /* an older attempt */
@@ -477,25 +477,23 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                     reply->error_message);
         return;
     }
-    if (!hpd_proto_u32(reply->result, "first_token", true, UINT32_MAX, &first, &err) ||
-        !hpd_proto_u32(reply->result, "cached_tokens", false, UINT32_MAX, &cached, &err)) {
+    if (!hpd_msg_unpack(&hpd_msg_prefilled, reply->result, &m, &err)) {
         requeue(r, "prefill on %s: bad reply: %s", p->name, err.text);
         return;
     }
     p->jobs--;
     p->queued_tokens -= r->n_prompt;
-    r->cached_tokens = cached;
-    hpd_proto_float(reply->result, "prefill_ms", false, &r->prefill_ms, &err);
-    hpd_proto_float(reply->result, "push_ms", false, &r->push_ms, &err);
-    hpd_proto_float(reply->result, "exposed_push_ms", false, &r->exposed_push_ms, &err);
-    const int32_t t = (int32_t)first;
+    r->cached_tokens = m.cached_tokens;
+    r->prefill_ms = m.prefill_ms;
+    r->push_ms = m.push_ms;
+    r->exposed_push_ms = m.exposed_push_ms;
+    const int32_t t = (int32_t)m.first_token;
     add_tokens(r, 0, &t, 1);
     r->state = R_DECODING;
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 2);
-    hpd_proto_kv_u64(&b.pk, "job", r->job);
-    hpd_proto_kv_u64(&b.pk, "first_token", first);
+    hpd_msg_pack(&hpd_msg_start,
+                 &(hpd_msg_start_t){.job = r->job, .first_token = m.first_token}, &b.pk);
     call_ctx_t *sc = ctx_new(r->job, d->id);
     if (sc == NULL || hpd_rpc_call(d->client, "start", &b, 30000, on_started, sc) != HPD_OK) {
         free(sc);
@@ -737,24 +735,17 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
 {
     node_t *n = node_by_id((uint64_t)(uintptr_t)arg);
     hpd_proto_err_t err;
-    uint64_t job;
-    uint32_t index = 0, n_ids = 0;
-    int32_t *ids = NULL;
-    bool done = false;
-    char error[160] = "";
+    hpd_msg_tokens_t m = {0};
+    const char *error = m.error;
     req_t *r;
 
     if (n == NULL || !hpd_rpc_str_eq(msg->method, msg->method_len, "tokens"))
         return;
-    if (!hpd_proto_u64(msg->params, "job", true, UINT64_MAX, &job, &err) ||
-        !hpd_proto_u32(msg->params, "index", true, UINT32_MAX, &index, &err) ||
-        !hpd_proto_ids(msg->params, "ids", true, INT32_MAX, &ids, &n_ids, &err) ||
-        !hpd_proto_bool(msg->params, "done", true, &done, &err) ||
-        !hpd_proto_str(msg->params, "error", false, error, sizeof(error), &err)) {
+    if (!hpd_msg_unpack(&hpd_msg_tokens, msg->params, &m, &err)) {
         HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification from %s: %s", n->name, err.text);
         return;
     }
-    if ((r = req_by_job(job)) != NULL && r->state != R_QUEUED && r->dnode == n &&
+    if ((r = req_by_job(m.job)) != NULL && r->state != R_QUEUED && r->dnode == n &&
         error[0] != '\0') {
         /* the decode node ended the attempt (its reservation expired, a bad
          * transfer, a failed step) in whatever state the coordinator holds
@@ -774,11 +765,11 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         }
         requeue(r, "decode on %s: %s", n->name, error);
     } else if (r != NULL && r->state == R_DECODING && r->dnode == n) {
-        add_tokens(r, index, ids, n_ids);
-        if (done)
+        add_tokens(r, m.index, m.ids, m.ids_n);
+        if (m.done)
             req_finish(r);
     }
-    free(ids);
+    hpd_msg_free(&hpd_msg_tokens, &m);
 }
 
 static void on_node_close(void *arg, hpd_status_t why)
@@ -907,15 +898,14 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     hpd_rpc_buf_init(&b);
     const bool liveness = C.o.liveness_ms > 0 && getrandom(&n->alive_key, sizeof(n->alive_key),
                                                             0) == sizeof(n->alive_key);
-    msgpack_pack_map(&b.pk, liveness ? 5 : 3);
-    hpd_proto_kv_u64(&b.pk, "node_id", n->id);
-    hpd_proto_kv_u64(&b.pk, "heartbeat_ms", C.o.heartbeat_ms);
-    hpd_proto_kv_u64(&b.pk, "lease_ms", C.o.lease_ms);
-    if (liveness) {
+    const hpd_msg_registered_t reg = {
+        .node_id = n->id,
+        .heartbeat_ms = C.o.heartbeat_ms,
+        .lease_ms = C.o.lease_ms,
         /* five pings per liveness lease */
-        hpd_proto_kv_u64(&b.pk, "alive_ms", C.o.liveness_ms / 5 > 10 ? C.o.liveness_ms / 5 : 10);
-        hpd_proto_kv_u64(&b.pk, "alive_key", n->alive_key);
-    }
+        .alive_ms = liveness ? HPD_MAX(C.o.liveness_ms / 5, 10u) : 0,
+        .alive_key = liveness ? n->alive_key : 0};
+    hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
     schedule_soon();
@@ -930,19 +920,18 @@ bad:
 static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
     hpd_proto_err_t err = {{0}};
-    uint64_t node_id, key;
+    hpd_msg_alive_t m = {0};
     node_t *n;
 
-    if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err) ||
-        !hpd_proto_u64(params, "key", true, UINT64_MAX, &key, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "alive: %s", err.text);
+    if (!hpd_msg_unpack(&hpd_msg_alive, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
         return;
     }
-    if ((n = node_by_id(node_id)) == NULL || !n->alive || n->alive_key == 0 ||
-        n->alive_key != key) {
+    if ((n = node_by_id(m.node_id)) == NULL || !n->alive || n->alive_key == 0 ||
+        n->alive_key != m.key) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
                             "alive: node %llu is not registered with that key",
-                            (unsigned long long)node_id);
+                            (unsigned long long)m.node_id);
         return;
     }
     n->alive_until = hpd_time_now() + C.o.liveness_ms / 1000.0;
@@ -1146,8 +1135,11 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     schedule_soon();
 }
 
+/* What a client key may see is the cluster's shape and load; where the
+ * nodes listen is for node credentials only. */
 static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
+    const bool addresses = (hpd_rpc_conn_roles(conn) & HPD_ROLE_NODE) != 0;
     hpd_rpc_buf_t b;
     uint32_t n_nodes = 0, queued = 0;
     for (node_t *n = C.nodes; n != NULL; n = n->next)
@@ -1159,7 +1151,7 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     hpd_proto_key(&b.pk, "nodes");
     msgpack_pack_array(&b.pk, n_nodes);
     for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        msgpack_pack_map(&b.pk, 9);
+        msgpack_pack_map(&b.pk, addresses ? 9 : 8);
         hpd_proto_kv_u64(&b.pk, "id", n->id);
         hpd_proto_key(&b.pk, "draining");
         if (n->draining)
@@ -1170,10 +1162,12 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
         hpd_proto_key(&b.pk, "name");
         hpd_rpc_pack_str(&b.pk, n->name);
-        hpd_proto_key(&b.pk, "address");
-        char addr[96];
-        snprintf(addr, sizeof(addr), "%s:%u", n->host, n->port);
-        hpd_rpc_pack_str(&b.pk, addr);
+        if (addresses) {
+            char addr[96];
+            snprintf(addr, sizeof(addr), "%s:%u", n->host, n->port);
+            hpd_proto_key(&b.pk, "address");
+            hpd_rpc_pack_str(&b.pk, addr);
+        }
         hpd_proto_key(&b.pk, "layout");
         hpd_proto_pack_layout(&b.pk, &n->layout);
         hpd_proto_kv_u64(&b.pk, "reserved_slots", n->slots_reserved);

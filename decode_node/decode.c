@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "node/msg.h"
 #include "node/node.h"
 #include "decode_node/writes.h"
 #include "node/proto.h"
@@ -82,21 +83,15 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
 {
     hpd_rpc_buf_t b;
     const uint32_t from = HPD_MIN(r->n_sent, n);
+    hpd_msg_tokens_t m = {.job = r->job,
+                          .index = from,
+                          .ids = toks != NULL ? toks + from : NULL,
+                          .ids_n = n - from,
+                          .done = done};
+    if (error != NULL)
+        snprintf(m.error, sizeof(m.error), "%s", error);
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, error ? 5 : 4);
-    hpd_proto_kv_u64(&b.pk, "job", r->job);
-    hpd_proto_kv_u64(&b.pk, "index", from);
-    hpd_proto_key(&b.pk, "ids");
-    hpd_proto_pack_ids(&b.pk, toks + from, n - from);
-    hpd_proto_key(&b.pk, "done");
-    if (done)
-        msgpack_pack_true(&b.pk);
-    else
-        msgpack_pack_false(&b.pk);
-    if (error) {
-        hpd_proto_key(&b.pk, "error");
-        hpd_rpc_pack_str(&b.pk, error);
-    }
+    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
     hpd_rpc_notify(r->conn, "tokens", &b);
     hpd_rpc_buf_destroy(&b);
     r->n_sent = n;
@@ -305,23 +300,26 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
     hpd_node_t *n = arg;
     decode_t *d = n->role_data;
     hpd_proto_err_t err;
-    uint64_t job;
-    uint32_t first;
+    hpd_msg_start_t m = {0};
     dreq_t *r;
 
-    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err) ||
-        !hpd_proto_u32(params, "first_token", true, n->model->config.vocab_size - 1, &first,
-                       &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "start: %s", err.text);
+    if (!hpd_msg_unpack(&hpd_msg_start, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
         return;
     }
-    if ((r = find(d, job)) == NULL || r->have_start || r->fenced) {
+    if (m.first_token >= n->model->config.vocab_size) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
+                            "start: first_token %u is not a token id (vocabulary %u)",
+                            m.first_token, n->model->config.vocab_size);
+        return;
+    }
+    if ((r = find(d, m.job)) == NULL || r->have_start || r->fenced) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
                             "start: job %llu is not reserved here (expired, canceled or started)",
-                            (unsigned long long)job);
+                            (unsigned long long)m.job);
         return;
     }
-    r->first_token = (int32_t)first;
+    r->first_token = (int32_t)m.first_token;
     r->have_start = true;
     hpd_rpc_reply(conn, id, NULL);
     try_run(d, r);
@@ -332,16 +330,16 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     hpd_node_t *n = arg;
     decode_t *d = n->role_data;
     hpd_proto_err_t err;
-    uint64_t job;
+    hpd_msg_cancel_job_t m = {0};
     dreq_t *r;
 
-    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "cancel: %s", err.text);
+    if (!hpd_msg_unpack(&hpd_msg_cancel_job, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
         return;
     }
-    if ((r = find(d, job)) != NULL) {
+    if ((r = find(d, m.job)) != NULL) {
         HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu canceled", n->o.name,
-                      (unsigned long long)job);
+                      (unsigned long long)m.job);
         d->canceled++;
         dreq_free(d, r);
     }

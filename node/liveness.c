@@ -9,7 +9,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
-#include "node/proto.h"
+#include "node/msg.h"
 #include "transport/rpc.h"
 
 #define LOG_COMPONENT "liveness"
@@ -109,9 +109,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         return;
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 2);
-    hpd_proto_kv_u64(&b.pk, "node_id", id);
-    hpd_proto_kv_u64(&b.pk, "key", key);
+    hpd_msg_pack(&hpd_msg_alive, &(hpd_msg_alive_t){.node_id = id, .key = key}, &b.pk);
     if (hpd_rpc_call(l->client, "alive", &b, CALL_TIMEOUT_MS, on_reply, l) == HPD_OK)
         l->pending = true;
     hpd_rpc_buf_destroy(&b);

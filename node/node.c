@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "node/msg.h"
 #include "node/proto.h"
 
 #define LOG_COMPONENT "node"
@@ -444,25 +445,20 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
                       hpd_status_str(st));
         return st;
     }
-    uint32_t hb = 500, lease = 0, alive_ms = 0;
-    uint64_t id, alive_key = 0;
-    if (!hpd_proto_u64(reply->result, "node_id", true, UINT64_MAX, &id, &err) ||
-        !hpd_proto_u32(reply->result, "heartbeat_ms", false, 60000, &hb, &err) ||
-        !hpd_proto_u32(reply->result, "lease_ms", false, UINT32_MAX, &lease, &err) ||
-        !hpd_proto_u32(reply->result, "alive_ms", false, 60000, &alive_ms, &err) ||
-        !hpd_proto_u64(reply->result, "alive_key", false, UINT64_MAX, &alive_key, &err)) {
+    hpd_msg_registered_t reg = {.heartbeat_ms = 500};
+    if (!hpd_msg_unpack(&hpd_msg_registered, reply->result, &reg, &err)) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
         return HPD_ERR_FORMAT;
     }
-    n->node_id = id;
-    n->heartbeat_ms = hb ? hb : 500;
-    n->lease_ms = lease > n->heartbeat_ms ? lease : 10 * n->heartbeat_ms;
+    n->node_id = reg.node_id;
+    n->heartbeat_ms = reg.heartbeat_ms ? reg.heartbeat_ms : 500;
+    n->lease_ms = reg.lease_ms > n->heartbeat_ms ? reg.lease_ms : 10 * n->heartbeat_ms;
     n->registered = true;
     n->registrations++;
     hpd_xfer_set_node_id(n->xfer, n->node_id);
     /* a coordinator that asks for liveness pings gets them from the
      * pinger thread (its connection is made on the first) */
-    if (alive_ms > 0 && n->liveness == NULL) {
+    if (reg.alive_ms > 0 && n->liveness == NULL) {
         hpd_liveness_params_t lp = {.host = n->o.coordinator_host,
                                     .port = n->o.coordinator_port,
                                     .token = n->token,
@@ -471,7 +467,8 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
             HPD_LOG_WARN(LOG_COMPONENT, "%s: cannot start the liveness thread; the "
                          "coordinator detects a stopped node by its lease only", n->o.name);
     }
-    hpd_liveness_set(n->liveness, alive_ms > 0 ? id : 0, alive_key, alive_ms);
+    hpd_liveness_set(n->liveness, reg.alive_ms > 0 ? reg.node_id : 0, reg.alive_key,
+                     reg.alive_ms);
     const struct timeval tv = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
     event_add(n->hb_ev, &tv);
     return HPD_OK;

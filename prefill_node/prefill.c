@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "node/msg.h"
 #include "node/node.h"
 #include "node/proto.h"
 
@@ -231,20 +232,16 @@ static void job_end(prefill_t *p, job_t *j)
                                 j->error);
             p->jobs_failed++;
         } else {
+            const hpd_msg_prefilled_t m = {
+                .first_token = (uint32_t)j->first_token,
+                .cached_tokens = j->cached_tokens,
+                .queue_ms = (float)((j->t_start - j->t_recv) * 1e3),
+                .prefill_ms = (float)((j->t_computed - j->t_start) * 1e3),
+                .push_ms = (float)((j->t_end - j->t_first_put) * 1e3), /* first put to done */
+                .exposed_push_ms = (float)((j->t_end - j->t_computed) * 1e3)}; /* not hidden */
             hpd_rpc_buf_t b;
             hpd_rpc_buf_init(&b);
-            msgpack_pack_map(&b.pk, 6);
-            hpd_proto_key(&b.pk, "push_ms"); /* first put to transfer done */
-            msgpack_pack_double(&b.pk, (j->t_end - j->t_first_put) * 1e3);
-            hpd_proto_key(&b.pk, "exposed_push_ms"); /* what the compute did not hide */
-            msgpack_pack_double(&b.pk, (j->t_end - j->t_computed) * 1e3);
-            hpd_proto_key(&b.pk, "first_token");
-            msgpack_pack_int32(&b.pk, j->first_token);
-            hpd_proto_kv_u64(&b.pk, "cached_tokens", j->cached_tokens);
-            hpd_proto_key(&b.pk, "queue_ms");
-            msgpack_pack_double(&b.pk, (j->t_start - j->t_recv) * 1e3);
-            hpd_proto_key(&b.pk, "prefill_ms");
-            msgpack_pack_double(&b.pk, (j->t_computed - j->t_start) * 1e3);
+            hpd_msg_pack(&hpd_msg_prefilled, &m, &b.pk);
             hpd_rpc_reply(j->conn, j->call_id, &b);
             hpd_rpc_buf_destroy(&b);
             p->jobs_done++;
@@ -595,14 +592,14 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     hpd_node_t *n = arg;
     prefill_t *p = n->role_data;
     hpd_proto_err_t err;
-    uint64_t job_id;
+    hpd_msg_cancel_job_t m = {0};
     job_t *j;
 
-    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job_id, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "cancel: %s", err.text);
+    if (!hpd_msg_unpack(&hpd_msg_cancel_job, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
         return;
     }
-    if ((j = job_find(p, job_id)) == NULL || j->cancel_conn != NULL) {
+    if ((j = job_find(p, m.job)) == NULL || j->cancel_conn != NULL) {
         hpd_rpc_reply(conn, id, NULL); /* unknown, finished, or already being canceled */
         return;
     }

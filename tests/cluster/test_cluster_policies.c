@@ -878,6 +878,15 @@ static void test_client_keys(void **state)
     wait_done(a, &q, "a request with tenant a's key");
     expect_ok(&q, 0, 1);
     assert_true(log_line(coord, "accepted:", "tenant team-a"));
+    /* a client key sees the nodes, not where they listen */
+    cl_status_t st;
+    cl_status(&cl, &st);
+    assert_int_equal(st.nodes->via.array.size, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_non_null(hpd_rpc_map_get(&st.nodes->via.array.ptr[i], "name"));
+        assert_null(hpd_rpc_map_get(&st.nodes->via.array.ptr[i], "address"));
+    }
+    cl_status_free(&st);
 
     /* the node secret is not a client key now */
     char *secret = NULL;

@@ -1,0 +1,150 @@
+#include "node/msg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/rpc.h"
+
+HPD_MSG_DESC(hpd_msg_registered, "register reply", hpd_msg_registered_t, HPD_MSG_REGISTERED)
+HPD_MSG_DESC(hpd_msg_alive, "alive", hpd_msg_alive_t, HPD_MSG_ALIVE)
+HPD_MSG_DESC(hpd_msg_tokens, "tokens", hpd_msg_tokens_t, HPD_MSG_TOKENS)
+HPD_MSG_DESC(hpd_msg_cancel_job, "cancel", hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
+HPD_MSG_DESC(hpd_msg_start, "start", hpd_msg_start_t, HPD_MSG_START)
+HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
+
+const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_registered, &hpd_msg_alive,
+                                             &hpd_msg_tokens,     &hpd_msg_cancel_job,
+                                             &hpd_msg_start,      &hpd_msg_prefilled};
+const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
+
+#define AT(msg, off, type) ((type *)((char *)(msg) + (off)))
+#define AT_C(msg, off, type) ((const type *)((const char *)(msg) + (off)))
+
+/* Whether an optional field is set (packed). */
+static bool is_set(const hpd_msg_field_t *f, const void *msg)
+{
+    switch (f->kind) {
+    case HPD_MSG_U64: return *AT_C(msg, f->offset, uint64_t) != 0;
+    case HPD_MSG_U32: return *AT_C(msg, f->offset, uint32_t) != 0;
+    case HPD_MSG_BOOL: return *AT_C(msg, f->offset, bool);
+    case HPD_MSG_F32: return *AT_C(msg, f->offset, float) != 0;
+    case HPD_MSG_STR: return AT_C(msg, f->offset, char)[0] != '\0';
+    case HPD_MSG_IDS: return *AT_C(msg, f->aux, uint32_t) != 0;
+    case HPD_MSG_BIN: return *AT_C(msg, f->aux, uint32_t) != 0;
+    case HPD_MSG_OBJ: return *AT_C(msg, f->offset, const msgpack_object *) != NULL;
+    }
+    return false;
+}
+
+void hpd_msg_pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < d->n_fields; i++)
+        n += d->fields[i].required || is_set(&d->fields[i], msg);
+    msgpack_pack_map(pk, n);
+    for (uint32_t i = 0; i < d->n_fields; i++) {
+        const hpd_msg_field_t *f = &d->fields[i];
+        if (!f->required && !is_set(f, msg))
+            continue;
+        hpd_proto_key(pk, f->name);
+        switch (f->kind) {
+        case HPD_MSG_U64: msgpack_pack_uint64(pk, *AT_C(msg, f->offset, uint64_t)); break;
+        case HPD_MSG_U32: msgpack_pack_uint32(pk, *AT_C(msg, f->offset, uint32_t)); break;
+        case HPD_MSG_BOOL:
+            if (*AT_C(msg, f->offset, bool))
+                msgpack_pack_true(pk);
+            else
+                msgpack_pack_false(pk);
+            break;
+        case HPD_MSG_F32: msgpack_pack_float(pk, *AT_C(msg, f->offset, float)); break;
+        case HPD_MSG_STR: hpd_rpc_pack_str(pk, AT_C(msg, f->offset, char)); break;
+        case HPD_MSG_IDS:
+            hpd_proto_pack_ids(pk, *AT_C(msg, f->offset, const int32_t *),
+                               *AT_C(msg, f->aux, uint32_t));
+            break;
+        case HPD_MSG_BIN:
+            hpd_proto_pack_bin(pk, *AT_C(msg, f->offset, const void *),
+                               *AT_C(msg, f->aux, uint32_t));
+            break;
+        case HPD_MSG_OBJ: {
+            const msgpack_object *o = *AT_C(msg, f->offset, const msgpack_object *);
+            if (o != NULL)
+                msgpack_pack_object(pk, *o);
+            else
+                msgpack_pack_nil(pk);
+            break;
+        }
+        }
+    }
+}
+
+static bool unpack_field(const hpd_msg_field_t *f, const msgpack_object *obj, void *msg,
+                         hpd_proto_err_t *err)
+{
+    switch (f->kind) {
+    case HPD_MSG_U64:
+        return hpd_proto_u64(obj, f->name, f->required, f->limit, AT(msg, f->offset, uint64_t),
+                             err);
+    case HPD_MSG_U32:
+        return hpd_proto_u32(obj, f->name, f->required, (uint32_t)f->limit,
+                             AT(msg, f->offset, uint32_t), err);
+    case HPD_MSG_BOOL:
+        return hpd_proto_bool(obj, f->name, f->required, AT(msg, f->offset, bool), err);
+    case HPD_MSG_F32:
+        return hpd_proto_float(obj, f->name, f->required, AT(msg, f->offset, float), err);
+    case HPD_MSG_STR:
+        return hpd_proto_str(obj, f->name, f->required, AT(msg, f->offset, char),
+                             (size_t)f->limit, err);
+    case HPD_MSG_IDS: {
+        int32_t *ids = NULL;
+        uint32_t n = 0;
+        if (!hpd_proto_ids(obj, f->name, f->required, (uint32_t)f->limit, &ids, &n, err))
+            return false;
+        if (hpd_rpc_map_get(obj, f->name) != NULL) {
+            *AT(msg, f->offset, const int32_t *) = ids;
+            *AT(msg, f->aux, uint32_t) = n;
+        }
+        return true;
+    }
+    case HPD_MSG_BIN:
+        return hpd_proto_bin(obj, f->name, f->required, AT(msg, f->offset, const void *),
+                             AT(msg, f->aux, uint32_t), err);
+    case HPD_MSG_OBJ: {
+        const msgpack_object *m = hpd_proto_map(obj, f->name, f->required, err);
+        if (m == NULL && (f->required || hpd_rpc_map_get(obj, f->name) != NULL))
+            return false;
+        if (m != NULL)
+            *AT(msg, f->offset, const msgpack_object *) = m;
+        return true;
+    }
+    }
+    return false;
+}
+
+bool hpd_msg_unpack(const hpd_msg_desc_t *d, const msgpack_object *obj, void *msg,
+                    hpd_proto_err_t *err)
+{
+    hpd_proto_err_t e = {{0}};
+    if (obj == NULL || obj->type != MSGPACK_OBJECT_MAP) {
+        snprintf(err->text, sizeof(err->text), "%s: not a map", d->name);
+        return false;
+    }
+    for (uint32_t i = 0; i < d->n_fields; i++)
+        if (!unpack_field(&d->fields[i], obj, msg, &e)) {
+            hpd_msg_free(d, msg);
+            snprintf(err->text, sizeof(err->text), "%s: %s", d->name, e.text);
+            return false;
+        }
+    return true;
+}
+
+void hpd_msg_free(const hpd_msg_desc_t *d, void *msg)
+{
+    for (uint32_t i = 0; i < d->n_fields; i++)
+        if (d->fields[i].kind == HPD_MSG_IDS) {
+            free((void *)*AT(msg, d->fields[i].offset, const int32_t *));
+            *AT(msg, d->fields[i].offset, const int32_t *) = NULL;
+            *AT(msg, d->fields[i].aux, uint32_t) = 0;
+        }
+}

@@ -1,0 +1,162 @@
+/* The cluster's messages as C structs (docs/cluster.md, "Messages").
+ *
+ * Each message is one field list, an X-macro: X(T, name, kind, required,
+ * limit). From it come the struct (HPD_MSG_STRUCT), and a descriptor table
+ * (HPD_MSG_DESC) that one generic packer and one generic unpacker read:
+ * nobody counts map entries by hand, and a field added to the list is
+ * packed, checked and fuzzed with the others.
+ *
+ * Kinds and their C members:
+ *   U64, U32  uint64_t / uint32_t name; limit: the largest value allowed
+ *   BOOL      bool name
+ *   F32       float name
+ *   STR       char name[limit] (NUL-terminated; longer is an error)
+ *   IDS       const int32_t *name; uint32_t name_n (token ids below limit;
+ *             unpacked into malloc'd memory: hpd_msg_free)
+ *   BIN       const void *name; uint32_t name_len (points into the message)
+ *   OBJ       const msgpack_object *name (a map, passed on as it is, e.g.
+ *             a UCX info the coordinator relays without knowing it)
+ *
+ * Packing: required fields always; an optional one only when it is set
+ * (non-zero, true, non-empty, non-NULL). Unpacking: the message must be a
+ * map; a required field must be there; every field present must have its
+ * kind and range; an absent optional field keeps the value the caller put
+ * there (its default); keys the list does not name are ignored, so that a
+ * newer peer's extra fields do not break an older one in a rolling
+ * upgrade. Errors name the message, the field and what was expected. */
+#ifndef HPD_NODE_MSG_H
+#define HPD_NODE_MSG_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/proto.h"
+
+typedef enum {
+    HPD_MSG_U64,
+    HPD_MSG_U32,
+    HPD_MSG_BOOL,
+    HPD_MSG_F32,
+    HPD_MSG_STR,
+    HPD_MSG_IDS,
+    HPD_MSG_BIN,
+    HPD_MSG_OBJ,
+} hpd_msg_kind_t;
+
+typedef struct {
+    const char *name;
+    hpd_msg_kind_t kind;
+    bool required;
+    uint64_t limit;
+    size_t offset; /* of the member */
+    size_t aux;    /* IDS, BIN: of the count member */
+} hpd_msg_field_t;
+
+typedef struct {
+    const char *name;
+    const hpd_msg_field_t *fields;
+    uint32_t n_fields;
+} hpd_msg_desc_t;
+
+/* ---- generation */
+
+#define HPD_MSG_DECL_U64(name, limit) uint64_t name;
+#define HPD_MSG_DECL_U32(name, limit) uint32_t name;
+#define HPD_MSG_DECL_BOOL(name, limit) bool name;
+#define HPD_MSG_DECL_F32(name, limit) float name;
+#define HPD_MSG_DECL_STR(name, limit) char name[limit];
+#define HPD_MSG_DECL_IDS(name, limit) const int32_t *name; uint32_t name##_n;
+#define HPD_MSG_DECL_BIN(name, limit) const void *name; uint32_t name##_len;
+#define HPD_MSG_DECL_OBJ(name, limit) const msgpack_object *name;
+#define HPD_MSG_MEMBER(T, name, kind, req, limit) HPD_MSG_DECL_##kind(name, limit)
+
+#define HPD_MSG_AUX_U64(T, name) 0
+#define HPD_MSG_AUX_U32(T, name) 0
+#define HPD_MSG_AUX_BOOL(T, name) 0
+#define HPD_MSG_AUX_F32(T, name) 0
+#define HPD_MSG_AUX_STR(T, name) 0
+#define HPD_MSG_AUX_IDS(T, name) offsetof(T, name##_n)
+#define HPD_MSG_AUX_BIN(T, name) offsetof(T, name##_len)
+#define HPD_MSG_AUX_OBJ(T, name) 0
+#define HPD_MSG_ENTRY(T, n_, k_, req_, lim_)                                                 \
+    {.name = #n_, .kind = HPD_MSG_##k_, .required = (req_), .limit = (lim_),                 \
+     .offset = offsetof(T, n_), .aux = HPD_MSG_AUX_##k_(T, n_)},
+
+/* typedef struct { ...members... } T; */
+#define HPD_MSG_STRUCT(T, LIST) typedef struct { LIST(T, HPD_MSG_MEMBER) } T;
+/* const hpd_msg_desc_t var = {"wire name", {fields}, n}; */
+#define HPD_MSG_DESC(var, wire, T, LIST)                                                     \
+    static const hpd_msg_field_t var##_fields[] = {LIST(T, HPD_MSG_ENTRY)};                  \
+    const hpd_msg_desc_t var = {wire, var##_fields,                                          \
+                                sizeof(var##_fields) / sizeof(var##_fields[0])};
+
+/* ---- the messages (docs/cluster.md has their meaning) */
+
+#define HPD_REQ 1
+#define HPD_OPT 0
+
+/* register's reply */
+#define HPD_MSG_REGISTERED(T, X)                                                            \
+    X(T, node_id, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, heartbeat_ms, U32, HPD_OPT, 60000)                                                  \
+    X(T, lease_ms, U32, HPD_OPT, UINT32_MAX)                                                 \
+    X(T, alive_ms, U32, HPD_OPT, 60000)                                                      \
+    X(T, alive_key, U64, HPD_OPT, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_registered_t, HPD_MSG_REGISTERED)
+
+/* alive: a liveness ping (node/liveness.h) */
+#define HPD_MSG_ALIVE(T, X)                                                                 \
+    X(T, node_id, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, key, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
+
+/* tokens: a decode node's notification of a job's tokens, its end, or why
+ * it failed */
+#define HPD_MSG_TOKENS(T, X)                                                                \
+    X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
+    X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
+    X(T, done, BOOL, HPD_REQ, 0)                                                             \
+    X(T, error, STR, HPD_OPT, 160)
+HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
+
+/* cancel (coordinator -> a node: a job) */
+#define HPD_MSG_CANCEL_JOB(T, X) X(T, job, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
+
+/* start (coordinator -> decode node: the prefill's first token) */
+#define HPD_MSG_START(T, X)                                                                 \
+    X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, first_token, U32, HPD_REQ, INT32_MAX)
+HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
+
+/* the prefill call's reply */
+#define HPD_MSG_PREFILLED(T, X)                                                             \
+    X(T, first_token, U32, HPD_REQ, INT32_MAX)                                               \
+    X(T, cached_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
+    X(T, queue_ms, F32, HPD_OPT, 0)                                                          \
+    X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
+    X(T, push_ms, F32, HPD_OPT, 0)                                                           \
+    X(T, exposed_push_ms, F32, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
+
+/* Every message's descriptor, for the fuzzer and the tests. */
+extern const hpd_msg_desc_t hpd_msg_registered, hpd_msg_alive, hpd_msg_tokens,
+    hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
+extern const hpd_msg_desc_t *const hpd_msg_all[];
+extern const uint32_t hpd_msg_n_all;
+
+/* Packs msg (a struct of desc's list) as one map. */
+void hpd_msg_pack(const hpd_msg_desc_t *desc, const void *msg, msgpack_packer *pk);
+
+/* Unpacks obj into msg (see the rules above). On false, err says why and
+ * nothing needs freeing. */
+bool hpd_msg_unpack(const hpd_msg_desc_t *desc, const msgpack_object *obj, void *msg,
+                    hpd_proto_err_t *err);
+
+/* Frees what unpacking allocated (IDS) and clears those members. */
+void hpd_msg_free(const hpd_msg_desc_t *desc, void *msg);
+
+#endif

@@ -1,0 +1,251 @@
+/* The typed messages (node/msg.h): every message of hpd_msg_all packs and
+ * unpacks field for field; the packer counts its own map entries (required
+ * fields always, optional ones when set); the unpacker refuses a non-map,
+ * a missing required field and a field of the wrong kind or range, with
+ * an error naming the message and the field, keeps the caller's defaults
+ * for absent optional fields, and ignores keys it does not know. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "node/msg.h"
+#include "tests/test_helpers.h"
+#include "transport/rpc.h"
+
+typedef struct {
+    hpd_rpc_buf_t b;
+    msgpack_zone z;
+    msgpack_object o;
+} packed_t;
+
+static const msgpack_object *unpack_buf(packed_t *p)
+{
+    size_t off = 0;
+    msgpack_zone_init(&p->z, 4096);
+    assert_int_equal(msgpack_unpack(p->b.sb.data, p->b.sb.size, &off, &p->z, &p->o),
+                     MSGPACK_UNPACK_SUCCESS);
+    return &p->o;
+}
+
+static const msgpack_object *pack(packed_t *p, const hpd_msg_desc_t *d, const void *msg)
+{
+    hpd_rpc_buf_init(&p->b);
+    hpd_msg_pack(d, msg, &p->b.pk);
+    return unpack_buf(p);
+}
+
+static void packed_free(packed_t *p)
+{
+    msgpack_zone_destroy(&p->z);
+    hpd_rpc_buf_destroy(&p->b);
+}
+
+static void test_round_trip(void **state)
+{
+    static const int32_t ids[] = {5, 0, 511};
+    packed_t p;
+    hpd_proto_err_t err;
+
+    const hpd_msg_tokens_t t = {.job = 1ull << 60, .index = 7, .ids = ids, .ids_n = 3,
+                                .done = true, .error = "reservation expired"};
+    hpd_msg_tokens_t t2 = {0};
+    const msgpack_object *o = pack(&p, &hpd_msg_tokens, &t);
+    assert_int_equal(o->via.map.size, 5);
+    assert_true(hpd_msg_unpack(&hpd_msg_tokens, o, &t2, &err));
+    assert_true(t2.job == t.job && t2.index == 7 && t2.done && t2.ids_n == 3);
+    assert_memory_equal(t2.ids, ids, sizeof(ids));
+    assert_string_equal(t2.error, "reservation expired");
+    hpd_msg_free(&hpd_msg_tokens, &t2);
+    assert_null(t2.ids);
+    assert_int_equal(t2.ids_n, 0);
+    packed_free(&p);
+
+    const hpd_msg_prefilled_t f = {.first_token = 17, .cached_tokens = 64, .queue_ms = 0.5f,
+                                   .prefill_ms = 12.25f, .push_ms = 3.0f,
+                                   .exposed_push_ms = 0.125f};
+    hpd_msg_prefilled_t f2 = {0};
+    o = pack(&p, &hpd_msg_prefilled, &f);
+    assert_int_equal(o->via.map.size, 6);
+    assert_true(hpd_msg_unpack(&hpd_msg_prefilled, o, &f2, &err));
+    assert_memory_equal(&f, &f2, sizeof(f));
+    packed_free(&p);
+
+    const hpd_msg_registered_t r = {.node_id = UINT64_MAX, .heartbeat_ms = 100,
+                                    .lease_ms = 6000, .alive_ms = 100,
+                                    .alive_key = 0x8000000000000001ull};
+    hpd_msg_registered_t r2 = {0};
+    o = pack(&p, &hpd_msg_registered, &r);
+    assert_true(hpd_msg_unpack(&hpd_msg_registered, o, &r2, &err));
+    assert_true(r2.node_id == r.node_id && r2.heartbeat_ms == 100 && r2.lease_ms == 6000 &&
+                r2.alive_ms == 100 && r2.alive_key == r.alive_key);
+    packed_free(&p);
+}
+
+/* Unset optional fields are not packed; absent ones keep the defaults. */
+static void test_optional_fields(void **state)
+{
+    packed_t p;
+    hpd_proto_err_t err;
+    const msgpack_object *o = pack(&p, &hpd_msg_registered, &(hpd_msg_registered_t){.node_id = 3});
+    assert_int_equal(o->via.map.size, 1);
+    hpd_msg_registered_t r = {.heartbeat_ms = 500, .lease_ms = 42};
+    assert_true(hpd_msg_unpack(&hpd_msg_registered, o, &r, &err));
+    assert_int_equal(r.node_id, 3);
+    assert_int_equal(r.heartbeat_ms, 500);
+    assert_int_equal(r.lease_ms, 42);
+    packed_free(&p);
+
+    /* a required field is packed even when zero */
+    o = pack(&p, &hpd_msg_tokens, &(hpd_msg_tokens_t){0});
+    assert_int_equal(o->via.map.size, 4);
+    hpd_msg_tokens_t t = {0};
+    assert_true(hpd_msg_unpack(&hpd_msg_tokens, o, &t, &err));
+    assert_false(t.done);
+    assert_int_equal(t.ids_n, 0);
+    packed_free(&p);
+}
+
+/* Builds a map from key/value pairs written by fn. */
+static const msgpack_object *build(packed_t *p, void (*fn)(msgpack_packer *))
+{
+    hpd_rpc_buf_init(&p->b);
+    fn(&p->b.pk);
+    return unpack_buf(p);
+}
+
+static void start_extra_key(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 3);
+    hpd_proto_kv_u64(pk, "future_field", 1);
+    hpd_proto_kv_u64(pk, "job", 9);
+    hpd_proto_kv_u64(pk, "first_token", 4);
+}
+
+static void start_no_job(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    hpd_proto_kv_u64(pk, "first_token", 4);
+}
+
+static void start_token_str(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 2);
+    hpd_proto_kv_u64(pk, "job", 9);
+    hpd_proto_key(pk, "first_token");
+    hpd_rpc_pack_str(pk, "4");
+}
+
+static void start_token_big(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 2);
+    hpd_proto_kv_u64(pk, "job", 9);
+    hpd_proto_kv_u64(pk, "first_token", 1ull << 31);
+}
+
+static void tokens_bad_id(msgpack_packer *pk)
+{
+    static const int32_t ids[] = {1, 2};
+    msgpack_pack_map(pk, 4);
+    hpd_proto_kv_u64(pk, "job", 9);
+    hpd_proto_kv_u64(pk, "index", 0);
+    hpd_proto_key(pk, "ids");
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_int32(pk, ids[0]);
+    msgpack_pack_int32(pk, ids[1]);
+    msgpack_pack_int32(pk, -1);
+    hpd_proto_key(pk, "done");
+    msgpack_pack_true(pk);
+}
+
+static void not_a_map(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 0);
+}
+
+static void test_refusals(void **state)
+{
+    packed_t p;
+    hpd_proto_err_t err;
+    hpd_msg_start_t s = {0};
+
+    assert_true(hpd_msg_unpack(&hpd_msg_start, build(&p, start_extra_key), &s, &err));
+    assert_int_equal(s.job, 9);
+    assert_int_equal(s.first_token, 4);
+    packed_free(&p);
+
+    static const struct {
+        void (*fn)(msgpack_packer *);
+        const hpd_msg_desc_t *d;
+        const char *says;
+    } bad[] = {
+        {start_no_job, &hpd_msg_start, "start: "},
+        {start_token_str, &hpd_msg_start, "first_token"},
+        {start_token_big, &hpd_msg_start, "first_token"},
+        {tokens_bad_id, &hpd_msg_tokens, "ids[2]"},
+        {not_a_map, &hpd_msg_alive, "alive: not a map"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        hpd_msg_tokens_t any = {0}; /* the largest of the structs used here */
+        memset(&err, 0, sizeof(err));
+        assert_false(hpd_msg_unpack(bad[i].d, build(&p, bad[i].fn), &any, &err));
+        if (strstr(err.text, bad[i].says) == NULL)
+            fail_msg("case %zu: '%s' does not say '%s'", i, err.text, bad[i].says);
+        assert_null(any.ids); /* nothing left to free */
+        packed_free(&p);
+    }
+}
+
+/* For every message and every required field: a map with all the others
+ * and without it is refused, naming it. */
+static void test_every_required_field(void **state)
+{
+    for (uint32_t m = 0; m < hpd_msg_n_all; m++) {
+        const hpd_msg_desc_t *d = hpd_msg_all[m];
+        for (uint32_t i = 0; i < d->n_fields; i++) {
+            if (!d->fields[i].required)
+                continue;
+            packed_t p;
+            hpd_proto_err_t err = {{0}};
+            uint8_t msg[512] = {0};
+            hpd_rpc_buf_init(&p.b);
+            uint32_t n = 0;
+            for (uint32_t j = 0; j < d->n_fields; j++)
+                n += d->fields[j].required && j != i;
+            msgpack_pack_map(&p.b.pk, n);
+            for (uint32_t j = 0; j < d->n_fields; j++) {
+                if (!d->fields[j].required || j == i)
+                    continue;
+                hpd_proto_key(&p.b.pk, d->fields[j].name);
+                switch (d->fields[j].kind) {
+                case HPD_MSG_BOOL: msgpack_pack_true(&p.b.pk); break;
+                case HPD_MSG_F32: msgpack_pack_float(&p.b.pk, 1); break;
+                case HPD_MSG_STR: hpd_rpc_pack_str(&p.b.pk, "x"); break;
+                case HPD_MSG_IDS: msgpack_pack_array(&p.b.pk, 0); break;
+                case HPD_MSG_BIN: hpd_proto_pack_bin(&p.b.pk, "x", 1); break;
+                case HPD_MSG_OBJ: msgpack_pack_map(&p.b.pk, 0); break;
+                default: msgpack_pack_uint32(&p.b.pk, 1); break;
+                }
+            }
+            assert_false(hpd_msg_unpack(d, unpack_buf(&p), msg, &err));
+            if (strstr(err.text, d->fields[i].name) == NULL ||
+                strncmp(err.text, d->name, strlen(d->name)) != 0)
+                fail_msg("%s without %s: '%s'", d->name, d->fields[i].name, err.text);
+            packed_free(&p);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_optional_fields),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_every_required_field),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
