@@ -59,6 +59,7 @@ typedef struct {
     cl_proc_t *coord; /* the coordinator now running */
     uint16_t port;    /* its RPC port */
     char addr[64];    /* 127.0.0.1:port */
+    char host[64];  /* the coordinator's address, for clients (127.0.0.1) */
     hpd_client_t *status_client; /* cl_status's connection to it */
     uint32_t cases, passed;      /* the directory stays unless every case passed */
 } cl_t;
@@ -300,6 +301,7 @@ static inline cl_proc_t *cl_start_coordinator(cl_t *cl, const char *name,
     free(text);
     assert_int_not_equal(cl->port, 0);
     snprintf(cl->addr, sizeof(cl->addr), "127.0.0.1:%u", cl->port);
+    snprintf(cl->host, sizeof(cl->host), "127.0.0.1");
     return cl->coord;
 }
 
@@ -325,7 +327,8 @@ static inline hpd_client_t *cl_client(const cl_t *cl)
     char *token = NULL;
     hpd_client_t *c;
     assert_int_equal(hpd_rpc_read_token(cl->token_file, &token), HPD_OK);
-    hpd_client_params_t p = {"127.0.0.1", cl->port, token, 300000};
+    hpd_client_params_t p = {cl->host[0] != '\0' ? cl->host : "127.0.0.1", cl->port, token,
+                             300000};
     assert_int_equal(hpd_client_create(&p, &c), HPD_OK);
     free(token);
     return c;
