@@ -533,36 +533,35 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         return;
     }
     /* the job: the prompt and where its state goes (the decode node's reply) */
-    const msgpack_object *res = reply->result;
-    const msgpack_object *keys[5] = {hpd_rpc_map_get(res, "layout"),
-                                     hpd_rpc_map_get(res, "tables"),
-                                     hpd_rpc_map_get(res, "slot_offset"),
-                                     hpd_rpc_map_get(res, "kv_region"),
-                                     hpd_rpc_map_get(res, "slot_region")};
-    static const char *names[5] = {"layout", "tables", "slot_offset", "kv_region", "slot_region"};
-    for (int i = 0; i < 5; i++)
-        if (keys[i] == NULL) {
-            requeue(r, "reserve on %s: reply without '%s'", d->name, names[i]);
-            return;
-        }
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 5);
-    hpd_proto_kv_u64(&b.pk, "job", job);
-    hpd_proto_kv_u64(&b.pk, "request", r->id);
-    hpd_proto_key(&b.pk, "prompt");
-    hpd_proto_pack_ids(&b.pk, r->prompt, r->n_prompt);
-    hpd_proto_key(&b.pk, "sampling");
-    hpd_proto_pack_sampling(&b.pk, &r->sampling);
-    hpd_proto_key(&b.pk, "decode");
-    msgpack_pack_map(&b.pk, 7);
-    hpd_proto_kv_u64(&b.pk, "node", d->id);
-    hpd_proto_key(&b.pk, "xfer");
-    msgpack_sbuffer_write(&b.sb, d->xfer_info, d->xfer_info_len);
-    for (int i = 0; i < 5; i++) {
-        hpd_proto_key(&b.pk, names[i]);
-        msgpack_pack_object(&b.pk, *keys[i]);
+    /* checked, then relayed as it came: the prefill node reads it */
+    hpd_msg_reservation_t res = {0};
+    hpd_proto_err_t err;
+    if (!hpd_msg_unpack(&hpd_msg_reservation, reply->result, &res, &err)) {
+        requeue(r, "reserve on %s: %s", d->name, err.text);
+        return;
     }
+    hpd_rpc_buf_t dest, samp, b;
+    hpd_rpc_buf_init(&dest);
+    hpd_msg_pack(&hpd_msg_destination,
+                 &(hpd_msg_destination_t){.node = d->id,
+                                          .xfer_raw = d->xfer_info,
+                                          .xfer_raw_len = (uint32_t)d->xfer_info_len,
+                                          .reservation = reply->result},
+                 &dest.pk);
+    hpd_rpc_buf_init(&samp);
+    hpd_proto_pack_sampling(&samp.pk, &r->sampling);
+    const hpd_msg_prefill_job_t pj = {.job = job,
+                                      .request = r->id,
+                                      .prompt = r->prompt,
+                                      .prompt_n = r->n_prompt,
+                                      .sampling_raw = samp.sb.data,
+                                      .sampling_raw_len = (uint32_t)samp.sb.size,
+                                      .decode_raw = dest.sb.data,
+                                      .decode_raw_len = (uint32_t)dest.sb.size};
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
+    hpd_rpc_buf_destroy(&dest);
+    hpd_rpc_buf_destroy(&samp);
     r->pnode = p;
     r->state = R_PREFILLING;
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "job %llu: prefill on %s, decode on %s",
@@ -806,52 +805,53 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                        void *arg)
 {
     hpd_proto_err_t err = {{0}};
-    char role[16];
-    const void *fp;
-    uint32_t fp_len, port = 0;
+    hpd_msg_register_t m = {0};
     node_t *n = calloc(1, sizeof(*n));
-    const msgpack_object *info;
 
     if (n == NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
         return;
     }
-    if (!hpd_proto_str(params, "role", true, role, sizeof(role), &err) ||
-        !hpd_proto_str(params, "name", true, n->name, sizeof(n->name), &err) ||
-        !hpd_proto_str(params, "host", true, n->host, sizeof(n->host), &err) ||
-        !hpd_proto_u32(params, "port", true, 65535, &port, &err) ||
-        !hpd_proto_bin(params, "fingerprint", true, &fp, &fp_len, &err) ||
-        !hpd_proto_u32(params, "vocab", true, UINT32_MAX, &n->vocab, &err) ||
-        !hpd_proto_u32(params, "max_context", true, UINT32_MAX, &n->max_context, &err) ||
-        !hpd_proto_layout(params, "layout", &n->layout, &err) ||
-        !hpd_proto_u32(params, "kv_layers", true, 4096, &n->layout.n_layers, &err) ||
-        !hpd_proto_u32(params, "pages", true, UINT32_MAX, &n->pages, &err) ||
-        !hpd_proto_u32(params, "slots", true, UINT32_MAX, &n->slots, &err) ||
-        !hpd_proto_u32(params, "max_batch", true, UINT32_MAX, &n->max_batch, &err) ||
-        (info = hpd_proto_map(params, "xfer", true, &err)) == NULL)
+    if (!hpd_msg_unpack(&hpd_msg_register, params, &m, &err))
         goto bad;
+    const char *role = m.role;
+    const void *fp = m.fingerprint;
+    const uint32_t fp_len = m.fingerprint_len, port = m.port;
+    const msgpack_object *info = m.xfer;
+    memcpy(n->name, m.name, sizeof(n->name));
+    memcpy(n->host, m.host, sizeof(n->host));
+    n->vocab = m.vocab;
+    n->max_context = m.max_context;
+    n->layout = m.layout;
+    n->layout.n_layers = m.kv_layers;
+    n->pages = m.pages;
+    n->slots = m.slots;
+    n->max_batch = m.max_batch;
     if (strcmp(role, "prefill") == 0) {
         n->role = ROLE_PREFILL;
     } else if (strcmp(role, "decode") == 0) {
         n->role = ROLE_DECODE;
     } else {
-        snprintf(err.text, sizeof(err.text), "role is '%s' (expected prefill or decode)", role);
+        snprintf(err.text, sizeof(err.text),
+                 "register: role is '%s' (expected prefill or decode)", role);
         goto bad;
     }
     if (fp_len != 16) {
-        snprintf(err.text, sizeof(err.text), "fingerprint has %u bytes (expected 16)", fp_len);
+        snprintf(err.text, sizeof(err.text), "register: fingerprint has %u bytes (expected 16)",
+                 fp_len);
         goto bad;
     }
     /* a UCX address or region other nodes could not use (or that would
      * abort them) is refused here, before any node sees it */
     char why[200];
     if (hpd_xfer_check_info(info, why, sizeof(why)) != HPD_OK) {
-        snprintf(err.text, sizeof(err.text), "xfer: %s", why);
+        snprintf(err.text, sizeof(err.text), "register: xfer: %s", why);
         goto bad;
     }
     if (C.have_fingerprint && memcmp(C.fingerprint, fp, 16) != 0) {
         snprintf(err.text, sizeof(err.text),
-                 "node %s serves a different model than the cluster (fingerprint differs)",
+                 "register: node %s serves a different model than the cluster (fingerprint "
+                 "differs)",
                  n->name);
         goto bad;
     }
@@ -871,7 +871,8 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     n->port = (uint16_t)port;
     cp.arg = (void *)(uintptr_t)n->id;
     if (hpd_rpc_client_connect(&cp, &n->client) != HPD_OK) {
-        snprintf(err.text, sizeof(err.text), "cannot connect back to %s:%u", n->host, port);
+        snprintf(err.text, sizeof(err.text), "register: cannot connect back to %s:%u", n->host,
+                 port);
         free(n->xfer_info);
         goto bad;
     }
@@ -911,7 +912,7 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     schedule_soon();
     return;
 bad:
-    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "register: %s", err.text);
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
     free(n);
 }
 

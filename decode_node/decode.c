@@ -266,24 +266,27 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     hpd_engine_memory_t m;
     hpd_engine_request_kv(n->engine, r->eng_id, &kv);
     hpd_engine_memory(n->engine, &m);
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 5);
-    hpd_proto_key(&b.pk, "layout");
-    hpd_proto_pack_layout(&b.pk, m.layout);
-    hpd_proto_kv_u64(&b.pk, "kv_region", d->kv_region);
-    hpd_proto_kv_u64(&b.pk, "slot_region", d->slot_region);
-    hpd_proto_kv_u64(&b.pk, "slot_offset", (uint64_t)kv.slot * m.slot_bytes);
-    hpd_proto_key(&b.pk, "tables");
+    /* the prompt's pages of each pack group: [[page ids] per group] */
+    hpd_rpc_buf_t tables, b;
+    hpd_rpc_buf_init(&tables);
     const uint32_t prompt_pages = HPD_DIV_UP(rp.n_prompt, m.layout->block_size);
-    msgpack_pack_array(&b.pk, kv.n_groups);
+    msgpack_pack_array(&tables.pk, kv.n_groups);
     for (uint32_t g = 0; g < kv.n_groups; g++) {
-        msgpack_pack_array(&b.pk, prompt_pages);
+        msgpack_pack_array(&tables.pk, prompt_pages);
         for (uint32_t i = 0; i < prompt_pages; i++)
-            msgpack_pack_uint32(&b.pk, kv.tables[g][i]);
+            msgpack_pack_uint32(&tables.pk, kv.tables[g][i]);
     }
+    const hpd_msg_reservation_t res = {.layout = *m.layout,
+                                       .tables_raw = tables.sb.data,
+                                       .tables_raw_len = (uint32_t)tables.sb.size,
+                                       .slot_offset = (uint64_t)kv.slot * m.slot_bytes,
+                                       .kv_region = d->kv_region,
+                                       .slot_region = d->slot_region};
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_reservation, &res, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&tables);
     r = NULL;
 out:
     if (r != NULL) {

@@ -6,6 +6,10 @@
 
 #include "transport/rpc.h"
 
+HPD_MSG_DESC(hpd_msg_register, "register", hpd_msg_register_t, HPD_MSG_REGISTER)
+HPD_MSG_DESC(hpd_msg_reservation, "reservation", hpd_msg_reservation_t, HPD_MSG_RESERVATION)
+HPD_MSG_DESC(hpd_msg_destination, "decode", hpd_msg_destination_t, HPD_MSG_DESTINATION)
+HPD_MSG_DESC(hpd_msg_prefill_job, "prefill", hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 HPD_MSG_DESC(hpd_msg_registered, "register reply", hpd_msg_registered_t, HPD_MSG_REGISTERED)
 HPD_MSG_DESC(hpd_msg_alive, "alive", hpd_msg_alive_t, HPD_MSG_ALIVE)
 HPD_MSG_DESC(hpd_msg_tokens, "tokens", hpd_msg_tokens_t, HPD_MSG_TOKENS)
@@ -13,7 +17,9 @@ HPD_MSG_DESC(hpd_msg_cancel_job, "cancel", hpd_msg_cancel_job_t, HPD_MSG_CANCEL_
 HPD_MSG_DESC(hpd_msg_start, "start", hpd_msg_start_t, HPD_MSG_START)
 HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
-const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_registered, &hpd_msg_alive,
+const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_registered,
+                                             &hpd_msg_reservation, &hpd_msg_destination,
+                                             &hpd_msg_prefill_job, &hpd_msg_alive,
                                              &hpd_msg_tokens,     &hpd_msg_cancel_job,
                                              &hpd_msg_start,      &hpd_msg_prefilled};
 const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
@@ -32,7 +38,11 @@ static bool is_set(const hpd_msg_field_t *f, const void *msg)
     case HPD_MSG_STR: return AT_C(msg, f->offset, char)[0] != '\0';
     case HPD_MSG_IDS: return *AT_C(msg, f->aux, uint32_t) != 0;
     case HPD_MSG_BIN: return *AT_C(msg, f->aux, uint32_t) != 0;
-    case HPD_MSG_OBJ: return *AT_C(msg, f->offset, const msgpack_object *) != NULL;
+    case HPD_MSG_OBJ:
+    case HPD_MSG_ARR:
+        return *AT_C(msg, f->offset, const msgpack_object *) != NULL ||
+               *AT_C(msg, f->aux, const void *) != NULL;
+    case HPD_MSG_LAYOUT: return true;
     }
     return false;
 }
@@ -67,14 +77,20 @@ void hpd_msg_pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
             hpd_proto_pack_bin(pk, *AT_C(msg, f->offset, const void *),
                                *AT_C(msg, f->aux, uint32_t));
             break;
-        case HPD_MSG_OBJ: {
+        case HPD_MSG_OBJ:
+        case HPD_MSG_ARR: {
             const msgpack_object *o = *AT_C(msg, f->offset, const msgpack_object *);
-            if (o != NULL)
+            const void *raw = *AT_C(msg, f->aux, const void *);
+            const uint32_t raw_len = *AT_C(msg, f->aux2, uint32_t);
+            if (raw != NULL)
+                pk->callback(pk->data, raw, raw_len);
+            else if (o != NULL)
                 msgpack_pack_object(pk, *o);
             else
                 msgpack_pack_nil(pk);
             break;
         }
+        case HPD_MSG_LAYOUT: hpd_proto_pack_layout(pk, AT_C(msg, f->offset, hpd_kv_layout_t)); break;
         }
     }
 }
@@ -116,6 +132,22 @@ static bool unpack_field(const hpd_msg_field_t *f, const msgpack_object *obj, vo
             return false;
         if (m != NULL)
             *AT(msg, f->offset, const msgpack_object *) = m;
+        return true;
+    }
+    case HPD_MSG_LAYOUT:
+        return hpd_proto_layout(obj, f->name, AT(msg, f->offset, hpd_kv_layout_t), err);
+    case HPD_MSG_ARR: {
+        const msgpack_object *a = hpd_rpc_map_get(obj, f->name);
+        if (a == NULL && f->required) {
+            snprintf(err->text, sizeof(err->text), "field '%s' is missing", f->name);
+            return false;
+        }
+        if (a != NULL && a->type != MSGPACK_OBJECT_ARRAY) {
+            snprintf(err->text, sizeof(err->text), "field '%s' is not an array", f->name);
+            return false;
+        }
+        if (a != NULL)
+            *AT(msg, f->offset, const msgpack_object *) = a;
         return true;
     }
     }

@@ -15,7 +15,12 @@
  *             unpacked into malloc'd memory: hpd_msg_free)
  *   BIN       const void *name; uint32_t name_len (points into the message)
  *   OBJ       const msgpack_object *name (a map, passed on as it is, e.g.
- *             a UCX info the coordinator relays without knowing it)
+ *             a UCX info the coordinator relays without knowing it); for
+ *             packing, const void *name_raw and uint32_t name_raw_len, when
+ *             set, are written as they are instead (one packed map)
+ *   ARR       as OBJ, an array (its elements are the reader's business)
+ *   LAYOUT    hpd_kv_layout_t name ({block_size, pack_size, order}; the
+ *             shape fields are left as they were)
  *
  * Packing: required fields always; an optional one only when it is set
  * (non-zero, true, non-empty, non-NULL). Unpacking: the message must be a
@@ -43,6 +48,8 @@ typedef enum {
     HPD_MSG_IDS,
     HPD_MSG_BIN,
     HPD_MSG_OBJ,
+    HPD_MSG_LAYOUT,
+    HPD_MSG_ARR,
 } hpd_msg_kind_t;
 
 typedef struct {
@@ -51,7 +58,8 @@ typedef struct {
     bool required;
     uint64_t limit;
     size_t offset; /* of the member */
-    size_t aux;    /* IDS, BIN: of the count member */
+    size_t aux;    /* IDS, BIN: of the count member; OBJ: of name_raw */
+    size_t aux2;   /* OBJ: of name_raw_len */
 } hpd_msg_field_t;
 
 typedef struct {
@@ -69,7 +77,12 @@ typedef struct {
 #define HPD_MSG_DECL_STR(name, limit) char name[limit];
 #define HPD_MSG_DECL_IDS(name, limit) const int32_t *name; uint32_t name##_n;
 #define HPD_MSG_DECL_BIN(name, limit) const void *name; uint32_t name##_len;
-#define HPD_MSG_DECL_OBJ(name, limit) const msgpack_object *name;
+#define HPD_MSG_DECL_OBJ(name, limit)                                                        \
+    const msgpack_object *name;                                                             \
+    const void *name##_raw;                                                                 \
+    uint32_t name##_raw_len;
+#define HPD_MSG_DECL_LAYOUT(name, limit) hpd_kv_layout_t name;
+#define HPD_MSG_DECL_ARR(name, limit) HPD_MSG_DECL_OBJ(name, limit)
 #define HPD_MSG_MEMBER(T, name, kind, req, limit) HPD_MSG_DECL_##kind(name, limit)
 
 #define HPD_MSG_AUX_U64(T, name) 0
@@ -79,10 +92,23 @@ typedef struct {
 #define HPD_MSG_AUX_STR(T, name) 0
 #define HPD_MSG_AUX_IDS(T, name) offsetof(T, name##_n)
 #define HPD_MSG_AUX_BIN(T, name) offsetof(T, name##_len)
-#define HPD_MSG_AUX_OBJ(T, name) 0
+#define HPD_MSG_AUX_OBJ(T, name) offsetof(T, name##_raw)
+#define HPD_MSG_AUX_LAYOUT(T, name) 0
+#define HPD_MSG_AUX_ARR(T, name) offsetof(T, name##_raw)
+#define HPD_MSG_AUX2_ARR(T, name) offsetof(T, name##_raw_len)
+#define HPD_MSG_AUX2_OBJ(T, name) offsetof(T, name##_raw_len)
+#define HPD_MSG_AUX2_U64(T, name) 0
+#define HPD_MSG_AUX2_U32(T, name) 0
+#define HPD_MSG_AUX2_BOOL(T, name) 0
+#define HPD_MSG_AUX2_F32(T, name) 0
+#define HPD_MSG_AUX2_STR(T, name) 0
+#define HPD_MSG_AUX2_IDS(T, name) 0
+#define HPD_MSG_AUX2_BIN(T, name) 0
+#define HPD_MSG_AUX2_LAYOUT(T, name) 0
 #define HPD_MSG_ENTRY(T, n_, k_, req_, lim_)                                                 \
     {.name = #n_, .kind = HPD_MSG_##k_, .required = (req_), .limit = (lim_),                 \
-     .offset = offsetof(T, n_), .aux = HPD_MSG_AUX_##k_(T, n_)},
+     .offset = offsetof(T, n_), .aux = HPD_MSG_AUX_##k_(T, n_),                             \
+     .aux2 = HPD_MSG_AUX2_##k_(T, n_)},
 
 /* typedef struct { ...members... } T; */
 #define HPD_MSG_STRUCT(T, LIST) typedef struct { LIST(T, HPD_MSG_MEMBER) } T;
@@ -96,6 +122,51 @@ typedef struct {
 
 #define HPD_REQ 1
 #define HPD_OPT 0
+
+/* register (a node -> the coordinator) */
+#define HPD_MSG_REGISTER(T, X)                                                              \
+    X(T, role, STR, HPD_REQ, 16)                                                             \
+    X(T, name, STR, HPD_REQ, 64)                                                             \
+    X(T, host, STR, HPD_REQ, 64)                                                             \
+    X(T, port, U32, HPD_REQ, 65535)                                                          \
+    X(T, fingerprint, BIN, HPD_REQ, 0)                                                       \
+    X(T, vocab, U32, HPD_REQ, UINT32_MAX)                                                    \
+    X(T, max_context, U32, HPD_REQ, UINT32_MAX)                                              \
+    X(T, layout, LAYOUT, HPD_REQ, 0)                                                         \
+    X(T, kv_layers, U32, HPD_REQ, 4096)                                                      \
+    X(T, pages, U32, HPD_REQ, UINT32_MAX)                                                    \
+    X(T, slots, U32, HPD_REQ, UINT32_MAX)                                                    \
+    X(T, max_batch, U32, HPD_REQ, UINT32_MAX)                                                \
+    X(T, xfer, OBJ, HPD_REQ, 0)
+HPD_MSG_STRUCT(hpd_msg_register_t, HPD_MSG_REGISTER)
+
+/* reserve's reply: where a prefill node writes on the decode node (its
+ * pages per pack group for the prompt, its GDN slot); the coordinator
+ * relays it to the prefill node as it is, inside destination */
+#define HPD_MSG_RESERVATION(T, X)                                                           \
+    X(T, layout, LAYOUT, HPD_REQ, 0)                                                         \
+    X(T, tables, ARR, HPD_REQ, 0)                                                            \
+    X(T, slot_offset, U64, HPD_REQ, UINT64_MAX)                                              \
+    X(T, kv_region, U32, HPD_REQ, 15)                                                        \
+    X(T, slot_region, U32, HPD_REQ, 15)
+HPD_MSG_STRUCT(hpd_msg_reservation_t, HPD_MSG_RESERVATION)
+
+/* a prefill job's destination: the decode node, its UCX info (from its
+ * registration) and its reservation (from its reserve reply) */
+#define HPD_MSG_DESTINATION(T, X)                                                           \
+    X(T, node, U64, HPD_REQ, UINT64_MAX)                                                     \
+    X(T, xfer, OBJ, HPD_REQ, 0)                                                              \
+    X(T, reservation, OBJ, HPD_REQ, 0)
+HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
+
+/* prefill (the coordinator -> a prefill node) */
+#define HPD_MSG_PREFILL_JOB(T, X)                                                           \
+    X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, request, U64, HPD_OPT, UINT64_MAX)                                                  \
+    X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
+    X(T, decode, OBJ, HPD_REQ, 0)
+HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
 /* register's reply */
 #define HPD_MSG_REGISTERED(T, X)                                                            \
@@ -143,7 +214,8 @@ HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* Every message's descriptor, for the fuzzer and the tests. */
-extern const hpd_msg_desc_t hpd_msg_registered, hpd_msg_alive, hpd_msg_tokens,
+extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
+    hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;

@@ -404,28 +404,23 @@ static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
         hpd_rpc_buf_destroy(&info);
         return st;
     }
+    hpd_msg_register_t m = {.port = hpd_rpc_server_port(n->server),
+                            .fingerprint = n->model->fingerprint,
+                            .fingerprint_len = 16,
+                            .vocab = n->model->config.vocab_size,
+                            .max_context = ep->max_context,
+                            .layout = ep->kv_layout,
+                            .kv_layers = ep->kv_layout.n_layers,
+                            .pages = pt,
+                            .slots = stot,
+                            .max_batch = ep->max_batch,
+                            .xfer_raw = info.sb.data,
+                            .xfer_raw_len = (uint32_t)info.sb.size};
+    snprintf(m.role, sizeof(m.role), "%s", n->role->name);
+    snprintf(m.name, sizeof(m.name), "%s", n->o.name);
+    snprintf(m.host, sizeof(m.host), "%s", n->o.host);
     hpd_rpc_buf_init(b);
-    msgpack_pack_map(&b->pk, 13);
-    hpd_proto_key(&b->pk, "role");
-    hpd_rpc_pack_str(&b->pk, n->role->name);
-    hpd_proto_key(&b->pk, "name");
-    hpd_rpc_pack_str(&b->pk, n->o.name);
-    hpd_proto_key(&b->pk, "host");
-    hpd_rpc_pack_str(&b->pk, n->o.host);
-    hpd_proto_key(&b->pk, "port");
-    msgpack_pack_uint16(&b->pk, hpd_rpc_server_port(n->server));
-    hpd_proto_key(&b->pk, "fingerprint");
-    hpd_proto_pack_bin(&b->pk, n->model->fingerprint, 16);
-    hpd_proto_kv_u64(&b->pk, "vocab", n->model->config.vocab_size);
-    hpd_proto_kv_u64(&b->pk, "max_context", ep->max_context);
-    hpd_proto_key(&b->pk, "layout");
-    hpd_proto_pack_layout(&b->pk, &ep->kv_layout);
-    hpd_proto_kv_u64(&b->pk, "kv_layers", ep->kv_layout.n_layers);
-    hpd_proto_kv_u64(&b->pk, "pages", pt);
-    hpd_proto_kv_u64(&b->pk, "slots", stot);
-    hpd_proto_kv_u64(&b->pk, "max_batch", ep->max_batch);
-    hpd_proto_key(&b->pk, "xfer");
-    msgpack_sbuffer_write(&b->sb, info.sb.data, info.sb.size);
+    hpd_msg_pack(&hpd_msg_register, &m, &b->pk);
     hpd_rpc_buf_destroy(&info);
     return HPD_OK;
 }

@@ -462,34 +462,43 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     hpd_node_t *n = p->node;
     const hpd_model_config_t *cfg = &n->model->config;
     const hpd_engine_params_t *ep = hpd_engine_params(n->engine);
-    const msgpack_object *dst, *sampling, *info, *tables;
+    const msgpack_object *tables;
     hpd_engine_memory_t m;
+    hpd_msg_prefill_job_t pj = {0};
+    hpd_msg_destination_t dst = {0};
+    hpd_msg_reservation_t res = {0};
 
     hpd_engine_memory(n->engine, &m);
     j->sampling = (hpd_sampling_t){0, 1, 0, 0};
-    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &j->id, err) ||
-        !hpd_proto_u64(params, "request", false, UINT64_MAX, &j->request, err) ||
-        !hpd_proto_ids(params, "prompt", true, cfg->vocab_size, &j->prompt, &j->n_prompt, err))
+    if (!hpd_msg_unpack(&hpd_msg_prefill_job, params, &pj, err))
         return false;
+    j->id = pj.job;
+    j->request = pj.request;
+    j->prompt = (int32_t *)pj.prompt; /* the job owns it now */
+    j->n_prompt = pj.prompt_n;
+    for (uint32_t i = 0; i < j->n_prompt; i++)
+        if ((uint32_t)j->prompt[i] >= cfg->vocab_size) {
+            snprintf(err->text, sizeof(err->text),
+                     "prefill: prompt[%u] is %d (expected a token id from 0 to %u)", i,
+                     j->prompt[i], cfg->vocab_size - 1);
+            return false;
+        }
     if (j->n_prompt == 0 || j->n_prompt + 1 > ep->max_context) {
         snprintf(err->text, sizeof(err->text),
                  "prompt has %u tokens (expected 1 to %u, this node's max context - 1)",
                  j->n_prompt, ep->max_context - 1);
         return false;
     }
-    if ((sampling = hpd_proto_map(params, "sampling", false, err)) == NULL && err->text[0])
+    if (pj.sampling != NULL && !hpd_proto_sampling(pj.sampling, &j->sampling, err))
         return false;
-    if (sampling != NULL && !hpd_proto_sampling(sampling, &j->sampling, err))
+    if (!hpd_msg_unpack(&hpd_msg_destination, pj.decode, &dst, err) ||
+        !hpd_msg_unpack(&hpd_msg_reservation, dst.reservation, &res, err))
         return false;
-    if ((dst = hpd_proto_map(params, "decode", true, err)) == NULL ||
-        !hpd_proto_u64(dst, "node", true, UINT64_MAX, &j->dst_node, err) ||
-        !hpd_proto_layout(dst, "layout", &j->dst_layout, err) ||
-        !hpd_proto_u64(dst, "slot_offset", true, UINT64_MAX, &j->dst_slot_offset, err) ||
-        !hpd_proto_u32(dst, "kv_region", true, HPD_XFER_MAX_REGIONS - 1, &j->kv_region, err) ||
-        !hpd_proto_u32(dst, "slot_region", true, HPD_XFER_MAX_REGIONS - 1, &j->slot_region,
-                       err) ||
-        (info = hpd_proto_map(dst, "xfer", true, err)) == NULL)
-        return false;
+    j->dst_node = dst.node;
+    j->dst_layout = res.layout;
+    j->dst_slot_offset = res.slot_offset;
+    j->kv_region = res.kv_region;
+    j->slot_region = res.slot_region;
     /* the destination holds the same model: only B, P and the order differ */
     j->dst_layout.n_layers = m.layout->n_layers;
     j->dst_layout.n_kv_heads = m.layout->n_kv_heads;
@@ -503,11 +512,11 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     }
     const uint32_t groups = m.layout->n_layers ? hpd_kv_layout_n_groups(&j->dst_layout) : 0;
     j->dst_blocks = HPD_DIV_UP(j->n_prompt, j->dst_layout.block_size);
-    tables = hpd_rpc_map_get(dst, "tables");
-    if (tables == NULL || tables->type != MSGPACK_OBJECT_ARRAY ||
-        tables->via.array.size != groups) {
+    tables = res.tables;
+    if (tables->via.array.size != groups) {
         snprintf(err->text, sizeof(err->text),
-                 "decode.tables must be an array of %u page lists (one per pack group)", groups);
+                 "reservation: tables must be an array of %u page lists (one per pack group)",
+                 groups);
         return false;
     }
     if (groups > 0 && (j->dst_pages = malloc((size_t)groups * j->dst_blocks * 4)) == NULL) {
@@ -518,7 +527,7 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
         uint32_t got, *row = j->dst_pages + (size_t)g * j->dst_blocks;
         const msgpack_object *t = &tables->via.array.ptr[g];
         char what[32];
-        snprintf(what, sizeof(what), "decode.tables[%u]", g);
+        snprintf(what, sizeof(what), "reservation: tables[%u]", g);
         if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size < j->dst_blocks) {
             snprintf(err->text, sizeof(err->text), "%s must list at least %u pages", what,
                      j->dst_blocks);
@@ -530,7 +539,7 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
             return false;
         j->dst_tables[g] = row;
     }
-    if ((j->peer = peer_get(p, j->dst_node, info, err)) == NULL)
+    if ((j->peer = peer_get(p, j->dst_node, dst.xfer, err)) == NULL)
         return false;
     return true;
 }
@@ -547,7 +556,10 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         return;
     }
     if (!parse_job(p, j, params, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "prefill: %s", err.text);
+        /* the typed messages name themselves ("prefill: ", "decode: ",
+         * "reservation: "); the rest gets the method's name */
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s%s",
+                            strncmp(err.text, "prefill: ", 9) == 0 ? "" : "prefill: ", err.text);
         free(j->prompt);
         free(j->dst_pages);
         free(j);

@@ -13,6 +13,10 @@
 
 /* room for any message struct */
 typedef union {
+    hpd_msg_register_t reg;
+    hpd_msg_reservation_t reservation;
+    hpd_msg_destination_t destination;
+    hpd_msg_prefill_job_t prefill_job;
     hpd_msg_registered_t registered;
     hpd_msg_alive_t alive;
     hpd_msg_tokens_t tokens;

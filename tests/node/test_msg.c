@@ -210,7 +210,8 @@ static void test_every_required_field(void **state)
                 continue;
             packed_t p;
             hpd_proto_err_t err = {{0}};
-            uint8_t msg[512] = {0};
+            _Alignas(16) uint8_t msg[1024] = {0}; /* room for any message struct */
+            _Static_assert(sizeof(hpd_msg_register_t) <= 1024, "a message outgrew the test");
             hpd_rpc_buf_init(&p.b);
             uint32_t n = 0;
             for (uint32_t j = 0; j < d->n_fields; j++)
@@ -227,6 +228,12 @@ static void test_every_required_field(void **state)
                 case HPD_MSG_IDS: msgpack_pack_array(&p.b.pk, 0); break;
                 case HPD_MSG_BIN: hpd_proto_pack_bin(&p.b.pk, "x", 1); break;
                 case HPD_MSG_OBJ: msgpack_pack_map(&p.b.pk, 0); break;
+                case HPD_MSG_ARR: msgpack_pack_array(&p.b.pk, 0); break;
+                case HPD_MSG_LAYOUT: {
+                    const hpd_kv_layout_t l = {.block_size = 16, .pack_size = 1};
+                    hpd_proto_pack_layout(&p.b.pk, &l);
+                    break;
+                }
                 default: msgpack_pack_uint32(&p.b.pk, 1); break;
                 }
             }
