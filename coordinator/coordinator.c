@@ -86,6 +86,8 @@ typedef struct req {
     uint32_t dpages;
     uint32_t attempts;
     uint64_t avoid_decode; /* the decode node of a pair that failed this request */
+    bool pair_failed;      /* the current attempt's pair failed (abort_attempt fences) */
+    uint64_t lost_writer;  /* the prefill node lost while pushing for this attempt */
     char last_error[160];
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
@@ -180,13 +182,15 @@ static uint32_t pages_for(const node_t *d, uint32_t tokens)
 typedef struct {
     uint64_t job;
     uint64_t node;
+    uint64_t prefill; /* a prefill cancel's: the prefill node */
+    bool fence;       /* ... whose connection the decode node closes first */
 } call_ctx_t;
 
 static call_ctx_t *ctx_new(uint64_t job, uint64_t node)
 {
     call_ctx_t *c = malloc(sizeof(*c));
     if (c != NULL)
-        *c = (call_ctx_t){job, node};
+        *c = (call_ctx_t){.job = job, .node = node};
     return c;
 }
 
@@ -195,21 +199,28 @@ static void ignore_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     free(arg);
 }
 
-static void send_cancel(node_t *n, uint64_t job, hpd_rpc_reply_cb_t cb, void *arg)
+static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
+                        void *arg)
 {
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job}, &b.pk);
+    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job, .writer = writer},
+                 &b.pk);
     if (n == NULL || !n->alive || hpd_rpc_call(n->client, "cancel", &b, 30000, cb, arg) != HPD_OK)
         cb(arg, HPD_ERR_IO, NULL);
     hpd_rpc_buf_destroy(&b);
 }
 
-/* The decode side is freed only after the prefill side stopped writing. */
+/* The decode side is freed only after the prefill side stopped writing:
+ * it answered its cancel (its puts landed, or its endpoint was closed).
+ * Where the pair failed, or the prefill node could not answer, puts may
+ * still be on their way: the decode node closes that prefill node's
+ * connection before it reuses the memory. */
 static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     call_ctx_t *c = arg; /* node: the decode node */
-    send_cancel(node_by_id(c->node), c->job, ignore_reply, NULL);
+    const bool fence = c->fence || st != HPD_OK;
+    send_cancel(node_by_id(c->node), c->job, fence ? c->prefill : 0, ignore_reply, NULL);
     free(c);
 }
 
@@ -226,11 +237,18 @@ static void abort_attempt(req_t *r)
         p->jobs--;
         p->queued_tokens -= r->n_prompt;
         call_ctx_t *c = ctx_new(r->job, d ? d->id : 0);
-        if (c != NULL)
-            send_cancel(p, r->job, on_prefill_canceled, c);
+        if (c != NULL) {
+            c->prefill = p->id;
+            c->fence = r->pair_failed;
+            send_cancel(p, r->job, 0, on_prefill_canceled, c);
+        }
     } else if (d != NULL && r->state != R_QUEUED) {
-        send_cancel(d, r->job, ignore_reply, NULL);
+        /* a prefill node lost while it pushed: its late puts are fenced */
+        send_cancel(d, r->job, r->state == R_PREFILLING ? r->lost_writer : 0, ignore_reply,
+                    NULL);
     }
+    r->pair_failed = false;
+    r->lost_writer = 0;
     r->dnode = r->pnode = NULL;
     r->dpages = 0;
     r->job = 0;
@@ -469,6 +487,7 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                           "avoids %s", p->name, d->name, (int)reply->error_message_len,
                           reply->error_message, d->name);
             r->avoid_decode = d->id;
+            r->pair_failed = true;
             hpd_metric_inc(C.m.pair_failures, 1);
             requeue(r, "prefill on %s: %.*s", p->name, (int)reply->error_message_len,
                     reply->error_message);
@@ -713,8 +732,10 @@ static void node_lost(node_t *n, const char *why)
             r->dnode = NULL;
             r->dpages = 0;
         }
-        if (r->pnode == n)
+        if (r->pnode == n) {
             r->pnode = NULL;
+            r->lost_writer = n->id;
+        }
         requeue(r, "%s node %s lost", n->role == ROLE_PREFILL ? "prefill" : "decode", n->name);
     }
     for (node_t **pp = &C.nodes; *pp != NULL; pp = &(*pp)->next)

@@ -45,6 +45,7 @@ typedef struct {
     uint32_t kv_region, slot_region;
     uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
     uint64_t fence_backstops; /* fenced pages freed without a cancel */
+    uint64_t writers_fenced;  /* writers' connections closed before a cancel's free */
     uint64_t foreign_writes;  /* notices naming memory outside their reservation */
     struct {
         hpd_metric_t *done, *failed, *canceled, *expired, *reserved, *running;
@@ -341,6 +342,17 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         return;
     }
     if ((r = find(d, m.job)) != NULL) {
+        /* its writer failed or was lost before its transfer ended: its
+         * connection closes first, so that no put of it still under way
+         * lands in these pages once they serve another request */
+        if (m.writer != 0 && !r->have_notice) {
+            const hpd_status_t cst = hpd_xfer_close_writer(n->xfer, m.writer);
+            if (cst == HPD_OK)
+                HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu: closed the connection "
+                              "of its writer, node %llu: its late puts cannot land", n->o.name,
+                              (unsigned long long)m.job, (unsigned long long)m.writer);
+            d->writers_fenced += cst == HPD_OK;
+        }
         HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu canceled", n->o.name,
                       (unsigned long long)m.job);
         d->canceled++;
@@ -503,18 +515,19 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
     uint32_t reserved, running;
     uint32_t fenced;
     count_reqs(d, &reserved, &running, &fenced);
-    msgpack_pack_map(pk, 11);
-    hpd_proto_kv_u64(pk, "reserved", reserved);
-    hpd_proto_kv_u64(pk, "fenced", fenced); /* expired, pages held for a late writer */
-    hpd_proto_kv_u64(pk, "fence_backstops", d->fence_backstops);
-    hpd_proto_kv_u64(pk, "running", running);
-    hpd_proto_kv_u64(pk, "started", d->started);
-    hpd_proto_kv_u64(pk, "finished", d->finished);
-    hpd_proto_kv_u64(pk, "failed", d->failed);
-    hpd_proto_kv_u64(pk, "canceled", d->canceled);
-    hpd_proto_kv_u64(pk, "expired", d->expired);
-    hpd_proto_kv_u64(pk, "bad_transfers", d->bad_transfers);
-    hpd_proto_kv_u64(pk, "foreign_writes", d->foreign_writes);
+    const hpd_msg_decode_load_t load = {.reserved = reserved,
+                                        .fenced = fenced, /* expired, held for a late writer */
+                                        .fence_backstops = d->fence_backstops,
+                                        .writers_fenced = d->writers_fenced,
+                                        .running = running,
+                                        .started = d->started,
+                                        .finished = d->finished,
+                                        .failed = d->failed,
+                                        .canceled = d->canceled,
+                                        .expired = d->expired,
+                                        .bad_transfers = d->bad_transfers,
+                                        .foreign_writes = d->foreign_writes};
+    hpd_msg_pack(&hpd_msg_decode_load, &load, pk);
 }
 
 /* The coordinator is gone: no one waits for these requests' tokens; their

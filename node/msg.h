@@ -168,6 +168,23 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, decode, OBJ, HPD_REQ, 0)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
+/* a decode node's load, in its heartbeats and stats (docs/cluster.md,
+ * "The stats map") */
+#define HPD_MSG_DECODE_LOAD(T, X)                                                           \
+    X(T, reserved, U32, HPD_REQ, UINT32_MAX)                                                 \
+    X(T, fenced, U32, HPD_REQ, UINT32_MAX)                                                   \
+    X(T, fence_backstops, U64, HPD_REQ, UINT64_MAX)                                          \
+    X(T, writers_fenced, U64, HPD_REQ, UINT64_MAX)                                           \
+    X(T, running, U32, HPD_REQ, UINT32_MAX)                                                  \
+    X(T, started, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, finished, U64, HPD_REQ, UINT64_MAX)                                                 \
+    X(T, failed, U64, HPD_REQ, UINT64_MAX)                                                   \
+    X(T, canceled, U64, HPD_REQ, UINT64_MAX)                                                 \
+    X(T, expired, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, bad_transfers, U64, HPD_REQ, UINT64_MAX)                                            \
+    X(T, foreign_writes, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_decode_load_t, HPD_MSG_DECODE_LOAD)
+
 /* register's reply */
 #define HPD_MSG_REGISTERED(T, X)                                                            \
     X(T, node_id, U64, HPD_REQ, UINT64_MAX)                                                  \
@@ -193,8 +210,12 @@ HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
     X(T, error, STR, HPD_OPT, 160)
 HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
 
-/* cancel (coordinator -> a node: a job) */
-#define HPD_MSG_CANCEL_JOB(T, X) X(T, job, U64, HPD_REQ, UINT64_MAX)
+/* cancel (coordinator -> a node: a job). To a decode node, writer names
+ * the prefill node whose connection must be closed before the job's
+ * memory is reused: it failed or was lost while it wrote there */
+#define HPD_MSG_CANCEL_JOB(T, X)                                                            \
+    X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, writer, U64, HPD_OPT, UINT64_MAX)
 HPD_MSG_STRUCT(hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
 
 /* start (coordinator -> decode node: the prefill's first token) */
@@ -215,7 +236,7 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* Every message's descriptor, for the fuzzer and the tests. */
 extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
-    hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_alive, hpd_msg_tokens,
+    hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_decode_load, hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;

@@ -21,7 +21,8 @@
 #include "common/util.h"
 
 #define LOG_COMPONENT "xfer"
-#define AM_DONE 7 /* active message id of the completion notice */
+#define AM_DONE 7  /* active message id of the completion notice */
+#define AM_HELLO 8 /* a sender's first message on a new endpoint */
 
 typedef struct {
     uint32_t region;
@@ -42,6 +43,13 @@ typedef struct {
 } notice_hdr_t;
 
 #define NOTICE_MAGIC 0x6870642d78666572ull /* "hpd-xfer" */
+#define HELLO_MAGIC 0x6870642d68656c6full  /* "hpd-hello" */
+
+/* The hello's header: who writes from the endpoint it came on. */
+typedef struct {
+    uint64_t magic;
+    uint64_t sender;
+} hello_hdr_t;
 
 typedef struct xfer {
     struct xfer *next;
@@ -91,6 +99,7 @@ struct hpd_xfer_peer {
     uint32_t inflight; /* UCX requests in flight on this peer */
     bool failed, closed;
     bool ep_closed; /* a missed deadline closed the endpoint already */
+    hello_hdr_t hello;
 };
 
 struct hpd_xfer_ctx {
@@ -110,6 +119,13 @@ struct hpd_xfer_ctx {
     char tls[128];
     bool cuda;
     bool polling;
+    /* the endpoints UCX made here for the senders writing into this
+     * context (the completion notices' reply endpoints), by sender */
+    struct {
+        uint64_t node;
+        ucp_ep_h ep;
+    } writers[64];
+    uint32_t n_writers;
 };
 
 /* ------------------------------------------------------------ progress */
@@ -387,6 +403,38 @@ static hpd_status_t hash_dest(const region_t *r, const dest_t *e, XXH3_state_t *
     return st;
 }
 
+/* Remembers the endpoint UCX made here for a sender (the latest one per
+ * sender: a sender that connected again writes from the new one). */
+static void note_writer(hpd_xfer_ctx_t *c, uint64_t sender, const ucp_am_recv_param_t *param)
+{
+    uint32_t i = 0;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL)
+        return;
+    while (i < c->n_writers && c->writers[i].node != sender)
+        i++;
+    if (i == HPD_ARRAY_SIZE(c->writers)) {
+        HPD_LOG_WARN(LOG_COMPONENT, "more than %zu senders write here: node %llu's "
+                     "connection cannot be closed from this side", HPD_ARRAY_SIZE(c->writers),
+                     (unsigned long long)sender);
+        return;
+    }
+    c->writers[i].node = sender;
+    c->writers[i].ep = param->reply_ep;
+    c->n_writers += i == c->n_writers;
+}
+
+static ucs_status_t on_hello(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param)
+{
+    hello_hdr_t h;
+    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+        return UCS_OK;
+    memcpy(&h, header, sizeof(h));
+    if (h.magic == HELLO_MAGIC)
+        note_writer(arg, h.sender, param);
+    return UCS_OK;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -402,6 +450,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     memcpy(&h, header, sizeof(h));
+    if (h.magic == NOTICE_MAGIC)
+        note_writer(c, h.sender, param);
     n.sender = h.sender;
     n.xfer_id = h.xfer_id;
     n.bytes = h.bytes;
@@ -521,6 +571,10 @@ hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **c
                                                UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                  .id = AM_DONE, .cb = on_am, .arg = c};
+    if ((us = ucp_worker_set_am_recv_handler(c->worker, &hp)) != UCS_OK)
+        goto ucx_err;
+    hp.id = AM_HELLO;
+    hp.cb = on_hello;
     if ((us = ucp_worker_set_am_recv_handler(c->worker, &hp)) != UCS_OK)
         goto ucx_err;
     snprintf(c->tls, sizeof(c->tls), "%s", params->tls ? params->tls : "default");
@@ -810,6 +864,8 @@ hpd_status_t hpd_xfer_check_info(const msgpack_object *info, char *why, size_t l
     return HPD_OK;
 }
 
+static void send_hello(hpd_xfer_peer_t *p);
+
 hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
                               hpd_xfer_peer_t **peer_p)
 {
@@ -871,9 +927,30 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
     }
     p->next = c->peers;
     c->peers = p;
+    send_hello(p);
     progress_and_arm(c);
     *peer_p = p;
     return HPD_OK;
+}
+
+static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
+{
+    request_done(request, user_data);
+}
+
+/* Tells the receiver who writes from this endpoint, asking UCX for the
+ * endpoint back to here (the receiver may close it: hpd_xfer_close_writer).
+ * Sent before any put; a failure shows as the endpoint's. */
+static void send_hello(hpd_xfer_peer_t *p)
+{
+    p->hello = (hello_hdr_t){HELLO_MAGIC, p->ctx->p.node_id}; /* lives while the request does */
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+                              .cb.send = on_hello_sent,
+                              .user_data = p};
+    (void)track(p, ucp_am_send_nbx(p->ep, AM_HELLO, &p->hello, sizeof(p->hello), NULL, 0, &rp));
 }
 
 static void on_close_done(void *request, ucs_status_t status, void *user_data)
@@ -1127,7 +1204,7 @@ static void send_notice(xfer_t *x)
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_EAGER,
+                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
                               .cb.send = on_notice_sent,
                               .user_data = x};
     ucs_status_ptr_t r;
@@ -1280,4 +1357,36 @@ hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done
 void hpd_xfer_stats(const hpd_xfer_ctx_t *c, hpd_xfer_stats_t *stats_p)
 {
     *stats_p = c->st;
+    stats_p->writers = c->n_writers;
+}
+
+static void on_writer_closed(void *request, ucs_status_t status, void *user_data)
+{
+    hpd_xfer_ctx_t *c = user_data;
+    if (request != NULL)
+        ucp_request_free(request);
+    c->st.inflight--;
+}
+
+hpd_status_t hpd_xfer_close_writer(hpd_xfer_ctx_t *c, uint64_t node)
+{
+    for (uint32_t i = 0; i < c->n_writers; i++) {
+        if (c->writers[i].node != node)
+            continue;
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                  UCP_OP_ATTR_FIELD_USER_DATA |
+                                                  UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                                  .cb.send = on_writer_closed,
+                                  .user_data = c};
+        HPD_LOG_INFO(LOG_COMPONENT, "closing the connection of node %llu, which wrote here: "
+                     "nothing it still sends lands", (unsigned long long)node);
+        ucs_status_ptr_t r = ucp_ep_close_nbx(c->writers[i].ep, &rp);
+        if (r != NULL && !UCS_PTR_IS_ERR(r))
+            c->st.inflight++;
+        c->writers[i] = c->writers[--c->n_writers];
+        c->st.writers_closed++;
+        return HPD_OK;
+    }
+    return HPD_ERR_NOT_FOUND;
 }

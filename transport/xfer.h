@@ -198,6 +198,16 @@ typedef void (*hpd_xfer_done_cb_t)(void *arg, uint64_t xfer_id, hpd_status_t sta
 hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *peer, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
                              void *arg, bool corrupt_for_test);
 
+/* Receiver: closes the connection a sender's puts arrive on (the endpoint
+ * UCX made here for it, learned from the hello a sender sends first on
+ * every new endpoint, and from its notices), so that nothing it still has
+ * queued, in UCX or in its kernel's socket buffers, lands here: the
+ * sender's endpoint fails. HPD_ERR_NOT_FOUND when that sender never spoke
+ * here (it cannot have written either). Not a fence for a sender that
+ * writes a region it mapped (shared memory on one host: its puts are
+ * copies, see hpd_xfer_alloc). */
+hpd_status_t hpd_xfer_close_writer(hpd_xfer_ctx_t *ctx, uint64_t node);
+
 /* Drives UCX until nothing more progresses (the event loop does this by
  * itself; for code that waits outside the loop). */
 void hpd_xfer_progress(hpd_xfer_ctx_t *ctx);
@@ -211,6 +221,8 @@ typedef struct {
                           shared-memory peer they may stay until destroy) */
     uint32_t open_transfers; /* transfers whose callback has not run */
     uint64_t deadlines_missed;
+    uint32_t writers;        /* receiver: senders whose connection it can close */
+    uint64_t writers_closed; /* hpd_xfer_close_writer */
     double link_rate; /* bytes/s measured (0: not yet), see deadline_ms */
 } hpd_xfer_stats_t;
 

@@ -160,6 +160,29 @@ static bool all_done(cl_t *c, void *arg)
     return true;
 }
 
+/* Every request of prompts, submitted through c; waits until all ended and
+ * checks each is right. Returns how many ran more than once. */
+static uint32_t submit_all_right(hpd_client_t *c, req_t *q, const char *what, void (*fault)(void))
+{
+    memset(q, 0, N * sizeof(*q));
+    for (int i = 0; i < N; i++) {
+        hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+        assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, &q[i], NULL), HPD_OK);
+    }
+    if (fault != NULL)
+        fault();
+    cl_wait(&cl, c, 120, all_done, q, what);
+    uint32_t again = 0;
+    for (int i = 0; i < N; i++) {
+        if (q[i].status != HPD_OK)
+            fail_msg("request %d: %s: %s", i, hpd_status_str(q[i].status), q[i].error);
+        assert_int_equal(q[i].n, MAX_TOKENS);
+        assert_memory_equal(q[i].tokens, ref[i], sizeof(ref[i]));
+        again += q[i].attempts > 1;
+    }
+    return again;
+}
+
 static void test_cut_path(void **state)
 {
     const char *args[] = {"--host", "0.0.0.0", "--heartbeat-ms", "100", "--lease-ms", "120000",
@@ -172,6 +195,9 @@ static void test_cut_path(void **state)
     node(2, reserve);
     cl_wait_idle(&cl, 3, 120);
     hpd_client_t *c = cl_client(&cl);
+    /* first the steady state: p0 has written to both decode nodes */
+    submit_all_right(c, q, "every request before the cut", NULL);
+    cl_wait_idle(&cl, 3, 120);
 
     /* p0's packets to d0 go to a MAC nobody has */
     if (getenv("HPD_TEST_NO_CUT") == NULL)
@@ -202,36 +228,19 @@ static void test_cut_path(void **state)
      * before d0's reservation expired (3 s) */
     assert_true(cl_file_has(p0->log, "to node") && cl_file_has(p0->log, "missed its deadline"));
     assert_false(cl_file_has(d0->log, "expired before it started"));
+    /* d0 closed p0's connection before it freed those reservations */
+    assert_true(cl_file_has(d0->log, "closed the connection of its writer, node"));
 
-    /* the path heals: the held pages come back, the cluster serves on d0 too */
+    /* the path heals: whatever p0's kernel still held for d0 meets a closed
+     * connection; the pages of the failed attempts serve new requests, and
+     * those are right */
     assert_int_equal(sh("ip netns exec %sp0 ip neigh del %s dev eth0", tag, ips[1]), 0);
+    cl_wait_idle(&cl, 3, 120);
+    submit_all_right(c, q, "every request after the path healed", NULL);
     cl_wait_idle(&cl, 3, 120);
     hpd_client_destroy(c);
     cl_stop_all(&cl);
     cl.passed++;
-}
-
-/* Every request of prompts, submitted through c; waits until all ended and
- * checks each is right. Returns how many ran more than once. */
-static uint32_t submit_all_right(hpd_client_t *c, req_t *q, const char *what, void (*fault)(void))
-{
-    memset(q, 0, N * sizeof(*q));
-    for (int i = 0; i < N; i++) {
-        hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
-        assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, &q[i], NULL), HPD_OK);
-    }
-    if (fault != NULL)
-        fault();
-    cl_wait(&cl, c, 120, all_done, q, what);
-    uint32_t again = 0;
-    for (int i = 0; i < N; i++) {
-        if (q[i].status != HPD_OK)
-            fail_msg("request %d: %s: %s", i, hpd_status_str(q[i].status), q[i].error);
-        assert_int_equal(q[i].n, MAX_TOKENS);
-        assert_memory_equal(q[i].tokens, ref[i], sizeof(ref[i]));
-        again += q[i].attempts > 1;
-    }
-    return again;
 }
 
 /* The fault submit_all_right runs once the requests are out: with p0

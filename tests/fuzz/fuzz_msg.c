@@ -17,6 +17,7 @@ typedef union {
     hpd_msg_reservation_t reservation;
     hpd_msg_destination_t destination;
     hpd_msg_prefill_job_t prefill_job;
+    hpd_msg_decode_load_t decode_load;
     hpd_msg_registered_t registered;
     hpd_msg_alive_t alive;
     hpd_msg_tokens_t tokens;

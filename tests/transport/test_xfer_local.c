@@ -847,6 +847,8 @@ static void test_put_refused_by_ucx(void **state)
 
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
+    /* the hello on the new endpoint (test_close_writer) goes first */
+    PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
     hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
     fail_puts = true;
     const hpd_status_t got = hpd_xfer_put(p, 1, &u, 1);
@@ -1878,6 +1880,60 @@ static void test_deadline_after_a_stop(void **state)
     hpd_xfer_destroy(r);
 }
 
+/* The receiver closes a sender's connection (hpd_xfer_close_writer), known
+ * from the hello the sender sends on a new endpoint, before any notice:
+ * what the sender puts afterwards never lands, the sender's transfer
+ * fails and its endpoint reports the failure once. A sender unknown here
+ * is HPD_ERR_NOT_FOUND; a writer that disconnected first is closed
+ * without harm; a sender that connects again is known by its new
+ * endpoint. */
+static void test_close_writer(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, &srx);
+    static uint8_t mem[1 << 20];
+    static uint8_t src[1 << 16];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+    done_t d = {0};
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_ERR_NOT_FOUND);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    fill(src, sizeof(src), 3);
+    PROGRESS_UNTIL((hpd_xfer_stats(r, &st), st.writers == 1), (void)0); /* the hello */
+    assert_int_equal(hpd_xfer_close_writer(r, 7), HPD_ERR_NOT_FOUND);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_OK);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.writers, 0);
+    assert_int_equal(st.writers_closed, 1);
+    hpd_xfer_put_t u = {src, 0, 4096, sizeof(src)};
+    if (hpd_xfer_put(p, 2, &u, 1) == HPD_OK &&
+        hpd_xfer_finish(p, 2, on_done, &d, false) == HPD_OK)
+        PROGRESS_UNTIL(d.n == 1, (void)0);
+    else
+        d.status = HPD_ERR_IO; /* the failure came first */
+    assert_int_equal(d.status, HPD_ERR_IO);
+    PROGRESS_UNTIL(srx.n_peer_errors == 1, (void)0);
+    assert_true(hpd_xfer_peer_failed(p));
+    assert_int_equal(rrx.n, 0);
+    assert_true(all_zero(mem + 4096, sizeof(src))); /* nothing landed */
+    hpd_xfer_disconnect(p);
+
+    /* connected again: known by the new endpoint, through its notices too */
+    p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 3, src, 0, 0, 64), HPD_OK);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.writers, 1);
+    /* the sender goes first; closing its connection here then is harmless */
+    hpd_xfer_disconnect(p);
+    spin(50);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_OK);
+    spin(50);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
 /* check_dests, for test_check_dests: records what it was shown; allows
  * region 0 below 4096 only */
 static struct {
@@ -2520,6 +2576,7 @@ int main(void)
         cmocka_unit_test(test_check_dests),
         cmocka_unit_test(test_deadline_fails_the_pair),
         cmocka_unit_test(test_deadline_after_a_stop),
+        cmocka_unit_test(test_close_writer),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_push_kv),
