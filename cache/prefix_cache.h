@@ -15,16 +15,11 @@
 #include <stdint.h>
 
 #include "cache/page_pool.h"
+#include "cache/prefix_hash.h"
 #include "cache/slot_pool.h"
 #include "kernels/backend.h"
 
-#define HPD_PREFIX_BLOCK 64
-
 typedef struct hpd_prefix_cache hpd_prefix_cache_t;
-
-typedef struct {
-    uint8_t bytes[16];
-} hpd_block_hash_t;
 
 typedef struct {
     hpd_backend_t *backend;  /* borrowed */
@@ -68,14 +63,6 @@ hpd_status_t hpd_prefix_cache_create(const hpd_prefix_cache_params_t *params,
 
 /* Drops every entry (page references, checkpoints, host copies). Accepts NULL. */
 void hpd_prefix_cache_destroy(hpd_prefix_cache_t *cache);
-
-/* h_{-1} from a model fingerprint. */
-void hpd_prefix_hash_root(const uint8_t salt[16], hpd_block_hash_t *root_p);
-
-/* The chain h_0 .. h_{n_blocks-1} of the first n_blocks full blocks of
- * tokens, from h_{-1} = root (what a router computes without a cache). */
-void hpd_prefix_hash_chain(const hpd_block_hash_t *root, const int32_t *tokens,
-                           uint32_t n_blocks, hpd_block_hash_t *hashes);
 
 /* Hashes of the first n_blocks full blocks of tokens into hashes[0..n_blocks). */
 void hpd_prefix_cache_hash(const hpd_prefix_cache_t *cache, const int32_t *tokens,
@@ -136,13 +123,5 @@ void hpd_prefix_cache_page_refs(const hpd_prefix_cache_t *cache, uint32_t *count
  * keys added. */
 uint32_t hpd_prefix_cache_summary(const hpd_prefix_cache_t *cache, uint8_t *summary,
                                   size_t bytes);
-void hpd_prefix_summary_add(uint8_t *summary, size_t bytes, const hpd_block_hash_t *key);
-bool hpd_prefix_summary_test(const uint8_t *summary, size_t bytes, const hpd_block_hash_t *key);
-
-/* The expected hit of a prompt of n_tokens (hashes of its full blocks) in
- * blocks: the longest prefix whose last block is in the summary (false
- * positives of the filter can overestimate it). */
-uint32_t hpd_prefix_summary_match(const uint8_t *summary, size_t bytes,
-                                  const hpd_block_hash_t *hashes, uint32_t n_tokens);
 
 #endif

@@ -41,14 +41,14 @@ MODULES = {
     },
     "cache": {
         "files": ["cache/kv_layout.c", "cache/page_pool.c", "cache/slot_pool.c",
-                  "cache/prefix_cache.c"],
+                  "cache/prefix_cache.c", "cache/prefix_hash.c"],
         "left_out": {},
         "tests": ["test_pools", "test_prefix_cache", "test_cache_alloc_failures"],
     },
     "transport": {
         "files": ["transport/rpc_codec.c", "transport/rpc_conn.c",
                   "transport/rpc_server.c", "transport/rpc_client.c",
-                  "transport/xfer.c"],
+                  "transport/xfer.c", "transport/xfer_info.c"],
         "left_out": {"transport/http.c": "the HTTP front end, not codec/rpc/xfer",
                      "transport/xfer_nccl.c": "needs CUDA, NCCL and a GPU"},
         "tests": ["test_rpc_codec", "test_rpc", "test_rpc_local", "fuzz_rpc_codec_replay",

@@ -24,8 +24,7 @@
 
 #include "kernels/backend.h"
 #include "transport/rpc.h"
-
-#define HPD_XFER_MAX_REGIONS 16
+#include "transport/xfer_info.h"
 
 typedef struct hpd_xfer_ctx hpd_xfer_ctx_t;
 typedef struct hpd_xfer_peer hpd_xfer_peer_t;
@@ -129,14 +128,6 @@ hpd_status_t hpd_xfer_register_pool(hpd_xfer_ctx_t *ctx, hpd_backend_t *backend,
  * as one msgpack value into buf. */
 hpd_status_t hpd_xfer_pack_info(const hpd_xfer_ctx_t *ctx, hpd_rpc_buf_t *buf);
 
-/* Checks a peer's packed info without UCX: its shape, a worker address
- * UCX can read (a length from 3 bytes to 64 KiB whose header names an
- * address version UCX reads: UCX reads an address without its length and
- * aborts the process on an unknown version), and regions that fit the
- * address space with rkeys of 1 byte to 64 KiB. HPD_ERR_FORMAT with why
- * (may be NULL) saying what is wrong. The coordinator checks a node's info
- * at registration, so that a bad one never reaches another node. */
-hpd_status_t hpd_xfer_check_info(const msgpack_object *info, char *why, size_t why_len);
 
 /* Connects to a peer from its packed info (endpoint created once, rkeys
  * unpacked once). An info hpd_xfer_check_info refuses is refused with
