@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "cache/kv_layout.h"
+#include "common/kv_layout.h"
 #include "kernels/backend.h"
 
 typedef struct hpd_page_pool hpd_page_pool_t;

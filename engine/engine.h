@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cache/kv_layout.h"
+#include "common/kv_layout.h"
 #include "cache/prefix_cache.h"
 #include "kernels/backend.h"
 #include "model/model.h"

@@ -17,7 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/kv_layout.h"
+#include "common/kv_layout.h"
+#include "common/sampling.h"
 #include "common/status.h"
 
 typedef struct hpd_backend hpd_backend_t;
@@ -202,12 +203,6 @@ typedef struct {
     uint64_t bytes;
 } hpd_slot_copy_args_t;
 
-typedef struct {
-    float temperature; /* <= 0: greedy */
-    float top_p;       /* in (0, 1]; 1 disables */
-    uint32_t top_k;    /* 0 disables */
-    uint64_t seed;
-} hpd_sampling_t;
 
 /* Draw one token per row: row r uses params[r] and the counter-based RNG
  * keyed by (params[r].seed, positions[r]). */

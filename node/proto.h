@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/kv_layout.h"
-#include "kernels/backend.h"
+#include "common/kv_layout.h"
+#include "common/sampling.h"
 
 /* An error message under construction, sent back as the error's text. */
 typedef struct {

@@ -40,7 +40,7 @@ MODULES = {
                   "test_sample", "test_translate"],
     },
     "cache": {
-        "files": ["cache/kv_layout.c", "cache/page_pool.c", "cache/slot_pool.c",
+        "files": ["common/kv_layout.c", "cache/page_pool.c", "cache/slot_pool.c",
                   "cache/prefix_cache.c", "cache/prefix_hash.c"],
         "left_out": {},
         "tests": ["test_pools", "test_prefix_cache", "test_cache_alloc_failures"],

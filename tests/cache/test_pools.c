@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cache/kv_layout.h"
+#include "common/kv_layout.h"
 #include "cache/page_pool.h"
 #include "cache/slot_pool.h"
 #include "tests/cache/faulty_backend.h"

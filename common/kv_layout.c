@@ -1,4 +1,4 @@
-#include "cache/kv_layout.h"
+#include "common/kv_layout.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,8 +6,8 @@
  *   NHD: page[m][kv][t][h][d]      HND: page[m][kv][h][t][d]
  * The addressing helpers are header-only so that every kernel backend
  * computes the same addresses. */
-#ifndef HPD_CACHE_KV_LAYOUT_H
-#define HPD_CACHE_KV_LAYOUT_H
+#ifndef HPD_COMMON_KV_LAYOUT_H
+#define HPD_COMMON_KV_LAYOUT_H
 
 #include <stdint.h>
 
