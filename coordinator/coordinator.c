@@ -24,6 +24,7 @@
 
 #include "cache/prefix_cache.h"
 #include "coordinator/credentials.h"
+#include "coordinator/routing.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/util.h"
@@ -173,9 +174,7 @@ static req_t *req_by_job(uint64_t job)
 
 static uint32_t pages_for(const node_t *d, uint32_t tokens)
 {
-    if (d->layout.n_layers == 0)
-        return 0;
-    return hpd_kv_layout_n_groups(&d->layout) * HPD_DIV_UP(tokens, d->layout.block_size);
+    return hpd_route_pages(&d->layout, tokens);
 }
 
 /* A call's context: which attempt it belongs to. */
@@ -401,54 +400,66 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
 
 /* ------------------------------------------------------------ routing */
 
-/* Prefill cost: prompt tokens left after the node's expected prefix hit,
- * plus the tokens already queued there. */
-static node_t *pick_prefill(const req_t *r)
+/* The registry as the routing policy sees it (coordinator/routing.h). */
+static hpd_route_node_t *route_view(size_t *n_p, node_t ***map_p)
 {
-    node_t *best = NULL;
-    uint64_t best_cost = UINT64_MAX;
-    for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->draining || n->role != ROLE_PREFILL ||
-            n->max_context < r->n_prompt + 1)
-            continue;
-        uint64_t hit = 0;
-        if (n->have_summary)
-            hit = (uint64_t)hpd_prefix_summary_match(n->summary, SUMMARY_BYTES, r->hashes,
-                                                      r->n_prompt) * HPD_PREFIX_BLOCK;
-        const uint64_t cost = (r->n_prompt - hit) + n->queued_tokens;
-        if (cost < best_cost) {
-            best = n;
-            best_cost = cost;
-        }
+    size_t n = 0, i = 0;
+    for (node_t *x = C.nodes; x != NULL; x = x->next)
+        n++;
+    hpd_route_node_t *v = calloc(n ? n : 1, sizeof(*v));
+    node_t **map = calloc(n ? n : 1, sizeof(*map));
+    if (v == NULL || map == NULL) {
+        free(v);
+        free(map);
+        return NULL;
     }
-    return best;
+    for (node_t *x = C.nodes; x != NULL; x = x->next, i++) {
+        map[i] = x;
+        v[i] = (hpd_route_node_t){.id = x->id,
+                                  .prefill = x->role == ROLE_PREFILL,
+                                  .usable = x->alive && !x->draining,
+                                  .max_context = x->max_context,
+                                  .summary = x->have_summary ? x->summary : NULL,
+                                  .summary_bytes = SUMMARY_BYTES,
+                                  .queued_tokens = x->queued_tokens,
+                                  .slots = x->slots,
+                                  .slots_reserved = x->slots_reserved,
+                                  .pages = x->pages,
+                                  .pages_reserved = x->pages_reserved,
+                                  .layout = x->layout};
+    }
+    *n_p = n;
+    *map_p = map;
+    return v;
 }
 
-/* Decode: the most free slots among nodes with room for the whole request. */
+static node_t *pick(const req_t *r, bool prefill, uint32_t *pages_p)
+{
+    size_t n;
+    node_t **map, *chosen = NULL;
+    hpd_route_node_t *v = route_view(&n, &map);
+    if (v == NULL)
+        return NULL; /* out of memory: the request waits in the queue */
+    const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
+                                .max_tokens = r->max_tokens,
+                                .hashes = r->hashes,
+                                .avoid_decode = r->avoid_decode};
+    const int i = prefill ? hpd_route_prefill(v, n, &rr) : hpd_route_decode(v, n, &rr, pages_p);
+    if (i >= 0)
+        chosen = map[i];
+    free(v);
+    free(map);
+    return chosen;
+}
+
+static node_t *pick_prefill(const req_t *r)
+{
+    return pick(r, true, NULL);
+}
+
 static node_t *pick_decode(const req_t *r, uint32_t *pages_p)
 {
-    node_t *best = NULL;
-    uint32_t best_free = 0;
-    /* another decode node than the one of a pair that failed the request,
-     * while there is one (a path cut between the pair, say) */
-    bool others = false;
-    for (node_t *n = C.nodes; n != NULL && r->avoid_decode != 0; n = n->next)
-        others |= n->alive && !n->draining && n->role == ROLE_DECODE && n->id != r->avoid_decode;
-    for (node_t *n = C.nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->draining || n->role != ROLE_DECODE ||
-            n->max_context < r->n_prompt + r->max_tokens || (others && n->id == r->avoid_decode))
-            continue;
-        const uint32_t need = pages_for(n, r->n_prompt + r->max_tokens);
-        const uint32_t free_slots = n->slots - n->slots_reserved;
-        if (free_slots == 0 || n->pages - n->pages_reserved < need)
-            continue;
-        if (free_slots > best_free) {
-            best = n;
-            best_free = free_slots;
-            *pages_p = need;
-        }
-    }
-    return best;
+    return pick(r, false, pages_p);
 }
 
 static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)

@@ -1,0 +1,57 @@
+#include "coordinator/routing.h"
+
+#include "common/util.h"
+
+uint32_t hpd_route_pages(const hpd_kv_layout_t *l, uint32_t tokens)
+{
+    if (l->n_layers == 0)
+        return 0;
+    return hpd_kv_layout_n_groups(l) * HPD_DIV_UP(tokens, l->block_size);
+}
+
+int hpd_route_prefill(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *r)
+{
+    int best = -1;
+    uint64_t best_cost = UINT64_MAX;
+    for (size_t i = 0; i < n; i++) {
+        const hpd_route_node_t *p = &nodes[i];
+        if (!p->usable || !p->prefill || p->max_context < r->n_prompt + 1)
+            continue;
+        uint64_t hit = 0;
+        if (p->summary != NULL)
+            hit = (uint64_t)hpd_prefix_summary_match(p->summary, p->summary_bytes, r->hashes,
+                                                      r->n_prompt) * HPD_PREFIX_BLOCK;
+        const uint64_t cost = (r->n_prompt - hit) + p->queued_tokens;
+        if (cost < best_cost) {
+            best = (int)i;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+int hpd_route_decode(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *r,
+                     uint32_t *pages_p)
+{
+    int best = -1;
+    uint32_t best_free = 0;
+    bool others = false;
+    for (size_t i = 0; i < n && r->avoid_decode != 0; i++)
+        others |= nodes[i].usable && !nodes[i].prefill && nodes[i].id != r->avoid_decode;
+    for (size_t i = 0; i < n; i++) {
+        const hpd_route_node_t *d = &nodes[i];
+        if (!d->usable || d->prefill || d->max_context < r->n_prompt + r->max_tokens ||
+            (others && d->id == r->avoid_decode))
+            continue;
+        const uint32_t need = hpd_route_pages(&d->layout, r->n_prompt + r->max_tokens);
+        const uint32_t free_slots = d->slots - d->slots_reserved;
+        if (free_slots == 0 || d->pages - d->pages_reserved < need)
+            continue;
+        if (free_slots > best_free) {
+            best = (int)i;
+            best_free = free_slots;
+            *pages_p = need;
+        }
+    }
+    return best;
+}
