@@ -24,6 +24,7 @@
 #define LOG_COMPONENT "decode"
 
 typedef struct dreq {
+    struct decode *owner;
     uint64_t job;
     uint64_t request; /* the coordinator's request id, for logs */
     uint64_t eng_id;
@@ -39,7 +40,7 @@ typedef struct dreq {
     struct dreq *next;
 } dreq_t;
 
-typedef struct {
+typedef struct decode {
     hpd_node_t *node;
     dreq_t *reqs;
     uint32_t kv_region, slot_region;
@@ -53,7 +54,6 @@ typedef struct {
     } m;
 } decode_t;
 
-static decode_t D;
 
 static dreq_t *find(decode_t *d, uint64_t job)
 {
@@ -172,7 +172,7 @@ static uint32_t fence_backstop_ms(const decode_t *d)
 static void on_expiry(evutil_socket_t fd, short what, void *arg)
 {
     dreq_t *r = arg;
-    decode_t *d = &D;
+    decode_t *d = r->owner;
     if (r->fenced) {
         HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: freeing the pages of expired job %llu: "
                       "no cancel came in %u ms", d->node->o.name, (unsigned long long)r->job,
@@ -233,6 +233,7 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "reserve: out of memory");
         goto out;
     }
+    r->owner = d;
     st = hpd_engine_reserve(n->engine, &rp, &r->eng_id);
     if (st == HPD_ERR_NO_RESOURCE) {
         uint32_t pu, pt, su, stot;
@@ -491,10 +492,12 @@ static uint32_t in_flight(hpd_node_t *n)
 
 static hpd_status_t init(hpd_node_t *n)
 {
-    decode_t *d = &D;
+    decode_t *d = calloc(1, sizeof(*d));
     hpd_engine_memory_t m;
     hpd_status_t st;
 
+    if (d == NULL)
+        return HPD_ERR_NO_MEMORY;
     d->node = n;
     n->role_data = d;
     metrics_init(d, n->metrics);
@@ -551,6 +554,7 @@ static void fini(hpd_node_t *n)
         return;
     while (d->reqs != NULL)
         dreq_free(d, d->reqs);
+    /* d itself goes with the node (node_destroy) */
 }
 
 static const hpd_node_role_t role = {

@@ -567,20 +567,22 @@ static bool on_check_dests(void *arg, const hpd_xfer_notice_t *notice,
                            const hpd_xfer_dest_t *dests, uint32_t n_dests)
 {
     hpd_node_t *n = arg;
+    if (n->role_data == NULL)
+        return false; /* the role did not start: nothing is used */
     return n->role->check_dests == NULL || n->role->check_dests(n, notice, dests, n_dests);
 }
 
 static void on_notice(void *arg, const hpd_xfer_notice_t *notice)
 {
     hpd_node_t *n = arg;
-    if (n->role->on_notice != NULL)
+    if (n->role_data != NULL && n->role->on_notice != NULL)
         n->role->on_notice(n, notice);
 }
 
 static void on_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status)
 {
     hpd_node_t *n = arg;
-    if (n->role->on_peer_error != NULL)
+    if (n->role_data != NULL && n->role->on_peer_error != NULL)
         n->role->on_peer_error(n, peer, status);
 }
 
@@ -760,6 +762,8 @@ static void node_destroy(hpd_node_t *n)
     hpd_xfer_destroy(n->xfer);
     hpd_backend_destroy(n->backend);
     hpd_model_destroy(n->model);
+    free(n->role_data); /* the role's state, emptied by its fini */
+    n->role_data = NULL;
     free(n->token);
     if (n->base)
         event_base_free(n->base);

@@ -90,7 +90,7 @@ typedef struct {
 struct hpd_node {
     hpd_node_opts_t o;
     const hpd_node_role_t *role;
-    void *role_data;
+    void *role_data; /* the role's state (its init allocates it, node_destroy frees it) */
     struct event_base *base;
     hpd_model_t *model;
     hpd_backend_t *backend;

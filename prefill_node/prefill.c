@@ -19,18 +19,15 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/node.h"
+#include "prefill_node/staging.h"
 #include "node/proto.h"
 
 #define LOG_COMPONENT "prefill"
 
 typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_FINISHING } job_state_t;
 
-typedef struct extent {
-    uint64_t off, len;
-    struct extent *next;
-} extent_t;
-
 typedef struct job {
+    struct prefill *owner;
     uint64_t id; /* the coordinator's job id, also the transfer id */
     uint64_t request; /* the coordinator's request id, for logs */
     uint64_t eng_id;
@@ -73,13 +70,13 @@ typedef struct {
     hpd_xfer_peer_t *peer;
 } peer_ent_t;
 
-typedef struct {
+typedef struct prefill {
     hpd_node_t *node;
     job_t *jobs; /* in arrival order */
     uint8_t *staging;
     uint32_t staging_region;
     uint64_t staging_bytes;
-    extent_t *free_list; /* sorted by offset */
+    hpd_staging_t arena;
     peer_ent_t *peers;
     size_t n_peers, cap_peers;
     struct event *reap_ev; /* stops failed jobs outside engine steps */
@@ -92,55 +89,6 @@ typedef struct {
     } m;
 } prefill_t;
 
-static prefill_t P;
-
-/* ------------------------------------------------------------ staging */
-
-static bool staging_alloc(prefill_t *p, uint64_t len, uint64_t *off_p)
-{
-    len = (len + 63) & ~63ull;
-    for (extent_t **pp = &p->free_list; *pp != NULL; pp = &(*pp)->next) {
-        extent_t *e = *pp;
-        if (e->len < len)
-            continue;
-        *off_p = e->off;
-        e->off += len;
-        e->len -= len;
-        if (e->len == 0) {
-            *pp = e->next;
-            free(e);
-        }
-        return true;
-    }
-    return false;
-}
-
-static void staging_free(prefill_t *p, uint64_t off, uint64_t len)
-{
-    extent_t **pp = &p->free_list, *e;
-    len = (len + 63) & ~63ull;
-    while (*pp != NULL && (*pp)->off < off)
-        pp = &(*pp)->next;
-    /* merge with the next extent, then with the previous one */
-    if (*pp != NULL && off + len == (*pp)->off) {
-        (*pp)->off = off;
-        (*pp)->len += len;
-        e = *pp;
-    } else {
-        if ((e = malloc(sizeof(*e))) == NULL)
-            return; /* the extent is lost, nothing else */
-        *e = (extent_t){off, len, *pp};
-        *pp = e;
-    }
-    for (extent_t *prev = p->free_list; prev != NULL && prev != e; prev = prev->next) {
-        if (prev->next == e && prev->off + prev->len == e->off) {
-            prev->len += e->len;
-            prev->next = e->next;
-            free(e);
-            break;
-        }
-    }
-}
 
 /* ------------------------------------------------------------ peers */
 
@@ -200,7 +148,9 @@ static void job_free(prefill_t *p, job_t *j)
     if (j->eng_id != 0)
         hpd_engine_release(p->node->engine, j->eng_id);
     if (j->staging_bytes > 0)
-        staging_free(p, j->staging_off, j->staging_bytes);
+        if (hpd_staging_free(&p->arena, j->staging_off, j->staging_bytes) != HPD_OK)
+            HPD_LOG_WARN(LOG_COMPONENT, "%s: out of memory: %llu bytes of staging stay out "
+                         "of use", p->node->o.name, (unsigned long long)j->staging_bytes);
     if (j->conn != NULL)
         hpd_rpc_conn_unref(j->conn);
     if (j->cancel_conn != NULL) {
@@ -273,7 +223,7 @@ static void on_xfer_done(void *arg, uint64_t xfer_id, hpd_status_t st)
         snprintf(j->error, sizeof(j->error), "transfer to decode node %llu failed: %s",
                  (unsigned long long)j->dst_node, hpd_status_str(st));
     }
-    job_end(&P, j);
+    job_end(j->owner, j);
 }
 
 /* Stops a job: the engine request goes; a transfer that has puts in flight
@@ -339,7 +289,7 @@ static void try_start(prefill_t *p)
         }
         const uint64_t need = job_staging_bytes(j, &m, n->model->config.n_linear_layers,
                                                 &kv_pages);
-        if (!staging_alloc(p, need, &off))
+        if (!hpd_staging_alloc(&p->arena, need, &off))
             break; /* first come, first served */
         j->staging_off = off;
         j->staging_bytes = need;
@@ -555,6 +505,7 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
         return;
     }
+    j->owner = p;
     if (!parse_job(p, j, params, &err)) {
         /* the typed messages name themselves ("prefill: ", "decode: ",
          * "reservation: "); the rest gets the method's name */
@@ -694,9 +645,11 @@ static uint32_t in_flight(hpd_node_t *n)
 
 static hpd_status_t init(hpd_node_t *n)
 {
-    prefill_t *p = &P;
+    prefill_t *p = calloc(1, sizeof(*p));
     hpd_status_t st;
 
+    if (p == NULL)
+        return HPD_ERR_NO_MEMORY;
     p->node = n;
     n->role_data = p;
     p->staging_bytes = n->o.staging_bytes;
@@ -706,9 +659,8 @@ static hpd_status_t init(hpd_node_t *n)
                       (unsigned long long)(p->staging_bytes >> 20), hpd_status_str(st));
         return st;
     }
-    if ((p->free_list = malloc(sizeof(extent_t))) == NULL)
-        return HPD_ERR_NO_MEMORY;
-    *p->free_list = (extent_t){0, p->staging_bytes, NULL};
+    if ((st = hpd_staging_init(&p->arena, p->staging_bytes)) != HPD_OK)
+        return st;
     if ((p->reap_ev = evtimer_new(n->base, on_reap, p)) == NULL)
         return HPD_ERR_NO_MEMORY;
     /* the engine was created before the role: hook the layer callback now */
@@ -791,7 +743,8 @@ static void drop_jobs(hpd_node_t *n, const char *why)
         if (j->state != JOB_FINISHING)
             job_fail(p, j, "the coordinator was lost: %s", why);
     p->forget_peers = true;
-    evtimer_add(p->reap_ev, &now);
+    if (p->reap_ev != NULL)
+        evtimer_add(p->reap_ev, &now);
 }
 
 /* UCX may report this from inside an engine step (a put progresses the
@@ -806,7 +759,8 @@ static void on_peer_error(hpd_node_t *n, hpd_xfer_peer_t *peer, hpd_status_t sta
                      hpd_status_str(status));
             j->pair_failed = true;
         }
-    evtimer_add(p->reap_ev, &now);
+    if (p->reap_ev != NULL)
+        evtimer_add(p->reap_ev, &now);
 }
 
 static void fini(hpd_node_t *n)
@@ -814,21 +768,29 @@ static void fini(hpd_node_t *n)
     prefill_t *p = n->role_data;
     if (p == NULL)
         return;
+    for (job_t *j = p->jobs; j != NULL; j = j->next)
+        if (!j->failed) {
+            j->failed = true;
+            snprintf(j->error, sizeof(j->error), "prefill node shutting down");
+        }
+    /* the endpoints close first: a job whose transfer is finishing ends
+     * through its callback, while the job is still there */
+    for (size_t i = 0; i < p->n_peers; i++)
+        hpd_xfer_disconnect(p->peers[i].peer);
+    p->n_peers = 0;
     while (p->jobs != NULL) {
         job_t *j = p->jobs;
-        j->failed = true;
-        snprintf(j->error, sizeof(j->error), "prefill node shutting down");
         j->state = JOB_FINISHING; /* no flush now: the context goes */
         job_end(p, j);
     }
     if (p->reap_ev)
         event_free(p->reap_ev);
-    while (p->free_list != NULL) {
-        extent_t *e = p->free_list;
-        p->free_list = e->next;
-        free(e);
-    }
+    p->reap_ev = NULL;
+    hpd_staging_destroy(&p->arena);
     free(p->peers);
+    p->peers = NULL;
+    /* p itself goes with the node (node_destroy): callbacks of what the
+     * node tears down after this find it empty */
 }
 
 static const hpd_node_role_t role = {
