@@ -97,7 +97,23 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
     o->metrics_port = -1;
     o->drain_timeout_ms = 30000;
     hpd_log_set_level(HPD_LOG_LEVEL_INFO);
+    /* options of one role only: given to the other, an error */
+    static const struct {
+        int opt;
+        const char *flag, *role;
+    } only[] = {{O_NOCACHE, "--no-prefix-cache", "prefill"},
+                {O_CKPT, "--checkpoints", "prefill"},
+                {O_HOSTMB, "--host-cache-mb", "prefill"},
+                {O_STAGING, "--staging-mb", "prefill"},
+                {O_DEADLINE, "--xfer-deadline-ms", "prefill"},
+                {O_RESERVE, "--reserve-timeout-ms", "decode"}};
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        for (size_t i = 0; i < HPD_ARRAY_SIZE(only); i++)
+            if (c == only[i].opt && strcmp(role, only[i].role) != 0) {
+                fprintf(stderr, "hpd-%s: %s is an option of %s nodes, not of %s nodes\n", role,
+                        only[i].flag, only[i].role, role);
+                return -1;
+            }
         switch (c) {
         case O_COORD:
             if (!hpd_proto_parse_endpoint(optarg, o->coordinator_host,

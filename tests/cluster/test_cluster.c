@@ -49,8 +49,10 @@ typedef int32_t tokens_t[MAX_TOKENS];
 static void start_node(node_proc_t *n)
 {
     /* reservations never expire here: prefill nodes are stopped for a while */
+    const bool decode = strcmp(n->role, "decode") == 0;
     const char *args[] = {"--kv-layout", n->layout, "--max-batch", "16", "--max-context", "1024",
-                          "--prefill-chunk", "128", "--reserve-timeout-ms", "600000", NULL};
+                          "--prefill-chunk", "128", decode ? "--reserve-timeout-ms" : NULL,
+                          "600000", NULL};
     n->p = cl_start_node(&cl, n->role, n->name, args);
 }
 

@@ -78,8 +78,9 @@ static cl_proc_t *start(const char *role, const char *name, const char *flag, co
 {
     const bool prefill = strcmp(role, "prefill") == 0;
     const char *args[] = {"--kv-layout", prefill ? "64,1,nhd" : "16,1,nhd", "--max-batch", "8",
-                          "--max-context", "1024", "--prefill-chunk", "128", "--staging-mb",
-                          "16", flag, value, NULL};
+                          "--max-context", "1024", "--prefill-chunk", "128",
+                          prefill ? "--staging-mb" : "--max-batch", prefill ? "16" : "8", flag,
+                          value, NULL};
     return cl_start_node(&cl, role, name, args);
 }
 

@@ -126,7 +126,8 @@ static cl_proc_t *node(int i, const char *const *extra)
                           "eth0", "--host", ips[i], "--log-level", "info",
                           "--kv-layout", hosts[i][0] == 'p' ? "64,1,nhd" : "16,1,nhd",
                           "--max-batch", "8",
-                          "--max-context", "1024", "--staging-mb", "16"};
+                          "--max-context", "1024", hosts[i][0] == 'p' ? "--staging-mb" : "--max-batch",
+                          hosts[i][0] == 'p' ? "16" : "8"};
     cl_args(argv, base, sizeof(base) / sizeof(base[0]), extra);
     return cl_spawn(&cl, hosts[i], argv);
 }
