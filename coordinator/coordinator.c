@@ -937,7 +937,8 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         .lease_ms = C.o.lease_ms,
         /* five pings per liveness lease */
         .alive_ms = liveness ? HPD_MAX(C.o.liveness_ms / 5, 10u) : 0,
-        .alive_key = liveness ? n->alive_key : 0};
+        .alive_key = liveness ? n->alive_key : 0,
+        .alive_lease_ms = liveness ? C.o.liveness_ms : 0};
     hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);

@@ -27,7 +27,8 @@ struct hpd_liveness {
     /* set by any thread, read by the pinger */
     pthread_mutex_t mu;
     uint64_t node_id, key;
-    uint32_t period_ms;
+    uint32_t period_ms, lease_ms;
+    double ok_sent; /* send time of the last answered ping (0: none yet) */
     atomic_bool stop;
     atomic_uint_fast64_t answered;
     /* the pinger's own */
@@ -35,6 +36,8 @@ struct hpd_liveness {
     struct event *tick;
     hpd_rpc_client_t *client;
     bool pending;
+    double sent_at; /* of the pending ping */
+    uint64_t pending_id;
     double next_ping, next_connect, backoff;
 };
 
@@ -45,6 +48,10 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     if (st == HPD_OK && !reply->is_error) {
         atomic_fetch_add(&l->answered, 1);
         l->backoff = 0;
+        pthread_mutex_lock(&l->mu);
+        if (l->node_id == l->pending_id && l->sent_at > l->ok_sent)
+            l->ok_sent = l->sent_at; /* for this registration only */
+        pthread_mutex_unlock(&l->mu);
     }
     else if (st == HPD_OK)
         /* the coordinator does not know this registration (any more): the
@@ -110,8 +117,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_alive, &(hpd_msg_alive_t){.node_id = id, .key = key}, &b.pk);
-    if (hpd_rpc_call(l->client, "alive", &b, CALL_TIMEOUT_MS, on_reply, l) == HPD_OK)
+    if (hpd_rpc_call(l->client, "alive", &b, CALL_TIMEOUT_MS, on_reply, l) == HPD_OK) {
         l->pending = true;
+        l->sent_at = now;
+        l->pending_id = id;
+    }
     hpd_rpc_buf_destroy(&b);
     l->next_ping = now + period / 1000.0;
 }
@@ -155,15 +165,27 @@ hpd_status_t hpd_liveness_start(const hpd_liveness_params_t *p, hpd_liveness_t *
     return HPD_OK;
 }
 
-void hpd_liveness_set(hpd_liveness_t *l, uint64_t node_id, uint64_t key, uint32_t period_ms)
+void hpd_liveness_set(hpd_liveness_t *l, uint64_t node_id, uint64_t key, uint32_t period_ms,
+                      uint32_t lease_ms)
 {
     if (l == NULL)
         return;
     pthread_mutex_lock(&l->mu);
+    if (node_id != l->node_id)
+        l->ok_sent = 0; /* a new registration is answered anew */
     l->node_id = node_id;
     l->key = key;
     l->period_ms = period_ms;
+    l->lease_ms = lease_ms;
     pthread_mutex_unlock(&l->mu);
+}
+
+double hpd_liveness_valid_until(hpd_liveness_t *l)
+{
+    pthread_mutex_lock(&l->mu);
+    const double t = l->ok_sent > 0 ? l->ok_sent + l->lease_ms / 1000.0 : 0;
+    pthread_mutex_unlock(&l->mu);
+    return t;
 }
 
 uint64_t hpd_liveness_answered(hpd_liveness_t *l)

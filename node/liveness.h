@@ -33,8 +33,19 @@ typedef struct {
 hpd_status_t hpd_liveness_start(const hpd_liveness_params_t *params, hpd_liveness_t **l_p);
 
 /* Pings as node_id with key every period_ms; node_id 0 or period_ms 0:
- * stop pinging (the node is not registered). Any thread. */
-void hpd_liveness_set(hpd_liveness_t *l, uint64_t node_id, uint64_t key, uint32_t period_ms);
+ * stop pinging (the node is not registered). lease_ms: the coordinator's
+ * liveness lease (hpd_liveness_valid_until). Any thread. */
+void hpd_liveness_set(hpd_liveness_t *l, uint64_t node_id, uint64_t key, uint32_t period_ms,
+                      uint32_t lease_ms);
+
+/* Until when (an hpd_time_now() value) the coordinator surely still holds
+ * this node alive: the send time of the last ping it answered plus the
+ * lease (it counts the lease from the ping's arrival, later). 0 before the
+ * first answer for the current registration. A node past it may have been
+ * declared lost and must not write into other nodes' memory until a ping
+ * is answered again (a lease-based self-fence: a process that was stopped
+ * and resumes learns it before it writes). Any thread. */
+double hpd_liveness_valid_until(hpd_liveness_t *l);
 
 /* Pings answered with success so far. Any thread. */
 uint64_t hpd_liveness_answered(hpd_liveness_t *l);

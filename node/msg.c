@@ -10,6 +10,7 @@ HPD_MSG_DESC(hpd_msg_register, "register", hpd_msg_register_t, HPD_MSG_REGISTER)
 HPD_MSG_DESC(hpd_msg_reservation, "reservation", hpd_msg_reservation_t, HPD_MSG_RESERVATION)
 HPD_MSG_DESC(hpd_msg_destination, "decode", hpd_msg_destination_t, HPD_MSG_DESTINATION)
 HPD_MSG_DESC(hpd_msg_prefill_job, "prefill", hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
+HPD_MSG_DESC(hpd_msg_prefill_load, "load", hpd_msg_prefill_load_t, HPD_MSG_PREFILL_LOAD)
 HPD_MSG_DESC(hpd_msg_decode_load, "load", hpd_msg_decode_load_t, HPD_MSG_DECODE_LOAD)
 HPD_MSG_DESC(hpd_msg_registered, "register reply", hpd_msg_registered_t, HPD_MSG_REGISTERED)
 HPD_MSG_DESC(hpd_msg_alive, "alive", hpd_msg_alive_t, HPD_MSG_ALIVE)
@@ -20,7 +21,7 @@ HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PR
 
 const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_registered,
                                              &hpd_msg_reservation, &hpd_msg_destination,
-                                             &hpd_msg_prefill_job, &hpd_msg_decode_load,
+                                             &hpd_msg_prefill_job, &hpd_msg_prefill_load, &hpd_msg_decode_load,
                                              &hpd_msg_alive,
                                              &hpd_msg_tokens,     &hpd_msg_cancel_job,
                                              &hpd_msg_start,      &hpd_msg_prefilled};

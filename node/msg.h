@@ -168,6 +168,18 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, decode, OBJ, HPD_REQ, 0)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
+/* a prefill node's load, in its heartbeats and stats */
+#define HPD_MSG_PREFILL_LOAD(T, X)                                                          \
+    X(T, jobs_queued, U32, HPD_REQ, UINT32_MAX)                                              \
+    X(T, jobs_running, U32, HPD_REQ, UINT32_MAX)                                             \
+    X(T, jobs_finishing, U32, HPD_REQ, UINT32_MAX)                                           \
+    X(T, queued_tokens, U64, HPD_REQ, UINT64_MAX)                                            \
+    X(T, jobs_done, U64, HPD_REQ, UINT64_MAX)                                                \
+    X(T, jobs_failed, U64, HPD_REQ, UINT64_MAX)                                              \
+    X(T, jobs_canceled, U64, HPD_REQ, UINT64_MAX)                                            \
+    X(T, lease_refusals, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_prefill_load_t, HPD_MSG_PREFILL_LOAD)
+
 /* a decode node's load, in its heartbeats and stats (docs/cluster.md,
  * "The stats map") */
 #define HPD_MSG_DECODE_LOAD(T, X)                                                           \
@@ -191,7 +203,8 @@ HPD_MSG_STRUCT(hpd_msg_decode_load_t, HPD_MSG_DECODE_LOAD)
     X(T, heartbeat_ms, U32, HPD_OPT, 60000)                                                  \
     X(T, lease_ms, U32, HPD_OPT, UINT32_MAX)                                                 \
     X(T, alive_ms, U32, HPD_OPT, 60000)                                                      \
-    X(T, alive_key, U64, HPD_OPT, UINT64_MAX)
+    X(T, alive_key, U64, HPD_OPT, UINT64_MAX)                                                \
+    X(T, alive_lease_ms, U32, HPD_OPT, 600000)
 HPD_MSG_STRUCT(hpd_msg_registered_t, HPD_MSG_REGISTERED)
 
 /* alive: a liveness ping (node/liveness.h) */
@@ -236,7 +249,8 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* Every message's descriptor, for the fuzzer and the tests. */
 extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
-    hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_decode_load, hpd_msg_alive, hpd_msg_tokens,
+    hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_prefill_load, hpd_msg_decode_load,
+    hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;

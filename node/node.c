@@ -241,6 +241,16 @@ static void on_step(evutil_socket_t fd, short what, void *arg)
         hpd_node_kick(n);
 }
 
+bool hpd_node_may_write(hpd_node_t *n)
+{
+    if (n->liveness == NULL || !n->registered)
+        return true;
+    /* no ping answered yet for this registration: the coordinator holds
+     * no liveness lease on it either (it starts at the first ping) */
+    const double until = hpd_liveness_valid_until(n->liveness);
+    return until == 0 || hpd_time_now() < until;
+}
+
 void hpd_node_kick(hpd_node_t *n)
 {
     static const struct timeval now = {0, 0};
@@ -333,7 +343,7 @@ static void coordinator_lost(hpd_node_t *n, const char *why)
         return;
     n->registered = false;
     n->heartbeat_pending = false;
-    hpd_liveness_set(n->liveness, 0, 0, 0);
+    hpd_liveness_set(n->liveness, 0, 0, 0, 0);
     n->lost_at = hpd_time_now();
     n->reg_attempts = 0;
     event_del(n->hb_ev);
@@ -479,7 +489,7 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
                          "coordinator detects a stopped node by its lease only", n->o.name);
     }
     hpd_liveness_set(n->liveness, reg.alive_ms > 0 ? reg.node_id : 0, reg.alive_key,
-                     reg.alive_ms);
+                     reg.alive_ms, reg.alive_lease_ms ? reg.alive_lease_ms : 5 * reg.alive_ms);
     const struct timeval tv = {n->heartbeat_ms / 1000, (n->heartbeat_ms % 1000) * 1000};
     event_add(n->hb_ev, &tv);
     return HPD_OK;

@@ -133,6 +133,14 @@ struct hpd_node {
  * (--connect-timeout-ms), 1 for any other failure. */
 int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role);
 
+/* Whether the node may write into other nodes' memory now: true unless
+ * liveness pings are on, the coordinator answered one for this
+ * registration, and the last it answered is older than its liveness lease
+ * (the node may have been declared lost while it was stopped;
+ * hpd_liveness_valid_until). Before the first answer the coordinator holds
+ * no liveness lease on the node either. */
+bool hpd_node_may_write(hpd_node_t *node);
+
 /* Runs an engine step soon (from the loop); the node keeps stepping while
  * the engine has active requests. */
 void hpd_node_kick(hpd_node_t *node);

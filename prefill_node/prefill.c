@@ -81,6 +81,9 @@ typedef struct prefill {
     size_t n_peers, cap_peers;
     struct event *reap_ev; /* stops failed jobs outside engine steps */
     bool forget_peers;     /* at the next reap: drop_jobs ran */
+    bool starting;         /* inside try_start */
+    bool lease_hold;       /* try_start waits for the liveness lease */
+    uint64_t lease_refusals; /* pushes not made: the liveness lease had lapsed */
     uint8_t summary[8192];
     uint64_t jobs_done, jobs_failed, jobs_canceled;
     struct {
@@ -274,11 +277,24 @@ static void try_start(prefill_t *p)
 {
     hpd_node_t *n = p->node;
     hpd_engine_memory_t m;
-    static bool busy;
 
-    if (busy)
+    if (p->starting)
         return;
-    busy = true;
+    if (!hpd_node_may_write(n)) {
+        /* stopped past the liveness lease, perhaps declared lost: no job
+         * starts (it would write into decode nodes) until a ping is
+         * answered again, or the coordinator's loss drops the jobs */
+        static const struct timeval later = {0, 20 * 1000};
+        if (!p->lease_hold)
+            HPD_LOG_WARN(LOG_COMPONENT, "%s: this node's liveness lease lapsed (was it stopped?): "
+                         "no job starts until the coordinator answers it again", n->o.name);
+        p->lease_hold = true;
+        if (p->reap_ev != NULL)
+            evtimer_add(p->reap_ev, &later);
+        return;
+    }
+    p->lease_hold = false;
+    p->starting = true;
     hpd_engine_memory(n->engine, &m);
     for (job_t *j = p->jobs; j != NULL;) {
         uint64_t off;
@@ -308,7 +324,7 @@ static void try_start(prefill_t *p)
         hpd_node_kick(n);
         j = j->next;
     }
-    busy = false;
+    p->starting = false;
 }
 
 /* The layerwise push: called by the engine after each layer. */
@@ -319,6 +335,7 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
     const hpd_model_config_t *cfg = &node->model->config;
     hpd_engine_memory_t m;
     hpd_engine_memory(node->engine, &m);
+    const bool may_write = hpd_node_may_write(node);
 
     for (uint32_t i = 0; i < n; i++) {
         job_t *j = items[i].prefill ? job_by_engine_id(p, items[i].id) : NULL;
@@ -326,6 +343,13 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
         hpd_status_t st = HPD_OK;
         if (j == NULL || j->failed || hpd_engine_request_kv(node->engine, j->eng_id, &kv) != HPD_OK)
             continue;
+        if (!may_write) {
+            p->lease_refusals++;
+            job_fail(p, j, "this node's liveness lease lapsed (it was stopped and may have been "
+                     "declared lost): it does not write into decode node %llu",
+                     (unsigned long long)j->dst_node);
+            continue;
+        }
         const uint32_t end = items[i].pos + items[i].n_tokens;
         const hpd_kv_layout_t *dl = &j->dst_layout;
         uint8_t *staging = p->staging + j->staging_off;
@@ -673,14 +697,15 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
 {
     prefill_t *p = n->role_data;
     const job_counts_t c = count_jobs(p);
-    msgpack_pack_map(pk, 7);
-    hpd_proto_kv_u64(pk, "jobs_queued", c.queued);
-    hpd_proto_kv_u64(pk, "jobs_running", c.running);
-    hpd_proto_kv_u64(pk, "jobs_finishing", c.finishing);
-    hpd_proto_kv_u64(pk, "queued_tokens", c.queued_tokens);
-    hpd_proto_kv_u64(pk, "jobs_done", p->jobs_done);
-    hpd_proto_kv_u64(pk, "jobs_failed", p->jobs_failed);
-    hpd_proto_kv_u64(pk, "jobs_canceled", p->jobs_canceled);
+    const hpd_msg_prefill_load_t load = {.jobs_queued = c.queued,
+                                         .jobs_running = c.running,
+                                         .jobs_finishing = c.finishing,
+                                         .queued_tokens = c.queued_tokens,
+                                         .jobs_done = p->jobs_done,
+                                         .jobs_failed = p->jobs_failed,
+                                         .jobs_canceled = p->jobs_canceled,
+                                         .lease_refusals = p->lease_refusals};
+    hpd_msg_pack(&hpd_msg_prefill_load, &load, pk);
 }
 
 static uint32_t n_extra(hpd_node_t *n)

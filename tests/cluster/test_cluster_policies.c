@@ -1124,6 +1124,67 @@ static void serve_all(hpd_client_t *c)
     }
 }
 
+/* Whether node `name` holds at least one prefill job. */
+static bool has_jobs(cl_t *c, void *name)
+{
+    cl_status_t st;
+    cl_status(c, &st);
+    const msgpack_object *n = cl_status_node(&st, name);
+    const bool yes = n != NULL && cl_u64(n, "jobs") > 0;
+    cl_status_free(&st);
+    return yes;
+}
+
+/* A prefill node stopped (SIGSTOP) while jobs are placed on it: the
+ * liveness lease (500 ms) drops it, its requests run on the other prefill
+ * node and are right while it is still stopped. It resumes with stale jobs
+ * in its sockets: its own liveness lease has lapsed, so it writes nothing
+ * into the decode nodes' memory (those reservations were freed, and may
+ * serve other requests) until the coordinator answers it again, by which
+ * time it has dropped them and registered again. The cluster then serves
+ * every prompt right, on pages the stale jobs would have written. */
+static void test_prefill_node_hangs(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", "120000", "--max-attempts", "4",
+                          "--liveness-ms", "500", NULL};
+    enum { N = 16 };
+    small_t s;
+    req_t q[N];
+    small_start(&s, "phang", args, NULL, NULL);
+    start("decode", "phang-d2", NULL, NULL);
+    cl_proc_t *p2 = start("prefill", "phang-p2", NULL, NULL);
+    cl_wait_idle(&cl, 4, 120);
+    const double t_stop = hpd_time_now();
+    cl_pause(s.p);
+    for (int i = 0; i < N; i++)
+        submit(s.c, i % N_PROMPTS, &q[i]);
+    cl_wait(&cl, s.c, 60, has_jobs, s.p_name, "a job placed on the stopped prefill node");
+    count_wait_t w = {s.coord, "lost: no liveness ping", 1};
+    cl_wait(&cl, s.c, 120, log_count_reached, &w, "the stopped prefill node's liveness lease");
+    const double t_lost = hpd_time_now();
+    assert_true(log_line(s.coord, "prefill node phang-p", "lost: no liveness ping for 500 ms"));
+    for (int i = 0; i < N; i++) {
+        wait_done(s.c, &q[i], "a request placed while a prefill node hung");
+        if (q[i].status != HPD_OK)
+            fail_msg("request %d: %s: %s", i, hpd_status_str(q[i].status), q[i].error);
+        assert_int_equal(q[i].n, MAX_TOKENS);
+        assert_memory_equal(q[i].tokens, ref[i % N_PROMPTS], sizeof(ref[0]));
+    }
+    fprintf(stderr, "prefill node stopped: seen lost after %.2f s; all %d requests right %.2f s "
+            "after the stop, the node still stopped (for the record)\n", t_lost - t_stop, N,
+            hpd_time_now() - t_stop);
+    cl_resume(s.p);
+    cl_wait_log(&cl, s.p, "registered again as node", 60);
+    /* the stale jobs it read on resuming did not start */
+    assert_true(log_line(s.p, "liveness lease lapsed", "no job starts"));
+    assert_true(log_line(s.p, "lost the coordinator", "dropping its"));
+    cl_wait_idle(&cl, 4, 120);
+    serve_all(s.c);
+    cl_wait_idle(&cl, 4, 120);
+    assert_true(s.p->pid > 0 && p2->pid > 0);
+    small_end(&s, 4);
+}
+
 /* The coordinator dies (-9) while a request is in flight, and a new one
  * starts on its port: the nodes stay up, drop what the dead one gave them,
  * register again and serve; the request fails with an error saying it may
@@ -1194,6 +1255,7 @@ int main(void)
         cmocka_unit_test_teardown(test_idle_connections, case_teardown),
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
+        cmocka_unit_test_teardown(test_prefill_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_client_keys, case_teardown),
         cmocka_unit_test_teardown(test_node_refuses_oversized_pools, case_teardown),
         cmocka_unit_test_teardown(test_cancel_while_stuck, case_teardown),

@@ -82,8 +82,13 @@ static void test_pings_with_id_and_key(void **state)
     hpd_liveness_t *l = pinger(s, "secret");
     run_for(0.2);
     assert_int_equal(seen.n, 0); /* not registered: silent */
-    hpd_liveness_set(l, 42, 0xfeedull, 20);
+    assert_true(hpd_liveness_valid_until(l) == 0);
+    const double t_set = hpd_time_now();
+    hpd_liveness_set(l, 42, 0xfeedull, 20, 500);
     LOOP_UNTIL(hpd_liveness_answered(l) >= 5);
+    /* the lease runs from an answered ping's send time */
+    const double v = hpd_liveness_valid_until(l);
+    assert_true(v >= t_set + 0.5 && v <= hpd_time_now() + 0.5);
     assert_int_equal(seen.node_id, 42);
     assert_int_equal(seen.key, 0xfeedull);
     /* while this thread is busy (the node's loop in an engine step), the
@@ -91,11 +96,23 @@ static void test_pings_with_id_and_key(void **state)
     const uint64_t before = hpd_liveness_answered(l);
     usleep(300 * 1000);
     LOOP_UNTIL(hpd_liveness_answered(l) > before);
-    /* a new registration: new id and key */
-    hpd_liveness_set(l, 43, 7, 20);
-    LOOP_UNTIL(seen.node_id == 43 && seen.key == 7);
+    /* a new registration: new id and key, and its lease starts anew */
+    hpd_liveness_set(l, 43, 7, 20, 500);
+    assert_true(hpd_liveness_valid_until(l) == 0);
+    LOOP_UNTIL(seen.node_id == 43 && seen.key == 7 && hpd_liveness_valid_until(l) > 0);
+    /* the coordinator stops answering: the lease stops at the last answer */
+    seen.hold = true;
+    const double t_hold = hpd_time_now();
+    LOOP_UNTIL(seen.held != NULL);
+    const double t_wait = hpd_time_now();
+    LOOP_UNTIL(hpd_time_now() - t_wait > 0.1);
+    assert_true(hpd_liveness_valid_until(l) <= t_hold + 0.5);
+    hpd_rpc_reply(seen.held, seen.held_id, NULL); /* answered late: it counts */
+    hpd_rpc_conn_unref(seen.held);
+    seen.held = NULL;
+    seen.hold = false;
     /* no node: the pings stop */
-    hpd_liveness_set(l, 0, 0, 0);
+    hpd_liveness_set(l, 0, 0, 0, 0);
     run_for(0.1); /* one in flight may still come */
     const int n = seen.n;
     run_for(0.2);
@@ -111,7 +128,7 @@ static void test_reconnects_and_refusals(void **state)
     memset(&seen, 0, sizeof(seen));
     hpd_rpc_server_t *s = server_new();
     hpd_liveness_t *l = pinger(s, "secret");
-    hpd_liveness_set(l, 1, 2, 10);
+    hpd_liveness_set(l, 1, 2, 10, 500);
     LOOP_UNTIL(hpd_liveness_answered(l) >= 2);
     seen.close = true;
     const uint64_t before = hpd_liveness_answered(l);
@@ -128,7 +145,7 @@ static void test_reconnects_and_refusals(void **state)
 
     memset(&seen, 0, sizeof(seen));
     l = pinger(s, "wrong");
-    hpd_liveness_set(l, 1, 2, 10);
+    hpd_liveness_set(l, 1, 2, 10, 500);
     run_for(0.5);
     assert_int_equal(seen.n, 0);
     assert_int_equal(hpd_liveness_answered(l), 0);
@@ -145,10 +162,11 @@ static void test_stop_with_a_ping_in_flight(void **state)
     hpd_rpc_server_t *s = server_new();
     hpd_liveness_t *l = pinger(s, "secret");
     seen.hold = true;
-    hpd_liveness_set(l, 5, 6, 10);
+    hpd_liveness_set(l, 5, 6, 10, 500);
     LOOP_UNTIL(seen.held != NULL);
     run_for(0.05);
     assert_int_equal(seen.n, 1); /* one at a time */
+    assert_true(hpd_liveness_valid_until(l) == 0); /* never answered */
     hpd_liveness_stop(l);
     hpd_liveness_stop(NULL);
     hpd_rpc_conn_unref(seen.held);
