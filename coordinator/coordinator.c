@@ -976,11 +976,12 @@ static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object 
                         void *arg)
 {
     hpd_proto_err_t err = {{0}};
+    hpd_msg_stats_t m = {0};
     uint64_t node_id;
     node_t *n;
-    const void *sum;
-    uint32_t sum_len = 0;
 
+    /* whose it is first: a heartbeat counts only from the connection that
+     * registered that node; then the whole stats map is checked */
     if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err)) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
         return;
@@ -997,18 +998,21 @@ static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object 
                             "that registered it", (unsigned long long)node_id);
         return;
     }
+    if (!hpd_msg_unpack(&hpd_msg_stats, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
+        return;
+    }
     n->lease_until = hpd_time_now() + C.o.lease_ms / 1000.0;
-    bool draining = false;
-    if (hpd_proto_bool(params, "draining", false, &draining, &err) && draining != n->draining) {
+    const bool draining = m.draining;
+    if (draining != n->draining) {
         n->draining = draining;
         HPD_LOG_INFO(LOG_COMPONENT, "%s node %s %s", n->role == ROLE_PREFILL ? "prefill" : "decode",
                      n->name, draining ? "is draining: no new work goes there" : "serves again");
         if (!draining)
             schedule_soon();
     }
-    if (hpd_proto_bin(params, "prefix_summary", false, &sum, &sum_len, &err) &&
-        sum_len == SUMMARY_BYTES) {
-        memcpy(n->summary, sum, SUMMARY_BYTES);
+    if (m.prefix_summary_len == SUMMARY_BYTES) {
+        memcpy(n->summary, m.prefix_summary, SUMMARY_BYTES);
         n->have_summary = true;
     }
     /* keep the rest for status */

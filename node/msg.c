@@ -10,6 +10,10 @@ HPD_MSG_DESC(hpd_msg_register, "register", hpd_msg_register_t, HPD_MSG_REGISTER)
 HPD_MSG_DESC(hpd_msg_reservation, "reservation", hpd_msg_reservation_t, HPD_MSG_RESERVATION)
 HPD_MSG_DESC(hpd_msg_destination, "decode", hpd_msg_destination_t, HPD_MSG_DESTINATION)
 HPD_MSG_DESC(hpd_msg_prefill_job, "prefill", hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
+HPD_MSG_DESC(hpd_msg_stats, "stats", hpd_msg_stats_t, HPD_MSG_STATS)
+HPD_MSG_DESC(hpd_msg_engine_stats, "engine", hpd_msg_engine_stats_t, HPD_MSG_ENGINE_STATS)
+HPD_MSG_DESC(hpd_msg_cache_stats, "cache", hpd_msg_cache_stats_t, HPD_MSG_CACHE_STATS)
+HPD_MSG_DESC(hpd_msg_xfer_stats, "xfer", hpd_msg_xfer_stats_t, HPD_MSG_XFER_STATS)
 HPD_MSG_DESC(hpd_msg_prefill_load, "load", hpd_msg_prefill_load_t, HPD_MSG_PREFILL_LOAD)
 HPD_MSG_DESC(hpd_msg_decode_load, "load", hpd_msg_decode_load_t, HPD_MSG_DECODE_LOAD)
 HPD_MSG_DESC(hpd_msg_registered, "register reply", hpd_msg_registered_t, HPD_MSG_REGISTERED)
@@ -22,6 +26,8 @@ HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PR
 const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_registered,
                                              &hpd_msg_reservation, &hpd_msg_destination,
                                              &hpd_msg_prefill_job, &hpd_msg_prefill_load, &hpd_msg_decode_load,
+                                             &hpd_msg_stats,       &hpd_msg_engine_stats,
+                                             &hpd_msg_cache_stats, &hpd_msg_xfer_stats,
                                              &hpd_msg_alive,
                                              &hpd_msg_tokens,     &hpd_msg_cancel_job,
                                              &hpd_msg_start,      &hpd_msg_prefilled};

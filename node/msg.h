@@ -168,6 +168,53 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, decode, OBJ, HPD_REQ, 0)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
+/* a node's stats map: the stats method's reply, and its heartbeat's
+ * params (with prefix_summary on prefill nodes with a prefix cache) */
+#define HPD_MSG_STATS(T, X)                                                                 \
+    X(T, node_id, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, draining, BOOL, HPD_REQ, 0)                                                         \
+    X(T, role, STR, HPD_REQ, 16)                                                             \
+    X(T, name, STR, HPD_REQ, 64)                                                             \
+    X(T, uptime_s, F32, HPD_REQ, 0)                                                          \
+    X(T, pages_used, U32, HPD_REQ, UINT32_MAX)                                               \
+    X(T, pages_total, U32, HPD_REQ, UINT32_MAX)                                              \
+    X(T, slots_used, U32, HPD_REQ, UINT32_MAX)                                               \
+    X(T, slots_total, U32, HPD_REQ, UINT32_MAX)                                              \
+    X(T, cache_pages, U32, HPD_REQ, UINT32_MAX)                                              \
+    X(T, audit_errors, U64, HPD_REQ, UINT64_MAX)                                             \
+    X(T, engine, OBJ, HPD_REQ, 0)                                                            \
+    X(T, cache, OBJ, HPD_REQ, 0)                                                             \
+    X(T, xfer, OBJ, HPD_REQ, 0)                                                              \
+    X(T, load, OBJ, HPD_REQ, 0)                                                              \
+    X(T, prefix_summary, BIN, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_stats_t, HPD_MSG_STATS)
+
+#define HPD_MSG_ENGINE_STATS(T, X)                                                          \
+    X(T, steps, U64, HPD_REQ, UINT64_MAX)                                                    \
+    X(T, prefill_tokens, U64, HPD_REQ, UINT64_MAX)                                           \
+    X(T, decode_tokens, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_engine_stats_t, HPD_MSG_ENGINE_STATS)
+
+#define HPD_MSG_CACHE_STATS(T, X)                                                           \
+    X(T, lookup_tokens, U64, HPD_REQ, UINT64_MAX)                                            \
+    X(T, hit_tokens_device, U64, HPD_REQ, UINT64_MAX)                                        \
+    X(T, hit_tokens_host, U64, HPD_REQ, UINT64_MAX)                                          \
+    X(T, entries, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_cache_stats_t, HPD_MSG_CACHE_STATS)
+
+#define HPD_MSG_XFER_STATS(T, X)                                                            \
+    X(T, bytes_put, U64, HPD_REQ, UINT64_MAX)                                                \
+    X(T, bytes_mapped, U64, HPD_REQ, UINT64_MAX)                                             \
+    X(T, transfers_finished, U64, HPD_REQ, UINT64_MAX)                                       \
+    X(T, transfers_failed, U64, HPD_REQ, UINT64_MAX)                                         \
+    X(T, notices_ok, U64, HPD_REQ, UINT64_MAX)                                               \
+    X(T, notices_bad, U64, HPD_REQ, UINT64_MAX)                                              \
+    X(T, open_transfers, U32, HPD_REQ, UINT32_MAX)                                           \
+    X(T, deadlines_missed, U64, HPD_REQ, UINT64_MAX)                                         \
+    X(T, writers_closed, U64, HPD_REQ, UINT64_MAX)                                           \
+    X(T, link_rate, F32, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_xfer_stats_t, HPD_MSG_XFER_STATS)
+
 /* a prefill node's load, in its heartbeats and stats */
 #define HPD_MSG_PREFILL_LOAD(T, X)                                                          \
     X(T, jobs_queued, U32, HPD_REQ, UINT32_MAX)                                              \
@@ -250,7 +297,7 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 /* Every message's descriptor, for the fuzzer and the tests. */
 extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
     hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_prefill_load, hpd_msg_decode_load,
-    hpd_msg_alive, hpd_msg_tokens,
+    hpd_msg_stats, hpd_msg_engine_stats, hpd_msg_cache_stats, hpd_msg_xfer_stats, hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;

@@ -260,61 +260,73 @@ void hpd_node_kick(hpd_node_t *n)
 
 /* ------------------------------------------------------------ stats */
 
-static void pack_stats(hpd_node_t *n, msgpack_packer *pk, bool with_extra)
+static void pack_stats(hpd_node_t *n, msgpack_packer *pk, bool with_summary)
 {
     uint32_t pu, pt, su, stot;
     hpd_engine_stats_t es;
     hpd_prefix_cache_stats_t cs;
     hpd_xfer_stats_t xs;
     const bool cache = hpd_engine_cache_stats(n->engine, &cs) == HPD_OK;
-    const uint32_t extra = with_extra && n->role->n_extra ? n->role->n_extra(n) : 0;
+    hpd_rpc_buf_t eb, cb, xb, lb;
 
     hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
     hpd_engine_stats(n->engine, &es);
     hpd_xfer_stats(n->xfer, &xs);
-    msgpack_pack_map(pk, 15 + extra);
-    hpd_proto_kv_u64(pk, "node_id", n->node_id);
-    hpd_proto_key(pk, "draining");
-    if (n->draining)
-        msgpack_pack_true(pk);
-    else
-        msgpack_pack_false(pk);
-    hpd_proto_key(pk, "role");
-    hpd_rpc_pack_str(pk, n->role->name);
-    hpd_proto_key(pk, "name");
-    hpd_rpc_pack_str(pk, n->o.name);
-    hpd_proto_key(pk, "uptime_s");
-    msgpack_pack_double(pk, hpd_time_now() - n->started);
-    hpd_proto_kv_u64(pk, "pages_used", pu);
-    hpd_proto_kv_u64(pk, "pages_total", pt);
-    hpd_proto_kv_u64(pk, "slots_used", su);
-    hpd_proto_kv_u64(pk, "slots_total", stot);
-    hpd_proto_kv_u64(pk, "cache_pages", cache ? cs.pages_held : 0);
-    hpd_proto_kv_u64(pk, "audit_errors", hpd_engine_audit(n->engine));
-    hpd_proto_key(pk, "engine");
-    msgpack_pack_map(pk, 3);
-    hpd_proto_kv_u64(pk, "steps", es.steps);
-    hpd_proto_kv_u64(pk, "prefill_tokens", es.prefill_tokens);
-    hpd_proto_kv_u64(pk, "decode_tokens", es.decode_tokens);
-    hpd_proto_key(pk, "cache");
-    msgpack_pack_map(pk, 4);
-    hpd_proto_kv_u64(pk, "lookup_tokens", cache ? cs.lookup_tokens : 0);
-    hpd_proto_kv_u64(pk, "hit_tokens_device", cache ? cs.hit_tokens_device : 0);
-    hpd_proto_kv_u64(pk, "hit_tokens_host", cache ? cs.hit_tokens_host : 0);
-    hpd_proto_kv_u64(pk, "entries", cache ? cs.device_entries + cs.host_entries : 0);
-    hpd_proto_key(pk, "xfer");
-    msgpack_pack_map(pk, 7);
-    hpd_proto_kv_u64(pk, "bytes_put", xs.bytes_put);
-    hpd_proto_kv_u64(pk, "bytes_mapped", xs.bytes_mapped);
-    hpd_proto_kv_u64(pk, "transfers_finished", xs.transfers_finished);
-    hpd_proto_kv_u64(pk, "transfers_failed", xs.transfers_failed);
-    hpd_proto_kv_u64(pk, "notices_ok", xs.notices_ok);
-    hpd_proto_kv_u64(pk, "notices_bad", xs.notices_bad);
-    hpd_proto_kv_u64(pk, "open_transfers", xs.open_transfers);
-    hpd_proto_key(pk, "load");
-    n->role->pack_load(n, pk);
-    if (extra > 0)
-        n->role->pack_extra(n, pk);
+    hpd_rpc_buf_init(&eb);
+    hpd_msg_pack(&hpd_msg_engine_stats,
+                 &(hpd_msg_engine_stats_t){.steps = es.steps,
+                                           .prefill_tokens = es.prefill_tokens,
+                                           .decode_tokens = es.decode_tokens},
+                 &eb.pk);
+    hpd_rpc_buf_init(&cb);
+    hpd_msg_pack(&hpd_msg_cache_stats,
+                 &(hpd_msg_cache_stats_t){
+                     .lookup_tokens = cache ? cs.lookup_tokens : 0,
+                     .hit_tokens_device = cache ? cs.hit_tokens_device : 0,
+                     .hit_tokens_host = cache ? cs.hit_tokens_host : 0,
+                     .entries = cache ? cs.device_entries + cs.host_entries : 0},
+                 &cb.pk);
+    hpd_rpc_buf_init(&xb);
+    hpd_msg_pack(&hpd_msg_xfer_stats,
+                 &(hpd_msg_xfer_stats_t){.bytes_put = xs.bytes_put,
+                                         .bytes_mapped = xs.bytes_mapped,
+                                         .transfers_finished = xs.transfers_finished,
+                                         .transfers_failed = xs.transfers_failed,
+                                         .notices_ok = xs.notices_ok,
+                                         .notices_bad = xs.notices_bad,
+                                         .open_transfers = xs.open_transfers,
+                                         .deadlines_missed = xs.deadlines_missed,
+                                         .writers_closed = xs.writers_closed,
+                                         .link_rate = (float)xs.link_rate},
+                 &xb.pk);
+    hpd_rpc_buf_init(&lb);
+    n->role->pack_load(n, &lb.pk);
+    hpd_msg_stats_t m = {.node_id = n->node_id,
+                         .draining = n->draining,
+                         .uptime_s = (float)(hpd_time_now() - n->started),
+                         .pages_used = pu,
+                         .pages_total = pt,
+                         .slots_used = su,
+                         .slots_total = stot,
+                         .cache_pages = cache ? cs.pages_held : 0,
+                         .audit_errors = hpd_engine_audit(n->engine),
+                         .engine_raw = eb.sb.data,
+                         .engine_raw_len = (uint32_t)eb.sb.size,
+                         .cache_raw = cb.sb.data,
+                         .cache_raw_len = (uint32_t)cb.sb.size,
+                         .xfer_raw = xb.sb.data,
+                         .xfer_raw_len = (uint32_t)xb.sb.size,
+                         .load_raw = lb.sb.data,
+                         .load_raw_len = (uint32_t)lb.sb.size};
+    snprintf(m.role, sizeof(m.role), "%s", n->role->name);
+    snprintf(m.name, sizeof(m.name), "%s", n->o.name);
+    if (with_summary && n->role->summary != NULL)
+        n->role->summary(n, &m.prefix_summary, &m.prefix_summary_len);
+    hpd_msg_pack(&hpd_msg_stats, &m, pk);
+    hpd_rpc_buf_destroy(&eb);
+    hpd_rpc_buf_destroy(&cb);
+    hpd_rpc_buf_destroy(&xb);
+    hpd_rpc_buf_destroy(&lb);
 }
 
 static void m_stats(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)

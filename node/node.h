@@ -53,9 +53,8 @@ typedef struct {
     hpd_status_t (*init)(hpd_node_t *node);
     /* packs one map of the role's load for heartbeats and stats */
     void (*pack_load)(hpd_node_t *node, msgpack_packer *pk);
-    /* optional: extra heartbeat fields (key + value pairs); returns how many */
-    uint32_t (*n_extra)(hpd_node_t *node);
-    void (*pack_extra)(hpd_node_t *node, msgpack_packer *pk);
+    /* optional: the prefix summary heartbeats carry (*len_p 0: none) */
+    void (*summary)(hpd_node_t *node, const void **data_p, uint32_t *len_p);
     /* after every engine step */
     void (*after_step)(hpd_node_t *node);
     void (*on_notice)(hpd_node_t *node, const hpd_xfer_notice_t *notice);

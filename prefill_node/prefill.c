@@ -708,18 +708,15 @@ static void pack_load(hpd_node_t *n, msgpack_packer *pk)
     hpd_msg_pack(&hpd_msg_prefill_load, &load, pk);
 }
 
-static uint32_t n_extra(hpd_node_t *n)
-{
-    return hpd_engine_params(n->engine)->prefix_cache ? 1 : 0;
-}
-
 /* The prefix summary rides on heartbeats for prefix-aware routing. */
-static void pack_extra(hpd_node_t *n, msgpack_packer *pk)
+static void summary(hpd_node_t *n, const void **data_p, uint32_t *len_p)
 {
     prefill_t *p = n->role_data;
+    if (!hpd_engine_params(n->engine)->prefix_cache)
+        return;
     hpd_engine_prefix_summary(n->engine, p->summary, sizeof(p->summary));
-    hpd_proto_key(pk, "prefix_summary");
-    hpd_proto_pack_bin(pk, p->summary, sizeof(p->summary));
+    *data_p = p->summary;
+    *len_p = sizeof(p->summary);
 }
 
 /* Disconnects the endpoints no job uses (after the loss of the
@@ -824,8 +821,7 @@ static const hpd_node_role_t role = {
     .n_methods = sizeof(methods) / sizeof(methods[0]),
     .init = init,
     .pack_load = pack_load,
-    .n_extra = n_extra,
-    .pack_extra = pack_extra,
+    .summary = summary,
     .after_step = after_step,
     .on_peer_error = on_peer_error,
     .drop_jobs = drop_jobs,

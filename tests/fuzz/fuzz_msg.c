@@ -19,6 +19,8 @@ typedef union {
     hpd_msg_prefill_job_t prefill_job;
     hpd_msg_decode_load_t decode_load;
     hpd_msg_prefill_load_t prefill_load;
+    hpd_msg_stats_t stats;
+    hpd_msg_xfer_stats_t xfer_stats;
     hpd_msg_registered_t registered;
     hpd_msg_alive_t alive;
     hpd_msg_tokens_t tokens;

@@ -211,7 +211,8 @@ static void test_every_required_field(void **state)
             packed_t p;
             hpd_proto_err_t err = {{0}};
             _Alignas(16) uint8_t msg[1024] = {0}; /* room for any message struct */
-            _Static_assert(sizeof(hpd_msg_register_t) <= 1024, "a message outgrew the test");
+            _Static_assert(sizeof(hpd_msg_register_t) <= 1024 && sizeof(hpd_msg_stats_t) <= 1024,
+                           "a message outgrew the test");
             hpd_rpc_buf_init(&p.b);
             uint32_t n = 0;
             for (uint32_t j = 0; j < d->n_fields; j++)
