@@ -1770,6 +1770,21 @@ static void test_peer_failure(void **state)
     hpd_xfer_destroy(s);
 }
 
+/* Node 1 over tcp on lo with transfer deadlines of ms, peer errors into rx. */
+static hpd_xfer_ctx_t *sender_with_deadline(rx_t *rx, uint32_t ms)
+{
+    hpd_xfer_ctx_t *s;
+    hpd_xfer_params_t sp = {.base = base,
+                            .node_id = 1,
+                            .tls = "tcp",
+                            .net_devices = "lo",
+                            .on_peer_error = rx_peer_error,
+                            .arg = rx,
+                            .deadline_ms = ms};
+    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
+    return s;
+}
+
 /* A transfer whose flush does not complete within its deadline fails its
  * pair: the transfer ends with HPD_ERR_TIMEOUT, the endpoint is closed
  * (later puts are refused), on_peer_error runs once, the receiver sees no
@@ -1779,21 +1794,13 @@ static void test_peer_failure(void **state)
 static void test_deadline_fails_the_pair(void **state)
 {
     rx_t rrx = {0}, srx = {0};
-    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s;
-    hpd_xfer_params_t sp = {.base = base,
-                            .node_id = 1,
-                            .tls = "tcp",
-                            .net_devices = "lo",
-                            .on_peer_error = rx_peer_error,
-                            .arg = &srx,
-                            .deadline_ms = 30};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = sender_with_deadline(&srx, 30);
     static uint8_t mem[2 << 20];
     static uint8_t src[1 << 20];
     uint32_t id;
     hpd_xfer_stats_t st;
     done_t d = {0};
 
-    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
     fill(src, sizeof(src), 11);
@@ -1846,20 +1853,12 @@ static void test_deadline_fails_the_pair(void **state)
 static void test_deadline_after_a_stop(void **state)
 {
     rx_t rrx = {0}, srx = {0};
-    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s;
-    hpd_xfer_params_t sp = {.base = base,
-                            .node_id = 1,
-                            .tls = "tcp",
-                            .net_devices = "lo",
-                            .on_peer_error = rx_peer_error,
-                            .arg = &srx,
-                            .deadline_ms = 1000};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = sender_with_deadline(&srx, 1000);
     static uint8_t mem[4096];
     uint8_t src[64] = {9};
     uint32_t id;
     done_t d = {0};
 
-    assert_int_equal(hpd_xfer_create(&sp, &s), HPD_OK);
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
     hold_flushes = true;
