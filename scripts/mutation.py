@@ -54,6 +54,18 @@ MODULES = {
         "tests": ["test_rpc_codec", "test_rpc", "test_rpc_local", "fuzz_rpc_codec_replay",
                   "test_xfer", "test_xfer_local"],
     },
+    "control": {
+        "files": ["node/msg.c", "node/liveness.c", "coordinator/routing.c",
+                  "coordinator/credentials.c", "prefill_node/staging.c",
+                  "decode_node/writes.c"],
+        "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
+                     "node/proto.c": "field readers: test_msg and the cluster tests use them",
+                     "coordinator/coordinator.c": "the event-driven coordinator: the cluster tests",
+                     "prefill_node/prefill.c": "the prefill role: the cluster tests",
+                     "decode_node/decode.c": "the decode role: the cluster tests"},
+        "tests": ["test_msg", "test_liveness", "fuzz_msg_replay", "test_routing",
+                  "test_credentials", "test_staging", "test_writes"],
+    },
     "common": {
         "files": ["common/status.c", "common/log.c", "common/dtype.c",
                   "common/util.c", "common/metrics.c"],
