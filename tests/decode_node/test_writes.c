@@ -47,6 +47,8 @@ static void test_slot(void **state)
 {
     assert_true(allows(1, 3 * SLOT, SLOT));
     assert_true(allows(1, 3 * SLOT + 10, SLOT - 10));
+    assert_true(allows(1, 3 * SLOT + 5, 1)); /* one byte is a write too */
+    assert_false(allows(1, 3 * SLOT + 5, 0)); /* an empty one names nothing */
     assert_false(allows(1, 3 * SLOT, SLOT + 1));
     assert_false(allows(1, 2 * SLOT, SLOT)); /* the slot before */
     assert_false(allows(1, 4 * SLOT, 1));    /* the slot after */

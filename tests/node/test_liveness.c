@@ -50,6 +50,15 @@ static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
 
 static const hpd_rpc_method_t methods[] = {{"alive", m_alive, 0}};
 
+static hpd_rpc_server_t *server_with(const char *token)
+{
+    hpd_rpc_server_t *s;
+    hpd_rpc_server_params_t sp = {.base = base, .host = "127.0.0.1", .token = token,
+                                  .methods = methods, .n_methods = 1};
+    assert_int_equal(hpd_rpc_server_create(&sp, &s), HPD_OK);
+    return s;
+}
+
 static hpd_rpc_server_t *server_new(void)
 {
     hpd_rpc_server_t *s;
@@ -173,12 +182,26 @@ static void test_stop_with_a_ping_in_flight(void **state)
     hpd_rpc_server_destroy(s);
 }
 
+/* A cluster without a secret: the pinger presents none. */
+static void test_without_a_secret(void **state)
+{
+    memset(&seen, 0, sizeof(seen));
+    hpd_rpc_server_t *s = server_with(NULL);
+    hpd_liveness_t *l = pinger(s, NULL);
+    hpd_liveness_set(l, 9, 10, 10, 500);
+    LOOP_UNTIL(hpd_liveness_answered(l) >= 2);
+    assert_int_equal(seen.node_id, 9);
+    hpd_liveness_stop(l);
+    hpd_rpc_server_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pings_with_id_and_key),
         cmocka_unit_test(test_reconnects_and_refusals),
         cmocka_unit_test(test_stop_with_a_ping_in_flight),
+        cmocka_unit_test(test_without_a_secret),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

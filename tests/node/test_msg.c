@@ -247,6 +247,74 @@ static void test_every_required_field(void **state)
     }
 }
 
+/* A message of every kind, all optional: the generic code for each kind. */
+#define TEST_ALL(T, X)                                                                      \
+    X(T, u, U64, HPD_OPT, 100)                                                               \
+    X(T, w, U32, HPD_OPT, 100)                                                               \
+    X(T, b, BOOL, HPD_OPT, 0)                                                                \
+    X(T, f, F32, HPD_OPT, 0)                                                                 \
+    X(T, s, STR, HPD_OPT, 8)                                                                 \
+    X(T, ids, IDS, HPD_OPT, 1000)                                                            \
+    X(T, bin, BIN, HPD_OPT, 0)                                                               \
+    X(T, obj, OBJ, HPD_OPT, 0)                                                               \
+    X(T, arr, ARR, HPD_OPT, 0)
+HPD_MSG_STRUCT(test_all_t, TEST_ALL)
+HPD_MSG_DESC(test_all, "all", test_all_t, TEST_ALL)
+
+static void test_every_kind(void **state)
+{
+    packed_t p, inner, arr;
+    hpd_proto_err_t err;
+    static const int32_t ids[] = {999, 0};
+
+    /* nothing set: nothing packed, every default kept */
+    const msgpack_object *o = pack(&p, &test_all, &(test_all_t){0});
+    assert_int_equal(o->via.map.size, 0);
+    test_all_t d = {.u = 7, .w = 8, .b = true, .f = 0.5f, .s = "dflt"};
+    assert_true(hpd_msg_unpack(&test_all, o, &d, &err));
+    assert_true(d.u == 7 && d.w == 8 && d.b && d.f == 0.5f && strcmp(d.s, "dflt") == 0);
+    assert_true(d.ids == NULL && d.bin == NULL && d.obj == NULL && d.arr == NULL);
+    packed_free(&p);
+
+    /* everything set: the object as an object, the array as packed bytes */
+    hpd_rpc_buf_init(&inner.b);
+    msgpack_pack_map(&inner.b.pk, 1);
+    hpd_proto_kv_u64(&inner.b.pk, "k", 3);
+    const msgpack_object *io = unpack_buf(&inner);
+    hpd_rpc_buf_init(&arr.b);
+    msgpack_pack_array(&arr.b.pk, 2);
+    msgpack_pack_true(&arr.b.pk);
+    msgpack_pack_nil(&arr.b.pk);
+    const test_all_t all = {.u = 100, .w = 1, .b = true, .f = 2.5f, .s = "seven", .ids = ids,
+                            .ids_n = 2, .bin = "xy", .bin_len = 2, .obj = io,
+                            .arr_raw = arr.b.sb.data, .arr_raw_len = (uint32_t)arr.b.sb.size};
+    o = pack(&p, &test_all, &all);
+    assert_int_equal(o->via.map.size, 9);
+    test_all_t g = {0};
+    assert_true(hpd_msg_unpack(&test_all, o, &g, &err));
+    assert_true(g.u == 100 && g.w == 1 && g.b && g.f == 2.5f && strcmp(g.s, "seven") == 0);
+    assert_int_equal(g.ids_n, 2);
+    assert_memory_equal(g.ids, ids, sizeof(ids));
+    assert_int_equal(g.bin_len, 2);
+    assert_memory_equal(g.bin, "xy", 2);
+    assert_int_equal(g.obj->type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(hpd_rpc_map_get(g.obj, "k")->via.u64, 3);
+    assert_int_equal(g.arr->type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(g.arr->via.array.size, 2);
+    hpd_msg_free(&test_all, &g);
+    packed_free(&p);
+    hpd_rpc_buf_destroy(&arr.b);
+
+    /* an object where an array belongs, and the other way round */
+    const test_all_t swapped = {.obj_raw = NULL, .arr = io};
+    o = pack(&p, &test_all, &swapped);
+    test_all_t x = {0};
+    assert_false(hpd_msg_unpack(&test_all, o, &x, &err));
+    assert_non_null(strstr(err.text, "field 'arr' is not an array"));
+    packed_free(&p);
+    packed_free(&inner);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_optional_fields),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_every_required_field),
+        cmocka_unit_test(test_every_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
