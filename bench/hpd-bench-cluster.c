@@ -178,7 +178,7 @@ int main(int argc, char **argv)
     snprintf(log, sizeof(log), "%s/decode.log", dir);
     pids[2] = spawn(dargv, log);
 
-    hpd_client_params_t cp = {"127.0.0.1", port, NULL, 600000};
+    hpd_client_params_t cp = {.host = "127.0.0.1", .port = port, .timeout_ms = 600000};
     hpd_client_t *client = NULL;
     for (int i = 0; i < 200 && client == NULL; i++) {
         usleep(50000);

@@ -897,8 +897,13 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     msgpack_pack_object(&ib.pk, *info);
     n->xfer_info_len = ib.sb.size;
     n->xfer_info = msgpack_sbuffer_release(&ib.sb);
-    hpd_rpc_client_params_t cp = {C.base, n->host, (uint16_t)port, C.token, 30000, 0,
-                                  on_node_notify, on_node_close, NULL};
+    hpd_rpc_client_params_t cp = {.base = C.base,
+                                  .host = n->host,
+                                  .port = (uint16_t)port,
+                                  .token = C.token,
+                                  .timeout_ms = 30000,
+                                  .on_notify = on_node_notify,
+                                  .on_close = on_node_close};
     n->id = ++C.next_node;
     n->port = (uint16_t)port;
     cp.arg = (void *)(uintptr_t)n->id;
@@ -1654,8 +1659,12 @@ int main(int argc, char **argv)
     C.sched = evtimer_new(C.base, on_sched, NULL);
     C.drain_ev = evtimer_new(C.base, on_drained, NULL);
     if (C.o.metrics_port >= 0) {
-        hpd_http_params_t hp = {C.base, C.o.host, (uint16_t)C.o.metrics_port, C.m.reg,
-                                metrics_collect, health, NULL};
+        hpd_http_params_t hp = {.base = C.base,
+                                .host = C.o.host,
+                                .port = (uint16_t)C.o.metrics_port,
+                                .metrics = C.m.reg,
+                                .collect = metrics_collect,
+                                .health = health};
         if (hpd_http_create(&hp, &C.http) != HPD_OK) {
             HPD_LOG_ERROR(LOG_COMPONENT, "--metrics-port %d: cannot listen on %s",
                           C.o.metrics_port, C.o.host);

@@ -912,8 +912,13 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term || !n->drain_ev || !n->reg_ev)
         goto out;
     if (n->o.metrics_port >= 0) { /* before registering: probes see "registering" */
-        hpd_http_params_t hp = {n->base, n->o.host, (uint16_t)n->o.metrics_port, n->metrics,
-                                metrics_collect, health, n};
+        hpd_http_params_t hp = {.base = n->base,
+                                .host = n->o.host,
+                                .port = (uint16_t)n->o.metrics_port,
+                                .metrics = n->metrics,
+                                .collect = metrics_collect,
+                                .health = health,
+                                .arg = n};
         if ((st = hpd_http_create(&hp, &n->http)) != HPD_OK) {
             HPD_LOG_ERROR(LOG_COMPONENT, "%s: --metrics-port %d: cannot listen on %s",
                           n->o.name, n->o.metrics_port, n->o.host);

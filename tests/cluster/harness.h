@@ -327,8 +327,10 @@ static inline hpd_client_t *cl_client(const cl_t *cl)
     char *token = NULL;
     hpd_client_t *c;
     assert_int_equal(hpd_rpc_read_token(cl->token_file, &token), HPD_OK);
-    hpd_client_params_t p = {cl->host[0] != '\0' ? cl->host : "127.0.0.1", cl->port, token,
-                             300000};
+    hpd_client_params_t p = {.host = cl->host[0] != '\0' ? cl->host : "127.0.0.1",
+                             .port = cl->port,
+                             .token = token,
+                             .timeout_ms = 300000};
     assert_int_equal(hpd_client_create(&p, &c), HPD_OK);
     free(token);
     return c;

@@ -463,7 +463,8 @@ static void test_bad_requests(void **state)
         uint16_t port;
         snprintf(text, sizeof(text), "%.*s", (int)addr->via.str.size, addr->via.str.ptr);
         assert_true(hpd_proto_parse_endpoint(text, host, sizeof(host), &port));
-        hpd_rpc_client_params_t cp = {base, host, port, token, 5000, 0, NULL, NULL, NULL};
+        hpd_rpc_client_params_t cp = {.base = base, .host = host, .port = port, .token = token,
+                                      .timeout_ms = 5000};
         hpd_rpc_client_t *rc;
         assert_int_equal(hpd_rpc_client_create(&cp, &rc), HPD_OK);
         const bool pre = cl_str_is(&st.nodes->via.array.ptr[i], "role", "prefill");

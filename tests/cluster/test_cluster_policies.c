@@ -477,7 +477,8 @@ static void test_wrong_token_and_bad_http(void **state)
     const uint16_t http = metrics_port(coord);
 
     /* clients */
-    hpd_client_params_t cp = {"127.0.0.1", cl.port, "not-the-secret", 10000};
+    hpd_client_params_t cp = {.host = "127.0.0.1", .port = cl.port, .token = "not-the-secret",
+                              .timeout_ms = 10000};
     assert_int_equal(hpd_client_create(&cp, &c), HPD_ERR_INVALID_ARG);
     cp.token = NULL;
     assert_int_equal(hpd_client_create(&cp, &c), HPD_ERR_INVALID_ARG);
@@ -707,7 +708,8 @@ static void test_idle_connections(void **state)
     for (; n_extra < EXTRA; n_extra++) {
         char *token = NULL;
         assert_int_equal(hpd_rpc_read_token(cl.token_file, &token), HPD_OK);
-        hpd_client_params_t p = {"127.0.0.1", cl.port, token, 300000};
+        hpd_client_params_t p = {.host = "127.0.0.1", .port = cl.port, .token = token,
+                                 .timeout_ms = 300000};
         const hpd_status_t st = hpd_client_create(&p, &extra[n_extra]);
         free(token);
         if (st != HPD_OK)
@@ -845,7 +847,8 @@ static void test_fake_peers(void **state)
 static hpd_client_t *client_with(const char *key)
 {
     hpd_client_t *c;
-    hpd_client_params_t p = {"127.0.0.1", cl.port, key, 300000};
+    hpd_client_params_t p = {.host = "127.0.0.1", .port = cl.port, .token = key,
+                             .timeout_ms = 300000};
     return hpd_client_create(&p, &c) == HPD_OK ? c : NULL;
 }
 

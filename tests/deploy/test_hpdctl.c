@@ -213,7 +213,8 @@ static void test_up_metrics_down(void **state)
     free(out);
 
     assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
-    hpd_client_params_t cp = {"127.0.0.1", port_of(17600), token, 120000};
+    hpd_client_params_t cp = {.host = "127.0.0.1", .port = port_of(17600), .token = token,
+                              .timeout_ms = 120000};
     hpd_client_t *c;
     assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
 

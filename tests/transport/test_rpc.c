@@ -157,8 +157,8 @@ static int teardown(void **state)
 static hpd_status_t connect_client(struct event_base *base, const char *token,
                                    hpd_rpc_client_t **c)
 {
-    hpd_rpc_client_params_t p = {base, "127.0.0.1", port, token, 2000, MAX_MSG,
-                                 NULL, NULL, NULL};
+    hpd_rpc_client_params_t p = {.base = base, .host = "127.0.0.1", .port = port,
+                                 .token = token, .timeout_ms = 2000, .max_message = MAX_MSG};
     return hpd_rpc_client_create(&p, c);
 }
 
@@ -222,7 +222,8 @@ static void test_auth_and_calls(void **state)
 
     /* the non-blocking connect: calls right behind the token; a wrong token
      * fails them with the close */
-    hpd_rpc_client_params_t p = {base, "127.0.0.1", port, TOKEN, 2000, MAX_MSG, NULL, NULL, NULL};
+    hpd_rpc_client_params_t p = {.base = base, .host = "127.0.0.1", .port = port,
+                                 .token = TOKEN, .timeout_ms = 2000, .max_message = MAX_MSG};
     assert_int_equal(hpd_rpc_client_connect(&p, &c), HPD_OK);
     ping_ok(c);
     hpd_rpc_client_destroy(c);
