@@ -240,11 +240,15 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     y_put(y, c, "command", cmd);
     y_add(y, cmd, y_str(y, "/bin/sh"));
     y_add(y, cmd, y_str(y, "-c"));
+    /* the client keys, when the manifest has them, are in the Secret too
+     * (the coordinator reads them again on SIGHUP) */
+    const bool keys = coord && m->client_keys_file[0] != '\0';
     snprintf(script, sizeof(script),
              "exec %s $(cat /etc/hybridpd/flags/%s) --host \"$POD_IP\" --token-file "
-             "/etc/hybridpd/secret/token%s%s",
+             "/etc/hybridpd/secret/token%s%s%s",
              bin, coord ? "coordinator" : "$(hostname)", coord ? "" : " --coordinator ",
-             coord ? "" : co_addr);
+             coord ? "" : co_addr,
+             keys ? " --client-keys-file /etc/hybridpd/secret/client-keys" : "");
     y_add(y, cmd, y_str(y, script));
     y_put(y, c, "env", env);
     y_add(y, env, y_env_field(y, "POD_IP", "status.podIP"));
@@ -301,7 +305,7 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
 }
 
 /* One process's flags for the ConfigMap: what the manifest says, less
- * what the pod supplies itself (address, token, coordinator). Pods of a
+ * what the pod supplies itself (address, token, client keys, coordinator). Pods of a
  * role share one container spec, so they listen on the ports of the role's
  * first node; on a GPU the pod sees its one GPU as cuda:0. */
 static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
@@ -319,7 +323,8 @@ static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
         return;
     for (int k = 1; argv[k] != NULL && used + 1 < len; k++) {
         const char *a = argv[k];
-        if (!strcmp(a, "--host") || !strcmp(a, "--token-file") || !strcmp(a, "--coordinator")) {
+        if (!strcmp(a, "--host") || !strcmp(a, "--token-file") || !strcmp(a, "--coordinator") ||
+            !strcmp(a, "--client-keys-file")) {
             k++;
             continue;
         }
@@ -345,7 +350,8 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     doc_t y;
     FILE *f = stdout;
     char secret[128], cm[128], co_name[128], co_addr[256], *token = NULL, flags[4096];
-    size_t tlen = 0;
+    char *keys = NULL;
+    size_t tlen = 0, klen = 0;
     group_t groups[3];
     int rc = 0;
 
@@ -360,9 +366,17 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
         return 1;
     }
     token[strcspn(token, "\r\n")] = '\0';
+    if (m->client_keys_file[0] != '\0' &&
+        hpd_read_file(m->client_keys_file, &keys, &klen) != HPD_OK) {
+        snprintf(err, errlen, "client_keys_file: cannot read %s (the Secret carries it)",
+                 m->client_keys_file);
+        free(token);
+        return 1;
+    }
     if (rp->out != NULL && (f = fopen(rp->out, "w")) == NULL) {
         snprintf(err, errlen, "cannot write %s: %s", rp->out, strerror(errno));
         free(token);
+        free(keys);
         return 1;
     }
     memset(groups, 0, sizeof(groups));
@@ -388,6 +402,8 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     y_put(&y, root, "type", y_str(&y, "Opaque"));
     y_put(&y, root, "stringData", data);
     y_put(&y, data, "token", y_qstr(&y, token));
+    if (keys != NULL)
+        y_put(&y, data, "client-keys", y_qstr(&y, keys));
     rc |= emit(&e, &y);
 
     /* every process's flags, keyed by the pod that runs it */
@@ -479,6 +495,7 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     yaml_emitter_flush(&e);
     yaml_emitter_delete(&e);
     free(token);
+    free(keys);
     if (f != stdout && fclose(f) != 0)
         rc = -1;
     if (rc != 0)

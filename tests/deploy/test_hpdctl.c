@@ -636,7 +636,29 @@ static void test_render(void **state)
     }
     assert_non_null(strstr(all, "nvidia.com/gpu"));
     assert_non_null(strstr(all, "qwen3-next-coordinator.inference.svc:7000"));
+    assert_null(strstr(all, "client-keys")); /* none in this manifest */
     hpd_manifest_destroy(m);
+
+    /* client keys: in the Secret, and the coordinator reads them there (the
+     * manifest's path is of the host that renders, not of the pod) */
+    char keys[400];
+    snprintf(keys, sizeof(keys), "%s/render-keys", cl.root);
+    static const char key_lines[] = "key-one team-a\nkey-two\n";
+    assert_int_equal(hpd_write_file(keys, key_lines, strlen(key_lines)), HPD_OK);
+    snprintf(cmd, sizeof(cmd), "sed -i 's#^token_file:.*#&\\nclient_keys_file: %s#' %s", keys,
+             multi);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(hpdctl(&out, "render %s --k8s --out %s", multi, yml), 0);
+    free(out);
+    read_k8s(yml, all, 1 << 20, kinds, sizeof(kinds));
+    /* the Secret's entry parses back to the file, byte for byte */
+    assert_non_null(strstr(all, "client-keys\nkey-one team-a\nkey-two\n\n"));
+    assert_non_null(strstr(all, "--client-keys-file /etc/hybridpd/secret/client-keys"));
+    assert_null(strstr(all, keys)); /* the host's path is nowhere */
+    unlink(keys);
+    assert_int_equal(hpdctl(&out, "render %s --k8s --out %s", multi, yml), 1);
+    assert_non_null(strstr(out, "client_keys_file: cannot read"));
+    free(out);
     free(all);
     cl.passed++;
 }
