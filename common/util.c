@@ -5,7 +5,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -18,8 +20,12 @@ hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem)
 
     if (need <= *cap_p)
         return HPD_OK;
+    if (elem == 0 || need > SIZE_MAX / elem)
+        return HPD_ERR_NO_MEMORY; /* need * elem bytes do not exist */
     while (cap < need)
-        cap *= 2;
+        cap = cap <= SIZE_MAX / 2 ? cap * 2 : need;
+    if (cap > SIZE_MAX / elem)
+        cap = need; /* doubling past what fits: exactly what is needed */
     if ((grown = realloc(*items, cap * elem)) == NULL)
         return HPD_ERR_NO_MEMORY;
     *items = grown;
@@ -123,6 +129,13 @@ hpd_status_t hpd_read_file(const char *path, char **data_p, size_t *len_p)
     if (f == NULL) {
         HPD_LOG_ERROR("util", "cannot open %s: %s", path, strerror(errno));
         return HPD_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        /* it opens for reading on Linux, and "sizes" to LONG_MAX */
+        HPD_LOG_ERROR("util", "%s is a directory (expected a file)", path);
+        fclose(f);
+        return HPD_ERR_INVALID_ARG;
     }
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         HPD_LOG_ERROR("util", "cannot size %s: %s", path, strerror(errno));

@@ -198,6 +198,9 @@ static void test_grow(void **state)
     /* out of memory: nothing changes */
     before = items;
     assert_int_equal(hpd_grow(&items, &cap, (size_t)1 << 40, 1024), HPD_ERR_NO_MEMORY);
+    /* sizes whose bytes overflow size_t: refused, nothing touched */
+    assert_int_equal(hpd_grow(&items, &cap, SIZE_MAX / 2, 4), HPD_ERR_NO_MEMORY);
+    assert_int_equal(hpd_grow(&items, &cap, SIZE_MAX, 1), HPD_ERR_NO_MEMORY);
     assert_ptr_equal(items, before);
     assert_int_equal(cap, 128);
     for (int i = 0; i < 32; i++)
@@ -274,9 +277,11 @@ static void test_files(void **state)
     free(sys);
     /* no descriptor left open on any path */
     const int fd_after = lowest_free_fd();
-    free(test_capture_end(&c, NULL));
+    char *logged = test_capture_end(&c, NULL);
+    assert_non_null(strstr(logged, "is a directory (expected a file)"));
+    free(logged);
     assert_int_equal(missing, HPD_ERR_IO);
-    assert_true(is_dir < 0);
+    assert_int_equal(is_dir, HPD_ERR_INVALID_ARG); /* not "out of memory" */
     assert_int_equal(no_dir, HPD_ERR_IO);
     assert_int_equal(full, HPD_ERR_IO);
     assert_int_equal(full_big, HPD_ERR_IO);
