@@ -321,6 +321,30 @@ static inline cl_proc_t *cl_start_node(cl_t *cl, const char *role, const char *n
     return cl_spawn(cl, name, argv);
 }
 
+/* One generate call's outcome, filled by cl_on_done (its first
+ * CL_REQ_TOKENS tokens are kept). */
+#define CL_REQ_TOKENS 64
+typedef struct {
+    bool done;
+    hpd_status_t status;
+    char error[256];
+    int32_t tokens[CL_REQ_TOKENS];
+    uint32_t n, attempts;
+} cl_req_t;
+
+static inline void cl_on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    cl_req_t *q = arg;
+    (void)h;
+    q->done = true;
+    q->status = r->status;
+    snprintf(q->error, sizeof(q->error), "%s", r->error);
+    q->n = r->n_tokens;
+    q->attempts = r->attempts;
+    if (r->tokens != NULL)
+        memcpy(q->tokens, r->tokens, HPD_MIN(r->n_tokens, CL_REQ_TOKENS) * sizeof(int32_t));
+}
+
 /* A client of the running coordinator with the cluster's token. */
 static inline hpd_client_t *cl_client(const cl_t *cl)
 {

@@ -84,32 +84,14 @@ static cl_proc_t *start(const char *role, const char *name, const char *flag, co
     return cl_start_node(&cl, role, name, args);
 }
 
-typedef struct {
-    bool done;
-    hpd_status_t status;
-    char error[256];
-    int32_t tokens[MAX_TOKENS];
-    uint32_t n, attempts;
-} req_t;
-
-static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
-{
-    req_t *q = arg;
-    q->done = true;
-    q->status = r->status;
-    snprintf(q->error, sizeof(q->error), "%s", r->error);
-    q->n = r->n_tokens;
-    q->attempts = r->attempts;
-    if (r->tokens != NULL)
-        memcpy(q->tokens, r->tokens, HPD_MIN(r->n_tokens, MAX_TOKENS) * sizeof(int32_t));
-}
+typedef cl_req_t req_t;
 
 /* Prompt i, greedy, MAX_TOKENS tokens. */
 static void submit(hpd_client_t *c, int i, req_t *q)
 {
     hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
     memset(q, 0, sizeof(*q));
-    assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, q, NULL), HPD_OK);
+    assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, q, NULL), HPD_OK);
 }
 
 static bool is_done(cl_t *c, void *q)
@@ -594,7 +576,7 @@ static void test_decode_pool_exhaustion(void **state)
     req_t big;
     hpd_generate_params_t bp = {prompts[0], prompt_len[0], 600, {0, 1, 0, 0}};
     memset(&big, 0, sizeof(big));
-    assert_int_equal(hpd_client_submit(s.c, &bp, NULL, on_done, &big, NULL), HPD_OK);
+    assert_int_equal(hpd_client_submit(s.c, &bp, NULL, cl_on_done, &big, NULL), HPD_OK);
     for (int i = 0; i < N_PROMPTS; i++)
         submit(s.c, i, &q[i]);
     wait_done(s.c, &big, "the request too large for any decode pool");
@@ -993,7 +975,7 @@ static void test_cancel_while_stuck(void **state)
     cl_pause(s.p);
     hpd_generate_params_t p = {prompts[0], prompt_len[0], MAX_TOKENS, {0, 1, 0, 0}};
     memset(&q, 0, sizeof(q));
-    assert_int_equal(hpd_client_submit(s.c, &p, NULL, on_done, &q, &h), HPD_OK);
+    assert_int_equal(hpd_client_submit(s.c, &p, NULL, cl_on_done, &q, &h), HPD_OK);
     cl_wait_node(&cl, s.c, s.p_name, "jobs", 1, 60);
     cl_wait_node(&cl, s.c, s.d_name, "reserved_slots", 1, 60);
     cl_pause(s.d);  /* the decode node stops ... */

@@ -132,25 +132,7 @@ static cl_proc_t *node(int i, const char *const *extra)
     return cl_spawn(&cl, hosts[i], argv);
 }
 
-typedef struct {
-    bool done;
-    hpd_status_t status;
-    char error[256];
-    int32_t tokens[MAX_TOKENS];
-    uint32_t n, attempts;
-} req_t;
-
-static void on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
-{
-    req_t *q = arg;
-    q->done = true;
-    q->status = r->status;
-    snprintf(q->error, sizeof(q->error), "%s", r->error);
-    q->n = r->n_tokens;
-    q->attempts = r->attempts;
-    if (r->tokens != NULL)
-        memcpy(q->tokens, r->tokens, HPD_MIN(r->n_tokens, MAX_TOKENS) * sizeof(int32_t));
-}
+typedef cl_req_t req_t;
 
 static bool all_done(cl_t *c, void *arg)
 {
@@ -168,7 +150,7 @@ static uint32_t submit_all_right(hpd_client_t *c, req_t *q, const char *what, vo
     memset(q, 0, N * sizeof(*q));
     for (int i = 0; i < N; i++) {
         hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
-        assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, &q[i], NULL), HPD_OK);
+        assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, &q[i], NULL), HPD_OK);
     }
     if (fault != NULL)
         fault();
@@ -208,7 +190,7 @@ static void test_cut_path(void **state)
     const double t0 = hpd_time_now();
     for (int i = 0; i < N; i++) {
         hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
-        assert_int_equal(hpd_client_submit(c, &p, NULL, on_done, &q[i], NULL), HPD_OK);
+        assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, &q[i], NULL), HPD_OK);
     }
     cl_wait(&cl, c, 120, all_done, q, "every request with the path p0 -> d0 cut");
     const double t_all = hpd_time_now();
