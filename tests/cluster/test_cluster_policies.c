@@ -1195,7 +1195,10 @@ static void test_coordinator_restart(void **state)
     cl_resume(s.p);
     cl_wait_log(&cl, s.d, "lost the coordinator (its connection", 60);
     cl_wait_log(&cl, s.p, "lost the coordinator (its connection", 60);
-    assert_true(log_line(s.p, "lost the coordinator", "dropping its 1 jobs"));
+    /* its job, or none: the job sent just before the kill -9 may not reach
+     * the stopped node (seen once in ~10 runs: "dropping its 0 jobs") */
+    assert_true(log_line(s.p, "lost the coordinator", "dropping its 1 jobs") ||
+                log_line(s.p, "lost the coordinator", "dropping its 0 jobs"));
 
     snprintf(port, sizeof(port), "%u", cl.port);
     const char *args2[] = {"--heartbeat-ms", "100", "--lease-ms", "6000", "--port", port, NULL};
