@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "node/msg.h"
 #include "node/proto.h"
 
 #define LOG_COMPONENT "client"
@@ -45,29 +46,25 @@ static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
 {
     hpd_client_t *c = arg;
     hpd_proto_err_t err;
-    uint64_t tag;
-    uint32_t index, n;
-    int32_t *ids;
+    hpd_msg_stream_t m = {0};
     pending_t *q;
 
     if (!hpd_rpc_str_eq(msg->method, msg->method_len, "tokens"))
         return;
-    if (!hpd_proto_u64(msg->params, "tag", true, UINT64_MAX, &tag, &err) ||
-        !hpd_proto_u32(msg->params, "index", true, UINT32_MAX, &index, &err) ||
-        !hpd_proto_ids(msg->params, "ids", true, INT32_MAX, &ids, &n, &err)) {
+    if (!hpd_msg_unpack(&hpd_msg_stream, msg->params, &m, &err)) {
         HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification: %s", err.text);
         return;
     }
-    if ((q = find(c, tag)) != NULL && n > 0) {
+    if ((q = find(c, m.tag)) != NULL && m.ids_n > 0) {
         if (q->t_first == 0)
             q->t_first = hpd_time_now();
         /* the coordinator sends every position once, in order */
-        if (index == q->streamed && q->on_token != NULL)
-            q->on_token(q->arg, q->handle, index, ids, n);
-        if (index == q->streamed)
-            q->streamed += n;
+        if (m.index == q->streamed && q->on_token != NULL)
+            q->on_token(q->arg, q->handle, m.index, m.ids, m.ids_n);
+        if (m.index == q->streamed)
+            q->streamed += m.ids_n;
     }
-    free(ids);
+    hpd_msg_free(&hpd_msg_stream, &m);
 }
 
 static void on_close(void *arg, hpd_status_t why)
@@ -169,6 +166,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     pending_t *q = arg;
     hpd_client_t *c = q->client;
     hpd_generate_result_t r;
+    hpd_msg_generated_t g = {0};
     hpd_proto_err_t err;
 
     memset(&r, 0, sizeof(r));
@@ -186,27 +184,20 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                  reply->error_message);
         r.status = strcmp(r.error, "canceled") == 0 ? HPD_ERR_CANCELED
                                                     : status_of_code(reply->error_code);
-    } else if (!hpd_proto_ids(reply->result, "tokens", true, INT32_MAX, &r.tokens, &r.n_tokens,
-                              &err) ||
-               !hpd_proto_u32(reply->result, "prompt_tokens", false, UINT32_MAX,
-                              &r.prompt_tokens, &err) ||
-               !hpd_proto_u32(reply->result, "cached_tokens", false, UINT32_MAX,
-                              &r.cached_tokens, &err) ||
-               !hpd_proto_u32(reply->result, "attempts", false, UINT32_MAX, &r.attempts, &err)) {
+    } else if (!hpd_msg_unpack(&hpd_msg_generated, reply->result, &g, &err)) {
         r.status = HPD_ERR_FORMAT;
         snprintf(r.error, sizeof(r.error), "bad reply: %.200s", err.text);
     } else {
-        float ttft = 0, total = 0, pre = 0, push = 0, exposed = 0;
-        hpd_proto_float(reply->result, "ttft_ms", false, &ttft, &err);
-        hpd_proto_float(reply->result, "total_ms", false, &total, &err);
-        hpd_proto_float(reply->result, "prefill_ms", false, &pre, &err);
-        hpd_proto_float(reply->result, "push_ms", false, &push, &err);
-        hpd_proto_float(reply->result, "exposed_push_ms", false, &exposed, &err);
-        r.ttft_ms = ttft;
-        r.total_ms = total;
-        r.prefill_ms = pre;
-        r.push_ms = push;
-        r.exposed_push_ms = exposed;
+        r.tokens = (int32_t *)g.tokens; /* the result owns them now */
+        r.n_tokens = g.tokens_n;
+        r.prompt_tokens = g.prompt_tokens;
+        r.cached_tokens = g.cached_tokens;
+        r.attempts = g.attempts;
+        r.ttft_ms = g.ttft_ms;
+        r.total_ms = g.total_ms;
+        r.prefill_ms = g.prefill_ms;
+        r.push_ms = g.push_ms;
+        r.exposed_push_ms = g.exposed_push_ms;
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
@@ -234,26 +225,18 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
     }
     *q = (pending_t){c, c->next_handle++, on_token, on_done, arg, hpd_time_now(), 0, 0, NULL};
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 8);
-    hpd_proto_key(&b.pk, "prompt");
-    hpd_proto_pack_ids(&b.pk, p->prompt, p->n_prompt);
-    hpd_proto_key(&b.pk, "max_tokens");
-    msgpack_pack_uint32(&b.pk, p->max_tokens);
-    hpd_proto_key(&b.pk, "temperature");
-    msgpack_pack_float(&b.pk, p->sampling.temperature);
-    hpd_proto_key(&b.pk, "top_p");
-    msgpack_pack_float(&b.pk, p->sampling.top_p);
-    hpd_proto_key(&b.pk, "top_k");
-    msgpack_pack_uint32(&b.pk, p->sampling.top_k);
-    hpd_proto_key(&b.pk, "seed");
-    msgpack_pack_uint64(&b.pk, p->sampling.seed);
-    hpd_proto_key(&b.pk, "stream");
-    if (on_token != NULL)
-        msgpack_pack_true(&b.pk);
-    else
-        msgpack_pack_false(&b.pk);
-    hpd_proto_key(&b.pk, "tag");
-    msgpack_pack_uint64(&b.pk, q->handle);
+    /* every value, zeros too: the coordinator judges them */
+    hpd_msg_pack_all(&hpd_msg_generate,
+                     &(hpd_msg_generate_t){.prompt = p->prompt,
+                                           .prompt_n = p->n_prompt,
+                                           .max_tokens = p->max_tokens,
+                                           .temperature = p->sampling.temperature,
+                                           .top_p = p->sampling.top_p,
+                                           .top_k = p->sampling.top_k,
+                                           .seed = p->sampling.seed,
+                                           .stream = on_token != NULL,
+                                           .tag = q->handle},
+                     &b.pk);
     st = hpd_rpc_call(c->rpc, "generate", &b, c->p.timeout_ms, on_reply, q);
     hpd_rpc_buf_destroy(&b);
     if (st != HPD_OK) {
@@ -279,9 +262,7 @@ hpd_status_t hpd_client_cancel(hpd_client_t *c, uint64_t handle)
     if (!hpd_rpc_client_is_open(c->rpc))
         return HPD_ERR_IO; /* its request failed with the connection */
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 1);
-    hpd_proto_key(&b.pk, "tag");
-    msgpack_pack_uint64(&b.pk, handle);
+    hpd_msg_pack(&hpd_msg_cancel_request, &(hpd_msg_cancel_request_t){.tag = handle}, &b.pk);
     st = hpd_rpc_call(c->rpc, "cancel", &b, 0, ignore, NULL);
     hpd_rpc_buf_destroy(&b);
     return st;

@@ -204,30 +204,29 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     decode_t *d = n->role_data;
     const uint32_t vocab = n->model->config.vocab_size;
     hpd_proto_err_t err = {{0}};
-    hpd_request_params_t rp = {NULL, 0, 0, {0, 1, 0, 0}, NULL, 0};
-    const msgpack_object *sampling;
-    uint64_t job, request = 0;
-    int32_t *prompt = NULL, *replay = NULL;
+    hpd_request_params_t rp = {.sampling = {.top_p = 1}};
+    hpd_msg_reserve_t q = {0};
     dreq_t *r = NULL;
     hpd_status_t st;
 
-    if (!hpd_proto_u64(params, "job", true, UINT64_MAX, &job, &err) ||
-        !hpd_proto_u64(params, "request", false, UINT64_MAX, &request, &err) ||
-        !hpd_proto_ids(params, "prompt", true, vocab, &prompt, &rp.n_prompt, &err) ||
-        !hpd_proto_u32(params, "max_tokens", true, UINT32_MAX, &rp.max_tokens, &err) ||
-        !hpd_proto_ids(params, "replay", false, vocab, &replay, &rp.n_replay, &err) ||
-        ((sampling = hpd_proto_map(params, "sampling", false, &err)) == NULL && err.text[0]) ||
-        (sampling != NULL && !hpd_proto_sampling(sampling, &rp.sampling, &err))) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: %s", err.text);
+    if (!hpd_msg_unpack(&hpd_msg_reserve, params, &q, &err) ||
+        !hpd_msg_ids_below(q.prompt, q.prompt_n, vocab, "reserve: prompt", &err) ||
+        !hpd_msg_ids_below(q.replay, q.replay_n, vocab, "reserve: replay", &err) ||
+        (q.sampling != NULL && !hpd_proto_sampling(q.sampling, &rp.sampling, &err))) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
         goto out;
     }
+    const uint64_t job = q.job, request = q.request;
+    rp.n_prompt = q.prompt_n;
+    rp.max_tokens = q.max_tokens;
+    rp.n_replay = q.replay_n;
     if (find(d, job) != NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: job %llu already exists",
                             (unsigned long long)job);
         goto out;
     }
-    rp.prompt = prompt;
-    rp.replay = replay;
+    rp.prompt = q.prompt;
+    rp.replay = q.replay;
     if ((r = calloc(1, sizeof(*r))) == NULL ||
         (r->expiry = evtimer_new(n->base, on_expiry, r)) == NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "reserve: out of memory");
@@ -296,8 +295,7 @@ out:
             event_free(r->expiry);
         free(r);
     }
-    free(prompt);
-    free(replay);
+    hpd_msg_free(&hpd_msg_reserve, &q);
 }
 
 static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)

@@ -22,6 +22,13 @@ HPD_MSG_DESC(hpd_msg_tokens, "tokens", hpd_msg_tokens_t, HPD_MSG_TOKENS)
 HPD_MSG_DESC(hpd_msg_cancel_job, "cancel", hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
 HPD_MSG_DESC(hpd_msg_start, "start", hpd_msg_start_t, HPD_MSG_START)
 HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
+HPD_MSG_DESC(hpd_msg_reserve, "reserve", hpd_msg_reserve_t, HPD_MSG_RESERVE)
+HPD_MSG_DESC(hpd_msg_generate, "generate", hpd_msg_generate_t, HPD_MSG_GENERATE)
+HPD_MSG_DESC(hpd_msg_generated, "generate reply", hpd_msg_generated_t, HPD_MSG_GENERATED)
+HPD_MSG_DESC(hpd_msg_stream, "tokens", hpd_msg_stream_t, HPD_MSG_STREAM)
+HPD_MSG_DESC(hpd_msg_cancel_request, "cancel", hpd_msg_cancel_request_t,
+             HPD_MSG_CANCEL_REQUEST)
+HPD_MSG_DESC(hpd_msg_canceled, "cancel reply", hpd_msg_canceled_t, HPD_MSG_CANCELED)
 
 const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_registered,
                                              &hpd_msg_reservation, &hpd_msg_destination,
@@ -30,7 +37,10 @@ const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_regi
                                              &hpd_msg_cache_stats, &hpd_msg_xfer_stats,
                                              &hpd_msg_alive,
                                              &hpd_msg_tokens,     &hpd_msg_cancel_job,
-                                             &hpd_msg_start,      &hpd_msg_prefilled};
+                                             &hpd_msg_start,      &hpd_msg_prefilled,
+                                             &hpd_msg_reserve,    &hpd_msg_generate,
+                                             &hpd_msg_generated,  &hpd_msg_stream,
+                                             &hpd_msg_cancel_request, &hpd_msg_canceled};
 const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
 
 #define AT(msg, off, type) ((type *)((char *)(msg) + (off)))
@@ -56,15 +66,23 @@ static bool is_set(const hpd_msg_field_t *f, const void *msg)
     return false;
 }
 
-void hpd_msg_pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
+/* Whether a field is packed: required ones, set ones, and with `all` the
+ * values (numbers, flags, strings, ids) even when zero. */
+static bool packed(const hpd_msg_field_t *f, const void *msg, bool all)
+{
+    const bool value = f->kind != HPD_MSG_OBJ && f->kind != HPD_MSG_ARR && f->kind != HPD_MSG_BIN;
+    return f->required || (all && value) || is_set(f, msg);
+}
+
+static void pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk, bool all)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < d->n_fields; i++)
-        n += d->fields[i].required || is_set(&d->fields[i], msg);
+        n += packed(&d->fields[i], msg, all);
     msgpack_pack_map(pk, n);
     for (uint32_t i = 0; i < d->n_fields; i++) {
         const hpd_msg_field_t *f = &d->fields[i];
-        if (!f->required && !is_set(f, msg))
+        if (!packed(f, msg, all))
             continue;
         hpd_proto_key(pk, f->name);
         switch (f->kind) {
@@ -102,6 +120,16 @@ void hpd_msg_pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
         case HPD_MSG_LAYOUT: hpd_proto_pack_layout(pk, AT_C(msg, f->offset, hpd_kv_layout_t)); break;
         }
     }
+}
+
+void hpd_msg_pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
+{
+    pack(d, msg, pk, false);
+}
+
+void hpd_msg_pack_all(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk)
+{
+    pack(d, msg, pk, true);
 }
 
 static bool unpack_field(const hpd_msg_field_t *f, const msgpack_object *obj, void *msg,
@@ -188,4 +216,16 @@ void hpd_msg_free(const hpd_msg_desc_t *d, void *msg)
             *AT(msg, d->fields[i].offset, const int32_t *) = NULL;
             *AT(msg, d->fields[i].aux, uint32_t) = 0;
         }
+}
+
+bool hpd_msg_ids_below(const int32_t *ids, uint32_t n, uint32_t vocab, const char *what,
+                       hpd_proto_err_t *err)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= vocab) {
+            snprintf(err->text, sizeof(err->text), "%s[%u] is %d (expected a token id from 0 "
+                     "to %u)", what, i, ids[i], vocab - 1);
+            return false;
+        }
+    return true;
 }

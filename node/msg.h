@@ -294,21 +294,85 @@ HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
     X(T, exposed_push_ms, F32, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
+/* reserve (coordinator -> decode node): a slot and pages for a request;
+ * replay: the tokens the client already has (after a failover) */
+#define HPD_MSG_RESERVE(T, X)                                                               \
+    X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, request, U64, HPD_OPT, UINT64_MAX)                                                  \
+    X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, max_tokens, U32, HPD_REQ, UINT32_MAX)                                               \
+    X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
+    X(T, replay, IDS, HPD_OPT, INT32_MAX)
+HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
+
+/* ---- the client's messages (docs/protocol.md) */
+
+/* generate (client -> coordinator); the sampling fields are at the top
+ * level (hpd_sampling_t; absent: greedy) */
+#define HPD_MSG_GENERATE(T, X)                                                              \
+    X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, max_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
+    X(T, temperature, F32, HPD_OPT, 0)                                                       \
+    X(T, top_p, F32, HPD_OPT, 0)                                                             \
+    X(T, top_k, U32, HPD_OPT, UINT32_MAX)                                                    \
+    X(T, seed, U64, HPD_OPT, UINT64_MAX)                                                     \
+    X(T, stream, BOOL, HPD_OPT, 0)                                                           \
+    X(T, tag, U64, HPD_OPT, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
+
+/* generate's reply */
+#define HPD_MSG_GENERATED(T, X)                                                             \
+    X(T, request, U64, HPD_REQ, UINT64_MAX)                                                  \
+    X(T, tokens, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, prompt_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
+    X(T, cached_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
+    X(T, attempts, U32, HPD_OPT, UINT32_MAX)                                                 \
+    X(T, ttft_ms, F32, HPD_OPT, 0)                                                           \
+    X(T, total_ms, F32, HPD_OPT, 0)                                                          \
+    X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
+    X(T, push_ms, F32, HPD_OPT, 0)                                                           \
+    X(T, exposed_push_ms, F32, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
+
+/* tokens (coordinator -> a streaming client): ids from index on */
+#define HPD_MSG_STREAM(T, X)                                                                \
+    X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
+    X(T, ids, IDS, HPD_REQ, INT32_MAX)
+HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
+
+/* cancel (client -> coordinator: the client's request of that tag) and
+ * its reply */
+#define HPD_MSG_CANCEL_REQUEST(T, X) X(T, tag, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_cancel_request_t, HPD_MSG_CANCEL_REQUEST)
+#define HPD_MSG_CANCELED(T, X) X(T, canceled, BOOL, HPD_REQ, 0)
+HPD_MSG_STRUCT(hpd_msg_canceled_t, HPD_MSG_CANCELED)
+
 /* Every message's descriptor, for the fuzzer and the tests. */
 extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
     hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_prefill_load, hpd_msg_decode_load,
     hpd_msg_stats, hpd_msg_engine_stats, hpd_msg_cache_stats, hpd_msg_xfer_stats, hpd_msg_alive, hpd_msg_tokens,
-    hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled;
+    hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled, hpd_msg_reserve, hpd_msg_generate,
+    hpd_msg_generated, hpd_msg_stream, hpd_msg_cancel_request, hpd_msg_canceled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;
 
 /* Packs msg (a struct of desc's list) as one map. */
 void hpd_msg_pack(const hpd_msg_desc_t *desc, const void *msg, msgpack_packer *pk);
+/* As hpd_msg_pack, with the optional numbers, flags, strings and ids packed
+ * even when zero or empty: for a sender whose zero is a value the receiver
+ * must see (a client's max_tokens 0 is an error, not the default). */
+void hpd_msg_pack_all(const hpd_msg_desc_t *desc, const void *msg, msgpack_packer *pk);
 
 /* Unpacks obj into msg (see the rules above). On false, err says why and
  * nothing needs freeing. */
 bool hpd_msg_unpack(const hpd_msg_desc_t *desc, const msgpack_object *obj, void *msg,
                     hpd_proto_err_t *err);
+
+/* Whether every id is below vocab; else err names the first that is not
+ * (field `what`). */
+bool hpd_msg_ids_below(const int32_t *ids, uint32_t n, uint32_t vocab, const char *what,
+                       hpd_proto_err_t *err);
 
 /* Frees what unpacking allocated (IDS) and clears those members. */
 void hpd_msg_free(const hpd_msg_desc_t *desc, void *msg);

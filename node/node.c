@@ -11,6 +11,7 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/proto.h"
+#include "service/service.h"
 
 #define LOG_COMPONENT "node"
 
@@ -624,40 +625,23 @@ static void on_peer_error(void *arg, hpd_xfer_peer_t *peer, hpd_status_t status)
         n->role->on_peer_error(n, peer, status);
 }
 
-/* While draining: stop once nothing is in flight, or at the deadline. */
-static void on_drain_check(evutil_socket_t fd, short what, void *arg)
+/* The service shell's first signal: heartbeats say the node drains and the
+ * coordinator sends no new work; the shell stops the node once in_flight
+ * is 0. A node not registered stops at once. */
+static bool drain(void *arg)
 {
     hpd_node_t *n = arg;
-    static const struct timeval again = {0, 50 * 1000};
-    const uint32_t left = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
-    if (left > 0 && hpd_time_now() < n->drain_deadline) {
-        evtimer_add(n->drain_ev, &again);
-        return;
-    }
-    if (left > 0)
-        HPD_LOG_WARN(LOG_COMPONENT, "%s: drain deadline passed with %u jobs in flight; stopping",
-                     n->o.name, left);
-    else
-        HPD_LOG_INFO(LOG_COMPONENT, "%s: drained; stopping", n->o.name);
-    event_base_loopbreak(n->base);
+    if (!n->registered)
+        return false;
+    n->draining = true;
+    on_heartbeat(-1, 0, n); /* tell the coordinator now */
+    return true;
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
+static uint32_t in_flight(void *arg)
 {
     hpd_node_t *n = arg;
-    static const struct timeval now = {0, 0};
-    if (n->draining || !n->registered) {
-        HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, stopping", n->o.name, (int)sig);
-        event_base_loopbreak(n->base);
-        return;
-    }
-    n->draining = true;
-    n->drain_deadline = hpd_time_now() + n->o.drain_timeout_ms / 1000.0;
-    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d, draining (%u jobs in flight, deadline %u ms)",
-                 n->o.name, (int)sig, n->role->in_flight ? n->role->in_flight(n) : 0,
-                 n->o.drain_timeout_ms);
-    on_heartbeat(-1, 0, n); /* tell the coordinator now */
-    evtimer_add(n->drain_ev, &now);
+    return n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
 }
 
 /* ------------------------------------------------------------ metrics */
@@ -673,8 +657,6 @@ static hpd_status_t metrics_init(hpd_node_t *n)
     if (st != HPD_OK)
         return st;
     r = n->metrics;
-    m->uptime = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_uptime_seconds",
-                                "Seconds since the process started.", NULL);
     m->registered = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_registered",
                                     "1 while registered with the coordinator.", NULL);
     m->draining = hpd_metrics_add(r, HPD_METRIC_GAUGE, "hpd_draining",
@@ -732,7 +714,6 @@ static void metrics_collect(void *arg)
     hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
     hpd_engine_stats(n->engine, &es);
     hpd_xfer_stats(n->xfer, &xs);
-    hpd_metric_set(m->uptime, hpd_time_now() - n->started);
     hpd_metric_set(m->registered, n->registered);
     hpd_metric_set(m->draining, n->draining);
     hpd_metric_set(m->pages_used, pu);
@@ -784,15 +765,9 @@ static void node_destroy(hpd_node_t *n)
         event_free(n->step_ev);
     if (n->hb_ev)
         event_free(n->hb_ev);
-    if (n->sig_int)
-        event_free(n->sig_int);
-    if (n->sig_term)
-        event_free(n->sig_term);
-    if (n->drain_ev)
-        event_free(n->drain_ev);
     if (n->reg_ev)
         event_free(n->reg_ev);
-    hpd_http_destroy(n->http);
+    hpd_service_destroy(n->service);
     hpd_metrics_destroy(n->metrics);
     hpd_rpc_client_destroy(n->coord);
     hpd_rpc_server_destroy(n->server);
@@ -905,29 +880,25 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         goto out;
     n->step_ev = evtimer_new(n->base, on_step, n);
     n->hb_ev = event_new(n->base, -1, EV_PERSIST, on_heartbeat, n);
-    n->sig_int = evsignal_new(n->base, SIGINT, on_signal, n);
-    n->sig_term = evsignal_new(n->base, SIGTERM, on_signal, n);
-    n->drain_ev = evtimer_new(n->base, on_drain_check, n);
     n->reg_ev = evtimer_new(n->base, on_register, n);
-    if (!n->step_ev || !n->hb_ev || !n->sig_int || !n->sig_term || !n->drain_ev || !n->reg_ev)
+    if (!n->step_ev || !n->hb_ev || !n->reg_ev)
         goto out;
-    if (n->o.metrics_port >= 0) { /* before registering: probes see "registering" */
-        hpd_http_params_t hp = {.base = n->base,
-                                .host = n->o.host,
-                                .port = (uint16_t)n->o.metrics_port,
-                                .metrics = n->metrics,
-                                .collect = metrics_collect,
-                                .health = health,
-                                .arg = n};
-        if ((st = hpd_http_create(&hp, &n->http)) != HPD_OK) {
-            HPD_LOG_ERROR(LOG_COMPONENT, "%s: --metrics-port %d: cannot listen on %s",
-                          n->o.name, n->o.metrics_port, n->o.host);
-            n->exit_code = 2;
-            goto out;
-        }
+    /* before registering: probes see "registering" */
+    const hpd_service_params_t svp = {.base = n->base,
+                                      .name = n->o.name,
+                                      .host = n->o.host,
+                                      .metrics_port = n->o.metrics_port,
+                                      .metrics = n->metrics,
+                                      .drain_timeout_ms = n->o.drain_timeout_ms,
+                                      .arg = n,
+                                      .collect = metrics_collect,
+                                      .health = health,
+                                      .drain = drain,
+                                      .in_flight = in_flight};
+    if ((st = hpd_service_create(&svp, &n->service)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_IO ? 2 : 1;
+        goto out;
     }
-    evsignal_add(n->sig_int, NULL);
-    evsignal_add(n->sig_term, NULL);
     /* the coordinator may still be starting: retried until the timeout */
     if ((st = register_node(n, hpd_time_now() + n->o.connect_timeout_ms / 1000.0)) != HPD_OK) {
         n->exit_code = st == HPD_ERR_IO ? 3 : 1;

@@ -78,7 +78,7 @@ typedef struct {
 
 /* The metrics every node exports (docs/operations.md). */
 typedef struct {
-    hpd_metric_t *uptime, *registered, *draining;
+    hpd_metric_t *registered, *draining;
     hpd_metric_t *pages_used, *pages_total, *slots_used, *slots_total;
     hpd_metric_t *steps, *prefill_tokens, *decode_tokens;
     hpd_metric_t *lookup_tokens, *hit_device, *hit_host, *cache_pages;
@@ -107,15 +107,14 @@ struct hpd_node {
     uint32_t reg_attempts; /* since the loss */
     double lost_at;
     uint64_t registrations;
-    struct event *step_ev, *hb_ev, *sig_int, *sig_term, *drain_ev, *reg_ev;
+    struct event *step_ev, *hb_ev, *reg_ev;
     double started;
-    double drain_deadline;
     bool draining;  /* SIGTERM: no new work, stop when in_flight() is 0 */
     bool shutdown;  /* the coordinator said to stop */
     int exit_code;
     hpd_metrics_t *metrics;
     hpd_node_metrics_t m;
-    hpd_http_t *http;
+    struct hpd_service *service; /* signals, the drain, /metrics, /healthz */
 };
 
 /* Parses the command line, builds the node, registers and serves until a

@@ -1,0 +1,1532 @@
+/* The coordinator (coordinator/coordinator.h): the node registry, routing,
+ * the requests, token streaming, cancellation and failover
+ * (docs/cluster.md).
+ *
+ * Nodes register over their own connection and heartbeat on it; the
+ * coordinator connects back to each node's RPC server to send commands. A
+ * request's life is the state machine of coordinator/request.h: this file
+ * feeds it the events (replies, notifications, node losses, timeouts) and
+ * carries out its plans (carry_out). Each attempt has its own job id;
+ * replies and notifications of an older attempt are ignored. A lost node
+ * sends its requests back to the queue: they run again from the prompt,
+ * replaying the tokens already sent to the client, so the client's stream
+ * continues with no token lost or repeated.
+ * Who frees what: a request holds a reference on its client's connection
+ * until it is answered; node clients are destroyed from a deferred event,
+ * never inside their own callbacks. */
+#include "coordinator/coordinator.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "cache/prefix_hash.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "coordinator/credentials.h"
+#include "coordinator/request.h"
+#include "coordinator/routing.h"
+#include "node/msg.h"
+#include "node/proto.h"
+#include "transport/rpc.h"
+#include "transport/xfer_info.h"
+
+#define LOG_COMPONENT "coordinator"
+#define SUMMARY_BYTES 8192
+#define PREFILL_TIMEOUT_MS 600000
+#define CALL_TIMEOUT_MS 30000
+#define FULL_RETRY_MS 20 /* a decode node that had no room after all: try again after */
+
+typedef enum { ROLE_PREFILL, ROLE_DECODE } role_t;
+
+typedef struct node {
+    uint64_t id;
+    role_t role;
+    char name[64], host[64];
+    uint16_t port;
+    bool alive;
+    bool draining; /* the node said it is finishing its work to stop: no new jobs */
+    double lease_until;
+    uint64_t alive_key;  /* its liveness pings name it (node/liveness.h) */
+    double alive_until;  /* 0: it has not pinged (yet) */
+    hpd_coord_t *coord;
+    hpd_rpc_client_t *client; /* coordinator -> node */
+    hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
+    hpd_kv_layout_t layout;
+    uint32_t pages, slots, max_context, vocab, max_batch;
+    char *xfer_info; /* packed msgpack */
+    size_t xfer_info_len;
+    /* what the coordinator has handed out */
+    uint32_t slots_reserved, pages_reserved; /* decode */
+    uint32_t jobs;                           /* prefill */
+    uint64_t queued_tokens;
+    uint8_t summary[SUMMARY_BYTES];
+    bool have_summary;
+    char *stats; /* last heartbeat without the summary, packed */
+    size_t stats_len;
+    struct node *next;
+} node_t;
+
+typedef struct req {
+    uint64_t id;
+    hpd_rpc_conn_t *client;
+    uint32_t call_id;
+    uint64_t tag;
+    bool stream;
+    int32_t *prompt;
+    uint32_t n_prompt, max_tokens;
+    hpd_sampling_t sampling;
+    hpd_block_hash_t *hashes;
+    int32_t *out;
+    uint32_t n_out;
+    hpd_req_fsm_t fsm;
+    uint64_t job;          /* the current attempt's; 0 while queued */
+    node_t *pnode, *dnode; /* the current attempt's nodes (NULL: none, or lost) */
+    uint32_t dpages;       /* booked on dnode */
+    uint64_t avoid_decode; /* the decode node of a pair that failed this request */
+    uint64_t lost_writer;  /* the prefill node lost while pushing for this attempt */
+    char last_error[256];
+    double t_submit, t_queued, t_first;
+    uint32_t cached_tokens;
+    float prefill_ms, push_ms, exposed_push_ms;
+    struct req *next;
+} req_t;
+
+/* docs/operations.md lists these. */
+typedef struct {
+    hpd_metrics_t *reg;
+    hpd_metric_t *ok, *failed, *canceled, *overloaded, *invalid, *retries;
+    hpd_metric_t *ttft, *tpot, *duration, *queue_wait;
+    hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
+    hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
+    hpd_metric_t *node_losses, *pair_failures;
+    hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
+    hpd_metric_t *auth_timeouts, *auth_failures;
+} metrics_t;
+
+struct hpd_coord {
+    hpd_coord_opts_t o;
+    struct event_base *base;
+    hpd_rpc_server_t *server;
+    char *token;
+    node_t *nodes;
+    node_t *dead; /* waiting for the reaper */
+    req_t *reqs;  /* in arrival order */
+    uint32_t n_reqs;
+    uint64_t next_node, next_req, next_job;
+    uint8_t fingerprint[16];
+    bool have_fingerprint;
+    hpd_block_hash_t root;
+    struct event *tick, *reap, *sched;
+    hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
+    uint64_t finished, failed, canceled, retried, rejected;
+    metrics_t m;
+    bool draining; /* no new requests; open ones go on */
+};
+
+static void schedule_soon(hpd_coord_t *c);
+static void schedule_later(hpd_coord_t *c, uint32_t ms);
+
+/* ------------------------------------------------------------ helpers */
+
+static node_t *node_by_id(hpd_coord_t *c, uint64_t id)
+{
+    for (node_t *n = c->nodes; n != NULL; n = n->next)
+        if (n->id == id)
+            return n;
+    return NULL;
+}
+
+static req_t *req_by_job(hpd_coord_t *c, uint64_t job)
+{
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        if (r->job == job)
+            return r;
+    return NULL;
+}
+
+static const char *role_name(const node_t *n)
+{
+    return n->role == ROLE_PREFILL ? "prefill" : "decode";
+}
+
+/* A call's context: which attempt it belongs to. */
+typedef struct {
+    hpd_coord_t *coord;
+    uint64_t job;
+    uint64_t node;
+    uint64_t prefill; /* a prefill cancel's: the prefill node */
+    bool fence;       /* ... whose connection the decode node closes first */
+} call_ctx_t;
+
+static call_ctx_t *ctx_new(hpd_coord_t *c, uint64_t job, uint64_t node)
+{
+    call_ctx_t *x = malloc(sizeof(*x));
+    if (x != NULL)
+        *x = (call_ctx_t){.coord = c, .job = job, .node = node};
+    return x;
+}
+
+static void ignore_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    free(arg);
+}
+
+static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
+                        void *arg)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job, .writer = writer},
+                 &b.pk);
+    if (n == NULL || !n->alive ||
+        hpd_rpc_call(n->client, "cancel", &b, CALL_TIMEOUT_MS, cb, arg) != HPD_OK)
+        cb(arg, HPD_ERR_IO, NULL);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* The decode side is freed only after the prefill side stopped writing:
+ * it answered its cancel (its puts landed, or its endpoint was closed).
+ * Where the pair failed, or the prefill node could not answer, puts may
+ * still be on their way: the decode node closes that prefill node's
+ * connection before it reuses the memory. */
+static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg; /* node: the decode node, 0 for none */
+    const bool fence = x->fence || st != HPD_OK;
+    if (x->node != 0)
+        send_cancel(node_by_id(x->coord, x->node), x->job, fence ? x->prefill : 0,
+                    ignore_reply, NULL);
+    free(x);
+}
+
+static void req_free(hpd_coord_t *c, req_t *r)
+{
+    for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    c->n_reqs--;
+    if (r->client)
+        hpd_rpc_conn_unref(r->client);
+    free(r->prompt);
+    free(r->hashes);
+    free(r->out);
+    free(r);
+}
+
+/* Sends tokens [from, n_out) to a streaming client. */
+static void stream(req_t *r, uint32_t from)
+{
+    hpd_rpc_buf_t b;
+    if (!r->stream || from >= r->n_out)
+        return;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_stream,
+                 &(hpd_msg_stream_t){.tag = r->tag,
+                                     .index = from,
+                                     .ids = r->out + from,
+                                     .ids_n = r->n_out - from},
+                 &b.pk);
+    hpd_rpc_notify(r->client, "tokens", &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void reply_finished(hpd_coord_t *c, req_t *r)
+{
+    hpd_rpc_buf_t b;
+    const double now = hpd_time_now();
+    const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
+    const double tpot = r->n_out > 1 ? (now - r->t_first) / (r->n_out - 1) : 0;
+    const hpd_msg_generated_t g = {.request = r->id,
+                                   .tokens = r->out,
+                                   .tokens_n = r->n_out,
+                                   .prompt_tokens = r->n_prompt,
+                                   .cached_tokens = r->cached_tokens,
+                                   .attempts = r->fsm.attempts + 1,
+                                   .ttft_ms = (float)(ttft * 1e3),
+                                   .total_ms = (float)(total * 1e3),
+                                   .prefill_ms = r->prefill_ms,
+                                   .push_ms = r->push_ms,
+                                   .exposed_push_ms = r->exposed_push_ms};
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
+    hpd_rpc_reply(r->client, r->call_id, &b);
+    hpd_rpc_buf_destroy(&b);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens, ttft %.1f ms, tpot %.2f ms, "
+                  "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, ttft * 1e3,
+                  tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
+    c->finished++;
+    hpd_metric_inc(c->m.ok, 1);
+    hpd_metric_observe(c->m.ttft, ttft);
+    if (r->n_out > 1)
+        hpd_metric_observe(c->m.tpot, tpot);
+    hpd_metric_observe(c->m.duration, total);
+    hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
+    hpd_metric_inc(c->m.generated_tokens, r->n_out);
+    hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
+}
+
+/* Carries out what the state machine decided for r after an event; `why`
+ * says what happened (logs, the client's error). Returns false when r is
+ * gone (answered and freed). */
+static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *why)
+{
+    node_t *d = r->dnode, *pn = r->pnode;
+    if (p.verdict == HPD_REQ_IGNORE)
+        return true;
+    if (p.avoid_decode && d != NULL)
+        r->avoid_decode = d->id;
+    if (p.pair_failure)
+        hpd_metric_inc(c->m.pair_failures, 1);
+    if (p.unbook_decode && d != NULL) {
+        d->slots_reserved--;
+        d->pages_reserved -= r->dpages;
+    }
+    if (p.unbook_prefill && pn != NULL) {
+        pn->jobs--;
+        pn->queued_tokens -= r->n_prompt;
+    }
+    if (p.cancel_prefill && pn != NULL) {
+        call_ctx_t *x = ctx_new(c, r->job, p.cancel_decode && d != NULL ? d->id : 0);
+        if (x != NULL) {
+            x->prefill = pn->id;
+            x->fence = p.fence_writer;
+            send_cancel(pn, r->job, 0, on_prefill_canceled, x);
+        }
+    } else if (p.cancel_decode && d != NULL) {
+        send_cancel(d, r->job, p.fence_writer ? r->lost_writer : 0, ignore_reply, NULL);
+    }
+    if (r->fsm.state == HPD_REQ_DECODING)
+        r->pnode = NULL; /* the prefill node is done with it */
+    if (r->fsm.state == HPD_REQ_QUEUED) { /* the attempt is over */
+        r->dnode = r->pnode = NULL;
+        r->dpages = 0;
+        r->job = 0;
+        r->lost_writer = 0;
+    }
+    switch (p.verdict) {
+    case HPD_REQ_IGNORE:
+    case HPD_REQ_GO_ON: return true;
+    case HPD_REQ_WAIT:
+        schedule_later(c, FULL_RETRY_MS);
+        return true;
+    case HPD_REQ_RETRY:
+        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "retrying (attempt %u): %s", r->fsm.attempts + 1,
+                      why);
+        c->retried++;
+        hpd_metric_inc(c->m.retries, 1);
+        r->t_queued = hpd_time_now();
+        schedule_soon(c);
+        return true;
+    case HPD_REQ_FAIL: {
+        char msg[320];
+        if (p.gave_up)
+            snprintf(msg, sizeof(msg), "gave up after %u attempts; last: %s", r->fsm.attempts,
+                     why);
+        else
+            snprintf(msg, sizeof(msg), "%s", why);
+        HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
+        hpd_rpc_reply_error(r->client, r->call_id, p.code, "%s", msg);
+        c->failed++;
+        hpd_metric_inc(p.code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
+                       : p.code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
+                                                        : c->m.failed, 1);
+        break;
+    }
+    case HPD_REQ_FINISH: reply_finished(c, r); break;
+    case HPD_REQ_CANCELED:
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: %s", why);
+        c->canceled++;
+        hpd_metric_inc(c->m.canceled, 1);
+        break;
+    }
+    req_free(c, r);
+    schedule_soon(c);
+    return false;
+}
+
+/* Feeds r an event; the rest as carry_out. */
+static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    return carry_out(c, r, hpd_req_fsm_event(&r->fsm, ev, c->o.max_attempts), why);
+}
+
+/* Appends tokens reported from index `index` on; earlier ones (replayed
+ * after a failover) must match what the client already has. */
+static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
+{
+    const uint32_t before = r->n_out;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t pos = index + i;
+        if (pos < r->n_out) {
+            if (r->out[pos] != ids[i])
+                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "token %u is %d after a retry, %d "
+                               "before (determinism broken)", pos, ids[i], r->out[pos]);
+        } else if (pos == r->n_out && r->n_out < r->max_tokens) {
+            r->out[r->n_out++] = ids[i];
+        }
+    }
+    if (before == 0 && r->n_out > 0)
+        r->t_first = hpd_time_now();
+    stream(r, before);
+}
+
+/* ------------------------------------------------------------ routing */
+
+/* The registry as the routing policy sees it (coordinator/routing.h). */
+static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p)
+{
+    size_t n = 0, i = 0;
+    for (node_t *x = c->nodes; x != NULL; x = x->next)
+        n++;
+    hpd_route_node_t *v = calloc(n ? n : 1, sizeof(*v));
+    node_t **map = calloc(n ? n : 1, sizeof(*map));
+    if (v == NULL || map == NULL) {
+        free(v);
+        free(map);
+        return NULL;
+    }
+    for (node_t *x = c->nodes; x != NULL; x = x->next, i++) {
+        map[i] = x;
+        v[i] = (hpd_route_node_t){.id = x->id,
+                                  .prefill = x->role == ROLE_PREFILL,
+                                  .usable = x->alive && !x->draining,
+                                  .max_context = x->max_context,
+                                  .summary = x->have_summary ? x->summary : NULL,
+                                  .summary_bytes = SUMMARY_BYTES,
+                                  .queued_tokens = x->queued_tokens,
+                                  .slots = x->slots,
+                                  .slots_reserved = x->slots_reserved,
+                                  .pages = x->pages,
+                                  .pages_reserved = x->pages_reserved,
+                                  .layout = x->layout};
+    }
+    *n_p = n;
+    *map_p = map;
+    return v;
+}
+
+static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *pages_p)
+{
+    size_t n;
+    node_t **map, *chosen = NULL;
+    hpd_route_node_t *v = route_view(c, &n, &map);
+    if (v == NULL)
+        return NULL; /* out of memory: the request waits in the queue */
+    const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
+                                .max_tokens = r->max_tokens,
+                                .hashes = r->hashes,
+                                .avoid_decode = r->avoid_decode};
+    const int i = prefill ? hpd_route_prefill(v, n, &rr) : hpd_route_decode(v, n, &rr, pages_p);
+    if (i >= 0)
+        chosen = map[i];
+    free(v);
+    free(map);
+    return chosen;
+}
+
+/* ------------------------------------------------------------ an attempt */
+
+static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg;
+    req_t *r = req_by_job(x->coord, x->job);
+    if (r != NULL && r->fsm.state == HPD_REQ_DECODING && (st != HPD_OK || reply->is_error))
+        req_event(x->coord, r, HPD_REQ_EV_FAILED, "decode start failed: %s",
+                  st != HPD_OK ? hpd_status_str(st) : "refused by the decode node");
+    free(x);
+}
+
+static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg;
+    hpd_coord_t *c = x->coord;
+    req_t *r = req_by_job(c, x->job);
+    hpd_proto_err_t err;
+    hpd_msg_prefilled_t m = {0};
+    free(x);
+    if (r == NULL || r->fsm.state != HPD_REQ_PREFILLING)
+        return; /* an older attempt */
+    node_t *p = r->pnode, *d = r->dnode;
+    if (st != HPD_OK) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %s", p->name, hpd_status_str(st));
+        return;
+    }
+    if (reply->is_error) {
+        const int len = (int)reply->error_message_len;
+        const char *text = reply->error_message;
+        if (reply->error_code == HPD_RPC_ERR_PARAMS) {
+            req_event(c, r, HPD_REQ_EV_REFUSED, "%.*s", len, text);
+        } else if (reply->error_code == HPD_RPC_ERR_PEER) {
+            /* the data path between the two failed (a cut, a stopped
+             * decode node, a missed transfer deadline): the next attempt
+             * goes to another decode node where there is one */
+            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %.*s; the request "
+                          "avoids %s", p->name, d != NULL ? d->name : "?", len, text,
+                          d != NULL ? d->name : "?");
+            req_event(c, r, HPD_REQ_EV_PAIR_FAILED, "prefill on %s: %.*s", p->name, len, text);
+        } else {
+            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %.*s", p->name, len, text);
+        }
+        return;
+    }
+    if (!hpd_msg_unpack(&hpd_msg_prefilled, reply->result, &m, &err)) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, err.text);
+        return;
+    }
+    if (!req_event(c, r, HPD_REQ_EV_PREFILLED, "prefilled on %s", p->name))
+        return;
+    r->cached_tokens = m.cached_tokens;
+    r->prefill_ms = m.prefill_ms;
+    r->push_ms = m.push_ms;
+    r->exposed_push_ms = m.exposed_push_ms;
+    const int32_t t = (int32_t)m.first_token;
+    add_tokens(r, 0, &t, 1);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_start,
+                 &(hpd_msg_start_t){.job = r->job, .first_token = m.first_token}, &b.pk);
+    call_ctx_t *sc = ctx_new(c, r->job, d->id);
+    const hpd_status_t sst = sc == NULL ? HPD_ERR_NO_MEMORY
+                                        : hpd_rpc_call(d->client, "start", &b, CALL_TIMEOUT_MS,
+                                                       on_started, sc);
+    hpd_rpc_buf_destroy(&b);
+    if (sst != HPD_OK) {
+        free(sc);
+        req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
+    }
+}
+
+/* The prefill job: the prompt and where its state goes (the decode node's
+ * reservation, checked, then relayed as it came: the prefill node reads
+ * it). */
+static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg;
+    hpd_coord_t *c = x->coord;
+    req_t *r = req_by_job(c, x->job);
+    const uint64_t job = x->job;
+    free(x);
+    if (r == NULL || r->fsm.state != HPD_REQ_RESERVING)
+        return; /* an older attempt: its abort already sent the cancel */
+    node_t *d = r->dnode;
+    if (st != HPD_OK) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "reserve on %s: %s", d->name, hpd_status_str(st));
+        return;
+    }
+    if (reply->is_error) {
+        /* our accounting was ahead of the node's frees: wait in the queue */
+        req_event(c, r, reply->error_code == HPD_RPC_ERR_OVERLOADED ? HPD_REQ_EV_FULL
+                                                                     : HPD_REQ_EV_REFUSED,
+                  "%.*s", (int)reply->error_message_len, reply->error_message);
+        return;
+    }
+    node_t *p = pick(c, r, true, NULL);
+    if (p == NULL) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "no prefill node can take %u tokens", r->n_prompt);
+        return;
+    }
+    hpd_msg_reservation_t res = {0};
+    hpd_proto_err_t err;
+    if (!hpd_msg_unpack(&hpd_msg_reservation, reply->result, &res, &err)) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "reserve on %s: %s", d->name, err.text);
+        return;
+    }
+    hpd_rpc_buf_t dest, samp, b;
+    hpd_rpc_buf_init(&dest);
+    hpd_msg_pack(&hpd_msg_destination,
+                 &(hpd_msg_destination_t){.node = d->id,
+                                          .xfer_raw = d->xfer_info,
+                                          .xfer_raw_len = (uint32_t)d->xfer_info_len,
+                                          .reservation = reply->result},
+                 &dest.pk);
+    hpd_rpc_buf_init(&samp);
+    hpd_proto_pack_sampling(&samp.pk, &r->sampling);
+    const hpd_msg_prefill_job_t pj = {.job = job,
+                                      .request = r->id,
+                                      .prompt = r->prompt,
+                                      .prompt_n = r->n_prompt,
+                                      .sampling_raw = samp.sb.data,
+                                      .sampling_raw_len = (uint32_t)samp.sb.size,
+                                      .decode_raw = dest.sb.data,
+                                      .decode_raw_len = (uint32_t)dest.sb.size};
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
+    hpd_rpc_buf_destroy(&dest);
+    hpd_rpc_buf_destroy(&samp);
+    r->pnode = p;
+    p->jobs++;
+    p->queued_tokens += r->n_prompt;
+    req_event(c, r, HPD_REQ_EV_RESERVED, "reserved on %s", d->name);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "job %llu: prefill on %s, decode on %s",
+                  (unsigned long long)job, p->name, d->name);
+    call_ctx_t *pc = ctx_new(c, job, p->id);
+    const hpd_status_t pst = pc == NULL ? HPD_ERR_NO_MEMORY
+                                        : hpd_rpc_call(p->client, "prefill", &b,
+                                                       PREFILL_TIMEOUT_MS, on_prefilled, pc);
+    hpd_rpc_buf_destroy(&b);
+    if (pst != HPD_OK) {
+        free(pc);
+        req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach prefill node %s", p->name);
+    }
+}
+
+/* Whether a live decode node could ever hold r, were its pool empty. False
+ * only when decode nodes are registered and none of them could; then
+ * *need_p and *largest_p say how many pages r needs on the node whose pool
+ * comes closest (*largest_p pages). */
+static bool could_ever_place(hpd_coord_t *c, const req_t *r, uint32_t *need_p,
+                             uint32_t *largest_p)
+{
+    bool any = false;
+    uint32_t tokens = r->n_prompt + r->max_tokens;
+    *need_p = *largest_p = 0;
+    for (node_t *n = c->nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->draining || n->role != ROLE_DECODE)
+            continue;
+        any = true;
+        const uint32_t need = hpd_route_pages(&n->layout, tokens);
+        if (n->slots > 0 && n->max_context >= tokens && need <= n->pages)
+            return true;
+        if (n->max_context >= tokens && n->pages >= *largest_p)
+            *need_p = need, *largest_p = n->pages;
+    }
+    /* none registered: wait for one; none with the context for it (need 0):
+     * admission refuses those, by max_context */
+    return !any || *need_p == 0;
+}
+
+/* Places queued requests in arrival order. A request that fits no decode
+ * node now waits, and so does everything behind it (first come, first
+ * served); one that no registered decode node could ever hold fails at once
+ * instead of holding up the queue until it times out. */
+static void schedule(hpd_coord_t *c)
+{
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        uint32_t pages = 0, largest;
+        node_t *d;
+        next = r->next;
+        if (r->fsm.state != HPD_REQ_QUEUED)
+            continue;
+        if ((d = pick(c, r, false, &pages)) == NULL) {
+            if (could_ever_place(c, r, &pages, &largest))
+                break;
+            req_event(c, r, HPD_REQ_EV_REFUSED,
+                      "the request needs %u KV pages for %u prompt + %u new tokens, but the "
+                      "largest decode pool holds %u pages",
+                      pages, r->n_prompt, r->max_tokens, largest);
+            continue;
+        }
+        bool have_prefill = false;
+        for (node_t *n = c->nodes; n != NULL; n = n->next)
+            have_prefill |= n->alive && n->role == ROLE_PREFILL;
+        if (!have_prefill)
+            break;
+        r->job = ++c->next_job;
+        r->dnode = d;
+        r->dpages = pages;
+        d->slots_reserved++;
+        d->pages_reserved += pages;
+        req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
+        hpd_metric_observe(c->m.queue_wait, hpd_time_now() - r->t_queued);
+        hpd_rpc_buf_t b, samp;
+        hpd_rpc_buf_init(&samp);
+        hpd_proto_pack_sampling(&samp.pk, &r->sampling);
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_reserve,
+                     &(hpd_msg_reserve_t){.job = r->job,
+                                          .request = r->id,
+                                          .prompt = r->prompt,
+                                          .prompt_n = r->n_prompt,
+                                          .max_tokens = r->max_tokens,
+                                          .sampling_raw = samp.sb.data,
+                                          .sampling_raw_len = (uint32_t)samp.sb.size,
+                                          /* what the client already has */
+                                          .replay = r->out,
+                                          .replay_n = r->n_out},
+                     &b.pk);
+        hpd_rpc_buf_destroy(&samp);
+        call_ctx_t *x = ctx_new(c, r->job, d->id);
+        const hpd_status_t st = x == NULL ? HPD_ERR_NO_MEMORY
+                                          : hpd_rpc_call(d->client, "reserve", &b,
+                                                         CALL_TIMEOUT_MS, on_reserved, x);
+        hpd_rpc_buf_destroy(&b);
+        if (st != HPD_OK) {
+            free(x);
+            req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
+            return; /* the retry schedules again */
+        }
+    }
+}
+
+static void on_sched(evutil_socket_t fd, short what, void *arg)
+{
+    schedule(arg);
+}
+
+static void schedule_soon(hpd_coord_t *c)
+{
+    static const struct timeval now = {0, 0};
+    evtimer_add(c->sched, &now); /* (re)arms it to run at once */
+}
+
+static void schedule_later(hpd_coord_t *c, uint32_t ms)
+{
+    const struct timeval tv = {0, ms * 1000};
+    if (!evtimer_pending(c->sched, NULL))
+        evtimer_add(c->sched, &tv);
+}
+
+/* ------------------------------------------------------------ nodes */
+
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_coord_t *c = arg;
+    while (c->dead != NULL) {
+        node_t *n = c->dead;
+        c->dead = n->next;
+        hpd_rpc_client_destroy(n->client);
+        if (n->reg_conn != NULL)
+            hpd_rpc_conn_unref(n->reg_conn);
+        free(n->xfer_info);
+        free(n->stats);
+        free(n);
+    }
+}
+
+static void node_lost(hpd_coord_t *c, node_t *n, const char *why)
+{
+    static const struct timeval now = {0, 0};
+    if (!n->alive)
+        return;
+    HPD_LOG_WARN(LOG_COMPONENT, "%s node %s (%llu) lost: %s", role_name(n), n->name,
+                 (unsigned long long)n->id, why);
+    n->alive = false;
+    hpd_metric_inc(c->m.node_losses, 1);
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        /* nothing is sent to the dead node: what it held died with it; the
+         * survivor of the pair is told to stop */
+        if (r->dnode == n) {
+            r->dnode = NULL;
+            r->dpages = 0;
+            req_event(c, r, HPD_REQ_EV_DECODE_LOST, "decode node %s lost", n->name);
+        } else if (r->pnode == n) {
+            r->pnode = NULL;
+            r->lost_writer = n->id;
+            req_event(c, r, HPD_REQ_EV_PREFILL_LOST, "prefill node %s lost", n->name);
+        }
+    }
+    for (node_t **pp = &c->nodes; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == n) {
+            *pp = n->next;
+            break;
+        }
+    if (n->reg_conn != NULL)
+        hpd_rpc_conn_close(n->reg_conn, false);
+    n->next = c->dead;
+    c->dead = n;
+    evtimer_add(c->reap, &now);
+    schedule_soon(c);
+}
+
+/* A node's notification (the RPC client's arg is the node: the client is
+ * destroyed before the node is freed; a lost node's are ignored). */
+static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    node_t *n = arg;
+    hpd_coord_t *c = n->coord;
+    hpd_proto_err_t err;
+    hpd_msg_tokens_t m = {0};
+    req_t *r;
+
+    if (!n->alive || !hpd_rpc_str_eq(msg->method, msg->method_len, "tokens"))
+        return;
+    if (!hpd_msg_unpack(&hpd_msg_tokens, msg->params, &m, &err)) {
+        HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification from %s: %s", n->name, err.text);
+        return;
+    }
+    if ((r = req_by_job(c, m.job)) == NULL || r->dnode != n) {
+        /* an older attempt's, or not this node's */
+    } else if (m.error[0] != '\0') {
+        /* the decode node ended the attempt (its reservation expired, a bad
+         * transfer, a failed step) in whatever state the request is. While
+         * the prefill node is at it, it is told to stop first and the
+         * decode node's cancel follows its answer: an expired reservation
+         * keeps its pages until then, fenced against the prefill node's
+         * late puts. Otherwise the node freed it. */
+        if (r->fsm.state == HPD_REQ_PREFILLING && r->pnode != NULL)
+            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %s while the prefill "
+                          "pushed; the request avoids %s", r->pnode->name, n->name, m.error,
+                          n->name);
+        req_event(c, r, HPD_REQ_EV_DECODE_ENDED, "decode on %s: %s", n->name, m.error);
+    } else if (r->fsm.state == HPD_REQ_DECODING) {
+        add_tokens(r, m.index, m.ids, m.ids_n);
+        if (m.done)
+            req_event(c, r, HPD_REQ_EV_DONE, "done");
+    }
+    hpd_msg_free(&hpd_msg_tokens, &m);
+}
+
+static void on_node_close(void *arg, hpd_status_t why)
+{
+    node_t *n = arg;
+    node_lost(n->coord, n, "its RPC connection closed");
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    hpd_coord_t *c = arg;
+    const double now = hpd_time_now();
+    for (node_t *n = c->nodes, *next; n != NULL; n = next) {
+        next = n->next;
+        if (n->lease_until < now) {
+            node_lost(c, n, "lease expired (no heartbeat)");
+        } else if (n->alive_until > 0 && n->alive_until < now) {
+            char why[120];
+            snprintf(why, sizeof(why), "no liveness ping for %u ms: the process is stopped or "
+                     "hung", c->o.liveness_ms);
+            node_lost(c, n, why);
+        }
+    }
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->fsm.state == HPD_REQ_QUEUED && now - r->t_queued > c->o.queue_timeout_ms / 1000.0)
+            req_event(c, r, HPD_REQ_EV_TIMEOUT, "no node could take the request within %u ms "
+                      "(%s)", c->o.queue_timeout_ms,
+                      r->last_error[0] ? r->last_error : "no room or no nodes");
+    }
+}
+
+static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err = {{0}};
+    hpd_msg_register_t m = {0};
+    node_t *n = calloc(1, sizeof(*n));
+
+    if (n == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
+        return;
+    }
+    if (!hpd_msg_unpack(&hpd_msg_register, params, &m, &err))
+        goto bad;
+    const char *role = m.role;
+    const void *fp = m.fingerprint;
+    const uint32_t fp_len = m.fingerprint_len, port = m.port;
+    const msgpack_object *info = m.xfer;
+    memcpy(n->name, m.name, sizeof(n->name));
+    memcpy(n->host, m.host, sizeof(n->host));
+    n->vocab = m.vocab;
+    n->max_context = m.max_context;
+    n->layout = m.layout;
+    n->layout.n_layers = m.kv_layers;
+    n->pages = m.pages;
+    n->slots = m.slots;
+    n->max_batch = m.max_batch;
+    if (strcmp(role, "prefill") == 0) {
+        n->role = ROLE_PREFILL;
+    } else if (strcmp(role, "decode") == 0) {
+        n->role = ROLE_DECODE;
+    } else {
+        snprintf(err.text, sizeof(err.text),
+                 "register: role is '%s' (expected prefill or decode)", role);
+        goto bad;
+    }
+    if (fp_len != 16) {
+        snprintf(err.text, sizeof(err.text), "register: fingerprint has %u bytes (expected 16)",
+                 fp_len);
+        goto bad;
+    }
+    /* a UCX address or region other nodes could not use (or that would
+     * abort them) is refused here, before any node sees it */
+    char why[200];
+    if (hpd_xfer_check_info(info, why, sizeof(why)) != HPD_OK) {
+        snprintf(err.text, sizeof(err.text), "register: xfer: %s", why);
+        goto bad;
+    }
+    if (c->have_fingerprint && memcmp(c->fingerprint, fp, 16) != 0) {
+        snprintf(err.text, sizeof(err.text),
+                 "register: node %s serves a different model than the cluster (fingerprint "
+                 "differs)",
+                 n->name);
+        goto bad;
+    }
+    if (!c->have_fingerprint) {
+        memcpy(c->fingerprint, fp, 16);
+        hpd_prefix_hash_root(c->fingerprint, &c->root);
+        c->have_fingerprint = true;
+    }
+    hpd_rpc_buf_t ib;
+    hpd_rpc_buf_init(&ib);
+    msgpack_pack_object(&ib.pk, *info);
+    n->xfer_info_len = ib.sb.size;
+    n->xfer_info = msgpack_sbuffer_release(&ib.sb);
+    hpd_rpc_client_params_t cp = {.base = c->base,
+                                  .host = n->host,
+                                  .port = (uint16_t)port,
+                                  .token = c->token,
+                                  .timeout_ms = 30000,
+                                  .on_notify = on_node_notify,
+                                  .on_close = on_node_close};
+    n->id = ++c->next_node;
+    n->port = (uint16_t)port;
+    n->coord = c;
+    cp.arg = n;
+    if (hpd_rpc_client_connect(&cp, &n->client) != HPD_OK) {
+        snprintf(err.text, sizeof(err.text), "register: cannot connect back to %s:%u", n->host,
+                 port);
+        free(n->xfer_info);
+        goto bad;
+    }
+    /* a node registering again (it lost this coordinator, or restarted)
+     * replaces its old registration: what that held is re-routed */
+    for (node_t *o = c->nodes, *next; o != NULL; o = next) {
+        next = o->next;
+        if (o->alive && strcmp(o->name, n->name) == 0 && strcmp(o->host, n->host) == 0 &&
+            o->port == n->port)
+            node_lost(c, o, "it registered again");
+    }
+    n->alive = true;
+    n->reg_conn = conn;
+    hpd_rpc_conn_ref(conn);
+    hpd_rpc_conn_set_user(conn, (void *)(uintptr_t)n->id);
+    n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
+    n->next = c->nodes;
+    c->nodes = n;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, kv layout %u,%u,%s, "
+                 "%u pages, %u slots", role, n->name, (unsigned long long)n->id, n->host, port,
+                 n->layout.block_size, n->layout.pack_size,
+                 n->layout.order == HPD_KV_HND ? "hnd" : "nhd", n->pages, n->slots);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    const bool liveness = c->o.liveness_ms > 0 && getrandom(&n->alive_key, sizeof(n->alive_key),
+                                                            0) == sizeof(n->alive_key);
+    const hpd_msg_registered_t reg = {
+        .node_id = n->id,
+        .heartbeat_ms = c->o.heartbeat_ms,
+        .lease_ms = c->o.lease_ms,
+        /* five pings per liveness lease */
+        .alive_ms = liveness ? HPD_MAX(c->o.liveness_ms / 5, 10u) : 0,
+        .alive_key = liveness ? n->alive_key : 0,
+        .alive_lease_ms = liveness ? c->o.liveness_ms : 0};
+    hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+    schedule_soon(c);
+    return;
+bad:
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+    free(n);
+}
+
+/* A liveness ping, from the node's pinger thread on a connection of its
+ * own: the key from the registration proves it is that node's. */
+static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err = {{0}};
+    hpd_msg_alive_t m = {0};
+    node_t *n;
+
+    if (!hpd_msg_unpack(&hpd_msg_alive, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        return;
+    }
+    if ((n = node_by_id(c, m.node_id)) == NULL || !n->alive || n->alive_key == 0 ||
+        n->alive_key != m.key) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
+                            "alive: node %llu is not registered with that key",
+                            (unsigned long long)m.node_id);
+        return;
+    }
+    n->alive_until = hpd_time_now() + c->o.liveness_ms / 1000.0;
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                        void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err = {{0}};
+    hpd_msg_stats_t m = {0};
+    uint64_t node_id;
+    node_t *n;
+
+    /* whose it is first: a heartbeat counts only from the connection that
+     * registered that node; then the whole stats map is checked */
+    if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
+        return;
+    }
+    if ((n = node_by_id(c, node_id)) == NULL || !n->alive) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
+                            "heartbeat: node %llu is not registered (lease lapsed?)",
+                            (unsigned long long)node_id);
+        return;
+    }
+    if (n->reg_conn != conn) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP, "heartbeat: node %llu registered on "
+                            "another connection; a node's heartbeats come on the connection "
+                            "that registered it", (unsigned long long)node_id);
+        return;
+    }
+    if (!hpd_msg_unpack(&hpd_msg_stats, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
+        return;
+    }
+    n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
+    const bool draining = m.draining;
+    if (draining != n->draining) {
+        n->draining = draining;
+        HPD_LOG_INFO(LOG_COMPONENT, "%s node %s %s", n->role == ROLE_PREFILL ? "prefill" : "decode",
+                     n->name, draining ? "is draining: no new work goes there" : "serves again");
+        if (!draining)
+            schedule_soon(c);
+    }
+    if (m.prefix_summary_len == SUMMARY_BYTES) {
+        memcpy(n->summary, m.prefix_summary, SUMMARY_BYTES);
+        n->have_summary = true;
+    }
+    /* keep the rest for status */
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < params->via.map.size; i++)
+        keep += !hpd_rpc_str_eq(params->via.map.ptr[i].key.via.str.ptr,
+                                params->via.map.ptr[i].key.via.str.size, "prefix_summary");
+    msgpack_pack_map(&b.pk, keep);
+    for (uint32_t i = 0; i < params->via.map.size; i++) {
+        const msgpack_object_kv *kv = &params->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR &&
+            hpd_rpc_str_eq(kv->key.via.str.ptr, kv->key.via.str.size, "prefix_summary"))
+            continue;
+        msgpack_pack_object(&b.pk, kv->key);
+        msgpack_pack_object(&b.pk, kv->val);
+    }
+    free(n->stats);
+    n->stats_len = b.sb.size;
+    n->stats = msgpack_sbuffer_release(&b.sb);
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+/* ------------------------------------------------------------ clients */
+
+static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err = {{0}};
+    uint32_t vocab = UINT32_MAX, max_ctx = 0;
+    bool have_p = false, have_d = false;
+    hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
+    req_t *r = NULL;
+
+    if (c->draining) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: the coordinator is shutting down (draining)");
+        c->rejected++;
+        hpd_metric_inc(c->m.overloaded, 1);
+        return;
+    }
+    for (node_t *n = c->nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->draining)
+            continue;
+        vocab = HPD_MIN(vocab, n->vocab);
+        if (n->role == ROLE_DECODE)
+            max_ctx = HPD_MAX(max_ctx, n->max_context);
+        have_p |= n->role == ROLE_PREFILL;
+        have_d |= n->role == ROLE_DECODE;
+    }
+    if (!have_p || !have_d) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: no %s node is registered", !have_p ? "prefill" : "decode");
+        c->rejected++;
+        hpd_metric_inc(c->m.overloaded, 1);
+        return;
+    }
+    if (c->n_reqs >= c->o.max_requests) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
+                            "generate: overloaded: %u requests in flight (limit %u)", c->n_reqs,
+                            c->o.max_requests);
+        c->rejected++;
+        hpd_metric_inc(c->m.overloaded, 1);
+        return;
+    }
+    if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
+        hpd_metric_inc(c->m.invalid, 1);
+        return;
+    }
+    if (!hpd_msg_ids_below(g.prompt, g.prompt_n, vocab, "prompt", &err))
+        goto bad;
+    if (g.prompt_n == 0) {
+        snprintf(err.text, sizeof(err.text), "prompt is empty (expected at least one token id)");
+        goto bad;
+    }
+    if (g.max_tokens == 0 || (uint64_t)g.prompt_n + g.max_tokens > max_ctx) {
+        snprintf(err.text, sizeof(err.text),
+                 "prompt of %u tokens + max_tokens %u must be at most %u (the largest decode "
+                 "context) with max_tokens >= 1", g.prompt_n, g.max_tokens, max_ctx);
+        goto bad;
+    }
+    if (!(g.temperature >= 0) || !(g.top_p > 0 && g.top_p <= 1)) {
+        snprintf(err.text, sizeof(err.text),
+                 "temperature %g / top_p %g invalid (expected temperature >= 0, top_p in (0, 1])",
+                 g.temperature, g.top_p);
+        goto bad;
+    }
+    if ((r = calloc(1, sizeof(*r))) == NULL ||
+        (r->out = malloc(g.max_tokens * sizeof(int32_t))) == NULL ||
+        (r->hashes = malloc((g.prompt_n / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL) {
+        snprintf(err.text, sizeof(err.text), "out of memory");
+        goto bad;
+    }
+    r->prompt = (int32_t *)g.prompt; /* the request owns it now */
+    g.prompt = NULL;
+    r->n_prompt = g.prompt_n;
+    r->max_tokens = g.max_tokens;
+    r->sampling = (hpd_sampling_t){.temperature = g.temperature,
+                                   .top_p = g.top_p,
+                                   .top_k = g.top_k,
+                                   .seed = g.seed};
+    r->stream = g.stream;
+    r->tag = g.tag;
+    r->fsm = hpd_req_fsm_init();
+    hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
+    r->id = ++c->next_req;
+    r->client = conn;
+    r->call_id = id;
+    hpd_rpc_conn_ref(conn);
+    r->t_submit = r->t_queued = hpd_time_now();
+    req_t **tail = &c->reqs;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = r;
+    c->n_reqs++;
+    const char *who = hpd_rpc_conn_who(conn);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
+                  r->n_prompt, r->max_tokens, r->stream ? ", streaming" : "",
+                  strncmp(who, "tenant ", 7) == 0 ? ", " : "",
+                  strncmp(who, "tenant ", 7) == 0 ? who : "");
+    schedule_soon(c);
+    return;
+bad:
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "generate: %s", err.text);
+    hpd_metric_inc(c->m.invalid, 1);
+    hpd_msg_free(&hpd_msg_generate, &g);
+    if (r != NULL) {
+        free(r->out);
+        free(r->hashes);
+        free(r);
+    }
+}
+
+static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err;
+    hpd_msg_cancel_request_t m = {0};
+    bool found = false;
+
+    if (!hpd_msg_unpack(&hpd_msg_cancel_request, params, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        return;
+    }
+    for (req_t *r = c->reqs; r != NULL; r = r->next) {
+        if (r->client == conn && r->tag == m.tag) {
+            hpd_rpc_reply_error(r->client, r->call_id, HPD_RPC_ERR_APP, "canceled");
+            req_event(c, r, HPD_REQ_EV_CANCEL, "by the client");
+            found = true;
+            break;
+        }
+    }
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_canceled, &(hpd_msg_canceled_t){.canceled = found}, &b.pk);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* What a client key may see is the cluster's shape and load; where the
+ * nodes listen is for node credentials only. */
+static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_coord_t *c = arg;
+    const bool addresses = (hpd_rpc_conn_roles(conn) & HPD_ROLE_NODE) != 0;
+    hpd_rpc_buf_t b;
+    uint32_t n_nodes = 0, queued = 0;
+    for (node_t *n = c->nodes; n != NULL; n = n->next)
+        n_nodes++;
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        queued += r->fsm.state == HPD_REQ_QUEUED;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 2);
+    hpd_proto_key(&b.pk, "nodes");
+    msgpack_pack_array(&b.pk, n_nodes);
+    for (node_t *n = c->nodes; n != NULL; n = n->next) {
+        msgpack_pack_map(&b.pk, addresses ? 9 : 8);
+        hpd_proto_kv_u64(&b.pk, "id", n->id);
+        hpd_proto_key(&b.pk, "draining");
+        if (n->draining)
+            msgpack_pack_true(&b.pk);
+        else
+            msgpack_pack_false(&b.pk);
+        hpd_proto_key(&b.pk, "role");
+        hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
+        hpd_proto_key(&b.pk, "name");
+        hpd_rpc_pack_str(&b.pk, n->name);
+        if (addresses) {
+            char addr[96];
+            snprintf(addr, sizeof(addr), "%s:%u", n->host, n->port);
+            hpd_proto_key(&b.pk, "address");
+            hpd_rpc_pack_str(&b.pk, addr);
+        }
+        hpd_proto_key(&b.pk, "layout");
+        hpd_proto_pack_layout(&b.pk, &n->layout);
+        hpd_proto_kv_u64(&b.pk, "reserved_slots", n->slots_reserved);
+        hpd_proto_kv_u64(&b.pk, "jobs", n->jobs);
+        hpd_proto_key(&b.pk, "stats");
+        if (n->stats != NULL)
+            msgpack_sbuffer_write(&b.sb, n->stats, n->stats_len);
+        else
+            msgpack_pack_nil(&b.pk);
+    }
+    hpd_proto_key(&b.pk, "requests");
+    msgpack_pack_map(&b.pk, 7);
+    hpd_proto_kv_u64(&b.pk, "active", c->n_reqs);
+    hpd_proto_kv_u64(&b.pk, "queued", queued);
+    hpd_proto_kv_u64(&b.pk, "finished", c->finished);
+    hpd_proto_kv_u64(&b.pk, "failed", c->failed);
+    hpd_proto_kv_u64(&b.pk, "canceled", c->canceled);
+    hpd_proto_kv_u64(&b.pk, "retried", c->retried);
+    hpd_proto_kv_u64(&b.pk, "rejected", c->rejected);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* A client's connection closed: its requests go; a node's: the node is lost. */
+static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
+{
+    hpd_coord_t *c = arg;
+    const uint64_t node_id = (uint64_t)(uintptr_t)hpd_rpc_conn_user(conn);
+    if (node_id != 0) {
+        node_t *n = node_by_id(c, node_id);
+        if (n != NULL)
+            node_lost(c, n, "its registration connection closed");
+        return;
+    }
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->client == conn)
+            req_event(c, r, HPD_REQ_EV_CANCEL, "the client disconnected");
+    }
+}
+
+/* ------------------------------------------------------------ metrics */
+
+static hpd_status_t metrics_init(metrics_t *m)
+{
+    const double *lat = hpd_metrics_latency_bounds;
+    const uint32_t nl = hpd_metrics_n_latency_bounds;
+    static const char req_help[] = "Generate requests answered, by outcome.";
+    hpd_status_t st = hpd_metrics_create(&m->reg);
+    if (st != HPD_OK)
+        return st;
+    m->ok = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                            "outcome=\"ok\"");
+    m->failed = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                "outcome=\"failed\"");
+    m->canceled = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                  "outcome=\"canceled\"");
+    m->overloaded = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                    "outcome=\"overloaded\"");
+    m->invalid = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_requests_total", req_help,
+                                 "outcome=\"invalid\"");
+    m->retries = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_request_retries_total",
+                                 "Attempts started again after a node failed.", NULL);
+    m->ttft = hpd_metrics_histogram(m->reg, "hpd_ttft_seconds",
+                                    "Time from submit to the first token, finished requests.",
+                                    NULL, lat, nl);
+    m->tpot = hpd_metrics_histogram(m->reg, "hpd_tpot_seconds",
+                                    "Mean time per output token after the first, per request.",
+                                    NULL, hpd_metrics_tpot_bounds,
+                                    hpd_metrics_n_tpot_bounds);
+    m->duration = hpd_metrics_histogram(m->reg, "hpd_request_duration_seconds",
+                                        "Time from submit to the last token.", NULL, lat, nl);
+    m->queue_wait = hpd_metrics_histogram(m->reg, "hpd_queue_wait_seconds",
+                                          "Time a request waited in the queue per attempt.",
+                                          NULL, lat, nl);
+    m->prompt_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_prompt_tokens_total",
+                                       "Prompt tokens of finished requests.", NULL);
+    m->generated_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                          "hpd_generated_tokens_total",
+                                          "Tokens returned by finished requests.", NULL);
+    m->cached_tokens = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_prefix_cache_hit_tokens_total",
+                                       "Prompt tokens of finished requests served from a "
+                                       "prefill node's prefix cache.", NULL);
+    m->queued = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_requests_queued",
+                                "Requests waiting for a decode reservation.", NULL);
+    m->running = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_requests_running",
+                                 "Requests placed on nodes (reserving, prefilling, decoding).",
+                                 NULL);
+    m->nodes_prefill = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes",
+                                       "Registered nodes by role.", "role=\"prefill\"");
+    m->nodes_decode = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes",
+                                      "Registered nodes by role.", "role=\"decode\"");
+    m->nodes_draining = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes_draining",
+                                        "Registered nodes that are draining.", NULL);
+    m->node_losses = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_losses_total",
+                                     "Nodes lost (connection closed or lease expired).", NULL);
+    m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
+                                       "Prefill jobs whose transfer to the decode node failed "
+                                       "(the request went to another decode node).", NULL);
+    static const char conn_help[] = "Open RPC connections (clients and nodes).";
+    m->conns_authed = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_rpc_connections",
+                                      conn_help, "state=\"authenticated\"");
+    m->conns_unauthed = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_rpc_connections",
+                                        conn_help, "state=\"unauthenticated\"");
+    static const char closed_help[] = "RPC connections closed by the server before they "
+                                      "authenticated, by reason.";
+    m->conns_refused = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"limit\"");
+    m->conns_evicted = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"evicted\"");
+    m->auth_timeouts = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"auth_timeout\"");
+    m->auth_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                       "hpd_rpc_connections_closed_total", closed_help,
+                                       "reason=\"auth_failed\"");
+    return HPD_OK;
+}
+
+void hpd_coord_collect(hpd_coord_t *c)
+{
+    uint32_t queued = 0, prefill = 0, decode = 0, draining = 0;
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        queued += r->fsm.state == HPD_REQ_QUEUED;
+    for (node_t *n = c->nodes; n != NULL; n = n->next) {
+        prefill += n->alive && n->role == ROLE_PREFILL;
+        decode += n->alive && n->role == ROLE_DECODE;
+        draining += n->alive && n->draining;
+    }
+    hpd_metric_set(c->m.queued, queued);
+    hpd_metric_set(c->m.running, c->n_reqs - queued);
+    hpd_metric_set(c->m.nodes_prefill, prefill);
+    hpd_metric_set(c->m.nodes_decode, decode);
+    hpd_metric_set(c->m.nodes_draining, draining);
+    hpd_rpc_server_stats_t rs;
+    hpd_rpc_server_stats(c->server, &rs);
+    hpd_metric_set(c->m.conns_authed, rs.open - rs.unauthenticated);
+    hpd_metric_set(c->m.conns_unauthed, rs.unauthenticated);
+    hpd_metric_set(c->m.conns_refused, (double)rs.refused);
+    hpd_metric_set(c->m.conns_evicted, (double)rs.evicted);
+    hpd_metric_set(c->m.auth_timeouts, (double)rs.auth_timeouts);
+    hpd_metric_set(c->m.auth_failures, (double)rs.auth_failures);
+}
+
+
+/* ------------------------------------------------------------ the context */
+
+/* Ready while not draining; the body says what the coordinator has. */
+bool hpd_coord_health(hpd_coord_t *c, char *msg, size_t len)
+{
+    uint32_t prefill = 0, decode = 0;
+    for (node_t *n = c->nodes; n != NULL; n = n->next) {
+        prefill += n->alive && !n->draining && n->role == ROLE_PREFILL;
+        decode += n->alive && !n->draining && n->role == ROLE_DECODE;
+    }
+    /* connections turned away now or in the last 10 s: clients and nodes
+     * may be locked out */
+    hpd_rpc_server_stats_t rs;
+    hpd_rpc_server_stats(c->server, &rs);
+    if (rs.last_refused > 0 && hpd_time_now() - rs.last_refused < 10.0) {
+        snprintf(msg, len, "refusing connections: %u open (limit %u), %llu refused, the last "
+                 "%.1f s ago", rs.open, rs.max_conns, (unsigned long long)rs.refused,
+                 hpd_time_now() - rs.last_refused);
+        return false;
+    }
+    snprintf(msg, len, "%s: %u prefill and %u decode nodes, %u open requests",
+             c->draining ? "draining" : "ok", prefill, decode, c->n_reqs);
+    return !c->draining;
+}
+
+static uint32_t authenticate(void *arg, const char *token, size_t len, char *who, size_t who_len,
+                             uint64_t *credential_p)
+{
+    hpd_coord_t *c = arg;
+    return hpd_credentials_check(c->creds, token, len, who, who_len, credential_p);
+}
+
+static bool revoked(const hpd_rpc_conn_t *conn, void *arg)
+{
+    hpd_coord_t *c = arg;
+    return !hpd_credentials_grants(c->creds, hpd_rpc_conn_credential(conn),
+                                   hpd_rpc_conn_roles(conn));
+}
+
+void hpd_coord_reload(hpd_coord_t *c)
+{
+    char err[400];
+    hpd_credentials_t *fresh;
+    if (c->creds == NULL) {
+        HPD_LOG_WARN(LOG_COMPONENT, "SIGHUP: no credentials to read again (no --token-file)");
+        return;
+    }
+    if (hpd_credentials_load(c->o.token_file, c->o.client_keys_file, &fresh, err, sizeof(err)) !=
+        HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "SIGHUP: keeping the credentials in force: %s", err);
+        return;
+    }
+    hpd_credentials_destroy(c->creds);
+    c->creds = fresh;
+    const uint32_t closed = hpd_rpc_server_close_if(c->server, revoked, c);
+    HPD_LOG_INFO(LOG_COMPONENT, "SIGHUP: credentials read again: %zu client keys; %u "
+                 "connections of revoked credentials closed", hpd_credentials_n_keys(c->creds),
+                 closed);
+}
+
+void hpd_coord_drain(hpd_coord_t *c)
+{
+    c->draining = true;
+}
+
+uint32_t hpd_coord_open_requests(const hpd_coord_t *c)
+{
+    return c->n_reqs;
+}
+
+void hpd_coord_end_drain(hpd_coord_t *c)
+{
+    c->draining = true;
+    while (c->reqs != NULL) /* the deadline passed */
+        req_event(c, c->reqs, HPD_REQ_EV_SHUTDOWN, "coordinator shutting down (drain deadline "
+                  "passed)");
+    for (node_t *n = c->nodes; n != NULL; n = n->next)
+        if (n->alive && n->reg_conn != NULL)
+            hpd_rpc_notify(n->reg_conn, "shutdown", NULL);
+    HPD_LOG_INFO(LOG_COMPONENT, "drained: nodes told to shut down");
+}
+
+uint16_t hpd_coord_port(const hpd_coord_t *c)
+{
+    return hpd_rpc_server_port(c->server);
+}
+
+hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *c)
+{
+    return c->m.reg;
+}
+
+hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o,
+                              hpd_coord_t **coord_p, char *err, size_t err_len)
+{
+    static const hpd_rpc_method_t methods[] = {
+        {"register", m_register, HPD_ROLE_NODE},
+        {"heartbeat", m_heartbeat, HPD_ROLE_NODE},
+        {"alive", m_alive, HPD_ROLE_NODE},
+        {"generate", m_generate, HPD_ROLE_CLIENT},
+        {"cancel", m_cancel, HPD_ROLE_CLIENT},
+        {"status", m_status, HPD_ROLE_CLIENT | HPD_ROLE_NODE},
+    };
+    hpd_status_t st;
+    hpd_coord_t *c = calloc(1, sizeof(*c));
+    *coord_p = NULL;
+    if (c == NULL)
+        return HPD_ERR_NO_MEMORY;
+    c->o = *o;
+    c->base = base;
+    if (o->token_file != NULL) {
+        if ((st = hpd_rpc_read_token(o->token_file, &c->token)) != HPD_OK) {
+            snprintf(err, err_len, "cannot read the token file %s", o->token_file);
+            goto fail;
+        }
+        if ((st = hpd_credentials_load(o->token_file, o->client_keys_file, &c->creds, err,
+                                       err_len)) != HPD_OK)
+            goto fail;
+    }
+    if ((st = metrics_init(&c->m)) != HPD_OK) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    /* Node and job ids are new across restarts: they start at the
+     * milliseconds since 2020 times 2^14, so that a node still holding work
+     * of a coordinator that died (a late transfer notice, an endpoint named
+     * by a node id) never takes it for work of this one. Below 2^53. */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    const int64_t ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000 - 1577836800000;
+    c->next_node = c->next_job = ms > 0 ? (uint64_t)ms << 14 : 0;
+    c->tick = event_new(base, -1, EV_PERSIST, on_tick, c);
+    c->reap = evtimer_new(base, on_reap, c);
+    c->sched = evtimer_new(base, on_sched, c);
+    if (c->tick == NULL || c->reap == NULL || c->sched == NULL) {
+        st = HPD_ERR_NO_MEMORY;
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    const hpd_rpc_server_params_t sp = {.base = base,
+                                        .host = o->host,
+                                        .port = o->port,
+                                        .token = c->token,
+                                        .methods = methods,
+                                        .n_methods = HPD_ARRAY_SIZE(methods),
+                                        .arg = c,
+                                        .on_disconnect = on_disconnect,
+                                        .max_conns = o->max_connections,
+                                        .authenticate = c->creds != NULL ? authenticate : NULL};
+    if ((st = hpd_rpc_server_create(&sp, &c->server)) != HPD_OK) {
+        snprintf(err, err_len, "cannot listen on %s:%u (%s)", o->host, o->port,
+                 hpd_status_str(st));
+        goto fail;
+    }
+    static const struct timeval tick = {0, 100 * 1000};
+    event_add(c->tick, &tick);
+    *coord_p = c;
+    return HPD_OK;
+fail:
+    hpd_coord_destroy(c);
+    return st;
+}
+
+void hpd_coord_destroy(hpd_coord_t *c)
+{
+    if (c == NULL)
+        return;
+    while (c->reqs != NULL)
+        req_event(c, c->reqs, HPD_REQ_EV_SHUTDOWN, "coordinator shutting down");
+    while (c->nodes != NULL) {
+        node_t *n = c->nodes;
+        c->nodes = n->next;
+        n->next = c->dead;
+        c->dead = n;
+    }
+    on_reap(-1, 0, c);
+    hpd_rpc_server_destroy(c->server);
+    hpd_metrics_destroy(c->m.reg);
+    struct event *evs[] = {c->tick, c->reap, c->sched};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(evs); i++)
+        if (evs[i] != NULL)
+            event_free(evs[i]);
+    free(c->token);
+    hpd_credentials_destroy(c->creds);
+    free(c);
+}
