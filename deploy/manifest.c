@@ -10,6 +10,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "common/options.h"
 #include "common/util.h"
 
 /* ------------------------------------------------------------ errors */
@@ -62,73 +63,86 @@ static const char *scalar(const yaml_node_t *n)
 
 /* ------------------------------------------------------------ fields */
 
-enum { R_COORD = 1 << HPD_PROC_COORDINATOR, R_PREFILL = 1 << HPD_PROC_PREFILL,
-       R_DECODE = 1 << HPD_PROC_DECODE, R_NODE = R_PREFILL | R_DECODE,
+/* the roles as the options table has them (common/options.h) */
+enum { R_COORD = HPD_OPT_ROLE_COORD, R_PREFILL = HPD_OPT_ROLE_PREFILL,
+       R_DECODE = HPD_OPT_ROLE_DECODE, R_NODE = R_PREFILL | R_DECODE,
        R_ALL = R_COORD | R_NODE };
 
 typedef enum { F_STR, F_U32, F_PORT, F_BOOL, F_LEVEL, F_DEVICE, F_ORDER, F_MAP } kind_t;
 
+/* A manifest field and the option it becomes (common/options.h): the
+ * option's range and roles are the field's. A field that is a part of an
+ * option's value (kv_layout.block of --kv-layout) has its own range. */
 typedef struct field {
     const char *name;
     kind_t kind;
     size_t off, size; /* size: strings */
-    uint64_t min, max, mult;
-    unsigned roles;
+    const char *opt;  /* the option's flag name */
+    uint64_t min, max, mult; /* parts only; min alone: a stricter lower bound */
     const struct field *sub; /* F_MAP: NULL-terminated */
 } field_t;
 
 #define P(f) offsetof(hpd_manifest_proc_t, f)
-#define STR(n, f, roles) {n, F_STR, P(f), sizeof(((hpd_manifest_proc_t *)0)->f), 0, 0, 0, roles, NULL}
-#define U32(n, f, lo, hi, m, roles) {n, F_U32, P(f), 0, lo, hi, m, roles, NULL}
+#define STR(n, f, o) {.name = n, .kind = F_STR, .off = P(f), .size = sizeof(((hpd_manifest_proc_t *)0)->f), .opt = o}
+#define NUM(n, f, o) {.name = n, .kind = F_U32, .off = P(f), .opt = o}
+#define MAP(n, o, s) {.name = n, .kind = F_MAP, .opt = o, .sub = s}
 
 static const field_t layout_fields[] = {
-    U32("block", kv_block, 16, 4096, 16, R_NODE),
-    U32("pack", kv_pack, 1, 1024, 1, R_NODE),
-    {"order", F_ORDER, P(kv_order), 0, 0, 0, 0, R_NODE, NULL},
-    {NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+    {.name = "block", .kind = F_U32, .off = P(kv_block), .opt = "kv-layout", .min = 16,
+     .max = 4096, .mult = 16},
+    {.name = "pack", .kind = F_U32, .off = P(kv_pack), .opt = "kv-layout", .min = 1,
+     .max = 1024, .mult = 1},
+    {.name = "order", .kind = F_ORDER, .off = P(kv_order), .opt = "kv-layout"},
+    {.name = NULL}};
 
 static const field_t prefix_fields[] = {
-    {"enabled", F_BOOL, P(prefix_cache), 0, 0, 0, 0, R_PREFILL, NULL},
-    U32("checkpoints", checkpoints, 1, 1u << 20, 1, R_PREFILL),
-    U32("host_mb", host_cache_mb, 0, 1u << 24, 1, R_PREFILL),
-    {NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+    {.name = "enabled", .kind = F_BOOL, .off = P(prefix_cache), .opt = "no-prefix-cache"},
+    NUM("checkpoints", checkpoints, "checkpoints"),
+    NUM("host_mb", host_cache_mb, "host-cache-mb"),
+    {.name = NULL}};
 
 static const field_t ucx_fields[] = {
-    STR("tls", ucx_tls, R_NODE),
-    STR("dev", ucx_dev, R_NODE),
-    {NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+    STR("tls", ucx_tls, "ucx-tls"),
+    STR("dev", ucx_dev, "ucx-dev"),
+    {.name = NULL}};
 
 /* name and role are read first, by hand */
 static const field_t proc_fields[] = {
-    STR("host", host, R_ALL),
-    {"port", F_PORT, P(port), 0, 0, 65535, 0, R_ALL, NULL},
-    {"metrics_port", F_PORT, P(metrics_port), 0, 1, 65535, 0, R_ALL, NULL},
-    {"log_level", F_LEVEL, P(log_level), 0, 0, 0, 0, R_ALL, NULL},
-    U32("drain_timeout_ms", drain_timeout_ms, 0, UINT32_MAX, 1, R_ALL),
-    {"device", F_DEVICE, P(device), 0, 0, 0, 0, R_NODE, NULL},
-    U32("threads", threads, 1, 1024, 1, R_NODE),
-    {"kv_layout", F_MAP, 0, 0, 0, 0, 0, R_NODE, layout_fields},
-    U32("kv_pages", kv_pages, 1, UINT32_MAX - 1, 1, R_NODE),
-    U32("max_batch", max_batch, 1, 4096, 1, R_NODE),
-    U32("max_context", max_context, 2, 1u << 20, 1, R_NODE),
-    U32("prefill_chunk", prefill_chunk, 64, 1u << 16, 64, R_NODE),
-    {"prefix_cache", F_MAP, 0, 0, 0, 0, 0, R_PREFILL, prefix_fields},
-    U32("staging_mb", staging_mb, 1, 1u << 20, 1, R_PREFILL),
-    U32("xfer_deadline_ms", xfer_deadline_ms, 1, 3600000, 1, R_PREFILL),
-    U32("reserve_timeout_ms", reserve_timeout_ms, 1, UINT32_MAX, 1, R_DECODE),
-    {"ucx", F_MAP, 0, 0, 0, 0, 0, R_NODE, ucx_fields},
-    U32("heartbeat_ms", heartbeat_ms, 10, 60000, 1, R_COORD),
-    U32("lease_ms", lease_ms, 30, 600000, 1, R_COORD),
-    U32("liveness_ms", liveness_ms, 10, 600000, 1, R_COORD),
-    U32("max_requests", max_requests, 1, 1u << 24, 1, R_COORD),
-    U32("queue_timeout_ms", queue_timeout_ms, 1, UINT32_MAX, 1, R_COORD),
-    U32("max_attempts", max_attempts, 1, 100, 1, R_COORD),
-    {NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+    STR("host", host, "host"),
+    {.name = "port", .kind = F_PORT, .off = P(port), .opt = "port"},
+    /* hpdctl probes it: a known port */
+    {.name = "metrics_port", .kind = F_PORT, .off = P(metrics_port), .opt = "metrics-port",
+     .min = 1},
+    {.name = "log_level", .kind = F_LEVEL, .off = P(log_level), .opt = "log-level"},
+    NUM("drain_timeout_ms", drain_timeout_ms, "drain-timeout-ms"),
+    {.name = "device", .kind = F_DEVICE, .off = P(device), .opt = "device"},
+    NUM("threads", threads, "threads"),
+    MAP("kv_layout", "kv-layout", layout_fields),
+    NUM("kv_pages", kv_pages, "kv-pages"),
+    NUM("max_batch", max_batch, "max-batch"),
+    NUM("max_context", max_context, "max-context"),
+    NUM("prefill_chunk", prefill_chunk, "prefill-chunk"),
+    MAP("prefix_cache", "no-prefix-cache", prefix_fields),
+    NUM("staging_mb", staging_mb, "staging-mb"),
+    NUM("xfer_deadline_ms", xfer_deadline_ms, "xfer-deadline-ms"),
+    NUM("reserve_timeout_ms", reserve_timeout_ms, "reserve-timeout-ms"),
+    MAP("ucx", "ucx-tls", ucx_fields),
+    NUM("heartbeat_ms", heartbeat_ms, "heartbeat-ms"),
+    NUM("lease_ms", lease_ms, "lease-ms"),
+    NUM("liveness_ms", liveness_ms, "liveness-ms"),
+    NUM("max_requests", max_requests, "max-requests"),
+    NUM("queue_timeout_ms", queue_timeout_ms, "queue-timeout-ms"),
+    NUM("max_attempts", max_attempts, "max-attempts"),
+    {.name = NULL}};
+
+static unsigned field_roles(const field_t *f)
+{
+    return hpd_opt_find(f->opt)->roles & R_ALL;
+}
 
 static const char *roles_text(unsigned roles)
 {
-    return roles == R_COORD ? "the coordinator" : roles == R_PREFILL ? "prefill nodes"
-           : roles == R_DECODE ? "decode nodes" : roles == R_NODE ? "nodes" : "processes";
+    return roles == R_ALL ? "processes" : hpd_opt_roles_text(roles);
 }
 
 static void list_fields(const field_t *fields, unsigned roles, char *out, size_t len)
@@ -136,7 +150,7 @@ static void list_fields(const field_t *fields, unsigned roles, char *out, size_t
     size_t used = 0;
     out[0] = '\0';
     for (const field_t *f = fields; f->name != NULL && used + 1 < len; f++)
-        if (f->roles & roles)
+        if (field_roles(f) & roles)
             used += (size_t)snprintf(out + used, len - used, "%s%s", used ? ", " : "", f->name);
 }
 
@@ -208,13 +222,19 @@ static void parse_field(ctx_t *c, const field_t *f, const yaml_node_t *v, const 
         set_str(c, v, path, base + f->off, f->size);
         break;
     case F_U32:
-        if (parse_u64(c, v, path, f->min, f->max, f->mult, &u))
-            *(uint32_t *)(base + f->off) = (uint32_t)u;
+    case F_PORT: {
+        const hpd_opt_t *o = hpd_opt_find(f->opt);
+        const bool part = f->max != 0; /* a part of the option's value */
+        const uint64_t lo = part ? f->min : HPD_MAX(o->min, f->min);
+        if (parse_u64(c, v, path, lo, part ? f->max : o->max, part ? f->mult : o->mult, &u)) {
+            if (f->kind == F_PORT)
+                *(uint16_t *)(base + f->off) = (uint16_t)u;
+            else
+                *(uint32_t *)(base + f->off) = (uint32_t)u;
+            p->given |= 1ull << (o - hpd_options);
+        }
         break;
-    case F_PORT:
-        if (parse_u64(c, v, path, f->min, f->max, 1, &u))
-            *(uint16_t *)(base + f->off) = (uint16_t)u;
-        break;
+    }
     case F_BOOL:
         parse_bool(c, v, path, (bool *)(base + f->off));
         break;
@@ -293,8 +313,8 @@ static void parse_map(ctx_t *c, const yaml_node_t *map, const char *path, const 
             fail(c, k, sub, "unknown field (expected one of: %s)", allowed);
             continue;
         }
-        if (!(f->roles & scope)) {
-            fail(c, k, sub, "applies to %s only", roles_text(f->roles));
+        if (!(field_roles(f) & scope)) {
+            fail(c, k, sub, "applies to %s only", roles_text(field_roles(f)));
             continue;
         }
         parse_field(c, f, v, sub, role_bit, p);
@@ -473,7 +493,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
         snprintf(m->state_dir, sizeof(m->state_dir), "/tmp/hybridpd-%s", m->cluster);
     strcpy(m->log_level, "info");
     if ((v = map_get(c, root, "log_level")) != NULL) {
-        static const field_t f = {"log_level", F_LEVEL, P(log_level), 0, 0, 0, 0, R_ALL, NULL};
+        static const field_t f = {.name = "log_level", .kind = F_LEVEL, .off = P(log_level),
+                                  .opt = "log-level"};
         hpd_manifest_proc_t tmp;
         proc_defaults(&tmp);
         strcpy(tmp.log_level, m->log_level);
@@ -548,10 +569,14 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
                  "0 is invalid (nodes and clients need a known port: 1 to 65535)");
         if (map_get(c, coord, "metrics_port") == NULL)
             fail(c, coord, "coordinator.metrics_port", "missing (expected 1 to 65535)");
-        if (cp->lease_ms != 0 && cp->lease_ms <= (cp->heartbeat_ms ? cp->heartbeat_ms : 500))
+        uint32_t hb = 0; /* the coordinator's default unless given */
+        hpd_opt_value(hpd_opt_find("heartbeat-ms"), hpd_opt_find("heartbeat-ms")->def, &hb,
+                      NULL, 0);
+        if (cp->heartbeat_ms != 0)
+            hb = cp->heartbeat_ms;
+        if (cp->lease_ms != 0 && cp->lease_ms <= hb)
             fail(c, map_get(c, coord, "lease_ms"), "coordinator.lease_ms",
-                 "%u must exceed heartbeat_ms %u", cp->lease_ms,
-                 cp->heartbeat_ms ? cp->heartbeat_ms : 500);
+                 "%u must exceed heartbeat_ms %u", cp->lease_ms, hb);
     }
 
     /* the nodes */
@@ -749,6 +774,19 @@ static void arg_u(argv_t *a, const char *flag, uint64_t v)
     arg(a, text);
 }
 
+/* Whether the manifest gave the option's field for p (or its defaults). */
+static bool given(const hpd_manifest_proc_t *p, const char *opt)
+{
+    return (p->given >> (hpd_opt_find(opt) - hpd_options)) & 1;
+}
+
+static void arg_opt(argv_t *a, const char *opt, uint64_t v)
+{
+    char flag[48];
+    snprintf(flag, sizeof(flag), "--%s", opt);
+    arg_u(a, flag, v);
+}
+
 int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin,
                       char ***argv_p)
 {
@@ -765,21 +803,21 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
     arg(&a, m->token_file);
     arg(&a, "--log-level");
     arg(&a, p->log_level[0] ? p->log_level : m->log_level);
-    if (p->drain_timeout_ms)
-        arg_u(&a, "--drain-timeout-ms", p->drain_timeout_ms);
+    if (given(p, "drain-timeout-ms"))
+        arg_opt(&a, "drain-timeout-ms", p->drain_timeout_ms);
     if (p->role == HPD_PROC_COORDINATOR) {
         if (m->client_keys_file[0] != '\0') {
             arg(&a, "--client-keys-file");
             arg(&a, m->client_keys_file);
         }
         const struct { const char *flag; uint32_t v; } nums[] = {
-            {"--heartbeat-ms", p->heartbeat_ms}, {"--lease-ms", p->lease_ms},
-            {"--liveness-ms", p->liveness_ms},
-            {"--max-requests", p->max_requests}, {"--queue-timeout-ms", p->queue_timeout_ms},
-            {"--max-attempts", p->max_attempts}};
+            {"heartbeat-ms", p->heartbeat_ms}, {"lease-ms", p->lease_ms},
+            {"liveness-ms", p->liveness_ms},
+            {"max-requests", p->max_requests}, {"queue-timeout-ms", p->queue_timeout_ms},
+            {"max-attempts", p->max_attempts}};
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
-            if (nums[i].v)
-                arg_u(&a, nums[i].flag, nums[i].v);
+            if (given(p, nums[i].flag))
+                arg_opt(&a, nums[i].flag, nums[i].v);
     } else {
         snprintf(text, sizeof(text), "%s:%u", co->host, co->port);
         arg(&a, "--coordinator");
@@ -797,19 +835,22 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         arg(&a, p->ucx_tls);
         arg(&a, "--ucx-dev");
         arg(&a, p->ucx_dev);
-        const struct { const char *flag; uint32_t v; bool on; } nums[] = {
-            {"--threads", p->threads, true},
-            {"--kv-pages", p->kv_pages, true},
-            {"--max-batch", p->max_batch, true},
-            {"--max-context", p->max_context, true},
-            {"--prefill-chunk", p->prefill_chunk, true},
-            {"--checkpoints", p->checkpoints, p->role == HPD_PROC_PREFILL},
-            {"--staging-mb", p->staging_mb, p->role == HPD_PROC_PREFILL},
-            {"--xfer-deadline-ms", p->xfer_deadline_ms, p->role == HPD_PROC_PREFILL},
-            {"--reserve-timeout-ms", p->reserve_timeout_ms, p->role == HPD_PROC_DECODE}};
+        const struct { const char *flag; uint32_t v; } nums[] = {
+            {"threads", p->threads},
+            {"kv-pages", p->kv_pages},
+            {"max-batch", p->max_batch},
+            {"max-context", p->max_context},
+            {"prefill-chunk", p->prefill_chunk},
+            {"checkpoints", p->checkpoints},
+            {"staging-mb", p->staging_mb},
+            {"xfer-deadline-ms", p->xfer_deadline_ms},
+            {"reserve-timeout-ms", p->reserve_timeout_ms}};
+        /* what the manifest gave, where the node's role takes it (defaults
+         * may name options of the other role) */
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
-            if (nums[i].v && nums[i].on)
-                arg_u(&a, nums[i].flag, nums[i].v);
+            if (given(p, nums[i].flag) &&
+                (hpd_opt_find(nums[i].flag)->roles & (1u << p->role)) != 0)
+                arg_opt(&a, nums[i].flag, nums[i].v);
         if (p->role == HPD_PROC_PREFILL) {
             if (!p->prefix_cache)
                 arg(&a, "--no-prefix-cache");

@@ -23,7 +23,8 @@ typedef enum {
     HPD_PROC_DECODE,
 } hpd_proc_role_t;
 
-/* One process. Zero in a numeric field means "the program's default". */
+/* One process. A numeric field the manifest did not give (given) is left
+ * to the program's default. */
 typedef struct {
     char name[HPD_MANIFEST_NAME_MAX + 1];
     hpd_proc_role_t role;
@@ -42,11 +43,14 @@ typedef struct {
     uint32_t kv_pages, max_batch, max_context, prefill_chunk;
     bool prefix_cache;
     uint32_t checkpoints, host_cache_mb, staging_mb, reserve_timeout_ms;
-    uint32_t xfer_deadline_ms; /* 0: the node's default */
+    uint32_t xfer_deadline_ms;
     char ucx_tls[64], ucx_dev[64];
     /* coordinator */
     uint32_t heartbeat_ms, lease_ms, max_requests, queue_timeout_ms, max_attempts;
-    uint32_t liveness_ms; /* 0: the coordinator's default */
+    uint32_t liveness_ms;
+    /* bit i: the manifest gave the field of hpd_options[i] (a number's 0
+     * may be a value: liveness_ms 0 turns the pings off) */
+    uint64_t given;
 } hpd_manifest_proc_t;
 
 typedef struct {

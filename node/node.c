@@ -1,6 +1,5 @@
 #include "node/node.h"
 
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/options.h"
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/proto.h"
@@ -17,210 +17,75 @@
 
 /* ------------------------------------------------------------ options */
 
-static void usage(FILE *f, const char *role)
+static bool parse_coordinator(const char *text, void *dst, char *err, size_t len)
 {
-    fprintf(f,
-            "usage: hpd-%s --coordinator HOST:PORT --model DIR [options]\n"
-            "  --token-file F         shared secret (first line) for every connection\n"
-            "  --name NAME            node name in status and logs (%s-<pid>)\n"
-            "  --host ADDR            address to bind and announce (127.0.0.1)\n"
-            "  --port N               RPC port, 0 = any free port (0)\n"
-            "  --device D             cpu, cuda[:N] (the GPU id) or cuda-fast[:N] (cpu)\n"
-            "  --threads N            CPU threads (all cores)\n"
-            "  --kv-layout B,P,O      KV page layout, e.g. 64,1,nhd or 16,4,hnd (64,1,nhd)\n"
-            "  --max-batch N          requests in one batch (16)\n"
-            "  --max-context N        prompt + generated tokens (4096)\n"
-            "  --prefill-chunk N      prefill tokens per step, a multiple of 64 (256)\n"
-            "  --kv-pages N           KV pages in the pool (enough for the batch)\n"
-            "  --no-prefix-cache      prefill: compute every prompt token\n"
-            "  --checkpoints N        prefill: device GDN checkpoint slots (4 x batch)\n"
-            "  --host-cache-mb N      prefill: host tier of the prefix cache, 0 = off (512)\n"
-            "  --staging-mb N         prefill: registered staging for pushes (256)\n"
-            "  --reserve-timeout-ms N decode: an unstarted reservation expires (60000)\n"
-            "  --xfer-deadline-ms N   prefill: a transfer not acknowledged this long after\n"
-            "                         its end, plus its bytes at the link rate, fails its\n"
-            "                         pair; 0 = never (1000)\n"
-            "  --ucx-tls T            UCX transports (tcp)\n"
-            "  --ucx-dev D            UCX network devices (lo)\n"
-            "  --connect-timeout-ms N keep trying to reach the coordinator (10000)\n"
-            "  --metrics-port N       serve /metrics and /healthz over HTTP on --host\n"
-            "  --drain-timeout-ms N   on SIGTERM, jobs in flight may finish this long (30000)\n"
-            "  --log-level L          error|warn|info|debug (info)\n",
-            role, role);
+    hpd_node_opts_t *o = dst;
+    if (hpd_proto_parse_endpoint(text, o->coordinator_host, sizeof(o->coordinator_host),
+                                 &o->coordinator_port))
+        return true;
+    snprintf(err, len, "expected HOST:PORT");
+    return false;
 }
 
-static int parse_u32(const char *flag, const char *text, uint64_t min, uint64_t max,
-                     uint32_t *out)
-{
-    uint64_t v;
-    if (hpd_parse_u64(text, min, max, &v) != 0) {
-        fprintf(stderr, "%s: '%s' is invalid (expected an integer from %llu to %llu)\n", flag,
-                text, (unsigned long long)min, (unsigned long long)max);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
-}
-
+/* The options of a node of `role` (common/options.h has them all). Returns
+ * as hpd_opt_parse. */
 static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *o)
 {
-    enum { O_COORD = 256, O_TOKEN, O_NAME, O_HOST, O_PORT, O_DEVICE, O_THREADS, O_LAYOUT,
-           O_BATCH, O_CTX, O_CHUNK, O_PAGES, O_NOCACHE, O_CKPT, O_HOSTMB, O_STAGING, O_RESERVE,
-           O_TLS, O_DEV, O_CONNECT, O_LOG, O_MODEL, O_METRICS, O_DRAIN, O_DEADLINE, O_HELP };
-    static const struct option longopts[] = {
-        {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
-        {"name", 1, 0, O_NAME}, {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT},
-        {"device", 1, 0, O_DEVICE}, {"threads", 1, 0, O_THREADS},
-        {"kv-layout", 1, 0, O_LAYOUT}, {"max-batch", 1, 0, O_BATCH},
-        {"max-context", 1, 0, O_CTX}, {"prefill-chunk", 1, 0, O_CHUNK},
-        {"kv-pages", 1, 0, O_PAGES}, {"no-prefix-cache", 0, 0, O_NOCACHE},
-        {"checkpoints", 1, 0, O_CKPT}, {"host-cache-mb", 1, 0, O_HOSTMB},
-        {"staging-mb", 1, 0, O_STAGING}, {"reserve-timeout-ms", 1, 0, O_RESERVE},
-        {"xfer-deadline-ms", 1, 0, O_DEADLINE},
-        {"ucx-tls", 1, 0, O_TLS}, {"ucx-dev", 1, 0, O_DEV},
-        {"connect-timeout-ms", 1, 0, O_CONNECT}, {"log-level", 1, 0, O_LOG},
-        {"model", 1, 0, O_MODEL}, {"metrics-port", 1, 0, O_METRICS},
-        {"drain-timeout-ms", 1, 0, O_DRAIN}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
-    uint32_t v;
-    int c, lvl;
-    bool have_coord = false;
-
+    const bool prefill = strcmp(role, "prefill") == 0;
+    hpd_log_level_t level = HPD_LOG_LEVEL_INFO;
+    uint64_t host_cache = 0;
+    char prog[32], intro[96];
     memset(o, 0, sizeof(*o));
     hpd_engine_params_init(&o->engine);
-    o->host = "127.0.0.1";
-    o->device = "cpu";
-    o->ucx_tls = "tcp";
-    o->ucx_dev = "lo";
-    o->staging_bytes = 256ull << 20;
-    o->reserve_timeout_ms = 60000;
-    o->xfer_deadline_ms = 1000;
-    o->connect_timeout_ms = 10000;
-    o->metrics_port = -1;
-    o->drain_timeout_ms = 30000;
-    hpd_log_set_level(HPD_LOG_LEVEL_INFO);
-    /* options of one role only: given to the other, an error */
-    static const struct {
-        int opt;
-        const char *flag, *role;
-    } only[] = {{O_NOCACHE, "--no-prefix-cache", "prefill"},
-                {O_CKPT, "--checkpoints", "prefill"},
-                {O_HOSTMB, "--host-cache-mb", "prefill"},
-                {O_STAGING, "--staging-mb", "prefill"},
-                {O_DEADLINE, "--xfer-deadline-ms", "prefill"},
-                {O_RESERVE, "--reserve-timeout-ms", "decode"}};
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        for (size_t i = 0; i < HPD_ARRAY_SIZE(only); i++)
-            if (c == only[i].opt && strcmp(role, only[i].role) != 0) {
-                fprintf(stderr, "hpd-%s: %s is an option of %s nodes, not of %s nodes\n", role,
-                        only[i].flag, only[i].role, role);
-                return -1;
-            }
-        switch (c) {
-        case O_COORD:
-            if (!hpd_proto_parse_endpoint(optarg, o->coordinator_host,
-                                          sizeof(o->coordinator_host), &o->coordinator_port)) {
-                fprintf(stderr, "--coordinator: '%s' is invalid (expected HOST:PORT)\n", optarg);
-                return -1;
-            }
-            have_coord = true;
-            break;
-        case O_TOKEN: o->token_file = optarg; break;
-        case O_NAME: o->name = optarg; break;
-        case O_HOST: o->host = optarg; break;
-        case O_PORT:
-            if (parse_u32("--port", optarg, 0, 65535, &v) != 0)
-                return -1;
-            o->port = (uint16_t)v;
-            break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_THREADS:
-            if (parse_u32("--threads", optarg, 1, 1024, &o->threads) != 0)
-                return -1;
-            break;
-        case O_LAYOUT:
-            if (hpd_kv_layout_parse(optarg, &o->engine.kv_layout) != HPD_OK) {
-                fprintf(stderr, "--kv-layout: '%s' is invalid (expected B,P,nhd|hnd with B a "
-                                "multiple of 16)\n", optarg);
-                return -1;
-            }
-            break;
-        case O_BATCH:
-            if (parse_u32("--max-batch", optarg, 1, 4096, &o->engine.max_batch) != 0)
-                return -1;
-            break;
-        case O_CTX:
-            if (parse_u32("--max-context", optarg, 2, 1u << 20, &o->engine.max_context) != 0)
-                return -1;
-            break;
-        case O_CHUNK:
-            if (parse_u32("--prefill-chunk", optarg, 64, 1u << 16, &o->engine.prefill_chunk) != 0)
-                return -1;
-            break;
-        case O_PAGES:
-            if (parse_u32("--kv-pages", optarg, 1, UINT32_MAX - 1, &o->engine.n_pages) != 0)
-                return -1;
-            break;
-        case O_NOCACHE: o->engine.prefix_cache = false; break;
-        case O_CKPT:
-            if (parse_u32("--checkpoints", optarg, 1, 1u << 20, &o->engine.n_checkpoints) != 0)
-                return -1;
-            break;
-        case O_HOSTMB:
-            if (parse_u32("--host-cache-mb", optarg, 0, 1u << 24, &v) != 0)
-                return -1;
-            o->engine.host_cache_bytes = (uint64_t)v << 20;
-            break;
-        case O_STAGING:
-            if (parse_u32("--staging-mb", optarg, 1, 1u << 20, &v) != 0)
-                return -1;
-            o->staging_bytes = (uint64_t)v << 20;
-            break;
-        case O_RESERVE:
-            if (parse_u32("--reserve-timeout-ms", optarg, 1, UINT32_MAX, &o->reserve_timeout_ms))
-                return -1;
-            break;
-        case O_DEADLINE:
-            if (parse_u32("--xfer-deadline-ms", optarg, 0, 3600000, &o->xfer_deadline_ms))
-                return -1;
-            break;
-        case O_TLS: o->ucx_tls = optarg; break;
-        case O_DEV: o->ucx_dev = optarg; break;
-        case O_CONNECT:
-            if (parse_u32("--connect-timeout-ms", optarg, 0, UINT32_MAX, &o->connect_timeout_ms))
-                return -1;
-            break;
-        case O_LOG:
-            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
-                fprintf(stderr, "--log-level: '%s' is invalid (expected error, warn, info or "
-                                "debug)\n", optarg);
-                return -1;
-            }
-            hpd_log_set_level((hpd_log_level_t)lvl);
-            break;
-        case O_MODEL: o->model_dir = optarg; break;
-        case O_METRICS:
-            if (parse_u32("--metrics-port", optarg, 0, 65535, &v) != 0)
-                return -1;
-            o->metrics_port = (int32_t)v;
-            break;
-        case O_DRAIN:
-            if (parse_u32("--drain-timeout-ms", optarg, 0, UINT32_MAX, &o->drain_timeout_ms))
-                return -1;
-            break;
-        case O_HELP: usage(stdout, role); exit(0);
-        default: usage(stderr, role); return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
-    if (!have_coord || o->model_dir == NULL) {
-        fprintf(stderr, "hpd-%s: --coordinator and --model are required\n", role);
-        usage(stderr, role);
-        return -1;
-    }
-    if (strcmp(role, "decode") == 0)
+    snprintf(prog, sizeof(prog), "hpd-%s", role);
+    snprintf(intro, sizeof(intro), "usage: %s --coordinator HOST:PORT --model DIR [options]",
+             prog);
+    const hpd_opt_bind_t common[] = {
+        {.name = "coordinator", .dst = o, .required = true, .parse = parse_coordinator},
+        {.name = "model", .dst = &o->model_dir, .required = true},
+        HPD_OPT_BIND("token-file", &o->token_file),
+        HPD_OPT_BIND("name", &o->name),
+        HPD_OPT_BIND("host", &o->host),
+        HPD_OPT_BIND("port", &o->port),
+        HPD_OPT_BIND("device", &o->device),
+        HPD_OPT_BIND("threads", &o->threads),
+        HPD_OPT_BIND("kv-layout", &o->engine.kv_layout),
+        HPD_OPT_BIND("max-batch", &o->engine.max_batch),
+        HPD_OPT_BIND("max-context", &o->engine.max_context),
+        HPD_OPT_BIND("prefill-chunk", &o->engine.prefill_chunk),
+        HPD_OPT_BIND("kv-pages", &o->engine.n_pages),
+        HPD_OPT_BIND("ucx-tls", &o->ucx_tls),
+        HPD_OPT_BIND("ucx-dev", &o->ucx_dev),
+        HPD_OPT_BIND("connect-timeout-ms", &o->connect_timeout_ms),
+        HPD_OPT_BIND("metrics-port", &o->metrics_port),
+        HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
+        HPD_OPT_BIND("log-level", &level),
+    };
+    const hpd_opt_bind_t prefill_only[] = {
+        HPD_OPT_BIND("no-prefix-cache", &o->engine.prefix_cache),
+        HPD_OPT_BIND("checkpoints", &o->engine.n_checkpoints),
+        HPD_OPT_BIND("host-cache-mb", &host_cache),
+        HPD_OPT_BIND("staging-mb", &o->staging_bytes),
+        HPD_OPT_BIND("xfer-deadline-ms", &o->xfer_deadline_ms),
+    };
+    const hpd_opt_bind_t decode_only[] = {HPD_OPT_BIND("reserve-timeout-ms", &o->reserve_timeout_ms)};
+    hpd_opt_bind_t binds[HPD_ARRAY_SIZE(common) + HPD_ARRAY_SIZE(prefill_only)];
+    size_t n = 0;
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(common); i++)
+        binds[n++] = common[i];
+    const hpd_opt_bind_t *own = prefill ? prefill_only : decode_only;
+    const size_t n_own = prefill ? HPD_ARRAY_SIZE(prefill_only) : HPD_ARRAY_SIZE(decode_only);
+    for (size_t i = 0; i < n_own; i++)
+        binds[n++] = own[i];
+    const int rc = hpd_opt_parse(argc, argv, prog,
+                                 prefill ? HPD_OPT_ROLE_PREFILL : HPD_OPT_ROLE_DECODE, intro,
+                                 binds, n);
+    if (rc != 0)
+        return rc;
+    hpd_log_set_level(level);
+    if (prefill)
+        o->engine.host_cache_bytes = host_cache;
+    else
         o->engine.prefix_cache = false; /* a decode node holds only reserved requests */
     return 0;
 }
@@ -804,8 +669,9 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     n->role = role;
     n->exit_code = 1;
     n->started = hpd_time_now();
-    if (parse_opts(argc, argv, role->name, &n->o) != 0)
-        return 2;
+    const int prc = parse_opts(argc, argv, role->name, &n->o);
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
     if (n->o.name == NULL) {
         snprintf(name, sizeof(name), "%s-%d", role->name, (int)getpid());
         n->o.name = name;

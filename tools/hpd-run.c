@@ -3,46 +3,19 @@
  * Prints the generated ids of each prompt as one line of space-separated
  * integers on stdout; diagnostics go to stderr. Exit status: 0 success,
  * 2 bad input (flags, prompt, ids), 1 any other failure. */
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/options.h"
 #include "common/util.h"
 #include "engine/engine.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 
 typedef hpd_prompt_t prompt_t;
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: hpd-run --model DIR (--prompt-ids 1,2,3 | --prompts-file F) [options]\n"
-            "  --max-tokens N        tokens to generate per prompt (16)\n"
-            "  --temperature T       0 is greedy (0)\n"
-            "  --top-p P             nucleus sampling mass in (0, 1] (1)\n"
-            "  --top-k K             keep the K most likely tokens, 0 = all (0)\n"
-            "  --seed S              sampling seed (0)\n"
-            "  --kv-block-size B     tokens per KV page, a multiple of 16 (64)\n"
-            "  --kv-layout B,P,O     KV page layout, e.g. 64,1,nhd or 16,2,hnd\n"
-            "  --max-context N       prompt + generated tokens allowed (4096)\n"
-            "  --max-batch N         requests run together (16)\n"
-            "  --prefill-chunk N     prefill tokens per step, a multiple of 64 (256)\n"
-            "  --threads N           CPU threads (all cores)\n"
-            "  --device D            cpu, cuda[:N] or cuda-fast[:N] (cpu)\n"
-            "  --no-prefix-cache     compute every prompt token\n"
-            "  --checkpoints N       device GDN checkpoint slots of the prefix cache (4 x batch)\n"
-            "  --checkpoint-every N  also checkpoint every N 64-token blocks (16)\n"
-            "  --host-cache-mb N     host tier of the prefix cache in MiB, 0 = off (512)\n"
-            "  --kv-pages N          KV pages in the pool (enough for the batch, x2 with cache)\n"
-            "  --stats-json FILE     write per-request cached tokens and cache counters\n"
-            "  --logits-out FILE     write the logits of the last step of the first prompt\n"
-            "                        as little-endian float32\n"
-            "  --log-level L         error|warn|info|debug (warn)\n");
-}
 
 typedef struct {
     FILE *f;
@@ -128,38 +101,14 @@ static int write_stats(const char *path, const hpd_engine_t *engine, const uint6
     return rc;
 }
 
-static int parse_u32(const char *flag, const char *v, uint64_t min, uint64_t max, uint32_t *out)
-{
-    uint64_t x;
-    if (hpd_parse_u64(v, min, max, &x) != 0) {
-        fprintf(stderr, "hpd-run: %s '%s' must be an integer from %llu to %llu\n", flag, v,
-                (unsigned long long)min, (unsigned long long)max);
-        return -1;
-    }
-    *out = (uint32_t)x;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", 1, 0, 'm'}, {"prompt-ids", 1, 0, 'p'}, {"prompts-file", 1, 0, 'f'},
-        {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'}, {"top-p", 1, 0, 'P'},
-        {"top-k", 1, 0, 'k'}, {"seed", 1, 0, 's'}, {"kv-block-size", 1, 0, 'b'},
-        {"kv-layout", 1, 0, 'L'}, {"max-context", 1, 0, 'c'}, {"max-batch", 1, 0, 'B'},
-        {"prefill-chunk", 1, 0, 'C'}, {"threads", 1, 0, 'T'}, {"device", 1, 0, 'd'},
-        {"logits-out", 1, 0, 'o'}, {"log-level", 1, 0, 'l'}, {"help", 0, 0, 'h'},
-        {"no-prefix-cache", 0, 0, 1}, {"checkpoints", 1, 0, 2}, {"checkpoint-every", 1, 0, 3},
-        {"host-cache-mb", 1, 0, 4}, {"kv-pages", 1, 0, 5}, {"stats-json", 1, 0, 6},
-        {0, 0, 0, 0}};
     const char *model_dir = NULL, *prompt_ids = NULL, *prompts_file = NULL, *logits_out = NULL;
     const char *stats_json = NULL;
-    uint32_t host_mb = 512;
     hpd_engine_params_t ep;
-    hpd_backend_params_t bp = {"cpu", 0};
-    hpd_sampling_t samp = {0.0f, 1.0f, 0, 0};
+    hpd_backend_params_t bp = {.device = "cpu"};
+    hpd_sampling_t samp = {.top_p = 1};
     uint32_t max_tokens = 16, block_size = 0;
-    const char *layout_text = NULL;
     prompt_t *prompts = NULL;
     size_t n_prompts = 0;
     hpd_model_t *model = NULL;
@@ -167,115 +116,50 @@ int main(int argc, char **argv)
     hpd_engine_t *engine = NULL;
     uint64_t *ids = NULL;
     logits_sink_t sink = {0};
-    int rc = 2, c, lvl;
+    int rc = 2;
+    hpd_log_level_t level;
     char err[160];
 
     hpd_engine_params_init(&ep);
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 'p': prompt_ids = optarg; break;
-        case 'f': prompts_file = optarg; break;
-        case 'n':
-            if (parse_u32("--max-tokens", optarg, 1, 1u << 20, &max_tokens))
-                return 2;
-            break;
-        case 't':
-            if (hpd_parse_float(optarg, &samp.temperature) != 0 || samp.temperature < 0) {
-                fprintf(stderr, "hpd-run: --temperature '%s' must be a number >= 0\n", optarg);
-                return 2;
-            }
-            break;
-        case 'P':
-            if (hpd_parse_float(optarg, &samp.top_p) != 0 || samp.top_p <= 0 ||
-                samp.top_p > 1) {
-                fprintf(stderr, "hpd-run: --top-p '%s' must be in (0, 1]\n", optarg);
-                return 2;
-            }
-            break;
-        case 'k':
-            if (parse_u32("--top-k", optarg, 0, UINT32_MAX, &samp.top_k))
-                return 2;
-            break;
-        case 's':
-            if (hpd_parse_u64(optarg, 0, UINT64_MAX, &samp.seed) != 0) {
-                fprintf(stderr, "hpd-run: --seed '%s' must be a non-negative integer\n", optarg);
-                return 2;
-            }
-            break;
-        case 'b':
-            if (parse_u32("--kv-block-size", optarg, 16, 4096, &block_size))
-                return 2;
-            break;
-        case 'L': layout_text = optarg; break;
-        case 'c':
-            if (parse_u32("--max-context", optarg, 1, 1u << 24, &ep.max_context))
-                return 2;
-            break;
-        case 'B':
-            if (parse_u32("--max-batch", optarg, 1, 4096, &ep.max_batch))
-                return 2;
-            break;
-        case 'C':
-            if (parse_u32("--prefill-chunk", optarg, 64, 1u << 16, &ep.prefill_chunk))
-                return 2;
-            break;
-        case 'T':
-            if (parse_u32("--threads", optarg, 1, 1024, &bp.n_threads))
-                return 2;
-            break;
-        case 'd': bp.device = optarg; break;
-        case 'o': logits_out = optarg; break;
-        case 'l':
-            if ((lvl = hpd_log_level_parse(optarg)) < 0) {
-                fprintf(stderr, "hpd-run: --log-level '%s' (expected error|warn|info|debug)\n",
-                        optarg);
-                return 2;
-            }
-            hpd_log_set_level((hpd_log_level_t)lvl);
-            break;
-        case 1: ep.prefix_cache = false; break;
-        case 2:
-            if (parse_u32("--checkpoints", optarg, 1, 1u << 20, &ep.n_checkpoints))
-                return 2;
-            break;
-        case 3:
-            if (parse_u32("--checkpoint-every", optarg, 0, 1u << 20, &ep.checkpoint_every))
-                return 2;
-            break;
-        case 4:
-            if (parse_u32("--host-cache-mb", optarg, 0, 1u << 24, &host_mb))
-                return 2;
-            break;
-        case 5:
-            if (parse_u32("--kv-pages", optarg, 1, 1u << 30, &ep.n_pages))
-                return 2;
-            break;
-        case 6: stats_json = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default:
-            fprintf(stderr, "hpd-run: see --help for the flags\n");
-            return 2;
-        }
-    }
-    if (optind != argc) {
-        fprintf(stderr, "hpd-run: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    const hpd_opt_bind_t binds[] = {
+        HPD_OPT_BIND("model", &model_dir),
+        HPD_OPT_BIND("prompt-ids", &prompt_ids),
+        HPD_OPT_BIND("prompts-file", &prompts_file),
+        HPD_OPT_BIND("max-tokens", &max_tokens),
+        HPD_OPT_BIND("temperature", &samp.temperature),
+        HPD_OPT_BIND("top-p", &samp.top_p),
+        HPD_OPT_BIND("top-k", &samp.top_k),
+        HPD_OPT_BIND("seed", &samp.seed),
+        HPD_OPT_BIND("kv-block-size", &block_size),
+        HPD_OPT_BIND("kv-layout", &ep.kv_layout),
+        HPD_OPT_BIND("max-context", &ep.max_context),
+        HPD_OPT_BIND("max-batch", &ep.max_batch),
+        HPD_OPT_BIND("prefill-chunk", &ep.prefill_chunk),
+        HPD_OPT_BIND("threads", &bp.n_threads),
+        HPD_OPT_BIND("device", &bp.device),
+        HPD_OPT_BIND("no-prefix-cache", &ep.prefix_cache),
+        HPD_OPT_BIND("checkpoints", &ep.n_checkpoints),
+        HPD_OPT_BIND("checkpoint-every", &ep.checkpoint_every),
+        HPD_OPT_BIND("host-cache-mb", &ep.host_cache_bytes),
+        HPD_OPT_BIND("kv-pages", &ep.n_pages),
+        HPD_OPT_BIND("stats-json", &stats_json),
+        HPD_OPT_BIND("logits-out", &logits_out),
+        {.name = "log-level", .dst = &level, .def = "warn"},
+    };
+    const int prc = hpd_opt_parse(argc, argv, "hpd-run", HPD_OPT_ROLE_RUN,
+                                  "usage: hpd-run --model DIR (--prompt-ids 1,2,3 | "
+                                  "--prompts-file F) [options]",
+                                  binds, HPD_ARRAY_SIZE(binds));
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
+    hpd_log_set_level(level);
     if (model_dir == NULL || (prompt_ids == NULL) == (prompts_file == NULL)) {
-        fprintf(stderr, "hpd-run: --model and one of --prompt-ids or --prompts-file are needed\n");
-        usage(stderr);
+        fprintf(stderr, "hpd-run: --model and one of --prompt-ids or --prompts-file are needed "
+                "(see --help)\n");
         return 2;
     }
-    if (layout_text != NULL && hpd_kv_layout_parse(layout_text, &ep.kv_layout) != HPD_OK)
-        return 2;
     if (block_size != 0)
         ep.kv_layout.block_size = block_size;
-    if (ep.prefill_chunk % 64 != 0) {
-        fprintf(stderr, "hpd-run: --prefill-chunk %u must be a multiple of 64\n",
-                ep.prefill_chunk);
-        return 2;
-    }
     if (prompt_ids != NULL) {
         prompts = calloc(1, sizeof(*prompts));
         if (prompts == NULL)
@@ -305,7 +189,6 @@ int main(int argc, char **argv)
         goto out;
     ep.model = model;
     ep.backend = backend;
-    ep.host_cache_bytes = (uint64_t)host_mb << 20;
     if (logits_out != NULL) {
         ep.logits_cb = keep_logits;
         ep.logits_cb_arg = &sink;

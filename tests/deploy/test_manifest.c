@@ -135,6 +135,54 @@ static void test_client_keys_file(void **state)
     hpd_manifest_destroy(m);
 }
 
+static void joined_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, char *out,
+                        size_t len)
+{
+    char **argv;
+    const int argc = hpd_manifest_args(m, p, "/bin/x", &argv);
+    out[0] = '\0';
+    for (int i = 0; i < argc; i++)
+        snprintf(out + strlen(out), len - strlen(out), "%s ", argv[i]);
+    hpd_manifest_args_free(argv);
+}
+
+/* Fields take their ranges and roles from the options table
+ * (common/options.h); a zero the manifest gives is passed on (liveness_ms
+ * 0 turns the pings off), a field it does not give is left to the
+ * program. */
+static void test_fields_follow_the_options_table(void **state)
+{
+    char text[4096], err[4096], args[2048];
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%s", edit(5, "  port: 7000\n  liveness_ms: 0\n"
+                                               "  drain_timeout_ms: 0"));
+    snprintf(text + strlen(text), sizeof(text) - strlen(text),
+             "defaults:\n  xfer_deadline_ms: 0\n  reserve_timeout_ms: 900\n");
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    joined_args(m, &m->procs[0], args, sizeof(args));
+    assert_non_null(strstr(args, "--liveness-ms 0 "));
+    assert_non_null(strstr(args, "--drain-timeout-ms 0 "));
+    assert_null(strstr(args, "--lease-ms")); /* not given: the coordinator's default */
+    joined_args(m, hpd_manifest_find(m, "p0"), args, sizeof(args));
+    assert_non_null(strstr(args, "--xfer-deadline-ms 0 "));
+    assert_null(strstr(args, "--reserve-timeout-ms")); /* a decode option, from defaults */
+    joined_args(m, hpd_manifest_find(m, "d0"), args, sizeof(args));
+    assert_non_null(strstr(args, "--reserve-timeout-ms 900 "));
+    assert_null(strstr(args, "--xfer-deadline-ms"));
+    hpd_manifest_destroy(m);
+    /* the table's range and multiple */
+    expect_error(edit(12, "    max_batch: 5000"), "m.yaml:12: nodes[0].max_batch",
+                 "5000 is out of range (expected 1 to 4096)");
+    expect_error(edit(12, "    prefill_chunk: 100"), "nodes[0].prefill_chunk",
+                 "expected a multiple of 64 from 64 to 65536");
+    /* and its roles */
+    expect_error(edit(17, "    staging_mb: 8"), "m.yaml:17: nodes[1].staging_mb",
+                 "applies to prefill nodes only");
+    expect_error(edit(6, "  metrics_port: 7001\n  max_batch: 4"), "coordinator.max_batch",
+                 "applies to nodes only");
+}
+
 static void test_examples_load(void **state)
 {
     static const char *files[] = {"local.yaml", "multi-host.yaml"};
@@ -274,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_base_loads),
         cmocka_unit_test(test_examples_load),
         cmocka_unit_test(test_client_keys_file),
+        cmocka_unit_test(test_fields_follow_the_options_table),
         cmocka_unit_test(test_unknown_field),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_wrong_type),

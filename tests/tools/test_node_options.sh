@@ -31,6 +31,9 @@ expect "prefill with a decode option" "--reserve-timeout-ms is an option of deco
     "$prefill" $c --reserve-timeout-ms 5
 expect "a bad value" "--xfer-deadline-ms: 'soon' is invalid (expected an integer from 0 to 3600000)" \
     "$prefill" $c --xfer-deadline-ms soon
-expect "no coordinator" "--coordinator and --model are required" "$prefill" --model /x
+expect "no coordinator" "--coordinator is required" "$prefill" --model /x
+expect "no model" "--model is required" "$decode" --coordinator 127.0.0.1:1
+expect "a bad endpoint" "--coordinator: 'nowhere' is invalid (expected HOST:PORT)" "$decode" --coordinator nowhere --model /x
+expect "a coordinator option" "--lease-ms is an option of the coordinator, not of prefill nodes" "$prefill" $c --lease-ms 100
 echo "$pass passed, $fails failed"
 exit "$fails"
