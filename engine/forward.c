@@ -1,0 +1,356 @@
+/* The forward pass of the hybrid linear-attention family (Qwen3-Next,
+ * Qwen3.5): Gated DeltaNet layers and gated full-attention layers, each
+ * followed by the MLP, over one batch of decode rows and prefill chunks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/internal.h"
+
+#define LOG_COMPONENT "engine"
+
+static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index)
+{
+    return (float *)((uint8_t *)hpd_slot_pool_ptr(e->slots, r->slot) +
+                     gdn_index * e->gdn_layer_bytes);
+}
+
+static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
+{
+    const hpd_model_config_t *c = e->cfg;
+    const hpd_layer_weights_t *w = &e->w->layers[l];
+    const uint32_t R = bt->rows, H = c->hidden_size, nk = c->lin_n_k_heads;
+    const uint32_t nv = c->lin_n_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const uint32_t gi = c->kind_index[l], zoff = c->conv_dim, boff = zoff + nv * dv;
+    const uint64_t rec_floats = (uint64_t)nv * dk * dv;
+    hpd_status_t st;
+
+    for (uint32_t i = 0, np = 0, nd = 0; i < bt->n_items; i++) {
+        float *state = slot_layer(e, e->items[i].req, gi);
+        if (e->items[i].decode) {
+            e->st_dec[nd] = state;
+            e->cs_dec[nd++] = state + rec_floats;
+        } else {
+            e->st_pre[np] = state;
+            e->cs_pre[np++] = state + rec_floats;
+        }
+    }
+    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
+                               .y = {.p = e->h, .ld = H},
+                               .n_tokens = R,
+                               .n_heads = 1,
+                               .dim = H,
+                               .w = w->input_norm,
+                               .eps = c->rms_norm_eps,
+                               .zero_centred = true};
+    hpd_gemm_args_t proj = {.x = e->h,
+                            .ldx = H,
+                            .w = w->gdn_in,
+                            .y = e->proj,
+                            .ldy = e->ld_proj,
+                            .m = R,
+                            .n = hpd_model_gdn_in_rows(c),
+                            .k = H};
+    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &proj)) != HPD_OK)
+        return st;
+
+    hpd_conv1d_args_t conv = {.x = e->proj,
+                              .ldx = e->ld_proj,
+                              .y = e->conv,
+                              .ldy = c->conv_dim,
+                              .w = w->gdn_conv,
+                              .channels = c->conv_dim,
+                              .kc = c->conv_kernel,
+                              .states = e->cs_pre,
+                              .seqs = e->seqs_pre,
+                              .n_seqs = bt->n_pre};
+    if (bt->n_pre > 0 && (st = hpd_conv1d(e->be, &conv)) != HPD_OK)
+        return st;
+    conv.states = e->cs_dec;
+    conv.seqs = e->seqs_dec;
+    conv.n_seqs = bt->n_dec;
+    if (bt->n_dec > 0 && (st = hpd_conv1d_step(e->be, &conv)) != HPD_OK)
+        return st;
+
+    hpd_view_t q = {.p = e->conv, .ld = c->conv_dim, .hs = dk};
+    hpd_view_t k = {.p = e->conv + nk * dk, .ld = c->conv_dim, .hs = dk};
+    hpd_view_t v = {.p = e->conv + 2 * nk * dk, .ld = c->conv_dim, .hs = dv};
+    hpd_l2norm_args_t qn = {.x = q,
+                            .n_tokens = R,
+                            .n_heads = nk,
+                            .dim = dk,
+                            .eps = 1e-6f,
+                            .scale = 1.0f / sqrtf((float)dk)};
+    hpd_l2norm_args_t kn = {
+        .x = k, .n_tokens = R, .n_heads = nk, .dim = dk, .eps = 1e-6f, .scale = 1.0f};
+    hpd_gdn_gating_args_t gate = {.a = e->proj + boff + nv,
+                                  .b = e->proj + boff,
+                                  .lda = e->ld_proj,
+                                  .ldb = e->ld_proj,
+                                  .a_log = w->gdn_a_log,
+                                  .dt_bias = w->gdn_dt_bias,
+                                  .g = e->g,
+                                  .beta = e->beta,
+                                  .n_tokens = R,
+                                  .nv = nv};
+    if ((st = hpd_l2norm(e->be, &qn)) != HPD_OK || (st = hpd_l2norm(e->be, &kn)) != HPD_OK ||
+        (st = hpd_gdn_gating(e->be, &gate)) != HPD_OK)
+        return st;
+
+    hpd_view_t out = {.p = e->core, .ld = e->ld_core, .hs = dv};
+    hpd_gdn_args_t gdn = {.q = q,
+                          .k = k,
+                          .v = v,
+                          .g = e->g,
+                          .beta = e->beta,
+                          .out = out,
+                          .nk = nk,
+                          .nv = nv,
+                          .dk = dk,
+                          .dv = dv,
+                          .states = e->st_pre,
+                          .seqs = e->seqs_pre,
+                          .n_seqs = bt->n_pre};
+    if (bt->n_pre > 0 && (st = hpd_gdn_chunked(e->be, &gdn)) != HPD_OK)
+        return st;
+    gdn.states = e->st_dec;
+    gdn.seqs = e->seqs_dec;
+    gdn.n_seqs = bt->n_dec;
+    if (bt->n_dec > 0 && (st = hpd_gdn_recurrent(e->be, &gdn)) != HPD_OK)
+        return st;
+
+    hpd_gated_rmsnorm_args_t gn = {.x = out,
+                                   .z = {.p = e->proj + zoff, .ld = e->ld_proj, .hs = dv},
+                                   .y = out,
+                                   .n_tokens = R,
+                                   .n_heads = nv,
+                                   .dim = dv,
+                                   .w = w->gdn_norm,
+                                   .eps = c->rms_norm_eps};
+    hpd_gemm_args_t o = {.x = e->core,
+                         .ldx = e->ld_core,
+                         .w = w->gdn_out,
+                         .y = e->x,
+                         .ldy = H,
+                         .m = R,
+                         .n = H,
+                         .k = nv * dv,
+                         .accumulate = true};
+    if ((st = hpd_gated_rmsnorm(e->be, &gn)) != HPD_OK || (st = hpd_gemm(e->be, &o)) != HPD_OK)
+        return st;
+    return HPD_OK;
+}
+
+static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
+{
+    const hpd_model_config_t *c = e->cfg;
+    const hpd_layer_weights_t *w = &e->w->layers[l];
+    const uint32_t R = bt->rows, H = c->hidden_size, nh = c->n_heads, nkv = c->n_kv_heads;
+    const uint32_t hd = c->head_dim, a = c->kind_index[l];
+    const uint32_t P = e->p.kv_layout.pack_size, group = a / P;
+    hpd_status_t st;
+
+    for (uint32_t i = 0; i < bt->n_items; i++) {
+        const request_t *r = e->items[i].req;
+        e->bt_all[i] = r->pages + (size_t)group * r->n_blocks;
+    }
+    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
+                               .y = {.p = e->h, .ld = H},
+                               .n_tokens = R,
+                               .n_heads = 1,
+                               .dim = H,
+                               .w = w->input_norm,
+                               .eps = c->rms_norm_eps,
+                               .zero_centred = true};
+    hpd_gemm_args_t proj = {.x = e->h,
+                            .ldx = H,
+                            .w = w->attn_qkv,
+                            .y = e->proj,
+                            .ldy = e->ld_proj,
+                            .m = R,
+                            .n = hpd_model_attn_qkv_rows(c),
+                            .k = H};
+    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &proj)) != HPD_OK)
+        return st;
+
+    hpd_view_t q = {.p = e->proj, .ld = e->ld_proj, .hs = 2 * hd};
+    hpd_view_t gate = {.p = e->proj + hd, .ld = e->ld_proj, .hs = 2 * hd};
+    hpd_view_t k = {.p = e->proj + nh * 2 * hd, .ld = e->ld_proj, .hs = hd};
+    hpd_view_t v = {.p = e->proj + nh * 2 * hd + nkv * hd, .ld = e->ld_proj, .hs = hd};
+    hpd_rmsnorm_args_t qn = {.x = q,
+                             .y = q,
+                             .n_tokens = R,
+                             .n_heads = nh,
+                             .dim = hd,
+                             .w = w->q_norm,
+                             .eps = c->rms_norm_eps,
+                             .zero_centred = true};
+    hpd_rmsnorm_args_t kn = {.x = k,
+                             .y = k,
+                             .n_tokens = R,
+                             .n_heads = nkv,
+                             .dim = hd,
+                             .w = w->k_norm,
+                             .eps = c->rms_norm_eps,
+                             .zero_centred = true};
+    hpd_rope_args_t qr = {.x = q,
+                          .n_tokens = R,
+                          .n_heads = nh,
+                          .head_dim = hd,
+                          .rot_dim = c->rot_dim,
+                          .positions = e->positions,
+                          .theta = c->rope_theta};
+    hpd_rope_args_t kr = {.x = k,
+                          .n_tokens = R,
+                          .n_heads = nkv,
+                          .head_dim = hd,
+                          .rot_dim = c->rot_dim,
+                          .positions = e->positions,
+                          .theta = c->rope_theta};
+    if ((st = hpd_rmsnorm(e->be, &qn)) != HPD_OK || (st = hpd_rmsnorm(e->be, &kn)) != HPD_OK ||
+        (st = hpd_rope(e->be, &qr)) != HPD_OK || (st = hpd_rope(e->be, &kr)) != HPD_OK)
+        return st;
+
+    hpd_paged_kv_t kv = {.layout = &e->p.kv_layout,
+                         .pool = hpd_page_pool_base(e->pages),
+                         .member = a % P,
+                         .block_tables = e->bt_all};
+    hpd_kv_store_args_t store = {
+        .kv = kv, .k = k, .v = v, .seqs = e->seqs_all, .n_seqs = bt->n_items};
+    hpd_view_t out = {.p = e->core, .ld = e->ld_core, .hs = hd};
+    hpd_attention_args_t att = {.kv = kv,
+                                .q = q,
+                                .out = out,
+                                .n_heads = nh,
+                                .scale = 1.0f / sqrtf((float)hd),
+                                .seqs = e->seqs_all,
+                                .n_seqs = bt->n_items};
+    hpd_sigmoid_mul_args_t sg = {.x = out, .gate = gate, .n_tokens = R, .n_heads = nh, .dim = hd};
+    hpd_gemm_args_t o = {.x = e->core,
+                         .ldx = e->ld_core,
+                         .w = w->attn_o,
+                         .y = e->x,
+                         .ldy = H,
+                         .m = R,
+                         .n = H,
+                         .k = nh * hd,
+                         .accumulate = true};
+    if ((st = hpd_kv_store(e->be, &store)) != HPD_OK ||
+        (st = hpd_attention(e->be, &att)) != HPD_OK ||
+        (st = hpd_sigmoid_mul(e->be, &sg)) != HPD_OK || (st = hpd_gemm(e->be, &o)) != HPD_OK)
+        return st;
+    return HPD_OK;
+}
+
+static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
+{
+    const hpd_model_config_t *c = e->cfg;
+    const hpd_layer_weights_t *w = &e->w->layers[l];
+    const uint32_t R = bt->rows, H = c->hidden_size, I = c->intermediate_size;
+    hpd_status_t st;
+
+    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
+                               .y = {.p = e->h, .ld = H},
+                               .n_tokens = R,
+                               .n_heads = 1,
+                               .dim = H,
+                               .w = w->post_norm,
+                               .eps = c->rms_norm_eps,
+                               .zero_centred = true};
+    hpd_gemm_args_t up = {.x = e->h,
+                          .ldx = H,
+                          .w = w->mlp_gate_up,
+                          .y = e->proj,
+                          .ldy = e->ld_proj,
+                          .m = R,
+                          .n = 2 * I,
+                          .k = H};
+    hpd_silu_mul_args_t act = {
+        .gu = e->proj, .ldgu = e->ld_proj, .out = e->act, .ldout = I, .n_tokens = R, .inter = I};
+    hpd_gemm_args_t down = {.x = e->act,
+                            .ldx = I,
+                            .w = w->mlp_down,
+                            .y = e->x,
+                            .ldy = H,
+                            .m = R,
+                            .n = H,
+                            .k = I,
+                            .accumulate = true};
+    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &up)) != HPD_OK ||
+        (st = hpd_silu_mul(e->be, &act)) != HPD_OK || (st = hpd_gemm(e->be, &down)) != HPD_OK)
+        return st;
+    return HPD_OK;
+}
+
+/* Final norm and LM head over the rows that need logits. */
+static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
+{
+    const hpd_model_config_t *c = e->cfg;
+    const uint32_t H = c->hidden_size, n = bt->n_logits;
+    hpd_status_t st;
+
+    for (uint32_t i = 0; i < n; i++) {
+        st = hpd_backend_copy(e->be, e->lhid + (size_t)i * H,
+                              e->x + (size_t)e->logit_rows[i] * H, H * sizeof(float));
+        if (st != HPD_OK)
+            return st;
+    }
+    hpd_rmsnorm_args_t norm = {.x = {.p = e->lhid, .ld = H},
+                               .y = {.p = e->lhid, .ld = H},
+                               .n_tokens = n,
+                               .n_heads = 1,
+                               .dim = H,
+                               .w = e->w->final_norm,
+                               .eps = c->rms_norm_eps,
+                               .zero_centred = true};
+    hpd_gemm_args_t head = {.x = e->lhid,
+                            .ldx = H,
+                            .w = e->w->lm_head,
+                            .y = e->logits,
+                            .ldy = c->vocab_size,
+                            .m = n,
+                            .n = c->vocab_size,
+                            .k = H};
+    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &head)) != HPD_OK)
+        return st;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
+{
+    const hpd_model_config_t *c = e->cfg;
+    hpd_status_t st;
+
+    hpd_embed_args_t emb = {.ids = e->ids,
+                            .n = bt->rows,
+                            .table = e->w->embed,
+                            .dim = c->hidden_size,
+                            .out = e->x,
+                            .ld = c->hidden_size};
+    if ((st = hpd_embed(e->be, &emb)) != HPD_OK)
+        return st;
+    if (e->p.layer_cb != NULL)
+        for (uint32_t i = 0; i < bt->n_items; i++) {
+            const batch_item_t *it = &e->items[i];
+            e->step_items[i] = (hpd_engine_step_item_t){
+                .id = it->req->id,
+                .pos = it->req->n_done,
+                .n_tokens = it->n_tokens,
+                .prefill = !it->decode,
+                .last_chunk = !it->decode && it->req->n_done + it->n_tokens == it->req->n_prompt};
+        }
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        st = c->layer_full[l] ? attn_layer(e, bt, l) : gdn_layer(e, bt, l);
+        if (st != HPD_OK)
+            return st;
+        /* this layer's KV rows and GDN states are final for the step's tokens */
+        if (e->p.layer_cb != NULL)
+            e->p.layer_cb(e->p.layer_cb_arg, l, e->step_items, bt->n_items);
+        if ((st = mlp(e, bt, l)) != HPD_OK)
+            return st;
+    }
+    return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;
+}

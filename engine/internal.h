@@ -1,0 +1,103 @@
+/* What the engine's files share (engine/engine.c: the lifecycle and the
+ * queries; engine/scheduler.c: requests, admission, batches and the step;
+ * engine/forward.c: the forward pass of the hybrid model family). Not a
+ * public header: nothing outside engine/ includes it. */
+#ifndef HPD_ENGINE_INTERNAL_H
+#define HPD_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+
+#include "cache/page_pool.h"
+#include "cache/slot_pool.h"
+
+/* a page table entry that holds no page (yet) */
+#define NO_PAGE UINT32_MAX
+
+typedef struct {
+    uint64_t id;
+    hpd_request_state_t state;
+    int32_t *prompt;
+    uint32_t n_prompt;
+    uint32_t max_tokens;
+    hpd_sampling_t sampling;
+    int32_t *replay;
+    uint32_t n_replay;
+    int32_t *out; /* [max_tokens] */
+    uint32_t n_out;
+    uint32_t n_done;   /* tokens whose KV and state are computed */
+    uint32_t slot;     /* 0: none */
+    uint32_t n_blocks; /* pages per pack group */
+    uint32_t *pages;   /* [n_groups][n_blocks] */
+    /* prefix cache */
+    hpd_block_hash_t *hashes; /* of the prompt's full blocks */
+    hpd_prefix_match_t match; /* locked while the request runs */
+    uint32_t ckpt_pos[64];    /* checkpoint positions still to save, ascending */
+    uint32_t n_ckpt, next_ckpt;
+    uint32_t cached_tokens, cached_host_tokens;
+} request_t;
+
+/* One row group of the current forward pass. */
+typedef struct {
+    request_t *req;
+    uint32_t n_tokens;
+    bool decode;      /* GDN recurrent step (else chunked prefill) */
+    bool wants_logits;
+} batch_item_t;
+
+struct hpd_engine {
+    hpd_engine_params_t p;
+    const hpd_model_config_t *cfg;
+    hpd_backend_t *be;
+    const hpd_model_t *w;   /* the weights in backend memory: p.model or dev_model */
+    hpd_model_t *dev_model; /* a copy on a device backend, owned */
+    hpd_page_pool_t *pages;
+    hpd_slot_pool_t *slots;
+    hpd_prefix_cache_t *cache;
+    uint32_t n_groups;
+    uint64_t gdn_layer_bytes;
+
+    request_t **reqs; /* by id - 1; NULL once released */
+    uint64_t n_reqs;
+    size_t cap_reqs;
+    request_t **active; /* waiting and running requests, in submit (or start) order */
+    uint32_t n_active;
+    size_t cap_active;
+    uint32_t n_running;
+
+    /* activations, backend memory, R = max_step_tokens rows */
+    float *x, *h, *proj, *conv, *g, *beta, *core, *act, *lhid, *logits;
+    uint32_t ld_proj, ld_core;
+    float *logits_host; /* for the callback when the backend is not host memory */
+    /* host-side batch metadata */
+    int32_t *ids;
+    int32_t *positions;
+    batch_item_t *items;
+    hpd_seq_t *seqs_all, *seqs_pre, *seqs_dec;
+    const uint32_t **bt_all;
+    float **st_pre, **st_dec, **cs_pre, **cs_dec;
+    hpd_sampling_t *samp;
+    uint64_t *samp_pos;
+    int32_t *sampled;
+    uint32_t *logit_rows; /* batch row of each logits row */
+    batch_item_t **logit_items;
+    hpd_engine_step_item_t *step_items;
+
+    hpd_engine_stats_t stats;
+};
+
+typedef struct {
+    uint32_t rows;
+    uint32_t n_items, n_pre, n_dec, n_logits;
+} batch_t;
+
+/* The forward pass of one batch (engine/forward.c): embeddings, every
+ * layer (GDN or gated attention, then the MLP; the layer callback after
+ * each), and the logits of the rows that need them. */
+hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt);
+
+/* Gives back a request's pages and slot (engine/scheduler.c). */
+void hpd_engine_request_free_resources(hpd_engine_t *e, request_t *r);
+/* Frees a request's memory (after its resources went back). */
+void hpd_engine_request_destroy(request_t *r);
+
+#endif

@@ -1,0 +1,569 @@
+/* The engine's scheduler: requests (submit, reserve and start, cancel,
+ * release), admission (pages, slots and the prefix cache), the batch of a
+ * step (decode rows first, then prefill chunks) and the step itself. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/internal.h"
+
+#define LOG_COMPONENT "engine"
+
+void hpd_engine_request_free_resources(hpd_engine_t *e, request_t *r)
+{
+    if (r->pages != NULL) {
+        for (uint32_t i = 0; i < e->n_groups * r->n_blocks; i++)
+            if (r->pages[i] != NO_PAGE)
+                hpd_page_pool_unref(e->pages, r->pages[i]);
+        free(r->pages);
+        r->pages = NULL;
+    }
+    if (e->cache != NULL)
+        hpd_prefix_cache_release(e->cache, &r->match);
+    if (r->slot != 0) {
+        hpd_slot_pool_unref(e->slots, r->slot);
+        r->slot = 0;
+    }
+}
+
+void hpd_engine_request_destroy(request_t *r)
+{
+    if (r == NULL)
+        return;
+    free(r->prompt);
+    free(r->replay);
+    free(r->out);
+    free(r->hashes);
+    free(r);
+}
+
+static hpd_status_t check_ids(const int32_t *ids, uint32_t n, uint32_t vocab, const char *what)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || (uint32_t)ids[i] >= vocab) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s token %u is %d (expected 0 to %u, below vocab_size)",
+                          what, i, ids[i], vocab - 1);
+            return HPD_ERR_INVALID_ARG;
+        }
+    }
+    return HPD_OK;
+}
+
+static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_params_t *p)
+{
+    const hpd_sampling_t *s = &p->sampling;
+    hpd_status_t st;
+
+    if (p->n_prompt == 0 || p->prompt == NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "empty prompt (expected at least one token id)");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (p->max_tokens == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "max tokens is 0 (expected at least 1)");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if ((uint64_t)p->n_prompt + p->max_tokens > e->p.max_context) {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "prompt of %u tokens + %u new tokens exceeds the maximum context of %u",
+                      p->n_prompt, p->max_tokens, e->p.max_context);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (p->n_replay > p->max_tokens) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%u replayed tokens exceed max tokens %u", p->n_replay,
+                      p->max_tokens);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if ((st = check_ids(p->prompt, p->n_prompt, e->cfg->vocab_size, "prompt")) != HPD_OK ||
+        (st = check_ids(p->replay, p->n_replay, e->cfg->vocab_size, "replayed")) != HPD_OK)
+        return st;
+    if (!isfinite(s->temperature) || s->temperature < 0.0f) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "temperature %g is invalid (expected >= 0; 0 is greedy)",
+                      s->temperature);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "top-p %g is invalid (expected in (0, 1])", s->top_p);
+        return HPD_ERR_INVALID_ARG;
+    }
+    return HPD_OK;
+}
+
+/* Validates and records a request (not yet in the active list). */
+static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, request_t **r_p)
+{
+    request_t *r;
+    hpd_status_t st;
+
+    if ((st = validate_request(e, p)) != HPD_OK)
+        return st;
+    if (hpd_grow(&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof(*e->reqs)) != HPD_OK ||
+        hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
+            HPD_OK)
+        return HPD_ERR_NO_MEMORY;
+    r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return HPD_ERR_NO_MEMORY;
+    r->prompt = malloc(p->n_prompt * sizeof(int32_t));
+    r->out = malloc(p->max_tokens * sizeof(int32_t));
+    r->replay = malloc((p->n_replay + 1) * sizeof(int32_t));
+    if (r->prompt == NULL || r->out == NULL || r->replay == NULL) {
+        hpd_engine_request_destroy(r);
+        return HPD_ERR_NO_MEMORY;
+    }
+    memcpy(r->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
+    if (p->n_replay > 0)
+        memcpy(r->replay, p->replay, p->n_replay * sizeof(int32_t));
+    r->n_prompt = p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    r->sampling = p->sampling;
+    r->n_replay = p->n_replay;
+    r->state = HPD_REQ_WAITING;
+    r->id = e->n_reqs + 1;
+    e->reqs[e->n_reqs++] = r;
+    *r_p = r;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    request_t *r;
+    hpd_status_t st;
+
+    if ((st = new_request(e, p, &r)) != HPD_OK)
+        return st;
+    e->active[e->n_active++] = r; /* room made by new_request */
+    *id_p = r->id;
+    return HPD_OK;
+}
+
+static request_t *find(const hpd_engine_t *e, uint64_t id)
+{
+    return id >= 1 && id <= e->n_reqs ? e->reqs[id - 1] : NULL;
+}
+
+static void finish(hpd_engine_t *e, request_t *r, hpd_request_state_t state)
+{
+    if (r->state == HPD_REQ_RUNNING)
+        e->n_running--;
+    if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING) {
+        uint32_t i = 0;
+        while (i < e->n_active && e->active[i] != r)
+            i++;
+        if (i < e->n_active) {
+            memmove(e->active + i, e->active + i + 1, (e->n_active - i - 1) * sizeof(*e->active));
+            e->n_active--;
+        }
+    }
+    hpd_engine_request_free_resources(e, r);
+    r->state = state;
+}
+
+static void request_tables(const hpd_engine_t *e, const request_t *r, uint32_t **tables)
+{
+    for (uint32_t g = 0; g < e->n_groups; g++)
+        tables[g] = r->pages + (size_t)g * r->n_blocks;
+}
+
+/* Pages, with the prefix cache evicting to make room when it can. */
+static hpd_status_t take_pages(hpd_engine_t *e, uint32_t n, uint32_t *ids)
+{
+    if (hpd_page_pool_n_free(e->pages) < n && e->cache != NULL)
+        hpd_prefix_cache_make_room(e->cache, n);
+    return hpd_page_pool_alloc(e->pages, n, ids);
+}
+
+/* Takes a slot and every page the request can need, the prefix hit first,
+ * or nothing. */
+static hpd_status_t admit(hpd_engine_t *e, request_t *r)
+{
+    const uint32_t ctx = r->n_prompt + r->max_tokens;
+    uint32_t *tables[256], hit_pages = 0;
+    hpd_status_t st;
+
+    if (e->pages != NULL) {
+        r->n_blocks = HPD_DIV_UP(ctx, e->p.kv_layout.block_size);
+        if ((uint64_t)r->n_blocks * e->n_groups > hpd_page_pool_n_pages(e->pages)) {
+            HPD_LOG_ERROR(LOG_COMPONENT,
+                          "request %llu needs %u kv pages but the pool holds only %u",
+                          (unsigned long long)r->id, r->n_blocks * e->n_groups,
+                          hpd_page_pool_n_pages(e->pages));
+            return HPD_ERR_INVALID_ARG;
+        }
+        r->pages = malloc((size_t)r->n_blocks * e->n_groups * sizeof(uint32_t));
+        if (r->pages == NULL)
+            return HPD_ERR_NO_MEMORY;
+        for (uint32_t i = 0; i < r->n_blocks * e->n_groups; i++)
+            r->pages[i] = NO_PAGE;
+        request_tables(e, r, tables);
+    }
+    if (e->slots != NULL && (st = hpd_slot_pool_alloc(e->slots, &r->slot)) != HPD_OK)
+        goto fail;
+    if (e->cache != NULL) {
+        const uint32_t nb = r->n_prompt / HPD_PREFIX_BLOCK;
+        if (r->hashes == NULL && (r->hashes = malloc((nb + 1) * sizeof(*r->hashes))) == NULL) {
+            st = HPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        hpd_prefix_cache_hash(e->cache, r->prompt, nb, r->hashes);
+        if ((st = hpd_prefix_cache_lookup(e->cache, r->hashes, r->n_prompt, &r->match)) != HPD_OK)
+            goto fail;
+        void *state = r->slot ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
+        if ((st = hpd_prefix_cache_attach(e->cache, &r->match, tables, state)) != HPD_OK)
+            goto fail;
+        r->cached_tokens = r->match.hit_blocks * HPD_PREFIX_BLOCK;
+        r->cached_host_tokens = r->match.host_blocks * HPD_PREFIX_BLOCK;
+        if (e->pages != NULL)
+            hit_pages = HPD_DIV_UP(r->cached_tokens, e->p.kv_layout.block_size);
+        r->n_ckpt = hpd_prefix_cache_checkpoint_plan(e->cache, &r->match, r->n_prompt,
+                                                     r->cached_tokens, r->ckpt_pos, 64);
+        r->next_ckpt = 0;
+        r->n_done = r->cached_tokens;
+    }
+    if (e->pages != NULL && r->n_blocks > hit_pages) {
+        const uint32_t per_group = r->n_blocks - hit_pages;
+        uint32_t *ids = malloc((size_t)per_group * e->n_groups * sizeof(uint32_t));
+        if (ids == NULL) {
+            st = HPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        if ((st = take_pages(e, per_group * e->n_groups, ids)) != HPD_OK) {
+            free(ids);
+            goto fail;
+        }
+        for (uint32_t g = 0; g < e->n_groups; g++)
+            memcpy(tables[g] + hit_pages, ids + (size_t)g * per_group,
+                   per_group * sizeof(uint32_t));
+        free(ids);
+    }
+    r->state = HPD_REQ_RUNNING;
+    e->n_running++;
+    return HPD_OK;
+fail:
+    hpd_engine_request_free_resources(e, r);
+    r->cached_tokens = r->cached_host_tokens = 0;
+    r->n_done = 0;
+    return st;
+}
+
+static void admit_waiting(hpd_engine_t *e)
+{
+    for (uint32_t i = 0; i < e->n_active && e->n_running < e->p.max_batch; i++) {
+        request_t *r = e->active[i];
+        hpd_status_t st;
+
+        if (r->state != HPD_REQ_WAITING)
+            continue;
+        st = admit(e, r);
+        if (st == HPD_ERR_NO_RESOURCE)
+            break; /* first come, first served: wait for frees */
+        if (st != HPD_OK) {
+            finish(e, r, HPD_REQ_FAILED); /* removes it from the active list */
+            i--;
+        }
+    }
+}
+
+/* Lays out this step's rows: decoding requests first (one row each), then
+ * prefill chunks while the row budget lasts. A prefill chunk ends on a
+ * multiple of 64 unless it ends the prompt. */
+static void build_batch(hpd_engine_t *e, batch_t *bt)
+{
+    const uint32_t budget = e->p.max_step_tokens;
+    memset(bt, 0, sizeof(*bt));
+
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < e->n_active; i++) {
+            request_t *r = e->active[i];
+            batch_item_t *it;
+            uint32_t n;
+            bool decode;
+
+            if (r->state != HPD_REQ_RUNNING)
+                continue;
+            decode = r->n_done >= r->n_prompt;
+            if (decode != (pass == 0))
+                continue;
+            if (decode) {
+                n = 1;
+            } else {
+                const uint32_t left = r->n_prompt - r->n_done;
+                const uint32_t room = budget - bt->rows;
+                n = HPD_MIN(left, e->p.prefill_chunk);
+                /* a chunk ends where a checkpoint is to be saved */
+                if (r->next_ckpt < r->n_ckpt)
+                    n = HPD_MIN(n, r->ckpt_pos[r->next_ckpt] - r->n_done);
+                if (n > room)
+                    n = room / HPD_GDN_CHUNK * HPD_GDN_CHUNK;
+                if (n == 0)
+                    continue;
+            }
+            it = &e->items[bt->n_items];
+            it->req = r;
+            it->n_tokens = n;
+            it->decode = decode;
+            it->wants_logits = decode || r->n_done + n == r->n_prompt;
+            hpd_seq_t seq = {.row = bt->rows, .n_tokens = n, .start_pos = r->n_done};
+            e->seqs_all[bt->n_items] = seq;
+            for (uint32_t t = 0; t < n; t++) {
+                const uint32_t pos = r->n_done + t;
+                e->ids[bt->rows + t] =
+                    pos < r->n_prompt ? r->prompt[pos] : r->out[pos - r->n_prompt];
+                e->positions[bt->rows + t] = (int32_t)pos;
+            }
+            if (decode)
+                e->seqs_dec[bt->n_dec++] = seq;
+            else
+                e->seqs_pre[bt->n_pre++] = seq;
+            if (it->wants_logits) {
+                e->logit_rows[bt->n_logits] = bt->rows + n - 1;
+                e->logit_items[bt->n_logits++] = it;
+            }
+            bt->rows += n;
+            bt->n_items++;
+        }
+    }
+}
+
+/* Samples (or replays) the next token of every request that got logits. */
+static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
+{
+    const uint32_t V = e->cfg->vocab_size;
+    hpd_status_t st;
+
+    for (uint32_t i = 0; i < bt->n_logits; i++) {
+        const request_t *r = e->logit_items[i]->req;
+        e->samp[i] = r->sampling;
+        e->samp_pos[i] = r->n_prompt + r->n_out; /* position of the token drawn */
+        if (e->p.logits_cb != NULL) {
+            if ((st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
+                                          V * sizeof(float))) != HPD_OK)
+                return st;
+            e->p.logits_cb(e->p.logits_cb_arg, r->id, r->n_prompt + r->n_out - 1,
+                           e->logits_host, V);
+        }
+    }
+    hpd_sample_args_t sa = {.logits = e->logits,
+                            .ld = V,
+                            .n_rows = bt->n_logits,
+                            .vocab = V,
+                            .params = e->samp,
+                            .positions = e->samp_pos,
+                            .out = e->sampled};
+    if (bt->n_logits > 0 && (st = hpd_sample(e->be, &sa)) != HPD_OK)
+        return st;
+    for (uint32_t i = 0; i < bt->n_logits; i++) {
+        request_t *r = e->logit_items[i]->req;
+        r->out[r->n_out] = r->n_out < r->n_replay ? r->replay[r->n_out] : e->sampled[i];
+        r->n_out++;
+    }
+    return HPD_OK;
+}
+
+/* Records the blocks a prefill chunk completed, with the GDN state when the
+ * chunk ended on a checkpoint position. */
+static void cache_prefill_progress(hpd_engine_t *e, request_t *r)
+{
+    const uint32_t blocks = HPD_MIN(r->n_done, r->n_prompt) / HPD_PREFIX_BLOCK;
+    const void *state = NULL;
+    uint32_t *tables[256];
+    hpd_status_t st;
+
+    if (r->next_ckpt < r->n_ckpt && r->ckpt_pos[r->next_ckpt] == r->n_done) {
+        r->next_ckpt++;
+        if (r->slot != 0)
+            state = hpd_slot_pool_ptr(e->slots, r->slot);
+    }
+    if (blocks == 0)
+        return;
+    request_tables(e, r, tables);
+    st = hpd_prefix_cache_insert(e->cache, r->hashes, blocks, (const uint32_t *const *)tables,
+                                 state);
+    if (st != HPD_OK) /* the cache only loses an entry; the request goes on */
+        HPD_LOG_WARN(LOG_COMPONENT, "request %llu: prefix cache insert failed: %s",
+                     (unsigned long long)r->id, hpd_status_str(st));
+}
+
+hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
+{
+    batch_t bt;
+    hpd_status_t st = HPD_OK;
+    double t0;
+
+    admit_waiting(e);
+    build_batch(e, &bt);
+    if (bt.n_items > 0) {
+        t0 = hpd_time_now();
+        st = hpd_engine_forward(e, &bt);
+        if (st == HPD_OK)
+            st = emit_tokens(e, &bt);
+        if (st != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "forward step of %u rows failed: %s", bt.rows,
+                          hpd_status_str(st));
+            for (uint32_t i = 0; i < bt.n_items; i++)
+                finish(e, e->items[i].req, HPD_REQ_FAILED);
+        } else {
+            for (uint32_t i = 0; i < bt.n_items; i++) {
+                request_t *r = e->items[i].req;
+                r->n_done += e->items[i].n_tokens;
+                if (!e->items[i].decode && e->cache != NULL)
+                    cache_prefill_progress(e, r);
+                if (r->n_out == r->max_tokens)
+                    finish(e, r, HPD_REQ_FINISHED);
+            }
+        }
+        e->stats.steps++;
+        e->stats.prefill_tokens += bt.rows - bt.n_dec;
+        e->stats.decode_tokens += bt.n_dec;
+        if (bt.n_pre > 0)
+            e->stats.prefill_seconds += hpd_time_now() - t0;
+        else
+            e->stats.decode_seconds += hpd_time_now() - t0;
+    }
+    if (n_active_p != NULL)
+        *n_active_p = e->n_active;
+    return st;
+}
+
+hpd_status_t hpd_engine_run(hpd_engine_t *e)
+{
+    uint32_t active = 1;
+    hpd_status_t st;
+
+    while (active > 0)
+        if ((st = hpd_engine_step(e, &active)) != HPD_OK)
+            return st;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_result(hpd_engine_t *e, uint64_t id, const int32_t **tokens_p,
+                               uint32_t *n_p, hpd_request_state_t *state_p)
+{
+    const request_t *r = find(e, id);
+
+    if (r == NULL)
+        return HPD_ERR_NOT_FOUND;
+    if (tokens_p != NULL)
+        *tokens_p = r->out;
+    if (n_p != NULL)
+        *n_p = r->n_out;
+    if (state_p != NULL)
+        *state_p = r->state;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_cancel(hpd_engine_t *e, uint64_t id)
+{
+    request_t *r = find(e, id);
+
+    if (r == NULL)
+        return HPD_ERR_NOT_FOUND;
+    if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING ||
+        r->state == HPD_REQ_RESERVED)
+        finish(e, r, HPD_REQ_FAILED);
+    return HPD_OK;
+}
+
+void hpd_engine_release(hpd_engine_t *e, uint64_t id)
+{
+    request_t *r = find(e, id);
+
+    if (r == NULL)
+        return;
+    hpd_engine_cancel(e, id);
+    hpd_engine_request_destroy(r);
+    e->reqs[id - 1] = NULL;
+}
+
+hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
+                                     hpd_request_info_t *info)
+{
+    const request_t *r = find(e, id);
+
+    if (r == NULL)
+        return HPD_ERR_NOT_FOUND;
+    info->prompt_tokens = r->n_prompt;
+    info->cached_tokens = r->cached_tokens;
+    info->cached_host_tokens = r->cached_host_tokens;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    request_t *r;
+    hpd_status_t st;
+
+    if (e->cache != NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "reservations need an engine without the prefix cache");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if ((st = new_request(e, p, &r)) != HPD_OK)
+        return st;
+    if ((st = admit(e, r)) != HPD_OK) {
+        /* admit() left nothing held; the request is forgotten */
+        e->reqs[--e->n_reqs] = NULL;
+        hpd_engine_request_destroy(r);
+        return st;
+    }
+    /* admit() counted it as running; it runs only once started */
+    e->n_running--;
+    r->state = HPD_REQ_RESERVED;
+    /* a peer writes the slot next, maybe straight into device memory: the
+     * zeroing of the slot must have landed (a device backend runs it
+     * asynchronously) */
+    if ((st = hpd_backend_sync(e->be)) != HPD_OK) {
+        hpd_engine_release(e, r->id);
+        return st;
+    }
+    *id_p = r->id;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
+{
+    request_t *r = find(e, id);
+
+    if (r == NULL || r->state != HPD_REQ_RESERVED)
+        return HPD_ERR_NOT_FOUND;
+    if (first_token < 0 || (uint32_t)first_token >= e->cfg->vocab_size) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d is outside the vocabulary "
+                      "(0 to %u)", (unsigned long long)id, first_token, e->cfg->vocab_size - 1);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (r->n_replay > 0 && r->replay[0] != first_token) {
+        /* the prefill node and the earlier decode disagree: determinism broke */
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d differs from the replayed %d",
+                      (unsigned long long)id, first_token, r->replay[0]);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
+        HPD_OK)
+        return HPD_ERR_NO_MEMORY;
+    r->n_done = r->n_prompt;
+    r->out[0] = first_token;
+    r->n_out = 1;
+    r->state = HPD_REQ_RUNNING;
+    e->n_running++;
+    e->active[e->n_active++] = r;
+    if (r->n_out == r->max_tokens)
+        finish(e, r, HPD_REQ_FINISHED);
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engine_kv_t *kv)
+{
+    const request_t *r = find(e, id);
+
+    if (r == NULL || (r->state != HPD_REQ_RUNNING && r->state != HPD_REQ_RESERVED))
+        return HPD_ERR_NOT_FOUND;
+    memset(kv, 0, sizeof(*kv));
+    kv->n_groups = e->n_groups;
+    kv->n_blocks = r->n_blocks;
+    for (uint32_t g = 0; g < e->n_groups && g < HPD_ENGINE_MAX_GROUPS; g++)
+        kv->tables[g] = r->pages + (size_t)g * r->n_blocks;
+    kv->state = r->slot != 0 ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
+    kv->slot = r->slot;
+    return HPD_OK;
+}
