@@ -110,7 +110,7 @@ int main(int argc, char **argv)
 
     /* the monolithic engine, one request at a time (no prefix hits: distinct prompts) */
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", threads};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = threads};
     hpd_engine_params_t ep;
     hpd_engine_t *e;
     hpd_backend_create(&bp, &be);
@@ -121,7 +121,10 @@ int main(int argc, char **argv)
     if (hpd_engine_create(&ep, &e) != HPD_OK)
         return 1;
     for (uint32_t i = 0; i < n_prompts; i++) {
-        hpd_request_params_t rp = {prompts + (size_t)i * len, len, max_tokens, {0, 1, 0, 0}, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompts + (size_t)i * len,
+                                   .n_prompt = len,
+                                   .max_tokens = max_tokens,
+                                   .sampling = {.top_p = 1}};
         uint64_t id;
         const int32_t *toks;
         uint32_t n = 0;
@@ -191,7 +194,10 @@ int main(int argc, char **argv)
     double push = 0, exposed = 0, prefill = 0;
     uint32_t identical = 0;
     for (uint32_t i = 0; i < n_prompts; i++) {
-        hpd_generate_params_t gp = {prompts + (size_t)i * len, len, max_tokens, {0, 1, 0, 0}};
+        hpd_generate_params_t gp = {.prompt = prompts + (size_t)i * len,
+                                    .n_prompt = len,
+                                    .max_tokens = max_tokens,
+                                    .sampling = {.top_p = 1}};
         hpd_generate_result_t r;
         stream_t s = {hpd_time_now(), 0, 0};
         hpd_status_t st;

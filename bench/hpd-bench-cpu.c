@@ -59,7 +59,10 @@ static int run_requests(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32
     for (uint32_t r = 0; r < n; r++) {
         for (uint32_t i = 0; i < prompt_len; i++)
             prompt[i] = (int32_t)((i * 7919u + r * 104729u + 13) % vocab);
-        hpd_request_params_t rp = {prompt, prompt_len, max_tokens, {0, 1, 0, 0}, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompt,
+                                   .n_prompt = prompt_len,
+                                   .max_tokens = max_tokens,
+                                   .sampling = {.top_p = 1}};
         if (hpd_engine_submit(e, &rp, &id) != HPD_OK) {
             free(prompt);
             return -1;
@@ -126,7 +129,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {{"threads", 1, 0, 't'}, {"prompt", 1, 0, 'p'},
                                              {"decode", 1, 0, 'd'}, {0, 0, 0, 0}};
     uint64_t threads = 0, prompt = 512, decode = 64;
-    hpd_backend_params_t bp = {"cpu", 0};
+    hpd_backend_params_t bp = {.device = "cpu"};
     hpd_backend_t *be;
     int c;
 

@@ -145,7 +145,7 @@ static double gdn_seconds(uint32_t n_seqs, uint32_t len, bool chunked)
     hpd_seq_t *seqs = malloc(n_seqs * sizeof(hpd_seq_t));
     for (uint32_t s = 0; s < n_seqs; s++) {
         states[s] = S + state * s;
-        seqs[s] = (hpd_seq_t){s * len, len, 0};
+        seqs[s] = (hpd_seq_t){.row = s * len, .n_tokens = len};
     }
     gdn_t run = {{{q, NK * DK, DK}, {k, NK * DK, DK}, {v, NV * DV, DV}, g, beta,
                   {out, NV * DV, DV}, NK, NV, DK, DV, states, seqs, n_seqs},
@@ -170,7 +170,13 @@ static void do_attention(void *arg)
 
 static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_bytes_p)
 {
-    hpd_kv_layout_t l = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, NKV, HD};
+    hpd_kv_layout_t l = {.block_size = 64,
+                         .pack_size = 1,
+                         .order = HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = 1,
+                         .n_kv_heads = NKV,
+                         .head_dim = HD};
     const uint32_t nb = HPD_DIV_UP(context, 64), pages = nb * n_seqs;
     float *pool = drand((size_t)pages * hpd_kv_layout_page_elems(&l), 7, 1);
     float *q = drand((size_t)n_seqs * NH * HD, 8, 1), *out = dalloc((size_t)n_seqs * NH * HD * 4);
@@ -186,10 +192,15 @@ static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_
     }
     for (uint32_t s = 0; s < n_seqs; s++) {
         tables[s] = ids + (size_t)s * nb;
-        seqs[s] = (hpd_seq_t){s, 1, context - 1};
+        seqs[s] = (hpd_seq_t){.row = s, .n_tokens = 1, .start_pos = context - 1};
     }
-    hpd_attention_args_t a = {{&l, pool, 0, tables}, {q, NH * HD, HD}, {out, NH * HD, HD}, NH,
-                              1.0f / 16.0f, seqs, n_seqs};
+    hpd_attention_args_t a = {.kv = {.layout = &l, .pool = pool, .block_tables = tables},
+                              .q = {.p = q, .ld = NH * HD, .hs = HD},
+                              .out = {.p = out, .ld = NH * HD, .hs = HD},
+                              .n_heads = NH,
+                              .scale = 1.0f / 16.0f,
+                              .seqs = seqs,
+                              .n_seqs = n_seqs};
     const double t = timed(do_attention, &a);
     *kv_bytes_p = (uint64_t)n_seqs * context * 2 * NKV * HD * sizeof(float);
     hpd_backend_free(be, pool);
@@ -210,8 +221,20 @@ static void do_translate(void *arg)
 
 static void translate_vs_copy(uint32_t tokens)
 {
-    hpd_kv_layout_t sl = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, ALAYERS, NKV, HD};
-    hpd_kv_layout_t dl = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, ALAYERS, NKV, HD};
+    hpd_kv_layout_t sl = {.block_size = 64,
+                          .pack_size = 1,
+                          .order = HPD_KV_NHD,
+                          .dtype = HPD_DTYPE_F32,
+                          .n_layers = ALAYERS,
+                          .n_kv_heads = NKV,
+                          .head_dim = HD};
+    hpd_kv_layout_t dl = {.block_size = 16,
+                          .pack_size = 4,
+                          .order = HPD_KV_HND,
+                          .dtype = HPD_DTYPE_F32,
+                          .n_layers = ALAYERS,
+                          .n_kv_heads = NKV,
+                          .head_dim = HD};
     const uint32_t sg = hpd_kv_layout_n_groups(&sl), dg = hpd_kv_layout_n_groups(&dl);
     const uint32_t snb = HPD_DIV_UP(tokens, 64), dnb = HPD_DIV_UP(tokens, 16);
     const uint64_t sbytes = (uint64_t)sg * snb * hpd_kv_layout_page_bytes(&sl);
@@ -227,7 +250,10 @@ static void translate_vs_copy(uint32_t tokens)
         st[g] = sid + (size_t)g * snb;
     for (uint32_t g = 0; g < dg; g++)
         dt[g] = did + (size_t)g * dnb;
-    hpd_kv_translate_args_t a = {{&sl, src, st, 0}, {&dl, dst, dt, 0}, tokens, true, 0, 0};
+    hpd_kv_translate_args_t a = {.src = {.layout = &sl, .pool = src, .tables = st},
+                                 .dst = {.layout = &dl, .pool = dst, .tables = dt},
+                                 .n_tokens = tokens,
+                                 .zero_tail = true};
     const double t = timed(do_translate, &a);
     const uint64_t moved = (uint64_t)tokens * ALAYERS * 2 * NKV * HD * sizeof(float);
     copy_t c = {dst, src, moved};
@@ -252,7 +278,10 @@ static double engine_run(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint3
     for (uint32_t r = 0; r < n; r++) {
         for (uint32_t i = 0; i < prompt_len; i++)
             prompt[i] = (int32_t)(hpd_philox4x32(77 + r, i, 0).v[0] % vocab);
-        hpd_request_params_t rp = {prompt, prompt_len, max_tokens, {0, 1, 0, 0}, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompt,
+                                   .n_prompt = prompt_len,
+                                   .max_tokens = max_tokens,
+                                   .sampling = {.top_p = 1}};
         uint64_t id;
         CHECK(hpd_engine_submit(e, &rp, &id));
     }
@@ -329,7 +358,8 @@ int main(int argc, char **argv)
                         "must be > 0\n");
         return 2;
     }
-    hpd_backend_params_t bp = {device, threads}; /* threads: the CPU backend's */
+    hpd_backend_params_t bp = {.device = device,
+                               .n_threads = threads}; /* threads: the CPU backend's */
     if (hpd_backend_create(&bp, &be) != HPD_OK) {
         fprintf(stderr, "hpd-bench-cuda: device %s is not available\n", device);
         return 77;

@@ -90,7 +90,8 @@ static int run(const hpd_model_t *m, hpd_backend_t *be, const prompt_t *p, uint3
     r->out = calloc((size_t)n * 8, sizeof(int32_t));
     const double t0 = hpd_time_now();
     for (uint32_t i = 0; i < n; i++) {
-        hpd_request_params_t rp = {p[i].tok, p[i].len, 8, {0, 1, 0, 0}, NULL, 0};
+        hpd_request_params_t rp = {
+            .prompt = p[i].tok, .n_prompt = p[i].len, .max_tokens = 8, .sampling = {.top_p = 1}};
         if (hpd_engine_submit(e, &rp, &ids[i]) != HPD_OK)
             return -1;
     }
@@ -144,7 +145,7 @@ int main(int argc, char **argv)
     }
     hpd_model_t *m;
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", 0};
+    hpd_backend_params_t bp = {.device = "cpu"};
     if (hpd_model_load(dir, &m) != HPD_OK || hpd_backend_create(&bp, &be) != HPD_OK)
         return 1;
     const uint32_t V = m->config.vocab_size;

@@ -136,8 +136,9 @@ static double push(sender_t *t, struct event_base *base, const uint8_t *src, siz
     if (puts == NULL)
         return -1;
     for (size_t i = 0; i < pages; i++)
-        puts[i] = (hpd_xfer_put_t){src + (one_page ? 0 : i * size), 0, one_page ? 0 : i * size,
-                                   size};
+        puts[i] = (hpd_xfer_put_t){.local = src + (one_page ? 0 : i * size),
+                                   .offset = one_page ? 0 : i * size,
+                                   .bytes = size};
     for (uint64_t r = 0; r < reps; r++, (*id)++) {
         tx_t tx = {0};
         const double t0 = hpd_time_now();

@@ -292,9 +292,12 @@ static hpd_status_t entry_to_host(hpd_prefix_cache_t *c, uint32_t idx)
         for (uint32_t g = 0; g < c->n_groups; g++)
             dst[g] = &c->staging_ids[g];
         hpd_kv_translate_args_t t = {
-            {&c->layout, hpd_page_pool_base(c->p.pages), src,
-             e->depth * B64 - first_page(c, e->depth) * c->layout.block_size},
-            {&c->staging, c->staging_pool, dst, 0}, B64, false, 0, 0};
+            .src = {.layout = &c->layout,
+                    .pool = hpd_page_pool_base(c->p.pages),
+                    .tables = src,
+                    .pos = e->depth * B64 - first_page(c, e->depth) * c->layout.block_size},
+            .dst = {.layout = &c->staging, .pool = c->staging_pool, .tables = dst},
+            .n_tokens = B64};
         if ((st = hpd_kv_translate(c->p.backend, &t)) != HPD_OK ||
             (st = hpd_backend_to_host(c->p.backend, buf, c->staging_pool, kv)) != HPD_OK) {
             free(buf);
@@ -501,15 +504,19 @@ static hpd_status_t fill_from_entry(hpd_prefix_cache_t *c, uint32_t idx, uint32_
 {
     entry_t *e = &c->e[idx];
     const uint32_t *src[MAX_GROUPS];
-    hpd_kv_translate_args_t t = {.dst = {&c->layout, hpd_page_pool_base(c->p.pages),
-                                         (const uint32_t *const *)tables, t0},
+    hpd_kv_translate_args_t t = {.dst = {.layout = &c->layout,
+                                         .pool = hpd_page_pool_base(c->p.pages),
+                                         .tables = (const uint32_t *const *)tables,
+                                         .pos = t0},
                                  .n_tokens = t1 - t0};
     hpd_status_t st;
 
     if (e->tier == TIER_DEVICE) {
         entry_tables(c, e, src);
-        t.src = (hpd_kv_span_t){&c->layout, hpd_page_pool_base(c->p.pages), src,
-                                t0 - first_page(c, e->depth) * c->layout.block_size};
+        t.src = (hpd_kv_span_t){.layout = &c->layout,
+                                .pool = hpd_page_pool_base(c->p.pages),
+                                .tables = src,
+                                .pos = t0 - first_page(c, e->depth) * c->layout.block_size};
     } else {
         if (c->staged != idx) {
             st = hpd_backend_from_host(c->p.backend, c->staging_pool, e->host_kv,
@@ -520,7 +527,10 @@ static hpd_status_t fill_from_entry(hpd_prefix_cache_t *c, uint32_t idx, uint32_
         }
         for (uint32_t g = 0; g < c->n_groups; g++)
             src[g] = &c->staging_ids[g];
-        t.src = (hpd_kv_span_t){&c->staging, c->staging_pool, src, t0 - e->depth * B64};
+        t.src = (hpd_kv_span_t){.layout = &c->staging,
+                                .pool = c->staging_pool,
+                                .tables = src,
+                                .pos = t0 - e->depth * B64};
     }
     return hpd_kv_translate(c->p.backend, &t);
 }
@@ -641,8 +651,9 @@ hpd_status_t hpd_prefix_cache_attach(hpd_prefix_cache_t *c, const hpd_prefix_mat
     const entry_t *last = &c->e[m->path[m->hit_blocks - 1]];
     if (c->p.state_bytes > 0) {
         if (last->ckpt != 0) {
-            hpd_slot_copy_args_t cp = {state, hpd_slot_pool_ptr(c->ckpts, last->ckpt),
-                                       c->p.state_bytes};
+            hpd_slot_copy_args_t cp = {.dst = state,
+                                       .src = hpd_slot_pool_ptr(c->ckpts, last->ckpt),
+                                       .bytes = c->p.state_bytes};
             st = hpd_slot_copy(c->p.backend, &cp);
         } else {
             st = hpd_backend_from_host(c->p.backend, state, last->host_ckpt, c->p.state_bytes);
@@ -699,7 +710,8 @@ hpd_status_t hpd_prefix_cache_insert(hpd_prefix_cache_t *c, const hpd_block_hash
         return HPD_OK; /* no slot to spare: the entry stays without state */
     if (st != HPD_OK)
         return st; /* the entry stays without state too */
-    hpd_slot_copy_args_t cp = {hpd_slot_pool_ptr(c->ckpts, slot), state, c->p.state_bytes};
+    hpd_slot_copy_args_t cp = {
+        .dst = hpd_slot_pool_ptr(c->ckpts, slot), .src = state, .bytes = c->p.state_bytes};
     if ((st = hpd_slot_copy(c->p.backend, &cp)) != HPD_OK) {
         hpd_slot_pool_unref(c->ckpts, slot);
         return st;

@@ -99,8 +99,14 @@ hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t *
         free(c);
         return HPD_ERR_NO_MEMORY;
     }
-    c->rp = (hpd_rpc_client_params_t){c->base, c->p.host, c->p.port, c->p.token, 10000, 0,
-                                      on_notify, on_close, c};
+    c->rp = (hpd_rpc_client_params_t){.base = c->base,
+                                      .host = c->p.host,
+                                      .port = c->p.port,
+                                      .token = c->p.token,
+                                      .timeout_ms = 10000,
+                                      .on_notify = on_notify,
+                                      .on_close = on_close,
+                                      .arg = c};
     if ((st = hpd_rpc_client_create(&c->rp, &c->rpc)) != HPD_OK) {
         event_base_free(c->base);
         free(c->token);

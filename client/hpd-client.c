@@ -309,7 +309,7 @@ int main(int argc, char **argv)
         {"stats-json", 1, 0, O_STATS}, {"json", 0, 0, O_JSON}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
-    hpd_generate_params_t gp = {NULL, 0, 16, {0.0f, 1.0f, 0, 0}};
+    hpd_generate_params_t gp = {.max_tokens = 16, .sampling = {.top_p = 1.0f}};
     char host[64] = "127.0.0.1", err[160];
     const char *token_file = NULL, *ids = NULL, *file = NULL, *stats = NULL;
     uint32_t concurrency = 64;

@@ -1440,12 +1440,12 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
                               hpd_coord_t **coord_p, char *err, size_t err_len)
 {
     static const hpd_rpc_method_t methods[] = {
-        {"register", m_register, HPD_ROLE_NODE},
-        {"heartbeat", m_heartbeat, HPD_ROLE_NODE},
-        {"alive", m_alive, HPD_ROLE_NODE},
-        {"generate", m_generate, HPD_ROLE_CLIENT},
-        {"cancel", m_cancel, HPD_ROLE_CLIENT},
-        {"status", m_status, HPD_ROLE_CLIENT | HPD_ROLE_NODE},
+        {.name = "register", .fn = m_register, .roles = HPD_ROLE_NODE},
+        {.name = "heartbeat", .fn = m_heartbeat, .roles = HPD_ROLE_NODE},
+        {.name = "alive", .fn = m_alive, .roles = HPD_ROLE_NODE},
+        {.name = "generate", .fn = m_generate, .roles = HPD_ROLE_CLIENT},
+        {.name = "cancel", .fn = m_cancel, .roles = HPD_ROLE_CLIENT},
+        {.name = "status", .fn = m_status, .roles = HPD_ROLE_CLIENT | HPD_ROLE_NODE},
     };
     hpd_status_t st;
     hpd_coord_t *c = calloc(1, sizeof(*c));

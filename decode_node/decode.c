@@ -361,9 +361,9 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
 }
 
 static const hpd_rpc_method_t methods[] = {
-    {"reserve", m_reserve, 0},
-    {"start", m_start, 0},
-    {"cancel", m_cancel, 0},
+    {.name = "reserve", .fn = m_reserve},
+    {.name = "start", .fn = m_start},
+    {.name = "cancel", .fn = m_cancel},
 };
 
 /* ------------------------------------------------------------ role */

@@ -829,7 +829,7 @@ int main(int argc, char **argv)
         char bins[3][PATH_MAX];
         for (int r = 0; r < 3; r++)
             find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]));
-        hpd_render_params_t rp = {m, {bins[0], bins[1], bins[2]}, O.out};
+        hpd_render_params_t rp = {.manifest = m, .bins = {bins[0], bins[1], bins[2]}, .out = O.out};
         rc = O.systemd ? hpd_render_systemd(&rp, err, sizeof(err))
                        : hpd_render_k8s(&rp, err, sizeof(err));
         if (rc != 0)

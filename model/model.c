@@ -344,7 +344,7 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
     uint32_t n = 0;
 
-#define T(ptr, count) out[n++] = (hpd_model_tensor_t){&(ptr), (count)}
+#define T(ptr, count) out[n++] = (hpd_model_tensor_t){.slot = &(ptr), .floats = (count)}
     T(m->embed, V * H);
     T(m->final_norm, H);
     if (!c->tie_word_embeddings)

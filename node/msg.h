@@ -112,11 +112,12 @@ typedef struct {
 
 /* typedef struct { ...members... } T; */
 #define HPD_MSG_STRUCT(T, LIST) typedef struct { LIST(T, HPD_MSG_MEMBER) } T;
-/* const hpd_msg_desc_t var = {"wire name", {fields}, n}; */
-#define HPD_MSG_DESC(var, wire, T, LIST)                                                     \
-    static const hpd_msg_field_t var##_fields[] = {LIST(T, HPD_MSG_ENTRY)};                  \
-    const hpd_msg_desc_t var = {wire, var##_fields,                                          \
-                                sizeof(var##_fields) / sizeof(var##_fields[0])};
+/* const hpd_msg_desc_t var = {.name = "wire name", .fields = ..., .n_fields = n}; */
+#define HPD_MSG_DESC(var, wire, T, LIST)                                                           \
+    static const hpd_msg_field_t var##_fields[] = {LIST(T, HPD_MSG_ENTRY)};                        \
+    const hpd_msg_desc_t var = {.name = wire,                                                      \
+                                .fields = var##_fields,                                            \
+                                .n_fields = sizeof(var##_fields) / sizeof(var##_fields[0])};
 
 /* ---- the messages (docs/cluster.md has their meaning) */
 

@@ -685,7 +685,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = st == HPD_ERR_IO ? 2 : 1;
         goto out;
     }
-    hpd_backend_params_t bp = {n->o.device, n->o.threads};
+    hpd_backend_params_t bp = {.device = n->o.device, .n_threads = n->o.threads};
     if ((st = hpd_backend_create(&bp, &n->backend)) != HPD_OK) {
         n->exit_code = 2;
         goto out;
@@ -736,7 +736,7 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         goto out;
     if (role->init != NULL && (st = role->init(n)) != HPD_OK)
         goto out;
-    methods[n_methods++] = (hpd_rpc_method_t){"stats", m_stats, 0};
+    methods[n_methods++] = (hpd_rpc_method_t){.name = "stats", .fn = m_stats};
     for (size_t i = 0; i < role->n_methods && n_methods < 32; i++)
         methods[n_methods++] = role->methods[i];
     hpd_rpc_server_params_t sp = {.base = n->base, .host = n->o.host, .port = n->o.port,

@@ -310,7 +310,8 @@ static void try_start(prefill_t *p)
         j->staging_off = off;
         j->staging_bytes = need;
         j->staging_pages = kv_pages;
-        hpd_request_params_t rp = {j->prompt, j->n_prompt, 1, j->sampling, NULL, 0};
+        hpd_request_params_t rp = {
+            .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = 1, .sampling = j->sampling};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
         if (st != HPD_OK) {
             j->eng_id = 0;
@@ -361,20 +362,30 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
             const uint32_t from = j->pushed[g] * dl->block_size;
             if (to <= from)
                 continue;
-            hpd_xfer_kv_args_t a_kv = {node->backend,
-                                       {m.layout, m.kv_pool, kv.tables, 0},
-                                       from, to, items[i].last_chunk,
-                                       dl, j->kv_region, j->dst_tables,
-                                       staging, j->staging_pages, g};
+            hpd_xfer_kv_args_t a_kv = {
+                .backend = node->backend,
+                .src = {.layout = m.layout, .pool = m.kv_pool, .tables = kv.tables},
+                .first_token = from,
+                .n_tokens = to,
+                .last = items[i].last_chunk,
+                .dst_layout = dl,
+                .dst_region = j->kv_region,
+                .dst_tables = j->dst_tables,
+                .staging = staging,
+                .staging_pages = j->staging_pages,
+                .group = g};
             st = hpd_xfer_push_kv(j->peer, j->id, &a_kv);
             j->pushed[g] = HPD_DIV_UP(to, dl->block_size);
         } else if (items[i].last_chunk) {
             const uint32_t gi = cfg->kind_index[layer];
             const uint64_t off = gi * m.layer_state_bytes;
             uint8_t *dst = staging + (uint64_t)j->staging_pages * hpd_kv_layout_page_bytes(dl) + off;
-            hpd_slot_copy_args_t c = {dst, (uint8_t *)kv.state + off, m.layer_state_bytes};
-            hpd_xfer_put_t put = {dst, j->slot_region, j->dst_slot_offset + off,
-                                  m.layer_state_bytes};
+            hpd_slot_copy_args_t c = {
+                .dst = dst, .src = (uint8_t *)kv.state + off, .bytes = m.layer_state_bytes};
+            hpd_xfer_put_t put = {.local = dst,
+                                  .region = j->slot_region,
+                                  .offset = j->dst_slot_offset + off,
+                                  .bytes = m.layer_state_bytes};
             if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK &&
                 (st = hpd_backend_sync(node->backend)) == HPD_OK)
                 st = hpd_xfer_put(j->peer, j->id, &put, 1);
@@ -443,7 +454,7 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     hpd_msg_reservation_t res = {0};
 
     hpd_engine_memory(n->engine, &m);
-    j->sampling = (hpd_sampling_t){0, 1, 0, 0};
+    j->sampling = (hpd_sampling_t){.top_p = 1};
     if (!hpd_msg_unpack(&hpd_msg_prefill_job, params, &pj, err))
         return false;
     j->id = pj.job;
@@ -598,8 +609,8 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
 }
 
 static const hpd_rpc_method_t methods[] = {
-    {"prefill", m_prefill, 0},
-    {"cancel", m_cancel, 0},
+    {.name = "prefill", .fn = m_prefill},
+    {.name = "cancel", .fn = m_cancel},
 };
 
 /* ------------------------------------------------------------ role */

@@ -14,7 +14,7 @@ hpd_status_t hpd_staging_init(hpd_staging_t *s, uint64_t bytes)
         return HPD_OK;
     if ((s->free_list = malloc(sizeof(*s->free_list))) == NULL)
         return HPD_ERR_NO_MEMORY;
-    *s->free_list = (hpd_staging_extent_t){0, bytes, NULL};
+    *s->free_list = (hpd_staging_extent_t){.len = bytes};
     return HPD_OK;
 }
 
@@ -71,7 +71,7 @@ hpd_status_t hpd_staging_free(hpd_staging_t *s, uint64_t off, uint64_t len)
     } else {
         if ((e = malloc(sizeof(*e))) == NULL)
             return HPD_ERR_NO_MEMORY;
-        *e = (hpd_staging_extent_t){off, len, *pp};
+        *e = (hpd_staging_extent_t){.off = off, .len = len, .next = *pp};
         *pp = e;
     }
     s->free_bytes += len;

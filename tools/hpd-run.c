@@ -199,8 +199,11 @@ int main(int argc, char **argv)
     if (ids == NULL)
         goto out;
     for (size_t i = 0; i < n_prompts; i++) {
-        hpd_request_params_t rp = {prompts[i].ids, (uint32_t)prompts[i].n, max_tokens, samp,
-                                   NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompts[i].ids,
+                                   .n_prompt = (uint32_t)prompts[i].n,
+                                   .max_tokens = max_tokens,
+                                   .sampling = samp,
+                                   .replay = NULL};
         if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
             if (n_prompts > 1)
                 fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);

@@ -271,7 +271,8 @@ static hpd_status_t client_open(const hpd_rpc_client_params_t *params, hpd_rpc_c
         free(c);
         return HPD_ERR_IO;
     }
-    ops = (hpd_rpc_conn_ops_t){on_msg, on_close, c, params->max_message};
+    ops = (hpd_rpc_conn_ops_t){
+        .on_msg = on_msg, .on_close = on_close, .arg = c, .max_message = params->max_message};
     if ((st = hpd_rpc_conn_create(params->base, fd, &ops, &c->conn)) != HPD_OK) {
         close(fd);
         free(c);

@@ -212,7 +212,10 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     const size_t max = s->p.max_message ? s->p.max_message : HPD_RPC_DEFAULT_MAX_MESSAGE;
     const size_t before_auth = s->p.max_auth_message ? s->p.max_auth_message : 4096;
     const bool auth = s->token != NULL || s->p.authenticate != NULL;
-    hpd_rpc_conn_ops_t ops = {on_msg, on_close, s, auth ? HPD_MIN(max, before_auth) : max};
+    hpd_rpc_conn_ops_t ops = {.on_msg = on_msg,
+                              .on_close = on_close,
+                              .arg = s,
+                              .max_message = auth ? HPD_MIN(max, before_auth) : max};
     const uint32_t timeout_ms = s->p.auth_timeout_ms ? s->p.auth_timeout_ms : 5000;
     const struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
     conn_node_t *node;

@@ -487,7 +487,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 for (uint32_t i = 0; i < h.n_dests; i++) {
                     dest_t e;
                     memcpy(&e, d + i, sizeof(e));
-                    dests[i] = (hpd_xfer_dest_t){e.region, e.offset, e.bytes};
+                    dests[i] =
+                        (hpd_xfer_dest_t){.region = e.region, .offset = e.offset, .bytes = e.bytes};
                 }
                 if (!c->p.check_dests(c->p.arg, &n, dests, h.n_dests)) {
                     n.status = HPD_ERR_INVALID_ARG;
@@ -1108,17 +1109,23 @@ hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xf
         const uint32_t first = g * dl->pack_size;
         hpd_kv_span_t src = a->src;
         src.pos = a->first_token;
-        hpd_kv_translate_args_t t = {src, {dl, a->staging, tables, a->first_token},
-                                     a->n_tokens - a->first_token, a->last, first,
-                                     HPD_MIN(dl->pack_size, dl->n_layers - first)};
+        hpd_kv_translate_args_t t = {
+            .src = src,
+            .dst = {.layout = dl, .pool = a->staging, .tables = tables, .pos = a->first_token},
+            .n_tokens = a->n_tokens - a->first_token,
+            .zero_tail = a->last,
+            .first_layer = first,
+            .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first)};
         /* the NIC reads the staging buffer: the translation must have landed */
         if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK ||
             (st = hpd_backend_sync(a->backend)) != HPD_OK)
             break;
         for (uint32_t j = j0; j < j1; j++)
-            puts[j - j0] = (hpd_xfer_put_t){
-                (const uint8_t *)a->staging + (uint64_t)tables[g][j] * page_bytes, a->dst_region,
-                (uint64_t)a->dst_tables[g][j] * page_bytes, page_bytes};
+            puts[j - j0] = (hpd_xfer_put_t){.local = (const uint8_t *)a->staging +
+                                                     (uint64_t)tables[g][j] * page_bytes,
+                                            .region = a->dst_region,
+                                            .offset = (uint64_t)a->dst_tables[g][j] * page_bytes,
+                                            .bytes = page_bytes};
         st = hpd_xfer_put(p, xfer_id, puts, j1 - j0);
     }
     free(ids);

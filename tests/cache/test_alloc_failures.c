@@ -68,13 +68,24 @@ typedef struct {
 
 static void fixture_init(fixture_t *f, uint32_t n_ckpt)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &f->be), HPD_OK);
     hpd_page_pool_params_t pp = {.backend = f->be,
-                                 .layout = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, HD},
+                                 .layout = {.block_size = 64,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = HD},
                                  .n_pages = N_PAGES};
     assert_int_equal(hpd_page_pool_create(&pp, &f->pool), HPD_OK);
-    hpd_prefix_cache_params_t cp = {f->be, f->pool, STATE, n_ckpt, 1 << 20, 0, {5}};
+    hpd_prefix_cache_params_t cp = {.backend = f->be,
+                                    .pages = f->pool,
+                                    .state_bytes = STATE,
+                                    .n_checkpoints = n_ckpt,
+                                    .host_bytes = 1 << 20,
+                                    .salt = {5}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &f->cache), HPD_OK);
 }
 
@@ -151,11 +162,17 @@ static uint32_t hit_of(fixture_t *f, uint32_t s, uint32_t n_blocks)
 
 static void test_create(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     hpd_page_pool_params_t pp = {.backend = be,
-                                 .layout = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, HD},
+                                 .layout = {.block_size = 64,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = HD},
                                  .n_pages = 4};
     hpd_slot_pool_params_t sp = {.backend = be, .n_slots = 3, .slot_bytes = STATE};
     uint32_t k, ids[4], slot;
@@ -195,7 +212,12 @@ static void test_create(void **state)
 
     hpd_page_pool_t *pages;
     assert_int_equal(hpd_page_pool_create(&pp, &pages), HPD_OK);
-    hpd_prefix_cache_params_t cp = {be, pages, STATE, 2, 1 << 20, 0, {5}};
+    hpd_prefix_cache_params_t cp = {.backend = be,
+                                    .pages = pages,
+                                    .state_bytes = STATE,
+                                    .n_checkpoints = 2,
+                                    .host_bytes = 1 << 20,
+                                    .salt = {5}};
     for (k = 1;; k++) {
         hpd_prefix_cache_t *cache = NULL;
         arm(k);

@@ -24,7 +24,7 @@ static hpd_backend_t *be;
 
 static int setup(void **state)
 {
-    hpd_backend_params_t p = {"cpu", 1};
+    hpd_backend_params_t p = {.device = "cpu", .n_threads = 1};
     return hpd_backend_cpu_create(&p, &be) == HPD_OK ? 0 : -1;
 }
 
@@ -36,7 +36,13 @@ static int teardown(void **state)
 
 static void test_layout(void **state)
 {
-    hpd_kv_layout_t l = {64, 2, HPD_KV_NHD, HPD_DTYPE_F32, 3, 2, 8};
+    hpd_kv_layout_t l = {.block_size = 64,
+                         .pack_size = 2,
+                         .order = HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = 3,
+                         .n_kv_heads = 2,
+                         .head_dim = 8};
     assert_int_equal(hpd_kv_layout_validate(&l), HPD_OK);
     assert_int_equal(hpd_kv_layout_n_groups(&l), 2);
     assert_int_equal(hpd_kv_layout_page_bytes(&l), 2 * 2 * 64 * 2 * 8 * 4);
@@ -65,7 +71,13 @@ static void test_layout(void **state)
 /* Every value validate accepts and refuses, field by field. */
 static void test_layout_validate_bounds(void **state)
 {
-    const hpd_kv_layout_t ok = {64, 2, HPD_KV_NHD, HPD_DTYPE_F32, 3, 2, 8};
+    const hpd_kv_layout_t ok = {.block_size = 64,
+                                .pack_size = 2,
+                                .order = HPD_KV_NHD,
+                                .dtype = HPD_DTYPE_F32,
+                                .n_layers = 3,
+                                .n_kv_heads = 2,
+                                .head_dim = 8};
     static const struct {
         const char *what;
         uint32_t B, P, order, A, heads, dim;
@@ -126,7 +138,13 @@ static void test_layout_parse_format(void **state)
          HPD_ERR_INVALID_ARG, 0, 0, HPD_KV_NHD},
     };
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-        const hpd_kv_layout_t before = {48, 5, HPD_KV_HND, HPD_DTYPE_BF16, 7, 3, 16};
+        const hpd_kv_layout_t before = {.block_size = 48,
+                                        .pack_size = 5,
+                                        .order = HPD_KV_HND,
+                                        .dtype = HPD_DTYPE_BF16,
+                                        .n_layers = 7,
+                                        .n_kv_heads = 3,
+                                        .head_dim = 16};
         hpd_kv_layout_t l = before;
         assert_int_equal(hpd_kv_layout_parse(rows[i].text, &l), rows[i].want);
         if (rows[i].want != HPD_OK) {
@@ -143,8 +161,20 @@ static void test_layout_parse_format(void **state)
     }
 
     char out[64];
-    const hpd_kv_layout_t a = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 4};
-    const hpd_kv_layout_t b = {32, 3, HPD_KV_HND, HPD_DTYPE_BF16, 3, 1, 4};
+    const hpd_kv_layout_t a = {.block_size = 64,
+                               .pack_size = 1,
+                               .order = HPD_KV_NHD,
+                               .dtype = HPD_DTYPE_F32,
+                               .n_layers = 2,
+                               .n_kv_heads = 1,
+                               .head_dim = 4};
+    const hpd_kv_layout_t b = {.block_size = 32,
+                               .pack_size = 3,
+                               .order = HPD_KV_HND,
+                               .dtype = HPD_DTYPE_BF16,
+                               .n_layers = 3,
+                               .n_kv_heads = 1,
+                               .head_dim = 4};
     hpd_kv_layout_format(&a, out, sizeof(out));
     assert_string_equal(out, "B=64 P=1 NHD f32");
     hpd_kv_layout_format(&b, out, sizeof(out));
@@ -153,8 +183,15 @@ static void test_layout_parse_format(void **state)
 
 static void test_page_pool(void **state)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, .n_pages = 5};
+    hpd_page_pool_params_t pp = {.backend = be,
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 16},
+                                 .n_pages = 5};
     hpd_page_pool_t *pool;
     uint32_t ids[6];
 
@@ -187,8 +224,15 @@ static void test_page_pool(void **state)
  * taking nothing, a page id past the pool. */
 static void test_page_pool_accessors(void **state)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {32, 2, HPD_KV_HND, HPD_DTYPE_F32, 3, 2, 8}, .n_pages = 4};
+    hpd_page_pool_params_t pp = {.backend = be,
+                                 .layout = {.block_size = 32,
+                                            .pack_size = 2,
+                                            .order = HPD_KV_HND,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 3,
+                                            .n_kv_heads = 2,
+                                            .head_dim = 8},
+                                 .n_pages = 4};
     hpd_page_pool_t *pool;
     uint32_t ids[4];
 
@@ -227,8 +271,15 @@ static void test_page_pool_accessors(void **state)
  * report a double free). */
 static void test_pools_over_caller_memory(void **state)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, .n_pages = 3};
+    hpd_page_pool_params_t pp = {.backend = be,
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 16},
+                                 .n_pages = 3};
     const size_t page_bytes = hpd_kv_layout_page_bytes(&pp.layout);
     uint8_t *pages = malloc(3 * page_bytes), *slots = malloc(3 * 64);
     hpd_page_pool_t *pool;
@@ -365,8 +416,15 @@ static void test_pools_backend_memory(void **state)
 {
     faulty_backend_t fb;
     hpd_backend_t *fbe = faulty_backend_init(&fb, be);
-    hpd_page_pool_params_t pp = {
-        .backend = fbe, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 16}, .n_pages = 3};
+    hpd_page_pool_params_t pp = {.backend = fbe,
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 16},
+                                 .n_pages = 3};
     hpd_slot_pool_params_t sp = {.backend = fbe, .n_slots = 2, .slot_bytes = 64};
     hpd_page_pool_t *pool = NULL;
     hpd_slot_pool_t *spool = NULL;
@@ -417,8 +475,15 @@ static bool aborts(void (*fn)(void))
 /* A pool of two with one page (slot) taken and given back: its id. */
 static uint32_t freed_page(hpd_page_pool_t **pool)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
+    hpd_page_pool_params_t pp = {.backend = be,
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 1,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 16},
+                                 .n_pages = 2};
     uint32_t id;
     hpd_page_pool_create(&pp, pool);
     hpd_page_pool_alloc(*pool, 1, &id);
@@ -466,8 +531,15 @@ static void slot_use_after_free(void)
 
 static hpd_page_pool_t *page_pool_of_2(void)
 {
-    hpd_page_pool_params_t pp = {
-        .backend = be, .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, 16}, .n_pages = 2};
+    hpd_page_pool_params_t pp = {.backend = be,
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 1,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 16},
+                                 .n_pages = 2};
     hpd_page_pool_t *pool;
     uint32_t ids[2];
     hpd_page_pool_create(&pp, &pool);

@@ -32,13 +32,25 @@ typedef struct {
 static void fixture_init(fixture_t *f, uint32_t B, uint32_t n_pages, uint32_t n_ckpt,
                          uint64_t host_bytes, uint32_t every, uint8_t salt)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &f->cpu), HPD_OK);
     f->be = faulty_backend_init(&f->fb, f->cpu);
-    f->layout = (hpd_kv_layout_t){B, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, HD};
+    f->layout = (hpd_kv_layout_t){.block_size = B,
+                                  .pack_size = 1,
+                                  .order = HPD_KV_NHD,
+                                  .dtype = HPD_DTYPE_F32,
+                                  .n_layers = 2,
+                                  .n_kv_heads = 1,
+                                  .head_dim = HD};
     hpd_page_pool_params_t pp = {.backend = f->be, .layout = f->layout, .n_pages = n_pages};
     assert_int_equal(hpd_page_pool_create(&pp, &f->pool), HPD_OK);
-    hpd_prefix_cache_params_t cp = {f->be, f->pool, STATE, n_ckpt, host_bytes, every, {salt}};
+    hpd_prefix_cache_params_t cp = {.backend = f->be,
+                                    .pages = f->pool,
+                                    .state_bytes = STATE,
+                                    .n_checkpoints = n_ckpt,
+                                    .host_bytes = host_bytes,
+                                    .checkpoint_every = every,
+                                    .salt = {salt}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &f->cache), HPD_OK);
 }
 
@@ -1040,7 +1052,7 @@ static void test_summary_contents(void **state)
     fixture_fini(&f);
 
     /* a cache without GDN state: every entry can hit */
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
     hpd_page_pool_t *pool;
     hpd_prefix_cache_t *cache;
@@ -1048,10 +1060,16 @@ static void test_summary_contents(void **state)
     const uint32_t *tables[2] = {pages[0], pages[1]};
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     hpd_page_pool_params_t pp = {.backend = be,
-                                 .layout = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, HD},
+                                 .layout = {.block_size = 64,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 2,
+                                            .n_kv_heads = 1,
+                                            .head_dim = HD},
                                  .n_pages = 10};
     assert_int_equal(hpd_page_pool_create(&pp, &pool), HPD_OK);
-    hpd_prefix_cache_params_t cp = {be, pool, 0, 0, 0, 0, {3}};
+    hpd_prefix_cache_params_t cp = {.backend = be, .pages = pool, .salt = {3}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &cache), HPD_OK);
     assert_int_equal(hpd_page_pool_alloc(pool, 5, pages[0]), HPD_OK);
     assert_int_equal(hpd_page_pool_alloc(pool, 5, pages[1]), HPD_OK);
@@ -1394,7 +1412,7 @@ static void test_checkpoint_slot_failure(void **state)
  * leaves nothing allocated. A cache over no page pool holds no pages. */
 static void test_create_failures(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *cpu;
     faulty_backend_t fb;
     hpd_page_pool_t *pool;
@@ -1403,10 +1421,17 @@ static void test_create_failures(void **state)
     assert_int_equal(hpd_backend_cpu_create(&bp, &cpu), HPD_OK);
     hpd_backend_t *be = faulty_backend_init(&fb, cpu);
     hpd_page_pool_params_t pp = {.backend = be,
-                                 .layout = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 257, 1, 4},
+                                 .layout = {.block_size = 16,
+                                            .pack_size = 1,
+                                            .order = HPD_KV_NHD,
+                                            .dtype = HPD_DTYPE_F32,
+                                            .n_layers = 257,
+                                            .n_kv_heads = 1,
+                                            .head_dim = 4},
                                  .n_pages = 1};
     assert_int_equal(hpd_page_pool_create(&pp, &pool), HPD_OK);
-    hpd_prefix_cache_params_t cp = {be, pool, STATE, 4, 0, 0, {3}};
+    hpd_prefix_cache_params_t cp = {
+        .backend = be, .pages = pool, .state_bytes = STATE, .n_checkpoints = 4, .salt = {3}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &cache), HPD_ERR_UNSUPPORTED);
     assert_null(cache);
     hpd_page_pool_destroy(pool);
@@ -1434,10 +1459,11 @@ static void test_create_failures(void **state)
     hpd_prefix_cache_destroy(NULL);
 
     /* a state but no checkpoint slot, or slots but no state: both fine */
-    cp = (hpd_prefix_cache_params_t){be, pool, STATE, 0, 0, 0, {3}};
+    cp = (hpd_prefix_cache_params_t){
+        .backend = be, .pages = pool, .state_bytes = STATE, .salt = {3}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &cache), HPD_OK);
     hpd_prefix_cache_destroy(cache);
-    cp = (hpd_prefix_cache_params_t){be, pool, 0, 4, 0, 0, {3}};
+    cp = (hpd_prefix_cache_params_t){.backend = be, .pages = pool, .n_checkpoints = 4, .salt = {3}};
     assert_int_equal(hpd_prefix_cache_create(&cp, &cache), HPD_OK);
     hpd_prefix_cache_destroy(cache);
     cache = NULL;

@@ -261,7 +261,7 @@ static inline bool cl_log_has_cond(cl_t *cl, void *arg)
 static inline void cl_wait_log(cl_t *cl, const cl_proc_t *p, const char *needle, double timeout_s)
 {
     char what[720];
-    cl_log_wait_t w = {p, needle};
+    cl_log_wait_t w = {.p = p, .needle = needle};
     snprintf(what, sizeof(what), "'%.300s' in %s", needle, p->log);
     cl_wait(cl, NULL, timeout_s, cl_log_has_cond, &w, what);
 }
@@ -559,9 +559,13 @@ static inline void cl_status(cl_t *cl, cl_status_t *s)
     if (s->nodes->type != MSGPACK_OBJECT_ARRAY)
         fail_msg("status: 'nodes' is not an array");
     const msgpack_object *q = cl_field(&s->r.result, "requests");
-    s->req = (cl_requests_t){cl_u64(q, "active"),   cl_u64(q, "queued"),  cl_u64(q, "finished"),
-                             cl_u64(q, "failed"),   cl_u64(q, "canceled"), cl_u64(q, "retried"),
-                             cl_u64(q, "rejected")};
+    s->req = (cl_requests_t){.active = cl_u64(q, "active"),
+                             .queued = cl_u64(q, "queued"),
+                             .finished = cl_u64(q, "finished"),
+                             .failed = cl_u64(q, "failed"),
+                             .canceled = cl_u64(q, "canceled"),
+                             .retried = cl_u64(q, "retried"),
+                             .rejected = cl_u64(q, "rejected")};
 }
 
 static inline void cl_status_free(cl_status_t *s)
@@ -645,7 +649,7 @@ static inline bool cl_idle_cond(cl_t *cl, void *arg)
  * request is open. */
 static inline void cl_wait_idle(cl_t *cl, uint32_t n_nodes, double timeout_s)
 {
-    cl_idle_t w = {n_nodes, ""};
+    cl_idle_t w = {.n_nodes = n_nodes, .why = ""};
     const double deadline = hpd_time_now() + timeout_s;
     while (!cl_idle_cond(cl, &w)) {
         cl_check_alive(cl);
@@ -686,7 +690,7 @@ static inline void cl_wait_node(cl_t *cl, hpd_client_t *c, const char *node, con
                                 uint64_t value, double timeout_s)
 {
     char what[200];
-    cl_node_value_t w = {node, path, value};
+    cl_node_value_t w = {.node = node, .path = path, .value = value};
     if (path != NULL)
         snprintf(what, sizeof(what), "%s of node %s to be %llu", path, node,
                  (unsigned long long)value);

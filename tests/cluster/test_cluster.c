@@ -206,7 +206,10 @@ static void run_batch(const hpd_sampling_t *s, batch_t *b, void (*during)(batch_
     run_t run = {b, during};
     memset(b, 0, sizeof(*b));
     for (int i = 0; i < N_PROMPTS; i++) {
-        hpd_generate_params_t p = {prompts[i].ids, (uint32_t)prompts[i].n, MAX_TOKENS, *s};
+        hpd_generate_params_t p = {.prompt = prompts[i].ids,
+                                   .n_prompt = (uint32_t)prompts[i].n,
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = *s};
         b->stream_ok[i] = true;
         b->handles[i] = 0;
         assert_int_equal(hpd_client_submit(c, &p, on_token, on_done, b, &b->handles[i]), HPD_OK);
@@ -248,8 +251,8 @@ static void check_data_path(void)
     assert_true(mapped == (strcmp(ucx_tls, "tcp") == 0 ? 0 : put));
 }
 
-static const hpd_sampling_t greedy = {0, 1, 0, 0};
-static const hpd_sampling_t seeded = {0.8f, 0.9f, 40, 7};
+static const hpd_sampling_t greedy = {.top_p = 1};
+static const hpd_sampling_t seeded = {.temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 7};
 
 static void test_bit_identical(void **state)
 {
@@ -366,8 +369,10 @@ static void test_cancels_and_disconnects(void **state)
         const uint32_t n = 8 + round % 8;
         for (uint32_t i = 0; i < n; i++) {
             const int k = (int)((round * 16 + i) % N_PROMPTS);
-            hpd_generate_params_t p = {prompts[k].ids, (uint32_t)prompts[k].n, MAX_TOKENS,
-                                       greedy};
+            hpd_generate_params_t p = {.prompt = prompts[k].ids,
+                                       .n_prompt = (uint32_t)prompts[k].n,
+                                       .max_tokens = MAX_TOKENS,
+                                       .sampling = greedy};
             assert_int_equal(hpd_client_submit(c, &p, NULL, count_done, &cnt, &h[i]), HPD_OK);
             cnt.submitted++;
         }
@@ -414,7 +419,10 @@ static void test_cancels_and_disconnects(void **state)
     /* still serving, still right */
     hpd_client_t *c = cl_client(&cl);
     hpd_generate_result_t r;
-    hpd_generate_params_t p = {prompts[5].ids, (uint32_t)prompts[5].n, MAX_TOKENS, greedy};
+    hpd_generate_params_t p = {.prompt = prompts[5].ids,
+                               .n_prompt = (uint32_t)prompts[5].n,
+                               .max_tokens = MAX_TOKENS,
+                               .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
     assert_int_equal(r.n_tokens, MAX_TOKENS);
     assert_memory_equal(r.tokens, ref[5], sizeof(ref[5]));
@@ -429,23 +437,28 @@ static void test_bad_requests(void **state)
     hpd_client_t *c = cl_client(&cl);
     hpd_generate_result_t r;
     int32_t bad_id[3] = {1, 512, 3}, ok[3] = {1, 2, 3};
-    hpd_generate_params_t p = {bad_id, 3, 4, greedy};
+    hpd_generate_params_t p = {
+        .prompt = bad_id, .n_prompt = 3, .max_tokens = 4, .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
     assert_non_null(strstr(r.error, "prompt[1] is 512"));
     hpd_generate_result_free(&r);
-    p = (hpd_generate_params_t){ok, 0, 4, greedy};
+    p = (hpd_generate_params_t){.prompt = ok, .max_tokens = 4, .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
     assert_non_null(strstr(r.error, "empty"));
     hpd_generate_result_free(&r);
-    p = (hpd_generate_params_t){ok, 3, 5000, greedy};
+    p = (hpd_generate_params_t){
+        .prompt = ok, .n_prompt = 3, .max_tokens = 5000, .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
     assert_non_null(strstr(r.error, "max_tokens 5000"));
     hpd_generate_result_free(&r);
-    p = (hpd_generate_params_t){ok, 3, 4, {0.5f, 1.5f, 0, 0}};
+    p = (hpd_generate_params_t){.prompt = ok,
+                                .n_prompt = 3,
+                                .max_tokens = 4,
+                                .sampling = {.temperature = 0.5f, .top_p = 1.5f}};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
     assert_non_null(strstr(r.error, "top_p"));
     hpd_generate_result_free(&r);
-    p = (hpd_generate_params_t){ok, 3, 4, greedy};
+    p = (hpd_generate_params_t){.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
     hpd_generate_result_free(&r);
     hpd_client_destroy(c);
@@ -538,8 +551,10 @@ static void on_admit_done(void *arg, uint64_t h, hpd_generate_result_t *r)
 static void admit_submit(hpd_client_t *c, admit_t *a, int from, int to)
 {
     for (int i = from; i < to; i++) {
-        hpd_generate_params_t p = {prompts[i % N_PROMPTS].ids, (uint32_t)prompts[i % N_PROMPTS].n,
-                                   ADMIT_TOKENS, greedy};
+        hpd_generate_params_t p = {.prompt = prompts[i % N_PROMPTS].ids,
+                                   .n_prompt = (uint32_t)prompts[i % N_PROMPTS].n,
+                                   .max_tokens = ADMIT_TOKENS,
+                                   .sampling = greedy};
         assert_int_equal(hpd_client_submit(c, &p, NULL, on_admit_done, a, &a->handles[i]),
                          HPD_OK);
     }

@@ -89,7 +89,10 @@ typedef cl_req_t req_t;
 /* Prompt i, greedy, MAX_TOKENS tokens. */
 static void submit(hpd_client_t *c, int i, req_t *q)
 {
-    hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+    hpd_generate_params_t p = {.prompt = prompts[i],
+                               .n_prompt = prompt_len[i],
+                               .max_tokens = MAX_TOKENS,
+                               .sampling = {.top_p = 1}};
     memset(q, 0, sizeof(*q));
     assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, q, NULL), HPD_OK);
 }
@@ -574,7 +577,10 @@ static void test_decode_pool_exhaustion(void **state)
     /* first in the queue, one that no pool of 64 pages can ever hold: it
      * fails at once, naming the pages, and holds up none behind it */
     req_t big;
-    hpd_generate_params_t bp = {prompts[0], prompt_len[0], 600, {0, 1, 0, 0}};
+    hpd_generate_params_t bp = {.prompt = prompts[0],
+                                .n_prompt = prompt_len[0],
+                                .max_tokens = 600,
+                                .sampling = {.top_p = 1}};
     memset(&big, 0, sizeof(big));
     assert_int_equal(hpd_client_submit(s.c, &bp, NULL, cl_on_done, &big, NULL), HPD_OK);
     for (int i = 0; i < N_PROMPTS; i++)
@@ -973,7 +979,10 @@ static void test_cancel_while_stuck(void **state)
     uint64_t h;
     small_start(&s, "stuck", args, NULL, NULL);
     cl_pause(s.p);
-    hpd_generate_params_t p = {prompts[0], prompt_len[0], MAX_TOKENS, {0, 1, 0, 0}};
+    hpd_generate_params_t p = {.prompt = prompts[0],
+                               .n_prompt = prompt_len[0],
+                               .max_tokens = MAX_TOKENS,
+                               .sampling = {.top_p = 1}};
     memset(&q, 0, sizeof(q));
     assert_int_equal(hpd_client_submit(s.c, &p, NULL, cl_on_done, &q, &h), HPD_OK);
     cl_wait_node(&cl, s.c, s.p_name, "jobs", 1, 60);

@@ -149,7 +149,10 @@ static uint32_t submit_all_right(hpd_client_t *c, req_t *q, const char *what, vo
 {
     memset(q, 0, N * sizeof(*q));
     for (int i = 0; i < N; i++) {
-        hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+        hpd_generate_params_t p = {.prompt = prompts[i],
+                                   .n_prompt = prompt_len[i],
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = {.top_p = 1}};
         assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, &q[i], NULL), HPD_OK);
     }
     if (fault != NULL)
@@ -189,7 +192,10 @@ static void test_cut_path(void **state)
     memset(q, 0, sizeof(q));
     const double t0 = hpd_time_now();
     for (int i = 0; i < N; i++) {
-        hpd_generate_params_t p = {prompts[i], prompt_len[i], MAX_TOKENS, {0, 1, 0, 0}};
+        hpd_generate_params_t p = {.prompt = prompts[i],
+                                   .n_prompt = prompt_len[i],
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = {.top_p = 1}};
         assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, &q[i], NULL), HPD_OK);
     }
     cl_wait(&cl, c, 120, all_done, q, "every request with the path p0 -> d0 cut");

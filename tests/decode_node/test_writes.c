@@ -23,7 +23,7 @@ static const hpd_reservation_span_t span = {.kv_region = 0, .slot_region = 1,
 
 static bool allows(uint32_t region, uint64_t offset, uint64_t bytes)
 {
-    const hpd_xfer_dest_t d = {region, offset, bytes};
+    const hpd_xfer_dest_t d = {.region = region, .offset = offset, .bytes = bytes};
     char why[200] = "";
     const bool ok = hpd_reservation_allows(&span, &d, 1, why, sizeof(why));
     assert_true(ok || strstr(why, "is outside the reservation") != NULL);
@@ -59,8 +59,11 @@ static void test_slot(void **state)
 
 static void test_lists(void **state)
 {
-    const hpd_xfer_dest_t ok[] = {{0, 7 * PAGE, PAGE}, {0, 20 * PAGE, PAGE}, {1, 3 * SLOT, SLOT}};
-    const hpd_xfer_dest_t bad[] = {{0, 7 * PAGE, PAGE}, {0, 9 * PAGE, PAGE}};
+    const hpd_xfer_dest_t ok[] = {{.offset = 7 * PAGE, .bytes = PAGE},
+                                  {.offset = 20 * PAGE, .bytes = PAGE},
+                                  {.region = 1, .offset = 3 * SLOT, .bytes = SLOT}};
+    const hpd_xfer_dest_t bad[] = {{.offset = 7 * PAGE, .bytes = PAGE},
+                                   {.offset = 9 * PAGE, .bytes = PAGE}};
     char why[200];
     assert_true(hpd_reservation_allows(&span, ok, 3, why, sizeof(why)));
     assert_true(hpd_reservation_allows(&span, ok, 0, NULL, 0)); /* nothing written */

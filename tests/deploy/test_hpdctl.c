@@ -227,13 +227,17 @@ static void test_up_metrics_down(void **state)
         for (int i = phase ? 3 : 0; i < (phase ? N_REQ : 3); i++) {
             for (int k = 0; k < 200; k++)
                 prompts[i][k] = k < 128 ? (i % 3) * 100 + k % 97 + 1 : (i * 31 + k * 7) % 500 + 1;
-            hpd_generate_params_t gp = {prompts[i], 150 + i, 24, {0, 1, 0, 0}};
+            hpd_generate_params_t gp = {.prompt = prompts[i],
+                                        .n_prompt = 150 + i,
+                                        .max_tokens = 24,
+                                        .sampling = {.top_p = 1}};
             assert_int_equal(hpd_client_submit(c, &gp, on_token, on_done, &res, &handles[i]),
                              HPD_OK);
         }
         if (phase == 1) {
             int32_t bad_id = 100000; /* not in the vocabulary: outcome "invalid" */
-            hpd_generate_params_t bad = {&bad_id, 1, 4, {0, 1, 0, 0}};
+            hpd_generate_params_t bad = {
+                .prompt = &bad_id, .n_prompt = 1, .max_tokens = 4, .sampling = {.top_p = 1}};
             assert_int_equal(hpd_client_submit(c, &bad, NULL, on_done, &res, &hb), HPD_OK);
         }
         /* scrape while they run */
@@ -316,7 +320,8 @@ static void test_up_metrics_down(void **state)
     /* down with a request in flight: it finishes, then everything stops */
     memset(&res, 0, sizeof(res));
     uint64_t h;
-    hpd_generate_params_t gp = {prompts[0], 20, 300, {0, 1, 0, 0}};
+    hpd_generate_params_t gp = {
+        .prompt = prompts[0], .n_prompt = 20, .max_tokens = 300, .sampling = {.top_p = 1}};
     assert_int_equal(hpd_client_submit(c, &gp, on_token, on_done, &res, &h), HPD_OK);
     for (const double deadline = hpd_time_now() + 120; res.streamed == 0;) {
         if (hpd_client_pending(c) == 0 || hpd_time_now() > deadline)

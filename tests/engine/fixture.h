@@ -21,7 +21,7 @@ static hpd_backend_t *be;
 static inline int engine_fixture_setup(const char *tag, const char *model_args)
 {
     char dir[512];
-    hpd_backend_params_t bp = {"cpu", 2};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 2};
     test_tmpdir(root, sizeof(root), tag);
     snprintf(dir, sizeof(dir), "%s/model", root);
     if (test_mkmodel(dir, model_args) != 0 || hpd_model_load(dir, &model) != HPD_OK)

@@ -72,7 +72,8 @@ static void test_prefill_equals_prefill_plus_decode(void **state)
     ep.logits_cb = capture;
     ep.logits_cb_arg = &whole;
     e = engine_with(&ep, model);
-    hpd_request_params_t rp = {seq, N, 1, {0, 1, 0, 0}, NULL, 0};
+    hpd_request_params_t rp = {
+        .prompt = seq, .n_prompt = N, .max_tokens = 1, .sampling = {.top_p = 1}};
     assert_int_equal(hpd_engine_submit(e, &rp, &id), HPD_OK);
     assert_int_equal(hpd_engine_run(e), HPD_OK);
     assert_int_equal(whole.seen, 1);
@@ -83,7 +84,12 @@ static void test_prefill_equals_prefill_plus_decode(void **state)
         part.seen = 0;
         ep.logits_cb_arg = &part;
         e = engine_with(&ep, model);
-        hpd_request_params_t pr = {seq, k, N - k + 1, {0, 1, 0, 0}, seq + k, N - k};
+        hpd_request_params_t pr = {.prompt = seq,
+                                   .n_prompt = k,
+                                   .max_tokens = N - k + 1,
+                                   .sampling = {.top_p = 1},
+                                   .replay = seq + k,
+                                   .n_replay = N - k};
         assert_int_equal(hpd_engine_submit(e, &pr, &id), HPD_OK);
         assert_int_equal(hpd_engine_run(e), HPD_OK);
         assert_int_equal(part.seen, 1);
@@ -123,7 +129,10 @@ static void run_alone(const hpd_model_t *m, hpd_engine_params_t *ep, size_t i, i
     hpd_engine_t *e = engine_with(ep, m);
 
     prompt_of(prompt, reqs[i].len, 100 + i);
-    hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+    hpd_request_params_t rp = {.prompt = prompt,
+                               .n_prompt = reqs[i].len,
+                               .max_tokens = reqs[i].max_tokens,
+                               .sampling = reqs[i].s};
     assert_int_equal(hpd_engine_submit(e, &rp, &id), HPD_OK);
     assert_int_equal(hpd_engine_run(e), HPD_OK);
     assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
@@ -139,7 +148,10 @@ static void submit_reqs(hpd_engine_t *e, uint64_t ids[N_REQS])
     int32_t prompt[256];
     for (size_t i = 0; i < N_REQS; i++) {
         prompt_of(prompt, reqs[i].len, 100 + i);
-        hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompt,
+                                   .n_prompt = reqs[i].len,
+                                   .max_tokens = reqs[i].max_tokens,
+                                   .sampling = reqs[i].s};
         assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
     }
 }
@@ -266,21 +278,22 @@ static void test_bad_requests(void **state)
     int32_t ok[3] = {1, 2, 3}, bad_id[3] = {1, 512, 3}, neg[2] = {4, -1};
     int32_t *long_prompt = calloc(5000, sizeof(int32_t));
     uint64_t id;
-    const hpd_sampling_t g = {0, 1, 0, 0};
+    const hpd_sampling_t g = {.top_p = 1};
     const hpd_request_params_t cases[] = {
-        {ok, 0, 4, g, NULL, 0},                 /* empty prompt */
-        {bad_id, 3, 4, g, NULL, 0},             /* id >= vocab */
-        {neg, 2, 4, g, NULL, 0},                /* negative id */
-        {long_prompt, 5000, 4, g, NULL, 0},     /* beyond max context */
-        {ok, 3, 0, g, NULL, 0},                 /* no tokens asked */
+        {.prompt = ok, .max_tokens = 4, .sampling = g}, /* empty prompt */
+        {bad_id, 3, 4, g, NULL, 0}, /* id >= vocab */
+        {neg, 2, 4, g, NULL, 0}, /* negative id */
+        {long_prompt, 5000, 4, g, NULL, 0}, /* beyond max context */
+        {ok, 3, 0, g, NULL, 0}, /* no tokens asked */
         {ok, 3, 4, {0.5f, 0.0f, 0, 0}, NULL, 0}, /* top-p 0 */
-        {ok, 3, 4, {-1.0f, 1, 0, 0}, NULL, 0},  /* negative temperature */
-        {ok, 3, 2, g, bad_id, 3},               /* more replay than max tokens */
+        {ok, 3, 4, {-1.0f, 1, 0, 0}, NULL, 0}, /* negative temperature */
+        {ok, 3, 2, g, bad_id, 3}, /* more replay than max tokens */
+
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         assert_int_equal(hpd_engine_submit(e, &cases[i], &id), HPD_ERR_INVALID_ARG);
     /* and the engine still serves */
-    hpd_request_params_t good = {ok, 3, 4, g, NULL, 0};
+    hpd_request_params_t good = {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = g};
     const int32_t *toks;
     uint32_t n;
     assert_int_equal(hpd_engine_submit(e, &good, &id), HPD_OK);
@@ -309,9 +322,11 @@ static void test_pool_pressure_and_cancel(void **state)
     hpd_engine_t *e = engine_with(&ep, model);
     submit_reqs(e, ids);
     prompt_of(prompt, 250, 5);
-    hpd_request_params_t huge = {prompt, 250, 10, {0, 1, 0, 0}, NULL, 0};
+    hpd_request_params_t huge = {
+        .prompt = prompt, .n_prompt = 250, .max_tokens = 10, .sampling = {.top_p = 1}};
     assert_int_equal(hpd_engine_submit(e, &huge, &big), HPD_OK);
-    hpd_request_params_t cancelled = {prompt, 100, 20, {0, 1, 0, 0}, NULL, 0};
+    hpd_request_params_t cancelled = {
+        .prompt = prompt, .n_prompt = 100, .max_tokens = 20, .sampling = {.top_p = 1}};
     assert_int_equal(hpd_engine_submit(e, &cancelled, &victim), HPD_OK);
     assert_int_equal(hpd_engine_step(e, NULL), HPD_OK);
     assert_int_equal(hpd_engine_cancel(e, victim), HPD_OK);

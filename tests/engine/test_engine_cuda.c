@@ -34,7 +34,7 @@ static uint32_t lens[N_REQ];
 static int setup(void **state)
 {
     char dir[512];
-    hpd_backend_params_t cp = {"cpu", 0};
+    hpd_backend_params_t cp = {.device = "cpu"};
     test_tmpdir(root, sizeof(root), "engine-cuda");
     snprintf(dir, sizeof(dir), "%s/model", root);
     if (test_mkmodel(dir, SMALL) != 0 || hpd_model_load(dir, &model) != HPD_OK ||
@@ -106,7 +106,10 @@ static void run(hpd_backend_t *be, const run_cfg_t *c, int32_t out[N_REQ][MAX_TO
     }
     assert_int_equal(hpd_engine_create(&ep, &e), HPD_OK);
     for (uint32_t r = 0; r < N_REQ; r++) {
-        hpd_request_params_t rp = {prompts[r], lens[r], MAX_TOKENS, c->sampling, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompts[r],
+                                   .n_prompt = lens[r],
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = c->sampling};
         rp.sampling.seed += r;
         assert_int_equal(hpd_engine_submit(e, &rp, &ids[r]), HPD_OK);
         if (f != NULL)
@@ -161,7 +164,7 @@ static void test_gpu_vs_cpu(void **state)
 static void test_gpu_bit_identical(void **state)
 {
     static int32_t ref[N_REQ][MAX_TOKENS], got[N_REQ][MAX_TOKENS];
-    const hpd_sampling_t greedy = {0, 1, 0, 0}, seeded = {0.8f, 0.9f, 40, 7};
+    const hpd_sampling_t greedy = {.top_p = 1}, seeded = {0.8f, 0.9f, 40, 7};
     const run_cfg_t cases[] = {
         {64, 1, HPD_KV_NHD, false, true, greedy}, /* the reference: alone, no cache */
         {64, 1, HPD_KV_NHD, false, false, greedy},

@@ -59,7 +59,10 @@ static void run_monolithic(int32_t out[][32])
 
     for (size_t i = 0; i < N_REQS; i++) {
         prompt_of(prompt, reqs[i].len, 100 + i);
-        hpd_request_params_t rp = {prompt, reqs[i].len, reqs[i].max_tokens, reqs[i].s, NULL, 0};
+        hpd_request_params_t rp = {.prompt = prompt,
+                                   .n_prompt = reqs[i].len,
+                                   .max_tokens = reqs[i].max_tokens,
+                                   .sampling = reqs[i].s};
         assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
     }
     assert_int_equal(hpd_engine_run(e), HPD_OK);
@@ -111,17 +114,23 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
             if (to <= from)
                 continue;
             hpd_kv_translate_args_t t = {
-                {src_mem.layout, src_mem.kv_pool, skv.tables, from},
-                {dl, dst_mem.kv_pool, dkv.tables, from},
-                to - from, items[i].last_chunk, g * dl->pack_size,
-                HPD_MIN(dl->pack_size, dl->n_layers - g * dl->pack_size)};
+                .src = {.layout = src_mem.layout,
+                        .pool = src_mem.kv_pool,
+                        .tables = skv.tables,
+                        .pos = from},
+                .dst = {.layout = dl, .pool = dst_mem.kv_pool, .tables = dkv.tables, .pos = from},
+                .n_tokens = to - from,
+                .zero_tail = items[i].last_chunk,
+                .first_layer = g * dl->pack_size,
+                .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - g * dl->pack_size)};
             assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
             h->pushed[r][g] = to / dl->block_size;
             h->kv_copies++;
         } else if (items[i].last_chunk) {
             const uint64_t off = h->cfg->kind_index[layer] * src_mem.layer_state_bytes;
-            hpd_slot_copy_args_t c = {(uint8_t *)dkv.state + off, (uint8_t *)skv.state + off,
-                                      src_mem.layer_state_bytes};
+            hpd_slot_copy_args_t c = {.dst = (uint8_t *)dkv.state + off,
+                                      .src = (uint8_t *)skv.state + off,
+                                      .bytes = src_mem.layer_state_bytes};
             assert_int_equal(hpd_slot_copy(be, &c), HPD_OK);
             h->state_copies++;
         }
@@ -152,9 +161,14 @@ static void run_disaggregated(const char *dst_layout, int32_t ref[][32])
     for (size_t k = 0; k < N_REQS; k++) {
         const size_t i = k < 5 ? k : (k == N_REQS - 1 ? 5 : k + 1);
         prompt_of(prompt, reqs[i].len, 100 + i);
-        hpd_request_params_t dr = {prompt,    reqs[i].len, reqs[i].max_tokens,
-                                   reqs[i].s, ref[i],      reqs[i].n_replay};
-        hpd_request_params_t pr = {prompt, reqs[i].len, 1, reqs[i].s, NULL, 0};
+        hpd_request_params_t dr = {.prompt = prompt,
+                                   .n_prompt = reqs[i].len,
+                                   .max_tokens = reqs[i].max_tokens,
+                                   .sampling = reqs[i].s,
+                                   .replay = ref[i],
+                                   .n_replay = reqs[i].n_replay};
+        hpd_request_params_t pr = {
+            .prompt = prompt, .n_prompt = reqs[i].len, .max_tokens = 1, .sampling = reqs[i].s};
         assert_int_equal(hpd_engine_reserve(h.dec, &dr, &h.dec_id[i]), HPD_OK);
         if (i == 5)
             assert_int_equal(hpd_engine_run(h.pre), HPD_OK);
@@ -220,7 +234,8 @@ static void test_reservations(void **state)
     dp.max_batch = 3;
     hpd_engine_t *e = engine_with(&dp);
     prompt_of(prompt, 100, 1);
-    hpd_request_params_t rp = {prompt, 100, 10, {0, 1, 0, 0}, NULL, 0};
+    hpd_request_params_t rp = {
+        .prompt = prompt, .n_prompt = 100, .max_tokens = 10, .sampling = {.top_p = 1}};
     for (int i = 0; i < 3; i++)
         assert_int_equal(hpd_engine_reserve(e, &rp, &ids[i]), HPD_OK);
     /* three slots: the fourth reservation is refused and holds nothing */
@@ -236,7 +251,7 @@ static void test_reservations(void **state)
     assert_int_equal(hpd_engine_cancel(e, ids[1]), HPD_OK);
     assert_int_equal(hpd_engine_reserve(e, &rp, &ids[3]), HPD_OK);
     /* a bad request is refused with nothing held */
-    hpd_request_params_t bad = {prompt, 100, 0, {0, 1, 0, 0}, NULL, 0};
+    hpd_request_params_t bad = {.prompt = prompt, .n_prompt = 100, .sampling = {.top_p = 1}};
     assert_int_equal(hpd_engine_reserve(e, &bad, &extra), HPD_ERR_INVALID_ARG);
     assert_int_equal(hpd_engine_run(e), HPD_OK); /* runs only the started one */
     const int32_t *t;

@@ -82,8 +82,11 @@ static void run(hpd_engine_params_t *ep, uint32_t batch, int rounds, outcome_t *
         uint64_t ids[N_WORK];
         for (size_t i = 0; i < N_WORK; i++) {
             prompt_of(&work[i], prompt);
-            hpd_request_params_t rp = {prompt, work[i].len, work[i].max_tokens, work[i].s,
-                                       NULL, 0};
+            hpd_request_params_t rp = {.prompt = prompt,
+                                       .n_prompt = work[i].len,
+                                       .max_tokens = work[i].max_tokens,
+                                       .sampling = work[i].s,
+                                       .replay = NULL};
             assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
         }
         assert_int_equal(hpd_engine_run(e), HPD_OK);
@@ -247,8 +250,11 @@ static void test_cancel_with_cache(void **state)
         uint64_t ids[N_WORK];
         for (size_t i = 0; i < N_WORK; i++) {
             prompt_of(&work[i], prompt);
-            hpd_request_params_t rp = {prompt, work[i].len, work[i].max_tokens, work[i].s,
-                                       NULL, 0};
+            hpd_request_params_t rp = {.prompt = prompt,
+                                       .n_prompt = work[i].len,
+                                       .max_tokens = work[i].max_tokens,
+                                       .sampling = work[i].s,
+                                       .replay = NULL};
             assert_int_equal(hpd_engine_submit(e, &rp, &ids[i]), HPD_OK);
         }
         for (int s = 0; s < step_before_cancel; s++)

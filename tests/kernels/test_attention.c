@@ -22,7 +22,13 @@ typedef struct {
 static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, const float *k,
                   const float *v, const float *q, float *out)
 {
-    hpd_kv_layout_t l = {lc.B, lc.P, lc.order, HPD_DTYPE_F32, NLAYERS, NKV, HD};
+    hpd_kv_layout_t l = {.block_size = lc.B,
+                         .pack_size = lc.P,
+                         .order = lc.order,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = NLAYERS,
+                         .n_kv_heads = NKV,
+                         .head_dim = HD};
     const uint32_t n_blocks = (T + lc.B - 1) / lc.B, n_pages = 3 * n_blocks + 5;
     float *pool = calloc(n_pages * hpd_kv_layout_page_elems(&l), sizeof(float));
     uint32_t *table = malloc(n_blocks * sizeof(uint32_t));
@@ -30,14 +36,24 @@ static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, 
 
     for (uint32_t i = 0; i < n_blocks; i++)
         table[i] = n_pages - 1 - 3 * i; /* distinct pages, in reverse order */
-    hpd_paged_kv_t kv = {&l, pool, LAYER % lc.P, tables};
+    hpd_paged_kv_t kv = {
+        .layout = &l, .pool = pool, .member = LAYER % lc.P, .block_tables = tables};
     /* prefix as one sequence, then the query rows as a second store */
-    hpd_seq_t all = {0, T, 0};
-    hpd_kv_store_args_t st = {kv, {(float *)k, NKV * HD, HD}, {(float *)v, NKV * HD, HD}, &all, 1};
+    hpd_seq_t all = {.n_tokens = T};
+    hpd_kv_store_args_t st = {.kv = kv,
+                              .k = {.p = (float *)k, .ld = NKV * HD, .hs = HD},
+                              .v = {.p = (float *)v, .ld = NKV * HD, .hs = HD},
+                              .seqs = &all,
+                              .n_seqs = 1};
     assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
-    hpd_seq_t qs = {0, Tq, T - Tq};
-    hpd_attention_args_t a = {kv, {(float *)q, NH * HD, HD}, {out, NH * HD, HD}, NH,
-                              1.0f / sqrtf((float)HD), &qs, 1};
+    hpd_seq_t qs = {.n_tokens = Tq, .start_pos = T - Tq};
+    hpd_attention_args_t a = {.kv = kv,
+                              .q = {.p = (float *)q, .ld = NH * HD, .hs = HD},
+                              .out = {.p = out, .ld = NH * HD, .hs = HD},
+                              .n_heads = NH,
+                              .scale = 1.0f / sqrtf((float)HD),
+                              .seqs = &qs,
+                              .n_seqs = 1};
     assert_int_equal(hpd_attention(be, &a), HPD_OK);
     free(pool);
     free(table);
@@ -72,7 +88,7 @@ static void dense(uint32_t T, uint32_t Tq, const float *k, const float *v, const
 
 static void test_paged_matches_dense_and_layouts(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 2};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 2};
     hpd_backend_t *be;
     const uint32_t lengths[] = {1, 15, 16, 33, 100, 257};
     const layout_case_t cases[] = {
@@ -112,7 +128,7 @@ static void test_paged_matches_dense_and_layouts(void **state)
 /* Decode (one query per sequence, batched) gives the bits of the prefill row. */
 static void test_decode_equals_prefill_row(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 2};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 2};
     hpd_backend_t *be;
     const uint32_t T = 90;
     float *k = malloc(T * NKV * HD * sizeof(float)), *v = malloc(T * NKV * HD * sizeof(float));
@@ -136,11 +152,17 @@ static void test_decode_equals_prefill_row(void **state)
  * a bf16 cache are refused. */
 static void test_head_dim_limit(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     for (uint32_t hd = 1024; hd <= 1025; hd++) {
-        hpd_kv_layout_t l = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, 1, hd};
+        hpd_kv_layout_t l = {.block_size = 16,
+                             .pack_size = 1,
+                             .order = HPD_KV_NHD,
+                             .dtype = HPD_DTYPE_F32,
+                             .n_layers = 1,
+                             .n_kv_heads = 1,
+                             .head_dim = hd};
         float *pool = calloc(hpd_kv_layout_page_elems(&l), sizeof(float));
         float *k = malloc(hd * sizeof(float)), *v = malloc(hd * sizeof(float));
         float *q = malloc(hd * sizeof(float)), *out = malloc(hd * sizeof(float));
@@ -148,11 +170,21 @@ static void test_head_dim_limit(void **state)
         test_fill(k, hd, 1, 1.0f);
         test_fill(v, hd, 2, 1.0f);
         test_fill(q, hd, 3, 1.0f);
-        hpd_paged_kv_t kv = {&l, pool, 0, tables};
-        hpd_seq_t one = {0, 1, 0};
-        hpd_kv_store_args_t st = {kv, {k, hd, hd}, {v, hd, hd}, &one, 1};
+        hpd_paged_kv_t kv = {.layout = &l, .pool = pool, .block_tables = tables};
+        hpd_seq_t one = {.n_tokens = 1};
+        hpd_kv_store_args_t st = {.kv = kv,
+                                  .k = {.p = k, .ld = hd, .hs = hd},
+                                  .v = {.p = v, .ld = hd, .hs = hd},
+                                  .seqs = &one,
+                                  .n_seqs = 1};
         assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
-        hpd_attention_args_t a = {kv, {q, hd, hd}, {out, hd, hd}, 1, 0.03f, &one, 1};
+        hpd_attention_args_t a = {.kv = kv,
+                                  .q = {.p = q, .ld = hd, .hs = hd},
+                                  .out = {.p = out, .ld = hd, .hs = hd},
+                                  .n_heads = 1,
+                                  .scale = 0.03f,
+                                  .seqs = &one,
+                                  .n_seqs = 1};
         if (hd == 1024) {
             assert_int_equal(hpd_attention(be, &a), HPD_OK);
             assert_memory_equal(out, v, hd * sizeof(float));
@@ -168,25 +200,39 @@ static void test_head_dim_limit(void **state)
  * write (the second sequence's rows at its own positions and pages). */
 static void test_store_two_sequences(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
-    hpd_kv_layout_t l = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 1, NKV, HD};
+    hpd_kv_layout_t l = {.block_size = 16,
+                         .pack_size = 1,
+                         .order = HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = 1,
+                         .n_kv_heads = NKV,
+                         .head_dim = HD};
     const size_t pool_floats = 8 * hpd_kv_layout_page_elems(&l);
     float *one = calloc(pool_floats, sizeof(float)), *two = calloc(pool_floats, sizeof(float));
     float k[40 * NKV * HD], v[40 * NKV * HD];
     const uint32_t t0[2] = {5, 1}, t1[2] = {3, 7}; /* sequence s's pages */
     const uint32_t *tables[2] = {t0, t1};
-    const hpd_seq_t seqs[2] = {{0, 20, 0}, {20, 20, 10}};
+    const hpd_seq_t seqs[2] = {{.n_tokens = 20}, {.row = 20, .n_tokens = 20, .start_pos = 10}};
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     test_fill(k, 40 * NKV * HD, 1, 1.0f);
     test_fill(v, 40 * NKV * HD, 2, 1.0f);
     for (int s = 0; s < 2; s++) {
-        hpd_paged_kv_t kv = {&l, one, 0, &tables[s]};
-        hpd_kv_store_args_t st = {kv, {k, NKV * HD, HD}, {v, NKV * HD, HD}, &seqs[s], 1};
+        hpd_paged_kv_t kv = {.layout = &l, .pool = one, .block_tables = &tables[s]};
+        hpd_kv_store_args_t st = {.kv = kv,
+                                  .k = {.p = k, .ld = NKV * HD, .hs = HD},
+                                  .v = {.p = v, .ld = NKV * HD, .hs = HD},
+                                  .seqs = &seqs[s],
+                                  .n_seqs = 1};
         assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
     }
-    hpd_paged_kv_t kv = {&l, two, 0, tables};
-    hpd_kv_store_args_t st = {kv, {k, NKV * HD, HD}, {v, NKV * HD, HD}, seqs, 2};
+    hpd_paged_kv_t kv = {.layout = &l, .pool = two, .block_tables = tables};
+    hpd_kv_store_args_t st = {.kv = kv,
+                              .k = {.p = k, .ld = NKV * HD, .hs = HD},
+                              .v = {.p = v, .ld = NKV * HD, .hs = HD},
+                              .seqs = seqs,
+                              .n_seqs = 2};
     assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
     assert_memory_equal(one, two, pool_floats * sizeof(float));
     /* and the second sequence did land: its first row is in page 3 at offset 10 */

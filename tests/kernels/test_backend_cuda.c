@@ -61,15 +61,25 @@ static void test_gemm(void **state)
     float *ycpu = malloc(m * n * sizeof(float));
     memcpy(ycpu, y, m * n * sizeof(float));
     float *dx = up(x, m * k), *dw = up(w, n * k), *dy = up(y, m * n);
-    hpd_gemm_args_t a = {x, k, w, ycpu, n, m, n, k, true};
+    hpd_gemm_args_t a = {
+        .x = x, .ldx = k, .w = w, .y = ycpu, .ldy = n, .m = m, .n = n, .k = k, .accumulate = true};
     assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
-    a = (hpd_gemm_args_t){dx, k, dw, dy, n, m, n, k, true};
+    a = (hpd_gemm_args_t){
+        .x = dx, .ldx = k, .w = dw, .y = dy, .ldy = n, .m = m, .n = n, .k = k, .accumulate = true};
     assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
     float *got = down(dy, m * n);
     expect_close("gemm", got, ycpu, m * n, 1e-5);
     /* row 5 alone gives the same bits as inside the batch of 37 */
     float *dy1 = up(y + 5 * n, n);
-    a = (hpd_gemm_args_t){dx + 5 * k, k, dw, dy1, n, 1, n, k, true};
+    a = (hpd_gemm_args_t){.x = dx + 5 * k,
+                          .ldx = k,
+                          .w = dw,
+                          .y = dy1,
+                          .ldy = n,
+                          .m = 1,
+                          .n = n,
+                          .k = k,
+                          .accumulate = true};
     assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
     float *one = down(dy1, n);
     assert_memory_equal(one, got + 5 * n, n * sizeof(float));
@@ -84,20 +94,36 @@ static void test_norms_and_elementwise(void **state)
     float *x = rnd(N, 4, 1), *z = rnd(N, 5, 1), *w = rnd(D, 6, 0.5f);
     float *dx = up(x, N), *dz = up(z, N), *dw = up(w, D), *dy = up(x, N);
     float *ycpu = malloc(N * sizeof(float)), *got;
-    hpd_view_t vx = {x, H * D, D}, vz = {z, H * D, D}, vy = {ycpu, H * D, D};
-    hpd_view_t gx = {dx, H * D, D}, gz = {dz, H * D, D}, gy = {dy, H * D, D};
+    hpd_view_t vx = {.p = x, .ld = H * D, .hs = D}, vz = {z, H * D, D}, vy = {ycpu, H * D, D};
+    hpd_view_t gx = {.p = dx, .ld = H * D, .hs = D}, gz = {dz, H * D, D}, gy = {dy, H * D, D};
 
-    hpd_rmsnorm_args_t rn = {vx, vy, T, H, D, w, 1e-6f, true};
+    hpd_rmsnorm_args_t rn = {.x = vx,
+                             .y = vy,
+                             .n_tokens = T,
+                             .n_heads = H,
+                             .dim = D,
+                             .w = w,
+                             .eps = 1e-6f,
+                             .zero_centred = true};
     assert_int_equal(hpd_rmsnorm(cpu, &rn), HPD_OK);
-    rn = (hpd_rmsnorm_args_t){gx, gy, T, H, D, dw, 1e-6f, true};
+    rn = (hpd_rmsnorm_args_t){.x = gx,
+                              .y = gy,
+                              .n_tokens = T,
+                              .n_heads = H,
+                              .dim = D,
+                              .w = dw,
+                              .eps = 1e-6f,
+                              .zero_centred = true};
     assert_int_equal(hpd_rmsnorm(gpu, &rn), HPD_OK);
     got = down(dy, N);
     expect_close("rmsnorm", got, ycpu, N, 1e-5);
     free(got);
 
-    hpd_gated_rmsnorm_args_t gn = {vx, vz, vy, T, H, D, w, 1e-6f};
+    hpd_gated_rmsnorm_args_t gn = {
+        .x = vx, .z = vz, .y = vy, .n_tokens = T, .n_heads = H, .dim = D, .w = w, .eps = 1e-6f};
     assert_int_equal(hpd_gated_rmsnorm(cpu, &gn), HPD_OK);
-    gn = (hpd_gated_rmsnorm_args_t){gx, gz, gy, T, H, D, dw, 1e-6f};
+    gn = (hpd_gated_rmsnorm_args_t){
+        .x = gx, .z = gz, .y = gy, .n_tokens = T, .n_heads = H, .dim = D, .w = dw, .eps = 1e-6f};
     assert_int_equal(hpd_gated_rmsnorm(gpu, &gn), HPD_OK);
     got = down(dy, N);
     expect_close("gated_rmsnorm", got, ycpu, N, 1e-5);
@@ -106,7 +132,8 @@ static void test_norms_and_elementwise(void **state)
     /* in place: l2norm, rope, sigmoid_mul on copies */
     memcpy(ycpu, x, N * sizeof(float));
     assert_int_equal(hpd_backend_from_host(gpu, dy, x, N * sizeof(float)), HPD_OK);
-    hpd_l2norm_args_t l2 = {vy, T, H, D, 1e-6f, 0.125f};
+    hpd_l2norm_args_t l2 = {
+        .x = vy, .n_tokens = T, .n_heads = H, .dim = D, .eps = 1e-6f, .scale = 0.125f};
     assert_int_equal(hpd_l2norm(cpu, &l2), HPD_OK);
     l2.x = gy;
     assert_int_equal(hpd_l2norm(gpu, &l2), HPD_OK);
@@ -115,7 +142,13 @@ static void test_norms_and_elementwise(void **state)
     free(got);
 
     int32_t pos[9] = {0, 1, 2, 3, 100, 101, 4000, 4001, 65000};
-    hpd_rope_args_t rp = {vy, T, H, D, 64, pos, 1e7f};
+    hpd_rope_args_t rp = {.x = vy,
+                          .n_tokens = T,
+                          .n_heads = H,
+                          .head_dim = D,
+                          .rot_dim = 64,
+                          .positions = pos,
+                          .theta = 1e7f};
     assert_int_equal(hpd_rope(cpu, &rp), HPD_OK);
     rp.x = gy;
     assert_int_equal(hpd_rope(gpu, &rp), HPD_OK);
@@ -123,9 +156,9 @@ static void test_norms_and_elementwise(void **state)
     expect_close("rope", got, ycpu, N, 1e-5);
     free(got);
 
-    hpd_sigmoid_mul_args_t sm = {vy, vz, T, H, D};
+    hpd_sigmoid_mul_args_t sm = {.x = vy, .gate = vz, .n_tokens = T, .n_heads = H, .dim = D};
     assert_int_equal(hpd_sigmoid_mul(cpu, &sm), HPD_OK);
-    sm = (hpd_sigmoid_mul_args_t){gy, gz, T, H, D};
+    sm = (hpd_sigmoid_mul_args_t){.x = gy, .gate = gz, .n_tokens = T, .n_heads = H, .dim = D};
     assert_int_equal(hpd_sigmoid_mul(gpu, &sm), HPD_OK);
     got = down(dy, N);
     expect_close("sigmoid_mul", got, ycpu, N, 1e-5);
@@ -133,9 +166,11 @@ static void test_norms_and_elementwise(void **state)
 
     /* SwiGLU over [T][2 * inter] */
     const uint32_t inter = H * D / 2;
-    hpd_silu_mul_args_t sw = {x, H * D, ycpu, inter, T, inter};
+    hpd_silu_mul_args_t sw = {
+        .gu = x, .ldgu = H * D, .out = ycpu, .ldout = inter, .n_tokens = T, .inter = inter};
     assert_int_equal(hpd_silu_mul(cpu, &sw), HPD_OK);
-    sw = (hpd_silu_mul_args_t){dx, H * D, dy, inter, T, inter};
+    sw = (hpd_silu_mul_args_t){
+        .gu = dx, .ldgu = H * D, .out = dy, .ldout = inter, .n_tokens = T, .inter = inter};
     assert_int_equal(hpd_silu_mul(gpu, &sw), HPD_OK);
     got = down(dy, T * inter);
     expect_close("silu_mul", got, ycpu, T * inter, 1e-5);
@@ -143,9 +178,9 @@ static void test_norms_and_elementwise(void **state)
 
     /* embedding: ids in host memory */
     int32_t ids[5] = {3, 0, 7, 7, 1};
-    hpd_embed_args_t em = {ids, 5, x, D, ycpu, D};
+    hpd_embed_args_t em = {.ids = ids, .n = 5, .table = x, .dim = D, .out = ycpu, .ld = D};
     assert_int_equal(hpd_embed(cpu, &em), HPD_OK);
-    em = (hpd_embed_args_t){ids, 5, dx, D, dy, D};
+    em = (hpd_embed_args_t){.ids = ids, .n = 5, .table = dx, .dim = D, .out = dy, .ld = D};
     assert_int_equal(hpd_embed(gpu, &em), HPD_OK);
     got = down(dy, 5 * D);
     assert_memory_equal(got, ycpu, 5 * D * sizeof(float));
@@ -154,9 +189,27 @@ static void test_norms_and_elementwise(void **state)
     /* GDN gating */
     const uint32_t nv = 8;
     float *g = malloc(T * nv * sizeof(float)), *beta = malloc(T * nv * sizeof(float));
-    hpd_gdn_gating_args_t ga = {x, z, H * D, H * D, w, w + 8, g, beta, T, nv};
+    hpd_gdn_gating_args_t ga = {.a = x,
+                                .b = z,
+                                .lda = H * D,
+                                .ldb = H * D,
+                                .a_log = w,
+                                .dt_bias = w + 8,
+                                .g = g,
+                                .beta = beta,
+                                .n_tokens = T,
+                                .nv = nv};
     assert_int_equal(hpd_gdn_gating(cpu, &ga), HPD_OK);
-    ga = (hpd_gdn_gating_args_t){dx, dz, H * D, H * D, dw, dw + 8, dy, dy + T * nv, T, nv};
+    ga = (hpd_gdn_gating_args_t){.a = dx,
+                                 .b = dz,
+                                 .lda = H * D,
+                                 .ldb = H * D,
+                                 .a_log = dw,
+                                 .dt_bias = dw + 8,
+                                 .g = dy,
+                                 .beta = dy + T * nv,
+                                 .n_tokens = T,
+                                 .nv = nv};
     assert_int_equal(hpd_gdn_gating(gpu, &ga), HPD_OK);
     got = down(dy, 2 * T * nv);
     expect_close("gdn_gating g", got, g, T * nv, 1e-5);
@@ -191,9 +244,19 @@ static void gdn_case_init(gdn_case_t *c, uint32_t T, uint32_t nk, uint32_t nv, u
         c->g[i] = g_top - g_span * test_uniform(seed + 3, i);
         c->beta[i] = b_lo + b_span * test_uniform(seed + 4, i);
     }
-    hpd_l2norm_args_t l2 = {{c->q, nk * dk, dk}, T, nk, dk, 1e-6f, 1.0f / sqrtf((float)dk)};
+    hpd_l2norm_args_t l2 = {.x = {.p = c->q, .ld = nk * dk, .hs = dk},
+                            .n_tokens = T,
+                            .n_heads = nk,
+                            .dim = dk,
+                            .eps = 1e-6f,
+                            .scale = 1.0f / sqrtf((float)dk)};
     hpd_l2norm(cpu, &l2);
-    l2 = (hpd_l2norm_args_t){{c->k, nk * dk, dk}, T, nk, dk, 1e-6f, 1.0f};
+    l2 = (hpd_l2norm_args_t){.x = {.p = c->k, .ld = nk * dk, .hs = dk},
+                             .n_tokens = T,
+                             .n_heads = nk,
+                             .dim = dk,
+                             .eps = 1e-6f,
+                             .scale = 1.0f};
     hpd_l2norm(cpu, &l2);
     c->S0 = rnd(2 * c->ns, seed + 5, s_scale), c->Sc = malloc(2 * c->ns * sizeof(float));
     c->ocpu = malloc(c->nvv * sizeof(float));
@@ -209,12 +272,32 @@ static hpd_gdn_args_t gdn_args(gdn_case_t *c, bool on_gpu, const hpd_seq_t *seqs
 {
     const uint32_t qs = c->nk * c->dk, vs = c->nv * c->dv;
     if (on_gpu)
-        return (hpd_gdn_args_t){{c->gq, qs, c->dk}, {c->gk, qs, c->dk}, {c->gv, vs, c->dv},
-                                c->gg, c->gb, {c->gout, vs, c->dv}, c->nk, c->nv, c->dk, c->dv,
-                                c->sg, seqs, n};
-    return (hpd_gdn_args_t){{c->q, qs, c->dk}, {c->k, qs, c->dk}, {c->v, vs, c->dv}, c->g,
-                            c->beta, {c->ocpu, vs, c->dv}, c->nk, c->nv, c->dk, c->dv, c->sc,
-                            seqs, n};
+        return (hpd_gdn_args_t){.q = {.p = c->gq, .ld = qs, .hs = c->dk},
+                                .k = {.p = c->gk, .ld = qs, .hs = c->dk},
+                                .v = {.p = c->gv, .ld = vs, .hs = c->dv},
+                                .g = c->gg,
+                                .beta = c->gb,
+                                .out = {.p = c->gout, .ld = vs, .hs = c->dv},
+                                .nk = c->nk,
+                                .nv = c->nv,
+                                .dk = c->dk,
+                                .dv = c->dv,
+                                .states = c->sg,
+                                .seqs = seqs,
+                                .n_seqs = n};
+    return (hpd_gdn_args_t){.q = {.p = c->q, .ld = qs, .hs = c->dk},
+                            .k = {.p = c->k, .ld = qs, .hs = c->dk},
+                            .v = {.p = c->v, .ld = vs, .hs = c->dv},
+                            .g = c->g,
+                            .beta = c->beta,
+                            .out = {.p = c->ocpu, .ld = vs, .hs = c->dv},
+                            .nk = c->nk,
+                            .nv = c->nv,
+                            .dk = c->dk,
+                            .dv = c->dv,
+                            .states = c->sc,
+                            .seqs = seqs,
+                            .n_seqs = n};
 }
 
 static void gdn_case_free(gdn_case_t *c)
@@ -231,7 +314,8 @@ static void gdn_case_free(gdn_case_t *c)
 static void test_conv_and_gdn(void **state)
 {
     const uint32_t C = 96, KC = 4, T = 11, nk = 2, nv = 4, dk = 64, dv = 64;
-    hpd_seq_t seqs[2] = {{0, 7, 100}, {7, 4, 3}};
+    hpd_seq_t seqs[2] = {{.n_tokens = 7, .start_pos = 100},
+                         {.row = 7, .n_tokens = 4, .start_pos = 3}};
     float *x = rnd(T * C, 7, 1), *w = rnd(C * KC, 8, 0.5f);
     float *st0 = rnd(2 * C * (KC - 1), 9, 1), *ycpu = malloc(T * C * sizeof(float));
     float *stc = malloc(2 * C * (KC - 1) * sizeof(float));
@@ -239,9 +323,27 @@ static void test_conv_and_gdn(void **state)
     float *dx = up(x, T * C), *dw = up(w, C * KC), *dst = up(st0, 2 * C * (KC - 1));
     float *dy = up(x, T * C);
     float *cs[2] = {stc, stc + C * (KC - 1)}, *gs[2] = {dst, dst + C * (KC - 1)};
-    hpd_conv1d_args_t cv = {x, C, ycpu, C, w, C, KC, cs, seqs, 2};
+    hpd_conv1d_args_t cv = {.x = x,
+                            .ldx = C,
+                            .y = ycpu,
+                            .ldy = C,
+                            .w = w,
+                            .channels = C,
+                            .kc = KC,
+                            .states = cs,
+                            .seqs = seqs,
+                            .n_seqs = 2};
     assert_int_equal(hpd_conv1d(cpu, &cv), HPD_OK);
-    cv = (hpd_conv1d_args_t){dx, C, dy, C, dw, C, KC, gs, seqs, 2};
+    cv = (hpd_conv1d_args_t){.x = dx,
+                             .ldx = C,
+                             .y = dy,
+                             .ldy = C,
+                             .w = dw,
+                             .channels = C,
+                             .kc = KC,
+                             .states = gs,
+                             .seqs = seqs,
+                             .n_seqs = 2};
     assert_int_equal(hpd_conv1d(gpu, &cv), HPD_OK);
     float *got = down(dy, T * C), *gst = down(dst, 2 * C * (KC - 1));
     expect_close("conv1d", got, ycpu, T * C, 1e-4);
@@ -270,8 +372,20 @@ static void test_conv_and_gdn(void **state)
 /* translation between layouts and slot copies: exact */
 static void test_translate_and_copy(void **state)
 {
-    hpd_kv_layout_t sl = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, 4, 2, 32};
-    hpd_kv_layout_t dl = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, 4, 2, 32};
+    hpd_kv_layout_t sl = {.block_size = 64,
+                          .pack_size = 1,
+                          .order = HPD_KV_NHD,
+                          .dtype = HPD_DTYPE_F32,
+                          .n_layers = 4,
+                          .n_kv_heads = 2,
+                          .head_dim = 32};
+    hpd_kv_layout_t dl = {.block_size = 16,
+                          .pack_size = 4,
+                          .order = HPD_KV_HND,
+                          .dtype = HPD_DTYPE_F32,
+                          .n_layers = 4,
+                          .n_kv_heads = 2,
+                          .head_dim = 32};
     const uint32_t tokens = 150, spages = 4 * 3, dpages = 1 * 10;
     const size_t se = spages * hpd_kv_layout_page_elems(&sl), de = dpages * hpd_kv_layout_page_elems(&dl);
     float *src = rnd(se, 16, 1), *dcpu = rnd(de, 17, 1);
@@ -286,7 +400,10 @@ static void test_translate_and_copy(void **state)
     for (uint32_t j = 0; j < 10; j++)
         dtab[0][j] = (j * 3 + 1) % dpages;
     dt[0] = dtab[0];
-    hpd_kv_translate_args_t a = {{&sl, src, st, 0}, {&dl, dcpu, dt, 0}, tokens, true, 0, 0};
+    hpd_kv_translate_args_t a = {.src = {.layout = &sl, .pool = src, .tables = st},
+                                 .dst = {.layout = &dl, .pool = dcpu, .tables = dt},
+                                 .n_tokens = tokens,
+                                 .zero_tail = true};
     assert_int_equal(hpd_kv_translate(cpu, &a), HPD_OK);
     a.src.pool = dsrc;
     a.dst.pool = ddst;
@@ -295,7 +412,11 @@ static void test_translate_and_copy(void **state)
     assert_memory_equal(got, dcpu, de * sizeof(float));
     free(got);
     /* one layer range, starting mid-sequence (a layerwise push of a chunk) */
-    a = (hpd_kv_translate_args_t){{&sl, src, st, 64}, {&dl, dcpu, dt, 64}, 64, false, 2, 1};
+    a = (hpd_kv_translate_args_t){.src = {.layout = &sl, .pool = src, .tables = st, .pos = 64},
+                                  .dst = {.layout = &dl, .pool = dcpu, .tables = dt, .pos = 64},
+                                  .n_tokens = 64,
+                                  .first_layer = 2,
+                                  .n_layers = 1};
     assert_int_equal(hpd_kv_translate(cpu, &a), HPD_OK);
     a.src.pool = dsrc;
     a.dst.pool = ddst;
@@ -303,7 +424,7 @@ static void test_translate_and_copy(void **state)
     got = down(ddst, de);
     assert_memory_equal(got, dcpu, de * sizeof(float));
     free(got);
-    hpd_slot_copy_args_t sc = {ddst, dsrc, 1000 * sizeof(float)};
+    hpd_slot_copy_args_t sc = {.dst = ddst, .src = dsrc, .bytes = 1000 * sizeof(float)};
     assert_int_equal(hpd_slot_copy(gpu, &sc), HPD_OK);
     got = down(ddst, 1000);
     assert_memory_equal(got, src, 1000 * sizeof(float));
@@ -323,7 +444,13 @@ typedef struct {
 static void paged_init(paged_t *pg, uint32_t B, uint32_t P, hpd_kv_order_t order,
                        const uint32_t *lens)
 {
-    pg->l = (hpd_kv_layout_t){B, P, order, HPD_DTYPE_F32, 4, 2, 64};
+    pg->l = (hpd_kv_layout_t){.block_size = B,
+                              .pack_size = P,
+                              .order = order,
+                              .dtype = HPD_DTYPE_F32,
+                              .n_layers = 4,
+                              .n_kv_heads = 2,
+                              .head_dim = 64};
     uint32_t pages = 0;
     for (int s = 0; s < 2; s++)
         pages += (lens[s] + B - 1) / B;
@@ -368,24 +495,48 @@ static void test_kv_store_and_attention(void **state)
         paged_init(&pg, layouts[li].B, layouts[li].P, layouts[li].o, lens);
         /* store: sequence 0's 150 rows, then sequence 1's 78 rows (rows
          * 150.. of k, v), as two sequences of one batch */
-        hpd_seq_t st_seqs[2] = {{0, T0, 0}, {T0, T1, 0}};
-        hpd_paged_kv_t kc = {&pg.l, pg.cpu_pool, 1 % pg.l.pack_size, pg.ctables};
-        hpd_paged_kv_t kg = {&pg.l, pg.gpu_pool, 1 % pg.l.pack_size, pg.ctables};
-        hpd_kv_store_args_t ks = {kc, {k, NKV * HD, HD}, {v, NKV * HD, HD}, st_seqs, 2};
+        hpd_seq_t st_seqs[2] = {{.n_tokens = T0}, {.row = T0, .n_tokens = T1}};
+        hpd_paged_kv_t kc = {.layout = &pg.l,
+                             .pool = pg.cpu_pool,
+                             .member = 1 % pg.l.pack_size,
+                             .block_tables = pg.ctables};
+        hpd_paged_kv_t kg = {.layout = &pg.l,
+                             .pool = pg.gpu_pool,
+                             .member = 1 % pg.l.pack_size,
+                             .block_tables = pg.ctables};
+        hpd_kv_store_args_t ks = {.kv = kc,
+                                  .k = {.p = k, .ld = NKV * HD, .hs = HD},
+                                  .v = {.p = v, .ld = NKV * HD, .hs = HD},
+                                  .seqs = st_seqs,
+                                  .n_seqs = 2};
         assert_int_equal(hpd_kv_store(cpu, &ks), HPD_OK);
-        ks = (hpd_kv_store_args_t){kg, {dk, NKV * HD, HD}, {dv, NKV * HD, HD}, st_seqs, 2};
+        ks = (hpd_kv_store_args_t){.kv = kg,
+                                   .k = {.p = dk, .ld = NKV * HD, .hs = HD},
+                                   .v = {.p = dv, .ld = NKV * HD, .hs = HD},
+                                   .seqs = st_seqs,
+                                   .n_seqs = 2};
         assert_int_equal(hpd_kv_store(gpu, &ks), HPD_OK);
         float *pool = down(pg.gpu_pool, pg.elems);
         assert_memory_equal(pool, pg.cpu_pool, pg.elems * sizeof(float));
         free(pool);
 
         /* attention: the 150 prefill rows, then the decode row (q row 150) */
-        hpd_seq_t at_seqs[2] = {{0, T0, 0}, {T0, 1, T1 - 1}};
-        hpd_attention_args_t at = {kc, {q, NH * HD, HD}, {ocpu, NH * HD, HD}, NH, 0.125f,
-                                   at_seqs, 2};
+        hpd_seq_t at_seqs[2] = {{.n_tokens = T0}, {.row = T0, .n_tokens = 1, .start_pos = T1 - 1}};
+        hpd_attention_args_t at = {.kv = kc,
+                                   .q = {.p = q, .ld = NH * HD, .hs = HD},
+                                   .out = {.p = ocpu, .ld = NH * HD, .hs = HD},
+                                   .n_heads = NH,
+                                   .scale = 0.125f,
+                                   .seqs = at_seqs,
+                                   .n_seqs = 2};
         assert_int_equal(hpd_attention(cpu, &at), HPD_OK);
-        at = (hpd_attention_args_t){kg, {dq, NH * HD, HD}, {dout, NH * HD, HD}, NH, 0.125f,
-                                    at_seqs, 2};
+        at = (hpd_attention_args_t){.kv = kg,
+                                    .q = {.p = dq, .ld = NH * HD, .hs = HD},
+                                    .out = {.p = dout, .ld = NH * HD, .hs = HD},
+                                    .n_heads = NH,
+                                    .scale = 0.125f,
+                                    .seqs = at_seqs,
+                                    .n_seqs = 2};
         assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
         float *got = down(dout, qn);
         expect_close("attention", got, ocpu, qn, 1e-5);
@@ -420,7 +571,7 @@ static void test_kv_store_and_attention(void **state)
 static void test_gdn_chunked(void **state)
 {
     enum { NK = 2, NV = 4, DK = 128, DV = 128, T = 300 };
-    hpd_seq_t seqs[2] = {{0, 200, 40}, {200, 100, 0}};
+    hpd_seq_t seqs[2] = {{.n_tokens = 200, .start_pos = 40}, {.row = 200, .n_tokens = 100}};
     gdn_case_t c;
     gdn_case_init(&c, T, NK, NV, DK, DV, 30, -0.02f, 0.2f, 0.1f, 0.8f, 0.05f);
     const size_t nvv = c.nvv, ns = c.ns;
@@ -433,7 +584,7 @@ static void test_gdn_chunked(void **state)
     expect_close("gdn_chunked S", gS, c.Sc, 2 * ns, 1e-4);
 
     /* sequence 1 (positions 0..99) alone, in one call and split at 64 */
-    hpd_seq_t whole = {200, 100, 0}, a = {200, 64, 0}, b = {264, 36, 64};
+    hpd_seq_t whole = {.row = 200, .n_tokens = 100}, a = {200, 64, 0}, b = {264, 36, 64};
     float *one_S = up(c.S0 + ns, ns);
     float *sone[1] = {one_S};
     gg.states = sone;
@@ -469,14 +620,29 @@ static void test_sample(void **state)
     logits[123] = logits[4567] = 50.0f; /* a tie in row 0: 123 wins */
     logits[5 * (size_t)V + 999] = 40.0f; /* row 5 is peaked: top_p 0.05 keeps 999 alone */
     float *dl = up(logits, (size_t)V * R);
-    hpd_sampling_t params[R] = {
-        {0, 1, 0, 1}, {0, 1, 0, 2}, {0.8f, 0.9f, 40, 3}, {1.0f, 1, 0, 4}, {0.7f, 1, 1, 5},
-        {1.2f, 0.05f, 0, 6}};
+    hpd_sampling_t params[R] = {{.top_p = 1, .seed = 1},
+                                {.top_p = 1, .seed = 2},
+                                {.temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 3},
+                                {.temperature = 1.0f, .top_p = 1, .seed = 4},
+                                {.temperature = 0.7f, .top_p = 1, .top_k = 1, .seed = 5},
+                                {.temperature = 1.2f, .top_p = 0.05f, .seed = 6}};
     uint64_t pos[R] = {10, 11, 12, 13, 14, 15};
     int32_t want[R], got[R], again[R];
-    hpd_sample_args_t a = {logits, V, R, V, params, pos, want};
+    hpd_sample_args_t a = {.logits = logits,
+                           .ld = V,
+                           .n_rows = R,
+                           .vocab = V,
+                           .params = params,
+                           .positions = pos,
+                           .out = want};
     assert_int_equal(hpd_sample(cpu, &a), HPD_OK);
-    a = (hpd_sample_args_t){dl, V, R, V, params, pos, got};
+    a = (hpd_sample_args_t){.logits = dl,
+                            .ld = V,
+                            .n_rows = R,
+                            .vocab = V,
+                            .params = params,
+                            .positions = pos,
+                            .out = got};
     assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
     assert_int_equal(got[0], 123);
     assert_int_equal(got[0], want[0]);
@@ -489,7 +655,13 @@ static void test_sample(void **state)
     assert_memory_equal(again, got, sizeof(got));
     /* row 2 alone */
     int32_t alone;
-    a = (hpd_sample_args_t){dl + 2 * (size_t)V, V, 1, V, &params[2], &pos[2], &alone};
+    a = (hpd_sample_args_t){.logits = dl + 2 * (size_t)V,
+                            .ld = V,
+                            .n_rows = 1,
+                            .vocab = V,
+                            .params = &params[2],
+                            .positions = &pos[2],
+                            .out = &alone};
     assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
     assert_int_equal(alone, got[2]);
     /* inside the kept sets: rank of the token among the row's logits */
@@ -521,10 +693,11 @@ static void test_sample(void **state)
     uint64_t *sps = malloc(D * sizeof(*sps));
     int32_t *tok = malloc(D * sizeof(*tok));
     for (int i = 0; i < D; i++) {
-        sp[i] = (hpd_sampling_t){1.0f, 1.0f, 0, 99};
+        sp[i] = (hpd_sampling_t){.temperature = 1.0f, .top_p = 1.0f, .seed = 99};
         sps[i] = (uint64_t)i;
     }
-    a = (hpd_sample_args_t){ds, 0, D, 8, sp, sps, tok};
+    a = (hpd_sample_args_t){
+        .logits = ds, .n_rows = D, .vocab = 8, .params = sp, .positions = sps, .out = tok};
     assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
     uint32_t count[8] = {0};
     for (int i = 0; i < D; i++) {
@@ -543,7 +716,7 @@ static void test_sample(void **state)
 /* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
 static void test_fast_gemm(void **state)
 {
-    hpd_backend_params_t fp = {"cuda-fast:0", 0};
+    hpd_backend_params_t fp = {.device = "cuda-fast:0"};
     hpd_backend_t *fast;
     if (hpd_backend_host_memory(gpu)) {
         fprintf(stderr, "device under test is not a GPU: cuda-fast not checked\n");
@@ -554,9 +727,9 @@ static void test_fast_gemm(void **state)
     const uint32_t m = 37, n = 300, k = 200;
     float *x = rnd(m * k, 1, 1), *w = rnd(n * k, 2, 0.1f), *ycpu = calloc(m * n, sizeof(float));
     float *dx = up(x, m * k), *dw = up(w, n * k), *dy = up(ycpu, m * n);
-    hpd_gemm_args_t a = {x, k, w, ycpu, n, m, n, k, false};
+    hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .y = ycpu, .ldy = n, .m = m, .n = n, .k = k};
     assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
-    a = (hpd_gemm_args_t){dx, k, dw, dy, n, m, n, k, false};
+    a = (hpd_gemm_args_t){.x = dx, .ldx = k, .w = dw, .y = dy, .ldy = n, .m = m, .n = n, .k = k};
     assert_int_equal(hpd_gemm(fast, &a), HPD_OK);
     assert_int_equal(hpd_backend_sync(fast), HPD_OK);
     float *got = down(dy, m * n);

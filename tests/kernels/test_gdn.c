@@ -55,17 +55,22 @@ static void free_inputs(inputs_t *in)
 static void run(hpd_backend_t *be, const inputs_t *in, bool chunked, uint32_t row0, uint32_t n,
                 uint32_t start_pos, float *state, float *out)
 {
-    hpd_seq_t seq = {0, n, start_pos};
+    hpd_seq_t seq = {.n_tokens = n, .start_pos = start_pos};
     float *states[1] = {state};
     hpd_gdn_args_t a = {
-        .q = {in->q + (size_t)row0 * in->nk * in->dk, in->nk * in->dk, in->dk},
-        .k = {in->k + (size_t)row0 * in->nk * in->dk, in->nk * in->dk, in->dk},
-        .v = {in->v + (size_t)row0 * in->nv * in->dv, in->nv * in->dv, in->dv},
+        .q = {.p = in->q + (size_t)row0 * in->nk * in->dk, .ld = in->nk * in->dk, .hs = in->dk},
+        .k = {.p = in->k + (size_t)row0 * in->nk * in->dk, .ld = in->nk * in->dk, .hs = in->dk},
+        .v = {.p = in->v + (size_t)row0 * in->nv * in->dv, .ld = in->nv * in->dv, .hs = in->dv},
         .g = in->g + (size_t)row0 * in->nv,
         .beta = in->beta + (size_t)row0 * in->nv,
-        .out = {out + (size_t)row0 * in->nv * in->dv, in->nv * in->dv, in->dv},
-        .nk = in->nk, .nv = in->nv, .dk = in->dk, .dv = in->dv,
-        .states = states, .seqs = &seq, .n_seqs = 1};
+        .out = {.p = out + (size_t)row0 * in->nv * in->dv, .ld = in->nv * in->dv, .hs = in->dv},
+        .nk = in->nk,
+        .nv = in->nv,
+        .dk = in->dk,
+        .dv = in->dv,
+        .states = states,
+        .seqs = &seq,
+        .n_seqs = 1};
     assert_int_equal(chunked ? hpd_gdn_chunked(be, &a) : hpd_gdn_recurrent(be, &a), HPD_OK);
 }
 
@@ -104,7 +109,7 @@ static void reference(const inputs_t *in, double *S, float *out)
 
 static hpd_backend_t *cpu(void)
 {
-    hpd_backend_params_t p = {"cpu", 2};
+    hpd_backend_params_t p = {.device = "cpu", .n_threads = 2};
     hpd_backend_t *be;
     assert_int_equal(hpd_backend_cpu_create(&p, &be), HPD_OK);
     return be;
@@ -203,7 +208,7 @@ static void test_batch_invariant(void **state)
     const size_t so = (size_t)T * nv * dv, ss = (size_t)nv * dk * dv;
     float *alone = calloc(so, sizeof(float)), *batch = calloc(so, sizeof(float));
     float *sa[2], *sb[2];
-    const hpd_seq_t seqs[2] = {{0, 70, 0}, {70, 80, 64}};
+    const hpd_seq_t seqs[2] = {{.n_tokens = 70}, {.row = 70, .n_tokens = 80, .start_pos = 64}};
 
     for (int i = 0; i < 2; i++) {
         sa[i] = malloc(ss * sizeof(float));
@@ -212,8 +217,19 @@ static void test_batch_invariant(void **state)
         memcpy(sb[i], in.state0, ss * sizeof(float));
         run(be, &in, true, seqs[i].row, seqs[i].n_tokens, seqs[i].start_pos, sa[i], alone);
     }
-    hpd_gdn_args_t a = {{in.q, nk * dk, dk}, {in.k, nk * dk, dk}, {in.v, nv * dv, dv},
-                        in.g, in.beta, {batch, nv * dv, dv}, nk, nv, dk, dv, sb, seqs, 2};
+    hpd_gdn_args_t a = {.q = {.p = in.q, .ld = nk * dk, .hs = dk},
+                        .k = {.p = in.k, .ld = nk * dk, .hs = dk},
+                        .v = {.p = in.v, .ld = nv * dv, .hs = dv},
+                        .g = in.g,
+                        .beta = in.beta,
+                        .out = {.p = batch, .ld = nv * dv, .hs = dv},
+                        .nk = nk,
+                        .nv = nv,
+                        .dk = dk,
+                        .dv = dv,
+                        .states = sb,
+                        .seqs = seqs,
+                        .n_seqs = 2};
     assert_int_equal(hpd_gdn_chunked(be, &a), HPD_OK);
     assert_memory_equal(alone, batch, so * sizeof(float));
     for (int i = 0; i < 2; i++) {
@@ -261,9 +277,20 @@ static void test_bad_head_counts(void **state)
     inputs_t in;
     make_inputs(&in, 4, 2, 3, 8, 8, 1, 1.0f);
     float out[4 * 3 * 8], st[3 * 8 * 8] = {0}, *states[1] = {st};
-    hpd_seq_t seq = {0, 4, 0};
-    hpd_gdn_args_t a = {{in.q, 2 * 8, 8}, {in.k, 2 * 8, 8}, {in.v, 3 * 8, 8}, in.g, in.beta,
-                        {out, 3 * 8, 8}, 2, 3, 8, 8, states, &seq, 1};
+    hpd_seq_t seq = {.n_tokens = 4};
+    hpd_gdn_args_t a = {.q = {.p = in.q, .ld = 2 * 8, .hs = 8},
+                        .k = {.p = in.k, .ld = 2 * 8, .hs = 8},
+                        .v = {.p = in.v, .ld = 3 * 8, .hs = 8},
+                        .g = in.g,
+                        .beta = in.beta,
+                        .out = {.p = out, .ld = 3 * 8, .hs = 8},
+                        .nk = 2,
+                        .nv = 3,
+                        .dk = 8,
+                        .dv = 8,
+                        .states = states,
+                        .seqs = &seq,
+                        .n_seqs = 1};
     for (uint32_t nk = 0; nk <= 2; nk += 2) {
         a.nk = nk;
         assert_int_equal(hpd_gdn_chunked(be, &a), HPD_ERR_INVALID_ARG);

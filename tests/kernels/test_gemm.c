@@ -11,7 +11,7 @@
 
 static hpd_backend_t *cpu(uint32_t threads)
 {
-    hpd_backend_params_t p = {"cpu", threads};
+    hpd_backend_params_t p = {.device = "cpu", .n_threads = threads};
     hpd_backend_t *be;
     assert_int_equal(hpd_backend_cpu_create(&p, &be), HPD_OK);
     return be;
@@ -36,7 +36,7 @@ static void test_matches_reference(void **state)
                     acc += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
                 ref[(size_t)i * n + j] = (float)acc;
             }
-        hpd_gemm_args_t a = {x, k, w, y, n, m, n, k, false};
+        hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .y = y, .ldy = n, .m = m, .n = n, .k = k};
         assert_int_equal(hpd_gemm(be, &a), HPD_OK);
         assert_rel_rms_below(y, ref, (size_t)m * n, 1e-6);
         /* accumulate adds onto y */
@@ -59,12 +59,19 @@ static void test_batch_invariant(void **state)
 
     test_fill(x, M * K, 7, 1.0f);
     test_fill(w, N * K, 8, 1.0f);
-    hpd_gemm_args_t a = {x, K, w, full, N, M, N, K, false};
+    hpd_gemm_args_t a = {.x = x, .ldx = K, .w = w, .y = full, .ldy = N, .m = M, .n = N, .k = K};
     assert_int_equal(hpd_gemm(be2, &a), HPD_OK);
     /* every sub-batch [r0, r0 + m) reproduces its rows exactly, on 1 or 2 threads */
     for (uint32_t r0 = 0; r0 < M; r0++) {
         for (uint32_t m = 1; r0 + m <= M; m += 3) {
-            hpd_gemm_args_t b = {x + (size_t)r0 * K, K, w, part, N, m, N, K, false};
+            hpd_gemm_args_t b = {.x = x + (size_t)r0 * K,
+                                 .ldx = K,
+                                 .w = w,
+                                 .y = part,
+                                 .ldy = N,
+                                 .m = m,
+                                 .n = N,
+                                 .k = K};
             assert_int_equal(hpd_gemm((m & 1) ? be1 : be2, &b), HPD_OK);
             assert_memory_equal(part, full + (size_t)r0 * N, (size_t)m * N * 4);
         }

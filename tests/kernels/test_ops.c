@@ -16,7 +16,7 @@ static hpd_backend_t *be;
 
 static int setup(void **state)
 {
-    hpd_backend_params_t p = {"cpu", 2};
+    hpd_backend_params_t p = {.device = "cpu", .n_threads = 2};
     return hpd_backend_cpu_create(&p, &be) == HPD_OK ? 0 : -1;
 }
 
@@ -76,7 +76,14 @@ static void test_rmsnorm(void **state)
             for (int d = 0; d < D; d++)
                 ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss / D + 1e-6) * (zc ? 1.0 + w[d] : w[d]));
         }
-        hpd_rmsnorm_args_t a = {{x, NH * D, D}, {y, NH * D, D}, T, NH, D, w, 1e-6f, zc};
+        hpd_rmsnorm_args_t a = {.x = {.p = x, .ld = NH * D, .hs = D},
+                                .y = {.p = y, .ld = NH * D, .hs = D},
+                                .n_tokens = T,
+                                .n_heads = NH,
+                                .dim = D,
+                                .w = w,
+                                .eps = 1e-6f,
+                                .zero_centred = zc};
         assert_int_equal(hpd_rmsnorm(be, &a), HPD_OK);
         assert_rel_rms_below(y, ref, T * NH * D, 1e-6);
     }
@@ -98,8 +105,14 @@ static void test_gated_rmsnorm_and_l2norm(void **state)
             ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss / D + 1e-6) * w[d] * zz / (1 + exp(-zz)));
         }
     }
-    hpd_gated_rmsnorm_args_t a = {{x, NH * D, D}, {z, NH * D, D}, {y, NH * D, D}, T, NH, D, w,
-                                  1e-6f};
+    hpd_gated_rmsnorm_args_t a = {.x = {.p = x, .ld = NH * D, .hs = D},
+                                  .z = {.p = z, .ld = NH * D, .hs = D},
+                                  .y = {.p = y, .ld = NH * D, .hs = D},
+                                  .n_tokens = T,
+                                  .n_heads = NH,
+                                  .dim = D,
+                                  .w = w,
+                                  .eps = 1e-6f};
     assert_int_equal(hpd_gated_rmsnorm(be, &a), HPD_OK);
     assert_rel_rms_below(y, ref, T * NH * D, 1e-6);
 
@@ -110,7 +123,12 @@ static void test_gated_rmsnorm_and_l2norm(void **state)
         for (int d = 0; d < D; d++)
             ref[r * D + d] = (float)(x[r * D + d] / sqrt(ss + 1e-6) * 0.25);
     }
-    hpd_l2norm_args_t l = {{x, NH * D, D}, T, NH, D, 1e-6f, 0.25f};
+    hpd_l2norm_args_t l = {.x = {.p = x, .ld = NH * D, .hs = D},
+                           .n_tokens = T,
+                           .n_heads = NH,
+                           .dim = D,
+                           .eps = 1e-6f,
+                           .scale = 0.25f};
     assert_int_equal(hpd_l2norm(be, &l), HPD_OK);
     assert_rel_rms_below(x, ref, T * NH * D, 1e-6);
 }
@@ -122,7 +140,13 @@ static void test_rope_partial_neox(void **state)
     const int32_t pos[T] = {5, 0, 1000}; /* position 0 is the identity: not first */
     test_fill(x, T * NH * D, 6, 1.0f);
     memcpy(orig, x, sizeof(x));
-    hpd_rope_args_t a = {{x, NH * D, D}, T, NH, D, ROT, pos, 10000.0f};
+    hpd_rope_args_t a = {.x = {.p = x, .ld = NH * D, .hs = D},
+                         .n_tokens = T,
+                         .n_heads = NH,
+                         .head_dim = D,
+                         .rot_dim = ROT,
+                         .positions = pos,
+                         .theta = 10000.0f};
     assert_int_equal(hpd_rope(be, &a), HPD_OK);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < NH; h++) {
@@ -150,12 +174,30 @@ static void test_conv1d_sequence_vs_steps(void **state)
     memcpy(st_seq, hist, sizeof(hist));
     memcpy(st_step, hist, sizeof(hist));
     float *s1[1] = {st_seq}, *s2[1] = {st_step};
-    hpd_seq_t seq = {0, T, 0};
-    hpd_conv1d_args_t a = {x, CH, y_seq, CH, w, CH, KC, s1, &seq, 1};
+    hpd_seq_t seq = {.n_tokens = T};
+    hpd_conv1d_args_t a = {.x = x,
+                           .ldx = CH,
+                           .y = y_seq,
+                           .ldy = CH,
+                           .w = w,
+                           .channels = CH,
+                           .kc = KC,
+                           .states = s1,
+                           .seqs = &seq,
+                           .n_seqs = 1};
     assert_int_equal(hpd_conv1d(be, &a), HPD_OK);
     for (int t = 0; t < T; t++) {
-        hpd_seq_t one = {0, 1, (uint32_t)t};
-        hpd_conv1d_args_t b = {x + t * CH, CH, y_step + t * CH, CH, w, CH, KC, s2, &one, 1};
+        hpd_seq_t one = {.n_tokens = 1, .start_pos = (uint32_t)t};
+        hpd_conv1d_args_t b = {.x = x + t * CH,
+                               .ldx = CH,
+                               .y = y_step + t * CH,
+                               .ldy = CH,
+                               .w = w,
+                               .channels = CH,
+                               .kc = KC,
+                               .states = s2,
+                               .seqs = &one,
+                               .n_seqs = 1};
         assert_int_equal(hpd_conv1d_step(be, &b), HPD_OK);
     }
     assert_memory_equal(y_seq, y_step, sizeof(y_seq));
@@ -190,7 +232,16 @@ static void test_gating_silu_sigmoid_embed(void **state)
     test_fill(alog, NV, 12, 1.0f);
     test_fill(dtb, NV, 13, 1.0f);
     a[0] = 30.0f; /* softplus past its linear threshold */
-    hpd_gdn_gating_args_t ga = {a, b, NV, NV, alog, dtb, g, beta, T, NV};
+    hpd_gdn_gating_args_t ga = {.a = a,
+                                .b = b,
+                                .lda = NV,
+                                .ldb = NV,
+                                .a_log = alog,
+                                .dt_bias = dtb,
+                                .g = g,
+                                .beta = beta,
+                                .n_tokens = T,
+                                .nv = NV};
     assert_int_equal(hpd_gdn_gating(be, &ga), HPD_OK);
     for (int i = 0; i < T * NV; i++) {
         const double x = a[i] + dtb[i % NV], sp = x > 20 ? x : log1p(exp(x));
@@ -201,7 +252,8 @@ static void test_gating_silu_sigmoid_embed(void **state)
 
     float gu[T * 2 * I], out[T * I];
     test_fill(gu, T * 2 * I, 14, 2.0f);
-    hpd_silu_mul_args_t sa = {gu, 2 * I, out, I, T, I};
+    hpd_silu_mul_args_t sa = {
+        .gu = gu, .ldgu = 2 * I, .out = out, .ldout = I, .n_tokens = T, .inter = I};
     assert_int_equal(hpd_silu_mul(be, &sa), HPD_OK);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < I; i++) {
@@ -213,7 +265,11 @@ static void test_gating_silu_sigmoid_embed(void **state)
     test_fill(x, T * 4, 15, 1.0f);
     test_fill(gate, T * 8, 16, 1.0f);
     memcpy(x0, x, sizeof(x));
-    hpd_sigmoid_mul_args_t sm = {{x, 4, 2}, {gate + 2, 8, 4}, T, 2, 2};
+    hpd_sigmoid_mul_args_t sm = {.x = {.p = x, .ld = 4, .hs = 2},
+                                 .gate = {.p = gate + 2, .ld = 8, .hs = 4},
+                                 .n_tokens = T,
+                                 .n_heads = 2,
+                                 .dim = 2};
     assert_int_equal(hpd_sigmoid_mul(be, &sm), HPD_OK);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < 2; h++)
@@ -225,7 +281,7 @@ static void test_gating_silu_sigmoid_embed(void **state)
     float table[6 * 3], emb[2 * 4];
     const int32_t ids[2] = {5, 1};
     test_fill(table, 18, 17, 1.0f);
-    hpd_embed_args_t ea = {ids, 2, table, 3, emb, 4};
+    hpd_embed_args_t ea = {.ids = ids, .n = 2, .table = table, .dim = 3, .out = emb, .ld = 4};
     assert_int_equal(hpd_embed(be, &ea), HPD_OK);
     assert_memory_equal(emb, table + 15, 12);
     assert_memory_equal(emb + 4, table + 3, 12);

@@ -15,7 +15,7 @@ static float logits[V];
 
 static int setup(void **state)
 {
-    hpd_backend_params_t p = {"cpu", 1};
+    hpd_backend_params_t p = {.device = "cpu", .n_threads = 1};
     test_fill(logits, V, 42, 1.5f);
     return hpd_backend_cpu_create(&p, &be) == HPD_OK ? 0 : -1;
 }
@@ -29,7 +29,13 @@ static int teardown(void **state)
 static int32_t draw(hpd_sampling_t s, uint64_t pos)
 {
     int32_t tok = -1;
-    hpd_sample_args_t a = {logits, V, 1, V, &s, &pos, &tok};
+    hpd_sample_args_t a = {.logits = logits,
+                           .ld = V,
+                           .n_rows = 1,
+                           .vocab = V,
+                           .params = &s,
+                           .positions = &pos,
+                           .out = &tok};
     assert_int_equal(hpd_sample(be, &a), HPD_OK);
     assert_true(tok >= 0 && tok < V);
     return tok;
@@ -46,7 +52,7 @@ static int argmax(void)
 
 static void test_greedy_and_top_k_1(void **state)
 {
-    hpd_sampling_t greedy = {0, 1, 0, 0}, k1 = {1.0f, 1, 1, 9};
+    hpd_sampling_t greedy = {.top_p = 1}, k1 = {1.0f, 1, 1, 9};
     assert_int_equal(draw(greedy, 3), argmax());
     for (uint64_t pos = 0; pos < 20; pos++)
         assert_int_equal(draw(k1, pos), argmax());
@@ -54,7 +60,7 @@ static void test_greedy_and_top_k_1(void **state)
 
 static void test_deterministic_by_seed_and_position(void **state)
 {
-    hpd_sampling_t s = {1.0f, 0.9f, 20, 1234};
+    hpd_sampling_t s = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 20, .seed = 1234};
     int differs_by_pos = 0, differs_by_seed = 0;
     for (uint64_t pos = 0; pos < 50; pos++) {
         assert_int_equal(draw(s, pos), draw(s, pos));
@@ -69,10 +75,16 @@ static void test_deterministic_by_seed_and_position(void **state)
     float two[2 * V];
     memcpy(two, logits, sizeof(logits));
     memcpy(two + V, logits, sizeof(logits));
-    hpd_sampling_t ps[2] = {s, {0.7f, 1, 0, 5}};
+    hpd_sampling_t ps[2] = {s, {.temperature = 0.7f, .top_p = 1, .seed = 5}};
     uint64_t pos[2] = {7, 8};
     int32_t out[2];
-    hpd_sample_args_t a = {two, V, 2, V, ps, pos, out};
+    hpd_sample_args_t a = {.logits = two,
+                           .ld = V,
+                           .n_rows = 2,
+                           .vocab = V,
+                           .params = ps,
+                           .positions = pos,
+                           .out = out};
     assert_int_equal(hpd_sample(be, &a), HPD_OK);
     assert_int_equal(out[0], draw(ps[0], 7));
     assert_int_equal(out[1], draw(ps[1], 8));
@@ -90,7 +102,7 @@ static void test_top_k_and_top_p_restrict(void **state)
                 order[i] = order[j];
                 order[j] = t;
             }
-    hpd_sampling_t k5 = {2.0f, 1, 5, 1};
+    hpd_sampling_t k5 = {.temperature = 2.0f, .top_p = 1, .top_k = 5, .seed = 1};
     for (uint64_t pos = 0; pos < 300; pos++) {
         int32_t tok = draw(k5, pos), ok = 0;
         for (int i = 0; i < 5; i++)
@@ -104,7 +116,7 @@ static void test_top_k_and_top_p_restrict(void **state)
     int keep = 0;
     for (double cum = 0; keep < V && cum < 0.5 * sum;)
         cum += p[keep++];
-    hpd_sampling_t tp = {1.0f, 0.5f, 0, 2};
+    hpd_sampling_t tp = {.temperature = 1.0f, .top_p = 0.5f, .seed = 2};
     for (uint64_t pos = 0; pos < 300; pos++) {
         int32_t tok = draw(tp, pos), ok = 0;
         for (int i = 0; i < keep; i++)
@@ -117,7 +129,7 @@ static void test_top_k_and_top_p_restrict(void **state)
 static void test_temperature_distribution(void **state)
 {
     enum { N = 40000 };
-    hpd_sampling_t s = {0.8f, 1, 0, 99};
+    hpd_sampling_t s = {.temperature = 0.8f, .top_p = 1, .seed = 99};
     int count[V] = {0};
     double p[V], sum = 0, mx = -1e30;
     for (int i = 0; i < V; i++)
@@ -142,9 +154,15 @@ static void test_draw_on_a_boundary(void **state)
     while (hpd_rng_uniform(seed, pos) != 0.5f)
         pos++;
     const float two[2] = {0.25f, 0.25f};
-    const hpd_sampling_t s = {1.0f, 1.0f, 0, seed};
+    const hpd_sampling_t s = {.temperature = 1.0f, .top_p = 1.0f, .seed = seed};
     int32_t tok = -1;
-    hpd_sample_args_t a = {two, 2, 1, 2, &s, &pos, &tok};
+    hpd_sample_args_t a = {.logits = two,
+                           .ld = 2,
+                           .n_rows = 1,
+                           .vocab = 2,
+                           .params = &s,
+                           .positions = &pos,
+                           .out = &tok};
     assert_int_equal(hpd_sample(be, &a), HPD_OK);
     assert_int_equal(tok, 1);
     /* and just below it, token 0 */

@@ -66,8 +66,13 @@ static float value(uint32_t layer, uint32_t kv, uint32_t pos, uint32_t h, uint32
 static hpd_kv_layout_t random_layout(uint64_t *s, uint32_t A, uint32_t nkv, uint32_t hd)
 {
     const uint32_t Bs[] = {16, 32, 48, 64, 128, 256};
-    hpd_kv_layout_t l = {Bs[rnd(s, 6)], 1 + rnd(s, A), rnd(s, 2) ? HPD_KV_HND : HPD_KV_NHD,
-                         HPD_DTYPE_F32, A, nkv, hd};
+    hpd_kv_layout_t l = {.block_size = Bs[rnd(s, 6)],
+                         .pack_size = 1 + rnd(s, A),
+                         .order = rnd(s, 2) ? HPD_KV_HND : HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = A,
+                         .n_kv_heads = nkv,
+                         .head_dim = hd};
     return l;
 }
 
@@ -104,7 +109,7 @@ static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos,
  * the source's rows. */
 static void test_random_translations(void **state)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
     uint64_t s = 0;
 
@@ -129,8 +134,13 @@ static void test_random_translations(void **state)
                             row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
 
         float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail);
-        hpd_kv_translate_args_t t = {{&a.l, a.pool, a.tables, spos}, {&b.l, b.pool, b.tables, dpos},
-                                     n, zero_tail, first, n_layers};
+        hpd_kv_translate_args_t t = {
+            .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
+            .dst = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
+            .n_tokens = n,
+            .zero_tail = zero_tail,
+            .first_layer = first,
+            .n_layers = n_layers};
         assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
         const size_t bytes = b.n_pages * hpd_kv_layout_page_bytes(&b.l);
         if (memcmp(b.pool, want, bytes) != 0) {
@@ -144,9 +154,12 @@ static void test_random_translations(void **state)
         }
         free(want);
         /* and back: A -> B -> A is the identity on the tokens of those layers */
-        hpd_kv_translate_args_t r = {{&b.l, b.pool, b.tables, dpos},
-                                     {&back.l, back.pool, back.tables, spos}, n, false, first,
-                                     n_layers};
+        hpd_kv_translate_args_t r = {
+            .src = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
+            .dst = {.layout = &back.l, .pool = back.pool, .tables = back.tables, .pos = spos},
+            .n_tokens = n,
+            .first_layer = first,
+            .n_layers = n_layers};
         assert_int_equal(hpd_kv_translate(be, &r), HPD_OK);
         for (uint32_t layer = l0; layer < l1; layer++)
             for (uint32_t kv = 0; kv < 2; kv++)
@@ -157,12 +170,21 @@ static void test_random_translations(void **state)
         free(a.pool), free(a.ids), free(b.pool), free(b.ids), free(back.pool), free(back.ids);
     }
     /* layouts of different shapes are refused */
-    hpd_kv_layout_t x = {16, 1, HPD_KV_NHD, HPD_DTYPE_F32, 2, 1, 4}, y = x;
+    hpd_kv_layout_t x = {.block_size = 16,
+                         .pack_size = 1,
+                         .order = HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = 2,
+                         .n_kv_heads = 1,
+                         .head_dim = 4},
+                    y = x;
     y.head_dim = 8;
     float buf[1024];
     uint32_t id = 0;
     const uint32_t *tab[2] = {&id, &id};
-    hpd_kv_translate_args_t bad = {{&x, buf, tab, 0}, {&y, buf, tab, 0}, 1, false, 0, 0};
+    hpd_kv_translate_args_t bad = {.src = {.layout = &x, .pool = buf, .tables = tab},
+                                   .dst = {.layout = &y, .pool = buf, .tables = tab},
+                                   .n_tokens = 1};
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
     /* and so are layer ranges outside the 2 layers */
     bad.dst.layout = &x;
@@ -176,7 +198,7 @@ static void test_random_translations(void **state)
     /* slot copy */
     float s1[10], s2[10];
     test_fill(s1, 10, 3, 1.0f);
-    hpd_slot_copy_args_t c = {s2, s1, sizeof(s1)};
+    hpd_slot_copy_args_t c = {.dst = s2, .src = s1, .bytes = sizeof(s1)};
     assert_int_equal(hpd_slot_copy(be, &c), HPD_OK);
     assert_memory_equal(s1, s2, sizeof(s1));
     hpd_backend_destroy(be);

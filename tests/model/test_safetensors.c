@@ -17,9 +17,9 @@ static void write_three(const char *path)
     hpd_dtype_from_f32(HPD_DTYPE_BF16, f32, bf, 4);
     hpd_dtype_from_f32(HPD_DTYPE_F16, f32, h, 3);
     hpd_st_write_tensor_t t[3] = {
-        {"b.weight", HPD_DTYPE_F32, 2, {2, 3}, f32},
-        {"a.weight", HPD_DTYPE_BF16, 1, {4}, bf},
-        {"c.scalar", HPD_DTYPE_F16, 2, {1, 3}, h},
+        {.name = "b.weight", .dtype = HPD_DTYPE_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
+        {.name = "a.weight", .dtype = HPD_DTYPE_BF16, .ndim = 1, .shape = {4}, .data = bf},
+        {.name = "c.scalar", .dtype = HPD_DTYPE_F16, .ndim = 2, .shape = {1, 3}, .data = h},
     };
     assert_int_equal(hpd_st_write(path, t, 3), HPD_OK);
 }
@@ -119,8 +119,10 @@ static void test_sharded(void **state)
     char dir[256], path[300];
     hpd_st_archive_t *ar;
     float one[2] = {1, 2}, two[3] = {3, 4, 5};
-    hpd_st_write_tensor_t t1 = {"one", HPD_DTYPE_F32, 1, {2}, one};
-    hpd_st_write_tensor_t t2 = {"two", HPD_DTYPE_F32, 1, {3}, two};
+    hpd_st_write_tensor_t t1 = {
+        .name = "one", .dtype = HPD_DTYPE_F32, .ndim = 1, .shape = {2}, .data = one};
+    hpd_st_write_tensor_t t2 = {
+        .name = "two", .dtype = HPD_DTYPE_F32, .ndim = 1, .shape = {3}, .data = two};
 
     test_tmpdir(dir, sizeof(dir), "shard");
     snprintf(path, sizeof(path), "%s/a.safetensors", dir);

@@ -48,7 +48,7 @@ static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
     }
 }
 
-static const hpd_rpc_method_t methods[] = {{"alive", m_alive, 0}};
+static const hpd_rpc_method_t methods[] = {{.name = "alive", .fn = m_alive}};
 
 static hpd_rpc_server_t *server_with(const char *token)
 {

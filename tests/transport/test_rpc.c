@@ -96,7 +96,8 @@ static void run_server(int fd)
     struct event_base *base = event_base_new();
     char *token;
     hpd_rpc_server_t *srv;
-    const hpd_rpc_method_t methods[] = {{"echo", echo, 0}, {"add", add, 0}, {"slow", slow, 0}};
+    const hpd_rpc_method_t methods[] = {
+        {.name = "echo", .fn = echo}, {.name = "add", .fn = add}, {.name = "slow", .fn = slow}};
 
     if (hpd_rpc_read_token(tokfile, &token) != HPD_OK)
         _exit(1);

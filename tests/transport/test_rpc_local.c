@@ -248,7 +248,8 @@ static hpd_rpc_conn_t *conn_pair(rec_t *r, size_t max_message, peer_t **peer_p)
 {
     int sv[2];
     hpd_rpc_conn_t *conn;
-    hpd_rpc_conn_ops_t ops = {rec_msg, rec_close, r, max_message};
+    hpd_rpc_conn_ops_t ops = {
+        .on_msg = rec_msg, .on_close = rec_close, .arg = r, .max_message = max_message};
 
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     evutil_make_socket_nonblocking(sv[0]);
@@ -667,8 +668,9 @@ static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
 }
 
 static const hpd_rpc_method_t methods[] = {
-    {"echo", m_echo, 0}, {"hold", m_hold, 0}, {"sub", m_sub, 0},   {"bye", m_bye, 0},
-    {"ask", m_ask, 0},   {"add", m_add, 0},   {"add2", m_add2, 0}, {"ask2", m_ask2, 0},
+    {.name = "echo", .fn = m_echo}, {.name = "hold", .fn = m_hold}, {.name = "sub", .fn = m_sub},
+    {.name = "bye", .fn = m_bye},   {.name = "ask", .fn = m_ask},   {.name = "add", .fn = m_add},
+    {.name = "add2", .fn = m_add2}, {.name = "ask2", .fn = m_ask2},
 };
 
 static hpd_rpc_server_t *server_new(const char *token, uint32_t max_conns, size_t max_message)
@@ -1023,7 +1025,8 @@ static bool is_credential_1(const hpd_rpc_conn_t *conn, void *arg)
  * credential and leaves the rest. */
 static void test_server_roles(void **state)
 {
-    static const hpd_rpc_method_t limited[] = {{"echo", m_echo, 0}, {"add", m_add, 2}};
+    static const hpd_rpc_method_t limited[] = {{.name = "echo", .fn = m_echo},
+                                               {.name = "add", .fn = m_add, .roles = 2}};
     hpd_rpc_server_params_t sp = {.base = base, .host = "127.0.0.1", .methods = limited,
                                   .n_methods = 2, .arg = &app, .authenticate = roles_auth,
                                   .on_disconnect = on_disconnect};
@@ -1789,7 +1792,7 @@ static void m_long_error(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object
 static void test_long_error(void **state)
 {
     hpd_rpc_server_t *s;
-    const hpd_rpc_method_t ms[] = {{"err", m_long_error, 0}};
+    const hpd_rpc_method_t ms[] = {{.name = "err", .fn = m_long_error}};
     hpd_rpc_server_params_t sp = {.base = base, .methods = ms, .n_methods = 1};
     hpd_rpc_client_t *c;
     hpd_rpc_result_t res;

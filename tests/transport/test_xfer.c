@@ -26,8 +26,20 @@
 
 enum { A = 4, NKV = 2, HD = 16, TOKENS = 200, GDN_LAYERS = 3, LAYER_BYTES = 4096 };
 
-static hpd_kv_layout_t src_layout = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, A, NKV, HD};
-static hpd_kv_layout_t dst_layout = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, A, NKV, HD};
+static hpd_kv_layout_t src_layout = {.block_size = 64,
+                                     .pack_size = 1,
+                                     .order = HPD_KV_NHD,
+                                     .dtype = HPD_DTYPE_F32,
+                                     .n_layers = A,
+                                     .n_kv_heads = NKV,
+                                     .head_dim = HD};
+static hpd_kv_layout_t dst_layout = {.block_size = 16,
+                                     .pack_size = 4,
+                                     .order = HPD_KV_HND,
+                                     .dtype = HPD_DTYPE_F32,
+                                     .n_layers = A,
+                                     .n_kv_heads = NKV,
+                                     .head_dim = HD};
 
 /* ---- a length-prefixed msgpack message over a socket */
 
@@ -146,7 +158,7 @@ static int receiver(int fd, const char *tls, const char *dev)
 
     /* the pools' backend: the CPU's, or the CPU's posing as a device */
     hpd_backend_t *cpu, posing;
-    hpd_backend_params_t cp = {"cpu", 1};
+    hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
     hpd_backend_ops_t dev_ops;
     if (hpd_backend_cpu_create(&cp, &cpu) != HPD_OK)
         return 1;
@@ -226,10 +238,13 @@ static int receiver(int fd, const char *tls, const char *dev)
     for (uint32_t g = 0; g < groups; g++)
         dst_tables[g] = ids[g];
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_cpu_create(&bp, &be);
-    hpd_kv_translate_args_t t = {{&src_layout, src, src_tables, 0},
-                                 {&dst_layout, expect, dst_tables, 0}, TOKENS, true, 0, 0};
+    hpd_kv_translate_args_t t = {
+        .src = {.layout = &src_layout, .pool = src, .tables = src_tables},
+        .dst = {.layout = &dst_layout, .pool = expect, .tables = dst_tables},
+        .n_tokens = TOKENS,
+        .zero_tail = true};
     if (hpd_kv_translate(be, &t) != HPD_OK || memcmp(expect, pool, DST_PAGES * page_bytes) != 0)
         return 1;
     uint8_t state[GDN_LAYERS * LAYER_BYTES];
@@ -337,7 +352,7 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
     assert_int_equal(hpd_xfer_register(ctx, state, sizeof(state), &state_region), HPD_OK);
 
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_cpu_create(&bp, &be);
     tx_t tx = {0};
     const double t0 = hpd_time_now();
@@ -348,7 +363,8 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
         uint8_t *buf = calloc(1, chunk);
         link_t link = {peer, pid, false, 0};
         for (int i = 0; i < 256 && !hpd_xfer_peer_failed(peer) && !link_check(&link); i++) {
-            hpd_xfer_put_t u = {buf, 2, (uint64_t)(i % 256) * chunk, chunk};
+            hpd_xfer_put_t u = {
+                .local = buf, .region = 2, .offset = (uint64_t)(i % 256) * chunk, .bytes = chunk};
             if (hpd_xfer_put(peer, 9, &u, 1) != HPD_OK)
                 break;
             if (i == 8)
@@ -379,12 +395,18 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
          * each GDN layer */
         const uint32_t split = TOKENS / 2 / dst_layout.block_size * dst_layout.block_size;
         for (uint32_t g = 0; g < groups; g++) {
-            hpd_xfer_kv_args_t kv = {be,          {&src_layout, src, src_tables, 0},
-                                     0,           split,
-                                     false,       &dst_layout,
-                                     0,           dst_tables,
-                                     staging,     groups * k,
-                                     g};
+            hpd_xfer_kv_args_t kv = {
+                .backend = be,
+                .src = {.layout = &src_layout, .pool = src, .tables = src_tables},
+                .first_token = 0,
+                .n_tokens = split,
+                .last = false,
+                .dst_layout = &dst_layout,
+                .dst_region = 0,
+                .dst_tables = dst_tables,
+                .staging = staging,
+                .staging_pages = groups * k,
+                .group = g};
             assert_int_equal(hpd_xfer_push_kv(peer, 5, &kv), HPD_OK);
             kv.first_token = split;
             kv.n_tokens = TOKENS;
@@ -399,12 +421,14 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
             assert_int_equal(hpd_xfer_push_kv(peer, 6, &kv), HPD_ERR_INVALID_ARG);
         }
         for (uint32_t l = 0; l < GDN_LAYERS; l++) {
-            hpd_xfer_put_t u = {state + l * LAYER_BYTES, 1,
-                                (uint64_t)slot * sizeof(state) + l * LAYER_BYTES, LAYER_BYTES};
+            hpd_xfer_put_t u = {.local = state + l * LAYER_BYTES,
+                                .region = 1,
+                                .offset = (uint64_t)slot * sizeof(state) + l * LAYER_BYTES,
+                                .bytes = LAYER_BYTES};
             assert_int_equal(hpd_xfer_put(peer, 5, &u, 1), HPD_OK);
         }
         /* a put outside the receiver's region is refused */
-        hpd_xfer_put_t bad = {state, 1, 1ull << 40, 16};
+        hpd_xfer_put_t bad = {.local = state, .region = 1, .offset = 1ull << 40, .bytes = 16};
         assert_int_equal(hpd_xfer_put(peer, 6, &bad, 1), HPD_ERR_INVALID_ARG);
         assert_int_equal(hpd_xfer_finish(peer, 5, tx_done, &tx, mode == RUN_CORRUPT), HPD_OK);
         PROGRESS_UNTIL(base, tx.done, (void)0);

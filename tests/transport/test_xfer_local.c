@@ -399,7 +399,7 @@ static hpd_status_t transfer(hpd_xfer_ctx_t *s, hpd_xfer_peer_t *p, rx_t *rrx, u
 {
     done_t d = {0};
     const int before = rrx->n;
-    hpd_xfer_put_t u = {src, region, offset, n};
+    hpd_xfer_put_t u = {.local = src, .region = region, .offset = offset, .bytes = n};
     assert_int_equal(hpd_xfer_put(p, xid, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, xid, on_done, &d, false), HPD_OK);
     PROGRESS_UNTIL(d.n == 1 && rrx->n == before + 1, (void)0);
@@ -566,7 +566,7 @@ static void test_connect_checks_info(void **state)
     hpd_xfer_peer_t *keep = connect_to(s, r);
     done_t kept = {0};
     uint8_t ksrc[16] = {1};
-    hpd_xfer_put_t ku = {ksrc, 0, 0, sizeof(ksrc)};
+    hpd_xfer_put_t ku = {.local = ksrc, .bytes = sizeof(ksrc)};
     assert_int_equal(hpd_xfer_put(keep, 77, &ku, 1), HPD_OK);
     hold_flushes = true;
     assert_int_equal(hpd_xfer_finish(keep, 77, on_done, &kept, false), HPD_OK);
@@ -604,7 +604,7 @@ static void test_connect_checks_info(void **state)
     done_t d = {0};
     uint8_t src[64];
     fill(src, sizeof(src), 1);
-    hpd_xfer_put_t u = {src, 1, 100, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .region = 1, .offset = 100, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
     PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
@@ -760,7 +760,10 @@ static void test_put_bounds_and_stats(void **state)
     };
     uint64_t bytes = 0, n_ok = 0;
     for (size_t i = 0; i < sizeof(puts) / sizeof(puts[0]); i++) {
-        hpd_xfer_put_t u = {src, puts[i].region, puts[i].offset, puts[i].bytes};
+        hpd_xfer_put_t u = {.local = src,
+                            .region = puts[i].region,
+                            .offset = puts[i].offset,
+                            .bytes = puts[i].bytes};
         const hpd_status_t want = puts[i].ok ? HPD_OK : HPD_ERR_INVALID_ARG;
         const hpd_status_t got = hpd_xfer_put(p, 5, &u, 1);
         if (got != want)
@@ -779,7 +782,8 @@ static void test_put_bounds_and_stats(void **state)
     assert_int_equal(st.transfers_finished, 0);
 
     /* several puts in one call */
-    hpd_xfer_put_t two[2] = {{src + 100, 1, 0, 20}, {src + 200, 1, 500, 30}};
+    hpd_xfer_put_t two[2] = {{.local = src + 100, .region = 1, .bytes = 20},
+                             {.local = src + 200, .region = 1, .offset = 500, .bytes = 30}};
     assert_int_equal(hpd_xfer_put(p, 5, two, 2), HPD_OK);
     assert_int_equal(hpd_xfer_put(p, 5, two, 0), HPD_OK);
     bytes += 50;
@@ -849,7 +853,7 @@ static void test_put_refused_by_ucx(void **state)
     hpd_xfer_peer_t *p = connect_to(s, r);
     /* the hello on the new endpoint (test_close_writer) goes first */
     PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     fail_puts = true;
     const hpd_status_t got = hpd_xfer_put(p, 1, &u, 1);
     fail_puts = false;
@@ -877,7 +881,7 @@ static void test_finish_refused_by_ucx(void **state)
     hpd_xfer_peer_t *p = connect_to(s, r);
     for (int k = 0; k < 2; k++) {
         done_t d = {0};
-        hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+        hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
         assert_int_equal(hpd_xfer_put(p, 1 + k, &u, 1), HPD_OK);
         PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
         fail_flushes = k == 0;
@@ -1076,8 +1080,9 @@ static void test_notice_on_the_wire(void **state)
     fill(src, sizeof(src), 3);
 
     /* three puts, out of address order; the node id changed on the way */
-    const hpd_xfer_put_t u[3] = {{src, 0, 5000, 3000}, {src + 3000, 0, 100, 10},
-                                 {src + 3010, 0, 0, 50}};
+    const hpd_xfer_put_t u[3] = {{.local = src, .offset = 5000, .bytes = 3000},
+                                 {.local = src + 3000, .offset = 100, .bytes = 10},
+                                 {.local = src + 3010, .bytes = 50}};
     assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[0], 1), HPD_OK);
     assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[1], 2), HPD_OK);
     hpd_xfer_set_node_id(s, 12);
@@ -1307,7 +1312,7 @@ static void test_polling_and_idle(void **state)
     hpd_xfer_peer_t *peer = connect_to(s, r);
     done_t d = {0};
     uint8_t src[1024] = {9};
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     n_timers = 0;
     record_timers = true;
     assert_int_equal(hpd_xfer_put(peer, 1, &u, 1), HPD_OK);
@@ -1426,7 +1431,7 @@ static hpd_status_t pose_from_host(hpd_backend_t *b, void *dst, const void *host
 
 static void posing_init(posing_t *p)
 {
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &p->cpu), HPD_OK);
     cpu_ops = p->cpu->ops;
     p->ops = *p->cpu->ops;
@@ -1571,7 +1576,7 @@ static void test_device_pool_with_cuda(void **state)
     {
         done_t d = {0};
         const int before = rrx.n;
-        hpd_xfer_put_t u = {src, 0, 0, 10};
+        hpd_xfer_put_t u = {.local = src, .bytes = 10};
         assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
         assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
         arm(1, ALLOC_ANY);
@@ -1624,7 +1629,7 @@ static void test_disconnect_fails_transfers(void **state)
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
     done_t d1 = {0};
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);  /* open, not finishing */
     assert_int_equal(hpd_xfer_put(p, 2, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 2, on_done, &d1, false), HPD_OK); /* finishing */
@@ -1715,7 +1720,7 @@ static void test_without_a_loop(void **state)
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     fill(src, sizeof(src), 31);
     hpd_xfer_peer_t *p = connect_to(s, r);
-    hpd_xfer_put_t u = {src, 0, 1024, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .offset = 1024, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
     const double t0 = hpd_time_now();
@@ -1747,7 +1752,7 @@ static void test_peer_failure(void **state)
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
     assert_int_equal(transfer(s, p, &rrx, 1, src, 0, 0, sizeof(src)), HPD_OK);
-    hpd_xfer_put_t u = {src, 0, 256, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .offset = 256, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 2, &u, 1), HPD_OK); /* open when the peer goes */
     PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);
     hpd_xfer_destroy(r);
@@ -1818,7 +1823,7 @@ static void test_deadline_fails_the_pair(void **state)
     hold_flushes = true;
     record_timers = true;
     n_timers = 0;
-    hpd_xfer_put_t u = {src, 0, 0, 64};
+    hpd_xfer_put_t u = {.local = src, .bytes = 64};
     assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
     record_timers = false;
@@ -1862,7 +1867,7 @@ static void test_deadline_after_a_stop(void **state)
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
     hold_flushes = true;
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
     const double t0 = hpd_time_now();
@@ -1906,7 +1911,7 @@ static void test_close_writer(void **state)
     hpd_xfer_stats(r, &st);
     assert_int_equal(st.writers, 0);
     assert_int_equal(st.writers_closed, 1);
-    hpd_xfer_put_t u = {src, 0, 4096, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .offset = 4096, .bytes = sizeof(src)};
     if (hpd_xfer_put(p, 2, &u, 1) == HPD_OK &&
         hpd_xfer_finish(p, 2, on_done, &d, false) == HPD_OK)
         PROGRESS_UNTIL(d.n == 1, (void)0);
@@ -1984,7 +1989,8 @@ static void test_check_dests(void **state)
     assert_int_equal(shown.first.offset, 1024);
     assert_int_equal(shown.first.bytes, sizeof(src));
     /* two puts, the second past 4096: refused */
-    hpd_xfer_put_t u[2] = {{src, 0, 0, 256}, {src + 256, 0, 8192, 256}};
+    hpd_xfer_put_t u[2] = {{.local = src, .bytes = 256},
+                           {.local = src + 256, .offset = 8192, .bytes = 256}};
     done_t d = {0};
     assert_int_equal(hpd_xfer_put(p, 12, u, 2), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 12, on_done, &d, false), HPD_OK);
@@ -2019,7 +2025,7 @@ static void test_put_fails_later(void **state)
 
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     n_failed_later = 0;
     fail_put_later = true;
     assert_int_equal(hpd_xfer_put(p, 5, &u, 1), HPD_OK);
@@ -2056,7 +2062,8 @@ static void test_endpoint_fails_inside_a_call(void **state)
             uint32_t id;
             hpd_xfer_stats_t st;
             done_t d = {0};
-            hpd_xfer_put_t u[2] = {{src, 0, 0, 32}, {src + 32, 0, 64, 32}};
+            hpd_xfer_put_t u[2] = {{.local = src, .bytes = 32},
+                                   {.local = src + 32, .offset = 64, .bytes = 32}};
 
             memset(handlers, 0, sizeof(handlers));
             assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
@@ -2087,6 +2094,11 @@ static void test_endpoint_fails_inside_a_call(void **state)
             assert_int_equal(st.open_transfers, 0);
             assert_int_equal(rrx.n, 0); /* no notice reached the receiver */
             hpd_xfer_disconnect(p);
+            /* both sides settle the endpoint's wireup before either goes:
+             * UCX 1.13 asserts (ucp_request.c:684) when a worker is
+             * destroyed with a wireup reply still queued, which the
+             * injected failure (before any progress) can leave */
+            spin(50);
             hpd_xfer_destroy(s);
             hpd_xfer_destroy(r);
         }
@@ -2129,7 +2141,9 @@ static void test_mapped_copies(void **state)
     assert_int_equal(st.bytes_mapped, total);
     assert_int_equal(st.inflight, 0);
     /* several puts in one transfer, the checksum over all of them in order */
-    hpd_xfer_put_t u[3] = {{src + 1, 0, 10, 100}, {src + 2, 0, 5000, 70000}, {src + 3, 0, 200, 3}};
+    hpd_xfer_put_t u[3] = {{.local = src + 1, .offset = 10, .bytes = 100},
+                           {.local = src + 2, .offset = 5000, .bytes = 70000},
+                           {.local = src + 3, .offset = 200, .bytes = 3}};
     done_t d = {0};
     assert_int_equal(hpd_xfer_put(p, 1, u, 3), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
@@ -2159,7 +2173,7 @@ static void test_transfer_ids(void **state)
     fill(src, sizeof(src), 51);
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
-    hpd_xfer_put_t a = {src, 0, 0, 64}, b = {src + 64, 0, 64, 32};
+    hpd_xfer_put_t a = {.local = src, .bytes = 64}, b = {src + 64, 0, 64, 32};
     assert_int_equal(hpd_xfer_put(p, 9, &a, 1), HPD_OK);
     assert_int_equal(hpd_xfer_put(p, 8, &b, 1), HPD_OK); /* another transfer meanwhile */
     assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d1, false), HPD_OK);
@@ -2189,8 +2203,20 @@ static void test_transfer_ids(void **state)
 /* ------------------------------------------------------------ KV */
 
 enum { KV_LAYERS = 6, KV_HEADS = 2, KV_HD = 16, KV_TOKENS = 100, KV_DST_PAGES = 40 };
-static const hpd_kv_layout_t kv_src = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, KV_LAYERS, KV_HEADS, KV_HD};
-static const hpd_kv_layout_t kv_dst = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, KV_LAYERS, KV_HEADS, KV_HD};
+static const hpd_kv_layout_t kv_src = {.block_size = 64,
+                                       .pack_size = 1,
+                                       .order = HPD_KV_NHD,
+                                       .dtype = HPD_DTYPE_F32,
+                                       .n_layers = KV_LAYERS,
+                                       .n_kv_heads = KV_HEADS,
+                                       .head_dim = KV_HD};
+static const hpd_kv_layout_t kv_dst = {.block_size = 16,
+                                       .pack_size = 4,
+                                       .order = HPD_KV_HND,
+                                       .dtype = HPD_DTYPE_F32,
+                                       .n_layers = KV_LAYERS,
+                                       .n_kv_heads = KV_HEADS,
+                                       .head_dim = KV_HD};
 
 /* KV pushed group by group (a first chunk of whole pages, then the rest)
  * and all groups at once lands as a local translation would write it; the
@@ -2211,7 +2237,7 @@ static void test_push_kv(void **state)
     uint32_t src_ids[KV_LAYERS][2], dst_ids[2][2][8], id;
     const uint32_t *src_tables[KV_LAYERS], *dst_tables[2][2];
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
 
     assert_int_equal(groups, 2);
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
@@ -2232,7 +2258,7 @@ static void test_push_kv(void **state)
     hpd_xfer_peer_t *p = connect_to(s, r);
 
     hpd_xfer_kv_args_t a = {.backend = be,
-                            .src = {&kv_src, src, src_tables, 0},
+                            .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
                             .dst_layout = &kv_dst,
                             .dst_region = 0,
                             .dst_tables = dst_tables[0],
@@ -2293,9 +2319,11 @@ static void test_push_kv(void **state)
     assert_int_equal(rrx.last.status, HPD_OK);
     assert_int_equal(rrx.last.bytes, 2 * groups * k * page);
     for (int t = 0; t < 2; t++) {
-        hpd_kv_translate_args_t tr = {{&kv_src, src, src_tables, 0},
-                                      {&kv_dst, expect, dst_tables[t], 0},
-                                      KV_TOKENS, true, 0, 0};
+        hpd_kv_translate_args_t tr = {
+            .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
+            .dst = {.layout = &kv_dst, .pool = expect, .tables = dst_tables[t]},
+            .n_tokens = KV_TOKENS,
+            .zero_tail = true};
         assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
     }
     assert_memory_equal(pool, expect, KV_DST_PAGES * page);
@@ -2325,7 +2353,7 @@ static void test_destroy_with_flushes_pending(void **state)
     hpd_xfer_peer_t *p = connect_to(s, r);
     hold_flushes = true;
     for (int k = 0; k < 2; k++) {
-        hpd_xfer_put_t u = {src, 0, 64 * k, sizeof(src)};
+        hpd_xfer_put_t u = {.local = src, .offset = 64 * k, .bytes = sizeof(src)};
         assert_int_equal(hpd_xfer_put(p, 1 + k, &u, 1), HPD_OK);
         assert_int_equal(hpd_xfer_finish(p, 1 + k, on_done, &d[k], false), HPD_OK);
     }
@@ -2387,7 +2415,7 @@ static void test_alloc_failures(void **state)
     /* a put opening a transfer, a finish opening one */
     uint64_t xid = 100, ok_puts = 0;
     for (k = 1;; k++) {
-        hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+        hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
         arm(k, ALLOC_ANY);
         const hpd_status_t st1 = hpd_xfer_put(p, xid, &u, 1);
         const bool hit = disarm();
@@ -2420,7 +2448,7 @@ static void test_alloc_failures(void **state)
     uint32_t src_ids[KV_LAYERS][2], dst_ids[2][8];
     const uint32_t *src_tables[KV_LAYERS], *dst_tables[2];
     hpd_backend_t *be;
-    hpd_backend_params_t bp = {"cpu", 1};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     for (uint32_t g = 0; g < KV_LAYERS; g++)
         src_ids[g][0] = 2 * g, src_ids[g][1] = 2 * g + 1, src_tables[g] = src_ids[g];
@@ -2430,10 +2458,15 @@ static void test_alloc_failures(void **state)
         dst_tables[g] = dst_ids[g];
     }
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * kk * page, &id), HPD_OK);
-    hpd_xfer_kv_args_t a = {.backend = be, .src = {&kv_src, kv, src_tables, 0},
-                            .n_tokens = KV_TOKENS, .last = true, .dst_layout = &kv_dst,
-                            .dst_tables = dst_tables, .staging = staging,
-                            .staging_pages = groups * kk, .group = UINT32_MAX};
+    hpd_xfer_kv_args_t a = {.backend = be,
+                            .src = {.layout = &kv_src, .pool = kv, .tables = src_tables},
+                            .n_tokens = KV_TOKENS,
+                            .last = true,
+                            .dst_layout = &kv_dst,
+                            .dst_tables = dst_tables,
+                            .staging = staging,
+                            .staging_pages = groups * kk,
+                            .group = UINT32_MAX};
     for (k = 1;; k++) {
         arm(k, ALLOC_ANY);
         const hpd_status_t st1 = hpd_xfer_push_kv(p, 7000 + k, &a);
@@ -2474,7 +2507,7 @@ static void test_memory_returned(void **state)
     for (uint64_t x = 1; x <= 3; x++) {
         done_t d = {0};
         for (uint64_t k = 0; k < 40; k++) { /* the destinations' list grows */
-            hpd_xfer_put_t u = {src + k, 0, 1000 * k + x, 100};
+            hpd_xfer_put_t u = {.local = src + k, .offset = 1000 * k + x, .bytes = 100};
             assert_int_equal(hpd_xfer_put(p, x, &u, 1), HPD_OK);
         }
         assert_int_equal(hpd_xfer_finish(p, x, x == 2 ? NULL : on_done, &d, x == 3), HPD_OK);
@@ -2485,7 +2518,7 @@ static void test_memory_returned(void **state)
         assert_int_equal(live_blocks(), 1);
     }
     /* a transfer ended by the disconnect, with the peer */
-    hpd_xfer_put_t u = {src, 0, 0, sizeof(src)};
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 9, &u, 1), HPD_OK);
     hpd_xfer_disconnect(p);
     PROGRESS_UNTIL((hpd_xfer_stats(s, &st), st.inflight == 0), (void)0);

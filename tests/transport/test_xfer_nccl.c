@@ -28,7 +28,7 @@ enum { BYTES = 64 << 20 };
 /* One rank: rank 0 sends a pattern, rank 1 receives and checks it. */
 static int rank_main(int rank, const uint8_t *id)
 {
-    hpd_nccl_params_t p = {rank, rank, 2, {0}};
+    hpd_nccl_params_t p = {.device = rank, .rank = rank, .n_ranks = 2, .id = {0}};
     hpd_nccl_t *n;
     void *dev;
     uint8_t *host = malloc(BYTES);
@@ -58,8 +58,20 @@ static int rank_main(int rank, const uint8_t *id)
 }
 
 enum { TOKENS = 150, LAYERS = 4, KVH = 2, HDIM = 64, SPAGES = 3, DPAGES = 10, DPOOL = 16 };
-static const hpd_kv_layout_t src_l = {64, 1, HPD_KV_NHD, HPD_DTYPE_F32, LAYERS, KVH, HDIM};
-static const hpd_kv_layout_t dst_l = {16, 4, HPD_KV_HND, HPD_DTYPE_F32, LAYERS, KVH, HDIM};
+static const hpd_kv_layout_t src_l = {.block_size = 64,
+                                      .pack_size = 1,
+                                      .order = HPD_KV_NHD,
+                                      .dtype = HPD_DTYPE_F32,
+                                      .n_layers = LAYERS,
+                                      .n_kv_heads = KVH,
+                                      .head_dim = HDIM};
+static const hpd_kv_layout_t dst_l = {.block_size = 16,
+                                      .pack_size = 4,
+                                      .order = HPD_KV_HND,
+                                      .dtype = HPD_DTYPE_F32,
+                                      .n_layers = LAYERS,
+                                      .n_kv_heads = KVH,
+                                      .head_dim = HDIM};
 
 /* the receiver's page for destination block j (one pack group) */
 static uint32_t dst_page(uint32_t j)
@@ -71,7 +83,7 @@ static uint32_t dst_page(uint32_t j)
  * receiver pool (the CPU backend's translation into dst_page()). */
 static void kv_reference(float **src_p, float **want_p)
 {
-    hpd_backend_params_t cp = {"cpu", 1};
+    hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *cpu;
     const size_t se = (size_t)LAYERS * SPAGES * hpd_kv_layout_page_elems(&src_l);
     const size_t de = (size_t)DPOOL * hpd_kv_layout_page_elems(&dst_l);
@@ -87,7 +99,10 @@ static void kv_reference(float **src_p, float **want_p)
     for (uint32_t j = 0; j < DPAGES; j++)
         dtab[j] = dst_page(j);
     hpd_backend_cpu_create(&cp, &cpu);
-    hpd_kv_translate_args_t a = {{&src_l, src, st, 0}, {&dst_l, want, dt, 0}, TOKENS, true, 0, 0};
+    hpd_kv_translate_args_t a = {.src = {.layout = &src_l, .pool = src, .tables = st},
+                                 .dst = {.layout = &dst_l, .pool = want, .tables = dt},
+                                 .n_tokens = TOKENS,
+                                 .zero_tail = true};
     if (hpd_kv_translate(cpu, &a) != HPD_OK)
         abort();
     hpd_backend_destroy(cpu);
@@ -101,7 +116,7 @@ static void kv_reference(float **src_p, float **want_p)
 static int kv_rank_main(int rank, const uint8_t *id)
 {
     char dev[16];
-    hpd_nccl_params_t p = {rank, rank, 2, {0}};
+    hpd_nccl_params_t p = {.device = rank, .rank = rank, .n_ranks = 2, .id = {0}};
     hpd_nccl_t *n;
     hpd_backend_t *gpu;
     float *src, *want;
@@ -110,7 +125,7 @@ static int kv_rank_main(int rank, const uint8_t *id)
     void *pool;
 
     snprintf(dev, sizeof(dev), "cuda:%d", rank);
-    hpd_backend_params_t bp = {dev, 0};
+    hpd_backend_params_t bp = {.device = dev};
     memcpy(p.id, id, HPD_NCCL_ID_BYTES);
     if (hpd_nccl_create(&p, &n) != HPD_OK || hpd_backend_create(&bp, &gpu) != HPD_OK)
         return 1;
@@ -131,8 +146,11 @@ static int kv_rank_main(int rank, const uint8_t *id)
             hpd_backend_alloc(gpu, DPAGES * page, &pool) != HPD_OK ||
             hpd_backend_from_host(gpu, dsrc, src, sb) != HPD_OK)
             return 1;
-        hpd_kv_translate_args_t a = {{&src_l, dsrc, st, 0}, {&dst_l, pool, dt, 0}, TOKENS, true,
-                                     0, 0};
+        hpd_kv_translate_args_t a = {.src = {.layout = &src_l, .pool = dsrc, .tables = st},
+                                     .dst = {.layout = &dst_l, .pool = pool, .tables = dt},
+                                     .n_tokens = TOKENS,
+                                     .zero_tail = true,
+                                     .first_layer = 0};
         if (hpd_kv_translate(gpu, &a) != HPD_OK || hpd_backend_sync(gpu) != HPD_OK)
             return 1;
         for (uint32_t j = 0; j < DPAGES; j++)
