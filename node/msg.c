@@ -44,7 +44,7 @@ const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_regi
 const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
 
 #define AT(msg, off, type) ((type *)((char *)(msg) + (off)))
-#define AT_C(msg, off, type) ((const type *)((const char *)(msg) + (off)))
+#define AT_C(msg, off, type) ((type const *)((const char *)(msg) + (off)))
 
 /* Whether an optional field is set (packed). */
 static bool is_set(const hpd_msg_field_t *f, const void *msg)

@@ -27,6 +27,12 @@ typedef union {
     hpd_msg_cancel_job_t cancel;
     hpd_msg_start_t start;
     hpd_msg_prefilled_t prefilled;
+    hpd_msg_reserve_t reserve;
+    hpd_msg_generate_t generate;
+    hpd_msg_generated_t generated;
+    hpd_msg_stream_t stream;
+    hpd_msg_cancel_request_t cancel_request;
+    hpd_msg_canceled_t canceled;
 } any_msg_t;
 
 static void repack(const hpd_msg_desc_t *d, const any_msg_t *m, msgpack_sbuffer *sb)
