@@ -26,6 +26,7 @@
 #include "cache/prefix_hash.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "coordinator/admission.h"
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
 #include "coordinator/routing.h"
@@ -405,6 +406,7 @@ static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p
                                   .prefill = x->role == ROLE_PREFILL,
                                   .usable = x->alive && !x->draining,
                                   .max_context = x->max_context,
+                                  .vocab = x->vocab,
                                   .summary = x->have_summary ? x->summary : NULL,
                                   .summary_bytes = SUMMARY_BYTES,
                                   .queued_tokens = x->queued_tokens,
@@ -584,31 +586,6 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
 }
 
-/* Whether a live decode node could ever hold r, were its pool empty. False
- * only when decode nodes are registered and none of them could; then
- * *need_p and *largest_p say how many pages r needs on the node whose pool
- * comes closest (*largest_p pages). */
-static bool could_ever_place(hpd_coord_t *c, const req_t *r, uint32_t *need_p,
-                             uint32_t *largest_p)
-{
-    bool any = false;
-    uint32_t tokens = r->n_prompt + r->max_tokens;
-    *need_p = *largest_p = 0;
-    for (node_t *n = c->nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->draining || n->role != ROLE_DECODE)
-            continue;
-        any = true;
-        const uint32_t need = hpd_route_pages(&n->layout, tokens);
-        if (n->slots > 0 && n->max_context >= tokens && need <= n->pages)
-            return true;
-        if (n->max_context >= tokens && n->pages >= *largest_p)
-            *need_p = need, *largest_p = n->pages;
-    }
-    /* none registered: wait for one; none with the context for it (need 0):
-     * admission refuses those, by max_context */
-    return !any || *need_p == 0;
-}
-
 /* Places queued requests in arrival order. A request that fits no decode
  * node now waits, and so does everything behind it (first come, first
  * served); one that no registered decode node could ever hold fails at once
@@ -622,7 +599,15 @@ static void schedule(hpd_coord_t *c)
         if (r->fsm.state != HPD_REQ_QUEUED)
             continue;
         if ((d = pick(c, r, false, &pages)) == NULL) {
-            if (could_ever_place(c, r, &pages, &largest))
+            size_t n;
+            node_t **map;
+            hpd_route_node_t *v = route_view(c, &n, &map);
+            const bool placeable = v == NULL || hpd_admit_placeable(v, n, r->n_prompt +
+                                                                    r->max_tokens, &pages,
+                                                                    &largest);
+            free(v);
+            free(map);
+            if (placeable)
                 break;
             req_event(c, r, HPD_REQ_EV_REFUSED,
                       "the request needs %u KV pages for %u prompt + %u new tokens, but the "
@@ -1031,64 +1016,38 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
 {
     hpd_coord_t *c = arg;
     hpd_proto_err_t err = {{0}};
-    uint32_t vocab = UINT32_MAX, max_ctx = 0;
-    bool have_p = false, have_d = false;
     hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
     req_t *r = NULL;
+    size_t n;
+    node_t **map;
+    hpd_route_node_t *view;
 
-    if (c->draining) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
-                            "generate: the coordinator is shutting down (draining)");
-        c->rejected++;
-        hpd_metric_inc(c->m.overloaded, 1);
-        return;
-    }
-    for (node_t *n = c->nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->draining)
-            continue;
-        vocab = HPD_MIN(vocab, n->vocab);
-        if (n->role == ROLE_DECODE)
-            max_ctx = HPD_MAX(max_ctx, n->max_context);
-        have_p |= n->role == ROLE_PREFILL;
-        have_d |= n->role == ROLE_DECODE;
-    }
-    if (!have_p || !have_d) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
-                            "generate: no %s node is registered", !have_p ? "prefill" : "decode");
-        c->rejected++;
-        hpd_metric_inc(c->m.overloaded, 1);
-        return;
-    }
-    if (c->n_reqs >= c->o.max_requests) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
-                            "generate: overloaded: %u requests in flight (limit %u)", c->n_reqs,
-                            c->o.max_requests);
-        c->rejected++;
-        hpd_metric_inc(c->m.overloaded, 1);
-        return;
-    }
     if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
         hpd_metric_inc(c->m.invalid, 1);
         return;
     }
-    if (!hpd_msg_ids_below(g.prompt, g.prompt_n, vocab, "prompt", &err))
-        goto bad;
-    if (g.prompt_n == 0) {
-        snprintf(err.text, sizeof(err.text), "prompt is empty (expected at least one token id)");
+    if ((view = route_view(c, &n, &map)) == NULL) {
+        snprintf(err.text, sizeof(err.text), "out of memory");
         goto bad;
     }
-    if (g.max_tokens == 0 || (uint64_t)g.prompt_n + g.max_tokens > max_ctx) {
-        snprintf(err.text, sizeof(err.text),
-                 "prompt of %u tokens + max_tokens %u must be at most %u (the largest decode "
-                 "context) with max_tokens >= 1", g.prompt_n, g.max_tokens, max_ctx);
-        goto bad;
-    }
-    if (!(g.temperature >= 0) || !(g.top_p > 0 && g.top_p <= 1)) {
-        snprintf(err.text, sizeof(err.text),
-                 "temperature %g / top_p %g invalid (expected temperature >= 0, top_p in (0, 1])",
-                 g.temperature, g.top_p);
-        goto bad;
+    const hpd_admit_state_t as = {.draining = c->draining,
+                                  .open_requests = c->n_reqs,
+                                  .max_requests = c->o.max_requests};
+    char why[sizeof(err.text)];
+    const int64_t code = hpd_admit(view, n, &as, &g, why, sizeof(why));
+    free(view);
+    free(map);
+    if (code != 0) {
+        hpd_rpc_reply_error(conn, id, code, "%s", why);
+        if (code == HPD_RPC_ERR_OVERLOADED) {
+            c->rejected++;
+            hpd_metric_inc(c->m.overloaded, 1);
+        } else {
+            hpd_metric_inc(c->m.invalid, 1);
+        }
+        hpd_msg_free(&hpd_msg_generate, &g);
+        return;
     }
     if ((r = calloc(1, sizeof(*r))) == NULL ||
         (r->out = malloc(g.max_tokens * sizeof(int32_t))) == NULL ||
@@ -1125,9 +1084,8 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                   strncmp(who, "tenant ", 7) == 0 ? who : "");
     schedule_soon(c);
     return;
-bad:
-    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "generate: %s", err.text);
-    hpd_metric_inc(c->m.invalid, 1);
+bad: /* out of memory */
+    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: %s", err.text);
     hpd_msg_free(&hpd_msg_generate, &g);
     if (r != NULL) {
         free(r->out);

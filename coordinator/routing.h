@@ -24,6 +24,7 @@ typedef struct {
     bool prefill; /* else decode */
     bool usable;  /* registered, alive and not draining */
     uint32_t max_context;
+    uint32_t vocab; /* its model's vocabulary (admission) */
     /* prefill nodes */
     const uint8_t *summary; /* NULL: none yet */
     size_t summary_bytes;

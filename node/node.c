@@ -658,20 +658,23 @@ static hpd_status_t pool_alloc(void *arg, size_t bytes, void **memory_p)
 
 int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
 {
-    static hpd_node_t node; /* one per process; reached from callbacks */
-    hpd_node_t *n = &node;
+    hpd_node_t *n = calloc(1, sizeof(*n)); /* reached from callbacks as their arg */
     char name[96];
     hpd_status_t st;
     hpd_rpc_method_t methods[32];
     size_t n_methods = 0;
 
+    if (n == NULL)
+        return 1;
     signal(SIGPIPE, SIG_IGN);
     n->role = role;
     n->exit_code = 1;
     n->started = hpd_time_now();
     const int prc = parse_opts(argc, argv, role->name, &n->o);
-    if (prc != 0)
+    if (prc != 0) {
+        free(n);
         return prc > 0 ? 0 : 2;
+    }
     if (n->o.name == NULL) {
         snprintf(name, sizeof(name), "%s-%d", role->name, (int)getpid());
         n->o.name = name;
@@ -679,7 +682,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     if (n->o.token_file != NULL && hpd_rpc_read_token(n->o.token_file, &n->token) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot read the token file %s", n->o.name,
                       n->o.token_file);
-        return 2;
+        n->exit_code = 2;
+        goto out;
     }
     if ((st = hpd_model_load(n->o.model_dir, &n->model)) != HPD_OK) {
         n->exit_code = st == HPD_ERR_IO ? 2 : 1;
@@ -779,6 +783,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
     n->exit_code = 0;
     event_base_dispatch(n->base);
 out:
+    const int rc = n->exit_code;
     node_destroy(n);
-    return n->exit_code;
+    free(n);
+    return rc;
 }
