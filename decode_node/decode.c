@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/node.h"
+#include "decode_node/join.h"
 #include "decode_node/writes.h"
 #include "node/proto.h"
 
@@ -32,8 +33,7 @@ typedef struct dreq {
     uint32_t n_first; /* tokens the request had when it joined the batch */
     uint32_t n_prompt; /* its prompt pages are where the prefill node writes */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
-    bool have_notice, have_start, running;
-    bool fenced; /* expired before its transfer ended: pages held until the writer stopped */
+    hpd_join_t join; /* notice and start (decode_node/join.h) */
     int32_t first_token;
     uint32_t n_sent;      /* tokens already streamed (index of the next one) */
     struct event *expiry;
@@ -107,17 +107,15 @@ static void fail_req(decode_t *d, dreq_t *r, const char *why)
     dreq_free(d, r);
 }
 
-static void try_run(decode_t *d, dreq_t *r)
+/* Both halves came (the join answered RUN): the request joins the batch. */
+static void run(decode_t *d, dreq_t *r)
 {
     hpd_status_t st;
-    if (!r->have_notice || !r->have_start || r->running || r->fenced)
-        return;
     if ((st = hpd_engine_start(d->node->engine, r->eng_id, r->first_token)) != HPD_OK) {
         fail_req(d, r, "the first token does not continue the replayed tokens");
         return;
     }
     event_del(r->expiry);
-    r->running = true;
     r->t_running = hpd_time_now();
     r->n_first = r->n_sent;
     d->started++;
@@ -133,7 +131,7 @@ static void after_step(hpd_node_t *n)
         const int32_t *toks;
         uint32_t nt;
         hpd_request_state_t st;
-        if (r->running && hpd_engine_result(n->engine, r->eng_id, &toks, &nt, &st) == HPD_OK) {
+        if (r->join.state == HPD_JOIN_RUNNING && hpd_engine_result(n->engine, r->eng_id, &toks, &nt, &st) == HPD_OK) {
             if (st == HPD_REQ_FAILED) {
                 fail_req(d, r, "the decode step failed");
             } else if (nt > r->n_sent || st == HPD_REQ_FINISHED) {
@@ -173,7 +171,9 @@ static void on_expiry(evutil_socket_t fd, short what, void *arg)
 {
     dreq_t *r = arg;
     decode_t *d = r->owner;
-    if (r->fenced) {
+    const bool had_notice = r->join.have_notice;
+    const hpd_join_plan_t p = hpd_join_event(&r->join, HPD_JOIN_EV_TIMER);
+    if (p.verdict == HPD_JOIN_FREE) { /* the backstop */
         HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: freeing the pages of expired job %llu: "
                       "no cancel came in %u ms", d->node->o.name, (unsigned long long)r->job,
                       fence_backstop_ms(d));
@@ -181,16 +181,17 @@ static void on_expiry(evutil_socket_t fd, short what, void *arg)
         dreq_free(d, r);
         return;
     }
+    if (p.verdict != HPD_JOIN_EXPIRE && p.verdict != HPD_JOIN_FENCE)
+        return;
     HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: reservation of job %llu expired before it "
                   "started%s", d->node->o.name, (unsigned long long)r->job,
-                  r->have_notice ? "" : "; its pages stay held until its writer has stopped");
+                  had_notice ? "" : "; its pages stay held until its writer has stopped");
     d->expired++;
     notify_tokens(d, r, NULL, 0, true, "reservation expired");
-    if (r->have_notice) {
+    if (p.verdict == HPD_JOIN_EXPIRE) {
         dreq_free(d, r);
         return;
     }
-    r->fenced = true;
     const uint32_t ms = fence_backstop_ms(d);
     const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(r->expiry, &tv);
@@ -316,16 +317,19 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
                             m.first_token, n->model->config.vocab_size);
         return;
     }
-    if ((r = find(d, m.job)) == NULL || r->have_start || r->fenced) {
+    hpd_join_plan_t p = {.verdict = HPD_JOIN_REFUSE};
+    if ((r = find(d, m.job)) != NULL)
+        p = hpd_join_event(&r->join, HPD_JOIN_EV_START);
+    if (p.verdict == HPD_JOIN_REFUSE) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
                             "start: job %llu is not reserved here (expired, canceled or started)",
                             (unsigned long long)m.job);
         return;
     }
     r->first_token = (int32_t)m.first_token;
-    r->have_start = true;
     hpd_rpc_reply(conn, id, NULL);
-    try_run(d, r);
+    if (p.verdict == HPD_JOIN_RUN)
+        run(d, r);
 }
 
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
@@ -344,7 +348,10 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         /* its writer failed or was lost before its transfer ended: its
          * connection closes first, so that no put of it still under way
          * lands in these pages once they serve another request */
-        if (m.writer != 0 && !r->have_notice) {
+        const hpd_join_plan_t p = hpd_join_event(&r->join, m.writer != 0
+                                                               ? HPD_JOIN_EV_CANCEL_WRITER
+                                                               : HPD_JOIN_EV_CANCEL);
+        if (p.close_writer) {
             const hpd_status_t cst = hpd_xfer_close_writer(n->xfer, m.writer);
             if (cst == HPD_OK)
                 HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu: closed the connection "
@@ -411,22 +418,29 @@ static void on_notice(hpd_node_t *n, const hpd_xfer_notice_t *notice)
                       (unsigned long long)notice->sender);
         return;
     }
-    if (r->fenced) { /* the writer has flushed: nothing more can land */
+    const hpd_join_plan_t p = hpd_join_event(&r->join, notice->status == HPD_OK
+                                                           ? HPD_JOIN_EV_NOTICE
+                                                           : HPD_JOIN_EV_BAD_NOTICE);
+    switch (p.verdict) {
+    case HPD_JOIN_FREE: /* fenced: the writer has flushed, nothing more can land */
         HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: the transfer of expired job %llu ended; "
                       "its pages are free", n->o.name, (unsigned long long)r->job);
         dreq_free(d, r);
-        return;
-    }
-    if (notice->status != HPD_OK) {
+        break;
+    case HPD_JOIN_FAIL:
         d->bad_transfers++;
         fail_req(d, r, notice->status == HPD_ERR_INVALID_ARG
                            ? "transfer wrote outside its reservation"
                            : "transfer checksum mismatch");
-        return;
+        break;
+    case HPD_JOIN_WAIT:
+    case HPD_JOIN_RUN:
+        hpd_metric_observe(d->m.wait_s, hpd_time_now() - r->t_reserved);
+        if (p.verdict == HPD_JOIN_RUN)
+            run(d, r);
+        break;
+    default: break; /* a second notice: ignored */
     }
-    r->have_notice = true;
-    hpd_metric_observe(d->m.wait_s, hpd_time_now() - r->t_reserved);
-    try_run(d, r);
 }
 
 static void metrics_init(decode_t *d, hpd_metrics_t *r)
@@ -458,9 +472,9 @@ static void count_reqs(const decode_t *d, uint32_t *reserved_p, uint32_t *runnin
 {
     uint32_t reserved = 0, running = 0, fenced = 0;
     for (const dreq_t *r = d != NULL ? d->reqs : NULL; r != NULL; r = r->next) {
-        reserved += !r->running && !r->fenced;
-        running += r->running;
-        fenced += r->fenced;
+        reserved += r->join.state == HPD_JOIN_RESERVED;
+        running += r->join.state == HPD_JOIN_RUNNING;
+        fenced += r->join.state == HPD_JOIN_FENCED;
     }
     *reserved_p = reserved;
     *running_p = running;

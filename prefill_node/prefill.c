@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/node.h"
+#include "prefill_node/peers.h"
 #include "prefill_node/staging.h"
 #include "node/proto.h"
 
@@ -65,11 +66,6 @@ typedef struct job {
     struct job *next;
 } job_t;
 
-typedef struct {
-    uint64_t node;
-    hpd_xfer_peer_t *peer;
-} peer_ent_t;
-
 typedef struct prefill {
     hpd_node_t *node;
     job_t *jobs; /* in arrival order */
@@ -77,8 +73,7 @@ typedef struct prefill {
     uint32_t staging_region;
     uint64_t staging_bytes;
     hpd_staging_t arena;
-    peer_ent_t *peers;
-    size_t n_peers, cap_peers;
+    hpd_peers_t peers; /* endpoints to decode nodes (prefill_node/peers.h) */
     struct event *reap_ev; /* stops failed jobs outside engine steps */
     bool forget_peers;     /* at the next reap: drop_jobs ran */
     bool starting;         /* inside try_start */
@@ -95,31 +90,42 @@ typedef struct prefill {
 
 /* ------------------------------------------------------------ peers */
 
+static bool peer_used(void *arg, const void *peer)
+{
+    const prefill_t *p = arg;
+    for (const job_t *j = p->jobs; j != NULL; j = j->next)
+        if (j->peer == peer)
+            return true;
+    return false;
+}
+
+static hpd_status_t peer_connect(void *arg, const void *info, void **peer_p)
+{
+    const prefill_t *p = arg;
+    return hpd_xfer_connect(p->node->xfer, info, (hpd_xfer_peer_t **)peer_p);
+}
+
+static void peer_disconnect(void *arg, void *peer)
+{
+    hpd_xfer_disconnect(peer);
+}
+
+static bool peer_failed(void *arg, const void *peer)
+{
+    return hpd_xfer_peer_failed(peer);
+}
+
 static hpd_xfer_peer_t *peer_get(prefill_t *p, uint64_t node, const msgpack_object *info,
                                  hpd_proto_err_t *err)
 {
-    hpd_xfer_peer_t *peer;
-    for (size_t i = 0; i < p->n_peers; i++) {
-        if (p->peers[i].node != node)
-            continue;
-        if (!hpd_xfer_peer_failed(p->peers[i].peer))
-            return p->peers[i].peer;
-        /* a failed endpoint to a node id we are asked to use again */
-        hpd_xfer_disconnect(p->peers[i].peer);
-        p->peers[i] = p->peers[--p->n_peers];
-        break;
-    }
-    if (hpd_xfer_connect(p->node->xfer, info, &peer) != HPD_OK) {
-        snprintf(err->text, sizeof(err->text), "cannot connect to decode node %llu's UCX info",
+    void *peer;
+    const hpd_status_t st = hpd_peers_get(&p->peers, node, info, &peer);
+    if (st != HPD_OK) {
+        snprintf(err->text, sizeof(err->text), st == HPD_ERR_NO_MEMORY
+                 ? "out of memory" : "cannot connect to decode node %llu's UCX info",
                  (unsigned long long)node);
         return NULL;
     }
-    if (hpd_grow(&p->peers, &p->cap_peers, p->n_peers + 1, sizeof(*p->peers)) != HPD_OK) {
-        hpd_xfer_disconnect(peer);
-        snprintf(err->text, sizeof(err->text), "out of memory");
-        return NULL;
-    }
-    p->peers[p->n_peers++] = (peer_ent_t){node, peer};
     return peer;
 }
 
@@ -163,6 +169,12 @@ static void job_free(prefill_t *p, job_t *j)
     free(j->prompt);
     free(j->dst_pages);
     free(j);
+    /* a retired endpoint may have lost its last job: the reaper drops it
+     * (this may run inside one of its callbacks) */
+    if (hpd_peers_any_retired(&p->peers) && p->reap_ev != NULL) {
+        static const struct timeval now = {0, 0};
+        evtimer_add(p->reap_ev, &now);
+    }
 }
 
 static void try_start(prefill_t *p);
@@ -687,6 +699,12 @@ static hpd_status_t init(hpd_node_t *n)
         return HPD_ERR_NO_MEMORY;
     p->node = n;
     n->role_data = p;
+    const hpd_peers_ops_t peer_ops = {.connect = peer_connect,
+                                      .disconnect = peer_disconnect,
+                                      .failed = peer_failed,
+                                      .used = peer_used,
+                                      .arg = p};
+    hpd_peers_init(&p->peers, &peer_ops);
     p->staging_bytes = n->o.staging_bytes;
     if ((st = hpd_xfer_alloc_pinned(n->xfer, n->backend, p->staging_bytes, (void **)&p->staging,
                                     &p->staging_region)) != HPD_OK) {
@@ -730,24 +748,6 @@ static void summary(hpd_node_t *n, const void **data_p, uint32_t *len_p)
     *len_p = sizeof(p->summary);
 }
 
-/* Disconnects the endpoints no job uses (after the loss of the
- * coordinator: they are named by its node ids, which a new coordinator does
- * not hand out again). */
-static void forget_peers(prefill_t *p)
-{
-    for (size_t i = 0; i < p->n_peers;) {
-        bool used = false;
-        for (job_t *j = p->jobs; j != NULL && !used; j = j->next)
-            used = j->peer == p->peers[i].peer;
-        if (used) {
-            i++;
-            continue;
-        }
-        hpd_xfer_disconnect(p->peers[i].peer);
-        p->peers[i] = p->peers[--p->n_peers];
-    }
-}
-
 static void on_reap(evutil_socket_t fd, short what, void *arg)
 {
     prefill_t *p = arg;
@@ -758,10 +758,11 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
             next = p->jobs; /* the list may have changed */
         }
     }
-    if (p->forget_peers) {
-        p->forget_peers = false;
-        forget_peers(p);
-    }
+    /* the retired endpoints, or after the loss of the coordinator every
+     * one: they are named by its node ids, which a new coordinator does not
+     * hand out again */
+    hpd_peers_drop_unused(&p->peers, p->forget_peers);
+    p->forget_peers = false;
     try_start(p);
 }
 
@@ -808,9 +809,7 @@ static void fini(hpd_node_t *n)
         }
     /* the endpoints close first: a job whose transfer is finishing ends
      * through its callback, while the job is still there */
-    for (size_t i = 0; i < p->n_peers; i++)
-        hpd_xfer_disconnect(p->peers[i].peer);
-    p->n_peers = 0;
+    hpd_peers_destroy(&p->peers);
     while (p->jobs != NULL) {
         job_t *j = p->jobs;
         j->state = JOB_FINISHING; /* no flush now: the context goes */
@@ -820,8 +819,6 @@ static void fini(hpd_node_t *n)
         event_free(p->reap_ev);
     p->reap_ev = NULL;
     hpd_staging_destroy(&p->arena);
-    free(p->peers);
-    p->peers = NULL;
     /* p itself goes with the node (node_destroy): callbacks of what the
      * node tears down after this find it empty */
 }

@@ -56,7 +56,7 @@ MODULES = {
     },
     "control": {
         "files": ["node/msg.c", "node/liveness.c", "coordinator/routing.c",
-                  "coordinator/request.c", "coordinator/admission.c", "coordinator/credentials.c", "prefill_node/staging.c",
+                  "coordinator/request.c", "coordinator/admission.c", "coordinator/credentials.c", "prefill_node/staging.c", "prefill_node/peers.c", "decode_node/join.c",
                   "decode_node/writes.c"],
         "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
                      "node/proto.c": "field readers: test_msg and the cluster tests use them",
@@ -66,7 +66,7 @@ MODULES = {
                      "prefill_node/prefill.c": "the prefill role: the cluster tests",
                      "decode_node/decode.c": "the decode role: the cluster tests"},
         "tests": ["test_msg", "test_liveness", "fuzz_msg_replay", "test_routing", "test_request", "test_admission",
-                  "test_credentials", "test_staging", "test_writes"],
+                  "test_credentials", "test_staging", "test_peers", "test_writes", "test_join"],
     },
     "common": {
         "files": ["common/status.c", "common/log.c", "common/dtype.c",
