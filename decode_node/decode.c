@@ -18,6 +18,7 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/node.h"
+#include "decode_node/decode.h"
 #include "decode_node/join.h"
 #include "decode_node/writes.h"
 #include "node/proto.h"
@@ -569,7 +570,7 @@ static void fini(hpd_node_t *n)
     /* d itself goes with the node (node_destroy) */
 }
 
-static const hpd_node_role_t role = {
+const hpd_node_role_t hpd_decode_role = {
     .name = "decode",
     .peers_write_pools = true,
     .methods = methods,
@@ -584,8 +585,3 @@ static const hpd_node_role_t role = {
     .in_flight = in_flight,
     .collect = collect,
 };
-
-int main(int argc, char **argv)
-{
-    return hpd_node_main(argc, argv, &role);
-}

@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/node.h"
+#include "prefill_node/prefill.h"
 #include "prefill_node/peers.h"
 #include "prefill_node/staging.h"
 #include "node/proto.h"
@@ -823,7 +824,7 @@ static void fini(hpd_node_t *n)
      * node tears down after this find it empty */
 }
 
-static const hpd_node_role_t role = {
+const hpd_node_role_t hpd_prefill_role = {
     .name = "prefill",
     .methods = methods,
     .n_methods = sizeof(methods) / sizeof(methods[0]),
@@ -837,8 +838,3 @@ static const hpd_node_role_t role = {
     .in_flight = in_flight,
     .collect = collect,
 };
-
-int main(int argc, char **argv)
-{
-    return hpd_node_main(argc, argv, &role);
-}
