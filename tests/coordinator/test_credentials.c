@@ -95,6 +95,25 @@ static void test_roles(void **state)
     hpd_credentials_destroy(c);
 }
 
+/* 256 characters: the longest key there may be */
+#define LONG_KEY                                                                             \
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"                     \
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"                     \
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"                     \
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+/* Keys of 16 and 256 characters load. */
+static void test_key_lengths(void **state)
+{
+    char err[300];
+    hpd_credentials_t *c = NULL;
+    write_text(keys_file, LONG_KEY "\n0123456789abcdef\n");
+    if (hpd_credentials_load(secret_file, keys_file, &c, err, sizeof(err)) != HPD_OK)
+        fail_msg("%s", err);
+    assert_int_equal(hpd_credentials_n_keys(c), 2);
+    hpd_credentials_destroy(c);
+}
+
 /* Each mistake in a keys file is refused with its line and what is
  * expected. */
 static void test_bad_files(void **state)
@@ -103,6 +122,7 @@ static void test_bad_files(void **state)
         const char *text, *want;
     } cases[] = {
         {"short\n", "keys:1: a key of 5 characters (expected 16 to 256)"},
+        {LONG_KEY "x\n", "keys:1: a key of 257 characters (expected 16 to 256)"},
         {"# only a comment\n\n", "no client key (one per line: KEY [TENANT])"},
         {KEY_A "\n" KEY_B "\n" KEY_A " again\n", "keys:3: the key of line 1 again"},
         {KEY_A " two words\n", "keys:1: tenant 'two words' (expected one word"},
@@ -132,6 +152,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_key_lengths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -107,6 +107,26 @@ static void test_optional_fields(void **state)
     assert_false(t.done);
     assert_int_equal(t.ids_n, 0);
     packed_free(&p);
+
+    /* hpd_msg_pack_all: every number, flag, string and id list is packed,
+     * zeros too (a client's max_tokens 0 reaches the coordinator's check
+     * instead of reading as the default 16); absent OBJ/ARR/BIN still not */
+    hpd_rpc_buf_init(&p.b);
+    hpd_msg_pack_all(&hpd_msg_generate, &(hpd_msg_generate_t){0}, &p.b.pk);
+    o = unpack_buf(&p);
+    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields);
+    hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1, .stream = true};
+    assert_true(hpd_msg_unpack(&hpd_msg_generate, o, &g, &err));
+    assert_int_equal(g.max_tokens, 0);
+    assert_true(g.top_p == 0.0f);
+    assert_false(g.stream);
+    hpd_msg_free(&hpd_msg_generate, &g);
+    packed_free(&p);
+    hpd_rpc_buf_init(&p.b);
+    hpd_msg_pack_all(&hpd_msg_reserve, &(hpd_msg_reserve_t){0}, &p.b.pk);
+    o = unpack_buf(&p);
+    assert_int_equal(o->via.map.size, hpd_msg_reserve.n_fields - 1); /* no sampling */
+    packed_free(&p);
 }
 
 /* Builds a map from key/value pairs written by fn. */
