@@ -352,7 +352,10 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
     c.rms_norm_eps = 1e-6f;
     if ((st = get_float(text, origin, "rms_norm_eps", &found, &c.rms_norm_eps)) != HPD_OK)
         goto out;
-    tie = field(text, root, "tie_word_embeddings");
+    /* Qwen3_5ForConditionalGeneration ties by its own (top-level) config,
+     * whose default is false; a text_config's flag does not count there */
+    tie = c.arch == HPD_ARCH_QWEN3_5 ? json_object_get(root, "tie_word_embeddings")
+                                     : field(text, root, "tie_word_embeddings");
     if (tie != NULL && !json_is_boolean(tie)) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'tie_word_embeddings' must be true or false",
                       origin);

@@ -292,6 +292,15 @@ hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
         goto err;
     ld.ar = ar;
     ld.dir = model_dir;
+    for (size_t i = 0; i < hpd_st_archive_count(ar); i++) {
+        const char *name = hpd_st_archive_get(ar, i)->name;
+        m->skipped_visual += strncmp(name, "model.visual.", 13) == 0;
+        m->skipped_mtp += strncmp(name, "mtp.", 4) == 0;
+    }
+    if (m->skipped_visual + m->skipped_mtp > 0)
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: skipping %u tensors of the vision tower (model.visual.*) "
+                     "and %u of the MTP head (mtp.*): text generation does not use them",
+                     model_dir, m->skipped_visual, m->skipped_mtp);
     ld.prefix = hpd_st_archive_find(ar, "model.language_model.embed_tokens.weight") != NULL
                     ? "model.language_model."
                     : "model.";

@@ -35,6 +35,9 @@ typedef struct {
     float *lm_head;    /* [V][H]; == embed when tied */
     hpd_layer_weights_t layers[HPD_MAX_LAYERS];
     uint8_t fingerprint[16]; /* XXH3-128 of config.json and every tensor */
+    /* tensors of the checkpoint that text generation does not use, skipped
+     * (logged once): the vision tower (model.visual.*) and the MTP head (mtp.*) */
+    uint32_t skipped_visual, skipped_mtp;
     uint64_t n_params;
 } hpd_model_t;
 

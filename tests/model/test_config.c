@@ -74,6 +74,38 @@ static void test_qwen3_5_nested(void **state)
     assert_true(c.layer_full[3] && !c.layer_full[0]);
 }
 
+/* As Qwen3_5ForConditionalGeneration: the top-level flag decides (default
+ * false), whatever the text_config says. */
+static void test_qwen3_5_tie_precedence(void **state)
+{
+    static const struct {
+        const char *top, *text;
+        bool want;
+    } cases[] = {
+        {"\"tie_word_embeddings\": true, ", "\"tie_word_embeddings\": false, ", true},
+        {"\"tie_word_embeddings\": false, ", "\"tie_word_embeddings\": true, ", false},
+        {"", "\"tie_word_embeddings\": true, ", false},
+        {"\"tie_word_embeddings\": true, ", "", true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char j[2048];
+        snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_5\", %s\"vision_config\": {}, "
+                 "\"text_config\": {%s\"model_type\": \"qwen3_5_text\", " DIMS
+                 ", \"full_attention_interval\": 4}}", cases[i].top, cases[i].text);
+        hpd_model_config_t c;
+        assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+        if (c.tie_word_embeddings != cases[i].want)
+            fail_msg("case %zu: tie_word_embeddings %d, expected %d", i, c.tie_word_embeddings,
+                     cases[i].want);
+    }
+    /* a flat qwen3_5_text config keeps its own flag */
+    const char *flat = "{\"model_type\": \"qwen3_5_text\", \"tie_word_embeddings\": true, "
+                       DIMS ", \"full_attention_interval\": 4}";
+    hpd_model_config_t c;
+    assert_int_equal(hpd_model_config_parse(flat, "t", &c), HPD_OK);
+    assert_true(c.tie_word_embeddings);
+}
+
 static void test_refusals(void **state)
 {
     char j[2048];
@@ -117,6 +149,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_next_layer_types),
         cmocka_unit_test(test_qwen3_5_text_interval_rope_parameters),
         cmocka_unit_test(test_qwen3_5_nested),
+        cmocka_unit_test(test_qwen3_5_tie_precedence),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

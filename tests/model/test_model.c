@@ -130,7 +130,8 @@ static void test_namings_dtypes_shards(void **state)
 }
 
 /* Rewrites dir/model.safetensors with one tensor dropped, reshaped or
- * retyped. mode: 0 drop, 1 wrong shape. */
+ * retyped, or with tensors added. mode: 0 drop, 1 wrong shape, 2 add victim
+ * (a copy of the first tensor under that name). */
 static void rewrite(const char *dir, const char *victim, int mode)
 {
     char path[600];
@@ -156,16 +157,45 @@ static void rewrite(const char *dir, const char *victim, int mode)
         }
         k++;
     }
+    if (mode == 2) {
+        t = realloc(t, (k + 1) * sizeof(*t));
+        t[k] = t[0];
+        t[k].name = victim;
+        k++;
+    }
     snprintf(path, sizeof(path), "%s/model.safetensors.new", dir);
     assert_int_equal(hpd_st_write(path, t, k), HPD_OK);
     hpd_st_archive_destroy(ar);
     char final[600];
     snprintf(final, sizeof(final), "%s/model.safetensors", dir);
     assert_int_equal(rename(path, final), 0);
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; i < k - (mode == 2); i++)
         free(copies[i]);
     free(copies);
     free(t);
+}
+
+/* A checkpoint's vision tower and MTP head (Qwen3.5 releases ship both)
+ * are skipped and counted; the language model loads as without them. */
+static void test_skips_vision_and_mtp(void **state)
+{
+    char dir[512], plain_dir[512];
+    hpd_model_t *m = NULL, *plain = NULL;
+    snprintf(dir, sizeof(dir), "%s/with-vision", root);
+    snprintf(plain_dir, sizeof(plain_dir), "%s/without-vision", root);
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    assert_int_equal(test_mkmodel(plain_dir, SMALL), 0);
+    rewrite(dir, "model.visual.blocks.0.norm1.weight", 2);
+    rewrite(dir, "model.visual.merger.mlp.0.weight", 2);
+    rewrite(dir, "mtp.fc.weight", 2);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_int_equal(hpd_model_load(plain_dir, &plain), HPD_OK);
+    assert_int_equal(m->skipped_visual, 2);
+    assert_int_equal(m->skipped_mtp, 1);
+    assert_int_equal(plain->skipped_visual + plain->skipped_mtp, 0);
+    assert_same_weights(m, plain);
+    hpd_model_destroy(m);
+    hpd_model_destroy(plain);
 }
 
 static void test_bad_models(void **state)
@@ -214,6 +244,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_namings_dtypes_shards),
+        cmocka_unit_test(test_skips_vision_and_mtp),
         cmocka_unit_test(test_bad_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
