@@ -74,7 +74,27 @@ typedef struct {
      * steps instead of being sampled; copied. At most max_tokens. */
     const int32_t *replay;
     uint32_t n_replay;
+    /* Generation stops after a token of stop_ids (copied; at most
+     * HPD_MAX_STOP_IDS), or of the model's end-of-sequence ids unless
+     * ignore_eos, once at least min_tokens (<= max_tokens) tokens are out;
+     * else after max_tokens. The stop token is the last one returned. */
+    const int32_t *stop_ids;
+    uint32_t n_stop;
+    bool ignore_eos;
+    uint32_t min_tokens;
 } hpd_request_params_t;
+
+#define HPD_MAX_STOP_IDS 64
+
+/* Why a finished request ended. */
+typedef enum {
+    HPD_FINISH_NONE = 0, /* not finished (or failed, canceled) */
+    HPD_FINISH_STOP,     /* a stop or end-of-sequence token */
+    HPD_FINISH_LENGTH,   /* max_tokens */
+} hpd_finish_reason_t;
+
+/* "stop", "length" or "" (none). */
+const char *hpd_finish_reason_name(hpd_finish_reason_t reason);
 
 typedef enum {
     HPD_REQ_WAITING = 0,
@@ -139,6 +159,7 @@ typedef struct {
     uint32_t prompt_tokens;
     uint32_t cached_tokens;      /* tokens not computed thanks to the prefix cache */
     uint32_t cached_host_tokens; /* of which came from the host tier */
+    hpd_finish_reason_t finish_reason;
 } hpd_request_info_t;
 
 hpd_status_t hpd_engine_request_info(const hpd_engine_t *engine, uint64_t id,

@@ -22,6 +22,11 @@ typedef struct {
     hpd_sampling_t sampling;
     int32_t *replay;
     uint32_t n_replay;
+    int32_t *stop_ids; /* [n_stop] */
+    uint32_t n_stop;
+    bool ignore_eos;
+    uint32_t min_tokens;
+    hpd_finish_reason_t finish_reason;
     int32_t *out; /* [max_tokens] */
     uint32_t n_out;
     uint32_t n_done;   /* tokens whose KV and state are computed */

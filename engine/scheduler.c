@@ -35,6 +35,7 @@ void hpd_engine_request_destroy(request_t *r)
         return;
     free(r->prompt);
     free(r->replay);
+    free(r->stop_ids);
     free(r->out);
     free(r->hashes);
     free(r);
@@ -76,8 +77,19 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
                       p->max_tokens);
         return HPD_ERR_INVALID_ARG;
     }
+    if (p->n_stop > HPD_MAX_STOP_IDS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%u stop token ids (expected at most %d)", p->n_stop,
+                      HPD_MAX_STOP_IDS);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (p->min_tokens > p->max_tokens) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "min tokens %u exceeds max tokens %u", p->min_tokens,
+                      p->max_tokens);
+        return HPD_ERR_INVALID_ARG;
+    }
     if ((st = check_ids(p->prompt, p->n_prompt, e->cfg->vocab_size, "prompt")) != HPD_OK ||
-        (st = check_ids(p->replay, p->n_replay, e->cfg->vocab_size, "replayed")) != HPD_OK)
+        (st = check_ids(p->replay, p->n_replay, e->cfg->vocab_size, "replayed")) != HPD_OK ||
+        (st = check_ids(p->stop_ids, p->n_stop, e->cfg->vocab_size, "stop")) != HPD_OK)
         return st;
     if (!isfinite(s->temperature) || s->temperature < 0.0f) {
         HPD_LOG_ERROR(LOG_COMPONENT, "temperature %g is invalid (expected >= 0; 0 is greedy)",
@@ -109,13 +121,19 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     r->prompt = malloc(p->n_prompt * sizeof(int32_t));
     r->out = malloc(p->max_tokens * sizeof(int32_t));
     r->replay = malloc((p->n_replay + 1) * sizeof(int32_t));
-    if (r->prompt == NULL || r->out == NULL || r->replay == NULL) {
+    r->stop_ids = malloc((p->n_stop + 1) * sizeof(int32_t));
+    if (r->prompt == NULL || r->out == NULL || r->replay == NULL || r->stop_ids == NULL) {
         hpd_engine_request_destroy(r);
         return HPD_ERR_NO_MEMORY;
     }
     memcpy(r->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
     if (p->n_replay > 0)
         memcpy(r->replay, p->replay, p->n_replay * sizeof(int32_t));
+    if (p->n_stop > 0)
+        memcpy(r->stop_ids, p->stop_ids, p->n_stop * sizeof(int32_t));
+    r->n_stop = p->n_stop;
+    r->ignore_eos = p->ignore_eos;
+    r->min_tokens = p->min_tokens;
     r->n_prompt = p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->sampling = p->sampling;
@@ -159,6 +177,34 @@ static void finish(hpd_engine_t *e, request_t *r, hpd_request_state_t state)
     }
     hpd_engine_request_free_resources(e, r);
     r->state = state;
+}
+
+const char *hpd_finish_reason_name(hpd_finish_reason_t reason)
+{
+    return reason == HPD_FINISH_STOP ? "stop" : reason == HPD_FINISH_LENGTH ? "length" : "";
+}
+
+static bool in(const int32_t *ids, uint32_t n, int32_t t)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] == t)
+            return true;
+    return false;
+}
+
+/* After a token was added: the request ends on a stop token (once
+ * min_tokens are out) or at max_tokens. */
+static void end_if_done(hpd_engine_t *e, request_t *r)
+{
+    const int32_t t = r->out[r->n_out - 1];
+    const bool eos = !r->ignore_eos && in(e->cfg->eos_ids, e->cfg->n_eos, t);
+    if (r->n_out >= r->min_tokens && (eos || in(r->stop_ids, r->n_stop, t))) {
+        r->finish_reason = HPD_FINISH_STOP;
+        finish(e, r, HPD_REQ_FINISHED);
+    } else if (r->n_out == r->max_tokens) {
+        r->finish_reason = HPD_FINISH_LENGTH;
+        finish(e, r, HPD_REQ_FINISHED);
+    }
 }
 
 static void request_tables(const hpd_engine_t *e, const request_t *r, uint32_t **tables)
@@ -410,8 +456,8 @@ hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
                 r->n_done += e->items[i].n_tokens;
                 if (!e->items[i].decode && e->cache != NULL)
                     cache_prefill_progress(e, r);
-                if (r->n_out == r->max_tokens)
-                    finish(e, r, HPD_REQ_FINISHED);
+                if (e->items[i].wants_logits) /* it got a token */
+                    end_if_done(e, r);
             }
         }
         e->stats.steps++;
@@ -487,6 +533,7 @@ hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
     info->prompt_tokens = r->n_prompt;
     info->cached_tokens = r->cached_tokens;
     info->cached_host_tokens = r->cached_host_tokens;
+    info->finish_reason = r->finish_reason;
     return HPD_OK;
 }
 
@@ -547,8 +594,7 @@ hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
     r->state = HPD_REQ_RUNNING;
     e->n_running++;
     e->active[e->n_active++] = r;
-    if (r->n_out == r->max_tokens)
-        finish(e, r, HPD_REQ_FINISHED);
+    end_if_done(e, r);
     return HPD_OK;
 }
 

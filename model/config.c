@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -35,6 +36,40 @@ static json_t *field(json_t *text, json_t *top, const char *name)
     if (v == NULL && top != NULL && top != text)
         v = json_object_get(top, name);
     return v;
+}
+
+/* eos_token_id: an id or a list of ids below vocab; absent or null: none.
+ * On success n_p and ids are set (ids of at most HPD_MAX_EOS). */
+static hpd_status_t parse_eos(json_t *v, const char *origin, uint32_t vocab, uint32_t *n_p,
+                              int32_t ids[HPD_MAX_EOS])
+{
+    json_t *one = NULL;
+    size_t i;
+    *n_p = 0;
+    if (v == NULL || json_is_null(v))
+        return HPD_OK;
+    if (json_is_integer(v)) {
+        one = v;
+        v = NULL;
+    }
+    const size_t n = v != NULL && json_is_array(v) ? json_array_size(v) : v == NULL ? 1 : 0;
+    if ((v != NULL && !json_is_array(v)) || n > HPD_MAX_EOS) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: eos_token_id must be a token id or a list of at most "
+                      "%d token ids", origin, HPD_MAX_EOS);
+        return HPD_ERR_FORMAT;
+    }
+    for (i = 0; i < n; i++) {
+        json_t *x = v != NULL ? json_array_get(v, i) : one;
+        const json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+        if (id < 0 || (uint64_t)id >= vocab) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: eos_token_id entry %zu is not a token id (0 to %u)",
+                          origin, i, vocab - 1);
+            return HPD_ERR_FORMAT;
+        }
+        ids[i] = (int32_t)id;
+    }
+    *n_p = (uint32_t)n;
+    return HPD_OK;
 }
 
 static hpd_status_t get_u32(json_t *text, json_t *top, const char *origin, const char *name,
@@ -363,6 +398,9 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
         goto out;
     }
     c.tie_word_embeddings = tie != NULL && json_is_true(tie);
+    if ((st = parse_eos(field(text, root, "eos_token_id"), origin, c.vocab_size, &c.n_eos,
+                        c.eos_ids)) != HPD_OK)
+        goto out;
     if ((st = validate(origin, &c)) != HPD_OK)
         goto out;
     *config_p = c;
@@ -384,5 +422,27 @@ hpd_status_t hpd_model_config_load(const char *model_dir, hpd_model_config_t *co
         return st;
     st = hpd_model_config_parse(text, path, config_p);
     free(text);
+    if (st != HPD_OK)
+        return st;
+    /* generation_config.json, when there is one, says how to stop (as
+     * transformers' generate reads it) */
+    snprintf(path, sizeof(path), "%s/generation_config.json", model_dir);
+    if (access(path, F_OK) != 0)
+        return HPD_OK;
+    if ((st = hpd_read_file(path, &text, &len)) != HPD_OK)
+        return st;
+    json_error_t jerr;
+    json_t *g = json_loadb(text, len, 0, &jerr);
+    free(text);
+    if (!json_is_object(g)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: not a JSON object (line %d: %s)", path, jerr.line,
+                      jerr.text);
+        json_decref(g);
+        return HPD_ERR_FORMAT;
+    }
+    json_t *eos = json_object_get(g, "eos_token_id");
+    if (eos != NULL && !json_is_null(eos))
+        st = parse_eos(eos, path, config_p->vocab_size, &config_p->n_eos, config_p->eos_ids);
+    json_decref(g);
     return st;
 }

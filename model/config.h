@@ -8,6 +8,7 @@
 #include "common/status.h"
 
 #define HPD_MAX_LAYERS 256
+#define HPD_MAX_EOS 8 /* end-of-sequence ids a model may declare */
 
 typedef enum {
     HPD_ARCH_QWEN3_NEXT = 0,   /* model_type "qwen3_next" */
@@ -37,6 +38,10 @@ typedef struct {
     uint32_t lin_v_dim;
     uint32_t conv_kernel;
     bool tie_word_embeddings;
+    /* end-of-sequence ids: generation_config.json's eos_token_id where the
+     * directory has one, else config.json's (an int or a list); 0 ids: none */
+    uint32_t n_eos;
+    int32_t eos_ids[HPD_MAX_EOS];
     uint32_t max_position_embeddings;
     /* derived */
     uint32_t n_full_layers;   /* A: full-attention layers */

@@ -281,14 +281,25 @@ static void test_bad_requests(void **state)
     const hpd_sampling_t g = {.top_p = 1};
     const hpd_request_params_t cases[] = {
         {.prompt = ok, .max_tokens = 4, .sampling = g}, /* empty prompt */
-        {bad_id, 3, 4, g, NULL, 0}, /* id >= vocab */
-        {neg, 2, 4, g, NULL, 0}, /* negative id */
-        {long_prompt, 5000, 4, g, NULL, 0}, /* beyond max context */
-        {ok, 3, 0, g, NULL, 0}, /* no tokens asked */
-        {ok, 3, 4, {0.5f, 0.0f, 0, 0}, NULL, 0}, /* top-p 0 */
-        {ok, 3, 4, {-1.0f, 1, 0, 0}, NULL, 0}, /* negative temperature */
-        {ok, 3, 2, g, bad_id, 3}, /* more replay than max tokens */
-
+        {.prompt = bad_id, .n_prompt = 3, .max_tokens = 4, .sampling = g}, /* id >= vocab */
+        {.prompt = neg, .n_prompt = 2, .max_tokens = 4, .sampling = g}, /* negative id */
+        /* beyond max context */
+        {.prompt = long_prompt, .n_prompt = 5000, .max_tokens = 4, .sampling = g},
+        {.prompt = ok, .n_prompt = 3, .sampling = g}, /* no tokens asked */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = {.temperature = 0.5f}},
+        /* negative temperature */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = {.temperature = -1, .top_p = 1}},
+        /* more replay than max tokens */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 2, .sampling = g, .replay = bad_id,
+         .n_replay = 3},
+        /* a stop id >= vocab */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = g, .stop_ids = bad_id,
+         .n_stop = 3},
+        /* more stop ids than allowed */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = g, .stop_ids = long_prompt,
+         .n_stop = HPD_MAX_STOP_IDS + 1},
+        /* min_tokens above max_tokens */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = g, .min_tokens = 5},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         assert_int_equal(hpd_engine_submit(e, &cases[i], &id), HPD_ERR_INVALID_ARG);
@@ -303,6 +314,99 @@ static void test_bad_requests(void **state)
     assert_int_equal(hpd_engine_result(e, 999, &toks, &n, NULL), HPD_ERR_NOT_FOUND);
     free(long_prompt);
     hpd_engine_destroy(e);
+}
+
+/* Runs one request alone and with two others in the batch; both runs must
+ * give the same tokens; returns them in out (n_p) and the finish reason. */
+static hpd_finish_reason_t run_stopping(hpd_engine_t *e, hpd_request_params_t p, int32_t *out,
+                                        uint32_t *n_p)
+{
+    hpd_finish_reason_t reason = HPD_FINISH_NONE;
+    for (int round = 0; round < 2; round++) {
+        int32_t other[7];
+        uint64_t id, o1, o2;
+        prompt_of(other, 7, 99);
+        const hpd_request_params_t q = {.prompt = other, .n_prompt = 7, .max_tokens = 9,
+                                        .sampling = {.top_p = 1}};
+        if (round == 1)
+            assert_int_equal(hpd_engine_submit(e, &q, &o1), HPD_OK);
+        assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+        if (round == 1)
+            assert_int_equal(hpd_engine_submit(e, &q, &o2), HPD_OK);
+        assert_int_equal(hpd_engine_run(e), HPD_OK);
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t st;
+        hpd_request_info_t info;
+        assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+        assert_int_equal(st, HPD_REQ_FINISHED);
+        assert_int_equal(hpd_engine_request_info(e, id, &info), HPD_OK);
+        if (round == 0) {
+            memcpy(out, toks, n * sizeof(int32_t));
+            *n_p = n;
+            reason = info.finish_reason;
+        } else {
+            assert_int_equal(n, *n_p);
+            assert_memory_equal(toks, out, n * sizeof(int32_t));
+            assert_int_equal(info.finish_reason, reason);
+            hpd_engine_release(e, o1);
+            hpd_engine_release(e, o2);
+        }
+        hpd_engine_release(e, id);
+    }
+    return reason;
+}
+
+/* Stop tokens: a request's stop ids, the model's end-of-sequence ids
+ * (unless ignore_eos), min_tokens, and the finish reason; the stop token is
+ * the last one returned, and the tokens before it are those of a run
+ * without stops. */
+static void test_stop_tokens(void **state)
+{
+    int32_t prompt[11], full[16], got[16];
+    uint32_t n_full, n, first, second = 16;
+    prompt_of(prompt, 11, 5);
+    hpd_engine_t *e = engine_default();
+    const hpd_request_params_t base = {.prompt = prompt, .n_prompt = 11, .max_tokens = 16,
+                                       .sampling = {.top_p = 1}};
+    assert_int_equal(run_stopping(e, base, full, &n_full), HPD_FINISH_LENGTH);
+    assert_int_equal(n_full, 16);
+    /* stop at the token of position 5: the first position holding it ends */
+    const int32_t stop = full[5];
+    for (first = 0; full[first] != stop; first++)
+        ;
+    for (uint32_t i = first + 1; i < 16 && second == 16; i++)
+        if (full[i] == stop)
+            second = i;
+    hpd_request_params_t p = base;
+    p.stop_ids = &stop;
+    p.n_stop = 1;
+    assert_int_equal(run_stopping(e, p, got, &n), HPD_FINISH_STOP);
+    assert_int_equal(n, first + 1);
+    assert_memory_equal(got, full, n * sizeof(int32_t));
+    /* min_tokens past it: the next occurrence, or max_tokens */
+    p.min_tokens = first + 2;
+    assert_int_equal(run_stopping(e, p, got, &n),
+                     second < 16 ? HPD_FINISH_STOP : HPD_FINISH_LENGTH);
+    assert_int_equal(n, second < 16 ? second + 1 : 16);
+    assert_memory_equal(got, full, n * sizeof(int32_t));
+    hpd_engine_destroy(e);
+
+    /* the model's end-of-sequence id does the same, unless ignore_eos */
+    hpd_model_config_t saved = model->config;
+    model->config.n_eos = 2;
+    model->config.eos_ids[0] = 511 == stop ? 510 : 511;
+    model->config.eos_ids[1] = stop;
+    e = engine_default();
+    assert_int_equal(run_stopping(e, base, got, &n), HPD_FINISH_STOP);
+    assert_int_equal(n, first + 1);
+    p = base;
+    p.ignore_eos = true;
+    assert_int_equal(run_stopping(e, p, got, &n), HPD_FINISH_LENGTH);
+    assert_int_equal(n, 16);
+    assert_memory_equal(got, full, n * sizeof(int32_t));
+    hpd_engine_destroy(e);
+    model->config = saved;
 }
 
 /* A pool that fits one request at a time: requests wait, all finish with the
@@ -354,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_repeatable_and_batch_invariant),
         cmocka_unit_test(test_layouts_and_namings),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_pool_pressure_and_cancel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -106,6 +106,44 @@ static void test_qwen3_5_tie_precedence(void **state)
     assert_true(c.tie_word_embeddings);
 }
 
+/* eos_token_id: an id, a list, null or absent; anything else refused. */
+static void test_eos(void **state)
+{
+    static const struct {
+        const char *eos;
+        hpd_status_t st;
+        uint32_t n;
+        int32_t first, last;
+    } cases[] = {
+        {"", HPD_OK, 0, 0, 0},
+        {"\"eos_token_id\": null, ", HPD_OK, 0, 0, 0},
+        {"\"eos_token_id\": 7, ", HPD_OK, 1, 7, 7},
+        {"\"eos_token_id\": [3, 999], ", HPD_OK, 2, 3, 999},
+        {"\"eos_token_id\": [], ", HPD_OK, 0, 0, 0},
+        {"\"eos_token_id\": 1000, ", HPD_ERR_FORMAT, 0, 0, 0},  /* = vocab */
+        {"\"eos_token_id\": -1, ", HPD_ERR_FORMAT, 0, 0, 0},
+        {"\"eos_token_id\": \"2\", ", HPD_ERR_FORMAT, 0, 0, 0},
+        {"\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9], ", HPD_ERR_FORMAT, 0, 0, 0},
+        {"\"eos_token_id\": [1, 2.5], ", HPD_ERR_FORMAT, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char j[2048];
+        hpd_model_config_t c;
+        snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_5_text\", %s" DIMS
+                 ", \"full_attention_interval\": 4}", cases[i].eos);
+        const hpd_status_t st = hpd_model_config_parse(j, "t", &c);
+        if (st != cases[i].st)
+            fail_msg("case %zu: status %d, expected %d", i, st, cases[i].st);
+        if (st != HPD_OK)
+            continue;
+        assert_int_equal(c.n_eos, cases[i].n);
+        if (c.n_eos > 0) {
+            assert_int_equal(c.eos_ids[0], cases[i].first);
+            assert_int_equal(c.eos_ids[c.n_eos - 1], cases[i].last);
+        }
+    }
+}
+
 static void test_refusals(void **state)
 {
     char j[2048];
@@ -150,6 +188,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_5_text_interval_rope_parameters),
         cmocka_unit_test(test_qwen3_5_nested),
         cmocka_unit_test(test_qwen3_5_tie_precedence),
+        cmocka_unit_test(test_eos),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -198,6 +198,30 @@ static void test_skips_vision_and_mtp(void **state)
     hpd_model_destroy(plain);
 }
 
+/* generation_config.json's eos_token_id, when present, is the one used;
+ * a malformed one refuses the model. */
+static void test_generation_config(void **state)
+{
+    char dir[512], path[600];
+    hpd_model_t *m = NULL;
+    snprintf(dir, sizeof(dir), "%s/gen", root);
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    static const char gen[] = "{\"eos_token_id\": [5, 9], \"temperature\": 0.7}";
+    assert_int_equal(hpd_write_file(path, gen, sizeof(gen) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_int_equal(m->config.n_eos, 2);
+    assert_int_equal(m->config.eos_ids[0], 5);
+    assert_int_equal(m->config.eos_ids[1], 9);
+    hpd_model_destroy(m);
+    static const char bad[] = "{\"eos_token_id\": \"five\"}";
+    assert_int_equal(hpd_write_file(path, bad, sizeof(bad) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+    static const char broken[] = "{\"eos_token_id\": [5";
+    assert_int_equal(hpd_write_file(path, broken, sizeof(broken) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+}
+
 static void test_bad_models(void **state)
 {
     char dir[512], path[600];
@@ -245,6 +269,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_namings_dtypes_shards),
         cmocka_unit_test(test_skips_vision_and_mtp),
+        cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_bad_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
