@@ -104,8 +104,14 @@ const hpd_opt_t hpd_options[] = {
         RUN, NULL),
     INT("checkpoint-every", U32, 0, 1u << 20, 1, "16",
         "also checkpoint every N 64-token blocks", RUN, NULL),
-    TXT("stats-json", "FILE", NULL, "write per-request cached tokens and cache counters",
-        RUN, NULL),
+    TXT("stop-ids", "1,2,3", NULL, "stop after any of these token ids (besides the model's\n"
+        "end-of-sequence ids)", RUN, NULL),
+    {.name = "ignore-eos", .kind = HPD_OPT_ON, .roles = RUN,
+     .help = "do not stop at the model's end-of-sequence ids"},
+    INT("min-tokens", U32, 0, 1u << 20, 1, "0", "generate at least this many tokens before a\n"
+        "stop or end-of-sequence token counts", RUN, NULL),
+    TXT("stats-json", "FILE", NULL, "write per-request cached tokens, finish reasons and\n"
+        "cache counters", RUN, NULL),
     TXT("logits-out", "FILE", NULL, "write the logits of the last step of the first prompt\n"
         "as little-endian float32", RUN, NULL),
 };
@@ -191,8 +197,9 @@ bool hpd_opt_value(const hpd_opt_t *o, const char *text, void *dst, char *err, s
             *(const char **)dst = text;
         return true;
     case HPD_OPT_OFF:
+    case HPD_OPT_ON:
         if (dst != NULL)
-            *(bool *)dst = false;
+            *(bool *)dst = o->kind == HPD_OPT_ON;
         return true;
     case HPD_OPT_LEVEL: {
         const int lvl = hpd_log_level_parse(text);
@@ -246,7 +253,7 @@ void hpd_opt_usage(FILE *f, const char *intro, const hpd_opt_bind_t *binds, size
         const hpd_opt_t *o = hpd_opt_find(binds[i].name);
         char flag[64];
         const char *def = binds[i].def != NULL ? binds[i].def : o->def;
-        if (o->kind == HPD_OPT_OFF)
+        if (o->kind == HPD_OPT_OFF || o->kind == HPD_OPT_ON)
             snprintf(flag, sizeof(flag), "--%s", o->name);
         else
             snprintf(flag, sizeof(flag), "--%s %s", o->name, o->arg ? o->arg : "V");
@@ -257,7 +264,7 @@ void hpd_opt_usage(FILE *f, const char *intro, const hpd_opt_bind_t *binds, size
             const int w = nl != NULL ? (int)(nl - h) : (int)strlen(h);
             fprintf(f, "  %-24s %.*s", first ? flag : "", w, h);
             h = nl != NULL ? nl + 1 : NULL;
-            if (h == NULL && def != NULL && o->kind != HPD_OPT_OFF)
+            if (h == NULL && def != NULL && o->kind != HPD_OPT_OFF && o->kind != HPD_OPT_ON)
                 fprintf(f, " (%s)", def);
             if (h == NULL && binds[i].required)
                 fprintf(f, " (required)");
@@ -284,7 +291,8 @@ int hpd_opt_parse(int argc, char **argv, const char *prog, unsigned role, const 
         const char *def = binds[i].def != NULL ? binds[i].def : o->def;
         if (o->kind == HPD_OPT_OPORT)
             *(int32_t *)binds[i].dst = -1;
-        if (def != NULL && o->kind != HPD_OPT_OFF && !set(o, &binds[i], def, err, sizeof(err))) {
+        if (def != NULL && o->kind != HPD_OPT_OFF && o->kind != HPD_OPT_ON &&
+            !set(o, &binds[i], def, err, sizeof(err))) {
             fprintf(stderr, "%s: default %s\n", prog, err);
             goto out;
         }
@@ -293,8 +301,10 @@ int hpd_opt_parse(int argc, char **argv, const char *prog, unsigned role, const 
      * such), --help too */
     for (size_t i = 0; i < hpd_n_options; i++)
         lo[i] = (struct option){hpd_options[i].name,
-                                hpd_options[i].kind == HPD_OPT_OFF ? no_argument
-                                                                   : required_argument,
+                                hpd_options[i].kind == HPD_OPT_OFF ||
+                                        hpd_options[i].kind == HPD_OPT_ON
+                                    ? no_argument
+                                    : required_argument,
                                 NULL, 256 + (int)i};
     lo[hpd_n_options] = (struct option){"help", no_argument, NULL, 'h'};
     optind = 1;

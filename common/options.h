@@ -37,6 +37,7 @@ typedef enum {
     HPD_OPT_OPORT,  /* int32_t: a port, -1 when not given (optional endpoint) */
     HPD_OPT_STR,    /* const char * (points into argv or the table) */
     HPD_OPT_OFF,    /* bool, set false when given (a --no-... switch, no value) */
+    HPD_OPT_ON,     /* bool, set true when given (a switch, no value) */
     HPD_OPT_LEVEL,  /* hpd_log_level_t (the program sets it: hpd_log_set_level) */
     HPD_OPT_LAYOUT, /* hpd_kv_layout_t: B,P,nhd|hnd (block size, pack size, order) */
     HPD_OPT_CUSTOM, /* the bind's parse function reads it */

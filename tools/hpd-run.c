@@ -51,10 +51,11 @@ static int write_stats(const char *path, const hpd_engine_t *engine, const uint6
     for (size_t i = 0; i < n; i++) {
         hpd_request_info_t info;
         hpd_engine_request_info(engine, ids[i], &info);
-        json_array_append_new(reqs, json_pack("{s:I, s:I, s:I}", "prompt_tokens",
-                                              (json_int_t)info.prompt_tokens, "cached_tokens",
-                                              (json_int_t)info.cached_tokens, "cached_host_tokens",
-                                              (json_int_t)info.cached_host_tokens));
+        json_array_append_new(
+            reqs, json_pack("{s:I, s:I, s:I, s:s}", "prompt_tokens", (json_int_t)info.prompt_tokens,
+                            "cached_tokens", (json_int_t)info.cached_tokens, "cached_host_tokens",
+                            (json_int_t)info.cached_host_tokens, "finish_reason",
+                            hpd_finish_reason_name(info.finish_reason)));
     }
     json_object_set_new(root, "requests", reqs);
     if (hpd_engine_cache_stats(engine, &cs) == HPD_OK) {
@@ -108,7 +109,10 @@ int main(int argc, char **argv)
     hpd_engine_params_t ep;
     hpd_backend_params_t bp = {.device = "cpu"};
     hpd_sampling_t samp = {.top_p = 1};
-    uint32_t max_tokens = 16, block_size = 0;
+    uint32_t max_tokens = 16, block_size = 0, min_tokens = 0, n_stop = 0;
+    const char *stop_text = NULL;
+    int32_t *stop_ids = NULL;
+    bool ignore_eos = false;
     prompt_t *prompts = NULL;
     size_t n_prompts = 0;
     hpd_model_t *model = NULL;
@@ -143,6 +147,9 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("host-cache-mb", &ep.host_cache_bytes),
         HPD_OPT_BIND("kv-pages", &ep.n_pages),
         HPD_OPT_BIND("stats-json", &stats_json),
+        HPD_OPT_BIND("stop-ids", &stop_text),
+        HPD_OPT_BIND("ignore-eos", &ignore_eos),
+        HPD_OPT_BIND("min-tokens", &min_tokens),
         HPD_OPT_BIND("logits-out", &logits_out),
         {.name = "log-level", .dst = &level, .def = "warn"},
     };
@@ -160,6 +167,14 @@ int main(int argc, char **argv)
     }
     if (block_size != 0)
         ep.kv_layout.block_size = block_size;
+    if (stop_text != NULL) {
+        size_t n;
+        if (hpd_parse_id_list(stop_text, &stop_ids, &n, err, sizeof(err)) != HPD_OK) {
+            fprintf(stderr, "hpd-run: --stop-ids: %s\n", err);
+            return 2;
+        }
+        n_stop = (uint32_t)n;
+    }
     if (prompt_ids != NULL) {
         prompts = calloc(1, sizeof(*prompts));
         if (prompts == NULL)
@@ -203,7 +218,10 @@ int main(int argc, char **argv)
                                    .n_prompt = (uint32_t)prompts[i].n,
                                    .max_tokens = max_tokens,
                                    .sampling = samp,
-                                   .replay = NULL};
+                                   .stop_ids = stop_ids,
+                                   .n_stop = n_stop,
+                                   .ignore_eos = ignore_eos,
+                                   .min_tokens = min_tokens};
         if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
             if (n_prompts > 1)
                 fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);
@@ -246,5 +264,6 @@ out:
     free(prompts);
     free(ids);
     free(sink.last);
+    free(stop_ids);
     return rc;
 }

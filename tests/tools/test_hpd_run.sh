@@ -53,6 +53,29 @@ check "cached tokens per request (cache off)" test "$(cached "$tmp/off.json")" =
 check "cache counters in the stats" grep -q '"hit_tokens_device": 384' "$tmp/stats.json"
 check "no cache: null counters" grep -q '"prefix_cache": null' "$tmp/off.json"
 
+# stop tokens: --stop-ids ends at the first of them (it is the last token
+# printed), --min-tokens lets earlier ones pass, --stats-json says why each
+# request ended
+read -r -a toks <<< "$out1"
+stop=${toks[4]}
+first=0
+while [ "${toks[$first]}" != "$stop" ]; do first=$((first + 1)); done
+want=$(echo "${toks[@]:0:$((first + 1))}")
+got=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --stop-ids "$stop,$stop" --stats-json "$tmp/stop.json")
+check "stop ids: output ends at the stop token" test "$got" = "$want"
+check "stop ids: finish reason stop" grep -q '"finish_reason": "stop"' "$tmp/stop.json"
+"$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --stats-json "$tmp/len.json" > /dev/null
+check "no stop: finish reason length" grep -q '"finish_reason": "length"' "$tmp/len.json"
+got=$("$run" --model "$tmp/next" --prompt-ids "$prompt" --max-tokens 12 --stop-ids "$stop" --min-tokens 12)
+check "min tokens: the stop token does not count before" test "$got" = "$out1"
+# the model's end-of-sequence id, from generation_config.json, unless --ignore-eos
+cp -r "$tmp/next" "$tmp/eos"
+printf '{"eos_token_id": [%s]}\n' "$stop" > "$tmp/eos/generation_config.json"
+got=$("$run" --model "$tmp/eos" --prompt-ids "$prompt" --max-tokens 12)
+check "eos: output ends at the end-of-sequence token" test "$got" = "$want"
+got=$("$run" --model "$tmp/eos" --prompt-ids "$prompt" --max-tokens 12 --ignore-eos)
+check "ignore eos: the whole output" test "$got" = "$out1"
+
 expect_2() { # expect_2 NAME WORD ARGS... : exit 2, nothing on stdout, WORD on stderr
     local name=$1 word=$2
     shift 2
@@ -70,6 +93,8 @@ expect_2 "unknown flag" "unrecognized" --model "$tmp/next" --prompt-ids 1 --frob
 expect_2 "no model" "--model" --prompt-ids 1
 expect_2 "bad block size" "multiple of 16" --model "$tmp/next" --prompt-ids 1 --kv-block-size 24
 expect_2 "bad top-p" "top-p" --model "$tmp/next" --prompt-ids 1 --top-p 1.5
+expect_2 "bad stop ids" "--stop-ids" --model "$tmp/next" --prompt-ids 1 --stop-ids 1,x
+expect_2 "stop id >= vocab" "stop token" --model "$tmp/next" --prompt-ids 1,2 --stop-ids 99999
 expect_2 "bad layout" "layout" --model "$tmp/next" --prompt-ids 1 --kv-layout 64,nhd
 
 "$run" --model "$tmp/nowhere" --prompt-ids 1 > "$tmp/out" 2> "$tmp/err"
