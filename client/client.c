@@ -204,6 +204,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.prefill_ms = g.prefill_ms;
         r.push_ms = g.push_ms;
         r.exposed_push_ms = g.exposed_push_ms;
+        memcpy(r.finish_reason, g.finish_reason, sizeof(r.finish_reason));
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
@@ -241,7 +242,11 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .top_k = p->sampling.top_k,
                                            .seed = p->sampling.seed,
                                            .stream = on_token != NULL,
-                                           .tag = q->handle},
+                                           .tag = q->handle,
+                                           .stop_token_ids = p->stop_ids,
+                                           .stop_token_ids_n = p->n_stop,
+                                           .ignore_eos = p->ignore_eos,
+                                           .min_tokens = p->min_tokens},
                      &b.pk);
     st = hpd_rpc_call(c->rpc, "generate", &b, c->p.timeout_ms, on_reply, q);
     hpd_rpc_buf_destroy(&b);

@@ -25,6 +25,12 @@ typedef struct {
     uint32_t n_prompt;
     uint32_t max_tokens;
     hpd_sampling_t sampling;
+    /* stop after a token of stop_ids, or of the model's end-of-sequence ids
+     * unless ignore_eos, once min_tokens are out (engine/engine.h) */
+    const int32_t *stop_ids;
+    uint32_t n_stop;
+    bool ignore_eos;
+    uint32_t min_tokens;
 } hpd_generate_params_t;
 
 typedef struct {
@@ -35,6 +41,7 @@ typedef struct {
     int32_t *tokens;       /* malloc'd */
     uint32_t n_tokens;
     uint32_t prompt_tokens, cached_tokens, attempts;
+    char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
     double ttft_ms, total_ms; /* measured by the coordinator */
     double prefill_ms;        /* the prefill node's compute (last attempt) */
     double push_ms;           /* its transfer, first put to completion */

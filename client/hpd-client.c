@@ -31,9 +31,14 @@ static void usage(FILE *f)
             "    --top-p P             nucleus sampling mass in (0, 1] (1)\n"
             "    --top-k K             keep the K most likely tokens, 0 = all (0)\n"
             "    --seed S              sampling seed (0)\n"
+            "    --stop-ids 1,2        stop after any of these token ids (and the model's\n"
+            "                          end-of-sequence ids)\n"
+            "    --ignore-eos          do not stop at the model's end-of-sequence ids\n"
+            "    --min-tokens N        tokens before a stop token counts (0)\n"
             "    --stream              print tokens as they arrive\n"
             "    --concurrency N       requests in flight at once (64)\n"
-            "    --stats-json FILE     per-request TTFT, total time and cached tokens\n"
+            "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
+            "                          finish reason\n"
             "  status [--json]         nodes, load, pools, cache hits, request counts\n"
             "common options:\n"
             "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
@@ -130,11 +135,12 @@ static int write_stats(const char *path)
         const double tpot = r->n_tokens > 1 ? (r->client_total_ms - ttft) / (r->n_tokens - 1)
                                             : 0;
         json_array_append_new(
-            reqs, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I}", "prompt_tokens",
+            reqs, json_pack("{s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:s}", "prompt_tokens",
                             (json_int_t)G.prompts[i].n, "generated", (json_int_t)r->n_tokens,
                             "cached_tokens", (json_int_t)r->cached_tokens, "ttft_ms", ttft,
                             "tpot_ms", tpot, "total_ms", r->client_total_ms, "server_ttft_ms",
-                            r->ttft_ms, "attempts", (json_int_t)r->attempts));
+                            r->ttft_ms, "attempts", (json_int_t)r->attempts, "finish_reason",
+                            r->finish_reason));
     }
     json_object_set_new(root, "requests", reqs);
     const int rc = json_dump_file(root, path, JSON_INDENT(2));
@@ -298,7 +304,8 @@ static int cmd_status(hpd_client_t *c, bool as_json)
 int main(int argc, char **argv)
 {
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
-           O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_HELP };
+           O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
+           O_HELP };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -307,12 +314,15 @@ int main(int argc, char **argv)
         {"top-p", 1, 0, O_TOPP}, {"top-k", 1, 0, O_TOPK}, {"seed", 1, 0, O_SEED},
         {"stream", 0, 0, O_STREAM}, {"concurrency", 1, 0, O_CONC},
         {"stats-json", 1, 0, O_STATS}, {"json", 0, 0, O_JSON}, {"help", 0, 0, O_HELP},
+        {"stop-ids", 1, 0, O_STOP}, {"ignore-eos", 0, 0, O_NOEOS},
+        {"min-tokens", 1, 0, O_MINTOK},
         {0, 0, 0, 0}};
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
     hpd_generate_params_t gp = {.max_tokens = 16, .sampling = {.top_p = 1.0f}};
     char host[64] = "127.0.0.1", err[160];
     const char *token_file = NULL, *ids = NULL, *file = NULL, *stats = NULL;
     uint32_t concurrency = 64;
+    int32_t *stop_ids = NULL;
     bool as_json = false;
     uint64_t v;
     int c, lvl;
@@ -374,6 +384,23 @@ int main(int argc, char **argv)
             concurrency = (uint32_t)v;
             break;
         case O_STATS: stats = optarg; break;
+        case O_STOP: {
+            size_t n;
+            free(stop_ids);
+            if (hpd_parse_id_list(optarg, &stop_ids, &n, err, sizeof(err)) != HPD_OK) {
+                fprintf(stderr, "hpd-client: --stop-ids: %s\n", err);
+                return 2;
+            }
+            gp.stop_ids = stop_ids;
+            gp.n_stop = (uint32_t)n;
+            break;
+        }
+        case O_NOEOS: gp.ignore_eos = true; break;
+        case O_MINTOK:
+            if (hpd_parse_u64(optarg, 0, 1u << 20, &v) != 0)
+                goto bad_number;
+            gp.min_tokens = (uint32_t)v;
+            break;
         case O_JSON: as_json = true; break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -430,5 +457,6 @@ int main(int argc, char **argv)
     hpd_client_destroy(client);
     hpd_prompts_free(G.prompts, G.n);
     free(token);
+    free(stop_ids);
     return rc;
 }

@@ -34,8 +34,14 @@ int64_t hpd_admit(const hpd_route_node_t *nodes, size_t n, const hpd_admit_state
                  state->open_requests, state->max_requests);
         return HPD_RPC_ERR_OVERLOADED;
     }
-    if (!hpd_msg_ids_below(g->prompt, g->prompt_n, vocab, "prompt", &e)) {
+    if (!hpd_msg_ids_below(g->prompt, g->prompt_n, vocab, "prompt", &e) ||
+        !hpd_msg_ids_below(g->stop_token_ids, g->stop_token_ids_n, vocab, "stop_token_ids", &e)) {
         snprintf(err, len, "generate: %s", e.text);
+        return HPD_RPC_ERR_PARAMS;
+    }
+    if (g->stop_token_ids_n > HPD_ADMIT_MAX_STOP) {
+        snprintf(err, len, "generate: %u stop_token_ids (expected at most %d)",
+                 g->stop_token_ids_n, HPD_ADMIT_MAX_STOP);
         return HPD_RPC_ERR_PARAMS;
     }
     if (g->prompt_n == 0) {
@@ -46,6 +52,11 @@ int64_t hpd_admit(const hpd_route_node_t *nodes, size_t n, const hpd_admit_state
         snprintf(err, len, "generate: prompt of %u tokens + max_tokens %u must be at most %u "
                  "(the largest decode context) with max_tokens >= 1", g->prompt_n,
                  g->max_tokens, max_ctx);
+        return HPD_RPC_ERR_PARAMS;
+    }
+    if (g->min_tokens > g->max_tokens) {
+        snprintf(err, len, "generate: min_tokens %u exceeds max_tokens %u", g->min_tokens,
+                 g->max_tokens);
         return HPD_RPC_ERR_PARAMS;
     }
     if (!(g->temperature >= 0) || !(g->top_p > 0 && g->top_p <= 1)) {

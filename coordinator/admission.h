@@ -7,7 +7,9 @@
  * open. Refused as invalid (-32602, the caller must fix it): a token id not
  * below the smallest vocabulary of the usable nodes, an empty prompt,
  * max_tokens 0, prompt + max_tokens beyond the largest decode context, a
- * temperature below 0 or not a number, top_p outside (0, 1].
+ * temperature below 0 or not a number, top_p outside (0, 1], a stop token
+ * id not below the vocabulary or more than HPD_ADMIT_MAX_STOP of them,
+ * min_tokens above max_tokens.
  * Then, in the queue, a request that no registered decode node could ever
  * hold, even with its pool empty, fails at once (hpd_admit_placeable)
  * instead of holding up the queue. */
@@ -20,6 +22,8 @@
 
 #include "coordinator/routing.h"
 #include "node/msg.h"
+
+#define HPD_ADMIT_MAX_STOP 64 /* as the engine's HPD_MAX_STOP_IDS */
 
 typedef struct {
     bool draining;

@@ -80,6 +80,10 @@ typedef struct req {
     int32_t *prompt;
     uint32_t n_prompt, max_tokens;
     hpd_sampling_t sampling;
+    int32_t *stop_ids; /* [n_stop] */
+    uint32_t n_stop, min_tokens;
+    bool ignore_eos;
+    char finish_reason[8]; /* from the decode node's last tokens notice */
     hpd_block_hash_t *hashes;
     int32_t *out;
     uint32_t n_out;
@@ -104,6 +108,7 @@ typedef struct {
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
     hpd_metric_t *node_losses, *pair_failures;
+    hpd_metric_t *finish_stop, *finish_length;
     hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
     hpd_metric_t *auth_timeouts, *auth_failures;
 } metrics_t;
@@ -215,6 +220,7 @@ static void req_free(hpd_coord_t *c, req_t *r)
     if (r->client)
         hpd_rpc_conn_unref(r->client);
     free(r->prompt);
+    free(r->stop_ids);
     free(r->hashes);
     free(r->out);
     free(r);
@@ -243,24 +249,29 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     const double now = hpd_time_now();
     const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
     const double tpot = r->n_out > 1 ? (now - r->t_first) / (r->n_out - 1) : 0;
-    const hpd_msg_generated_t g = {.request = r->id,
-                                   .tokens = r->out,
-                                   .tokens_n = r->n_out,
-                                   .prompt_tokens = r->n_prompt,
-                                   .cached_tokens = r->cached_tokens,
-                                   .attempts = r->fsm.attempts + 1,
-                                   .ttft_ms = (float)(ttft * 1e3),
-                                   .total_ms = (float)(total * 1e3),
-                                   .prefill_ms = r->prefill_ms,
-                                   .push_ms = r->push_ms,
-                                   .exposed_push_ms = r->exposed_push_ms};
+    hpd_msg_generated_t g = {.request = r->id,
+                             .tokens = r->out,
+                             .tokens_n = r->n_out,
+                             .prompt_tokens = r->n_prompt,
+                             .cached_tokens = r->cached_tokens,
+                             .attempts = r->fsm.attempts + 1,
+                             .ttft_ms = (float)(ttft * 1e3),
+                             .total_ms = (float)(total * 1e3),
+                             .prefill_ms = r->prefill_ms,
+                             .push_ms = r->push_ms,
+                             .exposed_push_ms = r->exposed_push_ms};
+    memcpy(g.finish_reason, r->finish_reason, sizeof(g.finish_reason));
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
     hpd_rpc_reply(r->client, r->call_id, &b);
     hpd_rpc_buf_destroy(&b);
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens, ttft %.1f ms, tpot %.2f ms, "
-                  "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, ttft * 1e3,
-                  tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished (%s): %u tokens, ttft %.1f ms, tpot %.2f ms, "
+                  "%u of %u prompt tokens cached, %u attempt(s)", r->finish_reason, r->n_out,
+                  ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
+    if (strcmp(r->finish_reason, "stop") == 0)
+        hpd_metric_inc(c->m.finish_stop, 1);
+    else if (strcmp(r->finish_reason, "length") == 0)
+        hpd_metric_inc(c->m.finish_length, 1);
     c->finished++;
     hpd_metric_inc(c->m.ok, 1);
     hpd_metric_observe(c->m.ttft, ttft);
@@ -641,7 +652,11 @@ static void schedule(hpd_coord_t *c)
                                           .sampling_raw_len = (uint32_t)samp.sb.size,
                                           /* what the client already has */
                                           .replay = r->out,
-                                          .replay_n = r->n_out},
+                                          .replay_n = r->n_out,
+                                          .stop_token_ids = r->stop_ids,
+                                          .stop_token_ids_n = r->n_stop,
+                                          .ignore_eos = r->ignore_eos,
+                                          .min_tokens = r->min_tokens},
                      &b.pk);
         hpd_rpc_buf_destroy(&samp);
         call_ctx_t *x = ctx_new(c, r->job, d->id);
@@ -760,8 +775,10 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         req_event(c, r, HPD_REQ_EV_DECODE_ENDED, "decode on %s: %s", n->name, m.error);
     } else if (r->fsm.state == HPD_REQ_DECODING) {
         add_tokens(r, m.index, m.ids, m.ids_n);
-        if (m.done)
+        if (m.done) {
+            memcpy(r->finish_reason, m.finish_reason, sizeof(r->finish_reason) - 1);
             req_event(c, r, HPD_REQ_EV_DONE, "done");
+        }
     }
     hpd_msg_free(&hpd_msg_tokens, &m);
 }
@@ -1055,8 +1072,13 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         snprintf(err.text, sizeof(err.text), "out of memory");
         goto bad;
     }
-    r->prompt = (int32_t *)g.prompt; /* the request owns it now */
+    r->prompt = (int32_t *)g.prompt; /* the request owns them now */
     g.prompt = NULL;
+    r->stop_ids = (int32_t *)g.stop_token_ids;
+    g.stop_token_ids = NULL;
+    r->n_stop = g.stop_token_ids_n;
+    r->ignore_eos = g.ignore_eos;
+    r->min_tokens = g.min_tokens;
     r->n_prompt = g.prompt_n;
     r->max_tokens = g.max_tokens;
     r->sampling = (hpd_sampling_t){.temperature = g.temperature,
@@ -1251,6 +1273,12 @@ static hpd_status_t metrics_init(metrics_t *m)
                                         "Registered nodes that are draining.", NULL);
     m->node_losses = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_losses_total",
                                      "Nodes lost (connection closed or lease expired).", NULL);
+    static const char finish_help[] = "Finished requests by why they ended: a stop or "
+                                      "end-of-sequence token, or max_tokens.";
+    m->finish_stop = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_finish_total",
+                                     finish_help, "reason=\"stop\"");
+    m->finish_length = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_finish_total",
+                                       finish_help, "reason=\"length\"");
     m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
                                        "Prefill jobs whose transfer to the decode node failed "
                                        "(the request went to another decode node).", NULL);

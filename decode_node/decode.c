@@ -92,6 +92,11 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
                           .done = done};
     if (error != NULL)
         snprintf(m.error, sizeof(m.error), "%s", error);
+    hpd_request_info_t info;
+    if (done && error == NULL &&
+        hpd_engine_request_info(d->node->engine, r->eng_id, &info) == HPD_OK)
+        snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
+                 hpd_finish_reason_name(info.finish_reason));
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
     hpd_rpc_notify(r->conn, "tokens", &b);
@@ -222,6 +227,10 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     rp.n_prompt = q.prompt_n;
     rp.max_tokens = q.max_tokens;
     rp.n_replay = q.replay_n;
+    rp.stop_ids = q.stop_token_ids;
+    rp.n_stop = q.stop_token_ids_n;
+    rp.ignore_eos = q.ignore_eos;
+    rp.min_tokens = q.min_tokens;
     if (find(d, job) != NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: job %llu already exists",
                             (unsigned long long)job);

@@ -268,7 +268,8 @@ HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
     X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
     X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
     X(T, done, BOOL, HPD_REQ, 0)                                                             \
-    X(T, error, STR, HPD_OPT, 160)
+    X(T, error, STR, HPD_OPT, 160)                                                           \
+    X(T, finish_reason, STR, HPD_OPT, 8)
 HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
 
 /* cancel (coordinator -> a node: a job). To a decode node, writer names
@@ -303,13 +304,17 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
     X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
     X(T, max_tokens, U32, HPD_REQ, UINT32_MAX)                                               \
     X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
-    X(T, replay, IDS, HPD_OPT, INT32_MAX)
+    X(T, replay, IDS, HPD_OPT, INT32_MAX)                                                    \
+    X(T, stop_token_ids, IDS, HPD_OPT, INT32_MAX)                                            \
+    X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
+    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)
 HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* ---- the client's messages (docs/protocol.md) */
 
 /* generate (client -> coordinator); the sampling fields are at the top
- * level (hpd_sampling_t; absent: greedy) */
+ * level (hpd_sampling_t; absent: greedy); stop_token_ids, ignore_eos and
+ * min_tokens as hpd_request_params_t's */
 #define HPD_MSG_GENERATE(T, X)                                                              \
     X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
     X(T, max_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
@@ -318,7 +323,10 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, top_k, U32, HPD_OPT, UINT32_MAX)                                                    \
     X(T, seed, U64, HPD_OPT, UINT64_MAX)                                                     \
     X(T, stream, BOOL, HPD_OPT, 0)                                                           \
-    X(T, tag, U64, HPD_OPT, UINT64_MAX)
+    X(T, tag, U64, HPD_OPT, UINT64_MAX)                                                      \
+    X(T, stop_token_ids, IDS, HPD_OPT, INT32_MAX)                                            \
+    X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
+    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */
@@ -332,7 +340,8 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, total_ms, F32, HPD_OPT, 0)                                                          \
     X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
-    X(T, exposed_push_ms, F32, HPD_OPT, 0)
+    X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
+    X(T, finish_reason, STR, HPD_OPT, 8)
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
 
 /* tokens (coordinator -> a streaming client): ids from index on */

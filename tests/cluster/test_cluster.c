@@ -431,6 +431,55 @@ static void test_cancels_and_disconnects(void **state)
     cl.passed++;
 }
 
+/* Stop tokens through the cluster: the output ends at the first stop token
+ * with finish reason "stop" and equals hpd-run's up to there; a stop at the
+ * very first token (the prefill node's) ends at the decode node's start;
+ * without stops the reason is "length". */
+static void test_stop_tokens(void **state)
+{
+    hpd_client_t *c = cl_client(&cl);
+    tokens_t *ref = ref_greedy();
+    hpd_generate_result_t r;
+    const int32_t stop = ref[0][4];
+    uint32_t first = 0;
+    while (ref[0][first] != stop)
+        first++;
+    hpd_generate_params_t p = {.prompt = prompts[0].ids,
+                               .n_prompt = (uint32_t)prompts[0].n,
+                               .max_tokens = MAX_TOKENS,
+                               .sampling = greedy,
+                               .stop_ids = &stop,
+                               .n_stop = 1};
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
+    assert_int_equal(r.n_tokens, first + 1);
+    assert_memory_equal(r.tokens, ref[0], r.n_tokens * sizeof(int32_t));
+    assert_string_equal(r.finish_reason, "stop");
+    hpd_generate_result_free(&r);
+    const int32_t at_first = ref[1][0];
+    p.prompt = prompts[1].ids;
+    p.n_prompt = (uint32_t)prompts[1].n;
+    p.stop_ids = &at_first;
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
+    assert_int_equal(r.n_tokens, 1);
+    assert_int_equal(r.tokens[0], at_first);
+    assert_string_equal(r.finish_reason, "stop");
+    hpd_generate_result_free(&r);
+    p.min_tokens = MAX_TOKENS; /* no stop counts before the last token */
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
+    assert_int_equal(r.n_tokens, MAX_TOKENS);
+    assert_memory_equal(r.tokens, ref[1], MAX_TOKENS * sizeof(int32_t));
+    assert_string_equal(r.finish_reason, ref[1][MAX_TOKENS - 1] == at_first ? "stop" : "length");
+    hpd_generate_result_free(&r);
+    p.n_stop = 0;
+    p.min_tokens = 0;
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
+    assert_string_equal(r.finish_reason, "length");
+    hpd_generate_result_free(&r);
+    hpd_client_destroy(c);
+    wait_idle();
+    cl.passed++;
+}
+
 /* Malformed requests get errors that name the problem; serving goes on. */
 static void test_bad_requests(void **state)
 {
@@ -457,6 +506,16 @@ static void test_bad_requests(void **state)
                                 .sampling = {.temperature = 0.5f, .top_p = 1.5f}};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
     assert_non_null(strstr(r.error, "top_p"));
+    hpd_generate_result_free(&r);
+    p = (hpd_generate_params_t){.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = greedy,
+                                .stop_ids = bad_id, .n_stop = 3};
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(r.error, "stop_token_ids[1] is 512"));
+    hpd_generate_result_free(&r);
+    p = (hpd_generate_params_t){.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = greedy,
+                                .min_tokens = 5};
+    assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(r.error, "min_tokens 5 exceeds max_tokens 4"));
     hpd_generate_result_free(&r);
     p = (hpd_generate_params_t){.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = greedy};
     assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
@@ -634,6 +693,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_failover),
         cmocka_unit_test(test_cancels_and_disconnects),

@@ -2,8 +2,8 @@
  * set up by hand:
  * - overloaded (-32005): draining, no usable prefill or decode node (a
  *   draining one does not count), max_requests open;
- * - invalid (-32602): a token id at the smallest usable vocabulary, an
- *   empty prompt, max_tokens 0, prompt + max_tokens beyond the largest
+ * - invalid (-32602): a token id (prompt or stop) at the smallest usable
+ *   vocabulary, min_tokens above max_tokens, an empty prompt, max_tokens 0, prompt + max_tokens beyond the largest
  *   decode context (a prefill node's context does not count), a negative or
  *   NaN temperature, top_p 0 or above 1; each message names the value;
  * - placeable: a pool too small for the request says how many pages it
@@ -105,6 +105,17 @@ static void test_invalid(void **state)
         assert_non_null(strstr(err, "top_p"));
     }
     g.top_p = 1;
+    assert_int_equal(admit(v, 4, &s, g, err), 0);
+    g.stop_token_ids = at_vocab; /* [1, 100]: 100 is not below the vocabulary */
+    g.stop_token_ids_n = 2;
+    assert_int_equal(admit(v, 4, &s, g, err), HPD_RPC_ERR_PARAMS);
+    assert_non_null(strstr(err, "stop_token_ids[1] is 100"));
+    g.stop_token_ids_n = 1;
+    assert_int_equal(admit(v, 4, &s, g, err), 0);
+    g.min_tokens = 5; /* max_tokens 4 */
+    assert_int_equal(admit(v, 4, &s, g, err), HPD_RPC_ERR_PARAMS);
+    assert_non_null(strstr(err, "min_tokens 5 exceeds max_tokens 4"));
+    g.min_tokens = 4;
     assert_int_equal(admit(v, 4, &s, g, err), 0);
 }
 
