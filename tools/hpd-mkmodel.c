@@ -29,6 +29,7 @@ typedef struct {
     uint32_t lk_heads, lv_heads, lk_dim, lv_dim, conv_kernel, shards, max_pos;
     float rope_theta, partial_rotary;
     int tie, interval_only;
+    const char *eos; /* "1,2": eos_token_id in config.json and generation_config.json */
 } opts_t;
 
 typedef struct {
@@ -277,11 +278,54 @@ static json_t *text_config(const opts_t *o)
     return c;
 }
 
+/* eos_token_id as a JSON list from "1,2" (NULL: not valid). */
+static json_t *eos_list(const char *text, uint32_t vocab)
+{
+    int32_t *ids;
+    size_t n;
+    char err[160];
+    if (hpd_parse_id_list(text, &ids, &n, err, sizeof(err)) != HPD_OK) {
+        fprintf(stderr, "hpd-mkmodel: --eos: %s\n", err);
+        return NULL;
+    }
+    json_t *a = json_array();
+    for (size_t i = 0; i < n && a != NULL; i++) {
+        if ((uint32_t)ids[i] >= vocab) {
+            fprintf(stderr, "hpd-mkmodel: --eos: %d is not below the vocabulary (%u)\n", ids[i],
+                    vocab);
+            json_decref(a);
+            a = NULL;
+        } else {
+            json_array_append_new(a, json_integer(ids[i]));
+        }
+    }
+    free(ids);
+    return a;
+}
+
 static int write_config(const opts_t *o)
 {
     char path[4096];
     json_t *cfg = text_config(o);
     int rc;
+
+    if (o->eos != NULL) {
+        json_t *eos = eos_list(o->eos, o->vocab);
+        if (eos == NULL) {
+            json_decref(cfg);
+            return -1;
+        }
+        json_object_set(cfg, "eos_token_id", eos);
+        json_t *gen = json_pack("{s:o}", "eos_token_id", eos);
+        snprintf(path, sizeof(path), "%s/generation_config.json", o->out);
+        rc = json_dump_file(gen, path, JSON_INDENT(2));
+        json_decref(gen);
+        if (rc != 0) {
+            fprintf(stderr, "hpd-mkmodel: cannot write %s\n", path);
+            json_decref(cfg);
+            return rc;
+        }
+    }
 
     if (o->arch == HPD_ARCH_QWEN3_5) {
         json_t *top = json_object();
@@ -361,7 +405,9 @@ static void usage(FILE *f)
             "  --lin-k-heads N (2) --lin-v-heads N (4) --lin-k-dim N (64) --lin-v-dim N (64)\n"
             "  --conv-kernel N (4) --rope-theta F (10000000) --partial-rotary F (0.25)\n"
             "  --max-pos N (32768) --tie  --shards N (1)\n"
-            "  --interval-only       write full_attention_interval without layer_types\n");
+            "  --interval-only       write full_attention_interval without layer_types\n"
+            "  --eos ID[,ID]         end-of-sequence ids: eos_token_id in config.json and a\n"
+            "                        generation_config.json (none by default)\n");
 }
 
 int main(int argc, char **argv)
@@ -379,7 +425,7 @@ int main(int argc, char **argv)
         {"lin-v-heads", 1, 0, 10}, {"lin-k-dim", 1, 0, 11}, {"lin-v-dim", 1, 0, 12},
         {"conv-kernel", 1, 0, 13}, {"rope-theta", 1, 0, 14}, {"partial-rotary", 1, 0, 15},
         {"max-pos", 1, 0, 16}, {"tie", 0, 0, 17}, {"shards", 1, 0, 18},
-        {"interval-only", 0, 0, 19}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
                           &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
                           &o.lk_dim, &o.lv_dim, &o.conv_kernel};
@@ -443,6 +489,7 @@ int main(int argc, char **argv)
             break;
         case 17: o.tie = 1; break;
         case 19: o.interval_only = 1; break;
+        case 20: o.eos = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -75,6 +75,9 @@ got=$("$run" --model "$tmp/eos" --prompt-ids "$prompt" --max-tokens 12)
 check "eos: output ends at the end-of-sequence token" test "$got" = "$want"
 got=$("$run" --model "$tmp/eos" --prompt-ids "$prompt" --max-tokens 12 --ignore-eos)
 check "ignore eos: the whole output" test "$got" = "$out1"
+"$mkmodel" --out "$tmp/eos2" --seed 3 --arch qwen3_next --eos "$stop" || exit 1
+got=$("$run" --model "$tmp/eos2" --prompt-ids "$prompt" --max-tokens 12)
+check "hpd-mkmodel --eos: the model stops there" test "$got" = "$want"
 
 expect_2() { # expect_2 NAME WORD ARGS... : exit 2, nothing on stdout, WORD on stderr
     local name=$1 word=$2
