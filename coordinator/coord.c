@@ -265,8 +265,8 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
     hpd_rpc_reply(r->client, r->call_id, &b);
     hpd_rpc_buf_destroy(&b);
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished (%s): %u tokens, ttft %.1f ms, tpot %.2f ms, "
-                  "%u of %u prompt tokens cached, %u attempt(s)", r->finish_reason, r->n_out,
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s), ttft %.1f ms, tpot %.2f ms, "
+                  "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, r->finish_reason,
                   ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
     if (strcmp(r->finish_reason, "stop") == 0)
         hpd_metric_inc(c->m.finish_stop, 1);

@@ -269,6 +269,10 @@ static hpd_status_t fingerprint(hpd_model_t *m, const char *model_dir,
         XXH3_128bits_update(state, t->shape, t->ndim * sizeof(t->shape[0]));
         XXH3_128bits_update(state, t->data, t->nbytes);
     }
+    /* the end-of-sequence ids, wherever they came from (generation_config.json
+     * is not hashed whole): nodes that would stop differently differ */
+    XXH3_128bits_update(state, &m->config.n_eos, sizeof(m->config.n_eos));
+    XXH3_128bits_update(state, m->config.eos_ids, m->config.n_eos * sizeof(int32_t));
     h = XXH3_128bits_digest(state);
     XXH3_freeState(state);
     XXH128_canonicalFromHash(&canon, h);

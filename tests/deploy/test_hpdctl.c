@@ -308,7 +308,7 @@ static void test_up_metrics_down(void **state)
     /* logs: one line per event with the request id */
     assert_int_equal(hpdctl(&out, "logs %s coordinator -n 400", manifest), 0);
     assert_non_null(strstr(out, "info  coordinator req=1: accepted: 150 prompt tokens"));
-    assert_non_null(strstr(out, "coordinator req=12: finished: 24 tokens"));
+    assert_non_null(strstr(out, "coordinator req=12: finished: 24 tokens (length)"));
     free(out);
     assert_int_equal(hpdctl(&out, "logs %s decode-0 -n 400", manifest), 0);
     assert_non_null(strstr(out, "decode req=3: decode-0: job"));

@@ -198,8 +198,8 @@ static void test_skips_vision_and_mtp(void **state)
     hpd_model_destroy(plain);
 }
 
-/* generation_config.json's eos_token_id, when present, is the one used;
- * a malformed one refuses the model. */
+/* generation_config.json's eos_token_id, when present, is the one used and
+ * is part of the fingerprint; a malformed one refuses the model. */
 static void test_generation_config(void **state)
 {
     char dir[512], path[600];
@@ -207,9 +207,15 @@ static void test_generation_config(void **state)
     snprintf(dir, sizeof(dir), "%s/gen", root);
     assert_int_equal(test_mkmodel(dir, SMALL), 0);
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    uint8_t without[16];
+    memcpy(without, m->fingerprint, 16);
+    hpd_model_destroy(m);
     static const char gen[] = "{\"eos_token_id\": [5, 9], \"temperature\": 0.7}";
     assert_int_equal(hpd_write_file(path, gen, sizeof(gen) - 1), HPD_OK);
     assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    /* nodes that would stop differently are different models to a cluster */
+    assert_memory_not_equal(m->fingerprint, without, 16);
     assert_int_equal(m->config.n_eos, 2);
     assert_int_equal(m->config.eos_ids[0], 5);
     assert_int_equal(m->config.eos_ids[1], 9);
