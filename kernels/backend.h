@@ -13,10 +13,12 @@
 #ifndef HPD_KERNELS_BACKEND_H
 #define HPD_KERNELS_BACKEND_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/hostdev.h"
 #include "common/kv_layout.h"
 #include "common/sampling.h"
 #include "common/status.h"
@@ -83,13 +85,37 @@ typedef struct {
     float eps, scale;
 } hpd_l2norm_args_t;
 
-/* NeoX rotary embedding in place on the first rot_dim dims of each head. */
+/* NeoX rotary embedding in place on the first rot_dim dims of each head,
+ * with inv_freq[i] = 1 / theta^(2i / rot_dim) in fp32 as transformers
+ * computes it. YaRN (yarn_factor > 0): with p = theta^(2i / rot_dim) and
+ * e = 1 - clamp((i - yarn_low) / yarn_span, 0, 1),
+ * inv_freq[i] = (1 / (yarn_factor * p)) * (1 - e) + (1 / p) * e, and cos and
+ * sin are multiplied by yarn_attention (model/config.h resolves the four). */
 typedef struct {
     hpd_view_t x;
     uint32_t n_tokens, n_heads, head_dim, rot_dim;
     const int32_t *positions; /* per token */
     float theta;
+    float yarn_factor, yarn_low, yarn_span, yarn_attention;
 } hpd_rope_args_t;
+
+/* inv_freq[i] of a rope (both backends compute it this way). */
+static inline HPD_HOST_DEVICE float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i)
+{
+    const float p = powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
+    if (!(a->yarn_factor > 0.0f))
+        return 1.0f / p;
+    float ramp = ((float)i - a->yarn_low) / a->yarn_span;
+    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+    const float e = 1.0f - ramp;
+    /* four roundings, no fused multiply-add: as torch's elementwise ops */
+    const float interp = 1.0f / (a->yarn_factor * p), extrap = 1.0f / p;
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(__fmul_rn(interp, 1.0f - e), __fmul_rn(extrap, e));
+#else
+    return interp * (1.0f - e) + extrap * e;
+#endif
+}
 
 /* out[t][i] = silu(gu[t][i]) * gu[t][inter + i] (SwiGLU) */
 typedef struct {

@@ -2,6 +2,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,119 @@ static hpd_status_t get_float(json_t *obj, const char *origin, const char *name,
     return HPD_OK;
 }
 
+/* A number field of a rope map; absent or null: *out unchanged, *found
+ * false. */
+static hpd_status_t get_number(json_t *p, const char *origin, const char *name, bool *found,
+                               double *out)
+{
+    json_t *v = json_object_get(p, name);
+    *found = false;
+    if (v == NULL || json_is_null(v))
+        return HPD_OK;
+    if (!json_is_number(v)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: rope field '%s' must be a number", origin, name);
+        return HPD_ERR_FORMAT;
+    }
+    *out = json_number_value(v);
+    *found = true;
+    return HPD_OK;
+}
+
+/* YaRN's fields, resolved in resolve_yarn once the rotary dimension is known. */
+static hpd_status_t parse_yarn(json_t *p, const char *origin, hpd_model_config_t *c)
+{
+    bool found;
+    double orig = 0;
+    hpd_status_t st;
+    c->yarn = true;
+    c->yarn_raw_factor = 0;
+    c->yarn_raw_attention = 0;
+    c->yarn_beta_fast = 32;
+    c->yarn_beta_slow = 1;
+    c->yarn_mscale = c->yarn_mscale_all_dim = 0;
+    c->yarn_truncate = true;
+    c->yarn_original_max_pos = 0;
+    static const struct {
+        const char *name;
+        size_t off;
+    } nums[] = {
+        {"factor", offsetof(hpd_model_config_t, yarn_raw_factor)},
+        {"attention_factor", offsetof(hpd_model_config_t, yarn_raw_attention)},
+        {"beta_fast", offsetof(hpd_model_config_t, yarn_beta_fast)},
+        {"beta_slow", offsetof(hpd_model_config_t, yarn_beta_slow)},
+        {"mscale", offsetof(hpd_model_config_t, yarn_mscale)},
+        {"mscale_all_dim", offsetof(hpd_model_config_t, yarn_mscale_all_dim)},
+    };
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
+        if ((st = get_number(p, origin, nums[i].name, &found,
+                             (double *)((char *)c + nums[i].off))) != HPD_OK)
+            return st;
+    if ((st = get_number(p, origin, "original_max_position_embeddings", &found, &orig)) != HPD_OK)
+        return st;
+    if (found && !(orig >= 1 && orig <= 1e9)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: original_max_position_embeddings %g is invalid", origin,
+                      orig);
+        return HPD_ERR_FORMAT;
+    }
+    c->yarn_original_max_pos = (uint32_t)orig;
+    json_t *t = json_object_get(p, "truncate");
+    if (t != NULL && !json_is_null(t)) {
+        if (!json_is_boolean(t)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: rope field 'truncate' must be true or false", origin);
+            return HPD_ERR_FORMAT;
+        }
+        c->yarn_truncate = json_is_true(t);
+    }
+    return HPD_OK;
+}
+
+static double yarn_mscale(double scale, double m)
+{
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+static double yarn_correction_dim(double rotations, double dim, double base, double max_pos)
+{
+    return dim * log(max_pos / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+/* transformers' _compute_yarn_parameters, in double as Python computes its
+ * scalars; the kernels apply the fp32 part (backend.h, hpd_rope_args_t). */
+static hpd_status_t resolve_yarn(const char *origin, hpd_model_config_t *c)
+{
+    const double dim = c->rot_dim, base = c->rope_theta;
+    const double orig = c->yarn_original_max_pos ? c->yarn_original_max_pos
+                                                 : c->max_position_embeddings;
+    double factor = c->yarn_raw_factor;
+    if (factor == 0)
+        factor = (double)c->max_position_embeddings / orig;
+    if (!(factor > 0) || !(orig > 0)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: yarn factor %g / original_max_position_embeddings %g "
+                      "invalid (expected positive)", origin, factor, orig);
+        return HPD_ERR_FORMAT;
+    }
+    double attn = c->yarn_raw_attention;
+    if (attn == 0)
+        attn = c->yarn_mscale != 0 && c->yarn_mscale_all_dim != 0
+                   ? yarn_mscale(factor, c->yarn_mscale) / yarn_mscale(factor, c->yarn_mscale_all_dim)
+                   : yarn_mscale(factor, 1);
+    double low = yarn_correction_dim(c->yarn_beta_fast, dim, base, orig);
+    double high = yarn_correction_dim(c->yarn_beta_slow, dim, base, orig);
+    if (c->yarn_truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (low == high)
+        high += 0.001; /* as transformers' linear_ramp_factor */
+    c->yarn_factor = (float)factor;
+    c->yarn_low = (float)low;
+    c->yarn_span = (float)(high - low);
+    c->yarn_attention = (float)attn;
+    return HPD_OK;
+}
+
 static hpd_status_t parse_rope(json_t *text, json_t *top, const char *origin,
                                hpd_model_config_t *c)
 {
@@ -142,13 +256,16 @@ static hpd_status_t parse_rope(json_t *text, json_t *top, const char *origin,
         type = json_object_get(p, "rope_type");
         if (type == NULL)
             type = json_object_get(p, "type");
-        if (type != NULL && (!json_is_string(type) ||
-                             strcmp(json_string_value(type), "default") != 0)) {
-            HPD_LOG_ERROR(LOG_COMPONENT,
-                          "%s: rope type '%s' is not supported (expected \"default\")", origin,
-                          json_is_string(type) ? json_string_value(type) : "?");
+        const char *name = json_is_string(type) ? json_string_value(type) : NULL;
+        if (type != NULL && (name == NULL || (strcmp(name, "default") != 0 &&
+                                              strcmp(name, "yarn") != 0))) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: rope type '%s' is not supported (expected "
+                          "\"default\" or \"yarn\")", origin, name != NULL ? name : "?");
             return HPD_ERR_UNSUPPORTED;
         }
+        if (name != NULL && strcmp(name, "yarn") == 0 &&
+            (st = parse_yarn(p, origin, c)) != HPD_OK)
+            return st;
         if ((st = get_float(p, origin, "rope_theta", &found, &c->rope_theta)) != HPD_OK)
             return st;
         if ((st = get_float(p, origin, "partial_rotary_factor", &found,
@@ -289,6 +406,8 @@ static hpd_status_t validate(const char *origin, hpd_model_config_t *c)
                       origin, c->rot_dim, c->head_dim, c->partial_rotary_factor);
         return HPD_ERR_FORMAT;
     }
+    if (c->yarn && resolve_yarn(origin, c) != HPD_OK)
+        return HPD_ERR_FORMAT;
     c->n_full_layers = c->n_linear_layers = 0;
     for (uint32_t i = 0; i < c->n_layers; i++)
         c->kind_index[i] = c->layer_full[i] ? c->n_full_layers++ : c->n_linear_layers++;

@@ -30,6 +30,17 @@ typedef struct {
     uint32_t rot_dim; /* head_dim * partial_rotary_factor, even */
     float rope_theta;
     float partial_rotary_factor;
+    /* YaRN (rope_type "yarn"), as transformers' _compute_yarn_parameters:
+     * the scale factor (0: no YaRN), the ramp's start and width over the
+     * rotary pairs (from beta_fast / beta_slow and
+     * original_max_position_embeddings) and the attention factor that
+     * scales cos and sin */
+    float yarn_factor, yarn_low, yarn_span, yarn_attention;
+    /* as read, resolved into the above once the rotary dimension is known */
+    double yarn_raw_factor, yarn_beta_fast, yarn_beta_slow, yarn_raw_attention;
+    double yarn_mscale, yarn_mscale_all_dim;
+    uint32_t yarn_original_max_pos;
+    bool yarn, yarn_truncate;
     float rms_norm_eps;
     /* Gated DeltaNet */
     uint32_t lin_n_k_heads;

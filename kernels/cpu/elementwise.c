@@ -25,17 +25,18 @@ hpd_status_t hpd_cpu_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
 
     if (half > 512)
         return HPD_ERR_UNSUPPORTED;
-    /* as Hugging Face computes it, in fp32: 1 / theta^(2i / rot_dim) */
+    /* as Hugging Face computes it, in fp32 (backend.h) */
     for (uint32_t i = 0; i < half; i++)
-        inv_freq[i] = 1.0f / powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
+        inv_freq[i] = hpd_rope_inv_freq(a, i);
+    const bool yarn = a->yarn_factor > 0.0f;
     for (uint32_t t = 0; t < a->n_tokens; t++) {
         float cs[512], sn[512];
         const float pos = (float)a->positions[t];
 
         for (uint32_t i = 0; i < half; i++) {
             const float f = pos * inv_freq[i];
-            cs[i] = cosf(f);
-            sn[i] = sinf(f);
+            cs[i] = yarn ? cosf(f) * a->yarn_attention : cosf(f);
+            sn[i] = yarn ? sinf(f) * a->yarn_attention : sinf(f);
         }
         for (uint32_t h = 0; h < a->n_heads; h++) {
             float *x = at(&a->x, t, h);

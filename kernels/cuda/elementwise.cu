@@ -33,8 +33,11 @@ __global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
     const float pos = (float)positions[t];
     for (uint32_t e = threadIdx.x; e < a.n_heads * half; e += blockDim.x) {
         const uint32_t h = e / half, i = e % half;
-        const float inv_freq = 1.0f / powf(a.theta, (float)(2 * i) / (float)a.rot_dim);
-        const float f = pos * inv_freq, cs = cosf(f), sn = sinf(f);
+        const float inv_freq = hpd_rope_inv_freq(&a, i);
+        const float f = pos * inv_freq;
+        const bool yarn = a.yarn_factor > 0.0f;
+        const float cs = yarn ? __fmul_rn(cosf(f), a.yarn_attention) : cosf(f);
+        const float sn = yarn ? __fmul_rn(sinf(f), a.yarn_attention) : sinf(f);
         float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs;
         const float x1 = x[i], x2 = x[i + half];
         x[i] = x1 * cs - x2 * sn;

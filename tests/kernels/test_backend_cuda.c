@@ -155,6 +155,18 @@ static void test_norms_and_elementwise(void **state)
     got = down(dy, N);
     expect_close("rope", got, ycpu, N, 1e-5);
     free(got);
+    /* YaRN (factor 4, Qwen-like ramp): the same formula on both */
+    rp.yarn_factor = 4.0f;
+    rp.yarn_low = 9.0f;
+    rp.yarn_span = 14.0f;
+    rp.yarn_attention = 1.1386294f;
+    rp.x = vy;
+    assert_int_equal(hpd_rope(cpu, &rp), HPD_OK);
+    rp.x = gy;
+    assert_int_equal(hpd_rope(gpu, &rp), HPD_OK);
+    got = down(dy, N);
+    expect_close("rope yarn", got, ycpu, N, 1e-5);
+    free(got);
 
     hpd_sigmoid_mul_args_t sm = {.x = vy, .gate = vz, .n_tokens = T, .n_heads = H, .dim = D};
     assert_int_equal(hpd_sigmoid_mul(cpu, &sm), HPD_OK);

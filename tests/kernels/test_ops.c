@@ -161,6 +161,81 @@ static void test_rope_partial_neox(void **state)
         }
 }
 
+/* transformers' YaRN inverse frequency of pair i, in float64. */
+static double yarn_inv_freq(double theta, int dim, double factor, double low, double span, int i)
+{
+    const double p = pow(theta, 2.0 * i / dim);
+    double ramp = (i - low) / span;
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    const double e = 1 - ramp;
+    return 1 / (factor * p) * (1 - e) + 1 / p * e;
+}
+
+/* YaRN against a float64 reference of transformers' formulas: the ramp
+ * between interpolated and extrapolated frequencies and the attention
+ * factor on cos and sin; with yarn_factor 0 the rope is the default one,
+ * bit for bit. */
+static void test_rope_yarn(void **state)
+{
+    enum { T = 4, NH = 2, D = 64, ROT = 64 };
+    float x[T * NH * D], orig[T * NH * D], plain[T * NH * D];
+    const int32_t pos[T] = {3, 0, 700, 40000};
+    const float theta = 10000.0f, factor = 4.0f, low = 9.0f, span = 14.0f, attn = 1.1386294f;
+    test_fill(x, T * NH * D, 16, 1.0f);
+    memcpy(orig, x, sizeof(x));
+    memcpy(plain, x, sizeof(x));
+    hpd_rope_args_t a = {.x = {.p = x, .ld = NH * D, .hs = D},
+                         .n_tokens = T,
+                         .n_heads = NH,
+                         .head_dim = D,
+                         .rot_dim = ROT,
+                         .positions = pos,
+                         .theta = theta,
+                         .yarn_factor = factor,
+                         .yarn_low = low,
+                         .yarn_span = span,
+                         .yarn_attention = attn};
+    assert_int_equal(hpd_rope(be, &a), HPD_OK);
+    for (int i = 0; i < ROT / 2; i++) {
+        const double ref = yarn_inv_freq(theta, ROT, factor, low, span, i);
+        assert_close(hpd_rope_inv_freq(&a, (uint32_t)i), ref, 2e-6 * ref);
+    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            const float *o = orig + (t * NH + h) * D, *r = x + (t * NH + h) * D;
+            for (int i = 0; i < ROT / 2; i++) {
+                /* the angle from the kernel's fp32 frequency: a float64
+                 * frequency would move large positions by many ulps */
+                const double f = (double)(float)((float)pos[t] * hpd_rope_inv_freq(&a, (uint32_t)i));
+                const double c = cos(f) * attn, sn = sin(f) * attn;
+                const double want0 = o[i] * c - o[i + ROT / 2] * sn;
+                const double want1 = o[i + ROT / 2] * c + o[i] * sn;
+                assert_close(r[i], want0, 1e-5);
+                assert_close(r[i + ROT / 2], want1, 1e-5);
+            }
+        }
+    /* the frequencies: low pairs extrapolate (as without YaRN), high ones
+     * interpolate (divided by the factor) */
+    assert_close(hpd_rope_inv_freq(&a, 0), 1.0, 1e-7);
+    assert_close(hpd_rope_inv_freq(&a, ROT / 2 - 1), pow(theta, -(ROT - 2.0) / ROT) / factor,
+                 1e-6 * pow(theta, -(ROT - 2.0) / ROT));
+    /* yarn_factor 0: the default rope, bit for bit */
+    hpd_rope_args_t d = a;
+    d.x.p = plain;
+    d.yarn_factor = 0;
+    assert_int_equal(hpd_rope(be, &d), HPD_OK);
+    hpd_rope_args_t ref_args = d;
+    ref_args.yarn_low = ref_args.yarn_span = ref_args.yarn_attention = 0;
+    float again[T * NH * D];
+    memcpy(again, orig, sizeof(orig));
+    ref_args.x.p = again;
+    assert_int_equal(hpd_rope(be, &ref_args), HPD_OK);
+    assert_memory_equal(plain, again, sizeof(plain));
+    for (int i = 0; i < ROT / 2; i++)
+        assert_true(hpd_rope_inv_freq(&d, (uint32_t)i) ==
+                    1.0f / powf(theta, (float)(2 * i) / (float)ROT));
+}
+
 /* A sequence through conv1d equals the same tokens one step at a time, and
  * both equal the causal conv with the state as left history. */
 static void test_conv1d_sequence_vs_steps(void **state)
@@ -294,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_gated_rmsnorm_and_l2norm),
         cmocka_unit_test(test_rope_partial_neox),
+        cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_conv1d_sequence_vs_steps),
         cmocka_unit_test(test_gating_silu_sigmoid_embed),
     };

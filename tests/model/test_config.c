@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -106,6 +107,75 @@ static void test_qwen3_5_tie_precedence(void **state)
     assert_true(c.tie_word_embeddings);
 }
 
+/* YaRN as transformers' _compute_yarn_parameters computes it, against the
+ * same formulas in float64: the correction range (floored / ceiled), the
+ * factor (given, or max_position_embeddings / original), the attention
+ * factor (given, from mscale and mscale_all_dim, or 0.1 ln(factor) + 1), in
+ * rope_parameters and in the legacy rope_scaling; other types are refused
+ * by name. */
+static double corr_dim(double rot, double dim, double base, double max_pos)
+{
+    return dim * log(max_pos / (rot * 2 * M_PI)) / (2 * log(base));
+}
+
+static void test_yarn(void **state)
+{
+    static const struct {
+        const char *rope;
+        double factor, attn, beta_fast, beta_slow, orig;
+    } cases[] = {
+        {"\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000, "
+         "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}",
+         4, 0.1 * log(4.0) + 1, 32, 1, 32768},
+        {"\"rope_theta\": 10000, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.5, "
+         "\"original_max_position_embeddings\": 4096, \"beta_fast\": 16, \"beta_slow\": 2, "
+         "\"attention_factor\": 1.25}",
+         2.5, 1.25, 16, 2, 4096},
+        {"\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000, "
+         "\"factor\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 1.0, "
+         "\"original_max_position_embeddings\": 8192}",
+         8, (0.1 * 0.707 * log(8.0) + 1) / (0.1 * 1.0 * log(8.0) + 1), 32, 1, 8192},
+        /* no factor: max_position_embeddings / original */
+        {"\"max_position_embeddings\": 65536, \"rope_parameters\": {\"rope_type\": \"yarn\", "
+         "\"rope_theta\": 10000, \"original_max_position_embeddings\": 16384}",
+         4, 0.1 * log(4.0) + 1, 32, 1, 16384},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char j[2048];
+        hpd_model_config_t c;
+        snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_5_text\", %s, " DIMS
+                 ", \"full_attention_interval\": 4}", cases[i].rope);
+        if (hpd_model_config_parse(j, "t", &c) != HPD_OK)
+            fail_msg("case %zu refused", i);
+        const double dim = c.rot_dim;
+        double low = floor(corr_dim(cases[i].beta_fast, dim, 10000, cases[i].orig));
+        double high = ceil(corr_dim(cases[i].beta_slow, dim, 10000, cases[i].orig));
+        low = fmax(low, 0);
+        high = fmin(high, dim - 1);
+        if (low == high)
+            high += 0.001;
+        assert_true(c.yarn);
+        assert_true(c.yarn_factor == (float)cases[i].factor);
+        assert_true(c.yarn_low == (float)low);
+        assert_true(c.yarn_span == (float)(high - low));
+        if (c.yarn_attention != (float)cases[i].attn)
+            fail_msg("case %zu: attention factor %.9g, expected %.9g", i, c.yarn_attention,
+                     cases[i].attn);
+    }
+    /* other rope types are refused by name */
+    hpd_model_config_t c;
+    const char *linear = "{\"model_type\": \"qwen3_5_text\", \"rope_parameters\": "
+                         "{\"rope_type\": \"linear\", \"factor\": 2}, " DIMS
+                         ", \"full_attention_interval\": 4}";
+    assert_int_equal(hpd_model_config_parse(linear, "t", &c), HPD_ERR_UNSUPPORTED);
+    /* without YaRN nothing changes */
+    const char *plain = "{\"model_type\": \"qwen3_5_text\", " DIMS
+                        ", \"full_attention_interval\": 4}";
+    assert_int_equal(hpd_model_config_parse(plain, "t", &c), HPD_OK);
+    assert_false(c.yarn);
+    assert_true(c.yarn_factor == 0.0f);
+}
+
 /* eos_token_id: an id, a list, null or absent; anything else refused. */
 static void test_eos(void **state)
 {
@@ -158,8 +228,11 @@ static void test_refusals(void **state)
         {"\"model_type\": \"qwen3_next\"", HPD_ERR_FORMAT}, /* neither layer form */
         {"\"model_type\": \"qwen3_next\", \"layer_types\": [\"full_attention\"]", HPD_ERR_FORMAT},
         {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"rope_scaling\": "
-         "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         "{\"rope_type\": \"dynamic\", \"factor\": 4.0}",
          HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"rope_scaling\": "
+         "{\"rope_type\": \"yarn\", \"factor\": \"4\"}",
+         HPD_ERR_FORMAT},
         {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"hidden_act\": \"gelu\"",
          HPD_ERR_UNSUPPORTED},
         {"\"model_type\": \"qwen3_5\", \"full_attention_interval\": 4", HPD_ERR_FORMAT},
@@ -189,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_5_nested),
         cmocka_unit_test(test_qwen3_5_tie_precedence),
         cmocka_unit_test(test_eos),
+        cmocka_unit_test(test_yarn),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
