@@ -12,6 +12,32 @@
 
 #define LOG_COMPONENT "engine"
 
+/* The start of every sublayer: h = rmsnorm(x) with norm_w, then
+ * proj[:, 0:rows) = h proj_w^T. */
+static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_w,
+                                 const float *proj_w, uint32_t rows)
+{
+    const uint32_t H = e->cfg->hidden_size;
+    const hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
+                                     .y = {.p = e->h, .ld = H},
+                                     .n_tokens = R,
+                                     .n_heads = 1,
+                                     .dim = H,
+                                     .w = norm_w,
+                                     .eps = e->cfg->rms_norm_eps,
+                                     .zero_centred = true};
+    const hpd_gemm_args_t proj = {.x = e->h,
+                                  .ldx = H,
+                                  .w = proj_w,
+                                  .y = e->proj,
+                                  .ldy = e->ld_proj,
+                                  .m = R,
+                                  .n = rows,
+                                  .k = H};
+    hpd_status_t st = hpd_rmsnorm(e->be, &norm);
+    return st != HPD_OK ? st : hpd_gemm(e->be, &proj);
+}
+
 static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index)
 {
     return (float *)((uint8_t *)hpd_slot_pool_ptr(e->slots, r->slot) +
@@ -38,23 +64,7 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
             e->cs_pre[np++] = state + rec_floats;
         }
     }
-    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
-                               .y = {.p = e->h, .ld = H},
-                               .n_tokens = R,
-                               .n_heads = 1,
-                               .dim = H,
-                               .w = w->input_norm,
-                               .eps = c->rms_norm_eps,
-                               .zero_centred = true};
-    hpd_gemm_args_t proj = {.x = e->h,
-                            .ldx = H,
-                            .w = w->gdn_in,
-                            .y = e->proj,
-                            .ldy = e->ld_proj,
-                            .m = R,
-                            .n = hpd_model_gdn_in_rows(c),
-                            .k = H};
-    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &proj)) != HPD_OK)
+    if ((st = norm_project(e, R, w->input_norm, w->gdn_in, hpd_model_gdn_in_rows(c))) != HPD_OK)
         return st;
 
     hpd_conv1d_args_t conv = {.x = e->proj,
@@ -157,23 +167,8 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         const request_t *r = e->items[i].req;
         e->bt_all[i] = r->pages + (size_t)group * r->n_blocks;
     }
-    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
-                               .y = {.p = e->h, .ld = H},
-                               .n_tokens = R,
-                               .n_heads = 1,
-                               .dim = H,
-                               .w = w->input_norm,
-                               .eps = c->rms_norm_eps,
-                               .zero_centred = true};
-    hpd_gemm_args_t proj = {.x = e->h,
-                            .ldx = H,
-                            .w = w->attn_qkv,
-                            .y = e->proj,
-                            .ldy = e->ld_proj,
-                            .m = R,
-                            .n = hpd_model_attn_qkv_rows(c),
-                            .k = H};
-    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &proj)) != HPD_OK)
+    if ((st = norm_project(e, R, w->input_norm, w->attn_qkv, hpd_model_attn_qkv_rows(c))) !=
+        HPD_OK)
         return st;
 
     hpd_view_t q = {.p = e->proj, .ld = e->ld_proj, .hs = 2 * hd};
@@ -260,22 +255,6 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     const uint32_t R = bt->rows, H = c->hidden_size, I = c->intermediate_size;
     hpd_status_t st;
 
-    hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
-                               .y = {.p = e->h, .ld = H},
-                               .n_tokens = R,
-                               .n_heads = 1,
-                               .dim = H,
-                               .w = w->post_norm,
-                               .eps = c->rms_norm_eps,
-                               .zero_centred = true};
-    hpd_gemm_args_t up = {.x = e->h,
-                          .ldx = H,
-                          .w = w->mlp_gate_up,
-                          .y = e->proj,
-                          .ldy = e->ld_proj,
-                          .m = R,
-                          .n = 2 * I,
-                          .k = H};
     hpd_silu_mul_args_t act = {
         .gu = e->proj, .ldgu = e->ld_proj, .out = e->act, .ldout = I, .n_tokens = R, .inter = I};
     hpd_gemm_args_t down = {.x = e->act,
@@ -287,7 +266,7 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                             .n = H,
                             .k = I,
                             .accumulate = true};
-    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &up)) != HPD_OK ||
+    if ((st = norm_project(e, R, w->post_norm, w->mlp_gate_up, 2 * I)) != HPD_OK ||
         (st = hpd_silu_mul(e->be, &act)) != HPD_OK || (st = hpd_gemm(e->be, &down)) != HPD_OK)
         return st;
     return HPD_OK;
