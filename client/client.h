@@ -24,6 +24,9 @@ typedef struct {
     const int32_t *prompt;
     uint32_t n_prompt;
     uint32_t max_tokens;
+    /* fields set to hpd_sampling_unset()'s values are not sent: the model's
+     * generation defaults apply (greedy where it has none or the cluster
+     * runs with --no-generation-defaults) */
     hpd_sampling_t sampling;
     /* stop after a token of stop_ids, or of the model's end-of-sequence ids
      * unless ignore_eos, once min_tokens are out (engine/engine.h) */

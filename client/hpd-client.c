@@ -27,9 +27,11 @@ static void usage(FILE *f)
             "commands:\n"
             "  generate (--prompt-ids 1,2,3 | --prompts-file F)\n"
             "    --max-tokens N        tokens to generate per prompt (16)\n"
-            "    --temperature T       0 is greedy (0)\n"
-            "    --top-p P             nucleus sampling mass in (0, 1] (1)\n"
-            "    --top-k K             keep the K most likely tokens, 0 = all (0)\n"
+            "    --temperature T       0 is greedy\n"
+            "    --top-p P             nucleus sampling mass in (0, 1]\n"
+            "    --top-k K             keep the K most likely tokens, 0 = all\n"
+            "                          (the three not given: the model's generation_config.json\n"
+            "                          values, or greedy where it has none)\n"
             "    --seed S              sampling seed (0)\n"
             "    --stop-ids 1,2        stop after any of these token ids (and the model's\n"
             "                          end-of-sequence ids)\n"
@@ -318,7 +320,7 @@ int main(int argc, char **argv)
         {"min-tokens", 1, 0, O_MINTOK},
         {0, 0, 0, 0}};
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
-    hpd_generate_params_t gp = {.max_tokens = 16, .sampling = {.top_p = 1.0f}};
+    hpd_generate_params_t gp = {.max_tokens = 16, .sampling = hpd_sampling_unset()};
     char host[64] = "127.0.0.1", err[160];
     const char *token_file = NULL, *ids = NULL, *file = NULL, *stats = NULL;
     uint32_t concurrency = 64;
@@ -369,7 +371,7 @@ int main(int argc, char **argv)
                 goto bad_number;
             break;
         case O_TOPK:
-            if (hpd_parse_u64(optarg, 0, UINT32_MAX, &v) != 0)
+            if (hpd_parse_u64(optarg, 0, HPD_TOP_K_UNSET - 1, &v) != 0)
                 goto bad_number;
             gp.sampling.top_k = (uint32_t)v;
             break;

@@ -6,6 +6,7 @@
 
 #include "common/kv_layout.h"
 #include "common/log.h"
+#include "common/sampling.h"
 #include "common/util.h"
 
 #define C HPD_OPT_ROLE_COORD
@@ -93,12 +94,15 @@ const hpd_opt_t hpd_options[] = {
     TXT("prompt-ids", "1,2,3", NULL, "one prompt as token ids", RUN, NULL),
     TXT("prompts-file", "F", NULL, "prompts, one per line as token ids", RUN, NULL),
     INT("max-tokens", U32, 1, 1u << 20, 1, "16", "tokens to generate per prompt", RUN, NULL),
-    {.name = "temperature", .kind = HPD_OPT_F32, .fmin = 0, .fmax = 1e6f, .def = "0",
-     .arg = "T", .help = "0 is greedy", .roles = RUN},
-    {.name = "top-p", .kind = HPD_OPT_F32, .fmin = 0, .fmax = 1, .open_min = true, .def = "1",
-     .arg = "P", .help = "nucleus sampling mass", .roles = RUN},
-    INT("top-k", U32, 0, UINT32_MAX, 1, "0", "keep the K most likely tokens, 0 = all", RUN,
-        NULL),
+    {.name = "temperature", .kind = HPD_OPT_F32, .fmin = 0, .fmax = 1e6f, .arg = "T",
+     .help = "0 is greedy (default: generation_config.json's, else 0)", .roles = RUN},
+    {.name = "top-p", .kind = HPD_OPT_F32, .fmin = 0, .fmax = 1, .open_min = true, .arg = "P",
+     .help = "nucleus sampling mass (default: generation_config.json's, else 1)", .roles = RUN},
+    INT("top-k", U32, 0, HPD_TOP_K_UNSET - 1, 1, NULL, "keep the K most likely tokens, 0 = all\n"
+        "(default: generation_config.json's, else 0)", RUN, NULL),
+    {.name = "no-generation-defaults", .kind = HPD_OPT_OFF, .roles = C | RUN,
+     .help = "a request that does not set temperature, top_p or top_k samples greedily\n"
+             "instead of with the model's generation_config.json values"},
     INT("seed", U64, 0, UINT64_MAX, 1, "0", "sampling seed", RUN, NULL),
     INT("kv-block-size", U32, 16, 4096, 16, NULL, "tokens per KV page (overrides --kv-layout's)",
         RUN, NULL),

@@ -1085,6 +1085,16 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                                    .top_p = g.top_p,
                                    .top_k = g.top_k,
                                    .seed = g.seed};
+    if (!c->o.no_generation_defaults) {
+        /* what the client left out the nodes take from the model
+         * (generation_config.json); with the defaults off, greedy values */
+        if (hpd_rpc_map_get(params, "temperature") == NULL)
+            r->sampling.temperature = NAN;
+        if (hpd_rpc_map_get(params, "top_p") == NULL)
+            r->sampling.top_p = NAN;
+        if (hpd_rpc_map_get(params, "top_k") == NULL)
+            r->sampling.top_k = HPD_TOP_K_UNSET;
+    }
     r->stream = g.stream;
     r->tag = g.tag;
     r->fsm = hpd_req_fsm_init();

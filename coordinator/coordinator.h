@@ -27,6 +27,9 @@ typedef struct {
     uint32_t queue_timeout_ms;
     uint32_t max_attempts;
     uint32_t max_connections; /* 0: the RPC server's default */
+    /* a request without temperature / top_p / top_k samples greedily instead
+     * of with the model's generation defaults (which the nodes apply) */
+    bool no_generation_defaults;
 } hpd_coord_opts_t;
 
 /* Listens and serves from base. On an error, err says what (a credentials

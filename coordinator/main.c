@@ -27,6 +27,7 @@ typedef struct {
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     hpd_log_level_t level = HPD_LOG_LEVEL_INFO;
+    bool gen_defaults = true;
     const hpd_opt_bind_t binds[] = {
         HPD_OPT_BIND("host", &o->c.host),
         {.name = "port", .dst = &o->c.port, .def = "7000"},
@@ -42,6 +43,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         HPD_OPT_BIND("metrics-port", &o->metrics_port),
         HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
         HPD_OPT_BIND("max-connections", &o->c.max_connections),
+        HPD_OPT_BIND("no-generation-defaults", &gen_defaults),
         HPD_OPT_BIND("log-level", &level),
     };
     *o = (opts_t){0};
@@ -51,6 +53,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     if (rc != 0)
         return rc;
     hpd_log_set_level(level);
+    o->c.no_generation_defaults = !gen_defaults;
     if (o->c.client_keys_file != NULL && o->c.token_file == NULL) {
         fprintf(stderr, "hpd-coordinator: --client-keys-file needs --token-file (the node "
                 "secret)\n");

@@ -211,7 +211,7 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     decode_t *d = n->role_data;
     const uint32_t vocab = n->model->config.vocab_size;
     hpd_proto_err_t err = {{0}};
-    hpd_request_params_t rp = {.sampling = {.top_p = 1}};
+    hpd_request_params_t rp = {.sampling = n->model->config.gen_sampling}; /* as prefill's */
     hpd_msg_reserve_t q = {0};
     dreq_t *r = NULL;
     hpd_status_t st;

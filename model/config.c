@@ -73,6 +73,43 @@ static hpd_status_t parse_eos(json_t *v, const char *origin, uint32_t vocab, uin
     return HPD_OK;
 }
 
+/* generation_config.json's temperature, top_p and top_k (as vLLM's
+ * --generation-config auto takes them); do_sample false makes the default
+ * greedy whatever the temperature says, as transformers' generate does. */
+static hpd_status_t parse_gen_sampling(json_t *g, const char *origin, hpd_sampling_t *s)
+{
+    json_t *v;
+    if ((v = json_object_get(g, "temperature")) != NULL && !json_is_null(v)) {
+        const double t = json_number_value(v);
+        if (!json_is_number(v) || !(t >= 0 && t <= 1e6)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: temperature must be a number in [0, 1e6]",
+                          origin);
+            return HPD_ERR_FORMAT;
+        }
+        s->temperature = (float)t;
+    }
+    if ((v = json_object_get(g, "top_p")) != NULL && !json_is_null(v)) {
+        const double p = json_number_value(v);
+        if (!json_is_number(v) || !(p > 0 && p <= 1)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: top_p must be a number in (0, 1]", origin);
+            return HPD_ERR_FORMAT;
+        }
+        s->top_p = (float)p;
+    }
+    if ((v = json_object_get(g, "top_k")) != NULL && !json_is_null(v)) {
+        const json_int_t k = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (k < 0 || k >= HPD_TOP_K_UNSET) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: top_k must be an integer >= 0 (0: off)", origin);
+            return HPD_ERR_FORMAT;
+        }
+        s->top_k = (uint32_t)k;
+    }
+    v = json_object_get(g, "do_sample");
+    if (v != NULL && json_is_boolean(v) && !json_is_true(v))
+        s->temperature = 0;
+    return HPD_OK;
+}
+
 static hpd_status_t get_u32(json_t *text, json_t *top, const char *origin, const char *name,
                             bool required, uint32_t dflt, uint32_t *out)
 {
@@ -428,6 +465,7 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
     bool found;
 
     memset(&c, 0, sizeof(c));
+    c.gen_sampling.top_p = 1;
     if (root == NULL) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: line %d: malformed JSON: %s", origin, jerr.line,
                       jerr.text);
@@ -562,6 +600,8 @@ hpd_status_t hpd_model_config_load(const char *model_dir, hpd_model_config_t *co
     json_t *eos = json_object_get(g, "eos_token_id");
     if (eos != NULL && !json_is_null(eos))
         st = parse_eos(eos, path, config_p->vocab_size, &config_p->n_eos, config_p->eos_ids);
+    if (st == HPD_OK)
+        st = parse_gen_sampling(g, path, &config_p->gen_sampling);
     json_decref(g);
     return st;
 }

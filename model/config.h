@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/sampling.h"
 #include "common/status.h"
 
 #define HPD_MAX_LAYERS 256
@@ -53,6 +54,10 @@ typedef struct {
      * directory has one, else config.json's (an int or a list); 0 ids: none */
     uint32_t n_eos;
     int32_t eos_ids[HPD_MAX_EOS];
+    /* generation_config.json's sampling defaults for a request that does not
+     * set them (temperature, top_p, top_k; do_sample false: greedy); greedy
+     * values where it is silent or absent */
+    hpd_sampling_t gen_sampling;
     uint32_t max_position_embeddings;
     /* derived */
     uint32_t n_full_layers;   /* A: full-attention layers */

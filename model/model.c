@@ -273,6 +273,10 @@ static hpd_status_t fingerprint(hpd_model_t *m, const char *model_dir,
      * is not hashed whole): nodes that would stop differently differ */
     XXH3_128bits_update(state, &m->config.n_eos, sizeof(m->config.n_eos));
     XXH3_128bits_update(state, m->config.eos_ids, m->config.n_eos * sizeof(int32_t));
+    /* and the sampling defaults, so every node resolves a request alike */
+    const float gen[2] = {m->config.gen_sampling.temperature, m->config.gen_sampling.top_p};
+    XXH3_128bits_update(state, gen, sizeof(gen));
+    XXH3_128bits_update(state, &m->config.gen_sampling.top_k, sizeof(uint32_t));
     h = XXH3_128bits_digest(state);
     XXH3_freeState(state);
     XXH128_canonicalFromHash(&canon, h);

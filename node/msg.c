@@ -1,5 +1,6 @@
 #include "node/msg.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,13 @@ static bool is_set(const hpd_msg_field_t *f, const void *msg)
 static bool packed(const hpd_msg_field_t *f, const void *msg, bool all)
 {
     const bool value = f->kind != HPD_MSG_OBJ && f->kind != HPD_MSG_ARR && f->kind != HPD_MSG_BIN;
-    return f->required || (all && value) || is_set(f, msg);
+    if (f->required)
+        return true;
+    if ((f->kind == HPD_MSG_F32 && isnan(*AT_C(msg, f->offset, float))) ||
+        (f->kind == HPD_MSG_U32 && *AT_C(msg, f->offset, uint32_t) > f->limit) ||
+        (f->kind == HPD_MSG_U64 && *AT_C(msg, f->offset, uint64_t) > f->limit))
+        return false; /* out of range: not given */
+    return (all && value) || is_set(f, msg);
 }
 
 static void pack(const hpd_msg_desc_t *d, const void *msg, msgpack_packer *pk, bool all)

@@ -23,7 +23,9 @@
  *             shape fields are left as they were)
  *
  * Packing: required fields always; an optional one only when it is set
- * (non-zero, true, non-empty, non-NULL). Unpacking: the message must be a
+ * (non-zero, true, non-empty, non-NULL) and never an optional number out
+ * of its field's range (a NaN F32, an integer above the limit): such a
+ * value means "not given" (a request's unset sampling fields). Unpacking: the message must be a
  * map; a required field must be there; every field present must have its
  * kind and range; an absent optional field keeps the value the caller put
  * there (its default); keys the list does not name are ignored, so that a
@@ -320,7 +322,7 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, max_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, temperature, F32, HPD_OPT, 0)                                                       \
     X(T, top_p, F32, HPD_OPT, 0)                                                             \
-    X(T, top_k, U32, HPD_OPT, UINT32_MAX)                                                    \
+    X(T, top_k, U32, HPD_OPT, HPD_TOP_K_UNSET - 1)                                           \
     X(T, seed, U64, HPD_OPT, UINT64_MAX)                                                     \
     X(T, stream, BOOL, HPD_OPT, 0)                                                           \
     X(T, tag, U64, HPD_OPT, UINT64_MAX)                                                      \

@@ -242,13 +242,20 @@ void hpd_proto_kv_u64(msgpack_packer *pk, const char *key, uint64_t value)
 
 void hpd_proto_pack_sampling(msgpack_packer *pk, const hpd_sampling_t *s)
 {
-    msgpack_pack_map(pk, 4);
-    hpd_proto_key(pk, "temperature");
-    msgpack_pack_float(pk, s->temperature);
-    hpd_proto_key(pk, "top_p");
-    msgpack_pack_float(pk, s->top_p);
-    hpd_proto_key(pk, "top_k");
-    msgpack_pack_uint32(pk, s->top_k);
+    const bool t = !isnan(s->temperature), p = !isnan(s->top_p), k = s->top_k != HPD_TOP_K_UNSET;
+    msgpack_pack_map(pk, 1 + t + p + k);
+    if (t) {
+        hpd_proto_key(pk, "temperature");
+        msgpack_pack_float(pk, s->temperature);
+    }
+    if (p) {
+        hpd_proto_key(pk, "top_p");
+        msgpack_pack_float(pk, s->top_p);
+    }
+    if (k) {
+        hpd_proto_key(pk, "top_k");
+        msgpack_pack_uint32(pk, s->top_k);
+    }
     hpd_proto_key(pk, "seed");
     msgpack_pack_uint64(pk, s->seed);
 }

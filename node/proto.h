@@ -45,7 +45,9 @@ bool hpd_proto_u32s(const msgpack_object *obj, const char *what, uint32_t *out, 
 const msgpack_object *hpd_proto_map(const msgpack_object *map, const char *key, bool required,
                                     hpd_proto_err_t *err);
 
-/* {temperature, top_p, top_k, seed}: absent fields keep their value. */
+/* {temperature, top_p, top_k, seed}: absent fields keep their value; the
+ * packer leaves unset fields out (hpd_sampling_unset), so the node resolves
+ * them from its model (hpd_sampling_resolve). */
 bool hpd_proto_sampling(const msgpack_object *map, hpd_sampling_t *s, hpd_proto_err_t *err);
 void hpd_proto_pack_sampling(msgpack_packer *pk, const hpd_sampling_t *s);
 

@@ -467,7 +467,9 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     hpd_msg_reservation_t res = {0};
 
     hpd_engine_memory(n->engine, &m);
-    j->sampling = (hpd_sampling_t){.top_p = 1};
+    /* what the coordinator leaves out is the model's default (the coordinator
+     * sends every field when the cluster runs without generation defaults) */
+    j->sampling = cfg->gen_sampling;
     if (!hpd_msg_unpack(&hpd_msg_prefill_job, params, &pj, err))
         return false;
     j->id = pj.job;

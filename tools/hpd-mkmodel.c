@@ -30,6 +30,9 @@ typedef struct {
     float rope_theta, partial_rotary;
     int tie, interval_only;
     const char *eos; /* "1,2": eos_token_id in config.json and generation_config.json */
+    bool sampling;   /* temperature, top_p and top_k in generation_config.json */
+    float temperature, top_p;
+    uint32_t top_k;
 } opts_t;
 
 typedef struct {
@@ -309,14 +312,24 @@ static int write_config(const opts_t *o)
     json_t *cfg = text_config(o);
     int rc;
 
-    if (o->eos != NULL) {
-        json_t *eos = eos_list(o->eos, o->vocab);
-        if (eos == NULL) {
-            json_decref(cfg);
-            return -1;
+    if (o->eos != NULL || o->sampling) {
+        json_t *gen = json_object();
+        if (o->eos != NULL) {
+            json_t *eos = eos_list(o->eos, o->vocab);
+            if (eos == NULL) {
+                json_decref(gen);
+                json_decref(cfg);
+                return -1;
+            }
+            json_object_set(cfg, "eos_token_id", eos);
+            json_object_set_new(gen, "eos_token_id", eos);
         }
-        json_object_set(cfg, "eos_token_id", eos);
-        json_t *gen = json_pack("{s:o}", "eos_token_id", eos);
+        if (o->sampling) {
+            json_object_set_new(gen, "do_sample", json_true());
+            json_object_set_new(gen, "temperature", json_real(o->temperature));
+            json_object_set_new(gen, "top_p", json_real(o->top_p));
+            json_object_set_new(gen, "top_k", json_integer(o->top_k));
+        }
         snprintf(path, sizeof(path), "%s/generation_config.json", o->out);
         rc = json_dump_file(gen, path, JSON_INDENT(2));
         json_decref(gen);
@@ -407,7 +420,9 @@ static void usage(FILE *f)
             "  --max-pos N (32768) --tie  --shards N (1)\n"
             "  --interval-only       write full_attention_interval without layer_types\n"
             "  --eos ID[,ID]         end-of-sequence ids: eos_token_id in config.json and a\n"
-            "                        generation_config.json (none by default)\n");
+            "                        generation_config.json (none by default)\n"
+            "  --sampling T,P,K      generation_config.json's default temperature, top_p and\n"
+            "                        top_k (none by default: greedy)\n");
 }
 
 int main(int argc, char **argv)
@@ -425,7 +440,7 @@ int main(int argc, char **argv)
         {"lin-v-heads", 1, 0, 10}, {"lin-k-dim", 1, 0, 11}, {"lin-v-dim", 1, 0, 12},
         {"conv-kernel", 1, 0, 13}, {"rope-theta", 1, 0, 14}, {"partial-rotary", 1, 0, 15},
         {"max-pos", 1, 0, 16}, {"tie", 0, 0, 17}, {"shards", 1, 0, 18},
-        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"sampling", 1, 0, 21}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
                           &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
                           &o.lk_dim, &o.lv_dim, &o.conv_kernel};
@@ -490,6 +505,26 @@ int main(int argc, char **argv)
         case 17: o.tie = 1; break;
         case 19: o.interval_only = 1; break;
         case 20: o.eos = optarg; break;
+        case 21: {
+            char *end;
+            unsigned long k = 0;
+            o.sampling = true;
+            o.temperature = strtof(optarg, &end);
+            if (*end == ',')
+                o.top_p = strtof(end + 1, &end);
+            if (*end == ',' && end[1] >= '0' && end[1] <= '9')
+                k = strtoul(end + 1, &end, 10);
+            else
+                end = optarg; /* malformed */
+            if (*end != '\0' || !(o.temperature >= 0) || !(o.top_p > 0 && o.top_p <= 1) ||
+                k > 1u << 30) {
+                fprintf(stderr, "hpd-mkmodel: --sampling '%s' (expected T,P,K: temperature >= 0, "
+                        "top_p in (0, 1], top_k >= 0)\n", optarg);
+                return 2;
+            }
+            o.top_k = (uint32_t)k;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -108,7 +108,8 @@ int main(int argc, char **argv)
     const char *stats_json = NULL;
     hpd_engine_params_t ep;
     hpd_backend_params_t bp = {.device = "cpu"};
-    hpd_sampling_t samp = {.top_p = 1};
+    hpd_sampling_t samp = hpd_sampling_unset();
+    bool gen_defaults = true;
     uint32_t max_tokens = 16, block_size = 0, min_tokens = 0, n_stop = 0;
     const char *stop_text = NULL;
     int32_t *stop_ids = NULL;
@@ -134,6 +135,7 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("top-p", &samp.top_p),
         HPD_OPT_BIND("top-k", &samp.top_k),
         HPD_OPT_BIND("seed", &samp.seed),
+        HPD_OPT_BIND("no-generation-defaults", &gen_defaults),
         HPD_OPT_BIND("kv-block-size", &block_size),
         HPD_OPT_BIND("kv-layout", &ep.kv_layout),
         HPD_OPT_BIND("max-context", &ep.max_context),
@@ -193,6 +195,7 @@ int main(int argc, char **argv)
     rc = 1;
     if (hpd_model_load(model_dir, &model) != HPD_OK)
         goto out;
+    hpd_sampling_resolve(&samp, gen_defaults ? &model->config.gen_sampling : NULL);
     ep.kv_layout.n_layers = model->config.n_full_layers;
     ep.kv_layout.n_kv_heads = model->config.n_kv_heads;
     ep.kv_layout.head_dim = model->config.head_dim;

@@ -20,7 +20,7 @@
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
-                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5 --sampling 0.8,0.9,40"
 #define N_PROMPTS 64
 #define MAX_TOKENS 20
 
@@ -111,7 +111,7 @@ static void reference(const char *sampling, tokens_t *out)
     cl_reference(&cl, prompts_file, N_PROMPTS, MAX_TOKENS, sampling, &out[0][0]);
 }
 
-#define SEEDED_ARGS "--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7"
+#define SEEDED_ARGS "--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7" /* = MODEL_ARGS' */
 
 /* The references, computed once. */
 static tokens_t *ref_greedy(void)
@@ -119,7 +119,7 @@ static tokens_t *ref_greedy(void)
     static tokens_t ref[N_PROMPTS];
     static bool have;
     if (!have)
-        reference("", ref);
+        reference("--no-generation-defaults", ref);
     have = true;
     return ref;
 }
@@ -265,6 +265,14 @@ static void test_bit_identical(void **state)
     run_batch(&seeded, &b, NULL);
     check_batch(&b, ref_seeded(), "seeded");
     print_message("seeded sampling: 64/64 identical to hpd-run\n");
+    /* no sampling fields: the model's generation_config.json values (the
+     * model was made with SEEDED_ARGS' as its defaults), at the prefill node's
+     * first token and the decode node's others */
+    hpd_sampling_t unset = hpd_sampling_unset();
+    unset.seed = seeded.seed;
+    run_batch(&unset, &b, NULL);
+    check_batch(&b, ref_seeded(), "generation defaults");
+    print_message("generation defaults: 64/64 identical to hpd-run with them given\n");
     wait_idle();
     check_data_path();
     cl.passed++;

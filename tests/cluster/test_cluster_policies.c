@@ -37,7 +37,7 @@
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
-                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5 --sampling 0.8,0.9,40"
 #define N_PROMPTS 6
 #define MAX_TOKENS 8
 #define NEVER "600000" /* a lease or timeout that never lapses within a case */
@@ -55,7 +55,8 @@ static int setup(void **state)
     if (cl_init(&cl, "policies", MODEL_ARGS) != 0)
         return -1;
     cl_make_prompts(&cl, N_PROMPTS, 77, prompts, prompt_len, path, sizeof(path));
-    cl_reference(&cl, path, N_PROMPTS, MAX_TOKENS, "", &ref[0][0]);
+    /* greedy: every request below sets it, or runs where the defaults are off */
+    cl_reference(&cl, path, N_PROMPTS, MAX_TOKENS, "--no-generation-defaults", &ref[0][0]);
     return 0;
 }
 
@@ -85,6 +86,17 @@ static cl_proc_t *start(const char *role, const char *name, const char *flag, co
 }
 
 typedef cl_req_t req_t;
+
+/* Prompt i, MAX_TOKENS tokens, with sampling s. */
+static void submit_sampled(hpd_client_t *c, int i, req_t *q, hpd_sampling_t s)
+{
+    hpd_generate_params_t p = {.prompt = prompts[i],
+                               .n_prompt = prompt_len[i],
+                               .max_tokens = MAX_TOKENS,
+                               .sampling = s};
+    memset(q, 0, sizeof(*q));
+    assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, q, NULL), HPD_OK);
+}
 
 /* Prompt i, greedy, MAX_TOKENS tokens. */
 static void submit(hpd_client_t *c, int i, req_t *q)
@@ -204,6 +216,24 @@ static void small_end(small_t *s, uint32_t n_nodes)
 }
 
 /* ------------------------------------------------------------ cases */
+
+/* hpd-coordinator --no-generation-defaults: a request that sets no
+ * temperature, top_p or top_k samples greedily although the model's
+ * generation_config.json says otherwise (test_cluster has the defaults on). */
+static void test_generation_defaults_off(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER,
+                          "--no-generation-defaults", NULL};
+    small_t s;
+    req_t q;
+    small_start(&s, "gendef", args, NULL, NULL);
+    hpd_sampling_t unset = hpd_sampling_unset();
+    unset.seed = 7;
+    submit_sampled(s.c, 2, &q, unset);
+    wait_done(s.c, &q, "a request without sampling fields");
+    expect_ok(&q, 2, 1);
+    small_end(&s, 2);
+}
 
 /* A prefill node stopped while it holds a request, and an idle decode node
  * stopped with it: their leases lapse (no heartbeat), the coordinator drops
@@ -1241,6 +1271,7 @@ static void test_coordinator_restart(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_generation_defaults_off, case_teardown),
         cmocka_unit_test_teardown(test_lease_expiry, case_teardown),
         cmocka_unit_test_teardown(test_max_attempts, case_teardown),
         cmocka_unit_test_teardown(test_queue_timeout, case_teardown),

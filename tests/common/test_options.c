@@ -65,7 +65,7 @@ static void test_values_and_ranges(void **state)
     uint64_t staging = 0;
     uint16_t port = 0;
     int32_t metrics = 0;
-    float top_p = 0;
+    float top_p = 0.25f;
     const hpd_opt_bind_t b[] = {
         HPD_OPT_BIND("max-batch", &batch),
         HPD_OPT_BIND("prefill-chunk", &chunk),
@@ -82,7 +82,7 @@ static void test_values_and_ranges(void **state)
     assert_int_equal(staging, 256ull << 20);       /* MiB */
     assert_int_equal(port, 7000);                  /* the program's own */
     assert_int_equal(metrics, -1);                 /* not given */
-    assert_true(top_p == 1.0f);
+    assert_true(top_p == 0.25f);                   /* no default: the program resolves it */
     assert_int_equal(hb, 500);
     assert_int_equal(parse(all, b, 7, "--max-batch", "8", "--staging-mb", "4", "--metrics-port",
                            "0", "--top-p", "0.5", NULL), 0);

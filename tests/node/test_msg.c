@@ -4,6 +4,7 @@
  * a missing required field and a field of the wrong kind or range, with
  * an error naming the message and the field, keeps the caller's defaults
  * for absent optional fields, and ignores keys it does not know. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -126,6 +127,31 @@ static void test_optional_fields(void **state)
     hpd_msg_pack_all(&hpd_msg_reserve, &(hpd_msg_reserve_t){0}, &p.b.pk);
     o = unpack_buf(&p);
     assert_int_equal(o->via.map.size, hpd_msg_reserve.n_fields - 1); /* no sampling */
+    packed_free(&p);
+
+    /* a number out of its field's range means "not given", even with
+     * pack_all: a client's unset sampling fields (hpd_sampling_unset) */
+    hpd_rpc_buf_init(&p.b);
+    hpd_msg_pack_all(&hpd_msg_generate,
+                     &(hpd_msg_generate_t){.temperature = NAN, .top_p = 0.5f,
+                                           .top_k = HPD_TOP_K_UNSET},
+                     &p.b.pk);
+    o = unpack_buf(&p);
+    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields - 2);
+    assert_null(hpd_rpc_map_get(o, "temperature"));
+    assert_null(hpd_rpc_map_get(o, "top_k"));
+    assert_non_null(hpd_rpc_map_get(o, "top_p"));
+    packed_free(&p);
+    /* and the sampling map of reserve and prefill leaves unset fields out */
+    hpd_rpc_buf_init(&p.b);
+    hpd_sampling_t s = hpd_sampling_unset();
+    s.top_k = 3;
+    hpd_proto_pack_sampling(&p.b.pk, &s);
+    o = unpack_buf(&p);
+    assert_int_equal(o->via.map.size, 2); /* top_k, seed */
+    hpd_sampling_t back = {.temperature = 0.7f, .top_p = 0.9f};
+    assert_true(hpd_proto_sampling(o, &back, &err));
+    assert_true(back.temperature == 0.7f && back.top_p == 0.9f && back.top_k == 3);
     packed_free(&p);
 }
 

@@ -79,6 +79,26 @@ check "ignore eos: the whole output" test "$got" = "$out1"
 got=$("$run" --model "$tmp/eos2" --prompt-ids "$prompt" --max-tokens 12)
 check "hpd-mkmodel --eos: the model stops there" test "$got" = "$want"
 
+# generation defaults: a request that sets no temperature / top-p / top-k
+# samples with generation_config.json's, unless --no-generation-defaults
+"$mkmodel" --out "$tmp/gen" --seed 3 --arch qwen3_next --sampling 5,0.9,50 || exit 1
+check "hpd-mkmodel --sampling writes the defaults" grep -q '"top_k": 50' "$tmp/gen/generation_config.json"
+dflt=$("$run" --model "$tmp/gen" --prompt-ids "$prompt" --max-tokens 12 --seed 7)
+expl=$("$run" --model "$tmp/gen" --prompt-ids "$prompt" --max-tokens 12 --seed 7 --temperature 5 --top-p 0.9 --top-k 50)
+check "defaults: the model's sampling values" test "$dflt" = "$expl"
+check "defaults: they sample (not greedy)" test "$dflt" != "$out1"
+got=$("$run" --model "$tmp/gen" --prompt-ids "$prompt" --max-tokens 12 --seed 7 --no-generation-defaults)
+check "--no-generation-defaults: greedy" test "$got" = "$out1"
+got=$("$run" --model "$tmp/gen" --prompt-ids "$prompt" --max-tokens 12 --seed 7 --temperature 0)
+check "a request's own temperature wins" test "$got" = "$out1"
+printf '{"do_sample": false, "temperature": 5}\n' > "$tmp/gen/generation_config.json"
+got=$("$run" --model "$tmp/gen" --prompt-ids "$prompt" --max-tokens 12 --seed 7)
+check "do_sample false: greedy" test "$got" = "$out1"
+printf '{"top_p": 2}\n' > "$tmp/gen/generation_config.json"
+"$run" --model "$tmp/gen" --prompt-ids 1 > "$tmp/out" 2> "$tmp/err"
+check "bad top_p in generation_config.json: exit 1" test $? -eq 1
+check "bad top_p in generation_config.json: named" grep -q "generation_config.json: top_p" "$tmp/err"
+
 expect_2() { # expect_2 NAME WORD ARGS... : exit 2, nothing on stdout, WORD on stderr
     local name=$1 word=$2
     shift 2
