@@ -84,7 +84,7 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
     if (hpd_model_load(dir, &m) != HPD_OK)
         return -1;
     const hpd_model_config_t *c = &m->config;
-    const double weight_bytes = 4.0 * (double)m->n_params;
+    const double weight_bytes = (double)m->weight_bytes;
     hpd_engine_params_init(&ep);
     ep.model = m;
     ep.backend = be;

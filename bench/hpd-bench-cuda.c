@@ -312,7 +312,7 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
     ep.prefill_chunk = 512;
     ep.prefix_cache = false;
     CHECK(hpd_engine_create(&ep, &e));
-    const double weight_bytes = 4.0 * (double)m->n_params;
+    const double weight_bytes = (double)m->weight_bytes;
     engine_run(e, 1, 128, 2, m->config.vocab_size, false, &toks); /* warm-up */
     double t = engine_run(e, 1, prefill, 1, m->config.vocab_size, false, &toks);
     printf("model_prefill layers=%u params=%llu tokens=%llu tok_per_s=%.0f\n", m->config.n_layers,

@@ -12,6 +12,13 @@ typedef enum {
     HPD_DTYPE_BF16 = 2,
 } hpd_dtype_t;
 
+/* A weight matrix [rows][cols], row-major, in its checkpoint's dtype (the
+ * kernels widen each element to fp32 exactly as they read it). */
+typedef struct {
+    void *p;
+    hpd_dtype_t dtype;
+} hpd_weight_t;
+
 /* Size of one element in bytes. */
 size_t hpd_dtype_size(hpd_dtype_t dtype);
 

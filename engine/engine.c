@@ -60,7 +60,7 @@ static hpd_status_t upload_weights(hpd_engine_t *e)
         *dev[i].slot = NULL;
     e->dev_model = d;
     for (uint32_t i = 0; i < n && st == HPD_OK; i++) {
-        const size_t b = host[i].floats * sizeof(float);
+        const size_t b = host[i].bytes;
         if ((st = hpd_backend_alloc(e->be, b, (void **)dev[i].slot)) == HPD_OK)
             st = hpd_backend_from_host(e->be, *dev[i].slot, *host[i].slot, b);
         bytes += b;

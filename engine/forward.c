@@ -15,7 +15,7 @@
 /* The start of every sublayer: h = rmsnorm(x) with norm_w, then
  * proj[:, 0:rows) = h proj_w^T. */
 static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_w,
-                                 const float *proj_w, uint32_t rows)
+                                 hpd_weight_t proj_w, uint32_t rows)
 {
     const uint32_t H = e->cfg->hidden_size;
     const hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
@@ -28,7 +28,8 @@ static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_
                                      .zero_centred = true};
     const hpd_gemm_args_t proj = {.x = e->h,
                                   .ldx = H,
-                                  .w = proj_w,
+                                  .w = proj_w.p,
+                                  .w_dtype = proj_w.dtype,
                                   .y = e->proj,
                                   .ldy = e->ld_proj,
                                   .m = R,
@@ -142,7 +143,8 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                    .eps = c->rms_norm_eps};
     hpd_gemm_args_t o = {.x = e->core,
                          .ldx = e->ld_core,
-                         .w = w->gdn_out,
+                         .w = w->gdn_out.p,
+                         .w_dtype = w->gdn_out.dtype,
                          .y = e->x,
                          .ldy = H,
                          .m = R,
@@ -234,7 +236,8 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     hpd_sigmoid_mul_args_t sg = {.x = out, .gate = gate, .n_tokens = R, .n_heads = nh, .dim = hd};
     hpd_gemm_args_t o = {.x = e->core,
                          .ldx = e->ld_core,
-                         .w = w->attn_o,
+                         .w = w->attn_o.p,
+                         .w_dtype = w->attn_o.dtype,
                          .y = e->x,
                          .ldy = H,
                          .m = R,
@@ -259,7 +262,8 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         .gu = e->proj, .ldgu = e->ld_proj, .out = e->act, .ldout = I, .n_tokens = R, .inter = I};
     hpd_gemm_args_t down = {.x = e->act,
                             .ldx = I,
-                            .w = w->mlp_down,
+                            .w = w->mlp_down.p,
+                            .w_dtype = w->mlp_down.dtype,
                             .y = e->x,
                             .ldy = H,
                             .m = R,
@@ -295,7 +299,8 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
                                .zero_centred = true};
     hpd_gemm_args_t head = {.x = e->lhid,
                             .ldx = H,
-                            .w = e->w->lm_head,
+                            .w = e->w->lm_head.p,
+                            .w_dtype = e->w->lm_head.dtype,
                             .y = e->logits,
                             .ldy = c->vocab_size,
                             .m = n,
@@ -313,7 +318,8 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
 
     hpd_embed_args_t emb = {.ids = e->ids,
                             .n = bt->rows,
-                            .table = e->w->embed,
+                            .table = e->w->embed.p,
+                            .dtype = e->w->embed.dtype,
                             .dim = c->hidden_size,
                             .out = e->x,
                             .ld = c->hidden_size};

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/hostdev.h"
 #include "common/kv_layout.h"
 #include "common/sampling.h"
@@ -43,17 +44,21 @@ typedef struct {
 typedef struct {
     const int32_t *ids; /* n token ids, each < vocab (checked by the caller) */
     uint32_t n;
-    const float *table; /* [vocab][dim] */
+    const void *table; /* [vocab][dim] of dtype (F32, BF16 or F16) */
+    hpd_dtype_t dtype;
     uint32_t dim;
     float *out; /* [n][ld] */
     uint32_t ld;
 } hpd_embed_args_t;
 
-/* y[m][n] = (accumulate ? y[m][n] : 0) + sum_k x[m][k] * w[n][k] */
+/* y[m][n] = (accumulate ? y[m][n] : 0) + sum_k x[m][k] * w[n][k], each w
+ * element widened to fp32 exactly (so BF16 or F16 weights give the bits of
+ * the same weights stored as F32) and the sum in fp32 */
 typedef struct {
     const float *x;
     uint32_t ldx;
-    const float *w; /* [n][k] row-major, leading dimension k */
+    const void *w; /* [n][k] row-major, leading dimension k, of w_dtype */
+    hpd_dtype_t w_dtype; /* F32 (0), BF16 or F16 */
     float *y;
     uint32_t ldy;
     uint32_t m, n, k;

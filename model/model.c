@@ -99,68 +99,131 @@ static hpd_status_t load_into(loader_t *ld, const char *name, uint32_t ndim, uin
 static float *alloc_f32(hpd_model_t *m, size_t n)
 {
     m->n_params += n;
+    m->weight_bytes += n * sizeof(float);
     return malloc(n * sizeof(float));
+}
+
+/* ---- weight matrices, kept in the checkpoint's dtype */
+
+/* The dtype of a matrix fused from the tensors ts: theirs when they agree,
+ * else F32 (every one widens to it exactly). */
+static hpd_dtype_t fused_dtype(const hpd_st_tensor_t *const *ts, uint32_t n)
+{
+    for (uint32_t i = 1; i < n; i++)
+        if (ts[i]->dtype != ts[0]->dtype)
+            return HPD_DTYPE_F32;
+    return ts[0]->dtype;
+}
+
+static hpd_status_t mat_alloc(hpd_model_t *m, hpd_weight_t *w, hpd_dtype_t dtype, uint64_t n)
+{
+    w->dtype = dtype;
+    m->n_params += n;
+    m->weight_bytes += n * hpd_dtype_size(dtype);
+    w->p = malloc(n * hpd_dtype_size(dtype));
+    return w->p != NULL ? HPD_OK : HPD_ERR_NO_MEMORY;
+}
+
+/* Rows [src_row, src_row + n) of t, cols wide, into rows [dst_row, ...) of
+ * w: copied as they are, or widened to w's F32. */
+static void mat_rows(hpd_weight_t *w, uint64_t cols, uint64_t dst_row, const hpd_st_tensor_t *t,
+                     uint64_t src_row, uint64_t n)
+{
+    const size_t es = hpd_dtype_size(w->dtype), ts = hpd_dtype_size(t->dtype);
+    char *dst = (char *)w->p + dst_row * cols * es;
+    const char *src = (const char *)t->data + src_row * cols * ts;
+    if (t->dtype == w->dtype)
+        memcpy(dst, src, n * cols * es);
+    else
+        hpd_dtype_to_f32(t->dtype, src, (float *)dst, n * cols);
+}
+
+#define MAX_PARTS 4
+
+/* A matrix of up to MAX_PARTS tensors [rows[i]][cols] stacked by rows; fmts
+ * are tensor_name formats of layer l. */
+static hpd_status_t load_stacked(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, uint64_t cols,
+                                 uint32_t l, uint32_t n, const char *const *fmts,
+                                 const uint64_t *rows)
+{
+    const hpd_st_tensor_t *ts[MAX_PARTS];
+    uint64_t total = 0;
+    hpd_status_t st;
+
+    for (uint32_t i = 0; i < n; i++) {
+        const uint64_t dims[2] = {rows[i], cols};
+        if ((st = find_checked(ld, tensor_name(ld, fmts[i], l), 2, dims, &ts[i])) != HPD_OK)
+            return st;
+        total += rows[i];
+    }
+    if ((st = mat_alloc(m, w, fused_dtype(ts, n), total * cols)) != HPD_OK)
+        return st;
+    total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mat_rows(w, cols, total, ts[i], 0, rows[i]);
+        total += rows[i];
+    }
+    return HPD_OK;
+}
+
+/* One tensor [rows][cols] as a matrix. */
+static hpd_status_t load_matrix(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, const char *name,
+                                uint64_t rows, uint64_t cols)
+{
+    const uint64_t dims[2] = {rows, cols};
+    const hpd_st_tensor_t *t;
+    hpd_status_t st;
+
+    if ((st = find_checked(ld, name, 2, dims, &t)) != HPD_OK ||
+        (st = mat_alloc(m, w, t->dtype, rows * cols)) != HPD_OK)
+        return st;
+    mat_rows(w, cols, 0, t, 0, rows);
+    return HPD_OK;
 }
 
 /* Qwen3-Next packs q, k, v and z per key head: group g holds
  * [q_g (dk) | k_g (dk) | v_g (r*dv) | z_g (r*dv)] and in_proj_ba holds
  * [b_g (r) | a_g (r)]. This unpacks both into the Qwen3.5 order q|k|v|z|b|a. */
-static hpd_status_t load_gdn_next(loader_t *ld, const hpd_model_config_t *c, uint32_t l,
-                                  float *gdn_in)
+static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_weight_t *w)
 {
+    const hpd_model_config_t *c = &m->config;
     const uint64_t H = c->hidden_size, nk = c->lin_n_k_heads, dk = c->lin_k_dim;
     const uint64_t r = c->lin_n_v_heads / c->lin_n_k_heads, dv = c->lin_v_dim;
     const uint64_t nv = c->lin_n_v_heads, group = 2 * dk + 2 * r * dv;
     const uint64_t v_base = 2 * nk * dk, z_base = c->conv_dim;
     const uint64_t b_base = z_base + nv * dv, a_base = b_base + nv;
-    float *tmp = malloc(nk * group * H * sizeof(float));
+    const uint64_t qkvz_dims[2] = {nk * group, H}, ba_dims[2] = {nk * 2 * r, H};
+    const hpd_st_tensor_t *ts[2];
     hpd_status_t st;
 
-    if (tmp == NULL)
-        return HPD_ERR_NO_MEMORY;
-    st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_qkvz.weight", l), 2,
-                   nk * group, H, 0, tmp);
-    if (st != HPD_OK)
-        goto out;
+    if ((st = find_checked(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_qkvz.weight", l), 2,
+                           qkvz_dims, &ts[0])) != HPD_OK ||
+        (st = find_checked(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_ba.weight", l), 2,
+                           ba_dims, &ts[1])) != HPD_OK ||
+        (st = mat_alloc(m, w, fused_dtype(ts, 2), hpd_model_gdn_in_rows(c) * H)) != HPD_OK)
+        return st;
     for (uint64_t g = 0; g < nk; g++) {
-        const float *src = tmp + g * group * H;
-        memcpy(gdn_in + (g * dk) * H, src, dk * H * sizeof(float));
-        memcpy(gdn_in + (nk * dk + g * dk) * H, src + dk * H, dk * H * sizeof(float));
-        memcpy(gdn_in + (v_base + g * r * dv) * H, src + 2 * dk * H, r * dv * H * sizeof(float));
-        memcpy(gdn_in + (z_base + g * r * dv) * H, src + (2 * dk + r * dv) * H,
-               r * dv * H * sizeof(float));
+        const uint64_t src = g * group;
+        mat_rows(w, H, g * dk, ts[0], src, dk);
+        mat_rows(w, H, nk * dk + g * dk, ts[0], src + dk, dk);
+        mat_rows(w, H, v_base + g * r * dv, ts[0], src + 2 * dk, r * dv);
+        mat_rows(w, H, z_base + g * r * dv, ts[0], src + 2 * dk + r * dv, r * dv);
+        mat_rows(w, H, b_base + g * r, ts[1], g * 2 * r, r);
+        mat_rows(w, H, a_base + g * r, ts[1], g * 2 * r + r, r);
     }
-    st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_ba.weight", l), 2,
-                   nk * 2 * r, H, 0, tmp);
-    if (st != HPD_OK)
-        goto out;
-    for (uint64_t g = 0; g < nk; g++) {
-        memcpy(gdn_in + (b_base + g * r) * H, tmp + (g * 2 * r) * H, r * H * sizeof(float));
-        memcpy(gdn_in + (a_base + g * r) * H, tmp + (g * 2 * r + r) * H, r * H * sizeof(float));
-    }
-out:
-    free(tmp);
-    return st;
+    return HPD_OK;
 }
 
-static hpd_status_t load_gdn_35(loader_t *ld, const hpd_model_config_t *c, uint32_t l,
-                                float *gdn_in)
+static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_weight_t *w)
 {
-    const uint64_t H = c->hidden_size, nv = c->lin_n_v_heads, dv = c->lin_v_dim;
-    hpd_status_t st;
-
-    st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_qkv.weight", l), 2,
-                   c->conv_dim, H, 0, gdn_in);
-    if (st == HPD_OK)
-        st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_z.weight", l), 2,
-                       nv * dv, H, 0, gdn_in + (uint64_t)c->conv_dim * H);
-    if (st == HPD_OK)
-        st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_b.weight", l), 2, nv,
-                       H, 0, gdn_in + ((uint64_t)c->conv_dim + nv * dv) * H);
-    if (st == HPD_OK)
-        st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_a.weight", l), 2, nv,
-                       H, 0, gdn_in + ((uint64_t)c->conv_dim + nv * dv + nv) * H);
-    return st;
+    const hpd_model_config_t *c = &m->config;
+    const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
+    static const char *const fmts[] = {"layers.%u.linear_attn.in_proj_qkv.weight",
+                                       "layers.%u.linear_attn.in_proj_z.weight",
+                                       "layers.%u.linear_attn.in_proj_b.weight",
+                                       "layers.%u.linear_attn.in_proj_a.weight"};
+    const uint64_t rows[] = {c->conv_dim, nv * dv, nv, nv};
+    return load_stacked(ld, m, w, c->hidden_size, l, 4, fmts, rows);
 }
 
 static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
@@ -168,42 +231,38 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
     const hpd_model_config_t *c = &m->config;
     hpd_layer_weights_t *w = &m->layers[l];
     const uint64_t H = c->hidden_size, I = c->intermediate_size;
+    static const char *const mlp[] = {"layers.%u.mlp.gate_proj.weight",
+                                      "layers.%u.mlp.up_proj.weight"};
+    const uint64_t mlp_rows[] = {I, I};
     hpd_status_t st;
 
     w->input_norm = alloc_f32(m, H);
     w->post_norm = alloc_f32(m, H);
-    w->mlp_gate_up = alloc_f32(m, 2 * I * H);
-    w->mlp_down = alloc_f32(m, H * I);
-    if (!w->input_norm || !w->post_norm || !w->mlp_gate_up || !w->mlp_down)
+    if (!w->input_norm || !w->post_norm)
         return HPD_ERR_NO_MEMORY;
     if ((st = load_into(ld, tensor_name(ld, "layers.%u.input_layernorm.weight", l), 1, H, 0, 0,
                         w->input_norm)) != HPD_OK ||
         (st = load_into(ld, tensor_name(ld, "layers.%u.post_attention_layernorm.weight", l), 1,
                         H, 0, 0, w->post_norm)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.mlp.gate_proj.weight", l), 2, I, H, 0,
-                        w->mlp_gate_up)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.mlp.up_proj.weight", l), 2, I, H, 0,
-                        w->mlp_gate_up + I * H)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), 2, H, I, 0,
-                        w->mlp_down)) != HPD_OK)
+        (st = load_stacked(ld, m, &w->mlp_gate_up, H, l, 2, mlp, mlp_rows)) != HPD_OK ||
+        (st = load_matrix(ld, m, &w->mlp_down,
+                          tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), H, I)) != HPD_OK)
         return st;
 
     if (c->layer_full[l]) {
         const uint64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-        w->attn_qkv = alloc_f32(m, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
-        w->attn_o = alloc_f32(m, H * nh * hd);
+        static const char *const qkv[] = {"layers.%u.self_attn.q_proj.weight",
+                                          "layers.%u.self_attn.k_proj.weight",
+                                          "layers.%u.self_attn.v_proj.weight"};
+        const uint64_t qkv_rows[] = {nh * 2 * hd, nkv * hd, nkv * hd};
         w->q_norm = alloc_f32(m, hd);
         w->k_norm = alloc_f32(m, hd);
-        if (!w->attn_qkv || !w->attn_o || !w->q_norm || !w->k_norm)
+        if (!w->q_norm || !w->k_norm)
             return HPD_ERR_NO_MEMORY;
-        if ((st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.q_proj.weight", l), 2,
-                            nh * 2 * hd, H, 0, w->attn_qkv)) != HPD_OK ||
-            (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.k_proj.weight", l), 2,
-                            nkv * hd, H, 0, w->attn_qkv + nh * 2 * hd * H)) != HPD_OK ||
-            (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.v_proj.weight", l), 2,
-                            nkv * hd, H, 0, w->attn_qkv + (nh * 2 + nkv) * hd * H)) != HPD_OK ||
-            (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.o_proj.weight", l), 2, H,
-                            nh * hd, 0, w->attn_o)) != HPD_OK ||
+        if ((st = load_stacked(ld, m, &w->attn_qkv, H, l, 3, qkv, qkv_rows)) != HPD_OK ||
+            (st = load_matrix(ld, m, &w->attn_o,
+                              tensor_name(ld, "layers.%u.self_attn.o_proj.weight", l), H,
+                              nh * hd)) != HPD_OK ||
             (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.q_norm.weight", l), 1, hd, 0,
                             0, w->q_norm)) != HPD_OK ||
             (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.k_norm.weight", l), 1, hd, 0,
@@ -213,17 +272,14 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
     }
 
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
-    w->gdn_in = alloc_f32(m, (uint64_t)hpd_model_gdn_in_rows(c) * H);
     w->gdn_conv = alloc_f32(m, (uint64_t)c->conv_dim * c->conv_kernel);
     w->gdn_a_log = alloc_f32(m, nv);
     w->gdn_dt_bias = alloc_f32(m, nv);
     w->gdn_norm = alloc_f32(m, dv);
-    w->gdn_out = alloc_f32(m, H * nv * dv);
-    if (!w->gdn_in || !w->gdn_conv || !w->gdn_a_log || !w->gdn_dt_bias || !w->gdn_norm ||
-        !w->gdn_out)
+    if (!w->gdn_conv || !w->gdn_a_log || !w->gdn_dt_bias || !w->gdn_norm)
         return HPD_ERR_NO_MEMORY;
-    st = c->arch == HPD_ARCH_QWEN3_NEXT ? load_gdn_next(ld, c, l, w->gdn_in)
-                                        : load_gdn_35(ld, c, l, w->gdn_in);
+    st = c->arch == HPD_ARCH_QWEN3_NEXT ? load_gdn_next(ld, m, l, &w->gdn_in)
+                                        : load_gdn_35(ld, m, l, &w->gdn_in);
     if (st != HPD_OK)
         return st;
     if ((st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.conv1d.weight", l), 3,
@@ -234,8 +290,9 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
                         w->gdn_dt_bias)) != HPD_OK ||
         (st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.norm.weight", l), 1, dv, 0, 0,
                         w->gdn_norm)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.out_proj.weight", l), 2, H,
-                        nv * dv, 0, w->gdn_out)) != HPD_OK)
+        (st = load_matrix(ld, m, &w->gdn_out,
+                          tensor_name(ld, "layers.%u.linear_attn.out_proj.weight", l), H,
+                          nv * dv)) != HPD_OK)
         return st;
     return HPD_OK;
 }
@@ -314,28 +371,20 @@ hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
                     : "model.";
     V = m->config.vocab_size;
     H = m->config.hidden_size;
-    m->embed = alloc_f32(m, V * H);
     m->final_norm = alloc_f32(m, H);
-    if (m->embed == NULL || m->final_norm == NULL) {
+    if (m->final_norm == NULL) {
         st = HPD_ERR_NO_MEMORY;
         goto err;
     }
-    if ((st = load_into(&ld, tensor_name(&ld, "embed_tokens.weight"), 2, V, H, 0, m->embed)) !=
+    if ((st = load_matrix(&ld, m, &m->embed, tensor_name(&ld, "embed_tokens.weight"), V, H)) !=
             HPD_OK ||
         (st = load_into(&ld, tensor_name(&ld, "norm.weight"), 1, H, 0, 0, m->final_norm)) !=
             HPD_OK)
         goto err;
-    if (m->config.tie_word_embeddings) {
+    if (m->config.tie_word_embeddings)
         m->lm_head = m->embed;
-    } else {
-        m->lm_head = alloc_f32(m, V * H);
-        if (m->lm_head == NULL) {
-            st = HPD_ERR_NO_MEMORY;
-            goto err;
-        }
-        if ((st = load_into(&ld, "lm_head.weight", 2, V, H, 0, m->lm_head)) != HPD_OK)
-            goto err;
-    }
+    else if ((st = load_matrix(&ld, m, &m->lm_head, "lm_head.weight", V, H)) != HPD_OK)
+        goto err;
     for (uint32_t l = 0; l < m->config.n_layers; l++)
         if ((st = load_layer(&ld, m, l)) != HPD_OK)
             goto err;
@@ -361,31 +410,41 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
     uint32_t n = 0;
 
-#define T(ptr, count) out[n++] = (hpd_model_tensor_t){.slot = &(ptr), .floats = (count)}
-    T(m->embed, V * H);
+#define T(ptr, count)                                                                         \
+    out[n++] = (hpd_model_tensor_t){.slot = (void **)&(ptr),                                     \
+                                    .dtype = HPD_DTYPE_F32,                                      \
+                                    .elements = (count),                                         \
+                                    .bytes = (count) * sizeof(float)}
+#define W(mat, count)                                                                            \
+    out[n++] = (hpd_model_tensor_t){.slot = &(mat).p,                                            \
+                                    .dtype = (mat).dtype,                                        \
+                                    .elements = (count),                                         \
+                                    .bytes = (count) * hpd_dtype_size((mat).dtype)}
+    W(m->embed, V * H);
     T(m->final_norm, H);
     if (!c->tie_word_embeddings)
-        T(m->lm_head, V * H);
+        W(m->lm_head, V * H);
     for (uint32_t l = 0; l < c->n_layers && l < HPD_MAX_LAYERS; l++) {
         hpd_layer_weights_t *w = &m->layers[l];
         T(w->input_norm, H);
         T(w->post_norm, H);
-        T(w->mlp_gate_up, 2 * I * H);
-        T(w->mlp_down, H * I);
+        W(w->mlp_gate_up, 2 * I * H);
+        W(w->mlp_down, H * I);
         if (c->layer_full[l]) {
-            T(w->attn_qkv, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
-            T(w->attn_o, H * nh * hd);
+            W(w->attn_qkv, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
+            W(w->attn_o, H * nh * hd);
             T(w->q_norm, hd);
             T(w->k_norm, hd);
         } else {
-            T(w->gdn_in, (uint64_t)hpd_model_gdn_in_rows(c) * H);
+            W(w->gdn_in, (uint64_t)hpd_model_gdn_in_rows(c) * H);
             T(w->gdn_conv, (uint64_t)c->conv_dim * c->conv_kernel);
             T(w->gdn_a_log, nv);
             T(w->gdn_dt_bias, nv);
             T(w->gdn_norm, dv);
-            T(w->gdn_out, H * nv * dv);
+            W(w->gdn_out, H * nv * dv);
         }
     }
+#undef W
 #undef T
     return n;
 }

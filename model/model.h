@@ -1,10 +1,14 @@
-/* A loaded model: its configuration and fp32 weights in the engine's fused
- * layout (both Hugging Face namings load into the same layout). */
+/* A loaded model: its configuration and weights in the engine's fused
+ * layout (both Hugging Face namings load into the same layout). Weight
+ * matrices keep the checkpoint's dtype (F32, BF16 or F16; F32 where the
+ * tensors fused into one differ); vectors (norms, the convolution, A_log,
+ * dt_bias) are fp32. */
 #ifndef HPD_MODEL_MODEL_H
 #define HPD_MODEL_MODEL_H
 
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "model/config.h"
 
@@ -12,39 +16,42 @@
 typedef struct {
     float *input_norm; /* [H] zero-centred RMSNorm weight */
     float *post_norm;  /* [H] */
-    float *mlp_gate_up; /* [2*I][H]: gate rows then up rows */
-    float *mlp_down;    /* [H][I] */
+    hpd_weight_t mlp_gate_up; /* [2*I][H]: gate rows then up rows */
+    hpd_weight_t mlp_down;    /* [H][I] */
     /* full attention (layer_full) */
-    float *attn_qkv; /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
-    float *attn_o;   /* [H][nh*hd] */
+    hpd_weight_t attn_qkv; /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
+    hpd_weight_t attn_o;   /* [H][nh*hd] */
     float *q_norm;   /* [hd] */
     float *k_norm;   /* [hd] */
     /* Gated DeltaNet (!layer_full) */
-    float *gdn_in;      /* [conv_dim + nv*dv + 2*nv][H]: q|k|v, z, b, a */
+    hpd_weight_t gdn_in;      /* [conv_dim + nv*dv + 2*nv][H]: q|k|v, z, b, a */
     float *gdn_conv;    /* [conv_dim][kc] */
     float *gdn_a_log;   /* [nv] */
     float *gdn_dt_bias; /* [nv] */
     float *gdn_norm;    /* [dv] plain (not zero-centred) RMSNorm weight */
-    float *gdn_out;     /* [H][nv*dv] */
+    hpd_weight_t gdn_out;     /* [H][nv*dv] */
 } hpd_layer_weights_t;
 
 typedef struct {
     hpd_model_config_t config;
-    float *embed;      /* [V][H] */
+    hpd_weight_t embed;      /* [V][H] */
     float *final_norm; /* [H] */
-    float *lm_head;    /* [V][H]; == embed when tied */
+    hpd_weight_t lm_head;    /* [V][H]; == embed when tied */
     hpd_layer_weights_t layers[HPD_MAX_LAYERS];
     uint8_t fingerprint[16]; /* XXH3-128 of config.json and every tensor */
     /* tensors of the checkpoint that text generation does not use, skipped
      * (logged once): the vision tower (model.visual.*) and the MTP head (mtp.*) */
     uint32_t skipped_visual, skipped_mtp;
     uint64_t n_params;
+    uint64_t weight_bytes; /* resident bytes of every tensor (a tied head counted once) */
 } hpd_model_t;
 
-/* A weight tensor of a model: where its pointer sits and its floats. */
+/* A tensor of a model: where its pointer sits (a matrix's hpd_weight_t.p or
+ * a vector's float *), its dtype and its size. */
 typedef struct {
-    float **slot;
-    uint64_t floats;
+    void **slot;
+    hpd_dtype_t dtype;
+    uint64_t elements, bytes;
 } hpd_model_tensor_t;
 
 #define HPD_MODEL_MAX_TENSORS (3 + 14 * HPD_MAX_LAYERS)

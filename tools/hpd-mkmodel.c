@@ -25,6 +25,7 @@ typedef struct {
     uint64_t seed;
     hpd_model_arch_t arch;
     hpd_dtype_t dtype;
+    hpd_dtype_t round_to; /* values rounded to this dtype first (then stored as dtype) */
     uint32_t hidden, layers, full_interval, inter, vocab, heads, kv_heads, head_dim;
     uint32_t lk_heads, lv_heads, lk_dim, lv_dim, conv_kernel, shards, max_pos;
     float rope_theta, partial_rotary;
@@ -75,6 +76,16 @@ static float *make(const opts_t *o, writer_t *w, uint64_t n, dist_t dist, float 
             v[e] = logf(0.1f + scale * uniform(o->seed, id, e));
             break;
         }
+    }
+    if (o->round_to != HPD_DTYPE_F32) { /* the values of a round_to model, in another dtype */
+        void *tmp = malloc(n * hpd_dtype_size(o->round_to));
+        if (tmp == NULL) {
+            free(v);
+            return NULL;
+        }
+        hpd_dtype_from_f32(o->round_to, v, tmp, n);
+        hpd_dtype_to_f32(o->round_to, tmp, v, n);
+        free(tmp);
     }
     return v;
 }
@@ -413,6 +424,8 @@ static void usage(FILE *f)
             "  --seed N              random seed (1)\n"
             "  --arch A              qwen3_next | qwen3_5_text | qwen3_5 (qwen3_next)\n"
             "  --dtype D             f32 | bf16 | f16 (bf16)\n"
+            "  --round-to D          round every value to D first: --dtype f32 --round-to bf16\n"
+            "                        stores a bf16 model's weights widened to F32\n"
             "  --hidden N (256) --layers N (8) --full-interval N (4) --intermediate N (512)\n"
             "  --vocab N (1024) --heads N (4) --kv-heads N (2) --head-dim N (64)\n"
             "  --lin-k-heads N (2) --lin-v-heads N (4) --lin-k-dim N (64) --lin-v-dim N (64)\n"
@@ -440,7 +453,7 @@ int main(int argc, char **argv)
         {"lin-v-heads", 1, 0, 10}, {"lin-k-dim", 1, 0, 11}, {"lin-v-dim", 1, 0, 12},
         {"conv-kernel", 1, 0, 13}, {"rope-theta", 1, 0, 14}, {"partial-rotary", 1, 0, 15},
         {"max-pos", 1, 0, 16}, {"tie", 0, 0, 17}, {"shards", 1, 0, 18},
-        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"sampling", 1, 0, 21}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"sampling", 1, 0, 21}, {"round-to", 1, 0, 22}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
                           &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
                           &o.lk_dim, &o.lv_dim, &o.conv_kernel};
@@ -481,9 +494,10 @@ int main(int argc, char **argv)
             }
             break;
         case 'd':
-            if (hpd_dtype_parse(optarg, &o.dtype) != 0) {
-                fprintf(stderr, "hpd-mkmodel: --dtype '%s' (expected f32, bf16 or f16)\n",
-                        optarg);
+        case 22:
+            if (hpd_dtype_parse(optarg, c == 'd' ? &o.dtype : &o.round_to) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --%s '%s' (expected f32, bf16 or f16)\n",
+                        c == 'd' ? "dtype" : "round-to", optarg);
                 return 2;
             }
             break;

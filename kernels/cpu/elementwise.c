@@ -12,9 +12,10 @@ static inline float *at(const hpd_view_t *v, uint32_t t, uint32_t h)
 
 hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
 {
+    const size_t row = (size_t)a->dim * hpd_dtype_size(a->dtype);
     for (uint32_t i = 0; i < a->n; i++)
-        memcpy(a->out + (size_t)i * a->ld, a->table + (size_t)a->ids[i] * a->dim,
-               a->dim * sizeof(float));
+        hpd_dtype_to_f32(a->dtype, (const char *)a->table + (size_t)a->ids[i] * row,
+                         a->out + (size_t)i * a->ld, a->dim);
     return HPD_OK;
 }
 

@@ -1,11 +1,17 @@
-/* GEMM y = x w^T on the CPU.
+/* GEMM y = x w^T on the CPU, with w in F32, BF16 or F16.
  *
  * Batch invariance: each y[m][n] is computed by the exact sequence of
  * hpd_dot() (8 lanes over k, fixed horizontal sum, ordered tail) whatever the
  * kernel shape that computes it (4x2 for the bulk, 1x4 for leftover rows, 1x1
- * for leftover columns), so a row's result never depends on the batch. */
+ * for leftover columns), so a row's result never depends on the batch.
+ *
+ * Weight dtypes: a BF16 or F16 element is widened to fp32 in registers as it
+ * is loaded (exactly: both are subsets of fp32), then the same fp32 sequence
+ * runs, so BF16 weights give the bits of the same weights stored as F32 while
+ * reading half the bytes. One kernel set per dtype, from one macro. */
 #include <omp.h>
 
+#include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -16,105 +22,183 @@ static inline void finish(float *y, float s, bool accumulate)
     *y = accumulate ? *y + s : s;
 }
 
-static inline float tail_dot(float s, const float *x, const float *w, uint32_t i, uint32_t k)
+/* ---- loads of 8 and of 1 weight element, widened to fp32 */
+
+static inline hpd_v8_t load8_f32(const float *p)
 {
-    for (; i < k; i++)
-        s = hpd_fma1(x[i], w[i], s);
-    return s;
+    return hpd_v8_load(p);
 }
 
-static void kern_4x2(const float *x, uint32_t ldx, const float *w0, const float *w1, uint32_t k,
-                     float *y, uint32_t ldy, bool accumulate)
+static inline float load1_f32(const float *p)
 {
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx, *x3 = x + 3 * (size_t)ldx;
-    hpd_v8_t a00 = hpd_v8_zero(), a01 = hpd_v8_zero(), a10 = hpd_v8_zero(), a11 = hpd_v8_zero();
-    hpd_v8_t a20 = hpd_v8_zero(), a21 = hpd_v8_zero(), a30 = hpd_v8_zero(), a31 = hpd_v8_zero();
-    uint32_t i = 0;
-
-    for (; i + 8 <= k; i += 8) {
-        hpd_v8_t b0 = hpd_v8_load(w0 + i), b1 = hpd_v8_load(w1 + i), xv;
-        xv = hpd_v8_load(x0 + i);
-        a00 = hpd_v8_fma(xv, b0, a00);
-        a01 = hpd_v8_fma(xv, b1, a01);
-        xv = hpd_v8_load(x1 + i);
-        a10 = hpd_v8_fma(xv, b0, a10);
-        a11 = hpd_v8_fma(xv, b1, a11);
-        xv = hpd_v8_load(x2 + i);
-        a20 = hpd_v8_fma(xv, b0, a20);
-        a21 = hpd_v8_fma(xv, b1, a21);
-        xv = hpd_v8_load(x3 + i);
-        a30 = hpd_v8_fma(xv, b0, a30);
-        a31 = hpd_v8_fma(xv, b1, a31);
-    }
-    finish(y, tail_dot(hpd_v8_hsum(a00), x0, w0, i, k), accumulate);
-    finish(y + 1, tail_dot(hpd_v8_hsum(a01), x0, w1, i, k), accumulate);
-    finish(y + ldy, tail_dot(hpd_v8_hsum(a10), x1, w0, i, k), accumulate);
-    finish(y + ldy + 1, tail_dot(hpd_v8_hsum(a11), x1, w1, i, k), accumulate);
-    finish(y + 2 * (size_t)ldy, tail_dot(hpd_v8_hsum(a20), x2, w0, i, k), accumulate);
-    finish(y + 2 * (size_t)ldy + 1, tail_dot(hpd_v8_hsum(a21), x2, w1, i, k), accumulate);
-    finish(y + 3 * (size_t)ldy, tail_dot(hpd_v8_hsum(a30), x3, w0, i, k), accumulate);
-    finish(y + 3 * (size_t)ldy + 1, tail_dot(hpd_v8_hsum(a31), x3, w1, i, k), accumulate);
+    return *p;
 }
 
-static void kern_1x4(const float *x, const float *w, uint32_t ldw, uint32_t k, float *y,
-                     bool accumulate)
+static inline float load1_bf16(const uint16_t *p)
 {
-    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * (size_t)ldw, *w3 = w + 3 * (size_t)ldw;
-    hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero(), a3 = hpd_v8_zero();
-    uint32_t i = 0;
-
-    for (; i + 8 <= k; i += 8) {
-        hpd_v8_t xv = hpd_v8_load(x + i);
-        a0 = hpd_v8_fma(xv, hpd_v8_load(w0 + i), a0);
-        a1 = hpd_v8_fma(xv, hpd_v8_load(w1 + i), a1);
-        a2 = hpd_v8_fma(xv, hpd_v8_load(w2 + i), a2);
-        a3 = hpd_v8_fma(xv, hpd_v8_load(w3 + i), a3);
-    }
-    finish(y, tail_dot(hpd_v8_hsum(a0), x, w0, i, k), accumulate);
-    finish(y + 1, tail_dot(hpd_v8_hsum(a1), x, w1, i, k), accumulate);
-    finish(y + 2, tail_dot(hpd_v8_hsum(a2), x, w2, i, k), accumulate);
-    finish(y + 3, tail_dot(hpd_v8_hsum(a3), x, w3, i, k), accumulate);
+    return hpd_bf16_to_f32(*p);
 }
 
-/* One tile: weight rows [n0, n1) against every row of x. */
-static void gemm_tile(const hpd_gemm_args_t *a, uint32_t n0, uint32_t n1)
+static inline float load1_f16(const uint16_t *p)
 {
-    const uint32_t k = a->k;
-    uint32_t m = 0;
-
-    for (; m + 4 <= a->m; m += 4) {
-        const float *x = a->x + (size_t)m * a->ldx;
-        float *y = a->y + (size_t)m * a->ldy;
-        uint32_t n = n0;
-        for (; n + 2 <= n1; n += 2)
-            kern_4x2(x, a->ldx, a->w + (size_t)n * k, a->w + (size_t)(n + 1) * k, k, y + n,
-                     a->ldy, a->accumulate);
-        for (; n < n1; n++)
-            for (uint32_t r = 0; r < 4; r++)
-                finish(y + (size_t)r * a->ldy + n,
-                       hpd_dot(x + (size_t)r * a->ldx, a->w + (size_t)n * k, k), a->accumulate);
-    }
-    for (; m < a->m; m++) {
-        const float *x = a->x + (size_t)m * a->ldx;
-        float *y = a->y + (size_t)m * a->ldy;
-        uint32_t n = n0;
-        for (; n + 4 <= n1; n += 4)
-            kern_1x4(x, a->w + (size_t)n * k, k, k, y + n, a->accumulate);
-        for (; n < n1; n++)
-            finish(y + n, hpd_dot(x, a->w + (size_t)n * k, k), a->accumulate);
-    }
+    return hpd_f16_to_f32(*p);
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline hpd_v8_t load8_bf16(const uint16_t *p)
+{
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+#else
+static inline hpd_v8_t load8_bf16(const uint16_t *p)
+{
+    float f[8];
+    for (int i = 0; i < 8; i++)
+        f[i] = hpd_bf16_to_f32(p[i]);
+    return hpd_v8_load(f);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+static inline hpd_v8_t load8_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+#else
+static inline hpd_v8_t load8_f16(const uint16_t *p)
+{
+    float f[8];
+    for (int i = 0; i < 8; i++)
+        f[i] = hpd_f16_to_f32(p[i]);
+    return hpd_v8_load(f);
+}
+#endif
+
+/* The kernels for weights of element type WT, loaded by load8_SFX/load1_SFX. */
+#define GEMM_KERNELS(SFX, WT)                                                                    \
+    static inline float tail_##SFX(float s, const float *x, const WT *w, uint32_t i, uint32_t k) \
+    {                                                                                            \
+        for (; i < k; i++)                                                                       \
+            s = hpd_fma1(x[i], load1_##SFX(w + i), s);                                           \
+        return s;                                                                                \
+    }                                                                                            \
+                                                                                                 \
+    /* hpd_dot with w widened as it is read */                                                   \
+    static inline float dot_##SFX(const float *x, const WT *w, uint32_t k)                      \
+    {                                                                                            \
+        hpd_v8_t acc = hpd_v8_zero();                                                            \
+        uint32_t i = 0;                                                                          \
+        for (; i + 8 <= k; i += 8)                                                               \
+            acc = hpd_v8_fma(hpd_v8_load(x + i), load8_##SFX(w + i), acc);                       \
+        return tail_##SFX(hpd_v8_hsum(acc), x, w, i, k);                                         \
+    }                                                                                            \
+                                                                                                 \
+    static void kern_4x2_##SFX(const float *x, uint32_t ldx, const WT *w0, const WT *w1,        \
+                               uint32_t k, float *y, uint32_t ldy, bool accumulate)              \
+    {                                                                                            \
+        const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx;                           \
+        const float *x3 = x + 3 * (size_t)ldx;                                                   \
+        hpd_v8_t a00 = hpd_v8_zero(), a01 = hpd_v8_zero(), a10 = hpd_v8_zero();                  \
+        hpd_v8_t a11 = hpd_v8_zero(), a20 = hpd_v8_zero(), a21 = hpd_v8_zero();                  \
+        hpd_v8_t a30 = hpd_v8_zero(), a31 = hpd_v8_zero();                                       \
+        uint32_t i = 0;                                                                          \
+        for (; i + 8 <= k; i += 8) {                                                             \
+            hpd_v8_t b0 = load8_##SFX(w0 + i), b1 = load8_##SFX(w1 + i), xv;                     \
+            xv = hpd_v8_load(x0 + i);                                                            \
+            a00 = hpd_v8_fma(xv, b0, a00);                                                       \
+            a01 = hpd_v8_fma(xv, b1, a01);                                                       \
+            xv = hpd_v8_load(x1 + i);                                                            \
+            a10 = hpd_v8_fma(xv, b0, a10);                                                       \
+            a11 = hpd_v8_fma(xv, b1, a11);                                                       \
+            xv = hpd_v8_load(x2 + i);                                                            \
+            a20 = hpd_v8_fma(xv, b0, a20);                                                       \
+            a21 = hpd_v8_fma(xv, b1, a21);                                                       \
+            xv = hpd_v8_load(x3 + i);                                                            \
+            a30 = hpd_v8_fma(xv, b0, a30);                                                       \
+            a31 = hpd_v8_fma(xv, b1, a31);                                                       \
+        }                                                                                        \
+        finish(y, tail_##SFX(hpd_v8_hsum(a00), x0, w0, i, k), accumulate);                       \
+        finish(y + 1, tail_##SFX(hpd_v8_hsum(a01), x0, w1, i, k), accumulate);                   \
+        finish(y + ldy, tail_##SFX(hpd_v8_hsum(a10), x1, w0, i, k), accumulate);                 \
+        finish(y + ldy + 1, tail_##SFX(hpd_v8_hsum(a11), x1, w1, i, k), accumulate);             \
+        finish(y + 2 * (size_t)ldy, tail_##SFX(hpd_v8_hsum(a20), x2, w0, i, k), accumulate);     \
+        finish(y + 2 * (size_t)ldy + 1, tail_##SFX(hpd_v8_hsum(a21), x2, w1, i, k), accumulate); \
+        finish(y + 3 * (size_t)ldy, tail_##SFX(hpd_v8_hsum(a30), x3, w0, i, k), accumulate);     \
+        finish(y + 3 * (size_t)ldy + 1, tail_##SFX(hpd_v8_hsum(a31), x3, w1, i, k), accumulate); \
+    }                                                                                            \
+                                                                                                 \
+    static void kern_1x4_##SFX(const float *x, const WT *w, uint32_t ldw, uint32_t k, float *y,  \
+                               bool accumulate)                                                  \
+    {                                                                                            \
+        const WT *w0 = w, *w1 = w + ldw, *w2 = w + 2 * (size_t)ldw, *w3 = w + 3 * (size_t)ldw;   \
+        hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero();                     \
+        hpd_v8_t a3 = hpd_v8_zero();                                                             \
+        uint32_t i = 0;                                                                          \
+        for (; i + 8 <= k; i += 8) {                                                             \
+            hpd_v8_t xv = hpd_v8_load(x + i);                                                    \
+            a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                        \
+            a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                        \
+            a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                        \
+            a3 = hpd_v8_fma(xv, load8_##SFX(w3 + i), a3);                                        \
+        }                                                                                        \
+        finish(y, tail_##SFX(hpd_v8_hsum(a0), x, w0, i, k), accumulate);                         \
+        finish(y + 1, tail_##SFX(hpd_v8_hsum(a1), x, w1, i, k), accumulate);                     \
+        finish(y + 2, tail_##SFX(hpd_v8_hsum(a2), x, w2, i, k), accumulate);                     \
+        finish(y + 3, tail_##SFX(hpd_v8_hsum(a3), x, w3, i, k), accumulate);                     \
+    }                                                                                            \
+                                                                                                 \
+    /* One tile: weight rows [n0, n1) against every row of x. */                                 \
+    static void gemm_tile_##SFX(const hpd_gemm_args_t *a, uint32_t n0, uint32_t n1)             \
+    {                                                                                            \
+        const uint32_t k = a->k;                                                                 \
+        const WT *w = (const WT *)a->w;                                                          \
+        uint32_t m = 0;                                                                          \
+        for (; m + 4 <= a->m; m += 4) {                                                          \
+            const float *x = a->x + (size_t)m * a->ldx;                                          \
+            float *y = a->y + (size_t)m * a->ldy;                                                \
+            uint32_t n = n0;                                                                     \
+            for (; n + 2 <= n1; n += 2)                                                          \
+                kern_4x2_##SFX(x, a->ldx, w + (size_t)n * k, w + (size_t)(n + 1) * k, k, y + n,  \
+                               a->ldy, a->accumulate);                                           \
+            for (; n < n1; n++)                                                                  \
+                for (uint32_t r = 0; r < 4; r++)                                                 \
+                    finish(y + (size_t)r * a->ldy + n,                                           \
+                           dot_##SFX(x + (size_t)r * a->ldx, w + (size_t)n * k, k),              \
+                           a->accumulate);                                                       \
+        }                                                                                        \
+        for (; m < a->m; m++) {                                                                  \
+            const float *x = a->x + (size_t)m * a->ldx;                                          \
+            float *y = a->y + (size_t)m * a->ldy;                                                \
+            uint32_t n = n0;                                                                     \
+            for (; n + 4 <= n1; n += 4)                                                          \
+                kern_1x4_##SFX(x, w + (size_t)n * k, k, k, y + n, a->accumulate);                \
+            for (; n < n1; n++)                                                                  \
+                finish(y + n, dot_##SFX(x, w + (size_t)n * k, k), a->accumulate);                \
+        }                                                                                        \
+    }
+
+GEMM_KERNELS(f32, float)
+GEMM_KERNELS(bf16, uint16_t)
+GEMM_KERNELS(f16, uint16_t)
 
 hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
     const uint32_t n_tiles = (a->n + NB - 1) / NB;
     /* threads pay only when there is enough work to split */
     const int threads = (uint64_t)a->m * a->n * a->k >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+    void (*tile)(const hpd_gemm_args_t *, uint32_t, uint32_t);
 
+    switch (a->w_dtype) {
+    case HPD_DTYPE_F32: tile = gemm_tile_f32; break;
+    case HPD_DTYPE_BF16: tile = gemm_tile_bf16; break;
+    case HPD_DTYPE_F16: tile = gemm_tile_f16; break;
+    default: return HPD_ERR_UNSUPPORTED;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < n_tiles; t++) {
         uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
-        gemm_tile(a, n0, n1);
+        tile(a, n0, n1);
     }
     return HPD_OK;
 }

@@ -7,6 +7,7 @@
 #define HPD_KERNELS_CUDA_OPS_H
 
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 extern "C" {

@@ -3,12 +3,23 @@
  * are staged to the device first. */
 #include "kernels/cuda/cuda_ops.h"
 
-__global__ void embed_kernel(const int32_t *ids, uint32_t n, const float *table, uint32_t dim,
-                             float *out, uint32_t ld)
+/* The table in F32, BF16 or F16, widened exactly. */
+__global__ void embed_kernel(const int32_t *ids, uint32_t n, const void *table,
+                             hpd_dtype_t dtype, uint32_t dim, float *out, uint32_t ld)
 {
     const uint32_t i = blockIdx.x;
-    for (uint32_t d = threadIdx.x; d < dim; d += blockDim.x)
-        out[(size_t)i * ld + d] = table[(size_t)ids[i] * dim + d];
+    const size_t row = (size_t)ids[i] * dim;
+    for (uint32_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        float v;
+        if (dtype == HPD_DTYPE_F32) {
+            v = ((const float *)table)[row + d];
+        } else {
+            const uint16_t h = ((const uint16_t *)table)[row + d];
+            v = dtype == HPD_DTYPE_BF16 ? __uint_as_float((uint32_t)h << 16)
+                                        : __half2float(__ushort_as_half(h));
+        }
+        out[(size_t)i * ld + d] = v;
+    }
 }
 
 hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
@@ -21,7 +32,7 @@ hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
     if ((st = hpd_cuda_stage(b, a->ids, a->n * sizeof(int32_t), &off, &ids)) != HPD_OK)
         return st;
     embed_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>((const int32_t *)ids, a->n, a->table,
-                                                            a->dim, a->out, a->ld);
+                                                            a->dtype, a->dim, a->out, a->ld);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -1,15 +1,40 @@
 /* GEMM y = (acc ? y : 0) + x w^T, deterministic: each output sums k in
  * ascending order in one thread, so its value depends on its row and column
  * alone (not on m, the batch). 64x64 tiles, 16x16 threads, 4x4 outputs per
- * thread, k in steps of 16 through shared memory. No cuBLAS. */
+ * thread, k in steps of 16 through shared memory. No cuBLAS. Weights in F32,
+ * BF16 or F16, widened to fp32 exactly as they are staged. */
 #include "kernels/cuda/cuda_ops.h"
+
+__device__ static inline float widen(float w)
+{
+    return w;
+}
+
+/* BF16 and F16 weights are read as their 16-bit patterns */
+struct bf16_t {
+    uint16_t bits;
+};
+struct f16_t {
+    uint16_t bits;
+};
+
+__device__ static inline float widen(bf16_t w)
+{
+    return __uint_as_float((uint32_t)w.bits << 16);
+}
+
+__device__ static inline float widen(f16_t w)
+{
+    return __half2float(__ushort_as_half(w.bits));
+}
 
 #define TM 64
 #define TN 64
 #define TK 16
 
+template <typename WT>
 __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
-                            const float *__restrict__ w, float *__restrict__ y, uint32_t ldy,
+                            const WT *__restrict__ w, float *__restrict__ y, uint32_t ldy,
                             uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
     __shared__ float xs[TK][TM + 1];
@@ -25,7 +50,7 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
             const uint32_t gr = row0 + r, gk = k0 + kk;
             xs[kk][r] = gr < m && gk < k ? x[(size_t)gr * ldx + gk] : 0.0f;
             const uint32_t gc = col0 + r;
-            ws[kk][r] = gc < n && gk < k ? w[(size_t)gc * k + gk] : 0.0f;
+            ws[kk][r] = gc < n && gk < k ? widen(w[(size_t)gc * k + gk]) : 0.0f;
         }
         __syncthreads();
         for (uint32_t kk = 0; kk < TK; kk++)
@@ -51,8 +76,23 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
     const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
-    gemm_kernel<<<grid, block, 0, hpd_cuda_ctx(b)->stream>>>(a->x, a->ldx, a->w, a->y, a->ldy,
-                                                             a->m, a->n, a->k, a->accumulate);
+    cudaStream_t s = hpd_cuda_ctx(b)->stream;
+    switch (a->w_dtype) {
+    case HPD_DTYPE_F32:
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const float *)a->w, a->y, a->ldy, a->m,
+                                           a->n, a->k, a->accumulate);
+        break;
+    case HPD_DTYPE_BF16:
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const bf16_t *)a->w, a->y, a->ldy, a->m,
+                                           a->n, a->k, a->accumulate);
+        break;
+    case HPD_DTYPE_F16:
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f16_t *)a->w, a->y, a->ldy, a->m,
+                                           a->n, a->k, a->accumulate);
+        break;
+    default:
+        return HPD_ERR_UNSUPPORTED;
+    }
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
@@ -67,8 +107,11 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a)
     const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
+    if (a->w_dtype != HPD_DTYPE_F32) /* cuBLAS has no fp32 x bf16 product: the kernel above */
+        return hpd_cuda_gemm(b, a);
     const cublasStatus_t cs = cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->n,
-                                          (int)a->m, (int)a->k, &alpha, a->w, (int)a->k, a->x,
+                                          (int)a->m, (int)a->k, &alpha, (const float *)a->w,
+                                          (int)a->k, a->x,
                                           (int)a->ldx, &beta, a->y, (int)a->ldy);
     if (cs != CUBLAS_STATUS_SUCCESS) {
         HPD_LOG_ERROR("cuda", "cublasSgemm %ux%ux%u failed: status %d", a->m, a->n, a->k,

@@ -1,10 +1,12 @@
-/* GEMM against a double-precision reference, and batch invariance: a row's
- * bits do not depend on how many rows are computed with it. */
+/* GEMM against a double-precision reference, batch invariance (a row's
+ * bits do not depend on how many rows are computed with it), and BF16 / F16
+ * weights giving the bits of the same weights stored as F32. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 #include "tests/test_helpers.h"
@@ -81,11 +83,53 @@ static void test_batch_invariant(void **state)
     hpd_backend_destroy(be2);
 }
 
+/* Weights in BF16 or F16 are widened exactly as they are read: y has the
+ * bits of the same weights widened to F32 first, for every kernel shape
+ * (4x2, 1x4, 1x1, tails of k), accumulate or not, on 1 and 2 threads. */
+static void test_half_weights_exact(void **state)
+{
+    const uint32_t shapes[][3] = {{1, 1, 1},   {3, 5, 7},    {4, 2, 8},   {9, 33, 100},
+                                  {13, 77, 203}, {5, 1030, 24}, {2, 64, 1024}};
+    const hpd_dtype_t dtypes[] = {HPD_DTYPE_BF16, HPD_DTYPE_F16};
+    hpd_backend_t *be1 = cpu(1), *be2 = cpu(2);
+
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+        for (size_t d = 0; d < 2; d++) {
+            const uint32_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            const size_t nk = (size_t)n * k;
+            float *x = malloc((size_t)m * k * 4), *w = malloc(nk * 4);
+            float *y16 = malloc((size_t)m * n * 4), *y32 = malloc((size_t)m * n * 4);
+            uint16_t *h = malloc(nk * 2);
+            test_fill(x, (size_t)m * k, 11 + s, 1.0f);
+            test_fill(w, nk, 200 + s, 1.0f);
+            hpd_dtype_from_f32(dtypes[d], w, h, nk); /* rounded, then widened back */
+            hpd_dtype_to_f32(dtypes[d], h, w, nk);
+            for (int acc = 0; acc < 2; acc++) {
+                test_fill(y16, (size_t)m * n, 300 + s, 1.0f);
+                memcpy(y32, y16, (size_t)m * n * 4);
+                hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .y = y32, .ldy = n, .m = m,
+                                     .n = n, .k = k, .accumulate = acc};
+                assert_int_equal(hpd_gemm(be2, &a), HPD_OK);
+                a.w = h;
+                a.w_dtype = dtypes[d];
+                a.y = y16;
+                assert_int_equal(hpd_gemm(acc ? be1 : be2, &a), HPD_OK);
+                if (memcmp(y16, y32, (size_t)m * n * 4) != 0)
+                    fail_msg("%s weights, %ux%ux%u, accumulate %d: not the F32 bits",
+                             hpd_dtype_name(dtypes[d]), m, n, k, acc);
+            }
+            free(x), free(w), free(y16), free(y32), free(h);
+        }
+    hpd_backend_destroy(be1);
+    hpd_backend_destroy(be2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_batch_invariant),
+        cmocka_unit_test(test_half_weights_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

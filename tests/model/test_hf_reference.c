@@ -135,12 +135,15 @@ static void check_weights(hpd_model_t *m, json_t *want, const char *name)
     uint64_t count = 0;
 
     for (uint32_t i = 0; i < n; i++) {
-        const float *x = *t[i].slot;
-        for (uint64_t e = 0; e < t[i].floats; e++) {
-            sum += x[e];
-            sum_sq += (double)x[e] * x[e];
+        const char *p = *t[i].slot;
+        const size_t es = hpd_dtype_size(t[i].dtype);
+        for (uint64_t e = 0; e < t[i].elements; e++) {
+            float x;
+            hpd_dtype_to_f32(t[i].dtype, p + e * es, &x, 1);
+            sum += x;
+            sum_sq += (double)x * x;
         }
-        count += t[i].floats;
+        count += t[i].elements;
     }
     const double want_sum = json_number_value(get(want, "sum"));
     const double want_sq = json_number_value(get(want, "sum_sq"));

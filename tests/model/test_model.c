@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "common/util.h"
@@ -41,23 +43,23 @@ static hpd_model_t *make_and_load(const char *name, const char *extra)
     return m;
 }
 
-/* Where a tensor's slot sits in m, for messages: its layer and its field's
- * index in hpd_layer_weights_t, or the top level. */
-static const char *tensor_where(const hpd_model_t *m, float *const *slot)
+/* Where a tensor's slot sits in m, for messages: its layer and its byte
+ * offset in hpd_layer_weights_t, or the top level. */
+static const char *tensor_where(const hpd_model_t *m, void *const *slot)
 {
     static char buf[64];
     const char *p = (const char *)slot, *l0 = (const char *)&m->layers[0];
     if (p < l0 || p >= (const char *)&m->layers[HPD_MAX_LAYERS])
         return "embed, final_norm or lm_head";
     const size_t off = (size_t)(p - l0);
-    snprintf(buf, sizeof(buf), "layer %zu, field %zu of hpd_layer_weights_t",
-             off / sizeof(m->layers[0]), off % sizeof(m->layers[0]) / sizeof(float *));
+    snprintf(buf, sizeof(buf), "layer %zu, byte %zu of hpd_layer_weights_t",
+             off / sizeof(m->layers[0]), off % sizeof(m->layers[0]));
     return buf;
 }
 
-/* Every tensor of a and b, bit for bit. Walking hpd_model_tensors (the list
- * that destroy frees) means a tensor added to the model is compared without
- * touching this test. */
+/* Every tensor of a and b, bit for bit and in the same dtype. Walking
+ * hpd_model_tensors (the list that destroy frees) means a tensor added to
+ * the model is compared without touching this test. */
 static void assert_same_weights(hpd_model_t *a, hpd_model_t *b)
 {
     hpd_model_tensor_t ta[HPD_MODEL_MAX_TENSORS], tb[HPD_MODEL_MAX_TENSORS];
@@ -65,31 +67,43 @@ static void assert_same_weights(hpd_model_t *a, hpd_model_t *b)
 
     assert_int_equal(hpd_model_tensors(b, tb), n);
     for (uint32_t i = 0; i < n; i++) {
-        assert_int_equal(ta[i].floats, tb[i].floats);
+        assert_int_equal(ta[i].elements, tb[i].elements);
+        assert_int_equal(ta[i].dtype, tb[i].dtype);
         assert_non_null(*ta[i].slot);
         assert_non_null(*tb[i].slot);
-        if (memcmp(*ta[i].slot, *tb[i].slot, ta[i].floats * sizeof(float)) != 0)
+        if (memcmp(*ta[i].slot, *tb[i].slot, ta[i].bytes) != 0)
             fail_msg("tensor %u of %u (%s) differs", i, n, tensor_where(a, ta[i].slot));
     }
 }
 
-/* Every float of every tensor of lo (bf16 on disk) is that of f32 (the same
- * seed in f32) rounded to bf16: the conversion runs on every tensor. */
+/* Every element of every tensor of lo (bf16 on disk) is that of f32 (the
+ * same seed in f32) rounded to bf16; lo's matrices stay BF16 (no fp32
+ * copy), its vectors are widened, and f32's are all F32. */
 static void assert_bf16_of(hpd_model_t *lo, hpd_model_t *f32)
 {
     hpd_model_tensor_t tl[HPD_MODEL_MAX_TENSORS], tf[HPD_MODEL_MAX_TENSORS];
     const uint32_t n = hpd_model_tensors(lo, tl);
+    uint32_t matrices = 0;
 
     assert_int_equal(hpd_model_tensors(f32, tf), n);
     for (uint32_t i = 0; i < n; i++) {
-        const float *l = *tl[i].slot, *f = *tf[i].slot;
-        assert_int_equal(tl[i].floats, tf[i].floats);
-        for (uint64_t e = 0; e < tl[i].floats; e++) {
+        const float *f = *tf[i].slot;
+        assert_int_equal(tl[i].elements, tf[i].elements);
+        assert_int_equal(tf[i].dtype, HPD_DTYPE_F32);
+        assert_true(tl[i].dtype == HPD_DTYPE_F32 || tl[i].dtype == HPD_DTYPE_BF16);
+        matrices += tl[i].dtype == HPD_DTYPE_BF16;
+        for (uint64_t e = 0; e < tl[i].elements; e++) {
+            float l;
+            hpd_dtype_to_f32(tl[i].dtype, (const char *)*tl[i].slot + e * hpd_dtype_size(tl[i].dtype),
+                             &l, 1);
             const float want = hpd_bf16_to_f32(hpd_f32_to_bf16(f[e]));
-            if (memcmp(&l[e], &want, sizeof(float)) != 0)
-                fail_msg("tensor %u element %" PRIu64 ": %.9g, want %.9g", i, e, l[e], want);
+            if (memcmp(&l, &want, sizeof(float)) != 0)
+                fail_msg("tensor %u element %" PRIu64 ": %.9g, want %.9g", i, e, l, want);
         }
     }
+    /* embed, lm_head, and per layer the MLP's two and the mixer's two */
+    assert_int_equal(matrices, 2 + 4 * lo->config.n_layers);
+    assert_true(lo->weight_bytes < f32->weight_bytes * 0.55);
 }
 
 static void test_namings_dtypes_shards(void **state)
@@ -111,7 +125,8 @@ static void test_namings_dtypes_shards(void **state)
     assert_same_weights(next, interval);
     /* bf16 on disk is the f32 model rounded */
     assert_bf16_of(next, f32);
-    assert_true(f16->lm_head == f16->embed); /* tied */
+    assert_true(f16->lm_head.p == f16->embed.p); /* tied */
+    assert_int_equal(f16->embed.dtype, HPD_DTYPE_F16);
     /* fingerprints tell files apart */
     assert_memory_not_equal(next->fingerprint, f32->fingerprint, 16);
     assert_memory_not_equal(next->fingerprint, q35->fingerprint, 16);
@@ -270,9 +285,51 @@ static void test_bad_models(void **state)
     assert_null(m);
 }
 
+static uint64_t rss_bytes(void)
+{
+    unsigned long long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%llu %llu", &size, &resident), 2);
+    fclose(f);
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Weights stay in the checkpoint's dtype: loading a BF16 model of ~50 MB
+ * grows the resident set by at most 1.05x the checkpoint's tensor bytes
+ * (an fp32 copy would double it), and no more than weight_bytes says. */
+static void test_resident_memory(void **state)
+{
+    char dir[512];
+    hpd_st_archive_t *ar;
+    hpd_model_t *m = NULL;
+    uint64_t tensor_bytes = 0;
+    snprintf(dir, sizeof(dir), "%s/resident", root);
+    assert_int_equal(test_mkmodel(dir, "--hidden 512 --layers 8 --full-interval 4 "
+                                       "--intermediate 1536 --vocab 8192 --dtype bf16"),
+                     0);
+    assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);
+    for (size_t i = 0; i < hpd_st_archive_count(ar); i++)
+        tensor_bytes += hpd_st_archive_get(ar, i)->nbytes;
+    hpd_st_archive_destroy(ar);
+
+    const uint64_t before = rss_bytes();
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    const uint64_t grown = rss_bytes() - before;
+    print_message("checkpoint tensors %.1f MiB, weights %.1f MiB, resident set grew %.1f MiB "
+                  "(%.3fx)\n",
+                  tensor_bytes / 1048576.0, m->weight_bytes / 1048576.0, grown / 1048576.0,
+                  (double)grown / (double)tensor_bytes);
+    assert_true(tensor_bytes > 40u << 20);
+    assert_true(m->weight_bytes <= tensor_bytes * 1.05);
+    assert_true(grown <= tensor_bytes * 1.05);
+    hpd_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resident_memory), /* first: the heap is fresh */
         cmocka_unit_test(test_namings_dtypes_shards),
         cmocka_unit_test(test_skips_vision_and_mtp),
         cmocka_unit_test(test_generation_config),

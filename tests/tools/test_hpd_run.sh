@@ -79,6 +79,18 @@ check "ignore eos: the whole output" test "$got" = "$out1"
 got=$("$run" --model "$tmp/eos2" --prompt-ids "$prompt" --max-tokens 12)
 check "hpd-mkmodel --eos: the model stops there" test "$got" = "$want"
 
+# weights in their dtype: a BF16 (F16) model gives the tokens and the logits,
+# bit for bit, of the same weights widened to F32 on disk
+for d in bf16 f16; do
+    "$mkmodel" --out "$tmp/$d" --seed 3 --arch qwen3_next --dtype $d || exit 1
+    "$mkmodel" --out "$tmp/$d-wide" --seed 3 --arch qwen3_next --dtype f32 --round-to $d || exit 1
+    a=$("$run" --model "$tmp/$d" --prompt-ids "$prompt" --max-tokens 12 --logits-out "$tmp/$d.logits")
+    b=$("$run" --model "$tmp/$d-wide" --prompt-ids "$prompt" --max-tokens 12 --logits-out "$tmp/$d-wide.logits")
+    check "$d weights: the tokens of the same weights in F32" test -n "$a" -a "$a" = "$b"
+    check "$d weights: the logits of the same weights in F32, bit for bit" cmp -s "$tmp/$d.logits" "$tmp/$d-wide.logits"
+done
+check "bf16 and f16 models differ (the check can fail)" bash -c '! cmp -s "$1" "$2"' _ "$tmp/bf16.logits" "$tmp/f16.logits"
+
 # generation defaults: a request that sets no temperature / top-p / top-k
 # samples with generation_config.json's, unless --no-generation-defaults
 "$mkmodel" --out "$tmp/gen" --seed 3 --arch qwen3_next --sampling 5,0.9,50 || exit 1
