@@ -88,6 +88,52 @@ static void test_gemm(void **state)
     hpd_backend_free(gpu, dy1);
 }
 
+/* BF16 and F16 weights (GEMM) and tables (embed): the device widens them
+ * exactly, so its GEMM gives the bits of its own GEMM over the weights
+ * widened to F32 first, close to the CPU's; embed rows are exact. */
+static void test_half_weights(void **state)
+{
+    const uint32_t m = 19, n = 130, k = 200, V = 50;
+    const hpd_dtype_t dtypes[] = {HPD_DTYPE_BF16, HPD_DTYPE_F16};
+    for (int d = 0; d < 2; d++) {
+        float *x = rnd(m * k, 11, 1), *w = rnd(n * k, 12, 0.1f);
+        float *ycpu = malloc(m * n * sizeof(float));
+        uint16_t *h = malloc(n * k * 2);
+        hpd_dtype_from_f32(dtypes[d], w, h, n * k);
+        hpd_dtype_to_f32(dtypes[d], h, w, n * k); /* w: the half weights widened */
+        void *dh;
+        assert_int_equal(hpd_backend_alloc(gpu, n * k * 2, &dh), HPD_OK);
+        assert_int_equal(hpd_backend_from_host(gpu, dh, h, n * k * 2), HPD_OK);
+        float *dx = up(x, m * k), *dw = up(w, n * k), *dy = up(x, m * n), *dy32 = up(x, m * n);
+        hpd_gemm_args_t a = {.x = x, .ldx = k, .w = h, .w_dtype = dtypes[d], .y = ycpu,
+                             .ldy = n, .m = m, .n = n, .k = k};
+        assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+        a.x = dx, a.w = dh, a.y = dy;
+        assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
+        a.w = dw, a.w_dtype = HPD_DTYPE_F32, a.y = dy32;
+        assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
+        float *got = down(dy, m * n), *got32 = down(dy32, m * n);
+        expect_close(dtypes[d] == HPD_DTYPE_BF16 ? "gemm bf16" : "gemm f16", got, ycpu, m * n,
+                     1e-5);
+        assert_memory_equal(got, got32, m * n * sizeof(float));
+        /* embed from a half table (rows of w as the vocabulary) */
+        const int32_t ids[4] = {3, 0, 49, 3};
+        float *ecpu = malloc(4 * k * sizeof(float)), *de = up(x, 4 * k);
+        hpd_embed_args_t e = {.ids = ids, .n = 4, .table = h, .dtype = dtypes[d], .dim = k,
+                              .out = ecpu, .ld = k};
+        assert_true(V <= n);
+        assert_int_equal(hpd_embed(cpu, &e), HPD_OK);
+        e.table = dh, e.out = de;
+        assert_int_equal(hpd_embed(gpu, &e), HPD_OK);
+        float *egot = down(de, 4 * k);
+        assert_memory_equal(egot, ecpu, 4 * k * sizeof(float));
+        assert_memory_equal(ecpu + k, w, k * sizeof(float)); /* id 0: row 0 widened */
+        free(x), free(w), free(ycpu), free(h), free(got), free(got32), free(ecpu), free(egot);
+        hpd_backend_free(gpu, dh), hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dw);
+        hpd_backend_free(gpu, dy), hpd_backend_free(gpu, dy32), hpd_backend_free(gpu, de);
+    }
+}
+
 static void test_norms_and_elementwise(void **state)
 {
     const uint32_t T = 9, H = 4, D = 128, N = T * H * D;
@@ -759,6 +805,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_half_weights),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),
