@@ -91,8 +91,28 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
     const uint32_t gdn_rows = hpd_model_gdn_in_rows(c), attn_rows = hpd_model_attn_qkv_rows(c);
     hpd_status_t st;
 
+    const uint64_t S = R * c->top_k, H = c->hidden_size, Im = c->moe_inter;
     e->ld_proj = HPD_MAX(HPD_MAX(gdn_rows, attn_rows), 2 * c->intermediate_size);
+    e->ld_proj = HPD_MAX(e->ld_proj, hpd_model_moe_in_rows(c));
     e->ld_core = HPD_MAX(c->lin_n_v_heads * c->lin_v_dim, c->n_heads * c->head_dim);
+    if (c->n_moe_layers > 0) {
+        if ((st = alloc_act(e, &e->moe_x, S * H)) != HPD_OK ||
+            (st = alloc_act(e, &e->moe_gu, S * 2 * Im)) != HPD_OK ||
+            (st = alloc_act(e, &e->moe_act, S * Im)) != HPD_OK ||
+            (st = alloc_act(e, &e->moe_out, S * H)) != HPD_OK ||
+            (st = alloc_act(e, &e->moe_shared, R * H)) != HPD_OK)
+            return st;
+        if (!hpd_backend_host_memory(e->be) &&
+            (e->moe_logits = malloc(R * e->ld_proj * sizeof(float))) == NULL)
+            return HPD_ERR_NO_MEMORY;
+        e->moe_w = malloc(S * sizeof(float));
+        e->moe_ids = malloc(S * sizeof(uint32_t));
+        e->moe_slots = malloc(S * sizeof(uint32_t));
+        e->moe_idx = malloc(S * sizeof(uint32_t));
+        e->moe_first = malloc((c->n_experts + 1) * sizeof(uint32_t));
+        if (!e->moe_w || !e->moe_ids || !e->moe_slots || !e->moe_idx || !e->moe_first)
+            return HPD_ERR_NO_MEMORY;
+    }
     if ((st = alloc_act(e, &e->x, R * c->hidden_size)) != HPD_OK ||
         (st = alloc_act(e, &e->h, R * c->hidden_size)) != HPD_OK ||
         (st = alloc_act(e, &e->proj, R * e->ld_proj)) != HPD_OK ||
@@ -100,7 +120,8 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
         (st = alloc_act(e, &e->g, R * c->lin_n_v_heads)) != HPD_OK ||
         (st = alloc_act(e, &e->beta, R * c->lin_n_v_heads)) != HPD_OK ||
         (st = alloc_act(e, &e->core, R * e->ld_core)) != HPD_OK ||
-        (st = alloc_act(e, &e->act, R * c->intermediate_size)) != HPD_OK ||
+        (st = alloc_act(e, &e->act, R * HPD_MAX(c->intermediate_size, c->shared_inter))) !=
+            HPD_OK ||
         (st = alloc_act(e, &e->lhid, R * c->hidden_size)) != HPD_OK ||
         (st = alloc_act(e, &e->logits, R * c->vocab_size)) != HPD_OK)
         return st;
@@ -285,11 +306,18 @@ void hpd_engine_destroy(hpd_engine_t *e)
     }
     free(e->reqs);
     free(e->active);
-    float *bufs[] = {e->x, e->h, e->proj, e->conv, e->g, e->beta, e->core, e->act, e->lhid,
-                     e->logits};
+    float *bufs[] = {e->x,    e->h,      e->proj,   e->conv,    e->g,
+                     e->beta, e->core,   e->act,    e->lhid,    e->logits,
+                     e->moe_x, e->moe_gu, e->moe_act, e->moe_out, e->moe_shared};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
         hpd_backend_free(e->be, bufs[i]);
     free(e->logits_host);
+    free(e->moe_logits);
+    free(e->moe_w);
+    free(e->moe_ids);
+    free(e->moe_slots);
+    free(e->moe_idx);
+    free(e->moe_first);
     free(e->ids);
     free(e->positions);
     free(e->items);

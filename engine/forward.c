@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/internal.h"
+#include "engine/moe.h"
 
 #define LOG_COMPONENT "engine"
 
@@ -276,6 +277,133 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     return HPD_OK;
 }
 
+/* The expert e's matrix of rows x cols inside a stacked [E][rows][cols]. */
+static const void *expert_matrix(hpd_weight_t w, uint32_t e, uint64_t rows, uint64_t cols)
+{
+    return (const char *)w.p + (size_t)e * rows * cols * hpd_dtype_size(w.dtype);
+}
+
+/* A mixture-of-experts MLP (Qwen3-Next, Qwen3.5-MoE): one projection gives
+ * the router logits, the shared expert's gate logit and its gate|up rows;
+ * each token is routed on the host (engine/moe.h), its rows are gathered by
+ * expert and every expert hit runs its GEMMs over its rows only (the
+ * others' weights are not read); the combine op adds each token's experts
+ * in ascending id and the gated shared expert to the residual. Each GEMM
+ * row is batch invariant and the sum's order is the token's own, so a
+ * token's result does not depend on the batch. */
+static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
+{
+    const hpd_model_config_t *c = e->cfg;
+    const hpd_layer_weights_t *w = &e->w->layers[l];
+    const uint32_t R = bt->rows, H = c->hidden_size, E = c->n_experts, K = c->top_k;
+    const uint32_t Im = c->moe_inter, Is = c->shared_inter, S = R * K;
+    const float *logits = e->proj;
+    hpd_status_t st;
+
+    if ((st = norm_project(e, R, w->post_norm, w->moe_in, hpd_model_moe_in_rows(c))) != HPD_OK)
+        return st;
+    if (!hpd_backend_host_memory(e->be)) {
+        if ((st = hpd_backend_to_host(e->be, e->moe_logits, e->proj,
+                                      (size_t)R * e->ld_proj * sizeof(float))) != HPD_OK)
+            return st;
+        logits = e->moe_logits;
+    }
+    /* route, then number the slots expert by expert (tokens in order) */
+    for (uint32_t x = 0; x <= E; x++)
+        e->moe_first[x] = 0;
+    for (uint32_t t = 0; t < R; t++) {
+        hpd_moe_route(logits + (size_t)t * e->ld_proj, E, K, c->norm_topk, e->moe_ids + t * K,
+                      e->moe_w + t * K);
+        for (uint32_t j = 0; j < K; j++)
+            e->moe_first[e->moe_ids[t * K + j] + 1]++;
+    }
+    for (uint32_t x = 0; x < E; x++)
+        e->moe_first[x + 1] += e->moe_first[x];
+    for (uint32_t t = 0; t < R; t++)
+        for (uint32_t j = 0; j < K; j++) {
+            const uint32_t slot = e->moe_first[e->moe_ids[t * K + j]]++;
+            e->moe_slots[t * K + j] = slot;
+            e->moe_idx[slot] = t;
+        }
+    for (uint32_t x = E; x > 0; x--) /* back to each expert's first slot */
+        e->moe_first[x] = e->moe_first[x - 1];
+    e->moe_first[0] = 0;
+
+    const hpd_gather_args_t gather = {
+        .src = e->h, .ld_src = H, .idx = e->moe_idx, .n = S, .dim = H, .dst = e->moe_x, .ld_dst = H};
+    if ((st = hpd_gather(e->be, &gather)) != HPD_OK)
+        return st;
+    for (uint32_t x = 0; x < E; x++) {
+        const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
+        if (n == 0)
+            continue;
+        const hpd_gemm_args_t gu = {.x = e->moe_x + (size_t)s0 * H,
+                                    .ldx = H,
+                                    .w = expert_matrix(w->moe_gate_up, x, 2 * Im, H),
+                                    .w_dtype = w->moe_gate_up.dtype,
+                                    .y = e->moe_gu + (size_t)s0 * 2 * Im,
+                                    .ldy = 2 * Im,
+                                    .m = n,
+                                    .n = 2 * Im,
+                                    .k = H};
+        if ((st = hpd_gemm(e->be, &gu)) != HPD_OK)
+            return st;
+    }
+    const hpd_silu_mul_args_t act = {
+        .gu = e->moe_gu, .ldgu = 2 * Im, .out = e->moe_act, .ldout = Im, .n_tokens = S, .inter = Im};
+    if ((st = hpd_silu_mul(e->be, &act)) != HPD_OK)
+        return st;
+    for (uint32_t x = 0; x < E; x++) {
+        const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
+        if (n == 0)
+            continue;
+        const hpd_gemm_args_t down = {.x = e->moe_act + (size_t)s0 * Im,
+                                      .ldx = Im,
+                                      .w = expert_matrix(w->moe_down, x, H, Im),
+                                      .w_dtype = w->moe_down.dtype,
+                                      .y = e->moe_out + (size_t)s0 * H,
+                                      .ldy = H,
+                                      .m = n,
+                                      .n = H,
+                                      .k = Im};
+        if ((st = hpd_gemm(e->be, &down)) != HPD_OK)
+            return st;
+    }
+    if (Is > 0) {
+        const hpd_silu_mul_args_t sact = {.gu = e->proj + E + 1,
+                                          .ldgu = e->ld_proj,
+                                          .out = e->act,
+                                          .ldout = Is,
+                                          .n_tokens = R,
+                                          .inter = Is};
+        const hpd_gemm_args_t sdown = {.x = e->act,
+                                       .ldx = Is,
+                                       .w = w->shared_down.p,
+                                       .w_dtype = w->shared_down.dtype,
+                                       .y = e->moe_shared,
+                                       .ldy = H,
+                                       .m = R,
+                                       .n = H,
+                                       .k = Is};
+        if ((st = hpd_silu_mul(e->be, &sact)) != HPD_OK || (st = hpd_gemm(e->be, &sdown)) != HPD_OK)
+            return st;
+    }
+    const hpd_moe_combine_args_t comb = {.x = e->x,
+                                         .ldx = H,
+                                         .rows = e->moe_out,
+                                         .ld_rows = H,
+                                         .slots = e->moe_slots,
+                                         .weights = e->moe_w,
+                                         .top_k = K,
+                                         .shared = Is > 0 ? e->moe_shared : NULL,
+                                         .ld_shared = H,
+                                         .gate = e->proj + E,
+                                         .ld_gate = e->ld_proj,
+                                         .n_tokens = R,
+                                         .dim = H};
+    return hpd_moe_combine(e->be, &comb);
+}
+
 /* Final norm and LM head over the rows that need logits. */
 static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
 {
@@ -342,7 +470,7 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
         /* this layer's KV rows and GDN states are final for the step's tokens */
         if (e->p.layer_cb != NULL)
             e->p.layer_cb(e->p.layer_cb_arg, l, e->step_items, bt->n_items);
-        if ((st = mlp(e, bt, l)) != HPD_OK)
+        if ((st = c->layer_moe[l] ? moe(e, bt, l) : mlp(e, bt, l)) != HPD_OK)
             return st;
     }
     return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;

@@ -73,6 +73,14 @@ struct hpd_engine {
     float *x, *h, *proj, *conv, *g, *beta, *core, *act, *lhid, *logits;
     uint32_t ld_proj, ld_core;
     float *logits_host; /* for the callback when the backend is not host memory */
+    /* mixture of experts, S = R * top_k slots (a token's row per expert it
+     * routes to, grouped by expert): backend memory */
+    float *moe_x, *moe_gu, *moe_act, *moe_out, *moe_shared;
+    /* host memory: the router logits (a device backend's copy), each
+     * token's experts (ascending) and weights, its slots, each slot's token,
+     * each expert's first slot */
+    float *moe_logits, *moe_w;
+    uint32_t *moe_ids, *moe_slots, *moe_idx, *moe_first;
     /* host-side batch metadata */
     int32_t *ids;
     int32_t *positions;

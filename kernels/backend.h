@@ -131,6 +131,39 @@ typedef struct {
     uint32_t n_tokens, inter;
 } hpd_silu_mul_args_t;
 
+/* dst[i] = src[idx[i]] for n rows of dim floats (idx is host memory): a
+ * mixture of experts gathers the rows of each expert together. */
+typedef struct {
+    const float *src;
+    uint32_t ld_src;
+    const uint32_t *idx;
+    uint32_t n, dim;
+    float *dst;
+    uint32_t ld_dst;
+} hpd_gather_args_t;
+
+/* A mixture of experts' output added to the residual, per token t and
+ * element d, with a fixed sequence of fp32 roundings (as transformers):
+ *   acc = 0; for j < top_k: acc = acc + weights[t][j] * rows[slots[t][j]][d]
+ *   (the product rounded, then the sum; j in the order given: the engine
+ *   gives experts in ascending id), then with a shared expert
+ *   acc = acc + sigmoid(gate[t]) * shared[t][d]; finally x[t][d] += acc.
+ * slots and weights are host memory, [n_tokens][top_k]. */
+typedef struct {
+    float *x;
+    uint32_t ldx;
+    const float *rows;
+    uint32_t ld_rows;
+    const uint32_t *slots;
+    const float *weights;
+    uint32_t top_k;
+    const float *shared; /* [n_tokens][ld_shared]; NULL: no shared expert */
+    uint32_t ld_shared;
+    const float *gate; /* the shared expert's gate logit of token t at gate[t * ld_gate] */
+    uint32_t ld_gate;
+    uint32_t n_tokens, dim;
+} hpd_moe_combine_args_t;
+
 /* x(t, h, d) *= sigmoid(gate(t, h, d)) (attention output gate) */
 typedef struct {
     hpd_view_t x, gate;
@@ -286,6 +319,8 @@ typedef struct {
     hpd_status_t (*sample)(hpd_backend_t *backend, const hpd_sample_args_t *args);
     hpd_status_t (*kv_translate)(hpd_backend_t *backend, const hpd_kv_translate_args_t *args);
     hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
+    hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
+    hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
 } hpd_backend_ops_t;
 
 struct hpd_backend {
@@ -447,6 +482,22 @@ static inline hpd_status_t hpd_kv_translate(hpd_backend_t *b, const hpd_kv_trans
 static inline hpd_status_t hpd_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a)
 {
     return HPD_BACKEND_CALL(b, slot_copy, a);
+}
+
+static inline hpd_status_t hpd_gather(hpd_backend_t *b, const hpd_gather_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gather, a);
+}
+
+static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, moe_combine, a);
+}
+
+/* sigmoid as both backends compute it for the shared expert's gate */
+static inline HPD_HOST_DEVICE float hpd_sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
 }
 
 /* The chunk length of the chunked gated delta rule; chunks sit on multiples

@@ -354,19 +354,79 @@ static hpd_status_t parse_layer_types(json_t *text, json_t *top, const char *ori
     return HPD_OK;
 }
 
+/* The mixture of experts, as transformers builds it: Qwen3-Next's layer l
+ * is sparse when l is not in mlp_only_layers, num_experts > 0 and
+ * (l + 1) % decoder_sparse_step == 0 (a config without num_experts is taken
+ * as dense here; every released one states it); Qwen3.5-MoE's every layer,
+ * always renormalising the top-k weights. The sizes default as in
+ * transformers' configuration classes. */
+static hpd_status_t parse_moe(json_t *text, json_t *top, const char *origin,
+                              hpd_model_config_t *c)
+{
+    const bool next = c->arch == HPD_ARCH_QWEN3_NEXT;
+    uint32_t step = 1;
+    hpd_status_t st;
+
+    if ((st = get_u32(text, top, origin, "num_experts", false, c->moe_family ? 256 : 0,
+                      &c->n_experts)) != HPD_OK)
+        return st;
+    if (c->n_experts == 0)
+        return HPD_OK;
+    if ((st = get_u32(text, top, origin, "num_experts_per_tok", false, next ? 10 : 8,
+                      &c->top_k)) != HPD_OK ||
+        (st = get_u32(text, top, origin, "moe_intermediate_size", false, 512, &c->moe_inter)) !=
+            HPD_OK ||
+        (st = get_u32(text, top, origin, "shared_expert_intermediate_size", false, 512,
+                      &c->shared_inter)) != HPD_OK ||
+        (next && (st = get_u32(text, top, origin, "decoder_sparse_step", false, 1, &step)) !=
+                     HPD_OK))
+        return st;
+    json_t *norm = field(text, top, "norm_topk_prob");
+    if (norm != NULL && !json_is_boolean(norm)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'norm_topk_prob' must be true or false", origin);
+        return HPD_ERR_FORMAT;
+    }
+    c->norm_topk = !next || norm == NULL || json_is_true(norm);
+    if (c->n_experts > HPD_MAX_EXPERTS || c->top_k == 0 || c->top_k > c->n_experts ||
+        c->top_k > HPD_MAX_TOPK || c->moe_inter == 0 || step == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: num_experts=%u, num_experts_per_tok=%u, moe_intermediate_size=%u, "
+                      "decoder_sparse_step=%u (expected 1 to %d experts, 1 to min(experts, %d) "
+                      "per token, positive sizes)",
+                      origin, c->n_experts, c->top_k, c->moe_inter, step, HPD_MAX_EXPERTS,
+                      HPD_MAX_TOPK);
+        return HPD_ERR_FORMAT;
+    }
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        c->layer_moe[l] = !next || (l + 1) % step == 0;
+    json_t *only = next ? field(text, top, "mlp_only_layers") : NULL;
+    if (only != NULL && !json_is_null(only)) {
+        if (!json_is_array(only)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'mlp_only_layers' must be a list of layer "
+                          "indices", origin);
+            return HPD_ERR_FORMAT;
+        }
+        for (size_t i = 0; i < json_array_size(only); i++) {
+            json_t *x = json_array_get(only, i);
+            const json_int_t l = json_is_integer(x) ? json_integer_value(x) : -1;
+            if (l < 0 || l >= c->n_layers) {
+                HPD_LOG_ERROR(LOG_COMPONENT, "%s: mlp_only_layers entry %zu is not a layer "
+                              "index (0 to %u)", origin, i, c->n_layers - 1);
+                return HPD_ERR_FORMAT;
+            }
+            c->layer_moe[l] = false;
+        }
+    }
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        c->n_moe_layers += c->layer_moe[l];
+    return HPD_OK;
+}
+
 static hpd_status_t check_supported(json_t *text, json_t *top, const char *origin)
 {
-    json_t *v = field(text, top, "num_experts");
     json_t *act = field(text, top, "hidden_act");
     json_t *bias = field(text, top, "attention_bias");
 
-    if (v != NULL && json_is_integer(v) && json_integer_value(v) > 0) {
-        HPD_LOG_ERROR(LOG_COMPONENT,
-                      "%s: num_experts=%lld: mixture-of-experts models are not supported yet "
-                      "(expected a dense model, num_experts 0)",
-                      origin, (long long)json_integer_value(v));
-        return HPD_ERR_UNSUPPORTED;
-    }
     if (act != NULL && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: hidden_act '%s' is not supported (expected \"silu\")",
                       origin, json_is_string(act) ? json_string_value(act) : "?");
@@ -387,7 +447,6 @@ static hpd_status_t validate(const char *origin, hpd_model_config_t *c)
     } positive[] = {
         {"vocab_size", c->vocab_size},
         {"hidden_size", c->hidden_size},
-        {"intermediate_size", c->intermediate_size},
         {"num_hidden_layers", c->n_layers},
         {"num_attention_heads", c->n_heads},
         {"num_key_value_heads", c->n_kv_heads},
@@ -482,24 +541,26 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
         goto out;
     } else if (strcmp(model_type, "qwen3_next") == 0) {
         c.arch = HPD_ARCH_QWEN3_NEXT;
-    } else if (strcmp(model_type, "qwen3_5_text") == 0) {
+    } else if (strcmp(model_type, "qwen3_5_text") == 0 ||
+               strcmp(model_type, "qwen3_5_moe_text") == 0) {
         c.arch = HPD_ARCH_QWEN3_5_TEXT;
-    } else if (strcmp(model_type, "qwen3_5") == 0) {
+    } else if (strcmp(model_type, "qwen3_5") == 0 || strcmp(model_type, "qwen3_5_moe") == 0) {
         c.arch = HPD_ARCH_QWEN3_5;
         text = json_object_get(root, "text_config");
         if (!json_is_object(text)) {
-            HPD_LOG_ERROR(LOG_COMPONENT, "%s: model_type qwen3_5 needs an object 'text_config'",
-                          origin);
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: model_type %s needs an object 'text_config'",
+                          origin, model_type);
             goto out;
         }
     } else {
         HPD_LOG_ERROR(LOG_COMPONENT,
-                      "%s: model_type '%s' is not supported (expected qwen3_next, qwen3_5_text "
-                      "or qwen3_5)",
+                      "%s: model_type '%s' is not supported (expected qwen3_next, qwen3_5_text, "
+                      "qwen3_5, qwen3_5_moe_text or qwen3_5_moe)",
                       origin, model_type);
         st = HPD_ERR_UNSUPPORTED;
         goto out;
     }
+    c.moe_family = strstr(model_type, "_moe") != NULL;
     if ((st = check_supported(text, root, origin)) != HPD_OK)
         goto out;
 
@@ -511,7 +572,7 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
     } fields[] = {
         {"vocab_size", &c.vocab_size, true, 0},
         {"hidden_size", &c.hidden_size, true, 0},
-        {"intermediate_size", &c.intermediate_size, true, 0},
+        {"intermediate_size", &c.intermediate_size, false, 0}, /* checked below */
         {"num_hidden_layers", &c.n_layers, true, 0},
         {"num_attention_heads", &c.n_heads, true, 0},
         {"num_key_value_heads", &c.n_kv_heads, true, 0},
@@ -537,8 +598,15 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
         st = HPD_ERR_UNSUPPORTED;
         goto out;
     }
-    if ((st = parse_layer_types(text, root, origin, &c)) != HPD_OK)
+    if ((st = parse_layer_types(text, root, origin, &c)) != HPD_OK ||
+        (st = parse_moe(text, root, origin, &c)) != HPD_OK)
         goto out;
+    if (c.n_moe_layers < c.n_layers && c.intermediate_size == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'intermediate_size' is missing or 0 (%u layers have a "
+                      "dense MLP)", origin, c.n_layers - c.n_moe_layers);
+        st = HPD_ERR_FORMAT;
+        goto out;
+    }
     if ((st = parse_rope(text, root, origin, &c)) != HPD_OK)
         goto out;
     c.rms_norm_eps = 1e-6f;

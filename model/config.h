@@ -10,19 +10,32 @@
 
 #define HPD_MAX_LAYERS 256
 #define HPD_MAX_EOS 8 /* end-of-sequence ids a model may declare */
+#define HPD_MAX_EXPERTS 1024
+#define HPD_MAX_TOPK 32 /* experts per token */
 
 typedef enum {
     HPD_ARCH_QWEN3_NEXT = 0,   /* model_type "qwen3_next" */
     HPD_ARCH_QWEN3_5_TEXT = 1, /* model_type "qwen3_5_text" */
     HPD_ARCH_QWEN3_5 = 2,      /* model_type "qwen3_5" with a nested text_config */
 } hpd_model_arch_t;
+/* qwen3_5_moe_text and qwen3_5_moe (Qwen3.5-MoE) are QWEN3_5_TEXT and
+ * QWEN3_5 with moe_family set: every layer's MLP is a mixture of experts. */
 
 typedef struct {
     hpd_model_arch_t arch;
     uint32_t vocab_size;
     uint32_t hidden_size;
-    uint32_t intermediate_size;
+    uint32_t intermediate_size; /* the dense MLP's (0 when every layer is MoE) */
     uint32_t n_layers;
+    /* mixture of experts (Qwen3-Next; Qwen3.5-MoE): a layer's MLP is a
+     * router over n_experts experts of moe_inter, top_k of them per token
+     * (weights renormalised when norm_topk), plus a shared expert of
+     * shared_inter gated by sigmoid(shared_expert_gate) (0: none) */
+    bool moe_family; /* model_type qwen3_5_moe or qwen3_5_moe_text */
+    uint32_t n_experts, top_k, moe_inter, shared_inter;
+    bool norm_topk;
+    bool layer_moe[HPD_MAX_LAYERS];
+    uint32_t n_moe_layers;
     bool layer_full[HPD_MAX_LAYERS]; /* true: gated full attention; false: GDN */
     /* gated full attention */
     uint32_t n_heads;

@@ -17,6 +17,11 @@ uint32_t hpd_model_gdn_in_rows(const hpd_model_config_t *c)
     return c->conv_dim + c->lin_n_v_heads * c->lin_v_dim + 2 * c->lin_n_v_heads;
 }
 
+uint32_t hpd_model_moe_in_rows(const hpd_model_config_t *c)
+{
+    return c->n_experts + (c->shared_inter > 0 ? 1 + 2 * c->shared_inter : 0);
+}
+
 uint32_t hpd_model_attn_qkv_rows(const hpd_model_config_t *c)
 {
     return c->n_heads * 2 * c->head_dim + 2 * c->n_kv_heads * c->head_dim;
@@ -226,6 +231,82 @@ static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_we
     return load_stacked(ld, m, w, c->hidden_size, l, 4, fmts, rows);
 }
 
+/* The experts of MoE layer l, in either naming: fused 3-D
+ * mlp.experts.gate_up_proj [E][2*Im][H] and mlp.experts.down_proj [E][H][Im]
+ * (transformers v5), or per expert mlp.experts.N.{gate,up,down}_proj.weight
+ * (the released checkpoints). */
+static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_layer_weights_t *w)
+{
+    const hpd_model_config_t *c = &m->config;
+    const uint64_t E = c->n_experts, H = c->hidden_size, I = c->moe_inter;
+    const hpd_st_tensor_t *gu, *dn;
+    hpd_status_t st;
+
+    if (hpd_st_archive_find(ld->ar, tensor_name(ld, "layers.%u.mlp.experts.gate_up_proj", l)) !=
+        NULL) {
+        const uint64_t gu_dims[3] = {E, 2 * I, H}, dn_dims[3] = {E, H, I};
+        if ((st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.gate_up_proj", l), 3,
+                               gu_dims, &gu)) != HPD_OK ||
+            (st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.down_proj", l), 3,
+                               dn_dims, &dn)) != HPD_OK ||
+            (st = mat_alloc(m, &w->moe_gate_up, gu->dtype, E * 2 * I * H)) != HPD_OK ||
+            (st = mat_alloc(m, &w->moe_down, dn->dtype, E * H * I)) != HPD_OK)
+            return st;
+        mat_rows(&w->moe_gate_up, H, 0, gu, 0, E * 2 * I);
+        mat_rows(&w->moe_down, I, 0, dn, 0, E * H);
+        return HPD_OK;
+    }
+    const hpd_st_tensor_t **ts = malloc(3 * E * sizeof(*ts));
+    const uint64_t in_dims[2] = {I, H}, out_dims[2] = {H, I};
+    if (ts == NULL)
+        return HPD_ERR_NO_MEMORY;
+    st = HPD_OK;
+    for (uint64_t x = 0; x < E && st == HPD_OK; x++) {
+        st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.gate_proj.weight", l,
+                                          (uint32_t)x), 2, in_dims, &ts[2 * x]);
+        if (st == HPD_OK)
+            st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.up_proj.weight", l,
+                                              (uint32_t)x), 2, in_dims, &ts[2 * x + 1]);
+        if (st == HPD_OK)
+            st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.down_proj.weight", l,
+                                              (uint32_t)x), 2, out_dims, &ts[2 * E + x]);
+    }
+    if (st == HPD_OK &&
+        (st = mat_alloc(m, &w->moe_gate_up, fused_dtype(ts, 2 * (uint32_t)E), E * 2 * I * H)) ==
+            HPD_OK &&
+        (st = mat_alloc(m, &w->moe_down, fused_dtype(ts + 2 * E, (uint32_t)E), E * H * I)) ==
+            HPD_OK) {
+        for (uint64_t x = 0; x < E; x++) {
+            mat_rows(&w->moe_gate_up, H, 2 * I * x, ts[2 * x], 0, I);
+            mat_rows(&w->moe_gate_up, H, 2 * I * x + I, ts[2 * x + 1], 0, I);
+            mat_rows(&w->moe_down, I, H * x, ts[2 * E + x], 0, H);
+        }
+    }
+    free(ts);
+    return st;
+}
+
+/* A MoE layer's MLP: the router, the shared expert and its gate, the experts. */
+static hpd_status_t load_moe(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_layer_weights_t *w)
+{
+    const hpd_model_config_t *c = &m->config;
+    const uint64_t H = c->hidden_size, Is = c->shared_inter;
+    static const char *const in[] = {"layers.%u.mlp.gate.weight",
+                                     "layers.%u.mlp.shared_expert_gate.weight",
+                                     "layers.%u.mlp.shared_expert.gate_proj.weight",
+                                     "layers.%u.mlp.shared_expert.up_proj.weight"};
+    const uint64_t in_rows[] = {c->n_experts, 1, Is, Is};
+    hpd_status_t st;
+
+    if ((st = load_stacked(ld, m, &w->moe_in, H, l, Is > 0 ? 4 : 1, in, in_rows)) != HPD_OK ||
+        (Is > 0 &&
+         (st = load_matrix(ld, m, &w->shared_down,
+                           tensor_name(ld, "layers.%u.mlp.shared_expert.down_proj.weight", l), H,
+                           Is)) != HPD_OK))
+        return st;
+    return load_experts(ld, m, l, w);
+}
+
 static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
 {
     const hpd_model_config_t *c = &m->config;
@@ -244,9 +325,12 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
                         w->input_norm)) != HPD_OK ||
         (st = load_into(ld, tensor_name(ld, "layers.%u.post_attention_layernorm.weight", l), 1,
                         H, 0, 0, w->post_norm)) != HPD_OK ||
-        (st = load_stacked(ld, m, &w->mlp_gate_up, H, l, 2, mlp, mlp_rows)) != HPD_OK ||
-        (st = load_matrix(ld, m, &w->mlp_down,
-                          tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), H, I)) != HPD_OK)
+        (c->layer_moe[l] && (st = load_moe(ld, m, l, w)) != HPD_OK))
+        return st;
+    if (!c->layer_moe[l] &&
+        ((st = load_stacked(ld, m, &w->mlp_gate_up, H, l, 2, mlp, mlp_rows)) != HPD_OK ||
+         (st = load_matrix(ld, m, &w->mlp_down,
+                           tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), H, I)) != HPD_OK))
         return st;
 
     if (c->layer_full[l]) {
@@ -428,8 +512,17 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
         hpd_layer_weights_t *w = &m->layers[l];
         T(w->input_norm, H);
         T(w->post_norm, H);
-        W(w->mlp_gate_up, 2 * I * H);
-        W(w->mlp_down, H * I);
+        if (c->layer_moe[l]) {
+            const uint64_t E = c->n_experts, Im = c->moe_inter, Is = c->shared_inter;
+            W(w->moe_in, (uint64_t)hpd_model_moe_in_rows(c) * H);
+            W(w->moe_gate_up, E * 2 * Im * H);
+            W(w->moe_down, E * H * Im);
+            if (Is > 0)
+                W(w->shared_down, H * Is);
+        } else {
+            W(w->mlp_gate_up, 2 * I * H);
+            W(w->mlp_down, H * I);
+        }
         if (c->layer_full[l]) {
             W(w->attn_qkv, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
             W(w->attn_o, H * nh * hd);

@@ -16,8 +16,14 @@
 typedef struct {
     float *input_norm; /* [H] zero-centred RMSNorm weight */
     float *post_norm;  /* [H] */
-    hpd_weight_t mlp_gate_up; /* [2*I][H]: gate rows then up rows */
+    hpd_weight_t mlp_gate_up; /* [2*I][H]: gate rows then up rows (dense MLP) */
     hpd_weight_t mlp_down;    /* [H][I] */
+    /* mixture of experts (layer_moe), E experts of Im, a shared one of Is */
+    hpd_weight_t moe_in;      /* [E + 1 + 2*Is][H]: router, shared gate, shared gate|up
+                                 (Is = 0: the router's E rows) */
+    hpd_weight_t moe_gate_up; /* [E][2*Im][H]: per expert gate rows then up rows */
+    hpd_weight_t moe_down;    /* [E][H][Im] */
+    hpd_weight_t shared_down; /* [H][Is] */
     /* full attention (layer_full) */
     hpd_weight_t attn_qkv; /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
     hpd_weight_t attn_o;   /* [H][nh*hd] */
@@ -54,7 +60,7 @@ typedef struct {
     uint64_t elements, bytes;
 } hpd_model_tensor_t;
 
-#define HPD_MODEL_MAX_TENSORS (3 + 14 * HPD_MAX_LAYERS)
+#define HPD_MODEL_MAX_TENSORS (3 + 16 * HPD_MAX_LAYERS)
 
 /* Lists every tensor of m (lm_head only when it is not tied to embed), in a
  * fixed order, into out (HPD_MODEL_MAX_TENSORS entries). Returns the count.
@@ -72,8 +78,10 @@ void hpd_model_destroy(hpd_model_t *model);
 /* Hex form of the fingerprint (33 bytes with the NUL). */
 void hpd_model_fingerprint_hex(const hpd_model_t *model, char out[33]);
 
-/* Rows of the fused GDN input projection and of the attention projection. */
+/* Rows of the fused GDN input projection, of the attention projection and
+ * of a MoE layer's input projection (router, shared gate and expert). */
 uint32_t hpd_model_gdn_in_rows(const hpd_model_config_t *config);
+uint32_t hpd_model_moe_in_rows(const hpd_model_config_t *config);
 uint32_t hpd_model_attn_qkv_rows(const hpd_model_config_t *config);
 
 #endif

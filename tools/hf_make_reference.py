@@ -57,6 +57,15 @@ CASES = [
     ("q35text-f32", "--arch qwen3_5_text --dtype f32 --partial-rotary 0.5", 103),
     ("q35text-f16-tied", "--arch qwen3_5_text --dtype f16 --tie --rope-theta 10000", 104),
     ("q35-bf16-shards", "--arch qwen3_5 --dtype bf16 --shards 3", 105),
+    # mixtures of experts: Qwen3-Next with a dense layer among sparse ones and
+    # per-expert tensors; without renormalised top-k on a sparse step of 2;
+    # Qwen3.5-MoE with fused 3-D expert tensors
+    ("next-moe-bf16", "--arch qwen3_next --dtype bf16 --experts 8 --experts-per-tok 2 "
+     "--moe-intermediate 48 --shared-intermediate 32 --mlp-only-layers 2", 106),
+    ("next-moe-nonorm-f32", "--arch qwen3_next --dtype f32 --experts 6 --experts-per-tok 3 "
+     "--moe-intermediate 40 --shared-intermediate 24 --no-norm-topk --sparse-step 2", 107),
+    ("q35moe-bf16-fused", "--arch qwen3_5_moe --dtype bf16 --experts 8 --experts-per-tok 2 "
+     "--moe-intermediate 48 --shared-intermediate 32 --fused-experts --shards 2", 108),
 ]
 
 PROMPT_LENS = [5, 70, 150]
@@ -72,16 +81,17 @@ def load_hf(model_dir):
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    if cfg.model_type == "qwen3_5":
-        from transformers import Qwen3_5ForConditionalGeneration
+    if cfg.model_type in ("qwen3_5", "qwen3_5_moe"):
+        from transformers import Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration
 
         # the vision tower is unused by text prompts and absent from the file;
         # shrink it so its random init costs nothing
         v = cfg.vision_config
         v.depth, v.hidden_size, v.intermediate_size, v.num_heads = 1, 32, 64, 2
         v.out_hidden_size = cfg.text_config.hidden_size
-        model = Qwen3_5ForConditionalGeneration.from_pretrained(
-            model_dir, config=cfg, dtype=torch.float32)
+        cls = (Qwen3_5MoeForConditionalGeneration if cfg.model_type == "qwen3_5_moe"
+               else Qwen3_5ForConditionalGeneration)
+        model = cls.from_pretrained(model_dir, config=cfg, dtype=torch.float32)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -31,9 +31,16 @@ typedef struct {
     float rope_theta, partial_rotary;
     int tie, interval_only;
     const char *eos; /* "1,2": eos_token_id in config.json and generation_config.json */
+    /* mixture of experts: experts (0: dense), per token, their and the
+     * shared expert's intermediate sizes; qwen3_5_moe(_text) for the
+     * Qwen3.5 archs; fused 3-D expert tensors; Qwen3-Next's sparse step and
+     * dense layers */
+    uint32_t experts, top_k, moe_inter, shared_inter, sparse_step;
+    int moe_family, fused_experts, no_norm_topk;
+    const char *mlp_only; /* "1,3" */
     bool sampling;   /* temperature, top_p and top_k in generation_config.json */
-    float temperature, top_p;
-    uint32_t top_k;
+    float gen_temperature, gen_top_p;
+    uint32_t gen_top_k;
 } opts_t;
 
 typedef struct {
@@ -127,6 +134,85 @@ static int add(writer_t *w, const char *name, const float *f32, uint32_t ndim, u
         }                                                             \
     } while (0)
 
+/* Whether layer l's MLP is a mixture of experts (as transformers decides). */
+static bool layer_moe(const opts_t *o, uint32_t l)
+{
+    if (o->experts == 0)
+        return false;
+    if (o->moe_family)
+        return true;
+    if ((l + 1) % o->sparse_step != 0)
+        return false;
+    for (const char *p = o->mlp_only; p != NULL && *p != '\0';) {
+        char *end;
+        if (strtoul(p, &end, 10) == l && end != p)
+            return false;
+        p = *end == ',' ? end + 1 : end + (*end != '\0');
+    }
+    return true;
+}
+
+/* A MoE layer's tensors: the router, the shared expert and its gate, the
+ * experts (per expert or fused 3-D; the same random streams either way). */
+static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
+{
+    const uint64_t H = o->hidden, E = o->experts, Im = o->moe_inter, Is = o->shared_inter;
+    const float sh = 1.0f / sqrtf((float)H);
+    char name[256];
+    float *t, *gu = NULL, *dn = NULL;
+
+#define ADD(suffix, buf, nd, a, b, c)                                       \
+    do {                                                                    \
+        snprintf(name, sizeof(name), "%slayers.%u.%s", pfx, l, suffix);     \
+        CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
+    } while (0)
+    CHECK(t = make(o, w, E * H, DIST_NORMAL, 4.0f * sh));
+    ADD("mlp.gate.weight", t, 2, E, H, 0);
+    free(t);
+    if (Is > 0) {
+        CHECK(t = make(o, w, Is * H, DIST_NORMAL, sh));
+        ADD("mlp.shared_expert.gate_proj.weight", t, 2, Is, H, 0);
+        free(t);
+        CHECK(t = make(o, w, Is * H, DIST_NORMAL, sh));
+        ADD("mlp.shared_expert.up_proj.weight", t, 2, Is, H, 0);
+        free(t);
+        CHECK(t = make(o, w, H * Is, DIST_NORMAL, 1.0f / sqrtf((float)Is)));
+        ADD("mlp.shared_expert.down_proj.weight", t, 2, H, Is, 0);
+        free(t);
+        CHECK(t = make(o, w, H, DIST_NORMAL, sh));
+        ADD("mlp.shared_expert_gate.weight", t, 2, 1, H, 0);
+        free(t);
+    }
+    if (o->fused_experts) {
+        CHECK(gu = malloc(E * 2 * Im * H * sizeof(float)));
+        CHECK(dn = malloc(E * H * Im * sizeof(float)));
+    }
+    for (uint64_t x = 0; x < E; x++) {
+        char sfx[96];
+        const char *part[3] = {"gate_proj", "up_proj", "down_proj"};
+        for (int p = 0; p < 3; p++) {
+            const uint64_t rows = p < 2 ? Im : H, cols = p < 2 ? H : Im;
+            CHECK(t = make(o, w, rows * cols, DIST_NORMAL, 1.0f / sqrtf((float)cols)));
+            if (o->fused_experts) {
+                float *dst = p < 2 ? gu + (x * 2 + (uint64_t)p) * Im * H : dn + x * H * Im;
+                memcpy(dst, t, rows * cols * sizeof(float));
+            } else {
+                snprintf(sfx, sizeof(sfx), "mlp.experts.%llu.%s.weight", (unsigned long long)x,
+                         part[p]);
+                ADD(sfx, t, 2, rows, cols, 0);
+            }
+            free(t);
+        }
+    }
+    if (o->fused_experts) {
+        ADD("mlp.experts.gate_up_proj", gu, 3, E, 2 * Im, H);
+        ADD("mlp.experts.down_proj", dn, 3, E, H, Im);
+        free(gu);
+        free(dn);
+    }
+#undef ADD
+}
+
 static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l, bool full)
 {
     const uint64_t H = o->hidden, I = o->inter;
@@ -146,15 +232,19 @@ static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l,
     CHECK(t = make(o, w, H, DIST_NORMAL, 0.1f));
     ADD("post_attention_layernorm.weight", t, 1, H, 0, 0);
     free(t);
-    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
-    ADD("mlp.gate_proj.weight", t, 2, I, H, 0);
-    free(t);
-    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
-    ADD("mlp.up_proj.weight", t, 2, I, H, 0);
-    free(t);
-    CHECK(t = make(o, w, H * I, DIST_NORMAL, 1.0f / sqrtf((float)I)));
-    ADD("mlp.down_proj.weight", t, 2, H, I, 0);
-    free(t);
+    if (layer_moe(o, l)) {
+        gen_moe(o, w, pfx, l);
+    } else {
+        CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+        ADD("mlp.gate_proj.weight", t, 2, I, H, 0);
+        free(t);
+        CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+        ADD("mlp.up_proj.weight", t, 2, I, H, 0);
+        free(t);
+        CHECK(t = make(o, w, H * I, DIST_NORMAL, 1.0f / sqrtf((float)I)));
+        ADD("mlp.down_proj.weight", t, 2, H, I, 0);
+        free(t);
+    }
 
     if (full) {
         const uint64_t nh = o->heads, nkv = o->kv_heads, hd = o->head_dim;
@@ -247,7 +337,9 @@ static json_t *text_config(const opts_t *o)
 {
     json_t *c = json_object();
     json_t *types = json_array();
-    const char *mt = o->arch == HPD_ARCH_QWEN3_NEXT ? "qwen3_next" : "qwen3_5_text";
+    const char *mt = o->arch == HPD_ARCH_QWEN3_NEXT ? "qwen3_next"
+                     : o->moe_family               ? "qwen3_5_moe_text"
+                                                   : "qwen3_5_text";
 
     for (uint32_t i = 0; i < o->layers; i++)
         json_array_append_new(types, json_string((i + 1) % o->full_interval == 0
@@ -256,7 +348,8 @@ static json_t *text_config(const opts_t *o)
     json_object_set_new(c, "model_type", json_string(mt));
     json_object_set_new(c, "vocab_size", json_integer(o->vocab));
     json_object_set_new(c, "hidden_size", json_integer(o->hidden));
-    json_object_set_new(c, "intermediate_size", json_integer(o->inter));
+    if (!o->moe_family) /* Qwen3.5-MoE has none: every layer is sparse */
+        json_object_set_new(c, "intermediate_size", json_integer(o->inter));
     json_object_set_new(c, "num_hidden_layers", json_integer(o->layers));
     json_object_set_new(c, "full_attention_interval", json_integer(o->full_interval));
     if (!o->interval_only)
@@ -280,11 +373,26 @@ static json_t *text_config(const opts_t *o)
                                   (double)o->rope_theta, "partial_rotary_factor",
                                   (double)o->partial_rotary));
     json_object_set_new(c, "tie_word_embeddings", json_boolean(o->tie));
+    if (o->arch == HPD_ARCH_QWEN3_NEXT || o->moe_family)
+        json_object_set_new(c, "num_experts", json_integer(o->experts));
+    if (o->experts > 0) {
+        json_object_set_new(c, "num_experts_per_tok", json_integer(o->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(o->moe_inter));
+        json_object_set_new(c, "shared_expert_intermediate_size", json_integer(o->shared_inter));
+    }
     if (o->arch == HPD_ARCH_QWEN3_NEXT) {
-        json_object_set_new(c, "num_experts", json_integer(0));
+        json_object_set_new(c, "norm_topk_prob", json_boolean(!o->no_norm_topk));
+        json_object_set_new(c, "decoder_sparse_step", json_integer(o->sparse_step));
+        json_t *only = json_array();
+        for (uint32_t l = 0; l < o->layers; l++)
+            if (o->experts > 0 && (l + 1) % o->sparse_step == 0 && !layer_moe(o, l))
+                json_array_append_new(only, json_integer(l));
+        json_object_set_new(c, "mlp_only_layers", only);
         json_object_set_new(c, "architectures", json_pack("[s]", "Qwen3NextForCausalLM"));
     } else {
-        json_object_set_new(c, "architectures", json_pack("[s]", "Qwen3_5ForCausalLM"));
+        json_object_set_new(c, "architectures",
+                            json_pack("[s]", o->moe_family ? "Qwen3_5MoeForCausalLM"
+                                                           : "Qwen3_5ForCausalLM"));
     }
     json_object_set_new(c, "torch_dtype", json_string(o->dtype == HPD_DTYPE_F32   ? "float32"
                                                       : o->dtype == HPD_DTYPE_F16 ? "float16"
@@ -337,9 +445,9 @@ static int write_config(const opts_t *o)
         }
         if (o->sampling) {
             json_object_set_new(gen, "do_sample", json_true());
-            json_object_set_new(gen, "temperature", json_real(o->temperature));
-            json_object_set_new(gen, "top_p", json_real(o->top_p));
-            json_object_set_new(gen, "top_k", json_integer(o->top_k));
+            json_object_set_new(gen, "temperature", json_real(o->gen_temperature));
+            json_object_set_new(gen, "top_p", json_real(o->gen_top_p));
+            json_object_set_new(gen, "top_k", json_integer(o->gen_top_k));
         }
         snprintf(path, sizeof(path), "%s/generation_config.json", o->out);
         rc = json_dump_file(gen, path, JSON_INDENT(2));
@@ -353,9 +461,11 @@ static int write_config(const opts_t *o)
 
     if (o->arch == HPD_ARCH_QWEN3_5) {
         json_t *top = json_object();
-        json_object_set_new(top, "model_type", json_string("qwen3_5"));
+        json_object_set_new(top, "model_type",
+                            json_string(o->moe_family ? "qwen3_5_moe" : "qwen3_5"));
         json_object_set_new(top, "architectures",
-                            json_pack("[s]", "Qwen3_5ForConditionalGeneration"));
+                            json_pack("[s]", o->moe_family ? "Qwen3_5MoeForConditionalGeneration"
+                                                           : "Qwen3_5ForConditionalGeneration"));
         json_object_set_new(top, "tie_word_embeddings", json_boolean(o->tie));
         json_object_del(cfg, "tie_word_embeddings");
         json_object_set_new(top, "text_config", cfg);
@@ -422,8 +532,13 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: hpd-mkmodel --out DIR [options]\n"
             "  --seed N              random seed (1)\n"
-            "  --arch A              qwen3_next | qwen3_5_text | qwen3_5 (qwen3_next)\n"
+            "  --arch A              qwen3_next | qwen3_5_text | qwen3_5 | qwen3_5_moe_text |\n"
+            "                        qwen3_5_moe (qwen3_next)\n"
             "  --dtype D             f32 | bf16 | f16 (bf16)\n"
+            "  --experts N           a mixture of experts of N (0: dense; qwen3_5_moe: 8)\n"
+            "  --experts-per-tok K (2) --moe-intermediate N (64) --shared-intermediate N (64,\n"
+            "                        0: no shared expert)  --fused-experts (3-D expert tensors)\n"
+            "  --sparse-step N (1) --mlp-only-layers 0,3 --no-norm-topk   (qwen3_next)\n"
             "  --round-to D          round every value to D first: --dtype f32 --round-to bf16\n"
             "                        stores a bf16 model's weights widened to F32\n"
             "  --hidden N (256) --layers N (8) --full-interval N (4) --intermediate N (512)\n"
@@ -444,7 +559,8 @@ int main(int argc, char **argv)
                 .hidden = 256, .layers = 8, .full_interval = 4, .inter = 512, .vocab = 1024,
                 .heads = 4, .kv_heads = 2, .head_dim = 64, .lk_heads = 2, .lv_heads = 4,
                 .lk_dim = 64, .lv_dim = 64, .conv_kernel = 4, .shards = 1, .max_pos = 32768,
-                .rope_theta = 10000000.0f, .partial_rotary = 0.25f};
+                .rope_theta = 10000000.0f, .partial_rotary = 0.25f, .top_k = 2, .moe_inter = 64,
+                .shared_inter = 64, .sparse_step = 1};
     static const struct option longopts[] = {
         {"out", 1, 0, 'o'}, {"seed", 1, 0, 's'}, {"arch", 1, 0, 'a'}, {"dtype", 1, 0, 'd'},
         {"hidden", 1, 0, 1}, {"layers", 1, 0, 2}, {"full-interval", 1, 0, 3},
@@ -453,7 +569,11 @@ int main(int argc, char **argv)
         {"lin-v-heads", 1, 0, 10}, {"lin-k-dim", 1, 0, 11}, {"lin-v-dim", 1, 0, 12},
         {"conv-kernel", 1, 0, 13}, {"rope-theta", 1, 0, 14}, {"partial-rotary", 1, 0, 15},
         {"max-pos", 1, 0, 16}, {"tie", 0, 0, 17}, {"shards", 1, 0, 18},
-        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"sampling", 1, 0, 21}, {"round-to", 1, 0, 22}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"interval-only", 0, 0, 19}, {"eos", 1, 0, 20}, {"sampling", 1, 0, 21},
+        {"round-to", 1, 0, 22}, {"experts", 1, 0, 23}, {"experts-per-tok", 1, 0, 24},
+        {"moe-intermediate", 1, 0, 25}, {"shared-intermediate", 1, 0, 26},
+        {"sparse-step", 1, 0, 27}, {"fused-experts", 0, 0, 28}, {"mlp-only-layers", 1, 0, 29},
+        {"no-norm-topk", 0, 0, 30}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
                           &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
                           &o.lk_dim, &o.lv_dim, &o.conv_kernel};
@@ -486,9 +606,14 @@ int main(int argc, char **argv)
                 o.arch = HPD_ARCH_QWEN3_5_TEXT;
             else if (strcmp(optarg, "qwen3_5") == 0)
                 o.arch = HPD_ARCH_QWEN3_5;
+            else if (strcmp(optarg, "qwen3_5_moe_text") == 0)
+                o.arch = HPD_ARCH_QWEN3_5_TEXT, o.moe_family = 1;
+            else if (strcmp(optarg, "qwen3_5_moe") == 0)
+                o.arch = HPD_ARCH_QWEN3_5, o.moe_family = 1;
             else {
                 fprintf(stderr,
-                        "hpd-mkmodel: --arch '%s' (expected qwen3_next, qwen3_5_text, qwen3_5)\n",
+                        "hpd-mkmodel: --arch '%s' (expected qwen3_next, qwen3_5_text, qwen3_5, "
+                        "qwen3_5_moe_text, qwen3_5_moe)\n",
                         optarg);
                 return 2;
             }
@@ -519,24 +644,43 @@ int main(int argc, char **argv)
         case 17: o.tie = 1; break;
         case 19: o.interval_only = 1; break;
         case 20: o.eos = optarg; break;
+        case 23:
+        case 24:
+        case 25:
+        case 26:
+        case 27: {
+            uint32_t *dst[] = {&o.experts, &o.top_k, &o.moe_inter, &o.shared_inter,
+                               &o.sparse_step};
+            if (hpd_parse_u64(optarg, c == 26 || c == 23 ? 0 : 1, 1024, &v) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --%s '%s' must be an integer up to 1024\n",
+                        longopts[c + 3].name, optarg);
+                return 2;
+            }
+            *dst[c - 23] = (uint32_t)v;
+            break;
+        }
+        case 28: o.fused_experts = 1; break;
+        case 29: o.mlp_only = optarg; break;
+        case 30: o.no_norm_topk = 1; break;
         case 21: {
             char *end;
             unsigned long k = 0;
             o.sampling = true;
-            o.temperature = strtof(optarg, &end);
+            o.gen_temperature = strtof(optarg, &end);
             if (*end == ',')
-                o.top_p = strtof(end + 1, &end);
+                o.gen_top_p = strtof(end + 1, &end);
             if (*end == ',' && end[1] >= '0' && end[1] <= '9')
                 k = strtoul(end + 1, &end, 10);
             else
                 end = optarg; /* malformed */
-            if (*end != '\0' || !(o.temperature >= 0) || !(o.top_p > 0 && o.top_p <= 1) ||
+            if (*end != '\0' || !(o.gen_temperature >= 0) ||
+                !(o.gen_top_p > 0 && o.gen_top_p <= 1) ||
                 k > 1u << 30) {
                 fprintf(stderr, "hpd-mkmodel: --sampling '%s' (expected T,P,K: temperature >= 0, "
                         "top_p in (0, 1], top_k >= 0)\n", optarg);
                 return 2;
             }
-            o.top_k = (uint32_t)k;
+            o.gen_top_k = (uint32_t)k;
             break;
         }
         case 'h': usage(stdout); return 0;
@@ -545,6 +689,15 @@ int main(int argc, char **argv)
     }
     if (o.out == NULL || optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (o.moe_family && o.experts == 0)
+        o.experts = 8;
+    if (o.experts > 0 && o.arch != HPD_ARCH_QWEN3_NEXT)
+        o.moe_family = 1; /* Qwen3.5 with experts is Qwen3.5-MoE */
+    if (o.experts > 0 && o.top_k > o.experts) {
+        fprintf(stderr, "hpd-mkmodel: --experts-per-tok %u exceeds --experts %u\n", o.top_k,
+                o.experts);
         return 2;
     }
     if (o.lv_heads % o.lk_heads != 0 || o.heads % o.kv_heads != 0) {

@@ -70,6 +70,8 @@ static const hpd_backend_ops_t cpu_ops = {
     .sample = hpd_cpu_sample,
     .kv_translate = hpd_cpu_kv_translate,
     .slot_copy = hpd_cpu_slot_copy,
+    .gather = hpd_cpu_gather,
+    .moe_combine = hpd_cpu_moe_combine,
 };
 
 hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,

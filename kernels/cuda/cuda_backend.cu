@@ -207,6 +207,8 @@ static const hpd_backend_ops_t cuda_ops = {
     .sample = hpd_cuda_sample,
     .kv_translate = hpd_cuda_kv_translate,
     .slot_copy = hpd_cuda_slot_copy,
+    .gather = hpd_cuda_gather,
+    .moe_combine = hpd_cuda_moe_combine,
 };
 
 static const hpd_backend_ops_t cuda_fast_ops = {
@@ -240,6 +242,8 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     .sample = hpd_cuda_sample,
     .kv_translate = hpd_cuda_kv_translate,
     .slot_copy = hpd_cuda_slot_copy,
+    .gather = hpd_cuda_gather,
+    .moe_combine = hpd_cuda_moe_combine,
 };
 
 extern "C" hpd_status_t hpd_backend_cuda_count(int *count_p)

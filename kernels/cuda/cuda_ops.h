@@ -81,5 +81,7 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);
 hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
+hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a);
+hpd_status_t hpd_cuda_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a);
 
 #endif

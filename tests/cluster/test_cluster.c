@@ -1,7 +1,9 @@
 /* The cluster as separate processes on 127.0.0.1: one coordinator, two
  * prefill nodes (B=64,P=1 NHD and B=32,P=2 NHD) and two decode nodes
  * (B=16,P=4 NHD and B=16,P=1 HND) on a small generated model with four
- * full-attention layers. Every output must equal hpd-run's, under load, with
+ * full-attention layers and a mixture of experts in every layer but one
+ * (8 experts, 2 per token, a shared expert), whose generation_config.json
+ * sets sampling defaults. Every output must equal hpd-run's, under load, with
  * nodes killed (-9) mid-load while they hold requests (which are then
  * retried), and after 200 cancels and disconnects (each counted by the
  * coordinator) nothing may stay allocated beyond the prefix caches. Past
@@ -20,7 +22,9 @@
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
-                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5 --sampling 0.8,0.9,40"
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5 --sampling 0.8,0.9,40 "             \
+                   "--experts 8 --experts-per-tok 2 --moe-intermediate 48 "                     \
+                   "--shared-intermediate 32 --mlp-only-layers 3" /* MoE, one dense layer */
 #define N_PROMPTS 64
 #define MAX_TOKENS 20
 

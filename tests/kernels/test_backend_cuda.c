@@ -134,6 +134,52 @@ static void test_half_weights(void **state)
     }
 }
 
+/* The mixture of experts' gather and combine against the CPU: exact (the
+ * combine's roundings are spelled out in backend.h), and within 1e-6 with
+ * a shared expert, whose gate goes through expf. */
+static void test_moe_ops(void **state)
+{
+    const uint32_t T = 7, K = 3, D = 300, S = T * K;
+    float *src = rnd(T * D, 21, 1), *rows = rnd(S * D, 22, 1), *shared = rnd(T * D, 23, 1);
+    float *gate = rnd(T * 2, 24, 2), *x = rnd(T * D, 25, 1), *w = rnd(S, 26, 1);
+    uint32_t idx[21], slots[21];
+    for (uint32_t i = 0; i < S; i++) {
+        idx[i] = (i * 5 + 2) % T;
+        slots[i] = (i * 8 + 3) % S;
+    }
+    float *dsrc = up(src, T * D), *dg = up(rows, S * D), *drows = up(rows, S * D);
+    float *dsh = up(shared, T * D), *dgate = up(gate, T * 2), *dx = up(x, T * D);
+    float *gcpu = malloc(S * D * sizeof(float)), *xcpu = malloc(T * D * sizeof(float));
+    hpd_gather_args_t g = {.src = src, .ld_src = D, .idx = idx, .n = S, .dim = D, .dst = gcpu,
+                           .ld_dst = D};
+    assert_int_equal(hpd_gather(cpu, &g), HPD_OK);
+    g.src = dsrc, g.dst = dg;
+    assert_int_equal(hpd_gather(gpu, &g), HPD_OK);
+    float *got = down(dg, S * D);
+    assert_memory_equal(got, gcpu, S * D * sizeof(float));
+    for (int with_shared = 0; with_shared < 2; with_shared++) {
+        memcpy(xcpu, x, T * D * sizeof(float));
+        assert_int_equal(hpd_backend_from_host(gpu, dx, x, T * D * sizeof(float)), HPD_OK);
+        hpd_moe_combine_args_t c = {.x = xcpu, .ldx = D, .rows = rows, .ld_rows = D,
+                                    .slots = slots, .weights = w, .top_k = K,
+                                    .shared = with_shared ? shared : NULL, .ld_shared = D,
+                                    .gate = gate + 1, .ld_gate = 2, .n_tokens = T, .dim = D};
+        assert_int_equal(hpd_moe_combine(cpu, &c), HPD_OK);
+        c.x = dx, c.rows = drows, c.shared = with_shared ? dsh : NULL, c.gate = dgate + 1;
+        assert_int_equal(hpd_moe_combine(gpu, &c), HPD_OK);
+        float *xg = down(dx, T * D);
+        if (with_shared) /* the GPU's expf in the gate's sigmoid may differ by an ulp */
+            expect_close("moe combine", xg, xcpu, T * D, 1e-6);
+        else
+            assert_memory_equal(xg, xcpu, T * D * sizeof(float));
+        free(xg);
+    }
+    free(src), free(rows), free(shared), free(gate), free(x), free(w), free(gcpu), free(xcpu);
+    free(got);
+    hpd_backend_free(gpu, dsrc), hpd_backend_free(gpu, dg), hpd_backend_free(gpu, drows);
+    hpd_backend_free(gpu, dsh), hpd_backend_free(gpu, dgate), hpd_backend_free(gpu, dx);
+}
+
 static void test_norms_and_elementwise(void **state)
 {
     const uint32_t T = 9, H = 4, D = 128, N = T * H * D;
@@ -806,6 +852,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_half_weights),
+        cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),

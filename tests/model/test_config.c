@@ -214,6 +214,59 @@ static void test_eos(void **state)
     }
 }
 
+/* Mixtures of experts as transformers builds them: Qwen3-Next's sparse
+ * layers from decoder_sparse_step and mlp_only_layers, Qwen3.5-MoE's every
+ * layer with its defaults and no intermediate_size. */
+static void test_moe(void **state)
+{
+    hpd_model_config_t c;
+    const char *next = "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, " DIMS
+                       ", \"num_experts\": 16, \"num_experts_per_tok\": 4, "
+                       "\"moe_intermediate_size\": 40, \"shared_expert_intermediate_size\": 0, "
+                       "\"norm_topk_prob\": false, \"decoder_sparse_step\": 2, "
+                       "\"mlp_only_layers\": [3]}";
+    assert_int_equal(hpd_model_config_parse(next, "t", &c), HPD_OK);
+    assert_int_equal(c.n_experts, 16);
+    assert_int_equal(c.top_k, 4);
+    assert_int_equal(c.moe_inter, 40);
+    assert_int_equal(c.shared_inter, 0);
+    assert_false(c.norm_topk);
+    const bool want[5] = {false, true, false, false, false}; /* (l + 1) % 2 == 0, not 3 */
+    for (int l = 0; l < 5; l++)
+        assert_int_equal(c.layer_moe[l], want[l]);
+    assert_int_equal(c.n_moe_layers, 1);
+    assert_int_equal(c.intermediate_size, 300);
+
+    char j[2048];
+    snprintf(j, sizeof(j),
+             "{\"model_type\": \"qwen3_5_moe\", \"text_config\": {\"model_type\": "
+             "\"qwen3_5_moe_text\", \"full_attention_interval\": 4, \"vocab_size\": 1000, "
+             "\"hidden_size\": 128, \"num_hidden_layers\": 5, \"num_attention_heads\": 4, "
+             "\"num_key_value_heads\": 1, \"head_dim\": 32, \"linear_num_key_heads\": 2, "
+             "\"linear_num_value_heads\": 6, \"linear_key_head_dim\": 16, "
+             "\"linear_value_head_dim\": 24, \"norm_topk_prob\": false}}");
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    assert_int_equal(c.arch, HPD_ARCH_QWEN3_5);
+    assert_true(c.moe_family);
+    assert_int_equal(c.n_experts, 256); /* Qwen3_5MoeTextConfig's defaults */
+    assert_int_equal(c.top_k, 8);
+    assert_int_equal(c.moe_inter, 512);
+    assert_int_equal(c.shared_inter, 512);
+    assert_true(c.norm_topk); /* Qwen3.5-MoE's router always renormalises */
+    assert_int_equal(c.n_moe_layers, 5);
+    assert_int_equal(c.intermediate_size, 0);
+
+    /* a dense layer needs intermediate_size */
+    snprintf(j, sizeof(j),
+             "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"vocab_size\": "
+             "1000, \"hidden_size\": 128, \"num_hidden_layers\": 5, \"num_attention_heads\": 4, "
+             "\"num_key_value_heads\": 1, \"head_dim\": 32, \"linear_num_key_heads\": 2, "
+             "\"linear_num_value_heads\": 6, \"linear_key_head_dim\": 16, "
+             "\"linear_value_head_dim\": 24, \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+             "\"mlp_only_layers\": [0]}");
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_ERR_FORMAT);
+}
+
 static void test_refusals(void **state)
 {
     char j[2048];
@@ -222,8 +275,15 @@ static void test_refusals(void **state)
         const char *extra;
         hpd_status_t want;
     } cases[] = {
-        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 512",
-         HPD_ERR_UNSUPPORTED},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 4, "
+         "\"num_experts_per_tok\": 5",
+         HPD_ERR_FORMAT},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 4, "
+         "\"num_experts_per_tok\": 2, \"mlp_only_layers\": [7]",
+         HPD_ERR_FORMAT},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 4, "
+         "\"num_experts_per_tok\": 2, \"norm_topk_prob\": 1",
+         HPD_ERR_FORMAT},
         {"\"model_type\": \"llama\", \"full_attention_interval\": 4", HPD_ERR_UNSUPPORTED},
         {"\"model_type\": \"qwen3_next\"", HPD_ERR_FORMAT}, /* neither layer form */
         {"\"model_type\": \"qwen3_next\", \"layer_types\": [\"full_attention\"]", HPD_ERR_FORMAT},
@@ -263,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_5_tie_precedence),
         cmocka_unit_test(test_eos),
         cmocka_unit_test(test_yarn),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -243,6 +243,40 @@ static void test_generation_config(void **state)
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
 }
 
+/* MoE checkpoints: per-expert and fused 3-D expert tensors, Qwen3-Next and
+ * Qwen3.5-MoE (nested, sharded) load into the same weights; the layers
+ * transformers keeps dense stay dense; a missing expert is named. */
+static void test_moe_namings(void **state)
+{
+    hpd_model_t *per = make_and_load("moe-per", "--experts 6 --experts-per-tok 2");
+    hpd_model_t *fused = make_and_load("moe-fused", "--experts 6 --experts-per-tok 2 "
+                                                    "--fused-experts");
+    hpd_model_t *q35 = make_and_load("moe-q35", "--arch qwen3_5_moe --experts 6 "
+                                                "--experts-per-tok 2 --shards 3 --fused-experts");
+    hpd_model_t *mixed = make_and_load("moe-mixed", "--experts 6 --experts-per-tok 2 "
+                                                    "--mlp-only-layers 1,4");
+    assert_int_equal(per->config.n_moe_layers, per->config.n_layers);
+    assert_true(q35->config.moe_family);
+    assert_same_weights(per, fused);
+    assert_same_weights(per, q35);
+    assert_int_equal(mixed->config.n_moe_layers, mixed->config.n_layers - 2);
+    assert_false(mixed->config.layer_moe[1] || mixed->config.layer_moe[4]);
+    assert_non_null(mixed->layers[1].mlp_gate_up.p);
+    assert_null(mixed->layers[1].moe_in.p);
+    assert_non_null(mixed->layers[0].moe_gate_up.p);
+    hpd_model_destroy(per);
+    hpd_model_destroy(fused);
+    hpd_model_destroy(q35);
+    hpd_model_destroy(mixed);
+
+    char dir[512];
+    hpd_model_t *m = NULL;
+    snprintf(dir, sizeof(dir), "%s/moe-per", root);
+    rewrite(dir, "model.layers.2.mlp.experts.5.up_proj.weight", 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_NOT_FOUND);
+    assert_null(m);
+}
+
 static void test_bad_models(void **state)
 {
     char dir[512], path[600];
@@ -275,12 +309,12 @@ static void test_bad_models(void **state)
     assert_int_equal(truncate(path, 4096), 0);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
 
-    /* no config.json, then a MoE config */
+    /* no config.json, then one of another architecture */
     snprintf(path, sizeof(path), "%s/config.json", dir);
     assert_int_equal(unlink(path), 0);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_IO);
-    const char *moe = "{\"model_type\": \"qwen3_next\", \"num_experts\": 64}";
-    assert_int_equal(hpd_write_file(path, moe, strlen(moe)), HPD_OK);
+    const char *llama = "{\"model_type\": \"llama\", \"num_experts\": 64}";
+    assert_int_equal(hpd_write_file(path, llama, strlen(llama)), HPD_OK);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_UNSUPPORTED);
     assert_null(m);
 }
@@ -333,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_namings_dtypes_shards),
         cmocka_unit_test(test_skips_vision_and_mtp),
         cmocka_unit_test(test_generation_config),
+        cmocka_unit_test(test_moe_namings),
         cmocka_unit_test(test_bad_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

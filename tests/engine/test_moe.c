@@ -1,0 +1,80 @@
+/* The mixture-of-experts router (engine/moe.h) against a float64 reference
+ * of transformers' softmax / top-k / renormalisation, with ties going to the
+ * lowest expert id and the experts returned in ascending id. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+
+#include "common/rng.h"
+#include "engine/moe.h"
+
+static void test_against_float64(void **state)
+{
+    enum { E = 64, K = 8 };
+    for (uint64_t seed = 1; seed <= 50; seed++)
+        for (int norm = 0; norm < 2; norm++) {
+            float logits[E], w[K];
+            uint32_t ids[K];
+            double p[E], max = -INFINITY, sum = 0;
+            for (uint32_t i = 0; i < E; i++) {
+                logits[i] = 8.0f * (hpd_u32_to_unit(hpd_philox4x32(seed, i, 9).v[0]) - 0.5f);
+                max = fmax(max, logits[i]);
+            }
+            for (uint32_t i = 0; i < E; i++)
+                sum += p[i] = exp((double)logits[i] - max);
+            hpd_moe_route(logits, E, K, norm, ids, w);
+            /* the K largest, ascending ids */
+            double top = 0;
+            for (uint32_t j = 0; j < K; j++) {
+                if (j > 0)
+                    assert_true(ids[j] > ids[j - 1]);
+                uint32_t larger = 0;
+                for (uint32_t i = 0; i < E; i++)
+                    larger += p[i] > p[ids[j]];
+                assert_true(larger < K);
+                top += p[ids[j]];
+            }
+            for (uint32_t j = 0; j < K; j++) {
+                const double want = p[ids[j]] / (norm ? top : sum);
+                if (!(fabs(w[j] - want) <= 1e-6 * want))
+                    fail_msg("seed %llu norm %d: weight %u %.9g, want %.9g",
+                             (unsigned long long)seed, norm, j, w[j], want);
+            }
+        }
+}
+
+static void test_ties_lowest_id(void **state)
+{
+    const float flat[8] = {0};
+    const float some[6] = {1, 5, 5, 0, 5, 5};
+    uint32_t ids[4];
+    float w[4];
+    hpd_moe_route(flat, 8, 3, true, ids, w);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[1], 1);
+    assert_int_equal(ids[2], 2);
+    for (int j = 0; j < 3; j++)
+        assert_true(fabsf(w[j] - 1.0f / 3.0f) <= 1e-7f);
+    hpd_moe_route(flat, 8, 3, false, ids, w);
+    assert_true(w[0] == 0.125f && w[1] == 0.125f && w[2] == 0.125f);
+    hpd_moe_route(some, 6, 3, true, ids, w);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 2);
+    assert_int_equal(ids[2], 4);
+    /* all of them: every id once */
+    hpd_moe_route(some, 6, 4, true, ids, w);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[3], 5);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_float64),
+        cmocka_unit_test(test_ties_lowest_id),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
