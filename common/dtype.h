@@ -10,13 +10,22 @@ typedef enum {
     HPD_DTYPE_F32 = 0,
     HPD_DTYPE_F16 = 1,
     HPD_DTYPE_BF16 = 2,
+    /* FP8 E4M3 ("F8_E4M3", torch.float8_e4m3fn: no infinities, 448 the
+     * largest); weights only, with a block scale (hpd_weight_t) */
+    HPD_DTYPE_F8_E4M3 = 3,
 } hpd_dtype_t;
 
 /* A weight matrix [rows][cols], row-major, in its checkpoint's dtype (the
- * kernels widen each element to fp32 exactly as they read it). */
+ * kernels widen each element to fp32 exactly as they read it). An F8_E4M3
+ * matrix carries its block scales expanded to rows: element (r, c) is
+ * f32(p[r][c]) * scale[r * scale_ld + c / block] in fp32, one rounding, as
+ * transformers dequantises a checkpoint's weight_scale_inv. */
 typedef struct {
     void *p;
     hpd_dtype_t dtype;
+    float *scale;      /* F8_E4M3: [rows][scale_ld]; NULL otherwise */
+    uint32_t scale_ld; /* column blocks per row: ceil(cols / block) */
+    uint32_t block;    /* columns per block (a multiple of 8) */
 } hpd_weight_t;
 
 /* Size of one element in bytes. */
@@ -103,6 +112,26 @@ static inline uint16_t hpd_f32_to_f16(float f)
         h++; /* may carry into the exponent, up to inf: still correct */
     return (uint16_t)h;
 }
+
+static inline float hpd_f8e4m3_to_f32(uint8_t b)
+{
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, exp = (b >> 3) & 0xfu, mant = b & 7u;
+    uint32_t u;
+    float f;
+    if (exp == 0xfu && mant == 7u) {
+        u = sign | 0x7fc00000u; /* the only NaN */
+    } else if (exp != 0) {
+        u = sign | ((exp + 120u) << 23) | (mant << 20);
+    } else { /* zero and subnormals: mant / 8 * 2^-6, exact */
+        f = (float)mant * 0.001953125f;
+        return sign ? -f : f;
+    }
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* Round to nearest even; beyond 448 saturates (NaN stays NaN). */
+uint8_t hpd_f32_to_f8e4m3(float f);
 
 /* Converts n elements of src (of dtype) to fp32. src may be unaligned. */
 void hpd_dtype_to_f32(hpd_dtype_t dtype, const void *src, float *dst, size_t n);

@@ -14,9 +14,9 @@
 #define LOG_COMPONENT "engine"
 
 /* The start of every sublayer: h = rmsnorm(x) with norm_w, then
- * proj[:, 0:rows) = h proj_w^T. */
+ * proj[:, 0:rows) = h proj^T, one GEMM per part of the fused matrix. */
 static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_w,
-                                 hpd_weight_t proj_w, uint32_t rows)
+                                 const hpd_fused_t *proj)
 {
     const uint32_t H = e->cfg->hidden_size;
     const hpd_rmsnorm_args_t norm = {.x = {.p = e->x, .ld = H},
@@ -27,17 +27,21 @@ static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_
                                      .w = norm_w,
                                      .eps = e->cfg->rms_norm_eps,
                                      .zero_centred = true};
-    const hpd_gemm_args_t proj = {.x = e->h,
-                                  .ldx = H,
-                                  .w = proj_w.p,
-                                  .w_dtype = proj_w.dtype,
-                                  .y = e->proj,
-                                  .ldy = e->ld_proj,
-                                  .m = R,
-                                  .n = rows,
-                                  .k = H};
     hpd_status_t st = hpd_rmsnorm(e->be, &norm);
-    return st != HPD_OK ? st : hpd_gemm(e->be, &proj);
+    uint32_t row = 0;
+    for (uint32_t p = 0; p < proj->n && st == HPD_OK; p++) {
+        const hpd_gemm_args_t g = {.x = e->h,
+                                   .ldx = H,
+                                   HPD_GEMM_WEIGHT(proj->part[p]),
+                                   .y = e->proj + row,
+                                   .ldy = e->ld_proj,
+                                   .m = R,
+                                   .n = proj->rows[p],
+                                   .k = H};
+        st = hpd_gemm(e->be, &g);
+        row += proj->rows[p];
+    }
+    return st;
 }
 
 static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index)
@@ -66,7 +70,7 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
             e->cs_pre[np++] = state + rec_floats;
         }
     }
-    if ((st = norm_project(e, R, w->input_norm, w->gdn_in, hpd_model_gdn_in_rows(c))) != HPD_OK)
+    if ((st = norm_project(e, R, w->input_norm, &w->gdn_in)) != HPD_OK)
         return st;
 
     hpd_conv1d_args_t conv = {.x = e->proj,
@@ -144,8 +148,7 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                    .eps = c->rms_norm_eps};
     hpd_gemm_args_t o = {.x = e->core,
                          .ldx = e->ld_core,
-                         .w = w->gdn_out.p,
-                         .w_dtype = w->gdn_out.dtype,
+                         HPD_GEMM_WEIGHT(w->gdn_out),
                          .y = e->x,
                          .ldy = H,
                          .m = R,
@@ -170,7 +173,7 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         const request_t *r = e->items[i].req;
         e->bt_all[i] = r->pages + (size_t)group * r->n_blocks;
     }
-    if ((st = norm_project(e, R, w->input_norm, w->attn_qkv, hpd_model_attn_qkv_rows(c))) !=
+    if ((st = norm_project(e, R, w->input_norm, &w->attn_qkv)) !=
         HPD_OK)
         return st;
 
@@ -237,8 +240,7 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     hpd_sigmoid_mul_args_t sg = {.x = out, .gate = gate, .n_tokens = R, .n_heads = nh, .dim = hd};
     hpd_gemm_args_t o = {.x = e->core,
                          .ldx = e->ld_core,
-                         .w = w->attn_o.p,
-                         .w_dtype = w->attn_o.dtype,
+                         HPD_GEMM_WEIGHT(w->attn_o),
                          .y = e->x,
                          .ldy = H,
                          .m = R,
@@ -263,24 +265,27 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         .gu = e->proj, .ldgu = e->ld_proj, .out = e->act, .ldout = I, .n_tokens = R, .inter = I};
     hpd_gemm_args_t down = {.x = e->act,
                             .ldx = I,
-                            .w = w->mlp_down.p,
-                            .w_dtype = w->mlp_down.dtype,
+                            HPD_GEMM_WEIGHT(w->mlp_down),
                             .y = e->x,
                             .ldy = H,
                             .m = R,
                             .n = H,
                             .k = I,
                             .accumulate = true};
-    if ((st = norm_project(e, R, w->post_norm, w->mlp_gate_up, 2 * I)) != HPD_OK ||
+    if ((st = norm_project(e, R, w->post_norm, &w->mlp_gate_up)) != HPD_OK ||
         (st = hpd_silu_mul(e->be, &act)) != HPD_OK || (st = hpd_gemm(e->be, &down)) != HPD_OK)
         return st;
     return HPD_OK;
 }
 
 /* The expert e's matrix of rows x cols inside a stacked [E][rows][cols]. */
-static const void *expert_matrix(hpd_weight_t w, uint32_t e, uint64_t rows, uint64_t cols)
+static hpd_weight_t expert_matrix(hpd_weight_t w, uint32_t e, uint64_t rows, uint64_t cols)
 {
-    return (const char *)w.p + (size_t)e * rows * cols * hpd_dtype_size(w.dtype);
+    hpd_weight_t x = w;
+    x.p = (char *)w.p + (size_t)e * rows * cols * hpd_dtype_size(w.dtype);
+    if (w.scale != NULL)
+        x.scale = w.scale + (size_t)e * rows * w.scale_ld;
+    return x;
 }
 
 /* A mixture-of-experts MLP (Qwen3-Next, Qwen3.5-MoE): one projection gives
@@ -300,7 +305,7 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     const float *logits = e->proj;
     hpd_status_t st;
 
-    if ((st = norm_project(e, R, w->post_norm, w->moe_in, hpd_model_moe_in_rows(c))) != HPD_OK)
+    if ((st = norm_project(e, R, w->post_norm, &w->moe_in)) != HPD_OK)
         return st;
     if (!hpd_backend_host_memory(e->be)) {
         if ((st = hpd_backend_to_host(e->be, e->moe_logits, e->proj,
@@ -337,10 +342,10 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
         if (n == 0)
             continue;
+        const hpd_weight_t wx = expert_matrix(w->moe_gate_up, x, 2 * Im, H);
         const hpd_gemm_args_t gu = {.x = e->moe_x + (size_t)s0 * H,
                                     .ldx = H,
-                                    .w = expert_matrix(w->moe_gate_up, x, 2 * Im, H),
-                                    .w_dtype = w->moe_gate_up.dtype,
+                                    HPD_GEMM_WEIGHT(wx),
                                     .y = e->moe_gu + (size_t)s0 * 2 * Im,
                                     .ldy = 2 * Im,
                                     .m = n,
@@ -357,10 +362,10 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
         if (n == 0)
             continue;
+        const hpd_weight_t wx = expert_matrix(w->moe_down, x, H, Im);
         const hpd_gemm_args_t down = {.x = e->moe_act + (size_t)s0 * Im,
                                       .ldx = Im,
-                                      .w = expert_matrix(w->moe_down, x, H, Im),
-                                      .w_dtype = w->moe_down.dtype,
+                                      HPD_GEMM_WEIGHT(wx),
                                       .y = e->moe_out + (size_t)s0 * H,
                                       .ldy = H,
                                       .m = n,
@@ -378,8 +383,7 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                           .inter = Is};
         const hpd_gemm_args_t sdown = {.x = e->act,
                                        .ldx = Is,
-                                       .w = w->shared_down.p,
-                                       .w_dtype = w->shared_down.dtype,
+                                       HPD_GEMM_WEIGHT(w->shared_down),
                                        .y = e->moe_shared,
                                        .ldy = H,
                                        .m = R,
@@ -427,8 +431,7 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
                                .zero_centred = true};
     hpd_gemm_args_t head = {.x = e->lhid,
                             .ldx = H,
-                            .w = e->w->lm_head.p,
-                            .w_dtype = e->w->lm_head.dtype,
+                            HPD_GEMM_WEIGHT(e->w->lm_head),
                             .y = e->logits,
                             .ldy = c->vocab_size,
                             .m = n,

@@ -58,12 +58,22 @@ typedef struct {
     const float *x;
     uint32_t ldx;
     const void *w; /* [n][k] row-major, leading dimension k, of w_dtype */
-    hpd_dtype_t w_dtype; /* F32 (0), BF16 or F16 */
+    hpd_dtype_t w_dtype; /* F32 (0), BF16, F16 or F8_E4M3 */
+    /* F8_E4M3: w[n][c] is dequantised as q * w_scale[n * w_scale_ld + c / w_block]
+     * (hpd_weight_t), inside the GEMM */
+    const float *w_scale;
+    uint32_t w_scale_ld, w_block;
     float *y;
     uint32_t ldy;
     uint32_t m, n, k;
     bool accumulate;
 } hpd_gemm_args_t;
+
+/* The weight fields of a GEMM's args from a model matrix (hpd_weight_t),
+ * inside a designated initializer. */
+#define HPD_GEMM_WEIGHT(wt)                                                                     \
+    .w = (wt).p, .w_dtype = (wt).dtype, .w_scale = (wt).scale, .w_scale_ld = (wt).scale_ld,     \
+    .w_block = (wt).block
 
 /* RMSNorm of every (token, head) row of dim elements:
  * y = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). In place is allowed. */

@@ -422,6 +422,42 @@ static hpd_status_t parse_moe(json_t *text, json_t *top, const char *origin,
     return HPD_OK;
 }
 
+/* quantization_config: fp8 with its weight_block_size (the FP8 releases),
+ * or none; any other method is refused by name. */
+static hpd_status_t parse_quantization(json_t *text, json_t *top, const char *origin,
+                                       hpd_model_config_t *c)
+{
+    json_t *q = field(text, top, "quantization_config");
+    if (q == NULL || json_is_null(q))
+        return HPD_OK;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!json_is_object(q) || method == NULL || strcmp(method, "fp8") != 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: quantization_config quant_method '%s' is not "
+                      "supported (expected \"fp8\" with weight_block_size)",
+                      origin, method != NULL ? method : "?");
+        return HPD_ERR_UNSUPPORTED;
+    }
+    const char *fmt = json_string_value(json_object_get(q, "fmt"));
+    json_t *b = json_object_get(q, "weight_block_size");
+    json_int_t r = json_is_array(b) && json_array_size(b) == 2 &&
+                           json_is_integer(json_array_get(b, 0))
+                       ? json_integer_value(json_array_get(b, 0))
+                       : 0;
+    json_int_t k = r > 0 && json_is_integer(json_array_get(b, 1))
+                       ? json_integer_value(json_array_get(b, 1))
+                       : 0;
+    if ((fmt != NULL && strcmp(fmt, "e4m3") != 0) || r <= 0 || k <= 0 || r > 65536 ||
+        k > 65536) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: quantization_config: fmt '%s', weight_block_size "
+                      "(expected fmt e4m3 and [rows, cols] of positive block sizes; per-tensor "
+                      "FP8 is not supported)", origin, fmt != NULL ? fmt : "e4m3");
+        return HPD_ERR_UNSUPPORTED;
+    }
+    c->fp8_block_rows = (uint32_t)r;
+    c->fp8_block_cols = (uint32_t)k;
+    return HPD_OK;
+}
+
 static hpd_status_t check_supported(json_t *text, json_t *top, const char *origin)
 {
     json_t *act = field(text, top, "hidden_act");
@@ -599,7 +635,8 @@ hpd_status_t hpd_model_config_parse(const char *json_text, const char *origin,
         goto out;
     }
     if ((st = parse_layer_types(text, root, origin, &c)) != HPD_OK ||
-        (st = parse_moe(text, root, origin, &c)) != HPD_OK)
+        (st = parse_moe(text, root, origin, &c)) != HPD_OK ||
+        (st = parse_quantization(text, root, origin, &c)) != HPD_OK)
         goto out;
     if (c.n_moe_layers < c.n_layers && c.intermediate_size == 0) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: field 'intermediate_size' is missing or 0 (%u layers have a "

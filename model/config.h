@@ -36,6 +36,9 @@ typedef struct {
     bool norm_topk;
     bool layer_moe[HPD_MAX_LAYERS];
     uint32_t n_moe_layers;
+    /* quantization_config {quant_method: fp8, weight_block_size: [rows,
+     * cols]}: F8_E4M3 weights with weight_scale_inv per block; 0: none */
+    uint32_t fp8_block_rows, fp8_block_cols;
     bool layer_full[HPD_MAX_LAYERS]; /* true: gated full attention; false: GDN */
     /* gated full attention */
     uint32_t n_heads;

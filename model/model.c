@@ -29,6 +29,7 @@ uint32_t hpd_model_attn_qkv_rows(const hpd_model_config_t *c)
 
 typedef struct {
     const hpd_st_archive_t *ar;
+    const hpd_model_config_t *config;
     const char *dir;
     const char *prefix; /* "model." or "model.language_model." */
     char name[256];
@@ -70,8 +71,9 @@ static hpd_status_t find_checked(loader_t *ld, const char *name, uint32_t ndim,
     }
     const char *file = hpd_st_archive_path(ld->ar, t->file);
     if (!t->dtype_known) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tensor '%s' has dtype %s (expected F32, F16 or BF16)",
-                      file, name, t->dtype_name);
+        HPD_LOG_ERROR(LOG_COMPONENT,
+                      "%s: tensor '%s' has dtype %s (expected F32, F16, BF16 or F8_E4M3)", file,
+                      name, t->dtype_name);
         return HPD_ERR_FORMAT;
     }
     ok = t->ndim == ndim;
@@ -88,7 +90,8 @@ static hpd_status_t find_checked(loader_t *ld, const char *name, uint32_t ndim,
     return HPD_OK;
 }
 
-/* Converts a whole tensor of the expected shape into dst. */
+/* Converts a whole tensor of the expected shape into dst (vectors: never
+ * FP8). */
 static hpd_status_t load_into(loader_t *ld, const char *name, uint32_t ndim, uint64_t d0,
                               uint64_t d1, uint64_t d2, float *dst)
 {
@@ -96,6 +99,11 @@ static hpd_status_t load_into(loader_t *ld, const char *name, uint32_t ndim, uin
     const hpd_st_tensor_t *t;
     hpd_status_t st = find_checked(ld, name, ndim, dims, &t);
 
+    if (st == HPD_OK && t->dtype == HPD_DTYPE_F8_E4M3) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tensor '%s' is F8_E4M3 (expected F32, F16 or BF16: "
+                      "only linear weights are quantised)", ld->dir, name);
+        return HPD_ERR_FORMAT;
+    }
     if (st == HPD_OK)
         hpd_dtype_to_f32(t->dtype, t->data, dst, t->n_elements);
     return st;
@@ -110,62 +118,167 @@ static float *alloc_f32(hpd_model_t *m, size_t n)
 
 /* ---- weight matrices, kept in the checkpoint's dtype */
 
-/* The dtype of a matrix fused from the tensors ts: theirs when they agree,
- * else F32 (every one widens to it exactly). */
-static hpd_dtype_t fused_dtype(const hpd_st_tensor_t *const *ts, uint32_t n)
+/* A checkpoint tensor holding matrices of `rows` rows (a 3-D tensor holds
+ * shape[0] of them), with its weight_scale_inv grid when it is FP8. */
+typedef struct {
+    const hpd_st_tensor_t *t, *scale;
+    uint64_t rows, cols;
+} src_t;
+
+/* find_checked, then for an F8_E4M3 tensor its NAME_scale_inv grid of
+ * [matrices][ceil(rows / block rows)][ceil(cols / block cols)] (F32, BF16
+ * or F16), the block from quantization_config. */
+static hpd_status_t find_src(loader_t *ld, const char *name, uint32_t ndim, const uint64_t *dims,
+                             src_t *s)
+{
+    const hpd_model_config_t *c = ld->config;
+    hpd_status_t st;
+    *s = (src_t){.rows = dims[ndim - 2], .cols = dims[ndim - 1]};
+    if ((st = find_checked(ld, name, ndim, dims, &s->t)) != HPD_OK ||
+        s->t->dtype != HPD_DTYPE_F8_E4M3)
+        return st;
+    if (c->fp8_block_rows == 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tensor '%s' is F8_E4M3 but config.json has no "
+                      "quantization_config (quant_method fp8, weight_block_size)", ld->dir, name);
+        return HPD_ERR_FORMAT;
+    }
+    char sname[300];
+    uint64_t sdims[3] = {dims[0], 0, 0};
+    snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+    sdims[ndim - 2] = (s->rows + c->fp8_block_rows - 1) / c->fp8_block_rows;
+    sdims[ndim - 1] = (s->cols + c->fp8_block_cols - 1) / c->fp8_block_cols;
+    if ((st = find_checked(ld, sname, ndim, sdims, &s->scale)) != HPD_OK)
+        return st;
+    if (s->scale->dtype == HPD_DTYPE_F8_E4M3) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tensor '%s' is F8_E4M3 (expected F32, BF16 or F16 "
+                      "scales)", ld->dir, sname);
+        return HPD_ERR_FORMAT;
+    }
+    return HPD_OK;
+}
+
+/* The dtype of a matrix fused from the tensors ss: theirs when they agree,
+ * else F32 (every one widens to it exactly, FP8 with its scale). */
+static hpd_dtype_t fused_dtype(const src_t *ss, uint32_t n)
 {
     for (uint32_t i = 1; i < n; i++)
-        if (ts[i]->dtype != ts[0]->dtype)
+        if (ss[i].t->dtype != ss[0].t->dtype)
             return HPD_DTYPE_F32;
-    return ts[0]->dtype;
+    return ss[0].t->dtype;
 }
 
-static hpd_status_t mat_alloc(hpd_model_t *m, hpd_weight_t *w, hpd_dtype_t dtype, uint64_t n)
+static hpd_status_t mat_alloc(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, hpd_dtype_t dtype,
+                              uint64_t rows, uint64_t cols)
 {
-    w->dtype = dtype;
-    m->n_params += n;
-    m->weight_bytes += n * hpd_dtype_size(dtype);
-    w->p = malloc(n * hpd_dtype_size(dtype));
-    return w->p != NULL ? HPD_OK : HPD_ERR_NO_MEMORY;
+    *w = (hpd_weight_t){.dtype = dtype};
+    m->n_params += rows * cols;
+    m->weight_bytes += rows * cols * hpd_dtype_size(dtype);
+    if ((w->p = malloc(rows * cols * hpd_dtype_size(dtype))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    if (dtype == HPD_DTYPE_F8_E4M3) {
+        w->block = ld->config->fp8_block_cols;
+        w->scale_ld = (uint32_t)((cols + w->block - 1) / w->block);
+        m->weight_bytes += rows * w->scale_ld * sizeof(float);
+        if ((w->scale = malloc(rows * w->scale_ld * sizeof(float))) == NULL)
+            return HPD_ERR_NO_MEMORY;
+    }
+    return HPD_OK;
 }
 
-/* Rows [src_row, src_row + n) of t, cols wide, into rows [dst_row, ...) of
- * w: copied as they are, or widened to w's F32. */
-static void mat_rows(hpd_weight_t *w, uint64_t cols, uint64_t dst_row, const hpd_st_tensor_t *t,
+/* The scale of row r (counted over all the tensor's matrices) and column
+ * block cb of an FP8 source, in fp32. */
+static float src_scale(const loader_t *ld, const src_t *s, uint64_t r, uint64_t cb)
+{
+    const uint64_t br = ld->config->fp8_block_rows, bc = ld->config->fp8_block_cols;
+    const uint64_t grid_rows = (s->rows + br - 1) / br, grid_cols = (s->cols + bc - 1) / bc;
+    const uint64_t i = ((r / s->rows) * grid_rows + (r % s->rows) / br) * grid_cols + cb;
+    float v;
+    hpd_dtype_to_f32(s->scale->dtype,
+                     (const char *)s->scale->data + i * hpd_dtype_size(s->scale->dtype), &v, 1);
+    return v;
+}
+
+/* Rows [src_row, src_row + n) of s into rows [dst_row, ...) of w: copied as
+ * they are (an FP8 row with its scales), or widened to w's F32 (an FP8 one
+ * dequantised: q * scale in fp32). */
+static void mat_rows(const loader_t *ld, hpd_weight_t *w, uint64_t dst_row, const src_t *s,
                      uint64_t src_row, uint64_t n)
 {
-    const size_t es = hpd_dtype_size(w->dtype), ts = hpd_dtype_size(t->dtype);
+    const uint64_t cols = s->cols;
+    const size_t es = hpd_dtype_size(w->dtype), ts = hpd_dtype_size(s->t->dtype);
     char *dst = (char *)w->p + dst_row * cols * es;
-    const char *src = (const char *)t->data + src_row * cols * ts;
-    if (t->dtype == w->dtype)
+    const char *src = (const char *)s->t->data + src_row * cols * ts;
+    if (s->t->dtype == w->dtype) {
         memcpy(dst, src, n * cols * es);
-    else
-        hpd_dtype_to_f32(t->dtype, src, (float *)dst, n * cols);
+        for (uint64_t r = 0; w->scale != NULL && r < n; r++)
+            for (uint64_t cb = 0; cb < w->scale_ld; cb++)
+                w->scale[(dst_row + r) * w->scale_ld + cb] = src_scale(ld, s, src_row + r, cb);
+        return;
+    }
+    hpd_dtype_to_f32(s->t->dtype, src, (float *)dst, n * cols);
+    if (s->t->dtype == HPD_DTYPE_F8_E4M3)
+        for (uint64_t r = 0; r < n; r++)
+            for (uint64_t c = 0; c < cols; c++) {
+                float *v = (float *)dst + r * cols + c;
+                *v = *v * src_scale(ld, s, src_row + r, c / ld->config->fp8_block_cols);
+            }
 }
 
-#define MAX_PARTS 4
+/* The parts of a fused matrix: consecutive sources (of rows[i] rows, cols
+ * wide) of one dtype share a part. */
+static hpd_status_t fused_alloc(loader_t *ld, hpd_model_t *m, hpd_fused_t *f, const src_t *ss,
+                                const uint64_t *rows, uint32_t n, uint64_t cols)
+{
+    hpd_status_t st;
+    *f = (hpd_fused_t){0};
+    for (uint32_t i = 0; i < n; i++) {
+        if (f->n == 0 || ss[i].t->dtype != f->part[f->n - 1].dtype) {
+            if (f->n == HPD_MAX_PARTS)
+                return HPD_ERR_INTERNAL;
+            f->part[f->n++].dtype = ss[i].t->dtype;
+        }
+        f->rows[f->n - 1] += (uint32_t)rows[i];
+    }
+    for (uint32_t p = 0; p < f->n; p++)
+        if ((st = mat_alloc(ld, m, &f->part[p], f->part[p].dtype, f->rows[p], cols)) != HPD_OK)
+            return st;
+    return HPD_OK;
+}
 
-/* A matrix of up to MAX_PARTS tensors [rows[i]][cols] stacked by rows; fmts
- * are tensor_name formats of layer l. */
-static hpd_status_t load_stacked(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, uint64_t cols,
+/* mat_rows into a fused matrix: dst_row counts over all its parts (the n
+ * rows stay within one part). */
+static void fused_rows(const loader_t *ld, hpd_fused_t *f, uint64_t dst_row, const src_t *s,
+                       uint64_t src_row, uint64_t n)
+{
+    uint32_t p = 0;
+    while (dst_row >= f->rows[p]) {
+        dst_row -= f->rows[p];
+        p++;
+    }
+    mat_rows(ld, &f->part[p], dst_row, s, src_row, n);
+}
+
+#define MAX_SOURCES 4
+
+/* A fused matrix of up to MAX_SOURCES tensors [rows[i]][cols] stacked by
+ * rows; fmts are tensor_name formats of layer l. */
+static hpd_status_t load_stacked(loader_t *ld, hpd_model_t *m, hpd_fused_t *f, uint64_t cols,
                                  uint32_t l, uint32_t n, const char *const *fmts,
                                  const uint64_t *rows)
 {
-    const hpd_st_tensor_t *ts[MAX_PARTS];
+    src_t ss[MAX_SOURCES];
     uint64_t total = 0;
     hpd_status_t st;
 
     for (uint32_t i = 0; i < n; i++) {
         const uint64_t dims[2] = {rows[i], cols};
-        if ((st = find_checked(ld, tensor_name(ld, fmts[i], l), 2, dims, &ts[i])) != HPD_OK)
+        if ((st = find_src(ld, tensor_name(ld, fmts[i], l), 2, dims, &ss[i])) != HPD_OK)
             return st;
-        total += rows[i];
     }
-    if ((st = mat_alloc(m, w, fused_dtype(ts, n), total * cols)) != HPD_OK)
+    if ((st = fused_alloc(ld, m, f, ss, rows, n, cols)) != HPD_OK)
         return st;
-    total = 0;
     for (uint32_t i = 0; i < n; i++) {
-        mat_rows(w, cols, total, ts[i], 0, rows[i]);
+        fused_rows(ld, f, total, &ss[i], 0, rows[i]);
         total += rows[i];
     }
     return HPD_OK;
@@ -176,20 +289,20 @@ static hpd_status_t load_matrix(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, c
                                 uint64_t rows, uint64_t cols)
 {
     const uint64_t dims[2] = {rows, cols};
-    const hpd_st_tensor_t *t;
+    src_t s;
     hpd_status_t st;
 
-    if ((st = find_checked(ld, name, 2, dims, &t)) != HPD_OK ||
-        (st = mat_alloc(m, w, t->dtype, rows * cols)) != HPD_OK)
+    if ((st = find_src(ld, name, 2, dims, &s)) != HPD_OK ||
+        (st = mat_alloc(ld, m, w, s.t->dtype, rows, cols)) != HPD_OK)
         return st;
-    mat_rows(w, cols, 0, t, 0, rows);
+    mat_rows(ld, w, 0, &s, 0, rows);
     return HPD_OK;
 }
 
 /* Qwen3-Next packs q, k, v and z per key head: group g holds
  * [q_g (dk) | k_g (dk) | v_g (r*dv) | z_g (r*dv)] and in_proj_ba holds
  * [b_g (r) | a_g (r)]. This unpacks both into the Qwen3.5 order q|k|v|z|b|a. */
-static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_weight_t *w)
+static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fused_t *w)
 {
     const hpd_model_config_t *c = &m->config;
     const uint64_t H = c->hidden_size, nk = c->lin_n_k_heads, dk = c->lin_k_dim;
@@ -198,28 +311,28 @@ static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_
     const uint64_t v_base = 2 * nk * dk, z_base = c->conv_dim;
     const uint64_t b_base = z_base + nv * dv, a_base = b_base + nv;
     const uint64_t qkvz_dims[2] = {nk * group, H}, ba_dims[2] = {nk * 2 * r, H};
-    const hpd_st_tensor_t *ts[2];
+    src_t ss[2];
     hpd_status_t st;
 
-    if ((st = find_checked(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_qkvz.weight", l), 2,
-                           qkvz_dims, &ts[0])) != HPD_OK ||
-        (st = find_checked(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_ba.weight", l), 2,
-                           ba_dims, &ts[1])) != HPD_OK ||
-        (st = mat_alloc(m, w, fused_dtype(ts, 2), hpd_model_gdn_in_rows(c) * H)) != HPD_OK)
-        return st;
+    if ((st = find_src(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_qkvz.weight", l), 2,
+                       qkvz_dims, &ss[0])) != HPD_OK ||
+        (st = find_src(ld, tensor_name(ld, "layers.%u.linear_attn.in_proj_ba.weight", l), 2,
+                       ba_dims, &ss[1])) != HPD_OK ||
+        (st = fused_alloc(ld, m, w, ss, (const uint64_t[]){b_base, 2 * nv}, 2, H)) != HPD_OK)
+        return st; /* q|k|v|z from qkvz, then b|a from ba */
     for (uint64_t g = 0; g < nk; g++) {
         const uint64_t src = g * group;
-        mat_rows(w, H, g * dk, ts[0], src, dk);
-        mat_rows(w, H, nk * dk + g * dk, ts[0], src + dk, dk);
-        mat_rows(w, H, v_base + g * r * dv, ts[0], src + 2 * dk, r * dv);
-        mat_rows(w, H, z_base + g * r * dv, ts[0], src + 2 * dk + r * dv, r * dv);
-        mat_rows(w, H, b_base + g * r, ts[1], g * 2 * r, r);
-        mat_rows(w, H, a_base + g * r, ts[1], g * 2 * r + r, r);
+        fused_rows(ld, w, g * dk, &ss[0], src, dk);
+        fused_rows(ld, w, nk * dk + g * dk, &ss[0], src + dk, dk);
+        fused_rows(ld, w, v_base + g * r * dv, &ss[0], src + 2 * dk, r * dv);
+        fused_rows(ld, w, z_base + g * r * dv, &ss[0], src + 2 * dk + r * dv, r * dv);
+        fused_rows(ld, w, b_base + g * r, &ss[1], g * 2 * r, r);
+        fused_rows(ld, w, a_base + g * r, &ss[1], g * 2 * r + r, r);
     }
     return HPD_OK;
 }
 
-static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_weight_t *w)
+static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fused_t *w)
 {
     const hpd_model_config_t *c = &m->config;
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
@@ -239,50 +352,50 @@ static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_l
 {
     const hpd_model_config_t *c = &m->config;
     const uint64_t E = c->n_experts, H = c->hidden_size, I = c->moe_inter;
-    const hpd_st_tensor_t *gu, *dn;
+    src_t gu, dn;
     hpd_status_t st;
 
     if (hpd_st_archive_find(ld->ar, tensor_name(ld, "layers.%u.mlp.experts.gate_up_proj", l)) !=
         NULL) {
         const uint64_t gu_dims[3] = {E, 2 * I, H}, dn_dims[3] = {E, H, I};
-        if ((st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.gate_up_proj", l), 3,
-                               gu_dims, &gu)) != HPD_OK ||
-            (st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.down_proj", l), 3,
-                               dn_dims, &dn)) != HPD_OK ||
-            (st = mat_alloc(m, &w->moe_gate_up, gu->dtype, E * 2 * I * H)) != HPD_OK ||
-            (st = mat_alloc(m, &w->moe_down, dn->dtype, E * H * I)) != HPD_OK)
+        if ((st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.gate_up_proj", l), 3,
+                           gu_dims, &gu)) != HPD_OK ||
+            (st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.down_proj", l), 3, dn_dims,
+                           &dn)) != HPD_OK ||
+            (st = mat_alloc(ld, m, &w->moe_gate_up, gu.t->dtype, E * 2 * I, H)) != HPD_OK ||
+            (st = mat_alloc(ld, m, &w->moe_down, dn.t->dtype, E * H, I)) != HPD_OK)
             return st;
-        mat_rows(&w->moe_gate_up, H, 0, gu, 0, E * 2 * I);
-        mat_rows(&w->moe_down, I, 0, dn, 0, E * H);
+        mat_rows(ld, &w->moe_gate_up, 0, &gu, 0, E * 2 * I);
+        mat_rows(ld, &w->moe_down, 0, &dn, 0, E * H);
         return HPD_OK;
     }
-    const hpd_st_tensor_t **ts = malloc(3 * E * sizeof(*ts));
+    src_t *ss = malloc(3 * E * sizeof(*ss));
     const uint64_t in_dims[2] = {I, H}, out_dims[2] = {H, I};
-    if (ts == NULL)
+    if (ss == NULL)
         return HPD_ERR_NO_MEMORY;
     st = HPD_OK;
     for (uint64_t x = 0; x < E && st == HPD_OK; x++) {
-        st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.gate_proj.weight", l,
-                                          (uint32_t)x), 2, in_dims, &ts[2 * x]);
+        st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.gate_proj.weight", l,
+                                      (uint32_t)x), 2, in_dims, &ss[2 * x]);
         if (st == HPD_OK)
-            st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.up_proj.weight", l,
-                                              (uint32_t)x), 2, in_dims, &ts[2 * x + 1]);
+            st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.up_proj.weight", l,
+                                          (uint32_t)x), 2, in_dims, &ss[2 * x + 1]);
         if (st == HPD_OK)
-            st = find_checked(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.down_proj.weight", l,
-                                              (uint32_t)x), 2, out_dims, &ts[2 * E + x]);
+            st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.%u.down_proj.weight", l,
+                                          (uint32_t)x), 2, out_dims, &ss[2 * E + x]);
     }
     if (st == HPD_OK &&
-        (st = mat_alloc(m, &w->moe_gate_up, fused_dtype(ts, 2 * (uint32_t)E), E * 2 * I * H)) ==
+        (st = mat_alloc(ld, m, &w->moe_gate_up, fused_dtype(ss, 2 * (uint32_t)E), E * 2 * I, H)) ==
             HPD_OK &&
-        (st = mat_alloc(m, &w->moe_down, fused_dtype(ts + 2 * E, (uint32_t)E), E * H * I)) ==
+        (st = mat_alloc(ld, m, &w->moe_down, fused_dtype(ss + 2 * E, (uint32_t)E), E * H, I)) ==
             HPD_OK) {
         for (uint64_t x = 0; x < E; x++) {
-            mat_rows(&w->moe_gate_up, H, 2 * I * x, ts[2 * x], 0, I);
-            mat_rows(&w->moe_gate_up, H, 2 * I * x + I, ts[2 * x + 1], 0, I);
-            mat_rows(&w->moe_down, I, H * x, ts[2 * E + x], 0, H);
+            mat_rows(ld, &w->moe_gate_up, 2 * I * x, &ss[2 * x], 0, I);
+            mat_rows(ld, &w->moe_gate_up, 2 * I * x + I, &ss[2 * x + 1], 0, I);
+            mat_rows(ld, &w->moe_down, H * x, &ss[2 * E + x], 0, H);
         }
     }
-    free(ts);
+    free(ss);
     return st;
 }
 
@@ -440,6 +553,7 @@ hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
     if ((st = hpd_st_archive_open(model_dir, &ar)) != HPD_OK)
         goto err;
     ld.ar = ar;
+    ld.config = &m->config;
     ld.dir = model_dir;
     for (size_t i = 0; i < hpd_st_archive_count(ar); i++) {
         const char *name = hpd_st_archive_get(ar, i)->name;
@@ -460,8 +574,14 @@ hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
         st = HPD_ERR_NO_MEMORY;
         goto err;
     }
-    if ((st = load_matrix(&ld, m, &m->embed, tensor_name(&ld, "embed_tokens.weight"), V, H)) !=
-            HPD_OK ||
+    if ((st = load_matrix(&ld, m, &m->embed, tensor_name(&ld, "embed_tokens.weight"), V, H)) ==
+            HPD_OK &&
+        m->embed.dtype == HPD_DTYPE_F8_E4M3) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: embed_tokens.weight is F8_E4M3 (expected F32, F16 or "
+                      "BF16: FP8 releases keep the embedding unquantised)", model_dir);
+        st = HPD_ERR_UNSUPPORTED;
+    }
+    if (st != HPD_OK ||
         (st = load_into(&ld, tensor_name(&ld, "norm.weight"), 1, H, 0, 0, m->final_norm)) !=
             HPD_OK)
         goto err;
@@ -499,44 +619,60 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
                                     .dtype = HPD_DTYPE_F32,                                      \
                                     .elements = (count),                                         \
                                     .bytes = (count) * sizeof(float)}
-#define W(mat, count)                                                                            \
-    out[n++] = (hpd_model_tensor_t){.slot = &(mat).p,                                            \
-                                    .dtype = (mat).dtype,                                        \
-                                    .elements = (count),                                         \
-                                    .bytes = (count) * hpd_dtype_size((mat).dtype)}
-    W(m->embed, V * H);
+    /* a matrix of rows x cols, then an FP8 one's scales */
+#define W(mat, rows_, cols_)                                                                       \
+    do {                                                                                         \
+        out[n++] = (hpd_model_tensor_t){.slot = &(mat).p,                                        \
+                                        .dtype = (mat).dtype,                                    \
+                                        .elements = (uint64_t)(rows_) * (cols_),                   \
+                                        .bytes = (uint64_t)(rows_) * (cols_) *                     \
+                                                 hpd_dtype_size((mat).dtype),                    \
+                                        .matrix = &(mat),                                        \
+                                        .cols = (cols_)};                                         \
+        if ((mat).dtype == HPD_DTYPE_F8_E4M3) {                                                  \
+            T((mat).scale, (uint64_t)(rows_) * (mat).scale_ld);                                   \
+            out[n - 1].is_scale = true;                                                          \
+        }                                                                                        \
+    } while (0)
+    /* every part of a fused matrix */
+#define F(fused, cols_)                                                                          \
+    for (uint32_t p_ = 0; p_ < HPD_MAX_PARTS; p_++)                                              \
+        if (p_ < (fused).n)                                                                      \
+            W((fused).part[p_], (fused).rows[p_], cols_)
+    W(m->embed, V, H);
     T(m->final_norm, H);
     if (!c->tie_word_embeddings)
-        W(m->lm_head, V * H);
+        W(m->lm_head, V, H);
     for (uint32_t l = 0; l < c->n_layers && l < HPD_MAX_LAYERS; l++) {
         hpd_layer_weights_t *w = &m->layers[l];
         T(w->input_norm, H);
         T(w->post_norm, H);
         if (c->layer_moe[l]) {
             const uint64_t E = c->n_experts, Im = c->moe_inter, Is = c->shared_inter;
-            W(w->moe_in, (uint64_t)hpd_model_moe_in_rows(c) * H);
-            W(w->moe_gate_up, E * 2 * Im * H);
-            W(w->moe_down, E * H * Im);
+            F(w->moe_in, H);
+            W(w->moe_gate_up, E * 2 * Im, H);
+            W(w->moe_down, E * H, Im);
             if (Is > 0)
-                W(w->shared_down, H * Is);
+                W(w->shared_down, H, Is);
         } else {
-            W(w->mlp_gate_up, 2 * I * H);
-            W(w->mlp_down, H * I);
+            F(w->mlp_gate_up, H);
+            W(w->mlp_down, H, I);
         }
         if (c->layer_full[l]) {
-            W(w->attn_qkv, (uint64_t)hpd_model_attn_qkv_rows(c) * H);
-            W(w->attn_o, H * nh * hd);
+            F(w->attn_qkv, H);
+            W(w->attn_o, H, nh * hd);
             T(w->q_norm, hd);
             T(w->k_norm, hd);
         } else {
-            W(w->gdn_in, (uint64_t)hpd_model_gdn_in_rows(c) * H);
+            F(w->gdn_in, H);
             T(w->gdn_conv, (uint64_t)c->conv_dim * c->conv_kernel);
             T(w->gdn_a_log, nv);
             T(w->gdn_dt_bias, nv);
             T(w->gdn_norm, dv);
-            W(w->gdn_out, H * nv * dv);
+            W(w->gdn_out, H, nv * dv);
         }
     }
+#undef F
 #undef W
 #undef T
     return n;

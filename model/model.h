@@ -6,31 +6,43 @@
 #ifndef HPD_MODEL_MODEL_H
 #define HPD_MODEL_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "model/config.h"
 
+/* A projection fused from several checkpoint tensors (q|k|v, gate|up, ...):
+ * one matrix of their rows when their dtypes agree, else a run of parts,
+ * each of consecutive rows in its own dtype (an FP8 release's bf16 router
+ * beside its FP8 shared expert), so nothing is widened to fp32. */
+#define HPD_MAX_PARTS 4
+typedef struct {
+    uint32_t n;                     /* parts */
+    uint32_t rows[HPD_MAX_PARTS];   /* rows of each part, in order */
+    hpd_weight_t part[HPD_MAX_PARTS];
+} hpd_fused_t;
+
 /* Weight matrices are row-major [out][in], as Hugging Face stores Linear. */
 typedef struct {
     float *input_norm; /* [H] zero-centred RMSNorm weight */
     float *post_norm;  /* [H] */
-    hpd_weight_t mlp_gate_up; /* [2*I][H]: gate rows then up rows (dense MLP) */
+    hpd_fused_t mlp_gate_up;  /* [2*I][H]: gate rows then up rows (dense MLP) */
     hpd_weight_t mlp_down;    /* [H][I] */
     /* mixture of experts (layer_moe), E experts of Im, a shared one of Is */
-    hpd_weight_t moe_in;      /* [E + 1 + 2*Is][H]: router, shared gate, shared gate|up
+    hpd_fused_t moe_in;       /* [E + 1 + 2*Is][H]: router, shared gate, shared gate|up
                                  (Is = 0: the router's E rows) */
     hpd_weight_t moe_gate_up; /* [E][2*Im][H]: per expert gate rows then up rows */
     hpd_weight_t moe_down;    /* [E][H][Im] */
     hpd_weight_t shared_down; /* [H][Is] */
     /* full attention (layer_full) */
-    hpd_weight_t attn_qkv; /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
+    hpd_fused_t attn_qkv;  /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
     hpd_weight_t attn_o;   /* [H][nh*hd] */
     float *q_norm;   /* [hd] */
     float *k_norm;   /* [hd] */
     /* Gated DeltaNet (!layer_full) */
-    hpd_weight_t gdn_in;      /* [conv_dim + nv*dv + 2*nv][H]: q|k|v, z, b, a */
+    hpd_fused_t gdn_in;       /* [conv_dim + nv*dv + 2*nv][H]: q|k|v, z, b, a */
     float *gdn_conv;    /* [conv_dim][kc] */
     float *gdn_a_log;   /* [nv] */
     float *gdn_dt_bias; /* [nv] */
@@ -58,9 +70,12 @@ typedef struct {
     void **slot;
     hpd_dtype_t dtype;
     uint64_t elements, bytes;
+    const hpd_weight_t *matrix; /* a matrix's weight (its cols below); NULL for vectors */
+    uint64_t cols;
+    bool is_scale; /* an FP8 matrix's scales (the entry after it) */
 } hpd_model_tensor_t;
 
-#define HPD_MODEL_MAX_TENSORS (3 + 16 * HPD_MAX_LAYERS)
+#define HPD_MODEL_MAX_TENSORS (4 + 20 * HPD_MAX_LAYERS)
 
 /* Lists every tensor of m (lm_head only when it is not tied to embed), in a
  * fixed order, into out (HPD_MODEL_MAX_TENSORS entries). Returns the count.

@@ -341,6 +341,7 @@ static const char *st_dtype_name(hpd_dtype_t dtype)
     case HPD_DTYPE_F32: return "F32";
     case HPD_DTYPE_F16: return "F16";
     case HPD_DTYPE_BF16: return "BF16";
+    case HPD_DTYPE_F8_E4M3: return "F8_E4M3";
     }
     return "?";
 }

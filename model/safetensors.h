@@ -14,7 +14,7 @@
 typedef struct {
     const char *name;
     const char *dtype_name; /* as written in the header, e.g. "BF16" */
-    bool dtype_known;       /* dtype is F32, F16 or BF16 */
+    bool dtype_known;       /* dtype is F32, F16, BF16 or F8_E4M3 */
     hpd_dtype_t dtype;
     uint32_t ndim;
     uint64_t shape[HPD_ST_MAX_DIMS];

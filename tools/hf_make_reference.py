@@ -66,6 +66,15 @@ CASES = [
      "--moe-intermediate 40 --shared-intermediate 24 --no-norm-topk --sparse-step 2", 107),
     ("q35moe-bf16-fused", "--arch qwen3_5_moe --dtype bf16 --experts 8 --experts-per-tok 2 "
      "--moe-intermediate 48 --shared-intermediate 32 --fused-experts --shards 2", 108),
+    # FP8 releases: block-quantised projections (32x32 blocks here, so that the
+    # small matrices hold several), dequantised by transformers at load. The
+    # projections' sizes are multiples of the block, as in the releases:
+    # transformers' dequantiser takes the block from the scale grid (a 48-row
+    # weight with 2 scale rows gets 24-row blocks), the engine from
+    # weight_block_size
+    ("next-fp8", "--arch qwen3_next --dtype bf16 --fp8 32", 109),
+    ("q35moe-fp8", "--arch qwen3_5_moe --dtype bf16 --experts 8 --experts-per-tok 2 "
+     "--moe-intermediate 64 --shared-intermediate 32 --fp8 32", 110),
 ]
 
 PROMPT_LENS = [5, 70, 150]
@@ -107,10 +116,23 @@ def weight_sums(model_dir):
 
     s = sq = 0.0
     n = 0
+    with open(os.path.join(model_dir, "config.json")) as f:
+        q = json.load(f).get("quantization_config")
+    block = q["weight_block_size"] if q else None
     for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(path, framework="pt") as f:
             for key in f.keys():
-                t = f.get_tensor(key).to(torch.float32).to(torch.float64)
+                if key.endswith("_scale_inv"):
+                    continue  # folded into its weight below
+                t = f.get_tensor(key)
+                if t.dtype == torch.float8_e4m3fn:
+                    # dequantised in fp32, as transformers and the engine do
+                    sc = f.get_tensor(key + "_scale_inv").to(torch.float32)
+                    t = t.to(torch.float32)
+                    sc = sc.repeat_interleave(block[0], -2)[..., :t.shape[-2], :]
+                    sc = sc.repeat_interleave(block[1], -1)[..., :t.shape[-1]]
+                    t = t * sc
+                t = t.to(torch.float32).to(torch.float64)
                 s += float(t.sum())
                 sq += float((t * t).sum())
                 n += t.numel()

@@ -38,6 +38,7 @@ typedef struct {
     uint32_t experts, top_k, moe_inter, shared_inter, sparse_step;
     int moe_family, fused_experts, no_norm_topk;
     const char *mlp_only; /* "1,3" */
+    uint32_t fp8_block;   /* > 0: an FP8 release (block-quantised projections) */
     bool sampling;   /* temperature, top_p and top_k in generation_config.json */
     float gen_temperature, gen_top_p;
     uint32_t gen_top_k;
@@ -49,6 +50,7 @@ typedef struct {
     size_t n, cap;
     uint32_t next_id; /* logical tensor counter: keys the random stream */
     hpd_dtype_t dtype;
+    uint32_t fp8_block; /* > 0: projection weights FP8 E4M3 in blocks of this many squared */
 } writer_t;
 
 /* Gaussian from the counter-based RNG: element e of logical tensor id. */
@@ -97,12 +99,77 @@ static float *make(const opts_t *o, writer_t *w, uint64_t n, dist_t dist, float 
     return v;
 }
 
-/* Adds a tensor to the file, converted to the output dtype; takes f32. */
+static int add_as(writer_t *w, const char *name, const float *f32, hpd_dtype_t dtype,
+                  uint32_t ndim, uint64_t d0, uint64_t d1, uint64_t d2);
+
+/* The weights an FP8 release quantises: the linear projections (attention,
+ * linear attention, MLP, experts, the shared expert); not the embedding, the
+ * LM head, the router (mlp.gate), the shared expert's gate, norms, conv. */
+static bool quantised(const char *name)
+{
+    const size_t n = strlen(name);
+    return (strstr(name, "proj") != NULL && n > 7 && strcmp(name + n - 7, ".weight") == 0) ||
+           (n > 5 && strcmp(name + n - 5, "_proj") == 0);
+}
+
+/* Block FP8 of a [mats][rows][cols] tensor as the FP8 releases store it:
+ * per block of fp8_block squared, scale = max |w| / 448, q = e4m3(w / scale),
+ * and NAME_scale_inv [mats][row blocks][column blocks] holding the scales. */
+static int add_fp8(writer_t *w, const char *name, const float *f32, uint32_t ndim, uint64_t d0,
+                   uint64_t d1, uint64_t d2)
+{
+    const uint64_t mats = ndim == 3 ? d0 : 1, rows = ndim == 3 ? d1 : d0,
+                   cols = ndim == 3 ? d2 : d1, B = w->fp8_block;
+    const uint64_t rb = (rows + B - 1) / B, cb = (cols + B - 1) / B;
+    float *deq = malloc(mats * rows * cols * sizeof(float)), *sc = malloc(mats * rb * cb * 4);
+    char sname[300];
+    int rc = -1;
+    if (deq == NULL || sc == NULL)
+        goto out;
+    for (uint64_t m = 0; m < mats; m++)
+        for (uint64_t i = 0; i < rb; i++)
+            for (uint64_t j = 0; j < cb; j++) {
+                const uint64_t r1 = HPD_MIN((i + 1) * B, rows), c1 = HPD_MIN((j + 1) * B, cols);
+                float amax = 0;
+                for (uint64_t r = i * B; r < r1; r++)
+                    for (uint64_t c = j * B; c < c1; c++)
+                        amax = fmaxf(amax, fabsf(f32[(m * rows + r) * cols + c]));
+                const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+                sc[(m * rb + i) * cb + j] = scale;
+                /* the values the file holds, before the F8 conversion in add_as */
+                for (uint64_t r = i * B; r < r1; r++)
+                    for (uint64_t c = j * B; c < c1; c++) {
+                        const uint64_t e = (m * rows + r) * cols + c;
+                        deq[e] = f32[e] / scale;
+                    }
+            }
+    snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+    rc = add_as(w, name, deq, HPD_DTYPE_F8_E4M3, ndim, d0, d1, d2) == 0 &&
+                 add_as(w, sname, sc, HPD_DTYPE_F32, ndim, ndim == 3 ? mats : rb,
+                        ndim == 3 ? rb : cb, ndim == 3 ? cb : 0) == 0
+             ? 0
+             : -1;
+out:
+    free(deq);
+    free(sc);
+    return rc;
+}
+
+/* Adds a tensor to the file, converted to the output dtype (or FP8 with its
+ * scales); takes f32. */
 static int add(writer_t *w, const char *name, const float *f32, uint32_t ndim, uint64_t d0,
                uint64_t d1, uint64_t d2)
 {
+    if (w->fp8_block > 0 && ndim >= 2 && quantised(name))
+        return add_fp8(w, name, f32, ndim, d0, d1, d2);
+    return add_as(w, name, f32, w->dtype, ndim, d0, d1, d2);
+}
+
+static int add_as(writer_t *w, const char *name, const float *f32, hpd_dtype_t dtype,
+                  uint32_t ndim, uint64_t d0, uint64_t d1, uint64_t d2)
+{
     const uint64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    void *buf = malloc(n * hpd_dtype_size(w->dtype) + 1);
+    void *buf = malloc(n * hpd_dtype_size(dtype) + 1);
 
     if (buf == NULL)
         return -1;
@@ -112,11 +179,11 @@ static int add(writer_t *w, const char *name, const float *f32, uint32_t ndim, u
         free(buf);
         return -1;
     }
-    hpd_dtype_from_f32(w->dtype, f32, buf, n);
+    hpd_dtype_from_f32(dtype, f32, buf, n);
     hpd_st_write_tensor_t *t = &w->t[w->n];
     memset(t, 0, sizeof(*t));
     t->name = strdup(name);
-    t->dtype = w->dtype;
+    t->dtype = dtype;
     t->ndim = ndim;
     t->shape[0] = d0;
     t->shape[1] = d1;
@@ -459,6 +526,13 @@ static int write_config(const opts_t *o)
         }
     }
 
+    json_t *quant = o->fp8_block == 0
+                        ? NULL
+                        : json_pack("{s:s, s:s, s:s, s:[i,i], s:[s,s,s,s]}", "quant_method",
+                                    "fp8", "fmt", "e4m3", "activation_scheme", "dynamic",
+                                    "weight_block_size", (int)o->fp8_block, (int)o->fp8_block,
+                                    "modules_to_not_convert", "lm_head", "embed_tokens",
+                                    "mlp.gate", "shared_expert_gate");
     if (o->arch == HPD_ARCH_QWEN3_5) {
         json_t *top = json_object();
         json_object_set_new(top, "model_type",
@@ -471,6 +545,8 @@ static int write_config(const opts_t *o)
         json_object_set_new(top, "text_config", cfg);
         cfg = top;
     }
+    if (quant != NULL)
+        json_object_set_new(cfg, "quantization_config", quant);
     snprintf(path, sizeof(path), "%s/config.json", o->out);
     rc = json_dump_file(cfg, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(cfg);
@@ -539,6 +615,8 @@ static void usage(FILE *f)
             "  --experts-per-tok K (2) --moe-intermediate N (64) --shared-intermediate N (64,\n"
             "                        0: no shared expert)  --fused-experts (3-D expert tensors)\n"
             "  --sparse-step N (1) --mlp-only-layers 0,3 --no-norm-topk   (qwen3_next)\n"
+            "  --fp8 B               an FP8 release: projection weights F8_E4M3 in BxB blocks\n"
+            "                        with weight_scale_inv, quantization_config (128 is theirs)\n"
             "  --round-to D          round every value to D first: --dtype f32 --round-to bf16\n"
             "                        stores a bf16 model's weights widened to F32\n"
             "  --hidden N (256) --layers N (8) --full-interval N (4) --intermediate N (512)\n"
@@ -573,7 +651,7 @@ int main(int argc, char **argv)
         {"round-to", 1, 0, 22}, {"experts", 1, 0, 23}, {"experts-per-tok", 1, 0, 24},
         {"moe-intermediate", 1, 0, 25}, {"shared-intermediate", 1, 0, 26},
         {"sparse-step", 1, 0, 27}, {"fused-experts", 0, 0, 28}, {"mlp-only-layers", 1, 0, 29},
-        {"no-norm-topk", 0, 0, 30}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"no-norm-topk", 0, 0, 30}, {"fp8", 1, 0, 31}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     uint32_t *u32opt[] = {NULL, &o.hidden, &o.layers, &o.full_interval, &o.inter, &o.vocab,
                           &o.heads, &o.kv_heads, &o.head_dim, &o.lk_heads, &o.lv_heads,
                           &o.lk_dim, &o.lv_dim, &o.conv_kernel};
@@ -662,6 +740,14 @@ int main(int argc, char **argv)
         case 28: o.fused_experts = 1; break;
         case 29: o.mlp_only = optarg; break;
         case 30: o.no_norm_topk = 1; break;
+        case 31:
+            if (hpd_parse_u64(optarg, 1, 4096, &v) != 0) {
+                fprintf(stderr, "hpd-mkmodel: --fp8 '%s' must be a block size from 1 to 4096\n",
+                        optarg);
+                return 2;
+            }
+            o.fp8_block = (uint32_t)v;
+            break;
         case 21: {
             char *end;
             unsigned long k = 0;
@@ -710,6 +796,7 @@ int main(int argc, char **argv)
         return 1;
     }
     w.dtype = o.dtype;
+    w.fp8_block = o.fp8_block;
     const char *pfx = o.arch == HPD_ARCH_QWEN3_5 ? "model.language_model." : "model.";
     char name[128];
     float *t;

@@ -8,6 +8,7 @@
 
 static void cpu_destroy(hpd_backend_t *b)
 {
+    free(((hpd_cpu_ctx_t *)b->ctx)->f8_tiles);
     free(b->ctx);
     free(b);
 }

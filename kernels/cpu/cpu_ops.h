@@ -6,6 +6,9 @@
 
 typedef struct {
     int n_threads;
+    /* the GEMM's FP8 dequantisation tiles, one per thread (grown on demand) */
+    float *f8_tiles;
+    size_t f8_floats;
 } hpd_cpu_ctx_t;
 
 static inline int hpd_cpu_threads(hpd_backend_t *b)

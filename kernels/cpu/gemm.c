@@ -10,6 +10,7 @@
  * runs, so BF16 weights give the bits of the same weights stored as F32 while
  * reading half the bytes. One kernel set per dtype, from one macro. */
 #include <omp.h>
+#include <stdlib.h>
 
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -182,6 +183,27 @@ GEMM_KERNELS(f32, float)
 GEMM_KERNELS(bf16, uint16_t)
 GEMM_KERNELS(f16, uint16_t)
 
+/* FP8 weights: each thread dequantises a tile of NB weight rows into its own
+ * fp32 buffer (q * scale, one rounding, as transformers' dequantisation),
+ * which the F32 kernels then read; x streams past the tile as for the other
+ * dtypes, so every row of w is dequantised once per call and the model
+ * holds no fp32 copy. */
+static void gemm_tile_f8(const hpd_gemm_args_t *a, uint32_t n0, uint32_t n1, float *buf)
+{
+    const uint8_t *q = (const uint8_t *)a->w;
+    for (uint32_t n = n0; n < n1; n++) {
+        const float *scale = a->w_scale + (size_t)n * a->w_scale_ld;
+        float *dst = buf + (size_t)(n - n0) * a->k;
+        for (uint32_t c = 0; c < a->k; c++)
+            dst[c] = hpd_f8e4m3_to_f32(q[(size_t)n * a->k + c]) * scale[c / a->w_block];
+    }
+    hpd_gemm_args_t t = *a;
+    t.w = buf;
+    t.w_dtype = HPD_DTYPE_F32;
+    t.y = a->y + n0;
+    gemm_tile_f32(&t, 0, n1 - n0);
+}
+
 hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
     const uint32_t n_tiles = (a->n + NB - 1) / NB;
@@ -193,6 +215,25 @@ hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     case HPD_DTYPE_F32: tile = gemm_tile_f32; break;
     case HPD_DTYPE_BF16: tile = gemm_tile_bf16; break;
     case HPD_DTYPE_F16: tile = gemm_tile_f16; break;
+    case HPD_DTYPE_F8_E4M3: {
+        hpd_cpu_ctx_t *c = b->ctx;
+        const size_t need = (size_t)threads * NB * a->k;
+        if (a->w_scale == NULL || a->w_block == 0)
+            return HPD_ERR_INVALID_ARG;
+        if (c->f8_floats < need) {
+            float *p = realloc(c->f8_tiles, need * sizeof(float));
+            if (p == NULL)
+                return HPD_ERR_NO_MEMORY;
+            c->f8_tiles = p;
+            c->f8_floats = need;
+        }
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (uint32_t t = 0; t < n_tiles; t++) {
+            uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
+            gemm_tile_f8(a, n0, n1, c->f8_tiles + (size_t)omp_get_thread_num() * NB * a->k);
+        }
+        return HPD_OK;
+    }
     default: return HPD_ERR_UNSUPPORTED;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)

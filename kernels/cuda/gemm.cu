@@ -28,14 +28,51 @@ __device__ static inline float widen(f16_t w)
     return __half2float(__ushort_as_half(w.bits));
 }
 
+/* FP8 E4M3 (no infinities; S.1111.111 is NaN), exact */
+struct f8_t {
+    uint8_t bits;
+};
+
+__device__ static inline float widen(f8_t w)
+{
+    const uint32_t b = w.bits, sign = (b & 0x80u) << 24, exp = (b >> 3) & 0xfu, mant = b & 7u;
+    if (exp == 0xfu && mant == 7u)
+        return __uint_as_float(sign | 0x7fc00000u);
+    if (exp != 0)
+        return __uint_as_float(sign | ((exp + 120u) << 23) | (mant << 20));
+    const float f = __fmul_rn((float)mant, 0.001953125f);
+    return sign ? -f : f;
+}
+
+/* The FP8 scales (unused for the other dtypes). */
+struct wscale_t {
+    const float *scale;
+    uint32_t ld, block;
+};
+
+/* element (row n, column c) of w, in fp32 */
+template <typename WT>
+__device__ static inline float weight(const WT *w, uint32_t n, uint32_t c, uint32_t k,
+                                      wscale_t ws)
+{
+    return widen(w[(size_t)n * k + c]);
+}
+
+template <>
+__device__ inline float weight<f8_t>(const f8_t *w, uint32_t n, uint32_t c, uint32_t k,
+                                     wscale_t ws)
+{
+    return __fmul_rn(widen(w[(size_t)n * k + c]), ws.scale[(size_t)n * ws.ld + c / ws.block]);
+}
+
 #define TM 64
 #define TN 64
 #define TK 16
 
 template <typename WT>
 __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
-                            const WT *__restrict__ w, float *__restrict__ y, uint32_t ldy,
-                            uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+                            const WT *__restrict__ w, wscale_t wsc, float *__restrict__ y,
+                            uint32_t ldy, uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
     __shared__ float xs[TK][TM + 1];
     __shared__ float ws[TK][TN + 1];
@@ -50,7 +87,7 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
             const uint32_t gr = row0 + r, gk = k0 + kk;
             xs[kk][r] = gr < m && gk < k ? x[(size_t)gr * ldx + gk] : 0.0f;
             const uint32_t gc = col0 + r;
-            ws[kk][r] = gc < n && gk < k ? widen(w[(size_t)gc * k + gk]) : 0.0f;
+            ws[kk][r] = gc < n && gk < k ? weight(w, gc, gk, k, wsc) : 0.0f;
         }
         __syncthreads();
         for (uint32_t kk = 0; kk < TK; kk++)
@@ -77,18 +114,25 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
         return HPD_OK;
     const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
     cudaStream_t s = hpd_cuda_ctx(b)->stream;
+    const wscale_t wsc = {a->w_scale, a->w_scale_ld, a->w_block};
     switch (a->w_dtype) {
     case HPD_DTYPE_F32:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const float *)a->w, a->y, a->ldy, a->m,
-                                           a->n, a->k, a->accumulate);
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const float *)a->w, wsc, a->y, a->ldy,
+                                           a->m, a->n, a->k, a->accumulate);
         break;
     case HPD_DTYPE_BF16:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const bf16_t *)a->w, a->y, a->ldy, a->m,
-                                           a->n, a->k, a->accumulate);
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const bf16_t *)a->w, wsc, a->y, a->ldy,
+                                           a->m, a->n, a->k, a->accumulate);
         break;
     case HPD_DTYPE_F16:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f16_t *)a->w, a->y, a->ldy, a->m,
-                                           a->n, a->k, a->accumulate);
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f16_t *)a->w, wsc, a->y, a->ldy,
+                                           a->m, a->n, a->k, a->accumulate);
+        break;
+    case HPD_DTYPE_F8_E4M3:
+        if (a->w_scale == NULL || a->w_block == 0)
+            return HPD_ERR_INVALID_ARG;
+        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f8_t *)a->w, wsc, a->y, a->ldy,
+                                           a->m, a->n, a->k, a->accumulate);
         break;
     default:
         return HPD_ERR_UNSUPPORTED;

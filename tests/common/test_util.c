@@ -519,6 +519,36 @@ static void test_dtypes(void **state)
     assert_string_equal(hpd_status_str(HPD_ERR_NO_RESOURCE), "resource exhausted");
 }
 
+/* Every FP8 E4M3 code against the float64 formula (sign, 4 exponent bits
+ * biased by 7, 3 mantissa bits; subnormals; S.1111.111 the only NaN), and
+ * the conversion back rounding to nearest even, saturating at 448. */
+static void test_f8e4m3(void **state)
+{
+    for (int b = 0; b < 256; b++) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        const double mag = e == 0 ? m / 8.0 * ldexp(1, -6) : (1 + m / 8.0) * ldexp(1, e - 7);
+        const double want = (b & 0x80) ? -mag : mag;
+        const float got = hpd_f8e4m3_to_f32((uint8_t)b);
+        if ((b & 0x7f) == 0x7f) {
+            assert_true(isnan(got));
+            continue;
+        }
+        if (!((double)got == want))
+            fail_msg("code 0x%02x: %.9g, want %.9g", b, got, want);
+        assert_int_equal(hpd_f32_to_f8e4m3(got), b == 0x80 ? 0x80 : b); /* round trip */
+    }
+    /* halfway between 1 (0x38) and 1.125 (0x39): to the even code; just above: up */
+    assert_int_equal(hpd_f32_to_f8e4m3(1.0625f), 0x38);
+    assert_int_equal(hpd_f32_to_f8e4m3(1.0626f), 0x39);
+    assert_int_equal(hpd_f32_to_f8e4m3(1.1875f), 0x3a); /* 1.125..1.25: even is 1.25 */
+    assert_int_equal(hpd_f32_to_f8e4m3(1000.0f), 0x7e);  /* 448 */
+    assert_int_equal(hpd_f32_to_f8e4m3(-1000.0f), 0xfe);
+    assert_int_equal(hpd_f32_to_f8e4m3(0.0009765625f), 0x00); /* 2^-10: half the least, even */
+    assert_int_equal(hpd_f32_to_f8e4m3(0.0029296875f), 0x02); /* 1.5 * 2^-9 to even: 2 */
+    assert_int_equal(hpd_f32_to_f8e4m3(0.0153f), 0x08);      /* rounds up to 2^-6 */
+    assert_true(isnan(hpd_f8e4m3_to_f32(hpd_f32_to_f8e4m3(NAN))));
+}
+
 static void test_dtype_names(void **state)
 {
     /* each dtype: its size, its name, and the spellings that parse to it
@@ -531,6 +561,7 @@ static void test_dtype_names(void **state)
         {HPD_DTYPE_F32, 4, "f32", {"F32", "float32", "Float32"}},
         {HPD_DTYPE_F16, 2, "f16", {"F16", "float16", "FLOAT16"}},
         {HPD_DTYPE_BF16, 2, "bf16", {"BF16", "bfloat16", "BFloat16"}},
+        {HPD_DTYPE_F8_E4M3, 1, "f8_e4m3", {"F8_E4M3", "float8_e4m3fn", "f8_E4M3"}},
     };
     hpd_dtype_t d;
 
@@ -547,7 +578,7 @@ static void test_dtype_names(void **state)
         }
     }
     /* a value outside the enum (a corrupt file header) still has a name */
-    const char *unknown = hpd_dtype_name((hpd_dtype_t)3);
+    const char *unknown = hpd_dtype_name((hpd_dtype_t)4);
     assert_non_null(unknown);
     assert_true(strlen(unknown) > 0);
     for (size_t t = 0; t < HPD_ARRAY_SIZE(types); t++)
@@ -646,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_time_now),
         cmocka_unit_test(test_read_prompts),
         cmocka_unit_test(test_dtypes),
+        cmocka_unit_test(test_f8e4m3),
         cmocka_unit_test(test_dtype_names),
         cmocka_unit_test(test_dtype_arrays),
         cmocka_unit_test(test_status_str),

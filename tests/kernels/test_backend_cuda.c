@@ -134,6 +134,41 @@ static void test_half_weights(void **state)
     }
 }
 
+/* FP8 E4M3 weights with block scales: dequantised inside the device GEMM
+ * as on the CPU (q * scale, one rounding), so the device gives the bits of
+ * its own GEMM over the dequantised weights, close to the CPU's. */
+static void test_fp8_gemm(void **state)
+{
+    const uint32_t m = 11, n = 70, k = 200, B = 64, ld = (k + B - 1) / B;
+    float *x = rnd(m * k, 31, 1), *w = rnd(n * k, 32, 300), *scale = rnd(n * ld, 33, 1);
+    uint8_t *q = malloc(n * k);
+    for (uint32_t i = 0; i < n * ld; i++)
+        scale[i] = 0.01f + fabsf(scale[i]);
+    hpd_dtype_from_f32(HPD_DTYPE_F8_E4M3, w, q, n * k);
+    for (uint32_t r = 0; r < n; r++)
+        for (uint32_t c = 0; c < k; c++)
+            w[r * k + c] = hpd_f8e4m3_to_f32(q[r * k + c]) * scale[r * ld + c / B];
+    void *dq;
+    assert_int_equal(hpd_backend_alloc(gpu, n * k, &dq), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, dq, q, n * k), HPD_OK);
+    float *dx = up(x, m * k), *dw = up(w, n * k), *ds = up(scale, n * ld);
+    float *dy = up(x, m * n), *dy32 = up(x, m * n), *ycpu = malloc(m * n * sizeof(float));
+    hpd_gemm_args_t a = {.x = x, .ldx = k, .w = q, .w_dtype = HPD_DTYPE_F8_E4M3, .w_scale = scale,
+                         .w_scale_ld = ld, .w_block = B, .y = ycpu, .ldy = n, .m = m, .n = n,
+                         .k = k};
+    assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+    a.x = dx, a.w = dq, a.w_scale = ds, a.y = dy;
+    assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
+    a = (hpd_gemm_args_t){.x = dx, .ldx = k, .w = dw, .y = dy32, .ldy = n, .m = m, .n = n, .k = k};
+    assert_int_equal(hpd_gemm(gpu, &a), HPD_OK);
+    float *got = down(dy, m * n), *got32 = down(dy32, m * n);
+    expect_close("gemm fp8", got, ycpu, m * n, 1e-5);
+    assert_memory_equal(got, got32, m * n * sizeof(float));
+    free(x), free(w), free(scale), free(q), free(ycpu), free(got), free(got32);
+    hpd_backend_free(gpu, dq), hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dw);
+    hpd_backend_free(gpu, ds), hpd_backend_free(gpu, dy), hpd_backend_free(gpu, dy32);
+}
+
 /* The mixture of experts' gather and combine against the CPU: exact (the
  * combine's roundings are spelled out in backend.h), and within 1e-6 with
  * a shared expert, whose gate goes through expf. */
@@ -852,6 +887,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_half_weights),
+        cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_conv_and_gdn),

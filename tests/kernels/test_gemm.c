@@ -1,6 +1,7 @@
 /* GEMM against a double-precision reference, batch invariance (a row's
  * bits do not depend on how many rows are computed with it), and BF16 / F16
  * weights giving the bits of the same weights stored as F32. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -124,12 +125,73 @@ static void test_half_weights_exact(void **state)
     hpd_backend_destroy(be2);
 }
 
+/* FP8 E4M3 weights with block scales, dequantised inside the GEMM: against
+ * a float64 reference of q * scale (the block scaling), and bit for bit the
+ * F32 GEMM over the weights dequantised in fp32 first (one rounding of
+ * q * scale, as transformers), for blocks that do and do not divide k. */
+static void test_fp8_weights(void **state)
+{
+    const uint32_t shapes[][4] = {{1, 40, 96, 32}, {5, 70, 200, 64}, {9, 33, 130, 16},
+                                  {4, 64, 512, 128}};
+    hpd_backend_t *be = cpu(2);
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        const uint32_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], B = shapes[s][3];
+        const uint32_t ld = (k + B - 1) / B;
+        const size_t nk = (size_t)n * k;
+        float *x = malloc((size_t)m * k * 4), *w = malloc(nk * 4), *scale = malloc(n * ld * 4);
+        float *y8 = malloc((size_t)m * n * 4), *y32 = malloc((size_t)m * n * 4);
+        double *ref = malloc((size_t)m * n * sizeof(double));
+        float *refl = malloc((size_t)m * n * 4);
+        uint8_t *q = malloc(nk);
+        test_fill(x, (size_t)m * k, 31 + s, 1.0f);
+        test_fill(w, nk, 41 + s, 300.0f);
+        test_fill(scale, n * ld, 51 + s, 1.0f);
+        for (size_t i = 0; i < n * ld; i++)
+            scale[i] = 0.01f + fabsf(scale[i]); /* per row, per column block */
+        hpd_dtype_from_f32(HPD_DTYPE_F8_E4M3, w, q, nk);
+        for (uint32_t r = 0; r < n; r++)
+            for (uint32_t c = 0; c < k; c++)
+                w[(size_t)r * k + c] = hpd_f8e4m3_to_f32(q[(size_t)r * k + c]) *
+                                       scale[r * ld + c / B];
+        for (uint32_t i = 0; i < m; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                double acc = 0;
+                for (uint32_t c = 0; c < k; c++)
+                    acc += (double)x[(size_t)i * k + c] *
+                           ((double)hpd_f8e4m3_to_f32(q[(size_t)j * k + c]) *
+                            (double)scale[j * ld + c / B]);
+                ref[(size_t)i * n + j] = acc;
+                refl[(size_t)i * n + j] = (float)acc;
+            }
+        hpd_gemm_args_t a = {.x = x, .ldx = k, .w = q, .w_dtype = HPD_DTYPE_F8_E4M3,
+                             .w_scale = scale, .w_scale_ld = ld, .w_block = B, .y = y8,
+                             .ldy = n, .m = m, .n = n, .k = k};
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        assert_rel_rms_below(y8, refl, (size_t)m * n, 1e-6);
+        a = (hpd_gemm_args_t){.x = x, .ldx = k, .w = w, .y = y32, .ldy = n, .m = m, .n = n,
+                              .k = k};
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        if (memcmp(y8, y32, (size_t)m * n * 4) != 0)
+            fail_msg("fp8 %ux%ux%u block %u: not the bits of the dequantised F32 GEMM", m, n, k,
+                     B);
+        free(x), free(w), free(scale), free(y8), free(y32), free(ref), free(refl), free(q);
+    }
+    /* FP8 without its scales is refused, not read */
+    float y = 0;
+    const uint8_t one = 0x38;
+    hpd_gemm_args_t bad = {.x = &y, .ldx = 1, .w = &one, .w_dtype = HPD_DTYPE_F8_E4M3, .y = &y,
+                           .ldy = 1, .m = 1, .n = 1, .k = 1};
+    assert_int_equal(hpd_gemm(be, &bad), HPD_ERR_INVALID_ARG);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_reference),
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_half_weights_exact),
+        cmocka_unit_test(test_fp8_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,8 +261,8 @@ static void test_moe_namings(void **state)
     assert_same_weights(per, q35);
     assert_int_equal(mixed->config.n_moe_layers, mixed->config.n_layers - 2);
     assert_false(mixed->config.layer_moe[1] || mixed->config.layer_moe[4]);
-    assert_non_null(mixed->layers[1].mlp_gate_up.p);
-    assert_null(mixed->layers[1].moe_in.p);
+    assert_non_null(mixed->layers[1].mlp_gate_up.part[0].p);
+    assert_int_equal(mixed->layers[1].moe_in.n, 0);
     assert_non_null(mixed->layers[0].moe_gate_up.p);
     hpd_model_destroy(per);
     hpd_model_destroy(fused);
@@ -274,6 +274,70 @@ static void test_moe_namings(void **state)
     snprintf(dir, sizeof(dir), "%s/moe-per", root);
     rewrite(dir, "model.layers.2.mlp.experts.5.up_proj.weight", 0);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_NOT_FOUND);
+    assert_null(m);
+}
+
+/* FP8 releases: projections stay F8_E4M3 with their block scales (no fp32
+ * copy: resident weights within 1.05x the files' tensor bytes), per-expert
+ * and fused 3-D expert tensors load alike; a missing scale is named, and
+ * FP8 tensors without quantization_config are refused. */
+static void test_fp8(void **state)
+{
+    char dir[512], path[600];
+    hpd_model_t *per = make_and_load("fp8-per", "--experts 6 --experts-per-tok 2 --fp8 16 "
+                                                "--mlp-only-layers 1");
+    hpd_model_t *fused = make_and_load("fp8-fused", "--experts 6 --experts-per-tok 2 --fp8 16 "
+                                                    "--mlp-only-layers 1 --fused-experts");
+    assert_int_equal(per->config.fp8_block_rows, 16);
+    assert_int_equal(per->layers[0].moe_gate_up.dtype, HPD_DTYPE_F8_E4M3);
+    /* the router and the shared expert's gate stay BF16, its gate|up rows FP8: two parts */
+    assert_int_equal(per->layers[0].moe_in.n, 2);
+    assert_int_equal(per->layers[0].moe_in.part[0].dtype, HPD_DTYPE_BF16);
+    assert_int_equal(per->layers[0].moe_in.rows[0], 7);
+    assert_int_equal(per->layers[0].moe_in.part[1].dtype, HPD_DTYPE_F8_E4M3);
+    assert_int_equal(per->layers[1].mlp_down.dtype, HPD_DTYPE_F8_E4M3);
+    assert_int_equal(per->layers[0].gdn_in.n, 1);
+    assert_int_equal(per->layers[0].gdn_in.part[0].dtype, HPD_DTYPE_F8_E4M3);
+    assert_int_equal(per->embed.dtype, HPD_DTYPE_BF16);
+    assert_non_null(per->layers[0].gdn_out.scale);
+    assert_same_weights(per, fused);
+    hpd_model_destroy(per);
+    hpd_model_destroy(fused);
+
+    /* the releases' 128x128 blocks: scales expanded to rows cost 4 bytes per
+     * 128 FP8 bytes; with the vectors widened, within 1.05x the files */
+    hpd_model_t *big = make_and_load("fp8-big", "--hidden 512 --intermediate 1024 --vocab 1024 "
+                                                "--experts 4 --moe-intermediate 256 "
+                                                "--shared-intermediate 256 --fp8 128 "
+                                                "--lin-k-dim 128 --lin-v-dim 128 --head-dim 128");
+    hpd_st_archive_t *ar;
+    uint64_t tensor_bytes = 0;
+    snprintf(dir, sizeof(dir), "%s/fp8-big", root);
+    assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);
+    for (size_t i = 0; i < hpd_st_archive_count(ar); i++)
+        tensor_bytes += hpd_st_archive_get(ar, i)->nbytes;
+    hpd_st_archive_destroy(ar);
+    print_message("FP8 model: checkpoint tensors %llu bytes, weights %llu bytes (%.3fx)\n",
+                  (unsigned long long)tensor_bytes, (unsigned long long)big->weight_bytes,
+                  (double)big->weight_bytes / (double)tensor_bytes);
+    assert_true(big->weight_bytes <= tensor_bytes * 1.05);
+    hpd_model_destroy(big);
+    snprintf(dir, sizeof(dir), "%s/fp8-per", root);
+
+    hpd_model_t *m = NULL;
+    rewrite(dir, "model.layers.2.mlp.experts.4.down_proj.weight_scale_inv", 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_NOT_FOUND);
+    assert_int_equal(test_mkmodel(dir, SMALL " --fp8 16"), 0);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    char *text;
+    size_t len;
+    assert_int_equal(hpd_read_file(path, &text, &len), HPD_OK);
+    char *q = strstr(text, "\"quantization_config\"");
+    assert_non_null(q);
+    memcpy(q + 1, "quantization_conf_x", 19); /* no longer read */
+    assert_int_equal(hpd_write_file(path, text, len), HPD_OK);
+    free(text);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
     assert_null(m);
 }
 
@@ -368,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_skips_vision_and_mtp),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_moe_namings),
+        cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_bad_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
