@@ -1,13 +1,18 @@
 /* hpd-bench-cpu: prefill and decode tokens/s of the CPU backend for the
  * models given, with the memory bandwidth of a large memcpy measured in the
- * same run, so that decode is shown against its bandwidth bound.
+ * same run, so that decode is shown against its bandwidth bound; and each
+ * model's load time and resident memory against its files.
  *
- *   hpd-bench-cpu [--threads N] [--prompt N] [--decode N] MODEL_DIR...
+ *   hpd-bench-cpu [--threads N] [--prompt N] [--decode N] [--load-only] MODEL_DIR...
  *
- * Decode streams every weight once per step: its bound is
- * weight_bytes / read_bandwidth per token (batch 1). */
+ * Decode streams every weight it uses once per step: its bound is
+ * active_bytes / read_bandwidth per token (batch 1), where a mixture of
+ * experts reads only the top-k experts of each MoE layer. */
+#include <dirent.h>
 #include <getopt.h>
 #include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,8 +77,61 @@ static int run_requests(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32
     return hpd_engine_run(e) == HPD_OK ? 0 : -1;
 }
 
+static uint64_t rss_bytes(void)
+{
+    unsigned long long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL || fscanf(f, "%llu %llu", &size, &resident) != 2)
+        resident = 0;
+    if (f != NULL)
+        fclose(f);
+    return resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Bytes of the directory's *.safetensors files. */
+static uint64_t file_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    uint64_t total = 0;
+    char path[4096];
+    struct stat st;
+    while (d != NULL && (de = readdir(d)) != NULL) {
+        const size_t n = strlen(de->d_name);
+        if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+            if (stat(path, &st) == 0)
+                total += (uint64_t)st.st_size;
+        }
+    }
+    if (d != NULL)
+        closedir(d);
+    return total;
+}
+
+/* The bytes one token's decode step reads: every weight but the experts a
+ * token does not route to. */
+static double active_bytes(const hpd_model_t *m)
+{
+    const hpd_model_config_t *c = &m->config;
+    double b = (double)m->weight_bytes;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        if (!c->layer_moe[l])
+            continue;
+        const hpd_layer_weights_t *w = &m->layers[l];
+        const double gu = (double)2 * c->moe_inter * c->hidden_size, dn = (double)c->hidden_size *
+                                                                            c->moe_inter;
+        double per = gu * hpd_dtype_size(w->moe_gate_up.dtype) +
+                     dn * hpd_dtype_size(w->moe_down.dtype);
+        per += (w->moe_gate_up.scale ? 2.0 * c->moe_inter * w->moe_gate_up.scale_ld * 4 : 0) +
+               (w->moe_down.scale ? (double)c->hidden_size * w->moe_down.scale_ld * 4 : 0);
+        b -= (double)(c->n_experts - c->top_k) * per;
+    }
+    return b;
+}
+
 static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
-                       uint32_t decode_len, double copy_bw)
+                       uint32_t decode_len, double copy_bw, bool load_only)
 {
     hpd_model_t *m;
     hpd_engine_params_t ep;
@@ -81,10 +139,28 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
     hpd_engine_stats_t s;
     result_t r;
 
+    const uint64_t rss0 = rss_bytes();
+    const double t0 = hpd_time_now();
     if (hpd_model_load(dir, &m) != HPD_OK)
         return -1;
+    const double load_s = hpd_time_now() - t0;
+    const uint64_t rss = rss_bytes() - rss0, files = file_bytes(dir);
     const hpd_model_config_t *c = &m->config;
-    const double weight_bytes = (double)m->weight_bytes;
+    const double weight_bytes = (double)m->weight_bytes, active = active_bytes(m);
+    printf("model %s: hidden %u, %u layers (%u GDN, %u attention, %u MoE of %u experts, top %u), "
+           "vocab %u, %.1f M params, weights %s\n",
+           dir, c->hidden_size, c->n_layers, c->n_linear_layers, c->n_full_layers,
+           c->n_moe_layers, c->n_experts, c->top_k, c->vocab_size, m->n_params / 1e6,
+           hpd_dtype_name(m->layers[0].attn_o.p ? m->layers[0].attn_o.dtype
+                                                : m->layers[0].gdn_out.dtype));
+    printf("  load: %.2f s for %.1f MiB of files (%.2f GB/s); resident +%.1f MiB = %.3f of the "
+           "files\n",
+           load_s, files / 1048576.0, files / load_s / 1e9, rss / 1048576.0,
+           (double)rss / (double)files);
+    if (load_only) {
+        hpd_model_destroy(m);
+        return 0;
+    }
     hpd_engine_params_init(&ep);
     ep.model = m;
     ep.backend = be;
@@ -109,11 +185,9 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
         *(b == 0 ? &r.decode_tps_b1 : &r.decode_tps_b8) = tps;
         hpd_engine_destroy(e);
     }
-    const double b1_bw = r.decode_tps_b1 * weight_bytes;
-    printf("model %s: hidden %u, %u layers (%u GDN, %u attention), vocab %u, %.1f M params "
-           "(%.0f MiB fp32)\n",
-           dir, c->hidden_size, c->n_layers, c->n_linear_layers, c->n_full_layers, c->vocab_size,
-           m->n_params / 1e6, weight_bytes / (1 << 20));
+    const double b1_bw = r.decode_tps_b1 * active;
+    printf("  weights %.1f MiB, read per decode step %.1f MiB\n", weight_bytes / 1048576.0,
+           active / 1048576.0);
     printf("  prefill (%u-token prompt):   %10.1f tokens/s\n", prompt_len, r.prefill_tps);
     printf("  decode batch 1:              %10.1f tokens/s  (weights read %.2f GB/s)\n",
            r.decode_tps_b1, b1_bw / 1e9);
@@ -127,17 +201,23 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {{"threads", 1, 0, 't'}, {"prompt", 1, 0, 'p'},
-                                             {"decode", 1, 0, 'd'}, {0, 0, 0, 0}};
+                                             {"decode", 1, 0, 'd'}, {"load-only", 0, 0, 'l'},
+                                             {0, 0, 0, 0}};
+    bool load_only = false;
     uint64_t threads = 0, prompt = 512, decode = 64;
     hpd_backend_params_t bp = {.device = "cpu"};
     hpd_backend_t *be;
     int c;
 
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (c == 'l') {
+            load_only = true;
+            continue;
+        }
         uint64_t *dst = c == 't' ? &threads : c == 'p' ? &prompt : c == 'd' ? &decode : NULL;
         if (dst == NULL || hpd_parse_u64(optarg, 1, 1u << 20, dst) != 0) {
             fprintf(stderr, "usage: hpd-bench-cpu [--threads N] [--prompt N] [--decode N] "
-                            "MODEL_DIR...\n");
+                            "[--load-only] MODEL_DIR...\n");
             return 2;
         }
     }
@@ -152,7 +232,7 @@ int main(int argc, char **argv)
     const double bw = memcpy_bandwidth((size_t)512 << 20, nt);
     printf("memcpy 512 MiB on %d threads: %.2f GB/s (read + write)\n", nt, bw / 1e9);
     for (int i = optind; i < argc; i++)
-        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw) != 0) {
+        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, load_only) != 0) {
             fprintf(stderr, "hpd-bench-cpu: %s failed\n", argv[i]);
             hpd_backend_destroy(be);
             return 1;

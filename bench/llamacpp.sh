@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# hybridpd beside llama.cpp, the CPU engine users pick, on the same model and
+# the same threads: builds llama.cpp from the llama-cpp-python sdist on PyPI
+# (vendor/llama.cpp), converts the model with its convert_hf_to_gguf.py (BF16
+# and F32 GGUF), runs llama-bench and hpd-bench-cpu and prints the ratio of
+# prefill and of decode tokens/s (hybridpd / llama.cpp).
+#
+#   bash bench/llamacpp.sh [MODEL_DIR]   (default: models/h1024-q35, made here)
+#
+# THREADS (2), PROMPT (512), GEN (64); HPD_LLAMACPP_DIR holds the sdist, the
+# build, the venv and the GGUF files (/tmp/hpd-llamacpp); PYTHON a Python
+# with torch, numpy and safetensors (else a venv is made there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS=${THREADS:-2}
+PROMPT=${PROMPT:-512}
+GEN=${GEN:-64}
+WORK=${HPD_LLAMACPP_DIR:-/tmp/hpd-llamacpp}
+mkdir -p "$WORK"
+bash scripts/build.sh > /dev/null
+model=${1:-models/h1024-q35}
+if [ ! -f "$model/config.json" ]; then
+    # Qwen3.5 (dense), the hybrid llama.cpp converts as Qwen3_5ForCausalLM
+    ./build/tools/hpd-mkmodel --out "$model" --arch qwen3_5_text --seed 2 --hidden 1024 \
+        --layers 24 --intermediate 2816 --vocab 16384 --heads 8 --kv-heads 2 --head-dim 128 \
+        --lin-k-heads 4 --lin-v-heads 8 --lin-k-dim 128 --lin-v-dim 128
+fi
+
+PY=${PYTHON:-$WORK/venv/bin/python}
+if ! "$PY" -c "import torch, numpy, safetensors" 2> /dev/null; then
+    python3 -m venv "$WORK/venv"
+    PY=$WORK/venv/bin/python
+    "$PY" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch ||
+        "$PY" -m pip install -q torch
+    "$PY" -m pip install -q numpy safetensors sentencepiece pyyaml
+fi
+src=$(ls -d "$WORK"/llama_cpp_python-*/vendor/llama.cpp 2> /dev/null | head -1 || true)
+if [ -z "$src" ]; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: llama-cpp-python -d "$WORK"
+    tar xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
+    src=$(ls -d "$WORK"/llama_cpp_python-*/vendor/llama.cpp | head -1)
+fi
+bench=$WORK/build/bin/llama-bench
+if [ ! -x "$bench" ]; then
+    cmake -S "$src" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF > "$WORK/cmake.log"
+    cmake --build "$WORK/build" --target llama-bench -j "$(nproc)" > "$WORK/build.log"
+fi
+name=$(basename "$model")
+for t in bf16 f32; do
+    gguf=$WORK/$name-$t.gguf
+    [ -f "$gguf" ] || "$PY" bench/llamacpp_convert.py "$src" "$model" --outfile "$gguf" --no-mtp \
+        --outtype $t > "$WORK/convert-$t.log" 2>&1
+done
+
+# llama.cpp: pp PROMPT and tg GEN, average tokens/s of llama-bench's runs
+ll() {
+    "$bench" -m "$1" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 3 -o csv 2> /dev/null |
+        "$PY" -c 'import csv,sys
+rows = list(csv.DictReader(sys.stdin))
+pp = [float(r["avg_ts"]) for r in rows if int(r["n_prompt"]) > 0]
+tg = [float(r["avg_ts"]) for r in rows if int(r["n_gen"]) > 0]
+print(pp[0], tg[0])'
+}
+read -r ll_pp_bf16 ll_tg_bf16 < <(ll "$WORK/$name-bf16.gguf")
+read -r ll_pp_f32 ll_tg_f32 < <(ll "$WORK/$name-f32.gguf")
+out=$(./build/bench/hpd-bench-cpu --threads "$THREADS" --prompt "$PROMPT" --decode "$GEN" "$model")
+echo "$out"
+hpd_pp=$(echo "$out" | awk '/prefill/ {print $(NF-1)}')
+hpd_tg=$(echo "$out" | awk '/decode batch 1:/ {print $4}')
+echo
+echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens"
+printf "llama.cpp BF16: prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_bf16" "$ll_tg_bf16"
+printf "llama.cpp F32:  prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_f32" "$ll_tg_f32"
+printf "hybridpd (the checkpoint's BF16): prefill %9.1f tok/s, decode %7.1f tok/s\n" \
+    "$hpd_pp" "$hpd_tg"
+"$PY" -c "import sys
+pp, tg, lpb, ltb, lpf, ltf = map(float, sys.argv[1:])
+print(f'ratio hybridpd / llama.cpp BF16: prefill {pp / lpb:.2f}, decode {tg / ltb:.2f}')
+print(f'ratio hybridpd / llama.cpp F32:  prefill {pp / lpf:.2f}, decode {tg / ltf:.2f}')" \
+    "$hpd_pp" "$hpd_tg" "$ll_pp_bf16" "$ll_tg_bf16" "$ll_pp_f32" "$ll_tg_f32"
