@@ -96,7 +96,8 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
     }                                                                                            \
                                                                                                  \
     static void kern_4x2_##SFX(const float *x, uint32_t ldx, const WT *w0, const WT *w1,        \
-                               uint32_t k, float *y, uint32_t ldy, bool accumulate)              \
+                               uint32_t k, float *y, uint32_t ldy, bool accumulate,              \
+                               bool prefetch)                                                    \
     {                                                                                            \
         const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx;                           \
         const float *x3 = x + 3 * (size_t)ldx;                                                   \
@@ -105,6 +106,10 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         hpd_v8_t a30 = hpd_v8_zero(), a31 = hpd_v8_zero();                                       \
         uint32_t i = 0;                                                                          \
         for (; i + 8 <= k; i += 8) {                                                             \
+            if (prefetch) { /* a few rows of x: w streams from memory */                         \
+                __builtin_prefetch(w0 + i + 2 * (size_t)k); /* the next two rows */              \
+                __builtin_prefetch(w1 + i + 2 * (size_t)k);                                      \
+            }                                                                                    \
             hpd_v8_t b0 = load8_##SFX(w0 + i), b1 = load8_##SFX(w1 + i), xv;                     \
             xv = hpd_v8_load(x0 + i);                                                            \
             a00 = hpd_v8_fma(xv, b0, a00);                                                       \
@@ -138,6 +143,12 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         uint32_t i = 0;                                                                          \
         for (; i + 8 <= k; i += 8) {                                                             \
             hpd_v8_t xv = hpd_v8_load(x + i);                                                    \
+            /* the rows of the next call: the hardware prefetcher alone leaves \
+             * short rows (a few KiB) waiting on memory */                       \
+            __builtin_prefetch(w0 + i + 4 * (size_t)ldw);                                        \
+            __builtin_prefetch(w1 + i + 4 * (size_t)ldw);                                        \
+            __builtin_prefetch(w2 + i + 4 * (size_t)ldw);                                        \
+            __builtin_prefetch(w3 + i + 4 * (size_t)ldw);                                        \
             a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                        \
             a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                        \
             a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                        \
@@ -161,7 +172,7 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
             uint32_t n = n0;                                                                     \
             for (; n + 2 <= n1; n += 2)                                                          \
                 kern_4x2_##SFX(x, a->ldx, w + (size_t)n * k, w + (size_t)(n + 1) * k, k, y + n,  \
-                               a->ldy, a->accumulate);                                           \
+                               a->ldy, a->accumulate, a->m <= 16);                               \
             for (; n < n1; n++)                                                                  \
                 for (uint32_t r = 0; r < 4; r++)                                                 \
                     finish(y + (size_t)r * a->ldy + n,                                           \
