@@ -55,14 +55,22 @@ static void recurrent_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float 
 
 typedef struct {
     float A[C][C]; /* strictly lower: the UT system, then T = (I + L)^-1 */
+    float D[C][C]; /* lower: exp(gc_i - gc_j), each computed once */
     float gc[C];   /* cumulative g inside the chunk */
+    float eg[C];   /* exp(gc_i) */
     float *kb;     /* [C][dk] k * beta */
+    float *kbe;    /* [C][dk] k * beta * exp(gc) */
+    float *vb;     /* [C][dv] v * beta */
     float *u;      /* [C][dv] T (v * beta) */
     float *w;      /* [C][dk] T (k * beta * exp(gc)) */
     float *vn;     /* [C][dv] u - w S: the new values */
 } chunk_ws_t;
 
-/* One chunk of L rows starting at batch row r0, state S updated in place. */
+/* One chunk of L rows starting at batch row r0, state S updated in place.
+ * The gates (exp(gc_i), exp(gc_i - gc_j)) and the scaled rows (k beta,
+ * k beta exp(gc), v beta) are computed once per chunk and the triangular
+ * products run as row axpys; every value is the same expression as in the
+ * formulas of docs/kernels.md, so only the work is shared. */
 static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *S, uint32_t h,
                        chunk_ws_t *ws)
 {
@@ -71,19 +79,26 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
 
     for (uint32_t i = 0; i < L; i++) {
         const float beta = a->beta[(size_t)(r0 + i) * nv + h];
-        const float *k = at(&a->k, r0 + i, kh);
+        const float *k = at(&a->k, r0 + i, kh), *v = at(&a->v, r0 + i, h);
         acc += a->g[(size_t)(r0 + i) * nv + h];
         ws->gc[i] = acc;
-        for (uint32_t x = 0; x < dk; x++)
+        ws->eg[i] = expf(acc);
+        for (uint32_t x = 0; x < dk; x++) {
             ws->kb[(size_t)i * dk + x] = k[x] * beta;
+            ws->kbe[(size_t)i * dk + x] = ws->kb[(size_t)i * dk + x] * ws->eg[i];
+        }
+        for (uint32_t d = 0; d < dv; d++)
+            ws->vb[(size_t)i * dv + d] = v[d] * beta;
     }
+    for (uint32_t i = 0; i < L; i++)
+        for (uint32_t j = 0; j <= i; j++)
+            ws->D[i][j] = expf(ws->gc[i] - ws->gc[j]);
     /* A[i][j] = -(kb_i . k_j) exp(gc_i - gc_j), j < i; then forward
      * substitution row by row: A[i][j] += sum_{j<m<i} A_orig[i][m] A[m][j]. */
     for (uint32_t i = 0; i < L; i++) {
         float row[C];
         for (uint32_t j = 0; j < i; j++)
-            row[j] = -hpd_dot(ws->kb + (size_t)i * dk, at(&a->k, r0 + j, kh), dk) *
-                     expf(ws->gc[i] - ws->gc[j]);
+            row[j] = -hpd_dot(ws->kb + (size_t)i * dk, at(&a->k, r0 + j, kh), dk) * ws->D[i][j];
         for (uint32_t j = 0; j < i; j++) {
             float s = row[j];
             for (uint32_t m = j + 1; m < i; m++)
@@ -94,23 +109,11 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     /* u = T (v beta), w = T (k beta exp(gc)), T unit lower triangular */
     for (uint32_t i = 0; i < L; i++) {
         float *u = ws->u + (size_t)i * dv, *w = ws->w + (size_t)i * dk;
-        const float bi = a->beta[(size_t)(r0 + i) * nv + h];
-        const float *vi = at(&a->v, r0 + i, h);
-        const float egi = expf(ws->gc[i]);
-
-        for (uint32_t d = 0; d < dv; d++)
-            u[d] = vi[d] * bi;
-        for (uint32_t x = 0; x < dk; x++)
-            w[x] = ws->kb[(size_t)i * dk + x] * egi;
+        memcpy(u, ws->vb + (size_t)i * dv, dv * sizeof(float));
+        memcpy(w, ws->kbe + (size_t)i * dk, dk * sizeof(float));
         for (uint32_t j = 0; j < i; j++) {
-            const float t = ws->A[i][j];
-            const float bj = a->beta[(size_t)(r0 + j) * nv + h];
-            const float *vj = at(&a->v, r0 + j, h);
-            const float egj = expf(ws->gc[j]);
-            for (uint32_t d = 0; d < dv; d++)
-                u[d] = hpd_fma1(t, vj[d] * bj, u[d]);
-            for (uint32_t x = 0; x < dk; x++)
-                w[x] = hpd_fma1(t, ws->kb[(size_t)j * dk + x] * egj, w[x]);
+            hpd_axpy(u, ws->A[i][j], ws->vb + (size_t)j * dv, dv);
+            hpd_axpy(w, ws->A[i][j], ws->kbe + (size_t)j * dk, dk);
         }
     }
     /* v_new = u - w S */
@@ -127,23 +130,23 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     for (uint32_t i = 0; i < L; i++) {
         const float *q = at(&a->q, r0 + i, kh);
         float *o = at_mut(&a->out, r0 + i, h);
-        const float egi = expf(ws->gc[i]);
+        const float egi = ws->eg[i];
 
         memset(o, 0, dv * sizeof(float));
         for (uint32_t x = 0; x < dk; x++)
             hpd_axpy(o, q[x] * egi, S + (size_t)x * dv, dv);
         for (uint32_t j = 0; j <= i; j++) {
-            const float s = hpd_dot(q, at(&a->k, r0 + j, kh), dk) * expf(ws->gc[i] - ws->gc[j]);
+            const float s = hpd_dot(q, at(&a->k, r0 + j, kh), dk) * ws->D[i][j];
             hpd_axpy(o, s, ws->vn + (size_t)j * dv, dv);
         }
     }
     /* S = exp(gc_last) S + sum_i (k_i exp(gc_last - gc_i)) v_new_i^T */
-    const float glast = ws->gc[L - 1], elast = expf(glast);
+    const float elast = ws->eg[L - 1];
     for (uint32_t x = 0; x < dk; x++)
         hpd_scale(S + (size_t)x * dv, elast, dv);
     for (uint32_t i = 0; i < L; i++) {
         const float *k = at(&a->k, r0 + i, kh);
-        const float e = expf(glast - ws->gc[i]);
+        const float e = ws->D[L - 1][i];
         for (uint32_t x = 0; x < dk; x++)
             hpd_axpy(S + (size_t)x * dv, k[x] * e, ws->vn + (size_t)i * dv, dv);
     }
@@ -166,7 +169,7 @@ static void chunked_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float *S
 static hpd_status_t run_heads(hpd_backend_t *b, const hpd_gdn_args_t *a, bool chunked)
 {
     const uint32_t total = a->n_seqs * a->nv;
-    const size_t ws_floats = (size_t)C * (2 * a->dk + 2 * a->dv);
+    const size_t ws_floats = (size_t)C * (3 * a->dk + 3 * a->dv);
     hpd_status_t st = HPD_OK;
 
     if (a->nk == 0 || a->nv % a->nk != 0)
@@ -182,8 +185,10 @@ static hpd_status_t run_heads(hpd_backend_t *b, const hpd_gdn_args_t *a, bool ch
         } else {
             ws->kb = buf;
             ws->w = buf + (size_t)C * a->dk;
-            ws->u = buf + (size_t)2 * C * a->dk;
-            ws->vn = buf + (size_t)2 * C * a->dk + (size_t)C * a->dv;
+            ws->kbe = buf + (size_t)2 * C * a->dk;
+            ws->u = buf + (size_t)3 * C * a->dk;
+            ws->vn = ws->u + (size_t)C * a->dv;
+            ws->vb = ws->vn + (size_t)C * a->dv;
         }
 #pragma omp for schedule(dynamic, 1)
         for (uint32_t t = 0; t < total; t++) {
