@@ -6,7 +6,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config
       libjansson-dev libxxhash-dev libcmocka-dev
-      libevent-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev)
+      libevent-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev
+      libpcre2-dev libutf8proc-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,254 @@
+/* The tokenizer against Hugging Face tokenizers: for two byte-level BPE
+ * tokenizer.json files (Qwen2's / Qwen3-Next's pre-tokenizer regex and
+ * Qwen3.5's, with \p{M}), every case of the corpus in expected.json
+ * (tools/tokenizer_fixture.py) must give tokenizers' ids; decode(encode(x))
+ * must be NFC(x) (invalid UTF-8: with U+FFFD); the streaming decoder's
+ * pieces, concatenated, the full decode, none ending inside a character;
+ * and tokenizer.json files of other kinds are refused by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <utf8proc.h>
+
+#include "common/util.h"
+#include "tests/test_helpers.h"
+#include "tokenizer/tokenizer.h"
+
+static json_t *expected;
+
+static int setup(void **state)
+{
+    json_error_t err;
+    expected = json_load_file(HPD_TOKENIZER_DIR "/expected.json", 0, &err);
+    return expected != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    json_decref(expected);
+    return 0;
+}
+
+static void unhex(const char *hx, char *out, size_t *n)
+{
+    *n = 0;
+    for (; hx[0] && hx[1]; hx += 2) {
+        unsigned v;
+        sscanf(hx, "%2x", &v);
+        out[(*n)++] = (char)v;
+    }
+}
+
+/* NFC of valid UTF-8 text: what decode(encode(x)) must give */
+static char *nfc(const char *s, size_t n)
+{
+    char *z = strndup(s, n);
+    char *r = (char *)utf8proc_NFC((const utf8proc_uint8_t *)z);
+    free(z);
+    return r;
+}
+
+static void check_tokenizer(const char *name)
+{
+    json_t *t = json_object_get(json_object_get(expected, "tokenizers"), name);
+    char path[512];
+    hpd_tokenizer_t *tok;
+    snprintf(path, sizeof(path), "%s/%s", HPD_TOKENIZER_DIR,
+             json_string_value(json_object_get(t, "file")));
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    json_t *c;
+    size_t i, total = 0;
+    json_array_foreach(json_object_get(t, "cases"), i, c)
+    {
+        char buf[4096];
+        size_t len;
+        const char *hx = json_string_value(json_object_get(c, "hex"));
+        if (hx != NULL) {
+            unhex(hx, buf, &len);
+        } else {
+            len = json_string_length(json_object_get(c, "text"));
+            memcpy(buf, json_string_value(json_object_get(c, "text")), len);
+        }
+        json_t *want = json_object_get(c, "ids");
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(hpd_tokenizer_encode(tok, buf, len, &ids, &n), HPD_OK);
+        bool same = n == json_array_size(want);
+        for (size_t k = 0; same && k < n; k++)
+            same = ids[k] == json_integer_value(json_array_get(want, k));
+        if (!same) {
+            fprintf(stderr, "%s case %zu (%.40s): %zu ids, tokenizers %zu:", name, i,
+                    hx ? hx : buf, n, json_array_size(want));
+            for (size_t k = 0; k < n && k < 40; k++)
+                fprintf(stderr, " %d/%lld", ids[k],
+                        k < json_array_size(want) ? json_integer_value(json_array_get(want, k))
+                                                  : -1LL);
+            fprintf(stderr, "\n");
+            fail_msg("%s: case %zu differs from tokenizers", name, i);
+        }
+        /* round trip: the text, normalised (invalid input: replaced first) */
+        char *text;
+        size_t tl;
+        assert_int_equal(hpd_tokenizer_decode(tok, ids, n, false, &text, &tl), HPD_OK);
+        if (hx == NULL) {
+            char *want_text = nfc(buf, len);
+            if (strcmp(want_text, text) != 0)
+                fail_msg("%s case %zu: decode(encode(x)) is '%s', NFC(x) '%s'", name, i, text,
+                         want_text);
+            free(want_text);
+        } else {
+            assert_true(strstr(text, "\xef\xbf\xbd") != NULL); /* U+FFFD stands in */
+        }
+        /* streaming: pieces never end inside a character; together the decode */
+        hpd_detok_t d = {0};
+        char *acc = NULL;
+        size_t al = 0, ac = 0;
+        for (size_t k = 0; k < n; k++) {
+            const size_t before = al;
+            assert_int_equal(hpd_detok_next(tok, &d, ids[k], &acc, &al, &ac), HPD_OK);
+            if (al > before) {
+                const size_t piece = al - before;
+                assert_true(utf8proc_iterate((const utf8proc_uint8_t *)acc + before,
+                                             (utf8proc_ssize_t)piece, &(utf8proc_int32_t){0}) > 0);
+                char *copy = strndup(acc + before, piece);
+                assert_non_null(utf8proc_NFC((const utf8proc_uint8_t *)copy)); /* valid UTF-8 */
+                free(copy);
+            }
+        }
+        assert_int_equal(hpd_detok_finish(&d, &acc, &al, &ac), HPD_OK);
+        assert_int_equal(al, tl);
+        assert_memory_equal(acc, text, tl);
+        free(acc);
+        free(text);
+        free(ids);
+        total++;
+    }
+    print_message("%s: %zu cases equal to tokenizers\n", name, total);
+    /* special tokens: by name, left out on request */
+    const int32_t im_end = hpd_tokenizer_id(tok, "<|im_end|>");
+    assert_true(im_end >= 0);
+    char *text;
+    size_t tl;
+    const int32_t two[2] = {im_end, im_end};
+    assert_int_equal(hpd_tokenizer_decode(tok, two, 2, true, &text, &tl), HPD_OK);
+    assert_int_equal(tl, 0);
+    free(text);
+    const int32_t bad = (int32_t)hpd_tokenizer_size(tok);
+    assert_int_equal(hpd_tokenizer_decode(tok, &bad, 1, false, &text, &tl), HPD_ERR_INVALID_ARG);
+    hpd_tokenizer_destroy(tok);
+}
+
+/* A character split over byte tokens: nothing until it is complete, then
+ * the character; cut short at the end, U+FFFD. */
+static void test_stream_split_character(void **state)
+{
+    char path[512];
+    hpd_tokenizer_t *tok;
+    snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    /* the bytes of U+1F600 (f0 9f 98 80) as byte-level tokens: GPT-2's
+     * bytes_to_unicode maps printable bytes to themselves and the others to
+     * 256 + their rank among them */
+    int32_t ids[4];
+    const uint8_t bytes[4] = {0xf0, 0x9f, 0x98, 0x80};
+    for (int i = 0; i < 4; i++) {
+        uint32_t cp = bytes[i], n = 0;
+        for (uint32_t x = 0; x < bytes[i]; x++)
+            n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
+        if (!((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || cp >= 174))
+            cp = 256 + n;
+        char u[8] = {0};
+        utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)u);
+        ids[i] = hpd_tokenizer_id(tok, u);
+        assert_true(ids[i] >= 0);
+    }
+    hpd_detok_t d = {0};
+    char *acc = NULL;
+    size_t al = 0, ac = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(hpd_detok_next(tok, &d, ids[i], &acc, &al, &ac), HPD_OK);
+        assert_int_equal(al, 0); /* still inside the character */
+    }
+    assert_int_equal(hpd_detok_next(tok, &d, ids[3], &acc, &al, &ac), HPD_OK);
+    assert_int_equal(al, 4);
+    assert_memory_equal(acc, "\xf0\x9f\x98\x80", 4);
+    assert_int_equal(hpd_detok_finish(&d, &acc, &al, &ac), HPD_OK);
+    assert_int_equal(al, 4);
+    free(acc);
+    /* cut short: the full decode ends in U+FFFD, as does the stream's finish */
+    char *text;
+    size_t tl;
+    assert_int_equal(hpd_tokenizer_decode(tok, ids, 2, false, &text, &tl), HPD_OK);
+    assert_string_equal(text, "\xef\xbf\xbd");
+    free(text);
+    hpd_tokenizer_destroy(tok);
+}
+
+static void test_qwen2(void **state)
+{
+    check_tokenizer("qwen2");
+}
+
+static void test_qwen3_5(void **state)
+{
+    check_tokenizer("qwen3_5");
+}
+
+/* A tokenizer.json with one part changed to what is not supported. */
+static hpd_status_t load_changed(const char *from, const char *to)
+{
+    char path[512], *text;
+    size_t len;
+    hpd_tokenizer_t *tok = NULL;
+    snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
+    assert_int_equal(hpd_read_file(path, &text, &len), HPD_OK);
+    char *hit = strstr(text, from);
+    assert_non_null(hit);
+    const size_t fl = strlen(from), tl = strlen(to);
+    char *out = malloc(len - fl + tl + 1);
+    memcpy(out, text, (size_t)(hit - text));
+    memcpy(out + (hit - text), to, tl);
+    memcpy(out + (hit - text) + tl, hit + fl, len - (size_t)(hit - text) - fl + 1);
+    char tmp[] = "/tmp/hpd-test-tok-XXXXXX";
+    const int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(hpd_write_file(tmp, out, strlen(out)), HPD_OK);
+    const hpd_status_t st = hpd_tokenizer_load(tmp, &tok);
+    unlink(tmp);
+    free(out);
+    free(text);
+    assert_null(tok);
+    return st;
+}
+
+static void test_refusals(void **state)
+{
+    assert_int_equal(load_changed("\"type\": \"BPE\"", "\"type\": \"WordPiece\""),
+                     HPD_ERR_UNSUPPORTED);
+    assert_int_equal(load_changed("\"type\": \"NFC\"", "\"type\": \"NFKC\""),
+                     HPD_ERR_UNSUPPORTED);
+    assert_int_equal(load_changed("\"type\": \"Split\"", "\"type\": \"Metaspace\""),
+                     HPD_ERR_UNSUPPORTED);
+    assert_int_equal(load_changed("\"Isolated\"", "\"Removed\""), HPD_ERR_UNSUPPORTED);
+    hpd_tokenizer_t *tok;
+    assert_int_equal(hpd_tokenizer_load("/nonexistent/tokenizer.json", &tok), HPD_ERR_IO);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_qwen3_5),
+        cmocka_unit_test(test_stream_split_character),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
