@@ -93,6 +93,9 @@ const hpd_opt_t hpd_options[] = {
     /* ---- hpd-run */
     TXT("prompt-ids", "1,2,3", NULL, "one prompt as token ids", RUN, NULL),
     TXT("prompts-file", "F", NULL, "prompts, one per line as token ids", RUN, NULL),
+    TXT("prompt", "TEXT", NULL, "one prompt as text (the model's tokenizer.json)", RUN, NULL),
+    {.name = "text", .kind = HPD_OPT_ON, .roles = RUN,
+     .help = "print the generated text (special tokens left out) instead of ids"},
     INT("max-tokens", U32, 1, 1u << 20, 1, "16", "tokens to generate per prompt", RUN, NULL),
     {.name = "temperature", .kind = HPD_OPT_F32, .fmin = 0, .fmax = 1e6f, .arg = "T",
      .help = "0 is greedy (default: generation_config.json's, else 0)", .roles = RUN},

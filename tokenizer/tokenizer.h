@@ -58,4 +58,13 @@ hpd_status_t hpd_detok_next(const hpd_tokenizer_t *tok, hpd_detok_t *d, int32_t 
 /* What is still pending (an incomplete sequence at the end: U+FFFD). */
 hpd_status_t hpd_detok_finish(hpd_detok_t *d, char **out, size_t *len, size_t *cap);
 
+/* Trains a byte-level BPE on sample (the most frequent adjacent pair merged
+ * until vocab_size - n_specials tokens or no pair repeats; ties to the
+ * smallest ids), Qwen3.5's pre-tokenizer regex, NFC, the special tokens on
+ * the last ids, and writes it to path as a tokenizer.json that Hugging Face
+ * tokenizers reads too (hpd-mkmodel's models). */
+hpd_status_t hpd_tokenizer_train(const char *path, const char *sample, size_t len,
+                                 uint32_t vocab_size, const char *const *specials,
+                                 uint32_t n_specials);
+
 #endif

@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct {
     const char *out;
@@ -555,6 +556,46 @@ static int write_config(const opts_t *o)
     return rc;
 }
 
+/* The text the models' tokenizer is trained on: a few languages, code,
+ * numbers and the chat markers, so that every script the tests use has
+ * merges. */
+static const char SAMPLE[] =
+    "The quick brown fox jumps over the lazy dog. Hello, world! This is a small random model "
+    "that answers with random words, through the real path of the cluster: text, tokens, "
+    "prefill, the push of its pages, decode, and text again. What is the capital of France? "
+    "Paris is the capital of France. The weather is nice today; let's go for a walk in the "
+    "park. I think, therefore I am. To be, or not to be, that is the question.\n"
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2026 3.14159\n"
+    "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i)\n"
+    "Grüße aus München! Le café était très bon. ¿Dónde está la biblioteca?\n"
+    "Привет, мир! Как дела? 你好，世界！今天天气很好。こんにちは、世界。안녕하세요.\n"
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\nHi there! How can I help "
+    "you today?<|im_end|>\n";
+
+/* tokenizer.json (a byte-level BPE of the model's vocabulary, trained on
+ * SAMPLE, the chat tokens on the last ids) and tokenizer_config.json; none
+ * for a vocabulary too small to hold the 256 bytes. */
+static int write_tokenizer(const opts_t *o)
+{
+    static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    char path[4096];
+    if (o->vocab < 256 + 3 + 1)
+        return 0;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", o->out);
+    if (hpd_tokenizer_train(path, SAMPLE, sizeof(SAMPLE) - 1, o->vocab, specials, 3) != HPD_OK)
+        return -1;
+    json_t *cfg = json_pack("{s:s, s:s, s:s, s:i, s:s}", "tokenizer_class", "Qwen2Tokenizer",
+                            "eos_token", "<|im_end|>", "pad_token", "<|endoftext|>",
+                            "model_max_length", (int)o->max_pos, "chat_template_note",
+                            "hybridpd builds the Qwen chat format itself");
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", o->out);
+    const int rc = json_dump_file(cfg, path, JSON_INDENT(2));
+    json_decref(cfg);
+    if (rc != 0)
+        fprintf(stderr, "hpd-mkmodel: cannot write %s\n", path);
+    return rc;
+}
+
 static int write_weights(const opts_t *o, writer_t *w)
 {
     char path[4096];
@@ -816,7 +857,9 @@ int main(int argc, char **argv)
         CHECK(add(&w, "lm_head.weight", t, 2, o.vocab, o.hidden, 0) == 0);
     free(t);
 
-    int rc = write_config(&o) == 0 && write_weights(&o, &w) == 0 ? 0 : 1;
+    int rc = write_config(&o) == 0 && write_weights(&o, &w) == 0 && write_tokenizer(&o) == 0
+                 ? 0
+                 : 1;
     for (size_t i = 0; i < w.n; i++) {
         free((void *)w.t[i].name);
         free(w.bufs[i]);

@@ -13,6 +13,7 @@
 #include "common/util.h"
 #include "engine/engine.h"
 #include "kernels/backend.h"
+#include "tokenizer/tokenizer.h"
 #include "model/model.h"
 
 typedef hpd_prompt_t prompt_t;
@@ -105,6 +106,9 @@ static int write_stats(const char *path, const hpd_engine_t *engine, const uint6
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt_ids = NULL, *prompts_file = NULL, *logits_out = NULL;
+    const char *prompt_text = NULL;
+    bool as_text = false;
+    hpd_tokenizer_t *tok = NULL;
     const char *stats_json = NULL;
     hpd_engine_params_t ep;
     hpd_backend_params_t bp = {.device = "cpu"};
@@ -130,6 +134,8 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("model", &model_dir),
         HPD_OPT_BIND("prompt-ids", &prompt_ids),
         HPD_OPT_BIND("prompts-file", &prompts_file),
+        HPD_OPT_BIND("prompt", &prompt_text),
+        HPD_OPT_BIND("text", &as_text),
         HPD_OPT_BIND("max-tokens", &max_tokens),
         HPD_OPT_BIND("temperature", &samp.temperature),
         HPD_OPT_BIND("top-p", &samp.top_p),
@@ -162,9 +168,10 @@ int main(int argc, char **argv)
     if (prc != 0)
         return prc > 0 ? 0 : 2;
     hpd_log_set_level(level);
-    if (model_dir == NULL || (prompt_ids == NULL) == (prompts_file == NULL)) {
-        fprintf(stderr, "hpd-run: --model and one of --prompt-ids or --prompts-file are needed "
-                "(see --help)\n");
+    if (model_dir == NULL ||
+        (prompt_ids != NULL) + (prompts_file != NULL) + (prompt_text != NULL) != 1) {
+        fprintf(stderr, "hpd-run: --model and one of --prompt-ids, --prompts-file or --prompt "
+                "are needed (see --help)\n");
         return 2;
     }
     if (block_size != 0)
@@ -177,7 +184,29 @@ int main(int argc, char **argv)
         }
         n_stop = (uint32_t)n;
     }
-    if (prompt_ids != NULL) {
+    if ((prompt_text != NULL || as_text) && hpd_tokenizer_load(model_dir, &tok) != HPD_OK) {
+        fprintf(stderr, "hpd-run: --prompt and --text need the model's tokenizer.json\n");
+        return 1;
+    }
+    if (prompt_text != NULL) {
+        size_t n;
+        if ((prompts = calloc(1, sizeof(*prompts))) == NULL ||
+            hpd_tokenizer_encode(tok, prompt_text, strlen(prompt_text), &prompts[0].ids, &n) !=
+                HPD_OK) {
+            free(prompts);
+            hpd_tokenizer_destroy(tok);
+            return 1;
+        }
+        prompts[0].n = n;
+        n_prompts = 1;
+        if (n == 0) {
+            fprintf(stderr, "hpd-run: --prompt is empty\n");
+            free(prompts[0].ids);
+            free(prompts);
+            hpd_tokenizer_destroy(tok);
+            return 2;
+        }
+    } else if (prompt_ids != NULL) {
         prompts = calloc(1, sizeof(*prompts));
         if (prompts == NULL)
             return 1;
@@ -245,8 +274,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "hpd-run: prompt %zu failed\n", i + 1);
             goto out;
         }
-        for (uint32_t t = 0; t < n; t++)
-            printf(t ? " %d" : "%d", toks[t]);
+        if (as_text) {
+            char *text;
+            size_t tl;
+            if (hpd_tokenizer_decode(tok, toks, n, true, &text, &tl) != HPD_OK)
+                goto out;
+            fwrite(text, 1, tl, stdout);
+            free(text);
+        } else {
+            for (uint32_t t = 0; t < n; t++)
+                printf(t ? " %d" : "%d", toks[t]);
+        }
         printf("\n");
     }
     fflush(stdout);
@@ -262,6 +300,7 @@ out:
     hpd_engine_destroy(engine);
     hpd_backend_destroy(backend);
     hpd_model_destroy(model);
+    hpd_tokenizer_destroy(tok);
     for (size_t i = 0; i < n_prompts; i++)
         free(prompts[i].ids);
     free(prompts);

@@ -229,6 +229,49 @@ static hpd_status_t load_changed(const char *from, const char *to)
     return st;
 }
 
+/* hpd-mkmodel's tokenizer: a BPE trained on a sample fills the vocabulary
+ * (special tokens on its last ids), reads back, merges what the sample
+ * repeats and round-trips text it never saw. */
+static void test_train(void **state)
+{
+    static const char sample[] = "the cat sat on the mat. the cat ate the rat. "
+                                 "das ist gut. дом дом дом. 你好你好你好.";
+    static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    char path[] = "/tmp/hpd-test-train-XXXXXX";
+    const int fd = mkstemp(path);
+    hpd_tokenizer_t *tok;
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(hpd_tokenizer_train(path, sample, sizeof(sample) - 1, 300, specials, 3),
+                     HPD_OK);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    unlink(path);
+    assert_int_equal(hpd_tokenizer_size(tok), 300);
+    char *text0;
+    size_t tl0;
+    const int32_t last_merge = 296; /* every id decodes: unused ones are reserved */
+    assert_int_equal(hpd_tokenizer_decode(tok, &last_merge, 1, false, &text0, &tl0), HPD_OK);
+    free(text0);
+    assert_int_equal(hpd_tokenizer_id(tok, "<|im_end|>"), 299);
+    assert_int_equal(hpd_tokenizer_id(tok, "<|endoftext|>"), 297);
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(hpd_tokenizer_encode(tok, "the cat", 7, &ids, &n), HPD_OK);
+    assert_true(n < 7); /* merged */
+    free(ids);
+    const char *text = "unseen: Zürich 😀 <|im_end|> end";
+    char *back;
+    size_t bl;
+    assert_int_equal(hpd_tokenizer_encode(tok, text, strlen(text), &ids, &n), HPD_OK);
+    assert_int_equal(hpd_tokenizer_decode(tok, ids, n, false, &back, &bl), HPD_OK);
+    assert_string_equal(back, text);
+    free(back);
+    free(ids);
+    hpd_tokenizer_destroy(tok);
+    assert_int_equal(hpd_tokenizer_train(path, sample, sizeof(sample) - 1, 200, specials, 3),
+                     HPD_ERR_INVALID_ARG);
+}
+
 static void test_refusals(void **state)
 {
     assert_int_equal(load_changed("\"type\": \"BPE\"", "\"type\": \"WordPiece\""),
@@ -248,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3_5),
         cmocka_unit_test(test_stream_split_character),
+        cmocka_unit_test(test_train),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -4,6 +4,7 @@
 set -u
 run=$1
 mkmodel=$2
+tokenize=$3
 tmp=$(mktemp -d /tmp/hpd-test-cli-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -90,6 +91,23 @@ for d in bf16 f16; do
     check "$d weights: the logits of the same weights in F32, bit for bit" cmp -s "$tmp/$d.logits" "$tmp/$d-wide.logits"
 done
 check "bf16 and f16 models differ (the check can fail)" bash -c '! cmp -s "$1" "$2"' _ "$tmp/bf16.logits" "$tmp/f16.logits"
+
+# text: hpd-mkmodel writes a tokenizer.json; --prompt TEXT is its encoding,
+# --text prints the decoding of the generated ids
+ptext="Hello, world! What is the capital of France?"
+pids=$(printf '%s' "$ptext" | "$tokenize" --model "$tmp/next" encode | tr ' ' ',')
+check "hpd-mkmodel writes tokenizer.json" test -s "$tmp/next/tokenizer.json"
+a=$("$run" --model "$tmp/next" --prompt "$ptext" --max-tokens 12)
+b=$("$run" --model "$tmp/next" --prompt-ids "$pids" --max-tokens 12)
+check "--prompt TEXT: the tokens of its ids" test -n "$a" -a "$a" = "$b"
+"$run" --model "$tmp/next" --prompt "$ptext" --max-tokens 12 --text > "$tmp/text.out"
+echo "$a" | "$tokenize" --model "$tmp/next" decode --skip-special > "$tmp/text.want"
+echo >> "$tmp/text.want"
+check "--text: the generated ids decoded" cmp -s "$tmp/text.out" "$tmp/text.want"
+"$mkmodel" --out "$tmp/small" --seed 3 --vocab 200 || exit 1
+"$run" --model "$tmp/small" --prompt "hi" --max-tokens 2 > /dev/null 2> "$tmp/err"
+check "--prompt without tokenizer.json: exit 1" test $? -eq 1
+check "--prompt without tokenizer.json: says so" grep -q "tokenizer.json" "$tmp/err"
 
 # generation defaults: a request that sets no temperature / top-p / top-k
 # samples with generation_config.json's, unless --no-generation-defaults
