@@ -100,7 +100,7 @@ hpd_status_t hpd_tokenizer_train(const char *path, const char *sample, size_t le
     word_t *words = NULL;
     uint32_t n_words = 0, n_tok = 256;
     char **tok = NULL; /* byte-level strings of the tokens */
-    json_t *vocab = json_object(), *merges = json_array(), *added = json_array();
+    json_t *vocab = NULL, *merges = NULL, *added = NULL;
     hpd_status_t st;
 
     if (vocab_size < 256 + n_specials) {
@@ -109,6 +109,9 @@ hpd_status_t hpd_tokenizer_train(const char *path, const char *sample, size_t le
                       vocab_size);
         return HPD_ERR_INVALID_ARG;
     }
+    vocab = json_object();
+    merges = json_array();
+    added = json_array();
     if ((st = words_of(sample, len, &words, &n_words)) != HPD_OK ||
         (tok = calloc(vocab_size, sizeof(*tok))) == NULL) {
         st = st != HPD_OK ? st : HPD_ERR_NO_MEMORY;

@@ -118,7 +118,9 @@ static void check_tokenizer(const char *name)
                 assert_true(utf8proc_iterate((const utf8proc_uint8_t *)acc + before,
                                              (utf8proc_ssize_t)piece, &(utf8proc_int32_t){0}) > 0);
                 char *copy = strndup(acc + before, piece);
-                assert_non_null(utf8proc_NFC((const utf8proc_uint8_t *)copy)); /* valid UTF-8 */
+                char *valid = (char *)utf8proc_NFC((const utf8proc_uint8_t *)copy);
+                assert_non_null(valid); /* NULL for invalid UTF-8 */
+                free(valid);
                 free(copy);
             }
         }
