@@ -44,6 +44,7 @@ struct hpd_tokenizer {
     int16_t cp_byte[512];        /* its inverse, -1 elsewhere */
     int32_t *added;              /* ids of the added tokens, longest first */
     uint32_t n_added;
+    bool added_first[256];       /* the first bytes of added tokens */
     bool nfc;
     pcre2_code *split[MAX_SPLITS]; /* Split pre-tokenizers, Isolated, in order */
     uint32_t n_split;
@@ -450,6 +451,7 @@ static hpd_status_t load_json(hpd_tokenizer_t *t, const char *origin, json_t *ro
             HPD_OK)
             return st;
         t->added[t->n_added++] = (int32_t)json_integer_value(id);
+        t->added_first[(uint8_t)content[0]] = true;
     }
     /* longest first: at one position the longest added token wins */
     for (uint32_t a = 1; a < t->n_added; a++)
@@ -697,7 +699,7 @@ hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, si
     size_t start = 0, i = 0;
     while (st == HPD_OK && i < n) {
         int32_t hit = -1;
-        for (uint32_t a = 0; a < t->n_added; a++) {
+        for (uint32_t a = 0; t->added_first[(uint8_t)s[i]] && a < t->n_added; a++) {
             const int32_t id = t->added[a];
             if (t->tok_len[id] <= n - i && memcmp(s + i, t->tokens[id], t->tok_len[id]) == 0) {
                 hit = id; /* the longest, the list being longest first */
