@@ -419,14 +419,17 @@ static void after_step(hpd_node_t *n)
     prefill_t *p = n->role_data;
     job_t *j = p->jobs;
 
+    /* Ending a job or finishing its transfer may end others: a flush's
+     * callback that fails every job of a lost decode node can run inside
+     * it. So after each job acted on the walk starts over; such a job is no
+     * longer running, which bounds the walk. */
     while (j != NULL) {
-        job_t *next = j->next;
         const int32_t *toks;
         uint32_t nt;
         hpd_request_state_t rs;
         if (j->state != JOB_RUNNING ||
             hpd_engine_result(n->engine, j->eng_id, &toks, &nt, &rs) != HPD_OK) {
-            j = next;
+            j = j->next;
             continue;
         }
         if (j->failed || rs == HPD_REQ_FAILED) {
@@ -447,8 +450,11 @@ static void after_step(hpd_node_t *n)
                 j->pair_failed = true;
                 job_end(p, j);
             }
+        } else {
+            j = j->next; /* still computing */
+            continue;
         }
-        j = next;
+        j = p->jobs;
     }
 }
 
