@@ -72,6 +72,16 @@ MODULES = {
                   "test_admission", "test_credentials", "test_staging", "test_peers",
                   "test_writes", "test_join"],
     },
+    "text": {
+        "files": ["tokenizer/tokenizer.c", "tokenizer/train.c"],
+        "left_out": {},
+        "tests": ["test_tokenizer"],
+    },
+    "moe": {
+        "files": ["engine/moe.c"],
+        "left_out": {},
+        "tests": ["test_moe"],
+    },
     "common": {
         "files": ["common/status.c", "common/log.c", "common/dtype.c",
                   "common/util.c", "common/metrics.c"],

@@ -429,9 +429,25 @@ static hpd_status_t load_json(hpd_tokenizer_t *t, const char *origin, json_t *ro
         if ((st = set_token(t, origin, json_integer_value(v), key, strlen(key), 1)) != HPD_OK)
             return st;
     }
-    for (uint32_t id = 0; id < t->size; id++)
-        if (t->kind[id] == 1)
-            vocab_put(t, t->tokens[id], t->tok_len[id], (int32_t)id);
+    bytes_to_unicode(t);
+    for (uint32_t id = 0; id < t->size; id++) {
+        if (t->kind[id] != 1)
+            continue;
+        /* byte-level: every character stands for a byte */
+        const uint8_t *c = (const uint8_t *)t->tokens[id];
+        utf8proc_int32_t cp;
+        for (size_t x = 0; x < t->tok_len[id];) {
+            const utf8proc_ssize_t k = utf8proc_iterate(c + x, t->tok_len[id] - x, &cp);
+            if (k <= 0 || cp >= 512 || t->cp_byte[cp] < 0) {
+                HPD_LOG_ERROR(LOG_COMPONENT, "%s: vocab token %u '%s' has a character outside the "
+                              "byte-level alphabet (expected a byte-level BPE)", origin, id,
+                              t->tokens[id]);
+                return HPD_ERR_UNSUPPORTED;
+            }
+            x += (size_t)k;
+        }
+        vocab_put(t, t->tokens[id], t->tok_len[id], (int32_t)id);
+    }
     if ((st = load_merges(t, origin, merges)) != HPD_OK)
         return st;
     /* added tokens: matched in the text before anything else */
@@ -460,7 +476,6 @@ static hpd_status_t load_json(hpd_tokenizer_t *t, const char *origin, json_t *ro
             t->added[b] = t->added[b - 1];
             t->added[b - 1] = x;
         }
-    bytes_to_unicode(t);
     for (int b = 0; b < 256; b++) {
         char u[4];
         const utf8proc_ssize_t n = utf8proc_encode_char(t->byte_cp[b], (utf8proc_uint8_t *)u);
@@ -748,7 +763,7 @@ static hpd_status_t token_bytes(const hpd_tokenizer_t *t, int32_t id, char **out
         const utf8proc_ssize_t k = utf8proc_iterate(s + i, t->tok_len[id] - i, &cp);
         if (k <= 0)
             return HPD_ERR_INTERNAL; /* checked at load: vocabulary strings come from JSON */
-        const uint8_t b = cp >= 0 && cp < 512 && t->cp_byte[cp] >= 0 ? (uint8_t)t->cp_byte[cp] : '?';
+        const uint8_t b = (uint8_t)t->cp_byte[cp]; /* checked at load */
         hpd_status_t st = put(out, len, cap, &b, 1);
         if (st != HPD_OK)
             return st;

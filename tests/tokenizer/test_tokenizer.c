@@ -183,6 +183,15 @@ static void test_stream_split_character(void **state)
     assert_memory_equal(acc, "\xf0\x9f\x98\x80", 4);
     assert_int_equal(hpd_detok_finish(&d, &acc, &al, &ac), HPD_OK);
     assert_int_equal(al, 4);
+    /* after finish the state is clean: a cut-short character at the end
+     * gives one U+FFFD, and the next use starts afresh */
+    assert_int_equal(hpd_detok_next(tok, &d, ids[0], &acc, &al, &ac), HPD_OK);
+    assert_int_equal(hpd_detok_finish(&d, &acc, &al, &ac), HPD_OK);
+    assert_int_equal(al, 7);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(hpd_detok_next(tok, &d, ids[i], &acc, &al, &ac), HPD_OK);
+    assert_int_equal(al, 11);
+    assert_memory_equal(acc + 7, "\xf0\x9f\x98\x80", 4);
     free(acc);
     /* cut short: the full decode ends in U+FFFD, as does the stream's finish */
     char *text;
@@ -203,12 +212,12 @@ static void test_qwen3_5(void **state)
     check_tokenizer("qwen3_5");
 }
 
-/* A tokenizer.json with one part changed to what is not supported. */
-static hpd_status_t load_changed(const char *from, const char *to)
+/* qwen2.tokenizer.json with its first `from` replaced by `to`, loaded. */
+static hpd_status_t load_variant(const char *from, const char *to, hpd_tokenizer_t **tok_p)
 {
     char path[512], *text;
     size_t len;
-    hpd_tokenizer_t *tok = NULL;
+    *tok_p = NULL;
     snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
     assert_int_equal(hpd_read_file(path, &text, &len), HPD_OK);
     char *hit = strstr(text, from);
@@ -223,12 +232,136 @@ static hpd_status_t load_changed(const char *from, const char *to)
     assert_true(fd >= 0);
     close(fd);
     assert_int_equal(hpd_write_file(tmp, out, strlen(out)), HPD_OK);
-    const hpd_status_t st = hpd_tokenizer_load(tmp, &tok);
+    const hpd_status_t st = hpd_tokenizer_load(tmp, tok_p);
     unlink(tmp);
     free(out);
     free(text);
+    return st;
+}
+
+/* The same, expected to be refused. */
+static hpd_status_t load_changed(const char *from, const char *to)
+{
+    hpd_tokenizer_t *tok;
+    const hpd_status_t st = load_variant(from, to, &tok);
     assert_null(tok);
     return st;
+}
+
+static int32_t *encode_all(const hpd_tokenizer_t *tok, const char *s, size_t *n)
+{
+    int32_t *ids;
+    assert_int_equal(hpd_tokenizer_encode(tok, s, strlen(s), &ids, n), HPD_OK);
+    return ids;
+}
+
+/* Variants a tokenizer.json may take: merges as "a b" strings (older
+ * files) give the same ids as the [a, b] lists; a Sequence of normalizers;
+ * ByteLevel's add_prefix_space puts a space before the text. */
+static void test_variants(void **state)
+{
+    char path[512];
+    hpd_tokenizer_t *base, *strs, *seq, *prefix;
+    snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
+    assert_int_equal(hpd_tokenizer_load(path, &base), HPD_OK);
+    /* "a b" merges: rewritten through jansson */
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr), *m;
+    json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
+    size_t i;
+    json_array_foreach(merges, i, m)
+    {
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s %s", json_string_value(json_array_get(m, 0)),
+                 json_string_value(json_array_get(m, 1)));
+        json_array_set_new(merges, i, json_string(buf));
+    }
+    char tmp[] = "/tmp/hpd-test-tok-XXXXXX";
+    const int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(json_dump_file(root, tmp, 0), 0);
+    json_decref(root);
+    assert_int_equal(hpd_tokenizer_load(tmp, &strs), HPD_OK);
+    unlink(tmp);
+    assert_int_equal(load_variant("\"normalizer\": {\n    \"type\": \"NFC\"\n  }",
+                                  "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": "
+                                  "[{\"type\": \"NFC\"}]}",
+                                  &seq),
+                     HPD_OK);
+    assert_int_equal(load_variant("\"add_prefix_space\": false", "\"add_prefix_space\": true",
+                                  &prefix),
+                     HPD_OK);
+    json_t *c;
+    json_array_foreach(json_object_get(json_object_get(json_object_get(expected, "tokenizers"),
+                                                       "qwen2"),
+                                       "cases"),
+                       i, c)
+    {
+        const char *text = json_string_value(json_object_get(c, "text"));
+        size_t n1, n2, n3;
+        if (text == NULL)
+            continue;
+        int32_t *a = encode_all(base, text, &n1), *b = encode_all(strs, text, &n2);
+        int32_t *d = encode_all(seq, text, &n3);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(a, b, n1 * sizeof(int32_t));
+        assert_int_equal(n1, n3);
+        assert_memory_equal(a, d, n1 * sizeof(int32_t));
+        free(a), free(b), free(d);
+    }
+    size_t n1, n2;
+    int32_t *spaced = encode_all(base, " hello there", &n1);
+    int32_t *added = encode_all(prefix, "hello there", &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(spaced, added, n1 * sizeof(int32_t));
+    free(spaced), free(added);
+    /* a Split whose matches leave gaps (digits only): each gap and each
+     * match is a piece of its own */
+    hpd_tokenizer_t *digits, *greek;
+    root = json_load_file(path, 0, &jerr);
+    json_t *split = json_array_get(json_object_get(json_object_get(root, "pre_tokenizer"),
+                                                   "pretokenizers"),
+                                   0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\p{N}"));
+    char tmp2[] = "/tmp/hpd-test-tok-XXXXXX";
+    const int fd2 = mkstemp(tmp2);
+    assert_true(fd2 >= 0);
+    close(fd2);
+    assert_int_equal(json_dump_file(root, tmp2, 0), 0);
+    json_decref(root);
+    assert_int_equal(hpd_tokenizer_load(tmp2, &digits), HPD_OK);
+    unlink(tmp2);
+    const char *pieces[] = {"abc", "1", "2", " def", "3", "!"};
+    size_t whole_n, total = 0;
+    int32_t *whole = encode_all(digits, "abc12 def3!", &whole_n);
+    for (int k = 0; k < 6; k++) {
+        size_t pn;
+        int32_t *p = encode_all(digits, pieces[k], &pn);
+        assert_true(total + pn <= whole_n);
+        assert_memory_equal(whole + total, p, pn * sizeof(int32_t));
+        total += pn;
+        free(p);
+    }
+    assert_int_equal(total, whole_n);
+    free(whole);
+    /* an added token beyond ASCII decodes to its content as it is */
+    assert_int_equal(load_variant("\"content\": \"<think>\"", "\"content\": \"<\xce\xb8\xce\xb9>\"",
+                                  &greek),
+                     HPD_OK);
+    const int32_t th = hpd_tokenizer_id(greek, "<\xce\xb8\xce\xb9>");
+    char *text;
+    size_t tl;
+    assert_true(th >= 0);
+    assert_int_equal(hpd_tokenizer_decode(greek, &th, 1, false, &text, &tl), HPD_OK);
+    assert_string_equal(text, "<\xce\xb8\xce\xb9>");
+    free(text);
+    hpd_tokenizer_destroy(digits);
+    hpd_tokenizer_destroy(greek);
+    hpd_tokenizer_destroy(base);
+    hpd_tokenizer_destroy(strs);
+    hpd_tokenizer_destroy(seq);
+    hpd_tokenizer_destroy(prefix);
 }
 
 /* hpd-mkmodel's tokenizer: a BPE trained on a sample fills the vocabulary
@@ -261,6 +394,15 @@ static void test_train(void **state)
     assert_int_equal(hpd_tokenizer_encode(tok, "the cat", 7, &ids, &n), HPD_OK);
     assert_true(n < 7); /* merged */
     free(ids);
+    /* every word the sample repeats three times or more ends as one token
+     * (the merges run out before the vocabulary does) */
+    const char *words[] = {" the", " cat", " дом"};
+    for (int w = 0; w < 3; w++) {
+        assert_int_equal(hpd_tokenizer_encode(tok, words[w], strlen(words[w]), &ids, &n), HPD_OK);
+        if (n != 1)
+            fail_msg("'%s' is %zu tokens after training (expected 1)", words[w], n);
+        free(ids);
+    }
     const char *text = "unseen: Zürich 😀 <|im_end|> end";
     char *back;
     size_t bl;
@@ -283,6 +425,19 @@ static void test_refusals(void **state)
     assert_int_equal(load_changed("\"type\": \"Split\"", "\"type\": \"Metaspace\""),
                      HPD_ERR_UNSUPPORTED);
     assert_int_equal(load_changed("\"Isolated\"", "\"Removed\""), HPD_ERR_UNSUPPORTED);
+    /* a vocabulary that is not byte-level (a character no byte stands for) */
+    assert_int_equal(load_changed("\"\xc4\xa0t\": ", "\"\xe4\xb8\x80t\": "),
+                     HPD_ERR_UNSUPPORTED); /* "Ġt" -> "一t" */
+    /* a WordPiece-style affix, an empty vocabulary */
+    assert_int_equal(load_changed("\"continuing_subword_prefix\": null",
+                                  "\"continuing_subword_prefix\": \"##\""),
+                     HPD_ERR_UNSUPPORTED);
+    assert_int_equal(load_changed("\"end_of_word_suffix\": null",
+                                  "\"end_of_word_suffix\": \"</w>\""),
+                     HPD_ERR_UNSUPPORTED);
+    /* an added token without content */
+    assert_int_equal(load_changed("\"content\": \"<|im_end|>\"", "\"contents\": \"x\""),
+                     HPD_ERR_FORMAT);
     hpd_tokenizer_t *tok;
     assert_int_equal(hpd_tokenizer_load("/nonexistent/tokenizer.json", &tok), HPD_ERR_IO);
 }
@@ -293,6 +448,7 @@ int main(void)
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3_5),
         cmocka_unit_test(test_stream_split_character),
+        cmocka_unit_test(test_variants),
         cmocka_unit_test(test_train),
         cmocka_unit_test(test_refusals),
     };
