@@ -146,19 +146,11 @@ static int utf8_step(const uint8_t *s, size_t n)
 
 static const char REPLACEMENT[] = "\xef\xbf\xbd"; /* U+FFFD */
 
-/* Appends n bytes to a growing buffer. */
+/* Appends n bytes to a growing, NUL-terminated buffer. */
 static hpd_status_t put(char **out, size_t *len, size_t *cap, const void *s, size_t n)
 {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 64;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*out, c);
-        if (p == NULL)
-            return HPD_ERR_NO_MEMORY;
-        *out = p;
-        *cap = c;
-    }
+    if (hpd_grow(out, cap, *len + n + 1, 1) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     memcpy(*out + *len, s, n);
     *len += n;
     (*out)[*len] = '\0';
@@ -195,14 +187,20 @@ static hpd_status_t sanitize(const uint8_t *s, size_t n, bool final, char **out,
 
 /* ---- loading */
 
+uint32_t hpd_tokenizer_byte_char(uint8_t b)
+{
+    uint32_t n = 0; /* the non-printable bytes before b */
+    for (uint32_t x = 0; x < b; x++)
+        n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
+    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : 256 + n;
+}
+
 static void bytes_to_unicode(hpd_tokenizer_t *t)
 {
-    uint32_t n = 0;
-    for (int b = 0; b < 512; b++)
-        t->cp_byte[b] = -1;
+    for (int c = 0; c < 512; c++)
+        t->cp_byte[c] = -1;
     for (int b = 0; b < 256; b++) {
-        const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-        t->byte_cp[b] = (uint16_t)(printable ? (uint32_t)b : 256 + n++);
+        t->byte_cp[b] = (uint16_t)hpd_tokenizer_byte_char((uint8_t)b);
         t->cp_byte[t->byte_cp[b]] = (int16_t)b;
     }
 }
@@ -573,14 +571,8 @@ typedef struct {
 
 static hpd_status_t push(ids_t *v, int32_t id)
 {
-    if (v->n == v->cap) {
-        const size_t c = v->cap ? 2 * v->cap : 64;
-        int32_t *p = realloc(v->ids, c * sizeof(int32_t));
-        if (p == NULL)
-            return HPD_ERR_NO_MEMORY;
-        v->ids = p;
-        v->cap = c;
-    }
+    if (hpd_grow(&v->ids, &v->cap, v->n + 1, sizeof(int32_t)) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     v->ids[v->n++] = id;
     return HPD_OK;
 }

@@ -58,6 +58,11 @@ hpd_status_t hpd_detok_next(const hpd_tokenizer_t *tok, hpd_detok_t *d, int32_t 
 /* What is still pending (an incomplete sequence at the end: U+FFFD). */
 hpd_status_t hpd_detok_finish(hpd_detok_t *d, char **out, size_t *len, size_t *cap);
 
+/* The character GPT-2's byte-level alphabet (bytes_to_unicode) uses for
+ * byte b: printable bytes stand for themselves, the others for 256 + their
+ * rank among them. */
+uint32_t hpd_tokenizer_byte_char(uint8_t b);
+
 /* Trains a byte-level BPE on sample (the most frequent adjacent pair merged
  * until vocab_size - n_specials tokens or no pair repeats; ties to the
  * smallest ids), Qwen3.5's pre-tokenizer regex, NFC, the special tokens on

@@ -25,15 +25,6 @@ typedef struct {
     uint32_t count;
 } word_t;
 
-/* GPT-2's bytes_to_unicode: the character byte b stands for. */
-static uint32_t byte_char(uint32_t b)
-{
-    uint32_t n = 0;
-    for (uint32_t x = 0; x < b; x++)
-        n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : 256 + n;
-}
-
 /* The words of the sample (pieces of the regex), each once with its count. */
 static hpd_status_t words_of(const char *text, size_t len, word_t **words_p, uint32_t *n_p)
 {
@@ -119,7 +110,8 @@ hpd_status_t hpd_tokenizer_train(const char *path, const char *sample, size_t le
     }
     for (uint32_t b = 0; b < 256; b++) {
         tok[b] = calloc(5, 1);
-        utf8proc_encode_char((utf8proc_int32_t)byte_char(b), (utf8proc_uint8_t *)tok[b]);
+        utf8proc_encode_char((utf8proc_int32_t)hpd_tokenizer_byte_char((uint8_t)b),
+                             (utf8proc_uint8_t *)tok[b]);
     }
     /* the most frequent adjacent pair, merged everywhere, until the
      * vocabulary is full or no pair repeats; ties to the smallest ids */

@@ -220,6 +220,13 @@ static bool layer_moe(const opts_t *o, uint32_t l)
     return true;
 }
 
+/* Adds layer l's tensor SUFFIX (name, pfx, l and w in scope). */
+#define ADD(suffix, buf, nd, a, b, c)                                       \
+    do {                                                                    \
+        snprintf(name, sizeof(name), "%slayers.%u.%s", pfx, l, suffix);     \
+        CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
+    } while (0)
+
 /* A MoE layer's tensors: the router, the shared expert and its gate, the
  * experts (per expert or fused 3-D; the same random streams either way). */
 static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
@@ -229,11 +236,6 @@ static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
     char name[256];
     float *t, *gu = NULL, *dn = NULL;
 
-#define ADD(suffix, buf, nd, a, b, c)                                       \
-    do {                                                                    \
-        snprintf(name, sizeof(name), "%slayers.%u.%s", pfx, l, suffix);     \
-        CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
-    } while (0)
     CHECK(t = make(o, w, E * H, DIST_NORMAL, 4.0f * sh));
     ADD("mlp.gate.weight", t, 2, E, H, 0);
     free(t);
@@ -278,7 +280,6 @@ static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
         free(gu);
         free(dn);
     }
-#undef ADD
 }
 
 static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l, bool full)
@@ -289,11 +290,6 @@ static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l,
     float *t;
 
     /* The same logical order for every naming keeps the random streams equal. */
-#define ADD(suffix, buf, nd, a, b, c)                                       \
-    do {                                                                    \
-        snprintf(name, sizeof(name), "%slayers.%u.%s", pfx, l, suffix);     \
-        CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
-    } while (0)
     CHECK(t = make(o, w, H, DIST_NORMAL, 0.1f));
     ADD("input_layernorm.weight", t, 1, H, 0, 0);
     free(t);
@@ -398,7 +394,6 @@ static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l,
     CHECK(t = make(o, w, H * nv * dv, DIST_NORMAL, 1.0f / sqrtf((float)(nv * dv))));
     ADD("linear_attn.out_proj.weight", t, 2, H, nv * dv, 0);
     free(t);
-#undef ADD
 }
 
 static json_t *text_config(const opts_t *o)

@@ -155,17 +155,11 @@ static void test_stream_split_character(void **state)
     hpd_tokenizer_t *tok;
     snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
     assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
-    /* the bytes of U+1F600 (f0 9f 98 80) as byte-level tokens: GPT-2's
-     * bytes_to_unicode maps printable bytes to themselves and the others to
-     * 256 + their rank among them */
+    /* the bytes of U+1F600 (f0 9f 98 80) as byte-level tokens */
     int32_t ids[4];
     const uint8_t bytes[4] = {0xf0, 0x9f, 0x98, 0x80};
     for (int i = 0; i < 4; i++) {
-        uint32_t cp = bytes[i], n = 0;
-        for (uint32_t x = 0; x < bytes[i]; x++)
-            n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-        if (!((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || cp >= 174))
-            cp = 256 + n;
+        const uint32_t cp = hpd_tokenizer_byte_char(bytes[i]);
         char u[8] = {0};
         utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)u);
         ids[i] = hpd_tokenizer_id(tok, u);
@@ -248,6 +242,21 @@ static hpd_status_t load_changed(const char *from, const char *to)
     return st;
 }
 
+/* root (consumed) written to a temporary file and loaded. */
+static hpd_tokenizer_t *load_json(json_t *root)
+{
+    char tmp[] = "/tmp/hpd-test-tok-XXXXXX";
+    hpd_tokenizer_t *tok;
+    const int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(json_dump_file(root, tmp, 0), 0);
+    json_decref(root);
+    assert_int_equal(hpd_tokenizer_load(tmp, &tok), HPD_OK);
+    unlink(tmp);
+    return tok;
+}
+
 static int32_t *encode_all(const hpd_tokenizer_t *tok, const char *s, size_t *n)
 {
     int32_t *ids;
@@ -276,14 +285,7 @@ static void test_variants(void **state)
                  json_string_value(json_array_get(m, 1)));
         json_array_set_new(merges, i, json_string(buf));
     }
-    char tmp[] = "/tmp/hpd-test-tok-XXXXXX";
-    const int fd = mkstemp(tmp);
-    assert_true(fd >= 0);
-    close(fd);
-    assert_int_equal(json_dump_file(root, tmp, 0), 0);
-    json_decref(root);
-    assert_int_equal(hpd_tokenizer_load(tmp, &strs), HPD_OK);
-    unlink(tmp);
+    strs = load_json(root);
     assert_int_equal(load_variant("\"normalizer\": {\n    \"type\": \"NFC\"\n  }",
                                   "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": "
                                   "[{\"type\": \"NFC\"}]}",
@@ -324,14 +326,7 @@ static void test_variants(void **state)
                                                    "pretokenizers"),
                                    0);
     json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\p{N}"));
-    char tmp2[] = "/tmp/hpd-test-tok-XXXXXX";
-    const int fd2 = mkstemp(tmp2);
-    assert_true(fd2 >= 0);
-    close(fd2);
-    assert_int_equal(json_dump_file(root, tmp2, 0), 0);
-    json_decref(root);
-    assert_int_equal(hpd_tokenizer_load(tmp2, &digits), HPD_OK);
-    unlink(tmp2);
+    digits = load_json(root);
     const char *pieces[] = {"abc", "1", "2", " def", "3", "!"};
     size_t whole_n, total = 0;
     int32_t *whole = encode_all(digits, "abc12 def3!", &whole_n);

@@ -7,14 +7,7 @@ mkmodel=$2
 tokenize=$3
 tmp=$(mktemp -d /tmp/hpd-test-cli-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-
-check() { # check NAME CONDITION...
-    local name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/check.sh"
 
 "$mkmodel" --out "$tmp/next" --seed 3 --arch qwen3_next || exit 1
 "$mkmodel" --out "$tmp/q35" --seed 3 --arch qwen3_5 --shards 2 || exit 1
@@ -155,5 +148,4 @@ rc=$?
 check "missing model: exit 1 (got $rc)" test $rc -eq 1
 check "missing model: names the file" grep -q "nowhere/config.json" "$tmp/err"
 
-echo "$pass passed, $fails failed"
-test $fails -eq 0
+finish

@@ -7,13 +7,7 @@ tok=$1
 dir=$2
 tmp=$(mktemp -d /tmp/hpd-test-tokcli-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() { # check NAME CONDITION...
-    local name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else echo "FAIL: $name"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/check.sh"
 model=$dir/qwen2.tokenizer.json
 printf 'Hello, world! This is a test of the tokenizer.' > "$tmp/in"
 ids=$("$tok" --model "$model" encode < "$tmp/in")
@@ -37,5 +31,4 @@ check "an id outside the vocabulary: named" grep -q "99999" "$tmp/err"
 check "bad usage: exit 2" test $? -eq 2
 "$tok" --model "$tmp/nowhere" encode < /dev/null > /dev/null 2> "$tmp/err"
 check "missing tokenizer: exit 1" test $? -eq 1
-echo "$pass passed, $fails failed"
-test $fails -eq 0
+finish
