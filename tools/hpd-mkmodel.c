@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct {
@@ -581,8 +582,8 @@ static int write_tokenizer(const opts_t *o)
         return -1;
     json_t *cfg = json_pack("{s:s, s:s, s:s, s:i, s:s}", "tokenizer_class", "Qwen2Tokenizer",
                             "eos_token", "<|im_end|>", "pad_token", "<|endoftext|>",
-                            "model_max_length", (int)o->max_pos, "chat_template_note",
-                            "hybridpd builds the Qwen chat format itself");
+                            "model_max_length", (int)o->max_pos, "chat_template",
+                            hpd_chat_template_qwen35);
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", o->out);
     const int rc = json_dump_file(cfg, path, JSON_INDENT(2));
     json_decref(cfg);
