@@ -16,6 +16,7 @@
  * never inside their own callbacks. */
 #include "coordinator/coordinator.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,10 +74,10 @@ typedef struct node {
 
 typedef struct req {
     uint64_t id;
-    hpd_rpc_conn_t *client;
-    uint32_t call_id;
+    hpd_coord_sink_t sink;
+    const void *owner; /* a msgpack client's connection (its cancel by tag, its close) */
     uint64_t tag;
-    bool stream;
+    bool stopped;      /* the sink ended it (a stop string): it finishes as "stop" */
     int32_t *prompt;
     uint32_t n_prompt, max_tokens;
     hpd_sampling_t sampling;
@@ -217,8 +218,6 @@ static void req_free(hpd_coord_t *c, req_t *r)
             break;
         }
     c->n_reqs--;
-    if (r->client)
-        hpd_rpc_conn_unref(r->client);
     free(r->prompt);
     free(r->stop_ids);
     free(r->hashes);
@@ -226,45 +225,47 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r);
 }
 
-/* Sends tokens [from, n_out) to a streaming client. */
+/* Gives the sink tokens [from, n_out); it may stop the request there. */
 static void stream(req_t *r, uint32_t from)
 {
-    hpd_rpc_buf_t b;
-    if (!r->stream || from >= r->n_out)
-        return;
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_stream,
-                 &(hpd_msg_stream_t){.tag = r->tag,
-                                     .index = from,
-                                     .ids = r->out + from,
-                                     .ids_n = r->n_out - from},
-                 &b.pk);
-    hpd_rpc_notify(r->client, "tokens", &b);
-    hpd_rpc_buf_destroy(&b);
+    if (r->sink.tokens != NULL && !r->stopped && from < r->n_out &&
+        !r->sink.tokens(r->sink.arg, r->out, from, r->n_out))
+        r->stopped = true;
+}
+
+static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
+{
+    const hpd_coord_result_t res = {.outcome = outcome,
+                                    .code = code,
+                                    .error = why,
+                                    .request = r->id,
+                                    .tokens = r->out,
+                                    .n_tokens = r->n_out,
+                                    .prompt_tokens = r->n_prompt,
+                                    .cached_tokens = r->cached_tokens,
+                                    .attempts = r->fsm.attempts + 1};
+    r->sink.done(r->sink.arg, &res);
 }
 
 static void reply_finished(hpd_coord_t *c, req_t *r)
 {
-    hpd_rpc_buf_t b;
     const double now = hpd_time_now();
     const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
     const double tpot = r->n_out > 1 ? (now - r->t_first) / (r->n_out - 1) : 0;
-    hpd_msg_generated_t g = {.request = r->id,
-                             .tokens = r->out,
-                             .tokens_n = r->n_out,
-                             .prompt_tokens = r->n_prompt,
-                             .cached_tokens = r->cached_tokens,
-                             .attempts = r->fsm.attempts + 1,
-                             .ttft_ms = (float)(ttft * 1e3),
-                             .total_ms = (float)(total * 1e3),
-                             .prefill_ms = r->prefill_ms,
-                             .push_ms = r->push_ms,
-                             .exposed_push_ms = r->exposed_push_ms};
-    memcpy(g.finish_reason, r->finish_reason, sizeof(g.finish_reason));
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
-    hpd_rpc_reply(r->client, r->call_id, &b);
-    hpd_rpc_buf_destroy(&b);
+    const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
+                                    .request = r->id,
+                                    .tokens = r->out,
+                                    .n_tokens = r->n_out,
+                                    .finish_reason = r->finish_reason,
+                                    .prompt_tokens = r->n_prompt,
+                                    .cached_tokens = r->cached_tokens,
+                                    .attempts = r->fsm.attempts + 1,
+                                    .ttft_ms = (float)(ttft * 1e3),
+                                    .total_ms = (float)(total * 1e3),
+                                    .prefill_ms = r->prefill_ms,
+                                    .push_ms = r->push_ms,
+                                    .exposed_push_ms = r->exposed_push_ms};
+    r->sink.done(r->sink.arg, &res);
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s), ttft %.1f ms, tpot %.2f ms, "
                   "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, r->finish_reason,
                   ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
@@ -344,7 +345,7 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
         else
             snprintf(msg, sizeof(msg), "%s", why);
         HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
-        hpd_rpc_reply_error(r->client, r->call_id, p.code, "%s", msg);
+        tell_end(r, HPD_COORD_FAILED, p.code, msg);
         c->failed++;
         hpd_metric_inc(p.code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
                        : p.code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
@@ -353,6 +354,12 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
     }
     case HPD_REQ_FINISH: reply_finished(c, r); break;
     case HPD_REQ_CANCELED:
+        if (r->stopped) { /* by its sink: a stop string, the end of a normal answer */
+            snprintf(r->finish_reason, sizeof(r->finish_reason), "stop");
+            reply_finished(c, r);
+            break;
+        }
+        tell_end(r, HPD_COORD_CANCELED, 0, why);
         HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: %s", why);
         c->canceled++;
         hpd_metric_inc(c->m.canceled, 1);
@@ -381,6 +388,8 @@ static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *
 static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
 {
     const uint32_t before = r->n_out;
+    if (r->stopped)
+        return; /* its sink has what it wanted */
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t pos = index + i;
         if (pos < r->n_out) {
@@ -508,6 +517,10 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     r->exposed_push_ms = m.exposed_push_ms;
     const int32_t t = (int32_t)m.first_token;
     add_tokens(r, 0, &t, 1);
+    if (r->stopped) {
+        req_event(c, r, HPD_REQ_EV_CANCEL, "its first token ended it (a stop string)");
+        return;
+    }
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_start,
@@ -775,8 +788,11 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         req_event(c, r, HPD_REQ_EV_DECODE_ENDED, "decode on %s: %s", n->name, m.error);
     } else if (r->fsm.state == HPD_REQ_DECODING) {
         add_tokens(r, m.index, m.ids, m.ids_n);
-        if (m.done) {
-            memcpy(r->finish_reason, m.finish_reason, sizeof(r->finish_reason) - 1);
+        if (r->stopped && !m.done) {
+            req_event(c, r, HPD_REQ_EV_CANCEL, "its client stopped it (a stop string)");
+        } else if (m.done) {
+            memcpy(r->finish_reason, r->stopped ? "stop" : m.finish_reason,
+                   sizeof(r->finish_reason) - 1);
             req_event(c, r, HPD_REQ_EV_DONE, "done");
         }
     }
@@ -1028,102 +1044,240 @@ static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object 
 
 /* ------------------------------------------------------------ clients */
 
-static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
-                       void *arg)
+int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
+                         const hpd_coord_sink_t *sink, uint64_t *id_p, char *err,
+                         size_t err_len)
 {
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err = {{0}};
-    hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
-    req_t *r = NULL;
     size_t n;
     node_t **map;
     hpd_route_node_t *view;
+    req_t *r = NULL;
 
-    if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
-        hpd_metric_inc(c->m.invalid, 1);
-        return;
-    }
     if ((view = route_view(c, &n, &map)) == NULL) {
-        snprintf(err.text, sizeof(err.text), "out of memory");
-        goto bad;
+        snprintf(err, err_len, "generate: out of memory");
+        return HPD_RPC_ERR_INTERNAL;
     }
+    /* what admission checks: the values given (an unset one: greedy's) */
+    const hpd_sampling_t *sp = &q->sampling;
+    const hpd_msg_generate_t g = {.prompt = q->prompt,
+                                  .prompt_n = q->n_prompt,
+                                  .max_tokens = q->max_tokens,
+                                  .temperature = isnan(sp->temperature) ? 0 : sp->temperature,
+                                  .top_p = isnan(sp->top_p) ? 1 : sp->top_p,
+                                  .top_k = sp->top_k == HPD_TOP_K_UNSET ? 0 : sp->top_k,
+                                  .seed = sp->seed,
+                                  .stop_token_ids = q->stop_ids,
+                                  .stop_token_ids_n = q->n_stop,
+                                  .ignore_eos = q->ignore_eos,
+                                  .min_tokens = q->min_tokens};
     const hpd_admit_state_t as = {.draining = c->draining,
                                   .open_requests = c->n_reqs,
                                   .max_requests = c->o.max_requests};
-    char why[sizeof(err.text)];
-    const int64_t code = hpd_admit(view, n, &as, &g, why, sizeof(why));
+    const int64_t code = hpd_admit(view, n, &as, &g, err, err_len);
     free(view);
     free(map);
     if (code != 0) {
-        hpd_rpc_reply_error(conn, id, code, "%s", why);
         if (code == HPD_RPC_ERR_OVERLOADED) {
             c->rejected++;
             hpd_metric_inc(c->m.overloaded, 1);
         } else {
             hpd_metric_inc(c->m.invalid, 1);
         }
-        hpd_msg_free(&hpd_msg_generate, &g);
-        return;
+        return code;
     }
     if ((r = calloc(1, sizeof(*r))) == NULL ||
-        (r->out = malloc(g.max_tokens * sizeof(int32_t))) == NULL ||
-        (r->hashes = malloc((g.prompt_n / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL) {
-        snprintf(err.text, sizeof(err.text), "out of memory");
-        goto bad;
+        (r->out = malloc(q->max_tokens * sizeof(int32_t))) == NULL ||
+        (r->hashes = malloc((q->n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL ||
+        (r->prompt = malloc(q->n_prompt * sizeof(int32_t))) == NULL ||
+        (q->n_stop > 0 && (r->stop_ids = malloc(q->n_stop * sizeof(int32_t))) == NULL)) {
+        if (r != NULL) {
+            free(r->out);
+            free(r->hashes);
+            free(r->prompt);
+            free(r);
+        }
+        snprintf(err, err_len, "generate: out of memory");
+        return HPD_RPC_ERR_INTERNAL;
     }
-    r->prompt = (int32_t *)g.prompt; /* the request owns them now */
-    g.prompt = NULL;
-    r->stop_ids = (int32_t *)g.stop_token_ids;
-    g.stop_token_ids = NULL;
-    r->n_stop = g.stop_token_ids_n;
-    r->ignore_eos = g.ignore_eos;
-    r->min_tokens = g.min_tokens;
-    r->n_prompt = g.prompt_n;
-    r->max_tokens = g.max_tokens;
-    r->sampling = (hpd_sampling_t){.temperature = g.temperature,
-                                   .top_p = g.top_p,
-                                   .top_k = g.top_k,
-                                   .seed = g.seed};
-    if (!c->o.no_generation_defaults) {
-        /* what the client left out the nodes take from the model
-         * (generation_config.json); with the defaults off, greedy values */
-        if (hpd_rpc_map_get(params, "temperature") == NULL)
-            r->sampling.temperature = NAN;
-        if (hpd_rpc_map_get(params, "top_p") == NULL)
-            r->sampling.top_p = NAN;
-        if (hpd_rpc_map_get(params, "top_k") == NULL)
-            r->sampling.top_k = HPD_TOP_K_UNSET;
+    memcpy(r->prompt, q->prompt, q->n_prompt * sizeof(int32_t));
+    if (q->n_stop > 0)
+        memcpy(r->stop_ids, q->stop_ids, q->n_stop * sizeof(int32_t));
+    r->n_stop = q->n_stop;
+    r->ignore_eos = q->ignore_eos;
+    r->min_tokens = q->min_tokens;
+    r->n_prompt = q->n_prompt;
+    r->max_tokens = q->max_tokens;
+    r->sampling = q->sampling;
+    if (c->o.no_generation_defaults) { /* what the client left out: greedy */
+        if (isnan(r->sampling.temperature))
+            r->sampling.temperature = 0;
+        if (isnan(r->sampling.top_p))
+            r->sampling.top_p = 1;
+        if (r->sampling.top_k == HPD_TOP_K_UNSET)
+            r->sampling.top_k = 0;
     }
-    r->stream = g.stream;
-    r->tag = g.tag;
+    /* else the nodes take what is unset from the model (generation_config.json) */
+    r->sink = *sink;
     r->fsm = hpd_req_fsm_init();
     hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
     r->id = ++c->next_req;
-    r->client = conn;
-    r->call_id = id;
-    hpd_rpc_conn_ref(conn);
     r->t_submit = r->t_queued = hpd_time_now();
     req_t **tail = &c->reqs;
     while (*tail != NULL)
         tail = &(*tail)->next;
     *tail = r;
     c->n_reqs++;
-    const char *who = hpd_rpc_conn_who(conn);
+    const char *who = q->who != NULL ? q->who : "";
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
-                  r->n_prompt, r->max_tokens, r->stream ? ", streaming" : "",
+                  r->n_prompt, r->max_tokens, r->sink.tokens != NULL ? ", streaming" : "",
                   strncmp(who, "tenant ", 7) == 0 ? ", " : "",
                   strncmp(who, "tenant ", 7) == 0 ? who : "");
+    *id_p = r->id;
     schedule_soon(c);
-    return;
-bad: /* out of memory */
-    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: %s", err.text);
-    hpd_msg_free(&hpd_msg_generate, &g);
-    if (r != NULL) {
-        free(r->out);
-        free(r->hashes);
-        free(r);
+    return 0;
+}
+
+bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
+{
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        if (r->id == id) {
+            req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
+            return true;
+        }
+    return false;
+}
+
+bool hpd_coord_draining(const hpd_coord_t *c)
+{
+    return c->draining;
+}
+
+void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_context_p)
+{
+    uint32_t vocab = 0, ctx = 0;
+    for (const node_t *n = c->nodes; n != NULL; n = n->next) {
+        if (!n->alive || n->draining)
+            continue;
+        if (vocab == 0 || n->vocab < vocab)
+            vocab = n->vocab;
+        if (n->role == ROLE_DECODE && n->max_context > ctx)
+            ctx = n->max_context;
     }
+    *vocab_p = vocab;
+    *max_context_p = ctx;
+}
+
+/* A msgpack client's request: its generate call is answered at the end,
+ * its tokens streamed as notifications when it asked. */
+typedef struct {
+    hpd_rpc_conn_t *conn; /* a reference held until the end */
+    uint32_t call_id;
+    uint64_t tag;
+    bool stream;
+} rpc_sink_t;
+
+static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n)
+{
+    rpc_sink_t *s = arg;
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_stream,
+                 &(hpd_msg_stream_t){.tag = s->tag,
+                                     .index = from,
+                                     .ids = out + from,
+                                     .ids_n = n - from},
+                 &b.pk);
+    hpd_rpc_notify(s->conn, "tokens", &b);
+    hpd_rpc_buf_destroy(&b);
+    return true;
+}
+
+static void rpc_done(void *arg, const hpd_coord_result_t *res)
+{
+    rpc_sink_t *s = arg;
+    if (res->outcome == HPD_COORD_FINISHED) {
+        hpd_msg_generated_t g = {.request = res->request,
+                                 .tokens = res->tokens,
+                                 .tokens_n = res->n_tokens,
+                                 .prompt_tokens = res->prompt_tokens,
+                                 .cached_tokens = res->cached_tokens,
+                                 .attempts = res->attempts,
+                                 .ttft_ms = res->ttft_ms,
+                                 .total_ms = res->total_ms,
+                                 .prefill_ms = res->prefill_ms,
+                                 .push_ms = res->push_ms,
+                                 .exposed_push_ms = res->exposed_push_ms};
+        snprintf(g.finish_reason, sizeof(g.finish_reason), "%s", res->finish_reason);
+        hpd_rpc_buf_t b;
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
+        hpd_rpc_reply(s->conn, s->call_id, &b);
+        hpd_rpc_buf_destroy(&b);
+    } else if (res->outcome == HPD_COORD_FAILED) {
+        hpd_rpc_reply_error(s->conn, s->call_id, res->code, "%s", res->error);
+    } else { /* a closed connection is not answered (nothing is sent) */
+        hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_APP, "canceled");
+    }
+    hpd_rpc_conn_unref(s->conn);
+    free(s);
+}
+
+static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg)
+{
+    hpd_coord_t *c = arg;
+    hpd_proto_err_t err = {{0}};
+    hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
+    rpc_sink_t *s;
+    uint64_t req_id;
+
+    if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
+        hpd_metric_inc(c->m.invalid, 1);
+        return;
+    }
+    hpd_coord_request_t q = {.prompt = g.prompt,
+                             .n_prompt = g.prompt_n,
+                             .max_tokens = g.max_tokens,
+                             .sampling = {.temperature = g.temperature,
+                                          .top_p = g.top_p,
+                                          .top_k = g.top_k,
+                                          .seed = g.seed},
+                             .stop_ids = g.stop_token_ids,
+                             .n_stop = g.stop_token_ids_n,
+                             .min_tokens = g.min_tokens,
+                             .ignore_eos = g.ignore_eos,
+                             .who = hpd_rpc_conn_who(conn)};
+    /* what the client left out: the model's defaults (see submit) */
+    if (hpd_rpc_map_get(params, "temperature") == NULL)
+        q.sampling.temperature = NAN;
+    if (hpd_rpc_map_get(params, "top_p") == NULL)
+        q.sampling.top_p = NAN;
+    if (hpd_rpc_map_get(params, "top_k") == NULL)
+        q.sampling.top_k = HPD_TOP_K_UNSET;
+    if ((s = malloc(sizeof(*s))) == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: out of memory");
+        hpd_msg_free(&hpd_msg_generate, &g);
+        return;
+    }
+    *s = (rpc_sink_t){.conn = conn, .call_id = id, .tag = g.tag, .stream = g.stream};
+    const hpd_coord_sink_t sink = {.tokens = g.stream ? rpc_tokens : NULL,
+                                   .done = rpc_done,
+                                   .arg = s};
+    char why[sizeof(err.text)];
+    const int64_t code = hpd_coord_submit(c, &q, &sink, &req_id, why, sizeof(why));
+    hpd_msg_free(&hpd_msg_generate, &g);
+    if (code != 0) {
+        hpd_rpc_reply_error(conn, id, code, "%s", why);
+        free(s);
+        return;
+    }
+    hpd_rpc_conn_ref(conn);
+    req_t *r = c->reqs;
+    while (r->id != req_id)
+        r = r->next;
+    r->owner = conn;
+    r->tag = s->tag;
 }
 
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
@@ -1138,9 +1292,8 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         return;
     }
     for (req_t *r = c->reqs; r != NULL; r = r->next) {
-        if (r->client == conn && r->tag == m.tag) {
-            hpd_rpc_reply_error(r->client, r->call_id, HPD_RPC_ERR_APP, "canceled");
-            req_event(c, r, HPD_REQ_EV_CANCEL, "by the client");
+        if (r->owner == conn && r->tag == m.tag) {
+            req_event(c, r, HPD_REQ_EV_CANCEL, "by the client"); /* answers "canceled" */
             found = true;
             break;
         }
@@ -1222,7 +1375,7 @@ static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
     }
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
-        if (r->client == conn)
+        if (r->owner == conn)
             req_event(c, r, HPD_REQ_EV_CANCEL, "the client disconnected");
     }
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/metrics.h"
+#include "common/sampling.h"
 #include "common/status.h"
 
 typedef struct hpd_coord hpd_coord_t;
@@ -43,6 +44,67 @@ void hpd_coord_destroy(hpd_coord_t *coord);
 uint16_t hpd_coord_port(const hpd_coord_t *coord);
 /* The coordinator's metrics (docs/operations.md), for the service shell. */
 hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *coord);
+/* ------------------------------------------------------------ requests
+ * A request submitted from inside the process: the msgpack clients'
+ * generate goes this way, and so does the HTTP front door
+ * (coordinator/openai.h). */
+typedef struct {
+    const int32_t *prompt; /* copied */
+    uint32_t n_prompt, max_tokens;
+    /* NAN temperature / top_p, HPD_TOP_K_UNSET: the model's
+     * generation_config.json values (greedy with no_generation_defaults) */
+    hpd_sampling_t sampling;
+    const int32_t *stop_ids; /* copied */
+    uint32_t n_stop, min_tokens;
+    bool ignore_eos;
+    const char *who; /* who sent it, for the log ("tenant NAME"; NULL: nobody named) */
+} hpd_coord_request_t;
+
+typedef enum {
+    HPD_COORD_FINISHED, /* all its tokens came (or the sink stopped it: "stop") */
+    HPD_COORD_FAILED,   /* code and error say why */
+    HPD_COORD_CANCELED, /* hpd_coord_cancel, or its client went away */
+} hpd_coord_outcome_t;
+
+typedef struct {
+    hpd_coord_outcome_t outcome;
+    int64_t code;      /* FAILED: the RPC error code (transport/rpc.h) */
+    const char *error; /* FAILED, CANCELED: why */
+    uint64_t request;
+    const int32_t *tokens;
+    uint32_t n_tokens;
+    const char *finish_reason; /* FINISHED: "stop" or "length" */
+    uint32_t prompt_tokens, cached_tokens, attempts;
+    float ttft_ms, total_ms, prefill_ms, push_ms, exposed_push_ms;
+} hpd_coord_result_t;
+
+/* Where a request's tokens and its end go. */
+typedef struct {
+    /* tokens[from, n) are new (in order; a failover's replay is not
+     * repeated). Returning false ends the request here (a stop string):
+     * the nodes free what they hold and it finishes as "stop" with the
+     * tokens so far. NULL: only the end is wanted. */
+    bool (*tokens)(void *arg, const int32_t *tokens, uint32_t from, uint32_t n);
+    /* the end, exactly once; the request is gone when it returns */
+    void (*done)(void *arg, const hpd_coord_result_t *res);
+    void *arg;
+} hpd_coord_sink_t;
+
+/* Admits and queues a request. Returns 0 with *id_p set; the sink hears
+ * the rest. Else the RPC error code (HPD_RPC_ERR_PARAMS: invalid,
+ * HPD_RPC_ERR_OVERLOADED: no room, no nodes or draining) with why in err;
+ * the sink is not called. */
+int64_t hpd_coord_submit(hpd_coord_t *coord, const hpd_coord_request_t *req,
+                         const hpd_coord_sink_t *sink, uint64_t *id_p, char *err,
+                         size_t err_len);
+/* Cancels a request on every node: its sink's done (CANCELED, why) comes
+ * before this returns. False: no such request (it ended). */
+bool hpd_coord_cancel(hpd_coord_t *coord, uint64_t id, const char *why);
+bool hpd_coord_draining(const hpd_coord_t *coord);
+/* The smallest vocabulary and the largest context of the usable nodes (0
+ * while none is registered). */
+void hpd_coord_limits(const hpd_coord_t *coord, uint32_t *vocab_p, uint32_t *max_context_p);
+
 /* Refreshes the gauges (before a scrape). */
 void hpd_coord_collect(hpd_coord_t *coord);
 /* /healthz: ready while not draining and not refusing connections. */
