@@ -54,12 +54,21 @@ const hpd_opt_t hpd_options[] = {
         "a request no node can take fails after", C, "queue_timeout_ms"),
     INT("max-attempts", U32, 1, 100, 1, "4", "attempts per request across failures", C,
         "max_attempts"),
+    {.name = "http-port", .kind = HPD_OPT_OPORT, .max = 65535, .arg = "N",
+     .help = "serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions,\n"
+             "/v1/models, /tokenize, /detokenize) over HTTP on --host; needs --model",
+     .roles = C, .manifest = "http_port"},
+    TXT("http-port-file", "F", NULL, "write the HTTP API's bound port to F once listening", C,
+        NULL),
+    TXT("served-model-name", "NAME", NULL, "the model's name in the HTTP API (the --model\n"
+        "directory's last part)", C, "served_model_name"),
     INT("max-connections", U32, 4, 1u << 20, 1, NULL, "open RPC connections, clients and\n"
         "nodes; half at most unauthenticated (1024, or what the fd limit allows)", C, NULL),
     /* ---- nodes */
     {.name = "coordinator", .kind = HPD_OPT_CUSTOM, .arg = "HOST:PORT",
      .help = "the coordinator's RPC endpoint", .roles = N},
-    TXT("model", "DIR", NULL, "the model: config.json and *.safetensors", N | RUN, NULL),
+    TXT("model", "DIR", NULL, "the model: config.json and *.safetensors (the coordinator:\n"
+        "its tokenizer.json and chat template, for the HTTP API)", N | RUN | C, NULL),
     TXT("name", "NAME", NULL, "node name in status and logs (ROLE-<pid>)", N, NULL),
     TXT("device", "D", "cpu", "cpu, cuda[:N] (the GPU id) or cuda-fast[:N]", N | RUN, "device"),
     INT("threads", U32, 1, 1024, 1, NULL, "CPU threads (all cores)", N | RUN, "threads"),

@@ -1525,6 +1525,17 @@ static uint32_t authenticate(void *arg, const char *token, size_t len, char *who
     return hpd_credentials_check(c->creds, token, len, who, who_len, credential_p);
 }
 
+uint32_t hpd_coord_authenticate(hpd_coord_t *c, const char *token, size_t len, char *who,
+                                size_t who_len)
+{
+    uint64_t id;
+    if (c->creds == NULL) {
+        snprintf(who, who_len, "anyone (an open coordinator)");
+        return HPD_ROLE_CLIENT | HPD_ROLE_NODE;
+    }
+    return hpd_credentials_check(c->creds, token, len, who, who_len, &id);
+}
+
 static bool revoked(const hpd_rpc_conn_t *conn, void *arg)
 {
     hpd_coord_t *c = arg;

@@ -101,6 +101,12 @@ int64_t hpd_coord_submit(hpd_coord_t *coord, const hpd_coord_request_t *req,
  * before this returns. False: no such request (it ended). */
 bool hpd_coord_cancel(hpd_coord_t *coord, uint64_t id, const char *why);
 bool hpd_coord_draining(const hpd_coord_t *coord);
+/* The roles (coordinator/credentials.h) a presented client key or node
+ * secret grants, as the RPC server checks them (all on an open
+ * coordinator); who names it (the tenant). Read at each call, so a key
+ * removed by a reload is refused from then on. */
+uint32_t hpd_coord_authenticate(hpd_coord_t *coord, const char *token, size_t len, char *who,
+                                size_t who_len);
 /* The smallest vocabulary and the largest context of the usable nodes (0
  * while none is registered). */
 void hpd_coord_limits(const hpd_coord_t *coord, uint32_t *vocab_p, uint32_t *max_context_p);

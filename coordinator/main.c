@@ -10,6 +10,7 @@
 #include "common/options.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/openai.h"
 #include "service/service.h"
 
 #define LOG_COMPONENT "coordinator"
@@ -19,6 +20,8 @@ typedef struct {
     hpd_coord_opts_t c;
     const char *port_file;
     int32_t metrics_port; /* -1: no HTTP endpoint */
+    int32_t http_port;    /* -1: no OpenAI-compatible API */
+    const char *model, *served_model_name, *http_port_file;
     uint32_t drain_timeout_ms;
 } opts_t;
 
@@ -41,6 +44,10 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         HPD_OPT_BIND("queue-timeout-ms", &o->c.queue_timeout_ms),
         HPD_OPT_BIND("max-attempts", &o->c.max_attempts),
         HPD_OPT_BIND("metrics-port", &o->metrics_port),
+        HPD_OPT_BIND("http-port", &o->http_port),
+        HPD_OPT_BIND("model", &o->model),
+        HPD_OPT_BIND("served-model-name", &o->served_model_name),
+        HPD_OPT_BIND("http-port-file", &o->http_port_file),
         HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
         HPD_OPT_BIND("max-connections", &o->c.max_connections),
         HPD_OPT_BIND("no-generation-defaults", &gen_defaults),
@@ -59,6 +66,11 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                 "secret)\n");
         return -1;
     }
+    if (o->http_port >= 0 && o->model == NULL) {
+        fprintf(stderr, "hpd-coordinator: --http-port needs --model DIR (its tokenizer.json "
+                "and chat template)\n");
+        return -1;
+    }
     if (o->c.lease_ms <= o->c.heartbeat_ms) {
         fprintf(stderr, "hpd-coordinator: --lease-ms %u must exceed --heartbeat-ms %u\n",
                 o->c.lease_ms, o->c.heartbeat_ms);
@@ -69,6 +81,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
 
 typedef struct {
     hpd_coord_t *coord;
+    hpd_openai_t *api;
     struct event_base *base;
 } app_t;
 
@@ -127,6 +140,28 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    if (o.http_port >= 0) {
+        const hpd_openai_params_t ap = {.base = a.base,
+                                        .coord = a.coord,
+                                        .host = o.c.host,
+                                        .port = (uint16_t)o.http_port,
+                                        .model_dir = o.model,
+                                        .model_name = o.served_model_name};
+        if (hpd_openai_create(&ap, &a.api, err, sizeof(err)) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s", err);
+            rc = 2;
+            goto out;
+        }
+        HPD_LOG_INFO(LOG_COMPONENT, "OpenAI-compatible API on http://%s:%u/v1, model '%s'",
+                     o.c.host, hpd_openai_port(a.api), hpd_openai_model(a.api));
+        char text[16];
+        const int len = snprintf(text, sizeof(text), "%u\n", hpd_openai_port(a.api));
+        if (o.http_port_file != NULL &&
+            hpd_write_file(o.http_port_file, text, (size_t)len) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "cannot write the port file %s", o.http_port_file);
+            goto out;
+        }
+    }
     if (o.port_file != NULL) {
         char text[16];
         const int len = snprintf(text, sizeof(text), "%u\n", hpd_coord_port(a.coord));
@@ -161,7 +196,8 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     hpd_service_destroy(svc);
-    hpd_coord_destroy(a.coord);
+    hpd_coord_destroy(a.coord); /* ends every request, HTTP ones too */
+    hpd_openai_destroy(a.api);
     event_base_free(a.base);
     return rc;
 }

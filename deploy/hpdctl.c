@@ -626,6 +626,20 @@ static int cmd_status(const hpd_manifest_t *m)
                body[0] ? body : "(no answer on /healthz)");
         rc |= code != 200;
     }
+    const hpd_manifest_proc_t *co = &m->procs[0];
+    if (co->http_port != 0) { /* the OpenAI-compatible API (docs/api.md) */
+        int code = 0;
+        char *body = NULL;
+        const char *name = co->served_model_name, *slash = strrchr(m->model, '/');
+        if (name[0] == '\0')
+            name = slash != NULL ? slash + 1 : m->model;
+        const hpd_status_t st =
+            hpd_http_get(probe_host(co), co->http_port, "/health", 1000, &code, &body);
+        free(body);
+        printf("HTTP API: http://%s:%u/v1, model '%s': %s\n", co->host, co->http_port, name,
+               st != HPD_OK ? "down" : code == 200 ? "ok" : "draining");
+        rc |= st != HPD_OK || code != 200;
+    }
     return rc ? 1 : 0;
 }
 

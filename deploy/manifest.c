@@ -133,6 +133,8 @@ static const field_t proc_fields[] = {
     NUM("max_requests", max_requests, "max-requests"),
     NUM("queue_timeout_ms", queue_timeout_ms, "queue-timeout-ms"),
     NUM("max_attempts", max_attempts, "max-attempts"),
+    {.name = "http_port", .kind = F_PORT, .off = P(http_port), .opt = "http-port", .min = 1},
+    STR("served_model_name", served_model_name, "served-model-name"),
     {.name = NULL}};
 
 static unsigned field_roles(const field_t *f)
@@ -430,17 +432,17 @@ static void check_ports(ctx_t *c, const hpd_manifest_t *m, const yaml_node_t *co
 {
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *a = &m->procs[i];
-        const uint16_t pa[2] = {a->port, a->metrics_port};
-        static const char *names[2] = {"port", "metrics_port"};
-        for (int x = 0; x < 2; x++) {
+        const uint16_t pa[3] = {a->port, a->metrics_port, a->http_port};
+        static const char *names[3] = {"port", "metrics_port", "http_port"};
+        for (int x = 0; x < 3; x++) {
             if (pa[x] == 0)
                 continue;
             for (uint32_t j = 0; j <= i; j++) {
                 const hpd_manifest_proc_t *b = &m->procs[j];
-                const uint16_t pb[2] = {b->port, b->metrics_port};
+                const uint16_t pb[3] = {b->port, b->metrics_port, b->http_port};
                 if (strcmp(host_key(a->host), host_key(b->host)) != 0)
                     continue;
-                for (int y = 0; y < (j == i ? x : 2); y++) {
+                for (int y = 0; y < (j == i ? x : 3); y++) {
                     if (pb[y] != pa[x])
                         continue;
                     char field[96];
@@ -809,6 +811,15 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         if (m->client_keys_file[0] != '\0') {
             arg(&a, "--client-keys-file");
             arg(&a, m->client_keys_file);
+        }
+        if (p->http_port != 0) { /* the HTTP API tokenizes with the model's files */
+            arg_u(&a, "--http-port", p->http_port);
+            arg(&a, "--model");
+            arg(&a, m->model);
+            if (p->served_model_name[0] != '\0') {
+                arg(&a, "--served-model-name");
+                arg(&a, p->served_model_name);
+            }
         }
         const struct { const char *flag; uint32_t v; } nums[] = {
             {"heartbeat-ms", p->heartbeat_ms}, {"lease-ms", p->lease_ms},

@@ -48,6 +48,8 @@ typedef struct {
     /* coordinator */
     uint32_t heartbeat_ms, lease_ms, max_requests, queue_timeout_ms, max_attempts;
     uint32_t liveness_ms;
+    uint16_t http_port;            /* the OpenAI-compatible API; 0: none */
+    char served_model_name[128];   /* "": the model directory's last part */
     /* bit i: the manifest gave the field of hpd_options[i] (a number's 0
      * may be a value: liveness_ms 0 turns the pings off) */
     uint64_t given;

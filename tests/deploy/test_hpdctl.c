@@ -210,6 +210,7 @@ static void test_up_metrics_down(void **state)
     assert_int_equal(hpdctl(&out, "status %s", manifest), 0);
     assert_non_null(strstr(out, "prefill-0"));
     assert_null(strstr(out, " down "));
+    assert_non_null(strstr(out, "/v1, model 'model': ok")); /* the HTTP API */
     free(out);
 
     assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);

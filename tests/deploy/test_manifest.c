@@ -284,6 +284,32 @@ static void test_port_clash(void **state)
     hpd_manifest_destroy(m);
 }
 
+/* http_port: the coordinator serves the HTTP API with the manifest's model
+ * (and its served name); a node may not take it; its port clashes as any */
+static void test_http_port(void **state)
+{
+    char err[4096], **argv, joined[2048] = "";
+    hpd_manifest_t *m;
+    const char *text = edit(6, "  metrics_port: 7001\n  http_port: 7002\n"
+                               "  served_model_name: qwen-tiny");
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    const int argc = hpd_manifest_args(m, &m->procs[0], "/bin/hpd-coordinator", &argv);
+    for (int i = 0; i < argc; i++) {
+        strcat(joined, argv[i]);
+        strcat(joined, " ");
+    }
+    assert_non_null(strstr(joined, "--http-port 7002 --model /srv/models/tiny "
+                                   "--served-model-name qwen-tiny "));
+    hpd_manifest_args_free(argv);
+    hpd_manifest_destroy(m);
+    expect_error(edit(11, "    metrics_port: 7011\n    http_port: 7012"), "nodes[0].http_port",
+                 "applies to the coordinator only");
+    expect_error(edit(6, "  metrics_port: 7001\n  http_port: 7010"), "p0.port: port 7010 on "
+                 "host 127.0.0.1 is already taken by coordinator.http_port", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  http_port: 0"), "coordinator.http_port", NULL);
+}
+
 static void test_bad_layout(void **state)
 {
     expect_error(edit(12, "    kv_layout: {block: 24, pack: 1, order: nhd}"),
@@ -328,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_wrong_type),
         cmocka_unit_test(test_missing_role),
         cmocka_unit_test(test_port_clash),
+        cmocka_unit_test(test_http_port),
         cmocka_unit_test(test_bad_layout),
         cmocka_unit_test(test_missing_model),
         cmocka_unit_test(test_several_errors_and_syntax),

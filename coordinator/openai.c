@@ -1,0 +1,912 @@
+/* The OpenAI-compatible HTTP API (coordinator/openai.h).
+ *
+ * One call_t per generation request, from its parse to its answer. Who
+ * frees it: the sink's done (coordinator/coordinator.h), which comes
+ * exactly once, also when the client went away first (the connection's
+ * close callback cancels the request, and done then answers nobody). A
+ * call never touches its evhttp request after the close callback. */
+#include "coordinator/openai.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/sampling.h"
+#include "coordinator/credentials.h"
+#include "coordinator/text.h"
+#include "transport/rpc_codec.h"
+
+#define LOG_COMPONENT "openai"
+#define HTTP_TIMEOUT_S 600 /* an idle connection, or one that sends a request this slowly */
+#define MAX_MESSAGES 4096
+#define COMPLETIONS_DEFAULT_MAX_TOKENS 16 /* OpenAI's */
+
+struct hpd_openai {
+    hpd_openai_params_t p;
+    struct evhttp *http;
+    uint16_t port;
+    hpd_text_t *text;
+    char model[256];
+    long long created;
+    uint64_t next_call;
+};
+
+typedef struct {
+    hpd_openai_t *api;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    bool chat, stream, include_usage;
+    bool gone;        /* evhttp saw the connection close (its close callback) */
+    bool peer_closed; /* the watch saw it (evhttp reads nothing while a reply is due) */
+    struct event *watch; /* not streamed: the connection, for its close */
+    uint64_t request;
+    char id[48];
+    long long created;
+    uint32_t n_prompt;
+    char *stops[HPD_TEXT_MAX_STOPS];
+    size_t n_stops;
+    hpd_text_out_t out;
+    struct evbuffer *text; /* the answer so far (not streamed) */
+    bool bad_token;        /* an id the tokenizer does not know came */
+} call_t;
+
+/* ------------------------------------------------------------ replies */
+
+static void reply_json(struct evhttp_request *req, int status, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    struct evbuffer *out = evbuffer_new();
+    if (text == NULL || out == NULL) {
+        free(text);
+        if (out != NULL)
+            evbuffer_free(out);
+        evhttp_send_error(req, 500, "out of memory");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "application/json");
+    evbuffer_add(out, text, strlen(text));
+    evbuffer_add(out, "\n", 1);
+    evhttp_send_reply(req, status, NULL, out);
+    evbuffer_free(out);
+    free(text);
+}
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return "server_error";
+    }
+}
+
+/* OpenAI's error object. */
+static json_t *error_json(int status, const char *param, const char *code, const char *msg)
+{
+    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
+                     error_type(status), "param", param, "code", code);
+}
+
+static void reply_error(struct evhttp_request *req, int status, const char *param,
+                        const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void reply_error(struct evhttp_request *req, int status, const char *param,
+                        const char *code, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    reply_json(req, status, error_json(status, param, code, msg));
+}
+
+/* The HTTP status of a refusal or failure from the coordinator. */
+static int status_of(const hpd_openai_t *api, int64_t code)
+{
+    if (code == HPD_RPC_ERR_PARAMS)
+        return 400;
+    if (code == HPD_RPC_ERR_OVERLOADED)
+        return hpd_coord_draining(api->p.coord) ? 503 : 429;
+    return 500;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* The body as JSON (an object), or an answered 400 / 413. */
+static json_t *read_body(struct evhttp_request *req)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    const size_t len = evbuffer_get_length(in);
+    json_error_t jerr;
+    if (len > HPD_OPENAI_MAX_BODY) {
+        reply_error(req, 413, NULL, NULL, "the body has %zu bytes (at most %u)", len,
+                    HPD_OPENAI_MAX_BODY);
+        return NULL;
+    }
+    const char *data = (const char *)evbuffer_pullup(in, -1);
+    json_t *j = json_loadb(data != NULL ? data : "", len, 0, &jerr);
+    if (j == NULL) {
+        reply_error(req, 400, NULL, NULL, "the body is not JSON: %s (line %d, column %d)",
+                    jerr.text, jerr.line, jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        reply_error(req, 400, NULL, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* Whether the request carries a client key; else it is answered 401. */
+static bool authorized(hpd_openai_t *api, struct evhttp_request *req, char *who, size_t who_len)
+{
+    const char *h =
+        evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    const char *key = "";
+    if (h != NULL && strncasecmp(h, "Bearer ", 7) == 0)
+        for (key = h + 7; *key == ' '; key++)
+            ;
+    if ((hpd_coord_authenticate(api->p.coord, key, strlen(key), who, who_len) &
+         HPD_ROLE_CLIENT) != 0)
+        return true;
+    reply_error(req, 401, NULL, "invalid_api_key",
+                h == NULL ? "no API key: send 'Authorization: Bearer KEY' with a client key"
+                          : "the API key is not a client key of this cluster");
+    return false;
+}
+
+/* A field's problem, answered 400 naming it. */
+#define BAD(req, field, ...) (reply_error((req), 400, (field), NULL, __VA_ARGS__), false)
+
+static bool get_number(struct evhttp_request *req, json_t *body, const char *name, double lo,
+                       double hi, double *v)
+{
+    const json_t *x = json_object_get(body, name);
+    if (x == NULL || json_is_null(x))
+        return true;
+    if (!json_is_number(x) || !(json_number_value(x) >= lo && json_number_value(x) <= hi))
+        return BAD(req, name, "%s: expected a number in [%g, %g]", name, lo, hi);
+    *v = json_number_value(x);
+    return true;
+}
+
+static bool get_uint(struct evhttp_request *req, json_t *body, const char *name, json_int_t lo,
+                     json_int_t hi, json_int_t *v)
+{
+    const json_t *x = json_object_get(body, name);
+    if (x == NULL || json_is_null(x))
+        return true;
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return BAD(req, name, "%s: expected an integer in [%lld, %lld]", name, (long long)lo,
+                   (long long)hi);
+    *v = json_integer_value(x);
+    return true;
+}
+
+static bool get_bool(struct evhttp_request *req, json_t *body, const char *name, bool *v)
+{
+    const json_t *x = json_object_get(body, name);
+    if (x == NULL || json_is_null(x))
+        return true;
+    if (!json_is_boolean(x))
+        return BAD(req, name, "%s: expected true or false", name);
+    *v = json_is_true(x);
+    return true;
+}
+
+/* What this server does not do is refused by name rather than ignored. */
+static bool refuse_unsupported(struct evhttp_request *req, json_t *body, bool chat)
+{
+    const json_t *x;
+    json_int_t n = 1;
+    if (!get_uint(req, body, "n", 1, 1, &n))
+        return false;
+    if ((x = json_object_get(body, "best_of")) != NULL && !json_is_null(x) &&
+        !(json_is_integer(x) && json_integer_value(x) == 1))
+        return BAD(req, "best_of", "best_of: only 1 is supported");
+    if ((x = json_object_get(body, "logprobs")) != NULL && !json_is_null(x) && !json_is_false(x))
+        return BAD(req, "logprobs", "logprobs are not supported");
+    if ((x = json_object_get(body, "top_logprobs")) != NULL && !json_is_null(x))
+        return BAD(req, "top_logprobs", "top_logprobs are not supported");
+    if ((x = json_object_get(body, "echo")) != NULL && json_is_true(x))
+        return BAD(req, "echo", "echo is not supported");
+    if ((x = json_object_get(body, "suffix")) != NULL && !json_is_null(x) &&
+        !(json_is_string(x) && json_string_length(x) == 0))
+        return BAD(req, "suffix", "suffix is not supported");
+    if ((x = json_object_get(body, "tools")) != NULL && !json_is_null(x) &&
+        !(json_is_array(x) && json_array_size(x) == 0))
+        return BAD(req, "tools", "tools are not supported");
+    if ((x = json_object_get(body, "functions")) != NULL && !json_is_null(x))
+        return BAD(req, "functions", "functions are not supported");
+    if ((x = json_object_get(body, "tool_choice")) != NULL && !json_is_null(x) &&
+        !(json_is_string(x) && strcmp(json_string_value(x), "none") == 0))
+        return BAD(req, "tool_choice", "tool_choice: only \"none\" is supported");
+    if ((x = json_object_get(body, "logit_bias")) != NULL && !json_is_null(x) &&
+        !(json_is_object(x) && json_object_size(x) == 0))
+        return BAD(req, "logit_bias", "logit_bias is not supported");
+    if ((x = json_object_get(body, "response_format")) != NULL && !json_is_null(x)) {
+        const json_t *t = json_object_get(x, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return BAD(req, "response_format", "response_format: only {\"type\": \"text\"} is "
+                       "supported");
+    }
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty",
+                                            "repetition_penalty"};
+    for (size_t i = 0; i < 3; i++) {
+        x = json_object_get(body, penalties[i]);
+        const double none = i == 2 ? 1 : 0;
+        if (x != NULL && !json_is_null(x) && !(json_is_number(x) && json_number_value(x) == none))
+            return BAD(req, penalties[i], "%s is not supported (only %g)", penalties[i], none);
+    }
+    (void)chat;
+    return true;
+}
+
+/* Token ids of a JSON array: each in [0, vocab). */
+static bool get_ids(struct evhttp_request *req, const json_t *a, const char *field,
+                    uint32_t vocab, int32_t **ids_p, size_t *n_p)
+{
+    size_t i;
+    json_t *v;
+    int32_t *ids = malloc((json_array_size(a) + 1) * sizeof(int32_t));
+    if (ids == NULL)
+        return BAD(req, field, "out of memory");
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= (json_int_t)vocab) {
+            free(ids);
+            return BAD(req, field, "%s[%zu]: expected a token id in [0, %u)", field, i, vocab);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    *ids_p = ids;
+    *n_p = json_array_size(a);
+    return true;
+}
+
+/* completions' prompt: a string, ids, or a list of one of those */
+static bool completion_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *body,
+                              int32_t **ids_p, size_t *n_p)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    const hpd_tokenizer_t *tok = hpd_text_tokenizer(api->text);
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    else if (json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0)))
+        return BAD(req, "prompt", "prompt: one prompt per request (a batch of %zu given)",
+                   json_array_size(p));
+    if (json_is_string(p)) {
+        if (hpd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), ids_p, n_p) !=
+            HPD_OK)
+            return BAD(req, "prompt", "prompt: cannot be encoded");
+        return true;
+    }
+    if (json_is_array(p))
+        return get_ids(req, p, "prompt", hpd_tokenizer_size(tok), ids_p, n_p);
+    return BAD(req, "prompt", "prompt: expected a string or an array of token ids");
+}
+
+/* A message's content: a string, null, or text parts. *owned: malloc'd. */
+static bool message_content(struct evhttp_request *req, const json_t *c, size_t i,
+                            const char **text, char **owned)
+{
+    char field[64];
+    snprintf(field, sizeof(field), "messages[%zu].content", i);
+    *owned = NULL;
+    if (c == NULL || json_is_null(c)) {
+        *text = "";
+        return true;
+    }
+    if (json_is_string(c)) {
+        *text = json_string_value(c);
+        return true;
+    }
+    if (!json_is_array(c))
+        return BAD(req, field, "%s: expected a string or an array of text parts", field);
+    size_t k, len = 0;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        const json_t *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(t))
+            return BAD(req, field, "%s[%zu]: only {\"type\": \"text\", \"text\": ...} parts "
+                       "are supported", field, k);
+        len += json_string_length(t);
+    }
+    char *s = malloc(len + 1);
+    if (s == NULL)
+        return BAD(req, field, "out of memory");
+    len = 0;
+    json_array_foreach(c, k, part) {
+        const json_t *t = json_object_get(part, "text");
+        memcpy(s + len, json_string_value(t), json_string_length(t));
+        len += json_string_length(t);
+    }
+    s[len] = '\0';
+    *text = *owned = s;
+    return true;
+}
+
+/* chat's messages, through the chat format */
+static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *body,
+                        int32_t **ids_p, size_t *n_p)
+{
+    const json_t *msgs = json_object_get(body, "messages");
+    int thinking = -1;
+    const json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (kw != NULL && !json_is_null(kw)) {
+        const char *key;
+        json_t *v;
+        if (!json_is_object(kw))
+            return BAD(req, "chat_template_kwargs", "chat_template_kwargs: expected an object");
+        json_object_foreach((json_t *)kw, key, v) {
+            if (strcmp(key, "enable_thinking") != 0 || !json_is_boolean(v))
+                return BAD(req, "chat_template_kwargs", "chat_template_kwargs.%s: only "
+                           "enable_thinking (true or false) is understood", key);
+            thinking = json_is_true(v);
+        }
+    }
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0 ||
+        json_array_size(msgs) > MAX_MESSAGES)
+        return BAD(req, "messages", "messages: expected an array of 1 to %d messages",
+                   MAX_MESSAGES);
+    const size_t n = json_array_size(msgs);
+    hpd_chat_msg_t *mv = calloc(n, sizeof(*mv));
+    char **owned = calloc(n, sizeof(*owned));
+    bool ok = mv != NULL && owned != NULL;
+    if (!ok)
+        reply_error(req, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; ok && i < n; i++) {
+        const json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
+        const json_t *rc = json_object_get(m, "reasoning_content");
+        if (!json_is_string(role)) {
+            char field[48];
+            snprintf(field, sizeof(field), "messages[%zu].role", i);
+            ok = BAD(req, field, "%s: expected a string", field);
+            break;
+        }
+        mv[i].role = json_string_value(role);
+        mv[i].reasoning = json_is_string(rc) ? json_string_value(rc) : NULL;
+        ok = message_content(req, json_object_get(m, "content"), i, &mv[i].content, &owned[i]);
+    }
+    if (ok) {
+        char err[400];
+        const hpd_status_t st = hpd_text_chat(api->text, mv, n, thinking, ids_p, n_p, err,
+                                              sizeof(err));
+        if (st != HPD_OK)
+            ok = BAD(req, st == HPD_ERR_INVALID_ARG ? "messages" : NULL, "%s", err);
+    }
+    for (size_t i = 0; owned != NULL && i < n; i++)
+        free(owned[i]);
+    free(owned);
+    free(mv);
+    return ok;
+}
+
+/* ------------------------------------------------------------ answers */
+
+static json_t *usage_json(const call_t *k, uint32_t completion, uint32_t cached)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (json_int_t)k->n_prompt,
+                     "completion_tokens", (json_int_t)completion, "total_tokens",
+                     (json_int_t)(k->n_prompt + completion), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached);
+}
+
+/* One choice: a chunk's delta (stream) or the whole message. */
+static json_t *choice_json(const call_t *k, const char *text, size_t len, const char *finish,
+                           bool first)
+{
+    json_t *t = json_stringn(text, len);
+    json_t *fr = finish != NULL ? json_string(finish) : json_null();
+    if (!k->chat)
+        return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "text", t, "logprobs",
+                         "finish_reason", fr);
+    if (!k->stream)
+        return json_pack("{s:i, s:{s:s, s:o}, s:n, s:o}", "index", 0, "message", "role",
+                         "assistant", "content", t, "logprobs", "finish_reason", fr);
+    json_t *delta = first ? json_pack("{s:s, s:o}", "role", "assistant", "content", t)
+                          : finish != NULL && len == 0 ? (json_decref(t), json_object())
+                                                       : json_pack("{s:o}", "content", t);
+    return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+                     "finish_reason", fr);
+}
+
+static json_t *envelope(const call_t *k, json_t *choices)
+{
+    const char *object = k->chat ? (k->stream ? "chat.completion.chunk" : "chat.completion")
+                                 : "text_completion";
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", k->id, "object", object, "created",
+                     (json_int_t)k->created, "model", k->api->model, "choices", choices);
+}
+
+/* One server-sent event. */
+static void send_event(call_t *k, json_t *j)
+{
+    char *text = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    struct evbuffer *b = evbuffer_new();
+    if (b != NULL) {
+        if (text != NULL)
+            evbuffer_add_printf(b, "data: %s\n\n", text);
+        else
+            evbuffer_add_printf(b, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(k->req, b);
+        evbuffer_free(b);
+    }
+    free(text);
+}
+
+static void stream_piece(call_t *k, const char *piece, size_t len, bool first)
+{
+    if (len == 0 && !first)
+        return;
+    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first))));
+}
+
+static void call_free(call_t *k)
+{
+    if (k->watch != NULL)
+        event_free(k->watch);
+    for (size_t i = 0; i < k->n_stops; i++)
+        free(k->stops[i]);
+    hpd_text_out_free(&k->out);
+    if (k->text != NULL)
+        evbuffer_free(k->text);
+    free(k);
+}
+
+static bool on_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n)
+{
+    call_t *k = arg;
+    for (uint32_t i = from; i < n; i++) {
+        const char *piece;
+        size_t len;
+        hpd_status_t st;
+        const bool stop = hpd_text_out_feed(&k->out, tokens[i], &piece, &len, &st);
+        if (st != HPD_OK) {
+            k->bad_token = true;
+            return false;
+        }
+        if (k->stream && !k->gone)
+            stream_piece(k, piece, len, false);
+        else if (k->text != NULL)
+            evbuffer_add(k->text, piece, len);
+        if (stop)
+            return false;
+    }
+    return true;
+}
+
+static void on_close(struct evhttp_connection *evcon, void *arg);
+
+static void on_done(void *arg, const hpd_coord_result_t *res)
+{
+    call_t *k = arg;
+    if (!k->gone)
+        evhttp_connection_set_closecb(k->evcon, NULL, NULL);
+    if (k->gone) {
+        /* canceled for it: nobody to answer */
+    } else if (res->outcome == HPD_COORD_FINISHED && !k->bad_token) {
+        const char *piece;
+        size_t len;
+        hpd_text_out_finish(&k->out, &piece, &len);
+        const char *finish = k->out.stopped ? "stop" : res->finish_reason;
+        const uint32_t completion = k->out.stopped ? k->out.n_ids : res->n_tokens;
+        if (k->stream) {
+            stream_piece(k, piece, len, false);
+            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false))));
+            if (k->include_usage) {
+                json_t *u = envelope(k, json_array());
+                json_object_set_new(u, "usage", usage_json(k, completion, res->cached_tokens));
+                send_event(k, u);
+            }
+            send_event(k, NULL);
+            evhttp_send_reply_end(k->req);
+        } else {
+            evbuffer_add(k->text, piece, len);
+            const size_t n = evbuffer_get_length(k->text);
+            const char *all = (const char *)evbuffer_pullup(k->text, -1);
+            json_t *j = envelope(k, json_pack("[o]", choice_json(k, all != NULL ? all : "", n,
+                                                                 finish, false)));
+            json_object_set_new(j, "usage", usage_json(k, completion, res->cached_tokens));
+            reply_json(k->req, 200, j);
+        }
+        HPD_LOGR_INFO(LOG_COMPONENT, res->request, "%s %s: %u tokens (%s)", k->id,
+                      k->chat ? "chat" : "completion", completion, finish);
+    } else {
+        int status = 500;
+        char msg[600];
+        if (k->peer_closed) /* answered to let evhttp free the connection */
+            snprintf(msg, sizeof(msg), "the client went away"), status = 499;
+        else if (k->bad_token)
+            snprintf(msg, sizeof(msg), "the model generated a token the tokenizer does not "
+                     "know (tokenizer.json and the model's vocabulary disagree)");
+        else if (res->outcome == HPD_COORD_CANCELED)
+            snprintf(msg, sizeof(msg), "canceled: %s", res->error), status = 503;
+        else
+            snprintf(msg, sizeof(msg), "%s", res->error), status = status_of(k->api, res->code);
+        if (k->stream) {
+            send_event(k, error_json(status, NULL, NULL, msg));
+            send_event(k, NULL);
+            evhttp_send_reply_end(k->req);
+        } else {
+            reply_json(k->req, status, error_json(status, NULL, NULL, msg));
+        }
+    }
+    call_free(k);
+}
+
+/* The client went away: its request is canceled on every node (done then
+ * frees the call). */
+static void on_close(struct evhttp_connection *evcon, void *arg)
+{
+    call_t *k = arg;
+    k->gone = true;
+    HPD_LOGR_INFO(LOG_COMPONENT, k->request, "%s: the HTTP client went away", k->id);
+    hpd_coord_cancel(k->api->p.coord, k->request, "the HTTP client went away");
+}
+
+/* evhttp does not read from a connection whose reply is due, so it would
+ * not see a non-streaming client leave: the call watches the socket itself.
+ * End of file (or an error) there cancels the request; bytes (a pipelined
+ * request) end the watch. */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    call_t *k = arg;
+    char b;
+    const ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    event_del(k->watch);
+    if (n > 0)
+        return;
+    k->peer_closed = true;
+    HPD_LOGR_INFO(LOG_COMPONENT, k->request, "%s: the HTTP client went away", k->id);
+    hpd_coord_cancel(k->api->p.coord, k->request, "the HTTP client went away");
+}
+
+/* stop: a string or a list of strings */
+static bool get_stops(struct evhttp_request *req, json_t *body, call_t *k)
+{
+    const json_t *s = json_object_get(body, "stop");
+    json_t *one = NULL;
+    if (s == NULL || json_is_null(s))
+        return true;
+    if (json_is_string(s))
+        s = one = json_pack("[O]", s);
+    if (!json_is_array(s) || json_array_size(s) > HPD_TEXT_MAX_STOPS) {
+        json_decref(one);
+        return BAD(req, "stop", "stop: expected a string or a list of at most %d strings",
+                   HPD_TEXT_MAX_STOPS);
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(s, i, v) {
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            json_string_length(v) > HPD_TEXT_MAX_STOP_LEN ||
+            strlen(json_string_value(v)) != json_string_length(v)) {
+            json_decref(one);
+            return BAD(req, "stop", "stop[%zu]: expected a string of 1 to %d bytes", i,
+                       HPD_TEXT_MAX_STOP_LEN);
+        }
+        k->stops[k->n_stops++] = strdup(json_string_value(v));
+    }
+    json_decref(one);
+    return true;
+}
+
+static void new_id(call_t *k, const char *prefix)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+        r = (uint64_t)time(NULL);
+    snprintf(k->id, sizeof(k->id), "%s-%016llx%06llx", prefix, (unsigned long long)r,
+             (unsigned long long)(++k->api->next_call & 0xffffff));
+}
+
+/* POST /v1/completions and /v1/chat/completions */
+static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
+{
+    char who[128];
+    json_t *body;
+    int32_t *prompt = NULL, *stop_ids = NULL;
+    size_t n_prompt = 0, n_stop_ids = 0;
+    call_t *k = NULL;
+
+    if (!authorized(api, req, who, sizeof(who)) || (body = read_body(req)) == NULL)
+        return;
+    const json_t *model = json_object_get(body, "model");
+    if (model != NULL && !json_is_null(model) &&
+        (!json_is_string(model) || strcmp(json_string_value(model), api->model) != 0)) {
+        reply_error(req, 404, "model", "model_not_found", "The model '%s' does not exist "
+                    "(this cluster serves '%s')",
+                    json_is_string(model) ? json_string_value(model) : "?", api->model);
+        goto out;
+    }
+    if ((k = calloc(1, sizeof(*k))) == NULL) {
+        reply_error(req, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    k->api = api;
+    k->chat = chat;
+    double temperature = NAN, top_p = NAN;
+    json_int_t top_k = -2, seed = 0, max_tokens = -1, min_tokens = 0;
+    bool ignore_eos = false;
+    if (!refuse_unsupported(req, body, chat) || !get_bool(req, body, "stream", &k->stream) ||
+        !get_number(req, body, "temperature", 0, 1e6, &temperature) ||
+        !get_number(req, body, "top_p", 1e-9, 1, &top_p) ||
+        !get_uint(req, body, "top_k", -1, HPD_TOP_K_UNSET - 1, &top_k) ||
+        !get_uint(req, body, "seed", 0, INT64_MAX, &seed) ||
+        !get_uint(req, body, "max_tokens", 1, UINT32_MAX >> 1, &max_tokens) ||
+        !get_uint(req, body, chat ? "max_completion_tokens" : "max_tokens", 1,
+                  UINT32_MAX >> 1, &max_tokens) ||
+        !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
+        !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k))
+        goto out;
+    const json_t *so = json_object_get(body, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!k->stream) {
+            reply_error(req, 400, "stream_options", NULL, "stream_options: only with stream");
+            goto out;
+        }
+        if (!get_bool(req, (json_t *)so, "include_usage", &k->include_usage))
+            goto out;
+    }
+    const json_t *sti = json_object_get(body, "stop_token_ids");
+    if (sti != NULL && !json_is_null(sti) &&
+        (!json_is_array(sti) ||
+         !get_ids(req, sti, "stop_token_ids", hpd_tokenizer_size(hpd_text_tokenizer(api->text)),
+                  &stop_ids, &n_stop_ids)))
+        goto out;
+    if (!(chat ? chat_prompt(api, req, body, &prompt, &n_prompt)
+               : completion_prompt(api, req, body, &prompt, &n_prompt)))
+        goto out;
+    if (max_tokens < 0) {
+        uint32_t vocab, ctx;
+        hpd_coord_limits(api->p.coord, &vocab, &ctx);
+        max_tokens = !chat                 ? COMPLETIONS_DEFAULT_MAX_TOKENS
+                     : ctx > n_prompt + 1 ? (json_int_t)(ctx - n_prompt)
+                                           : 1; /* the rest of the context */
+    }
+    k->req = req;
+    k->evcon = evhttp_request_get_connection(req);
+    k->created = (long long)time(NULL);
+    k->n_prompt = (uint32_t)n_prompt;
+    if (!k->stream && (k->text = evbuffer_new()) == NULL) {
+        reply_error(req, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    new_id(k, chat ? "chatcmpl" : "cmpl");
+    hpd_text_out_init(&k->out, hpd_text_tokenizer(api->text), (const char *const *)k->stops,
+                      k->n_stops);
+    const hpd_coord_request_t q = {
+        .prompt = prompt,
+        .n_prompt = (uint32_t)n_prompt,
+        .max_tokens = (uint32_t)max_tokens,
+        .sampling = {.temperature = (float)temperature,
+                     .top_p = (float)top_p,
+                     .top_k = top_k == -2   ? HPD_TOP_K_UNSET
+                              : top_k == -1 ? 0 /* vLLM's "all" */
+                                            : (uint32_t)top_k,
+                     .seed = (uint64_t)seed},
+        .stop_ids = stop_ids,
+        .n_stop = (uint32_t)n_stop_ids,
+        .min_tokens = (uint32_t)min_tokens,
+        .ignore_eos = ignore_eos,
+        .who = who};
+    const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
+    char err[400];
+    const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));
+    if (code != 0) {
+        const char *msg = strncmp(err, "generate: ", 10) == 0 ? err + 10 : err;
+        reply_error(req, status_of(api, code), NULL,
+                    code == HPD_RPC_ERR_OVERLOADED ? "overloaded" : NULL, "%s", msg);
+        goto out;
+    }
+    if (k->stream) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(req, 200, "OK");
+        if (chat)
+            stream_piece(k, "", 0, true);
+    }
+    evhttp_connection_set_closecb(k->evcon, on_close, k);
+    if (!k->stream) {
+        const evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(k->evcon));
+        if (fd >= 0 && (k->watch = event_new(api->p.base, fd, EV_READ | EV_PERSIST, on_readable,
+                                             k)) != NULL)
+            event_add(k->watch, NULL);
+    }
+    k = NULL; /* the sink's now */
+out:
+    if (k != NULL)
+        call_free(k);
+    free(prompt);
+    free(stop_ids);
+    json_decref(body);
+}
+
+/* ------------------------------------------------------------ the rest */
+
+static json_t *model_json(const hpd_openai_t *api)
+{
+    uint32_t vocab, ctx;
+    hpd_coord_limits(api->p.coord, &vocab, &ctx);
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", api->model, "object", "model",
+                     "created", (json_int_t)api->created, "owned_by", "hybridpd",
+                     "max_model_len", (json_int_t)ctx);
+}
+
+/* POST /tokenize: {prompt} or {messages}; POST /detokenize: {tokens} */
+static void tokenize(hpd_openai_t *api, struct evhttp_request *req, bool encode)
+{
+    char who[128];
+    json_t *body;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!authorized(api, req, who, sizeof(who)) || (body = read_body(req)) == NULL)
+        return;
+    const hpd_tokenizer_t *tok = hpd_text_tokenizer(api->text);
+    if (encode) {
+        const bool chat = json_object_get(body, "messages") != NULL;
+        if (chat ? chat_prompt(api, req, body, &ids, &n)
+                 : completion_prompt(api, req, body, &ids, &n)) {
+            uint32_t vocab, ctx;
+            hpd_coord_limits(api->p.coord, &vocab, &ctx);
+            json_t *a = json_array();
+            for (size_t i = 0; i < n; i++)
+                json_array_append_new(a, json_integer(ids[i]));
+            reply_json(req, 200, json_pack("{s:i, s:i, s:o}", "count", (json_int_t)n,
+                                           "max_model_len", (json_int_t)ctx, "tokens", a));
+        }
+    } else {
+        const json_t *t = json_object_get(body, "tokens");
+        char *text = NULL;
+        size_t len;
+        if (!json_is_array(t)) {
+            reply_error(req, 400, "tokens", NULL, "tokens: expected an array of token ids");
+        } else if (get_ids(req, t, "tokens", hpd_tokenizer_size(tok), &ids, &n)) {
+            if (hpd_tokenizer_decode(tok, ids, n, false, &text, &len) != HPD_OK)
+                reply_error(req, 500, NULL, NULL, "cannot decode");
+            else
+                reply_json(req, 200, json_pack("{s:s%}", "prompt", text, len));
+            free(text);
+        }
+    }
+    free(ids);
+    json_decref(body);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    hpd_openai_t *api = arg;
+    const char *uri = evhttp_request_get_uri(req);
+    const enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    char path[512], who[128];
+    const size_t plen = strcspn(uri, "?");
+    snprintf(path, sizeof(path), "%.*s", (int)(plen < sizeof(path) ? plen : sizeof(path) - 1),
+             uri);
+    const bool post = cmd == EVHTTP_REQ_POST, get = cmd == EVHTTP_REQ_GET;
+    if (post && strcmp(path, "/v1/completions") == 0) {
+        generate(api, req, false);
+    } else if (post && strcmp(path, "/v1/chat/completions") == 0) {
+        generate(api, req, true);
+    } else if (post && strcmp(path, "/tokenize") == 0) {
+        tokenize(api, req, true);
+    } else if (post && strcmp(path, "/detokenize") == 0) {
+        tokenize(api, req, false);
+    } else if (get && strcmp(path, "/v1/models") == 0) {
+        if (authorized(api, req, who, sizeof(who)))
+            reply_json(req, 200, json_pack("{s:s, s:[o]}", "object", "list", "data",
+                                           model_json(api)));
+    } else if (get && strncmp(path, "/v1/models/", 11) == 0) {
+        if (!authorized(api, req, who, sizeof(who)))
+            return;
+        if (strcmp(path + 11, api->model) == 0)
+            reply_json(req, 200, model_json(api));
+        else
+            reply_error(req, 404, "model", "model_not_found", "The model '%s' does not exist",
+                        path + 11);
+    } else if (get && strcmp(path, "/health") == 0) {
+        const bool ok = !hpd_coord_draining(api->p.coord);
+        reply_json(req, ok ? 200 : 503, json_pack("{s:s}", "status", ok ? "ok" : "draining"));
+    } else {
+        reply_error(req, 404, NULL, "not_found", "%s %s: no such endpoint (POST "
+                    "/v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET "
+                    "/v1/models)", post ? "POST" : get ? "GET" : "?", path);
+    }
+}
+
+hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_p, char *err,
+                               size_t err_len)
+{
+    hpd_openai_t *api = calloc(1, sizeof(*api));
+    hpd_status_t st;
+    *api_p = NULL;
+    if (api == NULL)
+        return HPD_ERR_NO_MEMORY;
+    api->p = *p;
+    api->created = (long long)time(NULL);
+    if (p->model_name != NULL && p->model_name[0] != '\0') {
+        snprintf(api->model, sizeof(api->model), "%s", p->model_name);
+    } else { /* the directory's last part */
+        size_t len = strlen(p->model_dir);
+        while (len > 1 && p->model_dir[len - 1] == '/')
+            len--;
+        size_t b = len;
+        while (b > 0 && p->model_dir[b - 1] != '/')
+            b--;
+        snprintf(api->model, sizeof(api->model), "%.*s", (int)(len - b), p->model_dir + b);
+    }
+    if ((st = hpd_text_load(p->model_dir, &api->text, err, err_len)) != HPD_OK)
+        goto fail;
+    st = HPD_ERR_NO_MEMORY;
+    if ((api->http = evhttp_new(p->base)) == NULL)
+        goto fail;
+    evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
+    evhttp_set_max_headers_size(api->http, 64u << 10);
+    evhttp_set_max_body_size(api->http, HPD_OPENAI_MAX_BODY + 1);
+    evhttp_set_timeout(api->http, HTTP_TIMEOUT_S);
+    evhttp_set_gencb(api->http, on_request, api);
+    struct evhttp_bound_socket *sock =
+        evhttp_bind_socket_with_handle(api->http, p->host, p->port);
+    if (sock == NULL) {
+        snprintf(err, err_len, "the HTTP API cannot listen on %s:%u (taken?)", p->host, p->port);
+        st = HPD_ERR_IO;
+        goto fail;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0)
+        api->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+    *api_p = api;
+    return HPD_OK;
+fail:
+    hpd_openai_destroy(api);
+    return st;
+}
+
+uint16_t hpd_openai_port(const hpd_openai_t *api)
+{
+    return api->port;
+}
+
+const char *hpd_openai_model(const hpd_openai_t *api)
+{
+    return api->model;
+}
+
+void hpd_openai_destroy(hpd_openai_t *api)
+{
+    if (api == NULL)
+        return;
+    if (api->http != NULL)
+        evhttp_free(api->http);
+    hpd_text_destroy(api->text);
+    free(api);
+}

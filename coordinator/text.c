@@ -1,0 +1,168 @@
+/* Text at the coordinator (coordinator/text.h). */
+#include "coordinator/text.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+struct hpd_text {
+    hpd_tokenizer_t *tok;
+    hpd_chat_format_t chat;
+    bool have_chat;
+    char chat_err[400]; /* why chat is refused when !have_chat */
+};
+
+hpd_status_t hpd_text_load(const char *model_dir, hpd_text_t **text_p, char *err,
+                           size_t err_len)
+{
+    hpd_text_t *t = calloc(1, sizeof(*t));
+    *text_p = NULL;
+    if (t == NULL) {
+        snprintf(err, err_len, "out of memory");
+        return HPD_ERR_NO_MEMORY;
+    }
+    const hpd_status_t st = hpd_tokenizer_load(model_dir, &t->tok);
+    if (st != HPD_OK) {
+        snprintf(err, err_len, "%s: cannot load its tokenizer.json (%s; the log says why)",
+                 model_dir, hpd_status_str(st));
+        free(t);
+        return st;
+    }
+    t->have_chat =
+        hpd_chat_format_load(model_dir, &t->chat, t->chat_err, sizeof(t->chat_err)) == HPD_OK;
+    *text_p = t;
+    return HPD_OK;
+}
+
+void hpd_text_destroy(hpd_text_t *t)
+{
+    if (t == NULL)
+        return;
+    hpd_tokenizer_destroy(t->tok);
+    free(t);
+}
+
+const hpd_tokenizer_t *hpd_text_tokenizer(const hpd_text_t *t)
+{
+    return t->tok;
+}
+
+hpd_status_t hpd_text_chat(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size_t n,
+                           int enable_thinking, int32_t **ids_p, size_t *n_p, char *err,
+                           size_t err_len)
+{
+    char *prompt;
+    size_t len;
+    if (!t->have_chat) {
+        snprintf(err, err_len, "%s", t->chat_err);
+        return HPD_ERR_UNSUPPORTED;
+    }
+    hpd_status_t st = hpd_chat_render(&t->chat, msgs, n, true, enable_thinking, &prompt, &len,
+                                      err, err_len);
+    if (st != HPD_OK)
+        return st;
+    st = hpd_tokenizer_encode(t->tok, prompt, len, ids_p, n_p);
+    free(prompt);
+    if (st != HPD_OK)
+        snprintf(err, err_len, "cannot encode the conversation: %s", hpd_status_str(st));
+    return st;
+}
+
+/* ------------------------------------------------------------ output */
+
+void hpd_text_out_init(hpd_text_out_t *o, const hpd_tokenizer_t *tok, const char *const *stops,
+                       size_t n_stops)
+{
+    *o = (hpd_text_out_t){.tok = tok, .detok = {.skip_special = true}, .stops = stops,
+                          .n_stops = n_stops};
+    for (size_t i = 0; i < n_stops; i++)
+        if (strlen(stops[i]) > o->max_stop)
+            o->max_stop = strlen(stops[i]);
+}
+
+void hpd_text_out_free(hpd_text_out_t *o)
+{
+    free(o->buf);
+    o->buf = NULL;
+}
+
+/* The earliest stop string in buf that starts at or after from; *at_p. */
+static bool find_stop(const hpd_text_out_t *o, size_t from, size_t *at_p)
+{
+    for (size_t p = from; p < o->len; p++)
+        for (size_t i = 0; i < o->n_stops; i++) {
+            const size_t k = strlen(o->stops[i]);
+            if (k > 0 && k <= o->len - p && memcmp(o->buf + p, o->stops[i], k) == 0) {
+                *at_p = p;
+                return true;
+            }
+        }
+    return false;
+}
+
+/* Gives out buf[sent, upto). */
+static void give(hpd_text_out_t *o, size_t upto, const char **piece_p, size_t *piece_len_p)
+{
+    *piece_p = o->buf != NULL ? o->buf + o->sent : "";
+    *piece_len_p = upto - o->sent;
+    o->sent = upto;
+}
+
+/* After new text from byte `before` on: a stop string that ends in it, or
+ * what can no longer be the start of one. */
+static bool settle(hpd_text_out_t *o, size_t before, bool last, const char **piece_p,
+                   size_t *piece_len_p)
+{
+    size_t at;
+    const size_t from = before + 1 > o->max_stop ? before + 1 - o->max_stop : 0;
+    if (o->n_stops > 0 && find_stop(o, from > o->sent ? from : o->sent, &at)) {
+        o->len = at;
+        o->stopped = true;
+        give(o, at, piece_p, piece_len_p);
+        return true;
+    }
+    /* held back: the longest end of the text that begins a stop string */
+    size_t hold = 0;
+    for (size_t k = HPD_MIN(o->len - o->sent, o->max_stop - (o->max_stop > 0)); !last && k > 0;
+         k--) {
+        for (size_t i = 0; i < o->n_stops && hold == 0; i++)
+            if (strlen(o->stops[i]) > k && memcmp(o->buf + o->len - k, o->stops[i], k) == 0)
+                hold = k;
+        if (hold > 0)
+            break;
+    }
+    size_t safe = o->len - hold;
+    while (safe > o->sent && safe < o->len && ((unsigned char)o->buf[safe] & 0xC0) == 0x80)
+        safe--; /* never half a character */
+    give(o, safe, piece_p, piece_len_p);
+    return false;
+}
+
+bool hpd_text_out_feed(hpd_text_out_t *o, int32_t id, const char **piece_p, size_t *piece_len_p,
+                       hpd_status_t *st_p)
+{
+    *piece_p = "";
+    *piece_len_p = 0;
+    *st_p = HPD_OK;
+    if (o->stopped)
+        return true;
+    const size_t before = o->len;
+    o->n_ids++;
+    if ((*st_p = hpd_detok_next(o->tok, &o->detok, id, &o->buf, &o->len, &o->cap)) != HPD_OK)
+        return false;
+    return settle(o, before, false, piece_p, piece_len_p);
+}
+
+void hpd_text_out_finish(hpd_text_out_t *o, const char **piece_p, size_t *piece_len_p)
+{
+    *piece_p = "";
+    *piece_len_p = 0;
+    if (o->stopped)
+        return;
+    const size_t before = o->len;
+    if (hpd_detok_finish(&o->detok, &o->buf, &o->len, &o->cap) != HPD_OK)
+        o->len = before; /* out of memory: the pending bytes are lost, nothing else */
+    settle(o, before, true, piece_p, piece_len_p);
+}

@@ -1,0 +1,67 @@
+/* Text at the coordinator (docs/api.md): the model's tokenizer and chat
+ * format, loaded once from the model directory, turn prompts and
+ * conversations into token ids before a request is routed (routing stays
+ * on ids); generated ids turn back into text as they stream, with stop
+ * strings matched on that text across token boundaries. */
+#ifndef HPD_COORDINATOR_TEXT_H
+#define HPD_COORDINATOR_TEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct hpd_text hpd_text_t;
+
+/* Loads DIR's tokenizer.json (required) and its chat template (optional:
+ * without one, or with another family's, chat requests are refused with
+ * the reason hpd_text_chat gives). */
+hpd_status_t hpd_text_load(const char *model_dir, hpd_text_t **text_p, char *err,
+                           size_t err_len);
+void hpd_text_destroy(hpd_text_t *text);
+const hpd_tokenizer_t *hpd_text_tokenizer(const hpd_text_t *text);
+
+/* A conversation's prompt ids (the chat format, then the tokenizer).
+ * HPD_ERR_INVALID_ARG: a bad message; HPD_ERR_UNSUPPORTED: the model has
+ * no chat format of this family; err says which. */
+hpd_status_t hpd_text_chat(const hpd_text_t *text, const hpd_chat_msg_t *msgs, size_t n,
+                           int enable_thinking, int32_t **ids_p, size_t *n_p, char *err,
+                           size_t err_len);
+
+#define HPD_TEXT_MAX_STOPS 16
+#define HPD_TEXT_MAX_STOP_LEN 256
+
+/* One answer's text as its ids come. Text is held back only while it is
+ * the start of a stop string (or of an unfinished character). */
+typedef struct {
+    const hpd_tokenizer_t *tok;
+    hpd_detok_t detok;
+    char *buf; /* the text so far */
+    size_t len, cap;
+    size_t sent;    /* bytes of buf given out */
+    size_t scanned; /* buf[0, scanned) holds no stop string start that could still match */
+    const char *const *stops;
+    size_t n_stops, max_stop;
+    bool stopped; /* a stop string matched: buf ends before it */
+    uint32_t n_ids; /* ids fed (up to the one that completed the stop) */
+} hpd_text_out_t;
+
+/* stops (NULL-terminated strings, kept by the caller) are matched in the
+ * text; special tokens are left out of it. */
+void hpd_text_out_init(hpd_text_out_t *o, const hpd_tokenizer_t *tok, const char *const *stops,
+                       size_t n_stops);
+void hpd_text_out_free(hpd_text_out_t *o);
+
+/* Feeds one generated id. *piece_p, *piece_len_p: the text that may be
+ * given out now (points into o; valid until the next call). Returns true
+ * when a stop string matched: the text ends before it, feed no more.
+ * HPD_ERR_INVALID_ARG in *st_p: an id outside the vocabulary. */
+bool hpd_text_out_feed(hpd_text_out_t *o, int32_t id, const char **piece_p, size_t *piece_len_p,
+                       hpd_status_t *st_p);
+/* The end of the answer: what was held back. */
+void hpd_text_out_finish(hpd_text_out_t *o, const char **piece_p, size_t *piece_len_p);
+
+#endif

@@ -1,0 +1,690 @@
+/* The OpenAI-compatible HTTP API (coordinator/openai.h) of a real cluster
+ * on 127.0.0.1 (a coordinator with --http-port and a client keys file, a
+ * prefill node and a decode node with different KV layouts), spoken to
+ * over plain sockets:
+ * - completions (prompt as text and as ids) and chat, streamed and not,
+ *   give the text of hpd-run's tokens for the same prompt ids and sampling;
+ *   streamed deltas concatenate to the whole answer; usage counts the
+ *   prompt (as /tokenize does) and the answer;
+ * - stop strings that straddle two tokens end the answer before them, in
+ *   both modes; stop_token_ids end it at that token;
+ * - every error status: 400 (bad JSON, bad fields, what is not supported),
+ *   401 (no key, a wrong one), 404 (model, path), 413, 429 (max_requests
+ *   open), 503 (draining), each with OpenAI's error object;
+ * - a client that disconnects, streamed or not, cancels its request on
+ *   every node: the decode node frees its pages (the cluster goes idle). */
+#define _GNU_SOURCE /* memmem */
+#include "tests/cluster/harness.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#define MODEL_ARGS "--hidden 128 --layers 4 --full-interval 2 --intermediate 256 --vocab 1024 " \
+                   "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "      \
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 9"
+#define KEY "test-client-key-0123456789"
+#define MODEL_NAME "hpd-test"
+
+static cl_t cl;
+static uint16_t http_port;
+static cl_proc_t *decode_node, *prefill_node;
+
+/* ------------------------------------------------------------ HTTP */
+
+typedef struct {
+    int status;
+    char *body; /* de-chunked, NUL-terminated */
+    size_t len;
+} resp_t;
+
+static int http_open(void)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(http_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void http_send(int fd, const char *method, const char *path, const char *key,
+                      const char *body)
+{
+    char head[1024];
+    const size_t blen = body != NULL ? strlen(body) : 0;
+    int n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Connection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n", method, path, blen);
+    if (key != NULL)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Authorization: Bearer %s\r\n", key);
+    n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+    assert_int_equal(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
+    for (size_t off = 0; off < blen;) {
+        const ssize_t k = send(fd, body + off, blen - off, MSG_NOSIGNAL);
+        if (k <= 0)
+            break; /* the server may refuse a body early (413) */
+        off += (size_t)k;
+    }
+}
+
+/* Reads the response to its end (the server closes: Connection: close). */
+static resp_t http_read(int fd)
+{
+    char *raw = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        assert_int_equal(hpd_grow(&raw, &cap, len + 65537, 1), HPD_OK);
+        const ssize_t k = recv(fd, raw + len, 65536, 0);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    raw[len] = '\0';
+    resp_t r = {0};
+    assert_int_equal(sscanf(raw, "HTTP/1.1 %d", &r.status), 1);
+    char *body = strstr(raw, "\r\n\r\n");
+    assert_non_null(body);
+    body += 4;
+    const bool chunked = strstr(raw, "Transfer-Encoding: chunked") != NULL &&
+                         strstr(raw, "Transfer-Encoding: chunked") < body;
+    r.body = malloc(len + 1);
+    if (!chunked) {
+        r.len = len - (size_t)(body - raw);
+        memcpy(r.body, body, r.len);
+    } else {
+        for (char *p = body;;) {
+            char *end;
+            const unsigned long n = strtoul(p, &end, 16);
+            if (end == p || n == 0)
+                break;
+            p = strstr(end, "\r\n") + 2;
+            memcpy(r.body + r.len, p, n);
+            r.len += n;
+            p += n + 2;
+        }
+    }
+    r.body[r.len] = '\0';
+    free(raw);
+    return r;
+}
+
+static resp_t http(const char *method, const char *path, const char *key, const char *body)
+{
+    const int fd = http_open();
+    http_send(fd, method, path, key, body);
+    return http_read(fd);
+}
+
+static json_t *json_of(const resp_t *r)
+{
+    json_error_t e;
+    json_t *j = json_loads(r->body, JSON_ALLOW_NUL, &e);
+    if (j == NULL)
+        fail_msg("not JSON (%s): %s", e.text, r->body);
+    return j;
+}
+
+/* A POST answered with status `want` and a JSON body; the body. */
+static json_t *post(const char *path, const char *body, int want)
+{
+    resp_t r = http("POST", path, KEY, body);
+    if (r.status != want)
+        fail_msg("POST %s %s: status %d, expected %d: %s", path, body, r.status, want, r.body);
+    json_t *j = json_of(&r);
+    free(r.body);
+    return j;
+}
+
+/* An error of OpenAI's shape with this status; its message holds `part`. */
+static void expect_error(const char *method, const char *path, const char *key,
+                         const char *body, int status, const char *part)
+{
+    resp_t r = http(method, path, key, body);
+    if (r.status != status)
+        fail_msg("%s %s %s: status %d, expected %d: %s", method, path, body ? body : "",
+                 r.status, status, r.body);
+    json_t *j = json_of(&r), *e = json_object_get(j, "error");
+    assert_true(json_is_object(e));
+    assert_true(json_is_string(json_object_get(e, "type")));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    assert_non_null(msg);
+    if (part != NULL && strstr(msg, part) == NULL)
+        fail_msg("%s %s: the message '%s' does not say '%s'", method, path, msg, part);
+    json_decref(j);
+    free(r.body);
+}
+
+/* ------------------------------------------------------------ references */
+
+/* hpd-run's text for prompt ids ("1,2,3") and flags (it may hold NUL
+ * bytes: *len_p). */
+static char *reference(const char *ids, const char *flags, size_t *len_p)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s --prompt-ids "
+             "%s --threads 2 --text %s", HPD_RUN, cl.model, ids, flags);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        assert_int_equal(hpd_grow(&out, &cap, len + 4097, 1), HPD_OK);
+        const size_t k = fread(out + len, 1, 4096, p);
+        if (k == 0)
+            break;
+        len += k;
+    }
+    assert_int_equal(pclose(p), 0);
+    assert_true(len > 0 && out[len - 1] == '\n');
+    out[--len] = '\0'; /* hpd-run ends the text with a newline */
+    *len_p = len;
+    return out;
+}
+
+/* /tokenize's ids of a body ({"prompt"} or {"messages"}) as "1,2,3". */
+static char *tokenize(const char *body, size_t *n_p)
+{
+    json_t *j = post("/tokenize", body, 200);
+    json_t *t = json_object_get(j, "tokens");
+    char *s = malloc(json_array_size(t) * 8 + 1);
+    size_t len = 0, i;
+    json_t *v;
+    json_array_foreach(t, i, v)
+        len += (size_t)sprintf(s + len, i ? ",%lld" : "%lld", (long long)json_integer_value(v));
+    s[len] = '\0';
+    assert_int_equal(json_integer_value(json_object_get(j, "count")), json_array_size(t));
+    *n_p = json_array_size(t);
+    json_decref(j);
+    return s;
+}
+
+/* ------------------------------------------------------------ answers */
+
+typedef struct {
+    char *text; /* the whole answer (streamed: the deltas concatenated) */
+    size_t len;
+    char finish[16];
+    json_int_t prompt_tokens, completion_tokens;
+    char *pieces[4096]; /* streamed: each delta (NUL-terminated; NUL bytes in it are
+                           not looked at) */
+    size_t n_pieces;
+    bool usage_chunk, done;
+} answer_t;
+
+static void answer_free(answer_t *a)
+{
+    free(a->text);
+    for (size_t i = 0; i < a->n_pieces; i++)
+        free(a->pieces[i]);
+}
+
+static void read_usage(answer_t *a, const json_t *u)
+{
+    a->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
+    a->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")),
+                     a->prompt_tokens + a->completion_tokens);
+    assert_true(json_is_integer(
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+}
+
+/* POST a generation request; non-streamed or as server-sent events. */
+static answer_t generate(bool chat, const char *body)
+{
+    answer_t a = {0};
+    const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
+    resp_t r = http("POST", path, KEY, body);
+    if (r.status != 200)
+        fail_msg("POST %s %s: %d %s", path, body, r.status, r.body);
+    if (strncmp(r.body, "data: ", 6) != 0) {
+        json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0);
+        const json_t *t = chat ? json_object_get(json_object_get(c, "message"), "content")
+                               : json_object_get(c, "text");
+        assert_string_equal(json_string_value(json_object_get(j, "object")),
+                            chat ? "chat.completion" : "text_completion");
+        assert_string_equal(json_string_value(json_object_get(j, "model")), MODEL_NAME);
+        a.len = json_string_length(t);
+        a.text = malloc(a.len + 1);
+        memcpy(a.text, json_string_value(t), a.len + 1);
+        snprintf(a.finish, sizeof(a.finish), "%s",
+                 json_string_value(json_object_get(c, "finish_reason")));
+        read_usage(&a, json_object_get(j, "usage"));
+        json_decref(j);
+        free(r.body);
+        return a;
+    }
+    size_t len = 0;
+    a.text = calloc(1, r.len + 1);
+    for (char *ev = r.body; ev != NULL && *ev != '\0';) {
+        char *next = strstr(ev, "\n\n");
+        assert_non_null(next);
+        *next = '\0';
+        assert_true(strncmp(ev, "data: ", 6) == 0);
+        assert_false(a.done); /* nothing after [DONE] */
+        if (strcmp(ev + 6, "[DONE]") == 0) {
+            a.done = true;
+        } else {
+            json_error_t e;
+            json_t *j = json_loads(ev + 6, JSON_ALLOW_NUL, &e);
+            assert_non_null(j);
+            assert_null(json_object_get(j, "error"));
+            json_t *choices = json_object_get(j, "choices"), *c = json_array_get(choices, 0);
+            if (json_array_size(choices) == 0) { /* the usage chunk, last */
+                read_usage(&a, json_object_get(j, "usage"));
+                a.usage_chunk = true;
+            } else {
+                const json_t *t = chat ? json_object_get(json_object_get(c, "delta"), "content")
+                                       : json_object_get(c, "text");
+                if (json_is_string(t) && json_string_length(t) > 0) {
+                    memcpy(a.text + len, json_string_value(t), json_string_length(t));
+                    len += json_string_length(t);
+                    assert_true(a.n_pieces < 4096);
+                    a.pieces[a.n_pieces++] = strdup(json_string_value(t));
+                }
+                if (json_is_string(json_object_get(c, "finish_reason")))
+                    snprintf(a.finish, sizeof(a.finish), "%s",
+                             json_string_value(json_object_get(c, "finish_reason")));
+            }
+            json_decref(j);
+        }
+        ev = next + 2;
+    }
+    assert_true(a.done);
+    a.len = len;
+    free(r.body);
+    return a;
+}
+
+/* The answer is hpd-run's text, byte for byte. */
+static void same_text(const answer_t *a, const char *want, size_t want_len)
+{
+    if (a->len != want_len || memcmp(a->text, want, want_len) != 0)
+        fail_msg("the answer (%zu bytes) is not hpd-run's (%zu bytes):\n got [%s]\nwant [%s]",
+                 a->len, want_len, a->text, want);
+}
+
+/* ------------------------------------------------------------ cases */
+
+static const char prompt_ids[] = "5,17,300,42,7,99,512,1000,3,64,128,256,11,23";
+
+static void test_models_and_tokenize(void **state)
+{
+    resp_t r = http("GET", "/v1/models", KEY, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r), *m = json_array_get(json_object_get(j, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), MODEL_NAME);
+    assert_int_equal(json_integer_value(json_object_get(m, "max_model_len")), 4096);
+    json_decref(j);
+    free(r.body);
+    /* text -> ids -> the same text */
+    size_t n;
+    char *ids = tokenize("{\"prompt\": \"Hello, world! Grüße 你好\"}", &n);
+    assert_true(n >= 5);
+    char body[4096];
+    snprintf(body, sizeof(body), "{\"tokens\": [%s]}", ids);
+    j = post("/detokenize", body, 200);
+    assert_string_equal(json_string_value(json_object_get(j, "prompt")),
+                        "Hello, world! Grüße 你好");
+    json_decref(j);
+    free(ids);
+    cl.passed++;
+}
+
+/* completions: ids and text prompts, greedy and sampled, both modes, equal
+ * to hpd-run */
+static void test_completions_as_hpd_run(void **state)
+{
+    char body[4096];
+    size_t want_len;
+    char *want = reference(prompt_ids, "--max-tokens 24 --ignore-eos", &want_len);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"model\": \"" MODEL_NAME "\", \"prompt\": [%s], "
+                 "\"max_tokens\": 24, \"ignore_eos\": true, \"temperature\": 0, \"stream\": %s, "
+                 "\"stream_options\": %s}", prompt_ids, stream ? "true" : "false",
+                 stream ? "{\"include_usage\": true}" : "null");
+        answer_t a = generate(false, body);
+        same_text(&a, want, want_len);
+        assert_string_equal(a.finish, "length");
+        assert_int_equal(a.prompt_tokens, 14);
+        assert_int_equal(a.completion_tokens, 24);
+        assert_int_equal(a.usage_chunk, stream);
+        answer_free(&a);
+    }
+    free(want);
+    /* sampled, with a seed */
+    want = reference(prompt_ids, "--max-tokens 24 --ignore-eos --temperature 0.8 --top-p 0.9 "
+                                 "--top-k 50 --seed 7", &want_len);
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 24, \"ignore_eos\": true, "
+             "\"temperature\": 0.8, \"top_p\": 0.9, \"top_k\": 50, \"seed\": 7, \"stream\": "
+             "true}", prompt_ids);
+    answer_t a = generate(false, body);
+    same_text(&a, want, want_len);
+    assert_false(a.usage_chunk);
+    answer_free(&a);
+    free(want);
+    /* a text prompt: tokenized as /tokenize does */
+    size_t n;
+    char *ids = tokenize("{\"prompt\": \"The capital of France is\"}", &n);
+    want = reference(ids, "--max-tokens 16 --ignore-eos", &want_len);
+    a = generate(false, "{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, "
+                        "\"ignore_eos\": true}");
+    same_text(&a, want, want_len);
+    assert_int_equal(a.prompt_tokens, (json_int_t)n);
+    answer_free(&a);
+    free(want);
+    free(ids);
+    cl.passed++;
+}
+
+/* chat: the conversation in the chat format; both modes give hpd-run's text
+ * for the ids /tokenize gives the same messages */
+static void test_chat_as_hpd_run(void **state)
+{
+    static const char msgs[] =
+        "[{\"role\": \"system\", \"content\": \"You are terse.\"}, {\"role\": \"user\", "
+        "\"content\": [{\"type\": \"text\", \"text\": \"What is \"}, {\"type\": \"text\", "
+        "\"text\": \"the capital of France?\"}]}]";
+    char body[4096];
+    size_t n;
+    snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": "
+             "{\"enable_thinking\": false}}", msgs);
+    char *ids = tokenize(body, &n);
+    size_t want_len;
+    char *want = reference(ids, "--max-tokens 20 --ignore-eos", &want_len);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"messages\": %s, \"max_completion_tokens\": 20, "
+                 "\"ignore_eos\": true, \"chat_template_kwargs\": {\"enable_thinking\": false}, "
+                 "\"stream\": %s, \"stream_options\": %s}", msgs, stream ? "true" : "false",
+                 stream ? "{\"include_usage\": true}" : "null");
+        answer_t a = generate(true, body);
+        same_text(&a, want, want_len);
+        assert_string_equal(a.finish, "length");
+        assert_int_equal(a.prompt_tokens, (json_int_t)n);
+        assert_int_equal(a.completion_tokens, 20);
+        answer_free(&a);
+    }
+    free(want);
+    free(ids);
+    /* thinking on (the model's default) is another prompt: one more line */
+    snprintf(body, sizeof(body), "{\"messages\": %s}", msgs);
+    size_t n_think;
+    free(tokenize(body, &n_think));
+    assert_true(n_think < n);
+    cl.passed++;
+}
+
+/* a stop string made of the end of one token's text and the start of the
+ * next one's ends the answer before it, streamed or not */
+static void test_stop_strings(void **state)
+{
+    char body[4096], stop[16] = "";
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 200, \"ignore_eos\": true, "
+             "\"stream\": true}", prompt_ids);
+    answer_t a = generate(false, body);
+    size_t at = 0;
+    for (size_t i = 1; i + 1 < a.n_pieces && stop[0] == '\0'; i++) {
+        const char *x = a.pieces[i], *y = a.pieces[i + 1];
+        const size_t lx = strlen(x);
+        if (lx >= 2 && x[lx - 1] >= 0x20 && x[lx - 1] < 0x7f && x[lx - 2] >= 0x20 &&
+            x[lx - 2] < 0x7f && y[0] >= 0x20 && y[0] < 0x7f && x[lx - 2] != '"' &&
+            x[lx - 1] != '"' && y[0] != '"' && x[lx - 2] != '\\' && x[lx - 1] != '\\' &&
+            y[0] != '\\') {
+            snprintf(stop, sizeof(stop), "%c%c%c", x[lx - 2], x[lx - 1], y[0]);
+        }
+    }
+    if (stop[0] == '\0')
+        fail_msg("no two ASCII pieces in a row in '%s'", a.text);
+    const char *first = memmem(a.text, a.len, stop, strlen(stop));
+    assert_non_null(first);
+    at = (size_t)(first - a.text);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 200, \"ignore_eos\": "
+                 "true, \"stop\": [\"\\u0001never\", \"%s\"], \"stream\": %s}", prompt_ids, stop,
+                 stream ? "true" : "false");
+        answer_t s = generate(false, body);
+        assert_int_equal(s.len, at);
+        assert_memory_equal(s.text, a.text, at);
+        assert_string_equal(s.finish, "stop");
+        assert_true(s.completion_tokens < 200);
+        answer_free(&s);
+    }
+    answer_free(&a);
+    /* stop_token_ids: the 6th token of the greedy answer stops it there */
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 48, \"ignore_eos\": true}",
+             prompt_ids);
+    char cmd[16384], line[4096];
+    snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s --prompt-ids %s "
+             "--threads 2 --max-tokens 6 --ignore-eos", HPD_RUN, cl.model, prompt_ids);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(fgets(line, sizeof(line), p));
+    assert_int_equal(pclose(p), 0);
+    const char *last = strrchr(line, ' ');
+    assert_non_null(last);
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 48, \"ignore_eos\": true, "
+             "\"stop_token_ids\": [%d]}", prompt_ids, atoi(last + 1));
+    a = generate(false, body);
+    assert_string_equal(a.finish, "stop");
+    assert_true(a.completion_tokens <= 6); /* the id may come earlier too */
+    answer_free(&a);
+    cl.passed++;
+}
+
+static void test_errors(void **state)
+{
+    char big_prompt[64];
+    expect_error("POST", "/v1/completions", NULL, "{\"prompt\": \"x\"}", 401, "API key");
+    expect_error("POST", "/v1/completions", "wrong-key-wrong-key", "{\"prompt\": \"x\"}", 401,
+                 "not a client key");
+    expect_error("GET", "/v1/models", NULL, NULL, 401, NULL);
+    expect_error("POST", "/v1/completions", KEY, "{\"model\": \"gpt-4\", \"prompt\": \"x\"}",
+                 404, "gpt-4");
+    expect_error("GET", "/v1/models/gpt-4", KEY, NULL, 404, "gpt-4");
+    expect_error("GET", "/v1/engines", KEY, NULL, 404, "no such endpoint");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": ", 400, "not JSON");
+    expect_error("POST", "/v1/completions", KEY, "[1, 2]", 400, "object");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"temperature\": -1}", 400,
+                 "temperature");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400,
+                 "max_tokens");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"n\": 2}", 400, "n:");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"logprobs\": 3}", 400,
+                 "logprobs");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": [1, 99999]}", 400, "prompt[1]");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": [\"a\", \"b\"]}", 400,
+                 "one prompt");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400,
+                 "stop[0]");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"\"}", 400, "empty");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 5000}",
+                 400, "context");
+    expect_error("POST", "/v1/chat/completions", KEY, "{\"messages\": []}", 400, "messages");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "'tool'");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                 "[{\"type\": \"function\"}]}", 400, "tools");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+                 400, "text");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                 "\"chat_template_kwargs\": {\"tools\": 1}}", 400, "enable_thinking");
+    /* a body beyond the limit */
+    const size_t big = (8u << 20) + 100;
+    char *body = malloc(big + 1);
+    memset(body, ' ', big);
+    memcpy(body, "{\"prompt\": \"", 12);
+    body[big - 2] = '"';
+    body[big - 1] = '}';
+    body[big] = '\0';
+    resp_t r = http("POST", "/v1/completions", KEY, body);
+    assert_int_equal(r.status, 413);
+    free(r.body);
+    free(body);
+    snprintf(big_prompt, sizeof(big_prompt), "{\"prompt\": \"x\", \"max_tokens\": 4}");
+    json_decref(post("/v1/completions", big_prompt, 200)); /* still serving */
+    cl.passed++;
+}
+
+/* Waits until the coordinator's log has `needle` `count` times. */
+static bool log_count_cond(cl_t *c, void *arg)
+{
+    const char *needle = ((const char **)arg)[0];
+    const int want = atoi(((const char **)arg)[1]);
+    char *text;
+    size_t len;
+    int n = 0;
+    if (hpd_read_file(c->coord->log, &text, &len) != HPD_OK)
+        return false;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    free(text);
+    return n >= want;
+}
+
+static void wait_log_count(const char *needle, int count)
+{
+    char n[16];
+    snprintf(n, sizeof(n), "%d", count);
+    const char *arg[2] = {needle, n};
+    cl_wait(&cl, NULL, 120, log_count_cond, arg, needle);
+}
+
+/* a client that goes away cancels its request on every node; max_requests
+ * open requests make the next one 429 */
+static void test_disconnect_and_overload(void **state)
+{
+    char body[512];
+    /* mid-decode: a long streamed answer, dropped after three deltas */
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 3500, \"ignore_eos\": true, "
+             "\"stream\": true}", prompt_ids);
+    int fd = http_open();
+    http_send(fd, "POST", "/v1/completions", KEY, body);
+    char buf[4096];
+    size_t got = 0;
+    int events = 0;
+    while (events < 4) {
+        const ssize_t k = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+        buf[got] = '\0';
+        events = 0;
+        for (const char *p = buf; (p = strstr(p, "data: ")) != NULL; p++)
+            events++;
+        if (got > 3000)
+            got = 0, buf[0] = '\0';
+    }
+    close(fd);
+    wait_log_count("canceled: the HTTP client went away", 1);
+    cl_wait_idle(&cl, 2, 120); /* the decode node freed its pages */
+
+    /* held (the decode node is stopped): two open requests, the most the
+     * coordinator takes; the third is 429; both leave, not streamed and
+     * streamed, and are canceled */
+    cl_pause(decode_node);
+    int held[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"stream\": %s}",
+                 prompt_ids, i ? "true" : "false");
+        held[i] = http_open();
+        http_send(held[i], "POST", "/v1/completions", KEY, body);
+    }
+    cl_requests_t q;
+    const double deadline = hpd_time_now() + 120;
+    while ((q = cl_requests(&cl)).active < 2) {
+        assert_true(hpd_time_now() < deadline);
+        usleep(20 * 1000);
+    }
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 4}", 429,
+                 NULL);
+    close(held[0]);
+    close(held[1]);
+    wait_log_count("canceled: the HTTP client went away", 3);
+    cl_resume(decode_node);
+    cl_wait_idle(&cl, 2, 120);
+    cl.passed++;
+}
+
+/* last: the coordinator drains (SIGTERM) with a request held open; a new
+ * request is 503; the held one then finishes, and everything exits 0 */
+static void test_draining(void **state)
+{
+    char body[512];
+    cl_proc_t *coord = cl.coord, *prefill = prefill_node;
+    cl_pause(decode_node);
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8}", prompt_ids);
+    const int fd = http_open();
+    http_send(fd, "POST", "/v1/completions", KEY, body);
+    const double deadline = hpd_time_now() + 120;
+    while (cl_requests(&cl).active < 1) {
+        assert_true(hpd_time_now() < deadline);
+        usleep(20 * 1000);
+    }
+    cl_ending(coord);
+    cl_ending(decode_node);
+    cl_ending(prefill);
+    assert_int_equal(kill(coord->pid, SIGTERM), 0);
+    cl_wait_log(&cl, coord, "draining 1 open requests", 60);
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 4}", 503,
+                 "draining");
+    cl_resume(decode_node);
+    resp_t r = http_read(fd); /* the held one finishes */
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    cl_expect_end(&cl, coord, 0, 60);
+    cl_expect_end(&cl, decode_node, 0, 60);
+    cl_expect_end(&cl, prefill, 0, 60);
+    cl.passed++;
+}
+
+static int setup(void **state)
+{
+    char keys[400], http_file[400], *text;
+    size_t len;
+    if (cl_init(&cl, "http", MODEL_ARGS) != 0)
+        return -1;
+    cl.cases = 7;
+    snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
+    snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
+    if (hpd_write_file(keys, KEY " acme\n", strlen(KEY " acme\n")) != HPD_OK)
+        return -1;
+    const char *args[] = {"--client-keys-file", keys, "--http-port", "0", "--http-port-file",
+                          http_file, "--model", cl.model, "--served-model-name", MODEL_NAME,
+                          "--max-requests", "2", "--lease-ms", "120000", NULL};
+    cl_start_coordinator(&cl, "coordinator", args);
+    cl_wait(&cl, NULL, 30, cl_file_nonempty, http_file, "the HTTP port file");
+    if (hpd_read_file(http_file, &text, &len) != HPD_OK)
+        return -1;
+    http_port = (uint16_t)atoi(text);
+    free(text);
+    const char *pa[] = {"--kv-layout", "64,1,nhd", "--max-context", "4096", NULL};
+    const char *da[] = {"--kv-layout", "16,2,hnd", "--max-context", "4096",
+                        "--reserve-timeout-ms", "600000", NULL};
+    prefill_node = cl_start_node(&cl, "prefill", "prefill-0", pa);
+    decode_node = cl_start_node(&cl, "decode", "decode-0", da);
+    cl_wait_idle(&cl, 2, 120);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cl_finish(&cl);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_models_and_tokenize),
+        cmocka_unit_test(test_completions_as_hpd_run),
+        cmocka_unit_test(test_chat_as_hpd_run),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_disconnect_and_overload),
+        cmocka_unit_test(test_draining),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
