@@ -16,6 +16,8 @@ typedef struct pending {
     uint64_t handle;
     hpd_client_token_cb_t on_token;
     hpd_client_done_cb_t on_done;
+    void (*on_text)(void *arg, uint64_t handle, const char *piece, size_t len);
+    void *text_arg;
     void *arg;
     double t_submit, t_first;
     uint32_t streamed; /* tokens delivered to on_token */
@@ -64,6 +66,8 @@ static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
         if (m.index == q->streamed)
             q->streamed += m.ids_n;
     }
+    if (q != NULL && m.text_len > 0 && q->on_text != NULL)
+        q->on_text(q->text_arg, q->handle, m.text, m.text_len);
     hpd_msg_free(&hpd_msg_stream, &m);
 }
 
@@ -205,6 +209,11 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.push_ms = g.push_ms;
         r.exposed_push_ms = g.exposed_push_ms;
         memcpy(r.finish_reason, g.finish_reason, sizeof(r.finish_reason));
+        if (g.text != NULL && (r.text = malloc(g.text_len + 1)) != NULL) {
+            memcpy(r.text, g.text, g.text_len);
+            r.text[g.text_len] = '\0';
+            r.text_len = g.text_len;
+        }
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
@@ -213,6 +222,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     if (q->on_done != NULL)
         q->on_done(q->arg, q->handle, &r);
     free(r.tokens);
+    free(r.text);
     drop(c, q);
 }
 
@@ -230,7 +240,29 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
         free(q);
         return st;
     }
-    *q = (pending_t){c, c->next_handle++, on_token, on_done, arg, hpd_time_now(), 0, 0, NULL};
+    *q = (pending_t){.client = c,
+                     .handle = c->next_handle++,
+                     .on_token = on_token,
+                     .on_done = on_done,
+                     .on_text = p->on_text,
+                     .text_arg = p->text_arg,
+                     .arg = arg,
+                     .t_submit = hpd_time_now()};
+    /* a chat's messages and the stop strings, packed apart */
+    hpd_rpc_buf_t msgs, stops;
+    hpd_rpc_buf_init(&msgs);
+    hpd_rpc_buf_init(&stops);
+    msgpack_pack_array(&msgs.pk, p->n_messages);
+    for (uint32_t i = 0; i < p->n_messages; i++) {
+        msgpack_pack_map(&msgs.pk, 2);
+        hpd_proto_key(&msgs.pk, "role");
+        hpd_rpc_pack_str(&msgs.pk, p->roles[i]);
+        hpd_proto_key(&msgs.pk, "content");
+        hpd_rpc_pack_str(&msgs.pk, p->contents[i]);
+    }
+    msgpack_pack_array(&stops.pk, p->n_stops);
+    for (uint32_t i = 0; i < p->n_stops; i++)
+        hpd_rpc_pack_str(&stops.pk, p->stops[i]);
     hpd_rpc_buf_init(&b);
     /* every value, zeros too: the coordinator judges them */
     hpd_msg_pack_all(&hpd_msg_generate,
@@ -241,13 +273,23 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .top_p = p->sampling.top_p,
                                            .top_k = p->sampling.top_k,
                                            .seed = p->sampling.seed,
-                                           .stream = on_token != NULL,
+                                           .stream = on_token != NULL || p->on_text != NULL,
                                            .tag = q->handle,
                                            .stop_token_ids = p->stop_ids,
                                            .stop_token_ids_n = p->n_stop,
                                            .ignore_eos = p->ignore_eos,
-                                           .min_tokens = p->min_tokens},
+                                           .min_tokens = p->min_tokens,
+                                           .text = p->text,
+                                           .text_len = p->text ? (uint32_t)strlen(p->text) : 0,
+                                           .messages_raw = p->n_messages ? msgs.sb.data : NULL,
+                                           .messages_raw_len = (uint32_t)msgs.sb.size,
+                                           .thinking = p->thinking,
+                                           .detokenize = p->detokenize,
+                                           .stop_raw = p->n_stops ? stops.sb.data : NULL,
+                                           .stop_raw_len = (uint32_t)stops.sb.size},
                      &b.pk);
+    hpd_rpc_buf_destroy(&msgs);
+    hpd_rpc_buf_destroy(&stops);
     st = hpd_rpc_call(c->rpc, "generate", &b, c->p.timeout_ms, on_reply, q);
     hpd_rpc_buf_destroy(&b);
     if (st != HPD_OK) {
@@ -310,6 +352,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     sync_t *s = arg;
     *s->out = *r;
     r->tokens = NULL; /* ours now */
+    r->text = NULL;
 }
 
 static void sync_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids,
@@ -344,6 +387,8 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
 {
     free(r->tokens);
     r->tokens = NULL;
+    free(r->text);
+    r->text = NULL;
 }
 
 hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)

@@ -34,6 +34,19 @@ typedef struct {
     uint32_t n_stop;
     bool ignore_eos;
     uint32_t min_tokens;
+    /* instead of prompt: text, or a chat of n_messages (roles[i]: system,
+     * user or assistant; contents[i]), tokenized by the coordinator
+     * (docs/api.md); thinking: 0 the model's default, 1 on, 2 off */
+    const char *text;
+    const char *const *roles, *const *contents;
+    uint32_t n_messages, thinking;
+    /* the answer as text too (result.text; streamed: on_text), ending
+     * before the first of the stop strings */
+    bool detokenize;
+    const char *const *stops;
+    uint32_t n_stops;
+    void (*on_text)(void *text_arg, uint64_t handle, const char *piece, size_t len);
+    void *text_arg;
 } hpd_generate_params_t;
 
 typedef struct {
@@ -45,6 +58,8 @@ typedef struct {
     uint32_t n_tokens;
     uint32_t prompt_tokens, cached_tokens, attempts;
     char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
+    char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
+    size_t text_len;
     double ttft_ms, total_ms; /* measured by the coordinator */
     double prefill_ms;        /* the prefill node's compute (last attempt) */
     double push_ms;           /* its transfer, first put to completion */

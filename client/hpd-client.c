@@ -4,6 +4,11 @@
  *       prints the generated ids of each prompt as one line of space-separated
  *       integers, in prompt order (the format of hpd-run); with --stream the
  *       line of the oldest unfinished prompt grows as its tokens arrive
+ *   hpd-client generate --prompt TEXT [--text] [--stop S]... [options]
+ *       one prompt as text, tokenized by the coordinator; prints the ids, or
+ *       with --text the answer as text (streamed with --stream)
+ *   hpd-client chat --prompt TEXT [--system TEXT] [--thinking on|off] [options]
+ *       one user message in the model's chat format; prints the answer
  *   hpd-client status [--json]
  *       the nodes, their load, pools and cache hit rates
  *
@@ -25,7 +30,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: hpd-client [--coordinator HOST:PORT] [--token-file F] COMMAND [options]\n"
             "commands:\n"
-            "  generate (--prompt-ids 1,2,3 | --prompts-file F)\n"
+            "  generate (--prompt-ids 1,2,3 | --prompts-file F | --prompt TEXT)\n"
+            "    --text                print the answer as text (the coordinator decodes it)\n"
+            "    --stop S              stop before the text S (repeatable; implies --text)\n"
             "    --max-tokens N        tokens to generate per prompt (16)\n"
             "    --temperature T       0 is greedy\n"
             "    --top-p P             nucleus sampling mass in (0, 1]\n"
@@ -41,6 +48,10 @@ static void usage(FILE *f)
             "    --concurrency N       requests in flight at once (64)\n"
             "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
             "                          finish reason\n"
+            "  chat --prompt TEXT      a user message in the model's chat format; prints the\n"
+            "                          answer (the generate options apply)\n"
+            "    --system TEXT         a system message first\n"
+            "    --thinking on|off     the model's thinking switch (its default)\n"
             "  status [--json]         nodes, load, pools, cache hits, request counts\n"
             "common options:\n"
             "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
@@ -58,6 +69,7 @@ typedef struct {
     size_t next_submit, n_done, printed; /* prompts whose line is complete on stdout */
     uint32_t streamed_on_line;           /* tokens printed on the current line */
     bool stream;
+    size_t text_streamed; /* cmd_text: bytes of the answer printed as they came */
     int32_t **partial; /* streamed tokens per prompt */
     uint32_t *n_partial;
 } gen_t;
@@ -150,6 +162,38 @@ static int write_stats(const char *path)
     if (rc != 0)
         fprintf(stderr, "hpd-client: cannot write %s\n", path);
     return rc;
+}
+
+static void on_text(void *arg, uint64_t handle, const char *piece, size_t len)
+{
+    G.text_streamed += len;
+    fwrite(piece, 1, len, stdout);
+    fflush(stdout);
+}
+
+/* One request given as text or as a chat: the answer as text (or ids). */
+static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
+{
+    hpd_generate_result_t r;
+    p->detokenize = print_text;
+    p->on_text = print_text && G.stream ? on_text : NULL;
+    const hpd_status_t st = hpd_client_generate(c, p, NULL, NULL, &r);
+    if (st != HPD_OK) {
+        fprintf(stderr, "hpd-client: %s\n", r.error);
+        hpd_generate_result_free(&r);
+        return st == HPD_ERR_INVALID_ARG ? 2 : 1;
+    }
+    if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
+        fwrite(r.text + G.text_streamed, 1, r.text_len - G.text_streamed, stdout);
+    } else if (print_text) {
+        fwrite(r.text, 1, r.text_len, stdout);
+    } else {
+        for (uint32_t i = 0; i < r.n_tokens; i++)
+            printf(i ? " %d" : "%d", r.tokens[i]);
+    }
+    printf("\n");
+    hpd_generate_result_free(&r);
+    return 0;
 }
 
 static int cmd_generate(hpd_client_t *c, const hpd_generate_params_t *base, uint32_t concurrency,
@@ -307,7 +351,7 @@ int main(int argc, char **argv)
 {
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
-           O_HELP };
+           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -317,8 +361,11 @@ int main(int argc, char **argv)
         {"stream", 0, 0, O_STREAM}, {"concurrency", 1, 0, O_CONC},
         {"stats-json", 1, 0, O_STATS}, {"json", 0, 0, O_JSON}, {"help", 0, 0, O_HELP},
         {"stop-ids", 1, 0, O_STOP}, {"ignore-eos", 0, 0, O_NOEOS},
-        {"min-tokens", 1, 0, O_MINTOK},
+        {"min-tokens", 1, 0, O_MINTOK}, {"prompt", 1, 0, O_PROMPT}, {"text", 0, 0, O_TEXT},
+        {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
         {0, 0, 0, 0}};
+    const char *prompt = NULL, *system = NULL, *stops[16];
+    bool print_text = false;
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
     hpd_generate_params_t gp = {.max_tokens = 16, .sampling = hpd_sampling_unset()};
     char host[64] = "127.0.0.1", err[160];
@@ -404,6 +451,26 @@ int main(int argc, char **argv)
             gp.min_tokens = (uint32_t)v;
             break;
         case O_JSON: as_json = true; break;
+        case O_PROMPT: prompt = optarg; break;
+        case O_TEXT: print_text = true; break;
+        case O_SYSTEM: system = optarg; break;
+        case O_STOPSTR:
+            if (gp.n_stops == 16 || optarg[0] == '\0') {
+                fprintf(stderr, "hpd-client: --stop: at most 16, each not empty\n");
+                return 2;
+            }
+            stops[gp.n_stops++] = optarg;
+            gp.stops = stops;
+            print_text = true;
+            break;
+        case O_THINK:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+                fprintf(stderr, "hpd-client: --thinking '%s' is invalid (expected on or off)\n",
+                        optarg);
+                return 2;
+            }
+            gp.thinking = strcmp(optarg, "on") == 0 ? 1 : 2;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -418,12 +485,35 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[optind];
-    const bool gen = strcmp(cmd, "generate") == 0;
-    if (!gen && strcmp(cmd, "status") != 0) {
-        fprintf(stderr, "hpd-client: unknown command '%s' (expected generate or status)\n", cmd);
+    const bool gen = strcmp(cmd, "generate") == 0, chat = strcmp(cmd, "chat") == 0;
+    if (!gen && !chat && strcmp(cmd, "status") != 0) {
+        fprintf(stderr, "hpd-client: unknown command '%s' (expected generate, chat or status)\n",
+                cmd);
         return 2;
     }
-    if (gen) {
+    const char *roles[2], *contents[2];
+    if (chat) {
+        if (prompt == NULL || ids != NULL || file != NULL) {
+            fprintf(stderr, "hpd-client: chat takes --prompt TEXT (the user's message)\n");
+            return 2;
+        }
+        if (system != NULL) {
+            roles[gp.n_messages] = "system";
+            contents[gp.n_messages++] = system;
+        }
+        roles[gp.n_messages] = "user";
+        contents[gp.n_messages++] = prompt;
+        gp.roles = roles;
+        gp.contents = contents;
+        print_text = true;
+    } else if (gen && prompt != NULL) {
+        if (ids != NULL || file != NULL) {
+            fprintf(stderr, "hpd-client: generate takes one of --prompt-ids, --prompts-file "
+                    "and --prompt\n");
+            return 2;
+        }
+        gp.text = prompt;
+    } else if (gen) {
         if ((ids == NULL) == (file == NULL)) {
             fprintf(stderr, "hpd-client: generate takes one of --prompt-ids and --prompts-file\n");
             return 2;
@@ -455,7 +545,9 @@ int main(int argc, char **argv)
         free(token);
         return 1;
     }
-    const int rc = gen ? cmd_generate(client, &gp, concurrency, stats) : cmd_status(client, as_json);
+    const int rc = chat || gp.text != NULL ? cmd_text(client, &gp, print_text)
+                   : gen                   ? cmd_generate(client, &gp, concurrency, stats)
+                                           : cmd_status(client, as_json);
     hpd_client_destroy(client);
     hpd_prompts_free(G.prompts, G.n);
     free(token);

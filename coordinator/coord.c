@@ -31,6 +31,7 @@
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
 #include "coordinator/routing.h"
+#include "coordinator/text.h"
 #include "node/msg.h"
 #include "node/proto.h"
 #include "transport/rpc.h"
@@ -129,6 +130,7 @@ struct hpd_coord {
     hpd_block_hash_t root;
     struct event *tick, *reap, *sched;
     hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
+    hpd_text_t *text;         /* NULL: no model directory (token ids only) */
     uint64_t finished, failed, canceled, retried, rejected;
     metrics_t m;
     bool draining; /* no new requests; open ones go on */
@@ -1174,31 +1176,86 @@ typedef struct {
     uint32_t call_id;
     uint64_t tag;
     bool stream;
+    bool detokenize; /* the answer as text too (out), with the stop strings */
+    hpd_text_out_t out;
+    char *stops[HPD_TEXT_MAX_STOPS];
+    size_t n_stops;
+    char *text; /* the answer's text so far */
+    size_t text_len, text_cap;
+    bool bad_token;
 } rpc_sink_t;
+
+static void rpc_sink_free(rpc_sink_t *s)
+{
+    for (size_t i = 0; i < s->n_stops; i++)
+        free(s->stops[i]);
+    hpd_text_out_free(&s->out);
+    free(s->text);
+    free(s);
+}
+
+/* Appends a piece of the answer's text. */
+static bool add_text(rpc_sink_t *s, const char *piece, size_t len)
+{
+    if (hpd_grow(&s->text, &s->text_cap, s->text_len + len + 1, 1) != HPD_OK)
+        return false;
+    memcpy(s->text + s->text_len, piece, len);
+    s->text_len += len;
+    return true;
+}
 
 static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n)
 {
     rpc_sink_t *s = arg;
     hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_stream,
-                 &(hpd_msg_stream_t){.tag = s->tag,
-                                     .index = from,
-                                     .ids = out + from,
-                                     .ids_n = n - from},
-                 &b.pk);
-    hpd_rpc_notify(s->conn, "tokens", &b);
-    hpd_rpc_buf_destroy(&b);
-    return true;
+    const size_t text_before = s->text_len;
+    bool more = true;
+    uint32_t upto = n;
+    for (uint32_t i = from; s->detokenize && i < n && more; i++) {
+        const char *piece;
+        size_t len;
+        hpd_status_t st;
+        more = !hpd_text_out_feed(&s->out, out[i], &piece, &len, &st);
+        if (st != HPD_OK || !add_text(s, piece, len)) {
+            s->bad_token = true;
+            more = false;
+        }
+        upto = i + 1;
+    }
+    if (s->stream) {
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_stream,
+                     &(hpd_msg_stream_t){.tag = s->tag,
+                                         .index = from,
+                                         .ids = out + from,
+                                         .ids_n = upto - from,
+                                         .text = s->text + text_before,
+                                         .text_len = (uint32_t)(s->text_len - text_before)},
+                     &b.pk);
+        hpd_rpc_notify(s->conn, "tokens", &b);
+        hpd_rpc_buf_destroy(&b);
+    }
+    return more;
 }
 
 static void rpc_done(void *arg, const hpd_coord_result_t *res)
 {
     rpc_sink_t *s = arg;
-    if (res->outcome == HPD_COORD_FINISHED) {
+    if (res->outcome == HPD_COORD_FINISHED && s->bad_token) {
+        hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_INTERNAL, "generate: the model "
+                            "made a token its tokenizer does not know (or out of memory)");
+    } else if (res->outcome == HPD_COORD_FINISHED) {
+        if (s->detokenize) {
+            const char *piece;
+            size_t len;
+            hpd_text_out_finish(&s->out, &piece, &len);
+            add_text(s, piece, len);
+        }
         hpd_msg_generated_t g = {.request = res->request,
                                  .tokens = res->tokens,
                                  .tokens_n = res->n_tokens,
+                                 .text = s->text,
+                                 .text_len = (uint32_t)s->text_len,
                                  .prompt_tokens = res->prompt_tokens,
                                  .cached_tokens = res->cached_tokens,
                                  .attempts = res->attempts,
@@ -1219,7 +1276,100 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
         hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_APP, "canceled");
     }
     hpd_rpc_conn_unref(s->conn);
-    free(s);
+    rpc_sink_free(s);
+}
+
+/* A generate's prompt given as text or as a chat: its ids (the model's
+ * tokenizer and chat format). False with err when it cannot be. */
+static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **ids_p,
+                        size_t *n_p, char *err, size_t err_len)
+{
+    if (c->text == NULL) {
+        snprintf(err, err_len, "generate: a prompt as text or messages needs the "
+                 "coordinator's model (--model): send token ids");
+        return false;
+    }
+    if (g->prompt_n > 0 || (g->text_len > 0 && g->messages != NULL)) {
+        snprintf(err, err_len, "generate: give one of prompt, text and messages");
+        return false;
+    }
+    if (g->text_len > 0) {
+        if (hpd_tokenizer_encode(hpd_text_tokenizer(c->text), g->text, g->text_len, ids_p,
+                                 n_p) == HPD_OK)
+            return true;
+        snprintf(err, err_len, "generate: text: cannot be encoded");
+        return false;
+    }
+    const msgpack_object_array *a = &g->messages->via.array;
+    if (g->messages->type != MSGPACK_OBJECT_ARRAY || a->size == 0 || a->size > 4096) {
+        snprintf(err, err_len, "generate: messages: expected an array of 1 to 4096 maps");
+        return false;
+    }
+    hpd_chat_msg_t *mv = calloc(a->size, sizeof(*mv));
+    char **strs = calloc(3 * (size_t)a->size, sizeof(char *));
+    bool ok = mv != NULL && strs != NULL;
+    static const char *const keys[] = {"role", "content", "reasoning_content"};
+    for (uint32_t i = 0; ok && i < a->size; i++) {
+        for (int k = 0; k < 3 && ok; k++) {
+            const msgpack_object *v = hpd_rpc_map_get(&a->ptr[i], keys[k]);
+            if (v == NULL)
+                continue; /* a role is checked below; no content is empty */
+            if (v->type != MSGPACK_OBJECT_STR) {
+                snprintf(err, err_len, "generate: messages[%u].%s: expected a string", i,
+                         keys[k]);
+                ok = false;
+                break;
+            }
+            ok = (strs[3 * i + k] = strndup(v->via.str.ptr, v->via.str.size)) != NULL;
+        }
+        if (ok && strs[3 * i] == NULL) {
+            snprintf(err, err_len, "generate: messages[%u].role: missing", i);
+            ok = false;
+        }
+        if (ok)
+            mv[i] = (hpd_chat_msg_t){.role = strs[3 * i],
+                                     .content = strs[3 * i + 1],
+                                     .reasoning = strs[3 * i + 2]};
+    }
+    if (ok) {
+        char why[400];
+        const int thinking = g->thinking == 0 ? -1 : g->thinking == 1;
+        ok = hpd_text_chat(c->text, mv, a->size, thinking, ids_p, n_p, why, sizeof(why)) ==
+             HPD_OK;
+        if (!ok)
+            snprintf(err, err_len, "generate: messages: %.200s", why);
+    }
+    for (size_t i = 0; strs != NULL && i < 3 * (size_t)a->size; i++)
+        free(strs[i]);
+    free(strs);
+    free(mv);
+    return ok;
+}
+
+/* The stop strings of a detokenizing generate, copied into s. */
+static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, size_t err_len)
+{
+    if (g->stop == NULL)
+        return true;
+    const msgpack_object *o = g->stop;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > HPD_TEXT_MAX_STOPS) {
+        snprintf(err, err_len, "generate: stop: expected at most %d strings", HPD_TEXT_MAX_STOPS);
+        return false;
+    }
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *v = &o->via.array.ptr[i];
+        if (v->type != MSGPACK_OBJECT_STR || v->via.str.size == 0 ||
+            v->via.str.size > HPD_TEXT_MAX_STOP_LEN ||
+            memchr(v->via.str.ptr, 0, v->via.str.size) != NULL) {
+            snprintf(err, err_len, "generate: stop[%u]: expected a string of 1 to %d bytes", i,
+                     HPD_TEXT_MAX_STOP_LEN);
+            return false;
+        }
+        if ((s->stops[s->n_stops] = strndup(v->via.str.ptr, v->via.str.size)) == NULL)
+            return false;
+        s->n_stops++;
+    }
+    return true;
 }
 
 static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
@@ -1228,16 +1378,45 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     hpd_coord_t *c = arg;
     hpd_proto_err_t err = {{0}};
     hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
-    rpc_sink_t *s;
+    rpc_sink_t *s = NULL;
     uint64_t req_id;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    char why[sizeof(err.text)];
 
     if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
         hpd_metric_inc(c->m.invalid, 1);
         return;
     }
-    hpd_coord_request_t q = {.prompt = g.prompt,
-                             .n_prompt = g.prompt_n,
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: out of memory");
+        hpd_msg_free(&hpd_msg_generate, &g);
+        return;
+    }
+    *s = (rpc_sink_t){.conn = conn,
+                      .call_id = id,
+                      .tag = g.tag,
+                      .stream = g.stream,
+                      .detokenize = g.detokenize || g.stop != NULL};
+    if (((g.text_len > 0 || g.messages != NULL) &&
+         !text_prompt(c, &g, &ids, &n_ids, why, sizeof(why))) ||
+        !stop_strings(&g, s, why, sizeof(why)) ||
+        (s->detokenize && c->text == NULL &&
+         snprintf(why, sizeof(why), "generate: detokenize and stop need the coordinator's "
+                  "model (--model)") > 0)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", why);
+        hpd_metric_inc(c->m.invalid, 1);
+        hpd_msg_free(&hpd_msg_generate, &g);
+        rpc_sink_free(s);
+        free(ids);
+        return;
+    }
+    if (s->detokenize)
+        hpd_text_out_init(&s->out, hpd_text_tokenizer(c->text), (const char *const *)s->stops,
+                          s->n_stops);
+    hpd_coord_request_t q = {.prompt = ids != NULL ? ids : g.prompt,
+                             .n_prompt = ids != NULL ? (uint32_t)n_ids : g.prompt_n,
                              .max_tokens = g.max_tokens,
                              .sampling = {.temperature = g.temperature,
                                           .top_p = g.top_p,
@@ -1255,21 +1434,15 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         q.sampling.top_p = NAN;
     if (hpd_rpc_map_get(params, "top_k") == NULL)
         q.sampling.top_k = HPD_TOP_K_UNSET;
-    if ((s = malloc(sizeof(*s))) == NULL) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: out of memory");
-        hpd_msg_free(&hpd_msg_generate, &g);
-        return;
-    }
-    *s = (rpc_sink_t){.conn = conn, .call_id = id, .tag = g.tag, .stream = g.stream};
-    const hpd_coord_sink_t sink = {.tokens = g.stream ? rpc_tokens : NULL,
+    const hpd_coord_sink_t sink = {.tokens = g.stream || s->detokenize ? rpc_tokens : NULL,
                                    .done = rpc_done,
                                    .arg = s};
-    char why[sizeof(err.text)];
     const int64_t code = hpd_coord_submit(c, &q, &sink, &req_id, why, sizeof(why));
     hpd_msg_free(&hpd_msg_generate, &g);
+    free(ids);
     if (code != 0) {
         hpd_rpc_reply_error(conn, id, code, "%s", why);
-        free(s);
+        rpc_sink_free(s);
         return;
     }
     hpd_rpc_conn_ref(conn);
@@ -1623,6 +1796,9 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
                                        err_len)) != HPD_OK)
             goto fail;
     }
+    if (o->model_dir != NULL && (st = hpd_text_load(o->model_dir, &c->text, err, err_len)) !=
+                                    HPD_OK)
+        goto fail;
     if ((st = metrics_init(&c->m)) != HPD_OK) {
         snprintf(err, err_len, "out of memory");
         goto fail;
@@ -1688,5 +1864,11 @@ void hpd_coord_destroy(hpd_coord_t *c)
             event_free(evs[i]);
     free(c->token);
     hpd_credentials_destroy(c->creds);
+    hpd_text_destroy(c->text);
     free(c);
+}
+
+const struct hpd_text *hpd_coord_text(const hpd_coord_t *c)
+{
+    return c->text;
 }

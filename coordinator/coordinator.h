@@ -31,6 +31,9 @@ typedef struct {
     /* a request without temperature / top_p / top_k samples greedily instead
      * of with the model's generation defaults (which the nodes apply) */
     bool no_generation_defaults;
+    /* the model directory: its tokenizer.json and chat template make requests
+     * as text and chats possible (coordinator/text.h); NULL: token ids only */
+    const char *model_dir;
 } hpd_coord_opts_t;
 
 /* Listens and serves from base. On an error, err says what (a credentials
@@ -42,6 +45,9 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
 void hpd_coord_destroy(hpd_coord_t *coord);
 
 uint16_t hpd_coord_port(const hpd_coord_t *coord);
+/* The model's tokenizer and chat format (NULL without opts.model_dir). */
+struct hpd_text;
+const struct hpd_text *hpd_coord_text(const hpd_coord_t *coord);
 /* The coordinator's metrics (docs/operations.md), for the service shell. */
 hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *coord);
 /* ------------------------------------------------------------ requests

@@ -61,6 +61,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         return rc;
     hpd_log_set_level(level);
     o->c.no_generation_defaults = !gen_defaults;
+    o->c.model_dir = o->model;
     if (o->c.client_keys_file != NULL && o->c.token_file == NULL) {
         fprintf(stderr, "hpd-coordinator: --client-keys-file needs --token-file (the node "
                 "secret)\n");

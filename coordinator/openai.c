@@ -38,7 +38,7 @@ struct hpd_openai {
     hpd_openai_params_t p;
     struct evhttp *http;
     uint16_t port;
-    hpd_text_t *text;
+    const hpd_text_t *text; /* the coordinator's */
     char model[256];
     long long created;
     uint64_t next_call;
@@ -50,6 +50,7 @@ typedef struct {
     struct evhttp_connection *evcon;
     bool chat, stream, include_usage;
     bool gone;        /* evhttp saw the connection close (its close callback) */
+    bool detached;    /* ... and left the request to us to free (by finishing it) */
     bool peer_closed; /* the watch saw it (evhttp reads nothing while a reply is due) */
     struct event *watch; /* not streamed: the connection, for its close */
     uint64_t request;
@@ -508,7 +509,12 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
     if (!k->gone)
         evhttp_connection_set_closecb(k->evcon, NULL, NULL);
     if (k->gone) {
-        /* canceled for it: nobody to answer */
+        /* canceled for it: nobody to answer, but a request evhttp detached
+         * from its closed connection is freed only by finishing it */
+        if (k->detached && k->stream)
+            evhttp_send_reply_end(k->req);
+        else if (k->detached)
+            evhttp_send_error(k->req, 499, NULL);
     } else if (res->outcome == HPD_COORD_FINISHED && !k->bad_token) {
         const char *piece;
         size_t len;
@@ -565,6 +571,9 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 {
     call_t *k = arg;
     k->gone = true;
+    /* a connection that failed (end of file, a timeout) hands the request
+     * over; one freed at shutdown frees it itself */
+    k->detached = evhttp_request_get_connection(k->req) == NULL;
     HPD_LOGR_INFO(LOG_COMPONENT, k->request, "%s: the HTTP client went away", k->id);
     hpd_coord_cancel(k->api->p.coord, k->request, "the HTTP client went away");
 }
@@ -862,8 +871,11 @@ hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_
             b--;
         snprintf(api->model, sizeof(api->model), "%.*s", (int)(len - b), p->model_dir + b);
     }
-    if ((st = hpd_text_load(p->model_dir, &api->text, err, err_len)) != HPD_OK)
+    if ((api->text = hpd_coord_text(p->coord)) == NULL) {
+        snprintf(err, err_len, "the HTTP API needs the coordinator's model directory (--model)");
+        st = HPD_ERR_INVALID_ARG;
         goto fail;
+    }
     st = HPD_ERR_NO_MEMORY;
     if ((api->http = evhttp_new(p->base)) == NULL)
         goto fail;
@@ -907,6 +919,5 @@ void hpd_openai_destroy(hpd_openai_t *api)
         return;
     if (api->http != NULL)
         evhttp_free(api->http);
-    hpd_text_destroy(api->text);
     free(api);
 }

@@ -30,7 +30,7 @@ typedef struct {
     hpd_coord_t *coord;
     const char *host;
     uint16_t port;          /* 0: any free port */
-    const char *model_dir;  /* tokenizer.json and the chat template */
+    const char *model_dir;  /* the coordinator's (hpd_coord_opts_t.model_dir) */
     const char *model_name; /* the served name; NULL: the directory's last part */
 } hpd_openai_params_t;
 

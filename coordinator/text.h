@@ -14,7 +14,7 @@
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
-typedef struct hpd_text hpd_text_t;
+typedef struct hpd_text hpd_text_t; /* (coordinator.h names it struct hpd_text) */
 
 /* Loads DIR's tokenizer.json (required) and its chat template (optional:
  * without one, or with another family's, chat requests are refused with

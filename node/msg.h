@@ -316,9 +316,19 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* generate (client -> coordinator); the sampling fields are at the top
  * level (hpd_sampling_t; absent: greedy); stop_token_ids, ignore_eos and
- * min_tokens as hpd_request_params_t's */
+ * min_tokens as hpd_request_params_t's. The prompt is one of: token ids
+ * (prompt), text (text) or a chat (messages: [{role, content,
+ * reasoning_content?}], put in the model's chat format; thinking 0: the
+ * model's default, 1 on, 2 off), the last two tokenized by the coordinator
+ * (docs/api.md). detokenize: the tokens notifications and the reply carry
+ * the text too; stop: stop strings (matched on that text). */
 #define HPD_MSG_GENERATE(T, X)                                                              \
-    X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, prompt, IDS, HPD_OPT, INT32_MAX)                                                    \
+    X(T, text, BIN, HPD_OPT, 0)                                                              \
+    X(T, messages, ARR, HPD_OPT, 0)                                                          \
+    X(T, thinking, U32, HPD_OPT, 2)                                                          \
+    X(T, detokenize, BOOL, HPD_OPT, 0)                                                       \
+    X(T, stop, ARR, HPD_OPT, 0)                                                              \
     X(T, max_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, temperature, F32, HPD_OPT, 0)                                                       \
     X(T, top_p, F32, HPD_OPT, 0)                                                             \
@@ -343,14 +353,18 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
-    X(T, finish_reason, STR, HPD_OPT, 8)
+    X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
+    X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
 
-/* tokens (coordinator -> a streaming client): ids from index on */
+/* tokens (coordinator -> a streaming client): ids from index on; with
+ * detokenize, the text they complete (text held back for a possible stop
+ * string comes later; the reply has the whole answer) */
 #define HPD_MSG_STREAM(T, X)                                                                \
     X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
     X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
-    X(T, ids, IDS, HPD_REQ, INT32_MAX)
+    X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
+    X(T, text, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
 
 /* cancel (client -> coordinator: the client's request of that tag) and

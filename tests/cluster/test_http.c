@@ -529,6 +529,127 @@ static void test_errors(void **state)
     cl.passed++;
 }
 
+/* hpd-client's output for its arguments (the client key's file). */
+static char *client(const char *args)
+{
+    char cmd[4096], key_file[400];
+    snprintf(key_file, sizeof(key_file), "%s/key", cl.root);
+    assert_int_equal(hpd_write_file(key_file, KEY "\n", strlen(KEY) + 1), HPD_OK);
+    snprintf(cmd, sizeof(cmd), "timeout 120 %s --coordinator %s --token-file %s %s", HPD_CLIENT,
+             cl.addr, key_file, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *out = calloc(1, 65536);
+    const size_t n = fread(out, 1, 65535, p);
+    out[n] = '\0';
+    if (pclose(p) != 0)
+        fail_msg("%s failed: %s", cmd, out);
+    return out;
+}
+
+typedef struct {
+    char text[65536];
+    size_t len, pieces;
+} streamed_t;
+
+static void collect_text(void *arg, uint64_t handle, const char *piece, size_t len)
+{
+    streamed_t *t = arg;
+    assert_true(t->len + len < sizeof(t->text));
+    memcpy(t->text + t->len, piece, len);
+    t->len += len;
+    t->pieces++;
+}
+
+/* The msgpack client talks text too: the coordinator tokenizes and decodes
+ * (hpd-client --prompt, chat, --stop), as the HTTP API does. */
+static void test_msgpack_text(void **state)
+{
+    answer_t a = generate(false, "{\"prompt\": \"The capital of France is\", \"max_tokens\": "
+                                 "40, \"ignore_eos\": true}");
+    for (int stream = 0; stream < 2; stream++) {
+        char args[512];
+        snprintf(args, sizeof(args), "generate --prompt 'The capital of France is' --max-tokens "
+                 "40 --ignore-eos --text%s", stream ? " --stream" : "");
+        char *out = client(args);
+        const size_t n = strlen(out);
+        assert_true(n > 0 && out[n - 1] == '\n');
+        if (n - 1 != a.len || memcmp(out, a.text, a.len) != 0)
+            fail_msg("hpd-client %s:\n got [%s]\nwant [%s]", args, out, a.text);
+        free(out);
+    }
+    /* ids: hpd-run's for the text */
+    size_t n_ids;
+    char *ids = tokenize("{\"prompt\": \"The capital of France is\"}", &n_ids);
+    char *out = client("generate --prompt 'The capital of France is' --max-tokens 8");
+    char cmd[4096], line[4096];
+    snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s --prompt-ids "
+             "%s --threads 2 --max-tokens 8", HPD_RUN, cl.model, ids);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(fgets(line, sizeof(line), p));
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(out, line);
+    free(out);
+    free(ids);
+    /* a stop string: the text before it, streamed or not */
+    /* (the seeded model's answer: no NUL, no quote, long enough) */
+    assert_true(a.len > 12 && memchr(a.text, 0, a.len) == NULL && strchr(a.text, '\'') == NULL);
+    const char *cut = a.text + 6;
+    {
+        char stop[8], args[512];
+        snprintf(stop, sizeof(stop), "%.3s", cut);
+        const size_t at = (size_t)(strstr(a.text, stop) - a.text);
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(args, sizeof(args), "generate --prompt 'The capital of France is' "
+                     "--max-tokens 40 --ignore-eos --stop '%s'%s", stop, stream ? " --stream" : "");
+            out = client(args);
+            assert_int_equal(strlen(out), at + 1);
+            assert_memory_equal(out, a.text, at);
+            free(out);
+        }
+    }
+    /* the library: the streamed pieces (several) are the answer, less what
+     * a stop string holds back at the end */
+    {
+        char key[] = KEY;
+        hpd_client_params_t cp = {.host = "127.0.0.1", .port = cl.port, .token = key};
+        hpd_client_t *c;
+        assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+        static streamed_t t;
+        t.len = t.pieces = 0;
+        hpd_generate_params_t gp = {.text = "The capital of France is",
+                                    .max_tokens = 40,
+                                    .sampling = hpd_sampling_unset(),
+                                    .ignore_eos = true,
+                                    .detokenize = true,
+                                    .on_text = collect_text,
+                                    .text_arg = &t};
+        hpd_generate_result_t r;
+        assert_int_equal(hpd_client_generate(c, &gp, NULL, NULL, &r), HPD_OK);
+        assert_int_equal(r.text_len, a.len);
+        assert_memory_equal(r.text, a.text, a.len);
+        assert_int_equal(t.len, a.len);
+        assert_memory_equal(t.text, a.text, a.len);
+        assert_true(t.pieces >= 5);
+        assert_int_equal(r.n_tokens, 40);
+        hpd_generate_result_free(&r);
+        hpd_client_destroy(c);
+    }
+    answer_free(&a);
+    /* chat: the HTTP API's answer for the same conversation */
+    a = generate(true, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+                       "{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 24, "
+                       "\"ignore_eos\": true, \"chat_template_kwargs\": {\"enable_thinking\": "
+                       "false}}");
+    out = client("chat --system 'Be brief.' --prompt 'Hello!' --max-tokens 24 --ignore-eos "
+                 "--thinking off");
+    assert_int_equal(strlen(out), a.len + 1);
+    assert_memory_equal(out, a.text, a.len);
+    free(out);
+    answer_free(&a);
+    cl.passed++;
+}
+
 /* Waits until the coordinator's log has `needle` `count` times. */
 static bool log_count_cond(cl_t *c, void *arg)
 {
@@ -646,7 +767,7 @@ static int setup(void **state)
     size_t len;
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 7;
+    cl.cases = 8;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     if (hpd_write_file(keys, KEY " acme\n", strlen(KEY " acme\n")) != HPD_OK)
@@ -683,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_chat_as_hpd_run),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_msgpack_text),
         cmocka_unit_test(test_disconnect_and_overload),
         cmocka_unit_test(test_draining),
     };
