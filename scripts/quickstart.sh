@@ -4,7 +4,9 @@
 # coordinator, a prefill node and a decode node with different KV layouts,
 # on 127.0.0.1), streams a few requests through hpd-client, prints the
 # answers and a summary (TTFT, TPOT, prefix-cache hits), checks the tokens
-# against a single engine (hpd-run) and stops the cluster with hpdctl down.
+# against a single engine (hpd-run), talks text through the OpenAI-compatible
+# HTTP API with curl and through hpd-client chat, and stops the cluster with
+# hpdctl down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +46,19 @@ else
     echo "== the cluster's tokens differ from hpd-run's" >&2
     exit 1
 fi
+key=$(cat .hpd/local/token)
+echo "== curl the OpenAI-compatible API (docs/api.md): POST /v1/chat/completions"
+echo "   (a random model: random words, through the real path)"
+curl -sS http://127.0.0.1:17602/v1/chat/completions -H "Authorization: Bearer $key" \
+    -d '{"model": "tiny", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+         "max_tokens": 24, "chat_template_kwargs": {"enable_thinking": false}}'
+echo "== the same question, streamed (server-sent events), stopping at the first period"
+curl -sSN http://127.0.0.1:17602/v1/completions -H "Authorization: Bearer $key" \
+    -d '{"prompt": "The capital of France is", "max_tokens": 24, "stream": true, "stop": ["."]}' |
+    sed -n '1,4p;/DONE/p' # the first events and the end
+echo "== hpd-client chat (the coordinator tokenizes and decodes)"
+"${client[@]}" chat --prompt "What is the capital of France?" --max-tokens 24 --thinking off \
+    --stream
 echo "== hpdctl status"
 "$hpdctl" status "$manifest"
 if command -v curl > /dev/null; then
