@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""By hand: the official openai client (pip install openai) against a running
+cluster with the HTTP API, e.g. deploy/examples/local.yaml after
+`hpdctl up` (port 17602, the model `tiny`, the key in .hpd/local/token):
+models, chat and completions, streamed and not (streamed = unstreamed),
+usage, a stop string, and the 401 / 404 / 400 errors as the client raises
+them. Tooling only (docs/api.md).
+
+  python3 tools/openai_check.py [BASE_URL] [KEY_FILE]
+"""
+import sys
+from openai import OpenAI, APIStatusError
+base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:17602/v1"
+key = open(sys.argv[2] if len(sys.argv) > 2 else ".hpd/local/token").read().strip()
+c = OpenAI(base_url=base, api_key=key)
+print("models:", [m.id for m in c.models.list().data])
+r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                              max_tokens=16, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+print("chat:", repr(r.choices[0].message.content), r.choices[0].finish_reason, r.usage)
+pieces = []
+usage = None
+for ch in c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                    max_tokens=16, stream=True, stream_options={"include_usage": True},
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}}):
+    if ch.choices:
+        pieces.append(ch.choices[0].delta.content or "")
+    if ch.usage:
+        usage = ch.usage
+print("chat stream:", len(pieces), "chunks ->", repr("".join(pieces)), "same as unstreamed:", "".join(pieces) == r.choices[0].message.content, usage)
+cr = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=16)
+print("completion:", repr(cr.choices[0].text), cr.choices[0].finish_reason, cr.usage)
+s = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=16, stream=True))
+print("completion stream same:", s == cr.choices[0].text)
+st = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=16, stop=[cr.choices[0].text[3:6]])
+print("stop:", repr(st.choices[0].text), st.choices[0].finish_reason)
+for what, fn in [("bad key", lambda: OpenAI(base_url=base, api_key="nope-nope-nope-nope").models.list()),
+                 ("unknown model", lambda: c.completions.create(model="gpt-4o", prompt="x", max_tokens=1)),
+                 ("n=2", lambda: c.completions.create(model="tiny", prompt="x", max_tokens=1, n=2))]:
+    try:
+        fn()
+        print(what, "NOT refused")
+    except APIStatusError as e:
+        print(what, "->", type(e).__name__, e.status_code, e.message[:90])
