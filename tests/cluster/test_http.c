@@ -207,7 +207,7 @@ typedef struct {
     char *text; /* the whole answer (streamed: the deltas concatenated) */
     size_t len;
     char finish[16];
-    json_int_t prompt_tokens, completion_tokens;
+    json_int_t prompt_tokens, completion_tokens, cached_tokens;
     char *pieces[4096]; /* streamed: each delta (NUL-terminated; NUL bytes in it are
                            not looked at) */
     size_t n_pieces;
@@ -227,8 +227,10 @@ static void read_usage(answer_t *a, const json_t *u)
     a->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
     assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")),
                      a->prompt_tokens + a->completion_tokens);
-    assert_true(json_is_integer(
-        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+    const json_t *cached =
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+    assert_true(json_is_integer(cached));
+    a->cached_tokens = json_integer_value(cached);
 }
 
 /* POST a generation request; non-streamed or as server-sent events. */
@@ -408,6 +410,22 @@ static void test_chat_as_hpd_run(void **state)
     }
     free(want);
     free(ids);
+    /* two questions after one long system message: the second finds the
+     * system message's blocks in the prefix cache (routing on the ids) */
+    char sys[2048] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(sys, "You answer in one short sentence. ");
+    for (int q = 0; q < 2; q++) {
+        snprintf(body, sizeof(body), "{\"messages\": [{\"role\": \"system\", \"content\": "
+                 "\"%s\"}, {\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": 4}",
+                 sys, q ? "And Spain?" : "What is the capital of France?");
+        answer_t a = generate(true, body);
+        assert_true(a.prompt_tokens > 128);
+        if (q == 1 && a.cached_tokens < 64)
+            fail_msg("the second question found %lld of %lld prompt tokens cached",
+                     (long long)a.cached_tokens, (long long)a.prompt_tokens);
+        answer_free(&a);
+    }
     /* thinking on (the model's default) is another prompt: one more line */
     snprintf(body, sizeof(body), "{\"messages\": %s}", msgs);
     size_t n_think;
