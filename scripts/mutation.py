@@ -28,7 +28,8 @@ import tempfile
 import time
 
 # Each module: its source files, the .c files of its folders left out (and
-# why), and its unit tests (ctest names, which are also the build targets).
+# why), its unit tests (ctest names, which are also the build targets) and
+# the programs those tests start (checked for relinking like the tests).
 MODULES = {
     "kernels/cpu": {
         "files": ["kernels/cpu/attention.c", "kernels/cpu/conv1d.c",
@@ -76,6 +77,17 @@ MODULES = {
         "files": ["tokenizer/tokenizer.c", "tokenizer/train.c"],
         "left_out": {},
         "tests": ["test_tokenizer"],
+    },
+    "chat": {
+        "files": ["tokenizer/chat.c", "coordinator/text.c"],
+        "left_out": {},
+        "tests": ["test_chat", "test_text"],
+    },
+    "api": {
+        "files": ["coordinator/openai.c"],
+        "left_out": {},
+        "tests": ["test_http"],
+        "programs": ["coordinator/hpd-coordinator"],
     },
     "moe": {
         "files": ["engine/moe.c"],
@@ -439,6 +451,8 @@ class Tree:
         self.build = os.path.join(args.dir, "build")
         self.logs = os.path.join(args.dir, "logs")
         self.tests = module["tests"]
+        # programs the tests start as processes (built as their dependencies)
+        self.programs = module.get("programs", [])
         self.objects = {}
         self.base_hash = {}
         self.written = None  # (path, original text, object) while a mutant is in place
@@ -526,6 +540,9 @@ class Tree:
             for t in self.tests:
                 hits = glob.glob(os.path.join(self.build, "tests", "**", t), recursive=True)
                 self.binaries[t] = [h for h in hits if os.path.isfile(h) and os.access(h, os.X_OK)]
+            for prog in self.programs:
+                path = os.path.join(self.build, prog)
+                self.binaries[prog] = [path] if os.path.isfile(path) else []
         # a module's tests need not all link every file of it (the control
         # module's tests each link one piece): at least one must be newer
         stale = [t for t, hits in self.binaries.items() if hits and mtime_ns(hits[0]) < obj]

@@ -92,7 +92,8 @@ def main():
                     case["text"] = r
                 out.append(case)
     with open(a.out, "w") as f:
-        json.dump({"note": "written by tools/chat_fixture.py", "cases": out}, f, indent=1,
+        json.dump({"note": "written by tools/chat_fixture.py",
+                   "mkmodel_template": tmpls["hpd-mkmodel"][0], "cases": out}, f, indent=1,
                   ensure_ascii=False)
         f.write("\n")
     print(f"{len(out)} cases -> {a.out}")

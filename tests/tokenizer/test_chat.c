@@ -79,6 +79,9 @@ static void test_official_templates(void **state)
     }
     assert_true(n_ok >= 150);
     assert_true(n_refused >= 8);
+    /* the hpd-mkmodel cases were rendered from the template it writes now */
+    assert_string_equal(json_string_value(json_object_get(root, "mkmodel_template")),
+                        hpd_chat_template_qwen35);
     json_decref(root);
 }
 
