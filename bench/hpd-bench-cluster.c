@@ -7,16 +7,15 @@
  * share of the KV/state transfer time hidden behind prefill compute by the
  * layerwise push (1 - exposed / total transfer time). The tokens of both
  * must be identical. */
-#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/spawn.h"
 #include "client/client.h"
 #include "common/rng.h"
 #include "common/util.h"
@@ -37,23 +36,6 @@ static double pct(double *v, int n, double p)
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     int i = (int)(p * (n - 1) + 0.5);
     return v[i < n ? i : n - 1];
-}
-
-static pid_t spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
 }
 
 typedef struct {
@@ -158,17 +140,8 @@ int main(int argc, char **argv)
     char *cargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
                      "--heartbeat-ms", "100", "--lease-ms", "30000", NULL};
     pid_t pids[3];
-    pids[0] = spawn(cargv, log);
-    uint16_t port = 0;
-    for (int i = 0; i < 200 && port == 0; i++) {
-        char *text;
-        size_t l;
-        usleep(25000);
-        if (access(port_file, R_OK) == 0 && hpd_read_file(port_file, &text, &l) == HPD_OK) {
-            port = (uint16_t)atoi(text);
-            free(text);
-        }
-    }
+    pids[0] = hpd_bench_spawn(cargv, log);
+    const uint16_t port = hpd_bench_read_port(port_file);
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     char *pargv[] = {HPD_PREFILL, "--coordinator", addr, "--model", (char *)model_dir,
                      "--threads", th, "--kv-layout", (char *)players, "--max-context", ctx,
@@ -177,9 +150,9 @@ int main(int argc, char **argv)
                      "--threads", th, "--kv-layout", (char *)dlayout, "--max-context", ctx,
                      "--log-level", "warn", NULL};
     snprintf(log, sizeof(log), "%s/prefill.log", dir);
-    pids[1] = spawn(pargv, log);
+    pids[1] = hpd_bench_spawn(pargv, log);
     snprintf(log, sizeof(log), "%s/decode.log", dir);
-    pids[2] = spawn(dargv, log);
+    pids[2] = hpd_bench_spawn(dargv, log);
 
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = port, .timeout_ms = 600000};
     hpd_client_t *client = NULL;

@@ -12,7 +12,6 @@
  * A 1-token request ends with its first token, so its latency is the TTFT
  * the client sees. Prints p50 / mean of each and the ratios to msgpack. */
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -20,11 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/spawn.h"
 #include "client/client.h"
 #include "common/rng.h"
 #include "common/util.h"
@@ -48,39 +47,6 @@ static double mean(const double *v, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         s += v[i];
     return s / n;
-}
-
-static pid_t spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static uint16_t read_port(const char *file)
-{
-    for (int i = 0; i < 400; i++) {
-        char *text;
-        size_t l;
-        usleep(25000);
-        if (access(file, R_OK) == 0 && hpd_read_file(file, &text, &l) == HPD_OK) {
-            const uint16_t port = (uint16_t)atoi(text);
-            free(text);
-            if (port != 0)
-                return port;
-        }
-    }
-    return 0;
 }
 
 /* One POST over a new connection; the status (0: no answer). */
@@ -187,8 +153,9 @@ int main(int argc, char **argv)
                      "--heartbeat-ms", "100", "--lease-ms", "30000", "--log-level", "warn",
                      NULL};
     pid_t pids[3];
-    pids[0] = spawn(cargv, log);
-    const uint16_t port = read_port(port_file), http_port = read_port(http_file);
+    pids[0] = hpd_bench_spawn(cargv, log);
+    const uint16_t port = hpd_bench_read_port(port_file);
+    const uint16_t http_port = hpd_bench_read_port(http_file);
     if (port == 0 || http_port == 0) {
         fprintf(stderr, "hpd-bench-http: the coordinator did not come up (logs in %s)\n", dir);
         return 1;
@@ -200,9 +167,9 @@ int main(int argc, char **argv)
     char *dargv[] = {HPD_DECODE, "--coordinator", addr, "--model", (char *)model_dir,
                      "--threads", th, "--max-context", ctx, "--log-level", "warn", NULL};
     snprintf(log, sizeof(log), "%s/prefill.log", dir);
-    pids[1] = spawn(pargv, log);
+    pids[1] = hpd_bench_spawn(pargv, log);
     snprintf(log, sizeof(log), "%s/decode.log", dir);
-    pids[2] = spawn(dargv, log);
+    pids[2] = hpd_bench_spawn(dargv, log);
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = port, .timeout_ms = 600000};
     hpd_client_t *client = NULL;
     for (int i = 0; i < 200 && client == NULL; i++) {

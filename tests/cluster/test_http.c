@@ -44,7 +44,10 @@ static int http_open(void)
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(http_port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    /* a server that never answers fails the test instead of hanging it */
+    const struct timeval limit = {.tv_sec = 120};
     assert_true(fd >= 0);
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit)), 0);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     return fd;
 }
@@ -77,6 +80,8 @@ static resp_t http_read(int fd)
     for (;;) {
         assert_int_equal(hpd_grow(&raw, &cap, len + 65537, 1), HPD_OK);
         const ssize_t k = recv(fd, raw + len, 65536, 0);
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            fail_msg("no answer from the HTTP API within 120 s");
         if (k <= 0)
             break;
         len += (size_t)k;
