@@ -143,9 +143,10 @@ static json_t *post(const char *path, const char *body, int want)
     return j;
 }
 
-/* An error of OpenAI's shape with this status; its message holds `part`. */
-static void expect_error(const char *method, const char *path, const char *key,
-                         const char *body, int status, const char *part)
+/* An error of OpenAI's shape with this status; its message holds `part`,
+ * its code is `code` (NULL: any). */
+static void expect_error_code(const char *method, const char *path, const char *key,
+                              const char *body, int status, const char *part, const char *code)
 {
     resp_t r = http(method, path, key, body);
     if (r.status != status)
@@ -158,8 +159,16 @@ static void expect_error(const char *method, const char *path, const char *key,
     assert_non_null(msg);
     if (part != NULL && strstr(msg, part) == NULL)
         fail_msg("%s %s: the message '%s' does not say '%s'", method, path, msg, part);
+    if (code != NULL)
+        assert_string_equal(json_string_value(json_object_get(e, "code")), code);
     json_decref(j);
     free(r.body);
+}
+
+static void expect_error(const char *method, const char *path, const char *key,
+                         const char *body, int status, const char *part)
+{
+    expect_error_code(method, path, key, body, status, part, NULL);
 }
 
 /* ------------------------------------------------------------ references */
@@ -372,6 +381,15 @@ static void test_completions_as_hpd_run(void **state)
     assert_false(a.usage_chunk);
     answer_free(&a);
     free(want);
+    /* no seed: 0, as hpd-run's and the msgpack client's */
+    want = reference(prompt_ids, "--max-tokens 24 --ignore-eos --temperature 0.8 --seed 0",
+                     &want_len);
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 24, \"ignore_eos\": true, "
+             "\"temperature\": 0.8}", prompt_ids);
+    a = generate(false, body);
+    same_text(&a, want, want_len);
+    answer_free(&a);
+    free(want);
     /* a text prompt: tokenized as /tokenize does */
     size_t n;
     char *ids = tokenize("{\"prompt\": \"The capital of France is\"}", &n);
@@ -498,13 +516,15 @@ static void test_stop_strings(void **state)
 static void test_errors(void **state)
 {
     char big_prompt[64];
-    expect_error("POST", "/v1/completions", NULL, "{\"prompt\": \"x\"}", 401, "API key");
+    expect_error_code("POST", "/v1/completions", NULL, "{\"prompt\": \"x\"}", 401, "API key",
+                      "invalid_api_key");
     expect_error("POST", "/v1/completions", "wrong-key-wrong-key", "{\"prompt\": \"x\"}", 401,
                  "not a client key");
     expect_error("GET", "/v1/models", NULL, NULL, 401, NULL);
-    expect_error("POST", "/v1/completions", KEY, "{\"model\": \"gpt-4\", \"prompt\": \"x\"}",
-                 404, "gpt-4");
-    expect_error("GET", "/v1/models/gpt-4", KEY, NULL, 404, "gpt-4");
+    expect_error_code("POST", "/v1/completions", KEY,
+                      "{\"model\": \"gpt-4\", \"prompt\": \"x\"}", 404, "gpt-4",
+                      "model_not_found");
+    expect_error_code("GET", "/v1/models/gpt-4", KEY, NULL, 404, "gpt-4", "model_not_found");
     expect_error("GET", "/v1/engines", KEY, NULL, 404, "no such endpoint");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": ", 400, "not JSON");
     expect_error("POST", "/v1/completions", KEY, "[1, 2]", 400, "object");
@@ -515,6 +535,14 @@ static void test_errors(void **state)
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"n\": 2}", 400, "n:");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"logprobs\": 3}", 400,
                  "logprobs");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+                 400, "top_logprobs");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"stop_token_ids\": [1, -1]}",
+                 400, "stop_token_ids[1]");
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\","
+                 "\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "at most 16");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": [1, 99999]}", 400, "prompt[1]");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": [\"a\", \"b\"]}", 400,
                  "one prompt");
@@ -742,8 +770,8 @@ static void test_disconnect_and_overload(void **state)
         assert_true(hpd_time_now() < deadline);
         usleep(20 * 1000);
     }
-    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 4}", 429,
-                 NULL);
+    expect_error_code("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 4}",
+                      429, NULL, "overloaded");
     close(held[0]);
     close(held[1]);
     wait_log_count("canceled: the HTTP client went away", 3);
