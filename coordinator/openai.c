@@ -34,6 +34,10 @@
 #define MAX_MESSAGES 4096
 #define COMPLETIONS_DEFAULT_MAX_TOKENS 16 /* OpenAI's */
 
+/* the statuses this server answers with, each counted apart */
+static const int statuses[] = {200, 400, 401, 404, 413, 429, 499, 500, 503};
+#define N_STATUSES (sizeof(statuses) / sizeof(statuses[0]))
+
 struct hpd_openai {
     hpd_openai_params_t p;
     struct evhttp *http;
@@ -42,6 +46,9 @@ struct hpd_openai {
     char model[256];
     long long created;
     uint64_t next_call;
+    /* in the coordinator's registry (docs/operations.md) */
+    hpd_metric_t *answered[N_STATUSES + 1]; /* [N_STATUSES]: any other status */
+    hpd_metric_t *gone;                      /* clients that left before their answer */
 };
 
 typedef struct {
@@ -571,6 +578,7 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 {
     call_t *k = arg;
     k->gone = true;
+    hpd_metric_inc(k->api->gone, 1);
     /* a connection that failed (end of file, a timeout) hands the request
      * over; one freed at shutdown frees it itself */
     k->detached = evhttp_request_get_connection(k->req) == NULL;
@@ -593,6 +601,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     if (n > 0)
         return;
     k->peer_closed = true;
+    hpd_metric_inc(k->api->gone, 1);
     HPD_LOGR_INFO(LOG_COMPONENT, k->request, "%s: the HTTP client went away", k->id);
     hpd_coord_cancel(k->api->p.coord, k->request, "the HTTP client went away");
 }
@@ -810,9 +819,22 @@ static void tokenize(hpd_openai_t *api, struct evhttp_request *req, bool encode)
     json_decref(body);
 }
 
+/* An answer was written (evhttp does not call this when the write failed:
+ * those clients are counted as gone). */
+static void on_complete(struct evhttp_request *req, void *arg)
+{
+    hpd_openai_t *api = arg;
+    const int status = evhttp_request_get_response_code(req);
+    size_t i = 0;
+    while (i < N_STATUSES && statuses[i] != status)
+        i++;
+    hpd_metric_inc(api->answered[i], 1);
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     hpd_openai_t *api = arg;
+    evhttp_request_set_on_complete_cb(req, on_complete, api);
     const char *uri = evhttp_request_get_uri(req);
     const enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
     char path[512], who[128];
@@ -871,6 +893,24 @@ hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_
             b--;
         snprintf(api->model, sizeof(api->model), "%.*s", (int)(len - b), p->model_dir + b);
     }
+    st = HPD_ERR_NO_MEMORY;
+    hpd_metrics_t *reg = hpd_coord_metrics(p->coord);
+    static const char help[] = "HTTP API answers written, by status.";
+    for (size_t i = 0; i <= N_STATUSES; i++) {
+        char labels[32];
+        if (i < N_STATUSES)
+            snprintf(labels, sizeof(labels), "status=\"%d\"", statuses[i]);
+        else
+            snprintf(labels, sizeof(labels), "status=\"other\"");
+        if ((api->answered[i] = hpd_metrics_add(reg, HPD_METRIC_COUNTER,
+                                                "hpd_http_responses_total", help, labels)) ==
+            NULL)
+            goto fail;
+    }
+    if ((api->gone = hpd_metrics_add(reg, HPD_METRIC_COUNTER, "hpd_http_client_gone_total",
+                                     "HTTP clients that closed their connection before their "
+                                     "answer (the request was canceled).", NULL)) == NULL)
+        goto fail;
     if ((api->text = hpd_coord_text(p->coord)) == NULL) {
         snprintf(err, err_len, "the HTTP API needs the coordinator's model directory (--model)");
         st = HPD_ERR_INVALID_ARG;

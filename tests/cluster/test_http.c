@@ -28,7 +28,7 @@
 #define MODEL_NAME "hpd-test"
 
 static cl_t cl;
-static uint16_t http_port;
+static uint16_t http_port, metrics_port; /* the coordinator's /metrics */
 static cl_proc_t *decode_node, *prefill_node;
 
 /* ------------------------------------------------------------ HTTP */
@@ -777,6 +777,13 @@ static void test_disconnect_and_overload(void **state)
     wait_log_count("canceled: the HTTP client went away", 3);
     cl_resume(decode_node);
     cl_wait_idle(&cl, 2, 120);
+    /* the coordinator's metrics count them */
+    char *m = cl_scrape(metrics_port);
+    assert_true(cl_sample(m, "hpd_http_client_gone_total") == 3);
+    assert_true(cl_sample(m, "hpd_http_responses_total{status=\"429\"}") >= 1);
+    assert_true(cl_sample(m, "hpd_http_responses_total{status=\"200\"}") >= 10);
+    assert_true(cl_sample(m, "hpd_http_responses_total{status=\"401\"}") >= 2);
+    free(m);
     cl.passed++;
 }
 
@@ -823,7 +830,8 @@ static int setup(void **state)
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     if (hpd_write_file(keys, KEY " acme\n", strlen(KEY " acme\n")) != HPD_OK)
         return -1;
-    const char *args[] = {"--client-keys-file", keys, "--http-port", "0", "--http-port-file",
+    const char *args[] = {"--metrics-port", "0", "--client-keys-file", keys, "--http-port", "0",
+                          "--http-port-file",
                           http_file, "--model", cl.model, "--served-model-name", MODEL_NAME,
                           "--max-requests", "2", "--lease-ms", "120000", NULL};
     cl_start_coordinator(&cl, "coordinator", args);
@@ -831,6 +839,11 @@ static int setup(void **state)
     if (hpd_read_file(http_file, &text, &len) != HPD_OK)
         return -1;
     http_port = (uint16_t)atoi(text);
+    free(text);
+    cl_wait_log(&cl, cl.coord, "metrics and health on http port ", 30);
+    if (hpd_read_file(cl.coord->log, &text, &len) != HPD_OK)
+        return -1;
+    metrics_port = (uint16_t)atoi(strstr(text, "metrics and health on http port ") + 32);
     free(text);
     const char *pa[] = {"--kv-layout", "64,1,nhd", "--max-context", "4096", NULL};
     const char *da[] = {"--kv-layout", "16,2,hnd", "--max-context", "4096",
