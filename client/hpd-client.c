@@ -183,8 +183,13 @@ static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
         hpd_generate_result_free(&r);
         return st == HPD_ERR_INVALID_ARG ? 2 : 1;
     }
-    if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
-        fwrite(r.text + G.text_streamed, 1, r.text_len - G.text_streamed, stdout);
+    if (print_text && r.text == NULL) {
+        fprintf(stderr, "hpd-client: the answer's text is missing (out of memory)\n");
+        hpd_generate_result_free(&r);
+        return 1;
+    } else if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
+        if (r.text_len > G.text_streamed)
+            fwrite(r.text + G.text_streamed, 1, r.text_len - G.text_streamed, stdout);
     } else if (print_text) {
         fwrite(r.text, 1, r.text_len, stdout);
     } else {

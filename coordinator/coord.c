@@ -227,12 +227,17 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r);
 }
 
-/* Gives the sink tokens [from, n_out); it may stop the request there. */
+/* Gives the sink tokens [from, n_out); it may stop the request there,
+ * keeping the tokens up to the one that ended it. */
 static void stream(req_t *r, uint32_t from)
 {
+    uint32_t keep = r->n_out;
     if (r->sink.tokens != NULL && !r->stopped && from < r->n_out &&
-        !r->sink.tokens(r->sink.arg, r->out, from, r->n_out))
+        !r->sink.tokens(r->sink.arg, r->out, from, r->n_out, &keep)) {
         r->stopped = true;
+        if (keep > from && keep < r->n_out)
+            r->n_out = keep;
+    }
 }
 
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
@@ -793,8 +798,8 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         if (r->stopped && !m.done) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "its client stopped it (a stop string)");
         } else if (m.done) {
-            memcpy(r->finish_reason, r->stopped ? "stop" : m.finish_reason,
-                   sizeof(r->finish_reason) - 1);
+            snprintf(r->finish_reason, sizeof(r->finish_reason), "%s",
+                     r->stopped ? "stop" : m.finish_reason);
             req_event(c, r, HPD_REQ_EV_DONE, "done");
         }
     }
@@ -1131,7 +1136,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     c->n_reqs++;
     const char *who = q->who != NULL ? q->who : "";
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
-                  r->n_prompt, r->max_tokens, r->sink.tokens != NULL ? ", streaming" : "",
+                  r->n_prompt, r->max_tokens, q->stream ? ", streaming" : "",
                   strncmp(who, "tenant ", 7) == 0 ? ", " : "",
                   strncmp(who, "tenant ", 7) == 0 ? who : "");
     *id_p = r->id;
@@ -1204,7 +1209,8 @@ static bool add_text(rpc_sink_t *s, const char *piece, size_t len)
     return true;
 }
 
-static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n)
+static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n,
+                       uint32_t *keep_p)
 {
     rpc_sink_t *s = arg;
     hpd_rpc_buf_t b;
@@ -1235,6 +1241,7 @@ static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n)
         hpd_rpc_notify(s->conn, "tokens", &b);
         hpd_rpc_buf_destroy(&b);
     }
+    *keep_p = upto;
     return more;
 }
 
@@ -1301,8 +1308,10 @@ static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **i
         return false;
     }
     const msgpack_object_array *a = &g->messages->via.array;
-    if (g->messages->type != MSGPACK_OBJECT_ARRAY || a->size == 0 || a->size > 4096) {
-        snprintf(err, err_len, "generate: messages: expected an array of 1 to 4096 maps");
+    if (g->messages->type != MSGPACK_OBJECT_ARRAY || a->size == 0 ||
+        a->size > HPD_TEXT_MAX_MESSAGES) {
+        snprintf(err, err_len, "generate: messages: expected an array of 1 to %d maps",
+                 HPD_TEXT_MAX_MESSAGES);
         return false;
     }
     hpd_chat_msg_t *mv = calloc(a->size, sizeof(*mv));
@@ -1365,8 +1374,10 @@ static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, 
                      HPD_TEXT_MAX_STOP_LEN);
             return false;
         }
-        if ((s->stops[s->n_stops] = strndup(v->via.str.ptr, v->via.str.size)) == NULL)
+        if ((s->stops[s->n_stops] = strndup(v->via.str.ptr, v->via.str.size)) == NULL) {
+            snprintf(err, err_len, "generate: out of memory");
             return false;
+        }
         s->n_stops++;
     }
     return true;
@@ -1399,12 +1410,17 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                       .tag = g.tag,
                       .stream = g.stream,
                       .detokenize = g.detokenize || g.stop != NULL};
-    if (((g.text_len > 0 || g.messages != NULL) &&
-         !text_prompt(c, &g, &ids, &n_ids, why, sizeof(why))) ||
-        !stop_strings(&g, s, why, sizeof(why)) ||
-        (s->detokenize && c->text == NULL &&
-         snprintf(why, sizeof(why), "generate: detokenize and stop need the coordinator's "
-                  "model (--model)") > 0)) {
+    bool ok = true;
+    if (s->detokenize && c->text == NULL) {
+        snprintf(why, sizeof(why), "generate: detokenize and stop need the coordinator's "
+                 "model (--model)");
+        ok = false;
+    }
+    ok = ok &&
+         ((g.text_len == 0 && g.messages == NULL) ||
+          text_prompt(c, &g, &ids, &n_ids, why, sizeof(why))) &&
+         stop_strings(&g, s, why, sizeof(why));
+    if (!ok) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", why);
         hpd_metric_inc(c->m.invalid, 1);
         hpd_msg_free(&hpd_msg_generate, &g);
@@ -1426,7 +1442,8 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .n_stop = g.stop_token_ids_n,
                              .min_tokens = g.min_tokens,
                              .ignore_eos = g.ignore_eos,
-                             .who = hpd_rpc_conn_who(conn)};
+                             .who = hpd_rpc_conn_who(conn),
+                             .stream = g.stream};
     /* what the client left out: the model's defaults (see submit) */
     if (hpd_rpc_map_get(params, "temperature") == NULL)
         q.sampling.temperature = NAN;

@@ -64,6 +64,7 @@ typedef struct {
     uint32_t n_stop, min_tokens;
     bool ignore_eos;
     const char *who; /* who sent it, for the log ("tenant NAME"; NULL: nobody named) */
+    bool stream;     /* its client streams (for the log) */
 } hpd_coord_request_t;
 
 typedef enum {
@@ -84,13 +85,17 @@ typedef struct {
     float ttft_ms, total_ms, prefill_ms, push_ms, exposed_push_ms;
 } hpd_coord_result_t;
 
-/* Where a request's tokens and its end go. */
+/* Where a request's tokens and its end go. Neither callback may cancel
+ * its own request (hpd_coord_cancel): tokens ends it by returning false,
+ * and done comes at its end. */
 typedef struct {
     /* tokens[from, n) are new (in order; a failover's replay is not
-     * repeated). Returning false ends the request here (a stop string):
-     * the nodes free what they hold and it finishes as "stop" with the
-     * tokens so far. NULL: only the end is wanted. */
-    bool (*tokens)(void *arg, const int32_t *tokens, uint32_t from, uint32_t n);
+     * repeated). Returning false ends the request here (a stop string)
+     * with its first *keep_p tokens (from < *keep_p <= n): the nodes free
+     * what they hold and it finishes as "stop". NULL: only the end is
+     * wanted. */
+    bool (*tokens)(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
+                   uint32_t *keep_p);
     /* the end, exactly once; the request is gone when it returns */
     void (*done)(void *arg, const hpd_coord_result_t *res);
     void *arg;

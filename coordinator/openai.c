@@ -22,16 +22,17 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <utf8proc.h>
 
 #include "common/log.h"
 #include "common/sampling.h"
+#include "common/util.h"
 #include "coordinator/credentials.h"
 #include "coordinator/text.h"
 #include "transport/rpc_codec.h"
 
 #define LOG_COMPONENT "openai"
 #define HTTP_TIMEOUT_S 600 /* an idle connection, or one that sends a request this slowly */
-#define MAX_MESSAGES 4096
 #define COMPLETIONS_DEFAULT_MAX_TOKENS 16 /* OpenAI's */
 
 /* the statuses this server answers with, each counted apart */
@@ -107,11 +108,34 @@ static const char *error_type(int status)
     }
 }
 
+/* A message that may hold a client's bytes, cut anywhere by snprintf, as
+ * valid UTF-8 (JSON strings must be): each byte that begins no whole
+ * character becomes '?'. */
+static void utf8_fix(char *s)
+{
+    const size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t c;
+        const utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+        if (k > 0) {
+            i += (size_t)k;
+        } else {
+            s[i++] = '?';
+        }
+    }
+}
+
 /* OpenAI's error object. */
 static json_t *error_json(int status, const char *param, const char *code, const char *msg)
 {
-    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
-                     error_type(status), "param", param, "code", code);
+    char text[640], p[96];
+    snprintf(text, sizeof(text), "%s", msg);
+    snprintf(p, sizeof(p), "%s", param != NULL ? param : "");
+    utf8_fix(text);
+    utf8_fix(p);
+    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", text, "type",
+                     error_type(status), "param", param != NULL ? p : NULL, "code", code);
 }
 
 static void reply_error(struct evhttp_request *req, int status, const char *param,
@@ -224,7 +248,7 @@ static bool get_bool(struct evhttp_request *req, json_t *body, const char *name,
 }
 
 /* What this server does not do is refused by name rather than ignored. */
-static bool refuse_unsupported(struct evhttp_request *req, json_t *body, bool chat)
+static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
 {
     const json_t *x;
     json_int_t n = 1;
@@ -261,13 +285,12 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body, bool ch
     }
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty",
                                             "repetition_penalty"};
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(penalties); i++) {
         x = json_object_get(body, penalties[i]);
         const double none = i == 2 ? 1 : 0;
         if (x != NULL && !json_is_null(x) && !(json_is_number(x) && json_number_value(x) == none))
             return BAD(req, penalties[i], "%s is not supported (only %g)", penalties[i], none);
     }
-    (void)chat;
     return true;
 }
 
@@ -377,9 +400,9 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
         }
     }
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 ||
-        json_array_size(msgs) > MAX_MESSAGES)
+        json_array_size(msgs) > HPD_TEXT_MAX_MESSAGES)
         return BAD(req, "messages", "messages: expected an array of 1 to %d messages",
-                   MAX_MESSAGES);
+                   HPD_TEXT_MAX_MESSAGES);
     const size_t n = json_array_size(msgs);
     hpd_chat_msg_t *mv = calloc(n, sizeof(*mv));
     char **owned = calloc(n, sizeof(*owned));
@@ -389,9 +412,10 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
     for (size_t i = 0; ok && i < n; i++) {
         const json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
         const json_t *rc = json_object_get(m, "reasoning_content");
-        if (!json_is_string(role)) {
-            char field[48];
-            snprintf(field, sizeof(field), "messages[%zu].role", i);
+        if (!json_is_string(role) || (rc != NULL && !json_is_null(rc) && !json_is_string(rc))) {
+            char field[64];
+            snprintf(field, sizeof(field), "messages[%zu].%s", i,
+                     json_is_string(role) ? "reasoning_content" : "role");
             ok = BAD(req, field, "%s: expected a string", field);
             break;
         }
@@ -417,7 +441,7 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
 
 static json_t *usage_json(const call_t *k, uint32_t completion, uint32_t cached)
 {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (json_int_t)k->n_prompt,
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)k->n_prompt,
                      "completion_tokens", (json_int_t)completion, "total_tokens",
                      (json_int_t)(k->n_prompt + completion), "prompt_tokens_details",
                      "cached_tokens", (json_int_t)cached);
@@ -450,20 +474,22 @@ static json_t *envelope(const call_t *k, json_t *choices)
                      (json_int_t)k->created, "model", k->api->model, "choices", choices);
 }
 
-/* One server-sent event. */
-static void send_event(call_t *k, json_t *j)
+/* One server-sent event: j (taken), or the end (j NULL and done). An
+ * event that cannot be written (out of memory) is left out. */
+static void send_event(call_t *k, json_t *j, bool done)
 {
     char *text = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     struct evbuffer *b = evbuffer_new();
-    if (b != NULL) {
+    if (b != NULL && (text != NULL || done)) {
         if (text != NULL)
             evbuffer_add_printf(b, "data: %s\n\n", text);
         else
             evbuffer_add_printf(b, "data: [DONE]\n\n");
         evhttp_send_reply_chunk(k->req, b);
-        evbuffer_free(b);
     }
+    if (b != NULL)
+        evbuffer_free(b);
     free(text);
 }
 
@@ -471,7 +497,7 @@ static void stream_piece(call_t *k, const char *piece, size_t len, bool first)
 {
     if (len == 0 && !first)
         return;
-    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first))));
+    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first))), false);
 }
 
 static void call_free(call_t *k)
@@ -486,10 +512,12 @@ static void call_free(call_t *k)
     free(k);
 }
 
-static bool on_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n)
+static bool on_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
+                      uint32_t *keep_p)
 {
     call_t *k = arg;
     for (uint32_t i = from; i < n; i++) {
+        *keep_p = i + 1;
         const char *piece;
         size_t len;
         hpd_status_t st;
@@ -530,13 +558,14 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         const uint32_t completion = k->out.stopped ? k->out.n_ids : res->n_tokens;
         if (k->stream) {
             stream_piece(k, piece, len, false);
-            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false))));
+            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false))),
+                       false);
             if (k->include_usage) {
                 json_t *u = envelope(k, json_array());
                 json_object_set_new(u, "usage", usage_json(k, completion, res->cached_tokens));
-                send_event(k, u);
+                send_event(k, u, false);
             }
-            send_event(k, NULL);
+            send_event(k, NULL, true);
             evhttp_send_reply_end(k->req);
         } else {
             evbuffer_add(k->text, piece, len);
@@ -562,8 +591,8 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         else
             snprintf(msg, sizeof(msg), "%s", res->error), status = status_of(k->api, res->code);
         if (k->stream) {
-            send_event(k, error_json(status, NULL, NULL, msg));
-            send_event(k, NULL);
+            send_event(k, error_json(status, NULL, NULL, msg), false);
+            send_event(k, NULL, true);
             evhttp_send_reply_end(k->req);
         } else {
             reply_json(k->req, status, error_json(status, NULL, NULL, msg));
@@ -630,7 +659,12 @@ static bool get_stops(struct evhttp_request *req, json_t *body, call_t *k)
             return BAD(req, "stop", "stop[%zu]: expected a string of 1 to %d bytes", i,
                        HPD_TEXT_MAX_STOP_LEN);
         }
-        k->stops[k->n_stops++] = strdup(json_string_value(v));
+        if ((k->stops[k->n_stops] = strdup(json_string_value(v))) == NULL) {
+            json_decref(one);
+            reply_error(req, 500, NULL, NULL, "out of memory");
+            return false;
+        }
+        k->n_stops++;
     }
     json_decref(one);
     return true;
@@ -673,7 +707,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     double temperature = NAN, top_p = NAN;
     json_int_t top_k = -2, seed = 0, max_tokens = -1, min_tokens = 0;
     bool ignore_eos = false;
-    if (!refuse_unsupported(req, body, chat) || !get_bool(req, body, "stream", &k->stream) ||
+    if (!refuse_unsupported(req, body) || !get_bool(req, body, "stream", &k->stream) ||
         !get_number(req, body, "temperature", 0, 1e6, &temperature) ||
         !get_number(req, body, "top_p", 1e-9, 1, &top_p) ||
         !get_uint(req, body, "top_k", -1, HPD_TOP_K_UNSET - 1, &top_k) ||
@@ -686,6 +720,10 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         goto out;
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            reply_error(req, 400, "stream_options", NULL, "stream_options: expected an object");
+            goto out;
+        }
         if (!k->stream) {
             reply_error(req, 400, "stream_options", NULL, "stream_options: only with stream");
             goto out;
@@ -734,7 +772,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .n_stop = (uint32_t)n_stop_ids,
         .min_tokens = (uint32_t)min_tokens,
         .ignore_eos = ignore_eos,
-        .who = who};
+        .who = who,
+        .stream = k->stream};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];
     const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));
@@ -774,7 +813,7 @@ static json_t *model_json(const hpd_openai_t *api)
 {
     uint32_t vocab, ctx;
     hpd_coord_limits(api->p.coord, &vocab, &ctx);
-    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", api->model, "object", "model",
+    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", api->model, "object", "model",
                      "created", (json_int_t)api->created, "owned_by", "hybridpd",
                      "max_model_len", (json_int_t)ctx);
 }
@@ -798,7 +837,7 @@ static void tokenize(hpd_openai_t *api, struct evhttp_request *req, bool encode)
             json_t *a = json_array();
             for (size_t i = 0; i < n; i++)
                 json_array_append_new(a, json_integer(ids[i]));
-            reply_json(req, 200, json_pack("{s:i, s:i, s:o}", "count", (json_int_t)n,
+            reply_json(req, 200, json_pack("{s:I, s:I, s:o}", "count", (json_int_t)n,
                                            "max_model_len", (json_int_t)ctx, "tokens", a));
         }
     } else {

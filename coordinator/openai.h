@@ -12,8 +12,8 @@
  * coordinator's client keys (`Authorization: Bearer KEY`); a client that
  * disconnects cancels its request on every node. Errors have OpenAI's shape
  * ({"error": {"message", "type", "param", "code"}}) and status: 400 invalid,
- * 401 bad key, 404 unknown model or path, 429 overloaded, 503 draining or no
- * node. */
+ * 401 bad key, 404 unknown model or path, 413 too large, 429 overloaded or no
+ * node yet, 503 draining. */
 #ifndef HPD_COORDINATOR_OPENAI_H
 #define HPD_COORDINATOR_OPENAI_H
 

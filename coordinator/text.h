@@ -31,6 +31,7 @@ hpd_status_t hpd_text_chat(const hpd_text_t *text, const hpd_chat_msg_t *msgs, s
                            int enable_thinking, int32_t **ids_p, size_t *n_p, char *err,
                            size_t err_len);
 
+#define HPD_TEXT_MAX_MESSAGES 4096 /* a chat's messages */
 #define HPD_TEXT_MAX_STOPS 16
 #define HPD_TEXT_MAX_STOP_LEN 256
 
@@ -41,8 +42,7 @@ typedef struct {
     hpd_detok_t detok;
     char *buf; /* the text so far */
     size_t len, cap;
-    size_t sent;    /* bytes of buf given out */
-    size_t scanned; /* buf[0, scanned) holds no stop string start that could still match */
+    size_t sent; /* bytes of buf given out */
     const char *const *stops;
     size_t n_stops, max_stop;
     bool stopped; /* a stop string matched: buf ends before it */

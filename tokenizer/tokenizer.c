@@ -577,6 +577,98 @@ static hpd_status_t push(ids_t *v, int32_t id)
     return HPD_OK;
 }
 
+/* A long pre-token's merges in O(n log n): the candidate pairs in a heap
+ * ordered by (rank, position of the left symbol), each checked when it is
+ * taken (its symbols may have merged since), as tokenizers' word.rs does.
+ * The same merges as the pass-by-pass search below: the lowest rank first,
+ * the leftmost of equal ranks. sym[i] is the symbol starting at byte i. */
+typedef struct {
+    uint32_t rank, pos;
+} cand_t;
+
+static bool cand_less(cand_t a, cand_t b)
+{
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(cand_t *h, size_t *n, cand_t c)
+{
+    size_t i = (*n)++;
+    for (; i > 0 && cand_less(c, h[(i - 1) / 2]); i = (i - 1) / 2)
+        h[i] = h[(i - 1) / 2];
+    h[i] = c;
+}
+
+static cand_t heap_pop(cand_t *h, size_t *n)
+{
+    const cand_t top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_less(h[c + 1], h[c]))
+            c++;
+        if (!cand_less(h[c], last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+static hpd_status_t bpe_heap(const hpd_tokenizer_t *t, size_t n, int32_t *sym, ids_t *out)
+{
+    uint32_t *next = malloc(n * sizeof(uint32_t)), *prev = malloc(n * sizeof(uint32_t));
+    cand_t *heap = malloc(2 * n * sizeof(cand_t)); /* n - 1 pairs, then 2 per merge */
+    size_t nh = 0;
+    hpd_status_t st = HPD_OK;
+    if (next == NULL || prev == NULL || heap == NULL) {
+        st = HPD_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        next[i] = (uint32_t)(i + 1); /* n: none */
+        prev[i] = i > 0 ? (uint32_t)(i - 1) : UINT32_MAX;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        const pair_slot_t *p = merge_find(t, sym[i], sym[i + 1]);
+        if (p != NULL)
+            heap_push(heap, &nh, (cand_t){p->rank, (uint32_t)i});
+    }
+    while (nh > 0) {
+        const cand_t c = heap_pop(heap, &nh);
+        const uint32_t a = c.pos, b = next[a];
+        if (sym[a] < 0 || b >= n)
+            continue; /* merged into its left neighbour, or last */
+        const pair_slot_t *p = merge_find(t, sym[a], sym[b]);
+        if (p == NULL || p->rank != c.rank)
+            continue; /* the pair changed since */
+        sym[a] = p->merged;
+        sym[b] = -1;
+        next[a] = next[b];
+        if (next[a] < n)
+            prev[next[a]] = a;
+        if (prev[a] != UINT32_MAX && (p = merge_find(t, sym[prev[a]], sym[a])) != NULL)
+            heap_push(heap, &nh, (cand_t){p->rank, prev[a]});
+        if (next[a] < n && (p = merge_find(t, sym[a], sym[next[a]])) != NULL)
+            heap_push(heap, &nh, (cand_t){p->rank, a});
+    }
+    for (size_t i = 0; i < n && st == HPD_OK; i = next[i])
+        st = push(out, sym[i]);
+out:
+    free(next);
+    free(prev);
+    free(heap);
+    return st;
+}
+
+/* Pre-tokens longer than this merge through the heap; shorter ones by
+ * passes, which is faster for them (no allocation). */
+#define BPE_HEAP_BYTES 48
+
 /* Byte-level BPE of one pre-token: its bytes become tokens, then the
  * lowest-ranked adjacent pair is merged (the leftmost of equal ranks) until
  * no pair has a merge, as tokenizers' BPE does. */
@@ -595,6 +687,8 @@ static hpd_status_t bpe(const hpd_tokenizer_t *t, const uint8_t *s, size_t n, id
     }
     for (size_t i = 0; i < n; i++)
         sym[i] = t->byte_id[s[i]];
+    if (n > BPE_HEAP_BYTES)
+        return bpe_heap(t, n, sym, out);
     for (;;) {
         uint32_t best = UINT32_MAX;
         size_t at = 0;
@@ -633,7 +727,11 @@ static hpd_status_t split_and_bpe(const hpd_tokenizer_t *t, uint32_t k, const ch
     size_t pos = 0, gap = 0;
     hpd_status_t st = HPD_OK;
     while (pos <= n && st == HPD_OK) {
-        const int rc = pcre2_match(t->split[k], (PCRE2_SPTR)s, n, pos, 0, md, NULL);
+        /* s is valid UTF-8 (sanitized, then NFC) and pos on a character:
+         * without NO_UTF_CHECK, PCRE2 checks all of s again at every match,
+         * quadratic in the text (1 MB without a special token took 33 s) */
+        const int rc = pcre2_match(t->split[k], (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md,
+                                   NULL);
         if (rc < 0)
             break;
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);

@@ -39,7 +39,8 @@ static hpd_status_t words_of(const char *text, size_t len, word_t **words_p, uin
     hpd_status_t st = re && md ? HPD_OK : HPD_ERR_INTERNAL;
 
     while (st == HPD_OK && pos < len &&
-           pcre2_match(re, (PCRE2_SPTR)text, len, pos, 0, md, NULL) > 0) {
+           pcre2_match(re, (PCRE2_SPTR)text, len, pos, pos > 0 ? PCRE2_NO_UTF_CHECK : 0, md,
+                       NULL) > 0) { /* the text checked once, at the first match */
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         const uint32_t wl = (uint32_t)(ov[1] - ov[0]);
         if (wl == 0)

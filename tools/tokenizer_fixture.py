@@ -60,6 +60,22 @@ CASES = [
     "\u00c5ngstr\u00f6m vs A\u030angstro\u0308m",
     "<think>\nhmm\n</think>\n\nanswer",
 ]
+# long pre-tokens (the C tokenizer merges those through a heap): one word of
+# 3000 letters, a long base64-like run, a long compound, a run of spaces, a
+# long CJK run; not in TRAIN (the trained vocabulary stays as it was)
+LONG = [
+    "a" * 3000,
+    "ab" * 700 + " " + "xyz" * 200,
+    "QmFzZTY0IGVuY29kZWQgdGV4dCBpcyBsb25nIGFuZCBoYXMgbm8gc3BhY2VzIGF0IGFsbA" * 8,
+    "Donaudampfschifffahrtselektrizitätenhauptbetriebswerkbauunterbeamtengesellschaft" * 3,
+    " " * 500 + "x",
+    "日本語の文章" * 60,
+]
+# and words of random common letters, whose merges overlap and reorder (a
+# pair taken from the heap after its symbols changed must not merge early)
+_rng = __import__("random").Random(7)
+LONG += ["".join(_rng.choice("etaoinshrdlu") for _ in range(_rng.randint(60, 400)))
+         for _ in range(24)]
 # invalid UTF-8, as hex: a lone continuation byte, a truncated sequence, an
 # overlong encoding, a surrogate, bytes never valid
 INVALID = ["61ff62", "e282", "48c0af49", "eda080", "f0288cbc", "e6a0e6", "80bfc2"]
@@ -103,7 +119,7 @@ def main():
         path = os.path.join(args.out, f"{name}.tokenizer.json")
         tok.save(path)
         cases = []
-        for text in CASES:
+        for text in CASES + LONG:
             cases.append({"text": text, "ids": tok.encode(text).ids})
         for hx in INVALID:
             text = bytes.fromhex(hx).decode("utf-8", errors="replace")

@@ -483,13 +483,25 @@ static void test_stop_strings(void **state)
     at = (size_t)(first - a.text);
     for (int stream = 0; stream < 2; stream++) {
         snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 200, \"ignore_eos\": "
-                 "true, \"stop\": [\"\\u0001never\", \"%s\"], \"stream\": %s}", prompt_ids, stop,
-                 stream ? "true" : "false");
+                 "true, \"stop\": [\"\\u0001never\", \"%s\"], \"stream\": %s, "
+                 "\"stream_options\": %s}", prompt_ids, stop, stream ? "true" : "false",
+                 stream ? "{\"include_usage\": true}" : "null");
         answer_t s = generate(false, body);
         assert_int_equal(s.len, at);
         assert_memory_equal(s.text, a.text, at);
         assert_string_equal(s.finish, "stop");
         assert_true(s.completion_tokens < 200);
+        /* the same with max_tokens ending on the token that completes the
+         * stop string: the last notification both stops and ends it */
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": %lld, \"ignore_eos\": "
+                 "true, \"stop\": [\"%s\"], \"stream\": %s, \"stream_options\": %s}",
+                 prompt_ids, (long long)s.completion_tokens, stop, stream ? "true" : "false",
+                 stream ? "{\"include_usage\": true}" : "null");
+        answer_t e = generate(false, body);
+        assert_int_equal(e.len, at);
+        assert_string_equal(e.finish, "stop");
+        assert_int_equal(e.completion_tokens, s.completion_tokens);
+        answer_free(&e);
         answer_free(&s);
     }
     answer_free(&a);
@@ -552,6 +564,18 @@ static void test_errors(void **state)
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 5000}",
                  400, "context");
     expect_error("POST", "/v1/chat/completions", KEY, "{\"messages\": []}", 400, "messages");
+    /* a message cut inside a character stays JSON (the role is echoed) */
+    char euros[1024] = "{\"messages\": [{\"role\": \"";
+    for (int i = 0; i < 200; i++)
+        strcat(euros, "\u20ac");
+    strcat(euros, "\", \"content\": \"x\"}]}");
+    expect_error("POST", "/v1/chat/completions", KEY, euros, 400, "messages[0].role");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", "
+                 "\"reasoning_content\": 5}]}", 400, "reasoning_content");
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": true}", 400,
+                 "stream_options");
     expect_error("POST", "/v1/chat/completions", KEY,
                  "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "'tool'");
     expect_error("POST", "/v1/chat/completions", KEY,
@@ -646,10 +670,11 @@ static void test_msgpack_text(void **state)
     /* (the seeded model's answer: no NUL, no quote, long enough) */
     assert_true(a.len > 12 && memchr(a.text, 0, a.len) == NULL && strchr(a.text, '\'') == NULL);
     const char *cut = a.text + 6;
+    char stop[8];
+    snprintf(stop, sizeof(stop), "%.3s", cut);
+    const size_t at = (size_t)(strstr(a.text, stop) - a.text);
     {
-        char stop[8], args[512];
-        snprintf(stop, sizeof(stop), "%.3s", cut);
-        const size_t at = (size_t)(strstr(a.text, stop) - a.text);
+        char args[512];
         for (int stream = 0; stream < 2; stream++) {
             snprintf(args, sizeof(args), "generate --prompt 'The capital of France is' "
                      "--max-tokens 40 --ignore-eos --stop '%s'%s", stop, stream ? " --stream" : "");
@@ -683,6 +708,25 @@ static void test_msgpack_text(void **state)
         assert_memory_equal(t.text, a.text, a.len);
         assert_true(t.pieces >= 5);
         assert_int_equal(r.n_tokens, 40);
+        hpd_generate_result_free(&r);
+        /* with a stop string: the text before it, and the ids up to the one
+         * that completed it (their text holds the stop at its very end) */
+        const char *stops[] = {stop};
+        gp.stops = stops;
+        gp.n_stops = 1;
+        gp.on_text = NULL;
+        assert_int_equal(hpd_client_generate(c, &gp, NULL, NULL, &r), HPD_OK);
+        assert_int_equal(r.text_len, at);
+        assert_string_equal(r.finish_reason, "stop");
+        json_t *bj = json_pack("{s:s, s:i, s:b, s:[s]}", "prompt", "The capital of France is",
+                               "max_tokens", 40, "ignore_eos", 1, "stop", stop);
+        char *body = json_dumps(bj, 0);
+        answer_t h = generate(false, body); /* the HTTP API counts up to the stop */
+        free(body);
+        json_decref(bj);
+        assert_int_equal(r.n_tokens, h.completion_tokens);
+        assert_true(r.n_tokens < 40);
+        answer_free(&h);
         hpd_generate_result_free(&r);
         hpd_client_destroy(c);
     }

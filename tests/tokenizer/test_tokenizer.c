@@ -362,6 +362,89 @@ static void test_variants(void **state)
 /* hpd-mkmodel's tokenizer: a BPE trained on a sample fills the vocabulary
  * (special tokens on its last ids), reads back, merges what the sample
  * repeats and round-trips text it never saw. */
+/* A long pre-token merges through a heap, a short one pass by pass: both
+ * in the same order. With merges (b c) < (a b) < (bc d) < (a bc), "abcd"
+ * is a bcd: once b c merge, the pair (a b) is gone and (bc d) comes before
+ * (a bc); a stale (a b) taken from the heap must not merge a bc early. */
+static void test_long_merge_order(void **state)
+{
+    char path[512];
+    json_error_t jerr;
+    snprintf(path, sizeof(path), "%s/qwen2.tokenizer.json", HPD_TOKENIZER_DIR);
+    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab");
+    json_int_t next = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(vocab, key, v)
+        if (json_integer_value(v) >= next)
+            next = json_integer_value(v) + 1;
+    json_t *added;
+    size_t i;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, added)
+        if (json_integer_value(json_object_get(added, "id")) >= next)
+            next = json_integer_value(json_object_get(added, "id")) + 1;
+    static const char *const merged[] = {"bc", "ab", "bcd", "abc"};
+    for (int k = 0; k < 4; k++)
+        if (json_object_get(vocab, merged[k]) == NULL)
+            json_object_set_new(vocab, merged[k], json_integer(next++));
+    json_object_set_new(model, "merges",
+                        json_pack("[[s,s],[s,s],[s,s],[s,s]]", "b", "c", "a", "b", "bc", "d", "a",
+                                  "bc"));
+    hpd_tokenizer_t *tok = load_json(root);
+    size_t n_one, n_long;
+    int32_t *one = encode_all(tok, "abcd", &n_one);
+    assert_int_equal(n_one, 2);
+    assert_int_equal(one[0], hpd_tokenizer_id(tok, "a"));
+    assert_int_equal(one[1], hpd_tokenizer_id(tok, "bcd"));
+    char word[4 * 30 + 1] = "";
+    for (int k = 0; k < 30; k++)
+        strcat(word, "abcd");
+    int32_t *lng = encode_all(tok, word, &n_long);
+    assert_int_equal(n_long, 2 * 30);
+    for (int k = 0; k < 30; k++)
+        assert_memory_equal(lng + 2 * k, one, 2 * sizeof(int32_t));
+    free(one);
+    free(lng);
+    hpd_tokenizer_destroy(tok);
+}
+
+/* Long text without a special token encodes in linear time: 2 MB of words
+ * (PCRE2 checking the whole text's UTF-8 at every match took 33 s for 1 MB;
+ * linear is ~0.2 s, 30 s leaves room for sanitizer builds and loaded
+ * machines) and gives the ids of its halves split at a space. */
+static void test_long_text(void **state)
+{
+    char path[512];
+    hpd_tokenizer_t *tok;
+    snprintf(path, sizeof(path), "%s/qwen3_5.tokenizer.json", HPD_TOKENIZER_DIR);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    const size_t len = 2u << 20;
+    char *text = malloc(len + 1);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        text[i] = "etaoinshrdlu "[x % 13];
+    }
+    text[len / 2] = ' ';
+    text[len] = '\0';
+    int32_t *all, *a, *b;
+    size_t n, na, nb;
+    const double t0 = hpd_time_now();
+    assert_int_equal(hpd_tokenizer_encode(tok, text, len, &all, &n), HPD_OK);
+    const double dt = hpd_time_now() - t0;
+    if (dt > 30)
+        fail_msg("2 MB took %.1f s to encode", dt);
+    /* pre-tokens begin at a space ("\s+(?!\S)" leaves one to the next word) */
+    assert_int_equal(hpd_tokenizer_encode(tok, text, len / 2, &a, &na), HPD_OK);
+    assert_int_equal(hpd_tokenizer_encode(tok, text + len / 2, len - len / 2, &b, &nb), HPD_OK);
+    assert_int_equal(na + nb, n);
+    assert_memory_equal(all, a, na * sizeof(int32_t));
+    assert_memory_equal(all + na, b, nb * sizeof(int32_t));
+    free(all), free(a), free(b), free(text);
+    hpd_tokenizer_destroy(tok);
+}
+
 static void test_train(void **state)
 {
     static const char sample[] = "the cat sat on the mat. the cat ate the rat. "
@@ -444,6 +527,8 @@ int main(void)
         cmocka_unit_test(test_qwen3_5),
         cmocka_unit_test(test_stream_split_character),
         cmocka_unit_test(test_variants),
+        cmocka_unit_test(test_long_merge_order),
+        cmocka_unit_test(test_long_text),
         cmocka_unit_test(test_train),
         cmocka_unit_test(test_refusals),
     };
