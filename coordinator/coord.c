@@ -42,6 +42,7 @@
 #define PREFILL_TIMEOUT_MS 600000
 #define CALL_TIMEOUT_MS 30000
 #define FULL_RETRY_MS 20 /* a decode node that had no room after all: try again after */
+#define TICK_MS 100       /* leases, liveness and queue timeouts are checked this often */
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE } role_t;
 
@@ -134,6 +135,7 @@ struct hpd_coord {
     uint64_t finished, failed, canceled, retried, rejected;
     metrics_t m;
     bool draining; /* no new requests; open ones go on */
+    double last_tick;
 };
 
 static void schedule_soon(hpd_coord_t *c);
@@ -816,7 +818,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     hpd_coord_t *c = arg;
     const double now = hpd_time_now();
-    for (node_t *n = c->nodes, *next; n != NULL; n = next) {
+    /* A tick this late means the loop was busy (a long prompt tokenized, a
+     * stopped process): the nodes' pings and heartbeats of that time may
+     * wait unread in their sockets, so nobody is judged on this tick; the
+     * next one, after the loop has read them, does. */
+    const double since = now - c->last_tick;
+    const bool late = c->last_tick > 0 && since > 3 * TICK_MS / 1000.0;
+    c->last_tick = now;
+    if (late)
+        HPD_LOG_DEBUG(LOG_COMPONENT, "the loop was busy for %.0f ms: node checks wait a tick",
+                      since * 1e3);
+    for (node_t *n = c->nodes, *next; n != NULL && !late; n = next) {
         next = n->next;
         if (n->lease_until < now) {
             node_lost(c, n, "lease expired (no heartbeat)");
@@ -1851,7 +1863,7 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
                  hpd_status_str(st));
         goto fail;
     }
-    static const struct timeval tick = {0, 100 * 1000};
+    static const struct timeval tick = {0, TICK_MS * 1000};
     event_add(c->tick, &tick);
     *coord_p = c;
     return HPD_OK;

@@ -745,6 +745,33 @@ static void test_msgpack_text(void **state)
     cl.passed++;
 }
 
+/* A prompt of 6 MB keeps the coordinator's loop busy while it is
+ * tokenized (about a second; more under sanitizers), longer than the
+ * nodes' liveness period (300 ms here): no node may be judged lost for the
+ * pings it could not read meanwhile. */
+static void test_big_prompt_keeps_nodes(void **state)
+{
+    const size_t len = 6u << 20;
+    char *body = malloc(len + 64);
+    size_t used = (size_t)snprintf(body, len + 64, "{\"prompt\": \"");
+    uint64_t x = 2463534242ull;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        body[used++] = "etaoinshrdlu "[x % 13];
+    }
+    used += (size_t)snprintf(body + used, 64, "\"}");
+    json_t *j = post("/tokenize", body, 200);
+    assert_true(json_integer_value(json_object_get(j, "count")) > 100000);
+    json_decref(j);
+    free(body);
+    /* a second later both nodes are registered, none was lost */
+    usleep(1000 * 1000);
+    cl_wait_idle(&cl, 2, 60);
+    assert_false(cl_file_has(cl.coord->log, "no liveness ping"));
+    assert_false(cl_file_has(cl.coord->log, "lost"));
+    cl.passed++;
+}
+
 /* Waits until the coordinator's log has `needle` `count` times. */
 static bool log_count_cond(cl_t *c, void *arg)
 {
@@ -869,7 +896,7 @@ static int setup(void **state)
     size_t len;
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 8;
+    cl.cases = 9;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     if (hpd_write_file(keys, KEY " acme\n", strlen(KEY " acme\n")) != HPD_OK)
@@ -877,7 +904,8 @@ static int setup(void **state)
     const char *args[] = {"--metrics-port", "0", "--client-keys-file", keys, "--http-port", "0",
                           "--http-port-file",
                           http_file, "--model", cl.model, "--served-model-name", MODEL_NAME,
-                          "--max-requests", "2", "--lease-ms", "120000", NULL};
+                          "--max-requests", "2", "--lease-ms", "120000", "--liveness-ms", "300",
+                          NULL};
     cl_start_coordinator(&cl, "coordinator", args);
     cl_wait(&cl, NULL, 30, cl_file_nonempty, http_file, "the HTTP port file");
     if (hpd_read_file(http_file, &text, &len) != HPD_OK)
@@ -913,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_msgpack_text),
+        cmocka_unit_test(test_big_prompt_keeps_nodes),
         cmocka_unit_test(test_disconnect_and_overload),
         cmocka_unit_test(test_draining),
     };
