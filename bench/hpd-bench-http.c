@@ -170,12 +170,7 @@ int main(int argc, char **argv)
     pids[1] = hpd_bench_spawn(pargv, log);
     snprintf(log, sizeof(log), "%s/decode.log", dir);
     pids[2] = hpd_bench_spawn(dargv, log);
-    hpd_client_params_t cp = {.host = "127.0.0.1", .port = port, .timeout_ms = 600000};
-    hpd_client_t *client = NULL;
-    for (int i = 0; i < 200 && client == NULL; i++) {
-        usleep(50000);
-        hpd_client_create(&cp, &client);
-    }
+    hpd_client_t *client = hpd_bench_client(port);
     if (client == NULL)
         return 1;
     /* warm up until both nodes serve */

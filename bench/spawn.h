@@ -1,7 +1,7 @@
 /* The benchmarks' local clusters: a process started with its output in a log
  * file, killed with the benchmark (PR_SET_PDEATHSIG), OpenMP threads that
- * sleep when idle (the nodes share the cores); and the port a daemon wrote
- * to its port file. */
+ * sleep when idle (the nodes share the cores); the port a daemon wrote to
+ * its port file; a client once the coordinator answers. */
 #ifndef HPD_BENCH_SPAWN_H
 #define HPD_BENCH_SPAWN_H
 
@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "client/client.h"
 #include "common/util.h"
 
 static inline pid_t hpd_bench_spawn(char *const argv[], const char *log)
@@ -45,6 +46,19 @@ static inline uint16_t hpd_bench_read_port(const char *file)
         }
     }
     return 0;
+}
+
+/* A client of the coordinator on 127.0.0.1:port, once it answers (10 s at
+ * most; NULL: it did not). */
+static inline hpd_client_t *hpd_bench_client(uint16_t port)
+{
+    hpd_client_params_t cp = {.host = "127.0.0.1", .port = port, .timeout_ms = 600000};
+    hpd_client_t *client = NULL;
+    for (int i = 0; i < 200 && client == NULL; i++) {
+        usleep(50000);
+        hpd_client_create(&cp, &client);
+    }
+    return client;
 }
 
 #endif
