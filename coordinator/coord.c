@@ -1137,6 +1137,8 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     }
     /* else the nodes take what is unset from the model (generation_config.json) */
     r->sink = *sink;
+    r->owner = q->owner;
+    r->tag = q->tag;
     r->fsm = hpd_req_fsm_init();
     hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
     r->id = ++c->next_req;
@@ -1455,7 +1457,9 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .min_tokens = g.min_tokens,
                              .ignore_eos = g.ignore_eos,
                              .who = hpd_rpc_conn_who(conn),
-                             .stream = g.stream};
+                             .stream = g.stream,
+                             .owner = conn,
+                             .tag = g.tag};
     /* what the client left out: the model's defaults (see submit) */
     if (hpd_rpc_map_get(params, "temperature") == NULL)
         q.sampling.temperature = NAN;
@@ -1475,11 +1479,6 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         return;
     }
     hpd_rpc_conn_ref(conn);
-    req_t *r = c->reqs;
-    while (r->id != req_id)
-        r = r->next;
-    r->owner = conn;
-    r->tag = s->tag;
 }
 
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)

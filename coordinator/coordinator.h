@@ -65,6 +65,10 @@ typedef struct {
     bool ignore_eos;
     const char *who; /* who sent it, for the log ("tenant NAME"; NULL: nobody named) */
     bool stream;     /* its client streams (for the log) */
+    /* a msgpack client's connection and its tag for the request: its
+     * cancel by tag and its close find the request (NULL: none) */
+    const void *owner;
+    uint64_t tag;
 } hpd_coord_request_t;
 
 typedef enum {

@@ -713,8 +713,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         !get_uint(req, body, "top_k", -1, HPD_TOP_K_UNSET - 1, &top_k) ||
         !get_uint(req, body, "seed", 0, INT64_MAX, &seed) ||
         !get_uint(req, body, "max_tokens", 1, UINT32_MAX >> 1, &max_tokens) ||
-        !get_uint(req, body, chat ? "max_completion_tokens" : "max_tokens", 1,
-                  UINT32_MAX >> 1, &max_tokens) ||
+        (chat && /* chat's newer name wins */
+         !get_uint(req, body, "max_completion_tokens", 1, UINT32_MAX >> 1, &max_tokens)) ||
         !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
         !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k))
         goto out;

@@ -77,9 +77,13 @@ void hpd_text_out_init(hpd_text_out_t *o, const hpd_tokenizer_t *tok, const char
 {
     *o = (hpd_text_out_t){.tok = tok, .detok = {.skip_special = true}, .stops = stops,
                           .n_stops = n_stops};
-    for (size_t i = 0; i < n_stops; i++)
-        if (strlen(stops[i]) > o->max_stop)
-            o->max_stop = strlen(stops[i]);
+    for (size_t i = 0; i < n_stops && i < HPD_TEXT_MAX_STOPS; i++) {
+        o->stop_len[i] = strlen(stops[i]);
+        if (o->stop_len[i] > o->max_stop)
+            o->max_stop = o->stop_len[i];
+    }
+    if (o->n_stops > HPD_TEXT_MAX_STOPS)
+        o->n_stops = HPD_TEXT_MAX_STOPS;
 }
 
 void hpd_text_out_free(hpd_text_out_t *o)
@@ -93,7 +97,7 @@ static bool find_stop(const hpd_text_out_t *o, size_t from, size_t *at_p)
 {
     for (size_t p = from; p < o->len; p++)
         for (size_t i = 0; i < o->n_stops; i++) {
-            const size_t k = strlen(o->stops[i]);
+            const size_t k = o->stop_len[i];
             if (k > 0 && k <= o->len - p && memcmp(o->buf + p, o->stops[i], k) == 0) {
                 *at_p = p;
                 return true;
@@ -128,7 +132,7 @@ static bool settle(hpd_text_out_t *o, size_t before, bool last, const char **pie
     for (size_t k = HPD_MIN(o->len - o->sent, o->max_stop - (o->max_stop > 0)); !last && k > 0;
          k--) {
         for (size_t i = 0; i < o->n_stops && hold == 0; i++)
-            if (strlen(o->stops[i]) > k && memcmp(o->buf + o->len - k, o->stops[i], k) == 0)
+            if (o->stop_len[i] > k && memcmp(o->buf + o->len - k, o->stops[i], k) == 0)
                 hold = k;
         if (hold > 0)
             break;

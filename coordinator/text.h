@@ -44,12 +44,13 @@ typedef struct {
     size_t len, cap;
     size_t sent; /* bytes of buf given out */
     const char *const *stops;
+    size_t stop_len[HPD_TEXT_MAX_STOPS]; /* strlen of each, measured once */
     size_t n_stops, max_stop;
     bool stopped; /* a stop string matched: buf ends before it */
     uint32_t n_ids; /* ids fed (up to the one that completed the stop) */
 } hpd_text_out_t;
 
-/* stops (NULL-terminated strings, kept by the caller) are matched in the
+/* stops (at most HPD_TEXT_MAX_STOPS NUL-terminated strings, kept by the caller) are matched in the
  * text; special tokens are left out of it. */
 void hpd_text_out_init(hpd_text_out_t *o, const hpd_tokenizer_t *tok, const char *const *stops,
                        size_t n_stops);

@@ -2,6 +2,7 @@
  * templates render for text conversations, written out in C. The strip
  * rules follow Python's (str.strip() for Jinja's trim: Unicode whitespace;
  * strip('\n') and friends: newlines only). */
+#define _GNU_SOURCE /* memmem */
 #include "tokenizer/chat.h"
 
 #include <jansson.h>
@@ -170,11 +171,7 @@ static span_t rstrip_nl(span_t s)
 
 static const char *find(span_t s, const char *needle)
 {
-    const size_t k = strlen(needle);
-    for (size_t i = 0; i + k <= s.n; i++)
-        if (memcmp(s.p + i, needle, k) == 0)
-            return s.p + i;
-    return NULL;
+    return memmem(s.p, s.n, needle, strlen(needle));
 }
 
 static const char *find_last(span_t s, const char *needle)

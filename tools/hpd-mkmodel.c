@@ -228,6 +228,30 @@ static bool layer_moe(const opts_t *o, uint32_t l)
         CHECK(add(w, name, buf, nd, a, b, c) == 0);                         \
     } while (0)
 
+/* A gated MLP of width I at `mlp` ("mlp." or "mlp.shared_expert."): gate,
+ * up and down projections, in that order of random streams. */
+static void gen_mlp(const opts_t *o, writer_t *w, const char *pfx, uint32_t l, const char *mlp,
+                    uint64_t I)
+{
+    const uint64_t H = o->hidden;
+    const float sh = 1.0f / sqrtf((float)H);
+    char name[256], suffix[96];
+    float *t;
+
+    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+    snprintf(suffix, sizeof(suffix), "%sgate_proj.weight", mlp);
+    ADD(suffix, t, 2, I, H, 0);
+    free(t);
+    CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
+    snprintf(suffix, sizeof(suffix), "%sup_proj.weight", mlp);
+    ADD(suffix, t, 2, I, H, 0);
+    free(t);
+    CHECK(t = make(o, w, H * I, DIST_NORMAL, 1.0f / sqrtf((float)I)));
+    snprintf(suffix, sizeof(suffix), "%sdown_proj.weight", mlp);
+    ADD(suffix, t, 2, H, I, 0);
+    free(t);
+}
+
 /* A MoE layer's tensors: the router, the shared expert and its gate, the
  * experts (per expert or fused 3-D; the same random streams either way). */
 static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
@@ -241,15 +265,7 @@ static void gen_moe(const opts_t *o, writer_t *w, const char *pfx, uint32_t l)
     ADD("mlp.gate.weight", t, 2, E, H, 0);
     free(t);
     if (Is > 0) {
-        CHECK(t = make(o, w, Is * H, DIST_NORMAL, sh));
-        ADD("mlp.shared_expert.gate_proj.weight", t, 2, Is, H, 0);
-        free(t);
-        CHECK(t = make(o, w, Is * H, DIST_NORMAL, sh));
-        ADD("mlp.shared_expert.up_proj.weight", t, 2, Is, H, 0);
-        free(t);
-        CHECK(t = make(o, w, H * Is, DIST_NORMAL, 1.0f / sqrtf((float)Is)));
-        ADD("mlp.shared_expert.down_proj.weight", t, 2, H, Is, 0);
-        free(t);
+        gen_mlp(o, w, pfx, l, "mlp.shared_expert.", Is);
         CHECK(t = make(o, w, H, DIST_NORMAL, sh));
         ADD("mlp.shared_expert_gate.weight", t, 2, 1, H, 0);
         free(t);
@@ -300,15 +316,7 @@ static void gen_layer(const opts_t *o, writer_t *w, const char *pfx, uint32_t l,
     if (layer_moe(o, l)) {
         gen_moe(o, w, pfx, l);
     } else {
-        CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
-        ADD("mlp.gate_proj.weight", t, 2, I, H, 0);
-        free(t);
-        CHECK(t = make(o, w, I * H, DIST_NORMAL, sh));
-        ADD("mlp.up_proj.weight", t, 2, I, H, 0);
-        free(t);
-        CHECK(t = make(o, w, H * I, DIST_NORMAL, 1.0f / sqrtf((float)I)));
-        ADD("mlp.down_proj.weight", t, 2, H, I, 0);
-        free(t);
+        gen_mlp(o, w, pfx, l, "mlp.", I);
     }
 
     if (full) {
