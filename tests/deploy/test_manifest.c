@@ -308,6 +308,9 @@ static void test_http_port(void **state)
     expect_error(edit(6, "  metrics_port: 7001\n  http_port: 7010"), "p0.port: port 7010 on "
                  "host 127.0.0.1 is already taken by coordinator.http_port", NULL);
     expect_error(edit(6, "  metrics_port: 7001\n  http_port: 0"), "coordinator.http_port", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  http_port: 7001"), "coordinator.http_port: "
+                 "port 7001 on host 127.0.0.1 is already taken by coordinator.metrics_port",
+                 NULL);
 }
 
 static void test_bad_layout(void **state)
