@@ -2,7 +2,8 @@
  *
  * Batch invariance: each y[m][n] is computed by the exact sequence of
  * hpd_dot() (8 lanes over k, fixed horizontal sum, ordered tail) whatever the
- * kernel shape that computes it (4x2 for the bulk, 1x4 for leftover rows, 1x1
+ * kernel shape that computes it (4x4 for the bulk of a large batch, 4x2 for
+ * small batches and leftover pairs of columns, 1x4 for leftover rows, 1x1
  * for leftover columns), so a row's result never depends on the batch.
  *
  * Weight dtypes: a BF16 or F16 element is widened to fp32 in registers as it
@@ -83,6 +84,18 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
 }
 #endif
 
+/* The 4x4 kernel's row r: x row r against the four weight vectors b0..b3,
+ * and its four results. */
+#define FMA_ROW4(r, xv)                                                                           \
+    (a##r##0 = hpd_v8_fma(xv, b0, a##r##0), a##r##1 = hpd_v8_fma(xv, b1, a##r##1),                \
+     a##r##2 = hpd_v8_fma(xv, b2, a##r##2), a##r##3 = hpd_v8_fma(xv, b3, a##r##3))
+#define FINISH_ROW4(SFX, r)                                                                       \
+    for (int c_ = 0; c_ < 4; c_++) {                                                              \
+        const hpd_v8_t acc_[4] = {a##r##0, a##r##1, a##r##2, a##r##3};                            \
+        finish(y + r * (size_t)ldy + c_,                                                          \
+               tail_##SFX(hpd_v8_hsum(acc_[c_]), x##r, w0 + c_ * (size_t)k, i, k), accumulate);  \
+    }
+
 /* The kernels for weights of element type WT, loaded by load8_SFX/load1_SFX. */
 #define GEMM_KERNELS(SFX, WT)                                                                    \
     static inline float tail_##SFX(float s, const float *x, const WT *w, uint32_t i, uint32_t k) \
@@ -141,6 +154,32 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         finish(y + 3 * (size_t)ldy + 1, tail_##SFX(hpd_v8_hsum(a31), x3, w1, i, k), accumulate); \
     }                                                                                            \
                                                                                                  \
+    /* Large batches (prefill): 4 rows of x by 4 rows of w, each weight     \
+     * vector widened once for 4 rows of x; 16 accumulators. */                                  \
+    static void kern_4x4_##SFX(const float *x, uint32_t ldx, const WT *w0, uint32_t k, float *y, \
+                               uint32_t ldy, bool accumulate)                                    \
+    {                                                                                            \
+        const WT *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k, *w3 = w0 + 3 * (size_t)k;              \
+        const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx;                           \
+        const float *x3 = x + 3 * (size_t)ldx;                                                   \
+        hpd_v8_t a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33; \
+        a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = hpd_v8_zero();                           \
+        a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = hpd_v8_zero();                           \
+        uint32_t i = 0;                                                                          \
+        for (; i + 8 <= k; i += 8) {                                                             \
+            const hpd_v8_t b0 = load8_##SFX(w0 + i), b1 = load8_##SFX(w1 + i);                   \
+            const hpd_v8_t b2 = load8_##SFX(w2 + i), b3 = load8_##SFX(w3 + i);                   \
+            FMA_ROW4(0, hpd_v8_load(x0 + i));                                                    \
+            FMA_ROW4(1, hpd_v8_load(x1 + i));                                                    \
+            FMA_ROW4(2, hpd_v8_load(x2 + i));                                                    \
+            FMA_ROW4(3, hpd_v8_load(x3 + i));                                                    \
+        }                                                                                        \
+        FINISH_ROW4(SFX, 0)                                                                      \
+        FINISH_ROW4(SFX, 1)                                                                      \
+        FINISH_ROW4(SFX, 2)                                                                      \
+        FINISH_ROW4(SFX, 3)                                                                      \
+    }                                                                                            \
+                                                                                                 \
     static void kern_1x4_##SFX(const float *x, const WT *w, uint32_t ldw, uint32_t k, float *y,  \
                                bool accumulate)                                                  \
     {                                                                                            \
@@ -177,6 +216,10 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
             const float *x = a->x + (size_t)m * a->ldx;                                          \
             float *y = a->y + (size_t)m * a->ldy;                                                \
             uint32_t n = n0;                                                                     \
+            if (a->m > 16) /* else 4x2, which prefetches w */                                    \
+                for (; n + 4 <= n1; n += 4)                                                      \
+                    kern_4x4_##SFX(x, a->ldx, w + (size_t)n * k, k, y + n, a->ldy,               \
+                                   a->accumulate);                                               \
             for (; n + 2 <= n1; n += 2)                                                          \
                 kern_4x2_##SFX(x, a->ldx, w + (size_t)n * k, w + (size_t)(n + 1) * k, k, y + n,  \
                                a->ldy, a->accumulate, a->m <= 16);                               \
