@@ -7,7 +7,9 @@
  *
  * Decode streams every weight it uses once per step: its bound is
  * active_bytes / read_bandwidth per token (batch 1), where a mixture of
- * experts reads only the top-k experts of each MoE layer. */
+ * experts reads only the top-k experts of each MoE layer. Prefill is bound
+ * by its matrix products: 2 flops per active matmul weight per token,
+ * shown against the fp32 FMA peak of the same threads, measured here. */
 #include <dirent.h>
 #include <getopt.h>
 #include <omp.h>
@@ -20,6 +22,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "kernels/cpu/simd.h"
 
 /* memcpy of `bytes` split over the threads; returns bytes moved (read +
  * written) per second, best of a few runs. */
@@ -48,6 +51,42 @@ static double memcpy_bandwidth(size_t bytes, int threads)
     }
     free(src);
     free(dst);
+    return best;
+}
+
+/* fp32 flops per second of the threads doing independent 8-lane FMAs (the
+ * kernels' vector width), best of a few runs: the ceiling of any product
+ * that multiplies in fp32. 12 chains per thread cover the FMA latency of
+ * two pipes. */
+static double fma_peak(int threads)
+{
+    enum { CHAINS = 12, ITERS = 1 << 22 };
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        float sink = 0;
+        double t0 = hpd_time_now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            const hpd_v8_t a = hpd_v8_set1(0.999999f), b = hpd_v8_set1(1e-7f);
+            hpd_v8_t c0 = hpd_v8_set1(0), c1 = hpd_v8_set1(1), c2 = hpd_v8_set1(2);
+            hpd_v8_t c3 = hpd_v8_set1(3), c4 = hpd_v8_set1(4), c5 = hpd_v8_set1(5);
+            hpd_v8_t c6 = hpd_v8_set1(6), c7 = hpd_v8_set1(7), c8 = hpd_v8_set1(8);
+            hpd_v8_t c9 = hpd_v8_set1(9), c10 = hpd_v8_set1(10), c11 = hpd_v8_set1(11);
+            for (int i = 0; i < ITERS; i++) { /* named chains stay in registers */
+                c0 = hpd_v8_fma(c0, a, b), c1 = hpd_v8_fma(c1, a, b), c2 = hpd_v8_fma(c2, a, b);
+                c3 = hpd_v8_fma(c3, a, b), c4 = hpd_v8_fma(c4, a, b), c5 = hpd_v8_fma(c5, a, b);
+                c6 = hpd_v8_fma(c6, a, b), c7 = hpd_v8_fma(c7, a, b), c8 = hpd_v8_fma(c8, a, b);
+                c9 = hpd_v8_fma(c9, a, b), c10 = hpd_v8_fma(c10, a, b);
+                c11 = hpd_v8_fma(c11, a, b);
+            }
+            sink += hpd_v8_hsum(c0) + hpd_v8_hsum(c1) + hpd_v8_hsum(c2) + hpd_v8_hsum(c3) +
+                    hpd_v8_hsum(c4) + hpd_v8_hsum(c5) + hpd_v8_hsum(c6) + hpd_v8_hsum(c7) +
+                    hpd_v8_hsum(c8) + hpd_v8_hsum(c9) + hpd_v8_hsum(c10) + hpd_v8_hsum(c11);
+        }
+        const double flops = 2.0 * 8 * CHAINS * (double)ITERS * threads;
+        const double f = flops / (hpd_time_now() - t0);
+        best = f > best && sink == sink ? f : best;
+    }
     return best;
 }
 
@@ -130,8 +169,22 @@ static double active_bytes(const hpd_model_t *m)
     return b;
 }
 
+/* The matmul weights one token multiplies (2 flops each): every weight but
+ * the embedding, the head (once per prompt, not per token) and the experts
+ * a token does not route to; norms and convolutions are negligible. */
+static double active_matmul_params(const hpd_model_t *m)
+{
+    const hpd_model_config_t *c = &m->config;
+    const double vh = (double)c->vocab_size * c->hidden_size;
+    double p = (double)m->n_params - (m->lm_head.p == m->embed.p ? vh : 2 * vh);
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        if (c->layer_moe[l])
+            p -= (double)(c->n_experts - c->top_k) * 3 * c->moe_inter * c->hidden_size;
+    return p;
+}
+
 static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
-                       uint32_t decode_len, double copy_bw, bool load_only)
+                       uint32_t decode_len, double copy_bw, double peak, bool load_only)
 {
     hpd_model_t *m;
     hpd_engine_params_t ep;
@@ -186,9 +239,14 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
         hpd_engine_destroy(e);
     }
     const double b1_bw = r.decode_tps_b1 * active;
+    const double flops_per_token = 2 * active_matmul_params(m);
+    printf("  matmul flops per prompt token %.3f G\n", flops_per_token / 1e9);
     printf("  weights %.1f MiB, read per decode step %.1f MiB\n", weight_bytes / 1048576.0,
            active / 1048576.0);
-    printf("  prefill (%u-token prompt):   %10.1f tokens/s\n", prompt_len, r.prefill_tps);
+    printf("  prefill (%u-token prompt):   %10.1f tokens/s  (matmuls %.1f GFLOP/s, %.2f of the fp32 "
+           "FMA peak)\n",
+           prompt_len, r.prefill_tps, r.prefill_tps * flops_per_token / 1e9,
+           r.prefill_tps * flops_per_token / peak);
     printf("  decode batch 1:              %10.1f tokens/s  (weights read %.2f GB/s)\n",
            r.decode_tps_b1, b1_bw / 1e9);
     printf("  decode batch 8:              %10.1f tokens/s\n", r.decode_tps_b8);
@@ -231,8 +289,10 @@ int main(int argc, char **argv)
     const int nt = threads ? (int)threads : omp_get_num_procs();
     const double bw = memcpy_bandwidth((size_t)512 << 20, nt);
     printf("memcpy 512 MiB on %d threads: %.2f GB/s (read + write)\n", nt, bw / 1e9);
+    const double peak = fma_peak(nt);
+    printf("fp32 FMA peak on %d threads: %.1f GFLOP/s (8 lanes)\n", nt, peak / 1e9);
     for (int i = optind; i < argc; i++)
-        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, load_only) != 0) {
+        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, peak, load_only) != 0) {
             fprintf(stderr, "hpd-bench-cpu: %s failed\n", argv[i]);
             hpd_backend_destroy(be);
             return 1;

@@ -66,7 +66,7 @@ read -r ll_pp_bf16 ll_tg_bf16 < <(ll "$WORK/$name-bf16.gguf")
 read -r ll_pp_f32 ll_tg_f32 < <(ll "$WORK/$name-f32.gguf")
 out=$(./build/bench/hpd-bench-cpu --threads "$THREADS" --prompt "$PROMPT" --decode "$GEN" "$model")
 echo "$out"
-hpd_pp=$(echo "$out" | awk '/prefill/ {print $(NF-1)}')
+hpd_pp=$(echo "$out" | awk '/prefill \(/ {print $4}')
 hpd_tg=$(echo "$out" | awk '/decode batch 1:/ {print $4}')
 echo
 echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens"
@@ -74,8 +74,15 @@ printf "llama.cpp BF16: prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_bf16"
 printf "llama.cpp F32:  prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_f32" "$ll_tg_f32"
 printf "hybridpd (the checkpoint's BF16): prefill %9.1f tok/s, decode %7.1f tok/s\n" \
     "$hpd_pp" "$hpd_tg"
+# the same matmul flops per prompt token for both engines (the same model):
+# what llama.cpp's prefill asks of the cores, against their fp32 FMA peak
+flops=$(echo "$out" | awk '/matmul flops per prompt token/ {print $(NF-1)}')
+peak=$(echo "$out" | awk '/^fp32 FMA peak/ {print $7}')
 "$PY" -c "import sys
-pp, tg, lpb, ltb, lpf, ltf = map(float, sys.argv[1:])
+pp, tg, lpb, ltb, lpf, ltf, fl, pk = map(float, sys.argv[1:])
 print(f'ratio hybridpd / llama.cpp BF16: prefill {pp / lpb:.2f}, decode {tg / ltb:.2f}')
-print(f'ratio hybridpd / llama.cpp F32:  prefill {pp / lpf:.2f}, decode {tg / ltf:.2f}')" \
-    "$hpd_pp" "$hpd_tg" "$ll_pp_bf16" "$ll_tg_bf16" "$ll_pp_f32" "$ll_tg_f32"
+print(f'ratio hybridpd / llama.cpp F32:  prefill {pp / lpf:.2f}, decode {tg / ltf:.2f}')
+print(f'prefill matmuls (fp32 FMA peak {pk:.1f} GFLOP/s): hybridpd {pp * fl:.1f} GFLOP/s '
+      f'({pp * fl / pk:.2f} of it), llama.cpp BF16 {lpb * fl:.1f} ({lpb * fl / pk:.2f}, bf16 '
+      f'products), llama.cpp F32 {lpf * fl:.1f} ({lpf * fl / pk:.2f})')" \
+    "$hpd_pp" "$hpd_tg" "$ll_pp_bf16" "$ll_tg_bf16" "$ll_pp_f32" "$ll_tg_f32" "$flops" "$peak"
