@@ -8,7 +8,7 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
 {
     const char *device = params->device ? params->device : "cpu";
 
-    if (strcmp(device, "cpu") == 0)
+    if (strcmp(device, "cpu") == 0 || strcmp(device, "cpu-bf16") == 0)
         return hpd_backend_cpu_create(params, backend_p);
     if (strncmp(device, "cuda", 4) == 0) {
 #ifdef HPD_HAVE_CUDA
@@ -18,7 +18,9 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
         return HPD_ERR_UNSUPPORTED;
 #endif
     }
-    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu, cuda[:N] or cuda-fast[:N])", device);
+    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu, cpu-bf16, cuda[:N] or "
+                  "cuda-fast[:N])",
+                  device);
     return HPD_ERR_INVALID_ARG;
 }
 

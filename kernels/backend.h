@@ -291,6 +291,11 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* what the arithmetic is, for nodes that must agree on it (a cluster's
+     * nodes give the same tokens only with the same numerics): "fp32" (cpu,
+     * cuda), "bf16-products" (cpu-bf16; "-emulated" without AVX512_BF16),
+     * "cublas" (cuda-fast) */
+    const char *numerics;
     /* true when backend memory is host memory (the CPU backend): the host
      * may read and write it directly */
     bool host_memory;
@@ -339,11 +344,14 @@ struct hpd_backend {
 };
 
 typedef struct {
-    const char *device;  /* "cpu" (the default when NULL), "cuda[:N]" or "cuda-fast[:N]" */
+    /* "cpu" (the default when NULL), "cpu-bf16" (BF16 weights multiply
+     * activations rounded to bf16, as llama.cpp: faster, no longer the fp32
+     * result), "cuda[:N]" or "cuda-fast[:N]" */
+    const char *device;
     uint32_t n_threads;  /* CPU threads; 0: all cores */
 } hpd_backend_params_t;
 
-/* Creates the backend named by params->device ("cpu", "cuda[:N]",
+/* Creates the backend named by params->device ("cpu", "cpu-bf16", "cuda[:N]",
  * "cuda-fast[:N]"). Failures are logged: HPD_ERR_NO_DEVICE only when the
  * machine has no GPU at all (no driver, or none visible) and a GPU device
  * was named; HPD_ERR_INVALID_ARG for a misspelt device or a GPU index this

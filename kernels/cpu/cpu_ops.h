@@ -9,6 +9,11 @@ typedef struct {
     /* the GEMM's FP8 dequantisation tiles, one per thread (grown on demand) */
     float *f8_tiles;
     size_t f8_floats;
+    /* device cpu-bf16: BF16 weights multiply x rounded to bf16 (gemm_bf16.c),
+     * x's rounded rows (grown on demand) */
+    bool bf16_products;
+    uint16_t *xb;
+    size_t xb_elems;
 } hpd_cpu_ctx_t;
 
 static inline int hpd_cpu_threads(hpd_backend_t *b)
@@ -18,6 +23,15 @@ static inline int hpd_cpu_threads(hpd_backend_t *b)
 
 hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
 hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+/* bf16 products (gemm_bf16.c): the GEMM of device cpu-bf16 for BF16
+ * weights; the scalar sequence of one of its outputs, over x already
+ * rounded (hpd_cpu_round_bf16), which the kernels reproduce bit for bit;
+ * whether this build uses the VDPBF16PS instruction (else the sequence lane
+ * by lane) */
+hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t *a);
+float hpd_cpu_bf16_dot_ref(const uint16_t *x, const uint16_t *w, uint32_t k);
+uint16_t hpd_cpu_round_bf16(float f);
+bool hpd_cpu_bf16_native(void);
 hpd_status_t hpd_cpu_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
 hpd_status_t hpd_cpu_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a);
 hpd_status_t hpd_cpu_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);

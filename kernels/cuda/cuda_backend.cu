@@ -178,6 +178,7 @@ hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float 
 
 static const hpd_backend_ops_t cuda_ops = {
     .name = "cuda",
+    .numerics = "fp32",
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,
@@ -213,6 +214,7 @@ static const hpd_backend_ops_t cuda_ops = {
 
 static const hpd_backend_ops_t cuda_fast_ops = {
     .name = "cuda-fast",
+    .numerics = "cublas",
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,

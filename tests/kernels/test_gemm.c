@@ -1,6 +1,8 @@
 /* GEMM against a double-precision reference, batch invariance (a row's
  * bits do not depend on how many rows are computed with it), and BF16 / F16
- * weights giving the bits of the same weights stored as F32. */
+ * weights giving the bits of the same weights stored as F32; the bf16
+ * products of device cpu-bf16 against their defined sequence, bit for bit,
+ * and against a double-precision reference of the rounded x. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,7 +11,9 @@
 #include <cmocka.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/test_helpers.h"
 
 static hpd_backend_t *cpu(uint32_t threads)
@@ -17,6 +21,15 @@ static hpd_backend_t *cpu(uint32_t threads)
     hpd_backend_params_t p = {.device = "cpu", .n_threads = threads};
     hpd_backend_t *be;
     assert_int_equal(hpd_backend_cpu_create(&p, &be), HPD_OK);
+    return be;
+}
+
+static hpd_backend_t *cpu_bf16(uint32_t threads)
+{
+    hpd_backend_params_t p = {.device = "cpu-bf16", .n_threads = threads};
+    hpd_backend_t *be;
+    assert_int_equal(hpd_backend_create(&p, &be), HPD_OK);
+    assert_string_equal(be->ops->name, "cpu-bf16");
     return be;
 }
 
@@ -185,6 +198,133 @@ static void test_fp8_weights(void **state)
     hpd_backend_destroy(be);
 }
 
+/* random bf16 weights with a few denormals, zeros and large values: the
+ * cases where flushing and rounding order show */
+static void fill_bf16(uint16_t *h, float *f, size_t n, uint64_t seed)
+{
+    test_fill(f, n, seed, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        if (i % 97 == 5)
+            f[i] = 1e-39f * (i % 2 ? 1 : -1); /* denormal */
+        else if (i % 89 == 7)
+            f[i] *= 1e30f;
+        else if (i % 83 == 3)
+            f[i] = 0;
+    }
+    hpd_dtype_from_f32(HPD_DTYPE_BF16, f, h, n);
+}
+
+/* cpu-bf16: each y[m][n] is hpd_cpu_bf16_dot_ref over x rounded to bf16,
+ * bit for bit, for every kernel shape (4x4 above 16 rows, 1x4, 1x1, tails
+ * of k), accumulate or not, on 1 and 2 threads. On a CPU with AVX512_BF16
+ * this checks that VDPBF16PS rounds as the defined sequence does. */
+static void test_bf16_products_sequence(void **state)
+{
+    const uint32_t shapes[][3] = {{1, 1, 1},    {1, 9, 16},    {3, 5, 37},   {4, 8, 64},
+                                  {17, 70, 256}, {37, 13, 203}, {5, 1030, 24}, {1, 64, 1024}};
+    hpd_backend_t *be1 = cpu_bf16(1), *be2 = cpu_bf16(2);
+
+    printf("bf16 products: %s\n", hpd_cpu_bf16_native() ? "VDPBF16PS" : "emulated");
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        const uint32_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        float *x = malloc((size_t)m * k * 4), *wf = malloc((size_t)n * k * 4);
+        float *y = malloc((size_t)m * n * 4), *y0 = malloc((size_t)m * n * 4);
+        uint16_t *w = malloc((size_t)n * k * 2), *xb = malloc((size_t)k * 2);
+        test_fill(x, (size_t)m * k, 40 + s, 1.0f);
+        for (size_t i = 0; i < (size_t)m * k; i += 101)
+            x[i] = 3e-39f; /* a denormal activation: flushed */
+        fill_bf16(w, wf, (size_t)n * k, 50 + s);
+        for (int acc = 0; acc < 2; acc++) {
+            test_fill(y0, (size_t)m * n, 60 + s, 1.0f);
+            memcpy(y, y0, (size_t)m * n * 4);
+            hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
+                                 .ldy = n, .m = m, .n = n, .k = k, .accumulate = acc};
+            assert_int_equal(hpd_gemm(acc ? be1 : be2, &a), HPD_OK);
+            for (uint32_t r = 0; r < m; r++) {
+                for (uint32_t i = 0; i < k; i++)
+                    xb[i] = hpd_cpu_round_bf16(x[(size_t)r * k + i]);
+                for (uint32_t c = 0; c < n; c++) {
+                    float want = hpd_cpu_bf16_dot_ref(xb, w + (size_t)c * k, k);
+                    if (acc)
+                        want = y0[(size_t)r * n + c] + want;
+                    const float got = y[(size_t)r * n + c];
+                    if (memcmp(&got, &want, 4) != 0)
+                        fail_msg("%ux%ux%u, accumulate %d, y[%u][%u] = %a, the sequence gives %a",
+                                 m, n, k, acc, r, c, got, want);
+                }
+            }
+        }
+        free(x), free(wf), free(y), free(y0), free(w), free(xb);
+    }
+    hpd_backend_destroy(be1);
+    hpd_backend_destroy(be2);
+}
+
+/* cpu-bf16: against a float64 reference of x rounded to bf16 times w (the
+ * products the mode defines), within fp32 accumulation error; x rounded to
+ * nearest even (ties too); weights other than BF16 keep the fp32 GEMM's bits;
+ * rows are batch invariant as in fp32. */
+static void test_bf16_products_values(void **state)
+{
+    const uint32_t M = 37, N = 45, K = 300;
+    hpd_backend_t *be = cpu_bf16(2), *fp = cpu(2);
+    float *x = malloc(M * K * 4), *wf = malloc(N * K * 4), *y = malloc(M * N * 4);
+    float *ref = malloc(M * N * 4), *part = malloc(M * N * 4);
+    uint16_t *w = malloc(N * K * 2);
+
+    test_fill(x, M * K, 70, 1.0f);
+    test_fill(wf, N * K, 71, 0.1f);
+    hpd_dtype_from_f32(HPD_DTYPE_BF16, wf, w, N * K);
+    hpd_gemm_args_t a = {.x = x, .ldx = K, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y, .ldy = N,
+                         .m = M, .n = N, .k = K};
+    assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+    for (uint32_t r = 0; r < M; r++)
+        for (uint32_t c = 0; c < N; c++) {
+            double d = 0;
+            for (uint32_t i = 0; i < K; i++)
+                d += (double)hpd_bf16_to_f32(hpd_cpu_round_bf16(x[r * K + i])) *
+                     hpd_bf16_to_f32(w[c * K + i]);
+            ref[r * N + c] = (float)d;
+        }
+    assert_true(test_rel_rms(y, ref, M * N) < 1e-6);
+    /* and not the fp32 products: the rounding of x shows */
+    hpd_gemm_args_t f = a;
+    f.y = part;
+    assert_int_equal(hpd_gemm(fp, &f), HPD_OK);
+    assert_true(test_rel_rms(y, part, M * N) > 1e-4);
+
+    /* rounding: ties to even, carries, signs, NaN stays NaN */
+    assert_int_equal(hpd_cpu_round_bf16(1.0f), 0x3f80);
+    assert_int_equal(hpd_cpu_round_bf16(1.00390625f), 0x3f80);  /* tie, to even */
+    assert_int_equal(hpd_cpu_round_bf16(1.01171875f), 0x3f82);  /* tie, to even (up) */
+    assert_int_equal(hpd_cpu_round_bf16(nextafterf(1.00390625f, 2)), 0x3f81); /* above */
+    assert_int_equal(hpd_cpu_round_bf16(-2.0f), 0xc000);
+    assert_int_equal(hpd_cpu_round_bf16(-1e-39f), 0x8000);
+    assert_true((hpd_cpu_round_bf16(NAN) & 0x7fc0) == 0x7fc0);
+
+    /* F32 weights on cpu-bf16: the fp32 GEMM, bit for bit */
+    hpd_gemm_args_t g = {.x = x, .ldx = K, .w = wf, .y = y, .ldy = N, .m = M, .n = N, .k = K};
+    assert_int_equal(hpd_gemm(be, &g), HPD_OK);
+    g.y = part;
+    assert_int_equal(hpd_gemm(fp, &g), HPD_OK);
+    assert_memory_equal(y, part, M * N * 4);
+
+    /* batch invariance: every sub-batch reproduces its rows */
+    assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+    for (uint32_t r0 = 0; r0 < M; r0 += 5)
+        for (uint32_t m = 1; r0 + m <= M; m += 7) {
+            hpd_gemm_args_t b = a;
+            b.x = x + r0 * K;
+            b.y = part;
+            b.m = m;
+            assert_int_equal(hpd_gemm(be, &b), HPD_OK);
+            assert_memory_equal(part, y + r0 * N, m * N * 4);
+        }
+    hpd_backend_destroy(be);
+    hpd_backend_destroy(fp);
+    free(x), free(wf), free(y), free(ref), free(part), free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +332,8 @@ int main(void)
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_half_weights_exact),
         cmocka_unit_test(test_fp8_weights),
+        cmocka_unit_test(test_bf16_products_sequence),
+        cmocka_unit_test(test_bf16_products_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

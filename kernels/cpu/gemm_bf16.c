@@ -1,0 +1,280 @@
+/* GEMM y = x w^T with bf16 products (device "cpu-bf16"): BF16 weights
+ * multiply x rounded to bf16, two products per lane per instruction
+ * (VDPBF16PS), accumulated in fp32. This is llama.cpp's arithmetic for BF16
+ * weights; it gives up the bits of the fp32 product (and agreement with
+ * transformers run in fp32) for about twice the products per cycle.
+ *
+ * The determinism contract holds within the mode: every y[m][n] is one
+ * fixed sequence (hpd_cpu_bf16_dot_ref below) whatever the kernel shape,
+ * the batch or the thread count:
+ *   - x[m][i] is rounded to bf16 to nearest even, a result below FLT_MIN
+ *     flushed to a signed zero (round_bf16);
+ *   - 8 lanes; lane j takes, in each step of 16 elements starting at s, the
+ *     product of elements s+2j+1 then that of s+2j, each exact in fp32 (8-bit
+ *     by 8-bit significands) and added with one rounding to nearest even, a
+ *     sum below FLT_MIN flushed to zero and a denormal weight read as zero
+ *     (VDPBF16PS's order and its DAZ/FTZ);
+ *   - the fixed horizontal sum (hpd_v8_hsum), then the k % 16 tail element
+ *     by element with fp32 FMAs.
+ * Where the CPU lacks AVX512_BF16 the same sequence is computed lane by lane
+ * (slowly); test_gemm checks the instruction against the scalar sequence
+ * bit for bit, since the instruction's rounding order is the one thing here
+ * the code cannot choose. */
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
+
+#define NB 32 /* weight rows per tile, as gemm.c */
+#define PREFETCH_W(p) __builtin_prefetch((p), 0, 1) /* into L2 only: see gemm.c */
+
+/* ---- the scalar sequence */
+
+static inline float ftz(float f)
+{
+    return fabsf(f) < FLT_MIN ? copysignf(0.0f, f) : f;
+}
+
+static inline uint16_t round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: kept, made quiet */
+        return (uint16_t)((u >> 16) | 0x40);
+    if ((u & 0x7f800000u) == 0) /* zero or denormal: signed zero */
+        return (uint16_t)((u >> 16) & 0x8000);
+    u += 0x7fffu + ((u >> 16) & 1u); /* to nearest even (may carry to inf) */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float daz_bf16(uint16_t h)
+{
+    return (h & 0x7f80) == 0 ? hpd_bf16_to_f32(h & 0x8000) : hpd_bf16_to_f32(h);
+}
+
+/* one lane's step: acc + x1 w1, then + x0 w0 */
+static inline float lane_step(float acc, uint16_t x0, uint16_t x1, uint16_t w0, uint16_t w1)
+{
+    acc = ftz(acc + daz_bf16(x1) * daz_bf16(w1));
+    return ftz(acc + daz_bf16(x0) * daz_bf16(w0));
+}
+
+static inline float tail_bp(float s, const uint16_t *x, const uint16_t *w, uint32_t i, uint32_t k)
+{
+    for (; i < k; i++)
+        s = hpd_fma1(hpd_bf16_to_f32(x[i]), hpd_bf16_to_f32(w[i]), s);
+    return s;
+}
+
+float hpd_cpu_bf16_dot_ref(const uint16_t *x, const uint16_t *w, uint32_t k)
+{
+    float lane[8] = {0};
+    uint32_t i = 0;
+    for (; i + 16 <= k; i += 16)
+        for (int j = 0; j < 8; j++)
+            lane[j] = lane_step(lane[j], x[i + 2 * j], x[i + 2 * j + 1], w[i + 2 * j],
+                                w[i + 2 * j + 1]);
+    return tail_bp(hpd_v8_hsum(hpd_v8_load(lane)), x, w, i, k);
+}
+
+uint16_t hpd_cpu_round_bf16(float f)
+{
+    return round_bf16(f);
+}
+
+/* ---- 16 bf16 pairs into 8 fp32 lanes */
+
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+typedef __m256bh bh16_t;
+static inline bh16_t load_bh16(const uint16_t *p)
+{
+    return (bh16_t)_mm256_loadu_si256((const __m256i *)p);
+}
+static inline hpd_v8_t dp16(hpd_v8_t acc, bh16_t x, bh16_t w)
+{
+    return _mm256_dpbf16_ps(acc, x, w);
+}
+#define IN_REG(v) __asm__("" : "+v"(v)) /* see gemm.c */
+#else
+typedef struct {
+    uint16_t h[16];
+} bh16_t;
+static inline bh16_t load_bh16(const uint16_t *p)
+{
+    bh16_t v;
+    memcpy(v.h, p, sizeof(v.h));
+    return v;
+}
+static inline hpd_v8_t dp16(hpd_v8_t acc, bh16_t x, bh16_t w)
+{
+    float l[8];
+    hpd_v8_store(l, acc);
+    for (int j = 0; j < 8; j++)
+        l[j] = lane_step(l[j], x.h[2 * j], x.h[2 * j + 1], w.h[2 * j], w.h[2 * j + 1]);
+    return hpd_v8_load(l);
+}
+#define IN_REG(v) (void)0
+#endif
+
+bool hpd_cpu_bf16_native(void)
+{
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* ---- kernels: the shapes of gemm.c over bf16 x (ldx elements per row) */
+
+static inline float dot_bp(const uint16_t *x, const uint16_t *w, uint32_t k)
+{
+    hpd_v8_t acc = hpd_v8_zero();
+    uint32_t i = 0;
+    for (; i + 16 <= k; i += 16)
+        acc = dp16(acc, load_bh16(x + i), load_bh16(w + i));
+    return tail_bp(hpd_v8_hsum(acc), x, w, i, k);
+}
+
+static inline void finish(float *y, float s, bool accumulate)
+{
+    *y = accumulate ? *y + s : s;
+}
+
+#define DP_ROW4(r, xv)                                                                            \
+    (a##r##0 = dp16(a##r##0, xv, b0), a##r##1 = dp16(a##r##1, xv, b1),                           \
+     a##r##2 = dp16(a##r##2, xv, b2), a##r##3 = dp16(a##r##3, xv, b3))
+#define FINISH_ROW4(r)                                                                            \
+    for (int c_ = 0; c_ < 4; c_++) {                                                              \
+        const hpd_v8_t acc_[4] = {a##r##0, a##r##1, a##r##2, a##r##3};                            \
+        finish(y + r * (size_t)ldy + c_,                                                          \
+               tail_bp(hpd_v8_hsum(acc_[c_]), x##r, w0 + c_ * (size_t)k, i, k), accumulate);      \
+    }
+
+/* 4 rows of x by 4 rows of w (large batches) */
+static void kern_4x4(const uint16_t *x, uint32_t ldx, const uint16_t *w0, uint32_t k, float *y,
+                     uint32_t ldy, bool accumulate)
+{
+    const uint16_t *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k, *w3 = w0 + 3 * (size_t)k;
+    const uint16_t *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx, *x3 = x + 3 * (size_t)ldx;
+    hpd_v8_t a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33;
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = hpd_v8_zero();
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = hpd_v8_zero();
+    uint32_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const bh16_t b0 = load_bh16(w0 + i), b1 = load_bh16(w1 + i);
+        const bh16_t b2 = load_bh16(w2 + i), b3 = load_bh16(w3 + i);
+        bh16_t v0 = load_bh16(x0 + i), v1 = load_bh16(x1 + i);
+        bh16_t v2 = load_bh16(x2 + i), v3 = load_bh16(x3 + i);
+        IN_REG(v0);
+        IN_REG(v1);
+        IN_REG(v2);
+        IN_REG(v3);
+        DP_ROW4(0, v0);
+        DP_ROW4(1, v1);
+        DP_ROW4(2, v2);
+        DP_ROW4(3, v3);
+    }
+    FINISH_ROW4(0)
+    FINISH_ROW4(1)
+    FINISH_ROW4(2)
+    FINISH_ROW4(3)
+}
+
+/* 1 row of x by 4 rows of w (decode), prefetching the rows of the next call */
+static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y,
+                     bool accumulate)
+{
+    const uint16_t *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k, *w3 = w0 + 3 * (size_t)k;
+    hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero(), a3 = hpd_v8_zero();
+    uint32_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        bh16_t xv = load_bh16(x + i);
+        IN_REG(xv);
+        PREFETCH_W(w0 + i + 4 * (size_t)k);
+        PREFETCH_W(w1 + i + 4 * (size_t)k);
+        PREFETCH_W(w2 + i + 4 * (size_t)k);
+        PREFETCH_W(w3 + i + 4 * (size_t)k);
+        a0 = dp16(a0, xv, load_bh16(w0 + i));
+        a1 = dp16(a1, xv, load_bh16(w1 + i));
+        a2 = dp16(a2, xv, load_bh16(w2 + i));
+        a3 = dp16(a3, xv, load_bh16(w3 + i));
+    }
+    finish(y, tail_bp(hpd_v8_hsum(a0), x, w0, i, k), accumulate);
+    finish(y + 1, tail_bp(hpd_v8_hsum(a1), x, w1, i, k), accumulate);
+    finish(y + 2, tail_bp(hpd_v8_hsum(a2), x, w2, i, k), accumulate);
+    finish(y + 3, tail_bp(hpd_v8_hsum(a3), x, w3, i, k), accumulate);
+}
+
+typedef struct {
+    const uint16_t *x; /* [m][k], rounded */
+    const uint16_t *w;
+    float *y;
+    uint32_t ldy, m, k;
+    bool accumulate;
+} job_t;
+
+/* weight rows [n0, n1) against every row of x: 4x4 blocks, then rows of x
+ * one by one (1x4, prefetching: small batches stream w from memory) */
+static void tile(const job_t *j, uint32_t n0, uint32_t n1)
+{
+    const uint32_t k = j->k;
+    uint32_t m = 0;
+    if (j->m > 16)
+        for (; m + 4 <= j->m; m += 4) {
+            const uint16_t *x = j->x + (size_t)m * k;
+            float *y = j->y + (size_t)m * j->ldy;
+            uint32_t n = n0;
+            for (; n + 4 <= n1; n += 4)
+                kern_4x4(x, k, j->w + (size_t)n * k, k, y + n, j->ldy, j->accumulate);
+            for (; n < n1; n++)
+                for (uint32_t r = 0; r < 4; r++)
+                    finish(y + (size_t)r * j->ldy + n,
+                           dot_bp(x + (size_t)r * k, j->w + (size_t)n * k, k), j->accumulate);
+        }
+    for (; m < j->m; m++) {
+        const uint16_t *x = j->x + (size_t)m * k;
+        float *y = j->y + (size_t)m * j->ldy;
+        uint32_t n = n0;
+        for (; n + 4 <= n1; n += 4)
+            kern_1x4(x, j->w + (size_t)n * k, k, y + n, j->accumulate);
+        for (; n < n1; n++)
+            finish(y + n, dot_bp(x, j->w + (size_t)n * k, k), j->accumulate);
+    }
+}
+
+hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    hpd_cpu_ctx_t *c = b->ctx;
+    const size_t need = (size_t)a->m * a->k;
+    const uint32_t n_tiles = (a->n + NB - 1) / NB;
+    const int threads = (uint64_t)a->m * a->n * a->k >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+
+    if (c->xb_elems < need) {
+        uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->xb = p;
+        c->xb_elems = need;
+    }
+    const job_t j = {.x = c->xb, .w = a->w, .y = a->y, .ldy = a->ldy, .m = a->m, .k = a->k,
+                     .accumulate = a->accumulate};
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (uint32_t r = 0; r < a->m; r++)
+            for (uint32_t i = 0; i < a->k; i++)
+                c->xb[(size_t)r * a->k + i] = round_bf16(a->x[(size_t)r * a->ldx + i]);
+#pragma omp for schedule(static)
+        for (uint32_t t = 0; t < n_tiles; t++) {
+            uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
+            tile(&j, n0, n1);
+        }
+    }
+    return HPD_OK;
+}
