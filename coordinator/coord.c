@@ -128,6 +128,7 @@ struct hpd_coord {
     uint64_t next_node, next_req, next_job;
     uint8_t fingerprint[16];
     bool have_fingerprint;
+    char numerics[32]; /* the first node's (its backend's arithmetic) */
     hpd_block_hash_t root;
     struct event *tick, *reap, *sched;
     hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
@@ -903,7 +904,19 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                  n->name);
         goto bad;
     }
+    /* nodes that multiply differently give different tokens for the same
+     * request (and a prefill node's pages would not be what the decode node
+     * computes): one arithmetic per cluster; a node that names none is fp32 */
+    const char *numerics = m.numerics[0] ? m.numerics : "fp32";
+    if (c->have_fingerprint && strcmp(c->numerics, numerics) != 0) {
+        snprintf(err.text, sizeof(err.text),
+                 "register: node %s computes with %s numerics where the cluster's nodes use %s "
+                 "(cpu, cuda: fp32; cpu-bf16: bf16-products)",
+                 n->name, numerics, c->numerics);
+        goto bad;
+    }
     if (!c->have_fingerprint) {
+        snprintf(c->numerics, sizeof(c->numerics), "%s", numerics);
         memcpy(c->fingerprint, fp, 16);
         hpd_prefix_hash_root(c->fingerprint, &c->root);
         c->have_fingerprint = true;

@@ -260,8 +260,8 @@ static void parse_field(ctx_t *c, const field_t *f, const yaml_node_t *v, const 
     case F_DEVICE: {
         s = scalar(v);
         uint64_t gpu;
-        if (s && strcmp(s, "cpu") == 0) {
-            strcpy(p->device, "cpu");
+        if (s && (strcmp(s, "cpu") == 0 || strcmp(s, "cpu-bf16") == 0)) {
+            strcpy(p->device, s);
             p->gpu = -1;
         } else if (s && strncmp(s, "cuda:", 5) == 0 && hpd_parse_u64(s + 5, 0, 255, &gpu) == 0) {
             snprintf(p->device, sizeof(p->device), "cuda:%u", (unsigned)gpu);
@@ -271,7 +271,7 @@ static void parse_field(ctx_t *c, const field_t *f, const yaml_node_t *v, const 
             snprintf(p->device, sizeof(p->device), "cuda-fast:%u", (unsigned)gpu);
             p->gpu = (int32_t)gpu;
         } else {
-            fail(c, v, path, "%s%s%s is invalid (expected cpu, cuda:N or cuda-fast:N with N the "
+            fail(c, v, path, "%s%s%s is invalid (expected cpu, cpu-bf16, cuda:N or cuda-fast:N with N the "
                  "GPU id)", s ? "'" : "", s ? s : type_name(v), s ? "'" : "");
         }
         break;

@@ -801,8 +801,9 @@ static void pack_fake_register(hpd_rpc_buf_t *b, uint8_t first_byte)
  * address UCX cannot read is refused at registration (it once aborted the
  * prefill node handed the address, and the retry the next one), and a
  * heartbeat for a real node from another connection (a client's) is
- * refused (it once made a node "draining" while /healthz said ok). The
- * cluster serves on, the real nodes untouched. */
+ * refused (it once made a node "draining" while /healthz said ok); a node
+ * of other numerics is refused. The cluster serves on, the real nodes
+ * untouched. */
 static void test_fake_peers(void **state)
 {
     const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
@@ -855,6 +856,19 @@ static void test_fake_peers(void **state)
     hpd_rpc_client_destroy(raw);
     event_base_free(eb);
     free(token);
+
+    /* a node of other numerics (bf16 products where the cluster computes
+     * in fp32, or the reverse) is refused at registration and exits 1: its
+     * tokens would differ from the others' for the same request */
+    const bool fp32 = strcmp(cl.device, "cpu-bf16") != 0;
+    const char *other[] = {"--device", fp32 ? "cpu-bf16" : "cpu", NULL};
+    cl_proc_t *odd = cl_start_node(&cl, "decode", "other-numerics-d", other);
+    cl_ending(odd);
+    cl_expect_end(&cl, odd, 1, 60);
+    assert_true(cl_file_has(odd->log, fp32 ? "computes with bf16-products numerics where the "
+                                             "cluster's nodes use fp32"
+                                           : "computes with fp32 numerics"));
+
     submit(s.c, 3, &q);
     wait_done(s.c, &q, "a request after the fake peers");
     expect_ok(&q, 3, 1);
