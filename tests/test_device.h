@@ -19,7 +19,8 @@ static inline bool test_require_gpu(void)
 
 /* Opens HPD_TEST_DEVICE (`dflt` when unset; "cpu" runs a GPU test's checks
  * on the CPU backend, to check the test itself). The test exits 77 (skipped)
- * only when the machine has no GPU at all and HPD_REQUIRE_GPU is not 1; a
+ * only when the machine has no GPU at all (or the build no CUDA backend) and
+ * HPD_REQUIRE_GPU is not 1; a
  * misspelt device, a GPU index this machine lacks, a driver error or any
  * other failure exits 1 with the reason, so that a GPU test never goes green
  * without running. */
@@ -32,6 +33,10 @@ static inline hpd_backend_t *test_open_device(const char *dflt, uint32_t threads
     const hpd_status_t st = hpd_backend_create(&p, &b);
     if (st == HPD_ERR_NO_DEVICE && !test_require_gpu()) {
         fprintf(stderr, "device %s: this machine has no GPU: skipped\n", device);
+        exit(TEST_EXIT_SKIP);
+    }
+    if (st == HPD_ERR_UNSUPPORTED && strncmp(device, "cuda", 4) == 0 && !test_require_gpu()) {
+        fprintf(stderr, "device %s: this build has no CUDA backend: skipped\n", device);
         exit(TEST_EXIT_SKIP);
     }
     if (st != HPD_OK) {

@@ -6,12 +6,15 @@
  *   request at a time vs all at once with a mixed prefill/decode batch),
  *   prefix-cache hits, and seeded sampling.
  * HPD_TEST_DEVICE names the device under test (cuda:0); "cpu" runs the
- * same checks on the CPU backend, which checks the test itself. */
+ * same checks on the CPU backend, which checks the test itself; "cpu-bf16"
+ * checks the bf16 products' determinism, with HPD_TEST_LOGIT_TOL (1e-4) and
+ * HPD_TEST_MIN_AGREE (0.9) set for an arithmetic that is not fp32's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
 
 #include "common/rng.h"
 #include "engine/engine.h"
@@ -142,6 +145,8 @@ static void test_gpu_vs_cpu(void **state)
     static first_logits_t fc, fg;
     const run_cfg_t c = {64, 1, HPD_KV_NHD, false, false, {0, 1, 0, 0}};
     uint32_t agree = 0, agree_prefix = 0;
+    const char *tol_s = getenv("HPD_TEST_LOGIT_TOL"), *agree_s = getenv("HPD_TEST_MIN_AGREE");
+    const double tol = tol_s ? atof(tol_s) : 1e-4, min_agree = agree_s ? atof(agree_s) : 0.9;
 
     run(cpu, &c, tc, &fc, NULL);
     run(gpu, &c, tg, &fg, NULL);
@@ -154,11 +159,11 @@ static void test_gpu_vs_cpu(void **state)
         }
         const double err = test_rel_rms(fg.logits[r], fc.logits[r], VOCAB);
         print_message("request %u: first-token logits rel rms %.2e\n", r, err);
-        assert_true(err < 1e-4);
+        assert_true(err < tol);
     }
-    print_message("greedy tokens, GPU vs CPU engine: %u of %u agree (%u before the first "
+    print_message("greedy tokens, device vs CPU engine: %u of %u agree (%u before the first "
                   "divergence)\n", agree, N_REQ * MAX_TOKENS, agree_prefix);
-    assert_true(agree * 10 >= N_REQ * MAX_TOKENS * 9);
+    assert_true(agree >= min_agree * N_REQ * MAX_TOKENS);
 }
 
 static void test_gpu_bit_identical(void **state)
