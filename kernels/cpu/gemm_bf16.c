@@ -156,9 +156,10 @@ static inline void finish(float *y, float s, bool accumulate)
                tail_bp(hpd_v8_hsum(acc_[c_]), x##r, w0 + c_ * (size_t)k, i, k), accumulate);      \
     }
 
-/* 4 rows of x by 4 rows of w (large batches) */
+/* 4 rows of x by 4 rows of w; a small batch (prefetch) streams w from
+ * memory: the rows of the next call are prefetched */
 static void kern_4x4(const uint16_t *x, uint32_t ldx, const uint16_t *w0, uint32_t k, float *y,
-                     uint32_t ldy, bool accumulate)
+                     uint32_t ldy, bool accumulate, bool prefetch)
 {
     const uint16_t *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k, *w3 = w0 + 3 * (size_t)k;
     const uint16_t *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx, *x3 = x + 3 * (size_t)ldx;
@@ -167,6 +168,12 @@ static void kern_4x4(const uint16_t *x, uint32_t ldx, const uint16_t *w0, uint32
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = hpd_v8_zero();
     uint32_t i = 0;
     for (; i + 16 <= k; i += 16) {
+        if (prefetch) {
+            PREFETCH_W(w0 + i + 4 * (size_t)k);
+            PREFETCH_W(w1 + i + 4 * (size_t)k);
+            PREFETCH_W(w2 + i + 4 * (size_t)k);
+            PREFETCH_W(w3 + i + 4 * (size_t)k);
+        }
         const bh16_t b0 = load_bh16(w0 + i), b1 = load_bh16(w1 + i);
         const bh16_t b2 = load_bh16(w2 + i), b3 = load_bh16(w3 + i);
         bh16_t v0 = load_bh16(x0 + i), v1 = load_bh16(x1 + i);
@@ -219,24 +226,24 @@ typedef struct {
     bool accumulate;
 } job_t;
 
-/* weight rows [n0, n1) against every row of x: 4x4 blocks, then rows of x
- * one by one (1x4, prefetching: small batches stream w from memory) */
+/* weight rows [n0, n1) against every row of x: 4x4 blocks, then the rows
+ * of x left one by one (1x4) */
 static void tile(const job_t *j, uint32_t n0, uint32_t n1)
 {
     const uint32_t k = j->k;
     uint32_t m = 0;
-    if (j->m > 16)
-        for (; m + 4 <= j->m; m += 4) {
-            const uint16_t *x = j->x + (size_t)m * k;
-            float *y = j->y + (size_t)m * j->ldy;
-            uint32_t n = n0;
-            for (; n + 4 <= n1; n += 4)
-                kern_4x4(x, k, j->w + (size_t)n * k, k, y + n, j->ldy, j->accumulate);
-            for (; n < n1; n++)
-                for (uint32_t r = 0; r < 4; r++)
-                    finish(y + (size_t)r * j->ldy + n,
-                           dot_bp(x + (size_t)r * k, j->w + (size_t)n * k, k), j->accumulate);
-        }
+    for (; m + 4 <= j->m; m += 4) {
+        const uint16_t *x = j->x + (size_t)m * k;
+        float *y = j->y + (size_t)m * j->ldy;
+        uint32_t n = n0;
+        for (; n + 4 <= n1; n += 4)
+            kern_4x4(x, k, j->w + (size_t)n * k, k, y + n, j->ldy, j->accumulate,
+                     j->m <= 16);
+        for (; n < n1; n++)
+            for (uint32_t r = 0; r < 4; r++)
+                finish(y + (size_t)r * j->ldy + n,
+                       dot_bp(x + (size_t)r * k, j->w + (size_t)n * k, k), j->accumulate);
+    }
     for (; m < j->m; m++) {
         const uint16_t *x = j->x + (size_t)m * k;
         float *y = j->y + (size_t)m * j->ldy;

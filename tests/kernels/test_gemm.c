@@ -215,7 +215,7 @@ static void fill_bf16(uint16_t *h, float *f, size_t n, uint64_t seed)
 }
 
 /* cpu-bf16: each y[m][n] is hpd_cpu_bf16_dot_ref over x rounded to bf16,
- * bit for bit, for every kernel shape (4x4 above 16 rows, 1x4, 1x1, tails
+ * bit for bit, for every kernel shape (4x4 with and without prefetch, 1x4, 1x1, tails
  * of k), accumulate or not, on 1 and 2 threads. On a CPU with AVX512_BF16
  * this checks that VDPBF16PS rounds as the defined sequence does. */
 static void test_bf16_products_sequence(void **state)
