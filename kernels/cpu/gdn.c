@@ -53,24 +53,105 @@ static void recurrent_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float 
     }
 }
 
+/* ---- small products inside a chunk: C[i][n] += sum_k A[i][k] B[k][n],
+ * k ascending, one FMA each, rows of C held in registers 4 x 16 at a time
+ * (the row axpys they replace loaded and stored C at every k) */
+
+static void mm_4x16(float *c, size_t ldc, const float *a, size_t lda, const float *b,
+                    size_t ldb, uint32_t K)
+{
+    float *c1 = c + ldc, *c2 = c + 2 * ldc, *c3 = c + 3 * ldc;
+    hpd_v8_t c00 = hpd_v8_load(c), c01 = hpd_v8_load(c + 8);
+    hpd_v8_t c10 = hpd_v8_load(c1), c11 = hpd_v8_load(c1 + 8);
+    hpd_v8_t c20 = hpd_v8_load(c2), c21 = hpd_v8_load(c2 + 8);
+    hpd_v8_t c30 = hpd_v8_load(c3), c31 = hpd_v8_load(c3 + 8);
+    for (uint32_t k = 0; k < K; k++) {
+        const hpd_v8_t b0 = hpd_v8_load(b + k * ldb), b1 = hpd_v8_load(b + k * ldb + 8);
+        hpd_v8_t x = hpd_v8_set1(a[k]);
+        c00 = hpd_v8_fma(x, b0, c00), c01 = hpd_v8_fma(x, b1, c01);
+        x = hpd_v8_set1(a[lda + k]);
+        c10 = hpd_v8_fma(x, b0, c10), c11 = hpd_v8_fma(x, b1, c11);
+        x = hpd_v8_set1(a[2 * lda + k]);
+        c20 = hpd_v8_fma(x, b0, c20), c21 = hpd_v8_fma(x, b1, c21);
+        x = hpd_v8_set1(a[3 * lda + k]);
+        c30 = hpd_v8_fma(x, b0, c30), c31 = hpd_v8_fma(x, b1, c31);
+    }
+    hpd_v8_store(c, c00), hpd_v8_store(c + 8, c01);
+    hpd_v8_store(c1, c10), hpd_v8_store(c1 + 8, c11);
+    hpd_v8_store(c2, c20), hpd_v8_store(c2 + 8, c21);
+    hpd_v8_store(c3, c30), hpd_v8_store(c3 + 8, c31);
+}
+
+static void mm_1x16(float *c, const float *a, const float *b, size_t ldb, uint32_t K)
+{
+    hpd_v8_t c0 = hpd_v8_load(c), c1 = hpd_v8_load(c + 8);
+    for (uint32_t k = 0; k < K; k++) {
+        const hpd_v8_t x = hpd_v8_set1(a[k]);
+        c0 = hpd_v8_fma(x, hpd_v8_load(b + k * ldb), c0);
+        c1 = hpd_v8_fma(x, hpd_v8_load(b + k * ldb + 8), c1);
+    }
+    hpd_v8_store(c, c0), hpd_v8_store(c + 8, c1);
+}
+
+static void mm_acc(float *c, size_t ldc, const float *a, size_t lda, const float *b, size_t ldb,
+                   uint32_t M, uint32_t N, uint32_t K)
+{
+    uint32_t n = 0;
+    for (; n + 16 <= N; n += 16) {
+        uint32_t i = 0;
+        for (; i + 4 <= M; i += 4)
+            mm_4x16(c + i * ldc + n, ldc, a + i * lda, lda, b + n, ldb, K);
+        for (; i < M; i++)
+            mm_1x16(c + i * ldc + n, a + i * lda, b + n, ldb, K);
+    }
+    for (; n < N; n++) /* columns left over (head dims not a multiple of 16) */
+        for (uint32_t i = 0; i < M; i++) {
+            float v = c[i * ldc + n];
+            for (uint32_t k = 0; k < K; k++)
+                v = hpd_fma1(a[i * lda + k], b[k * ldb + n], v);
+            c[i * ldc + n] = v;
+        }
+}
+
 typedef struct {
-    float A[C][C]; /* strictly lower: the UT system, then T = (I + L)^-1 */
-    float D[C][C]; /* lower: exp(gc_i - gc_j), each computed once */
-    float gc[C];   /* cumulative g inside the chunk */
-    float eg[C];   /* exp(gc_i) */
-    float *kb;     /* [C][dk] k * beta */
-    float *kbe;    /* [C][dk] k * beta * exp(gc) */
-    float *vb;     /* [C][dv] v * beta */
-    float *u;      /* [C][dv] T (v * beta) */
-    float *w;      /* [C][dk] T (k * beta * exp(gc)) */
-    float *vn;     /* [C][dv] u - w S: the new values */
+    float A[C][C];  /* strictly lower: the UT system, then T = (I + L)^-1; zero above */
+    float P[C][C];  /* (k_i beta . k_j), then (q_i . k_j) exp(gc_i - gc_j) for j <= i */
+    float D[C][C];  /* lower: exp(gc_i - gc_j), each computed once */
+    float gc[C];    /* cumulative g inside the chunk */
+    float eg[C];    /* exp(gc_i) */
+    float *kb;      /* [C][dk] k * beta */
+    float *kbe;     /* [C][dk] k * beta * exp(gc) */
+    float *qe;      /* [C][dk] q * exp(gc) */
+    float *kt;      /* [dk][C] k transposed */
+    float *kte;     /* [dk][C] k * exp(gc_last - gc_i), transposed */
+    float *vb;      /* [C][dv] v * beta */
+    float *u;       /* [C][dv] T (v * beta) */
+    float *w;       /* [C][dk] T (k * beta * exp(gc)) */
+    float *vn;      /* [C][dv] u - w S: the new values */
 } chunk_ws_t;
 
+/* floats of a chunk_ws_t's buffers */
+static size_t ws_floats(uint32_t dk, uint32_t dv)
+{
+    return (size_t)C * (6 * dk + 3 * dv);
+}
+
+static void ws_carve(chunk_ws_t *ws, float *buf, uint32_t dk, uint32_t dv)
+{
+    float **dks[] = {&ws->kb, &ws->kbe, &ws->qe, &ws->kt, &ws->kte, &ws->w};
+    float **dvs[] = {&ws->vb, &ws->u, &ws->vn};
+    for (int i = 0; i < 6; i++, buf += (size_t)C * dk)
+        *dks[i] = buf;
+    for (int i = 0; i < 3; i++, buf += (size_t)C * dv)
+        *dvs[i] = buf;
+}
+
 /* One chunk of L rows starting at batch row r0, state S updated in place.
- * The gates (exp(gc_i), exp(gc_i - gc_j)) and the scaled rows (k beta,
- * k beta exp(gc), v beta) are computed once per chunk and the triangular
- * products run as row axpys; every value is the same expression as in the
- * formulas of docs/kernels.md, so only the work is shared. */
+ * The gates (exp(gc_i), exp(gc_i - gc_j)) and the scaled rows are computed
+ * once per chunk; every product is a small matrix product (mm_acc) with the
+ * formulas of docs/kernels.md: K K^T and Q K^T, the triangular solve row by
+ * row, u and w as T times the scaled rows, v_new = u - w S, the output
+ * (Q e^gc) S + (Q K^T o D) v_new, the state e^gc_last S + (K e^(gc_last - gc))^T v_new. */
 static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *S, uint32_t h,
                        chunk_ws_t *ws)
 {
@@ -80,12 +161,15 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     for (uint32_t i = 0; i < L; i++) {
         const float beta = a->beta[(size_t)(r0 + i) * nv + h];
         const float *k = at(&a->k, r0 + i, kh), *v = at(&a->v, r0 + i, h);
+        const float *q = at(&a->q, r0 + i, kh);
         acc += a->g[(size_t)(r0 + i) * nv + h];
         ws->gc[i] = acc;
         ws->eg[i] = expf(acc);
         for (uint32_t x = 0; x < dk; x++) {
             ws->kb[(size_t)i * dk + x] = k[x] * beta;
             ws->kbe[(size_t)i * dk + x] = ws->kb[(size_t)i * dk + x] * ws->eg[i];
+            ws->qe[(size_t)i * dk + x] = q[x] * ws->eg[i];
+            ws->kt[(size_t)x * C + i] = k[x];
         }
         for (uint32_t d = 0; d < dv; d++)
             ws->vb[(size_t)i * dv + d] = v[d] * beta;
@@ -93,12 +177,16 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     for (uint32_t i = 0; i < L; i++)
         for (uint32_t j = 0; j <= i; j++)
             ws->D[i][j] = expf(ws->gc[i] - ws->gc[j]);
+
     /* A[i][j] = -(kb_i . k_j) exp(gc_i - gc_j), j < i; then forward
      * substitution row by row: A[i][j] += sum_{j<m<i} A_orig[i][m] A[m][j]. */
+    memset(ws->P, 0, sizeof(ws->P));
+    mm_acc(&ws->P[0][0], C, ws->kb, dk, ws->kt, C, L, L, dk);
+    memset(ws->A, 0, sizeof(ws->A));
     for (uint32_t i = 0; i < L; i++) {
         float row[C];
         for (uint32_t j = 0; j < i; j++)
-            row[j] = -hpd_dot(ws->kb + (size_t)i * dk, at(&a->k, r0 + j, kh), dk) * ws->D[i][j];
+            row[j] = -ws->P[i][j] * ws->D[i][j];
         for (uint32_t j = 0; j < i; j++) {
             float s = row[j];
             for (uint32_t m = j + 1; m < i; m++)
@@ -107,49 +195,37 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
         }
     }
     /* u = T (v beta), w = T (k beta exp(gc)), T unit lower triangular */
-    for (uint32_t i = 0; i < L; i++) {
-        float *u = ws->u + (size_t)i * dv, *w = ws->w + (size_t)i * dk;
-        memcpy(u, ws->vb + (size_t)i * dv, dv * sizeof(float));
-        memcpy(w, ws->kbe + (size_t)i * dk, dk * sizeof(float));
-        for (uint32_t j = 0; j < i; j++) {
-            hpd_axpy(u, ws->A[i][j], ws->vb + (size_t)j * dv, dv);
-            hpd_axpy(w, ws->A[i][j], ws->kbe + (size_t)j * dk, dk);
-        }
-    }
+    memcpy(ws->u, ws->vb, (size_t)L * dv * sizeof(float));
+    memcpy(ws->w, ws->kbe, (size_t)L * dk * sizeof(float));
+    mm_acc(ws->u, dv, &ws->A[0][0], C, ws->vb, dv, L, dv, L);
+    mm_acc(ws->w, dk, &ws->A[0][0], C, ws->kbe, dk, L, dk, L);
     /* v_new = u - w S */
+    memset(ws->vn, 0, (size_t)L * dv * sizeof(float));
+    mm_acc(ws->vn, dv, ws->w, dk, S, dv, L, dv, dk);
+    for (size_t e = 0; e < (size_t)L * dv; e++)
+        ws->vn[e] = ws->u[e] - ws->vn[e];
+    /* o = (q exp(gc)) S + P v_new, P[i][j] = (q_i . k_j) exp(gc_i - gc_j), j <= i */
+    memset(ws->P, 0, sizeof(ws->P));
+    mm_acc(&ws->P[0][0], C, at(&a->q, r0, kh), a->q.ld, ws->kt, C, L, L, dk);
     for (uint32_t i = 0; i < L; i++) {
-        float *vn = ws->vn + (size_t)i * dv;
-        const float *w = ws->w + (size_t)i * dk;
-        memset(vn, 0, dv * sizeof(float));
-        for (uint32_t x = 0; x < dk; x++)
-            hpd_axpy(vn, w[x], S + (size_t)x * dv, dv);
-        for (uint32_t d = 0; d < dv; d++)
-            vn[d] = ws->u[(size_t)i * dv + d] - vn[d];
+        for (uint32_t j = 0; j <= i; j++)
+            ws->P[i][j] *= ws->D[i][j];
+        for (uint32_t j = i + 1; j < L; j++)
+            ws->P[i][j] = 0.0f;
     }
-    /* o_i = (q_i exp(gc_i)) S + sum_{j<=i} (q_i . k_j) exp(gc_i - gc_j) v_new_j */
-    for (uint32_t i = 0; i < L; i++) {
-        const float *q = at(&a->q, r0 + i, kh);
-        float *o = at_mut(&a->out, r0 + i, h);
-        const float egi = ws->eg[i];
-
-        memset(o, 0, dv * sizeof(float));
-        for (uint32_t x = 0; x < dk; x++)
-            hpd_axpy(o, q[x] * egi, S + (size_t)x * dv, dv);
-        for (uint32_t j = 0; j <= i; j++) {
-            const float s = hpd_dot(q, at(&a->k, r0 + j, kh), dk) * ws->D[i][j];
-            hpd_axpy(o, s, ws->vn + (size_t)j * dv, dv);
-        }
-    }
+    float *o = at_mut(&a->out, r0, h);
+    for (uint32_t i = 0; i < L; i++)
+        memset(o + (size_t)i * a->out.ld, 0, dv * sizeof(float));
+    mm_acc(o, a->out.ld, ws->qe, dk, S, dv, L, dv, dk);
+    mm_acc(o, a->out.ld, &ws->P[0][0], C, ws->vn, dv, L, dv, L);
     /* S = exp(gc_last) S + sum_i (k_i exp(gc_last - gc_i)) v_new_i^T */
     const float elast = ws->eg[L - 1];
-    for (uint32_t x = 0; x < dk; x++)
+    for (uint32_t x = 0; x < dk; x++) {
         hpd_scale(S + (size_t)x * dv, elast, dv);
-    for (uint32_t i = 0; i < L; i++) {
-        const float *k = at(&a->k, r0 + i, kh);
-        const float e = ws->D[L - 1][i];
-        for (uint32_t x = 0; x < dk; x++)
-            hpd_axpy(S + (size_t)x * dv, k[x] * e, ws->vn + (size_t)i * dv, dv);
+        for (uint32_t i = 0; i < L; i++)
+            ws->kte[(size_t)x * C + i] = ws->kt[(size_t)x * C + i] * ws->D[L - 1][i];
     }
+    mm_acc(S, dv, ws->kte, C, ws->vn, dv, dk, dv, L);
 }
 
 static void chunked_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float *S, uint32_t h,
@@ -169,7 +245,6 @@ static void chunked_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float *S
 static hpd_status_t run_heads(hpd_backend_t *b, const hpd_gdn_args_t *a, bool chunked)
 {
     const uint32_t total = a->n_seqs * a->nv;
-    const size_t ws_floats = (size_t)C * (3 * a->dk + 3 * a->dv);
     hpd_status_t st = HPD_OK;
 
     if (a->nk == 0 || a->nv % a->nk != 0)
@@ -177,18 +252,13 @@ static hpd_status_t run_heads(hpd_backend_t *b, const hpd_gdn_args_t *a, bool ch
 #pragma omp parallel num_threads(total > 1 ? hpd_cpu_threads(b) : 1)
     {
         chunk_ws_t *ws = malloc(sizeof(*ws));
-        float *buf = malloc(ws_floats * sizeof(float));
+        float *buf = malloc(ws_floats(a->dk, a->dv) * sizeof(float));
 
         if (ws == NULL || buf == NULL) {
 #pragma omp atomic write
             st = HPD_ERR_NO_MEMORY;
         } else {
-            ws->kb = buf;
-            ws->w = buf + (size_t)C * a->dk;
-            ws->kbe = buf + (size_t)2 * C * a->dk;
-            ws->u = buf + (size_t)3 * C * a->dk;
-            ws->vn = ws->u + (size_t)C * a->dv;
-            ws->vb = ws->vn + (size_t)C * a->dv;
+            ws_carve(ws, buf, a->dk, a->dv);
         }
 #pragma omp for schedule(dynamic, 1)
         for (uint32_t t = 0; t < total; t++) {
