@@ -21,6 +21,7 @@ static inline hpd_v8_t hpd_v8_fma(hpd_v8_t a, hpd_v8_t b, hpd_v8_t c)
 }
 static inline hpd_v8_t hpd_v8_mul(hpd_v8_t a, hpd_v8_t b) { return _mm256_mul_ps(a, b); }
 static inline hpd_v8_t hpd_v8_add(hpd_v8_t a, hpd_v8_t b) { return _mm256_add_ps(a, b); }
+static inline hpd_v8_t hpd_v8_div(hpd_v8_t a, hpd_v8_t b) { return _mm256_div_ps(a, b); }
 static inline float hpd_fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 #else
 typedef float hpd_v8_t __attribute__((vector_size(32)));
@@ -36,6 +37,7 @@ static inline hpd_v8_t hpd_v8_set1(float x) { return (hpd_v8_t){x, x, x, x, x, x
 static inline hpd_v8_t hpd_v8_fma(hpd_v8_t a, hpd_v8_t b, hpd_v8_t c) { return a * b + c; }
 static inline hpd_v8_t hpd_v8_mul(hpd_v8_t a, hpd_v8_t b) { return a * b; }
 static inline hpd_v8_t hpd_v8_add(hpd_v8_t a, hpd_v8_t b) { return a + b; }
+static inline hpd_v8_t hpd_v8_div(hpd_v8_t a, hpd_v8_t b) { return a / b; }
 static inline float hpd_fma1(float a, float b, float c) { return a * b + c; }
 #endif
 
@@ -87,5 +89,66 @@ static inline void hpd_scale(float *y, float a, uint32_t n)
     for (; i < n; i++)
         y[i] = a * y[i];
 }
+
+/* exp(x) in fp32 for 8 lanes, within 2 ulp of exp (Cephes' expf: x =
+ * n ln2 + r, |r| <= ln2/2, a degree-5 polynomial in r, times 2^n), x clamped
+ * to [-87.3365, 88] (results 1.2e-38 .. 1.7e38; NaN gives the lower bound).
+ * hpd_exp1 is the same sequence for one value, bit for bit. The CPU kernels
+ * call these where libm's expf per element cost a few % of a prefill. */
+#define HPD_EXP_LO -87.3365f
+#define HPD_EXP_HI 88.0f
+#define HPD_EXP_POLY(P, R) /* Cephes expf's minimax coefficients */                            \
+    P = HPD_FMA(P, R, 1.3981999507e-3f), P = HPD_FMA(P, R, 8.3334519073e-3f),                  \
+    P = HPD_FMA(P, R, 4.1665795894e-2f), P = HPD_FMA(P, R, 1.6666665459e-1f),                  \
+    P = HPD_FMA(P, R, 5.0000001201e-1f)
+
+static inline float hpd_exp1(float x)
+{
+#define HPD_FMA(a, b, c) hpd_fma1(a, b, c)
+    x = x > HPD_EXP_LO ? x : HPD_EXP_LO;
+    x = x < HPD_EXP_HI ? x : HPD_EXP_HI;
+    const float fx = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float r = hpd_fma1(-fx, 0.693359375f, x);
+    r = hpd_fma1(-fx, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    HPD_EXP_POLY(p, r);
+    const float y = hpd_fma1(p, r * r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)fx + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return y * scale;
+#undef HPD_FMA
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline hpd_v8_t hpd_v8_exp(hpd_v8_t x)
+{
+#define HPD_FMA(a, b, c) _mm256_fmadd_ps(a, b, _mm256_set1_ps(c))
+    /* max/min give their second operand for a NaN, as hpd_exp1's compares */
+    x = _mm256_max_ps(x, _mm256_set1_ps(HPD_EXP_LO));
+    x = _mm256_min_ps(x, _mm256_set1_ps(HPD_EXP_HI));
+    const __m256 fx = _mm256_floor_ps(_mm256_add_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    HPD_EXP_POLY(p, r);
+    const __m256 y =
+        _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i n = _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+#undef HPD_FMA
+}
+#else
+static inline hpd_v8_t hpd_v8_exp(hpd_v8_t x)
+{
+    float l[8];
+    hpd_v8_store(l, x);
+    for (int i = 0; i < 8; i++)
+        l[i] = hpd_exp1(l[i]);
+    return hpd_v8_load(l);
+}
+#endif
+
 
 #endif

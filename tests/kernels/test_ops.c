@@ -10,6 +10,7 @@
 #include <malloc.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/simd.h"
 #include "tests/test_helpers.h"
 
 static hpd_backend_t *be;
@@ -300,7 +301,7 @@ static void test_conv1d_sequence_vs_steps(void **state)
 
 static void test_gating_silu_sigmoid_embed(void **state)
 {
-    enum { T = 2, NV = 3, I = 5 };
+    enum { T = 2, NV = 3, I = 21 }; /* silu: two vectors of 8 and a tail */
     float a[T * NV], b[T * NV], alog[NV], dtb[NV], g[T * NV], beta[T * NV];
     test_fill(a, T * NV, 10, 3.0f);
     test_fill(b, T * NV, 11, 1.0f);
@@ -362,6 +363,42 @@ static void test_gating_silu_sigmoid_embed(void **state)
     assert_memory_equal(emb + 4, table + 3, 12);
 }
 
+/* The kernels' exp: within 2 ulp of exp over its range (float64), the
+ * vector form bit for bit the scalar one in every lane, the clamps at both
+ * ends, a NaN to the lower bound (as documented, not a silent pass). */
+static void test_exp(void **state)
+{
+    double worst = 0;
+    for (int i = 0; i <= 400000; i++) {
+        float x[8];
+        for (int l = 0; l < 8; l++)
+            x[l] = -87.3f + (87.3f + 88.0f) * (float)(i * 8 + l) / (400001.0f * 8);
+        float v[8];
+        hpd_v8_store(v, hpd_v8_exp(hpd_v8_load(x)));
+        for (int l = 0; l < 8; l++) {
+            const float s = hpd_exp1(x[l]);
+            if (memcmp(&s, &v[l], 4) != 0)
+                fail_msg("exp(%a): vector %a, scalar %a", x[l], v[l], s);
+            const double want = exp((double)x[l]);
+            const double ulps = fabs(s - want) / (ldexp(1.0, ilogb(want) - 23));
+            worst = ulps > worst || isnan(ulps) ? ulps : worst;
+        }
+    }
+    print_message("exp: worst error %.2f ulp\n", worst);
+    assert_true(worst <= 2.0);
+    assert_true(hpd_exp1(0.0f) == 1.0f);
+    assert_true(hpd_exp1(-1000.0f) == hpd_exp1(-87.3365f) && hpd_exp1(-1000.0f) > 0);
+    assert_true(hpd_exp1(1000.0f) == hpd_exp1(88.0f) && isfinite(hpd_exp1(1000.0f)));
+    assert_true(hpd_exp1(NAN) == hpd_exp1(-87.3365f));
+    const float odd[8] = {NAN, -1000, 1000, 0, -0.0f, 88.0f, -87.3365f, 1e-30f};
+    float v[8];
+    hpd_v8_store(v, hpd_v8_exp(hpd_v8_load(odd)));
+    for (int l = 0; l < 8; l++) {
+        const float s = hpd_exp1(odd[l]);
+        assert_memory_equal(&s, &v[l], 4);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_rope_yarn),
         cmocka_unit_test(test_conv1d_sequence_vs_steps),
         cmocka_unit_test(test_gating_silu_sigmoid_embed),
+        cmocka_unit_test(test_exp),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
