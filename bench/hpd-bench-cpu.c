@@ -3,7 +3,8 @@
  * same run, so that decode is shown against its bandwidth bound; and each
  * model's load time and resident memory against its files.
  *
- *   hpd-bench-cpu [--threads N] [--prompt N] [--decode N] [--load-only] MODEL_DIR...
+ *   hpd-bench-cpu [--threads N] [--prompt N] [--decode N] [--device cpu|cpu-bf16]
+ *                 [--load-only] MODEL_DIR...
  *
  * Decode streams every weight it uses once per step: its bound is
  * active_bytes / read_bandwidth per token (batch 1), where a mixture of
@@ -262,7 +263,7 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {{"threads", 1, 0, 't'}, {"prompt", 1, 0, 'p'},
                                              {"decode", 1, 0, 'd'}, {"load-only", 0, 0, 'l'},
-                                             {0, 0, 0, 0}};
+                                             {"device", 1, 0, 'D'}, {0, 0, 0, 0}};
     bool load_only = false;
     uint64_t threads = 0, prompt = 512, decode = 64;
     hpd_backend_params_t bp = {.device = "cpu"};
@@ -270,14 +271,15 @@ int main(int argc, char **argv)
     int c;
 
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (c == 'l') {
-            load_only = true;
+        if (c == 'l' || c == 'D') {
+            load_only = load_only || c == 'l';
+            bp.device = c == 'D' ? optarg : bp.device;
             continue;
         }
         uint64_t *dst = c == 't' ? &threads : c == 'p' ? &prompt : c == 'd' ? &decode : NULL;
         if (dst == NULL || hpd_parse_u64(optarg, 1, 1u << 20, dst) != 0) {
             fprintf(stderr, "usage: hpd-bench-cpu [--threads N] [--prompt N] [--decode N] "
-                            "[--load-only] MODEL_DIR...\n");
+                            "[--device cpu|cpu-bf16] [--load-only] MODEL_DIR...\n");
             return 2;
         }
     }
@@ -293,6 +295,7 @@ int main(int argc, char **argv)
     printf("memcpy 512 MiB on %d threads: %.2f GB/s (read + write)\n", nt, bw / 1e9);
     const double peak = fma_peak(nt);
     printf("fp32 FMA peak on %d threads: %.1f GFLOP/s (8 lanes)\n", nt, peak / 1e9);
+    printf("device %s (numerics %s)\n", be->ops->name, be->ops->numerics);
     for (int i = optind; i < argc; i++)
         if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, peak, load_only) != 0) {
             fprintf(stderr, "hpd-bench-cpu: %s failed\n", argv[i]);

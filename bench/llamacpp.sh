@@ -2,8 +2,9 @@
 # hybridpd beside llama.cpp, the CPU engine users pick, on the same model and
 # the same threads: builds llama.cpp from the llama-cpp-python sdist on PyPI
 # (vendor/llama.cpp), converts the model with its convert_hf_to_gguf.py (BF16
-# and F32 GGUF), runs llama-bench and hpd-bench-cpu and prints the ratio of
-# prefill and of decode tokens/s (hybridpd / llama.cpp).
+# and F32 GGUF), runs llama-bench and hpd-bench-cpu (devices cpu and
+# cpu-bf16) and prints the ratio of prefill and of decode tokens/s
+# (hybridpd / llama.cpp).
 #
 #   bash bench/llamacpp.sh [MODEL_DIR]   (default: models/h1024-q35, made here)
 #
@@ -64,25 +65,37 @@ print(pp[0], tg[0])'
 }
 read -r ll_pp_bf16 ll_tg_bf16 < <(ll "$WORK/$name-bf16.gguf")
 read -r ll_pp_f32 ll_tg_f32 < <(ll "$WORK/$name-f32.gguf")
+# hybridpd in its two numerics: fp32 products (the default, the bits of
+# transformers' fp32 forward) and bf16 products (device cpu-bf16, the
+# arithmetic llama.cpp uses for BF16 weights)
 out=$(./build/bench/hpd-bench-cpu --threads "$THREADS" --prompt "$PROMPT" --decode "$GEN" "$model")
 echo "$out"
+out16=$(./build/bench/hpd-bench-cpu --device cpu-bf16 --threads "$THREADS" --prompt "$PROMPT" \
+    --decode "$GEN" "$model")
+echo "$out16" | grep -E "^device|prefill|decode batch"
 hpd_pp=$(echo "$out" | awk '/prefill \(/ {print $4}')
 hpd_tg=$(echo "$out" | awk '/decode batch 1:/ {print $4}')
+hpd16_pp=$(echo "$out16" | awk '/prefill \(/ {print $4}')
+hpd16_tg=$(echo "$out16" | awk '/decode batch 1:/ {print $4}')
 echo
 echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens"
 printf "llama.cpp BF16: prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_bf16" "$ll_tg_bf16"
 printf "llama.cpp F32:  prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_f32" "$ll_tg_f32"
-printf "hybridpd (the checkpoint's BF16): prefill %9.1f tok/s, decode %7.1f tok/s\n" \
+printf "hybridpd BF16 weights, fp32 products (cpu):      prefill %9.1f tok/s, decode %7.1f tok/s\n" \
     "$hpd_pp" "$hpd_tg"
+printf "hybridpd BF16 weights, bf16 products (cpu-bf16): prefill %9.1f tok/s, decode %7.1f tok/s\n" \
+    "$hpd16_pp" "$hpd16_tg"
 # the same matmul flops per prompt token for both engines (the same model):
 # what llama.cpp's prefill asks of the cores, against their fp32 FMA peak
 flops=$(echo "$out" | awk '/matmul flops per prompt token/ {print $(NF-1)}')
 peak=$(echo "$out" | awk '/^fp32 FMA peak/ {print $7}')
 "$PY" -c "import sys
-pp, tg, lpb, ltb, lpf, ltf, fl, pk = map(float, sys.argv[1:])
-print(f'ratio hybridpd / llama.cpp BF16: prefill {pp / lpb:.2f}, decode {tg / ltb:.2f}')
-print(f'ratio hybridpd / llama.cpp F32:  prefill {pp / lpf:.2f}, decode {tg / ltf:.2f}')
-print(f'prefill matmuls (fp32 FMA peak {pk:.1f} GFLOP/s): hybridpd {pp * fl:.1f} GFLOP/s '
-      f'({pp * fl / pk:.2f} of it), llama.cpp BF16 {lpb * fl:.1f} ({lpb * fl / pk:.2f}, bf16 '
-      f'products), llama.cpp F32 {lpf * fl:.1f} ({lpf * fl / pk:.2f})')" \
-    "$hpd_pp" "$hpd_tg" "$ll_pp_bf16" "$ll_tg_bf16" "$ll_pp_f32" "$ll_tg_f32" "$flops" "$peak"
+pp, tg, p16, t16, lpb, ltb, lpf, ltf, fl, pk = map(float, sys.argv[1:])
+print(f'ratio hybridpd cpu / llama.cpp BF16:      prefill {pp / lpb:.2f}, decode {tg / ltb:.2f}')
+print(f'ratio hybridpd cpu-bf16 / llama.cpp BF16: prefill {p16 / lpb:.2f}, decode {t16 / ltb:.2f}')
+print(f'ratio hybridpd cpu / llama.cpp F32:       prefill {pp / lpf:.2f}, decode {tg / ltf:.2f}')
+print(f'prefill matmuls (fp32 FMA peak {pk:.1f} GFLOP/s): hybridpd cpu {pp * fl:.1f} GFLOP/s '
+      f'({pp * fl / pk:.2f} of it), cpu-bf16 {p16 * fl:.1f} ({p16 * fl / pk:.2f}), llama.cpp BF16 '
+      f'{lpb * fl:.1f} ({lpb * fl / pk:.2f}), llama.cpp F32 {lpf * fl:.1f} ({lpf * fl / pk:.2f})')" \
+    "$hpd_pp" "$hpd_tg" "$hpd16_pp" "$hpd16_tg" "$ll_pp_bf16" "$ll_tg_bf16" "$ll_pp_f32" \
+    "$ll_tg_f32" "$flops" "$peak"

@@ -171,6 +171,13 @@ static void test_fields_follow_the_options_table(void **state)
     assert_non_null(strstr(args, "--reserve-timeout-ms 900 "));
     assert_null(strstr(args, "--xfer-deadline-ms"));
     hpd_manifest_destroy(m);
+    /* the CPU's bf16 products, a device like the others */
+    snprintf(text, sizeof(text), "%s", edit(11, "    metrics_port: 7011\n    device: cpu-bf16"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    joined_args(m, &m->procs[1], args, sizeof(args));
+    assert_non_null(strstr(args, "--device cpu-bf16 "));
+    hpd_manifest_destroy(m);
     /* the table's range and multiple */
     expect_error(edit(12, "    max_batch: 5000"), "m.yaml:12: nodes[0].max_batch",
                  "5000 is out of range (expected 1 to 4096)");
@@ -253,7 +260,7 @@ static void test_wrong_type(void **state)
     expect_error(edit(11, "    metrics_port: 7011\n    prefix_cache: {enabled: maybe}"),
                  "nodes[0].prefix_cache.enabled: 'maybe' is not a boolean", NULL);
     expect_error(edit(11, "    metrics_port: 7011\n    device: gpu0"),
-                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu, cuda:N or cuda-fast:N", NULL);
+                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu, cpu-bf16, cuda:N or cuda-fast:N", NULL);
     expect_error(edit(5, "  port: 70000"), "m.yaml:5: coordinator.port: 70000 is out of range "
                  "(expected 0 to 65535)", NULL);
 }

@@ -301,6 +301,32 @@ static void test_bf16_products_values(void **state)
     assert_int_equal(hpd_cpu_round_bf16(-2.0f), 0xc000);
     assert_int_equal(hpd_cpu_round_bf16(-1e-39f), 0x8000);
     assert_true((hpd_cpu_round_bf16(NAN) & 0x7fc0) == 0x7fc0);
+    /* the GEMM's own rounding of x (8 at a time, then a tail) is
+     * hpd_cpu_round_bf16: x times the identity gives the rounded x back */
+    {
+        enum { NI = 43 };
+        float xi[NI], yi[NI];
+        uint16_t eye[NI * NI];
+        for (uint32_t i = 0; i < NI; i++) {
+            uint32_t bits = (uint32_t)(test_gauss(90, i) * 1e9f) ^ 0x3f000000u;
+            bits = (bits & 0x807fffffu) | ((0x30u + i) << 23); /* normal, 2^-79..2^-37 */
+            memcpy(&xi[i], &bits, 4);
+        }
+        xi[3] = 1.00390625f, xi[4] = 1.01171875f, xi[5] = -1e-39f, xi[40] = 1.00390625f;
+        for (uint32_t r = 0; r < NI; r++)
+            for (uint32_t c = 0; c < NI; c++)
+                eye[r * NI + c] = r == c ? 0x3f80 : 0;
+        hpd_gemm_args_t e = {.x = xi, .ldx = NI, .w = eye, .w_dtype = HPD_DTYPE_BF16, .y = yi,
+                             .ldy = NI, .m = 1, .n = NI, .k = NI};
+        assert_int_equal(hpd_gemm(be, &e), HPD_OK);
+        for (uint32_t i = 0; i < NI; i++) {
+            const float want = hpd_bf16_to_f32(hpd_cpu_round_bf16(xi[i]));
+            /* (a sum from +0 cannot show a -0: zeros compare as numbers) */
+            if (want == 0 ? yi[i] != 0 : memcmp(&yi[i], &want, 4) != 0)
+                fail_msg("x[%u] = %a rounded in the GEMM to %a, expected %a", i, xi[i], yi[i],
+                         want);
+        }
+    }
 
     /* F32 weights on cpu-bf16: the fp32 GEMM, bit for bit */
     hpd_gemm_args_t g = {.x = x, .ldx = K, .w = wf, .y = y, .ldy = N, .m = M, .n = N, .k = K};
