@@ -229,10 +229,16 @@ static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y
     for (; i + 16 <= k; i += 16) {
         bh16_t xv = load_bh16(x + i);
         IN_REG(xv);
+        /* twice per line, as the fp32 kernel's (4 % more than once in the
+         * GEMV measured alone) */
         PREFETCH_W(w0 + i + 4 * (size_t)k);
         PREFETCH_W(w1 + i + 4 * (size_t)k);
         PREFETCH_W(w2 + i + 4 * (size_t)k);
         PREFETCH_W(w3 + i + 4 * (size_t)k);
+        PREFETCH_W(w0 + i + 8 + 4 * (size_t)k);
+        PREFETCH_W(w1 + i + 8 + 4 * (size_t)k);
+        PREFETCH_W(w2 + i + 8 + 4 * (size_t)k);
+        PREFETCH_W(w3 + i + 8 + 4 * (size_t)k);
         a0 = dp16(a0, xv, load_bh16(w0 + i));
         a1 = dp16(a1, xv, load_bh16(w1 + i));
         a2 = dp16(a2, xv, load_bh16(w2 + i));
@@ -284,9 +290,13 @@ static void tile(const job_t *j, uint32_t n0, uint32_t n1)
 hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
     hpd_cpu_ctx_t *c = b->ctx;
-    const size_t need = (size_t)a->m * a->k;
     const uint32_t n_tiles = (a->n + NB - 1) / NB;
     const int threads = (uint64_t)a->m * a->n * a->k >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+    /* a few rows (decode): every thread rounds all of x into its own copy
+     * and goes on without waiting for the others; many rows (prefill): the
+     * threads round a share each, then wait for the whole */
+    const bool private_x = a->m <= 16;
+    const size_t need = (size_t)a->m * a->k * (private_x ? (size_t)threads : 1);
 
     if (c->xb_elems < need) {
         uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
@@ -295,13 +305,20 @@ hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t 
         c->xb = p;
         c->xb_elems = need;
     }
-    const job_t j = {.x = c->xb, .w = a->w, .y = a->y, .ldy = a->ldy, .m = a->m, .k = a->k,
-                     .accumulate = a->accumulate};
 #pragma omp parallel num_threads(threads)
     {
+        job_t j = {.x = c->xb, .w = a->w, .y = a->y, .ldy = a->ldy, .m = a->m, .k = a->k,
+                   .accumulate = a->accumulate};
+        if (private_x) {
+            uint16_t *mine = c->xb + (size_t)omp_get_thread_num() * a->m * a->k;
+            for (uint32_t r = 0; r < a->m; r++)
+                round_row(mine + (size_t)r * a->k, a->x + (size_t)r * a->ldx, a->k);
+            j.x = mine;
+        } else {
 #pragma omp for schedule(static)
-        for (uint32_t r = 0; r < a->m; r++)
-            round_row(c->xb + (size_t)r * a->k, a->x + (size_t)r * a->ldx, a->k);
+            for (uint32_t r = 0; r < a->m; r++)
+                round_row(c->xb + (size_t)r * a->k, a->x + (size_t)r * a->ldx, a->k);
+        }
 #pragma omp for schedule(static)
         for (uint32_t t = 0; t < n_tiles; t++) {
             uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
