@@ -31,6 +31,10 @@ hpd_status_t hpd_cpu_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
     for (uint32_t i = 0; i < half; i++)
         inv_freq[i] = hpd_rope_inv_freq(a, i);
     const bool yarn = a->yarn_factor > 0.0f;
+    const int threads = (uint64_t)a->n_tokens * a->n_heads * half >= (1u << 14)
+                            ? hpd_cpu_threads(b)
+                            : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < a->n_tokens; t++) {
         float cs[512], sn[512];
         const float pos = (float)a->positions[t];
@@ -77,11 +81,22 @@ hpd_status_t hpd_cpu_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
 
 hpd_status_t hpd_cpu_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a)
 {
+    const int threads = (uint64_t)a->n_tokens * a->n_heads * a->dim >= (1u << 15)
+                            ? hpd_cpu_threads(b)
+                            : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < a->n_tokens; t++) {
+        const hpd_v8_t one = hpd_v8_set1(1.0f), neg = hpd_v8_set1(-1.0f);
         for (uint32_t h = 0; h < a->n_heads; h++) {
             float *x = at(&a->x, t, h);
             const float *g = at(&a->gate, t, h);
-            for (uint32_t d = 0; d < a->dim; d++)
+            uint32_t d = 0;
+            for (; d + 8 <= a->dim; d += 8) { /* each lane as the tail's hpd_exp1 */
+                const hpd_v8_t e = hpd_v8_exp(hpd_v8_mul(hpd_v8_load(g + d), neg));
+                hpd_v8_store(x + d, hpd_v8_mul(hpd_v8_load(x + d),
+                                               hpd_v8_div(one, hpd_v8_add(one, e))));
+            }
+            for (; d < a->dim; d++)
                 x[d] = x[d] * (1.0f / (1.0f + hpd_exp1(-g[d])));
         }
     }

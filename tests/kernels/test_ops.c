@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <malloc.h>
+#include <stdlib.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/simd.h"
@@ -353,6 +354,23 @@ static void test_gating_silu_sigmoid_embed(void **state)
                 assert_close(x[t * 4 + h * 2 + d],
                                    x0[t * 4 + h * 2 + d] / (1 + exp(-gate[t * 8 + 2 + h * 4 + d])),
                                    1e-6);
+
+    /* and heads of 19: two vectors and a tail, over threads */
+    enum { ST = 40, SH = 3, SD = 19 };
+    float *sx = malloc(ST * SH * SD * 4), *sx0 = malloc(ST * SH * SD * 4);
+    float *sg = malloc(ST * SH * SD * 4);
+    test_fill(sx, ST * SH * SD, 18, 1.0f);
+    test_fill(sg, ST * SH * SD, 19, 4.0f);
+    memcpy(sx0, sx, ST * SH * SD * 4);
+    hpd_sigmoid_mul_args_t big = {.x = {.p = sx, .ld = SH * SD, .hs = SD},
+                                  .gate = {.p = sg, .ld = SH * SD, .hs = SD},
+                                  .n_tokens = ST,
+                                  .n_heads = SH,
+                                  .dim = SD};
+    assert_int_equal(hpd_sigmoid_mul(be, &big), HPD_OK);
+    for (int i = 0; i < ST * SH * SD; i++)
+        assert_close(sx[i], sx0[i] / (1 + exp(-(double)sg[i])), 1e-6);
+    free(sx), free(sx0), free(sg);
 
     float table[6 * 3], emb[2 * 4];
     const int32_t ids[2] = {5, 1};
