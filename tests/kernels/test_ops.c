@@ -238,11 +238,12 @@ static void test_rope_yarn(void **state)
                     1.0f / powf(theta, (float)(2 * i) / (float)ROT));
 }
 
-/* A sequence through conv1d equals the same tokens one step at a time, and
- * both equal the causal conv with the state as left history. */
+/* A sequence through conv1d equals the same tokens one step at a time (a
+ * prompt goes 8 channels at a time, a step channel by channel: the same
+ * bits), and both equal the causal conv with the state as left history. */
 static void test_conv1d_sequence_vs_steps(void **state)
 {
-    enum { T = 9, CH = 5, KC = 4 };
+    enum { T = 40, CH = 21, KC = 4 }; /* two blocks of 8 channels and 5 more */
     float x[T * CH], w[CH * KC], y_seq[T * CH], y_step[T * CH];
     float st_seq[CH * (KC - 1)], st_step[CH * (KC - 1)], hist[CH * (KC - 1)];
     test_fill(x, T * CH, 7, 1.0f);
