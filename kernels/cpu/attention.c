@@ -72,10 +72,16 @@ static void attend_one(const hpd_attention_args_t *a, uint32_t s, uint32_t row, 
         alpha = expf(m - m_new);
         hpd_scale(acc, alpha, hd);
         sum *= alpha;
-        for (uint32_t t = t0; t < t1; t++) {
-            const float p = expf(sc[t - t0] - m_new);
-            sum += p;
-            hpd_axpy(acc, p, kv_row(&a->kv, s, 1, t, kvh), hd);
+        float p[HPD_ATTN_TILE];
+        uint32_t t = t0;
+        for (; t + 8 <= t1; t += 8) /* the kernels' exp, the same in a lane as alone */
+            hpd_v8_store(p + (t - t0),
+                         hpd_v8_exp(hpd_v8_add(hpd_v8_load(sc + (t - t0)), hpd_v8_set1(-m_new))));
+        for (; t < t1; t++)
+            p[t - t0] = hpd_exp1(sc[t - t0] + -m_new);
+        for (t = t0; t < t1; t++) {
+            sum += p[t - t0];
+            hpd_axpy(acc, p[t - t0], kv_row(&a->kv, s, 1, t, kvh), hd);
         }
         m = m_new;
     }

@@ -174,9 +174,14 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
         for (uint32_t d = 0; d < dv; d++)
             ws->vb[(size_t)i * dv + d] = v[d] * beta;
     }
-    for (uint32_t i = 0; i < L; i++)
-        for (uint32_t j = 0; j <= i; j++)
-            ws->D[i][j] = expf(ws->gc[i] - ws->gc[j]);
+    for (uint32_t i = 0; i < L; i++) { /* the kernels' exp, a lane as alone */
+        const hpd_v8_t gi = hpd_v8_set1(ws->gc[i]);
+        uint32_t j = 0;
+        for (; j + 8 <= i + 1; j += 8)
+            hpd_v8_store(&ws->D[i][j], hpd_v8_exp(hpd_v8_sub(gi, hpd_v8_load(ws->gc + j))));
+        for (; j <= i; j++)
+            ws->D[i][j] = hpd_exp1(ws->gc[i] - ws->gc[j]);
+    }
 
     /* A[i][j] = -(kb_i . k_j) exp(gc_i - gc_j), j < i; then forward
      * substitution row by row: A[i][j] += sum_{j<m<i} A_orig[i][m] A[m][j]. */

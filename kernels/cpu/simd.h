@@ -22,6 +22,7 @@ static inline hpd_v8_t hpd_v8_fma(hpd_v8_t a, hpd_v8_t b, hpd_v8_t c)
 static inline hpd_v8_t hpd_v8_mul(hpd_v8_t a, hpd_v8_t b) { return _mm256_mul_ps(a, b); }
 static inline hpd_v8_t hpd_v8_add(hpd_v8_t a, hpd_v8_t b) { return _mm256_add_ps(a, b); }
 static inline hpd_v8_t hpd_v8_div(hpd_v8_t a, hpd_v8_t b) { return _mm256_div_ps(a, b); }
+static inline hpd_v8_t hpd_v8_sub(hpd_v8_t a, hpd_v8_t b) { return _mm256_sub_ps(a, b); }
 static inline float hpd_fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 #else
 typedef float hpd_v8_t __attribute__((vector_size(32)));
@@ -38,6 +39,7 @@ static inline hpd_v8_t hpd_v8_fma(hpd_v8_t a, hpd_v8_t b, hpd_v8_t c) { return a
 static inline hpd_v8_t hpd_v8_mul(hpd_v8_t a, hpd_v8_t b) { return a * b; }
 static inline hpd_v8_t hpd_v8_add(hpd_v8_t a, hpd_v8_t b) { return a + b; }
 static inline hpd_v8_t hpd_v8_div(hpd_v8_t a, hpd_v8_t b) { return a / b; }
+static inline hpd_v8_t hpd_v8_sub(hpd_v8_t a, hpd_v8_t b) { return a - b; }
 static inline float hpd_fma1(float a, float b, float c) { return a * b + c; }
 #endif
 
