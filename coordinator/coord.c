@@ -50,6 +50,7 @@ typedef struct node {
     uint64_t id;
     role_t role;
     char name[64], host[64];
+    char numerics[32]; /* its backend's arithmetic (register) */
     uint16_t port;
     bool alive;
     bool draining; /* the node said it is finishing its work to stop: no new jobs */
@@ -128,7 +129,6 @@ struct hpd_coord {
     uint64_t next_node, next_req, next_job;
     uint8_t fingerprint[16];
     bool have_fingerprint;
-    char numerics[32]; /* the first node's (its backend's arithmetic) */
     hpd_block_hash_t root;
     struct event *tick, *reap, *sched;
     hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
@@ -906,17 +906,22 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     }
     /* nodes that multiply differently give different tokens for the same
      * request (and a prefill node's pages would not be what the decode node
-     * computes): one arithmetic per cluster; a node that names none is fp32 */
-    const char *numerics = m.numerics[0] ? m.numerics : "fp32";
-    if (c->have_fingerprint && strcmp(c->numerics, numerics) != 0) {
+     * computes): one arithmetic per cluster, that of the nodes alive now
+     * (none alive: the newcomer's); a node that names none is fp32 */
+    snprintf(n->numerics, sizeof(n->numerics), "%s", m.numerics[0] ? m.numerics : "fp32");
+    const node_t *ref = NULL;
+    for (const node_t *o = c->nodes; o != NULL && ref == NULL; o = o->next)
+        if (o->alive && !(strcmp(o->name, n->name) == 0 && strcmp(o->host, n->host) == 0 &&
+                          o->port == port)) /* not its own old registration */
+            ref = o;
+    if (ref != NULL && strcmp(ref->numerics, n->numerics) != 0) {
         snprintf(err.text, sizeof(err.text),
-                 "register: node %s computes with %s numerics where the cluster's nodes use %s "
-                 "(cpu, cuda: fp32; cpu-bf16: bf16-products)",
-                 n->name, numerics, c->numerics);
+                 "register: node %.48s computes with %s numerics where the cluster's nodes use %s "
+                 "(cpu, cuda: fp32; cpu-bf16: bf16-products; cuda-fast: cublas)",
+                 n->name, n->numerics, ref->numerics);
         goto bad;
     }
     if (!c->have_fingerprint) {
-        snprintf(c->numerics, sizeof(c->numerics), "%s", numerics);
         memcpy(c->fingerprint, fp, 16);
         hpd_prefix_hash_root(c->fingerprint, &c->root);
         c->have_fingerprint = true;

@@ -53,7 +53,8 @@ typedef struct {
 
 /* y[m][n] = (accumulate ? y[m][n] : 0) + sum_k x[m][k] * w[n][k], each w
  * element widened to fp32 exactly (so BF16 or F16 weights give the bits of
- * the same weights stored as F32) and the sum in fp32 */
+ * the same weights stored as F32) and the sum in fp32; except on device
+ * cpu-bf16, where BF16 weights multiply x rounded to bf16 (docs/kernels.md) */
 typedef struct {
     const float *x;
     uint32_t ldx;

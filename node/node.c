@@ -320,7 +320,8 @@ static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
                             .max_batch = ep->max_batch,
                             .xfer_raw = info.sb.data,
                             .xfer_raw_len = (uint32_t)info.sb.size};
-    snprintf(m.numerics, sizeof(m.numerics), "%s", n->backend->ops->numerics);
+    snprintf(m.numerics, sizeof(m.numerics), "%s",
+             n->backend->ops->numerics ? n->backend->ops->numerics : "fp32");
     snprintf(m.role, sizeof(m.role), "%s", n->role->name);
     snprintf(m.name, sizeof(m.name), "%s", n->o.name);
     snprintf(m.host, sizeof(m.host), "%s", n->o.host);

@@ -26,6 +26,15 @@
  * (an EPYC with AVX-512; the kernels/cpu GEMV measured alone). */
 #define PREFETCH_W(p) __builtin_prefetch((p), 0, 1)
 
+/* The 4x4 kernel holds 24 vectors (16 sums, 4 weight and 4 x vectors): it
+ * fits AVX-512's 32 registers, not AVX2's 16, where it would spill; there
+ * large batches keep the 4x2 kernel. */
+#if defined(__AVX512F__)
+#define GEMM_4X4 1
+#else
+#define GEMM_4X4 0
+#endif
+
 static inline void finish(float *y, float s, bool accumulate)
 {
     *y = accumulate ? *y + s : s;
@@ -236,7 +245,7 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
             const float *x = a->x + (size_t)m * a->ldx;                                          \
             float *y = a->y + (size_t)m * a->ldy;                                                \
             uint32_t n = n0;                                                                     \
-            if (a->m > 16) /* else 4x2, which prefetches w */                                    \
+            if (GEMM_4X4 && a->m > 16) /* else 4x2, which prefetches w */                                    \
                 for (; n + 4 <= n1; n += 4)                                                      \
                     kern_4x4_##SFX(x, a->ldx, w + (size_t)n * k, k, y + n, a->ldy,               \
                                    a->accumulate);                                               \

@@ -227,27 +227,33 @@ static void test_bf16_products_sequence(void **state)
     printf("bf16 products: %s\n", hpd_cpu_bf16_native() ? "VDPBF16PS" : "emulated");
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const uint32_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        float *x = malloc((size_t)m * k * 4), *wf = malloc((size_t)n * k * 4);
-        float *y = malloc((size_t)m * n * 4), *y0 = malloc((size_t)m * n * 4);
+        const uint32_t ldx = k + 3, ldy = n + 2; /* rows with gaps */
+        float *x = malloc((size_t)m * ldx * 4), *wf = malloc((size_t)n * k * 4);
+        float *y = malloc((size_t)m * ldy * 4), *y0 = malloc((size_t)m * ldy * 4);
         uint16_t *w = malloc((size_t)n * k * 2), *xb = malloc((size_t)k * 2);
-        test_fill(x, (size_t)m * k, 40 + s, 1.0f);
-        for (size_t i = 0; i < (size_t)m * k; i += 101)
+        test_fill(x, (size_t)m * ldx, 40 + s, 1.0f);
+        for (size_t i = 0; i < (size_t)m * ldx; i += 101)
             x[i] = 3e-39f; /* a denormal activation: flushed */
+        if (m >= 3) /* row 2: tiny activations, products and sums near FLT_MIN */
+            for (size_t i = 0; i < k; i++)
+                x[2 * ldx + i] = ldexpf(x[2 * ldx + i], -63);
         fill_bf16(w, wf, (size_t)n * k, 50 + s);
+        if (n >= 2) /* weight row 1 tiny too: row 2 x row 1 sums products below FLT_MIN */
+            for (size_t i = 0; i < k; i++)
+                w[k + i] = hpd_cpu_round_bf16(ldexpf(wf[k + i] == 0 ? 1.0f : wf[k + i], -63));
         for (int acc = 0; acc < 2; acc++) {
-            test_fill(y0, (size_t)m * n, 60 + s, 1.0f);
-            memcpy(y, y0, (size_t)m * n * 4);
-            hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
-                                 .ldy = n, .m = m, .n = n, .k = k, .accumulate = acc};
+            test_fill(y0, (size_t)m * ldy, 60 + s, 1.0f);
+            memcpy(y, y0, (size_t)m * ldy * 4);
+            hpd_gemm_args_t a = {.x = x, .ldx = ldx, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
+                                 .ldy = ldy, .m = m, .n = n, .k = k, .accumulate = acc};
             assert_int_equal(hpd_gemm(acc ? be1 : be2, &a), HPD_OK);
             for (uint32_t r = 0; r < m; r++) {
                 for (uint32_t i = 0; i < k; i++)
-                    xb[i] = hpd_cpu_round_bf16(x[(size_t)r * k + i]);
-                for (uint32_t c = 0; c < n; c++) {
-                    float want = hpd_cpu_bf16_dot_ref(xb, w + (size_t)c * k, k);
-                    if (acc)
-                        want = y0[(size_t)r * n + c] + want;
-                    const float got = y[(size_t)r * n + c];
+                    xb[i] = hpd_cpu_round_bf16(x[(size_t)r * ldx + i]);
+                for (uint32_t c = 0; c < ldy; c++) {
+                    float want = c < n ? hpd_cpu_bf16_dot_ref(xb, w + (size_t)c * k, k) : 0;
+                    want = acc || c >= n ? y0[(size_t)r * ldy + c] + want : want;
+                    const float got = y[(size_t)r * ldy + c]; /* the gaps untouched */
                     if (memcmp(&got, &want, 4) != 0)
                         fail_msg("%ux%ux%u, accumulate %d, y[%u][%u] = %a, the sequence gives %a",
                                  m, n, k, acc, r, c, got, want);
@@ -258,6 +264,36 @@ static void test_bf16_products_sequence(void **state)
     }
     hpd_backend_destroy(be1);
     hpd_backend_destroy(be2);
+}
+
+/* cpu-bf16, the one place the instruction's rounding shows: a pair whose
+ * product falls below FLT_MIN from normal operands, added to a sum just above
+ * it. VDPBF16PS adds such a product in one rounding with the sum (a fused
+ * multiply-add), which the defined sequence does: a product rounded on its
+ * own first gave another sum in 3273 of these 20000 probes. */
+static void test_bf16_products_tiny(void **state)
+{
+    hpd_backend_t *be = cpu_bf16(1);
+    uint32_t bad = 0;
+    for (uint32_t trial = 0; trial < 20000; trial++) {
+        const uint32_t r = trial * 2654435761u;
+        float x[16] = {0}, y;
+        uint16_t w[16] = {0}, xb[16];
+        x[1] = ldexpf(1.0f + (r & 0x7f) / 128.0f, -63); /* x1 w1 ~ 2^-125: normal */
+        w[1] = hpd_cpu_round_bf16(ldexpf(1.0f + ((r >> 7) & 0x7f) / 128.0f, -62));
+        x[0] = ldexpf(1.0f + ((r >> 14) & 0x7f) / 128.0f, -70) * ((r >> 30) & 1 ? -1 : 1);
+        w[0] = hpd_cpu_round_bf16(ldexpf(1.0f + ((r >> 21) & 0x7f) / 128.0f, -71)); /* ~2^-141 */
+        for (int i = 0; i < 16; i++)
+            xb[i] = hpd_cpu_round_bf16(x[i]);
+        hpd_gemm_args_t a = {.x = x, .ldx = 16, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = &y,
+                             .ldy = 1, .m = 1, .n = 1, .k = 16};
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        const float want = hpd_cpu_bf16_dot_ref(xb, w, 16);
+        bad += memcmp(&y, &want, 4) != 0;
+    }
+    if (bad != 0)
+        fail_msg("%u of 20000 sums near FLT_MIN differ from the defined sequence", bad);
+    hpd_backend_destroy(be);
 }
 
 /* cpu-bf16: against a float64 reference of x rounded to bf16 times w (the
@@ -359,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_half_weights_exact),
         cmocka_unit_test(test_fp8_weights),
         cmocka_unit_test(test_bf16_products_sequence),
+        cmocka_unit_test(test_bf16_products_tiny),
         cmocka_unit_test(test_bf16_products_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
