@@ -87,6 +87,7 @@ hpd() { # DEVICE -> "prefill decode" and the first run's report in $WORK/hpd-DEV
 read -r hpd_pp hpd_tg < <(hpd cpu)
 read -r hpd16_pp hpd16_tg < <(hpd cpu-bf16)
 out=$(cat "$WORK/hpd-cpu.txt")
+echo "(the first run of each device; the figures below are the best of $REPS)"
 echo "$out"
 grep -E "^device|prefill|decode batch" "$WORK/hpd-cpu-bf16.txt"
 echo

@@ -7,6 +7,7 @@
  * resumed from a state taken at a multiple of 64 computes exactly the same
  * chunks, bit for bit, as one pass over the whole sequence. */
 #include <math.h>
+#include <stdbool.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,24 +94,29 @@ static void mm_1x16(float *c, const float *a, const float *b, size_t ldb, uint32
     hpd_v8_store(c, c0), hpd_v8_store(c + 8, c1);
 }
 
+/* lower: a is lower triangular (a[i][k] = 0 for k > i): row i reads k <= i
+ * only (a block of 4 rows up to its last row's), so an Inf or NaN of a
+ * later row of b cannot reach an earlier row of c */
 static void mm_acc(float *c, size_t ldc, const float *a, size_t lda, const float *b, size_t ldb,
-                   uint32_t M, uint32_t N, uint32_t K)
+                   uint32_t M, uint32_t N, uint32_t K, bool lower)
 {
+#define KMAX(last) (lower && (last) + 1 < K ? (last) + 1 : K)
     uint32_t n = 0;
     for (; n + 16 <= N; n += 16) {
         uint32_t i = 0;
         for (; i + 4 <= M; i += 4)
-            mm_4x16(c + i * ldc + n, ldc, a + i * lda, lda, b + n, ldb, K);
+            mm_4x16(c + i * ldc + n, ldc, a + i * lda, lda, b + n, ldb, KMAX(i + 3));
         for (; i < M; i++)
-            mm_1x16(c + i * ldc + n, a + i * lda, b + n, ldb, K);
+            mm_1x16(c + i * ldc + n, a + i * lda, b + n, ldb, KMAX(i));
     }
     for (; n < N; n++) /* columns left over (head dims not a multiple of 16) */
         for (uint32_t i = 0; i < M; i++) {
             float v = c[i * ldc + n];
-            for (uint32_t k = 0; k < K; k++)
+            for (uint32_t k = 0; k < KMAX(i); k++)
                 v = hpd_fma1(a[i * lda + k], b[k * ldb + n], v);
             c[i * ldc + n] = v;
         }
+#undef KMAX
 }
 
 typedef struct {
@@ -186,7 +192,7 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     /* A[i][j] = -(kb_i . k_j) exp(gc_i - gc_j), j < i; then forward
      * substitution row by row: A[i][j] += sum_{j<m<i} A_orig[i][m] A[m][j]. */
     memset(ws->P, 0, sizeof(ws->P));
-    mm_acc(&ws->P[0][0], C, ws->kb, dk, ws->kt, C, L, L, dk);
+    mm_acc(&ws->P[0][0], C, ws->kb, dk, ws->kt, C, L, L, dk, false);
     memset(ws->A, 0, sizeof(ws->A));
     for (uint32_t i = 0; i < L; i++) {
         float row[C];
@@ -202,16 +208,16 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     /* u = T (v beta), w = T (k beta exp(gc)), T unit lower triangular */
     memcpy(ws->u, ws->vb, (size_t)L * dv * sizeof(float));
     memcpy(ws->w, ws->kbe, (size_t)L * dk * sizeof(float));
-    mm_acc(ws->u, dv, &ws->A[0][0], C, ws->vb, dv, L, dv, L);
-    mm_acc(ws->w, dk, &ws->A[0][0], C, ws->kbe, dk, L, dk, L);
+    mm_acc(ws->u, dv, &ws->A[0][0], C, ws->vb, dv, L, dv, L, true);
+    mm_acc(ws->w, dk, &ws->A[0][0], C, ws->kbe, dk, L, dk, L, true);
     /* v_new = u - w S */
     memset(ws->vn, 0, (size_t)L * dv * sizeof(float));
-    mm_acc(ws->vn, dv, ws->w, dk, S, dv, L, dv, dk);
+    mm_acc(ws->vn, dv, ws->w, dk, S, dv, L, dv, dk, false);
     for (size_t e = 0; e < (size_t)L * dv; e++)
         ws->vn[e] = ws->u[e] - ws->vn[e];
     /* o = (q exp(gc)) S + P v_new, P[i][j] = (q_i . k_j) exp(gc_i - gc_j), j <= i */
     memset(ws->P, 0, sizeof(ws->P));
-    mm_acc(&ws->P[0][0], C, at(&a->q, r0, kh), a->q.ld, ws->kt, C, L, L, dk);
+    mm_acc(&ws->P[0][0], C, at(&a->q, r0, kh), a->q.ld, ws->kt, C, L, L, dk, false);
     for (uint32_t i = 0; i < L; i++) {
         for (uint32_t j = 0; j <= i; j++)
             ws->P[i][j] *= ws->D[i][j];
@@ -221,8 +227,8 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
     float *o = at_mut(&a->out, r0, h);
     for (uint32_t i = 0; i < L; i++)
         memset(o + (size_t)i * a->out.ld, 0, dv * sizeof(float));
-    mm_acc(o, a->out.ld, ws->qe, dk, S, dv, L, dv, dk);
-    mm_acc(o, a->out.ld, &ws->P[0][0], C, ws->vn, dv, L, dv, L);
+    mm_acc(o, a->out.ld, ws->qe, dk, S, dv, L, dv, dk, false);
+    mm_acc(o, a->out.ld, &ws->P[0][0], C, ws->vn, dv, L, dv, L, true);
     /* S = exp(gc_last) S + sum_i (k_i exp(gc_last - gc_i)) v_new_i^T */
     const float elast = ws->eg[L - 1];
     for (uint32_t x = 0; x < dk; x++) {
@@ -230,7 +236,7 @@ static void chunk_head(const hpd_gdn_args_t *a, uint32_t r0, uint32_t L, float *
         for (uint32_t i = 0; i < L; i++)
             ws->kte[(size_t)x * C + i] = ws->kt[(size_t)x * C + i] * ws->D[L - 1][i];
     }
-    mm_acc(S, dv, ws->kte, C, ws->vn, dv, dk, dv, L);
+    mm_acc(S, dv, ws->kte, C, ws->vn, dv, dk, dv, L, false);
 }
 
 static void chunked_head(const hpd_gdn_args_t *a, const hpd_seq_t *seq, float *S, uint32_t h,

@@ -269,6 +269,29 @@ static void test_zero_values_give_zero(void **state)
     hpd_backend_destroy(be);
 }
 
+/* Causal inside a chunk: a NaN in token 40's value leaves the outputs of
+ * tokens 0..39 (the same chunk's earlier rows) exactly as without it. */
+static void test_causal_within_chunk(void **state)
+{
+    hpd_backend_t *be = cpu();
+    inputs_t in;
+    const uint32_t T = 60, nk = 1, nv = 2, dk = 32, dv = 32;
+    make_inputs(&in, T, nk, nv, dk, dv, 11, 1.0f);
+    const size_t so = (size_t)T * nv * dv, ss = (size_t)nv * dk * dv, early = 40 * nv * dv;
+    float *o1 = malloc(so * sizeof(float)), *o2 = malloc(so * sizeof(float));
+    float *st = malloc(ss * sizeof(float));
+    memset(st, 0, ss * sizeof(float));
+    run(be, &in, true, 0, T, 0, st, o1);
+    in.v[(size_t)40 * nv * dv + 3] = NAN;
+    memset(st, 0, ss * sizeof(float));
+    run(be, &in, true, 0, T, 0, st, o2);
+    assert_memory_equal(o1, o2, early * sizeof(float));
+    assert_true(isnan(o2[early + 3]));
+    free(o1), free(o2), free(st);
+    free_inputs(&in);
+    hpd_backend_destroy(be);
+}
+
 /* Value heads must share key heads evenly: nv = 3 over nk = 2 is refused by
  * both forms, as is nk = 0. */
 static void test_bad_head_counts(void **state)
@@ -305,6 +328,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_head_counts),
         cmocka_unit_test(test_zero_values_give_zero),
+        cmocka_unit_test(test_causal_within_chunk),
         cmocka_unit_test(test_chunked_matches_recurrent),
         cmocka_unit_test(test_resume_bit_identical),
         cmocka_unit_test(test_batch_invariant),
