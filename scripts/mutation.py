@@ -34,7 +34,8 @@ MODULES = {
     "kernels/cpu": {
         "files": ["kernels/cpu/attention.c", "kernels/cpu/conv1d.c",
                   "kernels/cpu/cpu_backend.c", "kernels/cpu/elementwise.c",
-                  "kernels/cpu/gdn.c", "kernels/cpu/gemm.c", "kernels/cpu/norm.c",
+                  "kernels/cpu/gdn.c", "kernels/cpu/gemm.c", "kernels/cpu/gemm_bf16.c",
+                  "kernels/cpu/norm.c",
                   "kernels/cpu/sample.c", "kernels/cpu/translate.c"],
         "left_out": {},
         "tests": ["test_gemm", "test_ops", "test_gdn", "test_attention",
