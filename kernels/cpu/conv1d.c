@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -90,8 +91,11 @@ hpd_status_t hpd_cpu_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a)
         const uint32_t n_blocks = vec ? a->channels / 8 : 0;
 
         if (vec && wt == NULL) {
-            if ((wt = malloc((size_t)kc * a->channels * sizeof(float))) == NULL)
+            if ((wt = malloc((size_t)kc * a->channels * sizeof(float))) == NULL) {
+                HPD_LOG_ERROR("cpu", "conv1d: %zu bytes of weights cannot be allocated",
+                              (size_t)kc * a->channels * sizeof(float));
                 return HPD_ERR_NO_MEMORY;
+            }
             for (uint32_t c = 0; c < a->channels; c++)
                 for (uint32_t j = 0; j < kc; j++)
                     wt[(size_t)j * a->channels + c] = a->w[(size_t)c * kc + j];

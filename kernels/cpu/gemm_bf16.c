@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/log.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -306,8 +307,11 @@ hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t 
 
     if (c->xb_elems < need) {
         uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
-        if (p == NULL)
+        if (p == NULL) {
+            HPD_LOG_ERROR("cpu", "gemm: %zu bytes for x in bf16 cannot be allocated",
+                          need * sizeof(uint16_t));
             return HPD_ERR_NO_MEMORY;
+        }
         c->xb = p;
         c->xb_elems = need;
     }
