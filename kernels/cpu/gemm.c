@@ -177,8 +177,7 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         finish(y + 3 * (size_t)ldy + 1, tail_##SFX(hpd_v8_hsum(a31), x3, w1, i, k), accumulate); \
     }                                                                                            \
                                                                                                  \
-    /* Large batches (prefill): 4 rows of x by 4 rows of w, each weight     \
-     * vector widened once for 4 rows of x; 16 accumulators. */                                  \
+    /* large batches: 4 rows of x by 4 of w, each weight vector widened once */                \
     static void kern_4x4_##SFX(const float *x, uint32_t ldx, const WT *w0, uint32_t k, float *y, \
                                uint32_t ldy, bool accumulate)                                    \
     {                                                                                            \
@@ -218,8 +217,7 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         uint32_t i = 0;                                                                          \
         for (; i + 8 <= k; i += 8) {                                                             \
             hpd_v8_t xv = hpd_v8_load(x + i);                                                    \
-            /* the rows of the next call: the hardware prefetcher alone leaves \
-             * short rows (a few KiB) waiting on memory */                       \
+            /* the rows of the next call (short rows wait on memory otherwise) */               \
             PREFETCH_W(w0 + i + 4 * (size_t)ldw);                                                \
             PREFETCH_W(w1 + i + 4 * (size_t)ldw);                                                \
             PREFETCH_W(w2 + i + 4 * (size_t)ldw);                                                \
