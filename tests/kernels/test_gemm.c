@@ -195,6 +195,14 @@ static void test_fp8_weights(void **state)
     hpd_gemm_args_t bad = {.x = &y, .ldx = 1, .w = &one, .w_dtype = HPD_DTYPE_F8_E4M3, .y = &y,
                            .ldy = 1, .m = 1, .n = 1, .k = 1};
     assert_int_equal(hpd_gemm(be, &bad), HPD_ERR_INVALID_ARG);
+    /* nor with a block of 0 columns; a block of 1 is a scale per weight */
+    const float two = 2.0f;
+    bad.w_scale = &two, bad.w_scale_ld = 1, bad.w_block = 0;
+    assert_int_equal(hpd_gemm(be, &bad), HPD_ERR_INVALID_ARG);
+    float x1 = 3.0f;
+    bad.x = &x1, bad.w_block = 1;
+    assert_int_equal(hpd_gemm(be, &bad), HPD_OK);
+    assert_true(y == 6.0f); /* 3 x (1.0 x 2) */
     hpd_backend_destroy(be);
 }
 
