@@ -37,7 +37,7 @@ static void conv_channel(const hpd_conv1d_args_t *a, const hpd_seq_t *seq, float
         win[hist] = a->x[(size_t)row * a->ldx + c];
         for (uint32_t j = 0; j < kc; j++)
             acc = acc + w[j] * win[j];
-        a->y[(size_t)row * a->ldy + c] = acc / (1.0f + hpd_exp1(-acc));
+        a->y[(size_t)row * a->ldy + c] = hpd_silu1(acc);
         memmove(win, win + 1, hist * sizeof(float));
     }
     memcpy(st, win, hist * sizeof(float));
@@ -49,7 +49,6 @@ static void conv_block8(const hpd_conv1d_args_t *a, const hpd_seq_t *seq, float 
                         const float *wt, uint32_t c)
 {
     const uint32_t kc = a->kc, hist = kc - 1;
-    const hpd_v8_t one = hpd_v8_set1(1.0f), neg = hpd_v8_set1(-1.0f);
     float old[MAX_KC][8]; /* the state's history, tap-major */
 
     for (uint32_t p = 0; p < hist; p++)
@@ -64,9 +63,7 @@ static void conv_block8(const hpd_conv1d_args_t *a, const hpd_seq_t *seq, float 
                                                                   a->ldx + c);
             acc = hpd_v8_add(acc, hpd_v8_mul(hpd_v8_load(wt + (size_t)j * a->channels + c), in));
         }
-        const hpd_v8_t e = hpd_v8_exp(hpd_v8_mul(acc, neg));
-        hpd_v8_store(a->y + (size_t)(seq->row + i) * a->ldy + c,
-                     hpd_v8_div(acc, hpd_v8_add(one, e)));
+        hpd_v8_store(a->y + (size_t)(seq->row + i) * a->ldy + c, hpd_v8_silu(acc));
     }
     /* the newest hist inputs (n_tokens >= kc > hist: all from x) */
     for (uint32_t p = 0; p < hist; p++)

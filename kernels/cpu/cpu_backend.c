@@ -90,8 +90,8 @@ hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
         return HPD_ERR_NO_MEMORY;
     }
     ctx->n_threads = params->n_threads ? (int)params->n_threads : omp_get_num_procs();
-    ctx->bf16_products = params->device != NULL && strcmp(params->device, "cpu-bf16") == 0;
-    b->ops = ctx->bf16_products ? &cpu_bf16_ops : &cpu_ops;
+    const bool bf16 = params->device != NULL && strcmp(params->device, "cpu-bf16") == 0;
+    b->ops = bf16 ? &cpu_bf16_ops : &cpu_ops;
     b->ctx = ctx;
     *backend_p = b;
     return HPD_OK;

@@ -9,9 +9,8 @@ typedef struct {
     /* the GEMM's FP8 dequantisation tiles, one per thread (grown on demand) */
     float *f8_tiles;
     size_t f8_floats;
-    /* device cpu-bf16: BF16 weights multiply x rounded to bf16 (gemm_bf16.c),
-     * x's rounded rows (grown on demand) */
-    bool bf16_products;
+    /* device cpu-bf16 (gemm_bf16.c): x's rows rounded to bf16 (grown on
+     * demand) */
     uint16_t *xb;
     size_t xb_elems;
 } hpd_cpu_ctx_t;

@@ -65,16 +65,11 @@ hpd_status_t hpd_cpu_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
     for (uint32_t t = 0; t < a->n_tokens; t++) {
         const float *g = a->gu + (size_t)t * a->ldgu, *u = g + a->inter;
         float *o = a->out + (size_t)t * a->ldout;
-        const hpd_v8_t one = hpd_v8_set1(1.0f), neg = hpd_v8_set1(-1.0f);
         uint32_t i = 0;
-        for (; i + 8 <= a->inter; i += 8) { /* each lane as the tail's hpd_exp1 */
-            const hpd_v8_t gv = hpd_v8_load(g + i);
-            const hpd_v8_t e = hpd_v8_exp(hpd_v8_mul(gv, neg));
-            hpd_v8_store(o + i, hpd_v8_mul(hpd_v8_div(gv, hpd_v8_add(one, e)),
-                                           hpd_v8_load(u + i)));
-        }
+        for (; i + 8 <= a->inter; i += 8) /* each lane as the tail's hpd_silu1 */
+            hpd_v8_store(o + i, hpd_v8_mul(hpd_v8_silu(hpd_v8_load(g + i)), hpd_v8_load(u + i)));
         for (; i < a->inter; i++)
-            o[i] = (g[i] / (1.0f + hpd_exp1(-g[i]))) * u[i];
+            o[i] = hpd_silu1(g[i]) * u[i];
     }
     return HPD_OK;
 }
@@ -86,18 +81,15 @@ hpd_status_t hpd_cpu_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t 
                             : 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < a->n_tokens; t++) {
-        const hpd_v8_t one = hpd_v8_set1(1.0f), neg = hpd_v8_set1(-1.0f);
         for (uint32_t h = 0; h < a->n_heads; h++) {
             float *x = at(&a->x, t, h);
             const float *g = at(&a->gate, t, h);
             uint32_t d = 0;
-            for (; d + 8 <= a->dim; d += 8) { /* each lane as the tail's hpd_exp1 */
-                const hpd_v8_t e = hpd_v8_exp(hpd_v8_mul(hpd_v8_load(g + d), neg));
-                hpd_v8_store(x + d, hpd_v8_mul(hpd_v8_load(x + d),
-                                               hpd_v8_div(one, hpd_v8_add(one, e))));
-            }
+            for (; d + 8 <= a->dim; d += 8) /* each lane as the tail's hpd_sigmoid1 */
+                hpd_v8_store(x + d,
+                             hpd_v8_mul(hpd_v8_load(x + d), hpd_v8_sigmoid(hpd_v8_load(g + d))));
             for (; d < a->dim; d++)
-                x[d] = x[d] * (1.0f / (1.0f + hpd_exp1(-g[d])));
+                x[d] = x[d] * hpd_sigmoid1(g[d]);
         }
     }
     return HPD_OK;

@@ -19,13 +19,6 @@
 
 #define NB 32 /* weight rows per tile: a tile of w stays in L2 while x streams */
 
-/* Software prefetch of weights that stream from memory, into L2 only
- * (locality 1): prefetching them into L1 as well (the default, locality 3)
- * evicts the x rows and the lines about to be read, and held batch-1 decode
- * on hidden-1024 rows to ~21 GB/s where L2 reaches ~32 on the same 2 threads
- * (an EPYC with AVX-512; the kernels/cpu GEMV measured alone). */
-#define PREFETCH_W(p) __builtin_prefetch((p), 0, 1)
-
 /* The 4x4 kernel holds 24 vectors (16 sums, 4 weight and 4 x vectors): it
  * fits AVX-512's 32 registers, not AVX2's 16, where it would spill; there
  * large batches keep the 4x2 kernel. */
@@ -93,16 +86,6 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
 }
 #endif
 
-/* Holds v in a register: without it GCC folds each use of an x vector into
- * its FMA as a memory operand, 13 loads per 16 FMAs where 4 suffice, and
- * the loads, not the FMAs, set the pace (the 512-row BF16 GEMM ran at 0.55
- * of the FMA peak, 0.75 with the x vectors held). No effect on results. */
-#if defined(__AVX2__)
-#define IN_REG(v) __asm__("" : "+v"(v))
-#else
-#define IN_REG(v) (void)0
-#endif
-
 /* The 4x4 kernel's row r: x row r against the four weight vectors b0..b3,
  * and its four results. */
 #define FMA_ROW4(r, xv)                                                                           \
@@ -146,24 +129,24 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         uint32_t i = 0;                                                                          \
         for (; i + 8 <= k; i += 8) {                                                             \
             if (prefetch) { /* a few rows of x: w streams from memory */                         \
-                PREFETCH_W(w0 + i + 4 * (size_t)k); /* two calls ahead */                        \
-                PREFETCH_W(w1 + i + 4 * (size_t)k);                                              \
+                HPD_PREFETCH_W(w0 + i + 4 * (size_t)k); /* two calls ahead */                        \
+                HPD_PREFETCH_W(w1 + i + 4 * (size_t)k);                                              \
             }                                                                                    \
             hpd_v8_t b0 = load8_##SFX(w0 + i), b1 = load8_##SFX(w1 + i), xv;                     \
             xv = hpd_v8_load(x0 + i);                                                            \
-            IN_REG(xv); /* each x vector loaded once */                                          \
+            HPD_IN_REG(xv); /* each x vector loaded once */                                          \
             a00 = hpd_v8_fma(xv, b0, a00);                                                       \
             a01 = hpd_v8_fma(xv, b1, a01);                                                       \
             xv = hpd_v8_load(x1 + i);                                                            \
-            IN_REG(xv);                                                                          \
+            HPD_IN_REG(xv);                                                                          \
             a10 = hpd_v8_fma(xv, b0, a10);                                                       \
             a11 = hpd_v8_fma(xv, b1, a11);                                                       \
             xv = hpd_v8_load(x2 + i);                                                            \
-            IN_REG(xv);                                                                          \
+            HPD_IN_REG(xv);                                                                          \
             a20 = hpd_v8_fma(xv, b0, a20);                                                       \
             a21 = hpd_v8_fma(xv, b1, a21);                                                       \
             xv = hpd_v8_load(x3 + i);                                                            \
-            IN_REG(xv);                                                                          \
+            HPD_IN_REG(xv);                                                                          \
             a30 = hpd_v8_fma(xv, b0, a30);                                                       \
             a31 = hpd_v8_fma(xv, b1, a31);                                                       \
         }                                                                                        \
@@ -193,10 +176,10 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
             const hpd_v8_t b2 = load8_##SFX(w2 + i), b3 = load8_##SFX(w3 + i);                   \
             hpd_v8_t v0 = hpd_v8_load(x0 + i), v1 = hpd_v8_load(x1 + i);                         \
             hpd_v8_t v2 = hpd_v8_load(x2 + i), v3 = hpd_v8_load(x3 + i);                         \
-            IN_REG(v0);                                                                          \
-            IN_REG(v1);                                                                          \
-            IN_REG(v2);                                                                          \
-            IN_REG(v3);                                                                          \
+            HPD_IN_REG(v0);                                                                          \
+            HPD_IN_REG(v1);                                                                          \
+            HPD_IN_REG(v2);                                                                          \
+            HPD_IN_REG(v3);                                                                          \
             FMA_ROW4(0, v0);                                                                     \
             FMA_ROW4(1, v1);                                                                     \
             FMA_ROW4(2, v2);                                                                     \
@@ -218,10 +201,10 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         for (; i + 8 <= k; i += 8) {                                                             \
             hpd_v8_t xv = hpd_v8_load(x + i);                                                    \
             /* the rows of the next call (short rows wait on memory otherwise) */               \
-            PREFETCH_W(w0 + i + 4 * (size_t)ldw);                                                \
-            PREFETCH_W(w1 + i + 4 * (size_t)ldw);                                                \
-            PREFETCH_W(w2 + i + 4 * (size_t)ldw);                                                \
-            PREFETCH_W(w3 + i + 4 * (size_t)ldw);                                                \
+            HPD_PREFETCH_W(w0 + i + 4 * (size_t)ldw);                                                \
+            HPD_PREFETCH_W(w1 + i + 4 * (size_t)ldw);                                                \
+            HPD_PREFETCH_W(w2 + i + 4 * (size_t)ldw);                                                \
+            HPD_PREFETCH_W(w3 + i + 4 * (size_t)ldw);                                                \
             a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                        \
             a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                        \
             a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                        \

@@ -33,7 +33,6 @@
 #include "kernels/cpu/simd.h"
 
 #define NB 32 /* weight rows per tile, as gemm.c */
-#define PREFETCH_W(p) __builtin_prefetch((p), 0, 1) /* into L2 only: see gemm.c */
 
 /* ---- the scalar sequence */
 
@@ -132,7 +131,7 @@ static inline hpd_v8_t dp16(hpd_v8_t acc, bh16_t x, bh16_t w)
 {
     return _mm256_dpbf16_ps(acc, x, w);
 }
-#define IN_REG(v) __asm__("" : "+v"(v)) /* see gemm.c */
+#define IN_REG(v) HPD_IN_REG(v)
 #else
 typedef struct {
     uint16_t h[16];
@@ -151,7 +150,7 @@ static inline hpd_v8_t dp16(hpd_v8_t acc, bh16_t x, bh16_t w)
         l[j] = lane_step(l[j], x.h[2 * j], x.h[2 * j + 1], w.h[2 * j], w.h[2 * j + 1]);
     return hpd_v8_load(l);
 }
-#define IN_REG(v) (void)0
+#define IN_REG(v) (void)0 /* a struct, not a register */
 #endif
 
 bool hpd_cpu_bf16_native(void)
@@ -202,10 +201,10 @@ static void kern_4x4(const uint16_t *x, uint32_t ldx, const uint16_t *w0, uint32
     uint32_t i = 0;
     for (; i + 16 <= k; i += 16) {
         if (prefetch) {
-            PREFETCH_W(w0 + i + 4 * (size_t)k);
-            PREFETCH_W(w1 + i + 4 * (size_t)k);
-            PREFETCH_W(w2 + i + 4 * (size_t)k);
-            PREFETCH_W(w3 + i + 4 * (size_t)k);
+            HPD_PREFETCH_W(w0 + i + 4 * (size_t)k);
+            HPD_PREFETCH_W(w1 + i + 4 * (size_t)k);
+            HPD_PREFETCH_W(w2 + i + 4 * (size_t)k);
+            HPD_PREFETCH_W(w3 + i + 4 * (size_t)k);
         }
         const bh16_t b0 = load_bh16(w0 + i), b1 = load_bh16(w1 + i);
         const bh16_t b2 = load_bh16(w2 + i), b3 = load_bh16(w3 + i);
@@ -238,14 +237,14 @@ static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y
         IN_REG(xv);
         /* at i and i + 8 for each 32-byte step: 4 prefetches a line, as the
          * fp32 kernel issues (4 % more than one per step in the GEMV alone) */
-        PREFETCH_W(w0 + i + 4 * (size_t)k);
-        PREFETCH_W(w1 + i + 4 * (size_t)k);
-        PREFETCH_W(w2 + i + 4 * (size_t)k);
-        PREFETCH_W(w3 + i + 4 * (size_t)k);
-        PREFETCH_W(w0 + i + 8 + 4 * (size_t)k);
-        PREFETCH_W(w1 + i + 8 + 4 * (size_t)k);
-        PREFETCH_W(w2 + i + 8 + 4 * (size_t)k);
-        PREFETCH_W(w3 + i + 8 + 4 * (size_t)k);
+        HPD_PREFETCH_W(w0 + i + 4 * (size_t)k);
+        HPD_PREFETCH_W(w1 + i + 4 * (size_t)k);
+        HPD_PREFETCH_W(w2 + i + 4 * (size_t)k);
+        HPD_PREFETCH_W(w3 + i + 4 * (size_t)k);
+        HPD_PREFETCH_W(w0 + i + 8 + 4 * (size_t)k);
+        HPD_PREFETCH_W(w1 + i + 8 + 4 * (size_t)k);
+        HPD_PREFETCH_W(w2 + i + 8 + 4 * (size_t)k);
+        HPD_PREFETCH_W(w3 + i + 8 + 4 * (size_t)k);
         a0 = dp16(a0, xv, load_bh16(w0 + i));
         a1 = dp16(a1, xv, load_bh16(w1 + i));
         a2 = dp16(a2, xv, load_bh16(w2 + i));
