@@ -30,6 +30,7 @@ static void cuda_destroy(hpd_backend_t *b)
 
 static hpd_status_t cuda_sync(hpd_backend_t *b)
 {
+    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
     HPD_CUDA_CHECK(cudaStreamSynchronize(hpd_cuda_ctx(b)->stream));
     return HPD_OK;
 }
@@ -51,6 +52,7 @@ static void cuda_host_unregister(hpd_backend_t *b, void *ptr)
 static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
     void *p = NULL;
     cudaError_t err = cudaMallocAsync(&p, bytes ? (bytes + 255) & ~(size_t)255 : 256, c->stream);
     if (err != cudaSuccess) {
@@ -66,18 +68,21 @@ static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
 
 static void cuda_free(hpd_backend_t *b, void *ptr)
 {
+    cudaSetDevice(hpd_cuda_ctx(b)->device);
     cudaFreeAsync(ptr, hpd_cuda_ctx(b)->stream);
 }
 
 static hpd_status_t cuda_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
 {
+    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
     HPD_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, hpd_cuda_ctx(b)->stream));
     return HPD_OK;
 }
 
 static hpd_status_t cuda_copy(hpd_backend_t *b, void *dst, const void *src, size_t bytes)
 {
-    HPD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
+    HPD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                    hpd_cuda_ctx(b)->stream));
     return HPD_OK;
 }
@@ -86,6 +91,7 @@ static hpd_status_t cuda_copy(hpd_backend_t *b, void *dst, const void *src, size
 static hpd_status_t cuda_to_host(hpd_backend_t *b, void *host, const void *src, size_t bytes)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
     HPD_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return HPD_OK;
@@ -94,6 +100,7 @@ static hpd_status_t cuda_to_host(hpd_backend_t *b, void *host, const void *src, 
 static hpd_status_t cuda_from_host(hpd_backend_t *b, void *dst, const void *host, size_t bytes)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
     HPD_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
     HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return HPD_OK;
@@ -176,6 +183,51 @@ hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float 
     return st;
 }
 
+/* Every op enters here: the context's GPU made current (a process may
+ * drive several, and each op runs on the calling thread), and with
+ * HPD_CUDA_SYNC=1 the stream synchronised and checked after the op, so that
+ * an asynchronous fault names the op that caused it (docs/testing.md). */
+static hpd_status_t op_done(hpd_backend_t *b, const char *op, hpd_status_t st)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    if (st != HPD_OK || !c->sync_each_op)
+        return st;
+    const cudaError_t err = cudaStreamSynchronize(c->stream);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "op %s on GPU %d failed: %s", op, c->device,
+                      cudaGetErrorString(err));
+        return HPD_ERR_INTERNAL;
+    }
+    return HPD_OK;
+}
+
+#define HPD_CUDA_ENTRY(op, args_t)                                                     \
+    static hpd_status_t entry_##op(hpd_backend_t *b, const args_t *a)                  \
+    {                                                                                  \
+        HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));                        \
+        return op_done(b, #op, hpd_cuda_##op(b, a));                                   \
+    }
+HPD_CUDA_ENTRY(embed, hpd_embed_args_t)
+HPD_CUDA_ENTRY(gemm, hpd_gemm_args_t)
+HPD_CUDA_ENTRY(rmsnorm, hpd_rmsnorm_args_t)
+HPD_CUDA_ENTRY(gated_rmsnorm, hpd_gated_rmsnorm_args_t)
+HPD_CUDA_ENTRY(l2norm, hpd_l2norm_args_t)
+HPD_CUDA_ENTRY(rope, hpd_rope_args_t)
+HPD_CUDA_ENTRY(silu_mul, hpd_silu_mul_args_t)
+HPD_CUDA_ENTRY(sigmoid_mul, hpd_sigmoid_mul_args_t)
+HPD_CUDA_ENTRY(kv_store, hpd_kv_store_args_t)
+HPD_CUDA_ENTRY(attention, hpd_attention_args_t)
+HPD_CUDA_ENTRY(conv1d, hpd_conv1d_args_t)
+HPD_CUDA_ENTRY(gdn_gating, hpd_gdn_gating_args_t)
+HPD_CUDA_ENTRY(gdn_chunked, hpd_gdn_args_t)
+HPD_CUDA_ENTRY(gdn_recurrent, hpd_gdn_args_t)
+HPD_CUDA_ENTRY(sample, hpd_sample_args_t)
+HPD_CUDA_ENTRY(kv_translate, hpd_kv_translate_args_t)
+HPD_CUDA_ENTRY(slot_copy, hpd_slot_copy_args_t)
+HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
+HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
+HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
+
 static const hpd_backend_ops_t cuda_ops = {
     .name = "cuda",
     .numerics = "fp32",
@@ -190,26 +242,26 @@ static const hpd_backend_ops_t cuda_ops = {
     .copy = cuda_copy,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
-    .embed = hpd_cuda_embed,
-    .gemm = hpd_cuda_gemm,
-    .rmsnorm = hpd_cuda_rmsnorm,
-    .gated_rmsnorm = hpd_cuda_gated_rmsnorm,
-    .l2norm = hpd_cuda_l2norm,
-    .rope = hpd_cuda_rope,
-    .silu_mul = hpd_cuda_silu_mul,
-    .sigmoid_mul = hpd_cuda_sigmoid_mul,
-    .kv_store = hpd_cuda_kv_store,
-    .attention = hpd_cuda_attention,
-    .conv1d = hpd_cuda_conv1d,
-    .conv1d_step = hpd_cuda_conv1d,
-    .gdn_gating = hpd_cuda_gdn_gating,
-    .gdn_chunked = hpd_cuda_gdn_chunked,
-    .gdn_recurrent = hpd_cuda_gdn_recurrent,
-    .sample = hpd_cuda_sample,
-    .kv_translate = hpd_cuda_kv_translate,
-    .slot_copy = hpd_cuda_slot_copy,
-    .gather = hpd_cuda_gather,
-    .moe_combine = hpd_cuda_moe_combine,
+    .embed = entry_embed,
+    .gemm = entry_gemm,
+    .rmsnorm = entry_rmsnorm,
+    .gated_rmsnorm = entry_gated_rmsnorm,
+    .l2norm = entry_l2norm,
+    .rope = entry_rope,
+    .silu_mul = entry_silu_mul,
+    .sigmoid_mul = entry_sigmoid_mul,
+    .kv_store = entry_kv_store,
+    .attention = entry_attention,
+    .conv1d = entry_conv1d,
+    .conv1d_step = entry_conv1d,
+    .gdn_gating = entry_gdn_gating,
+    .gdn_chunked = entry_gdn_chunked,
+    .gdn_recurrent = entry_gdn_recurrent,
+    .sample = entry_sample,
+    .kv_translate = entry_kv_translate,
+    .slot_copy = entry_slot_copy,
+    .gather = entry_gather,
+    .moe_combine = entry_moe_combine,
 };
 
 static const hpd_backend_ops_t cuda_fast_ops = {
@@ -226,26 +278,26 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     .copy = cuda_copy,
     .to_host = cuda_to_host,
     .from_host = cuda_from_host,
-    .embed = hpd_cuda_embed,
-    .gemm = hpd_cuda_gemm_cublas,
-    .rmsnorm = hpd_cuda_rmsnorm,
-    .gated_rmsnorm = hpd_cuda_gated_rmsnorm,
-    .l2norm = hpd_cuda_l2norm,
-    .rope = hpd_cuda_rope,
-    .silu_mul = hpd_cuda_silu_mul,
-    .sigmoid_mul = hpd_cuda_sigmoid_mul,
-    .kv_store = hpd_cuda_kv_store,
-    .attention = hpd_cuda_attention,
-    .conv1d = hpd_cuda_conv1d,
-    .conv1d_step = hpd_cuda_conv1d,
-    .gdn_gating = hpd_cuda_gdn_gating,
-    .gdn_chunked = hpd_cuda_gdn_chunked,
-    .gdn_recurrent = hpd_cuda_gdn_recurrent,
-    .sample = hpd_cuda_sample,
-    .kv_translate = hpd_cuda_kv_translate,
-    .slot_copy = hpd_cuda_slot_copy,
-    .gather = hpd_cuda_gather,
-    .moe_combine = hpd_cuda_moe_combine,
+    .embed = entry_embed,
+    .gemm = entry_gemm_cublas,
+    .rmsnorm = entry_rmsnorm,
+    .gated_rmsnorm = entry_gated_rmsnorm,
+    .l2norm = entry_l2norm,
+    .rope = entry_rope,
+    .silu_mul = entry_silu_mul,
+    .sigmoid_mul = entry_sigmoid_mul,
+    .kv_store = entry_kv_store,
+    .attention = entry_attention,
+    .conv1d = entry_conv1d,
+    .conv1d_step = entry_conv1d,
+    .gdn_gating = entry_gdn_gating,
+    .gdn_chunked = entry_gdn_chunked,
+    .gdn_recurrent = entry_gdn_recurrent,
+    .sample = entry_sample,
+    .kv_translate = entry_kv_translate,
+    .slot_copy = entry_slot_copy,
+    .gather = entry_gather,
+    .moe_combine = entry_moe_combine,
 };
 
 extern "C" hpd_status_t hpd_backend_cuda_count(int *count_p)
@@ -321,6 +373,8 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         return HPD_ERR_INTERNAL;
     }
     c->smem_optin = (size_t)smem;
+    const char *sync_env = getenv("HPD_CUDA_SYNC");
+    c->sync_each_op = sync_env != NULL && strcmp(sync_env, "1") == 0;
     if (fast && (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS ||
                  cublasSetStream(c->cublas, c->stream) != CUBLAS_STATUS_SUCCESS ||
                  cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)) {

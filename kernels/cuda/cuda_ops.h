@@ -28,6 +28,7 @@ typedef struct {
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
+    bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
 } hpd_cuda_ctx_t;
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)

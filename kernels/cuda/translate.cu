@@ -107,7 +107,7 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
 
 hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a)
 {
-    HPD_CUDA_CHECK(cudaMemcpyAsync(a->dst, a->src, a->bytes, cudaMemcpyDeviceToDevice,
+    HPD_CUDA_CHECK(cudaMemcpyAsync(a->dst, a->src, a->bytes, cudaMemcpyDefault,
                                    hpd_cuda_ctx(b)->stream));
     return HPD_OK;
 }
