@@ -20,6 +20,8 @@ static void cuda_destroy(hpd_backend_t *b)
         for (int i = 0; i < HPD_CUDA_STAGE_SLOTS; i++)
             if (c->stage_ev[i] != NULL)
                 cudaEventDestroy(c->stage_ev[i]);
+        if (c->work != NULL)
+            cudaFree(c->work);
         if (c->cublas != NULL)
             cublasDestroy(c->cublas);
         cudaStreamDestroy(c->stream);
@@ -166,6 +168,30 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, si
     HPD_CUDA_CHECK(cudaEventRecord(c->stage_ev[c->slot], c->stream));
     *dev_p = d;
     *off_p = off + bytes;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    if (bytes > c->work_bytes) {
+        size_t want = c->work_bytes ? c->work_bytes : (1u << 20);
+        while (want < bytes)
+            want *= 2;
+        HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (c->work != NULL)
+            cudaFree(c->work);
+        c->work = NULL;
+        c->work_bytes = 0;
+        const cudaError_t err = cudaMalloc(&c->work, want);
+        if (err != cudaSuccess) {
+            HPD_LOG_ERROR("cuda", "scratch of %zu bytes on GPU %d: %s", want, c->device,
+                          cudaGetErrorString(err));
+            return HPD_ERR_NO_MEMORY;
+        }
+        c->work_bytes = want;
+    }
+    *dev_p = c->work;
     return HPD_OK;
 }
 

@@ -28,6 +28,8 @@ typedef struct {
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
+    void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
+    size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
 } hpd_cuda_ctx_t;
 
@@ -61,6 +63,10 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, si
 hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float *const *states,
                                  uint32_t n_seqs, const hpd_seq_t **dseqs_p,
                                  float *const **dstates_p);
+
+/* Device scratch of at least `bytes` for an op's intermediates, valid until
+ * the next call (grown after the stream has drained what used it). */
+hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p);
 
 #define HPD_CUDA_ROW_THREADS 256
 
