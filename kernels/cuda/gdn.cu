@@ -1,9 +1,8 @@
 /* The gated delta rule on the GPU (docs/kernels.md has the math).
  *
- * Recurrent step (decode): one block per (sequence, value head), one thread
- * per value column j of the state S[dk][dv]; per token, in the CPU
- * backend's order:
- *   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q.
+ * Recurrent step (decode), per token, in the CPU backend's order:
+ *   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q,
+ * with the state in registers (below).
  *
  * Chunked form (prefill): one block per (sequence, value head) walks the
  * sequence's chunks on the absolute 64-token grid; a chunk's q, k, the UT
@@ -14,43 +13,83 @@
 
 #define MAX_DK 256
 
-__global__ void gdn_recurrent_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs,
-                                     float *const *states)
+/* One block of 4 warps per (32 value columns, value head, sequence). Lane l
+ * owns column j0 + l; warp w owns the state rows [w R, (w + 1) R), R =
+ * ceil(dk / 4), held in registers for the whole call: the state is read once
+ * and written once however many tokens the sequence brings. Per token the
+ * sums over rows (S^T k, S^T q) are each warp's rows in ascending order, then
+ * the four warps' partials added in warp order, so a column's value depends
+ * on the head's own tokens and state alone. */
+#define REC_WARPS 4
+#define REC_COLS 32
+
+template <uint32_t RMAX>
+__global__ void __launch_bounds__(REC_WARPS * 32)
+    gdn_recurrent_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs, float *const *states)
 {
     __shared__ float qs[MAX_DK], ks[MAX_DK];
-    const uint32_t s = blockIdx.x / a.nv, h = blockIdx.x % a.nv, j = threadIdx.x;
+    __shared__ float part[2][REC_WARPS][REC_COLS];
+    const uint32_t tiles = (a.dv + REC_COLS - 1) / REC_COLS;
+    const uint32_t tile = blockIdx.x % tiles, h = (blockIdx.x / tiles) % a.nv;
+    const uint32_t s = blockIdx.x / tiles / a.nv;
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t dk = a.dk, dv = a.dv, kh = h / (a.nv / a.nk);
+    const uint32_t R = (dk + REC_WARPS - 1) / REC_WARPS, x0 = warp * R;
+    const uint32_t j = tile * REC_COLS + lane;
+    const bool col = j < dv;
     const hpd_seq_t seq = seqs[s];
     float *S = states[s] + (size_t)h * dk * dv;
+    float st[RMAX];
 
+#pragma unroll
+    for (uint32_t r = 0; r < RMAX; r++)
+        st[r] = r < R && x0 + r < dk && col ? S[(size_t)(x0 + r) * dv + j] : 0.0f;
     for (uint32_t i = 0; i < seq.n_tokens; i++) {
-        const uint32_t row = seq.row + i;
-        for (uint32_t x = j; x < dk; x += blockDim.x) {
-            qs[x] = a.q.p[(size_t)row * a.q.ld + (size_t)kh * a.q.hs + x];
-            ks[x] = a.k.p[(size_t)row * a.k.ld + (size_t)kh * a.k.hs + x];
+        const size_t row = seq.row + i;
+        for (uint32_t x = threadIdx.x; x < dk; x += blockDim.x) {
+            qs[x] = a.q.p[row * a.q.ld + (size_t)kh * a.q.hs + x];
+            ks[x] = a.k.p[row * a.k.ld + (size_t)kh * a.k.hs + x];
         }
+        const float decay = expf(a.g[row * a.nv + h]), beta = a.beta[row * a.nv + h];
+        const float v = col ? a.v.p[row * a.v.ld + (size_t)h * a.v.hs + j] : 0.0f;
         __syncthreads();
-        if (j < dv) {
-            const float decay = expf(a.g[(size_t)row * a.nv + h]);
-            const float beta = a.beta[(size_t)row * a.nv + h];
-            float kv = 0.0f;
-            for (uint32_t x = 0; x < dk; x++) {
-                const float v = S[(size_t)x * dv + j] * decay;
-                S[(size_t)x * dv + j] = v;
-                kv += ks[x] * v;
+        /* S = exp(g) S, then this warp's rows of S^T k */
+        float kv = 0.0f;
+#pragma unroll
+        for (uint32_t r = 0; r < RMAX; r++)
+            if (r < R && x0 + r < dk) {
+                st[r] = __fmul_rn(st[r], decay);
+                kv = fmaf(ks[x0 + r], st[r], kv);
             }
-            const float u = (a.v.p[(size_t)row * a.v.ld + (size_t)h * a.v.hs + j] - kv) * beta;
-            float o = 0.0f;
-            for (uint32_t x = 0; x < dk; x++) {
-                const float v = S[(size_t)x * dv + j] + ks[x] * u;
-                S[(size_t)x * dv + j] = v;
+        part[0][warp][lane] = kv;
+        __syncthreads();
+        kv = part[0][0][lane];
+        for (uint32_t w = 1; w < REC_WARPS; w++)
+            kv = __fadd_rn(kv, part[0][w][lane]);
+        /* u = beta (v - S^T k); S += k u^T; this warp's rows of S^T q */
+        const float u = __fmul_rn(__fsub_rn(v, kv), beta);
+        float o = 0.0f;
+#pragma unroll
+        for (uint32_t r = 0; r < RMAX; r++)
+            if (r < R && x0 + r < dk) {
+                st[r] = fmaf(ks[x0 + r], u, st[r]);
+                o = fmaf(qs[x0 + r], st[r], o);
             }
-            for (uint32_t x = 0; x < dk; x++)
-                o += qs[x] * S[(size_t)x * dv + j];
-            a.out.p[(size_t)row * a.out.ld + (size_t)h * a.out.hs + j] = o;
+        part[1][warp][lane] = o;
+        __syncthreads();
+        if (warp == 0 && col) {
+            o = part[1][0][lane];
+            for (uint32_t w = 1; w < REC_WARPS; w++)
+                o = __fadd_rn(o, part[1][w][lane]);
+            a.out.p[row * a.out.ld + (size_t)h * a.out.hs + j] = o;
         }
+        /* qs, ks and part are rewritten by the next token */
         __syncthreads();
     }
+#pragma unroll
+    for (uint32_t r = 0; r < RMAX; r++)
+        if (r < R && x0 + r < dk && col)
+            S[(size_t)(x0 + r) * dv + j] = st[r];
 }
 
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
@@ -58,15 +97,25 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
     const hpd_seq_t *seqs;
     float *const *states;
     hpd_status_t st;
-    if (a->dk > MAX_DK || a->dv > 1024 || a->nk == 0 || a->nv % a->nk != 0)
+    if (a->dk == 0 || a->dk > MAX_DK || a->dv == 0 || a->nk == 0 || a->nv % a->nk != 0)
         return HPD_ERR_UNSUPPORTED;
     if (a->n_seqs == 0)
         return HPD_OK;
     if ((st = hpd_cuda_stage_seqs(b, a->seqs, a->states, a->n_seqs, &seqs, &states)) != HPD_OK)
         return st;
-    const uint32_t threads = (a->dv + 31) / 32 * 32;
-    gdn_recurrent_kernel<<<a->n_seqs * a->nv, threads, 0, hpd_cuda_ctx(b)->stream>>>(
-        *a, seqs, states);
+    const uint32_t rows = (a->dk + REC_WARPS - 1) / REC_WARPS;
+    const uint64_t blocks = (uint64_t)a->n_seqs * a->nv * ((a->dv + REC_COLS - 1) / REC_COLS);
+    if (blocks > INT32_MAX)
+        return HPD_ERR_UNSUPPORTED;
+    cudaStream_t stream = hpd_cuda_ctx(b)->stream;
+    if (rows <= 8)
+        gdn_recurrent_kernel<8><<<(uint32_t)blocks, REC_WARPS * 32, 0, stream>>>(*a, seqs, states);
+    else if (rows <= 16)
+        gdn_recurrent_kernel<16><<<(uint32_t)blocks, REC_WARPS * 32, 0, stream>>>(*a, seqs, states);
+    else if (rows <= 32)
+        gdn_recurrent_kernel<32><<<(uint32_t)blocks, REC_WARPS * 32, 0, stream>>>(*a, seqs, states);
+    else
+        gdn_recurrent_kernel<64><<<(uint32_t)blocks, REC_WARPS * 32, 0, stream>>>(*a, seqs, states);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -508,6 +508,52 @@ static void test_conv_and_gdn(void **state)
         hpd_backend_free(gpu, dev[i]);
 }
 
+/* The recurrent rule with the state held in registers: dk 128 (rows split
+ * over the warps) and dv 80 (a partial column tile). Near the CPU; a
+ * sequence's outputs and state are the same bits alone or in a batch, and in
+ * one call of 9 tokens or 9 calls of one. */
+static void test_gdn_recurrent_identity(void **state)
+{
+    enum { NK = 2, NV = 4, DK = 128, DV = 80, T = 14 };
+    hpd_seq_t seqs[2] = {{.n_tokens = 5, .start_pos = 70}, {.row = 5, .n_tokens = 9}};
+    gdn_case_t c;
+    gdn_case_init(&c, T, NK, NV, DK, DV, 50, -0.02f, 0.3f, 0.1f, 0.8f, 0.1f);
+    const size_t ns = c.ns, vs = (size_t)NV * DV;
+    hpd_gdn_args_t ga = gdn_args(&c, false, seqs, 2);
+    assert_int_equal(hpd_gdn_recurrent(cpu, &ga), HPD_OK);
+    hpd_gdn_args_t gg = gdn_args(&c, true, seqs, 2);
+    assert_int_equal(hpd_gdn_recurrent(gpu, &gg), HPD_OK);
+    float *batch = down(c.gout, c.nvv), *batch_S = down(c.gS, 2 * ns);
+    expect_close("gdn_recurrent dk128", batch, c.ocpu, c.nvv, 1e-4);
+    expect_close("gdn_recurrent dk128 state", batch_S, c.Sc, 2 * ns, 1e-4);
+
+    /* sequence 1 alone, in one call, then token by token */
+    float *one_S = up(c.S0 + ns, ns);
+    float *sone[1] = {one_S};
+    gg.states = sone;
+    gg.n_seqs = 1;
+    gg.seqs = &seqs[1];
+    assert_int_equal(hpd_backend_memset(gpu, c.gout, 0, c.nvv * sizeof(float)), HPD_OK);
+    assert_int_equal(hpd_gdn_recurrent(gpu, &gg), HPD_OK);
+    float *alone = down(c.gout, c.nvv), *alone_S = down(one_S, ns);
+    assert_memory_equal(alone + 5 * vs, batch + 5 * vs, 9 * vs * sizeof(float));
+    assert_memory_equal(alone_S, batch_S + ns, ns * sizeof(float));
+    assert_int_equal(hpd_backend_from_host(gpu, one_S, c.S0 + ns, ns * sizeof(float)), HPD_OK);
+    assert_int_equal(hpd_backend_memset(gpu, c.gout, 0, c.nvv * sizeof(float)), HPD_OK);
+    for (uint32_t i = 0; i < 9; i++) {
+        const hpd_seq_t step = {.row = 5 + i, .n_tokens = 1, .start_pos = i};
+        gg.seqs = &step;
+        assert_int_equal(hpd_gdn_recurrent(gpu, &gg), HPD_OK);
+    }
+    float *steps = down(c.gout, c.nvv), *steps_S = down(one_S, ns);
+    assert_memory_equal(steps + 5 * vs, batch + 5 * vs, 9 * vs * sizeof(float));
+    assert_memory_equal(steps_S, batch_S + ns, ns * sizeof(float));
+    fprintf(stderr, "gdn_recurrent: alone, in a batch and token by token give the same bits\n");
+    free(batch), free(batch_S), free(alone), free(alone_S), free(steps), free(steps_S);
+    hpd_backend_free(gpu, one_S);
+    gdn_case_free(&c);
+}
+
 /* translation between layouts and slot copies: exact */
 static void test_translate_and_copy(void **state)
 {
@@ -891,6 +937,7 @@ int main(void)
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_conv_and_gdn),
+        cmocka_unit_test(test_gdn_recurrent_identity),
         cmocka_unit_test(test_translate_and_copy),
         cmocka_unit_test(test_kv_store_and_attention),
         cmocka_unit_test(test_gdn_chunked),
