@@ -4,11 +4,13 @@
  *   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q,
  * with the state in registers (below).
  *
- * Chunked form (prefill): one block per (sequence, value head) walks the
- * sequence's chunks on the absolute 64-token grid; a chunk's q, k, the UT
- * system, u, w and the new values sit in shared memory, the state in its
- * slot. Every sum is taken by one thread in ascending order, so a head's
- * result depends on its own tokens alone, not on the batch. */
+ * Chunked form (prefill), in two passes over the chunks of the batch, each
+ * chunk on its sequence's absolute 64-token grid: first every (chunk, head)
+ * at once prepares its UT form; then one block per (sequence, head, 32
+ * value columns) walks the sequence's chunks in order with its columns of
+ * the state in shared memory. Every sum is taken by one thread in ascending
+ * order, so a head's result depends on its own tokens alone, not on the
+ * batch, and a sequence resumed at a multiple of 64 gives the same bits. */
 #include "kernels/cuda/cuda_ops.h"
 
 #define MAX_DK 256
@@ -124,154 +126,276 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
 
 #define C HPD_GDN_CHUNK
 #define CHUNK_THREADS 256
+#define STATE_COLS 32
 
-/* floats of dynamic shared memory for dk, dv */
-static size_t chunk_smem_floats(uint32_t dk, uint32_t dv)
+/* A chunk of the batch: its sequence's rows [row0, row0 + L), on the
+ * sequence's absolute 64-token grid. */
+typedef struct {
+    uint32_t row0, len;
+} chunk_t;
+
+/* A sequence's run of consecutive chunks in one pass, and its state. */
+typedef struct {
+    float *state;
+    uint32_t chunk0, n_chunks;
+} segment_t;
+
+/* Floats of the prepared form of one (chunk, value head): W, QE, KE
+ * [C][dk], U [C][dv], QK [C][C], then exp(gc_last) (padded to 4). */
+__host__ __device__ static inline size_t prep_floats(uint32_t dk, uint32_t dv)
 {
-    return 4 * C /* gc, beta, exp(gc), exp(glast - gc) */ + C /* a row of A */ +
-           2 * (size_t)C * dk /* q, k */ + (size_t)C * dk /* w */ + (size_t)C * dv /* u, vn */ +
-           2 * (size_t)C * C /* A (then T), QK */;
+    return 3 * (size_t)C * dk + (size_t)C * dv + (size_t)C * C + 4;
 }
 
-__global__ void gdn_chunked_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs,
-                                   float *const *states)
+/* Pass 1, one block per (chunk, value head), all chunks at once: the chunk's
+ * cumulative gates gc, the UT system T = (I + A)^-1 with A[i][j] =
+ * ((k_i beta_i) . k_j) exp(gc_i - gc_j) (j < i, negated), and from it
+ *   W = T (k beta exp(gc)),  U = T (v beta),  QE_i = q_i exp(gc_i),
+ *   KE_i = k_i exp(gc_last - gc_i),  QK[i][j] = (q_i . k_j) exp(gc_i - gc_j)
+ * (j <= i, else 0). Every sum is taken by one thread in ascending order. */
+__global__ void __launch_bounds__(CHUNK_THREADS)
+    gdn_chunk_prep_kernel(hpd_gdn_args_t a, const chunk_t *chunks, float *prep)
 {
     extern __shared__ float sm[];
-    const uint32_t s = blockIdx.x / a.nv, h = blockIdx.x % a.nv, tid = threadIdx.x;
-    const uint32_t dk = a.dk, dv = a.dv, nv = a.nv, kh = h / (a.nv / a.nk);
-    const hpd_seq_t seq = seqs[s];
-    float *S = states[s] + (size_t)h * dk * dv;
+    const uint32_t ci = blockIdx.x / a.nv, h = blockIdx.x % a.nv, tid = threadIdx.x;
+    const uint32_t dk = a.dk, dv = a.dv, nv = a.nv, kh = h / (a.nv / a.nk), ld = dk + 1;
+    const chunk_t ch = chunks[ci];
+    const uint32_t L = ch.len, r0 = ch.row0;
     float *gc = sm, *beta = gc + C, *eg = beta + C, *el = eg + C, *row = el + C;
-    float *qs = row + C, *ks = qs + (size_t)C * dk, *w = ks + (size_t)C * dk;
-    float *u = w + (size_t)C * dk, *A = u + (size_t)C * dv, *QK = A + C * C;
+    float *qs = row + C, *ks = qs + (size_t)C * ld, *A = ks + (size_t)C * ld;
+    float *P = prep + (size_t)blockIdx.x * prep_floats(dk, dv);
+    float *W = P, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk, *U = KE + (size_t)C * dk;
+    float *QK = U + (size_t)C * dv, *EL = QK + C * C;
 
-    for (uint32_t done = 0; done < seq.n_tokens;) {
-        const uint32_t pos = seq.start_pos + done;
-        const uint32_t L = min(C - pos % C, seq.n_tokens - done);
-        const uint32_t r0 = seq.row + done;
-
-        for (uint32_t i = tid; i < L * dk; i += blockDim.x) {
-            const uint32_t t = i / dk, x = i % dk;
-            qs[i] = a.q.p[(size_t)(r0 + t) * a.q.ld + (size_t)kh * a.q.hs + x];
-            ks[i] = a.k.p[(size_t)(r0 + t) * a.k.ld + (size_t)kh * a.k.hs + x];
+    for (uint32_t i = tid; i < L * dk; i += blockDim.x) {
+        const uint32_t t = i / dk, x = i % dk;
+        qs[t * ld + x] = a.q.p[(size_t)(r0 + t) * a.q.ld + (size_t)kh * a.q.hs + x];
+        ks[t * ld + x] = a.k.p[(size_t)(r0 + t) * a.k.ld + (size_t)kh * a.k.hs + x];
+    }
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (uint32_t i = 0; i < L; i++) {
+            acc += a.g[(size_t)(r0 + i) * nv + h];
+            gc[i] = acc;
+            beta[i] = a.beta[(size_t)(r0 + i) * nv + h];
+            eg[i] = expf(acc);
         }
-        if (tid == 0) {
-            float acc = 0.0f;
-            for (uint32_t i = 0; i < L; i++) {
-                acc += a.g[(size_t)(r0 + i) * nv + h];
-                gc[i] = acc;
-                beta[i] = a.beta[(size_t)(r0 + i) * nv + h];
-                eg[i] = expf(acc);
-            }
-            for (uint32_t i = 0; i < L; i++)
-                el[i] = expf(gc[L - 1] - gc[i]);
+        for (uint32_t i = 0; i < L; i++)
+            el[i] = expf(gc[L - 1] - gc[i]);
+        EL[0] = eg[L - 1];
+    }
+    __syncthreads();
+    for (uint32_t p = tid; p < C * C; p += blockDim.x) {
+        const uint32_t i = p / C, j = p % C;
+        if (j > i || i >= L) {
+            QK[p] = 0.0f;
+            continue;
+        }
+        const float e = expf(gc[i] - gc[j]);
+        float dq = 0.0f, dkk = 0.0f;
+        for (uint32_t x = 0; x < dk; x++) {
+            dq = fmaf(qs[i * ld + x], ks[j * ld + x], dq);
+            dkk = fmaf(__fmul_rn(ks[i * ld + x], beta[i]), ks[j * ld + x], dkk);
+        }
+        QK[p] = __fmul_rn(dq, e);
+        if (j < i)
+            A[i * C + j] = -__fmul_rn(dkk, e);
+    }
+    __syncthreads();
+    /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
+    for (uint32_t i = 1; i < L; i++) {
+        if (tid < i)
+            row[tid] = A[i * C + tid];
+        __syncthreads();
+        if (tid < i) {
+            float acc = row[tid];
+            for (uint32_t m = tid + 1; m < i; m++)
+                acc = fmaf(row[m], A[m * C + tid], acc);
+            A[i * C + tid] = acc;
         }
         __syncthreads();
-        /* A[i][j] = -((k_i beta_i) . k_j) exp(gc_i - gc_j), j < i;
-         * QK[i][j] = (q_i . k_j) exp(gc_i - gc_j), j <= i */
-        for (uint32_t p = tid; p < L * L; p += blockDim.x) {
-            const uint32_t i = p / L, j = p % L;
-            if (j > i)
-                continue;
-            const float e = expf(gc[i] - gc[j]);
-            float dq = 0.0f, dkk = 0.0f;
-            for (uint32_t x = 0; x < dk; x++) {
-                dq += qs[i * dk + x] * ks[j * dk + x];
-                dkk += (ks[i * dk + x] * beta[i]) * ks[j * dk + x];
-            }
-            QK[i * C + j] = dq * e;
-            if (j < i)
-                A[i * C + j] = -dkk * e;
-        }
-        __syncthreads();
-        /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
-        for (uint32_t i = 1; i < L; i++) {
-            if (tid < i)
-                row[tid] = A[i * C + tid];
-            __syncthreads();
-            if (tid < i) {
-                float acc = row[tid];
-                for (uint32_t m = tid + 1; m < i; m++)
-                    acc = fmaf(row[m], A[m * C + tid], acc);
-                A[i * C + tid] = acc;
-            }
-            __syncthreads();
-        }
-        /* u = T (v beta), w = T (k beta exp(gc)) */
-        for (uint32_t p = tid; p < L * (dv + dk); p += blockDim.x) {
-            if (p < L * dv) {
-                const uint32_t i = p / dv, d = p % dv;
-                const float *v = a.v.p + (size_t)h * a.v.hs + d;
-                float acc = v[(size_t)(r0 + i) * a.v.ld] * beta[i];
-                for (uint32_t j = 0; j < i; j++)
-                    acc = fmaf(A[i * C + j], v[(size_t)(r0 + j) * a.v.ld] * beta[j], acc);
-                u[p] = acc;
-            } else {
-                const uint32_t q = p - L * dv, i = q / dk, x = q % dk;
-                float acc = (ks[i * dk + x] * beta[i]) * eg[i];
-                for (uint32_t j = 0; j < i; j++)
-                    acc = fmaf(A[i * C + j], (ks[j * dk + x] * beta[j]) * eg[j], acc);
-                w[q] = acc;
-            }
-        }
-        __syncthreads();
-        /* new values: vn = u - w S */
-        for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
-            const uint32_t i = p / dv, d = p % dv;
-            float acc = 0.0f;
-            for (uint32_t x = 0; x < dk; x++)
-                acc += w[i * dk + x] * S[(size_t)x * dv + d];
-            u[p] -= acc;
-        }
-        __syncthreads();
-        /* o_i = (q_i exp(gc_i)) S + sum_{j <= i} QK[i][j] vn_j */
-        for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
-            const uint32_t i = p / dv, d = p % dv;
-            float acc = 0.0f;
-            for (uint32_t x = 0; x < dk; x++)
-                acc += (qs[i * dk + x] * eg[i]) * S[(size_t)x * dv + d];
-            for (uint32_t j = 0; j <= i; j++)
-                acc += QK[i * C + j] * u[j * dv + d];
-            a.out.p[(size_t)(r0 + i) * a.out.ld + (size_t)h * a.out.hs + d] = acc;
-        }
-        __syncthreads();
-        /* S = exp(gc_last) S + sum_i (k_i exp(gc_last - gc_i)) vn_i^T */
-        const float elast = eg[L - 1];
-        for (uint32_t p = tid; p < dk * dv; p += blockDim.x) {
-            const uint32_t x = p / dv, d = p % dv;
-            float acc = S[p] * elast;
-            for (uint32_t i = 0; i < L; i++)
-                acc = fmaf(ks[i * dk + x] * el[i], u[i * dv + d], acc);
-            S[p] = acc;
-        }
-        __syncthreads();
-        done += L;
+    }
+    for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
+        const uint32_t i = p / dv, d = p % dv;
+        const float *v = a.v.p + (size_t)h * a.v.hs + d;
+        float acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
+        for (uint32_t j = 0; j < i; j++)
+            acc = fmaf(A[i * C + j], __fmul_rn(v[(size_t)(r0 + j) * a.v.ld], beta[j]), acc);
+        U[p] = acc;
+    }
+    for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
+        const uint32_t i = p / dk, x = p % dk;
+        float acc = __fmul_rn(__fmul_rn(ks[i * ld + x], beta[i]), eg[i]);
+        for (uint32_t j = 0; j < i; j++)
+            acc = fmaf(A[i * C + j], __fmul_rn(__fmul_rn(ks[j * ld + x], beta[j]), eg[j]), acc);
+        W[p] = acc;
+        QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
+        KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
     }
 }
+
+/* Pass 2, one block per (sequence run, value head, 32 value columns),
+ * walking the run's chunks in order with its columns of the state in shared
+ * memory (lane = column, warps over rows):
+ *   VN = U - W S;  o_i = QE_i S + sum_{j <= i} QK[i][j] VN_j;
+ *   S = exp(gc_last) S + KE^T VN.
+ * Each sum by one thread in ascending order. */
+__global__ void __launch_bounds__(CHUNK_THREADS)
+    gdn_chunk_state_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
+                           const float *prep, uint32_t chunk_base)
+{
+    extern __shared__ float sm[];
+    const uint32_t tiles = (a.dv + STATE_COLS - 1) / STATE_COLS;
+    const uint32_t tile = blockIdx.x % tiles, h = (blockIdx.x / tiles) % a.nv;
+    const segment_t seg = segs[blockIdx.x / tiles / a.nv];
+    const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const uint32_t warps = blockDim.x / 32, j = tile * STATE_COLS + lane, sld = STATE_COLS + 1;
+    const bool col = j < dv;
+    float *S = sm, *VN = S + (size_t)dk * sld, *QK = VN + (size_t)C * sld;
+    float *W = QK + C * C, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk;
+    float *state = seg.state + (size_t)h * dk * dv;
+
+    for (uint32_t x = warp; x < dk; x += warps)
+        S[x * sld + lane] = col ? state[(size_t)x * dv + j] : 0.0f;
+    for (uint32_t n = 0; n < seg.n_chunks; n++) {
+        const uint32_t ci = seg.chunk0 + n;
+        const chunk_t ch = chunks[ci];
+        const uint32_t L = ch.len;
+        const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
+        const float *U = P + 3 * (size_t)C * dk, *QKg = U + (size_t)C * dv;
+        const float elast = QKg[C * C];
+        for (uint32_t p = tid; p < 3 * L * dk; p += blockDim.x) {
+            const uint32_t which = p / (L * dk), q = p % (L * dk);
+            W[which * C * dk + q] = P[which * (size_t)C * dk + q];
+        }
+        for (uint32_t p = tid; p < L * C; p += blockDim.x)
+            QK[p] = QKg[p];
+        for (uint32_t i = warp; i < L; i += warps)
+            VN[i * sld + lane] = col ? U[(size_t)i * dv + j] : 0.0f;
+        __syncthreads();
+        for (uint32_t i = warp; i < L; i += warps) {
+            float acc = 0.0f;
+            for (uint32_t x = 0; x < dk; x++)
+                acc = fmaf(W[i * dk + x], S[x * sld + lane], acc);
+            VN[i * sld + lane] = __fsub_rn(VN[i * sld + lane], acc);
+        }
+        __syncthreads();
+        for (uint32_t i = warp; i < L; i += warps) {
+            float acc = 0.0f;
+            for (uint32_t x = 0; x < dk; x++)
+                acc = fmaf(QE[i * dk + x], S[x * sld + lane], acc);
+            for (uint32_t t = 0; t <= i; t++)
+                acc = fmaf(QK[i * C + t], VN[t * sld + lane], acc);
+            if (col)
+                a.out.p[(size_t)(ch.row0 + i) * a.out.ld + (size_t)h * a.out.hs + j] = acc;
+        }
+        __syncthreads(); /* S is read above and rewritten below */
+        for (uint32_t x = warp; x < dk; x += warps) {
+            float acc = __fmul_rn(S[x * sld + lane], elast);
+            for (uint32_t i = 0; i < L; i++)
+                acc = fmaf(KE[i * dk + x], VN[i * sld + lane], acc);
+            S[x * sld + lane] = acc;
+        }
+        __syncthreads(); /* the next chunk restages W, QE, KE, QK and VN */
+    }
+    if (col)
+        for (uint32_t x = warp; x < dk; x += warps)
+            state[(size_t)x * dv + j] = S[x * sld + lane];
+}
+
+/* The prepared chunks of one pass stay within this much scratch (a pass
+ * takes at least one chunk). */
+#define PREP_SCRATCH_BYTES ((size_t)512 << 20)
 
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    const hpd_seq_t *seqs;
-    float *const *states;
-    hpd_status_t st;
-
-    if (a->nk == 0 || a->nv % a->nk != 0)
+    if (a->nk == 0 || a->nv % a->nk != 0 || a->dk == 0 || a->dv == 0)
         return HPD_ERR_INVALID_ARG;
-    const size_t smem = chunk_smem_floats(a->dk, a->dv) * sizeof(float);
-    if (smem > c->smem_optin) {
+    const size_t smem1 = (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
+    const size_t smem2 = ((size_t)(a->dk + C) * (STATE_COLS + 1) + (size_t)C * C +
+                          3 * (size_t)C * a->dk) * sizeof(float);
+    if (smem1 > c->smem_optin || smem2 > c->smem_optin) {
         HPD_LOG_ERROR("cuda", "gdn_chunked: dk %u, dv %u need %zu bytes of shared memory, GPU %d "
-                      "has %zu per block", a->dk, a->dv, smem, c->device, c->smem_optin);
+                      "has %zu per block", a->dk, a->dv, smem1 > smem2 ? smem1 : smem2,
+                      c->device, c->smem_optin);
         return HPD_ERR_UNSUPPORTED;
     }
     if (a->n_seqs == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage_seqs(b, a->seqs, a->states, a->n_seqs, &seqs, &states)) != HPD_OK)
-        return st;
-    HPD_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gdn_chunked_kernel<<<a->n_seqs * a->nv, CHUNK_THREADS, smem, c->stream>>>(
-        *a, seqs, states);
-    HPD_CUDA_LAUNCHED();
-    return HPD_OK;
+    /* the batch's chunks on each sequence's absolute grid */
+    uint32_t n_chunks = 0;
+    for (uint32_t s = 0; s < a->n_seqs; s++) {
+        const hpd_seq_t q = a->seqs[s];
+        if (q.n_tokens > 0)
+            n_chunks += (q.start_pos % C + q.n_tokens + C - 1) / C;
+    }
+    if (n_chunks == 0)
+        return HPD_OK;
+    chunk_t *chunks = (chunk_t *)malloc(n_chunks * sizeof(chunk_t));
+    segment_t *segs = (segment_t *)malloc((n_chunks + a->n_seqs) * sizeof(segment_t));
+    uint32_t *seq_of = (uint32_t *)malloc(n_chunks * sizeof(uint32_t));
+    if (chunks == NULL || segs == NULL || seq_of == NULL) {
+        free(chunks), free(segs), free(seq_of);
+        return HPD_ERR_NO_MEMORY;
+    }
+    for (uint32_t s = 0, n = 0; s < a->n_seqs; s++)
+        for (uint32_t done = 0; done < a->seqs[s].n_tokens;) {
+            const uint32_t pos = a->seqs[s].start_pos + done;
+            const uint32_t L = min(C - pos % C, a->seqs[s].n_tokens - done);
+            chunks[n] = (chunk_t){a->seqs[s].row + done, L};
+            seq_of[n++] = s;
+            done += L;
+        }
+    const size_t per_chunk = (size_t)a->nv * prep_floats(a->dk, a->dv) * sizeof(float);
+    const uint32_t tiles = (a->dv + STATE_COLS - 1) / STATE_COLS;
+    hpd_status_t st = HPD_OK;
+    if ((smem1 > 48 * 1024 &&
+         cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)smem1) != cudaSuccess) ||
+        (smem2 > 48 * 1024 &&
+         cudaFuncSetAttribute(gdn_chunk_state_kernel,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)smem2) != cudaSuccess)) {
+        HPD_LOG_ERROR("cuda", "gdn_chunked: cannot opt in to %zu bytes of shared memory: %s",
+                      smem1 > smem2 ? smem1 : smem2, cudaGetErrorString(cudaGetLastError()));
+        st = HPD_ERR_INTERNAL;
+    }
+    /* passes over runs of chunks whose prepared form fits the scratch */
+    for (uint32_t c0 = 0; st == HPD_OK && c0 < n_chunks;) {
+        uint32_t c1 = c0 + 1;
+        while (c1 < n_chunks && (size_t)(c1 + 1 - c0) * per_chunk <= PREP_SCRATCH_BYTES)
+            c1++;
+        uint32_t n_segs = 0;
+        for (uint32_t n = c0; n < c1; n++) {
+            if (n == c0 || seq_of[n] != seq_of[n - 1])
+                segs[n_segs++] = (segment_t){a->states[seq_of[n]], n, 0};
+            segs[n_segs - 1].n_chunks++;
+        }
+        void *work, *dchunks, *dsegs;
+        size_t off = 0;
+        if ((st = hpd_cuda_work(b, (c1 - c0) * per_chunk, &work)) != HPD_OK ||
+            (st = hpd_cuda_stage(b, chunks, n_chunks * sizeof(chunk_t), &off, &dchunks)) !=
+                HPD_OK ||
+            (st = hpd_cuda_stage(b, segs, n_segs * sizeof(segment_t), &off, &dsegs)) != HPD_OK)
+            break;
+        gdn_chunk_prep_kernel<<<(c1 - c0) * a->nv, CHUNK_THREADS, smem1, c->stream>>>(
+            *a, (const chunk_t *)dchunks + c0, (float *)work);
+        if (cudaGetLastError() != cudaSuccess) {
+            st = HPD_ERR_INTERNAL;
+            break;
+        }
+        gdn_chunk_state_kernel<<<n_segs * a->nv * tiles, CHUNK_THREADS, smem2, c->stream>>>(
+            *a, (const chunk_t *)dchunks, (const segment_t *)dsegs, (const float *)work, c0);
+        if (cudaGetLastError() != cudaSuccess) {
+            st = HPD_ERR_INTERNAL;
+            break;
+        }
+        c0 = c1;
+    }
+    free(chunks), free(segs), free(seq_of);
+    if (st == HPD_ERR_INTERNAL)
+        HPD_LOG_ERROR("cuda", "gdn_chunked launch failed: %s",
+                      cudaGetErrorString(cudaGetLastError()));
+    return st;
 }
