@@ -6,7 +6,7 @@
 #    a model with Qwen3-Next's dimensions (8 layers, random weights);
 # 2. flash-linear-attention's fused_recurrent / chunk gated delta rule on the
 #    same shapes (wheels in .fla-wheels from tools/fetch-fla-wheels.sh,
-#    installed into .fla-venv over the machine's torch and Triton);
+#    installed into a temporary folder beside the machine's torch and Triton);
 # 3. the ratio fla time / our time per kernel (> 1: ours is faster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +30,16 @@ echo "== hpd-bench-cuda"
 echo "== flash-linear-attention"
 py=python3
 if [ -d .fla-wheels ]; then
-  [ -d .fla-venv ] || python3 -m venv --system-site-packages .fla-venv
-  .fla-venv/bin/pip install -q --no-index --no-deps .fla-wheels/*.whl
-  py=.fla-venv/bin/python
+  # installed beside the machine's own torch and Triton (a venv made from
+  # python3 may not see them where python3 is itself a venv's)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$out/fla-site" \
+    .fla-wheels/*.whl
+  export PYTHONPATH=$out/fla-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ! "$py" -c 'import fla.ops.gated_delta_rule' 2>/dev/null; then
+if ! err=$("$py" -c 'import fla.ops.gated_delta_rule' 2>&1); then
   echo "flash-linear-attention is not importable (run tools/fetch-fla-wheels.sh and carry" \
        ".fla-wheels): no side-by-side figures"
+  echo "$err" | tail -3
   exit 0
 fi
 "$py" bench/fla_gdn.py --seqs "$seqs" --prefill "$prefill" | tee "$out/fla.txt"

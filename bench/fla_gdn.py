@@ -34,8 +34,12 @@ def timed(fn, reps):
 
 def inputs(b, t, dtype):
     dev = "cuda"
+    # Qwen3-Next's 16 key heads repeated to its 32 value heads, as
+    # transformers does before it calls these kernels
     q = torch.nn.functional.normalize(torch.randn(b, t, NK, DK, device=dev), dim=-1).to(dtype)
     k = torch.nn.functional.normalize(torch.randn(b, t, NK, DK, device=dev), dim=-1).to(dtype)
+    q = q.repeat_interleave(NV // NK, dim=2)
+    k = k.repeat_interleave(NV // NK, dim=2)
     v = torch.randn(b, t, NV, DV, device=dev).to(dtype)
     g = -(torch.rand(b, t, NV, device=dev) * 0.19 + 0.01)  # log decay, fp32
     beta = (torch.rand(b, t, NV, device=dev) * 0.8 + 0.1).to(dtype)
