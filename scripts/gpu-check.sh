@@ -9,9 +9,10 @@
 # 2. runs every ctest test labelled gpu with HPD_REQUIRE_GPU=1 (a skip is a
 #    failure), and reruns the failed ones with HPD_CUDA_SYNC=1 (synchronise
 #    and check after every op, so that an error names its op);
-# 3. runs compute-sanitizer's memcheck, racecheck, synccheck and initcheck
-#    over the GPU parity tests and a benchmark at small sizes;
-# 4. runs bench/cuda.sh;
+# 3. runs bench/cuda.sh;
+# 4. runs compute-sanitizer's memcheck, racecheck, synccheck and initcheck
+#    over the GPU parity tests, the benchmark's kernels at small sizes and a
+#    short generation, as long as the deadline allows;
 # and writes OUT_DIR/summary.txt with every result and figure (the logs of
 # each step beside it). The steps share one deadline, GPU_CHECK_SECONDS
 # (default 540: one 10-minute device call with room to copy back), and a
@@ -87,7 +88,15 @@ if [ "$rc" -ne 0 ] && [ "$(left)" -gt 60 ]; then
   grep -E "cuda|FAILED|Test +#" "$out/tests-sync.log" | head -30 | sed 's/^/  /' | tee -a "$summary"
 fi
 
-# 3. compute-sanitizer at small sizes: the parity tests, the benchmark's
+# 3. the benchmarks
+if [ "$(left)" -gt 90 ]; then
+  timeout "$(step_timeout 200)" bash bench/cuda.sh "$b" > "$out/bench.log" 2>&1
+  say "bench/cuda.sh: rc $?"
+  grep -vE "^==|^\s*$" "$out/bench.log" | sed 's/^/  /' | tee -a "$summary" > /dev/null
+else
+  say "bench/cuda.sh: not run (deadline)"
+fi
+# 4. compute-sanitizer at small sizes: the parity tests, the benchmark's
 #    kernels and a generation whose 70-token prompt crosses a GDN chunk
 #    (racecheck, the slowest, takes only the generation)
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
@@ -116,12 +125,4 @@ for tool in memcheck racecheck synccheck initcheck; do
 done
 rm -f "$one"
 
-# 4. the benchmarks
-if [ "$(left)" -gt 60 ]; then
-  timeout "$(step_timeout 200)" bash bench/cuda.sh "$b" > "$out/bench.log" 2>&1
-  say "bench/cuda.sh: rc $?"
-  grep -vE "^==|^\s*$" "$out/bench.log" | sed 's/^/  /' | tee -a "$summary" > /dev/null
-else
-  say "bench/cuda.sh: not run (deadline)"
-fi
 say "total: $(( $(date +%s) - start )) s"
