@@ -219,6 +219,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const uint32_t i = p / dv, d = p % dv;
         const float *v = a.v.p + (size_t)h * a.v.hs + d;
         float acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
+#pragma unroll 4
         for (uint32_t j = 0; j < i; j++)
             acc = fmaf(A[i * C + j], __fmul_rn(v[(size_t)(r0 + j) * a.v.ld], beta[j]), acc);
         U[p] = acc;
@@ -226,6 +227,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
         const uint32_t i = p / dk, x = p % dk;
         float acc = __fmul_rn(__fmul_rn(ks[i * ld + x], beta[i]), eg[i]);
+#pragma unroll 4
         for (uint32_t j = 0; j < i; j++)
             acc = fmaf(A[i * C + j], __fmul_rn(__fmul_rn(ks[j * ld + x], beta[j]), eg[j]), acc);
         W[p] = acc;
@@ -301,6 +303,148 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     if (col)
         for (uint32_t x = warp; x < dk; x += warps)
             state[(size_t)x * dv + j] = S[x * sld + lane];
+}
+
+/* Pass 2 with the state in registers, for dk a multiple of 32: lane =
+ * value column, warp w owns the state rows [w R, (w + 1) R), R = dk / 8.
+ * The products over rows (W S, QE S) are each warp's rows in ascending
+ * order (W, QE and KE read as 16-byte vectors of the warp's rows), then the
+ * 8 warps' partials added in warp order; the state update sums the chunk's
+ * tokens in ascending order in each thread. */
+#define STATE_WARPS (CHUNK_THREADS / 32)
+
+template <uint32_t R>
+__global__ void __launch_bounds__(CHUNK_THREADS)
+    gdn_chunk_state_reg_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
+                               const float *prep, uint32_t chunk_base)
+{
+    extern __shared__ float sm[];
+    const uint32_t tiles = (a.dv + STATE_COLS - 1) / STATE_COLS;
+    const uint32_t tile = blockIdx.x % tiles, h = (blockIdx.x / tiles) % a.nv;
+    const segment_t seg = segs[blockIdx.x / tiles / a.nv];
+    const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const uint32_t j = tile * STATE_COLS + lane, x0 = warp * R;
+    const bool col = j < dv;
+    float *VN = sm, *QK = VN + C * STATE_COLS, *PART = QK + C * C; /* PART [8][C][32] */
+    float *state = seg.state + (size_t)h * dk * dv;
+    float S[R];
+
+#pragma unroll
+    for (uint32_t r = 0; r < R; r++)
+        S[r] = col ? state[(size_t)(x0 + r) * dv + j] : 0.0f;
+    for (uint32_t n = 0; n < seg.n_chunks; n++) {
+        const uint32_t ci = seg.chunk0 + n;
+        const chunk_t ch = chunks[ci];
+        const uint32_t L = ch.len;
+        const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
+        const float *W = P, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk;
+        const float *U = KE + (size_t)C * dk, *QKg = U + (size_t)C * dv;
+        const float elast = QKg[C * C];
+        for (uint32_t p = tid; p < L * C; p += blockDim.x)
+            QK[p] = QKg[p];
+        /* this warp's rows of W S */
+        for (uint32_t i = 0; i < L; i++) {
+            const float4 *w4 = (const float4 *)(W + (size_t)i * dk + x0);
+            float acc = 0.0f;
+#pragma unroll
+            for (uint32_t r = 0; r < R / 4; r++) {
+                const float4 w = w4[r];
+                acc = fmaf(w.x, S[4 * r], acc);
+                acc = fmaf(w.y, S[4 * r + 1], acc);
+                acc = fmaf(w.z, S[4 * r + 2], acc);
+                acc = fmaf(w.w, S[4 * r + 3], acc);
+            }
+            PART[(warp * C + i) * STATE_COLS + lane] = acc;
+        }
+        __syncthreads();
+        /* VN = U - W S */
+        for (uint32_t p = tid; p < L * STATE_COLS; p += blockDim.x) {
+            const uint32_t i = p / STATE_COLS, l = p % STATE_COLS, jj = tile * STATE_COLS + l;
+            float ws = PART[i * STATE_COLS + l];
+            for (uint32_t w = 1; w < STATE_WARPS; w++)
+                ws = __fadd_rn(ws, PART[(w * C + i) * STATE_COLS + l]);
+            VN[p] = jj < dv ? __fsub_rn(U[(size_t)i * dv + jj], ws) : 0.0f;
+        }
+        __syncthreads();
+        /* this warp's rows of QE S */
+        for (uint32_t i = 0; i < L; i++) {
+            const float4 *q4 = (const float4 *)(QE + (size_t)i * dk + x0);
+            float acc = 0.0f;
+#pragma unroll
+            for (uint32_t r = 0; r < R / 4; r++) {
+                const float4 q = q4[r];
+                acc = fmaf(q.x, S[4 * r], acc);
+                acc = fmaf(q.y, S[4 * r + 1], acc);
+                acc = fmaf(q.z, S[4 * r + 2], acc);
+                acc = fmaf(q.w, S[4 * r + 3], acc);
+            }
+            PART[(warp * C + i) * STATE_COLS + lane] = acc;
+        }
+        __syncthreads();
+        /* o_i = QE_i S + sum_{t <= i} QK[i][t] VN_t */
+        for (uint32_t p = tid; p < L * STATE_COLS; p += blockDim.x) {
+            const uint32_t i = p / STATE_COLS, l = p % STATE_COLS, jj = tile * STATE_COLS + l;
+            float acc = PART[i * STATE_COLS + l];
+            for (uint32_t w = 1; w < STATE_WARPS; w++)
+                acc = __fadd_rn(acc, PART[(w * C + i) * STATE_COLS + l]);
+            for (uint32_t t = 0; t <= i; t++)
+                acc = fmaf(QK[i * C + t], VN[t * STATE_COLS + l], acc);
+            if (jj < dv)
+                a.out.p[(size_t)(ch.row0 + i) * a.out.ld + (size_t)h * a.out.hs + jj] = acc;
+        }
+        /* S = exp(gc_last) S + KE^T VN (reads VN only: no barrier before) */
+#pragma unroll
+        for (uint32_t r = 0; r < R; r++)
+            S[r] = __fmul_rn(S[r], elast);
+        for (uint32_t i = 0; i < L; i++) {
+            const float vn = VN[i * STATE_COLS + lane];
+            const float4 *k4 = (const float4 *)(KE + (size_t)i * dk + x0);
+#pragma unroll
+            for (uint32_t r = 0; r < R / 4; r++) {
+                const float4 k = k4[r];
+                S[4 * r] = fmaf(k.x, vn, S[4 * r]);
+                S[4 * r + 1] = fmaf(k.y, vn, S[4 * r + 1]);
+                S[4 * r + 2] = fmaf(k.z, vn, S[4 * r + 2]);
+                S[4 * r + 3] = fmaf(k.w, vn, S[4 * r + 3]);
+            }
+        }
+        __syncthreads(); /* the next chunk rewrites QK, PART and VN */
+    }
+    if (col)
+#pragma unroll
+        for (uint32_t r = 0; r < R; r++)
+            state[(size_t)(x0 + r) * dv + j] = S[r];
+}
+
+/* Launches pass 2: the register form where dk allows, else the shared one. */
+static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a, uint32_t blocks,
+                                     size_t smem_shared, const chunk_t *chunks,
+                                     const segment_t *segs, const float *prep, uint32_t base)
+{
+    const size_t smem = ((size_t)C * STATE_COLS + (size_t)C * C +
+                         (size_t)STATE_WARPS * C * STATE_COLS) * sizeof(float);
+#define HPD_STATE_REG(R)                                                                    \
+    case 8 * (R):                                                                           \
+        if (cudaFuncSetAttribute(gdn_chunk_state_reg_kernel<R>,                             \
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != \
+            cudaSuccess)                                                                    \
+            return cudaGetLastError();                                                      \
+        gdn_chunk_state_reg_kernel<R><<<blocks, CHUNK_THREADS, smem, c->stream>>>(          \
+            *a, chunks, segs, prep, base);                                                  \
+        return cudaGetLastError();
+    if (smem <= c->smem_optin)
+        switch (a->dk) {
+            HPD_STATE_REG(4)
+            HPD_STATE_REG(8)
+            HPD_STATE_REG(16)
+            HPD_STATE_REG(32)
+        default:
+            break;
+        }
+#undef HPD_STATE_REG
+    gdn_chunk_state_kernel<<<blocks, CHUNK_THREADS, smem_shared, c->stream>>>(*a, chunks, segs,
+                                                                              prep, base);
+    return cudaGetLastError();
 }
 
 /* The prepared chunks of one pass stay within this much scratch (a pass
@@ -385,9 +529,9 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
             st = HPD_ERR_INTERNAL;
             break;
         }
-        gdn_chunk_state_kernel<<<n_segs * a->nv * tiles, CHUNK_THREADS, smem2, c->stream>>>(
-            *a, (const chunk_t *)dchunks, (const segment_t *)dsegs, (const float *)work, c0);
-        if (cudaGetLastError() != cudaSuccess) {
+        if (launch_state_pass(c, a, n_segs * a->nv * tiles, smem2, (const chunk_t *)dchunks,
+                              (const segment_t *)dsegs, (const float *)work, c0) !=
+            cudaSuccess) {
             st = HPD_ERR_INTERNAL;
             break;
         }
