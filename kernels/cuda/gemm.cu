@@ -167,14 +167,15 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
 template <typename WT, uint32_t MR> struct gemv_shape {
     static constexpr uint32_t EPS = 16 / sizeof(WT);           /* elements per 16 bytes */
     static constexpr uint32_t SEGS = KC / EPS;                 /* 16-byte segments a line */
-    static constexpr uint32_t WARPS = sizeof(WT) == 4 ? 2 : 4; /* F32: 48 KiB of staging */
+    static constexpr uint32_t WARPS = sizeof(WT) == 4 ? 2 : 4; /* shared memory < 48 KiB */
     static constexpr uint32_t THREADS = WARPS * 32;
     static constexpr uint32_t CPW = MR <= 2 ? 1 : MR / 2;      /* columns per warp */
     static constexpr uint32_t RC = 32 / CPW;                   /* chunks per round */
     static constexpr uint32_t COLS = WARPS * CPW;              /* columns per block */
     static constexpr uint32_t XROW = KC + XPAD;                /* floats per staged x chunk */
-    static_assert(KC % EPS == 0 && SEGS % 2 == 0, "odd line padding keeps banks distinct");
+    static_assert(KC % EPS == 0 && SEGS % 2 == 0, "lines of an odd number of segments");
     static_assert(CPW * MR <= 32 && CPW * RC == 32, "one lane per (column, row) total");
+    static_assert(MR * 33 * 4 <= 32 * (SEGS + 1) * 16, "the partials fit a warp's lines");
 };
 
 __device__ static inline uint32_t word_of(const uint4 &v, uint32_t i)
@@ -316,18 +317,19 @@ gemv_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w,
                 }
             }
         }
-        /* the partials, through this warp's line buffer (read out above) */
+        /* the partials, through this warp's line buffer (read out above);
+         * rows 33 floats apart: the summing lanes read in distinct banks */
         __syncwarp();
         float *parts = (float *)lines;
 #pragma unroll
         for (uint32_t r = 0; r < MR; r++)
-            parts[r * 32 + lane] = part[r];
+            parts[r * 33 + lane] = part[r];
         __syncwarp();
         if (lane < S::CPW * MR) {
             const uint32_t uo = lane / MR, ro = lane % MR;
             const uint32_t n_round = min(S::RC, n_chunks - R * S::RC);
             for (uint32_t qq = 0; qq < n_round; qq++)
-                total = __fadd_rn(total, parts[ro * 32 + uo * S::RC + qq]);
+                total = __fadd_rn(total, parts[ro * 33 + uo * S::RC + qq]);
         }
     }
     if (lane < S::CPW * MR) {
