@@ -15,6 +15,12 @@
  * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s;
  * - translate: --context tokens of 12 full-attention layers from B=64,P=1
  *   NHD to B=16,P=4 HND, against a copy of the same bytes;
+ * - gemv: the GEMM of decode, BF16 weights 5120x2048 and 2048x5120 at m = 1,
+ *   8, 32 (the GEMV) and 64 (the tiled kernel): weight bytes read per second,
+ *   as a fraction of the copy bandwidth;
+ * - gemm: the GEMM of prefill, m = --prefill rows, BF16 weights n = 5120,
+ *   k = 2048: TFLOP/s, beside cuBLAS on the same shape (cublasGemmEx, BF16 x
+ *   BF16 with fp32 accumulation and output) when the device is a GPU;
  * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
  *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
  *   and --seqs, decode beside its bound (the weights read once per step at
@@ -31,6 +37,11 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "engine/engine.h"
+
+#ifdef HPD_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
 
 static hpd_backend_t *be;
 static int reps = 20;
@@ -268,6 +279,122 @@ static void translate_vs_copy(uint32_t tokens)
     free(did);
 }
 
+/* ----------------------------------------------------------------- GEMM */
+
+/* a device buffer of n BF16 values, scale * N(0, 1) */
+static void *dbf16(size_t n, uint64_t seed, float scale)
+{
+    float *f = drand(n, seed, scale), *h = malloc(n * sizeof(float));
+    uint16_t *b = malloc(n * 2);
+    void *d = dalloc(n * 2);
+    CHECK(hpd_backend_to_host(be, h, f, n * sizeof(float)));
+    hpd_dtype_from_f32(HPD_DTYPE_BF16, h, b, n);
+    CHECK(hpd_backend_from_host(be, d, b, n * 2));
+    hpd_backend_free(be, f);
+    free(h);
+    free(b);
+    return d;
+}
+
+static void do_gemm(void *arg)
+{
+    CHECK(hpd_gemm(be, arg));
+}
+
+/* decode's GEMM: rows of m at a time against BF16 weights [n][k] */
+static void gemv_bench(uint32_t n, uint32_t k, double copy_bw)
+{
+    static const uint32_t ms[] = {1, 8, 32, 64};
+    void *w = dbf16((size_t)n * k, 20, 0.02f);
+    float *x = drand((size_t)64 * k, 21, 1), *y = dalloc((size_t)64 * n * sizeof(float));
+    const double bytes = (double)n * k * 2;
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(ms); i++) {
+        hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
+                             .ldy = n, .m = ms[i], .n = n, .k = k};
+        const double t = timed(do_gemm, &a);
+        printf("gemv n=%u k=%u m=%u dtype=bf16 ms=%.4f GBps=%.1f of_copy=%.3f\n", n, k, ms[i],
+               t * 1e3, bytes / t / 1e9, bytes / t / copy_bw);
+    }
+    hpd_backend_free(be, w);
+    hpd_backend_free(be, x);
+    hpd_backend_free(be, y);
+}
+
+#ifdef HPD_HAVE_CUDA
+/* Seconds per cuBLAS GEMM y[m][n] = x[m][k] w[n][k]^T, BF16 x BF16, fp32
+ * accumulation and output, timed as timed() does; 0 where it fails. */
+static double cublas_seconds(const void *x16, const void *w, float *y, uint32_t m, uint32_t n,
+                             uint32_t k)
+{
+    cublasHandle_t h;
+    const float alpha = 1.0f, beta = 0.0f;
+    double best = INFINITY;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        return 0;
+    CHECK(hpd_backend_sync(be));
+    for (int round = -1; round < 3; round++) { /* round -1: one warm-up call */
+        const double t0 = hpd_time_now();
+        for (int i = 0; i < (round < 0 ? 1 : reps); i++) {
+            /* row-major y = x w^T is column-major y^T = w^T-as-stored x^T-as-stored */
+            const cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m,
+                                                   (int)k, &alpha, w, CUDA_R_16BF, (int)k, x16,
+                                                   CUDA_R_16BF, (int)k, &beta, y, CUDA_R_32F,
+                                                   (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (cs != CUBLAS_STATUS_SUCCESS) {
+                fprintf(stderr, "cublasGemmEx %ux%ux%u failed: status %d\n", m, n, k, (int)cs);
+                cublasDestroy(h);
+                return 0;
+            }
+        }
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            cublasDestroy(h);
+            return 0;
+        }
+        const double t = (hpd_time_now() - t0) / reps;
+        if (round >= 0 && t < best)
+            best = t;
+    }
+    cublasDestroy(h);
+    return best;
+}
+#endif
+
+/* prefill's GEMM: m rows against BF16 weights [n][k], beside cuBLAS */
+static void gemm_bench(uint32_t m, uint32_t n, uint32_t k)
+{
+    void *w = dbf16((size_t)n * k, 22, 0.02f);
+    float *x = drand((size_t)m * k, 23, 1), *y = dalloc((size_t)m * n * sizeof(float));
+    hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
+                         .ldy = n, .m = m, .n = n, .k = k};
+    const double flop = 2.0 * m * n * k, t = timed(do_gemm, &a);
+    printf("gemm m=%u n=%u k=%u dtype=bf16 ms=%.3f TFLOPs=%.2f", m, n, k, t * 1e3,
+           flop / t / 1e12);
+#ifdef HPD_HAVE_CUDA
+    if (!hpd_backend_host_memory(be)) {
+        float *h = malloc((size_t)m * k * sizeof(float));
+        uint16_t *b = malloc((size_t)m * k * 2);
+        void *x16 = dalloc((size_t)m * k * 2);
+        CHECK(hpd_backend_to_host(be, h, x, (size_t)m * k * sizeof(float)));
+        hpd_dtype_from_f32(HPD_DTYPE_BF16, h, b, (size_t)m * k);
+        CHECK(hpd_backend_from_host(be, x16, b, (size_t)m * k * 2));
+        const double tc = cublas_seconds(x16, w, y, m, n, k);
+        if (tc > 0)
+            printf(" cublas_ms=%.3f cublas_TFLOPs=%.2f of_cublas=%.3f", tc * 1e3,
+                   flop / tc / 1e12, tc / t);
+        else
+            printf(" cublas=failed");
+        hpd_backend_free(be, x16);
+        free(h);
+        free(b);
+    } else
+#endif
+        printf(" cublas=skipped");
+    printf("\n");
+    hpd_backend_free(be, w);
+    hpd_backend_free(be, x);
+    hpd_backend_free(be, y);
+}
+
 /* ---------------------------------------------------------------- model */
 
 static double engine_run(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32_t max_tokens,
@@ -385,6 +512,9 @@ int main(int argc, char **argv)
                prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
     }
     translate_vs_copy(context);
+    gemv_bench(5120, 2048, bw);
+    gemv_bench(2048, 5120, bw);
+    gemm_bench(prefill, 5120, 2048);
     if (model != NULL)
         model_bench(model, prefill, seqs, bw);
     hpd_backend_destroy(be);

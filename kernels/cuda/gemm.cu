@@ -1,8 +1,23 @@
-/* GEMM y = (acc ? y : 0) + x w^T, deterministic: each output sums k in
- * ascending order in one thread, so its value depends on its row and column
- * alone (not on m, the batch). 64x64 tiles, 16x16 threads, 4x4 outputs per
- * thread, k in steps of 16 through shared memory. No cuBLAS. Weights in F32,
- * BF16 or F16, widened to fp32 exactly as they are staged. */
+/* GEMM y = (acc ? y : 0) + x w^T, deterministic: every output follows one
+ * canonical summation order, fixed by k alone (not by m, the batch), in both
+ * kernels below, so a row's bits do not depend on the batch it is in or on
+ * which kernel computed it:
+ *   k is cut into chunks of KC = 64 elements (the last may be shorter);
+ *   a chunk's partial starts at 0.0f and takes fmaf(x, w, partial) for its
+ *   elements in ascending k; total starts at 0.0f and adds the partials in
+ *   ascending chunk order (__fadd_rn); y = accumulate ? y + total : total.
+ * Weights in F32, BF16, F16 or FP8 E4M3 (times its block scale, one
+ * rounding) are widened to fp32 by the same functions in both kernels. No
+ * cuBLAS.
+ * - tiled (any m): 64x64 output tiles, 16x16 threads of 4x4 outputs, k in
+ *   steps of TK = 16 through shared memory; a chunk's partial in a register,
+ *   added to the running total at each chunk's end;
+ * - gemv (m <= GEMV_MAX_M, weight rows 16-byte aligned): a thread per
+ *   (chunk, column, group of up to 8 rows); weights staged through shared
+ *   memory with coalesced 16-byte loads, partials summed by one lane per
+ *   output in chunk order. */
+#include <type_traits>
+
 #include "kernels/cuda/cuda_ops.h"
 
 __device__ static inline float widen(float w)
@@ -68,6 +83,8 @@ __device__ inline float weight<f8_t>(const f8_t *w, uint32_t n, uint32_t c, uint
 #define TM 64
 #define TN 64
 #define TK 16
+#define KC 64 /* the canonical order's chunk: a multiple of TK */
+static_assert(KC % TK == 0, "a chunk must end on a tile step");
 
 template <typename WT>
 __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
@@ -78,7 +95,7 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
     __shared__ float ws[TK][TN + 1];
     const uint32_t tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
     const uint32_t row0 = blockIdx.y * TM, col0 = blockIdx.x * TN;
-    float acc[4][4] = {{0}};
+    float acc[4][4] = {{0}}, total[4][4] = {{0}};
 
     for (uint32_t k0 = 0; k0 < k; k0 += TK) {
         /* 256 threads load 64x16 of x and of w, 4 elements each */
@@ -90,11 +107,27 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
             ws[kk][r] = gc < n && gk < k ? weight(w, gc, gk, k, wsc) : 0.0f;
         }
         __syncthreads();
-        for (uint32_t kk = 0; kk < TK; kk++)
-            for (uint32_t i = 0; i < 4; i++)
-                for (uint32_t j = 0; j < 4; j++)
-                    acc[i][j] += xs[kk][ty * 4 + i] * ws[kk][tx * 4 + j];
+        /* no product past k: a zero product would turn a -0 partial into +0 */
+        if (k0 + TK <= k) {
+#pragma unroll
+            for (uint32_t kk = 0; kk < TK; kk++)
+                for (uint32_t i = 0; i < 4; i++)
+                    for (uint32_t j = 0; j < 4; j++)
+                        acc[i][j] = fmaf(xs[kk][ty * 4 + i], ws[kk][tx * 4 + j], acc[i][j]);
+        } else {
+            for (uint32_t kk = 0; kk < k - k0; kk++)
+                for (uint32_t i = 0; i < 4; i++)
+                    for (uint32_t j = 0; j < 4; j++)
+                        acc[i][j] = fmaf(xs[kk][ty * 4 + i], ws[kk][tx * 4 + j], acc[i][j]);
+        }
         __syncthreads();
+        if ((k0 + TK) % KC == 0 || k0 + TK >= k) { /* a chunk ends */
+            for (uint32_t i = 0; i < 4; i++)
+                for (uint32_t j = 0; j < 4; j++) {
+                    total[i][j] = __fadd_rn(total[i][j], acc[i][j]);
+                    acc[i][j] = 0.0f;
+                }
+        }
     }
     for (uint32_t i = 0; i < 4; i++) {
         const uint32_t r = row0 + ty * 4 + i;
@@ -102,37 +135,269 @@ __global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
             const uint32_t c = col0 + tx * 4 + j;
             if (r < m && c < n) {
                 float *out = y + (size_t)r * ldy + c;
-                *out = accumulate ? *out + acc[i][j] : acc[i][j];
+                *out = accumulate ? __fadd_rn(*out, total[i][j]) : total[i][j];
             }
         }
     }
+}
+
+/* ------------------------------------------------------------------ GEMV
+ *
+ * A block of WARPS warps owns WARPS * CPW weight rows (output columns) and
+ * MR rows of x (a row group: blockIdx.y). Lane L of a warp owns column
+ * L / RC of its warp's CPW and chunk L % RC of the round: a round covers
+ * RC = 32 / CPW consecutive chunks. Per round:
+ *   - the block stages the round's x (MR rows x RC chunks) in shared memory,
+ *     each chunk's row padded to KC + 4 floats so that the lanes' float4
+ *     reads of RC different chunks fall in different banks;
+ *   - each warp stages its 32 weight lines (line L: lane L's column and
+ *     chunk, KC * sizeof(WT) bytes) with coalesced 16-byte loads, each line
+ *     padded by 16 bytes (conflict-free 16-byte reads of 32 lines); the
+ *     next round's loads are in flight while this round computes;
+ *   - lane L computes its chunk's MR partials in ascending k;
+ *   - lane u * MR + r adds the round's partials of (column u, row r) to its
+ *     running total in ascending chunk order.
+ * CPW grows with MR so that each x value read from shared memory serves
+ * more weight bytes. The tiled kernel takes rows whose weights are not
+ * 16-byte aligned (same bits). */
+
+#define GEMV_MAX_M 32 /* m above: the tiled kernel */
+#define XPAD 4
+
+template <typename WT, uint32_t MR> struct gemv_shape {
+    static constexpr uint32_t EPS = 16 / sizeof(WT);           /* elements per 16 bytes */
+    static constexpr uint32_t SEGS = KC / EPS;                 /* 16-byte segments a line */
+    static constexpr uint32_t WARPS = sizeof(WT) == 4 ? 2 : 4; /* shared memory < 48 KiB */
+    static constexpr uint32_t THREADS = WARPS * 32;
+    static constexpr uint32_t CPW = MR <= 2 ? 1 : MR / 2;      /* columns per warp */
+    static constexpr uint32_t RC = 32 / CPW;                   /* chunks per round */
+    static constexpr uint32_t COLS = WARPS * CPW;              /* columns per block */
+    static constexpr uint32_t XROW = KC + XPAD;                /* floats per staged x chunk */
+    static_assert(KC % EPS == 0 && SEGS % 2 == 0, "lines of an odd number of segments");
+    static_assert(CPW * MR <= 32 && CPW * RC == 32, "one lane per (column, row) total");
+    static_assert(MR * 33 * 4 <= 32 * (SEGS + 1) * 16, "the partials fit a warp's lines");
+};
+
+__device__ static inline uint32_t word_of(const uint4 &v, uint32_t i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* element e of a 16-byte segment of weights, widened (little-endian) */
+template <typename WT> __device__ static inline float seg_elem(const uint4 &v, uint32_t e);
+
+template <> __device__ inline float seg_elem<float>(const uint4 &v, uint32_t e)
+{
+    return widen(__uint_as_float(word_of(v, e)));
+}
+
+template <> __device__ inline float seg_elem<bf16_t>(const uint4 &v, uint32_t e)
+{
+    return widen(bf16_t{(uint16_t)(word_of(v, e / 2) >> (16 * (e % 2)))});
+}
+
+template <> __device__ inline float seg_elem<f16_t>(const uint4 &v, uint32_t e)
+{
+    return widen(f16_t{(uint16_t)(word_of(v, e / 2) >> (16 * (e % 2)))});
+}
+
+template <> __device__ inline float seg_elem<f8_t>(const uint4 &v, uint32_t e)
+{
+    return widen(f8_t{(uint8_t)(word_of(v, e / 4) >> (8 * (e % 4)))});
+}
+
+/* Loads (into regs) the warp's 32 weight lines of round R; a segment past
+ * the row (k is a multiple of EPS here) or of a column past n reads zero. */
+template <typename WT, uint32_t MR>
+__device__ static inline void gemv_load_w(uint4 *regs, const char *__restrict__ w,
+                                          size_t row_bytes, uint32_t col_w, uint32_t R,
+                                          uint32_t n, uint32_t k, uint32_t lane)
+{
+    typedef gemv_shape<WT, MR> S;
+#pragma unroll
+    for (uint32_t t = 0; t < S::SEGS; t++) {
+        const uint32_t idx = t * 32 + lane, line = idx / S::SEGS, seg = idx % S::SEGS;
+        const uint32_t c = col_w + line / S::RC, j = R * S::RC + line % S::RC;
+        const uint32_t e0 = j * KC + seg * S::EPS; /* the segment's first element */
+        regs[t] = c < n && e0 < k
+                      ? __ldcg((const uint4 *)(w + (size_t)c * row_bytes + (size_t)e0 * sizeof(WT)))
+                      : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <typename WT, uint32_t MR>
+__global__ void __launch_bounds__(gemv_shape<WT, MR>::THREADS)
+gemv_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w, wscale_t wsc,
+            float *__restrict__ y, uint32_t ldy, uint32_t m, uint32_t n, uint32_t k,
+            bool accumulate)
+{
+    typedef gemv_shape<WT, MR> S;
+    __shared__ __align__(16) float xs[MR * S::RC * S::XROW];
+    __shared__ uint4 wbuf[S::WARPS][32 * (S::SEGS + 1)];
+    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const uint32_t col_w = blockIdx.x * S::COLS + warp * S::CPW; /* the warp's first column */
+    const uint32_t row0 = blockIdx.y * MR;
+    const uint32_t n_chunks = (k + KC - 1) / KC;
+    const size_t row_bytes = (size_t)k * sizeof(WT);
+    const char *wb = (const char *)w;
+    const uint32_t q = lane % S::RC, u = lane / S::RC; /* this lane's chunk slot, column */
+    uint4 regs[S::SEGS];
+    float total = 0.0f; /* lane u' * MR + r': output (column u', row r') */
+
+    gemv_load_w<WT, MR>(regs, wb, row_bytes, col_w, 0, n, k, lane);
+    for (uint32_t R = 0; R * S::RC < n_chunks; R++) {
+        __syncthreads(); /* the last round's readers of xs and wbuf are done */
+        uint4 *lines = wbuf[warp];
+#pragma unroll
+        for (uint32_t t = 0; t < S::SEGS; t++) {
+            const uint32_t idx = t * 32 + lane;
+            lines[(idx / S::SEGS) * (S::SEGS + 1) + idx % S::SEGS] = regs[t];
+        }
+        const uint32_t kr = R * S::RC * KC; /* the round's first element */
+#pragma unroll 8
+        for (uint32_t i = tid; i < MR * S::RC * KC; i += S::THREADS) {
+            const uint32_t r = i / (S::RC * KC), rem = i % (S::RC * KC);
+            const uint32_t gr = min(row0 + r, m - 1); /* rows past m: computed, not written */
+            xs[(r * S::RC + rem / KC) * S::XROW + rem % KC] =
+                kr + rem < k ? x[(size_t)gr * ldx + kr + rem] : 0.0f;
+        }
+        if ((R + 1) * S::RC < n_chunks)
+            gemv_load_w<WT, MR>(regs, wb, row_bytes, col_w, R + 1, n, k, lane);
+        __syncthreads();
+
+        /* this lane's chunk: its partial for each of the MR rows */
+        const uint32_t j = R * S::RC + q;
+        const uint32_t n_segs = j < n_chunks ? min((uint32_t)KC, k - j * KC) / S::EPS : 0;
+        const uint4 *line = lines + lane * (S::SEGS + 1);
+        const float *xc = xs + q * S::XROW;
+        float part[MR];
+#pragma unroll
+        for (uint32_t r = 0; r < MR; r++)
+            part[r] = 0.0f;
+        /* FP8: the block scale of the current element, stepped at block edges */
+        const float *srow = nullptr;
+        uint32_t sb = 0, s_next = 0;
+        float sc = 1.0f;
+        if constexpr (std::is_same_v<WT, f8_t>) {
+            if (n_segs > 0 && col_w + u < n) {
+                srow = wsc.scale + (size_t)(col_w + u) * wsc.ld;
+                sb = j * KC / wsc.block;
+                s_next = (sb + 1) * wsc.block;
+                sc = srow[sb];
+            }
+        }
+#pragma unroll
+        for (uint32_t s = 0; s < S::SEGS; s++) {
+            if (s < n_segs) {
+                const uint4 v = line[s];
+#pragma unroll
+                for (uint32_t e4 = 0; e4 < S::EPS; e4 += 4) {
+                    float4 xv[MR];
+#pragma unroll
+                    for (uint32_t r = 0; r < MR; r++)
+                        xv[r] = *(const float4 *)(xc + r * S::RC * S::XROW + s * S::EPS + e4);
+#pragma unroll
+                    for (uint32_t e = 0; e < 4; e++) {
+                        float wv = seg_elem<WT>(v, e4 + e);
+                        if constexpr (std::is_same_v<WT, f8_t>) {
+                            if (srow != nullptr && j * KC + s * S::EPS + e4 + e == s_next) {
+                                sb++;
+                                s_next += wsc.block;
+                                sc = srow[sb];
+                            }
+                            wv = __fmul_rn(wv, sc);
+                        }
+#pragma unroll
+                        for (uint32_t r = 0; r < MR; r++) {
+                            const float xe = e == 0 ? xv[r].x : e == 1 ? xv[r].y
+                                           : e == 2 ? xv[r].z : xv[r].w;
+                            part[r] = fmaf(xe, wv, part[r]);
+                        }
+                    }
+                }
+            }
+        }
+        /* the partials, through this warp's line buffer (read out above);
+         * rows 33 floats apart: the summing lanes read in distinct banks */
+        __syncwarp();
+        float *parts = (float *)lines;
+#pragma unroll
+        for (uint32_t r = 0; r < MR; r++)
+            parts[r * 33 + lane] = part[r];
+        __syncwarp();
+        if (lane < S::CPW * MR) {
+            const uint32_t uo = lane / MR, ro = lane % MR;
+            const uint32_t n_round = min(S::RC, n_chunks - R * S::RC);
+            for (uint32_t qq = 0; qq < n_round; qq++)
+                total = __fadd_rn(total, parts[ro * 33 + uo * S::RC + qq]);
+        }
+    }
+    if (lane < S::CPW * MR) {
+        const uint32_t c = col_w + lane / MR, r = row0 + lane % MR;
+        if (c < n && r < m) {
+            float *out = y + (size_t)r * ldy + c;
+            *out = accumulate ? __fadd_rn(*out, total) : total;
+        }
+    }
+}
+
+template <typename WT, uint32_t MR>
+static void gemv_launch(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+{
+    typedef gemv_shape<WT, MR> S;
+    const dim3 grid((a->n + S::COLS - 1) / S::COLS, (a->m + MR - 1) / MR);
+    gemv_kernel<WT, MR><<<grid, S::THREADS, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y,
+                                                     a->ldy, a->m, a->n, a->k, a->accumulate);
+}
+
+/* MR: the smallest of 1, 2, 4, 8 that holds m rows (8 above: row groups) */
+template <typename WT>
+static void gemv(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+{
+    if (a->m == 1)
+        gemv_launch<WT, 1>(a, wsc, s);
+    else if (a->m == 2)
+        gemv_launch<WT, 2>(a, wsc, s);
+    else if (a->m <= 4)
+        gemv_launch<WT, 4>(a, wsc, s);
+    else
+        gemv_launch<WT, 8>(a, wsc, s);
+}
+
+template <typename WT>
+static void gemm_launch(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+{
+    /* the GEMV's 16-byte loads need every weight row 16-byte aligned */
+    const bool aligned = (uintptr_t)a->w % 16 == 0 && (size_t)a->k * sizeof(WT) % 16 == 0;
+    if (a->m <= GEMV_MAX_M && a->k > 0 && aligned) {
+        gemv<WT>(a, wsc, s);
+        return;
+    }
+    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
+    gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y, a->ldy, a->m,
+                                       a->n, a->k, a->accumulate);
 }
 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
-    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
     cudaStream_t s = hpd_cuda_ctx(b)->stream;
     const wscale_t wsc = {a->w_scale, a->w_scale_ld, a->w_block};
     switch (a->w_dtype) {
     case HPD_DTYPE_F32:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const float *)a->w, wsc, a->y, a->ldy,
-                                           a->m, a->n, a->k, a->accumulate);
+        gemm_launch<float>(a, wsc, s);
         break;
     case HPD_DTYPE_BF16:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const bf16_t *)a->w, wsc, a->y, a->ldy,
-                                           a->m, a->n, a->k, a->accumulate);
+        gemm_launch<bf16_t>(a, wsc, s);
         break;
     case HPD_DTYPE_F16:
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f16_t *)a->w, wsc, a->y, a->ldy,
-                                           a->m, a->n, a->k, a->accumulate);
+        gemm_launch<f16_t>(a, wsc, s);
         break;
     case HPD_DTYPE_F8_E4M3:
         if (a->w_scale == NULL || a->w_block == 0)
             return HPD_ERR_INVALID_ARG;
-        gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const f8_t *)a->w, wsc, a->y, a->ldy,
-                                           a->m, a->n, a->k, a->accumulate);
+        gemm_launch<f8_t>(a, wsc, s);
         break;
     default:
         return HPD_ERR_UNSUPPORTED;
