@@ -14,8 +14,10 @@
 
 #define MAX_DK 256
 
-__global__ void gdn_recurrent_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs,
-                                     float *const *states)
+/* up to 1024 threads (dv <= 1024): the bound keeps the registers within
+ * what a block of 1024 may have */
+__global__ void __launch_bounds__(1024)
+    gdn_recurrent_kernel(hpd_gdn_args_t a, const hpd_seq_t *seqs, float *const *states)
 {
     __shared__ float qs[MAX_DK], ks[MAX_DK];
     const uint32_t s = blockIdx.x / a.nv, h = blockIdx.x % a.nv, j = threadIdx.x;

@@ -852,6 +852,37 @@ static void test_sample(void **state)
     hpd_backend_free(gpu, ds);
 }
 
+/* Greedy ties go to the lowest id, as on the CPU, also where the device's
+ * block reduction meets the tied ids out of order: with 1024 ids, one per
+ * thread, the tree (step s pairs slot t with slot t + s) carries 900 into
+ * the left operand before it meets 5, and likewise 1000 before 3 and 512
+ * before 1; keeping the left operand on a tie gave the higher id. */
+static void test_greedy_ties(void **state)
+{
+    enum { V = 1024, R = 3 };
+    static const uint32_t tie[R][2] = {{5, 900}, {1000, 3}, {512, 1}};
+    float *logits = rnd((size_t)V * R, 41, 1);
+    for (int r = 0; r < R; r++)
+        logits[r * V + tie[r][0]] = logits[r * V + tie[r][1]] = 50.0f;
+    float *dl = up(logits, (size_t)V * R);
+    hpd_sampling_t params[R] = {{.top_p = 1}, {.top_p = 1}, {.top_p = 1}};
+    uint64_t pos[R] = {0, 1, 2};
+    int32_t want[R], got[R];
+    hpd_sample_args_t a = {.logits = logits, .ld = V, .n_rows = R, .vocab = V,
+                           .params = params, .positions = pos, .out = want};
+    assert_int_equal(hpd_sample(cpu, &a), HPD_OK);
+    a.logits = dl, a.out = got;
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    for (int r = 0; r < R; r++) {
+        const int32_t lowest = (int32_t)(tie[r][0] < tie[r][1] ? tie[r][0] : tie[r][1]);
+        if (want[r] != lowest || got[r] != lowest)
+            fail_msg("row %d: ids %u and %u tie; greedy gave %d (cpu %d), expected %d", r,
+                     tie[r][0], tie[r][1], got[r], want[r], lowest);
+    }
+    free(logits);
+    hpd_backend_free(gpu, dl);
+}
+
 /* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
 static void test_fast_gemm(void **state)
 {
@@ -895,6 +926,7 @@ int main(void)
         cmocka_unit_test(test_kv_store_and_attention),
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_greedy_ties),
         cmocka_unit_test(test_fast_gemm),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
