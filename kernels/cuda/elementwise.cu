@@ -71,22 +71,25 @@ hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
     return HPD_OK;
 }
 
+/* A grid-stride walk over every (token, element), so any token count
+ * works (a grid's y and z stop at 65535). */
 __global__ void silu_mul_kernel(hpd_silu_mul_args_t a)
 {
-    const uint32_t t = blockIdx.y;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < a.inter;
-         i += gridDim.x * blockDim.x) {
-        const float g = a.gu[(size_t)t * a.ldgu + i], u = a.gu[(size_t)t * a.ldgu + a.inter + i];
-        a.out[(size_t)t * a.ldout + i] = (g / (1.0f + expf(-g))) * u;
+    const size_t n = (size_t)a.n_tokens * a.inter, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const size_t t = e / a.inter, i = e % a.inter;
+        const float g = a.gu[t * a.ldgu + i], u = a.gu[t * a.ldgu + a.inter + i];
+        a.out[t * a.ldout + i] = (g / (1.0f + expf(-g))) * u;
     }
 }
 
 hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
 {
-    if (a->n_tokens == 0)
+    const size_t n = (size_t)a->n_tokens * a->inter, blocks = (n + 255) / 256;
+    if (n == 0)
         return HPD_OK;
-    const dim3 grid((a->inter + 255) / 256, a->n_tokens);
-    silu_mul_kernel<<<grid, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    silu_mul_kernel<<<(uint32_t)(blocks < 65536 ? blocks : 65536), 256, 0,
+                      hpd_cuda_ctx(b)->stream>>>(*a);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

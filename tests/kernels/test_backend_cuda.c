@@ -359,6 +359,28 @@ static void test_norms_and_elementwise(void **state)
     hpd_backend_free(gpu, dy);
 }
 
+/* SwiGLU over more rows than a grid's y dimension holds (65535): 66000
+ * rows of 8, every one of them computed as on the CPU. */
+static void test_silu_mul_many_rows(void **state)
+{
+    enum { T = 66000, I = 8 };
+    float *gu = rnd((size_t)T * 2 * I, 42, 2), *ocpu = malloc((size_t)T * I * sizeof(float));
+    float *zero = calloc((size_t)T * I, sizeof(float));
+    float *dgu = up(gu, (size_t)T * 2 * I), *dout = up(zero, (size_t)T * I);
+    hpd_silu_mul_args_t sw = {.gu = gu, .ldgu = 2 * I, .out = ocpu, .ldout = I, .n_tokens = T,
+                              .inter = I};
+    assert_int_equal(hpd_silu_mul(cpu, &sw), HPD_OK);
+    sw.gu = dgu, sw.out = dout;
+    assert_int_equal(hpd_silu_mul(gpu, &sw), HPD_OK);
+    float *got = down(dout, (size_t)T * I);
+    expect_close("silu_mul 66000", got, ocpu, (size_t)T * I, 1e-5);
+    /* the rows past 65535 on their own */
+    expect_close("silu_mul tail", got + (size_t)65535 * I, ocpu + (size_t)65535 * I,
+                 (size_t)(T - 65535) * I, 1e-5);
+    free(gu), free(ocpu), free(zero), free(got);
+    hpd_backend_free(gpu, dgu), hpd_backend_free(gpu, dout);
+}
+
 /* Inputs of the gated delta rule for two sequences on both backends: q, k
  * L2-normalised (q scaled by 1/sqrt(dk)), g = g_top - g_span * u,
  * beta = b_lo + b_span * u, two states of scale s_scale (Sc: the CPU's
@@ -921,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
+        cmocka_unit_test(test_silu_mul_many_rows),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),
         cmocka_unit_test(test_kv_store_and_attention),
