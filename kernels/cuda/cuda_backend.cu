@@ -129,45 +129,39 @@ static hpd_status_t ring_alloc(hpd_cuda_ctx_t *c, size_t slot_bytes)
 }
 
 /* Metadata travels through a ring of slots, one per op: the host copy goes
- * to the slot's pinned half, then an asynchronous copy to its device half.
+ * to the slot's pinned half, then one asynchronous copy to its device half.
  * Before an op reuses a slot it waits for the event recorded after the
  * copy of the op that used it HPD_CUDA_STAGE_SLOTS ops earlier, so that up
  * to that many ops stay in flight. */
-hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
-                            void **dev_p)
+hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uint32_t n)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    const size_t off = (*off_p + 255) & ~(size_t)255;
+    size_t total = 0;
     hpd_status_t st;
 
-    if (off == 0) {
-        if (c->slot_bytes < bytes || c->slot_bytes == 0) {
-            size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
-            while (want < bytes)
-                want *= 2;
-            if ((st = ring_alloc(c, want)) != HPD_OK)
-                return st;
-        }
-        c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
-        HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
-    } else if (off + bytes > c->slot_bytes) {
-        /* the op's earlier metadata is in this slot already: grow for the
-         * next ops, fail this one */
-        HPD_LOG_ERROR("cuda", "metadata of %zu bytes does not fit the %zu-byte staging slot; "
-                      "the next op gets a larger one", off + bytes, c->slot_bytes);
-        size_t want = c->slot_bytes * 2;
-        while (want < off + bytes)
+    for (uint32_t i = 0; i < n; i++)
+        total += (arrays[i].bytes + 255) & ~(size_t)255;
+    if (c->slot_bytes < total || c->slot_bytes == 0) {
+        size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
+        while (want < total)
             want *= 2;
-        ring_alloc(c, want);
-        return HPD_ERR_NO_MEMORY;
+        if ((st = ring_alloc(c, want)) != HPD_OK)
+            return st; /* logged where CUDA failed */
     }
-    char *h = c->host_stage + c->slot * c->slot_bytes + off;
-    char *d = (char *)c->scratch + c->slot * c->slot_bytes + off;
-    memcpy(h, host, bytes);
-    HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+    c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
+    HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
+    char *h = c->host_stage + c->slot * c->slot_bytes;
+    char *d = (char *)c->scratch + c->slot * c->slot_bytes;
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (arrays[i].host != NULL && arrays[i].bytes > 0)
+            memcpy(h + off, arrays[i].host, arrays[i].bytes);
+        *arrays[i].dev_p = d + off;
+        off += (arrays[i].bytes + 255) & ~(size_t)255;
+    }
+    if (total > 0)
+        HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, c->stream));
     HPD_CUDA_CHECK(cudaEventRecord(c->stage_ev[c->slot], c->stream));
-    *dev_p = d;
-    *off_p = off + bytes;
     return HPD_OK;
 }
 
@@ -199,14 +193,16 @@ hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float 
                                  uint32_t n_seqs, const hpd_seq_t **dseqs_p,
                                  float *const **dstates_p)
 {
-    size_t off = 0;
     void *ds, *dst;
-    hpd_status_t st = hpd_cuda_stage(b, seqs, n_seqs * sizeof(hpd_seq_t), &off, &ds);
-    if (st == HPD_OK)
-        st = hpd_cuda_stage(b, states, n_seqs * sizeof(float *), &off, &dst);
+    const hpd_cuda_meta_t m[] = {
+        {.host = seqs, .bytes = n_seqs * sizeof(hpd_seq_t), .dev_p = &ds},
+        {.host = states, .bytes = n_seqs * sizeof(float *), .dev_p = &dst}};
+    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
+    if (st != HPD_OK)
+        return st;
     *dseqs_p = (const hpd_seq_t *)ds;
     *dstates_p = (float *const *)dst;
-    return st;
+    return HPD_OK;
 }
 
 /* Every op enters here: the context's GPU made current (a process may

@@ -24,12 +24,12 @@ __global__ void embed_kernel(const int32_t *ids, uint32_t n, const void *table,
 
 hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
 {
-    size_t off = 0;
     void *ids;
     hpd_status_t st;
     if (a->n == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->ids, a->n * sizeof(int32_t), &off, &ids)) != HPD_OK)
+    const hpd_cuda_meta_t m = {.host = a->ids, .bytes = a->n * sizeof(int32_t), .dev_p = &ids};
+    if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
         return st;
     embed_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>((const int32_t *)ids, a->n, a->table,
                                                             a->dtype, a->dim, a->out, a->ld);
@@ -58,13 +58,13 @@ __global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
 
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
 {
-    size_t off = 0;
     void *pos;
     hpd_status_t st;
     if (a->n_tokens == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->positions, a->n_tokens * sizeof(int32_t), &off, &pos)) !=
-        HPD_OK)
+    const hpd_cuda_meta_t m = {
+        .host = a->positions, .bytes = a->n_tokens * sizeof(int32_t), .dev_p = &pos};
+    if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
         return st;
     rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos);
     HPD_CUDA_LAUNCHED();

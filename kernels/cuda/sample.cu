@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(NT)
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    size_t off = 0;
     void *dparams, *dout;
     hpd_status_t st;
 
@@ -271,10 +270,11 @@ hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
         rp[r] = (row_params_t){greedy ? 0.0f : 1.0f / s->temperature, s->top_p, s->top_k,
                                greedy ? 0.0f : hpd_rng_uniform(s->seed, a->positions[r])};
     }
-    st = hpd_cuda_stage(b, rp, a->n_rows * sizeof(*rp), &off, &dparams);
-    /* room for the tokens: staged from the output array itself */
-    if (st == HPD_OK)
-        st = hpd_cuda_stage(b, a->out, a->n_rows * sizeof(int32_t), &off, &dout);
+    /* the parameters, and room for the tokens */
+    const hpd_cuda_meta_t m[] = {
+        {.host = rp, .bytes = a->n_rows * sizeof(*rp), .dev_p = &dparams},
+        {.host = NULL, .bytes = a->n_rows * sizeof(int32_t), .dev_p = &dout}};
+    st = hpd_cuda_stage(b, m, 2);
     free(rp);
     if (st != HPD_OK)
         return st;

@@ -725,6 +725,76 @@ static void test_kv_store_and_attention(void **state)
     hpd_backend_free(gpu, dout);
 }
 
+/* Block tables beyond a staging slot (1 MiB at first): 128 sequences of
+ * 2100 tokens at block size 1 (the ops take any block size) carry 1.08 MB
+ * of tables after 1.5 KB of query rows. An op reserves its whole metadata
+ * up front and the ring grows to hold it; the old ring checked only an
+ * op's first array against the slot, and these ops failed. The tables
+ * repeat 64 shared pages; each sequence's last position has a page of its
+ * own, which kv_store writes and attention reads with the rest. Values
+ * near 1 keep the sums over 2100 keys free of cancellation. */
+static void test_large_metadata(void **state)
+{
+    enum { S = 128, L = 2100, HD = 8, SHARED = 64, POOL = SHARED + S };
+    const hpd_kv_layout_t l = {.block_size = 1,
+                               .pack_size = 1,
+                               .order = HPD_KV_NHD,
+                               .dtype = HPD_DTYPE_F32,
+                               .n_layers = 1,
+                               .n_kv_heads = 1,
+                               .head_dim = HD};
+    const size_t elems = (size_t)POOL * hpd_kv_layout_page_elems(&l), n = (size_t)S * HD;
+    float *pool = rnd(elems, 43, 0.25f), *k = rnd(n, 44, 0.25f), *v = rnd(n, 45, 0.25f);
+    float *q = rnd(n, 46, 1), *ocpu = malloc(n * sizeof(float));
+    for (size_t i = 0; i < elems; i++)
+        pool[i] += 1.0f;
+    for (size_t i = 0; i < n; i++)
+        k[i] += 1.0f, v[i] += 1.0f;
+    float *dpool = up(pool, elems), *dk = up(k, n), *dv = up(v, n), *dq = up(q, n);
+    float *dout = up(q, n);
+    uint32_t *tables = malloc((size_t)S * L * sizeof(uint32_t));
+    const uint32_t *bt[S];
+    hpd_seq_t seqs[S];
+    for (uint32_t s = 0; s < S; s++) {
+        for (uint32_t j = 0; j + 1 < L; j++)
+            tables[(size_t)s * L + j] = (s * 7 + j * 13) % SHARED;
+        tables[(size_t)s * L + L - 1] = SHARED + s;
+        bt[s] = tables + (size_t)s * L;
+        seqs[s] = (hpd_seq_t){.row = s, .n_tokens = 1, .start_pos = L - 1};
+    }
+    assert_true((size_t)S * L * sizeof(uint32_t) > (1u << 20));
+
+    hpd_paged_kv_t kc = {.layout = &l, .pool = pool, .member = 0, .block_tables = bt};
+    hpd_paged_kv_t kg = {.layout = &l, .pool = dpool, .member = 0, .block_tables = bt};
+    hpd_kv_store_args_t ks = {.kv = kc,
+                              .k = {.p = k, .ld = HD, .hs = HD},
+                              .v = {.p = v, .ld = HD, .hs = HD},
+                              .seqs = seqs,
+                              .n_seqs = S};
+    assert_int_equal(hpd_kv_store(cpu, &ks), HPD_OK);
+    ks.kv = kg, ks.k.p = dk, ks.v.p = dv;
+    assert_int_equal(hpd_kv_store(gpu, &ks), HPD_OK);
+    float *got_pool = down(dpool, elems);
+    assert_memory_equal(got_pool, pool, elems * sizeof(float));
+
+    hpd_attention_args_t at = {.kv = kc,
+                               .q = {.p = q, .ld = HD, .hs = HD},
+                               .out = {.p = ocpu, .ld = HD, .hs = HD},
+                               .n_heads = 1,
+                               .scale = 0.35355339f,
+                               .seqs = seqs,
+                               .n_seqs = S};
+    assert_int_equal(hpd_attention(cpu, &at), HPD_OK);
+    at.kv = kg, at.q.p = dq, at.out.p = dout;
+    assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
+    float *got = down(dout, n);
+    expect_close("attention, 1 MB of tables", got, ocpu, n, 1e-5);
+    free(pool), free(k), free(v), free(q), free(ocpu), free(tables), free(got_pool), free(got);
+    float *dev[] = {dpool, dk, dv, dq, dout};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        hpd_backend_free(gpu, dev[i]);
+}
+
 /* The chunked rule against the CPU backend's, over two sequences that start
  * off the 64 grid; then one sequence computed in one pass equals the same
  * sequence computed as two calls split at a multiple of 64, and alone
@@ -947,6 +1017,7 @@ int main(void)
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),
         cmocka_unit_test(test_kv_store_and_attention),
+        cmocka_unit_test(test_large_metadata),
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
