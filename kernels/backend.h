@@ -106,7 +106,9 @@ typedef struct {
  * computes it. YaRN (yarn_factor > 0): with p = theta^(2i / rot_dim) and
  * e = 1 - clamp((i - yarn_low) / yarn_span, 0, 1),
  * inv_freq[i] = (1 / (yarn_factor * p)) * (1 - e) + (1 / p) * e, and cos and
- * sin are multiplied by yarn_attention (model/config.h resolves the four). */
+ * sin are multiplied by yarn_attention (model/config.h resolves the four).
+ * Every backend takes its inverse frequencies from one host function,
+ * hpd_rope_inv_freq_table, so that they are the same bits everywhere. */
 typedef struct {
     hpd_view_t x;
     uint32_t n_tokens, n_heads, head_dim, rot_dim;
@@ -115,23 +117,18 @@ typedef struct {
     float yarn_factor, yarn_low, yarn_span, yarn_attention;
 } hpd_rope_args_t;
 
-/* inv_freq[i] of a rope (both backends compute it this way). */
-static inline HPD_HOST_DEVICE float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i)
-{
-    const float p = powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
-    if (!(a->yarn_factor > 0.0f))
-        return 1.0f / p;
-    float ramp = ((float)i - a->yarn_low) / a->yarn_span;
-    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
-    const float e = 1.0f - ramp;
-    /* four roundings, no fused multiply-add: as torch's elementwise ops */
-    const float interp = 1.0f / (a->yarn_factor * p), extrap = 1.0f / p;
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(__fmul_rn(interp, 1.0f - e), __fmul_rn(extrap, e));
-#else
-    return interp * (1.0f - e) + extrap * e;
-#endif
-}
+/* The largest rot_dim / 2 the backends take. */
+#define HPD_ROPE_MAX_HALF 512
+
+/* inv_freq[i] of a rope, computed on the host (kernels/backend.c, with the
+ * build's C flags: no fused multiply-add). */
+float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i);
+
+/* The rot_dim / 2 inverse frequencies of a rope into inv_freq: the one
+ * table both backends use (the CUDA backend stages it with the positions;
+ * a device powf could differ from the host's by an ulp, which at a large
+ * position turns the angle by up to a radian). */
+void hpd_rope_inv_freq_table(const hpd_rope_args_t *a, float *inv_freq);
 
 /* out[t][i] = silu(gu[t][i]) * gu[t][inter + i] (SwiGLU) */
 typedef struct {

@@ -37,15 +37,15 @@ hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
     return HPD_OK;
 }
 
-/* One block per token; inverse frequencies as Hugging Face computes them. */
-__global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
+/* One block per token; the inverse frequencies are the host's table
+ * (hpd_rope_inv_freq_table), the CPU backend's bits. */
+__global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions, const float *inv_freq)
 {
     const uint32_t t = blockIdx.x, half = a.rot_dim / 2;
     const float pos = (float)positions[t];
     for (uint32_t e = threadIdx.x; e < a.n_heads * half; e += blockDim.x) {
         const uint32_t h = e / half, i = e % half;
-        const float inv_freq = hpd_rope_inv_freq(&a, i);
-        const float f = pos * inv_freq;
+        const float f = __fmul_rn(pos, inv_freq[i]);
         const bool yarn = a.yarn_factor > 0.0f;
         const float cs = yarn ? __fmul_rn(cosf(f), a.yarn_attention) : cosf(f);
         const float sn = yarn ? __fmul_rn(sinf(f), a.yarn_attention) : sinf(f);
@@ -58,15 +58,22 @@ __global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
 
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
 {
-    void *pos;
+    const uint32_t half = a->rot_dim / 2;
+    float inv_freq[HPD_ROPE_MAX_HALF];
+    void *pos, *freq;
     hpd_status_t st;
+    if (half > HPD_ROPE_MAX_HALF)
+        return HPD_ERR_UNSUPPORTED;
     if (a->n_tokens == 0)
         return HPD_OK;
-    const hpd_cuda_meta_t m = {
-        .host = a->positions, .bytes = a->n_tokens * sizeof(int32_t), .dev_p = &pos};
-    if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
+    hpd_rope_inv_freq_table(a, inv_freq);
+    const hpd_cuda_meta_t m[] = {
+        {.host = a->positions, .bytes = a->n_tokens * sizeof(int32_t), .dev_p = &pos},
+        {.host = inv_freq, .bytes = half * sizeof(float), .dev_p = &freq}};
+    if ((st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
         return st;
-    rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos);
+    rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos,
+                                                                  (const float *)freq);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

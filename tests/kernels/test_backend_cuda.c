@@ -359,6 +359,40 @@ static void test_norms_and_elementwise(void **state)
     hpd_backend_free(gpu, dy);
 }
 
+/* RoPE at positions near 2^24, where one ulp of an inverse frequency turns
+ * the angle by up to a radian: the device agrees with the CPU only with the
+ * same table, which both take from hpd_rope_inv_freq_table (a device powf
+ * could differ from the host's by an ulp). Default and YaRN frequencies. */
+static void test_rope_tables(void **state)
+{
+    enum { T = 6, H = 2, D = 128, N = T * H * D };
+    int32_t pos[T] = {16777215, 16777000, 16000001, 12345678, 9999999, 7};
+    float *x = rnd(N, 47, 1), *xc = malloc(N * sizeof(float)), *dx = up(x, N);
+    for (int yarn = 0; yarn < 2; yarn++) {
+        memcpy(xc, x, N * sizeof(float));
+        assert_int_equal(hpd_backend_from_host(gpu, dx, x, N * sizeof(float)), HPD_OK);
+        hpd_rope_args_t rp = {.x = {.p = xc, .ld = H * D, .hs = D},
+                              .n_tokens = T,
+                              .n_heads = H,
+                              .head_dim = D,
+                              .rot_dim = D,
+                              .positions = pos,
+                              .theta = 1e6f,
+                              .yarn_factor = yarn ? 4.0f : 0.0f,
+                              .yarn_low = 9.0f,
+                              .yarn_span = 14.0f,
+                              .yarn_attention = 1.1386294f};
+        assert_int_equal(hpd_rope(cpu, &rp), HPD_OK);
+        rp.x.p = dx;
+        assert_int_equal(hpd_rope(gpu, &rp), HPD_OK);
+        float *got = down(dx, N);
+        expect_close(yarn ? "rope yarn 2^24" : "rope at 2^24", got, xc, N, 1e-5);
+        free(got);
+    }
+    free(x), free(xc);
+    hpd_backend_free(gpu, dx);
+}
+
 /* SwiGLU over more rows than a grid's y dimension holds (65535): 66000
  * rows of 8, every one of them computed as on the CPU. */
 static void test_silu_mul_many_rows(void **state)
@@ -1013,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
+        cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_silu_mul_many_rows),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_translate_and_copy),
