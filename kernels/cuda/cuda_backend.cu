@@ -24,6 +24,10 @@ static void cuda_destroy(hpd_backend_t *b)
             cudaFree(c->work);
         if (c->cublas != NULL)
             cublasDestroy(c->cublas);
+        for (uint32_t i = 0; i < c->n_pinned; i++)
+            cudaHostUnregister(c->pinned[i]);
+        free(c->pinned);
+        cudaGetLastError(); /* what a failed unpin left (memory freed already) */
         cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -38,17 +42,52 @@ static hpd_status_t cuda_sync(hpd_backend_t *b)
 }
 
 /* Pins host memory and maps it into the device's address space (unified
- * addressing: kernels then use the host pointer itself). */
+ * addressing: kernels then use the host pointer itself). Memory pinned
+ * already (UCX pins the buffers it allocates when it has CUDA support) is
+ * used as it is: CUDA answers cudaErrorHostMemoryAlreadyRegistered, which
+ * is no failure here, and unpinning it stays with whoever pinned it. */
 static hpd_status_t cuda_host_register(hpd_backend_t *b, void *ptr, size_t bytes)
 {
-    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
-    HPD_CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterMapped));
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    if (c->n_pinned == c->cap_pinned) {
+        const uint32_t cap = c->cap_pinned ? 2 * c->cap_pinned : 8;
+        void **p = (void **)realloc(c->pinned, cap * sizeof(*p));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->pinned = p;
+        c->cap_pinned = cap;
+    }
+    const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+        cudaGetLastError(); /* cleared, or the next launch check would report it */
+        HPD_LOG_INFO("cuda", "host memory at %p (%zu bytes) is pinned already (by UCX): used "
+                     "as it is, left pinned at unregister", ptr, bytes);
+        return HPD_OK;
+    }
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "pinning %zu bytes of host memory at %p for GPU %d failed: %s",
+                      bytes, ptr, c->device, cudaGetErrorString(err));
+        return err == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL;
+    }
+    c->pinned[c->n_pinned++] = ptr;
     return HPD_OK;
 }
 
+/* Unpins memory that cuda_host_register pinned; memory it found pinned
+ * already is left as it is. */
 static void cuda_host_unregister(hpd_backend_t *b, void *ptr)
 {
-    cudaHostUnregister(ptr);
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    for (uint32_t i = 0; i < c->n_pinned; i++)
+        if (c->pinned[i] == ptr) {
+            c->pinned[i] = c->pinned[--c->n_pinned];
+            cudaSetDevice(c->device);
+            if (cudaHostUnregister(ptr) != cudaSuccess)
+                HPD_LOG_WARN("cuda", "unpinning host memory at %p failed: %s", ptr,
+                             cudaGetErrorString(cudaGetLastError()));
+            return;
+        }
 }
 
 static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)

@@ -31,6 +31,10 @@ typedef struct {
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
+    /* host memory this backend pinned (host_register), which host_unregister
+     * unpins; memory pinned by another (UCX) is not listed */
+    void **pinned;
+    uint32_t n_pinned, cap_pinned;
 } hpd_cuda_ctx_t;
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <cuda_runtime_api.h>
 #include <math.h>
 
 #include "kernels/backend.h"
@@ -1009,6 +1010,44 @@ static void test_greedy_ties(void **state)
     hpd_backend_free(gpu, dl);
 }
 
+/* host_register of memory pinned already (UCX pins the buffers it
+ * allocates) succeeds, leaves no CUDA error behind for the next op's launch
+ * check, and the memory is usable; host_unregister then leaves it pinned
+ * (its owner unpins it). Memory the backend pinned itself it unpins. */
+static void test_host_register(void **state)
+{
+    enum { N = 1 << 16 };
+    const size_t bytes = N * sizeof(float);
+    unsigned int flags;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: host_register not checked\n");
+        return;
+    }
+    float *theirs = aligned_alloc(4096, bytes), *mine = aligned_alloc(4096, bytes);
+    float *x = rnd(N, 48, 1), *dx = up(x, N);
+    assert_int_equal(cudaHostRegister(theirs, bytes, cudaHostRegisterMapped), cudaSuccess);
+    assert_int_equal(hpd_backend_host_register(gpu, theirs, bytes), HPD_OK);
+    /* the next op's launch check sees no error; then a copy into the memory */
+    hpd_silu_mul_args_t sw = {.gu = dx, .ldgu = 2, .out = dx + N / 2, .ldout = 1,
+                              .n_tokens = 16, .inter = 1};
+    assert_int_equal(hpd_silu_mul(gpu, &sw), HPD_OK);
+    assert_int_equal(hpd_backend_copy(gpu, theirs, dx, bytes), HPD_OK);
+    assert_int_equal(hpd_backend_sync(gpu), HPD_OK);
+    float *want = down(dx, N);
+    assert_memory_equal(theirs, want, bytes);
+    hpd_backend_host_unregister(gpu, theirs);
+    assert_int_equal(cudaHostGetFlags(&flags, theirs), cudaSuccess); /* still pinned */
+    assert_int_equal(cudaHostUnregister(theirs), cudaSuccess);
+
+    assert_int_equal(hpd_backend_host_register(gpu, mine, bytes), HPD_OK);
+    assert_int_equal(cudaHostGetFlags(&flags, mine), cudaSuccess);
+    hpd_backend_host_unregister(gpu, mine);
+    assert_int_not_equal(cudaHostGetFlags(&flags, mine), cudaSuccess); /* unpinned */
+    cudaGetLastError(); /* the error just expected */
+    free(theirs), free(mine), free(x), free(want);
+    hpd_backend_free(gpu, dx);
+}
+
 /* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
 static void test_fast_gemm(void **state)
 {
@@ -1056,6 +1095,7 @@ int main(void)
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
+        cmocka_unit_test(test_host_register),
         cmocka_unit_test(test_fast_gemm),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
