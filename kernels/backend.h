@@ -309,6 +309,12 @@ typedef struct {
     /* memory */
     hpd_status_t (*alloc)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
     void (*free)(hpd_backend_t *backend, void *ptr);
+    /* Memory of a pool that peers write over RDMA (the page and slot
+     * pools): a device backend takes it where a NIC can register it (CUDA:
+     * cudaMalloc; memory of the stream-ordered pool cannot be registered
+     * for GPUDirect RDMA). Freed with free_pool. NULL: alloc and free. */
+    hpd_status_t (*alloc_pool)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
+    void (*free_pool)(hpd_backend_t *backend, void *ptr);
     hpd_status_t (*memset)(hpd_backend_t *backend, void *ptr, int value, size_t bytes);
     hpd_status_t (*copy)(hpd_backend_t *backend, void *dst, const void *src, size_t bytes);
     hpd_status_t (*to_host)(hpd_backend_t *backend, void *host, const void *src, size_t bytes);
@@ -406,6 +412,18 @@ static inline void hpd_backend_free(hpd_backend_t *b, void *ptr)
 {
     if (ptr != NULL)
         b->ops->free(b, ptr);
+}
+/* Memory for a pool that peers may write over RDMA (backend ops
+ * alloc_pool); freed with hpd_backend_free_pool. */
+static inline hpd_status_t hpd_backend_alloc_pool(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    return b->ops->alloc_pool != NULL ? b->ops->alloc_pool(b, bytes, ptr_p)
+                                      : hpd_backend_alloc(b, bytes, ptr_p);
+}
+static inline void hpd_backend_free_pool(hpd_backend_t *b, void *ptr)
+{
+    if (ptr != NULL)
+        (b->ops->free_pool != NULL ? b->ops->free_pool : b->ops->free)(b, ptr);
 }
 static inline hpd_status_t hpd_backend_memset(hpd_backend_t *b, void *ptr, int v, size_t n)
 {

@@ -1,7 +1,9 @@
 /* The CUDA backend: device memory on one GPU, one stream, the ops of
  * kernels/cuda/. Memory comes from the device's stream-ordered pool
- * (cudaMallocAsync), released to it on free. Two variants: "cuda" (the
+ * (cudaMallocAsync), released to it on free; pool memory that peers write
+ * over RDMA (alloc_pool) from cudaMalloc. Two variants: "cuda" (the
  * deterministic kernels) and "cuda-fast" (GEMMs through cuBLAS). */
+#include <cuda.h> /* types of the driver call reached through the runtime */
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +113,59 @@ static void cuda_free(hpd_backend_t *b, void *ptr)
 {
     cudaSetDevice(hpd_cuda_ctx(b)->device);
     cudaFreeAsync(ptr, hpd_cuda_ctx(b)->stream);
+}
+
+/* Sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on an allocation, as NVIDIA advises
+ * for GPUDirect RDMA buffers (synchronous copies to it are then ordered
+ * with a NIC's writes). The driver call is reached through the runtime, so
+ * the build links no libcuda. Without it the memory still works: a failure
+ * is a warning. */
+static void set_sync_memops(hpd_cuda_ctx_t *c, void *p)
+{
+    typedef CUresult (*set_attr_fn)(const void *, CUpointer_attribute, CUdeviceptr);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuPointerSetAttribute", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == NULL) {
+        HPD_LOG_WARN("cuda", "GPU %d: the driver's cuPointerSetAttribute cannot be found (%s): "
+                     "pool memory without SYNC_MEMOPS", c->device,
+                     cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    const unsigned int one = 1;
+    const CUresult r = ((set_attr_fn)fn)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                                          (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS)
+        HPD_LOG_WARN("cuda", "GPU %d: setting SYNC_MEMOPS on pool memory at %p failed: "
+                     "CUresult %d", c->device, p, (int)r);
+}
+
+/* Pool memory (backend.h alloc_pool): plain cudaMalloc, which GPUDirect
+ * RDMA can register (memory of the stream-ordered pool cannot), with
+ * SYNC_MEMOPS set. cudaMalloc is synchronous: the memory is settled for
+ * any stream or NIC on return. */
+static hpd_status_t cuda_alloc_pool(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    void *p = NULL;
+    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "pool allocation of %zu bytes on GPU %d failed: %s", bytes,
+                      c->device, cudaGetErrorString(err));
+        return HPD_ERR_NO_MEMORY;
+    }
+    set_sync_memops(c, p);
+    *ptr_p = p;
+    return HPD_OK;
+}
+
+/* cudaFree waits for the device's work, so no op still touches it. */
+static void cuda_free_pool(hpd_backend_t *b, void *ptr)
+{
+    cudaSetDevice(hpd_cuda_ctx(b)->device);
+    cudaFree(ptr);
 }
 
 static hpd_status_t cuda_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
@@ -299,6 +354,8 @@ static const hpd_backend_ops_t cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .alloc_pool = cuda_alloc_pool,
+    .free_pool = cuda_free_pool,
     .memset = cuda_memset,
     .copy = cuda_copy,
     .to_host = cuda_to_host,
@@ -335,6 +392,8 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .alloc_pool = cuda_alloc_pool,
+    .free_pool = cuda_free_pool,
     .memset = cuda_memset,
     .copy = cuda_copy,
     .to_host = cuda_to_host,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 
@@ -1048,6 +1049,55 @@ static void test_host_register(void **state)
     hpd_backend_free(gpu, dx);
 }
 
+/* Pool memory (alloc_pool: the page and slot pools, which peers write over
+ * RDMA) holds what is copied in as any device memory, and on a GPU comes
+ * from cudaMalloc, not from the stream-ordered pool (whose memory GPUDirect
+ * RDMA cannot register): the driver names no mempool for it, where it does
+ * for alloc's memory, and SYNC_MEMOPS is set on it. */
+static void test_pool_memory(void **state)
+{
+    enum { N = 4096 };
+    float *x = rnd(N, 49, 1), *dp, *da;
+    assert_int_equal(hpd_backend_alloc_pool(gpu, N * sizeof(float), (void **)&dp), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, dp, x, N * sizeof(float)), HPD_OK);
+    float *got = down(dp, N);
+    assert_memory_equal(got, x, N * sizeof(float));
+    assert_int_equal(hpd_backend_alloc(gpu, N * sizeof(float), (void **)&da), HPD_OK);
+    if (!hpd_backend_host_memory(gpu)) {
+        typedef CUresult (*get_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+        void *fn = NULL;
+        enum cudaDriverEntryPointQueryResult found;
+        assert_int_equal(cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000,
+                                                          cudaEnableDefault, &found),
+                         cudaSuccess);
+        assert_int_equal(found, cudaDriverEntryPointSuccess);
+        const get_attr_fn get = (get_attr_fn)fn;
+        CUmemoryPool of_pool = (CUmemoryPool)1, of_alloc = NULL;
+        /* booleans: written as an int or narrower, read here from zeroed 8 bytes */
+        unsigned long long sync = 0, rdma = 0;
+        assert_int_equal(get(&of_pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                             (CUdeviceptr)(uintptr_t)dp), CUDA_SUCCESS);
+        assert_int_equal(get(&of_alloc, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                             (CUdeviceptr)(uintptr_t)da), CUDA_SUCCESS);
+        assert_int_equal(get(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)(uintptr_t)dp),
+                         CUDA_SUCCESS);
+        get(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, (CUdeviceptr)(uintptr_t)dp);
+        fprintf(stderr, "pool memory: mempool %p (alloc's: %p), sync_memops %llu, "
+                "GPUDirect RDMA capable %llu\n", (void *)of_pool, (void *)of_alloc, sync, rdma);
+        if (of_pool != NULL)
+            fail_msg("pool memory comes from a stream-ordered mempool (%p), expected cudaMalloc",
+                     (void *)of_pool);
+        if (of_alloc == NULL)
+            fail_msg("alloc's memory names no mempool: the check above cannot tell them apart");
+        if (sync != 1)
+            fail_msg("pool memory has SYNC_MEMOPS %llu, expected 1 (the backend's log says why)",
+                     sync);
+    }
+    free(x), free(got);
+    hpd_backend_free_pool(gpu, dp);
+    hpd_backend_free(gpu, da);
+}
+
 /* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
 static void test_fast_gemm(void **state)
 {
@@ -1096,6 +1146,7 @@ int main(void)
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
         cmocka_unit_test(test_host_register),
+        cmocka_unit_test(test_pool_memory),
         cmocka_unit_test(test_fast_gemm),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
