@@ -302,6 +302,10 @@ typedef struct {
      * enqueued has finished, before the host or another device engine (a
      * NIC) reads what they wrote. NULL: ops are synchronous. */
     hpd_status_t (*sync)(hpd_backend_t *backend);
+    /* The native stream the ops run on, in order (a cudaStream_t), for a
+     * transport that orders its own device work after them without
+     * waiting on the host (hpd_nccl_transfer). NULL: ops are synchronous. */
+    void *(*stream)(hpd_backend_t *backend);
     /* Makes host memory (a transport's staging buffer) addressable by the
      * backend's ops and fast to copy (pinned). NULL: nothing to do. */
     hpd_status_t (*host_register)(hpd_backend_t *backend, void *ptr, size_t bytes);
@@ -394,6 +398,11 @@ static inline bool hpd_backend_host_memory(const hpd_backend_t *b)
 static inline hpd_status_t hpd_backend_sync(hpd_backend_t *b)
 {
     return b->ops->sync != NULL ? b->ops->sync(b) : HPD_OK;
+}
+/* The backend's native stream, or NULL when its ops are synchronous. */
+static inline void *hpd_backend_stream(hpd_backend_t *b)
+{
+    return b->ops->stream != NULL ? b->ops->stream(b) : NULL;
 }
 static inline hpd_status_t hpd_backend_host_register(hpd_backend_t *b, void *ptr, size_t n)
 {

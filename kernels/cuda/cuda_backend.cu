@@ -43,6 +43,11 @@ static hpd_status_t cuda_sync(hpd_backend_t *b)
     return HPD_OK;
 }
 
+static void *cuda_stream(hpd_backend_t *b)
+{
+    return hpd_cuda_ctx(b)->stream;
+}
+
 /* Pins host memory and maps it into the device's address space (unified
  * addressing: kernels then use the host pointer itself). Memory pinned
  * already (UCX pins the buffers it allocates when it has CUDA support) is
@@ -350,6 +355,7 @@ static const hpd_backend_ops_t cuda_ops = {
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
@@ -388,6 +394,7 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
