@@ -43,10 +43,10 @@ hpd_status_t hpd_page_pool_create(const hpd_page_pool_params_t *params,
     pool->owned = params->memory == NULL;
     if (!pool->owned)
         pool->base = params->memory;
-    else if ((st = hpd_backend_alloc(params->backend,
-                                     (size_t)params->n_pages *
-                                         hpd_kv_layout_page_bytes(&params->layout),
-                                     &pool->base)) != HPD_OK) {
+    else if ((st = hpd_backend_alloc_pool(params->backend,
+                                          (size_t)params->n_pages *
+                                              hpd_kv_layout_page_bytes(&params->layout),
+                                          &pool->base)) != HPD_OK) {
         HPD_LOG_ERROR("page_pool", "allocation of %u pages of %llu bytes failed: %s",
                       params->n_pages,
                       (unsigned long long)hpd_kv_layout_page_bytes(&params->layout),
@@ -71,7 +71,7 @@ void hpd_page_pool_destroy(hpd_page_pool_t *pool)
     if (pool == NULL)
         return;
     if (pool->owned)
-        hpd_backend_free(pool->backend, pool->base);
+        hpd_backend_free_pool(pool->backend, pool->base);
     free(pool->free_ids);
     free(pool->refs);
     free(pool);

@@ -14,7 +14,8 @@ typedef struct {
     hpd_backend_t *backend; /* owns the page memory; must outlive the pool */
     hpd_kv_layout_t layout; /* validated at create */
     uint32_t n_pages;
-    /* NULL: the pages are allocated from the backend. Else n_pages pages of
+    /* NULL: the pages are allocated from the backend as pool memory, which
+     * peers may write over RDMA (hpd_backend_alloc_pool). Else n_pages pages of
      * memory the caller owns and frees after the pool (e.g. shared memory
      * peers on this host map; hpd_engine_params_t.pool_alloc). */
     void *memory;

@@ -43,7 +43,8 @@ hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,
     pool->owned = params->memory == NULL;
     if (!pool->owned)
         pool->base = params->memory;
-    else if ((st = hpd_backend_alloc(params->backend, total, (void **)&pool->base)) != HPD_OK) {
+    else if ((st = hpd_backend_alloc_pool(params->backend, total, (void **)&pool->base)) !=
+             HPD_OK) {
         HPD_LOG_ERROR("slot_pool", "allocation of %u slots of %llu bytes failed: %s",
                       params->n_slots, (unsigned long long)params->slot_bytes,
                       hpd_status_str(st));
@@ -52,7 +53,7 @@ hpd_status_t hpd_slot_pool_create(const hpd_slot_pool_params_t *params,
     /* PAD must read as zeros; other slots are zeroed when handed out */
     if ((st = hpd_backend_memset(params->backend, pool->base, 0, params->slot_bytes)) != HPD_OK) {
         if (pool->owned)
-            hpd_backend_free(params->backend, pool->base);
+            hpd_backend_free_pool(params->backend, pool->base);
         goto err;
     }
     for (uint32_t i = 0; i < params->n_slots; i++)
@@ -72,7 +73,7 @@ void hpd_slot_pool_destroy(hpd_slot_pool_t *pool)
     if (pool == NULL)
         return;
     if (pool->owned)
-        hpd_backend_free(pool->backend, pool->base);
+        hpd_backend_free_pool(pool->backend, pool->base);
     free(pool->free_ids);
     free(pool->refs);
     free(pool);

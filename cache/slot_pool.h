@@ -15,7 +15,8 @@ typedef struct {
     hpd_backend_t *backend; /* owns the memory; must outlive the pool */
     uint32_t n_slots;       /* real slots, not counting PAD */
     uint64_t slot_bytes;
-    /* NULL: allocated from the backend. Else (n_slots + 1) * slot_bytes of
+    /* NULL: allocated from the backend as pool memory, which peers may
+     * write over RDMA (hpd_backend_alloc_pool). Else (n_slots + 1) * slot_bytes of
      * memory the caller owns and frees after the pool. */
     void *memory;
 } hpd_slot_pool_params_t;

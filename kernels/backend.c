@@ -29,3 +29,23 @@ void hpd_backend_destroy(hpd_backend_t *backend)
     if (backend != NULL)
         backend->ops->destroy(backend);
 }
+
+float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i)
+{
+    const float p = powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
+    if (!(a->yarn_factor > 0.0f))
+        return 1.0f / p;
+    float ramp = ((float)i - a->yarn_low) / a->yarn_span;
+    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+    const float e = 1.0f - ramp;
+    /* four roundings, no fused multiply-add (-ffp-contract=off): as torch's
+     * elementwise ops */
+    const float interp = 1.0f / (a->yarn_factor * p), extrap = 1.0f / p;
+    return interp * (1.0f - e) + extrap * e;
+}
+
+void hpd_rope_inv_freq_table(const hpd_rope_args_t *a, float *inv_freq)
+{
+    for (uint32_t i = 0; i < a->rot_dim / 2; i++)
+        inv_freq[i] = hpd_rope_inv_freq(a, i);
+}

@@ -106,7 +106,9 @@ typedef struct {
  * computes it. YaRN (yarn_factor > 0): with p = theta^(2i / rot_dim) and
  * e = 1 - clamp((i - yarn_low) / yarn_span, 0, 1),
  * inv_freq[i] = (1 / (yarn_factor * p)) * (1 - e) + (1 / p) * e, and cos and
- * sin are multiplied by yarn_attention (model/config.h resolves the four). */
+ * sin are multiplied by yarn_attention (model/config.h resolves the four).
+ * Every backend takes its inverse frequencies from one host function,
+ * hpd_rope_inv_freq_table, so that they are the same bits everywhere. */
 typedef struct {
     hpd_view_t x;
     uint32_t n_tokens, n_heads, head_dim, rot_dim;
@@ -115,23 +117,18 @@ typedef struct {
     float yarn_factor, yarn_low, yarn_span, yarn_attention;
 } hpd_rope_args_t;
 
-/* inv_freq[i] of a rope (both backends compute it this way). */
-static inline HPD_HOST_DEVICE float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i)
-{
-    const float p = powf(a->theta, (float)(2 * i) / (float)a->rot_dim);
-    if (!(a->yarn_factor > 0.0f))
-        return 1.0f / p;
-    float ramp = ((float)i - a->yarn_low) / a->yarn_span;
-    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
-    const float e = 1.0f - ramp;
-    /* four roundings, no fused multiply-add: as torch's elementwise ops */
-    const float interp = 1.0f / (a->yarn_factor * p), extrap = 1.0f / p;
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(__fmul_rn(interp, 1.0f - e), __fmul_rn(extrap, e));
-#else
-    return interp * (1.0f - e) + extrap * e;
-#endif
-}
+/* The largest rot_dim / 2 the backends take. */
+#define HPD_ROPE_MAX_HALF 512
+
+/* inv_freq[i] of a rope, computed on the host (kernels/backend.c, with the
+ * build's C flags: no fused multiply-add). */
+float hpd_rope_inv_freq(const hpd_rope_args_t *a, uint32_t i);
+
+/* The rot_dim / 2 inverse frequencies of a rope into inv_freq: the one
+ * table both backends use (the CUDA backend stages it with the positions;
+ * a device powf could differ from the host's by an ulp, which at a large
+ * position turns the angle by up to a radian). */
+void hpd_rope_inv_freq_table(const hpd_rope_args_t *a, float *inv_freq);
 
 /* out[t][i] = silu(gu[t][i]) * gu[t][inter + i] (SwiGLU) */
 typedef struct {
@@ -305,6 +302,10 @@ typedef struct {
      * enqueued has finished, before the host or another device engine (a
      * NIC) reads what they wrote. NULL: ops are synchronous. */
     hpd_status_t (*sync)(hpd_backend_t *backend);
+    /* The native stream the ops run on, in order (a cudaStream_t), for a
+     * transport that orders its own device work after them without
+     * waiting on the host (hpd_nccl_transfer). NULL: ops are synchronous. */
+    void *(*stream)(hpd_backend_t *backend);
     /* Makes host memory (a transport's staging buffer) addressable by the
      * backend's ops and fast to copy (pinned). NULL: nothing to do. */
     hpd_status_t (*host_register)(hpd_backend_t *backend, void *ptr, size_t bytes);
@@ -312,6 +313,12 @@ typedef struct {
     /* memory */
     hpd_status_t (*alloc)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
     void (*free)(hpd_backend_t *backend, void *ptr);
+    /* Memory of a pool that peers write over RDMA (the page and slot
+     * pools): a device backend takes it where a NIC can register it (CUDA:
+     * cudaMalloc; memory of the stream-ordered pool cannot be registered
+     * for GPUDirect RDMA). Freed with free_pool. NULL: alloc and free. */
+    hpd_status_t (*alloc_pool)(hpd_backend_t *backend, size_t bytes, void **ptr_p);
+    void (*free_pool)(hpd_backend_t *backend, void *ptr);
     hpd_status_t (*memset)(hpd_backend_t *backend, void *ptr, int value, size_t bytes);
     hpd_status_t (*copy)(hpd_backend_t *backend, void *dst, const void *src, size_t bytes);
     hpd_status_t (*to_host)(hpd_backend_t *backend, void *host, const void *src, size_t bytes);
@@ -392,6 +399,11 @@ static inline hpd_status_t hpd_backend_sync(hpd_backend_t *b)
 {
     return b->ops->sync != NULL ? b->ops->sync(b) : HPD_OK;
 }
+/* The backend's native stream, or NULL when its ops are synchronous. */
+static inline void *hpd_backend_stream(hpd_backend_t *b)
+{
+    return b->ops->stream != NULL ? b->ops->stream(b) : NULL;
+}
 static inline hpd_status_t hpd_backend_host_register(hpd_backend_t *b, void *ptr, size_t n)
 {
     return b->ops->host_register != NULL ? b->ops->host_register(b, ptr, n) : HPD_OK;
@@ -409,6 +421,18 @@ static inline void hpd_backend_free(hpd_backend_t *b, void *ptr)
 {
     if (ptr != NULL)
         b->ops->free(b, ptr);
+}
+/* Memory for a pool that peers may write over RDMA (backend ops
+ * alloc_pool); freed with hpd_backend_free_pool. */
+static inline hpd_status_t hpd_backend_alloc_pool(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    return b->ops->alloc_pool != NULL ? b->ops->alloc_pool(b, bytes, ptr_p)
+                                      : hpd_backend_alloc(b, bytes, ptr_p);
+}
+static inline void hpd_backend_free_pool(hpd_backend_t *b, void *ptr)
+{
+    if (ptr != NULL)
+        (b->ops->free_pool != NULL ? b->ops->free_pool : b->ops->free)(b, ptr);
 }
 static inline hpd_status_t hpd_backend_memset(hpd_backend_t *b, void *ptr, int v, size_t n)
 {

@@ -56,7 +56,7 @@ fi
 b=build-gpu
 t0=$(date +%s)
 if ! timeout "$(step_timeout 240)" cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_FLAGS=-lineinfo ${nccl_root:+-DHPD_NCCL_ROOT=$nccl_root} \
+      ${nccl_root:+-DHPD_NCCL_ROOT=$nccl_root} \
       > "$out/build.log" 2>&1 ||
    ! timeout "$(step_timeout 240)" cmake --build "$b" -j"$jobs" >> "$out/build.log" 2>&1; then
   say "build: FAILED after $(( $(date +%s) - t0 )) s (build.log)"

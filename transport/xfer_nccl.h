@@ -4,6 +4,7 @@
 #ifndef HPD_TRANSPORT_XFER_NCCL_H
 #define HPD_TRANSPORT_XFER_NCCL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,10 +30,24 @@ hpd_status_t hpd_nccl_create(const hpd_nccl_params_t *params, hpd_nccl_t **nccl_
 
 void hpd_nccl_destroy(hpd_nccl_t *nccl);
 
-/* Queue a send or a receive of device memory on the communicator's stream;
- * sends and receives between a pair of ranks must match in order and size. */
-hpd_status_t hpd_nccl_send(hpd_nccl_t *nccl, const void *dev, size_t bytes, int peer);
-hpd_status_t hpd_nccl_recv(hpd_nccl_t *nccl, void *dev, size_t bytes, int peer);
+/* One buffer of a transfer: a send reads it, a receive writes it. */
+typedef struct {
+    void *buf; /* device memory of the communicator's GPU */
+    size_t bytes;
+    int peer;
+    bool recv; /* false: a send */
+} hpd_nccl_op_t;
+
+/* Queues one transfer on the communicator's stream: its sends and receives
+ * as one NCCL group (ncclGroupStart / ncclGroupEnd), ordered after
+ * everything queued so far on after_stream, a cudaStream_t of the same GPU
+ * (the stream of the backend whose ops wrote what is sent, or last used
+ * what is received: hpd_backend_stream), through an event the NCCL stream
+ * waits on; NULL: no ordering (the caller synchronised). Sends and
+ * receives between a pair of ranks must match in order and size. The
+ * buffers are busy until hpd_nccl_sync returns. */
+hpd_status_t hpd_nccl_transfer(hpd_nccl_t *nccl, const hpd_nccl_op_t *ops, uint32_t n_ops,
+                               void *after_stream);
 
 /* Waits for everything queued. */
 hpd_status_t hpd_nccl_sync(hpd_nccl_t *nccl);

@@ -23,20 +23,20 @@ hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
 hpd_status_t hpd_cpu_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
 {
     const uint32_t half = a->rot_dim / 2;
-    float inv_freq[512];
+    float inv_freq[HPD_ROPE_MAX_HALF];
 
-    if (half > 512)
+    if (half > HPD_ROPE_MAX_HALF)
         return HPD_ERR_UNSUPPORTED;
-    /* as Hugging Face computes it, in fp32 (backend.h) */
-    for (uint32_t i = 0; i < half; i++)
-        inv_freq[i] = hpd_rope_inv_freq(a, i);
+    /* as Hugging Face computes it, in fp32: the table the CUDA backend uses
+     * too (backend.h) */
+    hpd_rope_inv_freq_table(a, inv_freq);
     const bool yarn = a->yarn_factor > 0.0f;
     const int threads = (uint64_t)a->n_tokens * a->n_heads * half >= (1u << 14)
                             ? hpd_cpu_threads(b)
                             : 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < a->n_tokens; t++) {
-        float cs[512], sn[512];
+        float cs[HPD_ROPE_MAX_HALF], sn[HPD_ROPE_MAX_HALF];
         const float pos = (float)a->positions[t];
 
         for (uint32_t i = 0; i < half; i++) {

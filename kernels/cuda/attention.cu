@@ -49,9 +49,8 @@ __device__ static inline const float *kv_row(const dev_kv_t *kv, uint32_t s, uin
 /* Stages the query rows and the block tables (the blocks each sequence's
  * last row reaches). */
 static hpd_status_t stage_batch(hpd_backend_t *b, const hpd_paged_kv_t *kv,
-                                const hpd_seq_t *seqs, uint32_t n_seqs, size_t *off,
-                                dev_kv_t *out, const qrow_t **rows_p, uint32_t *n_rows_p,
-                                qrow_t **host_rows_p)
+                                const hpd_seq_t *seqs, uint32_t n_seqs, dev_kv_t *out,
+                                const qrow_t **rows_p, uint32_t *n_rows_p, qrow_t **host_rows_p)
 {
     const uint32_t B = kv->layout->block_size;
     uint32_t n_rows = 0, n_entries = 0;
@@ -78,9 +77,10 @@ static hpd_status_t stage_batch(hpd_backend_t *b, const hpd_paged_kv_t *kv,
         }
     }
     void *drows, *dtables;
-    hpd_status_t st = hpd_cuda_stage(b, rows, n_rows * sizeof(qrow_t), off, &drows);
-    if (st == HPD_OK)
-        st = hpd_cuda_stage(b, tables, (n_entries + n_seqs) * sizeof(uint32_t), off, &dtables);
+    const hpd_cuda_meta_t m[] = {
+        {.host = rows, .bytes = n_rows * sizeof(qrow_t), .dev_p = &drows},
+        {.host = tables, .bytes = (n_entries + n_seqs) * sizeof(uint32_t), .dev_p = &dtables}};
+    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
     free(tables);
     if (st != HPD_OK || host_rows_p == NULL)
         free(rows);
@@ -120,13 +120,11 @@ hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a)
     dev_kv_t kv;
     const qrow_t *rows;
     uint32_t n_rows;
-    size_t off = 0;
     hpd_status_t st;
 
     if (a->kv.layout->dtype != HPD_DTYPE_F32)
         return HPD_ERR_UNSUPPORTED;
-    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &off, &kv, &rows, &n_rows, NULL)) !=
-        HPD_OK)
+    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &kv, &rows, &n_rows, NULL)) != HPD_OK)
         return st;
     if (n_rows == 0)
         return HPD_OK;
@@ -418,14 +416,12 @@ hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
     const qrow_t *rows;
     qrow_t *hrows = NULL;
     uint32_t n_rows;
-    size_t off = 0;
     hpd_status_t st;
 
     if (l->dtype != HPD_DTYPE_F32 || l->head_dim > MAX_HD || l->n_kv_heads == 0 ||
         a->n_heads % l->n_kv_heads != 0)
         return HPD_ERR_UNSUPPORTED;
-    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &off, &kv, &rows, &n_rows, &hrows)) !=
-        HPD_OK)
+    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &kv, &rows, &n_rows, &hrows)) != HPD_OK)
         return st;
     if (n_rows == 0) {
         free(hrows);

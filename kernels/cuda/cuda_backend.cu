@@ -1,7 +1,9 @@
 /* The CUDA backend: device memory on one GPU, one stream, the ops of
  * kernels/cuda/. Memory comes from the device's stream-ordered pool
- * (cudaMallocAsync), released to it on free. Two variants: "cuda" (the
+ * (cudaMallocAsync), released to it on free; pool memory that peers write
+ * over RDMA (alloc_pool) from cudaMalloc. Two variants: "cuda" (the
  * deterministic kernels) and "cuda-fast" (GEMMs through cuBLAS). */
+#include <cuda.h> /* types of the driver call reached through the runtime */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +26,10 @@ static void cuda_destroy(hpd_backend_t *b)
             cudaFree(c->work);
         if (c->cublas != NULL)
             cublasDestroy(c->cublas);
+        for (uint32_t i = 0; i < c->n_pinned; i++)
+            cudaHostUnregister(c->pinned[i]);
+        free(c->pinned);
+        cudaGetLastError(); /* what a failed unpin left (memory freed already) */
         cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -37,18 +43,58 @@ static hpd_status_t cuda_sync(hpd_backend_t *b)
     return HPD_OK;
 }
 
+static void *cuda_stream(hpd_backend_t *b)
+{
+    return hpd_cuda_ctx(b)->stream;
+}
+
 /* Pins host memory and maps it into the device's address space (unified
- * addressing: kernels then use the host pointer itself). */
+ * addressing: kernels then use the host pointer itself). Memory pinned
+ * already (UCX pins the buffers it allocates when it has CUDA support) is
+ * used as it is: CUDA answers cudaErrorHostMemoryAlreadyRegistered, which
+ * is no failure here, and unpinning it stays with whoever pinned it. */
 static hpd_status_t cuda_host_register(hpd_backend_t *b, void *ptr, size_t bytes)
 {
-    HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));
-    HPD_CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterMapped));
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    if (c->n_pinned == c->cap_pinned) {
+        const uint32_t cap = c->cap_pinned ? 2 * c->cap_pinned : 8;
+        void **p = (void **)realloc(c->pinned, cap * sizeof(*p));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->pinned = p;
+        c->cap_pinned = cap;
+    }
+    const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+        cudaGetLastError(); /* cleared, or the next launch check would report it */
+        HPD_LOG_INFO("cuda", "host memory at %p (%zu bytes) is pinned already (by UCX): used "
+                     "as it is, left pinned at unregister", ptr, bytes);
+        return HPD_OK;
+    }
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "pinning %zu bytes of host memory at %p for GPU %d failed: %s",
+                      bytes, ptr, c->device, cudaGetErrorString(err));
+        return err == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL;
+    }
+    c->pinned[c->n_pinned++] = ptr;
     return HPD_OK;
 }
 
+/* Unpins memory that cuda_host_register pinned; memory it found pinned
+ * already is left as it is. */
 static void cuda_host_unregister(hpd_backend_t *b, void *ptr)
 {
-    cudaHostUnregister(ptr);
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    for (uint32_t i = 0; i < c->n_pinned; i++)
+        if (c->pinned[i] == ptr) {
+            c->pinned[i] = c->pinned[--c->n_pinned];
+            cudaSetDevice(c->device);
+            if (cudaHostUnregister(ptr) != cudaSuccess)
+                HPD_LOG_WARN("cuda", "unpinning host memory at %p failed: %s", ptr,
+                             cudaGetErrorString(cudaGetLastError()));
+            return;
+        }
 }
 
 static hpd_status_t cuda_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
@@ -72,6 +118,59 @@ static void cuda_free(hpd_backend_t *b, void *ptr)
 {
     cudaSetDevice(hpd_cuda_ctx(b)->device);
     cudaFreeAsync(ptr, hpd_cuda_ctx(b)->stream);
+}
+
+/* Sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on an allocation, as NVIDIA advises
+ * for GPUDirect RDMA buffers (synchronous copies to it are then ordered
+ * with a NIC's writes). The driver call is reached through the runtime, so
+ * the build links no libcuda. Without it the memory still works: a failure
+ * is a warning. */
+static void set_sync_memops(hpd_cuda_ctx_t *c, void *p)
+{
+    typedef CUresult (*set_attr_fn)(const void *, CUpointer_attribute, CUdeviceptr);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuPointerSetAttribute", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == NULL) {
+        HPD_LOG_WARN("cuda", "GPU %d: the driver's cuPointerSetAttribute cannot be found (%s): "
+                     "pool memory without SYNC_MEMOPS", c->device,
+                     cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    const unsigned int one = 1;
+    const CUresult r = ((set_attr_fn)fn)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                                          (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS)
+        HPD_LOG_WARN("cuda", "GPU %d: setting SYNC_MEMOPS on pool memory at %p failed: "
+                     "CUresult %d", c->device, p, (int)r);
+}
+
+/* Pool memory (backend.h alloc_pool): plain cudaMalloc, which GPUDirect
+ * RDMA can register (memory of the stream-ordered pool cannot), with
+ * SYNC_MEMOPS set. cudaMalloc is synchronous: the memory is settled for
+ * any stream or NIC on return. */
+static hpd_status_t cuda_alloc_pool(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    void *p = NULL;
+    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 256);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "pool allocation of %zu bytes on GPU %d failed: %s", bytes,
+                      c->device, cudaGetErrorString(err));
+        return HPD_ERR_NO_MEMORY;
+    }
+    set_sync_memops(c, p);
+    *ptr_p = p;
+    return HPD_OK;
+}
+
+/* cudaFree waits for the device's work, so no op still touches it. */
+static void cuda_free_pool(hpd_backend_t *b, void *ptr)
+{
+    cudaSetDevice(hpd_cuda_ctx(b)->device);
+    cudaFree(ptr);
 }
 
 static hpd_status_t cuda_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
@@ -129,45 +228,39 @@ static hpd_status_t ring_alloc(hpd_cuda_ctx_t *c, size_t slot_bytes)
 }
 
 /* Metadata travels through a ring of slots, one per op: the host copy goes
- * to the slot's pinned half, then an asynchronous copy to its device half.
+ * to the slot's pinned half, then one asynchronous copy to its device half.
  * Before an op reuses a slot it waits for the event recorded after the
  * copy of the op that used it HPD_CUDA_STAGE_SLOTS ops earlier, so that up
  * to that many ops stay in flight. */
-hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
-                            void **dev_p)
+hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uint32_t n)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    const size_t off = (*off_p + 255) & ~(size_t)255;
+    size_t total = 0;
     hpd_status_t st;
 
-    if (off == 0) {
-        if (c->slot_bytes < bytes || c->slot_bytes == 0) {
-            size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
-            while (want < bytes)
-                want *= 2;
-            if ((st = ring_alloc(c, want)) != HPD_OK)
-                return st;
-        }
-        c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
-        HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
-    } else if (off + bytes > c->slot_bytes) {
-        /* the op's earlier metadata is in this slot already: grow for the
-         * next ops, fail this one */
-        HPD_LOG_ERROR("cuda", "metadata of %zu bytes does not fit the %zu-byte staging slot; "
-                      "the next op gets a larger one", off + bytes, c->slot_bytes);
-        size_t want = c->slot_bytes * 2;
-        while (want < off + bytes)
+    for (uint32_t i = 0; i < n; i++)
+        total += (arrays[i].bytes + 255) & ~(size_t)255;
+    if (c->slot_bytes < total || c->slot_bytes == 0) {
+        size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
+        while (want < total)
             want *= 2;
-        ring_alloc(c, want);
-        return HPD_ERR_NO_MEMORY;
+        if ((st = ring_alloc(c, want)) != HPD_OK)
+            return st; /* logged where CUDA failed */
     }
-    char *h = c->host_stage + c->slot * c->slot_bytes + off;
-    char *d = (char *)c->scratch + c->slot * c->slot_bytes + off;
-    memcpy(h, host, bytes);
-    HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+    c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
+    HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
+    char *h = c->host_stage + c->slot * c->slot_bytes;
+    char *d = (char *)c->scratch + c->slot * c->slot_bytes;
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (arrays[i].host != NULL && arrays[i].bytes > 0)
+            memcpy(h + off, arrays[i].host, arrays[i].bytes);
+        *arrays[i].dev_p = d + off;
+        off += (arrays[i].bytes + 255) & ~(size_t)255;
+    }
+    if (total > 0)
+        HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, c->stream));
     HPD_CUDA_CHECK(cudaEventRecord(c->stage_ev[c->slot], c->stream));
-    *dev_p = d;
-    *off_p = off + bytes;
     return HPD_OK;
 }
 
@@ -199,14 +292,16 @@ hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float 
                                  uint32_t n_seqs, const hpd_seq_t **dseqs_p,
                                  float *const **dstates_p)
 {
-    size_t off = 0;
     void *ds, *dst;
-    hpd_status_t st = hpd_cuda_stage(b, seqs, n_seqs * sizeof(hpd_seq_t), &off, &ds);
-    if (st == HPD_OK)
-        st = hpd_cuda_stage(b, states, n_seqs * sizeof(float *), &off, &dst);
+    const hpd_cuda_meta_t m[] = {
+        {.host = seqs, .bytes = n_seqs * sizeof(hpd_seq_t), .dev_p = &ds},
+        {.host = states, .bytes = n_seqs * sizeof(float *), .dev_p = &dst}};
+    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
+    if (st != HPD_OK)
+        return st;
     *dseqs_p = (const hpd_seq_t *)ds;
     *dstates_p = (float *const *)dst;
-    return st;
+    return HPD_OK;
 }
 
 /* Every op enters here: the context's GPU made current (a process may
@@ -260,10 +355,13 @@ static const hpd_backend_ops_t cuda_ops = {
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .alloc_pool = cuda_alloc_pool,
+    .free_pool = cuda_free_pool,
     .memset = cuda_memset,
     .copy = cuda_copy,
     .to_host = cuda_to_host,
@@ -296,10 +394,13 @@ static const hpd_backend_ops_t cuda_fast_ops = {
     .host_memory = false,
     .destroy = cuda_destroy,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .alloc_pool = cuda_alloc_pool,
+    .free_pool = cuda_free_pool,
     .memset = cuda_memset,
     .copy = cuda_copy,
     .to_host = cuda_to_host,

@@ -31,6 +31,10 @@ typedef struct {
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
+    /* host memory this backend pinned (host_register), which host_unregister
+     * unpins; memory pinned by another (UCX) is not listed */
+    void **pinned;
+    uint32_t n_pinned, cap_pinned;
 } hpd_cuda_ctx_t;
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
@@ -51,12 +55,22 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
 /* A kernel launch's error, then HPD_OK. */
 #define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
 
-/* Copies host metadata (an op's first call with *off_p == 0 takes the next
- * slot of the staging ring) at a 256-byte aligned offset; *off_p advances.
- * The host buffer is free again on return; the device copy is ordered
- * before the op's launch on the stream. Returns the device address. */
-hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const void *host, size_t bytes, size_t *off_p,
-                            void **dev_p);
+/* One metadata array of an op: host memory to copy (NULL: room only, its
+ * bytes undefined, for an output), its size, and where its device address
+ * goes. */
+typedef struct {
+    const void *host;
+    size_t bytes;
+    void **dev_p;
+} hpd_cuda_meta_t;
+
+/* Copies all of an op's metadata arrays, in one call, into the next slot of
+ * the staging ring, each at a 256-byte aligned offset. The slot is reserved
+ * for their whole size up front: when it is smaller, the ring grows first
+ * (after the stream drained), so an op never fails for the size of its
+ * metadata. The host arrays are free again on return; the device copies
+ * are ordered before the op's launch on the stream. */
+hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uint32_t n);
 
 /* Stages an op's sequences and per-sequence state pointers (conv1d and the
  * gated delta rules). */

@@ -24,12 +24,12 @@ __global__ void embed_kernel(const int32_t *ids, uint32_t n, const void *table,
 
 hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
 {
-    size_t off = 0;
     void *ids;
     hpd_status_t st;
     if (a->n == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->ids, a->n * sizeof(int32_t), &off, &ids)) != HPD_OK)
+    const hpd_cuda_meta_t m = {.host = a->ids, .bytes = a->n * sizeof(int32_t), .dev_p = &ids};
+    if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
         return st;
     embed_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>((const int32_t *)ids, a->n, a->table,
                                                             a->dtype, a->dim, a->out, a->ld);
@@ -37,15 +37,15 @@ hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
     return HPD_OK;
 }
 
-/* One block per token; inverse frequencies as Hugging Face computes them. */
-__global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
+/* One block per token; the inverse frequencies are the host's table
+ * (hpd_rope_inv_freq_table), the CPU backend's bits. */
+__global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions, const float *inv_freq)
 {
     const uint32_t t = blockIdx.x, half = a.rot_dim / 2;
     const float pos = (float)positions[t];
     for (uint32_t e = threadIdx.x; e < a.n_heads * half; e += blockDim.x) {
         const uint32_t h = e / half, i = e % half;
-        const float inv_freq = hpd_rope_inv_freq(&a, i);
-        const float f = pos * inv_freq;
+        const float f = __fmul_rn(pos, inv_freq[i]);
         const bool yarn = a.yarn_factor > 0.0f;
         const float cs = yarn ? __fmul_rn(cosf(f), a.yarn_attention) : cosf(f);
         const float sn = yarn ? __fmul_rn(sinf(f), a.yarn_attention) : sinf(f);
@@ -58,35 +58,45 @@ __global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions)
 
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a)
 {
-    size_t off = 0;
-    void *pos;
+    const uint32_t half = a->rot_dim / 2;
+    float inv_freq[HPD_ROPE_MAX_HALF];
+    void *pos, *freq;
     hpd_status_t st;
+    if (half > HPD_ROPE_MAX_HALF)
+        return HPD_ERR_UNSUPPORTED;
     if (a->n_tokens == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->positions, a->n_tokens * sizeof(int32_t), &off, &pos)) !=
-        HPD_OK)
+    hpd_rope_inv_freq_table(a, inv_freq);
+    const hpd_cuda_meta_t m[] = {
+        {.host = a->positions, .bytes = a->n_tokens * sizeof(int32_t), .dev_p = &pos},
+        {.host = inv_freq, .bytes = half * sizeof(float), .dev_p = &freq}};
+    if ((st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
         return st;
-    rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos);
+    rope_kernel<<<a->n_tokens, 128, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos,
+                                                                  (const float *)freq);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
 
+/* A grid-stride walk over every (token, element), so any token count
+ * works (a grid's y and z stop at 65535). */
 __global__ void silu_mul_kernel(hpd_silu_mul_args_t a)
 {
-    const uint32_t t = blockIdx.y;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < a.inter;
-         i += gridDim.x * blockDim.x) {
-        const float g = a.gu[(size_t)t * a.ldgu + i], u = a.gu[(size_t)t * a.ldgu + a.inter + i];
-        a.out[(size_t)t * a.ldout + i] = (g / (1.0f + expf(-g))) * u;
+    const size_t n = (size_t)a.n_tokens * a.inter, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const size_t t = e / a.inter, i = e % a.inter;
+        const float g = a.gu[t * a.ldgu + i], u = a.gu[t * a.ldgu + a.inter + i];
+        a.out[t * a.ldout + i] = (g / (1.0f + expf(-g))) * u;
     }
 }
 
 hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
 {
-    if (a->n_tokens == 0)
+    const size_t n = (size_t)a->n_tokens * a->inter, blocks = (n + 255) / 256;
+    if (n == 0)
         return HPD_OK;
-    const dim3 grid((a->inter + 255) / 256, a->n_tokens);
-    silu_mul_kernel<<<grid, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    silu_mul_kernel<<<(uint32_t)(blocks < 65536 ? blocks : 65536), 256, 0,
+                      hpd_cuda_ctx(b)->stream>>>(*a);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -517,11 +517,11 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
             segs[n_segs - 1].n_chunks++;
         }
         void *work, *dchunks, *dsegs;
-        size_t off = 0;
+        const hpd_cuda_meta_t m[] = {
+            {.host = chunks, .bytes = n_chunks * sizeof(chunk_t), .dev_p = &dchunks},
+            {.host = segs, .bytes = n_segs * sizeof(segment_t), .dev_p = &dsegs}};
         if ((st = hpd_cuda_work(b, (c1 - c0) * per_chunk, &work)) != HPD_OK ||
-            (st = hpd_cuda_stage(b, chunks, n_chunks * sizeof(chunk_t), &off, &dchunks)) !=
-                HPD_OK ||
-            (st = hpd_cuda_stage(b, segs, n_segs * sizeof(segment_t), &off, &dsegs)) != HPD_OK)
+            (st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
             break;
         gdn_chunk_prep_kernel<<<(c1 - c0) * a->nv, CHUNK_THREADS, smem1, c->stream>>>(
             *a, (const chunk_t *)dchunks + c0, (float *)work);

@@ -15,12 +15,12 @@ __global__ void gather_kernel(const float *src, uint32_t ld_src, const uint32_t 
 
 hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a)
 {
-    size_t off = 0;
     void *idx;
     hpd_status_t st;
     if (a->n == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->idx, a->n * sizeof(uint32_t), &off, &idx)) != HPD_OK)
+    const hpd_cuda_meta_t m = {.host = a->idx, .bytes = a->n * sizeof(uint32_t), .dev_p = &idx};
+    if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
         return st;
     gather_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>(
         a->src, a->ld_src, (const uint32_t *)idx, a->dim, a->dst, a->ld_dst);
@@ -51,15 +51,14 @@ __global__ void combine_kernel(hpd_moe_combine_args_t a, const uint32_t *slots,
 hpd_status_t hpd_cuda_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a)
 {
     const size_t n = (size_t)a->n_tokens * a->top_k;
-    size_t off = 0;
     void *slots, *weights;
     hpd_status_t st;
     if (a->n_tokens == 0)
         return HPD_OK;
-    if ((st = hpd_cuda_stage(b, a->slots, n * sizeof(uint32_t), &off, &slots)) != HPD_OK)
-        return st;
-    off += n * sizeof(uint32_t);
-    if ((st = hpd_cuda_stage(b, a->weights, n * sizeof(float), &off, &weights)) != HPD_OK)
+    const hpd_cuda_meta_t m[] = {
+        {.host = a->slots, .bytes = n * sizeof(uint32_t), .dev_p = &slots},
+        {.host = a->weights, .bytes = n * sizeof(float), .dev_p = &weights}};
+    if ((st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
         return st;
     combine_kernel<<<a->n_tokens, 256, 0, hpd_cuda_ctx(b)->stream>>>(
         *a, (const uint32_t *)slots, (const float *)weights);

@@ -66,13 +66,16 @@ struct max_op {
 struct min_op {
     __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return min(a, b); }
 };
-/* ids: the larger logit wins, then the lower id (ids >= vocab: none) */
+/* ids: the larger logit wins, then the lower id (ids >= vocab: none). The
+ * tree meets runs out of id order (step s pairs slot t with slot t + s,
+ * and slot t may already hold a higher run's id), so an equal value must
+ * compare the ids, not keep the left operand. */
 struct argmax_op {
     const float *x;
     uint32_t vocab;
     __device__ uint32_t operator()(uint32_t a, uint32_t b) const
     {
-        return b < vocab && (a >= vocab || x[b] > x[a]) ? b : a;
+        return b < vocab && (a >= vocab || x[b] > x[a] || (x[b] == x[a] && b < a)) ? b : a;
     }
 };
 
@@ -124,8 +127,9 @@ __device__ static float kept_mass(const run_t *r, kept_t kept, uint32_t eq, floa
     return block_reduce(m, red, add_op());
 }
 
-__global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
-                              const row_params_t *params, int32_t *out)
+__global__ void __launch_bounds__(NT)
+    sample_kernel(const float *logits, uint32_t ld, uint32_t vocab, const row_params_t *params,
+                  int32_t *out)
 {
     __shared__ float redf[NT];
     __shared__ uint32_t redu[NT];
@@ -250,7 +254,6 @@ __global__ void sample_kernel(const float *logits, uint32_t ld, uint32_t vocab,
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    size_t off = 0;
     void *dparams, *dout;
     hpd_status_t st;
 
@@ -267,10 +270,11 @@ hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a)
         rp[r] = (row_params_t){greedy ? 0.0f : 1.0f / s->temperature, s->top_p, s->top_k,
                                greedy ? 0.0f : hpd_rng_uniform(s->seed, a->positions[r])};
     }
-    st = hpd_cuda_stage(b, rp, a->n_rows * sizeof(*rp), &off, &dparams);
-    /* room for the tokens: staged from the output array itself */
-    if (st == HPD_OK)
-        st = hpd_cuda_stage(b, a->out, a->n_rows * sizeof(int32_t), &off, &dout);
+    /* the parameters, and room for the tokens */
+    const hpd_cuda_meta_t m[] = {
+        {.host = rp, .bytes = a->n_rows * sizeof(*rp), .dev_p = &dparams},
+        {.host = NULL, .bytes = a->n_rows * sizeof(int32_t), .dev_p = &dout}};
+    st = hpd_cuda_stage(b, m, 2);
     free(rp);
     if (st != HPD_OK)
         return st;

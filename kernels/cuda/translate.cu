@@ -52,9 +52,10 @@ __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n
     }
 }
 
-/* Stages the pages of every group covering [pos, end) of a span. */
-static hpd_status_t stage_span(hpd_backend_t *b, const hpd_kv_span_t *s, uint32_t end,
-                               size_t *off, span_t *out)
+/* A span's fields and, in a host array the caller frees, the pages of
+ * every group covering [pos, end) (NULL when out of memory). */
+static uint32_t *flatten_span(const hpd_kv_span_t *s, uint32_t end, span_t *out,
+                              size_t *bytes_p)
 {
     const hpd_kv_layout_t *l = s->layout;
     const uint32_t groups = hpd_kv_layout_n_groups(l);
@@ -63,18 +64,14 @@ static hpd_status_t stage_span(hpd_backend_t *b, const hpd_kv_span_t *s, uint32_
     out->pos = s->pos;
     out->first_block = s->pos / l->block_size;
     out->n_blocks = (end + l->block_size - 1) / l->block_size - out->first_block;
-    uint32_t *flat = (uint32_t *)malloc((size_t)groups * out->n_blocks * sizeof(uint32_t));
+    *bytes_p = (size_t)groups * out->n_blocks * sizeof(uint32_t);
+    uint32_t *flat = (uint32_t *)malloc(*bytes_p ? *bytes_p : 1);
     if (flat == NULL)
-        return HPD_ERR_NO_MEMORY;
+        return NULL;
     for (uint32_t g = 0; g < groups; g++)
         for (uint32_t j = 0; j < out->n_blocks; j++)
             flat[(size_t)g * out->n_blocks + j] = s->tables[g][out->first_block + j];
-    void *dev;
-    hpd_status_t st = hpd_cuda_stage(b, flat, (size_t)groups * out->n_blocks * sizeof(uint32_t),
-                                     off, &dev);
-    free(flat);
-    out->pages = (const uint32_t *)dev;
-    return st;
+    return flat;
 }
 
 hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a)
@@ -83,7 +80,6 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
     const size_t elem = hpd_dtype_size(sl->dtype);
     const uint32_t l0 = a->first_layer, l1 = a->n_layers ? l0 + a->n_layers : sl->n_layers;
     span_t src, dst;
-    size_t off = 0;
     hpd_status_t st;
 
     if (sl->dtype != dl->dtype || sl->n_layers != dl->n_layers ||
@@ -95,9 +91,24 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
     const uint32_t end = a->dst.pos + a->n_tokens;
     const uint32_t page_end = (end + dl->block_size - 1) / dl->block_size * dl->block_size;
     const uint32_t n_tail = a->zero_tail ? page_end - end : 0;
-    if ((st = stage_span(b, &a->src, a->src.pos + a->n_tokens, &off, &src)) != HPD_OK ||
-        (st = stage_span(b, &a->dst, end + n_tail, &off, &dst)) != HPD_OK)
+    size_t src_bytes, dst_bytes;
+    void *src_pages, *dst_pages;
+    uint32_t *sf = flatten_span(&a->src, a->src.pos + a->n_tokens, &src, &src_bytes);
+    uint32_t *df = flatten_span(&a->dst, end + n_tail, &dst, &dst_bytes);
+    if (sf == NULL || df == NULL) {
+        free(sf);
+        free(df);
+        return HPD_ERR_NO_MEMORY;
+    }
+    const hpd_cuda_meta_t m[] = {{.host = sf, .bytes = src_bytes, .dev_p = &src_pages},
+                                 {.host = df, .bytes = dst_bytes, .dev_p = &dst_pages}};
+    st = hpd_cuda_stage(b, m, 2);
+    free(sf);
+    free(df);
+    if (st != HPD_OK)
         return st;
+    src.pages = (const uint32_t *)src_pages;
+    dst.pages = (const uint32_t *)dst_pages;
     const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * sl->n_kv_heads;
     translate_kernel<<<(uint32_t)rows, 64, 0, hpd_cuda_ctx(b)->stream>>>(
         src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem));

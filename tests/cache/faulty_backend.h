@@ -15,8 +15,9 @@ typedef struct {
     hpd_backend_t *inner; /* borrowed */
     /* while set, every call of the op answers HPD_ERR_INTERNAL */
     bool fail_alloc, fail_memset, fail_to_host, fail_from_host, fail_translate, fail_slot_copy;
-    /* allocations made and not yet freed */
-    int32_t n_live;
+    /* allocations made and not yet freed; n_pool_live: of them, pool memory
+     * (alloc_pool, freed with free_pool) */
+    int32_t n_live, n_pool_live;
 } faulty_backend_t;
 
 static inline faulty_backend_t *faulty_of(hpd_backend_t *b)
@@ -36,6 +37,23 @@ static inline void faulty_free(hpd_backend_t *b, void *ptr)
 {
     faulty_of(b)->n_live--;
     hpd_backend_free(faulty_of(b)->inner, ptr);
+}
+
+static inline hpd_status_t faulty_alloc_pool(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    faulty_backend_t *f = faulty_of(b);
+    hpd_status_t st =
+        f->fail_alloc ? HPD_ERR_INTERNAL : hpd_backend_alloc_pool(f->inner, bytes, ptr_p);
+    f->n_live += st == HPD_OK;
+    f->n_pool_live += st == HPD_OK;
+    return st;
+}
+
+static inline void faulty_free_pool(hpd_backend_t *b, void *ptr)
+{
+    faulty_of(b)->n_live--;
+    faulty_of(b)->n_pool_live--;
+    hpd_backend_free_pool(faulty_of(b)->inner, ptr);
 }
 
 static inline hpd_status_t faulty_memset(hpd_backend_t *b, void *ptr, int value, size_t bytes)
@@ -90,6 +108,8 @@ static inline hpd_backend_t *faulty_backend_init(faulty_backend_t *f, hpd_backen
         .host_memory = inner->ops->host_memory,
         .alloc = faulty_alloc,
         .free = faulty_free,
+        .alloc_pool = faulty_alloc_pool,
+        .free_pool = faulty_free_pool,
         .memset = faulty_memset,
         .copy = faulty_copy,
         .to_host = faulty_to_host,

@@ -409,9 +409,10 @@ static void test_slot_pool_memset_failure(void **state)
     hpd_slot_pool_destroy(pool);
 }
 
-/* The pools take their memory from the backend and give it back at
- * destroy; memory the caller passes is never freed through the backend;
- * a failed allocation is answered, with nothing left allocated. */
+/* The pools take their memory from the backend, as pool memory (which
+ * peers may write over RDMA: alloc_pool), and give it back at destroy
+ * (free_pool); memory the caller passes is never freed through the
+ * backend; a failed allocation is answered, with nothing left allocated. */
 static void test_pools_backend_memory(void **state)
 {
     faulty_backend_t fb;
@@ -432,9 +433,11 @@ static void test_pools_backend_memory(void **state)
     assert_int_equal(hpd_page_pool_create(&pp, &pool), HPD_OK);
     assert_int_equal(hpd_slot_pool_create(&sp, &spool), HPD_OK);
     assert_int_equal(fb.n_live, 2);
+    assert_int_equal(fb.n_pool_live, 2);
     hpd_page_pool_destroy(pool);
     hpd_slot_pool_destroy(spool);
     assert_int_equal(fb.n_live, 0);
+    assert_int_equal(fb.n_pool_live, 0);
 
     uint8_t *mem = malloc(3 * hpd_kv_layout_page_bytes(&pp.layout));
     pp.memory = sp.memory = mem;

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <cuda.h>
+#include <cuda_runtime_api.h>
 #include <math.h>
 
 #include "common/util.h"
@@ -422,6 +424,62 @@ static void test_norms_and_elementwise(void **state)
     hpd_backend_free(gpu, dy);
 }
 
+/* RoPE at positions near 2^24, where one ulp of an inverse frequency turns
+ * the angle by up to a radian: the device agrees with the CPU only with the
+ * same table, which both take from hpd_rope_inv_freq_table (a device powf
+ * could differ from the host's by an ulp). Default and YaRN frequencies. */
+static void test_rope_tables(void **state)
+{
+    enum { T = 6, H = 2, D = 128, N = T * H * D };
+    int32_t pos[T] = {16777215, 16777000, 16000001, 12345678, 9999999, 7};
+    float *x = rnd(N, 47, 1), *xc = malloc(N * sizeof(float)), *dx = up(x, N);
+    for (int yarn = 0; yarn < 2; yarn++) {
+        memcpy(xc, x, N * sizeof(float));
+        assert_int_equal(hpd_backend_from_host(gpu, dx, x, N * sizeof(float)), HPD_OK);
+        hpd_rope_args_t rp = {.x = {.p = xc, .ld = H * D, .hs = D},
+                              .n_tokens = T,
+                              .n_heads = H,
+                              .head_dim = D,
+                              .rot_dim = D,
+                              .positions = pos,
+                              .theta = 1e6f,
+                              .yarn_factor = yarn ? 4.0f : 0.0f,
+                              .yarn_low = 9.0f,
+                              .yarn_span = 14.0f,
+                              .yarn_attention = 1.1386294f};
+        assert_int_equal(hpd_rope(cpu, &rp), HPD_OK);
+        rp.x.p = dx;
+        assert_int_equal(hpd_rope(gpu, &rp), HPD_OK);
+        float *got = down(dx, N);
+        expect_close(yarn ? "rope yarn 2^24" : "rope at 2^24", got, xc, N, 1e-5);
+        free(got);
+    }
+    free(x), free(xc);
+    hpd_backend_free(gpu, dx);
+}
+
+/* SwiGLU over more rows than a grid's y dimension holds (65535): 66000
+ * rows of 8, every one of them computed as on the CPU. */
+static void test_silu_mul_many_rows(void **state)
+{
+    enum { T = 66000, I = 8 };
+    float *gu = rnd((size_t)T * 2 * I, 42, 2), *ocpu = malloc((size_t)T * I * sizeof(float));
+    float *zero = calloc((size_t)T * I, sizeof(float));
+    float *dgu = up(gu, (size_t)T * 2 * I), *dout = up(zero, (size_t)T * I);
+    hpd_silu_mul_args_t sw = {.gu = gu, .ldgu = 2 * I, .out = ocpu, .ldout = I, .n_tokens = T,
+                              .inter = I};
+    assert_int_equal(hpd_silu_mul(cpu, &sw), HPD_OK);
+    sw.gu = dgu, sw.out = dout;
+    assert_int_equal(hpd_silu_mul(gpu, &sw), HPD_OK);
+    float *got = down(dout, (size_t)T * I);
+    expect_close("silu_mul 66000", got, ocpu, (size_t)T * I, 1e-5);
+    /* the rows past 65535 on their own */
+    expect_close("silu_mul tail", got + (size_t)65535 * I, ocpu + (size_t)65535 * I,
+                 (size_t)(T - 65535) * I, 1e-5);
+    free(gu), free(ocpu), free(zero), free(got);
+    hpd_backend_free(gpu, dgu), hpd_backend_free(gpu, dout);
+}
+
 /* Inputs of the gated delta rule for two sequences on both backends: q, k
  * L2-normalised (q scaled by 1/sqrt(dk)), g = g_top - g_span * u,
  * beta = b_lo + b_span * u, two states of scale s_scale (Sc: the CPU's
@@ -823,6 +881,76 @@ static void test_kv_store_and_attention(void **state)
     attention_case(4, 2, 66, 40, 530);
 }
 
+/* Block tables beyond a staging slot (1 MiB at first): 128 sequences of
+ * 2100 tokens at block size 1 (the ops take any block size) carry 1.08 MB
+ * of tables after 1.5 KB of query rows. An op reserves its whole metadata
+ * up front and the ring grows to hold it; the old ring checked only an
+ * op's first array against the slot, and these ops failed. The tables
+ * repeat 64 shared pages; each sequence's last position has a page of its
+ * own, which kv_store writes and attention reads with the rest. Values
+ * near 1 keep the sums over 2100 keys free of cancellation. */
+static void test_large_metadata(void **state)
+{
+    enum { S = 128, L = 2100, HD = 8, SHARED = 64, POOL = SHARED + S };
+    const hpd_kv_layout_t l = {.block_size = 1,
+                               .pack_size = 1,
+                               .order = HPD_KV_NHD,
+                               .dtype = HPD_DTYPE_F32,
+                               .n_layers = 1,
+                               .n_kv_heads = 1,
+                               .head_dim = HD};
+    const size_t elems = (size_t)POOL * hpd_kv_layout_page_elems(&l), n = (size_t)S * HD;
+    float *pool = rnd(elems, 43, 0.25f), *k = rnd(n, 44, 0.25f), *v = rnd(n, 45, 0.25f);
+    float *q = rnd(n, 46, 1), *ocpu = malloc(n * sizeof(float));
+    for (size_t i = 0; i < elems; i++)
+        pool[i] += 1.0f;
+    for (size_t i = 0; i < n; i++)
+        k[i] += 1.0f, v[i] += 1.0f;
+    float *dpool = up(pool, elems), *dk = up(k, n), *dv = up(v, n), *dq = up(q, n);
+    float *dout = up(q, n);
+    uint32_t *tables = malloc((size_t)S * L * sizeof(uint32_t));
+    const uint32_t *bt[S];
+    hpd_seq_t seqs[S];
+    for (uint32_t s = 0; s < S; s++) {
+        for (uint32_t j = 0; j + 1 < L; j++)
+            tables[(size_t)s * L + j] = (s * 7 + j * 13) % SHARED;
+        tables[(size_t)s * L + L - 1] = SHARED + s;
+        bt[s] = tables + (size_t)s * L;
+        seqs[s] = (hpd_seq_t){.row = s, .n_tokens = 1, .start_pos = L - 1};
+    }
+    assert_true((size_t)S * L * sizeof(uint32_t) > (1u << 20));
+
+    hpd_paged_kv_t kc = {.layout = &l, .pool = pool, .member = 0, .block_tables = bt};
+    hpd_paged_kv_t kg = {.layout = &l, .pool = dpool, .member = 0, .block_tables = bt};
+    hpd_kv_store_args_t ks = {.kv = kc,
+                              .k = {.p = k, .ld = HD, .hs = HD},
+                              .v = {.p = v, .ld = HD, .hs = HD},
+                              .seqs = seqs,
+                              .n_seqs = S};
+    assert_int_equal(hpd_kv_store(cpu, &ks), HPD_OK);
+    ks.kv = kg, ks.k.p = dk, ks.v.p = dv;
+    assert_int_equal(hpd_kv_store(gpu, &ks), HPD_OK);
+    float *got_pool = down(dpool, elems);
+    assert_memory_equal(got_pool, pool, elems * sizeof(float));
+
+    hpd_attention_args_t at = {.kv = kc,
+                               .q = {.p = q, .ld = HD, .hs = HD},
+                               .out = {.p = ocpu, .ld = HD, .hs = HD},
+                               .n_heads = 1,
+                               .scale = 0.35355339f,
+                               .seqs = seqs,
+                               .n_seqs = S};
+    assert_int_equal(hpd_attention(cpu, &at), HPD_OK);
+    at.kv = kg, at.q.p = dq, at.out.p = dout;
+    assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
+    float *got = down(dout, n);
+    expect_close("attention, 1 MB of tables", got, ocpu, n, 1e-5);
+    free(pool), free(k), free(v), free(q), free(ocpu), free(tables), free(got_pool), free(got);
+    float *dev[] = {dpool, dk, dv, dq, dout};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        hpd_backend_free(gpu, dev[i]);
+}
+
 /* The chunked rule against the CPU backend's, over two sequences that start
  * off the 64 grid; then one sequence computed in one pass equals the same
  * sequence computed as two calls split at a multiple of 64, and alone
@@ -972,6 +1100,124 @@ static void test_sample(void **state)
     hpd_backend_free(gpu, ds);
 }
 
+/* Greedy ties go to the lowest id, as on the CPU, also where the device's
+ * block reduction meets the tied ids out of order: with 1024 ids, one per
+ * thread, the tree (step s pairs slot t with slot t + s) carries 900 into
+ * the left operand before it meets 5, and likewise 1000 before 3 and 512
+ * before 1; keeping the left operand on a tie gave the higher id. */
+static void test_greedy_ties(void **state)
+{
+    enum { V = 1024, R = 3 };
+    static const uint32_t tie[R][2] = {{5, 900}, {1000, 3}, {512, 1}};
+    float *logits = rnd((size_t)V * R, 41, 1);
+    for (int r = 0; r < R; r++)
+        logits[r * V + tie[r][0]] = logits[r * V + tie[r][1]] = 50.0f;
+    float *dl = up(logits, (size_t)V * R);
+    hpd_sampling_t params[R] = {{.top_p = 1}, {.top_p = 1}, {.top_p = 1}};
+    uint64_t pos[R] = {0, 1, 2};
+    int32_t want[R], got[R];
+    hpd_sample_args_t a = {.logits = logits, .ld = V, .n_rows = R, .vocab = V,
+                           .params = params, .positions = pos, .out = want};
+    assert_int_equal(hpd_sample(cpu, &a), HPD_OK);
+    a.logits = dl, a.out = got;
+    assert_int_equal(hpd_sample(gpu, &a), HPD_OK);
+    for (int r = 0; r < R; r++) {
+        const int32_t lowest = (int32_t)(tie[r][0] < tie[r][1] ? tie[r][0] : tie[r][1]);
+        if (want[r] != lowest || got[r] != lowest)
+            fail_msg("row %d: ids %u and %u tie; greedy gave %d (cpu %d), expected %d", r,
+                     tie[r][0], tie[r][1], got[r], want[r], lowest);
+    }
+    free(logits);
+    hpd_backend_free(gpu, dl);
+}
+
+/* host_register of memory pinned already (UCX pins the buffers it
+ * allocates) succeeds, leaves no CUDA error behind for the next op's launch
+ * check, and the memory is usable; host_unregister then leaves it pinned
+ * (its owner unpins it). Memory the backend pinned itself it unpins. */
+static void test_host_register(void **state)
+{
+    enum { N = 1 << 16 };
+    const size_t bytes = N * sizeof(float);
+    unsigned int flags;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: host_register not checked\n");
+        return;
+    }
+    float *theirs = aligned_alloc(4096, bytes), *mine = aligned_alloc(4096, bytes);
+    float *x = rnd(N, 48, 1), *dx = up(x, N);
+    assert_int_equal(cudaHostRegister(theirs, bytes, cudaHostRegisterMapped), cudaSuccess);
+    assert_int_equal(hpd_backend_host_register(gpu, theirs, bytes), HPD_OK);
+    /* the next op's launch check sees no error; then a copy into the memory */
+    hpd_silu_mul_args_t sw = {.gu = dx, .ldgu = 2, .out = dx + N / 2, .ldout = 1,
+                              .n_tokens = 16, .inter = 1};
+    assert_int_equal(hpd_silu_mul(gpu, &sw), HPD_OK);
+    assert_int_equal(hpd_backend_copy(gpu, theirs, dx, bytes), HPD_OK);
+    assert_int_equal(hpd_backend_sync(gpu), HPD_OK);
+    float *want = down(dx, N);
+    assert_memory_equal(theirs, want, bytes);
+    hpd_backend_host_unregister(gpu, theirs);
+    assert_int_equal(cudaHostGetFlags(&flags, theirs), cudaSuccess); /* still pinned */
+    assert_int_equal(cudaHostUnregister(theirs), cudaSuccess);
+
+    assert_int_equal(hpd_backend_host_register(gpu, mine, bytes), HPD_OK);
+    assert_int_equal(cudaHostGetFlags(&flags, mine), cudaSuccess);
+    hpd_backend_host_unregister(gpu, mine);
+    assert_int_not_equal(cudaHostGetFlags(&flags, mine), cudaSuccess); /* unpinned */
+    cudaGetLastError(); /* the error just expected */
+    free(theirs), free(mine), free(x), free(want);
+    hpd_backend_free(gpu, dx);
+}
+
+/* Pool memory (alloc_pool: the page and slot pools, which peers write over
+ * RDMA) holds what is copied in as any device memory, and on a GPU comes
+ * from cudaMalloc, not from the stream-ordered pool (whose memory GPUDirect
+ * RDMA cannot register): the driver names no mempool for it, where it does
+ * for alloc's memory, and SYNC_MEMOPS is set on it. */
+static void test_pool_memory(void **state)
+{
+    enum { N = 4096 };
+    float *x = rnd(N, 49, 1), *dp, *da;
+    assert_int_equal(hpd_backend_alloc_pool(gpu, N * sizeof(float), (void **)&dp), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, dp, x, N * sizeof(float)), HPD_OK);
+    float *got = down(dp, N);
+    assert_memory_equal(got, x, N * sizeof(float));
+    assert_int_equal(hpd_backend_alloc(gpu, N * sizeof(float), (void **)&da), HPD_OK);
+    if (!hpd_backend_host_memory(gpu)) {
+        typedef CUresult (*get_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+        void *fn = NULL;
+        enum cudaDriverEntryPointQueryResult found;
+        assert_int_equal(cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000,
+                                                          cudaEnableDefault, &found),
+                         cudaSuccess);
+        assert_int_equal(found, cudaDriverEntryPointSuccess);
+        const get_attr_fn get = (get_attr_fn)fn;
+        CUmemoryPool of_pool = (CUmemoryPool)1, of_alloc = NULL;
+        /* booleans: written as an int or narrower, read here from zeroed 8 bytes */
+        unsigned long long sync = 0, rdma = 0;
+        assert_int_equal(get(&of_pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                             (CUdeviceptr)(uintptr_t)dp), CUDA_SUCCESS);
+        assert_int_equal(get(&of_alloc, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                             (CUdeviceptr)(uintptr_t)da), CUDA_SUCCESS);
+        assert_int_equal(get(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)(uintptr_t)dp),
+                         CUDA_SUCCESS);
+        get(&rdma, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, (CUdeviceptr)(uintptr_t)dp);
+        fprintf(stderr, "pool memory: mempool %p (alloc's: %p), sync_memops %llu, "
+                "GPUDirect RDMA capable %llu\n", (void *)of_pool, (void *)of_alloc, sync, rdma);
+        if (of_pool != NULL)
+            fail_msg("pool memory comes from a stream-ordered mempool (%p), expected cudaMalloc",
+                     (void *)of_pool);
+        if (of_alloc == NULL)
+            fail_msg("alloc's memory names no mempool: the check above cannot tell them apart");
+        if (sync != 1)
+            fail_msg("pool memory has SYNC_MEMOPS %llu, expected 1 (the backend's log says why)",
+                     sync);
+    }
+    free(x), free(got);
+    hpd_backend_free_pool(gpu, dp);
+    hpd_backend_free(gpu, da);
+}
+
 /* cuda-fast: cuBLAS GEMM agrees with the CPU within fp32 error */
 static void test_fast_gemm(void **state)
 {
@@ -1011,12 +1257,18 @@ int main(void)
         cmocka_unit_test(test_gemm_batch_invariance),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
+        cmocka_unit_test(test_rope_tables),
+        cmocka_unit_test(test_silu_mul_many_rows),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_gdn_recurrent_identity),
         cmocka_unit_test(test_translate_and_copy),
         cmocka_unit_test(test_kv_store_and_attention),
+        cmocka_unit_test(test_large_metadata),
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_greedy_ties),
+        cmocka_unit_test(test_host_register),
+        cmocka_unit_test(test_pool_memory),
         cmocka_unit_test(test_fast_gemm),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,8 +1,10 @@
 /* NCCL send/recv between two GPUs in two processes: raw device memory, and
  * a request's KV pages translated on the sender's GPU (B=64,P=1 NHD to
  * B=16,P=4 HND) into scattered pages of the receiver's device pool, which
- * must equal the CPU backend's translation. Needs 2 GPUs; skips (exit 77)
- * otherwise. */
+ * must equal the CPU backend's translation. The pages go as one transfer
+ * (one NCCL group) ordered after the backend's stream by an event, with no
+ * host synchronisation between the translation (or the receiver's zeroing
+ * of its pool) and the transfer. Needs 2 GPUs; skips (exit 77) otherwise. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,14 +40,15 @@ static int rank_main(int rank, const uint8_t *id)
         return 1;
     for (size_t i = 0; i < BYTES; i++)
         host[i] = (uint8_t)(i * 2654435761u >> 24);
+    const hpd_nccl_op_t op = {.buf = dev, .bytes = BYTES, .peer = 1 - rank, .recv = rank == 1};
     if (rank == 0) {
         if (cudaMemcpy(dev, host, BYTES, cudaMemcpyHostToDevice) != cudaSuccess ||
-            hpd_nccl_send(n, dev, BYTES, 1) != HPD_OK || hpd_nccl_sync(n) != HPD_OK)
+            hpd_nccl_transfer(n, &op, 1, NULL) != HPD_OK || hpd_nccl_sync(n) != HPD_OK)
             return 1;
     } else {
         uint8_t *got = malloc(BYTES);
-        if (cudaMemset(dev, 0, BYTES) != cudaSuccess || hpd_nccl_recv(n, dev, BYTES, 0) != HPD_OK ||
-            hpd_nccl_sync(n) != HPD_OK ||
+        if (cudaMemset(dev, 0, BYTES) != cudaSuccess ||
+            hpd_nccl_transfer(n, &op, 1, NULL) != HPD_OK || hpd_nccl_sync(n) != HPD_OK ||
             cudaMemcpy(got, dev, BYTES, cudaMemcpyDeviceToHost) != cudaSuccess ||
             memcmp(got, host, BYTES) != 0)
             return 1;
@@ -143,7 +146,7 @@ static int kv_rank_main(int rank, const uint8_t *id)
         for (uint32_t j = 0; j < DPAGES; j++)
             dtab[j] = j;
         if (hpd_backend_alloc(gpu, sb, &dsrc) != HPD_OK ||
-            hpd_backend_alloc(gpu, DPAGES * page, &pool) != HPD_OK ||
+            hpd_backend_alloc_pool(gpu, DPAGES * page, &pool) != HPD_OK ||
             hpd_backend_from_host(gpu, dsrc, src, sb) != HPD_OK)
             return 1;
         hpd_kv_translate_args_t a = {.src = {.layout = &src_l, .pool = dsrc, .tables = st},
@@ -151,24 +154,27 @@ static int kv_rank_main(int rank, const uint8_t *id)
                                      .n_tokens = TOKENS,
                                      .zero_tail = true,
                                      .first_layer = 0};
-        if (hpd_kv_translate(gpu, &a) != HPD_OK || hpd_backend_sync(gpu) != HPD_OK)
-            return 1;
+        hpd_nccl_op_t ops[DPAGES];
         for (uint32_t j = 0; j < DPAGES; j++)
-            if (hpd_nccl_send(n, (char *)pool + j * page, page, 1) != HPD_OK)
-                return 1;
-        if (hpd_nccl_sync(n) != HPD_OK)
+            ops[j] = (hpd_nccl_op_t){.buf = (char *)pool + j * page, .bytes = page, .peer = 1};
+        /* no sync: the transfer waits for the translation on the GPU */
+        if (hpd_kv_translate(gpu, &a) != HPD_OK ||
+            hpd_nccl_transfer(n, ops, DPAGES, hpd_backend_stream(gpu)) != HPD_OK ||
+            hpd_nccl_sync(n) != HPD_OK)
             return 1;
         hpd_backend_free(gpu, dsrc);
     } else {
         float *got = malloc(de * sizeof(float));
-        if (hpd_backend_alloc(gpu, de * sizeof(float), &pool) != HPD_OK ||
-            hpd_backend_memset(gpu, pool, 0, de * sizeof(float)) != HPD_OK ||
-            hpd_backend_sync(gpu) != HPD_OK)
+        hpd_nccl_op_t ops[DPAGES];
+        if (hpd_backend_alloc_pool(gpu, de * sizeof(float), &pool) != HPD_OK)
             return 1;
         for (uint32_t j = 0; j < DPAGES; j++)
-            if (hpd_nccl_recv(n, (char *)pool + dst_page(j) * page, page, 0) != HPD_OK)
-                return 1;
-        if (hpd_nccl_sync(n) != HPD_OK ||
+            ops[j] = (hpd_nccl_op_t){
+                .buf = (char *)pool + dst_page(j) * page, .bytes = page, .peer = 0, .recv = true};
+        /* no sync: the receives wait for the zeroing on the GPU */
+        if (hpd_backend_memset(gpu, pool, 0, de * sizeof(float)) != HPD_OK ||
+            hpd_nccl_transfer(n, ops, DPAGES, hpd_backend_stream(gpu)) != HPD_OK ||
+            hpd_nccl_sync(n) != HPD_OK ||
             hpd_backend_to_host(gpu, got, pool, de * sizeof(float)) != HPD_OK)
             return 1;
         if (memcmp(got, want, de * sizeof(float)) != 0) {
@@ -177,7 +183,7 @@ static int kv_rank_main(int rank, const uint8_t *id)
         }
         free(got);
     }
-    hpd_backend_free(gpu, pool);
+    hpd_backend_free_pool(gpu, pool);
     hpd_backend_destroy(gpu);
     hpd_nccl_destroy(n);
     free(src);
