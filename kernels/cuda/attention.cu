@@ -210,6 +210,34 @@ __global__ void attention_kernel(dev_kv_t kv, hpd_view_t qv, hpd_view_t ov, uint
 #define SPLIT_HD 256
 #define DPT (SPLIT_HD / THREADS)
 
+/* 16-byte vectors per thread in a tile of KT rows of head_dim <= SPLIT_HD */
+#define TILE_VECS (KT * SPLIT_HD / 4 / THREADS)
+
+/* Loads this thread's vectors of a tile of n4 vectors (rows of hd4) into
+ * registers, every load issued before any is used. */
+__device__ static inline void tile_load(float4 *vr, const float *const *rowp, uint32_t n4,
+                                        uint32_t hd4)
+{
+#pragma unroll
+    for (uint32_t u = 0; u < TILE_VECS; u++) {
+        const uint32_t i = threadIdx.x + u * THREADS;
+        if (i < n4)
+            vr[u] = ((const float4 *)rowp[i / hd4])[i % hd4];
+    }
+}
+
+/* Stores what tile_load loaded into the shared tile (row stride ld). */
+__device__ static inline void tile_store(float *tile, uint32_t ld, const float4 *vr, uint32_t n4,
+                                         uint32_t hd4)
+{
+#pragma unroll
+    for (uint32_t u = 0; u < TILE_VECS; u++) {
+        const uint32_t i = threadIdx.x + u * THREADS;
+        if (i < n4)
+            ((float4 *)(tile + (i / hd4) * ld))[i % hd4] = vr[u];
+    }
+}
+
 /* One block of 4 warps per (query row, KV head, split of SPLIT keys): the
  * KV head's K and V rows are read once for its whole group of G query
  * heads. Per tile of KT keys (their page rows looked up once): lane l scores
@@ -236,10 +264,16 @@ __global__ void __launch_bounds__(THREADS)
     float *kvs = qs + (size_t)G * ld;    /* [KT][ld]: K, then V */
     float *ps = kvs + (size_t)KT * ld;   /* [G][KT]: scores, then probabilities */
     float *alpha = ps + G * KT;          /* [GMAX] */
-    const float **krow = (const float **)(alpha + GMAX), **vrow = krow + KT;
+    const float **krow = (const float **)(alpha + GMAX), **vrow = krow + SPLIT; /* [SPLIT] */
     float m = -INFINITY, l = 0.0f; /* thread g < G: head g's */
     float acc[GMAX][DPT];
+    float4 vr[TILE_VECS]; /* the next V tile, loaded while K's scores are computed */
 
+    /* the split's page rows, looked up once (their loads all in flight) */
+    for (uint32_t t = t_begin + tid; t < t_end; t += THREADS) {
+        krow[t - t_begin] = kv_row(&kv, r.seq, 0, t, kvh);
+        vrow[t - t_begin] = kv_row(&kv, r.seq, 1, t, kvh);
+    }
     for (uint32_t i = tid; i < G * hd; i += THREADS) {
         const uint32_t g = i / hd, d = i % hd;
         qs[g * ld + d] = qv.p[(size_t)r.row * qv.ld + (size_t)(kvh * G + g) * qv.hs + d];
@@ -251,15 +285,12 @@ __global__ void __launch_bounds__(THREADS)
             acc[g][k] = 0.0f;
     const uint32_t hd4 = hd / 4;
     for (uint32_t t0 = t_begin; t0 < t_end; t0 += KT) {
-        const uint32_t nk = min(KT, t_end - t0);
-        if (tid < nk) {
-            krow[tid] = kv_row(&kv, r.seq, 0, t0 + tid, kvh);
-            vrow[tid] = kv_row(&kv, r.seq, 1, t0 + tid, kvh);
-        }
+        const uint32_t nk = min(KT, t_end - t0), n4 = nk * hd4;
         __syncthreads(); /* row pointers set; the last tile's V and ps read */
-        for (uint32_t i = tid; i < nk * hd4; i += THREADS)
-            ((float4 *)(kvs + (i / hd4) * ld))[i % hd4] = ((const float4 *)krow[i / hd4])[i % hd4];
+        tile_load(vr, krow + (t0 - t_begin), n4, hd4);
+        tile_store(kvs, ld, vr, n4, hd4);
         __syncthreads();
+        tile_load(vr, vrow + (t0 - t_begin), n4, hd4); /* in flight during the scores */
         if (lane < nk) {
             const float4 *k4 = (const float4 *)(kvs + lane * ld);
 #pragma unroll
@@ -294,8 +325,7 @@ __global__ void __launch_bounds__(THREADS)
             m = m_new;
             alpha[tid] = al;
         }
-        for (uint32_t i = tid; i < nk * hd4; i += THREADS)
-            ((float4 *)(kvs + (i / hd4) * ld))[i % hd4] = ((const float4 *)vrow[i / hd4])[i % hd4];
+        tile_store(kvs, ld, vr, n4, hd4);
         __syncthreads();
 #pragma unroll
         for (uint32_t g = 0; g < GMAX; g++)
@@ -372,7 +402,7 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
     const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
     const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
     const size_t smem = ((size_t)(G + KT) * (hd + 4) + (size_t)G * KT + GMAX) * sizeof(float) +
-                        2 * KT * sizeof(float *);
+                        2 * SPLIT * sizeof(float *);
     if (smem > c->smem_optin)
         return HPD_ERR_UNSUPPORTED;
     if (smem > 48 * 1024)
