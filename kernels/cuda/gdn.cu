@@ -127,6 +127,7 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
 #define C HPD_GDN_CHUNK
 #define CHUNK_THREADS 256
 #define STATE_COLS 32
+#define PREP_BATCH 8 /* loads in flight per thread when a block stages its inputs */
 
 /* A chunk of the batch: its sequence's rows [row0, row0 + L), on the
  * sequence's absolute 64-token grid. */
@@ -167,10 +168,25 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     float *W = P, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk, *U = KE + (size_t)C * dk;
     float *QK = U + (size_t)C * dv, *EL = QK + C * C;
 
-    for (uint32_t i = tid; i < L * dk; i += blockDim.x) {
-        const uint32_t t = i / dk, x = i % dk;
-        qs[t * ld + x] = a.q.p[(size_t)(r0 + t) * a.q.ld + (size_t)kh * a.q.hs + x];
-        ks[t * ld + x] = a.k.p[(size_t)(r0 + t) * a.k.ld + (size_t)kh * a.k.hs + x];
+    /* q and k, 8 loads of each in flight per thread */
+    for (uint32_t i0 = tid; i0 < L * dk; i0 += PREP_BATCH * blockDim.x) {
+        float qr[PREP_BATCH], kr[PREP_BATCH];
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++) {
+            const uint32_t i = i0 + u * blockDim.x, t = i / dk, x = i % dk;
+            if (i < L * dk) {
+                qr[u] = a.q.p[(size_t)(r0 + t) * a.q.ld + (size_t)kh * a.q.hs + x];
+                kr[u] = a.k.p[(size_t)(r0 + t) * a.k.ld + (size_t)kh * a.k.hs + x];
+            }
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++) {
+            const uint32_t i = i0 + u * blockDim.x, t = i / dk, x = i % dk;
+            if (i < L * dk) {
+                qs[t * ld + x] = qr[u];
+                ks[t * ld + x] = kr[u];
+            }
+        }
     }
     if (tid == 0) {
         float acc = 0.0f;
@@ -185,6 +201,11 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         EL[0] = eg[L - 1];
     }
     __syncthreads();
+    for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
+        const uint32_t i = p / dk, x = p % dk;
+        QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
+        KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
+    }
     for (uint32_t p = tid; p < C * C; p += blockDim.x) {
         const uint32_t i = p / C, j = p % C;
         if (j > i || i >= L) {
@@ -202,6 +223,26 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             A[i * C + j] = -__fmul_rn(dkk, e);
     }
     __syncthreads();
+    /* q is no longer read: where it fits, its room takes v beta [C][dv] */
+    const bool vb_shared = dv <= ld;
+    float *vb = qs;
+    if (vb_shared)
+        for (uint32_t i0 = tid; i0 < L * dv; i0 += PREP_BATCH * blockDim.x) {
+            float vr[PREP_BATCH];
+#pragma unroll
+            for (uint32_t u = 0; u < PREP_BATCH; u++) {
+                const uint32_t i = i0 + u * blockDim.x, t = i / dv, d = i % dv;
+                if (i < L * dv)
+                    vr[u] = a.v.p[(size_t)(r0 + t) * a.v.ld + (size_t)h * a.v.hs + d];
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < PREP_BATCH; u++) {
+                const uint32_t i = i0 + u * blockDim.x, t = i / dv;
+                if (i < L * dv)
+                    vb[i] = __fmul_rn(vr[u], beta[t]);
+            }
+        }
+    __syncthreads(); /* vb complete (the substitution below has no barrier at L = 1) */
     /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
     for (uint32_t i = 1; i < L; i++) {
         if (tid < i)
@@ -209,6 +250,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         __syncthreads();
         if (tid < i) {
             float acc = row[tid];
+#pragma unroll 4
             for (uint32_t m = tid + 1; m < i; m++)
                 acc = fmaf(row[m], A[m * C + tid], acc);
             A[i * C + tid] = acc;
@@ -217,11 +259,19 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     }
     for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
         const uint32_t i = p / dv, d = p % dv;
-        const float *v = a.v.p + (size_t)h * a.v.hs + d;
-        float acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
+        float acc;
+        if (vb_shared) {
+            acc = vb[i * dv + d];
 #pragma unroll 4
-        for (uint32_t j = 0; j < i; j++)
-            acc = fmaf(A[i * C + j], __fmul_rn(v[(size_t)(r0 + j) * a.v.ld], beta[j]), acc);
+            for (uint32_t j = 0; j < i; j++)
+                acc = fmaf(A[i * C + j], vb[j * dv + d], acc);
+        } else {
+            const float *v = a.v.p + (size_t)h * a.v.hs + d;
+            acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
+#pragma unroll 4
+            for (uint32_t j = 0; j < i; j++)
+                acc = fmaf(A[i * C + j], __fmul_rn(v[(size_t)(r0 + j) * a.v.ld], beta[j]), acc);
+        }
         U[p] = acc;
     }
     for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
@@ -231,8 +281,6 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         for (uint32_t j = 0; j < i; j++)
             acc = fmaf(A[i * C + j], __fmul_rn(__fmul_rn(ks[j * ld + x], beta[j]), eg[j]), acc);
         W[p] = acc;
-        QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
-        KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
     }
 }
 
@@ -313,7 +361,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
  * tokens in ascending order in each thread. */
 #define STATE_WARPS (CHUNK_THREADS / 32)
 
-template <uint32_t R>
+template <uint32_t R, bool STAGED>
 __global__ void __launch_bounds__(CHUNK_THREADS)
     gdn_chunk_state_reg_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
                                const float *prep, uint32_t chunk_base)
@@ -326,6 +374,9 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t j = tile * STATE_COLS + lane, x0 = warp * R;
     const bool col = j < dv;
     float *VN = sm, *QK = VN + C * STATE_COLS, *PART = QK + C * C; /* PART [8][C][32] */
+    /* STAGED: this warp's columns of W, QE and KE [3][C][R], copied per chunk
+     * with all loads in flight (else each row's loads wait in the loops) */
+    float *WS = PART + STATE_WARPS * C * STATE_COLS + (size_t)warp * 3 * C * R;
     float *state = seg.state + (size_t)h * dk * dv;
     float S[R];
 
@@ -337,14 +388,47 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const chunk_t ch = chunks[ci];
         const uint32_t L = ch.len;
         const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
-        const float *W = P, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk;
-        const float *U = KE + (size_t)C * dk, *QKg = U + (size_t)C * dv;
+        const float *U = P + 3 * (size_t)C * dk, *QKg = U + (size_t)C * dv;
         const float elast = QKg[C * C];
-        for (uint32_t p = tid; p < L * C; p += blockDim.x)
-            QK[p] = QKg[p];
+        for (uint32_t p0 = tid; p0 < L * C; p0 += PREP_BATCH * blockDim.x) {
+            float qk[PREP_BATCH];
+#pragma unroll
+            for (uint32_t u = 0; u < PREP_BATCH; u++)
+                if (p0 + u * blockDim.x < L * C)
+                    qk[u] = QKg[p0 + u * blockDim.x];
+#pragma unroll
+            for (uint32_t u = 0; u < PREP_BATCH; u++)
+                if (p0 + u * blockDim.x < L * C)
+                    QK[p0 + u * blockDim.x] = qk[u];
+        }
+        if (STAGED) {
+            const uint32_t R4 = R / 4, n4 = 3 * L * R4;
+            for (uint32_t q0 = lane; q0 < n4; q0 += PREP_BATCH * 32) {
+                float4 v[PREP_BATCH];
+#pragma unroll
+                for (uint32_t u = 0; u < PREP_BATCH; u++) {
+                    const uint32_t q = q0 + u * 32, arr = q / (L * R4), i = q % (L * R4) / R4;
+                    if (q < n4)
+                        v[u] = *(const float4 *)(P + (size_t)arr * C * dk + (size_t)i * dk + x0 +
+                                                 4 * (q % R4));
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < PREP_BATCH; u++) {
+                    const uint32_t q = q0 + u * 32, arr = q / (L * R4), i = q % (L * R4) / R4;
+                    if (q < n4)
+                        *(float4 *)(WS + ((size_t)arr * C + i) * R + 4 * (q % R4)) = v[u];
+                }
+            }
+            __syncwarp();
+        }
+        /* row i of array arr (0 W, 1 QE, 2 KE), this warp's columns */
+        const auto rows4 = [&](uint32_t arr, uint32_t i) {
+            return STAGED ? (const float4 *)(WS + ((size_t)arr * C + i) * R)
+                          : (const float4 *)(P + (size_t)arr * C * dk + (size_t)i * dk + x0);
+        };
         /* this warp's rows of W S */
         for (uint32_t i = 0; i < L; i++) {
-            const float4 *w4 = (const float4 *)(W + (size_t)i * dk + x0);
+            const float4 *w4 = rows4(0, i);
             float acc = 0.0f;
 #pragma unroll
             for (uint32_t r = 0; r < R / 4; r++) {
@@ -368,7 +452,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         __syncthreads();
         /* this warp's rows of QE S */
         for (uint32_t i = 0; i < L; i++) {
-            const float4 *q4 = (const float4 *)(QE + (size_t)i * dk + x0);
+            const float4 *q4 = rows4(1, i);
             float acc = 0.0f;
 #pragma unroll
             for (uint32_t r = 0; r < R / 4; r++) {
@@ -398,7 +482,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             S[r] = __fmul_rn(S[r], elast);
         for (uint32_t i = 0; i < L; i++) {
             const float vn = VN[i * STATE_COLS + lane];
-            const float4 *k4 = (const float4 *)(KE + (size_t)i * dk + x0);
+            const float4 *k4 = rows4(2, i);
 #pragma unroll
             for (uint32_t r = 0; r < R / 4; r++) {
                 const float4 k = k4[r];
@@ -416,31 +500,40 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             state[(size_t)(x0 + r) * dv + j] = S[r];
 }
 
-/* Launches pass 2: the register form where dk allows, else the shared one. */
+/* Launches pass 2: the register form where dk allows (its W, QE and KE
+ * staged through shared memory where that fits too), else the shared one. */
 static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a, uint32_t blocks,
                                      size_t smem_shared, const chunk_t *chunks,
                                      const segment_t *segs, const float *prep, uint32_t base)
 {
     const size_t smem = ((size_t)C * STATE_COLS + (size_t)C * C +
                          (size_t)STATE_WARPS * C * STATE_COLS) * sizeof(float);
-#define HPD_STATE_REG(R)                                                                    \
-    case 8 * (R):                                                                           \
-        if (cudaFuncSetAttribute(gdn_chunk_state_reg_kernel<R>,                             \
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != \
+    const size_t staged = smem + (size_t)3 * C * a->dk * sizeof(float);
+#define HPD_STATE_REG(R, ST, SM)                                                            \
+    {                                                                                       \
+        if (cudaFuncSetAttribute(gdn_chunk_state_reg_kernel<R, ST>,                         \
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(SM)) != \
             cudaSuccess)                                                                    \
             return cudaGetLastError();                                                      \
-        gdn_chunk_state_reg_kernel<R><<<blocks, CHUNK_THREADS, smem, c->stream>>>(          \
+        gdn_chunk_state_reg_kernel<R, ST><<<blocks, CHUNK_THREADS, SM, c->stream>>>(        \
             *a, chunks, segs, prep, base);                                                  \
-        return cudaGetLastError();
+        return cudaGetLastError();                                                          \
+    }
+#define HPD_STATE_REG_CASE(R)                                                               \
+    case 8 * (R):                                                                           \
+        if (staged <= c->smem_optin)                                                        \
+            HPD_STATE_REG(R, true, staged)                                                  \
+        HPD_STATE_REG(R, false, smem)
     if (smem <= c->smem_optin)
         switch (a->dk) {
-            HPD_STATE_REG(4)
-            HPD_STATE_REG(8)
-            HPD_STATE_REG(16)
-            HPD_STATE_REG(32)
+            HPD_STATE_REG_CASE(4)
+            HPD_STATE_REG_CASE(8)
+            HPD_STATE_REG_CASE(16)
+            HPD_STATE_REG_CASE(32)
         default:
             break;
         }
+#undef HPD_STATE_REG_CASE
 #undef HPD_STATE_REG
     gdn_chunk_state_kernel<<<blocks, CHUNK_THREADS, smem_shared, c->stream>>>(*a, chunks, segs,
                                                                               prep, base);
