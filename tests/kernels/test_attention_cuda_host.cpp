@@ -4,12 +4,13 @@
  * test_backend_cuda's identities: the same bits in 3 page layouts (block
  * sizes 64, 16 and 32, NHD and HND, pack sizes 1, 4 and 2) and for a
  * sequence's rows alone as in the batch. The split-KV pass (split and
- * combine kernels) with 8 query heads per KV head, head_dim 128 and rows of
- * 1100 keys (three 512-key splits) and of 511 to 513 (across a split's
- * end); the per-row kernel (warp shuffles) with head_dim 66. The emulation
- * runs a warp's __syncwarp as a barrier of the whole block and host threads
- * interleave unlike warps, so races between warps are not caught here;
- * test_backend_cuda on a GPU checks them. */
+ * combine kernels) over 150 rows of prefill (head_dim 64, one split), and
+ * with 8 query heads per KV head, head_dim 128 and rows of 1100 keys (three
+ * 512-key splits) and of 511 to 513 (across a split's end); the per-row
+ * kernel (warp shuffles) with head_dim 66, 40 rows of prefill and rows of
+ * 530 keys. The emulation runs a block's threads in a fixed order and a
+ * warp's __syncwarp as a barrier of the whole block, so races between warps
+ * are not caught here; test_backend_cuda on a GPU checks them. */
 #include "cuda_host_test.h"
 
 /* Pages of one layer in a layout, their tables scattered and descending
@@ -121,11 +122,14 @@ int main()
 {
     const auto t0 = std::chrono::steady_clock::now();
     hpd_backend_t *cpu = test_cpu_backend();
-    /* split-KV: rows at 1096..1099 (3 splits), 510..512 (1 and 2 splits) */
-    const uint32_t lens[2] = {1100, 513}, nq[2] = {4, 3};
+    /* split-KV, one split: 150 rows of prefill and a decode row */
+    const uint32_t lens64[2] = {150, 78}, nq64[2] = {150, 1};
+    attention_case(cpu, 8, 2, 64, lens64, nq64);
+    /* split-KV: rows at 1094..1099 (3 splits), 510..512 (1 and 2 splits) */
+    const uint32_t lens[2] = {1100, 513}, nq[2] = {6, 3};
     attention_case(cpu, 16, 2, 128, lens, nq);
     /* the per-row kernel: head_dim not a multiple of 4 */
-    const uint32_t lens66[2] = {40, 530}, nq66[2] = {3, 2};
+    const uint32_t lens66[2] = {40, 530}, nq66[2] = {40, 2};
     attention_case(cpu, 4, 2, 66, lens66, nq66);
     hpd_backend_destroy(cpu);
     return test_report("test_attention_cuda_host", t0);

@@ -3,12 +3,13 @@
  * below 1e-4, NaN failing), with test_backend_cuda's identities: the
  * recurrent rule gives a sequence the same bits alone, in a batch and token
  * by token; the chunked rule the same bits alone, in a batch and resumed at
- * a multiple of 64. Shapes: the recurrent state in registers for dk 128
- * (rows split over the warps) and dk 64, dv 80 a partial column tile; the
- * chunked rule's state pass in registers (dk 64) and in shared memory (dk
- * 48, dv 40). The emulation runs a warp's __syncwarp as a barrier of the
- * whole block and host threads interleave unlike warps, so races between
- * warps are not caught here; test_backend_cuda on a GPU checks them. */
+ * a multiple of 64. Shapes: the recurrent state in registers for dk 256,
+ * 128, 64 and 32 (each a size of its register array), dv 80 and 40 partial
+ * column tiles; the chunked rule's state pass in registers (dk 128 and 64)
+ * and in shared memory (dk 48, dv 40). The emulation runs a block's threads
+ * in a fixed order and a warp's __syncwarp as a barrier of the whole block,
+ * so races between warps are not caught here; test_backend_cuda on a GPU
+ * checks them. */
 #include "cuda_host_test.h"
 
 /* Inputs of the rule for a batch of T rows: q, k L2-normalised (q scaled by
@@ -109,33 +110,28 @@ int main()
     const auto t0 = std::chrono::steady_clock::now();
     hpd_backend_t *cpu = test_cpu_backend();
 
-    /* recurrent: sequence 1 (rows 5..34) alone, in the batch, token by token */
+    /* recurrent: sequence 1 (rows 5..68) alone, in the batch, token by token */
     const hpd_seq_t rseqs[2] = {{.row = 0, .n_tokens = 5, .start_pos = 70},
-                                {.row = 5, .n_tokens = 30, .start_pos = 0}};
+                                {.row = 5, .n_tokens = 64, .start_pos = 0}};
     std::vector<hpd_seq_t> steps;
-    for (uint32_t i = 0; i < 30; i++)
+    for (uint32_t i = 0; i < 64; i++)
         steps.push_back(hpd_seq_t{.row = 5 + i, .n_tokens = 1, .start_pos = i});
-    {
-        gdn_case_t c(cpu, 35, 2, 4, 128, 80, 50);
-        gdn_case(cpu, "gdn_recurrent", hpd_gdn_recurrent, hpd_cuda_gdn_recurrent, c, rseqs, steps);
-    }
-    {
-        gdn_case_t c(cpu, 35, 2, 4, 64, 64, 10);
+    static const uint32_t rshapes[][4] = {{2, 4, 128, 80}, {2, 4, 64, 64}, {1, 2, 32, 32},
+                                          {1, 2, 256, 40}};
+    for (const auto &sh : rshapes) {
+        gdn_case_t c(cpu, 69, sh[0], sh[1], sh[2], sh[3], 50 + sh[2]);
         gdn_case(cpu, "gdn_recurrent", hpd_gdn_recurrent, hpd_cuda_gdn_recurrent, c, rseqs, steps);
     }
 
-    /* chunked: sequence 0 off the 64 grid; sequence 1 (rows 150..249) alone,
+    /* chunked: sequence 0 off the 64 grid; sequence 1 (rows 200..299) alone,
      * in the batch, and resumed at position 64 */
-    const hpd_seq_t cseqs[2] = {{.row = 0, .n_tokens = 150, .start_pos = 40},
-                                {.row = 150, .n_tokens = 100, .start_pos = 0}};
-    const std::vector<hpd_seq_t> halves = {{.row = 150, .n_tokens = 64, .start_pos = 0},
-                                           {.row = 214, .n_tokens = 36, .start_pos = 64}};
-    {
-        gdn_case_t c(cpu, 250, 2, 4, 64, 64, 30);
-        gdn_case(cpu, "gdn_chunked", hpd_gdn_chunked, hpd_cuda_gdn_chunked, c, cseqs, halves);
-    }
-    {
-        gdn_case_t c(cpu, 250, 1, 2, 48, 40, 40);
+    const hpd_seq_t cseqs[2] = {{.row = 0, .n_tokens = 200, .start_pos = 40},
+                                {.row = 200, .n_tokens = 100, .start_pos = 0}};
+    const std::vector<hpd_seq_t> halves = {{.row = 200, .n_tokens = 64, .start_pos = 0},
+                                           {.row = 264, .n_tokens = 36, .start_pos = 64}};
+    static const uint32_t cshapes[][4] = {{2, 4, 128, 128}, {2, 4, 64, 64}, {1, 2, 48, 40}};
+    for (const auto &sh : cshapes) {
+        gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 30 + sh[2]);
         gdn_case(cpu, "gdn_chunked", hpd_gdn_chunked, hpd_cuda_gdn_chunked, c, cseqs, halves);
     }
     hpd_backend_destroy(cpu);
