@@ -27,12 +27,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include <sys/mman.h>
-#include <ucontext.h>
 
 extern "C" {
 #include "common/dtype.h"
@@ -59,7 +57,8 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d)
  * and the switch from one to another. On x86-64 the switch is the SysV
  * callee-saved registers pushed and the stack pointer swapped (glibc's
  * swapcontext makes a system call each time, which dominated the tests'
- * time); elsewhere ucontext. */
+ * time; this switch does not keep a CET shadow stack, which Linux leaves
+ * off unless asked); elsewhere ucontext. One launch runs at a time. */
 #if defined(__x86_64__)
 typedef struct {
     void *sp;
@@ -67,7 +66,7 @@ typedef struct {
 
 extern "C" void hpd_emu_switch(void **save_sp, void *sp);
 /* weak: every file that includes this header defines it, the link keeps one */
-asm(".text\n"
+asm(".pushsection .text\n"
     ".weak hpd_emu_switch\n"
     ".type hpd_emu_switch, @function\n"
     "hpd_emu_switch:\n"
@@ -86,12 +85,14 @@ asm(".text\n"
     "    popq %rbx\n"
     "    popq %rbp\n"
     "    ret\n"
-    ".size hpd_emu_switch, .-hpd_emu_switch\n");
+    ".size hpd_emu_switch, .-hpd_emu_switch\n"
+    ".popsection\n");
 
-static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes, void (*entry)())
+static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes,
+                                     void (*entry)())
 {
     void **sp = (void **)((uintptr_t)(stack + bytes) & ~(uintptr_t)15);
-    *--sp = nullptr;                        /* entry's return address: it never returns */
+    *--sp = nullptr;                         /* entry's return address: it never returns */
     *--sp = reinterpret_cast<void *>(entry); /* where the first switch returns to */
     for (int i = 0; i < 6; i++)
         *--sp = nullptr; /* rbp, rbx, r12 to r15 */
@@ -102,11 +103,14 @@ static inline void hpd_emu_uctx_swap(hpd_emu_uctx_t *from, hpd_emu_uctx_t *to)
     hpd_emu_switch(&from->sp, to->sp);
 }
 #else
+#include <ucontext.h>
+
 typedef struct {
     ucontext_t uc;
 } hpd_emu_uctx_t;
 
-static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes, void (*entry)())
+static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes,
+                                     void (*entry)())
 {
     getcontext(&c->uc);
     c->uc.uc_stack.ss_sp = stack;
@@ -434,8 +438,9 @@ static inline void hpd_emu_run_block(hpd_emu_block_t *b, char *stacks, size_t st
         }
         if (opened == 0) {
             fprintf(stderr, "cuda_host: block (%u, %u, %u) of %u threads cannot go on: %u wait "
-                    "at __syncthreads, %u have ended, the rest wait at shuffles of partial "
-                    "warps\n", blockIdx.x, blockIdx.y, blockIdx.z, nt, at_block, done);
+                    "at __syncthreads, %u at warp shuffles (not all of their warp), %u have "
+                    "ended\n", blockIdx.x, blockIdx.y, blockIdx.z, nt, at_block,
+                    nt - at_block - done, done);
             abort();
         }
     }
