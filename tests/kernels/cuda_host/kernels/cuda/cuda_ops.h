@@ -1,22 +1,36 @@
-/* A host stand-in for kernels/cuda/cuda_ops.h: test_gemm_cuda_host compiles
- * kernels/cuda/gemm.cu with a C++ compiler against it (its launches
- * rewritten by launch.cmake), so the CUDA GEMM's kernels run without a GPU:
- * each GPU thread a host thread, the blocks of a launch one after another
- * (so __shared__ may be static), __syncthreads and __syncwarp both a barrier
- * of the whole block (stronger than a warp's: races between warps are not
- * checked here, test_backend_cuda on a GPU checks them). Arithmetic as on
- * the GPU: fmaf exact, no contraction (-ffp-contract=off), round to nearest. */
+/* A host stand-in for kernels/cuda/cuda_ops.h: the cuda_host tests compile
+ * kernels/cuda/gemm.cu, gdn.cu and attention.cu with a C++ compiler against
+ * it (their launches and `extern __shared__` arrays rewritten by
+ * launch.cmake), so the CUDA kernels run without a GPU. The blocks of a
+ * launch run one after another (so __shared__ may be static), the threads
+ * of a block as fibers on the launching host thread, each until
+ * it waits at a barrier: __syncthreads and __syncwarp wait for the whole
+ * block, a warp shuffle for its warp's 32 lanes (exchanging values through
+ * an array; a full mask is required). A barrier that can never open (a
+ * __syncthreads or shuffle in divergent code) stops the test with a
+ * message. The threads run in a fixed order and __syncwarp waits for the
+ * whole block, so races between warps are not caught here: test_backend_cuda
+ * on a GPU checks them. Dynamic shared memory, metadata staged by
+ * hpd_cuda_stage with room only and the work buffer of hpd_cuda_work are
+ * filled with NaN (all bits set) before each block / call, so a read of
+ * what the kernel did not write shows up. Arithmetic as on the GPU: fmaf
+ * exact, no contraction (-ffp-contract=off), round to nearest; expf is the
+ * host's, not the GPU's (the tests compare with the CPU within a tolerance,
+ * and runs of the same kernels with each other bit for bit). */
 #ifndef HPD_TESTS_CUDA_HOST_OPS_H
 #define HPD_TESTS_CUDA_HOST_OPS_H
 
 #include <algorithm>
-#include <barrier>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/mman.h>
 
 extern "C" {
 #include "common/dtype.h"
@@ -39,21 +53,157 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d)
     return uint4{a, b, c, d};
 }
 
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
-inline std::barrier<> *hpd_emu_barrier;
+/* A fiber's saved context, made to start at entry on a stack of its own,
+ * and the switch from one to another. On x86-64 the switch is the SysV
+ * callee-saved registers pushed and the stack pointer swapped (glibc's
+ * swapcontext makes a system call each time, which dominated the tests'
+ * time; this switch does not keep a CET shadow stack, which Linux leaves
+ * off unless asked); elsewhere ucontext. One launch runs at a time. */
+#if defined(__x86_64__)
+typedef struct {
+    void *sp;
+} hpd_emu_uctx_t;
+
+extern "C" void hpd_emu_switch(void **save_sp, void *sp);
+/* weak: every file that includes this header defines it, the link keeps one */
+asm(".pushsection .text\n"
+    ".weak hpd_emu_switch\n"
+    ".type hpd_emu_switch, @function\n"
+    "hpd_emu_switch:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size hpd_emu_switch, .-hpd_emu_switch\n"
+    ".popsection\n");
+
+static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes,
+                                     void (*entry)())
+{
+    void **sp = (void **)((uintptr_t)(stack + bytes) & ~(uintptr_t)15);
+    *--sp = nullptr;                         /* entry's return address: it never returns */
+    *--sp = reinterpret_cast<void *>(entry); /* where the first switch returns to */
+    for (int i = 0; i < 6; i++)
+        *--sp = nullptr; /* rbp, rbx, r12 to r15 */
+    c->sp = sp;
+}
+static inline void hpd_emu_uctx_swap(hpd_emu_uctx_t *from, hpd_emu_uctx_t *to)
+{
+    hpd_emu_switch(&from->sp, to->sp);
+}
+#else
+#include <ucontext.h>
+
+typedef struct {
+    ucontext_t uc;
+} hpd_emu_uctx_t;
+
+static inline void hpd_emu_uctx_make(hpd_emu_uctx_t *c, char *stack, size_t bytes,
+                                     void (*entry)())
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+static inline void hpd_emu_uctx_swap(hpd_emu_uctx_t *from, hpd_emu_uctx_t *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+#endif
+
+/* The block being run: its threads as fibers on the launching host thread,
+ * fiber `cur` running. */
+enum { HPD_EMU_RUN, HPD_EMU_AT_BLOCK, HPD_EMU_AT_WARP, HPD_EMU_DONE };
+struct hpd_emu_fiber_t {
+    hpd_emu_uctx_t ctx;
+    int state;
+};
+struct hpd_emu_block_t {
+    hpd_emu_uctx_t sched;
+    std::vector<hpd_emu_fiber_t> fibers;
+    unsigned nt, cur;
+    void (*body)(void *);
+    void *arg;
+};
+
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline hpd_emu_block_t *hpd_emu_blk;
+inline uint64_t hpd_emu_xchg[1024]; /* a shuffle's values, by thread */
+inline void *hpd_emu_smem;          /* the launch's dynamic shared memory */
+
+/* The running thread waits at a barrier: back to the scheduler. */
+static inline void hpd_emu_wait(int at)
+{
+    hpd_emu_fiber_t *f = &hpd_emu_blk->fibers[hpd_emu_blk->cur];
+    f->state = at;
+    hpd_emu_uctx_swap(&f->ctx, &hpd_emu_blk->sched);
+}
 
 static inline void __syncthreads()
 {
-    hpd_emu_barrier->arrive_and_wait();
+    hpd_emu_wait(HPD_EMU_AT_BLOCK);
 }
 static inline void __syncwarp()
 {
-    hpd_emu_barrier->arrive_and_wait();
+    hpd_emu_wait(HPD_EMU_AT_BLOCK);
 }
 
-#define __global__
+/* Every lane writes its value, waits for its warp, then reads lane src's
+ * (its own past the block's last thread, as a partial warp has none). */
+template <typename T> static inline T hpd_emu_exchange(unsigned mask, T v, unsigned src)
+{
+    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a value wider than 8 bytes");
+    if (mask != 0xffffffffu) {
+        fprintf(stderr, "cuda_host: shuffle with mask %#x: only full warps are emulated\n",
+                mask);
+        abort();
+    }
+    const unsigned tid = hpd_emu_blk->cur, w0 = tid / 32 * 32;
+    memcpy(&hpd_emu_xchg[tid], &v, sizeof(T));
+    hpd_emu_wait(HPD_EMU_AT_WARP);
+    T r = v;
+    if (w0 + src < hpd_emu_blk->nt)
+        memcpy(&r, &hpd_emu_xchg[w0 + src], sizeof(T));
+    hpd_emu_wait(HPD_EMU_AT_WARP); /* the values are rewritten by the next shuffle */
+    return r;
+}
+static inline unsigned hpd_emu_lane()
+{
+    return hpd_emu_blk->cur % 32;
+}
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
+{
+    return hpd_emu_exchange(mask, v, (hpd_emu_lane() & ~(width - 1)) + (unsigned)src % width);
+}
+template <typename T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32)
+{
+    const unsigned lane = hpd_emu_lane(), seg = lane & ~(width - 1);
+    return hpd_emu_exchange(mask, v, lane - seg + delta < (unsigned)width ? lane + delta : lane);
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
+{
+    (void)width;
+    return hpd_emu_exchange(mask, v, hpd_emu_lane() ^ (unsigned)lane_mask);
+}
+
+#define __global__ static /* kernels internal: the real ones may link beside */
 #define __device__
+#define __host__
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
@@ -61,6 +211,10 @@ static inline void __syncwarp()
 static inline float __fadd_rn(float a, float b)
 {
     return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
 }
 static inline float __fmul_rn(float a, float b)
 {
@@ -87,7 +241,18 @@ template <typename T> static inline T __ldcg(const T *p)
 {
     return *p;
 }
-using std::min;
+/* CUDA's min and max take mixed integer types (min(int, unsigned) is
+ * unsigned) */
+template <typename A, typename B> static inline std::common_type_t<A, B> min(A a, B b)
+{
+    using T = std::common_type_t<A, B>;
+    return (T)b < (T)a ? (T)b : (T)a;
+}
+template <typename A, typename B> static inline std::common_type_t<A, B> max(A a, B b)
+{
+    using T = std::common_type_t<A, B>;
+    return (T)a < (T)b ? (T)b : (T)a;
+}
 
 typedef int cudaStream_t;
 typedef int cublasHandle_t;
@@ -98,52 +263,240 @@ template <typename... A> static inline cublasStatus_t cublasSgemm(A...)
     return 1; /* cuda-fast is not emulated */
 }
 
+typedef enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 } cudaError_t;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+static inline cudaError_t cudaGetLastError()
+{
+    return cudaSuccess; /* a failed launch aborts the test instead */
+}
+static inline const char *cudaGetErrorString(cudaError_t err)
+{
+    return err == cudaSuccess ? "no error" : "out of memory";
+}
+template <typename F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int)
+{
+    return cudaSuccess;
+}
+
+/* The fields of the real context the kernels' host code reads, and the
+ * host buffers standing in for the staging ring and the work buffer (freed
+ * by hpd_emu_ctx_free). */
 typedef struct {
+    int device;
     cudaStream_t stream;
+    size_t smem_optin;
     cublasHandle_t cublas;
+    void *stage, *work;
+    size_t work_bytes;
 } hpd_cuda_ctx_t;
+
+/* A context as on an H100 (227 KiB of shared memory per block). */
+static inline hpd_cuda_ctx_t hpd_emu_ctx()
+{
+    hpd_cuda_ctx_t c = {};
+    c.smem_optin = 227 * 1024;
+    return c;
+}
+
+static inline void hpd_emu_ctx_free(hpd_cuda_ctx_t *c)
+{
+    free(c->stage), free(c->work);
+    c->stage = c->work = nullptr, c->work_bytes = 0;
+}
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
 {
     return (hpd_cuda_ctx_t *)b->ctx;
 }
 
-#define HPD_CUDA_LAUNCHED() \
-    do {                     \
+#define HPD_CUDA_CHECK(call)                                                           \
+    do {                                                                               \
+        cudaError_t err_ = (call);                                                     \
+        if (err_ != cudaSuccess) {                                                     \
+            HPD_LOG_ERROR("cuda", "%s failed: %s", #call, cudaGetErrorString(err_));   \
+            return err_ == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL; \
+        }                                                                              \
     } while (0)
 
-/* kernel<<<grid, block, 0, s>>>(args) becomes
- * hpd_emu_launcher(grid, block, [](auto... as) { kernel(as...); })(args) */
+#define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
+
+typedef struct {
+    const void *host;
+    size_t bytes;
+    void **dev_p;
+} hpd_cuda_meta_t;
+
+/* The staging and work buffers are host memory here; static, so that they
+ * do not collide with the real ones (cuda_backend.cu) where the test links
+ * the CUDA backend too. */
+
+/* An op's metadata arrays copied into one buffer, each at a 256-byte
+ * aligned offset, valid until the next call (the kernels ran before it);
+ * room-only arrays filled with NaN. */
+static inline hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays,
+                                          uint32_t n)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += (arrays[i].bytes + 255) & ~(size_t)255;
+    free(c->stage);
+    if ((c->stage = aligned_alloc(256, total ? total : 256)) == nullptr)
+        return HPD_ERR_NO_MEMORY;
+    char *d = (char *)c->stage;
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (arrays[i].host != nullptr && arrays[i].bytes > 0)
+            memcpy(d + off, arrays[i].host, arrays[i].bytes);
+        else
+            memset(d + off, 0xff, arrays[i].bytes);
+        *arrays[i].dev_p = d + off;
+        off += (arrays[i].bytes + 255) & ~(size_t)255;
+    }
+    return HPD_OK;
+}
+
+static inline hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs,
+                                               float *const *states, uint32_t n_seqs,
+                                               const hpd_seq_t **dseqs_p,
+                                               float *const **dstates_p)
+{
+    void *ds, *dst;
+    const hpd_cuda_meta_t m[] = {
+        {.host = seqs, .bytes = n_seqs * sizeof(hpd_seq_t), .dev_p = &ds},
+        {.host = states, .bytes = n_seqs * sizeof(float *), .dev_p = &dst}};
+    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
+    if (st != HPD_OK)
+        return st;
+    *dseqs_p = (const hpd_seq_t *)ds;
+    *dstates_p = (float *const *)dst;
+    return HPD_OK;
+}
+
+/* A growing host buffer, filled with NaN on every call: an op must write
+ * what it reads of it. */
+static inline hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    if (bytes > c->work_bytes) {
+        free(c->work);
+        c->work_bytes = 0;
+        if ((c->work = aligned_alloc(256, (bytes + 255) & ~(size_t)255)) == nullptr)
+            return HPD_ERR_NO_MEMORY;
+        c->work_bytes = bytes;
+    }
+    memset(c->work, 0xff, bytes);
+    *dev_p = c->work;
+    return HPD_OK;
+}
+
+static inline void hpd_emu_fiber_main()
+{
+    hpd_emu_blk->body(hpd_emu_blk->arg);
+    hpd_emu_wait(HPD_EMU_DONE); /* never resumed */
+    abort();
+}
+
+/* Runs one block: every runnable thread in turn until it waits or ends,
+ * then opens the barriers all of whose threads wait (__syncthreads: the
+ * block's; a shuffle: the warp's), until every thread has ended. A barrier
+ * that cannot open (threads at different barriers, or some ended while
+ * others wait) stops the test: on the GPU it hangs or is undefined. */
+static inline void hpd_emu_run_block(hpd_emu_block_t *b, char *stacks, size_t stack_bytes)
+{
+    const unsigned nt = b->nt;
+    for (unsigned t = 0; t < nt; t++) {
+        hpd_emu_uctx_make(&b->fibers[t].ctx, stacks + t * stack_bytes, stack_bytes,
+                          hpd_emu_fiber_main);
+        b->fibers[t].state = HPD_EMU_RUN;
+    }
+    for (;;) {
+        for (unsigned t = 0; t < nt; t++)
+            if (b->fibers[t].state == HPD_EMU_RUN) {
+                b->cur = t;
+                threadIdx = dim3(t % blockDim.x, t / blockDim.x % blockDim.y,
+                                 t / (blockDim.x * blockDim.y));
+                hpd_emu_uctx_swap(&b->sched, &b->fibers[t].ctx);
+            }
+        unsigned done = 0, at_block = 0, opened = 0;
+        for (const hpd_emu_fiber_t &f : b->fibers)
+            done += f.state == HPD_EMU_DONE, at_block += f.state == HPD_EMU_AT_BLOCK;
+        if (done == nt)
+            return;
+        if (at_block == nt)
+            for (hpd_emu_fiber_t &f : b->fibers)
+                f.state = HPD_EMU_RUN, opened++;
+        for (unsigned w0 = 0; w0 < nt && opened == 0; w0 += 32) {
+            unsigned n = 0;
+            for (unsigned t = w0; t < std::min(nt, w0 + 32); t++)
+                n += b->fibers[t].state == HPD_EMU_AT_WARP;
+            if (n == std::min(nt, w0 + 32) - w0) {
+                for (unsigned t = w0; t < w0 + n; t++)
+                    b->fibers[t].state = HPD_EMU_RUN;
+                opened += n;
+            }
+        }
+        if (opened == 0) {
+            fprintf(stderr, "cuda_host: block (%u, %u, %u) of %u threads cannot go on: %u wait "
+                    "at __syncthreads, %u at warp shuffles (not all of their warp), %u have "
+                    "ended\n", blockIdx.x, blockIdx.y, blockIdx.z, nt, at_block,
+                    nt - at_block - done, done);
+            abort();
+        }
+    }
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args) becomes
+ * hpd_emu_launcher(grid, block, smem, stream, [](auto... as) { kernel(as...); })(args):
+ * the blocks one after another, each block's threads as fibers. */
 template <typename F> struct hpd_emu_launch_t {
     dim3 grid, block;
+    size_t smem;
     F kernel;
     template <typename... A> void operator()(A... args)
     {
-        const unsigned nt = block.x * block.y * block.z;
-        std::barrier<> bar(nt);
-        std::vector<std::thread> threads;
-        gridDim = grid, blockDim = block, hpd_emu_barrier = &bar;
-        for (unsigned t = 0; t < nt; t++)
-            threads.emplace_back([&, t] {
-                threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-                for (unsigned bz = 0; bz < grid.z; bz++)
-                    for (unsigned by = 0; by < grid.y; by++)
-                        for (unsigned bx = 0; bx < grid.x; bx++) {
-                            blockIdx = dim3(bx, by, bz);
-                            kernel(args...);
-                            bar.arrive_and_wait(); /* the block's shared memory is free */
-                        }
-            });
-        for (std::thread &th : threads)
-            th.join();
+        static const size_t stack_bytes = 256 << 10;
+        auto body = [&]() { kernel(args...); };
+        hpd_emu_block_t b;
+        b.nt = block.x * block.y * block.z;
+        b.fibers.resize(b.nt);
+        b.body = [](void *p) { (*(decltype(body) *)p)(); };
+        b.arg = &body;
+        if (b.nt == 0 || b.nt > 1024) {
+            fprintf(stderr, "cuda_host: a launch of %u threads per block\n", b.nt);
+            abort();
+        }
+        void *stacks = mmap(nullptr, b.nt * stack_bytes, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (stacks == MAP_FAILED) {
+            fprintf(stderr, "cuda_host: no memory for %u stacks\n", b.nt);
+            abort();
+        }
+        std::vector<float4> dyn(smem / sizeof(float4) + 1);
+        gridDim = grid, blockDim = block, hpd_emu_smem = dyn.data(), hpd_emu_blk = &b;
+        for (unsigned bz = 0; bz < grid.z; bz++)
+            for (unsigned by = 0; by < grid.y; by++)
+                for (unsigned bx = 0; bx < grid.x; bx++) {
+                    blockIdx = dim3(bx, by, bz);
+                    memset(dyn.data(), 0xff, dyn.size() * sizeof(float4));
+                    hpd_emu_run_block(&b, (char *)stacks, stack_bytes);
+                }
+        hpd_emu_blk = nullptr;
+        munmap(stacks, b.nt * stack_bytes);
     }
 };
 
-template <typename F> static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, F f)
+template <typename F>
+static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, size_t smem, cudaStream_t,
+                                            F f)
 {
-    return hpd_emu_launch_t<F>{grid, block, f};
+    return hpd_emu_launch_t<F>{grid, block, smem, f};
 }
 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
+hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
+hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 
 #endif

@@ -1,0 +1,136 @@
+/* The CUDA paged KV store and attention (kernels/cuda/attention.cu), run on
+ * the host through tests/kernels/cuda_host/, against the CPU backend (the
+ * pools bit for bit, attention's relative RMS below 3e-5, NaN failing), with
+ * test_backend_cuda's identities: the same bits in 3 page layouts (block
+ * sizes 64, 16 and 32, NHD and HND, pack sizes 1, 4 and 2) and for a
+ * sequence's rows alone as in the batch. The split-KV pass (split and
+ * combine kernels) over 150 rows of prefill (head_dim 64, one split), and
+ * with 8 query heads per KV head, head_dim 128 and rows of 1100 keys (three
+ * 512-key splits) and of 511 to 513 (across a split's end); the per-row
+ * kernel (warp shuffles) with head_dim 66, 40 rows of prefill and rows of
+ * 530 keys. The emulation runs a block's threads in a fixed order and a
+ * warp's __syncwarp as a barrier of the whole block, so races between warps
+ * are not caught here; test_backend_cuda on a GPU checks them. */
+#include "cuda_host_test.h"
+
+/* Pages of one layer in a layout, their tables scattered and descending
+ * (as test_backend_cuda's), the pool 16-byte aligned as the split-KV pass
+ * needs. */
+struct paged_t {
+    hpd_kv_layout_t l;
+    std::vector<uint32_t> tables[2];
+    const uint32_t *ctables[2];
+    size_t elems;
+    std::vector<float4> cpu_pool, emu_pool;
+
+    paged_t(uint32_t B, uint32_t P, hpd_kv_order_t order, const uint32_t lens[2],
+            uint32_t n_kv_heads, uint32_t head_dim)
+    {
+        l = hpd_kv_layout_t{.block_size = B,
+                            .pack_size = P,
+                            .order = order,
+                            .dtype = HPD_DTYPE_F32,
+                            .n_layers = 4,
+                            .n_kv_heads = n_kv_heads,
+                            .head_dim = head_dim};
+        uint32_t pages = 0;
+        for (int s = 0; s < 2; s++)
+            pages += (lens[s] + B - 1) / B;
+        pages = pages * 2 + 3;
+        elems = pages * hpd_kv_layout_page_elems(&l);
+        cpu_pool.assign(elems / 4 + 1, float4{});
+        emu_pool = cpu_pool;
+        for (uint32_t s = 0, next = pages - 1; s < 2; s++) {
+            for (uint32_t j = 0; j < (lens[s] + B - 1) / B; j++, next -= 2)
+                tables[s].push_back(next);
+            ctables[s] = tables[s].data();
+        }
+    }
+};
+
+/* Sequence s holds lens[s] keys and queries its last nq[s] positions. */
+static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32_t HD,
+                           const uint32_t lens[2], const uint32_t nq[2])
+{
+    test_emu_t emu;
+    const size_t kvn = (size_t)(lens[0] + lens[1]) * NKV * HD;
+    const size_t rows = nq[0] + nq[1], qn = rows * NH * HD, row1 = (size_t)nq[0] * NH * HD;
+    std::vector<float> k = test_rnd(kvn, 20, 1), v = test_rnd(kvn, 21, 1);
+    std::vector<float> q = test_rnd(qn, 22, 1), first;
+    static const struct {
+        uint32_t B, P;
+        hpd_kv_order_t o;
+    } layouts[] = {{64, 1, HPD_KV_NHD}, {16, 4, HPD_KV_HND}, {32, 2, HPD_KV_NHD}};
+    char what[160];
+
+    for (const auto &lo : layouts) {
+        paged_t pg(lo.B, lo.P, lo.o, lens, NKV, HD);
+        const hpd_seq_t st_seqs[2] = {{.row = 0, .n_tokens = lens[0], .start_pos = 0},
+                                      {.row = lens[0], .n_tokens = lens[1], .start_pos = 0}};
+        hpd_paged_kv_t kc = {.layout = &pg.l,
+                             .pool = pg.cpu_pool.data(),
+                             .member = 1 % pg.l.pack_size,
+                             .block_tables = pg.ctables};
+        hpd_paged_kv_t ke = kc;
+        ke.pool = pg.emu_pool.data();
+        hpd_kv_store_args_t ks = {.kv = kc,
+                                  .k = {.p = k.data(), .ld = NKV * HD, .hs = HD},
+                                  .v = {.p = v.data(), .ld = NKV * HD, .hs = HD},
+                                  .seqs = st_seqs,
+                                  .n_seqs = 2};
+        check_status("kv_store", hpd_kv_store(cpu, &ks));
+        ks.kv = ke;
+        check_status("kv_store", hpd_cuda_kv_store(&emu.be, &ks));
+        snprintf(what, sizeof(what), "kv_store B %u P %u: the CPU's pool", lo.B, lo.P);
+        check_same(what, (const float *)pg.emu_pool.data(), (const float *)pg.cpu_pool.data(),
+                   pg.elems);
+
+        const hpd_seq_t at_seqs[2] = {
+            {.row = 0, .n_tokens = nq[0], .start_pos = lens[0] - nq[0]},
+            {.row = nq[0], .n_tokens = nq[1], .start_pos = lens[1] - nq[1]}};
+        std::vector<float> ocpu(qn, 0.0f), oemu(qn, 0.0f);
+        hpd_attention_args_t at = {.kv = kc,
+                                   .q = {.p = q.data(), .ld = NH * HD, .hs = HD},
+                                   .out = {.p = ocpu.data(), .ld = NH * HD, .hs = HD},
+                                   .n_heads = NH,
+                                   .scale = 0.125f,
+                                   .seqs = at_seqs,
+                                   .n_seqs = 2};
+        check_status("attention", hpd_attention(cpu, &at));
+        at.kv = ke, at.out.p = oemu.data();
+        check_status("attention", hpd_cuda_attention(&emu.be, &at));
+        snprintf(what, sizeof(what), "attention %u/%u heads hd %u B %u P %u", NH, NKV, HD,
+                 lo.B, lo.P);
+        check_close(what, oemu.data(), ocpu.data(), qn, 3e-5);
+        if (first.empty())
+            first = oemu;
+        snprintf(what, sizeof(what), "attention hd %u B %u P %u: the first layout's bits", HD,
+                 lo.B, lo.P);
+        check_same(what, oemu.data(), first.data(), qn);
+        /* sequence 1's rows alone */
+        std::vector<float> one(qn, 0.0f);
+        at.seqs = &at_seqs[1], at.kv.block_tables = &pg.ctables[1], at.n_seqs = 1;
+        at.out.p = one.data();
+        check_status("attention", hpd_cuda_attention(&emu.be, &at));
+        snprintf(what, sizeof(what), "attention hd %u B %u P %u: alone vs in the batch", HD,
+                 lo.B, lo.P);
+        check_same(what, one.data() + row1, first.data() + row1, qn - row1);
+    }
+}
+
+int main()
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    hpd_backend_t *cpu = test_cpu_backend();
+    /* split-KV, one split: 150 rows of prefill and a decode row */
+    const uint32_t lens64[2] = {150, 78}, nq64[2] = {150, 1};
+    attention_case(cpu, 8, 2, 64, lens64, nq64);
+    /* split-KV: rows at 1094..1099 (3 splits), 510..512 (1 and 2 splits) */
+    const uint32_t lens[2] = {1100, 513}, nq[2] = {6, 3};
+    attention_case(cpu, 16, 2, 128, lens, nq);
+    /* the per-row kernel: head_dim not a multiple of 4 */
+    const uint32_t lens66[2] = {40, 530}, nq66[2] = {40, 2};
+    attention_case(cpu, 4, 2, 66, lens66, nq66);
+    hpd_backend_destroy(cpu);
+    return test_report("test_attention_cuda_host", t0);
+}

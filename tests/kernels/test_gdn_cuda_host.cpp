@@ -1,0 +1,139 @@
+/* The CUDA gated delta rule's kernels (kernels/cuda/gdn.cu), run on the host
+ * through tests/kernels/cuda_host/, against the CPU backend (relative RMS
+ * below 1e-4, NaN failing), with test_backend_cuda's identities: the
+ * recurrent rule gives a sequence the same bits alone, in a batch and token
+ * by token; the chunked rule the same bits alone, in a batch and resumed at
+ * a multiple of 64. Shapes: the recurrent state in registers for dk 256,
+ * 128, 64 and 32 (each a size of its register array), dv 80 and 40 partial
+ * column tiles; the chunked rule's state pass in registers (dk 128 and 64)
+ * and in shared memory (dk 48, dv 40). The emulation runs a block's threads
+ * in a fixed order and a warp's __syncwarp as a barrier of the whole block,
+ * so races between warps are not caught here; test_backend_cuda on a GPU
+ * checks them. */
+#include "cuda_host_test.h"
+
+/* Inputs of the rule for a batch of T rows: q, k L2-normalised (q scaled by
+ * 1/sqrt(dk)) by the CPU backend, g < 0, beta in (0, 1), two states. */
+struct gdn_case_t {
+    uint32_t nk, nv, dk, dv, T;
+    size_t ns; /* floats of one sequence's state */
+    std::vector<float> q, k, v, g, beta, S0;
+
+    gdn_case_t(hpd_backend_t *cpu, uint32_t T_, uint32_t nk_, uint32_t nv_, uint32_t dk_,
+               uint32_t dv_, uint32_t seed)
+        : nk(nk_), nv(nv_), dk(dk_), dv(dv_), T(T_), ns((size_t)nv_ * dk_ * dv_)
+    {
+        q = test_rnd((size_t)T * nk * dk, seed, 1), k = test_rnd((size_t)T * nk * dk, seed + 1, 1);
+        v = test_rnd((size_t)T * nv * dv, seed + 2, 1), S0 = test_rnd(2 * ns, seed + 5, 0.05f);
+        std::mt19937 rng(seed + 3);
+        std::uniform_real_distribution<float> u;
+        for (uint32_t i = 0; i < T * nv; i++) {
+            g.push_back(-0.02f - 0.2f * u(rng));
+            beta.push_back(0.1f + 0.8f * u(rng));
+        }
+        hpd_l2norm_args_t l2 = {.x = {.p = q.data(), .ld = nk * dk, .hs = dk},
+                                .n_tokens = T,
+                                .n_heads = nk,
+                                .dim = dk,
+                                .eps = 1e-6f,
+                                .scale = 1.0f / sqrtf((float)dk)};
+        check_status("l2norm of q", hpd_l2norm(cpu, &l2));
+        l2.x.p = k.data(), l2.scale = 1.0f;
+        check_status("l2norm of k", hpd_l2norm(cpu, &l2));
+    }
+
+    hpd_gdn_args_t args(float *out, float *const *states, const hpd_seq_t *seqs, uint32_t n)
+    {
+        const uint32_t qs = nk * dk, vs = nv * dv;
+        return hpd_gdn_args_t{.q = {.p = q.data(), .ld = qs, .hs = dk},
+                              .k = {.p = k.data(), .ld = qs, .hs = dk},
+                              .v = {.p = v.data(), .ld = vs, .hs = dv},
+                              .g = g.data(),
+                              .beta = beta.data(),
+                              .out = {.p = out, .ld = vs, .hs = dv},
+                              .nk = nk,
+                              .nv = nv,
+                              .dk = dk,
+                              .dv = dv,
+                              .states = states,
+                              .seqs = seqs,
+                              .n_seqs = n};
+    }
+};
+
+typedef hpd_status_t (*gdn_op_t)(hpd_backend_t *, const hpd_gdn_args_t *);
+
+/* The rule over seqs[0..1] (sequence 1 starting at position 0) on the CPU
+ * and emulated, compared; then sequence 1 alone, and in the calls `parts`
+ * (rows and positions of its pieces in order), the same bits as in the
+ * batch. */
+static void gdn_case(hpd_backend_t *cpu, const char *name, gdn_op_t cpu_op, gdn_op_t emu_op,
+                     gdn_case_t &c, const hpd_seq_t seqs[2], const std::vector<hpd_seq_t> &parts)
+{
+    test_emu_t emu;
+    const size_t ns = c.ns, vs = (size_t)c.nv * c.dv, nvv = (size_t)c.T * vs;
+    const size_t off = (size_t)seqs[1].row * vs, n1 = (size_t)seqs[1].n_tokens * vs;
+    std::vector<float> Sc(c.S0), Se(c.S0), ocpu(nvv, 0.0f), oemu(nvv, 0.0f);
+    float *sc[2] = {Sc.data(), Sc.data() + ns}, *se[2] = {Se.data(), Se.data() + ns};
+    char what[128];
+
+    hpd_gdn_args_t a = c.args(ocpu.data(), sc, seqs, 2);
+    check_status(name, cpu_op(cpu, &a));
+    a = c.args(oemu.data(), se, seqs, 2);
+    check_status(name, emu_op(&emu.be, &a));
+    snprintf(what, sizeof(what), "%s dk %u dv %u", name, c.dk, c.dv);
+    check_close(what, oemu.data(), ocpu.data(), nvv, 1e-4);
+    snprintf(what, sizeof(what), "%s dk %u dv %u state", name, c.dk, c.dv);
+    check_close(what, Se.data(), Sc.data(), 2 * ns, 1e-4);
+
+    /* sequence 1 alone in one call, then in its parts */
+    std::vector<float> one(c.S0.begin() + ns, c.S0.end()), o(nvv, 0.0f);
+    float *sone[1] = {one.data()};
+    a = c.args(o.data(), sone, &seqs[1], 1);
+    check_status(name, emu_op(&emu.be, &a));
+    snprintf(what, sizeof(what), "%s dk %u: alone vs in the batch", name, c.dk);
+    check_same(what, o.data() + off, oemu.data() + off, n1);
+    check_same(what, one.data(), Se.data() + ns, ns);
+    std::copy(c.S0.begin() + ns, c.S0.end(), one.begin());
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (const hpd_seq_t &p : parts) {
+        a = c.args(o.data(), sone, &p, 1);
+        check_status(name, emu_op(&emu.be, &a));
+    }
+    snprintf(what, sizeof(what), "%s dk %u: %zu calls vs one", name, c.dk, parts.size());
+    check_same(what, o.data() + off, oemu.data() + off, n1);
+    check_same(what, one.data(), Se.data() + ns, ns);
+}
+
+int main()
+{
+    const auto t0 = std::chrono::steady_clock::now();
+    hpd_backend_t *cpu = test_cpu_backend();
+
+    /* recurrent: sequence 1 (rows 5..68) alone, in the batch, token by token */
+    const hpd_seq_t rseqs[2] = {{.row = 0, .n_tokens = 5, .start_pos = 70},
+                                {.row = 5, .n_tokens = 64, .start_pos = 0}};
+    std::vector<hpd_seq_t> steps;
+    for (uint32_t i = 0; i < 64; i++)
+        steps.push_back(hpd_seq_t{.row = 5 + i, .n_tokens = 1, .start_pos = i});
+    static const uint32_t rshapes[][4] = {{2, 4, 128, 80}, {2, 4, 64, 64}, {1, 2, 32, 32},
+                                          {1, 2, 256, 40}};
+    for (const auto &sh : rshapes) {
+        gdn_case_t c(cpu, 69, sh[0], sh[1], sh[2], sh[3], 50 + sh[2]);
+        gdn_case(cpu, "gdn_recurrent", hpd_gdn_recurrent, hpd_cuda_gdn_recurrent, c, rseqs, steps);
+    }
+
+    /* chunked: sequence 0 off the 64 grid; sequence 1 (rows 200..299) alone,
+     * in the batch, and resumed at position 64 */
+    const hpd_seq_t cseqs[2] = {{.row = 0, .n_tokens = 200, .start_pos = 40},
+                                {.row = 200, .n_tokens = 100, .start_pos = 0}};
+    const std::vector<hpd_seq_t> halves = {{.row = 200, .n_tokens = 64, .start_pos = 0},
+                                           {.row = 264, .n_tokens = 36, .start_pos = 64}};
+    static const uint32_t cshapes[][4] = {{2, 4, 128, 128}, {2, 4, 64, 64}, {1, 2, 48, 40}};
+    for (const auto &sh : cshapes) {
+        gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 30 + sh[2]);
+        gdn_case(cpu, "gdn_chunked", hpd_gdn_chunked, hpd_cuda_gdn_chunked, c, cseqs, halves);
+    }
+    hpd_backend_destroy(cpu);
+    return test_report("test_gdn_cuda_host", t0);
+}
