@@ -204,100 +204,119 @@ __global__ void attention_kernel(dev_kv_t kv, hpd_view_t qv, hpd_view_t ov, uint
 
 /* ------------------------------------------------------- split-KV pass */
 
-#define KT 32     /* keys per tile: one per lane */
-#define GMAX 16   /* query heads per KV head */
-#define HPT (GMAX / WARPS)
+#define KT 32      /* keys per tile: one per lane */
+#define GMAX 16    /* query heads per KV head */
 #define SPLIT_HD 256
-#define DPT (SPLIT_HD / THREADS)
+#define RT_GROUP 8 /* query rows per block in a prefill (heads per KV head <= 8) */
 
-/* 16-byte vectors per thread in a tile of KT rows of head_dim <= SPLIT_HD */
-#define TILE_VECS (KT * SPLIT_HD / 4 / THREADS)
+/* A block's query rows: consecutive rows of one sequence at consecutive
+ * positions, [first, first + count) of the op's rows. */
+typedef struct {
+    uint32_t first, count;
+} row_group_t;
 
-/* Loads this thread's vectors of a tile of n4 vectors (rows of hd4) into
- * registers, every load issued before any is used. */
+/* Loads this thread's vectors (NT threads) of a tile of n4 16-byte vectors
+ * (rows of hd4) into registers, every load issued before any is used. */
+template <uint32_t NT>
 __device__ static inline void tile_load(float4 *vr, const float *const *rowp, uint32_t n4,
                                         uint32_t hd4)
 {
 #pragma unroll
-    for (uint32_t u = 0; u < TILE_VECS; u++) {
-        const uint32_t i = threadIdx.x + u * THREADS;
+    for (uint32_t u = 0; u < KT * SPLIT_HD / 4 / NT; u++) {
+        const uint32_t i = threadIdx.x + u * NT;
         if (i < n4)
             vr[u] = ((const float4 *)rowp[i / hd4])[i % hd4];
     }
 }
 
 /* Stores what tile_load loaded into the shared tile (row stride ld). */
+template <uint32_t NT>
 __device__ static inline void tile_store(float *tile, uint32_t ld, const float4 *vr, uint32_t n4,
                                          uint32_t hd4)
 {
 #pragma unroll
-    for (uint32_t u = 0; u < TILE_VECS; u++) {
-        const uint32_t i = threadIdx.x + u * THREADS;
+    for (uint32_t u = 0; u < KT * SPLIT_HD / 4 / NT; u++) {
+        const uint32_t i = threadIdx.x + u * NT;
         if (i < n4)
             ((float4 *)(tile + (i / hd4) * ld))[i % hd4] = vr[u];
     }
 }
 
-/* One block of 4 warps per (query row, KV head, split of SPLIT keys): the
- * KV head's K and V rows are read once for its whole group of G query
- * heads. Per tile of KT keys (their page rows looked up once): lane l scores
- * key l against heads w, w + 4, ... (ascending dimensions, fused
- * multiply-adds); thread g < G keeps head g's running max and sum and turns
- * the tile's scores into probabilities; thread t accumulates dimensions t
- * and t + 128 of every head over the tile's keys in ascending order. The
+/* Pairs (query row, head) a block may hold: RT rows of up to GMAX heads
+ * alone, of up to 8 in groups. */
+#define PAIRS(RT) ((RT) == 1 ? GMAX : (RT) * (GMAX / 2))
+
+/* One block of NT threads per (group of RT query rows, KV head, split of
+ * SPLIT keys): the KV head's K and V rows of the split are read once for
+ * every query head of its group and every row of the block (one row in a
+ * decode step, up to RT consecutive rows of a prompt). Per tile of KT keys
+ * (the split's page rows looked up once; every load of a tile in flight at
+ * once, V's during K's scores), for each pair (row, head) and each key the
+ * row may see: lane l scores key l (ascending dimensions, fused
+ * multiply-adds), the pair's thread keeps its running max and sum and turns
+ * the scores into probabilities, and thread t accumulates dimension t (and
+ * t + NT) over the keys in order. A pair's arithmetic is the same whatever
+ * the block's rows, so a row's result depends on its position alone. The
  * split's unnormalised output, max and sum go to the scratch; the combine
  * pass merges a row's splits in ascending order. */
-__global__ void __launch_bounds__(THREADS)
+template <uint32_t RT, uint32_t NT>
+__global__ void __launch_bounds__(NT)
     attention_split_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
-                           const qrow_t *rows, uint32_t part_base, float *o_part,
-                           float *ml_part)
+                           const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
+                           float *o_part, float *ml_part)
 {
+    constexpr uint32_t NW = NT / 32, P = PAIRS(RT), PPW = P / NW, DPTN = SPLIT_HD / NT;
     extern __shared__ float4 sm4[];
+    const row_group_t grp = groups[blockIdx.x];
     const uint32_t hd = kv.l.head_dim, G = n_heads / kv.l.n_kv_heads, kvh = blockIdx.z;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, ld = hd + 4;
-    const qrow_t r = rows[blockIdx.x];
+    const qrow_t last = rows[grp.first + grp.count - 1]; /* the block's highest position */
     const uint32_t t_begin = blockIdx.y * SPLIT;
-    if (t_begin > r.pos)
-        return; /* the row has fewer splits: the whole block leaves */
-    const uint32_t t_end = min(t_begin + SPLIT, r.pos + 1);
-    float *qs = (float *)sm4;            /* [G][ld] */
-    float *kvs = qs + (size_t)G * ld;    /* [KT][ld]: K, then V */
-    float *ps = kvs + (size_t)KT * ld;   /* [G][KT]: scores, then probabilities */
-    float *alpha = ps + G * KT;          /* [GMAX] */
-    const float **krow = (const float **)(alpha + GMAX), **vrow = krow + SPLIT; /* [SPLIT] */
-    float m = -INFINITY, l = 0.0f; /* thread g < G: head g's */
-    float acc[GMAX][DPT];
-    float4 vr[TILE_VECS]; /* the next V tile, loaded while K's scores are computed */
+    if (t_begin > last.pos)
+        return; /* none of the rows reaches this split: the whole block leaves */
+    const uint32_t t_stop = min(t_begin + SPLIT, last.pos + 1), n_pairs = grp.count * G;
+    const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
+    float *qs = (float *)(vrow + SPLIT);   /* [RT * G][ld] */
+    float *kvs = qs + (size_t)RT * G * ld; /* [KT][ld]: K, then V */
+    float *ps = kvs + (size_t)KT * ld;     /* [P][KT]: scores, then probabilities */
+    float *alpha = ps + P * KT;            /* [P] */
+    uint32_t *nkp = (uint32_t *)(alpha + P); /* [P]: keys of this tile the pair sees */
+    uint32_t *tend = nkp + P;                /* [RT]: a row's end of keys in the split */
+    float m = -INFINITY, l = 0.0f; /* thread p < n_pairs: pair p's */
+    float acc[P][DPTN];
+    float4 vr[KT * SPLIT_HD / 4 / NT]; /* the next V tile, loaded while K's scores are computed */
 
-    /* the split's page rows, looked up once (their loads all in flight) */
-    for (uint32_t t = t_begin + tid; t < t_end; t += THREADS) {
-        krow[t - t_begin] = kv_row(&kv, r.seq, 0, t, kvh);
-        vrow[t - t_begin] = kv_row(&kv, r.seq, 1, t, kvh);
+    for (uint32_t t = t_begin + tid; t < t_stop; t += NT) {
+        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
+        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
     }
-    for (uint32_t i = tid; i < G * hd; i += THREADS) {
-        const uint32_t g = i / hd, d = i % hd;
-        qs[g * ld + d] = qv.p[(size_t)r.row * qv.ld + (size_t)(kvh * G + g) * qv.hs + d];
+    if (tid < grp.count)
+        tend[tid] = min(t_begin + SPLIT, rows[grp.first + tid].pos + 1);
+    for (uint32_t i = tid; i < n_pairs * hd; i += NT) {
+        const uint32_t pr = i / hd, d = i % hd;
+        qs[pr * ld + d] = qv.p[(size_t)rows[grp.first + pr / G].row * qv.ld +
+                               (size_t)(kvh * G + pr % G) * qv.hs + d];
     }
 #pragma unroll
-    for (uint32_t g = 0; g < GMAX; g++)
+    for (uint32_t pr = 0; pr < P; pr++)
 #pragma unroll
-        for (uint32_t k = 0; k < DPT; k++)
-            acc[g][k] = 0.0f;
+        for (uint32_t k = 0; k < DPTN; k++)
+            acc[pr][k] = 0.0f;
     const uint32_t hd4 = hd / 4;
-    for (uint32_t t0 = t_begin; t0 < t_end; t0 += KT) {
-        const uint32_t nk = min(KT, t_end - t0), n4 = nk * hd4;
-        __syncthreads(); /* row pointers set; the last tile's V and ps read */
-        tile_load(vr, krow + (t0 - t_begin), n4, hd4);
-        tile_store(kvs, ld, vr, n4, hd4);
+    for (uint32_t t0 = t_begin; t0 < t_stop; t0 += KT) {
+        const uint32_t nk = min(KT, t_stop - t0), n4 = nk * hd4;
+        __syncthreads(); /* row pointers and ends set; the last tile's V and ps read */
+        tile_load<NT>(vr, krow + (t0 - t_begin), n4, hd4);
+        tile_store<NT>(kvs, ld, vr, n4, hd4);
         __syncthreads();
-        tile_load(vr, vrow + (t0 - t_begin), n4, hd4); /* in flight during the scores */
+        tile_load<NT>(vr, vrow + (t0 - t_begin), n4, hd4); /* in flight during the scores */
         if (lane < nk) {
             const float4 *k4 = (const float4 *)(kvs + lane * ld);
 #pragma unroll
-            for (uint32_t j = 0; j < HPT; j++) {
-                const uint32_t g = warp + j * WARPS;
-                if (g < G) {
-                    const float4 *q4 = (const float4 *)(qs + g * ld);
+            for (uint32_t j = 0; j < PPW; j++) {
+                const uint32_t pr = warp + j * NW;
+                if (pr < n_pairs && t0 + lane < tend[pr / G]) {
+                    const float4 *q4 = (const float4 *)(qs + pr * ld);
                     float s = 0.0f;
                     for (uint32_t c = 0; c < hd4; c++) {
                         const float4 kk = k4[c], qq = q4[c];
@@ -306,59 +325,69 @@ __global__ void __launch_bounds__(THREADS)
                         s = fmaf(qq.z, kk.z, s);
                         s = fmaf(qq.w, kk.w, s);
                     }
-                    ps[g * KT + lane] = __fmul_rn(s, scale);
+                    ps[pr * KT + lane] = __fmul_rn(s, scale);
                 }
             }
         }
         __syncthreads(); /* scores written, K no longer read */
-        if (tid < G) {
-            float tmax = -INFINITY;
-            for (uint32_t t = 0; t < nk; t++)
-                tmax = fmaxf(tmax, ps[tid * KT + t]);
-            const float m_new = fmaxf(m, tmax), al = expf(m - m_new);
-            l = __fmul_rn(l, al);
-            for (uint32_t t = 0; t < nk; t++) {
-                const float p = expf(ps[tid * KT + t] - m_new);
-                ps[tid * KT + t] = p;
-                l = __fadd_rn(l, p);
+        if (tid < n_pairs) {
+            const uint32_t te = tend[tid / G], nkr = t0 < te ? min(KT, te - t0) : 0;
+            if (nkr > 0) {
+                float tmax = -INFINITY;
+                for (uint32_t t = 0; t < nkr; t++)
+                    tmax = fmaxf(tmax, ps[tid * KT + t]);
+                const float m_new = fmaxf(m, tmax), al = expf(m - m_new);
+                l = __fmul_rn(l, al);
+                for (uint32_t t = 0; t < nkr; t++) {
+                    const float p = expf(ps[tid * KT + t] - m_new);
+                    ps[tid * KT + t] = p;
+                    l = __fadd_rn(l, p);
+                }
+                m = m_new;
+                alpha[tid] = al;
             }
-            m = m_new;
-            alpha[tid] = al;
+            nkp[tid] = nkr;
         }
-        tile_store(kvs, ld, vr, n4, hd4);
+        tile_store<NT>(kvs, ld, vr, n4, hd4);
         __syncthreads();
 #pragma unroll
-        for (uint32_t g = 0; g < GMAX; g++)
-            if (g < G)
+        for (uint32_t pr = 0; pr < P; pr++)
+            if (pr < n_pairs && nkp[pr] > 0)
 #pragma unroll
-                for (uint32_t k = 0; k < DPT; k++)
-                    acc[g][k] = __fmul_rn(acc[g][k], alpha[g]);
+                for (uint32_t k = 0; k < DPTN; k++)
+                    acc[pr][k] = __fmul_rn(acc[pr][k], alpha[pr]);
         for (uint32_t t = 0; t < nk; t++) {
 #pragma unroll
-            for (uint32_t k = 0; k < DPT; k++) {
-                const uint32_t d = tid + k * THREADS;
+            for (uint32_t k = 0; k < DPTN; k++) {
+                const uint32_t d = tid + k * NT;
                 if (d < hd) {
                     const float v = kvs[t * ld + d];
 #pragma unroll
-                    for (uint32_t g = 0; g < GMAX; g++)
-                        if (g < G)
-                            acc[g][k] = fmaf(ps[g * KT + t], v, acc[g][k]);
+                    for (uint32_t pr = 0; pr < P; pr++)
+                        if (pr < n_pairs && t < nkp[pr])
+                            acc[pr][k] = fmaf(ps[pr * KT + t], v, acc[pr][k]);
                 }
             }
         }
     }
-    const size_t p = (size_t)(r.part - part_base + blockIdx.y) * n_heads + kvh * G;
+    /* the rows that reach this split write their partials */
 #pragma unroll
-    for (uint32_t g = 0; g < GMAX; g++)
-        if (g < G)
+    for (uint32_t pr = 0; pr < P; pr++)
+        if (pr < n_pairs) {
+            const qrow_t r = rows[grp.first + pr / G];
+            if (r.pos >= t_begin) {
+                const size_t at = (size_t)(r.part - part_base + blockIdx.y) * n_heads + kvh * G +
+                                  pr % G;
 #pragma unroll
-            for (uint32_t k = 0; k < DPT; k++)
-                if (tid + k * THREADS < hd)
-                    o_part[(p + g) * hd + tid + k * THREADS] = acc[g][k];
-    if (tid < G) {
-        ml_part[(p + tid) * 2] = m;
-        ml_part[(p + tid) * 2 + 1] = l;
-    }
+                for (uint32_t k = 0; k < DPTN; k++)
+                    if (tid + k * NT < hd)
+                        o_part[at * hd + tid + k * NT] = acc[pr][k];
+                if (tid == pr) {
+                    ml_part[at * 2] = m;
+                    ml_part[at * 2 + 1] = l;
+                }
+            }
+        }
 }
 
 /* One block per (query row, head): the row's splits merged in ascending
@@ -393,6 +422,30 @@ __global__ void attention_combine_kernel(hpd_view_t ov, uint32_t n_heads, uint32
  * partials fit (a single row always goes). */
 #define SPLIT_SCRATCH_BYTES ((size_t)64 << 20)
 
+/* Shared memory of the split kernel for RT rows of G heads of head_dim hd. */
+static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
+{
+    const size_t P = PAIRS(RT);
+    return ((size_t)(RT * G + KT) * (hd + 4) + P * KT + P) * sizeof(float) +
+           (P + RT) * sizeof(uint32_t) + 2 * SPLIT * sizeof(float *);
+}
+
+template <uint32_t RT, uint32_t NT>
+static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
+                                 const hpd_attention_args_t *a, const dev_kv_t *kv,
+                                 const qrow_t *rows, const row_group_t *groups, uint32_t base,
+                                 float *o_part, float *ml_part)
+{
+    if (smem > 48 * 1024)
+        HPD_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<RT, NT>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+    attention_split_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
 static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t *a,
                                     const dev_kv_t *kv, const qrow_t *rows, const qrow_t *hrows,
                                     uint32_t n_rows)
@@ -401,15 +454,16 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
     const hpd_kv_layout_t *l = a->kv.layout;
     const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
     const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
-    const size_t smem = ((size_t)(G + KT) * (hd + 4) + (size_t)G * KT + GMAX) * sizeof(float) +
-                        2 * SPLIT * sizeof(float *);
-    if (smem > c->smem_optin)
+    if (split_smem(1, G, hd) > c->smem_optin)
         return HPD_ERR_UNSUPPORTED;
-    if (smem > 48 * 1024)
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
-    for (uint32_t r0 = 0; r0 < n_rows;) {
+    /* blocks of up to RT_GROUP rows where a prompt brings consecutive rows
+     * and the heads per KV head allow it */
+    const bool grouped = G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin;
+    row_group_t *groups = (row_group_t *)malloc((size_t)n_rows * sizeof(row_group_t));
+    if (groups == NULL)
+        return HPD_ERR_NO_MEMORY;
+    hpd_status_t st = HPD_OK;
+    for (uint32_t r0 = 0; st == HPD_OK && r0 < n_rows;) {
         /* rows [r0, r1): their partials within the scratch bound */
         const uint32_t base = hrows[r0].part;
         uint32_t r1 = r0 + 1, max_splits = ROW_SPLITS(hrows[r0].pos);
@@ -419,24 +473,47 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
             max_splits = max(max_splits, ROW_SPLITS(hrows[r1].pos));
             r1++;
         }
+        uint32_t n_groups = 0, widest = 1;
+        for (uint32_t r = r0; r < r1; r++) {
+            row_group_t *g = n_groups ? &groups[n_groups - 1] : NULL;
+            if (grouped && g != NULL && g->count < RT_GROUP &&
+                hrows[r].seq == hrows[r - 1].seq && hrows[r].pos == hrows[r - 1].pos + 1) {
+                g->count++;
+                widest = max(widest, g->count);
+            } else
+                groups[n_groups++] = (row_group_t){r - r0, 1};
+        }
         const size_t parts = hrows[r1 - 1].part + ROW_SPLITS(hrows[r1 - 1].pos) - base;
-        void *work;
-        hpd_status_t st = hpd_cuda_work(b, parts * per_part, &work);
-        if (st != HPD_OK)
-            return st;
+        void *work, *dgroups;
+        const hpd_cuda_meta_t m[] = {
+            {.host = groups, .bytes = n_groups * sizeof(row_group_t), .dev_p = &dgroups}};
+        if (max_splits > 65535 || l->n_kv_heads > 65535) {
+            st = HPD_ERR_UNSUPPORTED;
+            break;
+        }
+        if ((st = hpd_cuda_work(b, parts * per_part, &work)) != HPD_OK ||
+            (st = hpd_cuda_stage(b, m, 1)) != HPD_OK)
+            break;
         float *o_part = (float *)work, *ml_part = o_part + parts * a->n_heads * hd;
-        if (max_splits > 65535 || l->n_kv_heads > 65535)
-            return HPD_ERR_UNSUPPORTED;
-        const dim3 grid(r1 - r0, max_splits, l->n_kv_heads);
-        attention_split_kernel<<<grid, THREADS, smem, c->stream>>>(
-            *kv, a->q, a->n_heads, a->scale, rows + r0, base, o_part, ml_part);
-        HPD_CUDA_LAUNCHED();
+        const dim3 grid(n_groups, max_splits, l->n_kv_heads);
+        st = widest > 1
+                 ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
+                                               rows + r0, (const row_group_t *)dgroups, base,
+                                               o_part, ml_part)
+                 : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, rows + r0,
+                                        (const row_group_t *)dgroups, base, o_part, ml_part);
+        if (st != HPD_OK)
+            break;
         attention_combine_kernel<<<(r1 - r0) * a->n_heads, THREADS, 0, c->stream>>>(
             a->out, a->n_heads, hd, rows + r0, base, o_part, ml_part);
-        HPD_CUDA_LAUNCHED();
+        if (cudaGetLastError() != cudaSuccess) {
+            HPD_LOG_ERROR("cuda", "attention combine launch failed");
+            st = HPD_ERR_INTERNAL;
+        }
         r0 = r1;
     }
-    return HPD_OK;
+    free(groups);
+    return st;
 }
 
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)

@@ -286,7 +286,10 @@ typedef struct {
     cudaStream_t stream;
     size_t smem_optin;
     cublasHandle_t cublas;
-    void *stage, *work;
+    /* the staging ring: an op's metadata stays valid for the next 7 ops'
+     * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
+    void *stage[8], *work;
+    uint32_t slot;
     size_t work_bytes;
 } hpd_cuda_ctx_t;
 
@@ -300,8 +303,10 @@ static inline hpd_cuda_ctx_t hpd_emu_ctx()
 
 static inline void hpd_emu_ctx_free(hpd_cuda_ctx_t *c)
 {
-    free(c->stage), free(c->work);
-    c->stage = c->work = nullptr, c->work_bytes = 0;
+    for (void *&st : c->stage)
+        free(st), st = nullptr;
+    free(c->work);
+    c->work = nullptr, c->work_bytes = 0;
 }
 
 static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
@@ -340,10 +345,11 @@ static inline hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++)
         total += (arrays[i].bytes + 255) & ~(size_t)255;
-    free(c->stage);
-    if ((c->stage = aligned_alloc(256, total ? total : 256)) == nullptr)
+    c->slot = (c->slot + 1) % 8;
+    free(c->stage[c->slot]);
+    if ((c->stage[c->slot] = aligned_alloc(256, total ? total : 256)) == nullptr)
         return HPD_ERR_NO_MEMORY;
-    char *d = (char *)c->stage;
+    char *d = (char *)c->stage[c->slot];
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (arrays[i].host != nullptr && arrays[i].bytes > 0)
