@@ -9,9 +9,10 @@
  * Weights in F32, BF16, F16 or FP8 E4M3 (times its block scale, one
  * rounding) are widened to fp32 by the same functions in both kernels. No
  * cuBLAS.
- * - tiled (any m): 64x64 output tiles, 16x16 threads of 4x4 outputs, k in
- *   steps of TK = 16 through shared memory; a chunk's partial in a register,
- *   added to the running total at each chunk's end;
+ * - tiled (any m): 128x128 output tiles, 256 threads of 8x8 outputs, k in
+ *   steps of TK = 16 through shared memory (the next step's tile loaded
+ *   into registers meanwhile); a chunk's partial in a register, added to the
+ *   running total at each chunk's end;
  * - gemv (m <= GEMV_MAX_M, weight rows 16-byte aligned): a thread per
  *   (chunk, column, group of up to 8 rows); weights staged through shared
  *   memory with coalesced 16-byte loads, partials summed by one lane per
@@ -80,59 +81,96 @@ __device__ inline float weight<f8_t>(const f8_t *w, uint32_t n, uint32_t c, uint
     return __fmul_rn(widen(w[(size_t)n * k + c]), ws.scale[(size_t)n * ws.ld + c / ws.block]);
 }
 
-#define TM 64
-#define TN 64
+#define TM 128 /* output tile: TM rows of x by TN weight rows */
+#define TN 128
 #define TK 16
 #define KC 64 /* the canonical order's chunk: a multiple of TK */
+#define TILE_THREADS 256
 static_assert(KC % TK == 0, "a chunk must end on a tile step");
 
+/* 256 threads, each 8x8 outputs: rows ty*4 + {0..3} and 64 + ty*4 + {0..3},
+ * columns likewise with tx, read from the k-major shared tiles as 16-byte
+ * vectors. The next k-step's tile is loaded into registers (8 of x, 8 of w
+ * per thread, all in flight) while this one is computed. */
 template <typename WT>
-__global__ void gemm_kernel(const float *__restrict__ x, uint32_t ldx,
-                            const WT *__restrict__ w, wscale_t wsc, float *__restrict__ y,
-                            uint32_t ldy, uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+__global__ void __launch_bounds__(TILE_THREADS, 1)
+    gemm_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w, wscale_t wsc,
+                float *__restrict__ y, uint32_t ldy, uint32_t m, uint32_t n, uint32_t k,
+                bool accumulate)
 {
-    __shared__ float xs[TK][TM + 1];
-    __shared__ float ws[TK][TN + 1];
-    const uint32_t tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+    __shared__ __align__(16) float xs[TK][TM];
+    __shared__ __align__(16) float ws[TK][TN];
+    const uint32_t tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const uint32_t row0 = blockIdx.y * TM, col0 = blockIdx.x * TN;
-    float acc[4][4] = {{0}}, total[4][4] = {{0}};
+    /* this thread's loads: row (or weight row) lr, k offsets lk .. lk + 7 */
+    const uint32_t lr = tid / 2, lk = (tid % 2) * 8;
+    float acc[8][8], total[8][8], xr[8], wr[8];
 
-    for (uint32_t k0 = 0; k0 < k; k0 += TK) {
-        /* 256 threads load 64x16 of x and of w, 4 elements each */
-        for (uint32_t i = tid; i < TM * TK; i += 256) {
-            const uint32_t r = i / TK, kk = i % TK;
-            const uint32_t gr = row0 + r, gk = k0 + kk;
-            xs[kk][r] = gr < m && gk < k ? x[(size_t)gr * ldx + gk] : 0.0f;
-            const uint32_t gc = col0 + r;
-            ws[kk][r] = gc < n && gk < k ? weight(w, gc, gk, k, wsc) : 0.0f;
-        }
-        __syncthreads();
-        /* no product past k: a zero product would turn a -0 partial into +0 */
-        if (k0 + TK <= k) {
 #pragma unroll
-            for (uint32_t kk = 0; kk < TK; kk++)
-                for (uint32_t i = 0; i < 4; i++)
-                    for (uint32_t j = 0; j < 4; j++)
-                        acc[i][j] = fmaf(xs[kk][ty * 4 + i], ws[kk][tx * 4 + j], acc[i][j]);
-        } else {
-            for (uint32_t kk = 0; kk < k - k0; kk++)
-                for (uint32_t i = 0; i < 4; i++)
-                    for (uint32_t j = 0; j < 4; j++)
-                        acc[i][j] = fmaf(xs[kk][ty * 4 + i], ws[kk][tx * 4 + j], acc[i][j]);
+    for (uint32_t i = 0; i < 8; i++)
+#pragma unroll
+        for (uint32_t j = 0; j < 8; j++)
+            acc[i][j] = 0.0f, total[i][j] = 0.0f;
+    const auto load = [&](uint32_t k0) {
+        const uint32_t gr = row0 + lr, gc = col0 + lr;
+#pragma unroll
+        for (uint32_t u = 0; u < 8; u++) {
+            const uint32_t gk = k0 + lk + u;
+            xr[u] = gr < m && gk < k ? x[(size_t)gr * ldx + gk] : 0.0f;
+            wr[u] = gc < n && gk < k ? weight(w, gc, gk, k, wsc) : 0.0f;
         }
-        __syncthreads();
-        if ((k0 + TK) % KC == 0 || k0 + TK >= k) { /* a chunk ends */
-            for (uint32_t i = 0; i < 4; i++)
-                for (uint32_t j = 0; j < 4; j++) {
+    };
+    const auto store = [&]() {
+#pragma unroll
+        for (uint32_t u = 0; u < 8; u++) {
+            xs[lk + u][lr] = xr[u];
+            ws[lk + u][lr] = wr[u];
+        }
+    };
+    load(0);
+    store();
+    __syncthreads();
+    for (uint32_t k0 = 0; k0 < k; k0 += TK) {
+        const bool more = k0 + TK < k;
+        if (more)
+            load(k0 + TK);
+        /* no product past k: a zero product would turn a -0 partial into +0 */
+        const uint32_t steps = more ? TK : k - k0;
+#pragma unroll 4
+        for (uint32_t kk = 0; kk < steps; kk++) {
+            const float4 a0 = *(const float4 *)&xs[kk][ty * 4];
+            const float4 a1 = *(const float4 *)&xs[kk][64 + ty * 4];
+            const float4 b0 = *(const float4 *)&ws[kk][tx * 4];
+            const float4 b1 = *(const float4 *)&ws[kk][64 + tx * 4];
+            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (uint32_t i = 0; i < 8; i++)
+#pragma unroll
+                for (uint32_t j = 0; j < 8; j++)
+                    acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if ((k0 + TK) % KC == 0 || !more) { /* a chunk ends */
+#pragma unroll
+            for (uint32_t i = 0; i < 8; i++)
+#pragma unroll
+                for (uint32_t j = 0; j < 8; j++) {
                     total[i][j] = __fadd_rn(total[i][j], acc[i][j]);
                     acc[i][j] = 0.0f;
                 }
         }
+        if (more) {
+            __syncthreads(); /* this step's tiles are read */
+            store();
+            __syncthreads();
+        }
     }
-    for (uint32_t i = 0; i < 4; i++) {
-        const uint32_t r = row0 + ty * 4 + i;
-        for (uint32_t j = 0; j < 4; j++) {
-            const uint32_t c = col0 + tx * 4 + j;
+#pragma unroll
+    for (uint32_t i = 0; i < 8; i++) {
+        const uint32_t r = row0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+#pragma unroll
+        for (uint32_t j = 0; j < 8; j++) {
+            const uint32_t c = col0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
             if (r < m && c < n) {
                 float *out = y + (size_t)r * ldy + c;
                 *out = accumulate ? __fadd_rn(*out, total[i][j]) : total[i][j];
@@ -373,8 +411,8 @@ static void gemm_launch(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
         gemv<WT>(a, wsc, s);
         return;
     }
-    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM), block(16, 16);
-    gemm_kernel<<<grid, block, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y, a->ldy, a->m,
+    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM);
+    gemm_kernel<<<grid, TILE_THREADS, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y, a->ldy, a->m,
                                        a->n, a->k, a->accumulate);
 }
 
