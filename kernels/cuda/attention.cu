@@ -46,17 +46,19 @@ __device__ static inline const float *kv_row(const dev_kv_t *kv, uint32_t s, uin
            hpd_kv_layout_row(&kv->l, kv->member, which, t % kv->l.block_size, h);
 }
 
-/* Stages the query rows and the block tables (the blocks each sequence's
- * last row reaches). */
-static hpd_status_t stage_batch(hpd_backend_t *b, const hpd_paged_kv_t *kv,
-                                const hpd_seq_t *seqs, uint32_t n_seqs, dev_kv_t *out,
-                                const qrow_t **rows_p, uint32_t *n_rows_p, qrow_t **host_rows_p)
+/* Lists the op's query rows and flattens the block tables (the blocks each
+ * sequence's last row reaches; none for a sequence without rows), followed
+ * by each sequence's first entry, on the host. */
+static hpd_status_t build_batch(const hpd_paged_kv_t *kv, const hpd_seq_t *seqs, uint32_t n_seqs,
+                                qrow_t **rows_p, uint32_t *n_rows_p, uint32_t **tables_p,
+                                uint32_t *n_entries_p)
 {
     const uint32_t B = kv->layout->block_size;
     uint32_t n_rows = 0, n_entries = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
         n_rows += seqs[s].n_tokens;
-        n_entries += (seqs[s].start_pos + seqs[s].n_tokens + B - 1) / B;
+        if (seqs[s].n_tokens > 0)
+            n_entries += (seqs[s].start_pos + seqs[s].n_tokens + B - 1) / B;
     }
     qrow_t *rows = (qrow_t *)malloc((size_t)(n_rows ? n_rows : 1) * sizeof(qrow_t));
     uint32_t *tables = (uint32_t *)malloc((size_t)(n_entries + n_seqs + 1) * sizeof(uint32_t));
@@ -67,7 +69,8 @@ static hpd_status_t stage_batch(hpd_backend_t *b, const hpd_paged_kv_t *kv,
     }
     uint32_t *table_at = tables + n_entries;
     for (uint32_t s = 0, r = 0, e = 0, part = 0; s < n_seqs; s++) {
-        const uint32_t nb = (seqs[s].start_pos + seqs[s].n_tokens + B - 1) / B;
+        const uint32_t nb =
+            seqs[s].n_tokens ? (seqs[s].start_pos + seqs[s].n_tokens + B - 1) / B : 0;
         table_at[s] = e;
         for (uint32_t j = 0; j < nb; j++)
             tables[e++] = kv->block_tables[s][j];
@@ -76,26 +79,23 @@ static hpd_status_t stage_batch(hpd_backend_t *b, const hpd_paged_kv_t *kv,
             part += ROW_SPLITS(seqs[s].start_pos + i);
         }
     }
-    void *drows, *dtables;
-    const hpd_cuda_meta_t m[] = {
-        {.host = rows, .bytes = n_rows * sizeof(qrow_t), .dev_p = &drows},
-        {.host = tables, .bytes = (n_entries + n_seqs) * sizeof(uint32_t), .dev_p = &dtables}};
-    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
-    free(tables);
-    if (st != HPD_OK || host_rows_p == NULL)
-        free(rows);
-    if (st != HPD_OK)
-        return st;
-    if (host_rows_p != NULL)
-        *host_rows_p = rows;
-    out->l = *kv->layout;
-    out->pool = (const float *)kv->pool;
-    out->member = kv->member;
-    out->tables = (const uint32_t *)dtables;
-    out->table_at = (const uint32_t *)dtables + n_entries;
-    *rows_p = (const qrow_t *)drows;
+    *rows_p = rows;
     *n_rows_p = n_rows;
+    *tables_p = tables;
+    *n_entries_p = n_entries;
     return HPD_OK;
+}
+
+/* The device view of the paged KV, its tables staged at dtables. */
+static dev_kv_t device_kv(const hpd_paged_kv_t *kv, const void *dtables, uint32_t n_entries)
+{
+    dev_kv_t out;
+    out.l = *kv->layout;
+    out.pool = (const float *)kv->pool;
+    out.member = kv->member;
+    out.tables = (const uint32_t *)dtables;
+    out.table_at = (const uint32_t *)dtables + n_entries;
+    return out;
 }
 
 /* ------------------------------------------------------------- kv store */
@@ -117,19 +117,26 @@ __global__ void kv_store_kernel(dev_kv_t kv, hpd_view_t k, hpd_view_t v, const q
 
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a)
 {
-    dev_kv_t kv;
-    const qrow_t *rows;
-    uint32_t n_rows;
+    qrow_t *rows;
+    uint32_t *tables, n_rows, n_entries;
+    void *drows, *dtables;
     hpd_status_t st;
 
     if (a->kv.layout->dtype != HPD_DTYPE_F32)
         return HPD_ERR_UNSUPPORTED;
-    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &kv, &rows, &n_rows, NULL)) != HPD_OK)
+    if ((st = build_batch(&a->kv, a->seqs, a->n_seqs, &rows, &n_rows, &tables, &n_entries)) !=
+        HPD_OK)
         return st;
-    if (n_rows == 0)
-        return HPD_OK;
+    const hpd_cuda_meta_t m[] = {
+        {.host = rows, .bytes = n_rows * sizeof(qrow_t), .dev_p = &drows},
+        {.host = tables, .bytes = (n_entries + a->n_seqs) * sizeof(uint32_t), .dev_p = &dtables}};
+    st = n_rows > 0 ? hpd_cuda_stage(b, m, 2) : HPD_OK;
+    free(rows);
+    free(tables);
+    if (st != HPD_OK || n_rows == 0)
+        return st;
     kv_store_kernel<<<n_rows * a->kv.layout->n_kv_heads, 64, 0, hpd_cuda_ctx(b)->stream>>>(
-        kv, a->k, a->v, rows);
+        device_kv(&a->kv, dtables, n_entries), a->k, a->v, (const qrow_t *)drows);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
@@ -420,7 +427,9 @@ __global__ void attention_combine_kernel(hpd_view_t ov, uint32_t n_heads, uint32
 
 /* Scratch the split pass may use at once: rows are taken in groups whose
  * partials fit (a single row always goes). */
+#ifndef SPLIT_SCRATCH_BYTES /* a test may set a smaller bound, to take many launches */
 #define SPLIT_SCRATCH_BYTES ((size_t)64 << 20)
+#endif
 
 /* Shared memory of the split kernel for RT rows of G heads of head_dim hd. */
 static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
@@ -446,25 +455,19 @@ static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
     return HPD_OK;
 }
 
-static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t *a,
-                                    const dev_kv_t *kv, const qrow_t *rows, const qrow_t *hrows,
-                                    uint32_t n_rows)
+/* A launch of the split pass: rows [r0, r1) of the op, whose partials fit
+ * the scratch, in blocks groups[g0, g0 + n_groups). */
+typedef struct {
+    uint32_t r0, r1, g0, n_groups, max_splits, widest;
+} split_range_t;
+
+/* Cuts the op's rows into launches and blocks (on the host). groups and
+ * ranges hold n_rows entries each; returns the number of ranges. */
+static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part, bool grouped,
+                           row_group_t *groups, split_range_t *ranges)
 {
-    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    const hpd_kv_layout_t *l = a->kv.layout;
-    const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
-    const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
-    if (split_smem(1, G, hd) > c->smem_optin)
-        return HPD_ERR_UNSUPPORTED;
-    /* blocks of up to RT_GROUP rows where a prompt brings consecutive rows
-     * and the heads per KV head allow it */
-    const bool grouped = G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin;
-    row_group_t *groups = (row_group_t *)malloc((size_t)n_rows * sizeof(row_group_t));
-    if (groups == NULL)
-        return HPD_ERR_NO_MEMORY;
-    hpd_status_t st = HPD_OK;
-    for (uint32_t r0 = 0; st == HPD_OK && r0 < n_rows;) {
-        /* rows [r0, r1): their partials within the scratch bound */
+    uint32_t n_ranges = 0, n_groups = 0;
+    for (uint32_t r0 = 0; r0 < n_rows;) {
         const uint32_t base = hrows[r0].part;
         uint32_t r1 = r0 + 1, max_splits = ROW_SPLITS(hrows[r0].pos);
         while (r1 < n_rows &&
@@ -473,79 +476,130 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
             max_splits = max(max_splits, ROW_SPLITS(hrows[r1].pos));
             r1++;
         }
-        uint32_t n_groups = 0, widest = 1;
+        split_range_t *rg = &ranges[n_ranges++];
+        *rg = (split_range_t){r0, r1, n_groups, 0, max_splits, 1};
         for (uint32_t r = r0; r < r1; r++) {
-            row_group_t *g = n_groups ? &groups[n_groups - 1] : NULL;
+            row_group_t *g = rg->n_groups ? &groups[n_groups - 1] : NULL;
             if (grouped && g != NULL && g->count < RT_GROUP &&
                 hrows[r].seq == hrows[r - 1].seq && hrows[r].pos == hrows[r - 1].pos + 1) {
                 g->count++;
-                widest = max(widest, g->count);
-            } else
+                rg->widest = max(rg->widest, g->count);
+            } else {
                 groups[n_groups++] = (row_group_t){r - r0, 1};
-        }
-        const size_t parts = hrows[r1 - 1].part + ROW_SPLITS(hrows[r1 - 1].pos) - base;
-        void *work, *dgroups;
-        const hpd_cuda_meta_t m[] = {
-            {.host = groups, .bytes = n_groups * sizeof(row_group_t), .dev_p = &dgroups}};
-        if (max_splits > 65535 || l->n_kv_heads > 65535) {
-            st = HPD_ERR_UNSUPPORTED;
-            break;
-        }
-        if ((st = hpd_cuda_work(b, parts * per_part, &work)) != HPD_OK ||
-            (st = hpd_cuda_stage(b, m, 1)) != HPD_OK)
-            break;
-        float *o_part = (float *)work, *ml_part = o_part + parts * a->n_heads * hd;
-        const dim3 grid(n_groups, max_splits, l->n_kv_heads);
-        st = widest > 1
-                 ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
-                                               rows + r0, (const row_group_t *)dgroups, base,
-                                               o_part, ml_part)
-                 : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, rows + r0,
-                                        (const row_group_t *)dgroups, base, o_part, ml_part);
-        if (st != HPD_OK)
-            break;
-        attention_combine_kernel<<<(r1 - r0) * a->n_heads, THREADS, 0, c->stream>>>(
-            a->out, a->n_heads, hd, rows + r0, base, o_part, ml_part);
-        if (cudaGetLastError() != cudaSuccess) {
-            HPD_LOG_ERROR("cuda", "attention combine launch failed");
-            st = HPD_ERR_INTERNAL;
+                rg->n_groups++;
+            }
         }
         r0 = r1;
     }
-    free(groups);
-    return st;
+    return n_ranges;
+}
+
+/* The split pass over rows staged at drows, groups at dgroups. */
+static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t *a,
+                                    const dev_kv_t *kv, const qrow_t *drows, const qrow_t *hrows,
+                                    const row_group_t *dgroups, const split_range_t *ranges,
+                                    uint32_t n_ranges)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    const hpd_kv_layout_t *l = a->kv.layout;
+    const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
+    const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
+    for (uint32_t i = 0; i < n_ranges; i++) {
+        const split_range_t *rg = &ranges[i];
+        const uint32_t base = hrows[rg->r0].part;
+        const size_t parts = hrows[rg->r1 - 1].part + ROW_SPLITS(hrows[rg->r1 - 1].pos) - base;
+        if (rg->max_splits > 65535 || l->n_kv_heads > 65535) {
+            HPD_LOG_ERROR("cuda", "attention: %u splits of %u keys or %u KV heads exceed a grid "
+                          "dimension (65535)", rg->max_splits, SPLIT, l->n_kv_heads);
+            return HPD_ERR_UNSUPPORTED;
+        }
+        void *work;
+        hpd_status_t st = hpd_cuda_work(b, parts * per_part, &work);
+        if (st != HPD_OK)
+            return st;
+        float *o_part = (float *)work, *ml_part = o_part + parts * a->n_heads * hd;
+        const dim3 grid(rg->n_groups, rg->max_splits, l->n_kv_heads);
+        st = rg->widest > 1
+                 ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
+                                               drows + rg->r0, dgroups + rg->g0, base, o_part,
+                                               ml_part)
+                 : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
+                                        dgroups + rg->g0, base, o_part, ml_part);
+        if (st != HPD_OK)
+            return st;
+        attention_combine_kernel<<<(rg->r1 - rg->r0) * a->n_heads, THREADS, 0, c->stream>>>(
+            a->out, a->n_heads, hd, drows + rg->r0, base, o_part, ml_part);
+        HPD_CUDA_LAUNCHED();
+    }
+    return HPD_OK;
 }
 
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
 {
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     const hpd_kv_layout_t *l = a->kv.layout;
-    dev_kv_t kv;
-    const qrow_t *rows;
-    qrow_t *hrows = NULL;
-    uint32_t n_rows;
+    qrow_t *rows;
+    uint32_t *tables, n_rows, n_entries;
     hpd_status_t st;
 
     if (l->dtype != HPD_DTYPE_F32 || l->head_dim > MAX_HD || l->n_kv_heads == 0 ||
-        a->n_heads % l->n_kv_heads != 0)
+        a->n_heads == 0 || a->n_heads % l->n_kv_heads != 0)
         return HPD_ERR_UNSUPPORTED;
-    if ((st = stage_batch(b, &a->kv, a->seqs, a->n_seqs, &kv, &rows, &n_rows, &hrows)) != HPD_OK)
+    if ((st = build_batch(&a->kv, a->seqs, a->n_seqs, &rows, &n_rows, &tables, &n_entries)) !=
+        HPD_OK)
         return st;
     if (n_rows == 0) {
-        free(hrows);
+        free(rows), free(tables);
         return HPD_OK;
     }
-    /* the split-KV pass where its tiles fit: 16-byte rows, head_dim <= 256,
-     * at most 16 query heads per KV head */
-    const uint32_t G = a->n_heads / l->n_kv_heads;
-    if (l->head_dim % 4 == 0 && l->head_dim <= SPLIT_HD && G <= GMAX &&
-        ((uintptr_t)a->kv.pool & 15) == 0) {
-        st = attention_split(b, a, &kv, rows, hrows, n_rows);
-        free(hrows);
-        return st;
+    /* the split-KV pass where its tiles fit (16-byte rows, head_dim <= 256, at
+     * most 16 query heads per KV head); its launches and blocks are planned
+     * here and staged with the rows and tables in one slot of the ring, which
+     * later ops cannot reuse before these launches have read it */
+    const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
+    const bool split = hd % 4 == 0 && hd <= SPLIT_HD && G <= GMAX &&
+                       split_smem(1, G, hd) <= c->smem_optin;
+    if (split && ((uintptr_t)a->kv.pool & 15) != 0) {
+        HPD_LOG_ERROR("cuda", "attention: the KV pool at %p is not 16-byte aligned",
+                      a->kv.pool);
+        free(rows), free(tables);
+        return HPD_ERR_INVALID_ARG;
     }
-    free(hrows);
-    attention_kernel<<<n_rows * a->n_heads, THREADS, 0, hpd_cuda_ctx(b)->stream>>>(
-        kv, a->q, a->out, a->n_heads, a->scale, rows);
-    HPD_CUDA_LAUNCHED();
-    return HPD_OK;
+    row_group_t *groups = NULL;
+    split_range_t *ranges = NULL;
+    uint32_t n_groups = 0, n_ranges = 0;
+    if (split) {
+        groups = (row_group_t *)malloc((size_t)n_rows * sizeof(row_group_t));
+        ranges = (split_range_t *)malloc((size_t)n_rows * sizeof(split_range_t));
+        if (groups == NULL || ranges == NULL) {
+            free(rows), free(tables), free(groups), free(ranges);
+            return HPD_ERR_NO_MEMORY;
+        }
+        const bool grouped = G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin;
+        n_ranges = split_plan(rows, n_rows, (size_t)a->n_heads * (hd + 2) * sizeof(float),
+                              grouped, groups, ranges);
+        n_groups = ranges[n_ranges - 1].g0 + ranges[n_ranges - 1].n_groups;
+    }
+    void *drows, *dtables, *dgroups = NULL;
+    const hpd_cuda_meta_t m[] = {
+        {.host = rows, .bytes = n_rows * sizeof(qrow_t), .dev_p = &drows},
+        {.host = tables, .bytes = (n_entries + a->n_seqs) * sizeof(uint32_t), .dev_p = &dtables},
+        {.host = groups, .bytes = n_groups * sizeof(row_group_t), .dev_p = &dgroups}};
+    st = hpd_cuda_stage(b, m, split ? 3 : 2);
+    if (st == HPD_OK) {
+        const dev_kv_t kv = device_kv(&a->kv, dtables, n_entries);
+        if (split)
+            st = attention_split(b, a, &kv, (const qrow_t *)drows, rows,
+                                 (const row_group_t *)dgroups, ranges, n_ranges);
+        else {
+            attention_kernel<<<n_rows * a->n_heads, THREADS, 0, c->stream>>>(
+                kv, a->q, a->out, a->n_heads, a->scale, (const qrow_t *)drows);
+            if (cudaGetLastError() != cudaSuccess) {
+                HPD_LOG_ERROR("cuda", "attention launch failed");
+                st = HPD_ERR_INTERNAL;
+            }
+        }
+    }
+    free(rows), free(tables), free(groups), free(ranges);
+    return st;
 }

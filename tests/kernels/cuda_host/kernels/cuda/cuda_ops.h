@@ -289,6 +289,7 @@ typedef struct {
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
     void *stage[8], *work;
+    size_t stage_bytes[8];
     uint32_t slot;
     size_t work_bytes;
 } hpd_cuda_ctx_t;
@@ -345,9 +346,15 @@ static inline hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++)
         total += (arrays[i].bytes + 255) & ~(size_t)255;
+    /* the slot's earlier contents are overwritten with NaN first, so that an
+     * op reading metadata staged 8 stagings ago reads garbage, as it would
+     * on the GPU */
     c->slot = (c->slot + 1) % 8;
+    if (c->stage[c->slot] != nullptr)
+        memset(c->stage[c->slot], 0xff, c->stage_bytes[c->slot]);
     free(c->stage[c->slot]);
-    if ((c->stage[c->slot] = aligned_alloc(256, total ? total : 256)) == nullptr)
+    c->stage_bytes[c->slot] = total ? total : 256;
+    if ((c->stage[c->slot] = aligned_alloc(256, c->stage_bytes[c->slot])) == nullptr)
         return HPD_ERR_NO_MEMORY;
     char *d = (char *)c->stage[c->slot];
     size_t off = 0;
