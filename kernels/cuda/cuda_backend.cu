@@ -495,6 +495,8 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, id) !=
             cudaSuccess) {
         HPD_LOG_ERROR("cuda", "cannot open GPU %d: %s", id, cudaGetErrorString(cudaGetLastError()));
+        if (c->stream != NULL)
+            cudaStreamDestroy(c->stream);
         free(b);
         free(c);
         return HPD_ERR_INTERNAL;

@@ -40,6 +40,8 @@ __global__ void __launch_bounds__(REC_WARPS * 32)
     const uint32_t j = tile * REC_COLS + lane;
     const bool col = j < dv;
     const hpd_seq_t seq = seqs[s];
+    if (seq.n_tokens == 0)
+        return; /* a sequence without tokens: its state is not touched */
     float *S = states[s] + (size_t)h * dk * dv;
     float st[RMAX];
 
@@ -99,7 +101,12 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
     const hpd_seq_t *seqs;
     float *const *states;
     hpd_status_t st;
-    if (a->dk == 0 || a->dk > MAX_DK || a->dv == 0 || a->nk == 0 || a->nv % a->nk != 0)
+    if (a->nk == 0 || a->nv == 0 || a->nv % a->nk != 0 || a->dk == 0 || a->dv == 0) {
+        HPD_LOG_ERROR("cuda", "gdn_recurrent: nk %u, nv %u, dk %u, dv %u (expected nonzero, nv a "
+                      "multiple of nk)", a->nk, a->nv, a->dk, a->dv);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (a->dk > MAX_DK)
         return HPD_ERR_UNSUPPORTED;
     if (a->n_seqs == 0)
         return HPD_OK;
@@ -500,48 +507,70 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             state[(size_t)(x0 + r) * dv + j] = S[r];
 }
 
-/* Launches pass 2: the register form where dk allows (its W, QE and KE
- * staged through shared memory where that fits too), else the shared one. */
-static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a, uint32_t blocks,
-                                     size_t smem_shared, const chunk_t *chunks,
-                                     const segment_t *segs, const float *prep, uint32_t base)
+/* Pass 2 in registers for these dk (the form, and so the bits, follow dk
+ * alone, never the GPU's shared memory); shared memory for the others. */
+static bool state_in_registers(uint32_t dk)
 {
-    const size_t smem = ((size_t)C * STATE_COLS + (size_t)C * C +
-                         (size_t)STATE_WARPS * C * STATE_COLS) * sizeof(float);
-    const size_t staged = smem + (size_t)3 * C * a->dk * sizeof(float);
-#define HPD_STATE_REG(R, ST, SM)                                                            \
+    return dk == 32 || dk == 64 || dk == 128 || dk == 256;
+}
+
+/* Shared memory of pass 2: the register form (plus the staged W, QE and KE),
+ * and the shared form. */
+static size_t state_reg_smem(bool staged, uint32_t dk)
+{
+    return ((size_t)C * STATE_COLS + (size_t)C * C + (size_t)STATE_WARPS * C * STATE_COLS +
+            (staged ? (size_t)3 * C * dk : 0)) * sizeof(float);
+}
+
+static size_t state_shared_smem(uint32_t dk)
+{
+    return ((size_t)(dk + C) * (STATE_COLS + 1) + (size_t)C * C + 3 * (size_t)C * dk) *
+           sizeof(float);
+}
+
+/* Launches pass 2 in the form dk takes, staging W, QE and KE through shared
+ * memory where that fits too (the same sums either way). */
+static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a, uint32_t blocks,
+                                     const chunk_t *chunks, const segment_t *segs,
+                                     const float *prep, uint32_t base)
+{
+#define HPD_STATE_REG(R, ST)                                                                \
     {                                                                                       \
-        if (cudaFuncSetAttribute(gdn_chunk_state_reg_kernel<R, ST>,                         \
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(SM)) != \
-            cudaSuccess)                                                                    \
-            return cudaGetLastError();                                                      \
-        gdn_chunk_state_reg_kernel<R, ST><<<blocks, CHUNK_THREADS, SM, c->stream>>>(        \
+        const size_t sm = state_reg_smem(ST, 8 * (R));                                      \
+        const cudaError_t e = cudaFuncSetAttribute(                                         \
+            gdn_chunk_state_reg_kernel<R, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+            (int)sm);                                                                       \
+        if (e != cudaSuccess)                                                               \
+            return e;                                                                       \
+        gdn_chunk_state_reg_kernel<R, ST><<<blocks, CHUNK_THREADS, sm, c->stream>>>(        \
             *a, chunks, segs, prep, base);                                                  \
         return cudaGetLastError();                                                          \
     }
 #define HPD_STATE_REG_CASE(R)                                                               \
     case 8 * (R):                                                                           \
-        if (staged <= c->smem_optin)                                                        \
-            HPD_STATE_REG(R, true, staged)                                                  \
-        HPD_STATE_REG(R, false, smem)
-    if (smem <= c->smem_optin)
-        switch (a->dk) {
-            HPD_STATE_REG_CASE(4)
-            HPD_STATE_REG_CASE(8)
-            HPD_STATE_REG_CASE(16)
-            HPD_STATE_REG_CASE(32)
-        default:
-            break;
-        }
+        if (state_reg_smem(true, a->dk) <= c->smem_optin)                                   \
+            HPD_STATE_REG(R, true)                                                          \
+        HPD_STATE_REG(R, false)
+    switch (a->dk) {
+        HPD_STATE_REG_CASE(4)
+        HPD_STATE_REG_CASE(8)
+        HPD_STATE_REG_CASE(16)
+        HPD_STATE_REG_CASE(32)
+    default:
+        break;
+    }
 #undef HPD_STATE_REG_CASE
 #undef HPD_STATE_REG
-    gdn_chunk_state_kernel<<<blocks, CHUNK_THREADS, smem_shared, c->stream>>>(*a, chunks, segs,
-                                                                              prep, base);
+    const size_t sm = state_shared_smem(a->dk);
+    const cudaError_t e = cudaFuncSetAttribute(gdn_chunk_state_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    if (e != cudaSuccess)
+        return e;
+    gdn_chunk_state_kernel<<<blocks, CHUNK_THREADS, sm, c->stream>>>(*a, chunks, segs, prep,
+                                                                     base);
     return cudaGetLastError();
 }
 
-/* The prepared chunks of one pass stay within this much scratch (a pass
- * takes at least one chunk). */
 #ifndef PREP_SCRATCH_BYTES /* a test may set a smaller bound, to take many passes */
 #define PREP_SCRATCH_BYTES ((size_t)512 << 20)
 #endif
@@ -549,11 +578,14 @@ static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a,
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    if (a->nk == 0 || a->nv % a->nk != 0 || a->dk == 0 || a->dv == 0)
+    if (a->nk == 0 || a->nv == 0 || a->nv % a->nk != 0 || a->dk == 0 || a->dv == 0) {
+        HPD_LOG_ERROR("cuda", "gdn_chunked: nk %u, nv %u, dk %u, dv %u (expected nonzero, nv a "
+                      "multiple of nk)", a->nk, a->nv, a->dk, a->dv);
         return HPD_ERR_INVALID_ARG;
+    }
     const size_t smem1 = (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
-    const size_t smem2 = ((size_t)(a->dk + C) * (STATE_COLS + 1) + (size_t)C * C +
-                          3 * (size_t)C * a->dk) * sizeof(float);
+    const size_t smem2 = state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
+                                                   : state_shared_smem(a->dk);
     if (smem1 > c->smem_optin || smem2 > c->smem_optin) {
         HPD_LOG_ERROR("cuda", "gdn_chunked: dk %u, dv %u need %zu bytes of shared memory, GPU %d "
                       "has %zu per block", a->dk, a->dv, smem1 > smem2 ? smem1 : smem2,
@@ -589,19 +621,10 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
     const size_t per_chunk = (size_t)a->nv * prep_floats(a->dk, a->dv) * sizeof(float);
     const uint32_t tiles = (a->dv + STATE_COLS - 1) / STATE_COLS;
     hpd_status_t st = HPD_OK;
-    if ((smem1 > 48 * 1024 &&
-         cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)smem1) != cudaSuccess) ||
-        (smem2 > 48 * 1024 &&
-         cudaFuncSetAttribute(gdn_chunk_state_kernel,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)smem2) != cudaSuccess)) {
-        HPD_LOG_ERROR("cuda", "gdn_chunked: cannot opt in to %zu bytes of shared memory: %s",
-                      smem1 > smem2 ? smem1 : smem2, cudaGetErrorString(cudaGetLastError()));
-        st = HPD_ERR_INTERNAL;
-    }
+    cudaError_t err = cudaFuncSetAttribute(gdn_chunk_prep_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem1);
     /* passes over runs of chunks whose prepared form fits the scratch */
-    for (uint32_t c0 = 0; st == HPD_OK && c0 < n_chunks;) {
+    for (uint32_t c0 = 0; err == cudaSuccess && st == HPD_OK && c0 < n_chunks;) {
         uint32_t c1 = c0 + 1;
         while (c1 < n_chunks && (size_t)(c1 + 1 - c0) * per_chunk <= PREP_SCRATCH_BYTES)
             c1++;
@@ -620,21 +643,17 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
             break;
         gdn_chunk_prep_kernel<<<(c1 - c0) * a->nv, CHUNK_THREADS, smem1, c->stream>>>(
             *a, (const chunk_t *)dchunks + c0, (float *)work);
-        if (cudaGetLastError() != cudaSuccess) {
-            st = HPD_ERR_INTERNAL;
+        if ((err = cudaGetLastError()) != cudaSuccess ||
+            (err = launch_state_pass(c, a, n_segs * a->nv * tiles, (const chunk_t *)dchunks,
+                                     (const segment_t *)dsegs, (const float *)work, c0)) !=
+                cudaSuccess)
             break;
-        }
-        if (launch_state_pass(c, a, n_segs * a->nv * tiles, smem2, (const chunk_t *)dchunks,
-                              (const segment_t *)dsegs, (const float *)work, c0) !=
-            cudaSuccess) {
-            st = HPD_ERR_INTERNAL;
-            break;
-        }
         c0 = c1;
     }
     free(chunks), free(segs), free(seq_of);
-    if (st == HPD_ERR_INTERNAL)
-        HPD_LOG_ERROR("cuda", "gdn_chunked launch failed: %s",
-                      cudaGetErrorString(cudaGetLastError()));
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "gdn_chunked on GPU %d: %s", c->device, cudaGetErrorString(err));
+        st = HPD_ERR_INTERNAL;
+    }
     return st;
 }
