@@ -195,8 +195,10 @@ typedef struct {
 } hpd_kv_store_args_t;
 
 /* Causal GQA attention over paged KV: query row i of a sequence at position
- * p = start_pos + i attends to keys 0..p, walked in fixed 16-token tiles with
- * online softmax. Prefill (many queries) and decode (one) are the same op. */
+ * p = start_pos + i attends to keys 0..p with online softmax, the keys cut at
+ * positions fixed by p alone (the CPU: 16-token tiles; CUDA: 512-key splits
+ * of 32-key tiles, merged in order), never by the batch. Prefill (many
+ * queries) and decode (one) are the same op. */
 typedef struct {
     hpd_paged_kv_t kv;
     hpd_view_t q;   /* [tokens][n_heads][head_dim] */

@@ -2,12 +2,15 @@
  *
  * The host lists every query row of the batch as (sequence, batch row,
  * position) and flattens the sequences' block tables; both are staged to the
- * device. Attention runs one block of 4 warps per (query row, head) and
- * walks keys in fixed tiles of HPD_ATTN_TILE with an online softmax, as the
- * CPU backend does: warp w scores keys w, w+4, ... of a tile (lane-strided
- * sums, then a fixed shuffle tree), and thread d accumulates output
- * dimensions d, d+128, ... over the tile's keys in ascending order. A row's
- * result depends on its position alone, not on the batch or the layout. */
+ * device. Attention takes the split-KV pass (below: 512-key splits, a KV
+ * head's K and V read once for its query heads and for up to 8 prompt rows,
+ * then a combine pass) where head_dim and the heads allow, else one block
+ * of 4 warps per (query row, head) walking keys in tiles of HPD_ATTN_TILE
+ * with an online softmax: warp w scores keys w, w+4, ... of a tile
+ * (lane-strided sums, then a fixed shuffle tree), and thread d accumulates
+ * output dimensions d, d+128, ... over the tile's keys in ascending order.
+ * Either way a row's result depends on its position alone, not on the batch
+ * or the layout. */
 #include <math.h>
 #include <stdlib.h>
 

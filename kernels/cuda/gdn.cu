@@ -8,9 +8,11 @@
  * chunk on its sequence's absolute 64-token grid: first every (chunk, head)
  * at once prepares its UT form; then one block per (sequence, head, 32
  * value columns) walks the sequence's chunks in order with its columns of
- * the state in shared memory. Every sum is taken by one thread in ascending
- * order, so a head's result depends on its own tokens alone, not on the
- * batch, and a sequence resumed at a multiple of 64 gives the same bits. */
+ * the state in registers (dk 32, 64, 128, 256) or in shared memory (other
+ * dk). Every sum is taken in an order fixed by the shapes (one thread in
+ * ascending order, or per warp then the warps in order), so a head's result
+ * depends on its own tokens alone, not on the batch, and a sequence resumed
+ * at a multiple of 64 gives the same bits. */
 #include "kernels/cuda/cuda_ops.h"
 
 #define MAX_DK 256
