@@ -219,7 +219,7 @@ typedef struct {
     uint32_t ldy;
     const float *w; /* [channels][kc] */
     uint32_t channels, kc;
-    float *const *states; /* per sequence */
+    float *const *states; /* per sequence, distinct (sequences run in parallel) */
     const hpd_seq_t *seqs;
     uint32_t n_seqs;
 } hpd_conv1d_args_t;
