@@ -55,7 +55,7 @@ int main()
     /* 100: BF16 / F16 / FP8 rows off 16-byte alignment (the tiled kernel) */
     static const uint32_t ks[] = {16, 64, 100, 1000, 1040, 2112, 4132};
     /* 65 .. 140: the tiled kernel's second half of rows and a second row
-     * tile; n = 150 (k up to 1040): its second half of columns and a second
+     * tile; n = 150 (k of 16, 64, 100, 1040): its second half of columns and a second
      * column tile */
     static const uint32_t ms[] = {1, 2, 3, 5, 8, 9, 17, 32, 33, 40, 65, 140};
     const uint32_t M = 140, block = 48;
@@ -67,7 +67,7 @@ int main()
 
     for (hpd_dtype_t dt : dtypes)
         for (uint32_t k : ks) {
-            const uint32_t n = k <= 1040 ? 150 : 19;
+            const uint32_t n = k <= 100 || k == 1040 ? 150 : 19;
             const uint32_t ldx = k + 3, ldy = n + 5, sld = (k + block - 1) / block;
             const bool fp8 = dt == HPD_DTYPE_F8_E4M3;
             std::vector<float> x((size_t)M * ldx), wf((size_t)n * k), y0((size_t)M * ldy);
@@ -92,6 +92,8 @@ int main()
             a.y = want.data(), a.m = M;
             gemm_ref(&a);
             for (uint32_t m : ms) {
+                if (m > 40 && k > 1040)
+                    continue; /* the long k of the GEMV cases: 40 rows cover the tiled kernel */
                 const uint32_t off = (M - m) / 2;
                 std::vector<float> got(y0.begin() + (size_t)off * ldy,
                                        y0.begin() + (size_t)(off + m) * ldy);
