@@ -98,7 +98,6 @@ else
 fi
 # 4. compute-sanitizer at small sizes: the parity tests, the benchmark's
 #    kernels and a generation whose 70-token prompt crosses a GDN chunk
-#    (racecheck, the slowest, takes only the generation)
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 model=$out/tiny-model
 "$b/tools/hpd-mkmodel" --out "$model" --hidden 64 --layers 4 --full-interval 2 > /dev/null 2>&1
@@ -110,17 +109,26 @@ for tool in memcheck racecheck synccheck initcheck; do
   cmds=("$b/tests/test_backend_cuda"
         "$b/bench/hpd-bench-cuda --seqs 2 --context 96 --prefill 130 --reps 1 --copy-mib 4"
         "$gen")
-  [ "$tool" = racecheck ] && cmds=("$gen")
+  # racecheck, the slowest, takes the generation and the GPU test's cases
+  # with shared memory between warps one by one: the GEMV's row groups, the
+  # chunked rule's state passes, the split attention
+  [ "$tool" = racecheck ] && cmds=("$gen"
+        "HPD_TEST_ONLY=test_gemm_batch_invariance $b/tests/test_backend_cuda"
+        "HPD_TEST_ONLY=test_gdn_chunked $b/tests/test_backend_cuda"
+        "HPD_TEST_ONLY=test_kv_store_and_attention $b/tests/test_backend_cuda")
   for cmd in "${cmds[@]}"; do
-    [ "$(left)" -gt 60 ] || { say "sanitizer $tool: not run (deadline) :: ${cmd%% *}"; continue; }
+    label=$cmd
+    only=() # a leading HPD_TEST_ONLY=... goes into the environment
+    case $cmd in HPD_TEST_ONLY=*) only=("${cmd%% *}"); cmd=${cmd#* } ;; esac
+    [ "$(left)" -gt 60 ] || { say "sanitizer $tool: not run (deadline) :: ${label%% /*}"; continue; }
     # shellcheck disable=SC2086
-    timeout "$(step_timeout 90)" "$san" --tool "$tool" --print-limit 10 --error-exitcode 99 \
-      $cmd > "$one" 2>&1
+    env "${only[@]}" timeout "$(step_timeout 90)" "$san" --tool "$tool" --print-limit 10 \
+      --error-exitcode 99 $cmd > "$one" 2>&1
     r=$?
-    { echo "=== $tool: $cmd (rc $r)"; cat "$one"; } >> "$out/sanitizer.log"
+    { echo "=== $tool: $label (rc $r)"; cat "$one"; } >> "$out/sanitizer.log"
     sum=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$one" | tail -1)
     [ "$r" -eq 124 ] && sum="cut at the deadline"
-    say "sanitizer $tool: rc $r ${sum:-no summary} :: ${cmd%% *}"
+    say "sanitizer $tool: rc $r ${sum:-no summary} :: ${only[*]} ${cmd%% *}"
   done
 done
 rm -f "$one"

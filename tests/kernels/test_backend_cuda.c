@@ -1247,6 +1247,10 @@ static void test_fast_gemm(void **state)
 int main(void)
 {
     hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
+    /* HPD_TEST_ONLY=PATTERN runs the matching cases only (scripts/gpu-check.sh
+     * runs racecheck case by case: the whole binary takes it too long) */
+    if (getenv("HPD_TEST_ONLY") != NULL)
+        cmocka_set_test_filter(getenv("HPD_TEST_ONLY"));
     gpu = test_open_device("cuda:0", 0, NULL);
     if (hpd_backend_create(&cp, &cpu) != HPD_OK)
         return 1;
