@@ -68,8 +68,26 @@ static hpd_status_t cuda_host_register(hpd_backend_t *b, void *ptr, size_t bytes
     const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped);
     if (err == cudaErrorHostMemoryAlreadyRegistered) {
         cudaGetLastError(); /* cleared, or the next launch check would report it */
-        HPD_LOG_INFO("cuda", "host memory at %p (%zu bytes) is pinned already (by UCX): used "
-                     "as it is, left pinned at unregister", ptr, bytes);
+        /* pinned by this backend before: one more user, unpinned with the last */
+        for (uint32_t i = 0; i < c->n_pinned; i++)
+            if (c->pinned[i] == ptr) {
+                c->pinned[c->n_pinned++] = ptr;
+                return HPD_OK;
+            }
+        /* pinned by someone else (UCX pins the buffers it allocates): the
+         * whole range must be, not only its start */
+        cudaPointerAttributes last;
+        if (bytes > 0 &&
+            (cudaPointerGetAttributes(&last, (const char *)ptr + bytes - 1) != cudaSuccess ||
+             last.type != cudaMemoryTypeHost)) {
+            cudaGetLastError();
+            HPD_LOG_ERROR("cuda", "host memory at %p (%zu bytes) is only partly pinned already: "
+                          "its last byte is not (expected a range pinned whole, or not at all)",
+                          ptr, bytes);
+            return HPD_ERR_INVALID_ARG;
+        }
+        HPD_LOG_INFO("cuda", "host memory at %p (%zu bytes) is pinned already by another user "
+                     "(e.g. UCX): used as it is, left pinned at unregister", ptr, bytes);
         return HPD_OK;
     }
     if (err != cudaSuccess) {
@@ -81,14 +99,17 @@ static hpd_status_t cuda_host_register(hpd_backend_t *b, void *ptr, size_t bytes
     return HPD_OK;
 }
 
-/* Unpins memory that cuda_host_register pinned; memory it found pinned
- * already is left as it is. */
+/* Unpins memory that cuda_host_register pinned, when its last user lets it
+ * go; memory it found pinned by someone else is left as it is. */
 static void cuda_host_unregister(hpd_backend_t *b, void *ptr)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     for (uint32_t i = 0; i < c->n_pinned; i++)
         if (c->pinned[i] == ptr) {
             c->pinned[i] = c->pinned[--c->n_pinned];
+            for (uint32_t j = 0; j < c->n_pinned; j++)
+                if (c->pinned[j] == ptr)
+                    return; /* another user of this backend still has it */
             cudaSetDevice(c->device);
             if (cudaHostUnregister(ptr) != cudaSuccess)
                 HPD_LOG_WARN("cuda", "unpinning host memory at %p failed: %s", ptr,

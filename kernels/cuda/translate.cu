@@ -110,6 +110,11 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
     src.pages = (const uint32_t *)src_pages;
     dst.pages = (const uint32_t *)dst_pages;
     const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * sl->n_kv_heads;
+    if (rows > INT32_MAX) {
+        HPD_LOG_ERROR("cuda", "kv_translate: %llu rows exceed a launch (at most %d); translate "
+                      "fewer tokens per call", (unsigned long long)rows, INT32_MAX);
+        return HPD_ERR_UNSUPPORTED;
+    }
     translate_kernel<<<(uint32_t)rows, 64, 0, hpd_cuda_ctx(b)->stream>>>(
         src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem));
     HPD_CUDA_LAUNCHED();

@@ -1160,12 +1160,24 @@ static void test_host_register(void **state)
     assert_int_equal(cudaHostGetFlags(&flags, theirs), cudaSuccess); /* still pinned */
     assert_int_equal(cudaHostUnregister(theirs), cudaSuccess);
 
+    /* memory the backend pins for two users stays pinned until the second
+     * lets it go */
+    assert_int_equal(hpd_backend_host_register(gpu, mine, bytes), HPD_OK);
     assert_int_equal(hpd_backend_host_register(gpu, mine, bytes), HPD_OK);
     assert_int_equal(cudaHostGetFlags(&flags, mine), cudaSuccess);
     hpd_backend_host_unregister(gpu, mine);
+    assert_int_equal(cudaHostGetFlags(&flags, mine), cudaSuccess); /* one user left */
+    hpd_backend_host_unregister(gpu, mine);
     assert_int_not_equal(cudaHostGetFlags(&flags, mine), cudaSuccess); /* unpinned */
     cudaGetLastError(); /* the error just expected */
-    free(theirs), free(mine), free(x), free(want);
+
+    /* a range pinned only in part by someone else is refused */
+    float *part = aligned_alloc(4096, 2 * bytes);
+    assert_int_equal(cudaHostRegister(part, bytes, cudaHostRegisterMapped), cudaSuccess);
+    assert_int_not_equal(hpd_backend_host_register(gpu, part, 2 * bytes), HPD_OK);
+    cudaGetLastError(); /* whatever the runtime answered for the overlap */
+    assert_int_equal(cudaHostUnregister(part), cudaSuccess);
+    free(theirs), free(mine), free(part), free(x), free(want);
     hpd_backend_free(gpu, dx);
 }
 
