@@ -10,10 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-extern "C" {
-#include "common/log.h"
-#include "kernels/backend.h"
-}
+#include "kernels/cuda/cuda_common.h"
 
 #define HPD_CUDA_STAGE_SLOTS 8
 
@@ -42,27 +39,6 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
     return (hpd_cuda_ctx_t *)b->ctx;
 }
 
-/* Wraps a CUDA error at the boundary: logged once with what failed. */
-#define HPD_CUDA_CHECK(call)                                                           \
-    do {                                                                               \
-        cudaError_t err_ = (call);                                                     \
-        if (err_ != cudaSuccess) {                                                     \
-            HPD_LOG_ERROR("cuda", "%s failed: %s", #call, cudaGetErrorString(err_));   \
-            return err_ == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL; \
-        }                                                                              \
-    } while (0)
-
-/* A kernel launch's error, then HPD_OK. */
-#define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
-
-/* One metadata array of an op: host memory to copy (NULL: room only, its
- * bytes undefined, for an output), its size, and where its device address
- * goes. */
-typedef struct {
-    const void *host;
-    size_t bytes;
-    void **dev_p;
-} hpd_cuda_meta_t;
 
 /* Copies all of an op's metadata arrays, in one call, into the next slot of
  * the staging ring, each at a 256-byte aligned offset. The slot is reserved

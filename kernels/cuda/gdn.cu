@@ -138,6 +138,25 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a)
 #define STATE_COLS 32
 #define PREP_BATCH 8 /* loads in flight per thread when a block stages its inputs */
 
+/* Copies elements first, first + stride, ... below n: load(i) for
+ * PREP_BATCH of them, all in flight, then store(i, value) for each. */
+template <typename T, typename Load, typename Store>
+__device__ static inline void batched_copy(uint32_t n, uint32_t first, uint32_t stride, Load load,
+                                           Store store)
+{
+    for (uint32_t i0 = first; i0 < n; i0 += PREP_BATCH * stride) {
+        T v[PREP_BATCH] = {}; /* (all read only where loaded) */
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++)
+            if (i0 + u * stride < n)
+                v[u] = load(i0 + u * stride);
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++)
+            if (i0 + u * stride < n)
+                store(i0 + u * stride, v[u]);
+    }
+}
+
 /* A chunk of the batch: its sequence's rows [row0, row0 + L), on the
  * sequence's absolute 64-token grid. */
 typedef struct {
@@ -178,25 +197,17 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     float *QK = U + (size_t)C * dv, *EL = QK + C * C;
 
     /* q and k, 8 loads of each in flight per thread */
-    for (uint32_t i0 = tid; i0 < L * dk; i0 += PREP_BATCH * blockDim.x) {
-        float qr[PREP_BATCH], kr[PREP_BATCH];
-#pragma unroll
-        for (uint32_t u = 0; u < PREP_BATCH; u++) {
-            const uint32_t i = i0 + u * blockDim.x, t = i / dk, x = i % dk;
-            if (i < L * dk) {
-                qr[u] = a.q.p[(size_t)(r0 + t) * a.q.ld + (size_t)kh * a.q.hs + x];
-                kr[u] = a.k.p[(size_t)(r0 + t) * a.k.ld + (size_t)kh * a.k.hs + x];
-            }
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < PREP_BATCH; u++) {
-            const uint32_t i = i0 + u * blockDim.x, t = i / dk, x = i % dk;
-            if (i < L * dk) {
-                qs[t * ld + x] = qr[u];
-                ks[t * ld + x] = kr[u];
-            }
-        }
-    }
+    batched_copy<float2>(
+        L * dk, tid, blockDim.x,
+        [&](uint32_t i) {
+            const size_t t = r0 + i / dk, x = i % dk;
+            return make_float2(a.q.p[t * a.q.ld + (size_t)kh * a.q.hs + x],
+                               a.k.p[t * a.k.ld + (size_t)kh * a.k.hs + x]);
+        },
+        [&](uint32_t i, float2 v) {
+            qs[i / dk * ld + i % dk] = v.x;
+            ks[i / dk * ld + i % dk] = v.y;
+        });
     if (tid == 0) {
         float acc = 0.0f;
         for (uint32_t i = 0; i < L; i++) {
@@ -236,21 +247,12 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const bool vb_shared = dv <= ld;
     float *vb = qs;
     if (vb_shared)
-        for (uint32_t i0 = tid; i0 < L * dv; i0 += PREP_BATCH * blockDim.x) {
-            float vr[PREP_BATCH];
-#pragma unroll
-            for (uint32_t u = 0; u < PREP_BATCH; u++) {
-                const uint32_t i = i0 + u * blockDim.x, t = i / dv, d = i % dv;
-                if (i < L * dv)
-                    vr[u] = a.v.p[(size_t)(r0 + t) * a.v.ld + (size_t)h * a.v.hs + d];
-            }
-#pragma unroll
-            for (uint32_t u = 0; u < PREP_BATCH; u++) {
-                const uint32_t i = i0 + u * blockDim.x, t = i / dv;
-                if (i < L * dv)
-                    vb[i] = __fmul_rn(vr[u], beta[t]);
-            }
-        }
+        batched_copy<float>(
+            L * dv, tid, blockDim.x,
+            [&](uint32_t i) {
+                return a.v.p[(size_t)(r0 + i / dv) * a.v.ld + (size_t)h * a.v.hs + i % dv];
+            },
+            [&](uint32_t i, float v) { vb[i] = __fmul_rn(v, beta[i / dv]); });
     __syncthreads(); /* vb complete (the substitution below has no barrier at L = 1) */
     /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
     for (uint32_t i = 1; i < L; i++) {
@@ -399,35 +401,22 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
         const float *U = P + 3 * (size_t)C * dk, *QKg = U + (size_t)C * dv;
         const float elast = QKg[C * C];
-        for (uint32_t p0 = tid; p0 < L * C; p0 += PREP_BATCH * blockDim.x) {
-            float qk[PREP_BATCH];
-#pragma unroll
-            for (uint32_t u = 0; u < PREP_BATCH; u++)
-                if (p0 + u * blockDim.x < L * C)
-                    qk[u] = QKg[p0 + u * blockDim.x];
-#pragma unroll
-            for (uint32_t u = 0; u < PREP_BATCH; u++)
-                if (p0 + u * blockDim.x < L * C)
-                    QK[p0 + u * blockDim.x] = qk[u];
-        }
+        batched_copy<float>(
+            L * C, tid, blockDim.x, [&](uint32_t i) { return QKg[i]; },
+            [&](uint32_t i, float v) { QK[i] = v; });
         if (STAGED) {
-            const uint32_t R4 = R / 4, n4 = 3 * L * R4;
-            for (uint32_t q0 = lane; q0 < n4; q0 += PREP_BATCH * 32) {
-                float4 v[PREP_BATCH];
-#pragma unroll
-                for (uint32_t u = 0; u < PREP_BATCH; u++) {
-                    const uint32_t q = q0 + u * 32, arr = q / (L * R4), i = q % (L * R4) / R4;
-                    if (q < n4)
-                        v[u] = *(const float4 *)(P + (size_t)arr * C * dk + (size_t)i * dk + x0 +
-                                                 4 * (q % R4));
-                }
-#pragma unroll
-                for (uint32_t u = 0; u < PREP_BATCH; u++) {
-                    const uint32_t q = q0 + u * 32, arr = q / (L * R4), i = q % (L * R4) / R4;
-                    if (q < n4)
-                        *(float4 *)(WS + ((size_t)arr * C + i) * R + 4 * (q % R4)) = v[u];
-                }
-            }
+            /* vector q: array q / (L R4), row q % (L R4) / R4, vector q % R4 */
+            const uint32_t R4 = R / 4, LR4 = L * R4;
+            batched_copy<float4>(
+                3 * LR4, lane, 32,
+                [&](uint32_t q) {
+                    return *(const float4 *)(P + (size_t)(q / LR4) * C * dk +
+                                             (size_t)(q % LR4 / R4) * dk + x0 + 4 * (q % R4));
+                },
+                [&](uint32_t q, float4 v) {
+                    *(float4 *)(WS + ((size_t)(q / LR4) * C + q % LR4 / R4) * R + 4 * (q % R4)) =
+                        v;
+                });
             __syncwarp();
         }
         /* row i of array arr (0 W, 1 QE, 2 KE), this warp's columns */
@@ -435,51 +424,44 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             return STAGED ? (const float4 *)(WS + ((size_t)arr * C + i) * R)
                           : (const float4 *)(P + (size_t)arr * C * dk + (size_t)i * dk + x0);
         };
-        /* this warp's rows of W S */
-        for (uint32_t i = 0; i < L; i++) {
-            const float4 *w4 = rows4(0, i);
-            float acc = 0.0f;
+        /* this warp's rows of array arr times its columns of S, into PART */
+        const auto rows_times_state = [&](uint32_t arr) {
+            for (uint32_t i = 0; i < L; i++) {
+                const float4 *m4 = rows4(arr, i);
+                float acc = 0.0f;
 #pragma unroll
-            for (uint32_t r = 0; r < R / 4; r++) {
-                const float4 w = w4[r];
-                acc = fmaf(w.x, S[4 * r], acc);
-                acc = fmaf(w.y, S[4 * r + 1], acc);
-                acc = fmaf(w.z, S[4 * r + 2], acc);
-                acc = fmaf(w.w, S[4 * r + 3], acc);
+                for (uint32_t r = 0; r < R / 4; r++) {
+                    const float4 m = m4[r];
+                    acc = fmaf(m.x, S[4 * r], acc);
+                    acc = fmaf(m.y, S[4 * r + 1], acc);
+                    acc = fmaf(m.z, S[4 * r + 2], acc);
+                    acc = fmaf(m.w, S[4 * r + 3], acc);
+                }
+                PART[(warp * C + i) * STATE_COLS + lane] = acc;
             }
-            PART[(warp * C + i) * STATE_COLS + lane] = acc;
-        }
+        };
+        /* row i, column l of that product: the warps' parts in warp order */
+        const auto over_warps = [&](uint32_t i, uint32_t l) {
+            float sum = PART[i * STATE_COLS + l];
+            for (uint32_t w = 1; w < STATE_WARPS; w++)
+                sum = __fadd_rn(sum, PART[(w * C + i) * STATE_COLS + l]);
+            return sum;
+        };
+        rows_times_state(0);
         __syncthreads();
         /* VN = U - W S */
         for (uint32_t p = tid; p < L * STATE_COLS; p += blockDim.x) {
             const uint32_t i = p / STATE_COLS, l = p % STATE_COLS, jj = tile * STATE_COLS + l;
-            float ws = PART[i * STATE_COLS + l];
-            for (uint32_t w = 1; w < STATE_WARPS; w++)
-                ws = __fadd_rn(ws, PART[(w * C + i) * STATE_COLS + l]);
+            const float ws = over_warps(i, l);
             VN[p] = jj < dv ? __fsub_rn(U[(size_t)i * dv + jj], ws) : 0.0f;
         }
         __syncthreads();
-        /* this warp's rows of QE S */
-        for (uint32_t i = 0; i < L; i++) {
-            const float4 *q4 = rows4(1, i);
-            float acc = 0.0f;
-#pragma unroll
-            for (uint32_t r = 0; r < R / 4; r++) {
-                const float4 q = q4[r];
-                acc = fmaf(q.x, S[4 * r], acc);
-                acc = fmaf(q.y, S[4 * r + 1], acc);
-                acc = fmaf(q.z, S[4 * r + 2], acc);
-                acc = fmaf(q.w, S[4 * r + 3], acc);
-            }
-            PART[(warp * C + i) * STATE_COLS + lane] = acc;
-        }
+        rows_times_state(1); /* QE S */
         __syncthreads();
         /* o_i = QE_i S + sum_{t <= i} QK[i][t] VN_t */
         for (uint32_t p = tid; p < L * STATE_COLS; p += blockDim.x) {
             const uint32_t i = p / STATE_COLS, l = p % STATE_COLS, jj = tile * STATE_COLS + l;
-            float acc = PART[i * STATE_COLS + l];
-            for (uint32_t w = 1; w < STATE_WARPS; w++)
-                acc = __fadd_rn(acc, PART[(w * C + i) * STATE_COLS + l]);
+            float acc = over_warps(i, l);
             for (uint32_t t = 0; t <= i; t++)
                 acc = fmaf(QK[i * C + t], VN[t * STATE_COLS + l], acc);
             if (jj < dv)

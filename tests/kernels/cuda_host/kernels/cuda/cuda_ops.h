@@ -48,6 +48,13 @@ struct uint4 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(8) float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y)
+{
+    return float2{x, y};
+}
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d)
 {
     return uint4{a, b, c, d};
@@ -315,22 +322,7 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
     return (hpd_cuda_ctx_t *)b->ctx;
 }
 
-#define HPD_CUDA_CHECK(call)                                                           \
-    do {                                                                               \
-        cudaError_t err_ = (call);                                                     \
-        if (err_ != cudaSuccess) {                                                     \
-            HPD_LOG_ERROR("cuda", "%s failed: %s", #call, cudaGetErrorString(err_));   \
-            return err_ == cudaErrorMemoryAllocation ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL; \
-        }                                                                              \
-    } while (0)
-
-#define HPD_CUDA_LAUNCHED() HPD_CUDA_CHECK(cudaGetLastError())
-
-typedef struct {
-    const void *host;
-    size_t bytes;
-    void **dev_p;
-} hpd_cuda_meta_t;
+#include "kernels/cuda/cuda_common.h" /* the real one: CHECK, LAUNCHED, meta */
 
 /* The staging and work buffers are host memory here; static, so that they
  * do not collide with the real ones (cuda_backend.cu) where the test links
