@@ -47,6 +47,68 @@ hpd_status_t hpd_cpu_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a)
     return HPD_OK;
 }
 
+/* the scores of keys [t0, t1) against q (times scale): each hpd_dot's
+ * sequence, four keys at a time so that four chains are in flight */
+static void scores(const hpd_attention_args_t *a, uint32_t s, uint32_t kvh, const float *q,
+                   uint32_t t0, uint32_t t1, float *sc)
+{
+    const uint32_t hd = a->kv.layout->head_dim, hd8 = hd / 8 * 8;
+    uint32_t t = t0;
+    for (; t + 4 <= t1; t += 4) {
+        const float *k0 = kv_row(&a->kv, s, 0, t, kvh), *k1 = kv_row(&a->kv, s, 0, t + 1, kvh);
+        const float *k2 = kv_row(&a->kv, s, 0, t + 2, kvh), *k3 = kv_row(&a->kv, s, 0, t + 3, kvh);
+        hpd_v8_t c0 = hpd_v8_zero(), c1 = hpd_v8_zero(), c2 = hpd_v8_zero(), c3 = hpd_v8_zero();
+        for (uint32_t i = 0; i < hd8; i += 8) {
+            const hpd_v8_t qv = hpd_v8_load(q + i);
+            c0 = hpd_v8_fma(qv, hpd_v8_load(k0 + i), c0);
+            c1 = hpd_v8_fma(qv, hpd_v8_load(k1 + i), c1);
+            c2 = hpd_v8_fma(qv, hpd_v8_load(k2 + i), c2);
+            c3 = hpd_v8_fma(qv, hpd_v8_load(k3 + i), c3);
+        }
+        float d[4] = {hpd_v8_hsum(c0), hpd_v8_hsum(c1), hpd_v8_hsum(c2), hpd_v8_hsum(c3)};
+        const float *kr[4] = {k0, k1, k2, k3};
+        for (int r = 0; r < 4; r++) {
+            for (uint32_t i = hd8; i < hd; i++)
+                d[r] = hpd_fma1(q[i], kr[r][i], d[r]);
+            sc[t - t0 + r] = d[r] * a->scale;
+        }
+    }
+    for (; t < t1; t++)
+        sc[t - t0] = hpd_dot(q, kv_row(&a->kv, s, 0, t, kvh), hd) * a->scale;
+}
+
+/* acc = acc * alpha, then acc += p[t - t0] v[t] for t in [t0, t1) in order
+ * (hpd_scale then one hpd_axpy per key), 64 elements of acc held in
+ * registers over the keys */
+static void scale_axpy(const hpd_attention_args_t *a, uint32_t s, uint32_t kvh, float *acc,
+                       float alpha, const float *p, uint32_t t0, uint32_t t1)
+{
+    const uint32_t hd = a->kv.layout->head_dim;
+    const hpd_v8_t av = hpd_v8_set1(alpha);
+    uint32_t d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        hpd_v8_t r[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            r[j] = hpd_v8_mul(av, hpd_v8_load(acc + d + 8 * j));
+        for (uint32_t t = t0; t < t1; t++) {
+            const float *v = kv_row(&a->kv, s, 1, t, kvh) + d;
+            const hpd_v8_t pv = hpd_v8_set1(p[t - t0]);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                r[j] = hpd_v8_fma(pv, hpd_v8_load(v + 8 * j), r[j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            hpd_v8_store(acc + d + 8 * j, r[j]);
+    }
+    if (d < hd) {
+        hpd_scale(acc + d, alpha, hd - d);
+        for (uint32_t t = t0; t < t1; t++)
+            hpd_axpy(acc + d, p[t - t0], kv_row(&a->kv, s, 1, t, kvh) + d, hd - d);
+    }
+}
+
 static void attend_one(const hpd_attention_args_t *a, uint32_t s, uint32_t row, uint32_t pos,
                        uint32_t h)
 {
@@ -64,13 +126,11 @@ static void attend_one(const hpd_attention_args_t *a, uint32_t s, uint32_t row, 
         float sc[HPD_ATTN_TILE];
         float tile_max = -INFINITY, m_new, alpha;
 
-        for (uint32_t t = t0; t < t1; t++) {
-            sc[t - t0] = hpd_dot(q, kv_row(&a->kv, s, 0, t, kvh), hd) * a->scale;
+        scores(a, s, kvh, q, t0, t1, sc);
+        for (uint32_t t = t0; t < t1; t++)
             tile_max = fmaxf(tile_max, sc[t - t0]);
-        }
         m_new = fmaxf(m, tile_max);
         alpha = expf(m - m_new);
-        hpd_scale(acc, alpha, hd);
         sum *= alpha;
         float p[HPD_ATTN_TILE];
         uint32_t t = t0;
@@ -79,10 +139,9 @@ static void attend_one(const hpd_attention_args_t *a, uint32_t s, uint32_t row, 
                          hpd_v8_exp(hpd_v8_add(hpd_v8_load(sc + (t - t0)), hpd_v8_set1(-m_new))));
         for (; t < t1; t++)
             p[t - t0] = hpd_exp1(sc[t - t0] + -m_new);
-        for (t = t0; t < t1; t++) {
+        for (t = t0; t < t1; t++)
             sum += p[t - t0];
-            hpd_axpy(acc, p[t - t0], kv_row(&a->kv, s, 1, t, kvh), hd);
-        }
+        scale_axpy(a, s, kvh, acc, alpha, p, t0, t1);
         m = m_new;
     }
     const float inv = 1.0f / sum;

@@ -256,6 +256,132 @@ static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y
     finish(y + 3, tail_bp(hpd_v8_hsum(a3), x, w3, i, k), accumulate);
 }
 
+/* ---- many rows (prefill): two rows of x per 16-lane register
+ *
+ * A 512-bit VDPBF16PS computes 16 lanes; lanes 0-7 and 8-15 each compute
+ * the 8-lane step above. With x rows m and m+1 side by side in one register
+ * (a block of 16 elements of each: "pairs") and the same 16 weights in both
+ * halves, lanes 0-7 carry y[m][n]'s sequence and lanes 8-15 y[m+1][n]'s, the
+ * same bits as two 256-bit steps at twice the products per instruction. A
+ * block of PX pairs (6 rows) by QW weight rows keeps 24 accumulators in
+ * registers and loads 3 pairs and 8 weight blocks per 24 instructions. */
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+#define PAIRS_NATIVE 1
+#define PX 3 /* pairs of x rows per block */
+#define QW 8 /* weight rows per block */
+
+/* the pairs of the rows of x: pair p, block b at xp + (p * nb + b) * 32,
+ * row 2p's 16 elements then row 2p+1's (zeros past the last row) */
+static void pack_pairs(uint16_t *xp, const uint16_t *x, uint32_t m, uint32_t k, uint32_t p0,
+                       uint32_t p1)
+{
+    const uint32_t nb = k / 16;
+    for (uint32_t p = p0; p < p1; p++) {
+        const uint16_t *r0 = x + (size_t)2 * p * k, *r1 = r0 + k;
+        uint16_t *d = xp + (size_t)p * nb * 32;
+        for (uint32_t b = 0; b < nb; b++, d += 32) {
+            memcpy(d, r0 + 16 * b, 32);
+            if (2 * p + 1 < m)
+                memcpy(d + 16, r1 + 16 * b, 32);
+            else
+                memset(d + 16, 0, 32);
+        }
+    }
+}
+
+/* P pairs (2P rows from row 2 p of x) by Q weight rows; rows past m are
+ * not written */
+static inline __attribute__((always_inline)) void
+kern_pairs(const uint16_t *xp, const uint16_t *x, uint32_t m, uint32_t p, int P,
+           const uint16_t *w, int Q, uint32_t k, float *y, uint32_t ldy, bool accumulate)
+{
+    const uint32_t nb = k / 16;
+    const uint16_t *xb = xp + (size_t)p * nb * 32;
+    __m512 acc[PX][QW];
+#pragma GCC unroll 8
+    for (int a = 0; a < P; a++)
+#pragma GCC unroll 8
+        for (int q = 0; q < Q; q++)
+            acc[a][q] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        __m512bh xv[PX];
+#pragma GCC unroll 8
+        for (int a = 0; a < P; a++)
+            xv[a] = (__m512bh)_mm512_loadu_si512(xb + ((size_t)a * nb + b) * 32);
+#pragma GCC unroll 8
+        for (int q = 0; q < Q; q++) {
+            const __m512bh wv = (__m512bh)_mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(w + (size_t)q * k + 16 * b)));
+#pragma GCC unroll 8
+            for (int a = 0; a < P; a++)
+                acc[a][q] = _mm512_dpbf16_ps(acc[a][q], xv[a], wv);
+        }
+    }
+    const uint32_t i = nb * 16;
+#pragma GCC unroll 8
+    for (int a = 0; a < P; a++)
+#pragma GCC unroll 8
+        for (int q = 0; q < Q; q++) {
+            const uint32_t r = 2 * (p + a);
+            const uint16_t *wq = w + (size_t)q * k;
+            finish(y + (size_t)r * ldy + q,
+                   tail_bp(hpd_v8_hsum(_mm512_castps512_ps256(acc[a][q])), x + (size_t)r * k,
+                           wq, i, k),
+                   accumulate);
+            if (r + 1 < m)
+                finish(y + (size_t)(r + 1) * ldy + q,
+                       tail_bp(hpd_v8_hsum(_mm512_extractf32x8_ps(acc[a][q], 1)),
+                               x + (size_t)(r + 1) * k, wq, i, k),
+                       accumulate);
+        }
+}
+
+#define KERN_PAIRS(P, Q)                                                                          \
+    static void kern_p##P##q##Q(const uint16_t *xp, const uint16_t *x, uint32_t m, uint32_t p,    \
+                                const uint16_t *w, uint32_t k, float *y, uint32_t ldy,           \
+                                bool accumulate)                                                  \
+    {                                                                                             \
+        kern_pairs(xp, x, m, p, P, w, Q, k, y, ldy, accumulate);                                  \
+    }
+KERN_PAIRS(3, 8)
+KERN_PAIRS(2, 8)
+KERN_PAIRS(1, 8)
+KERN_PAIRS(3, 1)
+KERN_PAIRS(2, 1)
+KERN_PAIRS(1, 1)
+
+/* weight rows [n0, n1) against every row of x, in pairs */
+static void tile_pairs(const uint16_t *xp, const uint16_t *x, uint32_t m, const uint16_t *w,
+                       uint32_t k, float *y, uint32_t ldy, bool accumulate, uint32_t n0,
+                       uint32_t n1)
+{
+    const uint32_t np = (m + 1) / 2;
+    uint32_t n = n0;
+    for (; n + QW <= n1; n += QW) {
+        const uint16_t *wn = w + (size_t)n * k;
+        uint32_t p = 0;
+        for (; p + 3 <= np; p += 3)
+            kern_p3q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        if (np - p == 2)
+            kern_p2q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        else if (np - p == 1)
+            kern_p1q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+    }
+    for (; n < n1; n++) {
+        const uint16_t *wn = w + (size_t)n * k;
+        uint32_t p = 0;
+        for (; p + 3 <= np; p += 3)
+            kern_p3q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        if (np - p == 2)
+            kern_p2q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        else if (np - p == 1)
+            kern_p1q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+    }
+}
+#else
+#define PAIRS_NATIVE 0
+#endif
+
 typedef struct {
     const uint16_t *x; /* [m][k], rounded */
     const uint16_t *w;
@@ -302,7 +428,11 @@ hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t 
      * and goes on without waiting for the others; many rows (prefill): the
      * threads round a share each, then wait for the whole */
     const bool private_x = a->m <= 16;
-    const size_t need = (size_t)a->m * a->k * (private_x ? (size_t)threads : 1);
+    /* many rows: the pairs of the rounded rows after them (kern_pairs) */
+    const bool pairs = PAIRS_NATIVE && !private_x;
+    const size_t pairs_at = (size_t)a->m * a->k;
+    const size_t need = (size_t)a->m * a->k * (private_x ? (size_t)threads : 1) +
+                        (pairs ? (size_t)(a->m + 1) / 2 * (a->k / 16) * 32 : 0);
 
     if (c->xb_elems < need) {
         uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
@@ -328,6 +458,20 @@ hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t 
             for (uint32_t r = 0; r < a->m; r++)
                 round_row(c->xb + (size_t)r * a->k, a->x + (size_t)r * a->ldx, a->k);
         }
+#if PAIRS_NATIVE
+        if (pairs) {
+            const uint32_t np = (a->m + 1) / 2;
+#pragma omp for schedule(static)
+            for (uint32_t p = 0; p < np; p++)
+                pack_pairs(c->xb + pairs_at, c->xb, a->m, a->k, p, p + 1);
+#pragma omp for schedule(static)
+            for (uint32_t t = 0; t < n_tiles; t++) {
+                uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
+                tile_pairs(c->xb + pairs_at, c->xb, a->m, a->w, a->k, a->y, a->ldy,
+                           a->accumulate, n0, n1);
+            }
+        } else
+#endif
 #pragma omp for schedule(static)
         for (uint32_t t = 0; t < n_tiles; t++) {
             uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;

@@ -1,12 +1,16 @@
-/* Paged attention equals a naive dense attention, and its results are
- * bit-identical whatever the block size, pack size and page order. */
+/* Paged attention equals a naive dense attention and the defined sequence of
+ * the determinism contract (bit for bit), and its results are bit-identical
+ * whatever the block size, pack size and page order. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/simd.h"
 #include "tests/test_helpers.h"
 
 enum { NH = 4, NKV = 2, HD = 32, NLAYERS = 3, LAYER = 1 };
@@ -19,8 +23,8 @@ typedef struct {
 /* Stores T tokens of K/V (T x NKV x HD) for layer LAYER into a fresh pool of
  * the given layout (pages handed out in a scrambled order), then attends the
  * last Tq tokens as queries. out: [Tq][NH][HD]. */
-static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, const float *k,
-                  const float *v, const float *q, float *out)
+static void paged_hd(hpd_backend_t *be, layout_case_t lc, uint32_t hd, uint32_t T, uint32_t Tq,
+                     const float *k, const float *v, const float *q, float *out)
 {
     hpd_kv_layout_t l = {.block_size = lc.B,
                          .pack_size = lc.P,
@@ -28,7 +32,7 @@ static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, 
                          .dtype = HPD_DTYPE_F32,
                          .n_layers = NLAYERS,
                          .n_kv_heads = NKV,
-                         .head_dim = HD};
+                         .head_dim = hd};
     const uint32_t n_blocks = (T + lc.B - 1) / lc.B, n_pages = 3 * n_blocks + 5;
     float *pool = calloc(n_pages * hpd_kv_layout_page_elems(&l), sizeof(float));
     uint32_t *table = malloc(n_blocks * sizeof(uint32_t));
@@ -41,22 +45,28 @@ static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, 
     /* prefix as one sequence, then the query rows as a second store */
     hpd_seq_t all = {.n_tokens = T};
     hpd_kv_store_args_t st = {.kv = kv,
-                              .k = {.p = (float *)k, .ld = NKV * HD, .hs = HD},
-                              .v = {.p = (float *)v, .ld = NKV * HD, .hs = HD},
+                              .k = {.p = (float *)k, .ld = NKV * hd, .hs = hd},
+                              .v = {.p = (float *)v, .ld = NKV * hd, .hs = hd},
                               .seqs = &all,
                               .n_seqs = 1};
     assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
     hpd_seq_t qs = {.n_tokens = Tq, .start_pos = T - Tq};
     hpd_attention_args_t a = {.kv = kv,
-                              .q = {.p = (float *)q, .ld = NH * HD, .hs = HD},
-                              .out = {.p = out, .ld = NH * HD, .hs = HD},
+                              .q = {.p = (float *)q, .ld = NH * hd, .hs = hd},
+                              .out = {.p = out, .ld = NH * hd, .hs = hd},
                               .n_heads = NH,
-                              .scale = 1.0f / sqrtf((float)HD),
+                              .scale = 1.0f / sqrtf((float)hd),
                               .seqs = &qs,
                               .n_seqs = 1};
     assert_int_equal(hpd_attention(be, &a), HPD_OK);
     free(pool);
     free(table);
+}
+
+static void paged(hpd_backend_t *be, layout_case_t lc, uint32_t T, uint32_t Tq, const float *k,
+                  const float *v, const float *q, float *out)
+{
+    paged_hd(be, lc, HD, T, Tq, k, v, q, out);
 }
 
 static void dense(uint32_t T, uint32_t Tq, const float *k, const float *v, const float *q,
@@ -144,6 +154,74 @@ static void test_decode_equals_prefill_row(void **state)
     paged(be, lc, T, 1, k, v, q + (size_t)(T - 1) * NH * HD, dec);
     assert_memory_equal(pre + (size_t)(T - 1) * NH * HD, dec, NH * HD * sizeof(float));
     free(k), free(v), free(q), free(pre), free(dec);
+    hpd_backend_destroy(be);
+}
+
+/* The CPU attention computes, per query row and head, the defined sequence
+ * of the determinism contract: key tiles of HPD_ATTN_TILE; per tile the
+ * scores as hpd_dot times scale, the running max, acc scaled by exp(m -
+ * m_new), the exps, their sum in key order, one hpd_axpy per key in order;
+ * the output acc / sum. Written here with the scalar primitives of simd.h,
+ * it must give the kernel's bits for head dims with and without a 64-wide
+ * part and an 8-wide tail. */
+static void reference_row(const float *q, const float *k, const float *v, uint32_t hd,
+                          uint32_t stride, uint32_t pos, float scale, float *out)
+{
+    float acc[1024] = {0}, m = -INFINITY, sum = 0.0f;
+    for (uint32_t t0 = 0; t0 <= pos; t0 += HPD_ATTN_TILE) {
+        const uint32_t t1 = t0 + HPD_ATTN_TILE <= pos + 1 ? t0 + HPD_ATTN_TILE : pos + 1;
+        float sc[HPD_ATTN_TILE], tile_max = -INFINITY;
+        for (uint32_t t = t0; t < t1; t++) {
+            sc[t - t0] = hpd_dot(q, k + (size_t)t * stride, hd) * scale;
+            tile_max = fmaxf(tile_max, sc[t - t0]);
+        }
+        const float m_new = fmaxf(m, tile_max), alpha = expf(m - m_new);
+        hpd_scale(acc, alpha, hd);
+        sum *= alpha;
+        for (uint32_t t = t0; t < t1; t++) {
+            const float p = hpd_exp1(sc[t - t0] + -m_new);
+            sum += p;
+            hpd_axpy(acc, p, v + (size_t)t * stride, hd);
+        }
+        m = m_new;
+    }
+    const float inv = 1.0f / sum;
+    for (uint32_t d = 0; d < hd; d++)
+        out[d] = acc[d] * inv;
+}
+
+static void test_defined_sequence(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 2};
+    hpd_backend_t *be;
+    const uint32_t hds[] = {128, 100, 72, 8, 5}, T = 75, Tq = 43;
+    layout_case_t lc = {16, 2, HPD_KV_HND};
+
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (size_t c = 0; c < sizeof(hds) / sizeof(hds[0]); c++) {
+        const uint32_t hd = hds[c];
+        float *k = malloc((size_t)T * NKV * hd * sizeof(float));
+        float *v = malloc((size_t)T * NKV * hd * sizeof(float));
+        float *q = malloc((size_t)Tq * NH * hd * sizeof(float));
+        float *out = malloc((size_t)Tq * NH * hd * sizeof(float)), want[1024];
+        test_fill(k, (size_t)T * NKV * hd, 70 + c, 3.0f);
+        test_fill(v, (size_t)T * NKV * hd, 80 + c, 1.0f);
+        test_fill(q, (size_t)Tq * NH * hd, 90 + c, 3.0f);
+        paged_hd(be, lc, hd, T, Tq, k, v, q, out);
+        for (uint32_t i = 0; i < Tq; i++)
+            for (uint32_t h = 0; h < NH; h++) {
+                const uint32_t kh = h / (NH / NKV);
+                reference_row(q + ((size_t)i * NH + h) * hd, k + (size_t)kh * hd,
+                              v + (size_t)kh * hd, hd, NKV * hd, T - Tq + i,
+                              1.0f / sqrtf((float)hd), want);
+                const float *got = out + ((size_t)i * NH + h) * hd;
+                for (uint32_t d = 0; d < hd; d++)
+                    if (memcmp(&got[d], &want[d], sizeof(float)) != 0)
+                        fail_msg("head dim %u, row %u, head %u, element %u: %a, the sequence gives %a",
+                                 hd, i, h, d, got[d], want[d]);
+            }
+        free(k), free(v), free(q), free(out);
+    }
     hpd_backend_destroy(be);
 }
 
@@ -249,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_head_dim_limit),
         cmocka_unit_test(test_paged_matches_dense_and_layouts),
         cmocka_unit_test(test_decode_equals_prefill_row),
+        cmocka_unit_test(test_defined_sequence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -224,12 +224,15 @@ static void fill_bf16(uint16_t *h, float *f, size_t n, uint64_t seed)
 
 /* cpu-bf16: each y[m][n] is hpd_cpu_bf16_dot_ref over x rounded to bf16,
  * bit for bit, for every kernel shape (4x4 with and without prefetch, 1x4, 1x1, tails
- * of k), accumulate or not, on 1 and 2 threads. On a CPU with AVX512_BF16
+ * of k; past 16 rows the pairs of rows in 512-bit registers: blocks of 3, 2
+ * and 1 pairs by 8 and 1 weight rows, an odd last row), accumulate or not, on
+ * 1 and 2 threads. On a CPU with AVX512_BF16
  * this checks that VDPBF16PS rounds as the defined sequence does. */
 static void test_bf16_products_sequence(void **state)
 {
     const uint32_t shapes[][3] = {{1, 1, 1},    {1, 9, 16},    {3, 5, 37},   {4, 8, 64},
-                                  {17, 70, 256}, {37, 13, 203}, {5, 1030, 24}, {1, 64, 1024}};
+                                  {17, 70, 256}, {37, 13, 203}, {5, 1030, 24}, {1, 64, 1024},
+                                  {22, 41, 100}};
     hpd_backend_t *be1 = cpu_bf16(1), *be2 = cpu_bf16(2);
 
     printf("bf16 products: %s\n", hpd_cpu_bf16_native() ? "VDPBF16PS" : "emulated");
