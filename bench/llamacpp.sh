@@ -8,7 +8,7 @@
 #
 #   bash bench/llamacpp.sh [MODEL_DIR]   (default: models/h1024-q35, made here)
 #
-# THREADS (2), PROMPT (512), GEN (64), REPS (3: runs of each, the best
+# THREADS (2), PROMPT (512), GEN (64), REPS (3: rounds of every engine, the best
 # counts); HPD_LLAMACPP_DIR holds the sdist, the
 # build, the venv and the GGUF files (/tmp/hpd-llamacpp); PYTHON a Python
 # with torch, numpy and safetensors (else a venv is made there).
@@ -55,43 +55,54 @@ for t in bf16 f32; do
         --outtype $t > "$WORK/convert-$t.log" 2>&1
 done
 
-# Each engine runs REPS times (3) and the best run counts, for both: this
-# machine is shared, and the best run is the least disturbed one.
+# REPS rounds (3); each round runs every engine once, one after the other
+# (llama.cpp BF16 and F32 through llama-bench, one sample after its warm-up;
+# hybridpd with fp32 and with bf16 products), so a disturbance of this shared
+# machine falls on all of them alike. The best of the rounds counts for each,
+# and each round's own ratio of bf16 products to llama.cpp BF16 is printed.
 REPS=${REPS:-3}
-# llama.cpp: pp PROMPT and tg GEN, the best of llama-bench's REPS samples
+# llama.cpp: "prefill decode" tokens/s of one llama-bench sample (pp PROMPT, tg GEN)
 ll() {
-    "$bench" -m "$1" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r "$REPS" -o json 2> /dev/null |
+    "$bench" -m "$1" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o json 2> /dev/null |
         "$PY" -c 'import json,sys
 rows = json.load(sys.stdin)
 pp = [max(r["samples_ts"]) for r in rows if r["n_prompt"] > 0]
 tg = [max(r["samples_ts"]) for r in rows if r["n_gen"] > 0]
 print(pp[0], tg[0])'
 }
-read -r ll_pp_bf16 ll_tg_bf16 < <(ll "$WORK/$name-bf16.gguf")
-read -r ll_pp_f32 ll_tg_f32 < <(ll "$WORK/$name-f32.gguf")
-# hybridpd in its two numerics: fp32 products (the default, the bits of
-# transformers' fp32 forward) and bf16 products (device cpu-bf16, the
-# arithmetic llama.cpp uses for BF16 weights); the best of REPS runs each
-hpd() { # DEVICE -> "prefill decode" and the first run's report in $WORK/hpd-DEVICE.txt
-    local best_pp=0 best_tg=0 o
-    for ((r = 0; r < REPS; r++)); do
-        o=$(./build/bench/hpd-bench-cpu --device "$1" --threads "$THREADS" --prompt "$PROMPT" \
-            --decode "$GEN" "$model")
-        [ "$r" -eq 0 ] && echo "$o" > "$WORK/hpd-$1.txt"
-        read -r best_pp best_tg < <(echo "$o" | awk -v p="$best_pp" -v t="$best_tg" '
-            /prefill \(/ {pp = $4} /decode batch 1:/ {tg = $4}
-            END {print (pp > p ? pp : p), (tg > t ? tg : t)}')
-    done
-    echo "$best_pp $best_tg"
+# hybridpd on DEVICE (cpu: fp32 products, the bits of transformers' fp32
+# forward; cpu-bf16: bf16 products, llama.cpp's arithmetic for BF16
+# weights) -> "prefill decode"; the report of round 0 in $WORK/hpd-DEVICE.txt
+hpd() {
+    local o
+    o=$(./build/bench/hpd-bench-cpu --device "$1" --threads "$THREADS" --prompt "$PROMPT" \
+        --decode "$GEN" "$model")
+    [ "$2" -eq 0 ] && echo "$o" > "$WORK/hpd-$1.txt"
+    echo "$o" | awk '/prefill \(/ {pp = $4} /decode batch 1:/ {tg = $4} END {print pp, tg}'
 }
-read -r hpd_pp hpd_tg < <(hpd cpu)
-read -r hpd16_pp hpd16_tg < <(hpd cpu-bf16)
+max() { awk -v a="$1" -v b="$2" 'BEGIN {print (a > b ? a : b)}'; }
+ll_pp_bf16=0 ll_tg_bf16=0 ll_pp_f32=0 ll_tg_f32=0 hpd_pp=0 hpd_tg=0 hpd16_pp=0 hpd16_tg=0
+rounds=""
+for ((r = 0; r < REPS; r++)); do
+    read -r a b < <(ll "$WORK/$name-bf16.gguf")
+    ll_pp_bf16=$(max "$ll_pp_bf16" "$a") ll_tg_bf16=$(max "$ll_tg_bf16" "$b")
+    read -r c d < <(hpd cpu-bf16 "$r")
+    hpd16_pp=$(max "$hpd16_pp" "$c") hpd16_tg=$(max "$hpd16_tg" "$d")
+    rounds+=$(awk -v r="$r" -v a="$a" -v b="$b" -v c="$c" -v d="$d" 'BEGIN {
+        printf "round %d: llama.cpp BF16 prefill %.1f decode %.1f, hybridpd cpu-bf16 prefill %.1f decode %.1f: ratio prefill %.2f, decode %.2f\n",
+            r, a, b, c, d, c / a, d / b}')$'\n'
+    read -r a b < <(ll "$WORK/$name-f32.gguf")
+    ll_pp_f32=$(max "$ll_pp_f32" "$a") ll_tg_f32=$(max "$ll_tg_f32" "$b")
+    read -r a b < <(hpd cpu "$r")
+    hpd_pp=$(max "$hpd_pp" "$a") hpd_tg=$(max "$hpd_tg" "$b")
+done
 out=$(cat "$WORK/hpd-cpu.txt")
 echo "(the first run of each device; the figures below are the best of $REPS)"
 echo "$out"
 grep -E "^device|prefill|decode batch" "$WORK/hpd-cpu-bf16.txt"
 echo
-echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens, best of $REPS runs"
+echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens, best of $REPS rounds"
+printf "%s" "$rounds"
 printf "llama.cpp BF16: prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_bf16" "$ll_tg_bf16"
 printf "llama.cpp F32:  prefill %9.1f tok/s, decode %7.1f tok/s\n" "$ll_pp_f32" "$ll_tg_f32"
 printf "hybridpd BF16 weights, fp32 products (cpu):      prefill %9.1f tok/s, decode %7.1f tok/s\n" \
