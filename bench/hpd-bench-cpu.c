@@ -10,7 +10,10 @@
  * active_bytes / read_bandwidth per token (batch 1), where a mixture of
  * experts reads only the top-k experts of each MoE layer. Prefill is bound
  * by its matrix products: 2 flops per active matmul weight per token,
- * shown against the fp32 FMA peak of the same threads, measured here. */
+ * shown against the fp32 FMA peak of the same threads, measured here; the
+ * GEMM alone on layer 0's MLP weights at the prompt's rows is shown against
+ * the peak of the device's products (on cpu-bf16 VDPBF16PS's, also
+ * measured here). */
 #include <dirent.h>
 #include <getopt.h>
 #include <omp.h>
@@ -91,6 +94,95 @@ static double fma_peak(int threads)
         best = f > best && sink == sink ? f : best;
     }
     return best;
+}
+
+/* The bf16-product peak of `threads` threads: 512-bit VDPBF16PS (16
+ * lanes, two products each) in 8 chains per thread, what device cpu-bf16's
+ * GEMM multiplies with; 0 where the CPU lacks the instruction. */
+static double bf16_peak(int threads)
+{
+#if defined(__AVX512BF16__)
+    enum { ITERS = 1 << 22 };
+    double best = 0;
+    for (int rep = 0; rep < 20; rep++) {
+        usleep(20000);
+        float sink = 0;
+        double t0 = hpd_time_now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80); /* 1.0 */
+            const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3380); /* 2^-24 */
+            __m512 c0 = _mm512_set1_ps(0), c1 = _mm512_set1_ps(1), c2 = _mm512_set1_ps(2);
+            __m512 c3 = _mm512_set1_ps(3), c4 = _mm512_set1_ps(4), c5 = _mm512_set1_ps(5);
+            __m512 c6 = _mm512_set1_ps(6), c7 = _mm512_set1_ps(7);
+            for (int i = 0; i < ITERS; i++) {
+                c0 = _mm512_dpbf16_ps(c0, a, b), c1 = _mm512_dpbf16_ps(c1, a, b);
+                c2 = _mm512_dpbf16_ps(c2, a, b), c3 = _mm512_dpbf16_ps(c3, a, b);
+                c4 = _mm512_dpbf16_ps(c4, a, b), c5 = _mm512_dpbf16_ps(c5, a, b);
+                c6 = _mm512_dpbf16_ps(c6, a, b), c7 = _mm512_dpbf16_ps(c7, a, b);
+            }
+            const __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                                           _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+            sink += _mm512_reduce_add_ps(t);
+        }
+        const double flops = 2.0 * 32 * 8 * (double)ITERS * threads;
+        const double f = flops / (hpd_time_now() - t0);
+        best = f > best && sink == sink ? f : best;
+    }
+    return best;
+#else
+    (void)threads;
+    return 0;
+#endif
+}
+
+/* The GEMM alone on layer 0's dense MLP weights (gate|up: 2I x H, down:
+ * H x I) at `rows` rows of random x, the best of 10 calls each, against the
+ * peak of the device's products (fp32 FMA, or VDPBF16PS on cpu-bf16 with
+ * BF16 weights). */
+static void bench_gemm(hpd_backend_t *be, const hpd_model_t *m, uint32_t rows, double fma,
+                       double bf16)
+{
+    const hpd_model_config_t *c = &m->config;
+    const hpd_layer_weights_t *l = &m->layers[0];
+    if (c->intermediate_size == 0 || l->mlp_gate_up.n != 1 || l->mlp_down.p == NULL)
+        return; /* no dense MLP in layer 0 */
+    const uint32_t H = c->hidden_size, I = c->intermediate_size, kmax = H > I ? H : I;
+    float *x = malloc((size_t)rows * kmax * sizeof(float));
+    float *y = malloc((size_t)rows * 2 * I * sizeof(float));
+    if (x == NULL || y == NULL) {
+        free(x), free(y);
+        return;
+    }
+    for (size_t i = 0; i < (size_t)rows * kmax; i++)
+        x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    const struct {
+        const char *name;
+        const hpd_weight_t *w;
+        uint32_t n, k;
+    } g[2] = {{"mlp gate|up", &l->mlp_gate_up.part[0], 2 * I, H},
+              {"mlp down", &l->mlp_down, H, I}};
+    const bool bp = strcmp(be->ops->numerics, "bf16-products") == 0;
+    for (int i = 0; i < 2; i++) {
+        hpd_gemm_args_t a = {.x = x, .ldx = g[i].k, .w = g[i].w->p, .w_dtype = g[i].w->dtype,
+                             .w_scale = g[i].w->scale, .w_scale_ld = g[i].w->scale_ld,
+                             .w_block = g[i].w->block, .y = y, .ldy = g[i].n, .m = rows,
+                             .n = g[i].n, .k = g[i].k};
+        double best = 1e30;
+        for (int r = 0; r < 10; r++) {
+            const double t0 = hpd_time_now();
+            if (hpd_gemm(be, &a) != HPD_OK)
+                break;
+            const double t = hpd_time_now() - t0;
+            best = t < best ? t : best;
+        }
+        const double f = 2.0 * rows * g[i].n * g[i].k / best;
+        const bool vdp = bp && g[i].w->dtype == HPD_DTYPE_BF16 && bf16 > 0;
+        printf("  GEMM alone, %s %u x %u x %u (%s): %.1f GFLOP/s, %.2f of the %s peak\n",
+               g[i].name, rows, g[i].n, g[i].k, hpd_dtype_name(g[i].w->dtype), f / 1e9,
+               f / (vdp ? bf16 : fma), vdp ? "VDPBF16PS" : "fp32 FMA");
+    }
+    free(x), free(y);
 }
 
 typedef struct {
@@ -187,7 +279,8 @@ static double active_matmul_params(const hpd_model_t *m)
 }
 
 static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
-                       uint32_t decode_len, double copy_bw, double peak, bool load_only)
+                       uint32_t decode_len, double copy_bw, double peak, double bf16,
+                       bool load_only)
 {
     hpd_model_t *m;
     hpd_engine_params_t ep;
@@ -255,6 +348,7 @@ static int bench_model(const char *dir, hpd_backend_t *be, uint32_t prompt_len,
     printf("  decode batch 8:              %10.1f tokens/s\n", r.decode_tps_b8);
     printf("  decode batch 1 vs memcpy:    %.2f of the memcpy bandwidth (%.2f GB/s read+write)\n",
            b1_bw / copy_bw, copy_bw / 1e9);
+    bench_gemm(be, m, prompt_len, peak, bf16);
     hpd_model_destroy(m);
     return 0;
 }
@@ -295,9 +389,14 @@ int main(int argc, char **argv)
     printf("memcpy 512 MiB on %d threads: %.2f GB/s (read + write)\n", nt, bw / 1e9);
     const double peak = fma_peak(nt);
     printf("fp32 FMA peak on %d threads: %.1f GFLOP/s (8 lanes)\n", nt, peak / 1e9);
+    const double bf16 = strcmp(be->ops->numerics, "bf16-products") == 0 ? bf16_peak(nt) : 0;
+    if (bf16 > 0)
+        printf("VDPBF16PS peak on %d threads: %.1f GFLOP/s (16 lanes, 2 products each)\n", nt,
+               bf16 / 1e9);
     printf("device %s (numerics %s)\n", be->ops->name, be->ops->numerics);
     for (int i = optind; i < argc; i++)
-        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, peak, load_only) != 0) {
+        if (bench_model(argv[i], be, (uint32_t)prompt, (uint32_t)decode, bw, peak, bf16,
+                        load_only) != 0) {
             fprintf(stderr, "hpd-bench-cpu: %s failed\n", argv[i]);
             hpd_backend_destroy(be);
             return 1;

@@ -99,7 +99,7 @@ done
 out=$(cat "$WORK/hpd-cpu.txt")
 echo "(the first run of each device; the figures below are the best of $REPS)"
 echo "$out"
-grep -E "^device|prefill|decode batch" "$WORK/hpd-cpu-bf16.txt"
+grep -E "^device|^VDPBF16PS|prefill|decode batch|GEMM alone" "$WORK/hpd-cpu-bf16.txt"
 echo
 echo "model $model, $THREADS threads, prompt $PROMPT, $GEN generated tokens, best of $REPS rounds"
 printf "%s" "$rounds"
