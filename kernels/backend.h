@@ -308,6 +308,14 @@ typedef struct {
      * transport that orders its own device work after them without
      * waiting on the host (hpd_nccl_transfer). NULL: ops are synchronous. */
     void *(*stream)(hpd_backend_t *backend);
+    /* A fence after the ops enqueued so far (a CUDA event recorded on the
+     * stream): a transport that must not read what they write before they
+     * ran waits on it instead of on the host (hpd_xfer_put_after).
+     * fence_query: 1 when they ran, 0 not yet, -1 when the device failed.
+     * fence_release gives it back. NULL: ops are synchronous, no fence. */
+    hpd_status_t (*fence_record)(hpd_backend_t *backend, void **fence_p);
+    int (*fence_query)(hpd_backend_t *backend, void *fence);
+    void (*fence_release)(hpd_backend_t *backend, void *fence);
     /* Makes host memory (a transport's staging buffer) addressable by the
      * backend's ops and fast to copy (pinned). NULL: nothing to do. */
     hpd_status_t (*host_register)(hpd_backend_t *backend, void *ptr, size_t bytes);
@@ -400,6 +408,24 @@ static inline bool hpd_backend_host_memory(const hpd_backend_t *b)
 static inline hpd_status_t hpd_backend_sync(hpd_backend_t *b)
 {
     return b->ops->sync != NULL ? b->ops->sync(b) : HPD_OK;
+}
+/* A fence after the ops enqueued so far; *fence_p NULL when ops are
+ * synchronous (nothing to wait for). */
+static inline hpd_status_t hpd_backend_fence_record(hpd_backend_t *b, void **fence_p)
+{
+    *fence_p = NULL;
+    return b->ops->fence_record != NULL ? b->ops->fence_record(b, fence_p) : HPD_OK;
+}
+/* 1: the ops before the fence ran (always for a NULL fence); 0: not yet;
+ * -1: the device failed. */
+static inline int hpd_backend_fence_query(hpd_backend_t *b, void *fence)
+{
+    return fence == NULL || b->ops->fence_query == NULL ? 1 : b->ops->fence_query(b, fence);
+}
+static inline void hpd_backend_fence_release(hpd_backend_t *b, void *fence)
+{
+    if (fence != NULL && b->ops->fence_release != NULL)
+        b->ops->fence_release(b, fence);
 }
 /* The backend's native stream, or NULL when its ops are synchronous. */
 static inline void *hpd_backend_stream(hpd_backend_t *b)

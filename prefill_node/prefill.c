@@ -399,9 +399,10 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
                                   .region = j->slot_region,
                                   .offset = j->dst_slot_offset + off,
                                   .bytes = m.layer_state_bytes};
+            void *fence;
             if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK &&
-                (st = hpd_backend_sync(node->backend)) == HPD_OK)
-                st = hpd_xfer_put(j->peer, j->id, &put, 1);
+                (st = hpd_backend_fence_record(node->backend, &fence)) == HPD_OK)
+                st = hpd_xfer_put_after(j->peer, j->id, &put, 1, node->backend, fence);
         } else {
             continue;
         }

@@ -51,6 +51,15 @@ typedef struct {
     uint64_t sender;
 } hello_hdr_t;
 
+/* Puts waiting on a backend fence (hpd_xfer_put_after), in order. */
+typedef struct pending {
+    struct pending *next;
+    hpd_backend_t *backend;
+    void *fence;
+    uint32_t n;
+    hpd_xfer_put_t puts[];
+} pending_t;
+
 typedef struct xfer {
     struct xfer *next;
     hpd_xfer_peer_t *peer;
@@ -62,6 +71,12 @@ typedef struct xfer {
     notice_hdr_t hdr;
     bool finishing;
     bool ended; /* callback delivered; a UCX request still points here */
+    /* puts waiting on fences, first to last; a finish waits for them
+     * (flush_wait) before it flushes; a fence that failed is the
+     * transfer's error, reported by its finish */
+    pending_t *pending, *pending_last;
+    bool flush_wait, corrupt;
+    hpd_status_t error;
     hpd_xfer_done_cb_t cb;
     void *cb_arg;
     double t_first;         /* first put (or the finish, without puts) */
@@ -116,6 +131,7 @@ struct hpd_xfer_ctx {
     hpd_xfer_peer_t *closing; /* disconnected, UCX requests still pending */
     xfer_t *orphans;          /* ended transfers a UCX request still points to */
     hpd_xfer_stats_t st;
+    uint32_t n_waiting; /* transfers with puts waiting on fences */
     char tls[128];
     bool cuda;
     bool polling;
@@ -158,6 +174,7 @@ static void arm_tick(hpd_xfer_ctx_t *c)
 
     if (c->tick == NULL || evtimer_pending(c->tick, NULL))
         return;
+    live = c->n_waiting > 0; /* fences to look at */
     for (hpd_xfer_peer_t *p = c->peers; p != NULL && !live; p = p->next)
         live = p->inflight > 0 && !p->failed;
     if (live)
@@ -185,9 +202,12 @@ static bool shm_only(const char *tls)
     return true;
 }
 
+static void drain_all(hpd_xfer_ctx_t *c);
+
 static void on_efd(evutil_socket_t fd, short what, void *arg)
 {
     hpd_xfer_ctx_t *c = arg;
+    drain_all(c);
     progress_and_arm(c);
     arm_tick(c);
 }
@@ -195,12 +215,14 @@ static void on_efd(evutil_socket_t fd, short what, void *arg)
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     hpd_xfer_ctx_t *c = arg;
+    drain_all(c);
     progress_and_arm(c);
     arm_tick(c);
 }
 
 void hpd_xfer_progress(hpd_xfer_ctx_t *c)
 {
+    drain_all(c);
     progress_and_arm(c);
     arm_tick(c);
 }
@@ -236,8 +258,22 @@ static void peer_unref(hpd_xfer_peer_t *p)
     peer_free(p);
 }
 
+/* Drops the puts still waiting on fences (their fences given back). */
+static void drop_pending(xfer_t *x)
+{
+    if (x->pending != NULL)
+        x->peer->ctx->n_waiting--;
+    for (pending_t *w = x->pending, *next; w != NULL; w = next) {
+        next = w->next;
+        hpd_backend_fence_release(w->backend, w->fence);
+        free(w);
+    }
+    x->pending = x->pending_last = NULL;
+}
+
 static void xfer_free(xfer_t *x)
 {
+    drop_pending(x);
     if (x->deadline != NULL)
         event_free(x->deadline);
     if (x->hash != NULL)
@@ -279,7 +315,7 @@ static void fail_transfers(hpd_xfer_peer_t *p, hpd_status_t st)
     xfer_t *x = p->xfers, *next;
     for (; x != NULL; x = next) {
         next = x->next;
-        if (!x->finishing) {
+        if (!x->finishing || x->flush_wait) { /* no UCX request points to it */
             xfer_end(x, st);
             continue;
         }
@@ -1015,19 +1051,9 @@ static ucp_mem_h local_memh(const hpd_xfer_ctx_t *c, const void *ptr, uint64_t b
     return NULL;
 }
 
-hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
-                          uint32_t n)
+/* Whether puts fall inside the peer's regions (named in the log if not). */
+static hpd_status_t check_puts(const hpd_xfer_peer_t *p, const hpd_xfer_put_t *puts, uint32_t n)
 {
-    hpd_xfer_ctx_t *c = p->ctx;
-    xfer_t *x;
-    hpd_status_t st;
-
-    if (p->failed || p->closed)
-        return HPD_ERR_IO;
-    if ((x = xfer_get(p, xfer_id, true)) == NULL)
-        return HPD_ERR_NO_MEMORY;
-    if (x->t_first == 0)
-        x->t_first = hpd_time_now();
     for (uint32_t i = 0; i < n; i++) {
         const hpd_xfer_put_t *u = &puts[i];
         if (u->region >= p->n_regions || u->offset > p->regions[u->region].len ||
@@ -1038,6 +1064,21 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
                           (unsigned long long)p->node, u->region);
             return HPD_ERR_INVALID_ARG;
         }
+    }
+    return HPD_OK;
+}
+
+/* Issues checked puts whose local bytes are ready: hashed in order, then
+ * copied into a mapped region or put through UCX. */
+static hpd_status_t issue(hpd_xfer_peer_t *p, xfer_t *x, const hpd_xfer_put_t *puts, uint32_t n)
+{
+    hpd_xfer_ctx_t *c = p->ctx;
+    hpd_status_t st;
+
+    if (x->t_first == 0)
+        x->t_first = hpd_time_now();
+    for (uint32_t i = 0; i < n; i++) {
+        const hpd_xfer_put_t *u = &puts[i];
         if (hpd_grow(&x->dests, &x->cap_dests, (size_t)x->n_dests + 1, sizeof(*x->dests)) !=
             HPD_OK)
             return HPD_ERR_NO_MEMORY;
@@ -1078,6 +1119,131 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_p
     return HPD_OK;
 }
 
+static void start_flush(xfer_t *x);
+
+/* Issues the waiting puts whose fences have passed, in order, up to the
+ * first that has not. A fence that failed (the device work behind it) or a
+ * put that failed makes the transfer's error and drops what waits: its
+ * finish reports the error. A finish that waited goes on once nothing
+ * waits. False when x may be gone: the finish went on, or the peer failed
+ * meanwhile. */
+static bool drain(xfer_t *x)
+{
+    hpd_xfer_peer_t *p = x->peer;
+    while (x->pending != NULL) {
+        pending_t *w = x->pending;
+        const int q = hpd_backend_fence_query(w->backend, w->fence);
+        if (q == 0)
+            return true;
+        hpd_status_t st = HPD_ERR_IO;
+        if (q > 0) {
+            st = issue(p, x, w->puts, w->n);
+            if (p->failed)
+                return false;
+        }
+        x->pending = w->next;
+        if (x->pending == NULL) {
+            x->pending_last = NULL;
+            p->ctx->n_waiting--;
+        }
+        hpd_backend_fence_release(w->backend, w->fence);
+        free(w);
+        if (st != HPD_OK) {
+            if (q < 0)
+                HPD_LOG_ERROR(LOG_COMPONENT,
+                              "transfer %llu to node %llu: the device work its puts wait on failed",
+                              (unsigned long long)x->id, (unsigned long long)p->node);
+            x->error = st;
+            drop_pending(x);
+        }
+    }
+    if (x->flush_wait) {
+        x->flush_wait = false;
+        start_flush(x);
+        return false;
+    }
+    return true;
+}
+
+/* Every transfer's waiting puts, from the loop. */
+static void drain_all(hpd_xfer_ctx_t *c)
+{
+    if (c->n_waiting == 0)
+        return;
+    for (hpd_xfer_peer_t *p = c->peers; p != NULL; p = p->next) {
+    again:
+        for (xfer_t *x = p->xfers; x != NULL; x = x->next)
+            if (x->pending != NULL && !drain(x))
+                goto again; /* x may be gone, and others with it */
+    }
+}
+
+hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
+                                uint32_t n, hpd_backend_t *backend, void *fence)
+{
+    xfer_t *x;
+    hpd_status_t st = HPD_OK;
+
+    if (p->failed || p->closed)
+        st = HPD_ERR_IO;
+    else if ((st = check_puts(p, puts, n)) == HPD_OK &&
+             (x = xfer_get(p, xfer_id, true)) == NULL)
+        st = HPD_ERR_NO_MEMORY;
+    if (st != HPD_OK) {
+        if (backend != NULL)
+            hpd_backend_fence_release(backend, fence);
+        return st;
+    }
+    if (x->error != HPD_OK) {
+        if (backend != NULL)
+            hpd_backend_fence_release(backend, fence);
+        return x->error;
+    }
+    /* what waits already goes first (the bytes are hashed in put order) */
+    if (x->pending != NULL && (!drain(x) || x->error != HPD_OK)) {
+        /* not finishing: drain ended it only if the peer failed */
+        if (backend != NULL)
+            hpd_backend_fence_release(backend, fence);
+        return p->failed ? HPD_ERR_IO : x->error;
+    }
+    const int q = backend != NULL ? hpd_backend_fence_query(backend, fence) : 1;
+    if (x->pending == NULL && q != 0) {
+        if (backend != NULL)
+            hpd_backend_fence_release(backend, fence);
+        if (q < 0) {
+            HPD_LOG_ERROR(LOG_COMPONENT,
+                          "transfer %llu to node %llu: the device work its puts wait on failed",
+                          (unsigned long long)xfer_id, (unsigned long long)p->node);
+            return x->error = HPD_ERR_IO;
+        }
+        return issue(p, x, puts, n);
+    }
+    pending_t *w = malloc(sizeof(*w) + (size_t)n * sizeof(*puts));
+    if (w == NULL) {
+        hpd_backend_fence_release(backend, fence);
+        return HPD_ERR_NO_MEMORY;
+    }
+    *w = (pending_t){.backend = backend, .fence = fence, .n = n};
+    memcpy(w->puts, puts, (size_t)n * sizeof(*puts));
+    if (x->pending == NULL) {
+        x->pending = w;
+        p->ctx->n_waiting++;
+        arm_tick(p->ctx); /* the loop looks at the fence on every turn */
+    } else {
+        x->pending_last->next = w;
+    }
+    x->pending_last = w;
+    if (x->t_first == 0)
+        x->t_first = hpd_time_now();
+    return HPD_OK;
+}
+
+hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
+                          uint32_t n)
+{
+    return hpd_xfer_put_after(p, xfer_id, puts, n, NULL, NULL);
+}
+
 hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_kv_args_t *a)
 {
     const hpd_kv_layout_t *dl = a->dst_layout;
@@ -1116,9 +1282,11 @@ hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xf
             .zero_tail = a->last,
             .first_layer = first,
             .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first)};
-        /* the NIC reads the staging buffer: the translation must have landed */
+        /* the NIC reads the staging buffer after the translation landed:
+         * the puts wait on a fence after it */
+        void *fence;
         if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK ||
-            (st = hpd_backend_sync(a->backend)) != HPD_OK)
+            (st = hpd_backend_fence_record(a->backend, &fence)) != HPD_OK)
             break;
         for (uint32_t j = j0; j < j1; j++)
             puts[j - j0] = (hpd_xfer_put_t){.local = (const uint8_t *)a->staging +
@@ -1126,7 +1294,7 @@ hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xf
                                             .region = a->dst_region,
                                             .offset = (uint64_t)a->dst_tables[g][j] * page_bytes,
                                             .bytes = page_bytes};
-        st = hpd_xfer_put(p, xfer_id, puts, j1 - j0);
+        st = hpd_xfer_put_after(p, xfer_id, puts, j1 - j0, a->backend, fence);
     }
     free(ids);
     free(puts);
@@ -1262,11 +1430,37 @@ static void on_flushed(void *request, ucs_status_t status, void *user_data)
     request_done(request, p);
 }
 
+/* Every put issued: the endpoint is flushed, then the notice goes (or
+ * the transfer ends with the error a fence or a put left). */
+static void start_flush(xfer_t *x)
+{
+    hpd_xfer_peer_t *p = x->peer;
+    ucs_status_ptr_t r;
+
+    if (x->error != HPD_OK) {
+        xfer_end(x, x->error);
+        return;
+    }
+    x->hdr.checksum = XXH3_64bits_digest(x->hash) ^ (x->corrupt ? 1 : 0);
+    x->hdr.n_dests = x->n_dests;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_flushed,
+                              .user_data = x};
+    /* every put of this endpoint lands before the notice is sent */
+    r = ucp_ep_flush_nbx(p->ep, &rp);
+    if (r == NULL) {
+        if (!orphan_done(x)) /* the endpoint did not fail inside the flush */
+            flushed(x);
+    } else if (track(p, r) != HPD_OK) {
+        finish_answered(x, HPD_ERR_IO);
+    }
+}
+
 hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
                              void *arg, bool corrupt_for_test)
 {
     xfer_t *x;
-    ucs_status_ptr_t r;
 
     if (p->failed || p->closed)
         return HPD_ERR_IO;
@@ -1275,26 +1469,16 @@ hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done
     x->cb = cb;
     x->cb_arg = arg;
     x->finishing = true;
+    x->corrupt = corrupt_for_test;
     x->hdr.magic = NOTICE_MAGIC;
     x->hdr.sender = p->ctx->p.node_id;
     x->hdr.xfer_id = xfer_id;
-    x->hdr.checksum = XXH3_64bits_digest(x->hash) ^ (corrupt_for_test ? 1 : 0);
-    x->hdr.n_dests = x->n_dests;
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                              .cb.send = on_flushed,
-                              .user_data = x};
-    /* every put of this endpoint lands before the notice is sent */
     if (x->t_first == 0)
         x->t_first = hpd_time_now();
+    /* the deadline also covers the device work the puts still wait on */
     arm_deadline(x);
-    r = ucp_ep_flush_nbx(p->ep, &rp);
-    if (r == NULL) {
-        if (!orphan_done(x)) /* the endpoint did not fail inside the flush */
-            flushed(x);
-    } else if (track(p, r) != HPD_OK) {
-        finish_answered(x, HPD_ERR_IO);
-    }
+    x->flush_wait = true;
+    drain(x); /* flushes now when nothing waits */
     return HPD_OK;
 }
 

@@ -155,8 +155,21 @@ typedef struct {
 hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_xfer_put_t *puts,
                           uint32_t n);
 
+/* hpd_xfer_put for local bytes that a backend's ops, enqueued before
+ * `fence` (hpd_backend_fence_record), are still writing: the puts wait, in
+ * order behind the transfer's earlier ones, until the fence has passed,
+ * looked at on every turn of the loop and at the transfer's next put or
+ * finish; the host never waits on the device. The transport takes the
+ * fence (given back once passed, or when the transfer ends). A NULL fence
+ * is passed already. Work behind a fence that failed fails the transfer:
+ * its later puts return HPD_ERR_IO and its finish reports it. */
+hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *peer, uint64_t xfer_id,
+                                const hpd_xfer_put_t *puts, uint32_t n, hpd_backend_t *backend,
+                                void *fence);
+
 /* Pushes tokens [first_token, n_tokens) of KV, translated at the sender
- * (on its backend, synchronised before the puts) into the receiver's layout: the tokens of destination pack group `group`
+ * (on its backend; the puts wait on a fence after the translation, not the
+ * host on the backend) into the receiver's layout: the tokens of destination pack group `group`
  * (or all groups when group is UINT32_MAX) are translated into the
  * registered staging buffer (dst layout pages; page j of group g at staging
  * page g * (staging_pages / n_groups) + j), then put one page per

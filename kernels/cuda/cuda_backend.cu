@@ -48,6 +48,42 @@ static void *cuda_stream(hpd_backend_t *b)
     return hpd_cuda_ctx(b)->stream;
 }
 
+/* A fence: an event recorded on the stream after the ops enqueued so far
+ * (timing off: a query costs no more than the event needs). */
+static hpd_status_t cuda_fence_record(hpd_backend_t *b, void **fence_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    cudaEvent_t ev;
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    HPD_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    const cudaError_t err = cudaEventRecord(ev, c->stream);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "cudaEventRecord failed: %s", cudaGetErrorString(err));
+        cudaEventDestroy(ev);
+        return HPD_ERR_INTERNAL;
+    }
+    *fence_p = ev;
+    return HPD_OK;
+}
+
+static int cuda_fence_query(hpd_backend_t *b, void *fence)
+{
+    cudaSetDevice(hpd_cuda_ctx(b)->device);
+    const cudaError_t err = cudaEventQuery((cudaEvent_t)fence);
+    if (err == cudaSuccess)
+        return 1;
+    if (err == cudaErrorNotReady)
+        return 0;
+    HPD_LOG_ERROR("cuda", "the work before a fence failed: %s", cudaGetErrorString(err));
+    return -1;
+}
+
+static void cuda_fence_release(hpd_backend_t *b, void *fence)
+{
+    cudaSetDevice(hpd_cuda_ctx(b)->device);
+    cudaEventDestroy((cudaEvent_t)fence);
+}
+
 /* Pins host memory and maps it into the device's address space (unified
  * addressing: kernels then use the host pointer itself). Memory pinned
  * already (UCX pins the buffers it allocates when it has CUDA support) is
@@ -381,6 +417,9 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .destroy = cuda_destroy,
         .sync = cuda_sync,
         .stream = cuda_stream,
+        .fence_record = cuda_fence_record,
+        .fence_query = cuda_fence_query,
+        .fence_release = cuda_fence_release,
         .host_register = cuda_host_register,
         .host_unregister = cuda_host_unregister,
         .alloc = cuda_alloc,

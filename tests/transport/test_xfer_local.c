@@ -13,6 +13,8 @@
  *   the loop idle;
  * - regions: ids, the limit, pinning of mirrors and its release;
  * - stats and callbacks on finish, disconnect and destroy;
+ * - puts after backend fences: nothing read or sent before the fence, in
+ *   order, the finish waiting, a failed fence failing the transfer;
  * - a peer's failure, UCX refusing a put, a flush or a notice, and every
  *   allocation failing in turn: each reported once, nothing left behind.
  *
@@ -2200,6 +2202,114 @@ static void test_transfer_ids(void **state)
     hpd_xfer_destroy(r);
 }
 
+/* ------------------------------------------------------------ fences */
+
+/* A backend whose fences the test passes by hand: a fence is an int, 0
+ * until the test sets it (1 passed, -1 the work behind it failed). */
+static int fences_released;
+static int fence_query(hpd_backend_t *b, void *fence) { return *(int *)fence; }
+static void fence_release(hpd_backend_t *b, void *fence) { fences_released++; }
+static const hpd_backend_ops_t fence_ops = {
+    .name = "fences", .fence_query = fence_query, .fence_release = fence_release};
+static hpd_backend_t fence_backend = {.ops = &fence_ops};
+
+/* Puts after fences (hpd_xfer_put_after): nothing is read or sent before
+ * the fence has passed (the bytes written after the call are the ones that
+ * arrive, and checksum), puts go in order (a later fence that passed first
+ * waits for an earlier one), the finish waits for them and the loop goes
+ * on meanwhile; a fence whose work failed fails the transfer (its later
+ * puts and its finish), and sends nothing; a disconnect with puts waiting
+ * fails the transfer; every fence is given back once. */
+static void test_put_after_fences(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    static uint8_t mem[4096];
+    uint8_t src[256], want[256];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    memset(mem, 0, sizeof(mem));
+    fences_released = 0;
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    fill(src, sizeof(src), 61);
+    int f1 = 0, f2 = 0;
+    hpd_xfer_put_t a = {.local = src, .offset = 0, .bytes = 128};
+    hpd_xfer_put_t b = {.local = src + 128, .offset = 1024, .bytes = 128};
+    assert_int_equal(hpd_xfer_put_after(p, 5, &a, 1, &fence_backend, &f1), HPD_OK);
+    assert_int_equal(hpd_xfer_put_after(p, 5, &b, 1, &fence_backend, &f2), HPD_OK);
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_finish(p, 5, on_done, &d, false), HPD_OK);
+    f2 = 1; /* the later one passes first: it still waits for the first */
+    spin(50);
+    assert_int_equal(d.n, 0);
+    assert_int_equal(rrx.n, 0);
+    assert_true(all_zero(mem, sizeof(mem)));
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 0);
+    assert_int_equal(fences_released, 0);
+    /* the device writes the bytes, then its fence passes */
+    fill(src, sizeof(src), 62);
+    memcpy(want, src, sizeof(want));
+    f1 = 1;
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK); /* hashed as sent */
+    assert_int_equal(rrx.last.bytes, 256);
+    assert_memory_equal(mem, want, 128);
+    assert_memory_equal(mem + 1024, want + 128, 128);
+    assert_int_equal(fences_released, 2);
+
+    /* a NULL fence, and one that passed: at once, in order */
+    int f3 = 1;
+    memset(mem, 0, sizeof(mem));
+    assert_int_equal(hpd_xfer_put_after(p, 6, &a, 1, &fence_backend, NULL), HPD_OK);
+    assert_int_equal(hpd_xfer_put_after(p, 6, &b, 1, &fence_backend, &f3), HPD_OK);
+    assert_int_equal(fences_released, 3);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 4);
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_finish(p, 6, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 2, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+
+    /* the work behind a fence failed: the transfer fails, nothing is sent */
+    int f4 = 0, f5 = 0;
+    assert_int_equal(hpd_xfer_put_after(p, 7, &a, 1, &fence_backend, &f4), HPD_OK);
+    f4 = -1;
+    spin(5);
+    assert_int_equal(fences_released, 4);
+    assert_int_equal(hpd_xfer_put_after(p, 7, &b, 1, &fence_backend, &f5), HPD_ERR_IO);
+    assert_int_equal(fences_released, 5); /* taken, and given back */
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_finish(p, 7, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_ERR_IO);
+    spin(20);
+    assert_int_equal(rrx.n, 2);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 4);
+    assert_int_equal(st.transfers_failed, 1);
+
+    /* a disconnect with puts waiting, before and after the finish */
+    int f6 = 0, f7 = 0;
+    assert_int_equal(hpd_xfer_put_after(p, 8, &a, 1, &fence_backend, &f6), HPD_OK);
+    assert_int_equal(hpd_xfer_put_after(p, 9, &a, 1, &fence_backend, &f7), HPD_OK);
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_finish(p, 9, on_done, &d, false), HPD_OK);
+    assert_int_equal(d.n, 0);
+    hpd_xfer_disconnect(p);
+    assert_int_equal(d.n, 1);
+    assert_int_equal(d.status, HPD_ERR_CANCELED);
+    assert_int_equal(fences_released, 7);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.open_transfers, 0);
+    assert_true(loop_idles(0.05)); /* nothing waits on a fence any more */
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
 /* ------------------------------------------------------------ KV */
 
 enum { KV_LAYERS = 6, KV_HEADS = 2, KV_HD = 16, KV_TOKENS = 100, KV_DST_PAGES = 40 };
@@ -2611,6 +2721,7 @@ int main(void)
         cmocka_unit_test(test_close_writer),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
+        cmocka_unit_test(test_put_after_fences),
         cmocka_unit_test(test_push_kv),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_memory_returned),
