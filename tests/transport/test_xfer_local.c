@@ -2550,6 +2550,31 @@ static void test_alloc_failures(void **state)
     assert_int_equal(rrx.last.status, HPD_OK);
     assert_int_equal(rrx.last.bytes, sizeof(src));
 
+    /* puts waiting on a fence: the transfer, the waiting batch; the fence
+     * is given back whenever the call fails */
+    int fence = 0;
+    fences_released = 0;
+    for (k = 1;; k++) {
+        hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
+        arm(k, ALLOC_ANY);
+        const hpd_status_t st1 = hpd_xfer_put_after(p, 6000 + k, &u, 1, &fence_backend, &fence);
+        if (!disarm()) {
+            assert_int_equal(st1, HPD_OK);
+            break;
+        }
+        assert_int_equal(st1, HPD_ERR_NO_MEMORY);
+        assert_int_equal(fences_released, (int)k);
+    }
+    assert_true(k > 2); /* the transfer, the batch */
+    assert_int_equal(fences_released, (int)k - 1);
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_finish(p, 6000 + k, on_done, &d, false), HPD_OK);
+    fence = 1;
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 2, (void)0);
+    assert_int_equal(d.status, HPD_OK);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(fences_released, (int)k);
+
     /* a KV push: its tables, its puts, the transfer */
     const uint32_t groups = hpd_kv_layout_n_groups(&kv_dst), kk = (KV_TOKENS + 15) / 16;
     const uint64_t page = hpd_kv_layout_page_bytes(&kv_dst);
