@@ -409,12 +409,14 @@ static inline hpd_status_t hpd_backend_sync(hpd_backend_t *b)
 {
     return b->ops->sync != NULL ? b->ops->sync(b) : HPD_OK;
 }
-/* A fence after the ops enqueued so far; *fence_p NULL when ops are
- * synchronous (nothing to wait for). */
+/* A fence after the ops enqueued so far; *fence_p NULL when there is
+ * nothing to wait for: ops are synchronous, or the backend has no fences
+ * and this waited for its ops (sync). */
 static inline hpd_status_t hpd_backend_fence_record(hpd_backend_t *b, void **fence_p)
 {
     *fence_p = NULL;
-    return b->ops->fence_record != NULL ? b->ops->fence_record(b, fence_p) : HPD_OK;
+    return b->ops->fence_record != NULL ? b->ops->fence_record(b, fence_p)
+                                        : hpd_backend_sync(b);
 }
 /* 1: the ops before the fence ran (always for a NULL fence); 0: not yet;
  * -1: the device failed. */

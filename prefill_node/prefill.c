@@ -235,7 +235,9 @@ static void on_xfer_done(void *arg, uint64_t xfer_id, hpd_status_t st)
     job_t *j = arg;
     if (st != HPD_OK && !j->failed) {
         j->failed = true;
-        j->pair_failed = st != HPD_ERR_CANCELED;
+        /* neither a cancel nor this node's device failing (a fence the
+         * puts waited on: HPD_ERR_INTERNAL) is the pair's fault */
+        j->pair_failed = st != HPD_ERR_CANCELED && st != HPD_ERR_INTERNAL;
         snprintf(j->error, sizeof(j->error), "transfer to decode node %llu failed: %s",
                  (unsigned long long)j->dst_node, hpd_status_str(st));
     }

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -75,6 +76,7 @@ typedef struct xfer {
      * (flush_wait) before it flushes; a fence that failed is the
      * transfer's error, reported by its finish */
     pending_t *pending, *pending_last;
+    uint32_t n_pending;
     bool flush_wait, corrupt;
     hpd_status_t error;
     hpd_xfer_done_cb_t cb;
@@ -269,6 +271,7 @@ static void drop_pending(xfer_t *x)
         free(w);
     }
     x->pending = x->pending_last = NULL;
+    x->n_pending = 0;
 }
 
 static void xfer_free(xfer_t *x)
@@ -1135,13 +1138,14 @@ static bool drain(xfer_t *x)
         const int q = hpd_backend_fence_query(w->backend, w->fence);
         if (q == 0)
             return true;
-        hpd_status_t st = HPD_ERR_IO;
+        hpd_status_t st = HPD_ERR_INTERNAL; /* the device failed, not the peer */
         if (q > 0) {
             st = issue(p, x, w->puts, w->n);
             if (p->failed)
                 return false;
         }
         x->pending = w->next;
+        x->n_pending--;
         if (x->pending == NULL) {
             x->pending_last = NULL;
             p->ctx->n_waiting--;
@@ -1165,17 +1169,52 @@ static bool drain(xfer_t *x)
     return true;
 }
 
-/* Every transfer's waiting puts, from the loop. */
+/* Every transfer's waiting puts, from the loop. A drain may run callbacks
+ * (a transfer's end, a peer's failure) that change the lists: the peer is
+ * held meanwhile, and the walk starts over after any change. */
 static void drain_all(hpd_xfer_ctx_t *c)
 {
+restart:
     if (c->n_waiting == 0)
         return;
     for (hpd_xfer_peer_t *p = c->peers; p != NULL; p = p->next) {
-    again:
-        for (xfer_t *x = p->xfers; x != NULL; x = x->next)
-            if (x->pending != NULL && !drain(x))
-                goto again; /* x may be gone, and others with it */
+        if (p->failed || p->closed)
+            continue;
+        for (xfer_t *x = p->xfers; x != NULL; x = x->next) {
+            if (x->pending == NULL)
+                continue;
+            p->refs++;
+            const bool alive = drain(x);
+            const bool changed = !alive || p->failed || p->closed;
+            peer_unref(p);
+            if (changed)
+                goto restart;
+        }
     }
+}
+
+/* The host stays at most MAX_WAITING batches ahead of the device work a
+ * transfer's puts wait on: past that it waits for the oldest fence here
+ * (looking every 20 us), so each batch goes out a bounded lag after its
+ * fence even while the host enqueues the next layers and turns no loop;
+ * the device always has the younger batches' work queued meanwhile. */
+#define MAX_WAITING 2
+
+static hpd_status_t wait_lag(xfer_t *x)
+{
+    while (x->n_pending > MAX_WAITING) {
+        const pending_t *w = x->pending;
+        if (hpd_backend_fence_query(w->backend, w->fence) == 0) {
+            const struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (!drain(x))
+            return HPD_ERR_IO; /* not finishing: only a failed peer ends it here */
+        if (x->error != HPD_OK)
+            return x->error;
+    }
+    return HPD_OK;
 }
 
 hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
@@ -1184,6 +1223,8 @@ hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_
     xfer_t *x;
     hpd_status_t st = HPD_OK;
 
+    if (backend == NULL)
+        fence = NULL; /* no backend, no fence */
     if (p->failed || p->closed)
         st = HPD_ERR_IO;
     else if ((st = check_puts(p, puts, n)) == HPD_OK &&
@@ -1214,7 +1255,7 @@ hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_
             HPD_LOG_ERROR(LOG_COMPONENT,
                           "transfer %llu to node %llu: the device work its puts wait on failed",
                           (unsigned long long)xfer_id, (unsigned long long)p->node);
-            return x->error = HPD_ERR_IO;
+            return x->error = HPD_ERR_INTERNAL;
         }
         return issue(p, x, puts, n);
     }
@@ -1233,9 +1274,8 @@ hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_
         x->pending_last->next = w;
     }
     x->pending_last = w;
-    if (x->t_first == 0)
-        x->t_first = hpd_time_now();
-    return HPD_OK;
+    x->n_pending++;
+    return wait_lag(x);
 }
 
 hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_xfer_put_t *puts,
@@ -1443,6 +1483,11 @@ static void start_flush(xfer_t *x)
     }
     x->hdr.checksum = XXH3_64bits_digest(x->hash) ^ (x->corrupt ? 1 : 0);
     x->hdr.n_dests = x->n_dests;
+    if (x->t_first == 0) /* no puts */
+        x->t_first = hpd_time_now();
+    /* from here the peer answers for the time: every byte is on its way
+     * (the device work the puts waited on is not the peer's) */
+    arm_deadline(x);
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.send = on_flushed,
@@ -1473,10 +1518,6 @@ hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *p, uint64_t xfer_id, hpd_xfer_done
     x->hdr.magic = NOTICE_MAGIC;
     x->hdr.sender = p->ctx->p.node_id;
     x->hdr.xfer_id = xfer_id;
-    if (x->t_first == 0)
-        x->t_first = hpd_time_now();
-    /* the deadline also covers the device work the puts still wait on */
-    arm_deadline(x);
     x->flush_wait = true;
     drain(x); /* flushes now when nothing waits */
     return HPD_OK;

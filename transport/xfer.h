@@ -151,7 +151,9 @@ typedef struct {
 
 /* Adds puts to transfer xfer_id (opened on first use). The local bytes must
  * stay unchanged until the transfer finishes. HPD_ERR_IO on a failed peer;
- * HPD_ERR_INVALID_ARG when a put falls outside the remote region. */
+ * HPD_ERR_INVALID_ARG when a put falls outside the remote region. Behind
+ * puts that wait on a fence (hpd_xfer_put_after) they wait too, in order;
+ * else a mapped region's copy is done when this returns. */
 hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_xfer_put_t *puts,
                           uint32_t n);
 
@@ -159,10 +161,15 @@ hpd_status_t hpd_xfer_put(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_xfe
  * `fence` (hpd_backend_fence_record), are still writing: the puts wait, in
  * order behind the transfer's earlier ones, until the fence has passed,
  * looked at on every turn of the loop and at the transfer's next put or
- * finish; the host never waits on the device. The transport takes the
- * fence (given back once passed, or when the transfer ends). A NULL fence
- * is passed already. Work behind a fence that failed fails the transfer:
- * its later puts return HPD_ERR_IO and its finish reports it. */
+ * finish. The host does not wait on the device for a layer, only when
+ * more than two batches of a transfer wait: then this call waits for the
+ * oldest, so each goes out a bounded lag after its fence while the host
+ * enqueues further layers and turns no loop. The transport takes the fence
+ * on every call, accepted or refused (given back once passed, refused, or
+ * when the transfer ends); a NULL fence (or backend) is passed already.
+ * Work behind a fence that failed fails the transfer with
+ * HPD_ERR_INTERNAL (this node's device, not the peer): its later puts
+ * return it and its finish reports it. */
 hpd_status_t hpd_xfer_put_after(hpd_xfer_peer_t *peer, uint64_t xfer_id,
                                 const hpd_xfer_put_t *puts, uint32_t n, hpd_backend_t *backend,
                                 void *fence);
@@ -193,11 +200,13 @@ typedef struct {
 hpd_status_t hpd_xfer_push_kv(hpd_xfer_peer_t *peer, uint64_t xfer_id,
                               const hpd_xfer_kv_args_t *args);
 
-/* Ends a transfer: flush, then the completion message. cb (may be NULL) runs
- * once: HPD_OK when the message was delivered to the wire, an error when the
- * peer failed first (HPD_ERR_TIMEOUT: it missed its deadline, see
- * hpd_xfer_params_t.deadline_ms). corrupt_for_test sends a wrong checksum (fault
- * injection for tests). */
+/* Ends a transfer: once no put waits on a fence, flush, then the
+ * completion message. cb (may be NULL) runs once: HPD_OK when the message
+ * was delivered to the wire, an error when the peer failed first
+ * (HPD_ERR_TIMEOUT: it missed its deadline, see hpd_xfer_params_t.deadline_ms,
+ * counted from the flush: the device work the puts waited on is not the
+ * peer's time) or this node's device failed (HPD_ERR_INTERNAL).
+ * corrupt_for_test sends a wrong checksum (fault injection for tests). */
 typedef void (*hpd_xfer_done_cb_t)(void *arg, uint64_t xfer_id, hpd_status_t status);
 hpd_status_t hpd_xfer_finish(hpd_xfer_peer_t *peer, uint64_t xfer_id, hpd_xfer_done_cb_t cb,
                              void *arg, bool corrupt_for_test);

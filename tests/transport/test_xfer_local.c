@@ -2205,9 +2205,16 @@ static void test_transfer_ids(void **state)
 /* ------------------------------------------------------------ fences */
 
 /* A backend whose fences the test passes by hand: a fence is an int, 0
- * until the test sets it (1 passed, -1 the work behind it failed). */
+ * until the test sets it (1 passed, -1 the work behind it failed); one of
+ * N >= 2 passes at its (N-1)th query, as device work that ends meanwhile. */
 static int fences_released;
-static int fence_query(hpd_backend_t *b, void *fence) { return *(int *)fence; }
+static int fence_query(hpd_backend_t *b, void *fence)
+{
+    int *f = fence;
+    if (*f >= 2)
+        return --*f == 1;
+    return *f;
+}
 static void fence_release(hpd_backend_t *b, void *fence) { fences_released++; }
 static const hpd_backend_ops_t fence_ops = {
     .name = "fences", .fence_query = fence_query, .fence_release = fence_release};
@@ -2280,17 +2287,53 @@ static void test_put_after_fences(void **state)
     f4 = -1;
     spin(5);
     assert_int_equal(fences_released, 4);
-    assert_int_equal(hpd_xfer_put_after(p, 7, &b, 1, &fence_backend, &f5), HPD_ERR_IO);
+    assert_int_equal(hpd_xfer_put_after(p, 7, &b, 1, &fence_backend, &f5), HPD_ERR_INTERNAL);
     assert_int_equal(fences_released, 5); /* taken, and given back */
+    assert_int_equal(hpd_xfer_put(p, 7, &b, 1), HPD_ERR_INTERNAL);
     d = (done_t){0};
     assert_int_equal(hpd_xfer_finish(p, 7, on_done, &d, false), HPD_OK);
     PROGRESS_UNTIL(d.n == 1, (void)0);
-    assert_int_equal(d.status, HPD_ERR_IO);
+    assert_int_equal(d.status, HPD_ERR_INTERNAL); /* this node's device, not the peer */
     spin(20);
     assert_int_equal(rrx.n, 2);
     hpd_xfer_stats(s, &st);
     assert_int_equal(st.puts, 4);
     assert_int_equal(st.transfers_failed, 1);
+
+    /* a fence failed before the call: refused at once, nothing sent */
+    int f8 = -1;
+    assert_int_equal(hpd_xfer_put_after(p, 10, &a, 1, &fence_backend, &f8), HPD_ERR_INTERNAL);
+    assert_int_equal(fences_released, 6);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 4);
+
+    /* a plain put behind a waiting one waits too; the host stays at most
+     * two batches ahead: the fourth call waits for the oldest fence (device
+     * work that ends after 200 looks), which goes out, then returns */
+    int g1 = 0, g2 = 200, g3 = 0, g4 = 0;
+    memset(mem, 0, sizeof(mem));
+    hpd_xfer_put_t c = {.local = src, .offset = 2048, .bytes = 64};
+    assert_int_equal(hpd_xfer_put_after(p, 11, &a, 1, &fence_backend, &g1), HPD_OK);
+    assert_int_equal(hpd_xfer_put(p, 11, &c, 1), HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 4);
+    assert_true(all_zero(mem, sizeof(mem)));
+    g1 = 1;
+    assert_int_equal(hpd_xfer_put_after(p, 11, &b, 1, &fence_backend, &g2), HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 6); /* the first fence passed: it and the plain put went */
+    assert_int_equal(hpd_xfer_put_after(p, 11, &c, 1, &fence_backend, &g3), HPD_OK);
+    assert_int_equal(hpd_xfer_put_after(p, 11, &c, 1, &fence_backend, &g4), HPD_OK);
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 7); /* three waited: the oldest (g2) was waited for */
+    assert_int_equal(g2, 1);
+    g3 = g4 = 1;
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_finish(p, 11, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 3, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, 128 + 64 + 128 + 64 + 64);
+    assert_int_equal(fences_released, 10);
 
     /* a disconnect with puts waiting, before and after the finish */
     int f6 = 0, f7 = 0;
@@ -2302,7 +2345,7 @@ static void test_put_after_fences(void **state)
     hpd_xfer_disconnect(p);
     assert_int_equal(d.n, 1);
     assert_int_equal(d.status, HPD_ERR_CANCELED);
-    assert_int_equal(fences_released, 7);
+    assert_int_equal(fences_released, 12);
     hpd_xfer_stats(s, &st);
     assert_int_equal(st.open_transfers, 0);
     assert_true(loop_idles(0.05)); /* nothing waits on a fence any more */
