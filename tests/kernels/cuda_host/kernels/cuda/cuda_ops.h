@@ -233,6 +233,19 @@ static inline float __uint_as_float(uint32_t u)
     memcpy(&f, &u, 4);
     return f;
 }
+static inline uint32_t __float_as_uint(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* the fibers of a block run one at a time: an add is atomic */
+static inline uint32_t atomicAdd(uint32_t *p, uint32_t v)
+{
+    const uint32_t old = *p;
+    *p = old + v;
+    return old;
+}
 struct __half {
     uint16_t bits;
 };
@@ -281,6 +294,18 @@ static inline const char *cudaGetErrorString(cudaError_t err)
     return err == cudaSuccess ? "no error" : "out of memory";
 }
 template <typename F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int)
+{
+    return cudaSuccess;
+}
+/* launches run to completion when made: copies are plain, streams idle */
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDefault = 4 };
+static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind,
+                                          cudaStream_t)
+{
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
     return cudaSuccess;
 }
@@ -503,5 +528,6 @@ hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
+hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 
 #endif
