@@ -3,10 +3,15 @@
  *
  * Greedy: the first maximum (ties to the lowest id), as the CPU backend.
  * Temperature: the kept set is found without sorting. top-k keeps the k
- * largest scaled logits (ties at the threshold to the lowest ids), found by
- * bisection over the order-preserving integer keys of the floats; top-p
- * then keeps the largest of those whose probability mass reaches top_p,
- * found the same way. The draw u (Philox, keyed by (seed, position), from
+ * largest scaled logits (ties at the threshold to the lowest ids): the
+ * threshold, the k-th largest of the order-preserving integer keys of the
+ * floats, comes from a radix select, four passes over the row that count
+ * the keys by one byte each (a histogram of 256 integer counts in shared
+ * memory: integer atomics, so the counts and the result do not depend on
+ * the order the threads add in); top-p then keeps the fewest of those,
+ * largest first, whose probability mass reaches top_p: when top-k keeps at
+ * most NT ids, from those ids sorted in shared memory (top_p_sorted: one
+ * pass over the row), else by bisection over the keys (32 passes). The draw u (Philox, keyed by (seed, position), from
  * the host) walks the kept probabilities in id order. Every sum has a fixed
  * order (each thread's run in order, then the runs in order), so a row's
  * token depends on its logits and (seed, position) alone. The CPU walks the
@@ -98,6 +103,44 @@ typedef struct {
         if (float xs = (r).x[i] * (r).inv_t; fkey(xs) > (kept).tau ||          \
                                              (fkey(xs) == (kept).tau && eq_++ < (kept).need))
 
+/* The k-th largest key of the row (1 <= k <= vocab) and how many ids equal
+ * to it the k largest take (ties to the lowest ids: the caller keeps the
+ * first `need` of them): the key is fixed a byte at a time, from the top,
+ * by counting the keys that agree with it so far by their next byte. */
+__device__ static kept_t radix_select(const run_t *r, uint32_t k, uint32_t *hist,
+                                      uint32_t *shared_digit)
+{
+    uint32_t prefix = 0, mask = 0, left = k; /* left: of the k, still to place */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint32_t b = threadIdx.x; b < 256; b += NT)
+            hist[b] = 0;
+        __syncthreads();
+        for (uint32_t i = r->i0; i < r->i1; i++) {
+            const uint32_t key = fkey(r->x[i] * r->inv_t);
+            if ((key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            /* from the largest byte down: the k-th largest has this byte
+             * when the keys above it leave fewer than `left` */
+            uint32_t b = 255;
+            while (hist[b] < left) {
+                left -= hist[b];
+                b--;
+            }
+            shared_digit[0] = b;
+            shared_digit[1] = left;
+        }
+        __syncthreads();
+        prefix |= shared_digit[0] << shift;
+        mask |= 255u << shift;
+        left = shared_digit[1];
+        __syncthreads(); /* hist and shared_digit are rewritten next */
+    }
+    return kept_t{prefix, left};
+}
+
 /* Every thread's count of ids equal to tau in the runs before its own. */
 __device__ static void eq_prefix(const run_t *r, uint32_t tau, uint32_t *red, uint32_t *before)
 {
@@ -112,6 +155,83 @@ __device__ static void eq_prefix(const run_t *r, uint32_t tau, uint32_t *red, ui
             acc += red[t];
         }
     __syncthreads();
+}
+
+/* top-p over a kept set of at most NT ids (top_k <= NT): the ids gathered
+ * in id order, sorted largest first (ties to the lowest id; a bitonic sort
+ * in shared memory, the same network every time), their masses added in
+ * that order by one thread up to top_p * total: the new threshold and how
+ * many ids at it the set takes (the lowest). One pass over the row where
+ * the bisection below takes 32. */
+__device__ static kept_t top_p_sorted(const run_t *r, kept_t kept, uint32_t eq, float mx,
+                                      float target, uint32_t *cnt, uint32_t *skey,
+                                      uint32_t *sid)
+{
+    __shared__ uint32_t n_kept, result[2];
+    uint32_t n = 0;
+    FOR_KEPT(*r, kept, eq, xs, i)
+    {
+        (void)xs;
+        n++;
+    }
+    cnt[threadIdx.x] = n;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t acc = 0;
+        for (uint32_t t = 0; t < NT; t++) {
+            const uint32_t c = cnt[t];
+            cnt[t] = acc;
+            acc += c;
+        }
+        n_kept = acc;
+    }
+    __syncthreads();
+    uint32_t at = cnt[threadIdx.x];
+    FOR_KEPT(*r, kept, eq, xs, i)
+    {
+        skey[at] = fkey(xs);
+        sid[at++] = i;
+    }
+    uint32_t P = 1;
+    while (P < n_kept)
+        P *= 2;
+    for (uint32_t i = n_kept + threadIdx.x; i < P; i += NT)
+        skey[i] = 0, sid[i] = 0xffffffffu; /* after every id */
+    __syncthreads();
+    for (uint32_t k = 2; k <= P; k *= 2)
+        for (uint32_t j = k / 2; j > 0; j /= 2) {
+            for (uint32_t i = threadIdx.x; i < P; i += NT) {
+                const uint32_t o = i ^ j;
+                if (o <= i)
+                    continue;
+                /* o goes first: a larger key, or the same key and a lower id */
+                const bool o_first = skey[o] > skey[i] || (skey[o] == skey[i] && sid[o] < sid[i]);
+                if (((i & k) == 0) == o_first) {
+                    const uint32_t tk = skey[i], ti = sid[i];
+                    skey[i] = skey[o], sid[i] = sid[o];
+                    skey[o] = tk, sid[o] = ti;
+                }
+            }
+            __syncthreads();
+        }
+    if (threadIdx.x == 0) {
+        float cum = 0.0f;
+        uint32_t c = 0;
+        for (; c + 1 < n_kept; c++) {
+            cum += expf(unkey(skey[c]) - mx);
+            if (cum >= target)
+                break;
+        }
+        uint32_t need = 0;
+        for (uint32_t t = 0; t <= c; t++)
+            need += skey[t] == skey[c];
+        result[0] = skey[c];
+        result[1] = need;
+    }
+    __syncthreads();
+    const kept_t out = {result[0], result[1]};
+    __syncthreads();
+    return out;
 }
 
 /* Probability mass (unnormalised, max mx) of the kept ids with key >= from. */
@@ -135,6 +255,7 @@ __global__ void __launch_bounds__(NT)
     __shared__ uint32_t redu[NT];
     __shared__ uint32_t eq_before[NT]; /* ids equal to tau in the runs before */
     __shared__ float mass_before[NT];
+    __shared__ uint32_t sort_key[NT], sort_id[NT]; /* top_p_sorted */
     const row_params_t p = params[blockIdx.x];
     const float *x = logits + (size_t)blockIdx.x * ld;
     const uint32_t tid = threadIdx.x, per = (vocab + NT - 1) / NT;
@@ -160,28 +281,16 @@ __global__ void __launch_bounds__(NT)
     mx = block_reduce(mx, redf, max_op());
 
     kept_t kept = {0, vocab};
-    if (p.top_k > 0 && p.top_k < vocab) {
-        /* the largest tau with count(key >= tau) >= k */
-        uint32_t lo = 0, hi = 0xffffffffu;
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo) / 2 + 1;
-            uint32_t n = 0;
-            for (uint32_t i = i0; i < i1; i++)
-                n += fkey(x[i] * p.inv_t) >= mid;
-            if (block_reduce(n, redu, add_op()) >= p.top_k)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        uint32_t gt = 0;
-        for (uint32_t i = i0; i < i1; i++)
-            gt += fkey(x[i] * p.inv_t) > lo;
-        kept.tau = lo;
-        kept.need = p.top_k - block_reduce(gt, redu, add_op());
-    }
+    if (p.top_k > 0 && p.top_k < vocab)
+        kept = radix_select(&run, p.top_k, redu, eq_before);
     eq_prefix(&run, kept.tau, redu, eq_before);
     float total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
-    if (p.top_p < 1.0f) {
+    if (p.top_p < 1.0f && p.top_k > 0 && p.top_k <= NT) {
+        kept = top_p_sorted(&run, kept, eq_before[tid], mx, p.top_p * total, redu, sort_key,
+                            sort_id);
+        eq_prefix(&run, kept.tau, redu, eq_before);
+        total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
+    } else if (p.top_p < 1.0f) {
         /* the largest tau' with mass(key >= tau') >= top_p * total */
         const float target = p.top_p * total;
         uint32_t lo = kept.tau, hi = 0xffffffffu;
