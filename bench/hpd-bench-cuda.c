@@ -20,7 +20,9 @@
  *   as a fraction of the copy bandwidth;
  * - gemm: the GEMM of prefill, m = --prefill rows, BF16 weights n = 5120,
  *   k = 2048: TFLOP/s, beside cuBLAS on the same shape (cublasGemmEx, BF16 x
- *   BF16 with fp32 accumulation and output) when the device is a GPU;
+ *   BF16 with fp32 accumulation and output) when the device is a GPU, and
+ *   the same GEMM through device cuda-fast (BF16 weights on tensor cores,
+ *   x rounded to bf16: tensor_cores_of_cublas);
  * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
  *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
  *   and --seqs, decode beside its bound (the weights a step reads, all but an
@@ -361,8 +363,15 @@ static double cublas_seconds(const void *x16, const void *w, float *y, uint32_t 
 }
 #endif
 
-/* prefill's GEMM: m rows against BF16 weights [n][k], beside cuBLAS */
-static void gemm_bench(uint32_t m, uint32_t n, uint32_t k)
+static hpd_backend_t *fast_be; /* cuda-fast: BF16 weights on tensor cores */
+static void do_gemm_fast(void *arg)
+{
+    CHECK(hpd_gemm(fast_be, arg));
+}
+
+/* prefill's GEMM: m rows against BF16 weights [n][k], beside cuBLAS; and
+ * the same through device cuda-fast (tensor cores, x rounded to bf16) */
+static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
 {
     void *w = dbf16((size_t)n * k, 22, 0.02f);
     float *x = drand((size_t)m * k, 23, 1), *y = dalloc((size_t)m * n * sizeof(float));
@@ -385,6 +394,20 @@ static void gemm_bench(uint32_t m, uint32_t n, uint32_t k)
                    flop / tc / 1e12, tc / t);
         else
             printf(" cublas=failed");
+        char fast[64];
+        snprintf(fast, sizeof(fast), "cuda-fast%s", strncmp(device, "cuda-fast", 9) == 0 ? device + 9
+                                                    : strncmp(device, "cuda", 4) == 0 ? device + 4
+                                                                                      : "");
+        hpd_backend_params_t fp = {.device = fast};
+        if (hpd_backend_create(&fp, &fast_be) == HPD_OK) {
+            const double tt = timed(do_gemm_fast, &a);
+            printf(" tensor_cores_ms=%.3f tensor_cores_TFLOPs=%.2f", tt * 1e3, flop / tt / 1e12);
+            if (tc > 0)
+                printf(" tensor_cores_of_cublas=%.3f", tc / tt);
+            hpd_backend_destroy(fast_be);
+        } else {
+            printf(" tensor_cores=failed");
+        }
         hpd_backend_free(be, x16);
         free(h);
         free(b);
@@ -525,7 +548,7 @@ int main(int argc, char **argv)
     translate_vs_copy(context);
     gemv_bench(5120, 2048, bw);
     gemv_bench(2048, 5120, bw);
-    gemm_bench(prefill, 5120, 2048);
+    gemm_bench(prefill, 5120, 2048, device);
     if (model != NULL)
         model_bench(model, prefill, seqs, bw);
     hpd_backend_destroy(be);

@@ -532,6 +532,9 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         return HPD_ERR_INTERNAL;
     }
     c->smem_optin = (size_t)smem;
+    if (cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, id) !=
+        cudaSuccess)
+        c->cc_major = 0; /* no tensor-core kernels */
     const char *sync_env = getenv("HPD_CUDA_SYNC");
     c->sync_each_op = sync_env != NULL && strcmp(sync_env, "1") == 0;
     if (fast && (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS ||

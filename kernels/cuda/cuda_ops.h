@@ -24,6 +24,7 @@ typedef struct {
     uint32_t slot;
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
+    int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
@@ -72,6 +73,9 @@ hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *
 hpd_status_t hpd_cuda_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a);
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a);
+/* BF16 weights on tensor cores (gemm.cu; cuda-fast's GEMM takes it where
+ * it fits) */
+hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);

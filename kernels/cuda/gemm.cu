@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mma.h"
 
 __device__ static inline float widen(float w)
 {
@@ -444,6 +445,139 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     return HPD_OK;
 }
 
+/* ---- BF16 weights on tensor cores (device cuda-fast)
+ *
+ * y = x w^T with x rounded to bf16 (to nearest even) as it is loaded and
+ * the products of mma.sync m16n8k16 accumulated in fp32: blocks of 64 rows
+ * by 128 weight rows, four warps of 64 x 32, k in steps of 32 through
+ * shared memory (zeros past k and past the last rows). Every output is the
+ * same sequence of tensor-core steps over k whatever m, the block or the
+ * other rows (no split of k): a row's bits do not depend on the batch.
+ * Weight rows 16-byte aligned (k % 8 == 0), x rows 16-byte aligned. */
+#define TC_BM 64
+#define TC_BN 128
+#define TC_BK 32
+#define TC_LD (TC_BK + 8) /* bf16 per shared row: 80 bytes, no bank conflicts in the
+                             fragment loads */
+
+__device__ static inline uint32_t tc_bf16_rn(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (u >> 16) | 0x40u; /* NaN, quiet */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+__global__ void __launch_bounds__(128)
+    gemm_tc_kernel(const float *x, uint32_t ldx, const uint16_t *w, float *y, uint32_t ldy,
+                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+{
+    __shared__ __align__(16) uint16_t As[TC_BM * TC_LD];
+    __shared__ __align__(16) uint16_t Bs[TC_BN * TC_LD];
+    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const uint32_t g = lane / 4, t = lane % 4;
+    const uint32_t m0 = blockIdx.y * TC_BM, n0 = blockIdx.x * TC_BN;
+    float acc[4][4][4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int r = 0; r < 4; r++)
+                acc[i][j][r] = 0.0f;
+
+    for (uint32_t k0 = 0; k0 < k; k0 += TC_BK) {
+        /* x: 64 rows x 32, four at a time, rounded to bf16 */
+        for (uint32_t e = tid; e < TC_BM * TC_BK / 4; e += 128) {
+            const uint32_t r = e / (TC_BK / 4), c = e % (TC_BK / 4) * 4;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (m0 + r < m) {
+                const float *src = x + (size_t)(m0 + r) * ldx + k0 + c;
+                if (k0 + c + 4 <= k) {
+                    const float4 q = *(const float4 *)src;
+                    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+                } else {
+                    for (uint32_t j = 0; j < 4; j++)
+                        if (k0 + c + j < k)
+                            v[j] = src[j];
+                }
+            }
+            uint32_t *dst = (uint32_t *)&As[r * TC_LD + c];
+            dst[0] = tc_bf16_rn(v[0]) | tc_bf16_rn(v[1]) << 16;
+            dst[1] = tc_bf16_rn(v[2]) | tc_bf16_rn(v[3]) << 16;
+        }
+        /* w: 128 rows x 32, eight at a time */
+        for (uint32_t e = tid; e < TC_BN * TC_BK / 8; e += 128) {
+            const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (n0 + r < n && k0 + c < k) /* k % 8 == 0: all eight or none */
+                v = *(const uint4 *)(w + (size_t)(n0 + r) * k + k0 + c);
+            *(uint4 *)&Bs[r * TC_LD + c] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (uint32_t kk = 0; kk < TC_BK; kk += 16) {
+            uint32_t a[4][4], b[4][2];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint16_t *p = As + (i * 16 + g) * TC_LD + kk + 2 * t;
+                a[i][0] = *(const uint32_t *)p;
+                a[i][1] = *(const uint32_t *)(p + 8 * TC_LD);
+                a[i][2] = *(const uint32_t *)(p + 8);
+                a[i][3] = *(const uint32_t *)(p + 8 * TC_LD + 8);
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint16_t *p = Bs + (warp * 32 + j * 8 + g) * TC_LD + kk + 2 * t;
+                b[j][0] = *(const uint32_t *)p;
+                b[j][1] = *(const uint32_t *)(p + 8);
+            }
+            #pragma unroll
+            for (int i = 0; i < 4; i++)
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    hpd_mma_bf16_16816(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const uint32_t row = m0 + i * 16 + g + 8 * (r / 2);
+                const uint32_t col = n0 + warp * 32 + j * 8 + 2 * t + r % 2;
+                if (row < m && col < n) {
+                    float *o = y + (size_t)row * ldy + col;
+                    *o = accumulate ? *o + acc[i][j][r] : acc[i][j][r];
+                }
+            }
+}
+
+/* Whether the tensor-core kernel takes these arguments: BF16 weights, k a
+ * multiple of 8, weight and x rows 16-byte aligned, a device of compute
+ * capability 8.0 or later. */
+static bool tc_fits(const hpd_cuda_ctx_t *c, const hpd_gemm_args_t *a)
+{
+    return c->cc_major >= 8 && a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 &&
+           a->ldx % 4 == 0 && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->x % 16 == 0;
+}
+
+hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    if (a->m == 0 || a->n == 0)
+        return HPD_OK;
+    if (a->m > 65535u * TC_BM)
+        return HPD_ERR_INVALID_ARG;
+    const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
+    gemm_tc_kernel<<<grid, 128, 0, hpd_cuda_ctx(b)->stream>>>(
+        a->x, a->ldx, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
 /* The fast mode (device cuda-fast): cuBLAS SGEMM in fp32 (default math: no TF32).
  * Its kernels and split-K choices depend on m, so a row's bits depend on
  * the batch: not the deterministic contract of DESIGN.md section 4. Row-major
@@ -454,6 +588,8 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a)
     const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
+    if (tc_fits(c, a)) /* BF16 weights: tensor cores */
+        return hpd_cuda_gemm_tc(b, a);
     if (a->w_dtype != HPD_DTYPE_F32) /* cuBLAS has no fp32 x bf16 product: the kernel above */
         return hpd_cuda_gemm(b, a);
     const cublasStatus_t cs = cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)a->n,

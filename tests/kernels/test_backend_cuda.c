@@ -21,6 +21,7 @@
 
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/test_device.h"
 #include "tests/test_helpers.h"
 
@@ -1256,6 +1257,61 @@ static void test_fast_gemm(void **state)
     hpd_backend_destroy(fast);
 }
 
+/* cuda-fast with BF16 weights: tensor cores, x rounded to bf16 (to
+ * nearest even); against the CPU's fp32 GEMM of the rounded x times the
+ * same weights (fp32 error only), y's gaps kept; and rows alone equal the
+ * same rows in a batch of 150, bit for bit (the determinism contract). */
+static void test_fast_gemm_tensor_cores(void **state)
+{
+    hpd_backend_params_t fp = {.device = "cuda-fast:0"};
+    hpd_backend_t *fast;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: tensor cores not checked\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&fp, &fast), HPD_OK);
+    const uint32_t M = 150, n = 300, k = 264, ldx = k + 4, ldy = n + 3;
+    float *x = rnd((size_t)M * ldx, 51, 1), *w = rnd((size_t)n * k, 52, 0.1f);
+    float *y0 = rnd((size_t)M * ldy, 53, 1), *xr = malloc((size_t)M * ldx * sizeof(float));
+    float *ycpu = malloc((size_t)M * ldy * sizeof(float));
+    uint16_t *wq = malloc((size_t)n * k * 2);
+    void *dw;
+    hpd_dtype_from_f32(HPD_DTYPE_BF16, w, wq, (size_t)n * k);
+    for (size_t i = 0; i < (size_t)M * ldx; i++)
+        xr[i] = hpd_bf16_to_f32(hpd_cpu_round_bf16(x[i]));
+    memcpy(ycpu, y0, (size_t)M * ldy * sizeof(float));
+    hpd_gemm_args_t a = {.x = xr, .ldx = ldx, .w = wq, .w_dtype = HPD_DTYPE_BF16, .y = ycpu,
+                         .ldy = ldy, .m = M, .n = n, .k = k};
+    assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(gpu, (size_t)n * k * 2, &dw), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, dw, wq, (size_t)n * k * 2), HPD_OK);
+    float *dx = up(x, (size_t)M * ldx), *dy = up(y0, (size_t)M * ldy);
+    a.x = dx, a.w = dw, a.y = dy;
+    assert_int_equal(hpd_gemm(fast, &a), HPD_OK);
+    assert_int_equal(hpd_backend_sync(fast), HPD_OK);
+    float *full = down(dy, (size_t)M * ldy);
+    expect_close("gemm tensor cores", full, ycpu, (size_t)M * ldy, 1e-5);
+    for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
+        for (uint32_t c = n; c < ldy; c++)
+            assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
+    const uint32_t ms[] = {1, 2, 3, 17, 64, 65, 130};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(ms); i++) {
+        float *dp = up(y0, (size_t)ms[i] * ldy);
+        a.y = dp, a.m = ms[i];
+        assert_int_equal(hpd_gemm(fast, &a), HPD_OK);
+        assert_int_equal(hpd_backend_sync(fast), HPD_OK);
+        float *part = down(dp, (size_t)ms[i] * ldy);
+        if (memcmp(part, full, (size_t)ms[i] * ldy * sizeof(float)) != 0)
+            fail_msg("tensor cores: the first %u rows alone differ from the batch of %u", ms[i],
+                     M);
+        free(part);
+        hpd_backend_free(gpu, dp);
+    }
+    free(x), free(w), free(y0), free(xr), free(ycpu), free(wq), free(full);
+    hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy), hpd_backend_free(gpu, dw);
+    hpd_backend_destroy(fast);
+}
+
 int main(void)
 {
     hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
@@ -1286,6 +1342,7 @@ int main(void)
         cmocka_unit_test(test_host_register),
         cmocka_unit_test(test_pool_memory),
         cmocka_unit_test(test_fast_gemm),
+        cmocka_unit_test(test_fast_gemm_tensor_cores),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     hpd_backend_destroy(gpu);

@@ -48,6 +48,104 @@ static void gemm_ref(const hpd_gemm_args_t *a)
         }
 }
 
+/* x rounded to bf16, to nearest even */
+static float bf16_rn(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The tensor-core GEMM (cuda-fast, BF16 weights) through the stand-in's
+ * mma, whose fragments follow the PTX ISA's layout: every output within
+ * a bound of a float64 reference of x rounded to bf16 times w (a row of
+ * ties checks the rounding: to even, not truncated), accumulate and the
+ * gaps of y kept; and rows m = 1..65 alone equal the same rows in a batch
+ * of 130 bit for bit (on the stand-in; test_backend_cuda checks that on a
+ * GPU). Returns the cases that failed. */
+static int check_tensor_cores(hpd_backend_t *be, int *checked)
+{
+    static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
+                                         {65, 200, 104}, {130, 33, 264}, {3, 257, 8}};
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    int failed = 0;
+    for (const auto &sh : shapes) {
+        const uint32_t M = sh[0], n = sh[1], k = sh[2], ldx = k + 4, ldy = n + 3;
+        std::vector<float4> xs(((size_t)M * ldx + 3) / 4); /* 16-byte aligned */
+        float *x = (float *)xs.data();
+        std::vector<float> wf((size_t)n * k), y0((size_t)M * ldy), got;
+        for (size_t i = 0; i < (size_t)M * ldx; i++)
+            x[i] = normal(rng);
+        if (M > 2) /* row 2: halfway between two bf16 (ties to even) */
+            for (uint32_t i = 0; i < k; i++)
+                x[2 * ldx + i] = i % 2 ? 1.00390625f : -1.01171875f;
+        for (float &v : wf)
+            v = normal(rng);
+        for (float &v : y0)
+            v = normal(rng);
+        std::vector<float4> wq(((size_t)n * k * 2 + 15) / 16);
+        hpd_dtype_from_f32(HPD_DTYPE_BF16, wf.data(), wq.data(), (size_t)n * k);
+        const uint16_t *wb = (const uint16_t *)wq.data();
+        for (int acc = 0; acc < 2; acc++) {
+            got = y0;
+            hpd_gemm_args_t a = {};
+            a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.y = got.data();
+            a.ldy = ldy, a.m = M, a.n = n, a.k = k, a.accumulate = acc;
+            (*checked)++;
+            if (hpd_cuda_gemm_tc(be, &a) != HPD_OK) {
+                failed++;
+                continue;
+            }
+            int bad = 0;
+            for (uint32_t r = 0; r < M && bad < 3; r++)
+                for (uint32_t c = 0; c < ldy; c++) {
+                    double ref = 0, mag = 0;
+                    for (uint32_t e = 0; c < n && e < k; e++) {
+                        const double p = (double)bf16_rn(x[(size_t)r * ldx + e]) *
+                                         hpd_bf16_to_f32(wb[(size_t)c * k + e]);
+                        ref += p, mag += std::fabs(p);
+                    }
+                    const double base = acc || c >= n ? y0[(size_t)r * ldy + c] : 0.0;
+                    const double want = base + ref;
+                    const double tol = 4e-6 * (k / 16 + 1) * (mag + std::fabs(base)) + 1e-30;
+                    const float g = got[(size_t)r * ldy + c];
+                    if (!(std::fabs(g - want) <= tol)) { /* NaN fails */
+                        fprintf(stderr, "tensor cores %ux%ux%u acc %d: y[%u][%u] = %.9g, want "
+                                        "%.9g (within %.3g)\n",
+                                M, n, k, acc, r, c, g, want, tol);
+                        bad++;
+                    }
+                }
+            failed += bad > 0;
+        }
+        /* batch invariance: the first m rows alone */
+        std::vector<float> full(y0);
+        hpd_gemm_args_t a = {};
+        a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.ldy = ldy;
+        a.n = n, a.k = k, a.y = full.data(), a.m = M;
+        hpd_cuda_gemm_tc(be, &a);
+        for (uint32_t m : {1u, 3u, 64u, 65u}) {
+            if (m >= M)
+                continue;
+            std::vector<float> part(y0.begin(), y0.begin() + (size_t)m * ldy);
+            a.y = part.data(), a.m = m;
+            (*checked)++;
+            if (hpd_cuda_gemm_tc(be, &a) != HPD_OK ||
+                memcmp(part.data(), full.data(), part.size() * 4) != 0) {
+                fprintf(stderr, "tensor cores %ux%u: the first %u rows alone differ from the "
+                                "batch of %u\n",
+                        n, k, m, M);
+                failed++;
+            }
+        }
+    }
+    return failed;
+}
+
 int main()
 {
     static const hpd_dtype_t dtypes[] = {HPD_DTYPE_F32, HPD_DTYPE_BF16, HPD_DTYPE_F16,
@@ -108,5 +206,9 @@ int main()
             }
         }
     printf("%d GEMMs checked, %d differ\n", checked, failed);
-    return failed != 0;
+    int tc_checked = 0;
+    const int tc_failed = check_tensor_cores(&be, &tc_checked);
+    printf("tensor cores: %d GEMMs checked, %d failed\n", tc_checked, tc_failed);
+    hpd_emu_ctx_free(&ctx);
+    return failed != 0 || tc_failed != 0;
 }

@@ -317,6 +317,7 @@ typedef struct {
     int device;
     cudaStream_t stream;
     size_t smem_optin;
+    int cc_major;
     cublasHandle_t cublas;
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
@@ -331,6 +332,7 @@ static inline hpd_cuda_ctx_t hpd_emu_ctx()
 {
     hpd_cuda_ctx_t c = {};
     c.smem_optin = 227 * 1024;
+    c.cc_major = 9;
     return c;
 }
 
@@ -524,6 +526,7 @@ static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, size_t smem, 
 }
 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
