@@ -294,8 +294,8 @@ typedef struct {
     /* what the arithmetic is, for nodes that must agree on it (a cluster's
      * nodes give the same tokens only with the same numerics): "fp32" (cpu,
      * cuda), "bf16-products" (cpu-bf16; "-emulated" without AVX512_BF16),
-     * "cublas" (cuda-fast: cuBLAS for F32 weights, tensor cores with
-     * bf16-rounded x for BF16 weights) */
+     * "cublas" (cuda-fast), "cublas-bf16-tensor-cores" (cuda-fast on a GPU
+     * where BF16 weights go to tensor cores with bf16-rounded x) */
     const char *numerics;
     /* true when backend memory is host memory (the CPU backend): the host
      * may read and write it directly */

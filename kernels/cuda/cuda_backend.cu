@@ -456,6 +456,10 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
 static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm);
 static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas);
+/* cuda-fast where BF16 weights go to tensor cores (activations rounded to
+ * bf16): other numerics than on a GPU without them */
+static constexpr hpd_backend_ops_t cuda_fast_tc_ops =
+    cuda_ops_with("cuda-fast", "cublas-bf16-tensor-cores", entry_gemm_cublas);
 
 extern "C" hpd_status_t hpd_backend_cuda_count(int *count_p)
 {
@@ -545,7 +549,8 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cuda_destroy(b);
         return HPD_ERR_INTERNAL;
     }
-    b->ops = fast ? &cuda_fast_ops : &cuda_ops;
+    c->tc_ok = fast && hpd_cuda_tc_available(c);
+    b->ops = !fast ? &cuda_ops : c->tc_ok ? &cuda_fast_tc_ops : &cuda_fast_ops;
     b->ctx = c;
     *backend_p = b;
     return HPD_OK;

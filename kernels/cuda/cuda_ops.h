@@ -25,6 +25,7 @@ typedef struct {
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
     int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
+    bool tc_ok;        /* cuda-fast: BF16 weights on tensor cores (hpd_cuda_tc_available) */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
@@ -76,6 +77,10 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a);
 /* BF16 weights on tensor cores (gemm.cu; cuda-fast's GEMM takes it where
  * it fits) */
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
+/* Whether the tensor-core GEMM runs here: compute capability 8.0 or more
+ * and the kernel built from sm_80 PTX or later (a build for older
+ * architectures JIT-compiles a body that traps). */
+bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);

@@ -452,13 +452,16 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
  * by 128 weight rows, four warps of 64 x 32, k in steps of 32 through
  * shared memory (zeros past k and past the last rows). Every output is the
  * same sequence of tensor-core steps over k whatever m, the block or the
- * other rows (no split of k): a row's bits do not depend on the batch.
+ * other rows (no split of k): within this kernel a row's bits do not
+ * depend on the batch (cuda-fast sends batches of up to TC_MIN_ROWS rows to
+ * the GEMV instead, whose bits differ: cuda-fast rows depend on the batch).
  * Weight rows 16-byte aligned (k % 8 == 0), x rows 16-byte aligned. */
 #define TC_BM 64
 #define TC_BN 128
 #define TC_BK 32
 #define TC_LD (TC_BK + 8) /* bf16 per shared row: 80 bytes, no bank conflicts in the
                              fragment loads */
+#define TC_MIN_ROWS 32 /* cuda-fast: fewer rows take the GEMV */
 
 __device__ static inline uint32_t tc_bf16_rn(float f)
 {
@@ -556,20 +559,27 @@ __global__ void __launch_bounds__(128)
             }
 }
 
-/* Whether the tensor-core kernel takes these arguments: BF16 weights, k a
- * multiple of 8, weight and x rows 16-byte aligned, a device of compute
- * capability 8.0 or later. */
-static bool tc_fits(const hpd_cuda_ctx_t *c, const hpd_gemm_args_t *a)
+bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
 {
-    return c->cc_major >= 8 && a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 &&
-           a->ldx % 4 == 0 && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->x % 16 == 0;
+    cudaFuncAttributes fa;
+    return c->cc_major >= 8 && cudaFuncGetAttributes(&fa, gemm_tc_kernel) == cudaSuccess &&
+           fa.ptxVersion >= 80 && fa.binaryVersion >= 80;
+}
+
+/* Whether the tensor-core kernel takes these arguments: BF16 weights, k a
+ * multiple of 8, weight and x rows 16-byte aligned. */
+static bool tc_args(const hpd_gemm_args_t *a)
+{
+    return a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 && a->ldx % 4 == 0 &&
+           (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->x % 16 == 0 &&
+           a->m <= 65535u * TC_BM;
 }
 
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
-    if (a->m > 65535u * TC_BM)
+    if (!tc_args(a))
         return HPD_ERR_INVALID_ARG;
     const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
     gemm_tc_kernel<<<grid, 128, 0, hpd_cuda_ctx(b)->stream>>>(
@@ -588,7 +598,10 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a)
     const float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
-    if (tc_fits(c, a)) /* BF16 weights: tensor cores */
+    /* BF16 weights past TC_MIN_ROWS rows: tensor cores (decode's few rows
+     * keep the GEMV, which reads the weights at the copy bandwidth: the
+     * tensor-core blocks are too few for that at small m) */
+    if (c->tc_ok && a->m > TC_MIN_ROWS && tc_args(a))
         return hpd_cuda_gemm_tc(b, a);
     if (a->w_dtype != HPD_DTYPE_F32) /* cuBLAS has no fp32 x bf16 product: the kernel above */
         return hpd_cuda_gemm(b, a);

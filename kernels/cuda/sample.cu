@@ -2,7 +2,7 @@
  * owning a contiguous run of token ids.
  *
  * Greedy: the first maximum (ties to the lowest id), as the CPU backend.
- * Temperature: the kept set is found without sorting. top-k keeps the k
+ * Temperature: the kept set is found without sorting the row. top-k keeps the k
  * largest scaled logits (ties at the threshold to the lowest ids): the
  * threshold, the k-th largest of the order-preserving integer keys of the
  * floats, comes from a radix select, four passes over the row that count

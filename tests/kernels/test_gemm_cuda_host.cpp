@@ -127,7 +127,10 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked)
         hpd_gemm_args_t a = {};
         a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.ldy = ldy;
         a.n = n, a.k = k, a.y = full.data(), a.m = M;
-        hpd_cuda_gemm_tc(be, &a);
+        if (hpd_cuda_gemm_tc(be, &a) != HPD_OK) {
+            failed++;
+            continue;
+        }
         for (uint32_t m : {1u, 65u}) {
             if (m >= M)
                 continue;

@@ -318,6 +318,7 @@ typedef struct {
     cudaStream_t stream;
     size_t smem_optin;
     int cc_major;
+    bool tc_ok;
     cublasHandle_t cublas;
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
@@ -527,6 +528,14 @@ static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, size_t smem, 
 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
+struct cudaFuncAttributes {
+    int ptxVersion, binaryVersion;
+};
+template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, F)
+{
+    a->ptxVersion = a->binaryVersion = 90; /* as on an H100 */
+    return cudaSuccess;
+}
 hpd_status_t hpd_cuda_gdn_recurrent(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
