@@ -350,32 +350,28 @@ KERN_PAIRS(3, 1)
 KERN_PAIRS(2, 1)
 KERN_PAIRS(1, 1)
 
-/* weight rows [n0, n1) against every row of x, in pairs */
+typedef void (*pairs_fn)(const uint16_t *xp, const uint16_t *x, uint32_t m, uint32_t p,
+                         const uint16_t *w, uint32_t k, float *y, uint32_t ldy, bool accumulate);
+static const pairs_fn by_q8[3] = {kern_p1q8, kern_p2q8, kern_p3q8};
+static const pairs_fn by_q1[3] = {kern_p1q1, kern_p2q1, kern_p3q1};
+
+/* weight rows [n0, n1) against every row of x, in pairs: blocks of 8
+ * weight rows, then one at a time; in each, blocks of 3 pairs, then the 2
+ * or 1 left */
 static void tile_pairs(const uint16_t *xp, const uint16_t *x, uint32_t m, const uint16_t *w,
                        uint32_t k, float *y, uint32_t ldy, bool accumulate, uint32_t n0,
                        uint32_t n1)
 {
     const uint32_t np = (m + 1) / 2;
-    uint32_t n = n0;
-    for (; n + QW <= n1; n += QW) {
+    for (uint32_t n = n0; n < n1;) {
+        const pairs_fn *kern = n + QW <= n1 ? by_q8 : by_q1;
         const uint16_t *wn = w + (size_t)n * k;
         uint32_t p = 0;
         for (; p + 3 <= np; p += 3)
-            kern_p3q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
-        if (np - p == 2)
-            kern_p2q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
-        else if (np - p == 1)
-            kern_p1q8(xp, x, m, p, wn, k, y + n, ldy, accumulate);
-    }
-    for (; n < n1; n++) {
-        const uint16_t *wn = w + (size_t)n * k;
-        uint32_t p = 0;
-        for (; p + 3 <= np; p += 3)
-            kern_p3q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
-        if (np - p == 2)
-            kern_p2q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
-        else if (np - p == 1)
-            kern_p1q1(xp, x, m, p, wn, k, y + n, ldy, accumulate);
+            kern[2](xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        if (np > p)
+            kern[np - p - 1](xp, x, m, p, wn, k, y + n, ldy, accumulate);
+        n += kern == by_q8 ? QW : 1;
     }
 }
 #else
