@@ -345,22 +345,6 @@ hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
     return HPD_OK;
 }
 
-hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float *const *states,
-                                 uint32_t n_seqs, const hpd_seq_t **dseqs_p,
-                                 float *const **dstates_p)
-{
-    void *ds, *dst;
-    const hpd_cuda_meta_t m[] = {
-        {.host = seqs, .bytes = n_seqs * sizeof(hpd_seq_t), .dev_p = &ds},
-        {.host = states, .bytes = n_seqs * sizeof(float *), .dev_p = &dst}};
-    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
-    if (st != HPD_OK)
-        return st;
-    *dseqs_p = (const hpd_seq_t *)ds;
-    *dstates_p = (float *const *)dst;
-    return HPD_OK;
-}
-
 /* Every op enters here: the context's GPU made current (a process may
  * drive several, and each op runs on the calling thread), and with
  * HPD_CUDA_SYNC=1 the stream synchronised and checked after the op, so that

@@ -50,11 +50,7 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
  * are ordered before the op's launch on the stream. */
 hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uint32_t n);
 
-/* Stages an op's sequences and per-sequence state pointers (conv1d and the
- * gated delta rules). */
-hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs, float *const *states,
-                                 uint32_t n_seqs, const hpd_seq_t **dseqs_p,
-                                 float *const **dstates_p);
+#include "kernels/cuda/stage_seqs.h" /* hpd_cuda_stage_seqs */
 
 /* Device scratch of at least `bytes` for an op's intermediates, valid until
  * the next call (grown after the stream has drained what used it). */

@@ -295,6 +295,20 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     }
 }
 
+/* The block of a state pass: blocks go over (sequence run, value head,
+ * tile of STATE_COLS value columns), the tile fastest. */
+typedef struct {
+    uint32_t tile, h;
+    segment_t seg;
+} state_block_t;
+
+__device__ static inline state_block_t state_block(const hpd_gdn_args_t &a, const segment_t *segs)
+{
+    const uint32_t tiles = (a.dv + STATE_COLS - 1) / STATE_COLS;
+    return state_block_t{blockIdx.x % tiles, (blockIdx.x / tiles) % a.nv,
+                         segs[blockIdx.x / tiles / a.nv]};
+}
+
 /* Pass 2, one block per (sequence run, value head, 32 value columns),
  * walking the run's chunks in order with its columns of the state in shared
  * memory (lane = column, warps over rows):
@@ -306,9 +320,9 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                            const float *prep, uint32_t chunk_base)
 {
     extern __shared__ float sm[];
-    const uint32_t tiles = (a.dv + STATE_COLS - 1) / STATE_COLS;
-    const uint32_t tile = blockIdx.x % tiles, h = (blockIdx.x / tiles) % a.nv;
-    const segment_t seg = segs[blockIdx.x / tiles / a.nv];
+    const state_block_t sb = state_block(a, segs);
+    const uint32_t tile = sb.tile, h = sb.h;
+    const segment_t seg = sb.seg;
     const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t warps = blockDim.x / 32, j = tile * STATE_COLS + lane, sld = STATE_COLS + 1;
     const bool col = j < dv;
@@ -378,9 +392,9 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                                const float *prep, uint32_t chunk_base)
 {
     extern __shared__ float sm[];
-    const uint32_t tiles = (a.dv + STATE_COLS - 1) / STATE_COLS;
-    const uint32_t tile = blockIdx.x % tiles, h = (blockIdx.x / tiles) % a.nv;
-    const segment_t seg = segs[blockIdx.x / tiles / a.nv];
+    const state_block_t sb = state_block(a, segs);
+    const uint32_t tile = sb.tile, h = sb.h;
+    const segment_t seg = sb.seg;
     const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t j = tile * STATE_COLS + lane, x0 = warp * R;
     const bool col = j < dv;

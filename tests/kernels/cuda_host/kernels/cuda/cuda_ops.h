@@ -389,22 +389,7 @@ static inline hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_
     return HPD_OK;
 }
 
-static inline hpd_status_t hpd_cuda_stage_seqs(hpd_backend_t *b, const hpd_seq_t *seqs,
-                                               float *const *states, uint32_t n_seqs,
-                                               const hpd_seq_t **dseqs_p,
-                                               float *const **dstates_p)
-{
-    void *ds, *dst;
-    const hpd_cuda_meta_t m[] = {
-        {.host = seqs, .bytes = n_seqs * sizeof(hpd_seq_t), .dev_p = &ds},
-        {.host = states, .bytes = n_seqs * sizeof(float *), .dev_p = &dst}};
-    const hpd_status_t st = hpd_cuda_stage(b, m, 2);
-    if (st != HPD_OK)
-        return st;
-    *dseqs_p = (const hpd_seq_t *)ds;
-    *dstates_p = (float *const *)dst;
-    return HPD_OK;
-}
+#include "kernels/cuda/stage_seqs.h" /* the real one, over the stand-in's staging */
 
 /* A growing host buffer, filled with NaN on every call: an op must write
  * what it reads of it. */
