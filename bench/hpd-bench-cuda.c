@@ -23,6 +23,11 @@
  *   BF16 with fp32 accumulation and output) when the device is a GPU, and
  *   the same GEMM through device cuda-fast (BF16 weights on tensor cores,
  *   x rounded to bf16: tensor_cores_of_cublas);
+ * - checksum: the pieces' hashes of a transfer's checksum (common/hash.h)
+ *   over 256 MiB of device memory in 64 KiB pages, as a receiver hashes the
+ *   pages peers wrote: bytes hashed per second as a fraction of the copy
+ *   bandwidth, beside the way without the backend's op (each piece read back
+ *   to the host and hashed there) in the same run;
  * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
  *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
  *   and --seqs, decode beside its bound (the weights a step reads, all but an
@@ -37,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/util.h"
@@ -225,6 +231,50 @@ static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_
     free(tables);
     free(seqs);
     return t;
+}
+
+/* ------------------------------------------------------------- checksum */
+
+typedef struct {
+    hpd_backend_t *b;
+    hpd_hash_pieces_args_t a;
+} hash_t;
+
+static void do_hash(void *arg)
+{
+    hash_t *h = arg;
+    CHECK(hpd_backend_hash_pieces(h->b, &h->a));
+}
+
+static void checksum_bench(double copy_bw)
+{
+    enum { PAGE = 64 << 10, PAGES = 4096 };
+    const size_t bytes = (size_t)PAGE * PAGES;
+    uint8_t *dev = dalloc(bytes);
+    CHECK(hpd_backend_memset(be, dev, 7, bytes));
+    hpd_hash_span_t *spans = malloc(PAGES * sizeof(*spans));
+    uint64_t *out = malloc(PAGES * sizeof(*out));
+    for (uint32_t i = 0; i < PAGES; i++)
+        spans[i] = (hpd_hash_span_t){dev + (size_t)i * PAGE, PAGE};
+    hash_t h = {be, {spans, PAGES, out}};
+    const double t = timed(do_hash, &h);
+    /* the reference: the same backend without its op (read back, hashed on
+     * the host) */
+    hpd_backend_ops_t ops = *be->ops;
+    ops.hash_pieces = NULL;
+    hpd_backend_t host_path = {&ops, be->ctx};
+    hash_t r = {&host_path, {spans, PAGES, out}};
+    const int saved = reps;
+    reps = 2;
+    const double th = timed(do_hash, &r);
+    reps = saved;
+    printf("checksum bytes=%zu pages=%u ms=%.3f GBps=%.1f of_copy=%.3f host_ms=%.3f "
+           "host_GBps=%.1f of_host=%.2f\n",
+           bytes, PAGES, t * 1e3, bytes / t / 1e9, bytes / t / copy_bw, th * 1e3,
+           bytes / th / 1e9, th / t);
+    free(spans);
+    free(out);
+    hpd_backend_free(be, dev);
 }
 
 /* ------------------------------------------------------------ translate */
@@ -546,6 +596,7 @@ int main(int argc, char **argv)
                prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
     }
     translate_vs_copy(context);
+    checksum_bench(bw);
     gemv_bench(5120, 2048, bw);
     gemv_bench(2048, 5120, bw);
     gemm_bench(prefill, 5120, 2048, device);

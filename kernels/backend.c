@@ -1,8 +1,11 @@
 #include "kernels/backend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/log.h"
+#include "common/util.h"
 
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p)
 {
@@ -48,4 +51,33 @@ void hpd_rope_inv_freq_table(const hpd_rope_args_t *a, float *inv_freq)
 {
     for (uint32_t i = 0; i < a->rot_dim / 2; i++)
         inv_freq[i] = hpd_rope_inv_freq(a, i);
+}
+
+hpd_status_t hpd_backend_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a)
+{
+    if (b->ops->hash_pieces != NULL)
+        return b->ops->hash_pieces(b, a);
+    const bool host = hpd_backend_host_memory(b);
+    uint8_t *tmp = NULL;
+    uint64_t k = 0;
+    for (uint32_t i = 0; i < a->n_spans; i++) {
+        const uint8_t *p = a->spans[i].ptr;
+        for (uint64_t off = 0; off < a->spans[i].bytes; off += HPD_HASH_PIECE_BYTES) {
+            const uint64_t len = HPD_MIN(HPD_HASH_PIECE_BYTES, a->spans[i].bytes - off);
+            const uint8_t *piece = p + off;
+            if (!host) {
+                hpd_status_t st;
+                if (tmp == NULL && (tmp = malloc(HPD_HASH_PIECE_BYTES)) == NULL)
+                    return HPD_ERR_NO_MEMORY;
+                if ((st = hpd_backend_to_host(b, tmp, piece, len)) != HPD_OK) {
+                    free(tmp);
+                    return st;
+                }
+                piece = tmp;
+            }
+            a->out[k++] = hpd_hash_piece(piece, len);
+        }
+    }
+    free(tmp);
+    return HPD_OK;
 }

@@ -172,6 +172,22 @@ typedef struct {
     uint32_t n_tokens, dim;
 } hpd_moe_combine_args_t;
 
+/* Pieces of backend memory to hash for a transfer's checksum (common/hash.h):
+ * span i is cut into hpd_hash_n_pieces(spans[i].bytes) pieces of
+ * HPD_HASH_PIECE_BYTES, the last shorter, and out (host memory) takes each
+ * piece's XXH3-64, span by span in order. Synchronous: out is written on
+ * return. */
+typedef struct {
+    const void *ptr;
+    uint64_t bytes;
+} hpd_hash_span_t;
+
+typedef struct {
+    const hpd_hash_span_t *spans; /* host array */
+    uint32_t n_spans;
+    uint64_t *out; /* host memory */
+} hpd_hash_pieces_args_t;
+
 /* x(t, h, d) *= sigmoid(gate(t, h, d)) (attention output gate) */
 typedef struct {
     hpd_view_t x, gate;
@@ -355,6 +371,8 @@ typedef struct {
     hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
     hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
+    /* optional: hpd_backend_hash_pieces reads the bytes back without it */
+    hpd_status_t (*hash_pieces)(hpd_backend_t *backend, const hpd_hash_pieces_args_t *args);
 } hpd_backend_ops_t;
 
 struct hpd_backend {
@@ -567,6 +585,11 @@ static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combi
 {
     return HPD_BACKEND_CALL(b, moe_combine, a);
 }
+
+/* The pieces' hashes of backend memory (hpd_hash_pieces_args_t): the
+ * backend's own op where it has one (the GPU hashes what it holds), else the
+ * bytes read to the host piece by piece and hashed there. */
+hpd_status_t hpd_backend_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 
 /* sigmoid as both backends compute it for the shared expert's gate */
 static inline HPD_HOST_DEVICE float hpd_sigmoidf(float x)

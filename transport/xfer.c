@@ -43,7 +43,9 @@ typedef struct {
     uint32_t pad;
 } notice_hdr_t;
 
-#define NOTICE_MAGIC 0x6870642d78666572ull /* "hpd-xfer" */
+#define NOTICE_MAGIC 0x6870642d78667232ull /* "hpd-xfr2": the checksum of pieces */
+/* the notice before the checksum of pieces (one XXH3 over the bytes) */
+#define NOTICE_MAGIC_V1 0x6870642d78666572ull /* "hpd-xfer" */
 #define HELLO_MAGIC 0x6870642d68656c6full  /* "hpd-hello" */
 
 /* The hello's header: who writes from the endpoint it came on. */
@@ -420,25 +422,59 @@ static bool mirrored(const region_t *r)
     return r->device != NULL && r->device != r->base;
 }
 
-/* Adds a destination's bytes to the checksum. Device memory UCX wrote
- * directly is read back through the backend first. */
-static hpd_status_t hash_dest(const region_t *r, const dest_t *e, XXH3_state_t *state)
+/* Adds the destinations' bytes to the checksum, piece by piece
+ * (common/hash.h): host memory (a device pool's host mirror too) is hashed
+ * here; device memory UCX wrote directly is hashed by its backend, on the
+ * GPU where it lives, consecutive destinations of one backend in one call.
+ * The destinations were checked against their regions. */
+static hpd_status_t hash_dests(const hpd_xfer_ctx_t *c, const dest_t *d, uint32_t n,
+                               XXH3_state_t *sum)
 {
-    if (r->device == NULL || mirrored(r)) {
-        XXH3_64bits_update(state, (const uint8_t *)r->base + e->offset, e->bytes);
-        return HPD_OK;
+    hpd_hash_span_t *run = malloc((n ? n : 1) * sizeof(*run));
+    hpd_backend_t *run_backend = NULL;
+    uint32_t n_run = 0;
+    hpd_status_t st = run == NULL ? HPD_ERR_NO_MEMORY : HPD_OK;
+
+    for (uint32_t i = 0; i <= n && st == HPD_OK; i++) {
+        dest_t e = {0};
+        const region_t *r = NULL;
+        bool direct = false;
+        if (i < n) {
+            memcpy(&e, d + i, sizeof(e));
+            r = &c->regions[e.region];
+            direct = r->device != NULL && !mirrored(r);
+        }
+        if (n_run > 0 && (i == n || !direct || r->backend != run_backend)) {
+            uint64_t n_pieces = 0;
+            for (uint32_t k = 0; k < n_run; k++)
+                n_pieces += hpd_hash_n_pieces(run[k].bytes);
+            uint64_t *pieces = malloc((n_pieces ? n_pieces : 1) * sizeof(*pieces));
+            if (pieces == NULL) {
+                st = HPD_ERR_NO_MEMORY;
+                break;
+            }
+            st = hpd_backend_hash_pieces(
+                run_backend, &(hpd_hash_pieces_args_t){.spans = run, .n_spans = n_run, .out = pieces});
+            if (st == HPD_OK)
+                for (uint64_t k = 0; k < n_pieces; k++)
+                    hpd_hash_fold(sum, pieces[k]);
+            else
+                HPD_LOG_ERROR(LOG_COMPONENT, "hashing %u received ranges in %s memory: %s", n_run,
+                              run_backend->ops->name, hpd_status_str(st));
+            free(pieces);
+            n_run = 0;
+        }
+        if (i == n || st != HPD_OK)
+            continue;
+        const uint8_t *bytes = (const uint8_t *)r->base + e.offset;
+        if (direct) {
+            run[n_run++] = (hpd_hash_span_t){bytes, e.bytes};
+            run_backend = r->backend;
+        } else {
+            hpd_hash_put(sum, bytes, e.bytes);
+        }
     }
-    uint8_t *tmp = malloc(e->bytes ? e->bytes : 1);
-    hpd_status_t st = tmp == NULL ? HPD_ERR_NO_MEMORY
-                                  : hpd_backend_to_host(r->backend, tmp,
-                                                        (const uint8_t *)r->base + e->offset,
-                                                        e->bytes);
-    if (st == HPD_OK)
-        XXH3_64bits_update(state, tmp, e->bytes);
-    else
-        HPD_LOG_ERROR(LOG_COMPONENT, "reading %llu received bytes back from the %s backend: %s",
-                      (unsigned long long)e->bytes, r->backend->ops->name, hpd_status_str(st));
-    free(tmp);
+    free(run);
     return st;
 }
 
@@ -491,6 +527,11 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     memcpy(&h, header, sizeof(h));
     if (h.magic == NOTICE_MAGIC)
         note_writer(c, h.sender, param);
+    else if (h.magic == NOTICE_MAGIC_V1)
+        HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu refused: its notice has the "
+                      "checksum of an older release (one XXH3 over the bytes; this node expects "
+                      "XXH3 of 64 KiB pieces): run one release across the cluster",
+                      (unsigned long long)h.xfer_id, (unsigned long long)h.sender);
     n.sender = h.sender;
     n.xfer_id = h.xfer_id;
     n.bytes = h.bytes;
@@ -505,16 +546,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             dest_t e;
             memcpy(&e, d + i, sizeof(e));
             if (e.region >= c->n_regions || e.offset > c->regions[e.region].len ||
-                e.bytes > c->regions[e.region].len - e.offset) {
+                e.bytes > c->regions[e.region].len - e.offset)
                 n.status = HPD_ERR_FORMAT;
-                break;
-            }
-            if (hash_dest(&c->regions[e.region], &e, state) != HPD_OK) {
-                n.status = HPD_ERR_IO;
-                break;
-            }
             total += e.bytes;
         }
+        if (n.status == HPD_OK && total == h.bytes && hash_dests(c, d, h.n_dests, state) != HPD_OK)
+            n.status = HPD_ERR_IO;
         if (n.status == HPD_OK && (total != h.bytes || XXH3_64bits_digest(state) != h.checksum))
             n.status = HPD_ERR_FORMAT;
         XXH3_freeState(state);
@@ -790,7 +827,7 @@ hpd_status_t hpd_xfer_register_pool(hpd_xfer_ctx_t *c, hpd_backend_t *backend, v
 
     if (hpd_backend_host_memory(backend))
         return hpd_xfer_register(c, pool, len, region_p);
-    if (c->cuda) {
+    if (c->cuda || c->p.direct_pools) {
         if ((st = hpd_xfer_register(c, pool, len, region_p)) != HPD_OK)
             return st;
         c->regions[*region_p].backend = backend;
@@ -1032,15 +1069,15 @@ static void copy_out(uint8_t *dst, const uint8_t *src, size_t n)
     memcpy(dst, src, n);
 }
 
-/* A put into a mapped region: copied and hashed 64 KiB at a time, so that
- * the hash reads what the copy has just brought into the cache. */
+/* A put into a mapped region: copied and hashed a piece (64 KiB) at a
+ * time, so that the hash reads what the copy has just brought into the
+ * cache. */
 static void copy_and_hash(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *hash)
 {
-    enum { CHUNK = 64 << 10 };
-    for (size_t off = 0; off < n; off += CHUNK) {
-        const size_t len = HPD_MIN((size_t)CHUNK, n - off);
+    for (size_t off = 0; off < n; off += HPD_HASH_PIECE_BYTES) {
+        const size_t len = HPD_MIN((size_t)HPD_HASH_PIECE_BYTES, n - off);
         copy_out(dst + off, src + off, len);
-        XXH3_64bits_update(hash, src + off, len);
+        hpd_hash_fold(hash, hpd_hash_piece(src + off, len)); /* one piece */
     }
 }
 
@@ -1094,7 +1131,7 @@ static hpd_status_t issue(hpd_xfer_peer_t *p, xfer_t *x, const hpd_xfer_put_t *p
             c->st.bytes_mapped += u->bytes;
             continue;
         }
-        XXH3_64bits_update(x->hash, u->local, u->bytes);
+        hpd_hash_put(x->hash, u->local, u->bytes);
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                   UCP_OP_ATTR_FIELD_USER_DATA,
                                   .cb.send = on_put_done,

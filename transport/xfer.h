@@ -59,6 +59,11 @@ typedef struct {
      * mapped here (by default such a put is a copy; benchmarks and tests
      * measure the other path with this). */
     bool ucx_puts;
+    /* Device pools (hpd_xfer_register_pool) are registered as they are even
+     * where UCX reports no CUDA support, as where it has it: peers write
+     * them directly and the receiver hashes what landed through their
+     * backend. For tests, whose backend poses as a device over host memory. */
+    bool direct_pools;
     /* receiver: a transfer into this node completed (or failed its checksum) */
     void (*on_notice)(void *arg, const hpd_xfer_notice_t *notice);
     /* either side: an endpoint failed; every transfer on it has failed */

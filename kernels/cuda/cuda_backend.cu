@@ -388,6 +388,7 @@ HPD_CUDA_ENTRY(kv_translate, hpd_kv_translate_args_t)
 HPD_CUDA_ENTRY(slot_copy, hpd_slot_copy_args_t)
 HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
 HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
+HPD_CUDA_ENTRY(hash_pieces, hpd_hash_pieces_args_t)
 HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
 
 /* The two devices differ in their GEMM (and so in their numerics) alone. */
@@ -434,6 +435,7 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .slot_copy = entry_slot_copy,
         .gather = entry_gather,
         .moe_combine = entry_moe_combine,
+        .hash_pieces = entry_hash_pieces,
     };
 }
 

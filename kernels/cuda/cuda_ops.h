@@ -77,6 +77,8 @@ hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
  * and the kernel built from sm_80 PTX or later (a build for older
  * architectures JIT-compiles a body that traps). */
 bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c);
+/* the pieces' hashes of a transfer's checksum (checksum.cu) */
+hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);

@@ -6,7 +6,8 @@
  * Determinism: a row's result is the same bits alone and inside a larger
  * batch, whatever the page layout, and a sequence resumed from a state
  * taken on the 64 grid equals one pass. The cuda-fast variant's GEMM is
- * checked too. Exits 77 (skipped) without a GPU. HPD_TEST_DEVICE names the
+ * checked too, and the pieces' hashes of a transfer's checksum computed on
+ * the device against libxxhash. Exits 77 (skipped) without a GPU. HPD_TEST_DEVICE names the
  * device under test (cuda:0); "cpu" runs the checks against the CPU backend
  * itself, which checks the test. */
 #include <setjmp.h>
@@ -19,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 
+#include "common/hash.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -1132,6 +1134,53 @@ static void test_greedy_ties(void **state)
     hpd_backend_free(gpu, dl);
 }
 
+/* The pieces' hashes of device memory (a receiver's pages, hashed where
+ * they landed) equal libxxhash's XXH3-64 of the same bytes: the short and
+ * long forms, spans of several 64 KiB pieces, unaligned starts, empty
+ * spans; 600 spans of one page each in one call, as a transfer's pages. */
+static void test_hash_pieces(void **state)
+{
+    enum { N = 1 << 21, MANY = 600 };
+    uint8_t *host = malloc(N), *dev;
+    for (uint32_t i = 0; i < N; i++)
+        host[i] = (uint8_t)((i * 2654435761u) >> 11);
+    assert_int_equal(hpd_backend_alloc(gpu, N, (void **)&dev), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, dev, host, N), HPD_OK);
+    static const uint64_t lens[] = {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 1025,
+                                    4096, 65535, 65536, 65537, 200001, 1 << 20};
+    enum { L = sizeof(lens) / sizeof(lens[0]) };
+    hpd_hash_span_t *spans = malloc(MANY * sizeof(*spans));
+    uint64_t *got = malloc(MANY * 20 * sizeof(uint64_t));
+    uint32_t n = 0;
+    for (uint32_t al = 0; al < 8; al += 3)
+        for (uint32_t l = 0; l < L; l++)
+            spans[n++] = (hpd_hash_span_t){dev + 4096 * l + al, lens[l]};
+    for (int round = 0; round < 2; round++) {
+        uint64_t k = 0;
+        hpd_hash_pieces_args_t a = {spans, n, got};
+        assert_int_equal(hpd_backend_hash_pieces(gpu, &a), HPD_OK);
+        for (uint32_t i = 0; i < n; i++)
+            for (uint64_t off = 0; off < spans[i].bytes; off += HPD_HASH_PIECE_BYTES, k++) {
+                const uint64_t len = HPD_MIN(HPD_HASH_PIECE_BYTES, spans[i].bytes - off);
+                const uint64_t want =
+                    XXH3_64bits(host + ((const uint8_t *)spans[i].ptr - dev) + off, len);
+                if (got[k] != want)
+                    fail_msg("span %u (%llu bytes at +%td): piece at %llu: %016llx, libxxhash "
+                             "%016llx", i, (unsigned long long)spans[i].bytes,
+                             (const uint8_t *)spans[i].ptr - dev, (unsigned long long)off,
+                             (unsigned long long)got[k], (unsigned long long)want);
+            }
+        /* then a transfer's worth of 16 KiB pages */
+        n = 0;
+        for (uint32_t i = 0; i < MANY; i++)
+            spans[n++] = (hpd_hash_span_t){dev + (uint64_t)(i * 7919 % 120) * 16384, 16384};
+    }
+    free(host);
+    free(spans);
+    free(got);
+    hpd_backend_free(gpu, dev);
+}
+
 /* host_register of memory pinned already (UCX pins the buffers it
  * allocates) succeeds, leaves no CUDA error behind for the next op's launch
  * check, and the memory is usable; host_unregister then leaves it pinned
@@ -1345,6 +1394,7 @@ int main(void)
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
+        cmocka_unit_test(test_hash_pieces),
         cmocka_unit_test(test_host_register),
         cmocka_unit_test(test_pool_memory),
         cmocka_unit_test(test_fast_gemm),

@@ -1,4 +1,5 @@
-/* The CPU backend's memory ops, and the small ops against straightforward
+/* The CPU backend's memory ops, the pieces' hashes of a transfer's checksum
+ * without a hash_pieces op (in place, or read back), and the small ops against straightforward
  * references: norms, RoPE, conv1d (sequence vs step with state), GDN gating,
  * SwiGLU, the attention gate. */
 #include <setjmp.h>
@@ -9,7 +10,9 @@
 
 #include <malloc.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "common/hash.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/simd.h"
 #include "tests/test_helpers.h"
@@ -423,10 +426,55 @@ static void test_exp(void **state)
     assert_true(isnan(v[0]));
 }
 
+/* hpd_backend_hash_pieces without a hash_pieces op: host memory hashed in
+ * place, a device's read back piece by piece; both give each 64 KiB piece's
+ * XXH3-64 (the last shorter), span after span, empty spans none. */
+static int reads_back;
+static hpd_status_t counting_to_host(hpd_backend_t *b, void *host, const void *src, size_t n)
+{
+    reads_back++;
+    memcpy(host, src, n);
+    return HPD_OK;
+}
+
+static void test_hash_pieces_fallback(void **state)
+{
+    enum { N = 300000 };
+    uint8_t *buf = malloc(N);
+    for (uint32_t i = 0; i < N; i++)
+        buf[i] = (uint8_t)(i * 2654435761u >> 13);
+    const hpd_hash_span_t spans[] = {{buf + 3, 140000}, {buf, 0}, {buf + 7, 100}, {buf, 65536}};
+    uint64_t want[5], got[6];
+    const uint64_t lens[] = {65536, 65536, 140000 - 131072, 100, 65536};
+    const uint8_t *at[] = {buf + 3, buf + 3 + 65536, buf + 3 + 131072, buf + 7, buf};
+    for (int k = 0; k < 5; k++)
+        want[k] = XXH3_64bits(at[k], lens[k]);
+
+    hpd_backend_ops_t dev = *be->ops;
+    dev.name = "posing-device";
+    dev.host_memory = false;
+    dev.hash_pieces = NULL;
+    dev.to_host = counting_to_host;
+    hpd_backend_t posing = {&dev, be->ctx};
+    hpd_backend_t *backends[] = {be, &posing};
+    for (int b = 0; b < 2; b++) {
+        memset(got, 0x5a, sizeof(got));
+        reads_back = 0;
+        hpd_hash_pieces_args_t a = {spans, 4, got};
+        assert_int_equal(hpd_backend_hash_pieces(backends[b], &a), HPD_OK);
+        for (int k = 0; k < 5; k++)
+            assert_true(got[k] == want[k]);
+        assert_true(got[5] == 0x5a5a5a5a5a5a5a5aull);
+        assert_int_equal(reads_back, b == 0 ? 0 : 5);
+    }
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_hash_pieces_fallback),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_gated_rmsnorm_and_l2norm),
         cmocka_unit_test(test_rope_partial_neox),

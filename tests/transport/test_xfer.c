@@ -6,7 +6,10 @@
  * transfer promptly and leaves nothing in flight. The mirror cases give the
  * receiver pools in "device" memory (the CPU backend posing as a device,
  * host_memory false) that UCX cannot write: peers write a host mirror, and
- * only a verified transfer reaches the pools. */
+ * only a verified transfer reaches the pools. The direct cases register
+ * such pools as they are (as where UCX writes GPU memory): the receiver
+ * hashes what landed through the backend's hash_pieces op (on a GPU, its
+ * kernel), never reading the pools back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "common/util.h"
 #include "tests/test_helpers.h"
 #include "transport/xfer.h"
@@ -132,6 +136,7 @@ enum { DST_PAGES = 64, SLOTS = 4, BIG = 64 << 20 };
     } while (0)
 
 static bool mirrored;  /* the receiver's pools sit behind a host mirror */
+static bool direct;    /* the receiver's "device" pools are written directly */
 static bool ucx_pools; /* the receiver's regions are allocated through UCX */
 static bool ucx_puts;  /* the sender puts through UCX even into mapped regions */
 
@@ -143,13 +148,27 @@ static bool all_zero(const uint8_t *p, size_t n)
     return true;
 }
 
+/* The posing device's hash_pieces op: each piece's XXH3-64, the spans
+ * counted. */
+static uint64_t spans_hashed;
+static hpd_status_t posing_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a)
+{
+    (void)b;
+    uint64_t k = 0;
+    for (uint32_t i = 0; i < a->n_spans; i++, spans_hashed++)
+        for (uint64_t off = 0; off < a->spans[i].bytes; off += 65536)
+            a->out[k++] = XXH3_64bits((const uint8_t *)a->spans[i].ptr + off,
+                                      HPD_MIN(65536, a->spans[i].bytes - off));
+    return HPD_OK;
+}
+
 /* Exit status: 0 bytes verified, 3 checksum mismatch seen, 1 anything else. */
 static int receiver(int fd, const char *tls, const char *dev)
 {
     struct event_base *base = event_base_new();
     rx_t rx = {0};
     hpd_xfer_params_t xp = {.base = base, .node_id = 2, .tls = tls, .net_devices = dev,
-                            .on_notice = rx_notice, .on_peer_error = rx_peer_error, .arg = &rx};
+                            .direct_pools = direct, .on_notice = rx_notice, .on_peer_error = rx_peer_error, .arg = &rx};
     hpd_xfer_ctx_t *ctx;
     uint32_t pool_region, slot_region, big_region;
     const uint64_t page_bytes = hpd_kv_layout_page_bytes(&dst_layout);
@@ -164,7 +183,11 @@ static int receiver(int fd, const char *tls, const char *dev)
         return 1;
     dev_ops = *cpu->ops;
     dev_ops.name = "posing-device";
-    dev_ops.host_memory = !mirrored;
+    dev_ops.host_memory = !mirrored && !direct;
+    if (direct) { /* the pools are hashed where they are, never read back */
+        dev_ops.hash_pieces = posing_hash_pieces;
+        dev_ops.to_host = NULL;
+    }
     posing = (hpd_backend_t){&dev_ops, cpu->ctx};
     if (hpd_xfer_create(&xp, &ctx) != HPD_OK)
         return 1;
@@ -254,7 +277,8 @@ static int receiver(int fd, const char *tls, const char *dev)
     hpd_backend_destroy(be);
     hpd_xfer_destroy(ctx);
     hpd_backend_destroy(cpu);
-    return 0;
+    /* direct: every destination hashed by the backend (a run per notice) */
+    return direct && spans_hashed != (uint64_t)groups * k + GDN_LAYERS ? 1 : 0;
 }
 
 /* ---- the sender (this process) */
@@ -466,10 +490,11 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
 }
 
 /* Every test sets all three knobs (an assertion leaves run() midway). */
-typedef enum { MEM_MALLOC, MEM_MIRROR, MEM_UCX } rx_mem_t;
+typedef enum { MEM_MALLOC, MEM_MIRROR, MEM_DIRECT, MEM_UCX } rx_mem_t;
 static void run_with(rx_mem_t mem, bool puts, const char *tls, const char *dev, mode_t_ mode)
 {
     mirrored = mem == MEM_MIRROR;
+    direct = mem == MEM_DIRECT;
     ucx_pools = mem == MEM_UCX;
     ucx_puts = puts;
     run(tls, dev, mode);
@@ -491,6 +516,11 @@ static void test_mirror_shm(void **state) { run_with(MEM_MIRROR, false, "sm,self
 static void test_mirror_corrupt(void **state)
 {
     run_with(MEM_MIRROR, false, "tcp", "lo", RUN_CORRUPT);
+}
+static void test_direct_tcp(void **state) { run_with(MEM_DIRECT, false, "tcp", "lo", RUN_OK); }
+static void test_direct_corrupt(void **state)
+{
+    run_with(MEM_DIRECT, false, "tcp", "lo", RUN_CORRUPT);
 }
 static void test_mapped_shm(void **state) { run_with(MEM_UCX, false, "sm,self", NULL, RUN_OK); }
 static void test_mapped_shm_ucx_puts(void **state)
@@ -518,6 +548,8 @@ int main(void)
         cmocka_unit_test(test_mirror_tcp),
         cmocka_unit_test(test_mirror_shm),
         cmocka_unit_test(test_mirror_corrupt),
+        cmocka_unit_test(test_direct_tcp),
+        cmocka_unit_test(test_direct_corrupt),
         cmocka_unit_test(test_mapped_shm),
         cmocka_unit_test(test_mapped_shm_ucx_puts),
         cmocka_unit_test(test_mapped_tcp),

@@ -5,8 +5,9 @@
  *
  * - hpd_xfer_connect refuses every malformed part of a peer's info;
  * - puts outside a remote region are refused, at both ends of it;
- * - the notice on the wire: magic, sender, id, XXH3 of the bytes in put
- *   order, byte count, destinations {region, 0, offset, bytes};
+ * - the notice on the wire: magic, sender, id, the checksum of pieces (XXH3
+ *   of each put's 64 KiB pieces, hashed in put order), byte count,
+ *   destinations {region, 0, offset, bytes};
  * - the receiver's checks of a notice: each one turns the transfer into
  *   HPD_ERR_FORMAT, and touches no memory outside its regions;
  * - which transports make a context poll, and that an idle context leaves
@@ -947,7 +948,8 @@ static void test_put_names_registration(void **state)
 
 /* ------------------------------------------------------------ a peer of our own */
 
-#define NOTICE_MAGIC 0x6870642d78666572ull
+#define NOTICE_MAGIC 0x6870642d78667232ull /* "hpd-xfr2" */
+#define NOTICE_MAGIC_V1 0x6870642d78666572ull /* "hpd-xfer": the checksum before pieces */
 #define AM_DONE 7
 
 typedef struct {
@@ -1062,6 +1064,27 @@ static void raw_info(const raw_t *w, uint64_t node, hpd_rpc_buf_t *b)
     msgpack_pack_bin_body(&b->pk, w->rkey, w->rkey_len);
 }
 
+/* The checksum as docs/protocol.md defines it, written out here: the bytes
+ * of each put (span) cut into pieces of 65536, the last shorter, each
+ * piece's XXH3-64, as 8 little-endian bytes in put order, hashed with
+ * XXH3-64. */
+static uint64_t spec_checksum(const uint8_t *const *spans, const uint64_t *lens, int n)
+{
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    for (int k = 0; k < n; k++)
+        for (uint64_t off = 0; off < lens[k]; off += 65536) {
+            const uint64_t piece = XXH3_64bits(spans[k] + off, HPD_MIN(65536, lens[k] - off));
+            uint8_t le[8];
+            for (int b = 0; b < 8; b++)
+                le[b] = (uint8_t)(piece >> (8 * b));
+            XXH3_64bits_update(h, le, 8);
+        }
+    const uint64_t sum = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return sum;
+}
+
 /* The completion notice on the wire, as a receiver of our own reads it:
  * the 48-byte header and the destinations exactly as docs/protocol.md
  * lays them out, and the bytes in place. */
@@ -1072,19 +1095,22 @@ static void test_notice_on_the_wire(void **state)
     hpd_rpc_buf_t b;
     info_t i;
     hpd_xfer_peer_t *p;
-    uint8_t src[8192];
+    static uint8_t src[160000];
 
-    raw_init(&w, 1 << 16);
+    raw_init(&w, 1 << 18);
     raw_info(&w, 42, &b);
     i.b = b;
     assert_int_equal(hpd_xfer_connect(s, unpack(&i), &p), HPD_OK);
     assert_int_equal(hpd_xfer_peer_node(p), 42);
     fill(src, sizeof(src), 3);
 
-    /* three puts, out of address order; the node id changed on the way */
-    const hpd_xfer_put_t u[3] = {{.local = src, .offset = 5000, .bytes = 3000},
-                                 {.local = src + 3000, .offset = 100, .bytes = 10},
-                                 {.local = src + 3010, .bytes = 50}};
+    /* three puts, out of address order, the first of three pieces (64 KiB,
+     * 64 KiB and the rest); the node id changed on the way */
+    const hpd_xfer_put_t u[3] = {{.local = src, .offset = 60000, .bytes = 150000},
+                                 {.local = src + 150000, .offset = 100, .bytes = 10},
+                                 {.local = src + 150010, .bytes = 50}};
+    const uint8_t *spans[3] = {src, src + 150000, src + 150010};
+    const uint64_t lens[3] = {150000, 10, 50};
     assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[0], 1), HPD_OK);
     assert_int_equal(hpd_xfer_put(p, 0xabcdef0123ull, &u[1], 2), HPD_OK);
     hpd_xfer_set_node_id(s, 12);
@@ -1097,10 +1123,14 @@ static void test_notice_on_the_wire(void **state)
     assert_true(w.hdr.magic == NOTICE_MAGIC);
     assert_int_equal(w.hdr.sender, 12);
     assert_true(w.hdr.xfer_id == 0xabcdef0123ull);
-    assert_int_equal(w.hdr.bytes, 3060);
+    assert_int_equal(w.hdr.bytes, 150060);
     assert_int_equal(w.hdr.n_dests, 3);
     assert_int_equal(w.hdr.pad, 0);
-    assert_true(w.hdr.checksum == XXH3_64bits(src, 3060)); /* the bytes in put order */
+    assert_true(w.hdr.checksum == spec_checksum(spans, lens, 3));
+    /* not the hash of the bytes, nor pieces of the whole stream */
+    assert_true(w.hdr.checksum != XXH3_64bits(src, 150060));
+    const uint64_t stream[1] = {150060};
+    assert_true(w.hdr.checksum != spec_checksum(spans, stream, 1));
     assert_int_equal(w.data_len, 3 * 24);
     for (int k = 0; k < 3; k++) {
         dest_t e;
@@ -1115,7 +1145,7 @@ static void test_notice_on_the_wire(void **state)
     assert_int_equal(hpd_xfer_put(p, 2, &u[1], 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 2, on_done, &d, true), HPD_OK);
     PROGRESS_UNTIL(d.n == 2 && w.n_notices == 2, raw_progress(&w));
-    assert_true(w.hdr.checksum == (XXH3_64bits(u[1].local, 10) ^ 1));
+    assert_true(w.hdr.checksum == (spec_checksum(&spans[1], &lens[1], 1) ^ 1));
     assert_int_equal(w.hdr.sender, 12);
 
     hpd_rpc_buf_destroy(&b);
@@ -1173,22 +1203,17 @@ static void test_receiver_checks_notices(void **state)
 
     /* the good notice: 100 bytes of region 0 at 0, then 20 of region 1 at 10 */
     const dest_t good[2] = {{0, 0, 0, 100}, {1, 0, 10, 20}};
-    XXH3_state_t *h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    XXH3_64bits_update(h, mem0, 100);
-    XXH3_64bits_update(h, mem1 + 10, 20);
-    const uint64_t sum = XXH3_64bits_digest(h);
-    XXH3_64bits_reset(h);
-    XXH3_64bits_update(h, mem1 + 10, 20);
-    XXH3_64bits_update(h, mem0, 100);
-    const uint64_t sum_swapped = XXH3_64bits_digest(h);
-    XXH3_freeState(h);
+    const uint8_t *spans[2] = {mem0, mem1 + 10}, *swapped[2] = {mem1 + 10, mem0};
+    const uint64_t lens[2] = {100, 20}, lens_swapped[2] = {20, 100};
+    const uint64_t sum = spec_checksum(spans, lens, 2);
+    const uint64_t sum_swapped = spec_checksum(swapped, lens_swapped, 2);
     const notice_hdr_t ok = {NOTICE_MAGIC, 77, 1000, sum, 120, 2, 0};
 
-    typedef enum { GOOD, BAD_MAGIC, BAD_SUM, SWAPPED_SUM, BAD_BYTES, SHORT_DATA, LONG_DATA,
-                   NO_REGION, PAST_END, TOO_LONG, WRAPS, EMPTY, N_CASES } case_t;
+    typedef enum { GOOD, BAD_MAGIC, OLD_RELEASE, BAD_SUM, SWAPPED_SUM, BAD_BYTES, SHORT_DATA,
+                   LONG_DATA, NO_REGION, PAST_END, TOO_LONG, WRAPS, EMPTY, N_CASES } case_t;
     static const char *names[N_CASES] = {
-        "good", "magic", "checksum", "checksum in another order", "byte count",
+        "good", "magic", "the release before pieces", "checksum", "checksum in another order",
+        "byte count",
         "one destination missing", "one destination more", "region 5", "offset past the end",
         "bytes past the end", "offset + bytes wrapping", "no destinations"};
     int n_ok = 0, n_bad = 0;
@@ -1199,6 +1224,15 @@ static void test_receiver_checks_notices(void **state)
         hd.xfer_id = 1000 + c;
         switch (c) {
         case BAD_MAGIC: hd.magic ^= 1ull << 40; break;
+        case OLD_RELEASE: { /* its magic, its checksum (one XXH3 over the bytes) */
+            XXH3_state_t *h = XXH3_createState();
+            XXH3_64bits_reset(h);
+            XXH3_64bits_update(h, mem0, 100);
+            XXH3_64bits_update(h, mem1 + 10, 20);
+            hd.magic = NOTICE_MAGIC_V1, hd.checksum = XXH3_64bits_digest(h);
+            XXH3_freeState(h);
+            break;
+        }
         case BAD_SUM: hd.checksum ^= 1ull << 63; break;
         case SWAPPED_SUM: hd.checksum = sum_swapped; break;
         case BAD_BYTES: hd.bytes = 121; break;

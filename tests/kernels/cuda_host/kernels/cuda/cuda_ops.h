@@ -227,6 +227,10 @@ static inline float __fmul_rn(float a, float b)
 {
     return a * b;
 }
+static inline uint64_t __umul64hi(uint64_t a, uint64_t b)
+{
+    return (uint64_t)((unsigned __int128)a * b >> 64);
+}
 static inline float __uint_as_float(uint32_t u)
 {
     float f;
@@ -526,5 +530,6 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
+hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 
 #endif
