@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "common/util.h"
 #include "kernels/cuda/mma.h"
 
 __device__ static inline float widen(float w)
@@ -447,20 +448,27 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
 
 /* ---- BF16 weights on tensor cores (device cuda-fast)
  *
- * y = x w^T with x rounded to bf16 (to nearest even) as it is loaded and
- * the products of mma.sync m16n8k16 accumulated in fp32: blocks of 64 rows
- * by 128 weight rows, four warps of 64 x 32, k in steps of 32 through
- * shared memory (zeros past k and past the last rows). Every output is the
- * same sequence of tensor-core steps over k whatever m, the block or the
- * other rows (no split of k): within this kernel a row's bits do not
- * depend on the batch (cuda-fast sends batches of up to TC_MIN_ROWS rows to
- * the GEMV instead, whose bits differ: cuda-fast rows depend on the batch).
- * Weight rows 16-byte aligned (k % 8 == 0), x rows 16-byte aligned. */
-#define TC_BM 64
+ * y = x w^T with x rounded to bf16 (to nearest even) and the products of
+ * mma.sync m16n8k16 accumulated in fp32. x is rounded once, into a bf16
+ * copy in the work buffer (tc_round_x_kernel); then blocks of 128 rows by
+ * 128 weight rows, eight warps of 64 x 32, walk k in tiles of 32 through a
+ * ring of TC_STAGES tiles in shared memory: each tile's x and w rows come
+ * by cp.async (zeros past k and past the last rows), TC_STAGES - 1 tiles
+ * ahead of the one the warps multiply, whose fragments they take with
+ * ldmatrix. Every output is the same sequence of tensor-core steps over k
+ * whatever m, the block or the other rows (no split of k): within this
+ * kernel a row's bits do not depend on the batch (cuda-fast sends batches
+ * of up to TC_MIN_ROWS rows to the GEMV instead, whose bits differ:
+ * cuda-fast rows depend on the batch). Weight rows 16-byte aligned
+ * (k % 8 == 0), x rows 16-byte aligned. */
+#define TC_BM 128
 #define TC_BN 128
 #define TC_BK 32
-#define TC_LD (TC_BK + 8) /* bf16 per shared row: 80 bytes, no bank conflicts in the
-                             fragment loads */
+#define TC_STAGES 3
+#define TC_THREADS 256
+#define TC_LD (TC_BK + 8) /* bf16 per shared row: 80 bytes, the eight rows of an
+                             ldmatrix in different banks */
+#define TC_SMEM ((size_t)TC_STAGES * (TC_BM + TC_BN) * TC_LD * 2)
 #define TC_MIN_ROWS 32 /* cuda-fast: fewer rows take the GEMV */
 
 __device__ static inline uint32_t tc_bf16_rn(float f)
@@ -472,15 +480,45 @@ __device__ static inline uint32_t tc_bf16_rn(float f)
     return u >> 16;
 }
 
-__global__ void __launch_bounds__(128)
-    gemm_tc_kernel(const float *x, uint32_t ldx, const uint16_t *w, float *y, uint32_t ldy,
-                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+/* xb[r][c] = bf16(x[r][c]), rows of k, four elements per step */
+__global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, uint32_t m,
+                                  uint32_t k)
 {
-    __shared__ __align__(16) uint16_t As[TC_BM * TC_LD];
-    __shared__ __align__(16) uint16_t Bs[TC_BN * TC_LD];
+    const uint64_t quads = (uint64_t)m * (k / 4);
+    for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; e < quads;
+         e += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = e / (k / 4), c = e % (k / 4) * 4;
+        const float4 q = *(const float4 *)(x + r * ldx + c);
+        uint32_t *dst = xb + (r * k + c) / 2;
+        dst[0] = tc_bf16_rn(q.x) | tc_bf16_rn(q.y) << 16;
+        dst[1] = tc_bf16_rn(q.z) | tc_bf16_rn(q.w) << 16;
+    }
+}
+
+/* Issues one k tile of a block's x and w rows into shared memory: rows of
+ * `rows` (x: m, w: n) from `r0`, 16 bytes per copy, none past k. */
+__device__ static inline void tc_load_tile(uint16_t *dst, const uint16_t *src, uint32_t r0,
+                                           uint32_t rows, uint32_t k, uint32_t k0, uint32_t tid)
+{
+    #pragma unroll
+    for (uint32_t e = tid; e < TC_BM * TC_BK / 8; e += TC_THREADS) {
+        const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
+        const bool in = r0 + r < rows && k0 + c < k; /* k % 8 == 0: all eight or none */
+        const uint16_t *from = in ? src + (size_t)(r0 + r) * k + k0 + c : src;
+        hpd_cp_async16(dst + r * TC_LD + c, from, in ? 16u : 0u);
+    }
+}
+
+__global__ void __launch_bounds__(TC_THREADS)
+    gemm_tc_kernel(const uint16_t *xb, const uint16_t *w, float *y, uint32_t ldy, uint32_t m,
+                   uint32_t n, uint32_t k, bool accumulate)
+{
+    extern __shared__ uint4 tc_smem[];
+    uint16_t *const As = (uint16_t *)tc_smem, *const Bs = As + TC_STAGES * TC_BM * TC_LD;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const uint32_t g = lane / 4, t = lane % 4;
+    const uint32_t g = lane / 4, t = lane % 4, wm = warp / 4 * 64, wn = warp % 4 * 32;
     const uint32_t m0 = blockIdx.y * TC_BM, n0 = blockIdx.x * TC_BN;
+    const uint32_t tiles = (k + TC_BK - 1) / TC_BK;
     float acc[4][4][4];
     #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -490,51 +528,43 @@ __global__ void __launch_bounds__(128)
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
 
-    for (uint32_t k0 = 0; k0 < k; k0 += TC_BK) {
-        /* x: 64 rows x 32, four at a time, rounded to bf16 */
-        for (uint32_t e = tid; e < TC_BM * TC_BK / 4; e += 128) {
-            const uint32_t r = e / (TC_BK / 4), c = e % (TC_BK / 4) * 4;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (m0 + r < m) {
-                const float *src = x + (size_t)(m0 + r) * ldx + k0 + c;
-                if (k0 + c + 4 <= k) {
-                    const float4 q = *(const float4 *)src;
-                    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-                } else {
-                    for (uint32_t j = 0; j < 4; j++)
-                        if (k0 + c + j < k)
-                            v[j] = src[j];
-                }
-            }
-            uint32_t *dst = (uint32_t *)&As[r * TC_LD + c];
-            dst[0] = tc_bf16_rn(v[0]) | tc_bf16_rn(v[1]) << 16;
-            dst[1] = tc_bf16_rn(v[2]) | tc_bf16_rn(v[3]) << 16;
+    /* the first TC_STAGES - 1 tiles in flight (a group per tile, empty past
+     * the last, so that every wait below counts the same) */
+    #pragma unroll
+    for (uint32_t s = 0; s < TC_STAGES - 1; s++) {
+        if (s < tiles) {
+            tc_load_tile(As + s * TC_BM * TC_LD, xb, m0, m, k, s * TC_BK, tid);
+            tc_load_tile(Bs + s * TC_BN * TC_LD, w, n0, n, k, s * TC_BK, tid);
         }
-        /* w: 128 rows x 32, eight at a time */
-        for (uint32_t e = tid; e < TC_BN * TC_BK / 8; e += 128) {
-            const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
-            uint4 v = {0u, 0u, 0u, 0u};
-            if (n0 + r < n && k0 + c < k) /* k % 8 == 0: all eight or none */
-                v = *(const uint4 *)(w + (size_t)(n0 + r) * k + k0 + c);
-            *(uint4 *)&Bs[r * TC_LD + c] = v;
+        hpd_cp_async_commit();
+    }
+    /* each lane's ldmatrix rows: x's 16-row tiles (rows 0-7 then 8-15 at k,
+     * then both at k + 8), w's pairs of 8-row tiles (k, k + 8 of each) */
+    const uint32_t a_row = wm + lane % 8 + 8 * (lane / 8 % 2), a_col = 8 * (lane / 16);
+    const uint32_t b_row = wn + lane % 8 + 8 * (lane / 16), b_col = 8 * (lane / 8 % 2);
+    for (uint32_t kt = 0; kt < tiles; kt++) {
+        hpd_cp_async_wait<TC_STAGES - 2>(); /* this thread's part of tile kt landed */
+        __syncthreads(); /* everyone's; and the stage refilled below was read */
+        const uint32_t next = kt + TC_STAGES - 1;
+        if (next < tiles) {
+            tc_load_tile(As + next % TC_STAGES * TC_BM * TC_LD, xb, m0, m, k, next * TC_BK, tid);
+            tc_load_tile(Bs + next % TC_STAGES * TC_BN * TC_LD, w, n0, n, k, next * TC_BK, tid);
         }
-        __syncthreads();
-#pragma unroll
+        hpd_cp_async_commit();
+        const uint16_t *A = As + kt % TC_STAGES * TC_BM * TC_LD;
+        const uint16_t *B = Bs + kt % TC_STAGES * TC_BN * TC_LD;
+        #pragma unroll
         for (uint32_t kk = 0; kk < TC_BK; kk += 16) {
             uint32_t a[4][4], b[4][2];
             #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint16_t *p = As + (i * 16 + g) * TC_LD + kk + 2 * t;
-                a[i][0] = *(const uint32_t *)p;
-                a[i][1] = *(const uint32_t *)(p + 8 * TC_LD);
-                a[i][2] = *(const uint32_t *)(p + 8);
-                a[i][3] = *(const uint32_t *)(p + 8 * TC_LD + 8);
-            }
+            for (int i = 0; i < 4; i++)
+                hpd_ldmatrix_x4(a[i], A + (a_row + 16 * i) * TC_LD + kk + a_col);
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint16_t *p = Bs + (warp * 32 + j * 8 + g) * TC_LD + kk + 2 * t;
-                b[j][0] = *(const uint32_t *)p;
-                b[j][1] = *(const uint32_t *)(p + 8);
+            for (int p = 0; p < 2; p++) {
+                uint32_t r[4];
+                hpd_ldmatrix_x4(r, B + (b_row + 16 * p) * TC_LD + kk + b_col);
+                b[2 * p][0] = r[0], b[2 * p][1] = r[1];
+                b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
             }
             #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -542,16 +572,16 @@ __global__ void __launch_bounds__(128)
                 for (int j = 0; j < 4; j++)
                     hpd_mma_bf16_16816(acc[i][j], a[i], b[j]);
         }
-        __syncthreads();
     }
+    hpd_cp_async_wait<0>(); /* the empty groups */
     #pragma unroll
     for (int i = 0; i < 4; i++)
         #pragma unroll
         for (int j = 0; j < 4; j++)
             #pragma unroll
             for (int r = 0; r < 4; r++) {
-                const uint32_t row = m0 + i * 16 + g + 8 * (r / 2);
-                const uint32_t col = n0 + warp * 32 + j * 8 + 2 * t + r % 2;
+                const uint32_t row = m0 + wm + i * 16 + g + 8 * (r / 2);
+                const uint32_t col = n0 + wn + j * 8 + 2 * t + r % 2;
                 if (row < m && col < n) {
                     float *o = y + (size_t)row * ldy + col;
                     *o = accumulate ? *o + acc[i][j][r] : acc[i][j][r];
@@ -562,8 +592,9 @@ __global__ void __launch_bounds__(128)
 bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
-    return c->cc_major >= 8 && cudaFuncGetAttributes(&fa, gemm_tc_kernel) == cudaSuccess &&
-           fa.ptxVersion >= 80 && fa.binaryVersion >= 80;
+    return c->cc_major >= 8 && c->smem_optin >= TC_SMEM &&
+           cudaFuncGetAttributes(&fa, gemm_tc_kernel) == cudaSuccess && fa.ptxVersion >= 80 &&
+           fa.binaryVersion >= 80;
 }
 
 /* Whether the tensor-core kernel takes these arguments: BF16 weights, k a
@@ -577,13 +608,32 @@ static bool tc_args(const hpd_gemm_args_t *a)
 
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    void *xb;
+    hpd_status_t st;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
     if (!tc_args(a))
         return HPD_ERR_INVALID_ARG;
+    if (a->k == 0) { /* no tile: y = 0, or unchanged */
+        if (!a->accumulate)
+            for (uint32_t r = 0; r < a->m; r++)
+                HPD_CUDA_CHECK(cudaMemsetAsync(a->y + (size_t)r * a->ldy, 0,
+                                               a->n * sizeof(float), c->stream));
+        return HPD_OK;
+    }
+    if ((st = hpd_cuda_work(b, (size_t)a->m * a->k * 2, &xb)) != HPD_OK)
+        return st;
+    const uint64_t quads = (uint64_t)a->m * (a->k / 4);
+    const uint32_t blocks = (uint32_t)HPD_MIN((quads + 255) / 256, (uint64_t)4096);
+    tc_round_x_kernel<<<blocks, 256, 0, c->stream>>>(a->x, a->ldx, (uint32_t *)xb, a->m, a->k);
+    HPD_CUDA_LAUNCHED();
+    HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)TC_SMEM));
     const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
-    gemm_tc_kernel<<<grid, 128, 0, hpd_cuda_ctx(b)->stream>>>(
-        a->x, a->ldx, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    gemm_tc_kernel<<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
+        (const uint16_t *)xb, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k,
+        a->accumulate);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -1,4 +1,8 @@
-/* One warp-wide tensor-core product: D (16 x 8, fp32) += A (16 x 16, bf16,
+/* Tensor-core and asynchronous-copy primitives (sm_80 and later), each one
+ * PTX instruction; tests/kernels/cuda_host/ has stand-ins with the same
+ * semantics.
+ *
+ * One warp-wide tensor-core product: D (16 x 8, fp32) += A (16 x 16, bf16,
  * row-major) times B (16 x 8, bf16, column-major), mma.sync m16n8k16 (sm_80
  * and later). The fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"),
  * for lane l, g = l / 4, t = l % 4, each 32-bit word two bf16 of adjacent k
@@ -23,6 +27,54 @@ __device__ static inline void hpd_mma_bf16_16816(float d[4], const uint32_t a[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
     __trap(); /* no tensor cores: the caller checks the device first */
+#endif
+}
+
+/* ldmatrix .x4: four 8x8 matrices of 16-bit elements from shared memory,
+ * lane l giving the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte
+ * aligned); r[i] of lane l is matrix i's row l / 4, elements 2 (l % 4) and
+ * 2 (l % 4) + 1: the mma fragments above. */
+__device__ static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#else
+    __trap();
+#endif
+}
+
+/* cp.async: 16 bytes from global to shared memory (both 16-byte aligned),
+ * of which the first src_bytes are read and the rest zero-filled. The copy
+ * lands at some time before the wait for its group. */
+__device__ static inline void hpd_cp_async16(void *dst, const void *src, uint32_t src_bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* Closes the thread's group of copies issued since the last commit. */
+__device__ static inline void hpd_cp_async_commit()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/* Waits until at most N of the thread's committed groups are in flight
+ * (its own copies only: a barrier makes them visible to the block). */
+template <int N> __device__ static inline void hpd_cp_async_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 

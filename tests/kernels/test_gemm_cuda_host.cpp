@@ -68,8 +68,10 @@ static float bf16_rn(float f)
  * GPU). Returns the cases that failed. */
 static int check_tensor_cores(hpd_backend_t *be, int *checked)
 {
+    /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block */
     static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
-                                         {65, 200, 104}, {130, 33, 136}, {3, 257, 8}};
+                                         {65, 200, 104}, {130, 33, 136}, {3, 257, 8},
+                                         {129, 20, 264}};
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     int failed = 0;

@@ -134,9 +134,19 @@ static inline void hpd_emu_uctx_swap(hpd_emu_uctx_t *from, hpd_emu_uctx_t *to)
 /* The block being run: its threads as fibers on the launching host thread,
  * fiber `cur` running. */
 enum { HPD_EMU_RUN, HPD_EMU_AT_BLOCK, HPD_EMU_AT_WARP, HPD_EMU_DONE };
+/* a cp.async copy issued and not yet landed: its bytes as read at issue
+ * (global memory does not change under a kernel here) */
+struct hpd_emu_copy_t {
+    void *dst;
+    uint8_t bytes[16];
+};
 struct hpd_emu_fiber_t {
     hpd_emu_uctx_t ctx;
     int state;
+    /* the thread's cp.async copies in flight, and where each committed
+     * group ends among them */
+    std::vector<hpd_emu_copy_t> copies;
+    std::vector<size_t> groups;
 };
 struct hpd_emu_block_t {
     hpd_emu_uctx_t sched;
@@ -309,6 +319,11 @@ static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, 
     memcpy(dst, src, n);
     return cudaSuccess;
 }
+static inline cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t)
+{
+    memset(dst, v, n);
+    return cudaSuccess;
+}
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
     return cudaSuccess;
@@ -431,6 +446,8 @@ static inline void hpd_emu_run_block(hpd_emu_block_t *b, char *stacks, size_t st
         hpd_emu_uctx_make(&b->fibers[t].ctx, stacks + t * stack_bytes, stack_bytes,
                           hpd_emu_fiber_main);
         b->fibers[t].state = HPD_EMU_RUN;
+        b->fibers[t].copies.clear();
+        b->fibers[t].groups.clear();
     }
     for (;;) {
         for (unsigned t = 0; t < nt; t++)

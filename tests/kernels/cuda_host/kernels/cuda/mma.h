@@ -3,7 +3,11 @@
  * computed from them with the fragment layout of the PTX ISA that the real
  * header documents, the products summed in double and added to d in one
  * rounding (the tensor cores' order of additions is not documented: tests
- * compare this path with a tolerance, and bit for bit only with itself). */
+ * compare this path with a tolerance, and bit for bit only with itself).
+ * ldmatrix gathers the lanes' row addresses as the instruction does;
+ * cp.async copies land only when the thread waits for their group, so a
+ * kernel that reads shared memory before its wait and barrier reads stale
+ * bytes (the NaN the launch filled it with) and fails its test. */
 #ifndef HPD_KERNELS_CUDA_MMA_H
 #define HPD_KERNELS_CUDA_MMA_H
 
@@ -55,6 +59,47 @@ static inline void hpd_mma_bf16_16816(float d[4], const uint32_t a[4], const uin
     hpd_emu_wait(HPD_EMU_AT_WARP); /* every lane has read the fragments */
     for (int r = 0; r < 4; r++)
         d[r] = out[r];
+}
+
+static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
+{
+    const unsigned lane = hpd_emu_lane();
+    for (unsigned i = 0; i < 4; i++) {
+        const uint8_t *m = (const uint8_t *)hpd_emu_exchange(0xffffffffu, row, i * 8 + lane / 4);
+        memcpy(&r[i], m + 4 * (lane % 4), 4);
+    }
+}
+
+static inline void hpd_cp_async16(void *dst, const void *src, uint32_t src_bytes)
+{
+    if ((uintptr_t)dst % 16 != 0 || (uintptr_t)src % 16 != 0 || src_bytes > 16) {
+        fprintf(stderr, "cuda_host: cp.async of %u bytes from %p to %p\n", src_bytes, src, dst);
+        abort();
+    }
+    hpd_emu_copy_t c = {dst, {0}};
+    memcpy(c.bytes, src, src_bytes);
+    hpd_emu_blk->fibers[hpd_emu_blk->cur].copies.push_back(c);
+}
+
+static inline void hpd_cp_async_commit()
+{
+    hpd_emu_fiber_t &f = hpd_emu_blk->fibers[hpd_emu_blk->cur];
+    f.groups.push_back(f.copies.size());
+}
+
+/* lands the copies of every committed group but the N most recent */
+template <int N> static inline void hpd_cp_async_wait()
+{
+    hpd_emu_fiber_t &f = hpd_emu_blk->fibers[hpd_emu_blk->cur];
+    if (f.groups.size() <= (size_t)N)
+        return;
+    const size_t done = f.groups.size() - N, upto = f.groups[done - 1];
+    for (size_t i = 0; i < upto; i++)
+        memcpy(f.copies[i].dst, f.copies[i].bytes, 16);
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (ptrdiff_t)upto);
+    f.groups.erase(f.groups.begin(), f.groups.begin() + (ptrdiff_t)done);
+    for (size_t &g : f.groups)
+        g -= upto;
 }
 
 #endif
