@@ -22,7 +22,9 @@
  *   k = 2048: TFLOP/s, beside cuBLAS on the same shape (cublasGemmEx, BF16 x
  *   BF16 with fp32 accumulation and output) when the device is a GPU, and
  *   the same GEMM through device cuda-fast (BF16 weights on tensor cores,
- *   x rounded to bf16: tensor_cores_of_cublas);
+ *   x rounded to bf16: tensor_cores_of_cublas) and through the deterministic
+ *   cuda-bf16 (bf16_device_of_cublas), whose decode GEMM the gemv lines
+ *   show too (bf16_device_of_copy);
  * - checksum: the pieces' hashes of a transfer's checksum (common/hash.h)
  *   over 256 MiB of device memory in 64 KiB pages, as a receiver hashes the
  *   pages peers wrote: bytes hashed per second as a fraction of the copy
@@ -356,19 +358,47 @@ static void do_gemm(void *arg)
 }
 
 /* decode's GEMM: rows of m at a time against BF16 weights [n][k] */
-static void gemv_bench(uint32_t n, uint32_t k, double copy_bw)
+static hpd_backend_t *other_be; /* cuda-fast or cuda-bf16 beside the device under test */
+static void do_gemm_other(void *arg)
+{
+    CHECK(hpd_gemm(other_be, arg));
+}
+
+/* The device `kind` (cuda-fast, cuda-bf16) on the GPU of the device under
+ * test (its ":N"), or NULL where it cannot be opened. */
+static hpd_backend_t *open_sibling(const char *kind, const char *device)
+{
+    char name[64];
+    const char *colon = strchr(device, ':');
+    snprintf(name, sizeof(name), "%s%s", kind, colon != NULL ? colon : "");
+    hpd_backend_params_t p = {.device = name};
+    hpd_backend_t *b;
+    return strncmp(device, "cuda", 4) == 0 && hpd_backend_create(&p, &b) == HPD_OK ? b : NULL;
+}
+
+static void gemv_bench(uint32_t n, uint32_t k, double copy_bw, const char *device)
 {
     static const uint32_t ms[] = {1, 8, 32, 64};
     void *w = dbf16((size_t)n * k, 20, 0.02f);
     float *x = drand((size_t)64 * k, 21, 1), *y = dalloc((size_t)64 * n * sizeof(float));
     const double bytes = (double)n * k * 2;
+    /* beside it, the deterministic GEMM on tensor cores (cuda-bf16) */
+    other_be = open_sibling("cuda-bf16", device);
     for (size_t i = 0; i < HPD_ARRAY_SIZE(ms); i++) {
         hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
                              .ldy = n, .m = ms[i], .n = n, .k = k};
         const double t = timed(do_gemm, &a);
-        printf("gemv n=%u k=%u m=%u dtype=bf16 ms=%.4f GBps=%.1f of_copy=%.3f\n", n, k, ms[i],
+        printf("gemv n=%u k=%u m=%u dtype=bf16 ms=%.4f GBps=%.1f of_copy=%.3f", n, k, ms[i],
                t * 1e3, bytes / t / 1e9, bytes / t / copy_bw);
+        if (other_be != NULL) {
+            const double tb = timed(do_gemm_other, &a);
+            printf(" bf16_device_ms=%.4f bf16_device_of_copy=%.3f", tb * 1e3,
+                   bytes / tb / copy_bw);
+        }
+        printf("\n");
     }
+    if (other_be != NULL)
+        hpd_backend_destroy(other_be);
     hpd_backend_free(be, w);
     hpd_backend_free(be, x);
     hpd_backend_free(be, y);
@@ -413,11 +443,6 @@ static double cublas_seconds(const void *x16, const void *w, float *y, uint32_t 
 }
 #endif
 
-static hpd_backend_t *fast_be; /* cuda-fast: BF16 weights on tensor cores */
-static void do_gemm_fast(void *arg)
-{
-    CHECK(hpd_gemm(fast_be, arg));
-}
 
 /* prefill's GEMM: m rows against BF16 weights [n][k], beside cuBLAS; and
  * the same through device cuda-fast (tensor cores, x rounded to bf16) */
@@ -444,19 +469,20 @@ static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
                    flop / tc / 1e12, tc / t);
         else
             printf(" cublas=failed");
-        char fast[64];
-        snprintf(fast, sizeof(fast), "cuda-fast%s", strncmp(device, "cuda-fast", 9) == 0 ? device + 9
-                                                    : strncmp(device, "cuda", 4) == 0 ? device + 4
-                                                                                      : "");
-        hpd_backend_params_t fp = {.device = fast};
-        if (hpd_backend_create(&fp, &fast_be) == HPD_OK) {
-            const double tt = timed(do_gemm_fast, &a);
-            printf(" tensor_cores_ms=%.3f tensor_cores_TFLOPs=%.2f", tt * 1e3, flop / tt / 1e12);
+        /* tensor cores: cuda-fast's (tiled for every m here) and the
+         * deterministic cuda-bf16's */
+        static const char *kinds[] = {"cuda-fast", "cuda-bf16"}, *keys[] = {"tensor_cores",
+                                                                            "bf16_device"};
+        for (int i = 0; i < 2; i++) {
+            if ((other_be = open_sibling(kinds[i], device)) == NULL) {
+                printf(" %s=failed", keys[i]);
+                continue;
+            }
+            const double tt = timed(do_gemm_other, &a);
+            printf(" %s_ms=%.3f %s_TFLOPs=%.2f", keys[i], tt * 1e3, keys[i], flop / tt / 1e12);
             if (tc > 0)
-                printf(" tensor_cores_of_cublas=%.3f", tc / tt);
-            hpd_backend_destroy(fast_be);
-        } else {
-            printf(" tensor_cores=failed");
+                printf(" %s_of_cublas=%.3f", keys[i], tc / tt);
+            hpd_backend_destroy(other_be);
         }
         hpd_backend_free(be, x16);
         free(h);
@@ -597,8 +623,8 @@ int main(int argc, char **argv)
     }
     translate_vs_copy(context);
     checksum_bench(bw);
-    gemv_bench(5120, 2048, bw);
-    gemv_bench(2048, 5120, bw);
+    gemv_bench(5120, 2048, bw, device);
+    gemv_bench(2048, 5120, bw, device);
     gemm_bench(prefill, 5120, 2048, device);
     if (model != NULL)
         model_bench(model, prefill, seqs, bw);

@@ -71,7 +71,8 @@ const hpd_opt_t hpd_options[] = {
         "its tokenizer.json and chat template, for the HTTP API)", N | RUN | C, NULL),
     TXT("name", "NAME", NULL, "node name in status and logs (ROLE-<pid>)", N, NULL),
     TXT("device", "D", "cpu", "cpu, cpu-bf16 (BF16 weights times bf16-rounded activations,\n"
-        "as llama.cpp: faster, not the fp32 result), cuda[:N] (the GPU id)\nor cuda-fast[:N]",
+        "as llama.cpp: faster, not the fp32 result), cuda[:N] (the GPU id),\n"
+        "cuda-bf16[:N] (the same on tensor cores) or cuda-fast[:N]",
         N | RUN, "device"),
     INT("threads", U32, 1, 1024, 1, NULL, "CPU threads (all cores)", N | RUN, "threads"),
     {.name = "kv-layout", .kind = HPD_OPT_LAYOUT, .def = "64,1,nhd", .arg = "B,P,O",

@@ -916,8 +916,9 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
             ref = o;
     if (ref != NULL && strcmp(ref->numerics, n->numerics) != 0) {
         snprintf(err.text, sizeof(err.text),
-                 "register: node %.48s computes with %s numerics where the cluster's nodes use %s "
-                 "(cpu, cuda: fp32; cpu-bf16: bf16-products; cuda-fast: cublas)",
+                 "register: node %.32s computes with %s where the cluster uses %s "
+                 "(cpu/cuda: fp32, cpu-bf16: bf16-products, cuda-bf16: bf16-tensor-cores, "
+                 "cuda-fast: cublas)",
                  n->name, n->numerics, ref->numerics);
         goto bad;
     }

@@ -266,13 +266,14 @@ static void parse_field(ctx_t *c, const field_t *f, const yaml_node_t *v, const 
         } else if (s && strncmp(s, "cuda:", 5) == 0 && hpd_parse_u64(s + 5, 0, 255, &gpu) == 0) {
             snprintf(p->device, sizeof(p->device), "cuda:%u", (unsigned)gpu);
             p->gpu = (int32_t)gpu;
-        } else if (s && strncmp(s, "cuda-fast:", 10) == 0 &&
+        } else if (s && (strncmp(s, "cuda-fast:", 10) == 0 || strncmp(s, "cuda-bf16:", 10) == 0) &&
                    hpd_parse_u64(s + 10, 0, 255, &gpu) == 0) {
-            snprintf(p->device, sizeof(p->device), "cuda-fast:%u", (unsigned)gpu);
+            snprintf(p->device, sizeof(p->device), "%.9s:%u", s, (unsigned)gpu);
             p->gpu = (int32_t)gpu;
         } else {
-            fail(c, v, path, "%s%s%s is invalid (expected cpu, cpu-bf16, cuda:N or cuda-fast:N with N the "
-                 "GPU id)", s ? "'" : "", s ? s : type_name(v), s ? "'" : "");
+            fail(c, v, path, "%s%s%s is invalid (expected cpu, cpu-bf16, cuda:N, cuda-bf16:N or "
+                 "cuda-fast:N with N the GPU id)", s ? "'" : "", s ? s : type_name(v),
+                 s ? "'" : "");
         }
         break;
     }

@@ -35,8 +35,8 @@ typedef struct {
     char log_level[8];
     uint32_t drain_timeout_ms;
     /* nodes */
-    char device[16];    /* "cpu", "cpu-bf16", "cuda:N" or "cuda-fast:N" */
-    int32_t gpu;        /* N of cuda:N or cuda-fast:N, -1 for cpu */
+    char device[16];    /* "cpu", "cpu-bf16", "cuda:N", "cuda-bf16:N" or "cuda-fast:N" */
+    int32_t gpu;        /* N of cuda:N, cuda-bf16:N or cuda-fast:N, -1 for cpu */
     uint32_t threads;
     uint32_t kv_block, kv_pack;
     char kv_order[4];   /* "nhd" or "hnd" */

@@ -21,8 +21,8 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
         return HPD_ERR_UNSUPPORTED;
 #endif
     }
-    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu, cpu-bf16, cuda[:N] or "
-                  "cuda-fast[:N])",
+    HPD_LOG_ERROR("backend", "device '%s' is unknown (expected cpu, cpu-bf16, cuda[:N], "
+                  "cuda-bf16[:N] or cuda-fast[:N])",
                   device);
     return HPD_ERR_INVALID_ARG;
 }

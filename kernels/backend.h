@@ -310,6 +310,7 @@ typedef struct {
     /* what the arithmetic is, for nodes that must agree on it (a cluster's
      * nodes give the same tokens only with the same numerics): "fp32" (cpu,
      * cuda), "bf16-products" (cpu-bf16; "-emulated" without AVX512_BF16),
+     * "bf16-tensor-cores" (cuda-bf16),
      * "cublas" (cuda-fast), "cublas-bf16-tensor-cores" (cuda-fast on a GPU
      * where BF16 weights go to tensor cores with bf16-rounded x) */
     const char *numerics;
@@ -383,17 +384,19 @@ struct hpd_backend {
 typedef struct {
     /* "cpu" (the default when NULL), "cpu-bf16" (BF16 weights multiply
      * activations rounded to bf16, as llama.cpp: faster, no longer the fp32
-     * result), "cuda[:N]" or "cuda-fast[:N]" */
+     * result), "cuda[:N]", "cuda-bf16[:N]" (the same on tensor cores) or
+     * "cuda-fast[:N]" */
     const char *device;
     uint32_t n_threads;  /* CPU threads; 0: all cores */
 } hpd_backend_params_t;
 
 /* Creates the backend named by params->device ("cpu", "cpu-bf16", "cuda[:N]",
- * "cuda-fast[:N]"). Failures are logged: HPD_ERR_NO_DEVICE only when the
- * machine has no GPU at all (no driver, or none visible) and a GPU device
- * was named; HPD_ERR_INVALID_ARG for a misspelt device or a GPU index this
- * machine lacks; HPD_ERR_UNSUPPORTED for cuda in a build without CUDA; any
- * other status is a device error. */
+ * "cuda-bf16[:N]", "cuda-fast[:N]"). Failures are logged: HPD_ERR_NO_DEVICE
+ * only when the machine has no GPU at all (no driver, or none visible) and a
+ * GPU device was named; HPD_ERR_INVALID_ARG for a misspelt device or a GPU
+ * index this machine lacks; HPD_ERR_UNSUPPORTED for cuda in a build without
+ * CUDA, and for cuda-bf16 on a GPU without tensor cores; any other status is
+ * a device error. */
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p);
 
 /* Destroys a backend. Accepts NULL. */
@@ -404,8 +407,9 @@ hpd_status_t hpd_backend_cpu_create(const hpd_backend_params_t *params,
                                     hpd_backend_t **backend_p);
 
 /* The CUDA backend (builds with the CUDA toolkit): device "cuda" or
- * "cuda:N" (deterministic, the default), "cuda-fast" or "cuda-fast:N" (GEMMs
- * through cuBLAS: faster, not batch-invariant). HPD_ERR_NO_DEVICE when the
+ * "cuda:N" (deterministic, the default), "cuda-bf16[:N]" (deterministic,
+ * BF16 weights times bf16-rounded activations on tensor cores), "cuda-fast"
+ * or "cuda-fast:N" (GEMMs through cuBLAS: faster, not batch-invariant). HPD_ERR_NO_DEVICE when the
  * machine has no GPU (see hpd_backend_cuda_count). */
 hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *params,
                                      hpd_backend_t **backend_p);

@@ -1,8 +1,9 @@
 /* The CUDA backend: device memory on one GPU, one stream, the ops of
  * kernels/cuda/. Memory comes from the device's stream-ordered pool
  * (cudaMallocAsync), released to it on free; pool memory that peers write
- * over RDMA (alloc_pool) from cudaMalloc. Two variants: "cuda" (the
- * deterministic kernels) and "cuda-fast" (GEMMs through cuBLAS). */
+ * over RDMA (alloc_pool) from cudaMalloc. Three variants: "cuda" (the
+ * deterministic kernels), "cuda-bf16" (deterministic, BF16 weights on tensor
+ * cores) and "cuda-fast" (GEMMs through cuBLAS). */
 #include <cuda.h> /* types of the driver call reached through the runtime */
 #include <stdlib.h>
 #include <string.h>
@@ -390,6 +391,7 @@ HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
 HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
 HPD_CUDA_ENTRY(hash_pieces, hpd_hash_pieces_args_t)
 HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
+HPD_CUDA_ENTRY(gemm_bf16, hpd_gemm_args_t)
 
 /* The two devices differ in their GEMM (and so in their numerics) alone. */
 static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *numerics,
@@ -442,6 +444,10 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
 static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm);
 static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas);
+/* deterministic and batch-invariant, BF16 weights on tensor cores for every
+ * batch size (activations rounded to bf16) */
+static constexpr hpd_backend_ops_t cuda_bf16_ops =
+    cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16);
 /* cuda-fast where BF16 weights go to tensor cores (activations rounded to
  * bf16): other numerics than on a GPU without them */
 static constexpr hpd_backend_ops_t cuda_fast_tc_ops =
@@ -472,19 +478,20 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
                                                 hpd_backend_t **backend_p)
 {
     const char *dev = params->device ? params->device : "cuda";
-    const bool fast = strncmp(dev, "cuda-fast", 9) == 0;
-    const char *rest = dev + (fast ? 9 : 4);
+    const bool fast = strncmp(dev, "cuda-fast", 9) == 0, bf16 = strncmp(dev, "cuda-bf16", 9) == 0;
+    const char *rest = dev + (fast || bf16 ? 9 : 4);
     int id = 0, count = 0;
     if (strncmp(dev, "cuda", 4) != 0 || (*rest != '\0' && *rest != ':')) {
-        HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N] or cuda-fast[:N])", dev);
+        HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N], cuda-bf16[:N] or "
+                      "cuda-fast[:N])", dev);
         return HPD_ERR_INVALID_ARG;
     }
     if (*rest == ':') {
         char *end;
         long v = strtol(rest + 1, &end, 10);
         if (*end != '\0' || end == rest + 1 || v < 0 || v > 255) {
-            HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N] or "
-                          "cuda-fast[:N], N a GPU index)", dev);
+            HPD_LOG_ERROR("cuda", "device '%s' is invalid (expected cuda[:N], cuda-bf16[:N] "
+                          "or cuda-fast[:N], N a GPU index)", dev);
             return HPD_ERR_INVALID_ARG;
         }
         id = (int)v;
@@ -535,8 +542,18 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cuda_destroy(b);
         return HPD_ERR_INTERNAL;
     }
-    c->tc_ok = fast && hpd_cuda_tc_available(c);
-    b->ops = !fast ? &cuda_ops : c->tc_ok ? &cuda_fast_tc_ops : &cuda_fast_ops;
+    c->tc_ok = (fast || bf16) && hpd_cuda_tc_available(c);
+    if (bf16 && !c->tc_ok) {
+        HPD_LOG_ERROR("cuda", "device '%s' needs tensor cores: compute capability 8.0 or later "
+                      "and kernels built for sm_80 or later; GPU %d has compute capability "
+                      "%d.x (device cuda computes with fp32 products instead)", dev, id,
+                      c->cc_major);
+        b->ctx = c;
+        cuda_destroy(b);
+        return HPD_ERR_UNSUPPORTED;
+    }
+    b->ops = bf16 ? &cuda_bf16_ops : !fast ? &cuda_ops : c->tc_ok ? &cuda_fast_tc_ops
+                                                                  : &cuda_fast_ops;
     b->ctx = c;
     *backend_p = b;
     return HPD_OK;

@@ -73,6 +73,9 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a);
 /* BF16 weights on tensor cores (gemm.cu; cuda-fast's GEMM takes it where
  * it fits) */
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
+/* the device cuda-bf16's GEMM: BF16 weights on tensor cores for every
+ * batch size, batch-invariant (gemm.cu) */
+hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
 /* Whether the tensor-core GEMM runs here: compute capability 8.0 or more
  * and the kernel built from sm_80 PTX or later (a build for older
  * architectures JIT-compiles a body that traps). */

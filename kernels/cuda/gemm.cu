@@ -460,7 +460,16 @@ hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
  * kernel a row's bits do not depend on the batch (cuda-fast sends batches
  * of up to TC_MIN_ROWS rows to the GEMV instead, whose bits differ:
  * cuda-fast rows depend on the batch). Weight rows 16-byte aligned
- * (k % 8 == 0), x rows 16-byte aligned. */
+ * (k % 8 == 0).
+ *
+ * The device cuda-bf16 keeps rows batch-invariant on tensor cores: every
+ * output is the sequence acc = 0; for each step of 16 k in ascending order
+ * (ceil(k / 16) steps, zeros past k): acc = mma(x row, w row, acc); y = acc
+ * (or y + acc). The tiled kernel computes it for batches of more than
+ * TC_MIN_ROWS rows, gemv_tc_kernel for fewer (decode) with the same mma
+ * operands per output; a tensor core's output element depends on its own
+ * row of A, column of B and accumulator alone, so a row's bits are the same
+ * in either kernel and in any batch. */
 #define TC_BM 128
 #define TC_BN 128
 #define TC_BK 32
@@ -480,15 +489,18 @@ __device__ static inline uint32_t tc_bf16_rn(float f)
     return u >> 16;
 }
 
-/* xb[r][c] = bf16(x[r][c]), rows of k, four elements per step */
+/* xb[r][c] = bf16(x[r][c]), rows of k, four elements per step (x rows
+ * off 16-byte alignment read one float at a time) */
 __global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, uint32_t m,
                                   uint32_t k)
 {
     const uint64_t quads = (uint64_t)m * (k / 4);
+    const bool vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
     for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; e < quads;
          e += (uint64_t)gridDim.x * blockDim.x) {
         const uint64_t r = e / (k / 4), c = e % (k / 4) * 4;
-        const float4 q = *(const float4 *)(x + r * ldx + c);
+        const float *src = x + r * ldx + c;
+        const float4 q = vec ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
         uint32_t *dst = xb + (r * k + c) / 2;
         dst[0] = tc_bf16_rn(q.x) | tc_bf16_rn(q.y) << 16;
         dst[1] = tc_bf16_rn(q.z) | tc_bf16_rn(q.w) << 16;
@@ -555,6 +567,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         const uint16_t *B = Bs + kt % TC_STAGES * TC_BN * TC_LD;
         #pragma unroll
         for (uint32_t kk = 0; kk < TC_BK; kk += 16) {
+            if (kt * TC_BK + kk >= k)
+                break; /* no step past k: the sequence is ceil(k / 16) steps, as in the GEMV */
             uint32_t a[4][4], b[4][2];
             #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -589,6 +603,77 @@ __global__ void __launch_bounds__(TC_THREADS)
             }
 }
 
+/* The GEMM of decode on tensor cores (cuda-bf16, m <= TC_MIN_ROWS): a warp
+ * per 8 weight rows walks all of k, one or two 16-row tiles of x (rows past
+ * m zero) against them, the weights loaded straight into fragments (lane
+ * (g, t): row g, k 2t and 2t + 8 of each step, a 32-byte sector per row and
+ * step) GV_STEPS steps ahead of the products. */
+#define GV_STEPS 8
+#define GV_WARPS 4
+
+__device__ static inline void gv_load_w(uint32_t (*bw)[2], const uint16_t *wr, bool row_in,
+                                        uint32_t k, uint32_t s0, uint32_t t)
+{
+    #pragma unroll
+    for (uint32_t u = 0; u < GV_STEPS; u++) {
+        const uint32_t k0 = (s0 + u) * 16 + 2 * t; /* k even: a pair is in or out whole */
+        bw[u][0] = row_in && k0 < k ? *(const uint32_t *)(wr + k0) : 0u;
+        bw[u][1] = row_in && k0 + 8 < k ? *(const uint32_t *)(wr + k0 + 8) : 0u;
+    }
+}
+
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_tc_kernel(const uint16_t *xb, const uint16_t *w, float *y, uint32_t ldy, uint32_t m,
+                   uint32_t n, uint32_t k, bool accumulate)
+{
+    const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const uint32_t n0 = (blockIdx.x * GV_WARPS + threadIdx.x / 32) * 8;
+    if (n0 >= n)
+        return; /* the whole warp */
+    const bool row_in = n0 + g < n;
+    const uint16_t *wr = w + (size_t)(row_in ? n0 + g : 0) * k;
+    const uint32_t steps = (k + 15) / 16, tiles = (m + 15) / 16;
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    uint32_t bw[GV_STEPS][2], next[GV_STEPS][2] = {}; /* registers: indices known when compiled */
+    gv_load_w(bw, wr, row_in, k, 0, t);
+    for (uint32_t s0 = 0; s0 < steps; s0 += GV_STEPS) {
+        if (s0 + GV_STEPS < steps) /* the next steps' weights in flight meanwhile */
+            gv_load_w(next, wr, row_in, k, s0 + GV_STEPS, t);
+        #pragma unroll
+        for (uint32_t u = 0; u < GV_STEPS; u++) {
+            const uint32_t s = s0 + u;
+            if (s >= steps)
+                break;
+            const uint32_t kl = s * 16 + 2 * t, kh = kl + 8;
+            #pragma unroll
+            for (uint32_t mi = 0; mi < 2; mi++) {
+                if (mi >= tiles)
+                    break;
+                uint32_t a[4];
+                const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
+                a[0] = r0 < m && kl < k ? *(const uint32_t *)(xb + (size_t)r0 * k + kl) : 0u;
+                a[1] = r1 < m && kl < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kl) : 0u;
+                a[2] = r0 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r0 * k + kh) : 0u;
+                a[3] = r1 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kh) : 0u;
+                hpd_mma_bf16_16816(acc[mi], a, bw[u]);
+            }
+        }
+        #pragma unroll
+        for (uint32_t u = 0; u < GV_STEPS; u++)
+            bw[u][0] = next[u][0], bw[u][1] = next[u][1];
+    }
+    #pragma unroll
+    for (uint32_t mi = 0; mi < 2; mi++)
+        #pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
+            if (row < m && col < n) {
+                float *o = y + (size_t)row * ldy + col;
+                *o = accumulate ? *o + acc[mi][r] : acc[mi][r];
+            }
+        }
+}
+
 bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
@@ -597,16 +682,19 @@ bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
            fa.binaryVersion >= 80;
 }
 
-/* Whether the tensor-core kernel takes these arguments: BF16 weights, k a
- * multiple of 8, weight and x rows 16-byte aligned. */
+/* Whether the tensor-core kernels take these arguments: BF16 weights, k a
+ * multiple of 8, weight rows 16-byte aligned (x is read through its bf16
+ * copy, aligned whatever x is). They depend on the weights alone, never on
+ * the batch. */
 static bool tc_args(const hpd_gemm_args_t *a)
 {
-    return a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 && a->ldx % 4 == 0 &&
-           (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->x % 16 == 0 &&
+    return a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 && (uintptr_t)a->w % 16 == 0 &&
            a->m <= 65535u * TC_BM;
 }
 
-hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
+/* x rounded into the work buffer, then the tiled kernel, or for at most
+ * TC_MIN_ROWS rows the GEMV when `gemv` (the same bits per output). */
+static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gemv)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     void *xb;
@@ -628,6 +716,14 @@ hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
     const uint32_t blocks = (uint32_t)HPD_MIN((quads + 255) / 256, (uint64_t)4096);
     tc_round_x_kernel<<<blocks, 256, 0, c->stream>>>(a->x, a->ldx, (uint32_t *)xb, a->m, a->k);
     HPD_CUDA_LAUNCHED();
+    if (gemv && a->m <= TC_MIN_ROWS) {
+        const uint32_t warps = (a->n + 7) / 8;
+        gemv_tc_kernel<<<(warps + GV_WARPS - 1) / GV_WARPS, GV_WARPS * 32, 0, c->stream>>>(
+            (const uint16_t *)xb, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k,
+            a->accumulate);
+        HPD_CUDA_LAUNCHED();
+        return HPD_OK;
+    }
     HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)TC_SMEM));
     const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
@@ -636,6 +732,21 @@ hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
         a->accumulate);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
+}
+
+hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    return gemm_tc(b, a, false);
+}
+
+/* The device cuda-bf16: BF16 weights on tensor cores for every m (the same
+ * sequence per output, above), other weights the deterministic kernels of
+ * fp32 products; the choice depends on the weights alone. */
+hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    if (a->w_dtype == HPD_DTYPE_BF16 && tc_args(a))
+        return gemm_tc(b, a, true);
+    return hpd_cuda_gemm(b, a);
 }
 
 /* The fast mode (device cuda-fast): cuBLAS SGEMM in fp32 (default math: no TF32).

@@ -867,8 +867,8 @@ static void test_fake_peers(void **state)
     cl_expect_end(&cl, odd, 1, 60);
     /* (bf16-products, or bf16-products-emulated on a CPU without AVX512_BF16) */
     assert_true(cl_file_has(odd->log, fp32 ? "computes with bf16-products" : "computes with fp32"));
-    assert_true(cl_file_has(odd->log, fp32 ? "where the cluster's nodes use fp32"
-                                           : "where the cluster's nodes use bf16-products"));
+    assert_true(cl_file_has(odd->log, fp32 ? "where the cluster uses fp32"
+                                           : "where the cluster uses bf16-products"));
 
     submit(s.c, 3, &q);
     wait_done(s.c, &q, "a request after the fake peers");

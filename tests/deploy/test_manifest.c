@@ -178,6 +178,22 @@ static void test_fields_follow_the_options_table(void **state)
     joined_args(m, &m->procs[1], args, sizeof(args));
     assert_non_null(strstr(args, "--device cpu-bf16 "));
     hpd_manifest_destroy(m);
+    /* the GPU's devices keep their kind and index */
+    for (int i = 0; i < 3; i++) {
+        static const char *dev[] = {"cuda:1", "cuda-bf16:2", "cuda-fast:3"};
+        char line[64], want[64];
+        snprintf(line, sizeof(line), "    metrics_port: 7011\n    device: %s", dev[i]);
+        snprintf(text, sizeof(text), "%s", edit(11, line));
+        assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                            sizeof(err)), HPD_OK);
+        joined_args(m, &m->procs[1], args, sizeof(args));
+        snprintf(want, sizeof(want), "--device %s ", dev[i]);
+        assert_non_null(strstr(args, want));
+        assert_int_equal(m->procs[1].gpu, i + 1);
+        hpd_manifest_destroy(m);
+    }
+    expect_error(edit(11, "    metrics_port: 7011\n    device: cuda-bf16"),
+                 "m.yaml:12: nodes[0].device: 'cuda-bf16' is invalid", NULL);
     /* the table's range and multiple */
     expect_error(edit(12, "    max_batch: 5000"), "m.yaml:12: nodes[0].max_batch",
                  "5000 is out of range (expected 1 to 4096)");
@@ -260,7 +276,7 @@ static void test_wrong_type(void **state)
     expect_error(edit(11, "    metrics_port: 7011\n    prefix_cache: {enabled: maybe}"),
                  "nodes[0].prefix_cache.enabled: 'maybe' is not a boolean", NULL);
     expect_error(edit(11, "    metrics_port: 7011\n    device: gpu0"),
-                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu, cpu-bf16, cuda:N or cuda-fast:N", NULL);
+                 "m.yaml:12: nodes[0].device: 'gpu0' is invalid (expected cpu, cpu-bf16, cuda:N, cuda-bf16:N or cuda-fast:N", NULL);
     expect_error(edit(5, "  port: 70000"), "m.yaml:5: coordinator.port: 70000 is out of range "
                  "(expected 0 to 65535)", NULL);
 }

@@ -6,7 +6,8 @@
  * Determinism: a row's result is the same bits alone and inside a larger
  * batch, whatever the page layout, and a sequence resumed from a state
  * taken on the 64 grid equals one pass. The cuda-fast variant's GEMM is
- * checked too, and the pieces' hashes of a transfer's checksum computed on
+ * checked too, the cuda-bf16 device's GEMM on tensor cores (batch-invariant),
+ * and the pieces' hashes of a transfer's checksum computed on
  * the device against libxxhash. Exits 77 (skipped) without a GPU. HPD_TEST_DEVICE names the
  * device under test (cuda:0); "cpu" runs the checks against the CPU backend
  * itself, which checks the test. */
@@ -1367,6 +1368,71 @@ static void test_fast_gemm_tensor_cores(void **state)
     hpd_backend_destroy(fast);
 }
 
+/* cuda-bf16: BF16 weights on tensor cores for every batch size, x rounded
+ * to bf16; against the CPU's fp32 GEMM of the rounded x (fp32 error only),
+ * y's gaps kept; rows alone (m = 1 .. 40, through the decode kernel up to
+ * 32, and 64, 130) equal the same rows in a batch of 150 (the tiled kernel)
+ * bit for bit, with x rows off 16-byte alignment, at k of 1000 and 264
+ * (half a step of 16 past the last whole one) and 2048. */
+static void test_bf16_device(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
+    hpd_backend_t *dev;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
+    assert_string_equal(dev->ops->numerics, "bf16-tensor-cores");
+    const uint32_t M = 150, n = 300, ks[] = {1000, 264, 2048};
+    for (size_t ki = 0; ki < HPD_ARRAY_SIZE(ks); ki++) {
+        const uint32_t k = ks[ki], ldx = k + 3, ldy = n + 3;
+        float *x = rnd((size_t)M * ldx, 61, 1), *w = rnd((size_t)n * k, 62, 0.1f);
+        float *y0 = rnd((size_t)M * ldy, 63, 1), *xr = malloc((size_t)M * ldx * sizeof(float));
+        float *ycpu = malloc((size_t)M * ldy * sizeof(float));
+        uint16_t *wq = malloc((size_t)n * k * 2);
+        void *dw;
+        hpd_dtype_from_f32(HPD_DTYPE_BF16, w, wq, (size_t)n * k);
+        for (size_t i = 0; i < (size_t)M * ldx; i++)
+            xr[i] = hpd_bf16_to_f32(hpd_cpu_round_bf16(x[i]));
+        memcpy(ycpu, y0, (size_t)M * ldy * sizeof(float));
+        hpd_gemm_args_t a = {.x = xr, .ldx = ldx, .w = wq, .w_dtype = HPD_DTYPE_BF16,
+                             .y = ycpu, .ldy = ldy, .m = M, .n = n, .k = k, .accumulate = true};
+        assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+        assert_int_equal(hpd_backend_alloc(dev, (size_t)n * k * 2, &dw), HPD_OK);
+        assert_int_equal(hpd_backend_from_host(dev, dw, wq, (size_t)n * k * 2), HPD_OK);
+        float *dx = up(x, (size_t)M * ldx), *dy = up(y0, (size_t)M * ldy);
+        a.x = dx, a.w = dw, a.y = dy;
+        assert_int_equal(hpd_gemm(dev, &a), HPD_OK);
+        assert_int_equal(hpd_backend_sync(dev), HPD_OK);
+        float *full = down(dy, (size_t)M * ldy);
+        char name[32];
+        snprintf(name, sizeof(name), "cuda-bf16 k=%u", k);
+        expect_close(name, full, ycpu, (size_t)M * ldy, 1e-5);
+        for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
+            for (uint32_t c = n; c < ldy; c++)
+                assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
+        static const uint32_t big[] = {64, 130};
+        for (uint32_t i = 0; i < 40 + HPD_ARRAY_SIZE(big); i++) {
+            const uint32_t m = i < 40 ? i + 1 : big[i - 40];
+            const uint32_t off = (M - m) / 2; /* x rows at an odd stride: off alignment */
+            float *dp = up(y0 + (size_t)off * ldy, (size_t)m * ldy);
+            a.x = dx + (size_t)off * ldx, a.y = dp, a.m = m;
+            assert_int_equal(hpd_gemm(dev, &a), HPD_OK);
+            assert_int_equal(hpd_backend_sync(dev), HPD_OK);
+            float *part = down(dp, (size_t)m * ldy);
+            if (memcmp(part, full + (size_t)off * ldy, (size_t)m * ldy * sizeof(float)) != 0)
+                fail_msg("%s: rows %u..%u alone (m = %u) differ from the batch of %u", name, off,
+                         off + m - 1, m, M);
+            free(part);
+            hpd_backend_free(gpu, dp);
+        }
+        free(x), free(w), free(y0), free(xr), free(ycpu), free(wq), free(full);
+        hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy), hpd_backend_free(dev, dw);
+    }
+    hpd_backend_destroy(dev);
+}
+
 int main(void)
 {
     hpd_backend_params_t cp = {.device = "cpu", .n_threads = 1};
@@ -1399,6 +1465,7 @@ int main(void)
         cmocka_unit_test(test_pool_memory),
         cmocka_unit_test(test_fast_gemm),
         cmocka_unit_test(test_fast_gemm_tensor_cores),
+        cmocka_unit_test(test_bf16_device),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     hpd_backend_destroy(gpu);

@@ -7,6 +7,7 @@
  * 64-element chunk, bit for bit. It needs no GPU, so every build checks the
  * order; test_backend_cuda checks the same on a GPU. */
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -59,19 +60,24 @@ static float bf16_rn(float f)
     return f;
 }
 
-/* The tensor-core GEMM (cuda-fast, BF16 weights) through the stand-in's
- * mma, whose fragments follow the PTX ISA's layout: every output within
- * a bound of a float64 reference of x rounded to bf16 times w (a row of
- * ties checks the rounding: to even, not truncated), accumulate and the
- * gaps of y kept; and rows m = 1 and 65 alone equal the same rows in a
- * batch of up to 130 bit for bit (on the stand-in; test_backend_cuda checks that on a
- * GPU). Returns the cases that failed. */
-static int check_tensor_cores(hpd_backend_t *be, int *checked)
+/* A tensor-core GEMM (BF16 weights) through the stand-in's mma, whose
+ * fragments follow the PTX ISA's layout: every output within a bound of a
+ * float64 reference of x rounded to bf16 times w (a row of ties checks the
+ * rounding: to even, not truncated), accumulate and the gaps of y kept; and
+ * the first `subs` rows alone equal the same rows in a batch of up to 130
+ * bit for bit (on the stand-in; test_backend_cuda checks that on a GPU):
+ * hpd_cuda_gemm_tc (cuda-fast: the tiled kernel for every m) with rows 1
+ * and 65, hpd_cuda_gemm_bf16 (cuda-bf16: the GEMV up to 32 rows, the tiled
+ * kernel past) across that boundary, and there x off 16-byte alignment too.
+ * Returns the cases that failed. */
+typedef hpd_status_t (*gemm_fn_t)(hpd_backend_t *, const hpd_gemm_args_t *);
+static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what, gemm_fn_t gemm,
+                              std::initializer_list<uint32_t> subs, bool unaligned_x)
 {
     /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block */
     static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
                                          {65, 200, 104}, {130, 33, 136}, {3, 257, 8},
-                                         {129, 20, 264}};
+                                         {129, 20, 264}, {40, 70, 200}};
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     int failed = 0;
@@ -98,7 +104,7 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked)
             a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.y = got.data();
             a.ldy = ldy, a.m = M, a.n = n, a.k = k, a.accumulate = acc;
             (*checked)++;
-            if (hpd_cuda_gemm_tc(be, &a) != HPD_OK) {
+            if (gemm(be, &a) != HPD_OK) {
                 failed++;
                 continue;
             }
@@ -116,9 +122,9 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked)
                     const double tol = 4e-6 * (k / 16 + 1) * (mag + std::fabs(base)) + 1e-30;
                     const float g = got[(size_t)r * ldy + c];
                     if (!(std::fabs(g - want) <= tol)) { /* NaN fails */
-                        fprintf(stderr, "tensor cores %ux%ux%u acc %d: y[%u][%u] = %.9g, want "
+                        fprintf(stderr, "%s %ux%ux%u acc %d: y[%u][%u] = %.9g, want "
                                         "%.9g (within %.3g)\n",
-                                M, n, k, acc, r, c, g, want, tol);
+                                what, M, n, k, acc, r, c, g, want, tol);
                         bad++;
                     }
                 }
@@ -129,21 +135,31 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked)
         hpd_gemm_args_t a = {};
         a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.ldy = ldy;
         a.n = n, a.k = k, a.y = full.data(), a.m = M;
-        if (hpd_cuda_gemm_tc(be, &a) != HPD_OK) {
+        if (gemm(be, &a) != HPD_OK) {
             failed++;
             continue;
         }
-        for (uint32_t m : {1u, 65u}) {
+        for (uint32_t m : subs) {
             if (m >= M)
                 continue;
             std::vector<float> part(y0.begin(), y0.begin() + (size_t)m * ldy);
             a.y = part.data(), a.m = m;
             (*checked)++;
-            if (hpd_cuda_gemm_tc(be, &a) != HPD_OK ||
-                memcmp(part.data(), full.data(), part.size() * 4) != 0) {
-                fprintf(stderr, "tensor cores %ux%u: the first %u rows alone differ from the "
-                                "batch of %u\n",
-                        n, k, m, M);
+            if (gemm(be, &a) != HPD_OK || memcmp(part.data(), full.data(), part.size() * 4) != 0) {
+                fprintf(stderr, "%s %ux%u: the first %u rows alone differ from the batch of "
+                                "%u\n",
+                        what, n, k, m, M);
+                failed++;
+            }
+        }
+        if (unaligned_x) { /* x one float off 16-byte alignment, rows of ldx + 1 */
+            std::vector<float> xu((size_t)M * (ldx + 1) + 1), out(y0);
+            for (uint32_t r = 0; r < M; r++)
+                memcpy(&xu[1 + (size_t)r * (ldx + 1)], x + (size_t)r * ldx, k * sizeof(float));
+            a.x = xu.data() + 1, a.ldx = ldx + 1, a.y = out.data(), a.m = M;
+            (*checked)++;
+            if (gemm(be, &a) != HPD_OK || memcmp(out.data(), full.data(), out.size() * 4) != 0) {
+                fprintf(stderr, "%s %ux%ux%u: x off alignment differs\n", what, M, n, k);
                 failed++;
             }
         }
@@ -212,7 +228,10 @@ int main()
         }
     printf("%d GEMMs checked, %d differ\n", checked, failed);
     int tc_checked = 0;
-    const int tc_failed = check_tensor_cores(&be, &tc_checked);
+    int tc_failed = check_tensor_cores(&be, &tc_checked, "tensor cores", hpd_cuda_gemm_tc,
+                                       {1u, 65u}, false);
+    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16", hpd_cuda_gemm_bf16,
+                                    {1u, 2u, 5u, 16u, 17u, 32u, 33u, 65u}, true);
     printf("tensor cores: %d GEMMs checked, %d failed\n", tc_checked, tc_failed);
     hpd_emu_ctx_free(&ctx);
     return failed != 0 || tc_failed != 0;

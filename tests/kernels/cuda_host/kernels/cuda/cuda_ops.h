@@ -237,6 +237,10 @@ static inline float __fmul_rn(float a, float b)
 {
     return a * b;
 }
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+    return float4{x, y, z, w};
+}
 static inline uint64_t __umul64hi(uint64_t a, uint64_t b)
 {
     return (uint64_t)((unsigned __int128)a * b >> 64);
@@ -534,6 +538,7 @@ static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, size_t smem, 
 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
 struct cudaFuncAttributes {
     int ptxVersion, binaryVersion;
 };
