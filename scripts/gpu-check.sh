@@ -111,14 +111,15 @@ for tool in memcheck racecheck synccheck initcheck; do
         "$gen")
   # racecheck, the slowest, takes the generation and the GPU test's cases
   # with shared memory between warps one by one: the GEMV's row groups, the
-  # chunked rule's state passes, the split attention, the tensor-core GEMM's
-  # tiles, the sampler's histograms and sort
+  # chunked rule's state passes, the split attention (fp32 and tensor
+  # cores), the tensor-core GEMM's tiles, the sampler's histograms and sort
   [ "$tool" = racecheck ] && cmds=("$gen"
         "HPD_TEST_ONLY=test_gemm_batch_invariance $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_fast_gemm_tensor_cores $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_sample $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_gdn_chunked $b/tests/test_backend_cuda"
-        "HPD_TEST_ONLY=test_kv_store_and_attention $b/tests/test_backend_cuda")
+        "HPD_TEST_ONLY=test_kv_store_and_attention $b/tests/test_backend_cuda"
+        "HPD_TEST_ONLY=test_bf16_attention $b/tests/test_backend_cuda")
   for cmd in "${cmds[@]}"; do
     label=$cmd
     only=() # a leading HPD_TEST_ONLY=... goes into the environment

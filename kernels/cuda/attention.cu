@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mma.h"
 
 #define WARPS 4
 #define THREADS (WARPS * 32)
@@ -400,6 +401,195 @@ __global__ void __launch_bounds__(NT)
         }
 }
 
+/* ------------------------------------------- split-KV on tensor cores */
+
+__device__ static inline uint32_t bf16_rn(float f) /* to nearest even */
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+__device__ static inline uint32_t ld32(const uint16_t *p)
+{
+    return *(const uint32_t *)p;
+}
+
+#define TC_PLD (KT + 8) /* bf16 per row of the probabilities and of V transposed */
+
+/* The split pass of device cuda-bf16, the same blocks, splits and partials
+ * as attention_split_kernel, its products on tensor cores: q, k and v
+ * rounded to bf16, the block's pairs (row, head) in tiles of 16.
+ * Per tile of KT keys: the scores S = Q K^T by mma.sync over head_dim in
+ * steps of 16 (an element of S is its pair's q row against its key's k row
+ * alone), scaled; the pair's thread keeps its running max and sum over the
+ * keys it may see (fp32, in key order) and writes the probabilities rounded
+ * to bf16 (zero past its keys); the output tiles (16 pairs x 8 dimensions,
+ * each always on the same warp) are scaled by the pair's correction and take
+ * P V by mma.sync over the tile's keys in two steps of 16. A pair's
+ * arithmetic depends on its own q, keys and position alone, so a row's
+ * result is the same in a block of one row or of eight, in any batch. */
+template <uint32_t RT, uint32_t NT>
+__global__ void __launch_bounds__(NT)
+    attention_split_tc_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
+                              const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
+                              float *o_part, float *ml_part)
+{
+    constexpr uint32_t NW = NT / 32, P = PAIRS(RT), MT = P / 16;
+    constexpr uint32_t MAXI = MT * (SPLIT_HD / 8) / NW; /* output tiles per warp, at most */
+    extern __shared__ float4 sm4[];
+    const row_group_t grp = groups[blockIdx.x];
+    const uint32_t hd = kv.l.head_dim, G = n_heads / kv.l.n_kv_heads, kvh = blockIdx.z;
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const uint32_t ldh = hd + 8, half = hd / 2, n_out = MT * (hd / 8);
+    const qrow_t last = rows[grp.first + grp.count - 1]; /* the block's highest position */
+    const uint32_t t_begin = blockIdx.y * SPLIT;
+    if (t_begin > last.pos)
+        return; /* none of the rows reaches this split: the whole block leaves */
+    const uint32_t t_stop = min(t_begin + SPLIT, last.pos + 1), n_pairs = grp.count * G;
+    const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
+    float *ss = (float *)(vrow + SPLIT);             /* [P][KT]: scores */
+    float *alpha = ss + P * KT;                      /* [P] */
+    uint32_t *tend = (uint32_t *)(alpha + P);        /* [16]: a row's end of keys in the split */
+    uint16_t *qs = (uint16_t *)(tend + 16);          /* [P][ldh] */
+    uint16_t *ks = qs + (size_t)P * ldh;             /* [KT][ldh] */
+    uint16_t *vt = ks + (size_t)KT * ldh;            /* [hd][TC_PLD]: V transposed */
+    uint16_t *pb = vt + (size_t)hd * TC_PLD;         /* [P][TC_PLD]: probabilities */
+    float m = -INFINITY, l = 0.0f;                   /* thread p < n_pairs: pair p's */
+    float acc[MAXI][4];
+
+    for (uint32_t t = t_begin + tid; t < t_stop; t += NT) {
+        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
+        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
+    }
+    if (tid < grp.count)
+        tend[tid] = min(t_begin + SPLIT, rows[grp.first + tid].pos + 1);
+    for (uint32_t i = tid; i < P * half; i += NT) {
+        const uint32_t pr = i / half, d = 2 * (i % half);
+        uint32_t w = 0;
+        if (pr < n_pairs) {
+            const float *q = qv.p + (size_t)rows[grp.first + pr / G].row * qv.ld +
+                             (size_t)(kvh * G + pr % G) * qv.hs + d;
+            w = bf16_rn(q[0]) | bf16_rn(q[1]) << 16;
+        }
+        *(uint32_t *)(qs + pr * ldh + d) = w;
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < MAXI; j++)
+#pragma unroll
+        for (uint32_t r = 0; r < 4; r++)
+            acc[j][r] = 0.0f;
+    for (uint32_t t0 = t_begin; t0 < t_stop; t0 += KT) {
+        const uint32_t nk = min(KT, t_stop - t0);
+        __syncthreads(); /* pointers, ends and q set; the last tile's K, V and P read */
+        for (uint32_t i = tid; i < KT * half; i += NT) {
+            const uint32_t key = i / half, d = 2 * (i % half);
+            float2 kk = {0.0f, 0.0f}, vv = {0.0f, 0.0f};
+            if (key < nk) {
+                kk = *(const float2 *)(krow[t0 - t_begin + key] + d);
+                vv = *(const float2 *)(vrow[t0 - t_begin + key] + d);
+            }
+            *(uint32_t *)(ks + key * ldh + d) = bf16_rn(kk.x) | bf16_rn(kk.y) << 16;
+            vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv.x);
+            vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv.y);
+        }
+        __syncthreads();
+        /* scores: tiles of 16 pairs x 8 keys */
+        for (uint32_t it = warp; it < MT * (KT / 8); it += NW) {
+            const uint32_t mt = it / (KT / 8), nt = it % (KT / 8);
+            const uint16_t *qa = qs + (mt * 16 + g) * ldh + 2 * t4, *kb = ks + (nt * 8 + g) * ldh + 2 * t4;
+            float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
+                const uint32_t a[4] = {ld32(qa + d0), ld32(qa + 8 * ldh + d0), ld32(qa + d0 + 8),
+                                       ld32(qa + 8 * ldh + d0 + 8)};
+                const uint32_t bb[2] = {ld32(kb + d0), ld32(kb + d0 + 8)};
+                hpd_mma_bf16_16816(sc, a, bb);
+            }
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++)
+                ss[(mt * 16 + g + 8 * (r / 2)) * KT + nt * 8 + 2 * t4 + r % 2] =
+                    __fmul_rn(sc[r], scale);
+        }
+        __syncthreads(); /* scores written, K no longer read */
+        if (tid < P) {
+            uint32_t nkr = 0;
+            float al = 1.0f; /* a pair that sees no key here keeps its output as it is */
+            if (tid < n_pairs) {
+                const uint32_t te = tend[tid / G];
+                nkr = t0 < te ? min(KT, te - t0) : 0;
+            }
+            if (nkr > 0) {
+                float tmax = -INFINITY;
+                for (uint32_t t = 0; t < nkr; t++)
+                    tmax = fmaxf(tmax, ss[tid * KT + t]);
+                const float m_new = fmaxf(m, tmax);
+                al = expf(m - m_new);
+                l = __fmul_rn(l, al);
+                for (uint32_t t = 0; t < nkr; t++) {
+                    const float p = expf(ss[tid * KT + t] - m_new);
+                    pb[tid * TC_PLD + t] = (uint16_t)bf16_rn(p);
+                    l = __fadd_rn(l, p);
+                }
+                m = m_new;
+            }
+            for (uint32_t t = nkr; t < KT; t++)
+                pb[tid * TC_PLD + t] = 0;
+            alpha[tid] = al;
+        }
+        __syncthreads();
+        /* outputs: tiles of 16 pairs x 8 dimensions, scaled, then + P V */
+#pragma unroll
+        for (uint32_t j = 0; j < MAXI; j++) {
+            const uint32_t it = warp + j * NW;
+            if (it >= n_out)
+                break;
+            const uint32_t mt = it / (hd / 8), dt = it % (hd / 8);
+            const float a0 = alpha[mt * 16 + g], a1 = alpha[mt * 16 + g + 8];
+            acc[j][0] = __fmul_rn(acc[j][0], a0), acc[j][1] = __fmul_rn(acc[j][1], a0);
+            acc[j][2] = __fmul_rn(acc[j][2], a1), acc[j][3] = __fmul_rn(acc[j][3], a1);
+            const uint16_t *pa = pb + (mt * 16 + g) * TC_PLD + 2 * t4;
+            const uint16_t *vb = vt + (dt * 8 + g) * TC_PLD + 2 * t4;
+#pragma unroll
+            for (uint32_t k0 = 0; k0 < KT; k0 += 16) {
+                const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * TC_PLD + k0),
+                                       ld32(pa + k0 + 8), ld32(pa + 8 * TC_PLD + k0 + 8)};
+                const uint32_t bb[2] = {ld32(vb + k0), ld32(vb + k0 + 8)};
+                hpd_mma_bf16_16816(acc[j], a, bb);
+            }
+        }
+    }
+    /* the rows that reach this split write their partials */
+#pragma unroll
+    for (uint32_t j = 0; j < MAXI; j++) {
+        const uint32_t it = warp + j * NW;
+        if (it >= n_out)
+            break;
+        const uint32_t mt = it / (hd / 8), dt = it % (hd / 8);
+#pragma unroll
+        for (uint32_t r = 0; r < 4; r++) {
+            const uint32_t pr = mt * 16 + g + 8 * (r / 2);
+            if (pr < n_pairs) {
+                const qrow_t q = rows[grp.first + pr / G];
+                if (q.pos >= t_begin) {
+                    const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads +
+                                      kvh * G + pr % G;
+                    o_part[at * hd + dt * 8 + 2 * t4 + r % 2] = acc[j][r];
+                }
+            }
+        }
+    }
+    if (tid < n_pairs) {
+        const qrow_t q = rows[grp.first + tid / G];
+        if (q.pos >= t_begin) {
+            const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads + kvh * G +
+                              tid % G;
+            ml_part[at * 2] = m;
+            ml_part[at * 2 + 1] = l;
+        }
+    }
+}
+
 /* One block per (query row, head): the row's splits merged in ascending
  * order, out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). */
 __global__ void attention_combine_kernel(hpd_view_t ov, uint32_t n_heads, uint32_t hd,
@@ -440,6 +630,30 @@ static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
     const size_t P = PAIRS(RT);
     return ((size_t)(RT * G + KT) * (hd + 4) + P * KT + P) * sizeof(float) +
            (P + RT) * sizeof(uint32_t) + 2 * SPLIT * sizeof(float *);
+}
+
+/* Shared memory of the tensor-core split kernel. */
+static size_t split_tc_smem(uint32_t RT, uint32_t hd)
+{
+    const size_t P = PAIRS(RT);
+    return 2 * SPLIT * sizeof(float *) + (P * KT + P + 16) * sizeof(float) +
+           ((P + KT) * (hd + 8) + (size_t)hd * TC_PLD + P * TC_PLD) * sizeof(uint16_t);
+}
+
+template <uint32_t RT, uint32_t NT>
+static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
+                                    const hpd_attention_args_t *a, const dev_kv_t *kv,
+                                    const qrow_t *rows, const row_group_t *groups, uint32_t base,
+                                    float *o_part, float *ml_part)
+{
+    if (smem > 48 * 1024)
+        HPD_CUDA_CHECK(cudaFuncSetAttribute(attention_split_tc_kernel<RT, NT>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+    attention_split_tc_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
 }
 
 template <uint32_t RT, uint32_t NT>
@@ -501,7 +715,7 @@ static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part
 static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t *a,
                                     const dev_kv_t *kv, const qrow_t *drows, const qrow_t *hrows,
                                     const row_group_t *dgroups, const split_range_t *ranges,
-                                    uint32_t n_ranges)
+                                    uint32_t n_ranges, bool tc)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     const hpd_kv_layout_t *l = a->kv.layout;
@@ -522,12 +736,21 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
             return st;
         float *o_part = (float *)work, *ml_part = o_part + parts * a->n_heads * hd;
         const dim3 grid(rg->n_groups, rg->max_splits, l->n_kv_heads);
-        st = rg->widest > 1
-                 ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
+        if (tc)
+            st = rg->widest > 1
+                     ? split_tc_launch<RT_GROUP, 256>(c, grid, split_tc_smem(RT_GROUP, hd), a, kv,
+                                                      drows + rg->r0, dgroups + rg->g0, base,
+                                                      o_part, ml_part)
+                     : split_tc_launch<1, 128>(c, grid, split_tc_smem(1, hd), a, kv,
                                                drows + rg->r0, dgroups + rg->g0, base, o_part,
-                                               ml_part)
-                 : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
-                                        dgroups + rg->g0, base, o_part, ml_part);
+                                               ml_part);
+        else
+            st = rg->widest > 1
+                     ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
+                                                   drows + rg->r0, dgroups + rg->g0, base, o_part,
+                                                   ml_part)
+                     : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
+                                            dgroups + rg->g0, base, o_part, ml_part);
         if (st != HPD_OK)
             return st;
         attention_combine_kernel<<<(rg->r1 - rg->r0) * a->n_heads, THREADS, 0, c->stream>>>(
@@ -537,7 +760,9 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
     return HPD_OK;
 }
 
-hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
+/* tc: the split pass on tensor cores (cuda-bf16) where head_dim is a
+ * multiple of 16 and its tiles fit */
+static hpd_status_t attention(hpd_backend_t *b, const hpd_attention_args_t *a, bool tc)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     const hpd_kv_layout_t *l = a->kv.layout;
@@ -578,7 +803,9 @@ hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
             free(rows), free(tables), free(groups), free(ranges);
             return HPD_ERR_NO_MEMORY;
         }
-        const bool grouped = G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin;
+        tc = tc && hd % 16 == 0 && split_tc_smem(1, hd) <= c->smem_optin;
+        const bool grouped = G <= GMAX / 2 && (tc ? split_tc_smem(RT_GROUP, hd)
+                                                  : split_smem(RT_GROUP, G, hd)) <= c->smem_optin;
         n_ranges = split_plan(rows, n_rows, (size_t)a->n_heads * (hd + 2) * sizeof(float),
                               grouped, groups, ranges);
         n_groups = ranges[n_ranges - 1].g0 + ranges[n_ranges - 1].n_groups;
@@ -593,7 +820,7 @@ hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
         const dev_kv_t kv = device_kv(&a->kv, dtables, n_entries);
         if (split)
             st = attention_split(b, a, &kv, (const qrow_t *)drows, rows,
-                                 (const row_group_t *)dgroups, ranges, n_ranges);
+                                 (const row_group_t *)dgroups, ranges, n_ranges, tc);
         else {
             attention_kernel<<<n_rows * a->n_heads, THREADS, 0, c->stream>>>(
                 kv, a->q, a->out, a->n_heads, a->scale, (const qrow_t *)drows);
@@ -605,4 +832,17 @@ hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
     }
     free(rows), free(tables), free(groups), free(ranges);
     return st;
+}
+
+hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
+{
+    return attention(b, a, false);
+}
+
+/* cuda-bf16: q, k, v and the probabilities rounded to bf16, products on
+ * tensor cores, where head_dim is a multiple of 16 (the fp32 kernels
+ * otherwise: the choice depends on the shapes alone) */
+hpd_status_t hpd_cuda_attention_bf16(hpd_backend_t *b, const hpd_attention_args_t *a)
+{
+    return attention(b, a, true);
 }

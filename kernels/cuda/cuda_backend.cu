@@ -392,10 +392,13 @@ HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
 HPD_CUDA_ENTRY(hash_pieces, hpd_hash_pieces_args_t)
 HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(gemm_bf16, hpd_gemm_args_t)
+HPD_CUDA_ENTRY(attention_bf16, hpd_attention_args_t)
 
 /* The two devices differ in their GEMM (and so in their numerics) alone. */
 static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *numerics,
-                                                 decltype(hpd_backend_ops_t::gemm) gemm)
+                                                 decltype(hpd_backend_ops_t::gemm) gemm,
+                                                 decltype(hpd_backend_ops_t::attention) attention =
+                                                     entry_attention)
 {
     return hpd_backend_ops_t{
         .name = name,
@@ -426,7 +429,7 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .silu_mul = entry_silu_mul,
         .sigmoid_mul = entry_sigmoid_mul,
         .kv_store = entry_kv_store,
-        .attention = entry_attention,
+        .attention = attention,
         .conv1d = entry_conv1d,
         .conv1d_step = entry_conv1d,
         .gdn_gating = entry_gdn_gating,
@@ -444,10 +447,11 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
 static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm);
 static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas);
-/* deterministic and batch-invariant, BF16 weights on tensor cores for every
- * batch size (activations rounded to bf16) */
+/* deterministic and batch-invariant, on tensor cores: BF16 weights for every
+ * batch size (activations rounded to bf16), attention's products (q, k, v
+ * and the probabilities rounded to bf16) */
 static constexpr hpd_backend_ops_t cuda_bf16_ops =
-    cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16);
+    cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16, entry_attention_bf16);
 /* cuda-fast where BF16 weights go to tensor cores (activations rounded to
  * bf16): other numerics than on a GPU without them */
 static constexpr hpd_backend_ops_t cuda_fast_tc_ops =

@@ -84,6 +84,7 @@ bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c);
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
+hpd_status_t hpd_cuda_attention_bf16(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);

@@ -8,7 +8,9 @@
  * with 8 query heads per KV head, head_dim 128 and rows of 1100 keys (three
  * 512-key splits) and of 511 to 513 (across a split's end); the per-row
  * kernel (warp shuffles) with head_dim 66, 40 rows of prefill and rows of
- * 530 keys. The emulation runs a block's threads in a fixed order and a
+ * 530 keys; cuda-bf16's split pass on tensor cores (bf16 q, k, v and
+ * probabilities: relative RMS below 1e-2 against the CPU's fp32, the same
+ * identities bit for bit), head_dim 64, 128 and 256. The emulation runs a block's threads in a fixed order and a
  * warp's __syncwarp as a barrier of the whole block, so races between warps
  * are not caught here; test_backend_cuda on a GPU checks them. */
 #include "cuda_host_test.h"
@@ -50,8 +52,12 @@ struct paged_t {
 
 /* Sequence s holds lens[s] keys and queries its last nq[s] positions. */
 static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32_t HD,
-                           const uint32_t lens[2], const uint32_t nq[2])
+                           const uint32_t lens[2], const uint32_t nq[2], bool bf16 = false)
 {
+    /* cuda-bf16: q, k, v and the probabilities in bf16, against the CPU's fp32 */
+    auto run = bf16 ? hpd_cuda_attention_bf16 : hpd_cuda_attention;
+    const double tol = bf16 ? 1e-2 : 3e-5;
+    const char *mode = bf16 ? "cuda-bf16 " : "";
     test_emu_t emu;
     const size_t kvn = (size_t)(lens[0] + lens[1]) * NKV * HD;
     const size_t rows = nq[0] + nq[1], qn = rows * NH * HD, row1 = (size_t)nq[0] * NH * HD;
@@ -98,22 +104,22 @@ static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32
                                    .n_seqs = 2};
         check_status("attention", hpd_attention(cpu, &at));
         at.kv = ke, at.out.p = oemu.data();
-        check_status("attention", hpd_cuda_attention(&emu.be, &at));
-        snprintf(what, sizeof(what), "attention %u/%u heads hd %u B %u P %u", NH, NKV, HD,
-                 lo.B, lo.P);
-        check_close(what, oemu.data(), ocpu.data(), qn, 3e-5);
+        check_status("attention", run(&emu.be, &at));
+        snprintf(what, sizeof(what), "%sattention %u/%u heads hd %u B %u P %u", mode, NH, NKV,
+                 HD, lo.B, lo.P);
+        check_close(what, oemu.data(), ocpu.data(), qn, tol);
         if (first.empty())
             first = oemu;
-        snprintf(what, sizeof(what), "attention hd %u B %u P %u: the first layout's bits", HD,
-                 lo.B, lo.P);
+        snprintf(what, sizeof(what), "%sattention hd %u B %u P %u: the first layout's bits",
+                 mode, HD, lo.B, lo.P);
         check_same(what, oemu.data(), first.data(), qn);
         /* sequence 1's rows alone */
         std::vector<float> one(qn, 0.0f);
         at.seqs = &at_seqs[1], at.kv.block_tables = &pg.ctables[1], at.n_seqs = 1;
         at.out.p = one.data();
-        check_status("attention", hpd_cuda_attention(&emu.be, &at));
-        snprintf(what, sizeof(what), "attention hd %u B %u P %u: alone vs in the batch", HD,
-                 lo.B, lo.P);
+        check_status("attention", run(&emu.be, &at));
+        snprintf(what, sizeof(what), "%sattention hd %u B %u P %u: alone vs in the batch", mode,
+                 HD, lo.B, lo.P);
         check_same(what, one.data() + row1, first.data() + row1, qn - row1);
     }
 }
@@ -131,6 +137,12 @@ int main()
     /* the per-row kernel: head_dim not a multiple of 4 */
     const uint32_t lens66[2] = {40, 530}, nq66[2] = {40, 2};
     attention_case(cpu, 4, 2, 66, lens66, nq66);
+    /* cuda-bf16's split pass on tensor cores: the same cases, and head_dim
+     * 256 with 8 heads per KV head (Qwen3-Next's), rows in blocks of 8 */
+    attention_case(cpu, 8, 2, 64, lens64, nq64, true);
+    attention_case(cpu, 16, 2, 128, lens, nq, true);
+    const uint32_t lens256[2] = {530, 20}, nq256[2] = {11, 1};
+    attention_case(cpu, 16, 2, 256, lens256, nq256, true);
     hpd_backend_destroy(cpu);
     return test_report("test_attention_cuda_host", t0);
 }

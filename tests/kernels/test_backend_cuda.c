@@ -787,6 +787,8 @@ static void paged_free(paged_t *pg)
 
 /* Two sequences: 150 tokens of prefill (positions 0..149) and one decode
  * row at position 77 whose first 77 tokens were stored before. */
+static double attention_tol; /* set: the tolerance against the CPU (cuda-bf16's) */
+
 static void attention_case(uint32_t NH, uint32_t NKV, uint32_t HD, uint32_t T0, uint32_t T1)
 {
     const uint32_t ROWS = T0 + 1;
@@ -849,7 +851,8 @@ static void attention_case(uint32_t NH, uint32_t NKV, uint32_t HD, uint32_t T0, 
                                     .n_seqs = 2};
         assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
         float *got = down(dout, qn);
-        expect_close("attention", got, ocpu, qn, T0 > 512 ? 3e-5 : 1e-5);
+        expect_close("attention", got, ocpu, qn,
+                     attention_tol > 0 ? attention_tol : T0 > 512 ? 3e-5 : 1e-5);
         /* the same bits in every layout */
         if (first == NULL)
             first = got;
@@ -883,6 +886,27 @@ static void test_kv_store_and_attention(void **state)
     attention_case(8, 2, 64, 150, 78);
     attention_case(16, 2, 128, 1300, 1100);
     attention_case(4, 2, 66, 40, 530);
+}
+
+/* cuda-bf16's attention on tensor cores (bf16 q, k, v and probabilities):
+ * within 1e-2 relative RMS of the CPU's fp32, the same bits in 3 layouts and
+ * for the decode row alone as in a batch with 150 (or 1300) prompt rows;
+ * head_dim 64, 128 and Qwen3-Next's 256 */
+static void test_bf16_attention(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
+    hpd_backend_t *dev, *saved = gpu;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
+    gpu = dev, attention_tol = 1e-2;
+    attention_case(8, 2, 64, 150, 78);
+    attention_case(16, 2, 128, 1300, 1100);
+    attention_case(16, 2, 256, 600, 40);
+    gpu = saved, attention_tol = 0;
+    hpd_backend_destroy(dev);
 }
 
 /* Block tables beyond a staging slot (1 MiB at first): 128 sequences of
@@ -1466,6 +1490,7 @@ int main(void)
         cmocka_unit_test(test_fast_gemm),
         cmocka_unit_test(test_fast_gemm_tensor_cores),
         cmocka_unit_test(test_bf16_device),
+        cmocka_unit_test(test_bf16_attention),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     hpd_backend_destroy(gpu);
