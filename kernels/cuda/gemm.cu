@@ -521,9 +521,53 @@ __device__ static inline void tc_load_tile(uint16_t *dst, const uint16_t *src, u
     }
 }
 
+/* FP8 weights on tensor cores (cuda-bf16): each weight dequantised to
+ * bf16(q * scale), rounded to nearest even, the same in every kernel */
+__device__ static inline uint32_t tc_f8_bf16(uint32_t q, float scale)
+{
+    return tc_bf16_rn(__fmul_rn(widen(f8_t{(uint8_t)q}), scale));
+}
+
+/* tc_load_tile for FP8 weights: eight weights per step (one scale: the
+ * scale blocks are multiples of 8), dequantised through registers and
+ * stored, ready before the barrier that precedes their tile's use. */
+__device__ static inline void tc_load_tile_f8(uint16_t *dst, const uint8_t *src, wscale_t ws,
+                                              uint32_t r0, uint32_t rows, uint32_t k, uint32_t k0,
+                                              uint32_t tid)
+{
+    #pragma unroll
+    for (uint32_t e = tid; e < TC_BN * TC_BK / 8; e += TC_THREADS) {
+        const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
+        uint2 q = {0u, 0u};
+        float sc = 0.0f;
+        if (r0 + r < rows && k0 + c < k) {
+            q = *(const uint2 *)(src + (size_t)(r0 + r) * k + k0 + c);
+            sc = ws.scale[(size_t)(r0 + r) * ws.ld + (k0 + c) / ws.block];
+        }
+        uint4 v;
+        v.x = tc_f8_bf16(q.x & 0xff, sc) | tc_f8_bf16(q.x >> 8 & 0xff, sc) << 16;
+        v.y = tc_f8_bf16(q.x >> 16 & 0xff, sc) | tc_f8_bf16(q.x >> 24, sc) << 16;
+        v.z = tc_f8_bf16(q.y & 0xff, sc) | tc_f8_bf16(q.y >> 8 & 0xff, sc) << 16;
+        v.w = tc_f8_bf16(q.y >> 16 & 0xff, sc) | tc_f8_bf16(q.y >> 24, sc) << 16;
+        *(uint4 *)(dst + r * TC_LD + c) = v;
+    }
+}
+
+/* a k tile of w (BF16: by cp.async; FP8: dequantised through registers) */
+template <bool FP8>
+__device__ static inline void tc_load_w(uint16_t *dst, const void *w, wscale_t ws, uint32_t n0,
+                                        uint32_t n, uint32_t k, uint32_t k0, uint32_t tid)
+{
+    if constexpr (FP8)
+        tc_load_tile_f8(dst, (const uint8_t *)w, ws, n0, n, k, k0, tid);
+    else
+        tc_load_tile(dst, (const uint16_t *)w, n0, n, k, k0, tid);
+}
+
+template <bool FP8>
 __global__ void __launch_bounds__(TC_THREADS)
-    gemm_tc_kernel(const uint16_t *xb, const uint16_t *w, float *y, uint32_t ldy, uint32_t m,
-                   uint32_t n, uint32_t k, bool accumulate)
+    gemm_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
+                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
     extern __shared__ uint4 tc_smem[];
     uint16_t *const As = (uint16_t *)tc_smem, *const Bs = As + TC_STAGES * TC_BM * TC_LD;
@@ -546,7 +590,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (uint32_t s = 0; s < TC_STAGES - 1; s++) {
         if (s < tiles) {
             tc_load_tile(As + s * TC_BM * TC_LD, xb, m0, m, k, s * TC_BK, tid);
-            tc_load_tile(Bs + s * TC_BN * TC_LD, w, n0, n, k, s * TC_BK, tid);
+            tc_load_w<FP8>(Bs + s * TC_BN * TC_LD, w, ws, n0, n, k, s * TC_BK, tid);
         }
         hpd_cp_async_commit();
     }
@@ -560,7 +604,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         const uint32_t next = kt + TC_STAGES - 1;
         if (next < tiles) {
             tc_load_tile(As + next % TC_STAGES * TC_BM * TC_LD, xb, m0, m, k, next * TC_BK, tid);
-            tc_load_tile(Bs + next % TC_STAGES * TC_BN * TC_LD, w, n0, n, k, next * TC_BK, tid);
+            tc_load_w<FP8>(Bs + next % TC_STAGES * TC_BN * TC_LD, w, ws, n0, n, k, next * TC_BK,
+                           tid);
         }
         hpd_cp_async_commit();
         const uint16_t *A = As + kt % TC_STAGES * TC_BM * TC_LD;
@@ -611,34 +656,52 @@ __global__ void __launch_bounds__(TC_THREADS)
 #define GV_STEPS 8
 #define GV_WARPS 4
 
-__device__ static inline void gv_load_w(uint32_t (*bw)[2], const uint16_t *wr, bool row_in,
-                                        uint32_t k, uint32_t s0, uint32_t t)
+/* A lane's weights of GV_STEPS steps: BF16 pairs as they are; FP8 pairs
+ * raw (dequantised when used) with their scales in bs (a pair has one: the
+ * scale blocks are multiples of 8). */
+template <bool FP8>
+__device__ static inline void gv_load_w(uint32_t (*bw)[2], float (*bs)[2], const void *wr,
+                                        const float *sr, uint32_t block, bool row_in, uint32_t k,
+                                        uint32_t s0, uint32_t t)
 {
     #pragma unroll
     for (uint32_t u = 0; u < GV_STEPS; u++) {
-        const uint32_t k0 = (s0 + u) * 16 + 2 * t; /* k even: a pair is in or out whole */
-        bw[u][0] = row_in && k0 < k ? *(const uint32_t *)(wr + k0) : 0u;
-        bw[u][1] = row_in && k0 + 8 < k ? *(const uint32_t *)(wr + k0 + 8) : 0u;
+        #pragma unroll
+        for (uint32_t h = 0; h < 2; h++) {
+            const uint32_t k0 = (s0 + u) * 16 + 2 * t + 8 * h; /* k even: a pair is in or out whole */
+            const bool in = row_in && k0 < k;
+            if constexpr (FP8) {
+                bw[u][h] = in ? *(const uint16_t *)((const uint8_t *)wr + k0) : 0u;
+                bs[u][h] = in ? sr[k0 / block] : 0.0f;
+            } else {
+                bw[u][h] = in ? *(const uint32_t *)((const uint16_t *)wr + k0) : 0u;
+            }
+        }
     }
 }
 
+template <bool FP8>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_tc_kernel(const uint16_t *xb, const uint16_t *w, float *y, uint32_t ldy, uint32_t m,
-                   uint32_t n, uint32_t k, bool accumulate)
+    gemv_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
+                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
     const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const uint32_t n0 = (blockIdx.x * GV_WARPS + threadIdx.x / 32) * 8;
     if (n0 >= n)
         return; /* the whole warp */
     const bool row_in = n0 + g < n;
-    const uint16_t *wr = w + (size_t)(row_in ? n0 + g : 0) * k;
+    const size_t wrow = row_in ? n0 + g : 0;
+    const void *wr = (const uint8_t *)w + wrow * k * (FP8 ? 1 : 2);
+    const float *sr = FP8 ? ws.scale + wrow * ws.ld : nullptr;
     const uint32_t steps = (k + 15) / 16, tiles = (m + 15) / 16;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    uint32_t bw[GV_STEPS][2], next[GV_STEPS][2] = {}; /* registers: indices known when compiled */
-    gv_load_w(bw, wr, row_in, k, 0, t);
+    /* registers: indices known when compiled */
+    uint32_t bw[GV_STEPS][2], next[GV_STEPS][2] = {};
+    float bs[GV_STEPS][2] = {}, next_s[GV_STEPS][2] = {};
+    gv_load_w<FP8>(bw, bs, wr, sr, ws.block, row_in, k, 0, t);
     for (uint32_t s0 = 0; s0 < steps; s0 += GV_STEPS) {
         if (s0 + GV_STEPS < steps) /* the next steps' weights in flight meanwhile */
-            gv_load_w(next, wr, row_in, k, s0 + GV_STEPS, t);
+            gv_load_w<FP8>(next, next_s, wr, sr, ws.block, row_in, k, s0 + GV_STEPS, t);
         #pragma unroll
         for (uint32_t u = 0; u < GV_STEPS; u++) {
             const uint32_t s = s0 + u;
@@ -655,12 +718,19 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                 a[1] = r1 < m && kl < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kl) : 0u;
                 a[2] = r0 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r0 * k + kh) : 0u;
                 a[3] = r1 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kh) : 0u;
-                hpd_mma_bf16_16816(acc[mi], a, bw[u]);
+                uint32_t b[2] = {bw[u][0], bw[u][1]};
+                if constexpr (FP8)
+                    for (uint32_t h = 0; h < 2; h++)
+                        b[h] = tc_f8_bf16(bw[u][h] & 0xff, bs[u][h]) |
+                               tc_f8_bf16(bw[u][h] >> 8, bs[u][h]) << 16;
+                hpd_mma_bf16_16816(acc[mi], a, b);
             }
         }
         #pragma unroll
-        for (uint32_t u = 0; u < GV_STEPS; u++)
+        for (uint32_t u = 0; u < GV_STEPS; u++) {
             bw[u][0] = next[u][0], bw[u][1] = next[u][1];
+            bs[u][0] = next_s[u][0], bs[u][1] = next_s[u][1];
+        }
     }
     #pragma unroll
     for (uint32_t mi = 0; mi < 2; mi++)
@@ -678,18 +748,21 @@ bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
     return c->cc_major >= 8 && c->smem_optin >= TC_SMEM &&
-           cudaFuncGetAttributes(&fa, gemm_tc_kernel) == cudaSuccess && fa.ptxVersion >= 80 &&
+           cudaFuncGetAttributes(&fa, gemm_tc_kernel<false>) == cudaSuccess && fa.ptxVersion >= 80 &&
            fa.binaryVersion >= 80;
 }
 
-/* Whether the tensor-core kernels take these arguments: BF16 weights, k a
- * multiple of 8, weight rows 16-byte aligned (x is read through its bf16
- * copy, aligned whatever x is). They depend on the weights alone, never on
- * the batch. */
-static bool tc_args(const hpd_gemm_args_t *a)
+/* Whether the tensor-core kernels take these arguments: BF16 weights, or
+ * FP8 ones whose scale blocks are multiples of 8 (fp8 = true), k a multiple
+ * of 8, weight rows 16-byte aligned (x is read through its bf16 copy,
+ * aligned whatever x is). They depend on the weights alone, never on the
+ * batch. */
+static bool tc_args(const hpd_gemm_args_t *a, bool fp8)
 {
-    return a->w_dtype == HPD_DTYPE_BF16 && a->k % 8 == 0 && (uintptr_t)a->w % 16 == 0 &&
-           a->m <= 65535u * TC_BM;
+    const bool dtype = a->w_dtype == HPD_DTYPE_BF16 ||
+                       (fp8 && a->w_dtype == HPD_DTYPE_F8_E4M3 && a->w_scale != NULL &&
+                        a->w_block > 0 && a->w_block % 8 == 0);
+    return dtype && a->k % 8 == 0 && (uintptr_t)a->w % 16 == 0 && a->m <= 65535u * TC_BM;
 }
 
 /* x rounded into the work buffer, then the tiled kernel, or for at most
@@ -701,8 +774,10 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     hpd_status_t st;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
-    if (!tc_args(a))
+    if (!tc_args(a, true))
         return HPD_ERR_INVALID_ARG;
+    const bool fp8 = a->w_dtype == HPD_DTYPE_F8_E4M3;
+    const wscale_t ws = {a->w_scale, a->w_scale_ld, a->w_block};
     if (a->k == 0) { /* no tile: y = 0, or unchanged */
         if (!a->accumulate)
             for (uint32_t r = 0; r < a->m; r++)
@@ -718,33 +793,48 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     HPD_CUDA_LAUNCHED();
     if (gemv && a->m <= TC_MIN_ROWS) {
         const uint32_t warps = (a->n + 7) / 8;
-        gemv_tc_kernel<<<(warps + GV_WARPS - 1) / GV_WARPS, GV_WARPS * 32, 0, c->stream>>>(
-            (const uint16_t *)xb, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k,
-            a->accumulate);
+        const uint32_t blocks_v = (warps + GV_WARPS - 1) / GV_WARPS;
+        if (fp8)
+            gemv_tc_kernel<true><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else
+            gemv_tc_kernel<false><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }
-    HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)TC_SMEM));
     const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
-    gemm_tc_kernel<<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
-        (const uint16_t *)xb, (const uint16_t *)a->w, a->y, a->ldy, a->m, a->n, a->k,
-        a->accumulate);
+    if (fp8) {
+        HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)TC_SMEM));
+        gemm_tc_kernel<true><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
+            (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    } else {
+        HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<false>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)TC_SMEM));
+        gemm_tc_kernel<false><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
+            (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    }
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
 
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
+    if (!tc_args(a, false)) /* cuda-fast: BF16 weights only */
+        return HPD_ERR_INVALID_ARG;
     return gemm_tc(b, a, false);
 }
 
-/* The device cuda-bf16: BF16 weights on tensor cores for every m (the same
- * sequence per output, above), other weights the deterministic kernels of
- * fp32 products; the choice depends on the weights alone. */
+/* The device cuda-bf16: BF16 and FP8 weights (dequantised to bf16) on
+ * tensor cores for every m (the same sequence per output, above), other
+ * weights the deterministic kernels of fp32 products; the choice depends on
+ * the weights alone. */
 hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a)
 {
-    if (a->w_dtype == HPD_DTYPE_BF16 && tc_args(a))
+    if (tc_args(a, true))
         return gemm_tc(b, a, true);
     return hpd_cuda_gemm(b, a);
 }
@@ -762,7 +852,7 @@ hpd_status_t hpd_cuda_gemm_cublas(hpd_backend_t *b, const hpd_gemm_args_t *a)
     /* BF16 weights past TC_MIN_ROWS rows: tensor cores (decode's few rows
      * keep the GEMV, which reads the weights at the copy bandwidth: the
      * tensor-core blocks are too few for that at small m) */
-    if (c->tc_ok && a->m > TC_MIN_ROWS && tc_args(a))
+    if (c->tc_ok && a->m > TC_MIN_ROWS && tc_args(a, false))
         return hpd_cuda_gemm_tc(b, a);
     if (a->w_dtype != HPD_DTYPE_F32) /* cuBLAS has no fp32 x bf16 product: the kernel above */
         return hpd_cuda_gemm(b, a);

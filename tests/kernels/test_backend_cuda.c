@@ -1392,8 +1392,9 @@ static void test_fast_gemm_tensor_cores(void **state)
     hpd_backend_destroy(fast);
 }
 
-/* cuda-bf16: BF16 weights on tensor cores for every batch size, x rounded
- * to bf16; against the CPU's fp32 GEMM of the rounded x (fp32 error only),
+/* cuda-bf16: BF16 weights, and FP8 ones dequantised to bf16(q * scale), on
+ * tensor cores for every batch size, x rounded to bf16; against the CPU's
+ * fp32 GEMM of the rounded x and those weights (fp32 error only),
  * y's gaps kept; rows alone (m = 1 .. 40, through the decode kernel up to
  * 32, and 64, 130) equal the same rows in a batch of 150 (the tiled kernel)
  * bit for bit, with x rows off 16-byte alignment, at k of 1000 and 264
@@ -1408,52 +1409,71 @@ static void test_bf16_device(void **state)
     }
     assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
     assert_string_equal(dev->ops->numerics, "bf16-tensor-cores");
-    const uint32_t M = 150, n = 300, ks[] = {1000, 264, 2048};
-    for (size_t ki = 0; ki < HPD_ARRAY_SIZE(ks); ki++) {
-        const uint32_t k = ks[ki], ldx = k + 3, ldy = n + 3;
-        float *x = rnd((size_t)M * ldx, 61, 1), *w = rnd((size_t)n * k, 62, 0.1f);
-        float *y0 = rnd((size_t)M * ldy, 63, 1), *xr = malloc((size_t)M * ldx * sizeof(float));
-        float *ycpu = malloc((size_t)M * ldy * sizeof(float));
-        uint16_t *wq = malloc((size_t)n * k * 2);
-        void *dw;
-        hpd_dtype_from_f32(HPD_DTYPE_BF16, w, wq, (size_t)n * k);
-        for (size_t i = 0; i < (size_t)M * ldx; i++)
-            xr[i] = hpd_bf16_to_f32(hpd_cpu_round_bf16(x[i]));
-        memcpy(ycpu, y0, (size_t)M * ldy * sizeof(float));
-        hpd_gemm_args_t a = {.x = xr, .ldx = ldx, .w = wq, .w_dtype = HPD_DTYPE_BF16,
-                             .y = ycpu, .ldy = ldy, .m = M, .n = n, .k = k, .accumulate = true};
-        assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
-        assert_int_equal(hpd_backend_alloc(dev, (size_t)n * k * 2, &dw), HPD_OK);
-        assert_int_equal(hpd_backend_from_host(dev, dw, wq, (size_t)n * k * 2), HPD_OK);
-        float *dx = up(x, (size_t)M * ldx), *dy = up(y0, (size_t)M * ldy);
-        a.x = dx, a.w = dw, a.y = dy;
-        assert_int_equal(hpd_gemm(dev, &a), HPD_OK);
-        assert_int_equal(hpd_backend_sync(dev), HPD_OK);
-        float *full = down(dy, (size_t)M * ldy);
-        char name[32];
-        snprintf(name, sizeof(name), "cuda-bf16 k=%u", k);
-        expect_close(name, full, ycpu, (size_t)M * ldy, 1e-5);
-        for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
-            for (uint32_t c = n; c < ldy; c++)
-                assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
-        static const uint32_t big[] = {64, 130};
-        for (uint32_t i = 0; i < 40 + HPD_ARRAY_SIZE(big); i++) {
-            const uint32_t m = i < 40 ? i + 1 : big[i - 40];
-            const uint32_t off = (M - m) / 2; /* x rows at an odd stride: off alignment */
-            float *dp = up(y0 + (size_t)off * ldy, (size_t)m * ldy);
-            a.x = dx + (size_t)off * ldx, a.y = dp, a.m = m;
+    const uint32_t M = 150, n = 300, ks[] = {1000, 264, 2048}, B = 128;
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (size_t ki = 0; ki < HPD_ARRAY_SIZE(ks); ki++) {
+            const uint32_t k = ks[ki], ldx = k + 3, ldy = n + 3, sld = (k + B - 1) / B;
+            float *x = rnd((size_t)M * ldx, 61, 1), *w = rnd((size_t)n * k, 62, fp8 ? 300 : 0.1f);
+            float *y0 = rnd((size_t)M * ldy, 63, 1), *xr = malloc((size_t)M * ldx * sizeof(float));
+            float *ycpu = malloc((size_t)M * ldy * sizeof(float)), *scale = rnd((size_t)n * sld, 64, 1);
+            uint8_t *wq = malloc((size_t)n * k * 2);
+            uint16_t *wref = malloc((size_t)n * k * 2);
+            void *dw, *ds = NULL;
+            for (size_t i = 0; i < (size_t)n * sld; i++)
+                scale[i] = 0.0005f + 0.001f * fabsf(scale[i]);
+            /* the weights as the tensor cores take them: BF16, or FP8
+             * dequantised to bf16(q * scale) */
+            hpd_dtype_from_f32(fp8 ? HPD_DTYPE_F8_E4M3 : HPD_DTYPE_BF16, w, wq, (size_t)n * k);
+            for (size_t i = 0; i < (size_t)n * k; i++)
+                wref[i] = fp8 ? hpd_cpu_round_bf16(hpd_f8e4m3_to_f32(wq[i]) *
+                                                   scale[i / k * sld + i % k / B])
+                              : ((const uint16_t *)wq)[i];
+            for (size_t i = 0; i < (size_t)M * ldx; i++)
+                xr[i] = hpd_bf16_to_f32(hpd_cpu_round_bf16(x[i]));
+            memcpy(ycpu, y0, (size_t)M * ldy * sizeof(float));
+            hpd_gemm_args_t a = {.x = xr, .ldx = ldx, .w = wref, .w_dtype = HPD_DTYPE_BF16,
+                                 .y = ycpu, .ldy = ldy, .m = M, .n = n, .k = k,
+                                 .accumulate = true};
+            assert_int_equal(hpd_gemm(cpu, &a), HPD_OK);
+            const size_t wbytes = (size_t)n * k * (fp8 ? 1 : 2);
+            assert_int_equal(hpd_backend_alloc(dev, wbytes, &dw), HPD_OK);
+            assert_int_equal(hpd_backend_from_host(dev, dw, wq, wbytes), HPD_OK);
+            float *dx = up(x, (size_t)M * ldx), *dy = up(y0, (size_t)M * ldy);
+            a.x = dx, a.w = dw, a.y = dy;
+            if (fp8) {
+                ds = up(scale, (size_t)n * sld);
+                a.w_dtype = HPD_DTYPE_F8_E4M3, a.w_scale = ds, a.w_scale_ld = sld, a.w_block = B;
+            }
             assert_int_equal(hpd_gemm(dev, &a), HPD_OK);
             assert_int_equal(hpd_backend_sync(dev), HPD_OK);
-            float *part = down(dp, (size_t)m * ldy);
-            if (memcmp(part, full + (size_t)off * ldy, (size_t)m * ldy * sizeof(float)) != 0)
-                fail_msg("%s: rows %u..%u alone (m = %u) differ from the batch of %u", name, off,
-                         off + m - 1, m, M);
-            free(part);
-            hpd_backend_free(gpu, dp);
+            float *full = down(dy, (size_t)M * ldy);
+            char name[40];
+            snprintf(name, sizeof(name), "cuda-bf16 %s k=%u", fp8 ? "fp8" : "bf16", k);
+            expect_close(name, full, ycpu, (size_t)M * ldy, 1e-5);
+            for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
+                for (uint32_t c = n; c < ldy; c++)
+                    assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
+            static const uint32_t big[] = {64, 130};
+            for (uint32_t i = 0; i < 40 + HPD_ARRAY_SIZE(big); i++) {
+                const uint32_t m = i < 40 ? i + 1 : big[i - 40];
+                const uint32_t off = (M - m) / 2; /* x rows at an odd stride: off alignment */
+                float *dp = up(y0 + (size_t)off * ldy, (size_t)m * ldy);
+                a.x = dx + (size_t)off * ldx, a.y = dp, a.m = m;
+                assert_int_equal(hpd_gemm(dev, &a), HPD_OK);
+                assert_int_equal(hpd_backend_sync(dev), HPD_OK);
+                float *part = down(dp, (size_t)m * ldy);
+                if (memcmp(part, full + (size_t)off * ldy, (size_t)m * ldy * sizeof(float)) != 0)
+                    fail_msg("%s: rows %u..%u alone (m = %u) differ from the batch of %u", name,
+                             off, off + m - 1, m, M);
+                free(part);
+                hpd_backend_free(gpu, dp);
+            }
+            free(x), free(w), free(y0), free(xr), free(ycpu), free(wq), free(wref), free(full);
+            free(scale);
+            hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy), hpd_backend_free(dev, dw);
+            if (ds != NULL)
+                hpd_backend_free(gpu, ds);
         }
-        free(x), free(w), free(y0), free(xr), free(ycpu), free(wq), free(full);
-        hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy), hpd_backend_free(dev, dw);
-    }
     hpd_backend_destroy(dev);
 }
 

@@ -72,8 +72,13 @@ static float bf16_rn(float f)
  * Returns the cases that failed. */
 typedef hpd_status_t (*gemm_fn_t)(hpd_backend_t *, const hpd_gemm_args_t *);
 static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what, gemm_fn_t gemm,
-                              std::initializer_list<uint32_t> subs, bool unaligned_x)
+                              std::initializer_list<uint32_t> subs, bool unaligned_x,
+                              hpd_dtype_t dt = HPD_DTYPE_BF16)
 {
+    /* FP8: blocks of 24 columns (a scale change inside a step of 16), each
+     * weight dequantised to bf16(q * scale) */
+    const bool fp8 = dt == HPD_DTYPE_F8_E4M3;
+    const uint32_t block = 24;
     /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block */
     static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
                                          {65, 200, 104}, {130, 33, 136}, {3, 257, 8},
@@ -92,17 +97,30 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what,
             for (uint32_t i = 0; i < k; i++)
                 x[2 * ldx + i] = i % 2 ? 1.00390625f : -1.01171875f;
         for (float &v : wf)
-            v = normal(rng);
+            v = normal(rng) * (fp8 ? 100.0f : 1.0f);
         for (float &v : y0)
             v = normal(rng);
+        const uint32_t sld = (k + block - 1) / block;
+        std::vector<float> scale((size_t)n * sld), wref((size_t)n * k);
+        for (float &v : scale)
+            v = 0.001f + 0.02f * std::fabs(normal(rng));
         std::vector<float4> wq(((size_t)n * k * 2 + 15) / 16);
-        hpd_dtype_from_f32(HPD_DTYPE_BF16, wf.data(), wq.data(), (size_t)n * k);
-        const uint16_t *wb = (const uint16_t *)wq.data();
+        hpd_dtype_from_f32(dt, wf.data(), wq.data(), (size_t)n * k);
+        for (size_t i = 0; i < (size_t)n * k; i++) /* the weights the kernels multiply */
+            wref[i] = fp8 ? bf16_rn(hpd_f8e4m3_to_f32(((const uint8_t *)wq.data())[i]) *
+                                    scale[i / k * sld + i % k / block])
+                          : hpd_bf16_to_f32(((const uint16_t *)wq.data())[i]);
+        const auto args = [&](hpd_gemm_args_t &a) {
+            a.w = wq.data(), a.w_dtype = dt;
+            if (fp8)
+                a.w_scale = scale.data(), a.w_scale_ld = sld, a.w_block = block;
+        };
         for (int acc = 0; acc < 2; acc++) {
             got = y0;
             hpd_gemm_args_t a = {};
-            a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.y = got.data();
+            a.x = x, a.ldx = ldx, a.y = got.data();
             a.ldy = ldy, a.m = M, a.n = n, a.k = k, a.accumulate = acc;
+            args(a);
             (*checked)++;
             if (gemm(be, &a) != HPD_OK) {
                 failed++;
@@ -113,8 +131,8 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what,
                 for (uint32_t c = 0; c < ldy; c++) {
                     double ref = 0, mag = 0;
                     for (uint32_t e = 0; c < n && e < k; e++) {
-                        const double p = (double)bf16_rn(x[(size_t)r * ldx + e]) *
-                                         hpd_bf16_to_f32(wb[(size_t)c * k + e]);
+                        const double p =
+                            (double)bf16_rn(x[(size_t)r * ldx + e]) * wref[(size_t)c * k + e];
                         ref += p, mag += std::fabs(p);
                     }
                     const double base = acc || c >= n ? y0[(size_t)r * ldy + c] : 0.0;
@@ -133,8 +151,9 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what,
         /* batch invariance: the first m rows alone */
         std::vector<float> full(y0);
         hpd_gemm_args_t a = {};
-        a.x = x, a.ldx = ldx, a.w = wq.data(), a.w_dtype = HPD_DTYPE_BF16, a.ldy = ldy;
+        a.x = x, a.ldx = ldx, a.ldy = ldy;
         a.n = n, a.k = k, a.y = full.data(), a.m = M;
+        args(a);
         if (gemm(be, &a) != HPD_OK) {
             failed++;
             continue;
@@ -232,6 +251,8 @@ int main()
                                        {1u, 65u}, false);
     tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16", hpd_cuda_gemm_bf16,
                                     {1u, 2u, 5u, 16u, 17u, 32u, 33u, 65u}, true);
+    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 fp8", hpd_cuda_gemm_bf16,
+                                    {1u, 5u, 17u, 32u, 33u, 65u}, true, HPD_DTYPE_F8_E4M3);
     printf("tensor cores: %d GEMMs checked, %d failed\n", tc_checked, tc_failed);
     hpd_emu_ctx_free(&ctx);
     return failed != 0 || tc_failed != 0;
