@@ -197,30 +197,17 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                              .w = w->k_norm,
                              .eps = c->rms_norm_eps,
                              .zero_centred = true};
-    hpd_rope_args_t qr = {.x = q,
-                          .n_tokens = R,
-                          .n_heads = nh,
-                          .head_dim = hd,
-                          .rot_dim = c->rot_dim,
-                          .positions = e->positions,
-                          .theta = c->rope_theta,
-                          .yarn_factor = c->yarn_factor,
-                          .yarn_low = c->yarn_low,
-                          .yarn_span = c->yarn_span,
-                          .yarn_attention = c->yarn_attention};
-    hpd_rope_args_t kr = {.x = k,
-                          .n_tokens = R,
-                          .n_heads = nkv,
-                          .head_dim = hd,
-                          .rot_dim = c->rot_dim,
-                          .positions = e->positions,
-                          .theta = c->rope_theta,
-                          .yarn_factor = c->yarn_factor,
-                          .yarn_low = c->yarn_low,
-                          .yarn_span = c->yarn_span,
-                          .yarn_attention = c->yarn_attention};
-    if ((st = hpd_rmsnorm(e->be, &qn)) != HPD_OK || (st = hpd_rmsnorm(e->be, &kn)) != HPD_OK ||
-        (st = hpd_rope(e->be, &qr)) != HPD_OK || (st = hpd_rope(e->be, &kr)) != HPD_OK)
+    /* both norms, then RoPE on both: one op (one launch on a GPU) */
+    const hpd_norm_rope_args_t nr = {.q = qn,
+                                     .k = kn,
+                                     .rope = {.rot_dim = c->rot_dim,
+                                              .positions = e->positions,
+                                              .theta = c->rope_theta,
+                                              .yarn_factor = c->yarn_factor,
+                                              .yarn_low = c->yarn_low,
+                                              .yarn_span = c->yarn_span,
+                                              .yarn_attention = c->yarn_attention}};
+    if ((st = hpd_norm_rope(e->be, &nr)) != HPD_OK)
         return st;
 
     hpd_paged_kv_t kv = {.layout = &e->p.kv_layout,

@@ -81,3 +81,20 @@ hpd_status_t hpd_backend_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_arg
     free(tmp);
     return HPD_OK;
 }
+
+hpd_status_t hpd_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a)
+{
+    return b->ops->norm_rope != NULL ? b->ops->norm_rope(b, a) : hpd_norm_rope_unfused(b, a);
+}
+
+hpd_status_t hpd_norm_rope_unfused(hpd_backend_t *b, const hpd_norm_rope_args_t *a)
+{
+    hpd_rope_args_t qr = a->rope, kr = a->rope;
+    qr.x = a->q.y, qr.n_tokens = a->q.n_tokens, qr.n_heads = a->q.n_heads, qr.head_dim = a->q.dim;
+    kr.x = a->k.y, kr.n_tokens = a->k.n_tokens, kr.n_heads = a->k.n_heads, kr.head_dim = a->k.dim;
+    hpd_status_t st;
+    if ((st = hpd_rmsnorm(b, &a->q)) != HPD_OK || (st = hpd_rmsnorm(b, &a->k)) != HPD_OK ||
+        (st = hpd_rope(b, &qr)) != HPD_OK)
+        return st;
+    return hpd_rope(b, &kr);
+}

@@ -117,6 +117,15 @@ typedef struct {
     float yarn_factor, yarn_low, yarn_span, yarn_attention;
 } hpd_rope_args_t;
 
+/* Attention's q and k norms and their rotary embedding in one op: the same
+ * as rmsnorm(q), rmsnorm(k), then rope on q.y and k.y (rope.x, n_tokens
+ * and n_heads are taken from them, rope.head_dim is q.dim), the same bits
+ * on a backend whether fused or not. */
+typedef struct {
+    hpd_rmsnorm_args_t q, k; /* q.dim == k.dim, q.n_tokens == k.n_tokens */
+    hpd_rope_args_t rope;
+} hpd_norm_rope_args_t;
+
 /* The largest rot_dim / 2 the backends take. */
 #define HPD_ROPE_MAX_HALF 512
 
@@ -372,6 +381,8 @@ typedef struct {
     hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
     hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
+    /* optional: hpd_norm_rope makes the four calls without it */
+    hpd_status_t (*norm_rope)(hpd_backend_t *backend, const hpd_norm_rope_args_t *args);
     /* optional: hpd_backend_hash_pieces reads the bytes back without it */
     hpd_status_t (*hash_pieces)(hpd_backend_t *backend, const hpd_hash_pieces_args_t *args);
 } hpd_backend_ops_t;
@@ -589,6 +600,12 @@ static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combi
 {
     return HPD_BACKEND_CALL(b, moe_combine, a);
 }
+
+/* hpd_norm_rope_args_t: the backend's fused op where it has one (one launch
+ * on a GPU instead of four), else rmsnorm, rmsnorm, rope, rope. */
+hpd_status_t hpd_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
+/* the four calls (a backend's op falls back to them for shapes it lacks) */
+hpd_status_t hpd_norm_rope_unfused(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
 
 /* The pieces' hashes of backend memory (hpd_hash_pieces_args_t): the
  * backend's own op where it has one (the GPU hashes what it holds), else the

@@ -12,6 +12,9 @@ extern "C" {
 #include "kernels/backend.h"
 }
 
+/* Threads of the row kernels (norms): one fixed reduction tree */
+#define HPD_CUDA_ROW_THREADS 256
+
 /* Wraps a CUDA error at the boundary: logged once with what failed. */
 #define HPD_CUDA_CHECK(call)                                                           \
     do {                                                                               \

@@ -56,11 +56,12 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
  * the next call (grown after the stream has drained what used it). */
 hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p);
 
-#define HPD_CUDA_ROW_THREADS 256
 
 hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
+/* rmsnorm of q and k, then rope on both, in one launch (norm.cu) */
+hpd_status_t hpd_cuda_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
 hpd_status_t hpd_cuda_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a);
 hpd_status_t hpd_cuda_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a);

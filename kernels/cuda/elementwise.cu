@@ -2,6 +2,7 @@
  * Token ids and positions live in host memory (the engine's metadata) and
  * are staged to the device first. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/rope.h"
 
 /* The table in F32, BF16 or F16, widened exactly. */
 __global__ void embed_kernel(const int32_t *ids, uint32_t n, const void *table,
@@ -45,14 +46,8 @@ __global__ void rope_kernel(hpd_rope_args_t a, const int32_t *positions, const f
     const float pos = (float)positions[t];
     for (uint32_t e = threadIdx.x; e < a.n_heads * half; e += blockDim.x) {
         const uint32_t h = e / half, i = e % half;
-        const float f = __fmul_rn(pos, inv_freq[i]);
-        const bool yarn = a.yarn_factor > 0.0f;
-        const float cs = yarn ? __fmul_rn(cosf(f), a.yarn_attention) : cosf(f);
-        const float sn = yarn ? __fmul_rn(sinf(f), a.yarn_attention) : sinf(f);
         float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs;
-        const float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * cs - x2 * sn;
-        x[i + half] = x2 * cs + x1 * sn;
+        hpd_rope_pair(x[i], x[i + half], pos, inv_freq[i], a, &x[i], &x[i + half]);
     }
 }
 
@@ -93,10 +88,10 @@ __global__ void silu_mul_kernel(hpd_silu_mul_args_t a)
 hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a)
 {
     const size_t n = (size_t)a->n_tokens * a->inter, blocks = (n + 255) / 256;
+    const uint32_t grid = (uint32_t)(blocks < 65536 ? blocks : 65536);
     if (n == 0)
         return HPD_OK;
-    silu_mul_kernel<<<(uint32_t)(blocks < 65536 ? blocks : 65536), 256, 0,
-                      hpd_cuda_ctx(b)->stream>>>(*a);
+    silu_mul_kernel<<<grid, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

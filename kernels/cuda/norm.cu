@@ -1,7 +1,10 @@
 /* RMSNorm (zero-centred and plain), gated RMSNorm and L2 norm: one block of
  * HPD_CUDA_ROW_THREADS per (token, head) row; the sum of squares is reduced
- * by a fixed tree, so a row's result does not depend on the batch. */
+ * by a fixed tree, so a row's result does not depend on the batch. And
+ * attention's q and k norms fused with their rotary embedding (norm_rope):
+ * the same arithmetic as rmsnorm_kernel then rope_kernel, in one launch. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/rope.h"
 
 #define T HPD_CUDA_ROW_THREADS
 
@@ -57,6 +60,58 @@ __global__ void l2norm_kernel(hpd_l2norm_args_t a)
     const float inv = 1.0f / sqrtf(row_sum_squares(x, a.dim, red) + a.eps);
     for (uint32_t d = threadIdx.x; d < a.dim; d += T)
         x[d] = (x[d] * inv) * a.scale;
+}
+
+#define NR_MAX_DIM 1024 /* head_dim the fused kernel holds in shared memory */
+
+/* One block per (token, head) of q's heads then k's: the row normalised
+ * as rmsnorm_kernel does it, kept in shared memory, then its rotary pairs
+ * turned as rope_kernel does (rope.h) and the rest copied. */
+__global__ void norm_rope_kernel(hpd_norm_rope_args_t a, const int32_t *positions,
+                                 const float *inv_freq)
+{
+    __shared__ float red[T];
+    __shared__ float ys[NR_MAX_DIM];
+    const uint32_t nq = a.q.n_heads, heads = nq + a.k.n_heads;
+    const uint32_t t = blockIdx.x / heads, hh = blockIdx.x % heads, h = hh < nq ? hh : hh - nq;
+    const hpd_rmsnorm_args_t &n = hh < nq ? a.q : a.k;
+    const float *x = n.x.p + (size_t)t * n.x.ld + (size_t)h * n.x.hs;
+    float *y = n.y.p + (size_t)t * n.y.ld + (size_t)h * n.y.hs;
+    const float inv = 1.0f / sqrtf(row_sum_squares(x, n.dim, red) / (float)n.dim + n.eps);
+    for (uint32_t d = threadIdx.x; d < n.dim; d += T) {
+        const float w = n.zero_centred ? 1.0f + n.w[d] : n.w[d];
+        ys[d] = (x[d] * inv) * w;
+    }
+    __syncthreads(); /* the whole row normalised (x and y may be one) */
+    const uint32_t half = a.rope.rot_dim / 2;
+    const float pos = (float)positions[t];
+    for (uint32_t i = threadIdx.x; i < half; i += T)
+        hpd_rope_pair(ys[i], ys[i + half], pos, inv_freq[i], a.rope, &y[i], &y[i + half]);
+    for (uint32_t d = 2 * half + threadIdx.x; d < n.dim; d += T)
+        y[d] = ys[d];
+}
+
+hpd_status_t hpd_cuda_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a)
+{
+    const uint32_t half = a->rope.rot_dim / 2, rows = a->q.n_tokens * (a->q.n_heads + a->k.n_heads);
+    float inv_freq[HPD_ROPE_MAX_HALF];
+    void *pos, *freq;
+    hpd_status_t st;
+    if (half > HPD_ROPE_MAX_HALF || a->q.dim != a->k.dim || a->q.dim > NR_MAX_DIM ||
+        a->rope.rot_dim > a->q.dim || a->q.n_tokens != a->k.n_tokens)
+        return hpd_norm_rope_unfused(b, a); /* the same bits, in four launches */
+    if (rows == 0)
+        return HPD_OK;
+    hpd_rope_inv_freq_table(&a->rope, inv_freq);
+    const hpd_cuda_meta_t m[] = {
+        {.host = a->rope.positions, .bytes = a->q.n_tokens * sizeof(int32_t), .dev_p = &pos},
+        {.host = inv_freq, .bytes = half * sizeof(float), .dev_p = &freq}};
+    if ((st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
+        return st;
+    norm_rope_kernel<<<rows, T, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos,
+                                                              (const float *)freq);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
 }
 
 hpd_status_t hpd_cuda_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a)

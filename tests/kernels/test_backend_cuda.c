@@ -462,6 +462,47 @@ static void test_rope_tables(void **state)
     hpd_backend_free(gpu, dx);
 }
 
+/* Attention's q and k norms with their RoPE in one op (norm_rope): the
+ * same bits as rmsnorm, rmsnorm, rope, rope on the device, and within 1e-5
+ * of the CPU; Qwen3-Next's shape (16 q heads between their gates, 2 KV
+ * heads, head_dim 256, rotary over 64), positions up to 2^24, YaRN. */
+static void test_norm_rope(void **state)
+{
+    enum { T = 6, NH = 16, NKV = 2, D = 256, LD = NH * 2 * D + NKV * D, N = T * LD };
+    int32_t pos[T] = {16777215, 16777000, 16000001, 12345678, 9999999, 7};
+    float *x = rnd(N, 48, 2), *wq = rnd(D, 49, 0.3f), *wk = rnd(D, 50, 0.3f);
+    float *xc = malloc(N * sizeof(float)), *dx = up(x, N), *dwq = up(wq, D), *dwk = up(wk, D);
+    for (int yarn = 0; yarn < 2; yarn++) {
+        float *outs[2];
+        for (int fused = 0; fused < 2; fused++) {
+            memcpy(xc, x, N * sizeof(float));
+            assert_int_equal(hpd_backend_from_host(gpu, dx, x, N * sizeof(float)), HPD_OK);
+            hpd_norm_rope_args_t a = {
+                .q = {.x = {.p = xc, .ld = LD, .hs = 2 * D}, .y = {.p = xc, .ld = LD, .hs = 2 * D},
+                      .n_tokens = T, .n_heads = NH, .dim = D, .w = wq, .eps = 1e-6f,
+                      .zero_centred = true},
+                .k = {.x = {.p = xc + NH * 2 * D, .ld = LD, .hs = D},
+                      .y = {.p = xc + NH * 2 * D, .ld = LD, .hs = D}, .n_tokens = T,
+                      .n_heads = NKV, .dim = D, .w = wk, .eps = 1e-6f, .zero_centred = true},
+                .rope = {.rot_dim = 64, .positions = pos, .theta = 1e7f,
+                         .yarn_factor = yarn ? 4.0f : 0.0f, .yarn_low = 3.0f, .yarn_span = 9.0f,
+                         .yarn_attention = 1.1386294f}};
+            assert_int_equal(hpd_norm_rope(cpu, &a), HPD_OK);
+            a.q.x.p = a.q.y.p = dx, a.k.x.p = a.k.y.p = dx + NH * 2 * D;
+            a.q.w = dwq, a.k.w = dwk;
+            assert_int_equal(fused ? hpd_norm_rope(gpu, &a) : hpd_norm_rope_unfused(gpu, &a),
+                             HPD_OK);
+            outs[fused] = down(dx, N);
+            expect_close(fused ? "norm_rope fused" : "norm_rope unfused", outs[fused], xc, N,
+                         1e-5);
+        }
+        assert_memory_equal(outs[0], outs[1], N * sizeof(float));
+        free(outs[0]), free(outs[1]);
+    }
+    free(x), free(xc), free(wq), free(wk);
+    hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dwq), hpd_backend_free(gpu, dwk);
+}
+
 /* SwiGLU over more rows than a grid's y dimension holds (65535): 66000
  * rows of 8, every one of them computed as on the CPU. */
 static void test_silu_mul_many_rows(void **state)
@@ -1495,6 +1536,7 @@ int main(void)
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_rope_tables),
+        cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_silu_mul_many_rows),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_gdn_recurrent_identity),
