@@ -101,16 +101,26 @@ static float *dfill(size_t n, float lo, float hi, uint64_t seed)
 
 /* Seconds per call of fn(arg): one warm-up call, then the best mean of 3
  * rounds of `reps` calls, synchronised around each round. */
+static hpd_backend_t *other_be; /* cuda-fast or cuda-bf16 beside the device under test */
+
+/* every stream the timed ops may use: the device's and the other's */
+static void sync_all(void)
+{
+    CHECK(hpd_backend_sync(be));
+    if (other_be != NULL)
+        CHECK(hpd_backend_sync(other_be));
+}
+
 static double timed(void (*fn)(void *), void *arg)
 {
     double best = INFINITY;
     fn(arg);
-    CHECK(hpd_backend_sync(be));
+    sync_all();
     for (int round = 0; round < 3; round++) {
         const double t0 = hpd_time_now();
         for (int i = 0; i < reps; i++)
             fn(arg);
-        CHECK(hpd_backend_sync(be));
+        sync_all();
         const double t = (hpd_time_now() - t0) / reps;
         best = t < best ? t : best;
     }
@@ -358,7 +368,6 @@ static void do_gemm(void *arg)
 }
 
 /* decode's GEMM: rows of m at a time against BF16 weights [n][k] */
-static hpd_backend_t *other_be; /* cuda-fast or cuda-bf16 beside the device under test */
 static void do_gemm_other(void *arg)
 {
     CHECK(hpd_gemm(other_be, arg));
@@ -399,6 +408,7 @@ static void gemv_bench(uint32_t n, uint32_t k, double copy_bw, const char *devic
     }
     if (other_be != NULL)
         hpd_backend_destroy(other_be);
+    other_be = NULL;
     hpd_backend_free(be, w);
     hpd_backend_free(be, x);
     hpd_backend_free(be, y);
@@ -483,6 +493,7 @@ static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
             if (tc > 0)
                 printf(" %s_of_cublas=%.3f", keys[i], tc / tt);
             hpd_backend_destroy(other_be);
+            other_be = NULL;
         }
         hpd_backend_free(be, x16);
         free(h);

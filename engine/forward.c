@@ -112,8 +112,9 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                   .beta = e->beta,
                                   .n_tokens = R,
                                   .nv = nv};
-    if ((st = hpd_l2norm(e->be, &qn)) != HPD_OK || (st = hpd_l2norm(e->be, &kn)) != HPD_OK ||
-        (st = hpd_gdn_gating(e->be, &gate)) != HPD_OK)
+    /* both norms and the gates: one op (one launch on a GPU) */
+    const hpd_l2norm_gating_args_t ng = {.q = qn, .k = kn, .gate = gate};
+    if ((st = hpd_l2norm_gating(e->be, &ng)) != HPD_OK)
         return st;
 
     hpd_view_t out = {.p = e->core, .ld = e->ld_core, .hs = dv};

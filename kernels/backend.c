@@ -98,3 +98,17 @@ hpd_status_t hpd_norm_rope_unfused(hpd_backend_t *b, const hpd_norm_rope_args_t 
         return st;
     return hpd_rope(b, &kr);
 }
+
+hpd_status_t hpd_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a)
+{
+    return b->ops->l2norm_gating != NULL ? b->ops->l2norm_gating(b, a)
+                                         : hpd_l2norm_gating_unfused(b, a);
+}
+
+hpd_status_t hpd_l2norm_gating_unfused(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a)
+{
+    hpd_status_t st;
+    if ((st = hpd_l2norm(b, &a->q)) != HPD_OK || (st = hpd_l2norm(b, &a->k)) != HPD_OK)
+        return st;
+    return hpd_gdn_gating(b, &a->gate);
+}

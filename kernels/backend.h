@@ -258,6 +258,14 @@ typedef struct {
     uint32_t n_tokens, nv;
 } hpd_gdn_gating_args_t;
 
+/* The gated delta rule's q and k L2 norms and its gates in one op: the
+ * same as l2norm(q), l2norm(k), gdn_gating (q.n_tokens == k.n_tokens ==
+ * gate.n_tokens), the same bits on a backend whether fused or not. */
+typedef struct {
+    hpd_l2norm_args_t q, k;
+    hpd_gdn_gating_args_t gate;
+} hpd_l2norm_gating_args_t;
+
 /* The gated delta rule for every value head of a batch. State per sequence
  * [nv][dk][dv] fp32, read and updated. Value head h uses key head h / (nv/nk).
  * q must already be L2-normalised and scaled, k L2-normalised. */
@@ -381,6 +389,8 @@ typedef struct {
     hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
     hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
+    /* optional: hpd_l2norm_gating makes the three calls without it */
+    hpd_status_t (*l2norm_gating)(hpd_backend_t *backend, const hpd_l2norm_gating_args_t *args);
     /* optional: hpd_norm_rope makes the four calls without it */
     hpd_status_t (*norm_rope)(hpd_backend_t *backend, const hpd_norm_rope_args_t *args);
     /* optional: hpd_backend_hash_pieces reads the bytes back without it */
@@ -606,6 +616,11 @@ static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combi
 hpd_status_t hpd_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
 /* the four calls (a backend's op falls back to them for shapes it lacks) */
 hpd_status_t hpd_norm_rope_unfused(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
+
+/* hpd_l2norm_gating_args_t: the backend's fused op where it has one, else
+ * l2norm, l2norm, gdn_gating. */
+hpd_status_t hpd_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
+hpd_status_t hpd_l2norm_gating_unfused(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
 
 /* The pieces' hashes of backend memory (hpd_hash_pieces_args_t): the
  * backend's own op where it has one (the GPU hashes what it holds), else the

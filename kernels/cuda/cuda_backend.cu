@@ -391,6 +391,7 @@ HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
 HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
 HPD_CUDA_ENTRY(hash_pieces, hpd_hash_pieces_args_t)
 HPD_CUDA_ENTRY(norm_rope, hpd_norm_rope_args_t)
+HPD_CUDA_ENTRY(l2norm_gating, hpd_l2norm_gating_args_t)
 HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(gemm_bf16, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(attention_bf16, hpd_attention_args_t)
@@ -441,6 +442,7 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .slot_copy = entry_slot_copy,
         .gather = entry_gather,
         .moe_combine = entry_moe_combine,
+        .l2norm_gating = entry_l2norm_gating,
         .norm_rope = entry_norm_rope,
         .hash_pieces = entry_hash_pieces,
     };

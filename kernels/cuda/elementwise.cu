@@ -2,6 +2,7 @@
  * Token ids and positions live in host memory (the engine's metadata) and
  * are staged to the device first. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gating.h"
 #include "kernels/cuda/rope.h"
 
 /* The table in F32, BF16 or F16, widened exactly. */
@@ -115,19 +116,10 @@ hpd_status_t hpd_cuda_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t
     return HPD_OK;
 }
 
-__device__ static float softplus(float x)
-{
-    return x > 20.0f ? x : log1pf(expf(x)); /* PyTorch's threshold */
-}
-
 __global__ void gdn_gating_kernel(hpd_gdn_gating_args_t a)
 {
-    const uint32_t t = blockIdx.x;
-    for (uint32_t h = threadIdx.x; h < a.nv; h += blockDim.x) {
-        const float av = a.a[(size_t)t * a.lda + h], bv = a.b[(size_t)t * a.ldb + h];
-        a.g[(size_t)t * a.nv + h] = -expf(a.a_log[h]) * softplus(av + a.dt_bias[h]);
-        a.beta[(size_t)t * a.nv + h] = 1.0f / (1.0f + expf(-bv));
-    }
+    for (uint32_t h = threadIdx.x; h < a.nv; h += blockDim.x)
+        hpd_gdn_gate(a, blockIdx.x, h);
 }
 
 hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a)

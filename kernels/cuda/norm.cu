@@ -4,6 +4,7 @@
  * attention's q and k norms fused with their rotary embedding (norm_rope):
  * the same arithmetic as rmsnorm_kernel then rope_kernel, in one launch. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gating.h"
 #include "kernels/cuda/rope.h"
 
 #define T HPD_CUDA_ROW_THREADS
@@ -110,6 +111,37 @@ hpd_status_t hpd_cuda_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a)
         return st;
     norm_rope_kernel<<<rows, T, 0, hpd_cuda_ctx(b)->stream>>>(*a, (const int32_t *)pos,
                                                               (const float *)freq);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+/* One block per (token, head) of q's heads then k's, normalised as
+ * l2norm_kernel does; then one block per token computing its gates as
+ * gdn_gating_kernel does (gating.h). */
+__global__ void l2norm_gating_kernel(hpd_l2norm_gating_args_t a)
+{
+    __shared__ float red[T];
+    const uint32_t nq = a.q.n_heads, heads = nq + a.k.n_heads, norm_rows = a.q.n_tokens * heads;
+    if (blockIdx.x >= norm_rows) {
+        for (uint32_t h = threadIdx.x; h < a.gate.nv; h += T)
+            hpd_gdn_gate(a.gate, blockIdx.x - norm_rows, h);
+        return; /* the whole block */
+    }
+    const uint32_t t = blockIdx.x / heads, hh = blockIdx.x % heads, h = hh < nq ? hh : hh - nq;
+    const hpd_l2norm_args_t &n = hh < nq ? a.q : a.k;
+    float *x = n.x.p + (size_t)t * n.x.ld + (size_t)h * n.x.hs;
+    const float inv = 1.0f / sqrtf(row_sum_squares(x, n.dim, red) + n.eps);
+    for (uint32_t d = threadIdx.x; d < n.dim; d += T)
+        x[d] = (x[d] * inv) * n.scale;
+}
+
+hpd_status_t hpd_cuda_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a)
+{
+    if (a->q.n_tokens != a->k.n_tokens || a->q.n_tokens != a->gate.n_tokens)
+        return hpd_l2norm_gating_unfused(b, a);
+    const uint32_t rows = a->q.n_tokens * (a->q.n_heads + a->k.n_heads + 1);
+    if (a->q.n_tokens > 0)
+        l2norm_gating_kernel<<<rows, T, 0, hpd_cuda_ctx(b)->stream>>>(*a);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

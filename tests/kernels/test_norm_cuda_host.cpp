@@ -1,4 +1,7 @@
-/* Attention's fused q/k norms and rotary embedding (norm_rope_kernel in
+/* The fused norms of kernels/cuda/norm.cu: attention's q/k norms with
+ * their rotary embedding, and the gated delta rule's q/k L2 norms with its
+ * gates (l2norm_gating_kernel, against l2norm and gdn_gating likewise).
+ * Attention's fused q/k norms and rotary embedding (norm_rope_kernel in
  * kernels/cuda/norm.cu), run on the host through tests/kernels/cuda_host/:
  * the same bits as the unfused kernels (rmsnorm_kernel twice, rope_kernel
  * twice, elementwise.cu), and within 1e-6 relative RMS of the CPU backend's
@@ -73,6 +76,48 @@ static void norm_rope_case(hpd_backend_t *cpu, const nr_case &c)
     check_close(what, fused.data(), want.data(), fused.size(), 1e-6);
 }
 
+/* The gated delta rule's q and k L2 norms and gates in one launch
+ * (l2norm_gating_kernel): the bits of l2norm, l2norm, gdn_gating, and the
+ * CPU's within 1e-6. */
+static void l2norm_gating_case(hpd_backend_t *cpu, uint32_t nk, uint32_t nv, uint32_t dk,
+                               uint32_t tokens)
+{
+    test_emu_t emu;
+    const uint32_t ld = 2 * nk * dk + 2 * nv; /* q, k, then a and b of the projection */
+    std::vector<float> proj = test_rnd((size_t)tokens * ld, 41, 2);
+    std::vector<float> a_log = test_rnd(nv, 42, 1), dt_bias = test_rnd(nv, 43, 1);
+    for (uint32_t i = 0; i < tokens; i++) /* a softplus past its threshold of 20 */
+        proj[(size_t)i * ld + 2 * nk * dk] = 25.0f;
+    std::vector<float> out[3];
+    for (int way = 0; way < 3; way++) { /* fused, unfused, the CPU */
+        std::vector<float> x = proj, g((size_t)tokens * nv), beta((size_t)tokens * nv);
+        hpd_l2norm_gating_args_t a = {};
+        a.q = {.x = {.p = x.data(), .ld = ld, .hs = dk}, .n_tokens = tokens, .n_heads = nk,
+               .dim = dk, .eps = 1e-6f, .scale = 0.125f};
+        a.k = {.x = {.p = x.data() + nk * dk, .ld = ld, .hs = dk}, .n_tokens = tokens,
+               .n_heads = nk, .dim = dk, .eps = 1e-6f, .scale = 1.0f};
+        a.gate = {.a = x.data() + 2 * nk * dk, .b = x.data() + 2 * nk * dk + nv, .lda = ld,
+                  .ldb = ld, .a_log = a_log.data(), .dt_bias = dt_bias.data(), .g = g.data(),
+                  .beta = beta.data(), .n_tokens = tokens, .nv = nv};
+        if (way == 0)
+            check_status("l2norm_gating", hpd_cuda_l2norm_gating(&emu.be, &a));
+        else if (way == 1) {
+            check_status("l2norm q", hpd_cuda_l2norm(&emu.be, &a.q));
+            check_status("l2norm k", hpd_cuda_l2norm(&emu.be, &a.k));
+            check_status("gdn_gating", hpd_cuda_gdn_gating(&emu.be, &a.gate));
+        } else
+            check_status("cpu l2norm_gating", hpd_l2norm_gating(cpu, &a));
+        out[way] = x;
+        out[way].insert(out[way].end(), g.begin(), g.end());
+        out[way].insert(out[way].end(), beta.begin(), beta.end());
+    }
+    char what[128];
+    snprintf(what, sizeof(what), "l2norm_gating %u/%u heads dk %u: the unfused bits", nk, nv, dk);
+    check_same(what, out[0].data(), out[1].data(), out[0].size());
+    snprintf(what, sizeof(what), "l2norm_gating %u/%u heads dk %u: against the CPU", nk, nv, dk);
+    check_close(what, out[0].data(), out[2].data(), out[0].size(), 1e-6);
+}
+
 int main()
 {
     const auto t0 = std::chrono::steady_clock::now();
@@ -80,6 +125,8 @@ int main()
     norm_rope_case(cpu, {16, 2, 256, 64, 5, true, false, true});
     norm_rope_case(cpu, {4, 4, 128, 128, 3, true, true, false});
     norm_rope_case(cpu, {2, 1, 64, 32, 4, false, false, false});
+    l2norm_gating_case(cpu, 16, 32, 128, 5); /* Qwen3-Next's */
+    l2norm_gating_case(cpu, 2, 6, 64, 3);
     hpd_backend_destroy(cpu);
     return test_report("test_norm_cuda_host", t0);
 }

@@ -559,6 +559,9 @@ hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a);
 hpd_status_t hpd_cuda_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
+hpd_status_t hpd_cuda_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
+hpd_status_t hpd_cuda_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);
+hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a);
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 
 #endif
