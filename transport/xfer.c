@@ -422,10 +422,51 @@ static bool mirrored(const region_t *r)
     return r->device != NULL && r->device != r->base;
 }
 
+/* Pieces a backend hashes in one call: 1 GiB of data, its pieces table
+ * within a staging slot, so that however large a transfer (or a peer's
+ * notice) no buffer grows with it. */
+#define HASH_BATCH_PIECES 16384u
+
+/* Folds the pieces' hashes of spans of backend memory into the checksum, in
+ * calls of at most HASH_BATCH_PIECES pieces (a span cut at a piece edge). */
+static hpd_status_t hash_backend_spans(hpd_backend_t *be, const hpd_hash_span_t *spans,
+                                       uint32_t n, XXH3_state_t *sum)
+{
+    hpd_hash_span_t batch[64];
+    uint64_t *pieces = malloc(HASH_BATCH_PIECES * sizeof(*pieces));
+    hpd_status_t st = pieces == NULL ? HPD_ERR_NO_MEMORY : HPD_OK;
+    uint32_t nb = 0;
+    uint64_t np = 0, done = 0; /* done: bytes of spans[i] already in a batch */
+
+    for (uint32_t i = 0; i < n && st == HPD_OK;) {
+        const uint64_t left = spans[i].bytes - done;
+        const uint64_t take = HPD_MIN(left, (HASH_BATCH_PIECES - np) * HPD_HASH_PIECE_BYTES);
+        if (take > 0) {
+            batch[nb++] = (hpd_hash_span_t){(const uint8_t *)spans[i].ptr + done, take};
+            np += hpd_hash_n_pieces(take);
+            done += take;
+        }
+        if (done == spans[i].bytes)
+            i++, done = 0;
+        if (np == HASH_BATCH_PIECES || nb == HPD_ARRAY_SIZE(batch) || (i == n && nb > 0)) {
+            st = hpd_backend_hash_pieces(
+                be, &(hpd_hash_pieces_args_t){.spans = batch, .n_spans = nb, .out = pieces});
+            for (uint64_t k = 0; k < np && st == HPD_OK; k++)
+                hpd_hash_fold(sum, pieces[k]);
+            nb = 0, np = 0;
+        }
+    }
+    if (st != HPD_OK)
+        HPD_LOG_ERROR(LOG_COMPONENT, "hashing %u received ranges in %s memory: %s", n,
+                      be->ops->name, hpd_status_str(st));
+    free(pieces);
+    return st;
+}
+
 /* Adds the destinations' bytes to the checksum, piece by piece
  * (common/hash.h): host memory (a device pool's host mirror too) is hashed
  * here; device memory UCX wrote directly is hashed by its backend, on the
- * GPU where it lives, consecutive destinations of one backend in one call.
+ * GPU where it lives, consecutive destinations of one backend together.
  * The destinations were checked against their regions. */
 static hpd_status_t hash_dests(const hpd_xfer_ctx_t *c, const dest_t *d, uint32_t n,
                                XXH3_state_t *sum)
@@ -445,23 +486,7 @@ static hpd_status_t hash_dests(const hpd_xfer_ctx_t *c, const dest_t *d, uint32_
             direct = r->device != NULL && !mirrored(r);
         }
         if (n_run > 0 && (i == n || !direct || r->backend != run_backend)) {
-            uint64_t n_pieces = 0;
-            for (uint32_t k = 0; k < n_run; k++)
-                n_pieces += hpd_hash_n_pieces(run[k].bytes);
-            uint64_t *pieces = malloc((n_pieces ? n_pieces : 1) * sizeof(*pieces));
-            if (pieces == NULL) {
-                st = HPD_ERR_NO_MEMORY;
-                break;
-            }
-            st = hpd_backend_hash_pieces(
-                run_backend, &(hpd_hash_pieces_args_t){.spans = run, .n_spans = n_run, .out = pieces});
-            if (st == HPD_OK)
-                for (uint64_t k = 0; k < n_pieces; k++)
-                    hpd_hash_fold(sum, pieces[k]);
-            else
-                HPD_LOG_ERROR(LOG_COMPONENT, "hashing %u received ranges in %s memory: %s", n_run,
-                              run_backend->ops->name, hpd_status_str(st));
-            free(pieces);
+            st = hash_backend_spans(run_backend, run, n_run, sum);
             n_run = 0;
         }
         if (i == n || st != HPD_OK)
@@ -540,8 +565,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         (state = XXH3_createState()) == NULL) {
         n.status = HPD_ERR_FORMAT;
     } else {
-        uint64_t total = 0;
+        uint64_t total = 0, room = 0;
         XXH3_64bits_reset(state);
+        for (uint32_t i = 0; i < c->n_regions; i++)
+            room += c->regions[i].len;
         for (uint32_t i = 0; i < h.n_dests && n.status == HPD_OK; i++) {
             dest_t e;
             memcpy(&e, d + i, sizeof(e));
@@ -549,6 +576,16 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                 e.bytes > c->regions[e.region].len - e.offset)
                 n.status = HPD_ERR_FORMAT;
             total += e.bytes;
+            /* a transfer writes each byte once: more than every region
+             * holds (destinations repeated to make the receiver hash
+             * without end) is refused before anything is read */
+            if (n.status == HPD_OK && total > room) {
+                HPD_LOG_ERROR(LOG_COMPONENT, "transfer %llu from node %llu refused: its "
+                              "destinations add up to more than the %llu bytes of this node's "
+                              "regions", (unsigned long long)h.xfer_id,
+                              (unsigned long long)h.sender, (unsigned long long)room);
+                n.status = HPD_ERR_FORMAT;
+            }
         }
         if (n.status == HPD_OK && total == h.bytes && hash_dests(c, d, h.n_dests, state) != HPD_OK)
             n.status = HPD_ERR_IO;

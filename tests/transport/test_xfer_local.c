@@ -1210,12 +1210,15 @@ static void test_receiver_checks_notices(void **state)
     const notice_hdr_t ok = {NOTICE_MAGIC, 77, 1000, sum, 120, 2, 0};
 
     typedef enum { GOOD, BAD_MAGIC, OLD_RELEASE, BAD_SUM, SWAPPED_SUM, BAD_BYTES, SHORT_DATA,
-                   LONG_DATA, NO_REGION, PAST_END, TOO_LONG, WRAPS, EMPTY, N_CASES } case_t;
+                   LONG_DATA, NO_REGION, PAST_END, TOO_LONG, WRAPS, OVER_ROOM, EMPTY,
+                   N_CASES } case_t;
     static const char *names[N_CASES] = {
         "good", "magic", "the release before pieces", "checksum", "checksum in another order",
         "byte count",
         "one destination missing", "one destination more", "region 5", "offset past the end",
-        "bytes past the end", "offset + bytes wrapping", "no destinations"};
+        "bytes past the end", "offset + bytes wrapping",
+        "more bytes than the regions hold (one region thrice, the checksum right)",
+        "no destinations"};
     int n_ok = 0, n_bad = 0;
     for (case_t c = 0; c < N_CASES; c++) {
         notice_hdr_t hd = ok;
@@ -1242,6 +1245,14 @@ static void test_receiver_checks_notices(void **state)
         case PAST_END: dd[1].offset = 1001, dd[1].bytes = 0; break;
         case TOO_LONG: dd[1].bytes = 991; break;
         case WRAPS: dd[1].offset = 16, dd[1].bytes = UINT64_MAX - 8; break;
+        case OVER_ROOM: { /* 3 x 4096 > 4096 + 1000: refused before it is hashed */
+            const uint8_t *sp[3] = {mem0, mem0, mem0};
+            const uint64_t ln[3] = {4096, 4096, 4096};
+            for (int j = 0; j < 3; j++)
+                dd[j] = (dest_t){0, 0, 0, 4096};
+            n = 3, hd.n_dests = 3, hd.bytes = 3 * 4096, hd.checksum = spec_checksum(sp, ln, 3);
+            break;
+        }
         case EMPTY:
             hd.n_dests = 0, hd.bytes = 0, hd.checksum = XXH3_64bits(NULL, 0), n = 0;
             break;
