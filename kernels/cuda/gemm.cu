@@ -649,42 +649,59 @@ __global__ void __launch_bounds__(TC_THREADS)
 }
 
 /* The GEMM of decode on tensor cores (cuda-bf16, m <= TC_MIN_ROWS): a warp
- * per 8 weight rows walks all of k, one or two 16-row tiles of x (rows past
- * m zero) against them, the weights loaded straight into fragments (lane
- * (g, t): row g, k 2t and 2t + 8 of each step, a 32-byte sector per row and
- * step) GV_STEPS steps ahead of the products. */
-#define GV_STEPS 8
+ * per 8 weight rows walks all of k, one (m <= 16) or two 16-row tiles of x
+ * (rows past m zero) against them. A lane's operands of a run of steps,
+ * weights (lane (g, t): row g, k 2t and 2t + 8 of each step, a 32-byte
+ * sector per row and step) and x alike, are loaded a run ahead of the
+ * products (the first H100 run, loading x at each step, read the weights
+ * at 0.08-0.17 of the copy bandwidth). */
 #define GV_WARPS 4
 
-/* A lane's weights of GV_STEPS steps: BF16 pairs as they are; FP8 pairs
- * raw (dequantised when used) with their scales in bs (a pair has one: the
- * scale blocks are multiples of 8). */
-template <bool FP8>
-__device__ static inline void gv_load_w(uint32_t (*bw)[2], float (*bs)[2], const void *wr,
-                                        const float *sr, uint32_t block, bool row_in, uint32_t k,
-                                        uint32_t s0, uint32_t t)
+/* A lane's operands of STEPS steps: BF16 weight pairs as they are, FP8
+ * pairs raw (dequantised when used) with their scales (a pair has one: the
+ * scale blocks are multiples of 8); x's fragments of MT tiles. */
+template <uint32_t STEPS, uint32_t MT> struct gv_frag_t {
+    uint32_t w[STEPS][2];
+    float s[STEPS][2];
+    uint32_t x[STEPS][MT][4];
+};
+
+template <bool FP8, uint32_t STEPS, uint32_t MT>
+__device__ static inline void gv_load(gv_frag_t<STEPS, MT> &f, const uint16_t *xb, uint32_t m,
+                                      const void *wr, const float *sr, uint32_t block,
+                                      bool row_in, uint32_t k, uint32_t s0, uint32_t g,
+                                      uint32_t t)
 {
     #pragma unroll
-    for (uint32_t u = 0; u < GV_STEPS; u++) {
+    for (uint32_t u = 0; u < STEPS; u++) {
         #pragma unroll
         for (uint32_t h = 0; h < 2; h++) {
             const uint32_t k0 = (s0 + u) * 16 + 2 * t + 8 * h; /* k even: a pair is in or out whole */
-            const bool in = row_in && k0 < k;
+            const bool in = k0 < k;
             if constexpr (FP8) {
-                bw[u][h] = in ? *(const uint16_t *)((const uint8_t *)wr + k0) : 0u;
-                bs[u][h] = in ? sr[k0 / block] : 0.0f;
+                f.w[u][h] = row_in && in ? *(const uint16_t *)((const uint8_t *)wr + k0) : 0u;
+                f.s[u][h] = row_in && in ? sr[k0 / block] : 0.0f;
             } else {
-                bw[u][h] = in ? *(const uint32_t *)((const uint16_t *)wr + k0) : 0u;
+                f.w[u][h] = row_in && in ? *(const uint32_t *)((const uint16_t *)wr + k0) : 0u;
+            }
+            #pragma unroll
+            for (uint32_t mi = 0; mi < MT; mi++) { /* a[h * 2 + 0]: row g, a[h * 2 + 1]: g + 8 */
+                const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
+                f.x[u][mi][2 * h] = r0 < m && in ? *(const uint32_t *)(xb + (size_t)r0 * k + k0)
+                                                 : 0u;
+                f.x[u][mi][2 * h + 1] =
+                    r1 < m && in ? *(const uint32_t *)(xb + (size_t)r1 * k + k0) : 0u;
             }
         }
     }
 }
 
-template <bool FP8>
+template <bool FP8, uint32_t MT>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
                    uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
+    constexpr uint32_t STEPS = MT == 1 ? 8 : 4;
     const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const uint32_t n0 = (blockIdx.x * GV_WARPS + threadIdx.x / 32) * 8;
     if (n0 >= n)
@@ -693,47 +710,35 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     const size_t wrow = row_in ? n0 + g : 0;
     const void *wr = (const uint8_t *)w + wrow * k * (FP8 ? 1 : 2);
     const float *sr = FP8 ? ws.scale + wrow * ws.ld : nullptr;
-    const uint32_t steps = (k + 15) / 16, tiles = (m + 15) / 16;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const uint32_t steps = (k + 15) / 16;
+    float acc[MT][4] = {};
     /* registers: indices known when compiled */
-    uint32_t bw[GV_STEPS][2], next[GV_STEPS][2] = {};
-    float bs[GV_STEPS][2] = {}, next_s[GV_STEPS][2] = {};
-    gv_load_w<FP8>(bw, bs, wr, sr, ws.block, row_in, k, 0, t);
-    for (uint32_t s0 = 0; s0 < steps; s0 += GV_STEPS) {
-        if (s0 + GV_STEPS < steps) /* the next steps' weights in flight meanwhile */
-            gv_load_w<FP8>(next, next_s, wr, sr, ws.block, row_in, k, s0 + GV_STEPS, t);
+    gv_frag_t<STEPS, MT> cur, next = {};
+    gv_load<FP8>(cur, xb, m, wr, sr, ws.block, row_in, k, 0, g, t);
+    for (uint32_t s0 = 0; s0 < steps; s0 += STEPS) {
+        if (s0 + STEPS < steps) /* the next run's operands in flight meanwhile */
+            gv_load<FP8>(next, xb, m, wr, sr, ws.block, row_in, k, s0 + STEPS, g, t);
         #pragma unroll
-        for (uint32_t u = 0; u < GV_STEPS; u++) {
-            const uint32_t s = s0 + u;
-            if (s >= steps)
+        for (uint32_t u = 0; u < STEPS; u++) {
+            if (s0 + u >= steps)
                 break;
-            const uint32_t kl = s * 16 + 2 * t, kh = kl + 8;
+            uint32_t b[2] = {cur.w[u][0], cur.w[u][1]};
+            if constexpr (FP8)
+                for (uint32_t h = 0; h < 2; h++)
+                    b[h] = tc_f8_bf16(cur.w[u][h] & 0xff, cur.s[u][h]) |
+                           tc_f8_bf16(cur.w[u][h] >> 8, cur.s[u][h]) << 16;
             #pragma unroll
-            for (uint32_t mi = 0; mi < 2; mi++) {
-                if (mi >= tiles)
-                    break;
-                uint32_t a[4];
-                const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
-                a[0] = r0 < m && kl < k ? *(const uint32_t *)(xb + (size_t)r0 * k + kl) : 0u;
-                a[1] = r1 < m && kl < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kl) : 0u;
-                a[2] = r0 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r0 * k + kh) : 0u;
-                a[3] = r1 < m && kh < k ? *(const uint32_t *)(xb + (size_t)r1 * k + kh) : 0u;
-                uint32_t b[2] = {bw[u][0], bw[u][1]};
-                if constexpr (FP8)
-                    for (uint32_t h = 0; h < 2; h++)
-                        b[h] = tc_f8_bf16(bw[u][h] & 0xff, bs[u][h]) |
-                               tc_f8_bf16(bw[u][h] >> 8, bs[u][h]) << 16;
+            for (uint32_t mi = 0; mi < MT; mi++) {
+                /* the fragment's order: rows g, g + 8 at k; then at k + 8 */
+                const uint32_t a[4] = {cur.x[u][mi][0], cur.x[u][mi][1], cur.x[u][mi][2],
+                                       cur.x[u][mi][3]};
                 hpd_mma_bf16_16816(acc[mi], a, b);
             }
         }
-        #pragma unroll
-        for (uint32_t u = 0; u < GV_STEPS; u++) {
-            bw[u][0] = next[u][0], bw[u][1] = next[u][1];
-            bs[u][0] = next_s[u][0], bs[u][1] = next_s[u][1];
-        }
+        cur = next;
     }
     #pragma unroll
-    for (uint32_t mi = 0; mi < 2; mi++)
+    for (uint32_t mi = 0; mi < MT; mi++)
         #pragma unroll
         for (int r = 0; r < 4; r++) {
             const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
@@ -794,12 +799,19 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     if (gemv && a->m <= TC_MIN_ROWS) {
         const uint32_t warps = (a->n + 7) / 8;
         const uint32_t blocks_v = (warps + GV_WARPS - 1) / GV_WARPS;
-        if (fp8)
-            gemv_tc_kernel<true><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        const uint16_t *x16 = (const uint16_t *)xb;
+        if (fp8 && a->m <= 16)
+            gemv_tc_kernel<true, 1><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else if (fp8)
+            gemv_tc_kernel<true, 2><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else if (a->m <= 16)
+            gemv_tc_kernel<false, 1><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
         else
-            gemv_tc_kernel<false><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            gemv_tc_kernel<false, 2><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }
