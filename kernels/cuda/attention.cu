@@ -640,36 +640,32 @@ static size_t split_tc_smem(uint32_t RT, uint32_t hd)
            ((P + KT) * (hd + 8) + (size_t)hd * TC_PLD + P * TC_PLD) * sizeof(uint16_t);
 }
 
-template <uint32_t RT, uint32_t NT>
-static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
-                                    const hpd_attention_args_t *a, const dev_kv_t *kv,
-                                    const qrow_t *rows, const row_group_t *groups, uint32_t base,
-                                    float *o_part, float *ml_part)
+/* A launch of a split kernel (fp32 or tensor cores: the same arguments) */
+template <typename K>
+static hpd_status_t split_launch_kernel(K kernel, uint32_t nt, hpd_cuda_ctx_t *c, dim3 grid,
+                                        size_t smem, const hpd_attention_args_t *a,
+                                        const dev_kv_t *kv, const qrow_t *rows,
+                                        const row_group_t *groups, uint32_t base, float *o_part,
+                                        float *ml_part)
 {
     if (smem > 48 * 1024)
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(attention_split_tc_kernel<RT, NT>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+        HPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)smem));
-    attention_split_tc_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
-        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
+    kernel<<<grid, nt, smem, c->stream>>>(*kv, a->q, a->n_heads, a->scale, rows, groups, base,
+                                          o_part, ml_part);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
 
-template <uint32_t RT, uint32_t NT>
-static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
-                                 const hpd_attention_args_t *a, const dev_kv_t *kv,
-                                 const qrow_t *rows, const row_group_t *groups, uint32_t base,
-                                 float *o_part, float *ml_part)
+template <uint32_t RT, uint32_t NT, typename... A>
+static hpd_status_t split_tc_launch(A... args)
 {
-    if (smem > 48 * 1024)
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<RT, NT>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
-    attention_split_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
-        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
-    HPD_CUDA_LAUNCHED();
-    return HPD_OK;
+    return split_launch_kernel(attention_split_tc_kernel<RT, NT>, NT, args...);
+}
+
+template <uint32_t RT, uint32_t NT, typename... A> static hpd_status_t split_launch(A... args)
+{
+    return split_launch_kernel(attention_split_kernel<RT, NT>, NT, args...);
 }
 
 /* A launch of the split pass: rows [r0, r1) of the op, whose partials fit

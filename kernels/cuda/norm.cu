@@ -26,17 +26,26 @@ __device__ static float row_sum_squares(const float *x, uint32_t dim, float *red
     return total;
 }
 
+/* RMSNorm of row (t, h) of a, element d of it to out(d, value): the one
+ * arithmetic of rmsnorm_kernel and norm_rope_kernel */
+template <typename Out>
+__device__ static inline void rms_row(const hpd_rmsnorm_args_t &a, uint32_t t, uint32_t h,
+                                      float *red, Out out)
+{
+    const float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs;
+    const float inv = 1.0f / sqrtf(row_sum_squares(x, a.dim, red) / (float)a.dim + a.eps);
+    for (uint32_t d = threadIdx.x; d < a.dim; d += T) {
+        const float w = a.zero_centred ? 1.0f + a.w[d] : a.w[d];
+        out(d, (x[d] * inv) * w);
+    }
+}
+
 __global__ void rmsnorm_kernel(hpd_rmsnorm_args_t a)
 {
     __shared__ float red[T];
     const uint32_t t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
-    const float *x = a.x.p + (size_t)t * a.x.ld + (size_t)h * a.x.hs;
     float *y = a.y.p + (size_t)t * a.y.ld + (size_t)h * a.y.hs;
-    const float inv = 1.0f / sqrtf(row_sum_squares(x, a.dim, red) / (float)a.dim + a.eps);
-    for (uint32_t d = threadIdx.x; d < a.dim; d += T) {
-        const float w = a.zero_centred ? 1.0f + a.w[d] : a.w[d];
-        y[d] = (x[d] * inv) * w;
-    }
+    rms_row(a, t, h, red, [&](uint32_t d, float v) { y[d] = v; });
 }
 
 __global__ void gated_rmsnorm_kernel(hpd_gated_rmsnorm_args_t a)
@@ -76,13 +85,8 @@ __global__ void norm_rope_kernel(hpd_norm_rope_args_t a, const int32_t *position
     const uint32_t nq = a.q.n_heads, heads = nq + a.k.n_heads;
     const uint32_t t = blockIdx.x / heads, hh = blockIdx.x % heads, h = hh < nq ? hh : hh - nq;
     const hpd_rmsnorm_args_t &n = hh < nq ? a.q : a.k;
-    const float *x = n.x.p + (size_t)t * n.x.ld + (size_t)h * n.x.hs;
     float *y = n.y.p + (size_t)t * n.y.ld + (size_t)h * n.y.hs;
-    const float inv = 1.0f / sqrtf(row_sum_squares(x, n.dim, red) / (float)n.dim + n.eps);
-    for (uint32_t d = threadIdx.x; d < n.dim; d += T) {
-        const float w = n.zero_centred ? 1.0f + n.w[d] : n.w[d];
-        ys[d] = (x[d] * inv) * w;
-    }
+    rms_row(n, t, h, red, [&](uint32_t d, float v) { ys[d] = v; });
     __syncthreads(); /* the whole row normalised (x and y may be one) */
     const uint32_t half = a.rope.rot_dim / 2;
     const float pos = (float)positions[t];

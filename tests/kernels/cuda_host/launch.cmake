@@ -4,7 +4,7 @@
 # kernel<<<grid, block, smem, stream>>>(args) (kernel may carry template
 # arguments) becomes
 #   hpd_emu_launcher(dim3(grid), dim3(block), smem, stream,
-#                    [](auto... as) { kernel(as...); })(args),
+#                    [&](auto... as) { kernel(as...); })(args),
 # and `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer
 # to the launch's buffer: `T *const name = (T *)hpd_emu_smem;`. The four
 # launch arguments are written without commas inside them, as in every
@@ -12,7 +12,7 @@
 file(READ ${IN} src)
 string(REGEX REPLACE
   "([A-Za-z_][A-Za-z_0-9]*(<[^<>;]*>)?)<<<([^,;]*), ([^,;]*), ([^,;]*), ([^;]*)>>>\\("
-  "hpd_emu_launcher(dim3(\\3), dim3(\\4), (size_t)(\\5), \\6, [](auto... as) { \\1(as...); })("
+  "hpd_emu_launcher(dim3(\\3), dim3(\\4), (size_t)(\\5), \\6, [&](auto... as) { \\1(as...); })("
   out "${src}")
 string(REGEX REPLACE
   "extern __shared__ ([A-Za-z_][A-Za-z_0-9]*) ([A-Za-z_][A-Za-z_0-9]*)\\[\\];"
