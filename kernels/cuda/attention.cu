@@ -253,6 +253,23 @@ __device__ static inline void tile_store(float *tile, uint32_t ld, const float4 
     }
 }
 
+/* A split block's start: its keys' K and V page rows looked up once, and
+ * each of its query rows' end of keys in the split. */
+template <uint32_t NT>
+__device__ static inline void split_rows(const dev_kv_t &kv, const qrow_t *rows,
+                                         row_group_t grp, uint32_t kvh, uint32_t t_begin,
+                                         uint32_t t_stop, const float **krow, const float **vrow,
+                                         uint32_t *tend)
+{
+    const qrow_t last = rows[grp.first + grp.count - 1];
+    for (uint32_t t = t_begin + threadIdx.x; t < t_stop; t += NT) {
+        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
+        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
+    }
+    if (threadIdx.x < grp.count)
+        tend[threadIdx.x] = min(t_begin + SPLIT, rows[grp.first + threadIdx.x].pos + 1);
+}
+
 /* Pairs (query row, head) a block may hold: RT rows of up to GMAX heads
  * alone, of up to 8 in groups. */
 #define PAIRS(RT) ((RT) == 1 ? GMAX : (RT) * (GMAX / 2))
@@ -297,12 +314,7 @@ __global__ void __launch_bounds__(NT)
     float acc[P][DPTN];
     float4 vr[KT * SPLIT_HD / 4 / NT]; /* the next V tile, loaded while K's scores are computed */
 
-    for (uint32_t t = t_begin + tid; t < t_stop; t += NT) {
-        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
-        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
-    }
-    if (tid < grp.count)
-        tend[tid] = min(t_begin + SPLIT, rows[grp.first + tid].pos + 1);
+    split_rows<NT>(kv, rows, grp, kvh, t_begin, t_stop, krow, vrow, tend);
     for (uint32_t i = tid; i < n_pairs * hd; i += NT) {
         const uint32_t pr = i / hd, d = i % hd;
         qs[pr * ld + d] = qv.p[(size_t)rows[grp.first + pr / G].row * qv.ld +
@@ -459,12 +471,7 @@ __global__ void __launch_bounds__(NT)
     float m = -INFINITY, l = 0.0f;                   /* thread p < n_pairs: pair p's */
     float acc[MAXI][4];
 
-    for (uint32_t t = t_begin + tid; t < t_stop; t += NT) {
-        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
-        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
-    }
-    if (tid < grp.count)
-        tend[tid] = min(t_begin + SPLIT, rows[grp.first + tid].pos + 1);
+    split_rows<NT>(kv, rows, grp, kvh, t_begin, t_stop, krow, vrow, tend);
     for (uint32_t i = tid; i < P * half; i += NT) {
         const uint32_t pr = i / half, d = 2 * (i % half);
         uint32_t w = 0;
