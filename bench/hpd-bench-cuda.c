@@ -11,7 +11,8 @@
  *   written per second, as a fraction of the copy bandwidth;
  * - attention: one decode row for each of --seqs sequences of --context
  *   tokens (16 heads, 2 KV heads, head_dim 256, 64-token NHD pages): KV bytes
- *   read per second, as a fraction of the copy bandwidth;
+ *   read per second, as a fraction of the copy bandwidth, and the same on
+ *   cuda-bf16 (tensor cores: bf16_device_of_copy);
  * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s;
  * - translate: --context tokens of 12 full-attention layers from B=64,P=1
  *   NHD to B=16,P=4 HND, against a copy of the same bytes;
@@ -625,8 +626,19 @@ int main(int argc, char **argv)
     uint64_t kv_bytes;
     t = attention_seconds(seqs, context, &kv_bytes);
     printf("attention seqs=%u context=%u heads=%d kv_heads=%d head_dim=%d ms=%.4f GBps=%.1f "
-           "of_copy=%.3f\n", seqs, context, NH, NKV, HD, t * 1e3, kv_bytes / t / 1e9,
+           "of_copy=%.3f", seqs, context, NH, NKV, HD, t * 1e3, kv_bytes / t / 1e9,
            kv_bytes / t / bw);
+    /* beside it, cuda-bf16's (tensor cores), the same shape on the same GPU */
+    hpd_backend_t *bf16 = open_sibling("cuda-bf16", device);
+    if (bf16 != NULL) {
+        hpd_backend_t *under_test = be;
+        be = bf16;
+        const double tb = attention_seconds(seqs, context, &kv_bytes);
+        be = under_test;
+        hpd_backend_destroy(bf16);
+        printf(" bf16_device_ms=%.4f bf16_device_of_copy=%.3f", tb * 1e3, kv_bytes / tb / bw);
+    }
+    printf("\n");
     for (uint32_t n = 1; n <= 4; n *= 4) {
         t = gdn_seconds(n, prefill, true);
         printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f\n", n,
