@@ -33,7 +33,7 @@
  *   to the host and hashed there) in the same run;
  * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
  *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
- *   and --seqs, decode beside its bound (the weights a step reads, all but an
+ *   and --seqs, on the device and again on cuda-bf16 (device= names each), decode beside its bound (the weights a step reads, all but an
  *   untied embedding's table, read once at the copy bandwidth, the rate
  *   the GEMV lines are measured against; it was the copy's half, and an
  *   untied table counted whole, until the first GPU run showed 1.04 of it).
@@ -555,8 +555,9 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
     const double weight_bytes = (double)m->weight_bytes;
     engine_run(e, 1, 128, 2, m->config.vocab_size, false, &toks); /* warm-up */
     double t = engine_run(e, 1, prefill, 1, m->config.vocab_size, false, &toks);
-    printf("model_prefill layers=%u params=%llu tokens=%llu tok_per_s=%.0f\n", m->config.n_layers,
-           (unsigned long long)m->n_params, (unsigned long long)toks, toks / t);
+    printf("model_prefill device=%s layers=%u params=%llu tokens=%llu tok_per_s=%.0f\n",
+           be->ops->name, m->config.n_layers, (unsigned long long)m->n_params,
+           (unsigned long long)toks, toks / t);
     t = engine_run(e, 1, 64, 65, m->config.vocab_size, true, &toks);
     /* a step reads every weight once, but of an untied embedding only the
      * rows of its tokens; the copy bandwidth (bytes read and written per
@@ -568,10 +569,10 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
                   hpd_dtype_size(m->embed.dtype);
     const double read_bytes = weight_bytes - embed_bytes;
     const double bound = copy_bw / read_bytes; /* steps/s */
-    printf("model_decode batch=1 tok_per_s=%.1f read_bytes=%.0f bound_tok_per_s=%.1f "
-           "of_bound=%.3f\n", toks / t, read_bytes, bound, toks / t / bound);
+    printf("model_decode device=%s batch=1 tok_per_s=%.1f read_bytes=%.0f bound_tok_per_s=%.1f "
+           "of_bound=%.3f\n", be->ops->name, toks / t, read_bytes, bound, toks / t / bound);
     t = engine_run(e, seqs, 64, 65, m->config.vocab_size, true, &toks);
-    printf("model_decode batch=%u tok_per_s=%.1f\n", seqs, toks / t);
+    printf("model_decode device=%s batch=%u tok_per_s=%.1f\n", be->ops->name, seqs, toks / t);
     hpd_engine_destroy(e);
     hpd_model_destroy(m);
 }
@@ -649,8 +650,17 @@ int main(int argc, char **argv)
     gemv_bench(5120, 2048, bw, device);
     gemv_bench(2048, 5120, bw, device);
     gemm_bench(prefill, 5120, 2048, device);
-    if (model != NULL)
+    if (model != NULL) {
         model_bench(model, prefill, seqs, bw);
+        /* and on cuda-bf16 (tensor cores), the same model and GPU */
+        hpd_backend_t *tc = open_sibling("cuda-bf16", device), *under_test = be;
+        if (tc != NULL) {
+            be = tc;
+            model_bench(model, prefill, seqs, bw);
+            be = under_test;
+            hpd_backend_destroy(tc);
+        }
+    }
     hpd_backend_destroy(be);
     return 0;
 }
