@@ -29,6 +29,13 @@ static inline uint64_t hpd_hash_n_pieces(uint64_t bytes)
     return (bytes + HPD_HASH_PIECE_BYTES - 1) / HPD_HASH_PIECE_BYTES;
 }
 
+/* The bytes of the piece at offset off (a multiple of the piece size) of a
+ * put of `bytes`. */
+static inline uint64_t hpd_hash_piece_len(uint64_t bytes, uint64_t off)
+{
+    return bytes - off < HPD_HASH_PIECE_BYTES ? bytes - off : HPD_HASH_PIECE_BYTES;
+}
+
 /* Adds one piece's hash to a checksum. */
 static inline void hpd_hash_fold(XXH3_state_t *sum, uint64_t piece_hash)
 {
@@ -47,10 +54,8 @@ static inline uint64_t hpd_hash_piece(const void *p, size_t n)
 /* Adds a put's bytes (host memory) to a checksum, piece by piece. */
 static inline void hpd_hash_put(XXH3_state_t *sum, const void *p, uint64_t n)
 {
-    for (uint64_t off = 0; off < n; off += HPD_HASH_PIECE_BYTES) {
-        const uint64_t len = n - off < HPD_HASH_PIECE_BYTES ? n - off : HPD_HASH_PIECE_BYTES;
-        hpd_hash_fold(sum, hpd_hash_piece((const uint8_t *)p + off, len));
-    }
+    for (uint64_t off = 0; off < n; off += HPD_HASH_PIECE_BYTES)
+        hpd_hash_fold(sum, hpd_hash_piece((const uint8_t *)p + off, hpd_hash_piece_len(n, off)));
 }
 
 #endif

@@ -5,7 +5,6 @@
 
 #include "common/hash.h"
 #include "common/log.h"
-#include "common/util.h"
 
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p)
 {
@@ -63,7 +62,7 @@ hpd_status_t hpd_backend_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_arg
     for (uint32_t i = 0; i < a->n_spans; i++) {
         const uint8_t *p = a->spans[i].ptr;
         for (uint64_t off = 0; off < a->spans[i].bytes; off += HPD_HASH_PIECE_BYTES) {
-            const uint64_t len = HPD_MIN(HPD_HASH_PIECE_BYTES, a->spans[i].bytes - off);
+            const uint64_t len = hpd_hash_piece_len(a->spans[i].bytes, off);
             const uint8_t *piece = p + off;
             if (!host) {
                 hpd_status_t st;

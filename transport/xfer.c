@@ -1112,7 +1112,7 @@ static void copy_out(uint8_t *dst, const uint8_t *src, size_t n)
 static void copy_and_hash(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *hash)
 {
     for (size_t off = 0; off < n; off += HPD_HASH_PIECE_BYTES) {
-        const size_t len = HPD_MIN((size_t)HPD_HASH_PIECE_BYTES, n - off);
+        const size_t len = (size_t)hpd_hash_piece_len(n, off);
         copy_out(dst + off, src + off, len);
         hpd_hash_fold(hash, hpd_hash_piece(src + off, len)); /* one piece */
     }

@@ -253,21 +253,33 @@ __device__ static inline void tile_store(float *tile, uint32_t ld, const float4 
     }
 }
 
+/* A split block's keys: from t_begin (its split's first) to t_stop (its
+ * highest row's last, within the split); the rows' sequence is last's. */
+typedef struct {
+    qrow_t last;
+    uint32_t t_begin, t_stop;
+} split_span_t;
+
+__device__ static inline split_span_t split_span(const qrow_t *rows, row_group_t grp)
+{
+    const qrow_t last = rows[grp.first + grp.count - 1]; /* the block's highest position */
+    const uint32_t t_begin = blockIdx.y * SPLIT;
+    return split_span_t{last, t_begin, min(t_begin + SPLIT, last.pos + 1)};
+}
+
 /* A split block's start: its keys' K and V page rows looked up once, and
  * each of its query rows' end of keys in the split. */
 template <uint32_t NT>
 __device__ static inline void split_rows(const dev_kv_t &kv, const qrow_t *rows,
-                                         row_group_t grp, uint32_t kvh, uint32_t t_begin,
-                                         uint32_t t_stop, const float **krow, const float **vrow,
-                                         uint32_t *tend)
+                                         row_group_t grp, uint32_t kvh, const split_span_t &sp,
+                                         const float **krow, const float **vrow, uint32_t *tend)
 {
-    const qrow_t last = rows[grp.first + grp.count - 1];
-    for (uint32_t t = t_begin + threadIdx.x; t < t_stop; t += NT) {
-        krow[t - t_begin] = kv_row(&kv, last.seq, 0, t, kvh);
-        vrow[t - t_begin] = kv_row(&kv, last.seq, 1, t, kvh);
+    for (uint32_t t = sp.t_begin + threadIdx.x; t < sp.t_stop; t += NT) {
+        krow[t - sp.t_begin] = kv_row(&kv, sp.last.seq, 0, t, kvh);
+        vrow[t - sp.t_begin] = kv_row(&kv, sp.last.seq, 1, t, kvh);
     }
     if (threadIdx.x < grp.count)
-        tend[threadIdx.x] = min(t_begin + SPLIT, rows[grp.first + threadIdx.x].pos + 1);
+        tend[threadIdx.x] = min(sp.t_begin + SPLIT, rows[grp.first + threadIdx.x].pos + 1);
 }
 
 /* Pairs (query row, head) a block may hold: RT rows of up to GMAX heads
@@ -298,11 +310,10 @@ __global__ void __launch_bounds__(NT)
     const row_group_t grp = groups[blockIdx.x];
     const uint32_t hd = kv.l.head_dim, G = n_heads / kv.l.n_kv_heads, kvh = blockIdx.z;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, ld = hd + 4;
-    const qrow_t last = rows[grp.first + grp.count - 1]; /* the block's highest position */
-    const uint32_t t_begin = blockIdx.y * SPLIT;
-    if (t_begin > last.pos)
+    const split_span_t sp = split_span(rows, grp);
+    if (sp.t_begin > sp.last.pos)
         return; /* none of the rows reaches this split: the whole block leaves */
-    const uint32_t t_stop = min(t_begin + SPLIT, last.pos + 1), n_pairs = grp.count * G;
+    const uint32_t t_begin = sp.t_begin, t_stop = sp.t_stop, n_pairs = grp.count * G;
     const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
     float *qs = (float *)(vrow + SPLIT);   /* [RT * G][ld] */
     float *kvs = qs + (size_t)RT * G * ld; /* [KT][ld]: K, then V */
@@ -314,7 +325,7 @@ __global__ void __launch_bounds__(NT)
     float acc[P][DPTN];
     float4 vr[KT * SPLIT_HD / 4 / NT]; /* the next V tile, loaded while K's scores are computed */
 
-    split_rows<NT>(kv, rows, grp, kvh, t_begin, t_stop, krow, vrow, tend);
+    split_rows<NT>(kv, rows, grp, kvh, sp, krow, vrow, tend);
     for (uint32_t i = tid; i < n_pairs * hd; i += NT) {
         const uint32_t pr = i / hd, d = i % hd;
         qs[pr * ld + d] = qv.p[(size_t)rows[grp.first + pr / G].row * qv.ld +
@@ -455,11 +466,10 @@ __global__ void __launch_bounds__(NT)
     const uint32_t hd = kv.l.head_dim, G = n_heads / kv.l.n_kv_heads, kvh = blockIdx.z;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     const uint32_t ldh = hd + 8, half = hd / 2, n_out = MT * (hd / 8);
-    const qrow_t last = rows[grp.first + grp.count - 1]; /* the block's highest position */
-    const uint32_t t_begin = blockIdx.y * SPLIT;
-    if (t_begin > last.pos)
+    const split_span_t sp = split_span(rows, grp);
+    if (sp.t_begin > sp.last.pos)
         return; /* none of the rows reaches this split: the whole block leaves */
-    const uint32_t t_stop = min(t_begin + SPLIT, last.pos + 1), n_pairs = grp.count * G;
+    const uint32_t t_begin = sp.t_begin, t_stop = sp.t_stop, n_pairs = grp.count * G;
     const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
     float *ss = (float *)(vrow + SPLIT);             /* [P][KT]: scores */
     float *alpha = ss + P * KT;                      /* [P] */
@@ -471,7 +481,7 @@ __global__ void __launch_bounds__(NT)
     float m = -INFINITY, l = 0.0f;                   /* thread p < n_pairs: pair p's */
     float acc[MAXI][4];
 
-    split_rows<NT>(kv, rows, grp, kvh, t_begin, t_stop, krow, vrow, tend);
+    split_rows<NT>(kv, rows, grp, kvh, sp, krow, vrow, tend);
     for (uint32_t i = tid; i < P * half; i += NT) {
         const uint32_t pr = i / half, d = 2 * (i % half);
         uint32_t w = 0;

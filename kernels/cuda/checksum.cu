@@ -15,7 +15,6 @@
 #include "kernels/cuda/cuda_ops.h"
 
 #include "common/hash.h"
-#include "common/util.h"
 
 namespace {
 
@@ -211,7 +210,7 @@ hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t
     for (uint32_t s = 0; s < a->n_spans; s++)
         for (uint64_t off = 0; off < a->spans[s].bytes; off += HPD_HASH_PIECE_BYTES)
             pieces[k++] = {(const uint8_t *)a->spans[s].ptr + off,
-                           HPD_MIN(HPD_HASH_PIECE_BYTES, a->spans[s].bytes - off)};
+                           hpd_hash_piece_len(a->spans[s].bytes, off)};
     /* libxxhash's default secret: the one its seed 0 derives */
     uint8_t secret[SECRET];
     XXH3_generateSecret_fromSeed(secret, 0);

@@ -550,7 +550,7 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cuda_destroy(b);
         return HPD_ERR_INTERNAL;
     }
-    c->tc_ok = (fast || bf16) && hpd_cuda_tc_available(c);
+    c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
     if (bf16 && !c->tc_ok) {
         HPD_LOG_ERROR("cuda", "device '%s' needs tensor cores: compute capability 8.0 or later "
                       "and kernels built for sm_80 or later; GPU %d has compute capability "

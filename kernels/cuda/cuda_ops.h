@@ -25,7 +25,7 @@ typedef struct {
     cudaEvent_t stage_ev[HPD_CUDA_STAGE_SLOTS];
     size_t smem_optin; /* shared memory a block may opt in to */
     int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
-    bool tc_ok;        /* cuda-fast: BF16 weights on tensor cores (hpd_cuda_tc_available) */
+    bool tc_ok;        /* cuda-fast, cuda-bf16: tensor-core GEMMs run (hpd_cuda_tc_init) */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
@@ -78,10 +78,12 @@ hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
 /* the device cuda-bf16's GEMM: BF16 weights on tensor cores for every
  * batch size, batch-invariant (gemm.cu) */
 hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
-/* Whether the tensor-core GEMM runs here: compute capability 8.0 or more
- * and the kernel built from sm_80 PTX or later (a build for older
- * architectures JIT-compiles a body that traps). */
-bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c);
+/* Whether the tensor-core GEMMs run here: compute capability 8.0 or more
+ * and the kernels built from sm_80 PTX or later (a build for older
+ * architectures JIT-compiles a body that traps); where they do, their
+ * shared memory is opted in (once, at the backend's creation, with the
+ * context's GPU current). */
+bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c);
 /* the pieces' hashes of a transfer's checksum (checksum.cu) */
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);

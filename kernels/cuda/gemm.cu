@@ -749,12 +749,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         }
 }
 
-bool hpd_cuda_tc_available(const hpd_cuda_ctx_t *c)
+bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
     return c->cc_major >= 8 && c->smem_optin >= TC_SMEM &&
            cudaFuncGetAttributes(&fa, gemm_tc_kernel<false>) == cudaSuccess && fa.ptxVersion >= 80 &&
-           fa.binaryVersion >= 80;
+           fa.binaryVersion >= 80 && /* the tiled kernels' shared memory, once per device */
+           cudaFuncSetAttribute(gemm_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)TC_SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(gemm_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)TC_SMEM) == cudaSuccess;
 }
 
 /* Whether the tensor-core kernels take these arguments: BF16 weights, or
@@ -816,19 +820,14 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
         return HPD_OK;
     }
     const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
-    if (fp8) {
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<true>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)TC_SMEM));
+    /* (their shared memory was opted in at the backend's creation:
+     * hpd_cuda_tc_init) */
+    if (fp8)
         gemm_tc_kernel<true><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
             (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
-    } else {
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<false>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)TC_SMEM));
+    else
         gemm_tc_kernel<false><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
             (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
-    }
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
