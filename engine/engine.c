@@ -24,6 +24,7 @@ void hpd_engine_params_init(hpd_engine_params_t *p)
     p->prefix_cache = true;
     p->host_cache_bytes = 512ull << 20;
     p->checkpoint_every = 16;
+    p->step_graphs = true;
 }
 
 

@@ -403,12 +403,11 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
     const uint32_t H = c->hidden_size, n = bt->n_logits;
     hpd_status_t st;
 
-    for (uint32_t i = 0; i < n; i++) {
-        st = hpd_backend_copy(e->be, e->lhid + (size_t)i * H,
-                              e->x + (size_t)e->logit_rows[i] * H, H * sizeof(float));
-        if (st != HPD_OK)
-            return st;
-    }
+    /* the rows that need logits, together: one op (one launch on a GPU) */
+    const hpd_gather_args_t rows = {
+        .src = e->x, .ld_src = H, .idx = e->logit_rows, .n = n, .dim = H, .dst = e->lhid, .ld_dst = H};
+    if ((st = hpd_gather(e->be, &rows)) != HPD_OK)
+        return st;
     hpd_rmsnorm_args_t norm = {.x = {.p = e->lhid, .ld = H},
                                .y = {.p = e->lhid, .ld = H},
                                .n_tokens = n,
@@ -465,4 +464,45 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
             return st;
     }
     return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;
+}
+
+/* Whether this step may be recorded whole: decode rows only (a prefill
+ * chunk's shapes vary with each prompt), no layer callback (it records
+ * fences other threads wait on), no MoE layer (routing reads the router's
+ * logits on the host mid-step). */
+static bool step_recordable(const hpd_engine_t *e, const batch_t *bt)
+{
+    if (!e->p.step_graphs || bt->n_pre > 0 || e->p.layer_cb != NULL)
+        return false;
+    for (uint32_t l = 0; l < e->cfg->n_layers; l++)
+        if (e->cfg->layer_moe[l])
+            return false;
+    return true;
+}
+
+hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt)
+{
+    if (!step_recordable(e, bt))
+        return hpd_engine_forward(e, bt);
+    /* a step the backend discards (it outgrew the metadata arena or the
+     * scratch, grown since) is recorded once more, then run uncaptured */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        hpd_status_t st = hpd_backend_step_begin(e->be, bt->rows);
+        if (st == HPD_ERR_UNSUPPORTED)
+            break;
+        if (st != HPD_OK)
+            return st;
+        const hpd_status_t fst = hpd_engine_forward(e, bt);
+        bool ran;
+        if ((st = hpd_backend_step_end(e->be, fst == HPD_OK, &ran)) != HPD_OK)
+            return st;
+        if (ran) {
+            e->stats.graph_steps++;
+            return HPD_OK;
+        }
+        e->stats.graph_retries++;
+        if (fst != HPD_OK)
+            break; /* the uncaptured run below reports the op's failure */
+    }
+    return hpd_engine_forward(e, bt);
 }

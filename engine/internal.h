@@ -107,6 +107,9 @@ typedef struct {
  * layer (GDN or gated attention, then the MLP; the layer callback after
  * each), and the logits of the rows that need them. */
 hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt);
+/* The forward pass of a step, recorded whole and run as one where it can
+ * (hpd_engine_params_t step_graphs), else hpd_engine_forward. */
+hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt);
 
 /* Gives back a request's pages and slot (engine/scheduler.c). */
 void hpd_engine_request_free_resources(hpd_engine_t *e, request_t *r);

@@ -442,7 +442,7 @@ hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
     build_batch(e, &bt);
     if (bt.n_items > 0) {
         t0 = hpd_time_now();
-        st = hpd_engine_forward(e, &bt);
+        st = hpd_engine_forward_step(e, &bt);
         if (st == HPD_OK)
             st = emit_tokens(e, &bt);
         if (st != HPD_OK) {
@@ -465,8 +465,10 @@ hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
         e->stats.decode_tokens += bt.n_dec;
         if (bt.n_pre > 0)
             e->stats.prefill_seconds += hpd_time_now() - t0;
-        else
+        else {
             e->stats.decode_seconds += hpd_time_now() - t0;
+            e->stats.decode_steps++;
+        }
     }
     if (n_active_p != NULL)
         *n_active_p = e->n_active;

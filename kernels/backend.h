@@ -395,6 +395,21 @@ typedef struct {
     hpd_status_t (*norm_rope)(hpd_backend_t *backend, const hpd_norm_rope_args_t *args);
     /* optional: hpd_backend_hash_pieces reads the bytes back without it */
     hpd_status_t (*hash_pieces)(hpd_backend_t *backend, const hpd_hash_pieces_args_t *args);
+    /* Optional: a step's ops recorded whole, then run as one (CUDA: a
+     * graph captured from the stream, the step's metadata uploaded in one
+     * copy before it, the graph kept per bucket and updated in place).
+     * step_begin: the ops until step_end are recorded, not run;
+     * HPD_ERR_UNSUPPORTED when this backend does not record now (the ops
+     * then run as they come). Between the two only kernel ops and copies
+     * between backend buffers may be called: nothing that waits for the
+     * device or reads its results. step_end(run): with run true, enqueues
+     * what was recorded and sets *ran_p; with run false, or when recording
+     * failed (the step's metadata or scratch outgrew what the backend held:
+     * it holds enough now), discards it: *ran_p false and nothing of the
+     * step ran, so the caller runs the step again. A status other than
+     * HPD_OK is a device error. */
+    hpd_status_t (*step_begin)(hpd_backend_t *backend, uint32_t bucket);
+    hpd_status_t (*step_end)(hpd_backend_t *backend, bool run, bool *ran_p);
 } hpd_backend_ops_t;
 
 struct hpd_backend {
@@ -621,6 +636,18 @@ hpd_status_t hpd_norm_rope_unfused(hpd_backend_t *b, const hpd_norm_rope_args_t 
  * l2norm, l2norm, gdn_gating. */
 hpd_status_t hpd_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
 hpd_status_t hpd_l2norm_gating_unfused(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
+
+/* A step recorded whole (hpd_backend_ops_t step_begin): HPD_ERR_UNSUPPORTED
+ * where the backend runs ops as they come. */
+static inline hpd_status_t hpd_backend_step_begin(hpd_backend_t *b, uint32_t bucket)
+{
+    return b->ops->step_begin != NULL ? b->ops->step_begin(b, bucket) : HPD_ERR_UNSUPPORTED;
+}
+static inline hpd_status_t hpd_backend_step_end(hpd_backend_t *b, bool run, bool *ran_p)
+{
+    *ran_p = false;
+    return b->ops->step_end != NULL ? b->ops->step_end(b, run, ran_p) : HPD_OK;
+}
 
 /* The pieces' hashes of backend memory (hpd_hash_pieces_args_t): the
  * backend's own op where it has one (the GPU hashes what it holds), else the

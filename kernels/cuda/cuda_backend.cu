@@ -25,6 +25,17 @@ static void cuda_destroy(hpd_backend_t *b)
                 cudaEventDestroy(c->stage_ev[i]);
         if (c->work != NULL)
             cudaFree(c->work);
+        for (hpd_cuda_arena_t &a : c->arena) {
+            if (a.dev != NULL)
+                cudaFree(a.dev);
+            if (a.host != NULL)
+                cudaFreeHost(a.host);
+            if (a.done != NULL)
+                cudaEventDestroy(a.done);
+        }
+        for (auto &g : c->graph)
+            if (g.exec != NULL)
+                cudaGraphExecDestroy(g.exec);
         if (c->cublas != NULL)
             cublasDestroy(c->cublas);
         for (uint32_t i = 0; i < c->n_pinned; i++)
@@ -298,6 +309,22 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
 
     for (uint32_t i = 0; i < n; i++)
         total += (arrays[i].bytes + 255) & ~(size_t)255;
+    if (c->in_step) {
+        /* past the arena's end the step goes on (nothing of it runs: step_end
+         * discards it), with addresses that are never read, so that it
+         * counts what it needs and the arena grows once */
+        hpd_cuda_arena_t *a = &c->arena[c->step_arena];
+        c->step_failed = c->step_failed || c->step_used + total > a->bytes;
+        size_t off = c->step_used;
+        for (uint32_t i = 0; i < n; i++) {
+            if (!c->step_failed && arrays[i].host != NULL && arrays[i].bytes > 0)
+                memcpy(a->host + off, arrays[i].host, arrays[i].bytes);
+            *arrays[i].dev_p = (char *)a->dev + off;
+            off += (arrays[i].bytes + 255) & ~(size_t)255;
+        }
+        c->step_used += total;
+        return HPD_OK;
+    }
     if (c->slot_bytes < total || c->slot_bytes == 0) {
         size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
         while (want < total)
@@ -322,27 +349,181 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
     return HPD_OK;
 }
 
+/* Grows the work buffer to at least `bytes` (doubling from 1 MiB), after
+ * the stream drained what used it. */
+static hpd_status_t work_grow(hpd_cuda_ctx_t *c, size_t bytes)
+{
+    size_t want = c->work_bytes ? c->work_bytes : (1u << 20);
+    while (want < bytes)
+        want *= 2;
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->work != NULL)
+        cudaFree(c->work);
+    c->work = NULL;
+    c->work_bytes = 0;
+    const cudaError_t err = cudaMalloc(&c->work, want);
+    if (err != cudaSuccess) {
+        HPD_LOG_ERROR("cuda", "scratch of %zu bytes on GPU %d: %s", want, c->device,
+                      cudaGetErrorString(err));
+        return HPD_ERR_NO_MEMORY;
+    }
+    c->work_bytes = want;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    if (bytes > c->work_bytes) {
-        size_t want = c->work_bytes ? c->work_bytes : (1u << 20);
-        while (want < bytes)
-            want *= 2;
-        HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        if (c->work != NULL)
-            cudaFree(c->work);
-        c->work = NULL;
-        c->work_bytes = 0;
-        const cudaError_t err = cudaMalloc(&c->work, want);
-        if (err != cudaSuccess) {
-            HPD_LOG_ERROR("cuda", "scratch of %zu bytes on GPU %d: %s", want, c->device,
-                          cudaGetErrorString(err));
-            return HPD_ERR_NO_MEMORY;
-        }
-        c->work_bytes = want;
+    if (bytes > c->work_bytes && c->in_step) {
+        /* as for the arena: the step goes on, to be discarded */
+        c->step_failed = true;
+        c->step_want_work = bytes > c->step_want_work ? bytes : c->step_want_work;
+        *dev_p = c->work;
+        return HPD_OK;
     }
+    hpd_status_t st;
+    if (bytes > c->work_bytes && (st = work_grow(c, bytes)) != HPD_OK)
+        return st;
     *dev_p = c->work;
+    return HPD_OK;
+}
+
+/* (Re)allocates arena i with at least `bytes` (doubling from 64 KiB), once
+ * the step that used it last is done with it. */
+static hpd_status_t arena_grow(hpd_cuda_ctx_t *c, uint32_t i, size_t bytes)
+{
+    hpd_cuda_arena_t *a = &c->arena[i];
+    size_t want = a->bytes ? a->bytes : (64u << 10);
+    while (want < bytes)
+        want *= 2;
+    if (a->done == NULL)
+        HPD_CUDA_CHECK(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming));
+    HPD_CUDA_CHECK(cudaEventSynchronize(a->done));
+    if (a->dev != NULL)
+        cudaFree(a->dev);
+    if (a->host != NULL)
+        cudaFreeHost(a->host);
+    a->dev = NULL;
+    a->host = NULL;
+    a->bytes = 0;
+    HPD_CUDA_CHECK(cudaMalloc(&a->dev, want));
+    HPD_CUDA_CHECK(cudaMallocHost((void **)&a->host, want));
+    a->bytes = want;
+    return HPD_OK;
+}
+
+/* A step recorded whole: the stream captures (this thread may make no call
+ * that waits), ops stage their metadata in the step's arena. The arena's
+ * host half is rewritten only once the step that used it last has copied it
+ * (its event; the two arenas alternate, so the last step may still run). */
+static hpd_status_t cuda_step_begin(hpd_backend_t *b, uint32_t bucket)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    hpd_status_t st;
+    if (!c->graphs || c->in_step)
+        return HPD_ERR_UNSUPPORTED;
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    c->step_arena ^= 1;
+    hpd_cuda_arena_t *a = &c->arena[c->step_arena];
+    if (a->bytes == 0 && (st = arena_grow(c, c->step_arena, 0)) != HPD_OK)
+        return st;
+    HPD_CUDA_CHECK(cudaEventSynchronize(a->done));
+    HPD_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->in_step = true;
+    c->step_failed = false;
+    c->step_bucket = bucket;
+    c->step_used = 0;
+    c->step_want_work = 0;
+    return HPD_OK;
+}
+
+/* The executable graph of a bucket: the one kept, updated in place to the
+ * step just captured (kernel arguments, grids and metadata addresses may
+ * change; when the update is refused, as for another sequence of kernels,
+ * it is made again), else a new one in the least recently used entry. */
+static hpd_status_t step_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t *exec_p)
+{
+    uint32_t at = HPD_CUDA_GRAPHS;
+    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS && at == HPD_CUDA_GRAPHS; i++)
+        if (c->graph[i].exec != NULL && c->graph[i].bucket == c->step_bucket) {
+            cudaGraphExecUpdateResultInfo info;
+            if (cudaGraphExecUpdate(c->graph[i].exec, g, &info) == cudaSuccess) {
+                c->graph[i].used = ++c->graph_clock;
+                *exec_p = c->graph[i].exec;
+                return HPD_OK;
+            }
+            cudaGetLastError(); /* refused: made again in its entry */
+            at = i;
+        }
+    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS && at == HPD_CUDA_GRAPHS; i++)
+        if (c->graph[i].exec == NULL)
+            at = i;
+    if (at == HPD_CUDA_GRAPHS) { /* all kept: the least recently used goes */
+        at = 0;
+        for (uint32_t i = 1; i < HPD_CUDA_GRAPHS; i++)
+            if (c->graph[i].used < c->graph[at].used)
+                at = i;
+    }
+    if (c->graph[at].exec != NULL)
+        cudaGraphExecDestroy(c->graph[at].exec);
+    c->graph[at].exec = NULL;
+    HPD_CUDA_CHECK(cudaGraphInstantiate(&c->graph[at].exec, g, 0));
+    c->graph[at].bucket = c->step_bucket;
+    c->graph[at].used = ++c->graph_clock;
+    *exec_p = c->graph[at].exec;
+    return HPD_OK;
+}
+
+/* Ends the capture; run: one upload of the step's metadata, then its graph,
+ * on the stream. A failed step (or !run) is discarded and what it outgrew
+ * grown, so that the step run again fits. */
+static hpd_status_t cuda_step_end(hpd_backend_t *b, bool run, bool *ran_p)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    cudaGraph_t g = NULL;
+    hpd_status_t st;
+    *ran_p = false;
+    if (!c->in_step)
+        return HPD_OK;
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    const cudaError_t err = cudaStreamEndCapture(c->stream, &g);
+    c->in_step = false;
+    if (err != cudaSuccess || !run || c->step_failed || g == NULL) {
+        if (g != NULL)
+            cudaGraphDestroy(g);
+        if (err != cudaSuccess) {
+            /* an op made a call that capture does not allow: a defect of
+             * this backend, not the caller's; the step runs again, and the
+             * steps after it, uncaptured */
+            HPD_LOG_WARN("cuda", "GPU %d: capturing a step failed (%s): steps run uncaptured "
+                         "from now on", c->device, cudaGetErrorString(err));
+            cudaGetLastError();
+            c->graphs = false;
+        }
+        if (c->step_failed) {
+            c->step_failed = false;
+            for (uint32_t i = 0; i < 2; i++) /* both: the next step takes the other */
+                if (c->step_used > c->arena[i].bytes &&
+                    (st = arena_grow(c, i, c->step_used)) != HPD_OK)
+                    return st;
+            if (c->step_want_work > c->work_bytes &&
+                (st = work_grow(c, c->step_want_work)) != HPD_OK)
+                return st;
+        }
+        return HPD_OK;
+    }
+    hpd_cuda_arena_t *a = &c->arena[c->step_arena];
+    cudaGraphExec_t exec = NULL;
+    st = step_exec(c, g, &exec);
+    cudaGraphDestroy(g);
+    if (st != HPD_OK)
+        return st;
+    if (c->step_used > 0)
+        HPD_CUDA_CHECK(cudaMemcpyAsync(a->dev, a->host, c->step_used, cudaMemcpyHostToDevice,
+                                       c->stream));
+    HPD_CUDA_CHECK(cudaGraphLaunch(exec, c->stream));
+    HPD_CUDA_CHECK(cudaEventRecord(a->done, c->stream));
+    *ran_p = true;
     return HPD_OK;
 }
 
@@ -445,6 +626,8 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .l2norm_gating = entry_l2norm_gating,
         .norm_rope = entry_norm_rope,
         .hash_pieces = entry_hash_pieces,
+        .step_begin = cuda_step_begin,
+        .step_end = cuda_step_end,
     };
 }
 
@@ -550,6 +733,10 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cuda_destroy(b);
         return HPD_ERR_INTERNAL;
     }
+    /* steps as graphs: not where every op waits (HPD_CUDA_SYNC), nor with
+     * cuBLAS (its workspace is not set up for capture here) */
+    const char *graphs_env = getenv("HPD_CUDA_GRAPHS");
+    c->graphs = !c->sync_each_op && !fast && !(graphs_env != NULL && strcmp(graphs_env, "0") == 0);
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
     if (bf16 && !c->tc_ok) {
         HPD_LOG_ERROR("cuda", "device '%s' needs tensor cores: compute capability 8.0 or later "

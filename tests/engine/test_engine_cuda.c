@@ -73,6 +73,9 @@ typedef struct {
     hpd_sampling_t sampling;
 } run_cfg_t;
 
+static bool no_graphs;                /* runs with decode steps op by op (step_graphs false) */
+static hpd_engine_stats_t last_stats; /* the last run's */
+
 /* first-token logits of each request, for the CPU comparison */
 typedef struct {
     float logits[N_REQ][VOCAB];
@@ -105,6 +108,7 @@ static void run(hpd_backend_t *be, const run_cfg_t *c, int32_t out[N_REQ][MAX_TO
     ep.prefix_cache = c->prefix_cache;
     ep.max_context = 1024;
     ep.prefill_chunk = 128;
+    ep.step_graphs = !no_graphs;
     if (f != NULL) {
         ep.logits_cb = capture;
         ep.logits_cb_arg = f;
@@ -136,6 +140,7 @@ static void run(hpd_backend_t *be, const run_cfg_t *c, int32_t out[N_REQ][MAX_TO
         cached += info.cached_tokens;
     }
     assert_int_equal(hpd_engine_audit(e), 0);
+    hpd_engine_stats(e, &last_stats);
     hpd_engine_destroy(e);
     if (cached_p != NULL)
         *cached_p = cached;
@@ -200,6 +205,41 @@ static void test_gpu_bit_identical(void **state)
     print_message("seeded sampling: identical across layouts, batches and prefix hits\n");
 }
 
+/* Decode steps recorded whole (CUDA graphs, one metadata upload each) give
+ * the tokens of the same steps run op by op: batches of one request and of
+ * many, greedy and seeded; on a backend that records steps, most decode
+ * steps were recorded. */
+static void test_gpu_step_graphs(void **state)
+{
+    static int32_t ref[N_REQ][MAX_TOKENS], got[N_REQ][MAX_TOKENS];
+    const hpd_sampling_t greedy = {.top_p = 1}, seeded = {0.8f, 0.9f, 40, 7};
+    const run_cfg_t cases[] = {
+        {64, 1, HPD_KV_NHD, false, true, greedy},
+        {16, 4, HPD_KV_HND, true, false, seeded},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const run_cfg_t c = cases[i];
+        no_graphs = true;
+        run(gpu, &c, ref, NULL, NULL);
+        const hpd_engine_stats_t off = last_stats;
+        no_graphs = false;
+        run(gpu, &c, got, NULL, NULL);
+        const hpd_engine_stats_t on = last_stats;
+        assert_memory_equal(got, ref, sizeof(ref));
+        print_message("%s, %s: identical with steps recorded (%llu of %llu decode steps "
+                      "recorded, %llu recorded again)\n",
+                      c.one_at_a_time ? "one at a time" : "all at once",
+                      i == 0 ? "greedy" : "seeded", (unsigned long long)on.graph_steps,
+                      (unsigned long long)on.decode_steps, (unsigned long long)on.graph_retries);
+        assert_int_equal(off.graph_steps, 0);
+        assert_int_equal(on.steps, off.steps);
+        if (gpu->ops->step_begin != NULL) { /* every decode-only step */
+            assert_true(on.decode_steps > 0);
+            assert_int_equal(on.graph_steps, on.decode_steps);
+        }
+    }
+}
+
 int main(void)
 {
     gpu = test_open_device("cuda:0", 0, NULL);
@@ -212,6 +252,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_vs_cpu),
         cmocka_unit_test(test_gpu_bit_identical),
+        cmocka_unit_test(test_gpu_step_graphs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1020,6 +1020,121 @@ static void test_large_metadata(void **state)
         hpd_backend_free(gpu, dev[i]);
 }
 
+/* One recorded step: mid = src[i1], then dst = mid[i2] (the second reads
+ * what the first wrote), n rows of D floats, the index arrays metadata. */
+static hpd_status_t step_gathers(uint32_t bucket, bool run, bool *ran, const float *src,
+                                 float *mid, float *dst, const uint32_t *i1, const uint32_t *i2,
+                                 uint32_t n, uint32_t D)
+{
+    hpd_status_t st = hpd_backend_step_begin(gpu, bucket);
+    if (st != HPD_OK)
+        return st;
+    const hpd_gather_args_t a = {.src = src, .ld_src = D, .idx = i1, .n = n, .dim = D,
+                                 .dst = mid, .ld_dst = D};
+    const hpd_gather_args_t b = {.src = mid, .ld_src = D, .idx = i2, .n = n, .dim = D,
+                                 .dst = dst, .ld_dst = D};
+    assert_int_equal(hpd_gather(gpu, &a), HPD_OK);
+    assert_int_equal(hpd_gather(gpu, &b), HPD_OK);
+    return hpd_backend_step_end(gpu, run, ran);
+}
+
+/* dst (n rows of D on the device) equals src[i1[i2[r]]], or all `fill` */
+static void expect_gathered(const float *dst, const float *src, const uint32_t *i1,
+                            const uint32_t *i2, uint32_t n, uint32_t D, const float *fill)
+{
+    float *got = down(dst, (size_t)n * D);
+    for (uint32_t r = 0; r < n; r++)
+        for (uint32_t d = 0; d < D; d++) {
+            const float want = fill ? *fill : src[(size_t)i1[i2[r]] * D + d];
+            if (memcmp(&got[(size_t)r * D + d], &want, sizeof(float)) != 0)
+                fail_msg("row %u [%u]: %g, expected %g", r, d, got[(size_t)r * D + d], want);
+        }
+    free(got);
+}
+
+/* Steps recorded whole (CUDA graphs, docs/kernels.md "The decode step"):
+ * a recorded step runs what it recorded, with its metadata; the same bucket
+ * again with other metadata runs with the new (the kept graph updated, the
+ * upload made); steps of 12 buckets, more than are kept, then the first
+ * again; a step whose metadata outgrows the arena runs nothing and fits
+ * when recorded again; run false runs nothing; eight steps enqueued behind
+ * a long GEMM, each with its own metadata, without waiting in between (the
+ * two arenas' reuse). */
+static void test_step_graph(void **state)
+{
+    enum { T = 64, D = 8, BIG = 24000, Q = 8 };
+    bool ran = false;
+    if (hpd_backend_step_begin(gpu, 0) == HPD_ERR_UNSUPPORTED) {
+        print_message("%s records no steps: nothing to check\n", gpu->ops->name);
+        return;
+    }
+    assert_int_equal(hpd_backend_step_end(gpu, false, &ran), HPD_OK);
+    assert_false(ran);
+    float *src = rnd((size_t)BIG * D, 51, 1), nan_fill;
+    memset(&nan_fill, 0xff, sizeof(nan_fill));
+    float *dsrc = up(src, (size_t)BIG * D);
+    void *dmid, *ddst;
+    assert_int_equal(hpd_backend_alloc(gpu, (size_t)BIG * D * sizeof(float), &dmid), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(gpu, (size_t)BIG * D * sizeof(float), &ddst), HPD_OK);
+    uint32_t *i1 = malloc(BIG * sizeof(uint32_t)), *i2 = malloc(BIG * sizeof(uint32_t));
+
+    for (uint32_t round = 0; round < 14; round++) {
+        const uint32_t n = T - round, bucket = round < 12 ? round % 12 : round - 12;
+        for (uint32_t r = 0; r < n; r++)
+            i1[r] = (r * 7 + round * 3) % BIG, i2[r] = (r * 5 + round) % n;
+        assert_int_equal(step_gathers(bucket, true, &ran, dsrc, dmid, ddst, i1, i2, n, D),
+                         HPD_OK);
+        assert_true(ran);
+        expect_gathered(ddst, src, i1, i2, n, D, NULL);
+    }
+    /* metadata of 2 x 96 KB: more than the arena holds at first */
+    for (uint32_t r = 0; r < BIG; r++)
+        i1[r] = (r * 11 + 5) % BIG, i2[r] = (r * 13 + 1) % BIG;
+    assert_int_equal(hpd_backend_memset(gpu, ddst, 0xff, (size_t)BIG * D * sizeof(float)),
+                     HPD_OK);
+    assert_int_equal(step_gathers(20, true, &ran, dsrc, dmid, ddst, i1, i2, BIG, D), HPD_OK);
+    assert_false(ran);
+    expect_gathered(ddst, src, i1, i2, BIG, D, &nan_fill); /* nothing ran */
+    assert_int_equal(step_gathers(20, true, &ran, dsrc, dmid, ddst, i1, i2, BIG, D), HPD_OK);
+    assert_true(ran);
+    expect_gathered(ddst, src, i1, i2, BIG, D, NULL);
+    assert_int_equal(hpd_backend_memset(gpu, ddst, 0xff, (size_t)BIG * D * sizeof(float)),
+                     HPD_OK);
+    assert_int_equal(step_gathers(1, false, &ran, dsrc, dmid, ddst, i1, i2, T, D), HPD_OK);
+    assert_false(ran);
+    expect_gathered(ddst, src, i1, i2, T, D, &nan_fill);
+
+    /* behind a GEMM of some milliseconds, Q steps without a wait: each
+     * step's metadata must reach the device before the host reuses it */
+    enum { M = 4096, K = 4096 };
+    float *w = rnd((size_t)M * K, 52, 0.02f), *dw = up(w, (size_t)M * K);
+    float *dx = up(w, (size_t)M * K), *dy;
+    assert_int_equal(hpd_backend_alloc(gpu, (size_t)M * M * sizeof(float), (void **)&dy), HPD_OK);
+    const hpd_gemm_args_t g = {.x = dx, .ldx = K, .w = dw, .y = dy, .ldy = M, .m = M, .n = M,
+                               .k = K};
+    assert_int_equal(hpd_gemm(gpu, &g), HPD_OK);
+    uint32_t *j1 = malloc((size_t)Q * T * sizeof(uint32_t)), *j2 = malloc((size_t)Q * T * 4);
+    for (uint32_t q = 0; q < Q; q++) {
+        for (uint32_t r = 0; r < T; r++)
+            j1[q * T + r] = (r * 3 + q * 17) % BIG, j2[q * T + r] = (r * 9 + q) % T;
+        assert_int_equal(step_gathers(3, true, &ran, dsrc, (float *)dmid + (size_t)q * T * D,
+                                      (float *)ddst + (size_t)q * T * D, j1 + q * T, j2 + q * T,
+                                      T, D),
+                         HPD_OK);
+        assert_true(ran);
+        memset(j1 + q * T, 0, T * sizeof(uint32_t)); /* the host's copy is free again */
+    }
+    for (uint32_t q = 0; q < Q; q++) {
+        for (uint32_t r = 0; r < T; r++)
+            j1[q * T + r] = (r * 3 + q * 17) % BIG;
+        expect_gathered((float *)ddst + (size_t)q * T * D, src, j1 + q * T, j2 + q * T, T, D,
+                        NULL);
+    }
+    free(src), free(i1), free(i2), free(w), free(j1), free(j2);
+    hpd_backend_free(gpu, dsrc), hpd_backend_free(gpu, dmid), hpd_backend_free(gpu, ddst);
+    hpd_backend_free(gpu, dw), hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy);
+}
+
 /* The chunked rule against the CPU backend's, over two sequences that start
  * off the 64 grid; then one sequence computed in one pass equals the same
  * sequence computed as two calls split at a multiple of 64, and alone
@@ -1543,6 +1658,7 @@ int main(void)
         cmocka_unit_test(test_translate_and_copy),
         cmocka_unit_test(test_kv_store_and_attention),
         cmocka_unit_test(test_large_metadata),
+        cmocka_unit_test(test_step_graph),
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
