@@ -300,7 +300,7 @@ __device__ static inline void split_rows(const dev_kv_t &kv, const qrow_t *rows,
  * split's unnormalised output, max and sum go to the scratch; the combine
  * pass merges a row's splits in ascending order. */
 template <uint32_t RT, uint32_t NT>
-__global__ void __launch_bounds__(NT)
+__global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per SM */
     attention_split_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
                            const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
                            float *o_part, float *ml_part)
@@ -390,7 +390,31 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
                 for (uint32_t k = 0; k < DPTN; k++)
                     acc[pr][k] = __fmul_rn(acc[pr][k], alpha[pr]);
-        for (uint32_t t = 0; t < nk; t++) {
+        uint32_t t = 0;
+        if constexpr (RT == 1) {
+            /* a row alone sees every key of the tile (nkp = nk): four keys'
+             * probabilities in one load, the same products in the same order */
+            for (; t + 4 <= nk; t += 4) {
+#pragma unroll
+                for (uint32_t k = 0; k < DPTN; k++) {
+                    const uint32_t d = tid + k * NT;
+                    if (d < hd) {
+                        const float v0 = kvs[t * ld + d], v1 = kvs[(t + 1) * ld + d];
+                        const float v2 = kvs[(t + 2) * ld + d], v3 = kvs[(t + 3) * ld + d];
+#pragma unroll
+                        for (uint32_t pr = 0; pr < P; pr++)
+                            if (pr < n_pairs) {
+                                const float4 p4 = *(const float4 *)(ps + pr * KT + t);
+                                float x = fmaf(p4.x, v0, acc[pr][k]);
+                                x = fmaf(p4.y, v1, x);
+                                x = fmaf(p4.z, v2, x);
+                                acc[pr][k] = fmaf(p4.w, v3, x);
+                            }
+                    }
+                }
+            }
+        }
+        for (; t < nk; t++) {
 #pragma unroll
             for (uint32_t k = 0; k < DPTN; k++) {
                 const uint32_t d = tid + k * NT;
@@ -398,7 +422,7 @@ __global__ void __launch_bounds__(NT)
                     const float v = kvs[t * ld + d];
 #pragma unroll
                     for (uint32_t pr = 0; pr < P; pr++)
-                        if (pr < n_pairs && t < nkp[pr])
+                        if (pr < n_pairs && (RT == 1 || t < nkp[pr]))
                             acc[pr][k] = fmaf(ps[pr * KT + t], v, acc[pr][k]);
                 }
             }
@@ -762,7 +786,7 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
                      ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
                                                    drows + rg->r0, dgroups + rg->g0, base, o_part,
                                                    ml_part)
-                     : split_launch<1, 128>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
+                     : split_launch<1, 256>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
                                             dgroups + rg->g0, base, o_part, ml_part);
         if (st != HPD_OK)
             return st;
