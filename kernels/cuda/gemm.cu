@@ -648,7 +648,9 @@ __global__ void __launch_bounds__(TC_THREADS)
             }
 }
 
-/* The GEMM of decode on tensor cores (cuda-bf16, m <= TC_MIN_ROWS): a warp
+/* The GEMM of decode on tensor cores (cuda-bf16, m <= TC_MIN_ROWS) where
+ * gemv_ring_kernel (below) does not take the weights (FP8 rows with k not a
+ * multiple of 16 or more than GR_SCALES scales): a warp
  * per 8 weight rows walks all of k, one (m <= 16) or two 16-row tiles of x
  * (rows past m zero) against them. A lane's operands of a run of steps,
  * weights (lane (g, t): row g, k 2t and 2t + 8 of each step, a 32-byte
@@ -666,6 +668,30 @@ template <uint32_t STEPS, uint32_t MT> struct gv_frag_t {
     uint32_t x[STEPS][MT][4];
 };
 
+/* A lane's x fragments of STEPS steps from step s0 (rows past m and k
+ * past its end zero) */
+template <uint32_t STEPS, uint32_t MT>
+__device__ static inline void gv_load_x(uint32_t (&x)[STEPS][MT][4], const uint16_t *xb,
+                                        uint32_t m, uint32_t k, uint32_t s0, uint32_t g,
+                                        uint32_t t)
+{
+    #pragma unroll
+    for (uint32_t u = 0; u < STEPS; u++)
+        #pragma unroll
+        for (uint32_t h = 0; h < 2; h++) {
+            const uint32_t k0 = (s0 + u) * 16 + 2 * t + 8 * h; /* k even: a pair is in or out whole */
+            const bool in = k0 < k;
+            #pragma unroll
+            for (uint32_t mi = 0; mi < MT; mi++) { /* a[h * 2 + 0]: row g, a[h * 2 + 1]: g + 8 */
+                const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
+                x[u][mi][2 * h] = r0 < m && in ? *(const uint32_t *)(xb + (size_t)r0 * k + k0)
+                                               : 0u;
+                x[u][mi][2 * h + 1] =
+                    r1 < m && in ? *(const uint32_t *)(xb + (size_t)r1 * k + k0) : 0u;
+            }
+        }
+}
+
 template <bool FP8, uint32_t STEPS, uint32_t MT>
 __device__ static inline void gv_load(gv_frag_t<STEPS, MT> &f, const uint16_t *xb, uint32_t m,
                                       const void *wr, const float *sr, uint32_t block,
@@ -676,7 +702,7 @@ __device__ static inline void gv_load(gv_frag_t<STEPS, MT> &f, const uint16_t *x
     for (uint32_t u = 0; u < STEPS; u++) {
         #pragma unroll
         for (uint32_t h = 0; h < 2; h++) {
-            const uint32_t k0 = (s0 + u) * 16 + 2 * t + 8 * h; /* k even: a pair is in or out whole */
+            const uint32_t k0 = (s0 + u) * 16 + 2 * t + 8 * h;
             const bool in = k0 < k;
             if constexpr (FP8) {
                 f.w[u][h] = row_in && in ? *(const uint16_t *)((const uint8_t *)wr + k0) : 0u;
@@ -684,16 +710,9 @@ __device__ static inline void gv_load(gv_frag_t<STEPS, MT> &f, const uint16_t *x
             } else {
                 f.w[u][h] = row_in && in ? *(const uint32_t *)((const uint16_t *)wr + k0) : 0u;
             }
-            #pragma unroll
-            for (uint32_t mi = 0; mi < MT; mi++) { /* a[h * 2 + 0]: row g, a[h * 2 + 1]: g + 8 */
-                const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
-                f.x[u][mi][2 * h] = r0 < m && in ? *(const uint32_t *)(xb + (size_t)r0 * k + k0)
-                                                 : 0u;
-                f.x[u][mi][2 * h + 1] =
-                    r1 < m && in ? *(const uint32_t *)(xb + (size_t)r1 * k + k0) : 0u;
-            }
         }
     }
+    gv_load_x(f.x, xb, m, k, s0, g, t);
 }
 
 template <bool FP8, uint32_t MT>
@@ -749,6 +768,138 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         }
 }
 
+/* The GEMM of decode on tensor cores, weights streamed (cuda-bf16): the
+ * products of gemv_tc_kernel, in the same order with the same operands (so
+ * the same bits), but each warp's 8 weight rows come through a ring of
+ * GR_RING slots of GR_CH k in shared memory, filled by cp.async GR_RING - 1
+ * slots ahead (16-byte copies, a row's 128 bytes of a slot contiguous):
+ * some 15 KB in flight per warp where registers held 64 bytes per lane.
+ * There is one warp per 8 weight rows whatever k, so at decode's n of a
+ * few thousand an SM has a handful of warps: the bandwidth needs the bytes
+ * in flight (the first H100 run read the weights at 0.08-0.17 of copy).
+ * FP8 rows take their scales into shared memory first (at most GR_SCALES
+ * a row) and need k % 16 == 0 (16-byte aligned rows); others keep
+ * gemv_tc_kernel. */
+#define GR_WARPS 2
+#define GR_CH 64
+#define GR_RING 16
+#define GR_SCALES 128
+
+template <bool FP8> struct gr_shape {
+    /* a row of a slot, padded 16 bytes: lane (g, t)'s words fall in 32 banks */
+    static constexpr uint32_t row = (FP8 ? GR_CH : 2 * GR_CH) + 16;
+    static constexpr uint32_t slot = 8 * row;
+    static constexpr uint32_t warp = GR_RING * slot + (FP8 ? 8 * GR_SCALES * 4 : 0);
+};
+
+/* Issues slot j of a warp's rows n0..n0+7: GR_CH elements of each from
+ * k j * GR_CH, zero past n and past k (chunks are whole: k % 8 == 0 for
+ * BF16, k % 16 == 0 for FP8). */
+template <bool FP8>
+__device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, uint32_t n0, uint32_t n,
+                                      uint32_t k, uint32_t j, uint32_t lane)
+{
+    constexpr uint32_t ES = FP8 ? 1 : 2, PER = 16 / ES, CHUNKS = GR_CH / PER;
+    #pragma unroll
+    for (uint32_t e = lane; e < 8 * CHUNKS; e += 32) {
+        const uint32_t r = e / CHUNKS, c = e % CHUNKS, k0 = j * GR_CH + c * PER;
+        const bool in = n0 + r < n && k0 < k;
+        const uint8_t *src = in ? w + ((size_t)(n0 + r) * k + k0) * ES : w;
+        hpd_cp_async16(slot + r * gr_shape<FP8>::row + c * 16, src, in ? 16u : 0u);
+    }
+}
+
+template <bool FP8, uint32_t MT>
+__global__ void __launch_bounds__(GR_WARPS * 32)
+    gemv_ring_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
+                     uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+{
+    using SH = gr_shape<FP8>;
+    constexpr uint32_t STEPS = GR_CH / 16;
+    extern __shared__ float4 gr_sm4[];
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    /* a warp past n works on zeros (no early exit: the host stand-in's
+     * __syncwarp waits for the whole block) */
+    const uint32_t n0 = (blockIdx.x * GR_WARPS + warp) * 8;
+    uint8_t *ring = (uint8_t *)gr_sm4 + warp * SH::warp;
+    float *scales = (float *)(ring + GR_RING * SH::slot); /* FP8: [8][GR_SCALES] */
+    const uint32_t steps = (k + 15) / 16, slots = (k + GR_CH - 1) / GR_CH;
+    const uint8_t *w8 = (const uint8_t *)w;
+    if constexpr (FP8) {
+        const uint32_t ns = (k + ws.block - 1) / ws.block;
+        for (uint32_t e = lane; e < 8 * ns; e += 32) {
+            const uint32_t r = e / ns, i = e % ns;
+            scales[r * GR_SCALES + i] = n0 + r < n ? ws.scale[(size_t)(n0 + r) * ws.ld + i] : 0.0f;
+        }
+    }
+    for (uint32_t j = 0; j + 1 < GR_RING; j++) {
+        if (j < slots)
+            gr_fill<FP8>(ring + j * SH::slot, w8, n0, n, k, j, lane);
+        hpd_cp_async_commit(); /* empty groups too: one group per slot */
+    }
+    float acc[MT][4] = {};
+    uint32_t xc[STEPS][MT][4], xn[STEPS][MT][4];
+    gv_load_x(xc, xb, m, k, 0, g, t);
+    for (uint32_t j = 0; j < slots; j++) {
+        __syncwarp(); /* every lane done with slot j - 1, refilled now */
+        const uint32_t jf = j + GR_RING - 1;
+        if (jf < slots)
+            gr_fill<FP8>(ring + jf % GR_RING * SH::slot, w8, n0, n, k, jf, lane);
+        hpd_cp_async_commit();
+        hpd_cp_async_wait<GR_RING - 1>(); /* this lane's copies of slot j */
+        __syncwarp();                     /* and every lane's (the scales too, at j = 0) */
+        if (j + 1 < slots) /* the next slot's x in flight during the products */
+            gv_load_x(xn, xb, m, k, (j + 1) * STEPS, g, t);
+        const uint8_t *sl = ring + j % GR_RING * SH::slot + g * SH::row;
+        #pragma unroll
+        for (uint32_t u = 0; u < STEPS; u++) {
+            if (j * STEPS + u >= steps)
+                break;
+            uint32_t b[2];
+            #pragma unroll
+            for (uint32_t h = 0; h < 2; h++) {
+                const uint32_t kk = u * 16 + 2 * t + 8 * h; /* within the slot */
+                if constexpr (FP8) {
+                    const uint32_t q = *(const uint16_t *)(sl + kk), col = j * GR_CH + kk;
+                    const float sc = col < k ? scales[g * GR_SCALES + col / ws.block] : 0.0f;
+                    b[h] = tc_f8_bf16(q & 0xff, sc) | tc_f8_bf16(q >> 8, sc) << 16;
+                } else {
+                    b[h] = *(const uint32_t *)(sl + 2 * kk);
+                }
+            }
+            #pragma unroll
+            for (uint32_t mi = 0; mi < MT; mi++) {
+                const uint32_t a[4] = {xc[u][mi][0], xc[u][mi][1], xc[u][mi][2], xc[u][mi][3]};
+                hpd_mma_bf16_16816(acc[mi], a, b);
+            }
+        }
+        #pragma unroll
+        for (uint32_t u = 0; u < STEPS; u++)
+            #pragma unroll
+            for (uint32_t mi = 0; mi < MT; mi++)
+                #pragma unroll
+                for (uint32_t r = 0; r < 4; r++)
+                    xc[u][mi][r] = xn[u][mi][r];
+    }
+    hpd_cp_async_wait<0>(); /* no copy outlives the block */
+    #pragma unroll
+    for (uint32_t mi = 0; mi < MT; mi++)
+        #pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
+            if (row < m && col < n) {
+                float *o = y + (size_t)row * ldy + col;
+                *o = accumulate ? *o + acc[mi][r] : acc[mi][r];
+            }
+        }
+}
+
+/* Whether gemv_ring_kernel takes these weights (else gemv_tc_kernel) */
+static bool gr_args(const hpd_gemm_args_t *a, bool fp8)
+{
+    return !fp8 || (a->k % 16 == 0 && (a->k + a->w_block - 1) / a->w_block <= GR_SCALES);
+}
+
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
@@ -800,6 +951,25 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     const uint32_t blocks = (uint32_t)HPD_MIN((quads + 255) / 256, (uint64_t)4096);
     tc_round_x_kernel<<<blocks, 256, 0, c->stream>>>(a->x, a->ldx, (uint32_t *)xb, a->m, a->k);
     HPD_CUDA_LAUNCHED();
+    if (gemv && a->m <= TC_MIN_ROWS && gr_args(a, fp8)) {
+        const uint32_t blocks_r = ((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS;
+        const size_t smem = GR_WARPS * (fp8 ? gr_shape<true>::warp : gr_shape<false>::warp);
+        const uint16_t *x16 = (const uint16_t *)xb;
+        if (fp8 && a->m <= 16)
+            gemv_ring_kernel<true, 1><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else if (fp8)
+            gemv_ring_kernel<true, 2><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else if (a->m <= 16)
+            gemv_ring_kernel<false, 1><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        else
+            gemv_ring_kernel<false, 2><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        HPD_CUDA_LAUNCHED();
+        return HPD_OK;
+    }
     if (gemv && a->m <= TC_MIN_ROWS) {
         const uint32_t warps = (a->n + 7) / 8;
         const uint32_t blocks_v = (warps + GV_WARPS - 1) / GV_WARPS;

@@ -79,10 +79,14 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what,
      * weight dequantised to bf16(q * scale) */
     const bool fp8 = dt == HPD_DTYPE_F8_E4M3;
     const uint32_t block = 24;
-    /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block */
+    /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block;
+     * the decode kernel's ring of 16 slots of 64 k wrapping (k 1600, 2056:
+     * k % 16 == 8 keeps FP8 on gemv_tc_kernel), its rows alone against the
+     * tiled kernel's batch of 40 */
     static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
                                          {65, 200, 104}, {130, 33, 136}, {3, 257, 8},
-                                         {129, 20, 264}, {40, 70, 200}};
+                                         {129, 20, 264}, {40, 70, 200},  {40, 24, 1600},
+                                         {5, 40, 2056},  {20, 9, 1088}};
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     int failed = 0;
