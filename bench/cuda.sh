@@ -6,7 +6,8 @@
 # 1. hpd-bench-cuda: copy bandwidth, GDN decode step and paged-attention
 #    decode against it, chunked GDN prefill, translation against a copy, the
 #    GEMM of decode (gemv) against the copy bandwidth and of prefill (gemm)
-#    beside cuBLAS, and a model with Qwen3-Next's dimensions (8 layers,
+#    beside cuBLAS, attention over a prompt of 2 x PREFILL tokens against
+#    cuBLAS's TFLOP/s, and a model with Qwen3-Next's dimensions (8 layers,
 #    random weights);
 # 2. flash-linear-attention's fused_recurrent / chunk gated delta rule on the
 #    same shapes (wheels in .fla-wheels from tools/fetch-fla-wheels.sh,

@@ -202,7 +202,10 @@ static void do_attention(void *arg)
     CHECK(hpd_attention(be, arg));
 }
 
-static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_bytes_p)
+/* n_seqs sequences of `context` keys, each with its last `rows` tokens as
+ * query rows (1: decode; context: a whole prompt) */
+static double attention_seconds(uint32_t n_seqs, uint32_t context, uint32_t rows,
+                                uint64_t *kv_bytes_p)
 {
     hpd_kv_layout_t l = {.block_size = 64,
                          .pack_size = 1,
@@ -213,7 +216,8 @@ static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_
                          .head_dim = HD};
     const uint32_t nb = HPD_DIV_UP(context, 64), pages = nb * n_seqs;
     float *pool = drand((size_t)pages * hpd_kv_layout_page_elems(&l), 7, 1);
-    float *q = drand((size_t)n_seqs * NH * HD, 8, 1), *out = dalloc((size_t)n_seqs * NH * HD * 4);
+    const size_t qn = (size_t)n_seqs * rows * NH * HD;
+    float *q = drand(qn, 8, 1), *out = dalloc(qn * 4);
     uint32_t *ids = malloc((size_t)pages * sizeof(uint32_t));
     const uint32_t **tables = malloc(n_seqs * sizeof(*tables));
     hpd_seq_t *seqs = malloc(n_seqs * sizeof(hpd_seq_t));
@@ -226,7 +230,7 @@ static double attention_seconds(uint32_t n_seqs, uint32_t context, uint64_t *kv_
     }
     for (uint32_t s = 0; s < n_seqs; s++) {
         tables[s] = ids + (size_t)s * nb;
-        seqs[s] = (hpd_seq_t){.row = s, .n_tokens = 1, .start_pos = context - 1};
+        seqs[s] = (hpd_seq_t){.row = s * rows, .n_tokens = rows, .start_pos = context - rows};
     }
     hpd_attention_args_t a = {.kv = {.layout = &l, .pool = pool, .block_tables = tables},
                               .q = {.p = q, .ld = NH * HD, .hs = HD},
@@ -457,8 +461,9 @@ static double cublas_seconds(const void *x16, const void *w, float *y, uint32_t 
 
 /* prefill's GEMM: m rows against BF16 weights [n][k], beside cuBLAS; and
  * the same through device cuda-fast (tensor cores, x rounded to bf16) */
-static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
+static double gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
 {
+    double cublas_tflops = 0;
     void *w = dbf16((size_t)n * k, 22, 0.02f);
     float *x = drand((size_t)m * k, 23, 1), *y = dalloc((size_t)m * n * sizeof(float));
     hpd_gemm_args_t a = {.x = x, .ldx = k, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
@@ -475,9 +480,11 @@ static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
         hpd_dtype_from_f32(HPD_DTYPE_BF16, h, b, (size_t)m * k);
         CHECK(hpd_backend_from_host(be, x16, b, (size_t)m * k * 2));
         const double tc = cublas_seconds(x16, w, y, m, n, k);
-        if (tc > 0)
-            printf(" cublas_ms=%.3f cublas_TFLOPs=%.2f of_cublas=%.3f", tc * 1e3,
-                   flop / tc / 1e12, tc / t);
+        if (tc > 0) {
+            cublas_tflops = flop / tc / 1e12;
+            printf(" cublas_ms=%.3f cublas_TFLOPs=%.2f of_cublas=%.3f", tc * 1e3, cublas_tflops,
+                   tc / t);
+        }
         else
             printf(" cublas=failed");
         /* tensor cores: cuda-fast's (tiled for every m here) and the
@@ -505,7 +512,34 @@ static void gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
     printf("\n");
     hpd_backend_free(be, w);
     hpd_backend_free(be, x);
-    hpd_backend_free(be, y);
+    hpd_backend_free(be, y);    return cublas_tflops;
+}
+
+/* Attention of a whole prompt of `tokens` (causal: 2 * tokens^2 * head_dim
+ * * heads FLOPs for QK^T and PV), TFLOP/s on the device and on cuda-bf16
+ * (tensor cores), as a fraction of cuBLAS's BF16 GEMM measured in this run
+ * (the tensor cores' practical peak) */
+static void attention_prefill_bench(uint32_t tokens, double cublas_tflops, const char *device)
+{
+    uint64_t kv_bytes;
+    const double flop = 2.0 * tokens * (double)tokens * HD * NH;
+    const double t = attention_seconds(1, tokens, tokens, &kv_bytes);
+    printf("attention_prefill tokens=%u heads=%d kv_heads=%d head_dim=%d ms=%.3f TFLOPs=%.2f",
+           tokens, NH, NKV, HD, t * 1e3, flop / t / 1e12);
+    if (cublas_tflops > 0)
+        printf(" of_cublas=%.3f", flop / t / 1e12 / cublas_tflops);
+    hpd_backend_t *bf16 = hpd_backend_host_memory(be) ? NULL : open_sibling("cuda-bf16", device);
+    if (bf16 != NULL) {
+        hpd_backend_t *under_test = be;
+        be = bf16;
+        const double tb = attention_seconds(1, tokens, tokens, &kv_bytes);
+        be = under_test;
+        hpd_backend_destroy(bf16);
+        printf(" bf16_device_ms=%.3f bf16_device_TFLOPs=%.2f", tb * 1e3, flop / tb / 1e12);
+        if (cublas_tflops > 0)
+            printf(" bf16_device_of_cublas=%.3f", flop / tb / 1e12 / cublas_tflops);
+    }
+    printf("\n");
 }
 
 /* ---------------------------------------------------------------- model */
@@ -625,7 +659,7 @@ int main(int argc, char **argv)
            NK, NV, DK, DV, t * 1e3, 2 * state_bytes * seqs / t / 1e9,
            2 * state_bytes * seqs / t / bw);
     uint64_t kv_bytes;
-    t = attention_seconds(seqs, context, &kv_bytes);
+    t = attention_seconds(seqs, context, 1, &kv_bytes);
     printf("attention seqs=%u context=%u heads=%d kv_heads=%d head_dim=%d ms=%.4f GBps=%.1f "
            "of_copy=%.3f", seqs, context, NH, NKV, HD, t * 1e3, kv_bytes / t / 1e9,
            kv_bytes / t / bw);
@@ -634,7 +668,7 @@ int main(int argc, char **argv)
     if (bf16 != NULL) {
         hpd_backend_t *under_test = be;
         be = bf16;
-        const double tb = attention_seconds(seqs, context, &kv_bytes);
+        const double tb = attention_seconds(seqs, context, 1, &kv_bytes);
         be = under_test;
         hpd_backend_destroy(bf16);
         printf(" bf16_device_ms=%.4f bf16_device_of_copy=%.3f", tb * 1e3, kv_bytes / tb / bw);
@@ -649,7 +683,8 @@ int main(int argc, char **argv)
     checksum_bench(bw);
     gemv_bench(5120, 2048, bw, device);
     gemv_bench(2048, 5120, bw, device);
-    gemm_bench(prefill, 5120, 2048, device);
+    const double cublas_tflops = gemm_bench(prefill, 5120, 2048, device);
+    attention_prefill_bench(2 * prefill, cublas_tflops, device); /* 8192 at --prefill 4096 */
     if (model != NULL) {
         model_bench(model, prefill, seqs, bw);
         /* and on cuda-bf16 (tensor cores), the same model and GPU */
