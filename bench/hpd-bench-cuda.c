@@ -605,9 +605,29 @@ static void model_bench(const char *dir, uint32_t prefill, uint32_t seqs, double
     const double bound = copy_bw / read_bytes; /* steps/s */
     printf("model_decode device=%s batch=1 tok_per_s=%.1f read_bytes=%.0f bound_tok_per_s=%.1f "
            "of_bound=%.3f\n", be->ops->name, toks / t, read_bytes, bound, toks / t / bound);
+    const double t1 = t, toks_1 = (double)toks;
     t = engine_run(e, seqs, 64, 65, m->config.vocab_size, true, &toks);
-    printf("model_decode device=%s batch=%u tok_per_s=%.1f\n", be->ops->name, seqs, toks / t);
+    const double tn = t, toks_n = (double)toks;
+    hpd_engine_stats_t es;
+    hpd_engine_stats(e, &es);
+    printf("model_decode device=%s batch=%u tok_per_s=%.1f graph_steps=%llu decode_steps=%llu\n",
+           be->ops->name, seqs, toks / t, (unsigned long long)es.graph_steps,
+           (unsigned long long)es.decode_steps);
     hpd_engine_destroy(e);
+    /* the same decode with every op launched on its own (no CUDA graph, a
+     * metadata upload per op): what the recorded steps gain */
+    if (es.graph_steps > 0) {
+        ep.step_graphs = false;
+        CHECK(hpd_engine_create(&ep, &e));
+        engine_run(e, 1, 128, 2, m->config.vocab_size, false, &toks); /* warm-up */
+        t = engine_run(e, 1, 64, 65, m->config.vocab_size, true, &toks);
+        printf("model_decode_ops device=%s batch=1 tok_per_s=%.1f graphs_speedup=%.3f\n",
+               be->ops->name, toks / t, (t / toks) / (t1 / toks_1));
+        t = engine_run(e, seqs, 64, 65, m->config.vocab_size, true, &toks);
+        printf("model_decode_ops device=%s batch=%u tok_per_s=%.1f graphs_speedup=%.3f\n",
+               be->ops->name, seqs, toks / t, (t / toks) / (tn / toks_n));
+        hpd_engine_destroy(e);
+    }
     hpd_model_destroy(m);
 }
 
