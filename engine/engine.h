@@ -51,10 +51,11 @@ typedef struct {
     uint32_t n_checkpoints;     /* device checkpoint slots; default 4 * max_batch */
     uint64_t host_cache_bytes;  /* host tier bound; default 512 MiB; 0 disables the tier */
     uint32_t checkpoint_every;  /* checkpoint every N blocks of long prompts; default 16 */
-    /* Decode-only steps recorded whole and run as one where the backend can
-     * (CUDA: a graph per batch size, the step's metadata in one upload);
-     * default true. Not with a layer callback, nor for MoE models (routing
-     * reads the router's logits on the host mid-step). */
+    /* Decode-only steps recorded and run as graphs where the backend can
+     * (CUDA: a few graphs per step, kept per batch size, each segment's
+     * metadata in one upload); default true. Not with a layer callback, nor
+     * for MoE models (routing reads the router's logits on the host
+     * mid-step). */
     bool step_graphs;
     hpd_engine_logits_cb_t logits_cb;
     void *logits_cb_arg;
@@ -234,9 +235,7 @@ typedef struct {
     double prefill_seconds; /* time in steps that had prefill rows */
     double decode_seconds;  /* time in steps that had only decode rows */
     uint64_t decode_steps;  /* steps that had only decode rows */
-    uint64_t graph_steps;   /* steps run as one recorded step (step_graphs) */
-    uint64_t graph_retries; /* recorded steps discarded and run again (the backend grew
-                               what they outgrew) */
+    uint64_t graph_steps;   /* steps recorded and run as graphs (step_graphs) */
 } hpd_engine_stats_t;
 
 void hpd_engine_stats(const hpd_engine_t *engine, hpd_engine_stats_t *stats_p);

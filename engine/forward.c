@@ -484,25 +484,18 @@ hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt)
 {
     if (!step_recordable(e, bt))
         return hpd_engine_forward(e, bt);
-    /* a step the backend discards (it outgrew the metadata arena or the
-     * scratch, grown since) is recorded once more, then run uncaptured */
-    for (int attempt = 0; attempt < 2; attempt++) {
-        hpd_status_t st = hpd_backend_step_begin(e->be, bt->rows);
-        if (st == HPD_ERR_UNSUPPORTED)
-            break;
-        if (st != HPD_OK)
-            return st;
-        const hpd_status_t fst = hpd_engine_forward(e, bt);
-        bool ran;
-        if ((st = hpd_backend_step_end(e->be, fst == HPD_OK, &ran)) != HPD_OK)
-            return st;
-        if (ran) {
-            e->stats.graph_steps++;
-            return HPD_OK;
-        }
-        e->stats.graph_retries++;
-        if (fst != HPD_OK)
-            break; /* the uncaptured run below reports the op's failure */
-    }
-    return hpd_engine_forward(e, bt);
+    hpd_status_t st = hpd_backend_step_begin(e->be, bt->rows);
+    if (st == HPD_ERR_UNSUPPORTED)
+        return hpd_engine_forward(e, bt);
+    if (st != HPD_OK)
+        return st;
+    /* a failed op fails the step (the segments recorded before it ran) */
+    const hpd_status_t fst = hpd_engine_forward(e, bt);
+    bool ran;
+    st = hpd_backend_step_end(e->be, fst == HPD_OK, &ran);
+    if (fst != HPD_OK)
+        return fst;
+    if (st == HPD_OK && ran)
+        e->stats.graph_steps++;
+    return st != HPD_OK ? st : ran ? HPD_OK : HPD_ERR_INTERNAL;
 }

@@ -395,19 +395,19 @@ typedef struct {
     hpd_status_t (*norm_rope)(hpd_backend_t *backend, const hpd_norm_rope_args_t *args);
     /* optional: hpd_backend_hash_pieces reads the bytes back without it */
     hpd_status_t (*hash_pieces)(hpd_backend_t *backend, const hpd_hash_pieces_args_t *args);
-    /* Optional: a step's ops recorded whole, then run as one (CUDA: a
-     * graph captured from the stream, the step's metadata uploaded in one
-     * copy before it, the graph kept per bucket and updated in place).
-     * step_begin: the ops until step_end are recorded, not run;
-     * HPD_ERR_UNSUPPORTED when this backend does not record now (the ops
-     * then run as they come). Between the two only kernel ops and copies
-     * between backend buffers may be called: nothing that waits for the
-     * device or reads its results. step_end(run): with run true, enqueues
-     * what was recorded and sets *ran_p; with run false, or when recording
-     * failed (the step's metadata or scratch outgrew what the backend held:
-     * it holds enough now), discards it: *ran_p false and nothing of the
-     * step ran, so the caller runs the step again. A status other than
-     * HPD_OK is a device error. */
+    /* Optional: a step's ops recorded and run as graphs (CUDA: the stream
+     * captured in segments of a few dozen ops, each run as a graph, kept per
+     * (bucket, segment) and updated in place, while the next is recorded;
+     * a segment's metadata uploaded in one copy before it). step_begin: the
+     * ops until step_end are recorded; HPD_ERR_UNSUPPORTED when this
+     * backend does not record now (the ops then run as they come). Between
+     * the two only kernel ops and copies between backend buffers may be
+     * called: nothing that waits for the device or reads its results (the
+     * backend may wait itself, to grow a buffer). step_end(run): with run
+     * true, the last segment runs and *ran_p is set; with run false (an op
+     * failed) the last segment is discarded, and the segments before it
+     * have run: the step has failed. A status other than HPD_OK is a
+     * device error. */
     hpd_status_t (*step_begin)(hpd_backend_t *backend, uint32_t bucket);
     hpd_status_t (*step_end)(hpd_backend_t *backend, bool run, bool *ran_p);
 } hpd_backend_ops_t;

@@ -25,14 +25,12 @@ static void cuda_destroy(hpd_backend_t *b)
                 cudaEventDestroy(c->stage_ev[i]);
         if (c->work != NULL)
             cudaFree(c->work);
-        for (hpd_cuda_arena_t &a : c->arena) {
-            if (a.dev != NULL)
-                cudaFree(a.dev);
-            if (a.host != NULL)
-                cudaFreeHost(a.host);
-            if (a.done != NULL)
-                cudaEventDestroy(a.done);
-        }
+        if (c->arena_dev != NULL)
+            cudaFree(c->arena_dev);
+        if (c->arena_host != NULL)
+            cudaFreeHost(c->arena_host);
+        if (c->step_done != NULL)
+            cudaEventDestroy(c->step_done);
         for (auto &g : c->graph)
             if (g.exec != NULL)
                 cudaGraphExecDestroy(g.exec);
@@ -296,6 +294,13 @@ static hpd_status_t ring_alloc(hpd_cuda_ctx_t *c, size_t slot_bytes)
     return HPD_OK;
 }
 
+/* Inside a step (defined with the steps, below): room for `bytes` more of
+ * metadata, the segment recorded so far run first; the end of the
+ * segment's capture (run: it runs) and the start of the next's. */
+static hpd_status_t step_arena_room(hpd_cuda_ctx_t *c, size_t bytes);
+static hpd_status_t seg_end(hpd_cuda_ctx_t *c, bool run);
+static hpd_status_t seg_begin(hpd_cuda_ctx_t *c);
+
 /* Metadata travels through a ring of slots, one per op: the host copy goes
  * to the slot's pinned half, then one asynchronous copy to its device half.
  * Before an op reuses a slot it waits for the event recorded after the
@@ -310,16 +315,14 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
     for (uint32_t i = 0; i < n; i++)
         total += (arrays[i].bytes + 255) & ~(size_t)255;
     if (c->in_step) {
-        /* past the arena's end the step goes on (nothing of it runs: step_end
-         * discards it), with addresses that are never read, so that it
-         * counts what it needs and the arena grows once */
-        hpd_cuda_arena_t *a = &c->arena[c->step_arena];
-        c->step_failed = c->step_failed || c->step_used + total > a->bytes;
+        if (c->step_used + total > c->arena_bytes &&
+            (st = step_arena_room(c, total)) != HPD_OK)
+            return st;
         size_t off = c->step_used;
         for (uint32_t i = 0; i < n; i++) {
-            if (!c->step_failed && arrays[i].host != NULL && arrays[i].bytes > 0)
-                memcpy(a->host + off, arrays[i].host, arrays[i].bytes);
-            *arrays[i].dev_p = (char *)a->dev + off;
+            if (arrays[i].host != NULL && arrays[i].bytes > 0)
+                memcpy(c->arena_host + off, arrays[i].host, arrays[i].bytes);
+            *arrays[i].dev_p = (char *)c->arena_dev + off;
             off += (arrays[i].bytes + 255) & ~(size_t)255;
         }
         c->step_used += total;
@@ -374,78 +377,32 @@ static hpd_status_t work_grow(hpd_cuda_ctx_t *c, size_t bytes)
 hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    if (bytes > c->work_bytes && c->in_step) {
-        /* as for the arena: the step goes on, to be discarded */
-        c->step_failed = true;
-        c->step_want_work = bytes > c->step_want_work ? bytes : c->step_want_work;
-        *dev_p = c->work;
-        return HPD_OK;
-    }
     hpd_status_t st;
-    if (bytes > c->work_bytes && (st = work_grow(c, bytes)) != HPD_OK)
-        return st;
+    if (bytes > c->work_bytes) {
+        /* inside a step the stream captures: what it recorded runs first,
+         * the buffer grows once the stream has drained, and the recording
+         * goes on */
+        const bool step = c->in_step;
+        if (step && (st = seg_end(c, true)) != HPD_OK)
+            return st;
+        if ((st = work_grow(c, bytes)) != HPD_OK || (step && (st = seg_begin(c)) != HPD_OK))
+            return st;
+    }
     *dev_p = c->work;
     return HPD_OK;
 }
 
-/* (Re)allocates arena i with at least `bytes` (doubling from 64 KiB), once
- * the step that used it last is done with it. */
-static hpd_status_t arena_grow(hpd_cuda_ctx_t *c, uint32_t i, size_t bytes)
-{
-    hpd_cuda_arena_t *a = &c->arena[i];
-    size_t want = a->bytes ? a->bytes : (64u << 10);
-    while (want < bytes)
-        want *= 2;
-    if (a->done == NULL)
-        HPD_CUDA_CHECK(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming));
-    HPD_CUDA_CHECK(cudaEventSynchronize(a->done));
-    if (a->dev != NULL)
-        cudaFree(a->dev);
-    if (a->host != NULL)
-        cudaFreeHost(a->host);
-    a->dev = NULL;
-    a->host = NULL;
-    a->bytes = 0;
-    HPD_CUDA_CHECK(cudaMalloc(&a->dev, want));
-    HPD_CUDA_CHECK(cudaMallocHost((void **)&a->host, want));
-    a->bytes = want;
-    return HPD_OK;
-}
-
-/* A step recorded whole: the stream captures (this thread may make no call
- * that waits), ops stage their metadata in the step's arena. The arena's
- * host half is rewritten only once the step that used it last has copied it
- * (its event; the two arenas alternate, so the last step may still run). */
-static hpd_status_t cuda_step_begin(hpd_backend_t *b, uint32_t bucket)
-{
-    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    hpd_status_t st;
-    if (!c->graphs || c->in_step)
-        return HPD_ERR_UNSUPPORTED;
-    HPD_CUDA_CHECK(cudaSetDevice(c->device));
-    c->step_arena ^= 1;
-    hpd_cuda_arena_t *a = &c->arena[c->step_arena];
-    if (a->bytes == 0 && (st = arena_grow(c, c->step_arena, 0)) != HPD_OK)
-        return st;
-    HPD_CUDA_CHECK(cudaEventSynchronize(a->done));
-    HPD_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    c->in_step = true;
-    c->step_failed = false;
-    c->step_bucket = bucket;
-    c->step_used = 0;
-    c->step_want_work = 0;
-    return HPD_OK;
-}
-
-/* The executable graph of a bucket: the one kept, updated in place to the
- * step just captured (kernel arguments, grids and metadata addresses may
- * change; when the update is refused, as for another sequence of kernels,
- * it is made again), else a new one in the least recently used entry. */
-static hpd_status_t step_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t *exec_p)
+/* The executable graph of this step's segment: the one kept for (bucket,
+ * segment), updated in place to the graph just recorded (kernel arguments,
+ * grids and metadata addresses may change; when the update is refused, as
+ * for another sequence of kernels, it is made again), else a new one in the
+ * least recently used entry. */
+static hpd_status_t seg_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t *exec_p)
 {
     uint32_t at = HPD_CUDA_GRAPHS;
     for (uint32_t i = 0; i < HPD_CUDA_GRAPHS && at == HPD_CUDA_GRAPHS; i++)
-        if (c->graph[i].exec != NULL && c->graph[i].bucket == c->step_bucket) {
+        if (c->graph[i].exec != NULL && c->graph[i].bucket == c->step_bucket &&
+            c->graph[i].seg == c->seg) {
             cudaGraphExecUpdateResultInfo info;
             if (cudaGraphExecUpdate(c->graph[i].exec, g, &info) == cudaSuccess) {
                 c->graph[i].used = ++c->graph_clock;
@@ -469,61 +426,146 @@ static hpd_status_t step_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t 
     c->graph[at].exec = NULL;
     HPD_CUDA_CHECK(cudaGraphInstantiate(&c->graph[at].exec, g, 0));
     c->graph[at].bucket = c->step_bucket;
+    c->graph[at].seg = c->seg;
     c->graph[at].used = ++c->graph_clock;
     *exec_p = c->graph[at].exec;
     return HPD_OK;
 }
 
-/* Ends the capture; run: one upload of the step's metadata, then its graph,
- * on the stream. A failed step (or !run) is discarded and what it outgrew
- * grown, so that the step run again fits. */
+/* Ends the capture of the current segment; run: its metadata [seg_start,
+ * step_used) uploaded in one copy, then its graph, on the stream. A capture
+ * the runtime invalidated (an op made a call that capture does not allow: a
+ * defect of this backend) fails the step, and steps are no longer recorded. */
+static hpd_status_t seg_end(hpd_cuda_ctx_t *c, bool run)
+{
+    cudaGraph_t g = NULL;
+    const cudaError_t err = cudaStreamEndCapture(c->stream, &g);
+    c->in_step = false;
+    if (err != cudaSuccess || g == NULL) {
+        HPD_LOG_ERROR("cuda", "GPU %d: recording a step's segment %u failed (%s): the step "
+                      "fails, and steps run op by op from now on", c->device, c->seg,
+                      cudaGetErrorString(err));
+        if (g != NULL)
+            cudaGraphDestroy(g);
+        cudaGetLastError();
+        c->graphs = false;
+        return HPD_ERR_INTERNAL;
+    }
+    hpd_status_t st = HPD_OK;
+    cudaGraphExec_t exec = NULL;
+    if (run && c->seg_ops > 0 && (st = seg_exec(c, g, &exec)) == HPD_OK) {
+        const cudaError_t e2 =
+            c->step_used > c->seg_start
+                ? cudaMemcpyAsync((char *)c->arena_dev + c->seg_start,
+                                  c->arena_host + c->seg_start, c->step_used - c->seg_start,
+                                  cudaMemcpyHostToDevice, c->stream)
+                : cudaSuccess;
+        const cudaError_t e3 = e2 == cudaSuccess ? cudaGraphLaunch(exec, c->stream) : e2;
+        if (e3 != cudaSuccess) {
+            HPD_LOG_ERROR("cuda", "GPU %d: launching a step's segment %u failed: %s", c->device,
+                          c->seg, cudaGetErrorString(e3));
+            st = HPD_ERR_INTERNAL;
+        }
+    }
+    cudaGraphDestroy(g);
+    c->seg++;
+    c->seg_ops = 0;
+    c->seg_start = c->step_used;
+    return st;
+}
+
+static hpd_status_t seg_begin(hpd_cuda_ctx_t *c)
+{
+    HPD_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->in_step = true;
+    return HPD_OK;
+}
+
+/* (Re)allocates the arena with at least `bytes` (doubling from 64 KiB); the
+ * stream has drained: no copy or graph uses it. */
+static hpd_status_t arena_grow(hpd_cuda_ctx_t *c, size_t bytes)
+{
+    size_t want = c->arena_bytes ? c->arena_bytes : (64u << 10);
+    while (want < bytes)
+        want *= 2;
+    if (c->arena_dev != NULL)
+        cudaFree(c->arena_dev);
+    if (c->arena_host != NULL)
+        cudaFreeHost(c->arena_host);
+    c->arena_dev = NULL;
+    c->arena_host = NULL;
+    c->arena_bytes = 0;
+    HPD_CUDA_CHECK(cudaMalloc(&c->arena_dev, want));
+    HPD_CUDA_CHECK(cudaMallocHost((void **)&c->arena_host, want));
+    c->arena_bytes = want;
+    return HPD_OK;
+}
+
+/* The arena is full: the segment recorded so far runs, the stream drains
+ * (every segment of the step has copied and used its bytes), and the
+ * arena, grown to twice what the step had used and this op's, starts over. */
+static hpd_status_t step_arena_room(hpd_cuda_ctx_t *c, size_t bytes)
+{
+    hpd_status_t st = seg_end(c, true);
+    if (st != HPD_OK)
+        return st;
+    HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if ((st = arena_grow(c, 2 * (c->step_used + bytes))) != HPD_OK)
+        return st;
+    c->step_used = c->seg_start = 0;
+    return seg_begin(c);
+}
+
+/* A step recorded: the stream captures (this thread may make no call that
+ * waits) in segments, ops stage their metadata in the arena. The arena is
+ * rewritten only once the last step's segments have copied and used it. */
+static hpd_status_t cuda_step_begin(hpd_backend_t *b, uint32_t bucket)
+{
+    hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
+    hpd_status_t st;
+    if (!c->graphs || c->in_step)
+        return HPD_ERR_UNSUPPORTED;
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    if (c->step_done == NULL)
+        HPD_CUDA_CHECK(cudaEventCreateWithFlags(&c->step_done, cudaEventDisableTiming));
+    HPD_CUDA_CHECK(cudaEventSynchronize(c->step_done));
+    if (c->arena_bytes == 0 && (st = arena_grow(c, 0)) != HPD_OK)
+        return st;
+    c->step_bucket = bucket;
+    c->seg = c->seg_ops = 0;
+    c->step_used = c->seg_start = 0;
+    return seg_begin(c);
+}
+
+/* Ends the step: its last segment runs (run), or is discarded (the ops that
+ * recorded it failed; the segments before it ran). */
 static hpd_status_t cuda_step_end(hpd_backend_t *b, bool run, bool *ran_p)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    cudaGraph_t g = NULL;
-    hpd_status_t st;
     *ran_p = false;
+    HPD_CUDA_CHECK(cudaSetDevice(c->device));
+    /* !in_step: a segment failed (logged), and so did the op that ended it */
+    const hpd_status_t st = c->in_step ? seg_end(c, run) : run ? HPD_ERR_INTERNAL : HPD_OK;
+    /* after whatever of the step was enqueued, failed or not: the next step
+     * rewrites the arena only once it ran */
+    HPD_CUDA_CHECK(cudaEventRecord(c->step_done, c->stream));
+    *ran_p = st == HPD_OK && run;
+    return st;
+}
+
+/* At an op's entry inside a step: the segment closes after its share of ops
+ * (the first after HPD_CUDA_SEG_FIRST, so that the GPU starts early), and
+ * runs while the next is recorded. */
+static hpd_status_t step_op(hpd_cuda_ctx_t *c)
+{
     if (!c->in_step)
         return HPD_OK;
-    HPD_CUDA_CHECK(cudaSetDevice(c->device));
-    const cudaError_t err = cudaStreamEndCapture(c->stream, &g);
-    c->in_step = false;
-    if (err != cudaSuccess || !run || c->step_failed || g == NULL) {
-        if (g != NULL)
-            cudaGraphDestroy(g);
-        if (err != cudaSuccess) {
-            /* an op made a call that capture does not allow: a defect of
-             * this backend, not the caller's; the step runs again, and the
-             * steps after it, uncaptured */
-            HPD_LOG_WARN("cuda", "GPU %d: capturing a step failed (%s): steps run uncaptured "
-                         "from now on", c->device, cudaGetErrorString(err));
-            cudaGetLastError();
-            c->graphs = false;
-        }
-        if (c->step_failed) {
-            c->step_failed = false;
-            for (uint32_t i = 0; i < 2; i++) /* both: the next step takes the other */
-                if (c->step_used > c->arena[i].bytes &&
-                    (st = arena_grow(c, i, c->step_used)) != HPD_OK)
-                    return st;
-            if (c->step_want_work > c->work_bytes &&
-                (st = work_grow(c, c->step_want_work)) != HPD_OK)
-                return st;
-        }
-        return HPD_OK;
+    if (c->seg_ops >= (c->seg == 0 ? HPD_CUDA_SEG_FIRST : HPD_CUDA_SEG_OPS)) {
+        hpd_status_t st = seg_end(c, true);
+        if (st != HPD_OK || (st = seg_begin(c)) != HPD_OK)
+            return st;
     }
-    hpd_cuda_arena_t *a = &c->arena[c->step_arena];
-    cudaGraphExec_t exec = NULL;
-    st = step_exec(c, g, &exec);
-    cudaGraphDestroy(g);
-    if (st != HPD_OK)
-        return st;
-    if (c->step_used > 0)
-        HPD_CUDA_CHECK(cudaMemcpyAsync(a->dev, a->host, c->step_used, cudaMemcpyHostToDevice,
-                                       c->stream));
-    HPD_CUDA_CHECK(cudaGraphLaunch(exec, c->stream));
-    HPD_CUDA_CHECK(cudaEventRecord(a->done, c->stream));
-    *ran_p = true;
+    c->seg_ops++;
     return HPD_OK;
 }
 
@@ -549,7 +591,8 @@ static hpd_status_t op_done(hpd_backend_t *b, const char *op, hpd_status_t st)
     static hpd_status_t entry_##op(hpd_backend_t *b, const args_t *a)                  \
     {                                                                                  \
         HPD_CUDA_CHECK(cudaSetDevice(hpd_cuda_ctx(b)->device));                        \
-        return op_done(b, #op, hpd_cuda_##op(b, a));                                   \
+        const hpd_status_t st = step_op(hpd_cuda_ctx(b));                              \
+        return st != HPD_OK ? st : op_done(b, #op, hpd_cuda_##op(b, a));               \
     }
 HPD_CUDA_ENTRY(embed, hpd_embed_args_t)
 HPD_CUDA_ENTRY(gemm, hpd_gemm_args_t)

@@ -13,17 +13,14 @@
 #include "kernels/cuda/cuda_common.h"
 
 #define HPD_CUDA_STAGE_SLOTS 8
-/* captured steps kept (step_begin/step_end), one per bucket, the least
- * recently used replaced */
-#define HPD_CUDA_GRAPHS 8
-
-/* A step's metadata: pinned host and device halves, copied in one upload */
-typedef struct {
-    char *host;
-    void *dev;
-    size_t bytes;
-    cudaEvent_t done; /* after the step that used it last: its halves are free */
-} hpd_cuda_arena_t;
+/* A recorded step (step_begin/step_end) runs as a few graphs, its
+ * segments: the first closes after HPD_CUDA_SEG_FIRST ops, the others after
+ * HPD_CUDA_SEG_OPS (the GPU starts on a segment while the next is
+ * recorded). Executable graphs kept: one per (bucket, segment), the least
+ * recently used replaced. */
+#define HPD_CUDA_SEG_FIRST 8
+#define HPD_CUDA_SEG_OPS 32
+#define HPD_CUDA_GRAPHS 64
 
 typedef struct {
     int device;
@@ -41,17 +38,20 @@ typedef struct {
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
-    /* steps captured as graphs (docs/kernels.md "The decode step"): off
+    /* steps recorded as graphs (docs/kernels.md "The decode step"): off
      * with HPD_CUDA_GRAPHS=0, HPD_CUDA_SYNC=1 and cuBLAS */
     bool graphs;
-    bool in_step;     /* between step_begin and step_end: the stream captures */
-    bool step_failed; /* the step outgrew the arena or the work buffer */
+    bool in_step; /* between step_begin and step_end: the stream captures */
     uint32_t step_bucket;
-    uint32_t step_arena; /* the arena of this step; the other is the last step's */
-    size_t step_used, step_want_arena, step_want_work;
-    hpd_cuda_arena_t arena[2];
+    uint32_t seg, seg_ops; /* the segment being recorded, its ops so far */
+    /* the step's metadata: pinned host and device halves; a segment's
+     * bytes [seg_start, step_used) are uploaded in one copy before its graph */
+    char *arena_host;
+    void *arena_dev;
+    size_t arena_bytes, step_used, seg_start;
+    cudaEvent_t step_done; /* after the last step's last graph: the arena is free */
     struct {
-        uint32_t bucket;
+        uint32_t bucket, seg;
         cudaGraphExec_t exec;
         uint64_t used; /* graph_clock at its last launch */
     } graph[HPD_CUDA_GRAPHS];
@@ -74,17 +74,16 @@ static inline hpd_cuda_ctx_t *hpd_cuda_ctx(hpd_backend_t *b)
  * (after the stream drained), so an op never fails for the size of its
  * metadata. The host arrays are free again on return; the device copies
  * are ordered before the op's launch on the stream. Inside a step
- * (step_begin) the arrays go to the step's arena instead, uploaded once at
- * step_end before the step's graph; an arena too small fails the step
- * (HPD_ERR_NO_RESOURCE, and step_end discards it and grows the arena). */
+ * (step_begin) the arrays go to the step's arena instead, uploaded with
+ * their segment before its graph; an arena too small ends the segment
+ * there (it runs), and grows once the stream has drained. */
 hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uint32_t n);
 
 #include "kernels/cuda/stage_seqs.h" /* hpd_cuda_stage_seqs */
 
 /* Device scratch of at least `bytes` for an op's intermediates, valid until
  * the next call (grown after the stream has drained what used it; inside a
- * step, where nothing may wait, a buffer too small fails the step as the
- * arena does). */
+ * step, the segment recorded so far runs first). */
 hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p);
 
 
