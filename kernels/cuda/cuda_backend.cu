@@ -274,19 +274,30 @@ static hpd_status_t cuda_from_host(hpd_backend_t *b, void *dst, const void *host
     return HPD_OK;
 }
 
+/* Metadata memory, device and pinned host halves of `bytes` each, in place
+ * of the old ones (nothing may use those any more). */
+static hpd_status_t halves_realloc(void **dev, char **host, size_t bytes)
+{
+    if (*dev != NULL)
+        cudaFree(*dev);
+    if (*host != NULL)
+        cudaFreeHost(*host);
+    *dev = NULL;
+    *host = NULL;
+    HPD_CUDA_CHECK(cudaMalloc(dev, bytes));
+    HPD_CUDA_CHECK(cudaMallocHost((void **)host, bytes));
+    return HPD_OK;
+}
+
 /* (Re)allocates the staging ring with slots of slot_bytes. */
 static hpd_status_t ring_alloc(hpd_cuda_ctx_t *c, size_t slot_bytes)
 {
+    hpd_status_t st;
     HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    if (c->scratch != NULL)
-        cudaFree(c->scratch);
-    if (c->host_stage != NULL)
-        cudaFreeHost(c->host_stage);
-    c->scratch = NULL;
-    c->host_stage = NULL;
     c->slot_bytes = 0;
-    HPD_CUDA_CHECK(cudaMalloc(&c->scratch, slot_bytes * HPD_CUDA_STAGE_SLOTS));
-    HPD_CUDA_CHECK(cudaMallocHost((void **)&c->host_stage, slot_bytes * HPD_CUDA_STAGE_SLOTS));
+    if ((st = halves_realloc(&c->scratch, &c->host_stage, slot_bytes * HPD_CUDA_STAGE_SLOTS)) !=
+        HPD_OK)
+        return st;
     for (int i = 0; i < HPD_CUDA_STAGE_SLOTS; i++)
         if (c->stage_ev[i] == NULL)
             HPD_CUDA_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
@@ -486,17 +497,12 @@ static hpd_status_t seg_begin(hpd_cuda_ctx_t *c)
 static hpd_status_t arena_grow(hpd_cuda_ctx_t *c, size_t bytes)
 {
     size_t want = c->arena_bytes ? c->arena_bytes : (64u << 10);
+    hpd_status_t st;
     while (want < bytes)
         want *= 2;
-    if (c->arena_dev != NULL)
-        cudaFree(c->arena_dev);
-    if (c->arena_host != NULL)
-        cudaFreeHost(c->arena_host);
-    c->arena_dev = NULL;
-    c->arena_host = NULL;
     c->arena_bytes = 0;
-    HPD_CUDA_CHECK(cudaMalloc(&c->arena_dev, want));
-    HPD_CUDA_CHECK(cudaMallocHost((void **)&c->arena_host, want));
+    if ((st = halves_realloc(&c->arena_dev, &c->arena_host, want)) != HPD_OK)
+        return st;
     c->arena_bytes = want;
     return HPD_OK;
 }

@@ -715,6 +715,25 @@ __device__ static inline void gv_load(gv_frag_t<STEPS, MT> &f, const uint16_t *x
     gv_load_x(f.x, xb, m, k, s0, g, t);
 }
 
+/* A decode kernel's outputs: lane (g, t) holds rows g, g + 8 of each x
+ * tile, columns n0 + 2t, + 1 */
+template <uint32_t MT>
+__device__ static inline void gv_store(const float (&acc)[MT][4], float *y, uint32_t ldy,
+                                       uint32_t m, uint32_t n, uint32_t n0, uint32_t g,
+                                       uint32_t t, bool accumulate)
+{
+    #pragma unroll
+    for (uint32_t mi = 0; mi < MT; mi++)
+        #pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
+            if (row < m && col < n) {
+                float *o = y + (size_t)row * ldy + col;
+                *o = accumulate ? *o + acc[mi][r] : acc[mi][r];
+            }
+        }
+}
+
 template <bool FP8, uint32_t MT>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
@@ -756,16 +775,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         }
         cur = next;
     }
-    #pragma unroll
-    for (uint32_t mi = 0; mi < MT; mi++)
-        #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
-            if (row < m && col < n) {
-                float *o = y + (size_t)row * ldy + col;
-                *o = accumulate ? *o + acc[mi][r] : acc[mi][r];
-            }
-        }
+    gv_store(acc, y, ldy, m, n, n0, g, t, accumulate);
 }
 
 /* The GEMM of decode on tensor cores, weights streamed (cuda-bf16): the
@@ -882,16 +892,7 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
                     xc[u][mi][r] = xn[u][mi][r];
     }
     hpd_cp_async_wait<0>(); /* no copy outlives the block */
-    #pragma unroll
-    for (uint32_t mi = 0; mi < MT; mi++)
-        #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const uint32_t row = mi * 16 + g + 8 * (r / 2), col = n0 + 2 * t + r % 2;
-            if (row < m && col < n) {
-                float *o = y + (size_t)row * ldy + col;
-                *o = accumulate ? *o + acc[mi][r] : acc[mi][r];
-            }
-        }
+    gv_store(acc, y, ldy, m, n, n0, g, t, accumulate);
 }
 
 /* Whether gemv_ring_kernel takes these weights (else gemv_tc_kernel) */
