@@ -54,7 +54,7 @@ echo "== hpd-bench-cuda"
 [ -s "$out/fla.txt" ] || exit 0
 echo "== side by side (ratio = fla ms / hpd ms; > 1: hpd is faster)"
 field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p"; }
-ours_rec=$(grep '^gdn_recurrent' "$out/ours.txt" | field ms)
+ours_rec=$(grep "^gdn_recurrent seqs=$seqs " "$out/ours.txt" | field ms)
 for dt in f32 bf16; do
   fla_rec=$(grep "^fla_gdn_recurrent dtype=$dt" "$out/fla.txt" | field ms)
   awk -v a="$fla_rec" -v b="$ours_rec" -v d="$dt" -v s="$seqs" 'BEGIN {
