@@ -689,9 +689,7 @@ static hpd_status_t split_launch_kernel(K kernel, uint32_t nt, hpd_cuda_ctx_t *c
                                         const row_group_t *groups, uint32_t base, float *o_part,
                                         float *ml_part)
 {
-    if (smem > 48 * 1024)
-        HPD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
+    (void)smem; /* opted in at the backend's creation: hpd_cuda_attention_init */
     kernel<<<grid, nt, smem, c->stream>>>(*kv, a->q, a->n_heads, a->scale, rows, groups, base,
                                           o_part, ml_part);
     HPD_CUDA_LAUNCHED();
@@ -707,6 +705,25 @@ static hpd_status_t split_tc_launch(A... args)
 template <uint32_t RT, uint32_t NT, typename... A> static hpd_status_t split_launch(A... args)
 {
     return split_launch_kernel(attention_split_kernel<RT, NT>, NT, args...);
+}
+
+/* The split kernels may use up to all the shared memory a block may opt in
+ * to (split_smem, split_tc_smem check their shapes against it): set once,
+ * with the context's GPU current, not per launch (a decode step's launches
+ * are recorded into CUDA graphs). */
+bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c)
+{
+    const int smem = (int)c->smem_optin;
+    const auto optin = [smem](auto kernel) {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+               cudaSuccess;
+    };
+    bool ok = optin(attention_split_kernel<1, 256>) &&
+              optin(attention_split_kernel<RT_GROUP, 256>);
+    if (c->cc_major >= 8) /* the tensor-core kernels' bodies trap before sm_80 */
+        ok = ok && optin(attention_split_tc_kernel<1, 128>) &&
+             optin(attention_split_tc_kernel<RT_GROUP, 256>);
+    return ok;
 }
 
 /* A launch of the split pass: rows [r0, r1) of the op, whose partials fit

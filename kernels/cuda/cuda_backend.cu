@@ -464,7 +464,12 @@ static hpd_status_t seg_end(hpd_cuda_ctx_t *c, bool run)
     }
     hpd_status_t st = HPD_OK;
     cudaGraphExec_t exec = NULL;
-    if (run && c->seg_ops > 0 && (st = seg_exec(c, g, &exec)) == HPD_OK) {
+    size_t nodes = 0; /* (an op that opened the segment midway counted in the last one) */
+    if (cudaGraphGetNodes(g, NULL, &nodes) != cudaSuccess) {
+        cudaGetLastError();
+        nodes = 1; /* launched: an empty graph runs too */
+    }
+    if (run && nodes > 0 && (st = seg_exec(c, g, &exec)) == HPD_OK) {
         const cudaError_t e2 =
             c->step_used > c->seg_start
                 ? cudaMemcpyAsync((char *)c->arena_dev + c->seg_start,
@@ -478,6 +483,8 @@ static hpd_status_t seg_end(hpd_cuda_ctx_t *c, bool run)
             st = HPD_ERR_INTERNAL;
         }
     }
+    if (st != HPD_OK) /* logged; the steps after this one run op by op */
+        c->graphs = false;
     cudaGraphDestroy(g);
     c->seg++;
     c->seg_ops = 0;
@@ -537,7 +544,13 @@ static hpd_status_t cuda_step_begin(hpd_backend_t *b, uint32_t bucket)
     HPD_CUDA_CHECK(cudaEventSynchronize(c->step_done));
     if (c->arena_bytes == 0 && (st = arena_grow(c, 0)) != HPD_OK)
         return st;
-    c->step_bucket = bucket;
+    /* rows rounded up to a power of two: a handful of buckets whatever the
+     * batch, each with the same sequence of kernels, mostly (an update
+     * changes the rest) */
+    uint32_t b2 = 1;
+    while (b2 < bucket && b2 < (1u << 31))
+        b2 *= 2;
+    c->step_bucket = b2;
     c->seg = c->seg_ops = 0;
     c->step_used = c->seg_start = 0;
     return seg_begin(c);
@@ -787,6 +800,10 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     const char *graphs_env = getenv("HPD_CUDA_GRAPHS");
     c->graphs = !c->sync_each_op && !fast && !(graphs_env != NULL && strcmp(graphs_env, "0") == 0);
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
+    if (!hpd_cuda_attention_init(c))
+        HPD_LOG_WARN("cuda", "GPU %d: the split-attention kernels' shared memory could not be "
+                     "opted in (%s): attention launches past 48 KiB will fail", id,
+                     cudaGetErrorString(cudaGetLastError()));
     if (bf16 && !c->tc_ok) {
         HPD_LOG_ERROR("cuda", "device '%s' needs tensor cores: compute capability 8.0 or later "
                       "and kernels built for sm_80 or later; GPU %d has compute capability "

@@ -16,11 +16,12 @@
 /* A recorded step (step_begin/step_end) runs as a few graphs, its
  * segments: the first closes after HPD_CUDA_SEG_FIRST ops, the others after
  * HPD_CUDA_SEG_OPS (the GPU starts on a segment while the next is
- * recorded). Executable graphs kept: one per (bucket, segment), the least
- * recently used replaced. */
+ * recorded). Executable graphs kept: one per (bucket: the step's rows
+ * rounded up to a power of two, segment), the least recently used replaced
+ * (a 64-layer model's step has some 28 segments). */
 #define HPD_CUDA_SEG_FIRST 8
 #define HPD_CUDA_SEG_OPS 32
-#define HPD_CUDA_GRAPHS 64
+#define HPD_CUDA_GRAPHS 256
 
 typedef struct {
     int device;
@@ -114,6 +115,9 @@ hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
  * shared memory is opted in (once, at the backend's creation, with the
  * context's GPU current). */
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c);
+/* The split-attention kernels' shared memory opted in, once, at the
+ * backend's creation (attention.cu); false when the runtime refused. */
+bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c);
 /* the pieces' hashes of a transfer's checksum (checksum.cu) */
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);

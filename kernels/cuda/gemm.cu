@@ -794,12 +794,13 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #define GR_CH 64
 #define GR_RING 16
 #define GR_SCALES 128
+#define GR_SLD (GR_SCALES + 4) /* a row's scales: the 8 rows' reads of a step in other banks */
 
 template <bool FP8> struct gr_shape {
     /* a row of a slot, padded 16 bytes: lane (g, t)'s words fall in 32 banks */
     static constexpr uint32_t row = (FP8 ? GR_CH : 2 * GR_CH) + 16;
     static constexpr uint32_t slot = 8 * row;
-    static constexpr uint32_t warp = GR_RING * slot + (FP8 ? 8 * GR_SCALES * 4 : 0);
+    static constexpr uint32_t warp = GR_RING * slot + (FP8 ? 8 * GR_SLD * 4 : 0);
 };
 
 /* Issues slot j of a warp's rows n0..n0+7: GR_CH elements of each from
@@ -832,14 +833,14 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
      * __syncwarp waits for the whole block) */
     const uint32_t n0 = (blockIdx.x * GR_WARPS + warp) * 8;
     uint8_t *ring = (uint8_t *)gr_sm4 + warp * SH::warp;
-    float *scales = (float *)(ring + GR_RING * SH::slot); /* FP8: [8][GR_SCALES] */
+    float *scales = (float *)(ring + GR_RING * SH::slot); /* FP8: [8][GR_SLD] */
     const uint32_t steps = (k + 15) / 16, slots = (k + GR_CH - 1) / GR_CH;
     const uint8_t *w8 = (const uint8_t *)w;
     if constexpr (FP8) {
         const uint32_t ns = (k + ws.block - 1) / ws.block;
         for (uint32_t e = lane; e < 8 * ns; e += 32) {
             const uint32_t r = e / ns, i = e % ns;
-            scales[r * GR_SCALES + i] = n0 + r < n ? ws.scale[(size_t)(n0 + r) * ws.ld + i] : 0.0f;
+            scales[r * GR_SLD + i] = n0 + r < n ? ws.scale[(size_t)(n0 + r) * ws.ld + i] : 0.0f;
         }
     }
     for (uint32_t j = 0; j + 1 < GR_RING; j++) {
@@ -871,7 +872,7 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
                 const uint32_t kk = u * 16 + 2 * t + 8 * h; /* within the slot */
                 if constexpr (FP8) {
                     const uint32_t q = *(const uint16_t *)(sl + kk), col = j * GR_CH + kk;
-                    const float sc = col < k ? scales[g * GR_SCALES + col / ws.block] : 0.0f;
+                    const float sc = col < k ? scales[g * GR_SLD + col / ws.block] : 0.0f;
                     b[h] = tc_f8_bf16(q & 0xff, sc) | tc_f8_bf16(q >> 8, sc) << 16;
                 } else {
                     b[h] = *(const uint32_t *)(sl + 2 * kk);

@@ -1058,7 +1058,7 @@ static void expect_gathered(const float *dst, const float *src, const uint32_t *
  * made); steps of 12 buckets, then the first again; a step of 100 chained
  * gathers (four segments, each run while the next is recorded); a step whose
  * metadata outgrows the arena (its segment runs, the arena grows, the step
- * goes on); run false runs nothing of a one-segment step; eight steps
+ * goes on), at its first op and at its last; run false runs nothing of a one-segment step; eight steps
  * enqueued behind a long GEMM, each with its own metadata, without a wait
  * (the arena is rewritten only after the last step's copies). */
 static void test_step_graph(void **state)
@@ -1120,6 +1120,28 @@ static void test_step_graph(void **state)
     assert_int_equal(step_gathers(20, true, &ran, dsrc, dmid, ddst, i1, i2, BIG, D), HPD_OK);
     assert_true(ran);
     expect_gathered(ddst, src, i1, i2, BIG, D, NULL);
+    /* the step's last op outgrows the arena (1.2 MB of indices): the segment
+     * it opens midway runs too */
+    {
+        enum { HUGE = 300000 };
+        uint32_t *h1 = malloc(HUGE * sizeof(uint32_t)), *hid = malloc(HUGE * sizeof(uint32_t));
+        void *dh;
+        for (uint32_t r = 0; r < HUGE; r++)
+            h1[r] = (r * 7 + 3) % BIG, hid[r] = r;
+        assert_int_equal(hpd_backend_alloc(gpu, (size_t)HUGE * D * sizeof(float), &dh), HPD_OK);
+        assert_int_equal(hpd_backend_step_begin(gpu, 21), HPD_OK);
+        const hpd_gather_args_t small = {.src = dsrc, .ld_src = D, .idx = i1, .n = T, .dim = D,
+                                         .dst = dmid, .ld_dst = D};
+        const hpd_gather_args_t huge = {.src = dsrc, .ld_src = D, .idx = h1, .n = HUGE, .dim = D,
+                                        .dst = dh, .ld_dst = D};
+        assert_int_equal(hpd_gather(gpu, &small), HPD_OK);
+        assert_int_equal(hpd_gather(gpu, &huge), HPD_OK);
+        assert_int_equal(hpd_backend_step_end(gpu, true, &ran), HPD_OK);
+        assert_true(ran);
+        expect_gathered(dh, src, h1, hid, HUGE, D, NULL);
+        hpd_backend_free(gpu, dh);
+        free(h1), free(hid);
+    }
     assert_int_equal(hpd_backend_memset(gpu, ddst, 0xff, (size_t)BIG * D * sizeof(float)),
                      HPD_OK);
     assert_int_equal(step_gathers(1, false, &ran, dsrc, dmid, ddst, i1, i2, T, D), HPD_OK);
