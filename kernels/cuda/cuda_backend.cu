@@ -410,8 +410,8 @@ hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
  * least recently used entry. */
 static hpd_status_t seg_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t *exec_p)
 {
-    uint32_t at = HPD_CUDA_GRAPHS;
-    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS && at == HPD_CUDA_GRAPHS; i++)
+    uint32_t at = HPD_CUDA_GRAPHS_KEPT;
+    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS_KEPT && at == HPD_CUDA_GRAPHS_KEPT; i++)
         if (c->graph[i].exec != NULL && c->graph[i].bucket == c->step_bucket &&
             c->graph[i].seg == c->seg) {
             cudaGraphExecUpdateResultInfo info;
@@ -423,12 +423,12 @@ static hpd_status_t seg_exec(hpd_cuda_ctx_t *c, cudaGraph_t g, cudaGraphExec_t *
             cudaGetLastError(); /* refused: made again in its entry */
             at = i;
         }
-    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS && at == HPD_CUDA_GRAPHS; i++)
+    for (uint32_t i = 0; i < HPD_CUDA_GRAPHS_KEPT && at == HPD_CUDA_GRAPHS_KEPT; i++)
         if (c->graph[i].exec == NULL)
             at = i;
-    if (at == HPD_CUDA_GRAPHS) { /* all kept: the least recently used goes */
+    if (at == HPD_CUDA_GRAPHS_KEPT) { /* all kept: the least recently used goes */
         at = 0;
-        for (uint32_t i = 1; i < HPD_CUDA_GRAPHS; i++)
+        for (uint32_t i = 1; i < HPD_CUDA_GRAPHS_KEPT; i++)
             if (c->graph[i].used < c->graph[at].used)
                 at = i;
     }
@@ -795,10 +795,12 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
         cuda_destroy(b);
         return HPD_ERR_INTERNAL;
     }
-    /* steps as graphs: not where every op waits (HPD_CUDA_SYNC), nor with
-     * cuBLAS (its workspace is not set up for capture here) */
+    /* steps as graphs: opted in with HPD_CUDA_GRAPHS=1 until a GPU run has
+     * measured them (docs/kernels.md); not where every op waits
+     * (HPD_CUDA_SYNC), nor with cuBLAS (its workspace is not set up for
+     * capture here) */
     const char *graphs_env = getenv("HPD_CUDA_GRAPHS");
-    c->graphs = !c->sync_each_op && !fast && !(graphs_env != NULL && strcmp(graphs_env, "0") == 0);
+    c->graphs = !c->sync_each_op && !fast && graphs_env != NULL && strcmp(graphs_env, "1") == 0;
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
     if (!hpd_cuda_attention_init(c))
         HPD_LOG_WARN("cuda", "GPU %d: the split-attention kernels' shared memory could not be "

@@ -21,7 +21,7 @@
  * (a 64-layer model's step has some 28 segments). */
 #define HPD_CUDA_SEG_FIRST 8
 #define HPD_CUDA_SEG_OPS 32
-#define HPD_CUDA_GRAPHS 256
+#define HPD_CUDA_GRAPHS_KEPT 256
 
 typedef struct {
     int device;
@@ -39,8 +39,8 @@ typedef struct {
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
-    /* steps recorded as graphs (docs/kernels.md "The decode step"): off
-     * with HPD_CUDA_GRAPHS=0, HPD_CUDA_SYNC=1 and cuBLAS */
+    /* steps recorded as graphs (docs/kernels.md "The decode step"): with
+     * HPD_CUDA_GRAPHS=1, not with HPD_CUDA_SYNC=1 nor cuBLAS */
     bool graphs;
     bool in_step; /* between step_begin and step_end: the stream captures */
     uint32_t step_bucket;
@@ -55,7 +55,7 @@ typedef struct {
         uint32_t bucket, seg;
         cudaGraphExec_t exec;
         uint64_t used; /* graph_clock at its last launch */
-    } graph[HPD_CUDA_GRAPHS];
+    } graph[HPD_CUDA_GRAPHS_KEPT];
     uint64_t graph_clock;
     /* host memory this backend pinned (host_register), which host_unregister
      * unpins; memory pinned by another (UCX) is not listed */

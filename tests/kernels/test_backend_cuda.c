@@ -20,6 +20,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "common/hash.h"
 #include "common/util.h"
@@ -1684,6 +1685,7 @@ int main(void)
      * runs racecheck case by case: the whole binary takes it too long) */
     if (getenv("HPD_TEST_ONLY") != NULL)
         cmocka_set_test_filter(getenv("HPD_TEST_ONLY"));
+    setenv("HPD_CUDA_GRAPHS", "1", 1); /* recorded steps, opted in: test_step_graph */
     gpu = test_open_device("cuda:0", 0, NULL);
     if (hpd_backend_create(&cp, &cpu) != HPD_OK)
         return 1;
