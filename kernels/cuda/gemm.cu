@@ -507,20 +507,6 @@ __global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, ui
     }
 }
 
-/* Issues one k tile of a block's x and w rows into shared memory: rows of
- * `rows` (x: m, w: n) from `r0`, 16 bytes per copy, none past k. */
-__device__ static inline void tc_load_tile(uint16_t *dst, const uint16_t *src, uint32_t r0,
-                                           uint32_t rows, uint32_t k, uint32_t k0, uint32_t tid)
-{
-    #pragma unroll
-    for (uint32_t e = tid; e < TC_BM * TC_BK / 8; e += TC_THREADS) {
-        const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
-        const bool in = r0 + r < rows && k0 + c < k; /* k % 8 == 0: all eight or none */
-        const uint16_t *from = in ? src + (size_t)(r0 + r) * k + k0 + c : src;
-        hpd_cp_async16(dst + r * TC_LD + c, from, in ? 16u : 0u);
-    }
-}
-
 /* FP8 weights on tensor cores (cuda-bf16): each weight dequantised to
  * bf16(q * scale), rounded to nearest even, the same in every kernel */
 __device__ static inline uint32_t tc_f8_bf16(uint32_t q, float scale)
@@ -528,7 +514,7 @@ __device__ static inline uint32_t tc_f8_bf16(uint32_t q, float scale)
     return tc_bf16_rn(__fmul_rn(widen(f8_t{(uint8_t)q}), scale));
 }
 
-/* tc_load_tile for FP8 weights: eight weights per step (one scale: the
+/* A k tile of FP8 weights: eight weights per step (one scale: the
  * scale blocks are multiples of 8), dequantised through registers and
  * stored, ready before the barrier that precedes their tile's use. */
 __device__ static inline void tc_load_tile_f8(uint16_t *dst, const uint8_t *src, wscale_t ws,
@@ -553,15 +539,48 @@ __device__ static inline void tc_load_tile_f8(uint16_t *dst, const uint8_t *src,
     }
 }
 
-/* a k tile of w (BF16: by cp.async; FP8: dequantised through registers) */
-template <bool FP8>
-__device__ static inline void tc_load_w(uint16_t *dst, const void *w, wscale_t ws, uint32_t n0,
-                                        uint32_t n, uint32_t k, uint32_t k0, uint32_t tid)
+/* A thread's share of a k tile of 128 rows (x, or BF16 w) in the tiled
+ * kernel: its TC_CHUNKS 16-byte chunks (e = tid, tid + TC_THREADS: row
+ * e / (TC_BK / 8), column (e % (TC_BK / 8)) * 8, the same column for all),
+ * each row's start and shared offset worked out once instead of per tile
+ * (the address arithmetic per copy took some 30 instructions, as many issue
+ * slots per tile as the tile's mma.sync) */
+#define TC_CHUNKS (TC_BM * TC_BK / 8 / TC_THREADS)
+struct tc_rows_t {
+    const uint16_t *row[TC_CHUNKS]; /* the chunk's row at column c; NULL past the rows */
+    uint32_t soff[TC_CHUNKS];       /* its place in a stage */
+    uint32_t c;
+};
+
+__device__ static inline tc_rows_t tc_rows(const uint16_t *src, uint32_t r0, uint32_t rows,
+                                           uint32_t k, uint32_t tid)
 {
-    if constexpr (FP8)
-        tc_load_tile_f8(dst, (const uint8_t *)w, ws, n0, n, k, k0, tid);
-    else
-        tc_load_tile(dst, (const uint16_t *)w, n0, n, k, k0, tid);
+    static_assert(TC_BM == TC_BN && TC_BM * TC_BK / 8 % TC_THREADS == 0 &&
+                      TC_THREADS % (TC_BK / 8) == 0,
+                  "every thread copies the same column of whole chunks");
+    tc_rows_t t;
+    t.c = tid % (TC_BK / 8) * 8;
+    #pragma unroll
+    for (uint32_t i = 0; i < TC_CHUNKS; i++) {
+        const uint32_t r = (tid + i * TC_THREADS) / (TC_BK / 8);
+        t.row[i] = r0 + r < rows ? src + (size_t)(r0 + r) * k + t.c : nullptr;
+        t.soff[i] = r * TC_LD + t.c;
+    }
+    return t;
+}
+
+/* Issues a thread's copies of the tile at k0 into dst, from the rows worked
+ * out by tc_rows: zero past the rows and past k (k % 8 == 0: a chunk is
+ * whole or out); `base` stands for the source of a zero fill. */
+__device__ static inline void tc_issue(uint16_t *dst, const tc_rows_t &t, const uint16_t *base,
+                                       uint32_t k, uint32_t k0)
+{
+    const bool kin = k0 + t.c < k;
+    #pragma unroll
+    for (uint32_t i = 0; i < TC_CHUNKS; i++) {
+        const bool in = kin && t.row[i] != nullptr;
+        hpd_cp_async16(dst + t.soff[i], in ? t.row[i] + k0 : base, in ? 16u : 0u);
+    }
 }
 
 template <bool FP8>
@@ -584,32 +603,42 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
 
+    /* a k tile of x and of w into a stage (BF16 w by cp.async; FP8 w
+     * dequantised through registers) */
+    const tc_rows_t xr = tc_rows(xb, m0, m, k, tid);
+    const tc_rows_t wr = tc_rows((const uint16_t *)w, n0, n, k, tid); /* BF16 w */
+    const auto load = [&](uint32_t stage, uint32_t kt) {
+        tc_issue(As + stage * TC_BM * TC_LD, xr, xb, k, kt * TC_BK);
+        if constexpr (FP8)
+            tc_load_tile_f8(Bs + stage * TC_BN * TC_LD, (const uint8_t *)w, ws, n0, n, k,
+                            kt * TC_BK, tid);
+        else
+            tc_issue(Bs + stage * TC_BN * TC_LD, wr, (const uint16_t *)w, k, kt * TC_BK);
+    };
     /* the first TC_STAGES - 1 tiles in flight (a group per tile, empty past
      * the last, so that every wait below counts the same) */
     #pragma unroll
     for (uint32_t s = 0; s < TC_STAGES - 1; s++) {
-        if (s < tiles) {
-            tc_load_tile(As + s * TC_BM * TC_LD, xb, m0, m, k, s * TC_BK, tid);
-            tc_load_w<FP8>(Bs + s * TC_BN * TC_LD, w, ws, n0, n, k, s * TC_BK, tid);
-        }
+        if (s < tiles)
+            load(s, s);
         hpd_cp_async_commit();
     }
     /* each lane's ldmatrix rows: x's 16-row tiles (rows 0-7 then 8-15 at k,
      * then both at k + 8), w's pairs of 8-row tiles (k, k + 8 of each) */
     const uint32_t a_row = wm + lane % 8 + 8 * (lane / 8 % 2), a_col = 8 * (lane / 16);
     const uint32_t b_row = wn + lane % 8 + 8 * (lane / 16), b_col = 8 * (lane / 8 % 2);
-    for (uint32_t kt = 0; kt < tiles; kt++) {
+    /* the stages of tile kt and of the tile loaded meanwhile, as counters
+     * (no division per tile) */
+    for (uint32_t kt = 0, use = 0, fill = TC_STAGES - 1; kt < tiles; kt++) {
         hpd_cp_async_wait<TC_STAGES - 2>(); /* this thread's part of tile kt landed */
         __syncthreads(); /* everyone's; and the stage refilled below was read */
-        const uint32_t next = kt + TC_STAGES - 1;
-        if (next < tiles) {
-            tc_load_tile(As + next % TC_STAGES * TC_BM * TC_LD, xb, m0, m, k, next * TC_BK, tid);
-            tc_load_w<FP8>(Bs + next % TC_STAGES * TC_BN * TC_LD, w, ws, n0, n, k, next * TC_BK,
-                           tid);
-        }
+        if (kt + TC_STAGES - 1 < tiles)
+            load(fill, kt + TC_STAGES - 1);
         hpd_cp_async_commit();
-        const uint16_t *A = As + kt % TC_STAGES * TC_BM * TC_LD;
-        const uint16_t *B = Bs + kt % TC_STAGES * TC_BN * TC_LD;
+        const uint16_t *A = As + use * TC_BM * TC_LD;
+        const uint16_t *B = Bs + use * TC_BN * TC_LD;
+        use = use + 1 == TC_STAGES ? 0 : use + 1;
+        fill = fill + 1 == TC_STAGES ? 0 : fill + 1;
         #pragma unroll
         for (uint32_t kk = 0; kk < TC_BK; kk += 16) {
             if (kt * TC_BK + kk >= k)
