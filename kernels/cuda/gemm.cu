@@ -809,43 +809,58 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 
 /* The GEMM of decode on tensor cores, weights streamed (cuda-bf16): the
  * products of gemv_tc_kernel, in the same order with the same operands (so
- * the same bits), but each warp's 8 weight rows come through a ring of
- * GR_RING slots of GR_CH k in shared memory, filled by cp.async GR_RING - 1
- * slots ahead (16-byte copies, a row's 128 bytes of a slot contiguous):
- * some 15 KB in flight per warp where registers held 64 bytes per lane.
- * There is one warp per 8 weight rows whatever k, so at decode's n of a
- * few thousand an SM has a handful of warps: the bandwidth needs the bytes
- * in flight (the first H100 run read the weights at 0.08-0.17 of copy).
- * FP8 rows take their scales into shared memory first (at most GR_SCALES
- * a row) and need k % 16 == 0 (16-byte aligned rows); others keep
- * gemv_tc_kernel. */
+ * the same bits), but each warp's 8 weight rows and x's rows come through
+ * a ring of slots of GR_CH k in shared memory (GR_RING slots with one tile
+ * of x, half as many with two), filled by cp.async a ring ahead (16-byte
+ * copies, a row's 128 bytes of a slot contiguous): some 15 KB of weights in
+ * flight per warp where registers held 64 bytes per lane, and x's
+ * fragments read from the slot, not loaded from L2 a step before their
+ * products. There is one warp per 8 weight rows whatever k, so at decode's
+ * n of a few thousand an SM has a handful of warps: the bandwidth needs the
+ * bytes in flight (the first H100 run read the weights at 0.08-0.17 of
+ * copy). A slot holds x's first m rows only (a decode row alone: 144
+ * bytes), so the block's shared memory follows m. FP8 rows take their
+ * scales into shared memory first (at most GR_SCALES a row) and need
+ * k % 16 == 0 (16-byte aligned rows); others keep gemv_tc_kernel. */
 #define GR_WARPS 2
 #define GR_CH 64
 #define GR_RING 16
 #define GR_SCALES 128
 #define GR_SLD (GR_SCALES + 4) /* a row's scales: the 8 rows' reads of a step in other banks */
+#define GR_XROW (2 * GR_CH + 16) /* an x row of a slot (bf16), padded as the weights' */
 
-template <bool FP8> struct gr_shape {
-    /* a row of a slot, padded 16 bytes: lane (g, t)'s words fall in 32 banks */
-    static constexpr uint32_t row = (FP8 ? GR_CH : 2 * GR_CH) + 16;
-    static constexpr uint32_t slot = 8 * row;
-    static constexpr uint32_t warp = GR_RING * slot + (FP8 ? 8 * GR_SLD * 4 : 0);
+/* A slot's layout: the 8 weight rows (padded 16 bytes: lane (g, t)'s words
+ * fall in 32 banks), then x's first min(m, 16 MT) rows; RING slots a warp */
+template <bool FP8, uint32_t MT> struct gr_shape {
+    static constexpr uint32_t wrow = (FP8 ? GR_CH : 2 * GR_CH) + 16;
+    static constexpr uint32_t ring = MT == 1 ? GR_RING : GR_RING / 2;
+    static constexpr uint32_t scales = FP8 ? 8 * GR_SLD * 4 : 0;
+    static __host__ __device__ uint32_t xrows(uint32_t m) { return m < 16 * MT ? m : 16 * MT; }
+    static __host__ __device__ uint32_t slot(uint32_t m) { return 8 * wrow + xrows(m) * GR_XROW; }
+    static __host__ __device__ uint32_t warp(uint32_t m) { return ring * slot(m) + scales; }
 };
 
-/* Issues slot j of a warp's rows n0..n0+7: GR_CH elements of each from
- * k j * GR_CH, zero past n and past k (chunks are whole: k % 8 == 0 for
- * BF16, k % 16 == 0 for FP8). */
-template <bool FP8>
-__device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, uint32_t n0, uint32_t n,
-                                      uint32_t k, uint32_t j, uint32_t lane)
+/* Issues slot j: GR_CH elements from k j * GR_CH of the warp's weight rows
+ * n0..n0+7 and of x's first xrows rows, zero past n and past k (chunks are
+ * whole: k % 8 == 0 for BF16, k % 16 == 0 for FP8). */
+template <bool FP8, uint32_t MT>
+__device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, const uint16_t *xb,
+                                      uint32_t xrows, uint32_t n0, uint32_t n, uint32_t k,
+                                      uint32_t j, uint32_t lane)
 {
-    constexpr uint32_t ES = FP8 ? 1 : 2, PER = 16 / ES, CHUNKS = GR_CH / PER;
+    constexpr uint32_t ES = FP8 ? 1 : 2, PER = 16 / ES, CHUNKS = GR_CH / PER, XCH = GR_CH / 8;
     #pragma unroll
     for (uint32_t e = lane; e < 8 * CHUNKS; e += 32) {
         const uint32_t r = e / CHUNKS, c = e % CHUNKS, k0 = j * GR_CH + c * PER;
         const bool in = n0 + r < n && k0 < k;
         const uint8_t *src = in ? w + ((size_t)(n0 + r) * k + k0) * ES : w;
-        hpd_cp_async16(slot + r * gr_shape<FP8>::row + c * 16, src, in ? 16u : 0u);
+        hpd_cp_async16(slot + r * gr_shape<FP8, MT>::wrow + c * 16, src, in ? 16u : 0u);
+    }
+    uint8_t *xs = slot + 8 * gr_shape<FP8, MT>::wrow;
+    for (uint32_t e = lane; e < xrows * XCH; e += 32) {
+        const uint32_t r = e / XCH, c = e % XCH, k0 = j * GR_CH + c * 8;
+        const bool in = k0 < k;
+        hpd_cp_async16(xs + r * GR_XROW + c * 16, in ? xb + (size_t)r * k + k0 : xb, in ? 16u : 0u);
     }
 }
 
@@ -854,15 +869,16 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
     gemv_ring_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
                      uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
-    using SH = gr_shape<FP8>;
-    constexpr uint32_t STEPS = GR_CH / 16;
+    using SH = gr_shape<FP8, MT>;
+    constexpr uint32_t STEPS = GR_CH / 16, RING = SH::ring;
     extern __shared__ float4 gr_sm4[];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     /* a warp past n works on zeros (no early exit: the host stand-in's
      * __syncwarp waits for the whole block) */
-    const uint32_t n0 = (blockIdx.x * GR_WARPS + warp) * 8;
-    uint8_t *ring = (uint8_t *)gr_sm4 + warp * SH::warp;
-    float *scales = (float *)(ring + GR_RING * SH::slot); /* FP8: [8][GR_SLD] */
+    const uint32_t n0 = (blockIdx.x * GR_WARPS + warp) * 8, xrows = SH::xrows(m);
+    const uint32_t slot_bytes = SH::slot(m);
+    uint8_t *ring = (uint8_t *)gr_sm4 + warp * SH::warp(m);
+    float *scales = (float *)(ring + RING * slot_bytes); /* FP8: [8][GR_SLD] */
     const uint32_t steps = (k + 15) / 16, slots = (k + GR_CH - 1) / GR_CH;
     const uint8_t *w8 = (const uint8_t *)w;
     if constexpr (FP8) {
@@ -872,63 +888,75 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
             scales[r * GR_SLD + i] = n0 + r < n ? ws.scale[(size_t)(n0 + r) * ws.ld + i] : 0.0f;
         }
     }
-    for (uint32_t j = 0; j + 1 < GR_RING; j++) {
+    for (uint32_t j = 0; j + 1 < RING; j++) {
         if (j < slots)
-            gr_fill<FP8>(ring + j * SH::slot, w8, n0, n, k, j, lane);
+            gr_fill<FP8, MT>(ring + j * slot_bytes, w8, xb, xrows, n0, n, k, j, lane);
         hpd_cp_async_commit(); /* empty groups too: one group per slot */
     }
     float acc[MT][4] = {};
-    uint32_t xc[STEPS][MT][4], xn[STEPS][MT][4];
-    gv_load_x(xc, xb, m, k, 0, g, t);
     for (uint32_t j = 0; j < slots; j++) {
         __syncwarp(); /* every lane done with slot j - 1, refilled now */
-        const uint32_t jf = j + GR_RING - 1;
+        const uint32_t jf = j + RING - 1;
         if (jf < slots)
-            gr_fill<FP8>(ring + jf % GR_RING * SH::slot, w8, n0, n, k, jf, lane);
+            gr_fill<FP8, MT>(ring + jf % RING * slot_bytes, w8, xb, xrows, n0, n, k, jf, lane);
         hpd_cp_async_commit();
-        hpd_cp_async_wait<GR_RING - 1>(); /* this lane's copies of slot j */
-        __syncwarp();                     /* and every lane's (the scales too, at j = 0) */
-        if (j + 1 < slots) /* the next slot's x in flight during the products */
-            gv_load_x(xn, xb, m, k, (j + 1) * STEPS, g, t);
-        const uint8_t *sl = ring + j % GR_RING * SH::slot + g * SH::row;
+        hpd_cp_async_wait<RING - 1>(); /* this lane's copies of slot j */
+        __syncwarp();                  /* and every lane's (the scales too, at j = 0) */
+        const uint8_t *sl = ring + j % RING * slot_bytes;
+        const uint8_t *wl = sl + g * SH::wrow, *xs = sl + 8 * SH::wrow;
         #pragma unroll
         for (uint32_t u = 0; u < STEPS; u++) {
             if (j * STEPS + u >= steps)
                 break;
-            uint32_t b[2];
+            uint32_t b[2], a[MT][4];
             #pragma unroll
             for (uint32_t h = 0; h < 2; h++) {
                 const uint32_t kk = u * 16 + 2 * t + 8 * h; /* within the slot */
                 if constexpr (FP8) {
-                    const uint32_t q = *(const uint16_t *)(sl + kk), col = j * GR_CH + kk;
+                    const uint32_t q = *(const uint16_t *)(wl + kk), col = j * GR_CH + kk;
                     const float sc = col < k ? scales[g * GR_SLD + col / ws.block] : 0.0f;
                     b[h] = tc_f8_bf16(q & 0xff, sc) | tc_f8_bf16(q >> 8, sc) << 16;
                 } else {
-                    b[h] = *(const uint32_t *)(sl + 2 * kk);
+                    b[h] = *(const uint32_t *)(wl + 2 * kk);
+                }
+                /* a[2h]: row g, a[2h + 1]: row g + 8, at k and k + 8 (rows
+                 * past m zero, never read from the slot) */
+                #pragma unroll
+                for (uint32_t mi = 0; mi < MT; mi++) {
+                    const uint32_t r0 = mi * 16 + g, r1 = r0 + 8;
+                    a[mi][2 * h] = r0 < m ? *(const uint32_t *)(xs + r0 * GR_XROW + 2 * kk) : 0u;
+                    a[mi][2 * h + 1] =
+                        r1 < m ? *(const uint32_t *)(xs + r1 * GR_XROW + 2 * kk) : 0u;
                 }
             }
             #pragma unroll
-            for (uint32_t mi = 0; mi < MT; mi++) {
-                const uint32_t a[4] = {xc[u][mi][0], xc[u][mi][1], xc[u][mi][2], xc[u][mi][3]};
-                hpd_mma_bf16_16816(acc[mi], a, b);
-            }
-        }
-        #pragma unroll
-        for (uint32_t u = 0; u < STEPS; u++)
-            #pragma unroll
             for (uint32_t mi = 0; mi < MT; mi++)
-                #pragma unroll
-                for (uint32_t r = 0; r < 4; r++)
-                    xc[u][mi][r] = xn[u][mi][r];
+                hpd_mma_bf16_16816(acc[mi], a[mi], b);
+        }
     }
     hpd_cp_async_wait<0>(); /* no copy outlives the block */
     gv_store(acc, y, ldy, m, n, n0, g, t, accumulate);
+}
+
+/* The shared memory of gemv_ring_kernel<FP8, MT>'s blocks for m rows */
+static size_t gr_smem(bool fp8, uint32_t m)
+{
+    return GR_WARPS * (fp8 ? m <= 16 ? gr_shape<true, 1>::warp(m) : gr_shape<true, 2>::warp(m)
+                           : m <= 16 ? gr_shape<false, 1>::warp(m) : gr_shape<false, 2>::warp(m));
 }
 
 /* Whether gemv_ring_kernel takes these weights (else gemv_tc_kernel) */
 static bool gr_args(const hpd_gemm_args_t *a, bool fp8)
 {
     return !fp8 || (a->k % 16 == 0 && (a->k + a->w_block - 1) / a->w_block <= GR_SCALES);
+}
+
+/* A ring kernel's shared memory opted in (the largest m it takes) */
+template <typename K> static bool gr_optin(K kernel, size_t smem)
+{
+    return smem <= 48 * 1024 ||
+           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
+               cudaSuccess;
 }
 
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
@@ -940,7 +968,13 @@ bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
            cudaFuncSetAttribute(gemm_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)TC_SMEM) == cudaSuccess &&
            cudaFuncSetAttribute(gemm_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)TC_SMEM) == cudaSuccess;
+                                (int)TC_SMEM) == cudaSuccess &&
+           c->smem_optin >= gr_smem(false, TC_MIN_ROWS) &&
+           c->smem_optin >= gr_smem(true, TC_MIN_ROWS) &&
+           gr_optin(gemv_ring_kernel<false, 1>, gr_smem(false, 16)) &&
+           gr_optin(gemv_ring_kernel<false, 2>, gr_smem(false, TC_MIN_ROWS)) &&
+           gr_optin(gemv_ring_kernel<true, 1>, gr_smem(true, 16)) &&
+           gr_optin(gemv_ring_kernel<true, 2>, gr_smem(true, TC_MIN_ROWS));
 }
 
 /* Whether the tensor-core kernels take these arguments: BF16 weights, or
@@ -984,7 +1018,7 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     HPD_CUDA_LAUNCHED();
     if (gemv && a->m <= TC_MIN_ROWS && gr_args(a, fp8)) {
         const uint32_t blocks_r = ((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS;
-        const size_t smem = GR_WARPS * (fp8 ? gr_shape<true>::warp : gr_shape<false>::warp);
+        const size_t smem = gr_smem(fp8, a->m); /* opted in at hpd_cuda_tc_init */
         const uint16_t *x16 = (const uint16_t *)xb;
         if (fp8 && a->m <= 16)
             gemv_ring_kernel<true, 1><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
