@@ -802,6 +802,7 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     const char *graphs_env = getenv("HPD_CUDA_GRAPHS");
     c->graphs = !c->sync_each_op && !fast && graphs_env != NULL && strcmp(graphs_env, "1") == 0;
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
+    c->gr_ok = bf16 && c->tc_ok && hpd_cuda_ring_init(c);
     if (!hpd_cuda_attention_init(c))
         HPD_LOG_WARN("cuda", "GPU %d: the split-attention kernels' shared memory could not be "
                      "opted in (%s): attention launches past 48 KiB will fail", id,

@@ -35,6 +35,7 @@ typedef struct {
     size_t smem_optin; /* shared memory a block may opt in to */
     int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
     bool tc_ok;        /* cuda-fast, cuda-bf16: tensor-core GEMMs run (hpd_cuda_tc_init) */
+    bool gr_ok;        /* cuda-bf16: the decode GEMM's ring kernel runs (hpd_cuda_ring_init) */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
@@ -118,6 +119,10 @@ bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c);
 /* The split-attention kernels' shared memory opted in, once, at the
  * backend's creation (attention.cu); false when the runtime refused. */
 bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c);
+/* Whether cuda-bf16's decode ring kernel runs here: compute capability 8.0
+ * or more and its shared memory opted in (once, at the backend's creation);
+ * else gemv_tc_kernel takes its GEMMs, with the same bits. */
+bool hpd_cuda_ring_init(const hpd_cuda_ctx_t *c);
 /* the pieces' hashes of a transfer's checksum (checksum.cu) */
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);

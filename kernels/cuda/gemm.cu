@@ -606,7 +606,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     /* a k tile of x and of w into a stage (BF16 w by cp.async; FP8 w
      * dequantised through registers) */
     const tc_rows_t xr = tc_rows(xb, m0, m, k, tid);
-    const tc_rows_t wr = tc_rows((const uint16_t *)w, n0, n, k, tid); /* BF16 w */
+    /* BF16 w (FP8: no rows, its tiles go through registers) */
+    const tc_rows_t wr = tc_rows((const uint16_t *)w, n0, FP8 ? 0 : n, k, tid);
     const auto load = [&](uint32_t stage, uint32_t kt) {
         tc_issue(As + stage * TC_BM * TC_LD, xr, xb, k, kt * TC_BK);
         if constexpr (FP8)
@@ -824,16 +825,19 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * k % 16 == 0 (16-byte aligned rows); others keep gemv_tc_kernel. */
 #define GR_WARPS 2
 #define GR_CH 64
-#define GR_RING 16
+#define GR_RING 16 /* slots of a ring for m <= GR_DEEP (8 past it) */
+#define GR_DEEP 4
 #define GR_SCALES 128
 #define GR_SLD (GR_SCALES + 4) /* a row's scales: the 8 rows' reads of a step in other banks */
 #define GR_XROW (2 * GR_CH + 16) /* an x row of a slot (bf16), padded as the weights' */
 
 /* A slot's layout: the 8 weight rows (padded 16 bytes: lane (g, t)'s words
- * fall in 32 banks), then x's first min(m, 16 MT) rows; RING slots a warp */
-template <bool FP8, uint32_t MT> struct gr_shape {
+ * fall in 32 banks), then x's first min(m, 16 MT) rows; RING slots a warp
+ * (GR_RING for a few rows of x, half that past GR_DEEP: a block stays
+ * within 91 KB, two blocks an SM on an H100, one on GPUs of 99 KB) */
+template <bool FP8, uint32_t MT, uint32_t RING> struct gr_shape {
     static constexpr uint32_t wrow = (FP8 ? GR_CH : 2 * GR_CH) + 16;
-    static constexpr uint32_t ring = MT == 1 ? GR_RING : GR_RING / 2;
+    static constexpr uint32_t ring = RING;
     static constexpr uint32_t scales = FP8 ? 8 * GR_SLD * 4 : 0;
     static __host__ __device__ uint32_t xrows(uint32_t m) { return m < 16 * MT ? m : 16 * MT; }
     static __host__ __device__ uint32_t slot(uint32_t m) { return 8 * wrow + xrows(m) * GR_XROW; }
@@ -843,20 +847,21 @@ template <bool FP8, uint32_t MT> struct gr_shape {
 /* Issues slot j: GR_CH elements from k j * GR_CH of the warp's weight rows
  * n0..n0+7 and of x's first xrows rows, zero past n and past k (chunks are
  * whole: k % 8 == 0 for BF16, k % 16 == 0 for FP8). */
-template <bool FP8, uint32_t MT>
+template <uint32_t WROW>
 __device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, const uint16_t *xb,
                                       uint32_t xrows, uint32_t n0, uint32_t n, uint32_t k,
                                       uint32_t j, uint32_t lane)
 {
+    constexpr bool FP8 = WROW == GR_CH + 16;
     constexpr uint32_t ES = FP8 ? 1 : 2, PER = 16 / ES, CHUNKS = GR_CH / PER, XCH = GR_CH / 8;
     #pragma unroll
     for (uint32_t e = lane; e < 8 * CHUNKS; e += 32) {
         const uint32_t r = e / CHUNKS, c = e % CHUNKS, k0 = j * GR_CH + c * PER;
         const bool in = n0 + r < n && k0 < k;
         const uint8_t *src = in ? w + ((size_t)(n0 + r) * k + k0) * ES : w;
-        hpd_cp_async16(slot + r * gr_shape<FP8, MT>::wrow + c * 16, src, in ? 16u : 0u);
+        hpd_cp_async16(slot + r * WROW + c * 16, src, in ? 16u : 0u);
     }
-    uint8_t *xs = slot + 8 * gr_shape<FP8, MT>::wrow;
+    uint8_t *xs = slot + 8 * WROW;
     for (uint32_t e = lane; e < xrows * XCH; e += 32) {
         const uint32_t r = e / XCH, c = e % XCH, k0 = j * GR_CH + c * 8;
         const bool in = k0 < k;
@@ -864,12 +869,12 @@ __device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, const uin
     }
 }
 
-template <bool FP8, uint32_t MT>
+template <bool FP8, uint32_t MT, uint32_t RING_>
 __global__ void __launch_bounds__(GR_WARPS * 32)
     gemv_ring_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
                      uint32_t m, uint32_t n, uint32_t k, bool accumulate)
 {
-    using SH = gr_shape<FP8, MT>;
+    using SH = gr_shape<FP8, MT, RING_>;
     constexpr uint32_t STEPS = GR_CH / 16, RING = SH::ring;
     extern __shared__ float4 gr_sm4[];
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -890,7 +895,7 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
     }
     for (uint32_t j = 0; j + 1 < RING; j++) {
         if (j < slots)
-            gr_fill<FP8, MT>(ring + j * slot_bytes, w8, xb, xrows, n0, n, k, j, lane);
+            gr_fill<SH::wrow>(ring + j * slot_bytes, w8, xb, xrows, n0, n, k, j, lane);
         hpd_cp_async_commit(); /* empty groups too: one group per slot */
     }
     float acc[MT][4] = {};
@@ -898,7 +903,7 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
         __syncwarp(); /* every lane done with slot j - 1, refilled now */
         const uint32_t jf = j + RING - 1;
         if (jf < slots)
-            gr_fill<FP8, MT>(ring + jf % RING * slot_bytes, w8, xb, xrows, n0, n, k, jf, lane);
+            gr_fill<SH::wrow>(ring + jf % RING * slot_bytes, w8, xb, xrows, n0, n, k, jf, lane);
         hpd_cp_async_commit();
         hpd_cp_async_wait<RING - 1>(); /* this lane's copies of slot j */
         __syncwarp();                  /* and every lane's (the scales too, at j = 0) */
@@ -938,11 +943,56 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
     gv_store(acc, y, ldy, m, n, n0, g, t, accumulate);
 }
 
-/* The shared memory of gemv_ring_kernel<FP8, MT>'s blocks for m rows */
-static size_t gr_smem(bool fp8, uint32_t m)
+/* A launch of gemv_ring_kernel: one tile of x up to 16 rows, the deep ring
+ * up to GR_DEEP; shared memory as the variant and m need */
+template <bool FP8, uint32_t MT, uint32_t RING>
+static void gr_variant(cudaStream_t s, uint32_t blocks, const uint16_t *x16,
+                       const hpd_gemm_args_t *a, wscale_t ws)
 {
-    return GR_WARPS * (fp8 ? m <= 16 ? gr_shape<true, 1>::warp(m) : gr_shape<true, 2>::warp(m)
-                           : m <= 16 ? gr_shape<false, 1>::warp(m) : gr_shape<false, 2>::warp(m));
+    const size_t smem = GR_WARPS * gr_shape<FP8, MT, RING>::warp(a->m);
+    gemv_ring_kernel<FP8, MT, RING><<<blocks, GR_WARPS * 32, smem, s>>>(
+        x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+}
+
+template <bool FP8>
+static void gr_launch(cudaStream_t s, uint32_t blocks, const uint16_t *x16,
+                      const hpd_gemm_args_t *a, wscale_t ws)
+{
+    if (a->m <= GR_DEEP)
+        gr_variant<FP8, 1, GR_RING>(s, blocks, x16, a, ws);
+    else if (a->m <= 16)
+        gr_variant<FP8, 1, GR_RING / 2>(s, blocks, x16, a, ws);
+    else
+        gr_variant<FP8, 2, GR_RING / 2>(s, blocks, x16, a, ws);
+}
+
+/* A ring kernel's shared memory opted in (the largest m it takes); an
+ * error it leaves is cleared */
+template <typename K> static bool gr_optin(K kernel, size_t smem, size_t optin)
+{
+    if (smem <= 48 * 1024)
+        return true;
+    if (smem <= optin && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem) == cudaSuccess)
+        return true;
+    cudaGetLastError();
+    return false;
+}
+
+/* both dtypes of a variant, at the most rows it takes */
+template <uint32_t MT, uint32_t RING> static bool gr_optin_variant(size_t optin, uint32_t max_m)
+{
+    return gr_optin(gemv_ring_kernel<true, MT, RING>,
+                    GR_WARPS * gr_shape<true, MT, RING>::warp(max_m), optin) &&
+           gr_optin(gemv_ring_kernel<false, MT, RING>,
+                    GR_WARPS * gr_shape<false, MT, RING>::warp(max_m), optin);
+}
+
+bool hpd_cuda_ring_init(const hpd_cuda_ctx_t *c)
+{
+    return c->cc_major >= 8 && gr_optin_variant<1, GR_RING>(c->smem_optin, GR_DEEP) &&
+           gr_optin_variant<1, GR_RING / 2>(c->smem_optin, 16) &&
+           gr_optin_variant<2, GR_RING / 2>(c->smem_optin, TC_MIN_ROWS);
 }
 
 /* Whether gemv_ring_kernel takes these weights (else gemv_tc_kernel) */
@@ -951,13 +1001,6 @@ static bool gr_args(const hpd_gemm_args_t *a, bool fp8)
     return !fp8 || (a->k % 16 == 0 && (a->k + a->w_block - 1) / a->w_block <= GR_SCALES);
 }
 
-/* A ring kernel's shared memory opted in (the largest m it takes) */
-template <typename K> static bool gr_optin(K kernel, size_t smem)
-{
-    return smem <= 48 * 1024 ||
-           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ==
-               cudaSuccess;
-}
 
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
 {
@@ -968,13 +1011,7 @@ bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
            cudaFuncSetAttribute(gemm_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)TC_SMEM) == cudaSuccess &&
            cudaFuncSetAttribute(gemm_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)TC_SMEM) == cudaSuccess &&
-           c->smem_optin >= gr_smem(false, TC_MIN_ROWS) &&
-           c->smem_optin >= gr_smem(true, TC_MIN_ROWS) &&
-           gr_optin(gemv_ring_kernel<false, 1>, gr_smem(false, 16)) &&
-           gr_optin(gemv_ring_kernel<false, 2>, gr_smem(false, TC_MIN_ROWS)) &&
-           gr_optin(gemv_ring_kernel<true, 1>, gr_smem(true, 16)) &&
-           gr_optin(gemv_ring_kernel<true, 2>, gr_smem(true, TC_MIN_ROWS));
+                                (int)TC_SMEM) == cudaSuccess;
 }
 
 /* Whether the tensor-core kernels take these arguments: BF16 weights, or
@@ -1016,22 +1053,14 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     const uint32_t blocks = (uint32_t)HPD_MIN((quads + 255) / 256, (uint64_t)4096);
     tc_round_x_kernel<<<blocks, 256, 0, c->stream>>>(a->x, a->ldx, (uint32_t *)xb, a->m, a->k);
     HPD_CUDA_LAUNCHED();
-    if (gemv && a->m <= TC_MIN_ROWS && gr_args(a, fp8)) {
+    if (gemv && a->m <= TC_MIN_ROWS && c->gr_ok && gr_args(a, fp8)) {
+        /* (shared memory opted in at hpd_cuda_ring_init) */
         const uint32_t blocks_r = ((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS;
-        const size_t smem = gr_smem(fp8, a->m); /* opted in at hpd_cuda_tc_init */
         const uint16_t *x16 = (const uint16_t *)xb;
-        if (fp8 && a->m <= 16)
-            gemv_ring_kernel<true, 1><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
-        else if (fp8)
-            gemv_ring_kernel<true, 2><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
-        else if (a->m <= 16)
-            gemv_ring_kernel<false, 1><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+        if (fp8)
+            gr_launch<true>(c->stream, blocks_r, x16, a, ws);
         else
-            gemv_ring_kernel<false, 2><<<blocks_r, GR_WARPS * 32, smem, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            gr_launch<false>(c->stream, blocks_r, x16, a, ws);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }

@@ -253,10 +253,19 @@ int main()
     int tc_checked = 0;
     int tc_failed = check_tensor_cores(&be, &tc_checked, "tensor cores", hpd_cuda_gemm_tc,
                                        {1u, 65u}, false);
-    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16", hpd_cuda_gemm_bf16,
-                                    {1u, 2u, 5u, 16u, 17u, 32u, 33u, 65u}, true);
-    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 fp8", hpd_cuda_gemm_bf16,
-                                    {1u, 5u, 17u, 32u, 33u, 65u}, true, HPD_DTYPE_F8_E4M3);
+    /* cuda-bf16's decode GEMM: the ring kernel (its three variants: m up to
+     * 4, 16, 32), then gemv_tc_kernel where the ring's shared memory could
+     * not be opted in */
+    for (int ring = 1; ring >= 0; ring--) {
+        ctx.gr_ok = ring;
+        tc_failed += check_tensor_cores(&be, &tc_checked, ring ? "cuda-bf16" : "cuda-bf16 no ring",
+                                        hpd_cuda_gemm_bf16,
+                                        {1u, 2u, 4u, 5u, 16u, 17u, 32u, 33u, 65u}, true);
+        tc_failed += check_tensor_cores(&be, &tc_checked,
+                                        ring ? "cuda-bf16 fp8" : "cuda-bf16 fp8 no ring",
+                                        hpd_cuda_gemm_bf16, {1u, 4u, 5u, 17u, 32u, 33u, 65u}, true,
+                                        HPD_DTYPE_F8_E4M3);
+    }
     printf("tensor cores: %d GEMMs checked, %d failed\n", tc_checked, tc_failed);
     hpd_emu_ctx_free(&ctx);
     return failed != 0 || tc_failed != 0;

@@ -345,6 +345,7 @@ typedef struct {
     size_t smem_optin;
     int cc_major;
     bool tc_ok;
+    bool gr_ok;
     cublasHandle_t cublas;
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
@@ -518,7 +519,9 @@ template <typename F> struct hpd_emu_launch_t {
             fprintf(stderr, "cuda_host: no memory for %u stacks\n", b.nt);
             abort();
         }
-        std::vector<float4> dyn(smem / sizeof(float4) + 1);
+        /* exactly the launch's bytes (rounded up to 16): a kernel that
+         * indexes past them is caught by the ASan build */
+        std::vector<float4> dyn(std::max<size_t>(1, (smem + sizeof(float4) - 1) / sizeof(float4)));
         gridDim = grid, blockDim = block, hpd_emu_smem = dyn.data(), hpd_emu_blk = &b;
         for (unsigned bz = 0; bz < grid.z; bz++)
             for (unsigned by = 0; by < grid.y; by++)
