@@ -404,8 +404,13 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
     hpd_status_t st;
 
     /* the rows that need logits, together: one op (one launch on a GPU) */
-    const hpd_gather_args_t rows = {
-        .src = e->x, .ld_src = H, .idx = e->logit_rows, .n = n, .dim = H, .dst = e->lhid, .ld_dst = H};
+    const hpd_gather_args_t rows = {.src = e->x,
+                                    .ld_src = H,
+                                    .idx = e->logit_rows,
+                                    .n = n,
+                                    .dim = H,
+                                    .dst = e->lhid,
+                                    .ld_dst = H};
     if ((st = hpd_gather(e->be, &rows)) != HPD_OK)
         return st;
     hpd_rmsnorm_args_t norm = {.x = {.p = e->lhid, .ld = H},

@@ -274,6 +274,30 @@ static hpd_status_t cuda_from_host(hpd_backend_t *b, void *dst, const void *host
     return HPD_OK;
 }
 
+/* The size a buffer of `have` bytes grows to for `need`: doubled from
+ * `have` (from `first` when empty) until it holds them. */
+static size_t grown(size_t have, size_t first, size_t need)
+{
+    size_t want = have ? have : first;
+    while (want < need)
+        want *= 2;
+    return want;
+}
+
+/* An op's metadata arrays copied to host memory h, each at a 256-byte
+ * aligned offset, their addresses at d (the device copy of h) returned;
+ * room-only arrays are left as they are. */
+static void stage_arrays(const hpd_cuda_meta_t *arrays, uint32_t n, char *h, char *d)
+{
+    size_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (arrays[i].host != NULL && arrays[i].bytes > 0)
+            memcpy(h + off, arrays[i].host, arrays[i].bytes);
+        *arrays[i].dev_p = d + off;
+        off += (arrays[i].bytes + 255) & ~(size_t)255;
+    }
+}
+
 /* Metadata memory, device and pinned host halves of `bytes` each, in place
  * of the old ones (nothing may use those any more). */
 static hpd_status_t halves_realloc(void **dev, char **host, size_t bytes)
@@ -329,34 +353,19 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
         if (c->step_used + total > c->arena_bytes &&
             (st = step_arena_room(c, total)) != HPD_OK)
             return st;
-        size_t off = c->step_used;
-        for (uint32_t i = 0; i < n; i++) {
-            if (arrays[i].host != NULL && arrays[i].bytes > 0)
-                memcpy(c->arena_host + off, arrays[i].host, arrays[i].bytes);
-            *arrays[i].dev_p = (char *)c->arena_dev + off;
-            off += (arrays[i].bytes + 255) & ~(size_t)255;
-        }
+        stage_arrays(arrays, n, c->arena_host + c->step_used,
+                     (char *)c->arena_dev + c->step_used);
         c->step_used += total;
         return HPD_OK;
     }
-    if (c->slot_bytes < total || c->slot_bytes == 0) {
-        size_t want = c->slot_bytes ? c->slot_bytes : (1u << 20);
-        while (want < total)
-            want *= 2;
-        if ((st = ring_alloc(c, want)) != HPD_OK)
-            return st; /* logged where CUDA failed */
-    }
+    if ((c->slot_bytes < total || c->slot_bytes == 0) &&
+        (st = ring_alloc(c, grown(c->slot_bytes, 1u << 20, total))) != HPD_OK)
+        return st; /* logged where CUDA failed */
     c->slot = (c->slot + 1) % HPD_CUDA_STAGE_SLOTS;
     HPD_CUDA_CHECK(cudaEventSynchronize(c->stage_ev[c->slot]));
     char *h = c->host_stage + c->slot * c->slot_bytes;
     char *d = (char *)c->scratch + c->slot * c->slot_bytes;
-    size_t off = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (arrays[i].host != NULL && arrays[i].bytes > 0)
-            memcpy(h + off, arrays[i].host, arrays[i].bytes);
-        *arrays[i].dev_p = d + off;
-        off += (arrays[i].bytes + 255) & ~(size_t)255;
-    }
+    stage_arrays(arrays, n, h, d);
     if (total > 0)
         HPD_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, c->stream));
     HPD_CUDA_CHECK(cudaEventRecord(c->stage_ev[c->slot], c->stream));
@@ -367,9 +376,7 @@ hpd_status_t hpd_cuda_stage(hpd_backend_t *b, const hpd_cuda_meta_t *arrays, uin
  * the stream drained what used it. */
 static hpd_status_t work_grow(hpd_cuda_ctx_t *c, size_t bytes)
 {
-    size_t want = c->work_bytes ? c->work_bytes : (1u << 20);
-    while (want < bytes)
-        want *= 2;
+    const size_t want = grown(c->work_bytes, 1u << 20, bytes);
     HPD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     if (c->work != NULL)
         cudaFree(c->work);
@@ -503,10 +510,8 @@ static hpd_status_t seg_begin(hpd_cuda_ctx_t *c)
  * stream has drained: no copy or graph uses it. */
 static hpd_status_t arena_grow(hpd_cuda_ctx_t *c, size_t bytes)
 {
-    size_t want = c->arena_bytes ? c->arena_bytes : (64u << 10);
+    const size_t want = grown(c->arena_bytes, 64u << 10, bytes);
     hpd_status_t st;
-    while (want < bytes)
-        want *= 2;
     c->arena_bytes = 0;
     if ((st = halves_realloc(&c->arena_dev, &c->arena_host, want)) != HPD_OK)
         return st;

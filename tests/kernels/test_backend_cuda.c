@@ -1057,11 +1057,13 @@ static void expect_gathered(const float *dst, const float *src, const uint32_t *
  * step runs what it recorded, with its metadata; the same bucket again with
  * other metadata runs with the new (the kept graph updated, the upload
  * made); steps of 12 buckets, then the first again; a step of 100 chained
- * gathers (four segments, each run while the next is recorded); a step whose
- * metadata outgrows the arena (its segment runs, the arena grows, the step
- * goes on), at its first op and at its last; run false runs nothing of a one-segment step; eight steps
- * enqueued behind a long GEMM, each with its own metadata, without a wait
- * (the arena is rewritten only after the last step's copies). */
+ * gathers (four segments, each run while the next is recorded); a step
+ * whose metadata outgrows the arena (its segment runs, the arena grows, the
+ * step goes on), at its first op and at its last; run false runs nothing of
+ * a one-segment step; eight steps enqueued behind a long GEMM, each with
+ * its own metadata, without a wait (the arena is rewritten only after the
+ * last step's copies).
+ */
 static void test_step_graph(void **state)
 {
     enum { T = 64, D = 8, BIG = 24000, Q = 8 };
