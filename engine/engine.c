@@ -103,16 +103,14 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
             (st = alloc_act(e, &e->moe_out, S * H)) != HPD_OK ||
             (st = alloc_act(e, &e->moe_shared, R * H)) != HPD_OK)
             return st;
-        if (!hpd_backend_host_memory(e->be) &&
-            (e->moe_logits = malloc(R * e->ld_proj * sizeof(float))) == NULL)
-            return HPD_ERR_NO_MEMORY;
-        e->moe_w = malloc(S * sizeof(float));
-        e->moe_ids = malloc(S * sizeof(uint32_t));
-        e->moe_slots = malloc(S * sizeof(uint32_t));
-        e->moe_idx = malloc(S * sizeof(uint32_t));
-        e->moe_first = malloc((c->n_experts + 1) * sizeof(uint32_t));
-        if (!e->moe_w || !e->moe_ids || !e->moe_slots || !e->moe_idx || !e->moe_first)
-            return HPD_ERR_NO_MEMORY;
+        /* the routing, in backend memory (moe_route) */
+        if ((st = alloc_act(e, &e->moe_w, S)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_ids)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_slots)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_idx)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, (c->n_experts + 1) * sizeof(uint32_t),
+                                    (void **)&e->moe_first)) != HPD_OK)
+            return st;
     }
     if ((st = alloc_act(e, &e->x, R * c->hidden_size)) != HPD_OK ||
         (st = alloc_act(e, &e->h, R * c->hidden_size)) != HPD_OK ||
@@ -309,16 +307,13 @@ void hpd_engine_destroy(hpd_engine_t *e)
     free(e->active);
     float *bufs[] = {e->x,    e->h,      e->proj,   e->conv,    e->g,
                      e->beta, e->core,   e->act,    e->lhid,    e->logits,
-                     e->moe_x, e->moe_gu, e->moe_act, e->moe_out, e->moe_shared};
+                     e->moe_x, e->moe_gu, e->moe_act, e->moe_out, e->moe_shared, e->moe_w};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
         hpd_backend_free(e->be, bufs[i]);
+    uint32_t *routing[] = {e->moe_ids, e->moe_slots, e->moe_idx, e->moe_first};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(routing); i++)
+        hpd_backend_free(e->be, routing[i]);
     free(e->logits_host);
-    free(e->moe_logits);
-    free(e->moe_w);
-    free(e->moe_ids);
-    free(e->moe_slots);
-    free(e->moe_idx);
-    free(e->moe_first);
     free(e->ids);
     free(e->positions);
     free(e->items);

@@ -9,7 +9,6 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/internal.h"
-#include "engine/moe.h"
 
 #define LOG_COMPONENT "engine"
 
@@ -266,23 +265,15 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     return HPD_OK;
 }
 
-/* The expert e's matrix of rows x cols inside a stacked [E][rows][cols]. */
-static hpd_weight_t expert_matrix(hpd_weight_t w, uint32_t e, uint64_t rows, uint64_t cols)
-{
-    hpd_weight_t x = w;
-    x.p = (char *)w.p + (size_t)e * rows * cols * hpd_dtype_size(w.dtype);
-    if (w.scale != NULL)
-        x.scale = w.scale + (size_t)e * rows * w.scale_ld;
-    return x;
-}
-
 /* A mixture-of-experts MLP (Qwen3-Next, Qwen3.5-MoE): one projection gives
  * the router logits, the shared expert's gate logit and its gate|up rows;
- * each token is routed on the host (engine/moe.h), its rows are gathered by
- * expert and every expert hit runs its GEMMs over its rows only (the
- * others' weights are not read); the combine op adds each token's experts
- * in ascending id and the gated shared expert to the residual. Each GEMM
- * row is batch invariant and the sum's order is the token's own, so a
+ * the backend routes each token (moe_route: kernels/moe_route.h) and its
+ * rows are gathered by expert; each expert hit runs its GEMMs over its rows
+ * only (gemm_grouped: the others' weights are not read); the combine op
+ * adds each token's experts in ascending id and the gated shared expert to
+ * the residual. The routing stays in backend memory: on a GPU no op of the
+ * layer waits for the host, so the step can be recorded as a graph. Each
+ * GEMM row is batch invariant and the sum's order is the token's own, so a
  * token's result does not depend on the batch. */
 static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 {
@@ -290,78 +281,57 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
     const hpd_layer_weights_t *w = &e->w->layers[l];
     const uint32_t R = bt->rows, H = c->hidden_size, E = c->n_experts, K = c->top_k;
     const uint32_t Im = c->moe_inter, Is = c->shared_inter, S = R * K;
-    const float *logits = e->proj;
     hpd_status_t st;
 
     if ((st = norm_project(e, R, w->post_norm, &w->moe_in)) != HPD_OK)
         return st;
-    if (!hpd_backend_host_memory(e->be)) {
-        if ((st = hpd_backend_to_host(e->be, e->moe_logits, e->proj,
-                                      (size_t)R * e->ld_proj * sizeof(float))) != HPD_OK)
-            return st;
-        logits = e->moe_logits;
-    }
-    /* route, then number the slots expert by expert (tokens in order) */
-    for (uint32_t x = 0; x <= E; x++)
-        e->moe_first[x] = 0;
-    for (uint32_t t = 0; t < R; t++) {
-        hpd_moe_route(logits + (size_t)t * e->ld_proj, E, K, c->norm_topk, e->moe_ids + t * K,
-                      e->moe_w + t * K);
-        for (uint32_t j = 0; j < K; j++)
-            e->moe_first[e->moe_ids[t * K + j] + 1]++;
-    }
-    for (uint32_t x = 0; x < E; x++)
-        e->moe_first[x + 1] += e->moe_first[x];
-    for (uint32_t t = 0; t < R; t++)
-        for (uint32_t j = 0; j < K; j++) {
-            const uint32_t slot = e->moe_first[e->moe_ids[t * K + j]]++;
-            e->moe_slots[t * K + j] = slot;
-            e->moe_idx[slot] = t;
-        }
-    for (uint32_t x = E; x > 0; x--) /* back to each expert's first slot */
-        e->moe_first[x] = e->moe_first[x - 1];
-    e->moe_first[0] = 0;
-
+    const hpd_moe_route_args_t route = {.logits = e->proj,
+                                        .ld = e->ld_proj,
+                                        .n_tokens = R,
+                                        .n_experts = E,
+                                        .top_k = K,
+                                        .norm = c->norm_topk,
+                                        .ids = e->moe_ids,
+                                        .weights = e->moe_w,
+                                        .slots = e->moe_slots,
+                                        .idx = e->moe_idx,
+                                        .first = e->moe_first};
+    if ((st = hpd_moe_route(e->be, &route)) != HPD_OK)
+        return st;
     const hpd_gather_args_t gather = {
         .src = e->h, .ld_src = H, .idx = e->moe_idx, .n = S, .dim = H, .dst = e->moe_x, .ld_dst = H};
     if ((st = hpd_gather(e->be, &gather)) != HPD_OK)
         return st;
-    for (uint32_t x = 0; x < E; x++) {
-        const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
-        if (n == 0)
-            continue;
-        const hpd_weight_t wx = expert_matrix(w->moe_gate_up, x, 2 * Im, H);
-        const hpd_gemm_args_t gu = {.x = e->moe_x + (size_t)s0 * H,
-                                    .ldx = H,
-                                    HPD_GEMM_WEIGHT(wx),
-                                    .y = e->moe_gu + (size_t)s0 * 2 * Im,
-                                    .ldy = 2 * Im,
-                                    .m = n,
-                                    .n = 2 * Im,
-                                    .k = H};
-        if ((st = hpd_gemm(e->be, &gu)) != HPD_OK)
-            return st;
-    }
+    const hpd_gemm_grouped_args_t gu = {.g = {.x = e->moe_x,
+                                              .ldx = H,
+                                              HPD_GEMM_WEIGHT(w->moe_gate_up),
+                                              .y = e->moe_gu,
+                                              .ldy = 2 * Im,
+                                              .m = S,
+                                              .n = 2 * Im,
+                                              .k = H},
+                                        .first = e->moe_first,
+                                        .n_groups = E,
+                                        .max_rows = R};
+    if ((st = hpd_gemm_grouped(e->be, &gu)) != HPD_OK)
+        return st;
     const hpd_silu_mul_args_t act = {
         .gu = e->moe_gu, .ldgu = 2 * Im, .out = e->moe_act, .ldout = Im, .n_tokens = S, .inter = Im};
     if ((st = hpd_silu_mul(e->be, &act)) != HPD_OK)
         return st;
-    for (uint32_t x = 0; x < E; x++) {
-        const uint32_t s0 = e->moe_first[x], n = e->moe_first[x + 1] - s0;
-        if (n == 0)
-            continue;
-        const hpd_weight_t wx = expert_matrix(w->moe_down, x, H, Im);
-        const hpd_gemm_args_t down = {.x = e->moe_act + (size_t)s0 * Im,
-                                      .ldx = Im,
-                                      HPD_GEMM_WEIGHT(wx),
-                                      .y = e->moe_out + (size_t)s0 * H,
-                                      .ldy = H,
-                                      .m = n,
-                                      .n = H,
-                                      .k = Im};
-        if ((st = hpd_gemm(e->be, &down)) != HPD_OK)
-            return st;
-    }
+    const hpd_gemm_grouped_args_t down = {.g = {.x = e->moe_act,
+                                                .ldx = Im,
+                                                HPD_GEMM_WEIGHT(w->moe_down),
+                                                .y = e->moe_out,
+                                                .ldy = H,
+                                                .m = S,
+                                                .n = H,
+                                                .k = Im},
+                                          .first = e->moe_first,
+                                          .n_groups = E,
+                                          .max_rows = R};
+    if ((st = hpd_gemm_grouped(e->be, &down)) != HPD_OK)
+        return st;
     if (Is > 0) {
         const hpd_silu_mul_args_t sact = {.gu = e->proj + E + 1,
                                           .ldgu = e->ld_proj,
@@ -473,16 +443,10 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
 
 /* Whether this step may be recorded whole: decode rows only (a prefill
  * chunk's shapes vary with each prompt), no layer callback (it records
- * fences other threads wait on), no MoE layer (routing reads the router's
- * logits on the host mid-step). */
+ * fences other threads wait on). */
 static bool step_recordable(const hpd_engine_t *e, const batch_t *bt)
 {
-    if (!e->p.step_graphs || bt->n_pre > 0 || e->p.layer_cb != NULL)
-        return false;
-    for (uint32_t l = 0; l < e->cfg->n_layers; l++)
-        if (e->cfg->layer_moe[l])
-            return false;
-    return true;
+    return e->p.step_graphs && bt->n_pre == 0 && e->p.layer_cb == NULL;
 }
 
 hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt)

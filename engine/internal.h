@@ -76,10 +76,10 @@ struct hpd_engine {
     /* mixture of experts, S = R * top_k slots (a token's row per expert it
      * routes to, grouped by expert): backend memory */
     float *moe_x, *moe_gu, *moe_act, *moe_out, *moe_shared;
-    /* host memory: the router logits (a device backend's copy), each
-     * token's experts (ascending) and weights, its slots, each slot's token,
-     * each expert's first slot */
-    float *moe_logits, *moe_w;
+    /* the routing (moe_route), backend memory too: each token's experts
+     * (ascending) and weights, its slots, each slot's token, each expert's
+     * first slot */
+    float *moe_w;
     uint32_t *moe_ids, *moe_slots, *moe_idx, *moe_first;
     /* host-side batch metadata */
     int32_t *ids;

@@ -111,3 +111,38 @@ hpd_status_t hpd_l2norm_gating_unfused(hpd_backend_t *b, const hpd_l2norm_gating
         return st;
     return hpd_gdn_gating(b, &a->gate);
 }
+
+hpd_status_t hpd_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a)
+{
+    if (b->ops->gemm_grouped != NULL)
+        return b->ops->gemm_grouped(b, a);
+    const size_t first_bytes = ((size_t)a->n_groups + 1) * sizeof(uint32_t);
+    const uint32_t *first = a->first;
+    uint32_t *copy = NULL;
+    hpd_status_t st = HPD_OK;
+    if (!hpd_backend_host_memory(b)) {
+        if ((copy = malloc(first_bytes)) == NULL)
+            return HPD_ERR_NO_MEMORY;
+        if ((st = hpd_backend_to_host(b, copy, a->first, first_bytes)) != HPD_OK) {
+            free(copy);
+            return st;
+        }
+        first = copy;
+    }
+    const size_t w_bytes = (size_t)a->g.n * a->g.k * hpd_dtype_size(a->g.w_dtype);
+    for (uint32_t x = 0; x < a->n_groups && st == HPD_OK; x++) {
+        const uint32_t r0 = first[x], rows = first[x + 1] - first[x];
+        if (rows == 0)
+            continue;
+        hpd_gemm_args_t g = a->g;
+        g.x += (size_t)r0 * g.ldx;
+        g.y += (size_t)r0 * g.ldy;
+        g.w = (const char *)g.w + x * w_bytes;
+        if (g.w_scale != NULL)
+            g.w_scale += (size_t)x * g.n * g.w_scale_ld;
+        g.m = rows;
+        st = hpd_gemm(b, &g);
+    }
+    free(copy);
+    return st;
+}

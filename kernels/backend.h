@@ -148,8 +148,9 @@ typedef struct {
     uint32_t n_tokens, inter;
 } hpd_silu_mul_args_t;
 
-/* dst[i] = src[idx[i]] for n rows of dim floats (idx is host memory): a
- * mixture of experts gathers the rows of each expert together. */
+/* dst[i] = src[idx[i]] for n rows of dim floats (idx is backend memory,
+ * moe_route's): a mixture of experts gathers the rows of each expert
+ * together. */
 typedef struct {
     const float *src;
     uint32_t ld_src;
@@ -165,7 +166,7 @@ typedef struct {
  *   (the product rounded, then the sum; j in the order given: the engine
  *   gives experts in ascending id), then with a shared expert
  *   acc = acc + sigmoid(gate[t]) * shared[t][d]; finally x[t][d] += acc.
- * slots and weights are host memory, [n_tokens][top_k]. */
+ * slots and weights are backend memory (moe_route's), [n_tokens][top_k]. */
 typedef struct {
     float *x;
     uint32_t ldx;
@@ -180,6 +181,40 @@ typedef struct {
     uint32_t ld_gate;
     uint32_t n_tokens, dim;
 } hpd_moe_combine_args_t;
+
+/* A mixture of experts' routing of a batch, in backend memory, for gather,
+ * gemm_grouped and moe_combine: no step of it waits for the host. Token t's
+ * experts (the router of kernels/moe_route.h on logits[t * ld], the first
+ * n_experts of the row) are ids[t * top_k + j], ascending, with their
+ * weights beside; the slots (token, expert) are numbered expert by expert,
+ * tokens in order (hpd_moe_number): first[x] is expert x's first slot
+ * (first[n_experts] = n_tokens * top_k), idx[slot] its token and
+ * slots[t * top_k + j] the slot of (t, ids[t * top_k + j]). */
+typedef struct {
+    const float *logits;
+    uint32_t ld;
+    uint32_t n_tokens, n_experts, top_k; /* n_experts <= HPD_MAX_EXPERTS, top_k <= n_experts */
+    bool norm;
+    uint32_t *ids;  /* [n_tokens][top_k] */
+    float *weights; /* [n_tokens][top_k] */
+    uint32_t *slots; /* [n_tokens][top_k] */
+    uint32_t *idx;   /* [n_tokens * top_k] */
+    uint32_t *first; /* [n_experts + 1] */
+} hpd_moe_route_args_t;
+
+/* Groups of rows, each times its own matrix, in one op (a mixture of
+ * experts' expert GEMMs): rows first[x] .. first[x + 1] - 1 of g.x and g.y
+ * take matrix x of g.w, which holds n_groups matrices [n][k] one after
+ * another (FP8: scales [n_groups][n][w_scale_ld]). Each row has the bits
+ * gemm gives it. g.m is every group's rows (first[n_groups]); first
+ * (backend memory, moe_route's) is read where the op runs, so a device
+ * backend's op does not wait for the host; max_rows bounds a group's
+ * rows (a token hits an expert once: the batch's tokens). */
+typedef struct {
+    hpd_gemm_args_t g; /* g.w, g.w_scale: group 0's */
+    const uint32_t *first;
+    uint32_t n_groups, max_rows;
+} hpd_gemm_grouped_args_t;
 
 /* Pieces of backend memory to hash for a transfer's checksum (common/hash.h):
  * span i is cut into hpd_hash_n_pieces(spans[i].bytes) pieces of
@@ -389,6 +424,10 @@ typedef struct {
     hpd_status_t (*slot_copy)(hpd_backend_t *backend, const hpd_slot_copy_args_t *args);
     hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
+    hpd_status_t (*moe_route)(hpd_backend_t *backend, const hpd_moe_route_args_t *args);
+    /* optional: hpd_gemm_grouped reads first to the host and calls gemm per
+     * group without it */
+    hpd_status_t (*gemm_grouped)(hpd_backend_t *backend, const hpd_gemm_grouped_args_t *args);
     /* optional: hpd_l2norm_gating makes the three calls without it */
     hpd_status_t (*l2norm_gating)(hpd_backend_t *backend, const hpd_l2norm_gating_args_t *args);
     /* optional: hpd_norm_rope makes the four calls without it */
@@ -625,6 +664,16 @@ static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combi
 {
     return HPD_BACKEND_CALL(b, moe_combine, a);
 }
+
+static inline hpd_status_t hpd_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, moe_route, a);
+}
+
+/* hpd_gemm_grouped_args_t: the backend's op where it has one, else first
+ * read by the host (a device backend copies it: the stream waits) and a
+ * gemm per group that has rows. */
+hpd_status_t hpd_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a);
 
 /* hpd_norm_rope_args_t: the backend's fused op where it has one (one launch
  * on a GPU instead of four), else rmsnorm, rmsnorm, rope, rope. */

@@ -7,11 +7,10 @@
 
 #include "common/sampling.h"
 #include "common/status.h"
+#include "kernels/moe_route.h" /* HPD_MAX_EXPERTS, HPD_MAX_TOPK */
 
 #define HPD_MAX_LAYERS 256
 #define HPD_MAX_EOS 8 /* end-of-sequence ids a model may declare */
-#define HPD_MAX_EXPERTS 1024
-#define HPD_MAX_TOPK 32 /* experts per token */
 
 typedef enum {
     HPD_ARCH_QWEN3_NEXT = 0,   /* model_type "qwen3_next" */

@@ -1,10 +1,26 @@
-/* The mixture of experts' data movement on the CPU: gathering each
- * expert's rows, and the weighted sum of a token's experts into the
- * residual in a fixed order (backend.h). The experts' products are GEMMs. */
+/* The mixture of experts on the CPU: the routing (kernels/moe_route.h),
+ * gathering each expert's rows, and the weighted sum of a token's experts
+ * into the residual in a fixed order (backend.h). The experts' products
+ * are GEMMs (hpd_gemm_grouped's gemm per expert). */
 #include <omp.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/moe_route.h"
+
+hpd_status_t hpd_cpu_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
+{
+    if (a->n_experts == 0 || a->n_experts > HPD_MAX_EXPERTS || a->top_k == 0 ||
+        a->top_k > a->n_experts)
+        return HPD_ERR_INVALID_ARG;
+    const int threads = (uint64_t)a->n_tokens * a->n_experts >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (uint32_t t = 0; t < a->n_tokens; t++)
+        hpd_moe_route_token(a->logits + (size_t)t * a->ld, a->n_experts, a->top_k, a->norm,
+                            a->ids + (size_t)t * a->top_k, a->weights + (size_t)t * a->top_k);
+    hpd_moe_number(a->ids, a->n_tokens, a->top_k, a->n_experts, a->slots, a->idx, a->first);
+    return HPD_OK;
+}
 
 hpd_status_t hpd_cpu_gather(hpd_backend_t *b, const hpd_gather_args_t *a)
 {

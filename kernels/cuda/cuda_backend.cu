@@ -637,6 +637,9 @@ HPD_CUDA_ENTRY(kv_translate, hpd_kv_translate_args_t)
 HPD_CUDA_ENTRY(slot_copy, hpd_slot_copy_args_t)
 HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
 HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
+HPD_CUDA_ENTRY(moe_route, hpd_moe_route_args_t)
+HPD_CUDA_ENTRY(gemm_grouped, hpd_gemm_grouped_args_t)
+HPD_CUDA_ENTRY(gemm_grouped_bf16, hpd_gemm_grouped_args_t)
 HPD_CUDA_ENTRY(hash_pieces, hpd_hash_pieces_args_t)
 HPD_CUDA_ENTRY(norm_rope, hpd_norm_rope_args_t)
 HPD_CUDA_ENTRY(l2norm_gating, hpd_l2norm_gating_args_t)
@@ -644,11 +647,13 @@ HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(gemm_bf16, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(attention_bf16, hpd_attention_args_t)
 
-/* The two devices differ in their GEMM (and so in their numerics) alone. */
-static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *numerics,
-                                                 decltype(hpd_backend_ops_t::gemm) gemm,
-                                                 decltype(hpd_backend_ops_t::attention) attention =
-                                                     entry_attention)
+/* The devices differ in their GEMMs and attention (and so in their
+ * numerics) alone; cuda-fast has no grouped GEMM (hpd_gemm_grouped calls
+ * its GEMM per group). */
+static constexpr hpd_backend_ops_t cuda_ops_with(
+    const char *name, const char *numerics, decltype(hpd_backend_ops_t::gemm) gemm,
+    decltype(hpd_backend_ops_t::gemm_grouped) grouped,
+    decltype(hpd_backend_ops_t::attention) attention = entry_attention)
 {
     return hpd_backend_ops_t{
         .name = name,
@@ -690,6 +695,8 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
         .slot_copy = entry_slot_copy,
         .gather = entry_gather,
         .moe_combine = entry_moe_combine,
+        .moe_route = entry_moe_route,
+        .gemm_grouped = grouped,
         .l2norm_gating = entry_l2norm_gating,
         .norm_rope = entry_norm_rope,
         .hash_pieces = entry_hash_pieces,
@@ -698,18 +705,19 @@ static constexpr hpd_backend_ops_t cuda_ops_with(const char *name, const char *n
     };
 }
 
-static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm);
+static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm, entry_gemm_grouped);
 static constexpr hpd_backend_ops_t cuda_fast_ops =
-    cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas);
+    cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas, nullptr);
 /* deterministic and batch-invariant, on tensor cores: BF16 weights for every
  * batch size (activations rounded to bf16), attention's products (q, k, v
  * and the probabilities rounded to bf16) */
 static constexpr hpd_backend_ops_t cuda_bf16_ops =
-    cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16, entry_attention_bf16);
+    cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16, entry_gemm_grouped_bf16,
+                  entry_attention_bf16);
 /* cuda-fast where BF16 weights go to tensor cores (activations rounded to
  * bf16): other numerics than on a GPU without them */
 static constexpr hpd_backend_ops_t cuda_fast_tc_ops =
-    cuda_ops_with("cuda-fast", "cublas-bf16-tensor-cores", entry_gemm_cublas);
+    cuda_ops_with("cuda-fast", "cublas-bf16-tensor-cores", entry_gemm_cublas, nullptr);
 
 extern "C" hpd_status_t hpd_backend_cuda_count(int *count_p)
 {

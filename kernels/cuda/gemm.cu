@@ -68,6 +68,39 @@ struct wscale_t {
     uint32_t ld, block;
 };
 
+/* A grouped GEMM's plan (hpd_cuda_gemm_grouped, below): block y of a
+ * kernel takes tile y, {group, first row, rows, 0}, group NO_TILE past the
+ * plan's tiles. */
+struct group_t {
+    const uint4 *tiles; /* NULL: one matrix, rows from blockIdx.y * T */
+    size_t w_bytes;     /* between the groups' matrices */
+    size_t s_floats;    /* between their scale grids */
+};
+#define NO_TILE 0xffffffffu
+
+/* This block's rows [row0, m) and its group's matrix: with a plan, tile
+ * blockIdx.y (false: no tile, the block has nothing to do); else rows from
+ * blockIdx.y * T, m unchanged. The kernels index rows absolutely, so a
+ * tile's rows are where the plan's group put them. */
+template <typename P>
+__device__ static inline bool block_rows(const group_t &g, uint32_t T, P &w, wscale_t &ws,
+                                         uint32_t &row0, uint32_t &m)
+{
+    if (g.tiles == nullptr) {
+        row0 = blockIdx.y * T;
+        return true;
+    }
+    const uint4 t = g.tiles[blockIdx.y];
+    if (t.x == NO_TILE)
+        return false;
+    w = (P)((const char *)w + t.x * g.w_bytes);
+    if (ws.scale != nullptr)
+        ws.scale += t.x * g.s_floats;
+    row0 = t.y;
+    m = t.y + t.z;
+    return true;
+}
+
 /* element (row n, column c) of w, in fp32 */
 template <typename WT>
 __device__ static inline float weight(const WT *w, uint32_t n, uint32_t c, uint32_t k,
@@ -98,12 +131,15 @@ template <typename WT>
 __global__ void __launch_bounds__(TILE_THREADS, 1)
     gemm_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w, wscale_t wsc,
                 float *__restrict__ y, uint32_t ldy, uint32_t m, uint32_t n, uint32_t k,
-                bool accumulate)
+                bool accumulate, group_t grp)
 {
     __shared__ __align__(16) float xs[TK][TM];
     __shared__ __align__(16) float ws[TK][TN];
     const uint32_t tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const uint32_t row0 = blockIdx.y * TM, col0 = blockIdx.x * TN;
+    const uint32_t col0 = blockIdx.x * TN;
+    uint32_t row0;
+    if (!block_rows(grp, TM, w, wsc, row0, m))
+        return;
     /* this thread's loads: row (or weight row) lr, k offsets lk .. lk + 7 */
     const uint32_t lr = tid / 2, lk = (tid % 2) * 8;
     float acc[8][8], total[8][8], xr[8], wr[8];
@@ -269,14 +305,16 @@ template <typename WT, uint32_t MR>
 __global__ void __launch_bounds__(gemv_shape<WT, MR>::THREADS)
 gemv_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w, wscale_t wsc,
             float *__restrict__ y, uint32_t ldy, uint32_t m, uint32_t n, uint32_t k,
-            bool accumulate)
+            bool accumulate, group_t grp)
 {
     typedef gemv_shape<WT, MR> S;
     __shared__ __align__(16) float xs[MR * S::RC * S::XROW];
     __shared__ uint4 wbuf[S::WARPS][32 * (S::SEGS + 1)];
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t col_w = blockIdx.x * S::COLS + warp * S::CPW; /* the warp's first column */
-    const uint32_t row0 = blockIdx.y * MR;
+    uint32_t row0;
+    if (!block_rows(grp, MR, w, wsc, row0, m))
+        return;
     const uint32_t n_chunks = (k + KC - 1) / KC;
     const size_t row_bytes = (size_t)k * sizeof(WT);
     const char *wb = (const char *)w;
@@ -381,69 +419,208 @@ gemv_kernel(const float *__restrict__ x, uint32_t ldx, const WT *__restrict__ w,
     }
 }
 
+/* Where a grouped GEMM's blocks come from: its plan and the grid's y (the
+ * most tiles there can be), or for one matrix none (rows by blockIdx.y) */
+struct rows_t {
+    group_t g;
+    uint32_t gy;
+};
+
+static rows_t one_matrix(uint32_t m, uint32_t T)
+{
+    return rows_t{group_t{}, (m + T - 1) / T};
+}
+
 template <typename WT, uint32_t MR>
-static void gemv_launch(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+static void gemv_launch(const hpd_gemm_args_t *a, wscale_t wsc, const rows_t &rw, cudaStream_t s)
 {
     typedef gemv_shape<WT, MR> S;
-    const dim3 grid((a->n + S::COLS - 1) / S::COLS, (a->m + MR - 1) / MR);
+    const dim3 grid((a->n + S::COLS - 1) / S::COLS, rw.gy);
     gemv_kernel<WT, MR><<<grid, S::THREADS, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y,
-                                                     a->ldy, a->m, a->n, a->k, a->accumulate);
+                                                     a->ldy, a->m, a->n, a->k, a->accumulate,
+                                                     rw.g);
 }
 
 /* MR: the smallest of 1, 2, 4, 8 that holds m rows (8 above: row groups) */
-template <typename WT>
-static void gemv(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+static uint32_t gemv_mr(uint32_t m)
 {
-    if (a->m == 1)
-        gemv_launch<WT, 1>(a, wsc, s);
-    else if (a->m == 2)
-        gemv_launch<WT, 2>(a, wsc, s);
-    else if (a->m <= 4)
-        gemv_launch<WT, 4>(a, wsc, s);
-    else
-        gemv_launch<WT, 8>(a, wsc, s);
+    return m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
 }
 
 template <typename WT>
-static void gemm_launch(const hpd_gemm_args_t *a, wscale_t wsc, cudaStream_t s)
+static void gemv(const hpd_gemm_args_t *a, uint32_t mr, wscale_t wsc, const rows_t &rw,
+                 cudaStream_t s)
 {
-    /* the GEMV's 16-byte loads need every weight row 16-byte aligned */
-    const bool aligned = (uintptr_t)a->w % 16 == 0 && (size_t)a->k * sizeof(WT) % 16 == 0;
-    if (a->m <= GEMV_MAX_M && a->k > 0 && aligned) {
-        gemv<WT>(a, wsc, s);
+    if (mr == 1)
+        gemv_launch<WT, 1>(a, wsc, rw, s);
+    else if (mr == 2)
+        gemv_launch<WT, 2>(a, wsc, rw, s);
+    else if (mr == 4)
+        gemv_launch<WT, 4>(a, wsc, rw, s);
+    else
+        gemv_launch<WT, 8>(a, wsc, rw, s);
+}
+
+/* Whether the GEMV takes a GEMM of at most `rows` rows a block: few rows,
+ * and every weight row 16-byte aligned for its 16-byte loads (else the
+ * tiled kernel, the same bits) */
+static bool gemv_takes(const hpd_gemm_args_t *a, uint32_t rows)
+{
+    const size_t es = hpd_dtype_size(a->w_dtype);
+    return rows <= GEMV_MAX_M && a->k > 0 && (uintptr_t)a->w % 16 == 0 && (size_t)a->k * es % 16 == 0;
+}
+
+/* The rows a block takes: the GEMV's MR, or the tiled kernel's TM */
+static uint32_t f32_tile_rows(const hpd_gemm_args_t *a, uint32_t rows)
+{
+    return gemv_takes(a, rows) ? gemv_mr(rows) : TM;
+}
+
+template <typename WT>
+static void gemm_launch(const hpd_gemm_args_t *a, uint32_t rows, wscale_t wsc, const rows_t &rw,
+                        cudaStream_t s)
+{
+    if (gemv_takes(a, rows)) {
+        gemv<WT>(a, gemv_mr(rows), wsc, rw, s);
         return;
     }
-    const dim3 grid((a->n + TN - 1) / TN, (a->m + TM - 1) / TM);
-    gemm_kernel<<<grid, TILE_THREADS, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y, a->ldy, a->m,
-                                       a->n, a->k, a->accumulate);
+    const dim3 grid((a->n + TN - 1) / TN, rw.gy);
+    gemm_kernel<<<grid, TILE_THREADS, 0, s>>>(a->x, a->ldx, (const WT *)a->w, wsc, a->y, a->ldy,
+                                              a->m, a->n, a->k, a->accumulate, rw.g);
 }
 
-hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
+/* The kernels of fp32 products; `rows`: the most rows a block's matrix
+ * has (m, or a grouped GEMM's max_rows) */
+static hpd_status_t gemm_f32(hpd_backend_t *b, const hpd_gemm_args_t *a, uint32_t rows,
+                             const rows_t &rw)
 {
-    if (a->m == 0 || a->n == 0)
-        return HPD_OK;
     cudaStream_t s = hpd_cuda_ctx(b)->stream;
     const wscale_t wsc = {a->w_scale, a->w_scale_ld, a->w_block};
     switch (a->w_dtype) {
     case HPD_DTYPE_F32:
-        gemm_launch<float>(a, wsc, s);
+        gemm_launch<float>(a, rows, wsc, rw, s);
         break;
     case HPD_DTYPE_BF16:
-        gemm_launch<bf16_t>(a, wsc, s);
+        gemm_launch<bf16_t>(a, rows, wsc, rw, s);
         break;
     case HPD_DTYPE_F16:
-        gemm_launch<f16_t>(a, wsc, s);
+        gemm_launch<f16_t>(a, rows, wsc, rw, s);
         break;
     case HPD_DTYPE_F8_E4M3:
         if (a->w_scale == NULL || a->w_block == 0)
             return HPD_ERR_INVALID_ARG;
-        gemm_launch<f8_t>(a, wsc, s);
+        gemm_launch<f8_t>(a, rows, wsc, rw, s);
         break;
     default:
         return HPD_ERR_UNSUPPORTED;
     }
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
+}
+
+hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
+{
+    if (a->m == 0 || a->n == 0)
+        return HPD_OK;
+    return gemm_f32(b, a, a->m, one_matrix(a->m, f32_tile_rows(a, a->m)));
+}
+
+/* ---- Grouped GEMMs (hpd_gemm_grouped_args_t: a mixture of experts'
+ * expert GEMMs in one launch each)
+ *
+ * The groups' rows stay on the device: plan_kernel cuts each group's rows
+ * (first[x] .. first[x + 1] - 1) into tiles of T rows, T the rows a block
+ * of the kernel takes (the GEMV's MR, the tiled kernels' 128, the decode
+ * kernels' max_rows), and lists them group by group; block y of the
+ * kernel takes tile y (block_rows), and the grid's y is the most tiles
+ * there can be, ceil(rows / T) + min(groups, rows): the blocks past the
+ * plan's tiles end at once. A tile runs the kernel of one matrix over its
+ * rows, so each row has the bits gemm gives it, whatever the grouping. The
+ * kernel is chosen by max_rows (a bound every group's rows are within) as
+ * gemm chooses by m. */
+#define PLAN_THREADS 1024 /* a thread per group: HPD_MAX_EXPERTS */
+
+__global__ void __launch_bounds__(PLAN_THREADS)
+    plan_kernel(const uint32_t *first, uint32_t n_groups, uint32_t T, uint32_t bound,
+                uint4 *tiles)
+{
+    __shared__ uint32_t scan[2][PLAN_THREADS];
+    const uint32_t x = threadIdx.x;
+    const uint32_t r0 = x < n_groups ? first[x] : 0, cnt = x < n_groups ? first[x + 1] - r0 : 0;
+    const uint32_t nt = (cnt + T - 1) / T;
+    /* inclusive scan of the tile counts (Hillis-Steele, two buffers) */
+    uint32_t cur = 0;
+    scan[0][x] = nt;
+    __syncthreads();
+    for (uint32_t o = 1; o < PLAN_THREADS; o *= 2) {
+        scan[cur ^ 1][x] = scan[cur][x] + (x >= o ? scan[cur][x - o] : 0u);
+        cur ^= 1;
+        __syncthreads();
+    }
+    const uint32_t base = scan[cur][x] - nt, total = scan[cur][PLAN_THREADS - 1];
+    for (uint32_t i = 0; i < nt && base + i < bound; i++)
+        tiles[base + i] = make_uint4(x, r0 + i * T, min(T, cnt - i * T), 0u);
+    for (uint32_t i = total + x; i < bound; i += PLAN_THREADS)
+        tiles[i] = make_uint4(NO_TILE, 0u, 0u, 0u);
+}
+
+/* the most tiles of T rows the groups can have */
+static uint32_t plan_bound(const hpd_gemm_grouped_args_t *ga, uint32_t T)
+{
+    return (uint32_t)(((uint64_t)ga->g.m + T - 1) / T + HPD_MIN(ga->n_groups, ga->g.m));
+}
+
+/* the plan's bytes in front of the work buffer */
+static size_t plan_bytes(const hpd_gemm_grouped_args_t *ga, uint32_t T)
+{
+    return ((size_t)plan_bound(ga, T) * sizeof(uint4) + 255) & ~(size_t)255;
+}
+
+/* Plans a grouped GEMM's tiles of T rows into `tiles` (work memory of
+ * plan_bytes) and says where the kernel's blocks come from */
+static hpd_status_t plan(hpd_backend_t *b, const hpd_gemm_grouped_args_t *ga, uint32_t T,
+                         uint4 *tiles, rows_t *rw)
+{
+    const uint32_t bound = plan_bound(ga, T);
+    if (bound > 65535u) { /* the grid's y */
+        HPD_LOG_ERROR("cuda", "grouped GEMM of %u rows in %u groups: %u tiles of %u rows, at most 65535",
+                      ga->g.m, ga->n_groups, bound, T);
+        return HPD_ERR_INVALID_ARG;
+    }
+    plan_kernel<<<1, PLAN_THREADS, 0, hpd_cuda_ctx(b)->stream>>>(ga->first, ga->n_groups, T,
+                                                                  bound, tiles);
+    HPD_CUDA_LAUNCHED();
+    const size_t es = hpd_dtype_size(ga->g.w_dtype);
+    rw->g = group_t{tiles, (size_t)ga->g.n * ga->g.k * es, (size_t)ga->g.n * ga->g.w_scale_ld};
+    rw->gy = bound;
+    return HPD_OK;
+}
+
+/* what every grouped GEMM needs of its arguments */
+static hpd_status_t grouped_args(const hpd_gemm_grouped_args_t *ga)
+{
+    if (ga->n_groups == 0 || ga->n_groups > PLAN_THREADS || ga->max_rows == 0) {
+        HPD_LOG_ERROR("cuda", "grouped GEMM of %u groups (1 to %u), at most %u rows a group (1 or more)",
+                      ga->n_groups, PLAN_THREADS, ga->max_rows);
+        return HPD_ERR_INVALID_ARG;
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cuda_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *ga)
+{
+    void *work;
+    hpd_status_t st;
+    if (ga->g.m == 0 || ga->g.n == 0)
+        return HPD_OK;
+    if ((st = grouped_args(ga)) != HPD_OK)
+        return st;
+    const uint32_t rows = HPD_MIN(ga->max_rows, ga->g.m), T = f32_tile_rows(&ga->g, rows);
+    rows_t rw;
+    if ((st = hpd_cuda_work(b, plan_bytes(ga, T), &work)) != HPD_OK ||
+        (st = plan(b, ga, T, (uint4 *)work, &rw)) != HPD_OK)
+        return st;
+    return gemm_f32(b, &ga->g, rows, rw);
 }
 
 /* ---- BF16 weights on tensor cores (device cuda-fast)
@@ -586,13 +763,16 @@ __device__ static inline void tc_issue(uint16_t *dst, const tc_rows_t &t, const 
 template <bool FP8>
 __global__ void __launch_bounds__(TC_THREADS)
     gemm_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
-                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+                   uint32_t m, uint32_t n, uint32_t k, bool accumulate, group_t grp)
 {
     extern __shared__ uint4 tc_smem[];
     uint16_t *const As = (uint16_t *)tc_smem, *const Bs = As + TC_STAGES * TC_BM * TC_LD;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t g = lane / 4, t = lane % 4, wm = warp / 4 * 64, wn = warp % 4 * 32;
-    const uint32_t m0 = blockIdx.y * TC_BM, n0 = blockIdx.x * TC_BN;
+    const uint32_t n0 = blockIdx.x * TC_BN;
+    uint32_t m0;
+    if (!block_rows(grp, TC_BM, w, ws, m0, m))
+        return;
     const uint32_t tiles = (k + TC_BK - 1) / TC_BK;
     float acc[4][4][4];
     #pragma unroll
@@ -767,13 +947,15 @@ __device__ static inline void gv_store(const float (&acc)[MT][4], float *y, uint
 template <bool FP8, uint32_t MT>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
-                   uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+                   uint32_t m, uint32_t n, uint32_t k, bool accumulate, group_t grp)
 {
     constexpr uint32_t STEPS = MT == 1 ? 8 : 4;
     const uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const uint32_t n0 = (blockIdx.x * GV_WARPS + threadIdx.x / 32) * 8;
-    if (n0 >= n)
+    uint32_t row0;
+    if (n0 >= n || !block_rows(grp, 0, w, ws, row0, m))
         return; /* the whole warp */
+    xb += (size_t)row0 * k, y += (size_t)row0 * ldy, m -= row0; /* rows from the tile's first */
     const bool row_in = n0 + g < n;
     const size_t wrow = row_in ? n0 + g : 0;
     const void *wr = (const uint8_t *)w + wrow * k * (FP8 ? 1 : 2);
@@ -872,11 +1054,15 @@ __device__ static inline void gr_fill(uint8_t *slot, const uint8_t *w, const uin
 template <bool FP8, uint32_t MT, uint32_t RING_>
 __global__ void __launch_bounds__(GR_WARPS * 32)
     gemv_ring_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
-                     uint32_t m, uint32_t n, uint32_t k, bool accumulate)
+                     uint32_t m, uint32_t n, uint32_t k, bool accumulate, group_t grp)
 {
     using SH = gr_shape<FP8, MT, RING_>;
     constexpr uint32_t STEPS = GR_CH / 16, RING = SH::ring;
     extern __shared__ float4 gr_sm4[];
+    uint32_t row0;
+    if (!block_rows(grp, 0, w, ws, row0, m))
+        return; /* the whole block */
+    xb += (size_t)row0 * k, y += (size_t)row0 * ldy, m -= row0; /* rows from the tile's first */
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     /* a warp past n works on zeros (no early exit: the host stand-in's
      * __syncwarp waits for the whole block) */
@@ -946,24 +1132,25 @@ __global__ void __launch_bounds__(GR_WARPS * 32)
 /* A launch of gemv_ring_kernel: one tile of x up to 16 rows, the deep ring
  * up to GR_DEEP; shared memory as the variant and m need */
 template <bool FP8, uint32_t MT, uint32_t RING>
-static void gr_variant(cudaStream_t s, uint32_t blocks, const uint16_t *x16,
-                       const hpd_gemm_args_t *a, wscale_t ws)
+static void gr_variant(cudaStream_t s, dim3 grid, const uint16_t *x16, const hpd_gemm_args_t *a,
+                       uint32_t rows, wscale_t ws, const group_t &g)
 {
-    const size_t smem = GR_WARPS * gr_shape<FP8, MT, RING>::warp(a->m);
-    gemv_ring_kernel<FP8, MT, RING><<<blocks, GR_WARPS * 32, smem, s>>>(
-        x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    const size_t smem = GR_WARPS * gr_shape<FP8, MT, RING>::warp(rows);
+    gemv_ring_kernel<FP8, MT, RING><<<grid, GR_WARPS * 32, smem, s>>>(
+        x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, g);
 }
 
+/* rows: the most a block's matrix has */
 template <bool FP8>
-static void gr_launch(cudaStream_t s, uint32_t blocks, const uint16_t *x16,
-                      const hpd_gemm_args_t *a, wscale_t ws)
+static void gr_launch(cudaStream_t s, dim3 grid, const uint16_t *x16, const hpd_gemm_args_t *a,
+                      uint32_t rows, wscale_t ws, const group_t &g)
 {
-    if (a->m <= GR_DEEP)
-        gr_variant<FP8, 1, GR_RING>(s, blocks, x16, a, ws);
-    else if (a->m <= 16)
-        gr_variant<FP8, 1, GR_RING / 2>(s, blocks, x16, a, ws);
+    if (rows <= GR_DEEP)
+        gr_variant<FP8, 1, GR_RING>(s, grid, x16, a, rows, ws, g);
+    else if (rows <= 16)
+        gr_variant<FP8, 1, GR_RING / 2>(s, grid, x16, a, rows, ws, g);
     else
-        gr_variant<FP8, 2, GR_RING / 2>(s, blocks, x16, a, ws);
+        gr_variant<FP8, 2, GR_RING / 2>(s, grid, x16, a, rows, ws, g);
 }
 
 /* A ring kernel's shared memory opted in (the largest m it takes); an
@@ -1027,12 +1214,23 @@ static bool tc_args(const hpd_gemm_args_t *a, bool fp8)
     return dtype && a->k % 8 == 0 && (uintptr_t)a->w % 16 == 0 && a->m <= 65535u * TC_BM;
 }
 
+/* The rows a tensor-core block takes: the tiled kernel's TC_BM, or with
+ * `gemv` for at most TC_MIN_ROWS rows all of a matrix's (the decode
+ * kernels walk every row of x) */
+static uint32_t tc_tile_rows(uint32_t rows, bool gemv)
+{
+    return gemv && rows <= TC_MIN_ROWS ? rows : TC_BM;
+}
+
 /* x rounded into the work buffer, then the tiled kernel, or for at most
- * TC_MIN_ROWS rows the GEMV when `gemv` (the same bits per output). */
-static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gemv)
+ * TC_MIN_ROWS rows the GEMV when `gemv` (the same bits per output). ga: a
+ * grouped GEMM (a's rows in groups, `rows` the most a group has; the
+ * plan's tiles in front of the bf16 copy of x), else NULL (rows = m). */
+static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gemv,
+                            const hpd_gemm_grouped_args_t *ga = nullptr)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
-    void *xb;
+    void *work;
     hpd_status_t st;
     if (a->m == 0 || a->n == 0)
         return HPD_OK;
@@ -1047,51 +1245,56 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
                                                a->n * sizeof(float), c->stream));
         return HPD_OK;
     }
-    if ((st = hpd_cuda_work(b, (size_t)a->m * a->k * 2, &xb)) != HPD_OK)
+    const uint32_t rows = ga != nullptr ? HPD_MIN(ga->max_rows, a->m) : a->m;
+    const uint32_t T = tc_tile_rows(rows, gemv);
+    const size_t front = ga != nullptr ? plan_bytes(ga, T) : 0;
+    if ((st = hpd_cuda_work(b, front + (size_t)a->m * a->k * 2, &work)) != HPD_OK)
         return st;
+    rows_t rw = one_matrix(a->m, T);
+    if (ga != nullptr && (st = plan(b, ga, T, (uint4 *)work, &rw)) != HPD_OK)
+        return st;
+    void *xb = (char *)work + front;
     const uint64_t quads = (uint64_t)a->m * (a->k / 4);
     const uint32_t blocks = (uint32_t)HPD_MIN((quads + 255) / 256, (uint64_t)4096);
     tc_round_x_kernel<<<blocks, 256, 0, c->stream>>>(a->x, a->ldx, (uint32_t *)xb, a->m, a->k);
     HPD_CUDA_LAUNCHED();
-    if (gemv && a->m <= TC_MIN_ROWS && c->gr_ok && gr_args(a, fp8)) {
+    const uint16_t *x16 = (const uint16_t *)xb;
+    if (gemv && rows <= TC_MIN_ROWS && c->gr_ok && gr_args(a, fp8)) {
         /* (shared memory opted in at hpd_cuda_ring_init) */
-        const uint32_t blocks_r = ((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS;
-        const uint16_t *x16 = (const uint16_t *)xb;
+        const dim3 grid(((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS, rw.gy);
         if (fp8)
-            gr_launch<true>(c->stream, blocks_r, x16, a, ws);
+            gr_launch<true>(c->stream, grid, x16, a, rows, ws, rw.g);
         else
-            gr_launch<false>(c->stream, blocks_r, x16, a, ws);
+            gr_launch<false>(c->stream, grid, x16, a, rows, ws, rw.g);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }
-    if (gemv && a->m <= TC_MIN_ROWS) {
-        const uint32_t warps = (a->n + 7) / 8;
-        const uint32_t blocks_v = (warps + GV_WARPS - 1) / GV_WARPS;
-        const uint16_t *x16 = (const uint16_t *)xb;
-        if (fp8 && a->m <= 16)
-            gemv_tc_kernel<true, 1><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+    if (gemv && rows <= TC_MIN_ROWS) {
+        const dim3 grid(((a->n + 7) / 8 + GV_WARPS - 1) / GV_WARPS, rw.gy);
+        if (fp8 && rows <= 16)
+            gemv_tc_kernel<true, 1><<<grid, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
         else if (fp8)
-            gemv_tc_kernel<true, 2><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
-        else if (a->m <= 16)
-            gemv_tc_kernel<false, 1><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            gemv_tc_kernel<true, 2><<<grid, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
+        else if (rows <= 16)
+            gemv_tc_kernel<false, 1><<<grid, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
         else
-            gemv_tc_kernel<false, 2><<<blocks_v, GV_WARPS * 32, 0, c->stream>>>(
-                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            gemv_tc_kernel<false, 2><<<grid, GV_WARPS * 32, 0, c->stream>>>(
+                x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }
-    const dim3 grid((a->n + TC_BN - 1) / TC_BN, (a->m + TC_BM - 1) / TC_BM);
+    const dim3 grid((a->n + TC_BN - 1) / TC_BN, rw.gy);
     /* (their shared memory was opted in at the backend's creation:
      * hpd_cuda_tc_init) */
     if (fp8)
         gemm_tc_kernel<true><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
-            (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
     else
         gemm_tc_kernel<false><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
-            (const uint16_t *)xb, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate);
+            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
@@ -1112,6 +1315,19 @@ hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a)
     if (tc_args(a, true))
         return gemm_tc(b, a, true);
     return hpd_cuda_gemm(b, a);
+}
+
+/* cuda-bf16's grouped GEMM: the same choice by the weights */
+hpd_status_t hpd_cuda_gemm_grouped_bf16(hpd_backend_t *b, const hpd_gemm_grouped_args_t *ga)
+{
+    hpd_status_t st;
+    if (ga->g.m == 0 || ga->g.n == 0)
+        return HPD_OK;
+    if ((st = grouped_args(ga)) != HPD_OK)
+        return st;
+    if (tc_args(&ga->g, true))
+        return gemm_tc(b, &ga->g, true, ga);
+    return hpd_cuda_gemm_grouped(b, ga);
 }
 
 /* The fast mode (device cuda-fast): cuBLAS SGEMM in fp32 (default math: no TF32).

@@ -4,11 +4,12 @@
  * that wait for the device (sync, to_host, from_host, fence_record, alloc,
  * host_register) count as violations inside a step, as a CUDA stream
  * capture would refuse them. Checked: every decode-only step is recorded
- * (its bucket its row count) and no other; none with step_graphs off, with
- * a layer callback (a prefill node's push records fences) or for an MoE
- * model (routing reads the router's logits on the host); the same tokens
- * as without; a backend that declines runs the steps as they come; an op
- * that fails inside a step fails the step once, without running it again. */
+ * (its bucket its row count) and no other, for a dense and for an MoE model
+ * (whose routing stays in backend memory: moe_route, gemm_grouped); none
+ * with step_graphs off or with a layer callback (a prefill node's push
+ * records fences); the same tokens as without; a backend that declines runs
+ * the steps as they come; an op that fails inside a step fails the step
+ * once, without running it again. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -104,6 +105,18 @@ static hpd_status_t rec_embed(hpd_backend_t *b, const hpd_embed_args_t *a)
 
 static hpd_backend_t rec_be;
 
+/* The recording backend says its memory is not the host's (as a GPU's), so
+ * that the engine must not read what the ops wrote; its grouped GEMM reads
+ * first itself (it is host memory underneath), a recorded GEMM per group. */
+static hpd_status_t rec_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a)
+{
+    hpd_backend_ops_t host_ops = rec.ops;
+    host_ops.host_memory = true;
+    host_ops.gemm_grouped = NULL;
+    hpd_backend_t host = {.ops = &host_ops, .ctx = b->ctx};
+    return hpd_gemm_grouped(&host, a);
+}
+
 static void rec_reset(void)
 {
     const hpd_backend_ops_t *cpu = be->ops;
@@ -121,6 +134,8 @@ static void rec_reset(void)
     rec.ops.host_register = rec_host_register;
     rec.ops.gemm = rec_gemm;
     rec.ops.embed = rec_embed;
+    rec.ops.host_memory = false;
+    rec.ops.gemm_grouped = rec_gemm_grouped;
     rec_be = (hpd_backend_t){.ops = &rec.ops, .ctx = be->ctx};
 }
 
@@ -246,16 +261,30 @@ static void test_not_recorded(void **state)
     assert_memory_equal(got, ref, sizeof(ref));
     assert_int_equal(s.graph_steps, 0);
     assert_int_equal(rec.ends, 0);
-    /* an MoE model: routing reads the logits on the host mid-step */
+}
+
+/* An MoE model's decode steps are recorded too: its routing and expert
+ * GEMMs never wait for the host inside them (a to_host of the router's
+ * logits would count as a violation), with the same tokens as without */
+static void test_moe_steps_recorded(void **state)
+{
+    (void)state;
+    static int32_t ref[N_REQ][MAX_TOKENS], got[N_REQ][MAX_TOKENS];
+    hpd_request_state_t st[N_REQ];
+    hpd_engine_stats_t s_off, s_on;
     char dir[512];
     hpd_model_t *moe;
     snprintf(dir, sizeof(dir), "%s/moe", root);
     assert_int_equal(test_mkmodel(dir, ENGINE_TEST_SMALL " --experts 4 --experts-per-tok 2"), 0);
     assert_int_equal(hpd_model_load(dir, &moe), HPD_OK);
     rec_reset();
-    run(&(run_t){.model = moe, .graphs = true}, got, &s, st);
-    assert_true(s.decode_steps > 0);
-    assert_int_equal(rec.begins, 0);
+    run(&(run_t){.model = moe}, ref, &s_off, st);
+    rec_reset();
+    run(&(run_t){.model = moe, .graphs = true}, got, &s_on, st);
+    assert_memory_equal(got, ref, sizeof(ref));
+    assert_true(s_on.decode_steps > 0);
+    assert_int_equal(rec.begins, s_on.decode_steps);
+    assert_int_equal(s_on.graph_steps, s_on.decode_steps);
     assert_int_equal(rec.violations, 0);
     hpd_model_destroy(moe);
 }
@@ -287,6 +316,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_steps_recorded),
         cmocka_unit_test(test_not_recorded),
+        cmocka_unit_test(test_moe_steps_recorded),
         cmocka_unit_test(test_failed_op_in_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

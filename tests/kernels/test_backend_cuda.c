@@ -40,6 +40,15 @@ static float *up(const float *host, size_t n)
     return d;
 }
 
+/* a device copy of n host bytes */
+static void *up_bytes(const void *host, size_t n)
+{
+    void *d;
+    assert_int_equal(hpd_backend_alloc(gpu, n, &d), HPD_OK);
+    assert_int_equal(hpd_backend_from_host(gpu, d, host, n), HPD_OK);
+    return d;
+}
+
 static float *down(const float *dev, size_t n)
 {
     float *h = malloc(n * sizeof(float));
@@ -255,10 +264,13 @@ static void test_moe_ops(void **state)
     float *dsrc = up(src, T * D), *dg = up(rows, S * D), *drows = up(rows, S * D);
     float *dsh = up(shared, T * D), *dgate = up(gate, T * 2), *dx = up(x, T * D);
     float *gcpu = malloc(S * D * sizeof(float)), *xcpu = malloc(T * D * sizeof(float));
+    /* the routing's arrays are device memory (moe_route's) */
+    uint32_t *didx = up_bytes(idx, sizeof(idx)), *dslots = up_bytes(slots, sizeof(slots));
+    float *dw = up(w, S);
     hpd_gather_args_t g = {.src = src, .ld_src = D, .idx = idx, .n = S, .dim = D, .dst = gcpu,
                            .ld_dst = D};
     assert_int_equal(hpd_gather(cpu, &g), HPD_OK);
-    g.src = dsrc, g.dst = dg;
+    g.src = dsrc, g.dst = dg, g.idx = didx;
     assert_int_equal(hpd_gather(gpu, &g), HPD_OK);
     float *got = down(dg, S * D);
     assert_memory_equal(got, gcpu, S * D * sizeof(float));
@@ -271,6 +283,7 @@ static void test_moe_ops(void **state)
                                     .gate = gate + 1, .ld_gate = 2, .n_tokens = T, .dim = D};
         assert_int_equal(hpd_moe_combine(cpu, &c), HPD_OK);
         c.x = dx, c.rows = drows, c.shared = with_shared ? dsh : NULL, c.gate = dgate + 1;
+        c.slots = dslots, c.weights = dw;
         assert_int_equal(hpd_moe_combine(gpu, &c), HPD_OK);
         float *xg = down(dx, T * D);
         if (with_shared) /* the GPU's expf in the gate's sigmoid may differ by an ulp */
@@ -283,6 +296,126 @@ static void test_moe_ops(void **state)
     free(got);
     hpd_backend_free(gpu, dsrc), hpd_backend_free(gpu, dg), hpd_backend_free(gpu, drows);
     hpd_backend_free(gpu, dsh), hpd_backend_free(gpu, dgate), hpd_backend_free(gpu, dx);
+    hpd_backend_free(gpu, didx), hpd_backend_free(gpu, dslots), hpd_backend_free(gpu, dw);
+}
+
+/* A routing of T tokens over E experts, K each, on backend b (its logits
+ * and results in b's memory) */
+typedef struct {
+    uint32_t *ids, *slots, *idx, *first;
+    float *w;
+} routing_t;
+
+static routing_t route_on(hpd_backend_t *b, const float *logits, uint32_t T, uint32_t E,
+                          uint32_t K, bool norm)
+{
+    routing_t r;
+    const size_t S = (size_t)T * K;
+    assert_int_equal(hpd_backend_alloc(b, S * 4, (void **)&r.ids), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(b, S * 4, (void **)&r.slots), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(b, S * 4, (void **)&r.idx), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(b, (E + 1) * 4, (void **)&r.first), HPD_OK);
+    assert_int_equal(hpd_backend_alloc(b, S * 4, (void **)&r.w), HPD_OK);
+    const hpd_moe_route_args_t a = {.logits = logits, .ld = E, .n_tokens = T, .n_experts = E,
+                                    .top_k = K, .norm = norm, .ids = r.ids, .weights = r.w,
+                                    .slots = r.slots, .idx = r.idx, .first = r.first};
+    assert_int_equal(hpd_moe_route(b, &a), HPD_OK);
+    return r;
+}
+
+static void routing_free(hpd_backend_t *b, routing_t *r)
+{
+    hpd_backend_free(b, r->ids), hpd_backend_free(b, r->slots), hpd_backend_free(b, r->idx);
+    hpd_backend_free(b, r->first), hpd_backend_free(b, r->w);
+}
+
+/* moe_route on the device against the CPU's: the same experts, slots,
+ * slots' tokens and first slots, the weights within the GPU's expf (exact
+ * on the CPU's path); T tokens across the bitmap's 32-token words, Qwen3-Next's
+ * 512 experts and 10 a token */
+static void test_moe_route(void **state)
+{
+    const struct {
+        uint32_t T, E, K;
+        bool norm;
+    } cases[] = {{1, 64, 8, false}, {33, 512, 10, true}, {70, 1024, 32, true}, {5, 7, 7, false}};
+    for (size_t c = 0; c < HPD_ARRAY_SIZE(cases); c++) {
+        const uint32_t T = cases[c].T, E = cases[c].E, K = cases[c].K, S = T * K;
+        float *logits = rnd((size_t)T * E, 40 + c, 3), *dl = up(logits, (size_t)T * E);
+        routing_t want = route_on(cpu, logits, T, E, K, cases[c].norm);
+        routing_t got = route_on(gpu, dl, T, E, K, cases[c].norm);
+        uint32_t *h = malloc(((size_t)3 * S + E + 1) * 4);
+        assert_int_equal(hpd_backend_to_host(gpu, h, got.ids, S * 4), HPD_OK);
+        assert_memory_equal(h, want.ids, S * 4);
+        assert_int_equal(hpd_backend_to_host(gpu, h, got.slots, S * 4), HPD_OK);
+        assert_memory_equal(h, want.slots, S * 4);
+        assert_int_equal(hpd_backend_to_host(gpu, h, got.idx, S * 4), HPD_OK);
+        assert_memory_equal(h, want.idx, S * 4);
+        assert_int_equal(hpd_backend_to_host(gpu, h, got.first, (E + 1) * 4), HPD_OK);
+        assert_memory_equal(h, want.first, (E + 1) * 4);
+        float *wg = down(got.w, S);
+        expect_close("moe route", wg, want.w, S, 1e-6);
+        free(wg), free(h), free(logits);
+        hpd_backend_free(gpu, dl);
+        routing_free(cpu, &want), routing_free(gpu, &got);
+    }
+}
+
+/* The grouped GEMM (an MoE layer's experts in one op, the groups' rows read
+ * by the device) against one GEMM per group on the same backend, bit for
+ * bit: cuda's kernels and cuda-bf16's (BF16 weights on tensor cores), 16
+ * experts, from 1 token (decode) to 40 (the tiled kernels) */
+static void test_gemm_grouped(void **state)
+{
+    const uint32_t E = 16, K = 4, n = 256, k = 512;
+    hpd_backend_t *bf16 = NULL;
+    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
+    if (!hpd_backend_host_memory(gpu))
+        assert_int_equal(hpd_backend_create(&bp, &bf16), HPD_OK);
+    uint16_t *wb = malloc((size_t)E * n * k * 2);
+    float *wf = rnd((size_t)E * n * k, 50, 0.05f);
+    for (size_t i = 0; i < (size_t)E * n * k; i++)
+        wb[i] = hpd_f32_to_bf16(wf[i]);
+    void *dwb = up_bytes(wb, (size_t)E * n * k * 2);
+    hpd_backend_t *bes[] = {gpu, bf16};
+    const uint32_t tokens[] = {1, 5, 20, 40};
+    for (uint32_t bi = 0; bi < 2 && bes[bi] != NULL; bi++)
+        for (uint32_t ti = 0; ti < HPD_ARRAY_SIZE(tokens); ti++) {
+            hpd_backend_t *b = bes[bi];
+            const uint32_t T = tokens[ti];
+            const uint32_t S = T * K;
+            float *logits = rnd((size_t)T * E, 51 + T, 3), *dl = up(logits, (size_t)T * E);
+            float *x = rnd((size_t)S * k, 52 + T, 1), *dx = up(x, (size_t)S * k);
+            float *dy = up(x, (size_t)S * n), *dy1 = up(x, (size_t)S * n); /* same garbage */
+            routing_t r = route_on(b, dl, T, E, K, true);
+            const hpd_gemm_args_t g = {.x = dx, .ldx = k, .w = dwb, .w_dtype = HPD_DTYPE_BF16,
+                                       .y = dy, .ldy = n, .m = S, .n = n, .k = k};
+            const hpd_gemm_grouped_args_t ga = {.g = g, .first = r.first, .n_groups = E,
+                                                .max_rows = T};
+            assert_int_equal(hpd_gemm_grouped(b, &ga), HPD_OK);
+            uint32_t first[17];
+            assert_int_equal(hpd_backend_to_host(b, first, r.first, sizeof(first)), HPD_OK);
+            assert_int_equal(first[E], S);
+            for (uint32_t e = 0; e < E; e++) {
+                hpd_gemm_args_t ge = g;
+                ge.x = dx + (size_t)first[e] * k, ge.y = dy1 + (size_t)first[e] * n;
+                ge.w = (const uint16_t *)dwb + (size_t)e * n * k, ge.m = first[e + 1] - first[e];
+                if (ge.m > 0)
+                    assert_int_equal(hpd_gemm(b, &ge), HPD_OK);
+            }
+            float *got = down(dy, (size_t)S * n), *want = down(dy1, (size_t)S * n);
+            fprintf(stderr, "%s grouped GEMM, %u tokens: %s\n", b->ops->name, T,
+                    memcmp(got, want, (size_t)S * n * 4) == 0 ? "the same bits" : "DIFFERENT");
+            assert_memory_equal(got, want, (size_t)S * n * 4);
+            free(got), free(want), free(logits), free(x);
+            hpd_backend_free(gpu, dl), hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy);
+            hpd_backend_free(gpu, dy1);
+            routing_free(b, &r);
+        }
+    free(wb), free(wf);
+    hpd_backend_free(gpu, dwb);
+    if (bf16 != NULL)
+        hpd_backend_destroy(bf16);
 }
 
 static void test_norms_and_elementwise(void **state)
@@ -1697,6 +1830,8 @@ int main(void)
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_gemm_batch_invariance),
         cmocka_unit_test(test_moe_ops),
+        cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_gemm_grouped),
         cmocka_unit_test(test_norms_and_elementwise),
         cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_norm_rope),

@@ -56,7 +56,7 @@ static double test_rel_rms(const float *got, const float *want, size_t n)
     return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-static void check_status(const char *what, hpd_status_t st)
+[[maybe_unused]] static void check_status(const char *what, hpd_status_t st)
 {
     hpd_test_checked++;
     if (st != HPD_OK) {
@@ -65,7 +65,7 @@ static void check_status(const char *what, hpd_status_t st)
     }
 }
 
-static void check_close(const char *what, const float *got, const float *want, size_t n,
+[[maybe_unused]] static void check_close(const char *what, const float *got, const float *want, size_t n,
                         double tol)
 {
     const double err = test_rel_rms(got, want, n);
@@ -76,7 +76,7 @@ static void check_close(const char *what, const float *got, const float *want, s
         hpd_test_failed++;
 }
 
-static void check_same(const char *what, const float *got, const float *want, size_t n)
+[[maybe_unused]] static void check_same(const char *what, const float *got, const float *want, size_t n)
 {
     hpd_test_checked++;
     size_t i = 0;

@@ -267,6 +267,20 @@ static inline uint32_t atomicAdd(uint32_t *p, uint32_t v)
     *p = old + v;
     return old;
 }
+static inline uint32_t atomicOr(uint32_t *p, uint32_t v)
+{
+    const uint32_t old = *p;
+    *p = old | v;
+    return old;
+}
+static inline uint32_t __popc(uint32_t v)
+{
+    return (uint32_t)__builtin_popcount(v);
+}
+static inline float __fdiv_rn(float a, float b)
+{
+    return a / b;
+}
 struct __half {
     uint16_t bits;
 };
@@ -545,6 +559,11 @@ static hpd_emu_launch_t<F> hpd_emu_launcher(dim3 grid, dim3 block, size_t smem, 
 hpd_status_t hpd_cuda_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cuda_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a);
+hpd_status_t hpd_cuda_gemm_grouped_bf16(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a);
+hpd_status_t hpd_cuda_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a);
+hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a);
+hpd_status_t hpd_cuda_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a);
 struct cudaFuncAttributes {
     int ptxVersion, binaryVersion;
 };

@@ -1,10 +1,9 @@
-#include "engine/moe.h"
+#include "kernels/moe_route.h"
 
 #include <math.h>
+#include <stddef.h>
 
-#include "model/config.h"
-
-void hpd_moe_route(const float *logits, uint32_t n_experts, uint32_t top_k, bool norm,
+void hpd_moe_route_token(const float *logits, uint32_t n_experts, uint32_t top_k, bool norm,
                    uint32_t *ids, float *weights)
 {
     float p[HPD_MAX_EXPERTS], max = -INFINITY, sum = 0.0f;
@@ -47,4 +46,25 @@ void hpd_moe_route(const float *logits, uint32_t n_experts, uint32_t top_k, bool
         ids[i] = id;
         weights[i] = w;
     }
+}
+
+void hpd_moe_number(const uint32_t *ids, uint32_t n_tokens, uint32_t top_k, uint32_t n_experts,
+                    uint32_t *slots, uint32_t *idx, uint32_t *first)
+{
+    for (uint32_t x = 0; x <= n_experts; x++)
+        first[x] = 0;
+    for (uint64_t i = 0; i < (uint64_t)n_tokens * top_k; i++)
+        first[ids[i] + 1]++;
+    for (uint32_t x = 0; x < n_experts; x++)
+        first[x + 1] += first[x];
+    /* first[x] walks expert x's slots, then steps back to its first */
+    for (uint32_t t = 0; t < n_tokens; t++)
+        for (uint32_t j = 0; j < top_k; j++) {
+            const uint32_t slot = first[ids[(size_t)t * top_k + j]]++;
+            slots[(size_t)t * top_k + j] = slot;
+            idx[slot] = t;
+        }
+    for (uint32_t x = n_experts; x > 0; x--)
+        first[x] = first[x - 1];
+    first[0] = 0;
 }

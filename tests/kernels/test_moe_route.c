@@ -1,4 +1,4 @@
-/* The mixture-of-experts router (engine/moe.h) against a float64 reference
+/* The mixture-of-experts router (kernels/moe_route.h) against a float64 reference
  * of transformers' softmax / top-k / renormalisation, with ties going to the
  * lowest expert id and the experts returned in ascending id. */
 #include <setjmp.h>
@@ -9,7 +9,7 @@
 #include <math.h>
 
 #include "common/rng.h"
-#include "engine/moe.h"
+#include "kernels/moe_route.h"
 
 static void test_against_float64(void **state)
 {
@@ -25,7 +25,7 @@ static void test_against_float64(void **state)
             }
             for (uint32_t i = 0; i < E; i++)
                 sum += p[i] = exp((double)logits[i] - max);
-            hpd_moe_route(logits, E, K, norm, ids, w);
+            hpd_moe_route_token(logits, E, K, norm, ids, w);
             /* the K largest, ascending ids */
             double top = 0;
             for (uint32_t j = 0; j < K; j++) {
@@ -52,22 +52,42 @@ static void test_ties_lowest_id(void **state)
     const float some[6] = {1, 5, 5, 0, 5, 5};
     uint32_t ids[4];
     float w[4];
-    hpd_moe_route(flat, 8, 3, true, ids, w);
+    hpd_moe_route_token(flat, 8, 3, true, ids, w);
     assert_int_equal(ids[0], 0);
     assert_int_equal(ids[1], 1);
     assert_int_equal(ids[2], 2);
     for (int j = 0; j < 3; j++)
         assert_true(fabsf(w[j] - 1.0f / 3.0f) <= 1e-7f);
-    hpd_moe_route(flat, 8, 3, false, ids, w);
+    hpd_moe_route_token(flat, 8, 3, false, ids, w);
     assert_true(w[0] == 0.125f && w[1] == 0.125f && w[2] == 0.125f);
-    hpd_moe_route(some, 6, 3, true, ids, w);
+    hpd_moe_route_token(some, 6, 3, true, ids, w);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[1], 2);
     assert_int_equal(ids[2], 4);
     /* all of them: every id once */
-    hpd_moe_route(some, 6, 4, true, ids, w);
+    hpd_moe_route_token(some, 6, 4, true, ids, w);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[3], 5);
+}
+
+/* The batch's slots expert by expert, tokens in order within an expert */
+static void test_numbering(void **state)
+{
+    enum { T = 5, K = 2, E = 6 };
+    const uint32_t ids[T * K] = {0, 3, 3, 5, 0, 3, 1, 5, 3, 4};
+    uint32_t slots[T * K], idx[T * K], first[E + 1];
+    hpd_moe_number(ids, T, K, E, slots, idx, first);
+    /* expert 0: tokens 0, 2; 1: 3; 2: none; 3: 0, 1, 2, 4; 4: 4; 5: 1, 3 */
+    const uint32_t want_first[E + 1] = {0, 2, 3, 3, 7, 8, 10};
+    const uint32_t want_idx[T * K] = {0, 2, 3, 0, 1, 2, 4, 4, 1, 3};
+    for (uint32_t x = 0; x <= E; x++)
+        assert_int_equal(first[x], want_first[x]);
+    for (uint32_t s = 0; s < T * K; s++)
+        assert_int_equal(idx[s], want_idx[s]);
+    for (uint32_t i = 0; i < T * K; i++) { /* each (token, expert) its own slot */
+        assert_int_equal(idx[slots[i]], i / K);
+        assert_true(slots[i] >= first[ids[i]] && slots[i] < first[ids[i] + 1]);
+    }
 }
 
 int main(void)
@@ -75,6 +95,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_float64),
         cmocka_unit_test(test_ties_lowest_id),
+        cmocka_unit_test(test_numbering),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
