@@ -31,6 +31,11 @@
  *   pages peers wrote: bytes hashed per second as a fraction of the copy
  *   bandwidth, beside the way without the backend's op (each piece read back
  *   to the host and hashed there) in the same run;
+ * - moe_layer: an MoE layer's experts with Qwen3-Next's shape (512 experts,
+ *   10 a token, BF16 weights) at 1 and --seqs tokens, routed on the device
+ *   (moe_route, grouped GEMMs), beside the way before (routing on the host,
+ *   a GEMM per expert: speedup) and against the experts hit read once at the
+ *   copy bandwidth (of_bound), on the device and on cuda-bf16;
  * - with --model (e.g. hpd-mkmodel with Qwen3-Next's dims and fewer layers):
  *   prefill tokens/s of one --prefill prompt, and decode tokens/s at batch 1
  *   and --seqs, on the device and again on cuda-bf16 (device= names each), decode beside its bound (the weights a step reads, all but an
@@ -50,6 +55,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "engine/engine.h"
+#include "kernels/moe_route.h"
 
 #ifdef HPD_HAVE_CUDA
 #include <cublas_v2.h>
@@ -544,6 +550,142 @@ static void attention_prefill_bench(uint32_t tokens, double cublas_tflops, const
 
 /* ---------------------------------------------------------------- model */
 
+/* ------------------------------------------------------------ MoE layer
+ *
+ * An MoE layer's experts with Qwen3-Next's shape (512 experts, 10 a token,
+ * hidden 2048, expert intermediate 512, BF16 weights) over R tokens: the
+ * ops the engine runs (moe_route, gather, grouped gate|up, silu_mul,
+ * grouped down, moe_combine; the routing never leaves the device) beside
+ * the way before them, in the same run: the router's logits read back,
+ * routed on the host, the routing sent up, a GEMM per expert hit. The
+ * bound: the experts hit read once at the copy bandwidth. */
+#define ME 512
+#define MK 10
+#define MH 2048
+#define MI 512
+
+typedef struct {
+    bool host; /* the way before: routing on the host */
+    uint32_t R;
+    float *logits, *h, *xe, *gu, *act, *out, *res, *w;
+    void *wgu, *wd;
+    uint32_t *ids, *slots, *idx, *first;
+    /* the host's routing (the way before) */
+    float *hl, *hw;
+    uint32_t *hids, *hslots, *hidx, *hfirst;
+} moe_t;
+
+static void do_moe(void *arg)
+{
+    moe_t *m = arg;
+    const uint32_t R = m->R, S = R * MK;
+    hpd_gemm_args_t gu = {.x = m->xe, .ldx = MH, .w = m->wgu, .w_dtype = HPD_DTYPE_BF16,
+                          .y = m->gu, .ldy = 2 * MI, .m = S, .n = 2 * MI, .k = MH};
+    hpd_gemm_args_t down = {.x = m->act, .ldx = MI, .w = m->wd, .w_dtype = HPD_DTYPE_BF16,
+                            .y = m->out, .ldy = MH, .m = S, .n = MH, .k = MI};
+    if (!m->host) {
+        const hpd_moe_route_args_t ra = {.logits = m->logits, .ld = ME, .n_tokens = R,
+                                         .n_experts = ME, .top_k = MK, .norm = true,
+                                         .ids = m->ids, .weights = m->w, .slots = m->slots,
+                                         .idx = m->idx, .first = m->first};
+        CHECK(hpd_moe_route(be, &ra));
+    } else {
+        CHECK(hpd_backend_to_host(be, m->hl, m->logits, (size_t)R * ME * sizeof(float)));
+        for (uint32_t t = 0; t < R; t++)
+            hpd_moe_route_token(m->hl + (size_t)t * ME, ME, MK, true, m->hids + t * MK,
+                                m->hw + t * MK);
+        hpd_moe_number(m->hids, R, MK, ME, m->hslots, m->hidx, m->hfirst);
+        CHECK(hpd_backend_from_host(be, m->slots, m->hslots, S * 4));
+        CHECK(hpd_backend_from_host(be, m->idx, m->hidx, S * 4));
+        CHECK(hpd_backend_from_host(be, m->w, m->hw, S * 4));
+    }
+    const hpd_gather_args_t g = {.src = m->h, .ld_src = MH, .idx = m->idx, .n = S, .dim = MH,
+                                 .dst = m->xe, .ld_dst = MH};
+    CHECK(hpd_gather(be, &g));
+    const hpd_silu_mul_args_t act = {.gu = m->gu, .ldgu = 2 * MI, .out = m->act, .ldout = MI,
+                                     .n_tokens = S, .inter = MI};
+    if (!m->host) {
+        const hpd_gemm_grouped_args_t ggu = {.g = gu, .first = m->first, .n_groups = ME,
+                                             .max_rows = R};
+        const hpd_gemm_grouped_args_t gd = {.g = down, .first = m->first, .n_groups = ME,
+                                            .max_rows = R};
+        CHECK(hpd_gemm_grouped(be, &ggu));
+        CHECK(hpd_silu_mul(be, &act));
+        CHECK(hpd_gemm_grouped(be, &gd));
+    } else {
+        for (int pass = 0; pass < 2; pass++) {
+            const hpd_gemm_args_t *a = pass == 0 ? &gu : &down;
+            for (uint32_t x = 0; x < ME; x++) {
+                const uint32_t r0 = m->hfirst[x], n = m->hfirst[x + 1] - r0;
+                if (n == 0)
+                    continue;
+                hpd_gemm_args_t e = *a;
+                e.x += (size_t)r0 * e.ldx, e.y += (size_t)r0 * e.ldy, e.m = n;
+                e.w = (const uint16_t *)e.w + (size_t)x * e.n * e.k;
+                CHECK(hpd_gemm(be, &e));
+            }
+            if (pass == 0)
+                CHECK(hpd_silu_mul(be, &act));
+        }
+    }
+    const hpd_moe_combine_args_t c = {.x = m->res, .ldx = MH, .rows = m->out, .ld_rows = MH,
+                                      .slots = m->slots, .weights = m->w, .top_k = MK,
+                                      .n_tokens = R, .dim = MH};
+    CHECK(hpd_moe_combine(be, &c));
+}
+
+/* The layer at R tokens on the device under test (and on its cuda-bf16
+ * sibling) */
+static void moe_bench(uint32_t R, double copy_bw, const char *device)
+{
+    const uint32_t S = R * MK;
+    const size_t gu_bytes = (size_t)ME * 2 * MI * MH * 2, d_bytes = (size_t)ME * MH * MI * 2;
+    moe_t m = {.R = R};
+    /* the weights: one bf16 value throughout (0x3c3c, about 0.0115), set on
+     * the device (3.2 GB: random values from the host would take minutes) */
+    m.wgu = dalloc(gu_bytes), m.wd = dalloc(d_bytes);
+    CHECK(hpd_backend_memset(be, m.wgu, 0x3c, gu_bytes));
+    CHECK(hpd_backend_memset(be, m.wd, 0x3c, d_bytes));
+    m.logits = drand((size_t)R * ME, 60, 2), m.h = drand((size_t)R * MH, 61, 1);
+    m.res = drand((size_t)R * MH, 62, 1);
+    m.xe = dalloc((size_t)S * MH * 4), m.gu = dalloc((size_t)S * 2 * MI * 4);
+    m.act = dalloc((size_t)S * MI * 4), m.out = dalloc((size_t)S * MH * 4);
+    m.w = dalloc(S * 4), m.ids = dalloc(S * 4), m.slots = dalloc(S * 4), m.idx = dalloc(S * 4);
+    m.first = dalloc((ME + 1) * 4);
+    m.hl = malloc((size_t)R * ME * 4), m.hw = malloc(S * 4), m.hids = malloc(S * 4);
+    m.hslots = malloc(S * 4), m.hidx = malloc(S * 4), m.hfirst = malloc((ME + 1) * 4);
+    /* the experts hit: the bound's bytes */
+    CHECK(hpd_backend_to_host(be, m.hl, m.logits, (size_t)R * ME * sizeof(float)));
+    for (uint32_t t = 0; t < R; t++)
+        hpd_moe_route_token(m.hl + (size_t)t * ME, ME, MK, true, m.hids + t * MK, m.hw + t * MK);
+    hpd_moe_number(m.hids, R, MK, ME, m.hslots, m.hidx, m.hfirst);
+    uint32_t hit = 0;
+    for (uint32_t x = 0; x < ME; x++)
+        hit += m.hfirst[x + 1] > m.hfirst[x];
+    const double bytes = (double)hit * 3 * MI * MH * 2;
+    hpd_backend_t *sib = open_sibling("cuda-bf16", device), *under_test = be;
+    for (int b = 0; b < 2; b++) {
+        if (b == 1 && sib == NULL)
+            break;
+        be = b == 0 ? under_test : sib;
+        m.host = false;
+        const double t = timed(do_moe, &m);
+        m.host = true;
+        const double th = timed(do_moe, &m);
+        printf("moe_layer device=%s tokens=%u experts=%u top_k=%u hidden=%u inter=%u hit=%u "
+               "ms=%.4f of_bound=%.3f host_routing_ms=%.4f speedup=%.2f\n", be->ops->name, R, ME,
+               MK, MH, MI, hit, t * 1e3, bytes / t / copy_bw, th * 1e3, th / t);
+    }
+    be = under_test;
+    if (sib != NULL)
+        hpd_backend_destroy(sib);
+    void *dev[] = {m.wgu, m.wd, m.logits, m.h, m.res, m.xe, m.gu, m.act, m.out, m.w,
+                   m.ids, m.slots, m.idx, m.first};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(dev); i++)
+        hpd_backend_free(be, dev[i]);
+    free(m.hl), free(m.hw), free(m.hids), free(m.hslots), free(m.hidx), free(m.hfirst);
+}
+
 static double engine_run(hpd_engine_t *e, uint32_t n, uint32_t prompt_len, uint32_t max_tokens,
                          uint32_t vocab, bool decode_only, uint64_t *tokens_p)
 {
@@ -711,6 +853,8 @@ int main(int argc, char **argv)
     gemv_bench(2048, 5120, bw, device);
     const double cublas_tflops = gemm_bench(prefill, 5120, 2048, device);
     attention_prefill_bench(2 * prefill, cublas_tflops, device); /* 8192 at --prefill 4096 */
+    moe_bench(1, bw, device);
+    moe_bench(seqs, bw, device);
     if (model != NULL) {
         model_bench(model, prefill, seqs, bw);
         /* and on cuda-bf16 (tensor cores), the same model and GPU */

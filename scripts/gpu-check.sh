@@ -115,9 +115,11 @@ for tool in memcheck racecheck synccheck initcheck; do
   # racecheck, the slowest, takes the generation and the GPU test's cases
   # with shared memory between warps one by one: the GEMV's row groups, the
   # chunked rule's state passes, the split attention (fp32 and tensor
-  # cores), the tensor-core GEMM's tiles, the sampler's histograms and sort
-  # (the quick cases first: the slowest, the GEMV's batches, last)
+  # cores), the tensor-core GEMM's tiles, the sampler's histograms and sort,
+  # the MoE routing's warps and scans (the quick cases first: the slowest,
+  # the GEMV's batches, last)
   [ "$tool" = racecheck ] && cmds=(
+        "HPD_TEST_ONLY=test_moe_route $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_bf16_attention $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_fast_gemm_tensor_cores $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_sample $b/tests/test_backend_cuda"
