@@ -596,6 +596,20 @@ static hpd_status_t plan(hpd_backend_t *b, const hpd_gemm_grouped_args_t *ga, ui
     return HPD_OK;
 }
 
+/* The rows a grouped GEMM's kernel is chosen by (as gemm's by m): max_rows
+ * where they are few (decode); else, where the groups' mean is few (a
+ * prompt spread over many experts), `few`: the decode kernels then take a
+ * group's rows `few` at a time, reading its weights once per tile, where
+ * the tiled kernels' 128-row tiles would compute mostly rows of padding;
+ * else max_rows (the tiled kernels). The choice moves no bit. */
+static uint32_t grouped_rows(const hpd_gemm_grouped_args_t *ga, uint32_t few)
+{
+    const uint32_t rows = HPD_MIN(ga->max_rows, ga->g.m);
+    const uint32_t busy = HPD_MIN(ga->n_groups, ga->g.m); /* the most groups with rows */
+    const uint32_t mean = (ga->g.m + busy - 1) / busy;
+    return rows <= few || mean > few ? rows : few;
+}
+
 /* what every grouped GEMM needs of its arguments */
 static hpd_status_t grouped_args(const hpd_gemm_grouped_args_t *ga)
 {
@@ -615,7 +629,7 @@ hpd_status_t hpd_cuda_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args
         return HPD_OK;
     if ((st = grouped_args(ga)) != HPD_OK)
         return st;
-    const uint32_t rows = HPD_MIN(ga->max_rows, ga->g.m), T = f32_tile_rows(&ga->g, rows);
+    const uint32_t rows = grouped_rows(ga, GEMV_MAX_M), T = f32_tile_rows(&ga->g, rows);
     rows_t rw;
     if ((st = hpd_cuda_work(b, plan_bytes(ga, T), &work)) != HPD_OK ||
         (st = plan(b, ga, T, (uint4 *)work, &rw)) != HPD_OK)
@@ -1245,7 +1259,7 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
                                                a->n * sizeof(float), c->stream));
         return HPD_OK;
     }
-    const uint32_t rows = ga != nullptr ? HPD_MIN(ga->max_rows, a->m) : a->m;
+    const uint32_t rows = ga != nullptr ? grouped_rows(ga, TC_MIN_ROWS) : a->m;
     const uint32_t T = tc_tile_rows(rows, gemv);
     const size_t front = ga != nullptr ? plan_bytes(ga, T) : 0;
     if ((st = hpd_cuda_work(b, front + (size_t)a->m * a->k * 2, &work)) != HPD_OK)

@@ -364,7 +364,8 @@ static void test_moe_route(void **state)
 /* The grouped GEMM (an MoE layer's experts in one op, the groups' rows read
  * by the device) against one GEMM per group on the same backend, bit for
  * bit: cuda's kernels and cuda-bf16's (BF16 weights on tensor cores), 16
- * experts, from 1 token (decode) to 40 (the tiled kernels) */
+ * experts, from 1 token (decode) to 200 (the tiled kernels; 40 take the
+ * decode kernels, 32 rows a tile) */
 static void test_gemm_grouped(void **state)
 {
     const uint32_t E = 16, K = 4, n = 256, k = 512;
@@ -378,7 +379,7 @@ static void test_gemm_grouped(void **state)
         wb[i] = hpd_f32_to_bf16(wf[i]);
     void *dwb = up_bytes(wb, (size_t)E * n * k * 2);
     hpd_backend_t *bes[] = {gpu, bf16};
-    const uint32_t tokens[] = {1, 5, 20, 40};
+    const uint32_t tokens[] = {1, 5, 20, 40, 200}; /* 200: 50 rows an expert, the tiled kernels */
     for (uint32_t bi = 0; bi < 2 && bes[bi] != NULL; bi++)
         for (uint32_t ti = 0; ti < HPD_ARRAY_SIZE(tokens); ti++) {
             hpd_backend_t *b = bes[bi];

@@ -9,7 +9,8 @@
  * - the grouped GEMM (cuda's kernels, cuda-bf16's with and without the
  *   ring) against one GEMM per group of the same kernels, bit for bit, for
  *   F32, BF16 and FP8 weights, groups of 1 to 40 rows (the GEMV's MR, the
- *   decode kernels, the tiled kernels), empty groups, accumulate;
+ *   decode kernels, also for 40 tokens: a tile of 32 rows), groups of 67
+ *   rows on average (the tiled kernels), empty groups, accumulate;
  * - gather and moe_combine reading the routing from device memory. */
 #include <vector>
 
@@ -179,6 +180,14 @@ int main()
                               hpd_cuda_gemm_grouped_bf16, hpd_cuda_gemm_bf16, ring, dt, T, 6, 2,
                               acc, seed++);
         }
+    /* groups of 67 rows on average: the tiled kernels (fewer on average
+     * take the decode kernels, 32 rows a tile, as 40 tokens of 6 experts) */
+    for (hpd_dtype_t dt : {HPD_DTYPE_BF16, HPD_DTYPE_F8_E4M3}) {
+        check_grouped(cpu, "cuda", hpd_cuda_gemm_grouped, hpd_cuda_gemm, false, dt, 100, 3, 2,
+                      true, seed++);
+        check_grouped(cpu, "cuda-bf16", hpd_cuda_gemm_grouped_bf16, hpd_cuda_gemm_bf16, true, dt,
+                      100, 3, 2, false, seed++);
+    }
     /* many groups, most of them empty (the plan's blocks past its tiles) */
     check_grouped(cpu, "cuda", hpd_cuda_gemm_grouped, hpd_cuda_gemm, false, HPD_DTYPE_BF16, 3, 300,
                   4, false, seed++);
