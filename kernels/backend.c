@@ -5,6 +5,7 @@
 
 #include "common/hash.h"
 #include "common/log.h"
+#include "kernels/moe_route.h"
 
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p)
 {
@@ -112,8 +113,28 @@ hpd_status_t hpd_l2norm_gating_unfused(hpd_backend_t *b, const hpd_l2norm_gating
     return hpd_gdn_gating(b, &a->gate);
 }
 
+hpd_status_t hpd_moe_route_check(const hpd_moe_route_args_t *a)
+{
+    if (a->n_experts == 0 || a->n_experts > HPD_MAX_EXPERTS || a->top_k == 0 ||
+        a->top_k > a->n_experts || a->top_k > HPD_MAX_TOPK || a->ld < a->n_experts) {
+        HPD_LOG_ERROR("backend",
+                      "moe_route of %u experts (1 to %u), %u a token (1 to %u, at most the "
+                      "experts), rows of %u logits (at least the experts)",
+                      a->n_experts, HPD_MAX_EXPERTS, a->top_k, HPD_MAX_TOPK, a->ld);
+        return HPD_ERR_INVALID_ARG;
+    }
+    return HPD_OK;
+}
+
 hpd_status_t hpd_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a)
 {
+    if (a->g.m > 0 && (a->n_groups == 0 || a->n_groups > HPD_MAX_EXPERTS || a->max_rows == 0)) {
+        HPD_LOG_ERROR("backend",
+                      "grouped GEMM of %u rows in %u groups (1 to %u), at most %u rows a group "
+                      "(1 or more)",
+                      a->g.m, a->n_groups, HPD_MAX_EXPERTS, a->max_rows);
+        return HPD_ERR_INVALID_ARG;
+    }
     if (b->ops->gemm_grouped != NULL)
         return b->ops->gemm_grouped(b, a);
     const size_t first_bytes = ((size_t)a->n_groups + 1) * sizeof(uint32_t);

@@ -669,6 +669,10 @@ static inline hpd_status_t hpd_moe_route(hpd_backend_t *b, const hpd_moe_route_a
 {
     return HPD_BACKEND_CALL(b, moe_route, a);
 }
+/* What every backend's moe_route takes: 1 to HPD_MAX_EXPERTS experts, 1 to
+ * HPD_MAX_TOPK of them a token, rows of at least n_experts logits; else
+ * HPD_ERR_INVALID_ARG, logged with the values. */
+hpd_status_t hpd_moe_route_check(const hpd_moe_route_args_t *a);
 
 /* hpd_gemm_grouped_args_t: the backend's op where it has one, else first
  * read by the host (a device backend copies it: the stream waits) and a

@@ -10,9 +10,9 @@
 
 hpd_status_t hpd_cpu_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
 {
-    if (a->n_experts == 0 || a->n_experts > HPD_MAX_EXPERTS || a->top_k == 0 ||
-        a->top_k > a->n_experts)
-        return HPD_ERR_INVALID_ARG;
+    const hpd_status_t st = hpd_moe_route_check(a);
+    if (st != HPD_OK)
+        return st;
     const int threads = (uint64_t)a->n_tokens * a->n_experts >= (1u << 16) ? hpd_cpu_threads(b) : 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (uint32_t t = 0; t < a->n_tokens; t++)

@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
         for (uint32_t i = 0; i < E; i++)
             sum = __fadd_rn(sum, p[i]);
     sum = __shfl_sync(0xffffffffu, sum, 0);
+    __syncwarp(); /* lane 0 has read every p (a shuffle orders no memory) */
     for (uint32_t i = lane; i < E; i += 32)
         p[i] = __fdiv_rn(p[i], sum);
     __syncwarp();
@@ -167,16 +168,15 @@ hpd_status_t hpd_cuda_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
     cudaStream_t s = hpd_cuda_ctx(b)->stream;
     void *work;
     hpd_status_t st;
-    if (a->n_experts == 0 || a->n_experts > HPD_MAX_EXPERTS || a->top_k == 0 ||
-        a->top_k > a->n_experts || a->top_k > HPD_MAX_TOPK)
-        return HPD_ERR_INVALID_ARG;
+    if ((st = hpd_moe_route_check(a)) != HPD_OK)
+        return st;
     const uint32_t words = (a->n_tokens + 31) / 32;
     const size_t map = (size_t)a->n_experts * words * sizeof(uint32_t);
     if ((st = hpd_cuda_work(b, 2 * map, &work)) != HPD_OK)
         return st;
     uint32_t *hits = (uint32_t *)work, *before = hits + map / sizeof(uint32_t);
-    HPD_CUDA_CHECK(cudaMemsetAsync(hits, 0, map, s));
     if (a->n_tokens > 0) {
+        HPD_CUDA_CHECK(cudaMemsetAsync(hits, 0, map, s));
         const uint32_t blocks = (a->n_tokens + ROUTE_WARPS - 1) / ROUTE_WARPS;
         route_kernel<<<blocks, ROUTE_WARPS * 32, 0, s>>>(*a, hits, words);
         HPD_CUDA_LAUNCHED();

@@ -404,6 +404,7 @@ static void test_gemm_grouped(void **state)
                 if (ge.m > 0)
                     assert_int_equal(hpd_gemm(b, &ge), HPD_OK);
             }
+            assert_int_equal(hpd_backend_sync(b), HPD_OK); /* b's stream, not gpu's */
             float *got = down(dy, (size_t)S * n), *want = down(dy1, (size_t)S * n);
             fprintf(stderr, "%s grouped GEMM, %u tokens: %s\n", b->ops->name, T,
                     memcmp(got, want, (size_t)S * n * 4) == 0 ? "the same bits" : "DIFFERENT");

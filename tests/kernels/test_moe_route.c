@@ -7,8 +7,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <string.h>
 
 #include "common/rng.h"
+#include "kernels/backend.h"
 #include "kernels/moe_route.h"
 
 static void test_against_float64(void **state)
@@ -90,12 +92,43 @@ static void test_numbering(void **state)
     }
 }
 
+/* The backends' op refuses what its kernels cannot take, naming it, and
+ * writes nothing */
+static void test_op_refuses(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cpu"};
+    hpd_backend_t *be;
+    assert_int_equal(hpd_backend_create(&bp, &be), HPD_OK);
+    float logits[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    uint32_t ids[40], slots[40], idx[40], first[2000];
+    float w[40];
+    const struct {
+        uint32_t ld, E, K;
+    } bad[] = {{8, 0, 1}, {8, 4, 5}, {2000, 1025, 2}, {8, 8, 33}, {3, 4, 2}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        memset(ids, 0xee, sizeof(ids));
+        const hpd_moe_route_args_t a = {.logits = logits, .ld = bad[i].ld, .n_tokens = 1,
+                                        .n_experts = bad[i].E, .top_k = bad[i].K, .ids = ids,
+                                        .weights = w, .slots = slots, .idx = idx, .first = first};
+        assert_int_equal(hpd_moe_route(be, &a), HPD_ERR_INVALID_ARG);
+        assert_int_equal(ids[0], 0xeeeeeeeeu);
+    }
+    /* and a grouped GEMM without groups or rows a group */
+    hpd_gemm_grouped_args_t g = {.g = {.m = 4, .n = 1, .k = 1}, .first = first, .n_groups = 0,
+                                 .max_rows = 4};
+    assert_int_equal(hpd_gemm_grouped(be, &g), HPD_ERR_INVALID_ARG);
+    g.n_groups = 2, g.max_rows = 0;
+    assert_int_equal(hpd_gemm_grouped(be, &g), HPD_ERR_INVALID_ARG);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_float64),
         cmocka_unit_test(test_ties_lowest_id),
         cmocka_unit_test(test_numbering),
+        cmocka_unit_test(test_op_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
