@@ -176,6 +176,57 @@ __host__ __device__ static inline size_t prep_floats(uint32_t dk, uint32_t dv)
     return 3 * (size_t)C * dk + (size_t)C * dv + (size_t)C * C + 4;
 }
 
+/* out[i][d] = in[i][d] + sum_{j < i} A[i][j] in[j][d] (one fused
+ * multiply-add per j, ascending) for the rows i < L and the columns d < n;
+ * in (shared) rows ldi apart, out (the prepared form) n apart. Thread
+ * (ti, td) takes rows 4 ti.. and columns td + 16 c, 8 columns a pass: each
+ * j loads 4 of A and 8 of in for 32 products (one thread per output took
+ * 2 loads per product). */
+static_assert(C == 64 && CHUNK_THREADS == 256, "16 x 16 threads over a chunk's 64 rows");
+__device__ static inline void tri_apply(const float *A, const float *in, uint32_t ldi, float *out,
+                                        uint32_t n, uint32_t L, uint32_t tid)
+{
+    const uint32_t ti = tid / 16, td = tid % 16, i0 = 4 * ti;
+    if (i0 >= L)
+        return; /* (no barrier below) */
+    const uint32_t rows = min(4u, L - i0);
+    for (uint32_t c0 = 0; c0 * 16 < n; c0 += 8) {
+        float acc[4][8];
+#pragma unroll
+        for (uint32_t u = 0; u < 4; u++)
+#pragma unroll
+            for (uint32_t c = 0; c < 8; c++) {
+                const uint32_t d = td + 16 * (c0 + c);
+                acc[u][c] = u < rows && d < n ? in[(i0 + u) * ldi + d] : 0.0f;
+            }
+        for (uint32_t j = 0; j + 1 < i0 + rows; j++) { /* j < i for some row i */
+            float aj[4], vj[8];
+#pragma unroll
+            for (uint32_t u = 0; u < 4; u++)
+                aj[u] = A[(i0 + u) * C + j]; /* (j >= i: not used) */
+#pragma unroll
+            for (uint32_t c = 0; c < 8; c++) {
+                const uint32_t d = td + 16 * (c0 + c);
+                vj[c] = d < n ? in[j * ldi + d] : 0.0f;
+            }
+#pragma unroll
+            for (uint32_t u = 0; u < 4; u++)
+                if (j < i0 + u)
+#pragma unroll
+                    for (uint32_t c = 0; c < 8; c++)
+                        acc[u][c] = fmaf(aj[u], vj[c], acc[u][c]);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < 4; u++)
+#pragma unroll
+            for (uint32_t c = 0; c < 8; c++) {
+                const uint32_t d = td + 16 * (c0 + c);
+                if (u < rows && d < n)
+                    out[(i0 + u) * n + d] = acc[u][c];
+            }
+    }
+}
+
 /* Pass 1, one block per (chunk, value head), all chunks at once: the chunk's
  * cumulative gates gc, the UT system T = (I + A)^-1 with A[i][j] =
  * ((k_i beta_i) . k_j) exp(gc_i - gc_j) (j < i, negated), and from it
@@ -226,24 +277,49 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
         KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
     }
-    for (uint32_t p = tid; p < C * C; p += blockDim.x) {
-        const uint32_t i = p / C, j = p % C;
-        if (j > i || i >= L) {
-            QK[p] = 0.0f;
-            continue;
+    /* QK and A: thread (ti, tj) takes rows i of 4 ti.. and columns j of
+     * 4 tj.. (the 16 x 16 tiles of C x C), each x loading 4 q_i, 4 k_i and
+     * 4 k_j for 32 products (one thread per output took 3 loads per 2) */
+    {
+        const uint32_t ti = tid / 16, tj = tid % 16, i0 = 4 * ti, j0 = 4 * tj;
+        float dq[4][4] = {}, dkk[4][4] = {};
+        if (tj <= ti && i0 < L) { /* else every j > i, or no row */
+            for (uint32_t x = 0; x < dk; x++) {
+                float qi[4], kbi[4], kj[4];
+#pragma unroll
+                for (uint32_t u = 0; u < 4; u++) {
+                    qi[u] = qs[(i0 + u) * ld + x];
+                    kbi[u] = __fmul_rn(ks[(i0 + u) * ld + x], beta[i0 + u]);
+                    kj[u] = ks[(j0 + u) * ld + x];
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < 4; u++)
+#pragma unroll
+                    for (uint32_t v = 0; v < 4; v++) {
+                        dq[u][v] = fmaf(qi[u], kj[v], dq[u][v]);
+                        dkk[u][v] = fmaf(kbi[u], kj[v], dkk[u][v]);
+                    }
+            }
         }
-        const float e = expf(gc[i] - gc[j]);
-        float dq = 0.0f, dkk = 0.0f;
-        for (uint32_t x = 0; x < dk; x++) {
-            dq = fmaf(qs[i * ld + x], ks[j * ld + x], dq);
-            dkk = fmaf(__fmul_rn(ks[i * ld + x], beta[i]), ks[j * ld + x], dkk);
-        }
-        QK[p] = __fmul_rn(dq, e);
-        if (j < i)
-            A[i * C + j] = -__fmul_rn(dkk, e);
+#pragma unroll
+        for (uint32_t u = 0; u < 4; u++)
+#pragma unroll
+            for (uint32_t v = 0; v < 4; v++) {
+                const uint32_t i = i0 + u, j = j0 + v;
+                if (j > i || i >= L) {
+                    QK[i * C + j] = 0.0f;
+                    continue;
+                }
+                const float e = expf(gc[i] - gc[j]);
+                QK[i * C + j] = __fmul_rn(dq[u][v], e);
+                if (j < i)
+                    A[i * C + j] = -__fmul_rn(dkk[u][v], e);
+            }
     }
     __syncthreads();
-    /* q is no longer read: where it fits, its room takes v beta [C][dv] */
+    /* q is no longer read: where it fits, its room takes v beta [C][dv];
+     * k's takes k beta exp(gc), W's operand (the products computed once,
+     * not once per output) */
     const bool vb_shared = dv <= ld;
     float *vb = qs;
     if (vb_shared)
@@ -253,7 +329,12 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                 return a.v.p[(size_t)(r0 + i / dv) * a.v.ld + (size_t)h * a.v.hs + i % dv];
             },
             [&](uint32_t i, float v) { vb[i] = __fmul_rn(v, beta[i / dv]); });
-    __syncthreads(); /* vb complete (the substitution below has no barrier at L = 1) */
+    float *kbe = ks;
+    for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
+        const uint32_t i = p / dk, x = p % dk;
+        kbe[i * ld + x] = __fmul_rn(__fmul_rn(ks[i * ld + x], beta[i]), eg[i]);
+    }
+    __syncthreads(); /* vb and kbe complete (the substitution below has no barrier at L = 1) */
     /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
     for (uint32_t i = 1; i < L; i++) {
         if (tid < i)
@@ -268,31 +349,21 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         }
         __syncthreads();
     }
-    for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
-        const uint32_t i = p / dv, d = p % dv;
-        float acc;
-        if (vb_shared) {
-            acc = vb[i * dv + d];
-#pragma unroll 4
-            for (uint32_t j = 0; j < i; j++)
-                acc = fmaf(A[i * C + j], vb[j * dv + d], acc);
-        } else {
+    /* U = T (v beta) and W = T (k beta exp(gc)): out[i][d] = in[i][d] +
+     * sum_{j < i} A[i][j] in[j][d], j ascending */
+    if (vb_shared)
+        tri_apply(A, vb, dv, U, dv, L, tid);
+    else
+        for (uint32_t p = tid; p < L * dv; p += blockDim.x) {
+            const uint32_t i = p / dv, d = p % dv;
             const float *v = a.v.p + (size_t)h * a.v.hs + d;
-            acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
+            float acc = __fmul_rn(v[(size_t)(r0 + i) * a.v.ld], beta[i]);
 #pragma unroll 4
             for (uint32_t j = 0; j < i; j++)
                 acc = fmaf(A[i * C + j], __fmul_rn(v[(size_t)(r0 + j) * a.v.ld], beta[j]), acc);
+            U[p] = acc;
         }
-        U[p] = acc;
-    }
-    for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
-        const uint32_t i = p / dk, x = p % dk;
-        float acc = __fmul_rn(__fmul_rn(ks[i * ld + x], beta[i]), eg[i]);
-#pragma unroll 4
-        for (uint32_t j = 0; j < i; j++)
-            acc = fmaf(A[i * C + j], __fmul_rn(__fmul_rn(ks[j * ld + x], beta[j]), eg[j]), acc);
-        W[p] = acc;
-    }
+    tri_apply(A, kbe, ld, W, dk, L, tid);
 }
 
 /* The block of a state pass: blocks go over (sequence run, value head,
@@ -438,20 +509,30 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             return STAGED ? (const float4 *)(WS + ((size_t)arr * C + i) * R)
                           : (const float4 *)(P + (size_t)arr * C * dk + (size_t)i * dk + x0);
         };
-        /* this warp's rows of array arr times its columns of S, into PART */
+        /* this warp's rows of array arr times its columns of S, into PART:
+         * RI rows at a time, their sums independent chains (one row's chain
+         * of R dependent multiply-adds left a warp waiting on each) */
         const auto rows_times_state = [&](uint32_t arr) {
-            for (uint32_t i = 0; i < L; i++) {
-                const float4 *m4 = rows4(arr, i);
-                float acc = 0.0f;
+            constexpr uint32_t RI = 4;
+            for (uint32_t i0 = 0; i0 < L; i0 += RI) {
+                const uint32_t n = min(RI, L - i0);
+                float acc[RI] = {};
 #pragma unroll
-                for (uint32_t r = 0; r < R / 4; r++) {
-                    const float4 m = m4[r];
-                    acc = fmaf(m.x, S[4 * r], acc);
-                    acc = fmaf(m.y, S[4 * r + 1], acc);
-                    acc = fmaf(m.z, S[4 * r + 2], acc);
-                    acc = fmaf(m.w, S[4 * r + 3], acc);
-                }
-                PART[(warp * C + i) * STATE_COLS + lane] = acc;
+                for (uint32_t r = 0; r < R / 4; r++)
+#pragma unroll
+                    for (uint32_t u = 0; u < RI; u++) {
+                        if (u >= n)
+                            break;
+                        const float4 m = rows4(arr, i0 + u)[r];
+                        acc[u] = fmaf(m.x, S[4 * r], acc[u]);
+                        acc[u] = fmaf(m.y, S[4 * r + 1], acc[u]);
+                        acc[u] = fmaf(m.z, S[4 * r + 2], acc[u]);
+                        acc[u] = fmaf(m.w, S[4 * r + 3], acc[u]);
+                    }
+#pragma unroll
+                for (uint32_t u = 0; u < RI; u++)
+                    if (u < n)
+                        PART[(warp * C + i0 + u) * STATE_COLS + lane] = acc[u];
             }
         };
         /* row i, column l of that product: the warps' parts in warp order */
