@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/block_scan.h"
 #include "common/util.h"
 #include "kernels/cuda/mma.h"
 
@@ -548,16 +549,8 @@ __global__ void __launch_bounds__(PLAN_THREADS)
     const uint32_t x = threadIdx.x;
     const uint32_t r0 = x < n_groups ? first[x] : 0, cnt = x < n_groups ? first[x + 1] - r0 : 0;
     const uint32_t nt = (cnt + T - 1) / T;
-    /* inclusive scan of the tile counts (Hillis-Steele, two buffers) */
-    uint32_t cur = 0;
-    scan[0][x] = nt;
-    __syncthreads();
-    for (uint32_t o = 1; o < PLAN_THREADS; o *= 2) {
-        scan[cur ^ 1][x] = scan[cur][x] + (x >= o ? scan[cur][x - o] : 0u);
-        cur ^= 1;
-        __syncthreads();
-    }
-    const uint32_t base = scan[cur][x] - nt, total = scan[cur][PLAN_THREADS - 1];
+    uint32_t total;
+    const uint32_t base = hpd_block_scan<PLAN_THREADS>(nt, scan, &total) - nt;
     for (uint32_t i = 0; i < nt && base + i < bound; i++)
         tiles[base + i] = make_uint4(x, r0 + i * T, min(T, cnt - i * T), 0u);
     for (uint32_t i = total + x; i < bound; i += PLAN_THREADS)

@@ -26,6 +26,7 @@
  * same on every run and in every batch; the weights differ from the CPU's
  * only where the GPU's expf does. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/block_scan.h"
 #include "kernels/moe_route.h"
 
 #define ROUTE_WARPS 4
@@ -134,17 +135,10 @@ __global__ void __launch_bounds__(EXPERT_THREADS)
             before[(size_t)x * words + v] = run;
             run += __popc(hits[(size_t)x * words + v]);
         }
-    /* inclusive scan of the counts (Hillis-Steele, two buffers) */
-    uint32_t cur = 0;
-    scan[0][x] = run;
-    __syncthreads();
-    for (uint32_t o = 1; o < EXPERT_THREADS; o *= 2) {
-        scan[cur ^ 1][x] = scan[cur][x] + (x >= o ? scan[cur][x - o] : 0u);
-        cur ^= 1;
-        __syncthreads();
-    }
+    uint32_t total;
+    const uint32_t incl = hpd_block_scan<EXPERT_THREADS>(run, scan, &total);
     if (x < n_experts)
-        first[x + 1] = scan[cur][x];
+        first[x + 1] = incl;
     if (x == 0)
         first[0] = 0;
 }
