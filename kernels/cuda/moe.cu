@@ -32,6 +32,7 @@
 #define ROUTE_WARPS 4
 #define EXPERT_THREADS 1024 /* the count kernel's block: HPD_MAX_EXPERTS */
 static_assert(HPD_MAX_EXPERTS <= EXPERT_THREADS, "a thread per expert");
+static_assert(HPD_MAX_EXPERTS % 256 == 0, "route_small_kernel's threads count whole runs of experts");
 
 /* a warp's candidate: p and id (UINT32_MAX: none); the larger p wins, a tie
  * (or a NaN) the lower id */
@@ -43,22 +44,13 @@ __device__ static inline void best_of(float &p, uint32_t &id, float q, uint32_t 
         p = q, id = qid;
 }
 
-/* A warp past the tokens computes the last token's routing and writes
- * nothing (no early exit: the host stand-in's __syncwarp waits for the
- * whole block); the selection is sorted in shared memory. */
-__global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    route_kernel(hpd_moe_route_args_t a, uint32_t *hits, uint32_t words)
+/* Token t's routing by one warp (every lane calls it): p, ids and w are
+ * the warp's shared scratch (E probabilities, top_k ids and weights); ids
+ * and w end sorted by ascending id. */
+__device__ static void route_token(const hpd_moe_route_args_t &a, uint32_t t, float *p,
+                                   uint32_t *ids, float *w, uint32_t lane)
 {
-    __shared__ float ps[ROUTE_WARPS][HPD_MAX_EXPERTS];
-    __shared__ float sel_w[ROUTE_WARPS][HPD_MAX_TOPK];
-    __shared__ uint32_t sel_id[ROUTE_WARPS][HPD_MAX_TOPK];
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t t_warp = blockIdx.x * ROUTE_WARPS + warp;
-    const bool live = t_warp < a.n_tokens;
-    const uint32_t t = live ? t_warp : a.n_tokens - 1;
     const uint32_t E = a.n_experts, K = a.top_k;
-    float *p = ps[warp], *w = sel_w[warp];
-    uint32_t *ids = sel_id[warp];
     const float *l = a.logits + (size_t)t * a.ld;
     float max = -INFINITY;
     for (uint32_t i = lane; i < E; i += 32)
@@ -116,10 +108,89 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
         }
     }
     __syncwarp();
+}
+
+/* A warp per token; a warp past the tokens computes the last token's
+ * routing and writes nothing (no early exit: the host stand-in's __syncwarp
+ * waits for the whole block). */
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    route_kernel(hpd_moe_route_args_t a, uint32_t *hits, uint32_t words)
+{
+    __shared__ float ps[ROUTE_WARPS][HPD_MAX_EXPERTS];
+    __shared__ float sel_w[ROUTE_WARPS][HPD_MAX_TOPK];
+    __shared__ uint32_t sel_id[ROUTE_WARPS][HPD_MAX_TOPK];
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, K = a.top_k;
+    const uint32_t t_warp = blockIdx.x * ROUTE_WARPS + warp;
+    const bool live = t_warp < a.n_tokens;
+    const uint32_t t = live ? t_warp : a.n_tokens - 1;
+    const uint32_t *ids = sel_id[warp];
+    route_token(a, t, ps[warp], sel_id[warp], sel_w[warp], lane);
     for (uint32_t j = lane; j < K && live; j += 32) {
         a.ids[(size_t)t * K + j] = ids[j];
-        a.weights[(size_t)t * K + j] = w[j];
+        a.weights[(size_t)t * K + j] = sel_w[warp][j];
         atomicOr(&hits[(size_t)ids[j] * words + t / 32], 1u << (t % 32));
+    }
+}
+
+/* The whole routing of at most 32 tokens (a decode step) in one block of
+ * SMALL_WARPS warps, one launch where the general path takes three and a
+ * memset: the warps route the tokens in turns with route_token (the same
+ * bits), the bitmap is one word per expert in shared memory, thread u
+ * counts experts 4u .. 4u + 3 and a block scan gives the first slots, then
+ * a thread per (token, expert) its slot. */
+#define SMALL_WARPS 8
+#define SMALL_TOKENS 32
+#define SMALL_PER (HPD_MAX_EXPERTS / (SMALL_WARPS * 32)) /* experts a thread counts */
+__global__ void __launch_bounds__(SMALL_WARPS * 32) route_small_kernel(hpd_moe_route_args_t a)
+{
+    __shared__ float ps[SMALL_WARPS][HPD_MAX_EXPERTS];
+    __shared__ float sel_w[SMALL_WARPS][HPD_MAX_TOPK];
+    __shared__ uint32_t sel_id[SMALL_WARPS][HPD_MAX_TOPK];
+    __shared__ uint32_t hits[HPD_MAX_EXPERTS], firsts[HPD_MAX_EXPERTS];
+    __shared__ uint32_t scan[2][SMALL_WARPS * 32];
+    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32, K = a.top_k;
+    const uint32_t E = a.n_experts;
+    for (uint32_t x = tid; x < E; x += SMALL_WARPS * 32)
+        hits[x] = 0;
+    __syncthreads();
+    for (uint32_t t0 = 0; t0 < a.n_tokens; t0 += SMALL_WARPS) {
+        const bool live = t0 + warp < a.n_tokens;
+        const uint32_t t = live ? t0 + warp : a.n_tokens - 1;
+        route_token(a, t, ps[warp], sel_id[warp], sel_w[warp], lane);
+        for (uint32_t j = lane; j < K && live; j += 32) {
+            a.ids[(size_t)t * K + j] = sel_id[warp][j];
+            a.weights[(size_t)t * K + j] = sel_w[warp][j];
+            atomicOr(&hits[sel_id[warp][j]], 1u << t);
+        }
+        __syncwarp(); /* sel_* are rewritten by the next turn */
+    }
+    __syncthreads();
+    uint32_t counts[SMALL_PER], mine = 0;
+#pragma unroll
+    for (uint32_t u = 0; u < SMALL_PER; u++) {
+        const uint32_t x = tid * SMALL_PER + u;
+        counts[u] = x < E ? __popc(hits[x]) : 0u;
+        mine += counts[u];
+    }
+    uint32_t total;
+    uint32_t at = hpd_block_scan<SMALL_WARPS * 32>(mine, scan, &total) - mine;
+#pragma unroll
+    for (uint32_t u = 0; u < SMALL_PER; u++) {
+        const uint32_t x = tid * SMALL_PER + u;
+        if (x < E) {
+            firsts[x] = at;
+            at += counts[u];
+            a.first[x + 1] = at;
+        }
+    }
+    if (tid == 0)
+        a.first[0] = 0;
+    __syncthreads(); /* firsts, and the ids written above */
+    for (uint32_t i = tid; i < a.n_tokens * K; i += SMALL_WARPS * 32) {
+        const uint32_t t = i / K, x = a.ids[i];
+        const uint32_t slot = firsts[x] + __popc(hits[x] & ((1u << t) - 1u));
+        a.slots[i] = slot;
+        a.idx[slot] = t;
     }
 }
 
@@ -164,6 +235,11 @@ hpd_status_t hpd_cuda_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
     hpd_status_t st;
     if ((st = hpd_moe_route_check(a)) != HPD_OK)
         return st;
+    if (a->n_tokens <= SMALL_TOKENS) {
+        route_small_kernel<<<1, SMALL_WARPS * 32, 0, s>>>(*a);
+        HPD_CUDA_LAUNCHED();
+        return HPD_OK;
+    }
     const uint32_t words = (a->n_tokens + 31) / 32;
     const size_t map = (size_t)a->n_experts * words * sizeof(uint32_t);
     if ((st = hpd_cuda_work(b, 2 * map, &work)) != HPD_OK)
