@@ -10,8 +10,9 @@
  * memory: integer atomics, so the counts and the result do not depend on
  * the order the threads add in); top-p then keeps the fewest of those,
  * largest first, whose probability mass reaches top_p: when top-k keeps at
- * most NT ids, from those ids sorted in shared memory (top_p_sorted: one
- * pass over the row), else by bisection over the keys (32 passes). The draw u (Philox, keyed by (seed, position), from
+ * most NT ids, or the NT largest ids (a radix select) hold top_p's mass,
+ * from those ids sorted in shared memory (top_p_sorted: one pass over the
+ * row), else by bisection over the keys (32 passes). The draw u (Philox, keyed by (seed, position), from
  * the host) walks the kept probabilities in id order. Every sum has a fixed
  * order (each thread's run in order, then the runs in order), so a row's
  * token depends on its logits and (seed, position) alone. The CPU walks the
@@ -285,12 +286,31 @@ __global__ void __launch_bounds__(NT)
         kept = radix_select(&run, p.top_k, redu, eq_before);
     eq_prefix(&run, kept.tau, redu, eq_before);
     float total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
-    if (p.top_p < 1.0f && p.top_k > 0 && p.top_k <= NT) {
-        kept = top_p_sorted(&run, kept, eq_before[tid], mx, p.top_p * total, redu, sort_key,
-                            sort_id);
-        eq_prefix(&run, kept.tau, redu, eq_before);
-        total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
-    } else if (p.top_p < 1.0f) {
+    /* top-p among at most NT candidates, sorted (a few passes over the
+     * row): top-k's set when it is that small, else the NT largest of the
+     * row when their mass reaches top_p's (they are the largest of top-k's
+     * set too, and the top-p set is among them: an LLM's nucleus mostly is);
+     * else the bisection below (32 passes) */
+    bool sorted = false;
+    if (p.top_p < 1.0f) {
+        const float target = p.top_p * total;
+        const uint32_t n_kept = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+        kept_t cand = kept;
+        bool fits = n_kept <= NT;
+        if (!fits) {
+            cand = radix_select(&run, NT, redu, eq_before);
+            eq_prefix(&run, cand.tau, redu, eq_before);
+            fits = kept_mass(&run, cand, eq_before[tid], mx, 0, redf) >= target;
+        }
+        if (fits) {
+            kept = top_p_sorted(&run, cand, eq_before[tid], mx, target, redu, sort_key, sort_id);
+            sorted = true;
+        }
+        eq_prefix(&run, kept.tau, redu, eq_before); /* the set's own, for either way */
+        if (sorted)
+            total = kept_mass(&run, kept, eq_before[tid], mx, 0, redf);
+    }
+    if (p.top_p < 1.0f && !sorted) {
         /* the largest tau' with mass(key >= tau') >= top_p * total */
         const float target = p.top_p * total;
         uint32_t lo = kept.tau, hi = 0xffffffffu;

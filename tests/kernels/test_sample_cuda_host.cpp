@@ -8,7 +8,9 @@
  * Rows whose draw or top-p cut falls within 1e-4 of the mass of a boundary
  * (where fp32 sums may round either way) are left out; the rest must give
  * the reference's token exactly. Vocabularies below and above the block's
- * 1024 threads, logits with ties, every combination of the parameters. It
+ * 1024 threads, logits with ties, every combination of the parameters, and
+ * nearly flat rows whose top-p set is more than 1024 ids (the bisection;
+ * other rows' sets are among their 1024 largest, sorted). It
  * needs no GPU; test_backend_cuda checks the sampler against the CPU's on
  * one. */
 #include <algorithm>
@@ -100,9 +102,12 @@ int main()
         std::vector<int32_t> out(rows, -7);
         for (uint32_t r = 0; r < rows; r++) {
             float *x = &logits[(size_t)r * V];
+            /* every 8th row nearly flat: past 1024 ids, top-p's nucleus is
+             * more than the block's NT largest (the bisection) */
+            const float scale = r % 8 == 7 ? 0.02f : 3.0f;
             for (uint32_t i = 0; i < V; i++) {
-                float v = 3.0f * normal(rng);
-                if (r % 2 == 1)
+                float v = scale * normal(rng);
+                if (r % 2 == 1 && r % 8 != 7)
                     v = std::round(v); /* ties, at the top-k threshold too */
                 x[i] = v;
             }
@@ -113,6 +118,9 @@ int main()
             params[r] = {temps[rng() % 4], top_ps[rng() % 4], top_ks[rng() % 6], rng()};
             if (r % 8 == 5) /* top-k alone, where the ties at its threshold decide */
                 params[r].top_p = 1.0f, params[r].top_k = r % 16 == 5 ? 5 : 50;
+            if (r % 8 == 7) /* top-p alone, or past NT ids of top-k */
+                params[r].temperature = 1.0f, params[r].top_p = 0.9f,
+                params[r].top_k = r % 16 == 7 ? 0 : 2000;
             pos[r] = rng() % 100000;
         }
         hpd_sample_args_t a = {logits.data(), V, rows, V, params.data(), pos.data(), out.data()};
