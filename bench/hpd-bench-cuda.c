@@ -31,6 +31,9 @@
  *   pages peers wrote: bytes hashed per second as a fraction of the copy
  *   bandwidth, beside the way without the backend's op (each piece read back
  *   to the host and hashed there) in the same run;
+ * - sample: --seqs rows of a 151936-token vocabulary, greedy, and top-p 0.9
+ *   without top-k on peaked logits (the sorted path) and nearly flat ones
+ *   (the bisection), each against greedy's time;
  * - moe_layer: an MoE layer's experts with Qwen3-Next's shape (512 experts,
  *   10 a token, BF16 weights) at 1 and --seqs tokens, routed on the device
  *   (moe_route, grouped GEMMs), beside the way before (routing on the host,
@@ -550,6 +553,49 @@ static void attention_prefill_bench(uint32_t tokens, double cublas_tflops, const
 
 /* ---------------------------------------------------------------- model */
 
+/* --------------------------------------------------------------- sample
+ *
+ * One decode step's sampling: --seqs rows of Qwen3-Next's vocabulary
+ * (151936), logits 3 N(0, 1): greedy (one pass of the row: the floor),
+ * top-p 0.9 at temperature 0.7 without top-k (its nucleus within the
+ * row's 1024 largest: the sorted path), and the same on nearly flat logits
+ * (0.02 N(0, 1): a nucleus of most of the row, the bisection's 32 passes);
+ * each time against greedy's. The tokens come back to the host, as in a
+ * step. */
+typedef struct {
+    hpd_sample_args_t a;
+} sample_t;
+
+static void do_sample(void *arg)
+{
+    CHECK(hpd_sample(be, &((sample_t *)arg)->a));
+}
+
+static void sample_bench(uint32_t rows)
+{
+    const uint32_t V = 151936;
+    float *peaked = drand((size_t)rows * V, 70, 3), *flat = drand((size_t)rows * V, 71, 0.02f);
+    hpd_sampling_t *sp = malloc(rows * sizeof(*sp));
+    uint64_t *pos = malloc(rows * sizeof(*pos));
+    int32_t *out = malloc(rows * sizeof(*out));
+    for (uint32_t r = 0; r < rows; r++)
+        pos[r] = 100 + r, sp[r] = (hpd_sampling_t){.temperature = 0.0f, .top_p = 1.0f, .seed = r};
+    sample_t s = {{.logits = peaked, .ld = V, .n_rows = rows, .vocab = V, .params = sp,
+                   .positions = pos, .out = out}};
+    const double tg = timed(do_sample, &s);
+    for (uint32_t r = 0; r < rows; r++)
+        sp[r].temperature = 0.7f, sp[r].top_p = 0.9f;
+    const double tp = timed(do_sample, &s);
+    s.a.logits = flat;
+    const double tf = timed(do_sample, &s);
+    printf("sample rows=%u vocab=%u greedy_ms=%.4f top_p_ms=%.4f of_greedy=%.2f "
+           "top_p_flat_ms=%.4f flat_of_greedy=%.2f\n", rows, V, tg * 1e3, tp * 1e3, tp / tg,
+           tf * 1e3, tf / tg);
+    free(sp), free(pos), free(out);
+    hpd_backend_free(be, peaked);
+    hpd_backend_free(be, flat);
+}
+
 /* ------------------------------------------------------------ MoE layer
  *
  * An MoE layer's experts with Qwen3-Next's shape (512 experts, 10 a token,
@@ -849,6 +895,7 @@ int main(int argc, char **argv)
     }
     translate_vs_copy(context);
     checksum_bench(bw);
+    sample_bench(seqs);
     gemv_bench(5120, 2048, bw, device);
     gemv_bench(2048, 5120, bw, device);
     const double cublas_tflops = gemm_bench(prefill, 5120, 2048, device);

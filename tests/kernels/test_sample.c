@@ -5,7 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
+#include <math.h>
 
+#include "common/rng.h"
 #include "kernels/backend.h"
 #include "tests/test_helpers.h"
 
@@ -173,6 +176,109 @@ static void test_draw_on_a_boundary(void **state)
     assert_int_equal(tok, 0);
 }
 
+/* The sampler's definition written plainly: with top-k or top-p every id
+ * sorted by qsort (descending logit, ties by ascending id, -0 equal to +0;
+ * else in id order), the mass summed in that order, top-k then top-p's
+ * prefix, the draw along it. */
+typedef struct {
+    float x;
+    uint32_t id;
+} ref_cand_t;
+
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const ref_cand_t *a = pa, *b = pb;
+    if (a->x != b->x)
+        return a->x > b->x ? -1 : 1;
+    return a->id < b->id ? -1 : (a->id > b->id);
+}
+
+static int32_t ref_sample(const float *x, uint32_t vocab, const hpd_sampling_t *p, uint64_t pos)
+{
+    ref_cand_t *c = malloc(vocab * sizeof(*c));
+    const float inv_t = 1.0f / p->temperature;
+    float max = -INFINITY, total = 0.0f, cum = 0.0f;
+    uint32_t n = vocab;
+    for (uint32_t i = 0; i < vocab; i++)
+        c[i] = (ref_cand_t){x[i] * inv_t, i};
+    if ((p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f) /* else in id order */
+        qsort(c, vocab, sizeof(*c), ref_cmp);
+    if (p->top_k > 0 && p->top_k < n)
+        n = p->top_k;
+    for (uint32_t i = 0; i < n; i++)
+        max = fmaxf(max, c[i].x);
+    for (uint32_t i = 0; i < n; i++)
+        total += c[i].x = expf(c[i].x - max);
+    if (p->top_p < 1.0f) {
+        float kept = 0.0f;
+        uint32_t keep = 0;
+        while (keep < n && (keep == 0 || kept < p->top_p * total))
+            kept += c[keep++].x;
+        n = keep, total = kept;
+    }
+    const float target = hpd_rng_uniform(p->seed, pos) * total;
+    int32_t tok = (int32_t)c[n - 1].id;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += c[i].x;
+        if (target < cum) {
+            tok = (int32_t)c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return tok;
+}
+
+/* The CPU sampler (a radix sort) gives the definition's token bit for bit:
+ * 3000 and 151936 ids, logits with many ties and zeros of both signs, top-k
+ * and top-p alone and together */
+static void test_same_as_definition(void **state)
+{
+    const uint32_t vocabs[] = {3000, 151936};
+    const float top_ps[] = {1.0f, 0.95f, 0.5f};
+    const uint32_t top_ks[] = {0, 1, 7, 2999};
+    for (size_t vi = 0; vi < 2; vi++) {
+        const uint32_t vocab = vocabs[vi];
+        float *x = malloc(vocab * sizeof(float));
+        for (uint32_t row = 0; row < (vi == 0 ? 24u : 4u); row++) {
+            test_fill(x, vocab, 100 + row, 2.0f);
+            for (uint32_t i = 0; i < vocab; i++) {
+                if (row % 2 == 1)
+                    x[i] = roundf(x[i] * 2.0f) / 2.0f; /* ties */
+                if (i % 97 == 3)
+                    x[i] = i % 2 ? -0.0f : 0.0f;
+            }
+            const hpd_sampling_t s = {.temperature = row % 3 == 0 ? 0.7f : 1.2f,
+                                      .top_p = top_ps[row % 3],
+                                      .top_k = top_ks[row / 3 % 4],
+                                      .seed = row};
+            const uint64_t pos = 1000 + row;
+            int32_t got = -1;
+            const hpd_sample_args_t a = {.logits = x, .ld = vocab, .n_rows = 1, .vocab = vocab,
+                                         .params = &s, .positions = &pos, .out = &got};
+            assert_int_equal(hpd_sample(be, &a), HPD_OK);
+            const int32_t want = ref_sample(x, vocab, &s, pos);
+            if (got != want)
+                fail_msg("vocab %u row %u (t %g, top_p %g, top_k %u): token %d, the definition "
+                         "gives %d", vocab, row, s.temperature, s.top_p, s.top_k, got, want);
+        }
+        free(x);
+    }
+    /* all equal, zeros of both signs: the ids in ascending order, whatever
+     * the sign (a sort that put +0 before -0 draws another id) */
+    float z[64];
+    for (uint32_t i = 0; i < 64; i++)
+        z[i] = i % 2 ? -0.0f : 0.0f;
+    for (uint64_t pos = 0; pos < 16; pos++) {
+        const hpd_sampling_t s = {.temperature = 1.0f, .top_p = 0.99f, .seed = 5};
+        int32_t got = -1;
+        const hpd_sample_args_t a = {.logits = z, .ld = 64, .n_rows = 1, .vocab = 64,
+                                     .params = &s, .positions = &pos, .out = &got};
+        assert_int_equal(hpd_sample(be, &a), HPD_OK);
+        assert_int_equal(got, ref_sample(z, 64, &s, pos));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_deterministic_by_seed_and_position),
         cmocka_unit_test(test_top_k_and_top_p_restrict),
         cmocka_unit_test(test_temperature_distribution),
+        cmocka_unit_test(test_same_as_definition),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
