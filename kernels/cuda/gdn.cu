@@ -553,14 +553,27 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         __syncthreads();
         rows_times_state(1); /* QE S */
         __syncthreads();
-        /* o_i = QE_i S + sum_{t <= i} QK[i][t] VN_t */
-        for (uint32_t p = tid; p < L * STATE_COLS; p += blockDim.x) {
+        /* o_i = QE_i S + sum_{t <= i} QK[i][t] VN_t, rows i and i + 8 (the
+         * block's next turn) side by side, two independent chains */
+        for (uint32_t p = tid; p < L * STATE_COLS; p += 2 * blockDim.x) {
             const uint32_t i = p / STATE_COLS, l = p % STATE_COLS, jj = tile * STATE_COLS + l;
-            float acc = over_warps(i, l);
-            for (uint32_t t = 0; t <= i; t++)
-                acc = fmaf(QK[i * C + t], VN[t * STATE_COLS + l], acc);
-            if (jj < dv)
-                a.out.p[(size_t)(ch.row0 + i) * a.out.ld + (size_t)h * a.out.hs + jj] = acc;
+            const uint32_t i2 = (p + blockDim.x) / STATE_COLS;
+            const bool two = i2 < L;
+            float acc = over_warps(i, l), acc2 = two ? over_warps(i2, l) : 0.0f;
+            for (uint32_t t = 0; t <= i; t++) {
+                const float vn = VN[t * STATE_COLS + l];
+                acc = fmaf(QK[i * C + t], vn, acc);
+                if (two)
+                    acc2 = fmaf(QK[i2 * C + t], vn, acc2);
+            }
+            for (uint32_t t = i + 1; two && t <= i2; t++)
+                acc2 = fmaf(QK[i2 * C + t], VN[t * STATE_COLS + l], acc2);
+            float *out = a.out.p + (size_t)h * a.out.hs + jj;
+            if (jj < dv) {
+                out[(size_t)(ch.row0 + i) * a.out.ld] = acc;
+                if (two)
+                    out[(size_t)(ch.row0 + i2) * a.out.ld] = acc2;
+            }
         }
         /* S = exp(gc_last) S + KE^T VN (reads VN only: no barrier before) */
 #pragma unroll
