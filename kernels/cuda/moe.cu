@@ -132,14 +132,17 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     }
 }
 
-/* The whole routing of at most 32 tokens (a decode step) in one block of
- * SMALL_WARPS warps, one launch where the general path takes three and a
- * memset: the warps route the tokens in turns with route_token (the same
- * bits), the bitmap is one word per expert in shared memory, thread u
- * counts experts 4u .. 4u + 3 and a block scan gives the first slots, then
- * a thread per (token, expert) its slot. */
+/* The whole routing of at most SMALL_TOKENS tokens (a decode step of a
+ * small batch) in one block of SMALL_WARPS warps, one launch where the
+ * general path takes three and a memset: the warps route the tokens in
+ * turns with route_token (the same bits), the bitmap is one word per expert
+ * in shared memory, thread u counts experts 4u .. 4u + 3 and a block scan
+ * gives the first slots, then a thread per (token, expert) its slot. Each
+ * turn costs a token's serial sum over the experts (lane 0), where the
+ * general path routes every token at once: two turns at most (not yet
+ * timed on a GPU: moe_layer's lines will say). */
 #define SMALL_WARPS 8
-#define SMALL_TOKENS 32
+#define SMALL_TOKENS 16 /* at most 32: a word of the bitmap */
 #define SMALL_PER (HPD_MAX_EXPERTS / (SMALL_WARPS * 32)) /* experts a thread counts */
 __global__ void __launch_bounds__(SMALL_WARPS * 32) route_small_kernel(hpd_moe_route_args_t a)
 {

@@ -166,9 +166,9 @@ __device__ static void eq_prefix(const run_t *r, uint32_t tau, uint32_t *red, ui
  * the bisection below takes 32. */
 __device__ static kept_t top_p_sorted(const run_t *r, kept_t kept, uint32_t eq, float mx,
                                       float target, uint32_t *cnt, uint32_t *skey,
-                                      uint32_t *sid)
+                                      uint32_t *sid, bool *reached_p)
 {
-    __shared__ uint32_t n_kept, result[2];
+    __shared__ uint32_t n_kept, result[3];
     uint32_t n = 0;
     FOR_KEPT(*r, kept, eq, xs, i)
     {
@@ -218,19 +218,24 @@ __device__ static kept_t top_p_sorted(const run_t *r, kept_t kept, uint32_t eq, 
     if (threadIdx.x == 0) {
         float cum = 0.0f;
         uint32_t c = 0;
+        bool reached = false;
         for (; c + 1 < n_kept; c++) {
             cum += expf(unkey(skey[c]) - mx);
-            if (cum >= target)
+            if ((reached = cum >= target))
                 break;
         }
+        if (!reached) /* c is the last: does its mass reach the target? */
+            reached = cum + expf(unkey(skey[c]) - mx) >= target;
         uint32_t need = 0;
         for (uint32_t t = 0; t <= c; t++)
             need += skey[t] == skey[c];
         result[0] = skey[c];
         result[1] = need;
+        result[2] = reached;
     }
     __syncthreads();
     const kept_t out = {result[0], result[1]};
+    *reached_p = result[2] != 0;
     __syncthreads();
     return out;
 }
@@ -248,7 +253,7 @@ __device__ static float kept_mass(const run_t *r, kept_t kept, uint32_t eq, floa
     return block_reduce(m, red, add_op());
 }
 
-__global__ void __launch_bounds__(NT)
+__global__ void __launch_bounds__(NT, 2) /* two rows an SM */
     sample_kernel(const float *logits, uint32_t ld, uint32_t vocab, const row_params_t *params,
                   int32_t *out)
 {
@@ -303,8 +308,15 @@ __global__ void __launch_bounds__(NT)
             fits = kept_mass(&run, cand, eq_before[tid], mx, 0, redf) >= target;
         }
         if (fits) {
-            kept = top_p_sorted(&run, cand, eq_before[tid], mx, target, redu, sort_key, sort_id);
-            sorted = true;
+            bool reached;
+            const kept_t set = top_p_sorted(&run, cand, eq_before[tid], mx, target, redu,
+                                            sort_key, sort_id, &reached);
+            /* the NT largest fell short in the sorted sum (the tree's said
+             * they reach it: a rounding apart): the bisection over all of
+             * top-k's; a set of at most NT ids is whole either way */
+            sorted = reached || n_kept <= NT;
+            if (sorted)
+                kept = set;
         }
         eq_prefix(&run, kept.tau, redu, eq_before); /* the set's own, for either way */
         if (sorted)

@@ -332,7 +332,7 @@ static void routing_free(hpd_backend_t *b, routing_t *r)
 /* moe_route on the device against the CPU's: the same experts, slots,
  * slots' tokens and first slots, the weights within the GPU's expf (exact
  * on the CPU's path); T tokens across the bitmap's 32-token words, Qwen3-Next's
- * 512 experts and 10 a token; the one-block path of up to 32 tokens and the
+ * 512 experts and 10 a token; the one-block path of up to 16 tokens and the
  * general one the same bits */
 static void test_moe_route(void **state)
 {
@@ -360,15 +360,15 @@ static void test_moe_route(void **state)
         hpd_backend_free(gpu, dl);
         routing_free(cpu, &want), routing_free(gpu, &got);
     }
-    /* a decode step's tokens (at most 32: one block) and the same tokens
+    /* a decode step's tokens (at most 16: one block) and the same tokens
      * first in a batch of 40 (the general path): the same experts and
      * weights bit for bit */
-    const uint32_t E = 512, K = 10;
+    const uint32_t E = 512, K = 10, N = 16;
     float *logits = rnd(40 * E, 49, 3), *dl = up(logits, 40 * E);
-    routing_t small = route_on(gpu, dl, 32, E, K, true), big = route_on(gpu, dl, 40, E, K, true);
-    float *ws = down(small.w, 32 * K), *wb = down(big.w, 32 * K);
-    assert_memory_equal(ws, wb, 32 * K * sizeof(float));
-    uint32_t is[32 * K], ib[32 * K];
+    routing_t small = route_on(gpu, dl, N, E, K, true), big = route_on(gpu, dl, 40, E, K, true);
+    float *ws = down(small.w, N * K), *wb = down(big.w, N * K);
+    assert_memory_equal(ws, wb, N * K * sizeof(float));
+    uint32_t is[16 * 10], ib[16 * 10];
     assert_int_equal(hpd_backend_to_host(gpu, is, small.ids, sizeof(is)), HPD_OK);
     assert_int_equal(hpd_backend_to_host(gpu, ib, big.ids, sizeof(ib)), HPD_OK);
     assert_memory_equal(is, ib, sizeof(is));

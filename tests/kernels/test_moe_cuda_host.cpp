@@ -4,7 +4,7 @@
  *   tokens of slots and first slots, and the same weights bit for bit (the
  *   stand-in's expf is the host's; on a GPU test_backend_cuda allows the
  *   GPU's expf its ulps), for 1 to 1024 experts, up to 32 experts a token,
- *   up to 32 tokens (one block) and past (the general path, batches across
+ *   up to 16 tokens (one block) and past (the general path, batches across
  *   the bitmap's 32-token words), ties, with and without renormalisation;
  * - the grouped GEMM (cuda's kernels, cuda-bf16's with and without the
  *   ring) against one GEMM per group of the same kernels, bit for bit, for
@@ -156,7 +156,8 @@ int main()
         check_route(cpu, 33, 512, 10, norm, false, seed++); /* Qwen3-Next's */
         check_route(cpu, 5, 1024, 32, norm, false, seed++); /* the bounds */
         check_route(cpu, 9, 1, 1, norm, false, seed++);
-        check_route(cpu, 32, 1024, 32, norm, false, seed++); /* the one-block path's most */
+        check_route(cpu, 16, 1024, 32, norm, false, seed++); /* the one-block path's most */
+        check_route(cpu, 17, 100, 4, norm, false, seed++);   /* the general path's fewest */
         check_route(cpu, 40, 20, 6, norm, true, seed++); /* every token ties */
     }
     /* an argument the kernels cannot take: refused, nothing written */
