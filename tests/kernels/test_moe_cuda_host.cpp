@@ -28,9 +28,17 @@ struct routing_t {
     hpd_moe_route_args_t args(const float *logits, uint32_t ld, uint32_t T, uint32_t E,
                               uint32_t K, bool norm)
     {
-        return hpd_moe_route_args_t{logits, ld,          T,           E,          K,
-                                    norm,   ids.data(), w.data(), slots.data(), idx.data(),
-                                    first.data()};
+        return hpd_moe_route_args_t{.logits = logits,
+                                    .ld = ld,
+                                    .n_tokens = T,
+                                    .n_experts = E,
+                                    .top_k = K,
+                                    .norm = norm,
+                                    .ids = ids.data(),
+                                    .weights = w.data(),
+                                    .slots = slots.data(),
+                                    .idx = idx.data(),
+                                    .first = first.data()};
     }
 };
 
@@ -98,7 +106,8 @@ static void check_grouped(hpd_backend_t *cpu, const char *name, grouped_fn_t gro
     if (dt == HPD_DTYPE_F8_E4M3)
         g.w_scale = scales.data(), g.w_scale_ld = sld, g.w_block = blk;
     g.y = got.data(), g.ldy = n, g.m = S, g.n = n, g.k = k, g.accumulate = accumulate;
-    const hpd_gemm_grouped_args_t ga = {g, r.first.data(), E, T};
+    const hpd_gemm_grouped_args_t ga = {.g = g, .first = r.first.data(), .n_groups = E,
+                                        .max_rows = T};
     char what[128];
     snprintf(what, sizeof(what), "%s %s grouped, %u tokens x %u of %u experts%s", name,
              hpd_dtype_name(dt), T, K, E, accumulate ? " acc" : "");
@@ -128,7 +137,8 @@ static void check_gather_combine(hpd_backend_t *cpu)
     hpd_moe_route_args_t ra = r.args(logits.data(), E, T, E, K, true);
     check_status("routing", hpd_cuda_moe_route(&emu.be, &ra));
     std::vector<float> h = test_rnd((size_t)T * D, 12, 1.0f), gw(S * D), gc(S * D);
-    const hpd_gather_args_t gcpu = {h.data(), D, r.idx.data(), S, D, gc.data(), D};
+    const hpd_gather_args_t gcpu = {.src = h.data(), .ld_src = D, .idx = r.idx.data(), .n = S,
+                                    .dim = D, .dst = gc.data(), .ld_dst = D};
     hpd_gather_args_t gemu = gcpu;
     gemu.dst = gw.data();
     check_status("gather", hpd_gather(cpu, &gcpu));
@@ -136,8 +146,19 @@ static void check_gather_combine(hpd_backend_t *cpu)
     check_same("gather", gw.data(), gc.data(), gw.size());
     std::vector<float> shared = test_rnd((size_t)T * D, 13, 1.0f), gate = test_rnd(T, 14, 1.0f);
     std::vector<float> xc = test_rnd((size_t)T * D, 15, 1.0f), xg = xc;
-    hpd_moe_combine_args_t c = {xc.data(), D, gc.data(), D, r.slots.data(), r.w.data(), K,
-                                shared.data(), D, gate.data(), 1, T, D};
+    hpd_moe_combine_args_t c = {.x = xc.data(),
+                                .ldx = D,
+                                .rows = gc.data(),
+                                .ld_rows = D,
+                                .slots = r.slots.data(),
+                                .weights = r.w.data(),
+                                .top_k = K,
+                                .shared = shared.data(),
+                                .ld_shared = D,
+                                .gate = gate.data(),
+                                .ld_gate = 1,
+                                .n_tokens = T,
+                                .dim = D};
     check_status("moe_combine", hpd_moe_combine(cpu, &c));
     c.x = xg.data();
     check_status("moe_combine", hpd_cuda_moe_combine(&emu.be, &c));

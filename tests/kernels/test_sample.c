@@ -200,7 +200,7 @@ static int32_t ref_sample(const float *x, uint32_t vocab, const hpd_sampling_t *
     float max = -INFINITY, total = 0.0f, cum = 0.0f;
     uint32_t n = vocab;
     for (uint32_t i = 0; i < vocab; i++)
-        c[i] = (ref_cand_t){x[i] * inv_t, i};
+        c[i] = (ref_cand_t){.x = x[i] * inv_t, .id = i};
     if ((p->top_k > 0 && p->top_k < vocab) || p->top_p < 1.0f) /* else in id order */
         qsort(c, vocab, sizeof(*c), ref_cmp);
     if (p->top_k > 0 && p->top_k < n)
