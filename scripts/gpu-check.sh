@@ -116,8 +116,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   # with shared memory between warps one by one: the GEMV's row groups, the
   # chunked rule's state passes, the split attention (fp32 and tensor
   # cores), the tensor-core GEMM's tiles, the sampler's histograms and sort,
-  # the MoE routing's warps and scans (the quick cases first: the slowest,
-  # the GEMV's batches, last)
+  # the MoE routing's warps and scans, the grouped GEMM's plan (the quick
+  # cases first: the slowest, the GEMV's batches, last)
   [ "$tool" = racecheck ] && cmds=(
         "HPD_TEST_ONLY=test_moe_route $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_bf16_attention $b/tests/test_backend_cuda"
@@ -125,6 +125,7 @@ for tool in memcheck racecheck synccheck initcheck; do
         "HPD_TEST_ONLY=test_sample $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_kv_store_and_attention $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_gdn_chunked $b/tests/test_backend_cuda"
+        "HPD_TEST_ONLY=test_gemm_grouped $b/tests/test_backend_cuda"
         "$gen"
         "HPD_TEST_ONLY=test_gemm_batch_invariance $b/tests/test_backend_cuda")
   for cmd in "${cmds[@]}"; do
