@@ -253,6 +253,18 @@ __device__ static inline void tile_store(float *tile, uint32_t ld, const float4 
     }
 }
 
+/* Copies a tile of n4 16-byte vectors (rows of hd4, from the row pointers
+ * rowp) into the shared tile (row stride ld) by cp.async: the copies go on
+ * while the block works on the tile before (hpd_cp_async_commit and _wait
+ * around it). */
+template <uint32_t NT>
+__device__ static inline void tile_copy_async(float *tile, uint32_t ld, const float *const *rowp,
+                                              uint32_t n4, uint32_t hd4)
+{
+    for (uint32_t i = threadIdx.x; i < n4; i += NT)
+        hpd_cp_async16(tile + (i / hd4) * ld + (i % hd4) * 4, rowp[i / hd4] + (i % hd4) * 4, 16);
+}
+
 /* A split block's keys: from t_begin (its split's first) to t_stop (its
  * highest row's last, within the split); the rows' sequence is last's. */
 typedef struct {
@@ -316,8 +328,8 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
     const uint32_t t_begin = sp.t_begin, t_stop = sp.t_stop, n_pairs = grp.count * G;
     const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
     float *qs = (float *)(vrow + SPLIT);   /* [RT * G][ld] */
-    float *kvs = qs + (size_t)RT * G * ld; /* [KT][ld]: K, then V */
-    float *ps = kvs + (size_t)KT * ld;     /* [P][KT]: scores, then probabilities */
+    float *kvs = qs + (size_t)RT * G * ld; /* [2][KT][ld]: a tile's K, then its V */
+    float *ps = kvs + (size_t)2 * KT * ld; /* [P][KT]: scores, then probabilities */
     float *alpha = ps + P * KT;            /* [P] */
     uint32_t *nkp = (uint32_t *)(alpha + P); /* [P]: keys of this tile the pair sees */
     uint32_t *tend = nkp + P;                /* [RT]: a row's end of keys in the split */
@@ -337,15 +349,24 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
         for (uint32_t k = 0; k < DPTN; k++)
             acc[pr][k] = 0.0f;
     const uint32_t hd4 = hd / 4;
-    for (uint32_t t0 = t_begin; t0 < t_stop; t0 += KT) {
+    __syncthreads(); /* row pointers and ends set */
+    tile_copy_async<NT>(kvs, ld, krow, min(KT, t_stop - t_begin) * hd4, hd4);
+    hpd_cp_async_commit();
+    for (uint32_t t0 = t_begin, it = 0; t0 < t_stop; t0 += KT, it++) {
         const uint32_t nk = min(KT, t_stop - t0), n4 = nk * hd4;
-        __syncthreads(); /* row pointers and ends set; the last tile's V and ps read */
-        tile_load<NT>(vr, krow + (t0 - t_begin), n4, hd4);
-        tile_store<NT>(kvs, ld, vr, n4, hd4);
-        __syncthreads();
+        /* this tile's K, copied during the last tile's work; the next
+         * tile's K goes to the other buffer, which held the last tile's V */
+        float *cur = kvs + (size_t)(it % 2) * KT * ld;
+        float *nxt = kvs + (size_t)(1 - it % 2) * KT * ld;
+        hpd_cp_async_wait<0>();
+        __syncthreads(); /* every thread's copies of K landed; the last tile's V and ps read */
+        if (t0 + KT < t_stop)
+            tile_copy_async<NT>(nxt, ld, krow + (t0 + KT - t_begin),
+                                min(KT, t_stop - t0 - KT) * hd4, hd4);
+        hpd_cp_async_commit();
         tile_load<NT>(vr, vrow + (t0 - t_begin), n4, hd4); /* in flight during the scores */
         if (lane < nk) {
-            const float4 *k4 = (const float4 *)(kvs + lane * ld);
+            const float4 *k4 = (const float4 *)(cur + lane * ld);
 #pragma unroll
             for (uint32_t j = 0; j < PPW; j++) {
                 const uint32_t pr = warp + j * NW;
@@ -382,7 +403,7 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
             }
             nkp[tid] = nkr;
         }
-        tile_store<NT>(kvs, ld, vr, n4, hd4);
+        tile_store<NT>(cur, ld, vr, n4, hd4); /* V over this tile's K, read out above */
         __syncthreads();
 #pragma unroll
         for (uint32_t pr = 0; pr < P; pr++)
@@ -399,8 +420,8 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
                 for (uint32_t k = 0; k < DPTN; k++) {
                     const uint32_t d = tid + k * NT;
                     if (d < hd) {
-                        const float v0 = kvs[t * ld + d], v1 = kvs[(t + 1) * ld + d];
-                        const float v2 = kvs[(t + 2) * ld + d], v3 = kvs[(t + 3) * ld + d];
+                        const float v0 = cur[t * ld + d], v1 = cur[(t + 1) * ld + d];
+                        const float v2 = cur[(t + 2) * ld + d], v3 = cur[(t + 3) * ld + d];
 #pragma unroll
                         for (uint32_t pr = 0; pr < P; pr++)
                             if (pr < n_pairs) {
@@ -419,7 +440,7 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
             for (uint32_t k = 0; k < DPTN; k++) {
                 const uint32_t d = tid + k * NT;
                 if (d < hd) {
-                    const float v = kvs[t * ld + d];
+                    const float v = cur[t * ld + d];
 #pragma unroll
                     for (uint32_t pr = 0; pr < P; pr++)
                         if (pr < n_pairs && (RT == 1 || t < nkp[pr]))
@@ -669,7 +690,7 @@ __global__ void attention_combine_kernel(hpd_view_t ov, uint32_t n_heads, uint32
 static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
 {
     const size_t P = PAIRS(RT);
-    return ((size_t)(RT * G + KT) * (hd + 4) + P * KT + P) * sizeof(float) +
+    return ((size_t)(RT * G + 2 * KT) * (hd + 4) + P * KT + P) * sizeof(float) +
            (P + RT) * sizeof(uint32_t) + 2 * SPLIT * sizeof(float *);
 }
 
