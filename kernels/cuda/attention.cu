@@ -545,16 +545,31 @@ __global__ void __launch_bounds__(NT)
     for (uint32_t t0 = t_begin; t0 < t_stop; t0 += KT) {
         const uint32_t nk = min(KT, t_stop - t0);
         __syncthreads(); /* pointers, ends and q set; the last tile's K, V and P read */
-        for (uint32_t i = tid; i < KT * half; i += NT) {
-            const uint32_t key = i / half, d = 2 * (i % half);
-            float2 kk = {0.0f, 0.0f}, vv = {0.0f, 0.0f};
-            if (key < nk) {
-                kk = *(const float2 *)(krow[t0 - t_begin + key] + d);
-                vv = *(const float2 *)(vrow[t0 - t_begin + key] + d);
+        /* LB pairs of K and V loads in flight per thread, then their
+         * stores (a store waiting on each load before the next was issued
+         * left one load in flight); 4 in a prompt's block of 8 warps,
+         * whose registers would otherwise leave one block an SM */
+        constexpr uint32_t LB = RT == 1 ? 8 : 4;
+        for (uint32_t i0 = tid; i0 < KT * half; i0 += LB * NT) {
+            float2 kk[LB], vv[LB];
+#pragma unroll
+            for (uint32_t u = 0; u < LB; u++) {
+                const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
+                kk[u] = vv[u] = make_float2(0.0f, 0.0f);
+                if (i < KT * half && key < nk) {
+                    kk[u] = *(const float2 *)(krow[t0 - t_begin + key] + d);
+                    vv[u] = *(const float2 *)(vrow[t0 - t_begin + key] + d);
+                }
             }
-            *(uint32_t *)(ks + key * ldh + d) = bf16_rn(kk.x) | bf16_rn(kk.y) << 16;
-            vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv.x);
-            vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv.y);
+#pragma unroll
+            for (uint32_t u = 0; u < LB; u++) {
+                const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
+                if (i < KT * half) {
+                    *(uint32_t *)(ks + key * ldh + d) = bf16_rn(kk[u].x) | bf16_rn(kk[u].y) << 16;
+                    vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].x);
+                    vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].y);
+                }
+            }
         }
         __syncthreads();
         /* scores: tiles of 16 pairs x 8 keys */
