@@ -104,10 +104,11 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
             (st = alloc_act(e, &e->moe_shared, R * H)) != HPD_OK)
             return st;
         /* the routing, in backend memory (moe_route) */
+        const size_t slot_bytes = S * sizeof(uint32_t);
         if ((st = alloc_act(e, &e->moe_w, S)) != HPD_OK ||
-            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_ids)) != HPD_OK ||
-            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_slots)) != HPD_OK ||
-            (st = hpd_backend_alloc(e->be, S * sizeof(uint32_t), (void **)&e->moe_idx)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, slot_bytes, (void **)&e->moe_ids)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, slot_bytes, (void **)&e->moe_slots)) != HPD_OK ||
+            (st = hpd_backend_alloc(e->be, slot_bytes, (void **)&e->moe_idx)) != HPD_OK ||
             (st = hpd_backend_alloc(e->be, (c->n_experts + 1) * sizeof(uint32_t),
                                     (void **)&e->moe_first)) != HPD_OK)
             return st;

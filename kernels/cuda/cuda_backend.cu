@@ -705,7 +705,8 @@ static constexpr hpd_backend_ops_t cuda_ops_with(
     };
 }
 
-static constexpr hpd_backend_ops_t cuda_ops = cuda_ops_with("cuda", "fp32", entry_gemm, entry_gemm_grouped);
+static constexpr hpd_backend_ops_t cuda_ops =
+    cuda_ops_with("cuda", "fp32", entry_gemm, entry_gemm_grouped);
 static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas, nullptr);
 /* deterministic and batch-invariant, on tensor cores: BF16 weights for every

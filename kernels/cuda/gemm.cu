@@ -468,7 +468,8 @@ static void gemv(const hpd_gemm_args_t *a, uint32_t mr, wscale_t wsc, const rows
 static bool gemv_takes(const hpd_gemm_args_t *a, uint32_t rows)
 {
     const size_t es = hpd_dtype_size(a->w_dtype);
-    return rows <= GEMV_MAX_M && a->k > 0 && (uintptr_t)a->w % 16 == 0 && (size_t)a->k * es % 16 == 0;
+    return rows <= GEMV_MAX_M && a->k > 0 && (uintptr_t)a->w % 16 == 0 &&
+           (size_t)a->k * es % 16 == 0;
 }
 
 /* The rows a block takes: the GEMV's MR, or the tiled kernel's TM */
@@ -576,7 +577,8 @@ static hpd_status_t plan(hpd_backend_t *b, const hpd_gemm_grouped_args_t *ga, ui
 {
     const uint32_t bound = plan_bound(ga, T);
     if (bound > 65535u) { /* the grid's y */
-        HPD_LOG_ERROR("cuda", "grouped GEMM of %u rows in %u groups: %u tiles of %u rows, at most 65535",
+        HPD_LOG_ERROR("cuda",
+                      "grouped GEMM of %u rows in %u groups: %u tiles of %u rows, at most 65535",
                       ga->g.m, ga->n_groups, bound, T);
         return HPD_ERR_INVALID_ARG;
     }
@@ -607,7 +609,8 @@ static uint32_t grouped_rows(const hpd_gemm_grouped_args_t *ga, uint32_t few)
 static hpd_status_t grouped_args(const hpd_gemm_grouped_args_t *ga)
 {
     if (ga->n_groups == 0 || ga->n_groups > PLAN_THREADS || ga->max_rows == 0) {
-        HPD_LOG_ERROR("cuda", "grouped GEMM of %u groups (1 to %u), at most %u rows a group (1 or more)",
+        HPD_LOG_ERROR("cuda",
+                      "grouped GEMM of %u groups (1 to %u), at most %u rows a group (1 or more)",
                       ga->n_groups, PLAN_THREADS, ga->max_rows);
         return HPD_ERR_INVALID_ARG;
     }

@@ -32,7 +32,8 @@
 #define ROUTE_WARPS 4
 #define EXPERT_THREADS 1024 /* the count kernel's block: HPD_MAX_EXPERTS */
 static_assert(HPD_MAX_EXPERTS <= EXPERT_THREADS, "a thread per expert");
-static_assert(HPD_MAX_EXPERTS % 256 == 0, "route_small_kernel's threads count whole runs of experts");
+static_assert(HPD_MAX_EXPERTS % 256 == 0,
+              "route_small_kernel's threads count whole runs of experts");
 
 /* a warp's candidate: p and id (UINT32_MAX: none); the larger p wins, a tie
  * (or a NaN) the lower id */

@@ -12,12 +12,13 @@
  * largest first, whose probability mass reaches top_p: when top-k keeps at
  * most NT ids, or the NT largest ids (a radix select) hold top_p's mass,
  * from those ids sorted in shared memory (top_p_sorted: one pass over the
- * row), else by bisection over the keys (32 passes). The draw u (Philox, keyed by (seed, position), from
- * the host) walks the kept probabilities in id order. Every sum has a fixed
- * order (each thread's run in order, then the runs in order), so a row's
- * token depends on its logits and (seed, position) alone. The CPU walks the
- * kept set in sorted order instead: both draw from the same distribution,
- * greedy rows agree exactly, sampled ones in general do not. */
+ * row), else by bisection over the keys (32 passes). The draw u (Philox,
+ * keyed by (seed, position), from the host) walks the kept probabilities
+ * in id order. Every sum has a fixed order (each thread's run in order,
+ * then the runs in order), so a row's token depends on its logits and
+ * (seed, position) alone. The CPU walks the kept set in sorted order
+ * instead: both draw from the same distribution, greedy rows agree exactly,
+ * sampled ones in general do not. */
 #include <math.h>
 #include <stdlib.h>
 

@@ -65,8 +65,8 @@ static double test_rel_rms(const float *got, const float *want, size_t n)
     }
 }
 
-[[maybe_unused]] static void check_close(const char *what, const float *got, const float *want, size_t n,
-                        double tol)
+[[maybe_unused]] static void check_close(const char *what, const float *got, const float *want,
+                                         size_t n, double tol)
 {
     const double err = test_rel_rms(got, want, n);
     hpd_test_checked++;
@@ -76,7 +76,8 @@ static double test_rel_rms(const float *got, const float *want, size_t n)
         hpd_test_failed++;
 }
 
-[[maybe_unused]] static void check_same(const char *what, const float *got, const float *want, size_t n)
+[[maybe_unused]] static void check_same(const char *what, const float *got, const float *want,
+                                        size_t n)
 {
     hpd_test_checked++;
     size_t i = 0;
