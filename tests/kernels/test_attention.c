@@ -320,10 +320,64 @@ static void test_store_two_sequences(void **state)
     hpd_backend_destroy(be);
 }
 
+/* Two sequences in one call give each the bits it gets alone: every key
+ * row comes from its own sequence's pages (20 and 37 keys: tiles of four
+ * keys and a tail) */
+static void test_two_sequences_as_alone(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+    hpd_backend_t *be;
+    hpd_kv_layout_t l = {.block_size = 16,
+                         .pack_size = 1,
+                         .order = HPD_KV_NHD,
+                         .dtype = HPD_DTYPE_F32,
+                         .n_layers = 1,
+                         .n_kv_heads = NKV,
+                         .head_dim = HD};
+    enum { T0 = 20, T1 = 37, ROWS = T0 + T1, Q0 = 3, Q1 = 5 };
+    const size_t pool_floats = 12 * hpd_kv_layout_page_elems(&l);
+    float *pool = calloc(pool_floats, sizeof(float));
+    static float k[ROWS * NKV * HD], v[ROWS * NKV * HD], q[(Q0 + Q1) * NH * HD];
+    static float both[(Q0 + Q1) * NH * HD], alone[(Q0 + Q1) * NH * HD];
+    const uint32_t t0[2] = {9, 2}, t1[3] = {4, 11, 0}; /* sequence s's pages */
+    const uint32_t *tables[2] = {t0, t1};
+    const hpd_seq_t kvs[2] = {{.n_tokens = T0}, {.row = T0, .n_tokens = T1}};
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    test_fill(k, ROWS * NKV * HD, 11, 1.0f);
+    test_fill(v, ROWS * NKV * HD, 12, 1.0f);
+    test_fill(q, (Q0 + Q1) * NH * HD, 13, 1.0f);
+    hpd_paged_kv_t kv = {.layout = &l, .pool = pool, .block_tables = tables};
+    hpd_kv_store_args_t st = {.kv = kv,
+                              .k = {.p = k, .ld = NKV * HD, .hs = HD},
+                              .v = {.p = v, .ld = NKV * HD, .hs = HD},
+                              .seqs = kvs,
+                              .n_seqs = 2};
+    assert_int_equal(hpd_kv_store(be, &st), HPD_OK);
+    /* the last Q0 and Q1 positions of each sequence as queries */
+    const hpd_seq_t qs[2] = {{.n_tokens = Q0, .start_pos = T0 - Q0},
+                             {.row = Q0, .n_tokens = Q1, .start_pos = T1 - Q1}};
+    hpd_attention_args_t a = {.kv = kv,
+                              .q = {.p = q, .ld = NH * HD, .hs = HD},
+                              .out = {.p = both, .ld = NH * HD, .hs = HD},
+                              .n_heads = NH,
+                              .scale = 1.0f / sqrtf((float)HD),
+                              .seqs = qs,
+                              .n_seqs = 2};
+    assert_int_equal(hpd_attention(be, &a), HPD_OK);
+    for (int s = 0; s < 2; s++) {
+        a.kv.block_tables = &tables[s], a.seqs = &qs[s], a.n_seqs = 1, a.out.p = alone;
+        assert_int_equal(hpd_attention(be, &a), HPD_OK);
+    }
+    assert_memory_equal(both, alone, sizeof(both));
+    free(pool);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_two_sequences),
+        cmocka_unit_test(test_two_sequences_as_alone),
         cmocka_unit_test(test_head_dim_limit),
         cmocka_unit_test(test_paged_matches_dense_and_layouts),
         cmocka_unit_test(test_decode_equals_prefill_row),

@@ -92,6 +92,64 @@ static void test_numbering(void **state)
     }
 }
 
+/* The CPU backend's op: each token as hpd_moe_route_token, the slots as
+ * hpd_moe_number; then gather and moe_combine on that routing against
+ * their definitions written plainly (the same roundings, in order) */
+static void test_op_route_gather_combine(void **state)
+{
+    enum { T = 37, E = 16, K = 4, LD = 19, D = 70, S = T * K };
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 2};
+    hpd_backend_t *be;
+    assert_int_equal(hpd_backend_create(&bp, &be), HPD_OK);
+    static float logits[T * LD], w[S], wref[S], h[T * D], rows[S * D], x[T * D], xref[T * D];
+    static float shared[T * D], gate[T * 2];
+    static uint32_t ids[S], idsref[S], slots[S], slotsref[S], idx[S], idxref[S];
+    static uint32_t first[E + 1], firstref[E + 1];
+    for (uint32_t i = 0; i < T * LD; i++)
+        logits[i] = 4.0f * (hpd_u32_to_unit(hpd_philox4x32(3, i, 1).v[0]) - 0.5f);
+    for (uint32_t i = 0; i < T * D; i++) {
+        h[i] = hpd_u32_to_unit(hpd_philox4x32(4, i, 1).v[0]) - 0.5f;
+        x[i] = xref[i] = hpd_u32_to_unit(hpd_philox4x32(5, i, 1).v[0]);
+        shared[i] = hpd_u32_to_unit(hpd_philox4x32(6, i, 1).v[0]) - 0.5f;
+    }
+    for (uint32_t i = 0; i < T * 2; i++)
+        gate[i] = hpd_u32_to_unit(hpd_philox4x32(7, i, 1).v[0]) - 0.5f;
+    const hpd_moe_route_args_t ra = {.logits = logits, .ld = LD, .n_tokens = T, .n_experts = E,
+                                     .top_k = K, .norm = true, .ids = ids, .weights = w,
+                                     .slots = slots, .idx = idx, .first = first};
+    assert_int_equal(hpd_moe_route(be, &ra), HPD_OK);
+    for (uint32_t t = 0; t < T; t++)
+        hpd_moe_route_token(logits + t * LD, E, K, true, idsref + t * K, wref + t * K);
+    hpd_moe_number(idsref, T, K, E, slotsref, idxref, firstref);
+    assert_memory_equal(ids, idsref, sizeof(ids));
+    assert_memory_equal(w, wref, sizeof(w));
+    assert_memory_equal(slots, slotsref, sizeof(slots));
+    assert_memory_equal(idx, idxref, sizeof(idx));
+    assert_memory_equal(first, firstref, sizeof(first));
+    /* gather: slot s takes its token's row */
+    const hpd_gather_args_t g = {.src = h, .ld_src = D, .idx = idx, .n = S, .dim = D,
+                                 .dst = rows, .ld_dst = D};
+    assert_int_equal(hpd_gather(be, &g), HPD_OK);
+    for (uint32_t s = 0; s < S; s++)
+        assert_memory_equal(rows + s * D, h + idx[s] * D, D * sizeof(float));
+    /* combine: x += sum_j w_j * row_j (j in order) + sigmoid(gate) * shared */
+    const hpd_moe_combine_args_t c = {.x = x, .ldx = D, .rows = rows, .ld_rows = D,
+                                      .slots = slots, .weights = w, .top_k = K,
+                                      .shared = shared, .ld_shared = D, .gate = gate + 1,
+                                      .ld_gate = 2, .n_tokens = T, .dim = D};
+    assert_int_equal(hpd_moe_combine(be, &c), HPD_OK);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (uint32_t j = 0; j < K; j++)
+                acc = acc + w[t * K + j] * rows[slots[t * K + j] * D + d];
+            acc = acc + hpd_sigmoidf(gate[t * 2 + 1]) * shared[t * D + d];
+            xref[t * D + d] = xref[t * D + d] + acc;
+        }
+    assert_memory_equal(x, xref, sizeof(x));
+    hpd_backend_destroy(be);
+}
+
 /* The backends' op refuses what its kernels cannot take, naming it, and
  * writes nothing */
 static void test_op_refuses(void **state)
@@ -128,6 +186,7 @@ int main(void)
         cmocka_unit_test(test_against_float64),
         cmocka_unit_test(test_ties_lowest_id),
         cmocka_unit_test(test_numbering),
+        cmocka_unit_test(test_op_route_gather_combine),
         cmocka_unit_test(test_op_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
