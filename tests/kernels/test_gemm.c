@@ -307,6 +307,42 @@ static void test_bf16_products_tiny(void **state)
     hpd_backend_destroy(be);
 }
 
+/* cpu-bf16: a NaN in x stays a NaN through its rounding to bf16, whatever
+ * its payload (rounded as a number, 0x7fffffff would carry into -0 and
+ * 0x7f800001 into infinity), in the scalar rounding and the rows' vector
+ * one, so its row's outputs are NaN */
+static void test_bf16_nan_rows(void **state)
+{
+    hpd_backend_t *be = cpu_bf16(1);
+    const uint32_t nans[] = {0x7fffffffu, 0x7f800001u, 0xffc00000u};
+    enum { M = 3, N = 5, K = 32 };
+    for (uint32_t c = 0; c < 3; c++) { /* the scalar rounding (a row's tail, the weights') */
+        float f;
+        memcpy(&f, &nans[c], 4);
+        const uint16_t b = hpd_cpu_round_bf16(f);
+        if (!((b & 0x7f80u) == 0x7f80u && (b & 0x7fu) != 0))
+            fail_msg("NaN %#x rounds to bf16 %#x, not a NaN", nans[c], b);
+    }
+    float x[M * K], y[M * N];
+    uint16_t w[N * K];
+    for (uint32_t i = 0; i < N * K; i++)
+        w[i] = hpd_cpu_round_bf16(0.25f + 0.01f * (float)(i % 7));
+    for (uint32_t c = 0; c < 3; c++) {
+        for (uint32_t i = 0; i < M * K; i++)
+            x[i] = 0.5f;
+        memcpy(&x[1 * K + 7], &nans[c], 4); /* row 1 */
+        hpd_gemm_args_t a = {.x = x, .ldx = K, .w = w, .w_dtype = HPD_DTYPE_BF16, .y = y,
+                             .ldy = N, .m = M, .n = N, .k = K};
+        assert_int_equal(hpd_gemm(be, &a), HPD_OK);
+        for (uint32_t n = 0; n < N; n++) {
+            if (!isnan(y[1 * N + n]))
+                fail_msg("NaN %#x in row 1: output %u is %g", nans[c], n, y[1 * N + n]);
+            assert_true(isfinite(y[0 * N + n]) && isfinite(y[2 * N + n]));
+        }
+    }
+    hpd_backend_destroy(be);
+}
+
 /* cpu-bf16: against a float64 reference of x rounded to bf16 times w (the
  * products the mode defines), within fp32 accumulation error; x rounded to
  * nearest even (ties too); weights other than BF16 keep the fp32 GEMM's bits;
@@ -407,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_fp8_weights),
         cmocka_unit_test(test_bf16_products_sequence),
         cmocka_unit_test(test_bf16_products_tiny),
+        cmocka_unit_test(test_bf16_nan_rows),
         cmocka_unit_test(test_bf16_products_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
