@@ -645,8 +645,8 @@ static void do_moe(void *arg)
         CHECK(hpd_backend_from_host(be, m->idx, m->hidx, S * 4));
         CHECK(hpd_backend_from_host(be, m->w, m->hw, S * 4));
     }
-    const hpd_gather_args_t g = {.src = m->h, .ld_src = MH, .idx = m->idx, .n = S, .dim = MH,
-                                 .dst = m->xe, .ld_dst = MH};
+    const hpd_gather_args_t g = {.src = m->h, .ld_src = MH, .idx_dev = m->idx, .n = S,
+                                 .dim = MH, .dst = m->xe, .ld_dst = MH};
     CHECK(hpd_gather(be, &g));
     const hpd_silu_mul_args_t act = {.gu = m->gu, .ldgu = 2 * MI, .out = m->act, .ldout = MI,
                                      .n_tokens = S, .inter = MI};

@@ -298,8 +298,13 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                         .first = e->moe_first};
     if ((st = hpd_moe_route(e->be, &route)) != HPD_OK)
         return st;
-    const hpd_gather_args_t gather = {
-        .src = e->h, .ld_src = H, .idx = e->moe_idx, .n = S, .dim = H, .dst = e->moe_x, .ld_dst = H};
+    const hpd_gather_args_t gather = {.src = e->h,
+                                      .ld_src = H,
+                                      .idx_dev = e->moe_idx,
+                                      .n = S,
+                                      .dim = H,
+                                      .dst = e->moe_x,
+                                      .ld_dst = H};
     if ((st = hpd_gather(e->be, &gather)) != HPD_OK)
         return st;
     const hpd_gemm_grouped_args_t gu = {.g = {.x = e->moe_x,

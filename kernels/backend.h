@@ -148,13 +148,16 @@ typedef struct {
     uint32_t n_tokens, inter;
 } hpd_silu_mul_args_t;
 
-/* dst[i] = src[idx[i]] for n rows of dim floats (idx is backend memory,
- * moe_route's): a mixture of experts gathers the rows of each expert
- * together. */
+/* dst[i] = src[idx[i]] for n rows of dim floats: the LM head gathers the
+ * rows that need logits (idx host memory, staged by a device backend); a
+ * mixture of experts gathers each expert's rows together (idx_dev: backend
+ * memory, moe_route's, read where the op runs; when set, idx is not
+ * read). */
 typedef struct {
     const float *src;
     uint32_t ld_src;
     const uint32_t *idx;
+    const uint32_t *idx_dev;
     uint32_t n, dim;
     float *dst;
     uint32_t ld_dst;

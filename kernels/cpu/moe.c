@@ -24,8 +24,9 @@ hpd_status_t hpd_cpu_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
 
 hpd_status_t hpd_cpu_gather(hpd_backend_t *b, const hpd_gather_args_t *a)
 {
+    const uint32_t *idx = a->idx_dev != NULL ? a->idx_dev : a->idx; /* both host memory */
     for (uint32_t i = 0; i < a->n; i++)
-        memcpy(a->dst + (size_t)i * a->ld_dst, a->src + (size_t)a->idx[i] * a->ld_src,
+        memcpy(a->dst + (size_t)i * a->ld_dst, a->src + (size_t)idx[i] * a->ld_src,
                a->dim * sizeof(float));
     return HPD_OK;
 }

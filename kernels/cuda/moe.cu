@@ -276,9 +276,20 @@ __global__ void gather_kernel(const float *src, uint32_t ld_src, const uint32_t 
 
 hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a)
 {
+    const void *idx = a->idx_dev;
+    hpd_status_t st;
     if (a->n == 0)
         return HPD_OK;
-    gather_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>(a->src, a->ld_src, a->idx, a->dim,
+    if (idx == NULL) { /* host indices (the LM head's rows): staged with the op */
+        void *staged;
+        const hpd_cuda_meta_t m = {.host = a->idx, .bytes = a->n * sizeof(uint32_t),
+                                   .dev_p = &staged};
+        if ((st = hpd_cuda_stage(b, &m, 1)) != HPD_OK)
+            return st;
+        idx = staged;
+    }
+    gather_kernel<<<a->n, 256, 0, hpd_cuda_ctx(b)->stream>>>(a->src, a->ld_src,
+                                                              (const uint32_t *)idx, a->dim,
                                                               a->dst, a->ld_dst);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;

@@ -270,7 +270,12 @@ static void test_moe_ops(void **state)
     hpd_gather_args_t g = {.src = src, .ld_src = D, .idx = idx, .n = S, .dim = D, .dst = gcpu,
                            .ld_dst = D};
     assert_int_equal(hpd_gather(cpu, &g), HPD_OK);
-    g.src = dsrc, g.dst = dg, g.idx = didx;
+    g.src = dsrc, g.dst = dg, g.idx = NULL, g.idx_dev = didx;
+    assert_int_equal(hpd_gather(gpu, &g), HPD_OK);
+    float *got_dev = down(dg, S * D);
+    assert_memory_equal(got_dev, gcpu, S * D * sizeof(float));
+    free(got_dev);
+    g.idx = idx, g.idx_dev = NULL; /* and host indices (the LM head's), staged */
     assert_int_equal(hpd_gather(gpu, &g), HPD_OK);
     float *got = down(dg, S * D);
     assert_memory_equal(got, gcpu, S * D * sizeof(float));

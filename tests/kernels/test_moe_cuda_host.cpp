@@ -140,7 +140,7 @@ static void check_gather_combine(hpd_backend_t *cpu)
     const hpd_gather_args_t gcpu = {.src = h.data(), .ld_src = D, .idx = r.idx.data(), .n = S,
                                     .dim = D, .dst = gc.data(), .ld_dst = D};
     hpd_gather_args_t gemu = gcpu;
-    gemu.dst = gw.data();
+    gemu.dst = gw.data(), gemu.idx = nullptr, gemu.idx_dev = r.idx.data();
     check_status("gather", hpd_gather(cpu, &gcpu));
     check_status("gather", hpd_cuda_gather(&emu.be, &gemu));
     check_same("gather", gw.data(), gc.data(), gw.size());

@@ -127,7 +127,7 @@ static void test_op_route_gather_combine(void **state)
     assert_memory_equal(idx, idxref, sizeof(idx));
     assert_memory_equal(first, firstref, sizeof(first));
     /* gather: slot s takes its token's row */
-    const hpd_gather_args_t g = {.src = h, .ld_src = D, .idx = idx, .n = S, .dim = D,
+    const hpd_gather_args_t g = {.src = h, .ld_src = D, .idx_dev = idx, .n = S, .dim = D,
                                  .dst = rows, .ld_dst = D};
     assert_int_equal(hpd_gather(be, &g), HPD_OK);
     for (uint32_t s = 0; s < S; s++)
