@@ -15,8 +15,8 @@
 # 3. the ratio fla time / our time per kernel (> 1: ours is faster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the model's decode with steps recorded as CUDA graphs, and without
-# (model_decode_ops): opted in until measured (docs/kernels.md)
+# the model's decode with steps recorded as CUDA graphs (the default), and
+# without (model_decode_ops)
 export HPD_CUDA_GRAPHS=${HPD_CUDA_GRAPHS:-1}
 build=${1:-build}
 seqs=${SEQS:-32} context=${CONTEXT:-4096} prefill=${PREFILL:-4096}

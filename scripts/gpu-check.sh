@@ -19,8 +19,9 @@
 # step that would pass it is cut short and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# decode steps recorded as CUDA graphs (opted in until measured: docs/kernels.md)
-# in every test, the benchmark and the sanitizers' generation
+# decode steps recorded as CUDA graphs (the default; said here so that an
+# HPD_CUDA_GRAPHS=0 left in the environment does not turn them off) in
+# every test, the benchmark and the sanitizers' generation
 export HPD_CUDA_GRAPHS=${HPD_CUDA_GRAPHS:-1}
 out=${1:-${OUT:-gpu-check-out}}
 mkdir -p "$out"

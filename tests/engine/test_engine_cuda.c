@@ -205,8 +205,8 @@ static void test_gpu_bit_identical(void **state)
     print_message("seeded sampling: identical across layouts, batches and prefix hits\n");
 }
 
-/* Whether the backend records steps now (CUDA with HPD_CUDA_GRAPHS=1, not
- * with HPD_CUDA_SYNC=1): a step begun and ended without running */
+/* Whether the backend records steps now (CUDA, not with HPD_CUDA_GRAPHS=0
+ * or HPD_CUDA_SYNC=1): a step begun and ended without running */
 static bool records_steps(hpd_backend_t *be)
 {
     bool ran;
@@ -252,8 +252,9 @@ static void test_gpu_step_graphs(void **state)
 
 int main(void)
 {
-    /* recorded steps are opted in (docs/kernels.md): every run of this test
-     * records its decode steps but test_gpu_step_graphs' reference */
+    /* recorded steps (the default, said whatever the environment): every
+     * run of this test records its decode steps but test_gpu_step_graphs'
+     * reference */
     setenv("HPD_CUDA_GRAPHS", "1", 1);
     gpu = test_open_device("cuda:0", 0, NULL);
     if (strcmp(gpu->ops->name, "cpu-bf16") == 0 && !hpd_cpu_bf16_native()) {

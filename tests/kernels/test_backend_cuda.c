@@ -1843,7 +1843,8 @@ int main(void)
      * runs racecheck case by case: the whole binary takes it too long) */
     if (getenv("HPD_TEST_ONLY") != NULL)
         cmocka_set_test_filter(getenv("HPD_TEST_ONLY"));
-    setenv("HPD_CUDA_GRAPHS", "1", 1); /* recorded steps, opted in: test_step_graph */
+    /* recorded steps (test_step_graph), whatever the environment */
+    setenv("HPD_CUDA_GRAPHS", "1", 1);
     gpu = test_open_device("cuda:0", 0, NULL);
     if (hpd_backend_create(&cp, &cpu) != HPD_OK)
         return 1;
