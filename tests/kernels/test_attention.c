@@ -274,19 +274,25 @@ static void test_head_dim_limit(void **state)
     hpd_backend_destroy(be);
 }
 
+/* The two-sequence tests' KV: one layer, pages of 16 NHD rows */
+static hpd_kv_layout_t one_layer_layout(void)
+{
+    return (hpd_kv_layout_t){.block_size = 16,
+                             .pack_size = 1,
+                             .order = HPD_KV_NHD,
+                             .dtype = HPD_DTYPE_F32,
+                             .n_layers = 1,
+                             .n_kv_heads = NKV,
+                             .head_dim = HD};
+}
+
 /* One store of two sequences writes what two stores of one sequence each
  * write (the second sequence's rows at its own positions and pages). */
 static void test_store_two_sequences(void **state)
 {
     hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
-    hpd_kv_layout_t l = {.block_size = 16,
-                         .pack_size = 1,
-                         .order = HPD_KV_NHD,
-                         .dtype = HPD_DTYPE_F32,
-                         .n_layers = 1,
-                         .n_kv_heads = NKV,
-                         .head_dim = HD};
+    hpd_kv_layout_t l = one_layer_layout();
     const size_t pool_floats = 8 * hpd_kv_layout_page_elems(&l);
     float *one = calloc(pool_floats, sizeof(float)), *two = calloc(pool_floats, sizeof(float));
     float k[40 * NKV * HD], v[40 * NKV * HD];
@@ -327,13 +333,7 @@ static void test_two_sequences_as_alone(void **state)
 {
     hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     hpd_backend_t *be;
-    hpd_kv_layout_t l = {.block_size = 16,
-                         .pack_size = 1,
-                         .order = HPD_KV_NHD,
-                         .dtype = HPD_DTYPE_F32,
-                         .n_layers = 1,
-                         .n_kv_heads = NKV,
-                         .head_dim = HD};
+    hpd_kv_layout_t l = one_layer_layout();
     enum { T0 = 20, T1 = 37, ROWS = T0 + T1, Q0 = 3, Q1 = 5 };
     const size_t pool_floats = 12 * hpd_kv_layout_page_elems(&l);
     float *pool = calloc(pool_floats, sizeof(float));
