@@ -40,8 +40,8 @@ typedef struct {
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
     bool sync_each_op; /* HPD_CUDA_SYNC=1: synchronise and check after every op */
-    /* steps recorded as graphs (docs/kernels.md "The decode step"): with
-     * HPD_CUDA_GRAPHS=1, not with HPD_CUDA_SYNC=1 nor cuBLAS */
+    /* steps recorded as graphs (docs/kernels.md "The decode step"): unless
+     * HPD_CUDA_GRAPHS=0, not with HPD_CUDA_SYNC=1 nor cuBLAS */
     bool graphs;
     bool in_step; /* between step_begin and step_end: the stream captures */
     uint32_t step_bucket;
