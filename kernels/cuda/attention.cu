@@ -4,7 +4,8 @@
  * position) and flattens the sequences' block tables; both are staged to the
  * device. Attention takes the split-KV pass (below: 512-key splits, a KV
  * head's K and V read once for its query heads and for up to 8 prompt rows,
- * then a combine pass) where head_dim and the heads allow, else one block
+ * on tensor cores for up to 128 (row, head) pairs of a prompt, then a
+ * combine pass) where head_dim and the heads allow, else one block
  * of 4 warps per (query row, head) walking keys in tiles of HPD_ATTN_TILE
  * with an online softmax: warp w scores keys w, w+4, ... of a tile
  * (lane-strided sums, then a fixed shuffle tree), and thread d accumulates
@@ -13,6 +14,7 @@
  * or the layout. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/mma.h"
@@ -221,9 +223,11 @@ __global__ void attention_kernel(dev_kv_t kv, hpd_view_t qv, hpd_view_t ov, uint
 #define RT_GROUP 8 /* query rows per block in a prefill (heads per KV head <= 8) */
 
 /* A block's query rows: consecutive rows of one sequence at consecutive
- * positions, [first, first + count) of the op's rows. */
+ * positions, [first, first + count) of the launch's rows; conv: the first
+ * tile of their sequence in the op's bf16 copy of K and V (a prompt's block
+ * on tensor cores). */
 typedef struct {
-    uint32_t first, count;
+    uint32_t first, count, conv;
 } row_group_t;
 
 /* Loads this thread's vectors (NT threads) of a tile of n4 16-byte vectors
@@ -479,173 +483,306 @@ __device__ static inline uint32_t bf16_rn(float f) /* to nearest even */
     u += 0x7fffu + ((u >> 16) & 1u);
     return u >> 16;
 }
-__device__ static inline uint32_t ld32(const uint16_t *p)
+__device__ static inline uint32_t bf16x2(float lo, float hi)
 {
-    return *(const uint32_t *)p;
+    return bf16_rn(lo) | bf16_rn(hi) << 16;
 }
 
-#define TC_PLD (KT + 8) /* bf16 per row of the probabilities and of V transposed */
+#define TC_PLD (KT + 8) /* bf16 per row of V transposed in shared memory */
+#define TC_PAIRS 128    /* pairs (row, head) of a prompt's block: 8 warps of 16 */
+#ifndef TC_COPY_BYTES   /* a test may set a smaller bound, to take the rows alone */
+#define TC_COPY_BYTES ((size_t)1 << 30) /* the most the bf16 copy of K and V may take */
+#endif
 
-/* The split pass of device cuda-bf16, the same blocks, splits and partials
- * as attention_split_kernel, its products on tensor cores: q, k and v
- * rounded to bf16, the block's pairs (row, head) in tiles of 16.
- * Per tile of KT keys: the scores S = Q K^T by mma.sync over head_dim in
- * steps of 16 (an element of S is its pair's q row against its key's k row
- * alone), scaled; the pair's thread keeps its running max and sum over the
- * keys it may see (fp32, in key order) and writes the probabilities rounded
- * to bf16 (zero past its keys); the output tiles (16 pairs x 8 dimensions,
- * each always on the same warp) are scaled by the pair's correction and take
- * P V by mma.sync over the tile's keys in two steps of 16. A pair's
- * arithmetic depends on its own q, keys and position alone, so a row's
- * result is the same in a block of one row or of eight, in any batch. */
-template <uint32_t RT, uint32_t NT>
-__global__ void __launch_bounds__(NT)
+/* A 32-key tile of a sequence's K and V to copy in bf16 for the prompt
+ * blocks (kv_bf16_kernel); tile i of the copy is the op's i-th. */
+typedef struct {
+    uint32_t seq, t0, n_keys; /* n_keys: the sequence's keys, zeros past them */
+} copy_tile_t;
+
+/* The bf16 copy: per KV head and tile, K's rows [KT][hd], then V
+ * transposed [hd][KT] (a tile of 2 KT hd bf16); n_all tiles per head. */
+typedef struct {
+    const uint16_t *p;
+    uint32_t n_all;
+} kv_copy_t;
+
+/* One block per (tile, KV head): K and V rounded to bf16 as the decode
+ * blocks round them (bf16_rn), V transposed through shared memory. */
+__global__ void kv_bf16_kernel(dev_kv_t kv, const copy_tile_t *tiles, uint32_t n_all,
+                               uint16_t *out)
+{
+    __shared__ uint16_t vs[KT][SPLIT_HD + 2]; /* V as loaded; +2: a key per bank */
+    const copy_tile_t ct = tiles[blockIdx.x];
+    const uint32_t hd = kv.l.head_dim, half = hd / 2, kvh = blockIdx.y;
+    uint16_t *ko = out + ((size_t)kvh * n_all + blockIdx.x) * 2 * KT * hd, *vo = ko + KT * hd;
+    for (uint32_t i = threadIdx.x; i < KT * half; i += blockDim.x) {
+        const uint32_t key = i / half, d = 2 * (i % half), t = ct.t0 + key;
+        float2 kk = make_float2(0.0f, 0.0f), vv = kk;
+        if (t < ct.n_keys) {
+            kk = *(const float2 *)(kv_row(&kv, ct.seq, 0, t, kvh) + d);
+            vv = *(const float2 *)(kv_row(&kv, ct.seq, 1, t, kvh) + d);
+        }
+        *(uint32_t *)(ko + key * hd + d) = bf16x2(kk.x, kk.y);
+        vs[key][d] = (uint16_t)bf16_rn(vv.x);
+        vs[key][d + 1] = (uint16_t)bf16_rn(vv.y);
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < hd * KT; i += blockDim.x)
+        vo[i] = vs[i % KT][i / KT];
+}
+
+/* A prompt block's tile of the bf16 copy (2 KT hd bf16 at src) into shared
+ * memory by cp.async: K's rows at ks ([KT][hd + 8]), V transposed at vt
+ * ([hd][TC_PLD]); committed as one group. */
+template <uint32_t NT>
+__device__ static inline void tc_copy_tile(uint16_t *ks, uint16_t *vt, const uint16_t *src,
+                                           uint32_t hd)
+{
+    const uint32_t kc = hd / 8, ldh = hd + 8; /* 16-byte pieces of a K row */
+    for (uint32_t c = threadIdx.x; c < KT * kc; c += NT)
+        hpd_cp_async16(ks + c / kc * ldh + c % kc * 8, src + c * 8, 16);
+    for (uint32_t c = threadIdx.x; c < hd * (KT / 8); c += NT)
+        hpd_cp_async16(vt + c / (KT / 8) * TC_PLD + c % (KT / 8) * 8, src + KT * hd + c * 8, 16);
+    hpd_cp_async_commit();
+}
+
+/* A decode block's tile: the nk keys' K and V (page rows krow, vrow)
+ * rounded to bf16, K's rows at ks, V transposed at vt, zeros past nk. A
+ * thread's loads are issued 8 pairs at a time before their stores (a store
+ * waiting on each load before the next was issued left one in flight). */
+template <uint32_t NT>
+__device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const float *const *krow,
+                                           const float *const *vrow, uint32_t nk, uint32_t hd)
+{
+    constexpr uint32_t LB = 8;
+    const uint32_t half = hd / 2, ldh = hd + 8;
+    for (uint32_t i0 = threadIdx.x; i0 < KT * half; i0 += LB * NT) {
+        float2 kk[LB], vv[LB];
+#pragma unroll
+        for (uint32_t u = 0; u < LB; u++) {
+            const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
+            kk[u] = vv[u] = make_float2(0.0f, 0.0f);
+            if (i < KT * half && key < nk) {
+                kk[u] = *(const float2 *)(krow[key] + d);
+                vv[u] = *(const float2 *)(vrow[key] + d);
+            }
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < LB; u++) {
+            const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
+            if (i < KT * half) {
+                *(uint32_t *)(ks + key * ldh + d) = bf16x2(kk[u].x, kk[u].y);
+                vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].x);
+                vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].y);
+            }
+        }
+    }
+}
+
+/* A block's pairs (row, head), m-tiles of 16 pairs per warp: MT tiles of
+ * pairs, each warp of a tile taking every DW-th 8 dimensions of the output.
+ * <1, 4>: a decode row (up to 16 heads), 4 warps; <8, 1>: a prompt's block of
+ * up to TC_PAIRS pairs, 8 warps. */
+#define TC_P(MT) ((MT) * 16)
+
+/* The split pass of device cuda-bf16 on tensor cores (FlashAttention-2's
+ * register layout), the same blocks, splits, partials and combine pass as
+ * attention_split_kernel: q, k and v rounded to bf16. Warp w holds m-tile
+ * w / DW of the block's pairs (16 pairs) and the output's 8-dimension tiles
+ * w % DW, w % DW + DW, ... Per tile of KT keys: the scores S = Q K^T of
+ * its 16 pairs by mma.sync over head_dim in steps of 16 (an element of S is
+ * its pair's q row against its key's k row alone; every warp of the m-tile
+ * computes them), scaled; each pair's max over the keys it may see by a
+ * quad's shuffles, its probabilities expf(s - m) (zero past its keys), their
+ * sum (each lane's 8 in key order, then lanes xor 1, xor 2) added to its
+ * running sum times the correction, all fp32; the output tiles scaled by
+ * the correction, then + P V by mma.sync in two steps of 16 keys, P rounded
+ * to bf16 from the registers that hold it. A pair's arithmetic depends on
+ * its own q, keys and position alone: a row gives the same bits in a decode
+ * block or in a prompt's block of many rows, in any batch. A decode block
+ * rounds its K and V to bf16 as it loads them from the pool; a prompt's
+ * block copies them from the op's bf16 copy (kv_bf16_kernel), the next tile
+ * by cp.async while it works on this one. */
+template <uint32_t MT, uint32_t DW>
+__global__ void __launch_bounds__(MT * DW * 32)
     attention_split_tc_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
                               const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
-                              float *o_part, float *ml_part)
+                              float *o_part, float *ml_part, kv_copy_t kvc)
 {
-    constexpr uint32_t NW = NT / 32, P = PAIRS(RT), MT = P / 16;
-    constexpr uint32_t MAXI = MT * (SPLIT_HD / 8) / NW; /* output tiles per warp, at most */
+    constexpr uint32_t NT = MT * DW * 32, P = TC_P(MT), MAXN = SPLIT_HD / 8 / DW;
+    constexpr bool COPY = MT > 1; /* K and V from the bf16 copy, double-buffered */
+    constexpr uint32_t NBUF = COPY ? 2 : 1;
+    static_assert(DW == 1 || DW == 4, "a decode block's 4 warps score a tile of 8 keys each");
     extern __shared__ float4 sm4[];
     const row_group_t grp = groups[blockIdx.x];
     const uint32_t hd = kv.l.head_dim, G = n_heads / kv.l.n_kv_heads, kvh = blockIdx.z;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-    const uint32_t ldh = hd + 8, half = hd / 2, n_out = MT * (hd / 8);
+    const uint32_t mt = warp / DW, dw = warp % DW, ldh = hd + 8, half = hd / 2, n_dt = hd / 8;
     const split_span_t sp = split_span(rows, grp);
     if (sp.t_begin > sp.last.pos)
         return; /* none of the rows reaches this split: the whole block leaves */
     const uint32_t t_begin = sp.t_begin, t_stop = sp.t_stop, n_pairs = grp.count * G;
-    const float **krow = (const float **)sm4, **vrow = krow + SPLIT; /* [SPLIT] each */
-    float *ss = (float *)(vrow + SPLIT);             /* [P][KT]: scores */
-    float *alpha = ss + P * KT;                      /* [P] */
-    uint32_t *tend = (uint32_t *)(alpha + P);        /* [16]: a row's end of keys in the split */
-    uint16_t *qs = (uint16_t *)(tend + 16);          /* [P][ldh] */
-    uint16_t *ks = qs + (size_t)P * ldh;             /* [KT][ldh] */
-    uint16_t *vt = ks + (size_t)KT * ldh;            /* [hd][TC_PLD]: V transposed */
-    uint16_t *pb = vt + (size_t)hd * TC_PLD;         /* [P][TC_PLD]: probabilities */
-    float m = -INFINITY, l = 0.0f;                   /* thread p < n_pairs: pair p's */
-    float acc[MAXI][4];
+    const float **krow = (const float **)sm4, **vrow = krow + (COPY ? 0 : SPLIT);
+    uint32_t *tend = (uint32_t *)(vrow + (COPY ? 0 : SPLIT)); /* [P]: a row's end of keys */
+    uint16_t *qs = (uint16_t *)(tend + P);                     /* [P][ldh] */
+    uint16_t *ks = qs + (size_t)P * ldh;                       /* [NBUF][KT][ldh] */
+    uint16_t *vt = ks + (size_t)NBUF * KT * ldh;               /* [NBUF][hd][TC_PLD] */
+    float *ss = (float *)(vt + (size_t)NBUF * hd * TC_PLD);    /* [16][KT]: a decode's S */
+    const uint16_t *src = COPY ? kvc.p + ((size_t)kvh * kvc.n_all + grp.conv + t_begin / KT) *
+                                             2 * KT * hd
+                               : nullptr;
 
-    split_rows<NT>(kv, rows, grp, kvh, sp, krow, vrow, tend);
+    if (COPY) {
+        for (uint32_t i = tid; i < grp.count; i += NT)
+            tend[i] = min(t_begin + SPLIT, rows[grp.first + i].pos + 1);
+        tc_copy_tile<NT>(ks, vt, src, hd);
+    } else
+        split_rows<NT>(kv, rows, grp, kvh, sp, krow, vrow, tend);
     for (uint32_t i = tid; i < P * half; i += NT) {
         const uint32_t pr = i / half, d = 2 * (i % half);
         uint32_t w = 0;
         if (pr < n_pairs) {
             const float *q = qv.p + (size_t)rows[grp.first + pr / G].row * qv.ld +
                              (size_t)(kvh * G + pr % G) * qv.hs + d;
-            w = bf16_rn(q[0]) | bf16_rn(q[1]) << 16;
+            w = bf16x2(q[0], q[1]);
         }
         *(uint32_t *)(qs + pr * ldh + d) = w;
     }
+    __syncthreads(); /* ends, pointers and q set */
+    const uint32_t pr0 = mt * 16 + g, pr1 = pr0 + 8; /* this lane's pairs */
+    const uint32_t te[2] = {pr0 < n_pairs ? tend[pr0 / G] : 0, pr1 < n_pairs ? tend[pr1 / G] : 0};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float acc[MAXN][4];
 #pragma unroll
-    for (uint32_t j = 0; j < MAXI; j++)
+    for (uint32_t j = 0; j < MAXN; j++)
 #pragma unroll
         for (uint32_t r = 0; r < 4; r++)
             acc[j][r] = 0.0f;
-    for (uint32_t t0 = t_begin; t0 < t_stop; t0 += KT) {
-        const uint32_t nk = min(KT, t_stop - t0);
-        __syncthreads(); /* pointers, ends and q set; the last tile's K, V and P read */
-        /* LB pairs of K and V loads in flight per thread, then their
-         * stores (a store waiting on each load before the next was issued
-         * left one load in flight); 4 in a prompt's block of 8 warps,
-         * whose registers would otherwise leave one block an SM */
-        constexpr uint32_t LB = RT == 1 ? 8 : 4;
-        for (uint32_t i0 = tid; i0 < KT * half; i0 += LB * NT) {
-            float2 kk[LB], vv[LB];
-#pragma unroll
-            for (uint32_t u = 0; u < LB; u++) {
-                const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
-                kk[u] = vv[u] = make_float2(0.0f, 0.0f);
-                if (i < KT * half && key < nk) {
-                    kk[u] = *(const float2 *)(krow[t0 - t_begin + key] + d);
-                    vv[u] = *(const float2 *)(vrow[t0 - t_begin + key] + d);
-                }
-            }
-#pragma unroll
-            for (uint32_t u = 0; u < LB; u++) {
-                const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
-                if (i < KT * half) {
-                    *(uint32_t *)(ks + key * ldh + d) = bf16_rn(kk[u].x) | bf16_rn(kk[u].y) << 16;
-                    vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].x);
-                    vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].y);
-                }
-            }
+    /* ldmatrix rows: Q's a fragments (rows lane % 8 + 8 (lane / 8 % 2), dims
+     * + 8 (lane / 16)), K's b fragments of two 8-key tiles (keys lane % 8 + 8
+     * (lane / 16), dims + 8 (lane / 8 % 2)), V's of 8 dimensions x 32 keys
+     * (dimension lane % 8, keys 8 (lane / 8)) */
+    const uint16_t *qa = qs + (mt * 16 + lane % 8 + 8 * (lane / 8 % 2)) * ldh + 8 * (lane / 16);
+    const uint32_t ka = (lane % 8 + 8 * (lane / 16)) * ldh + 8 * (lane / 8 % 2);
+    const uint32_t va = (lane % 8) * TC_PLD + 8 * (lane / 8);
+    for (uint32_t i = 0, t0 = t_begin; t0 < t_stop; i++, t0 += KT) {
+        const uint16_t *kb = ks, *vb = vt;
+        if (COPY) {
+            hpd_cp_async_wait<0>();
+            __syncthreads(); /* tile i landed for every thread; tile i - 1's buffer read */
+            kb += (i % 2) * KT * ldh, vb += (i % 2) * hd * TC_PLD;
+            if (t0 + KT < t_stop)
+                tc_copy_tile<NT>(ks + (i + 1) % 2 * KT * ldh, vt + (i + 1) % 2 * hd * TC_PLD,
+                                 src + (size_t)(i + 1) * 2 * KT * hd, hd);
+        } else {
+            __syncthreads(); /* the last tile read */
+            tc_load_tile<NT>(ks, vt, krow + (t0 - t_begin), vrow + (t0 - t_begin),
+                             min(KT, t_stop - t0), hd);
+            __syncthreads();
         }
-        __syncthreads();
-        /* scores: tiles of 16 pairs x 8 keys */
-        for (uint32_t it = warp; it < MT * (KT / 8); it += NW) {
-            const uint32_t mt = it / (KT / 8), nt = it % (KT / 8);
-            const uint16_t *qa = qs + (mt * 16 + g) * ldh + 2 * t4, *kb = ks + (nt * 8 + g) * ldh + 2 * t4;
-            float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        /* scores: 16 pairs x 4 tiles of 8 keys */
+        float s[4][4];
+#pragma unroll
+        for (uint32_t n = 0; n < 4; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        if (DW == 1)
             for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
-                const uint32_t a[4] = {ld32(qa + d0), ld32(qa + 8 * ldh + d0), ld32(qa + d0 + 8),
-                                       ld32(qa + 8 * ldh + d0 + 8)};
-                const uint32_t bb[2] = {ld32(kb + d0), ld32(kb + d0 + 8)};
-                hpd_mma_bf16_16816(sc, a, bb);
+                uint32_t a[4], b0[4], b1[4];
+                hpd_ldmatrix_x4(a, qa + d0);
+                hpd_ldmatrix_x4(b0, kb + ka + d0);
+                hpd_ldmatrix_x4(b1, kb + ka + 16 * ldh + d0);
+                hpd_mma_bf16_16816(s[0], a, b0);
+                hpd_mma_bf16_16816(s[1], a, b0 + 2);
+                hpd_mma_bf16_16816(s[2], a, b1);
+                hpd_mma_bf16_16816(s[3], a, b1 + 2);
+            }
+        else { /* a decode block: warp dw scores keys 8 dw to 8 dw + 7 (the same
+                * products), and every warp reads the 16 x 32 scores back */
+            const uint16_t *kd = kb + (8 * dw + lane % 8) * ldh + 8 * (lane / 8 % 2);
+            for (uint32_t d0 = 0; d0 < hd; d0 += 16) {
+                uint32_t a[4], b[4];
+                hpd_ldmatrix_x4(a, qa + d0);
+                hpd_ldmatrix_x4(b, kd + d0); /* lanes 16-31 repeat 0-15's rows */
+                hpd_mma_bf16_16816(s[0], a, b);
             }
 #pragma unroll
             for (uint32_t r = 0; r < 4; r++)
-                ss[(mt * 16 + g + 8 * (r / 2)) * KT + nt * 8 + 2 * t4 + r % 2] =
-                    __fmul_rn(sc[r], scale);
+                ss[(g + 8 * (r / 2)) * KT + 8 * dw + 2 * t4 + r % 2] = s[0][r];
+            __syncthreads();
+#pragma unroll
+            for (uint32_t n = 0; n < 4; n++)
+#pragma unroll
+                for (uint32_t r = 0; r < 4; r++)
+                    s[n][r] = ss[(g + 8 * (r / 2)) * KT + 8 * n + 2 * t4 + r % 2];
         }
-        __syncthreads(); /* scores written, K no longer read */
-        if (tid < P) {
-            uint32_t nkr = 0;
-            float al = 1.0f; /* a pair that sees no key here keeps its output as it is */
-            if (tid < n_pairs) {
-                const uint32_t te = tend[tid / G];
-                nkr = t0 < te ? min(KT, te - t0) : 0;
-            }
-            if (nkr > 0) {
-                float tmax = -INFINITY;
-                for (uint32_t t = 0; t < nkr; t++)
-                    tmax = fmaxf(tmax, ss[tid * KT + t]);
-                const float m_new = fmaxf(m, tmax);
-                al = expf(m - m_new);
-                l = __fmul_rn(l, al);
-                for (uint32_t t = 0; t < nkr; t++) {
-                    const float p = expf(ss[tid * KT + t] - m_new);
-                    pb[tid * TC_PLD + t] = (uint16_t)bf16_rn(p);
-                    l = __fadd_rn(l, p);
+        /* the pairs' softmax: element (n, 2 r + c) is pair pr_r, key t0 + 8 n
+         * + 2 t4 + c */
+        float al[2];
+#pragma unroll
+        for (uint32_t r = 0; r < 2; r++) {
+            float tmax = -INFINITY;
+#pragma unroll
+            for (uint32_t n = 0; n < 4; n++)
+#pragma unroll
+                for (uint32_t c = 0; c < 2; c++) {
+                    s[n][2 * r + c] = __fmul_rn(s[n][2 * r + c], scale);
+                    if (t0 + 8 * n + 2 * t4 + c < te[r])
+                        tmax = fmaxf(tmax, s[n][2 * r + c]);
                 }
-                m = m_new;
-            }
-            for (uint32_t t = nkr; t < KT; t++)
-                pb[tid * TC_PLD + t] = 0;
-            alpha[tid] = al;
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            const bool sees = t0 < te[r]; /* else its output stays as it is */
+            const float mn = sees ? fmaxf(m[r], tmax) : m[r];
+            al[r] = sees ? expf(m[r] - mn) : 1.0f;
+            float ts = 0.0f;
+#pragma unroll
+            for (uint32_t n = 0; n < 4; n++)
+#pragma unroll
+                for (uint32_t c = 0; c < 2; c++) {
+                    const float p = t0 + 8 * n + 2 * t4 + c < te[r]
+                                        ? expf(s[n][2 * r + c] - mn)
+                                        : 0.0f;
+                    s[n][2 * r + c] = p;
+                    ts = __fadd_rn(ts, p);
+                }
+            ts = __fadd_rn(ts, __shfl_xor_sync(0xffffffffu, ts, 1));
+            ts = __fadd_rn(ts, __shfl_xor_sync(0xffffffffu, ts, 2));
+            if (sees)
+                l[r] = __fadd_rn(__fmul_rn(l[r], al[r]), ts), m[r] = mn;
         }
-        __syncthreads();
-        /* outputs: tiles of 16 pairs x 8 dimensions, scaled, then + P V */
+        /* P as the a fragments of two 16-key steps: S's c fragments of key
+         * tiles 2 k and 2 k + 1 */
+        uint32_t pa[2][4];
 #pragma unroll
-        for (uint32_t j = 0; j < MAXI; j++) {
-            const uint32_t it = warp + j * NW;
-            if (it >= n_out)
+        for (uint32_t k = 0; k < 2; k++) {
+            pa[k][0] = bf16x2(s[2 * k][0], s[2 * k][1]);
+            pa[k][1] = bf16x2(s[2 * k][2], s[2 * k][3]);
+            pa[k][2] = bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
+            pa[k][3] = bf16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < MAXN; j++) {
+            const uint32_t dt = dw + j * DW;
+            if (dt >= n_dt)
                 break;
-            const uint32_t mt = it / (hd / 8), dt = it % (hd / 8);
-            const float a0 = alpha[mt * 16 + g], a1 = alpha[mt * 16 + g + 8];
-            acc[j][0] = __fmul_rn(acc[j][0], a0), acc[j][1] = __fmul_rn(acc[j][1], a0);
-            acc[j][2] = __fmul_rn(acc[j][2], a1), acc[j][3] = __fmul_rn(acc[j][3], a1);
-            const uint16_t *pa = pb + (mt * 16 + g) * TC_PLD + 2 * t4;
-            const uint16_t *vb = vt + (dt * 8 + g) * TC_PLD + 2 * t4;
-#pragma unroll
-            for (uint32_t k0 = 0; k0 < KT; k0 += 16) {
-                const uint32_t a[4] = {ld32(pa + k0), ld32(pa + 8 * TC_PLD + k0),
-                                       ld32(pa + k0 + 8), ld32(pa + 8 * TC_PLD + k0 + 8)};
-                const uint32_t bb[2] = {ld32(vb + k0), ld32(vb + k0 + 8)};
-                hpd_mma_bf16_16816(acc[j], a, bb);
-            }
+            uint32_t bv[4];
+            hpd_ldmatrix_x4(bv, vb + va + dt * 8 * TC_PLD);
+            acc[j][0] = __fmul_rn(acc[j][0], al[0]), acc[j][1] = __fmul_rn(acc[j][1], al[0]);
+            acc[j][2] = __fmul_rn(acc[j][2], al[1]), acc[j][3] = __fmul_rn(acc[j][3], al[1]);
+            hpd_mma_bf16_16816(acc[j], pa[0], bv);
+            hpd_mma_bf16_16816(acc[j], pa[1], bv + 2);
         }
     }
     /* the rows that reach this split write their partials */
 #pragma unroll
-    for (uint32_t j = 0; j < MAXI; j++) {
-        const uint32_t it = warp + j * NW;
-        if (it >= n_out)
+    for (uint32_t j = 0; j < MAXN; j++) {
+        const uint32_t dt = dw + j * DW;
+        if (dt >= n_dt)
             break;
-        const uint32_t mt = it / (hd / 8), dt = it % (hd / 8);
 #pragma unroll
         for (uint32_t r = 0; r < 4; r++) {
-            const uint32_t pr = mt * 16 + g + 8 * (r / 2);
+            const uint32_t pr = r < 2 ? pr0 : pr1;
             if (pr < n_pairs) {
                 const qrow_t q = rows[grp.first + pr / G];
                 if (q.pos >= t_begin) {
@@ -656,15 +793,19 @@ __global__ void __launch_bounds__(NT)
             }
         }
     }
-    if (tid < n_pairs) {
-        const qrow_t q = rows[grp.first + tid / G];
-        if (q.pos >= t_begin) {
-            const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads + kvh * G +
-                              tid % G;
-            ml_part[at * 2] = m;
-            ml_part[at * 2 + 1] = l;
+    if (dw == 0 && t4 == 0)
+        for (uint32_t r = 0; r < 2; r++) {
+            const uint32_t pr = r ? pr1 : pr0;
+            if (pr < n_pairs) {
+                const qrow_t q = rows[grp.first + pr / G];
+                if (q.pos >= t_begin) {
+                    const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads +
+                                      kvh * G + pr % G;
+                    ml_part[at * 2] = m[r];
+                    ml_part[at * 2 + 1] = l[r];
+                }
+            }
         }
-    }
 }
 
 /* One block per (query row, head): the row's splits merged in ascending
@@ -709,38 +850,43 @@ static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
            (P + RT) * sizeof(uint32_t) + 2 * SPLIT * sizeof(float *);
 }
 
-/* Shared memory of the tensor-core split kernel. */
-static size_t split_tc_smem(uint32_t RT, uint32_t hd)
+/* Shared memory of the tensor-core split kernel <MT, DW> for head_dim hd. */
+static size_t split_tc_smem(uint32_t MT, uint32_t hd)
 {
-    const size_t P = PAIRS(RT);
-    return 2 * SPLIT * sizeof(float *) + (P * KT + P + 16) * sizeof(float) +
-           ((P + KT) * (hd + 8) + (size_t)hd * TC_PLD + P * TC_PLD) * sizeof(uint16_t);
+    const size_t P = TC_P(MT), nbuf = MT > 1 ? 2 : 1;
+    return (MT > 1 ? 0 : 2 * SPLIT * sizeof(float *) + 16 * KT * sizeof(float)) +
+           P * sizeof(uint32_t) +
+           (P * (hd + 8) + nbuf * ((size_t)KT * (hd + 8) + (size_t)hd * TC_PLD)) *
+               sizeof(uint16_t);
 }
 
-/* A launch of a split kernel (fp32 or tensor cores: the same arguments) */
-template <typename K>
-static hpd_status_t split_launch_kernel(K kernel, uint32_t nt, hpd_cuda_ctx_t *c, dim3 grid,
-                                        size_t smem, const hpd_attention_args_t *a,
-                                        const dev_kv_t *kv, const qrow_t *rows,
-                                        const row_group_t *groups, uint32_t base, float *o_part,
-                                        float *ml_part)
+/* A launch of the fp32 split kernel */
+template <uint32_t RT, uint32_t NT>
+static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
+                                 const hpd_attention_args_t *a, const dev_kv_t *kv,
+                                 const qrow_t *rows, const row_group_t *groups, uint32_t base,
+                                 float *o_part, float *ml_part)
 {
     (void)smem; /* opted in at the backend's creation: hpd_cuda_attention_init */
-    kernel<<<grid, nt, smem, c->stream>>>(*kv, a->q, a->n_heads, a->scale, rows, groups, base,
-                                          o_part, ml_part);
+    attention_split_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
 
-template <uint32_t RT, uint32_t NT, typename... A>
-static hpd_status_t split_tc_launch(A... args)
+/* A launch of the tensor-core split kernel <MT, DW> */
+template <uint32_t MT, uint32_t DW>
+static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, const hpd_attention_args_t *a,
+                                    const dev_kv_t *kv, const qrow_t *rows,
+                                    const row_group_t *groups, uint32_t base, float *o_part,
+                                    float *ml_part, kv_copy_t kvc)
 {
-    return split_launch_kernel(attention_split_tc_kernel<RT, NT>, NT, args...);
-}
-
-template <uint32_t RT, uint32_t NT, typename... A> static hpd_status_t split_launch(A... args)
-{
-    return split_launch_kernel(attention_split_kernel<RT, NT>, NT, args...);
+    const size_t smem = split_tc_smem(MT, a->kv.layout->head_dim);
+    (void)smem;
+    attention_split_tc_kernel<MT, DW><<<grid, MT * DW * 32, smem, c->stream>>>(
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, kvc);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
 }
 
 /* The split kernels may use up to all the shared memory a block may opt in
@@ -757,23 +903,27 @@ bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c)
     bool ok = optin(attention_split_kernel<1, 256>) &&
               optin(attention_split_kernel<RT_GROUP, 256>);
     if (c->cc_major >= 8) /* the tensor-core kernels' bodies trap before sm_80 */
-        ok = ok && optin(attention_split_tc_kernel<1, 128>) &&
-             optin(attention_split_tc_kernel<RT_GROUP, 256>);
+        ok = ok && optin(attention_split_tc_kernel<1, 4>) &&
+             optin(attention_split_tc_kernel<8, 1>);
     return ok;
 }
 
 /* A launch of the split pass: rows [r0, r1) of the op, whose partials fit
- * the scratch, in blocks groups[g0, g0 + n_groups). */
+ * the scratch, in blocks groups[g0, g0 + n_groups), the n_multi of more
+ * than one row first. */
 typedef struct {
-    uint32_t r0, r1, g0, n_groups, max_splits, widest;
+    uint32_t r0, r1, g0, n_groups, n_multi, max_splits, widest;
 } split_range_t;
 
-/* Cuts the op's rows into launches and blocks (on the host). groups and
- * ranges hold n_rows entries each; returns the number of ranges. */
-static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part, bool grouped,
-                           row_group_t *groups, split_range_t *ranges)
+/* Cuts the op's rows into launches and blocks of up to group_rows
+ * consecutive rows of a sequence (on the host). groups holds 2 n_rows
+ * entries (the second half a scratch), ranges n_rows; returns the number of
+ * ranges. */
+static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part,
+                           uint32_t group_rows, row_group_t *groups, split_range_t *ranges)
 {
     uint32_t n_ranges = 0, n_groups = 0;
+    row_group_t *tmp = groups + n_rows;
     for (uint32_t r0 = 0; r0 < n_rows;) {
         const uint32_t base = hrows[r0].part;
         uint32_t r1 = r0 + 1, max_splits = ROW_SPLITS(hrows[r0].pos);
@@ -784,70 +934,141 @@ static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part
             r1++;
         }
         split_range_t *rg = &ranges[n_ranges++];
-        *rg = (split_range_t){r0, r1, n_groups, 0, max_splits, 1};
+        *rg = (split_range_t){r0, r1, n_groups, 0, 0, max_splits, 1};
         for (uint32_t r = r0; r < r1; r++) {
             row_group_t *g = rg->n_groups ? &groups[n_groups - 1] : NULL;
-            if (grouped && g != NULL && g->count < RT_GROUP &&
-                hrows[r].seq == hrows[r - 1].seq && hrows[r].pos == hrows[r - 1].pos + 1) {
+            if (g != NULL && g->count < group_rows && hrows[r].seq == hrows[r - 1].seq &&
+                hrows[r].pos == hrows[r - 1].pos + 1) {
                 g->count++;
                 rg->widest = max(rg->widest, g->count);
             } else {
-                groups[n_groups++] = (row_group_t){r - r0, 1};
+                groups[n_groups++] = (row_group_t){r - r0, 1, 0};
                 rg->n_groups++;
             }
         }
+        /* the groups of more than one row first (a stable partition) */
+        uint32_t n = 0;
+        for (uint32_t i = rg->g0; i < n_groups; i++)
+            if (groups[i].count > 1)
+                tmp[n++] = groups[i];
+        rg->n_multi = n;
+        for (uint32_t i = rg->g0; i < n_groups; i++)
+            if (groups[i].count == 1)
+                tmp[n++] = groups[i];
+        memcpy(groups + rg->g0, tmp, (size_t)n * sizeof(row_group_t));
         r0 = r1;
     }
     return n_ranges;
 }
 
-/* The split pass over rows staged at drows, groups at dgroups. */
+/* The bf16 copy of K and V that the prompt blocks on tensor cores read:
+ * each sequence that has one, its keys up to its last row in tiles of KT,
+ * numbered as the sequences are first met; sets the blocks' conv. conv_at
+ * holds n_seqs entries. Returns the tiles (NULL with *n_all 0 where there
+ * are none, or where the copy would take more than TC_COPY_BYTES: then the
+ * op's rows are planned alone). */
+static hpd_status_t copy_plan(const hpd_attention_args_t *a, const qrow_t *hrows,
+                              uint32_t *conv_at, row_group_t *groups,
+                              const split_range_t *ranges, uint32_t n_ranges,
+                              copy_tile_t **tiles_p, uint32_t *n_all_p)
+{
+    const hpd_kv_layout_t *l = a->kv.layout;
+    size_t n_all = 0;
+    *tiles_p = NULL, *n_all_p = 0;
+    for (uint32_t s = 0; s < a->n_seqs; s++)
+        conv_at[s] = UINT32_MAX;
+    for (uint32_t i = 0; i < n_ranges; i++)
+        for (uint32_t j = 0; j < ranges[i].n_multi; j++) {
+            const uint32_t s = hrows[ranges[i].r0 + groups[ranges[i].g0 + j].first].seq;
+            if (conv_at[s] == UINT32_MAX) {
+                conv_at[s] = n_all < UINT32_MAX ? (uint32_t)n_all : UINT32_MAX - 1;
+                n_all += (a->seqs[s].start_pos + a->seqs[s].n_tokens + KT - 1) / KT;
+            }
+            groups[ranges[i].g0 + j].conv = conv_at[s];
+        }
+    if (n_all == 0 || n_all * l->n_kv_heads * 4 * KT * l->head_dim > TC_COPY_BYTES)
+        return HPD_OK;
+    copy_tile_t *tiles = (copy_tile_t *)malloc(n_all * sizeof(copy_tile_t));
+    if (tiles == NULL)
+        return HPD_ERR_NO_MEMORY;
+    for (uint32_t s = 0; s < a->n_seqs; s++)
+        if (conv_at[s] != UINT32_MAX) {
+            const uint32_t n_keys = a->seqs[s].start_pos + a->seqs[s].n_tokens;
+            for (uint32_t t = 0; t * KT < n_keys; t++)
+                tiles[conv_at[s] + t] = (copy_tile_t){s, t * KT, n_keys};
+        }
+    *tiles_p = tiles, *n_all_p = (uint32_t)n_all;
+    return HPD_OK;
+}
+
+/* The split pass over rows staged at drows, groups at dgroups; on tensor
+ * cores, first the bf16 copy of the n_all tiles staged at dtiles. */
 static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t *a,
                                     const dev_kv_t *kv, const qrow_t *drows, const qrow_t *hrows,
                                     const row_group_t *dgroups, const split_range_t *ranges,
-                                    uint32_t n_ranges, bool tc)
+                                    uint32_t n_ranges, bool tc, const copy_tile_t *dtiles,
+                                    uint32_t n_all)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     const hpd_kv_layout_t *l = a->kv.layout;
     const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
     const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
+    const size_t copy_bytes = (size_t)n_all * l->n_kv_heads * 4 * KT * hd;
+    size_t most = 0;
     for (uint32_t i = 0; i < n_ranges; i++) {
         const split_range_t *rg = &ranges[i];
-        const uint32_t base = hrows[rg->r0].part;
-        const size_t parts = hrows[rg->r1 - 1].part + ROW_SPLITS(hrows[rg->r1 - 1].pos) - base;
         if (rg->max_splits > 65535 || l->n_kv_heads > 65535) {
             HPD_LOG_ERROR("cuda", "attention: %u splits of %u keys or %u KV heads exceed a grid "
                           "dimension (65535)", rg->max_splits, SPLIT, l->n_kv_heads);
             return HPD_ERR_UNSUPPORTED;
         }
-        void *work;
-        hpd_status_t st = hpd_cuda_work(b, parts * per_part, &work);
-        if (st != HPD_OK)
-            return st;
-        float *o_part = (float *)work, *ml_part = o_part + parts * a->n_heads * hd;
-        const dim3 grid(rg->n_groups, rg->max_splits, l->n_kv_heads);
-        if (tc)
-            st = rg->widest > 1
-                     ? split_tc_launch<RT_GROUP, 256>(c, grid, split_tc_smem(RT_GROUP, hd), a, kv,
-                                                      drows + rg->r0, dgroups + rg->g0, base,
-                                                      o_part, ml_part)
-                     : split_tc_launch<1, 128>(c, grid, split_tc_smem(1, hd), a, kv,
-                                               drows + rg->r0, dgroups + rg->g0, base, o_part,
-                                               ml_part);
-        else
-            st = rg->widest > 1
-                     ? split_launch<RT_GROUP, 256>(c, grid, split_smem(RT_GROUP, G, hd), a, kv,
-                                                   drows + rg->r0, dgroups + rg->g0, base, o_part,
-                                                   ml_part)
-                     : split_launch<1, 256>(c, grid, split_smem(1, G, hd), a, kv, drows + rg->r0,
-                                            dgroups + rg->g0, base, o_part, ml_part);
+        const uint32_t last = rg->r1 - 1;
+        const size_t bytes =
+            (hrows[last].part + ROW_SPLITS(hrows[last].pos) - hrows[rg->r0].part) * per_part;
+        most = bytes > most ? bytes : most;
+    }
+    /* one buffer for the op: the bf16 copy, then a launch's partials */
+    void *work;
+    hpd_status_t st = hpd_cuda_work(b, copy_bytes + most, &work);
+    if (st != HPD_OK)
+        return st;
+    const kv_copy_t kvc = {(const uint16_t *)work, n_all};
+    if (n_all > 0) {
+        const dim3 grid(n_all, l->n_kv_heads);
+        kv_bf16_kernel<<<grid, 256, 0, c->stream>>>(*kv, dtiles, n_all, (uint16_t *)work);
+        HPD_CUDA_LAUNCHED();
+    }
+    for (uint32_t i = 0; i < n_ranges && st == HPD_OK; i++) {
+        const split_range_t *rg = &ranges[i];
+        const uint32_t base = hrows[rg->r0].part;
+        const size_t parts = hrows[rg->r1 - 1].part + ROW_SPLITS(hrows[rg->r1 - 1].pos) - base;
+        float *o_part = (float *)((char *)work + copy_bytes);
+        float *ml_part = o_part + parts * a->n_heads * hd;
+        const qrow_t *rw = drows + rg->r0;
+        const row_group_t *gr = dgroups + rg->g0;
+        const uint32_t n_one = rg->n_groups - rg->n_multi;
+        if (tc) { /* a prompt's blocks, then the rows alone */
+            if (rg->n_multi > 0)
+                st = split_tc_launch<8, 1>(c, dim3(rg->n_multi, rg->max_splits, l->n_kv_heads),
+                                           a, kv, rw, gr, base, o_part, ml_part, kvc);
+            if (st == HPD_OK && n_one > 0)
+                st = split_tc_launch<1, 4>(c, dim3(n_one, rg->max_splits, l->n_kv_heads), a, kv,
+                                           rw, gr + rg->n_multi, base, o_part, ml_part, kvc);
+        } else {
+            const dim3 grid(rg->n_groups, rg->max_splits, l->n_kv_heads);
+            st = rg->widest > 1 ? split_launch<RT_GROUP, 256>(c, grid,
+                                                              split_smem(RT_GROUP, G, hd), a,
+                                                              kv, rw, gr, base, o_part, ml_part)
+                                : split_launch<1, 256>(c, grid, split_smem(1, G, hd), a, kv, rw,
+                                                       gr, base, o_part, ml_part);
+        }
         if (st != HPD_OK)
             return st;
         attention_combine_kernel<<<(rg->r1 - rg->r0) * a->n_heads, THREADS, 0, c->stream>>>(
-            a->out, a->n_heads, hd, drows + rg->r0, base, o_part, ml_part);
+            a->out, a->n_heads, hd, rw, base, o_part, ml_part);
         HPD_CUDA_LAUNCHED();
     }
-    return HPD_OK;
+    return st;
 }
 
 /* tc: the split pass on tensor cores (cuda-bf16) where head_dim is a
@@ -885,32 +1106,47 @@ static hpd_status_t attention(hpd_backend_t *b, const hpd_attention_args_t *a, b
     }
     row_group_t *groups = NULL;
     split_range_t *ranges = NULL;
-    uint32_t n_groups = 0, n_ranges = 0;
+    copy_tile_t *tiles = NULL;
+    uint32_t *conv_at = NULL;
+    uint32_t n_groups = 0, n_ranges = 0, n_all = 0;
     if (split) {
-        groups = (row_group_t *)malloc((size_t)n_rows * sizeof(row_group_t));
+        groups = (row_group_t *)malloc((size_t)n_rows * 2 * sizeof(row_group_t));
         ranges = (split_range_t *)malloc((size_t)n_rows * sizeof(split_range_t));
-        if (groups == NULL || ranges == NULL) {
-            free(rows), free(tables), free(groups), free(ranges);
+        conv_at = (uint32_t *)malloc((size_t)a->n_seqs * sizeof(uint32_t));
+        if (groups == NULL || ranges == NULL || conv_at == NULL) {
+            free(rows), free(tables), free(groups), free(ranges), free(conv_at);
             return HPD_ERR_NO_MEMORY;
         }
+        /* rows in blocks of a prompt's consecutive rows where the kernel fits:
+         * TC_PAIRS pairs on tensor cores, RT_GROUP rows in fp32 */
+        const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
         tc = tc && hd % 16 == 0 && split_tc_smem(1, hd) <= c->smem_optin;
-        const bool grouped = G <= GMAX / 2 && (tc ? split_tc_smem(RT_GROUP, hd)
-                                                  : split_smem(RT_GROUP, G, hd)) <= c->smem_optin;
-        n_ranges = split_plan(rows, n_rows, (size_t)a->n_heads * (hd + 2) * sizeof(float),
-                              grouped, groups, ranges);
+        uint32_t group_rows = 1;
+        if (tc && split_tc_smem(8, hd) <= c->smem_optin)
+            group_rows = TC_PAIRS / G;
+        else if (!tc && G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin)
+            group_rows = RT_GROUP;
+        n_ranges = split_plan(rows, n_rows, per_part, group_rows, groups, ranges);
+        if (tc && (st = copy_plan(a, rows, conv_at, groups, ranges, n_ranges, &tiles, &n_all)) ==
+                      HPD_OK &&
+            n_all == 0 && group_rows > 1) /* no copy: every row alone */
+            n_ranges = split_plan(rows, n_rows, per_part, 1, groups, ranges);
         n_groups = ranges[n_ranges - 1].g0 + ranges[n_ranges - 1].n_groups;
     }
-    void *drows, *dtables, *dgroups = NULL;
+    void *drows, *dtables, *dgroups = NULL, *dtiles = NULL;
     const hpd_cuda_meta_t m[] = {
         {.host = rows, .bytes = n_rows * sizeof(qrow_t), .dev_p = &drows},
         {.host = tables, .bytes = (n_entries + a->n_seqs) * sizeof(uint32_t), .dev_p = &dtables},
-        {.host = groups, .bytes = n_groups * sizeof(row_group_t), .dev_p = &dgroups}};
-    st = hpd_cuda_stage(b, m, split ? 3 : 2);
+        {.host = groups, .bytes = n_groups * sizeof(row_group_t), .dev_p = &dgroups},
+        {.host = tiles, .bytes = n_all * sizeof(copy_tile_t), .dev_p = &dtiles}};
+    if (st == HPD_OK)
+        st = hpd_cuda_stage(b, m, split ? (n_all > 0 ? 4 : 3) : 2);
     if (st == HPD_OK) {
         const dev_kv_t kv = device_kv(&a->kv, dtables, n_entries);
         if (split)
             st = attention_split(b, a, &kv, (const qrow_t *)drows, rows,
-                                 (const row_group_t *)dgroups, ranges, n_ranges, tc);
+                                 (const row_group_t *)dgroups, ranges, n_ranges, tc,
+                                 (const copy_tile_t *)dtiles, n_all);
         else {
             attention_kernel<<<n_rows * a->n_heads, THREADS, 0, c->stream>>>(
                 kv, a->q, a->out, a->n_heads, a->scale, (const qrow_t *)drows);
@@ -920,7 +1156,7 @@ static hpd_status_t attention(hpd_backend_t *b, const hpd_attention_args_t *a, b
             }
         }
     }
-    free(rows), free(tables), free(groups), free(ranges);
+    free(rows), free(tables), free(groups), free(ranges), free(conv_at), free(tiles);
     return st;
 }
 

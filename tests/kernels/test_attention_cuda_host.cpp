@@ -121,6 +121,21 @@ static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32
         snprintf(what, sizeof(what), "%sattention hd %u B %u P %u: alone vs in the batch", mode,
                  HD, lo.B, lo.P);
         check_same(what, one.data() + row1, first.data() + row1, qn - row1);
+        if (&lo != layouts)
+            continue;
+        /* a sequence's first, middle and last rows one at a time (a decode
+         * row's block; in the batch they were in a prompt's blocks) */
+        for (uint32_t s = 0; s < 2; s++)
+            for (uint32_t i : {0u, nq[s] / 2, nq[s] - 1}) {
+                const size_t row = (s ? nq[0] : 0) + i, at_row = row * NH * HD;
+                const hpd_seq_t alone = {
+                    .row = (uint32_t)row, .n_tokens = 1, .start_pos = lens[s] - nq[s] + i};
+                at.seqs = &alone, at.kv.block_tables = &pg.ctables[s], at.n_seqs = 1;
+                check_status("attention", run(&emu.be, &at));
+                snprintf(what, sizeof(what), "%sattention hd %u: row %zu (position %u) alone",
+                         mode, HD, row, alone.start_pos);
+                check_same(what, one.data() + at_row, first.data() + at_row, NH * HD);
+            }
     }
 }
 
@@ -143,6 +158,13 @@ int main()
     attention_case(cpu, 16, 2, 128, lens, nq, true);
     const uint32_t lens256[2] = {530, 20}, nq256[2] = {11, 1};
     attention_case(cpu, 16, 2, 256, lens256, nq256, true);
+    /* a prompt's blocks of 16 rows across a split's end (positions 506 to
+     * 529); of 8 rows (16 heads per KV head); of 128 rows (one head) */
+    const uint32_t lens_x[2] = {530, 20}, nq_x[2] = {24, 20};
+    attention_case(cpu, 16, 2, 128, lens_x, nq_x, true);
+    attention_case(cpu, 16, 1, 64, lens_x, nq_x, true);
+    const uint32_t lens_m[2] = {200, 3}, nq_m[2] = {150, 3};
+    attention_case(cpu, 2, 2, 32, lens_m, nq_m, true);
     hpd_backend_destroy(cpu);
     return test_report("test_attention_cuda_host", t0);
 }

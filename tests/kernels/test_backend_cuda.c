@@ -1067,10 +1067,22 @@ static void attention_case(uint32_t NH, uint32_t NKV, uint32_t HD, uint32_t T0, 
         float *one = down(dout + (size_t)T0 * NH * HD, NH * HD);
         assert_memory_equal(one, first + (size_t)T0 * NH * HD, NH * HD * sizeof(float));
         free(one);
+        /* prompt rows alone (a decode row's block each) give the bits they
+         * had in the prompt's blocks: the first, a middle and the last */
+        const uint32_t pick[3] = {0, T0 / 2, T0 - 1};
+        for (int i = 0; i < 3; i++) {
+            const hpd_seq_t alone = {.row = pick[i], .n_tokens = 1, .start_pos = pick[i]};
+            at.seqs = &alone;
+            at.kv.block_tables = &pg.ctables[0];
+            assert_int_equal(hpd_attention(gpu, &at), HPD_OK);
+            float *row = down(dout + (size_t)pick[i] * NH * HD, NH * HD);
+            assert_memory_equal(row, first + (size_t)pick[i] * NH * HD, NH * HD * sizeof(float));
+            free(row);
+        }
         paged_free(&pg);
     }
     fprintf(stderr, "attention %u heads / %u KV heads, head_dim %u, %u + %u keys: the same bits "
-            "in 3 layouts and alone vs in the batch\n", NH, NKV, HD, T0, T1);
+            "in 3 layouts, and for rows alone as in the batch\n", NH, NKV, HD, T0, T1);
     free(first), free(k), free(v), free(q), free(ocpu);
     hpd_backend_free(gpu, dk), hpd_backend_free(gpu, dv), hpd_backend_free(gpu, dq);
     hpd_backend_free(gpu, dout);

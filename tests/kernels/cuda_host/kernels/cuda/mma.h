@@ -63,11 +63,20 @@ static inline void hpd_mma_bf16_16816(float d[4], const uint32_t a[4], const uin
 
 static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
 {
-    const unsigned lane = hpd_emu_lane();
+    const unsigned tid = hpd_emu_blk->cur, w0 = tid / 32 * 32, lane = tid % 32;
+    if (w0 + 32 > hpd_emu_blk->nt) {
+        fprintf(stderr, "cuda_host: ldmatrix in a partial warp\n");
+        abort();
+    }
+    /* the lanes' row addresses gathered once (one wait, not one per matrix) */
+    memcpy(&hpd_emu_xchg[tid], &row, sizeof(row));
+    hpd_emu_wait(HPD_EMU_AT_WARP);
     for (unsigned i = 0; i < 4; i++) {
-        const uint8_t *m = (const uint8_t *)hpd_emu_exchange(0xffffffffu, row, i * 8 + lane / 4);
+        const uint8_t *m;
+        memcpy(&m, &hpd_emu_xchg[w0 + i * 8 + lane / 4], sizeof(m));
         memcpy(&r[i], m + 4 * (lane % 4), 4);
     }
+    hpd_emu_wait(HPD_EMU_AT_WARP); /* every lane has read the addresses */
 }
 
 static inline void hpd_cp_async16(void *dst, const void *src, uint32_t src_bytes)
