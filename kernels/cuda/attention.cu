@@ -370,22 +370,34 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
         hpd_cp_async_commit();
         tile_load<NT>(vr, vrow + (t0 - t_begin), n4, hd4); /* in flight during the scores */
         if (lane < nk) {
+            /* the warp's pairs at once: each k vector loaded once for all of
+             * them, their sums independent chains (each the same as alone;
+             * a pair past the block's reads the last pair's q, unstored) */
             const float4 *k4 = (const float4 *)(cur + lane * ld);
+            const float4 *q4 = (const float4 *)qs;
+            float s[PPW];
+            uint32_t qo[PPW]; /* the pairs' q rows, in float4 */
+#pragma unroll
+            for (uint32_t j = 0; j < PPW; j++) {
+                s[j] = 0.0f;
+                qo[j] = min(warp + j * NW, n_pairs - 1) * (ld / 4);
+            }
+            for (uint32_t c = 0; c < hd4; c++) {
+                const float4 kk = k4[c];
+#pragma unroll
+                for (uint32_t j = 0; j < PPW; j++) {
+                    const float4 qq = q4[qo[j] + c];
+                    s[j] = fmaf(qq.x, kk.x, s[j]);
+                    s[j] = fmaf(qq.y, kk.y, s[j]);
+                    s[j] = fmaf(qq.z, kk.z, s[j]);
+                    s[j] = fmaf(qq.w, kk.w, s[j]);
+                }
+            }
 #pragma unroll
             for (uint32_t j = 0; j < PPW; j++) {
                 const uint32_t pr = warp + j * NW;
-                if (pr < n_pairs && t0 + lane < tend[pr / G]) {
-                    const float4 *q4 = (const float4 *)(qs + pr * ld);
-                    float s = 0.0f;
-                    for (uint32_t c = 0; c < hd4; c++) {
-                        const float4 kk = k4[c], qq = q4[c];
-                        s = fmaf(qq.x, kk.x, s);
-                        s = fmaf(qq.y, kk.y, s);
-                        s = fmaf(qq.z, kk.z, s);
-                        s = fmaf(qq.w, kk.w, s);
-                    }
-                    ps[pr * KT + lane] = __fmul_rn(s, scale);
-                }
+                if (pr < n_pairs && t0 + lane < tend[pr / G])
+                    ps[pr * KT + lane] = __fmul_rn(s[j], scale);
             }
         }
         __syncthreads(); /* scores written, K no longer read */
@@ -415,27 +427,30 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
 #pragma unroll
                 for (uint32_t k = 0; k < DPTN; k++)
                     acc[pr][k] = __fmul_rn(acc[pr][k], alpha[pr]);
+        /* four keys' probabilities in one load where the pair sees all four
+         * (every pair of a row alone, which sees the whole tile), the same
+         * products in the same order; a prompt's pair then takes its last
+         * keys one at a time */
         uint32_t t = 0;
-        if constexpr (RT == 1) {
-            /* a row alone sees every key of the tile (nkp = nk): four keys'
-             * probabilities in one load, the same products in the same order */
-            for (; t + 4 <= nk; t += 4) {
+        for (; t + 4 <= nk; t += 4) {
 #pragma unroll
-                for (uint32_t k = 0; k < DPTN; k++) {
-                    const uint32_t d = tid + k * NT;
-                    if (d < hd) {
-                        const float v0 = cur[t * ld + d], v1 = cur[(t + 1) * ld + d];
-                        const float v2 = cur[(t + 2) * ld + d], v3 = cur[(t + 3) * ld + d];
+            for (uint32_t k = 0; k < DPTN; k++) {
+                const uint32_t d = tid + k * NT;
+                if (d < hd) {
+                    const float v0 = cur[t * ld + d], v1 = cur[(t + 1) * ld + d];
+                    const float v2 = cur[(t + 2) * ld + d], v3 = cur[(t + 3) * ld + d];
 #pragma unroll
-                        for (uint32_t pr = 0; pr < P; pr++)
-                            if (pr < n_pairs) {
-                                const float4 p4 = *(const float4 *)(ps + pr * KT + t);
-                                float x = fmaf(p4.x, v0, acc[pr][k]);
-                                x = fmaf(p4.y, v1, x);
-                                x = fmaf(p4.z, v2, x);
-                                acc[pr][k] = fmaf(p4.w, v3, x);
-                            }
-                    }
+                    for (uint32_t pr = 0; pr < P; pr++)
+                        if (pr < n_pairs && (RT == 1 || t + 4 <= nkp[pr])) {
+                            const float4 p4 = *(const float4 *)(ps + pr * KT + t);
+                            float x = fmaf(p4.x, v0, acc[pr][k]);
+                            x = fmaf(p4.y, v1, x);
+                            x = fmaf(p4.z, v2, x);
+                            acc[pr][k] = fmaf(p4.w, v3, x);
+                        } else if (pr < n_pairs) {
+                            for (uint32_t u = t; u < nkp[pr]; u++)
+                                acc[pr][k] = fmaf(ps[pr * KT + u], cur[u * ld + d], acc[pr][k]);
+                        }
                 }
             }
         }
