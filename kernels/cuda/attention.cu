@@ -505,8 +505,8 @@ __device__ static inline uint32_t bf16x2(float lo, float hi)
 
 #define TC_PLD (KT + 8) /* bf16 per row of V transposed in shared memory */
 #define TC_PAIRS 128    /* pairs (row, head) of a prompt's block: 8 warps of 16 */
-#ifndef TC_COPY_BYTES   /* a test may set a smaller bound, to take the rows alone */
-#define TC_COPY_BYTES ((size_t)1 << 30) /* the most the bf16 copy of K and V may take */
+#ifndef TC_COPY_BYTES /* a test may set a smaller bound, to read the pool */
+#define TC_COPY_BYTES ((size_t)256 << 20) /* the most the bf16 copy of K and V may take */
 #endif
 
 /* A 32-key tile of a sequence's K and V to copy in bf16 for the prompt
@@ -562,15 +562,14 @@ __device__ static inline void tc_copy_tile(uint16_t *ks, uint16_t *vt, const uin
     hpd_cp_async_commit();
 }
 
-/* A decode block's tile: the nk keys' K and V (page rows krow, vrow)
+/* A tile from the pool: the nk keys' K and V (page rows krow, vrow)
  * rounded to bf16, K's rows at ks, V transposed at vt, zeros past nk. A
- * thread's loads are issued 8 pairs at a time before their stores (a store
+ * thread's loads are issued LB pairs at a time before their stores (a store
  * waiting on each load before the next was issued left one in flight). */
-template <uint32_t NT>
+template <uint32_t NT, uint32_t LB>
 __device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const float *const *krow,
                                            const float *const *vrow, uint32_t nk, uint32_t hd)
 {
-    constexpr uint32_t LB = 8;
     const uint32_t half = hd / 2, ldh = hd + 8;
     for (uint32_t i0 = threadIdx.x; i0 < KT * half; i0 += LB * NT) {
         float2 kk[LB], vv[LB];
@@ -598,7 +597,8 @@ __device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const flo
 /* A block's pairs (row, head), m-tiles of 16 pairs per warp: MT tiles of
  * pairs, each warp of a tile taking every DW-th 8 dimensions of the output.
  * <1, 4>: a decode row (up to 16 heads), 4 warps; <8, 1>: a prompt's block of
- * up to TC_PAIRS pairs, 8 warps. */
+ * up to TC_PAIRS pairs, 8 warps, its K and V from the op's bf16 copy (COPY)
+ * or, where the op has none, from the pool. */
 #define TC_P(MT) ((MT) * 16)
 
 /* The split pass of device cuda-bf16 on tensor cores (FlashAttention-2's
@@ -618,16 +618,17 @@ __device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const flo
  * block or in a prompt's block of many rows, in any batch. A decode block
  * rounds its K and V to bf16 as it loads them from the pool; a prompt's
  * block copies them from the op's bf16 copy (kv_bf16_kernel), the next tile
- * by cp.async while it works on this one. */
-template <uint32_t MT, uint32_t DW>
+ * by cp.async while it works on this one, or where there is no copy loads
+ * them from the pool as a decode block does. */
+template <uint32_t MT, uint32_t DW, bool COPY>
 __global__ void __launch_bounds__(MT * DW * 32)
     attention_split_tc_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
                               const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
                               float *o_part, float *ml_part, kv_copy_t kvc)
 {
     constexpr uint32_t NT = MT * DW * 32, P = TC_P(MT), MAXN = SPLIT_HD / 8 / DW;
-    constexpr bool COPY = MT > 1; /* K and V from the bf16 copy, double-buffered */
-    constexpr uint32_t NBUF = COPY ? 2 : 1;
+    constexpr uint32_t NBUF = COPY ? 2 : 1; /* the copy's tiles double-buffered */
+    static_assert(!COPY || MT > 1, "decode blocks read the pool");
     static_assert(DW == 1 || DW == 4, "a decode block's 4 warps score a tile of 8 keys each");
     extern __shared__ float4 sm4[];
     const row_group_t grp = groups[blockIdx.x];
@@ -692,8 +693,10 @@ __global__ void __launch_bounds__(MT * DW * 32)
                                  src + (size_t)(i + 1) * 2 * KT * hd, hd);
         } else {
             __syncthreads(); /* the last tile read */
-            tc_load_tile<NT>(ks, vt, krow + (t0 - t_begin), vrow + (t0 - t_begin),
-                             min(KT, t_stop - t0), hd);
+            /* 4 loads in flight in a prompt's block, whose registers would
+             * otherwise spill */
+            tc_load_tile<NT, MT == 1 ? 8 : 4>(ks, vt, krow + (t0 - t_begin),
+                                              vrow + (t0 - t_begin), min(KT, t_stop - t0), hd);
             __syncthreads();
         }
         /* scores: 16 pairs x 4 tiles of 8 keys */
@@ -865,11 +868,12 @@ static size_t split_smem(uint32_t RT, uint32_t G, uint32_t hd)
            (P + RT) * sizeof(uint32_t) + 2 * SPLIT * sizeof(float *);
 }
 
-/* Shared memory of the tensor-core split kernel <MT, DW> for head_dim hd. */
-static size_t split_tc_smem(uint32_t MT, uint32_t hd)
+/* Shared memory of the tensor-core split kernel <MT, MT == 1 ? 4 : 1, copy>
+ * for head_dim hd. */
+static size_t split_tc_smem(uint32_t MT, uint32_t hd, bool copy)
 {
-    const size_t P = TC_P(MT), nbuf = MT > 1 ? 2 : 1;
-    return (MT > 1 ? 0 : 2 * SPLIT * sizeof(float *) + 16 * KT * sizeof(float)) +
+    const size_t P = TC_P(MT), nbuf = copy ? 2 : 1;
+    return (copy ? 0 : 2 * SPLIT * sizeof(float *)) + (MT > 1 ? 0 : 16 * KT * sizeof(float)) +
            P * sizeof(uint32_t) +
            (P * (hd + 8) + nbuf * ((size_t)KT * (hd + 8) + (size_t)hd * TC_PLD)) *
                sizeof(uint16_t);
@@ -889,16 +893,16 @@ static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
     return HPD_OK;
 }
 
-/* A launch of the tensor-core split kernel <MT, DW> */
-template <uint32_t MT, uint32_t DW>
+/* A launch of the tensor-core split kernel <MT, DW, COPY> */
+template <uint32_t MT, uint32_t DW, bool COPY>
 static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, const hpd_attention_args_t *a,
                                     const dev_kv_t *kv, const qrow_t *rows,
                                     const row_group_t *groups, uint32_t base, float *o_part,
                                     float *ml_part, kv_copy_t kvc)
 {
-    const size_t smem = split_tc_smem(MT, a->kv.layout->head_dim);
+    const size_t smem = split_tc_smem(MT, a->kv.layout->head_dim, COPY);
     (void)smem;
-    attention_split_tc_kernel<MT, DW><<<grid, MT * DW * 32, smem, c->stream>>>(
+    attention_split_tc_kernel<MT, DW, COPY><<<grid, MT * DW * 32, smem, c->stream>>>(
         *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, kvc);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
@@ -918,8 +922,9 @@ bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c)
     bool ok = optin(attention_split_kernel<1, 256>) &&
               optin(attention_split_kernel<RT_GROUP, 256>);
     if (c->cc_major >= 8) /* the tensor-core kernels' bodies trap before sm_80 */
-        ok = ok && optin(attention_split_tc_kernel<1, 4>) &&
-             optin(attention_split_tc_kernel<8, 1>);
+        ok = ok && optin(attention_split_tc_kernel<1, 4, false>) &&
+             optin(attention_split_tc_kernel<8, 1, true>) &&
+             optin(attention_split_tc_kernel<8, 1, false>);
     return ok;
 }
 
@@ -981,7 +986,7 @@ static uint32_t split_plan(const qrow_t *hrows, uint32_t n_rows, size_t per_part
  * numbered as the sequences are first met; sets the blocks' conv. conv_at
  * holds n_seqs entries. Returns the tiles (NULL with *n_all 0 where there
  * are none, or where the copy would take more than TC_COPY_BYTES: then the
- * op's rows are planned alone). */
+ * prompt's blocks read the pool). */
 static hpd_status_t copy_plan(const hpd_attention_args_t *a, const qrow_t *hrows,
                               uint32_t *conv_at, row_group_t *groups,
                               const split_range_t *ranges, uint32_t n_ranges,
@@ -1028,8 +1033,7 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
     const hpd_kv_layout_t *l = a->kv.layout;
     const uint32_t hd = l->head_dim, G = a->n_heads / l->n_kv_heads;
     const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
-    const size_t copy_bytes = (size_t)n_all * l->n_kv_heads * 4 * KT * hd;
-    size_t most = 0;
+    size_t copy_bytes = (size_t)n_all * l->n_kv_heads * 4 * KT * hd, most = 0;
     for (uint32_t i = 0; i < n_ranges; i++) {
         const split_range_t *rg = &ranges[i];
         if (rg->max_splits > 65535 || l->n_kv_heads > 65535) {
@@ -1042,9 +1046,16 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
             (hrows[last].part + ROW_SPLITS(hrows[last].pos) - hrows[rg->r0].part) * per_part;
         most = bytes > most ? bytes : most;
     }
-    /* one buffer for the op: the bf16 copy, then a launch's partials */
+    /* one buffer for the op: the bf16 copy, then a launch's partials; where
+     * the GPU has no room for the copy, the prompt's blocks read the pool */
     void *work;
     hpd_status_t st = hpd_cuda_work(b, copy_bytes + most, &work);
+    if (st == HPD_ERR_NO_MEMORY && copy_bytes > 0) {
+        HPD_LOG_WARN("cuda", "attention: no room for a bf16 copy of %zu bytes of K and V; the "
+                     "prompt's blocks read the pool instead", copy_bytes);
+        n_all = 0, copy_bytes = 0;
+        st = hpd_cuda_work(b, most, &work);
+    }
     if (st != HPD_OK)
         return st;
     const kv_copy_t kvc = {(const uint16_t *)work, n_all};
@@ -1063,12 +1074,16 @@ static hpd_status_t attention_split(hpd_backend_t *b, const hpd_attention_args_t
         const row_group_t *gr = dgroups + rg->g0;
         const uint32_t n_one = rg->n_groups - rg->n_multi;
         if (tc) { /* a prompt's blocks, then the rows alone */
+            const dim3 gm(rg->n_multi, rg->max_splits, l->n_kv_heads);
             if (rg->n_multi > 0)
-                st = split_tc_launch<8, 1>(c, dim3(rg->n_multi, rg->max_splits, l->n_kv_heads),
-                                           a, kv, rw, gr, base, o_part, ml_part, kvc);
+                st = n_all > 0 ? split_tc_launch<8, 1, true>(c, gm, a, kv, rw, gr, base, o_part,
+                                                             ml_part, kvc)
+                               : split_tc_launch<8, 1, false>(c, gm, a, kv, rw, gr, base, o_part,
+                                                              ml_part, kvc);
             if (st == HPD_OK && n_one > 0)
-                st = split_tc_launch<1, 4>(c, dim3(n_one, rg->max_splits, l->n_kv_heads), a, kv,
-                                           rw, gr + rg->n_multi, base, o_part, ml_part, kvc);
+                st = split_tc_launch<1, 4, false>(c, dim3(n_one, rg->max_splits, l->n_kv_heads),
+                                                  a, kv, rw, gr + rg->n_multi, base, o_part,
+                                                  ml_part, kvc);
         } else {
             const dim3 grid(rg->n_groups, rg->max_splits, l->n_kv_heads);
             st = rg->widest > 1 ? split_launch<RT_GROUP, 256>(c, grid,
@@ -1135,17 +1150,16 @@ static hpd_status_t attention(hpd_backend_t *b, const hpd_attention_args_t *a, b
         /* rows in blocks of a prompt's consecutive rows where the kernel fits:
          * TC_PAIRS pairs on tensor cores, RT_GROUP rows in fp32 */
         const size_t per_part = (size_t)a->n_heads * (hd + 2) * sizeof(float);
-        tc = tc && hd % 16 == 0 && split_tc_smem(1, hd) <= c->smem_optin;
+        tc = tc && hd % 16 == 0 && split_tc_smem(1, hd, false) <= c->smem_optin;
         uint32_t group_rows = 1;
-        if (tc && split_tc_smem(8, hd) <= c->smem_optin)
+        if (tc && split_tc_smem(8, hd, true) <= c->smem_optin &&
+            split_tc_smem(8, hd, false) <= c->smem_optin)
             group_rows = TC_PAIRS / G;
         else if (!tc && G <= GMAX / 2 && split_smem(RT_GROUP, G, hd) <= c->smem_optin)
             group_rows = RT_GROUP;
         n_ranges = split_plan(rows, n_rows, per_part, group_rows, groups, ranges);
-        if (tc && (st = copy_plan(a, rows, conv_at, groups, ranges, n_ranges, &tiles, &n_all)) ==
-                      HPD_OK &&
-            n_all == 0 && group_rows > 1) /* no copy: every row alone */
-            n_ranges = split_plan(rows, n_rows, per_part, 1, groups, ranges);
+        if (tc)
+            st = copy_plan(a, rows, conv_at, groups, ranges, n_ranges, &tiles, &n_all);
         n_groups = ranges[n_ranges - 1].g0 + ranges[n_ranges - 1].n_groups;
     }
     void *drows, *dtables, *dgroups = NULL, *dtiles = NULL;
