@@ -10,7 +10,11 @@
  * kernel (warp shuffles) with head_dim 66, 40 rows of prefill and rows of
  * 530 keys; cuda-bf16's split pass on tensor cores (bf16 q, k, v and
  * probabilities: relative RMS below 1e-2 against the CPU's fp32, the same
- * identities bit for bit), head_dim 64, 128 and 256. The emulation runs a block's threads in a fixed order and a
+ * identities bit for bit), head_dim 32, 64, 128 and 256, a prompt's blocks
+ * of 3 to 128 rows with and without the op's bf16 copy of K and V; and for
+ * both passes a sequence's first, middle and last rows alone (a decode
+ * row's block) against the same rows in the batch, bit for bit. The
+ * emulation runs a block's threads in a fixed order and a
  * warp's __syncwarp as a barrier of the whole block, so races between warps
  * are not caught here; test_backend_cuda on a GPU checks them. */
 #include "cuda_host_test.h"
