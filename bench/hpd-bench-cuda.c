@@ -25,7 +25,9 @@
  *   the same GEMM through device cuda-fast (BF16 weights on tensor cores,
  *   x rounded to bf16: tensor_cores_of_cublas) and through the deterministic
  *   cuda-bf16 (bf16_device_of_cublas), whose decode GEMM the gemv lines
- *   show too (bf16_device_of_copy);
+ *   show too (bf16_device_of_copy); these take the tiled kernel's blocks by
+ *   shape (here the wide 128 x 256), bf16_narrow_of_cublas the narrow ones
+ *   (HPD_CUDA_GEMM_BN=128);
  * - checksum: the pieces' hashes of a transfer's checksum (common/hash.h)
  *   over 256 MiB of device memory in 64 KiB pages, as a receiver hashes the
  *   pages peers wrote: bytes hashed per second as a fraction of the copy
@@ -497,11 +499,18 @@ static double gemm_bench(uint32_t m, uint32_t n, uint32_t k, const char *device)
         else
             printf(" cublas=failed");
         /* tensor cores: cuda-fast's (tiled for every m here) and the
-         * deterministic cuda-bf16's */
-        static const char *kinds[] = {"cuda-fast", "cuda-bf16"}, *keys[] = {"tensor_cores",
-                                                                            "bf16_device"};
-        for (int i = 0; i < 2; i++) {
-            if ((other_be = open_sibling(kinds[i], device)) == NULL) {
+         * deterministic cuda-bf16's, with the blocks chosen by shape (at
+         * this size the wide ones) and with the narrow ones forced
+         * (HPD_CUDA_GEMM_BN=128: the same bits) */
+        static const char *kinds[] = {"cuda-fast", "cuda-bf16", "cuda-bf16"},
+                          *keys[] = {"tensor_cores", "bf16_device", "bf16_narrow"};
+        for (int i = 0; i < 3; i++) {
+            if (i == 2)
+                setenv("HPD_CUDA_GEMM_BN", "128", 1);
+            other_be = open_sibling(kinds[i], device);
+            if (i == 2)
+                unsetenv("HPD_CUDA_GEMM_BN");
+            if (other_be == NULL) {
                 printf(" %s=failed", keys[i]);
                 continue;
             }

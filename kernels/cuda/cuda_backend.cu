@@ -799,6 +799,16 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     if (cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, id) !=
         cudaSuccess)
         c->cc_major = 0; /* no tensor-core kernels */
+    int sms = 0;
+    c->n_sms = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, id) == cudaSuccess
+                   ? (uint32_t)sms
+                   : 1;
+    /* HPD_CUDA_GEMM_BN=128 or 256: the tiled GEMM's blocks (how it runs,
+     * not what it computes); else chosen by shape */
+    const char *bn_env = getenv("HPD_CUDA_GEMM_BN");
+    c->gemm_bn = bn_env != NULL && strcmp(bn_env, "128") == 0   ? 128
+                 : bn_env != NULL && strcmp(bn_env, "256") == 0 ? 256
+                                                                : 0;
     const char *sync_env = getenv("HPD_CUDA_SYNC");
     c->sync_each_op = sync_env != NULL && strcmp(sync_env, "1") == 0;
     if (fast && (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS ||
@@ -818,6 +828,7 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     c->graphs = !c->sync_each_op && !fast && !graphs_off;
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
     c->gr_ok = bf16 && c->tc_ok && hpd_cuda_ring_init(c);
+    c->wide_ok = c->tc_ok && hpd_cuda_tc_wide_init(c);
     if (!hpd_cuda_attention_init(c))
         HPD_LOG_WARN("cuda", "GPU %d: the split-attention kernels' shared memory could not be "
                      "opted in (%s): attention launches past 48 KiB will fail", id,

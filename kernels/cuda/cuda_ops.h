@@ -36,6 +36,9 @@ typedef struct {
     int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
     bool tc_ok;        /* cuda-fast, cuda-bf16: tensor-core GEMMs run (hpd_cuda_tc_init) */
     bool gr_ok;        /* cuda-bf16: the decode GEMM's ring kernel runs (hpd_cuda_ring_init) */
+    bool wide_ok;      /* the tiled tensor-core GEMM's 128 x 256 blocks run (hpd_cuda_tc_wide_init) */
+    uint32_t n_sms;    /* streaming multiprocessors */
+    uint32_t gemm_bn;  /* HPD_CUDA_GEMM_BN: 128 or 256 forces the tiled GEMM's blocks, 0 chooses */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;
@@ -116,6 +119,10 @@ hpd_status_t hpd_cuda_gemm_bf16(hpd_backend_t *b, const hpd_gemm_args_t *a);
  * shared memory is opted in (once, at the backend's creation, with the
  * context's GPU current). */
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c);
+/* Whether the tiled tensor-core GEMM's wide blocks (128 x 256, 166 KiB of
+ * shared memory) run here, their shared memory opted in; else every tiled
+ * GEMM takes the 128 x 128 blocks, with the same bits. */
+bool hpd_cuda_tc_wide_init(const hpd_cuda_ctx_t *c);
 /* The split-attention kernels' shared memory opted in, once, at the
  * backend's creation (attention.cu); false when the runtime refused. */
 bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c);

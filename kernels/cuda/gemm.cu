@@ -658,14 +658,23 @@ hpd_status_t hpd_cuda_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args
  * row of A, column of B and accumulator alone, so a row's bits are the same
  * in either kernel and in any batch. */
 #define TC_BM 128
-#define TC_BN 128
-#define TC_BK 32
 #define TC_STAGES 3
 #define TC_THREADS 256
-#define TC_LD (TC_BK + 8) /* bf16 per shared row: 80 bytes, the eight rows of an
-                             ldmatrix in different banks */
-#define TC_SMEM ((size_t)TC_STAGES * (TC_BM + TC_BN) * TC_LD * 2)
 #define TC_MIN_ROWS 32 /* cuda-fast: fewer rows take the GEMV */
+
+/* The tiled kernel's two shapes (the same bits: a tile's shape moves no
+ * product of an output): blocks of 128 x 128 weight rows, warps of 64 x 32,
+ * k tiles of 32 (TC_NARROW); or 128 x 256, warps of 64 x 64, k tiles of 64
+ * (TC_WIDE: CUTLASS's usual shape for large GEMMs on sm_80, two k steps
+ * more between barriers and half the fragment loads per product, one block
+ * an SM), taken where its blocks fill the GPU. A shape's shared rows hold
+ * BK + 8 bf16 (the eight rows of an ldmatrix in different banks). */
+template <uint32_t WN_, uint32_t BK_> struct tc_tile {
+    static constexpr uint32_t WN = WN_, BK = BK_, BN = 4 * WN, LD = BK + 8;
+    static constexpr size_t SMEM = (size_t)TC_STAGES * (TC_BM + BN) * LD * 2;
+};
+typedef tc_tile<32, 32> TC_NARROW;
+typedef tc_tile<64, 64> TC_WIDE;
 
 __device__ static inline uint32_t tc_bf16_rn(float f)
 {
@@ -701,16 +710,18 @@ __device__ static inline uint32_t tc_f8_bf16(uint32_t q, float scale)
     return tc_bf16_rn(__fmul_rn(widen(f8_t{(uint8_t)q}), scale));
 }
 
-/* A k tile of FP8 weights: eight weights per step (one scale: the
- * scale blocks are multiples of 8), dequantised through registers and
- * stored, ready before the barrier that precedes their tile's use. */
+/* A k tile of FP8 weights (BN rows of BK): eight weights per step (one
+ * scale: the scale blocks are multiples of 8), dequantised through
+ * registers and stored, ready before the barrier that precedes their tile's
+ * use. */
+template <typename TT>
 __device__ static inline void tc_load_tile_f8(uint16_t *dst, const uint8_t *src, wscale_t ws,
                                               uint32_t r0, uint32_t rows, uint32_t k, uint32_t k0,
                                               uint32_t tid)
 {
     #pragma unroll
-    for (uint32_t e = tid; e < TC_BN * TC_BK / 8; e += TC_THREADS) {
-        const uint32_t r = e / (TC_BK / 8), c = e % (TC_BK / 8) * 8;
+    for (uint32_t e = tid; e < TT::BN * TT::BK / 8; e += TC_THREADS) {
+        const uint32_t r = e / (TT::BK / 8), c = e % (TT::BK / 8) * 8;
         uint2 q = {0u, 0u};
         float sc = 0.0f;
         if (r0 + r < rows && k0 + c < k) {
@@ -722,36 +733,36 @@ __device__ static inline void tc_load_tile_f8(uint16_t *dst, const uint8_t *src,
         v.y = tc_f8_bf16(q.x >> 16 & 0xff, sc) | tc_f8_bf16(q.x >> 24, sc) << 16;
         v.z = tc_f8_bf16(q.y & 0xff, sc) | tc_f8_bf16(q.y >> 8 & 0xff, sc) << 16;
         v.w = tc_f8_bf16(q.y >> 16 & 0xff, sc) | tc_f8_bf16(q.y >> 24, sc) << 16;
-        *(uint4 *)(dst + r * TC_LD + c) = v;
+        *(uint4 *)(dst + r * TT::LD + c) = v;
     }
 }
 
-/* A thread's share of a k tile of 128 rows (x, or BF16 w) in the tiled
- * kernel: its TC_CHUNKS 16-byte chunks (e = tid, tid + TC_THREADS: row
- * e / (TC_BK / 8), column (e % (TC_BK / 8)) * 8, the same column for all),
- * each row's start and shared offset worked out once instead of per tile
- * (the address arithmetic per copy took some 30 instructions, as many issue
+/* A thread's share of a k tile of R rows (x, or BF16 w) of BK columns in
+ * the tiled kernel: its CH 16-byte chunks (e = tid, tid + TC_THREADS: row
+ * e / (BK / 8), column (e % (BK / 8)) * 8, the same column for all), each
+ * row's start and shared offset worked out once instead of per tile (the
+ * address arithmetic per copy took some 30 instructions, as many issue
  * slots per tile as the tile's mma.sync) */
-#define TC_CHUNKS (TC_BM * TC_BK / 8 / TC_THREADS)
-struct tc_rows_t {
-    const uint16_t *row[TC_CHUNKS]; /* the chunk's row at column c; NULL past the rows */
-    uint32_t soff[TC_CHUNKS];       /* its place in a stage */
+template <uint32_t R, uint32_t BK> struct tc_rows_t {
+    static constexpr uint32_t CH = R * BK / 8 / TC_THREADS;
+    const uint16_t *row[CH]; /* the chunk's row at column c; NULL past the rows */
+    uint32_t soff[CH];       /* its place in a stage */
     uint32_t c;
 };
 
-__device__ static inline tc_rows_t tc_rows(const uint16_t *src, uint32_t r0, uint32_t rows,
-                                           uint32_t k, uint32_t tid)
+template <uint32_t R, uint32_t BK>
+__device__ static inline tc_rows_t<R, BK> tc_rows(const uint16_t *src, uint32_t r0,
+                                                  uint32_t rows, uint32_t k, uint32_t tid)
 {
-    static_assert(TC_BM == TC_BN && TC_BM * TC_BK / 8 % TC_THREADS == 0 &&
-                      TC_THREADS % (TC_BK / 8) == 0,
+    static_assert(R * BK / 8 % TC_THREADS == 0 && TC_THREADS % (BK / 8) == 0,
                   "every thread copies the same column of whole chunks");
-    tc_rows_t t;
-    t.c = tid % (TC_BK / 8) * 8;
+    tc_rows_t<R, BK> t;
+    t.c = tid % (BK / 8) * 8;
     #pragma unroll
-    for (uint32_t i = 0; i < TC_CHUNKS; i++) {
-        const uint32_t r = (tid + i * TC_THREADS) / (TC_BK / 8);
+    for (uint32_t i = 0; i < t.CH; i++) {
+        const uint32_t r = (tid + i * TC_THREADS) / (BK / 8);
         t.row[i] = r0 + r < rows ? src + (size_t)(r0 + r) * k + t.c : nullptr;
-        t.soff[i] = r * TC_LD + t.c;
+        t.soff[i] = r * (BK + 8) + t.c;
     }
     return t;
 }
@@ -759,52 +770,54 @@ __device__ static inline tc_rows_t tc_rows(const uint16_t *src, uint32_t r0, uin
 /* Issues a thread's copies of the tile at k0 into dst, from the rows worked
  * out by tc_rows: zero past the rows and past k (k % 8 == 0: a chunk is
  * whole or out); `base` stands for the source of a zero fill. */
-__device__ static inline void tc_issue(uint16_t *dst, const tc_rows_t &t, const uint16_t *base,
-                                       uint32_t k, uint32_t k0)
+template <uint32_t R, uint32_t BK>
+__device__ static inline void tc_issue(uint16_t *dst, const tc_rows_t<R, BK> &t,
+                                       const uint16_t *base, uint32_t k, uint32_t k0)
 {
     const bool kin = k0 + t.c < k;
     #pragma unroll
-    for (uint32_t i = 0; i < TC_CHUNKS; i++) {
+    for (uint32_t i = 0; i < t.CH; i++) {
         const bool in = kin && t.row[i] != nullptr;
         hpd_cp_async16(dst + t.soff[i], in ? t.row[i] + k0 : base, in ? 16u : 0u);
     }
 }
 
-template <bool FP8>
+template <bool FP8, typename TT>
 __global__ void __launch_bounds__(TC_THREADS)
     gemm_tc_kernel(const uint16_t *xb, const void *w, wscale_t ws, float *y, uint32_t ldy,
                    uint32_t m, uint32_t n, uint32_t k, bool accumulate, group_t grp)
 {
+    constexpr uint32_t BN = TT::BN, BK = TT::BK, LD = TT::LD, NJ = TT::WN / 8;
     extern __shared__ uint4 tc_smem[];
-    uint16_t *const As = (uint16_t *)tc_smem, *const Bs = As + TC_STAGES * TC_BM * TC_LD;
+    uint16_t *const As = (uint16_t *)tc_smem, *const Bs = As + TC_STAGES * TC_BM * LD;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const uint32_t g = lane / 4, t = lane % 4, wm = warp / 4 * 64, wn = warp % 4 * 32;
-    const uint32_t n0 = blockIdx.x * TC_BN;
+    const uint32_t g = lane / 4, t = lane % 4, wm = warp / 4 * 64, wn = warp % 4 * TT::WN;
+    const uint32_t n0 = blockIdx.x * BN;
     uint32_t m0;
     if (!block_rows(grp, TC_BM, w, ws, m0, m))
         return;
-    const uint32_t tiles = (k + TC_BK - 1) / TC_BK;
-    float acc[4][4][4];
+    const uint32_t tiles = (k + BK - 1) / BK;
+    float acc[4][NJ][4];
     #pragma unroll
     for (int i = 0; i < 4; i++)
         #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
             #pragma unroll
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
 
     /* a k tile of x and of w into a stage (BF16 w by cp.async; FP8 w
      * dequantised through registers) */
-    const tc_rows_t xr = tc_rows(xb, m0, m, k, tid);
+    const tc_rows_t<TC_BM, BK> xr = tc_rows<TC_BM, BK>(xb, m0, m, k, tid);
     /* BF16 w (FP8: no rows, its tiles go through registers) */
-    const tc_rows_t wr = tc_rows((const uint16_t *)w, n0, FP8 ? 0 : n, k, tid);
+    const tc_rows_t<BN, BK> wr = tc_rows<BN, BK>((const uint16_t *)w, n0, FP8 ? 0 : n, k, tid);
     const auto load = [&](uint32_t stage, uint32_t kt) {
-        tc_issue(As + stage * TC_BM * TC_LD, xr, xb, k, kt * TC_BK);
+        tc_issue(As + stage * TC_BM * LD, xr, xb, k, kt * BK);
         if constexpr (FP8)
-            tc_load_tile_f8(Bs + stage * TC_BN * TC_LD, (const uint8_t *)w, ws, n0, n, k,
-                            kt * TC_BK, tid);
+            tc_load_tile_f8<TT>(Bs + stage * BN * LD, (const uint8_t *)w, ws, n0, n, k, kt * BK,
+                                tid);
         else
-            tc_issue(Bs + stage * TC_BN * TC_LD, wr, (const uint16_t *)w, k, kt * TC_BK);
+            tc_issue(Bs + stage * BN * LD, wr, (const uint16_t *)w, k, kt * BK);
     };
     /* the first TC_STAGES - 1 tiles in flight (a group per tile, empty past
      * the last, so that every wait below counts the same) */
@@ -826,29 +839,29 @@ __global__ void __launch_bounds__(TC_THREADS)
         if (kt + TC_STAGES - 1 < tiles)
             load(fill, kt + TC_STAGES - 1);
         hpd_cp_async_commit();
-        const uint16_t *A = As + use * TC_BM * TC_LD;
-        const uint16_t *B = Bs + use * TC_BN * TC_LD;
+        const uint16_t *A = As + use * TC_BM * LD;
+        const uint16_t *B = Bs + use * BN * LD;
         use = use + 1 == TC_STAGES ? 0 : use + 1;
         fill = fill + 1 == TC_STAGES ? 0 : fill + 1;
         #pragma unroll
-        for (uint32_t kk = 0; kk < TC_BK; kk += 16) {
-            if (kt * TC_BK + kk >= k)
+        for (uint32_t kk = 0; kk < BK; kk += 16) {
+            if (kt * BK + kk >= k)
                 break; /* no step past k: the sequence is ceil(k / 16) steps, as in the GEMV */
-            uint32_t a[4][4], b[4][2];
+            uint32_t a[4][4], b[NJ][2];
             #pragma unroll
             for (int i = 0; i < 4; i++)
-                hpd_ldmatrix_x4(a[i], A + (a_row + 16 * i) * TC_LD + kk + a_col);
+                hpd_ldmatrix_x4(a[i], A + (a_row + 16 * i) * LD + kk + a_col);
             #pragma unroll
-            for (int p = 0; p < 2; p++) {
+            for (int p = 0; p < NJ / 2; p++) {
                 uint32_t r[4];
-                hpd_ldmatrix_x4(r, B + (b_row + 16 * p) * TC_LD + kk + b_col);
+                hpd_ldmatrix_x4(r, B + (b_row + 16 * p) * LD + kk + b_col);
                 b[2 * p][0] = r[0], b[2 * p][1] = r[1];
                 b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
             }
             #pragma unroll
             for (int i = 0; i < 4; i++)
                 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < NJ; j++)
                     hpd_mma_bf16_16816(acc[i][j], a[i], b[j]);
         }
     }
@@ -856,7 +869,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     #pragma unroll
     for (int i = 0; i < 4; i++)
         #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
             #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const uint32_t row = m0 + wm + i * 16 + g + 8 * (r / 2);
@@ -1202,13 +1215,56 @@ static bool gr_args(const hpd_gemm_args_t *a, bool fp8)
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
-    return c->cc_major >= 8 && c->smem_optin >= TC_SMEM &&
-           cudaFuncGetAttributes(&fa, gemm_tc_kernel<false>) == cudaSuccess && fa.ptxVersion >= 80 &&
-           fa.binaryVersion >= 80 && /* the tiled kernels' shared memory, once per device */
-           cudaFuncSetAttribute(gemm_tc_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)TC_SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(gemm_tc_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)TC_SMEM) == cudaSuccess;
+    const auto optin = [](auto kernel, size_t smem) {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem) == cudaSuccess;
+    };
+    return c->cc_major >= 8 && c->smem_optin >= TC_NARROW::SMEM &&
+           cudaFuncGetAttributes(&fa, gemm_tc_kernel<false, TC_NARROW>) == cudaSuccess &&
+           fa.ptxVersion >= 80 && fa.binaryVersion >= 80 &&
+           /* the tiled kernels' shared memory, once per device */
+           optin(gemm_tc_kernel<false, TC_NARROW>, TC_NARROW::SMEM) &&
+           optin(gemm_tc_kernel<true, TC_NARROW>, TC_NARROW::SMEM);
+}
+
+bool hpd_cuda_tc_wide_init(const hpd_cuda_ctx_t *c)
+{
+    const auto optin = [](auto kernel, size_t smem) {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem) == cudaSuccess;
+    };
+    if (c->smem_optin < TC_WIDE::SMEM)
+        return false;
+    if (optin(gemm_tc_kernel<false, TC_WIDE>, TC_WIDE::SMEM) &&
+        optin(gemm_tc_kernel<true, TC_WIDE>, TC_WIDE::SMEM))
+        return true;
+    cudaGetLastError(); /* refused: the narrow blocks take every tiled GEMM */
+    return false;
+}
+
+/* The tiled GEMM's blocks: TC_WIDE where the GEMM has at least a block per
+ * SM of them (row_tiles of TC_BM rows), else TC_NARROW (more, smaller
+ * blocks); HPD_CUDA_GEMM_BN forces either. The same bits either way. */
+static bool tc_wide(const hpd_cuda_ctx_t *c, uint32_t n, uint32_t row_tiles)
+{
+    if (!c->wide_ok || c->gemm_bn == 128)
+        return false;
+    return c->gemm_bn == 256 ||
+           (uint64_t)row_tiles * ((n + TC_WIDE::BN - 1) / TC_WIDE::BN) >= c->n_sms;
+}
+
+/* A launch of the tiled kernel with blocks TT */
+template <typename TT>
+static void tc_tiled(cudaStream_t s, bool fp8, const uint16_t *x16, const hpd_gemm_args_t *a,
+                     wscale_t ws, const rows_t &rw)
+{
+    const dim3 grid((a->n + TT::BN - 1) / TT::BN, rw.gy);
+    if (fp8)
+        gemm_tc_kernel<true, TT><<<grid, TC_THREADS, TT::SMEM, s>>>(
+            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
+    else
+        gemm_tc_kernel<false, TT><<<grid, TC_THREADS, TT::SMEM, s>>>(
+            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
 }
 
 /* Whether the tensor-core kernels take these arguments: BF16 weights, or
@@ -1296,15 +1352,12 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }
-    const dim3 grid((a->n + TC_BN - 1) / TC_BN, rw.gy);
     /* (their shared memory was opted in at the backend's creation:
-     * hpd_cuda_tc_init) */
-    if (fp8)
-        gemm_tc_kernel<true><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
-            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
+     * hpd_cuda_tc_init, hpd_cuda_tc_wide_init) */
+    if (tc_wide(c, a->n, rw.gy))
+        tc_tiled<TC_WIDE>(c->stream, fp8, x16, a, ws, rw);
     else
-        gemm_tc_kernel<false><<<grid, TC_THREADS, TC_SMEM, c->stream>>>(
-            x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, rw.g);
+        tc_tiled<TC_NARROW>(c->stream, fp8, x16, a, ws, rw);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -1780,6 +1780,12 @@ static void test_bf16_device(void **state)
     }
     assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
     assert_string_equal(dev->ops->numerics, "bf16-tensor-cores");
+    /* the tiled kernel's wide blocks, forced (a GEMM of this size takes the
+     * narrow ones: its wide blocks would not fill the GPU) */
+    hpd_backend_t *wide;
+    setenv("HPD_CUDA_GEMM_BN", "256", 1);
+    assert_int_equal(hpd_backend_create(&bp, &wide), HPD_OK);
+    unsetenv("HPD_CUDA_GEMM_BN");
     const uint32_t M = 150, n = 300, ks[] = {1000, 264, 2048}, B = 128;
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (size_t ki = 0; ki < HPD_ARRAY_SIZE(ks); ki++) {
@@ -1824,6 +1830,16 @@ static void test_bf16_device(void **state)
             for (uint32_t r = 0; r < M; r++) /* the gaps of y kept */
                 for (uint32_t c = n; c < ldy; c++)
                     assert_true(full[(size_t)r * ldy + c] == y0[(size_t)r * ldy + c]);
+            float *dwy = up(y0, (size_t)M * ldy);
+            a.y = dwy;
+            assert_int_equal(hpd_gemm(wide, &a), HPD_OK);
+            assert_int_equal(hpd_backend_sync(wide), HPD_OK);
+            float *wy = down(dwy, (size_t)M * ldy);
+            if (memcmp(wy, full, (size_t)M * ldy * sizeof(float)) != 0)
+                fail_msg("%s: the wide blocks' batch of %u differs from the narrow blocks'", name,
+                         M);
+            free(wy);
+            hpd_backend_free(gpu, dwy);
             static const uint32_t big[] = {64, 130};
             for (uint32_t i = 0; i < 40 + HPD_ARRAY_SIZE(big); i++) {
                 const uint32_t m = i < 40 ? i + 1 : big[i - 40];
@@ -1845,6 +1861,7 @@ static void test_bf16_device(void **state)
             if (ds != NULL)
                 hpd_backend_free(gpu, ds);
         }
+    hpd_backend_destroy(wide);
     hpd_backend_destroy(dev);
 }
 

@@ -271,6 +271,14 @@ int main()
                                         hpd_cuda_gemm_bf16, {1u, 4u, 5u, 17u, 32u, 33u, 65u}, true,
                                         HPD_DTYPE_F8_E4M3, max_m);
     }
+    /* the tiled kernel's wide blocks (128 x 256, k tiles of 64; chosen by
+     * shape on a GPU, forced here): every check again, so its rows equal
+     * the GEMV's rows alone bit for bit as the narrow blocks' do */
+    ctx.gr_ok = true, ctx.wide_ok = true, ctx.gemm_bn = 256;
+    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 wide", hpd_cuda_gemm_bf16,
+                                    {1u, 17u, 32u, 33u}, true, HPD_DTYPE_BF16);
+    tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 fp8 wide", hpd_cuda_gemm_bf16,
+                                    {1u, 17u, 32u, 33u}, true, HPD_DTYPE_F8_E4M3);
     printf("tensor cores: %d GEMMs checked, %d failed\n", tc_checked, tc_failed);
     hpd_emu_ctx_free(&ctx);
     return failed != 0 || tc_failed != 0;

@@ -360,6 +360,8 @@ typedef struct {
     int cc_major;
     bool tc_ok;
     bool gr_ok;
+    bool wide_ok;
+    uint32_t n_sms, gemm_bn;
     cublasHandle_t cublas;
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
@@ -375,6 +377,8 @@ static inline hpd_cuda_ctx_t hpd_emu_ctx()
     hpd_cuda_ctx_t c = {};
     c.smem_optin = 227 * 1024;
     c.cc_major = 9;
+    c.wide_ok = true;
+    c.n_sms = 132;
     return c;
 }
 
