@@ -503,7 +503,6 @@ __device__ static inline uint32_t bf16x2(float lo, float hi)
     return bf16_rn(lo) | bf16_rn(hi) << 16;
 }
 
-#define TC_PLD (KT + 8) /* bf16 per row of V transposed in shared memory */
 #define TC_PAIRS 128    /* pairs (row, head) of a prompt's block: 8 warps of 16 */
 #ifndef TC_COPY_BYTES /* a test may set a smaller bound, to read the pool */
 #define TC_COPY_BYTES ((size_t)256 << 20) /* the most the bf16 copy of K and V may take */
@@ -515,19 +514,18 @@ typedef struct {
     uint32_t seq, t0, n_keys; /* n_keys: the sequence's keys, zeros past them */
 } copy_tile_t;
 
-/* The bf16 copy: per KV head and tile, K's rows [KT][hd], then V
- * transposed [hd][KT] (a tile of 2 KT hd bf16); n_all tiles per head. */
+/* The bf16 copy: per KV head and tile, K's rows [KT][hd], then V's (a
+ * tile of 2 KT hd bf16); n_all tiles per head. */
 typedef struct {
     const uint16_t *p;
     uint32_t n_all;
 } kv_copy_t;
 
 /* One block per (tile, KV head): K and V rounded to bf16 as the decode
- * blocks round them (bf16_rn), V transposed through shared memory. */
+ * blocks round them (bf16_rn). */
 __global__ void kv_bf16_kernel(dev_kv_t kv, const copy_tile_t *tiles, uint32_t n_all,
                                uint16_t *out)
 {
-    __shared__ uint16_t vs[KT][SPLIT_HD + 2]; /* V as loaded; +2: a key per bank */
     const copy_tile_t ct = tiles[blockIdx.x];
     const uint32_t hd = kv.l.head_dim, half = hd / 2, kvh = blockIdx.y;
     uint16_t *ko = out + ((size_t)kvh * n_all + blockIdx.x) * 2 * KT * hd, *vo = ko + KT * hd;
@@ -539,35 +537,31 @@ __global__ void kv_bf16_kernel(dev_kv_t kv, const copy_tile_t *tiles, uint32_t n
             vv = *(const float2 *)(kv_row(&kv, ct.seq, 1, t, kvh) + d);
         }
         *(uint32_t *)(ko + key * hd + d) = bf16x2(kk.x, kk.y);
-        vs[key][d] = (uint16_t)bf16_rn(vv.x);
-        vs[key][d + 1] = (uint16_t)bf16_rn(vv.y);
+        *(uint32_t *)(vo + key * hd + d) = bf16x2(vv.x, vv.y);
     }
-    __syncthreads();
-    for (uint32_t i = threadIdx.x; i < hd * KT; i += blockDim.x)
-        vo[i] = vs[i % KT][i / KT];
 }
 
 /* A prompt block's tile of the bf16 copy (2 KT hd bf16 at src) into shared
- * memory by cp.async: K's rows at ks ([KT][hd + 8]), V transposed at vt
- * ([hd][TC_PLD]); committed as one group. */
+ * memory by cp.async: K's rows at ks, V's at vs (each [KT][hd + 8]);
+ * committed as one group. */
 template <uint32_t NT>
-__device__ static inline void tc_copy_tile(uint16_t *ks, uint16_t *vt, const uint16_t *src,
+__device__ static inline void tc_copy_tile(uint16_t *ks, uint16_t *vs, const uint16_t *src,
                                            uint32_t hd)
 {
-    const uint32_t kc = hd / 8, ldh = hd + 8; /* 16-byte pieces of a K row */
-    for (uint32_t c = threadIdx.x; c < KT * kc; c += NT)
-        hpd_cp_async16(ks + c / kc * ldh + c % kc * 8, src + c * 8, 16);
-    for (uint32_t c = threadIdx.x; c < hd * (KT / 8); c += NT)
-        hpd_cp_async16(vt + c / (KT / 8) * TC_PLD + c % (KT / 8) * 8, src + KT * hd + c * 8, 16);
+    const uint32_t kc = hd / 8, ldh = hd + 8; /* 16-byte pieces of a row */
+    for (uint32_t c = threadIdx.x; c < 2 * KT * kc; c += NT) {
+        const uint32_t r = c / kc % KT, at = r * ldh + c % kc * 8;
+        hpd_cp_async16(c < KT * kc ? ks + at : vs + at, src + c * 8, 16);
+    }
     hpd_cp_async_commit();
 }
 
 /* A tile from the pool: the nk keys' K and V (page rows krow, vrow)
- * rounded to bf16, K's rows at ks, V transposed at vt, zeros past nk. A
+ * rounded to bf16, their rows at ks and vs, zeros past nk. A
  * thread's loads are issued LB pairs at a time before their stores (a store
  * waiting on each load before the next was issued left one in flight). */
 template <uint32_t NT, uint32_t LB>
-__device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const float *const *krow,
+__device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vs, const float *const *krow,
                                            const float *const *vrow, uint32_t nk, uint32_t hd)
 {
     const uint32_t half = hd / 2, ldh = hd + 8;
@@ -587,8 +581,7 @@ __device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vt, const flo
             const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
             if (i < KT * half) {
                 *(uint32_t *)(ks + key * ldh + d) = bf16x2(kk[u].x, kk[u].y);
-                vt[d * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].x);
-                vt[(d + 1) * TC_PLD + key] = (uint16_t)bf16_rn(vv[u].y);
+                *(uint32_t *)(vs + key * ldh + d) = bf16x2(vv[u].x, vv[u].y);
             }
         }
     }
@@ -643,8 +636,8 @@ __global__ void __launch_bounds__(MT * DW * 32)
     uint32_t *tend = (uint32_t *)(vrow + (COPY ? 0 : SPLIT)); /* [P]: a row's end of keys */
     uint16_t *qs = (uint16_t *)(tend + P);                     /* [P][ldh] */
     uint16_t *ks = qs + (size_t)P * ldh;                       /* [NBUF][KT][ldh] */
-    uint16_t *vt = ks + (size_t)NBUF * KT * ldh;               /* [NBUF][hd][TC_PLD] */
-    float *ss = (float *)(vt + (size_t)NBUF * hd * TC_PLD);    /* [16][KT]: a decode's S */
+    uint16_t *vs = ks + (size_t)NBUF * KT * ldh;               /* [NBUF][KT][ldh] */
+    float *ss = (float *)(vs + (size_t)NBUF * KT * ldh);       /* [16][KT]: a decode's S */
     const uint16_t *src = COPY ? kvc.p + ((size_t)kvh * kvc.n_all + grp.conv + t_begin / KT) *
                                              2 * KT * hd
                                : nullptr;
@@ -652,7 +645,7 @@ __global__ void __launch_bounds__(MT * DW * 32)
     if (COPY) {
         for (uint32_t i = tid; i < grp.count; i += NT)
             tend[i] = min(t_begin + SPLIT, rows[grp.first + i].pos + 1);
-        tc_copy_tile<NT>(ks, vt, src, hd);
+        tc_copy_tile<NT>(ks, vs, src, hd);
     } else
         split_rows<NT>(kv, rows, grp, kvh, sp, krow, vrow, tend);
     for (uint32_t i = tid; i < P * half; i += NT) {
@@ -677,25 +670,25 @@ __global__ void __launch_bounds__(MT * DW * 32)
             acc[j][r] = 0.0f;
     /* ldmatrix rows: Q's a fragments (rows lane % 8 + 8 (lane / 8 % 2), dims
      * + 8 (lane / 16)), K's b fragments of two 8-key tiles (keys lane % 8 + 8
-     * (lane / 16), dims + 8 (lane / 8 % 2)), V's of 8 dimensions x 32 keys
-     * (dimension lane % 8, keys 8 (lane / 8)) */
+     * (lane / 16), dims + 8 (lane / 8 % 2)), V's of 32 keys x 8 dimensions
+     * transposed by ldmatrix .trans (key lane) */
     const uint16_t *qa = qs + (mt * 16 + lane % 8 + 8 * (lane / 8 % 2)) * ldh + 8 * (lane / 16);
     const uint32_t ka = (lane % 8 + 8 * (lane / 16)) * ldh + 8 * (lane / 8 % 2);
-    const uint32_t va = (lane % 8) * TC_PLD + 8 * (lane / 8);
+    const uint32_t va = lane * ldh;
     for (uint32_t i = 0, t0 = t_begin; t0 < t_stop; i++, t0 += KT) {
-        const uint16_t *kb = ks, *vb = vt;
+        const uint16_t *kb = ks, *vb = vs;
         if (COPY) {
             hpd_cp_async_wait<0>();
             __syncthreads(); /* tile i landed for every thread; tile i - 1's buffer read */
-            kb += (i % 2) * KT * ldh, vb += (i % 2) * hd * TC_PLD;
+            kb += (i % 2) * KT * ldh, vb += (i % 2) * KT * ldh;
             if (t0 + KT < t_stop)
-                tc_copy_tile<NT>(ks + (i + 1) % 2 * KT * ldh, vt + (i + 1) % 2 * hd * TC_PLD,
+                tc_copy_tile<NT>(ks + (i + 1) % 2 * KT * ldh, vs + (i + 1) % 2 * KT * ldh,
                                  src + (size_t)(i + 1) * 2 * KT * hd, hd);
         } else {
             __syncthreads(); /* the last tile read */
             /* 4 loads in flight in a prompt's block, whose registers would
              * otherwise spill */
-            tc_load_tile<NT, MT == 1 ? 8 : 4>(ks, vt, krow + (t0 - t_begin),
+            tc_load_tile<NT, MT == 1 ? 8 : 4>(ks, vs, krow + (t0 - t_begin),
                                               vrow + (t0 - t_begin), min(KT, t_stop - t0), hd);
             __syncthreads();
         }
@@ -785,7 +778,7 @@ __global__ void __launch_bounds__(MT * DW * 32)
             if (dt >= n_dt)
                 break;
             uint32_t bv[4];
-            hpd_ldmatrix_x4(bv, vb + va + dt * 8 * TC_PLD);
+            hpd_ldmatrix_x4_trans(bv, vb + va + dt * 8);
             acc[j][0] = __fmul_rn(acc[j][0], al[0]), acc[j][1] = __fmul_rn(acc[j][1], al[0]);
             acc[j][2] = __fmul_rn(acc[j][2], al[1]), acc[j][3] = __fmul_rn(acc[j][3], al[1]);
             hpd_mma_bf16_16816(acc[j], pa[0], bv);
@@ -875,7 +868,7 @@ static size_t split_tc_smem(uint32_t MT, uint32_t hd, bool copy)
     const size_t P = TC_P(MT), nbuf = copy ? 2 : 1;
     return (copy ? 0 : 2 * SPLIT * sizeof(float *)) + (MT > 1 ? 0 : 16 * KT * sizeof(float)) +
            P * sizeof(uint32_t) +
-           (P * (hd + 8) + nbuf * ((size_t)KT * (hd + 8) + (size_t)hd * TC_PLD)) *
+           (P * (hd + 8) + nbuf * 2 * (size_t)KT * (hd + 8)) *
                sizeof(uint16_t);
 }
 

@@ -384,6 +384,8 @@ static hpd_status_t work_grow(hpd_cuda_ctx_t *c, size_t bytes)
     c->work_bytes = 0;
     const cudaError_t err = cudaMalloc(&c->work, want);
     if (err != cudaSuccess) {
+        cudaGetLastError(); /* not left for the next launch's check to find */
+        c->work = NULL;
         HPD_LOG_ERROR("cuda", "scratch of %zu bytes on GPU %d: %s", want, c->device,
                       cudaGetErrorString(err));
         return HPD_ERR_NO_MEMORY;
@@ -403,7 +405,11 @@ hpd_status_t hpd_cuda_work(hpd_backend_t *b, size_t bytes, void **dev_p)
         const bool step = c->in_step;
         if (step && (st = seg_end(c, true)) != HPD_OK)
             return st;
-        if ((st = work_grow(c, bytes)) != HPD_OK || (step && (st = seg_begin(c)) != HPD_OK))
+        st = work_grow(c, bytes);
+        /* the recording goes on whether or not the buffer grew (a caller
+         * may go on with less) */
+        const hpd_status_t rec = step ? seg_begin(c) : HPD_OK;
+        if (st != HPD_OK || (st = rec) != HPD_OK)
             return st;
     }
     *dev_p = c->work;

@@ -46,6 +46,22 @@ __device__ static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
 #endif
 }
 
+/* ldmatrix .x4 .trans: the same four matrices, each transposed: r[i] of
+ * lane l is matrix i's column l / 4, rows 2 (l % 4) (low half) and
+ * 2 (l % 4) + 1 (high half): the b fragment of a matrix stored k-major
+ * (rows of k, 8 columns of n each). */
+__device__ static inline void hpd_ldmatrix_x4_trans(uint32_t r[4], const void *row)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#else
+    __trap();
+#endif
+}
+
 /* cp.async: 16 bytes from global to shared memory (both 16-byte aligned),
  * of which the first src_bytes are read and the rest zero-filled. The copy
  * lands at some time before the wait for its group. */

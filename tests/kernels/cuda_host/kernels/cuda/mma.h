@@ -4,7 +4,8 @@
  * header documents, the products summed in double and added to d in one
  * rounding (the tensor cores' order of additions is not documented: tests
  * compare this path with a tolerance, and bit for bit only with itself).
- * ldmatrix gathers the lanes' row addresses as the instruction does;
+ * ldmatrix (and its .trans) gathers the lanes' row addresses as the
+ * instruction does;
  * cp.async copies land only when the thread waits for their group, so a
  * kernel that reads shared memory before its wait and barrier reads stale
  * bytes (the NaN the launch filled it with) and fails its test. */
@@ -61,22 +62,44 @@ static inline void hpd_mma_bf16_16816(float d[4], const uint32_t a[4], const uin
         d[r] = out[r];
 }
 
-static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
+/* ldmatrix .x4, transposed or not: the lanes' row addresses gathered once
+ * (one wait, not one per matrix), then each lane's words read */
+static inline void hpd_emu_ldmatrix(uint32_t r[4], const void *row, bool trans)
 {
     const unsigned tid = hpd_emu_blk->cur, w0 = tid / 32 * 32, lane = tid % 32;
     if (w0 + 32 > hpd_emu_blk->nt) {
         fprintf(stderr, "cuda_host: ldmatrix in a partial warp\n");
         abort();
     }
-    /* the lanes' row addresses gathered once (one wait, not one per matrix) */
     memcpy(&hpd_emu_xchg[tid], &row, sizeof(row));
     hpd_emu_wait(HPD_EMU_AT_WARP);
-    for (unsigned i = 0; i < 4; i++) {
+    const auto addr = [&](unsigned l) {
         const uint8_t *m;
-        memcpy(&m, &hpd_emu_xchg[w0 + i * 8 + lane / 4], sizeof(m));
-        memcpy(&r[i], m + 4 * (lane % 4), 4);
+        memcpy(&m, &hpd_emu_xchg[w0 + l], sizeof(m));
+        return m;
+    };
+    for (unsigned i = 0; i < 4; i++) {
+        if (!trans) { /* row l / 4, elements 2 (l % 4), + 1 */
+            memcpy(&r[i], addr(i * 8 + lane / 4) + 4 * (lane % 4), 4);
+            continue;
+        }
+        /* column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1 */
+        uint16_t lo, hi;
+        memcpy(&lo, addr(i * 8 + 2 * (lane % 4)) + 2 * (lane / 4), 2);
+        memcpy(&hi, addr(i * 8 + 2 * (lane % 4) + 1) + 2 * (lane / 4), 2);
+        r[i] = lo | (uint32_t)hi << 16;
     }
     hpd_emu_wait(HPD_EMU_AT_WARP); /* every lane has read the addresses */
+}
+
+static inline void hpd_ldmatrix_x4(uint32_t r[4], const void *row)
+{
+    hpd_emu_ldmatrix(r, row, false);
+}
+
+static inline void hpd_ldmatrix_x4_trans(uint32_t r[4], const void *row)
+{
+    hpd_emu_ldmatrix(r, row, true);
 }
 
 static inline void hpd_cp_async16(void *dst, const void *src, uint32_t src_bytes)
