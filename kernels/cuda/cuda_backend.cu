@@ -834,6 +834,7 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     c->graphs = !c->sync_each_op && !fast && !graphs_off;
     c->tc_ok = (fast || bf16) && hpd_cuda_tc_init(c);
     c->gr_ok = bf16 && c->tc_ok && hpd_cuda_ring_init(c);
+    c->gr_deep_ok = c->gr_ok && hpd_cuda_ring_deep_init(c);
     c->wide_ok = c->tc_ok && hpd_cuda_tc_wide_init(c);
     if (!hpd_cuda_attention_init(c))
         HPD_LOG_WARN("cuda", "GPU %d: the split-attention kernels' shared memory could not be "

@@ -36,6 +36,7 @@ typedef struct {
     int cc_major;      /* compute capability: tensor-core kernels need 8 or more */
     bool tc_ok;        /* cuda-fast, cuda-bf16: tensor-core GEMMs run (hpd_cuda_tc_init) */
     bool gr_ok;        /* cuda-bf16: the decode GEMM's ring kernel runs (hpd_cuda_ring_init) */
+    bool gr_deep_ok;   /* and its deeper ring (hpd_cuda_ring_deep_init) */
     bool wide_ok;      /* the tiled tensor-core GEMM's 128 x 256 blocks run (hpd_cuda_tc_wide_init) */
     uint32_t n_sms;    /* streaming multiprocessors */
     uint32_t gemm_bn;  /* HPD_CUDA_GEMM_BN: 128 or 256 forces the tiled GEMM's blocks, 0 chooses */
@@ -130,6 +131,10 @@ bool hpd_cuda_attention_init(const hpd_cuda_ctx_t *c);
  * or more and its shared memory opted in (once, at the backend's creation);
  * else gemv_tc_kernel takes its GEMMs, with the same bits. */
 bool hpd_cuda_ring_init(const hpd_cuda_ctx_t *c);
+/* Whether its deeper ring (for GEMMs of at most a block per SM) runs here,
+ * its shared memory opted in; else those take the usual ring, with the
+ * same bits. */
+bool hpd_cuda_ring_deep_init(const hpd_cuda_ctx_t *c);
 /* the pieces' hashes of a transfer's checksum (checksum.cu) */
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
 hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);

@@ -1032,6 +1032,10 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #define GR_CH 64
 #define GR_RING 16 /* slots of a ring for m <= GR_DEEP (8 past it) */
 #define GR_DEEP 4
+/* slots of a ring for m <= GR_DEEP where the GEMM has at most a block per
+ * SM (few weight rows: an SM then holds 2 warps, whose rings are all the
+ * bytes it has in flight) */
+#define GR_RING_DEEP 32
 #define GR_SCALES 128
 #define GR_SLD (GR_SCALES + 4) /* a row's scales: the 8 rows' reads of a step in other banks */
 #define GR_XROW (2 * GR_CH + 16) /* an x row of a slot (bf16), padded as the weights' */
@@ -1163,12 +1167,15 @@ static void gr_variant(cudaStream_t s, dim3 grid, const uint16_t *x16, const hpd
         x16, a->w, ws, a->y, a->ldy, a->m, a->n, a->k, a->accumulate, g);
 }
 
-/* rows: the most a block's matrix has */
+/* rows: the most a block's matrix has; deep: the deeper ring where it
+ * takes them */
 template <bool FP8>
 static void gr_launch(cudaStream_t s, dim3 grid, const uint16_t *x16, const hpd_gemm_args_t *a,
-                      uint32_t rows, wscale_t ws, const group_t &g)
+                      uint32_t rows, wscale_t ws, const group_t &g, bool deep)
 {
-    if (rows <= GR_DEEP)
+    if (rows <= GR_DEEP && deep)
+        gr_variant<FP8, 1, GR_RING_DEEP>(s, grid, x16, a, rows, ws, g);
+    else if (rows <= GR_DEEP)
         gr_variant<FP8, 1, GR_RING>(s, grid, x16, a, rows, ws, g);
     else if (rows <= 16)
         gr_variant<FP8, 1, GR_RING / 2>(s, grid, x16, a, rows, ws, g);
@@ -1203,6 +1210,11 @@ bool hpd_cuda_ring_init(const hpd_cuda_ctx_t *c)
     return c->cc_major >= 8 && gr_optin_variant<1, GR_RING>(c->smem_optin, GR_DEEP) &&
            gr_optin_variant<1, GR_RING / 2>(c->smem_optin, 16) &&
            gr_optin_variant<2, GR_RING / 2>(c->smem_optin, TC_MIN_ROWS);
+}
+
+bool hpd_cuda_ring_deep_init(const hpd_cuda_ctx_t *c)
+{
+    return c->cc_major >= 8 && gr_optin_variant<1, GR_RING_DEEP>(c->smem_optin, GR_DEEP);
 }
 
 /* Whether gemv_ring_kernel takes these weights (else gemv_tc_kernel) */
@@ -1326,12 +1338,13 @@ static hpd_status_t gemm_tc(hpd_backend_t *b, const hpd_gemm_args_t *a, bool gem
     HPD_CUDA_LAUNCHED();
     const uint16_t *x16 = (const uint16_t *)xb;
     if (gemv && rows <= TC_MIN_ROWS && c->gr_ok && gr_args(a, fp8)) {
-        /* (shared memory opted in at hpd_cuda_ring_init) */
+        /* (shared memory opted in at hpd_cuda_ring_init, _deep_init) */
         const dim3 grid(((a->n + 7) / 8 + GR_WARPS - 1) / GR_WARPS, rw.gy);
+        const bool deep = c->gr_deep_ok && (uint64_t)grid.x * grid.y <= c->n_sms;
         if (fp8)
-            gr_launch<true>(c->stream, grid, x16, a, rows, ws, rw.g);
+            gr_launch<true>(c->stream, grid, x16, a, rows, ws, rw.g, deep);
         else
-            gr_launch<false>(c->stream, grid, x16, a, rows, ws, rw.g);
+            gr_launch<false>(c->stream, grid, x16, a, rows, ws, rw.g, deep);
         HPD_CUDA_LAUNCHED();
         return HPD_OK;
     }

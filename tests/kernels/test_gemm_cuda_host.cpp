@@ -80,13 +80,13 @@ static int check_tensor_cores(hpd_backend_t *be, int *checked, const char *what,
     const bool fp8 = dt == HPD_DTYPE_F8_E4M3;
     const uint32_t block = 24;
     /* k of 1 to 9 tiles of 32 (the ring of 3 wraps), m and n past a block;
-     * the decode kernel's rings of 16 and 8 slots of 64 k wrapping (k 1088;
-     * 1048: k % 16 == 8 keeps FP8 on gemv_tc_kernel), its rows alone against
+     * the decode kernel's rings of 32, 16 and 8 slots of 64 k wrapping (k
+     * 2112, 1088; 1048: k % 16 == 8 keeps FP8 on gemv_tc_kernel), its rows alone against
      * the tiled kernel's batch of 40 */
     static const uint32_t shapes[][3] = {{1, 8, 16},     {5, 130, 40},   {64, 128, 32},
                                          {65, 200, 104}, {130, 33, 136}, {3, 257, 8},
                                          {129, 20, 264}, {40, 70, 200},  {40, 16, 1088},
-                                         {5, 40, 1048},  {20, 9, 1088}};
+                                         {5, 40, 1048},  {20, 9, 1088},  {5, 24, 2112}};
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
     int failed = 0;
@@ -275,6 +275,9 @@ int main()
      * shape on a GPU, forced here): every check again, so its rows equal
      * the GEMV's rows alone bit for bit as the narrow blocks' do */
     ctx.gr_ok = true, ctx.wide_ok = true, ctx.gemm_bn = 256;
+    /* and the decode kernel's deeper ring (taken where the GEMM has at most
+     * a block per SM: here every one) */
+    ctx.gr_deep_ok = true, ctx.n_sms = 1u << 30;
     tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 wide", hpd_cuda_gemm_bf16,
                                     {1u, 17u, 32u, 33u}, true, HPD_DTYPE_BF16);
     tc_failed += check_tensor_cores(&be, &tc_checked, "cuda-bf16 fp8 wide", hpd_cuda_gemm_bf16,

@@ -360,6 +360,7 @@ typedef struct {
     int cc_major;
     bool tc_ok;
     bool gr_ok;
+    bool gr_deep_ok;
     bool wide_ok;
     uint32_t n_sms, gemm_bn;
     cublasHandle_t cublas;
