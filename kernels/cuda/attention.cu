@@ -298,6 +298,19 @@ __device__ static inline void split_rows(const dev_kv_t &kv, const qrow_t *rows,
         tend[threadIdx.x] = min(sp.t_begin + SPLIT, rows[grp.first + threadIdx.x].pos + 1);
 }
 
+/* A row of one split (a position below SPLIT) needs no combine: the split
+ * kernels write its output with the combine pass's operations for one
+ * split (M = m, so expf(m - M) = 1): out = fmaf(o, 1, 0) (1 / fmaf(l, 1,
+ * 0)), the same bits, without the partials' trip through memory. */
+__device__ static inline float one_split_inv(float l)
+{
+    return 1.0f / fmaf(l, 1.0f, 0.0f);
+}
+__device__ static inline float one_split_out(float o, float inv)
+{
+    return __fmul_rn(fmaf(o, 1.0f, 0.0f), inv);
+}
+
 /* Pairs (query row, head) a block may hold: RT rows of up to GMAX heads
  * alone, of up to 8 in groups. */
 #define PAIRS(RT) ((RT) == 1 ? GMAX : (RT) * (GMAX / 2))
@@ -319,7 +332,7 @@ template <uint32_t RT, uint32_t NT>
 __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per SM */
     attention_split_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
                            const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
-                           float *o_part, float *ml_part)
+                           float *o_part, float *ml_part, hpd_view_t ov)
 {
     constexpr uint32_t NW = NT / 32, P = PAIRS(RT), PPW = P / NW, DPTN = SPLIT_HD / NT;
     extern __shared__ float4 sm4[];
@@ -468,22 +481,31 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
             }
         }
     }
-    /* the rows that reach this split write their partials */
+    /* the rows that reach this split write their partials, a row of one
+     * split its output (each pair's 1 / sum through alpha) */
+    __syncthreads(); /* alpha read */
+    if (tid < n_pairs)
+        alpha[tid] = one_split_inv(l);
+    __syncthreads();
 #pragma unroll
     for (uint32_t pr = 0; pr < P; pr++)
         if (pr < n_pairs) {
             const qrow_t r = rows[grp.first + pr / G];
-            if (r.pos >= t_begin) {
-                const size_t at = (size_t)(r.part - part_base + blockIdx.y) * n_heads + kvh * G +
-                                  pr % G;
+            if (r.pos < t_begin)
+                continue; /* the row does not reach this split */
+            const bool one = r.pos < SPLIT;
+            const size_t at = (size_t)(r.part - part_base + blockIdx.y) * n_heads + kvh * G +
+                              pr % G;
+            float *o = one ? ov.p + (size_t)r.row * ov.ld + (size_t)(kvh * G + pr % G) * ov.hs
+                           : o_part + at * hd;
+            const float inv = alpha[pr];
 #pragma unroll
-                for (uint32_t k = 0; k < DPTN; k++)
-                    if (tid + k * NT < hd)
-                        o_part[at * hd + tid + k * NT] = acc[pr][k];
-                if (tid == pr) {
-                    ml_part[at * 2] = m;
-                    ml_part[at * 2 + 1] = l;
-                }
+            for (uint32_t k = 0; k < DPTN; k++)
+                if (tid + k * NT < hd)
+                    o[tid + k * NT] = one ? one_split_out(acc[pr][k], inv) : acc[pr][k];
+            if (!one && tid == pr) {
+                ml_part[at * 2] = m;
+                ml_part[at * 2 + 1] = l;
             }
         }
 }
@@ -617,7 +639,7 @@ template <uint32_t MT, uint32_t DW, bool COPY>
 __global__ void __launch_bounds__(MT * DW * 32)
     attention_split_tc_kernel(dev_kv_t kv, hpd_view_t qv, uint32_t n_heads, float scale,
                               const qrow_t *rows, const row_group_t *groups, uint32_t part_base,
-                              float *o_part, float *ml_part, kv_copy_t kvc)
+                              float *o_part, float *ml_part, kv_copy_t kvc, hpd_view_t ov)
 {
     constexpr uint32_t NT = MT * DW * 32, P = TC_P(MT), MAXN = SPLIT_HD / 8 / DW;
     constexpr uint32_t NBUF = COPY ? 2 : 1; /* the copy's tiles double-buffered */
@@ -785,7 +807,9 @@ __global__ void __launch_bounds__(MT * DW * 32)
             hpd_mma_bf16_16816(acc[j], pa[1], bv + 2);
         }
     }
-    /* the rows that reach this split write their partials */
+    /* the rows that reach this split write their partials, a row of one
+     * split its output */
+    const float inv[2] = {one_split_inv(l[0]), one_split_inv(l[1])};
 #pragma unroll
     for (uint32_t j = 0; j < MAXN; j++) {
         const uint32_t dt = dw + j * DW;
@@ -793,13 +817,18 @@ __global__ void __launch_bounds__(MT * DW * 32)
             break;
 #pragma unroll
         for (uint32_t r = 0; r < 4; r++) {
-            const uint32_t pr = r < 2 ? pr0 : pr1;
+            const uint32_t pr = r < 2 ? pr0 : pr1, d = dt * 8 + 2 * t4 + r % 2;
             if (pr < n_pairs) {
                 const qrow_t q = rows[grp.first + pr / G];
-                if (q.pos >= t_begin) {
+                if (q.pos < t_begin)
+                    continue; /* the row does not reach this split */
+                if (q.pos < SPLIT)
+                    ov.p[(size_t)q.row * ov.ld + (size_t)(kvh * G + pr % G) * ov.hs + d] =
+                        one_split_out(acc[j][r], inv[r / 2]);
+                else {
                     const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads +
                                       kvh * G + pr % G;
-                    o_part[at * hd + dt * 8 + 2 * t4 + r % 2] = acc[j][r];
+                    o_part[at * hd + d] = acc[j][r];
                 }
             }
         }
@@ -809,7 +838,7 @@ __global__ void __launch_bounds__(MT * DW * 32)
             const uint32_t pr = r ? pr1 : pr0;
             if (pr < n_pairs) {
                 const qrow_t q = rows[grp.first + pr / G];
-                if (q.pos >= t_begin) {
+                if (q.pos >= SPLIT && q.pos >= t_begin) {
                     const size_t at = (size_t)(q.part - part_base + blockIdx.y) * n_heads +
                                       kvh * G + pr % G;
                     ml_part[at * 2] = m[r];
@@ -820,13 +849,16 @@ __global__ void __launch_bounds__(MT * DW * 32)
 }
 
 /* One block per (query row, head): the row's splits merged in ascending
- * order, out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M). */
+ * order, out = sum_s o_s exp(m_s - M) / sum_s l_s exp(m_s - M) (a row of
+ * one split was written by its split kernel: one_split_out). */
 __global__ void attention_combine_kernel(hpd_view_t ov, uint32_t n_heads, uint32_t hd,
                                          const qrow_t *rows, uint32_t part_base,
                                          const float *o_part, const float *ml_part)
 {
     const qrow_t r = rows[blockIdx.x / n_heads];
     const uint32_t h = blockIdx.x % n_heads, n = ROW_SPLITS(r.pos);
+    if (n == 1)
+        return;
     const size_t p0 = (size_t)(r.part - part_base) * n_heads + h;
     float M = -INFINITY, L = 0.0f;
     for (uint32_t s = 0; s < n; s++)
@@ -881,7 +913,7 @@ static hpd_status_t split_launch(hpd_cuda_ctx_t *c, dim3 grid, size_t smem,
 {
     (void)smem; /* opted in at the backend's creation: hpd_cuda_attention_init */
     attention_split_kernel<RT, NT><<<grid, NT, smem, c->stream>>>(
-        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part);
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, a->out);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
@@ -896,7 +928,7 @@ static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, const hpd_atte
     const size_t smem = split_tc_smem(MT, a->kv.layout->head_dim, COPY);
     (void)smem;
     attention_split_tc_kernel<MT, DW, COPY><<<grid, MT * DW * 32, smem, c->stream>>>(
-        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, kvc);
+        *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, kvc, a->out);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }
