@@ -265,7 +265,7 @@ typedef struct {
 typedef struct {
     hpd_paged_kv_t kv;
     hpd_view_t q;   /* [tokens][n_heads][head_dim] */
-    hpd_view_t out; /* [tokens][n_heads][head_dim] */
+    hpd_view_t out; /* [tokens][n_heads][head_dim]; may not alias q or the pool */
     uint32_t n_heads;
     float scale;
     const hpd_seq_t *seqs;
