@@ -12,7 +12,10 @@
  * - attention: one decode row for each of --seqs sequences of --context
  *   tokens (16 heads, 2 KV heads, head_dim 256, 64-token NHD pages): KV bytes
  *   read per second, as a fraction of the copy bandwidth, and the same on
- *   cuda-bf16 (tensor cores: bf16_device_of_copy);
+ *   cuda-bf16 (tensor cores: bf16_device_of_copy); these two also as a
+ *   decode step runs them, 8 calls recorded in a step (on a GPU a CUDA
+ *   graph: no host work per op, the metadata uploaded at once):
+ *   recorded_of_copy, where the backend records;
  * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s;
  * - translate: --context tokens of 12 full-attention layers from B=64,P=1
  *   NHD to B=16,P=4 HND, against a copy of the same bytes;
@@ -139,6 +142,42 @@ static double timed(void (*fn)(void *), void *arg)
     return best;
 }
 
+/* A decode step's ops run recorded (hpd_backend_step_begin: on CUDA a
+ * graph, the step's metadata uploaded at once, no host work per op):
+ * RECORD_OPS calls of fn in one step, timed as a step, per call; < 0 where
+ * the backend does not record */
+#define RECORD_OPS 8
+typedef struct {
+    void (*fn)(void *);
+    void *arg;
+} recorded_t;
+
+static void do_recorded(void *arg)
+{
+    recorded_t *r = arg;
+    bool ran = false;
+    CHECK(hpd_backend_step_begin(be, 1));
+    for (int i = 0; i < RECORD_OPS; i++)
+        r->fn(r->arg);
+    CHECK(hpd_backend_step_end(be, true, &ran));
+}
+
+static double timed_recorded(void (*fn)(void *), void *arg)
+{
+    const hpd_status_t st = hpd_backend_step_begin(be, 1);
+    if (st == HPD_ERR_UNSUPPORTED)
+        return -1;
+    CHECK(st);
+    for (int i = 0; i < RECORD_OPS; i++)
+        fn(arg);
+    bool ran = false;
+    CHECK(hpd_backend_step_end(be, true, &ran));
+    if (!ran)
+        return -1;
+    recorded_t r = {fn, arg};
+    return timed(do_recorded, &r) / RECORD_OPS;
+}
+
 /* ----------------------------------------------------------------- copy */
 
 typedef struct {
@@ -177,8 +216,9 @@ static void do_gdn(void *arg)
     CHECK(g->chunked ? hpd_gdn_chunked(be, &g->a) : hpd_gdn_recurrent(be, &g->a));
 }
 
-/* n_seqs sequences of len tokens each */
-static double gdn_seconds(uint32_t n_seqs, uint32_t len, bool chunked)
+/* n_seqs sequences of len tokens each; rec_p: also the op recorded in a
+ * step (timed_recorded), or NULL */
+static double gdn_seconds(uint32_t n_seqs, uint32_t len, bool chunked, double *rec_p)
 {
     const uint32_t T = n_seqs * len;
     const size_t state = (size_t)NV * DK * DV;
@@ -196,6 +236,8 @@ static double gdn_seconds(uint32_t n_seqs, uint32_t len, bool chunked)
                   {out, NV * DV, DV}, NK, NV, DK, DV, states, seqs, n_seqs},
                  chunked};
     const double t = timed(do_gdn, &run);
+    if (rec_p != NULL)
+        *rec_p = timed_recorded(do_gdn, &run);
     float *bufs[] = {q, k, v, out, g, beta, S};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
         hpd_backend_free(be, bufs[i]);
@@ -214,9 +256,10 @@ static void do_attention(void *arg)
 }
 
 /* n_seqs sequences of `context` keys, each with its last `rows` tokens as
- * query rows (1: decode; context: a whole prompt) */
+ * query rows (1: decode; context: a whole prompt); rec_p: also the op
+ * recorded in a step (timed_recorded), or NULL */
 static double attention_seconds(uint32_t n_seqs, uint32_t context, uint32_t rows,
-                                uint64_t *kv_bytes_p)
+                                uint64_t *kv_bytes_p, double *rec_p)
 {
     hpd_kv_layout_t l = {.block_size = 64,
                          .pack_size = 1,
@@ -251,6 +294,8 @@ static double attention_seconds(uint32_t n_seqs, uint32_t context, uint32_t rows
                               .seqs = seqs,
                               .n_seqs = n_seqs};
     const double t = timed(do_attention, &a);
+    if (rec_p != NULL)
+        *rec_p = timed_recorded(do_attention, &a);
     *kv_bytes_p = (uint64_t)n_seqs * context * 2 * NKV * HD * sizeof(float);
     hpd_backend_free(be, pool);
     hpd_backend_free(be, q);
@@ -541,7 +586,7 @@ static void attention_prefill_bench(uint32_t tokens, double cublas_tflops, const
 {
     uint64_t kv_bytes;
     const double flop = 2.0 * tokens * (double)tokens * HD * NH;
-    const double t = attention_seconds(1, tokens, tokens, &kv_bytes);
+    const double t = attention_seconds(1, tokens, tokens, &kv_bytes, NULL);
     printf("attention_prefill tokens=%u heads=%d kv_heads=%d head_dim=%d ms=%.3f TFLOPs=%.2f",
            tokens, NH, NKV, HD, t * 1e3, flop / t / 1e12);
     if (cublas_tflops > 0)
@@ -550,7 +595,7 @@ static void attention_prefill_bench(uint32_t tokens, double cublas_tflops, const
     if (bf16 != NULL) {
         hpd_backend_t *under_test = be;
         be = bf16;
-        const double tb = attention_seconds(1, tokens, tokens, &kv_bytes);
+        const double tb = attention_seconds(1, tokens, tokens, &kv_bytes, NULL);
         be = under_test;
         hpd_backend_destroy(bf16);
         printf(" bf16_device_ms=%.3f bf16_device_TFLOPs=%.2f", tb * 1e3, flop / tb / 1e12);
@@ -873,32 +918,43 @@ int main(int argc, char **argv)
     const double state_bytes = (double)NV * DK * DV * 4;
     double t = 0;
     /* batch 1 and the batch: the goals are 0.3 and 0.7 of the bound */
+    /* each also recorded as in a decode step (recorded_*: on a GPU a graph,
+     * no host work per op), where the backend records */
+    double rec = -1;
     for (uint32_t n = 1;; n = seqs) {
-        t = gdn_seconds(n, 1, false);
-        printf("gdn_recurrent seqs=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f GBps=%.1f of_copy=%.3f\n",
+        t = gdn_seconds(n, 1, false, &rec);
+        printf("gdn_recurrent seqs=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f GBps=%.1f of_copy=%.3f",
                n, NK, NV, DK, DV, t * 1e3, 2 * state_bytes * n / t / 1e9,
                2 * state_bytes * n / t / bw);
+        if (rec > 0)
+            printf(" recorded_ms=%.4f recorded_of_copy=%.3f", rec * 1e3,
+                   2 * state_bytes * n / rec / bw);
+        printf("\n");
         if (n == seqs)
             break;
     }
     uint64_t kv_bytes;
-    t = attention_seconds(seqs, context, 1, &kv_bytes);
+    t = attention_seconds(seqs, context, 1, &kv_bytes, &rec);
     printf("attention seqs=%u context=%u heads=%d kv_heads=%d head_dim=%d ms=%.4f GBps=%.1f "
            "of_copy=%.3f", seqs, context, NH, NKV, HD, t * 1e3, kv_bytes / t / 1e9,
            kv_bytes / t / bw);
+    if (rec > 0)
+        printf(" recorded_ms=%.4f recorded_of_copy=%.3f", rec * 1e3, kv_bytes / rec / bw);
     /* beside it, cuda-bf16's (tensor cores), the same shape on the same GPU */
     hpd_backend_t *bf16 = open_sibling("cuda-bf16", device);
     if (bf16 != NULL) {
         hpd_backend_t *under_test = be;
         be = bf16;
-        const double tb = attention_seconds(seqs, context, 1, &kv_bytes);
+        const double tb = attention_seconds(seqs, context, 1, &kv_bytes, &rec);
         be = under_test;
         hpd_backend_destroy(bf16);
         printf(" bf16_device_ms=%.4f bf16_device_of_copy=%.3f", tb * 1e3, kv_bytes / tb / bw);
+        if (rec > 0)
+            printf(" bf16_device_recorded_of_copy=%.3f", kv_bytes / rec / bw);
     }
     printf("\n");
     for (uint32_t n = 1; n <= 4; n *= 4) {
-        t = gdn_seconds(n, prefill, true);
+        t = gdn_seconds(n, prefill, true, NULL);
         printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f\n", n,
                prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
     }
