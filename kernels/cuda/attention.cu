@@ -1146,6 +1146,20 @@ static hpd_status_t attention(hpd_backend_t *b, const hpd_attention_args_t *a, b
         free(rows), free(tables);
         return HPD_OK;
     }
+    /* out may not overlap q: split blocks write short rows' outputs while
+     * other blocks still read q */
+    uint32_t last_row = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        last_row = rows[r].row > last_row ? rows[r].row : last_row;
+    const uintptr_t q0 = (uintptr_t)a->q.p, o0 = (uintptr_t)a->out.p;
+    const uintptr_t q1 = q0 + ((size_t)last_row * a->q.ld + (size_t)a->n_heads * a->q.hs) * 4;
+    const uintptr_t o1 = o0 + ((size_t)last_row * a->out.ld + (size_t)a->n_heads * a->out.hs) * 4;
+    if (o0 < q1 && q0 < o1) {
+        HPD_LOG_ERROR("cuda", "attention: out [%#zx, %#zx) overlaps q [%#zx, %#zx)", (size_t)o0,
+                      (size_t)o1, (size_t)q0, (size_t)q1);
+        free(rows), free(tables);
+        return HPD_ERR_INVALID_ARG;
+    }
     /* the split-KV pass where its tiles fit (16-byte rows, head_dim <= 256, at
      * most 16 query heads per KV head); its launches and blocks are planned
      * here and staged with the rows and tables in one slot of the ring, which

@@ -482,14 +482,20 @@ static hpd_status_t seg_end(hpd_cuda_ctx_t *c, bool run)
         cudaGetLastError();
         nodes = 1; /* launched: an empty graph runs too */
     }
-    if (run && nodes > 0 && (st = seg_exec(c, g, &exec)) == HPD_OK) {
+    if (run && nodes > 0)
+        st = seg_exec(c, g, &exec);
+    /* the segment's metadata goes up even where it recorded no kernel: an
+     * op that staged its metadata and then had the segment end (to grow
+     * the work buffer) launches its kernels in the next segment */
+    if (run && st == HPD_OK) {
         const cudaError_t e2 =
             c->step_used > c->seg_start
                 ? cudaMemcpyAsync((char *)c->arena_dev + c->seg_start,
                                   c->arena_host + c->seg_start, c->step_used - c->seg_start,
                                   cudaMemcpyHostToDevice, c->stream)
                 : cudaSuccess;
-        const cudaError_t e3 = e2 == cudaSuccess ? cudaGraphLaunch(exec, c->stream) : e2;
+        const cudaError_t e3 =
+            e2 == cudaSuccess && nodes > 0 ? cudaGraphLaunch(exec, c->stream) : e2;
         if (e3 != cudaSuccess) {
             HPD_LOG_ERROR("cuda", "GPU %d: launching a step's segment %u failed: %s", c->device,
                           c->seg, cudaGetErrorString(e3));

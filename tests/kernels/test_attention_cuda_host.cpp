@@ -169,6 +169,28 @@ int main()
     attention_case(cpu, 16, 1, 64, lens_x, nq_x, true);
     const uint32_t lens_m[2] = {200, 3}, nq_m[2] = {150, 3};
     attention_case(cpu, 2, 2, 32, lens_m, nq_m, true);
+    /* out over q: refused (split blocks write short rows while others read
+     * q), nothing written */
+    {
+        test_emu_t emu;
+        const uint32_t lens1[2] = {8, 0};
+        paged_t pg(16, 1, HPD_KV_NHD, lens1, 1, 16);
+        std::vector<float> q = test_rnd(4 * 16, 5, 1), q0 = q;
+        const hpd_seq_t seq = {.row = 0, .n_tokens = 4, .start_pos = 4};
+        hpd_attention_args_t at = {
+            .kv = {.layout = &pg.l, .pool = pg.emu_pool.data(), .block_tables = pg.ctables},
+            .q = {.p = q.data(), .ld = 16, .hs = 16},
+            .out = {.p = q.data() + 8, .ld = 16, .hs = 16},
+            .n_heads = 1,
+            .scale = 0.25f,
+            .seqs = &seq,
+            .n_seqs = 1};
+        hpd_test_checked++;
+        if (hpd_cuda_attention_bf16(&emu.be, &at) != HPD_ERR_INVALID_ARG || q != q0) {
+            fprintf(stderr, "FAIL attention with out over q: not refused, or q written\n");
+            hpd_test_failed++;
+        }
+    }
     hpd_backend_destroy(cpu);
     return test_report("test_attention_cuda_host", t0);
 }

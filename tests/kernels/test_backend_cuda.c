@@ -1232,6 +1232,72 @@ static void expect_gathered(const float *dst, const float *src, const uint32_t *
  * its own metadata, without a wait (the arena is rewritten only after the
  * last step's copies).
  */
+/* A step whose first op grows the work buffer (a fresh backend's
+ * attention over two 512-key splits): the segment ends before any kernel
+ * was recorded, and the op's metadata, staged just before, must go up all
+ * the same (it did not: the kernels read the arena's stale bytes). Twice,
+ * at two positions, against the op run outside a step. */
+static void test_step_work_growth(void **state)
+{
+    enum { HD = 64, B = 64, KEYS = 600, PAGES = (KEYS + B - 1) / B, NH = 4 };
+    hpd_backend_params_t bp = {.device = "cuda:0"};
+    hpd_backend_t *fresh;
+    bool ran = false;
+    if (hpd_backend_host_memory(gpu)) {
+        print_message("device under test is not a GPU: nothing to check\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&bp, &fresh), HPD_OK);
+    if (hpd_backend_step_begin(fresh, 0) == HPD_ERR_UNSUPPORTED) {
+        print_message("%s records no steps: nothing to check\n", fresh->ops->name);
+        hpd_backend_destroy(fresh);
+        return;
+    }
+    assert_int_equal(hpd_backend_step_end(fresh, false, &ran), HPD_OK);
+    const hpd_kv_layout_t l = {.block_size = B,
+                               .pack_size = 1,
+                               .order = HPD_KV_NHD,
+                               .dtype = HPD_DTYPE_F32,
+                               .n_layers = 1,
+                               .n_kv_heads = 1,
+                               .head_dim = HD};
+    const size_t elems = (size_t)PAGES * hpd_kv_layout_page_elems(&l);
+    float *pool = rnd(elems, 71, 1), *q = rnd(NH * HD, 72, 1);
+    float *dpool = up(pool, elems), *dq = up(q, NH * HD), *dout = up(q, NH * HD);
+    float *dref = up(q, NH * HD);
+    uint32_t table[PAGES];
+    for (uint32_t i = 0; i < PAGES; i++)
+        table[i] = PAGES - 1 - i;
+    const uint32_t *tables[1] = {table};
+    for (int round = 0; round < 2; round++) {
+        const hpd_seq_t seq = {.row = 0, .n_tokens = 1, .start_pos = round ? 550 : KEYS - 1};
+        hpd_attention_args_t a = {
+            .kv = {.layout = &l, .pool = dpool, .member = 0, .block_tables = tables},
+            .q = {.p = dq, .ld = NH * HD, .hs = HD},
+            .out = {.p = dout, .ld = NH * HD, .hs = HD},
+            .n_heads = NH,
+            .scale = 0.125f,
+            .seqs = &seq,
+            .n_seqs = 1};
+        assert_int_equal(hpd_backend_step_begin(fresh, 1), HPD_OK);
+        assert_int_equal(hpd_attention(fresh, &a), HPD_OK);
+        assert_int_equal(hpd_backend_step_end(fresh, true, &ran), HPD_OK);
+        assert_true(ran);
+        a.out.p = dref;
+        assert_int_equal(hpd_attention(fresh, &a), HPD_OK);
+        assert_int_equal(hpd_backend_sync(fresh), HPD_OK);
+        float *got = down(dout, NH * HD), *want = down(dref, NH * HD);
+        if (memcmp(got, want, NH * HD * sizeof(float)) != 0)
+            fail_msg("round %d: attention recorded first in a step differs from the op alone",
+                     round);
+        free(got), free(want);
+    }
+    hpd_backend_destroy(fresh);
+    free(pool), free(q);
+    hpd_backend_free(gpu, dpool), hpd_backend_free(gpu, dq), hpd_backend_free(gpu, dout);
+    hpd_backend_free(gpu, dref);
+}
+
 static void test_step_graph(void **state)
 {
     enum { T = 64, D = 8, BIG = 24000, Q = 8 };
@@ -1895,6 +1961,7 @@ int main(void)
         cmocka_unit_test(test_kv_store_and_attention),
         cmocka_unit_test(test_large_metadata),
         cmocka_unit_test(test_step_graph),
+        cmocka_unit_test(test_step_work_growth),
         cmocka_unit_test(test_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
