@@ -1119,6 +1119,18 @@ static void test_bf16_attention(void **state)
     hpd_backend_destroy(dev);
 }
 
+/* One layer of one KV head in NHD pages of block_size, F32 */
+static hpd_kv_layout_t one_head_layout(uint32_t block_size, uint32_t head_dim)
+{
+    return (hpd_kv_layout_t){.block_size = block_size,
+                             .pack_size = 1,
+                             .order = HPD_KV_NHD,
+                             .dtype = HPD_DTYPE_F32,
+                             .n_layers = 1,
+                             .n_kv_heads = 1,
+                             .head_dim = head_dim};
+}
+
 /* Block tables beyond a staging slot (1 MiB at first): 128 sequences of
  * 2100 tokens at block size 1 (the ops take any block size) carry 1.08 MB
  * of tables after 1.5 KB of query rows. An op reserves its whole metadata
@@ -1130,13 +1142,7 @@ static void test_bf16_attention(void **state)
 static void test_large_metadata(void **state)
 {
     enum { S = 128, L = 2100, HD = 8, SHARED = 64, POOL = SHARED + S };
-    const hpd_kv_layout_t l = {.block_size = 1,
-                               .pack_size = 1,
-                               .order = HPD_KV_NHD,
-                               .dtype = HPD_DTYPE_F32,
-                               .n_layers = 1,
-                               .n_kv_heads = 1,
-                               .head_dim = HD};
+    const hpd_kv_layout_t l = one_head_layout(1, HD);
     const size_t elems = (size_t)POOL * hpd_kv_layout_page_elems(&l), n = (size_t)S * HD;
     float *pool = rnd(elems, 43, 0.25f), *k = rnd(n, 44, 0.25f), *v = rnd(n, 45, 0.25f);
     float *q = rnd(n, 46, 1), *ocpu = malloc(n * sizeof(float));
@@ -1254,13 +1260,7 @@ static void test_step_work_growth(void **state)
         return;
     }
     assert_int_equal(hpd_backend_step_end(fresh, false, &ran), HPD_OK);
-    const hpd_kv_layout_t l = {.block_size = B,
-                               .pack_size = 1,
-                               .order = HPD_KV_NHD,
-                               .dtype = HPD_DTYPE_F32,
-                               .n_layers = 1,
-                               .n_kv_heads = 1,
-                               .head_dim = HD};
+    const hpd_kv_layout_t l = one_head_layout(B, HD);
     const size_t elems = (size_t)PAGES * hpd_kv_layout_page_elems(&l);
     float *pool = rnd(elems, 71, 1), *q = rnd(NH * HD, 72, 1);
     float *dpool = up(pool, elems), *dq = up(q, NH * HD), *dout = up(q, NH * HD);
