@@ -156,33 +156,39 @@ typedef struct {
     void *arg;
 } recorded_t;
 
-static void do_recorded(void *arg)
+/* One step of RECORD_OPS calls; HPD_ERR_UNSUPPORTED (the calls then made
+ * op by op) where the backend does not record */
+static hpd_status_t record_step(const recorded_t *r, bool *ran_p)
 {
-    recorded_t *r = arg;
-    bool ran = false;
     const hpd_status_t st = hpd_backend_step_begin(be, 1);
-    if (st != HPD_ERR_UNSUPPORTED) /* (graphs turned off since: op by op) */
-        CHECK(st);
+    if (st != HPD_OK && st != HPD_ERR_UNSUPPORTED)
+        return st;
     for (int i = 0; i < RECORD_OPS; i++)
         r->fn(r->arg);
-    if (st == HPD_OK)
-        CHECK(hpd_backend_step_end(be, true, &ran));
+    return st == HPD_OK ? hpd_backend_step_end(be, true, ran_p) : st;
+}
+
+static void do_recorded(void *arg)
+{
+    bool ran = false;
+    const hpd_status_t st = record_step(arg, &ran);
+    if (st != HPD_ERR_UNSUPPORTED) /* (graphs turned off since: op by op) */
+        CHECK(st);
 }
 
 static double timed_recorded(void (*fn)(void *), void *arg)
 {
-    const hpd_status_t st = hpd_backend_step_begin(be, 1);
+    const recorded_t r = {fn, arg};
+    bool ran = false;
+    const hpd_status_t st = hpd_backend_step_begin(be, 1); /* does it record? */
     if (st == HPD_ERR_UNSUPPORTED)
         return -1;
     CHECK(st);
-    for (int i = 0; i < RECORD_OPS; i++)
-        fn(arg);
-    bool ran = false;
-    CHECK(hpd_backend_step_end(be, true, &ran));
+    CHECK(hpd_backend_step_end(be, false, &ran)); /* (nothing recorded, nothing run) */
+    CHECK(record_step(&r, &ran));
     if (!ran)
         return -1;
-    recorded_t r = {fn, arg};
-    return timed(do_recorded, &r) / RECORD_OPS;
+    return timed(do_recorded, (void *)&r) / RECORD_OPS;
 }
 
 /* ----------------------------------------------------------------- copy */

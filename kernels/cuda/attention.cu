@@ -925,8 +925,8 @@ static hpd_status_t split_tc_launch(hpd_cuda_ctx_t *c, dim3 grid, const hpd_atte
                                     const row_group_t *groups, uint32_t base, float *o_part,
                                     float *ml_part, kv_copy_t kvc)
 {
+    /* (opted in at the backend's creation: hpd_cuda_attention_init) */
     const size_t smem = split_tc_smem(MT, a->kv.layout->head_dim, COPY);
-    (void)smem;
     attention_split_tc_kernel<MT, DW, COPY><<<grid, MT * DW * 32, smem, c->stream>>>(
         *kv, a->q, a->n_heads, a->scale, rows, groups, base, o_part, ml_part, kvc, a->out);
     HPD_CUDA_LAUNCHED();

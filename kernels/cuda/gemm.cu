@@ -1224,31 +1224,30 @@ static bool gr_args(const hpd_gemm_args_t *a, bool fp8)
 }
 
 
+/* A tiled kernel's dynamic shared memory opted in */
+template <typename K> static bool tc_optin(K kernel, size_t smem)
+{
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem) == cudaSuccess;
+}
+
 bool hpd_cuda_tc_init(const hpd_cuda_ctx_t *c)
 {
     cudaFuncAttributes fa;
-    const auto optin = [](auto kernel, size_t smem) {
-        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem) == cudaSuccess;
-    };
     return c->cc_major >= 8 && c->smem_optin >= TC_NARROW::SMEM &&
            cudaFuncGetAttributes(&fa, gemm_tc_kernel<false, TC_NARROW>) == cudaSuccess &&
            fa.ptxVersion >= 80 && fa.binaryVersion >= 80 &&
            /* the tiled kernels' shared memory, once per device */
-           optin(gemm_tc_kernel<false, TC_NARROW>, TC_NARROW::SMEM) &&
-           optin(gemm_tc_kernel<true, TC_NARROW>, TC_NARROW::SMEM);
+           tc_optin(gemm_tc_kernel<false, TC_NARROW>, TC_NARROW::SMEM) &&
+           tc_optin(gemm_tc_kernel<true, TC_NARROW>, TC_NARROW::SMEM);
 }
 
 bool hpd_cuda_tc_wide_init(const hpd_cuda_ctx_t *c)
 {
-    const auto optin = [](auto kernel, size_t smem) {
-        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem) == cudaSuccess;
-    };
     if (c->smem_optin < TC_WIDE::SMEM)
         return false;
-    if (optin(gemm_tc_kernel<false, TC_WIDE>, TC_WIDE::SMEM) &&
-        optin(gemm_tc_kernel<true, TC_WIDE>, TC_WIDE::SMEM))
+    if (tc_optin(gemm_tc_kernel<false, TC_WIDE>, TC_WIDE::SMEM) &&
+        tc_optin(gemm_tc_kernel<true, TC_WIDE>, TC_WIDE::SMEM))
         return true;
     cudaGetLastError(); /* refused: the narrow blocks take every tiled GEMM */
     return false;
