@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/bf16.h"
 #include "kernels/cuda/mma.h"
 
 #define WARPS 4
@@ -512,19 +513,6 @@ __global__ void __launch_bounds__(NT, RT == 1 ? 2 : 1) /* decode: two blocks per
 
 /* ------------------------------------------- split-KV on tensor cores */
 
-__device__ static inline uint32_t bf16_rn(float f) /* to nearest even */
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
-__device__ static inline uint32_t bf16x2(float lo, float hi)
-{
-    return bf16_rn(lo) | bf16_rn(hi) << 16;
-}
-
 #define TC_PAIRS 128    /* pairs (row, head) of a prompt's block: 8 warps of 16 */
 #ifndef TC_COPY_BYTES /* a test may set a smaller bound, to read the pool */
 #define TC_COPY_BYTES ((size_t)256 << 20) /* the most the bf16 copy of K and V may take */
@@ -544,7 +532,7 @@ typedef struct {
 } kv_copy_t;
 
 /* One block per (tile, KV head): K and V rounded to bf16 as the decode
- * blocks round them (bf16_rn). */
+ * blocks round them (hpd_bf16_rn). */
 __global__ void kv_bf16_kernel(dev_kv_t kv, const copy_tile_t *tiles, uint32_t n_all,
                                uint16_t *out)
 {
@@ -558,8 +546,8 @@ __global__ void kv_bf16_kernel(dev_kv_t kv, const copy_tile_t *tiles, uint32_t n
             kk = *(const float2 *)(kv_row(&kv, ct.seq, 0, t, kvh) + d);
             vv = *(const float2 *)(kv_row(&kv, ct.seq, 1, t, kvh) + d);
         }
-        *(uint32_t *)(ko + key * hd + d) = bf16x2(kk.x, kk.y);
-        *(uint32_t *)(vo + key * hd + d) = bf16x2(vv.x, vv.y);
+        *(uint32_t *)(ko + key * hd + d) = hpd_bf16x2(kk.x, kk.y);
+        *(uint32_t *)(vo + key * hd + d) = hpd_bf16x2(vv.x, vv.y);
     }
 }
 
@@ -602,8 +590,8 @@ __device__ static inline void tc_load_tile(uint16_t *ks, uint16_t *vs, const flo
         for (uint32_t u = 0; u < LB; u++) {
             const uint32_t i = i0 + u * NT, key = i / half, d = 2 * (i % half);
             if (i < KT * half) {
-                *(uint32_t *)(ks + key * ldh + d) = bf16x2(kk[u].x, kk[u].y);
-                *(uint32_t *)(vs + key * ldh + d) = bf16x2(vv[u].x, vv[u].y);
+                *(uint32_t *)(ks + key * ldh + d) = hpd_bf16x2(kk[u].x, kk[u].y);
+                *(uint32_t *)(vs + key * ldh + d) = hpd_bf16x2(vv[u].x, vv[u].y);
             }
         }
     }
@@ -676,7 +664,7 @@ __global__ void __launch_bounds__(MT * DW * 32)
         if (pr < n_pairs) {
             const float *q = qv.p + (size_t)rows[grp.first + pr / G].row * qv.ld +
                              (size_t)(kvh * G + pr % G) * qv.hs + d;
-            w = bf16x2(q[0], q[1]);
+            w = hpd_bf16x2(q[0], q[1]);
         }
         *(uint32_t *)(qs + pr * ldh + d) = w;
     }
@@ -789,10 +777,10 @@ __global__ void __launch_bounds__(MT * DW * 32)
         uint32_t pa[2][4];
 #pragma unroll
         for (uint32_t k = 0; k < 2; k++) {
-            pa[k][0] = bf16x2(s[2 * k][0], s[2 * k][1]);
-            pa[k][1] = bf16x2(s[2 * k][2], s[2 * k][3]);
-            pa[k][2] = bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
-            pa[k][3] = bf16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
+            pa[k][0] = hpd_bf16x2(s[2 * k][0], s[2 * k][1]);
+            pa[k][1] = hpd_bf16x2(s[2 * k][2], s[2 * k][3]);
+            pa[k][2] = hpd_bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
+            pa[k][3] = hpd_bf16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
         }
 #pragma unroll
         for (uint32_t j = 0; j < MAXN; j++) {

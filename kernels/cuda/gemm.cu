@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/block_scan.h"
 #include "common/util.h"
+#include "kernels/cuda/bf16.h"
 #include "kernels/cuda/mma.h"
 
 __device__ static inline float widen(float w)
@@ -676,15 +677,6 @@ template <uint32_t WN_, uint32_t BK_> struct tc_tile {
 typedef tc_tile<32, 32> TC_NARROW;
 typedef tc_tile<64, 64> TC_WIDE;
 
-__device__ static inline uint32_t tc_bf16_rn(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (u >> 16) | 0x40u; /* NaN, quiet */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
-
 /* xb[r][c] = bf16(x[r][c]), rows of k, four elements per step (x rows
  * off 16-byte alignment read one float at a time) */
 __global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, uint32_t m,
@@ -698,8 +690,8 @@ __global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, ui
         const float *src = x + r * ldx + c;
         const float4 q = vec ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
         uint32_t *dst = xb + (r * k + c) / 2;
-        dst[0] = tc_bf16_rn(q.x) | tc_bf16_rn(q.y) << 16;
-        dst[1] = tc_bf16_rn(q.z) | tc_bf16_rn(q.w) << 16;
+        dst[0] = hpd_bf16x2(q.x, q.y);
+        dst[1] = hpd_bf16x2(q.z, q.w);
     }
 }
 
@@ -707,7 +699,7 @@ __global__ void tc_round_x_kernel(const float *x, uint32_t ldx, uint32_t *xb, ui
  * bf16(q * scale), rounded to nearest even, the same in every kernel */
 __device__ static inline uint32_t tc_f8_bf16(uint32_t q, float scale)
 {
-    return tc_bf16_rn(__fmul_rn(widen(f8_t{(uint8_t)q}), scale));
+    return hpd_bf16_rn(__fmul_rn(widen(f8_t{(uint8_t)q}), scale));
 }
 
 /* A k tile of FP8 weights (BN rows of BK): eight weights per step (one
