@@ -63,9 +63,13 @@ for dt in f32 bf16; do
   awk -v a="$fla_rec" -v b="$ours_rec" -v d="$dt" -v s="$seqs" 'BEGIN {
     printf "gdn_recurrent seqs=%s: hpd f32 %.4f ms, fla %s %.4f ms, ratio %.2f\n", s, b, d, a, a / b }'
   for n in 1 4; do
-    ours=$(grep "^gdn_chunked seqs=$n " "$out/ours.txt" | field ms)
+    line=$(grep "^gdn_chunked seqs=$n " "$out/ours.txt")
     fla=$(grep "^fla_gdn_chunked dtype=$dt seqs=$n " "$out/fla.txt" | field ms)
-    awk -v a="$fla" -v b="$ours" -v d="$dt" -v n="$n" -v t="$prefill" 'BEGIN {
-      printf "gdn_chunked seqs=%s tokens=%s: hpd f32 %.3f ms, fla %s %.3f ms, ratio %.2f\n", n, t, b, d, a, a / b }'
+    # hpd's fp32 rule beside fla's f32, cuda-bf16's beside fla's bf16
+    if [ "$dt" = f32 ]; then hd=f32; ours=$(echo "$line" | field ms)
+    else hd=cuda-bf16; ours=$(echo "$line" | field bf16_device_ms); fi
+    [ -n "$ours" ] || continue
+    awk -v a="$fla" -v b="$ours" -v d="$dt" -v n="$n" -v t="$prefill" -v h="$hd" 'BEGIN {
+      printf "gdn_chunked seqs=%s tokens=%s: hpd %s %.3f ms, fla %s %.3f ms, ratio %.2f\n", n, t, h, b, d, a, a / b }'
   done
 done

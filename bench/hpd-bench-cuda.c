@@ -17,7 +17,8 @@
  *   CUDA graph, the metadata uploaded at once; steps do not overlap, so
  *   the host's recording counts): recorded_of_copy, where the backend
  *   records;
- * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s;
+ * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s,
+ *   and on cuda-bf16 (its state pass on tensor cores: bf16_device_ms);
  * - translate: --context tokens of 12 full-attention layers from B=64,P=1
  *   NHD to B=16,P=4 HND, against a copy of the same bytes;
  * - gemv: the GEMM of decode, BF16 weights 5120x2048 and 2048x5120 at m = 1,
@@ -966,11 +967,24 @@ int main(int argc, char **argv)
             printf(" bf16_device_recorded_of_copy=%.3f", kv_bytes / rec / bw);
     }
     printf("\n");
+    /* chunked GDN, and beside it cuda-bf16's (its state pass on tensor
+     * cores), the same shape on the same GPU */
+    bf16 = open_sibling("cuda-bf16", device);
     for (uint32_t n = 1; n <= 4; n *= 4) {
         t = gdn_seconds(n, prefill, true, NULL);
-        printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f\n", n,
+        printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f", n,
                prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
+        if (bf16 != NULL) {
+            hpd_backend_t *under_test = be;
+            be = bf16;
+            const double tb = gdn_seconds(n, prefill, true, NULL);
+            be = under_test;
+            printf(" bf16_device_ms=%.4f bf16_device_tok_per_s=%.0f", tb * 1e3, n * prefill / tb);
+        }
+        printf("\n");
     }
+    if (bf16 != NULL)
+        hpd_backend_destroy(bf16);
     translate_vs_copy(context);
     checksum_bench(bw);
     sample_bench(seqs);

@@ -126,6 +126,7 @@ for tool in memcheck racecheck synccheck initcheck; do
         "HPD_TEST_ONLY=test_sample $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_kv_store_and_attention $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_gdn_chunked $b/tests/test_backend_cuda"
+        "HPD_TEST_ONLY=test_bf16_gdn_chunked $b/tests/test_backend_cuda"
         "HPD_TEST_ONLY=test_gemm_grouped $b/tests/test_backend_cuda"
         "$gen"
         "HPD_TEST_ONLY=test_gemm_batch_invariance $b/tests/test_backend_cuda")

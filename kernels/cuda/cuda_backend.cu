@@ -658,14 +658,16 @@ HPD_CUDA_ENTRY(l2norm_gating, hpd_l2norm_gating_args_t)
 HPD_CUDA_ENTRY(gemm_cublas, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(gemm_bf16, hpd_gemm_args_t)
 HPD_CUDA_ENTRY(attention_bf16, hpd_attention_args_t)
+HPD_CUDA_ENTRY(gdn_chunked_bf16, hpd_gdn_args_t)
 
-/* The devices differ in their GEMMs and attention (and so in their
- * numerics) alone; cuda-fast has no grouped GEMM (hpd_gemm_grouped calls
- * its GEMM per group). */
+/* The devices differ in their GEMMs, attention and chunked GDN (and so in
+ * their numerics) alone; cuda-fast has no grouped GEMM (hpd_gemm_grouped
+ * calls its GEMM per group). */
 static constexpr hpd_backend_ops_t cuda_ops_with(
     const char *name, const char *numerics, decltype(hpd_backend_ops_t::gemm) gemm,
     decltype(hpd_backend_ops_t::gemm_grouped) grouped,
-    decltype(hpd_backend_ops_t::attention) attention = entry_attention)
+    decltype(hpd_backend_ops_t::attention) attention = entry_attention,
+    decltype(hpd_backend_ops_t::gdn_chunked) gdn_chunked = entry_gdn_chunked)
 {
     return hpd_backend_ops_t{
         .name = name,
@@ -700,7 +702,7 @@ static constexpr hpd_backend_ops_t cuda_ops_with(
         .conv1d = entry_conv1d,
         .conv1d_step = entry_conv1d,
         .gdn_gating = entry_gdn_gating,
-        .gdn_chunked = entry_gdn_chunked,
+        .gdn_chunked = gdn_chunked,
         .gdn_recurrent = entry_gdn_recurrent,
         .sample = entry_sample,
         .kv_translate = entry_kv_translate,
@@ -723,10 +725,11 @@ static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas, nullptr);
 /* deterministic and batch-invariant, on tensor cores: BF16 weights for every
  * batch size (activations rounded to bf16), attention's products (q, k, v
- * and the probabilities rounded to bf16) */
+ * and the probabilities rounded to bf16), the chunked GDN's state pass (its
+ * operands rounded to bf16) */
 static constexpr hpd_backend_ops_t cuda_bf16_ops =
     cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16, entry_gemm_grouped_bf16,
-                  entry_attention_bf16);
+                  entry_attention_bf16, entry_gdn_chunked_bf16);
 /* cuda-fast where BF16 weights go to tensor cores (activations rounded to
  * bf16): other numerics than on a GPU without them */
 static constexpr hpd_backend_ops_t cuda_fast_tc_ops =

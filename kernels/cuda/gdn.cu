@@ -14,6 +14,8 @@
  * depends on its own tokens alone, not on the batch, and a sequence resumed
  * at a multiple of 64 gives the same bits. */
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/bf16.h"
+#include "kernels/cuda/mma.h"
 
 #define MAX_DK 256
 
@@ -169,11 +171,29 @@ typedef struct {
     uint32_t chunk0, n_chunks;
 } segment_t;
 
-/* Floats of the prepared form of one (chunk, value head): W, QE, KE
- * [C][dk], U [C][dv], QK [C][C], then exp(gc_last) (padded to 4). */
-__host__ __device__ static inline size_t prep_floats(uint32_t dk, uint32_t dv)
+/* The prepared form of one (chunk, value head), its parts' byte offsets:
+ * W, QE, KE [C][dk], U [C][dv], QK [C][C], exp(gc_last) (16 bytes). W, QE,
+ * KE and QK in fp32, or in bf16 where the state pass runs on tensor cores
+ * (cuda-bf16: its operands); U and exp(gc_last) in fp32 either way. */
+typedef struct {
+    size_t w, qe, ke, u, qk, el, bytes;
+} prep_layout_t;
+
+__host__ __device__ static inline prep_layout_t prep_layout(uint32_t dk, uint32_t dv, bool bf)
 {
-    return 3 * (size_t)C * dk + (size_t)C * dv + (size_t)C * C + 4;
+    const size_t e = bf ? 2 : 4, m = (size_t)C * dk * e, qk = 3 * m + (size_t)C * dv * 4;
+    const size_t el = qk + (size_t)C * C * e;
+    return prep_layout_t{0, m, 2 * m, 3 * m, qk, el, el + 16};
+}
+
+/* an element of the prepared form: fp32, or bf16 (to nearest even) */
+__device__ static inline void prep_put(float *p, float v)
+{
+    *p = v;
+}
+__device__ static inline void prep_put(uint16_t *p, float v)
+{
+    *p = (uint16_t)hpd_bf16_rn(v);
 }
 
 /* out[i][d] = in[i][d] + sum_{j < i} A[i][j] in[j][d] (one fused
@@ -183,7 +203,8 @@ __host__ __device__ static inline size_t prep_floats(uint32_t dk, uint32_t dv)
  * j loads 4 of A and 8 of in for 32 products (one thread per output took
  * 2 loads per product). */
 static_assert(C == 64 && CHUNK_THREADS == 256, "16 x 16 threads over a chunk's 64 rows");
-__device__ static inline void tri_apply(const float *A, const float *in, uint32_t ldi, float *out,
+template <typename O>
+__device__ static inline void tri_apply(const float *A, const float *in, uint32_t ldi, O *out,
                                         uint32_t n, uint32_t L, uint32_t tid)
 {
     const uint32_t ti = tid / 16, td = tid % 16, i0 = 4 * ti;
@@ -222,7 +243,7 @@ __device__ static inline void tri_apply(const float *A, const float *in, uint32_
             for (uint32_t c = 0; c < 8; c++) {
                 const uint32_t d = td + 16 * (c0 + c);
                 if (u < rows && d < n)
-                    out[(i0 + u) * n + d] = acc[u][c];
+                    prep_put(&out[(i0 + u) * n + d], acc[u][c]);
             }
     }
 }
@@ -232,9 +253,12 @@ __device__ static inline void tri_apply(const float *A, const float *in, uint32_
  * ((k_i beta_i) . k_j) exp(gc_i - gc_j) (j < i, negated), and from it
  *   W = T (k beta exp(gc)),  U = T (v beta),  QE_i = q_i exp(gc_i),
  *   KE_i = k_i exp(gc_last - gc_i),  QK[i][j] = (q_i . k_j) exp(gc_i - gc_j)
- * (j <= i, else 0). Every sum is taken by one thread in ascending order. */
+ * (j <= i, else 0). Every sum is taken by one thread in ascending order;
+ * PT (float or bf16's uint16_t) is the form's W, QE, KE and QK, each
+ * element rounded once from its fp32 value. */
+template <typename PT>
 __global__ void __launch_bounds__(CHUNK_THREADS)
-    gdn_chunk_prep_kernel(hpd_gdn_args_t a, const chunk_t *chunks, float *prep)
+    gdn_chunk_prep_kernel(hpd_gdn_args_t a, const chunk_t *chunks, char *prep)
 {
     extern __shared__ float sm[];
     const uint32_t ci = blockIdx.x / a.nv, h = blockIdx.x % a.nv, tid = threadIdx.x;
@@ -243,9 +267,11 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t L = ch.len, r0 = ch.row0;
     float *gc = sm, *beta = gc + C, *eg = beta + C, *el = eg + C, *row = el + C;
     float *qs = row + C, *ks = qs + (size_t)C * ld, *A = ks + (size_t)C * ld;
-    float *P = prep + (size_t)blockIdx.x * prep_floats(dk, dv);
-    float *W = P, *QE = W + (size_t)C * dk, *KE = QE + (size_t)C * dk, *U = KE + (size_t)C * dk;
-    float *QK = U + (size_t)C * dv, *EL = QK + C * C;
+    const prep_layout_t pl = prep_layout(dk, dv, sizeof(PT) == 2);
+    char *P = prep + (size_t)blockIdx.x * pl.bytes;
+    PT *W = (PT *)(P + pl.w), *QE = (PT *)(P + pl.qe), *KE = (PT *)(P + pl.ke);
+    PT *QK = (PT *)(P + pl.qk);
+    float *U = (float *)(P + pl.u), *EL = (float *)(P + pl.el);
 
     /* q and k, 8 loads of each in flight per thread */
     batched_copy<float2>(
@@ -274,8 +300,8 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     __syncthreads();
     for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
         const uint32_t i = p / dk, x = p % dk;
-        QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
-        KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
+        prep_put(&QE[p], __fmul_rn(qs[i * ld + x], eg[i]));
+        prep_put(&KE[p], __fmul_rn(ks[i * ld + x], el[i]));
     }
     /* QK and A: thread (ti, tj) takes rows i of 4 ti.. and columns j of
      * 4 tj.. (the 16 x 16 tiles of C x C), each x loading 4 q_i, 4 k_i and
@@ -307,11 +333,11 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             for (uint32_t v = 0; v < 4; v++) {
                 const uint32_t i = i0 + u, j = j0 + v;
                 if (j > i || i >= L) {
-                    QK[i * C + j] = 0.0f;
+                    prep_put(&QK[i * C + j], 0.0f);
                     continue;
                 }
                 const float e = expf(gc[i] - gc[j]);
-                QK[i * C + j] = __fmul_rn(dq[u][v], e);
+                prep_put(&QK[i * C + j], __fmul_rn(dq[u][v], e));
                 if (j < i)
                     A[i * C + j] = -__fmul_rn(dkk[u][v], e);
             }
@@ -388,13 +414,14 @@ __device__ static inline state_block_t state_block(const hpd_gdn_args_t &a, cons
  * Each sum by one thread in ascending order. */
 __global__ void __launch_bounds__(CHUNK_THREADS)
     gdn_chunk_state_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
-                           const float *prep, uint32_t chunk_base)
+                           const char *prep, uint32_t chunk_base)
 {
     extern __shared__ float sm[];
     const state_block_t sb = state_block(a, segs);
     const uint32_t tile = sb.tile, h = sb.h;
     const segment_t seg = sb.seg;
     const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const prep_layout_t pl = prep_layout(dk, dv, false);
     const uint32_t warps = blockDim.x / 32, j = tile * STATE_COLS + lane, sld = STATE_COLS + 1;
     const bool col = j < dv;
     float *S = sm, *VN = S + (size_t)dk * sld, *QK = VN + (size_t)C * sld;
@@ -407,9 +434,10 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const uint32_t ci = seg.chunk0 + n;
         const chunk_t ch = chunks[ci];
         const uint32_t L = ch.len;
-        const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
-        const float *U = P + 3 * (size_t)C * dk, *QKg = U + (size_t)C * dv;
-        const float elast = QKg[C * C];
+        const char *Pc = prep + (size_t)((ci - chunk_base) * a.nv + h) * pl.bytes;
+        const float *P = (const float *)Pc; /* W, QE, KE: one array of 3 C rows */
+        const float *U = (const float *)(Pc + pl.u), *QKg = (const float *)(Pc + pl.qk);
+        const float elast = *(const float *)(Pc + pl.el);
         for (uint32_t p = tid; p < 3 * L * dk; p += blockDim.x) {
             const uint32_t which = p / (L * dk), q = p % (L * dk);
             W[which * C * dk + q] = P[which * (size_t)C * dk + q];
@@ -460,7 +488,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
 template <uint32_t R, bool STAGED>
 __global__ void __launch_bounds__(CHUNK_THREADS)
     gdn_chunk_state_reg_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
-                               const float *prep, uint32_t chunk_base)
+                               const char *prep, uint32_t chunk_base)
 {
     extern __shared__ float sm[];
     const state_block_t sb = state_block(a, segs);
@@ -469,6 +497,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t dk = a.dk, dv = a.dv, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t j = tile * STATE_COLS + lane, x0 = warp * R;
     const bool col = j < dv;
+    const prep_layout_t pl = prep_layout(dk, dv, false);
     float *VN = sm, *QK = VN + C * STATE_COLS, *PART = QK + C * C; /* PART [8][C][32] */
     /* STAGED: this warp's columns of W, QE and KE [3][C][R], copied per chunk
      * with all loads in flight (else each row's loads wait in the loops) */
@@ -483,9 +512,10 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const uint32_t ci = seg.chunk0 + n;
         const chunk_t ch = chunks[ci];
         const uint32_t L = ch.len;
-        const float *P = prep + (size_t)((ci - chunk_base) * a.nv + h) * prep_floats(dk, dv);
-        const float *U = P + 3 * (size_t)C * dk, *QKg = U + (size_t)C * dv;
-        const float elast = QKg[C * C];
+        const char *Pc = prep + (size_t)((ci - chunk_base) * a.nv + h) * pl.bytes;
+        const float *P = (const float *)Pc; /* W, QE, KE: one array of 3 C rows */
+        const float *U = (const float *)(Pc + pl.u), *QKg = (const float *)(Pc + pl.qk);
+        const float elast = *(const float *)(Pc + pl.el);
         batched_copy<float>(
             L * C, tid, blockDim.x, [&](uint32_t i) { return QKg[i]; },
             [&](uint32_t i, float v) { QK[i] = v; });
@@ -599,6 +629,215 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             state[(size_t)(x0 + r) * dv + j] = S[r];
 }
 
+/* ------------------------------ cuda-bf16: the state pass on tensor cores */
+
+/* Pass 2 on tensor cores (cuda-bf16) for dk = DK of 64 or 128, over the
+ * bf16 prepared form: one block of 4 warps per (sequence run, value head,
+ * 32 value columns), as above. The state's columns stay in fp32
+ * accumulator fragments (warp w: state rows [w DK/4, (w + 1) DK/4)). Per
+ * chunk, with S~ = bf16(S) and VN~ = bf16(VN), each product an mma
+ * (m16n8k16: bf16 operands, fp32 sums):
+ *   VN = U - W S~;  o = QE S~ + QK VN~;  S = exp(gc_last) S + KE^T VN~,
+ * warp w taking rows [16 w, 16 w + 16) of VN and o (QK's blocks above the
+ * diagonal are zero and skipped: which blocks follows w alone). The next
+ * chunk's W, QE, KE and QK come by cp.async into a second buffer while
+ * this chunk's are used (one buffer where two do not fit: the same sums). */
+#define TC_STATE_WARPS 4
+template <uint32_t DK> struct tc_state_smem {
+    static constexpr uint32_t LDK = DK + 8, LDC = C + 8, LDV = STATE_COLS + 8; /* bf16 rows */
+    static constexpr size_t BUF = 3 * (size_t)C * LDK + (size_t)C * LDC; /* one chunk's */
+};
+
+/* shared bytes of the tensor-core state pass: one or two chunk buffers, S~
+ * and VN~ */
+template <uint32_t DK> static size_t tc_state_bytes(bool two)
+{
+    typedef tc_state_smem<DK> SM;
+    return ((two ? 2 : 1) * SM::BUF + (size_t)(DK + C) * SM::LDV) * 2;
+}
+
+template <uint32_t DK>
+__global__ void __launch_bounds__(TC_STATE_WARPS * 32)
+    gdn_chunk_state_tc_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
+                              const char *prep, uint32_t chunk_base, bool two)
+{
+    typedef tc_state_smem<DK> SM;
+    constexpr uint32_t LDK = SM::LDK, LDC = SM::LDC, LDV = SM::LDV, MS = DK / 64, PK = DK / 8;
+    extern __shared__ uint4 sm16[]; /* (16-byte aligned: cp.async, ldmatrix) */
+    uint16_t *const smb = (uint16_t *)sm16;
+    const state_block_t sb = state_block(a, segs);
+    const segment_t seg = sb.seg;
+    const uint32_t h = sb.h, col0 = sb.tile * STATE_COLS, dv = a.dv, tid = threadIdx.x;
+    const uint32_t lane = tid % 32, w = tid / 32, g = lane / 4, t = lane % 4;
+    const uint32_t lq = lane / 8, lr = lane % 8; /* ldmatrix: this lane's matrix and row */
+    const uint32_t xs = w * (DK / 4), m0 = 16 * w; /* this warp's state rows, chunk rows */
+    const prep_layout_t pl = prep_layout(DK, dv, true);
+    uint16_t *Sb = smb + (two ? 2 : 1) * SM::BUF, *VNb = Sb + DK * LDV;
+    float *state = seg.state + (size_t)h * DK * dv;
+    const auto chunk_prep = [&](uint32_t n) {
+        return prep + (size_t)((seg.chunk0 + n - chunk_base) * a.nv + h) * pl.bytes;
+    };
+    /* chunk n's W, QE, KE (its rows; the others zero) and QK into buffer bi */
+    const auto fetch = [&](uint32_t n, uint32_t bi) {
+        const char *P = chunk_prep(n);
+        const uint32_t L = chunks[seg.chunk0 + n].len;
+        uint16_t *dst = smb + bi * SM::BUF;
+        for (uint32_t p = tid; p < 3 * C * PK; p += blockDim.x) {
+            const uint32_t arr = p / (C * PK), r = p / PK % C, x = p % PK;
+            hpd_cp_async16(dst + (arr * C + r) * LDK + 8 * x,
+                           P + ((size_t)arr * C + r) * DK * 2 + 16 * x, r < L ? 16 : 0);
+        }
+        for (uint32_t p = tid; p < C * C / 8; p += blockDim.x)
+            hpd_cp_async16(dst + 3 * C * LDK + p / 8 * LDC + 8 * (p % 8),
+                           P + pl.qk + (size_t)p * 16, 16);
+        hpd_cp_async_commit();
+    };
+    /* the element of fragment (tile nt, register r): its row (+ the
+     * tile's first) and its state column */
+    const auto frag_row = [&](uint32_t r) { return g + 8 * (r / 2); };
+    const auto frag_col = [&](uint32_t nt, uint32_t r) { return col0 + 8 * nt + 2 * t + r % 2; };
+    /* S~ of this warp's rows to shared memory */
+    float S[MS][4][4];
+    const auto store_s = [&]() {
+#pragma unroll
+        for (uint32_t mt = 0; mt < MS; mt++)
+#pragma unroll
+            for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (uint32_t hf = 0; hf < 2; hf++)
+                    *(uint32_t *)(Sb + (xs + 16 * mt + g + 8 * hf) * LDV + 8 * nt + 2 * t) =
+                        hpd_bf16x2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+    };
+    /* B fragments of tiles 2 np, 2 np + 1 from a k-major array (S~, VN~) */
+    const auto b_frags = [&](uint32_t b[4], const uint16_t *m, uint32_t k0, uint32_t np) {
+        hpd_ldmatrix_x4_trans(b, m + (k0 + (lq & 1) * 8 + lr) * LDV + 16 * np + (lq >> 1) * 8);
+    };
+
+    fetch(0, 0);
+#pragma unroll
+    for (uint32_t mt = 0; mt < MS; mt++)
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t x = xs + 16 * mt + frag_row(r), j = frag_col(nt, r);
+                S[mt][nt][r] = j < dv ? state[(size_t)x * dv + j] : 0.0f;
+            }
+    store_s();
+    for (uint32_t n = 0; n < seg.n_chunks; n++) {
+        if (two) { /* the next chunk's operands on their way (or an empty group) */
+            if (n + 1 < seg.n_chunks)
+                fetch(n + 1, (n + 1) % 2);
+            else
+                hpd_cp_async_commit();
+            hpd_cp_async_wait<1>();
+        } else {
+            if (n > 0)
+                fetch(n, 0);
+            hpd_cp_async_wait<0>();
+        }
+        __syncthreads(); /* chunk n's operands and S~ in shared memory */
+        const chunk_t ch = chunks[seg.chunk0 + n];
+        const char *P = chunk_prep(n);
+        const uint16_t *W = smb + (two ? n % 2 : 0) * SM::BUF, *QE = W + C * LDK;
+        const uint16_t *KE = QE + C * LDK, *QK = KE + C * LDK;
+        const float *U = (const float *)(P + pl.u);
+        const float elast = *(const float *)(P + pl.el);
+        float u[4][4], ws[4][4] = {}, o[4][4] = {};
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
+                u[nt][r] = i < ch.len && j < dv ? U[(size_t)i * dv + j] : 0.0f;
+            }
+        /* W S~ and QE S~, sharing S~'s fragments */
+#pragma unroll 2
+        for (uint32_t kk = 0; kk < DK / 16; kk++) {
+            uint32_t aw[4], aq[4];
+            const uint32_t at = (m0 + (lq & 1) * 8 + lr) * LDK + 16 * kk + (lq >> 1) * 8;
+            hpd_ldmatrix_x4(aw, W + at);
+            hpd_ldmatrix_x4(aq, QE + at);
+#pragma unroll
+            for (uint32_t np = 0; np < 2; np++) {
+                uint32_t bs[4];
+                b_frags(bs, Sb, 16 * kk, np);
+                hpd_mma_bf16_16816(ws[2 * np], aw, bs);
+                hpd_mma_bf16_16816(ws[2 * np + 1], aw, bs + 2);
+                hpd_mma_bf16_16816(o[2 * np], aq, bs);
+                hpd_mma_bf16_16816(o[2 * np + 1], aq, bs + 2);
+            }
+        }
+        /* VN = U - W S~, to shared memory as VN~ */
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t hf = 0; hf < 2; hf++)
+                *(uint32_t *)(VNb + (m0 + g + 8 * hf) * LDV + 8 * nt + 2 * t) =
+                    hpd_bf16x2(__fsub_rn(u[nt][2 * hf], ws[nt][2 * hf]),
+                               __fsub_rn(u[nt][2 * hf + 1], ws[nt][2 * hf + 1]));
+        __syncthreads(); /* VN~ whole; S~ read by every warp */
+        /* o += QK VN~, the blocks of columns at or left of this warp's rows */
+        for (uint32_t kk = 0; kk <= w; kk++) {
+            uint32_t aqk[4];
+            hpd_ldmatrix_x4(aqk, QK + (m0 + (lq & 1) * 8 + lr) * LDC + 16 * kk + (lq >> 1) * 8);
+#pragma unroll
+            for (uint32_t np = 0; np < 2; np++) {
+                uint32_t bv[4];
+                b_frags(bv, VNb, 16 * kk, np);
+                hpd_mma_bf16_16816(o[2 * np], aqk, bv);
+                hpd_mma_bf16_16816(o[2 * np + 1], aqk, bv + 2);
+            }
+        }
+        float *out = a.out.p + (size_t)h * a.out.hs;
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
+                if (i < ch.len && j < dv)
+                    out[(size_t)(ch.row0 + i) * a.out.ld + j] = o[nt][r];
+            }
+        /* S = exp(gc_last) S + KE^T VN~ (KE read transposed) */
+#pragma unroll
+        for (uint32_t mt = 0; mt < MS; mt++)
+#pragma unroll
+            for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (uint32_t r = 0; r < 4; r++)
+                    S[mt][nt][r] = __fmul_rn(S[mt][nt][r], elast);
+#pragma unroll
+        for (uint32_t kk = 0; kk < C / 16; kk++) {
+            uint32_t bv[2][4];
+            b_frags(bv[0], VNb, 16 * kk, 0);
+            b_frags(bv[1], VNb, 16 * kk, 1);
+#pragma unroll
+            for (uint32_t mt = 0; mt < MS; mt++) {
+                uint32_t ak[4];
+                hpd_ldmatrix_x4_trans(ak, KE + (16 * kk + (lq >> 1) * 8 + lr) * LDK + xs +
+                                              16 * mt + (lq & 1) * 8);
+#pragma unroll
+                for (uint32_t np = 0; np < 2; np++) {
+                    hpd_mma_bf16_16816(S[mt][2 * np], ak, bv[np]);
+                    hpd_mma_bf16_16816(S[mt][2 * np + 1], ak, bv[np] + 2);
+                }
+            }
+        }
+        store_s();       /* (S~ is not read again before the barrier) */
+        __syncthreads(); /* S~ whole; VN~ and this chunk's buffer free */
+    }
+#pragma unroll
+    for (uint32_t mt = 0; mt < MS; mt++)
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t x = xs + 16 * mt + frag_row(r), j = frag_col(nt, r);
+                if (j < dv)
+                    state[(size_t)x * dv + j] = S[mt][nt][r];
+            }
+}
+
 /* Pass 2 in registers for these dk (the form, and so the bits, follow dk
  * alone, never the GPU's shared memory); shared memory for the others. */
 static bool state_in_registers(uint32_t dk)
@@ -624,7 +863,7 @@ static size_t state_shared_smem(uint32_t dk)
  * memory where that fits too (the same sums either way). */
 static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a, uint32_t blocks,
                                      const chunk_t *chunks, const segment_t *segs,
-                                     const float *prep, uint32_t base)
+                                     const char *prep, uint32_t base)
 {
 #define HPD_STATE_REG(R, ST)                                                                \
     {                                                                                       \
@@ -663,11 +902,47 @@ static cudaError_t launch_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a,
     return cudaGetLastError();
 }
 
+/* cuda-bf16's state pass takes tensor cores for these dk (the form, and so
+ * the bits, follow dk alone); the fp32 passes take the others. */
+static bool state_on_tensor_cores(uint32_t dk)
+{
+    return dk == 64 || dk == 128;
+}
+
+/* Shared memory of the tensor-core state pass: with two chunk buffers
+ * where they fit (*two), else one. */
+static size_t tc_state_smem_bytes(const hpd_cuda_ctx_t *c, uint32_t dk, bool *two)
+{
+    const size_t b2 = dk == 64 ? tc_state_bytes<64>(true) : tc_state_bytes<128>(true);
+    *two = b2 <= c->smem_optin;
+    return *two ? b2 : dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false);
+}
+
+static cudaError_t launch_tc_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a,
+                                        uint32_t blocks, const chunk_t *chunks,
+                                        const segment_t *segs, const char *prep, uint32_t base)
+{
+    bool two;
+    const size_t sm = tc_state_smem_bytes(c, a->dk, &two);
+    const auto launch = [&](auto kernel) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (e != cudaSuccess)
+            return e;
+        kernel<<<blocks, TC_STATE_WARPS * 32, sm, c->stream>>>(*a, chunks, segs, prep, base, two);
+        return cudaGetLastError();
+    };
+    return a->dk == 64 ? launch(gdn_chunk_state_tc_kernel<64>)
+                       : launch(gdn_chunk_state_tc_kernel<128>);
+}
+
 #ifndef PREP_SCRATCH_BYTES /* a test may set a smaller bound, to take many passes */
 #define PREP_SCRATCH_BYTES ((size_t)512 << 20)
 #endif
 
-hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
+/* The chunked rule: the fp32 passes (cuda), or with bf16 (cuda-bf16) the
+ * tensor-core state pass where dk takes it. */
+static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool bf16)
 {
     hpd_cuda_ctx_t *c = hpd_cuda_ctx(b);
     if (a->nk == 0 || a->nv == 0 || a->nv % a->nk != 0 || a->dk == 0 || a->dv == 0) {
@@ -675,9 +950,12 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
                       "multiple of nk)", a->nk, a->nv, a->dk, a->dv);
         return HPD_ERR_INVALID_ARG;
     }
+    const bool tc = bf16 && state_on_tensor_cores(a->dk);
+    bool two;
     const size_t smem1 = (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
-    const size_t smem2 = state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
-                                                   : state_shared_smem(a->dk);
+    const size_t smem2 = tc                           ? tc_state_smem_bytes(c, a->dk, &two)
+                         : state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
+                                                     : state_shared_smem(a->dk);
     if (smem1 > c->smem_optin || smem2 > c->smem_optin) {
         HPD_LOG_ERROR("cuda", "gdn_chunked: dk %u, dv %u need %zu bytes of shared memory, GPU %d "
                       "has %zu per block", a->dk, a->dv, smem1 > smem2 ? smem1 : smem2,
@@ -710,11 +988,12 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
             seq_of[n++] = s;
             done += L;
         }
-    const size_t per_chunk = (size_t)a->nv * prep_floats(a->dk, a->dv) * sizeof(float);
+    const size_t per_chunk = (size_t)a->nv * prep_layout(a->dk, a->dv, tc).bytes;
     const uint32_t tiles = (a->dv + STATE_COLS - 1) / STATE_COLS;
     hpd_status_t st = HPD_OK;
-    cudaError_t err = cudaFuncSetAttribute(gdn_chunk_prep_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem1);
+    const auto prep_kernel = tc ? gdn_chunk_prep_kernel<uint16_t> : gdn_chunk_prep_kernel<float>;
+    cudaError_t err =
+        cudaFuncSetAttribute(prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem1);
     /* passes over runs of chunks whose prepared form fits the scratch */
     for (uint32_t c0 = 0; err == cudaSuccess && st == HPD_OK && c0 < n_chunks;) {
         uint32_t c1 = c0 + 1;
@@ -733,12 +1012,15 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
         if ((st = hpd_cuda_work(b, (c1 - c0) * per_chunk, &work)) != HPD_OK ||
             (st = hpd_cuda_stage(b, m, 2)) != HPD_OK)
             break;
-        gdn_chunk_prep_kernel<<<(c1 - c0) * a->nv, CHUNK_THREADS, smem1, c->stream>>>(
-            *a, (const chunk_t *)dchunks + c0, (float *)work);
-        if ((err = cudaGetLastError()) != cudaSuccess ||
-            (err = launch_state_pass(c, a, n_segs * a->nv * tiles, (const chunk_t *)dchunks,
-                                     (const segment_t *)dsegs, (const float *)work, c0)) !=
-                cudaSuccess)
+        const uint32_t prep_blocks = (c1 - c0) * a->nv, state_blocks = n_segs * a->nv * tiles;
+        prep_kernel<<<prep_blocks, CHUNK_THREADS, smem1, c->stream>>>(
+            *a, (const chunk_t *)dchunks + c0, (char *)work);
+        if ((err = cudaGetLastError()) != cudaSuccess)
+            break;
+        err = (tc ? launch_tc_state_pass : launch_state_pass)(
+            c, a, state_blocks, (const chunk_t *)dchunks, (const segment_t *)dsegs,
+            (const char *)work, c0);
+        if (err != cudaSuccess)
             break;
         c0 = c1;
     }
@@ -748,4 +1030,14 @@ hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
         st = HPD_ERR_INTERNAL;
     }
     return st;
+}
+
+hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a)
+{
+    return gdn_chunked(b, a, false);
+}
+
+hpd_status_t hpd_cuda_gdn_chunked_bf16(hpd_backend_t *b, const hpd_gdn_args_t *a)
+{
+    return gdn_chunked(b, a, true);
 }

@@ -1416,24 +1416,24 @@ static void test_step_graph(void **state)
     hpd_backend_free(gpu, dw), hpd_backend_free(gpu, dx), hpd_backend_free(gpu, dy);
 }
 
-/* The chunked rule against the CPU backend's, over two sequences that start
- * off the 64 grid; then one sequence computed in one pass equals the same
- * sequence computed as two calls split at a multiple of 64, and alone
- * equals inside the batch. */
-static void test_gdn_chunked(void **state)
+/* The chunked rule on `gpu` against the CPU backend's (relative RMS below
+ * tol), over two sequences that start off the 64 grid; then one sequence
+ * computed in one pass equals the same sequence computed as two calls split
+ * at a multiple of 64, and alone equals inside the batch. */
+static void gdn_chunked_case(uint32_t dk, uint32_t dv, double tol)
 {
-    enum { NK = 2, NV = 4, DK = 128, DV = 128, T = 300 };
+    enum { NK = 2, NV = 4, T = 300 };
     hpd_seq_t seqs[2] = {{.n_tokens = 200, .start_pos = 40}, {.row = 200, .n_tokens = 100}};
     gdn_case_t c;
-    gdn_case_init(&c, T, NK, NV, DK, DV, 30, -0.02f, 0.2f, 0.1f, 0.8f, 0.05f);
+    gdn_case_init(&c, T, NK, NV, dk, dv, 30, -0.02f, 0.2f, 0.1f, 0.8f, 0.05f);
     const size_t nvv = c.nvv, ns = c.ns;
     hpd_gdn_args_t ga = gdn_args(&c, false, seqs, 2);
     assert_int_equal(hpd_gdn_chunked(cpu, &ga), HPD_OK);
     hpd_gdn_args_t gg = gdn_args(&c, true, seqs, 2);
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
     float *got = down(c.gout, nvv), *gS = down(c.gS, 2 * ns);
-    expect_close("gdn_chunked", got, c.ocpu, nvv, 1e-4);
-    expect_close("gdn_chunked S", gS, c.Sc, 2 * ns, 1e-4);
+    expect_close("gdn_chunked", got, c.ocpu, nvv, tol);
+    expect_close("gdn_chunked S", gS, c.Sc, 2 * ns, tol);
 
     /* sequence 1 (positions 0..99) alone, in one call and split at 64 */
     hpd_seq_t whole = {.row = 200, .n_tokens = 100}, a = {200, 64, 0}, b = {264, 36, 64};
@@ -1445,7 +1445,7 @@ static void test_gdn_chunked(void **state)
     assert_int_equal(hpd_backend_memset(gpu, c.gout, 0, nvv * sizeof(float)), HPD_OK);
     assert_int_equal(hpd_gdn_chunked(gpu, &gg), HPD_OK);
     float *alone = down(c.gout, nvv), *alone_S = down(one_S, ns);
-    const size_t off = (size_t)200 * NV * DV, n1 = (size_t)100 * NV * DV;
+    const size_t off = (size_t)200 * NV * dv, n1 = (size_t)100 * NV * dv;
     assert_memory_equal(alone + off, got + off, n1 * sizeof(float));
     assert_memory_equal(alone_S, gS + ns, ns * sizeof(float));
     assert_int_equal(hpd_backend_from_host(gpu, one_S, c.S0 + ns, ns * sizeof(float)), HPD_OK);
@@ -1456,10 +1456,37 @@ static void test_gdn_chunked(void **state)
     float *split = down(c.gout, nvv), *split_S = down(one_S, ns);
     assert_memory_equal(split + off, got + off, n1 * sizeof(float));
     assert_memory_equal(split_S, gS + ns, ns * sizeof(float));
-    fprintf(stderr, "gdn_chunked: alone, in a batch and resumed at 64 give the same bits\n");
+    fprintf(stderr, "gdn_chunked on %s, dk %u: alone, in a batch and resumed at 64 give the "
+            "same bits\n", gpu->ops->name, dk);
     free(got), free(gS), free(alone), free(alone_S), free(split), free(split_S);
     hpd_backend_free(gpu, one_S);
     gdn_case_free(&c);
+}
+
+static void test_gdn_chunked(void **state)
+{
+    gdn_chunked_case(128, 128, 1e-4);
+}
+
+/* cuda-bf16's chunked rule: the state pass on tensor cores (bf16 operands,
+ * fp32 state) for dk 128 and 64 (dv 40: a partial column tile), in fp32 for
+ * dk 96; within 5e-3 of the CPU's fp32 (fla's own bf16 tolerance), the
+ * same bits alone, in a batch and resumed at 64 */
+static void test_bf16_gdn_chunked(void **state)
+{
+    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
+    hpd_backend_t *dev, *saved = gpu;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+        return;
+    }
+    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
+    gpu = dev;
+    gdn_chunked_case(128, 128, 5e-3);
+    gdn_chunked_case(64, 40, 5e-3);
+    gdn_chunked_case(96, 64, 1e-4);
+    gpu = saved;
+    hpd_backend_destroy(dev);
 }
 
 /* Greedy rows equal the CPU's argmax (ties to the lowest id); sampled rows
@@ -1963,6 +1990,7 @@ int main(void)
         cmocka_unit_test(test_step_graph),
         cmocka_unit_test(test_step_work_growth),
         cmocka_unit_test(test_gdn_chunked),
+        cmocka_unit_test(test_bf16_gdn_chunked),
         cmocka_unit_test(test_sample),
         cmocka_unit_test(test_greedy_ties),
         cmocka_unit_test(test_hash_pieces),

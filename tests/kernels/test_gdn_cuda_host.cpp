@@ -64,13 +64,17 @@ struct gdn_case_t {
 typedef hpd_status_t (*gdn_op_t)(hpd_backend_t *, const hpd_gdn_args_t *);
 
 /* The rule over seqs[0..1] (sequence 1 starting at position 0) on the CPU
- * and emulated, compared; then sequence 1 alone, and in the calls `parts`
- * (rows and positions of its pieces in order), the same bits as in the
- * batch. */
+ * and emulated, compared (relative RMS below tol); then sequence 1 alone,
+ * and in the calls `parts` (rows and positions of its pieces in order), the
+ * same bits as in the batch. smem_optin: the emulated GPU's shared memory
+ * per block (0: an H100's). */
 static void gdn_case(hpd_backend_t *cpu, const char *name, gdn_op_t cpu_op, gdn_op_t emu_op,
-                     gdn_case_t &c, const hpd_seq_t seqs[2], const std::vector<hpd_seq_t> &parts)
+                     gdn_case_t &c, const hpd_seq_t seqs[2], const std::vector<hpd_seq_t> &parts,
+                     double tol = 1e-4, size_t smem_optin = 0)
 {
     test_emu_t emu;
+    if (smem_optin != 0)
+        emu.ctx.smem_optin = smem_optin;
     const size_t ns = c.ns, vs = (size_t)c.nv * c.dv, nvv = (size_t)c.T * vs;
     const size_t off = (size_t)seqs[1].row * vs, n1 = (size_t)seqs[1].n_tokens * vs;
     std::vector<float> Sc(c.S0), Se(c.S0), ocpu(nvv, 0.0f), oemu(nvv, 0.0f);
@@ -82,9 +86,9 @@ static void gdn_case(hpd_backend_t *cpu, const char *name, gdn_op_t cpu_op, gdn_
     a = c.args(oemu.data(), se, seqs, 2);
     check_status(name, emu_op(&emu.be, &a));
     snprintf(what, sizeof(what), "%s dk %u dv %u", name, c.dk, c.dv);
-    check_close(what, oemu.data(), ocpu.data(), nvv, 1e-4);
+    check_close(what, oemu.data(), ocpu.data(), nvv, tol);
     snprintf(what, sizeof(what), "%s dk %u dv %u state", name, c.dk, c.dv);
-    check_close(what, Se.data(), Sc.data(), 2 * ns, 1e-4);
+    check_close(what, Se.data(), Sc.data(), 2 * ns, tol);
 
     /* sequence 1 alone in one call, then in its parts */
     std::vector<float> one(c.S0.begin() + ns, c.S0.end()), o(nvv, 0.0f);
@@ -137,6 +141,16 @@ int main()
     for (const auto &sh : cshapes) {
         gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 30 + sh[2]);
         gdn_case(cpu, "gdn_chunked", hpd_gdn_chunked, hpd_cuda_gdn_chunked, c, cseqs, halves);
+    }
+    /* cuda-bf16's: the state pass on tensor cores for dk 128 and 64 (dv 40:
+     * a partial column tile; 100 KiB of shared memory: one chunk buffer,
+     * not two), in fp32 for dk 48; against the CPU's fp32 within 5e-3 */
+    static const uint32_t bshapes[][5] = {
+        {2, 4, 128, 128, 0}, {2, 4, 64, 64, 0}, {1, 2, 128, 40, 0}, {2, 4, 128, 128, 100}, {1, 2, 48, 40, 0}};
+    for (const auto &sh : bshapes) {
+        gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 70 + sh[2]);
+        gdn_case(cpu, "gdn_chunked_bf16", hpd_gdn_chunked, hpd_cuda_gdn_chunked_bf16, c, cseqs,
+                 halves, 5e-3, (size_t)sh[4] * 1024);
     }
     hpd_backend_destroy(cpu);
     return test_report("test_gdn_cuda_host", t0);
