@@ -18,7 +18,8 @@
  *   the host's recording counts): recorded_of_copy, where the backend
  *   records;
  * - gdn_chunked: prefill of --prefill tokens for 1 and 4 sequences, tokens/s,
- *   and on cuda-bf16 (its state pass on tensor cores: bf16_device_ms);
+ *   and on cuda-bf16 (its state pass on tensor cores: bf16_device_ms; with
+ *   its chunk buffers forced to one and two: bf16_bufs1_ms, bf16_bufs2_ms);
  * - translate: --context tokens of 12 full-attention layers from B=64,P=1
  *   NHD to B=16,P=4 HND, against a copy of the same bytes;
  * - gemv: the GEMM of decode, BF16 weights 5120x2048 and 2048x5120 at m = 1,
@@ -968,23 +969,35 @@ int main(int argc, char **argv)
     }
     printf("\n");
     /* chunked GDN, and beside it cuda-bf16's (its state pass on tensor
-     * cores), the same shape on the same GPU */
-    bf16 = open_sibling("cuda-bf16", device);
+     * cores), the same shape on the same GPU: with its chunk buffers as
+     * chosen, then forced to one and to two (HPD_CUDA_GDN_BUFFERS) */
+    hpd_backend_t *bfs[3] = {open_sibling("cuda-bf16", device)};
+    for (int nb = 1; nb <= 2 && bfs[0] != NULL; nb++) {
+        setenv("HPD_CUDA_GDN_BUFFERS", nb == 1 ? "1" : "2", 1);
+        bfs[nb] = open_sibling("cuda-bf16", device);
+        unsetenv("HPD_CUDA_GDN_BUFFERS");
+    }
     for (uint32_t n = 1; n <= 4; n *= 4) {
         t = gdn_seconds(n, prefill, true, NULL);
         printf("gdn_chunked seqs=%u tokens=%u nk=%d nv=%d dk=%d dv=%d ms=%.4f tok_per_s=%.0f", n,
                prefill, NK, NV, DK, DV, t * 1e3, n * prefill / t);
-        if (bf16 != NULL) {
+        static const char *tag[] = {"bf16_device", "bf16_bufs1", "bf16_bufs2"};
+        for (int i = 0; i < 3; i++) {
+            if (bfs[i] == NULL)
+                continue;
             hpd_backend_t *under_test = be;
-            be = bf16;
+            be = bfs[i];
             const double tb = gdn_seconds(n, prefill, true, NULL);
             be = under_test;
-            printf(" bf16_device_ms=%.4f bf16_device_tok_per_s=%.0f", tb * 1e3, n * prefill / tb);
+            printf(" %s_ms=%.4f", tag[i], tb * 1e3);
+            if (i == 0)
+                printf(" %s_tok_per_s=%.0f", tag[i], n * prefill / tb);
         }
         printf("\n");
     }
-    if (bf16 != NULL)
-        hpd_backend_destroy(bf16);
+    for (int i = 0; i < 3; i++)
+        if (bfs[i] != NULL)
+            hpd_backend_destroy(bfs[i]);
     translate_vs_copy(context);
     checksum_bench(bw);
     sample_bench(seqs);

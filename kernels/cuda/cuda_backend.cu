@@ -824,6 +824,12 @@ extern "C" hpd_status_t hpd_backend_cuda_create(const hpd_backend_params_t *para
     c->gemm_bn = bn_env != NULL && strcmp(bn_env, "128") == 0   ? 128
                  : bn_env != NULL && strcmp(bn_env, "256") == 0 ? 256
                                                                 : 0;
+    /* HPD_CUDA_GDN_BUFFERS=1 or 2: cuda-bf16's chunked GDN state pass's
+     * chunk buffers (how it runs, not what it computes); else chosen */
+    const char *gb_env = getenv("HPD_CUDA_GDN_BUFFERS");
+    c->gdn_bufs = gb_env != NULL && strcmp(gb_env, "1") == 0   ? 1
+                  : gb_env != NULL && strcmp(gb_env, "2") == 0 ? 2
+                                                               : 0;
     const char *sync_env = getenv("HPD_CUDA_SYNC");
     c->sync_each_op = sync_env != NULL && strcmp(sync_env, "1") == 0;
     if (fast && (cublasCreate(&c->cublas) != CUBLAS_STATUS_SUCCESS ||

@@ -40,6 +40,7 @@ typedef struct {
     bool wide_ok;      /* the tiled tensor-core GEMM's 128 x 256 blocks run (hpd_cuda_tc_wide_init) */
     uint32_t n_sms;    /* streaming multiprocessors */
     uint32_t gemm_bn;  /* HPD_CUDA_GEMM_BN: 128 or 256 forces the tiled GEMM's blocks, 0 chooses */
+    uint32_t gdn_bufs; /* HPD_CUDA_GDN_BUFFERS: 1 or 2 forces cuda-bf16's GDN state buffers */
     cublasHandle_t cublas; /* cuda-fast only: its GEMMs */
     void *work; /* device scratch for ops' intermediates (hpd_cuda_work) */
     size_t work_bytes;

@@ -725,6 +725,21 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
             }
     store_s();
     for (uint32_t n = 0; n < seg.n_chunks; n++) {
+        /* this chunk's U (the elements of this lane's fragments; rows past
+         * its end and columns past dv 0) and exp(gc_last) from global
+         * memory, their loads in flight across the wait */
+        const chunk_t ch = chunks[seg.chunk0 + n];
+        const char *P = chunk_prep(n);
+        const float *U = (const float *)(P + pl.u);
+        const float elast = *(const float *)(P + pl.el);
+        float u[4][4];
+#pragma unroll
+        for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
+                u[nt][r] = i < ch.len && j < dv ? U[(size_t)i * dv + j] : 0.0f;
+            }
         if (two) { /* the next chunk's operands on their way (or an empty group) */
             if (n + 1 < seg.n_chunks)
                 fetch(n + 1, (n + 1) % 2);
@@ -737,20 +752,9 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
             hpd_cp_async_wait<0>();
         }
         __syncthreads(); /* chunk n's operands and S~ in shared memory */
-        const chunk_t ch = chunks[seg.chunk0 + n];
-        const char *P = chunk_prep(n);
         const uint16_t *W = smb + (two ? n % 2 : 0) * SM::BUF, *QE = W + C * LDK;
         const uint16_t *KE = QE + C * LDK, *QK = KE + C * LDK;
-        const float *U = (const float *)(P + pl.u);
-        const float elast = *(const float *)(P + pl.el);
-        float u[4][4], ws[4][4] = {}, o[4][4] = {};
-#pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (uint32_t r = 0; r < 4; r++) {
-                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
-                u[nt][r] = i < ch.len && j < dv ? U[(size_t)i * dv + j] : 0.0f;
-            }
+        float ws[4][4] = {}, o[4][4] = {};
         /* W S~ and QE S~, sharing S~'s fragments */
 #pragma unroll 2
         for (uint32_t kk = 0; kk < DK / 16; kk++) {
@@ -909,12 +913,18 @@ static bool state_on_tensor_cores(uint32_t dk)
     return dk == 64 || dk == 128;
 }
 
-/* Shared memory of the tensor-core state pass: with two chunk buffers
- * where they fit (*two), else one. */
-static size_t tc_state_smem_bytes(const hpd_cuda_ctx_t *c, uint32_t dk, bool *two)
+/* Shared memory of the tensor-core state pass for `blocks` blocks: two
+ * chunk buffers (*two) where they fit and the blocks are at most one per SM
+ * (at dk 128 two buffers leave room for one block per SM, one buffer for
+ * two: past n_sms blocks, two blocks' warps hide each other's loads), else
+ * one; HPD_CUDA_GDN_BUFFERS (c->gdn_bufs: 1 or 2) forces the choice where
+ * it fits. The same sums either way. */
+static size_t tc_state_smem_bytes(const hpd_cuda_ctx_t *c, uint32_t dk, uint32_t blocks,
+                                  bool *two)
 {
     const size_t b2 = dk == 64 ? tc_state_bytes<64>(true) : tc_state_bytes<128>(true);
-    *two = b2 <= c->smem_optin;
+    *two = b2 <= c->smem_optin &&
+           (c->gdn_bufs == 2 || (c->gdn_bufs == 0 && blocks <= c->n_sms));
     return *two ? b2 : dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false);
 }
 
@@ -923,7 +933,7 @@ static cudaError_t launch_tc_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t 
                                         const segment_t *segs, const char *prep, uint32_t base)
 {
     bool two;
-    const size_t sm = tc_state_smem_bytes(c, a->dk, &two);
+    const size_t sm = tc_state_smem_bytes(c, a->dk, blocks, &two);
     const auto launch = [&](auto kernel) {
         const cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
@@ -951,9 +961,9 @@ static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool 
         return HPD_ERR_INVALID_ARG;
     }
     const bool tc = bf16 && state_on_tensor_cores(a->dk);
-    bool two;
     const size_t smem1 = (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
-    const size_t smem2 = tc                           ? tc_state_smem_bytes(c, a->dk, &two)
+    /* (the tensor-core pass needs one chunk buffer at least) */
+    const size_t smem2 = tc ? (a->dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false))
                          : state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
                                                      : state_shared_smem(a->dk);
     if (smem1 > c->smem_optin || smem2 > c->smem_optin) {

@@ -1471,22 +1471,31 @@ static void test_gdn_chunked(void **state)
 /* cuda-bf16's chunked rule: the state pass on tensor cores (bf16 operands,
  * fp32 state) for dk 128 and 64 (dv 40: a partial column tile), in fp32 for
  * dk 96; within 5e-3 of the CPU's fp32 (fla's own bf16 tolerance), the
- * same bits alone, in a batch and resumed at 64 */
+ * same bits alone, in a batch and resumed at 64; with the pass's chunk
+ * buffers as chosen (two here: few blocks) and with one
+ * (HPD_CUDA_GDN_BUFFERS=1) */
 static void test_bf16_gdn_chunked(void **state)
 {
     hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
-    hpd_backend_t *dev, *saved = gpu;
+    hpd_backend_t *saved = gpu;
     if (hpd_backend_host_memory(gpu)) {
         fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
         return;
     }
-    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
-    gpu = dev;
-    gdn_chunked_case(128, 128, 5e-3);
-    gdn_chunked_case(64, 40, 5e-3);
-    gdn_chunked_case(96, 64, 1e-4);
-    gpu = saved;
-    hpd_backend_destroy(dev);
+    for (int one = 0; one < 2; one++) {
+        hpd_backend_t *dev;
+        if (one)
+            setenv("HPD_CUDA_GDN_BUFFERS", "1", 1);
+        assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
+        unsetenv("HPD_CUDA_GDN_BUFFERS");
+        gpu = dev;
+        gdn_chunked_case(128, 128, 5e-3);
+        gdn_chunked_case(64, 40, 5e-3);
+        if (!one)
+            gdn_chunked_case(96, 64, 1e-4);
+        gpu = saved;
+        hpd_backend_destroy(dev);
+    }
 }
 
 /* Greedy rows equal the CPU's argmax (ties to the lowest id); sampled rows

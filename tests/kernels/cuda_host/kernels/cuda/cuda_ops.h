@@ -362,7 +362,7 @@ typedef struct {
     bool gr_ok;
     bool gr_deep_ok;
     bool wide_ok;
-    uint32_t n_sms, gemm_bn;
+    uint32_t n_sms, gemm_bn, gdn_bufs;
     cublasHandle_t cublas;
     /* the staging ring: an op's metadata stays valid for the next 7 ops'
      * staging, as in the real ring of HPD_CUDA_STAGE_SLOTS slots */
