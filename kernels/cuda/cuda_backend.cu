@@ -725,8 +725,8 @@ static constexpr hpd_backend_ops_t cuda_fast_ops =
     cuda_ops_with("cuda-fast", "cublas", entry_gemm_cublas, nullptr);
 /* deterministic and batch-invariant, on tensor cores: BF16 weights for every
  * batch size (activations rounded to bf16), attention's products (q, k, v
- * and the probabilities rounded to bf16), the chunked GDN's state pass (its
- * operands rounded to bf16) */
+ * and the probabilities rounded to bf16), the chunked GDN's products (their
+ * operands rounded to bf16) for dk 64 and 128 */
 static constexpr hpd_backend_ops_t cuda_bf16_ops =
     cuda_ops_with("cuda-bf16", "bf16-tensor-cores", entry_gemm_bf16, entry_gemm_grouped_bf16,
                   entry_attention_bf16, entry_gdn_chunked_bf16);

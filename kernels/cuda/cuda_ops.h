@@ -142,7 +142,7 @@ hpd_status_t hpd_cuda_kv_store(hpd_backend_t *b, const hpd_kv_store_args_t *a);
 hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_attention_bf16(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a);
-/* cuda-bf16's: the state pass on tensor cores for dk 64 and 128 (gdn.cu) */
+/* cuda-bf16's: both passes on tensor cores for dk 64 and 128 (gdn.cu) */
 hpd_status_t hpd_cuda_gdn_chunked_bf16(hpd_backend_t *b, const hpd_gdn_args_t *a);
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);

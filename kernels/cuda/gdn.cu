@@ -12,7 +12,9 @@
  * dk). Every sum is taken in an order fixed by the shapes (one thread in
  * ascending order, or per warp then the warps in order), so a head's result
  * depends on its own tokens alone, not on the batch, and a sequence resumed
- * at a multiple of 64 gives the same bits. */
+ * at a multiple of 64 gives the same bits. cuda-bf16 runs both passes on
+ * tensor cores for dk 64 and 128 (mma.sync, fixed tiles: the same
+ * identities), over a bf16 prepared form. */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/bf16.h"
 #include "kernels/cuda/mma.h"
@@ -186,16 +188,6 @@ __host__ __device__ static inline prep_layout_t prep_layout(uint32_t dk, uint32_
     return prep_layout_t{0, m, 2 * m, 3 * m, qk, el, el + 16};
 }
 
-/* an element of the prepared form: fp32, or bf16 (to nearest even) */
-__device__ static inline void prep_put(float *p, float v)
-{
-    *p = v;
-}
-__device__ static inline void prep_put(uint16_t *p, float v)
-{
-    *p = (uint16_t)hpd_bf16_rn(v);
-}
-
 /* out[i][d] = in[i][d] + sum_{j < i} A[i][j] in[j][d] (one fused
  * multiply-add per j, ascending) for the rows i < L and the columns d < n;
  * in (shared) rows ldi apart, out (the prepared form) n apart. Thread
@@ -203,8 +195,7 @@ __device__ static inline void prep_put(uint16_t *p, float v)
  * j loads 4 of A and 8 of in for 32 products (one thread per output took
  * 2 loads per product). */
 static_assert(C == 64 && CHUNK_THREADS == 256, "16 x 16 threads over a chunk's 64 rows");
-template <typename O>
-__device__ static inline void tri_apply(const float *A, const float *in, uint32_t ldi, O *out,
+__device__ static inline void tri_apply(const float *A, const float *in, uint32_t ldi, float *out,
                                         uint32_t n, uint32_t L, uint32_t tid)
 {
     const uint32_t ti = tid / 16, td = tid % 16, i0 = 4 * ti;
@@ -243,7 +234,7 @@ __device__ static inline void tri_apply(const float *A, const float *in, uint32_
             for (uint32_t c = 0; c < 8; c++) {
                 const uint32_t d = td + 16 * (c0 + c);
                 if (u < rows && d < n)
-                    prep_put(&out[(i0 + u) * n + d], acc[u][c]);
+                    out[(i0 + u) * n + d] = acc[u][c];
             }
     }
 }
@@ -253,10 +244,7 @@ __device__ static inline void tri_apply(const float *A, const float *in, uint32_
  * ((k_i beta_i) . k_j) exp(gc_i - gc_j) (j < i, negated), and from it
  *   W = T (k beta exp(gc)),  U = T (v beta),  QE_i = q_i exp(gc_i),
  *   KE_i = k_i exp(gc_last - gc_i),  QK[i][j] = (q_i . k_j) exp(gc_i - gc_j)
- * (j <= i, else 0). Every sum is taken by one thread in ascending order;
- * PT (float or bf16's uint16_t) is the form's W, QE, KE and QK, each
- * element rounded once from its fp32 value. */
-template <typename PT>
+ * (j <= i, else 0). Every sum is taken by one thread in ascending order. */
 __global__ void __launch_bounds__(CHUNK_THREADS)
     gdn_chunk_prep_kernel(hpd_gdn_args_t a, const chunk_t *chunks, char *prep)
 {
@@ -267,11 +255,10 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t L = ch.len, r0 = ch.row0;
     float *gc = sm, *beta = gc + C, *eg = beta + C, *el = eg + C, *row = el + C;
     float *qs = row + C, *ks = qs + (size_t)C * ld, *A = ks + (size_t)C * ld;
-    const prep_layout_t pl = prep_layout(dk, dv, sizeof(PT) == 2);
+    const prep_layout_t pl = prep_layout(dk, dv, false);
     char *P = prep + (size_t)blockIdx.x * pl.bytes;
-    PT *W = (PT *)(P + pl.w), *QE = (PT *)(P + pl.qe), *KE = (PT *)(P + pl.ke);
-    PT *QK = (PT *)(P + pl.qk);
-    float *U = (float *)(P + pl.u), *EL = (float *)(P + pl.el);
+    float *W = (float *)(P + pl.w), *QE = (float *)(P + pl.qe), *KE = (float *)(P + pl.ke);
+    float *QK = (float *)(P + pl.qk), *U = (float *)(P + pl.u), *EL = (float *)(P + pl.el);
 
     /* q and k, 8 loads of each in flight per thread */
     batched_copy<float2>(
@@ -300,8 +287,8 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     __syncthreads();
     for (uint32_t p = tid; p < L * dk; p += blockDim.x) {
         const uint32_t i = p / dk, x = p % dk;
-        prep_put(&QE[p], __fmul_rn(qs[i * ld + x], eg[i]));
-        prep_put(&KE[p], __fmul_rn(ks[i * ld + x], el[i]));
+        QE[p] = __fmul_rn(qs[i * ld + x], eg[i]);
+        KE[p] = __fmul_rn(ks[i * ld + x], el[i]);
     }
     /* QK and A: thread (ti, tj) takes rows i of 4 ti.. and columns j of
      * 4 tj.. (the 16 x 16 tiles of C x C), each x loading 4 q_i, 4 k_i and
@@ -333,11 +320,11 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             for (uint32_t v = 0; v < 4; v++) {
                 const uint32_t i = i0 + u, j = j0 + v;
                 if (j > i || i >= L) {
-                    prep_put(&QK[i * C + j], 0.0f);
+                    QK[i * C + j] = 0.0f;
                     continue;
                 }
                 const float e = expf(gc[i] - gc[j]);
-                prep_put(&QK[i * C + j], __fmul_rn(dq[u][v], e));
+                QK[i * C + j] = __fmul_rn(dq[u][v], e);
                 if (j < i)
                     A[i * C + j] = -__fmul_rn(dkk[u][v], e);
             }
@@ -627,6 +614,284 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
 #pragma unroll
         for (uint32_t r = 0; r < R; r++)
             state[(size_t)(x0 + r) * dv + j] = S[r];
+}
+
+/* ---------------------------------- cuda-bf16: pass 1 on tensor cores */
+
+/* ldmatrix .x4 addresses of this lane (lq = lane / 8, lr = lane % 8) for
+ * an m16n8k16 operand from shared bf16 rows ld apart:
+ * - a_at: A's 16 x 16 block at (row0, k0) of a row-major array;
+ * - bn_at: B's fragments of two n-tiles (n0, n0 + 8) over k0..k0 + 15 of
+ *   an array whose rows are n (K~ as the B of Q K~^T): r[0], r[1] the
+ *   first tile's b, r[2], r[3] the second's;
+ * - bk_at: the same from an array whose rows are k, with .trans. */
+__device__ static inline const uint16_t *a_at(const uint16_t *m, uint32_t ld, uint32_t row0,
+                                              uint32_t k0, uint32_t lq, uint32_t lr)
+{
+    return m + (row0 + (lq & 1) * 8 + lr) * ld + k0 + (lq >> 1) * 8;
+}
+__device__ static inline const uint16_t *bn_at(const uint16_t *m, uint32_t ld, uint32_t n0,
+                                               uint32_t k0, uint32_t lq, uint32_t lr)
+{
+    return m + (n0 + (lq >> 1) * 8 + lr) * ld + k0 + (lq & 1) * 8;
+}
+__device__ static inline const uint16_t *bk_at(const uint16_t *m, uint32_t ld, uint32_t k0,
+                                               uint32_t n0, uint32_t lq, uint32_t lr)
+{
+    return m + (k0 + (lq & 1) * 8 + lr) * ld + n0 + (lq >> 1) * 8;
+}
+
+/* Shared memory of pass 1 on tensor cores, in bytes from the start: gc,
+ * beta, e^gc, e^(gc_last - gc) [4][C], Y [3][16][16] and A / T [C][C + 1]
+ * in fp32; q~ (later T~) [C][dk + 8], k~ and (k beta e^gc)~ [C][dk + 8],
+ * (v beta)~ [C][dvp + 8] in bf16, dvp = dv rounded up to 16. */
+typedef struct {
+    size_t y, a, qb, kb, kbeb, vbb, bytes;
+    uint32_t ldk, ldvb, dvp;
+} tc_prep_smem_t;
+
+__host__ __device__ static inline tc_prep_smem_t tc_prep_smem(uint32_t dk, uint32_t dv)
+{
+    tc_prep_smem_t s;
+    s.ldk = dk + 8, s.dvp = (dv + 15) / 16 * 16, s.ldvb = s.dvp + 8;
+    s.y = 4 * C * 4, s.a = s.y + 3 * 16 * 16 * 4;
+    s.qb = s.a + (size_t)C * (C + 1) * 4;
+    s.qb = (s.qb + 15) / 16 * 16;
+    s.kb = s.qb + (size_t)C * s.ldk * 2, s.kbeb = s.kb + (size_t)C * s.ldk * 2;
+    s.vbb = s.kbeb + (size_t)C * s.ldk * 2;
+    s.bytes = s.vbb + (size_t)C * s.ldvb * 2;
+    return s;
+}
+
+/* Pass 1 on tensor cores (cuda-bf16, dk = DK of 64 or 128): one block of 8
+ * warps per (chunk, value head), writing the bf16 prepared form.
+ * - gc as cuda's pass 1 (one thread's sum in row order), e^gc and
+ *   e^(gc_last - gc) (so QE = bf16(q e^gc), KE = bf16(k e^(gc_last - gc))
+ *   and e^(gc_last) are cuda's values rounded);
+ * - q~ K~^T and k~ K~^T by mma over the ten 16 x 16 blocks at or below the
+ *   diagonal (a warp's one or two): QK = bf16((q~ . k~) e^(gc_i - gc_j))
+ *   for j <= i, and A = -((k~_i . k~_j) beta_i) e^(gc_i - gc_j) for j < i
+ *   in fp32;
+ * - T = (I - A)^-1 in 16 x 16 blocks, fp32: the four diagonal blocks by
+ *   forward substitution (a warp each, one row at a time), then block rows
+ *   1, 2, 3 in turn: Y = A_ij + sum_{j <= k < i} A_ik T_kj, T_ij = Y +
+ *   T_ii Y (T strictly lower; each sum one thread's, in ascending order);
+ * - W = kbe + T~ kbe~ and U = vb + T~ vb~ by mma (kbe = k beta e^gc and
+ *   vb = v beta in fp32: the identity's part exact; T~ = bf16(T)). */
+template <uint32_t DK>
+__global__ void __launch_bounds__(CHUNK_THREADS)
+    gdn_chunk_prep_tc_kernel(hpd_gdn_args_t a, const chunk_t *chunks, char *prep)
+{
+    extern __shared__ uint4 smp[];
+    char *const sm = (char *)smp;
+    const uint32_t ci = blockIdx.x / a.nv, h = blockIdx.x % a.nv, tid = threadIdx.x;
+    const uint32_t dv = a.dv, nv = a.nv, kh = h / (a.nv / a.nk);
+    const uint32_t lane = tid % 32, w = tid / 32, g = lane / 4, t = lane % 4;
+    const uint32_t lq = lane / 8, lr = lane % 8;
+    const chunk_t ch = chunks[ci];
+    const uint32_t L = ch.len, r0 = ch.row0;
+    const tc_prep_smem_t ss = tc_prep_smem(DK, dv);
+    constexpr uint32_t LDK = DK + 8, LDA = C + 1, LDT = C + 8;
+    const uint32_t ldvb = ss.ldvb, dvp = ss.dvp;
+    float *gc = (float *)sm, *beta = gc + C, *eg = beta + C, *el = eg + C;
+    float *Y = (float *)(sm + ss.y), *A = (float *)(sm + ss.a);
+    uint16_t *qb = (uint16_t *)(sm + ss.qb), *kb = (uint16_t *)(sm + ss.kb);
+    uint16_t *kbeb = (uint16_t *)(sm + ss.kbeb), *vbb = (uint16_t *)(sm + ss.vbb);
+    uint16_t *Tb = qb; /* T~ takes q~'s room once the products are done */
+    const prep_layout_t pl = prep_layout(DK, dv, true);
+    char *P = prep + (size_t)blockIdx.x * pl.bytes;
+    uint16_t *W = (uint16_t *)(P + pl.w), *QE = (uint16_t *)(P + pl.qe);
+    uint16_t *KE = (uint16_t *)(P + pl.ke), *QK = (uint16_t *)(P + pl.qk);
+    float *U = (float *)(P + pl.u);
+    const float *qg = a.q.p + (size_t)r0 * a.q.ld + (size_t)kh * a.q.hs;
+    const float *kg = a.k.p + (size_t)r0 * a.k.ld + (size_t)kh * a.k.hs;
+    const float *vg = a.v.p + (size_t)r0 * a.v.ld + (size_t)h * a.v.hs;
+
+    /* the gates: gc one thread's sum in row order (cuda's) */
+    if (tid < L) {
+        gc[tid] = a.g[(size_t)(r0 + tid) * nv + h];
+        beta[tid] = a.beta[(size_t)(r0 + tid) * nv + h];
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float acc = 0.0f;
+        for (uint32_t i = 0; i < L; i++)
+            gc[i] = acc += gc[i];
+        *(float *)(P + pl.el) = expf(acc);
+    }
+    __syncthreads();
+    if (tid < L) {
+        eg[tid] = expf(gc[tid]);
+        el[tid] = expf(gc[L - 1] - gc[tid]);
+    }
+    __syncthreads();
+    /* q~, k~, (k beta e^gc)~ and QE, KE (rows past L: zero in shared memory,
+     * not written to the form) */
+#pragma unroll 8
+    for (uint32_t p = tid; p < C * DK; p += CHUNK_THREADS) {
+        const uint32_t i = p / DK, x = p % DK;
+        const bool in = i < L;
+        const float qv = in ? qg[(size_t)i * a.q.ld + x] : 0.0f;
+        const float kv = in ? kg[(size_t)i * a.k.ld + x] : 0.0f;
+        qb[i * LDK + x] = (uint16_t)hpd_bf16_rn(qv);
+        kb[i * LDK + x] = (uint16_t)hpd_bf16_rn(kv);
+        kbeb[i * LDK + x] =
+            (uint16_t)hpd_bf16_rn(in ? __fmul_rn(__fmul_rn(kv, beta[i]), eg[i]) : 0.0f);
+        if (in) {
+            QE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(qv, eg[i]));
+            KE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(kv, el[i]));
+        }
+    }
+    /* (v beta)~, columns past dv zero */
+#pragma unroll 4
+    for (uint32_t p = tid; p < C * dvp; p += CHUNK_THREADS) {
+        const uint32_t i = p / dvp, d = p % dvp;
+        const float vb = i < L && d < dv ? __fmul_rn(vg[(size_t)i * a.v.ld + d], beta[i]) : 0.0f;
+        vbb[i * ldvb + d] = (uint16_t)hpd_bf16_rn(vb);
+    }
+    __syncthreads();
+
+    /* q~ K~^T and k~ K~^T: the blocks (mt, np) at or below the diagonal,
+     * warp w taking blocks w and w + 8; warps 2..7 write QK's six blocks
+     * above it as zero */
+    {
+        static constexpr uint8_t MT[10] = {0, 1, 1, 2, 2, 2, 3, 3, 3, 3};
+        static constexpr uint8_t NP[10] = {0, 0, 1, 0, 1, 2, 0, 1, 2, 3};
+        for (uint32_t unit = w; unit < 10; unit += 8) {
+            const uint32_t mt = MT[unit], np = NP[unit];
+            float sq[2][4] = {}, sk[2][4] = {};
+#pragma unroll
+            for (uint32_t kk = 0; kk < DK / 16; kk++) {
+                uint32_t aq[4], ak[4], bk[4];
+                hpd_ldmatrix_x4(aq, a_at(qb, LDK, 16 * mt, 16 * kk, lq, lr));
+                hpd_ldmatrix_x4(ak, a_at(kb, LDK, 16 * mt, 16 * kk, lq, lr));
+                hpd_ldmatrix_x4(bk, bn_at(kb, LDK, 16 * np, 16 * kk, lq, lr));
+                hpd_mma_bf16_16816(sq[0], aq, bk);
+                hpd_mma_bf16_16816(sq[1], aq, bk + 2);
+                hpd_mma_bf16_16816(sk[0], ak, bk);
+                hpd_mma_bf16_16816(sk[1], ak, bk + 2);
+            }
+#pragma unroll
+            for (uint32_t nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (uint32_t hf = 0; hf < 2; hf++) {
+                    const uint32_t i = 16 * mt + g + 8 * hf, j = 16 * np + 8 * nt + 2 * t;
+                    float qk[2];
+#pragma unroll
+                    for (uint32_t c = 0; c < 2; c++) {
+                        const bool on = j + c <= i && i < L;
+                        const float e = on ? expf(gc[i] - gc[j + c]) : 0.0f;
+                        qk[c] = on ? __fmul_rn(sq[nt][2 * hf + c], e) : 0.0f;
+                        A[i * LDA + j + c] =
+                            on && j + c < i
+                                ? -__fmul_rn(__fmul_rn(sk[nt][2 * hf + c], beta[i]), e)
+                                : 0.0f;
+                    }
+                    *(uint32_t *)(QK + i * C + j) = hpd_bf16x2(qk[0], qk[1]);
+                }
+        }
+        if (w >= 2) { /* the blocks above the diagonal: (0,1..3), (1,2..3), (2,3) */
+            static constexpr uint8_t UM[6] = {0, 0, 0, 1, 1, 2}, UN[6] = {1, 2, 3, 2, 3, 3};
+            const uint32_t mt = UM[w - 2], np = UN[w - 2];
+            for (uint32_t e = lane; e < 16 * 8; e += 32) /* 16 rows of 8 words */
+                *(uint32_t *)(QK + (16 * mt + e / 8) * C + 16 * np + 2 * (e % 8)) = 0;
+        }
+    }
+    __syncthreads();
+
+    /* T's diagonal blocks: thread 16 b + c (b < 4) column c of block b, the
+     * rows in turn (each row's A read before its T is written) */
+    for (uint32_t r = 1; r < 16; r++) {
+        const uint32_t b0 = 16 * (tid / 16), c = tid % 16;
+        const bool on = tid < 64 && c < r;
+        float acc = 0.0f;
+        if (on) {
+            acc = A[(b0 + r) * LDA + b0 + c];
+            for (uint32_t m = c + 1; m < r; m++)
+                acc = fmaf(A[(b0 + r) * LDA + b0 + m], A[(b0 + m) * LDA + b0 + c], acc);
+        }
+        __syncthreads();
+        if (on)
+            A[(b0 + r) * LDA + b0 + c] = acc;
+        __syncthreads();
+    }
+    /* block rows 1..3: Y = A_ij + sum_{j <= k < i} A_ik T_kj (T_jj's unit
+     * diagonal gives the A_ij), then T_ij = Y + T_ii Y */
+    for (uint32_t bi = 1; bi < 4; bi++) {
+        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
+            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
+            const float *arow = A + (16 * bi + r) * LDA;
+            float y = arow[16 * bj + c];
+            for (uint32_t m = 16 * bj; m < 16 * bi; m++)
+                y = fmaf(arow[m], A[m * LDA + 16 * bj + c], y);
+            Y[e] = y;
+        }
+        __syncthreads();
+        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
+            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
+            const float *trow = A + (16 * bi + r) * LDA + 16 * bi;
+            float v = Y[e];
+            for (uint32_t m = 0; m < r; m++)
+                v = fmaf(trow[m], Y[bj * 256 + m * 16 + c], v);
+            A[(16 * bi + r) * LDA + 16 * bj + c] = v;
+        }
+        __syncthreads();
+    }
+    /* T~: T's strictly lower part in bf16, zero elsewhere */
+    for (uint32_t p = tid; p < C * C / 2; p += CHUNK_THREADS) {
+        const uint32_t i = p / (C / 2), j = 2 * (p % (C / 2));
+        *(uint32_t *)(Tb + i * LDT + j) = hpd_bf16x2(j < i ? A[i * LDA + j] : 0.0f,
+                                                     j + 1 < i ? A[i * LDA + j + 1] : 0.0f);
+    }
+    __syncthreads();
+
+    /* W = kbe + T~ kbe~ and U = vb + T~ vb~: units of (m-tile, 16 columns),
+     * W's DK / 16 column pairs then U's dvp / 16; unit u is pair u / 4 and
+     * m-tile (u + u / 8) % 4, so that a warp's units (u = w + 8 k) vary in
+     * m-tile (the products run over k-tiles 0..m-tile, T~ being lower) */
+    const uint32_t pw = DK / 16, n_units = 4 * (pw + dvp / 16);
+    for (uint32_t u = w; u < n_units; u += 8) {
+        const uint32_t pair = u / 4, mt = (u + u / 8) % 4, wpart = pair < pw;
+        const uint32_t n0 = 16 * (wpart ? pair : pair - pw);
+        const uint16_t *bsrc = wpart ? kbeb : vbb;
+        const uint32_t ldb = wpart ? LDK : ldvb;
+        float acc[2][4];
+#pragma unroll
+        for (uint32_t nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (uint32_t r = 0; r < 4; r++) {
+                const uint32_t i = 16 * mt + g + 8 * (r / 2), x = n0 + 8 * nt + 2 * t + r % 2;
+                float v = 0.0f;
+                if (i < L && wpart)
+                    v = __fmul_rn(__fmul_rn(kg[(size_t)i * a.k.ld + x], beta[i]), eg[i]);
+                else if (i < L && x < dv)
+                    v = __fmul_rn(vg[(size_t)i * a.v.ld + x], beta[i]);
+                acc[nt][r] = v;
+            }
+        for (uint32_t kk = 0; kk <= mt; kk++) {
+            uint32_t at[4], b[4];
+            hpd_ldmatrix_x4(at, a_at(Tb, LDT, 16 * mt, 16 * kk, lq, lr));
+            hpd_ldmatrix_x4_trans(b, bk_at(bsrc, ldb, 16 * kk, n0, lq, lr));
+            hpd_mma_bf16_16816(acc[0], at, b);
+            hpd_mma_bf16_16816(acc[1], at, b + 2);
+        }
+#pragma unroll
+        for (uint32_t nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (uint32_t hf = 0; hf < 2; hf++) {
+                const uint32_t i = 16 * mt + g + 8 * hf, x = n0 + 8 * nt + 2 * t;
+                if (i >= L)
+                    continue;
+                if (wpart) {
+                    *(uint32_t *)(W + i * DK + x) = hpd_bf16x2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                    continue;
+                }
+                if (x < dv)
+                    U[(size_t)i * dv + x] = acc[nt][2 * hf];
+                if (x + 1 < dv)
+                    U[(size_t)i * dv + x + 1] = acc[nt][2 * hf + 1];
+            }
+    }
 }
 
 /* ------------------------------ cuda-bf16: the state pass on tensor cores */
@@ -961,7 +1226,8 @@ static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool 
         return HPD_ERR_INVALID_ARG;
     }
     const bool tc = bf16 && state_on_tensor_cores(a->dk);
-    const size_t smem1 = (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
+    const size_t smem1 = tc ? tc_prep_smem(a->dk, a->dv).bytes
+                            : (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
     /* (the tensor-core pass needs one chunk buffer at least) */
     const size_t smem2 = tc ? (a->dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false))
                          : state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
@@ -1001,7 +1267,9 @@ static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool 
     const size_t per_chunk = (size_t)a->nv * prep_layout(a->dk, a->dv, tc).bytes;
     const uint32_t tiles = (a->dv + STATE_COLS - 1) / STATE_COLS;
     hpd_status_t st = HPD_OK;
-    const auto prep_kernel = tc ? gdn_chunk_prep_kernel<uint16_t> : gdn_chunk_prep_kernel<float>;
+    const auto prep_kernel = !tc         ? gdn_chunk_prep_kernel
+                             : a->dk == 64 ? gdn_chunk_prep_tc_kernel<64>
+                                           : gdn_chunk_prep_tc_kernel<128>;
     cudaError_t err =
         cudaFuncSetAttribute(prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem1);
     /* passes over runs of chunks whose prepared form fits the scratch */
