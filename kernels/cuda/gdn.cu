@@ -726,20 +726,33 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     }
     __syncthreads();
     /* q~, k~, (k beta e^gc)~ and QE, KE (rows past L: zero in shared memory,
-     * not written to the form) */
-#pragma unroll 8
-    for (uint32_t p = tid; p < C * DK; p += CHUNK_THREADS) {
-        const uint32_t i = p / DK, x = p % DK;
-        const bool in = i < L;
-        const float qv = in ? qg[(size_t)i * a.q.ld + x] : 0.0f;
-        const float kv = in ? kg[(size_t)i * a.k.ld + x] : 0.0f;
-        qb[i * LDK + x] = (uint16_t)hpd_bf16_rn(qv);
-        kb[i * LDK + x] = (uint16_t)hpd_bf16_rn(kv);
-        kbeb[i * LDK + x] =
-            (uint16_t)hpd_bf16_rn(in ? __fmul_rn(__fmul_rn(kv, beta[i]), eg[i]) : 0.0f);
-        if (in) {
-            QE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(qv, eg[i]));
-            KE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(kv, el[i]));
+     * not written to the form): PREP_BATCH elements' loads in flight, then
+     * their stores (the form's stores would otherwise hold each next load
+     * back: they might alias q and k) */
+    for (uint32_t p0 = tid; p0 < C * DK; p0 += PREP_BATCH * CHUNK_THREADS) {
+        float qk[PREP_BATCH][2];
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++) {
+            const uint32_t p = p0 + u * CHUNK_THREADS, i = p / DK, x = p % DK;
+            const bool in = p < C * DK && i < L;
+            qk[u][0] = in ? qg[(size_t)i * a.q.ld + x] : 0.0f;
+            qk[u][1] = in ? kg[(size_t)i * a.k.ld + x] : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < PREP_BATCH; u++) {
+            const uint32_t p = p0 + u * CHUNK_THREADS, i = p / DK, x = p % DK;
+            if (p >= C * DK)
+                break;
+            const bool in = i < L;
+            const float qv = qk[u][0], kv = qk[u][1];
+            qb[i * LDK + x] = (uint16_t)hpd_bf16_rn(qv);
+            kb[i * LDK + x] = (uint16_t)hpd_bf16_rn(kv);
+            kbeb[i * LDK + x] =
+                (uint16_t)hpd_bf16_rn(in ? __fmul_rn(__fmul_rn(kv, beta[i]), eg[i]) : 0.0f);
+            if (in) {
+                QE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(qv, eg[i]));
+                KE[p] = (uint16_t)hpd_bf16_rn(__fmul_rn(kv, el[i]));
+            }
         }
     }
     /* (v beta)~, columns past dv zero */
@@ -755,10 +768,9 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
      * warp w taking blocks w and w + 8; warps 2..7 write QK's six blocks
      * above it as zero */
     {
-        static constexpr uint8_t MT[10] = {0, 1, 1, 2, 2, 2, 3, 3, 3, 3};
-        static constexpr uint8_t NP[10] = {0, 0, 1, 0, 1, 2, 0, 1, 2, 3};
-        for (uint32_t unit = w; unit < 10; unit += 8) {
-            const uint32_t mt = MT[unit], np = NP[unit];
+        for (uint32_t unit = w; unit < 10; unit += 8) { /* (0,0), (1,0), (1,1), (2,0) .. */
+            const uint32_t mt = (unit >= 1) + (unit >= 3) + (unit >= 6);
+            const uint32_t np = unit - mt * (mt + 1) / 2;
             float sq[2][4] = {}, sk[2][4] = {};
 #pragma unroll
             for (uint32_t kk = 0; kk < DK / 16; kk++) {
@@ -791,8 +803,8 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                 }
         }
         if (w >= 2) { /* the blocks above the diagonal: (0,1..3), (1,2..3), (2,3) */
-            static constexpr uint8_t UM[6] = {0, 0, 0, 1, 1, 2}, UN[6] = {1, 2, 3, 2, 3, 3};
-            const uint32_t mt = UM[w - 2], np = UN[w - 2];
+            const uint32_t k = w - 2, mt = (k >= 3) + (k >= 5);
+            const uint32_t np = k + mt + 1 - (mt == 0 ? 0 : mt == 1 ? 3 : 5);
             for (uint32_t e = lane; e < 16 * 8; e += 32) /* 16 rows of 8 words */
                 *(uint32_t *)(QK + (16 * mt + e / 8) * C + 16 * np + 2 * (e % 8)) = 0;
         }
@@ -886,10 +898,14 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                     *(uint32_t *)(W + i * DK + x) = hpd_bf16x2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
                     continue;
                 }
-                if (x < dv)
-                    U[(size_t)i * dv + x] = acc[nt][2 * hf];
-                if (x + 1 < dv)
-                    U[(size_t)i * dv + x + 1] = acc[nt][2 * hf + 1];
+                float *ud = U + (size_t)i * dv + x;
+                if (dv % 2 == 0 && x + 1 < dv) /* (8-byte aligned) */
+                    *(float2 *)ud = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                else if (x < dv) {
+                    ud[0] = acc[nt][2 * hf];
+                    if (x + 1 < dv)
+                        ud[1] = acc[nt][2 * hf + 1];
+                }
             }
     }
 }
