@@ -239,6 +239,54 @@ __device__ static inline void tri_apply(const float *A, const float *in, uint32_
     }
 }
 
+/* T = (I - A)^-1 in place, A a chunk's strictly lower C x C matrix in
+ * shared memory (rows lda apart; its diagonal and upper triangle are never
+ * read), T strictly lower (its unit diagonal implied), in 16 x 16 blocks:
+ * the four diagonal blocks by forward substitution (thread 16 b + c takes
+ * column c of block b, the rows in turn), then block rows 1, 2, 3 in turn,
+ *   Y = A_ij + sum_{j <= k < i} A_ik T_kj,  T_ij = Y + T_ii Y
+ * (T_jj's implied diagonal gives the A_ij). Each sum one thread's, in
+ * ascending order; 36 barriers where a row-by-row solve takes two a row.
+ * Y: 768 floats of shared scratch. Every thread of the block calls it. */
+static_assert(C == 64 && CHUNK_THREADS == 256, "four 16 x 16 blocks, 256 threads");
+__device__ static inline void ut_solve(float *A, uint32_t lda, float *Y, uint32_t tid)
+{
+    for (uint32_t r = 1; r < 16; r++) {
+        const uint32_t b0 = 16 * (tid / 16), c = tid % 16;
+        const bool on = tid < 64 && c < r;
+        float acc = 0.0f;
+        if (on) { /* (row r's A all read before its T is written) */
+            acc = A[(b0 + r) * lda + b0 + c];
+            for (uint32_t m = c + 1; m < r; m++)
+                acc = fmaf(A[(b0 + r) * lda + b0 + m], A[(b0 + m) * lda + b0 + c], acc);
+        }
+        __syncthreads();
+        if (on)
+            A[(b0 + r) * lda + b0 + c] = acc;
+        __syncthreads();
+    }
+    for (uint32_t bi = 1; bi < 4; bi++) {
+        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
+            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
+            const float *arow = A + (16 * bi + r) * lda;
+            float y = arow[16 * bj + c];
+            for (uint32_t m = 16 * bj + c + 1; m < 16 * bi; m++) /* T_jj: rows past c */
+                y = fmaf(arow[m], A[m * lda + 16 * bj + c], y);
+            Y[e] = y;
+        }
+        __syncthreads();
+        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
+            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
+            const float *trow = A + (16 * bi + r) * lda + 16 * bi;
+            float v = Y[e];
+            for (uint32_t m = 0; m < r; m++)
+                v = fmaf(trow[m], Y[bj * 256 + m * 16 + c], v);
+            A[(16 * bi + r) * lda + 16 * bj + c] = v;
+        }
+        __syncthreads();
+    }
+}
+
 /* Pass 1, one block per (chunk, value head), all chunks at once: the chunk's
  * cumulative gates gc, the UT system T = (I + A)^-1 with A[i][j] =
  * ((k_i beta_i) . k_j) exp(gc_i - gc_j) (j < i, negated), and from it
@@ -253,8 +301,8 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t dk = a.dk, dv = a.dv, nv = a.nv, kh = h / (a.nv / a.nk), ld = dk + 1;
     const chunk_t ch = chunks[ci];
     const uint32_t L = ch.len, r0 = ch.row0;
-    float *gc = sm, *beta = gc + C, *eg = beta + C, *el = eg + C, *row = el + C;
-    float *qs = row + C, *ks = qs + (size_t)C * ld, *A = ks + (size_t)C * ld;
+    float *gc = sm, *beta = gc + C, *eg = beta + C, *el = eg + C, *Y = el + C;
+    float *qs = Y + 768, *ks = qs + (size_t)C * ld, *A = ks + (size_t)C * ld;
     const prep_layout_t pl = prep_layout(dk, dv, false);
     char *P = prep + (size_t)blockIdx.x * pl.bytes;
     float *W = (float *)(P + pl.w), *QE = (float *)(P + pl.qe), *KE = (float *)(P + pl.ke);
@@ -347,21 +395,8 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
         const uint32_t i = p / dk, x = p % dk;
         kbe[i * ld + x] = __fmul_rn(__fmul_rn(ks[i * ld + x], beta[i]), eg[i]);
     }
-    __syncthreads(); /* vb and kbe complete (the substitution below has no barrier at L = 1) */
-    /* forward substitution, row by row: T = (I + L)^-1, unit diagonal */
-    for (uint32_t i = 1; i < L; i++) {
-        if (tid < i)
-            row[tid] = A[i * C + tid];
-        __syncthreads();
-        if (tid < i) {
-            float acc = row[tid];
-#pragma unroll 4
-            for (uint32_t m = tid + 1; m < i; m++)
-                acc = fmaf(row[m], A[m * C + tid], acc);
-            A[i * C + tid] = acc;
-        }
-        __syncthreads();
-    }
+    __syncthreads(); /* vb and kbe complete */
+    ut_solve(A, C, Y, tid); /* T = (I - A)^-1, unit diagonal implied */
     /* U = T (v beta) and W = T (k beta exp(gc)): out[i][d] = in[i][d] +
      * sum_{j < i} A[i][j] in[j][d], j ascending */
     if (vb_shared)
@@ -672,10 +707,7 @@ __host__ __device__ static inline tc_prep_smem_t tc_prep_smem(uint32_t dk, uint3
  *   diagonal (a warp's one or two): QK = bf16((q~ . k~) e^(gc_i - gc_j))
  *   for j <= i, and A = -((k~_i . k~_j) beta_i) e^(gc_i - gc_j) for j < i
  *   in fp32;
- * - T = (I - A)^-1 in 16 x 16 blocks, fp32: the four diagonal blocks by
- *   forward substitution (a warp each, one row at a time), then block rows
- *   1, 2, 3 in turn: Y = A_ij + sum_{j <= k < i} A_ik T_kj, T_ij = Y +
- *   T_ii Y (T strictly lower; each sum one thread's, in ascending order);
+ * - T = (I - A)^-1 in 16 x 16 blocks, fp32 (ut_solve, as cuda's);
  * - W = kbe + T~ kbe~ and U = vb + T~ vb~ by mma (kbe = k beta e^gc and
  *   vb = v beta in fp32: the identity's part exact; T~ = bf16(T)). */
 template <uint32_t DK>
@@ -811,44 +843,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     }
     __syncthreads();
 
-    /* T's diagonal blocks: thread 16 b + c (b < 4) column c of block b, the
-     * rows in turn (each row's A read before its T is written) */
-    for (uint32_t r = 1; r < 16; r++) {
-        const uint32_t b0 = 16 * (tid / 16), c = tid % 16;
-        const bool on = tid < 64 && c < r;
-        float acc = 0.0f;
-        if (on) {
-            acc = A[(b0 + r) * LDA + b0 + c];
-            for (uint32_t m = c + 1; m < r; m++)
-                acc = fmaf(A[(b0 + r) * LDA + b0 + m], A[(b0 + m) * LDA + b0 + c], acc);
-        }
-        __syncthreads();
-        if (on)
-            A[(b0 + r) * LDA + b0 + c] = acc;
-        __syncthreads();
-    }
-    /* block rows 1..3: Y = A_ij + sum_{j <= k < i} A_ik T_kj (T_jj's unit
-     * diagonal gives the A_ij), then T_ij = Y + T_ii Y */
-    for (uint32_t bi = 1; bi < 4; bi++) {
-        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
-            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
-            const float *arow = A + (16 * bi + r) * LDA;
-            float y = arow[16 * bj + c];
-            for (uint32_t m = 16 * bj; m < 16 * bi; m++)
-                y = fmaf(arow[m], A[m * LDA + 16 * bj + c], y);
-            Y[e] = y;
-        }
-        __syncthreads();
-        for (uint32_t e = tid; e < 256 * bi; e += CHUNK_THREADS) {
-            const uint32_t bj = e / 256, r = e / 16 % 16, c = e % 16;
-            const float *trow = A + (16 * bi + r) * LDA + 16 * bi;
-            float v = Y[e];
-            for (uint32_t m = 0; m < r; m++)
-                v = fmaf(trow[m], Y[bj * 256 + m * 16 + c], v);
-            A[(16 * bi + r) * LDA + 16 * bj + c] = v;
-        }
-        __syncthreads();
-    }
+    ut_solve(A, LDA, Y, tid); /* T = (I - A)^-1 */
     /* T~: T's strictly lower part in bf16, zero elsewhere */
     for (uint32_t p = tid; p < C * C / 2; p += CHUNK_THREADS) {
         const uint32_t i = p / (C / 2), j = 2 * (p % (C / 2));
@@ -1243,7 +1238,7 @@ static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool 
     }
     const bool tc = bf16 && state_on_tensor_cores(a->dk);
     const size_t smem1 = tc ? tc_prep_smem(a->dk, a->dv).bytes
-                            : (5 * C + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * sizeof(float);
+                            : (4 * C + 768 + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * 4;
     /* (the tensor-core pass needs one chunk buffer at least) */
     const size_t smem2 = tc ? (a->dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false))
                          : state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
