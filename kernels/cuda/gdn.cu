@@ -676,6 +676,20 @@ __device__ static inline const uint16_t *bk_at(const uint16_t *m, uint32_t ld, u
     return m + (k0 + (lq & 1) * 8 + lr) * ld + n0 + (lq >> 1) * 8;
 }
 
+/* f(nt, hf, i, j) for each pair of this lane's mma accumulators
+ * (registers 2 hf and 2 hf + 1 of n-tile nt < NT): their row i = row0 +
+ * g + 8 hf and columns j, j + 1, j = col0 + 8 nt + 2 t (g = lane / 4,
+ * t = lane % 4) */
+template <uint32_t NT, typename F>
+__device__ static inline void for_pairs(uint32_t row0, uint32_t col0, uint32_t lane, F f)
+{
+#pragma unroll
+    for (uint32_t nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (uint32_t hf = 0; hf < 2; hf++)
+            f(nt, hf, row0 + lane / 4 + 8 * hf, col0 + 8 * nt + 2 * (lane % 4));
+}
+
 /* Shared memory of pass 1 on tensor cores, in bytes from the start: gc,
  * beta, e^gc, e^(gc_last - gc) [4][C], Y [3][16][16] and A / T [C][C + 1]
  * in fp32; q~ (later T~) [C][dk + 8], k~ and (k beta e^gc)~ [C][dk + 8],
@@ -815,24 +829,21 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
                 hpd_mma_bf16_16816(sk[0], ak, bk);
                 hpd_mma_bf16_16816(sk[1], ak, bk + 2);
             }
+            for_pairs<2>(16 * mt, 16 * np, lane, [&](uint32_t nt, uint32_t hf, uint32_t i,
+                                                      uint32_t j) {
+                float qk[2];
 #pragma unroll
-            for (uint32_t nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (uint32_t hf = 0; hf < 2; hf++) {
-                    const uint32_t i = 16 * mt + g + 8 * hf, j = 16 * np + 8 * nt + 2 * t;
-                    float qk[2];
-#pragma unroll
-                    for (uint32_t c = 0; c < 2; c++) {
-                        const bool on = j + c <= i && i < L;
-                        const float e = on ? expf(gc[i] - gc[j + c]) : 0.0f;
-                        qk[c] = on ? __fmul_rn(sq[nt][2 * hf + c], e) : 0.0f;
-                        A[i * LDA + j + c] =
-                            on && j + c < i
-                                ? -__fmul_rn(__fmul_rn(sk[nt][2 * hf + c], beta[i]), e)
-                                : 0.0f;
-                    }
-                    *(uint32_t *)(QK + i * C + j) = hpd_bf16x2(qk[0], qk[1]);
+                for (uint32_t c = 0; c < 2; c++) {
+                    const bool on = j + c <= i && i < L;
+                    const float e = on ? expf(gc[i] - gc[j + c]) : 0.0f;
+                    qk[c] = on ? __fmul_rn(sq[nt][2 * hf + c], e) : 0.0f;
+                    A[i * LDA + j + c] =
+                        on && j + c < i
+                            ? -__fmul_rn(__fmul_rn(sk[nt][2 * hf + c], beta[i]), e)
+                            : 0.0f;
                 }
+                *(uint32_t *)(QK + i * C + j) = hpd_bf16x2(qk[0], qk[1]);
+            });
         }
         if (w >= 2) { /* the blocks above the diagonal: (0,1..3), (1,2..3), (2,3) */
             const uint32_t k = w - 2, mt = (k >= 3) + (k >= 5);
@@ -882,26 +893,22 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             hpd_mma_bf16_16816(acc[0], at, b);
             hpd_mma_bf16_16816(acc[1], at, b + 2);
         }
-#pragma unroll
-        for (uint32_t nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (uint32_t hf = 0; hf < 2; hf++) {
-                const uint32_t i = 16 * mt + g + 8 * hf, x = n0 + 8 * nt + 2 * t;
-                if (i >= L)
-                    continue;
-                if (wpart) {
-                    *(uint32_t *)(W + i * DK + x) = hpd_bf16x2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-                    continue;
-                }
-                float *ud = U + (size_t)i * dv + x;
-                if (dv % 2 == 0 && x + 1 < dv) /* (8-byte aligned) */
-                    *(float2 *)ud = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-                else if (x < dv) {
-                    ud[0] = acc[nt][2 * hf];
-                    if (x + 1 < dv)
-                        ud[1] = acc[nt][2 * hf + 1];
-                }
+        for_pairs<2>(16 * mt, n0, lane, [&](uint32_t nt, uint32_t hf, uint32_t i, uint32_t x) {
+            if (i >= L)
+                return;
+            if (wpart) {
+                *(uint32_t *)(W + i * DK + x) = hpd_bf16x2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+                return;
             }
+            float *ud = U + (size_t)i * dv + x;
+            if (dv % 2 == 0 && x + 1 < dv) /* (8-byte aligned) */
+                *(float2 *)ud = make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+            else if (x < dv) {
+                ud[0] = acc[nt][2 * hf];
+                if (x + 1 < dv)
+                    ud[1] = acc[nt][2 * hf + 1];
+            }
+        });
     }
 }
 
@@ -977,12 +984,11 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
     const auto store_s = [&]() {
 #pragma unroll
         for (uint32_t mt = 0; mt < MS; mt++)
-#pragma unroll
-            for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (uint32_t hf = 0; hf < 2; hf++)
-                    *(uint32_t *)(Sb + (xs + 16 * mt + g + 8 * hf) * LDV + 8 * nt + 2 * t) =
-                        hpd_bf16x2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+            for_pairs<4>(xs + 16 * mt, 0, lane, [&](uint32_t nt, uint32_t hf, uint32_t x,
+                                                     uint32_t j) {
+                *(uint32_t *)(Sb + x * LDV + j) =
+                    hpd_bf16x2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+            });
     };
     /* B fragments of tiles 2 np, 2 np + 1 from a k-major array (S~, VN~) */
     const auto b_frags = [&](uint32_t b[4], const uint16_t *m, uint32_t k0, uint32_t np) {
@@ -1049,13 +1055,11 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
             }
         }
         /* VN = U - W S~, to shared memory as VN~ */
-#pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (uint32_t hf = 0; hf < 2; hf++)
-                *(uint32_t *)(VNb + (m0 + g + 8 * hf) * LDV + 8 * nt + 2 * t) =
-                    hpd_bf16x2(__fsub_rn(u[nt][2 * hf], ws[nt][2 * hf]),
-                               __fsub_rn(u[nt][2 * hf + 1], ws[nt][2 * hf + 1]));
+        for_pairs<4>(m0, 0, lane, [&](uint32_t nt, uint32_t hf, uint32_t i, uint32_t j) {
+            *(uint32_t *)(VNb + i * LDV + j) = hpd_bf16x2(__fsub_rn(u[nt][2 * hf], ws[nt][2 * hf]),
+                                                          __fsub_rn(u[nt][2 * hf + 1],
+                                                                    ws[nt][2 * hf + 1]));
+        });
         __syncthreads(); /* VN~ whole; S~ read by every warp */
         /* o += QK VN~, the blocks of columns at or left of this warp's rows */
         for (uint32_t kk = 0; kk <= w; kk++) {
