@@ -653,27 +653,29 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
 
 /* ---------------------------------- cuda-bf16: pass 1 on tensor cores */
 
-/* ldmatrix .x4 addresses of this lane (lq = lane / 8, lr = lane % 8) for
- * an m16n8k16 operand from shared bf16 rows ld apart:
- * - a_at: A's 16 x 16 block at (row0, k0) of a row-major array;
- * - bn_at: B's fragments of two n-tiles (n0, n0 + 8) over k0..k0 + 15 of
- *   an array whose rows are n (K~ as the B of Q K~^T): r[0], r[1] the
- *   first tile's b, r[2], r[3] the second's;
- * - bk_at: the same from an array whose rows are k, with .trans. */
-__device__ static inline const uint16_t *a_at(const uint16_t *m, uint32_t ld, uint32_t row0,
-                                              uint32_t k0, uint32_t lq, uint32_t lr)
+/* This lane's row address for an ldmatrix .x4 of the 16 x 16 block at
+ * (r0, c0) of a shared bf16 array with rows ld apart: matrix q (lanes
+ * 8 q .. 8 q + 7) at rows r0 + 8 (q & 1), columns c0 + 8 (q >> 1) (down
+ * first), or ACROSS first at rows r0 + 8 (q >> 1), columns c0 + 8 (q & 1).
+ * As an m16n8k16 operand (PTX ISA): down first, A's a[0..3] from a
+ * row-major A, or with .trans two n-tiles' b (r[0..1] the first's) from an
+ * array whose rows are k; across first, two n-tiles' b from an array whose
+ * rows are n, or with .trans A's a[0..3] from an array whose rows are k. */
+template <bool ACROSS>
+__device__ static inline const uint16_t *tile_at(const uint16_t *m, uint32_t ld, uint32_t r0,
+                                                 uint32_t c0, uint32_t lane)
 {
-    return m + (row0 + (lq & 1) * 8 + lr) * ld + k0 + (lq >> 1) * 8;
+    const uint32_t q = lane / 8, down = ACROSS ? q >> 1 : q & 1, across = ACROSS ? q & 1 : q >> 1;
+    return m + (r0 + 8 * down + lane % 8) * ld + c0 + 8 * across;
 }
-__device__ static inline const uint16_t *bn_at(const uint16_t *m, uint32_t ld, uint32_t n0,
-                                               uint32_t k0, uint32_t lq, uint32_t lr)
+
+/* d0 += a b[0..1] and d1 += a b[2..3]: one A block times the two n-tiles
+ * of one ldmatrix .x4 of B (tile_at) */
+__device__ static inline void mma_pair(float d0[4], float d1[4], const uint32_t a[4],
+                                       const uint32_t b[4])
 {
-    return m + (n0 + (lq >> 1) * 8 + lr) * ld + k0 + (lq & 1) * 8;
-}
-__device__ static inline const uint16_t *bk_at(const uint16_t *m, uint32_t ld, uint32_t k0,
-                                               uint32_t n0, uint32_t lq, uint32_t lr)
-{
-    return m + (k0 + (lq & 1) * 8 + lr) * ld + n0 + (lq >> 1) * 8;
+    hpd_mma_bf16_16816(d0, a, b);
+    hpd_mma_bf16_16816(d1, a, b + 2);
 }
 
 /* f(nt, hf, i, j) for each pair of this lane's mma accumulators
@@ -733,7 +735,6 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
     const uint32_t ci = blockIdx.x / a.nv, h = blockIdx.x % a.nv, tid = threadIdx.x;
     const uint32_t dv = a.dv, nv = a.nv, kh = h / (a.nv / a.nk);
     const uint32_t lane = tid % 32, w = tid / 32, g = lane / 4, t = lane % 4;
-    const uint32_t lq = lane / 8, lr = lane % 8;
     const chunk_t ch = chunks[ci];
     const uint32_t L = ch.len, r0 = ch.row0;
     const tc_prep_smem_t ss = tc_prep_smem(DK, dv);
@@ -821,13 +822,11 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
 #pragma unroll
             for (uint32_t kk = 0; kk < DK / 16; kk++) {
                 uint32_t aq[4], ak[4], bk[4];
-                hpd_ldmatrix_x4(aq, a_at(qb, LDK, 16 * mt, 16 * kk, lq, lr));
-                hpd_ldmatrix_x4(ak, a_at(kb, LDK, 16 * mt, 16 * kk, lq, lr));
-                hpd_ldmatrix_x4(bk, bn_at(kb, LDK, 16 * np, 16 * kk, lq, lr));
-                hpd_mma_bf16_16816(sq[0], aq, bk);
-                hpd_mma_bf16_16816(sq[1], aq, bk + 2);
-                hpd_mma_bf16_16816(sk[0], ak, bk);
-                hpd_mma_bf16_16816(sk[1], ak, bk + 2);
+                hpd_ldmatrix_x4(aq, tile_at<false>(qb, LDK, 16 * mt, 16 * kk, lane));
+                hpd_ldmatrix_x4(ak, tile_at<false>(kb, LDK, 16 * mt, 16 * kk, lane));
+                hpd_ldmatrix_x4(bk, tile_at<true>(kb, LDK, 16 * np, 16 * kk, lane));
+                mma_pair(sq[0], sq[1], aq, bk);
+                mma_pair(sk[0], sk[1], ak, bk);
             }
             for_pairs<2>(16 * mt, 16 * np, lane, [&](uint32_t nt, uint32_t hf, uint32_t i,
                                                       uint32_t j) {
@@ -888,10 +887,9 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
             }
         for (uint32_t kk = 0; kk <= mt; kk++) {
             uint32_t at[4], b[4];
-            hpd_ldmatrix_x4(at, a_at(Tb, LDT, 16 * mt, 16 * kk, lq, lr));
-            hpd_ldmatrix_x4_trans(b, bk_at(bsrc, ldb, 16 * kk, n0, lq, lr));
-            hpd_mma_bf16_16816(acc[0], at, b);
-            hpd_mma_bf16_16816(acc[1], at, b + 2);
+            hpd_ldmatrix_x4(at, tile_at<false>(Tb, LDT, 16 * mt, 16 * kk, lane));
+            hpd_ldmatrix_x4_trans(b, tile_at<false>(bsrc, ldb, 16 * kk, n0, lane));
+            mma_pair(acc[0], acc[1], at, b);
         }
         for_pairs<2>(16 * mt, n0, lane, [&](uint32_t nt, uint32_t hf, uint32_t i, uint32_t x) {
             if (i >= L)
@@ -952,7 +950,6 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
     const segment_t seg = sb.seg;
     const uint32_t h = sb.h, col0 = sb.tile * STATE_COLS, dv = a.dv, tid = threadIdx.x;
     const uint32_t lane = tid % 32, w = tid / 32, g = lane / 4, t = lane % 4;
-    const uint32_t lq = lane / 8, lr = lane % 8; /* ldmatrix: this lane's matrix and row */
     const uint32_t xs = w * (DK / 4), m0 = 16 * w; /* this warp's state rows, chunk rows */
     const prep_layout_t pl = prep_layout(DK, dv, true);
     uint16_t *Sb = smb + (two ? 2 : 1) * SM::BUF, *VNb = Sb + DK * LDV;
@@ -992,19 +989,23 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
     };
     /* B fragments of tiles 2 np, 2 np + 1 from a k-major array (S~, VN~) */
     const auto b_frags = [&](uint32_t b[4], const uint16_t *m, uint32_t k0, uint32_t np) {
-        hpd_ldmatrix_x4_trans(b, m + (k0 + (lq & 1) * 8 + lr) * LDV + 16 * np + (lq >> 1) * 8);
+        hpd_ldmatrix_x4_trans(b, tile_at<false>(m, LDV, k0, 16 * np, lane));
+    };
+    /* this lane's elements of the state's columns: f(mt, nt, r, row, column) */
+    const auto state_elems = [&](auto f) {
+#pragma unroll
+        for (uint32_t mt = 0; mt < MS; mt++)
+#pragma unroll
+            for (uint32_t nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (uint32_t r = 0; r < 4; r++)
+                    f(mt, nt, r, xs + 16 * mt + frag_row(r), frag_col(nt, r));
     };
 
     fetch(0, 0);
-#pragma unroll
-    for (uint32_t mt = 0; mt < MS; mt++)
-#pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (uint32_t r = 0; r < 4; r++) {
-                const uint32_t x = xs + 16 * mt + frag_row(r), j = frag_col(nt, r);
-                S[mt][nt][r] = j < dv ? state[(size_t)x * dv + j] : 0.0f;
-            }
+    state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
+        S[mt][nt][r] = j < dv ? state[(size_t)x * dv + j] : 0.0f;
+    });
     store_s();
     for (uint32_t n = 0; n < seg.n_chunks; n++) {
         /* this chunk's U (the elements of this lane's fragments; rows past
@@ -1041,17 +1042,15 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
 #pragma unroll 2
         for (uint32_t kk = 0; kk < DK / 16; kk++) {
             uint32_t aw[4], aq[4];
-            const uint32_t at = (m0 + (lq & 1) * 8 + lr) * LDK + 16 * kk + (lq >> 1) * 8;
-            hpd_ldmatrix_x4(aw, W + at);
-            hpd_ldmatrix_x4(aq, QE + at);
+            const uint16_t *at = tile_at<false>(W, LDK, m0, 16 * kk, lane);
+            hpd_ldmatrix_x4(aw, at);
+            hpd_ldmatrix_x4(aq, at + (QE - W)); /* (the same block of QE) */
 #pragma unroll
             for (uint32_t np = 0; np < 2; np++) {
                 uint32_t bs[4];
                 b_frags(bs, Sb, 16 * kk, np);
-                hpd_mma_bf16_16816(ws[2 * np], aw, bs);
-                hpd_mma_bf16_16816(ws[2 * np + 1], aw, bs + 2);
-                hpd_mma_bf16_16816(o[2 * np], aq, bs);
-                hpd_mma_bf16_16816(o[2 * np + 1], aq, bs + 2);
+                mma_pair(ws[2 * np], ws[2 * np + 1], aw, bs);
+                mma_pair(o[2 * np], o[2 * np + 1], aq, bs);
             }
         }
         /* VN = U - W S~, to shared memory as VN~ */
@@ -1064,13 +1063,12 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
         /* o += QK VN~, the blocks of columns at or left of this warp's rows */
         for (uint32_t kk = 0; kk <= w; kk++) {
             uint32_t aqk[4];
-            hpd_ldmatrix_x4(aqk, QK + (m0 + (lq & 1) * 8 + lr) * LDC + 16 * kk + (lq >> 1) * 8);
+            hpd_ldmatrix_x4(aqk, tile_at<false>(QK, LDC, m0, 16 * kk, lane));
 #pragma unroll
             for (uint32_t np = 0; np < 2; np++) {
                 uint32_t bv[4];
                 b_frags(bv, VNb, 16 * kk, np);
-                hpd_mma_bf16_16816(o[2 * np], aqk, bv);
-                hpd_mma_bf16_16816(o[2 * np + 1], aqk, bv + 2);
+                mma_pair(o[2 * np], o[2 * np + 1], aqk, bv);
             }
         }
         float *out = a.out.p + (size_t)h * a.out.hs;
@@ -1083,13 +1081,9 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
                     out[(size_t)(ch.row0 + i) * a.out.ld + j] = o[nt][r];
             }
         /* S = exp(gc_last) S + KE^T VN~ (KE read transposed) */
-#pragma unroll
-        for (uint32_t mt = 0; mt < MS; mt++)
-#pragma unroll
-            for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (uint32_t r = 0; r < 4; r++)
-                    S[mt][nt][r] = __fmul_rn(S[mt][nt][r], elast);
+        state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t, uint32_t) {
+            S[mt][nt][r] = __fmul_rn(S[mt][nt][r], elast);
+        });
 #pragma unroll
         for (uint32_t kk = 0; kk < C / 16; kk++) {
             uint32_t bv[2][4];
@@ -1098,28 +1092,20 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
 #pragma unroll
             for (uint32_t mt = 0; mt < MS; mt++) {
                 uint32_t ak[4];
-                hpd_ldmatrix_x4_trans(ak, KE + (16 * kk + (lq >> 1) * 8 + lr) * LDK + xs +
-                                              16 * mt + (lq & 1) * 8);
+                hpd_ldmatrix_x4_trans(ak, tile_at<true>(KE, LDK, 16 * kk, xs + 16 * mt, lane));
 #pragma unroll
                 for (uint32_t np = 0; np < 2; np++) {
-                    hpd_mma_bf16_16816(S[mt][2 * np], ak, bv[np]);
-                    hpd_mma_bf16_16816(S[mt][2 * np + 1], ak, bv[np] + 2);
+                    mma_pair(S[mt][2 * np], S[mt][2 * np + 1], ak, bv[np]);
                 }
             }
         }
         store_s();       /* (S~ is not read again before the barrier) */
         __syncthreads(); /* S~ whole; VN~ and this chunk's buffer free */
     }
-#pragma unroll
-    for (uint32_t mt = 0; mt < MS; mt++)
-#pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (uint32_t r = 0; r < 4; r++) {
-                const uint32_t x = xs + 16 * mt + frag_row(r), j = frag_col(nt, r);
-                if (j < dv)
-                    state[(size_t)x * dv + j] = S[mt][nt][r];
-            }
+    state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
+        if (j < dv)
+            state[(size_t)x * dv + j] = S[mt][nt][r];
+    });
 }
 
 /* Pass 2 in registers for these dk (the form, and so the bits, follow dk
