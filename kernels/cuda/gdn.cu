@@ -913,17 +913,21 @@ __global__ void __launch_bounds__(CHUNK_THREADS)
 /* ------------------------------ cuda-bf16: the state pass on tensor cores */
 
 /* Pass 2 on tensor cores (cuda-bf16) for dk = DK of 64 or 128, over the
- * bf16 prepared form: one block of 4 warps per (sequence run, value head,
+ * bf16 prepared form: one block of 8 warps per (sequence run, value head,
  * 32 value columns), as above. The state's columns stay in fp32
- * accumulator fragments (warp w: state rows [w DK/4, (w + 1) DK/4)). Per
- * chunk, with S~ = bf16(S) and VN~ = bf16(VN), each product an mma
- * (m16n8k16: bf16 operands, fp32 sums):
+ * accumulator fragments: at dk 128 warp w holds state rows [16 w, 16 w +
+ * 16), all 4 column tiles; at dk 64 rows [16 (w % 4), +16), column tiles
+ * 2 (w / 4) and + 1. Per chunk, with S~ = bf16(S) and VN~ = bf16(VN), each
+ * product an mma (m16n8k16: bf16 operands, fp32 sums, k in ascending
+ * order):
  *   VN = U - W S~;  o = QE S~ + QK VN~;  S = exp(gc_last) S + KE^T VN~,
- * warp w taking rows [16 w, 16 w + 16) of VN and o (QK's blocks above the
- * diagonal are zero and skipped: which blocks follows w alone). The next
- * chunk's W, QE, KE and QK come by cp.async into a second buffer while
- * this chunk's are used (one buffer where two do not fit: the same sums). */
-#define TC_STATE_WARPS 4
+ * warp w taking rows [16 (w % 4), +16) of VN and o, column tiles 2 (w / 4)
+ * and + 1 (QK's blocks above the diagonal are zero and skipped: which
+ * blocks follows the rows alone). Which warp computes an element does not
+ * change its operations. The next chunk's W, QE, KE and QK come by
+ * cp.async into a second buffer while this chunk's are used (one buffer
+ * where two do not fit: the same sums). */
+#define TC_STATE_WARPS 8
 template <uint32_t DK> struct tc_state_smem {
     static constexpr uint32_t LDK = DK + 8, LDC = C + 8, LDV = STATE_COLS + 8; /* bf16 rows */
     static constexpr size_t BUF = 3 * (size_t)C * LDK + (size_t)C * LDC; /* one chunk's */
@@ -938,19 +942,24 @@ template <uint32_t DK> static size_t tc_state_bytes(bool two)
 }
 
 template <uint32_t DK>
-__global__ void __launch_bounds__(TC_STATE_WARPS * 32)
+__global__ void __launch_bounds__(TC_STATE_WARPS * 32, 1) /* (without the 1, ptxas spilt) */
     gdn_chunk_state_tc_kernel(hpd_gdn_args_t a, const chunk_t *chunks, const segment_t *segs,
                               const char *prep, uint32_t chunk_base, bool two)
 {
     typedef tc_state_smem<DK> SM;
-    constexpr uint32_t LDK = SM::LDK, LDC = SM::LDC, LDV = SM::LDV, MS = DK / 64, PK = DK / 8;
+    constexpr uint32_t LDK = SM::LDK, LDC = SM::LDC, LDV = SM::LDV, PK = DK / 8;
+    /* the state's m-tiles, and the column tiles a warp holds of one */
+    constexpr uint32_t SMT = DK / 16, SNT = 4 * SMT / TC_STATE_WARPS;
+    static_assert(TC_STATE_WARPS == 8 && (DK == 64 || DK == 128), "the warps' tiles");
     extern __shared__ uint4 sm16[]; /* (16-byte aligned: cp.async, ldmatrix) */
     uint16_t *const smb = (uint16_t *)sm16;
     const state_block_t sb = state_block(a, segs);
     const segment_t seg = sb.seg;
     const uint32_t h = sb.h, col0 = sb.tile * STATE_COLS, dv = a.dv, tid = threadIdx.x;
     const uint32_t lane = tid % 32, w = tid / 32, g = lane / 4, t = lane % 4;
-    const uint32_t xs = w * (DK / 4), m0 = 16 * w; /* this warp's state rows, chunk rows */
+    /* this warp's rows of VN and o (m0) and their column tiles' pair (vp);
+     * its state rows (xs) and first column tile (sn0) */
+    const uint32_t m0 = 16 * (w % 4), vp = w / 4, xs = 16 * (w % SMT), sn0 = w / SMT * SNT;
     const prep_layout_t pl = prep_layout(DK, dv, true);
     uint16_t *Sb = smb + (two ? 2 : 1) * SM::BUF, *VNb = Sb + DK * LDV;
     float *state = seg.state + (size_t)h * DK * dv;
@@ -976,35 +985,29 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
      * tile's first) and its state column */
     const auto frag_row = [&](uint32_t r) { return g + 8 * (r / 2); };
     const auto frag_col = [&](uint32_t nt, uint32_t r) { return col0 + 8 * nt + 2 * t + r % 2; };
-    /* S~ of this warp's rows to shared memory */
-    float S[MS][4][4];
+    /* S~ of this warp's fragments to shared memory */
+    float S[SNT][4] = {};
     const auto store_s = [&]() {
-#pragma unroll
-        for (uint32_t mt = 0; mt < MS; mt++)
-            for_pairs<4>(xs + 16 * mt, 0, lane, [&](uint32_t nt, uint32_t hf, uint32_t x,
-                                                     uint32_t j) {
-                *(uint32_t *)(Sb + x * LDV + j) =
-                    hpd_bf16x2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
-            });
+        for_pairs<SNT>(xs, 8 * sn0, lane, [&](uint32_t nt, uint32_t hf, uint32_t x, uint32_t j) {
+            *(uint32_t *)(Sb + x * LDV + j) = hpd_bf16x2(S[nt][2 * hf], S[nt][2 * hf + 1]);
+        });
     };
     /* B fragments of tiles 2 np, 2 np + 1 from a k-major array (S~, VN~) */
     const auto b_frags = [&](uint32_t b[4], const uint16_t *m, uint32_t k0, uint32_t np) {
         hpd_ldmatrix_x4_trans(b, tile_at<false>(m, LDV, k0, 16 * np, lane));
     };
-    /* this lane's elements of the state's columns: f(mt, nt, r, row, column) */
+    /* this lane's elements of the state's columns: f(nt, r, row, column) */
     const auto state_elems = [&](auto f) {
 #pragma unroll
-        for (uint32_t mt = 0; mt < MS; mt++)
+        for (uint32_t nt = 0; nt < SNT; nt++)
 #pragma unroll
-            for (uint32_t nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (uint32_t r = 0; r < 4; r++)
-                    f(mt, nt, r, xs + 16 * mt + frag_row(r), frag_col(nt, r));
+            for (uint32_t r = 0; r < 4; r++)
+                f(nt, r, xs + frag_row(r), frag_col(sn0 + nt, r));
     };
 
     fetch(0, 0);
-    state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
-        S[mt][nt][r] = j < dv ? state[(size_t)x * dv + j] : 0.0f;
+    state_elems([&](uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
+        S[nt][r] = j < dv ? state[(size_t)x * dv + j] : 0.0f;
     });
     store_s();
     for (uint32_t n = 0; n < seg.n_chunks; n++) {
@@ -1015,12 +1018,12 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
         const char *P = chunk_prep(n);
         const float *U = (const float *)(P + pl.u);
         const float elast = *(const float *)(P + pl.el);
-        float u[4][4];
+        float u[2][4];
 #pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
+        for (uint32_t nt = 0; nt < 2; nt++)
 #pragma unroll
             for (uint32_t r = 0; r < 4; r++) {
-                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
+                const uint32_t i = m0 + frag_row(r), j = frag_col(2 * vp + nt, r);
                 u[nt][r] = i < ch.len && j < dv ? U[(size_t)i * dv + j] : 0.0f;
             }
         if (two) { /* the next chunk's operands on their way (or an empty group) */
@@ -1037,74 +1040,62 @@ __global__ void __launch_bounds__(TC_STATE_WARPS * 32)
         __syncthreads(); /* chunk n's operands and S~ in shared memory */
         const uint16_t *W = smb + (two ? n % 2 : 0) * SM::BUF, *QE = W + C * LDK;
         const uint16_t *KE = QE + C * LDK, *QK = KE + C * LDK;
-        float ws[4][4] = {}, o[4][4] = {};
+        float ws[2][4] = {}, o[2][4] = {};
         /* W S~ and QE S~, sharing S~'s fragments */
 #pragma unroll 2
         for (uint32_t kk = 0; kk < DK / 16; kk++) {
-            uint32_t aw[4], aq[4];
+            uint32_t aw[4], aq[4], bs[4];
             const uint16_t *at = tile_at<false>(W, LDK, m0, 16 * kk, lane);
             hpd_ldmatrix_x4(aw, at);
             hpd_ldmatrix_x4(aq, at + (QE - W)); /* (the same block of QE) */
-#pragma unroll
-            for (uint32_t np = 0; np < 2; np++) {
-                uint32_t bs[4];
-                b_frags(bs, Sb, 16 * kk, np);
-                mma_pair(ws[2 * np], ws[2 * np + 1], aw, bs);
-                mma_pair(o[2 * np], o[2 * np + 1], aq, bs);
-            }
+            b_frags(bs, Sb, 16 * kk, vp);
+            mma_pair(ws[0], ws[1], aw, bs);
+            mma_pair(o[0], o[1], aq, bs);
         }
         /* VN = U - W S~, to shared memory as VN~ */
-        for_pairs<4>(m0, 0, lane, [&](uint32_t nt, uint32_t hf, uint32_t i, uint32_t j) {
-            *(uint32_t *)(VNb + i * LDV + j) = hpd_bf16x2(__fsub_rn(u[nt][2 * hf], ws[nt][2 * hf]),
-                                                          __fsub_rn(u[nt][2 * hf + 1],
-                                                                    ws[nt][2 * hf + 1]));
+        for_pairs<2>(m0, 16 * vp, lane, [&](uint32_t nt, uint32_t hf, uint32_t i, uint32_t j) {
+            *(uint32_t *)(VNb + i * LDV + j) =
+                hpd_bf16x2(__fsub_rn(u[nt][2 * hf], ws[nt][2 * hf]),
+                           __fsub_rn(u[nt][2 * hf + 1], ws[nt][2 * hf + 1]));
         });
         __syncthreads(); /* VN~ whole; S~ read by every warp */
         /* o += QK VN~, the blocks of columns at or left of this warp's rows */
-        for (uint32_t kk = 0; kk <= w; kk++) {
-            uint32_t aqk[4];
+        for (uint32_t kk = 0; 16 * kk <= m0; kk++) {
+            uint32_t aqk[4], bv[4];
             hpd_ldmatrix_x4(aqk, tile_at<false>(QK, LDC, m0, 16 * kk, lane));
-#pragma unroll
-            for (uint32_t np = 0; np < 2; np++) {
-                uint32_t bv[4];
-                b_frags(bv, VNb, 16 * kk, np);
-                mma_pair(o[2 * np], o[2 * np + 1], aqk, bv);
-            }
+            b_frags(bv, VNb, 16 * kk, vp);
+            mma_pair(o[0], o[1], aqk, bv);
         }
         float *out = a.out.p + (size_t)h * a.out.hs;
 #pragma unroll
-        for (uint32_t nt = 0; nt < 4; nt++)
+        for (uint32_t nt = 0; nt < 2; nt++)
 #pragma unroll
             for (uint32_t r = 0; r < 4; r++) {
-                const uint32_t i = m0 + frag_row(r), j = frag_col(nt, r);
+                const uint32_t i = m0 + frag_row(r), j = frag_col(2 * vp + nt, r);
                 if (i < ch.len && j < dv)
                     out[(size_t)(ch.row0 + i) * a.out.ld + j] = o[nt][r];
             }
         /* S = exp(gc_last) S + KE^T VN~ (KE read transposed) */
-        state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t, uint32_t) {
-            S[mt][nt][r] = __fmul_rn(S[mt][nt][r], elast);
+        state_elems([&](uint32_t nt, uint32_t r, uint32_t, uint32_t) {
+            S[nt][r] = __fmul_rn(S[nt][r], elast);
         });
 #pragma unroll
         for (uint32_t kk = 0; kk < C / 16; kk++) {
-            uint32_t bv[2][4];
-            b_frags(bv[0], VNb, 16 * kk, 0);
-            b_frags(bv[1], VNb, 16 * kk, 1);
+            uint32_t ak[4];
+            hpd_ldmatrix_x4_trans(ak, tile_at<true>(KE, LDK, 16 * kk, xs, lane));
 #pragma unroll
-            for (uint32_t mt = 0; mt < MS; mt++) {
-                uint32_t ak[4];
-                hpd_ldmatrix_x4_trans(ak, tile_at<true>(KE, LDK, 16 * kk, xs + 16 * mt, lane));
-#pragma unroll
-                for (uint32_t np = 0; np < 2; np++) {
-                    mma_pair(S[mt][2 * np], S[mt][2 * np + 1], ak, bv[np]);
-                }
+            for (uint32_t p = 0; p < SNT / 2; p++) {
+                uint32_t bv[4];
+                b_frags(bv, VNb, 16 * kk, sn0 / 2 + p);
+                mma_pair(S[2 * p], S[2 * p + 1], ak, bv);
             }
         }
         store_s();       /* (S~ is not read again before the barrier) */
         __syncthreads(); /* S~ whole; VN~ and this chunk's buffer free */
     }
-    state_elems([&](uint32_t mt, uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
+    state_elems([&](uint32_t nt, uint32_t r, uint32_t x, uint32_t j) {
         if (j < dv)
-            state[(size_t)x * dv + j] = S[mt][nt][r];
+            state[(size_t)x * dv + j] = S[nt][r];
     });
 }
 
