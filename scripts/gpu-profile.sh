@@ -35,9 +35,10 @@ bench=("$b/bench/hpd-bench-cuda" --seqs 32 --context 4096 --prefill 4096 --reps 
 say "# gpu-profile $(date -u +%FT%TZ) ($ncu)"
 # the kernels of the issue's goals: attention decode (fp32 and tensor
 # cores), the decode GEMMs, the tensor-core tiled GEMM, GDN decode and the
-# chunked rule's passes
+# chunked rule's passes (cuda's, then cuda-bf16's on tensor cores)
 kernels=(attention_split_kernel attention_split_tc_kernel gemv_ring_kernel gemv_kernel
-         gemm_tc_kernel gdn_recurrent_kernel gdn_chunk_prep_kernel gdn_chunk_state)
+         gemm_tc_kernel gdn_recurrent_kernel gdn_chunk_prep_kernel gdn_chunk_state_reg
+         gdn_chunk_prep_tc_kernel gdn_chunk_state_tc_kernel)
 metrics='Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued Instruction|Stall'
 for k in "${kernels[@]}"; do
   if [ "$(left)" -lt 30 ]; then
