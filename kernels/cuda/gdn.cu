@@ -1170,6 +1170,12 @@ static bool state_on_tensor_cores(uint32_t dk)
     return dk == 64 || dk == 128;
 }
 
+/* tc_state_bytes for dk 64 or 128 */
+static size_t tc_state_bytes_dk(uint32_t dk, bool two)
+{
+    return dk == 64 ? tc_state_bytes<64>(two) : tc_state_bytes<128>(two);
+}
+
 /* Shared memory of the tensor-core state pass for `blocks` blocks: two
  * chunk buffers (*two) where they fit and the blocks are at most one per SM
  * (at dk 128 two buffers leave room for one block per SM, one buffer for
@@ -1179,10 +1185,10 @@ static bool state_on_tensor_cores(uint32_t dk)
 static size_t tc_state_smem_bytes(const hpd_cuda_ctx_t *c, uint32_t dk, uint32_t blocks,
                                   bool *two)
 {
-    const size_t b2 = dk == 64 ? tc_state_bytes<64>(true) : tc_state_bytes<128>(true);
+    const size_t b2 = tc_state_bytes_dk(dk, true);
     *two = b2 <= c->smem_optin &&
            (c->gdn_bufs == 2 || (c->gdn_bufs == 0 && blocks <= c->n_sms));
-    return *two ? b2 : dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false);
+    return *two ? b2 : tc_state_bytes_dk(dk, false);
 }
 
 static cudaError_t launch_tc_state_pass(hpd_cuda_ctx_t *c, const hpd_gdn_args_t *a,
@@ -1221,7 +1227,7 @@ static hpd_status_t gdn_chunked(hpd_backend_t *b, const hpd_gdn_args_t *a, bool 
     const size_t smem1 = tc ? tc_prep_smem(a->dk, a->dv).bytes
                             : (4 * C + 768 + 2 * (size_t)C * (a->dk + 1) + (size_t)C * C) * 4;
     /* (the tensor-core pass needs one chunk buffer at least) */
-    const size_t smem2 = tc ? (a->dk == 64 ? tc_state_bytes<64>(false) : tc_state_bytes<128>(false))
+    const size_t smem2 = tc ? tc_state_bytes_dk(a->dk, false)
                          : state_in_registers(a->dk) ? state_reg_smem(false, a->dk)
                                                      : state_shared_smem(a->dk);
     if (smem1 > c->smem_optin || smem2 > c->smem_optin) {

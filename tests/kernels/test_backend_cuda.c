@@ -382,6 +382,25 @@ static void test_moe_route(void **state)
     routing_free(gpu, &small), routing_free(gpu, &big);
 }
 
+/* A cuda-bf16 backend on the GPU under test, created with environment
+ * variable `env` set to `value` (NULL: none), or NULL (said) where the
+ * device under test is not a GPU */
+static hpd_backend_t *bf16_device(const char *env, const char *value)
+{
+    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
+    hpd_backend_t *dev;
+    if (hpd_backend_host_memory(gpu)) {
+        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+        return NULL;
+    }
+    if (env != NULL)
+        setenv(env, value, 1);
+    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
+    if (env != NULL)
+        unsetenv(env);
+    return dev;
+}
+
 /* The grouped GEMM (an MoE layer's experts in one op, the groups' rows read
  * by the device) against one GEMM per group on the same backend, bit for
  * bit: cuda's kernels and cuda-bf16's (BF16 weights on tensor cores), 16
@@ -390,10 +409,7 @@ static void test_moe_route(void **state)
 static void test_gemm_grouped(void **state)
 {
     const uint32_t E = 16, K = 4, n = 256, k = 512;
-    hpd_backend_t *bf16 = NULL;
-    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
-    if (!hpd_backend_host_memory(gpu))
-        assert_int_equal(hpd_backend_create(&bp, &bf16), HPD_OK);
+    hpd_backend_t *bf16 = bf16_device(NULL, NULL); /* (NULL: cuda's kernels alone) */
     uint16_t *wb = malloc((size_t)E * n * k * 2);
     float *wf = rnd((size_t)E * n * k, 50, 0.05f);
     for (size_t i = 0; i < (size_t)E * n * k; i++)
@@ -1104,13 +1120,9 @@ static void test_kv_store_and_attention(void **state)
  * head_dim 64, 128 and Qwen3-Next's 256 */
 static void test_bf16_attention(void **state)
 {
-    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
-    hpd_backend_t *dev, *saved = gpu;
-    if (hpd_backend_host_memory(gpu)) {
-        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+    hpd_backend_t *dev = bf16_device(NULL, NULL), *saved = gpu;
+    if (dev == NULL)
         return;
-    }
-    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
     gpu = dev, attention_tol = 1e-2;
     attention_case(8, 2, 64, 150, 78);
     attention_case(16, 2, 128, 1300, 1100);
@@ -1476,18 +1488,11 @@ static void test_gdn_chunked(void **state)
  * (HPD_CUDA_GDN_BUFFERS=1) */
 static void test_bf16_gdn_chunked(void **state)
 {
-    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
     hpd_backend_t *saved = gpu;
-    if (hpd_backend_host_memory(gpu)) {
-        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
-        return;
-    }
     for (int one = 0; one < 2; one++) {
-        hpd_backend_t *dev;
-        if (one)
-            setenv("HPD_CUDA_GDN_BUFFERS", "1", 1);
-        assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
-        unsetenv("HPD_CUDA_GDN_BUFFERS");
+        hpd_backend_t *dev = bf16_device(one ? "HPD_CUDA_GDN_BUFFERS" : NULL, "1");
+        if (dev == NULL)
+            return;
         gpu = dev;
         gdn_chunked_case(128, 128, 5e-3);
         gdn_chunked_case(64, 40, 5e-3);
@@ -1874,20 +1879,13 @@ static void test_fast_gemm_tensor_cores(void **state)
  * (half a step of 16 past the last whole one) and 2048. */
 static void test_bf16_device(void **state)
 {
-    hpd_backend_params_t bp = {.device = "cuda-bf16:0"};
-    hpd_backend_t *dev;
-    if (hpd_backend_host_memory(gpu)) {
-        fprintf(stderr, "device under test is not a GPU: cuda-bf16 not checked\n");
+    hpd_backend_t *dev = bf16_device(NULL, NULL);
+    if (dev == NULL)
         return;
-    }
-    assert_int_equal(hpd_backend_create(&bp, &dev), HPD_OK);
     assert_string_equal(dev->ops->numerics, "bf16-tensor-cores");
     /* the tiled kernel's wide blocks, forced (a GEMM of this size takes the
      * narrow ones: its wide blocks would not fill the GPU) */
-    hpd_backend_t *wide;
-    setenv("HPD_CUDA_GEMM_BN", "256", 1);
-    assert_int_equal(hpd_backend_create(&bp, &wide), HPD_OK);
-    unsetenv("HPD_CUDA_GEMM_BN");
+    hpd_backend_t *wide = bf16_device("HPD_CUDA_GEMM_BN", "256");
     const uint32_t M = 150, n = 300, ks[] = {1000, 264, 2048}, B = 128;
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (size_t ki = 0; ki < HPD_ARRAY_SIZE(ks); ki++) {
