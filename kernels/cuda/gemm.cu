@@ -793,7 +793,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     #pragma unroll
     for (int i = 0; i < 4; i++)
         #pragma unroll
-        for (int j = 0; j < NJ; j++)
+        for (uint32_t j = 0; j < NJ; j++)
             #pragma unroll
             for (int r = 0; r < 4; r++)
                 acc[i][j][r] = 0.0f;
@@ -844,7 +844,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int i = 0; i < 4; i++)
                 hpd_ldmatrix_x4(a[i], A + (a_row + 16 * i) * LD + kk + a_col);
             #pragma unroll
-            for (int p = 0; p < NJ / 2; p++) {
+            for (uint32_t p = 0; p < NJ / 2; p++) {
                 uint32_t r[4];
                 hpd_ldmatrix_x4(r, B + (b_row + 16 * p) * LD + kk + b_col);
                 b[2 * p][0] = r[0], b[2 * p][1] = r[1];
@@ -853,7 +853,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             #pragma unroll
             for (int i = 0; i < 4; i++)
                 #pragma unroll
-                for (int j = 0; j < NJ; j++)
+                for (uint32_t j = 0; j < NJ; j++)
                     hpd_mma_bf16_16816(acc[i][j], a[i], b[j]);
         }
     }
@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     #pragma unroll
     for (int i = 0; i < 4; i++)
         #pragma unroll
-        for (int j = 0; j < NJ; j++)
+        for (uint32_t j = 0; j < NJ; j++)
             #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const uint32_t row = m0 + wm + i * 16 + g + 8 * (r / 2);
