@@ -1,6 +1,9 @@
-/* The fused norms of kernels/cuda/norm.cu: attention's q/k norms with
- * their rotary embedding, and the gated delta rule's q/k L2 norms with its
- * gates (l2norm_gating_kernel, against l2norm and gdn_gating likewise).
+/* The norms of kernels/cuda/norm.cu and the element-wise ops of
+ * elementwise.cu on the host stand-in: rmsnorm, gated_rmsnorm, embed,
+ * silu_mul and sigmoid_mul against the CPU backend; attention's fused q/k
+ * norms with their rotary embedding, and the gated delta rule's q/k L2
+ * norms with its gates (l2norm_gating_kernel, against l2norm and gdn_gating
+ * likewise).
  * Attention's fused q/k norms and rotary embedding (norm_rope_kernel in
  * kernels/cuda/norm.cu), run on the host through tests/kernels/cuda_host/:
  * the same bits as the unfused kernels (rmsnorm_kernel twice, rope_kernel
@@ -118,6 +121,115 @@ static void l2norm_gating_case(hpd_backend_t *cpu, uint32_t nk, uint32_t nv, uin
     check_close(what, out[0].data(), out[2].data(), out[0].size(), 1e-6);
 }
 
+/* The unfused norms alone against the CPU's: rmsnorm (plain and
+ * zero-centred) and gated_rmsnorm over rows of views with gaps, dims under,
+ * at and over a block's 256 threads and off a multiple of 32. The other
+ * cells of y stay as they were. */
+static void norms_case(hpd_backend_t *cpu, uint32_t heads, uint32_t dim, uint32_t tokens)
+{
+    const uint32_t ld = heads * (dim + 3) + 5; /* heads dim + 3 apart, a row 5 more */
+    const std::vector<float> x = test_rnd((size_t)tokens * ld, 51, 2);
+    const std::vector<float> z = test_rnd((size_t)tokens * ld, 52, 3);
+    const std::vector<float> w = test_rnd(dim, 53, 0.5f), y0 = test_rnd(x.size(), 54, 1);
+    const hpd_view_t xv = {.p = const_cast<float *>(x.data()), .ld = ld, .hs = dim + 3};
+    const hpd_view_t zv = {.p = const_cast<float *>(z.data()), .ld = ld, .hs = dim + 3};
+    for (int zc = 0; zc < 2; zc++) {
+        std::vector<float> got = y0, want = y0;
+        hpd_rmsnorm_args_t a = {.x = xv, .y = {.p = got.data(), .ld = ld, .hs = dim + 3},
+                                .n_tokens = tokens, .n_heads = heads, .dim = dim,
+                                .w = w.data(), .eps = 1e-6f, .zero_centred = zc == 1};
+        test_emu_t emu;
+        check_status("rmsnorm", hpd_cuda_rmsnorm(&emu.be, &a));
+        a.y.p = want.data();
+        check_status("cpu rmsnorm", hpd_rmsnorm(cpu, &a));
+        char what[96];
+        snprintf(what, sizeof(what), "rmsnorm%s %u heads of %u", zc ? " zero-centred" : "",
+                 heads, dim);
+        check_close(what, got.data(), want.data(), got.size(), 1e-6);
+    }
+    std::vector<float> got = y0, want = y0;
+    hpd_gated_rmsnorm_args_t g = {.x = xv, .z = zv,
+                                  .y = {.p = got.data(), .ld = ld, .hs = dim + 3},
+                                  .n_tokens = tokens, .n_heads = heads, .dim = dim,
+                                  .w = w.data(), .eps = 1e-6f};
+    test_emu_t emu;
+    check_status("gated_rmsnorm", hpd_cuda_gated_rmsnorm(&emu.be, &g));
+    g.y.p = want.data();
+    check_status("cpu gated_rmsnorm", hpd_gated_rmsnorm(cpu, &g));
+    char what[96];
+    snprintf(what, sizeof(what), "gated_rmsnorm %u heads of %u", heads, dim);
+    check_close(what, got.data(), want.data(), got.size(), 1e-6);
+}
+
+/* Embedding rows from F32, BF16 and F16 tables: the CPU's bits (each
+ * widened exactly), into rows ld apart; the first and last ids, repeats. */
+static void embed_case(hpd_backend_t *cpu)
+{
+    const uint32_t vocab = 300, dim = 260, ld = 270; /* dim over a block's 256 threads */
+    const std::vector<int32_t> ids = {0, 299, 17, 17, 150, 42, 298};
+    const std::vector<float> f = test_rnd((size_t)vocab * dim, 61, 4);
+    std::vector<uint16_t> h(f.size());
+    for (int dt = 0; dt < 3; dt++) {
+        const hpd_dtype_t dtype = dt == 0 ? HPD_DTYPE_F32 : dt == 1 ? HPD_DTYPE_BF16 : HPD_DTYPE_F16;
+        for (size_t i = 0; i < f.size(); i++) { /* bf16 by truncation, f16 with its exponent */
+            uint32_t u;
+            memcpy(&u, &f[i], 4);
+            h[i] = dt == 1 ? (uint16_t)(u >> 16)
+                           : (uint16_t)(((u >> 16) & 0x8000u) | (0x3c00u + (u >> 13 & 0x3ffu) +
+                                                                 (uint32_t)(i % 13) * 0x400u));
+            if (dt == 2 && i % 97 == 0) /* subnormal halves */
+                h[i] = (uint16_t)(1 + i % 0x3ff);
+        }
+        const std::vector<float> y0 = test_rnd((size_t)ids.size() * ld, 62, 1);
+        std::vector<float> got = y0, want = y0;
+        hpd_embed_args_t a = {.ids = ids.data(), .n = (uint32_t)ids.size(),
+                              .table = dt == 0 ? (const void *)f.data() : (const void *)h.data(),
+                              .dtype = dtype, .dim = dim, .out = got.data(), .ld = ld};
+        test_emu_t emu;
+        check_status("embed", hpd_cuda_embed(&emu.be, &a));
+        a.out = want.data();
+        check_status("cpu embed", hpd_embed(cpu, &a));
+        char what[64];
+        snprintf(what, sizeof(what), "embed from a %s table", hpd_dtype_name(dtype));
+        check_same(what, got.data(), want.data(), got.size());
+    }
+}
+
+/* SwiGLU and the attention gate against the CPU, rows with gaps; SwiGLU
+ * also over more elements than its grid's 65536 blocks of 256 threads take
+ * in one round (the grid-stride walk's second round). */
+static void elementwise_case(hpd_backend_t *cpu, uint32_t tokens, uint32_t inter)
+{
+    const uint32_t ldgu = 2 * inter + 8, ldout = inter + 4;
+    const std::vector<float> gu = test_rnd((size_t)tokens * ldgu, 71, 3);
+    const std::vector<float> y0 = test_rnd((size_t)tokens * ldout, 72, 1);
+    std::vector<float> got = y0, want = y0;
+    hpd_silu_mul_args_t s = {.gu = gu.data(), .ldgu = ldgu, .out = got.data(), .ldout = ldout,
+                             .n_tokens = tokens, .inter = inter};
+    test_emu_t emu;
+    check_status("silu_mul", hpd_cuda_silu_mul(&emu.be, &s));
+    s.out = want.data();
+    check_status("cpu silu_mul", hpd_silu_mul(cpu, &s));
+    char what[96];
+    snprintf(what, sizeof(what), "silu_mul %u tokens of %u", tokens, inter);
+    check_close(what, got.data(), want.data(), got.size(), 1e-6);
+    if (tokens > 64)
+        return;
+    /* the gate: q heads of 64 interleaved with their gates, as the
+     * projection lays them out */
+    const uint32_t heads = 6, dim = 64, ld = heads * 2 * dim + 7;
+    const std::vector<float> x = test_rnd((size_t)tokens * ld, 73, 2);
+    std::vector<float> gx = x, wx = x;
+    hpd_sigmoid_mul_args_t m = {.x = {.p = gx.data(), .ld = ld, .hs = 2 * dim},
+                                .gate = {.p = gx.data() + dim, .ld = ld, .hs = 2 * dim},
+                                .n_tokens = tokens, .n_heads = heads, .dim = dim};
+    check_status("sigmoid_mul", hpd_cuda_sigmoid_mul(&emu.be, &m));
+    m.x.p = wx.data(), m.gate.p = wx.data() + dim;
+    check_status("cpu sigmoid_mul", hpd_sigmoid_mul(cpu, &m));
+    snprintf(what, sizeof(what), "sigmoid_mul %u tokens, %u heads of %u", tokens, heads, dim);
+    check_close(what, gx.data(), wx.data(), gx.size(), 1e-6);
+}
+
 int main()
 {
     const auto t0 = std::chrono::steady_clock::now();
@@ -127,6 +239,12 @@ int main()
     norm_rope_case(cpu, {2, 1, 64, 32, 4, false, false, false});
     l2norm_gating_case(cpu, 16, 32, 128, 5); /* Qwen3-Next's */
     l2norm_gating_case(cpu, 2, 6, 64, 3);
+    norms_case(cpu, 1, 2048, 3); /* a hidden row */
+    norms_case(cpu, 4, 128, 5);  /* the gated delta rule's heads */
+    norms_case(cpu, 3, 72, 2);
+    embed_case(cpu);
+    elementwise_case(cpu, 5, 200);
+    elementwise_case(cpu, 4100, 4100); /* 16.8 M elements: two rounds of the grid */
     hpd_backend_destroy(cpu);
     return test_report("test_norm_cuda_host", t0);
 }

@@ -32,7 +32,7 @@ struct test_emu_t {
     ~test_emu_t() { hpd_emu_ctx_free(&ctx); }
 };
 
-static std::vector<float> test_rnd(size_t n, uint32_t seed, float scale)
+[[maybe_unused]] static std::vector<float> test_rnd(size_t n, uint32_t seed, float scale)
 {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;

@@ -1,5 +1,6 @@
 /* A host stand-in for kernels/cuda/cuda_ops.h: the cuda_host tests compile
- * kernels/cuda/gemm.cu, gdn.cu and attention.cu with a C++ compiler against
+ * kernels/cuda/'s kernels (gemm.cu, gdn.cu, attention.cu and the others
+ * named in tests/CMakeLists.txt) with a C++ compiler against
  * it (their launches and `extern __shared__` arrays rewritten by
  * launch.cmake), so the CUDA kernels run without a GPU. The blocks of a
  * launch run one after another (so __shared__ may be static), the threads
@@ -585,11 +586,18 @@ hpd_status_t hpd_cuda_attention(hpd_backend_t *b, const hpd_attention_args_t *a)
 hpd_status_t hpd_cuda_attention_bf16(hpd_backend_t *b, const hpd_attention_args_t *a);
 hpd_status_t hpd_cuda_sample(hpd_backend_t *b, const hpd_sample_args_t *a);
 hpd_status_t hpd_cuda_rmsnorm(hpd_backend_t *b, const hpd_rmsnorm_args_t *a);
+hpd_status_t hpd_cuda_gated_rmsnorm(hpd_backend_t *b, const hpd_gated_rmsnorm_args_t *a);
+hpd_status_t hpd_cuda_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
+hpd_status_t hpd_cuda_silu_mul(hpd_backend_t *b, const hpd_silu_mul_args_t *a);
+hpd_status_t hpd_cuda_sigmoid_mul(hpd_backend_t *b, const hpd_sigmoid_mul_args_t *a);
 hpd_status_t hpd_cuda_rope(hpd_backend_t *b, const hpd_rope_args_t *a);
 hpd_status_t hpd_cuda_norm_rope(hpd_backend_t *b, const hpd_norm_rope_args_t *a);
 hpd_status_t hpd_cuda_l2norm_gating(hpd_backend_t *b, const hpd_l2norm_gating_args_t *a);
 hpd_status_t hpd_cuda_l2norm(hpd_backend_t *b, const hpd_l2norm_args_t *a);
 hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a);
 hpd_status_t hpd_cuda_hash_pieces(hpd_backend_t *b, const hpd_hash_pieces_args_t *a);
+hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_t *a);
+hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
+hpd_status_t hpd_cuda_conv1d(hpd_backend_t *b, const hpd_conv1d_args_t *a);
 
 #endif
