@@ -13,7 +13,8 @@
  * identities bit for bit), head_dim 32, 64, 128 and 256, a prompt's blocks
  * of 3 to 128 rows with and without the op's bf16 copy of K and V; and for
  * both passes a sequence's first, middle and last rows alone (a decode
- * row's block) against the same rows in the batch, bit for bit. The
+ * row's block) against the same rows in the batch, bit for bit. Outputs go
+ * to heads and rows with gaps between them, which no kernel may write. The
  * emulation runs a block's threads in a fixed order and a
  * warp's __syncwarp as a barrier of the whole block, so races between warps
  * are not caught here; test_backend_cuda on a GPU checks them. */
@@ -64,7 +65,23 @@ static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32
     const char *mode = bf16 ? "cuda-bf16 " : "";
     test_emu_t emu;
     const size_t kvn = (size_t)(lens[0] + lens[1]) * NKV * HD;
-    const size_t rows = nq[0] + nq[1], qn = rows * NH * HD, row1 = (size_t)nq[0] * NH * HD;
+    const size_t rows = nq[0] + nq[1], qn = rows * NH * HD;
+    /* out's heads 3 floats apart and its rows 5 more: gaps nothing may
+     * write, holding GAP (too small to move a relative RMS) */
+    const uint32_t OHS = HD + 3, OLD = NH * OHS + 5;
+    const size_t on = rows * OLD, row1 = (size_t)nq[0] * OLD;
+    const float GAP = 1e-30f;
+    const auto is_gap = [&](size_t e) { return e % OLD >= NH * OHS || e % OLD % OHS >= HD; };
+    std::vector<float> out0(on, 0.0f);
+    for (size_t e = 0; e < on; e++)
+        if (is_gap(e))
+            out0[e] = GAP;
+    const auto gaps_untouched = [&](const std::vector<float> &o) {
+        for (size_t e = 0; e < on; e++)
+            if (is_gap(e) && o[e] != GAP)
+                return false;
+        return true;
+    };
     std::vector<float> k = test_rnd(kvn, 20, 1), v = test_rnd(kvn, 21, 1);
     std::vector<float> q = test_rnd(qn, 22, 1), first;
     static const struct {
@@ -98,10 +115,10 @@ static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32
         const hpd_seq_t at_seqs[2] = {
             {.row = 0, .n_tokens = nq[0], .start_pos = lens[0] - nq[0]},
             {.row = nq[0], .n_tokens = nq[1], .start_pos = lens[1] - nq[1]}};
-        std::vector<float> ocpu(qn, 0.0f), oemu(qn, 0.0f);
+        std::vector<float> ocpu = out0, oemu = out0;
         hpd_attention_args_t at = {.kv = kc,
                                    .q = {.p = q.data(), .ld = NH * HD, .hs = HD},
-                                   .out = {.p = ocpu.data(), .ld = NH * HD, .hs = HD},
+                                   .out = {.p = ocpu.data(), .ld = OLD, .hs = OHS},
                                    .n_heads = NH,
                                    .scale = 0.125f,
                                    .seqs = at_seqs,
@@ -111,34 +128,39 @@ static void attention_case(hpd_backend_t *cpu, uint32_t NH, uint32_t NKV, uint32
         check_status("attention", run(&emu.be, &at));
         snprintf(what, sizeof(what), "%sattention %u/%u heads hd %u B %u P %u", mode, NH, NKV,
                  HD, lo.B, lo.P);
-        check_close(what, oemu.data(), ocpu.data(), qn, tol);
+        check_close(what, oemu.data(), ocpu.data(), on, tol);
+        hpd_test_checked++;
+        if (!gaps_untouched(oemu)) {
+            fprintf(stderr, "FAIL %s: written between heads or rows\n", what);
+            hpd_test_failed++;
+        }
         if (first.empty())
             first = oemu;
         snprintf(what, sizeof(what), "%sattention hd %u B %u P %u: the first layout's bits",
                  mode, HD, lo.B, lo.P);
-        check_same(what, oemu.data(), first.data(), qn);
+        check_same(what, oemu.data(), first.data(), on);
         /* sequence 1's rows alone */
-        std::vector<float> one(qn, 0.0f);
+        std::vector<float> one = out0;
         at.seqs = &at_seqs[1], at.kv.block_tables = &pg.ctables[1], at.n_seqs = 1;
         at.out.p = one.data();
         check_status("attention", run(&emu.be, &at));
         snprintf(what, sizeof(what), "%sattention hd %u B %u P %u: alone vs in the batch", mode,
                  HD, lo.B, lo.P);
-        check_same(what, one.data() + row1, first.data() + row1, qn - row1);
+        check_same(what, one.data() + row1, first.data() + row1, on - row1);
         if (&lo != layouts)
             continue;
         /* a sequence's first, middle and last rows one at a time (a decode
          * row's block; in the batch they were in a prompt's blocks) */
         for (uint32_t s = 0; s < 2; s++)
             for (uint32_t i : {0u, nq[s] / 2, nq[s] - 1}) {
-                const size_t row = (s ? nq[0] : 0) + i, at_row = row * NH * HD;
+                const size_t row = (s ? nq[0] : 0) + i, at_row = row * OLD;
                 const hpd_seq_t alone = {
                     .row = (uint32_t)row, .n_tokens = 1, .start_pos = lens[s] - nq[s] + i};
                 at.seqs = &alone, at.kv.block_tables = &pg.ctables[s], at.n_seqs = 1;
                 check_status("attention", run(&emu.be, &at));
                 snprintf(what, sizeof(what), "%sattention hd %u: row %zu (position %u) alone",
                          mode, HD, row, alone.start_pos);
-                check_same(what, one.data() + at_row, first.data() + at_row, NH * HD);
+                check_same(what, one.data() + at_row, first.data() + at_row, OLD);
             }
     }
 }
