@@ -249,6 +249,19 @@ int main()
                             "canonical order\n", hpd_dtype_name(dt), k, off, off + m - 1, m);
                     failed++;
                 }
+                /* cuda-fast: weights other than F32 (cuBLAS has no fp32 x bf16
+                 * product), where tensor cores do not take them, run the
+                 * same kernels */
+                if (dt == HPD_DTYPE_F32)
+                    continue;
+                got.assign(y0.begin() + (size_t)off * ldy, y0.begin() + (size_t)(off + m) * ldy);
+                checked++;
+                if (hpd_cuda_gemm_cublas(&be, &a) != HPD_OK ||
+                    memcmp(got.data(), want.data() + (size_t)off * ldy, got.size() * 4) != 0) {
+                    fprintf(stderr, "cuda-fast gemm %s k=%u, m = %u: not the canonical order\n",
+                            hpd_dtype_name(dt), k, m);
+                    failed++;
+                }
             }
         }
     printf("%d GEMMs checked, %d differ\n", checked, failed);
