@@ -95,6 +95,32 @@ MODULES = {
         "left_out": {},
         "tests": ["test_moe_route"],
     },
+    # The CUDA kernels as the host stand-in runs them (tests/kernels/cuda_host:
+    # launch.cmake rewrites a .cu file into <name>_host.cpp, compiled into
+    # each stand-in test that names it): a mutant of gemm.cu rebuilds and
+    # runs test_gemm_cuda_host and test_moe_cuda_host, and so on. Code the
+    # stand-in does not reach (a __CUDA_ARCH__ branch) compiles to the same
+    # objects: "equivalent" there means "not tested on the host".
+    "kernels/cuda": {
+        "files": ["kernels/cuda/gemm.cu", "kernels/cuda/gdn.cu", "kernels/cuda/attention.cu",
+                  "kernels/cuda/sample.cu", "kernels/cuda/checksum.cu", "kernels/cuda/norm.cu",
+                  "kernels/cuda/elementwise.cu", "kernels/cuda/moe.cu",
+                  "kernels/cuda/translate.cu", "kernels/cuda/conv1d.cu"],
+        "left_out": {"kernels/cuda/cuda_backend.cu": "the backend's glue: the GPU tests"},
+        "tests": ["test_gemm_cuda_host", "test_gdn_cuda_host", "test_attention_cuda_host",
+                  "test_sample_cuda_host", "test_checksum_cuda_host", "test_norm_cuda_host",
+                  "test_moe_cuda_host", "test_translate_cuda_host", "test_conv1d_cuda_host"],
+        "stand_in": {"kernels/cuda/gemm.cu": ["test_gemm_cuda_host", "test_moe_cuda_host"],
+                     "kernels/cuda/gdn.cu": ["test_gdn_cuda_host"],
+                     "kernels/cuda/attention.cu": ["test_attention_cuda_host"],
+                     "kernels/cuda/sample.cu": ["test_sample_cuda_host"],
+                     "kernels/cuda/checksum.cu": ["test_checksum_cuda_host"],
+                     "kernels/cuda/norm.cu": ["test_norm_cuda_host"],
+                     "kernels/cuda/elementwise.cu": ["test_norm_cuda_host"],
+                     "kernels/cuda/moe.cu": ["test_moe_cuda_host"],
+                     "kernels/cuda/translate.cu": ["test_translate_cuda_host"],
+                     "kernels/cuda/conv1d.cu": ["test_conv1d_cuda_host"]},
+    },
     "common": {
         "files": ["common/status.c", "common/log.c", "common/dtype.c",
                   "common/util.c", "common/metrics.c"],
@@ -414,31 +440,47 @@ def cmake_dir_of(src_root, rel):
     return d, os.path.relpath(rel, d) if d else rel
 
 
-def object_of(build, src_root, rel):
+def object_of(build, src_root, rel, stand_in):
+    """The object files built from rel: one for a C file; for a .cu file of
+    the stand-in, its <name>_host.cpp's object in each test that links it."""
+    if stand_in:
+        name = os.path.splitext(os.path.basename(rel))[0] + "_host.cpp.o"
+        hits = sorted(glob.glob(os.path.join(build, "tests", "CMakeFiles", "*.dir", name)))
+        if not hits:
+            die("cannot find the stand-in's objects of %s in %s" % (rel, build))
+        return hits
     d, inner = cmake_dir_of(src_root, rel)
     hits = glob.glob(os.path.join(build, d, "CMakeFiles", "*.dir", inner + ".o"))
     if len(hits) != 1:
         die("cannot find the one object file of %s in %s (found %s)" % (rel, build, hits))
-    return hits[0]
+    return hits
 
 
-def file_hash(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def file_hash(paths):
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 def mtime_ns(path):
     return os.stat(path).st_mtime_ns
 
 
+def newest_ns(paths):
+    return max(mtime_ns(p) for p in paths)
+
+
 def write_newer(path, text, than):
-    """Writes path so that its mtime is strictly after that of `than`: make
+    """Writes path so that its mtime is strictly after those of the files
+    `than`: make
     compares timestamps, and file systems keep them coarse (a clock tick,
     a second on some), so a file rewritten right after its object was built
     could look unchanged."""
     with open(path, "w") as f:
         f.write(text)
-    while os.path.exists(than) and mtime_ns(path) <= mtime_ns(than):
+    while all(os.path.exists(t) for t in than) and mtime_ns(path) <= newest_ns(than):
         time.sleep(0.02)
         os.utime(path)
 
@@ -452,6 +494,8 @@ class Tree:
         self.build = os.path.join(args.dir, "build")
         self.logs = os.path.join(args.dir, "logs")
         self.tests = module["tests"]
+        # a stand-in module's files, each with the tests that link it
+        self.stand_in = module.get("stand_in")
         # programs the tests start as processes (built as their dependencies)
         self.programs = module.get("programs", [])
         self.objects = {}
@@ -478,7 +522,7 @@ class Tree:
         if self.build_tests(log, append=True) != 0:
             die("building the unmutated tests failed, see " + log)
         for rel in self.module["files"]:
-            self.objects[rel] = object_of(self.build, self.src, rel)
+            self.objects[rel] = object_of(self.build, self.src, rel, self.stand_in)
             self.base_hash[rel] = file_hash(self.objects[rel])
 
     def build_tests(self, log, append=False):
@@ -486,6 +530,9 @@ class Tree:
                            "--target"] + self.tests, log, append=append)
 
     def build_object(self, rel, log):
+        if self.stand_in:  # the .cu file rewritten, then compiled in each test
+            return run_logged(["cmake", "--build", self.build, "-j%d" % self.args.jobs,
+                               "--target"] + self.tests_of(rel), log)
         d, inner = cmake_dir_of(self.src, rel)
         return run_logged(["make", "-C", os.path.join(self.build, d),
                            "-j%d" % self.args.jobs, inner + ".o"], log)
@@ -508,9 +555,14 @@ class Tree:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
-    def run_tests(self, limit):
+    def tests_of(self, rel):
+        """The tests a mutant of rel can change: the module's, or in a
+        stand-in module those that link rel."""
+        return self.stand_in[rel] if self.stand_in else self.tests
+
+    def run_tests(self, limit, tests=None):
         """(passed, timed out, names of failed tests, seconds)."""
-        regex = "^(%s)$" % "|".join(re.escape(t) for t in self.tests)
+        regex = "^(%s)$" % "|".join(re.escape(t) for t in tests or self.tests)
         cmd = ["ctest", "-R", regex, "--stop-on-failure", "--no-tests=error"]
         t0 = time.monotonic()
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1") if self.args.sanitize else None
@@ -535,7 +587,7 @@ class Tree:
     def check_linked(self, rel):
         """A test binary must be newer than the mutated object, or the
         build missed the change."""
-        obj = mtime_ns(self.objects[rel])
+        obj = newest_ns(self.objects[rel])
         if self.binaries is None:
             self.binaries = {}
             for t in self.tests:
@@ -546,8 +598,9 @@ class Tree:
                 self.binaries[prog] = [path] if os.path.isfile(path) else []
         # a module's tests need not all link every file of it (the control
         # module's tests each link one piece): at least one must be newer
-        stale = [t for t, hits in self.binaries.items() if hits and mtime_ns(hits[0]) < obj]
-        if self.binaries and len(stale) == len([h for h in self.binaries.values() if h]):
+        linked = {t: self.binaries[t] for t in self.tests_of(rel) + self.programs}
+        stale = [t for t, hits in linked.items() if hits and mtime_ns(hits[0]) < obj]
+        if linked and len(stale) == len([h for h in linked.values() if h]):
             die("no test was relinked after %s changed (%s): stale build" %
                 (rel, ", ".join(stale)), 3)
 
@@ -568,7 +621,7 @@ def try_mutant(tree, m, stripped, limit):
     try:
         if tree.build_object(m.rel, log) != 0:
             m.outcome, m.note = "INVALID", first_error(log, tree.src)
-        elif mtime_ns(tree.objects[m.rel]) < mtime_ns(os.path.join(tree.src, m.rel)):
+        elif newest_ns(tree.objects[m.rel]) < mtime_ns(os.path.join(tree.src, m.rel)):
             die("%s was not recompiled after the mutant was written: stale build" % m.rel, 3)
         elif file_hash(tree.objects[m.rel]) == tree.base_hash[m.rel]:
             m.outcome, m.note = "EQUIVALENT", "same object code"
@@ -576,7 +629,7 @@ def try_mutant(tree, m, stripped, limit):
             m.outcome, m.note = "INVALID", first_error(log, tree.src)
         else:
             tree.check_linked(m.rel)
-            passed, timed_out, failed, _ = tree.run_tests(limit)
+            passed, timed_out, failed, _ = tree.run_tests(limit, tree.tests_of(m.rel))
             if timed_out:
                 m.outcome, m.note = "TIMEOUT", "over %g s" % limit
             elif passed:
@@ -675,7 +728,8 @@ def run(args, module, mutate):
             die("%s is not in %s" % (rel, args.src))
     folders = sorted({os.path.dirname(f) for f in module["files"]})
     for d in folders:
-        for path in sorted(glob.glob(os.path.join(args.src, d, "*.c"))):
+        for path in sorted(glob.glob(os.path.join(args.src, d, "*.c")) +
+                           glob.glob(os.path.join(args.src, d, "*.cu"))):
             rel = os.path.relpath(path, args.src)
             if rel not in module["files"] and rel not in module["left_out"]:
                 say("   warning: %s is in no module's table (scripts/mutation.py MODULES)" % rel)
