@@ -275,9 +275,10 @@ int main()
                                            {.row = 264, .n_tokens = 36, .start_pos = 64}};
     /* dk 128 and 64: the register state pass staged through shared memory;
      * 256: in registers without the staging (it does not fit); 96 and 48:
-     * the shared-memory state pass */
-    static const uint32_t cshapes[][4] = {
-        {2, 4, 128, 128}, {2, 4, 64, 64}, {1, 2, 256, 40}, {1, 2, 96, 80}, {1, 2, 48, 40}};
+     * the shared-memory state pass; dv 160 over dk 64: pass 1's v beta
+     * read from global memory (it does not fit q's room) */
+    static const uint32_t cshapes[][4] = {{2, 4, 128, 128}, {2, 4, 64, 64}, {1, 2, 256, 40},
+                                          {1, 2, 96, 80},   {1, 2, 48, 40}, {1, 2, 64, 160}};
     for (const auto &sh : cshapes) {
         gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 30 + sh[2]);
         gdn_case(cpu, "gdn_chunked", hpd_gdn_chunked, hpd_cuda_gdn_chunked, c, cseqs, halves);
@@ -294,7 +295,8 @@ int main()
      * the same rule in double rounded where the kernels round */
     static const uint32_t bshapes[][6] = {{2, 4, 128, 128, 0, 0}, {2, 4, 128, 128, 0, 2},
                                           {2, 4, 64, 64, 0, 2},   {1, 2, 128, 40, 0, 0},
-                                          {2, 4, 128, 128, 100, 0}, {1, 2, 48, 40, 0, 2}};
+                                          {2, 4, 128, 128, 100, 0}, {1, 2, 48, 40, 0, 2},
+                                          {1, 2, 64, 160, 0, 0}};
     for (const auto &sh : bshapes) {
         gdn_case_t c(cpu, 300, sh[0], sh[1], sh[2], sh[3], 70 + sh[2], (float)sh[5]);
         gdn_case(cpu, "gdn_chunked_bf16", hpd_gdn_chunked, hpd_cuda_gdn_chunked_bf16, c, cseqs,
