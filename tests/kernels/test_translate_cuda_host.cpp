@@ -3,7 +3,9 @@
  * pool, over layouts that differ in block size, pack size and order, layer
  * ranges, positions off a page's start, the zeroed tail, F32 rows (copied in
  * 32-bit words) and BF16 rows of an odd head_dim (copied byte by byte). The
- * rows the translation does not write keep their bytes. It needs no GPU;
+ * rows the translation does not write keep their bytes. Layouts of another
+ * dtype, layer count, KV head count or head_dim, and layer ranges past the
+ * layers, are refused with nothing written. It needs no GPU;
  * test_backend_cuda runs the op on one. */
 #include "cuda_host_test.h"
 
@@ -75,6 +77,49 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
     }
 }
 
+/* Layouts that differ in more than block size, pack size and order, and
+ * layer ranges past the layers: refused (HPD_ERR_INVALID_ARG), as on the
+ * CPU, and nothing written. */
+static void translate_refused(hpd_backend_t *cpu)
+{
+    const hpd_kv_layout_t sl = {.block_size = 16, .pack_size = 2, .order = HPD_KV_NHD,
+                                .dtype = HPD_DTYPE_F32, .n_layers = 4, .n_kv_heads = 2,
+                                .head_dim = 8};
+    for (int bad = 0; bad < 6; bad++) {
+        hpd_kv_layout_t dl = sl;
+        uint32_t first = 0, n_layers = 0;
+        const char *what[] = {"dtype", "layer count", "KV heads", "head_dim",
+                              "layers past the last", "an empty layer range"};
+        if (bad == 0)
+            dl.dtype = HPD_DTYPE_BF16;
+        else if (bad == 1)
+            dl.n_layers = 5;
+        else if (bad == 2)
+            dl.n_kv_heads = 1;
+        else if (bad == 3)
+            dl.head_dim = 16;
+        else if (bad == 4)
+            first = 2, n_layers = 3;
+        else
+            first = 4;
+        pool_t src(sl, 20, 90), dst(dl, 20, 91);
+        const std::vector<uint8_t> before = dst.bytes;
+        const hpd_kv_translate_args_t a = {.src = src.span(0), .dst = dst.span(0),
+                                           .n_tokens = 20, .zero_tail = true,
+                                           .first_layer = first, .n_layers = n_layers};
+        test_emu_t emu;
+        const hpd_status_t got = hpd_cuda_kv_translate(&emu.be, &a);
+        const hpd_status_t want = hpd_kv_translate(cpu, &a);
+        hpd_test_checked++;
+        if (got != HPD_ERR_INVALID_ARG || want != HPD_ERR_INVALID_ARG || dst.bytes != before) {
+            fprintf(stderr, "FAIL kv_translate with another %s: %s (the CPU: %s), %s\n",
+                    what[bad], hpd_status_str(got), hpd_status_str(want),
+                    dst.bytes != before ? "written" : "nothing written");
+            hpd_test_failed++;
+        }
+    }
+}
+
 /* a slot copy: the bytes, nothing past them */
 static void slot_copy_case()
 {
@@ -112,6 +157,7 @@ int main()
     uint32_t seed = 1;
     for (const tr_case &c : cases)
         translate_case(cpu, c, seed += 2);
+    translate_refused(cpu);
     slot_copy_case();
     hpd_backend_destroy(cpu);
     return test_report("test_translate_cuda_host", t0);
