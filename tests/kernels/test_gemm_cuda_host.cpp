@@ -264,6 +264,18 @@ int main()
                 }
             }
         }
+    { /* cuda-fast's F32 weights go to cuBLAS, which the stand-in does not
+       * have (every call fails): the failure is the op's, not a silent success */
+        std::vector<float> x(4 * 16, 1.0f), w(8 * 16, 1.0f), y(4 * 8, 0.0f);
+        hpd_gemm_args_t a = {};
+        a.x = x.data(), a.ldx = 16, a.w = w.data(), a.w_dtype = HPD_DTYPE_F32;
+        a.y = y.data(), a.ldy = 8, a.m = 4, a.n = 8, a.k = 16;
+        checked++;
+        if (hpd_cuda_gemm_cublas(&be, &a) != HPD_ERR_INTERNAL) {
+            fprintf(stderr, "cuda-fast gemm: a failed cublasSgemm was not reported\n");
+            failed++;
+        }
+    }
     printf("%d GEMMs checked, %d differ\n", checked, failed);
     int tc_checked = 0;
     int tc_failed = check_tensor_cores(&be, &tc_checked, "tensor cores", hpd_cuda_gemm_tc,
