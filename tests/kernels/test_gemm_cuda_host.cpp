@@ -208,6 +208,10 @@ int main()
     std::mt19937 rng(1);
     std::normal_distribution<float> normal;
     int checked = 0, failed = 0;
+    const struct {
+        const char *name;
+        gemm_fn_t fn;
+    } ops[] = {{"gemm", hpd_cuda_gemm}, {"cuda-fast gemm", hpd_cuda_gemm_cublas}};
 
     for (hpd_dtype_t dt : dtypes)
         for (uint32_t k : ks) {
@@ -239,28 +243,24 @@ int main()
                 if (m > 40 && k > 1040)
                     continue; /* the long k of the GEMV cases: 40 rows cover the tiled kernel */
                 const uint32_t off = (M - m) / 2;
-                std::vector<float> got(y0.begin() + (size_t)off * ldy,
-                                       y0.begin() + (size_t)(off + m) * ldy);
-                a.x = x.data() + (size_t)off * ldx, a.y = got.data(), a.m = m;
-                checked++;
-                if (hpd_cuda_gemm(&be, &a) != HPD_OK ||
-                    memcmp(got.data(), want.data() + (size_t)off * ldy, got.size() * 4) != 0) {
-                    fprintf(stderr, "gemm %s k=%u: rows %u..%u (m = %u) differ from the "
-                            "canonical order\n", hpd_dtype_name(dt), k, off, off + m - 1, m);
-                    failed++;
-                }
-                /* cuda-fast: weights other than F32 (cuBLAS has no fp32 x bf16
-                 * product), where tensor cores do not take them, run the
-                 * same kernels */
-                if (dt == HPD_DTYPE_F32)
-                    continue;
-                got.assign(y0.begin() + (size_t)off * ldy, y0.begin() + (size_t)(off + m) * ldy);
-                checked++;
-                if (hpd_cuda_gemm_cublas(&be, &a) != HPD_OK ||
-                    memcmp(got.data(), want.data() + (size_t)off * ldy, got.size() * 4) != 0) {
-                    fprintf(stderr, "cuda-fast gemm %s k=%u, m = %u: not the canonical order\n",
-                            hpd_dtype_name(dt), k, m);
-                    failed++;
+                a.x = x.data() + (size_t)off * ldx, a.m = m;
+                /* cuda's GEMM; cuda-fast's for weights other than F32 (cuBLAS
+                 * has no fp32 x bf16 product), where tensor cores do not take
+                 * them, runs the same kernels */
+                for (const auto &op : ops) {
+                    if (op.fn == hpd_cuda_gemm_cublas && dt == HPD_DTYPE_F32)
+                        continue;
+                    std::vector<float> got(y0.begin() + (size_t)off * ldy,
+                                           y0.begin() + (size_t)(off + m) * ldy);
+                    a.y = got.data();
+                    checked++;
+                    if (op.fn(&be, &a) != HPD_OK ||
+                        memcmp(got.data(), want.data() + (size_t)off * ldy, got.size() * 4) != 0) {
+                        fprintf(stderr, "%s %s k=%u: rows %u..%u (m = %u) differ from the "
+                                "canonical order\n", op.name, hpd_dtype_name(dt), k, off,
+                                off + m - 1, m);
+                        failed++;
+                    }
                 }
             }
         }

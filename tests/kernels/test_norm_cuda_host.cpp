@@ -195,10 +195,8 @@ static void embed_case(hpd_backend_t *cpu)
     }
 }
 
-/* SwiGLU and the attention gate against the CPU, rows with gaps; SwiGLU
- * also over more elements than its grid's 65536 blocks of 256 threads take
- * in one round (the grid-stride walk's second round). */
-static void elementwise_case(hpd_backend_t *cpu, uint32_t tokens, uint32_t inter)
+/* SwiGLU against the CPU, rows with gaps */
+static void silu_mul_case(hpd_backend_t *cpu, uint32_t tokens, uint32_t inter)
 {
     const uint32_t ldgu = 2 * inter + 8, ldout = inter + 4;
     const std::vector<float> gu = test_rnd((size_t)tokens * ldgu, 71, 3);
@@ -213,19 +211,23 @@ static void elementwise_case(hpd_backend_t *cpu, uint32_t tokens, uint32_t inter
     char what[96];
     snprintf(what, sizeof(what), "silu_mul %u tokens of %u", tokens, inter);
     check_close(what, got.data(), want.data(), got.size(), 1e-6);
-    if (tokens > 64)
-        return;
-    /* the gate: q heads of 64 interleaved with their gates, as the
-     * projection lays them out */
+}
+
+/* The attention gate against the CPU: q heads of 64 interleaved with their
+ * gates, as the projection lays them out */
+static void sigmoid_mul_case(hpd_backend_t *cpu, uint32_t tokens)
+{
     const uint32_t heads = 6, dim = 64, ld = heads * 2 * dim + 7;
     const std::vector<float> x = test_rnd((size_t)tokens * ld, 73, 2);
     std::vector<float> gx = x, wx = x;
     hpd_sigmoid_mul_args_t m = {.x = {.p = gx.data(), .ld = ld, .hs = 2 * dim},
                                 .gate = {.p = gx.data() + dim, .ld = ld, .hs = 2 * dim},
                                 .n_tokens = tokens, .n_heads = heads, .dim = dim};
+    test_emu_t emu;
     check_status("sigmoid_mul", hpd_cuda_sigmoid_mul(&emu.be, &m));
     m.x.p = wx.data(), m.gate.p = wx.data() + dim;
     check_status("cpu sigmoid_mul", hpd_sigmoid_mul(cpu, &m));
+    char what[96];
     snprintf(what, sizeof(what), "sigmoid_mul %u tokens, %u heads of %u", tokens, heads, dim);
     check_close(what, gx.data(), wx.data(), gx.size(), 1e-6);
 }
@@ -243,8 +245,11 @@ int main()
     norms_case(cpu, 4, 128, 5);  /* the gated delta rule's heads */
     norms_case(cpu, 3, 72, 2);
     embed_case(cpu);
-    elementwise_case(cpu, 5, 200);
-    elementwise_case(cpu, 4100, 4100); /* 16.8 M elements: two rounds of the grid */
+    silu_mul_case(cpu, 5, 200);
+    /* 16.8 M elements: more than the grid's 65536 blocks of 256 threads
+     * take in one round of its grid-stride walk */
+    silu_mul_case(cpu, 4100, 4100);
+    sigmoid_mul_case(cpu, 5);
     hpd_backend_destroy(cpu);
     return test_report("test_norm_cuda_host", t0);
 }

@@ -33,6 +33,7 @@ struct pool_t {
         for (uint32_t g = 0; g < groups; g++)
             tables.push_back(ids.data() + (size_t)g * blocks);
     }
+    pool_t(const pool_t &) = delete; /* tables point into ids */
     hpd_kv_span_t span(uint32_t pos) { return {&l, bytes.data(), tables.data(), pos}; }
 };
 
@@ -52,10 +53,10 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
     hpd_kv_layout_t dl = sl;
     dl.block_size = c.B_dst, dl.pack_size = c.P_dst, dl.order = c.o_dst;
     pool_t src(sl, c.spos + c.tokens, seed);
-    /* room for the tail up to the destination's page end */
-    pool_t got(dl, c.dpos + c.tokens + c.B_dst, seed + 1), want = got;
-    for (uint32_t g = 0; g < want.tables.size(); g++) /* want's tables: its own ids */
-        want.tables[g] = want.ids.data() + (got.tables[g] - got.ids.data());
+    /* room for the tail up to the destination's page end; the same seed,
+     * the same pool */
+    pool_t got(dl, c.dpos + c.tokens + c.B_dst, seed + 1);
+    pool_t want(dl, c.dpos + c.tokens + c.B_dst, seed + 1);
     hpd_kv_translate_args_t a = {.src = src.span(c.spos), .dst = got.span(c.dpos),
                                  .n_tokens = c.tokens, .zero_tail = c.zero_tail,
                                  .first_layer = c.first, .n_layers = c.n_layers};
