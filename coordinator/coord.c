@@ -1746,14 +1746,19 @@ static uint32_t authenticate(void *arg, const char *token, size_t len, char *who
 }
 
 uint32_t hpd_coord_authenticate(hpd_coord_t *c, const char *token, size_t len, char *who,
-                                size_t who_len)
+                                size_t who_len, uint64_t *credential_p)
 {
-    uint64_t id;
+    *credential_p = 0;
     if (c->creds == NULL) {
         snprintf(who, who_len, "anyone (an open coordinator)");
         return HPD_ROLE_CLIENT | HPD_ROLE_NODE;
     }
-    return hpd_credentials_check(c->creds, token, len, who, who_len, &id);
+    return hpd_credentials_check(c->creds, token, len, who, who_len, credential_p);
+}
+
+bool hpd_coord_grants(const hpd_coord_t *c, uint64_t credential, uint32_t role)
+{
+    return c->creds == NULL || hpd_credentials_grants(c->creds, credential, role);
 }
 
 static bool revoked(const hpd_rpc_conn_t *conn, void *arg)

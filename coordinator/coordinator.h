@@ -121,7 +121,11 @@ bool hpd_coord_draining(const hpd_coord_t *coord);
  * coordinator); who names it (the tenant). Read at each call, so a key
  * removed by a reload is refused from then on. */
 uint32_t hpd_coord_authenticate(hpd_coord_t *coord, const char *token, size_t len, char *who,
-                                size_t who_len);
+                                size_t who_len, uint64_t *credential_p);
+/* Whether the credential (from hpd_coord_authenticate) still grants role:
+ * after a reload a revoked key does not (always true on an open
+ * coordinator). */
+bool hpd_coord_grants(const hpd_coord_t *coord, uint64_t credential, uint32_t role);
 /* The smallest vocabulary and the largest context of the usable nodes (0
  * while none is registered). */
 void hpd_coord_limits(const hpd_coord_t *coord, uint32_t *vocab_p, uint32_t *max_context_p);

@@ -88,7 +88,10 @@ typedef struct {
 
 static void collect(void *arg)
 {
-    hpd_coord_collect(((app_t *)arg)->coord);
+    app_t *a = arg;
+    hpd_coord_collect(a->coord);
+    if (a->api != NULL)
+        hpd_openai_collect(a->api);
 }
 
 static bool health(void *arg, char *msg, size_t len)
@@ -119,7 +122,12 @@ static void drained(void *arg, uint32_t left)
 
 static void reload(void *arg)
 {
-    hpd_coord_reload(((app_t *)arg)->coord);
+    app_t *a = arg;
+    hpd_coord_reload(a->coord);
+    if (a->api != NULL) {
+        const uint32_t n = hpd_openai_reload(a->api);
+        HPD_LOG_INFO(LOG_COMPONENT, "SIGHUP: %u HTTP connections of revoked keys closed", n);
+    }
 }
 
 int main(int argc, char **argv)

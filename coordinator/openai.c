@@ -29,6 +29,7 @@
 #include "common/util.h"
 #include "coordinator/credentials.h"
 #include "coordinator/text.h"
+#include "transport/http_guard.h"
 #include "transport/rpc_codec.h"
 
 #define LOG_COMPONENT "openai"
@@ -39,9 +40,23 @@
 static const int statuses[] = {200, 400, 401, 404, 413, 429, 499, 500, 503};
 #define N_STATUSES (sizeof(statuses) / sizeof(statuses[0]))
 
+/* connections the guard closed (transport/http_guard.h), by reason: the
+ * label and the counter of hpd_http_guard_stats_t */
+#define HPD_HTTP_CLOSED(X)                                                                  \
+    X(evicted, evicted)                                                                     \
+    X(head_timeout, head_timeouts)                                                          \
+    X(refused, refused)                                                                     \
+    X(rejected, rejected)                                                                   \
+    X(revoked, revoked)                                                                     \
+    X(accept_error, accept_errors)
+#define COUNT(label, field) +1
+enum { N_CLOSED = 0 HPD_HTTP_CLOSED(COUNT) };
+#undef COUNT
+
 struct hpd_openai {
     hpd_openai_params_t p;
     struct evhttp *http;
+    hpd_http_guard_t *guard; /* the key checked before a body is read */
     uint16_t port;
     const hpd_text_t *text; /* the coordinator's */
     char model[256];
@@ -50,6 +65,8 @@ struct hpd_openai {
     /* in the coordinator's registry (docs/operations.md) */
     hpd_metric_t *answered[N_STATUSES + 1]; /* [N_STATUSES]: any other status */
     hpd_metric_t *gone;                      /* clients that left before their answer */
+    hpd_metric_t *conns[2];                  /* authenticated, unauthenticated */
+    hpd_metric_t *closed[N_CLOSED];          /* by the guard, by reason */
 };
 
 typedef struct {
@@ -199,7 +216,8 @@ static bool authorized(hpd_openai_t *api, struct evhttp_request *req, char *who,
     if (h != NULL && strncasecmp(h, "Bearer ", 7) == 0)
         for (key = h + 7; *key == ' '; key++)
             ;
-    if ((hpd_coord_authenticate(api->p.coord, key, strlen(key), who, who_len) &
+    uint64_t credential;
+    if ((hpd_coord_authenticate(api->p.coord, key, strlen(key), who, who_len, &credential) &
          HPD_ROLE_CLIENT) != 0)
         return true;
     reply_error(req, 401, NULL, "invalid_api_key",
@@ -542,7 +560,7 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
 {
     call_t *k = arg;
     if (!k->gone)
-        evhttp_connection_set_closecb(k->evcon, NULL, NULL);
+        hpd_http_guard_set_closecb(k->api->guard, k->evcon, NULL, NULL);
     if (k->gone) {
         /* canceled for it: nobody to answer, but a request evhttp detached
          * from its closed connection is freed only by finishing it */
@@ -791,7 +809,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         if (chat)
             stream_piece(k, "", 0, true);
     }
-    evhttp_connection_set_closecb(k->evcon, on_close, k);
+    hpd_http_guard_set_closecb(api->guard, k->evcon, on_close, k);
     if (!k->stream) {
         const evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(k->evcon));
         if (fd >= 0 && (k->watch = event_new(api->p.base, fd, EV_READ | EV_PERSIST, on_readable,
@@ -868,6 +886,60 @@ static void on_complete(struct evhttp_request *req, void *arg)
     while (i < N_STATUSES && statuses[i] != status)
         i++;
     hpd_metric_inc(api->answered[i], 1);
+}
+
+/* The guard's screen (transport/http_guard.h): a request's head, before
+ * evhttp reads its body. A client key admits the connection; /health is
+ * open; anything else is answered 401 here, its body never buffered. */
+static hpd_http_verdict_t screen(void *arg, const hpd_http_head_t *head, hpd_http_answer_t *a)
+{
+    hpd_openai_t *api = arg;
+    char who[128];
+    const char *key = "";
+    if (strcmp(head->method, "GET") == 0 && strcmp(head->path, "/health") == 0)
+        return HPD_HTTP_PUBLIC;
+    if (head->authorization != NULL && strncasecmp(head->authorization, "Bearer ", 7) == 0)
+        for (key = head->authorization + 7; *key == ' '; key++)
+            ;
+    if ((hpd_coord_authenticate(api->p.coord, key, strlen(key), who, sizeof(who),
+                                &a->credential) &
+         HPD_ROLE_CLIENT) != 0)
+        return HPD_HTTP_ADMIT;
+    json_t *j = error_json(401, NULL, "invalid_api_key",
+                           head->authorization == NULL
+                               ? "no API key: send 'Authorization: Bearer KEY' with a client key"
+                               : "the API key is not a client key of this cluster");
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    a->status = 401;
+    a->content_type = "application/json";
+    snprintf(a->body, sizeof(a->body), "%s\n", text != NULL ? text : "{}");
+    free(text);
+    hpd_metric_inc(api->answered[2], 1); /* statuses[2] is 401 */
+    return HPD_HTTP_REJECT;
+}
+
+static bool revoked(uint64_t credential, void *arg)
+{
+    const hpd_openai_t *api = arg;
+    return !hpd_coord_grants(api->p.coord, credential, HPD_ROLE_CLIENT);
+}
+
+void hpd_openai_collect(hpd_openai_t *api)
+{
+    hpd_http_guard_stats_t st;
+    hpd_http_guard_stats(api->guard, &st);
+    hpd_metric_set(api->conns[0], st.open - st.unauthenticated);
+    hpd_metric_set(api->conns[1], st.unauthenticated);
+    size_t i = 0;
+#define SET(label, field) hpd_metric_set(api->closed[i++], (double)st.field);
+    HPD_HTTP_CLOSED(SET)
+#undef SET
+}
+
+uint32_t hpd_openai_reload(hpd_openai_t *api)
+{
+    return hpd_http_guard_close_if(api->guard, revoked, api);
 }
 
 static void on_request(struct evhttp_request *req, void *arg)
@@ -950,6 +1022,23 @@ hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_
                                      "HTTP clients that closed their connection before their "
                                      "answer (the request was canceled).", NULL)) == NULL)
         goto fail;
+    static const char conn_help[] = "open HTTP API connections, by state.";
+    static const char closed_help[] = "HTTP API connections closed or refused by the server "
+                                      "before they were admitted, and admitted ones closed "
+                                      "because their key was revoked, by reason.";
+    if ((api->conns[0] = hpd_metrics_add(reg, HPD_METRIC_GAUGE, "hpd_http_connections",
+                                         conn_help, "state=\"authenticated\"")) == NULL ||
+        (api->conns[1] = hpd_metrics_add(reg, HPD_METRIC_GAUGE, "hpd_http_connections",
+                                         conn_help, "state=\"unauthenticated\"")) == NULL)
+        goto fail;
+    size_t ci = 0;
+#define ADD(label, field)                                                                   \
+    if ((api->closed[ci++] = hpd_metrics_add(reg, HPD_METRIC_COUNTER,                       \
+                                             "hpd_http_connections_closed_total",           \
+                                             closed_help, "reason=\"" #label "\"")) == NULL) \
+        goto fail;
+    HPD_HTTP_CLOSED(ADD)
+#undef ADD
     if ((api->text = hpd_coord_text(p->coord)) == NULL) {
         snprintf(err, err_len, "the HTTP API needs the coordinator's model directory (--model)");
         st = HPD_ERR_INVALID_ARG;
@@ -963,18 +1052,20 @@ hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_
     evhttp_set_max_body_size(api->http, HPD_OPENAI_MAX_BODY + 1);
     evhttp_set_timeout(api->http, HTTP_TIMEOUT_S);
     evhttp_set_gencb(api->http, on_request, api);
-    struct evhttp_bound_socket *sock =
-        evhttp_bind_socket_with_handle(api->http, p->host, p->port);
-    if (sock == NULL) {
+    const hpd_http_guard_params_t gp = {.base = p->base,
+                                        .budget = p->budget,
+                                        .cls = HPD_CONN_SERVE,
+                                        .name = "http api",
+                                        .max_head = 64u << 10,
+                                        .screen = screen,
+                                        .arg = api};
+    if (hpd_http_guard_create(api->http, &gp, &api->guard) != HPD_OK)
+        goto fail;
+    if (hpd_http_guard_bind(api->guard, p->host, p->port, &api->port) != HPD_OK) {
         snprintf(err, err_len, "the HTTP API cannot listen on %s:%u (taken?)", p->host, p->port);
         st = HPD_ERR_IO;
         goto fail;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0)
-        api->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                   : ((struct sockaddr_in *)&ss)->sin_port);
     *api_p = api;
     return HPD_OK;
 fail:
@@ -998,5 +1089,6 @@ void hpd_openai_destroy(hpd_openai_t *api)
         return;
     if (api->http != NULL)
         evhttp_free(api->http);
+    hpd_http_guard_destroy(api->guard);
     free(api);
 }

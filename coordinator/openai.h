@@ -9,7 +9,8 @@
  * Text is tokenized here, once (coordinator/text.h); the request then goes
  * through hpd_coord_submit like a msgpack client's. `stream: true` answers
  * with server-sent events ending in `data: [DONE]`. Keys are the
- * coordinator's client keys (`Authorization: Bearer KEY`); a client that
+ * coordinator's client keys (`Authorization: Bearer KEY`), checked from a
+ * request's head before its body is read (transport/http_guard.h); a client that
  * disconnects cancels its request on every node. Errors have OpenAI's shape
  * ({"error": {"message", "type", "param", "code"}}) and status: 400 invalid,
  * 401 bad key, 404 unknown model or path, 413 too large, 429 overloaded or no
@@ -22,6 +23,7 @@
 
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "transport/budget.h"
 
 typedef struct hpd_openai hpd_openai_t;
 
@@ -32,6 +34,7 @@ typedef struct {
     uint16_t port;          /* 0: any free port */
     const char *model_dir;  /* the coordinator's (hpd_coord_opts_t.model_dir) */
     const char *model_name; /* the served name; NULL: the directory's last part */
+    hpd_conn_budget_t *budget; /* NULL: the process's (transport/budget.h) */
 } hpd_openai_params_t;
 
 /* A request body beyond this is refused (413). */
@@ -43,6 +46,14 @@ hpd_status_t hpd_openai_create(const hpd_openai_params_t *p, hpd_openai_t **api_
                                size_t err_len);
 uint16_t hpd_openai_port(const hpd_openai_t *api);
 const char *hpd_openai_model(const hpd_openai_t *api);
+/* After the coordinator read its credentials again (SIGHUP): closes the
+ * connections of client keys that no longer grant the client role,
+ * streams too (their requests are canceled as at a disconnect). Returns
+ * how many. */
+uint32_t hpd_openai_reload(hpd_openai_t *api);
+/* Refreshes its gauges (hpd_http_connections{state},
+ * hpd_http_connections_closed_total{reason}) before a scrape. */
+void hpd_openai_collect(hpd_openai_t *api);
 /* Call after hpd_coord_destroy (which ends every request it holds). */
 void hpd_openai_destroy(hpd_openai_t *api);
 

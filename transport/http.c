@@ -9,12 +9,14 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "transport/http_guard.h"
 
 #define LOG_COMPONENT "http"
 
 struct hpd_http {
     hpd_http_params_t p;
     struct evhttp *http;
+    hpd_http_guard_t *guard;
     uint16_t port;
 };
 
@@ -60,11 +62,20 @@ static void on_health(struct evhttp_request *req, void *arg)
                "text/plain; charset=utf-8", msg, len);
 }
 
+/* Every GET without a body passes (nothing here needs a key); the rest is
+ * answered before evhttp reads it. */
+static hpd_http_verdict_t screen(void *arg, const hpd_http_head_t *head, hpd_http_answer_t *a)
+{
+    if (strcmp(head->method, "GET") == 0 && !head->has_body)
+        return HPD_HTTP_PUBLIC;
+    a->status = strcmp(head->method, "GET") != 0 ? 405 : 413;
+    snprintf(a->body, sizeof(a->body), "%s %s: only GET /metrics and /healthz, without a body\n",
+             head->method, head->path);
+    return HPD_HTTP_REJECT;
+}
+
 hpd_status_t hpd_http_create(const hpd_http_params_t *params, hpd_http_t **http_p)
 {
-    struct evhttp_bound_socket *sock;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
     hpd_http_t *h = calloc(1, sizeof(*h));
 
     if (h == NULL)
@@ -80,17 +91,27 @@ hpd_status_t hpd_http_create(const hpd_http_params_t *params, hpd_http_t **http_
     evhttp_set_timeout(h->http, 10);
     evhttp_set_cb(h->http, "/metrics", on_metrics, h);
     evhttp_set_cb(h->http, "/healthz", on_health, h);
-    sock = evhttp_bind_socket_with_handle(h->http, params->host, params->port);
-    if (sock == NULL) {
+    /* the operator's way in: its own small reserve of the process's
+     * descriptors, a few unauthenticated connections, 5 s for a request */
+    const hpd_http_guard_params_t gp = {.base = params->base,
+                                        .budget = params->budget,
+                                        .cls = HPD_CONN_OPERATOR,
+                                        .name = "metrics",
+                                        .max_unauthed = 16,
+                                        .max_head = HPD_HTTP_MAX_HEADERS,
+                                        .screen = screen};
+    if (hpd_http_guard_create(h->http, &gp, &h->guard) != HPD_OK) {
+        evhttp_free(h->http);
+        goto err_free;
+    }
+    if (hpd_http_guard_bind(h->guard, params->host, params->port, &h->port) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "cannot serve http on %s:%u (address in use or invalid)",
                       params->host, params->port);
         evhttp_free(h->http);
+        hpd_http_guard_destroy(h->guard);
         free(h);
         return HPD_ERR_IO;
     }
-    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0)
-        h->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
     *http_p = h;
     return HPD_OK;
 err_free:
@@ -108,6 +129,7 @@ void hpd_http_destroy(hpd_http_t *h)
     if (h == NULL)
         return;
     evhttp_free(h->http);
+    hpd_http_guard_destroy(h->guard);
     free(h);
 }
 

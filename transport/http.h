@@ -11,6 +11,7 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
+#include "transport/budget.h"
 
 typedef struct hpd_http hpd_http_t;
 
@@ -24,11 +25,16 @@ typedef struct {
     /* GET /healthz: true answers 200, false 503; the body is msg (one line) */
     bool (*health)(void *arg, char *msg, size_t len);
     void *arg;
+    hpd_conn_budget_t *budget; /* NULL: the process's (transport/budget.h) */
 } hpd_http_params_t;
 
 /* What the server reads of one request: headers beyond HPD_HTTP_MAX_HEADERS
  * bytes or a body beyond HPD_HTTP_MAX_BODY are refused (the connection is
- * answered with an error or closed), never buffered. */
+ * answered with an error or closed), never buffered. A guard
+ * (transport/http_guard.h) stands in front: connections count in the
+ * process's budget as the operator's (HPD_CONN_OPERATOR), at most 16 wait
+ * for a request at once, each request head must come within 5 s, and
+ * anything but a GET without a body is answered before evhttp sees it. */
 #define HPD_HTTP_MAX_HEADERS (16u << 10)
 #define HPD_HTTP_MAX_BODY (64u << 10)
 

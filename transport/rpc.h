@@ -101,7 +101,10 @@ typedef struct {
     size_t n_methods;
     void *arg;          /* passed to handlers */
     size_t max_message; /* 0: HPD_RPC_DEFAULT_MAX_MESSAGE */
-    uint32_t max_conns; /* 0: 1024; a connection beyond it is closed at once */
+    uint32_t max_conns; /* 0: the budget's; a connection beyond it is closed at once */
+    /* the descriptors every listener of the process shares
+     * (transport/budget.h); NULL: the process's */
+    struct hpd_conn_budget *budget;
     /* optional: a connection closed (after its handlers' replies are moot) */
     void (*on_disconnect)(hpd_rpc_conn_t *conn, void *arg);
     /* Connections that have not authenticated yet are bounded apart, so

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "transport/budget.h"
 #include "transport/rpc.h"
 #include "transport/rpc_internal.h"
 
@@ -25,6 +26,7 @@ typedef struct conn_node {
     hpd_rpc_conn_t *conn;
     hpd_rpc_server_t *server;
     bool authed, closing;
+    bool has_fd; /* holds a descriptor of the budget */
     uint32_t roles;
     uint64_t credential;
     char who[64];
@@ -37,6 +39,7 @@ struct hpd_rpc_server {
     char *token;
     struct evconnlistener *listener;
     struct event *resume_accept; /* after accept() failed (out of descriptors) */
+    hpd_conn_budget_t *budget;   /* the process's, unless the params name one */
     uint16_t port;
     conn_node_t *conns; /* newest first */
     uint32_t n_conns, n_unauthed;
@@ -156,6 +159,8 @@ static void on_close(hpd_rpc_conn_t *conn, hpd_status_t why, void *arg)
         s->p.on_disconnect(conn, s->p.arg);
     if (!node->authed)
         s->n_unauthed--;
+    if (node->has_fd)
+        hpd_conn_budget_give(s->budget, HPD_CONN_SERVE);
     if (node->auth_timer != NULL)
         event_free(node->auth_timer);
     if (node->prev)
@@ -179,19 +184,20 @@ static void on_auth_timeout(evutil_socket_t fd, short what, void *arg)
     hpd_rpc_conn_close(node->conn, false); /* on_close frees node */
 }
 
-/* Closes the oldest connection that has not authenticated. */
-static void evict_unauthed(hpd_rpc_server_t *s)
+/* Closes the oldest connection that has not authenticated (false: none). */
+static bool evict_unauthed(hpd_rpc_server_t *s)
 {
     conn_node_t *oldest = NULL;
     for (conn_node_t *n = s->conns; n != NULL; n = n->next)
         if (!n->authed)
             oldest = n;
     if (oldest == NULL)
-        return;
+        return false;
     s->st.evicted++;
     HPD_LOG_DEBUG(LOG_COMPONENT, "%u connections have not authenticated (limit %u): closing "
                   "the oldest", s->n_unauthed, s->max_unauthed);
     hpd_rpc_conn_close(oldest->conn, false);
+    return true;
 }
 
 static void refuse(hpd_rpc_server_t *s, evutil_socket_t fd, const char *why)
@@ -230,15 +236,26 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         refuse(s, fd, why);
         return;
     }
+    /* the process's descriptors are shared with its other listeners */
+    bool has_fd = hpd_conn_budget_take(s->budget, HPD_CONN_SERVE);
+    if (!has_fd && evict_unauthed(s))
+        has_fd = hpd_conn_budget_take(s->budget, HPD_CONN_SERVE);
+    if (!has_fd) {
+        refuse(s, fd, "the process's connection budget is used up");
+        return;
+    }
     if ((node = calloc(1, sizeof(*node))) == NULL) {
+        hpd_conn_budget_give(s->budget, HPD_CONN_SERVE);
         refuse(s, fd, "out of memory");
         return;
     }
     node->server = s;
+    node->has_fd = true;
     if ((node->auth_timer = evtimer_new(s->p.base, on_auth_timeout, node)) == NULL ||
         hpd_rpc_conn_create(s->p.base, fd, &ops, &node->conn) != HPD_OK) {
         if (node->auth_timer != NULL)
             event_free(node->auth_timer);
+        hpd_conn_budget_give(s->budget, HPD_CONN_SERVE);
         evutil_closesocket(fd);
         free(node);
         return;
@@ -364,12 +381,13 @@ hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
     evconnlistener_set_error_cb(s->listener, on_accept_error);
     getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&sin, &slen);
     s->port = ntohs(sin.sin_port);
-    /* the default limit leaves descriptors for the rest of the process */
-    struct rlimit rl;
-    uint64_t fit = 1024;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        fit = rl.rlim_cur > 160 ? rl.rlim_cur - 128 : 32;
-    s->max_conns = params->max_conns ? params->max_conns : (uint32_t)HPD_MIN(1024, fit);
+    /* descriptors come from the process's budget (transport/budget.h),
+     * which keeps room for the rest of the process; max_conns bounds this
+     * listener alone on top of it */
+    s->budget = params->budget != NULL ? params->budget : hpd_conn_budget_process();
+    hpd_conn_budget_stats_t bs;
+    hpd_conn_budget_stats(s->budget, &bs);
+    s->max_conns = params->max_conns ? params->max_conns : bs.listeners;
     /* half the room at most, so that idle sockets never fill it */
     s->max_unauthed = params->max_unauthed ? params->max_unauthed
                                            : HPD_MAX(1u, HPD_MIN(64u, s->max_conns / 2));
@@ -387,6 +405,8 @@ void hpd_rpc_server_destroy(hpd_rpc_server_t *s)
         next = n->next;
         hpd_rpc_conn_detach(n->conn);
         hpd_rpc_conn_close(n->conn, false);
+        if (n->has_fd)
+            hpd_conn_budget_give(s->budget, HPD_CONN_SERVE);
         if (n->auth_timer != NULL)
             event_free(n->auth_timer);
         free(n);
