@@ -54,17 +54,21 @@ hpd_status_t hpd_text_chat(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size
                            size_t err_len)
 {
     char *prompt;
-    size_t len;
+    size_t len, n_lit = 0;
+    hpd_text_range_t *lit = NULL;
     if (!t->have_chat) {
         snprintf(err, err_len, "%s", t->chat_err);
         return HPD_ERR_UNSUPPORTED;
     }
-    hpd_status_t st = hpd_chat_render(&t->chat, msgs, n, true, enable_thinking, &prompt, &len,
-                                      err, err_len);
+    hpd_status_t st = hpd_chat_render_ranges(&t->chat, msgs, n, true, enable_thinking, &prompt,
+                                             &len, &lit, &n_lit, err, err_len);
     if (st != HPD_OK)
         return st;
-    st = hpd_tokenizer_encode(t->tok, prompt, len, ids_p, n_p);
+    /* the messages' text is text: only the template's markers are special
+     * tokens (a user cannot open a turn of their own) */
+    st = hpd_tokenizer_encode_literal(t->tok, prompt, len, lit, n_lit, ids_p, n_p);
     free(prompt);
+    free(lit);
     if (st != HPD_OK)
         snprintf(err, err_len, "cannot encode the conversation: %s", hpd_status_str(st));
     return st;

@@ -24,7 +24,10 @@ hpd_status_t hpd_text_load(const char *model_dir, hpd_text_t **text_p, char *err
 void hpd_text_destroy(hpd_text_t *text);
 const hpd_tokenizer_t *hpd_text_tokenizer(const hpd_text_t *text);
 
-/* A conversation's prompt ids (the chat format, then the tokenizer).
+/* A conversation's prompt ids (the chat format, then the tokenizer). The
+ * messages' text is encoded with special tokens off: "<|im_start|>" in a
+ * message is text; only the template's markers are special tokens
+ * (hpd_tokenizer_encode_literal).
  * HPD_ERR_INVALID_ARG: a bad message; HPD_ERR_UNSUPPORTED: the model has
  * no chat format of this family; err says which. */
 hpd_status_t hpd_text_chat(const hpd_text_t *text, const hpd_chat_msg_t *msgs, size_t n,

@@ -194,6 +194,9 @@ typedef struct {
     char *p;
     size_t n, cap;
     bool failed;
+    hpd_text_range_t *ranges; /* the messages' own text (NULL: not wanted) */
+    size_t n_ranges, cap_ranges;
+    bool want_ranges;
 } out_t;
 
 static void put(out_t *o, span_t s)
@@ -210,6 +213,24 @@ static void put(out_t *o, span_t s)
 static void puts_(out_t *o, const char *s)
 {
     put(o, span_of(s));
+}
+
+/* A message's own text: put, and its range kept. */
+static void put_text(out_t *o, span_t s)
+{
+    const size_t begin = o->n;
+    put(o, s);
+    if (!o->want_ranges || o->failed || s.n == 0)
+        return;
+    if (o->n_ranges > 0 && o->ranges[o->n_ranges - 1].end == begin) {
+        o->ranges[o->n_ranges - 1].end = o->n; /* one range for adjacent pieces */
+        return;
+    }
+    if (hpd_grow(&o->ranges, &o->cap_ranges, o->n_ranges + 1, sizeof(*o->ranges)) != HPD_OK) {
+        o->failed = true;
+        return;
+    }
+    o->ranges[o->n_ranges++] = (hpd_text_range_t){.begin = begin, .end = o->n};
 }
 
 /* ------------------------------------------------------------ rendering */
@@ -254,7 +275,16 @@ hpd_status_t hpd_chat_render(const hpd_chat_format_t *f, const hpd_chat_msg_t *m
                              bool add_generation_prompt, int enable_thinking, char **text_p,
                              size_t *len_p, char *err, size_t err_len)
 {
-    out_t o = {0};
+    return hpd_chat_render_ranges(f, msgs, n, add_generation_prompt, enable_thinking, text_p,
+                                  len_p, NULL, NULL, err, err_len);
+}
+
+hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_msg_t *msgs,
+                                    size_t n, bool add_generation_prompt, int enable_thinking,
+                                    char **text_p, size_t *len_p, hpd_text_range_t **ranges_p,
+                                    size_t *n_ranges_p, char *err, size_t err_len)
+{
+    out_t o = {.want_ranges = ranges_p != NULL};
     role_t r;
     size_t last_query = n > 0 ? n - 1 : 0;
     bool have_query = false;
@@ -303,7 +333,7 @@ hpd_status_t hpd_chat_render(const hpd_chat_format_t *f, const hpd_chat_msg_t *m
             c = trim(c);
         if (r == R_SYSTEM || r == R_USER) {
             puts_(&o, r == R_SYSTEM ? "<|im_start|>system\n" : "<|im_start|>user\n");
-            put(&o, c);
+            put_text(&o, c);
             puts_(&o, "<|im_end|>\n");
             continue;
         }
@@ -314,17 +344,17 @@ hpd_status_t hpd_chat_render(const hpd_chat_format_t *f, const hpd_chat_msg_t *m
             reasoning = trim(reasoning);
             if (i > last_query) {
                 puts_(&o, "<think>\n");
-                put(&o, reasoning);
+                put_text(&o, reasoning);
                 puts_(&o, "\n</think>\n\n");
             }
-            put(&o, c);
+            put_text(&o, c);
         } else if (i > last_query && (i == n - 1 || reasoning.n > 0)) {
             puts_(&o, "<think>\n");
-            put(&o, rstrip_nl(lstrip_nl(reasoning)));
+            put_text(&o, rstrip_nl(lstrip_nl(reasoning)));
             puts_(&o, "\n</think>\n\n");
-            put(&o, lstrip_nl(c));
+            put_text(&o, lstrip_nl(c));
         } else {
-            put(&o, c);
+            put_text(&o, c);
         }
         puts_(&o, "<|im_end|>\n");
     }
@@ -345,11 +375,16 @@ hpd_status_t hpd_chat_render(const hpd_chat_format_t *f, const hpd_chat_msg_t *m
     puts_(&o, "");
     if (o.failed) {
         free(o.p);
+        free(o.ranges);
         snprintf(err, err_len, "out of memory");
         return HPD_ERR_NO_MEMORY;
     }
     *text_p = o.p;
     *len_p = o.n;
+    if (ranges_p != NULL) {
+        *ranges_p = o.ranges;
+        *n_ranges_p = o.n_ranges;
+    }
     return HPD_OK;
 }
 

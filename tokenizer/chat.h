@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "common/status.h"
+#include "tokenizer/tokenizer.h"
 
 typedef enum {
     HPD_CHAT_THINK_NONE,    /* the generation prompt is the assistant header only (Instruct) */
@@ -60,6 +61,16 @@ hpd_status_t hpd_chat_format_detect(const char *tmpl, hpd_chat_format_t *fmt, ch
 hpd_status_t hpd_chat_render(const hpd_chat_format_t *fmt, const hpd_chat_msg_t *msgs, size_t n,
                              bool add_generation_prompt, int enable_thinking, char **text_p,
                              size_t *len_p, char *err, size_t err_len);
+
+/* hpd_chat_render, and where the messages' own text (contents and
+ * reasoning) lies in the rendered prompt: *ranges_p (malloc'd, sorted,
+ * *n_ranges_p of them; none for empty contents), for
+ * hpd_tokenizer_encode_literal, so that a special token's text in a
+ * message is text and only the template's markers are special tokens. */
+hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *fmt, const hpd_chat_msg_t *msgs,
+                                    size_t n, bool add_generation_prompt, int enable_thinking,
+                                    char **text_p, size_t *len_p, hpd_text_range_t **ranges_p,
+                                    size_t *n_ranges_p, char *err, size_t err_len);
 
 const char *hpd_chat_think_name(hpd_chat_think_t t);
 

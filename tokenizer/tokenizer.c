@@ -790,20 +790,47 @@ static hpd_status_t encode_plain(const hpd_tokenizer_t *t, const char *s, size_t
     return st;
 }
 
-hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, size_t len,
-                                  int32_t **ids_p, size_t *n_p)
+hpd_status_t hpd_tokenizer_encode_literal(const hpd_tokenizer_t *t, const char *text,
+                                          size_t len, const hpd_text_range_t *lit,
+                                          size_t n_lit, int32_t **ids_p, size_t *n_p)
 {
     char *s = NULL;
     size_t n = 0, cap = 0;
     ids_t out = {0};
-    hpd_status_t st = sanitize((const uint8_t *)text, len, true, &s, &n, &cap, NULL);
-    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+    hpd_status_t st = HPD_OK;
+    hpd_text_range_t *at = NULL; /* the literal ranges, in the sanitized text's offsets */
+    pcre2_match_data *md = NULL;
 
-    if (md == NULL)
+    for (size_t r = 0; r < n_lit; r++) {
+        if (lit[r].begin > lit[r].end || lit[r].end > len ||
+            (r > 0 && lit[r].begin < lit[r - 1].end)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "encode: literal range %zu [%zu, %zu) is out of order "
+                          "or past the text's %zu bytes", r, lit[r].begin, lit[r].end, len);
+            return HPD_ERR_INVALID_ARG;
+        }
+    }
+    if (n_lit > 0 && (at = malloc(n_lit * sizeof(*at))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    /* invalid UTF-8 becomes U+FFFD piece by piece, so that the ranges move
+     * with their bytes (a range's edge is never inside a character) */
+    size_t from = 0;
+    for (size_t r = 0; r <= n_lit && st == HPD_OK; r++) {
+        const size_t b = r < n_lit ? lit[r].begin : len;
+        st = sanitize((const uint8_t *)text + from, b - from, true, &s, &n, &cap, NULL);
+        if (r == n_lit || st != HPD_OK)
+            break;
+        at[r].begin = n;
+        st = sanitize((const uint8_t *)text + b, lit[r].end - b, true, &s, &n, &cap, NULL);
+        at[r].end = n;
+        from = lit[r].end;
+    }
+    if (st == HPD_OK && (md = pcre2_match_data_create(4, NULL)) == NULL)
         st = HPD_ERR_NO_MEMORY;
-    size_t start = 0, i = 0;
+    size_t start = 0, i = 0, r = 0;
     while (st == HPD_OK && i < n) {
         int32_t hit = -1;
+        while (r < n_lit && at[r].end <= i)
+            r++;
         for (uint32_t a = 0; t->added_first[(uint8_t)s[i]] && a < t->n_added; a++) {
             const int32_t id = t->added[a];
             if (t->tok_len[id] <= n - i && memcmp(s + i, t->tokens[id], t->tok_len[id]) == 0) {
@@ -811,6 +838,9 @@ hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, si
                 break;
             }
         }
+        /* a special token touching a literal range is text */
+        if (hit >= 0 && t->kind[hit] == 3 && r < n_lit && at[r].begin < i + t->tok_len[hit])
+            hit = -1;
         if (hit < 0) {
             i++;
             continue;
@@ -824,6 +854,7 @@ hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, si
         st = encode_plain(t, s + start, n - start, start == 0, &out, md);
     pcre2_match_data_free(md);
     free(s);
+    free(at);
     if (st != HPD_OK) {
         free(out.ids);
         return st;
@@ -831,6 +862,12 @@ hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, si
     *ids_p = out.ids;
     *n_p = out.n;
     return HPD_OK;
+}
+
+hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *t, const char *text, size_t len,
+                                  int32_t **ids_p, size_t *n_p)
+{
+    return hpd_tokenizer_encode_literal(t, text, len, NULL, 0, ids_p, n_p);
 }
 
 /* ---- decoding */

@@ -31,9 +31,29 @@ uint32_t hpd_tokenizer_size(const hpd_tokenizer_t *tok);
  * entry in its byte-level form), -1 for none. */
 int32_t hpd_tokenizer_id(const hpd_tokenizer_t *tok, const char *token);
 
-/* Encodes len bytes of text into *ids_p (malloc'd, *n_p of them). */
+/* Encodes len bytes of text into *ids_p (malloc'd, *n_p of them). Added
+ * and special tokens anywhere in it are matched (a raw completion prompt:
+ * its writer may build a template of their own). */
 hpd_status_t hpd_tokenizer_encode(const hpd_tokenizer_t *tok, const char *text, size_t len,
                                   int32_t **ids_p, size_t *n_p);
+
+/* A byte range [begin, end) of a text. */
+typedef struct {
+    size_t begin, end;
+} hpd_text_range_t;
+
+/* The same, where the bytes of the literal ranges (sorted, disjoint) are
+ * text from a user, a system prompt or a tool: a special token's text
+ * there ("<|im_start|>") is encoded as the characters it is made of, never
+ * as the special token, as transformers' split_special_tokens does; added
+ * tokens that are not special (<think>, <tool_call>) still match, and the
+ * text around the ranges (the chat template's) is encoded as
+ * hpd_tokenizer_encode does, so a text without special tokens in its
+ * ranges gets the same ids from both. HPD_ERR_INVALID_ARG: ranges out of
+ * order or past len. */
+hpd_status_t hpd_tokenizer_encode_literal(const hpd_tokenizer_t *tok, const char *text,
+                                          size_t len, const hpd_text_range_t *literal,
+                                          size_t n_literal, int32_t **ids_p, size_t *n_p);
 
 /* Decodes ids into *text_p (malloc'd, NUL-terminated, *len_p bytes); an id
  * outside the vocabulary is HPD_ERR_INVALID_ARG. Special tokens are left

@@ -198,6 +198,34 @@ static void test_refusals(void **state)
     assert_null(text);
 }
 
+/* The messages' text is where render_ranges says, byte for byte, and
+ * nothing of the template is in a range. */
+static void test_ranges(void **state)
+{
+    const hpd_chat_format_t f = {.think = HPD_CHAT_THINK_DEFAULT, .qwen35 = true};
+    char *text = NULL, err[256];
+    size_t len, n;
+    hpd_text_range_t *r = NULL;
+    const hpd_chat_msg_t msgs[] = {
+        {.role = "system", .content = "be <|im_start|> brief"},
+        {.role = "user", .content = "hi"},
+        {.role = "assistant", .content = "hello", .reasoning = "greet"},
+        {.role = "user", .content = "<|im_end|>"},
+        {.role = "user", .content = ""},
+    };
+    assert_int_equal(hpd_chat_render_ranges(&f, msgs, 5, true, -1, &text, &len, &r, &n, err,
+                                            sizeof(err)), HPD_OK);
+    const char *want[] = {"be <|im_start|> brief", "hi", "hello", "<|im_end|>"};
+    assert_int_equal(n, 4); /* the reasoning is before the answer's turn: not rendered */
+    for (size_t i = 0; i < n; i++) {
+        assert_true(r[i].end <= len && (i == 0 || r[i].begin >= r[i - 1].end));
+        assert_int_equal(r[i].end - r[i].begin, strlen(want[i]));
+        assert_memory_equal(text + r[i].begin, want[i], strlen(want[i]));
+    }
+    free(text);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -205,6 +233,7 @@ int main(void)
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
