@@ -55,7 +55,8 @@ static void usage(FILE *f)
             "  status [--json]         nodes, load, pools, cache hits, request counts\n"
             "common options:\n"
             "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
-            "  --token-file F          shared secret, first line\n"
+            "  --token-file F          a client key: the first word of F's first line\n"
+            "                          (the coordinator's client keys file works as it is)\n"
             "  --timeout-ms N          per request (600000)\n"
             "  --log-level L           error|warn|info|debug (warn)\n");
 }
@@ -538,9 +539,11 @@ int main(int argc, char **argv)
     }
     char *token = NULL;
     if (token_file != NULL && hpd_rpc_read_token(token_file, &token) != HPD_OK) {
-        fprintf(stderr, "hpd-client: cannot read the token file %s\n", token_file);
+        fprintf(stderr, "hpd-client: cannot read the key file %s\n", token_file);
         return 2;
     }
+    if (token != NULL)
+        token[strcspn(token, " \t")] = '\0'; /* a keys file's "KEY TENANT" line */
     cp.token = token;
     hpd_client_t *client;
     hpd_status_t st = hpd_client_create(&cp, &client);

@@ -41,8 +41,8 @@ const hpd_opt_t hpd_options[] = {
     /* ---- the coordinator */
     TXT("port-file", "F", NULL, "write the bound port to F once listening", C, NULL),
     TXT("client-keys-file", "F", NULL, "client API keys, one per line: KEY [TENANT]; read\n"
-        "again on SIGHUP (a removed key's connections close);\nwithout it the node secret "
-        "serves clients too", C, NULL),
+        "again on SIGHUP (a removed key's connections close);\nneeded with --token-file: the "
+        "node secret is never a client key", C, NULL),
     INT("heartbeat-ms", U32, 10, 60000, 1, "500", "node heartbeat period", C, "heartbeat_ms"),
     INT("lease-ms", U32, 30, 600000, 1, "10000", "a node silent this long is lost; more than\n"
         "the longest engine step", C, "lease_ms"),

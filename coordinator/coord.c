@@ -1799,12 +1799,16 @@ uint32_t hpd_coord_open_requests(const hpd_coord_t *c)
     return c->n_reqs;
 }
 
-void hpd_coord_end_drain(hpd_coord_t *c)
+void hpd_coord_end_drain(hpd_coord_t *c, bool stop_nodes)
 {
     c->draining = true;
     while (c->reqs != NULL) /* the deadline passed */
         req_event(c, c->reqs, HPD_REQ_EV_SHUTDOWN, "coordinator shutting down (drain deadline "
                   "passed)");
+    if (!stop_nodes) {
+        HPD_LOG_INFO(LOG_COMPONENT, "drained for a restart: the nodes stay up");
+        return;
+    }
     for (node_t *n = c->nodes; n != NULL; n = n->next)
         if (n->alive && n->reg_conn != NULL)
             hpd_rpc_notify(n->reg_conn, "shutdown", NULL);

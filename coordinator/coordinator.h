@@ -138,10 +138,11 @@ bool hpd_coord_health(hpd_coord_t *coord, char *msg, size_t len);
 /* The drain: new requests are refused ("draining"); open ones go on. */
 void hpd_coord_drain(hpd_coord_t *coord);
 uint32_t hpd_coord_open_requests(const hpd_coord_t *coord);
-/* The end of the drain: requests still open fail (the deadline passed),
- * every node is told to shut down. The notices leave with the next turns
- * of the loop. */
-void hpd_coord_end_drain(hpd_coord_t *coord);
+/* The end of the drain: requests still open fail (the deadline passed);
+ * with stop_nodes every node is told to shut down (the notices leave with
+ * the next turns of the loop), else the nodes stay up and register again
+ * with the next coordinator (a restart). */
+void hpd_coord_end_drain(hpd_coord_t *coord, bool stop_nodes);
 /* SIGHUP: the credentials are read again; connections of revoked
  * credentials close. A file that does not load keeps the old ones. */
 void hpd_coord_reload(hpd_coord_t *coord);

@@ -161,8 +161,8 @@ uint32_t hpd_credentials_check(const hpd_credentials_t *c, const char *token, si
     uint32_t roles = 0;
     /* every credential is compared, whichever matches */
     if (same(c->secret, c->secret_len, token, len)) {
-        roles = c->keys_file ? HPD_ROLE_NODE : HPD_ROLE_NODE | HPD_ROLE_CLIENT;
-        snprintf(who, who_len, "%s", c->keys_file ? "node" : "cluster token");
+        roles = HPD_ROLE_NODE; /* never a client: whoever holds it could read every prompt */
+        snprintf(who, who_len, "node");
         *id_p = c->secret_id;
     }
     for (size_t i = 0; i < c->n_keys; i++)
@@ -180,7 +180,7 @@ uint32_t hpd_credentials_check(const hpd_credentials_t *c, const char *token, si
 bool hpd_credentials_grants(const hpd_credentials_t *c, uint64_t id, uint32_t role)
 {
     if (id == c->secret_id)
-        return (role & (c->keys_file ? HPD_ROLE_NODE : HPD_ROLE_NODE | HPD_ROLE_CLIENT)) != 0;
+        return (role & HPD_ROLE_NODE) != 0;
     for (size_t i = 0; i < c->n_keys; i++)
         if (c->keys[i].id == id)
             return (role & HPD_ROLE_CLIENT) != 0;

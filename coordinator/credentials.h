@@ -1,9 +1,9 @@
 /* Who may talk to the coordinator, and as what (docs/cluster.md,
  * "Credentials"): the node secret (the token file) makes a connection a
- * node; each client API key (the client keys file, one per line with an
- * optional tenant name) makes it a client. Without a keys file the node
- * secret serves clients too (one shared token, as before keys files
- * existed). */
+ * node, and only a node; each client API key (the client keys file, one
+ * per line with an optional tenant name) makes it a client. The node
+ * secret is never a client key: whoever holds a client key can neither
+ * register as a node nor see another tenant's prompts. */
 #ifndef HPD_COORDINATOR_CREDENTIALS_H
 #define HPD_COORDINATOR_CREDENTIALS_H
 

@@ -62,6 +62,12 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     hpd_log_set_level(level);
     o->c.no_generation_defaults = !gen_defaults;
     o->c.model_dir = o->model;
+    if (o->c.token_file != NULL && o->c.client_keys_file == NULL) {
+        fprintf(stderr, "hpd-coordinator: --token-file needs --client-keys-file: the node secret "
+                "is not a client key, so no client could connect (hpdctl up writes a keys file "
+                "beside the token; docs/cluster.md, \"Credentials\")\n");
+        return -1;
+    }
     if (o->c.client_keys_file != NULL && o->c.token_file == NULL) {
         fprintf(stderr, "hpd-coordinator: --client-keys-file needs --token-file (the node "
                 "secret)\n");
@@ -83,6 +89,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
 typedef struct {
     hpd_coord_t *coord;
     hpd_openai_t *api;
+    hpd_service_t *svc;
     struct event_base *base;
 } app_t;
 
@@ -116,7 +123,7 @@ static void drained(void *arg, uint32_t left)
 {
     app_t *a = arg;
     static const struct timeval flush = {0, NOTICE_FLUSH_MS * 1000};
-    hpd_coord_end_drain(a->coord);
+    hpd_coord_end_drain(a->coord, !hpd_service_restarting(a->svc)); /* SIGUSR1: a restart */
     event_base_loopexit(a->base, &flush);
 }
 
@@ -196,6 +203,7 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    a.svc = svc;
     if (o.metrics_port >= 0)
         HPD_LOG_INFO(LOG_COMPONENT, "listening on %s:%u, metrics and health on http port %u",
                      o.c.host, hpd_coord_port(a.coord), hpd_service_http_port(svc));

@@ -239,22 +239,25 @@ static void forget(const hpd_manifest_t *m, const hpd_manifest_proc_t *p)
 
 /* ------------------------------------------------------------ up */
 
-static bool ensure_token(const hpd_manifest_t *m)
+/* Writes a new random secret (64 hex digits, then suffix) to path when it
+ * does not exist yet (mode 0600, its directory created). */
+static bool ensure_secret(const char *path, const char *field, const char *suffix,
+                          const char *what)
 {
     char dir[PATH_MAX], tok[65];
     unsigned char raw[32];
     struct stat st;
-    if (stat(m->token_file, &st) == 0)
+    if (stat(path, &st) == 0)
         return true;
-    snprintf(dir, sizeof(dir), "%s", m->token_file);
+    snprintf(dir, sizeof(dir), "%s", path);
     if (mkdirs(dirname(dir), 0700) != 0) {
-        fprintf(stderr, "hpdctl: token_file: cannot create the directory of %s: %s\n",
-                m->token_file, strerror(errno));
+        fprintf(stderr, "hpdctl: %s: cannot create the directory of %s: %s\n", field, path,
+                strerror(errno));
         return false;
     }
     int fd = open("/dev/urandom", O_RDONLY);
     if (fd < 0 || read(fd, raw, sizeof(raw)) != (ssize_t)sizeof(raw)) {
-        fprintf(stderr, "hpdctl: cannot read /dev/urandom for a token\n");
+        fprintf(stderr, "hpdctl: cannot read /dev/urandom for %s\n", what);
         if (fd >= 0)
             close(fd);
         return false;
@@ -262,18 +265,26 @@ static bool ensure_token(const hpd_manifest_t *m)
     close(fd);
     for (int i = 0; i < 32; i++)
         snprintf(tok + 2 * i, 3, "%02x", raw[i]);
-    if ((fd = open(m->token_file, O_WRONLY | O_CREAT | O_EXCL, 0600)) < 0 ||
-        write(fd, tok, 64) != 64 || write(fd, "\n", 1) != 1) {
-        fprintf(stderr, "hpdctl: token_file: cannot write %s: %s\n", m->token_file,
-                strerror(errno));
+    const size_t slen = strlen(suffix);
+    if ((fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600)) < 0 || write(fd, tok, 64) != 64 ||
+        write(fd, suffix, slen) != (ssize_t)slen) {
+        fprintf(stderr, "hpdctl: %s: cannot write %s: %s\n", field, path, strerror(errno));
         if (fd >= 0)
             close(fd);
         return false;
     }
     close(fd);
-    printf("hpdctl: created the token file %s (a new shared secret, mode 0600)\n",
-           m->token_file);
+    printf("hpdctl: created %s %s (mode 0600)\n", what, path);
     return true;
+}
+
+/* The node secret and the clients' keys: apart, so that no client can
+ * register as a node or read other tenants' prompts. */
+static bool ensure_credentials(const hpd_manifest_t *m)
+{
+    return ensure_secret(m->token_file, "token_file", "\n", "the node secret") &&
+           ensure_secret(m->client_keys_file, "client_keys_file", " default\n",
+                         "a client key (tenant 'default') in");
 }
 
 static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin)
@@ -311,15 +322,17 @@ static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const 
 }
 
 static void stop_pids(const pid_t *pids, uint32_t n, double grace_s);
+static void signal_pid(pid_t pid, int sig);
 
 typedef struct {
     const hpd_manifest_proc_t *p;
     pid_t pid;
     bool healthy, exited;
+    bool kept; /* it was running already: waited for, never stopped by up */
     char last[160];
 } up_t;
 
-/* Waits until every started process answers /healthz with 200. */
+/* Waits until every process of u answers /healthz with 200. */
 static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
 {
     const double deadline = t0 + O.timeout_s;
@@ -332,12 +345,17 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
             int status, code;
             if (u[i].healthy)
                 continue;
-            if (waitpid(u[i].pid, &status, WNOHANG) == u[i].pid) {
+            if ((!u[i].kept && waitpid(u[i].pid, &status, WNOHANG) == u[i].pid) ||
+                (u[i].kept && !alive(u[i].pid))) {
                 state_path(m, u[i].p, "log", log, sizeof(log));
-                fprintf(stderr, "hpdctl: %s (%s) failed: %s %d; the end of %s:\n",
-                        u[i].p->name, hpd_proc_role_name(u[i].p->role),
-                        WIFEXITED(status) ? "exited with status" : "killed by signal",
-                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log);
+                if (u[i].kept)
+                    fprintf(stderr, "hpdctl: %s (%s) exited; the end of %s:\n", u[i].p->name,
+                            hpd_proc_role_name(u[i].p->role), log);
+                else
+                    fprintf(stderr, "hpdctl: %s (%s) failed: %s %d; the end of %s:\n",
+                            u[i].p->name, hpd_proc_role_name(u[i].p->role),
+                            WIFEXITED(status) ? "exited with status" : "killed by signal",
+                            WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log);
                 tail_file(log, 15, stderr);
                 u[i].exited = true;
                 return -1;
@@ -373,24 +391,23 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
     return 0;
 }
 
-static int cmd_up(const hpd_manifest_t *m)
+/* What up needs before it starts anything: the model (for nodes), the
+ * binaries, the state directory and the credentials. */
+static int up_prepare(const hpd_manifest_t *m, char bins[3][PATH_MAX])
 {
-    up_t u[256];
-    uint32_t n = 0;
-    char bins[3][PATH_MAX], dir[PATH_MAX];
-    const double t0 = hpd_time_now();
+    char dir[PATH_MAX];
     struct stat st;
-
+    uint32_t nodes = 0;
     snprintf(dir, sizeof(dir), "%s/config.json", m->model);
     for (uint32_t i = 0; i < m->n_procs; i++)
-        n += is_local(m->procs[i].host) && m->procs[i].role != HPD_PROC_COORDINATOR;
-    if (n > 0 && stat(dir, &st) != 0) {
+        nodes += is_local(m->procs[i].host) && m->procs[i].role != HPD_PROC_COORDINATOR;
+    if (nodes > 0 && stat(dir, &st) != 0) {
         fprintf(stderr, "hpdctl: model: %s has no config.json (expected a model directory; "
                 "build/tools/hpd-mkmodel --out DIR writes a small one)\n", m->model);
         return 2;
     }
     for (int r = 0; r < 3; r++)
-        if (!find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]))) {
+        if (!find_bin((hpd_proc_role_t)r, bins[r], PATH_MAX)) {
             fprintf(stderr, "hpdctl: cannot find %s (expected beside hpdctl, in its build tree "
                     "or on PATH; or give --bin-dir)\n", bins[r]);
             return 2;
@@ -400,61 +417,129 @@ static int cmd_up(const hpd_manifest_t *m)
         fprintf(stderr, "hpdctl: state_dir: cannot create %s: %s\n", sd, strerror(errno));
         return 2;
     }
-    if (!ensure_token(m))
-        return 2;
-    n = 0;
+    return ensure_credentials(m) ? 0 : 2;
+}
+
+/* Starts the local processes that do not run (all of them on a fresh host;
+ * on a partly running cluster the missing ones: a crashed coordinator, a
+ * dead node), leaves the running ones alone, and waits until every local
+ * process is healthy. On a failure it stops only what it started. */
+static int cmd_up(const hpd_manifest_t *m)
+{
+    char bins[3][PATH_MAX];
+    const double t0 = hpd_time_now();
+    int rc = up_prepare(m, bins);
+    if (rc != 0)
+        return rc;
+    up_t *u = calloc(m->n_procs, sizeof(*u));
+    pid_t *pids = calloc(m->n_procs, sizeof(*pids));
+    uint32_t n = 0, kept = 0, started = 0;
+    if (u == NULL || pids == NULL) {
+        fprintf(stderr, "hpdctl: out of memory for %u processes\n", m->n_procs);
+        rc = 2;
+        goto out;
+    }
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
-        pid_t pid;
         if (!is_local(p->host))
             continue;
-        if ((pid = running_pid(m, p, NULL)) > 0) {
-            /* nothing was started yet, and what runs is left alone */
-            fprintf(stderr, "hpdctl: %s is already running (pid %d); run hpdctl down first\n",
-                    p->name, (int)pid);
-            return 1;
-        }
-        u[n++] = (up_t){p, 0, false, false, ""};
+        const pid_t pid = running_pid(m, p, NULL);
+        u[n++] = (up_t){.p = p, .pid = pid > 0 ? pid : 0, .kept = pid > 0};
+        kept += pid > 0;
     }
     if (n == 0) {
         fprintf(stderr, "hpdctl: no process of %s runs on this host (hosts are matched against "
                 "this machine's addresses and name; --host picks one)\n", m->path);
-        return 2;
+        rc = 2;
+        goto out;
     }
-    printf("hpdctl: starting %u processes of cluster '%s' (logs in %s)\n", n, m->cluster, sd);
-    /* the coordinator first, so that nodes register at once */
+    const char *sd = O.state_dir ? O.state_dir : m->state_dir;
+    if (kept == n)
+        printf("hpdctl: all %u local processes of cluster '%s' run already\n", n, m->cluster);
+    else
+        printf("hpdctl: starting %u processes of cluster '%s' (logs in %s)%s\n", n - kept,
+               m->cluster, sd, kept ? "; the running ones are left alone" : "");
+    /* the coordinator first (m->procs[0]), so that nodes register at once */
     for (uint32_t i = 0; i < n; i++) {
+        if (u[i].kept) {
+            printf("  [%5.1fs] %-16s running  (pid %d, left alone)\n", hpd_time_now() - t0,
+                   u[i].p->name, (int)u[i].pid);
+            continue;
+        }
         u[i].pid = spawn(m, u[i].p, bins[u[i].p->role]);
         if (u[i].pid < 0) {
             fprintf(stderr, "hpdctl: cannot start %s: %s\n", u[i].p->name, strerror(errno));
-            n = i;
+            u[i].pid = 0;
             goto fail;
         }
+        started++;
         printf("  [%5.1fs] %-16s started  (%s, pid %d, %s:%u, metrics %u)\n", hpd_time_now() - t0,
                u[i].p->name, hpd_proc_role_name(u[i].p->role), (int)u[i].pid, u[i].p->host,
                u[i].p->port, u[i].p->metrics_port);
-        if (u[i].p->role == HPD_PROC_COORDINATOR && wait_healthy(m, &u[i], 1, t0) != 0) {
-            n = i + 1;
+        if (u[i].p->role == HPD_PROC_COORDINATOR && wait_healthy(m, &u[i], 1, t0) != 0)
             goto fail;
-        }
     }
     if (wait_healthy(m, u, n, t0) != 0)
         goto fail;
     const hpd_manifest_proc_t *co = &m->procs[0];
     printf("hpdctl: cluster '%s' is up in %.1f s: coordinator %s:%u, %u local processes "
-           "healthy\n", m->cluster, hpd_time_now() - t0, co->host, co->port, n);
-    return 0;
+           "healthy (%u started, %u were running)\n", m->cluster, hpd_time_now() - t0, co->host,
+           co->port, n, started, kept);
+    rc = 0;
+    goto out;
 fail:
-    fprintf(stderr, "hpdctl: stopping the processes started\n");
-    pid_t pids[256];
+    fprintf(stderr, "hpdctl: stopping the processes started%s\n",
+            kept ? " (the ones that were running stay)" : "");
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (u[i].pid > 0 && !u[i].exited)
+        if (!u[i].kept && u[i].pid > 0 && !u[i].exited)
             pids[k++] = u[i].pid;
     stop_pids(pids, k, 10);
     for (uint32_t i = 0; i < n; i++)
-        forget(m, u[i].p);
-    return 1;
+        if (!u[i].kept && u[i].pid > 0)
+            forget(m, u[i].p);
+    rc = 1;
+out:
+    free(u);
+    free(pids);
+    return rc;
+}
+
+/* Stops one local process (a coordinator drains for a restart: its open
+ * requests finish and its nodes stay up, to register again with the new
+ * one; a node drains its jobs), then up starts it again. */
+static int cmd_restart(const hpd_manifest_t *m, const char *name)
+{
+    const hpd_manifest_proc_t *p = NULL;
+    for (uint32_t i = 0; i < m->n_procs && p == NULL; i++)
+        if (strcmp(m->procs[i].name, name) == 0)
+            p = &m->procs[i];
+    if (p == NULL) {
+        fprintf(stderr, "hpdctl: restart: no process named '%s' in %s\n", name, m->path);
+        return 2;
+    }
+    if (!is_local(p->host)) {
+        fprintf(stderr, "hpdctl: restart: %s runs on %s, not on this host\n", name, p->host);
+        return 2;
+    }
+    const pid_t pid = running_pid(m, p, NULL);
+    if (pid > 0) {
+        const double t0 = hpd_time_now();
+        const double grace = p->drain_timeout_ms / 1000.0 + 10;
+        printf("hpdctl: restarting %s (pid %d): draining it first\n", name, (int)pid);
+        signal_pid(pid, p->role == HPD_PROC_COORDINATOR ? SIGUSR1 : SIGTERM);
+        while (alive(pid) && hpd_time_now() - t0 < grace)
+            usleep(50 * 1000);
+        if (alive(pid)) {
+            fprintf(stderr, "hpdctl: %s did not stop in %.0f s; killing it\n", name, grace);
+            signal_pid(pid, SIGKILL);
+            while (alive(pid))
+                usleep(10 * 1000);
+        }
+        printf("  [%5.1fs] %-16s stopped\n", hpd_time_now() - t0, name);
+        forget(m, p);
+    }
+    return cmd_up(m);
 }
 
 /* ------------------------------------------------------------ down */
@@ -510,11 +595,18 @@ static void stop_pids(const pid_t *pids, uint32_t n, double grace_s)
 
 static int cmd_down(const hpd_manifest_t *m)
 {
-    pid_t pids[256];
-    const hpd_manifest_proc_t *procs[256];
+    pid_t *pids = calloc(m->n_procs, sizeof(*pids));
+    const hpd_manifest_proc_t **procs = calloc(m->n_procs, sizeof(*procs));
     uint32_t n = 0, drain_s = 30, n_gone = 0;
     const double t0 = hpd_time_now();
     pid_t coord = 0;
+    int rc = 0;
+
+    if (pids == NULL || procs == NULL) {
+        fprintf(stderr, "hpdctl: out of memory for %u processes\n", m->n_procs);
+        rc = 2;
+        goto out;
+    }
 
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
@@ -543,7 +635,8 @@ static int cmd_down(const hpd_manifest_t *m)
     const double deadline = t0 + (O.timeout_s ? O.timeout_s : drain_s + 10);
     if (n == 0) {
         printf("hpdctl: nothing of cluster '%s' runs on this host\n", m->cluster);
-        return n_gone > 0 ? 1 : 0;
+        rc = n_gone > 0 ? 1 : 0;
+        goto out;
     }
     /* The coordinator drains (refuses new requests, lets open ones finish)
      * and then tells the nodes to stop; without a local coordinator the
@@ -587,7 +680,6 @@ static int cmd_down(const hpd_manifest_t *m)
         if (any)
             usleep(50 * 1000);
     }
-    int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pids[i] != 0 && alive(pids[i])) {
             fprintf(stderr, "hpdctl: %s (pid %d) did not stop in time; killing it\n",
@@ -601,7 +693,11 @@ static int cmd_down(const hpd_manifest_t *m)
     if (n_gone > 0)
         fprintf(stderr, "hpdctl: %u process%s had exited before the down (named above)\n",
                 n_gone, n_gone == 1 ? "" : "es");
-    return n_gone > 0 ? 1 : rc;
+    rc = n_gone > 0 ? 1 : rc;
+out:
+    free(pids);
+    free(procs);
+    return rc;
 }
 
 /* ------------------------------------------------------------ status, logs */
@@ -742,8 +838,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: hpdctl COMMAND MANIFEST [options]\n"
-            "  up MANIFEST             start this host's processes; returns once all are\n"
-            "                          registered and healthy, or stops them and says why\n"
+            "  up MANIFEST             start this host's processes that do not run (a\n"
+            "                          crashed coordinator, a dead node; the running ones\n"
+            "                          are left alone); returns once all are registered and\n"
+            "                          healthy, or stops what it started and says why\n"
+            "  restart MANIFEST NAME   drain and stop one process, then up (a coordinator's\n"
+            "                          nodes stay up and register again)\n"
             "  status MANIFEST         each process: pid, /healthz, jobs in flight\n"
             "  down MANIFEST           graceful stop: in-flight requests finish first\n"
             "  logs MANIFEST NODE      a process's log (-n N last lines, -f follow)\n"
@@ -756,6 +856,66 @@ static void usage(FILE *f)
             "  --bin-dir DIR     where hpd-coordinator, hpd-prefill and hpd-decode are\n"
             "  --timeout-s N     up: wait for health (120); down: wait for the drain\n");
 }
+
+static int run_up(const hpd_manifest_t *m, const char *arg)
+{
+    return cmd_up(m);
+}
+
+static int run_restart(const hpd_manifest_t *m, const char *name)
+{
+    return cmd_restart(m, name);
+}
+
+static int run_down(const hpd_manifest_t *m, const char *arg)
+{
+    return cmd_down(m);
+}
+
+static int run_status(const hpd_manifest_t *m, const char *arg)
+{
+    return cmd_status(m);
+}
+
+static int run_render(const hpd_manifest_t *m, const char *arg)
+{
+    char bins[3][PATH_MAX], err[8192];
+    if (O.systemd == O.k8s) {
+        fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
+        return 2;
+    }
+    if (O.systemd && O.out == NULL) {
+        fprintf(stderr, "hpdctl render: --systemd needs --out DIR (one unit file per "
+                "process)\n");
+        return 2;
+    }
+    for (int r = 0; r < 3; r++)
+        find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]));
+    hpd_render_params_t rp = {.manifest = m, .bins = {bins[0], bins[1], bins[2]}, .out = O.out};
+    const int rc = O.systemd ? hpd_render_systemd(&rp, err, sizeof(err))
+                             : hpd_render_k8s(&rp, err, sizeof(err));
+    if (rc != 0)
+        fprintf(stderr, "hpdctl render: %s\n", err);
+    return rc;
+}
+
+/* The commands: each takes the manifest and, where takes_name, a
+ * process's name (else the manifest's path). */
+typedef struct {
+    const char *name;
+    bool takes_name, up; /* up: --timeout-s defaults to 120 */
+    int (*fn)(const hpd_manifest_t *m, const char *arg);
+} command_t;
+
+static const command_t commands[] = {
+    {.name = "up", .up = true, .fn = run_up},
+    {.name = "restart", .takes_name = true, .up = true, .fn = run_restart},
+    {.name = "down", .fn = run_down},
+    {.name = "status", .fn = run_status},
+    {.name = "logs", .takes_name = true, .fn = cmd_logs},
+    {.name = "render", .fn = run_render},
+    {.name = "check", .fn = cmd_check},
+};
 
 int main(int argc, char **argv)
 {
@@ -801,18 +961,20 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    const char *cmd = argv[optind], *path = argv[optind + 1];
-    static const char *cmds[] = {"up", "down", "status", "logs", "render", "check", NULL};
-    bool known = false;
-    for (int i = 0; cmds[i]; i++)
-        known |= strcmp(cmds[i], cmd) == 0;
-    if (!known) {
-        fprintf(stderr, "hpdctl: unknown command '%s' (expected up, down, status, logs, render "
-                "or check)\n", cmd);
+    const char *name = argv[optind], *path = argv[optind + 1];
+    const command_t *cmd = NULL;
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(commands) && cmd == NULL; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            cmd = &commands[i];
+    if (cmd == NULL) {
+        fprintf(stderr, "hpdctl: unknown command '%s' (expected up, restart, down, status, logs, "
+                "render or check)\n", name);
         return 2;
     }
-    if (strcmp(cmd, "logs") == 0 ? argc - optind != 3 : argc - optind != 2) {
-        fprintf(stderr, "hpdctl %s: unexpected arguments\n", cmd);
+    if (argc - optind != 2 + (cmd->takes_name ? 1 : 0)) {
+        fprintf(stderr, "hpdctl %s: %s\n", name,
+                cmd->takes_name && argc - optind == 2 ? "which process? (a name of the manifest)"
+                                                     : "unexpected arguments");
         usage(stderr);
         return 2;
     }
@@ -820,35 +982,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s", err);
         return 2;
     }
-    if (strcmp(cmd, "up") == 0) {
-        if (O.timeout_s == 0)
-            O.timeout_s = 120;
-        rc = cmd_up(m);
-    } else if (strcmp(cmd, "down") == 0) {
-        rc = cmd_down(m);
-    } else if (strcmp(cmd, "status") == 0) {
-        rc = cmd_status(m);
-    } else if (strcmp(cmd, "logs") == 0) {
-        rc = cmd_logs(m, argv[optind + 2]);
-    } else if (strcmp(cmd, "check") == 0) {
-        rc = cmd_check(m, path);
-    } else if (O.systemd == O.k8s) {
-        fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
-        rc = 2;
-    } else if (O.systemd && O.out == NULL) {
-        fprintf(stderr, "hpdctl render: --systemd needs --out DIR (one unit file per "
-                "process)\n");
-        rc = 2;
-    } else {
-        char bins[3][PATH_MAX];
-        for (int r = 0; r < 3; r++)
-            find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]));
-        hpd_render_params_t rp = {.manifest = m, .bins = {bins[0], bins[1], bins[2]}, .out = O.out};
-        rc = O.systemd ? hpd_render_systemd(&rp, err, sizeof(err))
-                       : hpd_render_k8s(&rp, err, sizeof(err));
-        if (rc != 0)
-            fprintf(stderr, "hpdctl render: %s\n", err);
-    }
+    if (cmd->up && O.timeout_s == 0)
+        O.timeout_s = 120;
+    rc = cmd->fn(m, cmd->takes_name ? argv[optind + 2] : path);
     hpd_manifest_destroy(m);
     return rc;
 }

@@ -490,8 +490,20 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
              m->cluster);
     path_field(c, root, "model", true, m->model, sizeof(m->model));
     path_field(c, root, "token_file", true, m->token_file, sizeof(m->token_file));
-    path_field(c, root, "client_keys_file", false, m->client_keys_file,
-               sizeof(m->client_keys_file));
+    /* the node secret is never a client key: clients always have a keys
+     * file, beside the token unless the manifest names one (hpdctl up
+     * writes either when it is missing) */
+    if (!path_field(c, root, "client_keys_file", false, m->client_keys_file,
+                    sizeof(m->client_keys_file)) &&
+        m->token_file[0] != '\0') {
+        const char *slash = strrchr(m->token_file, '/');
+        const int dir = slash != NULL ? (int)(slash - m->token_file) : 1;
+        if ((size_t)snprintf(m->client_keys_file, sizeof(m->client_keys_file), "%.*s/client-keys",
+                             dir, slash != NULL ? m->token_file : ".") >=
+            sizeof(m->client_keys_file))
+            fail(c, root, "token_file", "its directory is too long for the client keys file "
+                 "beside it");
+    }
     if (!path_field(c, root, "state_dir", false, m->state_dir, sizeof(m->state_dir)))
         snprintf(m->state_dir, sizeof(m->state_dir), "/tmp/hybridpd-%s", m->cluster);
     strcpy(m->log_level, "info");

@@ -61,7 +61,7 @@ typedef struct {
     /* paths are resolved against the manifest's directory */
     char model[HPD_MANIFEST_PATH_MAX];
     char token_file[HPD_MANIFEST_PATH_MAX];        /* the node secret */
-    char client_keys_file[HPD_MANIFEST_PATH_MAX];  /* "": the token serves clients too */
+    char client_keys_file[HPD_MANIFEST_PATH_MAX];  /* default: client-keys beside the token */
     char state_dir[HPD_MANIFEST_PATH_MAX]; /* default /tmp/hybridpd-<cluster> */
     char log_level[8];
     char k8s_image[256];     /* kubernetes.image (hybridpd:latest) */

@@ -23,7 +23,9 @@ echo "== hpdctl up $manifest"
 "$hpdctl" up "$manifest"
 
 run=$(mktemp -d /tmp/hpd-quickstart-XXXXXX)
-client=(./build/client/hpd-client --coordinator 127.0.0.1:17600 --token-file .hpd/local/token)
+# the client key hpdctl up wrote beside the node secret (the secret is no
+# client key: docs/cluster.md, "Credentials")
+client=(./build/client/hpd-client --coordinator 127.0.0.1:17600 --token-file .hpd/local/client-keys)
 # three prompts sharing a 200-token prefix, then a sampled one
 base=$(seq -s, 1 200)
 printf '%s,7,8,9\n%s,10,11\n%s,12\n' "$base" "$base" "$base" > "$run/prompts"
@@ -46,7 +48,7 @@ else
     echo "== the cluster's tokens differ from hpd-run's" >&2
     exit 1
 fi
-key=$(cat .hpd/local/token)
+key=$(head -n1 .hpd/local/client-keys | cut -d' ' -f1)
 echo "== curl the OpenAI-compatible API (docs/api.md): POST /v1/chat/completions"
 echo "   (a random model: random words, through the real path)"
 curl -sS http://127.0.0.1:17602/v1/chat/completions -H "Authorization: Bearer $key" \

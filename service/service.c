@@ -13,11 +13,11 @@
 
 struct hpd_service {
     hpd_service_params_t p;
-    struct event *sig_int, *sig_term, *sig_hup, *drain_ev;
+    struct event *sig_int, *sig_term, *sig_hup, *sig_usr1, *drain_ev;
     hpd_http_t *http;
     hpd_metric_t *uptime;
     double started, drain_deadline;
-    bool draining;
+    bool draining, restarting;
 };
 
 static void collect(void *arg)
@@ -76,7 +76,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
         event_base_loopbreak(s->p.base);
         return;
     }
-    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d", s->p.name, (int)sig);
+    s->restarting = sig == SIGUSR1;
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: signal %d%s", s->p.name, (int)sig,
+                 s->restarting ? " (a drain for a restart)" : "");
     hpd_service_drain(s);
 }
 
@@ -98,10 +100,12 @@ hpd_status_t hpd_service_create(const hpd_service_params_t *p, hpd_service_t **s
                                 "Seconds since the process started.", NULL);
     s->sig_int = evsignal_new(p->base, SIGINT, on_signal, s);
     s->sig_term = evsignal_new(p->base, SIGTERM, on_signal, s);
+    s->sig_usr1 = evsignal_new(p->base, SIGUSR1, on_signal, s);
     s->drain_ev = evtimer_new(p->base, on_drain_check, s);
     if (p->reload != NULL)
         s->sig_hup = evsignal_new(p->base, SIGHUP, on_hup, s);
-    if (s->uptime == NULL || s->sig_int == NULL || s->sig_term == NULL || s->drain_ev == NULL ||
+    if (s->uptime == NULL || s->sig_int == NULL || s->sig_term == NULL || s->sig_usr1 == NULL ||
+        s->drain_ev == NULL ||
         (p->reload != NULL && s->sig_hup == NULL)) {
         hpd_service_destroy(s);
         return HPD_ERR_NO_MEMORY;
@@ -124,6 +128,7 @@ hpd_status_t hpd_service_create(const hpd_service_params_t *p, hpd_service_t **s
     }
     evsignal_add(s->sig_int, NULL);
     evsignal_add(s->sig_term, NULL);
+    evsignal_add(s->sig_usr1, NULL);
     if (s->sig_hup != NULL)
         evsignal_add(s->sig_hup, NULL);
     *svc_p = s;
@@ -140,12 +145,17 @@ bool hpd_service_draining(const hpd_service_t *s)
     return s->draining;
 }
 
+bool hpd_service_restarting(const hpd_service_t *s)
+{
+    return s->restarting;
+}
+
 void hpd_service_destroy(hpd_service_t *s)
 {
     if (s == NULL)
         return;
     hpd_http_destroy(s->http);
-    struct event *evs[] = {s->sig_int, s->sig_term, s->sig_hup, s->drain_ev};
+    struct event *evs[] = {s->sig_int, s->sig_term, s->sig_hup, s->sig_usr1, s->drain_ev};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(evs); i++)
         if (evs[i] != NULL)
             event_free(evs[i]);

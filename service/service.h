@@ -5,9 +5,10 @@
  * The first SIGTERM or SIGINT drains: the role is told (drain), stops
  * taking work, and the shell polls in_flight until it reaches 0 or
  * drain_timeout_ms passes, then calls drained (the role ends the loop, after
- * what it still has to say). A second signal, or a role that cannot drain
- * (drain returns false), ends the loop at once. SIGHUP calls reload when
- * the role has one. The shell adds hpd_uptime_seconds to the role's
+ * what it still has to say). SIGUSR1 drains the same way for a restart
+ * (hpd_service_restarting: the coordinator then leaves its nodes up). A
+ * second signal, or a role that cannot drain (drain returns false), ends
+ * the loop at once. SIGHUP calls reload when the role has one. The shell adds hpd_uptime_seconds to the role's
  * metrics. */
 #ifndef HPD_SERVICE_SERVICE_H
 #define HPD_SERVICE_SERVICE_H
@@ -51,6 +52,8 @@ hpd_status_t hpd_service_create(const hpd_service_params_t *params, hpd_service_
 /* The HTTP endpoint's port, 0 without one. */
 uint16_t hpd_service_http_port(const hpd_service_t *svc);
 bool hpd_service_draining(const hpd_service_t *svc);
+/* The drain came from SIGUSR1: the process is to be started again. */
+bool hpd_service_restarting(const hpd_service_t *svc);
 /* Starts the drain as the first signal would (tests, the coordinator's
  * shutdown notice). */
 void hpd_service_drain(hpd_service_t *svc);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """By hand: the official openai client (pip install openai) against a running
 cluster with the HTTP API, e.g. deploy/examples/local.yaml after
-`hpdctl up` (port 17602, the model `tiny`, the key in .hpd/local/token):
+`hpdctl up` (port 17602, the model `tiny`, the key in .hpd/local/client-keys):
 models, chat and completions, streamed and not (streamed = unstreamed),
 usage, a stop string, and the 401 / 404 / 400 errors as the client raises
 them. Tooling only (docs/api.md).
@@ -11,7 +11,7 @@ them. Tooling only (docs/api.md).
 import sys
 from openai import OpenAI, APIStatusError
 base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:17602/v1"
-key = open(sys.argv[2] if len(sys.argv) > 2 else ".hpd/local/token").read().strip()
+key = open(sys.argv[2] if len(sys.argv) > 2 else ".hpd/local/client-keys").readline().split()[0]
 c = OpenAI(base_url=base, api_key=key)
 print("models:", [m.id for m in c.models.list().data])
 r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is the capital of France?"}],

@@ -37,6 +37,9 @@
 #include "tests/test_helpers.h"
 
 #define CL_MAX_PROCS 96
+/* the client key of every coordinator the harness starts (the node secret
+ * is never a client key) */
+#define CL_CLIENT_KEY "cluster-client-key-0123456789"
 #define CL_MAX_ARGS 64
 /* cl_expect_end: the test killed the process with -9 */
 #define CL_KILLED (-SIGKILL)
@@ -52,6 +55,7 @@ typedef struct {
 typedef struct {
     char root[256]; /* the temporary directory: model, token, logs */
     char model[300], token_file[300];
+    char keys_file[300]; /* the coordinator's client keys: CL_CLIENT_KEY */
     const char *device;  /* --device of every node (cpu) */
     const char *ucx_tls; /* --ucx-tls of every node (tcp) */
     cl_proc_t procs[CL_MAX_PROCS];
@@ -146,8 +150,11 @@ static inline int cl_init(cl_t *cl, const char *tag, const char *model_args)
     test_tmpdir(cl->root, sizeof(cl->root), tag);
     snprintf(cl->model, sizeof(cl->model), "%s/model", cl->root);
     snprintf(cl->token_file, sizeof(cl->token_file), "%s/token", cl->root);
+    snprintf(cl->keys_file, sizeof(cl->keys_file), "%s/harness-client-keys", cl->root);
     if (test_mkmodel(cl->model, model_args) != 0 ||
-        hpd_write_file(cl->token_file, "cluster-secret\n", 15) != HPD_OK) {
+        hpd_write_file(cl->token_file, "cluster-secret\n", 15) != HPD_OK ||
+        hpd_write_file(cl->keys_file, CL_CLIENT_KEY " tests\n", strlen(CL_CLIENT_KEY) + 7) !=
+            HPD_OK) {
         fprintf(stderr, "cannot make the model or the token in %s\n", cl->root);
         return -1;
     }
@@ -289,8 +296,8 @@ static inline cl_proc_t *cl_start_coordinator(cl_t *cl, const char *name,
     snprintf(port_file, sizeof(port_file), "%s/%s.port", cl->root, name);
     unlink(port_file);
     const char *base[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
-                          "--token-file", cl->token_file, "--log-level", "info",
-                          "--liveness-ms", "0"};
+                          "--token-file", cl->token_file, "--client-keys-file",
+                          cl->keys_file, "--log-level", "info", "--liveness-ms", "0"};
     cl_args(argv, base, sizeof(base) / sizeof(base[0]), extra);
     cl->coord = cl_spawn(cl, name, argv);
     cl_wait(cl, NULL, 30, cl_file_nonempty, port_file, "the coordinator's port file");
@@ -348,15 +355,12 @@ static inline void cl_on_done(void *arg, uint64_t h, hpd_generate_result_t *r)
 /* A client of the running coordinator with the cluster's token. */
 static inline hpd_client_t *cl_client(const cl_t *cl)
 {
-    char *token = NULL;
     hpd_client_t *c;
-    assert_int_equal(hpd_rpc_read_token(cl->token_file, &token), HPD_OK);
     hpd_client_params_t p = {.host = cl->host[0] != '\0' ? cl->host : "127.0.0.1",
                              .port = cl->port,
-                             .token = token,
+                             .token = CL_CLIENT_KEY,
                              .timeout_ms = 300000};
     assert_int_equal(hpd_client_create(&p, &c), HPD_OK);
-    free(token);
     return c;
 }
 
@@ -548,10 +552,20 @@ typedef struct {
 } cl_status_t;
 
 /* The coordinator's status (free with cl_status_free). */
+/* The coordinator's status as an operator sees it: with the node secret
+ * (a node's view holds the nodes' addresses; a client's does not). */
 static inline void cl_status(cl_t *cl, cl_status_t *s)
 {
-    if (cl->status_client == NULL)
-        cl->status_client = cl_client(cl);
+    if (cl->status_client == NULL) {
+        char *token = NULL;
+        assert_int_equal(hpd_rpc_read_token(cl->token_file, &token), HPD_OK);
+        const hpd_client_params_t p = {.host = cl->host[0] != '\0' ? cl->host : "127.0.0.1",
+                                       .port = cl->port,
+                                       .token = token,
+                                       .timeout_ms = 300000};
+        assert_int_equal(hpd_client_create(&p, &cl->status_client), HPD_OK);
+        free(token);
+    }
     memset(s, 0, sizeof(*s));
     assert_int_equal(hpd_client_status(cl->status_client, &s->r), HPD_OK);
     assert_false(s->r.is_error);

@@ -687,7 +687,7 @@ static void test_admission_and_cli(void **state)
              "--device %s > %s/run.out && "
              "timeout 300 %s --coordinator %s --token-file %s generate --prompts-file %s "
              "--max-tokens 8 --stream > %s/client.out && cmp %s/run.out %s/client.out",
-             HPD_RUN, cl.model, prompts_file, device, cl.root, HPD_CLIENT, cl.addr, cl.token_file,
+             HPD_RUN, cl.model, prompts_file, device, cl.root, HPD_CLIENT, cl.addr, cl.keys_file,
              prompts_file, cl.root, cl.root, cl.root);
     assert_int_equal(system(cmd), 0);
     cl.passed++;

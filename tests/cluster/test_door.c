@@ -308,7 +308,7 @@ static void test_revoked_key_ends_http_streams(void **state)
     const int revoked = open_stream(KEY2, 3000);
     const int kept = open_stream(KEY, 3000);
     cl_pause(decode); /* both held mid-stream */
-    const char *keys = KEY " acme\n";
+    const char *keys = KEY " acme\n" CL_CLIENT_KEY " tests\n";
     assert_int_equal(hpd_write_file(keys_file, keys, strlen(keys)), HPD_OK);
     assert_int_equal(kill(cl.coord->pid, SIGHUP), 0);
     cl_wait_log(&cl, cl.coord, "HTTP connections of revoked keys closed", 30);
@@ -345,7 +345,7 @@ static int setup(void **state)
     cl.cases = 3;
     snprintf(keys_file, sizeof(keys_file), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
-    const char *keys = KEY " acme\n" KEY2 " other\n";
+    const char *keys = KEY " acme\n" KEY2 " other\n" CL_CLIENT_KEY " tests\n";
     if (hpd_write_file(keys_file, keys, strlen(keys)) != HPD_OK)
         return -1;
     const char *args[] = {"--metrics-port", "0", "--client-keys-file", keys_file,

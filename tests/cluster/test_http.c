@@ -921,7 +921,8 @@ static int setup(void **state)
     cl.cases = 9;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
-    if (hpd_write_file(keys, KEY " acme\n", strlen(KEY " acme\n")) != HPD_OK)
+    static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
+    if (hpd_write_file(keys, lines, strlen(lines)) != HPD_OK)
         return -1;
     const char *args[] = {"--metrics-port", "0", "--client-keys-file", keys, "--http-port", "0",
                           "--http-port-file",

@@ -309,7 +309,8 @@ static void start_coordinator_in_c0(const char *const *extra)
     unlink(port_file);
     const char *base[] = {"/usr/sbin/ip", "netns", "exec", ns, HPD_COORDINATOR, "--host",
                           ips[C0], "--port", "0", "--port-file", port_file, "--token-file",
-                          cl.token_file, "--log-level", "info", "--liveness-ms", "0"};
+                          cl.token_file, "--client-keys-file", cl.keys_file, "--log-level",
+                          "info", "--liveness-ms", "0"};
     cl_args(argv, base, sizeof(base) / sizeof(base[0]), extra);
     cl.coord = cl_spawn(&cl, "c0", argv);
     cl_wait(&cl, NULL, 30, cl_file_nonempty, port_file, "the coordinator's port file");

@@ -51,7 +51,7 @@ static uint32_t check(const hpd_credentials_t *c, const char *token, char *who, 
     return roles;
 }
 
-/* Without a keys file the one token is node and client; with one, the
+/* Without a keys file the token is a node only (never a client); with one, the
  * secret is a node only and each key a client only, named by its tenant. */
 static void test_roles(void **state)
 {
@@ -60,14 +60,16 @@ static void test_roles(void **state)
     uint64_t id_secret, id_a, id_b;
 
     assert_int_equal(hpd_credentials_load(secret_file, NULL, &c, err, sizeof(err)), HPD_OK);
-    assert_int_equal(check(c, SECRET, who, &id_secret), HPD_ROLE_NODE | HPD_ROLE_CLIENT);
-    assert_string_equal(who, "cluster token");
+    /* without a keys file the secret is still a node only */
+    assert_int_equal(check(c, SECRET, who, &id_secret), HPD_ROLE_NODE);
+    assert_string_equal(who, "node");
     assert_int_equal(check(c, KEY_A, NULL, NULL), 0);
     assert_int_equal(check(c, SECRET "x", NULL, NULL), 0); /* longer */
     assert_int_equal(check(c, "node-secret", NULL, NULL), 0); /* a prefix */
     assert_int_equal(check(c, "", NULL, NULL), 0);
     assert_int_equal(hpd_credentials_n_keys(c), 0);
-    assert_true(hpd_credentials_grants(c, id_secret, HPD_ROLE_CLIENT));
+    assert_false(hpd_credentials_grants(c, id_secret, HPD_ROLE_CLIENT));
+    assert_true(hpd_credentials_grants(c, id_secret, HPD_ROLE_NODE));
     hpd_credentials_destroy(c);
 
     write_text(keys_file, "# keys\n" KEY_A " tenant-a\n\n  " KEY_B "  \n");

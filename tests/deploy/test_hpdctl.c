@@ -4,7 +4,9 @@
  * status, requests while /metrics is scraped (counters move and end equal
  * to what the client saw), logs with request ids, a graceful down with a
  * request in flight, a failing up that names the process and stops the
- * rest, and render output (systemd-analyze verify where available; the
+ * rest, up on a partly running cluster (starts only what is missing),
+ * restart of one process, a 1,000-node manifest, and render output
+ * (systemd-analyze verify where available; the
  * Kubernetes YAML parses and names every node). */
 #include "tests/cluster/harness.h"
 
@@ -21,7 +23,7 @@
 #define N_REQ 12
 
 static cl_t cl; /* its directory, and waits with deadlines (no process of its own) */
-static char manifest[300], token_file[300], state_dir[300];
+static char manifest[300], token_file[300], keys_file[300], state_dir[300];
 static pid_t fake_node; /* test_up_with_a_node_left's, while it runs */
 
 /* The ports of local.yaml (176xx) and the free ones that replace them. */
@@ -150,6 +152,7 @@ static int setup(void **state)
     snprintf(dir, sizeof(dir), "%s/model", cl.root);
     snprintf(manifest, sizeof(manifest), "%s/local.yaml", cl.root);
     snprintf(token_file, sizeof(token_file), "%s/secret/token", cl.root);
+    snprintf(keys_file, sizeof(keys_file), "%s/secret/client-keys", cl.root);
     snprintf(state_dir, sizeof(state_dir), "%s/state", cl.root);
     if (test_mkmodel(dir, MODEL_ARGS) != 0)
         return -1;
@@ -213,7 +216,10 @@ static void test_up_metrics_down(void **state)
     assert_non_null(strstr(out, "/v1, model 'model': ok")); /* the HTTP API */
     free(out);
 
-    assert_int_equal(hpd_rpc_read_token(token_file, &token), HPD_OK);
+    /* up wrote a client key beside the token (the node secret is none) */
+    assert_int_equal(hpd_rpc_read_token(keys_file, &token), HPD_OK);
+    token[strcspn(token, " ")] = '\0';
+    assert_string_equal(token + 64, "");
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = port_of(17600), .token = token,
                               .timeout_ms = 120000};
     hpd_client_t *c;
@@ -418,12 +424,13 @@ static bool is_fake_node(cl_t *c, void *arg)
     return strcmp(cmd, "hpd-prefill") == 0;
 }
 
-/* A node that runs while its coordinator does not: hpdctl up refuses and
- * leaves it alone; it never signals its own process group (it once called
- * kill(0, SIGTERM) for the coordinator it had not started, which ended
- * hpdctl and its caller). hpdctl down names the processes that had exited
- * on their own and fails. The "node" is sleep(1) with argv[0] hpd-prefill,
- * which is what hpdctl checks a pid file against. */
+/* A node that runs while its coordinator does not: hpdctl up leaves it
+ * alone and starts the others; it never signals its own process group (it
+ * once called kill(0, SIGTERM) for the coordinator it had not started,
+ * which ended hpdctl and its caller). Here the "node" is sleep(1) with
+ * argv[0] hpd-prefill (what hpdctl checks a pid file against), which never
+ * turns healthy: up fails and stops what it started, never it. hpdctl down
+ * names the processes that had exited on their own and fails. */
 static void test_up_with_a_node_left(void **state)
 {
     char pidfile[400], text[32], log[400], *out;
@@ -449,7 +456,7 @@ static void test_up_with_a_node_left(void **state)
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 1);
         dup2(fd, 2);
-        execl(HPDCTL, HPDCTL, "up", manifest, (char *)NULL);
+        execl(HPDCTL, HPDCTL, "up", manifest, "--timeout-s", "8", (char *)NULL);
         _exit(127);
     }
     int status;
@@ -464,15 +471,17 @@ static void test_up_with_a_node_left(void **state)
         fail_msg("hpdctl up died of signal %d", WTERMSIG(status));
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 1);
-    snprintf(text, sizeof(text), "(pid %d)", (int)node);
-    assert_non_null(strstr(out, "prefill-0 is already running"));
+    snprintf(text, sizeof(text), "(pid %d, left alone)", (int)node);
     assert_non_null(strstr(out, text));
+    assert_non_null(strstr(out, "coordinator      started"));
+    assert_non_null(strstr(out, "prefill-0 is not healthy after 8 s"));
+    assert_non_null(strstr(out, "(the ones that were running stay)"));
     free(out);
     assert_int_equal(kill(node, 0), 0); /* the node was left alone */
     assert_int_equal(waitpid(node, &status, WNOHANG), 0);
     int code;
     assert_int_not_equal(hpd_http_get("127.0.0.1", port_of(17601), "/healthz", 500, &code, NULL),
-                         HPD_OK); /* and nothing was started */
+                         HPD_OK); /* what up started it stopped */
 
     /* the node dies without hpdctl: down names it and fails */
     kill(node, SIGKILL);
@@ -486,6 +495,163 @@ static void test_up_with_a_node_left(void **state)
     assert_int_not_equal(access(pidfile, F_OK), 0); /* forgotten */
     assert_int_equal(hpdctl(&out, "down %s", manifest), 0); /* said once */
     assert_non_null(strstr(out, "nothing of cluster"));
+    free(out);
+    cl.passed++;
+}
+
+/* Whether the process has ended (gone, or a zombie nobody reaped yet). */
+static bool pid_gone(cl_t *c, void *arg)
+{
+    char path[64], st[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)*(const pid_t *)arg);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true;
+    const size_t n = fread(st, 1, sizeof(st) - 1, f);
+    fclose(f);
+    st[n] = '\0';
+    const char *paren = strrchr(st, ')');
+    return paren != NULL && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* The pid of a process of the test's cluster (its pid file), 0: none. */
+static pid_t pid_of(const char *name)
+{
+    char path[400], *text;
+    size_t len;
+    snprintf(path, sizeof(path), "%s/%s.pid", state_dir, name);
+    if (hpd_read_file(path, &text, &len) != HPD_OK)
+        return 0;
+    const pid_t pid = (pid_t)atoi(text);
+    free(text);
+    return pid;
+}
+
+/* A request through the cluster, with the key up wrote. */
+static void serves(void)
+{
+    char *key;
+    hpd_client_t *c;
+    hpd_generate_result_t r;
+    static const int32_t prompt[] = {5, 6, 7, 8};
+    assert_int_equal(hpd_rpc_read_token(keys_file, &key), HPD_OK);
+    key[strcspn(key, " ")] = '\0';
+    const hpd_client_params_t cp = {.host = "127.0.0.1", .port = port_of(17600), .token = key,
+                                    .timeout_ms = 120000};
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+    const hpd_generate_params_t gp = {.prompt = prompt, .n_prompt = 4, .max_tokens = 4,
+                                      .sampling = {.top_p = 1}};
+    if (hpd_client_generate(c, &gp, NULL, NULL, &r) != HPD_OK)
+        fail_msg("generate: %s", r.error);
+    assert_int_equal(r.n_tokens, 4);
+    hpd_generate_result_free(&r);
+    hpd_client_destroy(c);
+    free(key);
+}
+
+/* up on a partly running cluster starts what is missing and leaves the
+ * rest alone (on 02a8551 it refused: "p0 is already running; run hpdctl
+ * down first"); restart NAME brings one process back, a coordinator
+ * without stopping its nodes. */
+static void test_up_idempotent_and_restart(void **state)
+{
+    char *out;
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if the test before failed */
+    assert_int_equal(hpdctl(&out, "up %s", manifest), 0);
+    free(out);
+    const pid_t coord = pid_of("coordinator"), prefill = pid_of("prefill-0");
+    const pid_t decode = pid_of("decode-0");
+    assert_true(coord > 0 && prefill > 0 && decode > 0);
+    /* up again: nothing to do */
+    assert_int_equal(hpdctl(&out, "up %s", manifest), 0);
+    assert_non_null(strstr(out, "all 3 local processes of cluster 'local' run already"));
+    free(out);
+    assert_int_equal(pid_of("coordinator"), coord);
+
+    /* the coordinator dies: up brings it back alone */
+    assert_int_equal(kill(coord, SIGKILL), 0);
+    cl_wait(&cl, NULL, 30, pid_gone, (void *)&coord, "the coordinator to die");
+    assert_int_equal(hpdctl(&out, "up %s", manifest), 0);
+    assert_non_null(strstr(out, "1 started, 2 were running"));
+    assert_non_null(strstr(out, "prefill-0        running"));
+    free(out);
+    const pid_t coord2 = pid_of("coordinator");
+    assert_true(coord2 > 0 && coord2 != coord);
+    assert_int_equal(pid_of("prefill-0"), prefill);
+    assert_int_equal(pid_of("decode-0"), decode);
+    serves();
+
+    /* a node dies: the same */
+    assert_int_equal(kill(decode, SIGKILL), 0);
+    cl_wait(&cl, NULL, 30, pid_gone, (void *)&decode, "the decode node to die");
+    assert_int_equal(hpdctl(&out, "up %s", manifest), 0);
+    assert_non_null(strstr(out, "1 started, 2 were running"));
+    free(out);
+    const pid_t decode2 = pid_of("decode-0");
+    assert_true(decode2 > 0 && decode2 != decode);
+    assert_int_equal(pid_of("coordinator"), coord2);
+    serves();
+
+    /* restart the coordinator: drained for a restart, its nodes stay */
+    assert_int_equal(hpdctl(&out, "restart %s coordinator", manifest), 0);
+    assert_non_null(strstr(out, "restarting coordinator"));
+    assert_non_null(strstr(out, "1 started, 2 were running"));
+    free(out);
+    assert_true(pid_of("coordinator") != coord2);
+    assert_int_equal(pid_of("prefill-0"), prefill);
+    assert_int_equal(pid_of("decode-0"), decode2);
+    serves();
+    assert_int_equal(hpdctl(&out, "restart %s prefill-0", manifest), 0);
+    free(out);
+    assert_true(pid_of("prefill-0") != prefill);
+    serves();
+    assert_int_equal(hpdctl(&out, "restart %s nosuch", manifest), 2);
+    assert_non_null(strstr(out, "no process named 'nosuch'"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "down %s", manifest), 0);
+    free(out);
+    cl.passed++;
+}
+
+/* A manifest of 1,000 local nodes: parsed, checked, rendered, and up fails
+ * with a message (its programs here are stand-ins that exit), never a
+ * stack overflow (02a8551 kept local processes in arrays of 256). */
+static void test_thousand_nodes(void **state)
+{
+    enum { N = 1000 };
+    char big[400], bins[400], path[500], *out;
+    snprintf(big, sizeof(big), "%s/big.yaml", cl.root);
+    snprintf(bins, sizeof(bins), "%s/fake-bin", cl.root);
+    FILE *f = fopen(big, "w");
+    assert_non_null(f);
+    fprintf(f, "cluster: big\nmodel: %s/model\ntoken_file: %s\nstate_dir: %s/big-state\n"
+            "coordinator: {host: 127.0.0.1, port: 21000, metrics_port: 21001}\n"
+            "defaults: {host: 127.0.0.1, device: cpu, ucx: {tls: tcp, dev: lo}}\nnodes:\n",
+            cl.root, token_file, cl.root);
+    for (int i = 0; i < N; i++)
+        fprintf(f, "  - {name: n-%d, role: %s, port: %d, metrics_port: %d}\n", i,
+                i % 2 ? "decode" : "prefill", 22000 + 2 * i, 22001 + 2 * i);
+    fclose(f);
+    assert_int_equal(mkdir(bins, 0755), 0);
+    static const char *names[] = {"hpd-coordinator", "hpd-prefill", "hpd-decode"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", bins, names[i]);
+        assert_int_equal(hpd_write_file(path, "#!/bin/sh\necho stand-in; exit 3\n", 31), HPD_OK);
+        assert_int_equal(chmod(path, 0755), 0);
+    }
+    assert_int_equal(hpdctl(&out, "check %s", big), 0);
+    assert_non_null(strstr(out, "1001 processes"));
+    free(out);
+    snprintf(path, sizeof(path), "%s/units", cl.root);
+    assert_int_equal(hpdctl(&out, "render %s --systemd --out %s", big, path), 0);
+    free(out);
+    assert_int_equal(hpdctl(&out, "up %s --bin-dir %s --timeout-s 30", big, bins), 1);
+    assert_non_null(strstr(out, "coordinator (coordinator) failed: exited with status 3"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "status %s", big), 1);
+    free(out);
+    assert_int_equal(hpdctl(&out, "down %s", big), 0);
+    assert_non_null(strstr(out, "nothing of cluster 'big'"));
     free(out);
     cl.passed++;
 }
@@ -642,7 +808,9 @@ static void test_render(void **state)
     }
     assert_non_null(strstr(all, "nvidia.com/gpu"));
     assert_non_null(strstr(all, "qwen3-next-coordinator.inference.svc:7000"));
-    assert_null(strstr(all, "client-keys")); /* none in this manifest */
+    /* none named in this manifest: the default beside the token, in the
+     * Secret (the node secret is never a client key) */
+    assert_non_null(strstr(all, "client-keys"));
     hpd_manifest_destroy(m);
 
     /* client keys: in the Secret, and the coordinator reads them there (the
@@ -675,6 +843,8 @@ int main(void)
         cmocka_unit_test(test_up_metrics_down),
         cmocka_unit_test(test_up_failure),
         cmocka_unit_test(test_up_with_a_node_left),
+        cmocka_unit_test(test_up_idempotent_and_restart),
+        cmocka_unit_test(test_thousand_nodes),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_render),
     };
