@@ -19,6 +19,7 @@
 #include "transport/http_guard.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <ctype.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -35,6 +36,7 @@
 #define LOG_COMPONENT "http"
 #define LINGER_MS 1000 /* a rejected client's time to read its answer */
 #define ACCEPT_PAUSE_MS 100
+#define LISTEN_BACKLOG 4096 /* the kernel caps it at net.core.somaxconn */
 /* a connection's time to send its head before a newer one may evict it:
  * a burst of connects must not evict one that had no turn to be read */
 #define EVICT_GRACE_S 0.25
@@ -159,17 +161,37 @@ static void schedule_close(gconn_t *c)
     event_active(c->timer, EV_TIMEOUT, 1);
 }
 
+/* Whether a complete head waits in the socket, not read yet. */
+static bool head_waiting(const gconn_t *c)
+{
+    char peek[2048];
+    const evutil_socket_t fd = bufferevent_getfd(c->bev);
+    const ssize_t n = fd >= 0 ? recv(fd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT) : -1;
+    return n > 0 && (memmem(peek, (size_t)n, "\r\n\r\n", 4) != NULL ||
+                     memmem(peek, (size_t)n, "\n\n", 2) != NULL);
+}
+
 /* Closes the oldest connection that is still waiting for its head, if it
- * had EVICT_GRACE_S to send it (with force: any that had its first turn
- * and no complete head waiting then). */
+ * had EVICT_GRACE_S to send it (with force: any that had its first turn).
+ * One whose complete head waits in its socket (it comes with the next
+ * read) is kept. */
 static bool evict_oldest(hpd_http_guard_t *g, bool force)
 {
-    gconn_t *oldest = NULL;
+    gconn_t *c = g->conns;
     const double now = hpd_time_now();
-    for (gconn_t *c = g->conns; c != NULL; c = c->next)
-        if (c->unauthed && !c->closing && c->state == C_HEAD &&
-            (force ? c->started && !c->ready : now - c->opened >= EVICT_GRACE_S))
-            oldest = c;
+    while (c != NULL && c->next != NULL)
+        c = c->next;
+    for (; c != NULL; c = c->prev) { /* oldest first */
+        if (!c->unauthed || c->closing || c->state != C_HEAD || c->ready ||
+            !(force ? c->started : now - c->opened >= EVICT_GRACE_S))
+            continue;
+        if (c->started && head_waiting(c)) {
+            c->ready = true;
+            continue;
+        }
+        break;
+    }
+    gconn_t *oldest = c;
     if (oldest == NULL)
         return false;
     g->st.evicted++;
@@ -463,11 +485,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         /* a burst (one accept takes a whole backlog) may pass the limit,
          * so that a client in it is read at all: past BURST times it, the
          * oldest that has no complete head waiting goes */
-        char peek[2048];
-        const evutil_socket_t sfd = bufferevent_getfd(c->bev);
-        const ssize_t n = sfd >= 0 ? recv(sfd, peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT) : -1;
-        c->ready = n > 0 && (memmem(peek, (size_t)n, "\r\n\r\n", 4) != NULL ||
-                             memmem(peek, (size_t)n, "\n\n", 2) != NULL);
+        c->ready = head_waiting(c);
         while (g->n_unauthed > BURST * g->max_unauthed && evict_oldest(g, true))
             ;
         if (c->refuse) {
@@ -604,17 +622,33 @@ hpd_status_t hpd_http_guard_create(struct evhttp *http, const hpd_http_guard_par
 hpd_status_t hpd_http_guard_bind(hpd_http_guard_t *g, const char *host, uint16_t port,
                                  uint16_t *port_p)
 {
-    struct evhttp_bound_socket *sock = evhttp_bind_socket_with_handle(g->http, host, port);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    if (sock == NULL)
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+    socklen_t sl = sizeof(sin);
+    if (inet_pton(AF_INET, host != NULL ? host : "127.0.0.1", &sin.sin_addr) != 1) {
+        /* a name ("localhost"): its first IPv4 address */
+        struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+        if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+            return HPD_ERR_IO;
+        sin.sin_addr = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+        freeaddrinfo(ai);
+    }
+    /* a deep backlog (evhttp's own is 128): a burst of connects waits in
+     * the kernel for the guard to sort it, instead of being dropped and
+     * retried a second later, the operator's with it */
+    struct evconnlistener *l = evconnlistener_new_bind(
+        g->p.base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, LISTEN_BACKLOG,
+        (struct sockaddr *)&sin, sizeof(sin));
+    if (l == NULL)
         return HPD_ERR_IO;
-    g->listener = evhttp_bound_socket_get_listener(sock);
-    evconnlistener_set_error_cb(g->listener, on_accept_error);
-    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) != 0)
+    if (evhttp_bind_listener(g->http, l) == NULL) {
+        evconnlistener_free(l);
         return HPD_ERR_IO;
-    *port_p = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    }
+    g->listener = l;
+    evconnlistener_set_error_cb(l, on_accept_error);
+    if (getsockname(evconnlistener_get_fd(l), (struct sockaddr *)&sin, &sl) != 0)
+        return HPD_ERR_IO;
+    *port_p = ntohs(sin.sin_port);
     return HPD_OK;
 }
 

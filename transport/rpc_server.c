@@ -363,7 +363,8 @@ hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
         return HPD_ERR_INVALID_ARG;
     }
     s->listener = evconnlistener_new_bind(params->base, on_accept, s,
-                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 128,
+                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
+                                          4096 /* capped by net.core.somaxconn */,
                                           (struct sockaddr *)&sin, sizeof(sin));
     if (s->listener == NULL) {
         HPD_LOG_ERROR(LOG_COMPONENT, "cannot listen on %s:%u: %s",

@@ -217,9 +217,14 @@ static void test_idle_flood_and_slowloris(void **state)
         cl_sample(m, "hpd_http_connections_closed_total{reason=\"evicted\"}");
     const double rpc_evicted =
         cl_sample(m, "hpd_rpc_connections_closed_total{reason=\"evicted\"}");
+    const double waiting = cl_sample(m, "hpd_http_connections{state=\"unauthenticated\"}");
     free(m);
-    fprintf(stderr, "evicted unauthenticated: %.0f HTTP API, %.0f RPC\n", evicted, rpc_evicted);
-    assert_true(evicted >= IDLE / 2 && rpc_evicted >= 1);
+    fprintf(stderr, "evicted unauthenticated: %.0f HTTP API, %.0f RPC; %.0f HTTP connections "
+            "waiting for a head\n", evicted, rpc_evicted, waiting);
+    /* how many were accepted by now depends on this machine's speed; that
+     * the idle ones go, and that few wait at once, does not */
+    assert_true(evicted >= 100 && rpc_evicted >= 1);
+    assert_true(waiting >= 0 && waiting <= 4 * 64);
     for (int i = 0; i < n; i++)
         close(fds[i]);
     const uint64_t log = file_size(cl.coord->log);
@@ -351,6 +356,13 @@ static int setup(void **state)
     const char *args[] = {"--metrics-port", "0", "--client-keys-file", keys_file,
                           "--http-port", "0", "--http-port-file", http_file,
                           "--model", cl.model, "--lease-ms", "120000", NULL};
+    /* under AddressSanitizer, freed memory waits in a quarantine (256 MB by
+     * default): the peak RSS would count the buffers the guard read and
+     * dropped; a small one keeps what is measured the process's own */
+    char asan[512];
+    const char *was = getenv("ASAN_OPTIONS");
+    snprintf(asan, sizeof(asan), "%s%squarantine_size_mb=8", was ? was : "", was ? ":" : "");
+    setenv("ASAN_OPTIONS", asan, 1);
     /* the coordinator as a default Debian shell would start it */
     struct rlimit old, low;
     if (getrlimit(RLIMIT_NOFILE, &old) != 0)
