@@ -100,8 +100,9 @@ const hpd_opt_t hpd_options[] = {
         "an unstarted reservation expires", DC, "reserve_timeout_ms"),
     TXT("ucx-tls", "T", "tcp", "UCX transports", N, "ucx.tls"),
     TXT("ucx-dev", "D", "lo", "UCX network devices", N, "ucx.dev"),
-    INT("connect-timeout-ms", U32, 0, UINT32_MAX, 1, "10000",
-        "keep trying to reach the coordinator", N, NULL),
+    INT("connect-timeout-ms", U32, 0, UINT32_MAX, 1, "0",
+        "give up (exit 3) when the first registration has not\nsucceeded after this long; "
+        "0 = keep trying (with\nbackoff, saying why)", N, "connect_timeout_ms"),
     /* ---- hpd-run */
     TXT("prompt-ids", "1,2,3", NULL, "one prompt as token ids", RUN, NULL),
     TXT("prompts-file", "F", NULL, "prompts, one per line as token ids", RUN, NULL),

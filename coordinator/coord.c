@@ -52,6 +52,7 @@ typedef struct node {
     char name[64], host[64];
     char numerics[32]; /* its backend's arithmetic (register) */
     uint16_t port;
+    uint64_t incarnation; /* of its register call (node.h): a lower one later is stale */
     bool alive;
     bool draining; /* the node said it is finishing its work to stop: no new jobs */
     double lease_until;
@@ -127,6 +128,7 @@ struct hpd_coord {
     req_t *reqs;  /* in arrival order */
     uint32_t n_reqs;
     uint64_t next_node, next_req, next_job;
+    uint64_t stale_registrations; /* register calls refused as stale (older incarnation) */
     uint8_t fingerprint[16];
     bool have_fingerprint;
     hpd_block_hash_t root;
@@ -863,6 +865,31 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     }
     if (!hpd_msg_unpack(&hpd_msg_register, params, &m, &err))
         goto bad;
+    /* an attempt the node gave up on (queued behind a flood: it closed the
+     * connection and tries again on another) is not served: each would
+     * replace the one before, the last a dead one */
+    if (hpd_rpc_conn_peer_gone(conn)) {
+        c->stale_registrations++;
+        HPD_LOG_WARN(LOG_COMPONENT, "register: node %.32s gave up this attempt (its connection "
+                     "closed): not served", m.name);
+        snprintf(err.text, sizeof(err.text), "register: the attempt was given up");
+        goto bad;
+    }
+    /* an attempt the node made before the one registered (a late one) is
+     * refused, not served: it would replace the node's live registration */
+    for (const node_t *o = c->nodes; o != NULL; o = o->next) {
+        if (o->alive && strcmp(o->name, m.name) == 0 && strcmp(o->host, m.host) == 0 &&
+            o->port == m.port && m.incarnation != 0 && o->incarnation >= m.incarnation) {
+            c->stale_registrations++;
+            snprintf(err.text, sizeof(err.text),
+                     "register: a stale attempt of node %.32s (incarnation %llu; %llu is "
+                     "registered)", m.name, (unsigned long long)m.incarnation,
+                     (unsigned long long)o->incarnation);
+            HPD_LOG_WARN(LOG_COMPONENT, "%s", err.text);
+            goto bad;
+        }
+    }
+    n->incarnation = m.incarnation;
     const char *role = m.role;
     const void *fp = m.fingerprint;
     const uint32_t fp_len = m.fingerprint_len, port = m.port;

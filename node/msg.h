@@ -141,7 +141,8 @@ typedef struct {
     X(T, slots, U32, HPD_REQ, UINT32_MAX)                                                    \
     X(T, max_batch, U32, HPD_REQ, UINT32_MAX)                                                \
     X(T, xfer, OBJ, HPD_REQ, 0)                                                              \
-    X(T, numerics, STR, HPD_OPT, 32)
+    X(T, numerics, STR, HPD_OPT, 32)                                                         \
+    X(T, incarnation, U64, HPD_OPT, UINT64_MAX)
 HPD_MSG_STRUCT(hpd_msg_register_t, HPD_MSG_REGISTER)
 
 /* reserve's reply: where a prefill node writes on the decode node (its

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,6 +14,9 @@
 #include "node/proto.h"
 #include "service/service.h"
 
+/* a register call not answered in this long is given up (its connection
+ * closed: the coordinator does not serve it late) and made again */
+#define REGISTER_TIMEOUT_MS 5000
 #define LOG_COMPONENT "node"
 
 /* ------------------------------------------------------------ options */
@@ -320,6 +324,7 @@ static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
                             .max_batch = ep->max_batch,
                             .xfer_raw = info.sb.data,
                             .xfer_raw_len = (uint32_t)info.sb.size};
+    m.incarnation = n->incarnation0 + ++n->reg_seq;
     snprintf(m.numerics, sizeof(m.numerics), "%s",
              n->backend->ops->numerics ? n->backend->ops->numerics : "fp32");
     snprintf(m.role, sizeof(m.role), "%s", n->role->name);
@@ -332,23 +337,26 @@ static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
 }
 
 /* The register call's outcome: on success the node has its new id and
- * heartbeats run. */
-static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_rpc_msg_t *reply)
+ * heartbeats run; else why says what failed (the caller logs it). */
+static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_rpc_msg_t *reply,
+                                      char *why, size_t why_len)
 {
     hpd_proto_err_t err;
     if (st == HPD_OK && reply->is_error) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: the coordinator refused the registration: %.*s",
-                      n->o.name, (int)reply->error_message_len, reply->error_message);
+        snprintf(why, why_len, "it refused the registration: %.*s",
+                 (int)reply->error_message_len, reply->error_message);
         return HPD_ERR_INVALID_ARG;
     }
     if (st != HPD_OK) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: registration failed: %s", n->o.name,
-                      hpd_status_str(st));
+        snprintf(why, why_len, "%s", st == HPD_ERR_TIMEOUT ? "no answer to register in time"
+                                     : st == HPD_ERR_IO ? "no connection (refused, unreachable "
+                                                          "or closed)"
+                                                        : hpd_status_str(st));
         return st;
     }
     hpd_msg_registered_t reg = {.heartbeat_ms = 500};
     if (!hpd_msg_unpack(&hpd_msg_registered, reply->result, &reg, &err)) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: bad registration reply: %s", n->o.name, err.text);
+        snprintf(why, why_len, "a bad registration reply: %.160s", err.text);
         return HPD_ERR_FORMAT;
     }
     n->node_id = reg.node_id;
@@ -387,49 +395,68 @@ static hpd_rpc_client_params_t coordinator_params(hpd_node_t *n)
                                      .arg = n};
 }
 
-/* At start: connects (retrying until deadline, an hpd_time_now() value:
- * the coordinator may still be starting) and registers, running the loop. */
-static hpd_status_t register_node(hpd_node_t *n, double deadline)
+/* A try that failed: said at the first tries and then now and then (a
+ * coordinator down for hours must not fill the log), and on /healthz. */
+static void register_failed(hpd_node_t *n, const char *why)
 {
-    const hpd_rpc_client_params_t cp = coordinator_params(n);
-    hpd_rpc_result_t r;
-    hpd_rpc_buf_t b;
-    hpd_status_t st;
-
-    while ((st = hpd_rpc_client_create(&cp, &n->coord)) == HPD_ERR_IO &&
-           hpd_time_now() < deadline)
-        usleep(100 * 1000);
-    if (st != HPD_OK || (st = pack_registration(n, &b)) != HPD_OK)
-        return st;
-    st = hpd_rpc_call_sync(n->coord, "register", &b, 10000, &r);
-    hpd_rpc_buf_destroy(&b);
-    hpd_rpc_msg_t reply = {.is_error = r.is_error,
-                           .error_message = r.error_message,
-                           .error_message_len = r.is_error ? strlen(r.error_message) : 0,
-                           .result = &r.result};
-    st = registration_done(n, st, &reply);
-    hpd_rpc_result_destroy(&r);
-    return st;
+    const uint32_t t = n->reg_attempts;
+    snprintf(n->reg_error, sizeof(n->reg_error), "%s", why);
+    if (t <= 3 || (t & (t - 1)) == 0 || t % 30 == 0)
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: cannot register with the coordinator at %s:%u: %s; "
+                     "trying again (try %u, %.1f s since %s)", n->o.name, n->o.coordinator_host,
+                     n->o.coordinator_port, why, t, hpd_time_now() - n->lost_at,
+                     n->registrations == 0 ? "the start" : "the loss");
 }
 
-static void on_reregistered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+static void on_register_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     hpd_node_t *n = arg;
+    char why[200];
     n->registering = false;
     if (st == HPD_ERR_CANCELED) /* the node is stopping */
         return;
-    if (registration_done(n, st, reply) == HPD_OK) {
-        HPD_LOG_WARN(LOG_COMPONENT, "%s: registered again as node %llu, %.1f s after the loss "
-                     "(try %u)", n->o.name, (unsigned long long)n->node_id,
-                     hpd_time_now() - n->lost_at, n->reg_attempts);
+    const bool first = n->registrations == 0;
+    const bool refused = (st == HPD_OK && reply->is_error) ||
+                         (n->coord != NULL && hpd_rpc_client_refused(n->coord));
+    if (!refused && registration_done(n, st, reply, why, sizeof(why)) == HPD_OK) {
+        if (first)
+            HPD_LOG_INFO(LOG_COMPONENT, "%s: %s node %llu serving on %s:%u (kv layout %u,%u,%s; "
+                         "ucx %s)%s", n->o.name, n->role->name, (unsigned long long)n->node_id,
+                         n->o.host, hpd_rpc_server_port(n->server),
+                         hpd_engine_params(n->engine)->kv_layout.block_size,
+                         hpd_engine_params(n->engine)->kv_layout.pack_size,
+                         hpd_engine_params(n->engine)->kv_layout.order == HPD_KV_HND ? "hnd"
+                                                                                    : "nhd",
+                         hpd_xfer_tls(n->xfer), n->reg_attempts > 1 ? " after retries" : "");
+        else
+            HPD_LOG_WARN(LOG_COMPONENT, "%s: registered again as node %llu, %.1f s after the "
+                         "loss (try %u)", n->o.name, (unsigned long long)n->node_id,
+                         hpd_time_now() - n->lost_at, n->reg_attempts);
         return;
     }
+    if (refused) {
+        if (st == HPD_OK && reply->is_error)
+            registration_done(n, st, reply, why, sizeof(why));
+        else
+            snprintf(why, sizeof(why), "it refused the node secret (--token-file)");
+        /* a node the coordinator will not take (wrong secret, another
+         * model, other numerics) does not become one by trying again */
+        if (first) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: the coordinator at %s:%u refused this node: %s",
+                          n->o.name, n->o.coordinator_host, n->o.coordinator_port, why);
+            n->exit_code = 1;
+            event_base_loopbreak(n->base);
+            return;
+        }
+    }
+    register_failed(n, why);
     schedule_register(n);
 }
 
-/* Registers again after the loss of the coordinator, from the loop: one
- * try at a time, 100 ms after the loss, then doubling to 2 s between
- * tries. */
+/* Registers, from the loop: at the start, and after the loss of the
+ * coordinator. One try at a time, at once, then 100 ms after a failure,
+ * doubling to 2 s between tries, for ever unless --connect-timeout-ms
+ * bounds the first registration (then the node exits 3). */
 static void on_register(evutil_socket_t fd, short what, void *arg)
 {
     hpd_node_t *n = arg;
@@ -440,19 +467,32 @@ static void on_register(evutil_socket_t fd, short what, void *arg)
         return;
     if (n->draining) /* the drain check stops the node: nothing is in flight */
         return;
+    if (n->registrations == 0 && n->o.connect_timeout_ms > 0 &&
+        hpd_time_now() - n->lost_at > n->o.connect_timeout_ms / 1000.0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: giving up: no registration with the coordinator at "
+                      "%s:%u in %u ms (--connect-timeout-ms; 0 keeps trying); the last try: %s",
+                      n->o.name, n->o.coordinator_host, n->o.coordinator_port,
+                      n->o.connect_timeout_ms, n->reg_error[0] ? n->reg_error : "none");
+        n->exit_code = 3;
+        event_base_loopbreak(n->base);
+        return;
+    }
     hpd_rpc_client_destroy(n->coord);
     n->coord = NULL;
     n->reg_attempts++;
     if (hpd_rpc_client_connect(&cp, &n->coord) != HPD_OK) {
+        register_failed(n, "no connection (cannot open a socket)");
         schedule_register(n);
         return;
     }
     if (pack_registration(n, &b) != HPD_OK) {
+        register_failed(n, "cannot pack the registration");
         schedule_register(n);
         return;
     }
     /* a refused token closes the connection and fails this call */
-    if (hpd_rpc_call(n->coord, "register", &b, 10000, on_reregistered, n) == HPD_OK)
+    if (hpd_rpc_call(n->coord, "register", &b, REGISTER_TIMEOUT_MS, on_register_reply, n) ==
+        HPD_OK)
         n->registering = true;
     else
         schedule_register(n);
@@ -461,7 +501,7 @@ static void on_register(evutil_socket_t fd, short what, void *arg)
 
 static void schedule_register(hpd_node_t *n)
 {
-    const uint32_t shift = HPD_MIN(n->reg_attempts, 5u);
+    const uint32_t shift = HPD_MIN(n->reg_attempts > 0 ? n->reg_attempts - 1 : 0, 5u);
     const uint32_t ms = HPD_MIN(100u << shift, 2000u);
     const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(n->reg_ev, &tv);
@@ -613,8 +653,16 @@ static bool health(void *arg, char *msg, size_t len)
     hpd_node_t *n = arg;
     const uint32_t jobs = n->role->in_flight != NULL ? n->role->in_flight(n) : 0;
     if (!n->registered && n->registrations > 0) {
-        snprintf(msg, len, "registering: %s node %s lost the coordinator %.1f s ago (%u tries)",
-                 n->role->name, n->o.name, hpd_time_now() - n->lost_at, n->reg_attempts);
+        snprintf(msg, len, "registering: %s node %s lost the coordinator %.1f s ago (%u tries%s%s)",
+                 n->role->name, n->o.name, hpd_time_now() - n->lost_at, n->reg_attempts,
+                 n->reg_error[0] ? "; the last: " : "", n->reg_error);
+        return false;
+    }
+    if (!n->registered && n->reg_error[0] != '\0') {
+        snprintf(msg, len, "registering: %s node %s cannot reach the coordinator at %s:%u for "
+                 "%.1f s (%u tries; the last: %s)", n->role->name, n->o.name,
+                 n->o.coordinator_host, n->o.coordinator_port, hpd_time_now() - n->lost_at,
+                 n->reg_attempts, n->reg_error);
         return false;
     }
     const char *state = !n->registered ? "registering" : n->draining ? "draining" : "ok";
@@ -771,18 +819,15 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = st == HPD_ERR_IO ? 2 : 1;
         goto out;
     }
-    /* the coordinator may still be starting: retried until the timeout */
-    if ((st = register_node(n, hpd_time_now() + n->o.connect_timeout_ms / 1000.0)) != HPD_OK) {
-        n->exit_code = st == HPD_ERR_IO ? 3 : 1;
-        goto out;
-    }
-    HPD_LOG_INFO(LOG_COMPONENT, "%s: %s node %llu serving on %s:%u (kv layout %u,%u,%s; ucx %s)",
-                 n->o.name, role->name, (unsigned long long)n->node_id, n->o.host,
-                 hpd_rpc_server_port(n->server), hpd_engine_params(n->engine)->kv_layout.block_size,
-                 hpd_engine_params(n->engine)->kv_layout.pack_size,
-                 hpd_engine_params(n->engine)->kv_layout.order == HPD_KV_HND ? "hnd" : "nhd",
-                 hpd_xfer_tls(n->xfer));
+    /* registers from the loop (the coordinator may still be starting, or
+     * be down: the node keeps trying, serving /healthz and signals) */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    const int64_t ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000 - 1577836800000;
+    n->incarnation0 = ms > 0 ? (uint64_t)ms << 20 : 0;
+    n->lost_at = hpd_time_now();
     n->exit_code = 0;
+    on_register(-1, 0, n);
     event_base_dispatch(n->base);
 out:
     const int rc = n->exit_code;

@@ -103,10 +103,16 @@ struct hpd_node {
     uint32_t heartbeat_ms, lease_ms; /* from the registration */
     bool heartbeat_pending;
     bool registered;       /* false from the loss of the coordinator until registered again */
-    bool registering;      /* inside register_node (it runs the loop) */
-    uint32_t reg_attempts; /* since the loss */
-    double lost_at;
+    bool registering;      /* a register call is out */
+    uint32_t reg_attempts; /* since the start or the loss */
+    double lost_at;        /* the loss of the coordinator (at start: the start) */
     uint64_t registrations;
+    /* each register call's incarnation: the milliseconds since 2020 at the
+     * start times 2^20, plus the calls made so far, so that a later call
+     * (of this process or of a restart) has a larger one and the
+     * coordinator refuses an older one that reaches it late */
+    uint64_t incarnation0, reg_seq;
+    char reg_error[200]; /* why the last register call failed */
     struct event *step_ev, *hb_ev, *reg_ev;
     double started;
     bool draining;  /* SIGTERM: no new work, stop when in_flight() is 0 */

@@ -53,6 +53,9 @@ void hpd_rpc_conn_close(hpd_rpc_conn_t *conn, bool flush);
 void hpd_rpc_conn_ref(hpd_rpc_conn_t *conn);
 void hpd_rpc_conn_unref(hpd_rpc_conn_t *conn);
 bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *conn);
+/* Whether the peer closed its side already (its end of file waits behind
+ * what was read): a request queued by a peer that gave up on it. */
+bool hpd_rpc_conn_peer_gone(const hpd_rpc_conn_t *conn);
 /* Drops the callbacks: nothing more is delivered to the owner. */
 void hpd_rpc_conn_detach(hpd_rpc_conn_t *conn);
 void hpd_rpc_conn_set_data(hpd_rpc_conn_t *conn, void *data);
@@ -217,5 +220,7 @@ hpd_status_t hpd_rpc_call_sync(hpd_rpc_client_t *client, const char *method,
 void hpd_rpc_result_destroy(hpd_rpc_result_t *result);
 
 bool hpd_rpc_client_is_open(const hpd_rpc_client_t *client);
+/* The server refused the token (a connect's auth answered with an error). */
+bool hpd_rpc_client_refused(const hpd_rpc_client_t *client);
 
 #endif

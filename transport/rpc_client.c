@@ -35,6 +35,7 @@ struct hpd_rpc_client {
     call_t *calls;
     uint32_t next_id;
     bool open;
+    bool refused; /* the server refused the token */
 };
 
 static call_t *take_call(hpd_rpc_client_t *c, uint32_t id)
@@ -328,10 +329,12 @@ static void on_auth_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply
 
     if ((st == HPD_OK && !reply->is_error) || st == HPD_ERR_CANCELED) /* ok, or destroyed */
         return;
-    if (st == HPD_OK)
+    if (st == HPD_OK) {
+        c->refused = true;
         HPD_LOG_ERROR(LOG_COMPONENT, "%s:%u refused the connection: %.*s",
                       c->p.host ? c->p.host : "127.0.0.1", c->p.port,
                       (int)reply->error_message_len, reply->error_message);
+    }
     /* the server closes after a refused token; calls queued behind the auth
      * fail with the close */
     if (c->open)
@@ -367,6 +370,11 @@ void hpd_rpc_client_destroy(hpd_rpc_client_t *c)
     hpd_rpc_conn_close(c->conn, false);
     hpd_rpc_conn_unref(c->conn);
     free(c);
+}
+
+bool hpd_rpc_client_refused(const hpd_rpc_client_t *c)
+{
+    return c->refused;
 }
 
 bool hpd_rpc_client_is_open(const hpd_rpc_client_t *c)

@@ -5,6 +5,8 @@
  * users may add references. Memory goes when the count reaches zero and no
  * callback of this connection is running. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <sys/socket.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <stdarg.h>
@@ -247,6 +249,20 @@ void hpd_rpc_conn_detach(hpd_rpc_conn_t *c)
 bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *c)
 {
     return !c->closing && !c->closed;
+}
+
+bool hpd_rpc_conn_peer_gone(const hpd_rpc_conn_t *c)
+{
+    char b;
+    if (c->closing || c->closed)
+        return true;
+    /* what the kernel holds past the bytes read so far ends with the
+     * peer's end of file when it closed (unread bytes before it: not yet) */
+    const evutil_socket_t fd = bufferevent_getfd(c->bev);
+    if (fd < 0)
+        return false;
+    const ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 void hpd_rpc_conn_set_data(hpd_rpc_conn_t *c, void *data)

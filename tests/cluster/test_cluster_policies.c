@@ -742,25 +742,138 @@ static void test_idle_connections(void **state)
     small_end(&s, 3);
 }
 
+/* A port nothing listens on now (bound, read, released). */
+static uint16_t free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A node started before its coordinator keeps trying, says why in its log
+ * and on /healthz, and registers once the coordinator listens (on 02a8551
+ * it exited 3 after 10 s without a line saying why, and under hpdctl
+ * stayed dead); with --connect-timeout-ms it gives up with a message and
+ * exits 3. */
+static void test_node_keeps_trying(void **state)
+{
+    char addr[32], port[8], mport[8];
+    const uint16_t p = free_port(), mp = free_port();
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", p);
+    snprintf(port, sizeof(port), "%u", p);
+    snprintf(mport, sizeof(mport), "%u", mp);
+    const char *na[] = {"--coordinator", addr, "--metrics-port", mport, "--log-level", "info",
+                        NULL};
+    const double t0 = hpd_time_now();
+    cl_proc_t *d = cl_start_node(&cl, "decode", "patient-d", na);
+    cl_wait_log(&cl, d, "cannot register with the coordinator at 127.0.0.1:", 60);
+    assert_true(cl_file_has(d->log, "no connection"));
+    health_wait_t w = {mp, 503};
+    cl_wait(&cl, NULL, 60, health_is, &w, "/healthz of a node that cannot register");
+    char body[300];
+    assert_int_equal(healthz(mp, body, sizeof(body)), 503);
+    assert_non_null(strstr(body, "cannot reach the coordinator at 127.0.0.1:"));
+    /* past the 10 s after which it used to give up */
+    while (hpd_time_now() - t0 < 11) {
+        cl_check_alive(&cl);
+        usleep(100 * 1000);
+    }
+    const char *ca[] = {"--port", port, "--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
+    cl_start_coordinator(&cl, "late-coordinator", ca);
+    cl_wait_log(&cl, d, "serving on", 60);
+    assert_true(cl_file_has(d->log, "after retries"));
+    w.code = 200;
+    cl_wait(&cl, NULL, 60, health_is, &w, "/healthz ok once registered");
+    /* the bound: it gives up, says so, exits 3 */
+    char gone[32];
+    snprintf(gone, sizeof(gone), "127.0.0.1:%u", free_port());
+    const char *ga[] = {"--coordinator", gone, "--connect-timeout-ms", "1500", NULL};
+    cl_proc_t *g = cl_start_node(&cl, "prefill", "impatient-p", ga);
+    cl_ending(g);
+    cl_expect_end(&cl, g, 3, 60);
+    assert_true(cl_file_has(g->log, "giving up: no registration with the coordinator at"));
+    assert_true(cl_file_has(g->log, "--connect-timeout-ms"));
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+/* Lines of a log holding every one of two texts. */
+static uint32_t count_lines(const char *path, const char *a, const char *b)
+{
+    char *text;
+    size_t len;
+    uint32_t n = 0;
+    if (hpd_read_file(path, &text, &len) != HPD_OK)
+        return 0;
+    for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        n += strstr(line, a) != NULL && strstr(line, b) != NULL;
+    free(text);
+    return n;
+}
+
+/* A node whose register calls queue behind a stopped coordinator (each
+ * given up after 5 s and made again on a new connection) is registered
+ * once when the coordinator resumes: the attempts it gave up are not
+ * served (on 02a8551 six were served in 1 ms, each replacing the last). */
+static void test_registration_storm(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
+    small_t s;
+    req_t q;
+    small_start(&s, "storm", args, NULL, NULL);
+    cl_pause(s.coord);
+    const char *la[] = {"--log-level", "info", NULL};
+    cl_proc_t *d2 = cl_start_node(&cl, "decode", "storm-d2", la);
+    cl_wait_log(&cl, d2, "(try 2,", 60); /* two attempts given up */
+    cl_resume(s.coord);
+    cl_wait_log(&cl, d2, "serving on", 60);
+    cl_wait_idle(&cl, 3, 120);
+    cl_status_t st;
+    cl_status(&cl, &st);
+    assert_non_null(cl_status_node(&st, "storm-d2"));
+    cl_status_free(&st);
+    const uint32_t served = count_lines(s.coord->log, "decode node storm-d2", "registered from");
+    const uint32_t dropped = count_lines(s.coord->log, "storm-d2 gave up this attempt", "");
+    fprintf(stderr, "storm-d2: %u registration(s) served, %u given-up attempt(s) not served\n",
+            served, dropped);
+    assert_int_equal(served, 1);
+    assert_true(dropped >= 1);
+    submit(s.c, 1, &q);
+    wait_done(s.c, &q, "a request after the storm");
+    expect_ok(&q, 1, 1);
+    small_end(&s, 3);
+}
+
 /* A register call's params for a fake decode node whose UCX worker address
  * has the given first byte (UCX reads the address version from its low 4
  * bits and aborts on one it does not know). */
-static void pack_fake_register(hpd_rpc_buf_t *b, uint8_t first_byte)
+/* The same with a name, port and incarnation (0: none) of one's choice. */
+static void pack_fake_register_as(hpd_rpc_buf_t *b, uint8_t first_byte, const char *name,
+                                  uint16_t port, uint64_t incarnation)
 {
     static const uint8_t fp[16] = {1, 2, 3};
     uint8_t address[64], rkey[16] = {0};
     memset(address, 0x5a, sizeof(address));
     address[0] = first_byte;
     msgpack_packer *pk = &b->pk;
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, incarnation ? 14 : 13);
+    if (incarnation) {
+        hpd_rpc_pack_str(pk, "incarnation");
+        msgpack_pack_uint64(pk, incarnation);
+    }
     hpd_rpc_pack_str(pk, "role");
     hpd_rpc_pack_str(pk, "decode");
     hpd_rpc_pack_str(pk, "name");
-    hpd_rpc_pack_str(pk, "impostor-d");
+    hpd_rpc_pack_str(pk, name);
     hpd_rpc_pack_str(pk, "host");
     hpd_rpc_pack_str(pk, "127.0.0.1");
     hpd_rpc_pack_str(pk, "port");
-    msgpack_pack_uint16(pk, 9); /* discard: never reached */
+    msgpack_pack_uint16(pk, port);
     hpd_rpc_pack_str(pk, "fingerprint");
     msgpack_pack_bin(pk, 16);
     msgpack_pack_bin_body(pk, fp, 16);
@@ -794,6 +907,10 @@ static void pack_fake_register(hpd_rpc_buf_t *b, uint8_t first_byte)
     msgpack_pack_bin_body(pk, rkey, sizeof(rkey));
 }
 
+static void pack_fake_register(hpd_rpc_buf_t *b, uint8_t first_byte)
+{
+    pack_fake_register_as(b, first_byte, "impostor-d", 9 /* discard: never reached */, 0);
+}
 /* Hostile or broken peers of the coordinator: a node whose UCX worker
  * address UCX cannot read is refused at registration (it once aborted the
  * prefill node handed the address, and the retry the next one), and a
@@ -830,7 +947,26 @@ static void test_fake_peers(void **state)
     /* a heartbeat for the real decode node, from this connection */
     cl_status_t st;
     cl_status(&cl, &st);
-    const uint64_t d_id = cl_u64(cl_status_node(&st, s.d_name), "id");
+    const msgpack_object *dn = cl_status_node(&st, s.d_name);
+    const uint64_t d_id = cl_u64(dn, "id");
+    const msgpack_object *da = cl_field(dn, "address");
+    char d_addr[64];
+    snprintf(d_addr, sizeof(d_addr), "%.*s", (int)da->via.str.size, da->via.str.ptr);
+    cl_status_free(&st);
+
+    /* a late register call of the real decode node (an older incarnation
+     * than the one registered) is refused before anything else is looked
+     * at, and the node keeps its registration */
+    hpd_rpc_buf_init(&b);
+    pack_fake_register_as(&b, 0x09, s.d_name, (uint16_t)atoi(strrchr(d_addr, ':') + 1), 1);
+    assert_int_equal(hpd_rpc_call_sync(raw, "register", &b, 30000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    assert_true(r.is_error);
+    fprintf(stderr, "a stale register: %s\n", r.error_message);
+    assert_non_null(strstr(r.error_message, "a stale attempt of node"));
+    hpd_rpc_result_destroy(&r);
+    cl_status(&cl, &st);
+    assert_int_equal(cl_u64(cl_status_node(&st, s.d_name), "id"), d_id);
     cl_status_free(&st);
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 2);
@@ -1294,6 +1430,8 @@ int main(void)
         cmocka_unit_test_teardown(test_coordinator_restart, case_teardown),
         cmocka_unit_test_teardown(test_idle_connections, case_teardown),
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
+        cmocka_unit_test_teardown(test_node_keeps_trying, case_teardown),
+        cmocka_unit_test_teardown(test_registration_storm, case_teardown),
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_prefill_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_client_keys, case_teardown),
