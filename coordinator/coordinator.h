@@ -21,7 +21,7 @@ typedef struct {
     const char *host;
     uint16_t port;                /* 0: any free port */
     const char *token_file;       /* NULL: an open coordinator */
-    const char *client_keys_file; /* NULL: the token serves clients too */
+    const char *client_keys_file; /* NULL: no client keys (the node secret is never one) */
     uint32_t heartbeat_ms, lease_ms;
     uint32_t liveness_ms; /* a node whose pinger is silent this long is lost; 0: off */
     uint32_t max_requests;

@@ -41,7 +41,9 @@ typedef struct {
 static node_proc_t nodes[] = {
     {"prefill", "p64", "64,1,nhd", NULL},
     {"prefill", "p32", "32,2,nhd", NULL},
-    {"decode", "d16x4", "16,4,nhd", NULL},
+    /* 4 full-attention layers in packs of 3: a last, partial pack of one
+     * layer that the prefill nodes must push too */
+    {"decode", "d16x3", "16,3,nhd", NULL},
     {"decode", "d16hnd", "16,1,hnd", NULL},
 };
 #define N_NODES (sizeof(nodes) / sizeof(nodes[0]))

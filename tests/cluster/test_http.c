@@ -502,6 +502,25 @@ static void test_stop_strings(void **state)
     const char *first = memmem(a.text, a.len, stop, strlen(stop));
     assert_non_null(first);
     at = (size_t)(first - a.text);
+    /* the tokens such an answer counts (usage.completion_tokens): the
+     * msgpack path's, which cuts its ids after the one that completes the
+     * stop string in code of its own (coordinator/coord.c) */
+    int32_t pids[14];
+    const char *pp = prompt_ids;
+    for (int i = 0; i < 14; i++, pp = strchr(pp, ',') + 1)
+        pids[i] = atoi(pp);
+    const char *stops1[] = {stop};
+    hpd_client_t *mc = cl_client(&cl);
+    hpd_generate_params_t g = {.prompt = pids, .n_prompt = 14, .max_tokens = 200,
+                               .ignore_eos = true, .sampling = hpd_sampling_unset(),
+                               .detokenize = true, .stops = stops1, .n_stops = 1};
+    hpd_generate_result_t gr;
+    if (hpd_client_generate(mc, &g, NULL, NULL, &gr) != HPD_OK)
+        fail_msg("msgpack generate with a stop string: %s", gr.error);
+    const long long want_tokens = gr.n_tokens;
+    assert_int_equal(gr.text_len, at);
+    hpd_generate_result_free(&gr);
+    hpd_client_destroy(mc);
     for (int stream = 0; stream < 2; stream++) {
         snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 200, \"ignore_eos\": "
                  "true, \"stop\": [\"\\u0001never\", \"%s\"], \"stream\": %s, "
@@ -511,7 +530,8 @@ static void test_stop_strings(void **state)
         assert_int_equal(s.len, at);
         assert_memory_equal(s.text, a.text, at);
         assert_string_equal(s.finish, "stop");
-        assert_true(s.completion_tokens < 200);
+        assert_int_equal(s.completion_tokens, want_tokens);
+        assert_int_equal(s.prompt_tokens, 14);
         /* the same with max_tokens ending on the token that completes the
          * stop string: the last notification both stops and ends it */
         snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": %lld, \"ignore_eos\": "

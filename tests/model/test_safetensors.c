@@ -8,6 +8,7 @@
 
 #include "common/util.h"
 #include "model/safetensors.h"
+#include "tests/common/capture.h"
 #include "tests/test_helpers.h"
 
 static void write_three(const char *path)
@@ -106,6 +107,28 @@ static void test_bad_files(void **state)
     fwrite(&huge, 8, 1, f);
     fclose(f);
     assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_ERR_FORMAT);
+    /* a header length a few bytes past the end of the file, and exactly
+     * at it (the header then fills the file: an empty data section) */
+    static const char hdr[] = "{\"x\": {\"dtype\": \"F32\", \"shape\": [0], "
+                              "\"data_offsets\": [0, 0]}}";
+    for (int extra = 8; extra >= 0; extra--) {
+        f = fopen(path, "wb");
+        const uint64_t claimed = sizeof(hdr) - 1 + (uint64_t)extra;
+        fwrite(&claimed, 8, 1, f);
+        fwrite(hdr, 1, sizeof(hdr) - 1, f);
+        fclose(f);
+        /* refused for its length, before a byte past the file is read */
+        test_capture_t cap;
+        test_capture_begin(&cap);
+        const hpd_status_t st = hpd_st_archive_open(dir, &ar);
+        char *said = test_capture_end(&cap, NULL);
+        assert_int_equal(st, extra > 0 ? HPD_ERR_FORMAT : HPD_OK);
+        if (extra > 0 && strstr(said, "does not fit the file") == NULL)
+            fail_msg("a header %d bytes past the end: '%s'", extra, said);
+        free(said);
+        if (extra == 0)
+            hpd_st_archive_destroy(ar);
+    }
     /* an unknown dtype opens, flagged, for the loader to refuse by name */
     write_raw(path, "{\"x\": {\"dtype\": \"I64\", \"shape\": [1], \"data_offsets\": [0, 8]}}", 8);
     assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);

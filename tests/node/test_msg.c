@@ -295,6 +295,114 @@ static void test_every_required_field(void **state)
     }
 }
 
+/* A value for a field that is valid whatever its limit. */
+static void pack_valid(msgpack_packer *pk, const hpd_msg_field_t *f)
+{
+    switch (f->kind) {
+    case HPD_MSG_BOOL: msgpack_pack_true(pk); break;
+    case HPD_MSG_F32: msgpack_pack_float(pk, 1); break;
+    case HPD_MSG_STR: hpd_rpc_pack_str(pk, "x"); break;
+    case HPD_MSG_IDS: msgpack_pack_array(pk, 0); break;
+    case HPD_MSG_BIN: hpd_proto_pack_bin(pk, "x", 1); break;
+    case HPD_MSG_OBJ: msgpack_pack_map(pk, 0); break;
+    case HPD_MSG_ARR: msgpack_pack_array(pk, 0); break;
+    case HPD_MSG_LAYOUT: {
+        const hpd_kv_layout_t l = {.block_size = 16, .pack_size = 1};
+        hpd_proto_pack_layout(pk, &l);
+        break;
+    }
+    default: msgpack_pack_uint32(pk, 1); break;
+    }
+}
+
+/* Field i of d at its limit (past: one beyond it), the required others
+ * valid: unpacked into msg; the caller frees it when it returns true. */
+static bool unpack_at_limit(const hpd_msg_desc_t *d, uint32_t i, bool past, void *msg,
+                            hpd_proto_err_t *err)
+{
+    const hpd_msg_field_t *f = &d->fields[i];
+    packed_t p;
+    hpd_rpc_buf_init(&p.b);
+    uint32_t n = 1;
+    for (uint32_t j = 0; j < d->n_fields; j++)
+        n += d->fields[j].required && j != i;
+    msgpack_pack_map(&p.b.pk, n);
+    for (uint32_t j = 0; j < d->n_fields; j++) {
+        if (!d->fields[j].required || j == i)
+            continue;
+        hpd_proto_key(&p.b.pk, d->fields[j].name);
+        pack_valid(&p.b.pk, &d->fields[j]);
+    }
+    hpd_proto_key(&p.b.pk, f->name);
+    char text[1024];
+    switch (f->kind) {
+    case HPD_MSG_STR: /* limit: the buffer, its terminator included */
+        memset(text, 'a', sizeof(text));
+        msgpack_pack_str(&p.b.pk, (size_t)f->limit - (past ? 0 : 1));
+        msgpack_pack_str_body(&p.b.pk, text, (size_t)f->limit - (past ? 0 : 1));
+        break;
+    case HPD_MSG_IDS: /* limit: the first id refused */
+        msgpack_pack_array(&p.b.pk, 1);
+        msgpack_pack_uint64(&p.b.pk, f->limit - (past ? 0 : 1));
+        break;
+    default: /* numbers: the largest accepted */
+        msgpack_pack_uint64(&p.b.pk, f->limit + (past ? 1 : 0));
+        break;
+    }
+    const bool ok = hpd_msg_unpack(d, unpack_buf(&p), msg, err);
+    packed_free(&p);
+    return ok;
+}
+
+/* Every bound on a peer's input at exactly its limit, on both sides: a
+ * string of the buffer's size less its terminator is taken whole, one
+ * byte more is refused; an id just below a limit is taken, the limit
+ * refused; a number at its limit is taken, one more refused, each naming
+ * the field. (A bound moved by one survived the suite once: the
+ * terminator then lands past the buffer.) */
+static void test_every_bound(void **state)
+{
+    uint32_t checked = 0;
+    for (uint32_t m = 0; m < hpd_msg_n_all; m++) {
+        const hpd_msg_desc_t *d = hpd_msg_all[m];
+        for (uint32_t i = 0; i < d->n_fields; i++) {
+            const hpd_msg_field_t *f = &d->fields[i];
+            const bool bounded =
+                f->kind == HPD_MSG_STR || (f->kind == HPD_MSG_IDS && f->limit > 0) ||
+                (f->kind == HPD_MSG_U32 && f->limit < UINT32_MAX) ||
+                (f->kind == HPD_MSG_U64 && f->limit < UINT64_MAX);
+            if (!bounded)
+                continue;
+            hpd_proto_err_t err = {{0}};
+            _Alignas(16) uint8_t msg[1024] = {0};
+            if (!unpack_at_limit(d, i, false, msg, &err))
+                fail_msg("%s.%s at its limit %llu refused: %s", d->name, f->name,
+                         (unsigned long long)f->limit, err.text);
+            const void *at = msg + f->offset;
+            switch (f->kind) {
+            case HPD_MSG_STR: assert_int_equal(strlen(at), f->limit - 1); break;
+            case HPD_MSG_IDS:
+                assert_int_equal(*(const uint32_t *)(msg + f->aux), 1);
+                assert_int_equal((*(const int32_t *const *)at)[0], (int32_t)(f->limit - 1));
+                break;
+            case HPD_MSG_U32: assert_int_equal(*(const uint32_t *)at, f->limit); break;
+            default: assert_true(*(const uint64_t *)at == f->limit); break;
+            }
+            hpd_msg_free(d, msg);
+            memset(msg, 0, sizeof(msg));
+            if (unpack_at_limit(d, i, true, msg, &err))
+                fail_msg("%s.%s past its limit %llu taken", d->name, f->name,
+                         (unsigned long long)f->limit);
+            if (strstr(err.text, f->name) == NULL)
+                fail_msg("%s.%s past its limit: '%s' does not name it", d->name, f->name,
+                         err.text);
+            checked++;
+        }
+    }
+    fprintf(stderr, "%u bounded fields checked at their limits\n", checked);
+    assert_true(checked > 20);
+}
+
 /* A message of every kind, all optional: the generic code for each kind. */
 #define TEST_ALL(T, X)                                                                      \
     X(T, u, U64, HPD_OPT, 100)                                                               \
@@ -370,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_optional_fields),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_every_required_field),
+        cmocka_unit_test(test_every_bound),
         cmocka_unit_test(test_every_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,367 @@
+/* Scripted peers for an in-process coordinator (header-only; one test
+ * binary includes it once, after cmocka.h and tests/transport/loop.h):
+ * fake prefill and decode nodes that are RPC servers on the test's loop,
+ * register with the coordinator as real nodes do (a UCX address of version
+ * 0 passes its checks; nothing is ever put), and answer its calls as the
+ * test scripts them: at once, later (held), or with an error. Requests go
+ * in through hpd_coord_submit with a sink that records what came.
+ *
+ * A decode node answers reserve with a reservation and keeps the job; the
+ * test sends its tokens (peer_tokens), as a decode node's tokens
+ * notifications, on the coordinator's connection to it. A prefill node
+ * answers prefill with first_token (or holds it: peer_answer_prefill
+ * later). */
+#ifndef HPD_TESTS_COORDINATOR_PEERS_H
+#define HPD_TESTS_COORDINATOR_PEERS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/coordinator.h"
+#include "node/msg.h"
+#include "transport/rpc.h"
+#include "transport/rpc_codec.h"
+
+#define PEER_MAX_JOBS 64
+#define PEER_SECRET "coordinator-test-secret"
+
+typedef enum { PEER_ANSWER, PEER_HOLD, PEER_FAIL_PARAMS, PEER_FAIL_PEER } peer_mode_t;
+
+typedef struct {
+    uint64_t job;
+    hpd_rpc_conn_t *conn; /* the call held (prefill), or the coordinator's connection */
+    uint32_t call;        /* its id (held prefill) */
+    bool answered, started, canceled;
+} peer_job_t;
+
+typedef struct {
+    char name[32];
+    bool prefill;
+    hpd_rpc_server_t *server;
+    hpd_rpc_client_t *reg; /* its registration connection to the coordinator */
+    uint64_t node_id;
+    bool registered;
+    peer_mode_t mode; /* how reserve (decode) or prefill (prefill) is answered */
+    peer_job_t jobs[PEER_MAX_JOBS];
+    uint32_t n_jobs;
+    uint32_t reserves, prefills, starts, cancels;
+    hpd_rpc_conn_t *coord_conn; /* the coordinator's connection to this node */
+} peer_t;
+
+static hpd_coord_t *coord;
+static char peer_dir[256], peer_token_file[300];
+
+static peer_job_t *peer_job(peer_t *p, uint64_t job)
+{
+    for (uint32_t i = 0; i < p->n_jobs; i++)
+        if (p->jobs[i].job == job)
+            return &p->jobs[i];
+    return NULL;
+}
+
+static peer_job_t *peer_add_job(peer_t *p, uint64_t job)
+{
+    assert_true(p->n_jobs < PEER_MAX_JOBS);
+    peer_job_t *j = &p->jobs[p->n_jobs++];
+    *j = (peer_job_t){.job = job};
+    return j;
+}
+
+static uint64_t job_of(const msgpack_object *params)
+{
+    const msgpack_object *j = hpd_rpc_map_get(params, "job");
+    assert_non_null(j);
+    return j->via.u64;
+}
+
+static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    peer_t *p = arg;
+    p->reserves++;
+    p->coord_conn = conn;
+    if (p->mode == PEER_FAIL_PARAMS) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED, "no room (scripted)");
+        return;
+    }
+    peer_add_job(p, job_of(params));
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 5);
+    hpd_rpc_pack_str(&b.pk, "layout");
+    msgpack_pack_map(&b.pk, 3);
+    hpd_rpc_pack_str(&b.pk, "block_size");
+    msgpack_pack_uint32(&b.pk, 16);
+    hpd_rpc_pack_str(&b.pk, "pack_size");
+    msgpack_pack_uint32(&b.pk, 1);
+    hpd_rpc_pack_str(&b.pk, "order");
+    hpd_rpc_pack_str(&b.pk, "nhd");
+    hpd_rpc_pack_str(&b.pk, "tables");
+    msgpack_pack_array(&b.pk, 1);
+    msgpack_pack_array(&b.pk, 1);
+    msgpack_pack_uint32(&b.pk, 1);
+    hpd_rpc_pack_str(&b.pk, "slot_offset");
+    msgpack_pack_uint64(&b.pk, 0);
+    hpd_rpc_pack_str(&b.pk, "kv_region");
+    msgpack_pack_uint32(&b.pk, 0);
+    hpd_rpc_pack_str(&b.pk, "slot_region");
+    msgpack_pack_uint32(&b.pk, 1);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    peer_t *p = arg;
+    peer_job_t *j = peer_job(p, job_of(params));
+    p->starts++;
+    p->coord_conn = conn;
+    if (j != NULL)
+        j->started = true;
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    peer_t *p = arg;
+    peer_job_t *j = peer_job(p, job_of(params));
+    p->cancels++;
+    if (j != NULL) {
+        j->canceled = true;
+        if (p->prefill && !j->answered && j->conn != NULL) { /* a held prefill ends */
+            hpd_rpc_reply_error(j->conn, j->call, HPD_RPC_ERR_APP, "canceled");
+            hpd_rpc_conn_unref(j->conn);
+            j->conn = NULL;
+            j->answered = true;
+        }
+    }
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+static void answer_prefill(peer_job_t *j, int32_t first)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_prefilled, &(hpd_msg_prefilled_t){.first_token = (uint32_t)first},
+                 &b.pk);
+    hpd_rpc_reply(j->conn, j->call, &b);
+    hpd_rpc_buf_destroy(&b);
+    j->answered = true;
+}
+
+static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    peer_t *p = arg;
+    p->prefills++;
+    peer_job_t *j = peer_add_job(p, job_of(params));
+    j->conn = conn;
+    j->call = id;
+    switch (p->mode) {
+    case PEER_ANSWER: answer_prefill(j, 7); break;
+    case PEER_HOLD: hpd_rpc_conn_ref(conn); break;
+    case PEER_FAIL_PARAMS:
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "a bad destination (scripted)");
+        j->answered = true;
+        break;
+    case PEER_FAIL_PEER:
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PEER, "cannot reach the decode node "
+                            "(scripted)");
+        j->answered = true;
+        break;
+    }
+}
+
+/* A held prefill job answered now with its first token. */
+static inline void peer_answer_prefill(peer_t *p, uint64_t job, int32_t first)
+{
+    peer_job_t *j = peer_job(p, job);
+    assert_non_null(j);
+    assert_false(j->answered);
+    answer_prefill(j, first);
+    hpd_rpc_conn_unref(j->conn);
+    j->conn = NULL;
+}
+
+/* A decode node's tokens notification for job: ids from index on. */
+static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *ids, uint32_t n,
+                        bool done, const char *error)
+{
+    hpd_msg_tokens_t m = {.job = job, .index = index, .ids = ids, .ids_n = n, .done = done};
+    if (done)
+        snprintf(m.finish_reason, sizeof(m.finish_reason), "length");
+    if (error != NULL)
+        snprintf(m.error, sizeof(m.error), "%s", error);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+    assert_non_null(p->coord_conn);
+    assert_int_equal(hpd_rpc_notify(p->coord_conn, "tokens", &b), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    peer_t *p = arg;
+    assert_int_equal(st, HPD_OK);
+    if (reply->is_error)
+        fail_msg("%s: registration refused: %.*s", p->name, (int)reply->error_message_len,
+                 reply->error_message);
+    p->node_id = hpd_rpc_map_get(reply->result, "node_id")->via.u64;
+    p->registered = true;
+}
+
+/* A fake node on the test's loop, registered with the coordinator (the
+ * loop runs until it is). */
+static void peer_start(peer_t *p, const char *name, bool prefill)
+{
+    static const hpd_rpc_method_t prefill_methods[] = {{.name = "prefill", .fn = m_prefill},
+                                                       {.name = "cancel", .fn = m_cancel}};
+    static const hpd_rpc_method_t decode_methods[] = {{.name = "reserve", .fn = m_reserve},
+                                                      {.name = "start", .fn = m_start},
+                                                      {.name = "cancel", .fn = m_cancel}};
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->prefill = prefill;
+    const hpd_rpc_server_params_t sp = {.base = base,
+                                        .host = "127.0.0.1",
+                                        .token = PEER_SECRET,
+                                        .methods = prefill ? prefill_methods : decode_methods,
+                                        .n_methods = prefill ? 2 : 3,
+                                        .arg = p};
+    assert_int_equal(hpd_rpc_server_create(&sp, &p->server), HPD_OK);
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord), .token = PEER_SECRET,
+                                        .timeout_ms = 30000};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &p->reg), HPD_OK);
+    static const uint8_t fp[16] = {9, 9, 9};
+    uint8_t address[32], rkey[8] = {1};
+    memset(address, 0x11, sizeof(address));
+    address[0] = 0x00; /* a UCX address of version 0 (v1) */
+    hpd_rpc_buf_t info, b;
+    hpd_rpc_buf_init(&info);
+    msgpack_pack_map(&info.pk, 3);
+    hpd_rpc_pack_str(&info.pk, "node");
+    msgpack_pack_uint64(&info.pk, 1);
+    hpd_rpc_pack_str(&info.pk, "address");
+    msgpack_pack_bin(&info.pk, sizeof(address));
+    msgpack_pack_bin_body(&info.pk, address, sizeof(address));
+    hpd_rpc_pack_str(&info.pk, "regions");
+    msgpack_pack_array(&info.pk, 2);
+    for (int i = 0; i < 2; i++) {
+        msgpack_pack_array(&info.pk, 3);
+        msgpack_pack_uint64(&info.pk, (uint64_t)(i + 1) << 20);
+        msgpack_pack_uint64(&info.pk, 1 << 20);
+        msgpack_pack_bin(&info.pk, sizeof(rkey));
+        msgpack_pack_bin_body(&info.pk, rkey, sizeof(rkey));
+    }
+    hpd_msg_register_t m = {.port = hpd_rpc_server_port(p->server),
+                            .fingerprint = fp,
+                            .fingerprint_len = 16,
+                            .vocab = 1000,
+                            .max_context = 4096,
+                            .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
+                            .kv_layers = 2,
+                            .pages = 100000,
+                            .slots = 64,
+                            .max_batch = 64,
+                            .xfer_raw = info.sb.data,
+                            .xfer_raw_len = (uint32_t)info.sb.size};
+    snprintf(m.role, sizeof(m.role), "%s", prefill ? "prefill" : "decode");
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    snprintf(m.host, sizeof(m.host), "127.0.0.1");
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_register, &m, &b.pk);
+    assert_int_equal(hpd_rpc_call(p->reg, "register", &b, 30000, on_registered, p), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&info);
+    LOOP_UNTIL(p->registered);
+}
+
+/* The node dies: its connections close. */
+static void peer_stop(peer_t *p)
+{
+    for (uint32_t i = 0; i < p->n_jobs; i++)
+        if (p->jobs[i].conn != NULL && !p->jobs[i].answered)
+            hpd_rpc_conn_unref(p->jobs[i].conn);
+    hpd_rpc_client_destroy(p->reg);
+    hpd_rpc_server_destroy(p->server);
+    p->reg = NULL;
+    p->server = NULL;
+}
+
+/* ------------------------------------------------------------ requests */
+
+typedef struct {
+    bool done;
+    hpd_coord_outcome_t outcome;
+    int64_t code;
+    char error[300];
+    int32_t tokens[256];
+    uint32_t n_tokens, attempts;
+} outcome_t;
+
+static void sink_done(void *arg, const hpd_coord_result_t *res)
+{
+    outcome_t *o = arg;
+    o->done = true;
+    o->outcome = res->outcome;
+    o->code = res->code;
+    o->attempts = res->attempts;
+    snprintf(o->error, sizeof(o->error), "%s", res->error != NULL ? res->error : "");
+    o->n_tokens = res->n_tokens < 256 ? res->n_tokens : 256;
+    memcpy(o->tokens, res->tokens, o->n_tokens * sizeof(int32_t));
+}
+
+/* Submits a request of a few tokens; its outcome lands in o. */
+static uint64_t submit_request(outcome_t *o, uint32_t max_tokens)
+{
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    const hpd_coord_request_t q = {.prompt = prompt,
+                                   .n_prompt = 5,
+                                   .max_tokens = max_tokens,
+                                   .sampling = {.temperature = 0, .top_p = 1}};
+    const hpd_coord_sink_t sink = {.done = sink_done, .arg = o};
+    uint64_t id = 0;
+    char err[300];
+    memset(o, 0, sizeof(*o));
+    const int64_t code = hpd_coord_submit(coord, &q, &sink, &id, err, sizeof(err));
+    if (code != 0)
+        fail_msg("submit: %s", err);
+    return id;
+}
+
+/* The coordinator in-process: a secret, no client keys (requests come in
+ * through hpd_coord_submit), liveness off unless opts say otherwise. */
+static void coord_start(const hpd_coord_opts_t *extra)
+{
+    char err[400];
+    test_tmpdir(peer_dir, sizeof(peer_dir), "coord");
+    snprintf(peer_token_file, sizeof(peer_token_file), "%s/token", peer_dir);
+    assert_int_equal(hpd_write_file(peer_token_file, PEER_SECRET "\n", strlen(PEER_SECRET) + 1),
+                     HPD_OK);
+    hpd_coord_opts_t o = extra != NULL ? *extra : (hpd_coord_opts_t){0};
+    o.host = "127.0.0.1";
+    o.token_file = peer_token_file;
+    if (o.heartbeat_ms == 0)
+        o.heartbeat_ms = 100;
+    if (o.lease_ms == 0)
+        o.lease_ms = 600000;
+    if (o.max_requests == 0)
+        o.max_requests = 64;
+    if (o.queue_timeout_ms == 0)
+        o.queue_timeout_ms = 60000;
+    if (o.max_attempts == 0)
+        o.max_attempts = 3;
+    if (hpd_coord_create(base, &o, &coord, err, sizeof(err)) != HPD_OK)
+        fail_msg("coordinator: %s", err);
+}
+
+static void coord_stop(void)
+{
+    hpd_coord_destroy(coord);
+    coord = NULL;
+    spin(20);
+    test_rmtree(peer_dir);
+}
+
+#endif
