@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/admission.h"
+#include "coordinator/breaker.h"
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
 #include "coordinator/routing.h"
@@ -53,6 +54,7 @@ typedef struct node {
     char numerics[32]; /* its backend's arithmetic (register) */
     uint16_t port;
     uint64_t incarnation; /* of its register call (node.h): a lower one later is stale */
+    hpd_breaker_t breaker; /* out of rotation after failed pairs (coordinator/breaker.h) */
     bool alive;
     bool draining; /* the node said it is finishing its work to stop: no new jobs */
     double lease_until;
@@ -113,6 +115,7 @@ typedef struct {
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
     hpd_metric_t *node_losses, *pair_failures;
+    hpd_metric_t *out_of_rotation, *breaker_openings;
     hpd_metric_t *finish_stop, *finish_length;
     hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
     hpd_metric_t *auth_timeouts, *auth_failures;
@@ -423,6 +426,7 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
 static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p)
 {
     size_t n = 0, i = 0;
+    const double now = hpd_time_now();
     for (node_t *x = c->nodes; x != NULL; x = x->next)
         n++;
     hpd_route_node_t *v = calloc(n ? n : 1, sizeof(*v));
@@ -436,7 +440,8 @@ static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p
         map[i] = x;
         v[i] = (hpd_route_node_t){.id = x->id,
                                   .prefill = x->role == ROLE_PREFILL,
-                                  .usable = x->alive && !x->draining,
+                                  .usable = x->alive && !x->draining &&
+                                            hpd_breaker_usable(&x->breaker, now),
                                   .max_context = x->max_context,
                                   .vocab = x->vocab,
                                   .summary = x->have_summary ? x->summary : NULL,
@@ -470,6 +475,46 @@ static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *page
     free(v);
     free(map);
     return chosen;
+}
+
+/* ------------------------------------------------------------ sick peers */
+
+static uint32_t usable_of(const hpd_coord_t *c, role_t role)
+{
+    uint32_t k = 0;
+    for (const node_t *n = c->nodes; n != NULL; n = n->next)
+        k += n->alive && !n->draining && n->role == role;
+    return k;
+}
+
+/* A failed pair counts against both of its nodes (coordinator/breaker.h):
+ * a node that fails with several counterparts goes out of rotation. */
+static void pair_failed(hpd_coord_t *c, node_t *p, node_t *d, const char *why)
+{
+    const double now = hpd_time_now();
+    node_t *both[2] = {d, p};
+    for (int i = 0; i < 2; i++) {
+        node_t *n = both[i], *other = both[1 - i];
+        if (n == NULL)
+            continue;
+        const uint32_t others = usable_of(c, n->role == ROLE_PREFILL ? ROLE_DECODE : ROLE_PREFILL);
+        if (!hpd_breaker_failure(&n->breaker, other != NULL ? other->id : 0, others, now))
+            continue;
+        hpd_metric_inc(c->m.breaker_openings, 1);
+        HPD_LOG_WARN(LOG_COMPONENT, "%s node %s out of rotation for %.1f s after %u failed "
+                     "pairs (the last: %s); then one request probes it", role_name(n),
+                     n->name, n->breaker.open_until - now,
+                     n->breaker.failures ? n->breaker.failures : 1, why);
+    }
+}
+
+static void pair_ok(node_t *p, node_t *d)
+{
+    node_t *both[2] = {p, d};
+    for (int i = 0; i < 2; i++)
+        if (both[i] != NULL && hpd_breaker_success(&both[i]->breaker))
+            HPD_LOG_INFO(LOG_COMPONENT, "%s node %s back in rotation: a probe succeeded",
+                         role_name(both[i]), both[i]->name);
 }
 
 /* ------------------------------------------------------------ an attempt */
@@ -511,8 +556,12 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
             HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %.*s; the request "
                           "avoids %s", p->name, d != NULL ? d->name : "?", len, text,
                           d != NULL ? d->name : "?");
+            pair_failed(c, p, d, "the prefill node could not put into the decode node");
             req_event(c, r, HPD_REQ_EV_PAIR_FAILED, "prefill on %s: %.*s", p->name, len, text);
         } else {
+            /* a job the prefill node failed counts against it (and its pair) */
+            if (reply->error_code != HPD_RPC_ERR_OVERLOADED)
+                pair_failed(c, p, d, "the prefill job failed");
             req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %.*s", p->name, len, text);
         }
         return;
@@ -521,6 +570,7 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, err.text);
         return;
     }
+    pair_ok(p, d);
     if (!req_event(c, r, HPD_REQ_EV_PREFILLED, "prefilled on %s", p->name))
         return;
     r->cached_tokens = m.cached_tokens;
@@ -606,6 +656,7 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     hpd_rpc_buf_destroy(&dest);
     hpd_rpc_buf_destroy(&samp);
     r->pnode = p;
+    hpd_breaker_placed(&p->breaker, hpd_time_now());
     p->jobs++;
     p->queued_tokens += r->n_prompt;
     req_event(c, r, HPD_REQ_EV_RESERVED, "reserved on %s", d->name);
@@ -659,6 +710,7 @@ static void schedule(hpd_coord_t *c)
         r->job = ++c->next_job;
         r->dnode = d;
         r->dpages = pages;
+        hpd_breaker_placed(&d->breaker, hpd_time_now()); /* a probe, if it is one */
         d->slots_reserved++;
         d->pages_reserved += pages;
         req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
@@ -1689,6 +1741,15 @@ static hpd_status_t metrics_init(metrics_t *m)
                                      finish_help, "reason=\"stop\"");
     m->finish_length = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_finish_total",
                                        finish_help, "reason=\"length\"");
+    m->out_of_rotation = hpd_metrics_add(m->reg, HPD_METRIC_GAUGE, "hpd_nodes_out_of_rotation",
+                                         "Nodes that take no new work after failed pairs, "
+                                         "until a probe succeeds.", NULL);
+    m->breaker_openings = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                          "hpd_nodes_taken_out_total",
+                                          "Times a node was taken out of rotation after "
+                                          "failed pairs.", NULL);
+    if (m->out_of_rotation == NULL || m->breaker_openings == NULL)
+        return HPD_ERR_NO_MEMORY;
     m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
                                        "Prefill jobs whose transfer to the decode node failed "
                                        "(the request went to another decode node).", NULL);
@@ -1729,6 +1790,11 @@ void hpd_coord_collect(hpd_coord_t *c)
     hpd_metric_set(c->m.nodes_prefill, prefill);
     hpd_metric_set(c->m.nodes_decode, decode);
     hpd_metric_set(c->m.nodes_draining, draining);
+    uint32_t out = 0;
+    const double now = hpd_time_now();
+    for (node_t *n = c->nodes; n != NULL; n = n->next)
+        out += n->alive && !hpd_breaker_usable(&n->breaker, now);
+    hpd_metric_set(c->m.out_of_rotation, out);
     hpd_rpc_server_stats_t rs;
     hpd_rpc_server_stats(c->server, &rs);
     hpd_metric_set(c->m.conns_authed, rs.open - rs.unauthenticated);

@@ -411,9 +411,13 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
         if (!j->xfer_open)
             j->t_first_put = hpd_time_now();
         j->xfer_open = true;
-        if (st != HPD_OK)
+        if (st != HPD_OK) {
+            /* its endpoint failed (the decode node cannot be reached): the
+             * pair's fault, and the request runs again elsewhere */
+            j->pair_failed |= st == HPD_ERR_IO || st == HPD_ERR_TIMEOUT;
             job_fail(p, j, "push to decode node %llu failed at layer %u: %s",
                      (unsigned long long)j->dst_node, layer, hpd_status_str(st));
+        }
     }
 }
 
@@ -548,8 +552,10 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
             return false;
         j->dst_tables[g] = row;
     }
-    if ((j->peer = peer_get(p, j->dst_node, dst.xfer, err)) == NULL)
+    if ((j->peer = peer_get(p, j->dst_node, dst.xfer, err)) == NULL) {
+        j->pair_failed = true; /* the decode node's data plane: the pair's fault, not the job's */
         return false;
+    }
     return true;
 }
 
@@ -567,9 +573,12 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     j->owner = p;
     if (!parse_job(p, j, params, &err)) {
         /* the typed messages name themselves ("prefill: ", "decode: ",
-         * "reservation: "); the rest gets the method's name */
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s%s",
-                            strncmp(err.text, "prefill: ", 9) == 0 ? "" : "prefill: ", err.text);
+         * "reservation: "); the rest gets the method's name. A decode
+         * node this node cannot reach is a failed pair (the coordinator
+         * runs the request again elsewhere), not a client's error */
+        hpd_rpc_reply_error(conn, id, j->pair_failed ? HPD_RPC_ERR_PEER : HPD_RPC_ERR_PARAMS,
+                            "%s%s", strncmp(err.text, "prefill: ", 9) == 0 ? "" : "prefill: ",
+                            err.text);
         free(j->prompt);
         free(j->dst_pages);
         free(j);

@@ -31,8 +31,13 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <sys/prctl.h>
 
+#include "model/model.h"
+#include "node/msg.h"
 #include "transport/http.h"
+#include "transport/xfer.h"
 #include "transport/rpc.h"
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
@@ -43,6 +48,7 @@
 #define NEVER "600000" /* a lease or timeout that never lapses within a case */
 
 static cl_t cl;
+static uint8_t fake_fingerprint[16]; /* the cluster's model's, for a fake node */
 static int32_t prompts[N_PROMPTS][CL_PROMPT_MAX];
 static uint32_t prompt_len[N_PROMPTS];
 static int32_t ref[N_PROMPTS][MAX_TOKENS];
@@ -849,6 +855,153 @@ static void test_registration_storm(void **state)
     small_end(&s, 3);
 }
 
+/* ------------------------------------------------------------ a fake decode node */
+
+/* A decode node's reserve answered with one page per pack group (4 full
+ * attention layers, packs of 1); start and cancel with nil. */
+static void fake_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                         void *arg)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    msgpack_pack_map(&b.pk, 5);
+    hpd_rpc_pack_str(&b.pk, "layout");
+    msgpack_pack_map(&b.pk, 3);
+    hpd_rpc_pack_str(&b.pk, "block_size");
+    msgpack_pack_uint32(&b.pk, 16);
+    hpd_rpc_pack_str(&b.pk, "pack_size");
+    msgpack_pack_uint32(&b.pk, 1);
+    hpd_rpc_pack_str(&b.pk, "order");
+    hpd_rpc_pack_str(&b.pk, "nhd");
+    hpd_rpc_pack_str(&b.pk, "tables");
+    msgpack_pack_array(&b.pk, 4);
+    for (int g = 0; g < 4; g++) {
+        msgpack_pack_array(&b.pk, 8);
+        for (int k = 0; k < 8; k++)
+            msgpack_pack_uint32(&b.pk, (uint32_t)(g * 8 + k));
+    }
+    hpd_rpc_pack_str(&b.pk, "slot_offset");
+    msgpack_pack_uint64(&b.pk, 0);
+    hpd_rpc_pack_str(&b.pk, "kv_region");
+    msgpack_pack_uint32(&b.pk, 0);
+    hpd_rpc_pack_str(&b.pk, "slot_region");
+    msgpack_pack_uint32(&b.pk, 1);
+    hpd_rpc_reply(conn, id, &b);
+    hpd_rpc_buf_destroy(&b);
+}
+
+static void fake_nil(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+{
+    hpd_rpc_reply(conn, id, NULL);
+}
+
+/* A child process that registers as a decode node whose UCX info is a
+ * real worker's, of a worker already gone: the coordinator takes it, and
+ * no prefill node can reach it. It answers reserve, start and cancel until
+ * it is killed. */
+static pid_t start_unreachable_decode(const char *name)
+{
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid > 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct event_base *eb = event_base_new();
+    hpd_xfer_ctx_t *x;
+    const hpd_xfer_params_t xp = {.base = eb, .tls = "tcp", .net_devices = "lo"};
+    static uint8_t pool[2][1 << 16];
+    uint32_t region;
+    hpd_rpc_buf_t info;
+    if (hpd_xfer_create(&xp, &x) != HPD_OK ||
+        hpd_xfer_register(x, pool[0], sizeof(pool[0]), &region) != HPD_OK ||
+        hpd_xfer_register(x, pool[1], sizeof(pool[1]), &region) != HPD_OK)
+        _exit(10);
+    hpd_rpc_buf_init(&info);
+    if (hpd_xfer_pack_info(x, &info) != HPD_OK)
+        _exit(11);
+    hpd_xfer_destroy(x); /* its address now leads nowhere */
+    static const hpd_rpc_method_t methods[] = {{.name = "reserve", .fn = fake_reserve},
+                                               {.name = "start", .fn = fake_nil},
+                                               {.name = "cancel", .fn = fake_nil}};
+    hpd_rpc_server_t *srv;
+    const hpd_rpc_server_params_t sp = {.base = eb, .host = "127.0.0.1",
+                                        .token = "cluster-secret", .methods = methods,
+                                        .n_methods = 3};
+    if (hpd_rpc_server_create(&sp, &srv) != HPD_OK)
+        _exit(12);
+    /* the model's fingerprint: from the real decode node's registration is
+     * not at hand here; the coordinator takes the first node's, so this
+     * one registers with the cluster's (read from a real node's stats) */
+    hpd_rpc_client_t *rc;
+    const hpd_rpc_client_params_t cp = {.base = eb, .host = "127.0.0.1", .port = cl.port,
+                                        .token = "cluster-secret", .timeout_ms = 30000};
+    if (hpd_rpc_client_create(&cp, &rc) != HPD_OK)
+        _exit(13);
+    hpd_msg_register_t m = {.port = hpd_rpc_server_port(srv),
+                            .fingerprint = fake_fingerprint,
+                            .fingerprint_len = 16,
+                            .vocab = 512,
+                            .max_context = 1024,
+                            .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
+                            .kv_layers = 4,
+                            .pages = 100000,
+                            .slots = 64,
+                            .max_batch = 64,
+                            .xfer_raw = info.sb.data,
+                            .xfer_raw_len = (uint32_t)info.sb.size};
+    snprintf(m.role, sizeof(m.role), "decode");
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    snprintf(m.host, sizeof(m.host), "127.0.0.1");
+    hpd_rpc_buf_t b;
+    hpd_rpc_result_t r;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_register, &m, &b.pk);
+    if (hpd_rpc_call_sync(rc, "register", &b, 30000, &r) != HPD_OK || r.is_error) {
+        fprintf(stderr, "the unreachable decode node was refused: %s\n", r.error_message);
+        _exit(14);
+    }
+    event_base_dispatch(eb);
+    _exit(0);
+}
+
+/* A decode node the coordinator took (its UCX info passes every check) but
+ * that no prefill node can reach: on 02a8551 every request sent there
+ * failed in 10 ms with -32602, a client's error, and with the most free
+ * pages it got everything. Now the prefill node reports a failed pair, the
+ * request runs again on the other decode node, and after two failed pairs
+ * the unreachable one takes no new work: every request is right. */
+static void test_unreachable_decode_node(void **state)
+{
+    const char *args[] = {"--heartbeat-ms", "100", "--lease-ms", NEVER, NULL};
+    small_t s;
+    req_t q[N_PROMPTS];
+    small_start(&s, "unreach", args, NULL, NULL);
+    /* the cluster's model fingerprint: the real decode node's, from its
+     * registration line is not logged; a registration with a wrong one is
+     * refused naming it, so the fake reads it from the model directly */
+    hpd_model_t *model;
+    assert_int_equal(hpd_model_load(cl.model, &model), HPD_OK);
+    memcpy(fake_fingerprint, model->fingerprint, 16);
+    hpd_model_destroy(model);
+    const pid_t fake = start_unreachable_decode("unreach-ghost");
+    cl_wait_log(&cl, s.coord, "decode node unreach-ghost", 60);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N_PROMPTS; i++)
+            submit(s.c, i, &q[i]);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            wait_done(s.c, &q[i], "a request with an unreachable decode node registered");
+            expect_ok(&q[i], i, q[i].attempts);
+        }
+    }
+    assert_true(cl_file_has(s.coord->log, "decode node unreach-ghost out of rotation"));
+    assert_true(cl_file_has(s.coord->log, "pair unreach-p -> unreach-ghost failed"));
+    assert_false(cl_file_has(s.coord->log, "expected")); /* no client error */
+    kill(fake, SIGKILL);
+    waitpid(fake, NULL, 0);
+    cl_wait_idle(&cl, 2, 120);
+    small_end(&s, 2);
+}
+
 /* A register call's params for a fake decode node whose UCX worker address
  * has the given first byte (UCX reads the address version from its low 4
  * bits and aborts on one it does not know). */
@@ -1432,6 +1585,7 @@ int main(void)
         cmocka_unit_test_teardown(test_fake_peers, case_teardown),
         cmocka_unit_test_teardown(test_node_keeps_trying, case_teardown),
         cmocka_unit_test_teardown(test_registration_storm, case_teardown),
+        cmocka_unit_test_teardown(test_unreachable_decode_node, case_teardown),
         cmocka_unit_test_teardown(test_decode_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_prefill_node_hangs, case_teardown),
         cmocka_unit_test_teardown(test_client_keys, case_teardown),

@@ -43,6 +43,8 @@ typedef struct {
     uint64_t node_id;
     bool registered;
     peer_mode_t mode; /* how reserve (decode) or prefill (prefill) is answered */
+    uint64_t fail_dest;   /* prefill: jobs for this decode node fail as a cut pair (PEER) */
+    bool autocomplete;    /* decode: a started job gets its last 3 tokens at once */
     peer_job_t jobs[PEER_MAX_JOBS];
     uint32_t n_jobs;
     uint32_t reserves, prefills, starts, cancels;
@@ -52,9 +54,11 @@ typedef struct {
 static hpd_coord_t *coord;
 static char peer_dir[256], peer_token_file[300];
 
+/* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
+ * that old in these tests). */
 static peer_job_t *peer_job(peer_t *p, uint64_t job)
 {
-    for (uint32_t i = 0; i < p->n_jobs; i++)
+    for (uint32_t i = 0; i < p->n_jobs && i < PEER_MAX_JOBS; i++)
         if (p->jobs[i].job == job)
             return &p->jobs[i];
     return NULL;
@@ -62,8 +66,8 @@ static peer_job_t *peer_job(peer_t *p, uint64_t job)
 
 static peer_job_t *peer_add_job(peer_t *p, uint64_t job)
 {
-    assert_true(p->n_jobs < PEER_MAX_JOBS);
-    peer_job_t *j = &p->jobs[p->n_jobs++];
+    peer_job_t *j = &p->jobs[p->n_jobs++ % PEER_MAX_JOBS];
+    assert_true(j->conn == NULL || j->answered); /* never one still held */
     *j = (peer_job_t){.job = job};
     return j;
 }
@@ -74,6 +78,9 @@ static uint64_t job_of(const msgpack_object *params)
     assert_non_null(j);
     return j->via.u64;
 }
+
+static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *ids, uint32_t n,
+                        bool done, const char *error);
 
 static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
@@ -119,6 +126,10 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
     if (j != NULL)
         j->started = true;
     hpd_rpc_reply(conn, id, NULL);
+    if (j != NULL && p->autocomplete) {
+        static const int32_t rest[] = {10, 11, 12};
+        peer_tokens(p, j->job, 1, rest, 3, true, NULL);
+    }
 }
 
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
@@ -156,6 +167,13 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     peer_job_t *j = peer_add_job(p, job_of(params));
     j->conn = conn;
     j->call = id;
+    const msgpack_object *dest = hpd_rpc_map_get(hpd_rpc_map_get(params, "decode"), "node");
+    if (p->fail_dest != 0 && dest != NULL && dest->via.u64 == p->fail_dest) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PEER, "cannot reach decode node %llu "
+                            "(scripted)", (unsigned long long)p->fail_dest);
+        j->answered = true;
+        return;
+    }
     switch (p->mode) {
     case PEER_ANSWER: answer_prefill(j, 7); break;
     case PEER_HOLD: hpd_rpc_conn_ref(conn); break;
@@ -280,7 +298,7 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
 /* The node dies: its connections close. */
 static void peer_stop(peer_t *p)
 {
-    for (uint32_t i = 0; i < p->n_jobs; i++)
+    for (uint32_t i = 0; i < p->n_jobs && i < PEER_MAX_JOBS; i++)
         if (p->jobs[i].conn != NULL && !p->jobs[i].answered)
             hpd_rpc_conn_unref(p->jobs[i].conn);
     hpd_rpc_client_destroy(p->reg);

@@ -4,7 +4,11 @@
  * processes:
  * - a request's path: reserve, prefill, start, the decode node's tokens;
  * - a decode node's tokens count only for its own jobs: another registered
- *   node cannot add tokens to, end or fail a request it does not hold. */
+ *   node cannot add tokens to, end or fail a request it does not hold;
+ * - sick peers (coordinator/breaker.h): a decode node every pair fails
+ *   with, and a prefill node that fails every job, are taken out of
+ *   rotation, probed, and put back once a probe succeeds; every request
+ *   finishes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -87,12 +91,96 @@ static void test_tokens_only_from_its_decode_node(void **state)
     coord_stop();
 }
 
+/* Runs n requests one after the other, each to its end. */
+static void run_requests(uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        outcome_t o;
+        submit_request(&o, 4);
+        LOOP_UNTIL(o.done);
+        if (o.outcome != HPD_COORD_FINISHED)
+            fail_msg("request %u: %s", i, o.error);
+    }
+}
+
+/* A decode node every pair fails with (its data plane cannot be reached)
+ * is routed around: after two failed pairs it takes no new work (on
+ * 02a8551 it kept getting every request, each failing there first); after
+ * its cooldown one request probes it; while it stays bad the probes fail
+ * (and it stays out, for longer); once it is reachable again a probe
+ * succeeds and it is back in rotation. Every request finishes. */
+static void test_sick_decode_node_routed_around(void **state)
+{
+    peer_t p, good, bad;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    /* the newest node comes first among equals: the bad one */
+    peer_start(&good, "d-good", false);
+    peer_start(&bad, "d-bad", false);
+    bad.autocomplete = good.autocomplete = true;
+    p.fail_dest = bad.node_id;
+    run_requests(8);
+    assert_int_equal(bad.reserves, 2); /* two failed pairs, then out */
+    assert_int_equal(good.starts, 8);
+    assert_int_equal(bad.starts, 0);
+    /* its cooldown (1 s) over, one request probes it; still bad */
+    const double t0 = hpd_time_now();
+    while (bad.reserves < 3) {
+        if (hpd_time_now() - t0 > 60)
+            fail_msg("no probe of the sick decode node in 60 s");
+        run_requests(1);
+        usleep(50 * 1000);
+    }
+    assert_int_equal(bad.reserves, 3);
+    run_requests(3); /* out again (2 s): nothing goes there */
+    assert_int_equal(bad.reserves, 3);
+    /* it recovers: the next probe succeeds, and it serves again */
+    p.fail_dest = 0;
+    const double t1 = hpd_time_now();
+    while (bad.starts == 0) {
+        if (hpd_time_now() - t1 > 60)
+            fail_msg("the recovered decode node got no work in 60 s");
+        run_requests(1);
+        usleep(50 * 1000);
+    }
+    const uint32_t before = bad.starts;
+    run_requests(6); /* back in rotation: it takes its share */
+    assert_true(bad.starts > before);
+    peer_stop(&p);
+    peer_stop(&good);
+    peer_stop(&bad);
+    coord_stop();
+}
+
+/* A prefill node that fails every job (not a pair's fault: its engine) is
+ * taken out of rotation too; the other prefill node serves. */
+static void test_failing_prefill_node_routed_around(void **state)
+{
+    peer_t bad, good, d;
+    coord_start(NULL);
+    peer_start(&bad, "p-bad", true);
+    peer_start(&good, "p-good", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    bad.mode = PEER_FAIL_PEER; /* every job fails */
+    run_requests(8);
+    assert_true(bad.prefills <= 2);
+    assert_int_equal(good.prefills, 8);
+    peer_stop(&bad);
+    peer_stop(&good);
+    peer_stop(&d);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_only_from_its_decode_node, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sick_decode_node_routed_around, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
