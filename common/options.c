@@ -47,7 +47,8 @@ const hpd_opt_t hpd_options[] = {
     INT("lease-ms", U32, 30, 600000, 1, "10000", "a node silent this long is lost; more than\n"
         "the longest engine step", C, "lease_ms"),
     INT("liveness-ms", U32, 0, 600000, 1, "500", "a node whose pinger thread is silent this\n"
-        "long is lost (stopped or hung process); 0 = off", C, "liveness_ms"),
+        "long is suspect (no new work, its requests run\nelsewhere); lost after twice its "
+        "window (at least\n4 x this); 0 = off", C, "liveness_ms"),
     INT("max-requests", U32, 1, 1u << 24, 1, "256", "requests in flight before 'overloaded'",
         C, "max_requests"),
     INT("queue-timeout-ms", U32, 1, UINT32_MAX, 1, "60000",

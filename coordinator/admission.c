@@ -25,15 +25,17 @@ int64_t hpd_admit(const hpd_route_node_t *nodes, size_t n, const hpd_admit_state
         have_p |= nodes[i].prefill;
         have_d |= !nodes[i].prefill;
     }
-    if (!have_p || !have_d) {
-        snprintf(err, len, "generate: no %s node is registered", !have_p ? "prefill" : "decode");
-        return HPD_RPC_ERR_OVERLOADED;
-    }
     if (state->open_requests >= state->max_requests) {
         snprintf(err, len, "generate: overloaded: %u requests in flight (limit %u)",
                  state->open_requests, state->max_requests);
         return HPD_RPC_ERR_OVERLOADED;
     }
+    /* without a usable prefill or decode node (none registered yet, a
+     * restart, all draining or out of rotation) the request waits in the
+     * queue, bounded by max_requests and its timeout; what only the nodes
+     * can tell (the vocabulary, the context) is checked where it runs */
+    if (!have_p || !have_d)
+        vocab = UINT32_MAX, max_ctx = UINT32_MAX;
     if (!hpd_msg_ids_below(g->prompt, g->prompt_n, vocab, "prompt", &e) ||
         !hpd_msg_ids_below(g->stop_token_ids, g->stop_token_ids_n, vocab, "stop_token_ids", &e)) {
         snprintf(err, len, "generate: %s", e.text);

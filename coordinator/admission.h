@@ -2,11 +2,14 @@
  * loop and registry so that tests can put any cluster state before it
  * (docs/cluster.md, "Life of a request", step 1).
  *
- * Refused as overloaded (-32005, retry later): the coordinator drains, no
- * usable prefill or decode node is registered, or max_requests requests are
- * open. Refused as invalid (-32602, the caller must fix it): a token id not
- * below the smallest vocabulary of the usable nodes, an empty prompt,
- * max_tokens 0, prompt + max_tokens beyond the largest decode context, a
+ * Refused as overloaded (-32005, retry later): the coordinator drains, or
+ * max_requests requests are open. A request that comes while no usable
+ * prefill or decode node is registered is taken: it waits in the queue
+ * (bounded by max_requests and its queue timeout) for one. Refused as
+ * invalid (-32602, the caller must fix it): a token id not below the
+ * smallest vocabulary of the usable nodes, an empty prompt, max_tokens 0,
+ * prompt + max_tokens beyond the largest decode context (those two only
+ * while nodes are there to tell), a
  * temperature below 0 or not a number, top_p outside (0, 1], a stop token
  * id not below the vocabulary or more than HPD_ADMIT_MAX_STOP of them,
  * min_tokens above max_tokens.

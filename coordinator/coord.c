@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/admission.h"
+#include "coordinator/alive.h"
 #include "coordinator/breaker.h"
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
@@ -59,7 +60,8 @@ typedef struct node {
     bool draining; /* the node said it is finishing its work to stop: no new jobs */
     double lease_until;
     uint64_t alive_key;  /* its liveness pings name it (node/liveness.h) */
-    double alive_until;  /* 0: it has not pinged (yet) */
+    hpd_alive_t liveness; /* its pings (coordinator/alive.h), with liveness on */
+    bool suspect;         /* its pings stopped for its suspect window: no new work */
     hpd_coord_t *coord;
     hpd_rpc_client_t *client; /* coordinator -> node */
     hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
@@ -115,7 +117,7 @@ typedef struct {
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
     hpd_metric_t *node_losses, *pair_failures;
-    hpd_metric_t *out_of_rotation, *breaker_openings;
+    hpd_metric_t *out_of_rotation, *breaker_openings, *suspects;
     hpd_metric_t *finish_stop, *finish_length;
     hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
     hpd_metric_t *auth_timeouts, *auth_failures;
@@ -440,7 +442,7 @@ static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p
         map[i] = x;
         v[i] = (hpd_route_node_t){.id = x->id,
                                   .prefill = x->role == ROLE_PREFILL,
-                                  .usable = x->alive && !x->draining &&
+                                  .usable = x->alive && !x->draining && !x->suspect &&
                                             hpd_breaker_usable(&x->breaker, now),
                                   .max_context = x->max_context,
                                   .vocab = x->vocab,
@@ -624,7 +626,9 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
     node_t *p = pick(c, r, true, NULL);
     if (p == NULL) {
-        req_event(c, r, HPD_REQ_EV_FAILED, "no prefill node can take %u tokens", r->n_prompt);
+        /* none usable now (suspect, out of rotation, draining, gone since
+         * the placement): back to the queue, not a failed attempt */
+        req_event(c, r, HPD_REQ_EV_FULL, "no prefill node can take %u tokens now", r->n_prompt);
         return;
     }
     hpd_msg_reservation_t res = {0};
@@ -702,10 +706,8 @@ static void schedule(hpd_coord_t *c)
                       pages, r->n_prompt, r->max_tokens, largest);
             continue;
         }
-        bool have_prefill = false;
-        for (node_t *n = c->nodes; n != NULL; n = n->next)
-            have_prefill |= n->alive && n->role == ROLE_PREFILL;
-        if (!have_prefill)
+        /* a prefill node that could take it now, or the request waits */
+        if (pick(c, r, true, NULL) == NULL)
             break;
         r->job = ++c->next_job;
         r->dnode = d;
@@ -869,6 +871,45 @@ static void on_node_close(void *arg, hpd_status_t why)
     node_lost(n->coord, n, "its RPC connection closed");
 }
 
+/* A node's pings (coordinator/alive.h): silent for its suspect window, it
+ * gets no new work and what it holds runs again elsewhere (its attempts
+ * there are canceled; it may resume); silent for its lost window (longer,
+ * and wider for a node whose pings come irregularly), it is lost. */
+static void judge_liveness(hpd_coord_t *c, node_t *n, double now)
+{
+    const double window = c->o.liveness_ms / 1000.0, cap = c->o.lease_ms / 1000.0;
+    const hpd_alive_verdict_t v = hpd_alive_judge(&n->liveness, now, window, cap);
+    if (v == HPD_ALIVE_LOST) {
+        char why[160];
+        snprintf(why, sizeof(why), "no liveness ping for %.0f ms (its window %.0f ms, from "
+                 "its pings' intervals): the process is stopped or hung",
+                 (now - n->liveness.last) * 1e3,
+                 hpd_alive_lost_after(&n->liveness, window, cap) * 1e3);
+        node_lost(c, n, why);
+        return;
+    }
+    if (v != HPD_ALIVE_SUSPECT || n->suspect)
+        return;
+    n->suspect = true;
+    hpd_metric_inc(c->m.suspects, 1);
+    uint32_t moved = 0;
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if ((r->dnode == n || r->pnode == n) && r->fsm.state != HPD_REQ_QUEUED) {
+            moved++;
+            req_event(c, r, HPD_REQ_EV_FAILED, "%s node %s is suspect (no liveness ping for "
+                      "%.0f ms): the request runs again elsewhere", role_name(n), n->name,
+                      (now - n->liveness.last) * 1e3);
+        }
+    }
+    HPD_LOG_WARN(LOG_COMPONENT, "%s node %s suspect: no liveness ping for %.0f ms (its window "
+                 "%.0f ms); no new work goes there, %u of its requests run again elsewhere; "
+                 "lost after %.0f ms", role_name(n), n->name, (now - n->liveness.last) * 1e3,
+                 hpd_alive_suspect_after(&n->liveness, window, cap) * 1e3, moved,
+                 hpd_alive_lost_after(&n->liveness, window, cap) * 1e3);
+    schedule_soon(c);
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     hpd_coord_t *c = arg;
@@ -887,20 +928,24 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         next = n->next;
         if (n->lease_until < now) {
             node_lost(c, n, "lease expired (no heartbeat)");
-        } else if (n->alive_until > 0 && n->alive_until < now) {
-            char why[120];
-            snprintf(why, sizeof(why), "no liveness ping for %u ms: the process is stopped or "
-                     "hung", c->o.liveness_ms);
-            node_lost(c, n, why);
+        } else if (c->o.liveness_ms > 0 && n->alive_key != 0) {
+            judge_liveness(c, n, now);
         }
     }
+    bool waiting = false;
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
         if (r->fsm.state == HPD_REQ_QUEUED && now - r->t_queued > c->o.queue_timeout_ms / 1000.0)
             req_event(c, r, HPD_REQ_EV_TIMEOUT, "no node could take the request within %u ms "
                       "(%s)", c->o.queue_timeout_ms,
                       r->last_error[0] ? r->last_error : "no room or no nodes");
+        else
+            waiting |= r->fsm.state == HPD_REQ_QUEUED;
     }
+    /* a node out of rotation comes back by time (its cooldown): the queue
+     * is looked at again each tick while something waits */
+    if (waiting)
+        schedule_soon(c);
 }
 
 static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
@@ -1051,6 +1096,9 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     hpd_rpc_buf_init(&b);
     const bool liveness = c->o.liveness_ms > 0 && getrandom(&n->alive_key, sizeof(n->alive_key),
                                                             0) == sizeof(n->alive_key);
+    /* judged from now: a node that hangs before its first ping is too */
+    if (liveness)
+        hpd_alive_start(&n->liveness, hpd_time_now(), HPD_MAX(c->o.liveness_ms / 5, 10u) / 1e3);
     const hpd_msg_registered_t reg = {
         .node_id = n->id,
         .heartbeat_ms = c->o.heartbeat_ms,
@@ -1058,7 +1106,9 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         /* five pings per liveness lease */
         .alive_ms = liveness ? HPD_MAX(c->o.liveness_ms / 5, 10u) : 0,
         .alive_key = liveness ? n->alive_key : 0,
-        .alive_lease_ms = liveness ? c->o.liveness_ms : 0};
+        /* the node fences itself this long after its last answered ping:
+         * never later than this coordinator can declare it lost */
+        .alive_lease_ms = liveness ? HPD_ALIVE_LOST_WINDOWS * c->o.liveness_ms : 0};
     hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
@@ -1089,7 +1139,13 @@ static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
                             (unsigned long long)m.node_id);
         return;
     }
-    n->alive_until = hpd_time_now() + c->o.liveness_ms / 1000.0;
+    hpd_alive_ping(&n->liveness, hpd_time_now());
+    if (n->suspect) {
+        n->suspect = false;
+        HPD_LOG_INFO(LOG_COMPONENT, "%s node %s pings again: it takes work again",
+                     role_name(n), n->name);
+        schedule_soon(c);
+    }
     hpd_rpc_reply(conn, id, NULL);
 }
 
@@ -1748,7 +1804,10 @@ static hpd_status_t metrics_init(metrics_t *m)
                                           "hpd_nodes_taken_out_total",
                                           "Times a node was taken out of rotation after "
                                           "failed pairs.", NULL);
-    if (m->out_of_rotation == NULL || m->breaker_openings == NULL)
+    m->suspects = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_suspects_total",
+                                  "Times a node's liveness pings stopped for its suspect "
+                                  "window (its requests ran again elsewhere).", NULL);
+    if (m->out_of_rotation == NULL || m->breaker_openings == NULL || m->suspects == NULL)
         return HPD_ERR_NO_MEMORY;
     m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
                                        "Prefill jobs whose transfer to the decode node failed "

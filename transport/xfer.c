@@ -85,6 +85,7 @@ typedef struct xfer {
     void *cb_arg;
     double t_first;         /* first put (or the finish, without puts) */
     double t_finish, due;
+    double t_flush; /* its flush was issued (0: not yet) */
     struct event *deadline; /* while finishing, with deadlines on */
 } xfer_t;
 
@@ -119,6 +120,11 @@ struct hpd_xfer_peer {
     bool failed, closed;
     bool ep_closed; /* a missed deadline closed the endpoint already */
     hello_hdr_t hello;
+    /* what deadlines of transfers to it assume: its link's measured rate
+     * and round trip (flush latencies), each 0 until measured; the probe
+     * is the flush behind the hello, out since probe_t0 */
+    double rate, rtt, probe_t0;
+    bool probing;
 };
 
 struct hpd_xfer_ctx {
@@ -916,6 +922,7 @@ static void map_region(const hpd_xfer_ctx_t *c, hpd_xfer_peer_t *p, uint32_t i)
 }
 
 static void send_hello(hpd_xfer_peer_t *p);
+static void probe_rtt(hpd_xfer_peer_t *p);
 
 hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
                               hpd_xfer_peer_t **peer_p)
@@ -979,6 +986,7 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
     p->next = c->peers;
     c->peers = p;
     send_hello(p);
+    probe_rtt(p);
     progress_and_arm(c);
     *peer_p = p;
     return HPD_OK;
@@ -987,6 +995,42 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
 static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
 {
     request_done(request, user_data);
+}
+
+/* A round trip of the link as the first sample of its RTT: the flush
+ * behind the hello completes once the peer acknowledged it (the wireup
+ * included: an upper bound, which is what a deadline wants). */
+static void sample_rtt(hpd_xfer_peer_t *p, double seconds)
+{
+    p->rtt = p->rtt > 0 ? 0.75 * p->rtt + 0.25 * seconds : seconds;
+}
+
+static void on_probe_flushed(void *request, ucs_status_t status, void *user_data)
+{
+    hpd_xfer_peer_t *p = user_data;
+    if (status == UCS_OK && p->probing)
+        sample_rtt(p, hpd_time_now() - p->probe_t0);
+    p->probing = false;
+    request_done(request, p);
+}
+
+static void probe_rtt(hpd_xfer_peer_t *p)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_probe_flushed,
+                              .user_data = p};
+    p->probe_t0 = hpd_time_now();
+    p->probing = true;
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &rp);
+    if (r == NULL) {
+        sample_rtt(p, hpd_time_now() - p->probe_t0);
+        p->probing = false;
+    } else if (UCS_PTR_IS_ERR(r)) {
+        p->probing = false;
+    } else {
+        (void)track(p, r);
+    }
 }
 
 /* Tells the receiver who writes from this endpoint, asking UCX for the
@@ -1053,6 +1097,12 @@ static void close_ep(hpd_xfer_peer_t *p)
 uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *p)
 {
     return p->node;
+}
+
+void hpd_xfer_peer_link(const hpd_xfer_peer_t *p, double *rtt_s_p, double *rate_p)
+{
+    *rtt_s_p = p->rtt;
+    *rate_p = p->rate;
 }
 
 bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *p)
@@ -1451,13 +1501,37 @@ static void send_notice(xfer_t *x)
 
 #define RATE_SAMPLE_BYTES (1ull << 20)
 
-/* The rate a deadline assumes: a quarter of the measured link rate, at
- * least min_rate. */
-static double deadline_rate(const hpd_xfer_ctx_t *c)
+#define PAIR_RATE_SAMPLE_BYTES (64u << 10)
+#define DEADLINE_RTTS 4            /* a deadline allows this many round trips */
+#define PROBE_COUNTS_UP_TO_S 1.5   /* a probe still out counts as an RTT this long at most */
+
+/* The rate a deadline of a transfer to p assumes: a quarter of the pair's
+ * measured rate; before the pair has one, a quarter of the node's link rate
+ * (over every peer), at least min_rate (a link nothing was measured on). */
+static double deadline_rate(const hpd_xfer_peer_t *p)
 {
-    const double floor = c->p.min_rate > 0 ? c->p.min_rate : 100e6;
-    const double r = c->st.link_rate / 4;
-    return r > floor ? r : floor;
+    const hpd_xfer_ctx_t *c = p->ctx;
+    if (p->rate > 0)
+        return HPD_MAX(p->rate / 4, 1e5);
+    const double floor = c->p.min_rate > 0 ? c->p.min_rate : 10e6;
+    return HPD_MAX(c->st.link_rate / 4, floor);
+}
+
+/* The fixed part of a deadline: deadline_ms, or DEADLINE_RTTS round trips
+ * of the pair when longer. A probe still out makes the round trip at least
+ * as long as it has been out (a slow link shows itself before a first
+ * transfer completes on it). */
+static double deadline_base(const hpd_xfer_peer_t *p)
+{
+    double rtt = p->rtt;
+    if (p->probing)
+        rtt = HPD_MAX(rtt, HPD_MIN(hpd_time_now() - p->probe_t0, PROBE_COUNTS_UP_TO_S));
+    return HPD_MAX(p->ctx->p.deadline_ms / 1e3, DEADLINE_RTTS * rtt);
+}
+
+static double deadline_s(const xfer_t *x)
+{
+    return deadline_base(x->peer) + (double)x->hdr.bytes / deadline_rate(x->peer);
 }
 
 /* A transfer missed its deadline: the pair is taken as failed. The
@@ -1484,12 +1558,22 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
         arm_deadline(x);
         return;
     }
+    /* what the pair showed meanwhile (its probe still out, a slower round
+     * trip) may move the deadline */
+    const double due = x->t_finish + deadline_s(x);
+    if (due > hpd_time_now() + 0.001) {
+        const uint64_t us = (uint64_t)((due - hpd_time_now()) * 1e6);
+        const struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
+        x->due = due;
+        evtimer_add(x->deadline, &tv);
+        return;
+    }
     HPD_LOG_WARN(LOG_COMPONENT, "transfer %llu to node %llu missed its deadline: %llu bytes "
-                 "not acknowledged %.0f ms after the finish (%u ms + the bytes at %.0f MB/s); "
-                 "the endpoint is closed", (unsigned long long)x->id,
-                 (unsigned long long)p->node, (unsigned long long)x->hdr.bytes,
-                 (hpd_time_now() - x->t_finish) * 1e3, c->p.deadline_ms,
-                 deadline_rate(c) / 1e6);
+                 "not acknowledged %.0f ms after the finish (%.0f ms + the bytes at %.1f MB/s; "
+                 "the pair's round trip %.0f ms, rate %.1f MB/s); the endpoint is closed",
+                 (unsigned long long)x->id, (unsigned long long)p->node,
+                 (unsigned long long)x->hdr.bytes, (hpd_time_now() - x->t_finish) * 1e3,
+                 deadline_base(p) * 1e3, deadline_rate(p) / 1e6, p->rtt * 1e3, p->rate / 1e6);
     c->st.deadlines_missed++;
     p->failed = true;
     p->refs++; /* the callbacks below may disconnect it */
@@ -1510,7 +1594,7 @@ static void arm_deadline(xfer_t *x)
         return; /* out of memory: this transfer goes without */
     /* the puts went out while the sender computed; what is left of them
      * is at most the whole transfer */
-    const double s = c->p.deadline_ms / 1e3 + (double)x->hdr.bytes / deadline_rate(c);
+    const double s = deadline_s(x);
     const uint64_t us = (uint64_t)(s * 1e6);
     x->t_finish = hpd_time_now();
     x->due = x->t_finish + s;
@@ -1521,12 +1605,21 @@ static void arm_deadline(xfer_t *x)
 /* Every put landed: the link rate is sampled, then the notice goes. */
 static void flushed(xfer_t *x)
 {
-    hpd_xfer_ctx_t *c = x->peer->ctx;
-    const double dt = hpd_time_now() - x->t_first;
+    hpd_xfer_peer_t *p = x->peer;
+    hpd_xfer_ctx_t *c = p->ctx;
+    const double now = hpd_time_now(), dt = now - x->t_first;
     if (x->hdr.bytes >= RATE_SAMPLE_BYTES && dt > 0) {
         const double sample = (double)x->hdr.bytes / dt;
         c->st.link_rate = c->st.link_rate > 0 ? 0.75 * c->st.link_rate + 0.25 * sample : sample;
     }
+    /* the pair's own: its rate, and the flush's latency as a round trip
+     * (with what was still queued: an upper bound) */
+    if (x->hdr.bytes >= PAIR_RATE_SAMPLE_BYTES && dt > 0) {
+        const double sample = (double)x->hdr.bytes / dt;
+        p->rate = p->rate > 0 ? 0.75 * p->rate + 0.25 * sample : sample;
+    }
+    if (x->t_flush > 0 && now >= x->t_flush)
+        sample_rtt(p, now - x->t_flush);
     send_notice(x);
 }
 
@@ -1562,6 +1655,7 @@ static void start_flush(xfer_t *x)
     /* from here the peer answers for the time: every byte is on its way
      * (the device work the puts waited on is not the peer's) */
     arm_deadline(x);
+    x->t_flush = hpd_time_now();
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA,
                               .cb.send = on_flushed,

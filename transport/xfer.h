@@ -76,12 +76,18 @@ typedef struct {
                         uint32_t n_dests);
     void *arg;
     /* Sender: a finished transfer that is not acknowledged (flushed and its
-     * notice sent) within deadline_ms + bytes / rate fails its peer with
+     * notice sent) within base + bytes / rate fails its peer with
      * HPD_ERR_TIMEOUT: the endpoint is closed at once (its requests are
      * cancelled; the local bytes are free again), every transfer on it
-     * fails, and on_peer_error runs. rate is a quarter of the link rate
-     * measured from earlier transfers of at least 1 MiB (bytes from first
-     * put to acknowledgement), and never below min_rate (0: 100 MB/s).
+     * fails, and on_peer_error runs. Both come from the pair (this node and
+     * that peer), not from a fixed rate: base is deadline_ms or 4 round
+     * trips of the pair, whichever is longer (the round trip: the latency
+     * of its flushes, the first the flush behind its hello; while that
+     * probe is out, the time it has been out, up to 1.5 s); rate is a
+     * quarter of the pair's measured rate (transfers of 64 KiB or more,
+     * first put to acknowledgement), before it has one a quarter of the
+     * node's link rate, at least min_rate (0: 10 MB/s). A deadline that
+     * comes while the pair's figures moved it later is armed again.
      * deadline_ms 0: no deadlines. */
     uint32_t deadline_ms;
     double min_rate;
@@ -145,6 +151,9 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *peer);
 
 uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *peer);
 bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *peer);
+/* What deadlines to the peer assume: the pair's round trip and rate, 0
+ * until measured (hpd_xfer_params_t.deadline_ms). */
+void hpd_xfer_peer_link(const hpd_xfer_peer_t *peer, double *rtt_s_p, double *rate_p);
 
 /* One put: bytes from local memory to (remote region, offset). */
 typedef struct {

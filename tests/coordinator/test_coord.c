@@ -172,6 +172,38 @@ static void test_failing_prefill_node_routed_around(void **state)
     coord_stop();
 }
 
+/* A request that comes while no prefill or decode node is registered
+ * waits in the queue (on 02a8551 it failed at once: "no prefill node is
+ * registered") and runs once they register; with none for its queue
+ * timeout it fails saying so. */
+static void test_waits_for_nodes(void **state)
+{
+    peer_t p, d;
+    outcome_t o, late;
+    const hpd_coord_opts_t opts = {.queue_timeout_ms = 1500};
+    coord_start(&opts);
+    submit_request(&o, 4);
+    spin(50);
+    assert_false(o.done);
+    peer_start(&p, "p0", true); /* a prefill node alone is not enough */
+    spin(50);
+    assert_false(o.done);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    /* the decode node goes: a new request waits, and its timeout ends it */
+    peer_stop(&d);
+    spin(50);
+    submit_request(&late, 4);
+    LOOP_UNTIL(late.done);
+    assert_int_equal(late.outcome, HPD_COORD_FAILED);
+    assert_int_equal(late.code, HPD_RPC_ERR_OVERLOADED);
+    assert_non_null(strstr(late.error, "no node could take the request within 1500 ms"));
+    peer_stop(&p);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -179,6 +211,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_one_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_only_from_its_decode_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sick_decode_node_routed_around, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_waits_for_nodes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
     };

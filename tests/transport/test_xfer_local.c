@@ -77,6 +77,18 @@ int __wrap_event_add(struct event *ev, const struct timeval *tv)
 }
 
 /* How many of the recorded timeouts were of s seconds and us microseconds. */
+/* Recorded timers within 2 us of s seconds. */
+static int timers_near(double s)
+{
+    const long want = (long)(s * 1e6);
+    int n = 0;
+    for (int i = 0; i < n_timers; i++) {
+        const long got = (long)timers[i].tv_sec * 1000000 + (long)timers[i].tv_usec;
+        n += got >= want - 2 && got <= want + 2;
+    }
+    return n;
+}
+
 static int timers_of(long s, long us)
 {
     int n = 0;
@@ -1855,13 +1867,19 @@ static void test_deadline_fails_the_pair(void **state)
 
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
+    double rtt, rate;
     fill(src, sizeof(src), 11);
     assert_int_equal(transfer(s, p, &rrx, 1, src, 0, 0, 64), HPD_OK);
     hpd_xfer_stats(s, &st);
     assert_true(st.link_rate == 0); /* too small to measure */
+    hpd_xfer_peer_link(p, &rtt, &rate);
+    assert_true(rtt > 0 && rtt < 10); /* its probe and flushes: measured */
+    assert_true(rate == 0);
     assert_int_equal(transfer(s, p, &rrx, 2, src, 0, 4096, sizeof(src)), HPD_OK);
     hpd_xfer_stats(s, &st);
     assert_true(st.link_rate > 0 && st.link_rate < 1e13);
+    hpd_xfer_peer_link(p, &rtt, &rate);
+    assert_true(rate > 0 && rate < 1e13); /* the pair's own */
     const double t_done = hpd_time_now();
     PROGRESS_UNTIL(hpd_time_now() - t_done > 0.1, (void)0); /* past both deadlines */
     assert_int_equal(srx.n_peer_errors, 0);
@@ -1874,8 +1892,12 @@ static void test_deadline_fails_the_pair(void **state)
     assert_int_equal(hpd_xfer_put(p, 3, &u, 1), HPD_OK);
     assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
     record_timers = false;
-    /* 30 ms and 64 bytes at 100 MB/s or more: under a microsecond */
-    assert_int_equal(timers_of(0, 30000), 1);
+    /* 30 ms, or 4 of the pair's round trips if longer, and 64 bytes at a
+     * quarter of the pair's rate */
+    hpd_xfer_peer_link(p, &rtt, &rate);
+    const double want = (rtt * 4 > 0.030 ? rtt * 4 : 0.030) + 64 / (rate / 4 > 1e5 ? rate / 4 : 1e5);
+    if (timers_near(want) != 1)
+        fail_msg("no deadline of %.6f s (rtt %.6f s, rate %.0f B/s)", want, rtt, rate);
     const int closes = n_ep_closes;
     PROGRESS_UNTIL(d.n == 1, (void)0);
     assert_int_equal(n_ep_closes, closes + 1);
@@ -1913,6 +1935,9 @@ static void test_deadline_after_a_stop(void **state)
 
     assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
+    double rtt = 0, rate;
+    PROGRESS_UNTIL(rtt > 0, hpd_xfer_peer_link(p, &rtt, &rate)); /* its probe came back */
+    assert_true(rtt < 0.2);
     hold_flushes = true;
     hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
     assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
@@ -1926,6 +1951,41 @@ static void test_deadline_after_a_stop(void **state)
     hold_flushes = false;
     assert_int_equal(d.status, HPD_ERR_TIMEOUT);
     assert_true(hpd_time_now() - t0 >= 2.2); /* 1.3 s stopped, then a whole second */
+    hpd_xfer_disconnect(p);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* The deadline comes from the pair, not from a fixed rate: a pair whose
+ * probe is still out (a slow link before any transfer completed on it)
+ * gets 4 times as long as the probe has been out, up to 1.5 s of it; a
+ * deadline that comes meanwhile is armed again, and the transfer fails
+ * only once that one passes (on 02a8551 every transfer over a 200 ms,
+ * 5 % lossy link failed its 1 s + bytes at 100 MB/s). */
+static void test_deadline_from_the_pair(void **state)
+{
+    rx_t rrx = {0}, srx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = sender_with_deadline(&srx, 100);
+    static uint8_t mem[4096];
+    uint8_t src[64] = {9};
+    uint32_t id;
+    done_t d = {0};
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    hold_flushes = true; /* the probe, too: as a slow link's */
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    const double t0 = hpd_time_now();
+    hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
+    assert_int_equal(hpd_xfer_put(p, 1, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1, (void)0);
+    hold_flushes = false;
+    const double took = hpd_time_now() - t0;
+    fprintf(stderr, "a held pair's transfer failed after %.2f s (deadline_ms 100)\n", took);
+    assert_int_equal(d.status, HPD_ERR_TIMEOUT);
+    /* 4 x the probe's time out, capped at 1.5 s: 6 s at most, and much
+     * more than the 100 ms of deadline_ms */
+    assert_true(took > 1.0 && took < 12.0);
     hpd_xfer_disconnect(p);
     hpd_xfer_destroy(s);
     hpd_xfer_destroy(r);
@@ -2831,6 +2891,7 @@ int main(void)
         cmocka_unit_test(test_check_dests),
         cmocka_unit_test(test_deadline_fails_the_pair),
         cmocka_unit_test(test_deadline_after_a_stop),
+        cmocka_unit_test(test_deadline_from_the_pair),
         cmocka_unit_test(test_close_writer),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
