@@ -424,6 +424,24 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
 
 /* ------------------------------------------------------------ routing */
 
+/* Whether a node takes new work: registered, not draining, not suspect
+ * and in rotation. */
+static bool node_usable(const node_t *x, double now)
+{
+    return x->alive && !x->draining && !x->suspect && hpd_breaker_usable(&x->breaker, now);
+}
+
+/* Whether some prefill node could take a prompt of n_prompt tokens now
+ * (hpd_route_prefill's choice without its prefix-cache costing). */
+static bool prefill_can_take(const hpd_coord_t *c, uint32_t n_prompt)
+{
+    const double now = hpd_time_now();
+    for (const node_t *x = c->nodes; x != NULL; x = x->next)
+        if (x->role == ROLE_PREFILL && node_usable(x, now) && x->max_context > n_prompt)
+            return true;
+    return false;
+}
+
 /* The registry as the routing policy sees it (coordinator/routing.h). */
 static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p)
 {
@@ -442,8 +460,7 @@ static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p
         map[i] = x;
         v[i] = (hpd_route_node_t){.id = x->id,
                                   .prefill = x->role == ROLE_PREFILL,
-                                  .usable = x->alive && !x->draining && !x->suspect &&
-                                            hpd_breaker_usable(&x->breaker, now),
+                                  .usable = node_usable(x, now),
                                   .max_context = x->max_context,
                                   .vocab = x->vocab,
                                   .summary = x->have_summary ? x->summary : NULL,
@@ -707,7 +724,7 @@ static void schedule(hpd_coord_t *c)
             continue;
         }
         /* a prefill node that could take it now, or the request waits */
-        if (pick(c, r, true, NULL) == NULL)
+        if (!prefill_can_take(c, r->n_prompt))
             break;
         r->job = ++c->next_job;
         r->dnode = d;

@@ -97,8 +97,9 @@ static bool warn_now(hpd_http_guard_t *g)
     return true;
 }
 
-/* Gives back what the connection holds of the budget (idempotent). */
-static void release(gconn_t *c)
+/* Gives back its place among the unauthenticated and the bytes of its
+ * head held so far (idempotent). */
+static void release_unauthed(gconn_t *c)
 {
     hpd_http_guard_t *g = c->g;
     if (c->unauthed) {
@@ -109,6 +110,13 @@ static void release(gconn_t *c)
         hpd_conn_budget_unhold(g->budget, c->held);
         c->held = 0;
     }
+}
+
+/* Gives back what the connection holds of the budget (idempotent). */
+static void release(gconn_t *c)
+{
+    hpd_http_guard_t *g = c->g;
+    release_unauthed(c);
     if (c->has_fd) {
         c->has_fd = false;
         hpd_conn_budget_give(g->budget, g->p.cls);
@@ -377,12 +385,7 @@ static void screen_head(gconn_t *c, struct evbuffer *in, size_t end)
     case HPD_HTTP_ADMIT:
         /* authenticated: it keeps its descriptor, not its place among the
          * unauthenticated nor its held bytes; evhttp reads it from now on */
-        if (c->unauthed) {
-            c->unauthed = false;
-            g->n_unauthed--;
-        }
-        hpd_conn_budget_unhold(g->budget, c->held);
-        c->held = 0;
+        release_unauthed(c);
         c->credential = a.credential;
         c->state = C_PASS;
         g->st.admitted++;
@@ -423,20 +426,16 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
         return;
     c->in_input = true;
     const size_t len = evbuffer_get_length(in);
-    if (c->state == C_REJECTING || c->closing) {
-        evbuffer_drain(in, len);
-    } else if (c->state == C_PUBLIC) {
-        /* evhttp read the public head in the read that completed it: what
-         * comes after it is dropped */
+    if (c->state != C_HEAD || c->closing) {
+        /* rejected or closing; or public, its head read by evhttp in the
+         * read that completed it: what comes after it is dropped */
         evbuffer_drain(in, len);
     } else {
         const size_t end = head_end(in);
         if (end > g->max_head || (end == 0 && len > g->max_head)) {
             reject(c, 431, NULL, "the request's head is too large\n");
-            evbuffer_drain(in, evbuffer_get_length(in));
         } else if (!line_plausible(in)) {
             reject(c, 400, NULL, "malformed request line\n");
-            evbuffer_drain(in, evbuffer_get_length(in));
         } else if (end == 0) {
             /* held until the head is complete: counted across the process */
             if (len > c->held && !hpd_conn_budget_hold(g->budget, len - c->held)) {
@@ -444,7 +443,6 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
                     HPD_LOG_WARN(LOG_COMPONENT, "%s: refusing a request: the bytes held "
                                  "before authentication reached the process's cap", g->p.name);
                 reject(c, 503, NULL, "the server is busy\n");
-                evbuffer_drain(in, evbuffer_get_length(in));
             } else {
                 if (len < c->held)
                     hpd_conn_budget_unhold(g->budget, c->held - len);
@@ -452,9 +450,9 @@ static void on_input(struct evbuffer *in, const struct evbuffer_cb_info *info, v
             }
         } else {
             screen_head(c, in, end);
-            if (c->state == C_REJECTING)
-                evbuffer_drain(in, evbuffer_get_length(in));
         }
+        if (c->state == C_REJECTING) /* reject leaves the input to its caller here */
+            evbuffer_drain(in, evbuffer_get_length(in));
     }
     c->in_input = false;
 }

@@ -997,12 +997,18 @@ static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
     request_done(request, user_data);
 }
 
+/* A moving average of samples (rates, round trips); 0: none yet. */
+static double ewma(double avg, double sample)
+{
+    return avg > 0 ? 0.75 * avg + 0.25 * sample : sample;
+}
+
 /* A round trip of the link as the first sample of its RTT: the flush
  * behind the hello completes once the peer acknowledged it (the wireup
  * included: an upper bound, which is what a deadline wants). */
 static void sample_rtt(hpd_xfer_peer_t *p, double seconds)
 {
-    p->rtt = p->rtt > 0 ? 0.75 * p->rtt + 0.25 * seconds : seconds;
+    p->rtt = ewma(p->rtt, seconds);
 }
 
 static void on_probe_flushed(void *request, ucs_status_t status, void *user_data)
@@ -1540,6 +1546,16 @@ static double deadline_s(const xfer_t *x)
  * of any failed endpoint. */
 static void arm_deadline(xfer_t *x);
 
+/* The deadline timer fires at due (hpd_time_now()'s clock). */
+static void set_due(xfer_t *x, double due)
+{
+    const double left = HPD_MAX(due - hpd_time_now(), 0.0);
+    const uint64_t us = (uint64_t)(left * 1e6);
+    const struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
+    x->due = due;
+    evtimer_add(x->deadline, &tv);
+}
+
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     xfer_t *x = arg;
@@ -1562,10 +1578,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
      * trip) may move the deadline */
     const double due = x->t_finish + deadline_s(x);
     if (due > hpd_time_now() + 0.001) {
-        const uint64_t us = (uint64_t)((due - hpd_time_now()) * 1e6);
-        const struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
-        x->due = due;
-        evtimer_add(x->deadline, &tv);
+        set_due(x, due);
         return;
     }
     HPD_LOG_WARN(LOG_COMPONENT, "transfer %llu to node %llu missed its deadline: %llu bytes "
@@ -1594,12 +1607,8 @@ static void arm_deadline(xfer_t *x)
         return; /* out of memory: this transfer goes without */
     /* the puts went out while the sender computed; what is left of them
      * is at most the whole transfer */
-    const double s = deadline_s(x);
-    const uint64_t us = (uint64_t)(s * 1e6);
     x->t_finish = hpd_time_now();
-    x->due = x->t_finish + s;
-    const struct timeval tv = {(time_t)(us / 1000000), (suseconds_t)(us % 1000000)};
-    evtimer_add(x->deadline, &tv);
+    set_due(x, x->t_finish + deadline_s(x));
 }
 
 /* Every put landed: the link rate is sampled, then the notice goes. */
@@ -1608,16 +1617,13 @@ static void flushed(xfer_t *x)
     hpd_xfer_peer_t *p = x->peer;
     hpd_xfer_ctx_t *c = p->ctx;
     const double now = hpd_time_now(), dt = now - x->t_first;
-    if (x->hdr.bytes >= RATE_SAMPLE_BYTES && dt > 0) {
-        const double sample = (double)x->hdr.bytes / dt;
-        c->st.link_rate = c->st.link_rate > 0 ? 0.75 * c->st.link_rate + 0.25 * sample : sample;
-    }
+    const double sample = dt > 0 ? (double)x->hdr.bytes / dt : 0;
+    if (x->hdr.bytes >= RATE_SAMPLE_BYTES && dt > 0)
+        c->st.link_rate = ewma(c->st.link_rate, sample);
     /* the pair's own: its rate, and the flush's latency as a round trip
      * (with what was still queued: an upper bound) */
-    if (x->hdr.bytes >= PAIR_RATE_SAMPLE_BYTES && dt > 0) {
-        const double sample = (double)x->hdr.bytes / dt;
-        p->rate = p->rate > 0 ? 0.75 * p->rate + 0.25 * sample : sample;
-    }
+    if (x->hdr.bytes >= PAIR_RATE_SAMPLE_BYTES && dt > 0)
+        p->rate = ewma(p->rate, sample);
     if (x->t_flush > 0 && now >= x->t_flush)
         sample_rtt(p, now - x->t_flush);
     send_notice(x);

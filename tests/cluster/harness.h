@@ -273,6 +273,34 @@ static inline void cl_wait_log(cl_t *cl, const cl_proc_t *p, const char *needle,
     cl_wait(cl, NULL, timeout_s, cl_log_has_cond, &w, what);
 }
 
+/* The port a process wrote to path (--http-port-file and the like), once
+ * it is there. */
+static inline uint16_t cl_port_file(cl_t *cl, const char *path)
+{
+    char *text;
+    size_t len;
+    cl_wait(cl, NULL, 30, cl_file_nonempty, (void *)path, path);
+    assert_int_equal(hpd_read_file(path, &text, &len), HPD_OK);
+    const int port = atoi(text);
+    free(text);
+    assert_true(port > 0 && port < 65536);
+    return (uint16_t)port;
+}
+
+/* A coordinator's metrics and health port, from its log. */
+static inline uint16_t cl_metrics_port(cl_t *cl, const cl_proc_t *coord)
+{
+    static const char needle[] = "metrics and health on http port ";
+    char *text;
+    size_t len;
+    cl_wait_log(cl, coord, needle, 30);
+    assert_int_equal(hpd_read_file(coord->log, &text, &len), HPD_OK);
+    const int port = atoi(strstr(text, needle) + sizeof(needle) - 1);
+    free(text);
+    assert_true(port > 0 && port < 65536);
+    return (uint16_t)port;
+}
+
 /* argv: base[0..n_base), then extra (NULL-terminated; later flags win). */
 static inline void cl_args(char *argv[CL_MAX_ARGS], const char *const *base, size_t n_base,
                            const char *const *extra)

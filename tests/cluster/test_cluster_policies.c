@@ -167,19 +167,6 @@ static bool requeued(cl_t *c, void *arg)
     return q.retried == w->retried && q.queued == w->queued;
 }
 
-/* The coordinator's HTTP port, from its log. */
-static uint16_t metrics_port(cl_proc_t *coord)
-{
-    char *text;
-    size_t len;
-    cl_wait_log(&cl, coord, "metrics and health on http port ", 30);
-    assert_int_equal(hpd_read_file(coord->log, &text, &len), HPD_OK);
-    const int port = atoi(strstr(text, "metrics and health on http port ") + 32);
-    free(text);
-    assert_true(port > 0 && port < 65536);
-    return (uint16_t)port;
-}
-
 /* A case's cluster: a coordinator with the case's flags, a decode node (with
  * one flag of the case, or none) and a prefill node, both registered and
  * idle, and a client; named TAG-coordinator, TAG-d and TAG-p. */
@@ -423,7 +410,7 @@ static void test_drain(void **state)
     int code = 0;
     char *body = NULL;
     small_start(&s, "drain", args, NULL, NULL);
-    const uint16_t http = metrics_port(s.coord);
+    const uint16_t http = cl_metrics_port(&cl, s.coord);
     small_hold(&s, &q1);
 
     cl_ending(s.coord);
@@ -500,7 +487,7 @@ static void test_wrong_token_and_bad_http(void **state)
     hpd_client_t *c;
     req_t q;
     cl_proc_t *coord = cl_start_coordinator(&cl, "auth-coordinator", args);
-    const uint16_t http = metrics_port(coord);
+    const uint16_t http = cl_metrics_port(&cl, coord);
 
     /* clients */
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = cl.port, .token = "not-the-secret",
@@ -614,7 +601,7 @@ static void test_decode_pool_exhaustion(void **state)
     small_t s;
     req_t q[N_PROMPTS];
     small_start(&s, "pool", args, "--kv-pages", "64");
-    const uint16_t http = metrics_port(s.coord);
+    const uint16_t http = cl_metrics_port(&cl, s.coord);
     cl_wait_node(&cl, NULL, "pool-d", "stats.pages_total", 64, 30);
     cl_pause(s.p);
     /* first in the queue, one that no pool of 64 pages can ever hold: it
@@ -708,7 +695,7 @@ static void test_idle_connections(void **state)
                 WANT_IDLE);
 
     small_start(&s, "idle", args, NULL, NULL);
-    const uint16_t http = metrics_port(s.coord);
+    const uint16_t http = cl_metrics_port(&cl, s.coord);
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(cl.port)};
     inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
     for (int i = 0; i < n_idle; i++) {
@@ -869,32 +856,24 @@ static void test_registration_storm(void **state)
 static void fake_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
                          void *arg)
 {
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 5);
-    hpd_rpc_pack_str(&b.pk, "layout");
-    msgpack_pack_map(&b.pk, 3);
-    hpd_rpc_pack_str(&b.pk, "block_size");
-    msgpack_pack_uint32(&b.pk, 16);
-    hpd_rpc_pack_str(&b.pk, "pack_size");
-    msgpack_pack_uint32(&b.pk, 1);
-    hpd_rpc_pack_str(&b.pk, "order");
-    hpd_rpc_pack_str(&b.pk, "nhd");
-    hpd_rpc_pack_str(&b.pk, "tables");
-    msgpack_pack_array(&b.pk, 4);
+    hpd_rpc_buf_t tables, b;
+    hpd_rpc_buf_init(&tables);
+    msgpack_pack_array(&tables.pk, 4);
     for (int g = 0; g < 4; g++) {
-        msgpack_pack_array(&b.pk, 8);
+        msgpack_pack_array(&tables.pk, 8);
         for (int k = 0; k < 8; k++)
-            msgpack_pack_uint32(&b.pk, (uint32_t)(g * 8 + k));
+            msgpack_pack_uint32(&tables.pk, (uint32_t)(g * 8 + k));
     }
-    hpd_rpc_pack_str(&b.pk, "slot_offset");
-    msgpack_pack_uint64(&b.pk, 0);
-    hpd_rpc_pack_str(&b.pk, "kv_region");
-    msgpack_pack_uint32(&b.pk, 0);
-    hpd_rpc_pack_str(&b.pk, "slot_region");
-    msgpack_pack_uint32(&b.pk, 1);
+    const hpd_msg_reservation_t res = {
+        .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
+        .tables_raw = tables.sb.data,
+        .tables_raw_len = (uint32_t)tables.sb.size,
+        .slot_region = 1};
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_reservation, &res, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&tables);
 }
 
 static void fake_nil(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)

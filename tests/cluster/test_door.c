@@ -343,8 +343,7 @@ static void test_revoked_key_ends_http_streams(void **state)
 
 static int setup(void **state)
 {
-    char http_file[400], *text;
-    size_t len;
+    char http_file[400];
     if (cl_init(&cl, "door", MODEL_ARGS) != 0)
         return -1;
     cl.cases = 3;
@@ -377,16 +376,8 @@ static int setup(void **state)
                 (unsigned long long)old.rlim_cur);
         exit(77);
     }
-    cl_wait(&cl, NULL, 30, cl_file_nonempty, http_file, "the HTTP port file");
-    if (hpd_read_file(http_file, &text, &len) != HPD_OK)
-        return -1;
-    http_port = (uint16_t)atoi(text);
-    free(text);
-    cl_wait_log(&cl, cl.coord, "metrics and health on http port ", 30);
-    if (hpd_read_file(cl.coord->log, &text, &len) != HPD_OK)
-        return -1;
-    metrics_port = (uint16_t)atoi(strstr(text, "metrics and health on http port ") + 32);
-    free(text);
+    http_port = cl_port_file(&cl, http_file);
+    metrics_port = cl_metrics_port(&cl, cl.coord);
     const char *pa[] = {"--kv-layout", "64,1,nhd", "--max-context", "4096", NULL};
     const char *da[] = {"--kv-layout", "16,2,hnd", "--max-context", "4096", NULL};
     cl_start_node(&cl, "prefill", "prefill-0", pa);

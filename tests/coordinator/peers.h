@@ -92,27 +92,16 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         return;
     }
     peer_add_job(p, job_of(params));
+    /* one pack group of one page, page 1 */
+    static const uint8_t tables[] = {0x91, 0x91, 0x01}; /* msgpack [[1]] */
+    const hpd_msg_reservation_t res = {
+        .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
+        .tables_raw = tables,
+        .tables_raw_len = sizeof(tables),
+        .slot_region = 1};
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 5);
-    hpd_rpc_pack_str(&b.pk, "layout");
-    msgpack_pack_map(&b.pk, 3);
-    hpd_rpc_pack_str(&b.pk, "block_size");
-    msgpack_pack_uint32(&b.pk, 16);
-    hpd_rpc_pack_str(&b.pk, "pack_size");
-    msgpack_pack_uint32(&b.pk, 1);
-    hpd_rpc_pack_str(&b.pk, "order");
-    hpd_rpc_pack_str(&b.pk, "nhd");
-    hpd_rpc_pack_str(&b.pk, "tables");
-    msgpack_pack_array(&b.pk, 1);
-    msgpack_pack_array(&b.pk, 1);
-    msgpack_pack_uint32(&b.pk, 1);
-    hpd_rpc_pack_str(&b.pk, "slot_offset");
-    msgpack_pack_uint64(&b.pk, 0);
-    hpd_rpc_pack_str(&b.pk, "kv_region");
-    msgpack_pack_uint32(&b.pk, 0);
-    hpd_rpc_pack_str(&b.pk, "slot_region");
-    msgpack_pack_uint32(&b.pk, 1);
+    hpd_msg_pack(&hpd_msg_reservation, &res, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
 }

@@ -247,6 +247,26 @@ static void test_refusals(void **state)
     }
 }
 
+/* A value for a field that is valid whatever its limit. */
+static void pack_valid(msgpack_packer *pk, const hpd_msg_field_t *f)
+{
+    switch (f->kind) {
+    case HPD_MSG_BOOL: msgpack_pack_true(pk); break;
+    case HPD_MSG_F32: msgpack_pack_float(pk, 1); break;
+    case HPD_MSG_STR: hpd_rpc_pack_str(pk, "x"); break;
+    case HPD_MSG_IDS: msgpack_pack_array(pk, 0); break;
+    case HPD_MSG_BIN: hpd_proto_pack_bin(pk, "x", 1); break;
+    case HPD_MSG_OBJ: msgpack_pack_map(pk, 0); break;
+    case HPD_MSG_ARR: msgpack_pack_array(pk, 0); break;
+    case HPD_MSG_LAYOUT: {
+        const hpd_kv_layout_t l = {.block_size = 16, .pack_size = 1};
+        hpd_proto_pack_layout(pk, &l);
+        break;
+    }
+    default: msgpack_pack_uint32(pk, 1); break;
+    }
+}
+
 /* For every message and every required field: a map with all the others
  * and without it is refused, naming it. */
 static void test_every_required_field(void **state)
@@ -270,21 +290,7 @@ static void test_every_required_field(void **state)
                 if (!d->fields[j].required || j == i)
                     continue;
                 hpd_proto_key(&p.b.pk, d->fields[j].name);
-                switch (d->fields[j].kind) {
-                case HPD_MSG_BOOL: msgpack_pack_true(&p.b.pk); break;
-                case HPD_MSG_F32: msgpack_pack_float(&p.b.pk, 1); break;
-                case HPD_MSG_STR: hpd_rpc_pack_str(&p.b.pk, "x"); break;
-                case HPD_MSG_IDS: msgpack_pack_array(&p.b.pk, 0); break;
-                case HPD_MSG_BIN: hpd_proto_pack_bin(&p.b.pk, "x", 1); break;
-                case HPD_MSG_OBJ: msgpack_pack_map(&p.b.pk, 0); break;
-                case HPD_MSG_ARR: msgpack_pack_array(&p.b.pk, 0); break;
-                case HPD_MSG_LAYOUT: {
-                    const hpd_kv_layout_t l = {.block_size = 16, .pack_size = 1};
-                    hpd_proto_pack_layout(&p.b.pk, &l);
-                    break;
-                }
-                default: msgpack_pack_uint32(&p.b.pk, 1); break;
-                }
+                pack_valid(&p.b.pk, &d->fields[j]);
             }
             assert_false(hpd_msg_unpack(d, unpack_buf(&p), msg, &err));
             if (strstr(err.text, d->fields[i].name) == NULL ||
@@ -292,26 +298,6 @@ static void test_every_required_field(void **state)
                 fail_msg("%s without %s: '%s'", d->name, d->fields[i].name, err.text);
             packed_free(&p);
         }
-    }
-}
-
-/* A value for a field that is valid whatever its limit. */
-static void pack_valid(msgpack_packer *pk, const hpd_msg_field_t *f)
-{
-    switch (f->kind) {
-    case HPD_MSG_BOOL: msgpack_pack_true(pk); break;
-    case HPD_MSG_F32: msgpack_pack_float(pk, 1); break;
-    case HPD_MSG_STR: hpd_rpc_pack_str(pk, "x"); break;
-    case HPD_MSG_IDS: msgpack_pack_array(pk, 0); break;
-    case HPD_MSG_BIN: hpd_proto_pack_bin(pk, "x", 1); break;
-    case HPD_MSG_OBJ: msgpack_pack_map(pk, 0); break;
-    case HPD_MSG_ARR: msgpack_pack_array(pk, 0); break;
-    case HPD_MSG_LAYOUT: {
-        const hpd_kv_layout_t l = {.block_size = 16, .pack_size = 1};
-        hpd_proto_pack_layout(pk, &l);
-        break;
-    }
-    default: msgpack_pack_uint32(pk, 1); break;
     }
 }
 
