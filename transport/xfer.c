@@ -24,6 +24,7 @@
 #define LOG_COMPONENT "xfer"
 #define AM_DONE 7  /* active message id of the completion notice */
 #define AM_HELLO 8 /* a sender's first message on a new endpoint */
+#define AM_BYE 9   /* a sender's last message before it closes an endpoint */
 
 typedef struct {
     uint32_t region;
@@ -47,6 +48,7 @@ typedef struct {
 /* the notice before the checksum of pieces (one XXH3 over the bytes) */
 #define NOTICE_MAGIC_V1 0x6870642d78666572ull /* "hpd-xfer" */
 #define HELLO_MAGIC 0x6870642d68656c6full  /* "hpd-hello" */
+#define BYE_MAGIC 0x6870642d6279652eull    /* "hpd-bye." */
 
 /* The hello's header: who writes from the endpoint it came on. */
 typedef struct {
@@ -119,7 +121,7 @@ struct hpd_xfer_peer {
     uint32_t inflight; /* UCX requests in flight on this peer */
     bool failed, closed;
     bool ep_closed; /* a missed deadline closed the endpoint already */
-    hello_hdr_t hello;
+    hello_hdr_t hello, bye; /* bye: lives while its request does */
     /* what deadlines of transfers to it assume: its link's measured rate
      * and round trip (flush latencies), each 0 until measured; the probe
      * is the flush behind the hello, out since probe_t0 */
@@ -150,7 +152,9 @@ struct hpd_xfer_ctx {
     struct {
         uint64_t node;
         ucp_ep_h ep;
+        void *sentinel; /* a stream receive posted on ep (see watch_writer) */
     } writers[64];
+    uint8_t sentinel_byte; /* where sentinels would receive (nothing is sent) */
     uint32_t n_writers;
 };
 
@@ -509,8 +513,58 @@ static hpd_status_t hash_dests(const hpd_xfer_ctx_t *c, const dest_t *d, uint32_
     return st;
 }
 
+/* Forgets writer i: the endpoint UCX made for it is never touched again
+ * (its sentinel, if still posted, completes when the endpoint goes, and
+ * finds nothing). */
+static void forget_writer(hpd_xfer_ctx_t *c, uint32_t i)
+{
+    c->writers[i] = c->writers[--c->n_writers];
+}
+
+/* A writer's sentinel completed: UCX cancels the receives posted on an
+ * endpoint when it fails or closes, before it destroys an endpoint it made
+ * (and it does, with no other word: such an endpoint is not the
+ * application's), so the writer is forgotten before anything touches the
+ * endpoint again. */
+static void on_sentinel(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    hpd_xfer_ctx_t *c = user_data;
+    for (uint32_t i = 0; i < c->n_writers; i++)
+        if (c->writers[i].sentinel == request) {
+            HPD_LOG_INFO(LOG_COMPONENT, "the connection of node %llu, which wrote here, "
+                         "ended (%s)", (unsigned long long)c->writers[i].node,
+                         ucs_status_string(status));
+            forget_writer(c, i);
+            break;
+        }
+    ucp_request_free(request);
+}
+
+/* Posts writer i's sentinel: a stream receive on its endpoint that nothing
+ * ever completes but the endpoint's end. Without one (UCX refused it) the
+ * writer cannot be watched and is not kept. */
+static void watch_writer(hpd_xfer_ctx_t *c, uint32_t i)
+{
+    size_t len = 0;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.recv_stream = on_sentinel,
+                              .user_data = c};
+    c->writers[i].sentinel = NULL;
+    ucs_status_ptr_t r = ucp_stream_recv_nbx(c->writers[i].ep, &c->sentinel_byte, 1, &len, &rp);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+        HPD_LOG_WARN(LOG_COMPONENT, "node %llu's connection cannot be watched (%s): it "
+                     "cannot be closed from this side", (unsigned long long)c->writers[i].node,
+                     r == NULL ? "stream data arrived" : ucs_status_string(UCS_PTR_STATUS(r)));
+        forget_writer(c, i);
+        return;
+    }
+    c->writers[i].sentinel = r;
+}
+
 /* Remembers the endpoint UCX made here for a sender (the latest one per
- * sender: a sender that connected again writes from the new one). */
+ * sender: a sender that connected again writes from the new one), watched
+ * by a sentinel. */
 static void note_writer(hpd_xfer_ctx_t *c, uint64_t sender, const ucp_am_recv_param_t *param)
 {
     uint32_t i = 0;
@@ -518,15 +572,20 @@ static void note_writer(hpd_xfer_ctx_t *c, uint64_t sender, const ucp_am_recv_pa
         return;
     while (i < c->n_writers && c->writers[i].node != sender)
         i++;
+    if (i < c->n_writers && c->writers[i].ep == param->reply_ep)
+        return; /* known and watched */
     if (i == HPD_ARRAY_SIZE(c->writers)) {
         HPD_LOG_WARN(LOG_COMPONENT, "more than %zu senders write here: node %llu's "
                      "connection cannot be closed from this side", HPD_ARRAY_SIZE(c->writers),
                      (unsigned long long)sender);
         return;
     }
+    /* an older endpoint's sentinel stays posted: it completes with that
+     * endpoint, and finds nothing */
     c->writers[i].node = sender;
     c->writers[i].ep = param->reply_ep;
     c->n_writers += i == c->n_writers;
+    watch_writer(c, i);
 }
 
 static ucs_status_t on_hello(void *arg, const void *header, size_t header_length, void *data,
@@ -538,6 +597,30 @@ static ucs_status_t on_hello(void *arg, const void *header, size_t header_length
     memcpy(&h, header, sizeof(h));
     if (h.magic == HELLO_MAGIC)
         note_writer(arg, h.sender, param);
+    return UCS_OK;
+}
+
+/* A sender closes its endpoint to here: the endpoint UCX made here for it
+ * goes with it (UCX destroys an endpoint it made when its peer closes or
+ * fails, UCX 1.22 at once), so it is forgotten now, before the close
+ * arrives, and hpd_xfer_close_writer never touches it. A bye from an
+ * older endpoint of a sender that connected again leaves the newer one. */
+static ucs_status_t on_bye(void *arg, const void *header, size_t header_length, void *data,
+                           size_t length, const ucp_am_recv_param_t *param)
+{
+    hpd_xfer_ctx_t *c = arg;
+    hello_hdr_t h;
+    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+        return UCS_OK;
+    memcpy(&h, header, sizeof(h));
+    if (h.magic != BYE_MAGIC)
+        return UCS_OK;
+    for (uint32_t i = 0; i < c->n_writers; i++)
+        if (c->writers[i].node == h.sender && c->writers[i].ep == param->reply_ep) {
+            forget_writer(c, i);
+            break;
+        }
     return UCS_OK;
 }
 
@@ -672,7 +755,8 @@ hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **c
     /* find dead peers within seconds on transports without a connection to lose */
     ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
     ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+                       .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP |
+                                   UCP_FEATURE_STREAM};
     if ((us = ucp_init(&up, config, &c->ucp)) != UCS_OK)
         goto ucx_err;
     ucp_config_release(config);
@@ -695,6 +779,10 @@ hpd_status_t hpd_xfer_create(const hpd_xfer_params_t *params, hpd_xfer_ctx_t **c
         goto ucx_err;
     hp.id = AM_HELLO;
     hp.cb = on_hello;
+    if ((us = ucp_worker_set_am_recv_handler(c->worker, &hp)) != UCS_OK)
+        goto ucx_err;
+    hp.id = AM_BYE;
+    hp.cb = on_bye;
     if ((us = ucp_worker_set_am_recv_handler(c->worker, &hp)) != UCS_OK)
         goto ucx_err;
     snprintf(c->tls, sizeof(c->tls), "%s", params->tls ? params->tls : "default");
@@ -720,16 +808,32 @@ ucx_err:
     return HPD_ERR_IO;
 }
 
+static void close_ep(hpd_xfer_peer_t *p);
+
+/* Progresses the worker while requests are in flight, for a bounded time. */
+static void drain_worker(hpd_xfer_ctx_t *c)
+{
+    for (int i = 0; i < 100 && c->worker != NULL && c->st.inflight > 0; i++)
+        for (int k = 0; k < 256 && ucp_worker_progress(c->worker) != 0; k++)
+            ;
+}
+
 void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
 {
     if (c == NULL)
         return;
     while (c->peers != NULL)
         hpd_xfer_disconnect(c->peers);
-    /* let force-closed endpoints and cancelled requests complete */
-    for (int i = 0; i < 100 && c->worker != NULL && c->st.inflight > 0; i++)
-        for (int k = 0; k < 256 && ucp_worker_progress(c->worker) != 0; k++)
-            ;
+    /* let the byes go out, then close what a bye still holds open (UCX
+     * cannot destroy a worker with an endpoint mid-flush), and let the
+     * forced closes and cancelled requests complete */
+    drain_worker(c);
+    for (hpd_xfer_peer_t *p = c->closing, *next; p != NULL; p = next) {
+        next = p->next; /* the close may complete p's last request, and free it */
+        if (!p->ep_closed)
+            close_ep(p);
+    }
+    drain_worker(c);
     /* peers whose close never completed are freed below, after the worker;
      * their rkeys belong to the worker's pool and go now */
     for (hpd_xfer_peer_t *p = c->closing; p != NULL; p = p->next)
@@ -1061,6 +1165,41 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data)
 
 static void close_ep(hpd_xfer_peer_t *p);
 
+static void on_bye_flushed(void *request, ucs_status_t status, void *user_data)
+{
+    hpd_xfer_peer_t *p = user_data;
+    if (!p->ep_closed)
+        close_ep(p);
+    request_done(request, p);
+}
+
+/* Says goodbye to a healthy receiver (on_bye) and closes the endpoint once
+ * the flush behind the bye completed: a forced close at once could cancel
+ * the bye, and the receiver would keep an endpoint UCX then destroys.
+ * False where the bye could not be sent: the caller closes at once. */
+static bool send_bye(hpd_xfer_peer_t *p)
+{
+    p->bye = (hello_hdr_t){BYE_MAGIC, p->ctx->p.node_id};
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+                              .cb.send = on_hello_sent,
+                              .user_data = p};
+    if (track(p, ucp_am_send_nbx(p->ep, AM_BYE, &p->bye, sizeof(p->bye), NULL, 0, &rp)) !=
+        HPD_OK)
+        return false;
+    ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.send = on_bye_flushed,
+                              .user_data = p};
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &fp);
+    if (r == NULL || UCS_PTR_IS_ERR(r))
+        return false;
+    (void)track(p, r);
+    return true;
+}
+
 void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
 {
     hpd_xfer_ctx_t *c = p->ctx;
@@ -1074,7 +1213,7 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
     fail_transfers(p, HPD_ERR_CANCELED);
     p->next = c->closing;
     c->closing = p;
-    if (!p->ep_closed)
+    if (!p->ep_closed && (p->failed || !send_bye(p)))
         close_ep(p);
     peer_unref(p); /* the connection's reference */
 }
@@ -1091,6 +1230,7 @@ static void close_ep(hpd_xfer_peer_t *p)
                               .flags = UCP_EP_CLOSE_FLAG_FORCE,
                               .cb.send = on_close_done,
                               .user_data = p};
+    p->refs++; /* the forced close may complete p's last request (a bye's flush) */
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r != NULL && !UCS_PTR_IS_ERR(r)) {
         p->refs++;
@@ -1098,6 +1238,7 @@ static void close_ep(hpd_xfer_peer_t *p)
         c->st.inflight++;
         arm_tick(c);
     }
+    peer_unref(p);
 }
 
 uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *p)
@@ -1724,10 +1865,12 @@ hpd_status_t hpd_xfer_close_writer(hpd_xfer_ctx_t *c, uint64_t node)
                                   .user_data = c};
         HPD_LOG_INFO(LOG_COMPONENT, "closing the connection of node %llu, which wrote here: "
                      "nothing it still sends lands", (unsigned long long)node);
-        ucs_status_ptr_t r = ucp_ep_close_nbx(c->writers[i].ep, &rp);
+        /* forgotten first: the close completes its sentinel, maybe at once */
+        const ucp_ep_h ep = c->writers[i].ep;
+        forget_writer(c, i);
+        ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &rp);
         if (r != NULL && !UCS_PTR_IS_ERR(r))
             c->st.inflight++;
-        c->writers[i] = c->writers[--c->n_writers];
         c->st.writers_closed++;
         return HPD_OK;
     }

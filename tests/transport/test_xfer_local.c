@@ -41,7 +41,9 @@
 #include <cmocka.h>
 
 #include <malloc.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -282,6 +284,15 @@ ucs_status_ptr_t __wrap_ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t 
 }
 
 /* ------------------------------------------------------------ the loop */
+
+/* Disconnects p and turns the loop until its endpoint close was asked for:
+ * a healthy peer's close waits for the flush behind its bye. */
+static void disconnect_closed(hpd_xfer_peer_t *p)
+{
+    const int n = n_ep_closes;
+    hpd_xfer_disconnect(p);
+    LOOP_UNTIL(n_ep_closes > n);
+}
 
 static void on_marker(evutil_socket_t fd, short what, void *arg)
 {
@@ -1731,8 +1742,8 @@ static void test_destroy_with_closes_pending(void **state)
     assert_int_equal(hpd_xfer_peer_node(p2), 3);
     hold_closes = true;
     n_held_closes = 0;
-    hpd_xfer_disconnect(p);
-    hpd_xfer_disconnect(p2);
+    disconnect_closed(p);
+    disconnect_closed(p2);
     hold_closes = false;
     assert_int_equal(n_held_closes, 2);
     hpd_xfer_stats(s, &st);
@@ -2038,10 +2049,77 @@ static void test_close_writer(void **state)
     assert_int_equal(transfer(s, p, &rrx, 3, src, 0, 0, 64), HPD_OK);
     hpd_xfer_stats(r, &st);
     assert_int_equal(st.writers, 1);
-    /* the sender goes first; closing its connection here then is harmless */
+    /* the sender goes first: its bye makes the receiver forget the
+     * endpoint UCX made here (UCX 1.22 destroys it with the sender's close,
+     * and closing it again crashed), so there is nothing left to close */
+    hpd_xfer_disconnect(p);
+    PROGRESS_UNTIL((hpd_xfer_stats(r, &st), st.writers == 0), (void)0);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_ERR_NOT_FOUND);
+
+    /* a bye from an older endpoint leaves the newer one known */
+    hpd_xfer_peer_t *old = connect_to(s, r);
+    assert_int_equal(transfer(s, old, &rrx, 4, src, 0, 0, 64), HPD_OK);
+    p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 5, src, 0, 0, 64), HPD_OK);
+    hpd_xfer_disconnect(old);
+    spin(100);
+    hpd_xfer_stats(r, &st);
+    assert_int_equal(st.writers, 1);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_OK);
     hpd_xfer_disconnect(p);
     spin(50);
-    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_OK);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+}
+
+/* A writer that dies (SIGKILL, its endpoint open): UCX destroys the
+ * endpoint it made here when the connection fails, without a word (UCX
+ * 1.22: a close of the writer afterwards crashed the receiver), so the
+ * receiver must forget the writer first. The writer is a child process
+ * with its own UCX context; the receiver serves on. */
+static void test_close_writer_after_death(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx);
+    static uint8_t mem[1 << 16];
+    static uint8_t src[4096];
+    uint32_t id;
+    hpd_xfer_stats_t st;
+
+    assert_int_equal(hpd_xfer_register(r, mem, sizeof(mem), &id), HPD_OK);
+    fill(src, sizeof(src), 9);
+    fflush(NULL);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        base = event_base_new(); /* the parent's loop stays the parent's */
+        hpd_xfer_ctx_t *s = ctx_new("tcp", 1, NULL);
+        hpd_xfer_peer_t *p = connect_to(s, r);
+        done_t d = {0};
+        hpd_xfer_put_t u = {.local = src, .bytes = sizeof(src)};
+        if (hpd_xfer_put(p, 1, &u, 1) != HPD_OK ||
+            hpd_xfer_finish(p, 1, on_done, &d, false) != HPD_OK)
+            _exit(3);
+        PROGRESS_UNTIL(d.n == 1, (void)0);
+        raise(SIGKILL);
+        _exit(4);
+    }
+    PROGRESS_UNTIL(rrx.n == 1, (void)0);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    /* UCX sees the connection fail and drops its endpoint: the writer's
+     * sentinel makes the receiver forget it first, and a close of it after
+     * that is refused, not a crash */
+    PROGRESS_UNTIL((hpd_xfer_stats(r, &st), st.writers == 0), (void)0);
+    assert_int_equal(hpd_xfer_close_writer(r, 1), HPD_ERR_NOT_FOUND);
+    spin(50);
+    /* the receiver serves on */
+    hpd_xfer_ctx_t *s = ctx_new("tcp", 1, NULL);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    assert_int_equal(transfer(s, p, &rrx, 2, src, 0, 0, 64), HPD_OK);
+    hpd_xfer_disconnect(p);
     spin(50);
     hpd_xfer_destroy(s);
     hpd_xfer_destroy(r);
@@ -2835,8 +2913,8 @@ static void test_closes_in_any_order(void **state)
         hpd_xfer_peer_t *first = order == 0 ? hi : lo, *second = order == 0 ? lo : hi;
         defer_closes = true;
         n_deferred = 0;
-        hpd_xfer_disconnect(first);
-        hpd_xfer_disconnect(second);
+        disconnect_closed(first);
+        disconnect_closed(second);
         defer_closes = false;
         assert_int_equal(n_deferred, 2);
         hpd_xfer_stats(s, &st);
@@ -2854,10 +2932,10 @@ static void test_closes_in_any_order(void **state)
     hpd_xfer_peer_t *a = connect_to(s, r), *b = connect_to(s, r);
     defer_closes = true;
     n_deferred = 0;
-    hpd_xfer_disconnect(a < b ? b : a);
+    disconnect_closed(a < b ? b : a);
     defer_closes = false;
     hold_closes = true;
-    hpd_xfer_disconnect(a < b ? a : b);
+    disconnect_closed(a < b ? a : b);
     hold_closes = false;
     complete_deferred(0);
     hpd_xfer_stats(s, &st);
@@ -2898,6 +2976,7 @@ int main(void)
         cmocka_unit_test(test_deadline_after_a_stop),
         cmocka_unit_test(test_deadline_from_the_pair),
         cmocka_unit_test(test_close_writer),
+        cmocka_unit_test(test_close_writer_after_death),
         cmocka_unit_test(test_mapped_copies),
         cmocka_unit_test(test_transfer_ids),
         cmocka_unit_test(test_put_after_fences),
