@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libjansson-dev libxxhash-dev libcmocka-dev
       libevent-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev
-      libpcre2-dev libutf8proc-dev curl)
+      libpcre2-dev libutf8proc-dev curl python3-pip)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,7 +8,9 @@
 #include "transport/xfer_info.h"
 
 /* A packed UCX worker address starts with a header byte whose low 4 bits
- * are the address version: 0 (v1) or 1 (v2) in UCX 1.10 to 1.18
+ * are the address version: 0 (v1) or 1 (v2) in UCX 1.10 to 1.22 (the newest
+ * checked, 2026-11: Debian 12's 1.13.1 and PyPI's libucx-cu13 1.22 both pass
+ * test_xfer_local)
  * (src/ucp/wireup/address.c, ucp_address_unpack_header, which aborts on any
  * other). */
 #define UCX_ADDRESS_VERSION_MASK 0x0f
@@ -47,7 +49,7 @@ hpd_status_t hpd_xfer_check_info(const msgpack_object *info, char *why, size_t l
     const unsigned version = (uint8_t)addr->via.bin.ptr[0] & UCX_ADDRESS_VERSION_MASK;
     if (version > UCX_ADDRESS_MAX_VERSION)
         return info_fail(why, len, "a UCX worker address of version %u, which UCX 1.10 to "
-                         "1.18 cannot read (expected 0 to %d): a junk address, or a newer UCX",
+                         "1.22 cannot read (expected 0 to %d): a junk address, or a newer UCX",
                          version, UCX_ADDRESS_MAX_VERSION);
     for (uint32_t i = 0; i < regs->via.array.size; i++) {
         const msgpack_object *r = &regs->via.array.ptr[i];
