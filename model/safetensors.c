@@ -194,7 +194,8 @@ static hpd_status_t open_file(hpd_st_archive_t *ar, const char *path)
 static hpd_status_t open_sharded(hpd_st_archive_t *ar, const char *dir, const char *index_path)
 {
     json_error_t jerr;
-    json_t *index = json_load_file(index_path, 0, &jerr);
+    /* a name mapped twice is ambiguous: refused, not the last one taken */
+    json_t *index = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     json_t *map, *value;
     const char *key;
     const char **names = NULL;

@@ -115,6 +115,18 @@ MODULES = {
                      "kernels/cuda/translate.cu": ["test_translate_cuda_host"],
                      "kernels/cuda/conv1d.cu": ["test_conv1d_cuda_host"]},
     },
+    "model": {
+        "files": ["model/config.c", "model/safetensors.c", "model/model.c"],
+        "left_out": {},
+        "tests": ["test_config", "test_safetensors", "test_model"],
+    },
+    "deploy": {
+        "files": ["deploy/manifest.c", "deploy/render.c"],
+        "left_out": {"deploy/hpdctl.c": "the command line and process control: test_hpdctl "
+                                        "and the quick start run it"},
+        "tests": ["test_manifest", "test_hpdctl"],
+        "programs": ["deploy/hpdctl"],
+    },
     "common": {
         "files": ["common/status.c", "common/log.c", "common/dtype.c",
                   "common/util.c", "common/metrics.c"],

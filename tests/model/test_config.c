@@ -64,13 +64,18 @@ static void test_qwen3_5_text_interval_rope_parameters(void **state)
 
 static void test_qwen3_5_nested(void **state)
 {
+    /* the text config's fields win over the top level's; what it lacks
+     * (eos_token_id here) is read from the top level */
     const char *j = "{\"model_type\": \"qwen3_5\", \"tie_word_embeddings\": true, "
+                    "\"hidden_size\": 64, \"eos_token_id\": 7, "
                     "\"vision_config\": {}, \"text_config\": {\"model_type\": \"qwen3_5_text\", " DIMS
                     ", \"full_attention_interval\": 4}}";
     hpd_model_config_t c;
     assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
     assert_int_equal(c.arch, HPD_ARCH_QWEN3_5);
     assert_int_equal(c.hidden_size, 128);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_ids[0], 7);
     assert_true(c.tie_word_embeddings); /* read from the top level */
     assert_true(c.layer_full[3] && !c.layer_full[0]);
 }
@@ -162,8 +167,29 @@ static void test_yarn(void **state)
             fail_msg("case %zu: attention factor %.9g, expected %.9g", i, c.yarn_attention,
                      cases[i].attn);
     }
-    /* other rope types are refused by name */
+    /* a factor below 1 scales attention by 1 (transformers' get_mscale), and
+     * a correction range past the rotary dims is cut at dim - 1: beta_slow
+     * put where ceil(high) is dim itself */
     hpd_model_config_t c;
+    char j[2048];
+    snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_5_text\", \"rope_parameters\": "
+             "{\"rope_type\": \"yarn\", \"rope_theta\": 10000, \"factor\": 0.5, "
+             "\"original_max_position_embeddings\": 8192}, " DIMS
+             ", \"full_attention_interval\": 4}");
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    assert_true(c.yarn_attention == 1.0f);
+    const double dim = c.rot_dim, orig = 8192;
+    const double beta_slow = orig / (2 * M_PI * exp((dim - 0.5) * 2 * log(10000.0) / dim));
+    assert_true(ceil(corr_dim(beta_slow, dim, 10000, orig)) == dim);
+    snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_5_text\", \"rope_parameters\": "
+             "{\"rope_type\": \"yarn\", \"rope_theta\": 10000, \"factor\": 4, "
+             "\"beta_slow\": %.17g, \"original_max_position_embeddings\": 8192}, " DIMS
+             ", \"full_attention_interval\": 4}", beta_slow);
+    assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_OK);
+    const double low = fmax(floor(corr_dim(32, dim, 10000, orig)), 0);
+    assert_true(c.yarn_low == (float)low);
+    assert_true(c.yarn_span == (float)(dim - 1 - low));
+    /* other rope types are refused by name */
     const char *linear = "{\"model_type\": \"qwen3_5_text\", \"rope_parameters\": "
                          "{\"rope_type\": \"linear\", \"factor\": 2}, " DIMS
                          ", \"full_attention_interval\": 4}";
@@ -296,6 +322,12 @@ static void test_refusals(void **state)
         {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"hidden_act\": \"gelu\"",
          HPD_ERR_UNSUPPORTED},
         {"\"model_type\": \"qwen3_5\", \"full_attention_interval\": 4", HPD_ERR_FORMAT},
+        {"\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, \"num_experts\": 4, "
+         "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 0",
+         HPD_ERR_FORMAT},
+        {"\"model_type\": \"qwen3_5_text\", \"full_attention_interval\": 4, \"rope_parameters\": "
+         "{\"rope_type\": \"default\", \"rope_theta\": \"big\"}",
+         HPD_ERR_FORMAT},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         snprintf(j, sizeof(j), "{%s, %s}", cases[i].extra, DIMS);
@@ -306,6 +338,41 @@ static void test_refusals(void **state)
              "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}",
              "\"vocab_size\": 10, \"hidden_size\": \"big\"");
     assert_int_equal(hpd_model_config_parse(j, "t", &c), HPD_ERR_FORMAT);
+    /* every size that must be positive, at 0 */
+    static const char *const sizes[] = {"\"vocab_size\": 1000", "\"hidden_size\": 128",
+                                        "\"num_hidden_layers\": 5",
+                                        "\"num_key_value_heads\": 1", "\"num_attention_heads\": 4",
+                                        "\"linear_num_key_heads\": 2",
+                                        "\"linear_key_head_dim\": 16"};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        snprintf(j, sizeof(j),
+                 "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}", DIMS);
+        char *f = strstr(j, sizes[i]);
+        assert_non_null(f);
+        char *digits = strchr(f, ':') + 2;
+        memset(digits, ' ', strspn(digits, "0123456789"));
+        digits[0] = '0';
+        if (hpd_model_config_parse(j, "t", &c) != HPD_ERR_FORMAT)
+            fail_msg("%s at 0 was not refused", sizes[i]);
+    }
+    /* more layers than supported; a conv kernel past 16 */
+    static const struct {
+        const char *field, *value;
+        hpd_status_t want;
+    } edits[] = {{"\"num_hidden_layers\": 5", "\"num_hidden_layers\": 257", HPD_ERR_UNSUPPORTED},
+                 {"\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 17", HPD_ERR_FORMAT},
+                 {"\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 16", HPD_OK}};
+    for (size_t i = 0; i < sizeof(edits) / sizeof(edits[0]); i++) {
+        char base[2048];
+        snprintf(base, sizeof(base),
+                 "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}", DIMS);
+        char *f = strstr(base, edits[i].field);
+        assert_non_null(f);
+        snprintf(j, sizeof(j), "%.*s%s%s", (int)(f - base), base, edits[i].value,
+                 f + strlen(edits[i].field));
+        if (hpd_model_config_parse(j, "t", &c) != edits[i].want)
+            fail_msg("%s: expected %s", edits[i].value, hpd_status_str(edits[i].want));
+    }
     /* value heads not a multiple of key heads */
     snprintf(j, sizeof(j), "{\"model_type\": \"qwen3_next\", \"full_attention_interval\": 4, %s}",
              DIMS);

@@ -146,7 +146,8 @@ static void test_namings_dtypes_shards(void **state)
 
 /* Rewrites dir/model.safetensors with one tensor dropped, reshaped or
  * retyped, or with tensors added. mode: 0 drop, 1 wrong shape, 2 add victim
- * (a copy of the first tensor under that name). */
+ * (a copy of the first tensor under that name), 3 the victim's first byte
+ * flipped (the same shapes and names). */
 static void rewrite(const char *dir, const char *victim, int mode)
 {
     char path[600];
@@ -170,6 +171,8 @@ static void rewrite(const char *dir, const char *victim, int mode)
             t[k].shape[0] = s->shape[1];
             t[k].shape[1] = s->shape[0];
         }
+        if (strcmp(s->name, victim) == 0 && mode == 3)
+            ((uint8_t *)copies[k])[0] ^= 0x40;
         k++;
     }
     if (mode == 2) {
@@ -235,12 +238,112 @@ static void test_generation_config(void **state)
     assert_int_equal(m->config.eos_ids[0], 5);
     assert_int_equal(m->config.eos_ids[1], 9);
     hpd_model_destroy(m);
+    /* the sampling defaults: top_p in (0, 1], top_k >= 0 (0: off) */
+    static const char sampling[] = "{\"temperature\": 0.6, \"top_p\": 0.8, \"top_k\": 20}";
+    assert_int_equal(hpd_write_file(path, sampling, sizeof(sampling) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_true(m->config.gen_sampling.temperature == 0.6f);
+    assert_true(m->config.gen_sampling.top_p == 0.8f);
+    assert_int_equal(m->config.gen_sampling.top_k, 20);
+    hpd_model_destroy(m);
+    /* do_sample false: greedy, whatever the temperature */
+    static const char greedy[] = "{\"do_sample\": false, \"temperature\": 0.6}";
+    assert_int_equal(hpd_write_file(path, greedy, sizeof(greedy) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_true(m->config.gen_sampling.temperature == 0.0f);
+    hpd_model_destroy(m);
+    static const char edges[] = "{\"top_p\": 1, \"top_k\": 0}";
+    assert_int_equal(hpd_write_file(path, edges, sizeof(edges) - 1), HPD_OK);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_true(m->config.gen_sampling.top_p == 1.0f);
+    assert_int_equal(m->config.gen_sampling.top_k, 0);
+    hpd_model_destroy(m);
+    static const char *const refused[] = {"{\"top_p\": 0}", "{\"top_p\": 1.5}",
+                                          "{\"top_p\": \"0.5\"}", "{\"top_k\": -1}",
+                                          "{\"top_k\": 2.5}", "{\"temperature\": -0.1}"};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        assert_int_equal(hpd_write_file(path, refused[i], strlen(refused[i])), HPD_OK);
+        if (hpd_model_load(dir, &m) != HPD_ERR_FORMAT)
+            fail_msg("generation_config.json %s was not refused", refused[i]);
+    }
     static const char bad[] = "{\"eos_token_id\": \"five\"}";
     assert_int_equal(hpd_write_file(path, bad, sizeof(bad) - 1), HPD_OK);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
     static const char broken[] = "{\"eos_token_id\": [5";
     assert_int_equal(hpd_write_file(path, broken, sizeof(broken) - 1), HPD_OK);
     assert_int_equal(hpd_model_load(dir, &m), HPD_ERR_FORMAT);
+}
+
+/* The tensor list (what destroy frees and the GPU backend uploads) holds
+ * every tensor the load allocated: its bytes add up to weight_bytes and
+ * its elements, scales left out, to n_params, for dense and MoE, BF16 and
+ * FP8, Qwen3-Next and Qwen3.5 alike; every slot is loaded. */
+static void test_tensor_list_accounts(void **state)
+{
+    static const struct {
+        const char *name, *args;
+    } models[] = {
+        {"acct-dense", ""},
+        {"acct-moe", "--experts 6 --experts-per-tok 2 --mlp-only-layers 1"},
+        {"acct-fp8", "--experts 6 --experts-per-tok 2 --fp8 16 --mlp-only-layers 1"},
+        {"acct-q35", "--arch qwen3_5_moe --experts 6 --experts-per-tok 2 --fused-experts"},
+    };
+    static hpd_model_tensor_t t[HPD_MODEL_MAX_TENSORS];
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+        hpd_model_t *m = make_and_load(models[i].name, models[i].args);
+        const uint32_t n = hpd_model_tensors(m, t);
+        uint64_t bytes = 0, params = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            if (*t[k].slot == NULL)
+                fail_msg("%s: tensor %u (%s) not loaded", models[i].name, k,
+                         tensor_where(m, t[k].slot));
+            bytes += t[k].bytes;
+            params += t[k].is_scale ? 0 : t[k].elements;
+        }
+        if (bytes != m->weight_bytes || params != m->n_params)
+            fail_msg("%s: the list holds %llu bytes and %llu parameters; the load counted "
+                     "%llu and %llu", models[i].name, (unsigned long long)bytes,
+                     (unsigned long long)params, (unsigned long long)m->weight_bytes,
+                     (unsigned long long)m->n_params);
+        hpd_model_destroy(m);
+    }
+}
+
+/* The fingerprint covers every weight's bytes: one byte of one tensor
+ * changed makes another model to the cluster. */
+static void test_fingerprint_covers_weights(void **state)
+{
+    char dir[512];
+    hpd_model_t *m = NULL;
+    snprintf(dir, sizeof(dir), "%s/fp-bytes", root);
+    assert_int_equal(test_mkmodel(dir, SMALL), 0);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    uint8_t before[16];
+    memcpy(before, m->fingerprint, 16);
+    hpd_model_destroy(m);
+    rewrite(dir, "model.norm.weight", 3);
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_memory_not_equal(m->fingerprint, before, 16);
+    /* its hex form: two lower-case digits a byte */
+    char hex[33], want[33];
+    hpd_model_fingerprint_hex(m, hex);
+    for (int i = 0; i < 16; i++)
+        snprintf(want + 2 * i, 3, "%02x", m->fingerprint[i]);
+    assert_string_equal(hex, want);
+    assert_int_equal(strlen(hex), 32);
+    /* the fused attention input holds what its row count says: per head
+     * q and gate, then k and v */
+    const hpd_model_config_t *c = &m->config;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        if (!c->layer_full[l])
+            continue;
+        uint32_t rows = 0;
+        for (uint32_t p = 0; p < m->layers[l].attn_qkv.n; p++)
+            rows += m->layers[l].attn_qkv.rows[p];
+        assert_int_equal(rows, hpd_model_attn_qkv_rows(c));
+        assert_int_equal(rows, c->n_heads * 2 * c->head_dim + 2 * c->n_kv_heads * c->head_dim);
+    }
+    hpd_model_destroy(m);
 }
 
 /* MoE checkpoints: per-expert and fused 3-D expert tensors, Qwen3-Next and
@@ -296,6 +399,9 @@ static void test_fp8(void **state)
     assert_int_equal(per->layers[0].moe_in.rows[0], 7);
     assert_int_equal(per->layers[0].moe_in.part[1].dtype, HPD_DTYPE_F8_E4M3);
     assert_int_equal(per->layers[1].mlp_down.dtype, HPD_DTYPE_F8_E4M3);
+    /* a scale per row and block of 16 columns, the last block partial */
+    assert_int_equal(per->layers[1].mlp_down.block, 16);
+    assert_int_equal(per->layers[1].mlp_down.scale_ld, (per->config.intermediate_size + 15) / 16);
     assert_int_equal(per->layers[0].gdn_in.n, 1);
     assert_int_equal(per->layers[0].gdn_in.part[0].dtype, HPD_DTYPE_F8_E4M3);
     assert_int_equal(per->embed.dtype, HPD_DTYPE_BF16);
@@ -431,6 +537,8 @@ int main(void)
         cmocka_unit_test(test_namings_dtypes_shards),
         cmocka_unit_test(test_skips_vision_and_mtp),
         cmocka_unit_test(test_generation_config),
+        cmocka_unit_test(test_fingerprint_covers_weights),
+        cmocka_unit_test(test_tensor_list_accounts),
         cmocka_unit_test(test_moe_namings),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_bad_models),

@@ -163,6 +163,12 @@ static void test_sharded(void **state)
                          hpd_st_archive_find(ar, "two")->file);
     hpd_st_archive_destroy(ar);
 
+    /* a tensor mapped twice is refused, even to the same file (JSON with a
+     * key twice: which one a reader takes is its own choice) */
+    const char *twice = "{\"weight_map\": {\"one\": \"a.safetensors\", \"two\": "
+                        "\"b.safetensors\", \"one\": \"a.safetensors\"}}";
+    assert_int_equal(hpd_write_file(path, twice, strlen(twice)), HPD_OK);
+    assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_ERR_FORMAT);
     /* the index names a tensor its file does not hold */
     const char *bad = "{\"weight_map\": {\"one\": \"a.safetensors\", \"three\": \"b.safetensors\"}}";
     assert_int_equal(hpd_write_file(path, bad, strlen(bad)), HPD_OK);
