@@ -281,6 +281,53 @@ static void test_wrong_type(void **state)
                  "(expected 0 to 65535)", NULL);
 }
 
+/* Mutation survivors (scripts/mutation.sh deploy): a string past its
+ * field's size, relative paths with no manifest directory, the defaults'
+ * and the coordinator's section named in their errors, the prefill node's
+ * --no-prefix-cache. */
+static void test_edges(void **state)
+{
+    char text[8192], err[4096], joined[4096];
+    hpd_manifest_t *m;
+    /* a node name of 200 characters */
+    char longname[220];
+    memset(longname, 'n', 200);
+    longname[200] = '\0';
+    snprintf(text, sizeof(text), "  - name: %s", longname);
+    char want[300];
+    snprintf(want, sizeof(want), "nodes[1].name: '%s' is invalid (expected 1 to", longname);
+    expect_error(edit(13, text), "m.yaml:13:", want);
+    /* no room for a message: nothing is written, the status still says it */
+    assert_int_equal(hpd_manifest_parse(base, strlen(base), "m.yaml", "/srv", &m, NULL, 0),
+                     HPD_OK);
+    hpd_manifest_destroy(m);
+    assert_int_equal(hpd_manifest_parse("cluster: [", 10, "m.yaml", "/srv", &m, NULL, 0),
+                     HPD_ERR_INVALID_ARG);
+    /* no manifest directory: a relative model path stays relative */
+    assert_int_equal(hpd_manifest_parse(base, strlen(base), "m.yaml", "", &m, err, sizeof(err)),
+                     HPD_OK);
+    assert_string_equal(m->model, "models/tiny");
+    hpd_manifest_destroy(m);
+    /* errors inside defaults and coordinator name their section */
+    snprintf(text, sizeof(text), "%sdefaults:\n  port: seven\n", base);
+    expect_error(text, "defaults.port: 'seven' is not an integer", NULL);
+    expect_error("cluster: t\nmodel: m\ntoken_file: t\ncoordinator: [1, 2]\nnodes: []\n",
+                 "m.yaml:4: coordinator: a list where a mapping was expected", NULL);
+    /* prefix_cache off on a prefill node: --no-prefix-cache */
+    assert_int_equal(hpd_manifest_parse(base, strlen(base), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    joined_args(m, &m->procs[1], joined, sizeof(joined));
+    assert_null(strstr(joined, "--no-prefix-cache"));
+    hpd_manifest_destroy(m);
+    snprintf(text, sizeof(text), "%s", edit(11, "    metrics_port: 7011\n"
+                                                "    prefix_cache: {enabled: false}"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    joined_args(m, &m->procs[1], joined, sizeof(joined));
+    assert_non_null(strstr(joined, " --no-prefix-cache "));
+    hpd_manifest_destroy(m);
+}
+
 static void test_missing_role(void **state)
 {
     expect_error(edit(14, NULL), "m.yaml:13: nodes[1]: missing field 'role' (expected prefill "
@@ -378,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_unknown_field),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_wrong_type),
+        cmocka_unit_test(test_edges),
         cmocka_unit_test(test_missing_role),
         cmocka_unit_test(test_port_clash),
         cmocka_unit_test(test_http_port),
