@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "deploy/manifest.h"
+#include "deploy/render.h"
+#include "tests/test_helpers.h"
 
 static const char base[] =
     "cluster: t\n"                                 /* 1 */
@@ -328,6 +331,35 @@ static void test_edges(void **state)
     hpd_manifest_destroy(m);
 }
 
+/* systemd units quote what a unit file would expand: '%' doubled (a
+ * specifier), '$' doubled (a variable), quotes and backslashes escaped. */
+static void test_systemd_quoting(void **state)
+{
+    char text[8192], err[4096], dir[256], path[600], *unit;
+    size_t len;
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%s", base);
+    char *model = strstr(text, "models/tiny");
+    assert_non_null(model);
+    snprintf(text + (model - text), sizeof(text) - (size_t)(model - text), "%s%s",
+             "\"models/50%x$HOME\"", strstr(base, "models/tiny") + strlen("models/tiny"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    assert_string_equal(m->model, "/srv/models/50%x$HOME");
+    test_tmpdir(dir, sizeof(dir), "units");
+    const hpd_render_params_t rp = {.manifest = m,
+                                    .bins = {"/bin/c", "/bin/p", "/bin/d"},
+                                    .out = dir};
+    assert_int_equal(hpd_render_systemd(&rp, err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/hybridpd-t-d0.service", dir);
+    assert_int_equal(hpd_read_file(path, &unit, &len), HPD_OK);
+    if (strstr(unit, "--model \"/srv/models/50%%x$$HOME\"") == NULL)
+        fail_msg("the model path is not quoted for systemd in:\n%s", unit);
+    free(unit);
+    hpd_manifest_destroy(m);
+    test_rmtree(dir);
+}
+
 static void test_missing_role(void **state)
 {
     expect_error(edit(14, NULL), "m.yaml:13: nodes[1]: missing field 'role' (expected prefill "
@@ -426,6 +458,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_wrong_type),
         cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_systemd_quoting),
         cmocka_unit_test(test_missing_role),
         cmocka_unit_test(test_port_clash),
         cmocka_unit_test(test_http_port),
