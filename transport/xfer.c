@@ -588,15 +588,26 @@ static void note_writer(hpd_xfer_ctx_t *c, uint64_t sender, const ucp_am_recv_pa
     watch_writer(c, i);
 }
 
+/* The sender of a hello or a bye (magic) that came eagerly with UCX's
+ * endpoint back to it; false for anything else. */
+static bool read_marker(const void *header, size_t header_length,
+                        const ucp_am_recv_param_t *param, uint64_t magic, uint64_t *sender_p)
+{
+    hello_hdr_t h;
+    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL)
+        return false;
+    memcpy(&h, header, sizeof(h));
+    *sender_p = h.sender;
+    return h.magic == magic;
+}
+
 static ucs_status_t on_hello(void *arg, const void *header, size_t header_length, void *data,
                              size_t length, const ucp_am_recv_param_t *param)
 {
-    hello_hdr_t h;
-    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
-        return UCS_OK;
-    memcpy(&h, header, sizeof(h));
-    if (h.magic == HELLO_MAGIC)
-        note_writer(arg, h.sender, param);
+    uint64_t sender;
+    if (read_marker(header, header_length, param, HELLO_MAGIC, &sender))
+        note_writer(arg, sender, param);
     return UCS_OK;
 }
 
@@ -609,15 +620,11 @@ static ucs_status_t on_bye(void *arg, const void *header, size_t header_length, 
                            size_t length, const ucp_am_recv_param_t *param)
 {
     hpd_xfer_ctx_t *c = arg;
-    hello_hdr_t h;
-    if (header_length != sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-        return UCS_OK;
-    memcpy(&h, header, sizeof(h));
-    if (h.magic != BYE_MAGIC)
+    uint64_t sender;
+    if (!read_marker(header, header_length, param, BYE_MAGIC, &sender))
         return UCS_OK;
     for (uint32_t i = 0; i < c->n_writers; i++)
-        if (c->writers[i].node == h.sender && c->writers[i].ep == param->reply_ep) {
+        if (c->writers[i].node == sender && c->writers[i].ep == param->reply_ep) {
             forget_writer(c, i);
             break;
         }
@@ -1096,7 +1103,7 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
     return HPD_OK;
 }
 
-static void on_hello_sent(void *request, ucs_status_t status, void *user_data)
+static void on_marker_sent(void *request, ucs_status_t status, void *user_data)
 {
     request_done(request, user_data);
 }
@@ -1143,27 +1150,33 @@ static void probe_rtt(hpd_xfer_peer_t *p)
     }
 }
 
+/* Sends a hello or a bye: {magic, this node}, eager, asking UCX for the
+ * endpoint back to here. h lives in p while the request does. */
+static hpd_status_t send_marker(hpd_xfer_peer_t *p, unsigned am_id, hello_hdr_t *h,
+                                uint64_t magic)
+{
+    *h = (hello_hdr_t){magic, p->ctx->p.node_id};
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
+                              .cb.send = on_marker_sent,
+                              .user_data = p};
+    return track(p, ucp_am_send_nbx(p->ep, am_id, h, sizeof(*h), NULL, 0, &rp));
+}
+
 /* Tells the receiver who writes from this endpoint, asking UCX for the
  * endpoint back to here (the receiver may close it: hpd_xfer_close_writer).
  * Sent before any put; a failure shows as the endpoint's. */
 static void send_hello(hpd_xfer_peer_t *p)
 {
-    p->hello = (hello_hdr_t){HELLO_MAGIC, p->ctx->p.node_id}; /* lives while the request does */
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
-                              .cb.send = on_hello_sent,
-                              .user_data = p};
-    (void)track(p, ucp_am_send_nbx(p->ep, AM_HELLO, &p->hello, sizeof(p->hello), NULL, 0, &rp));
+    (void)send_marker(p, AM_HELLO, &p->hello, HELLO_MAGIC);
 }
 
 static void on_close_done(void *request, ucs_status_t status, void *user_data)
 {
     request_done(request, user_data);
 }
-
-static void close_ep(hpd_xfer_peer_t *p);
 
 static void on_bye_flushed(void *request, ucs_status_t status, void *user_data)
 {
@@ -1179,15 +1192,7 @@ static void on_bye_flushed(void *request, ucs_status_t status, void *user_data)
  * False where the bye could not be sent: the caller closes at once. */
 static bool send_bye(hpd_xfer_peer_t *p)
 {
-    p->bye = (hello_hdr_t){BYE_MAGIC, p->ctx->p.node_id};
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY,
-                              .cb.send = on_hello_sent,
-                              .user_data = p};
-    if (track(p, ucp_am_send_nbx(p->ep, AM_BYE, &p->bye, sizeof(p->bye), NULL, 0, &rp)) !=
-        HPD_OK)
+    if (send_marker(p, AM_BYE, &p->bye, BYE_MAGIC) != HPD_OK)
         return false;
     ucp_request_param_t fp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA,
