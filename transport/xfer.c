@@ -129,6 +129,16 @@ struct hpd_xfer_peer {
     bool probing;
 };
 
+/* A link to a node as the deadlines of transfers to it see it: its last
+ * round trip and rate, and how long a probe of a new endpoint that is
+ * still out may count as its round trip (probe_cap: doubled each time a
+ * pair missed a deadline before its endpoint ever answered, back to the
+ * first when one answers). */
+typedef struct {
+    uint64_t node; /* 0: free */
+    double rtt, rate, probe_cap, used;
+} link_t;
+
 struct hpd_xfer_ctx {
     hpd_xfer_params_t p;
     ucp_context_h ucp;
@@ -156,6 +166,10 @@ struct hpd_xfer_ctx {
     } writers[64];
     uint8_t sentinel_byte; /* where sentinels would receive (nothing is sent) */
     uint32_t n_writers;
+    /* what this context learned of its links to other nodes: it outlives
+     * their endpoints, so that a pair connected again is judged by what
+     * it showed before (see link_of) */
+    link_t links[64];
 };
 
 /* ------------------------------------------------------------ progress */
@@ -1035,6 +1049,35 @@ static void map_region(const hpd_xfer_ctx_t *c, hpd_xfer_peer_t *p, uint32_t i)
 static void send_hello(hpd_xfer_peer_t *p);
 static void probe_rtt(hpd_xfer_peer_t *p);
 
+#define DEADLINE_RTTS 4          /* a deadline allows this many round trips */
+#define PROBE_COUNTS_UP_TO_S 1.5 /* a probe still out counts as an RTT this long at most, */
+#define PROBE_CAP_MAX_S 6.0      /* or up to this after a pair never answered in time */
+
+/* What this context knows of its link to node, or NULL. */
+static const link_t *link_find(const hpd_xfer_ctx_t *c, uint64_t node)
+{
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(c->links); i++)
+        if (c->links[i].used > 0 && c->links[i].node == node)
+            return &c->links[i];
+    return NULL;
+}
+
+/* The same, to be written: made when missing (the entry written least
+ * recently given up). */
+static link_t *link_of(hpd_xfer_ctx_t *c, uint64_t node)
+{
+    link_t *l = (link_t *)link_find(c, node);
+    if (l == NULL) {
+        l = &c->links[0];
+        for (size_t i = 1; i < HPD_ARRAY_SIZE(c->links); i++)
+            if (c->links[i].used < l->used)
+                l = &c->links[i];
+        *l = (link_t){.node = node, .probe_cap = PROBE_COUNTS_UP_TO_S};
+    }
+    l->used = hpd_time_now();
+    return l;
+}
+
 hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
                               hpd_xfer_peer_t **peer_p)
 {
@@ -1054,6 +1097,10 @@ hpd_status_t hpd_xfer_connect(hpd_xfer_ctx_t *c, const msgpack_object *info,
     p->ctx = c;
     p->node = node->via.u64;
     p->refs = 1;
+    /* a pair connected again starts from what it showed before */
+    const link_t *l = link_of(c, p->node);
+    p->rtt = l->rtt;
+    p->rate = l->rate;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -1120,13 +1167,22 @@ static double ewma(double avg, double sample)
 static void sample_rtt(hpd_xfer_peer_t *p, double seconds)
 {
     p->rtt = ewma(p->rtt, seconds);
+    link_of(p->ctx, p->node)->rtt = p->rtt;
+}
+
+/* The probe of a new endpoint came back: the pair answers, and a later new
+ * endpoint to it gets the first allowance again. */
+static void probe_answered(hpd_xfer_peer_t *p)
+{
+    sample_rtt(p, hpd_time_now() - p->probe_t0);
+    link_of(p->ctx, p->node)->probe_cap = PROBE_COUNTS_UP_TO_S;
 }
 
 static void on_probe_flushed(void *request, ucs_status_t status, void *user_data)
 {
     hpd_xfer_peer_t *p = user_data;
     if (status == UCS_OK && p->probing)
-        sample_rtt(p, hpd_time_now() - p->probe_t0);
+        probe_answered(p);
     p->probing = false;
     request_done(request, p);
 }
@@ -1141,7 +1197,7 @@ static void probe_rtt(hpd_xfer_peer_t *p)
     p->probing = true;
     ucs_status_ptr_t r = ucp_ep_flush_nbx(p->ep, &rp);
     if (r == NULL) {
-        sample_rtt(p, hpd_time_now() - p->probe_t0);
+        probe_answered(p);
         p->probing = false;
     } else if (UCS_PTR_IS_ERR(r)) {
         p->probing = false;
@@ -1255,6 +1311,12 @@ void hpd_xfer_peer_link(const hpd_xfer_peer_t *p, double *rtt_s_p, double *rate_
 {
     *rtt_s_p = p->rtt;
     *rate_p = p->rate;
+}
+
+double hpd_xfer_answer_allowance(const hpd_xfer_ctx_t *c, uint64_t node)
+{
+    const link_t *l = link_find(c, node);
+    return DEADLINE_RTTS * (l != NULL ? l->probe_cap : PROBE_COUNTS_UP_TO_S);
 }
 
 bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *p)
@@ -1654,8 +1716,6 @@ static void send_notice(xfer_t *x)
 #define RATE_SAMPLE_BYTES (1ull << 20)
 
 #define PAIR_RATE_SAMPLE_BYTES (64u << 10)
-#define DEADLINE_RTTS 4            /* a deadline allows this many round trips */
-#define PROBE_COUNTS_UP_TO_S 1.5   /* a probe still out counts as an RTT this long at most */
 
 /* The rate a deadline of a transfer to p assumes: a quarter of the pair's
  * measured rate; before the pair has one, a quarter of the node's link rate
@@ -1669,15 +1729,23 @@ static double deadline_rate(const hpd_xfer_peer_t *p)
     return HPD_MAX(c->st.link_rate / 4, floor);
 }
 
+/* How long a probe still out may count as the pair's round trip. */
+static double probe_cap(const hpd_xfer_peer_t *p)
+{
+    const link_t *l = link_find(p->ctx, p->node);
+    return l != NULL ? l->probe_cap : PROBE_COUNTS_UP_TO_S;
+}
+
 /* The fixed part of a deadline: deadline_ms, or DEADLINE_RTTS round trips
  * of the pair when longer. A probe still out makes the round trip at least
- * as long as it has been out (a slow link shows itself before a first
- * transfer completes on it). */
+ * as long as it has been out, up to probe_cap (a slow link shows itself
+ * before a first transfer completes on it; one that never answers fails
+ * in time). */
 static double deadline_base(const hpd_xfer_peer_t *p)
 {
     double rtt = p->rtt;
     if (p->probing)
-        rtt = HPD_MAX(rtt, HPD_MIN(hpd_time_now() - p->probe_t0, PROBE_COUNTS_UP_TO_S));
+        rtt = HPD_MAX(rtt, HPD_MIN(hpd_time_now() - p->probe_t0, probe_cap(p)));
     return HPD_MAX(p->ctx->p.deadline_ms / 1e3, DEADLINE_RTTS * rtt);
 }
 
@@ -1734,6 +1802,16 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
                  (unsigned long long)x->hdr.bytes, (hpd_time_now() - x->t_finish) * 1e3,
                  deadline_base(p) * 1e3, deadline_rate(p) / 1e6, p->rtt * 1e3, p->rate / 1e6);
     c->st.deadlines_missed++;
+    if (p->probing) {
+        /* the endpoint never answered: a link slower to connect than the
+         * allowance, or none at all; the next endpoint to this node gets
+         * twice as long (TCP's backoff of its handshake, in spirit) */
+        link_t *l = link_of(c, p->node);
+        l->probe_cap = HPD_MIN(2 * l->probe_cap, PROBE_CAP_MAX_S);
+        HPD_LOG_INFO(LOG_COMPONENT, "node %llu never answered on this endpoint; the next one "
+                     "may take %.0f ms to answer before its transfers are late",
+                     (unsigned long long)p->node, DEADLINE_RTTS * l->probe_cap * 1e3);
+    }
     p->failed = true;
     p->refs++; /* the callbacks below may disconnect it */
     fail_transfers(p, HPD_ERR_TIMEOUT); /* x becomes an orphan */
@@ -1768,8 +1846,10 @@ static void flushed(xfer_t *x)
         c->st.link_rate = ewma(c->st.link_rate, sample);
     /* the pair's own: its rate, and the flush's latency as a round trip
      * (with what was still queued: an upper bound) */
-    if (x->hdr.bytes >= PAIR_RATE_SAMPLE_BYTES && dt > 0)
+    if (x->hdr.bytes >= PAIR_RATE_SAMPLE_BYTES && dt > 0) {
         p->rate = ewma(p->rate, sample);
+        link_of(c, p->node)->rate = p->rate;
+    }
     if (x->t_flush > 0 && now >= x->t_flush)
         sample_rtt(p, now - x->t_flush);
     send_notice(x);

@@ -154,6 +154,12 @@ bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *peer);
 /* What deadlines to the peer assume: the pair's round trip and rate, 0
  * until measured (hpd_xfer_params_t.deadline_ms). */
 void hpd_xfer_peer_link(const hpd_xfer_peer_t *peer, double *rtt_s_p, double *rate_p);
+/* How long a new endpoint to node may take to answer (its first flush)
+ * before transfers on it are late: 6 s, doubled each time one to node
+ * missed a deadline without ever answering (up to 24 s), 6 s again once
+ * one answers. What the pair showed (round trip, rate) also outlives its
+ * endpoints: a pair connected again starts from it. */
+double hpd_xfer_answer_allowance(const hpd_xfer_ctx_t *ctx, uint64_t node);
 
 /* One put: bytes from local memory to (remote region, offset). */
 typedef struct {

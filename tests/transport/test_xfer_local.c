@@ -1928,8 +1928,16 @@ static void test_deadline_fails_the_pair(void **state)
     assert_int_equal(d.n, 1);
     assert_int_equal(srx.n_peer_errors, 1);
     assert_int_equal(rrx.n, 2);
+    double rtt_was, rate_was;
+    hpd_xfer_peer_link(p, &rtt_was, &rate_was);
     hpd_xfer_disconnect(p);
     assert_int_equal(n_ep_closes, closes + 1);
+    /* the pair connected again starts from what it showed: its deadlines
+     * are the pair's at once, before its new probe came back */
+    p = connect_to(s, r);
+    hpd_xfer_peer_link(p, &rtt, &rate);
+    assert_true(rtt == rtt_was && rate == rate_was);
+    hpd_xfer_disconnect(p);
     hpd_xfer_destroy(s);
     hpd_xfer_destroy(r);
 }
@@ -1974,7 +1982,10 @@ static void test_deadline_after_a_stop(void **state)
  * gets 4 times as long as the probe has been out, up to 1.5 s of it; a
  * deadline that comes meanwhile is armed again, and the transfer fails
  * only once that one passes (on 02a8551 every transfer over a 200 ms,
- * 5 % lossy link failed its 1 s + bytes at 100 MB/s). */
+ * 5 % lossy link failed its 1 s + bytes at 100 MB/s). An endpoint that
+ * never answered doubles the next one's allowance (on c7ba6c2 a new pair
+ * over that link on UCX 1.22 took 5.3-5.7 s to answer, and every retry
+ * failed at 6 s again). */
 static void test_deadline_from_the_pair(void **state)
 {
     rx_t rrx = {0}, srx = {0};
@@ -1999,6 +2010,32 @@ static void test_deadline_from_the_pair(void **state)
     /* 4 x the probe's time out, capped at 1.5 s: 6 s at most, and much
      * more than the 100 ms of deadline_ms */
     assert_true(took > 1.0 && took < 12.0);
+    hpd_xfer_disconnect(p);
+
+    /* that endpoint never answered: the next one to node 2 may take twice
+     * as long (a link slower to connect than 6 s, not a dead one, gets its
+     * transfers through on the second try) */
+    assert_true(hpd_xfer_answer_allowance(s, 2) == 12.0);
+    assert_true(hpd_xfer_answer_allowance(s, 3) == 6.0); /* other nodes: as they were */
+    hold_flushes = true;
+    p = connect_to(s, r);
+    const double t1 = hpd_time_now();
+    d = (done_t){0};
+    assert_int_equal(hpd_xfer_put(p, 2, &u, 1), HPD_OK);
+    assert_int_equal(hpd_xfer_finish(p, 2, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(hpd_time_now() - t1 > 7.0, (void)0);
+    assert_int_equal(d.n, 0); /* past 6 s, still on time */
+    hpd_xfer_disconnect(p);
+    hold_flushes = false;
+    PROGRESS_UNTIL(d.n == 1, (void)0);
+    assert_int_equal(d.status, HPD_ERR_CANCELED);
+    assert_true(hpd_xfer_answer_allowance(s, 2) == 12.0); /* not missed: as it was */
+
+    /* an endpoint that answers gives the first allowance back */
+    p = connect_to(s, r);
+    double rtt = 0, rate;
+    PROGRESS_UNTIL(rtt > 0, hpd_xfer_peer_link(p, &rtt, &rate));
+    assert_true(hpd_xfer_answer_allowance(s, 2) == 6.0);
     hpd_xfer_disconnect(p);
     hpd_xfer_destroy(s);
     hpd_xfer_destroy(r);
@@ -2947,43 +2984,53 @@ static void test_closes_in_any_order(void **state)
     hpd_xfer_destroy(r);
 }
 
+/* Each test starts with every wrap passing calls through: one that failed
+ * half-way (an assertion jumps out) leaves none held for the next. */
+static int wraps_through(void **state)
+{
+    claim_cuda = fail_puts = hold_closes = record_timers = false;
+    fail_flushes = fail_ams = hold_flushes = fail_put_later = defer_closes = false;
+    fail_register = fail_to_host = fail_from_host = false;
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_connect_checks_info),
-        cmocka_unit_test(test_info_size_limits),
-        cmocka_unit_test(test_connect_endpoint_modes),
-        cmocka_unit_test(test_put_bounds_and_stats),
-        cmocka_unit_test(test_put_refused_by_ucx),
-        cmocka_unit_test(test_put_names_registration),
-        cmocka_unit_test(test_finish_refused_by_ucx),
-        cmocka_unit_test(test_notice_on_the_wire),
-        cmocka_unit_test(test_receiver_checks_notices),
-        cmocka_unit_test(test_polling_and_idle),
-        cmocka_unit_test(test_regions),
-        cmocka_unit_test(test_mirrored_pool),
-        cmocka_unit_test(test_device_pool_with_cuda),
-        cmocka_unit_test(test_disconnect_fails_transfers),
-        cmocka_unit_test(test_destroy_with_closes_pending),
-        cmocka_unit_test(test_destroy_with_flushes_pending),
-        cmocka_unit_test(test_create_fails),
-        cmocka_unit_test(test_without_a_loop),
-        cmocka_unit_test(test_peer_failure),
-        cmocka_unit_test(test_endpoint_fails_inside_a_call),
-        cmocka_unit_test(test_put_fails_later),
-        cmocka_unit_test(test_check_dests),
-        cmocka_unit_test(test_deadline_fails_the_pair),
-        cmocka_unit_test(test_deadline_after_a_stop),
-        cmocka_unit_test(test_deadline_from_the_pair),
-        cmocka_unit_test(test_close_writer),
-        cmocka_unit_test(test_close_writer_after_death),
-        cmocka_unit_test(test_mapped_copies),
-        cmocka_unit_test(test_transfer_ids),
-        cmocka_unit_test(test_put_after_fences),
-        cmocka_unit_test(test_push_kv),
-        cmocka_unit_test(test_alloc_failures),
-        cmocka_unit_test(test_memory_returned),
-        cmocka_unit_test(test_closes_in_any_order),
+        cmocka_unit_test_setup(test_connect_checks_info, wraps_through),
+        cmocka_unit_test_setup(test_info_size_limits, wraps_through),
+        cmocka_unit_test_setup(test_connect_endpoint_modes, wraps_through),
+        cmocka_unit_test_setup(test_put_bounds_and_stats, wraps_through),
+        cmocka_unit_test_setup(test_put_refused_by_ucx, wraps_through),
+        cmocka_unit_test_setup(test_put_names_registration, wraps_through),
+        cmocka_unit_test_setup(test_finish_refused_by_ucx, wraps_through),
+        cmocka_unit_test_setup(test_notice_on_the_wire, wraps_through),
+        cmocka_unit_test_setup(test_receiver_checks_notices, wraps_through),
+        cmocka_unit_test_setup(test_polling_and_idle, wraps_through),
+        cmocka_unit_test_setup(test_regions, wraps_through),
+        cmocka_unit_test_setup(test_mirrored_pool, wraps_through),
+        cmocka_unit_test_setup(test_device_pool_with_cuda, wraps_through),
+        cmocka_unit_test_setup(test_disconnect_fails_transfers, wraps_through),
+        cmocka_unit_test_setup(test_destroy_with_closes_pending, wraps_through),
+        cmocka_unit_test_setup(test_destroy_with_flushes_pending, wraps_through),
+        cmocka_unit_test_setup(test_create_fails, wraps_through),
+        cmocka_unit_test_setup(test_without_a_loop, wraps_through),
+        cmocka_unit_test_setup(test_peer_failure, wraps_through),
+        cmocka_unit_test_setup(test_endpoint_fails_inside_a_call, wraps_through),
+        cmocka_unit_test_setup(test_put_fails_later, wraps_through),
+        cmocka_unit_test_setup(test_check_dests, wraps_through),
+        cmocka_unit_test_setup(test_deadline_fails_the_pair, wraps_through),
+        cmocka_unit_test_setup(test_deadline_after_a_stop, wraps_through),
+        cmocka_unit_test_setup(test_deadline_from_the_pair, wraps_through),
+        cmocka_unit_test_setup(test_close_writer, wraps_through),
+        cmocka_unit_test_setup(test_close_writer_after_death, wraps_through),
+        cmocka_unit_test_setup(test_mapped_copies, wraps_through),
+        cmocka_unit_test_setup(test_transfer_ids, wraps_through),
+        cmocka_unit_test_setup(test_put_after_fences, wraps_through),
+        cmocka_unit_test_setup(test_push_kv, wraps_through),
+        cmocka_unit_test_setup(test_alloc_failures, wraps_through),
+        cmocka_unit_test_setup(test_memory_returned, wraps_through),
+        cmocka_unit_test_setup(test_closes_in_any_order, wraps_through),
     };
     /* freed memory is overwritten, so that a use after free (of UCX's
      * memory too, which the sanitizers do not watch) crashes here */
