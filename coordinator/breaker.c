@@ -19,10 +19,17 @@ bool hpd_breaker_usable(const hpd_breaker_t *b, double now)
     return s == HPD_BREAKER_CLOSED || s == HPD_BREAKER_HALF_OPEN;
 }
 
-void hpd_breaker_placed(hpd_breaker_t *b, double now)
+bool hpd_breaker_placed(hpd_breaker_t *b, double now)
 {
-    if (hpd_breaker_state(b, now) == HPD_BREAKER_HALF_OPEN)
-        b->probe_since = now;
+    if (hpd_breaker_state(b, now) != HPD_BREAKER_HALF_OPEN)
+        return false;
+    b->probe_since = now;
+    return true;
+}
+
+void hpd_breaker_probe_ended(hpd_breaker_t *b)
+{
+    b->probe_since = 0;
 }
 
 static void open_for(hpd_breaker_t *b, double seconds, double now)

@@ -11,8 +11,10 @@
  * for its cooldown (1 s at first). Then it is probed: one attempt may go
  * there (half-open); its success puts the node back (closed, the counts
  * and cooldown reset); its failure opens it again for twice the cooldown
- * (at most HPD_BREAKER_MAX_COOLDOWN_S). A probe that neither succeeds nor
- * fails (canceled elsewhere) frees the slot after HPD_BREAKER_PROBE_S. So
+ * (at most HPD_BREAKER_MAX_COOLDOWN_S). A probe that ends neither way (its
+ * request canceled, or run again elsewhere because the other node of its
+ * pair went suspect) frees the slot at once when the caller says so
+ * (hpd_breaker_probe_ended), and after HPD_BREAKER_PROBE_S otherwise. So
  * one bad counterpart does not sideline a healthy node when others exist,
  * and with a single counterpart the cluster still routes around a node
  * that fails every pair. */
@@ -50,8 +52,11 @@ typedef enum {
 hpd_breaker_state_t hpd_breaker_state(const hpd_breaker_t *b, double now);
 /* Whether new work may go there now (closed or half-open). */
 bool hpd_breaker_usable(const hpd_breaker_t *b, double now);
-/* Work placed there: in half-open it is the probe. */
-void hpd_breaker_placed(hpd_breaker_t *b, double now);
+/* Work placed there: in half-open it is the probe (returns true). */
+bool hpd_breaker_placed(hpd_breaker_t *b, double now);
+/* The probe ended without saying whether the node works: the next
+ * request may probe it. */
+void hpd_breaker_probe_ended(hpd_breaker_t *b);
 /* A pair with counterpart `other` failed; n_others: the usable nodes of
  * the counterpart's role. Returns true when the node went out of rotation
  * now. */

@@ -102,6 +102,7 @@ typedef struct req {
     uint32_t dpages;       /* booked on dnode */
     uint64_t avoid_decode; /* the decode node of a pair that failed this request */
     uint64_t lost_writer;  /* the prefill node lost while pushing for this attempt */
+    bool probe_p, probe_d; /* this attempt probes its prefill / decode node (breaker.h) */
     char last_error[256];
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
@@ -222,8 +223,21 @@ static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t 
     free(x);
 }
 
+/* The attempt's probes are over: the pair's outcome (pair_ok,
+ * pair_failed) said how they went, or nothing did (the attempt canceled,
+ * moved off a suspect node) and the next request may probe. */
+static void probes_over(req_t *r)
+{
+    if (r->probe_p && r->pnode != NULL)
+        hpd_breaker_probe_ended(&r->pnode->breaker);
+    if (r->probe_d && r->dnode != NULL)
+        hpd_breaker_probe_ended(&r->dnode->breaker);
+    r->probe_p = r->probe_d = false;
+}
+
 static void req_free(hpd_coord_t *c, req_t *r)
 {
+    probes_over(r);
     for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
@@ -331,9 +345,12 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
     } else if (p.cancel_decode && d != NULL) {
         send_cancel(d, r->job, p.fence_writer ? r->lost_writer : 0, ignore_reply, NULL);
     }
-    if (r->fsm.state == HPD_REQ_DECODING)
+    if (r->fsm.state == HPD_REQ_DECODING) {
+        probes_over(r); /* the pair worked (pair_ok) */
         r->pnode = NULL; /* the prefill node is done with it */
+    }
     if (r->fsm.state == HPD_REQ_QUEUED) { /* the attempt is over */
+        probes_over(r);
         r->dnode = r->pnode = NULL;
         r->dpages = 0;
         r->job = 0;
@@ -677,7 +694,7 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     hpd_rpc_buf_destroy(&dest);
     hpd_rpc_buf_destroy(&samp);
     r->pnode = p;
-    hpd_breaker_placed(&p->breaker, hpd_time_now());
+    r->probe_p = hpd_breaker_placed(&p->breaker, hpd_time_now());
     p->jobs++;
     p->queued_tokens += r->n_prompt;
     req_event(c, r, HPD_REQ_EV_RESERVED, "reserved on %s", d->name);
@@ -729,7 +746,7 @@ static void schedule(hpd_coord_t *c)
         r->job = ++c->next_job;
         r->dnode = d;
         r->dpages = pages;
-        hpd_breaker_placed(&d->breaker, hpd_time_now()); /* a probe, if it is one */
+        r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
         d->slots_reserved++;
         d->pages_reserved += pages;
         req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);

@@ -41,9 +41,16 @@ static void test_probe_cycle(void **state)
     assert_int_equal(hpd_breaker_state(&b, 10.99), HPD_BREAKER_OPEN); /* 1 s */
     assert_int_equal(hpd_breaker_state(&b, 11.0), HPD_BREAKER_HALF_OPEN);
     assert_true(hpd_breaker_usable(&b, 11.0));
-    hpd_breaker_placed(&b, 11.0); /* the probe */
+    assert_true(hpd_breaker_placed(&b, 11.0)); /* the probe */
     assert_int_equal(hpd_breaker_state(&b, 11.1), HPD_BREAKER_PROBING);
     assert_false(hpd_breaker_usable(&b, 11.1)); /* one probe at a time */
+    /* a probe that ends neither way (its request moved elsewhere) lets the
+     * next request probe at once (on c7ba6c2 the slot stayed taken 30 s
+     * and every request waiting for the node failed at its 60 s) */
+    hpd_breaker_probe_ended(&b);
+    assert_int_equal(hpd_breaker_state(&b, 11.2), HPD_BREAKER_HALF_OPEN);
+    assert_true(hpd_breaker_placed(&b, 11.2));
+    assert_false(hpd_breaker_placed(&b, 11.3)); /* not a second probe */
     /* the probe fails: out for 2 s */
     assert_true(hpd_breaker_failure(&b, 1, 1, 11.5));
     assert_int_equal(hpd_breaker_state(&b, 13.49), HPD_BREAKER_OPEN);
@@ -61,8 +68,13 @@ static void test_probe_cycle(void **state)
     assert_int_equal(hpd_breaker_state(&b, 21.0), HPD_BREAKER_HALF_OPEN);
     /* work placed while closed is no probe */
     hpd_breaker_t c = {0};
-    hpd_breaker_placed(&c, 1.0);
+    assert_false(hpd_breaker_placed(&c, 1.0));
     assert_int_equal(hpd_breaker_state(&c, 1.0), HPD_BREAKER_CLOSED);
+    /* nor while out */
+    hpd_breaker_failure(&c, 1, 1, 2.0);
+    hpd_breaker_failure(&c, 1, 1, 2.0);
+    assert_false(hpd_breaker_placed(&c, 2.5));
+    assert_int_equal(hpd_breaker_state(&c, 3.0), HPD_BREAKER_HALF_OPEN);
 }
 
 static void test_cooldown_capped_and_probe_expires(void **state)
