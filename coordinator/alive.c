@@ -7,6 +7,8 @@
 #define EWMA 0.1      /* the weight of the newest interval */
 #define SIGMAS 4.0    /* suspect after the mean interval + this many deviations */
 #define LOST_FACTOR 2 /* lost after this times the suspect window */
+#define SUSPECT_RTOS 1 /* a ping may be late by one retransmission, */
+#define LOST_RTOS 7    /* or by two (1 + 2 + 4 RTOs until a third try is late) */
 
 void hpd_alive_start(hpd_alive_t *a, double now, double interval_s)
 {
@@ -25,16 +27,25 @@ void hpd_alive_ping(hpd_alive_t *a, double now)
     a->pings++;
 }
 
+void hpd_alive_link(hpd_alive_t *a, double rto_s)
+{
+    if (!(rto_s > 0))
+        return; /* not known (not TCP) */
+    a->rto = rto_s >= a->rto ? rto_s : a->rto + 0.1 * (rto_s - a->rto);
+}
+
 double hpd_alive_suspect_after(const hpd_alive_t *a, double window_s, double max_s)
 {
     const double adaptive = a->mean + SIGMAS * sqrt(a->var > 0 ? a->var : 0);
-    return HPD_MIN(HPD_MAX(window_s, adaptive), max_s);
+    const double resent = a->mean + SUSPECT_RTOS * a->rto;
+    return HPD_MIN(HPD_MAX(HPD_MAX(window_s, adaptive), resent), max_s);
 }
 
 double hpd_alive_lost_after(const hpd_alive_t *a, double window_s, double max_s)
 {
-    const double lost = HPD_MAX(LOST_FACTOR * hpd_alive_suspect_after(a, window_s, max_s),
-                                HPD_ALIVE_LOST_WINDOWS * window_s);
+    double lost = HPD_MAX(LOST_FACTOR * hpd_alive_suspect_after(a, window_s, max_s),
+                          HPD_ALIVE_LOST_WINDOWS * window_s);
+    lost = HPD_MAX(lost, a->mean + LOST_RTOS * a->rto);
     return HPD_MIN(lost, max_s);
 }
 

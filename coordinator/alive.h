@@ -13,7 +13,15 @@
  * slow, lossy link, widens its own windows and is not declared lost,
  * while a stopped node is suspect within the configured window. Liveness
  * counts from the registration, not from the first ping: a node that
- * hangs right after registering is judged too. */
+ * hangs right after registering is judged too.
+ *
+ * Pings travel over TCP: one whose segment was lost arrives a
+ * retransmission timeout (RTO) late, one lost twice 1 + 2 = 3 RTOs late,
+ * and a slow link's RTO is long (about 0.6 to 1 s at 400 ms round trips;
+ * the floor, 200 ms, on a LAN). So with the link's RTO known
+ * (hpd_alive_link), suspect_after allows one retransmission (the mean
+ * interval + 1 RTO) and lost_after two (+ 7 RTOs: the third try's
+ * backoff included); on a LAN neither moves past the configured windows. */
 #ifndef HPD_COORDINATOR_ALIVE_H
 #define HPD_COORDINATOR_ALIVE_H
 
@@ -29,6 +37,7 @@ typedef struct {
     double last;     /* the last ping, or the registration */
     double mean;     /* of the intervals between pings (EWMA) */
     double var;      /* their variance (EWMA of the squared deviation) */
+    double rto;      /* the link's retransmission timeout, recently at most; 0: unknown */
     uint32_t pings;
 } hpd_alive_t;
 
@@ -37,6 +46,10 @@ typedef enum { HPD_ALIVE_OK, HPD_ALIVE_SUSPECT, HPD_ALIVE_LOST } hpd_alive_verdi
 /* At registration: pings are expected every interval_s. */
 void hpd_alive_start(hpd_alive_t *a, double now, double interval_s);
 void hpd_alive_ping(hpd_alive_t *a, double now);
+/* The link's RTO as the kernel has it now (TCP_INFO of the connection the
+ * pings come on), in seconds; 0: not known. Taken at once when larger,
+ * forgotten slowly (a tenth of the way down per sample) when smaller. */
+void hpd_alive_link(hpd_alive_t *a, double rto_s);
 /* The silences after which the node is suspect and lost; window_s is the
  * configured liveness window (the least suspect_after), max_s caps both
  * (the heartbeat lease judges beyond it). */

@@ -1173,6 +1173,7 @@ static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
                             (unsigned long long)m.node_id);
         return;
     }
+    hpd_alive_link(&n->liveness, hpd_rpc_conn_rto(conn));
     hpd_alive_ping(&n->liveness, hpd_time_now());
     if (n->suspect) {
         n->suspect = false;

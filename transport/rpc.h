@@ -56,6 +56,9 @@ bool hpd_rpc_conn_is_open(const hpd_rpc_conn_t *conn);
 /* Whether the peer closed its side already (its end of file waits behind
  * what was read): a request queued by a peer that gave up on it. */
 bool hpd_rpc_conn_peer_gone(const hpd_rpc_conn_t *conn);
+/* The kernel's retransmission timeout of the connection now (TCP_INFO's
+ * tcpi_rto), in seconds; 0 where it is not TCP. */
+double hpd_rpc_conn_rto(const hpd_rpc_conn_t *conn);
 /* Drops the callbacks: nothing more is delivered to the owner. */
 void hpd_rpc_conn_detach(hpd_rpc_conn_t *conn);
 void hpd_rpc_conn_set_data(hpd_rpc_conn_t *conn, void *data);

@@ -6,6 +6,9 @@
  * callback of this connection is running. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stddef.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -263,6 +266,17 @@ bool hpd_rpc_conn_peer_gone(const hpd_rpc_conn_t *c)
         return false;
     const ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+double hpd_rpc_conn_rto(const hpd_rpc_conn_t *c)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    const evutil_socket_t fd = c->closed ? -1 : bufferevent_getfd(c->bev);
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_rto) + sizeof(ti.tcpi_rto))
+        return 0;
+    return ti.tcpi_rto / 1e6;
 }
 
 void hpd_rpc_conn_set_data(hpd_rpc_conn_t *c, void *data)

@@ -2,8 +2,10 @@
  * node pinging steadily is suspect and lost on the configured window; one
  * starved of CPU for 400 ms now and then (or pinging over a slow, lossy
  * link) widens its windows and is never declared lost, yet a stop of 5 s
- * after that is noticed (suspect) in under a second; a node that never
- * pings after registering is judged from the registration. */
+ * after that is noticed (suspect) in under a second; pings over a link
+ * with a long retransmission timeout get windows that allow for it; a
+ * node that never pings after registering is judged from the
+ * registration. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,6 +82,46 @@ static void test_lossy_link(void **state)
     assert_true(hpd_alive_lost_after(&a, WINDOW, LEASE) <= LEASE);
 }
 
+/* Pings over a link whose retransmission timeout is known (the kernel's,
+ * 0.8 s: a 400 ms round trip with losses): a ping one retransmission late
+ * is not suspect, one two retransmissions late (3 RTOs, 2.5 s: the cause of
+ * a healthy node declared lost on c7ba6c2's CI, 2033 ms silent against a
+ * 2000 ms window) is not lost, a stop is lost once two retransmissions
+ * would have come (7 RTOs). On a LAN's RTO (its 200 ms floor) the windows
+ * are the configured ones. */
+static void test_retransmissions(void **state)
+{
+    hpd_alive_t a, lan;
+    double t = 0;
+    hpd_alive_start(&a, 0, 0.1);
+    hpd_alive_start(&lan, 0, 0.1);
+    for (int i = 0; i < 100; i++) {
+        hpd_alive_link(&a, 0.8);
+        hpd_alive_ping(&a, t += 0.1);
+        hpd_alive_link(&lan, 0.204);
+        hpd_alive_ping(&lan, t);
+    }
+    assert_int_equal(judge(&a, t + 0.1 + 0.8 - 0.01), HPD_ALIVE_OK);
+    assert_int_equal(judge(&a, t + 0.1 + 0.8 + 0.05), HPD_ALIVE_SUSPECT);
+    assert_int_equal(judge(&a, t + 0.1 + 3 * 0.8), HPD_ALIVE_SUSPECT);
+    assert_int_equal(judge(&a, t + 0.1 + 7 * 0.8 - 0.01), HPD_ALIVE_SUSPECT);
+    assert_int_equal(judge(&a, t + 0.1 + 7 * 0.8 + 0.05), HPD_ALIVE_LOST);
+    assert_int_equal(judge(&lan, t + 0.45), HPD_ALIVE_OK);
+    assert_int_equal(judge(&lan, t + 0.55), HPD_ALIVE_SUSPECT);
+    assert_int_equal(judge(&lan, t + 2.05), HPD_ALIVE_LOST);
+    /* a larger RTO counts at once, a smaller one a tenth of the way down
+     * each sample; an unknown one (not TCP) changes nothing */
+    hpd_alive_link(&lan, 1.0);
+    assert_true(lan.rto == 1.0);
+    hpd_alive_link(&lan, 0.2);
+    assert_true(lan.rto > 0.91 && lan.rto < 0.93);
+    hpd_alive_link(&lan, 0);
+    assert_true(lan.rto > 0.91 && lan.rto < 0.93);
+    /* never past the lease */
+    hpd_alive_link(&lan, 5.0);
+    assert_true(hpd_alive_lost_after(&lan, WINDOW, LEASE) == LEASE);
+}
+
 static void test_from_registration(void **state)
 {
     hpd_alive_t a;
@@ -105,6 +147,7 @@ int main(void)
         cmocka_unit_test(test_steady),
         cmocka_unit_test(test_starved_then_stopped),
         cmocka_unit_test(test_lossy_link),
+        cmocka_unit_test(test_retransmissions),
         cmocka_unit_test(test_from_registration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

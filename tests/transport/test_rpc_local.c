@@ -530,6 +530,39 @@ static void test_conn_close_in_callback(void **state)
 
 /* A flushing close writes everything queued before the socket goes; a
  * detached connection tells nobody. */
+/* The kernel's retransmission timeout of a TCP connection (what the
+ * coordinator widens its liveness windows by): on loopback between Linux's
+ * 200 ms floor and its 1 s initial value; 0 on a socket that is not TCP. */
+static void test_conn_rto(void **state)
+{
+    rec_t r = {0};
+    peer_t *p;
+    hpd_rpc_conn_t *conn = conn_pair(&r, 0, &p);
+    assert_true(hpd_rpc_conn_rto(conn) == 0);
+    hpd_rpc_conn_close(conn, false);
+    peer_free(p);
+
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    const int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(l >= 0 && c >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const int a = accept(l, NULL, NULL);
+    assert_true(a >= 0);
+    evutil_make_socket_nonblocking(a);
+    hpd_rpc_conn_ops_t ops = {.on_msg = rec_msg, .on_close = rec_close, .arg = &r};
+    assert_int_equal(hpd_rpc_conn_create(base, a, &ops, &conn), HPD_OK);
+    const double rto = hpd_rpc_conn_rto(conn);
+    if (!(rto >= 0.2 && rto <= 1.0))
+        fail_msg("loopback RTO %.3f s, not within [0.2, 1] s", rto);
+    hpd_rpc_conn_close(conn, false);
+    close(c);
+    close(l);
+}
+
 static void test_conn_flush_and_detach(void **state)
 {
     rec_t r = {0};
@@ -1976,6 +2009,7 @@ int main(void)
         cmocka_unit_test(test_conn_large_messages),
         cmocka_unit_test(test_conn_close_in_callback),
         cmocka_unit_test(test_conn_flush_and_detach),
+        cmocka_unit_test(test_conn_rto),
         cmocka_unit_test(test_server_bind),
         cmocka_unit_test(test_server_auth),
         cmocka_unit_test(test_server_methods),
