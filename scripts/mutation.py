@@ -63,7 +63,9 @@ MODULES = {
                   "prefill_node/peers.c", "decode_node/join.c", "decode_node/writes.c"],
         "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
                      "node/proto.c": "field readers: test_msg and the cluster tests use them",
-                     "coordinator/coord.c": "the coordinator's event handling: the cluster tests",
+                     "coordinator/coord.c": "the coordinator module's",
+                     "coordinator/alive.c": "the coordinator module's",
+                     "coordinator/breaker.c": "the coordinator module's",
                      "coordinator/main.c": "options and the service shell: the cluster tests",
                      "service/service.c": "signals and the drain: the cluster tests",
                      "prefill_node/prefill.c": "the prefill role: the cluster tests",
@@ -78,6 +80,20 @@ MODULES = {
         "files": ["tokenizer/tokenizer.c", "tokenizer/train.c"],
         "left_out": {},
         "tests": ["test_tokenizer"],
+    },
+    # The coordinator's own event handling, with its scripted peers
+    # (tests/coordinator/peers.h: fake nodes in process, no cluster), and the
+    # failure detector and breaker it judges nodes with.
+    "coordinator": {
+        "files": ["coordinator/coord.c", "coordinator/alive.c", "coordinator/breaker.c"],
+        "left_out": {"coordinator/main.c": "options and the service shell: the cluster tests",
+                     "coordinator/openai.c": "the api module's",
+                     "coordinator/text.c": "the chat module's",
+                     "coordinator/routing.c": "the control module's",
+                     "coordinator/request.c": "the control module's",
+                     "coordinator/admission.c": "the control module's",
+                     "coordinator/credentials.c": "the control module's"},
+        "tests": ["test_coord", "test_alive", "test_breaker"],
     },
     "chat": {
         "files": ["tokenizer/chat.c", "coordinator/text.c"],
