@@ -152,6 +152,42 @@ static void test_sick_decode_node_routed_around(void **state)
     coord_stop();
 }
 
+/* A probe that ends neither way (its request canceled while the probe is
+ * out) lets the next request probe at once: on 706f7f3's parent the slot
+ * stayed taken for 30 s (HPD_BREAKER_PROBE_S) and, with no other node, the
+ * next request waited all that time. */
+static void test_probe_ended_neither_way(void **state)
+{
+    peer_t p, d;
+    outcome_t a, b;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    p.fail_dest = d.node_id;
+    const uint64_t id = submit_request(&a, 4);
+    LOOP_UNTIL(p.prefills == 2); /* two failed pairs: both nodes out for 1 s */
+    spin(20);
+    assert_false(a.done);
+    p.fail_dest = 0;
+    p.mode = PEER_HOLD;
+    LOOP_UNTIL(p.prefills == 3); /* after the cooldown its third attempt probes both */
+    assert_true(hpd_coord_cancel(coord, id, "the client went away"));
+    LOOP_UNTIL(a.done);
+    assert_int_equal(a.outcome, HPD_COORD_CANCELED);
+    p.mode = PEER_ANSWER;
+    const double t0 = hpd_time_now();
+    submit_request(&b, 4);
+    LOOP_UNTIL(b.done);
+    const double took = hpd_time_now() - t0;
+    assert_int_equal(b.outcome, HPD_COORD_FINISHED);
+    if (took > 10)
+        fail_msg("the next request waited %.1f s for the canceled probe's slot", took);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 /* A prefill node that fails every job (not a pair's fault: its engine) is
  * taken out of rotation too; the other prefill node serves. */
 static void test_failing_prefill_node_routed_around(void **state)
@@ -212,6 +248,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tokens_only_from_its_decode_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sick_decode_node_routed_around, setup, teardown),
         cmocka_unit_test_setup_teardown(test_waits_for_nodes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_probe_ended_neither_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
     };
