@@ -49,6 +49,9 @@ typedef struct {
     uint32_t n_jobs;
     uint32_t reserves, prefills, starts, cancels;
     hpd_rpc_conn_t *coord_conn; /* the coordinator's connection to this node */
+    uint64_t alive_key;         /* its liveness pings' key (0: liveness off) */
+    uint32_t pings_ok, pings_refused;
+    char ping_error[200];       /* the last refusal */
 } peer_t;
 
 static hpd_coord_t *coord;
@@ -214,6 +217,8 @@ static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply
         fail_msg("%s: registration refused: %.*s", p->name, (int)reply->error_message_len,
                  reply->error_message);
     p->node_id = hpd_rpc_map_get(reply->result, "node_id")->via.u64;
+    const msgpack_object *key = hpd_rpc_map_get(reply->result, "alive_key");
+    p->alive_key = key != NULL ? key->via.u64 : 0;
     p->registered = true;
 }
 
@@ -282,6 +287,30 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
     hpd_rpc_buf_destroy(&b);
     hpd_rpc_buf_destroy(&info);
     LOOP_UNTIL(p->registered);
+}
+
+static void on_pinged(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    peer_t *p = arg;
+    if (st == HPD_OK && !reply->is_error) {
+        p->pings_ok++;
+        return;
+    }
+    p->pings_refused++;
+    if (st == HPD_OK)
+        snprintf(p->ping_error, sizeof(p->ping_error), "%.*s", (int)reply->error_message_len,
+                 reply->error_message);
+}
+
+/* One liveness ping as the node's pinger sends it (node/liveness.h),
+ * with key (the registration's, or another). */
+static void peer_ping(peer_t *p, uint64_t key)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_alive, &(hpd_msg_alive_t){.node_id = p->node_id, .key = key}, &b.pk);
+    assert_int_equal(hpd_rpc_call(p->reg, "alive", &b, 30000, on_pinged, p), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
 }
 
 /* The node dies: its connections close. */

@@ -16,8 +16,11 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "common/metrics.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
 #include "node/msg.h"
@@ -188,6 +191,142 @@ static void test_probe_ended_neither_way(void **state)
     coord_stop();
 }
 
+/* The rendered metrics hold sample `want` (its labels and value, as
+ * `name{labels} value`, or a HELP line). */
+static void assert_metric(const char *text, const char *want)
+{
+    if (strstr(text, want) == NULL)
+        fail_msg("no \"%s\" in the metrics:\n%s", want, text);
+}
+
+/* What an operator reads: the limits of the nodes registered, the health
+ * line, the metrics after one request (finished, with its time per output
+ * token from its own tokens), a cancel that names one request of two. */
+static void test_what_an_operator_reads(void **state)
+{
+    peer_t p, d;
+    outcome_t o, held[2];
+    char msg[200];
+    uint32_t vocab, ctx;
+    coord_start(NULL);
+    hpd_coord_limits(coord, &vocab, &ctx);
+    assert_true(vocab == 0 && ctx == 0);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    hpd_coord_limits(coord, &vocab, &ctx);
+    assert_int_equal(vocab, 1000);
+    assert_int_equal(ctx, 4096);
+    assert_true(hpd_coord_health(coord, msg, sizeof(msg)));
+    assert_string_equal(msg, "ok: 1 prefill and 1 decode nodes, 0 open requests");
+
+    submit_request(&o, 4);
+    LOOP_UNTIL(d.starts == 1);
+    static const int32_t rest[] = {10, 11, 12};
+    usleep(20 * 1000); /* the tokens after the first take 20 ms */
+    peer_tokens(&d, d.jobs[0].job, 1, rest, 3, true, NULL);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    hpd_coord_collect(coord);
+    size_t len;
+    char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
+    assert_non_null(text);
+    assert_metric(text, "hpd_requests_total{outcome=\"ok\"} 1\n");
+    assert_metric(text, "hpd_requests_total{outcome=\"invalid\"} 0\n");
+    assert_metric(text, "hpd_nodes{role=\"prefill\"} 1\n");
+    assert_metric(text, "hpd_nodes{role=\"decode\"} 1\n");
+    assert_metric(text, "# HELP hpd_request_duration_seconds Time from submit to the last "
+                        "token.\n");
+    assert_metric(text, "hpd_tpot_seconds_count 1\n");
+    const char *sum = strstr(text, "hpd_tpot_seconds_sum ");
+    assert_non_null(sum);
+    const double tpot = strtod(sum + strlen("hpd_tpot_seconds_sum "), NULL);
+    if (!(tpot > 0.004 && tpot < 2)) /* 20 ms over 3 tokens, on a loaded host */
+        fail_msg("time per output token %g s", tpot);
+    free(text);
+
+    /* a cancel ends the request it names, not an older one */
+    p.mode = PEER_HOLD;
+    submit_request(&held[0], 4);
+    const uint64_t second = submit_request(&held[1], 4);
+    LOOP_UNTIL(p.prefills == 3);
+    assert_false(hpd_coord_cancel(coord, second + 1, "no such request"));
+    assert_true(hpd_coord_cancel(coord, second, "the client went away"));
+    LOOP_UNTIL(held[1].done);
+    assert_int_equal(held[1].outcome, HPD_COORD_CANCELED);
+    spin(20);
+    assert_false(held[0].done);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
+/* Liveness pings every 100 ms for the peers in pinging[] (NULL: silent). */
+static peer_t *pinging[4];
+
+static void on_ping_tick(evutil_socket_t fd, short what, void *arg)
+{
+    for (int i = 0; i < 4; i++)
+        if (pinging[i] != NULL)
+            peer_ping(pinging[i], pinging[i]->alive_key);
+}
+
+/* With liveness on (--liveness-ms 500), pings are the nodes' own: one with
+ * a key that is not its registration's is refused, saying so; a prefill
+ * node whose pings stop while it holds a request is suspect within a
+ * second and the request runs again on the other one. */
+static void test_liveness_pings(void **state)
+{
+    peer_t p[2], d;
+    outcome_t o;
+    const hpd_coord_opts_t opts = {.liveness_ms = 500};
+    coord_start(&opts);
+    peer_start(&p[0], "p0", true);
+    peer_start(&p[1], "p1", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    assert_true(p[0].alive_key != 0 && p[0].alive_key != p[1].alive_key);
+    pinging[0] = &p[0];
+    pinging[1] = &p[1];
+    pinging[2] = &d;
+    struct event *tick = event_new(base, -1, EV_PERSIST, on_ping_tick, NULL);
+    const struct timeval every = {0, 100 * 1000};
+    event_add(tick, &every);
+    peer_ping(&p[0], p[0].alive_key ^ 1);
+    LOOP_UNTIL(p[0].pings_refused == 1);
+    assert_int_equal(p[0].pings_ok, 0); /* the tick's first pings come later */
+    char want[120];
+    snprintf(want, sizeof(want), "alive: node %llu is not registered with that key",
+             (unsigned long long)p[0].node_id);
+    assert_string_equal(p[0].ping_error, want);
+
+    p[0].mode = p[1].mode = PEER_HOLD;
+    submit_request(&o, 4);
+    LOOP_UNTIL(p[0].prefills + p[1].prefills == 1);
+    const int holder = p[0].prefills == 1 ? 0 : 1;
+    LOOP_UNTIL(p[holder].pings_ok >= 3);
+    assert_int_equal(p[holder].pings_refused, holder == 0); /* the wrong key's */
+    pinging[holder] = NULL; /* its pinger stops: as a stopped process */
+    p[1 - holder].mode = PEER_ANSWER;
+    const double t0 = hpd_time_now();
+    while (!o.done && hpd_time_now() - t0 < 10)
+        spin(10);
+    if (!o.done)
+        fail_msg("the request held by the silent prefill node did not move in 10 s");
+    /* moved as the node went suspect, not once it was lost (2 s) */
+    char msg[200];
+    hpd_coord_health(coord, msg, sizeof(msg));
+    assert_string_equal(msg, "ok: 2 prefill and 1 decode nodes, 0 open requests");
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_int_equal(o.attempts, 2);
+    assert_int_equal(p[1 - holder].prefills, 1);
+    event_free(tick);
+    memset(pinging, 0, sizeof(pinging));
+    peer_stop(&p[0]);
+    peer_stop(&p[1]);
+    peer_stop(&d);
+    coord_stop();
+}
+
 /* A prefill node that fails every job (not a pair's fault: its engine) is
  * taken out of rotation too; the other prefill node serves. */
 static void test_failing_prefill_node_routed_around(void **state)
@@ -249,6 +388,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sick_decode_node_routed_around, setup, teardown),
         cmocka_unit_test_setup_teardown(test_waits_for_nodes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_ended_neither_way, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_what_an_operator_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
     };
