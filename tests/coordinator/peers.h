@@ -55,7 +55,8 @@ typedef struct {
 } peer_t;
 
 static hpd_coord_t *coord;
-static char peer_dir[256], peer_token_file[300];
+static char peer_dir[256], peer_token_file[300], peer_keys_file[300];
+static const char *peer_client_key; /* set before coord_start: a client key of tenant "t" */
 
 /* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
  * that old in these tests). */
@@ -378,6 +379,13 @@ static void coord_start(const hpd_coord_opts_t *extra)
     hpd_coord_opts_t o = extra != NULL ? *extra : (hpd_coord_opts_t){0};
     o.host = "127.0.0.1";
     o.token_file = peer_token_file;
+    if (peer_client_key != NULL) {
+        char line[200];
+        snprintf(peer_keys_file, sizeof(peer_keys_file), "%s/client-keys", peer_dir);
+        snprintf(line, sizeof(line), "%s t\n", peer_client_key);
+        assert_int_equal(hpd_write_file(peer_keys_file, line, strlen(line)), HPD_OK);
+        o.client_keys_file = peer_keys_file;
+    }
     if (o.heartbeat_ms == 0)
         o.heartbeat_ms = 100;
     if (o.lease_ms == 0)

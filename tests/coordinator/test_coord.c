@@ -327,6 +327,102 @@ static void test_liveness_pings(void **state)
     coord_stop();
 }
 
+/* A msgpack client's generate call: its reply, or its error. */
+typedef struct {
+    bool done, is_error;
+    char message[300];
+    hpd_msg_generated_t g;
+} called_t;
+
+static void on_generated(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    called_t *c = arg;
+    hpd_proto_err_t err;
+    c->done = true;
+    assert_int_equal(st, HPD_OK);
+    c->is_error = reply->is_error;
+    if (reply->is_error)
+        snprintf(c->message, sizeof(c->message), "%.*s", (int)reply->error_message_len,
+                 reply->error_message);
+    else if (!hpd_msg_unpack(&hpd_msg_generated, reply->result, &c->g, &err))
+        fail_msg("generate's reply: %s", err.text);
+}
+
+/* Calls generate with params (a packed map) and waits for the answer. */
+static void generate(hpd_rpc_client_t *cl, const hpd_msg_generate_t *m, called_t *c)
+{
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_generate, m, &b.pk);
+    memset(c, 0, sizeof(*c));
+    assert_int_equal(hpd_rpc_call(cl, "generate", &b, 30000, on_generated, c), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    LOOP_UNTIL(c->done);
+}
+
+/* generate over msgpack RPC with a client key, on a coordinator without a
+ * model: token ids are served (the reply holds them and why the request
+ * ended); text, detokenize and a request the coordinator refuses are
+ * errors that say what was wrong, and a client's key cannot ping as a
+ * node. */
+static void test_generate_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c;
+    peer_client_key = "client-key-of-tenant-t-0123456789";
+    coord_start(NULL);
+    peer_client_key = NULL;
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    hpd_rpc_client_t *cl;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord),
+                                        .token = "client-key-of-tenant-t-0123456789"};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4}, &c);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    static const int32_t want[] = {7, 10, 11, 12};
+    assert_int_equal(c.g.tokens_n, 4);
+    assert_memory_equal(c.g.tokens, want, sizeof(want));
+    assert_string_equal(c.g.finish_reason, "length");
+    assert_true(c.g.request > 0);
+    assert_int_equal(c.g.prompt_tokens, 5);
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+
+    static const uint8_t text[] = "hello";
+    generate(cl, &(hpd_msg_generate_t){.text = text, .text_len = 5, .max_tokens = 4}, &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: a prompt as text or messages needs the "
+                                   "coordinator's model (--model): send token ids");
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .detokenize = true}, &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: detokenize and stop need the coordinator's "
+                                   "model (--model)");
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 0, .max_tokens = 4}, &c);
+    assert_true(c.is_error);
+    if (strstr(c.message, "prompt") == NULL)
+        fail_msg("an empty prompt refused with \"%s\"", c.message);
+
+    /* a client's key is no node's: its ping is refused */
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_alive, &(hpd_msg_alive_t){.node_id = p.node_id, .key = 1}, &b.pk);
+    memset(&c, 0, sizeof(c));
+    assert_int_equal(hpd_rpc_call(cl, "alive", &b, 30000, on_generated, &c), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    LOOP_UNTIL(c.done);
+    assert_true(c.is_error);
+    hpd_rpc_client_destroy(cl);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 /* A prefill node that fails every job (not a pair's fault: its engine) is
  * taken out of rotation too; the other prefill node serves. */
 static void test_failing_prefill_node_routed_around(void **state)
@@ -390,6 +486,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_probe_ended_neither_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_what_an_operator_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generate_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
     };
