@@ -50,6 +50,8 @@ typedef struct {
     uint32_t reserves, prefills, starts, cancels;
     hpd_rpc_conn_t *coord_conn; /* the coordinator's connection to this node */
     uint64_t alive_key;         /* its liveness pings' key (0: liveness off) */
+    bool refused;               /* its registration was refused: why */
+    char refusal[300];
     uint32_t pings_ok, pings_refused;
     char ping_error[200];       /* the last refusal */
 } peer_t;
@@ -57,6 +59,7 @@ typedef struct {
 static hpd_coord_t *coord;
 static char peer_dir[256], peer_token_file[300], peer_keys_file[300];
 static const char *peer_client_key; /* set before coord_start: a client key of tenant "t" */
+static uint8_t peer_model = 9;      /* the model fingerprint's first byte the next peer registers */
 
 /* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
  * that old in these tests). */
@@ -214,6 +217,12 @@ static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply
 {
     peer_t *p = arg;
     assert_int_equal(st, HPD_OK);
+    if (reply->is_error && peer_model != 9) { /* a refusal the test asked for */
+        snprintf(p->refusal, sizeof(p->refusal), "%.*s", (int)reply->error_message_len,
+                 reply->error_message);
+        p->refused = true;
+        return;
+    }
     if (reply->is_error)
         fail_msg("%s: registration refused: %.*s", p->name, (int)reply->error_message_len,
                  reply->error_message);
@@ -246,7 +255,7 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
                                         .port = hpd_coord_port(coord), .token = PEER_SECRET,
                                         .timeout_ms = 30000};
     assert_int_equal(hpd_rpc_client_connect(&cp, &p->reg), HPD_OK);
-    static const uint8_t fp[16] = {9, 9, 9};
+    const uint8_t fp[16] = {peer_model, 9, 9};
     uint8_t address[32], rkey[8] = {1};
     memset(address, 0x11, sizeof(address));
     address[0] = 0x00; /* a UCX address of version 0 (v1) */
@@ -287,7 +296,7 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
     assert_int_equal(hpd_rpc_call(p->reg, "register", &b, 30000, on_registered, p), HPD_OK);
     hpd_rpc_buf_destroy(&b);
     hpd_rpc_buf_destroy(&info);
-    LOOP_UNTIL(p->registered);
+    LOOP_UNTIL(p->registered || p->refused);
 }
 
 static void on_pinged(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)

@@ -15,9 +15,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/metrics.h"
@@ -204,7 +206,7 @@ static void assert_metric(const char *text, const char *want)
  * token from its own tokens), a cancel that names one request of two. */
 static void test_what_an_operator_reads(void **state)
 {
-    peer_t p, d;
+    peer_t p, d, d1;
     outcome_t o, held[2];
     char msg[200];
     uint32_t vocab, ctx;
@@ -218,6 +220,23 @@ static void test_what_an_operator_reads(void **state)
     assert_int_equal(ctx, 4096);
     assert_true(hpd_coord_health(coord, msg, sizeof(msg)));
     assert_string_equal(msg, "ok: 1 prefill and 1 decode nodes, 0 open requests");
+    /* node ids: the milliseconds since 2020 times 2^14 at the start, new
+     * across restarts */
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    const double ms = (double)wall.tv_sec * 1e3 - 1577836800000.0;
+    if (!(fabs((double)(p.node_id >> 14) - ms) < 60e3))
+        fail_msg("node id %llu is not from the milliseconds since 2020 (%.0f)",
+                 (unsigned long long)p.node_id, ms);
+    /* a node of another model is refused, saying why */
+    peer_t other;
+    peer_model = 8;
+    peer_start(&other, "p-other", true);
+    peer_model = 9;
+    assert_true(other.refused);
+    assert_string_equal(other.refusal, "register: node p-other serves a different model than "
+                                       "the cluster (fingerprint differs)");
+    peer_stop(&other);
 
     submit_request(&o, 4);
     LOOP_UNTIL(d.starts == 1);
@@ -226,6 +245,7 @@ static void test_what_an_operator_reads(void **state)
     peer_tokens(&d, d.jobs[0].job, 1, rest, 3, true, NULL);
     LOOP_UNTIL(o.done);
     assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    peer_start(&d1, "d1", false); /* counted by role: 2 decode nodes, 1 prefill node */
     hpd_coord_collect(coord);
     size_t len;
     char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
@@ -233,7 +253,7 @@ static void test_what_an_operator_reads(void **state)
     assert_metric(text, "hpd_requests_total{outcome=\"ok\"} 1\n");
     assert_metric(text, "hpd_requests_total{outcome=\"invalid\"} 0\n");
     assert_metric(text, "hpd_nodes{role=\"prefill\"} 1\n");
-    assert_metric(text, "hpd_nodes{role=\"decode\"} 1\n");
+    assert_metric(text, "hpd_nodes{role=\"decode\"} 2\n");
     assert_metric(text, "# HELP hpd_request_duration_seconds Time from submit to the last "
                         "token.\n");
     assert_metric(text, "hpd_tpot_seconds_count 1\n");
@@ -257,6 +277,7 @@ static void test_what_an_operator_reads(void **state)
     assert_false(held[0].done);
     peer_stop(&p);
     peer_stop(&d);
+    peer_stop(&d1);
     coord_stop();
 }
 
