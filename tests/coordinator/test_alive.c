@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "coordinator/alive.h"
@@ -116,6 +117,8 @@ static void test_retransmissions(void **state)
     hpd_alive_link(&lan, 0.2);
     assert_true(lan.rto > 0.91 && lan.rto < 0.93);
     hpd_alive_link(&lan, 0);
+    assert_true(lan.rto > 0.91 && lan.rto < 0.93);
+    hpd_alive_link(&lan, NAN); /* nothing a kernel says, and no poison either */
     assert_true(lan.rto > 0.91 && lan.rto < 0.93);
     /* never past the lease */
     hpd_alive_link(&lan, 5.0);
