@@ -51,6 +51,7 @@ typedef struct {
     hpd_rpc_conn_t *coord_conn; /* the coordinator's connection to this node */
     uint64_t alive_key;         /* its liveness pings' key (0: liveness off) */
     bool refused;               /* its registration was refused: why */
+    uint32_t shutdowns;         /* "shutdown" notifications on its registration connection */
     char refusal[300];
     uint32_t pings_ok, pings_refused;
     char ping_error[200];       /* the last refusal */
@@ -213,6 +214,12 @@ static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *
     hpd_rpc_buf_destroy(&b);
 }
 
+static void on_peer_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    peer_t *p = arg;
+    p->shutdowns += msg->method_len == 8 && memcmp(msg->method, "shutdown", 8) == 0;
+}
+
 static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     peer_t *p = arg;
@@ -253,7 +260,8 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
     assert_int_equal(hpd_rpc_server_create(&sp, &p->server), HPD_OK);
     const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
                                         .port = hpd_coord_port(coord), .token = PEER_SECRET,
-                                        .timeout_ms = 30000};
+                                        .timeout_ms = 30000, .on_notify = on_peer_notify,
+                                        .arg = p};
     assert_int_equal(hpd_rpc_client_connect(&cp, &p->reg), HPD_OK);
     const uint8_t fp[16] = {peer_model, 9, 9};
     uint8_t address[32], rkey[8] = {1};

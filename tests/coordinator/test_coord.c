@@ -444,6 +444,76 @@ static void test_generate_over_rpc(void **state)
     coord_stop();
 }
 
+/* A decode node that answers a reservation with "no room" (its frees
+ * behind the coordinator's count): the request waits and asks again, with
+ * no failed attempt, and runs once there is room. */
+static void test_full_decode_node_waits(void **state)
+{
+    peer_t p, d;
+    outcome_t o;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    d.mode = PEER_FAIL_PARAMS; /* reserve: HPD_RPC_ERR_OVERLOADED */
+    submit_request(&o, 4);
+    LOOP_UNTIL(d.reserves >= 2);
+    assert_false(o.done);
+    assert_int_equal(p.prefills, 0);
+    d.mode = PEER_ANSWER;
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_int_equal(o.attempts, 1);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
+/* The drain: new requests are refused, open ones go on and are counted;
+ * at its end those still open fail saying why, and the nodes are told to
+ * shut down only when asked (not for a restart of the coordinator). */
+static void test_drain(void **state)
+{
+    peer_t p, d;
+    outcome_t o[2];
+    char msg[200], err[300];
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    p.mode = PEER_HOLD;
+    submit_request(&o[0], 4);
+    submit_request(&o[1], 4);
+    LOOP_UNTIL(p.prefills == 2);
+    hpd_coord_drain(coord);
+    assert_true(hpd_coord_draining(coord));
+    assert_int_equal(hpd_coord_open_requests(coord), 2);
+    assert_false(hpd_coord_health(coord, msg, sizeof(msg)));
+    assert_string_equal(msg, "draining: 1 prefill and 1 decode nodes, 2 open requests");
+    static const int32_t prompt[] = {1, 2, 3};
+    const hpd_coord_request_t q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 4};
+    const hpd_coord_sink_t sink = {.done = sink_done, .arg = &o[0]};
+    uint64_t id;
+    assert_true(hpd_coord_submit(coord, &q, &sink, &id, err, sizeof(err)) != 0);
+    if (strstr(err, "draining") == NULL)
+        fail_msg("a request while draining refused with \"%s\"", err);
+
+    hpd_coord_end_drain(coord, false); /* a restart: the nodes stay up */
+    LOOP_UNTIL(o[0].done && o[1].done);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(o[i].outcome, HPD_COORD_FAILED);
+        if (strstr(o[i].error, "drain deadline passed") == NULL)
+            fail_msg("request %d ended with \"%s\"", i, o[i].error);
+    }
+    assert_int_equal(hpd_coord_open_requests(coord), 0);
+    spin(50);
+    assert_int_equal(p.shutdowns + d.shutdowns, 0);
+    hpd_coord_end_drain(coord, true);
+    LOOP_UNTIL(p.shutdowns == 1 && d.shutdowns == 1);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 /* A prefill node that fails every job (not a pair's fault: its engine) is
  * taken out of rotation too; the other prefill node serves. */
 static void test_failing_prefill_node_routed_around(void **state)
@@ -508,6 +578,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_what_an_operator_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate_over_rpc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_decode_node_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
     };
