@@ -135,8 +135,9 @@ struct hpd_xfer_peer {
  * pair missed a deadline before its endpoint ever answered, back to the
  * first when one answers). */
 typedef struct {
-    uint64_t node; /* 0: free */
-    double rtt, rate, probe_cap, used;
+    uint64_t node;
+    double rtt, rate, probe_cap;
+    double used; /* when last written (hpd_time_now()); 0: a free entry */
 } link_t;
 
 struct hpd_xfer_ctx {
@@ -1313,10 +1314,17 @@ void hpd_xfer_peer_link(const hpd_xfer_peer_t *p, double *rtt_s_p, double *rate_
     *rate_p = p->rate;
 }
 
-double hpd_xfer_answer_allowance(const hpd_xfer_ctx_t *c, uint64_t node)
+/* How long a probe of a new endpoint to node, still out, may count as
+ * the pair's round trip. */
+static double probe_cap(const hpd_xfer_ctx_t *c, uint64_t node)
 {
     const link_t *l = link_find(c, node);
-    return DEADLINE_RTTS * (l != NULL ? l->probe_cap : PROBE_COUNTS_UP_TO_S);
+    return l != NULL ? l->probe_cap : PROBE_COUNTS_UP_TO_S;
+}
+
+double hpd_xfer_answer_allowance(const hpd_xfer_ctx_t *c, uint64_t node)
+{
+    return DEADLINE_RTTS * probe_cap(c, node);
 }
 
 bool hpd_xfer_peer_failed(const hpd_xfer_peer_t *p)
@@ -1729,13 +1737,6 @@ static double deadline_rate(const hpd_xfer_peer_t *p)
     return HPD_MAX(c->st.link_rate / 4, floor);
 }
 
-/* How long a probe still out may count as the pair's round trip. */
-static double probe_cap(const hpd_xfer_peer_t *p)
-{
-    const link_t *l = link_find(p->ctx, p->node);
-    return l != NULL ? l->probe_cap : PROBE_COUNTS_UP_TO_S;
-}
-
 /* The fixed part of a deadline: deadline_ms, or DEADLINE_RTTS round trips
  * of the pair when longer. A probe still out makes the round trip at least
  * as long as it has been out, up to probe_cap (a slow link shows itself
@@ -1745,7 +1746,7 @@ static double deadline_base(const hpd_xfer_peer_t *p)
 {
     double rtt = p->rtt;
     if (p->probing)
-        rtt = HPD_MAX(rtt, HPD_MIN(hpd_time_now() - p->probe_t0, probe_cap(p)));
+        rtt = HPD_MAX(rtt, HPD_MIN(hpd_time_now() - p->probe_t0, probe_cap(p->ctx, p->node)));
     return HPD_MAX(p->ctx->p.deadline_ms / 1e3, DEADLINE_RTTS * rtt);
 }
 
