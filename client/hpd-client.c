@@ -344,11 +344,11 @@ static int cmd_status(hpd_client_t *c, bool as_json)
                cache, hit);
     }
     printf("requests: %lld active, %lld queued, %lld finished, %lld failed, %lld canceled, "
-           "%lld retried, %lld rejected\n",
+           "%lld retried, %lld hedged, %lld rejected\n",
            (long long)jint(s, "requests.active"), (long long)jint(s, "requests.queued"),
            (long long)jint(s, "requests.finished"), (long long)jint(s, "requests.failed"),
            (long long)jint(s, "requests.canceled"), (long long)jint(s, "requests.retried"),
-           (long long)jint(s, "requests.rejected"));
+           (long long)jint(s, "requests.hedged"), (long long)jint(s, "requests.rejected"));
     json_decref(s);
     return 0;
 }

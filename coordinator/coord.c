@@ -103,6 +103,18 @@ typedef struct req {
     uint64_t avoid_decode; /* the decode node of a pair that failed this request */
     uint64_t lost_writer;  /* the prefill node lost while pushing for this attempt */
     bool probe_p, probe_d; /* this attempt probes its prefill / decode node (breaker.h) */
+    /* Hedging: a request whose node went suspect races a copy of itself
+     * (its hedge, placed elsewhere, replaying what the client has); both
+     * run, the first to finish answers and the other is canceled. A hedge
+     * streams into its primary (bit-identical tokens: add_tokens keeps
+     * each position once); it is never hedged itself, is not one of the
+     * clients' open requests, and ends as soon as its primary does. */
+    bool is_hedge;
+    struct req *hedge;   /* the primary's running hedge (NULL: none) */
+    struct req *primary; /* the hedge's primary (NULL: it ended: cancel the hedge) */
+    uint32_t hedges;     /* hedges started for this request (attempts, for the client) */
+    bool gave_up;        /* out of attempts while its hedge runs: the hedge is its last */
+    bool own_over;       /* its own last attempt failed (counted in fsm.attempts) */
     char last_error[256];
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
@@ -118,7 +130,7 @@ typedef struct {
     hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
     hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
     hpd_metric_t *node_losses, *pair_failures;
-    hpd_metric_t *out_of_rotation, *breaker_openings, *suspects;
+    hpd_metric_t *out_of_rotation, *breaker_openings, *suspects, *hedges, *hedge_wins;
     hpd_metric_t *finish_stop, *finish_length;
     hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
     hpd_metric_t *auth_timeouts, *auth_failures;
@@ -141,7 +153,7 @@ struct hpd_coord {
     struct event *tick, *reap, *sched;
     hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
     hpd_text_t *text;         /* NULL: no model directory (token ids only) */
-    uint64_t finished, failed, canceled, retried, rejected;
+    uint64_t finished, failed, canceled, retried, hedged, rejected;
     metrics_t m;
     bool draining; /* no new requests; open ones go on */
     double last_tick;
@@ -238,12 +250,18 @@ static void probes_over(req_t *r)
 static void req_free(hpd_coord_t *c, req_t *r)
 {
     probes_over(r);
+    if (r->hedge != NULL) { /* the race is over: schedule() cancels the hedge */
+        r->hedge->primary = NULL;
+        schedule_soon(c);
+    }
+    if (r->primary != NULL)
+        r->primary->hedge = NULL;
     for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
             break;
         }
-    c->n_reqs--;
+    c->n_reqs -= !r->is_hedge;
     free(r->prompt);
     free(r->stop_ids);
     free(r->hashes);
@@ -264,6 +282,13 @@ static void stream(req_t *r, uint32_t from)
     }
 }
 
+/* Its attempts, for the client and the log: the failed ones, the last
+ * (unless it failed too) and its hedges. */
+static uint32_t attempts_of(const req_t *r)
+{
+    return r->fsm.attempts + !r->own_over + r->hedges;
+}
+
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
 {
     const hpd_coord_result_t res = {.outcome = outcome,
@@ -274,7 +299,7 @@ static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const 
                                     .n_tokens = r->n_out,
                                     .prompt_tokens = r->n_prompt,
                                     .cached_tokens = r->cached_tokens,
-                                    .attempts = r->fsm.attempts + 1};
+                                    .attempts = attempts_of(r)};
     r->sink.done(r->sink.arg, &res);
 }
 
@@ -290,7 +315,7 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
                                     .finish_reason = r->finish_reason,
                                     .prompt_tokens = r->n_prompt,
                                     .cached_tokens = r->cached_tokens,
-                                    .attempts = r->fsm.attempts + 1,
+                                    .attempts = attempts_of(r),
                                     .ttft_ms = (float)(ttft * 1e3),
                                     .total_ms = (float)(total * 1e3),
                                     .prefill_ms = r->prefill_ms,
@@ -299,7 +324,7 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     r->sink.done(r->sink.arg, &res);
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s), ttft %.1f ms, tpot %.2f ms, "
                   "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, r->finish_reason,
-                  ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, r->fsm.attempts + 1);
+                  ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
     if (strcmp(r->finish_reason, "stop") == 0)
         hpd_metric_inc(c->m.finish_stop, 1);
     else if (strcmp(r->finish_reason, "length") == 0)
@@ -313,6 +338,44 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
     hpd_metric_inc(c->m.generated_tokens, r->n_out);
     hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
+}
+
+static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *why);
+static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Hedge h ended (won: it finished first, its tokens are its primary's):
+ * the primary finishes with them, or goes on alone (placed again where
+ * it waited in the queue; failed where it had no attempts left). */
+static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why)
+{
+    req_t *r = h->primary;
+    if (r == NULL)
+        return; /* its primary ended first */
+    r->hedge = NULL;
+    h->primary = NULL;
+    r->own_over |= r->fsm.state == HPD_REQ_QUEUED; /* it waited for the hedge */
+    if (won) {
+        hpd_metric_inc(c->m.hedge_wins, 1);
+        snprintf(r->finish_reason, sizeof(r->finish_reason), "%s",
+                 h->stopped ? "stop" : h->finish_reason);
+        r->cached_tokens = h->cached_tokens;
+        r->prefill_ms = h->prefill_ms;
+        r->push_ms = h->push_ms;
+        r->exposed_push_ms = h->exposed_push_ms;
+        req_event(c, r, HPD_REQ_EV_HEDGE_WON, "its hedge (request %llu) finished first",
+                  (unsigned long long)h->id);
+        return;
+    }
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "its hedge (request %llu) ended: %s",
+                  (unsigned long long)h->id, why);
+    if (r->gave_up) {
+        carry_out(c, r, (hpd_req_plan_t){.verdict = HPD_REQ_FAIL, .code = HPD_RPC_ERR_APP,
+                                          .gave_up = true}, why);
+        return;
+    }
+    r->t_queued = hpd_time_now(); /* its queue timeout starts now, if it waited */
+    schedule_soon(c);
 }
 
 /* Carries out what the state machine decided for r after an event; `why`
@@ -356,6 +419,22 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
         r->job = 0;
         r->lost_writer = 0;
     }
+    if (p.verdict == HPD_REQ_FAIL && p.gave_up && r->hedge != NULL) {
+        /* out of attempts, but its hedge still runs: that is its last */
+        r->gave_up = r->own_over = true;
+        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "attempt %u failed (%s); its hedge is its last",
+                      r->fsm.attempts, why);
+        return true;
+    }
+    if (r->is_hedge && (p.verdict == HPD_REQ_FAIL || p.verdict == HPD_REQ_FINISH ||
+                        p.verdict == HPD_REQ_CANCELED)) {
+        hedge_ended(c, r, p.verdict == HPD_REQ_FINISH || (p.verdict == HPD_REQ_CANCELED &&
+                                                          r->stopped), why);
+        req_free(c, r);
+        schedule_soon(c);
+        return false;
+    }
     switch (p.verdict) {
     case HPD_REQ_IGNORE:
     case HPD_REQ_GO_ON: return true;
@@ -373,8 +452,9 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
         return true;
     case HPD_REQ_FAIL: {
         char msg[320];
+        r->own_over |= p.gave_up;
         if (p.gave_up)
-            snprintf(msg, sizeof(msg), "gave up after %u attempts; last: %s", r->fsm.attempts,
+            snprintf(msg, sizeof(msg), "gave up after %u attempts; last: %s", attempts_of(r),
                      why);
         else
             snprintf(msg, sizeof(msg), "%s", why);
@@ -406,8 +486,6 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
 
 /* Feeds r an event; the rest as carry_out. */
 static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
 {
     char why[256];
     va_list ap;
@@ -437,6 +515,82 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
     if (before == 0 && r->n_out > 0)
         r->t_first = hpd_time_now();
     stream(r, before);
+}
+
+/* A hedge's tokens go to its primary (whose sink may stop both). */
+static bool hedge_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n,
+                         uint32_t *keep_p)
+{
+    req_t *h = arg, *r = h->primary;
+    *keep_p = n;
+    if (r == NULL)
+        return false; /* its primary ended: it is canceled */
+    add_tokens(r, from, out + from, n - from);
+    return !r->stopped;
+}
+
+/* A request with its own copies of the prompt, the stop ids and the
+ * prefix hashes, room for its tokens, queued at *at; NULL: out of memory. */
+static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
+                      uint32_t max_tokens, const int32_t *stop_ids, uint32_t n_stop,
+                      req_t **at)
+{
+    req_t *r = calloc(1, sizeof(*r));
+    if (r == NULL || (r->out = malloc(max_tokens * sizeof(int32_t))) == NULL ||
+        (r->hashes = malloc((n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL ||
+        (r->prompt = malloc(n_prompt * sizeof(int32_t))) == NULL ||
+        (n_stop > 0 && (r->stop_ids = malloc(n_stop * sizeof(int32_t))) == NULL)) {
+        if (r != NULL) {
+            free(r->out);
+            free(r->hashes);
+            free(r->prompt);
+            free(r);
+        }
+        return NULL;
+    }
+    memcpy(r->prompt, prompt, n_prompt * sizeof(int32_t));
+    if (n_stop > 0)
+        memcpy(r->stop_ids, stop_ids, n_stop * sizeof(int32_t));
+    r->n_stop = n_stop;
+    r->n_prompt = n_prompt;
+    r->max_tokens = max_tokens;
+    r->fsm = hpd_req_fsm_init();
+    hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
+    r->id = ++c->next_req;
+    r->t_submit = r->t_queued = hpd_time_now();
+    r->next = *at;
+    *at = r;
+    return r;
+}
+
+/* Races r, whose attempt is on the suspect node n, with a copy of it
+ * placed elsewhere (right behind r in the queue, so with r's turn),
+ * replaying the tokens the client has. False: out of memory. */
+static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
+{
+    req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop,
+                       &r->next);
+    if (h == NULL)
+        return false;
+    h->is_hedge = true;
+    h->primary = r;
+    h->sink = (hpd_coord_sink_t){.tokens = hedge_tokens, .arg = h};
+    h->sampling = r->sampling;
+    h->ignore_eos = r->ignore_eos;
+    h->min_tokens = r->min_tokens;
+    memcpy(h->out, r->out, r->n_out * sizeof(int32_t));
+    h->n_out = r->n_out;
+    h->t_first = r->t_first;
+    h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
+    r->hedge = h;
+    r->hedges++;
+    c->hedged++;
+    hpd_metric_inc(c->m.hedges, 1);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "hedged: its %s node %s is suspect; request %llu "
+                  "races it elsewhere from token %u, the first to finish answers",
+                  n->role == ROLE_PREFILL ? "prefill" : "decode", n->name,
+                  (unsigned long long)h->id, r->n_out);
+    return true;
 }
 
 /* ------------------------------------------------------------ routing */
@@ -718,11 +872,16 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 static void schedule(hpd_coord_t *c)
 {
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->is_hedge && r->primary == NULL)
+            req_event(c, r, HPD_REQ_EV_CANCEL, "the request it raced ended first");
+    }
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         uint32_t pages = 0, largest;
         node_t *d;
         next = r->next;
-        if (r->fsm.state != HPD_REQ_QUEUED)
-            continue;
+        if (r->fsm.state != HPD_REQ_QUEUED || r->hedge != NULL)
+            continue; /* a primary waits for its hedge */
         if ((d = pick(c, r, false, &pages)) == NULL) {
             size_t n;
             node_t **map;
@@ -744,6 +903,7 @@ static void schedule(hpd_coord_t *c)
         if (!prefill_can_take(c, r->n_prompt))
             break;
         r->job = ++c->next_job;
+        r->own_over = false; /* an attempt of its own again */
         r->dnode = d;
         r->dpages = pages;
         r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
@@ -926,20 +1086,27 @@ static void judge_liveness(hpd_coord_t *c, node_t *n, double now)
         return;
     n->suspect = true;
     hpd_metric_inc(c->m.suspects, 1);
-    uint32_t moved = 0;
+    uint32_t hedged = 0, moved = 0;
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        next = r->next;
-        if ((r->dnode == n || r->pnode == n) && r->fsm.state != HPD_REQ_QUEUED) {
-            moved++;
-            req_event(c, r, HPD_REQ_EV_FAILED, "%s node %s is suspect (no liveness ping for "
-                      "%.0f ms): the request runs again elsewhere", role_name(n), n->name,
-                      (now - n->liveness.last) * 1e3);
+        next = r->next; /* before a hedge is queued behind r */
+        if ((r->dnode != n && r->pnode != n) || r->fsm.state == HPD_REQ_QUEUED ||
+            r->hedge != NULL || r->stopped)
+            continue;
+        if (!r->is_hedge && start_hedge(c, r, n)) {
+            hedged++;
+            continue;
         }
+        /* a hedge (or out of memory): runs again elsewhere */
+        moved++;
+        req_event(c, r, HPD_REQ_EV_FAILED, "%s node %s is suspect (no liveness ping for "
+                  "%.0f ms): the request runs again elsewhere", role_name(n), n->name,
+                  (now - n->liveness.last) * 1e3);
     }
     HPD_LOG_WARN(LOG_COMPONENT, "%s node %s suspect: no liveness ping for %.0f ms (its window "
-                 "%.0f ms); no new work goes there, %u of its requests run again elsewhere; "
-                 "lost after %.0f ms", role_name(n), n->name, (now - n->liveness.last) * 1e3,
-                 hpd_alive_suspect_after(&n->liveness, window, cap) * 1e3, moved,
+                 "%.0f ms); no new work goes there, %u of its requests raced elsewhere "
+                 "(hedged), %u run again; lost after %.0f ms", role_name(n), n->name,
+                 (now - n->liveness.last) * 1e3,
+                 hpd_alive_suspect_after(&n->liveness, window, cap) * 1e3, hedged, moved,
                  hpd_alive_lost_after(&n->liveness, window, cap) * 1e3);
     schedule_soon(c);
 }
@@ -969,7 +1136,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     bool waiting = false;
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
-        if (r->fsm.state == HPD_REQ_QUEUED && now - r->t_queued > c->o.queue_timeout_ms / 1000.0)
+        if (r->fsm.state == HPD_REQ_QUEUED && r->hedge == NULL &&
+            now - r->t_queued > c->o.queue_timeout_ms / 1000.0)
             req_event(c, r, HPD_REQ_EV_TIMEOUT, "no node could take the request within %u ms "
                       "(%s)", c->o.queue_timeout_ms,
                       r->last_error[0] ? r->last_error : "no room or no nodes");
@@ -1293,28 +1461,16 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
         }
         return code;
     }
-    if ((r = calloc(1, sizeof(*r))) == NULL ||
-        (r->out = malloc(q->max_tokens * sizeof(int32_t))) == NULL ||
-        (r->hashes = malloc((q->n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL ||
-        (r->prompt = malloc(q->n_prompt * sizeof(int32_t))) == NULL ||
-        (q->n_stop > 0 && (r->stop_ids = malloc(q->n_stop * sizeof(int32_t))) == NULL)) {
-        if (r != NULL) {
-            free(r->out);
-            free(r->hashes);
-            free(r->prompt);
-            free(r);
-        }
+    req_t **tail = &c->reqs;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    if ((r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
+                     tail)) == NULL) {
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
     }
-    memcpy(r->prompt, q->prompt, q->n_prompt * sizeof(int32_t));
-    if (q->n_stop > 0)
-        memcpy(r->stop_ids, q->stop_ids, q->n_stop * sizeof(int32_t));
-    r->n_stop = q->n_stop;
     r->ignore_eos = q->ignore_eos;
     r->min_tokens = q->min_tokens;
-    r->n_prompt = q->n_prompt;
-    r->max_tokens = q->max_tokens;
     r->sampling = q->sampling;
     if (c->o.no_generation_defaults) { /* what the client left out: greedy */
         if (isnan(r->sampling.temperature))
@@ -1328,14 +1484,6 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     r->sink = *sink;
     r->owner = q->owner;
     r->tag = q->tag;
-    r->fsm = hpd_req_fsm_init();
-    hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
-    r->id = ++c->next_req;
-    r->t_submit = r->t_queued = hpd_time_now();
-    req_t **tail = &c->reqs;
-    while (*tail != NULL)
-        tail = &(*tail)->next;
-    *tail = r;
     c->n_reqs++;
     const char *who = q->who != NULL ? q->who : "";
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
@@ -1350,7 +1498,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
 bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
 {
     for (req_t *r = c->reqs; r != NULL; r = r->next)
-        if (r->id == id) {
+        if (r->id == id && !r->is_hedge) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
             return true;
         }
@@ -1706,7 +1854,7 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     for (node_t *n = c->nodes; n != NULL; n = n->next)
         n_nodes++;
     for (req_t *r = c->reqs; r != NULL; r = r->next)
-        queued += r->fsm.state == HPD_REQ_QUEUED;
+        queued += !r->is_hedge && r->fsm.state == HPD_REQ_QUEUED;
     hpd_rpc_buf_init(&b);
     msgpack_pack_map(&b.pk, 2);
     hpd_proto_key(&b.pk, "nodes");
@@ -1740,13 +1888,14 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
             msgpack_pack_nil(&b.pk);
     }
     hpd_proto_key(&b.pk, "requests");
-    msgpack_pack_map(&b.pk, 7);
+    msgpack_pack_map(&b.pk, 8);
     hpd_proto_kv_u64(&b.pk, "active", c->n_reqs);
     hpd_proto_kv_u64(&b.pk, "queued", queued);
     hpd_proto_kv_u64(&b.pk, "finished", c->finished);
     hpd_proto_kv_u64(&b.pk, "failed", c->failed);
     hpd_proto_kv_u64(&b.pk, "canceled", c->canceled);
     hpd_proto_kv_u64(&b.pk, "retried", c->retried);
+    hpd_proto_kv_u64(&b.pk, "hedged", c->hedged);
     hpd_proto_kv_u64(&b.pk, "rejected", c->rejected);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
@@ -1841,8 +1990,16 @@ static hpd_status_t metrics_init(metrics_t *m)
                                           "failed pairs.", NULL);
     m->suspects = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_node_suspects_total",
                                   "Times a node's liveness pings stopped for its suspect "
-                                  "window (its requests ran again elsewhere).", NULL);
-    if (m->out_of_rotation == NULL || m->breaker_openings == NULL || m->suspects == NULL)
+                                  "window (its requests were raced elsewhere).", NULL);
+    m->hedges = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_request_hedges_total",
+                                "Requests raced by a copy elsewhere because a node that held "
+                                "them went suspect.", NULL);
+    m->hedge_wins = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER,
+                                    "hpd_request_hedge_wins_total",
+                                    "Hedges that finished before the attempt they raced.",
+                                    NULL);
+    if (m->out_of_rotation == NULL || m->breaker_openings == NULL || m->suspects == NULL ||
+        m->hedges == NULL || m->hedge_wins == NULL)
         return HPD_ERR_NO_MEMORY;
     m->pair_failures = hpd_metrics_add(m->reg, HPD_METRIC_COUNTER, "hpd_pair_failures_total",
                                        "Prefill jobs whose transfer to the decode node failed "
@@ -1873,7 +2030,7 @@ void hpd_coord_collect(hpd_coord_t *c)
 {
     uint32_t queued = 0, prefill = 0, decode = 0, draining = 0;
     for (req_t *r = c->reqs; r != NULL; r = r->next)
-        queued += r->fsm.state == HPD_REQ_QUEUED;
+        queued += !r->is_hedge && r->fsm.state == HPD_REQ_QUEUED;
     for (node_t *n = c->nodes; n != NULL; n = n->next) {
         prefill += n->alive && n->role == ROLE_PREFILL;
         decode += n->alive && n->role == ROLE_DECODE;

@@ -135,6 +135,10 @@ hpd_req_plan_t hpd_req_fsm_event(hpd_req_fsm_t *f, hpd_req_event_t ev, uint32_t 
         abort_attempt(f, &p);
         p.verdict = HPD_REQ_CANCELED;
         break;
+    case HPD_REQ_EV_HEDGE_WON:
+        abort_attempt(f, &p);
+        p.verdict = HPD_REQ_FINISH;
+        break;
     case HPD_REQ_EV_SHUTDOWN:
         abort_attempt(f, &p);
         p.verdict = HPD_REQ_FAIL;

@@ -45,6 +45,8 @@ typedef enum {
     HPD_REQ_EV_CANCEL,       /* the client canceled or went away */
     HPD_REQ_EV_TIMEOUT,      /* waited in the queue too long */
     HPD_REQ_EV_SHUTDOWN,     /* the coordinator stops (its drain's deadline passed) */
+    HPD_REQ_EV_HEDGE_WON,    /* its hedge (a copy racing it) finished first: this attempt
+                                stops and the request finishes with the hedge's tokens */
 } hpd_req_event_t;
 
 typedef enum {

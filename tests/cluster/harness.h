@@ -570,7 +570,7 @@ static inline bool cl_str_is(const msgpack_object *m, const char *key, const cha
 
 /* The coordinator's request counts. */
 typedef struct {
-    uint64_t active, queued, finished, failed, canceled, retried, rejected;
+    uint64_t active, queued, finished, failed, canceled, retried, hedged, rejected;
 } cl_requests_t;
 
 typedef struct {
@@ -607,6 +607,7 @@ static inline void cl_status(cl_t *cl, cl_status_t *s)
                              .failed = cl_u64(q, "failed"),
                              .canceled = cl_u64(q, "canceled"),
                              .retried = cl_u64(q, "retried"),
+                             .hedged = cl_u64(q, "hedged"),
                              .rejected = cl_u64(q, "rejected")};
 }
 

@@ -1354,8 +1354,8 @@ static void wait_log_count(const cl_proc_t *p, const char *needle, uint32_t n)
 }
 
 /* A decode node stopped (SIGSTOP) under load: the coordinator's liveness
- * lease (500 ms, the default) finds it, its requests run again elsewhere,
- * right, all of them while it is still stopped (the heartbeat lease, 120 s
+ * lease (500 ms, the default) finds it, its requests are raced elsewhere
+ * (hedged) and are right, all of them while it is still stopped (the heartbeat lease, 120 s
  * here, never comes into it), and the prefill nodes pushing to it do not
  * crash (one did: an endpoint failing inside a UCX call ended its transfer
  * twice). It resumes: it finds itself dropped, registers again and serves.
@@ -1386,7 +1386,7 @@ static void test_decode_node_hangs(void **state)
         if (round == 0)
             cl_wait_node(&cl, s.c, "hang-d2", "reserved_slots", 8, 60);
         cl_wait_node(&cl, s.c, live_d->name, "reserved_slots", round == 0 ? 8 : 16 - 8, 60);
-        const uint64_t retried = cl_requests(&cl).retried;
+        const uint64_t hedged = cl_requests(&cl).hedged;
         const double t_stop = hpd_time_now();
         cl_pause((cl_proc_t *)victims[round]);
         cl_resume(s.p);
@@ -1409,8 +1409,8 @@ static void test_decode_node_hangs(void **state)
                 "polled every 20 ms); all %d requests right %.2f s after the stop, the node "
                 "still stopped\n", round, names[round], t_lost - t_stop, N,
                 hpd_time_now() - t_stop);
-        /* the victim's requests ran again elsewhere */
-        assert_true(cl_requests(&cl).retried >= retried + 8);
+        /* the victim's requests were raced elsewhere (hedged) */
+        assert_true(cl_requests(&cl).hedged >= hedged + 8);
         /* and later, still silent, it is lost */
         count_wait_t wl = {s.coord, "lost: no liveness ping", (uint32_t)round + 1};
         cl_wait(&cl, s.c, 120, log_count_reached, &wl, "the stopped decode node lost");
@@ -1533,8 +1533,8 @@ static void test_starved_node_not_lost(void **state)
 }
 
 /* A prefill node stopped (SIGSTOP) while jobs are placed on it: the
- * liveness lease (500 ms) drops it, its requests run on the other prefill
- * node and are right while it is still stopped. It resumes with stale jobs
+ * liveness lease (500 ms) finds it, its requests are raced (hedged) on
+ * the other prefill node and are right while it is still stopped. It resumes with stale jobs
  * in its sockets: its own liveness lease has lapsed, so it writes nothing
  * into the decode nodes' memory (those reservations were freed, and may
  * serve other requests) until the coordinator answers it again, by which

@@ -33,6 +33,7 @@ typedef struct {
     hpd_rpc_conn_t *conn; /* the call held (prefill), or the coordinator's connection */
     uint32_t call;        /* its id (held prefill) */
     bool answered, started, canceled;
+    uint32_t replay_n; /* reserve: the tokens the client had (a failover's, a hedge's) */
 } peer_job_t;
 
 typedef struct {
@@ -99,7 +100,10 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED, "no room (scripted)");
         return;
     }
-    peer_add_job(p, job_of(params));
+    peer_job_t *j = peer_add_job(p, job_of(params));
+    const msgpack_object *replay = hpd_rpc_map_get(params, "replay");
+    j->replay_n = replay != NULL && replay->type == MSGPACK_OBJECT_ARRAY ? replay->via.array.size
+                                                                          : 0;
     /* one pack group of one page, page 1 */
     static const uint8_t tables[] = {0x91, 0x91, 0x01}; /* msgpack [[1]] */
     const hpd_msg_reservation_t res = {
@@ -193,6 +197,18 @@ static inline void peer_answer_prefill(peer_t *p, uint64_t job, int32_t first)
     assert_non_null(j);
     assert_false(j->answered);
     answer_prefill(j, first);
+    hpd_rpc_conn_unref(j->conn);
+    j->conn = NULL;
+}
+
+/* A held prefill job answered now with an error of code. */
+static inline void peer_answer_error(peer_t *p, uint64_t job, int64_t code)
+{
+    peer_job_t *j = peer_job(p, job);
+    assert_non_null(j);
+    assert_false(j->answered);
+    hpd_rpc_reply_error(j->conn, j->call, code, "the job failed (scripted)");
+    j->answered = true;
     hpd_rpc_conn_unref(j->conn);
     j->conn = NULL;
 }
@@ -352,7 +368,28 @@ typedef struct {
     char error[300];
     int32_t tokens[256];
     uint32_t n_tokens, attempts;
+    int32_t streamed[256]; /* what the sink's tokens callback was given, in order */
+    uint32_t n_streamed;
+    bool streamed_wrong;   /* a call that did not continue where the last ended */
+    int32_t stop_at;       /* the sink ends the request at this token (a stop string; 0: none) */
+    char finish_reason[8];
 } outcome_t;
+
+static bool sink_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
+                        uint32_t *keep_p)
+{
+    outcome_t *o = arg;
+    if (from != o->n_streamed || n <= from || n > 256)
+        o->streamed_wrong = true;
+    for (uint32_t i = from; i < n && o->n_streamed < 256; i++) {
+        o->streamed[o->n_streamed++] = tokens[i];
+        if (o->stop_at != 0 && tokens[i] == o->stop_at) {
+            *keep_p = i + 1;
+            return false;
+        }
+    }
+    return true;
+}
 
 static void sink_done(void *arg, const hpd_coord_result_t *res)
 {
@@ -362,6 +399,8 @@ static void sink_done(void *arg, const hpd_coord_result_t *res)
     o->code = res->code;
     o->attempts = res->attempts;
     snprintf(o->error, sizeof(o->error), "%s", res->error != NULL ? res->error : "");
+    snprintf(o->finish_reason, sizeof(o->finish_reason), "%s",
+             res->finish_reason != NULL ? res->finish_reason : "");
     o->n_tokens = res->n_tokens < 256 ? res->n_tokens : 256;
     memcpy(o->tokens, res->tokens, o->n_tokens * sizeof(int32_t));
 }
@@ -374,7 +413,7 @@ static uint64_t submit_request(outcome_t *o, uint32_t max_tokens)
                                    .n_prompt = 5,
                                    .max_tokens = max_tokens,
                                    .sampling = {.temperature = 0, .top_p = 1}};
-    const hpd_coord_sink_t sink = {.done = sink_done, .arg = o};
+    const hpd_coord_sink_t sink = {.tokens = sink_tokens, .done = sink_done, .arg = o};
     uint64_t id = 0;
     char err[300];
     memset(o, 0, sizeof(*o));

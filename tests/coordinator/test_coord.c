@@ -291,6 +291,26 @@ static void on_ping_tick(evutil_socket_t fd, short what, void *arg)
             peer_ping(pinging[i], pinging[i]->alive_key);
 }
 
+static struct event *ping_tick;
+
+/* Liveness pings every 100 ms for the peers given, from now on. */
+static void pings_start(peer_t *a, peer_t *b, peer_t *c)
+{
+    pinging[0] = a;
+    pinging[1] = b;
+    pinging[2] = c;
+    ping_tick = event_new(base, -1, EV_PERSIST, on_ping_tick, NULL);
+    const struct timeval every = {0, 100 * 1000};
+    event_add(ping_tick, &every);
+}
+
+static void pings_stop(void)
+{
+    event_free(ping_tick);
+    ping_tick = NULL;
+    memset(pinging, 0, sizeof(pinging));
+}
+
 /* With liveness on (--liveness-ms 500), pings are the nodes' own: one with
  * a key that is not its registration's is refused, saying so; a prefill
  * node whose pings stop while it holds a request is suspect within a
@@ -306,12 +326,7 @@ static void test_liveness_pings(void **state)
     peer_start(&d, "d0", false);
     d.autocomplete = true;
     assert_true(p[0].alive_key != 0 && p[0].alive_key != p[1].alive_key);
-    pinging[0] = &p[0];
-    pinging[1] = &p[1];
-    pinging[2] = &d;
-    struct event *tick = event_new(base, -1, EV_PERSIST, on_ping_tick, NULL);
-    const struct timeval every = {0, 100 * 1000};
-    event_add(tick, &every);
+    pings_start(&p[0], &p[1], &d);
     peer_ping(&p[0], p[0].alive_key ^ 1);
     LOOP_UNTIL(p[0].pings_refused == 1);
     assert_int_equal(p[0].pings_ok, 0); /* the tick's first pings come later */
@@ -340,8 +355,7 @@ static void test_liveness_pings(void **state)
     assert_int_equal(o.outcome, HPD_COORD_FINISHED);
     assert_int_equal(o.attempts, 2);
     assert_int_equal(p[1 - holder].prefills, 1);
-    event_free(tick);
-    memset(pinging, 0, sizeof(pinging));
+    pings_stop();
     peer_stop(&p[0]);
     peer_stop(&p[1]);
     peer_stop(&d);
@@ -566,6 +580,243 @@ static void test_waits_for_nodes(void **state)
     coord_stop();
 }
 
+
+/* A request streaming from a decode node that goes silent after two
+ * tokens: it is suspect, and the request is raced by a copy started on
+ * the other decode node (its reserve replays the two tokens). Returns
+ * which node held it. */
+static int decoding_then_silent(peer_t *p, peer_t d[2], outcome_t *o, int32_t stop_at)
+{
+    const hpd_coord_opts_t opts = {.liveness_ms = 500};
+    coord_start(&opts);
+    peer_start(p, "p0", true);
+    peer_start(&d[0], "d0", false);
+    peer_start(&d[1], "d1", false);
+    pings_start(p, &d[0], &d[1]);
+    submit_request(o, 6);
+    o->stop_at = stop_at;
+    LOOP_UNTIL(d[0].starts + d[1].starts == 1);
+    const int h = d[0].starts ? 0 : 1;
+    static const int32_t second[] = {10};
+    peer_tokens(&d[h], d[h].jobs[0].job, 1, second, 1, false, NULL);
+    LOOP_UNTIL(o->n_streamed == 2);
+    pinging[1 + h] = NULL; /* d[h]'s pinger stops */
+    LOOP_UNTIL(d[1 - h].starts == 1);
+    assert_int_equal(d[1 - h].jobs[0].replay_n, 2);
+    assert_false(o->done);
+    assert_false(d[h].jobs[0].canceled); /* raced, not canceled */
+    return h;
+}
+
+/* Hedging: the copy finishes first and answers; the silent node's
+ * attempt is canceled, its late tokens change nothing, and the client saw
+ * each token once, in order. (Before hedging the attempt was canceled and
+ * run again at once: the same answer, with the silent node's work thrown
+ * away even where it came back first.) */
+static void test_hedge_wins(void **state)
+{
+    peer_t p, d[2];
+    outcome_t o;
+    const int h = decoding_then_silent(&p, d, &o, 0);
+    const uint64_t job = d[h].jobs[0].job;
+    static const int32_t rest[] = {11, 12, 13, 14};
+    peer_tokens(&d[1 - h], d[1 - h].jobs[0].job, 2, rest, 4, true, NULL);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_string_equal(o.finish_reason, "length");
+    static const int32_t all[] = {7, 10, 11, 12, 13, 14};
+    assert_int_equal(o.n_tokens, 6);
+    assert_memory_equal(o.tokens, all, sizeof(all));
+    assert_int_equal(o.n_streamed, 6);
+    assert_memory_equal(o.streamed, all, sizeof(all));
+    assert_false(o.streamed_wrong);
+    assert_int_equal(o.attempts, 2);
+    LOOP_UNTIL(d[h].jobs[0].canceled);
+    static const int32_t late[] = {66, 66};
+    peer_tokens(&d[h], job, 2, late, 2, true, NULL);
+    spin(50);
+    assert_int_equal(o.n_streamed, 6);
+    assert_int_equal(hpd_coord_open_requests(coord), 0);
+    hpd_coord_collect(coord);
+    size_t len;
+    char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
+    assert_non_null(text);
+    assert_metric(text, "hpd_requests_total{outcome=\"ok\"} 1\n");
+    assert_metric(text, "hpd_request_hedges_total 1\n");
+    assert_metric(text, "hpd_request_hedge_wins_total 1\n");
+    assert_metric(text, "hpd_request_retries_total 0\n");
+    free(text);
+    char msg[200];
+    hpd_coord_health(coord, msg, sizeof(msg));
+    assert_string_equal(msg, "ok: 1 prefill and 2 decode nodes, 0 open requests");
+    pings_stop();
+    peer_stop(&p);
+    peer_stop(&d[0]);
+    peer_stop(&d[1]);
+    coord_stop();
+}
+
+/* A stop string in what the hedge streams ends the request ("stop", the
+ * tokens up to it) and both attempts. */
+static void test_stop_string_from_a_hedge(void **state)
+{
+    peer_t p, d[2];
+    outcome_t o;
+    const int h = decoding_then_silent(&p, d, &o, 12);
+    static const int32_t rest[] = {11, 12};
+    peer_tokens(&d[1 - h], d[1 - h].jobs[0].job, 2, rest, 2, false, NULL);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_string_equal(o.finish_reason, "stop");
+    static const int32_t all[] = {7, 10, 11, 12};
+    assert_int_equal(o.n_tokens, 4);
+    assert_memory_equal(o.tokens, all, sizeof(all));
+    LOOP_UNTIL(d[h].jobs[0].canceled && d[1 - h].jobs[0].canceled);
+    pings_stop();
+    peer_stop(&p);
+    peer_stop(&d[0]);
+    peer_stop(&d[1]);
+    coord_stop();
+}
+
+/* The raced attempt finishes first: a prefill node that went silent
+ * while it held a prompt pings again and answers; the request finishes
+ * from it, and its hedge (held on the other prefill node, with a decode
+ * slot of its own) is canceled on both of its nodes. A client's cancel
+ * by id cannot name a hedge. */
+static void test_raced_attempt_wins(void **state)
+{
+    peer_t p[2], d;
+    outcome_t o;
+    const hpd_coord_opts_t opts = {.liveness_ms = 500};
+    coord_start(&opts);
+    peer_start(&p[0], "p0", true);
+    peer_start(&p[1], "p1", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    p[0].mode = p[1].mode = PEER_HOLD;
+    pings_start(&p[0], &p[1], &d);
+    const uint64_t id = submit_request(&o, 4);
+    LOOP_UNTIL(p[0].prefills + p[1].prefills == 1);
+    const int h = p[0].prefills ? 0 : 1;
+    pinging[h] = NULL;
+    LOOP_UNTIL(p[1 - h].prefills == 1); /* the hedge, held there */
+    assert_int_equal(d.reserves, 2);
+    assert_false(hpd_coord_cancel(coord, id + 1, "not a client's request"));
+    pinging[h] = &p[h]; /* it comes back, and answers first */
+    LOOP_UNTIL(p[h].pings_ok >= 5);
+    peer_answer_prefill(&p[h], p[h].jobs[0].job, 7);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    static const int32_t all[] = {7, 10, 11, 12};
+    assert_int_equal(o.n_tokens, 4);
+    assert_memory_equal(o.tokens, all, sizeof(all));
+    assert_false(o.streamed_wrong);
+    assert_int_equal(o.attempts, 2);
+    /* the hedge is canceled: its prefill job, then its reservation */
+    LOOP_UNTIL(p[1 - h].jobs[0].canceled);
+    peer_job_t *hj = peer_job(&d, p[1 - h].jobs[0].job);
+    assert_non_null(hj);
+    LOOP_UNTIL(hj->canceled);
+    assert_false(peer_job(&d, p[h].jobs[0].job)->canceled);
+    hpd_coord_collect(coord);
+    size_t len;
+    char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
+    assert_non_null(text);
+    assert_metric(text, "hpd_request_hedges_total 1\n");
+    assert_metric(text, "hpd_request_hedge_wins_total 0\n");
+    free(text);
+    /* everything was given back: the next request runs */
+    p[0].mode = p[1].mode = PEER_ANSWER;
+    run_requests(2);
+    pings_stop();
+    peer_stop(&p[0]);
+    peer_stop(&p[1]);
+    peer_stop(&d);
+    coord_stop();
+}
+
+/* A request held by a prefill node that goes silent is hedged on the
+ * other one (held there too); then the silent node is lost, which fails
+ * the request's own attempt (with --max-attempts 1, its last). Returns
+ * which node held it. */
+static int hedged_then_lost(peer_t p[2], peer_t *d, outcome_t *o, uint32_t max_attempts)
+{
+    const hpd_coord_opts_t opts = {.liveness_ms = 500, .max_attempts = max_attempts,
+                                   .queue_timeout_ms = 1000};
+    coord_start(&opts);
+    peer_start(&p[0], "p0", true);
+    peer_start(&p[1], "p1", true);
+    peer_start(d, "d0", false);
+    d->autocomplete = true;
+    p[0].mode = p[1].mode = PEER_HOLD;
+    pings_start(&p[0], &p[1], d);
+    submit_request(o, 4);
+    LOOP_UNTIL(p[0].prefills + p[1].prefills == 1);
+    const int h = p[0].prefills ? 0 : 1;
+    pinging[h] = NULL;
+    LOOP_UNTIL(p[1 - h].prefills == 1);
+    peer_stop(&p[h]); /* lost: the request's only attempt failed */
+    spin(100);
+    assert_false(o->done); /* it waits for its hedge, and is not placed again */
+    assert_int_equal(p[1 - h].prefills, 1);
+    assert_int_equal(d->reserves, 2);
+    return h;
+}
+
+/* ... and the hedge answers: the request finishes, after 2 attempts
+ * (its own, failed, and the hedge), whether or not it had attempts left. */
+static void test_hedge_is_the_last_attempt(void **state)
+{
+    for (uint32_t max_attempts = 1; max_attempts <= 3; max_attempts += 2) {
+        peer_t p[2], d;
+        outcome_t o;
+        const int h = hedged_then_lost(p, &d, &o, max_attempts);
+        peer_answer_prefill(&p[1 - h], p[1 - h].jobs[0].job, 7);
+        LOOP_UNTIL(o.done);
+        if (o.outcome != HPD_COORD_FINISHED)
+            fail_msg("the request ended with \"%s\" while its hedge ran", o.error);
+        static const int32_t all[] = {7, 10, 11, 12};
+        assert_memory_equal(o.tokens, all, sizeof(all));
+        assert_int_equal(o.attempts, 2);
+        pings_stop();
+        peer_stop(&p[1 - h]);
+        peer_stop(&d);
+        coord_stop();
+    }
+}
+
+/* ... and the hedge fails too: with no attempts left the request gives
+ * up, saying after how many; with attempts left it runs again, though it
+ * waited for the hedge longer than its queue timeout. */
+static void test_hedge_fails_too(void **state)
+{
+    for (uint32_t max_attempts = 1; max_attempts <= 3; max_attempts += 2) {
+        peer_t p[2], d;
+        outcome_t o;
+        const int h = hedged_then_lost(p, &d, &o, max_attempts);
+        if (max_attempts > 1)
+            spin(1500);
+        p[1 - h].mode = PEER_ANSWER;
+        peer_answer_error(&p[1 - h], p[1 - h].jobs[0].job, HPD_RPC_ERR_PARAMS);
+        LOOP_UNTIL(o.done);
+        if (max_attempts == 1) {
+            assert_int_equal(o.outcome, HPD_COORD_FAILED);
+            if (strstr(o.error, "gave up after 2 attempts") == NULL)
+                fail_msg("the request failed with \"%s\"", o.error);
+            assert_int_equal(o.attempts, 2);
+        } else {
+            if (o.outcome != HPD_COORD_FINISHED)
+                fail_msg("the request ended with \"%s\" after its hedge failed", o.error);
+            assert_int_equal(o.attempts, 3);
+        }
+        pings_stop();
+        peer_stop(&p[1 - h]);
+        peer_stop(&d);
+        coord_stop();
+    }
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -582,6 +833,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_hedge_wins, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_string_from_a_hedge, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_raced_attempt_wins, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hedge_is_the_last_attempt, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hedge_fails_too, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

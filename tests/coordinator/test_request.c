@@ -7,6 +7,7 @@
  *   decode node, refusals, cancels, queue timeouts and the shutdown: which
  *   node is told to stop, in which order, and when the writer is fenced;
  * - max_attempts failed attempts give up;
+ * - a hedge that finished first stops the attempt it raced;
  * - random event sequences never leak a booking, never give one back twice,
  *   never cancel on a node that holds nothing, and always end queued. */
 #include <setjmp.h>
@@ -233,6 +234,35 @@ static void test_refusals_timeouts_cancels_shutdown(void **state)
     assert_true(p.cancel_decode);
 }
 
+/* Its hedge finished first: in each state the attempt stops as for a
+ * cancel (the prefill node first, then the decode node), and the request
+ * finishes; a failed attempt is not counted. */
+static void test_hedge_won(void **state)
+{
+    hpd_req_fsm_t f = hpd_req_fsm_init();
+    hpd_req_plan_t p = ev(&f, HPD_REQ_EV_HEDGE_WON); /* queued, waiting for its hedge */
+    assert_int_equal(p.verdict, HPD_REQ_FINISH);
+    assert_false(p.cancel_decode || p.cancel_prefill || p.unbook_decode || p.unbook_prefill);
+    f = at(HPD_REQ_RESERVING);
+    p = ev(&f, HPD_REQ_EV_HEDGE_WON);
+    assert_int_equal(p.verdict, HPD_REQ_FINISH);
+    assert_true(p.cancel_decode && p.unbook_decode);
+    assert_false(p.cancel_prefill);
+    f = at(HPD_REQ_PREFILLING);
+    p = ev(&f, HPD_REQ_EV_HEDGE_WON);
+    assert_int_equal(p.verdict, HPD_REQ_FINISH);
+    assert_true(p.cancel_prefill && p.unbook_prefill && p.cancel_decode && p.unbook_decode);
+    assert_false(p.fence_writer);
+    f = at(HPD_REQ_DECODING);
+    p = ev(&f, HPD_REQ_EV_HEDGE_WON);
+    assert_int_equal(p.verdict, HPD_REQ_FINISH);
+    assert_true(p.cancel_decode && p.unbook_decode);
+    assert_false(p.cancel_prefill || p.unbook_prefill || p.gave_up);
+    assert_int_equal(f.attempts, 0);
+    assert_int_equal(f.state, HPD_REQ_QUEUED);
+    assert_false(f.on_decode || f.on_prefill);
+}
+
 /* Random event sequences, with the bookings kept as the coordinator keeps
  * them: nothing is given back twice or leaked, no cancel goes to a node
  * that holds nothing, and a request that ends holds nothing. */
@@ -244,7 +274,7 @@ static void test_random_sequences_keep_the_books(void **state)
         hpd_req_fsm_t f = hpd_req_fsm_init();
         int dbook = 0, pbook = 0;
         for (int step = 0; step < 64; step++) {
-            const hpd_req_event_t e = (hpd_req_event_t)(splitmix(&rng) % (HPD_REQ_EV_SHUTDOWN + 1));
+            const hpd_req_event_t e = (hpd_req_event_t)(splitmix(&rng) % (HPD_REQ_EV_HEDGE_WON + 1));
             const bool had_d = f.on_decode, had_p = f.on_prefill;
             if (e == HPD_REQ_EV_DECODE_LOST && f.on_decode && f.state != HPD_REQ_QUEUED)
                 dbook = 0; /* the node's books went with it */
@@ -294,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_full_waits_without_counting),
         cmocka_unit_test(test_gives_up_after_max_attempts),
         cmocka_unit_test(test_refusals_timeouts_cancels_shutdown),
+        cmocka_unit_test(test_hedge_won),
         cmocka_unit_test(test_random_sequences_keep_the_books),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
