@@ -131,6 +131,15 @@ MODULES = {
                      "kernels/cuda/translate.cu": ["test_translate_cuda_host"],
                      "kernels/cuda/conv1d.cu": ["test_conv1d_cuda_host"]},
     },
+    # The engine on the CPU backend with the generated tiny models
+    # (tests/engine/fixture.h): its scheduler, the forward pass over the
+    # hybrid layers, prefix-cache reuse and the disaggregated halves.
+    "engine": {
+        "files": ["engine/engine.c", "engine/scheduler.c", "engine/forward.c"],
+        "left_out": {},
+        "tests": ["test_engine", "test_engine_steps", "test_engine_prefix",
+                  "test_engine_disagg"],
+    },
     "model": {
         "files": ["model/config.c", "model/safetensors.c", "model/model.c"],
         "left_out": {},

@@ -54,7 +54,7 @@ typedef struct {
     bool refused;               /* its registration was refused: why */
     uint32_t shutdowns;         /* "shutdown" notifications on its registration connection */
     char refusal[300];
-    uint32_t pings_ok, pings_refused;
+    uint32_t pings_ok, pings_refused, heartbeats;
     char ping_error[200];       /* the last refusal */
 } peer_t;
 
@@ -345,6 +345,49 @@ static void peer_ping(peer_t *p, uint64_t key)
     hpd_msg_pack(&hpd_msg_alive, &(hpd_msg_alive_t){.node_id = p->node_id, .key = key}, &b.pk);
     assert_int_equal(hpd_rpc_call(p->reg, "alive", &b, 30000, on_pinged, p), HPD_OK);
     hpd_rpc_buf_destroy(&b);
+}
+
+static void on_heartbeat_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    peer_t *p = arg;
+    assert_int_equal(st, HPD_OK);
+    if (reply->is_error)
+        fail_msg("%s: heartbeat refused: %.*s", p->name, (int)reply->error_message_len,
+                 reply->error_message);
+    p->heartbeats++;
+}
+
+/* A heartbeat as a node's loop sends it, on its registration connection:
+ * its stats (slots_used as given) and a prefix summary of 8192 bytes. */
+static void peer_heartbeat(peer_t *p, bool draining, uint32_t slots_used)
+{
+    static const uint8_t empty_map[] = {0x80}, summary[8192];
+    hpd_msg_stats_t m = {.node_id = p->node_id,
+                         .draining = draining,
+                         .uptime_s = 1,
+                         .pages_total = 100000,
+                         .slots_used = slots_used,
+                         .slots_total = 64,
+                         .engine_raw = empty_map,
+                         .engine_raw_len = 1,
+                         .cache_raw = empty_map,
+                         .cache_raw_len = 1,
+                         .xfer_raw = empty_map,
+                         .xfer_raw_len = 1,
+                         .load_raw = empty_map,
+                         .load_raw_len = 1,
+                         .prefix_summary = summary,
+                         .prefix_summary_len = sizeof(summary)};
+    snprintf(m.role, sizeof(m.role), "%s", p->prefill ? "prefill" : "decode");
+    snprintf(m.name, sizeof(m.name), "%s", p->name);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_stats, &m, &b.pk);
+    const uint32_t before = p->heartbeats;
+    assert_int_equal(hpd_rpc_call(p->reg, "heartbeat", &b, 30000, on_heartbeat_reply, p),
+                     HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    LOOP_UNTIL(p->heartbeats > before);
 }
 
 /* The node dies: its connections close. */

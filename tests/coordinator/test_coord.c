@@ -817,6 +817,102 @@ static void test_hedge_fails_too(void **state)
     }
 }
 
+/* The coordinator's status, asked on p's registration connection (a
+ * node's view); the entry of node `name`. */
+static const msgpack_object *status_of(peer_t *p, hpd_rpc_result_t *r, const char *name)
+{
+    assert_int_equal(hpd_rpc_call_sync(p->reg, "status", NULL, 30000, r), HPD_OK);
+    assert_false(r->is_error);
+    const msgpack_object *nodes = hpd_rpc_map_get(&r->result, "nodes");
+    assert_non_null(nodes);
+    for (uint32_t i = 0; i < nodes->via.array.size; i++) {
+        const msgpack_object *n = &nodes->via.array.ptr[i], *nm = hpd_rpc_map_get(n, "name");
+        if (nm != NULL && hpd_rpc_str_eq(nm->via.str.ptr, nm->via.str.size, name))
+            return n;
+    }
+    fail_msg("no node %s in the status", name);
+    return NULL;
+}
+
+static uint64_t u64_of(const msgpack_object *m, const char *key)
+{
+    const msgpack_object *v = hpd_rpc_map_get(m, key);
+    if (v == NULL || v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        fail_msg("no number %s", key);
+    return v->via.u64;
+}
+
+/* A node's heartbeats: its stats are kept for the status, less the prefix
+ * summary (kept apart); what a finished request booked is given back; a
+ * heartbeat saying the node drains takes it out of rotation (a request
+ * waits) until one says it serves again. */
+static void test_heartbeats_and_status(void **state)
+{
+    peer_t p, d;
+    outcome_t o;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    run_requests(3);
+    peer_heartbeat(&d, false, 5);
+    hpd_rpc_result_t r;
+    const msgpack_object *n = status_of(&p, &r, "d0");
+    assert_int_equal(u64_of(n, "reserved_slots"), 0);
+    const msgpack_object *stats = hpd_rpc_map_get(n, "stats");
+    assert_non_null(stats);
+    assert_int_equal(stats->type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(u64_of(stats, "slots_used"), 5);
+    assert_int_equal(u64_of(stats, "node_id"), d.node_id);
+    assert_null(hpd_rpc_map_get(stats, "prefix_summary"));
+    assert_int_equal(stats->via.map.size, 15); /* all but the summary */
+    const msgpack_object *req = hpd_rpc_map_get(&r.result, "requests");
+    assert_int_equal(u64_of(req, "finished"), 3);
+    assert_int_equal(u64_of(req, "active"), 0);
+    hpd_rpc_result_destroy(&r);
+    n = status_of(&p, &r, "p0");
+    assert_int_equal(u64_of(n, "jobs"), 0);
+    hpd_rpc_result_destroy(&r);
+
+    peer_heartbeat(&d, true, 0); /* it drains */
+    submit_request(&o, 4);
+    spin(100);
+    assert_false(o.done);
+    assert_int_equal(d.reserves, 3);
+    peer_heartbeat(&d, false, 0);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
+/* A stop string that ends in the middle of a batch of tokens keeps the
+ * tokens up to it, and the request finishes as "stop". */
+static void test_stop_inside_a_batch(void **state)
+{
+    peer_t p, d;
+    outcome_t o;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    submit_request(&o, 6);
+    o.stop_at = 11;
+    LOOP_UNTIL(d.starts == 1);
+    static const int32_t rest[] = {10, 11, 12, 13};
+    peer_tokens(&d, d.jobs[0].job, 1, rest, 4, false, NULL);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_string_equal(o.finish_reason, "stop");
+    static const int32_t want[] = {7, 10, 11};
+    assert_int_equal(o.n_tokens, 3);
+    assert_memory_equal(o.tokens, want, sizeof(want));
+    LOOP_UNTIL(d.jobs[0].canceled);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -838,6 +934,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raced_attempt_wins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hedge_is_the_last_attempt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hedge_fails_too, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heartbeats_and_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
