@@ -367,6 +367,7 @@ typedef struct {
     bool done, is_error;
     char message[300];
     hpd_msg_generated_t g;
+    char text[256]; /* g.text, kept */
 } called_t;
 
 static void on_generated(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
@@ -381,6 +382,8 @@ static void on_generated(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                  reply->error_message);
     else if (!hpd_msg_unpack(&hpd_msg_generated, reply->result, &c->g, &err))
         fail_msg("generate's reply: %s", err.text);
+    else
+        snprintf(c->text, sizeof(c->text), "%.*s", (int)c->g.text_len, (const char *)c->g.text);
 }
 
 /* Calls generate with params (a packed map) and waits for the answer. */
@@ -913,6 +916,103 @@ static void test_stop_inside_a_batch(void **state)
     coord_stop();
 }
 
+/* generate with detokenize and stop strings, on a coordinator that has
+ * the model's tokenizer: the answer's text ends before the stop string,
+ * with the tokens up to the one that completed it ("stop"); stop strings
+ * that are not 1 to 256 bytes of text, or more than 16 of them, are
+ * refused saying which. */
+static void test_stop_strings_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c;
+    const hpd_coord_opts_t opts = {.model_dir = HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json"};
+    peer_client_key = "client-key-of-tenant-t-0123456789";
+    coord_start(&opts);
+    peer_client_key = NULL;
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true; /* 7 10 11 12: "#&'(" in this vocabulary */
+    hpd_rpc_client_t *cl;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord),
+                                        .token = "client-key-of-tenant-t-0123456789"};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .detokenize = true}, &c);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    assert_string_equal(c.text, "#&'(");
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+
+    static const uint8_t quote[] = {0x91, 0xa1, '\''}; /* ["'"] */
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .stop_raw = quote, .stop_raw_len = sizeof(quote)}, &c);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    assert_string_equal(c.text, "#&");
+    assert_string_equal(c.g.finish_reason, "stop");
+    static const int32_t upto[] = {7, 10, 11};
+    assert_int_equal(c.g.tokens_n, 3);
+    assert_memory_equal(c.g.tokens, upto, sizeof(upto));
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+
+    const struct {
+        const uint8_t *raw;
+        uint32_t len;
+        const char *want;
+    } bad[] = {
+        {(const uint8_t[]){0xa1, ','}, 2, "generate: field 'stop' is not an array"},
+        {(const uint8_t[]){0x92, 0xa1, ',', 0xa0}, 4,
+         "generate: stop[1]: expected a string of 1 to 256 bytes"},
+        {(const uint8_t[]){0x91, 0x07}, 2,
+         "generate: stop[0]: expected a string of 1 to 256 bytes"},
+        {(const uint8_t[]){0x91, 0xa3, 'a', 0, 'b'}, 5,
+         "generate: stop[0]: expected a string of 1 to 256 bytes"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                           .stop_raw = bad[i].raw, .stop_raw_len = bad[i].len},
+                 &c);
+        assert_true(c.is_error);
+        assert_string_equal(c.message, bad[i].want);
+    }
+    uint8_t many[3 + 17 * 2], longest[1 + 3 + 257];
+    uint32_t n = 0;
+    many[n++] = 0xdc; /* an array of 17 (array 16) */
+    many[n++] = 0;
+    many[n++] = 17;
+    for (int i = 0; i < 17; i++) {
+        many[n++] = 0xa1;
+        many[n++] = 'x';
+    }
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .stop_raw = many, .stop_raw_len = n}, &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: stop: expected at most 16 strings");
+    longest[0] = 0x91; /* [a string of 257 bytes (str 16)] */
+    longest[1] = 0xda;
+    longest[2] = 0x01;
+    longest[3] = 0x01;
+    memset(longest + 4, 'y', 257);
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .stop_raw = longest, .stop_raw_len = sizeof(longest)},
+             &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: stop[0]: expected a string of 1 to 256 bytes");
+    longest[3] = 0x00; /* 256 bytes: taken */
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                       .stop_raw = longest, .stop_raw_len = sizeof(longest) - 1},
+             &c);
+    if (c.is_error)
+        fail_msg("a stop string of 256 bytes refused: %s", c.message);
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+    hpd_rpc_client_destroy(cl);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -936,6 +1036,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hedge_fails_too, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heartbeats_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
