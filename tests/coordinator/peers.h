@@ -14,6 +14,7 @@
 #ifndef HPD_TESTS_COORDINATOR_PEERS_H
 #define HPD_TESTS_COORDINATOR_PEERS_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,11 @@ typedef struct {
     uint32_t call;        /* its id (held prefill) */
     bool answered, started, canceled;
     uint32_t replay_n; /* reserve: the tokens the client had (a failover's, a hedge's) */
+    /* reserve: what it carried of the request */
+    uint32_t prompt_n, max_tokens, min_tokens, stop_n;
+    bool ignore_eos;
+    uint64_t seed;
+    double temperature; /* NAN: not given */
 } peer_job_t;
 
 typedef struct {
@@ -101,9 +107,21 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         return;
     }
     peer_job_t *j = peer_add_job(p, job_of(params));
-    const msgpack_object *replay = hpd_rpc_map_get(params, "replay");
-    j->replay_n = replay != NULL && replay->type == MSGPACK_OBJECT_ARRAY ? replay->via.array.size
-                                                                          : 0;
+    hpd_msg_reserve_t m = {0};
+    hpd_proto_err_t err;
+    if (!hpd_msg_unpack(&hpd_msg_reserve, params, &m, &err))
+        fail_msg("%s: a reserve it cannot read: %s", p->name, err.text);
+    j->replay_n = m.replay_n;
+    j->prompt_n = m.prompt_n;
+    j->max_tokens = m.max_tokens;
+    j->min_tokens = m.min_tokens;
+    j->stop_n = m.stop_token_ids_n;
+    j->ignore_eos = m.ignore_eos;
+    const msgpack_object *seed = m.sampling ? hpd_rpc_map_get(m.sampling, "seed") : NULL;
+    const msgpack_object *t = m.sampling ? hpd_rpc_map_get(m.sampling, "temperature") : NULL;
+    j->seed = seed != NULL ? seed->via.u64 : 0;
+    j->temperature = t != NULL ? t->via.f64 : NAN;
+    hpd_msg_free(&hpd_msg_reserve, &m);
     /* one pack group of one page, page 1 */
     static const uint8_t tables[] = {0x91, 0x91, 0x01}; /* msgpack [[1]] */
     const hpd_msg_reservation_t res = {

@@ -578,7 +578,15 @@ static void test_waits_for_nodes(void **state)
     LOOP_UNTIL(late.done);
     assert_int_equal(late.outcome, HPD_COORD_FAILED);
     assert_int_equal(late.code, HPD_RPC_ERR_OVERLOADED);
-    assert_non_null(strstr(late.error, "no node could take the request within 1500 ms"));
+    assert_string_equal(late.error, "no node could take the request within 1500 ms (no room "
+                                    "or no nodes)");
+    hpd_coord_collect(coord);
+    size_t len;
+    char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
+    assert_non_null(text);
+    assert_metric(text, "hpd_node_losses_total 1\n");
+    assert_metric(text, "hpd_requests_total{outcome=\"overloaded\"} 1\n");
+    free(text);
     peer_stop(&p);
     coord_stop();
 }
@@ -1013,6 +1021,80 @@ static void test_stop_strings_over_rpc(void **state)
     coord_stop();
 }
 
+/* What a request asked for reaches the decode node's reserve: the
+ * prompt, max_tokens, min_tokens, its stop token ids, ignore_eos and its
+ * sampling (temperature, seed). */
+static void test_reserve_carries_the_request(void **state)
+{
+    peer_t p, d;
+    outcome_t o;
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    static const int32_t prompt[] = {1, 2, 3, 4, 5, 6}, stops[] = {3, 4, 5};
+    const hpd_coord_request_t q = {.prompt = prompt,
+                                   .n_prompt = 6,
+                                   .max_tokens = 9,
+                                   .min_tokens = 2,
+                                   .stop_ids = stops,
+                                   .n_stop = 3,
+                                   .ignore_eos = true,
+                                   .sampling = {.temperature = 0.5f, .top_p = 1, .seed = 42,
+                                                .top_k = HPD_TOP_K_UNSET}};
+    const hpd_coord_sink_t sink = {.tokens = sink_tokens, .done = sink_done, .arg = &o};
+    uint64_t id;
+    char err[300];
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(hpd_coord_submit(coord, &q, &sink, &id, err, sizeof(err)), 0);
+    LOOP_UNTIL(d.reserves == 1);
+    const peer_job_t *j = &d.jobs[0];
+    assert_int_equal(j->prompt_n, 6);
+    assert_int_equal(j->max_tokens, 9);
+    assert_int_equal(j->min_tokens, 2);
+    assert_int_equal(j->stop_n, 3);
+    assert_true(j->ignore_eos);
+    assert_int_equal(j->seed, 42);
+    assert_true(fabs(j->temperature - 0.5) < 1e-6);
+    assert_int_equal(j->replay_n, 0);
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
+/* Decode nodes are lost and registered while others stay: the registry
+ * unlinks the lost one only (a node registered later may sit where a lost
+ * one was in memory), and the others serve. */
+static void test_node_lost_leaves_the_others(void **state)
+{
+    peer_t p, d[4];
+    char msg[200];
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    for (int i = 0; i < 4; i++) {
+        char name[8];
+        snprintf(name, sizeof(name), "d%d", i);
+        if (i == 3) { /* after d0 is lost and freed */
+            peer_stop(&d[0]);
+            spin(50);
+            hpd_coord_health(coord, msg, sizeof(msg));
+            assert_string_equal(msg, "ok: 1 prefill and 2 decode nodes, 0 open requests");
+        }
+        peer_start(&d[i], name, false);
+        d[i].autocomplete = true;
+    }
+    peer_stop(&d[2]);
+    spin(50);
+    hpd_coord_health(coord, msg, sizeof(msg));
+    assert_string_equal(msg, "ok: 1 prefill and 2 decode nodes, 0 open requests");
+    run_requests(4);
+    assert_int_equal(d[1].reserves + d[3].reserves, 4);
+    peer_stop(&p);
+    peer_stop(&d[1]);
+    peer_stop(&d[3]);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1037,6 +1119,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heartbeats_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
