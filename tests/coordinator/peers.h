@@ -68,6 +68,7 @@ static hpd_coord_t *coord;
 static char peer_dir[256], peer_token_file[300], peer_keys_file[300];
 static const char *peer_client_key; /* set before coord_start: a client key of tenant "t" */
 static uint8_t peer_model = 9;      /* the model fingerprint's first byte the next peer registers */
+static uint64_t peer_incarnation;   /* the incarnation the next peer registers with (0: none) */
 
 /* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
  * that old in these tests). */
@@ -273,6 +274,53 @@ static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply
     p->registered = true;
 }
 
+/* p's register message into b (its xfer info into info: both the
+ * caller's to destroy), from host with incarnation (0: none). */
+static void peer_pack_register(const peer_t *p, const char *host, uint64_t incarnation,
+                               hpd_rpc_buf_t *info, hpd_rpc_buf_t *b)
+{
+    const bool prefill = p->prefill;
+    const char *name = p->name;
+    const uint8_t fp[16] = {peer_model, 9, 9};
+    uint8_t address[32], rkey[8] = {1};
+    memset(address, 0x11, sizeof(address));
+    address[0] = 0x00; /* a UCX address of version 0 (v1) */
+    hpd_rpc_buf_init(info);
+    msgpack_pack_map(&info->pk, 3);
+    hpd_rpc_pack_str(&info->pk, "node");
+    msgpack_pack_uint64(&info->pk, 1);
+    hpd_rpc_pack_str(&info->pk, "address");
+    msgpack_pack_bin(&info->pk, sizeof(address));
+    msgpack_pack_bin_body(&info->pk, address, sizeof(address));
+    hpd_rpc_pack_str(&info->pk, "regions");
+    msgpack_pack_array(&info->pk, 2);
+    for (int i = 0; i < 2; i++) {
+        msgpack_pack_array(&info->pk, 3);
+        msgpack_pack_uint64(&info->pk, (uint64_t)(i + 1) << 20);
+        msgpack_pack_uint64(&info->pk, 1 << 20);
+        msgpack_pack_bin(&info->pk, sizeof(rkey));
+        msgpack_pack_bin_body(&info->pk, rkey, sizeof(rkey));
+    }
+    hpd_msg_register_t m = {.port = hpd_rpc_server_port(p->server),
+                            .fingerprint = fp,
+                            .fingerprint_len = 16,
+                            .vocab = 1000,
+                            .max_context = 4096,
+                            .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
+                            .kv_layers = 2,
+                            .pages = 100000,
+                            .slots = 64,
+                            .max_batch = 64,
+                            .xfer_raw = info->sb.data,
+                            .xfer_raw_len = (uint32_t)info->sb.size};
+    snprintf(m.role, sizeof(m.role), "%s", prefill ? "prefill" : "decode");
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    snprintf(m.host, sizeof(m.host), "%s", host);
+    m.incarnation = incarnation;
+    hpd_rpc_buf_init(b);
+    hpd_msg_pack(&hpd_msg_register, &m, &b->pk);
+}
+
 /* A fake node on the test's loop, registered with the coordinator (the
  * loop runs until it is). */
 static void peer_start(peer_t *p, const char *name, bool prefill)
@@ -297,44 +345,8 @@ static void peer_start(peer_t *p, const char *name, bool prefill)
                                         .timeout_ms = 30000, .on_notify = on_peer_notify,
                                         .arg = p};
     assert_int_equal(hpd_rpc_client_connect(&cp, &p->reg), HPD_OK);
-    const uint8_t fp[16] = {peer_model, 9, 9};
-    uint8_t address[32], rkey[8] = {1};
-    memset(address, 0x11, sizeof(address));
-    address[0] = 0x00; /* a UCX address of version 0 (v1) */
     hpd_rpc_buf_t info, b;
-    hpd_rpc_buf_init(&info);
-    msgpack_pack_map(&info.pk, 3);
-    hpd_rpc_pack_str(&info.pk, "node");
-    msgpack_pack_uint64(&info.pk, 1);
-    hpd_rpc_pack_str(&info.pk, "address");
-    msgpack_pack_bin(&info.pk, sizeof(address));
-    msgpack_pack_bin_body(&info.pk, address, sizeof(address));
-    hpd_rpc_pack_str(&info.pk, "regions");
-    msgpack_pack_array(&info.pk, 2);
-    for (int i = 0; i < 2; i++) {
-        msgpack_pack_array(&info.pk, 3);
-        msgpack_pack_uint64(&info.pk, (uint64_t)(i + 1) << 20);
-        msgpack_pack_uint64(&info.pk, 1 << 20);
-        msgpack_pack_bin(&info.pk, sizeof(rkey));
-        msgpack_pack_bin_body(&info.pk, rkey, sizeof(rkey));
-    }
-    hpd_msg_register_t m = {.port = hpd_rpc_server_port(p->server),
-                            .fingerprint = fp,
-                            .fingerprint_len = 16,
-                            .vocab = 1000,
-                            .max_context = 4096,
-                            .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
-                            .kv_layers = 2,
-                            .pages = 100000,
-                            .slots = 64,
-                            .max_batch = 64,
-                            .xfer_raw = info.sb.data,
-                            .xfer_raw_len = (uint32_t)info.sb.size};
-    snprintf(m.role, sizeof(m.role), "%s", prefill ? "prefill" : "decode");
-    snprintf(m.name, sizeof(m.name), "%s", name);
-    snprintf(m.host, sizeof(m.host), "127.0.0.1");
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_register, &m, &b.pk);
+    peer_pack_register(p, "127.0.0.1", peer_incarnation, &info, &b);
     assert_int_equal(hpd_rpc_call(p->reg, "register", &b, 30000, on_registered, p), HPD_OK);
     hpd_rpc_buf_destroy(&b);
     hpd_rpc_buf_destroy(&info);

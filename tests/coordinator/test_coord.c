@@ -1095,6 +1095,56 @@ static void test_node_lost_leaves_the_others(void **state)
     coord_stop();
 }
 
+/* p registers again on a new connection, from host with incarnation;
+ * returns the refusal ("" when it was registered). */
+static void register_again(const peer_t *p, const char *host, uint64_t incarnation,
+                           char *refusal, size_t len)
+{
+    hpd_rpc_client_t *cl;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord), .token = PEER_SECRET,
+                                        .timeout_ms = 30000};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+    hpd_rpc_buf_t info, b;
+    hpd_rpc_result_t r;
+    peer_pack_register(p, host, incarnation, &info, &b);
+    assert_int_equal(hpd_rpc_call_sync(cl, "register", &b, 30000, &r), HPD_OK);
+    snprintf(refusal, len, "%s", r.is_error ? r.error_message : "");
+    hpd_rpc_result_destroy(&r);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&info);
+    hpd_rpc_client_destroy(cl);
+    spin(20);
+}
+
+/* A registration carries the node's incarnation: a late attempt of the
+ * same node (name, host and port) with an incarnation not above the one
+ * registered is refused as stale, saying both; a newer one is served; so
+ * is one of another node (another host name) whatever its incarnation. */
+static void test_stale_registration_refused(void **state)
+{
+    peer_t p, d;
+    char why[300];
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_incarnation = 5;
+    peer_start(&d, "d0", false);
+    peer_incarnation = 0;
+    register_again(&d, "127.0.0.1", 4, why, sizeof(why));
+    assert_string_equal(why, "register: a stale attempt of node d0 (incarnation 4; 5 is "
+                             "registered)");
+    register_again(&d, "127.0.0.1", 5, why, sizeof(why));
+    assert_string_equal(why, "register: a stale attempt of node d0 (incarnation 5; 5 is "
+                             "registered)");
+    register_again(&d, "localhost", 1, why, sizeof(why));
+    assert_string_equal(why, "");
+    register_again(&d, "127.0.0.1", 6, why, sizeof(why));
+    assert_string_equal(why, "");
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1121,6 +1171,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_registration_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
