@@ -865,6 +865,17 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
 }
 
+/* Whether r's attempt runs on nodes that are all well again (a hedge
+ * not placed yet is called off then: it would race r on the same nodes,
+ * or next to them). */
+static bool attempt_healthy(const req_t *r)
+{
+    const double now = hpd_time_now();
+    return r->fsm.state != HPD_REQ_QUEUED && (r->pnode != NULL || r->dnode != NULL) &&
+           (r->pnode == NULL || node_usable(r->pnode, now)) &&
+           (r->dnode == NULL || node_usable(r->dnode, now));
+}
+
 /* Places queued requests in arrival order. A request that fits no decode
  * node now waits, and so does everything behind it (first come, first
  * served); one that no registered decode node could ever hold fails at once
@@ -873,8 +884,14 @@ static void schedule(hpd_coord_t *c)
 {
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
-        if (r->is_hedge && r->primary == NULL)
+        if (r->is_hedge && r->primary == NULL) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "the request it raced ended first");
+        } else if (r->is_hedge && r->fsm.state == HPD_REQ_QUEUED &&
+                   attempt_healthy(r->primary)) {
+            r->primary->hedges--; /* it never ran */
+            req_event(c, r, HPD_REQ_EV_CANCEL, "not placed before its request's node pinged "
+                      "again: the race is off");
+        }
     }
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         uint32_t pages = 0, largest;

@@ -201,6 +201,19 @@ static void assert_metric(const char *text, const char *want)
         fail_msg("no \"%s\" in the metrics:\n%s", want, text);
 }
 
+/* hpd_request_hedges_total now. */
+static unsigned hedges_started(void)
+{
+    size_t len;
+    char *text = hpd_metrics_render(hpd_coord_metrics(coord), &len);
+    assert_non_null(text);
+    const char *at = strstr(text, "\nhpd_request_hedges_total ");
+    assert_non_null(at);
+    const unsigned n = (unsigned)strtoul(at + strlen("\nhpd_request_hedges_total "), NULL, 10);
+    free(text);
+    return n;
+}
+
 /* What an operator reads: the limits of the nodes registered, the health
  * line, the metrics after one request (finished, with its time per output
  * token from its own tokens), a cancel that names one request of two. */
@@ -1145,6 +1158,42 @@ static void test_stale_registration_refused(void **state)
     coord_stop();
 }
 
+/* A hedge that no node could take yet (the only prefill node is the
+ * suspect one) is called off when that node pings again: it is never
+ * placed, the request finishes from its own attempt, and its attempts do
+ * not count the hedge. */
+static void test_hedge_called_off(void **state)
+{
+    peer_t p, d;
+    outcome_t o;
+    const hpd_coord_opts_t opts = {.liveness_ms = 500};
+    coord_start(&opts);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    d.autocomplete = true;
+    p.mode = PEER_HOLD;
+    pings_start(&p, &d, NULL);
+    submit_request(&o, 4);
+    LOOP_UNTIL(p.prefills == 1);
+    pinging[0] = NULL;
+    LOOP_UNTIL(hedges_started() == 1);
+    spin(100);
+    pinging[0] = &p; /* back */
+    LOOP_UNTIL(p.pings_ok >= 5);
+    spin(200);
+    assert_int_equal(d.reserves, 1); /* the hedge was never placed */
+    assert_int_equal(p.prefills, 1);
+    peer_answer_prefill(&p, p.jobs[0].job, 7);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_int_equal(o.attempts, 1);
+    assert_int_equal(d.reserves, 1);
+    pings_stop();
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1172,6 +1221,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_registration_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hedge_called_off, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
