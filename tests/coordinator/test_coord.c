@@ -270,6 +270,9 @@ static void test_what_an_operator_reads(void **state)
     assert_metric(text, "# HELP hpd_request_duration_seconds Time from submit to the last "
                         "token.\n");
     assert_metric(text, "hpd_tpot_seconds_count 1\n");
+    assert_metric(text, "hpd_prompt_tokens_total 5\n");
+    assert_metric(text, "hpd_generated_tokens_total 4\n");
+    assert_metric(text, "hpd_prefix_cache_hit_tokens_total 0\n");
     const char *sum = strstr(text, "hpd_tpot_seconds_sum ");
     assert_non_null(sum);
     const double tpot = strtod(sum + strlen("hpd_tpot_seconds_sum "), NULL);
