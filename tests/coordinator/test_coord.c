@@ -378,6 +378,31 @@ static void test_liveness_pings(void **state)
     coord_stop();
 }
 
+/* The coordinator's status, asked on p's registration connection (a
+ * node's view); the entry of node `name`. */
+static const msgpack_object *status_of(peer_t *p, hpd_rpc_result_t *r, const char *name)
+{
+    assert_int_equal(hpd_rpc_call_sync(p->reg, "status", NULL, 30000, r), HPD_OK);
+    assert_false(r->is_error);
+    const msgpack_object *nodes = hpd_rpc_map_get(&r->result, "nodes");
+    assert_non_null(nodes);
+    for (uint32_t i = 0; i < nodes->via.array.size; i++) {
+        const msgpack_object *n = &nodes->via.array.ptr[i], *nm = hpd_rpc_map_get(n, "name");
+        if (nm != NULL && hpd_rpc_str_eq(nm->via.str.ptr, nm->via.str.size, name))
+            return n;
+    }
+    fail_msg("no node %s in the status", name);
+    return NULL;
+}
+
+static uint64_t u64_of(const msgpack_object *m, const char *key)
+{
+    const msgpack_object *v = hpd_rpc_map_get(m, key);
+    if (v == NULL || v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        fail_msg("no number %s", key);
+    return v->via.u64;
+}
+
 /* A msgpack client's generate call: its reply, or its error. */
 typedef struct {
     bool done, is_error;
@@ -461,6 +486,19 @@ static void test_generate_over_rpc(void **state)
     assert_true(c.is_error);
     if (strstr(c.message, "prompt") == NULL)
         fail_msg("an empty prompt refused with \"%s\"", c.message);
+
+    /* the status: a node's view holds the nodes' addresses, a client's not */
+    hpd_rpc_result_t r;
+    const msgpack_object *n = status_of(&p, &r, "d0");
+    assert_non_null(hpd_rpc_map_get(n, "address"));
+    hpd_rpc_result_destroy(&r);
+    assert_int_equal(hpd_rpc_call_sync(cl, "status", NULL, 30000, &r), HPD_OK);
+    assert_false(r.is_error);
+    const msgpack_object *nodes = hpd_rpc_map_get(&r.result, "nodes");
+    assert_int_equal(nodes->via.array.size, 2);
+    for (uint32_t i = 0; i < 2; i++)
+        assert_null(hpd_rpc_map_get(&nodes->via.array.ptr[i], "address"));
+    hpd_rpc_result_destroy(&r);
 
     /* a client's key is no node's: its ping is refused */
     hpd_rpc_buf_t b;
@@ -842,31 +880,6 @@ static void test_hedge_fails_too(void **state)
         peer_stop(&d);
         coord_stop();
     }
-}
-
-/* The coordinator's status, asked on p's registration connection (a
- * node's view); the entry of node `name`. */
-static const msgpack_object *status_of(peer_t *p, hpd_rpc_result_t *r, const char *name)
-{
-    assert_int_equal(hpd_rpc_call_sync(p->reg, "status", NULL, 30000, r), HPD_OK);
-    assert_false(r->is_error);
-    const msgpack_object *nodes = hpd_rpc_map_get(&r->result, "nodes");
-    assert_non_null(nodes);
-    for (uint32_t i = 0; i < nodes->via.array.size; i++) {
-        const msgpack_object *n = &nodes->via.array.ptr[i], *nm = hpd_rpc_map_get(n, "name");
-        if (nm != NULL && hpd_rpc_str_eq(nm->via.str.ptr, nm->via.str.size, name))
-            return n;
-    }
-    fail_msg("no node %s in the status", name);
-    return NULL;
-}
-
-static uint64_t u64_of(const msgpack_object *m, const char *key)
-{
-    const msgpack_object *v = hpd_rpc_map_get(m, key);
-    if (v == NULL || v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        fail_msg("no number %s", key);
-    return v->via.u64;
 }
 
 /* A node's heartbeats: its stats are kept for the status, less the prefix
