@@ -28,8 +28,9 @@ import tempfile
 import time
 
 # Each module: its source files, the .c files of its folders left out (and
-# why), its unit tests (ctest names, which are also the build targets) and
-# the programs those tests start (checked for relinking like the tests).
+# why), its unit tests (ctest names, which are also the build targets, but
+# for those in "runs_of": the test whose binary they run) and the programs
+# those tests start (checked for relinking like the tests).
 MODULES = {
     "kernels/cpu": {
         "files": ["kernels/cpu/attention.c", "kernels/cpu/conv1d.c",
@@ -134,11 +135,18 @@ MODULES = {
     # The engine on the CPU backend with the generated tiny models
     # (tests/engine/fixture.h): its scheduler, the forward pass over the
     # hybrid layers, prefix-cache reuse and the disaggregated halves.
+    # test_hf_reference: the forward pass against transformers' logits (a
+    # final norm skipped changes no greedy token of the tiny models); the
+    # _moe runs: the same binaries on a mixture of experts ("runs_of").
     "engine": {
         "files": ["engine/engine.c", "engine/scheduler.c", "engine/forward.c"],
         "left_out": {},
         "tests": ["test_engine", "test_engine_steps", "test_engine_prefix",
-                  "test_engine_disagg"],
+                  "test_engine_disagg", "test_hf_reference", "test_engine_moe",
+                  "test_engine_prefix_moe", "test_engine_disagg_moe"],
+        "runs_of": {"test_engine_moe": "test_engine",
+                    "test_engine_prefix_moe": "test_engine_prefix",
+                    "test_engine_disagg_moe": "test_engine_disagg"},
     },
     "model": {
         "files": ["model/config.c", "model/safetensors.c", "model/model.c"],
@@ -560,8 +568,11 @@ class Tree:
             self.base_hash[rel] = file_hash(self.objects[rel])
 
     def build_tests(self, log, append=False):
+        # a ctest name that runs another test's binary ("runs_of") builds that one
+        runs_of = self.module.get("runs_of", {})
+        targets = list(dict.fromkeys(runs_of.get(t, t) for t in self.tests))
         return run_logged(["cmake", "--build", self.build, "-j%d" % self.args.jobs,
-                           "--target"] + self.tests, log, append=append)
+                           "--target"] + targets, log, append=append)
 
     def build_object(self, rel, log):
         if self.stand_in:  # the .cu file rewritten, then compiled in each test
