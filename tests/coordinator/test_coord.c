@@ -32,6 +32,23 @@
 #include "tests/transport/loop.h"
 #include "tests/coordinator/peers.h"
 
+/* The coordinator (opts as coord_start's) with a prefill node p0 and a
+ * decode node d0 that completes each request it starts. */
+static void pair_start(peer_t *p, peer_t *d, const hpd_coord_opts_t *opts)
+{
+    coord_start(opts);
+    peer_start(p, "p0", true);
+    peer_start(d, "d0", false);
+    d->autocomplete = true;
+}
+
+static void pair_stop(peer_t *p, peer_t *d)
+{
+    peer_stop(p);
+    peer_stop(d);
+    coord_stop();
+}
+
 static void test_one_request(void **state)
 {
     peer_t p, d;
@@ -50,9 +67,7 @@ static void test_one_request(void **state)
     assert_int_equal(o.n_tokens, 4);
     static const int32_t want[] = {7, 10, 11, 12};
     assert_memory_equal(o.tokens, want, sizeof(want));
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* Another decode node's notifications for a job it does not hold change
@@ -165,10 +180,7 @@ static void test_probe_ended_neither_way(void **state)
 {
     peer_t p, d;
     outcome_t a, b;
-    coord_start(NULL);
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
+    pair_start(&p, &d, NULL);
     p.fail_dest = d.node_id;
     const uint64_t id = submit_request(&a, 4);
     LOOP_UNTIL(p.prefills == 2); /* two failed pairs: both nodes out for 1 s */
@@ -188,9 +200,7 @@ static void test_probe_ended_neither_way(void **state)
     assert_int_equal(b.outcome, HPD_COORD_FINISHED);
     if (took > 10)
         fail_msg("the next request waited %.1f s for the canceled probe's slot", took);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* The rendered metrics hold sample `want` (its labels and value, as
@@ -510,9 +520,7 @@ static void test_generate_over_rpc(void **state)
     LOOP_UNTIL(c.done);
     assert_true(c.is_error);
     hpd_rpc_client_destroy(cl);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* A decode node that answers a reservation with "no room" (its frees
@@ -522,10 +530,7 @@ static void test_full_decode_node_waits(void **state)
 {
     peer_t p, d;
     outcome_t o;
-    coord_start(NULL);
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
+    pair_start(&p, &d, NULL);
     d.mode = PEER_FAIL_PARAMS; /* reserve: HPD_RPC_ERR_OVERLOADED */
     submit_request(&o, 4);
     LOOP_UNTIL(d.reserves >= 2);
@@ -535,9 +540,7 @@ static void test_full_decode_node_waits(void **state)
     LOOP_UNTIL(o.done);
     assert_int_equal(o.outcome, HPD_COORD_FINISHED);
     assert_int_equal(o.attempts, 1);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* The drain: new requests are refused, open ones go on and are counted;
@@ -580,9 +583,7 @@ static void test_drain(void **state)
     assert_int_equal(p.shutdowns + d.shutdowns, 0);
     hpd_coord_end_drain(coord, true);
     LOOP_UNTIL(p.shutdowns == 1 && d.shutdowns == 1);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* A prefill node that fails every job (not a pair's fault: its engine) is
@@ -715,10 +716,8 @@ static void test_hedge_wins(void **state)
     hpd_coord_health(coord, msg, sizeof(msg));
     assert_string_equal(msg, "ok: 1 prefill and 2 decode nodes, 0 open requests");
     pings_stop();
-    peer_stop(&p);
     peer_stop(&d[0]);
-    peer_stop(&d[1]);
-    coord_stop();
+    pair_stop(&p, &d[1]);
 }
 
 /* A stop string in what the hedge streams ends the request ("stop", the
@@ -738,10 +737,8 @@ static void test_stop_string_from_a_hedge(void **state)
     assert_memory_equal(o.tokens, all, sizeof(all));
     LOOP_UNTIL(d[h].jobs[0].canceled && d[1 - h].jobs[0].canceled);
     pings_stop();
-    peer_stop(&p);
     peer_stop(&d[0]);
-    peer_stop(&d[1]);
-    coord_stop();
+    pair_stop(&p, &d[1]);
 }
 
 /* The raced attempt finishes first: a prefill node that went silent
@@ -845,9 +842,7 @@ static void test_hedge_is_the_last_attempt(void **state)
         assert_memory_equal(o.tokens, all, sizeof(all));
         assert_int_equal(o.attempts, 2);
         pings_stop();
-        peer_stop(&p[1 - h]);
-        peer_stop(&d);
-        coord_stop();
+        pair_stop(&p[1 - h], &d);
     }
 }
 
@@ -876,9 +871,7 @@ static void test_hedge_fails_too(void **state)
             assert_int_equal(o.attempts, 3);
         }
         pings_stop();
-        peer_stop(&p[1 - h]);
-        peer_stop(&d);
-        coord_stop();
+        pair_stop(&p[1 - h], &d);
     }
 }
 
@@ -890,10 +883,7 @@ static void test_heartbeats_and_status(void **state)
 {
     peer_t p, d;
     outcome_t o;
-    coord_start(NULL);
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
+    pair_start(&p, &d, NULL);
     run_requests(3);
     peer_heartbeat(&d, false, 5);
     hpd_rpc_result_t r;
@@ -922,9 +912,7 @@ static void test_heartbeats_and_status(void **state)
     peer_heartbeat(&d, false, 0);
     LOOP_UNTIL(o.done);
     assert_int_equal(o.outcome, HPD_COORD_FINISHED);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* A stop string that ends in the middle of a batch of tokens keeps the
@@ -948,9 +936,7 @@ static void test_stop_inside_a_batch(void **state)
     assert_int_equal(o.n_tokens, 3);
     assert_memory_equal(o.tokens, want, sizeof(want));
     LOOP_UNTIL(d.jobs[0].canceled);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* generate with detokenize and stop strings, on a coordinator that has
@@ -1045,9 +1031,7 @@ static void test_stop_strings_over_rpc(void **state)
         fail_msg("a stop string of 256 bytes refused: %s", c.message);
     hpd_msg_free(&hpd_msg_generated, &c.g);
     hpd_rpc_client_destroy(cl);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* What a request asked for reaches the decode node's reserve: the
@@ -1057,10 +1041,7 @@ static void test_reserve_carries_the_request(void **state)
 {
     peer_t p, d;
     outcome_t o;
-    coord_start(NULL);
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
+    pair_start(&p, &d, NULL);
     static const int32_t prompt[] = {1, 2, 3, 4, 5, 6}, stops[] = {3, 4, 5};
     const hpd_coord_request_t q = {.prompt = prompt,
                                    .n_prompt = 6,
@@ -1086,9 +1067,7 @@ static void test_reserve_carries_the_request(void **state)
     assert_int_equal(j->seed, 42);
     assert_true(fabs(j->temperature - 0.5) < 1e-6);
     assert_int_equal(j->replay_n, 0);
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* Decode nodes are lost and registered while others stay: the registry
@@ -1169,9 +1148,7 @@ static void test_stale_registration_refused(void **state)
     assert_string_equal(why, "");
     register_again(&d, "127.0.0.1", 6, why, sizeof(why));
     assert_string_equal(why, "");
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 /* A hedge that no node could take yet (the only prefill node is the
@@ -1183,10 +1160,7 @@ static void test_hedge_called_off(void **state)
     peer_t p, d;
     outcome_t o;
     const hpd_coord_opts_t opts = {.liveness_ms = 500};
-    coord_start(&opts);
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
+    pair_start(&p, &d, &opts);
     p.mode = PEER_HOLD;
     pings_start(&p, &d, NULL);
     submit_request(&o, 4);
@@ -1205,9 +1179,7 @@ static void test_hedge_called_off(void **state)
     assert_int_equal(o.attempts, 1);
     assert_int_equal(d.reserves, 1);
     pings_stop();
-    peer_stop(&p);
-    peer_stop(&d);
-    coord_stop();
+    pair_stop(&p, &d);
 }
 
 int main(void)
