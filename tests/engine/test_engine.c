@@ -289,8 +289,8 @@ static void test_bad_requests(void **state)
         {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = {.temperature = 0.5f}},
         /* negative temperature */
         {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = {.temperature = -1, .top_p = 1}},
-        /* more replay than max tokens */
-        {.prompt = ok, .n_prompt = 3, .max_tokens = 2, .sampling = g, .replay = bad_id,
+        /* more replay than max tokens (valid ids: only the count is wrong) */
+        {.prompt = ok, .n_prompt = 3, .max_tokens = 2, .sampling = g, .replay = ok,
          .n_replay = 3},
         /* a stop id >= vocab */
         {.prompt = ok, .n_prompt = 3, .max_tokens = 4, .sampling = g, .stop_ids = bad_id,
@@ -451,6 +451,50 @@ static void test_pool_pressure_and_cancel(void **state)
     hpd_engine_destroy(e);
 }
 
+/* The defaults engine.h documents, and what an engine would allocate
+ * (hpd_engine_plan, which `hpdctl check` and a node at start read): the
+ * pools of the engine then created are those bytes (the slot pool one slot
+ * more than n_slots: slot 0 is PAD; the checkpoints a slot each); with the
+ * prefix cache off no checkpoints and no host tier; a pack size above the
+ * model's full-attention layers refused saying so. */
+static void test_defaults_and_plan(void **state)
+{
+    hpd_engine_params_t ep;
+    hpd_engine_params_init(&ep);
+    assert_int_equal(ep.max_batch, 16);
+    assert_int_equal(ep.prefill_chunk, 256);
+    assert_int_equal(ep.checkpoint_every, 16);
+    assert_int_equal(ep.host_cache_bytes, 512ull << 20);
+    assert_true(ep.prefix_cache && ep.step_graphs);
+    ep.n_pages = 100;
+    ep.n_slots = 7;
+    ep.n_checkpoints = 3;
+    hpd_engine_plan_t plan;
+    char why[200];
+    assert_int_equal(hpd_engine_plan(&ep, &model->config, &plan, why, sizeof(why)), HPD_OK);
+    hpd_engine_t *e = engine_with(&ep, model);
+    hpd_engine_memory_t mem;
+    hpd_engine_memory(e, &mem);
+    assert_int_equal(plan.n_slots, 7);
+    assert_int_equal(plan.n_pages, 100);
+    assert_int_equal(plan.kv_pool_bytes, mem.kv_pool_bytes);
+    assert_int_equal(plan.slot_pool_bytes, mem.slot_pool_bytes);
+    assert_int_equal(mem.slot_pool_bytes, 8 * mem.slot_bytes);
+    assert_int_equal(plan.checkpoint_bytes, 3 * mem.slot_bytes);
+    assert_int_equal(plan.device_bytes,
+                     plan.kv_pool_bytes + plan.slot_pool_bytes + plan.checkpoint_bytes);
+    assert_int_equal(plan.host_cache_bytes, 512ull << 20);
+    hpd_engine_destroy(e);
+    ep.prefix_cache = false;
+    assert_int_equal(hpd_engine_plan(&ep, &model->config, &plan, why, sizeof(why)), HPD_OK);
+    assert_int_equal(plan.n_checkpoints, 0);
+    assert_int_equal(plan.checkpoint_bytes + plan.host_cache_bytes, 0);
+    ep.kv_layout.pack_size = 3; /* the model has 2 full-attention layers */
+    assert_int_equal(hpd_engine_plan(&ep, &model->config, &plan, why, sizeof(why)),
+                     HPD_ERR_INVALID_ARG);
+    assert_string_equal(why, "kv pack size 3 is above the model's 2 full-attention layers");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_repeatable_and_batch_invariant),
         cmocka_unit_test(test_layouts_and_namings),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_defaults_and_plan),
         cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_pool_pressure_and_cancel),
     };
