@@ -63,7 +63,7 @@ MODULES = {
                   "coordinator/credentials.c", "prefill_node/staging.c",
                   "prefill_node/peers.c", "decode_node/join.c", "decode_node/writes.c"],
         "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
-                     "node/proto.c": "field readers: test_msg and the cluster tests use them",
+                     "node/proto.c": "the node module's",
                      "coordinator/coord.c": "the coordinator module's",
                      "coordinator/alive.c": "the coordinator module's",
                      "coordinator/breaker.c": "the coordinator module's",
@@ -131,6 +131,17 @@ MODULES = {
                      "kernels/cuda/moe.cu": ["test_moe_cuda_host"],
                      "kernels/cuda/translate.cu": ["test_translate_cuda_host"],
                      "kernels/cuda/conv1d.cu": ["test_conv1d_cuda_host"]},
+    },
+    # The readers of peer and user input (every field of every message goes
+    # through them: bounds, kinds, the layout, sampling) against the message
+    # tests and the fuzz corpus replay; node.c, the node runtime, is the
+    # cluster tests'.
+    "node": {
+        "files": ["node/proto.c"],
+        "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
+                     "node/msg.c": "the control module's",
+                     "node/liveness.c": "the control module's"},
+        "tests": ["test_proto", "test_msg", "fuzz_msg_replay"],
     },
     # The engine on the CPU backend with the generated tiny models
     # (tests/engine/fixture.h): its scheduler, the forward pass over the
