@@ -133,6 +133,9 @@ static void test_ids(void **state)
     assert_false(hpd_proto_ids(MAP_X(&o, 0x80), "x", true, 10, &ids, &n, &err));
     assert_string_equal(err.text, "field 'x' is a map (expected an array of token ids)");
     obj_free(&o);
+    assert_false(hpd_proto_ids(MAP_X(&o, 0xa2, 'a', 'b'), "x", true, 10, &ids, &n, &err));
+    assert_string_equal(err.text, "field 'x' is a string (expected an array of token ids)");
+    obj_free(&o);
 }
 
 /* 32-bit arrays: UINT32_MAX is taken, one more is not; at most max
