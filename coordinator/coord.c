@@ -250,10 +250,8 @@ static void probes_over(req_t *r)
 static void req_free(hpd_coord_t *c, req_t *r)
 {
     probes_over(r);
-    if (r->hedge != NULL) { /* the race is over: schedule() cancels the hedge */
+    if (r->hedge != NULL) /* the race is over: carry_out's schedule() cancels the hedge */
         r->hedge->primary = NULL;
-        schedule_soon(c);
-    }
     if (r->primary != NULL)
         r->primary->hedge = NULL;
     for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
@@ -580,7 +578,6 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     h->min_tokens = r->min_tokens;
     memcpy(h->out, r->out, r->n_out * sizeof(int32_t));
     h->n_out = r->n_out;
-    h->t_first = r->t_first;
     h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
     r->hedge = h;
     r->hedges++;
@@ -588,7 +585,7 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     hpd_metric_inc(c->m.hedges, 1);
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "hedged: its %s node %s is suspect; request %llu "
                   "races it elsewhere from token %u, the first to finish answers",
-                  n->role == ROLE_PREFILL ? "prefill" : "decode", n->name,
+                  role_name(n), n->name,
                   (unsigned long long)h->id, r->n_out);
     return true;
 }

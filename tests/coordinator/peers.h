@@ -152,6 +152,14 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
     }
 }
 
+/* A held prefill job ends: its reply went, its connection is let go. */
+static void held_release(peer_job_t *j)
+{
+    j->answered = true;
+    hpd_rpc_conn_unref(j->conn);
+    j->conn = NULL;
+}
+
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
     peer_t *p = arg;
@@ -161,9 +169,7 @@ static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
         j->canceled = true;
         if (p->prefill && !j->answered && j->conn != NULL) { /* a held prefill ends */
             hpd_rpc_reply_error(j->conn, j->call, HPD_RPC_ERR_APP, "canceled");
-            hpd_rpc_conn_unref(j->conn);
-            j->conn = NULL;
-            j->answered = true;
+            held_release(j);
         }
     }
     hpd_rpc_reply(conn, id, NULL);
@@ -209,27 +215,29 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     }
 }
 
-/* A held prefill job answered now with its first token. */
-static inline void peer_answer_prefill(peer_t *p, uint64_t job, int32_t first)
+/* A prefill job the peer still holds. */
+static peer_job_t *peer_held(peer_t *p, uint64_t job)
 {
     peer_job_t *j = peer_job(p, job);
     assert_non_null(j);
     assert_false(j->answered);
+    return j;
+}
+
+/* A held prefill job answered now with its first token. */
+static inline void peer_answer_prefill(peer_t *p, uint64_t job, int32_t first)
+{
+    peer_job_t *j = peer_held(p, job);
     answer_prefill(j, first);
-    hpd_rpc_conn_unref(j->conn);
-    j->conn = NULL;
+    held_release(j);
 }
 
 /* A held prefill job answered now with an error of code. */
 static inline void peer_answer_error(peer_t *p, uint64_t job, int64_t code)
 {
-    peer_job_t *j = peer_job(p, job);
-    assert_non_null(j);
-    assert_false(j->answered);
+    peer_job_t *j = peer_held(p, job);
     hpd_rpc_reply_error(j->conn, j->call, code, "the job failed (scripted)");
-    j->answered = true;
-    hpd_rpc_conn_unref(j->conn);
-    j->conn = NULL;
+    held_release(j);
 }
 
 /* A decode node's tokens notification for job: ids from index on. */

@@ -449,6 +449,21 @@ static void generate(hpd_rpc_client_t *cl, const hpd_msg_generate_t *m, called_t
     LOOP_UNTIL(c->done);
 }
 
+/* pair_start on a coordinator with a client key, and a msgpack client
+ * connected with it. */
+static hpd_rpc_client_t *keyed_pair_start(peer_t *p, peer_t *d, const hpd_coord_opts_t *opts)
+{
+    static const char key[] = "client-key-of-tenant-t-0123456789";
+    hpd_rpc_client_t *cl;
+    peer_client_key = key;
+    pair_start(p, d, opts);
+    peer_client_key = NULL;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord), .token = key};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+    return cl;
+}
+
 /* generate over msgpack RPC with a client key, on a coordinator without a
  * model: token ids are served (the reply holds them and why the request
  * ended); text, detokenize and a request the coordinator refuses are
@@ -458,17 +473,7 @@ static void test_generate_over_rpc(void **state)
 {
     peer_t p, d;
     called_t c;
-    peer_client_key = "client-key-of-tenant-t-0123456789";
-    coord_start(NULL);
-    peer_client_key = NULL;
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true;
-    hpd_rpc_client_t *cl;
-    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
-                                        .port = hpd_coord_port(coord),
-                                        .token = "client-key-of-tenant-t-0123456789"};
-    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, NULL);
 
     static const int32_t prompt[] = {1, 2, 3, 4, 5};
     generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4}, &c);
@@ -949,17 +954,8 @@ static void test_stop_strings_over_rpc(void **state)
     peer_t p, d;
     called_t c;
     const hpd_coord_opts_t opts = {.model_dir = HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json"};
-    peer_client_key = "client-key-of-tenant-t-0123456789";
-    coord_start(&opts);
-    peer_client_key = NULL;
-    peer_start(&p, "p0", true);
-    peer_start(&d, "d0", false);
-    d.autocomplete = true; /* 7 10 11 12: "#&'(" in this vocabulary */
-    hpd_rpc_client_t *cl;
-    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
-                                        .port = hpd_coord_port(coord),
-                                        .token = "client-key-of-tenant-t-0123456789"};
-    assert_int_equal(hpd_rpc_client_connect(&cp, &cl), HPD_OK);
+    /* d0 completes with 7 10 11 12: "#&'(" in this vocabulary */
+    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, &opts);
     static const int32_t prompt[] = {1, 2, 3, 4, 5};
     generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
                                        .detokenize = true}, &c);
