@@ -65,8 +65,11 @@ if ! cmake --build "$dir" -j"${JOBS:-2}" >> "$dir/build.log" 2>&1; then
     exit 1
 fi
 # the tests must run on this UCX, not on the system's
-ldd "$dir/tests/test_xfer_local" | grep -q "$ucx/lib/libucp" ||
-    { echo "ucx wheel: test_xfer_local is not linked to $ucx" >&2; exit 1; }
+# (ldd's whole output first: `ldd | grep -q` under pipefail fails whenever
+# grep exits on its match before ldd has written its last line, SIGPIPE)
+linked=$(ldd "$dir/tests/test_xfer_local")
+grep -q "$ucx/lib/libucp" <<< "$linked" ||
+    { echo "ucx wheel: test_xfer_local is not linked to $ucx:" >&2; echo "$linked" >&2; exit 1; }
 echo "ucx wheel: UCX $got from $ucx"
 (cd "$dir" && ctest -R "^($(IFS='|'; echo "${tests[*]}"))\$" --output-on-failure)
 # test_partition's slow, lossy links only: on 1.22 a prefill node that
