@@ -447,6 +447,92 @@ static void test_fp8(void **state)
     assert_null(m);
 }
 
+/* Rows [row0, row0 + n) of the FP8 matrix w (cols wide), dequantised as the
+ * model holds them (q * its per-row block scale), against the checkpoint's
+ * tensor t and its NAME_scale_inv grid read here: dst row row0 + i is row
+ * t_row0 + i of t counted over all its matrices, matrix m = row / rows_per,
+ * scale grid[m][(row % rows_per) / block][col / block]. */
+static void assert_fp8_rows(const hpd_weight_t *w, uint64_t cols, uint64_t row0, uint64_t n,
+                            const hpd_st_archive_t *ar, const char *name, uint64_t t_row0,
+                            uint64_t block)
+{
+    char sname[300];
+    snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+    const hpd_st_tensor_t *t = hpd_st_archive_find(ar, name), *g = hpd_st_archive_find(ar, sname);
+    assert_non_null(t);
+    assert_non_null(g);
+    assert_int_equal(t->dtype, HPD_DTYPE_F8_E4M3);
+    assert_int_equal(g->dtype, HPD_DTYPE_F32);
+    assert_int_equal(w->dtype, HPD_DTYPE_F8_E4M3);
+    assert_int_equal(t->shape[t->ndim - 1], cols);
+    const uint64_t rows_per = t->shape[t->ndim - 2];
+    const uint64_t grid_r = g->shape[g->ndim - 2], grid_c = g->shape[g->ndim - 1];
+    assert_int_equal(grid_r, (rows_per + block - 1) / block);
+    assert_int_equal(grid_c, (cols + block - 1) / block);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t tr = t_row0 + i, mat = tr / rows_per, r = tr % rows_per;
+        for (uint64_t c = 0; c < cols; c++) {
+            float q, got_q, scale, want;
+            hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)t->data + tr * cols + c, &q, 1);
+            memcpy(&scale, (const char *)g->data +
+                               ((mat * grid_r + r / block) * grid_c + c / block) * sizeof(float),
+                   sizeof(float));
+            want = q * scale;
+            hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)w->p + (row0 + i) * cols + c,
+                             &got_q, 1);
+            const float got = got_q * w->scale[(row0 + i) * w->scale_ld + c / w->block];
+            if (!(got == want)) /* NaN fails too */
+                fail_msg("%s row %" PRIu64 " col %" PRIu64 ": %.9g, want %.9g", name, tr, c,
+                         (double)got, (double)want);
+        }
+    }
+}
+
+/* The dequantised FP8 weights against the checkpoint's own values and
+ * scales, with a block that divides neither the rows nor the columns (the
+ * partial last blocks), rectangular grids (a row/column swap shows) and
+ * 3-D expert tensors (the grid's row count per matrix shows). */
+static void test_fp8_against_the_checkpoint(void **state)
+{
+    char dir[512];
+    const char *fp8 = "--experts 3 --experts-per-tok 2 --moe-intermediate 56 --fp8 40 "
+                      "--mlp-only-layers 1";
+    for (int fused = 0; fused < 2; fused++) {
+        char name[160], extra[200];
+        snprintf(name, sizeof(name), "fp8-odd-%d", fused);
+        snprintf(extra, sizeof(extra), "%s%s", fp8, fused ? " --fused-experts" : "");
+        hpd_model_t *m = make_and_load(name, extra);
+        hpd_st_archive_t *ar;
+        snprintf(dir, sizeof(dir), "%s/%s", root, name);
+        assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);
+        const uint64_t H = m->config.hidden_size, I = m->config.intermediate_size,
+                       Im = m->config.moe_inter, E = m->config.n_experts;
+        const hpd_layer_weights_t *l0 = &m->layers[0];
+
+        assert_fp8_rows(&m->layers[1].mlp_down, I, 0, H, ar, "model.layers.1.mlp.down_proj.weight",
+                        0, 40);
+        assert_fp8_rows(&l0->shared_down, m->config.shared_inter, 0, H, ar,
+                        "model.layers.0.mlp.shared_expert.down_proj.weight", 0, 40);
+        if (fused) {
+            assert_fp8_rows(&l0->moe_gate_up, H, 0, E * 2 * Im, ar,
+                            "model.layers.0.mlp.experts.gate_up_proj", 0, 40);
+            assert_fp8_rows(&l0->moe_down, Im, 0, E * H, ar, "model.layers.0.mlp.experts.down_proj",
+                            0, 40);
+        }
+        for (uint64_t x = 0; !fused && x < E; x++) {
+            char t[128];
+            snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".gate_proj.weight", x);
+            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x, Im, ar, t, 0, 40);
+            snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".up_proj.weight", x);
+            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x + Im, Im, ar, t, 0, 40);
+            snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".down_proj.weight", x);
+            assert_fp8_rows(&l0->moe_down, Im, H * x, H, ar, t, 0, 40);
+        }
+        hpd_st_archive_destroy(ar);
+        hpd_model_destroy(m);
+    }
+}
+
 static void test_bad_models(void **state)
 {
     char dir[512], path[600];
@@ -541,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_tensor_list_accounts),
         cmocka_unit_test(test_moe_namings),
         cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_fp8_against_the_checkpoint),
         cmocka_unit_test(test_bad_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
