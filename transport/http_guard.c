@@ -634,7 +634,8 @@ hpd_status_t hpd_http_guard_bind(hpd_http_guard_t *g, const char *host, uint16_t
      * the kernel for the guard to sort it, instead of being dropped and
      * retried a second later, the operator's with it */
     struct evconnlistener *l = evconnlistener_new_bind(
-        g->p.base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, LISTEN_BACKLOG,
+        g->p.base, NULL, NULL,
+        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, LISTEN_BACKLOG,
         (struct sockaddr *)&sin, sizeof(sin));
     if (l == NULL)
         return HPD_ERR_IO;

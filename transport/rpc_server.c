@@ -362,8 +362,10 @@ hpd_status_t hpd_rpc_server_create(const hpd_rpc_server_params_t *params,
         free(s);
         return HPD_ERR_INVALID_ARG;
     }
+    /* not inherited by the processes a test or a tool starts */
     s->listener = evconnlistener_new_bind(params->base, on_accept, s,
-                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE,
+                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+                                              LEV_OPT_CLOSE_ON_EXEC,
                                           4096 /* capped by net.core.somaxconn */,
                                           (struct sockaddr *)&sin, sizeof(sin));
     if (s->listener == NULL) {

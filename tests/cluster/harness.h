@@ -28,6 +28,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "client/client.h"
@@ -191,6 +192,10 @@ static inline cl_proc_t *cl_spawn(cl_t *cl, const char *name, char *const argv[]
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        /* nothing of the test's: a test that is a coordinator itself
+         * (tests/node/roles.h) must be able to close its listener and
+         * listen on that port again */
+        syscall(SYS_close_range, 3u, ~0u, 0u);
         setenv("OMP_WAIT_POLICY", "passive", 1);
         execv(argv[0], argv);
         _exit(127);
