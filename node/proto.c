@@ -223,10 +223,19 @@ const msgpack_object *hpd_proto_map(const msgpack_object *map, const char *key, 
 
 bool hpd_proto_sampling(const msgpack_object *map, hpd_sampling_t *s, hpd_proto_err_t *err)
 {
-    return hpd_proto_float(map, "temperature", false, &s->temperature, err) &&
-           hpd_proto_float(map, "top_p", false, &s->top_p, err) &&
-           hpd_proto_u32(map, "top_k", false, UINT32_MAX, &s->top_k, err) &&
-           hpd_proto_u64(map, "seed", false, UINT64_MAX, &s->seed, err);
+    if (!hpd_proto_float(map, "temperature", false, &s->temperature, err) ||
+        !hpd_proto_float(map, "top_p", false, &s->top_p, err) ||
+        !hpd_proto_u32(map, "top_k", false, UINT32_MAX, &s->top_k, err) ||
+        !hpd_proto_u64(map, "seed", false, UINT64_MAX, &s->seed, err))
+        return false;
+    /* what is given must be usable: refused here, naming the value, not
+     * by the engine after the job was taken */
+    if (hpd_rpc_map_get(map, "temperature") != NULL && !(s->temperature >= 0))
+        return fail(err, "field 'temperature' is %g (expected a number >= 0; 0 is greedy)",
+                    (double)s->temperature);
+    if (hpd_rpc_map_get(map, "top_p") != NULL && !(s->top_p > 0 && s->top_p <= 1))
+        return fail(err, "field 'top_p' is %g (expected a number in (0, 1])", (double)s->top_p);
+    return true;
 }
 
 void hpd_proto_key(msgpack_packer *pk, const char *key)

@@ -45,7 +45,8 @@ bool hpd_proto_u32s(const msgpack_object *obj, const char *what, uint32_t *out, 
 const msgpack_object *hpd_proto_map(const msgpack_object *map, const char *key, bool required,
                                     hpd_proto_err_t *err);
 
-/* {temperature, top_p, top_k, seed}: absent fields keep their value; the
+/* {temperature, top_p, top_k, seed}: absent fields keep their value, a
+ * given temperature must be finite and >= 0 and a given top_p in (0, 1]; the
  * packer leaves unset fields out (hpd_sampling_unset), so the node resolves
  * them from its model (hpd_sampling_resolve). */
 bool hpd_proto_sampling(const msgpack_object *map, hpd_sampling_t *s, hpd_proto_err_t *err);

@@ -206,6 +206,49 @@ static void test_sampling_round_trip(void **state)
     assert_false(hpd_proto_sampling(&o.o, &s, &err));
     assert_string_equal(err.text, "field 'top_p' is a boolean (expected a number)");
     obj_free(&o);
+    /* the ranges, at their bounds on both sides */
+    const struct {
+        float temperature, top_p;
+        const char *want; /* NULL: taken */
+    } bounds[] = {
+        {0.0f, 1.0f, NULL},
+        {-0.0f, 1e-30f, NULL},
+        {-1e-30f, NAN, "field 'temperature' is -1e-30 (expected a number >= 0; 0 is greedy)"},
+        {INFINITY, NAN, "field 'temperature' is not a finite number"},
+        {NAN, 0.0f, "field 'top_p' is 0 (expected a number in (0, 1])"},
+        {NAN, 1.0000001f, "field 'top_p' is 1 (expected a number in (0, 1])"},
+        {NAN, -0.5f, "field 'top_p' is -0.5 (expected a number in (0, 1])"},
+    };
+    for (size_t i = 0; i < sizeof(bounds) / sizeof(bounds[0]); i++) {
+        hpd_rpc_buf_t b;
+        hpd_rpc_buf_init(&b);
+        const bool t = !isnan(bounds[i].temperature), p = !isnan(bounds[i].top_p);
+        msgpack_pack_map(&b.pk, (uint32_t)t + (uint32_t)p);
+        if (t) {
+            hpd_proto_key(&b.pk, "temperature");
+            msgpack_pack_float(&b.pk, bounds[i].temperature);
+        }
+        if (p) {
+            hpd_proto_key(&b.pk, "top_p");
+            msgpack_pack_float(&b.pk, bounds[i].top_p);
+        }
+        obj(&o, (const uint8_t *)b.sb.data, b.sb.size);
+        s = (hpd_sampling_t){.temperature = NAN, .top_p = NAN};
+        memset(&err, 0, sizeof(err));
+        const bool ok = hpd_proto_sampling(&o.o, &s, &err);
+        if (ok != (bounds[i].want == NULL) ||
+            (bounds[i].want != NULL && strcmp(err.text, bounds[i].want) != 0))
+            fail_msg("temperature %g top_p %.9g: %s", (double)bounds[i].temperature,
+                     (double)bounds[i].top_p, ok ? "taken" : err.text);
+        obj_free(&o);
+        hpd_rpc_buf_destroy(&b);
+    }
+    /* an unset value is not checked: the node resolves it from its model */
+    obj(&o, (const uint8_t[]){0x81, 0xa4, 's', 'e', 'e', 'd', 0x05}, 7);
+    s = (hpd_sampling_t){.temperature = NAN, .top_p = NAN};
+    assert_true(hpd_proto_sampling(&o.o, &s, &err));
+    assert_true(isnan(s.temperature) && isnan(s.top_p));
+    obj_free(&o);
 }
 
 /* host:port, split at the last colon; the host must fit in cap with its
