@@ -35,6 +35,10 @@ typedef struct {
     uint32_t call;        /* its id (held prefill) */
     bool answered, started, canceled;
     uint32_t replay_n; /* reserve: the tokens the client had (a failover's, a hedge's) */
+    /* prefill: its prompt (the first PEER_MAX_PROMPT ids) and its length */
+#define PEER_MAX_PROMPT 256
+    int32_t prompt[PEER_MAX_PROMPT];
+    uint32_t prefill_n;
     /* reserve: what it carried of the request */
     uint32_t prompt_n, max_tokens, min_tokens, stop_n;
     bool ignore_eos;
@@ -68,6 +72,7 @@ static hpd_coord_t *coord;
 static char peer_dir[256], peer_token_file[300], peer_keys_file[300];
 static const char *peer_client_key; /* set before coord_start: a client key of tenant "t" */
 static uint8_t peer_model = 9;      /* the model fingerprint's first byte the next peer registers */
+static uint32_t peer_vocab = 1000;  /* the vocabulary the next peer registers with */
 static uint64_t peer_incarnation;   /* the incarnation the next peer registers with (0: none) */
 
 /* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
@@ -193,6 +198,13 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     peer_job_t *j = peer_add_job(p, job_of(params));
     j->conn = conn;
     j->call = id;
+    hpd_msg_prefill_job_t m = {0};
+    hpd_proto_err_t err;
+    if (!hpd_msg_unpack(&hpd_msg_prefill_job, params, &m, &err))
+        fail_msg("%s: a prefill job it cannot read: %s", p->name, err.text);
+    j->prefill_n = m.prompt_n;
+    memcpy(j->prompt, m.prompt, HPD_MIN(m.prompt_n, PEER_MAX_PROMPT) * sizeof(int32_t));
+    hpd_msg_free(&hpd_msg_prefill_job, &m);
     const msgpack_object *dest = hpd_rpc_map_get(hpd_rpc_map_get(params, "decode"), "node");
     if (p->fail_dest != 0 && dest != NULL && dest->via.u64 == p->fail_dest) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PEER, "cannot reach decode node %llu "
@@ -312,7 +324,7 @@ static void peer_pack_register(const peer_t *p, const char *host, uint64_t incar
     hpd_msg_register_t m = {.port = hpd_rpc_server_port(p->server),
                             .fingerprint = fp,
                             .fingerprint_len = 16,
-                            .vocab = 1000,
+                            .vocab = peer_vocab,
                             .max_context = 4096,
                             .layout = {.block_size = 16, .pack_size = 1, .order = HPD_KV_NHD},
                             .kv_layers = 2,

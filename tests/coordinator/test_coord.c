@@ -21,10 +21,15 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "common/metrics.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/text.h"
+#include "tokenizer/chat.h"
 #include "node/msg.h"
 #include "tests/test_helpers.h"
 #include "transport/rpc.h"
@@ -304,6 +309,31 @@ static void test_what_an_operator_reads(void **state)
     peer_stop(&p);
     peer_stop(&d);
     peer_stop(&d1);
+    coord_stop();
+}
+
+/* With every connection it may hold taken by nodes, a new one is turned
+ * away and the health line says so, with the counts an operator needs. */
+static void test_refusing_connections(void **state)
+{
+    peer_t p, d;
+    char msg[200];
+    hpd_coord_opts_t o = {.max_connections = 2};
+    coord_start(&o);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    assert_true(hpd_coord_health(coord, msg, sizeof(msg)));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(hpd_coord_port(coord)),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    LOOP_UNTIL(!hpd_coord_health(coord, msg, sizeof(msg)));
+    const char *want = "refusing connections: 2 open (limit 2), 1 refused, the last ";
+    if (strncmp(msg, want, strlen(want)) != 0 || strstr(msg, " s ago") == NULL)
+        fail_msg("health: '%s'", msg);
+    close(fd);
+    peer_stop(&p);
+    peer_stop(&d);
     coord_stop();
 }
 
@@ -1030,6 +1060,112 @@ static void test_stop_strings_over_rpc(void **state)
     pair_stop(&p, &d);
 }
 
+/* Writes a model directory with the test vocabulary's tokenizer.json and
+ * Qwen3.5's chat template into dir. */
+static void chat_model_dir(char *dir, size_t len)
+{
+    char path[600], *text;
+    size_t n;
+    test_tmpdir(dir, len, "chat-model");
+    assert_int_equal(hpd_read_file(HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json", &text, &n),
+                     HPD_OK);
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    assert_int_equal(hpd_write_file(path, text, n), HPD_OK);
+    free(text);
+    snprintf(path, sizeof(path), "%s/chat_template.jinja", dir);
+    assert_int_equal(hpd_write_file(path, hpd_chat_template_qwen35,
+                                    strlen(hpd_chat_template_qwen35)), HPD_OK);
+}
+
+/* msgpack [{role, content[, reasoning_content]} ...] of n messages (at
+ * most 4, each string under 32 bytes) into buf; NULL fields left out. */
+static uint32_t pack_messages(uint8_t *buf, const char *const (*msgs)[3], uint32_t n)
+{
+    static const char *const keys[] = {"role", "content", "reasoning_content"};
+    uint32_t at = 0;
+    buf[at++] = (uint8_t)(0x90 | n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t fields = 0;
+        for (int k = 0; k < 3; k++)
+            fields += msgs[i][k] != NULL;
+        buf[at++] = (uint8_t)(0x80 | fields);
+        for (int k = 0; k < 3; k++) {
+            if (msgs[i][k] == NULL)
+                continue;
+            const size_t kl = strlen(keys[k]), vl = strlen(msgs[i][k]);
+            buf[at++] = (uint8_t)(0xa0 | kl);
+            memcpy(buf + at, keys[k], kl);
+            at += (uint32_t)kl;
+            buf[at++] = (uint8_t)(0xa0 | vl);
+            memcpy(buf + at, msgs[i][k], vl);
+            at += (uint32_t)vl;
+        }
+    }
+    return at;
+}
+
+/* generate with messages on a coordinator with a chat template: the
+ * prefill node gets the chat put in the model's format and tokenized
+ * (the same ids as hpd_text_chat gives for those messages, in their
+ * order); a message without a role or with a content that is not a
+ * string is refused, saying which. */
+static void test_chat_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c;
+    char dir[256], err[300];
+    chat_model_dir(dir, sizeof(dir));
+    const hpd_coord_opts_t opts = {.model_dir = dir};
+    peer_vocab = 1179; /* the tokenizer's */
+    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, &opts);
+    peer_vocab = 1000;
+    static const char *const chat[3][3] = {
+        {"system", "Be brief.", NULL},
+        {"user", "Hi there", NULL},
+        {"assistant", "Hello!", "greet"},
+    };
+    uint8_t raw[512];
+    const uint32_t raw_len = pack_messages(raw, chat, 3);
+    generate(cl, &(hpd_msg_generate_t){.messages_raw = raw, .messages_raw_len = raw_len,
+                                       .max_tokens = 4, .thinking = 2},
+             &c);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+
+    hpd_text_t *text;
+    int32_t *want;
+    size_t want_n;
+    const hpd_chat_msg_t mv[3] = {{.role = "system", .content = "Be brief."},
+                                  {.role = "user", .content = "Hi there"},
+                                  {.role = "assistant", .content = "Hello!", .reasoning = "greet"}};
+    assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
+    assert_int_equal(hpd_text_chat(text, mv, 3, 0, &want, &want_n, err, sizeof(err)), HPD_OK);
+    assert_true(want_n > 10 && want_n <= PEER_MAX_PROMPT);
+    assert_int_equal(p.jobs[0].prefill_n, want_n);
+    assert_memory_equal(p.jobs[0].prompt, want, want_n * sizeof(int32_t));
+    free(want);
+    hpd_text_destroy(text);
+
+    static const char *const no_role[2][3] = {{"user", "a", NULL}, {NULL, "b", NULL}};
+    const uint32_t n1 = pack_messages(raw, no_role, 2);
+    generate(cl, &(hpd_msg_generate_t){.messages_raw = raw, .messages_raw_len = n1,
+                                       .max_tokens = 4}, &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: messages[1].role: missing");
+    static const char *const fine[2][3] = {{"user", "a", NULL}, {"user", "b", NULL}};
+    uint32_t n2 = pack_messages(raw, fine, 2);
+    raw[n2 - 2] = 0x07; /* messages[1].content "b" becomes 7 */
+    n2--;
+    generate(cl, &(hpd_msg_generate_t){.messages_raw = raw, .messages_raw_len = n2,
+                                       .max_tokens = 4}, &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: messages[1].content: expected a string");
+    hpd_rpc_client_destroy(cl);
+    pair_stop(&p, &d);
+    test_rmtree(dir);
+}
+
 /* What a request asked for reaches the decode node's reserve: the
  * prompt, max_tokens, min_tokens, its stop token ids, ignore_eos and its
  * sampling (temperature, seed). */
@@ -1188,6 +1324,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_waits_for_nodes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_probe_ended_neither_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_what_an_operator_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusing_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chat_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_decode_node_waits, setup, teardown),
