@@ -806,6 +806,35 @@ static void test_render(void **state)
         assert_non_null(strstr(all, want));
         assert_non_null(strstr(all, m->procs[i].name)); /* and in the role's annotation */
     }
+    /* pod N of a role's StatefulSet (its host name <cluster>-<role>-N)
+     * reads the flags of the role's N-th node in the manifest */
+    uint32_t ordinal[3] = {0, 0, 0};
+    for (uint32_t i = 1; i < m->n_procs; i++) {
+        char key[160], want[160];
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        snprintf(key, sizeof(key), "\n%s-%s-%u\n", m->cluster,
+                 p->role == HPD_PROC_PREFILL ? "prefill" : "decode", ordinal[p->role]++);
+        const char *at = strstr(all, key);
+        if (at == NULL)
+            fail_msg("no flags for pod %.*s", (int)strlen(key) - 2, key + 1);
+        const char *end = strchr(at + strlen(key), '\n');
+        snprintf(want, sizeof(want), "--name %s ", p->name);
+        const char *name = strstr(at + strlen(key), want);
+        if (name == NULL || name > end)
+            fail_msg("pod %.*s does not run node %s", (int)strlen(key) - 2, key + 1, p->name);
+    }
+    assert_true(ordinal[HPD_PROC_PREFILL] > 1 && ordinal[HPD_PROC_DECODE] > 1);
+    /* each StatefulSet's annotation names its role's nodes, in order */
+    for (int r = HPD_PROC_PREFILL; r <= HPD_PROC_DECODE; r++) {
+        char names[1024] = "\n";
+        for (uint32_t i = 1; i < m->n_procs; i++)
+            if (m->procs[i].role == (hpd_proc_role_t)r)
+                snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+                         names[1] != '\0' ? "," : "", m->procs[i].name);
+        strcat(names, "\n");
+        if (strstr(all, names) == NULL)
+            fail_msg("no annotation names the nodes%s", names);
+    }
     assert_non_null(strstr(all, "nvidia.com/gpu"));
     assert_non_null(strstr(all, "qwen3-next-coordinator.inference.svc:7000"));
     /* none named in this manifest: the default beside the token, in the
