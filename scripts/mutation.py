@@ -62,16 +62,16 @@ MODULES = {
                   "coordinator/request.c", "coordinator/admission.c",
                   "coordinator/credentials.c", "prefill_node/staging.c",
                   "prefill_node/peers.c", "decode_node/join.c", "decode_node/writes.c"],
-        "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
+        "left_out": {"node/node.c": "the node module's",
                      "node/proto.c": "the node module's",
                      "coordinator/coord.c": "the coordinator module's",
                      "coordinator/alive.c": "the coordinator module's",
                      "coordinator/breaker.c": "the coordinator module's",
                      "coordinator/main.c": "options and the service shell: the cluster tests",
                      "service/service.c": "signals and the drain: the cluster tests",
-                     "prefill_node/prefill.c": "the prefill role: the cluster tests",
+                     "prefill_node/prefill.c": "the prefill_node module's",
                      "prefill_node/main.c": "one call",
-                     "decode_node/decode.c": "the decode role: the cluster tests",
+                     "decode_node/decode.c": "the decode_node module's",
                      "decode_node/main.c": "one call"},
         "tests": ["test_msg", "test_liveness", "fuzz_msg_replay", "test_routing", "test_request",
                   "test_admission", "test_credentials", "test_staging", "test_peers",
@@ -134,14 +134,32 @@ MODULES = {
     },
     # The readers of peer and user input (every field of every message goes
     # through them: bounds, kinds, the layout, sampling) against the message
-    # tests and the fuzz corpus replay; node.c, the node runtime, is the
-    # cluster tests'.
+    # tests and the fuzz corpus replay, and the node runtime (registration,
+    # heartbeats, stats, the coordinator's loss) against the roles' tests.
     "node": {
-        "files": ["node/proto.c"],
-        "left_out": {"node/node.c": "the node runtime: the cluster tests cover it",
-                     "node/msg.c": "the control module's",
+        "files": ["node/proto.c", "node/node.c"],
+        "left_out": {"node/msg.c": "the control module's",
                      "node/liveness.c": "the control module's"},
-        "tests": ["test_proto", "test_msg", "fuzz_msg_replay"],
+        "tests": ["test_proto", "test_msg", "fuzz_msg_replay", "test_prefill", "test_decode"],
+        "programs": ["prefill_node/hpd-prefill", "decode_node/hpd-decode"],
+    },
+    # Each node role alone: real hpd-prefill and hpd-decode processes with
+    # the test as their coordinator (tests/node/roles.h).
+    "prefill_node": {
+        "files": ["prefill_node/prefill.c"],
+        "left_out": {"prefill_node/staging.c": "the control module's",
+                     "prefill_node/peers.c": "the control module's",
+                     "prefill_node/main.c": "one call"},
+        "tests": ["test_prefill"],
+        "programs": ["prefill_node/hpd-prefill"],
+    },
+    "decode_node": {
+        "files": ["decode_node/decode.c"],
+        "left_out": {"decode_node/join.c": "the control module's",
+                     "decode_node/writes.c": "the control module's",
+                     "decode_node/main.c": "one call"},
+        "tests": ["test_decode"],
+        "programs": ["decode_node/hpd-decode"],
     },
     # The engine on the CPU backend with the generated tiny models
     # (tests/engine/fixture.h): its scheduler, the forward pass over the

@@ -1,0 +1,303 @@
+/* The prefill role (prefill_node/prefill.c) alone: a real hpd-prefill
+ * pushing into real hpd-decode nodes, with the test as their coordinator
+ * (tests/node/roles.h):
+ * - a job's pages and GDN state land in a decode node of another layout,
+ *   chunk by chunk, the last pack of full-attention layers partial or not,
+ *   and the decode node then gives hpd-run's tokens; the reply carries the
+ *   first token and, for a prompt seen before, the tokens the prefix cache
+ *   gave;
+ * - what a job cannot be is refused naming the value: token ids, prompt
+ *   lengths, sampling, the destination's layout, its page tables, staging;
+ *   a decode node whose UCX info cannot be reached is a pair failure
+ *   (HPD_RPC_ERR_PEER), not a client's error;
+ * - jobs wait for staging in arrival order; a queued job canceled ends at
+ *   once, a job whose transfer is under way ends once its puts landed; the
+ *   coordinator's loss fails the jobs that have not started pushing, and
+ *   the load in its stats counts each state. */
+#include "tests/node/roles.h"
+
+#include "common/kv_layout.h"
+
+#define MODEL_ARGS "--hidden 64 --layers 6 --full-interval 2 --intermediate 96 --vocab 300 " \
+                   "--heads 2 --kv-heads 1 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "   \
+                   "--lin-k-dim 16 --lin-v-dim 24 --seed 13"
+#define VOCAB 300
+#define MAX_NEW 8
+
+static rn_node_t *p, *d2, *d3;
+
+static int group_setup(void **state)
+{
+    /* 3 full-attention layers: in packs of 2 in pages of 48 on d2 (a partial last pack),
+     * in one pack of 3 on d3; the prefill node's chunks of 64 tokens are
+     * not a multiple of either's pages */
+    static const char *const pa[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
+                                      "--prefill-chunk", "64", NULL};
+    static const char *const d2a[] = {"--kv-layout", "48,2,hnd", "--max-context", "1024", NULL};
+    static const char *const d3a[] = {"--kv-layout", "32,3,nhd", "--max-context", "1024", NULL};
+    if (rn_setup("prefill-role", MODEL_ARGS, 60000) != 0)
+        return -1;
+    p = rn_node_start("prefill", "p0", pa);
+    d2 = rn_node_start("decode", "d2", d2a);
+    d3 = rn_node_start("decode", "d3", d3a);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    return rn_teardown();
+}
+
+static void assert_tokens(const rn_stream_t *s, const int32_t *want, uint32_t n)
+{
+    if (s->error[0] != '\0')
+        fail_msg("job %llu failed: %s", (unsigned long long)s->job, s->error);
+    for (uint32_t i = 0; i < HPD_MIN(n, s->n); i++)
+        if (s->ids[i] != want[i])
+            fail_msg("job %llu token %u: %d, want %d", (unsigned long long)s->job, i, s->ids[i],
+                     want[i]);
+    assert_int_equal(s->n, n);
+}
+
+static void test_pushes_into_other_layouts(void **state)
+{
+    static const uint32_t lens[] = {1, 47, 97, 300};
+    int32_t prompt[300], want[MAX_NEW];
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    const uint64_t done = rn_stat(p, "load.jobs_done");
+    uint64_t job = 100;
+    for (uint32_t i = 0; i < 4; i++) {
+        rn_prompt(prompt, lens[i], 1000 + i, VOCAB);
+        rn_reference(prompt, lens[i], MAX_NEW, "--ignore-eos", want);
+        rn_node_t *dst[] = {d2, d3};
+        for (int k = 0; k < 2; k++) {
+            hpd_msg_prefilled_t pf;
+            rn_stream_t *s = rn_generate(p, dst[k], job++, prompt, lens[i], MAX_NEW, &more, &pf);
+            assert_tokens(s, want, MAX_NEW);
+            assert_int_equal(pf.first_token, want[0]);
+            if (!(pf.queue_ms >= 0 && pf.prefill_ms >= 0 && pf.push_ms >= 0 &&
+                  pf.exposed_push_ms >= 0 && pf.push_ms >= pf.exposed_push_ms))
+                fail_msg("timings: queue %g prefill %g push %g exposed %g ms", pf.queue_ms,
+                         pf.prefill_ms, pf.push_ms, pf.exposed_push_ms);
+            /* the second time, the prompt's whole blocks of 64 come from the cache */
+            assert_int_equal(pf.cached_tokens, k == 0 ? 0 : (lens[i] - 1) / 64 * 64);
+        }
+    }
+    assert_int_equal(rn_stat(p, "load.jobs_done"), done + 8);
+    assert_int_equal(rn_stat(p, "load.jobs_failed"), 0);
+    assert_int_equal(rn_stat(d2, "pages_used"), 0);
+    assert_int_equal(rn_stat(d3, "pages_used"), 0);
+    rn.cl.passed++;
+}
+
+/* A reservation's packed bytes: layout (block, pack), tables (groups lists
+ * of n pages each, page ids from 1), slot offset 0, regions 0. */
+static void fake_reservation(msgpack_sbuffer *sb, uint32_t block, uint32_t pack, uint32_t groups,
+                             uint32_t n)
+{
+    hpd_rpc_buf_t t;
+    hpd_rpc_buf_init(&t);
+    msgpack_pack_array(&t.pk, groups);
+    for (uint32_t g = 0; g < groups; g++) {
+        msgpack_pack_array(&t.pk, n);
+        for (uint32_t i = 0; i < n; i++)
+            msgpack_pack_uint32(&t.pk, 1 + i);
+    }
+    const hpd_msg_reservation_t res = {
+        .layout = {.block_size = block, .pack_size = pack, .order = HPD_KV_NHD},
+        .tables_raw = t.sb.data,
+        .tables_raw_len = (uint32_t)t.sb.size};
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_reservation, &res, &b.pk);
+    msgpack_sbuffer_init(sb);
+    msgpack_sbuffer_write(sb, b.sb.data, b.sb.size);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&t);
+}
+
+/* prefill of job (n tokens of prompt) to d with a made-up reservation;
+ * the reply must be the error code and message given */
+static void refused(uint64_t job, const int32_t *prompt, uint32_t n, const rn_node_t *d,
+                    const msgpack_sbuffer *res, const void *sampling, uint32_t sampling_len,
+                    int64_t code, const char *message)
+{
+    hpd_rpc_result_t r;
+    rn_prefill(p, job, prompt, n, d, res, sampling, sampling_len, &r);
+    rn_assert_error(&r, code, message);
+}
+
+static void test_refusals(void **state)
+{
+    int32_t prompt[1100];
+    msgpack_sbuffer res, res4, res_short, res1;
+    rn_prompt(prompt, 1100, 2000, VOCAB);
+    fake_reservation(&res, 16, 2, 2, 64);  /* two pack groups */
+    fake_reservation(&res4, 16, 4, 1, 64); /* a pack of 4 of the 3 layers */
+    fake_reservation(&res_short, 16, 2, 2, 2);
+    fake_reservation(&res1, 16, 2, 1, 64);
+
+    prompt[3] = VOCAB;
+    refused(200, prompt, 20, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: prompt[3] is 300 (expected a token id from 0 to 299)");
+    prompt[3] = 4;
+    refused(200, prompt, 0, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: prompt has 0 tokens (expected 1 to 1023, this node's max context - 1)");
+    refused(200, prompt, 1024, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: prompt has 1024 tokens (expected 1 to 1023, this node's max context - 1)");
+    const hpd_sampling_t bad_samp = {.temperature = 1.0f, .top_p = 1.5f};
+    hpd_rpc_buf_t sb;
+    hpd_rpc_buf_init(&sb);
+    hpd_proto_pack_sampling(&sb.pk, &bad_samp);
+    hpd_rpc_result_t r;
+    rn_prefill(p, 200, prompt, 20, d2, &res, sb.sb.data, (uint32_t)sb.sb.size, &r);
+    hpd_rpc_buf_destroy(&sb);
+    if (!r.is_error || r.error_code != HPD_RPC_ERR_PARAMS || strstr(r.error_message, "top_p") == NULL)
+        fail_msg("a top_p of 1.5: %s", r.is_error ? r.error_message : "taken");
+    hpd_rpc_result_destroy(&r);
+    refused(200, prompt, 20, d2, &res4, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: decode layout pack size 4 exceeds the 3 full-attention layers");
+    refused(200, prompt, 20, d2, &res1, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: reservation: tables must be an array of 2 page lists (one per pack group)");
+    /* 33 tokens in pages of 16: 3 pages per group, at exactly 3 taken */
+    refused(200, prompt, 33, d2, &res_short, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: reservation: tables[0] must list at least 3 pages");
+    /* a decode node this node cannot reach: the pair's failure */
+    rn_node_t ghost = *d2;
+    msgpack_sbuffer_init(&ghost.xfer);
+    hpd_rpc_buf_t junk;
+    hpd_rpc_buf_init(&junk);
+    msgpack_pack_map(&junk.pk, 1);
+    msgpack_pack_str_with_body(&junk.pk, "address", 7);
+    msgpack_pack_bin_with_body(&junk.pk, "not an address", 14);
+    msgpack_sbuffer_write(&ghost.xfer, junk.sb.data, junk.sb.size);
+    hpd_rpc_buf_destroy(&junk);
+    ghost.id = 4242;
+    rn_prefill(p, 200, prompt, 20, &ghost, &res, NULL, 0, &r);
+    if (!r.is_error || r.error_code != HPD_RPC_ERR_PEER)
+        fail_msg("junk UCX info: %s (code %lld)", r.is_error ? r.error_message : "taken",
+                 (long long)r.error_code);
+    hpd_rpc_result_destroy(&r);
+    msgpack_sbuffer_destroy(&ghost.xfer);
+
+    /* none of these took staging or became a job */
+    assert_int_equal(rn_stat(p, "load.jobs_queued"), 0);
+    assert_int_equal(rn_stat(p, "load.jobs_running"), 0);
+    msgpack_sbuffer_destroy(&res);
+    msgpack_sbuffer_destroy(&res4);
+    msgpack_sbuffer_destroy(&res_short);
+    msgpack_sbuffer_destroy(&res1);
+    rn.cl.passed++;
+}
+
+/* Staging: jobs wait for it in order; a queued job canceled ends at once;
+ * the coordinator's loss fails the queued ones; a job whose puts are under
+ * way ends when they landed, and its tokens are right. */
+static void test_staging_queue_cancel_and_loss(void **state)
+{
+    /* 1 MiB of staging: a job of 700 tokens into 32-token pages of 3
+     * layers takes more than half of it */
+    static const char *const qa[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
+                                      "--staging-mb", "1", "--xfer-deadline-ms", "0", NULL};
+    rn_node_t *q = rn_node_start("prefill", "p-small", qa);
+    int32_t prompt[700], want[MAX_NEW];
+    hpd_rpc_result_t r;
+    msgpack_sbuffer res[3];
+    rn_reply_t reply[3];
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    rn_prompt(prompt, 700, 3000, VOCAB);
+    rn_reference(prompt, 700, MAX_NEW, "--ignore-eos", want);
+    for (int i = 0; i < 3; i++) {
+        rn_reserve(d3, 300 + (uint64_t)i, prompt, 700, MAX_NEW, &more, &r);
+        rn_assert_ok(&r, "reserve");
+        rn_repack(&r, &res[i]);
+        hpd_rpc_result_destroy(&r);
+    }
+    /* one job's staging: the pages in d3's layout and the GDN states */
+    hpd_msg_reservation_t lay = {0};
+    msgpack_unpacked u;
+    hpd_proto_err_t err;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, res[0].data, res[0].size, NULL),
+                     MSGPACK_UNPACK_SUCCESS);
+    assert_true(hpd_msg_unpack(&hpd_msg_reservation, &u.data, &lay, &err));
+    lay.layout.n_layers = 3;
+    lay.layout.n_kv_heads = 1;
+    lay.layout.head_dim = 32;
+    lay.layout.dtype = d3->layout.dtype;
+    const uint64_t kv = HPD_DIV_UP(700, 32) * hpd_kv_layout_page_bytes(&lay.layout);
+    msgpack_unpacked_destroy(&u);
+    if (!(kv > (1u << 19) && kv < (1u << 20)))
+        fail_msg("a job's pages take %llu bytes: not between half and all of 1 MiB",
+                 (unsigned long long)kv);
+
+    /* d3 stopped: the first job's puts cannot land, it holds its staging */
+    cl_pause(d3->proc);
+    rn_prefill_async(q, 300, prompt, 700, d3, &res[0], &reply[0]);
+    PROGRESS_UNTIL(rn_stat(q, "load.jobs_finishing") == 1, cl_check_alive(&rn.cl));
+    rn_prefill_async(q, 301, prompt, 700, d3, &res[1], &reply[1]);
+    rn_prefill_async(q, 302, prompt, 700, d3, &res[2], &reply[2]);
+    PROGRESS_UNTIL(rn_stat(q, "load.jobs_queued") == 2, cl_check_alive(&rn.cl));
+    assert_int_equal(rn_stat(q, "load.queued_tokens"), 1400); /* not the finishing one's */
+    assert_int_equal(rn_stat(q, "load.jobs_running"), 0);
+    assert_false(reply[0].done || reply[1].done || reply[2].done);
+
+    /* the second canceled while it waits: it ends now, saying so */
+    const uint64_t canceled = rn_stat(q, "load.jobs_canceled");
+    rn_cancel(q, 301, 0);
+    PROGRESS_UNTIL(reply[1].done, cl_check_alive(&rn.cl));
+    assert_true(reply[1].is_error);
+    assert_int_equal(reply[1].code, HPD_RPC_ERR_APP);
+    assert_string_equal(reply[1].message, "job 301 canceled");
+    assert_int_equal(rn_stat(q, "load.jobs_canceled"), canceled + 1);
+    rn_cancel(q, 301, 0); /* gone: answered all the same */
+
+    /* the coordinator lost: the queued job fails, the one pushing does not */
+    const uint32_t regs = rn_by_name("p-small")->registrations;
+    rn_coordinator_stop();
+    PROGRESS_UNTIL(reply[2].done, cl_check_alive(&rn.cl));
+    assert_true(reply[2].is_error);
+    assert_int_equal(reply[2].code, HPD_RPC_ERR_APP);
+    if (strncmp(reply[2].message, "the coordinator was lost: ", 26) != 0)
+        fail_msg("a queued job at the coordinator's loss: %s", reply[2].message);
+    assert_false(reply[0].done);
+    rn_coordinator_start(60000);
+    PROGRESS_UNTIL(rn_by_name("p-small")->registrations > regs, cl_check_alive(&rn.cl));
+
+    /* d3 back: the first job's puts land, and its tokens are right */
+    cl_resume(d3->proc);
+    PROGRESS_UNTIL(reply[0].done, cl_check_alive(&rn.cl));
+    if (reply[0].is_error)
+        fail_msg("the first job: %s", reply[0].message);
+    assert_int_equal(reply[0].prefilled.first_token, want[0]);
+    /* d3 lost the coordinator too: its reservations went with it */
+    PROGRESS_UNTIL(rn_by_name("d3")->registrations > 1, cl_check_alive(&rn.cl));
+    rn_start_job(d3, 300, (uint32_t)want[0], &r);
+    rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
+                    "start: job 300 is not reserved here (expired, canceled or started)");
+    assert_int_equal(rn_stat(q, "load.jobs_done"), 1);
+    assert_int_equal(rn_stat(q, "load.jobs_failed"), 1);
+    for (int i = 0; i < 3; i++)
+        msgpack_sbuffer_destroy(&res[i]);
+    rn_node_stop(rn_by_name("p-small"));
+
+    /* served again after all this, the same tokens */
+    d3 = rn_by_name("d3");
+    d2 = rn_by_name("d2");
+    p = rn_by_name("p0");
+    assert_tokens(rn_generate(p, d3, 310, prompt, 700, MAX_NEW, &more, NULL), want, MAX_NEW);
+    rn.cl.passed++;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pushes_into_other_layouts),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_staging_queue_cancel_and_loss),
+    };
+    rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
+    if (getenv("HPD_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("HPD_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
