@@ -49,6 +49,7 @@ static void assert_stream(const rn_stream_t *s, const int32_t *want, uint32_t n,
     if (s->error[0] != '\0')
         fail_msg("job %llu failed: %s", (unsigned long long)s->job, s->error);
     assert_false(s->bad_index);
+    assert_int_equal(s->empty, 0); /* a notification carries news */
     for (uint32_t i = 0; i < HPD_MIN(n, s->n); i++)
         if (s->ids[i] != want[i])
             fail_msg("job %llu token %u: %d, want %d", (unsigned long long)s->job, i, s->ids[i],
@@ -118,6 +119,7 @@ static void test_stops_and_replay(void **state)
     assert_stream(rn_generate(p, d, 32, prompt, 40, MAX_NEW, &replay, NULL), want, MAX_NEW,
                   "length");
     /* a replay the prefill's first token does not continue fails the job */
+    const uint64_t failed = rn_stat(d, "load.failed");
     int32_t wrong[2] = {(want[0] + 1) % VOCAB, want[1]};
     const hpd_msg_reserve_t bad = {.ignore_eos = true, .replay = wrong, .replay_n = 2};
     s = rn_stream(33);
@@ -136,6 +138,7 @@ static void test_stops_and_replay(void **state)
     hpd_rpc_result_destroy(&r);
     PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
     assert_string_equal(s->error, "the first token does not continue the replayed tokens");
+    assert_int_equal(rn_stat(d, "load.failed"), failed + 1);
     assert_int_equal(rn_stat(d, "pages_used"), 0);
     rn.cl.passed++;
 }
@@ -207,28 +210,43 @@ static void test_refusals(void **state)
     for (uint32_t g = 0; g < 2; g++)
         assert_int_equal(tables->via.array.ptr[g].via.array.size, 25);
     hpd_rpc_result_destroy(&r);
+    rn_reserve(d, 53, prompt, 20, 8, NULL, &r);
+    rn_assert_ok(&r, "reserve");
+    hpd_rpc_result_destroy(&r);
+    assert_int_equal(rn_stat(d, "load.reserved"), 2);
+    rn_cancel(d, 53, 0);
     assert_int_equal(rn_stat(d, "load.reserved"), 1);
     rn_reserve(d, 51, prompt, 20, 8, NULL, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "reserve: job 51 already exists");
     rn_reserve(d, 52, prompt + 100, 400, 8, NULL, &r);
-    if (!r.is_error || r.error_code != HPD_RPC_ERR_OVERLOADED ||
-        strncmp(r.error_message, "reserve: no room for 400 + 8 tokens (", 37) != 0)
-        fail_msg("a reserve past the pages: %s", r.is_error ? r.error_message : "taken");
-    hpd_rpc_result_destroy(&r);
+    rn_assert_error(&r, HPD_RPC_ERR_OVERLOADED,
+                    "reserve: no room for 400 + 8 tokens (3 of 4 slots and 44 of 96 pages free)");
 
     rn_start_job(d, 51, VOCAB, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
                     "start: first_token 300 is not a token id (vocabulary 300)");
+    hpd_rpc_buf_t nofirst;
+    hpd_rpc_buf_init(&nofirst);
+    msgpack_pack_map(&nofirst.pk, 1);
+    hpd_proto_kv_u64(&nofirst.pk, "job", 51);
+    assert_int_equal(hpd_rpc_call_sync(d->cl, "start", &nofirst, 60000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&nofirst);
+    rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "start: field 'first_token' is missing");
     rn_start_job(d, 999, 1, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
                     "start: job 999 is not reserved here (expired, canceled or started)");
     rn_cancel(d, 999, 0); /* unknown: answered all the same */
+    /* the refused starts left job 51 unstarted: a start is taken (it waits
+     * for the transfer's notice) */
+    rn_start_job(d, 51, 1, &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
     assert_true(rn_stat(d, "pages_used") >= 50);
     rn_cancel(d, 51, 0);
     assert_int_equal(rn_stat(d, "pages_used"), 0);
     assert_int_equal(rn_stat(d, "slots_used"), 0);
     assert_int_equal(rn_stat(d, "load.reserved"), 0);
-    assert_int_equal(rn_stat(d, "load.canceled"), canceled + 1);
+    assert_int_equal(rn_stat(d, "load.canceled"), canceled + 2);
     rn_start_job(d, 51, 1, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
                     "start: job 51 is not reserved here (expired, canceled or started)");
@@ -247,6 +265,7 @@ static void test_expiry(void **state)
     msgpack_sbuffer res;
     rn_prompt(prompt, 40, 600, VOCAB);
 
+    const double t0 = hpd_time_now();
     rn_reserve(e, 60, prompt, 40, 4, NULL, &r); /* never written */
     rn_assert_ok(&r, "reserve");
     hpd_rpc_result_destroy(&r);
@@ -260,6 +279,10 @@ static void test_expiry(void **state)
     hpd_rpc_result_destroy(&r);
     rn_stream_t *s60 = rn_stream(60), *s61 = rn_stream(61);
     PROGRESS_UNTIL(s60->done && s61->done, cl_check_alive(&rn.cl));
+    /* a timer does not fire early (libevent's cached clock: by a
+     * millisecond or so): not before its 400 ms */
+    if (!(hpd_time_now() - t0 >= 0.39))
+        fail_msg("expired %.3f s after the reserve", hpd_time_now() - t0);
     assert_string_equal(s60->error, "reservation expired");
     assert_string_equal(s61->error, "reservation expired");
     assert_int_equal(rn_stat(e, "load.expired"), 2);
@@ -272,6 +295,60 @@ static void test_expiry(void **state)
     rn_start_job(e, 61, 1, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
                     "start: job 61 is not reserved here (expired, canceled or started)");
+
+    /* fenced, then its writer's transfer ends: its pages go without a cancel */
+    rn_reserve(e, 62, prompt, 40, 4, NULL, &r);
+    rn_assert_ok(&r, "reserve");
+    rn_repack(&r, &res);
+    hpd_rpc_result_destroy(&r);
+    rn_stream_t *s62 = rn_stream(62);
+    PROGRESS_UNTIL(s62->done, cl_check_alive(&rn.cl));
+    assert_int_equal(rn_stat(e, "load.fenced"), 1);
+    rn_prefill(p, 62, prompt, 40, e, &res, NULL, 0, &r);
+    rn_assert_ok(&r, "prefill");
+    hpd_rpc_result_destroy(&r);
+    PROGRESS_UNTIL(rn_stat(e, "load.fenced") == 0, cl_check_alive(&rn.cl));
+    assert_int_equal(rn_stat(e, "pages_used"), 0);
+    assert_int_equal(rn_stat(e, "slots_used"), 0);
+
+    /* a transfer that names no reservation here (job 63 into job 64's
+     * pages) is refused and counted (the notice is one-way: the prefill
+     * node's job ends as sent), and job 64 is not started by it */
+    msgpack_sbuffer res64;
+    rn_reserve(e, 64, prompt, 40, 4, NULL, &r);
+    rn_assert_ok(&r, "reserve");
+    msgpack_sbuffer_destroy(&res);
+    rn_repack(&r, &res64);
+    hpd_rpc_result_destroy(&r);
+    rn_prefill(p, 63, prompt, 40, e, &res64, NULL, 0, &r);
+    rn_assert_ok(&r, "prefill");
+    hpd_rpc_result_destroy(&r);
+    PROGRESS_UNTIL(rn_stat(e, "load.foreign_writes") == 1, cl_check_alive(&rn.cl));
+    rn_start_job(e, 64, 1, &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
+    spin(50);
+    assert_int_equal(rn_stat(e, "load.running"), 0); /* still waits for its own notice */
+
+    /* job 65's transfer into job 64's pages: it wrote outside its own
+     * reservation, so job 65 fails and is counted */
+    rn_reserve(e, 65, prompt, 40, 4, NULL, &r);
+    rn_assert_ok(&r, "reserve");
+    hpd_rpc_result_destroy(&r);
+    rn_prefill(p, 65, prompt, 40, e, &res64, NULL, 0, &r);
+    rn_assert_ok(&r, "prefill");
+    hpd_rpc_result_destroy(&r);
+    rn_stream_t *s65 = rn_stream(65);
+    PROGRESS_UNTIL(s65->done, cl_check_alive(&rn.cl));
+    assert_string_equal(s65->error, "transfer wrote outside its reservation");
+    assert_int_equal(rn_stat(e, "load.bad_transfers"), 1);
+    msgpack_sbuffer_destroy(&res64);
+
+    /* a canceled reservation's expiry timer goes with it: past its 400 ms
+     * the node still runs */
+    rn_cancel(e, 64, 0);
+    usleep(600 * 1000);
+    assert_int_equal(rn_stat(e, "pages_used"), 0);
     rn_node_stop(e);
     rn.cl.passed++;
 }

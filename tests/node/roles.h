@@ -49,6 +49,7 @@ typedef struct {
     int32_t ids[RN_MAX_TOKENS];
     uint32_t n;        /* tokens from index 0 (the first one, the prefill's, included) */
     uint32_t notices;  /* tokens notifications */
+    uint32_t empty;    /* notifications without a token that did not end the job */
     bool done;
     bool bad_index;    /* a notification's index past the tokens so far */
     char error[160], finish_reason[8];
@@ -180,6 +181,7 @@ static inline void rn_on_notify(void *arg, const hpd_rpc_msg_t *msg)
         fail_msg("a tokens notification the test cannot read: %s", err.text);
     rn_stream_t *s = rn_stream(m.job);
     s->notices++;
+    s->empty += m.ids_n == 0 && !m.done;
     if (m.index > s->n)
         s->bad_index = true;
     for (uint32_t i = 0; i < m.ids_n && m.index + i < RN_MAX_TOKENS; i++)

@@ -90,6 +90,53 @@ static void test_pushes_into_other_layouts(void **state)
     rn.cl.passed++;
 }
 
+/* Jobs that arrive together run in one batch: each layer's pages go to
+ * its own job's destination (the prefill node stopped while both calls
+ * arrive, so that one step takes both). */
+static void test_jobs_in_one_batch(void **state)
+{
+    enum { N = 3 };
+    static const uint32_t lens[N] = {70, 45, 130};
+    int32_t prompt[N][130], want[N][MAX_NEW];
+    msgpack_sbuffer res[N];
+    rn_reply_t reply[N];
+    hpd_rpc_result_t r;
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    rn_node_t *dst[N] = {d2, d3, d2};
+    for (int i = 0; i < N; i++) {
+        rn_prompt(prompt[i], lens[i], 4000 + (uint64_t)i, VOCAB);
+        rn_reference(prompt[i], lens[i], MAX_NEW, "--ignore-eos", want[i]);
+        rn_reserve(dst[i], 400 + (uint64_t)i, prompt[i], lens[i], MAX_NEW, &more, &r);
+        rn_assert_ok(&r, "reserve");
+        rn_repack(&r, &res[i]);
+        hpd_rpc_result_destroy(&r);
+    }
+    cl_pause(p->proc);
+    for (int i = 0; i < N; i++)
+        rn_prefill_async(p, 400 + (uint64_t)i, prompt[i], lens[i], dst[i], &res[i], &reply[i]);
+    spin(20);
+    cl_resume(p->proc);
+    PROGRESS_UNTIL(reply[0].done && reply[1].done && reply[2].done, cl_check_alive(&rn.cl));
+    for (int i = 0; i < N; i++) {
+        if (reply[i].is_error)
+            fail_msg("job %d: %s", 400 + i, reply[i].message);
+        assert_int_equal(reply[i].prefilled.first_token, want[i][0]);
+        rn_stream_t *s = rn_stream(400 + (uint64_t)i);
+        s->ids[0] = want[i][0];
+        s->n = 1;
+        rn_start_job(dst[i], 400 + (uint64_t)i, (uint32_t)want[i][0], &r);
+        rn_assert_ok(&r, "start");
+        hpd_rpc_result_destroy(&r);
+        msgpack_sbuffer_destroy(&res[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        rn_stream_t *s = rn_stream(400 + (uint64_t)i);
+        PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
+        assert_tokens(s, want[i], MAX_NEW);
+    }
+    rn.cl.passed++;
+}
+
 /* A reservation's packed bytes: layout (block, pack), tables (groups lists
  * of n pages each, page ids from 1), slot offset 0, regions 0. */
 static void fake_reservation(msgpack_sbuffer *sb, uint32_t block, uint32_t pack, uint32_t groups,
@@ -293,6 +340,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pushes_into_other_layouts),
+        cmocka_unit_test(test_jobs_in_one_batch),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_staging_queue_cancel_and_loss),
     };
