@@ -819,6 +819,9 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = st == HPD_ERR_IO ? 2 : 1;
         goto out;
     }
+    if (n->o.metrics_port >= 0) /* the port chosen for --metrics-port 0 too */
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: metrics and health on http port %u", n->o.name,
+                     hpd_service_http_port(n->service));
     /* registers from the loop (the coordinator may still be starting, or
      * be down: the node keeps trying, serving /healthz and signals) */
     struct timespec wall;

@@ -245,8 +245,10 @@ static void test_staging_queue_cancel_and_loss(void **state)
     /* 1 MiB of staging: a job of 700 tokens into 32-token pages of 3
      * layers takes more than half of it */
     static const char *const qa[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
-                                      "--staging-mb", "1", "--xfer-deadline-ms", "0", NULL};
+                                      "--staging-mb", "1", "--xfer-deadline-ms", "0",
+                                      "--metrics-port", "0", "--log-level", "info", NULL};
     rn_node_t *q = rn_node_start("prefill", "p-small", qa);
+    const uint16_t metrics = cl_metrics_port(&rn.cl, q->proc);
     int32_t prompt[700], want[MAX_NEW];
     hpd_rpc_result_t r;
     msgpack_sbuffer res[3];
@@ -288,6 +290,11 @@ static void test_staging_queue_cancel_and_loss(void **state)
     assert_int_equal(rn_stat(q, "load.queued_tokens"), 1400); /* not the finishing one's */
     assert_int_equal(rn_stat(q, "load.jobs_running"), 0);
     assert_false(reply[0].done || reply[1].done || reply[2].done);
+    char *text = cl_scrape(metrics);
+    assert_true(cl_sample(text, "hpd_jobs{state=\"queued\"}") == 2);
+    assert_true(cl_sample(text, "hpd_jobs{state=\"running\"}") == 0);
+    assert_true(cl_sample(text, "hpd_jobs{state=\"finishing\"}") == 1);
+    free(text);
 
     /* the second canceled while it waits: it ends now, saying so */
     const uint64_t canceled = rn_stat(q, "load.jobs_canceled");
@@ -324,6 +331,17 @@ static void test_staging_queue_cancel_and_loss(void **state)
                     "start: job 300 is not reserved here (expired, canceled or started)");
     assert_int_equal(rn_stat(q, "load.jobs_done"), 1);
     assert_int_equal(rn_stat(q, "load.jobs_failed"), 1);
+    text = cl_scrape(metrics);
+    assert_true(cl_sample(text, "hpd_jobs_total{outcome=\"ok\"}") == 1);
+    assert_true(cl_sample(text, "hpd_jobs_total{outcome=\"failed\"}") == 1);
+    assert_true(cl_sample(text, "hpd_jobs_total{outcome=\"canceled\"}") == 1);
+    assert_true(cl_sample(text, "hpd_jobs{state=\"finishing\"}") == 0);
+    /* the one job served: its queue, compute and push times observed */
+    assert_true(cl_sample(text, "hpd_prefill_queue_seconds_count") == 1);
+    assert_true(cl_sample(text, "hpd_prefill_seconds_count") == 1);
+    assert_true(cl_sample(text, "hpd_xfer_push_seconds_count") == 1);
+    assert_true(cl_sample(text, "hpd_xfer_exposed_seconds_count") == 1);
+    free(text);
     for (int i = 0; i < 3; i++)
         msgpack_sbuffer_destroy(&res[i]);
     rn_node_stop(rn_by_name("p-small"));
