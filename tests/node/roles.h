@@ -222,6 +222,16 @@ static inline void rn_node_stop(rn_node_t *n)
     *n = rn.nodes[--rn.n_nodes];
 }
 
+/* kill -9 of node n (stopped or not); it is forgotten. */
+static inline void rn_node_kill(rn_node_t *n)
+{
+    hpd_rpc_client_destroy(n->cl);
+    n->cl = NULL;
+    cl_kill9(&rn.cl, n->proc);
+    msgpack_sbuffer_destroy(&n->xfer);
+    *n = rn.nodes[--rn.n_nodes];
+}
+
 /* A fresh directory with the model, the scripted coordinator and no node. */
 static inline int rn_setup(const char *tag, const char *model_args, uint32_t lease_ms)
 {

@@ -354,6 +354,52 @@ static void test_staging_queue_cancel_and_loss(void **state)
     rn.cl.passed++;
 }
 
+/* A job larger than all the staging is refused, saying both sizes; a
+ * decode node lost while a job's puts are under way fails that job as
+ * the pair's (HPD_RPC_ERR_PEER), so that it runs again elsewhere. */
+static void test_staging_limit_and_a_lost_decode_node(void **state)
+{
+    static const char *const qa[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
+                                      "--staging-mb", "1", "--xfer-deadline-ms", "0", NULL};
+    static const char *const da[] = {"--kv-layout", "32,3,nhd", "--max-context", "1024", NULL};
+    rn_node_t *q = rn_node_start("prefill", "p-limit", qa);
+    rn_node_t *k = rn_node_start("decode", "d-killed", da);
+    int32_t prompt[1023];
+    hpd_rpc_result_t r;
+    msgpack_sbuffer res;
+    rn_prompt(prompt, 1023, 5000, VOCAB);
+    /* 2 groups of 64 pages of 16 tokens, 8 KiB each, and the GDN states:
+     * just over 1 MiB */
+    fake_reservation(&res, 16, 2, 2, 64);
+    rn_prefill(q, 500, prompt, 1023, k, &res, NULL, 0, &r);
+    rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
+                    "prefill: job 500 needs 2 MiB of staging, this node has 1 MiB (--staging-mb)");
+    msgpack_sbuffer_destroy(&res);
+
+    rn_reserve(k, 501, prompt, 300, MAX_NEW, NULL, &r);
+    rn_assert_ok(&r, "reserve");
+    rn_repack(&r, &res);
+    hpd_rpc_result_destroy(&r);
+    rn_reply_t reply;
+    cl_pause(k->proc);
+    rn_prefill_async(q, 501, prompt, 300, k, &res, &reply);
+    msgpack_sbuffer_destroy(&res);
+    PROGRESS_UNTIL(rn_stat(q, "load.jobs_finishing") == 1, cl_check_alive(&rn.cl));
+    rn_node_kill(k);
+    PROGRESS_UNTIL(reply.done, cl_check_alive(&rn.cl));
+    if (!reply.is_error || reply.code != HPD_RPC_ERR_PEER ||
+        strstr(reply.message, "decode node") == NULL)
+        fail_msg("a job whose decode node died: %s (code %lld)",
+                 reply.is_error ? reply.message : "served", (long long)reply.code);
+    assert_int_equal(rn_stat(q, "load.jobs_failed"), 1);
+    assert_int_equal(rn_stat(q, "load.jobs_finishing"), 0);
+    rn_node_stop(rn_by_name("p-limit"));
+    d3 = rn_by_name("d3");
+    d2 = rn_by_name("d2");
+    p = rn_by_name("p0");
+    rn.cl.passed++;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -361,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_jobs_in_one_batch),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_staging_queue_cancel_and_loss),
+        cmocka_unit_test(test_staging_limit_and_a_lost_decode_node),
     };
     rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
     if (getenv("HPD_TEST_FILTER") != NULL)
