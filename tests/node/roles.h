@@ -64,6 +64,12 @@ static struct {
     rn_stream_t streams[RN_MAX_STREAMS];
     uint32_t n_streams;
     uint32_t lease_ms; /* what registrations are granted */
+    /* liveness pings (node/liveness.h): asked for at registration when
+     * alive_ms > 0; answered while answer_alive, refused otherwise */
+    uint32_t alive_ms, alive_lease_ms;
+    bool answer_alive;
+    uint64_t alive_pings;
+    double last_alive_answer; /* hpd_time_now() of the last answered ping */
 } rn;
 
 static inline rn_node_t *rn_by_name(const char *name)
@@ -121,8 +127,12 @@ static inline void rn_m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpac
     n->reg_conn = conn;
     n->registrations++;
     hpd_msg_free(&hpd_msg_register, &m);
-    const hpd_msg_registered_t r = {.node_id = n->id, .heartbeat_ms = 100,
-                                    .lease_ms = rn.lease_ms};
+    const hpd_msg_registered_t r = {.node_id = n->id,
+                                    .heartbeat_ms = 100,
+                                    .lease_ms = rn.lease_ms,
+                                    .alive_ms = rn.alive_ms,
+                                    .alive_key = rn.alive_ms > 0 ? 1000 + n->id : 0,
+                                    .alive_lease_ms = rn.alive_lease_ms};
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_registered, &r, &b.pk);
@@ -146,6 +156,25 @@ static inline void rn_m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpa
     hpd_rpc_reply(conn, id, NULL);
 }
 
+static inline void rn_m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                              void *arg)
+{
+    hpd_msg_alive_t m = {0};
+    hpd_proto_err_t err;
+    if (!hpd_msg_unpack(&hpd_msg_alive, params, &m, &err))
+        fail_msg("a liveness ping the test cannot read: %s", err.text);
+    if (m.key != 1000 + m.node_id)
+        fail_msg("node %llu pings with key %llu", (unsigned long long)m.node_id,
+                 (unsigned long long)m.key);
+    rn.alive_pings++;
+    if (!rn.answer_alive) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP, "not answering (scripted)");
+        return;
+    }
+    rn.last_alive_answer = hpd_time_now();
+    hpd_rpc_reply(conn, id, NULL);
+}
+
 /* The scripted coordinator, lease_ms granted to nodes: on a free port, or
  * again on the port it had (the nodes' --coordinator). */
 static inline void rn_coordinator_start(uint32_t lease_ms)
@@ -153,9 +182,10 @@ static inline void rn_coordinator_start(uint32_t lease_ms)
     static const hpd_rpc_method_t methods[] = {
         {.name = "register", .fn = rn_m_register},
         {.name = "heartbeat", .fn = rn_m_heartbeat},
+        {.name = "alive", .fn = rn_m_alive},
     };
     const hpd_rpc_server_params_t sp = {.base = base, .host = "127.0.0.1", .port = rn.cl.port,
-                                        .token = RN_SECRET, .methods = methods, .n_methods = 2};
+                                        .token = RN_SECRET, .methods = methods, .n_methods = 3};
     rn.lease_ms = lease_ms;
     assert_int_equal(hpd_rpc_server_create(&sp, &rn.server), HPD_OK);
     rn.cl.port = hpd_rpc_server_port(rn.server);

@@ -400,6 +400,65 @@ static void test_staging_limit_and_a_lost_decode_node(void **state)
     rn.cl.passed++;
 }
 
+/* With liveness pings, a node whose pings the coordinator stopped
+ * answering for longer than the liveness lease (it may have been declared
+ * lost) starts no job: it would write into decode nodes. Once a ping is
+ * answered again, the job runs and its tokens are right. */
+static void test_no_job_starts_past_the_liveness_lease(void **state)
+{
+    static const char *const la[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
+                                      "--log-level", "info", NULL};
+    rn.alive_ms = 50;
+    rn.alive_lease_ms = 300;
+    rn.answer_alive = true;
+    rn_node_t *l = rn_node_start("prefill", "p-live", la);
+    rn.alive_ms = 0;
+    PROGRESS_UNTIL(rn.last_alive_answer > 0, cl_check_alive(&rn.cl));
+    int32_t prompt[90], want[MAX_NEW];
+    hpd_rpc_result_t r;
+    msgpack_sbuffer res;
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    rn_prompt(prompt, 90, 6000, VOCAB);
+    rn_reference(prompt, 90, MAX_NEW, "--ignore-eos", want);
+    rn_reserve(d2, 600, prompt, 90, MAX_NEW, &more, &r);
+    rn_assert_ok(&r, "reserve");
+    rn_repack(&r, &res);
+    hpd_rpc_result_destroy(&r);
+
+    /* the node's lease: the send time of the last answered ping (before
+     * its answer) plus 300 ms; past that by this clock it has lapsed */
+    rn.answer_alive = false;
+    const double lapsed = rn.last_alive_answer + 0.3;
+    PROGRESS_UNTIL(hpd_time_now() > lapsed + 0.05, cl_check_alive(&rn.cl));
+    rn_reply_t reply;
+    rn_prefill_async(l, 600, prompt, 90, d2, &res, &reply);
+    msgpack_sbuffer_destroy(&res);
+    const uint64_t pings = rn.alive_pings;
+    PROGRESS_UNTIL(rn.alive_pings > pings + 3, cl_check_alive(&rn.cl));
+    assert_false(reply.done);
+    assert_int_equal(rn_stat(l, "load.jobs_queued"), 1);
+    cl_wait_log(&rn.cl, l->proc, "liveness lease lapsed", 30);
+
+    rn.answer_alive = true;
+    PROGRESS_UNTIL(reply.done, cl_check_alive(&rn.cl));
+    if (reply.is_error)
+        fail_msg("the held job: %s", reply.message);
+    assert_int_equal(reply.prefilled.first_token, want[0]);
+    rn_stream_t *s = rn_stream(600);
+    s->ids[0] = want[0];
+    s->n = 1;
+    rn_start_job(d2, 600, (uint32_t)want[0], &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
+    PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
+    assert_tokens(s, want, MAX_NEW);
+    rn_node_stop(l);
+    d3 = rn_by_name("d3");
+    d2 = rn_by_name("d2");
+    p = rn_by_name("p0");
+    rn.cl.passed++;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -408,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_staging_queue_cancel_and_loss),
         cmocka_unit_test(test_staging_limit_and_a_lost_decode_node),
+        cmocka_unit_test(test_no_job_starts_past_the_liveness_lease),
     };
     rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
     if (getenv("HPD_TEST_FILTER") != NULL)
