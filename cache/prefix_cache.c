@@ -51,14 +51,18 @@ struct hpd_prefix_cache {
 
 /* ------------------------------------------------------------ geometry */
 
+/* A model without full-attention layers has no pages (no groups, and a
+ * layout of block size 0): its entries hold GDN checkpoints only. */
 static uint32_t first_page(const hpd_prefix_cache_t *c, uint32_t depth)
 {
-    return depth * B64 / c->layout.block_size;
+    return c->n_groups > 0 ? depth * B64 / c->layout.block_size : 0;
 }
 
 static uint32_t pages_per_group(const hpd_prefix_cache_t *c, uint32_t depth)
 {
-    return (depth * B64 + B64 - 1) / c->layout.block_size - first_page(c, depth) + 1;
+    return c->n_groups > 0
+               ? (depth * B64 + B64 - 1) / c->layout.block_size - first_page(c, depth) + 1
+               : 0;
 }
 
 static uint64_t host_kv_bytes(const hpd_prefix_cache_t *c)

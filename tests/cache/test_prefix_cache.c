@@ -177,6 +177,40 @@ static void probe(fixture_t *f, spec_t s, uint32_t *hit, uint32_t *kv)
 #define P(len) {1, 1000, 1, len}
 #define MIX(shared, len) {1, shared, 2, len}
 
+/* A model without full-attention layers has no page pool: entries hold
+ * GDN checkpoints only, and a hit hands over the state of its prefix. */
+static void test_no_pages(void **state)
+{
+    hpd_backend_t *cpu;
+    hpd_prefix_cache_t *c;
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+    assert_int_equal(hpd_backend_cpu_create(&bp, &cpu), HPD_OK);
+    hpd_prefix_cache_params_t cp = {.backend = cpu, .state_bytes = STATE, .n_checkpoints = 4};
+    assert_int_equal(hpd_prefix_cache_create(&cp, &c), HPD_OK);
+    int32_t tok[200];
+    hpd_block_hash_t h[3];
+    hpd_prefix_match_t m;
+    float st[STATE / 4], back[STATE / 4];
+    uint32_t *no_tables[1] = {NULL};
+    tokens_of((spec_t)P(200), tok);
+    for (uint32_t i = 0; i < STATE / 4; i++)
+        st[i] = 0.5f * (float)i + 7.0f;
+    hpd_prefix_cache_hash(c, tok, 3, h);
+    assert_int_equal(hpd_prefix_cache_lookup(c, h, 200, &m), HPD_OK);
+    assert_int_equal(m.hit_blocks, 0);
+    hpd_prefix_cache_release(c, &m);
+    /* 128 tokens computed, their state checkpointed */
+    assert_int_equal(hpd_prefix_cache_insert(c, h, 2, (const uint32_t *const *)no_tables, st),
+                     HPD_OK);
+    assert_int_equal(hpd_prefix_cache_lookup(c, h, 200, &m), HPD_OK);
+    assert_int_equal(m.hit_blocks, 2);
+    assert_int_equal(hpd_prefix_cache_attach(c, &m, no_tables, back), HPD_OK);
+    assert_memory_equal(back, st, sizeof(st));
+    hpd_prefix_cache_release(c, &m);
+    hpd_prefix_cache_destroy(c);
+    hpd_backend_destroy(cpu);
+}
+
 static void test_hit_rules(void **state)
 {
     static const struct {
@@ -1487,6 +1521,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_rules),
+        cmocka_unit_test(test_no_pages),
         cmocka_unit_test(test_salt_separates_models),
         cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_summary),
