@@ -524,9 +524,17 @@ static hpd_status_t init(hpd_node_t *n)
     n->role_data = d;
     metrics_init(d, n->metrics);
     hpd_engine_memory(n->engine, &m);
-    /* regions 0 and 1: the page pool and the slot pool, mapped once */
-    if ((st = hpd_xfer_register_pool(n->xfer, n->backend, m.kv_pool,
-                                     HPD_MAX(m.kv_pool_bytes, 64), &d->kv_region)) != HPD_OK ||
+    /* regions 0 and 1: the page pool and the slot pool, mapped once. A
+     * model without full-attention layers has no page pool: its region is
+     * a few bytes of host memory no reservation lets a writer reach (UCX
+     * maps no NULL) */
+    void *empty;
+    if (m.kv_pool == NULL)
+        st = hpd_xfer_alloc(n->xfer, 64, &empty, &d->kv_region);
+    else
+        st = hpd_xfer_register_pool(n->xfer, n->backend, m.kv_pool, m.kv_pool_bytes,
+                                    &d->kv_region);
+    if (st != HPD_OK ||
         (st = hpd_xfer_register_pool(n->xfer, n->backend, m.slot_pool,
                                      HPD_MAX(m.slot_pool_bytes, 64), &d->slot_region)) != HPD_OK)
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map the pools: %s", n->o.name,

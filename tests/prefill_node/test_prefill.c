@@ -459,6 +459,42 @@ static void test_no_job_starts_past_the_liveness_lease(void **state)
     rn.cl.passed++;
 }
 
+/* A model of GDN layers only: no KV pages at all, only the states move
+ * (the reservation's tables are an empty list). */
+static void test_a_model_without_full_attention(void **state)
+{
+    char dir[sizeof(rn.cl.model)], saved[sizeof(rn.cl.model)];
+    assert_true((size_t)snprintf(dir, sizeof(dir), "%s/gdn-only", rn.cl.root) < sizeof(dir));
+    assert_int_equal(test_mkmodel(dir, "--hidden 64 --layers 3 --full-interval 4 "
+                                       "--intermediate 96 --vocab 300 --heads 2 --kv-heads 1 "
+                                       "--head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "
+                                       "--lin-k-dim 16 --lin-v-dim 24 --seed 17"),
+                     0);
+    static const char *pa[] = {"--model", NULL, NULL};
+    pa[1] = dir;
+    rn_node_t *gp = rn_node_start("prefill", "p-gdn", pa);
+    rn_node_t *gd = rn_node_start("decode", "d-gdn", pa);
+    memcpy(saved, rn.cl.model, sizeof(saved));
+    memcpy(rn.cl.model, dir, sizeof(dir));
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    int32_t prompt[150], want[MAX_NEW];
+    for (uint32_t i = 0; i < 2; i++) {
+        const uint32_t n = i == 0 ? 9 : 150;
+        rn_prompt(prompt, n, 7000 + i, VOCAB);
+        rn_reference(prompt, n, MAX_NEW, "--ignore-eos", want);
+        assert_tokens(rn_generate(gp, gd, 700 + i, prompt, n, MAX_NEW, &more, NULL), want,
+                      MAX_NEW);
+    }
+    memcpy(rn.cl.model, saved, sizeof(saved));
+    assert_int_equal(rn_stat(gd, "pages_used"), 0);
+    rn_node_stop(rn_by_name("p-gdn"));
+    rn_node_stop(rn_by_name("d-gdn"));
+    d3 = rn_by_name("d3");
+    d2 = rn_by_name("d2");
+    p = rn_by_name("p0");
+    rn.cl.passed++;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_staging_queue_cancel_and_loss),
         cmocka_unit_test(test_staging_limit_and_a_lost_decode_node),
         cmocka_unit_test(test_no_job_starts_past_the_liveness_lease),
+        cmocka_unit_test(test_a_model_without_full_attention),
     };
     rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
     if (getenv("HPD_TEST_FILTER") != NULL)
