@@ -239,6 +239,8 @@ static inline rn_node_t *rn_node_start(const char *role, const char *name, const
     return n;
 }
 
+/* SIGTERM to node n, which must exit 0; it is forgotten (the last node
+ * takes its place in rn.nodes: look nodes up again by name after it). */
 static inline void rn_node_stop(rn_node_t *n)
 {
     hpd_rpc_client_destroy(n->cl);
@@ -252,7 +254,7 @@ static inline void rn_node_stop(rn_node_t *n)
     *n = rn.nodes[--rn.n_nodes];
 }
 
-/* kill -9 of node n (stopped or not); it is forgotten. */
+/* kill -9 of node n (stopped or not); it is forgotten, as by rn_node_stop. */
 static inline void rn_node_kill(rn_node_t *n)
 {
     hpd_rpc_client_destroy(n->cl);
