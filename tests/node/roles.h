@@ -39,6 +39,7 @@ typedef struct {
     hpd_rpc_conn_t *reg_conn;
     uint32_t registrations, heartbeats;
     bool draining; /* its last heartbeat said so */
+    uint32_t summary_len; /* the prefix summary its last heartbeat carried (0: none) */
     hpd_rpc_client_t *cl;
     cl_proc_t *proc;
 } rn_node_t;
@@ -151,6 +152,7 @@ static inline void rn_m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpa
         if (rn.nodes[i].id == m.node_id) {
             rn.nodes[i].heartbeats++;
             rn.nodes[i].draining = m.draining;
+            rn.nodes[i].summary_len = m.prefix_summary_len;
         }
     hpd_msg_free(&hpd_msg_stats, &m);
     hpd_rpc_reply(conn, id, NULL);

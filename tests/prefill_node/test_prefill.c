@@ -72,7 +72,13 @@ static void test_pushes_into_other_layouts(void **state)
         rn_node_t *dst[] = {d2, d3};
         for (int k = 0; k < 2; k++) {
             hpd_msg_prefilled_t pf;
+            const double t0 = hpd_time_now();
             rn_stream_t *s = rn_generate(p, dst[k], job++, prompt, lens[i], MAX_NEW, &more, &pf);
+            /* every time in the reply passed within the whole request */
+            const float within = (float)((hpd_time_now() - t0) * 1e3) + 1;
+            if (!(pf.queue_ms <= within && pf.prefill_ms <= within && pf.push_ms <= within))
+                fail_msg("timings over the request's %g ms: queue %g prefill %g push %g ms",
+                         within, pf.queue_ms, pf.prefill_ms, pf.push_ms);
             assert_tokens(s, want, MAX_NEW);
             assert_int_equal(pf.first_token, want[0]);
             if (!(pf.queue_ms >= 0 && pf.prefill_ms >= 0 && pf.push_ms >= 0 &&
@@ -188,6 +194,10 @@ static void test_refusals(void **state)
     refused(200, prompt, 20, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
             "prefill: prompt[3] is 300 (expected a token id from 0 to 299)");
     prompt[3] = 4;
+    prompt[19] = 1000; /* the last one, far above */
+    refused(200, prompt, 20, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
+            "prefill: prompt[19] is 1000 (expected a token id from 0 to 299)");
+    prompt[19] = 4;
     refused(200, prompt, 0, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
             "prefill: prompt has 0 tokens (expected 1 to 1023, this node's max context - 1)");
     refused(200, prompt, 1024, d2, &res, NULL, 0, HPD_RPC_ERR_PARAMS,
@@ -227,6 +237,14 @@ static void test_refusals(void **state)
     hpd_rpc_result_destroy(&r);
     msgpack_sbuffer_destroy(&ghost.xfer);
 
+    hpd_rpc_buf_t nojob;
+    hpd_rpc_buf_init(&nojob);
+    msgpack_pack_map(&nojob.pk, 0);
+    assert_int_equal(hpd_rpc_call_sync(p->cl, "cancel", &nojob, 60000, &r), HPD_OK);
+    hpd_rpc_buf_destroy(&nojob);
+    rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "cancel: field 'job' is missing");
+    /* the prefix summary rides on the heartbeats */
+    PROGRESS_UNTIL(rn_by_name("p0")->summary_len == 8192, cl_check_alive(&rn.cl));
     /* none of these took staging or became a job */
     assert_int_equal(rn_stat(p, "load.jobs_queued"), 0);
     assert_int_equal(rn_stat(p, "load.jobs_running"), 0);
@@ -287,6 +305,8 @@ static void test_staging_queue_cancel_and_loss(void **state)
     rn_prefill_async(q, 301, prompt, 700, d3, &res[1], &reply[1]);
     rn_prefill_async(q, 302, prompt, 700, d3, &res[2], &reply[2]);
     PROGRESS_UNTIL(rn_stat(q, "load.jobs_queued") == 2, cl_check_alive(&rn.cl));
+    rn_prefill(q, 302, prompt, 700, d3, &res[2], NULL, 0, &r);
+    rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "prefill: job 302 already exists");
     assert_int_equal(rn_stat(q, "load.queued_tokens"), 1400); /* not the finishing one's */
     assert_int_equal(rn_stat(q, "load.jobs_running"), 0);
     assert_false(reply[0].done || reply[1].done || reply[2].done);
@@ -354,9 +374,11 @@ static void test_staging_queue_cancel_and_loss(void **state)
     rn.cl.passed++;
 }
 
-/* A job larger than all the staging is refused, saying both sizes; a
+/* A job larger than all the staging is refused, saying both sizes. A
  * decode node lost while a job's puts are under way fails that job as
- * the pair's (HPD_RPC_ERR_PEER), so that it runs again elsewhere. */
+ * the pair's (HPD_RPC_ERR_PEER), so that it runs again elsewhere, and
+ * the jobs queued for it with it; a job queued behind them for another
+ * decode node then runs, and is right. */
 static void test_staging_limit_and_a_lost_decode_node(void **state)
 {
     static const char *const qa[] = {"--kv-layout", "32,1,nhd", "--max-context", "1024",
@@ -364,9 +386,10 @@ static void test_staging_limit_and_a_lost_decode_node(void **state)
     static const char *const da[] = {"--kv-layout", "32,3,nhd", "--max-context", "1024", NULL};
     rn_node_t *q = rn_node_start("prefill", "p-limit", qa);
     rn_node_t *k = rn_node_start("decode", "d-killed", da);
-    int32_t prompt[1023];
+    int32_t prompt[1023], want[MAX_NEW];
     hpd_rpc_result_t r;
-    msgpack_sbuffer res;
+    msgpack_sbuffer res, res_c;
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
     rn_prompt(prompt, 1023, 5000, VOCAB);
     /* 2 groups of 64 pages of 16 tokens, 8 KiB each, and the GDN states:
      * just over 1 MiB */
@@ -376,22 +399,51 @@ static void test_staging_limit_and_a_lost_decode_node(void **state)
                     "prefill: job 500 needs 2 MiB of staging, this node has 1 MiB (--staging-mb)");
     msgpack_sbuffer_destroy(&res);
 
-    rn_reserve(k, 501, prompt, 300, MAX_NEW, NULL, &r);
+    /* 700 tokens in d's layout take more than half the staging: one job
+     * at a time */
+    rn_reference(prompt, 700, MAX_NEW, "--ignore-eos", want);
+    rn_reserve(k, 501, prompt, 700, MAX_NEW, NULL, &r);
     rn_assert_ok(&r, "reserve");
     rn_repack(&r, &res);
     hpd_rpc_result_destroy(&r);
-    rn_reply_t reply;
+    rn_reserve(d3, 503, prompt, 700, MAX_NEW, &more, &r);
+    rn_assert_ok(&r, "reserve");
+    rn_repack(&r, &res_c);
+    hpd_rpc_result_destroy(&r);
+    rn_reply_t reply[3];
     cl_pause(k->proc);
-    rn_prefill_async(q, 501, prompt, 300, k, &res, &reply);
-    msgpack_sbuffer_destroy(&res);
+    rn_prefill_async(q, 501, prompt, 700, k, &res, &reply[0]);
     PROGRESS_UNTIL(rn_stat(q, "load.jobs_finishing") == 1, cl_check_alive(&rn.cl));
+    rn_prefill_async(q, 502, prompt, 700, k, &res, &reply[1]); /* its pages: never written */
+    rn_prefill_async(q, 503, prompt, 700, d3, &res_c, &reply[2]);
+    PROGRESS_UNTIL(rn_stat(q, "load.jobs_queued") == 2, cl_check_alive(&rn.cl));
+    msgpack_sbuffer_destroy(&res);
+    msgpack_sbuffer_destroy(&res_c);
+    const uint64_t k_id = k->id;
     rn_node_kill(k);
-    PROGRESS_UNTIL(reply.done, cl_check_alive(&rn.cl));
-    if (!reply.is_error || reply.code != HPD_RPC_ERR_PEER ||
-        strstr(reply.message, "decode node") == NULL)
-        fail_msg("a job whose decode node died: %s (code %lld)",
-                 reply.is_error ? reply.message : "served", (long long)reply.code);
-    assert_int_equal(rn_stat(q, "load.jobs_failed"), 1);
+    PROGRESS_UNTIL(reply[0].done && reply[1].done && reply[2].done, cl_check_alive(&rn.cl));
+    for (int i = 0; i < 2; i++)
+        if (!reply[i].is_error || reply[i].code != HPD_RPC_ERR_PEER ||
+            strstr(reply[i].message, "decode node") == NULL)
+            fail_msg("job %d, whose decode node died: %s (code %lld)", 501 + i,
+                     reply[i].is_error ? reply[i].message : "served", (long long)reply[i].code);
+    char failed[64];
+    snprintf(failed, sizeof(failed), "decode node %llu failed: ", (unsigned long long)k_id);
+    if (strncmp(reply[1].message, failed, strlen(failed)) != 0)
+        fail_msg("the queued job: %s", reply[1].message);
+    if (reply[2].is_error)
+        fail_msg("the job for another decode node: %s", reply[2].message);
+    assert_int_equal(reply[2].prefilled.first_token, want[0]);
+    rn_stream_t *s = rn_stream(503);
+    s->ids[0] = want[0];
+    s->n = 1;
+    rn_start_job(d3, 503, (uint32_t)want[0], &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
+    PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
+    assert_tokens(s, want, MAX_NEW);
+    assert_int_equal(rn_stat(q, "load.jobs_failed"), 2);
+    assert_int_equal(rn_stat(q, "load.jobs_done"), 1);
     assert_int_equal(rn_stat(q, "load.jobs_finishing"), 0);
     rn_node_stop(rn_by_name("p-limit"));
     d3 = rn_by_name("d3");
