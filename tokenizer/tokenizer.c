@@ -759,17 +759,17 @@ static hpd_status_t encode_plain(const hpd_tokenizer_t *t, const char *s, size_t
     if (n == 0)
         return HPD_OK;
     if (t->nfc) {
-        char *z = malloc(n + 1);
-        if (z == NULL)
-            return HPD_ERR_NO_MEMORY;
-        memcpy(z, s, n);
-        z[n] = '\0';
-        norm = (char *)utf8proc_NFC((const utf8proc_uint8_t *)z);
-        free(z);
-        if (norm == NULL)
-            return HPD_ERR_NO_MEMORY;
+        /* NFC of exactly n bytes: a NUL (U+0000) is a character like any
+         * other, not the end of the text (utf8proc_NFC stops at it) */
+        utf8proc_uint8_t *z;
+        const utf8proc_ssize_t zn = utf8proc_map((const utf8proc_uint8_t *)s,
+                                                 (utf8proc_ssize_t)n, &z,
+                                                 UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (zn < 0)
+            return zn == UTF8PROC_ERROR_NOMEM ? HPD_ERR_NO_MEMORY : HPD_ERR_INTERNAL;
+        norm = (char *)z;
         p = norm;
-        pn = strlen(norm);
+        pn = (size_t)zn;
     }
     char *spaced = NULL;
     if (t->add_prefix_space && first && p[0] != ' ') {

@@ -5,7 +5,7 @@ Qwen3-Next's pre-tokenizer regex, and Qwen3.5's, which adds \\p{M}), both
 with the NFC normalizer, the ByteLevel decoder and Qwen's special tokens;
 and expected.json: for every case of the corpus (several languages and
 scripts, emoji and ZWJ sequences, combining marks, code, runs of whitespace,
-numbers, special tokens inside text, invalid UTF-8), the ids `tokenizers`
+numbers, special tokens inside text, invalid UTF-8, NUL bytes), the ids `tokenizers`
 gives. test_tokenizer (ctest) requires the C tokenizer to give the same.
 
 Run by hand (never in CI); needs `tokenizers` from PyPI:
@@ -79,6 +79,8 @@ LONG += ["".join(_rng.choice("etaoinshrdlu") for _ in range(_rng.randint(60, 400
 # invalid UTF-8, as hex: a lone continuation byte, a truncated sequence, an
 # overlong encoding, a surrogate, bytes never valid
 INVALID = ["61ff62", "e282", "48c0af49", "eda080", "f0288cbc", "e6a0e6", "80bfc2"]
+# valid text with NUL bytes (U+0000, a character like any other), as hex
+WITH_NUL = ["610062000063", "0000", "e4bda000e5a5bd0a00"]
 
 TRAIN = CASES * 3 + [
     "The quick brown fox jumps over the lazy dog. " * 4,
@@ -124,6 +126,9 @@ def main():
         for hx in INVALID:
             text = bytes.fromhex(hx).decode("utf-8", errors="replace")
             cases.append({"hex": hx, "ids": tok.encode(text).ids})
+        for hx in WITH_NUL:
+            text = bytes.fromhex(hx).decode("utf-8")
+            cases.append({"hex": hx, "valid": True, "ids": tok.encode(text).ids})
         result["tokenizers"][name] = {"file": os.path.basename(path), "cases": cases}
     with open(os.path.join(args.out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, ensure_ascii=False, indent=1)
