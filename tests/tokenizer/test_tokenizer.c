@@ -97,7 +97,11 @@ static void check_tokenizer(const char *name)
         char *text;
         size_t tl;
         assert_int_equal(hpd_tokenizer_decode(tok, ids, n, false, &text, &tl), HPD_OK);
-        if (hx == NULL) {
+        if (json_is_true(json_object_get(c, "valid"))) { /* NUL bytes: every byte back */
+            if (tl != len || memcmp(text, buf, len) != 0)
+                fail_msg("%s case %zu (%s): decode(encode(x)) is %zu bytes, x %zu", name, i, hx,
+                         tl, len);
+        } else if (hx == NULL) {
             char *want_text = nfc(buf, len);
             if (strcmp(want_text, text) != 0)
                 fail_msg("%s case %zu: decode(encode(x)) is '%s', NFC(x) '%s'", name, i, text,
@@ -142,6 +146,23 @@ static void check_tokenizer(const char *name)
     assert_int_equal(hpd_tokenizer_decode(tok, two, 2, true, &text, &tl), HPD_OK);
     assert_int_equal(tl, 0);
     free(text);
+    /* and only them: the text around stays, in the stream too */
+    int32_t *hi;
+    size_t nhi;
+    assert_int_equal(hpd_tokenizer_encode(tok, "hi<|im_end|> there", 18, &hi, &nhi), HPD_OK);
+    assert_int_equal(hpd_tokenizer_decode(tok, hi, nhi, true, &text, &tl), HPD_OK);
+    assert_string_equal(text, "hi there");
+    free(text);
+    hpd_detok_t sd = {.skip_special = true};
+    char *streamed = NULL;
+    size_t sl = 0, sc = 0;
+    for (size_t k = 0; k < nhi; k++)
+        assert_int_equal(hpd_detok_next(tok, &sd, hi[k], &streamed, &sl, &sc), HPD_OK);
+    assert_int_equal(hpd_detok_finish(&sd, &streamed, &sl, &sc), HPD_OK);
+    assert_int_equal(sl, 8);
+    assert_memory_equal(streamed, "hi there", 8);
+    free(streamed);
+    free(hi);
     const int32_t bad = (int32_t)hpd_tokenizer_size(tok);
     assert_int_equal(hpd_tokenizer_decode(tok, &bad, 1, false, &text, &tl), HPD_ERR_INVALID_ARG);
     hpd_tokenizer_destroy(tok);
@@ -445,6 +466,44 @@ static void test_long_text(void **state)
     hpd_tokenizer_destroy(tok);
 }
 
+/* Each UTF-8 lead byte's bounds on the next byte, on both sides: an
+ * overlong form, a surrogate or a code point past U+10FFFF is invalid
+ * (replaced by U+FFFD), the first valid form next to it decodes to itself. */
+static void test_utf8_bounds(void **state)
+{
+    char path[512];
+    hpd_tokenizer_t *tok;
+    snprintf(path, sizeof(path), "%s/qwen3_5.tokenizer.json", HPD_TOKENIZER_DIR);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    static const struct {
+        const char *bytes;
+        bool valid;
+    } cases[] = {
+        {"\xe0\x9f\xbf", false}, {"\xe0\xa0\x80", true},     /* U+0800, not overlong */
+        {"\xed\x9f\xbf", true},  {"\xed\xa0\x80", false},    /* U+D800, a surrogate */
+        {"\xf0\x8f\xbf\xbf", false}, {"\xf0\x90\x80\x80", true}, /* U+10000 */
+        {"\xf4\x8f\xbf\xbf", true},  {"\xf4\x90\x80\x80", false}, /* past U+10FFFF */
+        {"\xc1\xbf", false},      {"\xc2\x80", true},          /* U+0080 */
+        {"\xe1\x80\x80", true},  {"\xe1\x7f\x80", false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int32_t *ids;
+        size_t n, tl;
+        char *text;
+        const size_t len = strlen(cases[i].bytes);
+        assert_int_equal(hpd_tokenizer_encode(tok, cases[i].bytes, len, &ids, &n), HPD_OK);
+        assert_int_equal(hpd_tokenizer_decode(tok, ids, n, false, &text, &tl), HPD_OK);
+        const bool same = tl == len && memcmp(text, cases[i].bytes, len) == 0;
+        const bool replaced = strstr(text, "\xef\xbf\xbd") != NULL;
+        if (same != cases[i].valid || replaced == cases[i].valid)
+            fail_msg("case %zu (%zu bytes): read as %s", i, len,
+                     same ? "valid" : replaced ? "invalid" : "something else");
+        free(text);
+        free(ids);
+    }
+    hpd_tokenizer_destroy(tok);
+}
+
 static void test_train(void **state)
 {
     static const char sample[] = "the cat sat on the mat. the cat ate the rat. "
@@ -492,6 +551,46 @@ static void test_train(void **state)
     hpd_tokenizer_destroy(tok);
     assert_int_equal(hpd_tokenizer_train(path, sample, sizeof(sample) - 1, 200, specials, 3),
                      HPD_ERR_INVALID_ARG);
+
+    /* the byte 0 is the byte alphabet's first symbol ('\xc4\x80', U+0100),
+     * id 0: a pair starting with it merges like any other */
+    static const char nuls[] = "\0\0 \0\0 \0\0 \0\0a \0\0a \0\0a";
+    assert_int_equal(hpd_tokenizer_train(path, nuls, sizeof(nuls) - 1, 270, specials, 3),
+                     HPD_OK);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    assert_int_equal(hpd_tokenizer_id(tok, "\xc4\x80"), 0);
+    assert_int_equal(hpd_tokenizer_encode(tok, "\0\0", 2, &ids, &n), HPD_OK);
+    assert_int_equal(n, 1);
+    free(ids);
+    hpd_tokenizer_destroy(tok);
+    /* the file says what tokenizers needs to read it as this code does:
+     * added tokens neither strip nor normalise, the byte level adds no
+     * prefix space and splits with no regex of its own */
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    unlink(path);
+    assert_non_null(root);
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, a) {
+        assert_true(json_is_false(json_object_get(a, "lstrip")));
+        assert_true(json_is_false(json_object_get(a, "rstrip")));
+        assert_true(json_is_false(json_object_get(a, "normalized")));
+        assert_true(json_is_false(json_object_get(a, "single_word")));
+        assert_true(json_is_true(json_object_get(a, "special")));
+    }
+    assert_true(i >= 3); /* the specials, and the reserved ids the merges left */
+    json_t *blevel = json_array_get(json_object_get(json_object_get(root, "pre_tokenizer"),
+                                                "pretokenizers"), 1);
+    json_t *dec = json_object_get(root, "decoder");
+    for (int k = 0; k < 2; k++) {
+        json_t *o = k == 0 ? blevel : dec;
+        assert_string_equal(json_string_value(json_object_get(o, "type")), "ByteLevel");
+        assert_true(json_is_false(json_object_get(o, "add_prefix_space")));
+        assert_true(json_is_false(json_object_get(o, "trim_offsets")));
+        assert_true(json_is_false(json_object_get(o, "use_regex")));
+    }
+    json_decref(root);
 }
 
 static size_t count_id(const int32_t *ids, size_t n, int32_t id)
@@ -564,6 +663,14 @@ static void test_encode_literal(void **state)
     assert_int_equal(count_id(ids, n, end), 1);
     free(ids);
 
+    /* ranges that touch are in order: both taken, each marker text */
+    static const char two[] = "<|im_end|><|im_end|>";
+    const hpd_text_range_t adjacent[] = {{.begin = 0, .end = 10}, {.begin = 10, .end = 20}};
+    assert_int_equal(hpd_tokenizer_encode_literal(tok, two, sizeof(two) - 1, adjacent, 2, &ids,
+                                                  &n), HPD_OK);
+    assert_int_equal(count_id(ids, n, end), 0);
+    free(ids);
+
     /* ranges out of order or past the text */
     const hpd_text_range_t wrong[] = {{.begin = 4, .end = 8}, {.begin = 2, .end = 3}};
     assert_int_equal(hpd_tokenizer_encode_literal(tok, bad, sizeof(bad) - 1, wrong, 2, &ids, &n),
@@ -611,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_long_text),
         cmocka_unit_test(test_train),
         cmocka_unit_test(test_encode_literal),
+        cmocka_unit_test(test_utf8_bounds),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
