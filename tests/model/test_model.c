@@ -160,6 +160,10 @@ static void rewrite(const char *dir, const char *victim, int mode)
         const hpd_st_tensor_t *s = hpd_st_archive_get(ar, i);
         if (strcmp(s->name, victim) == 0 && mode == 0)
             continue;
+        char scale_name[300];
+        snprintf(scale_name, sizeof(scale_name), "%s_scale_inv", victim);
+        if (mode == 4 && strcmp(s->name, scale_name) == 0)
+            continue;
         copies[k] = malloc(s->nbytes + 1);
         memcpy(copies[k], s->data, s->nbytes);
         t[k].name = s->name;
@@ -173,6 +177,25 @@ static void rewrite(const char *dir, const char *victim, int mode)
         }
         if (strcmp(s->name, victim) == 0 && mode == 3)
             ((uint8_t *)copies[k])[0] ^= 0x40;
+        if (strcmp(s->name, victim) == 0 && mode == 4) { /* FP8 2-D, dequantised to BF16 */
+            const hpd_st_tensor_t *g = hpd_st_archive_find(ar, scale_name);
+            const uint64_t rows = s->shape[0], cols = s->shape[1], gc = g->shape[1];
+            const uint64_t br = (rows + g->shape[0] - 1) / g->shape[0], bc = (cols + gc - 1) / gc;
+            uint16_t *bf = malloc(rows * cols * sizeof(uint16_t));
+            for (uint64_t r = 0; r < rows; r++)
+                for (uint64_t c = 0; c < cols; c++) {
+                    float q, sc;
+                    hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)s->data + r * cols + c,
+                                     &q, 1);
+                    memcpy(&sc, (const char *)g->data + ((r / br) * gc + c / bc) * sizeof(float),
+                           sizeof(float));
+                    bf[r * cols + c] = hpd_f32_to_bf16(q * sc);
+                }
+            free(copies[k]);
+            copies[k] = bf;
+            t[k].data = bf;
+            t[k].dtype = HPD_DTYPE_BF16;
+        }
         k++;
     }
     if (mode == 2) {
@@ -495,7 +518,7 @@ static void assert_fp8_rows(const hpd_weight_t *w, uint64_t cols, uint64_t row0,
 static void test_fp8_against_the_checkpoint(void **state)
 {
     char dir[512];
-    const char *fp8 = "--experts 3 --experts-per-tok 2 --moe-intermediate 56 --fp8 40 "
+    const char *fp8 = "--experts 3 --experts-per-tok 2 --moe-intermediate 56 --fp8 21 "
                       "--mlp-only-layers 1";
     for (int fused = 0; fused < 2; fused++) {
         char name[160], extra[200];
@@ -510,27 +533,73 @@ static void test_fp8_against_the_checkpoint(void **state)
         const hpd_layer_weights_t *l0 = &m->layers[0];
 
         assert_fp8_rows(&m->layers[1].mlp_down, I, 0, H, ar, "model.layers.1.mlp.down_proj.weight",
-                        0, 40);
+                        0, 21);
         assert_fp8_rows(&l0->shared_down, m->config.shared_inter, 0, H, ar,
-                        "model.layers.0.mlp.shared_expert.down_proj.weight", 0, 40);
+                        "model.layers.0.mlp.shared_expert.down_proj.weight", 0, 21);
         if (fused) {
             assert_fp8_rows(&l0->moe_gate_up, H, 0, E * 2 * Im, ar,
-                            "model.layers.0.mlp.experts.gate_up_proj", 0, 40);
+                            "model.layers.0.mlp.experts.gate_up_proj", 0, 21);
             assert_fp8_rows(&l0->moe_down, Im, 0, E * H, ar, "model.layers.0.mlp.experts.down_proj",
-                            0, 40);
+                            0, 21);
         }
         for (uint64_t x = 0; !fused && x < E; x++) {
             char t[128];
             snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".gate_proj.weight", x);
-            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x, Im, ar, t, 0, 40);
+            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x, Im, ar, t, 0, 21);
             snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".up_proj.weight", x);
-            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x + Im, Im, ar, t, 0, 40);
+            assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x + Im, Im, ar, t, 0, 21);
             snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".down_proj.weight", x);
-            assert_fp8_rows(&l0->moe_down, Im, H * x, H, ar, t, 0, 40);
+            assert_fp8_rows(&l0->moe_down, Im, H * x, H, ar, t, 0, 21);
         }
         hpd_st_archive_destroy(ar);
         hpd_model_destroy(m);
     }
+
+    /* expert 1's up_proj in BF16 among FP8 experts: the fused gate|up
+     * matrix is F32, each row widened from its own source */
+    snprintf(dir, sizeof(dir), "%s/fp8-odd-0", root);
+    rewrite(dir, "model.layers.0.mlp.experts.1.up_proj.weight", 4);
+    hpd_model_t *m = NULL;
+    hpd_st_archive_t *ar;
+    assert_int_equal(hpd_model_load(dir, &m), HPD_OK);
+    assert_int_equal(hpd_st_archive_open(dir, &ar), HPD_OK);
+    const hpd_weight_t *gu = &m->layers[0].moe_gate_up;
+    const uint64_t H = m->config.hidden_size, Im = m->config.moe_inter;
+    assert_int_equal(gu->dtype, HPD_DTYPE_F32);
+    assert_null(gu->scale);
+    for (uint64_t x = 0; x < m->config.n_experts; x++)
+        for (int part = 0; part < 2; part++) {
+            char name[128], sname[160];
+            snprintf(name, sizeof(name), "model.layers.0.mlp.experts.%" PRIu64 ".%s.weight", x,
+                     part ? "up_proj" : "gate_proj");
+            snprintf(sname, sizeof(sname), "%s_scale_inv", name);
+            const hpd_st_tensor_t *t = hpd_st_archive_find(ar, name),
+                                  *g = hpd_st_archive_find(ar, sname);
+            assert_non_null(t);
+            assert_int_equal(t->dtype, x == 1 && part == 1 ? HPD_DTYPE_BF16 : HPD_DTYPE_F8_E4M3);
+            for (uint64_t r = 0; r < Im; r++)
+                for (uint64_t c = 0; c < H; c++) {
+                    float want;
+                    if (t->dtype == HPD_DTYPE_BF16) {
+                        hpd_dtype_to_f32(HPD_DTYPE_BF16, (const uint16_t *)t->data + r * H + c,
+                                         &want, 1);
+                    } else {
+                        float q, sc;
+                        hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)t->data + r * H + c,
+                                         &q, 1);
+                        memcpy(&sc, (const char *)g->data +
+                                        ((r / 21) * g->shape[1] + c / 21) * sizeof(float),
+                               sizeof(float));
+                        want = q * sc;
+                    }
+                    const float got = ((const float *)gu->p)[(2 * Im * x + part * Im + r) * H + c];
+                    if (!(got == want))
+                        fail_msg("%s row %" PRIu64 " col %" PRIu64 ": %.9g, want %.9g", name, r,
+                                 c, (double)got, (double)want);
+                }
+        }
+    hpd_st_archive_destroy(ar);
+    hpd_model_destroy(m);
 }
 
 static void test_bad_models(void **state)
