@@ -337,6 +337,28 @@ static void test_refusing_connections(void **state)
     coord_stop();
 }
 
+/* A node whose registration closed is lost, and the coordinator closes
+ * its own connection to the node too (the reaper frees it after the
+ * events of the loss), whatever else stays up. */
+static void test_lost_node_is_let_go(void **state)
+{
+    peer_t p, d;
+    hpd_rpc_server_stats_t st;
+    outcome_t o;
+    pair_start(&p, &d, NULL);
+    submit_request(&o, 4); /* the coordinator has talked to both */
+    LOOP_UNTIL(o.done);
+    hpd_rpc_server_stats(d.server, &st);
+    assert_true(st.open >= 1);
+    hpd_rpc_client_destroy(d.reg);
+    d.reg = NULL;
+    LOOP_UNTIL((hpd_rpc_server_stats(d.server, &st), st.open == 0));
+    char msg[200];
+    hpd_coord_health(coord, msg, sizeof(msg));
+    assert_string_equal(msg, "ok: 1 prefill and 0 decode nodes, 0 open requests");
+    pair_stop(&p, &d);
+}
+
 /* Liveness pings every 100 ms for the peers in pinging[] (NULL: silent). */
 static peer_t *pinging[4];
 
@@ -1325,6 +1347,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_probe_ended_neither_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_what_an_operator_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusing_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_node_is_let_go, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chat_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate_over_rpc, setup, teardown),
