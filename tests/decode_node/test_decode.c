@@ -353,6 +353,55 @@ static void test_expiry(void **state)
     rn.cl.passed++;
 }
 
+/* SIGTERM drains: the node says so in its heartbeats, finishes the
+ * request it runs, keeps a reservation until it is canceled, and exits 0
+ * once nothing is left (not at the end of its 60 s drain timeout). */
+static void test_drain(void **state)
+{
+    static const char *const args[] = {"--kv-layout", "16,2,hnd", "--max-context", "512",
+                                       "--drain-timeout-ms", "60000", NULL};
+    rn_node_t *e = rn_node_start("decode", "d-drain", args);
+    int32_t prompt[20];
+    hpd_rpc_result_t r;
+    msgpack_sbuffer res;
+    hpd_msg_prefilled_t pf;
+    hpd_proto_err_t err;
+    rn_prompt(prompt, 20, 800, VOCAB);
+    const hpd_msg_reserve_t more = {.ignore_eos = true};
+    rn_reserve(e, 81, prompt, 20, 4, &more, &r); /* never started */
+    rn_assert_ok(&r, "reserve");
+    hpd_rpc_result_destroy(&r);
+    rn_reserve(e, 80, prompt, 20, 480, &more, &r);
+    rn_assert_ok(&r, "reserve");
+    rn_repack(&r, &res);
+    hpd_rpc_result_destroy(&r);
+    rn_prefill(p, 80, prompt, 20, e, &res, NULL, 0, &r);
+    msgpack_sbuffer_destroy(&res);
+    rn_assert_ok(&r, "prefill");
+    assert_true(hpd_msg_unpack(&hpd_msg_prefilled, &r.result, &pf, &err));
+    hpd_rpc_result_destroy(&r);
+    rn_start_job(e, 80, pf.first_token, &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
+    /* at once: the job runs for a while (480 tokens) */
+    cl_ending(e->proc);
+    assert_int_equal(kill(e->proc->pid, SIGTERM), 0);
+    rn_stream_t *s = rn_stream(80);
+    /* a node that stopped with the job unfinished closes the connection */
+    PROGRESS_UNTIL(s->done || !hpd_rpc_client_is_open(e->cl), (void)0);
+    if (!s->done)
+        fail_msg("the draining node stopped after %u of 480 tokens", s->n);
+    assert_string_equal(s->error, "");
+    assert_int_equal(s->n, 480);
+    PROGRESS_UNTIL(e->draining, (void)0);
+    assert_int_equal(rn_stat(e, "load.reserved"), 1); /* still up: job 81 holds it */
+    rn_cancel(e, 81, 0);
+    /* well before the drain timeout: it stops when its last job ended */
+    cl_expect_end(&rn.cl, e->proc, 0, 30);
+    rn_node_forget(e);
+    rn.cl.passed++;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -361,6 +410,7 @@ int main(void)
         cmocka_unit_test(test_start_before_the_notice),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_expiry),
+        cmocka_unit_test(test_drain),
     };
     rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
     if (getenv("HPD_TEST_FILTER") != NULL)

@@ -25,7 +25,7 @@
 #define RN_SECRET "cluster-secret" /* cl_init's token file */
 #define RN_MAX_NODES 8
 #define RN_MAX_STREAMS 32
-#define RN_MAX_TOKENS 256
+#define RN_MAX_TOKENS 512
 
 /* A node as it registered, and the test's connection to it. */
 typedef struct {
@@ -252,6 +252,15 @@ static inline void rn_node_stop(rn_node_t *n)
     cl_ending(n->proc);
     kill(n->proc->pid, SIGTERM);
     cl_expect_end(&rn.cl, n->proc, 0, 60);
+    msgpack_sbuffer_destroy(&n->xfer);
+    *n = rn.nodes[--rn.n_nodes];
+}
+
+/* Node n, which has exited (cl_expect_end checked how), is forgotten as by
+ * rn_node_stop. */
+static inline void rn_node_forget(rn_node_t *n)
+{
+    hpd_rpc_client_destroy(n->cl);
     msgpack_sbuffer_destroy(&n->xfer);
     *n = rn.nodes[--rn.n_nodes];
 }
