@@ -562,6 +562,13 @@ static void test_train(void **state)
     assert_int_equal(hpd_tokenizer_encode(tok, "\0\0", 2, &ids, &n), HPD_OK);
     assert_int_equal(n, 1);
     free(ids);
+    /* and in a pre-token long enough for the heap's merges: 300 NULs */
+    char zeros[300] = {0};
+    assert_int_equal(hpd_tokenizer_encode(tok, zeros, sizeof(zeros), &ids, &n), HPD_OK);
+    assert_true(n < 300);
+    for (size_t k = 0; k < n; k++)
+        assert_true(ids[k] != 0); /* no lone byte 0 is left */
+    free(ids);
     hpd_tokenizer_destroy(tok);
     /* the file says what tokenizers needs to read it as this code does:
      * added tokens neither strip nor normalise, the byte level adds no
