@@ -27,7 +27,9 @@ static rn_node_t *p, *d;
 static const char *const prefill_args[] = {"--kv-layout", "32,1,nhd", "--max-context", "512",
                                            NULL};
 static const char *const decode_args[] = {"--kv-layout", "16,2,hnd", "--max-context", "512",
-                                          "--kv-pages", "96", "--max-batch", "4", NULL};
+                                          "--kv-pages", "96", "--max-batch", "4",
+                                          "--metrics-port", "0", "--log-level", "info", NULL};
+static uint16_t d_metrics; /* d0's /metrics port */
 
 static int group_setup(void **state)
 {
@@ -35,6 +37,7 @@ static int group_setup(void **state)
         return -1;
     p = rn_node_start("prefill", "p0", prefill_args);
     d = rn_node_start("decode", "d0", decode_args);
+    d_metrics = cl_metrics_port(&rn.cl, d->proc);
     return 0;
 }
 
@@ -216,6 +219,17 @@ static void test_refusals(void **state)
     assert_int_equal(rn_stat(d, "load.reserved"), 2);
     rn_cancel(d, 53, 0);
     assert_int_equal(rn_stat(d, "load.reserved"), 1);
+    /* the node's gauges say the same as its stats */
+    char *text = cl_scrape(d_metrics);
+    assert_true(cl_sample(text, "hpd_kv_pages_used") == (double)rn_stat(d, "pages_used"));
+    assert_true(cl_sample(text, "hpd_kv_pages_used") == 52); /* 408 tokens: 26 pages x 2 */
+    assert_true(cl_sample(text, "hpd_kv_pages_total") == 96);
+    assert_true(cl_sample(text, "hpd_slots_used") == 1);
+    assert_true(cl_sample(text, "hpd_slots_total") == (double)rn_stat(d, "slots_total"));
+    assert_true(cl_sample(text, "hpd_registered") == 1);
+    assert_true(cl_sample(text, "hpd_draining") == 0);
+    assert_non_null(strstr(text, "# HELP hpd_slots_used GDN state slots in use.\n"));
+    free(text);
     rn_reserve(d, 51, prompt, 20, 8, NULL, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "reserve: job 51 already exists");
     rn_reserve(d, 52, prompt + 100, 400, 8, NULL, &r);
@@ -373,6 +387,28 @@ static void test_foreign_transfers(void **state)
     rn.cl.passed++;
 }
 
+/* A node that cannot start says why and exits as documented: 2 for a
+ * model directory it cannot read (a bad option), 1 for a port it cannot
+ * listen on. */
+static void test_start_failures(void **state)
+{
+    char port[16], missing[400], want[64];
+    snprintf(port, sizeof(port), "%u", d->port);
+    snprintf(missing, sizeof(missing), "%s/no-such-model", rn.cl.root);
+    const char *const no_model[] = {"--model", missing, NULL};
+    cl_proc_t *pr = cl_start_node(&rn.cl, "decode", "d-nomodel", no_model);
+    cl_ending(pr);
+    cl_expect_end(&rn.cl, pr, 2, 60);
+    assert_true(cl_file_has(pr->log, missing));
+    const char *const taken[] = {"--port", port, NULL};
+    pr = cl_start_node(&rn.cl, "decode", "d-taken", taken);
+    cl_ending(pr);
+    cl_expect_end(&rn.cl, pr, 1, 60);
+    snprintf(want, sizeof(want), "127.0.0.1:%u", d->port);
+    assert_true(cl_file_has(pr->log, want));
+    rn.cl.passed++;
+}
+
 /* SIGTERM drains: the node says so in its heartbeats, finishes the
  * request it runs, keeps a reservation until it is canceled, and exits 0
  * once nothing is left (not at the end of its 60 s drain timeout). */
@@ -432,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_foreign_transfers),
         cmocka_unit_test(test_drain),
+        cmocka_unit_test(test_start_failures),
     };
     rn.cl.cases = sizeof(tests) / sizeof(tests[0]);
     if (getenv("HPD_TEST_FILTER") != NULL)

@@ -95,6 +95,27 @@ static void test_float_and_type_names(void **state)
     assert_true(v == 9.0f);
     assert_false(hpd_proto_float(&o.o, "y", true, &v, &err));
     obj_free(&o);
+    /* params that are not a map, or none: refused whatever the field */
+    assert_false(hpd_proto_float(obj(&o, (const uint8_t[]){0x91, 0x01}, 2), "x", false, &v,
+                                 &err));
+    assert_string_equal(err.text, "params are an array (expected a map)");
+    obj_free(&o);
+    memset(&err, 0, sizeof(err));
+    assert_false(hpd_proto_float(NULL, "x", false, &v, &err));
+    assert_string_equal(err.text, "params are missing (expected a map)");
+    /* a string field given a number names it; at its capacity it is refused */
+    char str[4] = "abc";
+    assert_false(hpd_proto_str(MAP_X(&o, 0x07), "x", true, str, sizeof(str), &err));
+    assert_string_equal(err.text, "field 'x' is a positive integer (expected a string)");
+    assert_string_equal(str, "abc");
+    obj_free(&o);
+    assert_false(hpd_proto_str(MAP_X(&o, 0xa4, 'w', 'x', 'y', 'z'), "x", true, str, sizeof(str),
+                               &err));
+    assert_string_equal(err.text, "field 'x' is 4 bytes long (expected fewer than 4)");
+    obj_free(&o);
+    assert_true(hpd_proto_str(MAP_X(&o, 0xa3, 'x', 'y', 'z'), "x", true, str, sizeof(str), &err));
+    assert_string_equal(str, "xyz");
+    obj_free(&o);
 }
 
 /* Token ids: from 0 to limit - 1; absent or empty reads as none (the

@@ -335,6 +335,23 @@ static void test_staging_queue_cancel_and_loss(void **state)
     if (strncmp(reply[2].message, "the coordinator was lost: ", 26) != 0)
         fail_msg("a queued job at the coordinator's loss: %s", reply[2].message);
     assert_false(reply[0].done);
+    /* its /healthz says what it is doing and why it is not there yet */
+    static const char lost[] = "registering: prefill node p-small lost the coordinator ";
+    int code = 0;
+    char *body = NULL;
+    for (;;) {
+        cl_check_alive(&rn.cl);
+        assert_int_equal(hpd_http_get("127.0.0.1", metrics, "/healthz", 10000, &code, &body),
+                         HPD_OK);
+        if (strstr(body, "; the last: no connection (") != NULL)
+            break;
+        free(body);
+        spin(100);
+    }
+    assert_int_equal(code, 503);
+    if (strncmp(body, lost, strlen(lost)) != 0)
+        fail_msg("/healthz: %s", body);
+    free(body);
     rn_coordinator_start(60000);
     PROGRESS_UNTIL(rn_by_name("p-small")->registrations > regs, cl_check_alive(&rn.cl));
 
