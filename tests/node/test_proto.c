@@ -142,6 +142,10 @@ static void test_ids(void **state)
     assert_int_equal(ids[1], 9);
     free(ids);
     obj_free(&o);
+    /* an element that is not an integer, whatever its bits */
+    assert_false(hpd_proto_ids(MAP_X(&o, 0x92, 0x01, 0xc3), "x", true, 10, &ids, &n, &err));
+    assert_string_equal(err.text, "x[1] is a boolean (expected a token id from 0 to 9)");
+    obj_free(&o);
     assert_false(hpd_proto_ids(MAP_X(&o, 0x92, 0x00, 0x0a), "x", true, 10, &ids, &n, &err));
     assert_string_equal(err.text, "x[1] is 10 (expected a token id from 0 to 9)");
     obj_free(&o);
@@ -272,6 +276,45 @@ static void test_sampling_round_trip(void **state)
     obj_free(&o);
 }
 
+/* A page layout: block a multiple of 16 and pack at least 1, each bound
+ * on both sides; what it packs reads back. */
+static void test_layout(void **state)
+{
+    static const struct {
+        uint32_t block, pack;
+        bool ok;
+    } cases[] = {{16, 1, true}, {0, 1, false}, {8, 1, false}, {16, 0, false}, {64, 3, true}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        hpd_rpc_buf_t b;
+        obj_t o;
+        hpd_proto_err_t err = {{0}};
+        hpd_kv_layout_t l = {0};
+        const hpd_kv_layout_t in = {.block_size = cases[i].block, .pack_size = cases[i].pack,
+                                    .order = HPD_KV_HND};
+        hpd_rpc_buf_init(&b);
+        msgpack_pack_map(&b.pk, 1);
+        hpd_proto_key(&b.pk, "layout");
+        hpd_proto_pack_layout(&b.pk, &in);
+        obj(&o, (const uint8_t *)b.sb.data, b.sb.size);
+        const bool ok = hpd_proto_layout(&o.o, "layout", &l, &err);
+        if (ok != cases[i].ok)
+            fail_msg("B=%u P=%u: %s", cases[i].block, cases[i].pack, ok ? "taken" : err.text);
+        if (ok) {
+            assert_int_equal(l.block_size, in.block_size);
+            assert_int_equal(l.pack_size, in.pack_size);
+            assert_int_equal(l.order, HPD_KV_HND);
+        } else {
+            char want[100];
+            snprintf(want, sizeof(want),
+                     "layout is B=%u, P=%u (expected B a multiple of 16 and P >= 1)",
+                     cases[i].block, cases[i].pack);
+            assert_string_equal(err.text, want);
+        }
+        obj_free(&o);
+        hpd_rpc_buf_destroy(&b);
+    }
+}
+
 /* host:port, split at the last colon; the host must fit in cap with its
  * NUL, the port be 0 to 65535 and all digits. */
 static void test_endpoint(void **state)
@@ -301,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_ids),
         cmocka_unit_test(test_u32s),
         cmocka_unit_test(test_sampling_round_trip),
+        cmocka_unit_test(test_layout),
         cmocka_unit_test(test_endpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
