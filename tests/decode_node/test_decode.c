@@ -230,6 +230,16 @@ static void test_refusals(void **state)
     assert_true(cl_sample(text, "hpd_draining") == 0);
     assert_non_null(strstr(text, "# HELP hpd_slots_used GDN state slots in use.\n"));
     free(text);
+    int code = 0;
+    char want[100];
+    assert_int_equal(hpd_http_get("127.0.0.1", d_metrics, "/healthz", 10000, &code, &text),
+                     HPD_OK);
+    assert_int_equal(code, 200);
+    snprintf(want, sizeof(want), "ok: decode node d0, id %llu, 1 jobs in flight",
+             (unsigned long long)d->id);
+    if (strncmp(text, want, strlen(want)) != 0)
+        fail_msg("/healthz: %s", text);
+    free(text);
     rn_reserve(d, 51, prompt, 20, 8, NULL, &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS, "reserve: job 51 already exists");
     rn_reserve(d, 52, prompt + 100, 400, 8, NULL, &r);

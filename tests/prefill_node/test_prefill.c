@@ -378,6 +378,7 @@ static void test_staging_queue_cancel_and_loss(void **state)
     assert_true(cl_sample(text, "hpd_prefill_seconds_count") == 1);
     assert_true(cl_sample(text, "hpd_xfer_push_seconds_count") == 1);
     assert_true(cl_sample(text, "hpd_xfer_exposed_seconds_count") == 1);
+    assert_true(cl_sample(text, "hpd_xfer_transfers_total{outcome=\"ok\"}") == 1);
     free(text);
     for (int i = 0; i < 3; i++)
         msgpack_sbuffer_destroy(&res[i]);
