@@ -178,9 +178,9 @@ MODULES = {
                     "test_engine_disagg_moe": "test_engine_disagg"},
     },
     "model": {
-        "files": ["model/config.c", "model/safetensors.c", "model/model.c"],
+        "files": ["model/config.c", "model/safetensors.c", "model/model.c", "model/shard.c"],
         "left_out": {},
-        "tests": ["test_config", "test_safetensors", "test_model"],
+        "tests": ["test_config", "test_safetensors", "test_model", "test_shard"],
     },
     "deploy": {
         "files": ["deploy/manifest.c", "deploy/render.c"],
