@@ -112,6 +112,12 @@ MODULES = {
         "left_out": {},
         "tests": ["test_moe_route"],
     },
+    # Tensor parallelism's canonical reduction (docs/tensor_parallel.md).
+    "tp": {
+        "files": ["kernels/tp_sum.c"],
+        "left_out": {},
+        "tests": ["test_tp_sum"],
+    },
     # The CUDA kernels as the host stand-in runs them (tests/kernels/cuda_host:
     # launch.cmake rewrites a .cu file into <name>_host.cpp, compiled into
     # each stand-in test that names it): a mutant of gemm.cu rebuilds and
