@@ -286,8 +286,16 @@ static inline int rn_setup(const char *tag, const char *model_args, uint32_t lea
 
 static inline int rn_teardown(void)
 {
-    while (rn.n_nodes > 0)
+    /* every case passed: each node must drain and exit 0; after a failure
+     * (a node may be stopped or wedged) cl_finish kills them at once
+     * rather than wait up to a minute for each */
+    const bool all_passed = rn.cl.passed == rn.cl.cases;
+    while (all_passed && rn.n_nodes > 0)
         rn_node_stop(&rn.nodes[0]);
+    while (rn.n_nodes > 0) {
+        hpd_rpc_client_destroy(rn.nodes[rn.n_nodes - 1].cl);
+        msgpack_sbuffer_destroy(&rn.nodes[--rn.n_nodes].xfer);
+    }
     rn_coordinator_stop();
     cl_finish(&rn.cl); /* the directory stays unless every case passed */
     return teardown(NULL);
