@@ -123,10 +123,14 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
         (st = alloc_act(e, &e->act, R * HPD_MAX(c->intermediate_size, c->shared_inter))) !=
             HPD_OK ||
         (st = alloc_act(e, &e->lhid, R * c->hidden_size)) != HPD_OK ||
+        (st = alloc_act(e, &e->tp_part, HPD_MAX(R, S) * H)) != HPD_OK ||
+        (st = alloc_act(e, &e->tp_scratch[0], HPD_MAX(R, S) * H)) != HPD_OK ||
+        (st = alloc_act(e, &e->tp_scratch[1], HPD_MAX(R, S) * H)) != HPD_OK ||
         (st = alloc_act(e, &e->logits, R * c->vocab_size)) != HPD_OK)
         return st;
     e->logits_host = malloc(c->vocab_size * sizeof(float));
     e->ids = malloc(R * sizeof(*e->ids));
+    e->emb_ids = malloc(R * sizeof(*e->emb_ids));
     e->positions = malloc(R * sizeof(*e->positions));
     e->items = malloc(B * sizeof(*e->items));
     e->seqs_all = malloc(B * sizeof(*e->seqs_all));
@@ -143,7 +147,7 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
     e->logit_rows = malloc(B * sizeof(*e->logit_rows));
     e->logit_items = malloc(B * sizeof(*e->logit_items));
     e->step_items = malloc(B * sizeof(*e->step_items));
-    if (!e->step_items || !e->logits_host || !e->ids || !e->positions || !e->items || !e->seqs_all ||
+    if (!e->step_items || !e->logits_host || !e->ids || !e->emb_ids || !e->positions || !e->items || !e->seqs_all ||
         !e->seqs_pre || !e->seqs_dec || !e->bt_all || !e->st_pre || !e->st_dec || !e->cs_pre ||
         !e->cs_dec || !e->samp || !e->samp_pos || !e->sampled || !e->logit_rows ||
         !e->logit_items)
@@ -241,7 +245,9 @@ static hpd_status_t pool_memory(hpd_engine_t *e, size_t bytes, void **memory_p)
     return st;
 }
 
-hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t **engine_p)
+/* One rank's engine (the whole engine at TP 1). */
+static hpd_status_t create_rank(const hpd_engine_params_t *params, hpd_tp_group_t *group,
+                                hpd_engine_t **engine_p)
 {
     hpd_engine_t *e = calloc(1, sizeof(*e));
     hpd_status_t st;
@@ -251,6 +257,12 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
     e->p = *params;
     e->cfg = &params->model->config;
     e->be = params->backend;
+    e->tp = HPD_MAX(params->model->shard.tp, 1u);
+    e->rank = params->model->shard.rank;
+    e->group = group;
+    for (uint32_t r = 0; r < e->tp; r++) /* as model/shard.c splits the vocabulary */
+        e->vocab[r] = (hpd_range_t){(uint32_t)((uint64_t)r * e->cfg->vocab_size / e->tp),
+                                    (uint32_t)((uint64_t)(r + 1) * e->cfg->vocab_size / e->tp)};
     if ((st = resolve_params(&e->p, e->cfg)) != HPD_OK || (st = upload_weights(e)) != HPD_OK)
         goto err;
     e->gdn_layer_bytes = hpd_model_config_gdn_layer_bytes(e->cfg);
@@ -294,10 +306,86 @@ err:
     return st;
 }
 
+/* The ranks' models must be one checkpoint's shards, in rank order, on
+ * backends whose memory the ranks can read across (host memory). */
+static hpd_status_t check_ranks(const hpd_engine_params_t *p, uint32_t tp)
+{
+    if (p->tp_models == NULL || p->tp_backends == NULL || p->tp_models[0] != p->model ||
+        p->tp_backends[0] != p->backend) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "the model is rank 0 of tp %u: the engine needs every "
+                      "rank's model and backend (tp_models, tp_backends)", tp);
+        return HPD_ERR_INVALID_ARG;
+    }
+    for (uint32_t r = 0; r < tp; r++) {
+        const hpd_model_t *m = p->tp_models[r];
+        if (m == NULL || m->shard.tp != tp || m->shard.rank != r ||
+            memcmp(m->fingerprint, p->model->fingerprint, 16) != 0) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u's model is not rank %u of tp %u of the same "
+                          "checkpoint", r, r, tp);
+            return HPD_ERR_INVALID_ARG;
+        }
+        if (p->tp_backends[r] == NULL || !hpd_backend_host_memory(p->tp_backends[r])) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u's backend is %s: tensor parallelism runs "
+                          "CPU ranks only (across GPUs, through NCCL, it is not built yet)", r,
+                          p->tp_backends[r] != NULL ? p->tp_backends[r]->ops->name : "missing");
+            return HPD_ERR_UNSUPPORTED;
+        }
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t **engine_p)
+{
+    const uint32_t tp = HPD_MAX(params->model->shard.tp, 1u);
+    hpd_tp_group_t *group = NULL;
+    hpd_engine_t *e = NULL;
+    hpd_status_t st;
+
+    if (tp == 1)
+        return create_rank(params, NULL, engine_p);
+    if (params->model->shard.rank != 0) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "the engine's model is rank %u of tp %u (expected rank 0)",
+                      params->model->shard.rank, tp);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if ((st = check_ranks(params, tp)) != HPD_OK ||
+        (st = hpd_tp_group_create(tp, &group)) != HPD_OK)
+        return st;
+    if ((st = create_rank(params, group, &e)) != HPD_OK) {
+        hpd_tp_group_destroy(group);
+        return st;
+    }
+    for (uint32_t r = 1; r < tp && st == HPD_OK; r++) {
+        hpd_engine_params_t pp = *params;
+        pp.model = params->tp_models[r];
+        pp.backend = params->tp_backends[r];
+        pp.tp_models = NULL;
+        pp.tp_backends = NULL;
+        pp.logits_cb = NULL;
+        pp.layer_cb = NULL;
+        pp.pool_alloc = NULL;
+        if ((st = create_rank(&pp, group, &e->peers[r])) == HPD_OK)
+            st = hpd_tp_worker_create(&e->workers[r]);
+    }
+    if (st != HPD_OK) {
+        hpd_engine_destroy(e);
+        return st;
+    }
+    *engine_p = e;
+    return HPD_OK;
+}
+
 void hpd_engine_destroy(hpd_engine_t *e)
 {
     if (e == NULL)
         return;
+    if (e->rank == 0 && e->tp > 1) {
+        for (uint32_t r = 1; r < e->tp; r++) {
+            hpd_tp_worker_destroy(e->workers[r]);
+            hpd_engine_destroy(e->peers[r]);
+        }
+        hpd_tp_group_destroy(e->group);
+    }
     for (uint64_t i = 0; i < e->n_reqs; i++) {
         if (e->reqs[i] != NULL) {
             hpd_engine_request_free_resources(e, e->reqs[i]);
@@ -308,7 +396,8 @@ void hpd_engine_destroy(hpd_engine_t *e)
     free(e->active);
     float *bufs[] = {e->x,    e->h,      e->proj,   e->conv,    e->g,
                      e->beta, e->core,   e->act,    e->lhid,    e->logits,
-                     e->moe_x, e->moe_gu, e->moe_act, e->moe_out, e->moe_shared, e->moe_w};
+                     e->moe_x, e->moe_gu, e->moe_act, e->moe_out, e->moe_shared, e->moe_w,
+                     e->tp_part, e->tp_scratch[0], e->tp_scratch[1]};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(bufs); i++)
         hpd_backend_free(e->be, bufs[i]);
     uint32_t *routing[] = {e->moe_ids, e->moe_slots, e->moe_idx, e->moe_first};
@@ -316,6 +405,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
         hpd_backend_free(e->be, routing[i]);
     free(e->logits_host);
     free(e->ids);
+    free(e->emb_ids);
     free(e->positions);
     free(e->items);
     free(e->seqs_all);

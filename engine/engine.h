@@ -66,6 +66,15 @@ typedef struct {
      * on this host map: decode nodes). The memory must outlive the engine. */
     hpd_status_t (*pool_alloc)(void *arg, size_t bytes, void **memory_p);
     void *pool_alloc_arg;
+    /* Tensor parallelism (docs/tensor_parallel.md): with a model that is
+     * rank 0 of tp > 1 (hpd_model_load_tp), rank r runs tp_models[r] on
+     * tp_backends[r] (tp entries each; [0] is model and backend). The
+     * engine is then every rank: its calls are repeated on the others and
+     * a step runs them together, one thread each; what the engine answers
+     * is rank 0's. Host-memory backends only (CPU ranks): the ranks read
+     * each other's buffers. The callbacks run on rank 0 only. */
+    const hpd_model_t *const *tp_models;
+    hpd_backend_t *const *tp_backends;
 } hpd_engine_params_t;
 
 /* Fills params with the defaults (model and backend left NULL). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/assert.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/internal.h"
@@ -41,6 +42,114 @@ static hpd_status_t norm_project(hpd_engine_t *e, uint32_t R, const float *norm_
         row += proj->rows[p];
     }
     return st;
+}
+
+/* ---- the canonical sum of a row-parallel product (kernels/tp_sum.h)
+ *
+ * y (+)= x W^T where W is a row-parallel matrix (model.h: stored group by
+ * group) and x this rank's columns. The rank computes the sum of its
+ * groups' partials as the fixed tree would, its subtree: a pair of groups
+ * as one GEMM then the next accumulated onto it (fl(p0 + p1), the tree's
+ * add), larger subtrees as their halves added by tp_sum. The ranks' subtree
+ * sums then meet in tp_sum's tree, on every rank, so the result has the
+ * same bits at every TP degree, TP 1 included. */
+typedef struct {
+    const float *x;
+    uint32_t ldx;
+    const hpd_weight_t *w;
+    uint32_t m, n, k_full;
+    /* a mixture of experts' down projection: gemm_grouped over the experts */
+    const uint32_t *first;
+    uint32_t n_groups, max_rows;
+} rowpar_t;
+
+/* group g's product into y (accumulated or not) */
+static hpd_status_t rowpar_group(hpd_engine_t *e, const rowpar_t *rp, uint32_t g, float *y,
+                                 bool accumulate)
+{
+    const uint64_t rows = (uint64_t)rp->n * (rp->first != NULL ? rp->n_groups : 1);
+    uint32_t col, k;
+    const hpd_weight_t v = hpd_model_group(rp->w, rows, rp->k_full, e->tp, e->rank, g, &col, &k);
+    if (k == 0) /* an empty group (K below 8) adds nothing */
+        return accumulate ? HPD_OK
+                          : hpd_backend_memset(e->be, y, 0, (size_t)rp->m * rp->n * sizeof(float));
+    const hpd_gemm_args_t a = {.x = rp->x + col,
+                               .ldx = rp->ldx,
+                               HPD_GEMM_WEIGHT(v),
+                               .y = y,
+                               .ldy = rp->n,
+                               .m = rp->m,
+                               .n = rp->n,
+                               .k = k,
+                               .accumulate = accumulate};
+    if (rp->first == NULL)
+        return hpd_gemm(e->be, &a);
+    const hpd_gemm_grouped_args_t ga = {
+        .g = a, .first = rp->first, .n_groups = rp->n_groups, .max_rows = rp->max_rows};
+    return hpd_gemm_grouped(e->be, &ga);
+}
+
+/* the subtree of groups [g0, g1) into out; scratch level `level` on */
+static hpd_status_t rowpar_tree(hpd_engine_t *e, const rowpar_t *rp, uint32_t g0, uint32_t g1,
+                                float *out, uint32_t level)
+{
+    hpd_status_t st;
+    if (g1 - g0 == 1)
+        return rowpar_group(e, rp, g0, out, false);
+    if (g1 - g0 == 2) {
+        if ((st = rowpar_group(e, rp, g0, out, false)) != HPD_OK)
+            return st;
+        return rowpar_group(e, rp, g0 + 1, out, true);
+    }
+    const uint32_t mid = (g0 + g1) / 2;
+    float *right = e->tp_scratch[level];
+    if ((st = rowpar_tree(e, rp, g0, mid, out, level + 1)) != HPD_OK ||
+        (st = rowpar_tree(e, rp, mid, g1, right, level + 1)) != HPD_OK)
+        return st;
+    const hpd_tp_sum_args_t sum = {.parts = {out, right},
+                                   .n_parts = 2,
+                                   .ld_parts = rp->n,
+                                   .y = out,
+                                   .ldy = rp->n,
+                                   .m = rp->m,
+                                   .n = rp->n};
+    return hpd_tp_sum(e->be, &sum);
+}
+
+/* A failed rank stops the others at their next meeting. */
+static hpd_status_t tp_failed(hpd_engine_t *e, hpd_status_t st)
+{
+    if (st != HPD_OK && e->group != NULL)
+        hpd_tp_abort(e->group);
+    return st;
+}
+
+/* y = (accumulate ? y + s : s), s the product's canonical sum. */
+static hpd_status_t rowpar(hpd_engine_t *e, const rowpar_t *rp, float *y, uint32_t ldy,
+                           bool accumulate)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(e->tp, e->rank);
+    hpd_tp_sum_args_t sum = {.parts = {e->tp_part},
+                             .n_parts = 1,
+                             .ld_parts = rp->n,
+                             .y = y,
+                             .ldy = ldy,
+                             .m = rp->m,
+                             .n = rp->n,
+                             .accumulate = accumulate};
+    hpd_status_t st = rowpar_tree(e, rp, mine.begin, mine.end, e->tp_part, 0);
+    if (st != HPD_OK || e->tp == 1)
+        return tp_failed(e, st != HPD_OK ? st : hpd_tp_sum(e->be, &sum));
+    /* every rank's subtree sum, read where it lies (CPU ranks: host memory) */
+    const void *all[HPD_TP_MAX];
+    if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->tp_part, all))) != HPD_OK)
+        return st;
+    for (uint32_t r = 0; r < e->tp; r++)
+        sum.parts[r] = all[r];
+    sum.n_parts = e->tp;
+    if ((st = tp_failed(e, hpd_tp_sum(e->be, &sum))) != HPD_OK)
+        return st;
+    return hpd_tp_barrier(e->group);
 }
 
 static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index)
@@ -146,18 +255,15 @@ static hpd_status_t gdn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                    .dim = dv,
                                    .w = w->gdn_norm,
                                    .eps = c->rms_norm_eps};
-    hpd_gemm_args_t o = {.x = e->core,
-                         .ldx = e->ld_core,
-                         HPD_GEMM_WEIGHT(w->gdn_out),
-                         .y = e->x,
-                         .ldy = H,
-                         .m = R,
-                         .n = H,
-                         .k = nv * dv,
-                         .accumulate = true};
-    if ((st = hpd_gated_rmsnorm(e->be, &gn)) != HPD_OK || (st = hpd_gemm(e->be, &o)) != HPD_OK)
+    const rowpar_t o = {.x = e->core,
+                        .ldx = e->ld_core,
+                        .w = &w->gdn_out,
+                        .m = R,
+                        .n = H,
+                        .k_full = nv * dv * e->tp};
+    if ((st = hpd_gated_rmsnorm(e->be, &gn)) != HPD_OK)
         return st;
-    return HPD_OK;
+    return rowpar(e, &o, e->x, H, true);
 }
 
 static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
@@ -225,20 +331,12 @@ static hpd_status_t attn_layer(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                 .seqs = e->seqs_all,
                                 .n_seqs = bt->n_items};
     hpd_sigmoid_mul_args_t sg = {.x = out, .gate = gate, .n_tokens = R, .n_heads = nh, .dim = hd};
-    hpd_gemm_args_t o = {.x = e->core,
-                         .ldx = e->ld_core,
-                         HPD_GEMM_WEIGHT(w->attn_o),
-                         .y = e->x,
-                         .ldy = H,
-                         .m = R,
-                         .n = H,
-                         .k = nh * hd,
-                         .accumulate = true};
+    const rowpar_t o = {
+        .x = e->core, .ldx = e->ld_core, .w = &w->attn_o, .m = R, .n = H, .k_full = nh * hd * e->tp};
     if ((st = hpd_kv_store(e->be, &store)) != HPD_OK ||
-        (st = hpd_attention(e->be, &att)) != HPD_OK ||
-        (st = hpd_sigmoid_mul(e->be, &sg)) != HPD_OK || (st = hpd_gemm(e->be, &o)) != HPD_OK)
+        (st = hpd_attention(e->be, &att)) != HPD_OK || (st = hpd_sigmoid_mul(e->be, &sg)) != HPD_OK)
         return st;
-    return HPD_OK;
+    return rowpar(e, &o, e->x, H, true);
 }
 
 static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
@@ -250,19 +348,12 @@ static hpd_status_t mlp(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 
     hpd_silu_mul_args_t act = {
         .gu = e->proj, .ldgu = e->ld_proj, .out = e->act, .ldout = I, .n_tokens = R, .inter = I};
-    hpd_gemm_args_t down = {.x = e->act,
-                            .ldx = I,
-                            HPD_GEMM_WEIGHT(w->mlp_down),
-                            .y = e->x,
-                            .ldy = H,
-                            .m = R,
-                            .n = H,
-                            .k = I,
-                            .accumulate = true};
+    const rowpar_t down = {
+        .x = e->act, .ldx = I, .w = &w->mlp_down, .m = R, .n = H, .k_full = I * e->tp};
     if ((st = norm_project(e, R, w->post_norm, &w->mlp_gate_up)) != HPD_OK ||
-        (st = hpd_silu_mul(e->be, &act)) != HPD_OK || (st = hpd_gemm(e->be, &down)) != HPD_OK)
+        (st = hpd_silu_mul(e->be, &act)) != HPD_OK)
         return st;
-    return HPD_OK;
+    return rowpar(e, &down, e->x, H, true);
 }
 
 /* A mixture-of-experts MLP (Qwen3-Next, Qwen3.5-MoE): one projection gives
@@ -324,18 +415,16 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
         .gu = e->moe_gu, .ldgu = 2 * Im, .out = e->moe_act, .ldout = Im, .n_tokens = S, .inter = Im};
     if ((st = hpd_silu_mul(e->be, &act)) != HPD_OK)
         return st;
-    const hpd_gemm_grouped_args_t down = {.g = {.x = e->moe_act,
-                                                .ldx = Im,
-                                                HPD_GEMM_WEIGHT(w->moe_down),
-                                                .y = e->moe_out,
-                                                .ldy = H,
-                                                .m = S,
-                                                .n = H,
-                                                .k = Im},
-                                          .first = e->moe_first,
-                                          .n_groups = E,
-                                          .max_rows = R};
-    if ((st = hpd_gemm_grouped(e->be, &down)) != HPD_OK)
+    const rowpar_t down = {.x = e->moe_act,
+                           .ldx = Im,
+                           .w = &w->moe_down,
+                           .m = S,
+                           .n = H,
+                           .k_full = Im * e->tp,
+                           .first = e->moe_first,
+                           .n_groups = E,
+                           .max_rows = R};
+    if ((st = rowpar(e, &down, e->moe_out, H, false)) != HPD_OK)
         return st;
     if (Is > 0) {
         const hpd_silu_mul_args_t sact = {.gu = e->proj + E + 1,
@@ -344,15 +433,10 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
                                           .ldout = Is,
                                           .n_tokens = R,
                                           .inter = Is};
-        const hpd_gemm_args_t sdown = {.x = e->act,
-                                       .ldx = Is,
-                                       HPD_GEMM_WEIGHT(w->shared_down),
-                                       .y = e->moe_shared,
-                                       .ldy = H,
-                                       .m = R,
-                                       .n = H,
-                                       .k = Is};
-        if ((st = hpd_silu_mul(e->be, &sact)) != HPD_OK || (st = hpd_gemm(e->be, &sdown)) != HPD_OK)
+        const rowpar_t sdown = {
+            .x = e->act, .ldx = Is, .w = &w->shared_down, .m = R, .n = H, .k_full = Is * e->tp};
+        if ((st = hpd_silu_mul(e->be, &sact)) != HPD_OK ||
+            (st = rowpar(e, &sdown, e->moe_shared, H, false)) != HPD_OK)
             return st;
     }
     const hpd_moe_combine_args_t comb = {.x = e->x,
@@ -396,32 +480,106 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
                                .w = e->w->final_norm,
                                .eps = c->rms_norm_eps,
                                .zero_centred = true};
+    /* this rank's vocabulary columns of the logits (all of them at TP 1) */
+    const hpd_range_t v = e->vocab[e->rank];
     hpd_gemm_args_t head = {.x = e->lhid,
                             .ldx = H,
                             HPD_GEMM_WEIGHT(e->w->lm_head),
-                            .y = e->logits,
+                            .y = e->logits + v.begin,
                             .ldy = c->vocab_size,
                             .m = n,
-                            .n = c->vocab_size,
+                            .n = v.end - v.begin,
                             .k = H};
-    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &head)) != HPD_OK)
+    if ((st = hpd_rmsnorm(e->be, &norm)) != HPD_OK || (st = hpd_gemm(e->be, &head)) != HPD_OK ||
+        e->tp == 1)
         return st;
-    return HPD_OK;
+    /* every rank gathers the others' columns: each samples from the whole
+     * row, as TP 1 does, and draws the same token */
+    const void *all[HPD_TP_MAX];
+    if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->logits, all))) != HPD_OK)
+        return st;
+    for (uint32_t r = 0; r < e->tp && st == HPD_OK; r++)
+        for (uint32_t i = 0; i < n && r != e->rank && st == HPD_OK; i++) {
+            const size_t off = (size_t)i * c->vocab_size + e->vocab[r].begin;
+            st = hpd_backend_copy(e->be, e->logits + off, (const float *)all[r] + off,
+                                  (e->vocab[r].end - e->vocab[r].begin) * sizeof(float));
+        }
+    if ((st = tp_failed(e, st)) != HPD_OK)
+        return st;
+    return hpd_tp_barrier(e->group);
 }
 
-hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
+/* The embedding rows of the batch's tokens into x. At TP N each rank holds
+ * a range of the vocabulary: it looks up the tokens in its range, and
+ * every rank copies each row from the rank that holds its token. */
+static hpd_status_t embed(hpd_engine_t *e, const batch_t *bt)
 {
-    const hpd_model_config_t *c = e->cfg;
-    hpd_status_t st;
-
+    const uint32_t H = e->cfg->hidden_size;
     hpd_embed_args_t emb = {.ids = e->ids,
                             .n = bt->rows,
                             .table = e->w->embed.p,
                             .dtype = e->w->embed.dtype,
-                            .dim = c->hidden_size,
+                            .dim = H,
                             .out = e->x,
-                            .ld = c->hidden_size};
-    if ((st = hpd_embed(e->be, &emb)) != HPD_OK)
+                            .ld = H};
+    if (e->tp == 1)
+        return hpd_embed(e->be, &emb);
+    const hpd_range_t v = e->vocab[e->rank];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < bt->rows; i++)
+        if ((uint32_t)e->ids[i] >= v.begin && (uint32_t)e->ids[i] < v.end)
+            e->emb_ids[n++] = e->ids[i] - (int32_t)v.begin;
+    emb.ids = e->emb_ids;
+    emb.n = n;
+    emb.out = e->lhid; /* this rank's rows, in batch order */
+    hpd_status_t st = n > 0 ? hpd_embed(e->be, &emb) : HPD_OK;
+    const void *all[HPD_TP_MAX];
+    if ((st = tp_failed(e, st)) != HPD_OK ||
+        (st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->lhid, all))) != HPD_OK)
+        return st;
+    uint32_t seen[HPD_TP_MAX] = {0}; /* rows of each rank so far */
+    for (uint32_t i = 0; i < bt->rows && st == HPD_OK; i++) {
+        uint32_t r = 0;
+        while ((uint32_t)e->ids[i] >= e->vocab[r].end)
+            r++;
+        st = hpd_backend_copy(e->be, e->x + (size_t)i * H,
+                              (const float *)all[r] + (size_t)seen[r]++ * H, H * sizeof(float));
+    }
+    if ((st = tp_failed(e, st)) != HPD_OK)
+        return st;
+    return hpd_tp_barrier(e->group);
+}
+
+/* The ranks run their schedulers in lockstep: a batch that is not the same
+ * on every rank (a bug, never an input) stops the step before any rank
+ * computes with another's rows. */
+static hpd_status_t check_lockstep(hpd_engine_t *e, const batch_t *bt)
+{
+    uint64_t sig[2] = {XXH3_64bits_withSeed(e->ids, bt->rows * sizeof(*e->ids), bt->rows),
+                       XXH3_64bits_withSeed(e->positions, bt->rows * sizeof(*e->positions),
+                                  ((uint64_t)bt->n_items << 32) | bt->n_logits)};
+    const void *all[HPD_TP_MAX];
+    hpd_status_t st = tp_failed(e, hpd_tp_share(e->group, e->rank, sig, all));
+    for (uint32_t r = 0; r < e->tp && st == HPD_OK; r++)
+        if (memcmp(all[r], sig, sizeof(sig)) != 0) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u's batch differs from rank %u's (%u rows, "
+                          "%u requests): the ranks left lockstep", r, e->rank, bt->rows,
+                          bt->n_items);
+            st = tp_failed(e, HPD_ERR_INTERNAL);
+        }
+    if (st != HPD_OK)
+        return st;
+    return hpd_tp_barrier(e->group);
+}
+
+static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
+{
+    const hpd_model_config_t *c = e->cfg;
+    hpd_status_t st;
+
+    if (e->tp > 1 && (st = check_lockstep(e, bt)) != HPD_OK)
+        return st;
+    if ((st = embed(e, bt)) != HPD_OK)
         return st;
     if (e->p.layer_cb != NULL)
         for (uint32_t i = 0; i < bt->n_items; i++) {
@@ -444,6 +602,11 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
             return st;
     }
     return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;
+}
+
+hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)
+{
+    return tp_failed(e, forward(e, bt));
 }
 
 /* Whether this step may be recorded whole: decode rows only (a prefill

@@ -9,6 +9,8 @@
 
 #include "cache/page_pool.h"
 #include "cache/slot_pool.h"
+#include "engine/tp.h"
+#include "model/shard.h"
 
 /* a page table entry that holds no page (yet) */
 #define NO_PAGE UINT32_MAX
@@ -96,6 +98,18 @@ struct hpd_engine {
     hpd_engine_step_item_t *step_items;
 
     hpd_engine_stats_t stats;
+
+    /* tensor parallelism (engine/tp.h): this engine is rank `rank` of tp;
+     * rank 0 owns the others and their workers (peers[r], workers[r], r >= 1) */
+    uint32_t tp, rank;
+    hpd_tp_group_t *group;
+    hpd_engine_t *peers[HPD_TP_MAX];
+    hpd_tp_worker_t *workers[HPD_TP_MAX];
+    hpd_range_t vocab[HPD_TP_MAX]; /* each rank's embedding and LM head rows */
+    /* the canonical sum of row-parallel products (forward.c rowpar):
+     * this rank's subtree sum and two levels of scratch, max(R, S) x H */
+    float *tp_part, *tp_scratch[2];
+    int32_t *emb_ids; /* the batch's tokens this rank embeds, within its rows, [R] */
 };
 
 typedef struct {

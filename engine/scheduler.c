@@ -145,7 +145,7 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     return HPD_OK;
 }
 
-hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+static hpd_status_t submit_rank(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
     request_t *r;
     hpd_status_t st;
@@ -432,7 +432,7 @@ static void cache_prefill_progress(hpd_engine_t *e, request_t *r)
                      (unsigned long long)r->id, hpd_status_str(st));
 }
 
-hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
+static hpd_status_t step_rank(hpd_engine_t *e, uint32_t *n_active_p)
 {
     batch_t bt;
     hpd_status_t st = HPD_OK;
@@ -502,7 +502,7 @@ hpd_status_t hpd_engine_result(hpd_engine_t *e, uint64_t id, const int32_t **tok
     return HPD_OK;
 }
 
-hpd_status_t hpd_engine_cancel(hpd_engine_t *e, uint64_t id)
+static hpd_status_t cancel_rank(hpd_engine_t *e, uint64_t id)
 {
     request_t *r = find(e, id);
 
@@ -514,13 +514,13 @@ hpd_status_t hpd_engine_cancel(hpd_engine_t *e, uint64_t id)
     return HPD_OK;
 }
 
-void hpd_engine_release(hpd_engine_t *e, uint64_t id)
+static void release_rank(hpd_engine_t *e, uint64_t id)
 {
     request_t *r = find(e, id);
 
     if (r == NULL)
         return;
-    hpd_engine_cancel(e, id);
+    cancel_rank(e, id);
     hpd_engine_request_destroy(r);
     e->reqs[id - 1] = NULL;
 }
@@ -539,7 +539,7 @@ hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
     return HPD_OK;
 }
 
-hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+static hpd_status_t reserve_rank(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
     request_t *r;
     hpd_status_t st;
@@ -563,14 +563,14 @@ hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, 
      * zeroing of the slot must have landed (a device backend runs it
      * asynchronously) */
     if ((st = hpd_backend_sync(e->be)) != HPD_OK) {
-        hpd_engine_release(e, r->id);
+        release_rank(e, r->id);
         return st;
     }
     *id_p = r->id;
     return HPD_OK;
 }
 
-hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
+static hpd_status_t start_rank(hpd_engine_t *e, uint64_t id, int32_t first_token)
 {
     request_t *r = find(e, id);
 
@@ -614,4 +614,91 @@ hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engin
     kv->state = r->slot != 0 ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
     kv->slot = r->slot;
     return HPD_OK;
+}
+
+/* ---- tensor parallelism (engine/tp.h): rank 0's calls, repeated on the
+ * other ranks in the same order, keep their schedulers in lockstep. A call
+ * rank 0 refused is not repeated; one a rank answers differently (only
+ * memory can run out on one rank alone) leaves the ranks apart, which the
+ * next step's lockstep check refuses. */
+
+static hpd_status_t peers_agree(const hpd_engine_t *e, uint32_t r, hpd_status_t st,
+                                hpd_status_t pst, const char *what)
+{
+    if (pst == st)
+        return st;
+    HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u answered %s with %s where rank 0 answered %s: the "
+                  "ranks left lockstep", r, what, hpd_status_str(pst), hpd_status_str(st));
+    (void)e;
+    return HPD_ERR_INTERNAL;
+}
+
+hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    hpd_status_t st = submit_rank(e, p, id_p);
+    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++) {
+        uint64_t id = 0;
+        const hpd_status_t pst = submit_rank(e->peers[r], p, &id);
+        st = peers_agree(e, r, st, pst == HPD_OK && id != *id_p ? HPD_ERR_INTERNAL : pst,
+                         "a submit");
+    }
+    return st;
+}
+
+hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
+{
+    hpd_status_t st = reserve_rank(e, p, id_p);
+    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++) {
+        uint64_t id = 0;
+        const hpd_status_t pst = reserve_rank(e->peers[r], p, &id);
+        st = peers_agree(e, r, st, pst == HPD_OK && id != *id_p ? HPD_ERR_INTERNAL : pst,
+                         "a reserve");
+    }
+    return st;
+}
+
+hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
+{
+    hpd_status_t st = start_rank(e, id, first_token);
+    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++)
+        st = peers_agree(e, r, st, start_rank(e->peers[r], id, first_token), "a start");
+    return st;
+}
+
+hpd_status_t hpd_engine_cancel(hpd_engine_t *e, uint64_t id)
+{
+    const hpd_status_t st = cancel_rank(e, id);
+    for (uint32_t r = 1; r < e->tp && e->rank == 0; r++)
+        cancel_rank(e->peers[r], id);
+    return st;
+}
+
+void hpd_engine_release(hpd_engine_t *e, uint64_t id)
+{
+    release_rank(e, id);
+    for (uint32_t r = 1; r < e->tp && e->rank == 0; r++)
+        release_rank(e->peers[r], id);
+}
+
+static hpd_status_t step_peer(void *arg)
+{
+    return step_rank(arg, NULL);
+}
+
+hpd_status_t hpd_engine_step(hpd_engine_t *e, uint32_t *n_active_p)
+{
+    if (e->tp == 1 || e->rank != 0)
+        return step_rank(e, n_active_p);
+    for (uint32_t r = 1; r < e->tp; r++)
+        hpd_tp_worker_post(e->workers[r], step_peer, e->peers[r]);
+    hpd_status_t st = step_rank(e, n_active_p);
+    for (uint32_t r = 1; r < e->tp; r++) {
+        const hpd_status_t pst = hpd_tp_worker_wait(e->workers[r]);
+        if (st == HPD_OK)
+            st = pst;
+    }
+    /* every rank is back: a step one of them failed (and the others
+     * stopped at its abort) leaves the group ready for the next */
+    hpd_tp_group_reset(e->group);
+    return st;
 }

@@ -219,6 +219,22 @@ typedef struct {
     uint32_t n_groups, max_rows;
 } hpd_gemm_grouped_args_t;
 
+/* The top of a row-parallel product's canonical sum (kernels/tp_sum.h):
+ * y = (accumulate ? y + s : s) with s the n_parts parts (1, 2, 4 or 8
+ * [m][n] matrices) combined by the fixed pairwise tree, p0 at n_parts 1,
+ * p0 + p1 at 2, (p0 + p1) + (p2 + p3) at 4, and so on, each add one fp32
+ * rounding. The parts are backend memory; at TP N they are the ranks'
+ * subtree sums, at TP 1 the halves of the group tree. y may be a part. */
+typedef struct {
+    const float *parts[8];
+    uint32_t n_parts;
+    uint32_t ld_parts;
+    float *y;
+    uint32_t ldy;
+    uint32_t m, n;
+    bool accumulate;
+} hpd_tp_sum_args_t;
+
 /* Pieces of backend memory to hash for a transfer's checksum (common/hash.h):
  * span i is cut into hpd_hash_n_pieces(spans[i].bytes) pieces of
  * HPD_HASH_PIECE_BYTES, the last shorter, and out (host memory) takes each
@@ -428,6 +444,7 @@ typedef struct {
     hpd_status_t (*gather)(hpd_backend_t *backend, const hpd_gather_args_t *args);
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
     hpd_status_t (*moe_route)(hpd_backend_t *backend, const hpd_moe_route_args_t *args);
+    hpd_status_t (*tp_sum)(hpd_backend_t *backend, const hpd_tp_sum_args_t *args);
     /* optional: hpd_gemm_grouped reads first to the host and calls gemm per
      * group without it */
     hpd_status_t (*gemm_grouped)(hpd_backend_t *backend, const hpd_gemm_grouped_args_t *args);
@@ -671,6 +688,10 @@ static inline hpd_status_t hpd_moe_combine(hpd_backend_t *b, const hpd_moe_combi
 static inline hpd_status_t hpd_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a)
 {
     return HPD_BACKEND_CALL(b, moe_route, a);
+}
+static inline hpd_status_t hpd_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, tp_sum, a);
 }
 /* What every backend's moe_route takes: 1 to HPD_MAX_EXPERTS experts, 1 to
  * HPD_MAX_TOPK of them a token, rows of at least n_experts logits; else

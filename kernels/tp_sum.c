@@ -16,5 +16,5 @@ void hpd_tp_partials(const float *x, const float *w, uint32_t k, uint32_t g0, ui
 
 float hpd_tp_combine(const float p[HPD_TP_GROUPS])
 {
-    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    return hpd_tp_tree(p, HPD_TP_GROUPS);
 }

@@ -9,6 +9,8 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "model/safetensors.h"
+#include "model/shard.h"
+#include "kernels/tp_sum.h"
 
 #define LOG_COMPONENT "model"
 
@@ -29,7 +31,8 @@ uint32_t hpd_model_attn_qkv_rows(const hpd_model_config_t *c)
 
 typedef struct {
     const hpd_st_archive_t *ar;
-    const hpd_model_config_t *config;
+    const hpd_model_config_t *config; /* the checkpoint's: the tensors' shapes */
+    const hpd_shard_t *shard;         /* the part this model holds */
     const char *dir;
     const char *prefix; /* "model." or "model.language_model." */
     char name[256];
@@ -224,6 +227,177 @@ static void mat_rows(const loader_t *ld, hpd_weight_t *w, uint64_t dst_row, cons
             }
 }
 
+/* ---- row-parallel matrices, stored group by group (model.h) */
+
+static uint32_t gcd(uint32_t a, uint32_t b)
+{
+    while (b != 0) {
+        const uint32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The FP8 scales of a group's columns [c0, c1): a group inside one block
+ * takes its one scale; else blocks of *sub_p columns, the largest that
+ * divides both the block and where the group starts in it, so that each
+ * sub-block lies in one block of the checkpoint (the group's column c has
+ * scale c / *sub_p). The count; 0 for an empty group. */
+static uint32_t group_scales(uint32_t c0, uint32_t c1, uint32_t block, uint32_t *sub_p)
+{
+    *sub_p = block;
+    if (c1 <= c0)
+        return 0;
+    if (c0 / block == (c1 - 1) / block)
+        return 1;
+    *sub_p = gcd(block, c0 % block);
+    return (c1 - c0 + *sub_p - 1) / *sub_p;
+}
+
+/* Whether every group of the rank starts on a block edge or lies in one
+ * block: then the rank keeps the checkpoint's blocks of its columns,
+ * [rows][blocks], shared by the groups (no scale stored twice); else
+ * each group has its own (group_scales). */
+static bool blocks_shared(uint32_t k_full, uint32_t block, uint32_t tp, uint32_t rank)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
+    for (uint32_t g = mine.begin; g < mine.end; g++) {
+        const hpd_range_t r = hpd_tp_group(k_full, g);
+        if (r.end > r.begin && r.begin % block != 0 && r.begin / block != (r.end - 1) / block)
+            return false;
+    }
+    return true;
+}
+
+/* the rank's columns [begin, end) of k_full */
+static hpd_range_t rank_cols(uint32_t k_full, uint32_t tp, uint32_t rank)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
+    return (hpd_range_t){hpd_tp_group(k_full, mine.begin).begin,
+                         hpd_tp_group(k_full, mine.end - 1).end};
+}
+
+hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full, uint32_t tp,
+                             uint32_t rank, uint32_t g, uint32_t *col_p, uint32_t *k_p)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
+    const size_t es = hpd_dtype_size(w->dtype);
+    uint64_t col = 0, scale_col = 0;
+    if (w->scale != NULL && blocks_shared(k_full, w->block, tp, rank)) {
+        const hpd_range_t r = hpd_tp_group(k_full, g), cols = rank_cols(k_full, tp, rank);
+        col = r.begin - cols.begin;
+        *col_p = (uint32_t)col;
+        *k_p = r.end - r.begin;
+        return (hpd_weight_t){.p = (char *)w->p + rows * col * es,
+                              .dtype = w->dtype,
+                              .scale = w->scale + (r.begin / w->block - cols.begin / w->block),
+                              .scale_ld = w->scale_ld,
+                              .block = w->block};
+    }
+    uint32_t sub;
+    for (uint32_t j = mine.begin; j < g; j++) {
+        const hpd_range_t r = hpd_tp_group(k_full, j);
+        col += r.end - r.begin;
+        if (w->scale != NULL)
+            scale_col += group_scales(r.begin, r.end, w->block, &sub);
+    }
+    const hpd_range_t r = hpd_tp_group(k_full, g);
+    hpd_weight_t v = {.p = (char *)w->p + rows * col * es, .dtype = w->dtype, .block = w->block};
+    if (w->scale != NULL) {
+        v.scale = w->scale + rows * scale_col;
+        v.scale_ld = group_scales(r.begin, r.end, w->block, &v.block);
+    }
+    *col_p = (uint32_t)col;
+    *k_p = r.end - r.begin;
+    return v;
+}
+
+/* A row-parallel matrix of `rows` rows over this rank's groups of k_full
+ * columns, in dtype; FP8 scales per group (group_scales). */
+static hpd_status_t rowpar_alloc(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, hpd_dtype_t dtype,
+                                 uint64_t rows, uint32_t k_full)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank);
+    const hpd_range_t rc = rank_cols(k_full, ld->shard->tp, ld->shard->rank);
+    hpd_status_t st;
+    if ((st = mat_alloc(ld, m, w, dtype, rows, rc.end - rc.begin)) != HPD_OK || w->scale == NULL)
+        return st;
+    m->weight_bytes -= rows * w->scale_ld * sizeof(float);
+    free(w->scale);
+    w->scale = NULL;
+    w->scale_ld = 0;
+    if (blocks_shared(k_full, w->block, ld->shard->tp, ld->shard->rank)) {
+        /* the blocks the rank's columns touch (its first may start inside one) */
+        w->scale_ld = rc.end > rc.begin ? (rc.end - 1) / w->block - rc.begin / w->block + 1 : 0;
+    } else {
+        for (uint32_t g = mine.begin; g < mine.end; g++) { /* every group's scales of a row */
+            const hpd_range_t r = hpd_tp_group(k_full, g);
+            uint32_t sub;
+            w->scale_ld += group_scales(r.begin, r.end, w->block, &sub);
+        }
+    }
+    m->weight_bytes += rows * w->scale_ld * sizeof(float);
+    if ((w->scale = malloc(rows * w->scale_ld * sizeof(float) + 1)) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    return HPD_OK;
+}
+
+/* Rows [src_row, src_row + n) of s, columns of this rank's groups, into
+ * rows [dst_row, ...) of the row-parallel matrix w (rowpar_alloc): copied
+ * as they are (an FP8 row with its scales) or widened to w's F32. */
+static void rowpar_rows(const loader_t *ld, hpd_weight_t *w, uint64_t rows, uint32_t k_full,
+                        uint64_t dst_row, const src_t *s, uint64_t src_row, uint64_t n)
+{
+    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank);
+    const size_t es = hpd_dtype_size(w->dtype), ts = hpd_dtype_size(s->t->dtype);
+    const uint32_t B = ld->config->fp8_block_cols;
+    const bool shared = w->scale != NULL && blocks_shared(k_full, w->block, ld->shard->tp,
+                                                          ld->shard->rank);
+    if (shared) { /* the rank's blocks, once */
+        const uint32_t b0 = rank_cols(k_full, ld->shard->tp, ld->shard->rank).begin / B;
+        for (uint64_t r = 0; r < n; r++)
+            for (uint32_t cb = 0; cb < w->scale_ld; cb++)
+                w->scale[(dst_row + r) * w->scale_ld + cb] = src_scale(ld, s, src_row + r, b0 + cb);
+    }
+    for (uint32_t g = mine.begin; g < mine.end; g++) {
+        uint32_t col, k;
+        const hpd_weight_t v = hpd_model_group(w, rows, k_full, ld->shard->tp, ld->shard->rank, g,
+                                               &col, &k);
+        const uint32_t c0 = hpd_tp_group(k_full, g).begin;
+        for (uint64_t r = 0; r < n && k > 0; r++) {
+            char *dst = (char *)v.p + (dst_row + r) * k * es;
+            const char *src = (const char *)s->t->data + ((src_row + r) * s->cols + c0) * ts;
+            if (s->t->dtype == w->dtype) {
+                memcpy(dst, src, (size_t)k * es);
+                for (uint32_t cb = 0; v.scale != NULL && !shared && cb < v.scale_ld; cb++)
+                    v.scale[(dst_row + r) * v.scale_ld + cb] =
+                        src_scale(ld, s, src_row + r, (c0 + cb * v.block) / B);
+                continue;
+            }
+            hpd_dtype_to_f32(s->t->dtype, src, (float *)dst, k);
+            if (s->t->dtype == HPD_DTYPE_F8_E4M3)
+                for (uint32_t c = 0; c < k; c++)
+                    ((float *)dst)[c] *= src_scale(ld, s, src_row + r, (c0 + c) / B);
+        }
+    }
+}
+
+/* One tensor [rows][k_full] as a row-parallel matrix. */
+static hpd_status_t load_rowpar(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, const char *name,
+                                uint64_t rows, uint32_t k_full)
+{
+    const uint64_t dims[2] = {rows, k_full};
+    src_t s;
+    hpd_status_t st;
+
+    if ((st = find_src(ld, name, 2, dims, &s)) != HPD_OK ||
+        (st = rowpar_alloc(ld, m, w, s.t->dtype, rows, k_full)) != HPD_OK)
+        return st;
+    rowpar_rows(ld, w, rows, k_full, 0, &s, 0, rows);
+    return HPD_OK;
+}
+
 /* The parts of a fused matrix: consecutive sources (of rows[i] rows, cols
  * wide) of one dtype share a part. */
 static hpd_status_t fused_alloc(loader_t *ld, hpd_model_t *m, hpd_fused_t *f, const src_t *ss,
@@ -259,44 +433,98 @@ static void fused_rows(const loader_t *ld, hpd_fused_t *f, uint64_t dst_row, con
 }
 
 #define MAX_SOURCES 4
+#define MAX_SPANS 3
 
-/* A fused matrix of up to MAX_SOURCES tensors [rows[i]][cols] stacked by
- * rows; fmts are tensor_name formats of layer l. */
+/* Rows of a tensor this rank takes: [begin, begin + n). */
+typedef struct {
+    uint64_t begin, n;
+} span_t;
+
+/* A source of a stacked matrix: tensor_name format fmt of `rows` rows, of
+ * which the spans (in order) are taken; no span: all of them. */
+typedef struct {
+    const char *fmt;
+    uint64_t rows;
+    span_t span[MAX_SPANS];
+    uint32_t n_spans;
+} stack_src_t;
+
+static uint64_t taken_rows(const stack_src_t *s)
+{
+    uint64_t n = s->n_spans == 0 ? s->rows : 0;
+    for (uint32_t j = 0; j < s->n_spans; j++)
+        n += s->span[j].n;
+    return n;
+}
+
+/* A fused matrix of up to MAX_SOURCES tensors [rows][cols] of layer l,
+ * the rows each source's spans take stacked in order. */
 static hpd_status_t load_stacked(loader_t *ld, hpd_model_t *m, hpd_fused_t *f, uint64_t cols,
-                                 uint32_t l, uint32_t n, const char *const *fmts,
-                                 const uint64_t *rows)
+                                 uint32_t l, uint32_t n, const stack_src_t *srcs)
 {
     src_t ss[MAX_SOURCES];
-    uint64_t total = 0;
+    uint64_t rows[MAX_SOURCES], total = 0;
     hpd_status_t st;
 
     for (uint32_t i = 0; i < n; i++) {
-        const uint64_t dims[2] = {rows[i], cols};
-        if ((st = find_src(ld, tensor_name(ld, fmts[i], l), 2, dims, &ss[i])) != HPD_OK)
+        const uint64_t dims[2] = {srcs[i].rows, cols};
+        if ((st = find_src(ld, tensor_name(ld, srcs[i].fmt, l), 2, dims, &ss[i])) != HPD_OK)
             return st;
+        rows[i] = taken_rows(&srcs[i]);
     }
     if ((st = fused_alloc(ld, m, f, ss, rows, n, cols)) != HPD_OK)
         return st;
     for (uint32_t i = 0; i < n; i++) {
-        fused_rows(ld, f, total, &ss[i], 0, rows[i]);
-        total += rows[i];
+        if (srcs[i].n_spans == 0)
+            fused_rows(ld, f, total, &ss[i], 0, rows[i]);
+        for (uint32_t j = 0; j < srcs[i].n_spans; j++) {
+            fused_rows(ld, f, total, &ss[i], srcs[i].span[j].begin, srcs[i].span[j].n);
+            total += srcs[i].span[j].n;
+        }
+        if (srcs[i].n_spans == 0)
+            total += rows[i];
     }
     return HPD_OK;
 }
 
-/* One tensor [rows][cols] as a matrix. */
-static hpd_status_t load_matrix(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, const char *name,
-                                uint64_t rows, uint64_t cols)
+/* Rows [begin, begin + n) of tensor `name` of rows x cols into a matrix. */
+static hpd_status_t load_matrix_rows(loader_t *ld, hpd_model_t *m, hpd_weight_t *w,
+                                     const char *name, uint64_t rows, uint64_t cols,
+                                     uint64_t begin, uint64_t n)
 {
     const uint64_t dims[2] = {rows, cols};
     src_t s;
     hpd_status_t st;
 
     if ((st = find_src(ld, name, 2, dims, &s)) != HPD_OK ||
-        (st = mat_alloc(ld, m, w, s.t->dtype, rows, cols)) != HPD_OK)
+        (st = mat_alloc(ld, m, w, s.t->dtype, n, cols)) != HPD_OK)
         return st;
-    mat_rows(ld, w, 0, &s, 0, rows);
+    mat_rows(ld, w, 0, &s, begin, n);
     return HPD_OK;
+}
+
+/* The spans (rows of row_elems elements each) of a vector tensor of the
+ * given shape, converted into dst one after another. */
+static hpd_status_t load_spans(loader_t *ld, const char *name, uint32_t ndim, uint64_t d0,
+                               uint64_t d1, uint64_t d2, uint64_t row_elems, const span_t *spans,
+                               uint32_t n_spans, float *dst)
+{
+    const uint64_t dims[3] = {d0, d1, d2};
+    const hpd_st_tensor_t *t;
+    hpd_status_t st = find_checked(ld, name, ndim, dims, &t);
+
+    if (st == HPD_OK && t->dtype == HPD_DTYPE_F8_E4M3) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tensor '%s' is F8_E4M3 (expected F32, F16 or BF16: "
+                      "only linear weights are quantised)", ld->dir, name);
+        return HPD_ERR_FORMAT;
+    }
+    const size_t ts = st == HPD_OK ? hpd_dtype_size(t->dtype) : 0;
+    for (uint32_t j = 0; st == HPD_OK && j < n_spans; j++) {
+        hpd_dtype_to_f32(t->dtype, (const char *)t->data + spans[j].begin * row_elems * ts, dst,
+                         spans[j].n * row_elems);
+        dst += spans[j].n * row_elems;
+    }
+    return st;
 }
 
 /* Qwen3-Next packs q, k, v and z per key head: group g holds
@@ -304,11 +532,12 @@ static hpd_status_t load_matrix(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, c
  * [b_g (r) | a_g (r)]. This unpacks both into the Qwen3.5 order q|k|v|z|b|a. */
 static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fused_t *w)
 {
-    const hpd_model_config_t *c = &m->config;
+    const hpd_model_config_t *c = ld->config, *lc = &m->config;
     const uint64_t H = c->hidden_size, nk = c->lin_n_k_heads, dk = c->lin_k_dim;
     const uint64_t r = c->lin_n_v_heads / c->lin_n_k_heads, dv = c->lin_v_dim;
-    const uint64_t nv = c->lin_n_v_heads, group = 2 * dk + 2 * r * dv;
-    const uint64_t v_base = 2 * nk * dk, z_base = c->conv_dim;
+    const uint64_t nv = lc->lin_n_v_heads, group = 2 * dk + 2 * r * dv;
+    const uint64_t lnk = lc->lin_n_k_heads, k0 = ld->shard->k_heads.begin;
+    const uint64_t v_base = 2 * lnk * dk, z_base = lc->conv_dim;
     const uint64_t b_base = z_base + nv * dv, a_base = b_base + nv;
     const uint64_t qkvz_dims[2] = {nk * group, H}, ba_dims[2] = {nk * 2 * r, H};
     src_t ss[2];
@@ -320,28 +549,42 @@ static hpd_status_t load_gdn_next(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_
                        ba_dims, &ss[1])) != HPD_OK ||
         (st = fused_alloc(ld, m, w, ss, (const uint64_t[]){b_base, 2 * nv}, 2, H)) != HPD_OK)
         return st; /* q|k|v|z from qkvz, then b|a from ba */
-    for (uint64_t g = 0; g < nk; g++) {
-        const uint64_t src = g * group;
+    for (uint64_t g = 0; g < lnk; g++) { /* this rank's key heads k0 + g */
+        const uint64_t src = (k0 + g) * group;
         fused_rows(ld, w, g * dk, &ss[0], src, dk);
-        fused_rows(ld, w, nk * dk + g * dk, &ss[0], src + dk, dk);
+        fused_rows(ld, w, lnk * dk + g * dk, &ss[0], src + dk, dk);
         fused_rows(ld, w, v_base + g * r * dv, &ss[0], src + 2 * dk, r * dv);
         fused_rows(ld, w, z_base + g * r * dv, &ss[0], src + 2 * dk + r * dv, r * dv);
-        fused_rows(ld, w, b_base + g * r, &ss[1], g * 2 * r, r);
-        fused_rows(ld, w, a_base + g * r, &ss[1], g * 2 * r + r, r);
+        fused_rows(ld, w, b_base + g * r, &ss[1], (k0 + g) * 2 * r, r);
+        fused_rows(ld, w, a_base + g * r, &ss[1], (k0 + g) * 2 * r + r, r);
     }
     return HPD_OK;
 }
 
+/* The conv channels of this rank, per segment: its key heads' q and k
+ * channels and its value heads' v channels (never one slice of q|k|v). */
+static void conv_spans(const loader_t *ld, span_t span[3])
+{
+    const hpd_model_config_t *c = ld->config;
+    const hpd_shard_t *s = ld->shard;
+    const uint64_t nk = c->lin_n_k_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const uint64_t lk = s->k_heads.end - s->k_heads.begin, lv = s->v_heads.end - s->v_heads.begin;
+    span[0] = (span_t){s->k_heads.begin * dk, lk * dk};
+    span[1] = (span_t){nk * dk + s->k_heads.begin * dk, lk * dk};
+    span[2] = (span_t){2 * nk * dk + s->v_heads.begin * dv, lv * dv};
+}
+
 static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fused_t *w)
 {
-    const hpd_model_config_t *c = &m->config;
+    const hpd_model_config_t *c = ld->config;
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
-    static const char *const fmts[] = {"layers.%u.linear_attn.in_proj_qkv.weight",
-                                       "layers.%u.linear_attn.in_proj_z.weight",
-                                       "layers.%u.linear_attn.in_proj_b.weight",
-                                       "layers.%u.linear_attn.in_proj_a.weight"};
-    const uint64_t rows[] = {c->conv_dim, nv * dv, nv, nv};
-    return load_stacked(ld, m, w, c->hidden_size, l, 4, fmts, rows);
+    const uint64_t v0 = ld->shard->v_heads.begin, lv = ld->shard->v_heads.end - v0;
+    stack_src_t srcs[] = {{"layers.%u.linear_attn.in_proj_qkv.weight", c->conv_dim, {{0}}, 3},
+                          {"layers.%u.linear_attn.in_proj_z.weight", nv * dv, {{v0 * dv, lv * dv}}, 1},
+                          {"layers.%u.linear_attn.in_proj_b.weight", nv, {{v0, lv}}, 1},
+                          {"layers.%u.linear_attn.in_proj_a.weight", nv, {{v0, lv}}, 1}};
+    conv_spans(ld, srcs[0].span);
+    return load_stacked(ld, m, w, c->hidden_size, l, 4, srcs);
 }
 
 /* The experts of MoE layer l, in either naming: fused 3-D
@@ -350,8 +593,9 @@ static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fu
  * (the released checkpoints). */
 static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_layer_weights_t *w)
 {
-    const hpd_model_config_t *c = &m->config;
+    const hpd_model_config_t *c = ld->config;
     const uint64_t E = c->n_experts, H = c->hidden_size, I = c->moe_inter;
+    const uint64_t i0 = ld->shard->expert.begin, Il = m->config.moe_inter;
     src_t gu, dn;
     hpd_status_t st;
 
@@ -362,11 +606,14 @@ static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_l
                            gu_dims, &gu)) != HPD_OK ||
             (st = find_src(ld, tensor_name(ld, "layers.%u.mlp.experts.down_proj", l), 3, dn_dims,
                            &dn)) != HPD_OK ||
-            (st = mat_alloc(ld, m, &w->moe_gate_up, gu.t->dtype, E * 2 * I, H)) != HPD_OK ||
-            (st = mat_alloc(ld, m, &w->moe_down, dn.t->dtype, E * H, I)) != HPD_OK)
+            (st = mat_alloc(ld, m, &w->moe_gate_up, gu.t->dtype, E * 2 * Il, H)) != HPD_OK ||
+            (st = rowpar_alloc(ld, m, &w->moe_down, dn.t->dtype, E * H, (uint32_t)I)) != HPD_OK)
             return st;
-        mat_rows(ld, &w->moe_gate_up, 0, &gu, 0, E * 2 * I);
-        mat_rows(ld, &w->moe_down, 0, &dn, 0, E * H);
+        for (uint64_t x = 0; x < E; x++) { /* this rank's gate rows, then its up rows */
+            mat_rows(ld, &w->moe_gate_up, 2 * Il * x, &gu, 2 * I * x + i0, Il);
+            mat_rows(ld, &w->moe_gate_up, 2 * Il * x + Il, &gu, 2 * I * x + I + i0, Il);
+        }
+        rowpar_rows(ld, &w->moe_down, E * H, (uint32_t)I, 0, &dn, 0, E * H);
         return HPD_OK;
     }
     src_t *ss = malloc(3 * E * sizeof(*ss));
@@ -385,14 +632,14 @@ static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_l
                                           (uint32_t)x), 2, out_dims, &ss[2 * E + x]);
     }
     if (st == HPD_OK &&
-        (st = mat_alloc(ld, m, &w->moe_gate_up, fused_dtype(ss, 2 * (uint32_t)E), E * 2 * I, H)) ==
+        (st = mat_alloc(ld, m, &w->moe_gate_up, fused_dtype(ss, 2 * (uint32_t)E), E * 2 * Il, H)) ==
             HPD_OK &&
-        (st = mat_alloc(ld, m, &w->moe_down, fused_dtype(ss + 2 * E, (uint32_t)E), E * H, I)) ==
-            HPD_OK) {
+        (st = rowpar_alloc(ld, m, &w->moe_down, fused_dtype(ss + 2 * E, (uint32_t)E), E * H,
+                           (uint32_t)I)) == HPD_OK) {
         for (uint64_t x = 0; x < E; x++) {
-            mat_rows(ld, &w->moe_gate_up, 2 * I * x, &ss[2 * x], 0, I);
-            mat_rows(ld, &w->moe_gate_up, 2 * I * x + I, &ss[2 * x + 1], 0, I);
-            mat_rows(ld, &w->moe_down, H * x, &ss[2 * E + x], 0, H);
+            mat_rows(ld, &w->moe_gate_up, 2 * Il * x, &ss[2 * x], i0, Il);
+            mat_rows(ld, &w->moe_gate_up, 2 * Il * x + Il, &ss[2 * x + 1], i0, Il);
+            rowpar_rows(ld, &w->moe_down, E * H, (uint32_t)I, H * x, &ss[2 * E + x], 0, H);
         }
     }
     free(ss);
@@ -402,32 +649,33 @@ static hpd_status_t load_experts(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_l
 /* A MoE layer's MLP: the router, the shared expert and its gate, the experts. */
 static hpd_status_t load_moe(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_layer_weights_t *w)
 {
-    const hpd_model_config_t *c = &m->config;
+    const hpd_model_config_t *c = ld->config;
     const uint64_t H = c->hidden_size, Is = c->shared_inter;
-    static const char *const in[] = {"layers.%u.mlp.gate.weight",
-                                     "layers.%u.mlp.shared_expert_gate.weight",
-                                     "layers.%u.mlp.shared_expert.gate_proj.weight",
-                                     "layers.%u.mlp.shared_expert.up_proj.weight"};
-    const uint64_t in_rows[] = {c->n_experts, 1, Is, Is};
+    const uint64_t s0 = ld->shard->shared.begin, Sl = m->config.shared_inter;
+    const stack_src_t in[] = {{"layers.%u.mlp.gate.weight", c->n_experts, {{0}}, 0},
+                              {"layers.%u.mlp.shared_expert_gate.weight", 1, {{0}}, 0},
+                              {"layers.%u.mlp.shared_expert.gate_proj.weight", Is, {{s0, Sl}}, 1},
+                              {"layers.%u.mlp.shared_expert.up_proj.weight", Is, {{s0, Sl}}, 1}};
     hpd_status_t st;
 
-    if ((st = load_stacked(ld, m, &w->moe_in, H, l, Is > 0 ? 4 : 1, in, in_rows)) != HPD_OK ||
+    if ((st = load_stacked(ld, m, &w->moe_in, H, l, Is > 0 ? 4 : 1, in)) != HPD_OK ||
         (Is > 0 &&
-         (st = load_matrix(ld, m, &w->shared_down,
+         (st = load_rowpar(ld, m, &w->shared_down,
                            tensor_name(ld, "layers.%u.mlp.shared_expert.down_proj.weight", l), H,
-                           Is)) != HPD_OK))
+                           (uint32_t)Is)) != HPD_OK))
         return st;
     return load_experts(ld, m, l, w);
 }
 
 static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
 {
-    const hpd_model_config_t *c = &m->config;
+    const hpd_model_config_t *c = ld->config, *lc = &m->config;
+    const hpd_shard_t *sh = ld->shard;
     hpd_layer_weights_t *w = &m->layers[l];
     const uint64_t H = c->hidden_size, I = c->intermediate_size;
-    static const char *const mlp[] = {"layers.%u.mlp.gate_proj.weight",
-                                      "layers.%u.mlp.up_proj.weight"};
-    const uint64_t mlp_rows[] = {I, I};
+    const uint64_t i0 = sh->mlp.begin, Il = lc->intermediate_size;
+    const stack_src_t mlp[] = {{"layers.%u.mlp.gate_proj.weight", I, {{i0, Il}}, 1},
+                               {"layers.%u.mlp.up_proj.weight", I, {{i0, Il}}, 1}};
     hpd_status_t st;
 
     w->input_norm = alloc_f32(m, H);
@@ -441,25 +689,28 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
         (c->layer_moe[l] && (st = load_moe(ld, m, l, w)) != HPD_OK))
         return st;
     if (!c->layer_moe[l] &&
-        ((st = load_stacked(ld, m, &w->mlp_gate_up, H, l, 2, mlp, mlp_rows)) != HPD_OK ||
-         (st = load_matrix(ld, m, &w->mlp_down,
-                           tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), H, I)) != HPD_OK))
+        ((st = load_stacked(ld, m, &w->mlp_gate_up, H, l, 2, mlp)) != HPD_OK ||
+         (st = load_rowpar(ld, m, &w->mlp_down,
+                           tensor_name(ld, "layers.%u.mlp.down_proj.weight", l), H,
+                           (uint32_t)I)) != HPD_OK))
         return st;
 
     if (c->layer_full[l]) {
         const uint64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-        static const char *const qkv[] = {"layers.%u.self_attn.q_proj.weight",
-                                          "layers.%u.self_attn.k_proj.weight",
-                                          "layers.%u.self_attn.v_proj.weight"};
-        const uint64_t qkv_rows[] = {nh * 2 * hd, nkv * hd, nkv * hd};
+        const uint64_t q0 = sh->q_heads.begin, kv0 = sh->kv_heads.begin;
+        const uint64_t lq = lc->n_heads, lkv = lc->n_kv_heads;
+        const stack_src_t qkv[] = {
+            {"layers.%u.self_attn.q_proj.weight", nh * 2 * hd, {{q0 * 2 * hd, lq * 2 * hd}}, 1},
+            {"layers.%u.self_attn.k_proj.weight", nkv * hd, {{kv0 * hd, lkv * hd}}, 1},
+            {"layers.%u.self_attn.v_proj.weight", nkv * hd, {{kv0 * hd, lkv * hd}}, 1}};
         w->q_norm = alloc_f32(m, hd);
         w->k_norm = alloc_f32(m, hd);
         if (!w->q_norm || !w->k_norm)
             return HPD_ERR_NO_MEMORY;
-        if ((st = load_stacked(ld, m, &w->attn_qkv, H, l, 3, qkv, qkv_rows)) != HPD_OK ||
-            (st = load_matrix(ld, m, &w->attn_o,
+        if ((st = load_stacked(ld, m, &w->attn_qkv, H, l, 3, qkv)) != HPD_OK ||
+            (st = load_rowpar(ld, m, &w->attn_o,
                               tensor_name(ld, "layers.%u.self_attn.o_proj.weight", l), H,
-                              nh * hd)) != HPD_OK ||
+                              (uint32_t)(nh * hd))) != HPD_OK ||
             (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.q_norm.weight", l), 1, hd, 0,
                             0, w->q_norm)) != HPD_OK ||
             (st = load_into(ld, tensor_name(ld, "layers.%u.self_attn.k_norm.weight", l), 1, hd, 0,
@@ -468,10 +719,13 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
         return HPD_OK;
     }
 
-    const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
-    w->gdn_conv = alloc_f32(m, (uint64_t)c->conv_dim * c->conv_kernel);
-    w->gdn_a_log = alloc_f32(m, nv);
-    w->gdn_dt_bias = alloc_f32(m, nv);
+    const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim, lv = lc->lin_n_v_heads;
+    const span_t vspan = {sh->v_heads.begin, lv};
+    span_t cspan[3];
+    conv_spans(ld, cspan);
+    w->gdn_conv = alloc_f32(m, (uint64_t)lc->conv_dim * c->conv_kernel);
+    w->gdn_a_log = alloc_f32(m, lv);
+    w->gdn_dt_bias = alloc_f32(m, lv);
     w->gdn_norm = alloc_f32(m, dv);
     if (!w->gdn_conv || !w->gdn_a_log || !w->gdn_dt_bias || !w->gdn_norm)
         return HPD_ERR_NO_MEMORY;
@@ -479,17 +733,18 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
                                         : load_gdn_35(ld, m, l, &w->gdn_in);
     if (st != HPD_OK)
         return st;
-    if ((st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.conv1d.weight", l), 3,
-                        c->conv_dim, 1, c->conv_kernel, w->gdn_conv)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.A_log", l), 1, nv, 0, 0,
-                        w->gdn_a_log)) != HPD_OK ||
-        (st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.dt_bias", l), 1, nv, 0, 0,
-                        w->gdn_dt_bias)) != HPD_OK ||
+    if ((st = load_spans(ld, tensor_name(ld, "layers.%u.linear_attn.conv1d.weight", l), 3,
+                         c->conv_dim, 1, c->conv_kernel, c->conv_kernel, cspan, 3,
+                         w->gdn_conv)) != HPD_OK ||
+        (st = load_spans(ld, tensor_name(ld, "layers.%u.linear_attn.A_log", l), 1, nv, 0, 0, 1,
+                         &vspan, 1, w->gdn_a_log)) != HPD_OK ||
+        (st = load_spans(ld, tensor_name(ld, "layers.%u.linear_attn.dt_bias", l), 1, nv, 0, 0, 1,
+                         &vspan, 1, w->gdn_dt_bias)) != HPD_OK ||
         (st = load_into(ld, tensor_name(ld, "layers.%u.linear_attn.norm.weight", l), 1, dv, 0, 0,
                         w->gdn_norm)) != HPD_OK ||
-        (st = load_matrix(ld, m, &w->gdn_out,
+        (st = load_rowpar(ld, m, &w->gdn_out,
                           tensor_name(ld, "layers.%u.linear_attn.out_proj.weight", l), H,
-                          nv * dv)) != HPD_OK)
+                          (uint32_t)(nv * dv))) != HPD_OK)
         return st;
     return HPD_OK;
 }
@@ -538,79 +793,109 @@ static hpd_status_t fingerprint(hpd_model_t *m, const char *model_dir,
     return HPD_OK;
 }
 
-hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
+/* Rank `rank`'s shard of the model in ar (config c) into m. */
+static hpd_status_t load_shard(loader_t *ld, const hpd_model_config_t *c, uint32_t tp,
+                               uint32_t rank, hpd_model_t *m)
 {
-    hpd_model_t *m = calloc(1, sizeof(*m));
-    hpd_st_archive_t *ar = NULL;
-    loader_t ld;
+    const char *model_dir = ld->dir;
+    char why[200];
     hpd_status_t st;
-    uint64_t V, H;
 
-    if (m == NULL)
-        return HPD_ERR_NO_MEMORY;
-    if ((st = hpd_model_config_load(model_dir, &m->config)) != HPD_OK)
-        goto err;
-    if ((st = hpd_st_archive_open(model_dir, &ar)) != HPD_OK)
-        goto err;
-    ld.ar = ar;
-    ld.config = &m->config;
-    ld.dir = model_dir;
-    for (size_t i = 0; i < hpd_st_archive_count(ar); i++) {
-        const char *name = hpd_st_archive_get(ar, i)->name;
-        m->skipped_visual += strncmp(name, "model.visual.", 13) == 0;
-        m->skipped_mtp += strncmp(name, "mtp.", 4) == 0;
+    if ((st = hpd_shard_plan(c, tp, rank, &m->shard, why, sizeof(why))) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot run at tensor parallelism: %s", model_dir, why);
+        return st;
     }
-    if (m->skipped_visual + m->skipped_mtp > 0)
-        HPD_LOG_INFO(LOG_COMPONENT, "%s: skipping %u tensors of the vision tower (model.visual.*) "
-                     "and %u of the MTP head (mtp.*): text generation does not use them",
-                     model_dir, m->skipped_visual, m->skipped_mtp);
-    ld.prefix = hpd_st_archive_find(ar, "model.language_model.embed_tokens.weight") != NULL
-                    ? "model.language_model."
-                    : "model.";
-    V = m->config.vocab_size;
-    H = m->config.hidden_size;
+    hpd_shard_config(c, &m->shard, &m->config);
+    ld->shard = &m->shard;
+    const uint64_t V = c->vocab_size, H = c->hidden_size;
+    const uint64_t v0 = m->shard.vocab.begin, Vl = m->shard.vocab.end - v0;
     m->final_norm = alloc_f32(m, H);
-    if (m->final_norm == NULL) {
-        st = HPD_ERR_NO_MEMORY;
-        goto err;
-    }
-    if ((st = load_matrix(&ld, m, &m->embed, tensor_name(&ld, "embed_tokens.weight"), V, H)) ==
-            HPD_OK &&
+    if (m->final_norm == NULL)
+        return HPD_ERR_NO_MEMORY;
+    if ((st = load_matrix_rows(ld, m, &m->embed, tensor_name(ld, "embed_tokens.weight"), V, H, v0,
+                               Vl)) == HPD_OK &&
         m->embed.dtype == HPD_DTYPE_F8_E4M3) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: embed_tokens.weight is F8_E4M3 (expected F32, F16 or "
                       "BF16: FP8 releases keep the embedding unquantised)", model_dir);
         st = HPD_ERR_UNSUPPORTED;
     }
     if (st != HPD_OK ||
-        (st = load_into(&ld, tensor_name(&ld, "norm.weight"), 1, H, 0, 0, m->final_norm)) !=
-            HPD_OK)
-        goto err;
+        (st = load_into(ld, tensor_name(ld, "norm.weight"), 1, H, 0, 0, m->final_norm)) != HPD_OK)
+        return st;
     if (m->config.tie_word_embeddings)
         m->lm_head = m->embed;
-    else if ((st = load_matrix(&ld, m, &m->lm_head, "lm_head.weight", V, H)) != HPD_OK)
-        goto err;
+    else if ((st = load_matrix_rows(ld, m, &m->lm_head, "lm_head.weight", V, H, v0, Vl)) != HPD_OK)
+        return st;
     for (uint32_t l = 0; l < m->config.n_layers; l++)
-        if ((st = load_layer(&ld, m, l)) != HPD_OK)
-            goto err;
-    if ((st = fingerprint(m, model_dir, ar)) != HPD_OK)
-        goto err;
-    hpd_st_archive_destroy(ar);
-    *model_p = m;
+        if ((st = load_layer(ld, m, l)) != HPD_OK)
+            return st;
     return HPD_OK;
+}
 
-err:
+hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t **models)
+{
+    hpd_model_config_t c;
+    hpd_st_archive_t *ar = NULL;
+    loader_t ld = {.config = &c, .dir = model_dir};
+    uint32_t skipped_visual = 0, skipped_mtp = 0;
+    hpd_status_t st;
+
+    for (uint32_t r = 0; r < tp; r++)
+        models[r] = NULL;
+    if ((st = hpd_model_config_load(model_dir, &c)) != HPD_OK ||
+        (st = hpd_st_archive_open(model_dir, &ar)) != HPD_OK)
+        return st;
+    ld.ar = ar;
+    for (size_t i = 0; i < hpd_st_archive_count(ar); i++) {
+        const char *name = hpd_st_archive_get(ar, i)->name;
+        skipped_visual += strncmp(name, "model.visual.", 13) == 0;
+        skipped_mtp += strncmp(name, "mtp.", 4) == 0;
+    }
+    if (skipped_visual + skipped_mtp > 0)
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: skipping %u tensors of the vision tower (model.visual.*) "
+                     "and %u of the MTP head (mtp.*): text generation does not use them",
+                     model_dir, skipped_visual, skipped_mtp);
+    ld.prefix = hpd_st_archive_find(ar, "model.language_model.embed_tokens.weight") != NULL
+                    ? "model.language_model."
+                    : "model.";
+    for (uint32_t r = 0; r < tp && st == HPD_OK; r++) {
+        if ((models[r] = calloc(1, sizeof(hpd_model_t))) == NULL) {
+            st = HPD_ERR_NO_MEMORY;
+            break;
+        }
+        models[r]->config = c; /* what destroy reads until the shard's is set */
+        models[r]->skipped_visual = skipped_visual;
+        models[r]->skipped_mtp = skipped_mtp;
+        if ((st = load_shard(&ld, &c, tp, r, models[r])) == HPD_OK) {
+            /* the checkpoint's, once: every rank of a node is the same model */
+            if (r == 0)
+                st = fingerprint(models[0], model_dir, ar);
+            else
+                memcpy(models[r]->fingerprint, models[0]->fingerprint, 16);
+        }
+    }
+    hpd_st_archive_destroy(ar);
+    if (st == HPD_OK)
+        return HPD_OK;
     if (st == HPD_ERR_NO_MEMORY)
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: out of memory while loading weights", model_dir);
-    hpd_st_archive_destroy(ar);
-    hpd_model_destroy(m);
+    for (uint32_t r = 0; r < tp; r++) {
+        hpd_model_destroy(models[r]);
+        models[r] = NULL;
+    }
     return st;
+}
+
+hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
+{
+    return hpd_model_load_tp(model_dir, 1, model_p);
 }
 
 uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
 {
     const hpd_model_config_t *c = &m->config;
-    const uint64_t V = c->vocab_size, H = c->hidden_size, I = c->intermediate_size;
-    const uint64_t nh = c->n_heads, hd = c->head_dim;
+    const uint64_t V = m->shard.vocab.end - m->shard.vocab.begin, H = c->hidden_size;
+    const uint64_t I = c->intermediate_size, nh = c->n_heads, hd = c->head_dim;
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
     uint32_t n = 0;
 
@@ -628,11 +913,18 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
                                         .bytes = (uint64_t)(rows_) * (cols_) *                     \
                                                  hpd_dtype_size((mat).dtype),                    \
                                         .matrix = &(mat),                                        \
+                                        .rows = (rows_),                                         \
                                         .cols = (cols_)};                                         \
         if ((mat).dtype == HPD_DTYPE_F8_E4M3) {                                                  \
             T((mat).scale, (uint64_t)(rows_) * (mat).scale_ld);                                   \
             out[n - 1].is_scale = true;                                                          \
         }                                                                                        \
+    } while (0)
+    /* a row-parallel matrix, stored group by group */
+#define R(mat, rows_, cols_)                                                                     \
+    do {                                                                                         \
+        W(mat, rows_, cols_);                                                                    \
+        out[n - ((mat).dtype == HPD_DTYPE_F8_E4M3 ? 2 : 1)].k_full = (cols_) * m->shard.tp;      \
     } while (0)
     /* every part of a fused matrix */
 #define F(fused, cols_)                                                                          \
@@ -651,16 +943,16 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
             const uint64_t E = c->n_experts, Im = c->moe_inter, Is = c->shared_inter;
             F(w->moe_in, H);
             W(w->moe_gate_up, E * 2 * Im, H);
-            W(w->moe_down, E * H, Im);
+            R(w->moe_down, E * H, Im);
             if (Is > 0)
-                W(w->shared_down, H, Is);
+                R(w->shared_down, H, Is);
         } else {
             F(w->mlp_gate_up, H);
-            W(w->mlp_down, H, I);
+            R(w->mlp_down, H, I);
         }
         if (c->layer_full[l]) {
             F(w->attn_qkv, H);
-            W(w->attn_o, H, nh * hd);
+            R(w->attn_o, H, nh * hd);
             T(w->q_norm, hd);
             T(w->k_norm, hd);
         } else {
@@ -669,13 +961,41 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
             T(w->gdn_a_log, nv);
             T(w->gdn_dt_bias, nv);
             T(w->gdn_norm, dv);
-            W(w->gdn_out, H, nv * dv);
+            R(w->gdn_out, H, nv * dv);
         }
     }
+#undef R
 #undef F
 #undef W
 #undef T
     return n;
+}
+
+float hpd_model_tensor_value(const hpd_model_t *m, const hpd_model_tensor_t *t, uint64_t e)
+{
+    const char *p = *t->slot;
+    float x;
+    hpd_dtype_to_f32(t->dtype, p + e * hpd_dtype_size(t->dtype), &x, 1);
+    if (t->dtype != HPD_DTYPE_F8_E4M3)
+        return x;
+    hpd_weight_t w = *t->matrix;
+    uint64_t cols = t->cols, r = e / cols, c = e % cols;
+    if (t->k_full > 0) { /* find the group holding element e, and e within it */
+        const hpd_range_t mine = hpd_tp_rank_groups(m->shard.tp, m->shard.rank);
+        for (uint32_t g = mine.begin; g < mine.end; g++) {
+            uint32_t col, k;
+            const hpd_weight_t v = hpd_model_group(t->matrix, t->rows, t->k_full, m->shard.tp,
+                                                   m->shard.rank, g, &col, &k);
+            if (e < (uint64_t)t->rows * (col + k)) {
+                w = v;
+                cols = k;
+                r = (e - (uint64_t)t->rows * col) / k;
+                c = (e - (uint64_t)t->rows * col) % k;
+                break;
+            }
+        }
+    }
+    return x * w.scale[r * w.scale_ld + c / w.block];
 }
 
 void hpd_model_destroy(hpd_model_t *m)

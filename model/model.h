@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "model/config.h"
+#include "model/shard.h"
 
 /* A projection fused from several checkpoint tensors (q|k|v, gate|up, ...):
  * one matrix of their rows when their dtypes agree, else a run of parts,
@@ -24,21 +25,32 @@ typedef struct {
     hpd_weight_t part[HPD_MAX_PARTS];
 } hpd_fused_t;
 
-/* Weight matrices are row-major [out][in], as Hugging Face stores Linear. */
+/* Weight matrices are row-major [out][in], as Hugging Face stores Linear.
+ *
+ * A rank's model (hpd_model_load_tp) holds its shard (model/shard.h):
+ * config is the rank's (its heads, conv channels and intermediate sizes;
+ * vocab_size the whole vocabulary), embed and lm_head its vocabulary rows.
+ *
+ * Row-parallel matrices (the products TP reduces across ranks: attn_o,
+ * gdn_out, mlp_down, shared_down, moe_down) are stored group by group for
+ * the canonical sum (kernels/tp_sum.h): the rank's groups g of the whole
+ * K (hpd_tp_group), each a [rows][group's columns] matrix after the one
+ * before, FP8 scales likewise [rows][its blocks] (hpd_model_group). At TP 1
+ * the 8 groups hold the whole matrix. */
 typedef struct {
     float *input_norm; /* [H] zero-centred RMSNorm weight */
     float *post_norm;  /* [H] */
     hpd_fused_t mlp_gate_up;  /* [2*I][H]: gate rows then up rows (dense MLP) */
-    hpd_weight_t mlp_down;    /* [H][I] */
+    hpd_weight_t mlp_down;    /* [H][I], row-parallel */
     /* mixture of experts (layer_moe), E experts of Im, a shared one of Is */
     hpd_fused_t moe_in;       /* [E + 1 + 2*Is][H]: router, shared gate, shared gate|up
                                  (Is = 0: the router's E rows) */
     hpd_weight_t moe_gate_up; /* [E][2*Im][H]: per expert gate rows then up rows */
-    hpd_weight_t moe_down;    /* [E][H][Im] */
-    hpd_weight_t shared_down; /* [H][Is] */
+    hpd_weight_t moe_down;    /* [E][H][Im], row-parallel: group g is [E][H][Im group g] */
+    hpd_weight_t shared_down; /* [H][Is], row-parallel */
     /* full attention (layer_full) */
     hpd_fused_t attn_qkv;  /* [nh*2*hd + 2*nkv*hd][H]: per head [q|gate], then k, then v */
-    hpd_weight_t attn_o;   /* [H][nh*hd] */
+    hpd_weight_t attn_o;   /* [H][nh*hd], row-parallel */
     float *q_norm;   /* [hd] */
     float *k_norm;   /* [hd] */
     /* Gated DeltaNet (!layer_full) */
@@ -47,11 +59,12 @@ typedef struct {
     float *gdn_a_log;   /* [nv] */
     float *gdn_dt_bias; /* [nv] */
     float *gdn_norm;    /* [dv] plain (not zero-centred) RMSNorm weight */
-    hpd_weight_t gdn_out;     /* [H][nv*dv] */
+    hpd_weight_t gdn_out;     /* [H][nv*dv], row-parallel */
 } hpd_layer_weights_t;
 
 typedef struct {
-    hpd_model_config_t config;
+    hpd_model_config_t config; /* the rank's (above) */
+    hpd_shard_t shard;         /* tp 1: everything */
     hpd_weight_t embed;      /* [V][H] */
     float *final_norm; /* [H] */
     hpd_weight_t lm_head;    /* [V][H]; == embed when tied */
@@ -71,7 +84,8 @@ typedef struct {
     hpd_dtype_t dtype;
     uint64_t elements, bytes;
     const hpd_weight_t *matrix; /* a matrix's weight (its cols below); NULL for vectors */
-    uint64_t cols;
+    uint64_t rows, cols;
+    uint32_t k_full; /* a row-parallel matrix: the whole K, its groups' (else 0) */
     bool is_scale; /* an FP8 matrix's scales (the entry after it) */
 } hpd_model_tensor_t;
 
@@ -82,10 +96,25 @@ typedef struct {
  * Slots of tensors not loaded (yet) hold NULL. */
 uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out);
 
+/* Element e of tensor t of m, in fp32 (an FP8 one times its scale). */
+float hpd_model_tensor_value(const hpd_model_t *m, const hpd_model_tensor_t *t, uint64_t e);
+
+/* Group g of a row-parallel matrix w of `rows` rows over k_full columns,
+ * as rank `rank` of tp stores it (g among its groups): a [rows][*k_p]
+ * matrix whose columns start at column *col_p of the rank's part of x. */
+hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full, uint32_t tp,
+                             uint32_t rank, uint32_t g, uint32_t *col_p, uint32_t *k_p);
+
 /* Loads DIR (config.json + safetensors). Any missing tensor, wrong shape,
  * unsupported dtype or bad file is logged, naming the file, the tensor and
  * what was expected, and returned as an error. */
 hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p);
+
+/* Loads the tp shards of DIR into models[0 .. tp) (model/shard.h), each
+ * with only its part of every tensor; the files are opened and hashed
+ * once. A degree the model cannot run at is refused (HPD_ERR_INVALID_ARG)
+ * naming the layer and the numbers. */
+hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t **models);
 
 /* Frees the weights. Accepts NULL. */
 void hpd_model_destroy(hpd_model_t *model);

@@ -3,6 +3,8 @@
 
 #include <stdio.h>
 
+#include "kernels/tp_sum.h"
+
 /* Range r of n split into tp contiguous, as-even-as-possible ranges. */
 static hpd_range_t even(uint32_t n, uint32_t tp, uint32_t r)
 {
@@ -86,8 +88,53 @@ hpd_status_t hpd_shard_plan(const hpd_model_config_t *c, uint32_t tp, uint32_t r
             s->shared = even(c->shared_inter, tp, rank);
         }
     }
+    if (HPD_TP_GROUPS % tp != 0) {
+        snprintf(why, why_len, "tp %u does not divide the %d groups of the canonical sum "
+                 "(expected 1, 2, 4 or 8)", tp, HPD_TP_GROUPS);
+        return HPD_ERR_INVALID_ARG;
+    }
     s->vocab = even(c->vocab_size, tp, rank);
     return HPD_OK;
+}
+
+static uint32_t len(hpd_range_t r)
+{
+    return r.end - r.begin;
+}
+
+void hpd_shard_config(const hpd_model_config_t *c, const hpd_shard_t *s,
+                      hpd_model_config_t *local)
+{
+    *local = *c;
+    if (s->tp <= 1)
+        return;
+    if (c->n_full_layers > 0) {
+        local->n_heads = len(s->q_heads);
+        local->n_kv_heads = len(s->kv_heads);
+    }
+    if (c->n_linear_layers > 0) {
+        local->lin_n_k_heads = len(s->k_heads);
+        local->lin_n_v_heads = len(s->v_heads);
+        local->conv_dim = 2 * local->lin_n_k_heads * c->lin_k_dim +
+                          local->lin_n_v_heads * c->lin_v_dim;
+    }
+    if (len(s->mlp) > 0)
+        local->intermediate_size = len(s->mlp);
+    if (len(s->expert) > 0)
+        local->moe_inter = len(s->expert);
+    if (len(s->shared) > 0)
+        local->shared_inter = len(s->shared);
+}
+
+hpd_range_t hpd_tp_group(uint32_t k, uint32_t g)
+{
+    return (hpd_range_t){(uint32_t)((uint64_t)g * k / HPD_TP_GROUPS),
+                         (uint32_t)((uint64_t)(g + 1) * k / HPD_TP_GROUPS)};
+}
+
+hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank)
+{
+    return (hpd_range_t){rank * HPD_TP_GROUPS / tp, (rank + 1) * HPD_TP_GROUPS / tp};
 }
 
 bool hpd_shard_tp_ok(const hpd_model_config_t *c, uint32_t tp, char *why, size_t why_len)

@@ -58,6 +58,19 @@ typedef struct {
 hpd_status_t hpd_shard_plan(const hpd_model_config_t *c, uint32_t tp, uint32_t rank,
                             hpd_shard_t *shard, char *why, size_t why_len);
 
+/* The configuration a rank computes with: c with the heads, the conv
+ * channels and the intermediate sizes of shard s (vocab_size stays the
+ * whole vocabulary: the logits are gathered across ranks). */
+void hpd_shard_config(const hpd_model_config_t *c, const hpd_shard_t *s,
+                      hpd_model_config_t *local);
+
+/* The groups of the canonical reduction (kernels/tp_sum.h): group g of a
+ * row-parallel product over k columns is [g * k / 8, (g + 1) * k / 8),
+ * rounded down, of HPD_TP_GROUPS. */
+hpd_range_t hpd_tp_group(uint32_t k, uint32_t g);
+/* The groups rank `rank` of tp holds: [rank * 8 / tp, (rank + 1) * 8 / tp). */
+hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank);
+
 /* Whether model c can run at TP degree tp (hpd_shard_plan of rank 0). */
 bool hpd_shard_tp_ok(const hpd_model_config_t *c, uint32_t tp, char *why, size_t why_len);
 

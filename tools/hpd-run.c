@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/options.h"
@@ -120,8 +121,9 @@ int main(int argc, char **argv)
     bool ignore_eos = false;
     prompt_t *prompts = NULL;
     size_t n_prompts = 0;
-    hpd_model_t *model = NULL;
-    hpd_backend_t *backend = NULL;
+    hpd_model_t *model = NULL, *models[HPD_TP_MAX] = {0};
+    hpd_backend_t *backend = NULL, *backends[HPD_TP_MAX] = {0};
+    uint32_t tp = 1;
     hpd_engine_t *engine = NULL;
     uint64_t *ids = NULL;
     logits_sink_t sink = {0};
@@ -148,6 +150,7 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("max-batch", &ep.max_batch),
         HPD_OPT_BIND("prefill-chunk", &ep.prefill_chunk),
         HPD_OPT_BIND("threads", &bp.n_threads),
+        HPD_OPT_BIND("tp", &tp),
         HPD_OPT_BIND("device", &bp.device),
         HPD_OPT_BIND("no-prefix-cache", &ep.prefix_cache),
         HPD_OPT_BIND("checkpoints", &ep.n_checkpoints),
@@ -222,8 +225,12 @@ int main(int argc, char **argv)
     }
 
     rc = 1;
-    if (hpd_model_load(model_dir, &model) != HPD_OK)
+    const hpd_status_t lst = hpd_model_load_tp(model_dir, tp, models);
+    if (lst != HPD_OK) {
+        rc = lst == HPD_ERR_INVALID_ARG ? 2 : 1; /* a degree the model cannot run at */
         goto out;
+    }
+    model = models[0];
     hpd_sampling_resolve(&samp, gen_defaults ? &model->config.gen_sampling : NULL);
     ep.kv_layout.n_layers = model->config.n_full_layers;
     ep.kv_layout.n_kv_heads = model->config.n_kv_heads;
@@ -232,10 +239,18 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (hpd_backend_create(&bp, &backend) != HPD_OK)
-        goto out;
+    if (tp > 1) { /* each rank a share of the threads */
+        const uint32_t all = bp.n_threads > 0 ? bp.n_threads : (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
+        bp.n_threads = HPD_MAX(all / tp, 1u);
+    }
+    for (uint32_t r = 0; r < tp; r++)
+        if (hpd_backend_create(&bp, &backends[r]) != HPD_OK)
+            goto out;
+    backend = backends[0];
     ep.model = model;
     ep.backend = backend;
+    ep.tp_models = (const hpd_model_t *const *)models;
+    ep.tp_backends = backends;
     if (logits_out != NULL) {
         ep.logits_cb = keep_logits;
         ep.logits_cb_arg = &sink;
@@ -298,8 +313,10 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     hpd_engine_destroy(engine);
-    hpd_backend_destroy(backend);
-    hpd_model_destroy(model);
+    for (uint32_t r = 0; r < tp; r++) {
+        hpd_backend_destroy(backends[r]);
+        hpd_model_destroy(models[r]);
+    }
     hpd_tokenizer_destroy(tok);
     for (size_t i = 0; i < n_prompts; i++)
         free(prompts[i].ids);

@@ -63,6 +63,7 @@ static hpd_status_t cpu_bf16_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
         .sample = hpd_cpu_sample, .kv_translate = hpd_cpu_kv_translate,                         \
         .slot_copy = hpd_cpu_slot_copy, .gather = hpd_cpu_gather,                               \
         .moe_combine = hpd_cpu_moe_combine, .moe_route = hpd_cpu_moe_route,                     \
+        .tp_sum = hpd_cpu_tp_sum,                                                               \
     }
 
 static const hpd_backend_ops_t cpu_ops = CPU_OPS("cpu", "fp32", hpd_cpu_gemm);

@@ -48,6 +48,7 @@ hpd_status_t hpd_cpu_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_
 hpd_status_t hpd_cpu_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
 hpd_status_t hpd_cpu_gather(hpd_backend_t *b, const hpd_gather_args_t *a);
 hpd_status_t hpd_cpu_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a);
+hpd_status_t hpd_cpu_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a);
 hpd_status_t hpd_cpu_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a);
 
 #endif

@@ -5,6 +5,8 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/tp_sum.h"
+#include "common/log.h"
 
 static inline float *at(const hpd_view_t *v, uint32_t t, uint32_t h)
 {
@@ -109,6 +111,27 @@ hpd_status_t hpd_cpu_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *a
             const float bv = a->b[(size_t)t * a->ldb + h];
             a->g[(size_t)t * a->nv + h] = -expf(a->a_log[h]) * softplus(av + a->dt_bias[h]);
             a->beta[(size_t)t * a->nv + h] = 1.0f / (1.0f + expf(-bv));
+        }
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a)
+{
+    if (a->n_parts < 1 || a->n_parts > HPD_TP_GROUPS || (a->n_parts & (a->n_parts - 1)) != 0) {
+        HPD_LOG_ERROR("cpu", "tp_sum of %u parts (expected 1, 2, 4 or 8)", a->n_parts);
+        return HPD_ERR_INVALID_ARG;
+    }
+    const int threads = (uint64_t)a->m * a->n * a->n_parts >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (uint32_t r = 0; r < a->m; r++) {
+        float *y = a->y + (size_t)r * a->ldy;
+        for (uint32_t c = 0; c < a->n; c++) {
+            float v[HPD_TP_GROUPS];
+            for (uint32_t i = 0; i < a->n_parts; i++)
+                v[i] = a->parts[i][(size_t)r * a->ld_parts + c];
+            const float s = hpd_tp_tree(v, a->n_parts);
+            y[c] = a->accumulate ? y[c] + s : s;
         }
     }
     return HPD_OK;

@@ -649,6 +649,7 @@ HPD_CUDA_ENTRY(kv_translate, hpd_kv_translate_args_t)
 HPD_CUDA_ENTRY(slot_copy, hpd_slot_copy_args_t)
 HPD_CUDA_ENTRY(gather, hpd_gather_args_t)
 HPD_CUDA_ENTRY(moe_combine, hpd_moe_combine_args_t)
+HPD_CUDA_ENTRY(tp_sum, hpd_tp_sum_args_t)
 HPD_CUDA_ENTRY(moe_route, hpd_moe_route_args_t)
 HPD_CUDA_ENTRY(gemm_grouped, hpd_gemm_grouped_args_t)
 HPD_CUDA_ENTRY(gemm_grouped_bf16, hpd_gemm_grouped_args_t)
@@ -710,6 +711,7 @@ static constexpr hpd_backend_ops_t cuda_ops_with(
         .gather = entry_gather,
         .moe_combine = entry_moe_combine,
         .moe_route = entry_moe_route,
+        .tp_sum = entry_tp_sum,
         .gemm_grouped = grouped,
         .l2norm_gating = entry_l2norm_gating,
         .norm_rope = entry_norm_rope,

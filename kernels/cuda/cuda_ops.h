@@ -149,6 +149,7 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
 hpd_status_t hpd_cuda_slot_copy(hpd_backend_t *b, const hpd_slot_copy_args_t *a);
 hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a);
 hpd_status_t hpd_cuda_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a);
+hpd_status_t hpd_cuda_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a);
 hpd_status_t hpd_cuda_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a);
 /* grouped GEMMs (gemm.cu): cuda's kernels, cuda-bf16's */
 hpd_status_t hpd_cuda_gemm_grouped(hpd_backend_t *b, const hpd_gemm_grouped_args_t *a);

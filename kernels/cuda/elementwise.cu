@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gating.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/tp_sum.h"
 
 /* The table in F32, BF16 or F16, widened exactly. */
 __global__ void embed_kernel(const int32_t *ids, uint32_t n, const void *table,
@@ -126,6 +127,33 @@ hpd_status_t hpd_cuda_gdn_gating(hpd_backend_t *b, const hpd_gdn_gating_args_t *
 {
     if (a->n_tokens > 0)
         gdn_gating_kernel<<<a->n_tokens, 64, 0, hpd_cuda_ctx(b)->stream>>>(*a);
+    HPD_CUDA_LAUNCHED();
+    return HPD_OK;
+}
+
+/* One block per row, threads over the columns: the fixed tree of
+ * hpd_tp_tree (adds only: nothing for nvcc to contract) */
+__global__ void tp_sum_kernel(hpd_tp_sum_args_t a)
+{
+    const uint32_t r = blockIdx.x;
+    for (uint32_t c = threadIdx.x; c < a.n; c += blockDim.x) {
+        float v[HPD_TP_GROUPS];
+        for (uint32_t i = 0; i < a.n_parts; i++)
+            v[i] = a.parts[i][(size_t)r * a.ld_parts + c];
+        const float s = hpd_tp_tree(v, a.n_parts);
+        float *y = a.y + (size_t)r * a.ldy + c;
+        *y = a.accumulate ? __fadd_rn(*y, s) : s;
+    }
+}
+
+hpd_status_t hpd_cuda_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a)
+{
+    if (a->n_parts < 1 || a->n_parts > HPD_TP_GROUPS || (a->n_parts & (a->n_parts - 1)) != 0) {
+        HPD_LOG_ERROR("cuda", "tp_sum of %u parts (expected 1, 2, 4 or 8)", a->n_parts);
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (a->m > 0 && a->n > 0)
+        tp_sum_kernel<<<a->m, 256, 0, hpd_cuda_ctx(b)->stream>>>(*a);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -12,8 +12,10 @@
  * rotary over 64 dims), full rotary with YaRN, plain weights, views with
  * gaps between heads (q interleaved with its gate), out of place, and
  * positions near 2^24. It needs no GPU; test_backend_cuda runs the fused op
- * on one. */
+ * on one. Also tp_sum_kernel, the top of tensor parallelism's canonical
+ * sum, against the CPU bit for bit. */
 #include "cuda_host_test.h"
+#include "kernels/tp_sum.h"
 
 struct nr_case {
     uint32_t nh, nkv, hd, rot, tokens;
@@ -232,6 +234,35 @@ static void sigmoid_mul_case(hpd_backend_t *cpu, uint32_t tokens)
     check_close(what, gx.data(), wx.data(), gx.size(), 1e-6);
 }
 
+/* The top of the canonical sum (tp_sum_kernel): the CPU's bits for 1, 2,
+ * 4 and 8 parts, accumulated and not, y among the parts; 3 parts refused */
+static void tp_sum_case(hpd_backend_t *cpu, uint32_t n_parts, bool accumulate)
+{
+    const uint32_t m = 5, n = 300, ld = 304;
+    std::vector<std::vector<float>> parts;
+    for (uint32_t i = 0; i < n_parts; i++)
+        parts.push_back(test_rnd((size_t)m * ld, 80 + i, 1e3f));
+    const std::vector<float> y0 = test_rnd((size_t)m * ld, 79, 1);
+    std::vector<float> got = y0, want = y0;
+    hpd_tp_sum_args_t a = {.n_parts = n_parts, .ld_parts = ld, .y = got.data(), .ldy = ld,
+                           .m = m, .n = n, .accumulate = accumulate};
+    for (uint32_t i = 0; i < n_parts; i++)
+        a.parts[i] = parts[i].data();
+    test_emu_t emu;
+    check_status("tp_sum", hpd_cuda_tp_sum(&emu.be, &a));
+    a.y = want.data();
+    check_status("cpu tp_sum", hpd_tp_sum(cpu, &a));
+    char what[64];
+    snprintf(what, sizeof(what), "tp_sum of %u parts%s", n_parts, accumulate ? ", added" : "");
+    check_same(what, got.data(), want.data(), got.size());
+    a.n_parts = 3;
+    hpd_test_checked++;
+    if (hpd_cuda_tp_sum(&emu.be, &a) != HPD_ERR_INVALID_ARG) {
+        fprintf(stderr, "FAIL tp_sum of 3 parts was not refused\n");
+        hpd_test_failed++;
+    }
+}
+
 int main()
 {
     const auto t0 = std::chrono::steady_clock::now();
@@ -250,6 +281,10 @@ int main()
      * take in one round of its grid-stride walk */
     silu_mul_case(cpu, 4100, 4100);
     sigmoid_mul_case(cpu, 5);
+    for (uint32_t parts = 1; parts <= HPD_TP_GROUPS; parts *= 2) {
+        tp_sum_case(cpu, parts, false);
+        tp_sum_case(cpu, parts, true);
+    }
     hpd_backend_destroy(cpu);
     return test_report("test_norm_cuda_host", t0);
 }

@@ -135,16 +135,10 @@ static void check_weights(hpd_model_t *m, json_t *want, const char *name)
     uint64_t count = 0;
 
     for (uint32_t i = 0; i < n; i++) {
-        const char *p = *t[i].slot;
-        const size_t es = hpd_dtype_size(t[i].dtype);
-        const hpd_weight_t *mw = t[i].matrix;
         if (t[i].is_scale)
             continue; /* folded into its matrix: the files' sums are of q * scale too */
         for (uint64_t e = 0; e < t[i].elements; e++) {
-            float x;
-            hpd_dtype_to_f32(t[i].dtype, p + e * es, &x, 1);
-            if (t[i].dtype == HPD_DTYPE_F8_E4M3)
-                x = x * mw->scale[e / t[i].cols * mw->scale_ld + e % t[i].cols / mw->block];
+            const float x = hpd_model_tensor_value(m, &t[i], e);
             sum += x;
             sum_sq += (double)x * x;
         }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "common/util.h"
+#include "kernels/tp_sum.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "tests/test_helpers.h"
@@ -422,9 +423,21 @@ static void test_fp8(void **state)
     assert_int_equal(per->layers[0].moe_in.rows[0], 7);
     assert_int_equal(per->layers[0].moe_in.part[1].dtype, HPD_DTYPE_F8_E4M3);
     assert_int_equal(per->layers[1].mlp_down.dtype, HPD_DTYPE_F8_E4M3);
-    /* a scale per row and block of 16 columns, the last block partial */
+    /* a row-parallel matrix: each of the 8 groups of the canonical sum
+     * with scales per block of 16 columns, or of a divisor of 16 where the
+     * group starts inside a block; the groups cover the columns */
     assert_int_equal(per->layers[1].mlp_down.block, 16);
-    assert_int_equal(per->layers[1].mlp_down.scale_ld, (per->config.intermediate_size + 15) / 16);
+    uint32_t covered = 0;
+    for (uint32_t g = 0; g < HPD_TP_GROUPS; g++) {
+        uint32_t col, k;
+        const hpd_weight_t v = hpd_model_group(&per->layers[1].mlp_down, per->config.hidden_size,
+                                               per->config.intermediate_size, 1, 0, g, &col, &k);
+        assert_int_equal(col, covered);
+        assert_int_equal(16 % v.block, 0);
+        assert_true(v.scale_ld * v.block >= k);
+        covered += k;
+    }
+    assert_int_equal(covered, per->config.intermediate_size);
     assert_int_equal(per->layers[0].gdn_in.n, 1);
     assert_int_equal(per->layers[0].gdn_in.part[0].dtype, HPD_DTYPE_F8_E4M3);
     assert_int_equal(per->embed.dtype, HPD_DTYPE_BF16);
@@ -475,9 +488,34 @@ static void test_fp8(void **state)
  * tensor t and its NAME_scale_inv grid read here: dst row row0 + i is row
  * t_row0 + i of t counted over all its matrices, matrix m = row / rows_per,
  * scale grid[m][(row % rows_per) / block][col / block]. */
-static void assert_fp8_rows(const hpd_weight_t *w, uint64_t cols, uint64_t row0, uint64_t n,
-                            const hpd_st_archive_t *ar, const char *name, uint64_t t_row0,
-                            uint64_t block)
+/* A row-parallel matrix's element (r, c) as the model holds it at TP 1:
+ * in its group (model.h), q times its group's scale. With rows 0: a plain
+ * matrix of cols columns. */
+static float held(const hpd_weight_t *w, uint64_t rows, uint64_t cols, uint64_t r, uint64_t c)
+{
+    hpd_weight_t v = *w;
+    uint64_t k = cols;
+    for (uint32_t g = 0; rows > 0 && g < HPD_TP_GROUPS; g++) {
+        uint32_t col, kg;
+        const hpd_weight_t gv = hpd_model_group(w, rows, (uint32_t)cols, 1, 0, g, &col, &kg);
+        if (c >= col && c < col + kg) {
+            v = gv;
+            k = kg;
+            c -= col;
+            break;
+        }
+    }
+    float q;
+    hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)v.p + r * k + c, &q, 1);
+    return q * v.scale[r * v.scale_ld + c / v.block];
+}
+
+#define assert_fp8_rows(w, cols, row0, n, ar, name, t_row0, block)                          \
+    assert_fp8_rows_in(w, 0, cols, row0, n, ar, name, t_row0, block)
+
+static void assert_fp8_rows_in(const hpd_weight_t *w, uint64_t w_rows, uint64_t cols,
+                               uint64_t row0, uint64_t n, const hpd_st_archive_t *ar,
+                               const char *name, uint64_t t_row0, uint64_t block)
 {
     char sname[300];
     snprintf(sname, sizeof(sname), "%s_scale_inv", name);
@@ -495,15 +533,13 @@ static void assert_fp8_rows(const hpd_weight_t *w, uint64_t cols, uint64_t row0,
     for (uint64_t i = 0; i < n; i++) {
         const uint64_t tr = t_row0 + i, mat = tr / rows_per, r = tr % rows_per;
         for (uint64_t c = 0; c < cols; c++) {
-            float q, got_q, scale, want;
+            float q, scale, want;
             hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)t->data + tr * cols + c, &q, 1);
             memcpy(&scale, (const char *)g->data +
                                ((mat * grid_r + r / block) * grid_c + c / block) * sizeof(float),
                    sizeof(float));
             want = q * scale;
-            hpd_dtype_to_f32(HPD_DTYPE_F8_E4M3, (const uint8_t *)w->p + (row0 + i) * cols + c,
-                             &got_q, 1);
-            const float got = got_q * w->scale[(row0 + i) * w->scale_ld + c / w->block];
+            const float got = held(w, w_rows, cols, row0 + i, c);
             if (!(got == want)) /* NaN fails too */
                 fail_msg("%s row %" PRIu64 " col %" PRIu64 ": %.9g, want %.9g", name, tr, c,
                          (double)got, (double)want);
@@ -532,15 +568,15 @@ static void test_fp8_against_the_checkpoint(void **state)
                        Im = m->config.moe_inter, E = m->config.n_experts;
         const hpd_layer_weights_t *l0 = &m->layers[0];
 
-        assert_fp8_rows(&m->layers[1].mlp_down, I, 0, H, ar, "model.layers.1.mlp.down_proj.weight",
-                        0, 21);
-        assert_fp8_rows(&l0->shared_down, m->config.shared_inter, 0, H, ar,
-                        "model.layers.0.mlp.shared_expert.down_proj.weight", 0, 21);
+        assert_fp8_rows_in(&m->layers[1].mlp_down, H, I, 0, H, ar,
+                           "model.layers.1.mlp.down_proj.weight", 0, 21);
+        assert_fp8_rows_in(&l0->shared_down, H, m->config.shared_inter, 0, H, ar,
+                           "model.layers.0.mlp.shared_expert.down_proj.weight", 0, 21);
         if (fused) {
             assert_fp8_rows(&l0->moe_gate_up, H, 0, E * 2 * Im, ar,
                             "model.layers.0.mlp.experts.gate_up_proj", 0, 21);
-            assert_fp8_rows(&l0->moe_down, Im, 0, E * H, ar, "model.layers.0.mlp.experts.down_proj",
-                            0, 21);
+            assert_fp8_rows_in(&l0->moe_down, E * H, Im, 0, E * H, ar,
+                               "model.layers.0.mlp.experts.down_proj", 0, 21);
         }
         for (uint64_t x = 0; !fused && x < E; x++) {
             char t[128];
@@ -549,7 +585,7 @@ static void test_fp8_against_the_checkpoint(void **state)
             snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".up_proj.weight", x);
             assert_fp8_rows(&l0->moe_gate_up, H, 2 * Im * x + Im, Im, ar, t, 0, 21);
             snprintf(t, sizeof(t), "model.layers.0.mlp.experts.%" PRIu64 ".down_proj.weight", x);
-            assert_fp8_rows(&l0->moe_down, Im, H * x, H, ar, t, 0, 21);
+            assert_fp8_rows_in(&l0->moe_down, E * H, Im, H * x, H, ar, t, 0, 21);
         }
         hpd_st_archive_destroy(ar);
         hpd_model_destroy(m);

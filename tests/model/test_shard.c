@@ -127,6 +127,13 @@ static void test_refusals(void **state)
     refused(&c, 9, 0, "tp 9: expected 1 to 8");
     refused(&c, 4, 4, "rank 4: expected below tp 4");
     refused(&c, 3, 0, "tp 3 does not divide the full-attention layers' query heads, 16");
+    /* everything divides but the canonical sum's 8 groups */
+    hpd_model_config_t six = c;
+    six.n_heads = six.n_kv_heads = six.lin_n_k_heads = 6;
+    six.lin_n_v_heads = 12;
+    six.moe_inter = six.shared_inter = 6 * 64;
+    refused(&six, 6, 0, "tp 6 does not divide the 8 groups of the canonical sum (expected 1, 2, "
+                        "4 or 8)");
     /* 12 query heads over 4 KV heads at TP 6: above the KV heads, not a multiple */
     hpd_model_config_t a = c;
     a.n_heads = 12;

@@ -571,6 +571,7 @@ hpd_status_t hpd_cuda_gemm_grouped_bf16(hpd_backend_t *b, const hpd_gemm_grouped
 hpd_status_t hpd_cuda_moe_route(hpd_backend_t *b, const hpd_moe_route_args_t *a);
 hpd_status_t hpd_cuda_gather(hpd_backend_t *b, const hpd_gather_args_t *a);
 hpd_status_t hpd_cuda_moe_combine(hpd_backend_t *b, const hpd_moe_combine_args_t *a);
+hpd_status_t hpd_cuda_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a);
 struct cudaFuncAttributes {
     int ptxVersion, binaryVersion;
 };
