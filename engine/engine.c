@@ -319,6 +319,7 @@ static hpd_status_t check_ranks(const hpd_engine_params_t *p, uint32_t tp)
     for (uint32_t r = 0; r < tp; r++) {
         const hpd_model_t *m = p->tp_models[r];
         if (m == NULL || m->shard.tp != tp || m->shard.rank != r ||
+            m->shard.sum_groups != p->model->shard.sum_groups ||
             memcmp(m->fingerprint, p->model->fingerprint, 16) != 0) {
             HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u's model is not rank %u of tp %u of the same "
                           "checkpoint", r, r, tp);

@@ -245,6 +245,11 @@ typedef struct {
     double decode_seconds;  /* time in steps that had only decode rows */
     uint64_t decode_steps;  /* steps that had only decode rows */
     uint64_t graph_steps;   /* steps recorded and run as graphs (step_graphs) */
+    /* tensor parallelism: rank 0's time at the ranks' meetings (from
+     * publishing its part to the barrier after the cross-rank sum or
+     * gather: waiting for the others included), in prefill and in
+     * decode-only steps */
+    double tp_prefill_seconds, tp_decode_seconds;
 } hpd_engine_stats_t;
 
 void hpd_engine_stats(const hpd_engine_t *engine, hpd_engine_stats_t *stats_p);

@@ -69,7 +69,7 @@ static hpd_status_t rowpar_group(hpd_engine_t *e, const rowpar_t *rp, uint32_t g
 {
     const uint64_t rows = (uint64_t)rp->n * (rp->first != NULL ? rp->n_groups : 1);
     uint32_t col, k;
-    const hpd_weight_t v = hpd_model_group(rp->w, rows, rp->k_full, e->tp, e->rank, g, &col, &k);
+    const hpd_weight_t v = hpd_model_group(rp->w, rows, rp->k_full, &e->w->shard, g, &col, &k);
     if (k == 0) /* an empty group (K below 8) adds nothing */
         return accumulate ? HPD_OK
                           : hpd_backend_memset(e->be, y, 0, (size_t)rp->m * rp->n * sizeof(float));
@@ -128,7 +128,8 @@ static hpd_status_t tp_failed(hpd_engine_t *e, hpd_status_t st)
 static hpd_status_t rowpar(hpd_engine_t *e, const rowpar_t *rp, float *y, uint32_t ldy,
                            bool accumulate)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(e->tp, e->rank);
+    const hpd_shard_t *sh = &e->w->shard;
+    const hpd_range_t mine = hpd_tp_rank_groups(sh->tp, sh->rank, sh->sum_groups);
     hpd_tp_sum_args_t sum = {.parts = {e->tp_part},
                              .n_parts = 1,
                              .ld_parts = rp->n,
@@ -137,19 +138,43 @@ static hpd_status_t rowpar(hpd_engine_t *e, const rowpar_t *rp, float *y, uint32
                              .m = rp->m,
                              .n = rp->n,
                              .accumulate = accumulate};
-    hpd_status_t st = rowpar_tree(e, rp, mine.begin, mine.end, e->tp_part, 0);
+    if (e->tp == 1 && mine.end - mine.begin == 1) /* one group (--tp-fast): one GEMM */
+        return rowpar_group(e, rp, mine.begin, y, accumulate);
+    hpd_status_t st;
+    if (rp->first == NULL && e->be->ops->gemm_sum != NULL) {
+        /* the rank's subtree in one op, straight into y at TP 1 */
+        hpd_gemm_sum_args_t gs = {.n_groups = mine.end - mine.begin,
+                                  .m = rp->m,
+                                  .n = rp->n,
+                                  .y = e->tp == 1 ? y : e->tp_part,
+                                  .ldy = e->tp == 1 ? ldy : rp->n,
+                                  .accumulate = e->tp == 1 && accumulate};
+        for (uint32_t g = mine.begin; g < mine.end; g++) {
+            uint32_t col, k;
+            const hpd_weight_t v = hpd_model_group(rp->w, rp->n, rp->k_full, sh, g, &col, &k);
+            gs.g[g - mine.begin] = (hpd_gemm_args_t){
+                .x = rp->x + col, .ldx = rp->ldx, HPD_GEMM_WEIGHT(v), .k = k};
+        }
+        st = hpd_gemm_sum(e->be, &gs);
+        if (st != HPD_OK || e->tp == 1)
+            return tp_failed(e, st);
+    } else {
+        st = rowpar_tree(e, rp, mine.begin, mine.end, e->tp_part, 0);
+    }
     if (st != HPD_OK || e->tp == 1)
         return tp_failed(e, st != HPD_OK ? st : hpd_tp_sum(e->be, &sum));
     /* every rank's subtree sum, read where it lies (CPU ranks: host memory) */
+    const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
     if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->tp_part, all))) != HPD_OK)
         return st;
     for (uint32_t r = 0; r < e->tp; r++)
         sum.parts[r] = all[r];
     sum.n_parts = e->tp;
-    if ((st = tp_failed(e, hpd_tp_sum(e->be, &sum))) != HPD_OK)
-        return st;
-    return hpd_tp_barrier(e->group);
+    if ((st = tp_failed(e, hpd_tp_sum(e->be, &sum))) == HPD_OK)
+        st = hpd_tp_barrier(e->group);
+    e->tp_meet_seconds += hpd_time_now() - t0;
+    return st;
 }
 
 static float *slot_layer(hpd_engine_t *e, const request_t *r, uint32_t gdn_index)
@@ -495,6 +520,7 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
         return st;
     /* every rank gathers the others' columns: each samples from the whole
      * row, as TP 1 does, and draws the same token */
+    const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
     if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->logits, all))) != HPD_OK)
         return st;
@@ -504,9 +530,10 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
             st = hpd_backend_copy(e->be, e->logits + off, (const float *)all[r] + off,
                                   (e->vocab[r].end - e->vocab[r].begin) * sizeof(float));
         }
-    if ((st = tp_failed(e, st)) != HPD_OK)
-        return st;
-    return hpd_tp_barrier(e->group);
+    if ((st = tp_failed(e, st)) == HPD_OK)
+        st = hpd_tp_barrier(e->group);
+    e->tp_meet_seconds += hpd_time_now() - t0;
+    return st;
 }
 
 /* The embedding rows of the batch's tokens into x. At TP N each rank holds
@@ -533,6 +560,7 @@ static hpd_status_t embed(hpd_engine_t *e, const batch_t *bt)
     emb.n = n;
     emb.out = e->lhid; /* this rank's rows, in batch order */
     hpd_status_t st = n > 0 ? hpd_embed(e->be, &emb) : HPD_OK;
+    const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
     if ((st = tp_failed(e, st)) != HPD_OK ||
         (st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->lhid, all))) != HPD_OK)
@@ -545,9 +573,10 @@ static hpd_status_t embed(hpd_engine_t *e, const batch_t *bt)
         st = hpd_backend_copy(e->be, e->x + (size_t)i * H,
                               (const float *)all[r] + (size_t)seen[r]++ * H, H * sizeof(float));
     }
-    if ((st = tp_failed(e, st)) != HPD_OK)
-        return st;
-    return hpd_tp_barrier(e->group);
+    if ((st = tp_failed(e, st)) == HPD_OK)
+        st = hpd_tp_barrier(e->group);
+    e->tp_meet_seconds += hpd_time_now() - t0;
+    return st;
 }
 
 /* The ranks run their schedulers in lockstep: a batch that is not the same

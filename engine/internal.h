@@ -109,6 +109,7 @@ struct hpd_engine {
     /* the canonical sum of row-parallel products (forward.c rowpar):
      * this rank's subtree sum and two levels of scratch, max(R, S) x H */
     float *tp_part, *tp_scratch[2];
+    double tp_meet_seconds; /* at the meetings since create (stats) */
     int32_t *emb_ids; /* the batch's tokens this rank embeds, within its rows, [R] */
 };
 

@@ -441,6 +441,7 @@ static hpd_status_t step_rank(hpd_engine_t *e, uint32_t *n_active_p)
     admit_waiting(e);
     build_batch(e, &bt);
     if (bt.n_items > 0) {
+        const double meet0 = e->tp_meet_seconds;
         t0 = hpd_time_now();
         st = hpd_engine_forward_step(e, &bt);
         if (st == HPD_OK)
@@ -463,11 +464,13 @@ static hpd_status_t step_rank(hpd_engine_t *e, uint32_t *n_active_p)
         e->stats.steps++;
         e->stats.prefill_tokens += bt.rows - bt.n_dec;
         e->stats.decode_tokens += bt.n_dec;
-        if (bt.n_pre > 0)
+        if (bt.n_pre > 0) {
             e->stats.prefill_seconds += hpd_time_now() - t0;
-        else {
+            e->stats.tp_prefill_seconds += e->tp_meet_seconds - meet0;
+        } else {
             e->stats.decode_seconds += hpd_time_now() - t0;
             e->stats.decode_steps++;
+            e->stats.tp_decode_seconds += e->tp_meet_seconds - meet0;
         }
     }
     if (n_active_p != NULL)

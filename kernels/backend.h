@@ -235,6 +235,22 @@ typedef struct {
     bool accumulate;
 } hpd_tp_sum_args_t;
 
+/* A row-parallel product's groups in one op: y = (accumulate ? y + s : s),
+ * s the n_groups (1, 2, 4 or 8) products g[j] (each one gemm's args: its
+ * x, its matrix, its k; m and n the same for all; their y, ldy and
+ * accumulate ignored) combined by hpd_tp_tree. The bits of the gemm and
+ * tp_sum calls it stands for (each group's product in the gemm op's
+ * sequence, the tree's adds in fp32), in one pass over the output.
+ * Optional: the engine makes those calls without it. */
+typedef struct {
+    hpd_gemm_args_t g[8];
+    uint32_t n_groups;
+    uint32_t m, n;
+    float *y;
+    uint32_t ldy;
+    bool accumulate;
+} hpd_gemm_sum_args_t;
+
 /* Pieces of backend memory to hash for a transfer's checksum (common/hash.h):
  * span i is cut into hpd_hash_n_pieces(spans[i].bytes) pieces of
  * HPD_HASH_PIECE_BYTES, the last shorter, and out (host memory) takes each
@@ -445,6 +461,8 @@ typedef struct {
     hpd_status_t (*moe_combine)(hpd_backend_t *backend, const hpd_moe_combine_args_t *args);
     hpd_status_t (*moe_route)(hpd_backend_t *backend, const hpd_moe_route_args_t *args);
     hpd_status_t (*tp_sum)(hpd_backend_t *backend, const hpd_tp_sum_args_t *args);
+    /* optional: the engine calls gemm and tp_sum without it */
+    hpd_status_t (*gemm_sum)(hpd_backend_t *backend, const hpd_gemm_sum_args_t *args);
     /* optional: hpd_gemm_grouped reads first to the host and calls gemm per
      * group without it */
     hpd_status_t (*gemm_grouped)(hpd_backend_t *backend, const hpd_gemm_grouped_args_t *args);
@@ -692,6 +710,10 @@ static inline hpd_status_t hpd_moe_route(hpd_backend_t *b, const hpd_moe_route_a
 static inline hpd_status_t hpd_tp_sum(hpd_backend_t *b, const hpd_tp_sum_args_t *a)
 {
     return HPD_BACKEND_CALL(b, tp_sum, a);
+}
+static inline hpd_status_t hpd_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    return HPD_BACKEND_CALL(b, gemm_sum, a);
 }
 /* What every backend's moe_route takes: 1 to HPD_MAX_EXPERTS experts, 1 to
  * HPD_MAX_TOPK of them a token, rows of at least n_experts logits; else

@@ -259,11 +259,11 @@ static uint32_t group_scales(uint32_t c0, uint32_t c1, uint32_t block, uint32_t 
  * block: then the rank keeps the checkpoint's blocks of its columns,
  * [rows][blocks], shared by the groups (no scale stored twice); else
  * each group has its own (group_scales). */
-static bool blocks_shared(uint32_t k_full, uint32_t block, uint32_t tp, uint32_t rank)
+static bool blocks_shared(uint32_t k_full, uint32_t block, const hpd_shard_t *s)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
+    const hpd_range_t mine = hpd_tp_rank_groups(s->tp, s->rank, s->sum_groups);
     for (uint32_t g = mine.begin; g < mine.end; g++) {
-        const hpd_range_t r = hpd_tp_group(k_full, g);
+        const hpd_range_t r = hpd_tp_group(k_full, g, s->sum_groups);
         if (r.end > r.begin && r.begin % block != 0 && r.begin / block != (r.end - 1) / block)
             return false;
     }
@@ -271,21 +271,21 @@ static bool blocks_shared(uint32_t k_full, uint32_t block, uint32_t tp, uint32_t
 }
 
 /* the rank's columns [begin, end) of k_full */
-static hpd_range_t rank_cols(uint32_t k_full, uint32_t tp, uint32_t rank)
+static hpd_range_t rank_cols(uint32_t k_full, const hpd_shard_t *s)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
-    return (hpd_range_t){hpd_tp_group(k_full, mine.begin).begin,
-                         hpd_tp_group(k_full, mine.end - 1).end};
+    const hpd_range_t mine = hpd_tp_rank_groups(s->tp, s->rank, s->sum_groups);
+    return (hpd_range_t){hpd_tp_group(k_full, mine.begin, s->sum_groups).begin,
+                         hpd_tp_group(k_full, mine.end - 1, s->sum_groups).end};
 }
 
-hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full, uint32_t tp,
-                             uint32_t rank, uint32_t g, uint32_t *col_p, uint32_t *k_p)
+hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full,
+                             const hpd_shard_t *s, uint32_t g, uint32_t *col_p, uint32_t *k_p)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(tp, rank);
+    const hpd_range_t mine = hpd_tp_rank_groups(s->tp, s->rank, s->sum_groups);
     const size_t es = hpd_dtype_size(w->dtype);
     uint64_t col = 0, scale_col = 0;
-    if (w->scale != NULL && blocks_shared(k_full, w->block, tp, rank)) {
-        const hpd_range_t r = hpd_tp_group(k_full, g), cols = rank_cols(k_full, tp, rank);
+    if (w->scale != NULL && blocks_shared(k_full, w->block, s)) {
+        const hpd_range_t r = hpd_tp_group(k_full, g, s->sum_groups), cols = rank_cols(k_full, s);
         col = r.begin - cols.begin;
         *col_p = (uint32_t)col;
         *k_p = r.end - r.begin;
@@ -297,12 +297,12 @@ hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_fu
     }
     uint32_t sub;
     for (uint32_t j = mine.begin; j < g; j++) {
-        const hpd_range_t r = hpd_tp_group(k_full, j);
+        const hpd_range_t r = hpd_tp_group(k_full, j, s->sum_groups);
         col += r.end - r.begin;
         if (w->scale != NULL)
             scale_col += group_scales(r.begin, r.end, w->block, &sub);
     }
-    const hpd_range_t r = hpd_tp_group(k_full, g);
+    const hpd_range_t r = hpd_tp_group(k_full, g, s->sum_groups);
     hpd_weight_t v = {.p = (char *)w->p + rows * col * es, .dtype = w->dtype, .block = w->block};
     if (w->scale != NULL) {
         v.scale = w->scale + rows * scale_col;
@@ -318,8 +318,8 @@ hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_fu
 static hpd_status_t rowpar_alloc(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, hpd_dtype_t dtype,
                                  uint64_t rows, uint32_t k_full)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank);
-    const hpd_range_t rc = rank_cols(k_full, ld->shard->tp, ld->shard->rank);
+    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank, ld->shard->sum_groups);
+    const hpd_range_t rc = rank_cols(k_full, ld->shard);
     hpd_status_t st;
     if ((st = mat_alloc(ld, m, w, dtype, rows, rc.end - rc.begin)) != HPD_OK || w->scale == NULL)
         return st;
@@ -327,12 +327,12 @@ static hpd_status_t rowpar_alloc(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, 
     free(w->scale);
     w->scale = NULL;
     w->scale_ld = 0;
-    if (blocks_shared(k_full, w->block, ld->shard->tp, ld->shard->rank)) {
+    if (blocks_shared(k_full, w->block, ld->shard)) {
         /* the blocks the rank's columns touch (its first may start inside one) */
         w->scale_ld = rc.end > rc.begin ? (rc.end - 1) / w->block - rc.begin / w->block + 1 : 0;
     } else {
         for (uint32_t g = mine.begin; g < mine.end; g++) { /* every group's scales of a row */
-            const hpd_range_t r = hpd_tp_group(k_full, g);
+            const hpd_range_t r = hpd_tp_group(k_full, g, ld->shard->sum_groups);
             uint32_t sub;
             w->scale_ld += group_scales(r.begin, r.end, w->block, &sub);
         }
@@ -349,22 +349,21 @@ static hpd_status_t rowpar_alloc(loader_t *ld, hpd_model_t *m, hpd_weight_t *w, 
 static void rowpar_rows(const loader_t *ld, hpd_weight_t *w, uint64_t rows, uint32_t k_full,
                         uint64_t dst_row, const src_t *s, uint64_t src_row, uint64_t n)
 {
-    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank);
+    const hpd_range_t mine = hpd_tp_rank_groups(ld->shard->tp, ld->shard->rank, ld->shard->sum_groups);
     const size_t es = hpd_dtype_size(w->dtype), ts = hpd_dtype_size(s->t->dtype);
     const uint32_t B = ld->config->fp8_block_cols;
-    const bool shared = w->scale != NULL && blocks_shared(k_full, w->block, ld->shard->tp,
-                                                          ld->shard->rank);
+    const bool shared = w->scale != NULL && blocks_shared(k_full, w->block, ld->shard);
     if (shared) { /* the rank's blocks, once */
-        const uint32_t b0 = rank_cols(k_full, ld->shard->tp, ld->shard->rank).begin / B;
+        const uint32_t b0 = rank_cols(k_full, ld->shard).begin / B;
         for (uint64_t r = 0; r < n; r++)
             for (uint32_t cb = 0; cb < w->scale_ld; cb++)
                 w->scale[(dst_row + r) * w->scale_ld + cb] = src_scale(ld, s, src_row + r, b0 + cb);
     }
     for (uint32_t g = mine.begin; g < mine.end; g++) {
         uint32_t col, k;
-        const hpd_weight_t v = hpd_model_group(w, rows, k_full, ld->shard->tp, ld->shard->rank, g,
+        const hpd_weight_t v = hpd_model_group(w, rows, k_full, ld->shard, g,
                                                &col, &k);
-        const uint32_t c0 = hpd_tp_group(k_full, g).begin;
+        const uint32_t c0 = hpd_tp_group(k_full, g, ld->shard->sum_groups).begin;
         for (uint64_t r = 0; r < n && k > 0; r++) {
             char *dst = (char *)v.p + (dst_row + r) * k * es;
             const char *src = (const char *)s->t->data + ((src_row + r) * s->cols + c0) * ts;
@@ -795,7 +794,7 @@ static hpd_status_t fingerprint(hpd_model_t *m, const char *model_dir,
 
 /* Rank `rank`'s shard of the model in ar (config c) into m. */
 static hpd_status_t load_shard(loader_t *ld, const hpd_model_config_t *c, uint32_t tp,
-                               uint32_t rank, hpd_model_t *m)
+                               uint32_t rank, bool fast, hpd_model_t *m)
 {
     const char *model_dir = ld->dir;
     char why[200];
@@ -805,6 +804,8 @@ static hpd_status_t load_shard(loader_t *ld, const hpd_model_config_t *c, uint32
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot run at tensor parallelism: %s", model_dir, why);
         return st;
     }
+    if (fast)
+        m->shard.sum_groups = tp;
     hpd_shard_config(c, &m->shard, &m->config);
     ld->shard = &m->shard;
     const uint64_t V = c->vocab_size, H = c->hidden_size;
@@ -832,7 +833,8 @@ static hpd_status_t load_shard(loader_t *ld, const hpd_model_config_t *c, uint32
     return HPD_OK;
 }
 
-hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t **models)
+hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, bool fast,
+                               hpd_model_t **models)
 {
     hpd_model_config_t c;
     hpd_st_archive_t *ar = NULL;
@@ -866,7 +868,7 @@ hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t *
         models[r]->config = c; /* what destroy reads until the shard's is set */
         models[r]->skipped_visual = skipped_visual;
         models[r]->skipped_mtp = skipped_mtp;
-        if ((st = load_shard(&ld, &c, tp, r, models[r])) == HPD_OK) {
+        if ((st = load_shard(&ld, &c, tp, r, fast, models[r])) == HPD_OK) {
             /* the checkpoint's, once: every rank of a node is the same model */
             if (r == 0)
                 st = fingerprint(models[0], model_dir, ar);
@@ -888,7 +890,7 @@ hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t *
 
 hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p)
 {
-    return hpd_model_load_tp(model_dir, 1, model_p);
+    return hpd_model_load_tp(model_dir, 1, false, model_p);
 }
 
 uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out)
@@ -981,11 +983,11 @@ float hpd_model_tensor_value(const hpd_model_t *m, const hpd_model_tensor_t *t, 
     hpd_weight_t w = *t->matrix;
     uint64_t cols = t->cols, r = e / cols, c = e % cols;
     if (t->k_full > 0) { /* find the group holding element e, and e within it */
-        const hpd_range_t mine = hpd_tp_rank_groups(m->shard.tp, m->shard.rank);
+        const hpd_range_t mine = hpd_tp_rank_groups(m->shard.tp, m->shard.rank, m->shard.sum_groups);
         for (uint32_t g = mine.begin; g < mine.end; g++) {
             uint32_t col, k;
-            const hpd_weight_t v = hpd_model_group(t->matrix, t->rows, t->k_full, m->shard.tp,
-                                                   m->shard.rank, g, &col, &k);
+            const hpd_weight_t v = hpd_model_group(t->matrix, t->rows, t->k_full, &m->shard, g,
+                                                   &col, &k);
             if (e < (uint64_t)t->rows * (col + k)) {
                 w = v;
                 cols = k;

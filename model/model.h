@@ -100,10 +100,10 @@ uint32_t hpd_model_tensors(hpd_model_t *m, hpd_model_tensor_t *out);
 float hpd_model_tensor_value(const hpd_model_t *m, const hpd_model_tensor_t *t, uint64_t e);
 
 /* Group g of a row-parallel matrix w of `rows` rows over k_full columns,
- * as rank `rank` of tp stores it (g among its groups): a [rows][*k_p]
+ * as the rank of shard s stores it (g among its groups): a [rows][*k_p]
  * matrix whose columns start at column *col_p of the rank's part of x. */
-hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full, uint32_t tp,
-                             uint32_t rank, uint32_t g, uint32_t *col_p, uint32_t *k_p);
+hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full,
+                             const hpd_shard_t *s, uint32_t g, uint32_t *col_p, uint32_t *k_p);
 
 /* Loads DIR (config.json + safetensors). Any missing tensor, wrong shape,
  * unsupported dtype or bad file is logged, naming the file, the tensor and
@@ -113,8 +113,11 @@ hpd_status_t hpd_model_load(const char *model_dir, hpd_model_t **model_p);
 /* Loads the tp shards of DIR into models[0 .. tp) (model/shard.h), each
  * with only its part of every tensor; the files are opened and hashed
  * once. A degree the model cannot run at is refused (HPD_ERR_INVALID_ARG)
- * naming the layer and the numbers. */
-hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, hpd_model_t **models);
+ * naming the layer and the numbers. fast: the row-parallel matrices in one
+ * group a rank instead of the canonical sum's 8 (one GEMM a product; the
+ * numerics then depend on tp: hpd-run --tp-fast). */
+hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, bool fast,
+                               hpd_model_t **models);
 
 /* Frees the weights. Accepts NULL. */
 void hpd_model_destroy(hpd_model_t *model);

@@ -31,7 +31,7 @@ static bool divides(uint32_t n, uint32_t tp, const char *what, char *why, size_t
 hpd_status_t hpd_shard_plan(const hpd_model_config_t *c, uint32_t tp, uint32_t rank,
                             hpd_shard_t *s, char *why, size_t why_len)
 {
-    *s = (hpd_shard_t){.tp = tp, .rank = rank};
+    *s = (hpd_shard_t){.tp = tp, .rank = rank, .sum_groups = HPD_TP_GROUPS};
     if (tp < 1 || tp > HPD_TP_MAX) {
         snprintf(why, why_len, "tp %u: expected 1 to %d", tp, HPD_TP_MAX);
         return HPD_ERR_INVALID_ARG;
@@ -126,15 +126,14 @@ void hpd_shard_config(const hpd_model_config_t *c, const hpd_shard_t *s,
         local->shared_inter = len(s->shared);
 }
 
-hpd_range_t hpd_tp_group(uint32_t k, uint32_t g)
+hpd_range_t hpd_tp_group(uint32_t k, uint32_t g, uint32_t n)
 {
-    return (hpd_range_t){(uint32_t)((uint64_t)g * k / HPD_TP_GROUPS),
-                         (uint32_t)((uint64_t)(g + 1) * k / HPD_TP_GROUPS)};
+    return (hpd_range_t){(uint32_t)((uint64_t)g * k / n), (uint32_t)((uint64_t)(g + 1) * k / n)};
 }
 
-hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank)
+hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank, uint32_t n)
 {
-    return (hpd_range_t){rank * HPD_TP_GROUPS / tp, (rank + 1) * HPD_TP_GROUPS / tp};
+    return (hpd_range_t){rank * n / tp, (rank + 1) * n / tp};
 }
 
 bool hpd_shard_tp_ok(const hpd_model_config_t *c, uint32_t tp, char *why, size_t why_len)

@@ -40,6 +40,10 @@ typedef struct {
 
 typedef struct {
     uint32_t tp, rank;
+    /* the groups of the canonical sum (kernels/tp_sum.h): HPD_TP_GROUPS; tp
+     * when the order was traded for speed (hpd_model_load_tp fast: one
+     * group a rank, numerics that depend on the degree) */
+    uint32_t sum_groups;
     /* full attention */
     hpd_range_t q_heads;
     hpd_range_t kv_heads;  /* one head when replicated */
@@ -64,12 +68,12 @@ hpd_status_t hpd_shard_plan(const hpd_model_config_t *c, uint32_t tp, uint32_t r
 void hpd_shard_config(const hpd_model_config_t *c, const hpd_shard_t *s,
                       hpd_model_config_t *local);
 
-/* The groups of the canonical reduction (kernels/tp_sum.h): group g of a
- * row-parallel product over k columns is [g * k / 8, (g + 1) * k / 8),
- * rounded down, of HPD_TP_GROUPS. */
-hpd_range_t hpd_tp_group(uint32_t k, uint32_t g);
-/* The groups rank `rank` of tp holds: [rank * 8 / tp, (rank + 1) * 8 / tp). */
-hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank);
+/* The groups of the canonical reduction (kernels/tp_sum.h): group g of n
+ * of a row-parallel product over k columns is [g * k / n, (g + 1) * k / n),
+ * rounded down (n: HPD_TP_GROUPS, or tp in fast mode). */
+hpd_range_t hpd_tp_group(uint32_t k, uint32_t g, uint32_t n);
+/* The groups of n rank `rank` of tp holds: [rank * n / tp, (rank + 1) * n / tp). */
+hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank, uint32_t n);
 
 /* Whether model c can run at TP degree tp (hpd_shard_plan of rank 0). */
 bool hpd_shard_tp_ok(const hpd_model_config_t *c, uint32_t tp, char *why, size_t why_len);

@@ -124,6 +124,7 @@ int main(int argc, char **argv)
     hpd_model_t *model = NULL, *models[HPD_TP_MAX] = {0};
     hpd_backend_t *backend = NULL, *backends[HPD_TP_MAX] = {0};
     uint32_t tp = 1;
+    bool tp_fast = false;
     hpd_engine_t *engine = NULL;
     uint64_t *ids = NULL;
     logits_sink_t sink = {0};
@@ -151,6 +152,7 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("prefill-chunk", &ep.prefill_chunk),
         HPD_OPT_BIND("threads", &bp.n_threads),
         HPD_OPT_BIND("tp", &tp),
+        HPD_OPT_BIND("tp-fast", &tp_fast),
         HPD_OPT_BIND("device", &bp.device),
         HPD_OPT_BIND("no-prefix-cache", &ep.prefix_cache),
         HPD_OPT_BIND("checkpoints", &ep.n_checkpoints),
@@ -225,7 +227,7 @@ int main(int argc, char **argv)
     }
 
     rc = 1;
-    const hpd_status_t lst = hpd_model_load_tp(model_dir, tp, models);
+    const hpd_status_t lst = hpd_model_load_tp(model_dir, tp, tp_fast, models);
     if (lst != HPD_OK) {
         rc = lst == HPD_ERR_INVALID_ARG ? 2 : 1; /* a degree the model cannot run at */
         goto out;

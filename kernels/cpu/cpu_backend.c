@@ -9,6 +9,7 @@
 static void cpu_destroy(hpd_backend_t *b)
 {
     free(((hpd_cpu_ctx_t *)b->ctx)->f8_tiles);
+    free(((hpd_cpu_ctx_t *)b->ctx)->sum_tiles);
     free(((hpd_cpu_ctx_t *)b->ctx)->xb);
     free(b->ctx);
     free(b);
@@ -49,7 +50,7 @@ static hpd_status_t cpu_bf16_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     return a->w_dtype == HPD_DTYPE_BF16 ? hpd_cpu_gemm_bf16_products(b, a) : hpd_cpu_gemm(b, a);
 }
 
-#define CPU_OPS(name_, numerics_, gemm_)                                                        \
+#define CPU_OPS(name_, numerics_, gemm_, gemm_sum_)                                             \
     {                                                                                           \
         .name = name_, .numerics = numerics_, .host_memory = true, .destroy = cpu_destroy,      \
         .alloc = cpu_alloc, .free = cpu_free, .memset = cpu_memset, .copy = cpu_copy,           \
@@ -63,19 +64,20 @@ static hpd_status_t cpu_bf16_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
         .sample = hpd_cpu_sample, .kv_translate = hpd_cpu_kv_translate,                         \
         .slot_copy = hpd_cpu_slot_copy, .gather = hpd_cpu_gather,                               \
         .moe_combine = hpd_cpu_moe_combine, .moe_route = hpd_cpu_moe_route,                     \
-        .tp_sum = hpd_cpu_tp_sum,                                                               \
+        .tp_sum = hpd_cpu_tp_sum, .gemm_sum = gemm_sum_,                                        \
     }
 
-static const hpd_backend_ops_t cpu_ops = CPU_OPS("cpu", "fp32", hpd_cpu_gemm);
+static const hpd_backend_ops_t cpu_ops = CPU_OPS("cpu", "fp32", hpd_cpu_gemm, hpd_cpu_gemm_sum);
 /* bf16 products: a build without AVX512_BF16 computes the same sequence
  * lane by lane; whether the instruction rounds as that sequence does is
  * checked by test_gemm on machines that have it, so the two are named
  * apart and a cluster does not mix them */
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
-static const hpd_backend_ops_t cpu_bf16_ops = CPU_OPS("cpu-bf16", "bf16-products", cpu_bf16_gemm);
+static const hpd_backend_ops_t cpu_bf16_ops =
+    CPU_OPS("cpu-bf16", "bf16-products", cpu_bf16_gemm, NULL);
 #else
 static const hpd_backend_ops_t cpu_bf16_ops =
-    CPU_OPS("cpu-bf16", "bf16-products-emulated", cpu_bf16_gemm);
+    CPU_OPS("cpu-bf16", "bf16-products-emulated", cpu_bf16_gemm, NULL);
 #endif
 
 

@@ -9,6 +9,10 @@ typedef struct {
     /* the GEMM's FP8 dequantisation tiles, one per thread (grown on demand) */
     float *f8_tiles;
     size_t f8_floats;
+    /* gemm_sum's group products of a tile, one set per thread (grown on
+     * demand) */
+    float *sum_tiles;
+    size_t sum_floats;
     /* device cpu-bf16 (gemm_bf16.c): x's rows rounded to bf16 (grown on
      * demand) */
     uint16_t *xb;
@@ -22,6 +26,7 @@ static inline int hpd_cpu_threads(hpd_backend_t *b)
 
 hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
 hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
+hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
 /* bf16 products (gemm_bf16.c): the GEMM of device cpu-bf16 for BF16
  * weights; the scalar sequence of one of its outputs, over x already
  * rounded (hpd_cpu_round_bf16), which the kernels reproduce bit for bit;

@@ -16,6 +16,9 @@
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/tp_sum.h"
+#include "common/log.h"
+#include "common/util.h"
 
 #define NB 32 /* weight rows per tile: a tile of w stays in L2 while x streams */
 
@@ -311,6 +314,109 @@ hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     for (uint32_t t = 0; t < n_tiles; t++) {
         uint32_t n0 = t * NB, n1 = n0 + NB < a->n ? n0 + NB : a->n;
         tile(a, n0, n1);
+    }
+    return HPD_OK;
+}
+
+/* The tile function of a weight dtype (FP8: gemm_tile_f8, apart). */
+static void (*tile_fn(hpd_dtype_t dtype))(const hpd_gemm_args_t *, uint32_t, uint32_t)
+{
+    switch (dtype) {
+    case HPD_DTYPE_F32: return gemm_tile_f32;
+    case HPD_DTYPE_BF16: return gemm_tile_bf16;
+    case HPD_DTYPE_F16: return gemm_tile_f16;
+    default: return NULL;
+    }
+}
+
+/* A row-parallel product's groups in one pass (backend.h gemm_sum): each
+ * thread takes a run of weight rows, and for each group in turn streams
+ * that group's rows of the run (a contiguous block of the group's matrix,
+ * as a GEMM of the group alone would) into its buffer with the tile
+ * functions gemm uses (so each product has gemm's bits); then it adds the
+ * groups by the tree into y. One parallel region where the groups one by
+ * one took 8 GEMMs and 3 tp_sum passes. */
+hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    hpd_cpu_ctx_t *c = b->ctx;
+    const uint32_t G = a->n_groups;
+    uint64_t work = 0;
+    uint32_t max_k = 0;
+
+    if (G < 1 || G > HPD_TP_GROUPS || (G & (G - 1)) != 0) {
+        HPD_LOG_ERROR("cpu", "gemm_sum of %u groups (expected 1, 2, 4 or 8)", G);
+        return HPD_ERR_INVALID_ARG;
+    }
+    for (uint32_t j = 0; j < G; j++) {
+        const hpd_dtype_t dt = a->g[j].w_dtype;
+        if (dt != HPD_DTYPE_F8_E4M3 ? tile_fn(dt) == NULL
+                                    : a->g[j].w_scale == NULL || a->g[j].w_block == 0)
+            return HPD_ERR_UNSUPPORTED;
+        work += (uint64_t)a->m * a->n * a->g[j].k;
+        if (dt == HPD_DTYPE_F8_E4M3 && a->g[j].k > max_k)
+            max_k = a->g[j].k;
+    }
+    const int threads = work >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+    /* each thread's run of weight rows: a multiple of 4 (the kernels' step) */
+    const uint32_t run = (a->n + 4 * (uint32_t)threads - 1) / (4 * (uint32_t)threads) * 4;
+    const size_t part = (size_t)a->m * run, need = (size_t)threads * G * part;
+    if (c->sum_floats < need) {
+        float *p = realloc(c->sum_tiles, need * sizeof(float));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->sum_tiles = p;
+        c->sum_floats = need;
+    }
+    if (max_k > 0 && c->f8_floats < (size_t)threads * NB * max_k) {
+        float *p = realloc(c->f8_tiles, (size_t)threads * NB * max_k * sizeof(float));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->f8_tiles = p;
+        c->f8_floats = (size_t)threads * NB * max_k;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const int tid = omp_get_thread_num();
+        const uint32_t n0 = HPD_MIN((uint32_t)tid * run, a->n);
+        const uint32_t n1 = HPD_MIN(n0 + run, a->n);
+        float *P = c->sum_tiles + (size_t)tid * G * part;
+        for (uint32_t j = 0; j < G && n0 < n1; j++) {
+            hpd_gemm_args_t g = a->g[j];
+            g.m = a->m;
+            g.n = a->n;
+            g.y = P + j * part - n0; /* the run's columns at 0 .. run */
+            g.ldy = run;
+            g.accumulate = false;
+            /* tiles of NB rows, as gemm takes them: a tile of w stays in L1
+             * while x streams (FP8: dequantised a tile at a time) */
+            for (uint32_t t0 = n0; t0 < n1; t0 += NB) {
+                if (g.w_dtype == HPD_DTYPE_F8_E4M3)
+                    gemm_tile_f8(&g, t0, HPD_MIN(t0 + NB, n1),
+                                 c->f8_tiles + (size_t)tid * NB * max_k);
+                else
+                    tile_fn(g.w_dtype)(&g, t0, HPD_MIN(t0 + NB, n1));
+            }
+        }
+        /* hpd_tp_tree level by level, in place over whole rows (the same
+         * pairs, so the same roundings; loops the compiler vectorises) */
+        const uint32_t w = n1 > n0 ? n1 - n0 : 0;
+        for (uint32_t r = 0; r < a->m; r++) {
+            for (uint32_t step = 1; step < G; step *= 2)
+                for (uint32_t j = 0; j + step < G; j += 2 * step) {
+                    float *restrict dst = P + j * part + (size_t)r * run;
+                    const float *restrict src = P + (j + step) * part + (size_t)r * run;
+                    for (uint32_t i = 0; i < w; i++)
+                        dst[i] = dst[i] + src[i];
+                }
+            float *restrict y = a->y + (size_t)r * a->ldy + n0;
+            const float *restrict s = P + (size_t)r * run;
+            if (a->accumulate)
+                for (uint32_t i = 0; i < w; i++)
+                    y[i] = y[i] + s[i];
+            else
+                for (uint32_t i = 0; i < w; i++)
+                    y[i] = s[i];
+        }
     }
     return HPD_OK;
 }

@@ -69,7 +69,7 @@ static hpd_status_t ranks_open(ranks_t *k, const char *dir, uint32_t tp, run_t *
 
     memset(k, 0, sizeof(*k));
     k->tp = tp;
-    if ((st = hpd_model_load_tp(dir, tp, k->models)) != HPD_OK)
+    if ((st = hpd_model_load_tp(dir, tp, false, k->models)) != HPD_OK)
         return st;
     for (uint32_t r = 0; r < tp; r++) {
         assert_int_equal(hpd_backend_cpu_create(&bp, &k->backends[r]), HPD_OK);
@@ -216,7 +216,7 @@ static void test_shards_are_slices(void **state)
     snprintf(dir, sizeof(dir), "%s/slices", root);
     assert_int_equal(test_mkmodel(dir, TP_MODEL MOE), 0);
     assert_int_equal(hpd_model_load(dir, &full), HPD_OK);
-    assert_int_equal(hpd_model_load_tp(dir, 4, m), HPD_OK);
+    assert_int_equal(hpd_model_load_tp(dir, 4, false, m), HPD_OK);
     const hpd_model_config_t *c = &full->config;
     const uint64_t H = c->hidden_size, hd = c->head_dim, dk = c->lin_k_dim, dv = c->lin_v_dim;
     const uint64_t kc = c->conv_kernel, es = hpd_dtype_size(full->layers[0].gdn_in.part[0].dtype);
@@ -251,9 +251,9 @@ static void test_shards_are_slices(void **state)
         /* a row-parallel matrix: its two groups are TP 1's groups 2r and 2r + 1 */
         for (uint32_t gi = 2 * r; gi < 2 * r + 2; gi++) {
             uint32_t col, k, col1, k1;
-            const hpd_weight_t v = hpd_model_group(&a->attn_o, H, c->n_heads * hd, 4, r, gi,
+            const hpd_weight_t v = hpd_model_group(&a->attn_o, H, c->n_heads * hd, &m[r]->shard, gi,
                                                    &col, &k);
-            const hpd_weight_t v1 = hpd_model_group(&fa->attn_o, H, c->n_heads * hd, 1, 0, gi,
+            const hpd_weight_t v1 = hpd_model_group(&fa->attn_o, H, c->n_heads * hd, &full->shard, gi,
                                                     &col1, &k1);
             assert_int_equal(k, k1);
             assert_int_equal(col, col1 - 2 * r * k);
@@ -282,10 +282,10 @@ static void test_refusals(void **state)
     assert_int_equal(test_mkmodel(dir, "--hidden 128 --layers 4 --full-interval 2 "
                                        "--heads 4 --kv-heads 2 --lin-k-heads 2 --lin-v-heads 4 "
                                        "--head-dim 32 --lin-k-dim 16 --lin-v-dim 16"), 0);
-    assert_int_equal(hpd_model_load_tp(dir, 3, m), HPD_ERR_INVALID_ARG);
-    assert_int_equal(hpd_model_load_tp(dir, 4, m), HPD_ERR_INVALID_ARG); /* 2 GDN key heads */
+    assert_int_equal(hpd_model_load_tp(dir, 3, false, m), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_model_load_tp(dir, 4, false, m), HPD_ERR_INVALID_ARG); /* 2 GDN key heads */
     assert_null(m[0]);
-    assert_int_equal(hpd_model_load_tp(dir, 2, m), HPD_OK);
+    assert_int_equal(hpd_model_load_tp(dir, 2, false, m), HPD_OK);
     hpd_backend_t *b;
     hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
     assert_int_equal(hpd_backend_cpu_create(&bp, &b), HPD_OK);
@@ -311,7 +311,7 @@ static void test_refusals(void **state)
     hpd_model_destroy(m[1]);
 }
 
-/* rank 1's backend: its 40th GEMM fails */
+/* rank 1's backend: its 10th GEMM (gemm or gemm_sum) fails, in the first step */
 static hpd_backend_ops_t failing;
 static const hpd_backend_ops_t *cpu_ops;
 static int gemms_left;
@@ -321,6 +321,13 @@ static hpd_status_t failing_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a)
     if (--gemms_left == 0)
         return HPD_ERR_INTERNAL;
     return cpu_ops->gemm(b, a);
+}
+
+static hpd_status_t failing_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    if (--gemms_left == 0)
+        return HPD_ERR_INTERNAL;
+    return cpu_ops->gemm_sum(b, a);
 }
 
 /* A step that fails on one rank fails on every rank (none waits for the
@@ -339,7 +346,8 @@ static void test_rank_failure(void **state)
     cpu_ops = probe->ops;
     failing = *cpu_ops;
     failing.gemm = failing_gemm;
-    gemms_left = 40;
+    failing.gemm_sum = failing_gemm_sum;
+    gemms_left = 10;
     assert_int_equal(ranks_open(&k, dir, 2, &out, &failing), HPD_OK);
     const int32_t p[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
     const uint64_t a = submit(k.engine, p, 12, 0);

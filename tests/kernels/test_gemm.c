@@ -206,6 +206,88 @@ static void test_fp8_weights(void **state)
     hpd_backend_destroy(be);
 }
 
+/* gemm_sum (a row-parallel product's groups in one op) against what it
+ * stands for: each group's gemm, then the tree's adds as tp_sum and the
+ * final add, bit for bit; every weight dtype, 1 to 8 groups of uneven
+ * widths, batches that take each kernel shape, with and without
+ * accumulate, on 1 and 2 threads; a count of groups that is not a power of
+ * two is refused. */
+static void test_gemm_sum(void **state)
+{
+    (void)state;
+    static const hpd_dtype_t dts[] = {HPD_DTYPE_F32, HPD_DTYPE_BF16, HPD_DTYPE_F16,
+                                      HPD_DTYPE_F8_E4M3};
+    static const uint32_t ms[] = {1, 3, 6, 21};
+    const uint32_t n = 70, ks[8] = {24, 40, 17, 64, 8, 33, 48, 16}, B = 16;
+    for (uint32_t threads = 1; threads <= 2; threads++) {
+        hpd_backend_t *be = cpu(threads);
+        for (size_t d = 0; d < 4; d++)
+            for (uint32_t G = 1; G <= 8; G *= 2)
+                for (size_t mi = 0; mi < 4; mi++)
+                    for (int acc = 0; acc < 2; acc++) {
+                        const uint32_t m = ms[mi];
+                        uint32_t K = 0;
+                        for (uint32_t j = 0; j < G; j++)
+                            K += ks[j];
+                        float *x = malloc((size_t)m * K * 4), *wf = malloc((size_t)n * K * 4);
+                        void *w = malloc((size_t)n * K * 4);
+                        float *scale = malloc((size_t)n * K * 4);
+                        float *y0 = malloc((size_t)m * n * 4), *got = malloc((size_t)m * n * 4);
+                        float *want = malloc((size_t)m * n * 4);
+                        float *parts[8];
+                        test_fill(x, (size_t)m * K, 7 + d + G, 1.0f);
+                        test_fill(wf, (size_t)n * K, 9 + d + G, 3.0f);
+                        test_fill(scale, (size_t)n * K, 11 + d, 1.0f);
+                        test_fill(y0, (size_t)m * n, 13, 5.0f);
+                        hpd_dtype_from_f32(dts[d], wf, w, (size_t)n * K);
+                        hpd_gemm_sum_args_t gs = {.n_groups = G, .m = m, .n = n, .y = got,
+                                                  .ldy = n, .accumulate = acc};
+                        size_t off = 0, soff = 0;
+                        uint32_t col = 0;
+                        for (uint32_t j = 0; j < G; j++) {
+                            const uint32_t sld = (ks[j] + B - 1) / B;
+                            gs.g[j] = (hpd_gemm_args_t){
+                                .x = x + col, .ldx = K,
+                                .w = (char *)w + off * hpd_dtype_size(dts[d]),
+                                .w_dtype = dts[d], .k = ks[j]};
+                            if (dts[d] == HPD_DTYPE_F8_E4M3) {
+                                for (size_t i = 0; i < (size_t)n * sld; i++)
+                                    scale[soff + i] = 0.01f + fabsf(scale[soff + i]);
+                                gs.g[j].w_scale = scale + soff;
+                                gs.g[j].w_scale_ld = sld;
+                                gs.g[j].w_block = B;
+                            }
+                            off += (size_t)n * ks[j];
+                            soff += (size_t)n * sld;
+                            col += ks[j];
+                            parts[j] = malloc((size_t)m * n * 4);
+                            hpd_gemm_args_t one = gs.g[j];
+                            one.y = parts[j], one.ldy = n, one.m = m, one.n = n;
+                            assert_int_equal(hpd_gemm(be, &one), HPD_OK);
+                        }
+                        memcpy(got, y0, (size_t)m * n * 4);
+                        memcpy(want, y0, (size_t)m * n * 4);
+                        assert_int_equal(hpd_gemm_sum(be, &gs), HPD_OK);
+                        hpd_tp_sum_args_t ts = {.n_parts = G, .ld_parts = n, .y = want,
+                                                .ldy = n, .m = m, .n = n, .accumulate = acc};
+                        for (uint32_t j = 0; j < G; j++)
+                            ts.parts[j] = parts[j];
+                        assert_int_equal(hpd_tp_sum(be, &ts), HPD_OK);
+                        if (memcmp(got, want, (size_t)m * n * 4) != 0)
+                            fail_msg("gemm_sum %s, %u groups, m %u, accumulate %d, %u "
+                                     "threads: not the bits of its gemms and tp_sum",
+                                     hpd_dtype_name(dts[d]), G, m, acc, threads);
+                        for (uint32_t j = 0; j < G; j++)
+                            free(parts[j]);
+                        free(x), free(wf), free(w), free(scale), free(y0), free(got),
+                            free(want);
+                    }
+        hpd_gemm_sum_args_t bad = {.n_groups = 3};
+        assert_int_equal(hpd_gemm_sum(be, &bad), HPD_ERR_INVALID_ARG);
+        hpd_backend_destroy(be);
+    }
+}
+
 /* random bf16 weights with a few denormals, zeros and large values: the
  * cases where flushing and rounding order show */
 static void fill_bf16(uint16_t *h, float *f, size_t n, uint64_t seed)
@@ -441,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_half_weights_exact),
         cmocka_unit_test(test_fp8_weights),
+        cmocka_unit_test(test_gemm_sum),
         cmocka_unit_test(test_bf16_products_sequence),
         cmocka_unit_test(test_bf16_products_tiny),
         cmocka_unit_test(test_bf16_nan_rows),

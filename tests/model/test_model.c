@@ -431,7 +431,8 @@ static void test_fp8(void **state)
     for (uint32_t g = 0; g < HPD_TP_GROUPS; g++) {
         uint32_t col, k;
         const hpd_weight_t v = hpd_model_group(&per->layers[1].mlp_down, per->config.hidden_size,
-                                               per->config.intermediate_size, 1, 0, g, &col, &k);
+                                               per->config.intermediate_size, &per->shard, g, &col,
+                                               &k);
         assert_int_equal(col, covered);
         assert_int_equal(16 % v.block, 0);
         assert_true(v.scale_ld * v.block >= k);
@@ -493,11 +494,12 @@ static void test_fp8(void **state)
  * matrix of cols columns. */
 static float held(const hpd_weight_t *w, uint64_t rows, uint64_t cols, uint64_t r, uint64_t c)
 {
+    const hpd_shard_t one = {.tp = 1, .sum_groups = HPD_TP_GROUPS};
     hpd_weight_t v = *w;
     uint64_t k = cols;
     for (uint32_t g = 0; rows > 0 && g < HPD_TP_GROUPS; g++) {
         uint32_t col, kg;
-        const hpd_weight_t gv = hpd_model_group(w, rows, (uint32_t)cols, 1, 0, g, &col, &kg);
+        const hpd_weight_t gv = hpd_model_group(w, rows, (uint32_t)cols, &one, g, &col, &kg);
         if (c >= col && c < col + kg) {
             v = gv;
             k = kg;
