@@ -212,7 +212,14 @@ static void mat_rows(const loader_t *ld, hpd_weight_t *w, uint64_t dst_row, cons
     char *dst = (char *)w->p + dst_row * cols * es;
     const char *src = (const char *)s->t->data + src_row * cols * ts;
     if (s->t->dtype == w->dtype) {
-        memcpy(dst, src, n * cols * es);
+        /* in pieces, each piece's file pages let go once copied (a large
+         * embedding is not resident twice) */
+        const size_t total = n * cols * es, piece = 4u << 20;
+        for (size_t off = 0; off < total; off += piece) {
+            const size_t len = total - off < piece ? total - off : piece;
+            memcpy(dst + off, src + off, len);
+            hpd_st_release_bytes(src + off, len);
+        }
         for (uint64_t r = 0; w->scale != NULL && r < n; r++)
             for (uint64_t cb = 0; cb < w->scale_ld; cb++)
                 w->scale[(dst_row + r) * w->scale_ld + cb] = src_scale(ld, s, src_row + r, cb);
@@ -775,7 +782,12 @@ static hpd_status_t fingerprint(hpd_model_t *m, const char *model_dir,
         XXH3_128bits_update(state, t->name, strlen(t->name) + 1);
         XXH3_128bits_update(state, t->dtype_name, strlen(t->dtype_name) + 1);
         XXH3_128bits_update(state, t->shape, t->ndim * sizeof(t->shape[0]));
-        XXH3_128bits_update(state, t->data, t->nbytes);
+        /* in pieces, each let go once hashed: not kept resident */
+        for (uint64_t off = 0; off < t->nbytes; off += 4u << 20) {
+            const size_t piece = (size_t)HPD_MIN(t->nbytes - off, (uint64_t)4u << 20);
+            XXH3_128bits_update(state, (const char *)t->data + off, piece);
+            hpd_st_release_bytes((const char *)t->data + off, piece);
+        }
     }
     /* the end-of-sequence ids, wherever they came from (generation_config.json
      * is not hashed whole): nodes that would stop differently differ */
@@ -827,9 +839,14 @@ static hpd_status_t load_shard(loader_t *ld, const hpd_model_config_t *c, uint32
         m->lm_head = m->embed;
     else if ((st = load_matrix_rows(ld, m, &m->lm_head, "lm_head.weight", V, H, v0, Vl)) != HPD_OK)
         return st;
-    for (uint32_t l = 0; l < m->config.n_layers; l++)
+    /* the file's pages go as soon as their layer is copied: the peak stays
+     * near the bytes the rank keeps, not those plus the file's */
+    hpd_st_archive_release(ld->ar, NULL);
+    for (uint32_t l = 0; l < m->config.n_layers; l++) {
         if ((st = load_layer(ld, m, l)) != HPD_OK)
             return st;
+        hpd_st_archive_release(ld->ar, NULL);
+    }
     return HPD_OK;
 }
 

@@ -412,3 +412,30 @@ out:
     json_decref(header);
     return st;
 }
+
+void hpd_st_archive_release(const hpd_st_archive_t *ar, const hpd_st_tensor_t *t)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (uint32_t i = 0; i < ar->n_files; i++) {
+        const st_file_t *f = &ar->files[i];
+        if (f->map == NULL || (t != NULL && t->file != i))
+            continue;
+        uintptr_t begin = (uintptr_t)f->map, end = begin + f->size;
+        if (t != NULL) { /* the whole pages inside the tensor's bytes and around them */
+            begin = (uintptr_t)t->data & ~(page - 1);
+            end = (uintptr_t)t->data + t->nbytes;
+        }
+        end = (end + page - 1) & ~(page - 1);
+        /* advice only: a failure leaves the pages resident, nothing else */
+        (void)madvise((void *)begin, end - begin, MADV_DONTNEED);
+    }
+}
+
+void hpd_st_release_bytes(const void *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t begin = ((uintptr_t)p + page - 1) & ~(page - 1);
+    const uintptr_t end = ((uintptr_t)p + n) & ~(page - 1);
+    if (end > begin) /* advice only, as above */
+        (void)madvise((void *)begin, end - begin, MADV_DONTNEED);
+}

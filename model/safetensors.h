@@ -36,6 +36,14 @@ hpd_status_t hpd_st_archive_open(const char *model_dir, hpd_st_archive_t **archi
 /* Unmaps every file. Accepts NULL. */
 void hpd_st_archive_destroy(hpd_st_archive_t *archive);
 
+/* Drops the pages of tensor t (NULL: of every file) from the process's
+ * resident memory: a loader that has copied them out keeps its peak near
+ * the bytes it keeps. The data stays readable (it is read from the file
+ * again on the next access). */
+void hpd_st_archive_release(const hpd_st_archive_t *archive, const hpd_st_tensor_t *t);
+/* The same for the whole pages of n bytes at p inside a mapped file. */
+void hpd_st_release_bytes(const void *p, size_t n);
+
 /* Returns the tensor of that name, or NULL. */
 const hpd_st_tensor_t *hpd_st_archive_find(const hpd_st_archive_t *archive, const char *name);
 
