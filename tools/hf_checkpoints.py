@@ -18,7 +18,10 @@ and compares:
   bf16 files, as the engine computes);
 - stopping: an `eos_token_id` in generation_config.json set to a token the
   greedy run emits; transformers' `generate` and hpd-run must stop at the
-  same place.
+  same place;
+- tensor parallelism: `hpd-run --tp N` for each further degree of `--tp`
+  (default 1,2) must give the tokens and the logits of the first, bit for
+  bit.
 
 Architectures: Qwen3NextForCausalLM with a mixture of experts,
 Qwen3_5ForConditionalGeneration untied and tied, Qwen3_5MoeForConditional-
@@ -188,9 +191,9 @@ def hf_greedy(model, prompt, n):
     return out, last
 
 
-def hpd_run(exe, model_dir, prompt, n, logits_file=None):
+def hpd_run(exe, model_dir, prompt, n, logits_file=None, tp=1):
     cmd = [exe, "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-           "--max-tokens", str(n), "--no-generation-defaults"]
+           "--max-tokens", str(n), "--no-generation-defaults", "--tp", str(tp)]
     if logits_file:
         cmd += ["--logits-out", logits_file]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -214,7 +217,15 @@ def compare(args, name, arch, fp8, seed, root):
     n = args.new_tokens
     hf_tokens, hf_logits = hf_greedy(hf, prompt, n)
     logits_file = os.path.join(model_dir, "hpd_logits.f32")
-    ours = hpd_run(args.hpd_run, model_dir, prompt, n, logits_file)
+    ours = hpd_run(args.hpd_run, model_dir, prompt, n, logits_file, args.tp[0])
+    # the other TP degrees (CPU ranks): the first's tokens and logits, bit
+    # for bit (before generation_config.json gets an eos below)
+    same_tp = []
+    for tp in args.tp[1:]:
+        tp_file = os.path.join(model_dir, f"hpd_logits_tp{tp}.f32")
+        got = hpd_run(args.hpd_run, model_dir, prompt, n, tp_file, tp)
+        with open(logits_file, "rb") as a, open(tp_file, "rb") as b:
+            same_tp.append((tp, got == ours and a.read() == b.read()))
     agree = 0
     while agree < n and hf_tokens[agree] == ours[agree]:
         agree += 1
@@ -239,8 +250,10 @@ def compare(args, name, arch, fp8, seed, root):
     stop_ok = hf_stop == ours_stop and hf_stop[-1] == eos and len(hf_stop) < n
     line += f"; eos {eos}: transformers stops after {len(hf_stop)}, hpd-run after " \
             f"{len(ours_stop)} ({'same' if stop_ok else 'DIFFERENT'})"
+    for tp, same in same_tp:
+        line += f"; tp {tp}: {'same bits' if same else 'DIFFERENT'}"
     print(line, flush=True)
-    return agree == n and stop_ok
+    return agree == n and stop_ok and all(same for _, same in same_tp)
 
 
 CASES = [  # name, arch, fp8, seed
@@ -259,7 +272,10 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--dir", default=None, help="keep the checkpoints here")
+    ap.add_argument("--tp", default="1,2", help="TP degrees: the first is compared with "
+                    "transformers, the others with it bit for bit")
     args = ap.parse_args()
+    args.tp = [int(t) for t in args.tp.split(",")]
     import transformers
 
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")

@@ -158,6 +158,68 @@ static void check_weights(hpd_model_t *m, json_t *want, const char *name)
                  want_sq);
 }
 
+/* The prompts again at TP tp with CPU ranks (hpd_model_load_tp): the same
+ * tokens as transformers and the last-step logits of TP 1 (one), bit for
+ * bit: so the check against transformers holds at every degree. */
+static void same_at_tp(const char *dir, uint32_t tp, json_t *prompts, const captures_t *one,
+                       const char *name)
+{
+    hpd_model_t *ms[4] = {0};
+    hpd_backend_t *bs[4] = {0};
+    hpd_engine_t *e = NULL;
+    hpd_engine_params_t ep;
+    captures_t caps = {.n = one->n};
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+
+    assert_int_equal(hpd_model_load_tp(dir, tp, false, ms), HPD_OK);
+    const uint32_t vocab = ms[0]->config.vocab_size;
+    for (uint32_t r = 0; r < tp; r++)
+        assert_int_equal(hpd_backend_cpu_create(&bp, &bs[r]), HPD_OK);
+    hpd_engine_params_init(&ep);
+    ep.model = ms[0];
+    ep.backend = bs[0];
+    ep.tp_models = (const hpd_model_t *const *)ms;
+    ep.tp_backends = bs;
+    ep.logits_cb = keep_last;
+    ep.logits_cb_arg = &caps;
+    assert_int_equal(hpd_engine_create(&ep, &e), HPD_OK);
+    int32_t want[MAX_PROMPTS][64];
+    uint32_t n_want[MAX_PROMPTS];
+    for (uint32_t p = 0; p < caps.n; p++) {
+        json_t *pr = json_array_get(prompts, p);
+        int32_t prompt[1024];
+        const uint32_t n_prompt = get_ints(get(pr, "prompt"), prompt, 1024);
+        n_want[p] = get_ints(get(pr, "tokens"), want[p], 64);
+        hpd_request_params_t rp = {.prompt = prompt, .n_prompt = n_prompt,
+                                   .max_tokens = n_want[p],
+                                   .sampling = {.temperature = 0, .top_p = 1}};
+        caps.c[p].position = one->c[p].position;
+        assert_non_null(caps.c[p].logits = malloc(vocab * sizeof(float)));
+        assert_int_equal(hpd_engine_submit(e, &rp, &caps.c[p].id), HPD_OK);
+    }
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    for (uint32_t p = 0; p < caps.n; p++) {
+        const int32_t *toks;
+        uint32_t n;
+        hpd_request_state_t rs;
+        assert_int_equal(hpd_engine_result(e, caps.c[p].id, &toks, &n, &rs), HPD_OK);
+        assert_int_equal(rs, HPD_REQ_FINISHED);
+        if (n != n_want[p] || memcmp(toks, want[p], n * sizeof(int32_t)) != 0)
+            fail_msg("%s at tp %u, prompt %u: the tokens are not transformers'", name, tp, p);
+        assert_int_equal(caps.c[p].seen, 1);
+        if (memcmp(caps.c[p].logits, one->c[p].logits, vocab * sizeof(float)) != 0)
+            fail_msg("%s at tp %u, prompt %u: the last-step logits are not tp 1's bits", name,
+                     tp, p);
+        free(caps.c[p].logits);
+    }
+    print_message("%s: tp %u gives tp 1's tokens and logits\n", name, tp);
+    hpd_engine_destroy(e);
+    for (uint32_t r = 0; r < tp; r++) {
+        hpd_backend_destroy(bs[r]);
+        hpd_model_destroy(ms[r]);
+    }
+}
+
 static void run_case(void **state)
 {
     json_t *c = *state;
@@ -180,7 +242,6 @@ static void run_case(void **state)
     snprintf(dir, sizeof(dir), "%s/model", root);
     const int mk = test_mkmodel(dir, args);
     const hpd_status_t st = mk == 0 ? hpd_model_load(dir, &m) : HPD_ERR_IO;
-    test_rmtree(root); /* the weights are in memory now */
     assert_int_equal(mk, 0);
     assert_int_equal(st, HPD_OK);
     check_weights(m, get(c, "weights"), name);
@@ -252,6 +313,17 @@ static void run_case(void **state)
                      name, n_prompt, max_rel, MAX_REL_TOL, rel_rms, REL_RMS_TOL);
     }
     assert_int_equal(hpd_engine_audit(e), 0);
+    /* every TP degree the model takes, on CPU ranks */
+    uint32_t degrees = 0;
+    for (uint32_t tp = 2; tp <= 4; tp *= 2) {
+        char why[200];
+        if (hpd_shard_tp_ok(&m->config, tp, why, sizeof(why))) {
+            same_at_tp(dir, tp, prompts, &caps, name);
+            degrees++;
+        }
+    }
+    assert_true(degrees > 0); /* each case runs at TP 2 at least */
+    test_rmtree(root);
     for (uint32_t p = 0; p < caps.n; p++)
         free(caps.c[p].logits);
     hpd_engine_destroy(e);

@@ -35,6 +35,14 @@ check "prompts file: batch equals alone" test "$(echo "$multi" | head -1)" = "$o
 alone3=$("$run" --model "$tmp/next" --prompt-ids 9 --max-tokens 12)
 check "prompts file: last line equals alone" test "$(echo "$multi" | tail -1)" = "$alone3"
 
+# tensor parallelism: CPU ranks give --tp 1's tokens and logits bits
+"$run" --model "$tmp/next" --prompts-file "$tmp/prompts" --max-tokens 12 --logits-out "$tmp/tp1.logits" > "$tmp/tp1.out"
+"$run" --model "$tmp/next" --prompts-file "$tmp/prompts" --max-tokens 12 --logits-out "$tmp/tp2.logits" --tp 2 --threads 2 > "$tmp/tp2.out"
+check "--tp 2: exit 0, tokens of --tp 1" cmp -s "$tmp/tp1.out" "$tmp/tp2.out"
+check "--tp 2: logits of --tp 1, bit for bit" cmp -s "$tmp/tp1.logits" "$tmp/tp2.logits"
+"$run" --model "$tmp/next" --prompts-file "$tmp/prompts" --max-tokens 12 --logits-out "$tmp/tpf.logits" --tp 2 --tp-fast > "$tmp/tpf.out"
+check "--tp 2 --tp-fast: other bits (the check can fail)" bash -c '! cmp -s "$1" "$2"' _ "$tmp/tp1.logits" "$tmp/tpf.logits"
+
 # prefix cache: same tokens on and off, hits reported in --stats-json
 base=$(seq -s, 1 200)
 printf '%s,7,8,9\n%s,10,11\n%s,7,8,9\n%s\n' "$base" "$base" "$base" "$(seq -s, 1 70)" > "$tmp/shared"
@@ -142,6 +150,9 @@ expect_2 "bad top-p" "top-p" --model "$tmp/next" --prompt-ids 1 --top-p 1.5
 expect_2 "bad stop ids" "--stop-ids" --model "$tmp/next" --prompt-ids 1 --stop-ids 1,x
 expect_2 "stop id >= vocab" "stop token" --model "$tmp/next" --prompt-ids 1,2 --stop-ids 99999
 expect_2 "bad layout" "layout" --model "$tmp/next" --prompt-ids 1 --kv-layout 64,nhd
+expect_2 "tp 3" "tp 3 does not divide the full-attention layers. query heads, 4" --model "$tmp/next" --prompt-ids 1 --tp 3
+expect_2 "tp 4 over 2 GDN key heads" "key heads, 2" --model "$tmp/next" --prompt-ids 1 --tp 4
+expect_2 "tp 9" "tp" --model "$tmp/next" --prompt-ids 1 --tp 9
 
 "$run" --model "$tmp/nowhere" --prompt-ids 1 > "$tmp/out" 2> "$tmp/err"
 rc=$?
