@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "node/kv_push.h"
 #include "node/msg.h"
 #include "node/node.h"
 #include "prefill_node/prefill.h"
@@ -377,7 +378,7 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
             const uint32_t from = j->pushed[g] * dl->block_size;
             if (to <= from)
                 continue;
-            hpd_xfer_kv_args_t a_kv = {
+            hpd_kv_push_args_t a_kv = {
                 .backend = node->backend,
                 .src = {.layout = m.layout, .pool = m.kv_pool, .tables = kv.tables},
                 .first_token = from,
@@ -389,7 +390,7 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
                 .staging = staging,
                 .staging_pages = j->staging_pages,
                 .group = g};
-            st = hpd_xfer_push_kv(j->peer, j->id, &a_kv);
+            st = hpd_kv_push(j->peer, j->id, &a_kv);
             j->pushed[g] = HPD_DIV_UP(to, dl->block_size);
         } else if (items[i].last_chunk) {
             const uint32_t gi = cfg->kind_index[layer];

@@ -51,7 +51,8 @@ MODULES = {
     "transport": {
         "files": ["transport/rpc_codec.c", "transport/rpc_conn.c",
                   "transport/rpc_server.c", "transport/rpc_client.c",
-                  "transport/xfer.c", "transport/xfer_info.c"],
+                  "transport/xfer.c", "transport/xfer_send.c", "transport/xfer_recv.c",
+                  "transport/xfer_info.c", "node/kv_push.c"],
         "left_out": {"transport/http.c": "the HTTP front end, not codec/rpc/xfer",
                      "transport/xfer_nccl.c": "needs CUDA, NCCL and a GPU"},
         "tests": ["test_rpc_codec", "test_rpc", "test_rpc_local", "fuzz_rpc_codec_replay",

@@ -26,6 +26,7 @@
 #include "common/hash.h"
 #include "common/util.h"
 #include "tests/test_helpers.h"
+#include "node/kv_push.h"
 #include "transport/xfer.h"
 
 enum { A = 4, NKV = 2, HD = 16, TOKENS = 200, GDN_LAYERS = 3, LAYER_BYTES = 4096 };
@@ -419,7 +420,7 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
          * each GDN layer */
         const uint32_t split = TOKENS / 2 / dst_layout.block_size * dst_layout.block_size;
         for (uint32_t g = 0; g < groups; g++) {
-            hpd_xfer_kv_args_t kv = {
+            hpd_kv_push_args_t kv = {
                 .backend = be,
                 .src = {.layout = &src_layout, .pool = src, .tables = src_tables},
                 .first_token = 0,
@@ -431,18 +432,18 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
                 .staging = staging,
                 .staging_pages = groups * k,
                 .group = g};
-            assert_int_equal(hpd_xfer_push_kv(peer, 5, &kv), HPD_OK);
+            assert_int_equal(hpd_kv_push(peer, 5, &kv), HPD_OK);
             kv.first_token = split;
             kv.n_tokens = TOKENS;
             kv.last = true;
-            assert_int_equal(hpd_xfer_push_kv(peer, 5, &kv), HPD_OK);
+            assert_int_equal(hpd_kv_push(peer, 5, &kv), HPD_OK);
             /* a chunk that does not end on a page, or starts inside one, is refused */
             kv.first_token = 0;
             kv.n_tokens = split + 1;
             kv.last = false;
-            assert_int_equal(hpd_xfer_push_kv(peer, 6, &kv), HPD_ERR_INVALID_ARG);
+            assert_int_equal(hpd_kv_push(peer, 6, &kv), HPD_ERR_INVALID_ARG);
             kv.first_token = 1;
-            assert_int_equal(hpd_xfer_push_kv(peer, 6, &kv), HPD_ERR_INVALID_ARG);
+            assert_int_equal(hpd_kv_push(peer, 6, &kv), HPD_ERR_INVALID_ARG);
         }
         for (uint32_t l = 0; l < GDN_LAYERS; l++) {
             hpd_xfer_put_t u = {.local = state + l * LAYER_BYTES,

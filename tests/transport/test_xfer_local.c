@@ -52,6 +52,7 @@
 #include "tests/cache/faulty_backend.h"
 #include "tests/test_helpers.h"
 #include "tests/transport/alloc_wrap.h"
+#include "node/kv_push.h"
 #include "transport/xfer.h"
 
 /* after every header: it declares `base` */
@@ -2635,7 +2636,7 @@ static void test_push_kv(void **state)
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * k * page, &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
 
-    hpd_xfer_kv_args_t a = {.backend = be,
+    hpd_kv_push_args_t a = {.backend = be,
                             .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
                             .dst_layout = &kv_dst,
                             .dst_region = 0,
@@ -2646,47 +2647,47 @@ static void test_push_kv(void **state)
     for (uint32_t g = 0; g < groups; g++) {
         a.group = g;
         a.first_token = 0, a.n_tokens = split, a.last = false;
-        assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+        assert_int_equal(hpd_kv_push(p, 1, &a), HPD_OK);
         a.first_token = split, a.n_tokens = KV_TOKENS, a.last = true;
-        assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+        assert_int_equal(hpd_kv_push(p, 1, &a), HPD_OK);
     }
     a.dst_tables = dst_tables[1];
     a.group = UINT32_MAX;
     a.first_token = 0;
-    assert_int_equal(hpd_xfer_push_kv(p, 1, &a), HPD_OK);
+    assert_int_equal(hpd_kv_push(p, 1, &a), HPD_OK);
 
     /* refused: a group past the last, a staging buffer too small, a chunk
      * that does not start or end on a page, an empty chunk */
-    hpd_xfer_kv_args_t bad = a;
+    hpd_kv_push_args_t bad = a;
     bad.group = groups;
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.staging_pages = groups * k - 1;
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.first_token = 8;
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.last = false;
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.first_token = KV_TOKENS;
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.first_token = k * 16; /* on a page, past the last token */
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.n_tokens = 96, bad.first_token = 96, bad.last = false; /* on a page, empty */
-    assert_int_equal(hpd_xfer_push_kv(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     bad = a;
     bad.n_tokens = 96, bad.last = false; /* whole pages: fine */
-    assert_int_equal(hpd_xfer_push_kv(p, 3, &bad), HPD_OK);
+    assert_int_equal(hpd_kv_push(p, 3, &bad), HPD_OK);
     /* the translation fails: its error, and nothing is put */
     faulty_backend_t fb = {0};
     bad = a;
     bad.backend = faulty_backend_init(&fb, be);
     fb.fail_translate = true;
-    assert_int_equal(hpd_xfer_push_kv(p, 4, &bad), HPD_ERR_INTERNAL);
+    assert_int_equal(hpd_kv_push(p, 4, &bad), HPD_ERR_INTERNAL);
     hpd_xfer_stats_t st;
     hpd_xfer_stats(s, &st);
     assert_int_equal(st.puts, 2 * groups * k + groups * 6);
@@ -2861,7 +2862,7 @@ static void test_alloc_failures(void **state)
         dst_tables[g] = dst_ids[g];
     }
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * kk * page, &id), HPD_OK);
-    hpd_xfer_kv_args_t a = {.backend = be,
+    hpd_kv_push_args_t a = {.backend = be,
                             .src = {.layout = &kv_src, .pool = kv, .tables = src_tables},
                             .n_tokens = KV_TOKENS,
                             .last = true,
@@ -2872,7 +2873,7 @@ static void test_alloc_failures(void **state)
                             .group = UINT32_MAX};
     for (k = 1;; k++) {
         arm(k, ALLOC_ANY);
-        const hpd_status_t st1 = hpd_xfer_push_kv(p, 7000 + k, &a);
+        const hpd_status_t st1 = hpd_kv_push(p, 7000 + k, &a);
         if (!disarm()) {
             assert_int_equal(st1, HPD_OK);
             break;
