@@ -260,9 +260,8 @@ static hpd_status_t create_rank(const hpd_engine_params_t *params, hpd_tp_group_
     e->tp = HPD_MAX(params->model->shard.tp, 1u);
     e->rank = params->model->shard.rank;
     e->group = group;
-    for (uint32_t r = 0; r < e->tp; r++) /* as model/shard.c splits the vocabulary */
-        e->vocab[r] = (hpd_range_t){(uint32_t)((uint64_t)r * e->cfg->vocab_size / e->tp),
-                                    (uint32_t)((uint64_t)(r + 1) * e->cfg->vocab_size / e->tp)};
+    for (uint32_t r = 0; r < e->tp; r++) /* every rank's embedding rows */
+        e->vocab[r] = (e->tp > 1 ? params->tp_models[r] : params->model)->shard.vocab;
     if ((st = resolve_params(&e->p, e->cfg)) != HPD_OK || (st = upload_weights(e)) != HPD_OK)
         goto err;
     e->gdn_layer_bytes = hpd_model_config_gdn_layer_bytes(e->cfg);
@@ -352,15 +351,19 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
     if ((st = check_ranks(params, tp)) != HPD_OK ||
         (st = hpd_tp_group_create(tp, &group)) != HPD_OK)
         return st;
-    if ((st = create_rank(params, group, &e)) != HPD_OK) {
+    /* the host tier's bound is the node's: each rank holds the same share
+     * of it (the same entries fit on every rank: they stay in lockstep) */
+    hpd_engine_params_t p0 = *params;
+    p0.host_cache_bytes = params->host_cache_bytes / tp;
+    if ((st = create_rank(&p0, group, &e)) != HPD_OK) {
         hpd_tp_group_destroy(group);
         return st;
     }
+    e->owns_ranks = true; /* from here its destroy frees the peers and the group */
     for (uint32_t r = 1; r < tp && st == HPD_OK; r++) {
-        hpd_engine_params_t pp = *params;
+        hpd_engine_params_t pp = p0;
         pp.model = params->tp_models[r];
         pp.backend = params->tp_backends[r];
-        pp.tp_models = NULL;
         pp.tp_backends = NULL;
         pp.logits_cb = NULL;
         pp.layer_cb = NULL;
@@ -380,7 +383,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
 {
     if (e == NULL)
         return;
-    if (e->rank == 0 && e->tp > 1) {
+    if (e->owns_ranks) {
         for (uint32_t r = 1; r < e->tp; r++) {
             hpd_tp_worker_destroy(e->workers[r]);
             hpd_engine_destroy(e->peers[r]);
@@ -454,7 +457,7 @@ hpd_status_t hpd_engine_cache_stats(const hpd_engine_t *e, hpd_prefix_cache_stat
     return HPD_OK;
 }
 
-uint32_t hpd_engine_audit(const hpd_engine_t *e)
+static uint32_t audit_rank(const hpd_engine_t *e)
 {
     uint32_t bad = 0, live = 0;
 
@@ -489,6 +492,16 @@ uint32_t hpd_engine_audit(const hpd_engine_t *e)
             HPD_LOG_ERROR(LOG_COMPONENT, "%u live slots in use, %u requests hold one", used, live);
             bad++;
         }
+    }
+    return bad;
+}
+
+uint32_t hpd_engine_audit(const hpd_engine_t *e)
+{
+    uint32_t bad = audit_rank(e);
+    for (uint32_t r = 1; r < e->tp && e->owns_ranks; r++) {
+        const uint32_t b = audit_rank(e->peers[r]);
+        bad = b > UINT32_MAX - bad ? UINT32_MAX : bad + b;
     }
     return bad;
 }

@@ -120,7 +120,7 @@ static hpd_status_t rowpar_tree(hpd_engine_t *e, const rowpar_t *rp, uint32_t g0
 static hpd_status_t tp_failed(hpd_engine_t *e, hpd_status_t st)
 {
     if (st != HPD_OK && e->group != NULL)
-        hpd_tp_abort(e->group);
+        hpd_tp_group_abort(e->group);
     return st;
 }
 
@@ -166,13 +166,13 @@ static hpd_status_t rowpar(hpd_engine_t *e, const rowpar_t *rp, float *y, uint32
     /* every rank's subtree sum, read where it lies (CPU ranks: host memory) */
     const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
-    if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->tp_part, all))) != HPD_OK)
+    if ((st = tp_failed(e, hpd_tp_group_share(e->group, e->rank, e->tp_part, all))) != HPD_OK)
         return st;
     for (uint32_t r = 0; r < e->tp; r++)
         sum.parts[r] = all[r];
     sum.n_parts = e->tp;
     if ((st = tp_failed(e, hpd_tp_sum(e->be, &sum))) == HPD_OK)
-        st = hpd_tp_barrier(e->group);
+        st = hpd_tp_group_barrier(e->group);
     e->tp_meet_seconds += hpd_time_now() - t0;
     return st;
 }
@@ -522,7 +522,7 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
      * row, as TP 1 does, and draws the same token */
     const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
-    if ((st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->logits, all))) != HPD_OK)
+    if ((st = tp_failed(e, hpd_tp_group_share(e->group, e->rank, e->logits, all))) != HPD_OK)
         return st;
     for (uint32_t r = 0; r < e->tp && st == HPD_OK; r++)
         for (uint32_t i = 0; i < n && r != e->rank && st == HPD_OK; i++) {
@@ -531,7 +531,7 @@ static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
                                   (e->vocab[r].end - e->vocab[r].begin) * sizeof(float));
         }
     if ((st = tp_failed(e, st)) == HPD_OK)
-        st = hpd_tp_barrier(e->group);
+        st = hpd_tp_group_barrier(e->group);
     e->tp_meet_seconds += hpd_time_now() - t0;
     return st;
 }
@@ -563,7 +563,7 @@ static hpd_status_t embed(hpd_engine_t *e, const batch_t *bt)
     const double t0 = hpd_time_now();
     const void *all[HPD_TP_MAX];
     if ((st = tp_failed(e, st)) != HPD_OK ||
-        (st = tp_failed(e, hpd_tp_share(e->group, e->rank, e->lhid, all))) != HPD_OK)
+        (st = tp_failed(e, hpd_tp_group_share(e->group, e->rank, e->lhid, all))) != HPD_OK)
         return st;
     uint32_t seen[HPD_TP_MAX] = {0}; /* rows of each rank so far */
     for (uint32_t i = 0; i < bt->rows && st == HPD_OK; i++) {
@@ -574,23 +574,24 @@ static hpd_status_t embed(hpd_engine_t *e, const batch_t *bt)
                               (const float *)all[r] + (size_t)seen[r]++ * H, H * sizeof(float));
     }
     if ((st = tp_failed(e, st)) == HPD_OK)
-        st = hpd_tp_barrier(e->group);
+        st = hpd_tp_group_barrier(e->group);
     e->tp_meet_seconds += hpd_time_now() - t0;
     return st;
 }
 
 /* The ranks run their schedulers in lockstep: a batch that is not the same
  * on every rank (a bug, never an input) stops the step before any rank
- * computes with another's rows. */
-static hpd_status_t check_lockstep(hpd_engine_t *e, const batch_t *bt)
+ * computes with another's rows. The signature lives in the engine: a rank
+ * that stops at a mismatch leaves it readable for the others. */
+hpd_status_t hpd_engine_tp_check(hpd_engine_t *e, const batch_t *bt)
 {
-    uint64_t sig[2] = {XXH3_64bits_withSeed(e->ids, bt->rows * sizeof(*e->ids), bt->rows),
-                       XXH3_64bits_withSeed(e->positions, bt->rows * sizeof(*e->positions),
-                                  ((uint64_t)bt->n_items << 32) | bt->n_logits)};
+    e->tp_sig[0] = XXH3_64bits_withSeed(e->ids, bt->rows * sizeof(*e->ids), bt->rows);
+    e->tp_sig[1] = XXH3_64bits_withSeed(e->positions, bt->rows * sizeof(*e->positions),
+                                        ((uint64_t)bt->n_items << 32) | bt->n_logits);
     const void *all[HPD_TP_MAX];
-    hpd_status_t st = tp_failed(e, hpd_tp_share(e->group, e->rank, sig, all));
+    hpd_status_t st = tp_failed(e, hpd_tp_group_share(e->group, e->rank, e->tp_sig, all));
     for (uint32_t r = 0; r < e->tp && st == HPD_OK; r++)
-        if (memcmp(all[r], sig, sizeof(sig)) != 0) {
+        if (memcmp(all[r], e->tp_sig, sizeof(e->tp_sig)) != 0) {
             HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u's batch differs from rank %u's (%u rows, "
                           "%u requests): the ranks left lockstep", r, e->rank, bt->rows,
                           bt->n_items);
@@ -598,7 +599,7 @@ static hpd_status_t check_lockstep(hpd_engine_t *e, const batch_t *bt)
         }
     if (st != HPD_OK)
         return st;
-    return hpd_tp_barrier(e->group);
+    return hpd_tp_group_barrier(e->group);
 }
 
 static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
@@ -606,8 +607,6 @@ static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
     const hpd_model_config_t *c = e->cfg;
     hpd_status_t st;
 
-    if (e->tp > 1 && (st = check_lockstep(e, bt)) != HPD_OK)
-        return st;
     if ((st = embed(e, bt)) != HPD_OK)
         return st;
     if (e->p.layer_cb != NULL)
@@ -654,7 +653,7 @@ hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt)
     if (st == HPD_ERR_UNSUPPORTED)
         return hpd_engine_forward(e, bt);
     if (st != HPD_OK)
-        return st;
+        return tp_failed(e, st);
     /* a failed op fails the step (the segments recorded before it ran) */
     const hpd_status_t fst = hpd_engine_forward(e, bt);
     bool ran;

@@ -103,6 +103,8 @@ struct hpd_engine {
      * rank 0 owns the others and their workers (peers[r], workers[r], r >= 1) */
     uint32_t tp, rank;
     hpd_tp_group_t *group;
+    bool owns_ranks; /* rank 0 of a TP engine once made: peers, workers, group */
+    uint64_t tp_sig[2]; /* this step's batch, as the lockstep check shares it */
     hpd_engine_t *peers[HPD_TP_MAX];
     hpd_tp_worker_t *workers[HPD_TP_MAX];
     hpd_range_t vocab[HPD_TP_MAX]; /* each rank's embedding and LM head rows */
@@ -125,6 +127,9 @@ hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt);
 /* The forward pass of a step, recorded whole and run as one where it can
  * (hpd_engine_params_t step_graphs), else hpd_engine_forward. */
 hpd_status_t hpd_engine_forward_step(hpd_engine_t *e, const batch_t *bt);
+/* TP: the ranks compare this step's batch (also an empty one) before any
+ * computes with it; a difference (a bug) fails the step on every rank. */
+hpd_status_t hpd_engine_tp_check(hpd_engine_t *e, const batch_t *bt);
 
 /* Gives back a request's pages and slot (engine/scheduler.c). */
 void hpd_engine_request_free_resources(hpd_engine_t *e, request_t *r);

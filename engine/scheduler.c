@@ -440,6 +440,17 @@ static hpd_status_t step_rank(hpd_engine_t *e, uint32_t *n_active_p)
 
     admit_waiting(e);
     build_batch(e, &bt);
+    /* TP: the ranks compare their batches at every step, an empty one too
+     * (a rank that holds requests the others do not would wait for them
+     * at its first meeting) */
+    if (e->tp > 1 && (st = hpd_engine_tp_check(e, &bt)) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "step of %u rows refused: %s", bt.rows, hpd_status_str(st));
+        for (uint32_t i = 0; i < bt.n_items; i++)
+            finish(e, e->items[i].req, HPD_REQ_FAILED);
+        if (n_active_p != NULL)
+            *n_active_p = e->n_active;
+        return st;
+    }
     if (bt.n_items > 0) {
         const double meet0 = e->tp_meet_seconds;
         t0 = hpd_time_now();
@@ -607,6 +618,8 @@ hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engin
 {
     const request_t *r = find(e, id);
 
+    if (e->tp > 1) /* one rank's pages would not be the request's KV */
+        return HPD_ERR_UNSUPPORTED;
     if (r == NULL || (r->state != HPD_REQ_RUNNING && r->state != HPD_REQ_RESERVED))
         return HPD_ERR_NOT_FOUND;
     memset(kv, 0, sizeof(*kv));
@@ -621,50 +634,77 @@ hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engin
 
 /* ---- tensor parallelism (engine/tp.h): rank 0's calls, repeated on the
  * other ranks in the same order, keep their schedulers in lockstep. A call
- * rank 0 refused is not repeated; one a rank answers differently (only
- * memory can run out on one rank alone) leaves the ranks apart, which the
- * next step's lockstep check refuses. */
+ * rank 0 refused is not repeated. One that a peer refuses where rank 0
+ * accepted (only memory can run out on one rank alone) is undone on every
+ * rank that took it and answered with the peer's status: the ranks hold
+ * the same requests again. */
 
-static hpd_status_t peers_agree(const hpd_engine_t *e, uint32_t r, hpd_status_t st,
-                                hpd_status_t pst, const char *what)
+static void refused_by_peer(uint32_t r, const char *what, hpd_status_t st)
 {
-    if (pst == st)
-        return st;
-    HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u answered %s with %s where rank 0 answered %s: the "
-                  "ranks left lockstep", r, what, hpd_status_str(pst), hpd_status_str(st));
-    (void)e;
-    return HPD_ERR_INTERNAL;
+    HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u refused %s that rank 0 took (%s): undone on every "
+                  "rank", r, what, hpd_status_str(st));
+}
+
+/* Undoes the request a rank just added: released, and its id given back
+ * so that the rank numbers its next request as the others do. */
+static void unadd_rank(hpd_engine_t *e, uint64_t id)
+{
+    release_rank(e, id);
+    if (e->n_reqs == id)
+        e->n_reqs--;
+}
+
+/* submit and reserve: the same id on every rank, or the request nowhere */
+static hpd_status_t add_everywhere(hpd_engine_t *e, const hpd_request_params_t *p,
+                                   uint64_t *id_p, bool reserve, const char *what)
+{
+    hpd_status_t (*add)(hpd_engine_t *, const hpd_request_params_t *, uint64_t *) =
+        reserve ? reserve_rank : submit_rank;
+    uint64_t id;
+    hpd_status_t st = add(e, p, &id);
+    uint32_t r = 1;
+    for (; r < e->tp && e->rank == 0 && st == HPD_OK; r++) {
+        uint64_t pid = 0;
+        if ((st = add(e->peers[r], p, &pid)) == HPD_OK && pid != id) {
+            unadd_rank(e->peers[r], pid);
+            st = HPD_ERR_INTERNAL;
+        }
+        if (st != HPD_OK) {
+            refused_by_peer(r, what, st);
+            for (uint32_t k = 0; k < r; k++)
+                unadd_rank(k == 0 ? e : e->peers[k], id);
+        }
+    }
+    if (st == HPD_OK)
+        *id_p = id;
+    return st;
 }
 
 hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
-    hpd_status_t st = submit_rank(e, p, id_p);
-    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++) {
-        uint64_t id = 0;
-        const hpd_status_t pst = submit_rank(e->peers[r], p, &id);
-        st = peers_agree(e, r, st, pst == HPD_OK && id != *id_p ? HPD_ERR_INTERNAL : pst,
-                         "a submit");
-    }
-    return st;
+    return add_everywhere(e, p, id_p, false, "a submit");
 }
 
 hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
-    hpd_status_t st = reserve_rank(e, p, id_p);
-    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++) {
-        uint64_t id = 0;
-        const hpd_status_t pst = reserve_rank(e->peers[r], p, &id);
-        st = peers_agree(e, r, st, pst == HPD_OK && id != *id_p ? HPD_ERR_INTERNAL : pst,
-                         "a reserve");
+    if (e->tp > 1) { /* its KV would come to rank 0's pages only */
+        HPD_LOG_ERROR(LOG_COMPONENT, "a reservation at tp %u: a decode node's ranks take their "
+                      "KV over the per-rank transfer, which is not built yet "
+                      "(docs/tensor_parallel.md)", e->tp);
+        return HPD_ERR_UNSUPPORTED;
     }
-    return st;
+    return add_everywhere(e, p, id_p, true, "a reserve");
 }
 
 hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
 {
     hpd_status_t st = start_rank(e, id, first_token);
     for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++)
-        st = peers_agree(e, r, st, start_rank(e->peers[r], id, first_token), "a start");
+        if ((st = start_rank(e->peers[r], id, first_token)) != HPD_OK) {
+            refused_by_peer(r, "a start", st);
+            for (uint32_t k = 0; k < e->tp; k++)
+                cancel_rank(k == 0 ? e : e->peers[k], id);
+        }
     return st;
 }
 

@@ -41,7 +41,7 @@ void hpd_tp_group_destroy(hpd_tp_group_t *g)
     free(g);
 }
 
-hpd_status_t hpd_tp_barrier(hpd_tp_group_t *g)
+hpd_status_t hpd_tp_group_barrier(hpd_tp_group_t *g)
 {
     pthread_mutex_lock(&g->mu);
     const uint64_t gen = g->generation;
@@ -57,7 +57,7 @@ hpd_status_t hpd_tp_barrier(hpd_tp_group_t *g)
     return aborted ? HPD_ERR_INTERNAL : HPD_OK;
 }
 
-void hpd_tp_abort(hpd_tp_group_t *g)
+void hpd_tp_group_abort(hpd_tp_group_t *g)
 {
     pthread_mutex_lock(&g->mu);
     g->aborted = true;
@@ -73,13 +73,13 @@ void hpd_tp_group_reset(hpd_tp_group_t *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-hpd_status_t hpd_tp_share(hpd_tp_group_t *g, uint32_t rank, const void *mine, const void **all)
+hpd_status_t hpd_tp_group_share(hpd_tp_group_t *g, uint32_t rank, const void *mine, const void **all)
 {
     hpd_status_t st;
     pthread_mutex_lock(&g->mu);
     g->ptrs[rank] = mine;
     pthread_mutex_unlock(&g->mu);
-    if ((st = hpd_tp_barrier(g)) != HPD_OK)
+    if ((st = hpd_tp_group_barrier(g)) != HPD_OK)
         return st;
     pthread_mutex_lock(&g->mu);
     for (uint32_t r = 0; r < g->n; r++)

@@ -23,22 +23,24 @@
 
 typedef struct hpd_tp_group hpd_tp_group_t;
 
+/* A group of n ranks (1 to HPD_TP_MAX; else HPD_ERR_INVALID_ARG). */
 hpd_status_t hpd_tp_group_create(uint32_t n, hpd_tp_group_t **group_p);
+/* Frees a group no rank is inside. Accepts NULL. */
 void hpd_tp_group_destroy(hpd_tp_group_t *group);
 
 /* Waits until every rank has arrived. HPD_ERR_INTERNAL once the group is
  * aborted (before or while waiting). */
-hpd_status_t hpd_tp_barrier(hpd_tp_group_t *group);
+hpd_status_t hpd_tp_group_barrier(hpd_tp_group_t *group);
 
 /* Aborts the group: every barrier fails until hpd_tp_group_reset. */
-void hpd_tp_abort(hpd_tp_group_t *group);
+void hpd_tp_group_abort(hpd_tp_group_t *group);
 /* Makes an aborted group meet again; only while no rank is inside it. */
 void hpd_tp_group_reset(hpd_tp_group_t *group);
 
 /* Publishes rank's pointer and, once every rank has published, fills
  * all[0 .. n) with theirs. The caller reads them, then calls
- * hpd_tp_barrier before writing into its own part again. */
-hpd_status_t hpd_tp_share(hpd_tp_group_t *group, uint32_t rank, const void *mine,
+ * hpd_tp_group_barrier before writing into its own part again. */
+hpd_status_t hpd_tp_group_share(hpd_tp_group_t *group, uint32_t rank, const void *mine,
                           const void **all);
 
 /* A worker thread that runs one job at a time for a rank. */

@@ -281,8 +281,8 @@ static bool blocks_shared(uint32_t k_full, uint32_t block, const hpd_shard_t *s)
 static hpd_range_t rank_cols(uint32_t k_full, const hpd_shard_t *s)
 {
     const hpd_range_t mine = hpd_tp_rank_groups(s->tp, s->rank, s->sum_groups);
-    return (hpd_range_t){hpd_tp_group(k_full, mine.begin, s->sum_groups).begin,
-                         hpd_tp_group(k_full, mine.end - 1, s->sum_groups).end};
+    return (hpd_range_t){.begin = hpd_tp_group(k_full, mine.begin, s->sum_groups).begin,
+                         .end = hpd_tp_group(k_full, mine.end - 1, s->sum_groups).end};
 }
 
 hpd_weight_t hpd_model_group(const hpd_weight_t *w, uint64_t rows, uint32_t k_full,
@@ -575,9 +575,9 @@ static void conv_spans(const loader_t *ld, span_t span[3])
     const hpd_shard_t *s = ld->shard;
     const uint64_t nk = c->lin_n_k_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     const uint64_t lk = s->k_heads.end - s->k_heads.begin, lv = s->v_heads.end - s->v_heads.begin;
-    span[0] = (span_t){s->k_heads.begin * dk, lk * dk};
-    span[1] = (span_t){nk * dk + s->k_heads.begin * dk, lk * dk};
-    span[2] = (span_t){2 * nk * dk + s->v_heads.begin * dv, lv * dv};
+    span[0] = (span_t){.begin = s->k_heads.begin * dk, .n = lk * dk};
+    span[1] = (span_t){.begin = nk * dk + s->k_heads.begin * dk, .n = lk * dk};
+    span[2] = (span_t){.begin = 2 * nk * dk + s->v_heads.begin * dv, .n = lv * dv};
 }
 
 static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fused_t *w)
@@ -585,10 +585,14 @@ static hpd_status_t load_gdn_35(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_fu
     const hpd_model_config_t *c = ld->config;
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim;
     const uint64_t v0 = ld->shard->v_heads.begin, lv = ld->shard->v_heads.end - v0;
-    stack_src_t srcs[] = {{"layers.%u.linear_attn.in_proj_qkv.weight", c->conv_dim, {{0}}, 3},
-                          {"layers.%u.linear_attn.in_proj_z.weight", nv * dv, {{v0 * dv, lv * dv}}, 1},
-                          {"layers.%u.linear_attn.in_proj_b.weight", nv, {{v0, lv}}, 1},
-                          {"layers.%u.linear_attn.in_proj_a.weight", nv, {{v0, lv}}, 1}};
+    stack_src_t srcs[] = {
+        {.fmt = "layers.%u.linear_attn.in_proj_qkv.weight", .rows = c->conv_dim, .n_spans = 3},
+        {.fmt = "layers.%u.linear_attn.in_proj_z.weight", .rows = nv * dv,
+         .span = {{.begin = v0 * dv, .n = lv * dv}}, .n_spans = 1},
+        {.fmt = "layers.%u.linear_attn.in_proj_b.weight", .rows = nv,
+         .span = {{.begin = v0, .n = lv}}, .n_spans = 1},
+        {.fmt = "layers.%u.linear_attn.in_proj_a.weight", .rows = nv,
+         .span = {{.begin = v0, .n = lv}}, .n_spans = 1}};
     conv_spans(ld, srcs[0].span);
     return load_stacked(ld, m, w, c->hidden_size, l, 4, srcs);
 }
@@ -658,10 +662,13 @@ static hpd_status_t load_moe(loader_t *ld, hpd_model_t *m, uint32_t l, hpd_layer
     const hpd_model_config_t *c = ld->config;
     const uint64_t H = c->hidden_size, Is = c->shared_inter;
     const uint64_t s0 = ld->shard->shared.begin, Sl = m->config.shared_inter;
-    const stack_src_t in[] = {{"layers.%u.mlp.gate.weight", c->n_experts, {{0}}, 0},
-                              {"layers.%u.mlp.shared_expert_gate.weight", 1, {{0}}, 0},
-                              {"layers.%u.mlp.shared_expert.gate_proj.weight", Is, {{s0, Sl}}, 1},
-                              {"layers.%u.mlp.shared_expert.up_proj.weight", Is, {{s0, Sl}}, 1}};
+    const stack_src_t in[] = {
+        {.fmt = "layers.%u.mlp.gate.weight", .rows = c->n_experts},
+        {.fmt = "layers.%u.mlp.shared_expert_gate.weight", .rows = 1},
+        {.fmt = "layers.%u.mlp.shared_expert.gate_proj.weight", .rows = Is,
+         .span = {{.begin = s0, .n = Sl}}, .n_spans = 1},
+        {.fmt = "layers.%u.mlp.shared_expert.up_proj.weight", .rows = Is,
+         .span = {{.begin = s0, .n = Sl}}, .n_spans = 1}};
     hpd_status_t st;
 
     if ((st = load_stacked(ld, m, &w->moe_in, H, l, Is > 0 ? 4 : 1, in)) != HPD_OK ||
@@ -680,8 +687,10 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
     hpd_layer_weights_t *w = &m->layers[l];
     const uint64_t H = c->hidden_size, I = c->intermediate_size;
     const uint64_t i0 = sh->mlp.begin, Il = lc->intermediate_size;
-    const stack_src_t mlp[] = {{"layers.%u.mlp.gate_proj.weight", I, {{i0, Il}}, 1},
-                               {"layers.%u.mlp.up_proj.weight", I, {{i0, Il}}, 1}};
+    const stack_src_t mlp[] = {{.fmt = "layers.%u.mlp.gate_proj.weight", .rows = I,
+                                .span = {{.begin = i0, .n = Il}}, .n_spans = 1},
+                               {.fmt = "layers.%u.mlp.up_proj.weight", .rows = I,
+                                .span = {{.begin = i0, .n = Il}}, .n_spans = 1}};
     hpd_status_t st;
 
     w->input_norm = alloc_f32(m, H);
@@ -706,9 +715,12 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
         const uint64_t q0 = sh->q_heads.begin, kv0 = sh->kv_heads.begin;
         const uint64_t lq = lc->n_heads, lkv = lc->n_kv_heads;
         const stack_src_t qkv[] = {
-            {"layers.%u.self_attn.q_proj.weight", nh * 2 * hd, {{q0 * 2 * hd, lq * 2 * hd}}, 1},
-            {"layers.%u.self_attn.k_proj.weight", nkv * hd, {{kv0 * hd, lkv * hd}}, 1},
-            {"layers.%u.self_attn.v_proj.weight", nkv * hd, {{kv0 * hd, lkv * hd}}, 1}};
+            {.fmt = "layers.%u.self_attn.q_proj.weight", .rows = nh * 2 * hd,
+             .span = {{.begin = q0 * 2 * hd, .n = lq * 2 * hd}}, .n_spans = 1},
+            {.fmt = "layers.%u.self_attn.k_proj.weight", .rows = nkv * hd,
+             .span = {{.begin = kv0 * hd, .n = lkv * hd}}, .n_spans = 1},
+            {.fmt = "layers.%u.self_attn.v_proj.weight", .rows = nkv * hd,
+             .span = {{.begin = kv0 * hd, .n = lkv * hd}}, .n_spans = 1}};
         w->q_norm = alloc_f32(m, hd);
         w->k_norm = alloc_f32(m, hd);
         if (!w->q_norm || !w->k_norm)
@@ -726,7 +738,7 @@ static hpd_status_t load_layer(loader_t *ld, hpd_model_t *m, uint32_t l)
     }
 
     const uint64_t nv = c->lin_n_v_heads, dv = c->lin_v_dim, lv = lc->lin_n_v_heads;
-    const span_t vspan = {sh->v_heads.begin, lv};
+    const span_t vspan = {.begin = sh->v_heads.begin, .n = lv};
     span_t cspan[3];
     conv_spans(ld, cspan);
     w->gdn_conv = alloc_f32(m, (uint64_t)lc->conv_dim * c->conv_kernel);
@@ -857,10 +869,13 @@ hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, bool fast,
     hpd_st_archive_t *ar = NULL;
     loader_t ld = {.config = &c, .dir = model_dir};
     uint32_t skipped_visual = 0, skipped_mtp = 0;
+    hpd_model_t *loaded[HPD_TP_MAX] = {0};
     hpd_status_t st;
 
-    for (uint32_t r = 0; r < tp; r++)
-        models[r] = NULL;
+    if (tp < 1 || tp > HPD_TP_MAX) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tp %u: expected 1 to %d", model_dir, tp, HPD_TP_MAX);
+        return HPD_ERR_INVALID_ARG;
+    }
     if ((st = hpd_model_config_load(model_dir, &c)) != HPD_OK ||
         (st = hpd_st_archive_open(model_dir, &ar)) != HPD_OK)
         return st;
@@ -878,30 +893,30 @@ hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, bool fast,
                     ? "model.language_model."
                     : "model.";
     for (uint32_t r = 0; r < tp && st == HPD_OK; r++) {
-        if ((models[r] = calloc(1, sizeof(hpd_model_t))) == NULL) {
+        if ((loaded[r] = calloc(1, sizeof(hpd_model_t))) == NULL) {
             st = HPD_ERR_NO_MEMORY;
             break;
         }
-        models[r]->config = c; /* what destroy reads until the shard's is set */
-        models[r]->skipped_visual = skipped_visual;
-        models[r]->skipped_mtp = skipped_mtp;
-        if ((st = load_shard(&ld, &c, tp, r, fast, models[r])) == HPD_OK) {
+        loaded[r]->config = c; /* what destroy reads until the shard's is set */
+        loaded[r]->skipped_visual = skipped_visual;
+        loaded[r]->skipped_mtp = skipped_mtp;
+        if ((st = load_shard(&ld, &c, tp, r, fast, loaded[r])) == HPD_OK) {
             /* the checkpoint's, once: every rank of a node is the same model */
             if (r == 0)
-                st = fingerprint(models[0], model_dir, ar);
+                st = fingerprint(loaded[0], model_dir, ar);
             else
-                memcpy(models[r]->fingerprint, models[0]->fingerprint, 16);
+                memcpy(loaded[r]->fingerprint, loaded[0]->fingerprint, 16);
         }
     }
     hpd_st_archive_destroy(ar);
-    if (st == HPD_OK)
+    if (st == HPD_OK) {
+        memcpy(models, loaded, tp * sizeof(*models));
         return HPD_OK;
+    }
     if (st == HPD_ERR_NO_MEMORY)
         HPD_LOG_ERROR(LOG_COMPONENT, "%s: out of memory while loading weights", model_dir);
-    for (uint32_t r = 0; r < tp; r++) {
-        hpd_model_destroy(models[r]);
-        models[r] = NULL;
-    }
+    for (uint32_t r = 0; r < tp; r++)
+        hpd_model_destroy(loaded[r]);
     return st;
 }
 

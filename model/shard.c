@@ -8,12 +8,14 @@
 /* Range r of n split into tp contiguous, as-even-as-possible ranges. */
 static hpd_range_t even(uint32_t n, uint32_t tp, uint32_t r)
 {
-    return (hpd_range_t){(uint32_t)((uint64_t)r * n / tp), (uint32_t)((uint64_t)(r + 1) * n / tp)};
+    return (hpd_range_t){.begin = (uint32_t)((uint64_t)r * n / tp),
+                         .end = (uint32_t)((uint64_t)(r + 1) * n / tp)};
 }
 
 static hpd_range_t meet(hpd_range_t a, hpd_range_t b)
 {
-    hpd_range_t m = {a.begin > b.begin ? a.begin : b.begin, a.end < b.end ? a.end : b.end};
+    hpd_range_t m = {.begin = a.begin > b.begin ? a.begin : b.begin,
+                     .end = a.end < b.end ? a.end : b.end};
     if (m.end < m.begin)
         m.end = m.begin;
     return m;
@@ -60,7 +62,7 @@ hpd_status_t hpd_shard_plan(const hpd_model_config_t *c, uint32_t tp, uint32_t r
             s->kv_heads = even(kv, tp, rank);
         } else {
             const uint32_t h = (uint32_t)((uint64_t)rank * kv / tp); /* never rank % kv */
-            s->kv_heads = (hpd_range_t){h, h + 1};
+            s->kv_heads = (hpd_range_t){.begin = h, .end = h + 1};
             s->kv_replicated = true;
         }
     }
@@ -128,12 +130,13 @@ void hpd_shard_config(const hpd_model_config_t *c, const hpd_shard_t *s,
 
 hpd_range_t hpd_tp_group(uint32_t k, uint32_t g, uint32_t n)
 {
-    return (hpd_range_t){(uint32_t)((uint64_t)g * k / n), (uint32_t)((uint64_t)(g + 1) * k / n)};
+    return (hpd_range_t){.begin = (uint32_t)((uint64_t)g * k / n),
+                         .end = (uint32_t)((uint64_t)(g + 1) * k / n)};
 }
 
 hpd_range_t hpd_tp_rank_groups(uint32_t tp, uint32_t rank, uint32_t n)
 {
-    return (hpd_range_t){rank * n / tp, (rank + 1) * n / tp};
+    return (hpd_range_t){.begin = rank * n / tp, .end = (rank + 1) * n / tp};
 }
 
 bool hpd_shard_tp_ok(const hpd_model_config_t *c, uint32_t tp, char *why, size_t why_len)
@@ -161,7 +164,7 @@ hpd_range_t hpd_shard_kv_send(const hpd_model_config_t *c, uint32_t tp_p, uint32
      * first rank of its group, head * tp / kv */
     if (sp.kv_replicated && m.begin < m.end &&
         (uint64_t)m.begin * tp_p / c->n_kv_heads != p)
-        return (hpd_range_t){m.begin, m.begin};
+        return (hpd_range_t){.begin = m.begin, .end = m.begin};
     return m;
 }
 

@@ -357,9 +357,8 @@ hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
             max_k = a->g[j].k;
     }
     const int threads = work >= (1u << 16) ? hpd_cpu_threads(b) : 1;
-    /* each thread's run of weight rows: a multiple of 4 (the kernels' step) */
-    const uint32_t run = (a->n + 4 * (uint32_t)threads - 1) / (4 * (uint32_t)threads) * 4;
-    const size_t part = (size_t)a->m * run, need = (size_t)threads * G * part;
+    /* room for the runs of any team up to `threads` (OpenMP may give fewer) */
+    const size_t need = (size_t)G * a->m * (a->n + 4 * (size_t)threads);
     if (c->sum_floats < need) {
         float *p = realloc(c->sum_tiles, need * sizeof(float));
         if (p == NULL)
@@ -376,6 +375,11 @@ hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
     }
 #pragma omp parallel num_threads(threads)
     {
+        /* each thread's run of weight rows, a multiple of 4 (the kernels'
+         * step), from the team it got */
+        const uint32_t team = (uint32_t)omp_get_num_threads();
+        const uint32_t run = (a->n + 4 * team - 1) / (4 * team) * 4;
+        const size_t part = (size_t)a->m * run;
         const int tid = omp_get_thread_num();
         const uint32_t n0 = HPD_MIN((uint32_t)tid * run, a->n);
         const uint32_t n1 = HPD_MIN(n0 + run, a->n);

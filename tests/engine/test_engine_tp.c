@@ -277,14 +277,14 @@ static void test_refusals(void **state)
 {
     (void)state;
     char dir[512];
-    hpd_model_t *m[HPD_TP_MAX];
+    hpd_model_t *m[HPD_TP_MAX] = {0};
     snprintf(dir, sizeof(dir), "%s/narrow", root);
     assert_int_equal(test_mkmodel(dir, "--hidden 128 --layers 4 --full-interval 2 "
                                        "--heads 4 --kv-heads 2 --lin-k-heads 2 --lin-v-heads 4 "
                                        "--head-dim 32 --lin-k-dim 16 --lin-v-dim 16"), 0);
     assert_int_equal(hpd_model_load_tp(dir, 3, false, m), HPD_ERR_INVALID_ARG);
     assert_int_equal(hpd_model_load_tp(dir, 4, false, m), HPD_ERR_INVALID_ARG); /* 2 GDN key heads */
-    assert_null(m[0]);
+    assert_null(m[0]); /* untouched on failure */
     assert_int_equal(hpd_model_load_tp(dir, 2, false, m), HPD_OK);
     hpd_backend_t *b;
     hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
@@ -306,6 +306,32 @@ static void test_refusals(void **state)
     ep.model = m[1];
     assert_int_equal(hpd_engine_create(&ep, &e), HPD_ERR_INVALID_ARG);
     assert_null(e);
+    /* rank 0's own parameters refused, after the group was made (freed once) */
+    hpd_backend_t *b2;
+    assert_int_equal(hpd_backend_cpu_create(&bp, &b2), HPD_OK);
+    hpd_backend_t *both[2] = {b, b2};
+    const hpd_model_t *ranks[2] = {m[0], m[1]};
+    ep.model = m[0];
+    ep.tp_models = ranks;
+    ep.tp_backends = both;
+    ep.prefill_chunk = 100;
+    assert_int_equal(hpd_engine_create(&ep, &e), HPD_ERR_INVALID_ARG);
+    assert_null(e);
+    /* a reservation: its KV would reach rank 0's pages only */
+    ep.prefill_chunk = 64;
+    assert_int_equal(hpd_engine_create(&ep, &e), HPD_OK);
+    const int32_t prompt[3] = {1, 2, 3};
+    hpd_request_params_t rp = {.prompt = prompt, .n_prompt = 3, .max_tokens = 2};
+    uint64_t id = 77;
+    assert_int_equal(hpd_engine_reserve(e, &rp, &id), HPD_ERR_UNSUPPORTED);
+    assert_int_equal(id, 77);
+    /* steps with nothing to do still meet, and end */
+    uint32_t active = 1;
+    assert_int_equal(hpd_engine_step(e, &active), HPD_OK);
+    assert_int_equal(active, 0);
+    hpd_engine_destroy(e);
+    hpd_backend_destroy(b2);
+    assert_int_equal(hpd_model_load_tp(dir, 0, false, m), HPD_ERR_INVALID_ARG);
     hpd_backend_destroy(b);
     hpd_model_destroy(m[0]);
     hpd_model_destroy(m[1]);

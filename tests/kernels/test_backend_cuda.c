@@ -698,6 +698,41 @@ static void test_silu_mul_many_rows(void **state)
     hpd_backend_free(gpu, dgu), hpd_backend_free(gpu, dout);
 }
 
+/* tp_sum on the GPU: the CPU's bits for 1, 2, 4 and 8 parts, added to y
+ * and not (the top of tensor parallelism's canonical sum) */
+static void test_tp_sum(void **state)
+{
+    enum { M = 7, N = 1000 };
+    for (uint32_t parts = 1; parts <= 8; parts *= 2)
+        for (int acc = 0; acc < 2; acc++) {
+            float *host[8], *dev[8];
+            float *y = rnd((size_t)M * N, 90, 1), *ycpu = malloc((size_t)M * N * sizeof(float));
+            memcpy(ycpu, y, (size_t)M * N * sizeof(float));
+            float *dy = up(y, (size_t)M * N);
+            hpd_tp_sum_args_t a = {.n_parts = parts, .ld_parts = N, .y = ycpu, .ldy = N, .m = M,
+                                   .n = N, .accumulate = acc};
+            for (uint32_t i = 0; i < parts; i++) {
+                host[i] = rnd((size_t)M * N, 91 + i, 1000);
+                dev[i] = up(host[i], (size_t)M * N);
+                a.parts[i] = host[i];
+            }
+            assert_int_equal(hpd_tp_sum(cpu, &a), HPD_OK);
+            a.y = dy;
+            for (uint32_t i = 0; i < parts; i++)
+                a.parts[i] = dev[i];
+            assert_int_equal(hpd_tp_sum(gpu, &a), HPD_OK);
+            float *got = down(dy, (size_t)M * N);
+            if (memcmp(got, ycpu, (size_t)M * N * sizeof(float)) != 0)
+                fail_msg("tp_sum of %u parts (accumulate %d): not the CPU's bits", parts, acc);
+            for (uint32_t i = 0; i < parts; i++) {
+                free(host[i]);
+                hpd_backend_free(gpu, dev[i]);
+            }
+            free(y), free(ycpu), free(got);
+            hpd_backend_free(gpu, dy);
+        }
+}
+
 /* Inputs of the gated delta rule for two sequences on both backends: q, k
  * L2-normalised (q scaled by 1/sqrt(dk)), g = g_top - g_span * u,
  * beta = b_lo + b_span * u, two states of scale s_scale (Sc: the CPU's
@@ -1989,6 +2024,7 @@ int main(void)
         cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_silu_mul_many_rows),
+        cmocka_unit_test(test_tp_sum),
         cmocka_unit_test(test_conv_and_gdn),
         cmocka_unit_test(test_gdn_recurrent_identity),
         cmocka_unit_test(test_translate_and_copy),
