@@ -141,17 +141,20 @@ static hpd_status_t rowpar(hpd_engine_t *e, const rowpar_t *rp, float *y, uint32
     if (e->tp == 1 && mine.end - mine.begin == 1) /* one group (--tp-fast): one GEMM */
         return rowpar_group(e, rp, mine.begin, y, accumulate);
     hpd_status_t st;
-    if (rp->first == NULL && e->be->ops->gemm_sum != NULL) {
+    if (e->be->ops->gemm_sum != NULL) {
         /* the rank's subtree in one op, straight into y at TP 1 */
+        const uint64_t rows = (uint64_t)rp->n * (rp->first != NULL ? rp->n_groups : 1);
         hpd_gemm_sum_args_t gs = {.n_groups = mine.end - mine.begin,
                                   .m = rp->m,
                                   .n = rp->n,
                                   .y = e->tp == 1 ? y : e->tp_part,
                                   .ldy = e->tp == 1 ? ldy : rp->n,
-                                  .accumulate = e->tp == 1 && accumulate};
+                                  .accumulate = e->tp == 1 && accumulate,
+                                  .first = rp->first,
+                                  .n_experts = rp->first != NULL ? rp->n_groups : 0};
         for (uint32_t g = mine.begin; g < mine.end; g++) {
             uint32_t col, k;
-            const hpd_weight_t v = hpd_model_group(rp->w, rp->n, rp->k_full, sh, g, &col, &k);
+            const hpd_weight_t v = hpd_model_group(rp->w, rows, rp->k_full, sh, g, &col, &k);
             gs.g[g - mine.begin] = (hpd_gemm_args_t){
                 .x = rp->x + col, .ldx = rp->ldx, HPD_GEMM_WEIGHT(v), .k = k};
         }

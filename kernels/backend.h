@@ -241,6 +241,10 @@ typedef struct {
  * accumulate ignored) combined by hpd_tp_tree. The bits of the gemm and
  * tp_sum calls it stands for (each group's product in the gemm op's
  * sequence, the tree's adds in fp32), in one pass over the output.
+ * With first set (a mixture of experts' down projection, as
+ * gemm_grouped): rows first[x] .. first[x + 1] - 1 take expert x's
+ * matrices, each g[j].w holding n_experts of them one after another (FP8:
+ * their scales likewise); first is backend memory.
  * Optional: the engine makes those calls without it. */
 typedef struct {
     hpd_gemm_args_t g[8];
@@ -249,6 +253,8 @@ typedef struct {
     float *y;
     uint32_t ldy;
     bool accumulate;
+    const uint32_t *first;
+    uint32_t n_experts;
 } hpd_gemm_sum_args_t;
 
 /* Pieces of backend memory to hash for a transfer's checksum (common/hash.h):

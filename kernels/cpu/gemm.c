@@ -336,7 +336,44 @@ static void (*tile_fn(hpd_dtype_t dtype))(const hpd_gemm_args_t *, uint32_t, uin
  * functions gemm uses (so each product has gemm's bits); then it adds the
  * groups by the tree into y. One parallel region where the groups one by
  * one took 8 GEMMs and 3 tp_sum passes. */
+static hpd_status_t gemm_sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
+
+/* The experts' form: each expert's rows against its matrices, one dense
+ * gemm_sum each (rows of no expert are not touched, as gemm_grouped). */
+static hpd_status_t gemm_sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    hpd_status_t st = HPD_OK;
+    if (a->first[a->n_experts] > a->m)
+        return HPD_ERR_INVALID_ARG;
+    for (uint32_t x = 0; x < a->n_experts && st == HPD_OK; x++) {
+        const uint32_t r0 = a->first[x], r1 = a->first[x + 1];
+        if (r1 <= r0)
+            continue;
+        if (r1 > a->m)
+            return HPD_ERR_INVALID_ARG;
+        hpd_gemm_sum_args_t e = *a;
+        e.first = NULL;
+        e.m = r1 - r0;
+        e.y = a->y + (size_t)r0 * a->ldy;
+        for (uint32_t j = 0; j < a->n_groups; j++) {
+            const hpd_gemm_args_t *g = &a->g[j];
+            const size_t mat = (size_t)a->n * g->k;
+            e.g[j].x = g->x + (size_t)r0 * g->ldx;
+            e.g[j].w = (const char *)g->w + x * mat * hpd_dtype_size(g->w_dtype);
+            if (g->w_scale != NULL)
+                e.g[j].w_scale = g->w_scale + (size_t)x * a->n * g->w_scale_ld;
+        }
+        st = gemm_sum_dense(b, &e);
+    }
+    return st;
+}
+
 hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    return a->first != NULL ? gemm_sum_experts(b, a) : gemm_sum_dense(b, a);
+}
+
+static hpd_status_t gemm_sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
 {
     hpd_cpu_ctx_t *c = b->ctx;
     const uint32_t G = a->n_groups;

@@ -301,6 +301,75 @@ static void test_gemm_sum(void **state)
     }
 }
 
+/* gemm_sum over a mixture of experts' rows (first set): each expert's rows
+ * against its matrices, the bits of gemm_grouped per group then tp_sum;
+ * an expert without rows, and rows past first[n_experts] untouched */
+static void test_gemm_sum_experts(void **state)
+{
+    (void)state;
+    enum { E = 3, M = 6, N = 40, B = 8 };
+    static const uint32_t first[E + 1] = {0, 2, 2, 5};
+    const uint32_t ks[8] = {16, 24, 8, 32, 16, 8, 24, 16};
+    static const hpd_dtype_t dts[] = {HPD_DTYPE_BF16, HPD_DTYPE_F8_E4M3};
+    hpd_backend_t *be = cpu(2);
+    for (size_t d = 0; d < 2; d++)
+        for (uint32_t G = 2; G <= 8; G *= 4) {
+            uint32_t K = 0;
+            for (uint32_t j = 0; j < G; j++)
+                K += ks[j];
+            float *x = malloc((size_t)M * K * 4), *wf = malloc((size_t)E * N * K * 4);
+            void *w = malloc((size_t)E * N * K * 4);
+            float *scale = malloc((size_t)E * N * K * 4);
+            float *got = malloc((size_t)M * N * 4), *want = malloc((size_t)M * N * 4);
+            float *parts[8];
+            test_fill(x, (size_t)M * K, 21 + G, 1.0f);
+            test_fill(wf, (size_t)E * N * K, 23 + d, 3.0f);
+            test_fill(scale, (size_t)E * N * K, 25, 1.0f);
+            for (size_t i = 0; i < (size_t)E * N * K; i++)
+                scale[i] = 0.01f + fabsf(scale[i]);
+            test_fill(got, (size_t)M * N, 27, 5.0f);
+            memcpy(want, got, (size_t)M * N * 4);
+            hpd_dtype_from_f32(dts[d], wf, w, (size_t)E * N * K);
+            hpd_gemm_sum_args_t gs = {.n_groups = G, .m = M, .n = N, .y = got, .ldy = N,
+                                      .first = first, .n_experts = E};
+            size_t off = 0, soff = 0;
+            uint32_t col = 0;
+            for (uint32_t j = 0; j < G; j++) {
+                const uint32_t sld = (ks[j] + B - 1) / B;
+                gs.g[j] = (hpd_gemm_args_t){.x = x + col, .ldx = K,
+                                            .w = (char *)w + off * hpd_dtype_size(dts[d]),
+                                            .w_dtype = dts[d], .k = ks[j]};
+                if (dts[d] == HPD_DTYPE_F8_E4M3) {
+                    gs.g[j].w_scale = scale + soff;
+                    gs.g[j].w_scale_ld = sld;
+                    gs.g[j].w_block = B;
+                }
+                off += (size_t)E * N * ks[j];
+                soff += (size_t)E * N * sld;
+                col += ks[j];
+                parts[j] = calloc((size_t)M * N, 4);
+                hpd_gemm_grouped_args_t one = {.g = gs.g[j], .first = first, .n_groups = E,
+                                               .max_rows = M};
+                one.g.y = parts[j], one.g.ldy = N, one.g.m = first[E], one.g.n = N;
+                assert_int_equal(hpd_gemm_grouped(be, &one), HPD_OK);
+            }
+            assert_int_equal(hpd_gemm_sum(be, &gs), HPD_OK);
+            hpd_tp_sum_args_t ts = {.n_parts = G, .ld_parts = N, .y = want, .ldy = N,
+                                    .m = first[E], .n = N};
+            for (uint32_t j = 0; j < G; j++)
+                ts.parts[j] = parts[j];
+            assert_int_equal(hpd_tp_sum(be, &ts), HPD_OK);
+            if (memcmp(got, want, (size_t)M * N * 4) != 0)
+                fail_msg("gemm_sum of experts, %s, %u groups: not the bits of gemm_grouped "
+                         "and tp_sum (or a row past the experts' written)",
+                         hpd_dtype_name(dts[d]), G);
+            for (uint32_t j = 0; j < G; j++)
+                free(parts[j]);
+            free(x), free(wf), free(w), free(scale), free(got), free(want);
+        }
+    hpd_backend_destroy(be);
+}
+
 /* random bf16 weights with a few denormals, zeros and large values: the
  * cases where flushing and rounding order show */
 static void fill_bf16(uint16_t *h, float *f, size_t n, uint64_t seed)
@@ -537,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_half_weights_exact),
         cmocka_unit_test(test_fp8_weights),
         cmocka_unit_test(test_gemm_sum),
+        cmocka_unit_test(test_gemm_sum_experts),
         cmocka_unit_test(test_bf16_products_sequence),
         cmocka_unit_test(test_bf16_products_tiny),
         cmocka_unit_test(test_bf16_nan_rows),
