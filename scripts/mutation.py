@@ -115,9 +115,9 @@ MODULES = {
     },
     # Tensor parallelism's canonical reduction (docs/tensor_parallel.md).
     "tp": {
-        "files": ["kernels/tp_sum.c"],
+        "files": ["kernels/tp_sum.c", "engine/tp.c"],
         "left_out": {},
-        "tests": ["test_tp_sum"],
+        "tests": ["test_tp_sum", "test_engine_tp"],
     },
     # The CUDA kernels as the host stand-in runs them (tests/kernels/cuda_host:
     # launch.cmake rewrites a .cu file into <name>_host.cpp, compiled into
@@ -178,7 +178,7 @@ MODULES = {
         "files": ["engine/engine.c", "engine/scheduler.c", "engine/forward.c"],
         "left_out": {},
         "tests": ["test_engine", "test_engine_steps", "test_engine_prefix",
-                  "test_engine_disagg", "test_hf_reference", "test_engine_moe",
+                  "test_engine_disagg", "test_hf_reference", "test_engine_tp", "test_engine_moe",
                   "test_engine_prefix_moe", "test_engine_disagg_moe"],
         "runs_of": {"test_engine_moe": "test_engine",
                     "test_engine_prefix_moe": "test_engine_prefix",
@@ -187,7 +187,7 @@ MODULES = {
     "model": {
         "files": ["model/config.c", "model/safetensors.c", "model/model.c", "model/shard.c"],
         "left_out": {},
-        "tests": ["test_config", "test_safetensors", "test_model", "test_shard"],
+        "tests": ["test_config", "test_safetensors", "test_model", "test_shard", "test_engine_tp"],
     },
     "deploy": {
         "files": ["deploy/manifest.c", "deploy/render.c"],

@@ -356,6 +356,35 @@ static hpd_status_t failing_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t
     return cpu_ops->gemm_sum(b, a);
 }
 
+static hpd_status_t failing_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
+{
+    (void)b, (void)bytes, (void)ptr_p;
+    return HPD_ERR_NO_MEMORY;
+}
+
+/* A rank past 0 that cannot be built (its backend has no memory): the
+ * engine is refused with that status, and what was built is freed (the
+ * sanitizer build checks that nothing leaks or is freed twice). */
+static void test_peer_not_built(void **state)
+{
+    (void)state;
+    char dir[512];
+    run_t out = {0};
+    ranks_t k;
+    hpd_backend_t *probe;
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+    snprintf(dir, sizeof(dir), "%s/nomem", root);
+    assert_int_equal(test_mkmodel(dir, TP_MODEL), 0);
+    assert_int_equal(hpd_backend_cpu_create(&bp, &probe), HPD_OK);
+    failing = *probe->ops;
+    failing.alloc = failing_alloc;
+    failing.alloc_pool = NULL;
+    assert_int_equal(ranks_open(&k, dir, 4, &out, &failing), HPD_ERR_NO_MEMORY);
+    assert_null(k.engine);
+    ranks_close(&k);
+    hpd_backend_destroy(probe);
+}
+
 /* A step that fails on one rank fails on every rank (none waits for the
  * one that stopped), its requests end failed, and the next request runs. */
 static void test_rank_failure(void **state)
@@ -417,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_shards_are_slices),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_rank_failure),
+        cmocka_unit_test(test_peer_not_built),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
