@@ -9,7 +9,7 @@
  *     of getting TP 1's bits at every degree.
  *
  *   hpd-bench-tp [--threads N (2)] [--prompt N (512)] [--decode N (64)]
- *                [--batch B (1)] [--repeat R (3)] MODEL_DIR
+ *                [--batch B (1)] [--repeat R (3)] [--device cpu|cpu-bf16] MODEL_DIR
  *
  * Each configuration runs R times, interleaved with the others, and the
  * best of each figure is printed (the machine is shared). */
@@ -33,6 +33,7 @@ typedef struct {
 
 typedef struct {
     uint32_t threads, prompt, decode, batch;
+    const char *device;
 } opts_t;
 
 static int submit_run(hpd_engine_t *e, uint32_t n, uint32_t len, uint32_t max_tokens,
@@ -68,7 +69,8 @@ static int run_config(const char *dir, const opts_t *o, config_t *c, uint32_t sa
 
     if (hpd_model_load_tp(dir, c->tp, c->fast, models) != HPD_OK)
         return -1;
-    hpd_backend_params_t bp = {.device = "cpu", .n_threads = HPD_MAX(o->threads / c->tp, 1u)};
+    hpd_backend_params_t bp = {.device = o->device,
+                               .n_threads = HPD_MAX(o->threads / c->tp, 1u)};
     for (uint32_t r = 0; r < c->tp; r++)
         if (hpd_backend_create(&bp, &backends[r]) != HPD_OK)
             goto out;
@@ -118,16 +120,21 @@ out:
 
 int main(int argc, char **argv)
 {
-    opts_t o = {.threads = 2, .prompt = 512, .decode = 64, .batch = 1};
+    opts_t o = {.threads = 2, .prompt = 512, .decode = 64, .batch = 1, .device = "cpu"};
     uint32_t repeat = 3;
     static const struct option longopts[] = {{"threads", required_argument, NULL, 't'},
                                              {"prompt", required_argument, NULL, 'p'},
                                              {"decode", required_argument, NULL, 'd'},
                                              {"batch", required_argument, NULL, 'b'},
                                              {"repeat", required_argument, NULL, 'r'},
+                                             {"device", required_argument, NULL, 'D'},
                                              {NULL, 0, NULL, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (ch == 'D') {
+            o.device = optarg;
+            continue;
+        }
         const long v = optarg != NULL ? strtol(optarg, NULL, 10) : 0;
         if (v <= 0 || v > 1000000) {
             fprintf(stderr, "hpd-bench-tp: a positive number expected\n");
@@ -159,8 +166,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "hpd-bench-tp: %s failed\n", cs[i].name);
                 return 1;
             }
-    printf("model %s, %u threads in all, prompt %u, decode %u tokens x batch %u, best of %u\n",
-           argv[optind], o.threads, o.prompt, o.decode, o.batch, repeat);
+    printf("model %s, device %s, %u threads in all, prompt %u, decode %u tokens x batch %u, "
+           "best of %u\n", argv[optind], o.device, o.threads, o.prompt, o.decode, o.batch, repeat);
     printf("%-16s %12s %12s %14s %14s\n", "", "prefill t/s", "decode t/s", "meet prefill",
            "meet decode");
     for (uint32_t i = 0; i < n; i++)
