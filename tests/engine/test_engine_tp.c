@@ -356,6 +356,18 @@ static hpd_status_t failing_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t
     return cpu_ops->gemm_sum(b, a);
 }
 
+/* A model in root/name and a CPU backend whose ops `failing` starts from
+ * (the caller overrides some, for rank 1) */
+static void failing_setup(const char *name, char *dir, size_t len, hpd_backend_t **probe_p)
+{
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+    snprintf(dir, len, "%s/%s", root, name);
+    assert_int_equal(test_mkmodel(dir, TP_MODEL), 0);
+    assert_int_equal(hpd_backend_cpu_create(&bp, probe_p), HPD_OK);
+    cpu_ops = (*probe_p)->ops;
+    failing = *cpu_ops;
+}
+
 static hpd_status_t failing_alloc(hpd_backend_t *b, size_t bytes, void **ptr_p)
 {
     (void)b, (void)bytes, (void)ptr_p;
@@ -372,11 +384,7 @@ static void test_peer_not_built(void **state)
     run_t out = {0};
     ranks_t k;
     hpd_backend_t *probe;
-    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
-    snprintf(dir, sizeof(dir), "%s/nomem", root);
-    assert_int_equal(test_mkmodel(dir, TP_MODEL), 0);
-    assert_int_equal(hpd_backend_cpu_create(&bp, &probe), HPD_OK);
-    failing = *probe->ops;
+    failing_setup("nomem", dir, sizeof(dir), &probe);
     failing.alloc = failing_alloc;
     failing.alloc_pool = NULL;
     assert_int_equal(ranks_open(&k, dir, 4, &out, &failing), HPD_ERR_NO_MEMORY);
@@ -394,12 +402,7 @@ static void test_rank_failure(void **state)
     run_t out = {0};
     ranks_t k;
     hpd_backend_t *probe;
-    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
-    snprintf(dir, sizeof(dir), "%s/fail", root);
-    assert_int_equal(test_mkmodel(dir, TP_MODEL), 0);
-    assert_int_equal(hpd_backend_cpu_create(&bp, &probe), HPD_OK);
-    cpu_ops = probe->ops;
-    failing = *cpu_ops;
+    failing_setup("fail", dir, sizeof(dir), &probe);
     failing.gemm = failing_gemm;
     failing.gemm_sum = failing_gemm_sum;
     gemms_left = 10;
