@@ -22,16 +22,15 @@ hpd_status_t hpd_cpu_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_
 
     const uint32_t l0 = a->first_layer, l1 = a->n_layers ? l0 + a->n_layers : sl->n_layers;
 
-    if (sl->dtype != dl->dtype || sl->n_layers != dl->n_layers ||
-        sl->n_kv_heads != dl->n_kv_heads || sl->head_dim != dl->head_dim ||
-        l1 > sl->n_layers || l0 >= l1)
+    if (!hpd_kv_translate_fits(a))
         return HPD_ERR_INVALID_ARG;
     for (uint32_t layer = l0; layer < l1; layer++)
         for (uint32_t kv = 0; kv < 2; kv++)
             for (uint32_t i = 0; i < a->n_tokens; i++)
-                for (uint32_t h = 0; h < sl->n_kv_heads; h++)
+                for (uint32_t h = 0; h < dl->n_kv_heads; h++)
                     memcpy(row_addr(&a->dst, layer, kv, a->dst.pos + i, h, elem),
-                           row_addr(&a->src, layer, kv, a->src.pos + i, h, elem), row);
+                           row_addr(&a->src, layer, kv, a->src.pos + i, a->src_head + h, elem),
+                           row);
     if (a->zero_tail && a->n_tokens > 0) {
         const uint32_t end = a->dst.pos + a->n_tokens;
         const uint32_t page_end = (end + dl->block_size - 1) / dl->block_size * dl->block_size;

@@ -25,9 +25,10 @@ __device__ static char *row_addr(const span_t *s, uint32_t layer, uint32_t kv, u
 
 /* rows: [layers][2][tokens][heads]; tail rows (zero) follow when n_tail */
 __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n_tokens,
-                                 uint32_t n_tail, size_t elem, uint32_t row_bytes)
+                                 uint32_t n_tail, size_t elem, uint32_t row_bytes,
+                                 uint32_t src_head)
 {
-    const uint32_t heads = src.l.n_kv_heads;
+    const uint32_t heads = dst.l.n_kv_heads; /* src heads [src_head, src_head + heads) */
     const uint32_t per_layer_copy = 2 * n_tokens * heads, per_layer_tail = 2 * n_tail * heads;
     uint32_t r = blockIdx.x;
     const uint32_t per_layer = per_layer_copy + per_layer_tail;
@@ -35,7 +36,7 @@ __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n
     r %= per_layer;
     if (r < per_layer_copy) {
         const uint32_t kv = r / (n_tokens * heads), t = (r / heads) % n_tokens, h = r % heads;
-        const char *from = row_addr(&src, layer, kv, src.pos + t, h, elem);
+        const char *from = row_addr(&src, layer, kv, src.pos + t, src_head + h, elem);
         char *to = row_addr(&dst, layer, kv, dst.pos + t, h, elem);
         if (row_bytes % 4 == 0)
             for (uint32_t i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
@@ -82,9 +83,7 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
     span_t src, dst;
     hpd_status_t st;
 
-    if (sl->dtype != dl->dtype || sl->n_layers != dl->n_layers ||
-        sl->n_kv_heads != dl->n_kv_heads || sl->head_dim != dl->head_dim ||
-        l1 > sl->n_layers || l0 >= l1)
+    if (!hpd_kv_translate_fits(a))
         return HPD_ERR_INVALID_ARG;
     if (a->n_tokens == 0)
         return HPD_OK;
@@ -109,14 +108,14 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
         return st;
     src.pages = (const uint32_t *)src_pages;
     dst.pages = (const uint32_t *)dst_pages;
-    const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * sl->n_kv_heads;
+    const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * dl->n_kv_heads;
     if (rows > INT32_MAX) {
         HPD_LOG_ERROR("cuda", "kv_translate: %llu rows exceed a launch (at most %d); translate "
                       "fewer tokens per call", (unsigned long long)rows, INT32_MAX);
         return HPD_ERR_UNSUPPORTED;
     }
     translate_kernel<<<(uint32_t)rows, 64, 0, hpd_cuda_ctx(b)->stream>>>(
-        src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem));
+        src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem), a->src_head);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -81,8 +81,9 @@ static hpd_kv_layout_t random_layout(uint64_t *s, uint32_t A, uint32_t nkv, uint
  * rows after them up to the end of their page are zero when zero_tail, and
  * every other float (rows before dpos, other layers, pages outside the
  * table, whatever the layout leaves unused) is still the NaN it was. */
+/* dst head h holds src head head0 + h */
 static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos, uint32_t n,
-                            bool zero_tail)
+                            bool zero_tail, uint32_t head0)
 {
     const size_t elems = b->n_pages * hpd_kv_layout_page_elems(&b->l);
     const uint32_t end = dpos + n;
@@ -95,7 +96,7 @@ static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos,
             for (uint32_t h = 0; h < b->l.n_kv_heads; h++)
                 for (uint32_t d = 0; d < b->l.head_dim; d++) {
                     for (uint32_t i = 0; i < n; i++)
-                        row_of(b, layer, kv, dpos + i, h)[d] = value(layer, kv, i, h, d);
+                        row_of(b, layer, kv, dpos + i, h)[d] = value(layer, kv, i, head0 + h, d);
                     for (uint32_t p = end; zero_tail && p < page_end; p++)
                         row_of(b, layer, kv, p, h)[d] = 0.0f;
                 }
@@ -133,7 +134,7 @@ static void test_random_translations(void **state)
                         for (uint32_t d = 0; d < hd; d++)
                             row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
 
-        float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail);
+        float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail, 0);
         hpd_kv_translate_args_t t = {
             .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
             .dst = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
@@ -204,10 +205,74 @@ static void test_random_translations(void **state)
     hpd_backend_destroy(be);
 }
 
+/* Some of the source's heads (tensor parallelism: a decode rank's KV heads
+ * out of a prefill rank's): heads [src_head, src_head + heads) of the
+ * source land as heads [0, heads) of a destination of that many heads,
+ * exactly and nowhere else, over random layouts; shapes that do not fit
+ * are refused. */
+static void test_head_subsets(void **state)
+{
+    (void)state;
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+    hpd_backend_t *be;
+    uint64_t s = 1000;
+
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    for (int iter = 0; iter < 200; iter++) {
+        const uint32_t A = 1 + rnd(&s, 4), nkv = 2 + rnd(&s, 3), hd = 1 + rnd(&s, 8);
+        const uint32_t heads = 1 + rnd(&s, nkv - 1), head0 = rnd(&s, nkv - heads + 1);
+        const uint32_t n = 1 + rnd(&s, 200), spos = rnd(&s, 64), dpos = rnd(&s, 64);
+        const bool zero_tail = iter % 3 != 2;
+        paged_t a, b;
+        paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
+        paged_init(&b, random_layout(&s, A, heads, hd), dpos + n, &s);
+        for (uint32_t layer = 0; layer < A; layer++)
+            for (uint32_t kv = 0; kv < 2; kv++)
+                for (uint32_t i = 0; i < n; i++)
+                    for (uint32_t h = 0; h < nkv; h++)
+                        for (uint32_t d = 0; d < hd; d++)
+                            row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
+        float *want = expected_pool(&b, 0, A, dpos, n, zero_tail, head0);
+        hpd_kv_translate_args_t t = {
+            .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
+            .dst = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
+            .n_tokens = n,
+            .zero_tail = zero_tail,
+            .src_head = head0,
+            .heads = heads};
+        assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
+        if (memcmp(b.pool, want, b.n_pages * hpd_kv_layout_page_bytes(&b.l)) != 0)
+            fail_msg("iteration %d: heads %u..%u of %u: the destination is not their rows",
+                     iter, head0, head0 + heads, nkv);
+        free(want), free(a.pool), free(a.ids), free(b.pool), free(b.ids);
+    }
+    hpd_kv_layout_t x = {.block_size = 16, .pack_size = 1, .order = HPD_KV_HND,
+                         .dtype = HPD_DTYPE_F32, .n_layers = 1, .n_kv_heads = 4, .head_dim = 4},
+                    y = x;
+    y.n_kv_heads = 2;
+    float buf[4096];
+    uint32_t id = 0;
+    const uint32_t *tab[1] = {&id};
+    hpd_kv_translate_args_t bad = {.src = {.layout = &x, .pool = buf, .tables = tab},
+                                   .dst = {.layout = &y, .pool = buf + 1024, .tables = tab},
+                                   .n_tokens = 1};
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* 4 heads into 2 */
+    bad.heads = 2, bad.src_head = 3;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* past the 4 */
+    bad.heads = 3, bad.src_head = 0;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* dst has 2 */
+    bad.heads = 0, bad.src_head = 1, bad.dst.layout = &x;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* all, offset */
+    bad.heads = 2, bad.src_head = 2, bad.dst.layout = &y;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_OK);
+    hpd_backend_destroy(be);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_translations),
+        cmocka_unit_test(test_head_subsets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,6 +43,7 @@ struct tr_case {
     hpd_dtype_t dtype;
     uint32_t layers, heads, hd, spos, dpos, tokens, first, n_layers;
     bool zero_tail;
+    uint32_t src_head, sub_heads; /* some of the heads (0: all) */
 };
 
 static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
@@ -52,6 +53,8 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
                                 .n_kv_heads = c.heads, .head_dim = c.hd};
     hpd_kv_layout_t dl = sl;
     dl.block_size = c.B_dst, dl.pack_size = c.P_dst, dl.order = c.o_dst;
+    if (c.sub_heads > 0)
+        dl.n_kv_heads = c.sub_heads;
     pool_t src(sl, c.spos + c.tokens, seed);
     /* room for the tail up to the destination's page end; the same seed,
      * the same pool */
@@ -59,7 +62,8 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
     pool_t want(dl, c.dpos + c.tokens + c.B_dst, seed + 1);
     hpd_kv_translate_args_t a = {.src = src.span(c.spos), .dst = got.span(c.dpos),
                                  .n_tokens = c.tokens, .zero_tail = c.zero_tail,
-                                 .first_layer = c.first, .n_layers = c.n_layers};
+                                 .first_layer = c.first, .n_layers = c.n_layers,
+                                 .src_head = c.src_head, .heads = c.sub_heads};
     test_emu_t emu;
     check_status("kv_translate", hpd_cuda_kv_translate(&emu.be, &a));
     a.dst = want.span(c.dpos);
@@ -154,6 +158,10 @@ int main()
         {16, 3, 128, 2, H, H, BF16, 6, 1, 3, 0, 120, 9, 0, 0, true},
         /* BF16 rows of a multiple of 4 bytes: the word copy */
         {32, 2, 32, 6, N, H, BF16, 6, 4, 64, 31, 1, 33, 0, 0, true},
+        /* tensor parallelism: heads 2 and 3 of 4 (a decode rank's of a
+         * prefill rank's), and head 3 alone, into layouts of those heads */
+        {64, 1, 16, 4, N, H, F32, 12, 4, 64, 0, 0, 100, 0, 0, true, 2, 2},
+        {16, 2, 32, 1, H, N, BF16, 4, 4, 6, 3, 5, 40, 1, 2, false, 3, 1},
     };
     uint32_t seed = 1;
     for (const tr_case &c : cases)
