@@ -95,10 +95,12 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
     (a##r##0 = hpd_v8_fma(xv, b0, a##r##0), a##r##1 = hpd_v8_fma(xv, b1, a##r##1),                \
      a##r##2 = hpd_v8_fma(xv, b2, a##r##2), a##r##3 = hpd_v8_fma(xv, b3, a##r##3))
 #define FINISH_ROW4(SFX, r)                                                                       \
-    for (int c_ = 0; c_ < 4; c_++) {                                                              \
-        const hpd_v8_t acc_[4] = {a##r##0, a##r##1, a##r##2, a##r##3};                            \
-        finish(y + r * (size_t)ldy + c_,                                                          \
-               tail_##SFX(hpd_v8_hsum(acc_[c_]), x##r, w0 + c_ * (size_t)k, i, k), accumulate);  \
+    {                                                                                             \
+        float s_[4];                                                                              \
+        hpd_v8_hsum4(a##r##0, a##r##1, a##r##2, a##r##3, s_);                                     \
+        for (int c_ = 0; c_ < 4; c_++)                                                            \
+            finish(y + r * (size_t)ldy + c_, tail_##SFX(s_[c_], x##r, w0 + c_ * (size_t)k, i, k), \
+                   accumulate);                                                                   \
     }
 
 /* The kernels for weights of element type WT, loaded by load8_SFX/load1_SFX. */
@@ -213,10 +215,12 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
             a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                        \
             a3 = hpd_v8_fma(xv, load8_##SFX(w3 + i), a3);                                        \
         }                                                                                        \
-        finish(y, tail_##SFX(hpd_v8_hsum(a0), x, w0, i, k), accumulate);                         \
-        finish(y + 1, tail_##SFX(hpd_v8_hsum(a1), x, w1, i, k), accumulate);                     \
-        finish(y + 2, tail_##SFX(hpd_v8_hsum(a2), x, w2, i, k), accumulate);                     \
-        finish(y + 3, tail_##SFX(hpd_v8_hsum(a3), x, w3, i, k), accumulate);                     \
+        float s_[4];                                                                             \
+        hpd_v8_hsum4(a0, a1, a2, a3, s_); /* hpd_v8_hsum of each, at once */                     \
+        finish(y, tail_##SFX(s_[0], x, w0, i, k), accumulate);                                   \
+        finish(y + 1, tail_##SFX(s_[1], x, w1, i, k), accumulate);                               \
+        finish(y + 2, tail_##SFX(s_[2], x, w2, i, k), accumulate);                               \
+        finish(y + 3, tail_##SFX(s_[3], x, w3, i, k), accumulate);                               \
     }                                                                                            \
                                                                                                  \
     /* One tile: weight rows [n0, n1) against every row of x. */                                 \

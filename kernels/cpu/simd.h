@@ -69,6 +69,26 @@ static inline float hpd_v8_hsum(hpd_v8_t v)
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* hpd_v8_hsum of four vectors at once, the same adds in the same pairs
+ * (float addition is commutative: a + b and b + a are the same bits): the
+ * first level of each vector's tree by one horizontal add of two vectors,
+ * the second by another, the third as the halves added. */
+static inline void hpd_v8_hsum4(hpd_v8_t a, hpd_v8_t b, hpd_v8_t c, hpd_v8_t d, float out[4])
+{
+#if defined(__AVX2__) && defined(__FMA__)
+    /* [a01 a23 b01 b23 | a45 a67 b45 b67] and the same of c, d */
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    /* [a0123 b0123 c0123 d0123 | a4567 b4567 c4567 d4567] */
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+#else
+    out[0] = hpd_v8_hsum(a);
+    out[1] = hpd_v8_hsum(b);
+    out[2] = hpd_v8_hsum(c);
+    out[3] = hpd_v8_hsum(d);
+#endif
+}
+
 /* The one dot product of the CPU backend: 8-lane partial sums over k in
  * steps of 8, the fixed horizontal sum, then the tail in order. Every kernel
  * shape in gemm.c reproduces exactly this sequence per element. */
