@@ -261,6 +261,79 @@ GEMM_KERNELS(f32, float)
 GEMM_KERNELS(bf16, uint16_t)
 GEMM_KERNELS(f16, uint16_t)
 
+/* A row-parallel product's groups for a few rows of x (decode), in one
+ * kernel: four weight rows of every group in turn, each group's four sums
+ * as kern_1x4 makes them (8 lanes over the group's columns, the fixed
+ * horizontal sum, the tail), kept in registers and stack, then added by
+ * the tree and finished into y: no buffer, no second pass. rows[j] is
+ * group j's first of the four weight rows, x[j] its columns of x. */
+#define GEMM_SUM_KERNELS(SFX, WT)                                                                \
+    static void kern_1x4_sum_##SFX(const float *const *x, const WT *const *rows,                 \
+                                   const uint32_t *ks, uint32_t G, float *y, bool accumulate)    \
+    {                                                                                            \
+        float part[4][HPD_TP_GROUPS];                                                            \
+        for (uint32_t j = 0; j < G; j++) {                                                       \
+            const uint32_t k = ks[j];                                                            \
+            const WT *w0 = rows[j], *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k;                      \
+            const WT *w3 = w0 + 3 * (size_t)k;                                                   \
+            const float *xj = x[j];                                                              \
+            hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero();                 \
+            hpd_v8_t a3 = hpd_v8_zero();                                                         \
+            uint32_t i = 0;                                                                      \
+            for (; i + 8 <= k; i += 8) {                                                         \
+                hpd_v8_t xv = hpd_v8_load(xj + i);                                               \
+                HPD_PREFETCH_W(w0 + i + 4 * (size_t)k); /* this group's next four rows */        \
+                HPD_PREFETCH_W(w1 + i + 4 * (size_t)k);                                          \
+                HPD_PREFETCH_W(w2 + i + 4 * (size_t)k);                                          \
+                HPD_PREFETCH_W(w3 + i + 4 * (size_t)k);                                          \
+                a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                    \
+                a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                    \
+                a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                    \
+                a3 = hpd_v8_fma(xv, load8_##SFX(w3 + i), a3);                                    \
+            }                                                                                    \
+            float s_[4];                                                                         \
+            hpd_v8_hsum4(a0, a1, a2, a3, s_);                                                    \
+            part[0][j] = tail_##SFX(s_[0], xj, w0, i, k);                                        \
+            part[1][j] = tail_##SFX(s_[1], xj, w1, i, k);                                        \
+            part[2][j] = tail_##SFX(s_[2], xj, w2, i, k);                                        \
+            part[3][j] = tail_##SFX(s_[3], xj, w3, i, k);                                        \
+        }                                                                                        \
+        for (int c = 0; c < 4; c++)                                                              \
+            finish(y + c, hpd_tp_tree(part[c], G), accumulate);                                  \
+    }                                                                                            \
+                                                                                                 \
+    /* weight rows [n0, n1) of every group against the few rows of x */                          \
+    static void sum_rows_##SFX(const hpd_gemm_sum_args_t *a, uint32_t n0, uint32_t n1)           \
+    {                                                                                            \
+        const uint32_t G = a->n_groups;                                                          \
+        uint32_t ks[HPD_TP_GROUPS];                                                              \
+        for (uint32_t j = 0; j < G; j++)                                                         \
+            ks[j] = a->g[j].k;                                                                   \
+        for (uint32_t r = 0; r < a->m; r++) {                                                    \
+            const float *x[HPD_TP_GROUPS];                                                       \
+            const WT *rows[HPD_TP_GROUPS];                                                       \
+            float *y = a->y + (size_t)r * a->ldy;                                                \
+            for (uint32_t j = 0; j < G; j++)                                                     \
+                x[j] = a->g[j].x + (size_t)r * a->g[j].ldx;                                      \
+            uint32_t n = n0;                                                                     \
+            for (; n + 4 <= n1; n += 4) {                                                        \
+                for (uint32_t j = 0; j < G; j++)                                                 \
+                    rows[j] = (const WT *)a->g[j].w + (size_t)n * ks[j];                          \
+                kern_1x4_sum_##SFX(x, rows, ks, G, y + n, a->accumulate);                        \
+            }                                                                                    \
+            for (; n < n1; n++) {                                                                \
+                float part[HPD_TP_GROUPS];                                                       \
+                for (uint32_t j = 0; j < G; j++)                                                 \
+                    part[j] = dot_##SFX(x[j], (const WT *)a->g[j].w + (size_t)n * ks[j], ks[j]); \
+                finish(y + n, hpd_tp_tree(part, G), a->accumulate);                              \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+GEMM_SUM_KERNELS(f32, float)
+GEMM_SUM_KERNELS(bf16, uint16_t)
+GEMM_SUM_KERNELS(f16, uint16_t)
+
 /* FP8 weights: each thread dequantises a tile of NB weight rows into its own
  * fp32 buffer (q * scale, one rounding, as transformers' dequantisation),
  * which the F32 kernels then read; x streams past the tile as for the other
@@ -398,6 +471,24 @@ static hpd_status_t gemm_sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *
             max_k = a->g[j].k;
     }
     const int threads = work >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+    /* a few rows of x (decode), every group of one dtype, not FP8: the
+     * groups' sums in registers, straight into y */
+    void (*rows_fn)(const hpd_gemm_sum_args_t *, uint32_t, uint32_t) = NULL;
+    bool one_dtype = true;
+    for (uint32_t j = 1; j < G; j++)
+        one_dtype &= a->g[j].w_dtype == a->g[0].w_dtype;
+    if (a->m < 4 && one_dtype)
+        rows_fn = a->g[0].w_dtype == HPD_DTYPE_F32    ? sum_rows_f32
+                  : a->g[0].w_dtype == HPD_DTYPE_BF16 ? sum_rows_bf16
+                  : a->g[0].w_dtype == HPD_DTYPE_F16  ? sum_rows_f16
+                                                      : NULL;
+    if (rows_fn != NULL) {
+        const uint32_t n_tiles = (a->n + NB - 1) / NB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (uint32_t t = 0; t < n_tiles; t++)
+            rows_fn(a, t * NB, HPD_MIN(t * NB + NB, a->n));
+        return HPD_OK;
+    }
     /* room for the runs of any team up to `threads` (OpenMP may give fewer) */
     const size_t need = (size_t)G * a->m * (a->n + 4 * (size_t)threads);
     if (c->sum_floats < need) {
