@@ -42,7 +42,9 @@ hpd_status_t hpd_kv_push(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_kv_push
             .n_tokens = a->n_tokens - a->first_token,
             .zero_tail = a->last,
             .first_layer = first,
-            .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first)};
+            .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first),
+            .src_head = a->src_head,
+            .heads = a->heads};
         /* the NIC reads the staging buffer after the translation landed:
          * the puts wait on a fence after it */
         void *fence;

@@ -31,6 +31,10 @@ typedef struct {
     void *staging;          /* registered; n_groups * ceil(n / B) dst pages at least */
     uint32_t staging_pages;
     uint32_t group;
+    /* some of src's KV heads (kv_translate's): with heads > 0, heads
+     * [src_head, src_head + heads) into dst_layout, which has that many;
+     * 0: all of them (tensor parallelism: a decode rank's heads) */
+    uint32_t src_head, heads;
 } hpd_kv_push_args_t;
 
 hpd_status_t hpd_kv_push(hpd_xfer_peer_t *peer, uint64_t xfer_id, const hpd_kv_push_args_t *args);

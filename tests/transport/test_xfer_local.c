@@ -2715,6 +2715,88 @@ static void test_push_kv(void **state)
     free(staging);
 }
 
+/* Some of the sender's KV heads pushed into a layout of that many (a
+ * decode rank's heads out of a prefill rank's): head 1 of 2 lands as a
+ * local translation of that head writes it, and nothing else is written;
+ * a head range that does not fit is refused before anything is put. */
+static void test_push_kv_heads(void **state)
+{
+    rx_t rrx = {0};
+    hpd_xfer_ctx_t *r = ctx_new("tcp", 2, &rrx), *s = ctx_new("tcp", 1, NULL);
+    hpd_kv_layout_t one = kv_dst;
+    one.n_kv_heads = 1;
+    const uint32_t groups = hpd_kv_layout_n_groups(&one), k = (KV_TOKENS + 15) / 16;
+    const uint64_t page = hpd_kv_layout_page_bytes(&one);
+    const uint32_t src_groups = hpd_kv_layout_n_groups(&kv_src), src_blocks = 2;
+    uint8_t *pool = calloc(KV_DST_PAGES, page), *expect = calloc(KV_DST_PAGES, page);
+    const size_t src_bytes = (size_t)src_groups * src_blocks * hpd_kv_layout_page_bytes(&kv_src);
+    float *src = malloc(src_bytes);
+    uint8_t *staging = calloc((size_t)groups * k, page);
+    uint32_t src_ids[KV_LAYERS][2], dst_ids[2][8], id;
+    const uint32_t *src_tables[KV_LAYERS], *dst_tables[2];
+    hpd_backend_t *be;
+    hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
+
+    assert_int_equal(groups, 2);
+    assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
+    test_fill(src, src_bytes / sizeof(float), 67, 1.0f);
+    for (uint32_t g = 0; g < src_groups; g++) {
+        for (uint32_t j = 0; j < src_blocks; j++)
+            src_ids[g][j] = g * src_blocks + j;
+        src_tables[g] = src_ids[g];
+    }
+    for (uint32_t g = 0; g < groups; g++) {
+        for (uint32_t j = 0; j < k; j++)
+            dst_ids[g][j] = KV_DST_PAGES - 1 - (j * groups + g);
+        dst_tables[g] = dst_ids[g];
+    }
+    assert_int_equal(hpd_xfer_register(r, pool, KV_DST_PAGES * page, &id), HPD_OK);
+    assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * k * page, &id), HPD_OK);
+    hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_kv_push_args_t a = {.backend = be,
+                            .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
+                            .n_tokens = KV_TOKENS,
+                            .last = true,
+                            .dst_layout = &one,
+                            .dst_tables = dst_tables,
+                            .staging = staging,
+                            .staging_pages = groups * k,
+                            .group = UINT32_MAX,
+                            .src_head = 1,
+                            .heads = 1};
+    hpd_kv_push_args_t bad = a;
+    bad.src_head = 2; /* past the source's 2 heads */
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad = a;
+    bad.heads = 0; /* all of the source's 2 into a layout of 1 */
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    hpd_xfer_stats_t st;
+    hpd_xfer_stats(s, &st);
+    assert_int_equal(st.puts, 0);
+    assert_int_equal(hpd_kv_push(p, 1, &a), HPD_OK);
+    done_t d = {0};
+    assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, groups * k * page);
+    hpd_kv_translate_args_t tr = {
+        .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
+        .dst = {.layout = &one, .pool = expect, .tables = dst_tables},
+        .n_tokens = KV_TOKENS,
+        .zero_tail = true,
+        .src_head = 1,
+        .heads = 1};
+    assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
+    assert_memory_equal(pool, expect, KV_DST_PAGES * page);
+    hpd_xfer_destroy(s);
+    hpd_xfer_destroy(r);
+    hpd_backend_destroy(be);
+    free(pool);
+    free(expect);
+    free(src);
+    free(staging);
+}
+
 /* Transfers whose flush never completes when their peer is disconnected:
  * their callbacks say HPD_ERR_CANCELED at once, and destroy frees them,
  * every one. */
@@ -3029,6 +3111,7 @@ int main(void)
         cmocka_unit_test_setup(test_transfer_ids, wraps_through),
         cmocka_unit_test_setup(test_put_after_fences, wraps_through),
         cmocka_unit_test_setup(test_push_kv, wraps_through),
+        cmocka_unit_test_setup(test_push_kv_heads, wraps_through),
         cmocka_unit_test_setup(test_alloc_failures, wraps_through),
         cmocka_unit_test_setup(test_memory_returned, wraps_through),
         cmocka_unit_test_setup(test_closes_in_any_order, wraps_through),
