@@ -196,8 +196,11 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         FINISH_ROW4(SFX, 3)                                                                      \
     }                                                                                            \
                                                                                                  \
-    static void kern_1x4_##SFX(const float *x, const WT *w, uint32_t ldw, uint32_t k, float *y,  \
-                               bool accumulate)                                                  \
+    /* the four sums of x against weight rows w, w + ldw, .. (k long):   \
+     * hpd_dot's sequence for each */                                                            \
+    static inline __attribute__((always_inline)) void sums_1x4_##SFX(                           \
+        const float *x, const WT *w, uint32_t ldw, uint32_t k,                                  \
+                                      float s[4])                                                \
     {                                                                                            \
         const WT *w0 = w, *w1 = w + ldw, *w2 = w + 2 * (size_t)ldw, *w3 = w + 3 * (size_t)ldw;   \
         hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero();                     \
@@ -206,21 +209,29 @@ static inline hpd_v8_t load8_f16(const uint16_t *p)
         for (; i + 8 <= k; i += 8) {                                                             \
             hpd_v8_t xv = hpd_v8_load(x + i);                                                    \
             /* the rows of the next call (short rows wait on memory otherwise) */               \
-            HPD_PREFETCH_W(w0 + i + 4 * (size_t)ldw);                                                \
-            HPD_PREFETCH_W(w1 + i + 4 * (size_t)ldw);                                                \
-            HPD_PREFETCH_W(w2 + i + 4 * (size_t)ldw);                                                \
-            HPD_PREFETCH_W(w3 + i + 4 * (size_t)ldw);                                                \
+            HPD_PREFETCH_W(w0 + i + 4 * (size_t)ldw);                                            \
+            HPD_PREFETCH_W(w1 + i + 4 * (size_t)ldw);                                            \
+            HPD_PREFETCH_W(w2 + i + 4 * (size_t)ldw);                                            \
+            HPD_PREFETCH_W(w3 + i + 4 * (size_t)ldw);                                            \
             a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                        \
             a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                        \
             a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                        \
             a3 = hpd_v8_fma(xv, load8_##SFX(w3 + i), a3);                                        \
         }                                                                                        \
+        hpd_v8_hsum4(a0, a1, a2, a3, s); /* hpd_v8_hsum of each, at once */                      \
+        s[0] = tail_##SFX(s[0], x, w0, i, k);                                                    \
+        s[1] = tail_##SFX(s[1], x, w1, i, k);                                                    \
+        s[2] = tail_##SFX(s[2], x, w2, i, k);                                                    \
+        s[3] = tail_##SFX(s[3], x, w3, i, k);                                                    \
+    }                                                                                            \
+                                                                                                 \
+    static void kern_1x4_##SFX(const float *x, const WT *w, uint32_t ldw, uint32_t k, float *y,  \
+                               bool accumulate)                                                  \
+    {                                                                                            \
         float s_[4];                                                                             \
-        hpd_v8_hsum4(a0, a1, a2, a3, s_); /* hpd_v8_hsum of each, at once */                     \
-        finish(y, tail_##SFX(s_[0], x, w0, i, k), accumulate);                                   \
-        finish(y + 1, tail_##SFX(s_[1], x, w1, i, k), accumulate);                               \
-        finish(y + 2, tail_##SFX(s_[2], x, w2, i, k), accumulate);                               \
-        finish(y + 3, tail_##SFX(s_[3], x, w3, i, k), accumulate);                               \
+        sums_1x4_##SFX(x, w, ldw, k, s_);                                                        \
+        for (int c = 0; c < 4; c++)                                                              \
+            finish(y + c, s_[c], accumulate);                                                    \
     }                                                                                            \
                                                                                                  \
     /* One tile: weight rows [n0, n1) against every row of x. */                                 \
@@ -272,31 +283,11 @@ GEMM_KERNELS(f16, uint16_t)
                                    const uint32_t *ks, uint32_t G, float *y, bool accumulate)    \
     {                                                                                            \
         float part[4][HPD_TP_GROUPS];                                                            \
-        for (uint32_t j = 0; j < G; j++) {                                                       \
-            const uint32_t k = ks[j];                                                            \
-            const WT *w0 = rows[j], *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k;                      \
-            const WT *w3 = w0 + 3 * (size_t)k;                                                   \
-            const float *xj = x[j];                                                              \
-            hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero();                 \
-            hpd_v8_t a3 = hpd_v8_zero();                                                         \
-            uint32_t i = 0;                                                                      \
-            for (; i + 8 <= k; i += 8) {                                                         \
-                hpd_v8_t xv = hpd_v8_load(xj + i);                                               \
-                HPD_PREFETCH_W(w0 + i + 4 * (size_t)k); /* this group's next four rows */        \
-                HPD_PREFETCH_W(w1 + i + 4 * (size_t)k);                                          \
-                HPD_PREFETCH_W(w2 + i + 4 * (size_t)k);                                          \
-                HPD_PREFETCH_W(w3 + i + 4 * (size_t)k);                                          \
-                a0 = hpd_v8_fma(xv, load8_##SFX(w0 + i), a0);                                    \
-                a1 = hpd_v8_fma(xv, load8_##SFX(w1 + i), a1);                                    \
-                a2 = hpd_v8_fma(xv, load8_##SFX(w2 + i), a2);                                    \
-                a3 = hpd_v8_fma(xv, load8_##SFX(w3 + i), a3);                                    \
-            }                                                                                    \
+        for (uint32_t j = 0; j < G; j++) { /* each group's four sums, kern_1x4's */              \
             float s_[4];                                                                         \
-            hpd_v8_hsum4(a0, a1, a2, a3, s_);                                                    \
-            part[0][j] = tail_##SFX(s_[0], xj, w0, i, k);                                        \
-            part[1][j] = tail_##SFX(s_[1], xj, w1, i, k);                                        \
-            part[2][j] = tail_##SFX(s_[2], xj, w2, i, k);                                        \
-            part[3][j] = tail_##SFX(s_[3], xj, w3, i, k);                                        \
+            sums_1x4_##SFX(x[j], rows[j], ks[j], ks[j], s_);                                     \
+            for (int c = 0; c < 4; c++)                                                          \
+                part[c][j] = s_[c];                                                              \
         }                                                                                        \
         for (int c = 0; c < 4; c++)                                                              \
             finish(y + c, hpd_tp_tree(part[c], G), accumulate);                                  \

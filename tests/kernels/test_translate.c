@@ -81,6 +81,17 @@ static hpd_kv_layout_t random_layout(uint64_t *s, uint32_t A, uint32_t nkv, uint
  * rows after them up to the end of their page are zero when zero_tail, and
  * every other float (rows before dpos, other layers, pages outside the
  * table, whatever the layout leaves unused) is still the NaN it was. */
+/* every row of the n tokens at pos of p: value() of its place */
+static void fill_rows(paged_t *p, uint32_t pos, uint32_t n)
+{
+    for (uint32_t layer = 0; layer < p->l.n_layers; layer++)
+        for (uint32_t kv = 0; kv < 2; kv++)
+            for (uint32_t i = 0; i < n; i++)
+                for (uint32_t h = 0; h < p->l.n_kv_heads; h++)
+                    for (uint32_t d = 0; d < p->l.head_dim; d++)
+                        row_of(p, layer, kv, pos + i, h)[d] = value(layer, kv, i, h, d);
+}
+
 /* dst head h holds src head head0 + h */
 static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos, uint32_t n,
                             bool zero_tail, uint32_t head0)
@@ -127,12 +138,7 @@ static void test_random_translations(void **state)
         paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
         paged_init(&b, random_layout(&s, A, nkv, hd), dpos + n, &s);
         paged_init(&back, a.l, spos + n, &s);
-        for (uint32_t layer = 0; layer < A; layer++)
-            for (uint32_t kv = 0; kv < 2; kv++)
-                for (uint32_t i = 0; i < n; i++)
-                    for (uint32_t h = 0; h < nkv; h++)
-                        for (uint32_t d = 0; d < hd; d++)
-                            row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
+        fill_rows(&a, spos, n);
 
         float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail, 0);
         hpd_kv_translate_args_t t = {
@@ -226,12 +232,7 @@ static void test_head_subsets(void **state)
         paged_t a, b;
         paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
         paged_init(&b, random_layout(&s, A, heads, hd), dpos + n, &s);
-        for (uint32_t layer = 0; layer < A; layer++)
-            for (uint32_t kv = 0; kv < 2; kv++)
-                for (uint32_t i = 0; i < n; i++)
-                    for (uint32_t h = 0; h < nkv; h++)
-                        for (uint32_t d = 0; d < hd; d++)
-                            row_of(&a, layer, kv, spos + i, h)[d] = value(layer, kv, i, h, d);
+        fill_rows(&a, spos, n);
         float *want = expected_pool(&b, 0, A, dpos, n, zero_tail, head0);
         hpd_kv_translate_args_t t = {
             .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
