@@ -367,7 +367,6 @@ hpd_status_t hpd_engine_create(const hpd_engine_params_t *params, hpd_engine_t *
         pp.tp_backends = NULL;
         pp.logits_cb = NULL;
         pp.layer_cb = NULL;
-        pp.pool_alloc = NULL;
         if ((st = create_rank(&pp, group, &e->peers[r])) == HPD_OK)
             st = hpd_tp_worker_create(&e->workers[r]);
     }
@@ -531,6 +530,18 @@ void hpd_engine_memory(const hpd_engine_t *e, hpd_engine_memory_t *m)
         m->slot_pool_bytes = (uint64_t)(hpd_slot_pool_n_slots(e->slots) + 1) * m->slot_bytes;
     }
     m->layer_state_bytes = e->gdn_layer_bytes;
+}
+
+uint32_t hpd_engine_tp(const hpd_engine_t *e)
+{
+    return e->tp;
+}
+
+const hpd_engine_t *hpd_engine_rank(const hpd_engine_t *e, uint32_t rank)
+{
+    if (rank == 0)
+        return e;
+    return rank < e->tp && e->owns_ranks ? e->peers[rank] : NULL;
 }
 
 void hpd_engine_set_layer_cb(hpd_engine_t *e, hpd_engine_layer_cb_t cb, void *arg)

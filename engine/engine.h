@@ -63,7 +63,8 @@ typedef struct {
     void *layer_cb_arg;
     /* When set and the backend's memory is host memory: allocates the page
      * pool and the slot pool (e.g. through UCX, in shared memory that peers
-     * on this host map: decode nodes). The memory must outlive the engine. */
+     * on this host map: decode nodes), every rank's at tensor parallelism. The
+     * memory must outlive the engine. */
     hpd_status_t (*pool_alloc)(void *arg, size_t bytes, void **memory_p);
     void *pool_alloc_arg;
     /* Tensor parallelism (docs/tensor_parallel.md): with a model that is
@@ -196,7 +197,10 @@ uint32_t hpd_engine_audit(const hpd_engine_t *engine);
  * until hpd_engine_start. Its state and prompt KV are written by a peer into
  * the pages and slot (hpd_engine_request_kv). HPD_ERR_NO_RESOURCE when the
  * pools lack room (nothing is held then), HPD_ERR_INVALID_ARG for a bad
- * request. Needs an engine without the prefix cache. Cancel frees it. */
+ * request. Needs an engine without the prefix cache. Cancel frees it.
+ * Tensor parallelism: every rank reserves the same page ids and slot (in
+ * its own pools: hpd_engine_rank), checked here (HPD_ERR_INTERNAL, nothing
+ * held, when they differ). */
 hpd_status_t hpd_engine_reserve(hpd_engine_t *engine, const hpd_request_params_t *params,
                                 uint64_t *id_p);
 
@@ -228,6 +232,15 @@ typedef struct {
 } hpd_engine_memory_t;
 
 void hpd_engine_memory(const hpd_engine_t *engine, hpd_engine_memory_t *memory_p);
+
+/* Tensor parallelism: the degree (1 without), and rank `rank`'s engine (0:
+ * engine itself; NULL past the degree), for what is per rank: its pools
+ * (hpd_engine_memory: its layout holds its KV heads, its slots its GDN
+ * heads) and a request's KV and state in them (hpd_engine_request_kv: the
+ * page ids and slot are every rank's, the state pointer the rank's). Only
+ * those two may be called on a rank past 0. */
+uint32_t hpd_engine_tp(const hpd_engine_t *engine);
+const hpd_engine_t *hpd_engine_rank(const hpd_engine_t *engine, uint32_t rank);
 
 /* Replaces the layer callback (for owners created before the engine). */
 void hpd_engine_set_layer_cb(hpd_engine_t *engine, hpd_engine_layer_cb_t cb, void *arg);

@@ -618,8 +618,6 @@ hpd_status_t hpd_engine_request_kv(const hpd_engine_t *e, uint64_t id, hpd_engin
 {
     const request_t *r = find(e, id);
 
-    if (e->tp > 1) /* one rank's pages would not be the request's KV */
-        return HPD_ERR_UNSUPPORTED;
     if (r == NULL || (r->state != HPD_REQ_RUNNING && r->state != HPD_REQ_RESERVED))
         return HPD_ERR_NOT_FOUND;
     memset(kv, 0, sizeof(*kv));
@@ -685,15 +683,32 @@ hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, u
     return add_everywhere(e, p, id_p, false, "a submit");
 }
 
+/* Whether rank `peer` holds request id in the pages and slot rank 0 holds
+ * it in (the ranks allocate in lockstep; a peer writing into one rank's
+ * pages from another's table would corrupt it silently). */
+static bool same_memory(const hpd_engine_t *e, const hpd_engine_t *peer, uint64_t id)
+{
+    const request_t *a = find(e, id), *b = find(peer, id);
+    return a != NULL && b != NULL && a->slot == b->slot && a->n_blocks == b->n_blocks &&
+           (e->n_groups == 0 || memcmp(a->pages, b->pages, (size_t)e->n_groups * a->n_blocks * sizeof(uint32_t)) == 0);
+}
+
 hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
-    if (e->tp > 1) { /* its KV would come to rank 0's pages only */
-        HPD_LOG_ERROR(LOG_COMPONENT, "a reservation at tp %u: a decode node's ranks take their "
-                      "KV over the per-rank transfer, which is not built yet "
-                      "(docs/tensor_parallel.md)", e->tp);
-        return HPD_ERR_UNSUPPORTED;
-    }
-    return add_everywhere(e, p, id_p, true, "a reserve");
+    uint64_t id;
+    hpd_status_t st = add_everywhere(e, p, &id, true, "a reserve");
+    for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++)
+        if (!same_memory(e, e->peers[r], id)) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "tp rank %u holds reservation %llu in other pages or "
+                          "another slot than rank 0: refused on every rank", r,
+                          (unsigned long long)id);
+            for (uint32_t k = 0; k < e->tp; k++)
+                unadd_rank(k == 0 ? e : e->peers[k], id);
+            st = HPD_ERR_INTERNAL;
+        }
+    if (st == HPD_OK)
+        *id_p = id;
+    return st;
 }
 
 hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)

@@ -317,14 +317,40 @@ static void test_refusals(void **state)
     ep.prefill_chunk = 100;
     assert_int_equal(hpd_engine_create(&ep, &e), HPD_ERR_INVALID_ARG);
     assert_null(e);
-    /* a reservation: its KV would reach rank 0's pages only */
+    /* a reservation: the same pages and slot on every rank, in each rank's
+     * own pools, whose layout holds the rank's KV heads */
     ep.prefill_chunk = 64;
+    ep.prefix_cache = false;
     assert_int_equal(hpd_engine_create(&ep, &e), HPD_OK);
+    assert_int_equal(hpd_engine_tp(e), 2);
+    assert_ptr_equal(hpd_engine_rank(e, 0), e);
+    assert_null(hpd_engine_rank(e, 2));
     const int32_t prompt[3] = {1, 2, 3};
-    hpd_request_params_t rp = {.prompt = prompt, .n_prompt = 3, .max_tokens = 2};
-    uint64_t id = 77;
-    assert_int_equal(hpd_engine_reserve(e, &rp, &id), HPD_ERR_UNSUPPORTED);
-    assert_int_equal(id, 77);
+    hpd_request_params_t rp = {
+        .prompt = prompt, .n_prompt = 3, .max_tokens = 2, .sampling = {.top_p = 1}};
+    uint64_t id = 77, id2;
+    assert_int_equal(hpd_engine_reserve(e, &rp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_reserve(e, &rp, &id2), HPD_OK);
+    for (uint32_t r = 0; r < 2; r++) {
+        hpd_engine_kv_t k0, kr;
+        hpd_engine_memory_t m0, mr;
+        const hpd_engine_t *rank = hpd_engine_rank(e, r);
+        assert_non_null(rank);
+        assert_int_equal(hpd_engine_request_kv(e, id2, &k0), HPD_OK);
+        assert_int_equal(hpd_engine_request_kv(rank, id2, &kr), HPD_OK);
+        hpd_engine_memory(e, &m0);
+        hpd_engine_memory(rank, &mr);
+        assert_int_equal(mr.layout->n_kv_heads, 1); /* 2 KV heads over 2 ranks */
+        assert_int_equal(kr.slot, k0.slot);
+        assert_int_equal(kr.n_groups, k0.n_groups);
+        for (uint32_t g = 0; g < k0.n_groups; g++)
+            assert_memory_equal(kr.tables[g], k0.tables[g], k0.n_blocks * sizeof(uint32_t));
+        assert_true(r == 0 || (mr.kv_pool != m0.kv_pool && mr.slot_pool != m0.slot_pool));
+        assert_ptr_equal(kr.state, (uint8_t *)mr.slot_pool + kr.slot * mr.slot_bytes);
+    }
+    hpd_engine_release(e, id);
+    hpd_engine_release(e, id2);
+    assert_int_equal(hpd_engine_audit(e), 0);
     /* steps with nothing to do still meet, and end */
     uint32_t active = 1;
     assert_int_equal(hpd_engine_step(e, &active), HPD_OK);
