@@ -377,11 +377,12 @@ typedef struct {
     bool zero_tail;
     uint32_t first_layer; /* full-attention layers [first_layer, first_layer + n_layers) */
     uint32_t n_layers;    /* 0: all layers */
-    /* Some of src's KV heads (tensor parallelism: a decode rank's heads out
-     * of a prefill rank's): with heads > 0, src heads [src_head, src_head +
-     * heads) go to dst heads [0, heads), dst's layout having exactly
-     * `heads` heads; 0: every head, src and dst of the same count. */
-    uint32_t src_head, heads;
+    /* Some of src's KV heads (tensor parallelism: the heads a prefill rank
+     * holds of a decode rank's): with heads > 0, src heads [src_head,
+     * src_head + heads) go to dst heads [dst_head, dst_head + heads), the
+     * other heads of dst's pages untouched (zero_tail zeroes these heads'
+     * rows only); 0: every head, src and dst of the same count. */
+    uint32_t src_head, heads, dst_head;
 } hpd_kv_translate_args_t;
 
 /* Whether a translation's shapes fit (both backends check the same):
@@ -392,9 +393,12 @@ static inline bool hpd_kv_translate_fits(const hpd_kv_translate_args_t *a)
     const hpd_kv_layout_t *sl = a->src.layout, *dl = a->dst.layout;
     const uint32_t l0 = a->first_layer, l1 = a->n_layers ? l0 + a->n_layers : sl->n_layers;
     const bool heads_fit = a->heads == 0
-                               ? a->src_head == 0 && sl->n_kv_heads == dl->n_kv_heads
-                               : dl->n_kv_heads == a->heads && a->src_head < sl->n_kv_heads &&
-                                     a->heads <= sl->n_kv_heads - a->src_head;
+                               ? a->src_head == 0 && a->dst_head == 0 &&
+                                     sl->n_kv_heads == dl->n_kv_heads
+                               : a->src_head < sl->n_kv_heads &&
+                                     a->heads <= sl->n_kv_heads - a->src_head &&
+                                     a->dst_head < dl->n_kv_heads &&
+                                     a->heads <= dl->n_kv_heads - a->dst_head;
     return sl->dtype == dl->dtype && sl->n_layers == dl->n_layers &&
            sl->head_dim == dl->head_dim && heads_fit && l1 <= sl->n_layers && l0 < l1;
 }

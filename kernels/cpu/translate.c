@@ -24,11 +24,12 @@ hpd_status_t hpd_cpu_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_
 
     if (!hpd_kv_translate_fits(a))
         return HPD_ERR_INVALID_ARG;
+    const uint32_t heads = a->heads ? a->heads : dl->n_kv_heads, h0 = a->dst_head;
     for (uint32_t layer = l0; layer < l1; layer++)
         for (uint32_t kv = 0; kv < 2; kv++)
             for (uint32_t i = 0; i < a->n_tokens; i++)
-                for (uint32_t h = 0; h < dl->n_kv_heads; h++)
-                    memcpy(row_addr(&a->dst, layer, kv, a->dst.pos + i, h, elem),
+                for (uint32_t h = 0; h < heads; h++)
+                    memcpy(row_addr(&a->dst, layer, kv, a->dst.pos + i, h0 + h, elem),
                            row_addr(&a->src, layer, kv, a->src.pos + i, a->src_head + h, elem),
                            row);
     if (a->zero_tail && a->n_tokens > 0) {
@@ -37,8 +38,8 @@ hpd_status_t hpd_cpu_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args_
         for (uint32_t layer = l0; layer < l1; layer++)
             for (uint32_t kv = 0; kv < 2; kv++)
                 for (uint32_t p = end; p < page_end; p++)
-                    for (uint32_t h = 0; h < dl->n_kv_heads; h++)
-                        memset(row_addr(&a->dst, layer, kv, p, h, elem), 0, row);
+                    for (uint32_t h = 0; h < heads; h++)
+                        memset(row_addr(&a->dst, layer, kv, p, h0 + h, elem), 0, row);
     }
     return HPD_OK;
 }

@@ -26,9 +26,9 @@ __device__ static char *row_addr(const span_t *s, uint32_t layer, uint32_t kv, u
 /* rows: [layers][2][tokens][heads]; tail rows (zero) follow when n_tail */
 __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n_tokens,
                                  uint32_t n_tail, size_t elem, uint32_t row_bytes,
-                                 uint32_t src_head)
+                                 uint32_t src_head, uint32_t heads, uint32_t dst_head)
 {
-    const uint32_t heads = dst.l.n_kv_heads; /* src heads [src_head, src_head + heads) */
+    /* src heads [src_head, src_head + heads) to dst heads [dst_head, ...) */
     const uint32_t per_layer_copy = 2 * n_tokens * heads, per_layer_tail = 2 * n_tail * heads;
     uint32_t r = blockIdx.x;
     const uint32_t per_layer = per_layer_copy + per_layer_tail;
@@ -37,7 +37,7 @@ __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n
     if (r < per_layer_copy) {
         const uint32_t kv = r / (n_tokens * heads), t = (r / heads) % n_tokens, h = r % heads;
         const char *from = row_addr(&src, layer, kv, src.pos + t, src_head + h, elem);
-        char *to = row_addr(&dst, layer, kv, dst.pos + t, h, elem);
+        char *to = row_addr(&dst, layer, kv, dst.pos + t, dst_head + h, elem);
         if (row_bytes % 4 == 0)
             for (uint32_t i = threadIdx.x; i < row_bytes / 4; i += blockDim.x)
                 ((uint32_t *)to)[i] = ((const uint32_t *)from)[i];
@@ -47,7 +47,7 @@ __global__ void translate_kernel(span_t src, span_t dst, uint32_t l0, uint32_t n
     } else {
         r -= per_layer_copy;
         const uint32_t kv = r / (n_tail * heads), t = (r / heads) % n_tail, h = r % heads;
-        char *to = row_addr(&dst, layer, kv, dst.pos + n_tokens + t, h, elem);
+        char *to = row_addr(&dst, layer, kv, dst.pos + n_tokens + t, dst_head + h, elem);
         for (uint32_t i = threadIdx.x; i < row_bytes; i += blockDim.x)
             to[i] = 0;
     }
@@ -108,14 +108,16 @@ hpd_status_t hpd_cuda_kv_translate(hpd_backend_t *b, const hpd_kv_translate_args
         return st;
     src.pages = (const uint32_t *)src_pages;
     dst.pages = (const uint32_t *)dst_pages;
-    const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * dl->n_kv_heads;
+    const uint32_t heads = a->heads ? a->heads : dl->n_kv_heads;
+    const uint64_t rows = (uint64_t)(l1 - l0) * 2 * (a->n_tokens + n_tail) * heads;
     if (rows > INT32_MAX) {
         HPD_LOG_ERROR("cuda", "kv_translate: %llu rows exceed a launch (at most %d); translate "
                       "fewer tokens per call", (unsigned long long)rows, INT32_MAX);
         return HPD_ERR_UNSUPPORTED;
     }
     translate_kernel<<<(uint32_t)rows, 64, 0, hpd_cuda_ctx(b)->stream>>>(
-        src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem), a->src_head);
+        src, dst, l0, a->n_tokens, n_tail, elem, (uint32_t)(sl->head_dim * elem), a->src_head, heads,
+        a->dst_head);
     HPD_CUDA_LAUNCHED();
     return HPD_OK;
 }

@@ -94,7 +94,7 @@ static void fill_rows(paged_t *p, uint32_t pos, uint32_t n)
 
 /* dst head h holds src head head0 + h */
 static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos, uint32_t n,
-                            bool zero_tail, uint32_t head0)
+                            bool zero_tail, uint32_t head0, uint32_t heads, uint32_t dst_head)
 {
     const size_t elems = b->n_pages * hpd_kv_layout_page_elems(&b->l);
     const uint32_t end = dpos + n;
@@ -104,10 +104,11 @@ static float *expected_pool(paged_t *b, uint32_t l0, uint32_t l1, uint32_t dpos,
     b->pool = want; /* row_of addresses the copy */
     for (uint32_t layer = l0; layer < l1; layer++)
         for (uint32_t kv = 0; kv < 2; kv++)
-            for (uint32_t h = 0; h < b->l.n_kv_heads; h++)
+            for (uint32_t h = dst_head; h < dst_head + heads; h++)
                 for (uint32_t d = 0; d < b->l.head_dim; d++) {
                     for (uint32_t i = 0; i < n; i++)
-                        row_of(b, layer, kv, dpos + i, h)[d] = value(layer, kv, i, head0 + h, d);
+                        row_of(b, layer, kv, dpos + i, h)[d] =
+                            value(layer, kv, i, head0 + h - dst_head, d);
                     for (uint32_t p = end; zero_tail && p < page_end; p++)
                         row_of(b, layer, kv, p, h)[d] = 0.0f;
                 }
@@ -140,7 +141,7 @@ static void test_random_translations(void **state)
         paged_init(&back, a.l, spos + n, &s);
         fill_rows(&a, spos, n);
 
-        float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail, 0);
+        float *want = expected_pool(&b, l0, l1, dpos, n, zero_tail, 0, nkv, 0);
         hpd_kv_translate_args_t t = {
             .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
             .dst = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
@@ -211,11 +212,11 @@ static void test_random_translations(void **state)
     hpd_backend_destroy(be);
 }
 
-/* Some of the source's heads (tensor parallelism: a decode rank's KV heads
- * out of a prefill rank's): heads [src_head, src_head + heads) of the
- * source land as heads [0, heads) of a destination of that many heads,
- * exactly and nowhere else, over random layouts; shapes that do not fit
- * are refused. */
+/* Some of the source's heads (tensor parallelism: the heads a prefill rank
+ * holds of a decode rank's): heads [src_head, src_head + heads) of the
+ * source land as heads [dst_head, dst_head + heads) of the destination,
+ * exactly and nowhere else (its other heads keep what they held, the tail
+ * too), over random layouts; shapes that do not fit are refused. */
 static void test_head_subsets(void **state)
 {
     (void)state;
@@ -227,24 +228,28 @@ static void test_head_subsets(void **state)
     for (int iter = 0; iter < 200; iter++) {
         const uint32_t A = 1 + rnd(&s, 4), nkv = 2 + rnd(&s, 3), hd = 1 + rnd(&s, 8);
         const uint32_t heads = 1 + rnd(&s, nkv - 1), head0 = rnd(&s, nkv - heads + 1);
+        /* every other iteration into some heads of a wider destination */
+        const uint32_t nd = heads + (iter % 2 ? rnd(&s, 3) : 0), dst_head = rnd(&s, nd - heads + 1);
         const uint32_t n = 1 + rnd(&s, 200), spos = rnd(&s, 64), dpos = rnd(&s, 64);
         const bool zero_tail = iter % 3 != 2;
         paged_t a, b;
         paged_init(&a, random_layout(&s, A, nkv, hd), spos + n, &s);
-        paged_init(&b, random_layout(&s, A, heads, hd), dpos + n, &s);
+        paged_init(&b, random_layout(&s, A, nd, hd), dpos + n, &s);
         fill_rows(&a, spos, n);
-        float *want = expected_pool(&b, 0, A, dpos, n, zero_tail, head0);
+        float *want = expected_pool(&b, 0, A, dpos, n, zero_tail, head0, heads, dst_head);
         hpd_kv_translate_args_t t = {
             .src = {.layout = &a.l, .pool = a.pool, .tables = a.tables, .pos = spos},
             .dst = {.layout = &b.l, .pool = b.pool, .tables = b.tables, .pos = dpos},
             .n_tokens = n,
             .zero_tail = zero_tail,
             .src_head = head0,
-            .heads = heads};
+            .heads = heads,
+            .dst_head = dst_head};
         assert_int_equal(hpd_kv_translate(be, &t), HPD_OK);
         if (memcmp(b.pool, want, b.n_pages * hpd_kv_layout_page_bytes(&b.l)) != 0)
-            fail_msg("iteration %d: heads %u..%u of %u: the destination is not their rows",
-                     iter, head0, head0 + heads, nkv);
+            fail_msg("iteration %d: heads %u..%u of %u into %u..%u of %u: the destination is "
+                     "not their rows", iter, head0, head0 + heads, nkv, dst_head,
+                     dst_head + heads, nd);
         free(want), free(a.pool), free(a.ids), free(b.pool), free(b.ids);
     }
     hpd_kv_layout_t x = {.block_size = 16, .pack_size = 1, .order = HPD_KV_HND,
@@ -262,6 +267,13 @@ static void test_head_subsets(void **state)
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* past the 4 */
     bad.heads = 3, bad.src_head = 0;
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* dst has 2 */
+    bad.heads = 2, bad.dst_head = 1;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* past dst's 2 */
+    bad.heads = 1, bad.dst_head = 2;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG);
+    bad.heads = 0, bad.dst_head = 1, bad.dst.layout = &x;
+    assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* all, offset */
+    bad.dst_head = 0, bad.dst.layout = &y;
     bad.heads = 0, bad.src_head = 1, bad.dst.layout = &x;
     assert_int_equal(hpd_kv_translate(be, &bad), HPD_ERR_INVALID_ARG); /* all, offset */
     bad.heads = 2, bad.src_head = 2, bad.dst.layout = &y;

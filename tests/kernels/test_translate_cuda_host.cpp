@@ -44,6 +44,7 @@ struct tr_case {
     uint32_t layers, heads, hd, spos, dpos, tokens, first, n_layers;
     bool zero_tail;
     uint32_t src_head, sub_heads; /* some of the heads (0: all) */
+    uint32_t dst_heads, dst_head; /* into heads from dst_head of dst_heads (0: sub_heads) */
 };
 
 static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
@@ -54,7 +55,7 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
     hpd_kv_layout_t dl = sl;
     dl.block_size = c.B_dst, dl.pack_size = c.P_dst, dl.order = c.o_dst;
     if (c.sub_heads > 0)
-        dl.n_kv_heads = c.sub_heads;
+        dl.n_kv_heads = c.dst_heads > 0 ? c.dst_heads : c.sub_heads;
     pool_t src(sl, c.spos + c.tokens, seed);
     /* room for the tail up to the destination's page end; the same seed,
      * the same pool */
@@ -63,7 +64,8 @@ static void translate_case(hpd_backend_t *cpu, const tr_case &c, uint32_t seed)
     hpd_kv_translate_args_t a = {.src = src.span(c.spos), .dst = got.span(c.dpos),
                                  .n_tokens = c.tokens, .zero_tail = c.zero_tail,
                                  .first_layer = c.first, .n_layers = c.n_layers,
-                                 .src_head = c.src_head, .heads = c.sub_heads};
+                                 .src_head = c.src_head, .heads = c.sub_heads,
+                                 .dst_head = c.dst_head};
     test_emu_t emu;
     check_status("kv_translate", hpd_cuda_kv_translate(&emu.be, &a));
     a.dst = want.span(c.dpos);
@@ -162,6 +164,10 @@ int main()
          * prefill rank's), and head 3 alone, into layouts of those heads */
         {64, 1, 16, 4, N, H, F32, 12, 4, 64, 0, 0, 100, 0, 0, true, 2, 2},
         {16, 2, 32, 1, H, N, BF16, 4, 4, 6, 3, 5, 40, 1, 2, false, 3, 1},
+        /* a prefill rank's head 1 as head 1 of a decode rank's 2 (P 2 ->
+         * D 1), the tail of that head only */
+        {64, 1, 16, 4, N, H, F32, 12, 2, 64, 0, 0, 100, 0, 0, true, 1, 1, 2, 1},
+        {16, 2, 32, 1, H, N, BF16, 4, 4, 6, 3, 5, 40, 1, 2, true, 0, 2, 4, 2},
     };
     uint32_t seed = 1;
     for (const tr_case &c : cases)
