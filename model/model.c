@@ -898,6 +898,7 @@ hpd_status_t hpd_model_load_tp(const char *model_dir, uint32_t tp, bool fast,
             break;
         }
         loaded[r]->config = c; /* what destroy reads until the shard's is set */
+        loaded[r]->whole = c;
         loaded[r]->skipped_visual = skipped_visual;
         loaded[r]->skipped_mtp = skipped_mtp;
         if ((st = load_shard(&ld, &c, tp, r, fast, loaded[r])) == HPD_OK) {

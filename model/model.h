@@ -64,6 +64,7 @@ typedef struct {
 
 typedef struct {
     hpd_model_config_t config; /* the rank's (above) */
+    hpd_model_config_t whole;  /* the whole model's (config at tp 1): a node's shard map */
     hpd_shard_t shard;         /* tp 1: everything */
     hpd_weight_t embed;      /* [V][H] */
     float *final_norm; /* [H] */
