@@ -16,13 +16,17 @@ bool hpd_reservation_allows(const hpd_reservation_span_t *s, const hpd_xfer_dest
 {
     for (uint32_t i = 0; i < n_dests; i++) {
         const hpd_xfer_dest_t *d = &dests[i];
-        bool ok = false;
-        if (d->region == s->kv_region && s->page_bytes > 0) {
+        bool ok = false, kv = false, slot = false;
+        for (uint32_t r = 0; r < s->n_ranks; r++) {
+            kv |= d->region == s->kv_regions[r];
+            slot |= d->region == s->slot_regions[r];
+        }
+        if (kv && s->page_bytes > 0) {
             /* within one page the reservation holds */
             const uint64_t page = d->offset / s->page_bytes;
             ok = d->bytes > 0 && d->offset % s->page_bytes + d->bytes <= s->page_bytes &&
                  own_page(s, page);
-        } else if (d->region == s->slot_region && s->slot_bytes > 0) {
+        } else if (slot && s->slot_bytes > 0) {
             ok = d->offset >= s->slot_offset && d->bytes > 0 &&
                  d->offset - s->slot_offset <= s->slot_bytes &&
                  d->bytes <= s->slot_bytes - (d->offset - s->slot_offset);

@@ -1,6 +1,6 @@
 /* Where a prefill node may write for one reservation of a decode node: the
- * reservation's prompt pages (whole pages, in the KV region) and its GDN
- * slot (in the slot region). A completion notice that names anything else
+ * reservation's prompt pages (whole pages, in a KV region) and its GDN
+ * slot (in a slot region), of any of its ranks. A completion notice that names anything else
  * is refused (issue 16: the receiver never trusts a notice that names
  * memory outside the reservation). Pure: unit-tested in
  * tests/decode_node/test_writes.c. */
@@ -14,7 +14,11 @@
 #include "transport/xfer.h"
 
 typedef struct {
-    uint32_t kv_region, slot_region;
+    /* each rank's page pool and slot pool (tensor parallelism: a rank's
+     * pages and slot are the reservation's on every rank, at the same
+     * offsets in its own regions) */
+    const uint32_t *kv_regions, *slot_regions;
+    uint32_t n_ranks;
     uint64_t page_bytes;
     const uint32_t *const *tables; /* page ids per pack group */
     uint32_t n_groups, n_pages;    /* prompt pages per group */

@@ -17,7 +17,7 @@ hpd_status_t hpd_kv_push(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_kv_push
     const uint32_t *tables[256];
     hpd_status_t st = HPD_OK;
 
-    if (g1 > groups || groups > 256 || j1 > stride || a->first_token % B != 0 ||
+    if (g1 > groups || groups > 256 || j1 > stride || a->n_srcs == 0 || a->first_token % B != 0 ||
         a->first_token >= a->n_tokens || (!a->last && a->n_tokens % B != 0))
         return HPD_ERR_INVALID_ARG;
     uint32_t *ids = malloc((size_t)groups * stride * sizeof(uint32_t));
@@ -34,22 +34,25 @@ hpd_status_t hpd_kv_push(hpd_xfer_peer_t *p, uint64_t xfer_id, const hpd_kv_push
     }
     for (uint32_t g = g0; g < g1 && st == HPD_OK; g++) {
         const uint32_t first = g * dl->pack_size;
-        hpd_kv_span_t src = a->src;
-        src.pos = a->first_token;
-        hpd_kv_translate_args_t t = {
-            .src = src,
-            .dst = {.layout = dl, .pool = a->staging, .tables = tables, .pos = a->first_token},
-            .n_tokens = a->n_tokens - a->first_token,
-            .zero_tail = a->last,
-            .first_layer = first,
-            .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first),
-            .src_head = a->src_head,
-            .heads = a->heads};
-        /* the NIC reads the staging buffer after the translation landed:
-         * the puts wait on a fence after it */
+        for (uint32_t s = 0; s < a->n_srcs && st == HPD_OK; s++) {
+            hpd_kv_span_t src = a->srcs[s].span;
+            src.pos = a->first_token;
+            const hpd_kv_translate_args_t t = {
+                .src = src,
+                .dst = {.layout = dl, .pool = a->staging, .tables = tables, .pos = a->first_token},
+                .n_tokens = a->n_tokens - a->first_token,
+                .zero_tail = a->last,
+                .first_layer = first,
+                .n_layers = HPD_MIN(dl->pack_size, dl->n_layers - first),
+                .src_head = a->srcs[s].src_head,
+                .heads = a->srcs[s].heads,
+                .dst_head = a->srcs[s].dst_head};
+            st = hpd_kv_translate(a->backend, &t);
+        }
+        /* the NIC reads the staging buffer after the translations landed:
+         * the puts wait on a fence after them */
         void *fence;
-        if ((st = hpd_kv_translate(a->backend, &t)) != HPD_OK ||
-            (st = hpd_backend_fence_record(a->backend, &fence)) != HPD_OK)
+        if (st != HPD_OK || (st = hpd_backend_fence_record(a->backend, &fence)) != HPD_OK)
             break;
         for (uint32_t j = j0; j < j1; j++)
             puts[j - j0] = (hpd_xfer_put_t){.local = (const uint8_t *)a->staging +

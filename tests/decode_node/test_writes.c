@@ -1,7 +1,8 @@
 /* Where a prefill node may write for a decode node's reservation: its
  * prompt pages (any group, whole or part of one page) and its slot, and
  * nothing else -- a page of another request, a span across two pages, past
- * the slot, another region. */
+ * the slot, another region; at tensor parallelism the same in every
+ * rank's regions and in no others. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +17,8 @@ enum { PAGE = 4096, SLOT = 1000 };
 
 static const uint32_t g0[] = {7, 3, 12}, g1[] = {20, 21, 5};
 static const uint32_t *const tables[] = {g0, g1};
-static const hpd_reservation_span_t span = {.kv_region = 0, .slot_region = 1,
+static const uint32_t kv0[] = {0}, slot0[] = {1};
+static const hpd_reservation_span_t span = {.kv_regions = kv0, .slot_regions = slot0, .n_ranks = 1,
                                             .page_bytes = PAGE, .tables = tables,
                                             .n_groups = 2, .n_pages = 3,
                                             .slot_offset = 3 * SLOT, .slot_bytes = SLOT};
@@ -72,12 +74,33 @@ static void test_lists(void **state)
                              "outside the reservation");
 }
 
+/* two ranks: pages in regions 0 and 2, slots in 1 and 3 */
+static void test_ranks(void **state)
+{
+    static const uint32_t kv[] = {0, 2}, slot[] = {1, 3};
+    hpd_reservation_span_t two = span;
+    two.kv_regions = kv, two.slot_regions = slot, two.n_ranks = 2;
+    const hpd_xfer_dest_t ok[] = {{.region = 2, .offset = 7 * PAGE, .bytes = PAGE},
+                                  {.region = 0, .offset = 5 * PAGE, .bytes = PAGE},
+                                  {.region = 3, .offset = 3 * SLOT, .bytes = SLOT}};
+    char why[200];
+    assert_true(hpd_reservation_allows(&two, ok, 3, why, sizeof(why)));
+    const hpd_xfer_dest_t other[][1] = {{{.region = 2, .offset = 8 * PAGE, .bytes = PAGE}},
+                                        {{.region = 3, .offset = 4 * SLOT, .bytes = 1}},
+                                        {{.region = 4, .offset = 7 * PAGE, .bytes = PAGE}},
+                                        {{.region = 3, .offset = 7 * PAGE, .bytes = PAGE}}};
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
+        assert_false(hpd_reservation_allows(&two, other[i], 1, why, sizeof(why)));
+    assert_false(allows(2, 7 * PAGE, PAGE)); /* one rank: region 2 is not its */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages),
         cmocka_unit_test(test_slot),
         cmocka_unit_test(test_lists),
+        cmocka_unit_test(test_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -420,9 +420,12 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
          * each GDN layer */
         const uint32_t split = TOKENS / 2 / dst_layout.block_size * dst_layout.block_size;
         for (uint32_t g = 0; g < groups; g++) {
+            const hpd_kv_push_src_t one = {
+                .span = {.layout = &src_layout, .pool = src, .tables = src_tables}};
             hpd_kv_push_args_t kv = {
                 .backend = be,
-                .src = {.layout = &src_layout, .pool = src, .tables = src_tables},
+                .srcs = &one,
+                .n_srcs = 1,
                 .first_token = 0,
                 .n_tokens = split,
                 .last = false,

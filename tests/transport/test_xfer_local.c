@@ -2636,8 +2636,11 @@ static void test_push_kv(void **state)
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * k * page, &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
 
+    const hpd_kv_push_src_t whole = {
+        .span = {.layout = &kv_src, .pool = src, .tables = src_tables}};
     hpd_kv_push_args_t a = {.backend = be,
-                            .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
+                            .srcs = &whole,
+                            .n_srcs = 1,
                             .dst_layout = &kv_dst,
                             .dst_region = 0,
                             .dst_tables = dst_tables[0],
@@ -2715,10 +2718,12 @@ static void test_push_kv(void **state)
     free(staging);
 }
 
-/* Some of the sender's KV heads pushed into a layout of that many (a
- * decode rank's heads out of a prefill rank's): head 1 of 2 lands as a
- * local translation of that head writes it, and nothing else is written;
- * a head range that does not fit is refused before anything is put. */
+/* Some of the sender's KV heads (tensor parallelism): head 1 of 2 pushed
+ * into a layout of one head (a decode rank's out of a prefill rank's), and
+ * two sources' heads gathered into whole pages of two heads (a decode
+ * rank's held by two prefill ranks): each lands as local translations of
+ * those heads write it, and nothing else is written; a head range that
+ * does not fit is refused before anything is put. */
 static void test_push_kv_heads(void **state)
 {
     rx_t rrx = {0};
@@ -2726,11 +2731,11 @@ static void test_push_kv_heads(void **state)
     hpd_kv_layout_t one = kv_dst;
     one.n_kv_heads = 1;
     const uint32_t groups = hpd_kv_layout_n_groups(&one), k = (KV_TOKENS + 15) / 16;
-    const uint64_t page = hpd_kv_layout_page_bytes(&one);
+    const uint64_t page = hpd_kv_layout_page_bytes(&kv_dst); /* two heads': room for both */
     const uint32_t src_groups = hpd_kv_layout_n_groups(&kv_src), src_blocks = 2;
     uint8_t *pool = calloc(KV_DST_PAGES, page), *expect = calloc(KV_DST_PAGES, page);
     const size_t src_bytes = (size_t)src_groups * src_blocks * hpd_kv_layout_page_bytes(&kv_src);
-    float *src = malloc(src_bytes);
+    float *src = malloc(src_bytes), *src2 = malloc(src_bytes);
     uint8_t *staging = calloc((size_t)groups * k, page);
     uint32_t src_ids[KV_LAYERS][2], dst_ids[2][8], id;
     const uint32_t *src_tables[KV_LAYERS], *dst_tables[2];
@@ -2738,8 +2743,10 @@ static void test_push_kv_heads(void **state)
     hpd_backend_params_t bp = {.device = "cpu", .n_threads = 1};
 
     assert_int_equal(groups, 2);
+    assert_int_equal(hpd_kv_layout_n_groups(&kv_dst), 2);
     assert_int_equal(hpd_backend_cpu_create(&bp, &be), HPD_OK);
     test_fill(src, src_bytes / sizeof(float), 67, 1.0f);
+    test_fill(src2, src_bytes / sizeof(float), 68, 1.0f);
     for (uint32_t g = 0; g < src_groups; g++) {
         for (uint32_t j = 0; j < src_blocks; j++)
             src_ids[g][j] = g * src_blocks + j;
@@ -2753,22 +2760,31 @@ static void test_push_kv_heads(void **state)
     assert_int_equal(hpd_xfer_register(r, pool, KV_DST_PAGES * page, &id), HPD_OK);
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * k * page, &id), HPD_OK);
     hpd_xfer_peer_t *p = connect_to(s, r);
+    hpd_kv_push_src_t head1 = {.span = {.layout = &kv_src, .pool = src, .tables = src_tables},
+                               .src_head = 1,
+                               .heads = 1};
     hpd_kv_push_args_t a = {.backend = be,
-                            .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
+                            .srcs = &head1,
+                            .n_srcs = 1,
                             .n_tokens = KV_TOKENS,
                             .last = true,
                             .dst_layout = &one,
                             .dst_tables = dst_tables,
                             .staging = staging,
                             .staging_pages = groups * k,
-                            .group = UINT32_MAX,
-                            .src_head = 1,
-                            .heads = 1};
+                            .group = UINT32_MAX};
+    hpd_kv_push_src_t bad_src = head1;
     hpd_kv_push_args_t bad = a;
-    bad.src_head = 2; /* past the source's 2 heads */
+    bad.srcs = &bad_src;
+    bad_src.src_head = 2; /* past the source's 2 heads */
     assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
-    bad = a;
-    bad.heads = 0; /* all of the source's 2 into a layout of 1 */
+    bad_src = head1;
+    bad_src.heads = 0; /* all of the source's 2 into a layout of 1 */
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad_src = head1;
+    bad_src.dst_head = 1; /* past the destination's 1 */
+    assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
+    bad.n_srcs = 0;
     assert_int_equal(hpd_kv_push(p, 2, &bad), HPD_ERR_INVALID_ARG);
     hpd_xfer_stats_t st;
     hpd_xfer_stats(s, &st);
@@ -2778,7 +2794,7 @@ static void test_push_kv_heads(void **state)
     assert_int_equal(hpd_xfer_finish(p, 1, on_done, &d, false), HPD_OK);
     PROGRESS_UNTIL(d.n == 1 && rrx.n == 1, (void)0);
     assert_int_equal(rrx.last.status, HPD_OK);
-    assert_int_equal(rrx.last.bytes, groups * k * page);
+    assert_int_equal(rrx.last.bytes, groups * k * hpd_kv_layout_page_bytes(&one));
     hpd_kv_translate_args_t tr = {
         .src = {.layout = &kv_src, .pool = src, .tables = src_tables},
         .dst = {.layout = &one, .pool = expect, .tables = dst_tables},
@@ -2788,12 +2804,36 @@ static void test_push_kv_heads(void **state)
         .heads = 1};
     assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
     assert_memory_equal(pool, expect, KV_DST_PAGES * page);
+
+    /* two sources into whole pages of two heads: src's head 1 as head 0,
+     * src2's head 0 as head 1 */
+    const hpd_kv_push_src_t two[2] = {
+        head1,
+        {.span = {.layout = &kv_src, .pool = src2, .tables = src_tables}, .heads = 1,
+         .dst_head = 1}};
+    a.srcs = two;
+    a.n_srcs = 2;
+    a.dst_layout = &kv_dst;
+    memset(pool, 0, KV_DST_PAGES * page);
+    assert_int_equal(hpd_kv_push(p, 3, &a), HPD_OK);
+    d.n = 0;
+    assert_int_equal(hpd_xfer_finish(p, 3, on_done, &d, false), HPD_OK);
+    PROGRESS_UNTIL(d.n == 1 && rrx.n == 2, (void)0);
+    assert_int_equal(rrx.last.status, HPD_OK);
+    assert_int_equal(rrx.last.bytes, groups * k * page);
+    memset(expect, 0, KV_DST_PAGES * page);
+    tr.dst.layout = &kv_dst;
+    assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
+    tr.src.pool = src2, tr.src_head = 0, tr.dst_head = 1;
+    assert_int_equal(hpd_kv_translate(be, &tr), HPD_OK);
+    assert_memory_equal(pool, expect, KV_DST_PAGES * page);
     hpd_xfer_destroy(s);
     hpd_xfer_destroy(r);
     hpd_backend_destroy(be);
     free(pool);
     free(expect);
     free(src);
+    free(src2);
     free(staging);
 }
 
@@ -2944,8 +2984,11 @@ static void test_alloc_failures(void **state)
         dst_tables[g] = dst_ids[g];
     }
     assert_int_equal(hpd_xfer_register(s, staging, (size_t)groups * kk * page, &id), HPD_OK);
+    const hpd_kv_push_src_t whole = {
+        .span = {.layout = &kv_src, .pool = kv, .tables = src_tables}};
     hpd_kv_push_args_t a = {.backend = be,
-                            .src = {.layout = &kv_src, .pool = kv, .tables = src_tables},
+                            .srcs = &whole,
+                            .n_srcs = 1,
                             .n_tokens = KV_TOKENS,
                             .last = true,
                             .dst_layout = &kv_dst,
