@@ -77,8 +77,8 @@ const hpd_opt_t hpd_options[] = {
         N | RUN, "device"),
     INT("threads", U32, 1, 1024, 1, NULL, "CPU threads (all cores)", N | RUN, "threads"),
     INT("tp", U32, 1, 8, 1, "1", "tensor-parallel ranks (1, 2, 4 or 8): CPU ranks,\n"
-        "each with its shard and a share of --threads", RUN, NULL),
-    {.name = "tp-fast", .kind = HPD_OPT_ON, .roles = RUN,
+        "each with its shard and a share of --threads", N | RUN, "tp"),
+    {.name = "tp-fast", .kind = HPD_OPT_ON, .roles = N | RUN,
      .help = "one GEMM a row-parallel product instead of the\ncanonical sum's 8: faster, "
              "but the bits depend on --tp"},
     {.name = "kv-layout", .kind = HPD_OPT_LAYOUT, .def = "64,1,nhd", .arg = "B,P,O",

@@ -53,6 +53,9 @@ typedef struct node {
     role_t role;
     char name[64], host[64];
     char numerics[32]; /* its backend's arithmetic (register) */
+    uint32_t tp;       /* its tensor-parallel degree (register; 1 without) */
+    bool has_map;      /* it sent a shard map: heads are the whole model's */
+    uint32_t heads[3]; /* KV, GDN key and GDN value heads its shard map covers */
     uint16_t port;
     uint64_t incarnation; /* of its register call (node.h): a lower one later is stale */
     hpd_breaker_t breaker; /* out of rotation after failed pairs (coordinator/breaker.h) */
@@ -1262,6 +1265,32 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                  n->name, n->numerics, ref->numerics);
         goto bad;
     }
+    /* the shard maps: each the one its degree gives, and of the same heads
+     * as the cluster's (the nodes map ranks to ranks from them) */
+    n->tp = m.tp > 0 ? m.tp : 1;
+    if (m.shard_map_n > 0) {
+        hpd_proto_err_t merr;
+        if (!hpd_proto_shard_map(m.shard_map, m.shard_map_n, n->tp, n->heads, &merr)) {
+            snprintf(err.text, sizeof(err.text), "register: node %.32s's %.200s", n->name,
+                     merr.text);
+            goto bad;
+        }
+        n->has_map = true;
+        const node_t *mref = NULL;
+        for (const node_t *o = c->nodes; o != NULL && mref == NULL; o = o->next)
+            if (o->alive && o->has_map && !(strcmp(o->name, n->name) == 0 &&
+                                            strcmp(o->host, n->host) == 0 && o->port == port))
+                mref = o;
+        if (mref != NULL && memcmp(mref->heads, n->heads, sizeof(n->heads)) != 0) {
+            snprintf(err.text, sizeof(err.text),
+                     "register: node %.32s's shard map (tp %u) covers %u KV heads, %u GDN key "
+                     "heads and %u value heads where node %.32s's (tp %u) covers %u, %u and "
+                     "%u: their ranks cannot be paired", n->name, n->tp, n->heads[0],
+                     n->heads[1], n->heads[2], mref->name, mref->tp, mref->heads[0],
+                     mref->heads[1], mref->heads[2]);
+            goto bad;
+        }
+    }
     if (!c->have_fingerprint) {
         memcpy(c->fingerprint, fp, 16);
         hpd_prefix_hash_root(c->fingerprint, &c->root);
@@ -1304,8 +1333,9 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
     n->next = c->nodes;
     c->nodes = n;
-    HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, kv layout %u,%u,%s, "
-                 "%u pages, %u slots", role, n->name, (unsigned long long)n->id, n->host, port,
+    HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, tp %u, kv layout "
+                 "%u,%u,%s, %u pages, %u slots", role, n->name, (unsigned long long)n->id,
+                 n->host, port, n->tp,
                  n->layout.block_size, n->layout.pack_size,
                  n->layout.order == HPD_KV_HND ? "hnd" : "nhd", n->pages, n->slots);
     hpd_rpc_buf_t b;
@@ -1328,10 +1358,12 @@ static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
     hpd_rpc_reply(conn, id, &b);
     hpd_rpc_buf_destroy(&b);
+    hpd_msg_free(&hpd_msg_register, &m);
     schedule_soon(c);
     return;
 bad:
     hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+    hpd_msg_free(&hpd_msg_register, &m);
     free(n);
 }
 
@@ -1874,8 +1906,9 @@ static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *pa
     hpd_proto_key(&b.pk, "nodes");
     msgpack_pack_array(&b.pk, n_nodes);
     for (node_t *n = c->nodes; n != NULL; n = n->next) {
-        msgpack_pack_map(&b.pk, addresses ? 9 : 8);
+        msgpack_pack_map(&b.pk, addresses ? 10 : 9);
         hpd_proto_kv_u64(&b.pk, "id", n->id);
+        hpd_proto_kv_u64(&b.pk, "tp", n->tp);
         hpd_proto_key(&b.pk, "draining");
         if (n->draining)
             msgpack_pack_true(&b.pk);

@@ -44,7 +44,10 @@ typedef struct dreq {
 typedef struct decode {
     hpd_node_t *node;
     dreq_t *reqs;
-    uint32_t kv_region, slot_region;
+    /* each rank's page pool and slot pool (tensor parallelism: one pair a rank) */
+    uint32_t tp;
+    uint32_t kv_regions[HPD_TP_MAX], slot_regions[HPD_TP_MAX];
+    int32_t kv_ids[HPD_TP_MAX], slot_ids[HPD_TP_MAX]; /* the same, as the reply packs them */
     uint64_t reserved, started, finished, failed, canceled, expired, bad_transfers;
     uint64_t fence_backstops; /* fenced pages freed without a cancel */
     uint64_t writers_fenced;  /* writers' connections closed before a cancel's free */
@@ -288,12 +291,20 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         for (uint32_t i = 0; i < prompt_pages; i++)
             msgpack_pack_uint32(&tables.pk, kv.tables[g][i]);
     }
+    const bool tp = d->tp > 1;
     const hpd_msg_reservation_t res = {.layout = *m.layout,
                                        .tables_raw = tables.sb.data,
                                        .tables_raw_len = (uint32_t)tables.sb.size,
                                        .slot_offset = (uint64_t)kv.slot * m.slot_bytes,
-                                       .kv_region = d->kv_region,
-                                       .slot_region = d->slot_region};
+                                       .kv_region = d->kv_regions[0],
+                                       .slot_region = d->slot_regions[0],
+                                       .tp = tp ? d->tp : 0,
+                                       .kv_regions = tp ? d->kv_ids : NULL,
+                                       .kv_regions_n = tp ? d->tp : 0,
+                                       .slot_regions = tp ? d->slot_ids : NULL,
+                                       .slot_regions_n = tp ? d->tp : 0,
+                                       .kv_heads = m.layout->n_kv_heads,
+                                       .state_bytes = m.layer_state_bytes};
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_reservation, &res, &b.pk);
     hpd_rpc_reply(conn, id, &b);
@@ -401,8 +412,9 @@ static bool check_dests(hpd_node_t *n, const hpd_xfer_notice_t *notice,
     } else {
         hpd_engine_memory(n->engine, &m);
         const hpd_reservation_span_t span = {
-            .kv_region = d->kv_region,
-            .slot_region = d->slot_region,
+            .kv_regions = d->kv_regions,
+            .slot_regions = d->slot_regions,
+            .n_ranks = d->tp,
             .page_bytes = hpd_kv_layout_page_bytes(m.layout),
             .tables = kv.tables,
             .n_groups = kv.n_groups,
@@ -512,33 +524,54 @@ static uint32_t in_flight(hpd_node_t *n)
     return reserved + running;
 }
 
+/* Maps rank r's page pool and slot pool (regions, in that order). A model
+ * without full-attention layers has no page pool: its region is a few
+ * bytes of host memory no reservation lets a writer reach (UCX maps no
+ * NULL). */
+static hpd_status_t map_rank(decode_t *d, uint32_t r)
+{
+    hpd_node_t *n = d->node;
+    const hpd_engine_t *rank = hpd_engine_rank(n->engine, r);
+    hpd_engine_memory_t m, m0;
+    void *empty;
+    hpd_status_t st;
+
+    hpd_engine_memory(rank, &m);
+    hpd_engine_memory(n->engine, &m0);
+    /* a reservation's page ids and slot offset are every rank's */
+    if (m.kv_pool_bytes != m0.kv_pool_bytes || m.slot_bytes != m0.slot_bytes) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%s: tp rank %u's pools differ in size from rank 0's",
+                      n->o.name, r);
+        return HPD_ERR_INTERNAL;
+    }
+    if (m.kv_pool == NULL)
+        st = hpd_xfer_alloc(n->xfer, 64, &empty, &d->kv_regions[r]);
+    else
+        st = hpd_xfer_register_pool(n->xfer, n->backend, m.kv_pool, m.kv_pool_bytes,
+                                    &d->kv_regions[r]);
+    if (st == HPD_OK)
+        st = hpd_xfer_register_pool(n->xfer, n->backend, m.slot_pool,
+                                    HPD_MAX(m.slot_pool_bytes, 64), &d->slot_regions[r]);
+    d->kv_ids[r] = (int32_t)d->kv_regions[r];
+    d->slot_ids[r] = (int32_t)d->slot_regions[r];
+    return st;
+}
+
 static hpd_status_t init(hpd_node_t *n)
 {
     decode_t *d = calloc(1, sizeof(*d));
-    hpd_engine_memory_t m;
-    hpd_status_t st;
+    hpd_status_t st = HPD_OK;
 
     if (d == NULL)
         return HPD_ERR_NO_MEMORY;
     d->node = n;
     n->role_data = d;
     metrics_init(d, n->metrics);
-    hpd_engine_memory(n->engine, &m);
-    /* regions 0 and 1: the page pool and the slot pool, mapped once. A
-     * model without full-attention layers has no page pool: its region is
-     * a few bytes of host memory no reservation lets a writer reach (UCX
-     * maps no NULL) */
-    void *empty;
-    if (m.kv_pool == NULL)
-        st = hpd_xfer_alloc(n->xfer, 64, &empty, &d->kv_region);
-    else
-        st = hpd_xfer_register_pool(n->xfer, n->backend, m.kv_pool, m.kv_pool_bytes,
-                                    &d->kv_region);
-    if (st != HPD_OK ||
-        (st = hpd_xfer_register_pool(n->xfer, n->backend, m.slot_pool,
-                                     HPD_MAX(m.slot_pool_bytes, 64), &d->slot_region)) != HPD_OK)
-        HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map the pools: %s", n->o.name,
-                      hpd_status_str(st));
+    d->tp = hpd_engine_tp(n->engine);
+    for (uint32_t r = 0; r < d->tp && st == HPD_OK; r++)
+        if ((st = map_rank(d, r)) != HPD_OK)
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s: cannot map tp rank %u's pools: %s", n->o.name, r,
+                          hpd_status_str(st));
     return st;
 }
 

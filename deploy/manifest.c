@@ -117,6 +117,7 @@ static const field_t proc_fields[] = {
     NUM("drain_timeout_ms", drain_timeout_ms, "drain-timeout-ms"),
     {.name = "device", .kind = F_DEVICE, .off = P(device), .opt = "device"},
     NUM("threads", threads, "threads"),
+    NUM("tp", tp, "tp"),
     MAP("kv_layout", "kv-layout", layout_fields),
     NUM("kv_pages", kv_pages, "kv-pages"),
     NUM("max_batch", max_batch, "max-batch"),
@@ -861,6 +862,7 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         arg(&a, p->ucx_dev);
         const struct { const char *flag; uint32_t v; } nums[] = {
             {"threads", p->threads},
+            {"tp", p->tp},
             {"kv-pages", p->kv_pages},
             {"max-batch", p->max_batch},
             {"max-context", p->max_context},

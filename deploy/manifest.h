@@ -38,6 +38,7 @@ typedef struct {
     char device[16];    /* "cpu", "cpu-bf16", "cuda:N", "cuda-bf16:N" or "cuda-fast:N" */
     int32_t gpu;        /* N of cuda:N, cuda-bf16:N or cuda-fast:N, -1 for cpu */
     uint32_t threads;
+    uint32_t tp;        /* tensor-parallel ranks (1, 2, 4 or 8) */
     uint32_t kv_block, kv_pack;
     char kv_order[4];   /* "nhd" or "hnd" */
     uint32_t kv_pages, max_batch, max_context, prefill_chunk;

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/hash.h"
 #include "common/log.h"
@@ -25,6 +26,25 @@ hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_
                   "cuda-bf16[:N] or cuda-fast[:N])",
                   device);
     return HPD_ERR_INVALID_ARG;
+}
+
+hpd_status_t hpd_backend_create_ranks(const hpd_backend_params_t *params, uint32_t tp,
+                                      hpd_backend_t **backends)
+{
+    hpd_backend_params_t bp = *params;
+    hpd_status_t st = HPD_OK;
+    if (tp > 1) {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const uint32_t all = bp.n_threads > 0 ? bp.n_threads : (uint32_t)(cores > 0 ? cores : 1);
+        bp.n_threads = all / tp > 0 ? all / tp : 1;
+    }
+    for (uint32_t r = 0; r < tp && st == HPD_OK; r++)
+        if ((st = hpd_backend_create(&bp, &backends[r])) != HPD_OK)
+            for (uint32_t k = 0; k < r; k++) {
+                hpd_backend_destroy(backends[k]);
+                backends[k] = NULL;
+            }
+    return st;
 }
 
 void hpd_backend_destroy(hpd_backend_t *backend)

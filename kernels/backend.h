@@ -542,6 +542,12 @@ typedef struct {
  * a device error. */
 hpd_status_t hpd_backend_create(const hpd_backend_params_t *params, hpd_backend_t **backend_p);
 
+/* Tensor parallelism's ranks: tp backends of params' device, each with a
+ * share of the threads (params->n_threads, or every core when 0, over tp;
+ * at least one). On failure none is left (the status is the failed one's). */
+hpd_status_t hpd_backend_create_ranks(const hpd_backend_params_t *params, uint32_t tp,
+                                      hpd_backend_t **backends);
+
 /* Destroys a backend. Accepts NULL. */
 void hpd_backend_destroy(hpd_backend_t *backend);
 

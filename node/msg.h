@@ -126,7 +126,10 @@ typedef struct {
 #define HPD_REQ 1
 #define HPD_OPT 0
 
-/* register (a node -> the coordinator) */
+/* register (a node -> the coordinator). tp: its tensor-parallel degree
+ * (1 when absent); shard_map: per rank its KV heads, GDN key heads and
+ * value heads as [begin, end) of the whole model's, six numbers a rank
+ * (model/shard.h), which the coordinator checks against the cluster's */
 #define HPD_MSG_REGISTER(T, X)                                                              \
     X(T, role, STR, HPD_REQ, 16)                                                             \
     X(T, name, STR, HPD_REQ, 64)                                                             \
@@ -142,18 +145,30 @@ typedef struct {
     X(T, max_batch, U32, HPD_REQ, UINT32_MAX)                                                \
     X(T, xfer, OBJ, HPD_REQ, 0)                                                              \
     X(T, numerics, STR, HPD_OPT, 32)                                                         \
-    X(T, incarnation, U64, HPD_OPT, UINT64_MAX)
+    X(T, incarnation, U64, HPD_OPT, UINT64_MAX)                                              \
+    X(T, tp, U32, HPD_OPT, 8)                                                                \
+    X(T, shard_map, IDS, HPD_OPT, 65536)
 HPD_MSG_STRUCT(hpd_msg_register_t, HPD_MSG_REGISTER)
 
 /* reserve's reply: where a prefill node writes on the decode node (its
  * pages per pack group for the prompt, its GDN slot); the coordinator
- * relays it to the prefill node as it is, inside destination */
+ * relays it to the prefill node as it is, inside destination. A decode
+ * node at tensor parallelism (tp > 1) names every rank's page and slot
+ * regions (kv_regions, slot_regions: tp each; kv_region and slot_region
+ * are rank 0's), the page ids and slot offset being every rank's; kv_heads
+ * and state_bytes are a rank's KV heads and GDN layer state, which the
+ * prefill node checks against its own shard map */
 #define HPD_MSG_RESERVATION(T, X)                                                           \
     X(T, layout, LAYOUT, HPD_REQ, 0)                                                         \
     X(T, tables, ARR, HPD_REQ, 0)                                                            \
     X(T, slot_offset, U64, HPD_REQ, UINT64_MAX)                                              \
     X(T, kv_region, U32, HPD_REQ, 15)                                                        \
-    X(T, slot_region, U32, HPD_REQ, 15)
+    X(T, slot_region, U32, HPD_REQ, 15)                                                      \
+    X(T, tp, U32, HPD_OPT, 8)                                                                \
+    X(T, kv_regions, IDS, HPD_OPT, 64)                                                       \
+    X(T, slot_regions, IDS, HPD_OPT, 64)                                                     \
+    X(T, kv_heads, U32, HPD_OPT, 65536)                                                      \
+    X(T, state_bytes, U64, HPD_OPT, UINT64_MAX)
 HPD_MSG_STRUCT(hpd_msg_reservation_t, HPD_MSG_RESERVATION)
 
 /* a prefill job's destination: the decode node, its UCX info (from its

@@ -53,6 +53,8 @@ static int parse_opts(int argc, char **argv, const char *role, hpd_node_opts_t *
         HPD_OPT_BIND("port", &o->port),
         HPD_OPT_BIND("device", &o->device),
         HPD_OPT_BIND("threads", &o->threads),
+        HPD_OPT_BIND("tp", &o->tp),
+        HPD_OPT_BIND("tp-fast", &o->tp_fast),
         HPD_OPT_BIND("kv-layout", &o->engine.kv_layout),
         HPD_OPT_BIND("max-batch", &o->engine.max_batch),
         HPD_OPT_BIND("max-context", &o->engine.max_context),
@@ -325,8 +327,25 @@ static hpd_status_t pack_registration(hpd_node_t *n, hpd_rpc_buf_t *b)
                             .xfer_raw = info.sb.data,
                             .xfer_raw_len = (uint32_t)info.sb.size};
     m.incarnation = n->incarnation0 + ++n->reg_seq;
-    snprintf(m.numerics, sizeof(m.numerics), "%s",
-             n->backend->ops->numerics ? n->backend->ops->numerics : "fp32");
+    /* --tp-fast sums in an order that depends on the degree: other numerics */
+    const char *numerics = n->backend->ops->numerics ? n->backend->ops->numerics : "fp32";
+    if (n->o.tp_fast)
+        snprintf(m.numerics, sizeof(m.numerics), "%s+tp%u-fast", numerics, n->o.tp);
+    else
+        snprintf(m.numerics, sizeof(m.numerics), "%s", numerics);
+    /* the shard map: every rank's KV, key and value heads */
+    int32_t map[6 * HPD_TP_MAX];
+    m.tp = n->o.tp;
+    m.shard_map = map;
+    m.shard_map_n = 6 * n->o.tp;
+    for (uint32_t r = 0; r < n->o.tp; r++) {
+        const hpd_shard_t *sh = &n->models[r]->shard;
+        const hpd_range_t ranges[3] = {sh->kv_heads, sh->k_heads, sh->v_heads};
+        for (uint32_t k = 0; k < 3; k++) {
+            map[6 * r + 2 * k] = (int32_t)ranges[k].begin;
+            map[6 * r + 2 * k + 1] = (int32_t)ranges[k].end;
+        }
+    }
     snprintf(m.role, sizeof(m.role), "%s", n->role->name);
     snprintf(m.name, sizeof(m.name), "%s", n->o.name);
     snprintf(m.host, sizeof(m.host), "%s", n->o.host);
@@ -688,8 +707,10 @@ static void node_destroy(hpd_node_t *n)
     hpd_rpc_server_destroy(n->server);
     hpd_engine_destroy(n->engine);
     hpd_xfer_destroy(n->xfer);
-    hpd_backend_destroy(n->backend);
-    hpd_model_destroy(n->model);
+    for (uint32_t r = 0; r < HPD_TP_MAX; r++) {
+        hpd_backend_destroy(n->backends[r]);
+        hpd_model_destroy(n->models[r]);
+    }
     free(n->role_data); /* the role's state, emptied by its fini */
     n->role_data = NULL;
     free(n->token);
@@ -735,15 +756,20 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         n->exit_code = 2;
         goto out;
     }
-    if ((st = hpd_model_load(n->o.model_dir, &n->model)) != HPD_OK) {
-        n->exit_code = st == HPD_ERR_IO ? 2 : 1;
+    n->o.tp = HPD_MAX(n->o.tp, 1u);
+    /* each rank its shard (a degree the model cannot run at is refused,
+     * naming the layer and the numbers) */
+    if ((st = hpd_model_load_tp(n->o.model_dir, n->o.tp, n->o.tp_fast, n->models)) != HPD_OK) {
+        n->exit_code = st == HPD_ERR_IO || st == HPD_ERR_INVALID_ARG ? 2 : 1;
         goto out;
     }
+    n->model = n->models[0];
     hpd_backend_params_t bp = {.device = n->o.device, .n_threads = n->o.threads};
-    if ((st = hpd_backend_create(&bp, &n->backend)) != HPD_OK) {
+    if ((st = hpd_backend_create_ranks(&bp, n->o.tp, n->backends)) != HPD_OK) {
         n->exit_code = 2;
         goto out;
     }
+    n->backend = n->backends[0];
     if ((n->base = event_base_new()) == NULL)
         goto out;
     hpd_xfer_params_t xp = {.base = n->base,
@@ -759,6 +785,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         goto out;
     n->o.engine.model = n->model;
     n->o.engine.backend = n->backend;
+    n->o.engine.tp_models = (const hpd_model_t *const *)n->models;
+    n->o.engine.tp_backends = n->backends;
     if (role->peers_write_pools) {
         n->o.engine.pool_alloc = pool_alloc;
         n->o.engine.pool_alloc_arg = n;
@@ -783,7 +811,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
         goto out;
     }
     if ((st = hpd_engine_create(&n->o.engine, &n->engine)) != HPD_OK) {
-        n->exit_code = st == HPD_ERR_INVALID_ARG ? 2 : 1;
+        /* bad parameters, or ranks on a device they cannot run on yet */
+        n->exit_code = st == HPD_ERR_INVALID_ARG || st == HPD_ERR_UNSUPPORTED ? 2 : 1;
         goto out;
     }
     if (metrics_init(n) != HPD_OK)

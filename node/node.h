@@ -29,6 +29,8 @@ typedef struct {
     uint16_t port;         /* 0: any free port */
     const char *device;    /* "cpu" */
     uint32_t threads;
+    uint32_t tp;           /* tensor-parallel ranks (CPU ranks; 0 or 1: none) */
+    bool tp_fast;          /* hpd_model_load_tp's fast: other numerics */
     const char *ucx_tls;   /* default "tcp" */
     const char *ucx_dev;   /* default "lo" */
     hpd_engine_params_t engine;
@@ -91,8 +93,10 @@ struct hpd_node {
     const hpd_node_role_t *role;
     void *role_data; /* the role's state (its init allocates it, node_destroy frees it) */
     struct event_base *base;
-    hpd_model_t *model;
-    hpd_backend_t *backend;
+    hpd_model_t *model;     /* rank 0's (models[0]) */
+    hpd_backend_t *backend; /* rank 0's (backends[0]) */
+    hpd_model_t *models[HPD_TP_MAX];     /* every rank's (tensor parallelism) */
+    hpd_backend_t *backends[HPD_TP_MAX];
     hpd_engine_t *engine;
     hpd_xfer_ctx_t *xfer;
     hpd_rpc_server_t *server;

@@ -331,3 +331,34 @@ bool hpd_proto_parse_endpoint(const char *text, char *host, size_t cap, uint16_t
     *port = (uint16_t)p;
     return true;
 }
+
+bool hpd_proto_shard_map(const int32_t *map, uint32_t n, uint32_t tp, uint32_t heads[3],
+                         hpd_proto_err_t *err)
+{
+    static const char *const what[3] = {"KV heads", "GDN key heads", "GDN value heads"};
+    if (tp < 1 || n != 6 * tp) {
+        snprintf(err->text, sizeof(err->text), "shard_map has %u numbers (expected 6 a rank, "
+                 "%u at tp %u)", n, 6 * tp, tp);
+        return false;
+    }
+    for (uint32_t k = 0; k < 3; k++) {
+        const uint32_t total = (uint32_t)map[6 * (tp - 1) + 2 * k + 1]; /* the last rank's end */
+        heads[k] = total;
+        for (uint32_t r = 0; r < tp; r++) {
+            /* even ranges; KV heads fewer than the ranks: one each, in groups */
+            const bool replicated = k == 0 && tp > total && total > 0;
+            uint32_t b = (uint32_t)((uint64_t)r * total / tp);
+            uint32_t e = replicated ? b + 1 : (uint32_t)((uint64_t)(r + 1) * total / tp);
+            const bool divides = replicated ? tp % total == 0 : total % tp == 0;
+            if (!divides || (uint32_t)map[6 * r + 2 * k] != b ||
+                (uint32_t)map[6 * r + 2 * k + 1] != e) {
+                snprintf(err->text, sizeof(err->text), "shard_map: rank %u's %s are [%d, %d) "
+                         "(expected [%u, %u) of %u at tp %u%s)", r, what[k], map[6 * r + 2 * k],
+                         map[6 * r + 2 * k + 1], b, e, total, tp,
+                         divides ? "" : ", which does not divide them");
+                return false;
+            }
+        }
+    }
+    return true;
+}

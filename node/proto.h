@@ -64,6 +64,16 @@ void hpd_proto_key(msgpack_packer *pk, const char *key);
 void hpd_proto_kv_u64(msgpack_packer *pk, const char *key, uint64_t value);
 void hpd_proto_pack_bin(msgpack_packer *pk, const void *data, size_t len);
 
+/* A node's shard map (register's shard_map: per rank its KV heads, GDN key
+ * heads and value heads as [begin, end), six numbers a rank) at degree tp:
+ * true when it is the one every node computes (model/shard.h: heads split
+ * in tp even ranges; KV heads replicated in groups, rank r holding head
+ * r * kv / tp, when tp exceeds them), with the whole model's KV, key and
+ * value heads in heads[3]; else false, err naming the rank and the range
+ * expected. */
+bool hpd_proto_shard_map(const int32_t *map, uint32_t n, uint32_t tp, uint32_t heads[3],
+                         hpd_proto_err_t *err);
+
 /* "host:port" into host (cap bytes) and port. */
 bool hpd_proto_parse_endpoint(const char *text, char *host, size_t cap, uint16_t *port);
 

@@ -24,6 +24,7 @@
 #include "prefill_node/peers.h"
 #include "prefill_node/staging.h"
 #include "node/proto.h"
+#include "node/tp_plan.h"
 
 #define LOG_COMPONENT "prefill"
 
@@ -48,10 +49,15 @@ typedef struct job {
     const uint32_t *dst_tables[HPD_ENGINE_MAX_GROUPS];
     uint32_t dst_blocks;
     uint64_t dst_slot_offset;
-    uint32_t kv_region, slot_region;
-    /* staging: KV pages in the destination layout, then the GDN state */
+    /* the decode node's ranks (tensor parallelism; 1 without): each rank's
+     * regions, and what this node's ranks send each of them */
+    uint32_t dst_tp;
+    uint32_t kv_regions[HPD_TP_MAX], slot_regions[HPD_TP_MAX];
+    const hpd_tp_plan_t *plan;
+    /* staging, per decode rank: KV pages in its layout, then its GDN state */
     uint64_t staging_off, staging_bytes;
-    uint32_t staging_pages;
+    uint64_t rank_bytes; /* one decode rank's part of it */
+    uint32_t staging_pages; /* KV pages in a rank's part */
     uint32_t pushed[HPD_ENGINE_MAX_GROUPS]; /* destination pages sent, per group */
     bool xfer_open;
     /* outcome */
@@ -82,6 +88,11 @@ typedef struct prefill {
     bool lease_hold;       /* try_start waits for the liveness lease */
     uint64_t lease_refusals; /* pushes not made: the liveness lease had lapsed */
     uint8_t summary[8192];
+    /* what this node's ranks send a decode node at tp 1, 2, 4 or 8 (made
+     * when first needed; plan_why says why a degree cannot be served) */
+    hpd_tp_plan_t plans[4];
+    bool planned[4];
+    char plan_why[4][200];
     uint64_t jobs_done, jobs_failed, jobs_canceled;
     struct {
         hpd_metric_t *done, *failed, *canceled, *queued, *running, *finishing;
@@ -277,14 +288,39 @@ static void job_fail(prefill_t *p, job_t *j, const char *fmt, ...)
     }
 }
 
-static uint64_t job_staging_bytes(const job_t *j, const hpd_engine_memory_t *m,
-                                  uint32_t n_gdn, uint32_t *kv_pages_p)
+/* Staging for a job: per decode rank, its KV pages of the prompt in its
+ * layout and its state of every GDN layer. */
+static uint64_t job_staging_bytes(job_t *j, uint32_t n_gdn)
 {
     const uint32_t groups = hpd_kv_layout_n_groups(&j->dst_layout);
-    const uint32_t pages = groups * HPD_DIV_UP(j->n_prompt, j->dst_layout.block_size);
-    *kv_pages_p = pages;
-    return (uint64_t)pages * hpd_kv_layout_page_bytes(&j->dst_layout) +
-           (uint64_t)n_gdn * m->layer_state_bytes;
+    j->staging_pages = groups * HPD_DIV_UP(j->n_prompt, j->dst_layout.block_size);
+    j->rank_bytes = (uint64_t)j->staging_pages * hpd_kv_layout_page_bytes(&j->dst_layout) +
+                    (uint64_t)n_gdn * j->plan->dst_state_bytes;
+    return j->dst_tp * j->rank_bytes;
+}
+
+/* What this node's ranks send a decode node at tp d; NULL, with why, when
+ * the model cannot run at d (a decode node could not have loaded it). */
+static const hpd_tp_plan_t *plan_for(prefill_t *p, uint32_t d, hpd_proto_err_t *err)
+{
+    const uint32_t i = d == 1 ? 0 : d == 2 ? 1 : d == 4 ? 2 : d == 8 ? 3 : 4;
+    const hpd_model_t *m = p->node->model;
+    if (i == 4) {
+        snprintf(err->text, sizeof(err->text), "reservation: tp %u (expected 1, 2, 4 or 8)", d);
+        return NULL;
+    }
+    if (!p->planned[i]) {
+        if (hpd_tp_plan(&m->whole, hpd_engine_tp(p->node->engine), d, &p->plans[i],
+                        p->plan_why[i], sizeof(p->plan_why[i])) != HPD_OK)
+            p->plans[i].tp_d = 0; /* refused */
+        p->planned[i] = true;
+    }
+    if (p->plans[i].tp_d == 0) {
+        snprintf(err->text, sizeof(err->text), "reservation: a decode node at tp %u: %s", d,
+                 p->plan_why[i]);
+        return NULL;
+    }
+    return &p->plans[i];
 }
 
 /* Queued jobs enter the engine in arrival order while staging lasts. Not
@@ -292,7 +328,6 @@ static uint64_t job_staging_bytes(const job_t *j, const hpd_engine_memory_t *m,
 static void try_start(prefill_t *p)
 {
     hpd_node_t *n = p->node;
-    hpd_engine_memory_t m;
 
     if (p->starting)
         return;
@@ -311,21 +346,17 @@ static void try_start(prefill_t *p)
     }
     p->lease_hold = false;
     p->starting = true;
-    hpd_engine_memory(n->engine, &m);
     for (job_t *j = p->jobs; j != NULL;) {
         uint64_t off;
-        uint32_t kv_pages;
         if (j->state != JOB_QUEUED) {
             j = j->next;
             continue;
         }
-        const uint64_t need = job_staging_bytes(j, &m, n->model->config.n_linear_layers,
-                                                &kv_pages);
+        const uint64_t need = job_staging_bytes(j, n->model->config.n_linear_layers);
         if (!hpd_staging_alloc(&p->arena, need, &off))
             break; /* first come, first served */
         j->staging_off = off;
         j->staging_bytes = need;
-        j->staging_pages = kv_pages;
         hpd_request_params_t rp = {
             .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = 1, .sampling = j->sampling};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
@@ -344,14 +375,95 @@ static void try_start(prefill_t *p)
     p->starting = false;
 }
 
-/* The layerwise push: called by the engine after each layer. */
+/* A pack group's pages, complete for tokens [from, to): translated from
+ * every rank of this node that holds heads of each decode rank into that
+ * rank's staging pages, put into its page pool. The ranks' page ids are
+ * rank 0's (they allocate in lockstep). */
+static hpd_status_t push_group(prefill_t *p, job_t *j, const hpd_engine_kv_t *kv, uint32_t g,
+                               uint32_t from, uint32_t to, bool last)
+{
+    const hpd_engine_t *e = p->node->engine;
+    hpd_kv_push_src_t srcs[HPD_TP_MAX];
+    hpd_status_t st = HPD_OK;
+    for (uint32_t d = 0; d < j->dst_tp && st == HPD_OK; d++) {
+        uint32_t n_srcs = 0;
+        for (uint32_t x = 0; x < j->plan->n_kv; x++) {
+            const hpd_tp_kv_piece_t *k = &j->plan->kv[x];
+            hpd_engine_memory_t m;
+            if (k->dst_rank != d)
+                continue;
+            hpd_engine_memory(hpd_engine_rank(e, k->src_rank), &m);
+            srcs[n_srcs++] = (hpd_kv_push_src_t){
+                .span = {.layout = m.layout, .pool = m.kv_pool, .tables = kv->tables},
+                .src_head = k->src_head,
+                .heads = k->heads,
+                .dst_head = k->dst_head};
+        }
+        const hpd_kv_push_args_t a = {
+            .backend = p->node->backend,
+            .srcs = srcs,
+            .n_srcs = n_srcs,
+            .first_token = from,
+            .n_tokens = to,
+            .last = last,
+            .dst_layout = &j->dst_layout,
+            .dst_region = j->kv_regions[d],
+            .dst_tables = j->dst_tables,
+            .staging = p->staging + j->staging_off + d * j->rank_bytes,
+            .staging_pages = j->staging_pages,
+            .group = g};
+        st = hpd_kv_push(j->peer, j->id, &a);
+    }
+    return st;
+}
+
+/* GDN layer gi's state, final after the prompt's last chunk: each decode
+ * rank's, gathered from the runs of this node's ranks' slots that hold it
+ * (the value heads' recurrent rows; the q, k and v conv channels) into its
+ * staging, then put into its slot. */
+static hpd_status_t push_state(prefill_t *p, job_t *j, uint32_t gi)
+{
+    hpd_node_t *node = p->node;
+    const hpd_tp_plan_t *plan = j->plan;
+    hpd_status_t st = HPD_OK;
+    for (uint32_t d = 0; d < j->dst_tp && st == HPD_OK; d++) {
+        uint8_t *dst = p->staging + j->staging_off + d * j->rank_bytes +
+                       (uint64_t)j->staging_pages * hpd_kv_layout_page_bytes(&j->dst_layout) +
+                       gi * plan->dst_state_bytes;
+        for (uint32_t x = 0; x < plan->n_state && st == HPD_OK; x++) {
+            const hpd_tp_state_run_t *r = &plan->state[x];
+            hpd_engine_kv_t kv;
+            if (r->dst_rank != d)
+                continue;
+            if ((st = hpd_engine_request_kv(hpd_engine_rank(node->engine, r->src_rank),
+                                            j->eng_id, &kv)) != HPD_OK)
+                break;
+            const hpd_slot_copy_args_t c = {
+                .dst = dst + r->dst_off,
+                .src = (uint8_t *)kv.state + gi * plan->src_state_bytes + r->src_off,
+                .bytes = r->bytes};
+            st = hpd_slot_copy(node->backend, &c);
+        }
+        const hpd_xfer_put_t put = {.local = dst,
+                                    .region = j->slot_regions[d],
+                                    .offset = j->dst_slot_offset + gi * plan->dst_state_bytes,
+                                    .bytes = plan->dst_state_bytes};
+        void *fence;
+        if (st == HPD_OK && (st = hpd_backend_fence_record(node->backend, &fence)) == HPD_OK)
+            st = hpd_xfer_put_after(j->peer, j->id, &put, 1, node->backend, fence);
+    }
+    return st;
+}
+
+/* The layerwise push: called by the engine after each layer (on rank 0's
+ * thread; every rank has passed this layer's output projection, whose sum
+ * meets them all, so each rank's KV and state of the layer are final and
+ * no rank writes them again in this step). */
 static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *items, uint32_t n)
 {
     prefill_t *p = arg;
     hpd_node_t *node = p->node;
     const hpd_model_config_t *cfg = &node->model->config;
-    hpd_engine_memory_t m;
-    hpd_engine_memory(node->engine, &m);
     const bool may_write = hpd_node_may_write(node);
 
     for (uint32_t i = 0; i < n; i++) {
@@ -369,7 +481,6 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
         }
         const uint32_t end = items[i].pos + items[i].n_tokens;
         const hpd_kv_layout_t *dl = &j->dst_layout;
-        uint8_t *staging = p->staging + j->staging_off;
         if (cfg->layer_full[layer]) {
             const uint32_t a = cfg->kind_index[layer], g = a / dl->pack_size;
             if (a % dl->pack_size != dl->pack_size - 1 && a != dl->n_layers - 1)
@@ -378,34 +489,10 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
             const uint32_t from = j->pushed[g] * dl->block_size;
             if (to <= from)
                 continue;
-            hpd_kv_push_args_t a_kv = {
-                .backend = node->backend,
-                .src = {.layout = m.layout, .pool = m.kv_pool, .tables = kv.tables},
-                .first_token = from,
-                .n_tokens = to,
-                .last = items[i].last_chunk,
-                .dst_layout = dl,
-                .dst_region = j->kv_region,
-                .dst_tables = j->dst_tables,
-                .staging = staging,
-                .staging_pages = j->staging_pages,
-                .group = g};
-            st = hpd_kv_push(j->peer, j->id, &a_kv);
+            st = push_group(p, j, &kv, g, from, to, items[i].last_chunk);
             j->pushed[g] = HPD_DIV_UP(to, dl->block_size);
         } else if (items[i].last_chunk) {
-            const uint32_t gi = cfg->kind_index[layer];
-            const uint64_t off = gi * m.layer_state_bytes;
-            uint8_t *dst = staging + (uint64_t)j->staging_pages * hpd_kv_layout_page_bytes(dl) + off;
-            hpd_slot_copy_args_t c = {
-                .dst = dst, .src = (uint8_t *)kv.state + off, .bytes = m.layer_state_bytes};
-            hpd_xfer_put_t put = {.local = dst,
-                                  .region = j->slot_region,
-                                  .offset = j->dst_slot_offset + off,
-                                  .bytes = m.layer_state_bytes};
-            void *fence;
-            if ((st = hpd_slot_copy(node->backend, &c)) == HPD_OK &&
-                (st = hpd_backend_fence_record(node->backend, &fence)) == HPD_OK)
-                st = hpd_xfer_put_after(j->peer, j->id, &put, 1, node->backend, fence);
+            st = push_state(p, j, cfg->kind_index[layer]);
         } else {
             continue;
         }
@@ -468,6 +555,37 @@ static void after_step(hpd_node_t *n)
 
 /* ------------------------------------------------------------ methods */
 
+/* The decode node's ranks and their regions from a reservation, and what
+ * this node's ranks send them; its ranks' KV heads and state bytes, where
+ * it names them, must be what this node's shard map gives such a rank. */
+static bool reservation_ranks(prefill_t *p, job_t *j, const hpd_msg_reservation_t *res,
+                              hpd_proto_err_t *err)
+{
+    j->dst_tp = res->tp > 0 ? res->tp : 1;
+    if (j->dst_tp > 1 && (res->kv_regions_n != j->dst_tp || res->slot_regions_n != j->dst_tp)) {
+        snprintf(err->text, sizeof(err->text), "reservation: tp %u needs %u kv_regions and "
+                 "slot_regions (got %u and %u)", j->dst_tp, j->dst_tp, res->kv_regions_n,
+                 res->slot_regions_n);
+        return false;
+    }
+    for (uint32_t d = 0; d < j->dst_tp; d++) {
+        j->kv_regions[d] = j->dst_tp > 1 ? (uint32_t)res->kv_regions[d] : res->kv_region;
+        j->slot_regions[d] = j->dst_tp > 1 ? (uint32_t)res->slot_regions[d] : res->slot_region;
+    }
+    if ((j->plan = plan_for(p, j->dst_tp, err)) == NULL)
+        return false;
+    if ((res->kv_heads != 0 && res->kv_heads != j->plan->dst_kv_heads) ||
+        (res->state_bytes != 0 && res->state_bytes != j->plan->dst_state_bytes)) {
+        snprintf(err->text, sizeof(err->text), "reservation: the decode node's ranks (tp %u) "
+                 "hold %u KV heads and %llu bytes of a GDN layer's state; this node's shard "
+                 "map gives such a rank %u and %llu", j->dst_tp, res->kv_heads,
+                 (unsigned long long)res->state_bytes, j->plan->dst_kv_heads,
+                 (unsigned long long)j->plan->dst_state_bytes);
+        return false;
+    }
+    return true;
+}
+
 static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
                       hpd_proto_err_t *err)
 {
@@ -505,17 +623,20 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     }
     if (pj.sampling != NULL && !hpd_proto_sampling(pj.sampling, &j->sampling, err))
         return false;
-    if (!hpd_msg_unpack(&hpd_msg_destination, pj.decode, &dst, err) ||
-        !hpd_msg_unpack(&hpd_msg_reservation, dst.reservation, &res, err))
+    if (!hpd_msg_unpack(&hpd_msg_destination, pj.decode, &dst, err))
+        return false;
+    const bool res_ok = hpd_msg_unpack(&hpd_msg_reservation, dst.reservation, &res, err) &&
+                        reservation_ranks(p, j, &res, err);
+    hpd_msg_free(&hpd_msg_reservation, &res);
+    if (!res_ok)
         return false;
     j->dst_node = dst.node;
     j->dst_layout = res.layout;
     j->dst_slot_offset = res.slot_offset;
-    j->kv_region = res.kv_region;
-    j->slot_region = res.slot_region;
-    /* the destination holds the same model: only B, P and the order differ */
+    /* the destination holds the same model: B, P and the order differ, and
+     * with tensor parallelism its ranks' KV heads */
     j->dst_layout.n_layers = m.layout->n_layers;
-    j->dst_layout.n_kv_heads = m.layout->n_kv_heads;
+    j->dst_layout.n_kv_heads = j->plan->dst_kv_heads;
     j->dst_layout.head_dim = m.layout->head_dim;
     j->dst_layout.dtype = m.layout->dtype;
     if (j->dst_layout.pack_size > HPD_MAX(m.layout->n_layers, 1)) {
@@ -593,10 +714,7 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         free(j);
         return;
     }
-    hpd_engine_memory_t m;
-    uint32_t kv_pages;
-    hpd_engine_memory(n->engine, &m);
-    const uint64_t need = job_staging_bytes(j, &m, n->model->config.n_linear_layers, &kv_pages);
+    const uint64_t need = job_staging_bytes(j, n->model->config.n_linear_layers);
     if (need > p->staging_bytes) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
                             "prefill: job %llu needs %llu MiB of staging, this node has %llu MiB "

@@ -241,13 +241,8 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (tp > 1) { /* each rank a share of the threads */
-        const uint32_t all = bp.n_threads > 0 ? bp.n_threads : (uint32_t)sysconf(_SC_NPROCESSORS_ONLN);
-        bp.n_threads = HPD_MAX(all / tp, 1u);
-    }
-    for (uint32_t r = 0; r < tp; r++)
-        if (hpd_backend_create(&bp, &backends[r]) != HPD_OK)
-            goto out;
+    if (hpd_backend_create_ranks(&bp, tp, backends) != HPD_OK) /* a share of the threads each */
+        goto out;
     backend = backends[0];
     ep.model = model;
     ep.backend = backend;

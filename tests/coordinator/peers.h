@@ -74,6 +74,10 @@ static const char *peer_client_key; /* set before coord_start: a client key of t
 static uint8_t peer_model = 9;      /* the model fingerprint's first byte the next peer registers */
 static uint32_t peer_vocab = 1000;  /* the vocabulary the next peer registers with */
 static uint64_t peer_incarnation;   /* the incarnation the next peer registers with (0: none) */
+static uint32_t peer_tp;            /* the TP degree the next peer registers with (0: none) */
+static const int32_t *peer_map;     /* and its shard map, peer_map_n numbers (NULL: none) */
+static uint32_t peer_map_n;
+static bool peer_may_be_refused;    /* the next peer's refusal is the test's: kept in refusal */
 
 /* The jobs are a ring of the last PEER_MAX_JOBS (a held one is never
  * that old in these tests). */
@@ -279,7 +283,7 @@ static void on_registered(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply
 {
     peer_t *p = arg;
     assert_int_equal(st, HPD_OK);
-    if (reply->is_error && peer_model != 9) { /* a refusal the test asked for */
+    if (reply->is_error && (peer_model != 9 || peer_may_be_refused)) { /* the test's */
         snprintf(p->refusal, sizeof(p->refusal), "%.*s", (int)reply->error_message_len,
                  reply->error_message);
         p->refused = true;
@@ -337,6 +341,9 @@ static void peer_pack_register(const peer_t *p, const char *host, uint64_t incar
     snprintf(m.name, sizeof(m.name), "%s", name);
     snprintf(m.host, sizeof(m.host), "%s", host);
     m.incarnation = incarnation;
+    m.tp = peer_tp;
+    m.shard_map = peer_map;
+    m.shard_map_n = peer_map_n;
     hpd_rpc_buf_init(b);
     hpd_msg_pack(&hpd_msg_register, &m, &b->pk);
 }

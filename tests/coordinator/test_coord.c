@@ -1279,6 +1279,56 @@ static void register_again(const peer_t *p, const char *host, uint64_t incarnati
     spin(20);
 }
 
+/* A registration carries the node's shard map: one that is not the one its
+ * degree gives, or that covers other heads than the cluster's nodes',
+ * is refused naming the rank, or both nodes; nodes of any degrees whose
+ * maps agree are served. */
+static void test_shard_maps(void **state)
+{
+    /* 2 KV heads, 4 GDN key heads, 8 value heads: at tp 2, and at tp 4
+     * (the KV heads replicated: 0, 0, 1, 1) */
+    static const int32_t tp2[] = {0, 1, 0, 2, 0, 4, 1, 2, 2, 4, 4, 8};
+    static const int32_t tp4[] = {0, 1, 0, 1, 0, 2, 0, 1, 1, 2, 2, 4,
+                                  1, 2, 2, 3, 4, 6, 1, 2, 3, 4, 6, 8};
+    /* rank 1's KV head modulo 2 (0, 1, 0, 1): not the map of tp 4 */
+    static const int32_t modulo[] = {0, 1, 0, 1, 0, 2, 1, 2, 1, 2, 2, 4,
+                                     0, 1, 2, 3, 4, 6, 1, 2, 3, 4, 6, 8};
+    /* 4 KV heads at tp 2 */
+    static const int32_t other[] = {0, 2, 0, 2, 0, 4, 2, 4, 2, 4, 4, 8};
+    peer_t p, d, bad;
+    coord_start(NULL);
+    peer_tp = 2, peer_map = tp2, peer_map_n = 12;
+    peer_start(&p, "p0", true);
+    assert_false(p.refused);
+    peer_tp = 4, peer_map = tp4, peer_map_n = 24;
+    peer_start(&d, "d0", false);
+    assert_false(d.refused);
+    peer_map = modulo;
+    peer_may_be_refused = true;
+    peer_start(&bad, "d1", false);
+    assert_true(bad.refused);
+    assert_non_null(strstr(bad.refusal, "register: node d1's shard_map: rank 1's KV heads are "
+                                        "[1, 2) (expected [0, 1) of 2 at tp 4)"));
+    peer_stop(&bad);
+    peer_tp = 2, peer_map = other, peer_map_n = 12;
+    peer_start(&bad, "d2", false);
+    assert_true(bad.refused);
+    assert_non_null(strstr(bad.refusal, "node d2's shard map (tp 2) covers 4 KV heads, 4 GDN "
+                                        "key heads and 8 value heads where node"));
+    assert_non_null(strstr(bad.refusal, "covers 2, 4 and 8: their ranks cannot be paired"));
+    peer_stop(&bad);
+    peer_map_n = 11; /* not six numbers a rank */
+    peer_start(&bad, "d3", false);
+    assert_true(bad.refused);
+    assert_non_null(strstr(bad.refusal, "shard_map has 11 numbers (expected 6 a rank, 12 at "
+                                        "tp 2)"));
+    peer_stop(&bad);
+    peer_tp = 0, peer_map = NULL, peer_map_n = 0, peer_may_be_refused = false;
+    peer_stop(&p);
+    peer_stop(&d);
+    coord_stop();
+}
+
 /* A registration carries the node's incarnation: a late attempt of the
  * same node (name, host and port) with an incarnation not above the one
  * registered is refused as stale, saying both; a newer one is served; so
@@ -1366,6 +1416,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_registration_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_maps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hedge_called_off, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -197,6 +197,16 @@ static void test_fields_follow_the_options_table(void **state)
     }
     expect_error(edit(11, "    metrics_port: 7011\n    device: cuda-bf16"),
                  "m.yaml:12: nodes[0].device: 'cuda-bf16' is invalid", NULL);
+    /* tensor parallelism per node: given where given, 1 to 8 */
+    snprintf(text, sizeof(text), "%s", edit(16, "    metrics_port: 7021\n    tp: 4"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    joined_args(m, &m->procs[2], args, sizeof(args));
+    assert_non_null(strstr(args, "--tp 4 "));
+    joined_args(m, &m->procs[1], args, sizeof(args));
+    assert_null(strstr(args, "--tp"));
+    hpd_manifest_destroy(m);
+    expect_error(edit(16, "    metrics_port: 7021\n    tp: 9"), "m.yaml:17: nodes[1].tp", NULL);
     /* the table's range and multiple */
     expect_error(edit(12, "    max_batch: 5000"), "m.yaml:12: nodes[0].max_batch",
                  "5000 is out of range (expected 1 to 4096)");
