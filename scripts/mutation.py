@@ -119,6 +119,12 @@ MODULES = {
         "left_out": {},
         "tests": ["test_tp_sum", "test_engine_tp"],
     },
+    # What each prefill rank sends each decode rank (node/tp_plan.h).
+    "tp_plan": {
+        "files": ["node/tp_plan.c"],
+        "left_out": {},
+        "tests": ["test_tp_plan"],
+    },
     # The CUDA kernels as the host stand-in runs them (tests/kernels/cuda_host:
     # launch.cmake rewrites a .cu file into <name>_host.cpp, compiled into
     # each stand-in test that names it): a mutant of gemm.cu rebuilds and
