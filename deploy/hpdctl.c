@@ -811,15 +811,31 @@ static int cmd_check(const hpd_manifest_t *m, const char *path)
             ep.prefill_chunk = p->prefill_chunk;
         ep.prefix_cache = p->role == HPD_PROC_PREFILL && p->prefix_cache;
         ep.n_checkpoints = p->checkpoints;
-        if (hpd_engine_plan(&ep, &cfg, &plan, why, sizeof(why)) != HPD_OK) {
+        /* at tensor parallelism each rank has pools of its shard's heads */
+        const uint32_t tp = p->tp > 0 ? p->tp : 1;
+        hpd_model_config_t rank_cfg = cfg;
+        hpd_shard_t shard;
+        if (tp > 1) {
+            if (hpd_shard_plan(&cfg, tp, 0, &shard, why, sizeof(why)) != HPD_OK) {
+                fprintf(stderr, "%s:%u: %s: tp %u: %s\n", path, p->line, p->name, tp, why);
+                rc = 2;
+                continue;
+            }
+            hpd_shard_config(&cfg, &shard, &rank_cfg);
+        }
+        if (hpd_engine_plan(&ep, &rank_cfg, &plan, why, sizeof(why)) != HPD_OK) {
             fprintf(stderr, "%s:%u: %s: %s\n", path, p->line, p->name, why);
             rc = 2;
             continue;
         }
+        plan.device_bytes *= tp;
         const double gib = plan.device_bytes / 1073741824.0;
-        printf("  %-16s %-8s %u KV pages, %u state slots, %u checkpoints: %.2f GiB of pools\n",
+        char ranks[32] = "";
+        if (tp > 1)
+            snprintf(ranks, sizeof(ranks), " a rank, ranks: %u", tp);
+        printf("  %-16s %-8s %u KV pages, %u state slots, %u checkpoints%s: %.2f GiB of pools\n",
                p->name, hpd_proc_role_name(p->role), plan.n_pages, plan.n_slots,
-               plan.n_checkpoints, gib);
+               plan.n_checkpoints, ranks, gib);
         if (p->gpu < 0 && is_local(p->host) && avail > 0 && plan.device_bytes > avail) {
             fprintf(stderr, "%s:%u: %s: its pools need %.2f GiB (max context %u) and this host "
                     "has %.2f GiB available: lower max_context, max_batch or kv_pages\n", path,

@@ -706,6 +706,21 @@ static void test_check(void **state)
     assert_non_null(strstr(out, "prefill-0: its pools need"));
     assert_non_null(strstr(out, "lower max_context, max_batch or kv_pages"));
     free(out);
+    /* tensor parallelism: each rank's pools, and a degree the model's 2
+     * GDN key heads do not allow */
+    snprintf(bad, sizeof(bad), "%s/tp.yaml", cl.root);
+    manifest_with(bad, "{block: 16, pack: 2, order: hnd}", "{block: 16, pack: 2, order: hnd}\n"
+                                                           "    tp: 2");
+    assert_int_equal(hpdctl(&out, "check %s", bad), 0);
+    assert_non_null(strstr(out, "decode-0         decode   2048 KV pages, 16 state slots, 0 "
+                                "checkpoints a rank, ranks: 2"));
+    free(out);
+    manifest_with(bad, "{block: 16, pack: 2, order: hnd}", "{block: 16, pack: 2, order: hnd}\n"
+                                                           "    tp: 4");
+    assert_int_equal(hpdctl(&out, "check %s", bad), 2);
+    assert_non_null(strstr(out, "decode-0: tp 4: "));
+    assert_non_null(strstr(out, "GDN layers' key heads"));
+    free(out);
     cl.passed++;
 }
 
