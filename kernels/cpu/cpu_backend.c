@@ -74,10 +74,11 @@ static const hpd_backend_ops_t cpu_ops = CPU_OPS("cpu", "fp32", hpd_cpu_gemm, hp
  * apart and a cluster does not mix them */
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
 static const hpd_backend_ops_t cpu_bf16_ops =
-    CPU_OPS("cpu-bf16", "bf16-products", cpu_bf16_gemm, NULL);
+    CPU_OPS("cpu-bf16", "bf16-products", cpu_bf16_gemm, hpd_cpu_gemm_sum_bf16_products);
 #else
 static const hpd_backend_ops_t cpu_bf16_ops =
-    CPU_OPS("cpu-bf16", "bf16-products-emulated", cpu_bf16_gemm, NULL);
+    CPU_OPS("cpu-bf16", "bf16-products-emulated", cpu_bf16_gemm,
+            hpd_cpu_gemm_sum_bf16_products);
 #endif
 
 

@@ -33,6 +33,9 @@ hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
  * whether this build uses the VDPBF16PS instruction (else the sequence lane
  * by lane) */
 hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t *a);
+/* gemm_sum for device cpu-bf16: its gemm's products (bf16 products for
+ * BF16 weights), the groups added by the tree */
+hpd_status_t hpd_cpu_gemm_sum_bf16_products(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
 float hpd_cpu_bf16_dot_ref(const uint16_t *x, const uint16_t *w, uint32_t k);
 uint16_t hpd_cpu_round_bf16(float f);
 bool hpd_cpu_bf16_native(void);

@@ -29,8 +29,10 @@
 
 #include "common/dtype.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/tp_sum.h"
 
 #define NB 32 /* weight rows per tile, as gemm.c */
 
@@ -225,9 +227,11 @@ static void kern_4x4(const uint16_t *x, uint32_t ldx, const uint16_t *w0, uint32
     FINISH_ROW4(3)
 }
 
-/* 1 row of x by 4 rows of w (decode), prefetching the rows of the next call */
-static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y,
-                     bool accumulate)
+/* 1 row of x by 4 rows of w (decode), prefetching the rows of the next
+ * call: the four sums (kern_1x4 and gemm_sum's decode kernel share them) */
+static inline __attribute__((always_inline)) void sums_1x4(const uint16_t *x,
+                                                          const uint16_t *w0, uint32_t k,
+                                                          float s[4])
 {
     const uint16_t *w1 = w0 + k, *w2 = w0 + 2 * (size_t)k, *w3 = w0 + 3 * (size_t)k;
     hpd_v8_t a0 = hpd_v8_zero(), a1 = hpd_v8_zero(), a2 = hpd_v8_zero(), a3 = hpd_v8_zero();
@@ -250,10 +254,19 @@ static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y
         a2 = dp16(a2, xv, load_bh16(w2 + i));
         a3 = dp16(a3, xv, load_bh16(w3 + i));
     }
-    finish(y, tail_bp(hpd_v8_hsum(a0), x, w0, i, k), accumulate);
-    finish(y + 1, tail_bp(hpd_v8_hsum(a1), x, w1, i, k), accumulate);
-    finish(y + 2, tail_bp(hpd_v8_hsum(a2), x, w2, i, k), accumulate);
-    finish(y + 3, tail_bp(hpd_v8_hsum(a3), x, w3, i, k), accumulate);
+    s[0] = tail_bp(hpd_v8_hsum(a0), x, w0, i, k);
+    s[1] = tail_bp(hpd_v8_hsum(a1), x, w1, i, k);
+    s[2] = tail_bp(hpd_v8_hsum(a2), x, w2, i, k);
+    s[3] = tail_bp(hpd_v8_hsum(a3), x, w3, i, k);
+}
+
+static void kern_1x4(const uint16_t *x, const uint16_t *w0, uint32_t k, float *y,
+                     bool accumulate)
+{
+    float s[4];
+    sums_1x4(x, w0, k, s);
+    for (int c = 0; c < 4; c++)
+        finish(y + c, s[c], accumulate);
 }
 
 /* ---- many rows (prefill): two rows of x per 16-lane register
@@ -475,4 +488,182 @@ hpd_status_t hpd_cpu_gemm_bf16_products(hpd_backend_t *b, const hpd_gemm_args_t 
         }
     }
     return HPD_OK;
+}
+
+/* ---- a row-parallel product's groups in one op (backend.h gemm_sum)
+ *
+ * A few rows of x (decode) and BF16 weights in every group, no experts:
+ * one parallel region; each thread rounds every group's columns of x into
+ * its own copy, then for each 4 weight rows takes every group's four sums
+ * as kern_1x4 makes them and adds them by the tree into y (the bits of the
+ * G gemms and the tree's adds the engine would make; a row's sums do not
+ * depend on the kernel shape: see the contract above). Anything else: the
+ * G gemms into a buffer, then the tree, as the engine would. */
+/* group j's product into out (ldo), added to what it holds or not */
+static hpd_status_t group_gemm(hpd_backend_t *b, const hpd_gemm_sum_args_t *a, uint32_t j,
+                               float *out, uint32_t ldo, bool accumulate)
+{
+    hpd_gemm_args_t g = a->g[j];
+    g.m = a->m;
+    g.n = a->n;
+    g.y = out;
+    g.ldy = ldo;
+    g.accumulate = accumulate;
+    return g.w_dtype == HPD_DTYPE_BF16 ? hpd_cpu_gemm_bf16_products(b, &g) : hpd_cpu_gemm(b, &g);
+}
+
+/* out[r][c] += right[r][c] (the tree's add of two halves) */
+static void add_into(hpd_backend_t *b, float *out, uint32_t ldo, const float *right,
+                     uint32_t m, uint32_t n)
+{
+#pragma omp parallel for schedule(static) num_threads((size_t)m * n >= (1u << 14) ? hpd_cpu_threads(b) : 1)
+    for (uint32_t r = 0; r < m; r++)
+        for (uint32_t c = 0; c < n; c++)
+            out[(size_t)r * ldo + c] += right[(size_t)r * n + c];
+}
+
+/* groups [g0, g1) into out: a pair as one gemm then the other added in
+ * its finish (p0 + p1), larger subtrees as their halves added; scratch
+ * level `level` on holds the right halves (the engine's rowpar_tree) */
+static hpd_status_t sum_tree(hpd_backend_t *b, const hpd_gemm_sum_args_t *a, uint32_t g0,
+                             uint32_t g1, float *out, uint32_t ldo, float *scratch,
+                             uint32_t level)
+{
+    hpd_status_t st;
+    if (g1 - g0 <= 2) {
+        st = group_gemm(b, a, g0, out, ldo, false);
+        return st != HPD_OK || g1 - g0 == 1 ? st : group_gemm(b, a, g0 + 1, out, ldo, true);
+    }
+    const uint32_t mid = (g0 + g1) / 2;
+    float *right = scratch + (size_t)level * a->m * a->n;
+    if ((st = sum_tree(b, a, g0, mid, out, ldo, scratch, level + 1)) != HPD_OK ||
+        (st = sum_tree(b, a, mid, g1, right, a->n, scratch, level + 1)) != HPD_OK)
+        return st;
+    add_into(b, out, ldo, right, a->m, a->n);
+    return HPD_OK;
+}
+
+/* Many rows, or weights not all BF16: the gemms of the tree, straight into
+ * y unless y is accumulated into (then into a buffer, added at the end). */
+static hpd_status_t sum_by_gemms(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    hpd_cpu_ctx_t *c = b->ctx;
+    const size_t mn = (size_t)a->m * a->n, need = mn * 4; /* 3 levels + the total */
+    if (c->sum_floats < need) {
+        float *p = realloc(c->sum_tiles, need * sizeof(float));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->sum_tiles = p;
+        c->sum_floats = need;
+    }
+    float *total = a->accumulate ? c->sum_tiles + 3 * mn : a->y;
+    const uint32_t ldt = a->accumulate ? a->n : a->ldy;
+    const hpd_status_t st = sum_tree(b, a, 0, a->n_groups, total, ldt, c->sum_tiles, 0);
+    if (st == HPD_OK && a->accumulate)
+        add_into(b, a->y, a->ldy, total, a->m, a->n);
+    return st;
+}
+
+/* the experts' form: each expert's rows against its matrices */
+static hpd_status_t sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a,
+                                hpd_status_t (*dense)(hpd_backend_t *,
+                                                      const hpd_gemm_sum_args_t *))
+{
+    hpd_status_t st = HPD_OK;
+    if (a->first[a->n_experts] > a->m)
+        return HPD_ERR_INVALID_ARG;
+    for (uint32_t x = 0; x < a->n_experts && st == HPD_OK; x++) {
+        const uint32_t r0 = a->first[x], r1 = a->first[x + 1];
+        if (r1 <= r0)
+            continue;
+        if (r1 > a->m)
+            return HPD_ERR_INVALID_ARG;
+        hpd_gemm_sum_args_t e = *a;
+        e.first = NULL;
+        e.m = r1 - r0;
+        e.y = a->y + (size_t)r0 * a->ldy;
+        for (uint32_t j = 0; j < a->n_groups; j++) {
+            const hpd_gemm_args_t *g = &a->g[j];
+            const size_t mat = (size_t)a->n * g->k;
+            e.g[j].x = g->x + (size_t)r0 * g->ldx;
+            e.g[j].w = (const char *)g->w + x * mat * hpd_dtype_size(g->w_dtype);
+            if (g->w_scale != NULL)
+                e.g[j].w_scale = g->w_scale + (size_t)x * a->n * g->w_scale_ld;
+        }
+        st = dense(b, &e);
+    }
+    return st;
+}
+
+static hpd_status_t sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    hpd_cpu_ctx_t *c = b->ctx;
+    const uint32_t G = a->n_groups;
+    bool bf16 = true;
+    uint32_t ks[HPD_TP_GROUPS], at[HPD_TP_GROUPS + 1] = {0};
+    uint64_t work = 0;
+    for (uint32_t j = 0; j < G; j++) {
+        bf16 &= a->g[j].w_dtype == HPD_DTYPE_BF16;
+        ks[j] = a->g[j].k;
+        at[j + 1] = at[j] + ks[j]; /* group j's columns in a rounded row */
+        work += (uint64_t)a->m * a->n * ks[j];
+    }
+    if (!bf16 || a->m >= 4)
+        return sum_by_gemms(b, a);
+    const int threads = work >= (1u << 16) ? hpd_cpu_threads(b) : 1;
+    const size_t row = at[G], need = (size_t)threads * a->m * row;
+    if (c->xb_elems < need) {
+        uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
+        if (p == NULL)
+            return HPD_ERR_NO_MEMORY;
+        c->xb = p;
+        c->xb_elems = need;
+    }
+    const uint32_t n_tiles = (a->n + NB - 1) / NB;
+#pragma omp parallel num_threads(threads)
+    {
+        uint16_t *mine = c->xb + (size_t)omp_get_thread_num() * a->m * row;
+        for (uint32_t r = 0; r < a->m; r++)
+            for (uint32_t j = 0; j < G; j++)
+                round_row(mine + r * row + at[j], a->g[j].x + (size_t)r * a->g[j].ldx, ks[j]);
+#pragma omp for schedule(static)
+        for (uint32_t t = 0; t < n_tiles; t++) {
+            const uint32_t n0 = t * NB, n1 = HPD_MIN(n0 + NB, a->n);
+            for (uint32_t r = 0; r < a->m; r++) {
+                const uint16_t *x = mine + r * row;
+                float *y = a->y + (size_t)r * a->ldy;
+                uint32_t n = n0;
+                for (; n + 4 <= n1; n += 4) {
+                    float part[4][HPD_TP_GROUPS];
+                    for (uint32_t j = 0; j < G; j++) {
+                        float s4[4];
+                        sums_1x4(x + at[j], (const uint16_t *)a->g[j].w + (size_t)n * ks[j],
+                                 ks[j], s4);
+                        for (int q = 0; q < 4; q++)
+                            part[q][j] = s4[q];
+                    }
+                    for (int q = 0; q < 4; q++)
+                        finish(y + n + q, hpd_tp_tree(part[q], G), a->accumulate);
+                }
+                for (; n < n1; n++) {
+                    float part[HPD_TP_GROUPS];
+                    for (uint32_t j = 0; j < G; j++)
+                        part[j] = dot_bp(x + at[j],
+                                         (const uint16_t *)a->g[j].w + (size_t)n * ks[j], ks[j]);
+                    finish(y + n, hpd_tp_tree(part, G), a->accumulate);
+                }
+            }
+        }
+    }
+    return HPD_OK;
+}
+
+hpd_status_t hpd_cpu_gemm_sum_bf16_products(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+{
+    const uint32_t G = a->n_groups;
+    if (G < 1 || G > HPD_TP_GROUPS || (G & (G - 1)) != 0) {
+        HPD_LOG_ERROR("cpu", "gemm_sum of %u groups (expected 1, 2, 4 or 8)", G);
+        return HPD_ERR_INVALID_ARG;
+    }
+    return a->first != NULL ? sum_experts(b, a, sum_dense) : sum_dense(b, a);
 }

@@ -220,8 +220,9 @@ static void test_gemm_sum(void **state)
                                       HPD_DTYPE_F8_E4M3};
     static const uint32_t ms[] = {1, 3, 6, 21};
     const uint32_t n = 70, ks[8] = {24, 40, 17, 64, 8, 33, 48, 16}, B = 16;
-    for (uint32_t threads = 1; threads <= 2; threads++) {
-        hpd_backend_t *be = cpu(threads);
+    for (uint32_t run = 0; run < 4; run++) { /* cpu, cpu-bf16; 1 and 2 threads */
+        const uint32_t threads = 1 + run % 2;
+        hpd_backend_t *be = run < 2 ? cpu(threads) : cpu_bf16(threads);
         for (size_t d = 0; d < 4; d++)
             for (uint32_t G = 1; G <= 8; G *= 2)
                 for (size_t mi = 0; mi < 4; mi++)
@@ -287,9 +288,10 @@ static void test_gemm_sum(void **state)
                             ts.parts[j] = parts[j];
                         assert_int_equal(hpd_tp_sum(be, &ts), HPD_OK);
                         if (memcmp(got, want, (size_t)m * n * 4) != 0)
-                            fail_msg("gemm_sum %s, %u groups, m %u, accumulate %d, %u "
-                                     "threads: not the bits of its gemms and tp_sum",
-                                     hpd_dtype_name(dts[d]), G, m, acc, threads);
+                            fail_msg("gemm_sum on %s, %s, %u groups, m %u, accumulate %d, "
+                                     "%u threads: not the bits of its gemms and tp_sum",
+                                     be->ops->name, hpd_dtype_name(dts[d]), G, m, acc,
+                                     threads);
                         for (uint32_t j = 0; j < G; j++)
                             free(parts[j]);
                         free(x), free(wf), free(w), free(scale), free(y0), free(got),
@@ -311,7 +313,8 @@ static void test_gemm_sum_experts(void **state)
     static const uint32_t first[E + 1] = {0, 2, 2, 5};
     const uint32_t ks[8] = {16, 24, 8, 32, 16, 8, 24, 16};
     static const hpd_dtype_t dts[] = {HPD_DTYPE_BF16, HPD_DTYPE_F8_E4M3};
-    hpd_backend_t *be = cpu(2);
+    for (int dev = 0; dev < 2; dev++) {
+    hpd_backend_t *be = dev == 0 ? cpu(2) : cpu_bf16(2);
     for (size_t d = 0; d < 2; d++)
         for (uint32_t G = 2; G <= 8; G *= 4) {
             uint32_t K = 0;
@@ -360,14 +363,15 @@ static void test_gemm_sum_experts(void **state)
                 ts.parts[j] = parts[j];
             assert_int_equal(hpd_tp_sum(be, &ts), HPD_OK);
             if (memcmp(got, want, (size_t)M * N * 4) != 0)
-                fail_msg("gemm_sum of experts, %s, %u groups: not the bits of gemm_grouped "
-                         "and tp_sum (or a row past the experts' written)",
-                         hpd_dtype_name(dts[d]), G);
+                fail_msg("gemm_sum of experts on %s, %s, %u groups: not the bits of "
+                         "gemm_grouped and tp_sum (or a row past the experts' written)",
+                         be->ops->name, hpd_dtype_name(dts[d]), G);
             for (uint32_t j = 0; j < G; j++)
                 free(parts[j]);
             free(x), free(wf), free(w), free(scale), free(got), free(want);
         }
     hpd_backend_destroy(be);
+    }
 }
 
 /* random bf16 weights with a few denormals, zeros and large values: the
