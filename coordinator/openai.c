@@ -28,6 +28,7 @@
 #include "common/sampling.h"
 #include "common/util.h"
 #include "coordinator/credentials.h"
+#include "coordinator/reasoning.h"
 #include "coordinator/text.h"
 #include "transport/http_guard.h"
 #include "transport/rpc_codec.h"
@@ -87,6 +88,11 @@ typedef struct {
     hpd_text_out_t out;
     struct evbuffer *text; /* the answer so far (not streamed) */
     bool bad_token;        /* an id the tokenizer does not know came */
+    /* a chat of a thinking model: its answer split into reasoning and
+     * content (coordinator/reasoning.h) */
+    bool split;
+    hpd_reasoning_t reasoning;
+    struct evbuffer *thought; /* the reasoning so far (not streamed) */
 } call_t;
 
 /* ------------------------------------------------------------ replies */
@@ -400,7 +406,7 @@ static bool message_content(struct evhttp_request *req, const json_t *c, size_t 
 
 /* chat's messages, through the chat format */
 static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *body,
-                        int32_t **ids_p, size_t *n_p)
+                        int32_t **ids_p, size_t *n_p, int *thinking_p)
 {
     const json_t *msgs = json_object_get(body, "messages");
     int thinking = -1;
@@ -417,6 +423,7 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
             thinking = json_is_true(v);
         }
     }
+    *thinking_p = thinking;
     if (!json_is_array(msgs) || json_array_size(msgs) == 0 ||
         json_array_size(msgs) > HPD_TEXT_MAX_MESSAGES)
         return BAD(req, "messages", "messages: expected an array of 1 to %d messages",
@@ -465,21 +472,45 @@ static json_t *usage_json(const call_t *k, uint32_t completion, uint32_t cached)
                      "cached_tokens", (json_int_t)cached);
 }
 
-/* One choice: a chunk's delta (stream) or the whole message. */
+/* A chat's reasoning under both names it goes by (reasoning_content,
+ * and reasoning, the newer one): the text, or null. */
+static void set_reasoning(json_t *o, const char *text, size_t len)
+{
+    json_object_set_new(o, "reasoning_content", text != NULL ? json_stringn(text, len)
+                                                             : json_null());
+    json_object_set_new(o, "reasoning", text != NULL ? json_stringn(text, len) : json_null());
+}
+
+/* One choice: a chunk's delta (stream: text is content, or reasoning when
+ * thought) or the whole message (thought: its reasoning, NULL for none). */
 static json_t *choice_json(const call_t *k, const char *text, size_t len, const char *finish,
-                           bool first)
+                           bool first, bool thought, const char *reasoning, size_t reasoning_len)
 {
     json_t *t = json_stringn(text, len);
     json_t *fr = finish != NULL ? json_string(finish) : json_null();
     if (!k->chat)
         return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "text", t, "logprobs",
                          "finish_reason", fr);
-    if (!k->stream)
-        return json_pack("{s:i, s:{s:s, s:o}, s:n, s:o}", "index", 0, "message", "role",
-                         "assistant", "content", t, "logprobs", "finish_reason", fr);
-    json_t *delta = first ? json_pack("{s:s, s:o}", "role", "assistant", "content", t)
-                          : finish != NULL && len == 0 ? (json_decref(t), json_object())
-                                                       : json_pack("{s:o}", "content", t);
+    if (!k->stream) {
+        json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
+        if (k->split)
+            set_reasoning(m, reasoning, reasoning_len);
+        return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "message", m, "logprobs",
+                         "finish_reason", fr);
+    }
+    json_t *delta;
+    if (first) {
+        delta = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
+    } else if (finish != NULL && len == 0) {
+        json_decref(t);
+        delta = json_object();
+    } else if (thought) {
+        json_decref(t);
+        delta = json_object();
+        set_reasoning(delta, text, len);
+    } else {
+        delta = json_pack("{s:o}", "content", t);
+    }
     return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
                      "finish_reason", fr);
 }
@@ -511,11 +542,32 @@ static void send_event(call_t *k, json_t *j, bool done)
     free(text);
 }
 
-static void stream_piece(call_t *k, const char *piece, size_t len, bool first)
+static void stream_piece(call_t *k, const char *piece, size_t len, bool first, bool thought)
 {
     if (len == 0 && !first)
         return;
-    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first))), false);
+    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first, thought,
+                                                           NULL, 0))),
+               false);
+}
+
+/* A piece of the answer as it goes out: reasoning or content. */
+static void put_piece(void *arg, bool thought, const char *piece, size_t len)
+{
+    call_t *k = arg;
+    if (k->stream && !k->gone)
+        stream_piece(k, piece, len, false, thought);
+    else if (!k->stream)
+        evbuffer_add(thought ? k->thought : k->text, piece, len);
+}
+
+/* The text the answer's ids gave: split when the model thinks. */
+static void put_text(call_t *k, const char *piece, size_t len)
+{
+    if (k->split)
+        hpd_reasoning_feed(&k->reasoning, piece, len, put_piece, k);
+    else
+        put_piece(k, false, piece, len);
 }
 
 static void call_free(call_t *k)
@@ -527,6 +579,8 @@ static void call_free(call_t *k)
     hpd_text_out_free(&k->out);
     if (k->text != NULL)
         evbuffer_free(k->text);
+    if (k->thought != NULL)
+        evbuffer_free(k->thought);
     free(k);
 }
 
@@ -544,10 +598,7 @@ static bool on_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t 
             k->bad_token = true;
             return false;
         }
-        if (k->stream && !k->gone)
-            stream_piece(k, piece, len, false);
-        else if (k->text != NULL)
-            evbuffer_add(k->text, piece, len);
+        put_text(k, piece, len);
         if (stop)
             return false;
     }
@@ -572,11 +623,14 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         const char *piece;
         size_t len;
         hpd_text_out_finish(&k->out, &piece, &len);
+        put_text(k, piece, len);
+        if (k->split)
+            hpd_reasoning_finish(&k->reasoning, put_piece, k);
         const char *finish = k->out.stopped ? "stop" : res->finish_reason;
         const uint32_t completion = k->out.stopped ? k->out.n_ids : res->n_tokens;
         if (k->stream) {
-            stream_piece(k, piece, len, false);
-            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false))),
+            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false,
+                                                                   false, NULL, 0))),
                        false);
             if (k->include_usage) {
                 json_t *u = envelope(k, json_array());
@@ -586,11 +640,13 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
             send_event(k, NULL, true);
             evhttp_send_reply_end(k->req);
         } else {
-            evbuffer_add(k->text, piece, len);
             const size_t n = evbuffer_get_length(k->text);
             const char *all = (const char *)evbuffer_pullup(k->text, -1);
+            const size_t nr = k->thought != NULL ? evbuffer_get_length(k->thought) : 0;
+            const char *thought = nr > 0 ? (const char *)evbuffer_pullup(k->thought, -1) : NULL;
             json_t *j = envelope(k, json_pack("[o]", choice_json(k, all != NULL ? all : "", n,
-                                                                 finish, false)));
+                                                                 finish, false, false, thought,
+                                                                 nr)));
             json_object_set_new(j, "usage", usage_json(k, completion, res->cached_tokens));
             reply_json(k->req, 200, j);
         }
@@ -755,9 +811,13 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
          !get_ids(req, sti, "stop_token_ids", hpd_tokenizer_size(hpd_text_tokenizer(api->text)),
                   &stop_ids, &n_stop_ids)))
         goto out;
-    if (!(chat ? chat_prompt(api, req, body, &prompt, &n_prompt)
+    int thinking = -1;
+    if (!(chat ? chat_prompt(api, req, body, &prompt, &n_prompt, &thinking)
                : completion_prompt(api, req, body, &prompt, &n_prompt)))
         goto out;
+    /* a thinking model's chat: reasoning apart from content */
+    k->split = chat && hpd_text_chat_thinks(api->text);
+    hpd_reasoning_init(&k->reasoning, hpd_text_chat_opens_think(api->text, thinking));
     if (max_tokens < 0) {
         uint32_t vocab, ctx;
         hpd_coord_limits(api->p.coord, &vocab, &ctx);
@@ -769,7 +829,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     k->evcon = evhttp_request_get_connection(req);
     k->created = (long long)time(NULL);
     k->n_prompt = (uint32_t)n_prompt;
-    if (!k->stream && (k->text = evbuffer_new()) == NULL) {
+    if (!k->stream && ((k->text = evbuffer_new()) == NULL ||
+                       (k->split && (k->thought = evbuffer_new()) == NULL))) {
         reply_error(req, 500, NULL, NULL, "out of memory");
         goto out;
     }
@@ -807,7 +868,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         evhttp_add_header(h, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
         if (chat)
-            stream_piece(k, "", 0, true);
+            stream_piece(k, "", 0, true, false);
     }
     hpd_http_guard_set_closecb(api->guard, k->evcon, on_close, k);
     if (!k->stream) {
@@ -848,7 +909,8 @@ static void tokenize(hpd_openai_t *api, struct evhttp_request *req, bool encode)
     const hpd_tokenizer_t *tok = hpd_text_tokenizer(api->text);
     if (encode) {
         const bool chat = json_object_get(body, "messages") != NULL;
-        if (chat ? chat_prompt(api, req, body, &ids, &n)
+        int thinking;
+        if (chat ? chat_prompt(api, req, body, &ids, &n, &thinking)
                  : completion_prompt(api, req, body, &ids, &n)) {
             uint32_t vocab, ctx;
             hpd_coord_limits(api->p.coord, &vocab, &ctx);

@@ -74,6 +74,19 @@ hpd_status_t hpd_text_chat(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size
     return st;
 }
 
+bool hpd_text_chat_thinks(const hpd_text_t *t)
+{
+    return t->have_chat && t->chat.think != HPD_CHAT_THINK_NONE;
+}
+
+bool hpd_text_chat_opens_think(const hpd_text_t *t, int enable_thinking)
+{
+    if (!t->have_chat)
+        return false;
+    return t->chat.think == HPD_CHAT_THINK_ALWAYS ||
+           (t->chat.think == HPD_CHAT_THINK_DEFAULT && enable_thinking != 0);
+}
+
 /* ------------------------------------------------------------ output */
 
 void hpd_text_out_init(hpd_text_out_t *o, const hpd_tokenizer_t *tok, const char *const *stops,

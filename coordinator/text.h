@@ -34,6 +34,13 @@ hpd_status_t hpd_text_chat(const hpd_text_t *text, const hpd_chat_msg_t *msgs, s
                            int enable_thinking, int32_t **ids_p, size_t *n_p, char *err,
                            size_t err_len);
 
+/* Whether the model's chat format has a think block (its answers are
+ * split into reasoning and content: coordinator/reasoning.h), and whether
+ * the generation prompt opens it for this enable_thinking (1 on, 0 off,
+ * -1 the model's default). */
+bool hpd_text_chat_thinks(const hpd_text_t *text);
+bool hpd_text_chat_opens_think(const hpd_text_t *text, int enable_thinking);
+
 #define HPD_TEXT_MAX_MESSAGES 4096 /* a chat's messages */
 #define HPD_TEXT_MAX_STOPS 16
 #define HPD_TEXT_MAX_STOP_LEN 256

@@ -227,10 +227,16 @@ typedef struct {
                            not looked at) */
     size_t n_pieces;
     bool usage_chunk, done;
+    /* chat: the reasoning (streamed: its deltas concatenated), and whether
+     * the message named it (reasoning_content, and reasoning the same) */
+    char *reasoning;
+    size_t reasoning_len;
+    bool has_reasoning;
 } answer_t;
 
 static void answer_free(answer_t *a)
 {
+    free(a->reasoning);
     free(a->text);
     for (size_t i = 0; i < a->n_pieces; i++)
         free(a->pieces[i]);
@@ -266,6 +272,15 @@ static answer_t generate(bool chat, const char *body)
         a.len = json_string_length(t);
         a.text = malloc(a.len + 1);
         memcpy(a.text, json_string_value(t), a.len + 1);
+        const json_t *m = json_object_get(c, "message");
+        const json_t *rc = json_object_get(m, "reasoning_content");
+        if (chat && rc != NULL) {
+            /* both names, the same value: a string or null */
+            assert_true(json_equal(rc, json_object_get(m, "reasoning")));
+            a.has_reasoning = true;
+            a.reasoning_len = json_is_string(rc) ? json_string_length(rc) : 0;
+            a.reasoning = json_is_string(rc) ? strdup(json_string_value(rc)) : NULL;
+        }
         snprintf(a.finish, sizeof(a.finish), "%s",
                  json_string_value(json_object_get(c, "finish_reason")));
         read_usage(&a, json_object_get(j, "usage"));
@@ -275,6 +290,7 @@ static answer_t generate(bool chat, const char *body)
     }
     size_t len = 0;
     a.text = calloc(1, r.len + 1);
+    a.reasoning = calloc(1, r.len + 1);
     for (char *ev = r.body; ev != NULL && *ev != '\0';) {
         char *next = strstr(ev, "\n\n");
         assert_non_null(next);
@@ -295,6 +311,16 @@ static answer_t generate(bool chat, const char *body)
             } else {
                 const json_t *t = chat ? json_object_get(json_object_get(c, "delta"), "content")
                                        : json_object_get(c, "text");
+                const json_t *d = json_object_get(c, "delta");
+                const json_t *rc = json_object_get(d, "reasoning_content");
+                if (chat && json_is_string(rc)) { /* a piece of the reasoning */
+                    assert_true(json_equal(rc, json_object_get(d, "reasoning")));
+                    assert_null(t); /* a delta is one or the other */
+                    memcpy(a.reasoning + a.reasoning_len, json_string_value(rc),
+                           json_string_length(rc));
+                    a.reasoning_len += json_string_length(rc);
+                    a.has_reasoning = true;
+                }
                 if (json_is_string(t) && json_string_length(t) > 0) {
                     memcpy(a.text + len, json_string_value(t), json_string_length(t));
                     len += json_string_length(t);
@@ -475,6 +501,51 @@ static void test_chat_as_hpd_run(void **state)
     size_t n_think;
     free(tokenize(body, &n_think));
     assert_true(n_think < n);
+    cl.passed++;
+}
+
+/* A thinking model's chat (the model's format opens <think> in the prompt
+ * with thinking on, its default): the answer is reasoning up to a
+ * </think>, content after it, under reasoning_content and reasoning,
+ * streamed or not; with thinking off it is all content and the reasoning
+ * is null. hpd-run's text split by hand is the reference (a random model
+ * never closes the block here: coordinator/test_reasoning splits answers
+ * that do at every byte). */
+static void test_chat_reasoning(void **state)
+{
+    static const char msgs[] = "[{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}]";
+    char body[4096];
+    for (int thinking = 0; thinking < 2; thinking++) {
+        const char *kw = thinking ? "null" : "{\"enable_thinking\": false}";
+        size_t n, want_len;
+        snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": %s}", msgs,
+                 kw);
+        char *ids = tokenize(body, &n);
+        char *want = reference(ids, "--max-tokens 16 --ignore-eos", &want_len);
+        /* hpd-run's text, split as the API must split it */
+        const char *close = thinking ? strstr(want, "</think>") : NULL;
+        const size_t r_len = !thinking ? 0 : close != NULL ? (size_t)(close - want) : want_len;
+        const char *content = !thinking ? want : close != NULL ? close + 8 : want + want_len;
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof(body), "{\"messages\": %s, \"max_tokens\": 16, "
+                     "\"ignore_eos\": true, \"chat_template_kwargs\": %s, \"stream\": %s}",
+                     msgs, kw, stream ? "true" : "false");
+            answer_t a = generate(true, body);
+            same_text(&a, content, strlen(content));
+            if (!thinking) { /* null, or no reasoning delta */
+                assert_int_equal(a.reasoning_len, 0);
+                assert_true(stream ? !a.has_reasoning : a.has_reasoning && a.reasoning == NULL);
+            } else if (a.reasoning_len != r_len || memcmp(a.reasoning, want, r_len) != 0) {
+                fail_msg("thinking, stream %d: the reasoning (%zu bytes) is not hpd-run's "
+                         "text before </think> (%zu bytes)", stream, a.reasoning_len, r_len);
+            }
+            answer_free(&a);
+        }
+        print_message("thinking %s: %zu bytes of reasoning, %zu of content, as hpd-run's "
+                      "text splits\n", thinking ? "on" : "off", r_len, strlen(content));
+        free(want);
+        free(ids);
+    }
     cl.passed++;
 }
 
@@ -937,7 +1008,7 @@ static int setup(void **state)
     char keys[400], http_file[400];
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 9;
+    cl.cases = 10;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
@@ -972,6 +1043,7 @@ int main(void)
         cmocka_unit_test(test_models_and_tokenize),
         cmocka_unit_test(test_completions_as_hpd_run),
         cmocka_unit_test(test_chat_as_hpd_run),
+        cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_msgpack_text),
