@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "common/kv_layout.h"
+#include "common/logprobs.h"
 #include "cache/prefix_cache.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -98,6 +99,11 @@ typedef struct {
     uint32_t n_stop;
     bool ignore_eos;
     uint32_t min_tokens;
+    /* Each generated token's log probability, and the top_logprobs (at
+     * most HPD_MAX_TOP_LOGPROBS) most likely tokens' (common/logprobs.h),
+     * from the logits the sampler saw (hpd_engine_logprobs) */
+    bool logprobs;
+    uint32_t top_logprobs;
 } hpd_request_params_t;
 
 #define HPD_MAX_STOP_IDS 64
@@ -169,6 +175,13 @@ void hpd_engine_release(hpd_engine_t *engine, uint64_t id);
 /* Pages and slots in use, for leak checks and status. */
 void hpd_engine_usage(const hpd_engine_t *engine, uint32_t *pages_used_p, uint32_t *pages_total_p,
                       uint32_t *slots_used_p, uint32_t *slots_total_p);
+
+/* The log probabilities of a request's tokens so far (it asked for them:
+ * else HPD_ERR_NOT_FOUND): lp[i] is token i's; a token the engine did not
+ * sample (a decode side's first token, from the prefill side) has a NaN
+ * logprob and no top. Valid until the next step or release. */
+hpd_status_t hpd_engine_logprobs(const hpd_engine_t *engine, uint64_t id,
+                                 const hpd_token_logprobs_t **lp_p, uint32_t *n_p);
 
 /* What the prefix cache gave a request. */
 typedef struct {

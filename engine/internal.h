@@ -31,6 +31,8 @@ typedef struct {
     hpd_finish_reason_t finish_reason;
     int32_t *out; /* [max_tokens] */
     uint32_t n_out;
+    hpd_token_logprobs_t *lp; /* [max_tokens] when asked for (rank 0 fills it) */
+    uint32_t top_logprobs;
     uint32_t n_done;   /* tokens whose KV and state are computed */
     uint32_t slot;     /* 0: none */
     uint32_t n_blocks; /* pages per pack group */

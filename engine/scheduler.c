@@ -37,6 +37,7 @@ void hpd_engine_request_destroy(request_t *r)
     free(r->replay);
     free(r->stop_ids);
     free(r->out);
+    free(r->lp);
     free(r->hashes);
     free(r);
 }
@@ -82,6 +83,11 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
                       HPD_MAX_STOP_IDS);
         return HPD_ERR_INVALID_ARG;
     }
+    if (p->top_logprobs > HPD_MAX_TOP_LOGPROBS || (p->top_logprobs > 0 && !p->logprobs)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "top logprobs %u (expected at most %d, with logprobs)",
+                      p->top_logprobs, HPD_MAX_TOP_LOGPROBS);
+        return HPD_ERR_INVALID_ARG;
+    }
     if (p->min_tokens > p->max_tokens) {
         HPD_LOG_ERROR(LOG_COMPONENT, "min tokens %u exceeds max tokens %u", p->min_tokens,
                       p->max_tokens);
@@ -122,7 +128,11 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     r->out = malloc(p->max_tokens * sizeof(int32_t));
     r->replay = malloc((p->n_replay + 1) * sizeof(int32_t));
     r->stop_ids = malloc((p->n_stop + 1) * sizeof(int32_t));
-    if (r->prompt == NULL || r->out == NULL || r->replay == NULL || r->stop_ids == NULL) {
+    if (p->logprobs)
+        r->lp = calloc(p->max_tokens, sizeof(*r->lp));
+    r->top_logprobs = p->top_logprobs;
+    if (r->prompt == NULL || r->out == NULL || r->replay == NULL || r->stop_ids == NULL ||
+        (p->logprobs && r->lp == NULL)) {
         hpd_engine_request_destroy(r);
         return HPD_ERR_NO_MEMORY;
     }
@@ -403,6 +413,14 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
     for (uint32_t i = 0; i < bt->n_logits; i++) {
         request_t *r = e->logit_items[i]->req;
         r->out[r->n_out] = r->n_out < r->n_replay ? r->replay[r->n_out] : e->sampled[i];
+        /* from the logits the sampler saw; rank 0's, which has them whole */
+        if (r->lp != NULL && e->rank == 0) {
+            if ((st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
+                                          V * sizeof(float))) != HPD_OK)
+                return st;
+            hpd_logprobs_compute(e->logits_host, V, r->out[r->n_out], r->top_logprobs,
+                                 &r->lp[r->n_out]);
+        }
         r->n_out++;
     }
     return HPD_OK;
@@ -539,6 +557,17 @@ static void release_rank(hpd_engine_t *e, uint64_t id)
     e->reqs[id - 1] = NULL;
 }
 
+hpd_status_t hpd_engine_logprobs(const hpd_engine_t *e, uint64_t id,
+                                 const hpd_token_logprobs_t **lp_p, uint32_t *n_p)
+{
+    const request_t *r = find(e, id);
+    if (r == NULL || r->lp == NULL)
+        return HPD_ERR_NOT_FOUND;
+    *lp_p = r->lp;
+    *n_p = r->n_out;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
                                      hpd_request_info_t *info)
 {
@@ -606,6 +635,8 @@ static hpd_status_t start_rank(hpd_engine_t *e, uint64_t id, int32_t first_token
         return HPD_ERR_NO_MEMORY;
     r->n_done = r->n_prompt;
     r->out[0] = first_token;
+    if (r->lp != NULL) /* sampled by the prefill side, which has its logprobs */
+        r->lp[0] = (hpd_token_logprobs_t){.logprob = NAN};
     r->n_out = 1;
     r->state = HPD_REQ_RUNNING;
     e->n_running++;

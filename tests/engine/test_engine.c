@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "engine/engine.h"
 #include "tests/engine/fixture.h"
@@ -409,6 +410,103 @@ static void test_stop_tokens(void **state)
     model->config = saved;
 }
 
+/* every logits row the engine gives each of two requests (ids 1 and 2), in order */
+typedef struct {
+    float rows[12][512];
+    uint32_t n;
+} rows_t;
+
+static void keep_rows(void *arg, uint64_t id, uint32_t position, const float *logits,
+                      uint32_t vocab)
+{
+    rows_t *r = (rows_t *)arg + (id - 1);
+    if (id >= 1 && id <= 2 && r->n < 12) /* (later requests are not looked at) */
+        memcpy(r->rows[r->n++], logits, vocab * sizeof(float));
+}
+
+/* Log probabilities: each token's is the log-softmax of the logits it was
+ * sampled from (common/logprobs.h, bit for bit), the top ones the largest
+ * logits in order, greedy's token the first of them; a request without
+ * them has none; more than 20 top ones are refused. */
+static void test_logprobs(void **state)
+{
+    int32_t prompt[40];
+    prompt_of(prompt, 40, 9);
+    static rows_t all[2];
+    hpd_engine_params_t ep;
+    hpd_engine_params_init(&ep);
+    ep.logits_cb = keep_rows;
+    ep.logits_cb_arg = all;
+    hpd_engine_t *e = engine_with(&ep, model);
+    /* a greedy request with 5 top ones and a sampled one with 20, in one batch */
+    uint64_t ids[2];
+    for (int sampled = 0; sampled < 2; sampled++) {
+        hpd_request_params_t p = {.prompt = prompt + sampled, .n_prompt = 39, .max_tokens = 12,
+                                  .sampling = {.top_p = 1}, .ignore_eos = true,
+                                  .logprobs = true, .top_logprobs = sampled ? 20 : 5};
+        if (sampled)
+            p.sampling = (hpd_sampling_t){.temperature = 0.9f, .top_p = 0.9f, .top_k = 30,
+                                          .seed = 3};
+        assert_int_equal(hpd_engine_submit(e, &p, &ids[sampled]), HPD_OK);
+    }
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    for (int sampled = 0; sampled < 2; sampled++) {
+        const uint64_t id = ids[sampled];
+        const rows_t *rows = &all[id - 1];
+        const uint32_t top = sampled ? 20 : 5;
+        const int32_t *toks;
+        uint32_t n, n_lp;
+        hpd_request_state_t st;
+        const hpd_token_logprobs_t *lp;
+        assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+        assert_int_equal(hpd_engine_logprobs(e, id, &lp, &n_lp), HPD_OK);
+        assert_int_equal(n_lp, 12);
+        assert_int_equal(rows->n, 12);
+        for (uint32_t t = 0; t < 12; t++) {
+            hpd_token_logprobs_t want;
+            hpd_logprobs_compute(rows->rows[t], 512, toks[t], top, &want);
+            if (memcmp(&lp[t].logprob, &want.logprob, 4) != 0 || lp[t].n_top != want.n_top ||
+                memcmp(lp[t].top_ids, want.top_ids, want.n_top * 4) != 0 ||
+                memcmp(lp[t].top_logprobs, want.top_logprobs, want.n_top * 4) != 0)
+                fail_msg("token %u: logprobs are not the log-softmax of its logits", t);
+            assert_true(lp[t].logprob <= 0.0f);
+            for (uint32_t k = 0; k < want.n_top; k++) {
+                const int32_t id_k = lp[t].top_ids[k];
+                /* the top ones: no larger logit left out, in order */
+                for (uint32_t v = 0; v < 512; v++) {
+                    bool in = false;
+                    for (uint32_t q = 0; q <= k; q++)
+                        in |= lp[t].top_ids[q] == (int32_t)v;
+                    assert_true(in || rows->rows[t][v] < rows->rows[t][id_k] ||
+                                (rows->rows[t][v] == rows->rows[t][id_k] && (int32_t)v > id_k));
+                }
+            }
+            if (!sampled)
+                assert_int_equal(lp[t].top_ids[0], toks[t]);
+            /* the log-softmax, within rounding of a float reference */
+            double z = 0;
+            for (uint32_t v = 0; v < 512; v++)
+                z += exp((double)rows->rows[t][v]);
+            const double ref = (double)rows->rows[t][toks[t]] - log(z);
+            assert_true(fabs(lp[t].logprob - ref) < 1e-4);
+        }
+        hpd_engine_release(e, id);
+    }
+    /* none asked for: none; more than 20: refused */
+    hpd_request_params_t p = {.prompt = prompt, .n_prompt = 40, .max_tokens = 2,
+                              .sampling = {.top_p = 1}};
+    uint64_t id;
+    const hpd_token_logprobs_t *lp;
+    uint32_t n_lp;
+    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_logprobs(e, id, &lp, &n_lp), HPD_ERR_NOT_FOUND);
+    p.logprobs = true;
+    p.top_logprobs = 21;
+    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_ERR_INVALID_ARG);
+    hpd_engine_destroy(e);
+}
+
 /* A pool that fits one request at a time: requests wait, all finish with the
  * same tokens, one that can never fit fails alone, nothing leaks. */
 static void test_pool_pressure_and_cancel(void **state)
@@ -504,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_defaults_and_plan),
         cmocka_unit_test(test_stop_tokens),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_pool_pressure_and_cancel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

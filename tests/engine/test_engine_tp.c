@@ -42,6 +42,7 @@ typedef struct {
     uint32_t cached[N_REQ + 1];
     uint64_t logits[MAX_LOGITS];
     uint32_t n_logits;
+    uint64_t logprobs; /* hash of request 1's log probabilities (20 top ones a token) */
 } run_t;
 
 static void keep_logits(void *arg, uint64_t id, uint32_t position, const float *logits,
@@ -107,7 +108,9 @@ static uint64_t submit(hpd_engine_t *e, const int32_t *prompt, uint32_t n, uint6
                                            .top_p = seed ? 0.95f : 1.0f,
                                            .top_k = seed ? 50 : 0,
                                            .seed = seed},
-                              .ignore_eos = true};
+                              .ignore_eos = true,
+                              .logprobs = seed == 1234,
+                              .top_logprobs = seed == 1234 ? 20 : 0};
     uint64_t id;
     assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
     return id;
@@ -150,6 +153,11 @@ static void workload(const char *dir, uint32_t tp, run_t *out)
         out->cached[i] = info.cached_tokens;
     }
     assert_true(out->cached[3] >= 64); /* the hit happened */
+    const hpd_token_logprobs_t *lp;
+    uint32_t n_lp;
+    assert_int_equal(hpd_engine_logprobs(k.engine, ids[1], &lp, &n_lp), HPD_OK);
+    assert_int_equal(n_lp, out->n_tokens[1]);
+    out->logprobs = XXH3_64bits(lp, n_lp * sizeof(*lp));
     assert_int_equal(hpd_engine_audit(k.engine), 0);
     ranks_close(&k);
 }
@@ -169,6 +177,8 @@ static void same_bits(const char *name, const char *args)
             if (memcmp(got.tokens[i], one.tokens[i], one.n_tokens[i] * sizeof(int32_t)) != 0)
                 fail_msg("%s at tp %u: request %u's tokens differ from tp 1's", name, tp, i);
         }
+        if (got.logprobs != one.logprobs)
+            fail_msg("%s at tp %u: request 1's logprobs differ from tp 1's", name, tp);
         assert_int_equal(got.n_logits, one.n_logits);
         for (uint32_t i = 0; i < one.n_logits; i++)
             if (got.logits[i] != one.logits[i])
