@@ -209,6 +209,15 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.push_ms = g.push_ms;
         r.exposed_push_ms = g.exposed_push_ms;
         memcpy(r.finish_reason, g.finish_reason, sizeof(r.finish_reason));
+        char why[200];
+        if (g.logprobs != NULL &&
+            ((r.logprobs = malloc((r.n_tokens + 1) * sizeof(*r.logprobs))) == NULL ||
+             !hpd_logprobs_decode(g.logprobs, g.logprobs_len, r.n_tokens, g.top_logprobs,
+                                  UINT32_MAX, r.logprobs, why, sizeof(why)))) {
+            r.status = HPD_ERR_FORMAT;
+            snprintf(r.error, sizeof(r.error), "bad reply: %s",
+                     r.logprobs == NULL ? "out of memory" : why);
+        }
         if (g.text != NULL && (r.text = malloc(g.text_len + 1)) != NULL) {
             memcpy(r.text, g.text, g.text_len);
             r.text[g.text_len] = '\0';
@@ -223,6 +232,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         q->on_done(q->arg, q->handle, &r);
     free(r.tokens);
     free(r.text);
+    free(r.logprobs);
     drop(c, q);
 }
 
@@ -286,7 +296,9 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .thinking = p->thinking,
                                            .detokenize = p->detokenize,
                                            .stop_raw = p->n_stops ? stops.sb.data : NULL,
-                                           .stop_raw_len = (uint32_t)stops.sb.size},
+                                           .stop_raw_len = (uint32_t)stops.sb.size,
+                                           .logprobs = p->logprobs,
+                                           .top_logprobs = p->top_logprobs},
                      &b.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);
@@ -353,6 +365,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     *s->out = *r;
     r->tokens = NULL; /* ours now */
     r->text = NULL;
+    r->logprobs = NULL;
 }
 
 static void sync_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids,
@@ -389,6 +402,8 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
     r->tokens = NULL;
     free(r->text);
     r->text = NULL;
+    free(r->logprobs);
+    r->logprobs = NULL;
 }
 
 hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)

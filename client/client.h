@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/logprobs.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "transport/rpc.h"
@@ -47,6 +48,10 @@ typedef struct {
     uint32_t n_stops;
     void (*on_text)(void *text_arg, uint64_t handle, const char *piece, size_t len);
     void *text_arg;
+    /* each token's log probability and its top_logprobs (<= 20) most likely
+     * tokens' (result.logprobs) */
+    bool logprobs;
+    uint32_t top_logprobs;
 } hpd_generate_params_t;
 
 typedef struct {
@@ -59,6 +64,7 @@ typedef struct {
     uint32_t prompt_tokens, cached_tokens, attempts;
     char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
     char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
+    hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
     size_t text_len;
     double ttft_ms, total_ms; /* measured by the coordinator */
     double prefill_ms;        /* the prefill node's compute (last attempt) */
@@ -71,7 +77,7 @@ typedef struct {
 typedef void (*hpd_client_token_cb_t)(void *arg, uint64_t handle, uint32_t index,
                                       const int32_t *ids, uint32_t n);
 /* The end of a request; result is valid during the call (take ownership of
- * result->tokens by setting it to NULL). */
+ * result->tokens, text or logprobs by setting it to NULL). */
 typedef void (*hpd_client_done_cb_t)(void *arg, uint64_t handle, hpd_generate_result_t *result);
 
 /* Connects and authenticates (HPD_ERR_IO: unreachable; HPD_ERR_INVALID_ARG:

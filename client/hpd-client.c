@@ -44,6 +44,9 @@ static void usage(FILE *f)
             "                          end-of-sequence ids)\n"
             "    --ignore-eos          do not stop at the model's end-of-sequence ids\n"
             "    --min-tokens N        tokens before a stop token counts (0)\n"
+            "    --logprobs N          after each prompt's ids, a line of their log\n"
+            "                          probabilities and the N (0 to 20) most likely\n"
+            "                          tokens' (as hpd-run --logprobs N)\n"
             "    --stream              print tokens as they arrive\n"
             "    --concurrency N       requests in flight at once (64)\n"
             "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
@@ -98,6 +101,8 @@ static void flush_output(void)
         if (!G.done[i])
             break;
         printf("\n");
+        if (G.results[i].logprobs != NULL) /* a line of them after the ids' */
+            hpd_logprobs_print(stdout, G.results[i].logprobs, G.results[i].n_tokens);
         G.printed++;
         G.streamed_on_line = 0;
     }
@@ -133,6 +138,7 @@ static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
         return;
     G.results[i] = *r;
     r->tokens = NULL;
+    r->logprobs = NULL;
     G.done[i] = true;
     G.n_done++;
     if (G.results[i].status != HPD_OK)
@@ -357,7 +363,7 @@ int main(int argc, char **argv)
 {
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
-           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK };
+           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -369,7 +375,7 @@ int main(int argc, char **argv)
         {"stop-ids", 1, 0, O_STOP}, {"ignore-eos", 0, 0, O_NOEOS},
         {"min-tokens", 1, 0, O_MINTOK}, {"prompt", 1, 0, O_PROMPT}, {"text", 0, 0, O_TEXT},
         {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
-        {0, 0, 0, 0}};
+        {"logprobs", 1, 0, O_LOGPROBS}, {0, 0, 0, 0}};
     const char *prompt = NULL, *system = NULL, *stops[16];
     bool print_text = false;
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
@@ -457,6 +463,12 @@ int main(int argc, char **argv)
             gp.min_tokens = (uint32_t)v;
             break;
         case O_JSON: as_json = true; break;
+        case O_LOGPROBS: /* N top ones (0: the token's alone) */
+            if (hpd_parse_u64(optarg, 0, HPD_MAX_TOP_LOGPROBS, &v) != 0)
+                goto bad_number;
+            gp.logprobs = true;
+            gp.top_logprobs = (uint32_t)v;
+            break;
         case O_PROMPT: prompt = optarg; break;
         case O_TEXT: print_text = true; break;
         case O_SYSTEM: system = optarg; break;

@@ -117,3 +117,13 @@ bool hpd_logprobs_decode(const uint8_t *in, size_t bytes, uint32_t n, uint32_t t
     }
     return true;
 }
+
+void hpd_logprobs_print(FILE *f, const hpd_token_logprobs_t *lp, uint32_t n)
+{
+    for (uint32_t t = 0; t < n; t++) {
+        fprintf(f, t ? " %.9g" : "%.9g", lp[t].logprob);
+        for (uint32_t k = 0; k < lp[t].n_top; k++)
+            fprintf(f, "%c%d=%.9g", k ? ',' : '|', lp[t].top_ids[k], lp[t].top_logprobs[k]);
+    }
+    fprintf(f, "\n");
+}

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define HPD_MAX_TOP_LOGPROBS 20
 
@@ -34,5 +35,10 @@ void hpd_logprobs_encode(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t to
  * or above 0, or an id is outside [0, vocab). */
 bool hpd_logprobs_decode(const uint8_t *in, size_t bytes, uint32_t n, uint32_t top,
                          uint32_t vocab, hpd_token_logprobs_t *out, char *why, size_t why_len);
+
+/* One line for n tokens' log probabilities, as hpd-run and hpd-client print
+ * them: per token, space-separated, its logprob then, with top ones,
+ * "|ID=LP,ID=LP..." (%.9g: the float's exact value reads back). */
+void hpd_logprobs_print(FILE *f, const hpd_token_logprobs_t *lp, uint32_t n);
 
 #endif

@@ -6,6 +6,7 @@
 
 #include "common/kv_layout.h"
 #include "common/log.h"
+#include "common/logprobs.h"
 #include "common/sampling.h"
 #include "common/util.h"
 
@@ -140,6 +141,8 @@ const hpd_opt_t hpd_options[] = {
         "cache counters", RUN, NULL),
     TXT("logits-out", "FILE", NULL, "write the logits of the last step of the first prompt\n"
         "as little-endian float32", RUN, NULL),
+    INT("logprobs", U32, 0, HPD_MAX_TOP_LOGPROBS, 1, NULL, "after each prompt's tokens, a line "
+        "of their log\nprobabilities and the N most likely tokens'", RUN, NULL),
 };
 const size_t hpd_n_options = sizeof(hpd_options) / sizeof(hpd_options[0]);
 

@@ -99,6 +99,9 @@ typedef struct req {
     hpd_block_hash_t *hashes;
     int32_t *out;
     uint32_t n_out;
+    /* the tokens' log probabilities ([max_tokens]; NULL: not asked for) */
+    hpd_token_logprobs_t *lp;
+    uint32_t top_logprobs;
     hpd_req_fsm_t fsm;
     uint64_t job;          /* the current attempt's; 0 while queued */
     node_t *pnode, *dnode; /* the current attempt's nodes (NULL: none, or lost) */
@@ -267,6 +270,7 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r->stop_ids);
     free(r->hashes);
     free(r->out);
+    free(r->lp);
     free(r);
 }
 
@@ -276,7 +280,7 @@ static void stream(req_t *r, uint32_t from)
 {
     uint32_t keep = r->n_out;
     if (r->sink.tokens != NULL && !r->stopped && from < r->n_out &&
-        !r->sink.tokens(r->sink.arg, r->out, from, r->n_out, &keep)) {
+        !r->sink.tokens(r->sink.arg, r->out, r->lp, from, r->n_out, &keep)) {
         r->stopped = true;
         if (keep > from && keep < r->n_out)
             r->n_out = keep;
@@ -297,6 +301,8 @@ static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const 
                                     .error = why,
                                     .request = r->id,
                                     .tokens = r->out,
+                                    .logprobs = r->lp,
+                                    .top_logprobs = r->top_logprobs,
                                     .n_tokens = r->n_out,
                                     .prompt_tokens = r->n_prompt,
                                     .cached_tokens = r->cached_tokens,
@@ -312,6 +318,8 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
                                     .request = r->id,
                                     .tokens = r->out,
+                                    .logprobs = r->lp,
+                                    .top_logprobs = r->top_logprobs,
                                     .n_tokens = r->n_out,
                                     .finish_reason = r->finish_reason,
                                     .prompt_tokens = r->n_prompt,
@@ -498,7 +506,8 @@ static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *
 
 /* Appends tokens reported from index `index` on; earlier ones (replayed
  * after a failover) must match what the client already has. */
-static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
+static void add_tokens(req_t *r, uint32_t index, const int32_t *ids,
+                       const hpd_token_logprobs_t *lp, uint32_t n)
 {
     const uint32_t before = r->n_out;
     if (r->stopped)
@@ -510,6 +519,8 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
                 HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "token %u is %d after a retry, %d "
                                "before (determinism broken)", pos, ids[i], r->out[pos]);
         } else if (pos == r->n_out && r->n_out < r->max_tokens) {
+            if (r->lp != NULL && lp != NULL)
+                r->lp[r->n_out] = lp[i];
             r->out[r->n_out++] = ids[i];
         }
     }
@@ -519,14 +530,14 @@ static void add_tokens(req_t *r, uint32_t index, const int32_t *ids, uint32_t n)
 }
 
 /* A hedge's tokens go to its primary (whose sink may stop both). */
-static bool hedge_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n,
-                         uint32_t *keep_p)
+static bool hedge_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t *lp,
+                         uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     req_t *h = arg, *r = h->primary;
     *keep_p = n;
     if (r == NULL)
         return false; /* its primary ended: it is canceled */
-    add_tokens(r, from, out + from, n - from);
+    add_tokens(r, from, out + from, lp != NULL ? lp + from : NULL, n - from);
     return !r->stopped;
 }
 
@@ -581,6 +592,15 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     h->min_tokens = r->min_tokens;
     memcpy(h->out, r->out, r->n_out * sizeof(int32_t));
     h->n_out = r->n_out;
+    if (r->lp != NULL) {
+        if ((h->lp = calloc(h->max_tokens, sizeof(*h->lp))) == NULL) {
+            h->primary = NULL;
+            r->hedge = NULL;
+            return false; /* (it is freed as a hedge whose primary ended) */
+        }
+        memcpy(h->lp, r->lp, r->n_out * sizeof(*r->lp));
+        h->top_logprobs = r->top_logprobs;
+    }
     h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
     r->hedge = h;
     r->hedges++;
@@ -768,7 +788,14 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     r->push_ms = m.push_ms;
     r->exposed_push_ms = m.exposed_push_ms;
     const int32_t t = (int32_t)m.first_token;
-    add_tokens(r, 0, &t, 1);
+    hpd_token_logprobs_t lp0;
+    char why[200];
+    if (r->lp != NULL && !hpd_logprobs_decode(m.logprobs, m.logprobs_len, 1, r->top_logprobs,
+                                              p->vocab, &lp0, why, sizeof(why))) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, why);
+        return;
+    }
+    add_tokens(r, 0, &t, r->lp != NULL ? &lp0 : NULL, 1);
     if (r->stopped) {
         req_event(c, r, HPD_REQ_EV_CANCEL, "its first token ended it (a stop string)");
         return;
@@ -842,7 +869,9 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                                       .sampling_raw = samp.sb.data,
                                       .sampling_raw_len = (uint32_t)samp.sb.size,
                                       .decode_raw = dest.sb.data,
-                                      .decode_raw_len = (uint32_t)dest.sb.size};
+                                      .decode_raw_len = (uint32_t)dest.sb.size,
+                                      .logprobs = r->lp != NULL,
+                                      .top_logprobs = r->top_logprobs};
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
     hpd_rpc_buf_destroy(&dest);
@@ -946,7 +975,9 @@ static void schedule(hpd_coord_t *c)
                                           .stop_token_ids = r->stop_ids,
                                           .stop_token_ids_n = r->n_stop,
                                           .ignore_eos = r->ignore_eos,
-                                          .min_tokens = r->min_tokens},
+                                          .min_tokens = r->min_tokens,
+                                          .logprobs = r->lp != NULL,
+                                          .top_logprobs = r->top_logprobs},
                      &b.pk);
         hpd_rpc_buf_destroy(&samp);
         call_ctx_t *x = ctx_new(c, r->job, d->id);
@@ -1064,7 +1095,19 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
                           n->name);
         req_event(c, r, HPD_REQ_EV_DECODE_ENDED, "decode on %s: %s", n->name, m.error);
     } else if (r->fsm.state == HPD_REQ_DECODING) {
-        add_tokens(r, m.index, m.ids, m.ids_n);
+        hpd_token_logprobs_t *lp = NULL;
+        char why[200] = "out of memory";
+        if (r->lp != NULL && m.ids_n > 0 &&
+            ((lp = malloc(m.ids_n * sizeof(*lp))) == NULL ||
+             !hpd_logprobs_decode(m.logprobs, m.logprobs_len, m.ids_n, r->top_logprobs,
+                                  n->vocab, lp, why, sizeof(why)))) {
+            free(lp);
+            req_event(c, r, HPD_REQ_EV_FAILED, "decode on %s: bad tokens: %s", n->name, why);
+            hpd_msg_free(&hpd_msg_tokens, &m);
+            return;
+        }
+        add_tokens(r, m.index, m.ids, lp, m.ids_n);
+        free(lp);
         if (r->stopped && !m.done) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "its client stopped it (a stop string)");
         } else if (m.done) {
@@ -1475,6 +1518,12 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     hpd_route_node_t *view;
     req_t *r = NULL;
 
+    if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS || (q->top_logprobs > 0 && !q->logprobs)) {
+        snprintf(err, err_len, "generate: top_logprobs is %u (expected at most %d, with "
+                 "logprobs)", q->top_logprobs, HPD_MAX_TOP_LOGPROBS);
+        hpd_metric_inc(c->m.invalid, 1);
+        return HPD_RPC_ERR_PARAMS;
+    }
     if ((view = route_view(c, &n, &map)) == NULL) {
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
@@ -1510,14 +1559,19 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     req_t **tail = &c->reqs;
     while (*tail != NULL)
         tail = &(*tail)->next;
-    if ((r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
+    hpd_token_logprobs_t *lp = NULL;
+    if ((q->logprobs && (lp = calloc(q->max_tokens, sizeof(*lp))) == NULL) ||
+        (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
                      tail)) == NULL) {
+        free(lp);
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
     }
     r->ignore_eos = q->ignore_eos;
     r->min_tokens = q->min_tokens;
     r->sampling = q->sampling;
+    r->lp = lp;
+    r->top_logprobs = q->top_logprobs;
     if (c->o.no_generation_defaults) { /* what the client left out: greedy */
         if (isnan(r->sampling.temperature))
             r->sampling.temperature = 0;
@@ -1585,6 +1639,7 @@ typedef struct {
     char *text; /* the answer's text so far */
     size_t text_len, text_cap;
     bool bad_token;
+    uint32_t top_logprobs; /* the request asked for logprobs with these top ones */
 } rpc_sink_t;
 
 static void rpc_sink_free(rpc_sink_t *s)
@@ -1606,8 +1661,8 @@ static bool add_text(rpc_sink_t *s, const char *piece, size_t len)
     return true;
 }
 
-static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n,
-                       uint32_t *keep_p)
+static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t *lp,
+                       uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     rpc_sink_t *s = arg;
     hpd_rpc_buf_t b;
@@ -1626,17 +1681,29 @@ static bool rpc_tokens(void *arg, const int32_t *out, uint32_t from, uint32_t n,
         upto = i + 1;
     }
     if (s->stream) {
+        /* the ids' log probabilities, when asked for */
+        uint8_t *wire = lp != NULL && upto > from
+                            ? malloc(hpd_logprobs_wire_bytes(upto - from, s->top_logprobs))
+                            : NULL;
+        if (wire != NULL)
+            hpd_logprobs_encode(lp + from, upto - from, s->top_logprobs, wire);
         hpd_rpc_buf_init(&b);
         hpd_msg_pack(&hpd_msg_stream,
-                     &(hpd_msg_stream_t){.tag = s->tag,
-                                         .index = from,
-                                         .ids = out + from,
-                                         .ids_n = upto - from,
-                                         .text = s->text + text_before,
-                                         .text_len = (uint32_t)(s->text_len - text_before)},
+                     &(hpd_msg_stream_t){
+                         .tag = s->tag,
+                         .index = from,
+                         .ids = out + from,
+                         .ids_n = upto - from,
+                         .text = s->text + text_before,
+                         .text_len = (uint32_t)(s->text_len - text_before),
+                         .logprobs = wire,
+                         .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
+                                                            upto - from, s->top_logprobs)
+                                                      : 0},
                      &b.pk);
         hpd_rpc_notify(s->conn, "tokens", &b);
         hpd_rpc_buf_destroy(&b);
+        free(wire);
     }
     *keep_p = upto;
     return more;
@@ -1669,11 +1736,20 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
                                  .push_ms = res->push_ms,
                                  .exposed_push_ms = res->exposed_push_ms};
         snprintf(g.finish_reason, sizeof(g.finish_reason), "%s", res->finish_reason);
+        uint8_t *wire = NULL;
+        if (res->logprobs != NULL && res->n_tokens > 0 &&
+            (wire = malloc(hpd_logprobs_wire_bytes(res->n_tokens, res->top_logprobs))) != NULL) {
+            hpd_logprobs_encode(res->logprobs, res->n_tokens, res->top_logprobs, wire);
+            g.logprobs = wire;
+            g.logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(res->n_tokens, res->top_logprobs);
+            g.top_logprobs = res->top_logprobs;
+        }
         hpd_rpc_buf_t b;
         hpd_rpc_buf_init(&b);
         hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
         hpd_rpc_reply(s->conn, s->call_id, &b);
         hpd_rpc_buf_destroy(&b);
+        free(wire);
     } else if (res->outcome == HPD_COORD_FAILED) {
         hpd_rpc_reply_error(s->conn, s->call_id, res->code, "%s", res->error);
     } else { /* a closed connection is not answered (nothing is sent) */
@@ -1806,7 +1882,8 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                       .call_id = id,
                       .tag = g.tag,
                       .stream = g.stream,
-                      .detokenize = g.detokenize || g.stop != NULL};
+                      .detokenize = g.detokenize || g.stop != NULL,
+                      .top_logprobs = g.top_logprobs};
     bool ok = true;
     if (s->detokenize && c->text == NULL) {
         snprintf(why, sizeof(why), "generate: detokenize and stop need the coordinator's "
@@ -1842,7 +1919,9 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .who = hpd_rpc_conn_who(conn),
                              .stream = g.stream,
                              .owner = conn,
-                             .tag = g.tag};
+                             .tag = g.tag,
+                             .logprobs = g.logprobs,
+                             .top_logprobs = g.top_logprobs};
     /* what the client left out: the model's defaults (see submit) */
     if (hpd_rpc_map_get(params, "temperature") == NULL)
         q.sampling.temperature = NAN;

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/logprobs.h"
+
 #include "common/metrics.h"
 #include "common/sampling.h"
 #include "common/status.h"
@@ -69,6 +71,10 @@ typedef struct {
      * cancel by tag and its close find the request (NULL: none) */
     const void *owner;
     uint64_t tag;
+    /* each token's log probability and its top_logprobs (<= 20) most
+     * likely tokens' (common/logprobs.h) */
+    bool logprobs;
+    uint32_t top_logprobs;
 } hpd_coord_request_t;
 
 typedef enum {
@@ -83,7 +89,8 @@ typedef struct {
     const char *error; /* FAILED, CANCELED: why */
     uint64_t request;
     const int32_t *tokens;
-    uint32_t n_tokens;
+    const hpd_token_logprobs_t *logprobs; /* [n_tokens] when asked for; else NULL */
+    uint32_t n_tokens, top_logprobs;
     const char *finish_reason; /* FINISHED: "stop" or "length" */
     uint32_t prompt_tokens, cached_tokens, attempts;
     float ttft_ms, total_ms, prefill_ms, push_ms, exposed_push_ms;
@@ -94,12 +101,12 @@ typedef struct {
  * and done comes at its end. */
 typedef struct {
     /* tokens[from, n) are new (in order; a failover's replay is not
-     * repeated). Returning false ends the request here (a stop string)
+     * repeated), with their logprobs[from, n) when asked for (else NULL). Returning false ends the request here (a stop string)
      * with its first *keep_p tokens (from < *keep_p <= n): the nodes free
      * what they hold and it finishes as "stop". NULL: only the end is
      * wanted. */
-    bool (*tokens)(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
-                   uint32_t *keep_p);
+    bool (*tokens)(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *logprobs,
+                   uint32_t from, uint32_t n, uint32_t *keep_p);
     /* the end, exactly once; the request is gone when it returns */
     void (*done)(void *arg, const hpd_coord_result_t *res);
     void *arg;

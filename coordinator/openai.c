@@ -584,8 +584,8 @@ static void call_free(call_t *k)
     free(k);
 }
 
-static bool on_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
-                      uint32_t *keep_p)
+static bool on_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *lp,
+                      uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     call_t *k = arg;
     for (uint32_t i = from; i < n; i++) {

@@ -37,6 +37,8 @@ typedef struct dreq {
     hpd_join_t join; /* notice and start (decode_node/join.h) */
     int32_t first_token;
     uint32_t n_sent;      /* tokens already streamed (index of the next one) */
+    bool logprobs;        /* the tokens' log probabilities go with them */
+    uint32_t top_logprobs;
     struct event *expiry;
     struct dreq *next;
 } dreq_t;
@@ -100,10 +102,23 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
         hpd_engine_request_info(d->node->engine, r->eng_id, &info) == HPD_OK)
         snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
                  hpd_finish_reason_name(info.finish_reason));
+    /* the log probabilities of these ids (from index 1: the first is the
+     * prefill node's) */
+    const hpd_token_logprobs_t *lp;
+    uint32_t n_lp;
+    uint8_t *wire = NULL;
+    if (r->logprobs && m.ids_n > 0 &&
+        hpd_engine_logprobs(d->node->engine, r->eng_id, &lp, &n_lp) == HPD_OK && n_lp >= n &&
+        (wire = malloc(hpd_logprobs_wire_bytes(m.ids_n, r->top_logprobs))) != NULL) {
+        hpd_logprobs_encode(lp + from, m.ids_n, r->top_logprobs, wire);
+        m.logprobs = wire;
+        m.logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(m.ids_n, r->top_logprobs);
+    }
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
     hpd_rpc_notify(r->conn, "tokens", &b);
     hpd_rpc_buf_destroy(&b);
+    free(wire);
     r->n_sent = n;
 }
 
@@ -234,6 +249,8 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     rp.n_stop = q.stop_token_ids_n;
     rp.ignore_eos = q.ignore_eos;
     rp.min_tokens = q.min_tokens;
+    rp.logprobs = q.logprobs;
+    rp.top_logprobs = q.logprobs ? q.top_logprobs : 0;
     if (find(d, job) != NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: job %llu already exists",
                             (unsigned long long)job);
@@ -266,6 +283,8 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     r->job = job;
     r->request = request;
     r->n_prompt = rp.n_prompt;
+    r->logprobs = rp.logprobs;
+    r->top_logprobs = rp.top_logprobs;
     r->t_reserved = hpd_time_now();
     r->conn = conn;
     r->n_sent = HPD_MAX(1u, rp.n_replay); /* the coordinator has these already */

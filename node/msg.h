@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/logprobs.h"
+
 #include "node/proto.h"
 
 typedef enum {
@@ -185,7 +187,9 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, request, U64, HPD_OPT, UINT64_MAX)                                                  \
     X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
     X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
-    X(T, decode, OBJ, HPD_REQ, 0)
+    X(T, decode, OBJ, HPD_REQ, 0)                                                            \
+    X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
 /* a node's stats map: the stats method's reply, and its heartbeat's
@@ -281,14 +285,16 @@ HPD_MSG_STRUCT(hpd_msg_registered_t, HPD_MSG_REGISTERED)
 HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
 
 /* tokens: a decode node's notification of a job's tokens, its end, or why
- * it failed */
+ * it failed; logprobs (a job that asked): the ids' log probabilities in
+ * common/logprobs.h's wire form, of the reserve's top_logprobs */
 #define HPD_MSG_TOKENS(T, X)                                                                \
     X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
     X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
     X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
     X(T, done, BOOL, HPD_REQ, 0)                                                             \
     X(T, error, STR, HPD_OPT, 160)                                                           \
-    X(T, finish_reason, STR, HPD_OPT, 8)
+    X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
+    X(T, logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
 
 /* cancel (coordinator -> a node: a job). To a decode node, writer names
@@ -305,14 +311,16 @@ HPD_MSG_STRUCT(hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
     X(T, first_token, U32, HPD_REQ, INT32_MAX)
 HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
 
-/* the prefill call's reply */
+/* the prefill call's reply; logprobs (a job that asked): the first
+ * token's, in common/logprobs.h's wire form */
 #define HPD_MSG_PREFILLED(T, X)                                                             \
     X(T, first_token, U32, HPD_REQ, INT32_MAX)                                               \
     X(T, cached_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
     X(T, queue_ms, F32, HPD_OPT, 0)                                                          \
     X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
-    X(T, exposed_push_ms, F32, HPD_OPT, 0)
+    X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
+    X(T, logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* reserve (coordinator -> decode node): a slot and pages for a request;
@@ -326,7 +334,9 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
     X(T, replay, IDS, HPD_OPT, INT32_MAX)                                                    \
     X(T, stop_token_ids, IDS, HPD_OPT, INT32_MAX)                                            \
     X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
-    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)
+    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
+    X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
 HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* ---- the client's messages (docs/protocol.md) */
@@ -355,7 +365,9 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, tag, U64, HPD_OPT, UINT64_MAX)                                                      \
     X(T, stop_token_ids, IDS, HPD_OPT, INT32_MAX)                                            \
     X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
-    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)
+    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
+    X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */
@@ -371,7 +383,9 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
     X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
-    X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */
+    X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */          \
+    X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
 
 /* tokens (coordinator -> a streaming client): ids from index on; with
@@ -381,7 +395,8 @@ HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
     X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
     X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
     X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
-    X(T, text, BIN, HPD_OPT, 0)
+    X(T, text, BIN, HPD_OPT, 0)                                                              \
+    X(T, logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
 
 /* cancel (client -> coordinator: the client's request of that tag) and

@@ -41,6 +41,9 @@ typedef struct job {
     int32_t *prompt;
     uint32_t n_prompt;
     hpd_sampling_t sampling;
+    bool logprobs;         /* the first token's log probabilities, with top_logprobs */
+    uint32_t top_logprobs;
+    hpd_token_logprobs_t first_lp;
     /* destination */
     uint64_t dst_node;
     hpd_xfer_peer_t *peer;
@@ -210,7 +213,14 @@ static void job_end(prefill_t *p, job_t *j)
                                 j->error);
             p->jobs_failed++;
         } else {
+            uint8_t lp[4 + 8 * HPD_MAX_TOP_LOGPROBS];
+            if (j->logprobs)
+                hpd_logprobs_encode(&j->first_lp, 1, j->top_logprobs, lp);
             const hpd_msg_prefilled_t m = {
+                .logprobs = j->logprobs ? lp : NULL,
+                .logprobs_len = j->logprobs
+                                    ? (uint32_t)hpd_logprobs_wire_bytes(1, j->top_logprobs)
+                                    : 0,
                 .first_token = (uint32_t)j->first_token,
                 .cached_tokens = j->cached_tokens,
                 .queue_ms = (float)((j->t_start - j->t_recv) * 1e3),
@@ -357,8 +367,12 @@ static void try_start(prefill_t *p)
             break; /* first come, first served */
         j->staging_off = off;
         j->staging_bytes = need;
-        hpd_request_params_t rp = {
-            .prompt = j->prompt, .n_prompt = j->n_prompt, .max_tokens = 1, .sampling = j->sampling};
+        hpd_request_params_t rp = {.prompt = j->prompt,
+                                   .n_prompt = j->n_prompt,
+                                   .max_tokens = 1,
+                                   .sampling = j->sampling,
+                                   .logprobs = j->logprobs,
+                                   .top_logprobs = j->top_logprobs};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
         if (st != HPD_OK) {
             j->eng_id = 0;
@@ -535,6 +549,11 @@ static void after_step(hpd_node_t *n)
             hpd_request_info_t info;
             j->t_computed = hpd_time_now();
             j->first_token = toks[0];
+            const hpd_token_logprobs_t *lp;
+            uint32_t n_lp;
+            if (j->logprobs && hpd_engine_logprobs(n->engine, j->eng_id, &lp, &n_lp) == HPD_OK &&
+                n_lp > 0)
+                j->first_lp = lp[0];
             if (hpd_engine_request_info(n->engine, j->eng_id, &info) == HPD_OK)
                 j->cached_tokens = info.cached_tokens;
             hpd_engine_release(n->engine, j->eng_id);
@@ -606,6 +625,8 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
         return false;
     j->id = pj.job;
     j->request = pj.request;
+    j->logprobs = pj.logprobs;
+    j->top_logprobs = pj.logprobs ? pj.top_logprobs : 0;
     j->prompt = (int32_t *)pj.prompt; /* the job owns it now */
     j->n_prompt = pj.prompt_n;
     for (uint32_t i = 0; i < j->n_prompt; i++)

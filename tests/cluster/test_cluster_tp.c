@@ -229,6 +229,58 @@ static void test_mixed_and_failover(void **state)
     cl.passed++;
 }
 
+/* Log probabilities through the cluster (here P TP 1 -> D TP 4, then all
+ * six nodes): every token's, and its 5 most likely tokens', printed as
+ * hpd-run --logprobs 5 prints them (%.9g: the floats' bits), equal hpd-run
+ * at TP 1's, greedy and seeded; the first token's come from the prefill
+ * node, the others from the decode node. */
+static void test_logprobs(void **state)
+{
+    (void)state;
+    static const char *const modes[2] = {"--no-generation-defaults",
+                                         "--temperature 0.8 --top-p 0.9 --top-k 40 --seed 7"};
+    for (int seeded = 0; seeded < 2; seeded++) {
+        char cmd[2048], line[65536];
+        snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s "
+                 "--prompts-file %s --max-tokens %d --threads 2 --logprobs 5 %s", HPD_RUN,
+                 cl.model, prompts_file, MAX_TOKENS, modes[seeded]);
+        FILE *ref = popen(cmd, "r");
+        assert_non_null(ref);
+        hpd_client_t *c = cl_client(&cl);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            hpd_generate_params_t p = {.prompt = prompts[i].ids,
+                                       .n_prompt = (uint32_t)prompts[i].n,
+                                       .max_tokens = MAX_TOKENS,
+                                       .sampling = {.top_p = 1},
+                                       .logprobs = true,
+                                       .top_logprobs = 5};
+            if (seeded)
+                p.sampling = (hpd_sampling_t){
+                    .temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 7};
+            hpd_generate_result_t r;
+            assert_int_equal(hpd_client_generate(c, &p, NULL, NULL, &r), HPD_OK);
+            assert_non_null(r.logprobs);
+            char *got = NULL;
+            size_t got_len = 0;
+            FILE *m = open_memstream(&got, &got_len);
+            hpd_logprobs_print(m, r.logprobs, r.n_tokens);
+            fclose(m);
+            assert_non_null(fgets(line, sizeof(line), ref)); /* the ids */
+            assert_non_null(fgets(line, sizeof(line), ref)); /* their logprobs */
+            if (strcmp(got, line) != 0)
+                fail_msg("%s: prompt %d's logprobs differ from hpd-run's:\n got %s want %s",
+                         seeded ? "seeded" : "greedy", i, got, line);
+            free(got);
+            hpd_generate_result_free(&r);
+        }
+        hpd_client_destroy(c);
+        assert_int_equal(pclose(ref), 0);
+    }
+    print_message("logprobs (5 top ones): %d/%d prompts greedy and seeded as hpd-run's, bit "
+                  "for bit\n", N_PROMPTS, N_PROMPTS);
+    cl.passed++;
+}
+
 /* --tp-fast sums in an order that depends on the degree: such a node's
  * tokens differ from the cluster's, and it is refused, naming both. */
 static void test_fast_refused(void **state)
@@ -249,9 +301,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pairs),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_mixed_and_failover),
         cmocka_unit_test(test_fast_refused),
     };
-    cl.cases = 3;
+    cl.cases = 4;
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -475,8 +475,8 @@ typedef struct {
     char finish_reason[8];
 } outcome_t;
 
-static bool sink_tokens(void *arg, const int32_t *tokens, uint32_t from, uint32_t n,
-                        uint32_t *keep_p)
+static bool sink_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *lp,
+                        uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     outcome_t *o = arg;
     if (from != o->n_streamed || n <= from || n > 256)
