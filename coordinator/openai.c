@@ -93,6 +93,15 @@ typedef struct {
     bool split;
     hpd_reasoning_t reasoning;
     struct evbuffer *thought; /* the reasoning so far (not streamed) */
+    /* log probabilities (docs/api.md): the entries of the tokens not yet
+     * sent (stream: they go with the next chunk; else all at the end) in
+     * the endpoint's form: chat, an array of {token, logprob, bytes,
+     * top_logprobs}; completions, {tokens, token_logprobs, top_logprobs,
+     * text_offset} */
+    bool logprobs;
+    uint32_t top_logprobs;
+    json_t *lp;
+    size_t text_offset; /* completions: characters of the tokens so far */
 } call_t;
 
 /* ------------------------------------------------------------ replies */
@@ -281,10 +290,6 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
     if ((x = json_object_get(body, "best_of")) != NULL && !json_is_null(x) &&
         !(json_is_integer(x) && json_integer_value(x) == 1))
         return BAD(req, "best_of", "best_of: only 1 is supported");
-    if ((x = json_object_get(body, "logprobs")) != NULL && !json_is_null(x) && !json_is_false(x))
-        return BAD(req, "logprobs", "logprobs are not supported");
-    if ((x = json_object_get(body, "top_logprobs")) != NULL && !json_is_null(x))
-        return BAD(req, "top_logprobs", "top_logprobs are not supported");
     if ((x = json_object_get(body, "echo")) != NULL && json_is_true(x))
         return BAD(req, "echo", "echo is not supported");
     if ((x = json_object_get(body, "suffix")) != NULL && !json_is_null(x) &&
@@ -472,6 +477,104 @@ static json_t *usage_json(const call_t *k, uint32_t completion, uint32_t cached)
                      "cached_tokens", (json_int_t)cached);
 }
 
+/* ------------------------------------------------------------ logprobs */
+
+/* JSON has no -infinity: a token the model rules out gets vLLM's -9999 */
+static json_t *lp_number(float f)
+{
+    return json_real(isfinite(f) ? f : -9999.0);
+}
+
+/* A token's text (U+FFFD where its bytes are not whole characters) and
+ * its bytes; false when the id is unknown or out of memory */
+static bool token_text(const call_t *k, int32_t id, json_t **text_p, json_t **bytes_p)
+{
+    const hpd_tokenizer_t *tok = hpd_text_tokenizer(k->api->text);
+    char *text = NULL, *raw = NULL;
+    size_t len, n_raw;
+    if (hpd_tokenizer_decode(tok, &id, 1, false, &text, &len) != HPD_OK ||
+        hpd_tokenizer_token_bytes(tok, id, &raw, &n_raw) != HPD_OK) {
+        free(text);
+        return false;
+    }
+    *text_p = json_stringn(text, len);
+    if (bytes_p != NULL) {
+        *bytes_p = json_array();
+        for (size_t i = 0; i < n_raw; i++)
+            json_array_append_new(*bytes_p, json_integer((uint8_t)raw[i]));
+    }
+    free(text);
+    free(raw);
+    return *text_p != NULL;
+}
+
+/* {token, logprob, bytes} of one token */
+static json_t *chat_lp_entry(const call_t *k, int32_t id, float logprob)
+{
+    json_t *text, *bytes;
+    if (!token_text(k, id, &text, &bytes))
+        return NULL;
+    return json_pack("{s:o, s:o, s:o}", "token", text, "logprob", lp_number(logprob), "bytes",
+                     bytes);
+}
+
+/* The entries of generated token id (its logprobs lp) onto k->lp. */
+static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
+{
+    if (k->lp == NULL &&
+        (k->lp = k->chat ? json_array()
+                         : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                     "top_logprobs", "text_offset")) == NULL)
+        return false;
+    if (k->chat) {
+        json_t *e = chat_lp_entry(k, id, lp->logprob), *top = json_array();
+        for (uint32_t j = 0; e != NULL && j < lp->n_top; j++)
+            json_array_append_new(top, chat_lp_entry(k, lp->top_ids[j], lp->top_logprobs[j]));
+        if (e == NULL) {
+            json_decref(top);
+            return false;
+        }
+        json_object_set_new(e, "top_logprobs", top);
+        return json_array_append_new(k->lp, e) == 0;
+    }
+    json_t *text, *top = json_object();
+    if (!token_text(k, id, &text, NULL)) {
+        json_decref(top);
+        return false;
+    }
+    for (uint32_t j = 0; j < lp->n_top; j++) {
+        json_t *t;
+        if (token_text(k, lp->top_ids[j], &t, NULL)) {
+            json_object_set_new(top, json_string_value(t), lp_number(lp->top_logprobs[j]));
+            json_decref(t);
+        }
+    }
+    const size_t offset = k->text_offset;
+    /* the token's characters (U+FFFD counts one) */
+    for (const unsigned char *c = (const unsigned char *)json_string_value(text); *c; c++)
+        k->text_offset += (*c & 0xc0) != 0x80;
+    json_array_append_new(json_object_get(k->lp, "tokens"), text);
+    json_array_append_new(json_object_get(k->lp, "token_logprobs"), lp_number(lp->logprob));
+    json_array_append_new(json_object_get(k->lp, "top_logprobs"), top);
+    json_array_append_new(json_object_get(k->lp, "text_offset"), json_integer((json_int_t)offset));
+    return true;
+}
+
+/* The entries so far, as a choice's logprobs (taken: k->lp starts over);
+ * null when none were asked for. */
+static json_t *take_lp(call_t *k)
+{
+    if (!k->logprobs)
+        return json_null();
+    json_t *lp = k->lp;
+    k->lp = NULL;
+    if (lp == NULL) /* none yet: an empty list */
+        lp = k->chat ? json_array()
+                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                 "top_logprobs", "text_offset");
+    return k->chat ? json_pack("{s:o, s:n}", "content", lp, "refusal") : lp;
+}
+
 /* A chat's reasoning under both names it goes by (reasoning_content,
  * and reasoning, the newer one): the text, or null. */
 static void set_reasoning(json_t *o, const char *text, size_t len)
@@ -483,19 +586,21 @@ static void set_reasoning(json_t *o, const char *text, size_t len)
 
 /* One choice: a chunk's delta (stream: text is content, or reasoning when
  * thought) or the whole message (thought: its reasoning, NULL for none). */
-static json_t *choice_json(const call_t *k, const char *text, size_t len, const char *finish,
+static json_t *choice_json(call_t *k, const char *text, size_t len, const char *finish,
                            bool first, bool thought, const char *reasoning, size_t reasoning_len)
 {
     json_t *t = json_stringn(text, len);
     json_t *fr = finish != NULL ? json_string(finish) : json_null();
+    /* the first chunk (the role) carries none */
+    json_t *lp = first ? json_null() : take_lp(k);
     if (!k->chat)
-        return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "text", t, "logprobs",
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "text", t, "logprobs", lp,
                          "finish_reason", fr);
     if (!k->stream) {
         json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
         if (k->split)
             set_reasoning(m, reasoning, reasoning_len);
-        return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "message", m, "logprobs",
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "message", m, "logprobs", lp,
                          "finish_reason", fr);
     }
     json_t *delta;
@@ -511,7 +616,7 @@ static json_t *choice_json(const call_t *k, const char *text, size_t len, const 
     } else {
         delta = json_pack("{s:o}", "content", t);
     }
-    return json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+    return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", lp,
                      "finish_reason", fr);
 }
 
@@ -544,7 +649,7 @@ static void send_event(call_t *k, json_t *j, bool done)
 
 static void stream_piece(call_t *k, const char *piece, size_t len, bool first, bool thought)
 {
-    if (len == 0 && !first)
+    if (len == 0 && !first) /* (its tokens' logprobs wait for the next piece) */
         return;
     send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first, thought,
                                                            NULL, 0))),
@@ -581,6 +686,7 @@ static void call_free(call_t *k)
         evbuffer_free(k->text);
     if (k->thought != NULL)
         evbuffer_free(k->thought);
+    json_decref(k->lp);
     free(k);
 }
 
@@ -594,7 +700,7 @@ static bool on_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs
         size_t len;
         hpd_status_t st;
         const bool stop = hpd_text_out_feed(&k->out, tokens[i], &piece, &len, &st);
-        if (st != HPD_OK) {
+        if (st != HPD_OK || (lp != NULL && !add_lp(k, tokens[i], &lp[i]))) {
             k->bad_token = true;
             return false;
         }
@@ -753,6 +859,27 @@ static void new_id(call_t *k, const char *prefix)
              (unsigned long long)(++k->api->next_call & 0xffffff));
 }
 
+/* Log probabilities: chat's logprobs (true or false) and top_logprobs (0
+ * to 20, with logprobs); completions' logprobs (0 to 20: the top ones). */
+static bool get_logprobs(struct evhttp_request *req, json_t *body, call_t *k)
+{
+    json_int_t top = -1;
+    if (!k->chat) {
+        if (!get_uint(req, body, "logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top))
+            return false;
+        k->logprobs = top >= 0;
+        k->top_logprobs = top >= 0 ? (uint32_t)top : 0;
+        return true;
+    }
+    if (!get_bool(req, body, "logprobs", &k->logprobs) ||
+        !get_uint(req, body, "top_logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top))
+        return false;
+    if (top > 0 && !k->logprobs)
+        return BAD(req, "top_logprobs", "top_logprobs: only with logprobs: true");
+    k->top_logprobs = top > 0 ? (uint32_t)top : 0;
+    return true;
+}
+
 /* POST /v1/completions and /v1/chat/completions */
 static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
 {
@@ -790,7 +917,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         (chat && /* chat's newer name wins */
          !get_uint(req, body, "max_completion_tokens", 1, UINT32_MAX >> 1, &max_tokens)) ||
         !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
-        !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k))
+        !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k) ||
+        !get_logprobs(req, body, k))
         goto out;
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
@@ -852,7 +980,9 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .min_tokens = (uint32_t)min_tokens,
         .ignore_eos = ignore_eos,
         .who = who,
-        .stream = k->stream};
+        .stream = k->stream,
+        .logprobs = k->logprobs,
+        .top_logprobs = k->top_logprobs};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];
     const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));

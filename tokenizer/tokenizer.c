@@ -899,6 +899,21 @@ static hpd_status_t token_bytes(const hpd_tokenizer_t *t, int32_t id, char **out
     return HPD_OK;
 }
 
+hpd_status_t hpd_tokenizer_token_bytes(const hpd_tokenizer_t *t, int32_t id, char **bytes_p,
+                                       size_t *len_p)
+{
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    const hpd_status_t st = token_bytes(t, id, &out, &len, &cap);
+    if (st != HPD_OK) {
+        free(out);
+        return st;
+    }
+    *bytes_p = out;
+    *len_p = len;
+    return HPD_OK;
+}
+
 hpd_status_t hpd_detok_next(const hpd_tokenizer_t *t, hpd_detok_t *d, int32_t id, char **out,
                             size_t *len, size_t *cap)
 {

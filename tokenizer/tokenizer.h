@@ -61,6 +61,12 @@ hpd_status_t hpd_tokenizer_encode_literal(const hpd_tokenizer_t *tok, const char
 hpd_status_t hpd_tokenizer_decode(const hpd_tokenizer_t *tok, const int32_t *ids, size_t n,
                                   bool skip_special, char **text_p, size_t *len_p);
 
+/* One token's raw bytes into *bytes_p (malloc'd, *len_p of them): a piece of
+ * a UTF-8 character for some byte-level tokens (an API's logprobs give
+ * them as "bytes"). HPD_ERR_INVALID_ARG: id outside the vocabulary. */
+hpd_status_t hpd_tokenizer_token_bytes(const hpd_tokenizer_t *tok, int32_t id, char **bytes_p,
+                                       size_t *len_p);
+
 /* Streaming decode: each call gives the text that one more id completes;
  * bytes of a UTF-8 sequence that is not yet complete wait for the next ids
  * (never a partial character), and the outputs of all the calls, then of

@@ -549,6 +549,162 @@ static void test_chat_reasoning(void **state)
     cl.passed++;
 }
 
+/* hpd-run --logprobs's line for a prompt's ids: per token its logprob and
+ * its top ones (the line after the text) */
+typedef struct {
+    float lp[64], top[64][20];
+    int32_t top_ids[64][20];
+    uint32_t n, n_top;
+} ref_lp_t;
+
+static void reference_logprobs(const char *ids, const char *flags, uint32_t top, ref_lp_t *r)
+{
+    char args[256];
+    size_t len;
+    snprintf(args, sizeof(args), "%s --logprobs %u", flags, top);
+    char *out = reference(ids, args, &len);
+    const char *line = strrchr(out, '\n');
+    assert_non_null(line);
+    memset(r, 0, sizeof(*r));
+    r->n_top = top;
+    for (char *p = (char *)line + 1; *p != '\0';) {
+        char *end;
+        assert_true(r->n < 64);
+        r->lp[r->n] = strtof(p, &end);
+        p = end;
+        for (uint32_t k = 0; k < top; k++) {
+            assert_true(*p == (k ? ',' : '|'));
+            r->top_ids[r->n][k] = (int32_t)strtol(p + 1, &end, 10);
+            assert_true(*end == '=');
+            r->top[r->n][k] = strtof(end + 1, &p);
+        }
+        r->n++;
+        while (*p == ' ')
+            p++;
+    }
+    free(out);
+}
+
+/* a logprob in JSON: the float's value, or -9999 for -infinity */
+static void same_lp(const json_t *v, float want, const char *what, uint32_t i)
+{
+    assert_true(json_is_number(v));
+    const float got = (float)json_number_value(v);
+    if (!(isfinite(want) ? memcmp(&got, &want, 4) == 0 : got == -9999.0f))
+        fail_msg("%s %u: logprob %.9g, hpd-run's %.9g", what, i, got, want);
+}
+
+/* Log probabilities on both endpoints, streamed or not: each token's and
+ * its top ones' equal hpd-run --logprobs's bit for bit; chat gives
+ * {token, logprob, bytes, top_logprobs} entries (a stream's spread over
+ * its chunks, none on the first), completions {tokens, token_logprobs,
+ * top_logprobs, text_offset}. */
+static void test_logprobs(void **state)
+{
+    char body[4096];
+    ref_lp_t ref;
+    /* completions: 3 top ones */
+    reference_logprobs(prompt_ids, "--max-tokens 8 --ignore-eos", 3, &ref);
+    assert_int_equal(ref.n, 8);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"ignore_eos\": true, "
+                 "\"logprobs\": 3, \"stream\": %s}", prompt_ids, stream ? "true" : "false");
+        resp_t r = http("POST", "/v1/completions", KEY, body);
+        assert_int_equal(r.status, 200);
+        json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+               *offsets = json_array();
+        /* the chunks' (or the answer's) logprobs, joined */
+        for (char *ev = r.body; ev != NULL && *ev != '\0';) {
+            char *next = stream ? strstr(ev, "\n\n") : NULL;
+            if (next != NULL)
+                *next = '\0';
+            const char *js = stream ? ev + 6 : ev;
+            if (!stream || strcmp(js, "[DONE]") != 0) {
+                json_t *j = json_loads(js, 0, NULL);
+                assert_non_null(j);
+                const json_t *lp =
+                    json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+                if (lp != NULL && !json_is_null(lp)) {
+                    json_array_extend(tokens, json_object_get(lp, "tokens"));
+                    json_array_extend(lps, json_object_get(lp, "token_logprobs"));
+                    json_array_extend(tops, json_object_get(lp, "top_logprobs"));
+                    json_array_extend(offsets, json_object_get(lp, "text_offset"));
+                }
+                json_decref(j);
+            }
+            ev = next != NULL ? next + 2 : NULL;
+        }
+        assert_int_equal(json_array_size(lps), 8);
+        assert_int_equal(json_array_size(tokens), 8);
+        assert_int_equal(json_array_size(offsets), 8);
+        for (uint32_t i = 0; i < 8; i++) {
+            same_lp(json_array_get(lps, i), ref.lp[i], "completions token", i);
+            const json_t *top = json_array_get(tops, i);
+            assert_true(json_is_object(top) && json_object_size(top) >= 1 &&
+                        json_object_size(top) <= 3);
+            assert_true(json_is_string(json_array_get(tokens, i)));
+            if (i > 0) /* offsets grow by the tokens' characters */
+                assert_true(json_integer_value(json_array_get(offsets, i)) >=
+                            json_integer_value(json_array_get(offsets, i - 1)));
+        }
+        assert_int_equal(json_integer_value(json_array_get(offsets, 0)), 0);
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offsets);
+        free(r.body);
+    }
+    /* chat: 2 top ones */
+    static const char msgs[] = "[{\"role\": \"user\", \"content\": \"Name a colour.\"}]";
+    size_t n;
+    snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": "
+             "{\"enable_thinking\": false}}", msgs);
+    char *ids = tokenize(body, &n);
+    reference_logprobs(ids, "--max-tokens 8 --ignore-eos", 2, &ref);
+    free(ids);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"messages\": %s, \"max_tokens\": 8, \"ignore_eos\": true, "
+                 "\"chat_template_kwargs\": {\"enable_thinking\": false}, \"logprobs\": true, "
+                 "\"top_logprobs\": 2, \"stream\": %s}", msgs, stream ? "true" : "false");
+        resp_t r = http("POST", "/v1/chat/completions", KEY, body);
+        assert_int_equal(r.status, 200);
+        json_t *content = json_array();
+        uint32_t chunk = 0;
+        for (char *ev = r.body; ev != NULL && *ev != '\0'; chunk++) {
+            char *next = stream ? strstr(ev, "\n\n") : NULL;
+            if (next != NULL)
+                *next = '\0';
+            const char *js = stream ? ev + 6 : ev;
+            if (!stream || strcmp(js, "[DONE]") != 0) {
+                json_t *j = json_loads(js, 0, NULL);
+                assert_non_null(j);
+                const json_t *lp =
+                    json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+                if (stream && chunk == 0) /* the role's chunk */
+                    assert_true(json_is_null(lp));
+                else if (lp != NULL && !json_is_null(lp))
+                    json_array_extend(content, json_object_get(lp, "content"));
+                json_decref(j);
+            }
+            ev = next != NULL ? next + 2 : NULL;
+        }
+        assert_int_equal(json_array_size(content), 8);
+        for (uint32_t i = 0; i < 8; i++) {
+            const json_t *e = json_array_get(content, i), *top = json_object_get(e, "top_logprobs");
+            same_lp(json_object_get(e, "logprob"), ref.lp[i], "chat token", i);
+            assert_true(json_is_string(json_object_get(e, "token")));
+            assert_true(json_is_array(json_object_get(e, "bytes")) &&
+                        json_array_size(json_object_get(e, "bytes")) > 0);
+            assert_int_equal(json_array_size(top), 2);
+            for (uint32_t k = 0; k < 2; k++)
+                same_lp(json_object_get(json_array_get(top, k), "logprob"), ref.top[i][k],
+                        "chat top", i * 10 + k);
+        }
+        json_decref(content);
+        free(r.body);
+    }
+    print_message("logprobs: completions (3 top ones) and chat (2), streamed or not, equal "
+                  "hpd-run --logprobs bit for bit\n");
+    cl.passed++;
+}
+
 /* a stop string made of the end of one token's text and the start of the
  * next one's ends the answer before it, streamed or not */
 static void test_stop_strings(void **state)
@@ -657,11 +813,17 @@ static void test_errors(void **state)
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400,
                  "max_tokens");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"n\": 2}", 400, "n:");
-    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"logprobs\": 3}", 400,
-                 "logprobs");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"logprobs\": 21}", 400,
+                 "logprobs: expected an integer in [0, 20]");
     expect_error("POST", "/v1/chat/completions", KEY,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
-                 400, "top_logprobs");
+                 400, "top_logprobs: only with logprobs: true");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, "
+                 "\"top_logprobs\": 21}", 400, "top_logprobs: expected an integer in [0, 20]");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 1}",
+                 400, "logprobs: expected true or false");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"stop_token_ids\": [1, -1]}",
                  400, "stop_token_ids[1]");
     expect_error("POST", "/v1/completions", KEY,
@@ -1008,7 +1170,7 @@ static int setup(void **state)
     char keys[400], http_file[400];
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 10;
+    cl.cases = 11;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
@@ -1044,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_completions_as_hpd_run),
         cmocka_unit_test(test_chat_as_hpd_run),
         cmocka_unit_test(test_chat_reasoning),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_msgpack_text),
