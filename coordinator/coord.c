@@ -846,9 +846,12 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         req_event(c, r, HPD_REQ_EV_FULL, "no prefill node can take %u tokens now", r->n_prompt);
         return;
     }
+    /* checked (relayed as it came: only its validity is wanted here) */
     hpd_msg_reservation_t res = {0};
     hpd_proto_err_t err;
-    if (!hpd_msg_unpack(&hpd_msg_reservation, reply->result, &res, &err)) {
+    const bool valid = hpd_msg_unpack(&hpd_msg_reservation, reply->result, &res, &err);
+    hpd_msg_free(&hpd_msg_reservation, &res);
+    if (!valid) {
         req_event(c, r, HPD_REQ_EV_FAILED, "reserve on %s: %s", d->name, err.text);
         return;
     }
