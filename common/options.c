@@ -143,6 +143,9 @@ const hpd_opt_t hpd_options[] = {
         "as little-endian float32", RUN, NULL),
     INT("logprobs", U32, 0, HPD_MAX_TOP_LOGPROBS, 1, NULL, "after each prompt's tokens, a line "
         "of their log\nprobabilities and the N most likely tokens'", RUN, NULL),
+    {.name = "prompt-logprobs", .kind = HPD_OPT_ON, .roles = RUN,
+     .help = "before that line, one of the prompt's tokens'\n(each given the ones before it; "
+             "--logprobs N's top ones)"},
 };
 const size_t hpd_n_options = sizeof(hpd_options) / sizeof(hpd_options[0]);
 

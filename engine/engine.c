@@ -144,13 +144,16 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
     e->samp = malloc(B * sizeof(*e->samp));
     e->samp_pos = malloc(B * sizeof(*e->samp_pos));
     e->sampled = malloc(B * sizeof(*e->sampled));
-    e->logit_rows = malloc(B * sizeof(*e->logit_rows));
+    e->logit_rows = malloc(R * sizeof(*e->logit_rows));
+    e->plp_reqs = malloc(R * sizeof(*e->plp_reqs));
+    e->plp_pos = malloc(R * sizeof(*e->plp_pos));
+    e->plp_rows = malloc(R * sizeof(*e->plp_rows));
     e->logit_items = malloc(B * sizeof(*e->logit_items));
     e->step_items = malloc(B * sizeof(*e->step_items));
     if (!e->step_items || !e->logits_host || !e->ids || !e->emb_ids || !e->positions || !e->items || !e->seqs_all ||
         !e->seqs_pre || !e->seqs_dec || !e->bt_all || !e->st_pre || !e->st_dec || !e->cs_pre ||
         !e->cs_dec || !e->samp || !e->samp_pos || !e->sampled || !e->logit_rows ||
-        !e->logit_items)
+        !e->logit_items || !e->plp_reqs || !e->plp_pos || !e->plp_rows)
         return HPD_ERR_NO_MEMORY;
     return HPD_OK;
 }
@@ -423,6 +426,9 @@ void hpd_engine_destroy(hpd_engine_t *e)
     free(e->samp_pos);
     free(e->sampled);
     free(e->logit_rows);
+    free(e->plp_reqs);
+    free(e->plp_pos);
+    free(e->plp_rows);
     free(e->logit_items);
     free(e->step_items);
     hpd_prefix_cache_destroy(e->cache);

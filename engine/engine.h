@@ -104,6 +104,10 @@ typedef struct {
      * from the logits the sampler saw (hpd_engine_logprobs) */
     bool logprobs;
     uint32_t top_logprobs;
+    /* The prompt's log probabilities too (each prompt token's given the
+     * ones before it, with top_logprobs top ones: hpd_engine_prompt_logprobs).
+     * Such a request takes no prefix-cache hit (its rows are computed). */
+    bool prompt_logprobs;
 } hpd_request_params_t;
 
 #define HPD_MAX_STOP_IDS 64
@@ -182,6 +186,12 @@ void hpd_engine_usage(const hpd_engine_t *engine, uint32_t *pages_used_p, uint32
  * logprob and no top. Valid until the next step or release. */
 hpd_status_t hpd_engine_logprobs(const hpd_engine_t *engine, uint64_t id,
                                  const hpd_token_logprobs_t **lp_p, uint32_t *n_p);
+
+/* The log probabilities of a request's prompt tokens 1 .. n_prompt - 1
+ * (prompt_logprobs; *n_p is n_prompt - 1 once its prefill is done, else
+ * 0): lp[i] is prompt token i + 1's. HPD_ERR_NOT_FOUND when not asked. */
+hpd_status_t hpd_engine_prompt_logprobs(const hpd_engine_t *engine, uint64_t id,
+                                        const hpd_token_logprobs_t **lp_p, uint32_t *n_p);
 
 /* What the prefix cache gave a request. */
 typedef struct {

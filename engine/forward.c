@@ -487,7 +487,7 @@ static hpd_status_t moe(hpd_engine_t *e, const batch_t *bt, uint32_t l)
 static hpd_status_t lm_head(hpd_engine_t *e, const batch_t *bt)
 {
     const hpd_model_config_t *c = e->cfg;
-    const uint32_t H = c->hidden_size, n = bt->n_logits;
+    const uint32_t H = c->hidden_size, n = bt->n_logits + bt->n_plp;
     hpd_status_t st;
 
     /* the rows that need logits, together: one op (one launch on a GPU) */
@@ -632,7 +632,7 @@ static hpd_status_t forward(hpd_engine_t *e, const batch_t *bt)
         if ((st = c->layer_moe[l] ? moe(e, bt, l) : mlp(e, bt, l)) != HPD_OK)
             return st;
     }
-    return bt->n_logits > 0 ? lm_head(e, bt) : HPD_OK;
+    return bt->n_logits + bt->n_plp > 0 ? lm_head(e, bt) : HPD_OK;
 }
 
 hpd_status_t hpd_engine_forward(hpd_engine_t *e, const batch_t *bt)

@@ -33,6 +33,7 @@ typedef struct {
     uint32_t n_out;
     hpd_token_logprobs_t *lp; /* [max_tokens] when asked for (rank 0 fills it) */
     uint32_t top_logprobs;
+    hpd_token_logprobs_t *plp; /* [n_prompt - 1]: prompt tokens 1.. (prompt_logprobs) */
     uint32_t n_done;   /* tokens whose KV and state are computed */
     uint32_t slot;     /* 0: none */
     uint32_t n_blocks; /* pages per pack group */
@@ -95,8 +96,11 @@ struct hpd_engine {
     hpd_sampling_t *samp;
     uint64_t *samp_pos;
     int32_t *sampled;
-    uint32_t *logit_rows; /* batch row of each logits row */
+    uint32_t *logit_rows; /* batch row of each logits row ([R]: sampled ones, then prompt ones) */
     batch_item_t **logit_items;
+    request_t **plp_reqs; /* [R] prompt logprob rows: the request, and the position */
+    uint32_t *plp_pos;    /* whose logits they are (they give token pos + 1's) */
+    uint32_t *plp_rows;   /* and their batch rows */
     hpd_engine_step_item_t *step_items;
 
     hpd_engine_stats_t stats;
@@ -120,6 +124,9 @@ struct hpd_engine {
 typedef struct {
     uint32_t rows;
     uint32_t n_items, n_pre, n_dec, n_logits;
+    /* rows whose logits give a prompt token's log probabilities (after the
+     * n_logits sampled ones in logit_rows; plp_items, plp_pos) */
+    uint32_t n_plp;
 } batch_t;
 
 /* The forward pass of one batch (engine/forward.c): embeddings, every

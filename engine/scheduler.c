@@ -38,6 +38,7 @@ void hpd_engine_request_destroy(request_t *r)
     free(r->stop_ids);
     free(r->out);
     free(r->lp);
+    free(r->plp);
     free(r->hashes);
     free(r);
 }
@@ -83,7 +84,8 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
                       HPD_MAX_STOP_IDS);
         return HPD_ERR_INVALID_ARG;
     }
-    if (p->top_logprobs > HPD_MAX_TOP_LOGPROBS || (p->top_logprobs > 0 && !p->logprobs)) {
+    if (p->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
+        (p->top_logprobs > 0 && !p->logprobs && !p->prompt_logprobs)) {
         HPD_LOG_ERROR(LOG_COMPONENT, "top logprobs %u (expected at most %d, with logprobs)",
                       p->top_logprobs, HPD_MAX_TOP_LOGPROBS);
         return HPD_ERR_INVALID_ARG;
@@ -130,9 +132,11 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     r->stop_ids = malloc((p->n_stop + 1) * sizeof(int32_t));
     if (p->logprobs)
         r->lp = calloc(p->max_tokens, sizeof(*r->lp));
+    if (p->prompt_logprobs)
+        r->plp = calloc(p->n_prompt, sizeof(*r->plp));
     r->top_logprobs = p->top_logprobs;
     if (r->prompt == NULL || r->out == NULL || r->replay == NULL || r->stop_ids == NULL ||
-        (p->logprobs && r->lp == NULL)) {
+        (p->logprobs && r->lp == NULL) || (p->prompt_logprobs && r->plp == NULL)) {
         hpd_engine_request_destroy(r);
         return HPD_ERR_NO_MEMORY;
     }
@@ -264,7 +268,9 @@ static hpd_status_t admit(hpd_engine_t *e, request_t *r)
             goto fail;
         }
         hpd_prefix_cache_hash(e->cache, r->prompt, nb, r->hashes);
-        if ((st = hpd_prefix_cache_lookup(e->cache, r->hashes, r->n_prompt, &r->match)) != HPD_OK)
+        /* a request that wants its prompt's logprobs computes every row */
+        if ((st = hpd_prefix_cache_lookup(e->cache, r->hashes, r->plp != NULL ? 0 : r->n_prompt,
+                                          &r->match)) != HPD_OK)
             goto fail;
         void *state = r->slot ? hpd_slot_pool_ptr(e->slots, r->slot) : NULL;
         if ((st = hpd_prefix_cache_attach(e->cache, &r->match, tables, state)) != HPD_OK)
@@ -377,10 +383,20 @@ static void build_batch(hpd_engine_t *e, batch_t *bt)
                 e->logit_rows[bt->n_logits] = bt->rows + n - 1;
                 e->logit_items[bt->n_logits++] = it;
             }
+            /* the prompt's rows whose next token is a prompt token */
+            for (uint32_t t = 0; r->plp != NULL && !decode && t < n; t++)
+                if (r->n_done + t + 1 < r->n_prompt) {
+                    e->plp_reqs[bt->n_plp] = r;
+                    e->plp_rows[bt->n_plp] = bt->rows + t;
+                    e->plp_pos[bt->n_plp++] = r->n_done + t;
+                }
             bt->rows += n;
             bt->n_items++;
         }
     }
+    /* the prompt rows' logits come after the sampled rows' */
+    for (uint32_t j = 0; j < bt->n_plp; j++)
+        e->logit_rows[bt->n_logits + j] = e->plp_rows[j];
 }
 
 /* Samples (or replays) the next token of every request that got logits. */
@@ -410,6 +426,17 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
                             .out = e->sampled};
     if (bt->n_logits > 0 && (st = hpd_sample(e->be, &sa)) != HPD_OK)
         return st;
+    /* the prompt rows' (their logits after the sampled rows'), rank 0's */
+    for (uint32_t j = 0; j < bt->n_plp && e->rank == 0; j++) {
+        request_t *r = e->plp_reqs[j];
+        const uint32_t pos = e->plp_pos[j];
+        if ((st = hpd_backend_to_host(e->be, e->logits_host,
+                                      e->logits + (size_t)(bt->n_logits + j) * V,
+                                      V * sizeof(float))) != HPD_OK)
+            return st;
+        hpd_logprobs_compute(e->logits_host, V, r->prompt[pos + 1], r->top_logprobs,
+                             &r->plp[pos]);
+    }
     for (uint32_t i = 0; i < bt->n_logits; i++) {
         request_t *r = e->logit_items[i]->req;
         r->out[r->n_out] = r->n_out < r->n_replay ? r->replay[r->n_out] : e->sampled[i];
@@ -555,6 +582,17 @@ static void release_rank(hpd_engine_t *e, uint64_t id)
     cancel_rank(e, id);
     hpd_engine_request_destroy(r);
     e->reqs[id - 1] = NULL;
+}
+
+hpd_status_t hpd_engine_prompt_logprobs(const hpd_engine_t *e, uint64_t id,
+                                        const hpd_token_logprobs_t **lp_p, uint32_t *n_p)
+{
+    const request_t *r = find(e, id);
+    if (r == NULL || r->plp == NULL)
+        return HPD_ERR_NOT_FOUND;
+    *lp_p = r->plp;
+    *n_p = r->n_done >= r->n_prompt ? r->n_prompt - 1 : 0;
+    return HPD_OK;
 }
 
 hpd_status_t hpd_engine_logprobs(const hpd_engine_t *e, uint64_t id,

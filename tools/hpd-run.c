@@ -125,6 +125,7 @@ int main(int argc, char **argv)
     hpd_backend_t *backend = NULL, *backends[HPD_TP_MAX] = {0};
     uint32_t tp = 1;
     uint32_t logprobs = UINT32_MAX; /* not given */
+    bool prompt_logprobs = false;
     bool tp_fast = false;
     hpd_engine_t *engine = NULL;
     uint64_t *ids = NULL;
@@ -166,6 +167,7 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("min-tokens", &min_tokens),
         HPD_OPT_BIND("logits-out", &logits_out),
         HPD_OPT_BIND("logprobs", &logprobs),
+        HPD_OPT_BIND("prompt-logprobs", &prompt_logprobs),
         {.name = "log-level", .dst = &level, .def = "warn"},
     };
     const int prc = hpd_opt_parse(argc, argv, "hpd-run", HPD_OPT_ROLE_RUN,
@@ -269,7 +271,8 @@ int main(int argc, char **argv)
                                    .ignore_eos = ignore_eos,
                                    .min_tokens = min_tokens,
                                    .logprobs = logprobs != UINT32_MAX,
-                                   .top_logprobs = logprobs != UINT32_MAX ? logprobs : 0};
+                                   .top_logprobs = logprobs != UINT32_MAX ? logprobs : 0,
+                                   .prompt_logprobs = prompt_logprobs};
         if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
             if (n_prompts > 1)
                 fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);
@@ -304,6 +307,9 @@ int main(int argc, char **argv)
         printf("\n");
         const hpd_token_logprobs_t *lp;
         uint32_t n_lp;
+        if (prompt_logprobs &&
+            hpd_engine_prompt_logprobs(engine, ids[i], &lp, &n_lp) == HPD_OK)
+            hpd_logprobs_print(stdout, lp, n_lp);
         if (logprobs != UINT32_MAX && hpd_engine_logprobs(engine, ids[i], &lp, &n_lp) == HPD_OK)
             hpd_logprobs_print(stdout, lp, n_lp);
     }

@@ -492,6 +492,45 @@ static void test_logprobs(void **state)
         }
         hpd_engine_release(e, id);
     }
+    /* the prompt's: token t + 1's given tokens 0..t, as the logits of a
+     * request of those tokens alone give them (every row computed: no
+     * prefix-cache hit) */
+    {
+        hpd_request_params_t p = {.prompt = prompt, .n_prompt = 24, .max_tokens = 1,
+                                  .sampling = {.top_p = 1}, .logprobs = true, .top_logprobs = 4,
+                                  .prompt_logprobs = true};
+        uint64_t id;
+        const hpd_token_logprobs_t *plp;
+        uint32_t n_plp;
+        assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+        assert_int_equal(hpd_engine_prompt_logprobs(e, id, &plp, &n_plp), HPD_OK);
+        assert_int_equal(n_plp, 0); /* not yet */
+        assert_int_equal(hpd_engine_run(e), HPD_OK);
+        assert_int_equal(hpd_engine_prompt_logprobs(e, id, &plp, &n_plp), HPD_OK);
+        assert_int_equal(n_plp, 23);
+        for (uint32_t t = 0; t + 1 < 24; t++) {
+            static rows_t one;
+            hpd_engine_params_t ep1;
+            hpd_engine_params_init(&ep1);
+            ep1.logits_cb = keep_rows;
+            ep1.logits_cb_arg = &one;
+            one.n = 0;
+            hpd_engine_t *e1 = engine_with(&ep1, model);
+            hpd_request_params_t q = {.prompt = prompt, .n_prompt = t + 1, .max_tokens = 1,
+                                      .sampling = {.top_p = 1}};
+            uint64_t id1;
+            assert_int_equal(hpd_engine_submit(e1, &q, &id1), HPD_OK);
+            assert_int_equal(hpd_engine_run(e1), HPD_OK);
+            assert_int_equal(one.n, 1);
+            hpd_token_logprobs_t want = {0};
+            hpd_logprobs_compute(one.rows[0], 512, prompt[t + 1], 4, &want);
+            if (memcmp(&plp[t], &want, sizeof(want)) != 0) /* (zeros past the top 4 both) */
+                fail_msg("prompt token %u's logprobs are not those of the logits after the "
+                         "%u tokens before it", t + 1, t + 1);
+            hpd_engine_destroy(e1);
+        }
+        hpd_engine_release(e, id);
+    }
     /* none asked for: none; more than 20: refused */
     hpd_request_params_t p = {.prompt = prompt, .n_prompt = 40, .max_tokens = 2,
                               .sampling = {.top_p = 1}};
