@@ -218,6 +218,16 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
             snprintf(r.error, sizeof(r.error), "bad reply: %s",
                      r.logprobs == NULL ? "out of memory" : why);
         }
+        if (r.status == HPD_OK && g.prompt_logprobs != NULL &&
+            (r.prompt_tokens < 2 ||
+             (r.prompt_logprobs = malloc(r.prompt_tokens * sizeof(*r.prompt_logprobs))) == NULL ||
+             !hpd_logprobs_decode(g.prompt_logprobs, g.prompt_logprobs_len, r.prompt_tokens - 1,
+                                  g.top_logprobs, UINT32_MAX, r.prompt_logprobs, why,
+                                  sizeof(why)))) {
+            r.status = HPD_ERR_FORMAT;
+            snprintf(r.error, sizeof(r.error), "bad reply: prompt %s",
+                     r.prompt_logprobs == NULL ? "logprobs missing or out of memory" : why);
+        }
         if (g.text != NULL && (r.text = malloc(g.text_len + 1)) != NULL) {
             memcpy(r.text, g.text, g.text_len);
             r.text[g.text_len] = '\0';
@@ -233,6 +243,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     free(r.tokens);
     free(r.text);
     free(r.logprobs);
+    free(r.prompt_logprobs);
     drop(c, q);
 }
 
@@ -298,7 +309,8 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .stop_raw = p->n_stops ? stops.sb.data : NULL,
                                            .stop_raw_len = (uint32_t)stops.sb.size,
                                            .logprobs = p->logprobs,
-                                           .top_logprobs = p->top_logprobs},
+                                           .top_logprobs = p->top_logprobs,
+                                           .prompt_logprobs = p->prompt_logprobs},
                      &b.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);
@@ -366,6 +378,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     r->tokens = NULL; /* ours now */
     r->text = NULL;
     r->logprobs = NULL;
+    r->prompt_logprobs = NULL;
 }
 
 static void sync_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids,
@@ -404,6 +417,8 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
     r->text = NULL;
     free(r->logprobs);
     r->logprobs = NULL;
+    free(r->prompt_logprobs);
+    r->prompt_logprobs = NULL;
 }
 
 hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)

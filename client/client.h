@@ -52,6 +52,7 @@ typedef struct {
      * tokens' (result.logprobs) */
     bool logprobs;
     uint32_t top_logprobs;
+    bool prompt_logprobs; /* the prompt's too (result.prompt_logprobs) */
 } hpd_generate_params_t;
 
 typedef struct {
@@ -65,6 +66,7 @@ typedef struct {
     char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
     char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
     hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
+    hpd_token_logprobs_t *prompt_logprobs; /* prompt tokens 1..: prompt_tokens - 1 of them */
     size_t text_len;
     double ttft_ms, total_ms; /* measured by the coordinator */
     double prefill_ms;        /* the prefill node's compute (last attempt) */
@@ -77,7 +79,7 @@ typedef struct {
 typedef void (*hpd_client_token_cb_t)(void *arg, uint64_t handle, uint32_t index,
                                       const int32_t *ids, uint32_t n);
 /* The end of a request; result is valid during the call (take ownership of
- * result->tokens, text or logprobs by setting it to NULL). */
+ * result->tokens, text, logprobs or prompt_logprobs by setting it to NULL). */
 typedef void (*hpd_client_done_cb_t)(void *arg, uint64_t handle, hpd_generate_result_t *result);
 
 /* Connects and authenticates (HPD_ERR_IO: unreachable; HPD_ERR_INVALID_ARG:

@@ -47,6 +47,7 @@ static void usage(FILE *f)
             "    --logprobs N          after each prompt's ids, a line of their log\n"
             "                          probabilities and the N (0 to 20) most likely\n"
             "                          tokens' (as hpd-run --logprobs N)\n"
+            "    --prompt-logprobs     before it, a line of the prompt's (as hpd-run's)\n"
             "    --stream              print tokens as they arrive\n"
             "    --concurrency N       requests in flight at once (64)\n"
             "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
@@ -101,6 +102,9 @@ static void flush_output(void)
         if (!G.done[i])
             break;
         printf("\n");
+        if (G.results[i].prompt_logprobs != NULL) /* the prompt's, then the answer's */
+            hpd_logprobs_print(stdout, G.results[i].prompt_logprobs,
+                               G.results[i].prompt_tokens - 1);
         if (G.results[i].logprobs != NULL) /* a line of them after the ids' */
             hpd_logprobs_print(stdout, G.results[i].logprobs, G.results[i].n_tokens);
         G.printed++;
@@ -139,6 +143,7 @@ static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     G.results[i] = *r;
     r->tokens = NULL;
     r->logprobs = NULL;
+    r->prompt_logprobs = NULL;
     G.done[i] = true;
     G.n_done++;
     if (G.results[i].status != HPD_OK)
@@ -363,7 +368,7 @@ int main(int argc, char **argv)
 {
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
-           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS };
+           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS, O_PLOGPROBS };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -375,7 +380,8 @@ int main(int argc, char **argv)
         {"stop-ids", 1, 0, O_STOP}, {"ignore-eos", 0, 0, O_NOEOS},
         {"min-tokens", 1, 0, O_MINTOK}, {"prompt", 1, 0, O_PROMPT}, {"text", 0, 0, O_TEXT},
         {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
-        {"logprobs", 1, 0, O_LOGPROBS}, {0, 0, 0, 0}};
+        {"logprobs", 1, 0, O_LOGPROBS}, {"prompt-logprobs", 0, 0, O_PLOGPROBS},
+        {0, 0, 0, 0}};
     const char *prompt = NULL, *system = NULL, *stops[16];
     bool print_text = false;
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
@@ -469,6 +475,7 @@ int main(int argc, char **argv)
             gp.logprobs = true;
             gp.top_logprobs = (uint32_t)v;
             break;
+        case O_PLOGPROBS: gp.prompt_logprobs = true; break;
         case O_PROMPT: prompt = optarg; break;
         case O_TEXT: print_text = true; break;
         case O_SYSTEM: system = optarg; break;

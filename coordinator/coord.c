@@ -102,6 +102,8 @@ typedef struct req {
     /* the tokens' log probabilities ([max_tokens]; NULL: not asked for) */
     hpd_token_logprobs_t *lp;
     uint32_t top_logprobs;
+    hpd_token_logprobs_t *plp; /* the prompt's ([n_prompt - 1]; NULL: not asked for) */
+    bool have_plp;             /* they came */
     hpd_req_fsm_t fsm;
     uint64_t job;          /* the current attempt's; 0 while queued */
     node_t *pnode, *dnode; /* the current attempt's nodes (NULL: none, or lost) */
@@ -271,6 +273,7 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r->hashes);
     free(r->out);
     free(r->lp);
+    free(r->plp);
     free(r);
 }
 
@@ -319,6 +322,7 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
                                     .request = r->id,
                                     .tokens = r->out,
                                     .logprobs = r->lp,
+                                    .prompt_logprobs = r->have_plp ? r->plp : NULL,
                                     .top_logprobs = r->top_logprobs,
                                     .n_tokens = r->n_out,
                                     .finish_reason = r->finish_reason,
@@ -577,9 +581,12 @@ static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
 
 /* Races r, whose attempt is on the suspect node n, with a copy of it
  * placed elsewhere (right behind r in the queue, so with r's turn),
- * replaying the tokens the client has. False: out of memory. */
+ * replaying the tokens the client has. False: out of memory, or a request
+ * still waiting for its prompt's logprobs. */
 static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
 {
+    if (r->plp != NULL && !r->have_plp)
+        return false; /* its prompt's logprobs come with its own prefill: it runs again */
     req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop,
                        &r->next);
     if (h == NULL)
@@ -795,6 +802,15 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, why);
         return;
     }
+    if (r->plp != NULL && !r->have_plp) { /* (a retry's are the same) */
+        if (!hpd_logprobs_decode(m.prompt_logprobs, m.prompt_logprobs_len, r->n_prompt - 1,
+                                 r->top_logprobs, p->vocab, r->plp, why, sizeof(why))) {
+            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: prompt %s", p->name,
+                      why);
+            return;
+        }
+        r->have_plp = true;
+    }
     add_tokens(r, 0, &t, r->lp != NULL ? &lp0 : NULL, 1);
     if (r->stopped) {
         req_event(c, r, HPD_REQ_EV_CANCEL, "its first token ended it (a stop string)");
@@ -874,7 +890,8 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                                       .decode_raw = dest.sb.data,
                                       .decode_raw_len = (uint32_t)dest.sb.size,
                                       .logprobs = r->lp != NULL,
-                                      .top_logprobs = r->top_logprobs};
+                                      .top_logprobs = r->top_logprobs,
+                                      .prompt_logprobs = r->plp != NULL};
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
     hpd_rpc_buf_destroy(&dest);
@@ -1521,7 +1538,8 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     hpd_route_node_t *view;
     req_t *r = NULL;
 
-    if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS || (q->top_logprobs > 0 && !q->logprobs)) {
+    if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
+        (q->top_logprobs > 0 && !q->logprobs && !q->prompt_logprobs)) {
         snprintf(err, err_len, "generate: top_logprobs is %u (expected at most %d, with "
                  "logprobs)", q->top_logprobs, HPD_MAX_TOP_LOGPROBS);
         hpd_metric_inc(c->m.invalid, 1);
@@ -1562,11 +1580,13 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     req_t **tail = &c->reqs;
     while (*tail != NULL)
         tail = &(*tail)->next;
-    hpd_token_logprobs_t *lp = NULL;
+    hpd_token_logprobs_t *lp = NULL, *plp = NULL;
     if ((q->logprobs && (lp = calloc(q->max_tokens, sizeof(*lp))) == NULL) ||
+        (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
         (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
                      tail)) == NULL) {
         free(lp);
+        free(plp);
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
     }
@@ -1574,6 +1594,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     r->min_tokens = q->min_tokens;
     r->sampling = q->sampling;
     r->lp = lp;
+    r->plp = plp;
     r->top_logprobs = q->top_logprobs;
     if (c->o.no_generation_defaults) { /* what the client left out: greedy */
         if (isnan(r->sampling.temperature))
@@ -1739,7 +1760,17 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
                                  .push_ms = res->push_ms,
                                  .exposed_push_ms = res->exposed_push_ms};
         snprintf(g.finish_reason, sizeof(g.finish_reason), "%s", res->finish_reason);
-        uint8_t *wire = NULL;
+        uint8_t *wire = NULL, *pwire = NULL;
+        if (res->prompt_logprobs != NULL && res->prompt_tokens > 1 &&
+            (pwire = malloc(hpd_logprobs_wire_bytes(res->prompt_tokens - 1,
+                                                    res->top_logprobs))) != NULL) {
+            hpd_logprobs_encode(res->prompt_logprobs, res->prompt_tokens - 1, res->top_logprobs,
+                                pwire);
+            g.prompt_logprobs = pwire;
+            g.prompt_logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(res->prompt_tokens - 1,
+                                                                      res->top_logprobs);
+            g.top_logprobs = res->top_logprobs;
+        }
         if (res->logprobs != NULL && res->n_tokens > 0 &&
             (wire = malloc(hpd_logprobs_wire_bytes(res->n_tokens, res->top_logprobs))) != NULL) {
             hpd_logprobs_encode(res->logprobs, res->n_tokens, res->top_logprobs, wire);
@@ -1753,6 +1784,7 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
         hpd_rpc_reply(s->conn, s->call_id, &b);
         hpd_rpc_buf_destroy(&b);
         free(wire);
+        free(pwire);
     } else if (res->outcome == HPD_COORD_FAILED) {
         hpd_rpc_reply_error(s->conn, s->call_id, res->code, "%s", res->error);
     } else { /* a closed connection is not answered (nothing is sent) */
@@ -1924,7 +1956,8 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .owner = conn,
                              .tag = g.tag,
                              .logprobs = g.logprobs,
-                             .top_logprobs = g.top_logprobs};
+                             .top_logprobs = g.top_logprobs,
+                             .prompt_logprobs = g.prompt_logprobs};
     /* what the client left out: the model's defaults (see submit) */
     if (hpd_rpc_map_get(params, "temperature") == NULL)
         q.sampling.temperature = NAN;

@@ -75,6 +75,8 @@ typedef struct {
      * likely tokens' (common/logprobs.h) */
     bool logprobs;
     uint32_t top_logprobs;
+    /* the prompt's too: tokens 1 .. n_prompt - 1, each given those before */
+    bool prompt_logprobs;
 } hpd_coord_request_t;
 
 typedef enum {
@@ -90,6 +92,7 @@ typedef struct {
     uint64_t request;
     const int32_t *tokens;
     const hpd_token_logprobs_t *logprobs; /* [n_tokens] when asked for; else NULL */
+    const hpd_token_logprobs_t *prompt_logprobs; /* [prompt_tokens - 1] when asked for */
     uint32_t n_tokens, top_logprobs;
     const char *finish_reason; /* FINISHED: "stop" or "length" */
     uint32_t prompt_tokens, cached_tokens, attempts;

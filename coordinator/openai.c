@@ -102,6 +102,9 @@ typedef struct {
     uint32_t top_logprobs;
     json_t *lp;
     size_t text_offset; /* completions: characters of the tokens so far */
+    /* completions' echo: the prompt (its ids, kept for its logprobs) */
+    bool echo;
+    int32_t *prompt;
 } call_t;
 
 /* ------------------------------------------------------------ replies */
@@ -290,8 +293,6 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
     if ((x = json_object_get(body, "best_of")) != NULL && !json_is_null(x) &&
         !(json_is_integer(x) && json_integer_value(x) == 1))
         return BAD(req, "best_of", "best_of: only 1 is supported");
-    if ((x = json_object_get(body, "echo")) != NULL && json_is_true(x))
-        return BAD(req, "echo", "echo is not supported");
     if ((x = json_object_get(body, "suffix")) != NULL && !json_is_null(x) &&
         !(json_is_string(x) && json_string_length(x) == 0))
         return BAD(req, "suffix", "suffix is not supported");
@@ -560,6 +561,60 @@ static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
     return true;
 }
 
+/* The characters of a token's text (U+FFFD counts one) */
+static size_t token_chars(const call_t *k, int32_t id)
+{
+    json_t *t;
+    size_t n = 0;
+    if (!token_text(k, id, &t, NULL))
+        return 0;
+    for (const unsigned char *c = (const unsigned char *)json_string_value(t); *c; c++)
+        n += (*c & 0xc0) != 0x80;
+    json_decref(t);
+    return n;
+}
+
+/* completions' echo with logprobs: the prompt's entries before the
+ * answer's (its first token has none: null), offsets from 0 */
+static bool prepend_prompt_lp(call_t *k, const hpd_token_logprobs_t *plp)
+{
+    json_t *all = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                            "top_logprobs", "text_offset");
+    size_t offset = 0;
+    for (uint32_t i = 0; all != NULL && i < k->n_prompt; i++) {
+        json_t *text, *top = json_null();
+        if (!token_text(k, k->prompt[i], &text, NULL)) {
+            json_decref(all);
+            return false;
+        }
+        if (i > 0) {
+            top = json_object();
+            for (uint32_t j = 0; j < plp[i - 1].n_top; j++) {
+                json_t *t;
+                if (token_text(k, plp[i - 1].top_ids[j], &t, NULL)) {
+                    json_object_set_new(top, json_string_value(t),
+                                        lp_number(plp[i - 1].top_logprobs[j]));
+                    json_decref(t);
+                }
+            }
+        }
+        json_array_append_new(json_object_get(all, "tokens"), text);
+        json_array_append_new(json_object_get(all, "token_logprobs"),
+                              i > 0 ? lp_number(plp[i - 1].logprob) : json_null());
+        json_array_append_new(json_object_get(all, "top_logprobs"), top);
+        json_array_append_new(json_object_get(all, "text_offset"),
+                              json_integer((json_int_t)offset));
+        offset += token_chars(k, k->prompt[i]);
+    }
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                       "text_offset"};
+    for (size_t i = 0; all != NULL && k->lp != NULL && i < 4; i++)
+        json_array_extend(json_object_get(all, keys[i]), json_object_get(k->lp, keys[i]));
+    json_decref(k->lp);
+    k->lp = all;
+    return all != NULL;
+}
+
 /* The entries so far, as a choice's logprobs (taken: k->lp starts over);
  * null when none were asked for. */
 static json_t *take_lp(call_t *k)
@@ -687,6 +742,7 @@ static void call_free(call_t *k)
     if (k->thought != NULL)
         evbuffer_free(k->thought);
     json_decref(k->lp);
+    free(k->prompt);
     free(k);
 }
 
@@ -746,6 +802,17 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
             send_event(k, NULL, true);
             evhttp_send_reply_end(k->req);
         } else {
+            /* echo: the prompt's text first (and its logprobs) */
+            if (k->echo) {
+                char *ptext = NULL;
+                size_t plen = 0;
+                if (hpd_tokenizer_decode(hpd_text_tokenizer(k->api->text), k->prompt,
+                                         k->n_prompt, false, &ptext, &plen) == HPD_OK)
+                    evbuffer_prepend(k->text, ptext, plen);
+                free(ptext);
+                if (k->logprobs && res->prompt_logprobs != NULL)
+                    prepend_prompt_lp(k, res->prompt_logprobs);
+            }
             const size_t n = evbuffer_get_length(k->text);
             const char *all = (const char *)evbuffer_pullup(k->text, -1);
             const size_t nr = k->thought != NULL ? evbuffer_get_length(k->thought) : 0;
@@ -865,12 +932,18 @@ static bool get_logprobs(struct evhttp_request *req, json_t *body, call_t *k)
 {
     json_int_t top = -1;
     if (!k->chat) {
-        if (!get_uint(req, body, "logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top))
+        if (!get_uint(req, body, "logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top) ||
+            !get_bool(req, body, "echo", &k->echo))
             return false;
+        if (k->echo && k->stream) /* (the prompt's logprobs come at the end) */
+            return BAD(req, "echo", "echo: not with stream");
         k->logprobs = top >= 0;
         k->top_logprobs = top >= 0 ? (uint32_t)top : 0;
         return true;
     }
+    const json_t *echo = json_object_get(body, "echo");
+    if (echo != NULL && json_is_true(echo))
+        return BAD(req, "echo", "echo: completions only");
     if (!get_bool(req, body, "logprobs", &k->logprobs) ||
         !get_uint(req, body, "top_logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top))
         return false;
@@ -957,6 +1030,15 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     k->evcon = evhttp_request_get_connection(req);
     k->created = (long long)time(NULL);
     k->n_prompt = (uint32_t)n_prompt;
+    if (k->echo) { /* its ids, for its text and logprobs at the end */
+        if ((k->prompt = malloc(n_prompt * sizeof(int32_t))) == NULL) {
+            reply_error(req, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
+        memcpy(k->prompt, prompt, n_prompt * sizeof(int32_t));
+        for (size_t i = 0; k->logprobs && i < n_prompt; i++) /* the answer's offsets after */
+            k->text_offset += token_chars(k, prompt[i]);
+    }
     if (!k->stream && ((k->text = evbuffer_new()) == NULL ||
                        (k->split && (k->thought = evbuffer_new()) == NULL))) {
         reply_error(req, 500, NULL, NULL, "out of memory");
@@ -982,7 +1064,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .who = who,
         .stream = k->stream,
         .logprobs = k->logprobs,
-        .top_logprobs = k->top_logprobs};
+        .top_logprobs = k->top_logprobs,
+        .prompt_logprobs = k->echo && k->logprobs};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];
     const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));

@@ -189,7 +189,8 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
     X(T, decode, OBJ, HPD_REQ, 0)                                                            \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
-    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
+    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
 /* a node's stats map: the stats method's reply, and its heartbeat's
@@ -312,7 +313,8 @@ HPD_MSG_STRUCT(hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
 HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
 
 /* the prefill call's reply; logprobs (a job that asked): the first
- * token's, in common/logprobs.h's wire form */
+ * token's, in common/logprobs.h's wire form; prompt_logprobs: prompt
+ * tokens 1 .. n - 1's */
 #define HPD_MSG_PREFILLED(T, X)                                                             \
     X(T, first_token, U32, HPD_REQ, INT32_MAX)                                               \
     X(T, cached_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
@@ -320,7 +322,8 @@ HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
     X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
-    X(T, logprobs, BIN, HPD_OPT, 0)
+    X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
+    X(T, prompt_logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* reserve (coordinator -> decode node): a slot and pages for a request;
@@ -367,7 +370,8 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
     X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
-    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
+    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */
@@ -385,7 +389,8 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
     X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */          \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
-    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
+    X(T, prompt_logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
 
 /* tokens (coordinator -> a streaming client): ids from index on; with

@@ -44,6 +44,9 @@ typedef struct job {
     bool logprobs;         /* the first token's log probabilities, with top_logprobs */
     uint32_t top_logprobs;
     hpd_token_logprobs_t first_lp;
+    bool prompt_logprobs;  /* the prompt's too (n_prompt - 1 of them) */
+    uint8_t *prompt_lp;    /* in wire form (malloc'd) */
+    uint32_t prompt_lp_len;
     /* destination */
     uint64_t dst_node;
     hpd_xfer_peer_t *peer;
@@ -184,6 +187,7 @@ static void job_free(prefill_t *p, job_t *j)
     }
     free(j->prompt);
     free(j->dst_pages);
+    free(j->prompt_lp);
     free(j);
     /* a retired endpoint may have lost its last job: the reaper drops it
      * (this may run inside one of its callbacks) */
@@ -217,6 +221,8 @@ static void job_end(prefill_t *p, job_t *j)
             if (j->logprobs)
                 hpd_logprobs_encode(&j->first_lp, 1, j->top_logprobs, lp);
             const hpd_msg_prefilled_t m = {
+                .prompt_logprobs = j->prompt_lp,
+                .prompt_logprobs_len = j->prompt_lp_len,
                 .logprobs = j->logprobs ? lp : NULL,
                 .logprobs_len = j->logprobs
                                     ? (uint32_t)hpd_logprobs_wire_bytes(1, j->top_logprobs)
@@ -372,7 +378,8 @@ static void try_start(prefill_t *p)
                                    .max_tokens = 1,
                                    .sampling = j->sampling,
                                    .logprobs = j->logprobs,
-                                   .top_logprobs = j->top_logprobs};
+                                   .top_logprobs = j->top_logprobs,
+                                   .prompt_logprobs = j->prompt_logprobs};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
         if (st != HPD_OK) {
             j->eng_id = 0;
@@ -554,6 +561,13 @@ static void after_step(hpd_node_t *n)
             if (j->logprobs && hpd_engine_logprobs(n->engine, j->eng_id, &lp, &n_lp) == HPD_OK &&
                 n_lp > 0)
                 j->first_lp = lp[0];
+            if (j->prompt_logprobs &&
+                hpd_engine_prompt_logprobs(n->engine, j->eng_id, &lp, &n_lp) == HPD_OK &&
+                (j->prompt_lp = malloc(hpd_logprobs_wire_bytes(n_lp, j->top_logprobs) + 1)) !=
+                    NULL) {
+                hpd_logprobs_encode(lp, n_lp, j->top_logprobs, j->prompt_lp);
+                j->prompt_lp_len = (uint32_t)hpd_logprobs_wire_bytes(n_lp, j->top_logprobs);
+            }
             if (hpd_engine_request_info(n->engine, j->eng_id, &info) == HPD_OK)
                 j->cached_tokens = info.cached_tokens;
             hpd_engine_release(n->engine, j->eng_id);
@@ -626,7 +640,8 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     j->id = pj.job;
     j->request = pj.request;
     j->logprobs = pj.logprobs;
-    j->top_logprobs = pj.logprobs ? pj.top_logprobs : 0;
+    j->prompt_logprobs = pj.prompt_logprobs;
+    j->top_logprobs = pj.logprobs || pj.prompt_logprobs ? pj.top_logprobs : 0;
     j->prompt = (int32_t *)pj.prompt; /* the job owns it now */
     j->n_prompt = pj.prompt_n;
     for (uint32_t i = 0; i < j->n_prompt; i++)

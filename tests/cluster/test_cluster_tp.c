@@ -229,11 +229,12 @@ static void test_mixed_and_failover(void **state)
     cl.passed++;
 }
 
-/* Log probabilities through the cluster (here P TP 1 -> D TP 4, then all
- * six nodes): every token's, and its 5 most likely tokens', printed as
- * hpd-run --logprobs 5 prints them (%.9g: the floats' bits), equal hpd-run
- * at TP 1's, greedy and seeded; the first token's come from the prefill
- * node, the others from the decode node. */
+/* Log probabilities through the cluster (here P TP 1 -> D TP 4): every
+ * token's, and its 5 most likely tokens', printed as hpd-run --logprobs 5
+ * prints them (%.9g: the floats' bits), equal hpd-run at TP 1's, greedy
+ * and seeded (seeded: the prompt's too, --prompt-logprobs); the first
+ * token's and the prompt's come from the prefill node, the others from
+ * the decode node. */
 static void test_logprobs(void **state)
 {
     (void)state;
@@ -242,8 +243,9 @@ static void test_logprobs(void **state)
     for (int seeded = 0; seeded < 2; seeded++) {
         char cmd[2048], line[65536];
         snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s "
-                 "--prompts-file %s --max-tokens %d --threads 2 --logprobs 5 %s", HPD_RUN,
-                 cl.model, prompts_file, MAX_TOKENS, modes[seeded]);
+                 "--prompts-file %s --max-tokens %d --threads 2 --logprobs 5 %s%s", HPD_RUN,
+                 cl.model, prompts_file, MAX_TOKENS, modes[seeded],
+                 seeded ? " --prompt-logprobs" : "");
         FILE *ref = popen(cmd, "r");
         assert_non_null(ref);
         hpd_client_t *c = cl_client(&cl);
@@ -253,7 +255,8 @@ static void test_logprobs(void **state)
                                        .max_tokens = MAX_TOKENS,
                                        .sampling = {.top_p = 1},
                                        .logprobs = true,
-                                       .top_logprobs = 5};
+                                       .top_logprobs = 5,
+                                       .prompt_logprobs = seeded};
             if (seeded)
                 p.sampling = (hpd_sampling_t){
                     .temperature = 0.8f, .top_p = 0.9f, .top_k = 40, .seed = 7};
@@ -263,10 +266,18 @@ static void test_logprobs(void **state)
             char *got = NULL;
             size_t got_len = 0;
             FILE *m = open_memstream(&got, &got_len);
+            if (seeded) { /* the prompt's line first */
+                assert_non_null(r.prompt_logprobs);
+                hpd_logprobs_print(m, r.prompt_logprobs, r.prompt_tokens - 1);
+            }
             hpd_logprobs_print(m, r.logprobs, r.n_tokens);
             fclose(m);
             assert_non_null(fgets(line, sizeof(line), ref)); /* the ids */
             assert_non_null(fgets(line, sizeof(line), ref)); /* their logprobs */
+            if (seeded) { /* and the prompt's before them */
+                const size_t n = strlen(line);
+                assert_non_null(fgets(line + n, (int)(sizeof(line) - n), ref));
+            }
             if (strcmp(got, line) != 0)
                 fail_msg("%s: prompt %d's logprobs differ from hpd-run's:\n got %s want %s",
                          seeded ? "seeded" : "greedy", i, got, line);
@@ -276,8 +287,8 @@ static void test_logprobs(void **state)
         hpd_client_destroy(c);
         assert_int_equal(pclose(ref), 0);
     }
-    print_message("logprobs (5 top ones): %d/%d prompts greedy and seeded as hpd-run's, bit "
-                  "for bit\n", N_PROMPTS, N_PROMPTS);
+    print_message("logprobs (5 top ones): %d/%d prompts greedy and seeded (with the "
+                  "prompt's) as hpd-run's, bit for bit\n", N_PROMPTS, N_PROMPTS);
     cl.passed++;
 }
 

@@ -557,13 +557,19 @@ typedef struct {
     uint32_t n, n_top;
 } ref_lp_t;
 
-static void reference_logprobs(const char *ids, const char *flags, uint32_t top, ref_lp_t *r)
+/* line `back` from the end of hpd-run's output (0: the last) */
+static void reference_logprobs_line(const char *ids, const char *flags, uint32_t top, int back,
+                                    ref_lp_t *r)
 {
     char args[256];
     size_t len;
     snprintf(args, sizeof(args), "%s --logprobs %u", flags, top);
     char *out = reference(ids, args, &len);
-    const char *line = strrchr(out, '\n');
+    char *line = strrchr(out, '\n');
+    for (int b = 0; b < back && line != NULL; b++) {
+        *line = '\0';
+        line = strrchr(out, '\n');
+    }
     assert_non_null(line);
     memset(r, 0, sizeof(*r));
     r->n_top = top;
@@ -583,6 +589,11 @@ static void reference_logprobs(const char *ids, const char *flags, uint32_t top,
             p++;
     }
     free(out);
+}
+
+static void reference_logprobs(const char *ids, const char *flags, uint32_t top, ref_lp_t *r)
+{
+    reference_logprobs_line(ids, flags, top, 0, r);
 }
 
 /* a logprob in JSON: the float's value, or -9999 for -infinity */
@@ -700,8 +711,53 @@ static void test_logprobs(void **state)
         json_decref(content);
         free(r.body);
     }
-    print_message("logprobs: completions (3 top ones) and chat (2), streamed or not, equal "
-                  "hpd-run --logprobs bit for bit\n");
+    /* completions' echo: the prompt's text and its logprobs first (its
+     * first token's null), then the answer's, as hpd-run --prompt-logprobs */
+    ref_lp_t pref, gref;
+    reference_logprobs_line(prompt_ids, "--max-tokens 4 --ignore-eos --prompt-logprobs", 2, 1,
+                            &pref);
+    reference_logprobs_line(prompt_ids, "--max-tokens 4 --ignore-eos --prompt-logprobs", 2, 0,
+                            &gref);
+    size_t want_len;
+    char *want = reference(prompt_ids, "--max-tokens 4 --ignore-eos", &want_len);
+    snprintf(body, sizeof(body), "{\"tokens\": [%s]}", prompt_ids);
+    resp_t d = http("POST", "/detokenize", KEY, body);
+    assert_int_equal(d.status, 200);
+    json_t *dj = json_of(&d);
+    const char *ptext = json_string_value(json_object_get(dj, "prompt"));
+    assert_non_null(ptext);
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 4, \"ignore_eos\": true, "
+             "\"echo\": true, \"logprobs\": 2}", prompt_ids);
+    resp_t r = http("POST", "/v1/completions", KEY, body);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(c, "text"));
+    assert_non_null(text);
+    assert_int_equal(strlen(text), strlen(ptext) + want_len);
+    assert_memory_equal(text, ptext, strlen(ptext));
+    assert_memory_equal(text + strlen(ptext), want, want_len);
+    const json_t *lp = json_object_get(c, "logprobs"), *tl = json_object_get(lp, "token_logprobs");
+    const uint32_t n_p = pref.n + 1; /* the prompt's tokens */
+    assert_int_equal(json_array_size(tl), n_p + 4);
+    assert_true(json_is_null(json_array_get(tl, 0)));
+    assert_true(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+    for (uint32_t i = 1; i < n_p; i++)
+        same_lp(json_array_get(tl, i), pref.lp[i - 1], "echoed prompt token", i);
+    for (uint32_t i = 0; i < 4; i++)
+        same_lp(json_array_get(tl, n_p + i), gref.lp[i], "answer token after the echo", i);
+    const json_t *off = json_object_get(lp, "text_offset");
+    for (uint32_t i = 1; i < n_p + 4; i++)
+        assert_true(json_integer_value(json_array_get(off, i)) >=
+                    json_integer_value(json_array_get(off, i - 1)));
+    json_decref(j), json_decref(dj), free(r.body), free(d.body), free(want);
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": \"x\", \"echo\": true, \"stream\": true}", 400,
+                 "echo: not with stream");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}",
+                 400, "echo: completions only");
+    print_message("logprobs: completions (3 top ones) and chat (2), streamed or not, and "
+                  "completions' echo of the prompt's, equal hpd-run bit for bit\n");
     cl.passed++;
 }
 
