@@ -3,7 +3,8 @@
 cluster with the HTTP API, e.g. deploy/examples/local.yaml after
 `hpdctl up` (port 17602, the model `tiny`, the key in .hpd/local/client-keys):
 models, chat and completions, streamed and not (streamed = unstreamed),
-usage, a stop string, and the 401 / 404 / 400 errors as the client raises
+usage, a stop string, logprobs (chat streamed and not, completions with
+echo), reasoning, and the 401 / 404 / 400 errors as the client raises
 them. Tooling only (docs/api.md).
 
   python3 tools/openai_check.py [BASE_URL] [KEY_FILE]
@@ -33,6 +34,29 @@ s = "".join(ch.choices[0].text for ch in c.completions.create(model="tiny", prom
 print("completion stream same:", s == cr.choices[0].text)
 st = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=16, stop=[cr.choices[0].text[3:6]])
 print("stop:", repr(st.choices[0].text), st.choices[0].finish_reason)
+# log probabilities, parsed by the client's types (docs/api.md)
+lr = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Name a colour."}],
+                               max_tokens=6, logprobs=True, top_logprobs=3,
+                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+lc = lr.choices[0].logprobs.content
+print("chat logprobs:", len(lc), "tokens, first", repr(lc[0].token), lc[0].logprob, lc[0].bytes,
+      [(t.token, t.logprob) for t in lc[0].top_logprobs])
+sl = []
+for ch in c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Name a colour."}],
+                                    max_tokens=6, logprobs=True, top_logprobs=3, stream=True,
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}}):
+    if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+        sl.extend(ch.choices[0].logprobs.content)
+print("chat logprobs stream same:", [(t.token, t.logprob) for t in sl] == [(t.token, t.logprob) for t in lc])
+ce = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=4, logprobs=2, echo=True)
+cl = ce.choices[0].logprobs
+print("completion echo:", repr(ce.choices[0].text), len(cl.tokens), "tokens, logprobs",
+      cl.token_logprobs[:3], "top", cl.top_logprobs[1], "offsets", cl.text_offset[:4])
+# reasoning: the model's default thinking on (the answer is reasoning until </think>)
+rr = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Why is the sky blue?"}],
+                               max_tokens=8)
+m = rr.choices[0].message
+print("reasoning:", repr(getattr(m, "reasoning_content", None)), "content:", repr(m.content))
 for what, fn in [("bad key", lambda: OpenAI(base_url=base, api_key="nope-nope-nope-nope").models.list()),
                  ("unknown model", lambda: c.completions.create(model="gpt-4o", prompt="x", max_tokens=1)),
                  ("n=2", lambda: c.completions.create(model="tiny", prompt="x", max_tokens=1, n=2))]:
