@@ -119,6 +119,18 @@ MODULES = {
         "left_out": {},
         "tests": ["test_tp_sum", "test_engine_tp"],
     },
+    # A thinking model's answer split into reasoning and content.
+    "reasoning": {
+        "files": ["coordinator/reasoning.c"],
+        "left_out": {},
+        "tests": ["test_reasoning"],
+    },
+    # Log probabilities: their computation and wire form (common/logprobs.h).
+    "logprobs": {
+        "files": ["common/logprobs.c"],
+        "left_out": {},
+        "tests": ["test_engine", "test_logprobs"],
+    },
     # What each prefill rank sends each decode rank (node/tp_plan.h).
     "tp_plan": {
         "files": ["node/tp_plan.c"],

@@ -2,8 +2,8 @@
  * (coordinator/reasoning.h): recorded answers of both kinds of prompt (the
  * think block opened by the prompt, or by the answer), cut into two and
  * three pieces at every byte and into single bytes, each give the same
- * reasoning and content, with no empty piece and no reasoning after
- * content. */
+ * reasoning and content, with no empty piece, no reasoning after content,
+ * and nothing held back that cannot begin a tag. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -44,6 +44,12 @@ static void run(const char *answer, bool opened, const size_t *cuts, size_t n_cu
         const size_t end = i < n_cuts ? cuts[i] : strlen(answer);
         hpd_reasoning_feed(&r, answer + at, end - at, emit, s);
         at = end;
+        /* only what may begin a tag waits: the held bytes start <think>
+         * (before the answer decided) or </think> (inside the block) */
+        const char *tag = r.state == HPD_REASONING_START ? "<think>" : "</think>";
+        if (r.n_hold >= strlen(tag) || memcmp(r.hold, tag, r.n_hold) != 0 ||
+            (r.state == HPD_REASONING_CONTENT && r.n_hold > 0))
+            s->bad = true;
     }
     hpd_reasoning_finish(&r, emit, s);
 }
