@@ -27,6 +27,11 @@ static inline int hpd_cpu_threads(hpd_backend_t *b)
 hpd_status_t hpd_cpu_embed(hpd_backend_t *b, const hpd_embed_args_t *a);
 hpd_status_t hpd_cpu_gemm(hpd_backend_t *b, const hpd_gemm_args_t *a);
 hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
+/* gemm_sum's experts' form (first set): each expert's rows against its
+ * matrices, one dense gemm_sum (dense) each; rows of no expert untouched */
+hpd_status_t hpd_cpu_gemm_sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a,
+                                      hpd_status_t (*dense)(hpd_backend_t *,
+                                                            const hpd_gemm_sum_args_t *));
 /* bf16 products (gemm_bf16.c): the GEMM of device cpu-bf16 for BF16
  * weights; the scalar sequence of one of its outputs, over x already
  * rounded (hpd_cpu_round_bf16), which the kernels reproduce bit for bit;

@@ -406,9 +406,9 @@ static void (*tile_fn(hpd_dtype_t dtype))(const hpd_gemm_args_t *, uint32_t, uin
  * one took 8 GEMMs and 3 tp_sum passes. */
 static hpd_status_t gemm_sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a);
 
-/* The experts' form: each expert's rows against its matrices, one dense
- * gemm_sum each (rows of no expert are not touched, as gemm_grouped). */
-static hpd_status_t gemm_sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
+hpd_status_t hpd_cpu_gemm_sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a,
+                                      hpd_status_t (*dense)(hpd_backend_t *,
+                                                            const hpd_gemm_sum_args_t *))
 {
     hpd_status_t st = HPD_OK;
     if (a->first[a->n_experts] > a->m)
@@ -431,14 +431,15 @@ static hpd_status_t gemm_sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t
             if (g->w_scale != NULL)
                 e.g[j].w_scale = g->w_scale + (size_t)x * a->n * g->w_scale_ld;
         }
-        st = gemm_sum_dense(b, &e);
+        st = dense(b, &e);
     }
     return st;
 }
 
 hpd_status_t hpd_cpu_gemm_sum(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
 {
-    return a->first != NULL ? gemm_sum_experts(b, a) : gemm_sum_dense(b, a);
+    return a->first != NULL ? hpd_cpu_gemm_sum_experts(b, a, gemm_sum_dense)
+                            : gemm_sum_dense(b, a);
 }
 
 static hpd_status_t gemm_sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)

@@ -548,50 +548,14 @@ static hpd_status_t sum_tree(hpd_backend_t *b, const hpd_gemm_sum_args_t *a, uin
 static hpd_status_t sum_by_gemms(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
 {
     hpd_cpu_ctx_t *c = b->ctx;
-    const size_t mn = (size_t)a->m * a->n, need = mn * 4; /* 3 levels + the total */
-    if (c->sum_floats < need) {
-        float *p = realloc(c->sum_tiles, need * sizeof(float));
-        if (p == NULL)
-            return HPD_ERR_NO_MEMORY;
-        c->sum_tiles = p;
-        c->sum_floats = need;
-    }
+    const size_t mn = (size_t)a->m * a->n; /* 3 levels + the total */
+    if (hpd_grow(&c->sum_tiles, &c->sum_floats, mn * 4, sizeof(float)) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     float *total = a->accumulate ? c->sum_tiles + 3 * mn : a->y;
     const uint32_t ldt = a->accumulate ? a->n : a->ldy;
     const hpd_status_t st = sum_tree(b, a, 0, a->n_groups, total, ldt, c->sum_tiles, 0);
     if (st == HPD_OK && a->accumulate)
         add_into(b, a->y, a->ldy, total, a->m, a->n);
-    return st;
-}
-
-/* the experts' form: each expert's rows against its matrices */
-static hpd_status_t sum_experts(hpd_backend_t *b, const hpd_gemm_sum_args_t *a,
-                                hpd_status_t (*dense)(hpd_backend_t *,
-                                                      const hpd_gemm_sum_args_t *))
-{
-    hpd_status_t st = HPD_OK;
-    if (a->first[a->n_experts] > a->m)
-        return HPD_ERR_INVALID_ARG;
-    for (uint32_t x = 0; x < a->n_experts && st == HPD_OK; x++) {
-        const uint32_t r0 = a->first[x], r1 = a->first[x + 1];
-        if (r1 <= r0)
-            continue;
-        if (r1 > a->m)
-            return HPD_ERR_INVALID_ARG;
-        hpd_gemm_sum_args_t e = *a;
-        e.first = NULL;
-        e.m = r1 - r0;
-        e.y = a->y + (size_t)r0 * a->ldy;
-        for (uint32_t j = 0; j < a->n_groups; j++) {
-            const hpd_gemm_args_t *g = &a->g[j];
-            const size_t mat = (size_t)a->n * g->k;
-            e.g[j].x = g->x + (size_t)r0 * g->ldx;
-            e.g[j].w = (const char *)g->w + x * mat * hpd_dtype_size(g->w_dtype);
-            if (g->w_scale != NULL)
-                e.g[j].w_scale = g->w_scale + (size_t)x * a->n * g->w_scale_ld;
-        }
-        st = dense(b, &e);
-    }
     return st;
 }
 
@@ -611,14 +575,9 @@ static hpd_status_t sum_dense(hpd_backend_t *b, const hpd_gemm_sum_args_t *a)
     if (!bf16 || a->m >= 4)
         return sum_by_gemms(b, a);
     const int threads = work >= (1u << 16) ? hpd_cpu_threads(b) : 1;
-    const size_t row = at[G], need = (size_t)threads * a->m * row;
-    if (c->xb_elems < need) {
-        uint16_t *p = realloc(c->xb, need * sizeof(uint16_t));
-        if (p == NULL)
-            return HPD_ERR_NO_MEMORY;
-        c->xb = p;
-        c->xb_elems = need;
-    }
+    const size_t row = at[G];
+    if (hpd_grow(&c->xb, &c->xb_elems, (size_t)threads * a->m * row, sizeof(uint16_t)) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
     const uint32_t n_tiles = (a->n + NB - 1) / NB;
 #pragma omp parallel num_threads(threads)
     {
@@ -665,5 +624,5 @@ hpd_status_t hpd_cpu_gemm_sum_bf16_products(hpd_backend_t *b, const hpd_gemm_sum
         HPD_LOG_ERROR("cpu", "gemm_sum of %u groups (expected 1, 2, 4 or 8)", G);
         return HPD_ERR_INVALID_ARG;
     }
-    return a->first != NULL ? sum_experts(b, a, sum_dense) : sum_dense(b, a);
+    return a->first != NULL ? hpd_cpu_gemm_sum_experts(b, a, sum_dense) : sum_dense(b, a);
 }

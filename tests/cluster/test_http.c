@@ -605,6 +605,47 @@ static void same_lp(const json_t *v, float want, const char *what, uint32_t i)
         fail_msg("%s %u: logprob %.9g, hpd-run's %.9g", what, i, got, want);
 }
 
+/* Each event's (or the answer's) choices[0].logprobs, in order, to fn;
+ * first_lp_null: the first event's must be null (a chat stream's role). */
+static void each_lp(char *body, bool stream, bool first_lp_null,
+                    void (*fn)(void *arg, const json_t *lp), void *arg)
+{
+    uint32_t event = 0;
+    for (char *ev = body; ev != NULL && *ev != '\0'; event++) {
+        char *next = stream ? strstr(ev, "\n\n") : NULL;
+        if (next != NULL)
+            *next = '\0';
+        const char *js = stream ? ev + 6 : ev;
+        if (!stream || strcmp(js, "[DONE]") != 0) {
+            json_t *j = json_loads(js, 0, NULL);
+            assert_non_null(j);
+            const json_t *lp =
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+            if (first_lp_null && event == 0)
+                assert_true(json_is_null(lp));
+            else if (lp != NULL && !json_is_null(lp))
+                fn(arg, lp);
+            json_decref(j);
+        }
+        ev = next != NULL ? next + 2 : NULL;
+    }
+}
+
+/* completions' logprobs joined: the four arrays of an object */
+static void join_completion_lp(void *arg, const json_t *lp)
+{
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                       "text_offset"};
+    for (size_t i = 0; i < 4; i++)
+        json_array_extend(json_object_get(arg, keys[i]), json_object_get(lp, keys[i]));
+}
+
+/* chat's joined: the content entries */
+static void join_chat_lp(void *arg, const json_t *lp)
+{
+    json_array_extend(arg, json_object_get(lp, "content"));
+}
+
 /* Log probabilities on both endpoints, streamed or not: each token's and
  * its top ones' equal hpd-run --logprobs's bit for bit; chat gives
  * {token, logprob, bytes, top_logprobs} entries (a stream's spread over
@@ -622,29 +663,13 @@ static void test_logprobs(void **state)
                  "\"logprobs\": 3, \"stream\": %s}", prompt_ids, stream ? "true" : "false");
         resp_t r = http("POST", "/v1/completions", KEY, body);
         assert_int_equal(r.status, 200);
-        json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
-               *offsets = json_array();
-        /* the chunks' (or the answer's) logprobs, joined */
-        for (char *ev = r.body; ev != NULL && *ev != '\0';) {
-            char *next = stream ? strstr(ev, "\n\n") : NULL;
-            if (next != NULL)
-                *next = '\0';
-            const char *js = stream ? ev + 6 : ev;
-            if (!stream || strcmp(js, "[DONE]") != 0) {
-                json_t *j = json_loads(js, 0, NULL);
-                assert_non_null(j);
-                const json_t *lp =
-                    json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
-                if (lp != NULL && !json_is_null(lp)) {
-                    json_array_extend(tokens, json_object_get(lp, "tokens"));
-                    json_array_extend(lps, json_object_get(lp, "token_logprobs"));
-                    json_array_extend(tops, json_object_get(lp, "top_logprobs"));
-                    json_array_extend(offsets, json_object_get(lp, "text_offset"));
-                }
-                json_decref(j);
-            }
-            ev = next != NULL ? next + 2 : NULL;
-        }
+        json_t *all = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                "top_logprobs", "text_offset");
+        each_lp(r.body, stream, false, join_completion_lp, all);
+        const json_t *tokens = json_object_get(all, "tokens");
+        const json_t *lps = json_object_get(all, "token_logprobs");
+        const json_t *tops = json_object_get(all, "top_logprobs");
+        const json_t *offsets = json_object_get(all, "text_offset");
         assert_int_equal(json_array_size(lps), 8);
         assert_int_equal(json_array_size(tokens), 8);
         assert_int_equal(json_array_size(offsets), 8);
@@ -659,7 +684,7 @@ static void test_logprobs(void **state)
                             json_integer_value(json_array_get(offsets, i - 1)));
         }
         assert_int_equal(json_integer_value(json_array_get(offsets, 0)), 0);
-        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offsets);
+        json_decref(all);
         free(r.body);
     }
     /* chat: 2 top ones */
@@ -677,25 +702,7 @@ static void test_logprobs(void **state)
         resp_t r = http("POST", "/v1/chat/completions", KEY, body);
         assert_int_equal(r.status, 200);
         json_t *content = json_array();
-        uint32_t chunk = 0;
-        for (char *ev = r.body; ev != NULL && *ev != '\0'; chunk++) {
-            char *next = stream ? strstr(ev, "\n\n") : NULL;
-            if (next != NULL)
-                *next = '\0';
-            const char *js = stream ? ev + 6 : ev;
-            if (!stream || strcmp(js, "[DONE]") != 0) {
-                json_t *j = json_loads(js, 0, NULL);
-                assert_non_null(j);
-                const json_t *lp =
-                    json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
-                if (stream && chunk == 0) /* the role's chunk */
-                    assert_true(json_is_null(lp));
-                else if (lp != NULL && !json_is_null(lp))
-                    json_array_extend(content, json_object_get(lp, "content"));
-                json_decref(j);
-            }
-            ev = next != NULL ? next + 2 : NULL;
-        }
+        each_lp(r.body, stream, stream, join_chat_lp, content);
         assert_int_equal(json_array_size(content), 8);
         for (uint32_t i = 0; i < 8; i++) {
             const json_t *e = json_array_get(content, i), *top = json_object_get(e, "top_logprobs");
