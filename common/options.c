@@ -64,6 +64,9 @@ const hpd_opt_t hpd_options[] = {
         NULL),
     TXT("served-model-name", "NAME", NULL, "the model's name in the HTTP API (the --model\n"
         "directory's last part)", C, "served_model_name"),
+    TXT("thinking", "on|off", NULL, "a chat's thinking where its request does not say\n"
+        "(chat_template_kwargs.enable_thinking, generate's thinking; the model's default)", C,
+        NULL),
     INT("max-connections", U32, 4, 1u << 20, 1, NULL, "open RPC connections, clients and\n"
         "nodes; half at most unauthenticated (1024, or what the fd limit allows)", C, NULL),
     /* ---- nodes */

@@ -1629,6 +1629,11 @@ bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
     return false;
 }
 
+int hpd_coord_default_thinking(const hpd_coord_t *c)
+{
+    return c->o.default_thinking == 0 ? -1 : c->o.default_thinking == 1;
+}
+
 bool hpd_coord_draining(const hpd_coord_t *c)
 {
     return c->draining;
@@ -1850,7 +1855,7 @@ static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **i
     }
     if (ok) {
         char why[400];
-        const int thinking = g->thinking == 0 ? -1 : g->thinking == 1;
+        const int thinking = g->thinking == 0 ? hpd_coord_default_thinking(c) : g->thinking == 1;
         ok = hpd_text_chat(c->text, mv, a->size, thinking, ids_p, n_p, why, sizeof(why)) ==
              HPD_OK;
         if (!ok)

@@ -33,6 +33,9 @@ typedef struct {
     /* a request without temperature / top_p / top_k samples greedily instead
      * of with the model's generation defaults (which the nodes apply) */
     bool no_generation_defaults;
+    /* a chat's thinking where its request does not say: 0 the model's
+     * default, 1 on, 2 off (generate's thinking) */
+    uint32_t default_thinking;
     /* the model directory: its tokenizer.json and chat template make requests
      * as text and chats possible (coordinator/text.h); NULL: token ids only */
     const char *model_dir;
@@ -47,6 +50,9 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
 void hpd_coord_destroy(hpd_coord_t *coord);
 
 uint16_t hpd_coord_port(const hpd_coord_t *coord);
+/* A chat's enable_thinking where its request does not say (the HTTP
+ * door's too): 1 on, 0 off, -1 the model's default (opts.default_thinking) */
+int hpd_coord_default_thinking(const hpd_coord_t *coord);
 /* The model's tokenizer and chat format (NULL without opts.model_dir). */
 struct hpd_text;
 const struct hpd_text *hpd_coord_text(const hpd_coord_t *coord);

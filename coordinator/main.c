@@ -21,7 +21,7 @@ typedef struct {
     const char *port_file;
     int32_t metrics_port; /* -1: no HTTP endpoint */
     int32_t http_port;    /* -1: no OpenAI-compatible API */
-    const char *model, *served_model_name, *http_port_file;
+    const char *model, *served_model_name, *http_port_file, *thinking;
     uint32_t drain_timeout_ms;
 } opts_t;
 
@@ -47,6 +47,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         HPD_OPT_BIND("http-port", &o->http_port),
         HPD_OPT_BIND("model", &o->model),
         HPD_OPT_BIND("served-model-name", &o->served_model_name),
+        HPD_OPT_BIND("thinking", &o->thinking),
         HPD_OPT_BIND("http-port-file", &o->http_port_file),
         HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
         HPD_OPT_BIND("max-connections", &o->c.max_connections),
@@ -61,6 +62,14 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         return rc;
     hpd_log_set_level(level);
     o->c.no_generation_defaults = !gen_defaults;
+    if (o->thinking != NULL) {
+        if (strcmp(o->thinking, "on") != 0 && strcmp(o->thinking, "off") != 0) {
+            fprintf(stderr, "hpd-coordinator: --thinking '%s' is invalid (expected on or off)\n",
+                    o->thinking);
+            return -1;
+        }
+        o->c.default_thinking = strcmp(o->thinking, "on") == 0 ? 1 : 2;
+    }
     o->c.model_dir = o->model;
     if (o->c.token_file != NULL && o->c.client_keys_file == NULL) {
         fprintf(stderr, "hpd-coordinator: --token-file needs --client-keys-file: the node secret "

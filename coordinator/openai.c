@@ -415,7 +415,7 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
                         int32_t **ids_p, size_t *n_p, int *thinking_p)
 {
     const json_t *msgs = json_object_get(body, "messages");
-    int thinking = -1;
+    int thinking = hpd_coord_default_thinking(api->p.coord); /* unless the request says */
     const json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw != NULL && !json_is_null(kw)) {
         const char *key;

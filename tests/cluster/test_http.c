@@ -464,6 +464,7 @@ static void test_chat_as_hpd_run(void **state)
     snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": "
              "{\"enable_thinking\": false}}", msgs);
     char *ids = tokenize(body, &n);
+    char *ids_off = strdup(ids);
     size_t want_len;
     char *want = reference(ids, "--max-tokens 20 --ignore-eos", &want_len);
     for (int stream = 0; stream < 2; stream++) {
@@ -486,8 +487,11 @@ static void test_chat_as_hpd_run(void **state)
     for (int i = 0; i < 40; i++)
         strcat(sys, "You answer in one short sentence. ");
     for (int q = 0; q < 2; q++) {
+        /* (thinking on: the prompt's length puts a GDN checkpoint in the
+         * shared part; this coordinator's default is off) */
         snprintf(body, sizeof(body), "{\"messages\": [{\"role\": \"system\", \"content\": "
-                 "\"%s\"}, {\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": 4}",
+                 "\"%s\"}, {\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": 4, "
+                 "\"chat_template_kwargs\": {\"enable_thinking\": true}}",
                  sys, q ? "And Spain?" : "What is the capital of France?");
         answer_t a = generate(true, body);
         assert_true(a.prompt_tokens > 128);
@@ -496,19 +500,28 @@ static void test_chat_as_hpd_run(void **state)
                      (long long)a.cached_tokens, (long long)a.prompt_tokens);
         answer_free(&a);
     }
-    /* thinking on (the model's default) is another prompt: one more line */
-    snprintf(body, sizeof(body), "{\"messages\": %s}", msgs);
-    size_t n_think;
+    /* thinking on (the model's default, but this coordinator's is off) is
+     * another prompt: one line fewer; a request that does not say takes
+     * the coordinator's (--thinking off) */
+    snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": "
+             "{\"enable_thinking\": true}}", msgs);
+    size_t n_think, n_default;
     free(tokenize(body, &n_think));
     assert_true(n_think < n);
+    snprintf(body, sizeof(body), "{\"messages\": %s}", msgs);
+    char *dflt = tokenize(body, &n_default);
+    assert_int_equal(n_default, n);
+    assert_string_equal(dflt, ids_off);
+    free(dflt);
+    free(ids_off);
     cl.passed++;
 }
 
 /* A thinking model's chat (the model's format opens <think> in the prompt
- * with thinking on, its default): the answer is reasoning up to a
- * </think>, content after it, under reasoning_content and reasoning,
- * streamed or not; with thinking off it is all content and the reasoning
- * is null. hpd-run's text split by hand is the reference (a random model
+ * with thinking on): the answer is reasoning up to a </think>, content
+ * after it, under reasoning_content and reasoning, streamed or not; with
+ * thinking off (this coordinator's default, --thinking off, for a request
+ * that does not say) it is all content and the reasoning is null. hpd-run's text split by hand is the reference (a random model
  * never closes the block here: coordinator/test_reasoning splits answers
  * that do at every byte). */
 static void test_chat_reasoning(void **state)
@@ -516,7 +529,8 @@ static void test_chat_reasoning(void **state)
     static const char msgs[] = "[{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}]";
     char body[4096];
     for (int thinking = 0; thinking < 2; thinking++) {
-        const char *kw = thinking ? "null" : "{\"enable_thinking\": false}";
+        /* on by the request; off by the coordinator's --thinking off */
+        const char *kw = thinking ? "{\"enable_thinking\": true}" : "null";
         size_t n, want_len;
         snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": %s}", msgs,
                  kw);
@@ -1243,7 +1257,7 @@ static int setup(void **state)
                           "--http-port-file",
                           http_file, "--model", cl.model, "--served-model-name", MODEL_NAME,
                           "--max-requests", "2", "--lease-ms", "120000", "--liveness-ms", "2000",
-                          NULL};
+                          "--thinking", "off", NULL};
     cl_start_coordinator(&cl, "coordinator", args);
     http_port = cl_port_file(&cl, http_file);
     metrics_port = cl_metrics_port(&cl, cl.coord);
