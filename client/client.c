@@ -228,10 +228,17 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
             snprintf(r.error, sizeof(r.error), "bad reply: prompt %s",
                      r.prompt_logprobs == NULL ? "logprobs missing or out of memory" : why);
         }
-        if (g.text != NULL && (r.text = malloc(g.text_len + 1)) != NULL) {
-            memcpy(r.text, g.text, g.text_len);
+        /* (an answer that is all reasoning has no text: an empty one) */
+        if ((g.text != NULL || g.reasoning != NULL) &&
+            (r.text = malloc(g.text_len + 1)) != NULL) {
+            if (g.text_len > 0)
+                memcpy(r.text, g.text, g.text_len);
             r.text[g.text_len] = '\0';
             r.text_len = g.text_len;
+        }
+        if (g.reasoning != NULL && (r.reasoning = malloc(g.reasoning_len + 1)) != NULL) {
+            memcpy(r.reasoning, g.reasoning, g.reasoning_len);
+            r.reasoning[g.reasoning_len] = '\0';
         }
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
@@ -242,6 +249,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         q->on_done(q->arg, q->handle, &r);
     free(r.tokens);
     free(r.text);
+    free(r.reasoning);
     free(r.logprobs);
     free(r.prompt_logprobs);
     drop(c, q);
@@ -377,6 +385,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     *s->out = *r;
     r->tokens = NULL; /* ours now */
     r->text = NULL;
+    r->reasoning = NULL;
     r->logprobs = NULL;
     r->prompt_logprobs = NULL;
 }
@@ -415,6 +424,8 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
     r->tokens = NULL;
     free(r->text);
     r->text = NULL;
+    free(r->reasoning);
+    r->reasoning = NULL;
     free(r->logprobs);
     r->logprobs = NULL;
     free(r->prompt_logprobs);

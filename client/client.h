@@ -65,6 +65,7 @@ typedef struct {
     uint32_t prompt_tokens, cached_tokens, attempts;
     char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
     char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
+    char *reasoning;          /* a thinking model's chat: its reasoning apart (or NULL) */
     hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
     hpd_token_logprobs_t *prompt_logprobs; /* prompt tokens 1..: prompt_tokens - 1 of them */
     size_t text_len;

@@ -199,7 +199,10 @@ static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
         fprintf(stderr, "hpd-client: the answer's text is missing (out of memory)\n");
         hpd_generate_result_free(&r);
         return 1;
-    } else if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
+    }
+    if (print_text && r.reasoning != NULL) /* a thinking model's: on stderr */
+        fprintf(stderr, "[reasoning] %s\n", r.reasoning);
+    if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
         if (r.text_len > G.text_streamed)
             fwrite(r.text + G.text_streamed, 1, r.text_len - G.text_streamed, stdout);
     } else if (print_text) {

@@ -33,6 +33,7 @@
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
 #include "coordinator/routing.h"
+#include "coordinator/reasoning.h"
 #include "coordinator/text.h"
 #include "node/msg.h"
 #include "node/proto.h"
@@ -1669,6 +1670,11 @@ typedef struct {
     size_t text_len, text_cap;
     bool bad_token;
     uint32_t top_logprobs; /* the request asked for logprobs with these top ones */
+    /* a thinking model's chat: its reasoning apart (coordinator/reasoning.h) */
+    bool split;
+    hpd_reasoning_t rs;
+    char *reasoning;
+    size_t reasoning_len, reasoning_cap;
 } rpc_sink_t;
 
 static void rpc_sink_free(rpc_sink_t *s)
@@ -1677,17 +1683,33 @@ static void rpc_sink_free(rpc_sink_t *s)
         free(s->stops[i]);
     hpd_text_out_free(&s->out);
     free(s->text);
+    free(s->reasoning);
     free(s);
 }
 
-/* Appends a piece of the answer's text. */
+/* Appends a piece of the answer's content or reasoning. */
+static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
+{
+    rpc_sink_t *s = arg;
+    char **buf = reasoning ? &s->reasoning : &s->text;
+    size_t *n = reasoning ? &s->reasoning_len : &s->text_len;
+    size_t *cap = reasoning ? &s->reasoning_cap : &s->text_cap;
+    if (hpd_grow(buf, cap, *n + len + 1, 1) != HPD_OK) {
+        s->bad_token = true; /* (out of memory: the answer is refused) */
+        return;
+    }
+    memcpy(*buf + *n, piece, len);
+    *n += len;
+}
+
+/* Appends a piece of the answer's text: split when the model thinks. */
 static bool add_text(rpc_sink_t *s, const char *piece, size_t len)
 {
-    if (hpd_grow(&s->text, &s->text_cap, s->text_len + len + 1, 1) != HPD_OK)
-        return false;
-    memcpy(s->text + s->text_len, piece, len);
-    s->text_len += len;
-    return true;
+    if (s->split)
+        hpd_reasoning_feed(&s->rs, piece, len, add_piece, s);
+    else
+        add_piece(s, false, piece, len);
+    return !s->bad_token;
 }
 
 static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t *lp,
@@ -1695,7 +1717,7 @@ static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t
 {
     rpc_sink_t *s = arg;
     hpd_rpc_buf_t b;
-    const size_t text_before = s->text_len;
+    const size_t text_before = s->text_len, reasoning_before = s->reasoning_len;
     bool more = true;
     uint32_t upto = n;
     for (uint32_t i = from; s->detokenize && i < n && more; i++) {
@@ -1725,6 +1747,8 @@ static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t
                          .ids_n = upto - from,
                          .text = s->text + text_before,
                          .text_len = (uint32_t)(s->text_len - text_before),
+                         .reasoning = s->reasoning + reasoning_before,
+                         .reasoning_len = (uint32_t)(s->reasoning_len - reasoning_before),
                          .logprobs = wire,
                          .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
                                                             upto - from, s->top_logprobs)
@@ -1750,12 +1774,16 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
             size_t len;
             hpd_text_out_finish(&s->out, &piece, &len);
             add_text(s, piece, len);
+            if (s->split)
+                hpd_reasoning_finish(&s->rs, add_piece, s);
         }
         hpd_msg_generated_t g = {.request = res->request,
                                  .tokens = res->tokens,
                                  .tokens_n = res->n_tokens,
                                  .text = s->text,
                                  .text_len = (uint32_t)s->text_len,
+                                 .reasoning = s->reasoning,
+                                 .reasoning_len = (uint32_t)s->reasoning_len,
                                  .prompt_tokens = res->prompt_tokens,
                                  .cached_tokens = res->cached_tokens,
                                  .attempts = res->attempts,
@@ -1942,9 +1970,14 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         free(ids);
         return;
     }
-    if (s->detokenize)
+    if (s->detokenize) {
         hpd_text_out_init(&s->out, hpd_text_tokenizer(c->text), (const char *const *)s->stops,
                           s->n_stops);
+        /* a thinking model's chat: the reasoning apart */
+        const int thinking = g.thinking == 0 ? hpd_coord_default_thinking(c) : g.thinking == 1;
+        s->split = g.messages != NULL && hpd_text_chat_thinks(c->text);
+        hpd_reasoning_init(&s->rs, hpd_text_chat_opens_think(c->text, thinking));
+    }
     hpd_coord_request_t q = {.prompt = ids != NULL ? ids : g.prompt,
                              .n_prompt = ids != NULL ? (uint32_t)n_ids : g.prompt_n,
                              .max_tokens = g.max_tokens,

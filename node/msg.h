@@ -388,6 +388,7 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
     X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
     X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */          \
+    X(T, reasoning, BIN, HPD_OPT, 0) /* a thinking model's chat: its reasoning apart */       \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, prompt_logprobs, BIN, HPD_OPT, 0)
@@ -401,6 +402,7 @@ HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
     X(T, index, U32, HPD_REQ, UINT32_MAX)                                                    \
     X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
     X(T, text, BIN, HPD_OPT, 0)                                                              \
+    X(T, reasoning, BIN, HPD_OPT, 0)                                                         \
     X(T, logprobs, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
 

@@ -1093,6 +1093,34 @@ static void test_msgpack_text(void **state)
     assert_memory_equal(out, a.text, a.len);
     free(out);
     answer_free(&a);
+    /* thinking on: the reasoning apart, as the HTTP API splits it (stdout
+     * has the content alone) */
+    a = generate(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+                       "\"max_tokens\": 12, \"ignore_eos\": true, \"chat_template_kwargs\": "
+                       "{\"enable_thinking\": true}}");
+    assert_true(a.reasoning_len > 0);
+    {
+        char key[] = KEY;
+        hpd_client_params_t cp = {.host = "127.0.0.1", .port = cl.port, .token = key};
+        hpd_client_t *c;
+        assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+        const char *roles[] = {"user"}, *contents[] = {"Hello!"};
+        hpd_generate_params_t gp = {.roles = roles, .contents = contents, .n_messages = 1,
+                                    .thinking = 1, .max_tokens = 12, .ignore_eos = true,
+                                    .sampling = hpd_sampling_unset(), .detokenize = true};
+        hpd_generate_result_t r;
+        assert_int_equal(hpd_client_generate(c, &gp, NULL, NULL, &r), HPD_OK);
+        assert_non_null(r.reasoning);
+        assert_string_equal(r.reasoning, a.reasoning);
+        assert_non_null(r.text);
+        assert_int_equal(r.text_len, a.len);
+        hpd_generate_result_free(&r);
+        hpd_client_destroy(c);
+    }
+    out = client("chat --prompt 'Hello!' --max-tokens 12 --ignore-eos --thinking on");
+    assert_int_equal(strlen(out), a.len + 1);
+    free(out);
+    answer_free(&a);
     cl.passed++;
 }
 
