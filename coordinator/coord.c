@@ -1630,6 +1630,14 @@ bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
     return false;
 }
 
+const hpd_token_logprobs_t *hpd_coord_prompt_logprobs(const hpd_coord_t *c, uint64_t request)
+{
+    for (const req_t *r = c->reqs; r != NULL; r = r->next)
+        if (r->id == request && !r->is_hedge)
+            return r->have_plp ? r->plp : NULL;
+    return NULL;
+}
+
 int hpd_coord_default_thinking(const hpd_coord_t *c)
 {
     return c->o.default_thinking == 0 ? -1 : c->o.default_thinking == 1;

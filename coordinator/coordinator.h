@@ -50,6 +50,11 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
 void hpd_coord_destroy(hpd_coord_t *coord);
 
 uint16_t hpd_coord_port(const hpd_coord_t *coord);
+/* The prompt's log probabilities of a request that asked for them, once its
+ * prefill answered (prompt tokens 1.., prompt_tokens - 1 of them); NULL
+ * before, or for an unknown request. For a sink's first tokens. */
+const hpd_token_logprobs_t *hpd_coord_prompt_logprobs(const hpd_coord_t *coord,
+                                                      uint64_t request);
 /* A chat's enable_thinking where its request does not say (the HTTP
  * door's too): 1 on, 0 off, -1 the model's default (opts.default_thinking) */
 int hpd_coord_default_thinking(const hpd_coord_t *coord);

@@ -104,6 +104,7 @@ typedef struct {
     size_t text_offset; /* completions: characters of the tokens so far */
     /* completions' echo: the prompt (its ids, kept for its logprobs) */
     bool echo;
+    bool echoed; /* streamed: the prompt's chunk went out */
     int32_t *prompt;
 } call_t;
 
@@ -746,10 +747,30 @@ static void call_free(call_t *k)
     free(k);
 }
 
+/* Streamed echo: the prompt's text (and its logprobs) as the first chunk,
+ * when the first token came (with it the prefill's answer). */
+static void stream_echo(call_t *k)
+{
+    char *text = NULL;
+    size_t len = 0;
+    k->echoed = true;
+    if (k->logprobs) {
+        const hpd_token_logprobs_t *plp = hpd_coord_prompt_logprobs(k->api->p.coord, k->request);
+        if (plp != NULL)
+            prepend_prompt_lp(k, plp);
+    }
+    if (hpd_tokenizer_decode(hpd_text_tokenizer(k->api->text), k->prompt, k->n_prompt, false,
+                             &text, &len) == HPD_OK)
+        stream_piece(k, text, len, false, false);
+    free(text);
+}
+
 static bool on_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *lp,
                       uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     call_t *k = arg;
+    if (k->echo && k->stream && !k->echoed && !k->gone)
+        stream_echo(k);
     for (uint32_t i = from; i < n; i++) {
         *keep_p = i + 1;
         const char *piece;
@@ -935,8 +956,6 @@ static bool get_logprobs(struct evhttp_request *req, json_t *body, call_t *k)
         if (!get_uint(req, body, "logprobs", 0, HPD_MAX_TOP_LOGPROBS, &top) ||
             !get_bool(req, body, "echo", &k->echo))
             return false;
-        if (k->echo && k->stream) /* (the prompt's logprobs come at the end) */
-            return BAD(req, "echo", "echo: not with stream");
         k->logprobs = top >= 0;
         k->top_logprobs = top >= 0 ? (uint32_t)top : 0;
         return true;

@@ -747,38 +747,44 @@ static void test_logprobs(void **state)
     json_t *dj = json_of(&d);
     const char *ptext = json_string_value(json_object_get(dj, "prompt"));
     assert_non_null(ptext);
-    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 4, \"ignore_eos\": true, "
-             "\"echo\": true, \"logprobs\": 2}", prompt_ids);
-    resp_t r = http("POST", "/v1/completions", KEY, body);
-    assert_int_equal(r.status, 200);
-    json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0);
-    const char *text = json_string_value(json_object_get(c, "text"));
-    assert_non_null(text);
-    assert_int_equal(strlen(text), strlen(ptext) + want_len);
-    assert_memory_equal(text, ptext, strlen(ptext));
-    assert_memory_equal(text + strlen(ptext), want, want_len);
-    const json_t *lp = json_object_get(c, "logprobs"), *tl = json_object_get(lp, "token_logprobs");
-    const uint32_t n_p = pref.n + 1; /* the prompt's tokens */
-    assert_int_equal(json_array_size(tl), n_p + 4);
-    assert_true(json_is_null(json_array_get(tl, 0)));
-    assert_true(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
-    for (uint32_t i = 1; i < n_p; i++)
-        same_lp(json_array_get(tl, i), pref.lp[i - 1], "echoed prompt token", i);
-    for (uint32_t i = 0; i < 4; i++)
-        same_lp(json_array_get(tl, n_p + i), gref.lp[i], "answer token after the echo", i);
-    const json_t *off = json_object_get(lp, "text_offset");
-    for (uint32_t i = 1; i < n_p + 4; i++)
-        assert_true(json_integer_value(json_array_get(off, i)) >=
-                    json_integer_value(json_array_get(off, i - 1)));
-    json_decref(j), json_decref(dj), free(r.body), free(d.body), free(want);
-    expect_error("POST", "/v1/completions", KEY,
-                 "{\"prompt\": \"x\", \"echo\": true, \"stream\": true}", 400,
-                 "echo: not with stream");
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 4, \"ignore_eos\": "
+                 "true, \"echo\": true, \"logprobs\": 2, \"stream\": %s}", prompt_ids,
+                 stream ? "true" : "false");
+        /* streamed: the prompt's chunk first, the answer's after it */
+        answer_t a = generate(false, body);
+        assert_int_equal(a.len, strlen(ptext) + want_len);
+        assert_memory_equal(a.text, ptext, strlen(ptext));
+        assert_memory_equal(a.text + strlen(ptext), want, want_len);
+        assert_true(!stream || strcmp(a.pieces[0], ptext) == 0);
+        answer_free(&a);
+        resp_t r = http("POST", "/v1/completions", KEY, body);
+        assert_int_equal(r.status, 200);
+        json_t *all = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                "top_logprobs", "text_offset");
+        each_lp(r.body, stream, false, join_completion_lp, all);
+        const json_t *tl = json_object_get(all, "token_logprobs");
+        const uint32_t n_p = pref.n + 1; /* the prompt's tokens */
+        assert_int_equal(json_array_size(tl), n_p + 4);
+        assert_true(json_is_null(json_array_get(tl, 0)));
+        assert_true(json_is_null(json_array_get(json_object_get(all, "top_logprobs"), 0)));
+        for (uint32_t i = 1; i < n_p; i++)
+            same_lp(json_array_get(tl, i), pref.lp[i - 1], "echoed prompt token", i);
+        for (uint32_t i = 0; i < 4; i++)
+            same_lp(json_array_get(tl, n_p + i), gref.lp[i], "answer token after the echo", i);
+        const json_t *off = json_object_get(all, "text_offset");
+        for (uint32_t i = 1; i < n_p + 4; i++)
+            assert_true(json_integer_value(json_array_get(off, i)) >=
+                        json_integer_value(json_array_get(off, i - 1)));
+        json_decref(all);
+        free(r.body);
+    }
+    json_decref(dj), free(d.body), free(want);
     expect_error("POST", "/v1/chat/completions", KEY,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}",
                  400, "echo: completions only");
-    print_message("logprobs: completions (3 top ones) and chat (2), streamed or not, and "
-                  "completions' echo of the prompt's, equal hpd-run bit for bit\n");
+    print_message("logprobs: completions (3 top ones) and chat (2), and completions' echo of "
+                  "the prompt's, streamed or not, equal hpd-run bit for bit\n");
     cl.passed++;
 }
 
