@@ -2,6 +2,8 @@
 #include "engine/tp.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -11,8 +13,8 @@ struct hpd_tp_group {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint32_t n, arrived;
-    uint64_t generation;
-    bool aborted;
+    _Atomic uint64_t generation; /* read without the lock while spinning */
+    _Atomic bool aborted;
     const void *ptrs[HPD_TP_MAX];
 };
 
@@ -41,6 +43,12 @@ void hpd_tp_group_destroy(hpd_tp_group_t *g)
     free(g);
 }
 
+/* How many times a rank waiting at a barrier yields its core before it
+ * sleeps: the others usually arrive within microseconds (a decode step
+ * meets some 30 times), where waking from a condition variable takes tens;
+ * a rank without a core of its own lets the others run meanwhile. */
+#define SPIN_YIELDS 200
+
 hpd_status_t hpd_tp_group_barrier(hpd_tp_group_t *g)
 {
     pthread_mutex_lock(&g->mu);
@@ -50,6 +58,10 @@ hpd_status_t hpd_tp_group_barrier(hpd_tp_group_t *g)
         g->generation++;
         pthread_cond_broadcast(&g->cv);
     }
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < SPIN_YIELDS && !g->aborted && g->generation == gen; i++)
+        sched_yield();
+    pthread_mutex_lock(&g->mu);
     while (!g->aborted && g->generation == gen)
         pthread_cond_wait(&g->cv, &g->mu);
     const bool aborted = g->aborted;
