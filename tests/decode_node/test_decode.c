@@ -169,12 +169,15 @@ static void test_start_before_the_notice(void **state)
     rn_start_job(d, 40, (uint32_t)want[0], &r);
     rn_assert_error(&r, HPD_RPC_ERR_PARAMS,
                     "start: job 40 is not reserved here (expired, canceled or started)");
+    /* the first token is the stream's before the prefill: the decode node
+     * (started already) streams while the test waits for the prefill's
+     * reply */
+    s->ids[0] = want[0];
+    s->n = 1;
     rn_prefill(p, 40, prompt, 50, d, &res, NULL, 0, &r);
     msgpack_sbuffer_destroy(&res);
     rn_assert_ok(&r, "prefill");
     hpd_rpc_result_destroy(&r);
-    s->ids[0] = want[0];
-    s->n = 1;
     PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
     assert_stream(s, want, MAX_NEW, "length");
     rn.cl.passed++;

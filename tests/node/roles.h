@@ -490,12 +490,15 @@ static inline rn_stream_t *rn_generate(rn_node_t *p, rn_node_t *d, uint64_t job,
     if (!hpd_msg_unpack(&hpd_msg_prefilled, &r.result, &pf, &err))
         fail_msg("prefill's reply: %s", err.text);
     hpd_rpc_result_destroy(&r);
-    rn_start_job(d, job, pf.first_token, &r);
-    rn_assert_ok(&r, "start");
-    hpd_rpc_result_destroy(&r);
+    /* the first token is the stream's before start is sent: the decode
+     * node's first notification (index 1) may be read in the same turn of
+     * the loop as start's reply, before rn_start_job returns */
     rn_stream_t *s = rn_stream(job);
     s->ids[0] = (int32_t)pf.first_token;
     s->n = HPD_MAX(s->n, 1u);
+    rn_start_job(d, job, pf.first_token, &r);
+    rn_assert_ok(&r, "start");
+    hpd_rpc_result_destroy(&r);
     PROGRESS_UNTIL(s->done, cl_check_alive(&rn.cl));
     if (prefilled != NULL)
         *prefilled = pf;
