@@ -510,6 +510,48 @@ static bool token_text(const call_t *k, int32_t id, json_t **text_p, json_t **by
     return *text_p != NULL;
 }
 
+/* The characters of a UTF-8 text (U+FFFD counts one) */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        n += (*c & 0xc0) != 0x80;
+    return n;
+}
+
+/* completions' logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, empty */
+static json_t *completion_lp_new(void)
+{
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                     "text_offset");
+}
+
+/* Token id's entry onto completions' arrays at *offset (advanced past its
+ * characters); lp NULL: none (an echoed prompt's first token: null). */
+static bool completion_lp_add(const call_t *k, json_t *all, int32_t id,
+                              const hpd_token_logprobs_t *lp, size_t *offset)
+{
+    json_t *text, *top = lp != NULL ? json_object() : json_null();
+    if (!token_text(k, id, &text, NULL)) {
+        json_decref(top);
+        return false;
+    }
+    for (uint32_t j = 0; lp != NULL && j < lp->n_top; j++) {
+        json_t *t;
+        if (token_text(k, lp->top_ids[j], &t, NULL)) {
+            json_object_set_new(top, json_string_value(t), lp_number(lp->top_logprobs[j]));
+            json_decref(t);
+        }
+    }
+    json_array_append_new(json_object_get(all, "tokens"), text);
+    json_array_append_new(json_object_get(all, "token_logprobs"),
+                          lp != NULL ? lp_number(lp->logprob) : json_null());
+    json_array_append_new(json_object_get(all, "top_logprobs"), top);
+    json_array_append_new(json_object_get(all, "text_offset"), json_integer((json_int_t)*offset));
+    *offset += utf8_chars(json_string_value(text));
+    return true;
+}
+
 /* {token, logprob, bytes} of one token */
 static json_t *chat_lp_entry(const call_t *k, int32_t id, float logprob)
 {
@@ -523,10 +565,7 @@ static json_t *chat_lp_entry(const call_t *k, int32_t id, float logprob)
 /* The entries of generated token id (its logprobs lp) onto k->lp. */
 static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
 {
-    if (k->lp == NULL &&
-        (k->lp = k->chat ? json_array()
-                         : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
-                                     "top_logprobs", "text_offset")) == NULL)
+    if (k->lp == NULL && (k->lp = k->chat ? json_array() : completion_lp_new()) == NULL)
         return false;
     if (k->chat) {
         json_t *e = chat_lp_entry(k, id, lp->logprob), *top = json_array();
@@ -539,38 +578,16 @@ static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
         json_object_set_new(e, "top_logprobs", top);
         return json_array_append_new(k->lp, e) == 0;
     }
-    json_t *text, *top = json_object();
-    if (!token_text(k, id, &text, NULL)) {
-        json_decref(top);
-        return false;
-    }
-    for (uint32_t j = 0; j < lp->n_top; j++) {
-        json_t *t;
-        if (token_text(k, lp->top_ids[j], &t, NULL)) {
-            json_object_set_new(top, json_string_value(t), lp_number(lp->top_logprobs[j]));
-            json_decref(t);
-        }
-    }
-    const size_t offset = k->text_offset;
-    /* the token's characters (U+FFFD counts one) */
-    for (const unsigned char *c = (const unsigned char *)json_string_value(text); *c; c++)
-        k->text_offset += (*c & 0xc0) != 0x80;
-    json_array_append_new(json_object_get(k->lp, "tokens"), text);
-    json_array_append_new(json_object_get(k->lp, "token_logprobs"), lp_number(lp->logprob));
-    json_array_append_new(json_object_get(k->lp, "top_logprobs"), top);
-    json_array_append_new(json_object_get(k->lp, "text_offset"), json_integer((json_int_t)offset));
-    return true;
+    return completion_lp_add(k, k->lp, id, lp, &k->text_offset);
 }
 
 /* The characters of a token's text (U+FFFD counts one) */
 static size_t token_chars(const call_t *k, int32_t id)
 {
     json_t *t;
-    size_t n = 0;
     if (!token_text(k, id, &t, NULL))
         return 0;
-    for (const unsigned char *c = (const unsigned char *)json_string_value(t); *c; c++)
-        n += (*c & 0xc0) != 0x80;
+    const size_t n = utf8_chars(json_string_value(t));
     json_decref(t);
     return n;
 }
@@ -579,34 +596,13 @@ static size_t token_chars(const call_t *k, int32_t id)
  * answer's (its first token has none: null), offsets from 0 */
 static bool prepend_prompt_lp(call_t *k, const hpd_token_logprobs_t *plp)
 {
-    json_t *all = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
-                            "top_logprobs", "text_offset");
+    json_t *all = completion_lp_new();
     size_t offset = 0;
-    for (uint32_t i = 0; all != NULL && i < k->n_prompt; i++) {
-        json_t *text, *top = json_null();
-        if (!token_text(k, k->prompt[i], &text, NULL)) {
+    for (uint32_t i = 0; all != NULL && i < k->n_prompt; i++)
+        if (!completion_lp_add(k, all, k->prompt[i], i > 0 ? &plp[i - 1] : NULL, &offset)) {
             json_decref(all);
             return false;
         }
-        if (i > 0) {
-            top = json_object();
-            for (uint32_t j = 0; j < plp[i - 1].n_top; j++) {
-                json_t *t;
-                if (token_text(k, plp[i - 1].top_ids[j], &t, NULL)) {
-                    json_object_set_new(top, json_string_value(t),
-                                        lp_number(plp[i - 1].top_logprobs[j]));
-                    json_decref(t);
-                }
-            }
-        }
-        json_array_append_new(json_object_get(all, "tokens"), text);
-        json_array_append_new(json_object_get(all, "token_logprobs"),
-                              i > 0 ? lp_number(plp[i - 1].logprob) : json_null());
-        json_array_append_new(json_object_get(all, "top_logprobs"), top);
-        json_array_append_new(json_object_get(all, "text_offset"),
-                              json_integer((json_int_t)offset));
-        offset += token_chars(k, k->prompt[i]);
-    }
     static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
                                        "text_offset"};
     for (size_t i = 0; all != NULL && k->lp != NULL && i < 4; i++)
@@ -625,9 +621,7 @@ static json_t *take_lp(call_t *k)
     json_t *lp = k->lp;
     k->lp = NULL;
     if (lp == NULL) /* none yet: an empty list */
-        lp = k->chat ? json_array()
-                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
-                                 "top_logprobs", "text_offset");
+        lp = k->chat ? json_array() : completion_lp_new();
     return k->chat ? json_pack("{s:o, s:n}", "content", lp, "refusal") : lp;
 }
 
