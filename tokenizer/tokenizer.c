@@ -554,6 +554,11 @@ uint32_t hpd_tokenizer_size(const hpd_tokenizer_t *t)
     return t->size;
 }
 
+bool hpd_tokenizer_is_special(const hpd_tokenizer_t *t, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < t->size && t->kind[id] == 3;
+}
+
 int32_t hpd_tokenizer_id(const hpd_tokenizer_t *t, const char *token)
 {
     for (uint32_t i = 0; i < t->n_added; i++)

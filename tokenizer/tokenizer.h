@@ -27,6 +27,8 @@ void hpd_tokenizer_destroy(hpd_tokenizer_t *tok);
 
 /* Ids 0..size-1 (the vocabulary and the added tokens). */
 uint32_t hpd_tokenizer_size(const hpd_tokenizer_t *tok);
+/* True for an added token marked special (<|im_end|>: never text). */
+bool hpd_tokenizer_is_special(const hpd_tokenizer_t *tok, int32_t id);
 /* The id of a token's text (an added token's content, or a vocabulary
  * entry in its byte-level form), -1 for none. */
 int32_t hpd_tokenizer_id(const hpd_tokenizer_t *tok, const char *token);

@@ -1,0 +1,137 @@
+/* The grammar's nodes, the regex DFAs of string patterns and the matcher's
+ * frames: shared by schema.c, regex.c, matcher.c and mask.c. */
+#ifndef HPD_GRAMMAR_INTERNAL_H
+#define HPD_GRAMMAR_INTERNAL_H
+
+#include "grammar/grammar.h"
+
+#define G_NONE UINT32_MAX
+#define G_MAX_DEPTH 128     /* frames on one stack: deeper documents are refused */
+#define G_MAX_SEP 7
+
+typedef enum {
+    G_REF,     /* another node (a $ref, resolved): .target */
+    G_ANYOF,   /* .alts[0..n_alts) */
+    G_OBJECT,  /* .props[0..n_props) in order, then .additional (G_NONE: none) */
+    G_ARRAY,   /* .items, min_items..max_items */
+    G_TUPLE,   /* exactly .alts[0..n_alts) (a const array) */
+    G_STRING,  /* min_len..max_len characters, .dfa (G_NONE: any) */
+    G_NUMBER,  /* .integer: no fraction or exponent */
+    G_LITERAL, /* exactly lit[0..lit_len) (true, false, null, a const) */
+} g_kind_t;
+
+typedef struct {
+    uint32_t name_lit; /* the key with its quotes, as a literal */
+    uint32_t value;
+    bool required;
+} g_prop_t;
+
+typedef struct {
+    g_kind_t kind;
+    uint32_t target;               /* G_REF */
+    uint32_t alt0, n_alts;         /* G_ANYOF, G_TUPLE: into g->alts */
+    uint32_t prop0, n_props;       /* G_OBJECT: into g->props */
+    uint32_t additional;           /* G_OBJECT */
+    uint32_t names;                /* G_OBJECT: the keys' trie (into g->ntrie), G_NONE if no props */
+    uint32_t items;                /* G_ARRAY */
+    uint32_t min_items, max_items; /* G_ARRAY */
+    uint32_t min_len, max_len;     /* G_STRING */
+    uint32_t dfa;                  /* G_STRING */
+    bool integer;                  /* G_NUMBER */
+    uint32_t lit;                  /* G_LITERAL: into g->lits */
+} g_node_t;
+
+typedef struct {
+    uint32_t off, len; /* into g->bytes */
+} g_lit_t;
+
+/* A byte DFA: trans[state * 256 + byte] is the next state or -1. */
+typedef struct {
+    uint32_t n_states;
+    int32_t *trans;
+    bool *accept;
+} g_dfa_t;
+
+/* A trie of an object's key bytes (without quotes): next[state*256+b],
+ * 0 = no edge (state 0 is the root and never a target); end[state]: a key
+ * ends here. */
+typedef struct {
+    uint32_t n_states;
+    uint32_t *next;
+    bool *end;
+} g_ntrie_t;
+
+struct hpd_grammar {
+    hpd_grammar_format_t fmt;
+    char item_sep[G_MAX_SEP + 1], key_sep[G_MAX_SEP + 1];
+    uint32_t root;
+    g_node_t *nodes;
+    uint32_t n_nodes, cap_nodes;
+    uint32_t *alts;
+    uint32_t n_alts, cap_alts;
+    g_prop_t *props;
+    uint32_t n_props, cap_props;
+    g_lit_t *lits;
+    uint32_t n_lits, cap_lits;
+    uint8_t *bytes;
+    uint32_t n_bytes, cap_bytes;
+    g_dfa_t *dfas;
+    uint32_t n_dfas;
+    g_ntrie_t *ntries;
+    uint32_t n_ntries;
+};
+
+/* A frame of a matcher's stack (16 bytes: stacks are copied per byte). */
+typedef struct {
+    uint32_t node;
+    uint8_t kind; /* f_kind_t */
+    uint8_t st;   /* the frame's state */
+    uint16_t aux; /* a separator's position, UTF-8 continuation bytes */
+    uint32_t a;   /* items so far, next property, literal position, characters */
+    uint32_t b;   /* the chosen key, a DFA or key-trie state */
+} g_frame_t;
+
+/* A set of stacks, packed: n stacks, each its depth then its frames. */
+typedef struct {
+    uint32_t n;
+    uint32_t used, cap; /* in frames (a depth takes one frame's room) */
+    g_frame_t *buf;
+} g_set_t;
+
+/* The frames of any string (what the mask's shortcut for plain tokens
+ * needs to recognise). */
+enum { F_VALUE = 0, F_OBJECT, F_ARRAY, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_DEAD };
+enum { S_CHARS = 1 }; /* F_STRING / F_KEY: inside, at a character boundary */
+
+/* Grammar building (schema.c) */
+uint32_t g_add_node(hpd_grammar_t *g, const g_node_t *n);
+uint32_t g_add_lit(hpd_grammar_t *g, const uint8_t *bytes, uint32_t len);
+hpd_grammar_t *g_new(const hpd_grammar_format_t *format);
+/* the node of any JSON value, and of any object (built once per grammar) */
+uint32_t g_any(hpd_grammar_t *g);
+uint32_t g_any_object(hpd_grammar_t *g);
+
+/* Regexes (regex.c): a pattern compiled to a DFA over the string's decoded
+ * UTF-8 bytes, unanchored unless it starts with ^ / ends with $.
+ * HPD_ERR_UNSUPPORTED with err naming what is not in the subset. */
+hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_t errlen);
+void g_dfa_free(g_dfa_t *dfa);
+
+/* The matcher's step (matcher.c): the stacks of in after one byte, into
+ * out (cleared first). False on no memory. */
+bool g_set_step(const hpd_grammar_t *g, const g_set_t *in, uint8_t byte, g_set_t *out);
+bool g_set_copy(g_set_t *dst, const g_set_t *src);
+bool g_set_can_end(const hpd_grammar_t *g, const g_set_t *s);
+void g_set_free(g_set_t *s);
+
+struct hpd_matcher {
+    const hpd_grammar_t *g;
+    g_set_t cur, tmp;
+    g_set_t forced; /* after the forced bytes (mask.c) */
+    bool ended;
+    /* the mask's per-depth sets (mask.c) */
+    g_set_t *levels;
+    uint32_t n_levels;
+};
+
+#endif

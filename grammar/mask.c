@@ -1,0 +1,506 @@
+/* The vocabulary as a trie of token bytes, and the mask of the tokens a
+ * matcher allows next: a walk of the trie in preorder with one set of
+ * stacks per depth, every subtree that no stack survives skipped.
+ *
+ * Inside a string without a pattern most of the vocabulary is allowed and
+ * the walk would visit all of it: there, the "plain" tokens (no '"', no
+ * '\', no control byte, whole UTF-8 characters), which such a string takes
+ * whatever follows, are allowed from a precomputed list, and only the
+ * trie of the other tokens is walked. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "grammar/internal.h"
+
+#define LOG_COMPONENT "grammar"
+
+typedef struct {
+    uint8_t byte;
+    uint16_t depth;   /* bytes from the root (1 for a root's child) */
+    int32_t token;    /* the first id ending here, or -1 */
+    uint32_t next;    /* the node after this one's subtree */
+} trie_node_t;
+
+typedef struct {
+    trie_node_t *nodes;
+    uint32_t n;
+    uint32_t max_depth;
+} trie_t;
+
+struct hpd_vocab {
+    uint32_t n_tokens;
+    uint8_t **bytes;
+    uint32_t *lens;
+    bool *special;
+    int32_t *dup_next; /* the next id with the same bytes, or -1 */
+    trie_t all, nonplain;
+    /* the plain tokens by ascending character count */
+    uint32_t n_plain;
+    int32_t *plain_ids;
+    uint32_t *plain_chars;
+    uint32_t *plain_mask;
+    hpd_vocab_tokenize_cb_t tokenize;
+    void *tokenize_arg;
+    uint32_t max_len; /* the longest token's bytes */
+};
+
+#define MAX_FORCED 256
+
+static const hpd_vocab_t *sort_vocab; /* qsort's context (creation only) */
+
+static int cmp_ids(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const uint32_t lx = sort_vocab->lens[x], ly = sort_vocab->lens[y];
+    const int c = memcmp(sort_vocab->bytes[x], sort_vocab->bytes[y], lx < ly ? lx : ly);
+    if (c != 0)
+        return c;
+    if (lx != ly)
+        return lx < ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* The trie of ids[0..n) (sorted by bytes) in preorder. */
+static bool trie_build(hpd_vocab_t *v, const int32_t *ids, uint32_t n, trie_t *t)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += v->lens[ids[i]];
+    t->nodes = malloc((total + 1) * sizeof(*t->nodes));
+    if (t->nodes == NULL)
+        return false;
+    uint32_t path[65536 / 4];
+    uint32_t depth = 0, prev = UINT32_MAX;
+    t->n = 0;
+    t->max_depth = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t id = ids[i];
+        const uint8_t *b = v->bytes[id];
+        const uint32_t len = v->lens[id];
+        if (len >= sizeof(path) / sizeof(path[0]))
+            continue;
+        uint32_t common = 0;
+        if (prev != UINT32_MAX) {
+            const uint32_t pl = v->lens[prev];
+            while (common < len && common < pl && v->bytes[prev][common] == b[common])
+                common++;
+        }
+        if (common == len && prev != UINT32_MAX && v->lens[prev] == len) {
+            /* the same bytes as the previous id */
+            v->dup_next[id] = v->dup_next[prev];
+            v->dup_next[prev] = id;
+            continue;
+        }
+        while (depth > common)
+            t->nodes[path[--depth]].next = t->n;
+        for (uint32_t k = common; k < len; k++) {
+            t->nodes[t->n] = (trie_node_t){.byte = b[k], .depth = (uint16_t)(k + 1), .token = -1};
+            path[depth++] = t->n++;
+        }
+        t->nodes[path[depth - 1]].token = id;
+        if (len > t->max_depth)
+            t->max_depth = len;
+        prev = (uint32_t)id;
+    }
+    while (depth > 0)
+        t->nodes[path[--depth]].next = t->n;
+    return true;
+}
+
+/* Code points of a plain token, or 0 when it is not plain. */
+static uint32_t plain_chars(const uint8_t *b, uint32_t len)
+{
+    uint32_t chars = 0;
+    for (uint32_t i = 0; i < len;) {
+        const uint8_t c = b[i];
+        uint32_t n;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\' || c == 0x7f)
+                return 0;
+            n = 0;
+        } else if (c >= 0xc2 && c <= 0xdf) {
+            n = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            n = 2;
+            lo = c == 0xe0 ? 0xa0 : 0x80;
+            hi = c == 0xed ? 0x9f : 0xbf;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            n = 3;
+            lo = c == 0xf0 ? 0x90 : 0x80;
+            hi = c == 0xf4 ? 0x8f : 0xbf;
+        } else {
+            return 0;
+        }
+        if (i + 1 + n > len)
+            return 0;
+        for (uint32_t k = 1; k <= n; k++) {
+            const uint8_t cc = b[i + k];
+            if (cc < (k == 1 ? lo : 0x80) || cc > (k == 1 ? hi : 0xbf))
+                return 0;
+        }
+        i += 1 + n;
+        chars++;
+    }
+    return chars;
+}
+
+static int cmp_plain(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+hpd_status_t hpd_vocab_create(const hpd_vocab_params_t *p, hpd_vocab_t **v_p)
+{
+    hpd_vocab_t *v = calloc(1, sizeof(*v));
+    const uint32_t n = p->n_tokens, words = (n + 31) / 32;
+    int32_t *ids = malloc((n + 1) * sizeof(*ids));
+    int32_t *np_ids = malloc((n + 1) * sizeof(*np_ids));
+    uint64_t *plain = malloc((n + 1) * sizeof(*plain));
+    if (v == NULL || ids == NULL || np_ids == NULL || plain == NULL)
+        goto err_alloc;
+    v->n_tokens = n;
+    v->tokenize = p->tokenize;
+    v->tokenize_arg = p->tokenize_arg;
+    v->bytes = calloc(n + 1, sizeof(*v->bytes));
+    v->lens = calloc(n + 1, sizeof(*v->lens));
+    v->special = calloc(n + 1, sizeof(*v->special));
+    v->dup_next = malloc((n + 1) * sizeof(*v->dup_next));
+    v->plain_mask = calloc(words + 1, sizeof(*v->plain_mask));
+    if (!v->bytes || !v->lens || !v->special || !v->dup_next || !v->plain_mask)
+        goto err_alloc;
+    uint32_t n_ids = 0, n_np = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        v->dup_next[i] = -1;
+        v->special[i] = p->special != NULL && p->special[i];
+        if (p->bytes[i] == NULL || p->lens[i] == 0 || v->special[i])
+            continue;
+        if ((v->bytes[i] = malloc(p->lens[i])) == NULL)
+            goto err_alloc;
+        memcpy(v->bytes[i], p->bytes[i], p->lens[i]);
+        v->lens[i] = p->lens[i];
+        if (v->lens[i] > v->max_len)
+            v->max_len = v->lens[i];
+        ids[n_ids++] = (int32_t)i;
+        const uint32_t chars = plain_chars(v->bytes[i], v->lens[i]);
+        if (chars == 0) {
+            np_ids[n_np++] = (int32_t)i;
+        } else {
+            plain[v->n_plain++] = (uint64_t)chars << 32 | i;
+            v->plain_mask[i / 32] |= 1u << (i % 32);
+        }
+    }
+    sort_vocab = v;
+    qsort(ids, n_ids, sizeof(*ids), cmp_ids);
+    qsort(np_ids, n_np, sizeof(*np_ids), cmp_ids);
+    qsort(plain, v->n_plain, sizeof(*plain), cmp_plain);
+    if (!trie_build(v, ids, n_ids, &v->all))
+        goto err_alloc;
+    /* the duplicates are linked already: the second trie only cuts */
+    int32_t *saved = malloc((n + 1) * sizeof(*saved));
+    if (saved == NULL)
+        goto err_alloc;
+    memcpy(saved, v->dup_next, n * sizeof(*saved));
+    const bool ok = trie_build(v, np_ids, n_np, &v->nonplain);
+    memcpy(v->dup_next, saved, n * sizeof(*saved));
+    free(saved);
+    if (!ok)
+        goto err_alloc;
+    v->plain_ids = malloc((v->n_plain + 1) * sizeof(*v->plain_ids));
+    v->plain_chars = malloc((v->n_plain + 1) * sizeof(*v->plain_chars));
+    if (v->plain_ids == NULL || v->plain_chars == NULL)
+        goto err_alloc;
+    for (uint32_t i = 0; i < v->n_plain; i++) {
+        v->plain_ids[i] = (int32_t)(uint32_t)plain[i];
+        v->plain_chars[i] = (uint32_t)(plain[i] >> 32);
+    }
+    free(ids);
+    free(np_ids);
+    free(plain);
+    *v_p = v;
+    return HPD_OK;
+
+err_alloc:
+    free(ids);
+    free(np_ids);
+    free(plain);
+    hpd_vocab_destroy(v);
+    HPD_LOG_ERROR(LOG_COMPONENT, "no memory for a vocabulary of %u tokens", n);
+    return HPD_ERR_NO_MEMORY;
+}
+
+void hpd_vocab_destroy(hpd_vocab_t *v)
+{
+    if (v == NULL)
+        return;
+    for (uint32_t i = 0; v->bytes != NULL && i < v->n_tokens; i++)
+        free(v->bytes[i]);
+    free(v->bytes);
+    free(v->lens);
+    free(v->special);
+    free(v->dup_next);
+    free(v->all.nodes);
+    free(v->nonplain.nodes);
+    free(v->plain_ids);
+    free(v->plain_chars);
+    free(v->plain_mask);
+    free(v);
+}
+
+uint32_t hpd_vocab_size(const hpd_vocab_t *v)
+{
+    return v->n_tokens;
+}
+
+static void set_token(const hpd_vocab_t *v, int32_t id, uint32_t *mask)
+{
+    for (; id >= 0; id = v->dup_next[id])
+        mask[id / 32] |= 1u << (id % 32);
+}
+
+/* Walks the nodes [begin, end) of trie t (a subtree below depth base, or
+ * the whole trie with base 0) from the set root: each token whose bytes
+ * past base some stack takes is set in mask; with found_p, the walk stops
+ * at the first such token instead. */
+static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t, uint32_t begin,
+                         uint32_t end, uint32_t base, const g_set_t *root, uint32_t *mask,
+                         bool *found_p)
+{
+    const uint32_t levels = t->max_depth + 1;
+    if (m->n_levels < levels) {
+        g_set_t *l = realloc(m->levels, levels * sizeof(*l));
+        if (l == NULL)
+            return HPD_ERR_NO_MEMORY;
+        memset(l + m->n_levels, 0, (levels - m->n_levels) * sizeof(*l));
+        m->levels = l;
+        m->n_levels = levels;
+    }
+    for (uint32_t i = begin; i < end;) {
+        const trie_node_t *nd = &t->nodes[i];
+        const uint32_t depth = nd->depth - base;
+        const g_set_t *from = depth == 1 ? root : &m->levels[depth - 1];
+        g_set_t *to = &m->levels[depth];
+        if (!g_set_step(m->g, from, nd->byte, to))
+            return HPD_ERR_NO_MEMORY;
+        if (to->n == 0) {
+            i = nd->next;
+            continue;
+        }
+        if (nd->token >= 0) {
+            if (found_p != NULL) {
+                *found_p = true;
+                return HPD_OK;
+            }
+            set_token(v, nd->token, mask);
+        }
+        i++;
+    }
+    return HPD_OK;
+}
+
+/* The node of trie t spelling bytes[0..n), or UINT32_MAX. */
+static uint32_t trie_find(const trie_t *t, const uint8_t *bytes, uint32_t n)
+{
+    uint32_t begin = 0, end = t->n, at = UINT32_MAX;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t j = begin;
+        while (j < end && t->nodes[j].byte != bytes[k])
+            j = t->nodes[j].next;
+        if (j >= end)
+            return UINT32_MAX;
+        at = j;
+        begin = j + 1;
+        end = t->nodes[j].next;
+    }
+    return at;
+}
+
+/* The bytes every continuation of the document starts with (none once it
+ * may end here), at most MAX_FORCED; m->forced is the set after them. */
+static hpd_status_t forced_bytes(hpd_matcher_t *m, uint8_t *forced, uint32_t *n_p)
+{
+    uint32_t n = 0;
+    if (!g_set_copy(&m->forced, &m->cur))
+        return HPD_ERR_NO_MEMORY;
+    while (n < MAX_FORCED && !g_set_can_end(m->g, &m->forced)) {
+        int only = -1;
+        for (unsigned c = 0; c < 256; c++) {
+            if (!g_set_step(m->g, &m->forced, (uint8_t)c, &m->tmp))
+                return HPD_ERR_NO_MEMORY;
+            if (m->tmp.n == 0)
+                continue;
+            if (only >= 0) {
+                only = -2;
+                break;
+            }
+            only = (int)c;
+        }
+        if (only < 0)
+            break;
+        if (!g_set_step(m->g, &m->forced, (uint8_t)only, &m->tmp))
+            return HPD_ERR_NO_MEMORY;
+        const g_set_t t = m->forced;
+        m->forced = m->tmp;
+        m->tmp = t;
+        forced[n++] = (uint8_t)only;
+    }
+    *n_p = n;
+    return HPD_OK;
+}
+
+/* How many of the last tokens of ids[0..n) another spelling may replace
+ * once more bytes follow: the longest suffix of the last 4 tokens' bytes
+ * (at most the longest token's length) that a longer token starts with,
+ * its further bytes allowed after the forced ones (llguidance's
+ * chop_tokens). */
+static hpd_status_t chop_tokens(hpd_matcher_t *m, const hpd_vocab_t *v, const int32_t *ids,
+                                size_t n, size_t *chop_p)
+{
+    uint8_t suff[4 * 1024];
+    uint32_t len = 0;
+    const size_t first = n > 4 ? n - 4 : 0;
+    *chop_p = 0;
+    for (size_t i = first; i < n; i++) {
+        const uint32_t l = v->lens[ids[i]];
+        if (len + l > sizeof(suff))
+            return HPD_OK;
+        memcpy(suff + len, v->bytes[ids[i]], l);
+        len += l;
+    }
+    const uint32_t from = len > v->max_len ? len - v->max_len : 0;
+    for (uint32_t idx = from; idx < len; idx++) {
+        const uint32_t node = trie_find(&v->all, suff + idx, len - idx);
+        if (node == UINT32_MAX)
+            continue;
+        bool found = false;
+        const trie_node_t *nd = &v->all.nodes[node];
+        hpd_status_t st = walk(m, v, &v->all, node + 1, nd->next, nd->depth, &m->forced, NULL, &found);
+        if (st != HPD_OK)
+            return st;
+        if (!found)
+            continue;
+        uint32_t cum = 0;
+        for (size_t c = 1; c <= n; c++) {
+            cum += v->lens[ids[n - c]];
+            if (cum >= len - idx) {
+                *chop_p = c;
+                return HPD_OK;
+            }
+        }
+        *chop_p = n;
+        return HPD_OK;
+    }
+    return HPD_OK;
+}
+
+/* Forced bytes are allowed only as the tokenizer spells them: the first
+ * token of their spelling, or, when another spelling may yet replace all
+ * of it, the tokens that start with them (*done_p false: no forced bytes,
+ * the full mask is to be computed). */
+static hpd_status_t mask_forced(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t *mask, bool *done_p)
+{
+    uint8_t forced[MAX_FORCED];
+    uint32_t n;
+    int32_t *ids = NULL;
+    size_t n_ids, chop;
+    hpd_status_t st;
+    *done_p = false;
+    if ((st = forced_bytes(m, forced, &n)) != HPD_OK || n == 0)
+        return st;
+    if ((st = v->tokenize(v->tokenize_arg, forced, n, &ids, &n_ids)) != HPD_OK)
+        return st;
+    st = n_ids > 0 ? chop_tokens(m, v, ids, n_ids, &chop) : HPD_OK;
+    if (st == HPD_OK && n_ids > chop) {
+        set_token(v, ids[0], mask);
+        *done_p = true;
+    } else if (st == HPD_OK && n_ids > 0) {
+        const uint32_t node = trie_find(&v->all, forced, n);
+        if (node != UINT32_MAX) {
+            const trie_node_t *nd = &v->all.nodes[node];
+            if (nd->token >= 0)
+                set_token(v, nd->token, mask);
+            st = walk(m, v, &v->all, node + 1, nd->next, nd->depth, &m->forced, mask, NULL);
+        }
+        *done_p = true;
+    }
+    free(ids);
+    return st;
+}
+
+/* The top frame of a stack of s that is inside a string at a character
+ * boundary, and whether it takes every plain token (no pattern, no
+ * maxLength); NULL when none is. */
+static const g_frame_t *string_top(const hpd_grammar_t *g, const g_set_t *s, bool *free_p)
+{
+    const g_frame_t *found = NULL;
+    for (uint32_t r = 0; r < s->used;) {
+        const uint32_t d = s->buf[r].node;
+        const g_frame_t *t = &s->buf[r + d];
+        if ((t->kind == F_STRING || t->kind == F_KEY) && t->st == S_CHARS) {
+            const bool any = t->kind == F_KEY || (g->nodes[t->node].dfa == G_NONE &&
+                                                  g->nodes[t->node].max_len == UINT32_MAX);
+            if (any) {
+                *free_p = true;
+                return t;
+            }
+            if (s->n == 1 && g->nodes[t->node].dfa == G_NONE)
+                found = t;
+        }
+        r += d + 1;
+    }
+    *free_p = false;
+    return found;
+}
+
+hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int32_t *end_ids,
+                              uint32_t n_end, uint32_t *mask)
+{
+    const uint32_t words = (v->n_tokens + 31) / 32;
+    memset(mask, 0, words * sizeof(*mask));
+    if (m->ended)
+        return HPD_OK;
+    bool done = false;
+    hpd_status_t st = v->tokenize != NULL ? mask_forced(m, v, mask, &done) : HPD_OK;
+    if (st != HPD_OK || done)
+        return st;
+    bool any = false;
+    const g_frame_t *s = string_top(m->g, &m->cur, &any);
+    const trie_t *t = &v->all;
+    if (any) {
+        memcpy(mask, v->plain_mask, words * sizeof(*mask));
+        t = &v->nonplain;
+    } else if (s != NULL) {
+        /* the one stack is in a string of at most max_len characters */
+        const uint32_t left = m->g->nodes[s->node].max_len - s->a;
+        for (uint32_t i = 0; i < v->n_plain && v->plain_chars[i] <= left; i++)
+            set_token(v, v->plain_ids[i], mask);
+        t = &v->nonplain;
+    }
+    if ((st = walk(m, v, t, 0, t->n, 0, &m->cur, mask, NULL)) != HPD_OK)
+        return st;
+    if (g_set_can_end(m->g, &m->cur))
+        for (uint32_t i = 0; i < n_end; i++)
+            if (end_ids[i] >= 0 && (uint32_t)end_ids[i] < v->n_tokens)
+                mask[end_ids[i] / 32] |= 1u << (end_ids[i] % 32);
+    return HPD_OK;
+}
+
+hpd_status_t hpd_matcher_accept_token(hpd_matcher_t *m, const hpd_vocab_t *v, int32_t id,
+                                      const int32_t *end_ids, uint32_t n_end)
+{
+    if (id < 0 || (uint32_t)id >= v->n_tokens || m->ended)
+        return HPD_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < n_end; i++)
+        if (end_ids[i] == id) {
+            if (!g_set_can_end(m->g, &m->cur))
+                return HPD_ERR_INVALID_ARG;
+            m->ended = true;
+            return HPD_OK;
+        }
+    if (v->special[id] || v->lens[id] == 0 ||
+        !hpd_matcher_accept_bytes(m, v->bytes[id], v->lens[id]))
+        return HPD_ERR_INVALID_ARG;
+    return HPD_OK;
+}

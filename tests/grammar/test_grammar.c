@@ -1,0 +1,247 @@
+/* The grammar engine against llguidance: every document of the corpus
+ * (tests/grammar/corpus.json, tools/grammar_fixture.py) judged alike, and
+ * the same tokens allowed at every position of the recorded ones; the
+ * schemas outside the subset refused by name. */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
+
+static json_t *load_corpus(void)
+{
+    json_error_t je;
+    json_t *c = json_load_file(HPD_GRAMMAR_CORPUS, 0, &je);
+    if (c == NULL)
+        fail_msg("%s: %s", HPD_GRAMMAR_CORPUS, je.text);
+    return c;
+}
+
+static hpd_grammar_t *compile_case(json_t *cs)
+{
+    hpd_grammar_format_t fmt = hpd_grammar_format_default();
+    fmt.whitespace_flexible = strcmp(json_string_value(json_object_get(cs, "format")), "flexible") == 0;
+    char *text = json_dumps(json_object_get(cs, "schema"), JSON_ENCODE_ANY);
+    hpd_grammar_t *g = NULL;
+    char err[256];
+    const hpd_status_t st = hpd_grammar_from_schema(text, strlen(text), &fmt, &g, err, sizeof(err));
+    if (st != HPD_OK)
+        fail_msg("%s: %s", text, err);
+    free(text);
+    return g;
+}
+
+/* Every document: accepted and whole exactly when llguidance says so. */
+static void test_corpus(void **state)
+{
+    json_t *corpus = load_corpus();
+    size_t i, j, checked = 0;
+    json_t *cs, *d;
+    json_array_foreach(json_object_get(corpus, "cases"), i, cs) {
+        hpd_grammar_t *g = compile_case(cs);
+        json_array_foreach(json_object_get(cs, "docs"), j, d) {
+            hpd_matcher_t *m;
+            assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+            const char *doc = json_string_value(json_object_get(d, "doc"));
+            const bool valid = hpd_matcher_accept_bytes(m, (const uint8_t *)doc, strlen(doc));
+            const bool whole = valid && hpd_matcher_can_end(m);
+            if (valid != json_is_true(json_object_get(d, "valid")) ||
+                whole != json_is_true(json_object_get(d, "whole"))) {
+                char *s = json_dumps(json_object_get(cs, "schema"), JSON_ENCODE_ANY);
+                fail_msg("%s (%s) %s: valid %d whole %d, llguidance %d %d", s,
+                         json_string_value(json_object_get(cs, "format")), doc, valid, whole,
+                         json_is_true(json_object_get(d, "valid")),
+                         json_is_true(json_object_get(d, "whole")));
+            }
+            hpd_matcher_destroy(m);
+            checked++;
+        }
+        hpd_grammar_destroy(g);
+    }
+    assert_true(checked > 250);
+    json_decref(corpus);
+}
+
+static void hex_mask(const char *hex, uint32_t *mask, uint32_t words)
+{
+    for (uint32_t w = 0; w < words; w++) {
+        uint32_t v = 0;
+        for (int b = 0; b < 4; b++) {
+            unsigned byte;
+            sscanf(hex + (w * 4 + b) * 2, "%2x", &byte);
+            v |= (uint32_t)byte << (8 * b);
+        }
+        mask[w] = v;
+    }
+}
+
+/* At every position of the recorded documents, the same allowed tokens. */
+static void test_masks(void **state)
+{
+    json_t *corpus = load_corpus();
+    hpd_tokenizer_t *tok;
+    hpd_vocab_t *v;
+    assert_int_equal(hpd_tokenizer_load(HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json", &tok), HPD_OK);
+    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    const uint32_t n_vocab = (uint32_t)json_integer_value(json_object_get(corpus, "n_vocab"));
+    assert_int_equal(hpd_vocab_size(v), n_vocab);
+    const int32_t eos = (int32_t)json_integer_value(json_object_get(corpus, "eos"));
+    const uint32_t words = (n_vocab + 31) / 32;
+    uint32_t *ours = calloc(words, 4), *theirs = calloc(words, 4);
+    size_t i, j, k, positions = 0;
+    json_t *cs, *d, *hex;
+    json_array_foreach(json_object_get(corpus, "cases"), i, cs) {
+        hpd_grammar_t *g = compile_case(cs);
+        json_array_foreach(json_object_get(cs, "docs"), j, d) {
+            json_t *masks = json_object_get(d, "masks"), *ids = json_object_get(d, "ids");
+            if (masks == NULL)
+                continue;
+            hpd_matcher_t *m;
+            assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+            json_array_foreach(masks, k, hex) {
+                hex_mask(json_string_value(hex), theirs, words);
+                assert_int_equal(hpd_matcher_mask(m, v, &eos, 1, ours), HPD_OK);
+                for (uint32_t w = 0; w < words; w++)
+                    if (ours[w] != theirs[w]) {
+                        const uint32_t diff = ours[w] ^ theirs[w];
+                        const uint32_t id = w * 32 + (uint32_t)__builtin_ctz(diff);
+                        char *b;
+                        size_t len;
+                        hpd_tokenizer_token_bytes(tok, (int32_t)id, &b, &len);
+                        fail_msg("%s (%s) doc %s position %zu: token %u '%.*s' %s by us only",
+                                 json_dumps(json_object_get(cs, "schema"), JSON_ENCODE_ANY),
+                                 json_string_value(json_object_get(cs, "format")),
+                                 json_string_value(json_object_get(d, "doc")), k, id, (int)len, b,
+                                 ours[w] >> (id % 32) & 1 ? "allowed" : "refused");
+                    }
+                positions++;
+                if (k < json_array_size(ids))
+                    assert_int_equal(hpd_matcher_accept_token(
+                                         m, v, (int32_t)json_integer_value(json_array_get(ids, k)),
+                                         &eos, 1),
+                                     HPD_OK);
+            }
+            hpd_matcher_destroy(m);
+        }
+        hpd_grammar_destroy(g);
+    }
+    assert_true(positions > 100);
+    free(ours);
+    free(theirs);
+    hpd_vocab_destroy(v);
+    hpd_tokenizer_destroy(tok);
+    json_decref(corpus);
+}
+
+/* Outside the subset, or malformed: refused, the message naming the
+ * keyword or the value and where it is. */
+static void test_refusals(void **state)
+{
+    static const struct {
+        const char *schema, *msg;
+        hpd_status_t st;
+    } cases[] = {
+        {"{\"type\": \"integer\", \"minimum\": 3}", "#: keyword 'minimum' is not supported",
+         HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"email\"}}}",
+         "#/properties/a: keyword 'format' is not supported", HPD_ERR_UNSUPPORTED},
+        {"{\"oneOf\": [{\"type\": \"string\"}]}", "keyword 'oneOf'", HPD_ERR_UNSUPPORTED},
+        {"{\"allOf\": [{\"type\": \"string\"}]}", "keyword 'allOf'", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"array\", \"prefixItems\": []}", "keyword 'prefixItems'", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"strin\"}", "unknown type 'strin'", HPD_ERR_INVALID_ARG},
+        {"{\"$ref\": \"#/$defs/missing\"}", "$ref '#/$defs/missing' names nothing", HPD_ERR_INVALID_ARG},
+        {"{\"$ref\": \"http://x/y.json\"}", "only refs within the schema", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "a group of this kind", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"pattern\": \"\\\\bword\"}", "this escape", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"pattern\": \"(a)\\\\1\"}", "this escape", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"pattern\": \"a{1000}\"}", "repetition count", HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"minLength\": -1}", "'minLength' must be a non-negative integer",
+         HPD_ERR_INVALID_ARG},
+        {"{\"type\": \"object\", \"required\": [\"x\"]}", "'required' name not in 'properties' (x)",
+         HPD_ERR_UNSUPPORTED},
+        {"{\"anyOf\": [{\"type\": \"string\"}], \"type\": \"string\"}", "keyword 'type' beside $ref or anyOf",
+         HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"items\": {\"not\": {}}}}}",
+         "#/properties/a/items: keyword 'not'", HPD_ERR_UNSUPPORTED},
+        {"false", "allows nothing", HPD_ERR_INVALID_ARG},
+        {"{\"type\": ", "not JSON", HPD_ERR_INVALID_ARG},
+        {"{\"enum\": []}", "'enum' must be a non-empty array", HPD_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        hpd_grammar_t *g = NULL;
+        char err[256];
+        const hpd_status_t st =
+            hpd_grammar_from_schema(cases[i].schema, strlen(cases[i].schema), NULL, &g, err, sizeof(err));
+        if (st != cases[i].st || strstr(err, cases[i].msg) == NULL)
+            fail_msg("%s: status %d, message '%s' (expected %d with '%s')", cases[i].schema, st, err,
+                     cases[i].st, cases[i].msg);
+        assert_null(g);
+    }
+}
+
+/* A schema that refers to itself without consuming a byte matches
+ * nothing, and does not loop. */
+static void test_self_reference(void **state)
+{
+    static const char *const schemas[] = {"{\"$ref\": \"#\"}",
+                                          "{\"anyOf\": [{\"$ref\": \"#\"}, {\"type\": \"null\"}]}"};
+    for (size_t i = 0; i < 2; i++) {
+        hpd_grammar_t *g;
+        hpd_matcher_t *m;
+        assert_int_equal(hpd_grammar_from_schema(schemas[i], strlen(schemas[i]), NULL, &g, NULL, 0),
+                         HPD_OK);
+        assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+        assert_int_equal(hpd_matcher_accept_bytes(m, (const uint8_t *)"null", 4), i == 1);
+        hpd_matcher_destroy(m);
+        hpd_grammar_destroy(g);
+    }
+}
+
+/* json_object: any object, nested to the depth limit and no further. */
+static void test_json_object(void **state)
+{
+    hpd_grammar_t *g;
+    hpd_matcher_t *m;
+    assert_int_equal(hpd_grammar_json_object(NULL, &g), HPD_OK);
+    assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+    assert_false(hpd_matcher_accept_bytes(m, (const uint8_t *)"[]", 2));
+    const char *doc = "{\"a\": [1, {\"b\": null}], \"c\": \"x\"}";
+    assert_true(hpd_matcher_accept_bytes(m, (const uint8_t *)doc, strlen(doc)));
+    assert_true(hpd_matcher_can_end(m));
+    assert_true(hpd_matcher_must_end(m));
+    hpd_matcher_destroy(m);
+    /* a refused byte leaves the matcher where it was */
+    assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+    assert_true(hpd_matcher_accept_bytes(m, (const uint8_t *)"{\"a\": ", 6));
+    assert_false(hpd_matcher_accept_bytes(m, (const uint8_t *)"}", 1));
+    assert_true(hpd_matcher_accept_bytes(m, (const uint8_t *)"1}", 2));
+    assert_true(hpd_matcher_can_end(m));
+    hpd_matcher_destroy(m);
+    /* 200 nested arrays: past the stack's depth */
+    char deep[512];
+    memset(deep, 0, sizeof(deep));
+    strcpy(deep, "{\"a\": ");
+    memset(deep + 6, '[', 200);
+    assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+    assert_false(hpd_matcher_accept_bytes(m, (const uint8_t *)deep, strlen(deep)));
+    assert_true(hpd_matcher_accept_bytes(m, (const uint8_t *)deep, 100));
+    hpd_matcher_destroy(m);
+    hpd_grammar_destroy(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_corpus),       cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_refusals),     cmocka_unit_test(test_self_reference),
+        cmocka_unit_test(test_json_object),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
