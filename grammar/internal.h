@@ -122,16 +122,38 @@ void g_dfa_free(g_dfa_t *dfa);
 bool g_set_step(const hpd_grammar_t *g, const g_set_t *in, uint8_t byte, g_set_t *out);
 bool g_set_copy(g_set_t *dst, const g_set_t *src);
 bool g_set_can_end(const hpd_grammar_t *g, const g_set_t *s);
+
+/* A string or key frame inside its quotes (st not ST_EXPECT) after byte c:
+ * refused, still inside, or closed by it (the frame updated unless
+ * refused). What the mask's walk of a string steps without a set. */
+enum { G_ADV_REJECT = 0, G_ADV_OK, G_ADV_CLOSE };
+int g_string_advance(const hpd_grammar_t *g, g_frame_t *t, uint8_t c);
+/* F_STRING / F_KEY states before the opening quote and after the closing one */
+enum { S_EXPECT = 0, S_CLOSED = 4 };
 void g_set_free(g_set_t *s);
+
+/* A pattern DFA state's mask of plain tokens (mask.c). */
+#define G_DFA_CACHE 16
+typedef struct {
+    uint32_t dfa, state;
+    uint32_t *mask;
+} g_dcache_t;
 
 struct hpd_matcher {
     const hpd_grammar_t *g;
     g_set_t cur, tmp;
     g_set_t forced; /* after the forced bytes (mask.c) */
     bool ended;
-    /* the mask's per-depth sets (mask.c) */
+    /* the mask's per-depth sets (mask.c), and its per-depth string frames
+     * and the stack a closing quote hands on */
     g_set_t *levels;
     uint32_t n_levels;
+    g_frame_t *sframes;
+    uint32_t n_sframes;
+    g_set_t handoff;
+    uint32_t first[8]; /* the bytes the set takes next (mask.c) */
+    g_dcache_t dcache[G_DFA_CACHE];
+    uint32_t n_dcache;
 };
 
 #endif

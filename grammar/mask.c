@@ -34,7 +34,7 @@ struct hpd_vocab {
     uint32_t *lens;
     bool *special;
     int32_t *dup_next; /* the next id with the same bytes, or -1 */
-    trie_t all, nonplain;
+    trie_t all, nonplain, plain;
     /* the plain tokens by ascending character count */
     uint32_t n_plain;
     int32_t *plain_ids;
@@ -203,7 +203,12 @@ hpd_status_t hpd_vocab_create(const hpd_vocab_params_t *p, hpd_vocab_t **v_p)
     if (saved == NULL)
         goto err_alloc;
     memcpy(saved, v->dup_next, n * sizeof(*saved));
-    const bool ok = trie_build(v, np_ids, n_np, &v->nonplain);
+    bool ok = trie_build(v, np_ids, n_np, &v->nonplain);
+    uint32_t n_pl = 0;
+    for (uint32_t i = 0; i < n_ids; i++)
+        if (v->plain_mask[ids[i] / 32] >> (ids[i] % 32) & 1)
+            np_ids[n_pl++] = ids[i]; /* ids is sorted by bytes already */
+    ok = ok && trie_build(v, np_ids, n_pl, &v->plain);
     memcpy(v->dup_next, saved, n * sizeof(*saved));
     free(saved);
     if (!ok)
@@ -243,6 +248,7 @@ void hpd_vocab_destroy(hpd_vocab_t *v)
     free(v->dup_next);
     free(v->all.nodes);
     free(v->nonplain.nodes);
+    free(v->plain.nodes);
     free(v->plain_ids);
     free(v->plain_chars);
     free(v->plain_mask);
@@ -268,6 +274,8 @@ static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t
                          uint32_t end, uint32_t base, const g_set_t *root, uint32_t *mask,
                          bool *found_p)
 {
+    /* from the matcher's own set, the first bytes it takes are known */
+    const uint32_t *first = root == &m->cur && base == 0 ? m->first : NULL;
     const uint32_t levels = t->max_depth + 1;
     if (m->n_levels < levels) {
         g_set_t *l = realloc(m->levels, levels * sizeof(*l));
@@ -280,6 +288,10 @@ static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t
     for (uint32_t i = begin; i < end;) {
         const trie_node_t *nd = &t->nodes[i];
         const uint32_t depth = nd->depth - base;
+        if (depth == 1 && first != NULL && !(first[nd->byte / 32] >> (nd->byte % 32) & 1)) {
+            i = nd->next;
+            continue;
+        }
         const g_set_t *from = depth == 1 ? root : &m->levels[depth - 1];
         g_set_t *to = &m->levels[depth];
         if (!g_set_step(m->g, from, nd->byte, to))
@@ -298,6 +310,92 @@ static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t
         i++;
     }
     return HPD_OK;
+}
+
+/* The walk of trie t when the matcher's one stack is inside a string: the
+ * string's frame alone is stepped per node (g_string_advance, no set); a
+ * closing quote hands its node's subtree, from the stack with the string
+ * as it was before the quote, to the general walk. */
+static hpd_status_t walk_string(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t,
+                                uint32_t *mask)
+{
+    const g_set_t *root = &m->cur;
+    const uint32_t d = root->buf[0].node;
+    if (m->n_sframes < t->max_depth + 1) {
+        g_frame_t *f = realloc(m->sframes, (t->max_depth + 1) * sizeof(*f));
+        if (f == NULL)
+            return HPD_ERR_NO_MEMORY;
+        m->sframes = f;
+        m->n_sframes = t->max_depth + 1;
+    }
+    g_frame_t *fr = m->sframes;
+    fr[0] = root->buf[d];
+    hpd_status_t st;
+    for (uint32_t i = 0; i < t->n;) {
+        const trie_node_t *nd = &t->nodes[i];
+        g_frame_t f = fr[nd->depth - 1];
+        const int r = g_string_advance(m->g, &f, nd->byte);
+        if (r == G_ADV_OK) {
+            fr[nd->depth] = f;
+            if (nd->token >= 0)
+                set_token(v, nd->token, mask);
+            i++;
+            continue;
+        }
+        if (r == G_ADV_CLOSE) {
+            if (!g_set_copy(&m->handoff, root))
+                return HPD_ERR_NO_MEMORY;
+            m->handoff.buf[d] = fr[nd->depth - 1];
+            if ((st = walk(m, v, t, i, nd->next, nd->depth - 1, &m->handoff, mask, NULL)) != HPD_OK)
+                return st;
+        }
+        i = nd->next;
+    }
+    return HPD_OK;
+}
+
+/* The plain tokens a string's pattern DFA takes from state q (a plain
+ * token is whole characters without quote, escape or control byte: inside
+ * a string only the pattern can refuse it), as a mask: a walk of the plain
+ * trie on the DFA's table alone, kept per (DFA, state) for the matcher's
+ * next visits. */
+static const uint32_t *dfa_plain_mask(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t dfa,
+                                      uint32_t q)
+{
+    const uint32_t words = (v->n_tokens + 31) / 32;
+    for (uint32_t i = 0; i < m->n_dcache; i++)
+        if (m->dcache[i].dfa == dfa && m->dcache[i].state == q)
+            return m->dcache[i].mask;
+    if (m->n_dcache == G_DFA_CACHE) { /* full: the oldest goes */
+        free(m->dcache[0].mask);
+        memmove(m->dcache, m->dcache + 1, (G_DFA_CACHE - 1) * sizeof(*m->dcache));
+        m->n_dcache--;
+    }
+    uint32_t *mask = calloc(words, sizeof(*mask));
+    const trie_t *t = &v->plain;
+    int32_t *states = malloc((t->max_depth + 1) * sizeof(*states));
+    if (mask == NULL || states == NULL) {
+        free(mask);
+        free(states);
+        return NULL;
+    }
+    const int32_t *trans = m->g->dfas[dfa].trans;
+    states[0] = (int32_t)q;
+    for (uint32_t i = 0; i < t->n;) {
+        const trie_node_t *nd = &t->nodes[i];
+        const int32_t s = trans[(size_t)states[nd->depth - 1] * 256 + nd->byte];
+        if (s < 0) {
+            i = nd->next;
+            continue;
+        }
+        states[nd->depth] = s;
+        if (nd->token >= 0)
+            set_token(v, nd->token, mask);
+        i++;
+    }
+    free(states);
+    m->dcache[m->n_dcache++] = (g_dcache_t){.dfa = dfa, .state = q, .mask = mask};
+    return mask;
 }
 
 /* The node of trie t spelling bytes[0..n), or UINT32_MAX. */
@@ -327,6 +425,8 @@ static hpd_status_t forced_bytes(hpd_matcher_t *m, uint8_t *forced, uint32_t *n_
     while (n < MAX_FORCED && !g_set_can_end(m->g, &m->forced)) {
         int only = -1;
         for (unsigned c = 0; c < 256; c++) {
+            if (n == 0 && !(m->first[c / 32] >> (c % 32) & 1))
+                continue;
             if (!g_set_step(m->g, &m->forced, (uint8_t)c, &m->tmp))
                 return HPD_ERR_NO_MEMORY;
             if (m->tmp.n == 0)
@@ -397,8 +497,9 @@ static hpd_status_t chop_tokens(hpd_matcher_t *m, const hpd_vocab_t *v, const in
 
 /* Forced bytes are allowed only as the tokenizer spells them: the first
  * token of their spelling, or, when another spelling may yet replace all
- * of it, the tokens that start with them (*done_p false: no forced bytes,
- * the full mask is to be computed). */
+ * of it, the tokens that agree with them (a piece of them, or them and a
+ * valid continuation) (*done_p false: no forced bytes, the full mask is to
+ * be computed). */
 static hpd_status_t mask_forced(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t *mask, bool *done_p)
 {
     uint8_t forced[MAX_FORCED];
@@ -416,11 +517,17 @@ static hpd_status_t mask_forced(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t
         set_token(v, ids[0], mask);
         *done_p = true;
     } else if (st == HPD_OK && n_ids > 0) {
-        const uint32_t node = trie_find(&v->all, forced, n);
+        /* the tokens along the forced bytes, and those past them that
+         * continue validly */
+        uint32_t node = UINT32_MAX;
+        for (uint32_t k = 1; k <= n; k++) {
+            if ((node = trie_find(&v->all, forced, k)) == UINT32_MAX)
+                break;
+            if (v->all.nodes[node].token >= 0)
+                set_token(v, v->all.nodes[node].token, mask);
+        }
         if (node != UINT32_MAX) {
             const trie_node_t *nd = &v->all.nodes[node];
-            if (nd->token >= 0)
-                set_token(v, nd->token, mask);
             st = walk(m, v, &v->all, node + 1, nd->next, nd->depth, &m->forced, mask, NULL);
         }
         *done_p = true;
@@ -461,15 +568,46 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
     memset(mask, 0, words * sizeof(*mask));
     if (m->ended)
         return HPD_OK;
+    /* the bytes that may come next */
+    memset(m->first, 0, sizeof(m->first));
+    for (unsigned c = 0; c < 256; c++) {
+        if (!g_set_step(m->g, &m->cur, (uint8_t)c, &m->tmp))
+            return HPD_ERR_NO_MEMORY;
+        if (m->tmp.n > 0)
+            m->first[c / 32] |= 1u << (c % 32);
+    }
     bool done = false;
     hpd_status_t st = v->tokenize != NULL ? mask_forced(m, v, mask, &done) : HPD_OK;
     if (st != HPD_OK || done)
         return st;
     bool any = false;
     const g_frame_t *s = string_top(m->g, &m->cur, &any);
+    const g_frame_t *top = &m->cur.buf[m->cur.buf[0].node];
+    const bool one_string = m->cur.n == 1 && (top->kind == F_STRING || top->kind == F_KEY) &&
+                            top->st != S_EXPECT && top->st != S_CLOSED;
     const trie_t *t = &v->all;
     if (any) {
         memcpy(mask, v->plain_mask, words * sizeof(*mask));
+        t = &v->nonplain;
+    } else if (one_string && top->kind == F_STRING && top->st == S_CHARS &&
+               m->g->nodes[top->node].dfa != G_NONE) {
+        /* a patterned string: its plain tokens from the DFA's cached
+         * mask, no more than max_len characters */
+        const g_node_t *n = &m->g->nodes[top->node];
+        const uint32_t *pm = dfa_plain_mask(m, v, n->dfa, top->b);
+        if (pm == NULL)
+            return HPD_ERR_NO_MEMORY;
+        if (n->max_len == UINT32_MAX) {
+            for (uint32_t w = 0; w < words; w++)
+                mask[w] |= pm[w];
+        } else {
+            const uint32_t left = n->max_len - top->a;
+            for (uint32_t i = 0; i < v->n_plain && v->plain_chars[i] <= left; i++) {
+                const int32_t id = v->plain_ids[i];
+                if (pm[id / 32] >> (id % 32) & 1)
+                    set_token(v, id, mask);
+            }
+        }
         t = &v->nonplain;
     } else if (s != NULL) {
         /* the one stack is in a string of at most max_len characters */
@@ -478,7 +616,8 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
             set_token(v, v->plain_ids[i], mask);
         t = &v->nonplain;
     }
-    if ((st = walk(m, v, t, 0, t->n, 0, &m->cur, mask, NULL)) != HPD_OK)
+    if ((st = one_string ? walk_string(m, v, t, mask) : walk(m, v, t, 0, t->n, 0, &m->cur, mask, NULL)) !=
+        HPD_OK)
         return st;
     if (g_set_can_end(m->g, &m->cur))
         for (uint32_t i = 0; i < n_end; i++)

@@ -22,7 +22,7 @@ enum {
 /* F_ARRAY states (arrays and tuples) */
 enum { A_EXPECT = 0, A_START, A_VALUE, A_AFTER, A_SEP, A_BEFORE, A_CLOSED };
 /* F_STRING / F_KEY states (S_CHARS = 1 in internal.h) */
-enum { ST_EXPECT = 0, ST_ESC = 2, ST_UTF8 = 3, ST_CLOSED = 4 };
+enum { ST_EXPECT = 0, ST_ESC = 2, ST_UTF8 = 3, ST_CLOSED = 4, ST_U = 5, ST_KU, ST_LOW1, ST_LOW2 };
 /* F_NUMBER states */
 enum { N_EXPECT = 0, N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
@@ -337,17 +337,84 @@ static int unescape(uint8_t c)
     }
 }
 
-/* Some escape's byte is allowed by the string's pattern. */
+/* Some escape's byte is allowed by the string's pattern: a letter's, or a
+ * control character's (\u0000-\u001f, \u007f). */
 static bool escape_possible(const hpd_grammar_t *g, const g_frame_t *t)
 {
     static const char letters[] = "\"\\bfnrt";
     const g_node_t *n = &g->nodes[t->node];
     if (n->dfa == G_NONE)
         return true;
+    const int32_t *tr = &g->dfas[n->dfa].trans[(size_t)t->b * 256];
     for (const char *l = letters; *l; l++)
-        if (g->dfas[n->dfa].trans[(size_t)t->b * 256 + (uint8_t)unescape((uint8_t)*l)] >= 0)
+        if (tr[(uint8_t)unescape((uint8_t)*l)] >= 0)
             return true;
-    return false;
+    for (unsigned c = 0; c < 0x20; c++)
+        if (tr[c] >= 0)
+            return true;
+    return tr[0x7f] >= 0;
+}
+
+static bool string_feed(const hpd_grammar_t *g, g_frame_t *t, uint8_t byte);
+static int hex_digit(uint8_t c);
+
+/* \uXXXX in a key that must differ from an object's declared ones: any
+ * code unit, a high surrogate followed by \u and a low one, never a lone
+ * surrogate (llguidance's rule there). aux: digits so far (bits 0-1), a
+ * low surrogate expected (bit 2); a: the digits' value. */
+static bool key_unicode_step(const hpd_grammar_t *g, g_frame_t *t, uint8_t c)
+{
+    const int h = hex_digit(c);
+    const unsigned k = t->aux & 3, low = t->aux & 4;
+    if (h < 0 || (k == 0 && low && h != 0xd) || (k == 1 && low && h < 0xc) ||
+        (k == 1 && !low && t->a == 0xd && h >= 0xc) || !string_feed(g, t, c))
+        return false;
+    t->a = t->a << 4 | (uint32_t)h;
+    if (k < 3) {
+        t->aux = (uint16_t)((k + 1) | low);
+        return true;
+    }
+    t->st = !low && t->a >= 0xd800 && t->a <= 0xdbff ? ST_LOW1 : S_CHARS;
+    t->aux = 0;
+    return true;
+}
+
+static int hex_digit(uint8_t c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+        return (c | 0x20) - 'a' + 10;
+    return -1;
+}
+
+/* \uXXXX: only a control character's (U+0000-U+001F, U+007F), as
+ * llguidance allows by default; aux counts the digits, then holds the
+ * third. */
+static bool unicode_escape_step(const hpd_grammar_t *g, g_frame_t *t, uint8_t c)
+{
+    const int h = hex_digit(c);
+    const unsigned k = t->aux & 3;
+    if (h < 0)
+        return false;
+    if (k < 2) {
+        if (h != 0)
+            return false;
+        t->aux = (uint16_t)(k + 1);
+        return t->kind != F_KEY || string_feed(g, t, c);
+    }
+    if (k == 2) {
+        if (h != 0 && h != 1 && h != 7)
+            return false;
+        t->aux = (uint16_t)(3 | h << 2);
+        return t->kind != F_KEY || string_feed(g, t, c);
+    }
+    const int hi = t->aux >> 2;
+    if (hi == 7 && h != 0xf)
+        return false;
+    t->st = S_CHARS;
+    t->aux = 0;
+    return string_feed(g, t, t->kind == F_KEY ? c : (uint8_t)(hi << 4 | h));
 }
 
 /* Feeds a decoded byte to a string's pattern DFA (b: its state), or a raw
@@ -391,43 +458,37 @@ static bool string_close_ok(const hpd_grammar_t *g, const g_frame_t *t)
     return t->a >= n->min_len && (n->dfa == G_NONE || g->dfas[n->dfa].accept[t->b]);
 }
 
-static bool string_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
+int g_string_advance(const hpd_grammar_t *g, g_frame_t *t, uint8_t c)
 {
-    g_frame_t *t = &f[d - 1];
     const bool key = t->kind == F_KEY;
     switch (t->st) {
-    case ST_EXPECT:
-        if (c != '"')
-            return true;
-        t->st = S_CHARS;
-        return emit(out, f, d);
     case S_CHARS:
         if (c == '"') {
             if (!string_close_ok(g, t))
-                return true;
+                return G_ADV_REJECT;
             t->st = ST_CLOSED;
-            return emit(out, f, d);
+            return G_ADV_CLOSE;
         }
         if (c == '\\') {
             if (!string_char(g, t) || (key && !string_feed(g, t, c)) ||
                 (!key && !escape_possible(g, t)))
-                return true;
+                return G_ADV_REJECT;
             t->st = ST_ESC;
-            return emit(out, f, d);
+            return G_ADV_OK;
         }
         if (c < 0x20 || c == 0x7f)
-            return true;
+            return G_ADV_REJECT;
         if (c < 0x80) {
             if (!string_char(g, t) || !string_feed(g, t, c))
-                return true;
-            return emit(out, f, d);
+                return G_ADV_REJECT;
+            return G_ADV_OK;
         }
         /* a UTF-8 lead byte: no overlongs (C0, C1, E0 80-9F, F0 80-8F),
          * no surrogates (ED A0-BF), nothing past U+10FFFF */
         if (c < 0xc2 || c > 0xf4)
-            return true;
+            return G_ADV_REJECT;
         if (!string_char(g, t) || !string_feed(g, t, c))
-            return true;
+            return G_ADV_REJECT;
         t->st = ST_UTF8;
         if (c < 0xe0)
             t->aux = 1 | U_ANY << 2;
@@ -435,29 +496,67 @@ static bool string_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_
             t->aux = 2 | (c == 0xe0 ? U_A0BF : c == 0xed ? U_809F : U_ANY) << 2;
         else
             t->aux = 3 | (c == 0xf0 ? U_90BF : c == 0xf4 ? U_808F : U_ANY) << 2;
-        return emit(out, f, d);
+        return G_ADV_OK;
     case ST_UTF8: {
         const unsigned range = t->aux >> 2;
         const uint8_t lo = range == U_A0BF ? 0xa0 : range == U_90BF ? 0x90 : 0x80;
         const uint8_t hi = range == U_809F ? 0x9f : range == U_808F ? 0x8f : 0xbf;
         if (c < lo || c > hi || !string_feed(g, t, c))
-            return true;
+            return G_ADV_REJECT;
         const unsigned left = (t->aux & 3) - 1;
         t->aux = (uint16_t)left;
         if (left == 0)
             t->st = S_CHARS;
-        return emit(out, f, d);
+        return G_ADV_OK;
     }
+    case ST_U:
+        if (!unicode_escape_step(g, t, c))
+            return G_ADV_REJECT;
+        return G_ADV_OK;
+    case ST_KU:
+        if (!key_unicode_step(g, t, c))
+            return G_ADV_REJECT;
+        return G_ADV_OK;
+    case ST_LOW1:
+    case ST_LOW2:
+        if (c != (t->st == ST_LOW1 ? '\\' : 'u') || !string_feed(g, t, c))
+            return G_ADV_REJECT;
+        t->st = t->st == ST_LOW1 ? ST_LOW2 : ST_KU;
+        t->aux = t->st == ST_KU ? 4 : 0;
+        t->a = 0;
+        return G_ADV_OK;
     case ST_ESC: {
+        if (c == 'u') {
+            if (key && !string_feed(g, t, c))
+                return G_ADV_REJECT;
+            /* a key beside declared ones takes any code unit */
+            t->st = key && g->nodes[t->node].names != G_NONE ? ST_KU : ST_U;
+            t->aux = 0;
+            if (t->st == ST_KU)
+                t->a = 0; /* the code unit's value (a key counts no characters) */
+            return G_ADV_OK;
+        }
         const int u = unescape(c);
         if (u < 0 || !string_feed(g, t, key ? c : (uint8_t)u))
+            return G_ADV_REJECT;
+        t->st = S_CHARS;
+        return G_ADV_OK;
+    }
+    default:
+        return G_ADV_REJECT;
+    }
+}
+
+static bool string_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
+{
+    g_frame_t *t = &f[d - 1];
+    if (t->st == ST_EXPECT) {
+        if (c != '"')
             return true;
         t->st = S_CHARS;
         return emit(out, f, d);
     }
-    default:
-        return true;
-    }
+    return g_string_advance(g, t, c) == G_ADV_REJECT || emit(out, f, d);
 }
 
 static bool number_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
@@ -685,6 +784,10 @@ void hpd_matcher_destroy(hpd_matcher_t *m)
     g_set_free(&m->cur);
     g_set_free(&m->tmp);
     g_set_free(&m->forced);
+    g_set_free(&m->handoff);
+    for (uint32_t i = 0; i < m->n_dcache; i++)
+        free(m->dcache[i].mask);
+    free(m->sframes);
     for (uint32_t i = 0; i < m->n_levels; i++)
         g_set_free(&m->levels[i]);
     free(m->levels);

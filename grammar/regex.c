@@ -100,54 +100,179 @@ static frag_t empty(nfa_t *a)
     return (frag_t){s, s};
 }
 
-/* Any character but those of the ASCII set `except`: ASCII bytes outside
- * it, or a whole multi-byte UTF-8 sequence (the string's frame has checked
- * its validity). */
-static frag_t any_char(nfa_t *a, const uint32_t *except)
+/* A set of code points as sorted, disjoint ranges. */
+#define CLASS_MAX 128
+typedef struct {
+    uint32_t lo[CLASS_MAX], hi[CLASS_MAX];
+    uint32_t n;
+} cls_t;
+
+static bool cls_add(nfa_t *a, cls_t *c, uint32_t lo, uint32_t hi)
 {
-    uint32_t ascii[8] = {0}, cont[8] = {0}, l2[8] = {0}, l3[8] = {0}, l4[8] = {0};
-    for (unsigned c = 0; c < 0x80; c++)
-        if (!(except[c / 32] >> (c % 32) & 1))
-            set_add(ascii, c, c);
-    set_add(cont, 0x80, 0xbf);
-    set_add(l2, 0xc2, 0xdf);
-    set_add(l3, 0xe0, 0xef);
-    set_add(l4, 0xf0, 0xf4);
-    frag_t f = byte_frag(a, ascii);
-    frag_t two = concat(a, byte_frag(a, l2), byte_frag(a, cont));
-    frag_t three = concat(a, byte_frag(a, l3), concat(a, byte_frag(a, cont), byte_frag(a, cont)));
-    frag_t four = concat(a, byte_frag(a, l4),
-                         concat(a, byte_frag(a, cont), concat(a, byte_frag(a, cont), byte_frag(a, cont))));
-    if (a->failed)
-        return (frag_t){-1, -1};
-    return alternate(a, alternate(a, f, two), alternate(a, three, four));
+    if (c->n >= CLASS_MAX)
+        return fail(a, "a character class this large");
+    c->lo[c->n] = lo;
+    c->hi[c->n++] = hi;
+    return true;
 }
 
-/* The ASCII set of a class escape (\d \w \s), negated for \D \W \S. */
-static bool class_escape(char c, uint32_t *set, bool *neg_p)
+/* Sorted, overlapping and touching ranges merged. */
+static void cls_norm(cls_t *c)
 {
-    uint32_t s[8] = {0};
-    switch (c | 0x20) {
+    for (uint32_t i = 1; i < c->n; i++)
+        for (uint32_t j = i; j > 0 && c->lo[j - 1] > c->lo[j]; j--) {
+            const uint32_t l = c->lo[j], h = c->hi[j];
+            c->lo[j] = c->lo[j - 1];
+            c->hi[j] = c->hi[j - 1];
+            c->lo[j - 1] = l;
+            c->hi[j - 1] = h;
+        }
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < c->n; i++) {
+        if (w > 0 && c->lo[i] <= c->hi[w - 1] + 1) {
+            if (c->hi[i] > c->hi[w - 1])
+                c->hi[w - 1] = c->hi[i];
+            continue;
+        }
+        c->lo[w] = c->lo[i];
+        c->hi[w++] = c->hi[i];
+    }
+    c->n = w;
+}
+
+/* Every code point not in c. */
+static bool cls_negate(nfa_t *a, cls_t *c)
+{
+    cls_t out = {0};
+    uint32_t next = 0;
+    cls_norm(c);
+    for (uint32_t i = 0; i < c->n; i++) {
+        if (c->lo[i] > next && !cls_add(a, &out, next, c->lo[i] - 1))
+            return false;
+        next = c->hi[i] + 1;
+    }
+    if (next <= 0x10ffff && !cls_add(a, &out, next, 0x10ffff))
+        return false;
+    *c = out;
+    return true;
+}
+
+/* ECMA-262's \d, \w, \s (ASCII digits and word characters; Unicode white
+ * space and line terminators), negated for \D \W \S. */
+static bool class_escape(nfa_t *a, char e, cls_t *c)
+{
+    static const uint32_t space[][2] = {{0x09, 0x0d},     {0x20, 0x20},     {0x85, 0x85},
+                                        {0xa0, 0xa0},     {0x1680, 0x1680}, {0x2000, 0x200a},
+                                        {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f},
+                                        {0x3000, 0x3000}};
+    cls_t s = {0};
+    switch (e | 0x20) {
     case 'd':
-        set_add(s, '0', '9');
+        cls_add(a, &s, '0', '9');
         break;
     case 'w':
-        set_add(s, '0', '9');
-        set_add(s, 'a', 'z');
-        set_add(s, 'A', 'Z');
-        set_add(s, '_', '_');
+        cls_add(a, &s, '0', '9');
+        cls_add(a, &s, 'A', 'Z');
+        cls_add(a, &s, '_', '_');
+        cls_add(a, &s, 'a', 'z');
         break;
     case 's':
-        set_add(s, ' ', ' ');
-        set_add(s, '\t', '\r'); /* \t \n \v \f \r */
+        for (size_t i = 0; i < sizeof(space) / sizeof(space[0]); i++)
+            cls_add(a, &s, space[i][0], space[i][1]);
         break;
     default:
         return false;
     }
-    *neg_p = c >= 'A' && c <= 'Z';
-    for (int i = 0; i < 8; i++)
-        set[i] |= s[i];
+    if (e >= 'A' && e <= 'Z' && !cls_negate(a, &s))
+        return false;
+    for (uint32_t i = 0; i < s.n; i++)
+        if (!cls_add(a, c, s.lo[i], s.hi[i]))
+            return false;
     return true;
+}
+
+static uint32_t utf8_encode(uint32_t cp, uint8_t *b)
+{
+    if (cp < 0x80) {
+        b[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        b[0] = (uint8_t)(0xc0 | cp >> 6);
+        b[1] = (uint8_t)(0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        b[0] = (uint8_t)(0xe0 | cp >> 12);
+        b[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3f));
+        b[2] = (uint8_t)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    b[0] = (uint8_t)(0xf0 | cp >> 18);
+    b[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3f));
+    b[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3f));
+    b[3] = (uint8_t)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* The UTF-8 byte sequences of the code points [lo, hi] (no surrogates, one
+ * length) as alternatives added to *f: split until each byte position is
+ * one range (the utf8-ranges construction). */
+static void utf8_range(nfa_t *a, uint32_t lo, uint32_t hi, frag_t *f)
+{
+    static const uint32_t ends[] = {0x7f, 0x7ff, 0xffff};
+    for (int i = 0; i < 3; i++)
+        if (lo <= ends[i] && hi > ends[i]) {
+            utf8_range(a, lo, ends[i], f);
+            utf8_range(a, ends[i] + 1, hi, f);
+            return;
+        }
+    uint8_t bl[4], bh[4];
+    const uint32_t n = utf8_encode(lo, bl);
+    utf8_encode(hi, bh);
+    for (uint32_t k = 1; k < n; k++) {
+        const uint32_t m = (1u << (6 * k)) - 1;
+        if ((lo & ~m) != (hi & ~m)) {
+            if ((lo & m) != 0) {
+                utf8_range(a, lo, lo | m, f);
+                utf8_range(a, (lo | m) + 1, hi, f);
+                return;
+            }
+            if ((hi & m) != m) {
+                utf8_range(a, lo, (hi & ~m) - 1, f);
+                utf8_range(a, hi & ~m, hi, f);
+                return;
+            }
+        }
+    }
+    frag_t seq = {-1, -1};
+    for (uint32_t k = 0; k < n && !a->failed; k++) {
+        uint32_t set[8] = {0};
+        set_add(set, bl[k], bh[k]);
+        seq = concat(a, seq, byte_frag(a, set));
+    }
+    if (!a->failed)
+        *f = f->start < 0 ? seq : alternate(a, *f, seq);
+}
+
+/* A fragment taking one character of c. */
+static frag_t cls_frag(nfa_t *a, cls_t *c)
+{
+    frag_t f = {-1, -1};
+    cls_norm(c);
+    for (uint32_t i = 0; i < c->n && !a->failed; i++) {
+        uint32_t lo = c->lo[i], hi = c->hi[i];
+        if (lo <= 0xdfff && hi >= 0xd800) { /* no surrogates */
+            if (lo < 0xd800)
+                utf8_range(a, lo, 0xd7ff, &f);
+            lo = 0xe000;
+        }
+        if (lo <= hi && hi <= 0x10ffff)
+            utf8_range(a, lo, hi, &f);
+    }
+    if (f.start < 0 && !a->failed)
+        fail(a, "an empty character class");
+    return a->failed ? (frag_t){-1, -1} : f;
 }
 
 /* The byte of a single-character escape, or -1. */
@@ -170,76 +295,82 @@ static int literal_escape(char c)
     }
 }
 
-static frag_t parse_alt(nfa_t *a);
+/* The next code point of the pattern (UTF-8), or -1. */
+static int32_t next_cp(nfa_t *a)
+{
+    const unsigned char c = (unsigned char)a->p[a->pos];
+    const uint32_t n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+    if (a->pos + n > a->len)
+        return -1;
+    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+    for (uint32_t k = 1; k < n; k++)
+        cp = cp << 6 | ((unsigned char)a->p[a->pos + k] & 0x3f);
+    a->pos += n;
+    return (int32_t)cp;
+}
 
-/* [...]: ASCII members only. */
+/* One member's code point inside a class (an escape or a character), or
+ * -1 when it was a class escape (added to c). */
+static int32_t class_member(nfa_t *a, cls_t *c, bool *ok_p)
+{
+    *ok_p = true;
+    if (a->p[a->pos] != '\\')
+        return next_cp(a);
+    a->pos++;
+    const char e = a->pos < a->len ? a->p[a->pos] : '\0';
+    if (class_escape(a, e, c)) {
+        a->pos++;
+        return -1;
+    }
+    const int l = literal_escape(e);
+    if (l < 0) {
+        *ok_p = fail(a, "this escape");
+        return -1;
+    }
+    a->pos++;
+    return l;
+}
+
+/* [...] */
 static frag_t parse_class(nfa_t *a)
 {
-    uint32_t set[8] = {0};
-    bool neg = false;
+    cls_t c = {0};
+    bool neg = false, ok = true;
     a->pos++; /* '[' */
     if (a->pos < a->len && a->p[a->pos] == '^') {
         neg = true;
         a->pos++;
     }
     bool first = true;
-    while (a->pos < a->len && (a->p[a->pos] != ']' || first)) {
+    while (ok && a->pos < a->len && (a->p[a->pos] != ']' || first)) {
         first = false;
-        int lo;
-        unsigned char c = (unsigned char)a->p[a->pos];
-        if (c >= 0x80) {
-            fail(a, "a non-ASCII character in a class");
-            return (frag_t){-1, -1};
-        }
-        if (c == '\\') {
-            a->pos++;
-            const char e = a->pos < a->len ? a->p[a->pos] : '\0';
-            bool eneg = false;
-            uint32_t es[8] = {0};
-            if (class_escape(e, es, &eneg)) {
-                if (eneg) {
-                    fail(a, "a negated class escape inside a class");
-                    return (frag_t){-1, -1};
-                }
-                for (int i = 0; i < 8; i++)
-                    set[i] |= es[i];
-                a->pos++;
-                continue;
-            }
-            if ((lo = literal_escape(e)) < 0) {
-                fail(a, "this escape");
-                return (frag_t){-1, -1};
-            }
-        } else {
-            lo = c;
-        }
-        a->pos++;
-        int hi = lo;
+        const int32_t lo = class_member(a, &c, &ok);
+        if (!ok || lo < 0)
+            continue;
+        int32_t hi = lo;
         if (a->pos + 1 < a->len && a->p[a->pos] == '-' && a->p[a->pos + 1] != ']') {
             a->pos++;
-            unsigned char h = (unsigned char)a->p[a->pos];
-            if (h == '\\') {
-                a->pos++;
-                h = (unsigned char)(a->pos < a->len ? literal_escape(a->p[a->pos]) : -1);
-            }
-            if (h >= 0x80 || (int)h < lo) {
+            hi = class_member(a, &c, &ok);
+            if (ok && hi < lo) {
                 fail(a, "this class range");
                 return (frag_t){-1, -1};
             }
-            hi = h;
-            a->pos++;
         }
-        set_add(set, (unsigned)lo, (unsigned)hi);
+        ok = ok && cls_add(a, &c, (uint32_t)lo, (uint32_t)hi);
     }
+    if (a->failed)
+        return (frag_t){-1, -1};
     if (a->pos >= a->len) {
         fail(a, "an unterminated class");
         return (frag_t){-1, -1};
     }
     a->pos++; /* ']' */
-    if (neg)
-        return any_char(a, set);
-    return byte_frag(a, set);
+    if (neg && !cls_negate(a, &c))
+        return (frag_t){-1, -1};
+    return cls_frag(a, &c);
 }
+
+static frag_t parse_alt(nfa_t *a);
 
 static frag_t parse_atom(nfa_t *a)
 {
@@ -266,28 +397,23 @@ static frag_t parse_atom(nfa_t *a)
     }
     if (c == '[')
         return parse_class(a);
-    if (c == '.') {
+    if (c == '.') { /* any character but a newline (as llguidance's regexes) */
+        cls_t cl = {0};
         a->pos++;
-        set_add(set, '\n', '\n');
-        set_add(set, '\r', '\r');
-        return any_char(a, set);
+        cls_add(a, &cl, '\n', '\n');
+        if (!cls_negate(a, &cl))
+            return (frag_t){-1, -1};
+        return cls_frag(a, &cl);
     }
     if (c == '\\') {
-        a->pos++;
-        const char e = a->pos < a->len ? a->p[a->pos] : '\0';
-        bool neg = false;
-        if (class_escape(e, set, &neg)) {
-            a->pos++;
-            return neg ? any_char(a, set) : byte_frag(a, set);
-        }
-        const int l = literal_escape(e);
-        if (l < 0) {
-            fail(a, "this escape");
+        cls_t cl = {0};
+        bool ok;
+        const int32_t l = class_member(a, &cl, &ok);
+        if (!ok)
             return (frag_t){-1, -1};
-        }
-        a->pos++;
-        set_add(set, (unsigned)l, (unsigned)l);
-        return byte_frag(a, set);
+        if (l >= 0 && !cls_add(a, &cl, (uint32_t)l, (uint32_t)l))
+            return (frag_t){-1, -1};
+        return cls_frag(a, &cl);
     }
     if (c == '^' || c == '$' || c == ')' || c == '*' || c == '+' || c == '?' || c == '{' ||
         c == '|') {
@@ -460,6 +586,95 @@ static int32_t find_or_add(dstates_t *d, const uint64_t *set)
     return (int32_t)d->n++;
 }
 
+/* Merges equivalent states (Moore's refinement: by acceptance, then by
+ * the blocks of their successors until no block splits), so that a
+ * pattern's states are as few as its language needs: the mask's per-state
+ * cache then hits whenever the language left is the same. */
+static bool same_signature(const g_dfa_t *dfa, const uint32_t *block, uint32_t q, uint32_t r)
+{
+    if (block[q] != block[r])
+        return false;
+    for (unsigned c = 0; c < 256; c++) {
+        const int32_t x = dfa->trans[(size_t)q * 256 + c], y = dfa->trans[(size_t)r * 256 + c];
+        if ((x < 0) != (y < 0) || (x >= 0 && block[x] != block[y]))
+            return false;
+    }
+    return true;
+}
+
+static uint64_t signature_hash(const g_dfa_t *dfa, const uint32_t *block, uint32_t q)
+{
+    uint64_t h = 1469598103934665603ull ^ block[q];
+    for (unsigned c = 0; c < 256; c++) {
+        const int32_t x = dfa->trans[(size_t)q * 256 + c];
+        h = (h ^ (x < 0 ? 0xffffffffu : block[x])) * 1099511628211ull;
+    }
+    return h;
+}
+
+static bool minimize(g_dfa_t *dfa)
+{
+    const uint32_t n = dfa->n_states, slots = 2 * n + 1;
+    uint32_t *block = malloc(n * sizeof(*block)), *next = malloc(n * sizeof(*next));
+    uint32_t *owner = malloc(n * sizeof(*owner)), *table = malloc(slots * sizeof(*table));
+    int32_t *trans = NULL;
+    bool *acc = NULL, ok = false;
+    if (block == NULL || next == NULL || owner == NULL || table == NULL)
+        goto out;
+    for (uint32_t q = 0; q < n; q++)
+        block[q] = dfa->accept[q];
+    uint32_t n_blocks = 0, prev = 0;
+    for (;;) {
+        /* a state's new block: that of the first state with the same
+         * block and the same successors' blocks (a hash table of them) */
+        n_blocks = 0;
+        memset(table, 0xff, slots * sizeof(*table));
+        for (uint32_t q = 0; q < n; q++) {
+            uint64_t h = signature_hash(dfa, block, q) % slots;
+            while (table[h] != UINT32_MAX && !same_signature(dfa, block, q, owner[table[h]]))
+                h = (h + 1) % slots;
+            if (table[h] == UINT32_MAX) {
+                table[h] = n_blocks;
+                owner[n_blocks++] = q;
+            }
+            next[q] = table[h];
+        }
+        memcpy(block, next, n * sizeof(*block));
+        if (n_blocks == prev)
+            break;
+        prev = n_blocks;
+    }
+    /* state 0 (the start) is the owner of block 0 */
+    trans = malloc((size_t)n_blocks * 256 * sizeof(*trans));
+    acc = malloc(n_blocks * sizeof(*acc));
+    if (trans == NULL || acc == NULL)
+        goto out;
+    for (uint32_t k = 0; k < n_blocks; k++) {
+        const uint32_t r = owner[k];
+        acc[k] = dfa->accept[r];
+        for (unsigned c = 0; c < 256; c++) {
+            const int32_t x = dfa->trans[(size_t)r * 256 + c];
+            trans[(size_t)k * 256 + c] = x < 0 ? -1 : (int32_t)block[x];
+        }
+    }
+    free(dfa->trans);
+    free(dfa->accept);
+    dfa->trans = trans;
+    dfa->accept = acc;
+    dfa->n_states = n_blocks;
+    trans = NULL;
+    acc = NULL;
+    ok = true;
+out:
+    free(trans);
+    free(acc);
+    free(block);
+    free(next);
+    free(owner);
+    free(table);
+    return ok;
+}
+
 hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_t errlen)
 {
     nfa_t a = {.p = pattern, .len = strlen(pattern), .err = err, .errlen = errlen};
@@ -495,8 +710,30 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
     cur[f.start / 64] |= 1ull << (f.start % 64);
     closure(&a, cur, stack);
     find_or_add(&d, cur);
+    /* bytes that every edge takes alike share one column's work */
+    uint8_t rep[256];
+    int16_t cls_of[256];
+    unsigned n_cls = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        cls_of[c] = -1;
+        for (unsigned r = 0; r < n_cls && cls_of[c] < 0; r++) {
+            bool same = true;
+            for (uint32_t i = 0; i < a.n && same; i++)
+                same = (a.s[i].set[c / 32] >> (c % 32) & 1) == (a.s[i].set[rep[r] / 32] >> (rep[r] % 32) & 1);
+            if (same)
+                cls_of[c] = (int16_t)r;
+        }
+        if (cls_of[c] < 0) {
+            cls_of[c] = (int16_t)n_cls;
+            rep[n_cls++] = (uint8_t)c;
+        }
+    }
     for (uint32_t q = 0; q < d.n; q++) {
         for (unsigned c = 0; c < 256; c++) {
+            if (cls_of[c] != (int16_t)c && rep[cls_of[c]] != c) {
+                dfa->trans[(size_t)q * 256 + c] = dfa->trans[(size_t)q * 256 + rep[cls_of[c]]];
+                continue;
+            }
             memset(cur, 0, d.words * 8);
             bool any = false;
             const uint64_t *from = &d.sets[(size_t)q * d.words];
@@ -526,9 +763,8 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
         goto out;
     for (uint32_t q = 0; q < d.n; q++)
         dfa->accept[q] = d.sets[(size_t)q * d.words + accept / 64] >> (accept % 64) & 1;
-    int32_t *shrunk = realloc(dfa->trans, (size_t)d.n * 256 * sizeof(*shrunk));
-    if (shrunk != NULL)
-        dfa->trans = shrunk;
+    if (!minimize(dfa))
+        goto out;
     st = HPD_OK;
 out:
     if (st != HPD_OK)
