@@ -495,6 +495,59 @@ static hpd_status_t chop_tokens(hpd_matcher_t *m, const hpd_vocab_t *v, const in
     return HPD_OK;
 }
 
+/* The length of the longest prefix of b[0..n) that is whole UTF-8. */
+static uint32_t utf8_whole(const uint8_t *b, uint32_t n)
+{
+    uint32_t i = 0;
+    while (i < n) {
+        const uint8_t c = b[i];
+        const uint32_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+        if (i + len > n)
+            break;
+        i += len;
+    }
+    return i;
+}
+
+/* Forced bytes as the tokenizer spells them: the whole characters by the
+ * tokenizer, a trailing piece of one by the longest tokens (llguidance's
+ * tokenize_bytes_prefix). */
+static hpd_status_t tokenize_prefix(const hpd_vocab_t *v, const uint8_t *b, uint32_t n,
+                                    int32_t **ids_p, size_t *n_p)
+{
+    const uint32_t whole = utf8_whole(b, n);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    hpd_status_t st;
+    if (whole > 0 && (st = v->tokenize(v->tokenize_arg, b, whole, &ids, &n_ids)) != HPD_OK)
+        return st;
+    int32_t *all = realloc(ids, (n_ids + (n - whole) + 1) * sizeof(*all));
+    if (all == NULL) {
+        free(ids);
+        return HPD_ERR_NO_MEMORY;
+    }
+    for (uint32_t i = whole; i < n;) {
+        uint32_t best_len = 0;
+        int32_t best = -1;
+        for (uint32_t k = 1; i + k <= n; k++) {
+            const uint32_t node = trie_find(&v->all, b + i, k);
+            if (node == UINT32_MAX)
+                break;
+            if (v->all.nodes[node].token >= 0) {
+                best = v->all.nodes[node].token;
+                best_len = k;
+            }
+        }
+        if (best < 0)
+            break; /* no token spells this byte: the spelling stops short */
+        all[n_ids++] = best;
+        i += best_len;
+    }
+    *ids_p = all;
+    *n_p = n_ids;
+    return HPD_OK;
+}
+
 /* Forced bytes are allowed only as the tokenizer spells them: the first
  * token of their spelling, or, when another spelling may yet replace all
  * of it, the tokens that agree with them (a piece of them, or them and a
@@ -510,7 +563,7 @@ static hpd_status_t mask_forced(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t
     *done_p = false;
     if ((st = forced_bytes(m, forced, &n)) != HPD_OK || n == 0)
         return st;
-    if ((st = v->tokenize(v->tokenize_arg, forced, n, &ids, &n_ids)) != HPD_OK)
+    if ((st = tokenize_prefix(v, forced, n, &ids, &n_ids)) != HPD_OK)
         return st;
     st = n_ids > 0 ? chop_tokens(m, v, ids, n_ids, &chop) : HPD_OK;
     if (st == HPD_OK && n_ids > chop) {
