@@ -136,6 +136,13 @@ const hpd_opt_t hpd_options[] = {
         "also checkpoint every N 64-token blocks", RUN, NULL),
     TXT("stop-ids", "1,2,3", NULL, "stop after any of these token ids (besides the model's\n"
         "end-of-sequence ids)", RUN, NULL),
+    TXT("json-schema", "FILE", NULL, "structured output: every token the JSON Schema in FILE\n"
+        "allows (docs/structured_outputs.md)", RUN, NULL),
+    {.name = "json-object", .kind = HPD_OPT_ON, .roles = RUN,
+     .help = "structured output: any JSON object"},
+    {.name = "json-flexible", .kind = HPD_OPT_ON, .roles = RUN,
+     .help = "with --json-schema/--json-object: any JSON whitespace inside\n"
+             "the document (else none but \", \" and \": \")"},
     {.name = "ignore-eos", .kind = HPD_OPT_ON, .roles = RUN,
      .help = "do not stop at the model's end-of-sequence ids"},
     INT("min-tokens", U32, 0, 1u << 20, 1, "0", "generate at least this many tokens before a\n"

@@ -129,6 +129,12 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
         (st = alloc_act(e, &e->logits, R * c->vocab_size)) != HPD_OK)
         return st;
     e->logits_host = malloc(c->vocab_size * sizeof(float));
+    {
+        const uint32_t n = e->p.vocab != NULL && hpd_vocab_size(e->p.vocab) > c->vocab_size
+                               ? hpd_vocab_size(e->p.vocab)
+                               : c->vocab_size;
+        e->grammar_mask = malloc(((size_t)n + 31) / 32 * sizeof(uint32_t));
+    }
     e->ids = malloc(R * sizeof(*e->ids));
     e->emb_ids = malloc(R * sizeof(*e->emb_ids));
     e->positions = malloc(R * sizeof(*e->positions));
@@ -150,7 +156,7 @@ static hpd_status_t alloc_buffers(hpd_engine_t *e)
     e->plp_rows = malloc(R * sizeof(*e->plp_rows));
     e->logit_items = malloc(B * sizeof(*e->logit_items));
     e->step_items = malloc(B * sizeof(*e->step_items));
-    if (!e->step_items || !e->logits_host || !e->ids || !e->emb_ids || !e->positions || !e->items || !e->seqs_all ||
+    if (!e->step_items || !e->logits_host || !e->grammar_mask || !e->ids || !e->emb_ids || !e->positions || !e->items || !e->seqs_all ||
         !e->seqs_pre || !e->seqs_dec || !e->bt_all || !e->st_pre || !e->st_dec || !e->cs_pre ||
         !e->cs_dec || !e->samp || !e->samp_pos || !e->sampled || !e->logit_rows ||
         !e->logit_items || !e->plp_reqs || !e->plp_pos || !e->plp_rows)
@@ -410,6 +416,7 @@ void hpd_engine_destroy(hpd_engine_t *e)
     for (size_t i = 0; i < HPD_ARRAY_SIZE(routing); i++)
         hpd_backend_free(e->be, routing[i]);
     free(e->logits_host);
+    free(e->grammar_mask);
     free(e->ids);
     free(e->emb_ids);
     free(e->positions);

@@ -9,6 +9,7 @@
 
 #include "common/kv_layout.h"
 #include "common/logprobs.h"
+#include "grammar/grammar.h"
 #include "cache/prefix_cache.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -77,6 +78,10 @@ typedef struct {
      * each other's buffers. The callbacks run on rank 0 only. */
     const hpd_model_t *const *tp_models;
     hpd_backend_t *const *tp_backends;
+    /* The tokenizer's vocabulary (grammar/grammar.h), for requests with a
+     * grammar; borrowed, must outlive the engine. NULL: such requests are
+     * refused. */
+    const hpd_vocab_t *vocab;
 } hpd_engine_params_t;
 
 /* Fills params with the defaults (model and backend left NULL). */
@@ -108,6 +113,14 @@ typedef struct {
      * ones before it, with top_logprobs top ones: hpd_engine_prompt_logprobs).
      * Such a request takes no prefix-cache hit (its rows are computed). */
     bool prompt_logprobs;
+    /* Structured output (docs/structured_outputs.md): every token sampled is
+     * one the grammar allows (the others' logits are -inf before sampling;
+     * logprobs are of the logits before that), and once its document is
+     * whole only an end token (the model's end-of-sequence ids unless
+     * ignore_eos, and stop_ids) is. Replayed tokens and a reserved
+     * request's first token are fed to it too. The engine takes a reference
+     * (hpd_grammar_retain) for the request's life. NULL: none. */
+    hpd_grammar_t *grammar;
 } hpd_request_params_t;
 
 #define HPD_MAX_STOP_IDS 64

@@ -44,6 +44,16 @@ typedef struct {
     uint32_t ckpt_pos[64];    /* checkpoint positions still to save, ascending */
     uint32_t n_ckpt, next_ckpt;
     uint32_t cached_tokens, cached_host_tokens;
+    /* structured output: the grammar, its matcher, the tokens that end the
+     * document, the row's logits before the mask (for logprobs) */
+    hpd_grammar_t *grammar;
+    hpd_matcher_t *matcher;
+    int32_t end_ids[HPD_MAX_STOP_IDS + 16];
+    uint32_t n_end;
+    float *raw;
+    bool grammar_failed; /* a token the grammar refuses came (a replay) */
+    bool grammar_waits;  /* for the grammar's after token: no mask until it came */
+    bool raw_fresh;      /* raw holds this step's row (it was masked) */
 } request_t;
 
 /* One row group of the current forward pass. */
@@ -78,6 +88,7 @@ struct hpd_engine {
     float *x, *h, *proj, *conv, *g, *beta, *core, *act, *lhid, *logits;
     uint32_t ld_proj, ld_core;
     float *logits_host; /* for the callback when the backend is not host memory */
+    uint32_t *grammar_mask; /* a row's allowed tokens (structured outputs) */
     /* mixture of experts, S = R * top_k slots (a token's row per expert it
      * routes to, grouped by expert): backend memory */
     float *moe_x, *moe_gu, *moe_act, *moe_out, *moe_shared;

@@ -39,6 +39,9 @@ void hpd_engine_request_destroy(request_t *r)
     free(r->out);
     free(r->lp);
     free(r->plp);
+    free(r->raw);
+    hpd_matcher_destroy(r->matcher);
+    hpd_grammar_destroy(r->grammar);
     free(r->hashes);
     free(r);
 }
@@ -99,6 +102,11 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
         (st = check_ids(p->replay, p->n_replay, e->cfg->vocab_size, "replayed")) != HPD_OK ||
         (st = check_ids(p->stop_ids, p->n_stop, e->cfg->vocab_size, "stop")) != HPD_OK)
         return st;
+    if (p->grammar != NULL && e->p.vocab == NULL) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "a structured output needs the model's tokenizer "
+                      "(tokenizer.json beside the model): none was loaded");
+        return HPD_ERR_UNSUPPORTED;
+    }
     if (!isfinite(s->temperature) || s->temperature < 0.0f) {
         HPD_LOG_ERROR(LOG_COMPONENT, "temperature %g is invalid (expected >= 0; 0 is greedy)",
                       s->temperature);
@@ -109,6 +117,73 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
         return HPD_ERR_INVALID_ARG;
     }
     return HPD_OK;
+}
+
+/* A request's matcher, its end tokens and, with logprobs, the buffer of
+ * its unmasked logits. */
+static hpd_status_t grammar_begin(hpd_engine_t *e, request_t *r, const hpd_request_params_t *p)
+{
+    hpd_status_t st;
+    r->grammar = hpd_grammar_retain(p->grammar);
+    r->grammar_waits = hpd_grammar_after_token(r->grammar) >= 0;
+    if ((st = hpd_matcher_create(r->grammar, &r->matcher)) != HPD_OK)
+        return st;
+    for (uint32_t i = 0; !p->ignore_eos && i < e->cfg->n_eos && r->n_end < 16; i++)
+        r->end_ids[r->n_end++] = e->cfg->eos_ids[i];
+    for (uint32_t i = 0; i < p->n_stop; i++)
+        r->end_ids[r->n_end++] = p->stop_ids[i];
+    if (p->logprobs && (r->raw = malloc(e->cfg->vocab_size * sizeof(float))) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    return HPD_OK;
+}
+
+/* A token came: the grammar takes it, or the request fails (only a
+ * replayed or handed-over token can be one it refuses). */
+static void grammar_accept(const hpd_engine_t *e, request_t *r, int32_t token)
+{
+    if (r->matcher == NULL || r->grammar_failed)
+        return;
+    if (r->grammar_waits) { /* the document starts after this one */
+        r->grammar_waits = token != hpd_grammar_after_token(r->grammar);
+        return;
+    }
+    if (hpd_matcher_accept_token(r->matcher, e->p.vocab, token, r->end_ids, r->n_end) != HPD_OK) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: token %d at output position %u is not one "
+                      "its grammar allows", (unsigned long long)r->id, token, r->n_out);
+        r->grammar_failed = true;
+    }
+}
+
+/* Logits row i of a request with a grammar: every token it does not allow
+ * set to -inf (the row before kept for its logprobs). */
+static hpd_status_t grammar_mask_row(hpd_engine_t *e, request_t *r, uint32_t i)
+{
+    const uint32_t V = e->cfg->vocab_size;
+    float *row = e->logits + (size_t)i * V;
+    hpd_status_t st;
+    if ((st = hpd_backend_to_host(e->be, e->logits_host, row, V * sizeof(float))) != HPD_OK)
+        return st;
+    if (r->raw != NULL) {
+        memcpy(r->raw, e->logits_host, V * sizeof(float));
+        r->raw_fresh = true;
+    }
+    memset(e->grammar_mask, 0, (V + 31) / 32 * sizeof(uint32_t));
+    if ((st = hpd_matcher_mask(r->matcher, e->p.vocab, r->end_ids, r->n_end, e->grammar_mask)) !=
+        HPD_OK)
+        return st;
+    bool any = false;
+    for (uint32_t t = 0; t < V; t++) {
+        if (!(e->grammar_mask[t / 32] >> (t % 32) & 1))
+            e->logits_host[t] = -INFINITY;
+        else
+            any = true;
+    }
+    if (!any) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: its grammar allows no token at output "
+                      "position %u", (unsigned long long)r->id, r->n_out);
+        r->grammar_failed = true;
+    }
+    return hpd_backend_from_host(e->be, row, e->logits_host, V * sizeof(float));
 }
 
 /* Validates and records a request (not yet in the active list). */
@@ -152,6 +227,10 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     r->max_tokens = p->max_tokens;
     r->sampling = p->sampling;
     r->n_replay = p->n_replay;
+    if (p->grammar != NULL && (st = grammar_begin(e, r, p)) != HPD_OK) {
+        hpd_engine_request_destroy(r);
+        return st;
+    }
     r->state = HPD_REQ_WAITING;
     r->id = e->n_reqs + 1;
     e->reqs[e->n_reqs++] = r;
@@ -212,7 +291,11 @@ static void end_if_done(hpd_engine_t *e, request_t *r)
 {
     const int32_t t = r->out[r->n_out - 1];
     const bool eos = !r->ignore_eos && in(e->cfg->eos_ids, e->cfg->n_eos, t);
-    if (r->n_out >= r->min_tokens && (eos || in(r->stop_ids, r->n_stop, t))) {
+    /* a grammar's whole document that nothing extends, with no end token
+     * to force: it ends here */
+    const bool whole = r->matcher != NULL && r->n_end == 0 && !r->grammar_waits &&
+                       hpd_matcher_must_end(r->matcher);
+    if ((r->n_out >= r->min_tokens && (eos || in(r->stop_ids, r->n_stop, t))) || whole) {
         r->finish_reason = HPD_FINISH_STOP;
         finish(e, r, HPD_REQ_FINISHED);
     } else if (r->n_out == r->max_tokens) {
@@ -417,6 +500,13 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
                            e->logits_host, V);
         }
     }
+    for (uint32_t i = 0; i < bt->n_logits; i++) {
+        request_t *r = e->logit_items[i]->req;
+        if (r->matcher != NULL && r->n_out >= r->n_replay && !r->grammar_failed &&
+            !r->grammar_waits &&
+            (st = grammar_mask_row(e, r, i)) != HPD_OK)
+            return st;
+    }
     hpd_sample_args_t sa = {.logits = e->logits,
                             .ld = V,
                             .n_rows = bt->n_logits,
@@ -440,14 +530,18 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
     for (uint32_t i = 0; i < bt->n_logits; i++) {
         request_t *r = e->logit_items[i]->req;
         r->out[r->n_out] = r->n_out < r->n_replay ? r->replay[r->n_out] : e->sampled[i];
-        /* from the logits the sampler saw; rank 0's, which has them whole */
+        /* from the logits the sampler saw (before a grammar's mask); rank
+         * 0's, which has them whole */
         if (r->lp != NULL && e->rank == 0) {
-            if ((st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
-                                          V * sizeof(float))) != HPD_OK)
+            const bool raw = r->raw_fresh;
+            if (!raw && (st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
+                                                  V * sizeof(float))) != HPD_OK)
                 return st;
-            hpd_logprobs_compute(e->logits_host, V, r->out[r->n_out], r->top_logprobs,
-                                 &r->lp[r->n_out]);
+            hpd_logprobs_compute(raw ? r->raw : e->logits_host, V, r->out[r->n_out],
+                                 r->top_logprobs, &r->lp[r->n_out]);
         }
+        r->raw_fresh = false;
+        grammar_accept(e, r, r->out[r->n_out]);
         r->n_out++;
     }
     return HPD_OK;
@@ -513,7 +607,9 @@ static hpd_status_t step_rank(hpd_engine_t *e, uint32_t *n_active_p)
                 r->n_done += e->items[i].n_tokens;
                 if (!e->items[i].decode && e->cache != NULL)
                     cache_prefill_progress(e, r);
-                if (e->items[i].wants_logits) /* it got a token */
+                if (e->items[i].wants_logits && r->grammar_failed)
+                    finish(e, r, HPD_REQ_FAILED);
+                else if (e->items[i].wants_logits) /* it got a token */
                     end_if_done(e, r);
             }
         }
@@ -671,6 +767,11 @@ static hpd_status_t start_rank(hpd_engine_t *e, uint64_t id, int32_t first_token
     if (hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
         HPD_OK)
         return HPD_ERR_NO_MEMORY;
+    if (r->matcher != NULL) {
+        grammar_accept(e, r, first_token);
+        if (r->grammar_failed)
+            return HPD_ERR_INVALID_ARG;
+    }
     r->n_done = r->n_prompt;
     r->out[0] = first_token;
     if (r->lp != NULL) /* sampled by the prefill side, which has its logprobs */

@@ -47,10 +47,32 @@ hpd_status_t hpd_grammar_from_schema(const char *schema, size_t len,
                                      const hpd_grammar_format_t *format, hpd_grammar_t **g_p,
                                      char *err, size_t errlen);
 
+/* A structured output as the cluster's messages carry it (docs/protocol.md,
+ * the grammar field): UTF-8 JSON {"json_schema": SCHEMA} or
+ * {"json_object": true}, with "whitespace_flexible": true for
+ * llguidance's flexible layout, and "after_token": ID when the document
+ * starts only after that token (a thinking model's </think>: the reasoning
+ * before it is free). Refused as hpd_grammar_from_schema refuses, err
+ * naming what. */
+hpd_status_t hpd_grammar_from_spec(const char *spec, size_t len, hpd_grammar_t **g_p, char *err,
+                                   size_t errlen);
+
+/* spec (len bytes) with its after_token set to token: malloc'd, NULL on
+ * no memory or a spec that is not a JSON object. */
+char *hpd_grammar_spec_after(const char *spec, size_t len, int32_t token);
+
 /* Any JSON object (response_format {"type": "json_object"}). */
 hpd_status_t hpd_grammar_json_object(const hpd_grammar_format_t *format, hpd_grammar_t **g_p);
 
+/* Grammars are shared (a request's ranks, a node and its engine): retain
+ * takes a reference, destroy drops one and frees the grammar with the
+ * last. */
+hpd_grammar_t *hpd_grammar_retain(hpd_grammar_t *g);
 void hpd_grammar_destroy(hpd_grammar_t *g);
+
+/* The token after which the document starts (any tokens before it), or -1:
+ * from the first token. */
+int32_t hpd_grammar_after_token(const hpd_grammar_t *g);
 
 /* A matcher at the start of a document of g (which must outlive it). */
 hpd_status_t hpd_matcher_create(const hpd_grammar_t *g, hpd_matcher_t **m_p);

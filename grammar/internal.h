@@ -62,6 +62,8 @@ typedef struct {
 } g_ntrie_t;
 
 struct hpd_grammar {
+    int refs; /* atomic */
+    int32_t after_token; /* -1: none */
     hpd_grammar_format_t fmt;
     char item_sep[G_MAX_SEP + 1], key_sep[G_MAX_SEP + 1];
     uint32_t root;

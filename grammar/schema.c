@@ -64,6 +64,8 @@ hpd_grammar_t *g_new(const hpd_grammar_format_t *format)
     hpd_grammar_t *g = calloc(1, sizeof(*g));
     if (g == NULL)
         return NULL;
+    g->refs = 1;
+    g->after_token = -1;
     g->fmt = format != NULL ? *format : hpd_grammar_format_default();
     const char *item = g->fmt.whitespace_flexible || g->fmt.item_separator == NULL
                            ? ","
@@ -614,9 +616,15 @@ static uint32_t compile(compiler_t *c, json_t *s)
     return self;
 }
 
+hpd_grammar_t *hpd_grammar_retain(hpd_grammar_t *g)
+{
+    __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+    return g;
+}
+
 void hpd_grammar_destroy(hpd_grammar_t *g)
 {
-    if (g == NULL)
+    if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0)
         return;
     for (uint32_t i = 0; i < g->n_dfas; i++)
         g_dfa_free(&g->dfas[i]);
@@ -664,6 +672,59 @@ hpd_status_t hpd_grammar_from_schema(const char *schema, size_t len,
     }
     *g_p = c.g;
     return HPD_OK;
+}
+
+hpd_status_t hpd_grammar_from_spec(const char *spec, size_t len, hpd_grammar_t **g_p, char *err,
+                                   size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_loadb(spec, len, 0, &je);
+    hpd_grammar_format_t fmt = hpd_grammar_format_default();
+    hpd_status_t st = HPD_ERR_INVALID_ARG;
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    json_t *schema = json_object_get(root, "json_schema"), *obj = json_object_get(root, "json_object");
+    json_t *flex = json_object_get(root, "whitespace_flexible");
+    json_t *after = json_object_get(root, "after_token");
+    if (root == NULL || !json_is_object(root) || (schema == NULL) == (obj == NULL) ||
+        (obj != NULL && !json_is_true(obj)) || (flex != NULL && !json_is_boolean(flex)) ||
+        (after != NULL && (!json_is_integer(after) || json_integer_value(after) < 0 ||
+                           json_integer_value(after) > INT32_MAX))) {
+        if (err != NULL)
+            snprintf(err, errlen, "grammar: expected {\"json_schema\": SCHEMA} or "
+                     "{\"json_object\": true}, with an optional boolean whitespace_flexible "
+                     "and token id after_token");
+        json_decref(root);
+        return HPD_ERR_INVALID_ARG;
+    }
+    fmt.whitespace_flexible = json_is_true(flex);
+    if (obj != NULL) {
+        st = hpd_grammar_json_object(&fmt, g_p);
+    } else {
+        char *text = json_dumps(schema, JSON_ENCODE_ANY | JSON_COMPACT);
+        st = text == NULL ? HPD_ERR_NO_MEMORY
+                          : hpd_grammar_from_schema(text, strlen(text), &fmt, g_p, err, errlen);
+        free(text);
+    }
+    if (st == HPD_OK && after != NULL)
+        (*g_p)->after_token = (int32_t)json_integer_value(after);
+    json_decref(root);
+    return st;
+}
+
+char *hpd_grammar_spec_after(const char *spec, size_t len, int32_t token)
+{
+    json_t *root = json_loadb(spec, len, 0, NULL);
+    char *out = NULL;
+    if (json_is_object(root) && json_object_set_new(root, "after_token", json_integer(token)) == 0)
+        out = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return out;
+}
+
+int32_t hpd_grammar_after_token(const hpd_grammar_t *g)
+{
+    return g->after_token;
 }
 
 hpd_status_t hpd_grammar_json_object(const hpd_grammar_format_t *format, hpd_grammar_t **g_p)

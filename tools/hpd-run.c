@@ -104,6 +104,28 @@ static int write_stats(const char *path, const hpd_engine_t *engine, const uint6
     return rc;
 }
 
+/* The grammar of --json-schema FILE, or of any object (path NULL). */
+static hpd_status_t load_grammar(const char *path, bool flexible, hpd_grammar_t **g_p)
+{
+    hpd_grammar_format_t fmt = hpd_grammar_format_default();
+    fmt.whitespace_flexible = flexible;
+    if (path == NULL)
+        return hpd_grammar_json_object(&fmt, g_p);
+    char *text;
+    size_t len;
+    char err[512];
+    hpd_status_t st = hpd_read_file(path, &text, &len);
+    if (st != HPD_OK) {
+        fprintf(stderr, "hpd-run: --json-schema: cannot read %s\n", path);
+        return st;
+    }
+    st = hpd_grammar_from_schema(text, len, &fmt, g_p, err, sizeof(err));
+    if (st != HPD_OK)
+        fprintf(stderr, "hpd-run: --json-schema %s: %s\n", path, err);
+    free(text);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt_ids = NULL, *prompts_file = NULL, *logits_out = NULL;
@@ -127,6 +149,10 @@ int main(int argc, char **argv)
     uint32_t logprobs = UINT32_MAX; /* not given */
     bool prompt_logprobs = false;
     bool tp_fast = false;
+    const char *json_schema = NULL;
+    bool json_object = false, json_flexible = false;
+    hpd_grammar_t *grammar = NULL;
+    hpd_vocab_t *vocab = NULL;
     hpd_engine_t *engine = NULL;
     uint64_t *ids = NULL;
     logits_sink_t sink = {0};
@@ -168,6 +194,9 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("logits-out", &logits_out),
         HPD_OPT_BIND("logprobs", &logprobs),
         HPD_OPT_BIND("prompt-logprobs", &prompt_logprobs),
+        HPD_OPT_BIND("json-schema", &json_schema),
+        HPD_OPT_BIND("json-object", &json_object),
+        HPD_OPT_BIND("json-flexible", &json_flexible),
         {.name = "log-level", .dst = &level, .def = "warn"},
     };
     const int prc = hpd_opt_parse(argc, argv, "hpd-run", HPD_OPT_ROLE_RUN,
@@ -193,8 +222,20 @@ int main(int argc, char **argv)
         }
         n_stop = (uint32_t)n;
     }
-    if ((prompt_text != NULL || as_text) && hpd_tokenizer_load(model_dir, &tok) != HPD_OK) {
-        fprintf(stderr, "hpd-run: --prompt and --text need the model's tokenizer.json\n");
+    const bool structured = json_schema != NULL || json_object;
+    if ((prompt_text != NULL || as_text || structured) &&
+        hpd_tokenizer_load(model_dir, &tok) != HPD_OK) {
+        fprintf(stderr, "hpd-run: --prompt, --text, --json-schema and --json-object need the "
+                "model's tokenizer.json\n");
+        return 1;
+    }
+    if (structured && load_grammar(json_schema, json_flexible, &grammar) != HPD_OK) {
+        hpd_tokenizer_destroy(tok);
+        return 2;
+    }
+    if (structured && hpd_vocab_from_tokenizer(tok, &vocab) != HPD_OK) {
+        hpd_grammar_destroy(grammar);
+        hpd_tokenizer_destroy(tok);
         return 1;
     }
     if (prompt_text != NULL) {
@@ -252,6 +293,7 @@ int main(int argc, char **argv)
     ep.backend = backend;
     ep.tp_models = (const hpd_model_t *const *)models;
     ep.tp_backends = backends;
+    ep.vocab = vocab;
     if (logits_out != NULL) {
         ep.logits_cb = keep_logits;
         ep.logits_cb_arg = &sink;
@@ -272,7 +314,8 @@ int main(int argc, char **argv)
                                    .min_tokens = min_tokens,
                                    .logprobs = logprobs != UINT32_MAX,
                                    .top_logprobs = logprobs != UINT32_MAX ? logprobs : 0,
-                                   .prompt_logprobs = prompt_logprobs};
+                                   .prompt_logprobs = prompt_logprobs,
+                                   .grammar = grammar};
         if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
             if (n_prompts > 1)
                 fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);
@@ -328,6 +371,8 @@ out:
         hpd_backend_destroy(backends[r]);
         hpd_model_destroy(models[r]);
     }
+    hpd_grammar_destroy(grammar);
+    hpd_vocab_destroy(vocab);
     hpd_tokenizer_destroy(tok);
     for (size_t i = 0; i < n_prompts; i++)
         free(prompts[i].ids);

@@ -8,8 +8,12 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include <jansson.h>
+
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "tests/engine/fixture.h"
+#include "tokenizer/tokenizer.h"
 
 static int setup(void **state)
 {
@@ -548,6 +552,223 @@ static void test_logprobs(void **state)
 
 /* A pool that fits one request at a time: requests wait, all finish with the
  * same tokens, one that can never fit fails alone, nothing leaks. */
+/* Runs one request with grammar g (and logprobs) to the end: its tokens. */
+static uint32_t run_structured(hpd_engine_t *e, hpd_grammar_t *g, hpd_sampling_t s,
+                               const int32_t *prompt, int32_t *out, uint32_t max_tokens,
+                               hpd_request_state_t *state_p)
+{
+    uint64_t id;
+    const int32_t *toks;
+    uint32_t n;
+    hpd_request_params_t p = {.prompt = prompt, .n_prompt = 20, .max_tokens = max_tokens,
+                              .sampling = s, .grammar = g, .logprobs = true, .top_logprobs = 3};
+    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, state_p), HPD_OK);
+    memcpy(out, toks, n * sizeof(int32_t));
+    hpd_engine_release(e, id);
+    return n;
+}
+
+static int first_byte(const hpd_tokenizer_t *tok, int32_t id)
+{
+    char *b;
+    size_t len;
+    assert_int_equal(hpd_tokenizer_token_bytes(tok, id, &b, &len), HPD_OK);
+    const int c = len > 0 ? (unsigned char)b[0] : -1;
+    free(b);
+    return c;
+}
+
+/* The bytes of tokens out[0..n) (an end id left out), NUL-terminated. */
+static char *doc_of(const hpd_tokenizer_t *tok, const int32_t *out, uint32_t n, size_t *len_p)
+{
+    char *doc = malloc(n * 64 + 1);
+    size_t len = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        char *b;
+        size_t bl;
+        if (hpd_tokenizer_is_special(tok, out[i]))
+            continue;
+        assert_int_equal(hpd_tokenizer_token_bytes(tok, out[i], &b, &bl), HPD_OK);
+        memcpy(doc + len, b, bl);
+        len += bl;
+        free(b);
+    }
+    doc[len] = '\0';
+    *len_p = len;
+    return doc;
+}
+
+/* Structured outputs: every output of a random model under 12 schemas x 3
+ * seeds (and greedy) is a whole document of its schema that JSON parses,
+ * repeatable; logprobs are those of the logits before the mask; a grammar
+ * with an after token leaves the tokens before it free; a reserved
+ * request's first token is checked against it; an engine without a
+ * vocabulary refuses a grammar. */
+static void test_structured_outputs(void **state)
+{
+    static const char *const schemas[] = {
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": "
+        "\"string\", \"maxLength\": 8}}, \"required\": [\"a\", \"b\"], \"additionalProperties\": false}",
+        "{\"type\": \"array\", \"items\": {\"enum\": [\"red\", \"green\", 7, null]}, \"minItems\": 1, "
+        "\"maxItems\": 4}",
+        "{\"type\": \"boolean\"}",
+        "{\"type\": \"string\", \"pattern\": \"^[a-c]{2,5}-[0-9]+$\", \"maxLength\": 10}",
+        "{\"anyOf\": [{\"type\": \"null\"}, {\"type\": \"number\"}]}",
+        "{\"$defs\": {\"n\": {\"type\": \"object\", \"properties\": {\"v\": {\"type\": \"integer\"}, "
+        "\"k\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/n\"}, \"maxItems\": 1}}, "
+        "\"required\": [\"v\"], \"additionalProperties\": false}}, \"$ref\": \"#/$defs/n\"}",
+        "{\"const\": {\"x\": [1, \"y\"]}}",
+        "{\"type\": \"object\", \"properties\": {\"t\": {\"enum\": [\"a\", \"b\"]}}, "
+        "\"additionalProperties\": {\"type\": \"boolean\"}, \"maxProperties\": 3}",
+        "{\"type\": \"integer\"}",
+        "{\"type\": [\"string\", \"null\"], \"maxLength\": 3}",
+        "{\"type\": \"object\", \"properties\": {\"p\": {\"type\": \"string\", \"pattern\": "
+        "\"^\\\\d{3}$\"}}, \"required\": [\"p\"], \"additionalProperties\": false}",
+        "{\"type\": \"array\", \"items\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, "
+        "\"maxItems\": 2}, \"maxItems\": 2}",
+    };
+    char path[600];
+    hpd_tokenizer_t *tok;
+    hpd_vocab_t *v;
+    snprintf(path, sizeof(path), "%s/model", root);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    static rows_t all[2];
+    hpd_engine_params_t ep;
+    hpd_engine_params_init(&ep);
+    ep.vocab = v;
+    hpd_engine_t *e = engine_with(&ep, model);
+    int32_t prompt[20], out[2][200];
+    prompt_of(prompt, 20, 5);
+    uint32_t whole = 0, runs = 0;
+    for (size_t i = 0; i < sizeof(schemas) / sizeof(schemas[0]); i++) {
+        hpd_grammar_t *g;
+        char err[256];
+        const hpd_status_t cst =
+            hpd_grammar_from_schema(schemas[i], strlen(schemas[i]), NULL, &g, err, sizeof(err));
+        if (i == 7) { /* maxProperties: refused by name */
+            assert_int_equal(cst, HPD_ERR_UNSUPPORTED);
+            assert_non_null(strstr(err, "maxProperties"));
+            continue;
+        }
+        assert_int_equal(cst, HPD_OK);
+        for (uint64_t seed = 0; seed < 4; seed++) {
+            const hpd_sampling_t s = {.temperature = seed == 0 ? 0 : 1.0f, .top_p = 1, .seed = seed};
+            hpd_request_state_t st[2];
+            uint32_t n[2];
+            for (int k = 0; k < 2; k++)
+                n[k] = run_structured(e, g, s, prompt, out[k], 200, &st[k]);
+            assert_int_equal(st[0], HPD_REQ_FINISHED);
+            assert_int_equal(n[0], n[1]); /* the same request, the same tokens */
+            assert_memory_equal(out[0], out[1], n[0] * sizeof(int32_t));
+            size_t len;
+            char *doc = doc_of(tok, out[0], n[0], &len);
+            hpd_matcher_t *m;
+            assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+            if (!hpd_matcher_accept_bytes(m, (const uint8_t *)doc, len))
+                fail_msg("schema %zu seed %llu: '%s' is not of the grammar", i,
+                         (unsigned long long)seed, doc);
+            runs++;
+            if (n[0] < 200) { /* it ended: a whole document, and JSON */
+                json_error_t je;
+                json_t *j = json_loadb(doc, len, JSON_DECODE_ANY | JSON_DECODE_INT_AS_REAL, &je);
+                if (!hpd_matcher_can_end(m) || j == NULL)
+                    fail_msg("schema %zu seed %llu: '%s' ended unfinished", i,
+                             (unsigned long long)seed, doc);
+                json_decref(j);
+                whole++;
+            }
+            hpd_matcher_destroy(m);
+            free(doc);
+        }
+        hpd_grammar_destroy(g);
+    }
+    assert_true(whole >= runs * 3 / 4);
+
+    /* logprobs: of the logits before the mask (the callback sees them) */
+    hpd_engine_destroy(e);
+    ep.logits_cb = keep_rows;
+    ep.logits_cb_arg = all;
+    e = engine_with(&ep, model);
+    hpd_grammar_t *g;
+    const char *spec = "{\"json_object\": true}";
+    assert_int_equal(hpd_grammar_from_spec(spec, strlen(spec), &g, NULL, 0), HPD_OK);
+    hpd_request_state_t st;
+    uint64_t id;
+    hpd_request_params_t p = {.prompt = prompt, .n_prompt = 20, .max_tokens = 12,
+                              .sampling = {.top_p = 1}, .grammar = g, .logprobs = true,
+                              .top_logprobs = 4, .ignore_eos = true};
+    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    const int32_t *toks;
+    const hpd_token_logprobs_t *lp;
+    uint32_t n, n_lp;
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+    assert_int_equal(hpd_engine_logprobs(e, id, &lp, &n_lp), HPD_OK);
+    assert_int_equal(n_lp, n);
+    for (uint32_t t = 0; t < n; t++) {
+        hpd_token_logprobs_t want;
+        hpd_logprobs_compute(all[id - 1].rows[t], 512, toks[t], 4, &want);
+        if (memcmp(&lp[t].logprob, &want.logprob, 4) != 0 ||
+            memcmp(lp[t].top_ids, want.top_ids, want.n_top * 4) != 0)
+            fail_msg("token %u: logprobs are not those of the unmasked logits", t);
+    }
+    assert_true(first_byte(tok, toks[0]) == '{'); /* forced */
+    hpd_engine_release(e, id);
+    hpd_grammar_destroy(g);
+    hpd_engine_destroy(e);
+    ep.logits_cb = NULL;
+    ep.prefix_cache = false; /* (reservations below) */
+    e = engine_with(&ep, model);
+
+    /* an after token: the tokens up to it are the unconstrained ones */
+    int32_t free_out[200], after_out[200];
+    hpd_request_params_t fp = {.prompt = prompt, .n_prompt = 20, .max_tokens = 3,
+                               .sampling = {.top_p = 1}, .ignore_eos = true};
+    assert_int_equal(hpd_engine_submit(e, &fp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+    memcpy(free_out, toks, 3 * sizeof(int32_t));
+    hpd_engine_release(e, id);
+    char *after = hpd_grammar_spec_after(spec, strlen(spec), free_out[2]);
+    assert_non_null(after);
+    assert_int_equal(hpd_grammar_from_spec(after, strlen(after), &g, NULL, 0), HPD_OK);
+    free(after);
+    n = run_structured(e, g, (hpd_sampling_t){.top_p = 1}, prompt, after_out, 40, &st);
+    assert_true(n > 4);
+    assert_memory_equal(after_out, free_out, 3 * sizeof(int32_t));
+    assert_true(first_byte(tok, after_out[3]) == '{');
+
+    /* a reserved request's first token: one the grammar refuses fails */
+    hpd_request_params_t rp = {.prompt = prompt, .n_prompt = 20, .max_tokens = 8,
+                               .sampling = {.top_p = 1}, .grammar = g};
+    hpd_grammar_destroy(g);
+    const char *obj = "{\"json_object\": true}";
+    assert_int_equal(hpd_grammar_from_spec(obj, strlen(obj), &g, NULL, 0), HPD_OK);
+    rp.grammar = g;
+    assert_int_equal(hpd_engine_reserve(e, &rp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_start(e, id, hpd_tokenizer_id(tok, "a")), HPD_ERR_INVALID_ARG);
+    hpd_engine_release(e, id);
+    assert_int_equal(hpd_engine_reserve(e, &rp, &id), HPD_OK);
+    assert_int_equal(hpd_engine_start(e, id, hpd_tokenizer_id(tok, "{")), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+    assert_int_equal(st, HPD_REQ_FINISHED);
+    hpd_engine_release(e, id);
+    hpd_engine_destroy(e);
+
+    /* no vocabulary: refused */
+    ep.vocab = NULL;
+    e = engine_with(&ep, model);
+    assert_int_equal(hpd_engine_submit(e, &rp, &id), HPD_ERR_UNSUPPORTED);
+    hpd_engine_destroy(e);
+    hpd_grammar_destroy(g);
+    hpd_vocab_destroy(v);
+    hpd_tokenizer_destroy(tok);
+}
+
 static void test_pool_pressure_and_cancel(void **state)
 {
     int32_t ref[N_REQS][32], got[N_REQS][32], prompt[256];
@@ -642,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_plan),
         cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_pool_pressure_and_cancel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
