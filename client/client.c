@@ -318,7 +318,9 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .stop_raw_len = (uint32_t)stops.sb.size,
                                            .logprobs = p->logprobs,
                                            .top_logprobs = p->top_logprobs,
-                                           .prompt_logprobs = p->prompt_logprobs},
+                                           .prompt_logprobs = p->prompt_logprobs,
+                                           .grammar = p->grammar,
+                                           .grammar_len = p->grammar ? (uint32_t)strlen(p->grammar) : 0},
                      &b.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);

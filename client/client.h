@@ -53,6 +53,9 @@ typedef struct {
     bool logprobs;
     uint32_t top_logprobs;
     bool prompt_logprobs; /* the prompt's too (result.prompt_logprobs) */
+    /* a structured output: {"json_schema": SCHEMA} or {"json_object": true}
+     * (docs/structured_outputs.md); NULL: none */
+    const char *grammar;
 } hpd_generate_params_t;
 
 typedef struct {

@@ -48,6 +48,10 @@ static void usage(FILE *f)
             "                          probabilities and the N (0 to 20) most likely\n"
             "                          tokens' (as hpd-run --logprobs N)\n"
             "    --prompt-logprobs     before it, a line of the prompt's (as hpd-run's)\n"
+            "    --json-schema FILE    structured output: every token the JSON Schema in\n"
+            "                          FILE allows (docs/structured_outputs.md)\n"
+            "    --json-object         structured output: any JSON object\n"
+            "    --json-flexible       with those: any JSON whitespace inside the document\n"
             "    --stream              print tokens as they arrive\n"
             "    --concurrency N       requests in flight at once (64)\n"
             "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
@@ -367,11 +371,43 @@ static int cmd_status(hpd_client_t *c, bool as_json)
     return 0;
 }
 
+/* The grammar field of --json-schema FILE / --json-object (the
+ * coordinator checks the schema). */
+static hpd_status_t make_grammar(const char *schema_file, bool object, bool flexible, char **spec_p)
+{
+    char *schema = NULL;
+    size_t len = 0;
+    if ((schema_file != NULL) == object) {
+        fprintf(stderr, "hpd-client: one of --json-schema FILE and --json-object (and "
+                "--json-flexible only with one)\n");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (schema_file != NULL && hpd_read_file(schema_file, &schema, &len) != HPD_OK) {
+        fprintf(stderr, "hpd-client: --json-schema: cannot read %s\n", schema_file);
+        return HPD_ERR_IO;
+    }
+    const char *flex = flexible ? ", \"whitespace_flexible\": true" : "";
+    const size_t cap = len + 64;
+    char *spec = malloc(cap);
+    if (spec == NULL) {
+        free(schema);
+        return HPD_ERR_NO_MEMORY;
+    }
+    if (schema != NULL)
+        snprintf(spec, cap, "{\"json_schema\": %.*s%s}", (int)len, schema, flex);
+    else
+        snprintf(spec, cap, "{\"json_object\": true%s}", flex);
+    free(schema);
+    *spec_p = spec;
+    return HPD_OK;
+}
+
 int main(int argc, char **argv)
 {
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
-           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS, O_PLOGPROBS };
+           O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS, O_PLOGPROBS,
+           O_SCHEMA, O_JOBJECT, O_JFLEX };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -384,7 +420,11 @@ int main(int argc, char **argv)
         {"min-tokens", 1, 0, O_MINTOK}, {"prompt", 1, 0, O_PROMPT}, {"text", 0, 0, O_TEXT},
         {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
         {"logprobs", 1, 0, O_LOGPROBS}, {"prompt-logprobs", 0, 0, O_PLOGPROBS},
+        {"json-schema", 1, 0, O_SCHEMA}, {"json-object", 0, 0, O_JOBJECT},
+        {"json-flexible", 0, 0, O_JFLEX},
         {0, 0, 0, 0}};
+    const char *schema_file = NULL;
+    bool json_object = false, json_flexible = false;
     const char *prompt = NULL, *system = NULL, *stops[16];
     bool print_text = false;
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
@@ -479,6 +519,9 @@ int main(int argc, char **argv)
             gp.top_logprobs = (uint32_t)v;
             break;
         case O_PLOGPROBS: gp.prompt_logprobs = true; break;
+        case O_SCHEMA: schema_file = optarg; break;
+        case O_JOBJECT: json_object = true; break;
+        case O_JFLEX: json_flexible = true; break;
         case O_PROMPT: prompt = optarg; break;
         case O_TEXT: print_text = true; break;
         case O_SYSTEM: system = optarg; break;
@@ -559,6 +602,11 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    char *grammar = NULL;
+    if ((schema_file != NULL || json_object || json_flexible) &&
+        make_grammar(schema_file, json_object, json_flexible, &grammar) != HPD_OK)
+        return 2;
+    gp.grammar = grammar;
     char *token = NULL;
     if (token_file != NULL && hpd_rpc_read_token(token_file, &token) != HPD_OK) {
         fprintf(stderr, "hpd-client: cannot read the key file %s\n", token_file);
@@ -573,6 +621,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "hpd-client: cannot reach the coordinator at %s:%u: %s\n", cp.host,
                 cp.port, st == HPD_ERR_INVALID_ARG ? "token refused" : hpd_status_str(st));
         free(token);
+        free(grammar);
         return 1;
     }
     const int rc = chat || gp.text != NULL ? cmd_text(client, &gp, print_text)
@@ -581,6 +630,7 @@ int main(int argc, char **argv)
     hpd_client_destroy(client);
     hpd_prompts_free(G.prompts, G.n);
     free(token);
+    free(grammar);
     free(stop_ids);
     return rc;
 }

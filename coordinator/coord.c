@@ -35,6 +35,7 @@
 #include "coordinator/routing.h"
 #include "coordinator/reasoning.h"
 #include "coordinator/text.h"
+#include "grammar/grammar.h"
 #include "node/msg.h"
 #include "node/proto.h"
 #include "transport/rpc.h"
@@ -105,6 +106,8 @@ typedef struct req {
     uint32_t top_logprobs;
     hpd_token_logprobs_t *plp; /* the prompt's ([n_prompt - 1]; NULL: not asked for) */
     bool have_plp;             /* they came */
+    char *grammar;             /* a structured output's spec (NULL: none), to the nodes */
+    uint32_t grammar_len;
     hpd_req_fsm_t fsm;
     uint64_t job;          /* the current attempt's; 0 while queued */
     node_t *pnode, *dnode; /* the current attempt's nodes (NULL: none, or lost) */
@@ -275,6 +278,7 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r->out);
     free(r->lp);
     free(r->plp);
+    free(r->grammar);
     free(r);
 }
 
@@ -892,7 +896,9 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                                       .decode_raw_len = (uint32_t)dest.sb.size,
                                       .logprobs = r->lp != NULL,
                                       .top_logprobs = r->top_logprobs,
-                                      .prompt_logprobs = r->plp != NULL};
+                                      .prompt_logprobs = r->plp != NULL,
+                                      .grammar = r->grammar,
+                                      .grammar_len = r->grammar_len};
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
     hpd_rpc_buf_destroy(&dest);
@@ -998,7 +1004,9 @@ static void schedule(hpd_coord_t *c)
                                           .ignore_eos = r->ignore_eos,
                                           .min_tokens = r->min_tokens,
                                           .logprobs = r->lp != NULL,
-                                          .top_logprobs = r->top_logprobs},
+                                          .top_logprobs = r->top_logprobs,
+                                          .grammar = r->grammar,
+                                          .grammar_len = r->grammar_len},
                      &b.pk);
         hpd_rpc_buf_destroy(&samp);
         call_ctx_t *x = ctx_new(c, r->job, d->id);
@@ -1546,6 +1554,16 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
         hpd_metric_inc(c->m.invalid, 1);
         return HPD_RPC_ERR_PARAMS;
     }
+    if (q->grammar != NULL) { /* refused here, by name, before any node sees it */
+        hpd_grammar_t *g;
+        char why[256];
+        if (hpd_grammar_from_spec(q->grammar, q->grammar_len, &g, why, sizeof(why)) != HPD_OK) {
+            snprintf(err, err_len, "generate: %s", why);
+            hpd_metric_inc(c->m.invalid, 1);
+            return HPD_RPC_ERR_PARAMS;
+        }
+        hpd_grammar_destroy(g);
+    }
     if ((view = route_view(c, &n, &map)) == NULL) {
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
@@ -1582,18 +1600,30 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     while (*tail != NULL)
         tail = &(*tail)->next;
     hpd_token_logprobs_t *lp = NULL, *plp = NULL;
-    if ((q->logprobs && (lp = calloc(q->max_tokens, sizeof(*lp))) == NULL) ||
+    char *grammar = NULL;
+    const int32_t think_end = q->grammar_after_think && c->text != NULL
+                                  ? hpd_tokenizer_id(hpd_text_tokenizer(c->text), "</think>")
+                                  : -1;
+    if (q->grammar != NULL)
+        grammar = q->grammar_after_think && think_end >= 0
+                      ? hpd_grammar_spec_after(q->grammar, q->grammar_len, think_end)
+                      : strndup(q->grammar, q->grammar_len);
+    if ((q->grammar != NULL && grammar == NULL) ||
+        (q->logprobs && (lp = calloc(q->max_tokens, sizeof(*lp))) == NULL) ||
         (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
         (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
                      tail)) == NULL) {
         free(lp);
         free(plp);
+        free(grammar);
         snprintf(err, err_len, "generate: out of memory");
         return HPD_RPC_ERR_INTERNAL;
     }
     r->ignore_eos = q->ignore_eos;
     r->min_tokens = q->min_tokens;
     r->sampling = q->sampling;
+    r->grammar = grammar;
+    r->grammar_len = grammar != NULL ? (uint32_t)strlen(grammar) : 0;
     r->lp = lp;
     r->plp = plp;
     r->top_logprobs = q->top_logprobs;
@@ -2001,6 +2031,10 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .stream = g.stream,
                              .owner = conn,
                              .tag = g.tag,
+                             .grammar = g.grammar,
+                             .grammar_len = g.grammar_len,
+                             .grammar_after_think = s->detokenize && s->split &&
+                                                    s->rs.state == HPD_REASONING_INSIDE,
                              .logprobs = g.logprobs,
                              .top_logprobs = g.top_logprobs,
                              .prompt_logprobs = g.prompt_logprobs};

@@ -88,6 +88,13 @@ typedef struct {
     uint32_t top_logprobs;
     /* the prompt's too: tokens 1 .. n_prompt - 1, each given those before */
     bool prompt_logprobs;
+    /* a structured output: hpd_grammar_from_spec's JSON (copied; checked
+     * here, compiled by the nodes); NULL: none */
+    const char *grammar;
+    size_t grammar_len;
+    /* the prompt opened a thinking model's think block: the document starts
+     * after its </think> (the reasoning before it is free) */
+    bool grammar_after_think;
 } hpd_coord_request_t;
 
 typedef enum {

@@ -30,6 +30,7 @@
 #include "coordinator/credentials.h"
 #include "coordinator/reasoning.h"
 #include "coordinator/text.h"
+#include "grammar/grammar.h"
 #include "transport/http_guard.h"
 #include "transport/rpc_codec.h"
 
@@ -308,12 +309,6 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
     if ((x = json_object_get(body, "logit_bias")) != NULL && !json_is_null(x) &&
         !(json_is_object(x) && json_object_size(x) == 0))
         return BAD(req, "logit_bias", "logit_bias is not supported");
-    if ((x = json_object_get(body, "response_format")) != NULL && !json_is_null(x)) {
-        const json_t *t = json_object_get(x, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return BAD(req, "response_format", "response_format: only {\"type\": \"text\"} is "
-                       "supported");
-    }
     static const char *const penalties[] = {"presence_penalty", "frequency_penalty",
                                             "repetition_penalty"};
     for (size_t i = 0; i < HPD_ARRAY_SIZE(penalties); i++) {
@@ -322,6 +317,56 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
         if (x != NULL && !json_is_null(x) && !(json_is_number(x) && json_number_value(x) == none))
             return BAD(req, penalties[i], "%s is not supported (only %g)", penalties[i], none);
     }
+    return true;
+}
+
+/* response_format: text (*spec_p NULL), json_object, or json_schema with
+ * its schema, as hpd_grammar_from_spec's JSON (malloc'd); the schema
+ * compiled here so that what it cannot be is a 400 naming the field. */
+static bool get_response_format(struct evhttp_request *req, json_t *body, char **spec_p)
+{
+    const json_t *x = json_object_get(body, "response_format");
+    *spec_p = NULL;
+    if (x == NULL || json_is_null(x))
+        return true;
+    const json_t *t = json_object_get(x, "type");
+    const char *type = json_is_object(x) && json_is_string(t) ? json_string_value(t) : "";
+    json_t *spec;
+    if (strcmp(type, "text") == 0)
+        return true;
+    if (strcmp(type, "json_object") == 0) {
+        spec = json_pack("{s:b}", "json_object", 1);
+    } else if (strcmp(type, "json_schema") == 0) {
+        json_t *js = json_object_get(x, "json_schema"), *schema = json_object_get(js, "schema");
+        if (!json_is_object(js))
+            return BAD(req, "response_format", "response_format.json_schema: expected an object "
+                       "with the schema");
+        if (schema == NULL)
+            schema = json_object(); /* OpenAI's default: any JSON */
+        else
+            json_incref(schema);
+        if (!json_is_object(schema) && !json_is_boolean(schema)) {
+            json_decref(schema);
+            return BAD(req, "response_format", "response_format.json_schema.schema: expected a "
+                       "JSON Schema object");
+        }
+        spec = json_pack("{s:o}", "json_schema", schema);
+    } else {
+        return BAD(req, "response_format", "response_format.type: expected \"text\", "
+                   "\"json_object\" or \"json_schema\"");
+    }
+    char *text = spec != NULL ? json_dumps(spec, JSON_COMPACT) : NULL;
+    json_decref(spec);
+    if (text == NULL)
+        return reply_error(req, 500, NULL, NULL, "out of memory"), false;
+    hpd_grammar_t *g;
+    char why[256];
+    if (hpd_grammar_from_spec(text, strlen(text), &g, why, sizeof(why)) != HPD_OK) {
+        free(text);
+        return BAD(req, "response_format", "response_format.json_schema.schema: %s", why);
+    }
+    hpd_grammar_destroy(g);
+    *spec_p = text;
     return true;
 }
 
@@ -972,6 +1017,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     char who[128];
     json_t *body;
     int32_t *prompt = NULL, *stop_ids = NULL;
+    char *grammar = NULL;
     size_t n_prompt = 0, n_stop_ids = 0;
     call_t *k = NULL;
 
@@ -1004,7 +1050,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
          !get_uint(req, body, "max_completion_tokens", 1, UINT32_MAX >> 1, &max_tokens)) ||
         !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
         !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k) ||
-        !get_logprobs(req, body, k))
+        !get_logprobs(req, body, k) || !get_response_format(req, body, &grammar))
         goto out;
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
@@ -1078,7 +1124,10 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .stream = k->stream,
         .logprobs = k->logprobs,
         .top_logprobs = k->top_logprobs,
-        .prompt_logprobs = k->echo && k->logprobs};
+        .prompt_logprobs = k->echo && k->logprobs,
+        .grammar = grammar,
+        .grammar_len = grammar != NULL ? strlen(grammar) : 0,
+        .grammar_after_think = k->split && k->reasoning.state == HPD_REASONING_INSIDE};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];
     const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));
@@ -1109,6 +1158,7 @@ out:
         call_free(k);
     free(prompt);
     free(stop_ids);
+    free(grammar);
     json_decref(body);
 }
 

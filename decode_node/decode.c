@@ -251,6 +251,11 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     rp.min_tokens = q.min_tokens;
     rp.logprobs = q.logprobs;
     rp.top_logprobs = q.logprobs ? q.top_logprobs : 0;
+    if (q.grammar != NULL &&
+        !hpd_node_grammar(n, q.grammar, q.grammar_len, "reserve", &rp.grammar, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        goto out;
+    }
     if (find(d, job) != NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: job %llu already exists",
                             (unsigned long long)job);
@@ -336,6 +341,7 @@ out:
             event_free(r->expiry);
         free(r);
     }
+    hpd_grammar_destroy(rp.grammar); /* the engine holds its own reference */
     hpd_msg_free(&hpd_msg_reserve, &q);
 }
 

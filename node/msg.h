@@ -190,7 +190,8 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, decode, OBJ, HPD_REQ, 0)                                                            \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
-    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)
+    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
+    X(T, grammar, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
 /* a node's stats map: the stats method's reply, and its heartbeat's
@@ -327,7 +328,9 @@ HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* reserve (coordinator -> decode node): a slot and pages for a request;
- * replay: the tokens the client already has (after a failover) */
+ * replay: the tokens the client already has (after a failover); grammar:
+ * a structured output (hpd_grammar_from_spec's JSON), the same as the
+ * prefill job's */
 #define HPD_MSG_RESERVE(T, X)                                                               \
     X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
     X(T, request, U64, HPD_OPT, UINT64_MAX)                                                  \
@@ -339,7 +342,8 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
     X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
     X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
-    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)
+    X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
+    X(T, grammar, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* ---- the client's messages (docs/protocol.md) */
@@ -371,7 +375,8 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
-    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)
+    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
+    X(T, grammar, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */

@@ -13,6 +13,7 @@
 #include "node/msg.h"
 #include "node/proto.h"
 #include "service/service.h"
+#include "tokenizer/tokenizer.h"
 
 /* a register call not answered in this long is given up (its connection
  * closed: the coordinator does not serve it late) and made again */
@@ -572,6 +573,42 @@ static uint32_t in_flight(void *arg)
 
 /* ------------------------------------------------------------ metrics */
 
+bool hpd_node_grammar(hpd_node_t *n, const char *spec, uint32_t len, const char *what,
+                      hpd_grammar_t **g_p, hpd_proto_err_t *err)
+{
+    char why[200];
+    if (n->vocab == NULL) {
+        snprintf(err->text, sizeof(err->text), "%s: grammar: this node's model has no "
+                 "tokenizer.json: structured outputs are refused", what);
+        return false;
+    }
+    if (hpd_grammar_from_spec(spec, len, g_p, why, sizeof(why)) != HPD_OK) {
+        snprintf(err->text, sizeof(err->text), "%s: %s", what, why);
+        return false;
+    }
+    return true;
+}
+
+/* The model's tokenizer.json as the vocabulary of structured outputs; a
+ * model without one serves everything else. */
+static void load_vocab(hpd_node_t *n)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", n->o.model_dir);
+    if (access(path, R_OK) != 0) {
+        HPD_LOG_INFO(LOG_COMPONENT, "%s: no tokenizer.json in %s: structured outputs are refused",
+                     n->o.name, n->o.model_dir);
+        return;
+    }
+    if (hpd_tokenizer_load(path, &n->tokenizer) != HPD_OK ||
+        hpd_vocab_from_tokenizer(n->tokenizer, &n->vocab) != HPD_OK) {
+        HPD_LOG_WARN(LOG_COMPONENT, "%s: %s cannot be read: structured outputs are refused",
+                     n->o.name, path);
+        hpd_tokenizer_destroy(n->tokenizer);
+        n->tokenizer = NULL;
+    }
+}
+
 static hpd_status_t metrics_init(hpd_node_t *n)
 {
     hpd_node_metrics_t *m = &n->m;
@@ -706,6 +743,8 @@ static void node_destroy(hpd_node_t *n)
     hpd_rpc_client_destroy(n->coord);
     hpd_rpc_server_destroy(n->server);
     hpd_engine_destroy(n->engine);
+    hpd_vocab_destroy(n->vocab);
+    hpd_tokenizer_destroy(n->tokenizer);
     hpd_xfer_destroy(n->xfer);
     for (uint32_t r = 0; r < HPD_TP_MAX; r++) {
         hpd_backend_destroy(n->backends[r]);
@@ -783,6 +822,8 @@ int hpd_node_main(int argc, char **argv, const hpd_node_role_t *role)
                             .deadline_ms = n->o.xfer_deadline_ms};
     if ((st = hpd_xfer_create(&xp, &n->xfer)) != HPD_OK)
         goto out;
+    load_vocab(n);
+    n->o.engine.vocab = n->vocab;
     n->o.engine.model = n->model;
     n->o.engine.backend = n->backend;
     n->o.engine.tp_models = (const hpd_model_t *const *)n->models;

@@ -12,6 +12,7 @@
 
 #include "common/metrics.h"
 #include "engine/engine.h"
+#include "node/proto.h"
 #include "node/liveness.h"
 #include "transport/http.h"
 #include "transport/rpc.h"
@@ -98,6 +99,10 @@ struct hpd_node {
     hpd_model_t *models[HPD_TP_MAX];     /* every rank's (tensor parallelism) */
     hpd_backend_t *backends[HPD_TP_MAX];
     hpd_engine_t *engine;
+    /* the model's tokenizer and its vocabulary, for structured outputs
+     * (NULL without a tokenizer.json: such requests are refused) */
+    struct hpd_tokenizer *tokenizer;
+    hpd_vocab_t *vocab;
     hpd_xfer_ctx_t *xfer;
     hpd_rpc_server_t *server;
     hpd_rpc_client_t *coord;
@@ -152,5 +157,12 @@ bool hpd_node_may_write(hpd_node_t *node);
 /* Runs an engine step soon (from the loop); the node keeps stepping while
  * the engine has active requests. */
 void hpd_node_kick(hpd_node_t *node);
+
+/* A job's structured output (a message's grammar field, len bytes of
+ * hpd_grammar_from_spec's JSON) compiled for this node's vocabulary into
+ * *g_p; false with err naming what is wrong (what: the message's name),
+ * or that this node has no tokenizer. */
+bool hpd_node_grammar(hpd_node_t *node, const char *spec, uint32_t len, const char *what,
+                      hpd_grammar_t **g_p, hpd_proto_err_t *err);
 
 #endif

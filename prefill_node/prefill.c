@@ -45,6 +45,7 @@ typedef struct job {
     uint32_t top_logprobs;
     hpd_token_logprobs_t first_lp;
     bool prompt_logprobs;  /* the prompt's too (n_prompt - 1 of them) */
+    hpd_grammar_t *grammar; /* a structured output (NULL: none) */
     uint8_t *prompt_lp;    /* in wire form (malloc'd) */
     uint32_t prompt_lp_len;
     /* destination */
@@ -185,6 +186,7 @@ static void job_free(prefill_t *p, job_t *j)
         hpd_rpc_reply(j->cancel_conn, j->cancel_id, NULL);
         hpd_rpc_conn_unref(j->cancel_conn);
     }
+    hpd_grammar_destroy(j->grammar);
     free(j->prompt);
     free(j->dst_pages);
     free(j->prompt_lp);
@@ -379,7 +381,8 @@ static void try_start(prefill_t *p)
                                    .sampling = j->sampling,
                                    .logprobs = j->logprobs,
                                    .top_logprobs = j->top_logprobs,
-                                   .prompt_logprobs = j->prompt_logprobs};
+                                   .prompt_logprobs = j->prompt_logprobs,
+                                   .grammar = j->grammar};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
         if (st != HPD_OK) {
             j->eng_id = 0;
@@ -710,11 +713,23 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
             return false;
         j->dst_tables[g] = row;
     }
+    if (pj.grammar != NULL &&
+        !hpd_node_grammar(n, pj.grammar, pj.grammar_len, "prefill", &j->grammar, err))
+        return false;
     if ((j->peer = peer_get(p, j->dst_node, dst.xfer, err)) == NULL) {
         j->pair_failed = true; /* the decode node's data plane: the pair's fault, not the job's */
         return false;
     }
     return true;
+}
+
+/* A job refused before it was queued. */
+static void job_discard(job_t *j)
+{
+    hpd_grammar_destroy(j->grammar);
+    free(j->prompt);
+    free(j->dst_pages);
+    free(j);
 }
 
 static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
@@ -737,17 +752,13 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         hpd_rpc_reply_error(conn, id, j->pair_failed ? HPD_RPC_ERR_PEER : HPD_RPC_ERR_PARAMS,
                             "%s%s", strncmp(err.text, "prefill: ", 9) == 0 ? "" : "prefill: ",
                             err.text);
-        free(j->prompt);
-        free(j->dst_pages);
-        free(j);
+        job_discard(j);
         return;
     }
     if (job_find(p, j->id) != NULL) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "prefill: job %llu already exists",
                             (unsigned long long)j->id);
-        free(j->prompt);
-        free(j->dst_pages);
-        free(j);
+        job_discard(j);
         return;
     }
     const uint64_t need = job_staging_bytes(j, n->model->config.n_linear_layers);
@@ -757,9 +768,7 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
                             "(--staging-mb)",
                             (unsigned long long)j->id, (unsigned long long)(need >> 20) + 1,
                             (unsigned long long)(p->staging_bytes >> 20));
-        free(j->prompt);
-        free(j->dst_pages);
-        free(j);
+        job_discard(j);
         return;
     }
     j->conn = conn;

@@ -451,6 +451,77 @@ static void test_completions_as_hpd_run(void **state)
     cl.passed++;
 }
 
+/* Structured outputs: response_format json_schema gives hpd-run
+ * --json-schema's text, greedy and seeded, streamed and not, a document of
+ * the schema; json_object on chat gives an object; what the grammar engine
+ * does not support is a 400 naming the field and the keyword. */
+static void test_structured_outputs(void **state)
+{
+    static const char schema[] =
+        "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 10}, "
+        "\"ok\": {\"type\": \"boolean\"}, \"tags\": {\"type\": \"array\", \"items\": {\"enum\": "
+        "[\"a\", \"b\", 7]}, \"maxItems\": 2}}, \"required\": [\"name\", \"ok\", \"tags\"], "
+        "\"additionalProperties\": false}";
+    char path[600], body[4096], flags[1024];
+    snprintf(path, sizeof(path), "%s/schema.json", cl.root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(schema, f);
+    fclose(f);
+    for (int sampled = 0; sampled < 2; sampled++) {
+        size_t want_len;
+        snprintf(flags, sizeof(flags), "--max-tokens 120 --json-schema %s %s", path,
+                 sampled ? "--temperature 1 --seed 11" : "");
+        char *want = reference(prompt_ids, flags, &want_len);
+        json_error_t je;
+        json_t *doc = json_loadb(want, want_len, JSON_DECODE_INT_AS_REAL, &je);
+        if (doc == NULL || !json_is_array(json_object_get(doc, "tags")))
+            fail_msg("hpd-run --json-schema gave '%s': not a document of the schema", want);
+        json_decref(doc);
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 120, %s"
+                     "\"stream\": %s, \"response_format\": {\"type\": \"json_schema\", "
+                     "\"json_schema\": {\"name\": \"person\", \"strict\": true, \"schema\": %s}}}",
+                     prompt_ids, sampled ? "\"temperature\": 1, \"seed\": 11, " : "",
+                     stream ? "true" : "false", schema);
+            answer_t a = generate(false, body);
+            same_text(&a, want, want_len);
+            answer_free(&a);
+        }
+        free(want);
+    }
+    /* json_object on a chat (thinking off): an object */
+    answer_t a = generate(true, "{\"messages\": [{\"role\": \"user\", \"content\": \"JSON please\"}], "
+                                "\"max_tokens\": 200, \"temperature\": 1, \"seed\": 3, "
+                                "\"chat_template_kwargs\": {\"enable_thinking\": false}, "
+                                "\"response_format\": {\"type\": \"json_object\"}}");
+    assert_true(a.len > 0 && a.text[0] == '{');
+    if (strcmp(a.finish, "stop") == 0) {
+        json_error_t je;
+        json_t *doc = json_loadb(a.text, a.len, JSON_DECODE_INT_AS_REAL, &je);
+        if (!json_is_object(doc))
+            fail_msg("json_object gave '%s'", a.text);
+        json_decref(doc);
+    }
+    answer_free(&a);
+    /* refused by name */
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+                 "\"json_schema\": {\"name\": \"n\", \"schema\": {\"type\": \"integer\", \"minimum\": 3}}}}",
+                 400, "keyword 'minimum' is not supported");
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"xml\"}}", 400,
+                 "response_format.type");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": "
+                 "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"properties\": {\"a\": "
+                 "{\"$ref\": \"#/$defs/none\"}}}}}}",
+                 400, "#/properties/a: $ref '#/$defs/none' names nothing");
+    print_message("structured outputs: hpd-run --json-schema's text, greedy and seeded, "
+                  "streamed and not; unsupported keywords refused by name\n");
+    cl.passed++;
+}
+
 /* chat: the conversation in the chat format; both modes give hpd-run's text
  * for the ids /tokenize gives the same messages */
 static void test_chat_as_hpd_run(void **state)
@@ -1281,7 +1352,7 @@ static int setup(void **state)
     char keys[400], http_file[400];
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 11;
+    cl.cases = 12;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
@@ -1318,6 +1389,7 @@ int main(void)
         cmocka_unit_test(test_chat_as_hpd_run),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_msgpack_text),
