@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,14 +234,174 @@ static void put_text(out_t *o, span_t s)
     o->ranges[o->n_ranges++] = (hpd_text_range_t){.begin = begin, .end = o->n};
 }
 
+/* ------------------------------------------------------------ Python's JSON */
+
+static hpd_status_t app(char **out, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (hpd_grow(out, cap, *len + n + 1, 1) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
+    memcpy(*out + *len, s, n);
+    *len += n;
+    (*out)[*len] = '\0';
+    return HPD_OK;
+}
+
+/* repr(float): the shortest digits that read back, fixed notation for
+ * exponents -4..15 (".0" when integral), else d.ddde+XX */
+static void py_float(double d, char *buf, size_t size)
+{
+    char tmp[40];
+    if (isnan(d) || isinf(d)) {
+        snprintf(buf, size, "%s", isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity");
+        return;
+    }
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(tmp, sizeof(tmp), "%.*e", p - 1, d);
+        if (strtod(tmp, NULL) == d)
+            break;
+    }
+    snprintf(tmp, sizeof(tmp), "%.*e", p - 1, d);
+    char digits[24];
+    size_t nd = 0;
+    const char *q = tmp;
+    const bool neg = *q == '-';
+    q += neg;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.')
+            digits[nd++] = *q;
+    digits[nd] = '\0';
+    const int e = atoi(q + 1);
+    char *o = buf;
+    const char *end = buf + size - 1;
+    if (neg && o < end)
+        *o++ = '-';
+    if (e >= -4 && e < 16) {
+        if (e < 0) {
+            o += snprintf(o, (size_t)(end - o) + 1, "0.");
+            for (int k = 0; k < -e - 1 && o < end; k++)
+                *o++ = '0';
+            o += snprintf(o, (size_t)(end - o) + 1, "%s", digits);
+        } else {
+            for (int k = 0; k <= e && o < end; k++)
+                *o++ = k < (int)nd ? digits[k] : '0';
+            if (o < end)
+                *o++ = '.';
+            if ((int)nd > e + 1)
+                o += snprintf(o, (size_t)(end - o) + 1, "%s", digits + e + 1);
+            else if (o < end)
+                *o++ = '0';
+        }
+        *o = '\0';
+        return;
+    }
+    o += snprintf(o, (size_t)(end - o) + 1, "%c", digits[0]);
+    if (nd > 1)
+        o += snprintf(o, (size_t)(end - o) + 1, ".%s", digits + 1);
+    snprintf(o, (size_t)(end - o) + 1, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
+}
+
+static hpd_status_t py_string(const char *s, size_t n, char **out, size_t *len, size_t *cap)
+{
+    hpd_status_t st = app(out, len, cap, "\"", 1);
+    for (size_t i = 0; i < n && st == HPD_OK; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        const char *e = NULL;
+        switch (c) {
+        case '"': e = "\\\""; break;
+        case '\\': e = "\\\\"; break;
+        case '\n': e = "\\n"; break;
+        case '\r': e = "\\r"; break;
+        case '\t': e = "\\t"; break;
+        case '\b': e = "\\b"; break;
+        case '\f': e = "\\f"; break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof(esc), "\\u%04x", c);
+                e = esc;
+            }
+        }
+        st = e != NULL ? app(out, len, cap, e, strlen(e)) : app(out, len, cap, (const char *)&s[i], 1);
+    }
+    return st == HPD_OK ? app(out, len, cap, "\"", 1) : st;
+}
+
+hpd_status_t hpd_json_dumps_py(const json_t *v, char **out, size_t *len, size_t *cap)
+{
+    char num[64];
+    hpd_status_t st = HPD_OK;
+    size_t i;
+    const char *key;
+    json_t *x;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        bool first = true;
+        st = app(out, len, cap, "{", 1);
+        json_object_foreach((json_t *)v, key, x) {
+            if (st == HPD_OK && !first)
+                st = app(out, len, cap, ", ", 2);
+            first = false;
+            if (st == HPD_OK)
+                st = py_string(key, strlen(key), out, len, cap);
+            if (st == HPD_OK)
+                st = app(out, len, cap, ": ", 2);
+            if (st == HPD_OK)
+                st = hpd_json_dumps_py(x, out, len, cap);
+        }
+        return st == HPD_OK ? app(out, len, cap, "}", 1) : st;
+    }
+    case JSON_ARRAY:
+        st = app(out, len, cap, "[", 1);
+        json_array_foreach((json_t *)v, i, x) {
+            if (st == HPD_OK && i > 0)
+                st = app(out, len, cap, ", ", 2);
+            if (st == HPD_OK)
+                st = hpd_json_dumps_py(x, out, len, cap);
+        }
+        return st == HPD_OK ? app(out, len, cap, "]", 1) : st;
+    case JSON_STRING:
+        return py_string(json_string_value(v), json_string_length(v), out, len, cap);
+    case JSON_INTEGER:
+        snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return app(out, len, cap, num, strlen(num));
+    case JSON_REAL:
+        py_float(json_real_value(v), num, sizeof(num));
+        return app(out, len, cap, num, strlen(num));
+    case JSON_TRUE:
+        return app(out, len, cap, "true", 4);
+    case JSON_FALSE:
+        return app(out, len, cap, "false", 5);
+    default:
+        return app(out, len, cap, "null", 4);
+    }
+}
+
+/* Jinja's `value | string` of a JSON scalar (Python's str()). */
+static hpd_status_t py_str(const json_t *v, char **out, size_t *len, size_t *cap)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        return app(out, len, cap, json_string_value(v), json_string_length(v));
+    case JSON_TRUE:
+        return app(out, len, cap, "True", 4);
+    case JSON_FALSE:
+        return app(out, len, cap, "False", 5);
+    case JSON_NULL:
+        return app(out, len, cap, "None", 4);
+    default:
+        return hpd_json_dumps_py(v, out, len, cap);
+    }
+}
+
 /* ------------------------------------------------------------ rendering */
 
-typedef enum { R_SYSTEM, R_USER, R_ASSISTANT } role_t;
+typedef enum { R_SYSTEM, R_USER, R_ASSISTANT, R_TOOL } role_t;
 
 static bool role_of(const char *name, role_t *r)
 {
-    static const char *const names[] = {"system", "user", "assistant"};
-    for (int i = 0; i < 3; i++)
+    static const char *const names[] = {"system", "user", "assistant", "tool"};
+    for (int i = 0; i < 4; i++)
         if (name != NULL && strcmp(name, names[i]) == 0) {
             *r = (role_t)i;
             return true;
@@ -271,12 +432,139 @@ static void assistant_parts(const hpd_chat_format_t *f, const hpd_chat_msg_t *m,
     *content = c;
 }
 
+static const char QWEN3_TOOLS_HEAD[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char QWEN3_TOOLS_TAIL[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+static const char QWEN35_TOOLS_HEAD[] =
+    "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+static const char QWEN35_TOOLS_TAIL[] =
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
+    "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n"
+    "value_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second "
+    "parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n"
+    "<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+    "function call in natural language BEFORE the function call, but NOT after\n- If there is "
+    "no function call available, answer the question like normal with your current knowledge "
+    "and do not tell the user about function calls\n</IMPORTANT>";
+
+/* Puts text that is JSON written as Python writes it (kept as template
+ * text: a tool's definition is the request's, not a message's). */
+static void put_py(out_t *o, const json_t *v)
+{
+    char *s = NULL;
+    size_t len = 0, cap = 0;
+    if (hpd_json_dumps_py(v, &s, &len, &cap) != HPD_OK) {
+        o->failed = true;
+        return;
+    }
+    put(o, (span_t){s, len});
+    free(s);
+}
+
+/* The tools block: Qwen3's system message with the tools (the first system
+ * message's text before them), or Qwen3.5's (after them). */
+static void put_tools(out_t *o, const hpd_chat_format_t *f, const json_t *tools, span_t system,
+                      bool has_system)
+{
+    size_t i;
+    json_t *t;
+    if (f->qwen35) {
+        puts_(o, QWEN35_TOOLS_HEAD);
+    } else {
+        puts_(o, "<|im_start|>system\n");
+        if (has_system) {
+            put_text(o, system);
+            puts_(o, "\n\n");
+        }
+        puts_(o, QWEN3_TOOLS_HEAD);
+    }
+    json_array_foreach(tools, i, t) {
+        puts_(o, "\n");
+        put_py(o, t);
+    }
+    if (f->qwen35) {
+        puts_(o, QWEN35_TOOLS_TAIL);
+        if (has_system && system.n > 0) {
+            puts_(o, "\n\n");
+            put_text(o, system);
+        }
+        puts_(o, "<|im_end|>\n");
+    } else {
+        puts_(o, QWEN3_TOOLS_TAIL);
+    }
+}
+
+/* An assistant turn's tool calls, after its content c. */
+static bool put_calls(out_t *o, const hpd_chat_format_t *f, const hpd_chat_msg_t *m, span_t c,
+                      size_t index, char *err, size_t err_len)
+{
+    for (size_t k = 0; k < m->n_calls; k++) {
+        const hpd_chat_call_t *call = &m->calls[k];
+        json_t *args = call->arguments != NULL ? json_loads(call->arguments, 0, NULL) : json_object();
+        if (call->name == NULL || call->name[0] == '\0' || !json_is_object(args)) {
+            json_decref(args);
+            snprintf(err, err_len, "messages[%zu].tool_calls[%zu]: %s", index, k,
+                     call->name == NULL || call->name[0] == '\0'
+                         ? "function.name is missing"
+                         : "function.arguments is not a JSON object");
+            return false;
+        }
+        if (f->qwen35) {
+            puts_(o, k > 0 ? "\n<tool_call>\n<function=" : trim(c).n > 0 ? "\n\n<tool_call>\n<function="
+                                                                         : "<tool_call>\n<function=");
+            put_text(o, span_of(call->name));
+            puts_(o, ">\n");
+            const char *key;
+            json_t *v;
+            json_object_foreach(args, key, v) {
+                puts_(o, "<parameter=");
+                put_text(o, span_of(key));
+                puts_(o, ">\n");
+                char *s = NULL;
+                size_t len = 0, cap = 0;
+                const hpd_status_t st = json_is_object(v) || json_is_array(v)
+                                            ? hpd_json_dumps_py(v, &s, &len, &cap)
+                                            : py_str(v, &s, &len, &cap);
+                if (st != HPD_OK)
+                    o->failed = true;
+                else
+                    put_text(o, (span_t){s, len});
+                free(s);
+                puts_(o, "\n</parameter>\n");
+            }
+            puts_(o, "</function>\n</tool_call>");
+        } else {
+            if (k > 0 || c.n > 0)
+                puts_(o, "\n");
+            puts_(o, "<tool_call>\n{\"name\": \"");
+            put_text(o, span_of(call->name));
+            puts_(o, "\", \"arguments\": ");
+            char *s = NULL;
+            size_t len = 0, cap = 0;
+            if (hpd_json_dumps_py(args, &s, &len, &cap) != HPD_OK)
+                o->failed = true;
+            else
+                put_text(o, (span_t){s, len});
+            free(s);
+            puts_(o, "}\n</tool_call>");
+        }
+        json_decref(args);
+    }
+    return true;
+}
+
 hpd_status_t hpd_chat_render(const hpd_chat_format_t *f, const hpd_chat_msg_t *msgs, size_t n,
                              bool add_generation_prompt, int enable_thinking, char **text_p,
                              size_t *len_p, char *err, size_t err_len)
 {
-    return hpd_chat_render_ranges(f, msgs, n, add_generation_prompt, enable_thinking, text_p,
-                                  len_p, NULL, NULL, err, err_len);
+    return hpd_chat_render_tools(f, msgs, n, NULL, add_generation_prompt, enable_thinking, text_p,
+                                 len_p, NULL, NULL, err, err_len);
 }
 
 hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_msg_t *msgs,
@@ -284,30 +572,57 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_m
                                     char **text_p, size_t *len_p, hpd_text_range_t **ranges_p,
                                     size_t *n_ranges_p, char *err, size_t err_len)
 {
+    return hpd_chat_render_tools(f, msgs, n, NULL, add_generation_prompt, enable_thinking, text_p,
+                                 len_p, ranges_p, n_ranges_p, err, err_len);
+}
+
+hpd_status_t hpd_chat_render_tools(const hpd_chat_format_t *f, const hpd_chat_msg_t *msgs,
+                                   size_t n, const char *tools_json, bool add_generation_prompt,
+                                   int enable_thinking, char **text_p, size_t *len_p,
+                                   hpd_text_range_t **ranges_p, size_t *n_ranges_p, char *err,
+                                   size_t err_len)
+{
     out_t o = {.want_ranges = ranges_p != NULL};
     role_t r;
     size_t last_query = n > 0 ? n - 1 : 0;
     bool have_query = false;
+    json_t *tools = NULL;
 
     *text_p = NULL;
     if (n == 0) {
         snprintf(err, err_len, "messages: empty (expected at least one message)");
         return HPD_ERR_INVALID_ARG;
     }
+    if (tools_json != NULL) {
+        tools = json_loads(tools_json, 0, NULL);
+        if (!json_is_array(tools)) {
+            json_decref(tools);
+            snprintf(err, err_len, "tools: expected an array");
+            return HPD_ERR_INVALID_ARG;
+        }
+        if (json_array_size(tools) == 0) {
+            json_decref(tools);
+            tools = NULL;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         if (!role_of(msgs[i].role, &r)) {
             snprintf(err, err_len, "messages[%zu].role: '%s' is not supported (expected "
-                     "system, user or assistant)", i, msgs[i].role ? msgs[i].role : "");
-            return HPD_ERR_INVALID_ARG;
+                     "system, user, assistant or tool)", i, msgs[i].role ? msgs[i].role : "");
+            goto bad;
         }
         if (r == R_SYSTEM && i > 0 && f->qwen35) {
             snprintf(err, err_len, "messages[%zu]: a system message must be the first", i);
-            return HPD_ERR_INVALID_ARG;
+            goto bad;
         }
         if (msgs[i].reasoning != NULL && r != R_ASSISTANT) {
             snprintf(err, err_len, "messages[%zu]: reasoning_content is for assistant messages",
                      i);
-            return HPD_ERR_INVALID_ARG;
+            goto bad;
+        }
+        if (msgs[i].n_calls > 0 && r != R_ASSISTANT) {
+            snprintf(err, err_len, "messages[%zu]: tool_calls are for assistant messages", i);
+            goto bad;
         }
     }
     /* the last user message that is not a tool response */
@@ -324,13 +639,36 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_m
     }
     if (f->qwen35 && !have_query) {
         snprintf(err, err_len, "messages: no user message (this model's format needs one)");
-        return HPD_ERR_INVALID_ARG;
+        goto bad;
+    }
+    role_of(msgs[0].role, &r);
+    const bool first_system = r == R_SYSTEM;
+    if (tools != NULL) {
+        span_t c = span_of(msgs[0].content);
+        put_tools(&o, f, tools, f->qwen35 ? trim(c) : c, first_system);
     }
     for (size_t i = 0; i < n; i++) {
         role_of(msgs[i].role, &r);
         span_t c = span_of(msgs[i].content);
         if (f->qwen35)
             c = trim(c);
+        if (r == R_SYSTEM && i == 0 && tools != NULL)
+            continue; /* in the tools block */
+        if (r == R_TOOL) {
+            role_t prev = R_USER, next = R_USER;
+            if (i > 0)
+                role_of(msgs[i - 1].role, &prev);
+            if (i + 1 < n)
+                role_of(msgs[i + 1].role, &next);
+            if ((i == 0 && !f->qwen35) || (i > 0 && prev != R_TOOL))
+                puts_(&o, "<|im_start|>user");
+            puts_(&o, "\n<tool_response>\n");
+            put_text(&o, c);
+            puts_(&o, "\n</tool_response>");
+            if (i + 1 == n || next != R_TOOL)
+                puts_(&o, "<|im_end|>\n");
+            continue;
+        }
         if (r == R_SYSTEM || r == R_USER) {
             puts_(&o, r == R_SYSTEM ? "<|im_start|>system\n" : "<|im_start|>user\n");
             put_text(&o, c);
@@ -356,6 +694,8 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_m
         } else {
             put_text(&o, c);
         }
+        if (!put_calls(&o, f, &msgs[i], c, i, err, err_len))
+            goto bad;
         puts_(&o, "<|im_end|>\n");
     }
     if (add_generation_prompt) {
@@ -373,6 +713,7 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_m
         }
     }
     puts_(&o, "");
+    json_decref(tools);
     if (o.failed) {
         free(o.p);
         free(o.ranges);
@@ -384,8 +725,15 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *f, const hpd_chat_m
     if (ranges_p != NULL) {
         *ranges_p = o.ranges;
         *n_ranges_p = o.n_ranges;
+    } else {
+        free(o.ranges);
     }
     return HPD_OK;
+bad:
+    json_decref(tools);
+    free(o.p);
+    free(o.ranges);
+    return HPD_ERR_INVALID_ARG;
 }
 
 const char hpd_chat_template_qwen35[] =

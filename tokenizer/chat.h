@@ -11,8 +11,12 @@
  * The model's Jinja chat template (tokenizer_config.json's chat_template, or
  * chat_template.jinja) is not interpreted: it is read only to recognise which
  * member of the family it is, and a template that is not this family's is
- * refused by name rather than guessed at. Text parts only: images, videos,
- * tools and tool calls are refused. */
+ * refused by name rather than guessed at. Text parts only: images and videos
+ * are refused. Tools, assistant tool calls and tool messages are rendered as
+ * each member's template renders them (Qwen3 / Qwen3-Next: JSON inside
+ * <tool_call>; Qwen3.5: <function=NAME><parameter=KEY> XML), with the
+ * arguments as a mapping (as vLLM passes them) and JSON as Python's
+ * json.dumps writes it (Jinja's tojson). */
 #ifndef HPD_TOKENIZER_CHAT_H
 #define HPD_TOKENIZER_CHAT_H
 
@@ -37,10 +41,19 @@ typedef struct {
     bool qwen35;
 } hpd_chat_format_t;
 
+/* An assistant turn's tool call: the function's name and its arguments, a
+ * JSON object's text (the OpenAI API's string). */
 typedef struct {
-    const char *role;      /* "system", "user" or "assistant" */
+    const char *name;
+    const char *arguments;
+} hpd_chat_call_t;
+
+typedef struct {
+    const char *role;      /* "system", "user", "assistant" or "tool" */
     const char *content;   /* UTF-8, NUL-terminated; NULL: empty */
     const char *reasoning; /* an assistant turn's reasoning_content; NULL: none */
+    const hpd_chat_call_t *calls; /* an assistant turn's tool calls */
+    size_t n_calls;
 } hpd_chat_msg_t;
 
 /* Reads the model directory's chat template and recognises its member of
@@ -71,6 +84,22 @@ hpd_status_t hpd_chat_render_ranges(const hpd_chat_format_t *fmt, const hpd_chat
                                     size_t n, bool add_generation_prompt, int enable_thinking,
                                     char **text_p, size_t *len_p, hpd_text_range_t **ranges_p,
                                     size_t *n_ranges_p, char *err, size_t err_len);
+
+/* hpd_chat_render_ranges with tools: tools_json is the request's tools, a
+ * JSON array's text (each rendered whole, as the template's tojson does);
+ * NULL or "[]": none. HPD_ERR_INVALID_ARG also for tools that are not an
+ * array, a call without a name or whose arguments are not a JSON object. */
+hpd_status_t hpd_chat_render_tools(const hpd_chat_format_t *fmt, const hpd_chat_msg_t *msgs,
+                                   size_t n, const char *tools_json, bool add_generation_prompt,
+                                   int enable_thinking, char **text_p, size_t *len_p,
+                                   hpd_text_range_t **ranges_p, size_t *n_ranges_p, char *err,
+                                   size_t err_len);
+
+/* A JSON value as Python's json.dumps(ensure_ascii=False) writes it (", "
+ * and ": ", keys in order, floats as repr): Jinja's tojson in transformers.
+ * Appended to *out (realloc'd; *len, *cap). */
+struct json_t;
+hpd_status_t hpd_json_dumps_py(const struct json_t *v, char **out, size_t *len, size_t *cap);
 
 const char *hpd_chat_think_name(hpd_chat_think_t t);
 

@@ -49,12 +49,51 @@ CASES = [
     [{"role": "user", "content": "<tool_response>x</tool_response>"}],
     [U, {"role": "system", "content": "late"}],
 ]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, today or later.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "a city, \"as written\" — e.g. Zürich"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"enum": ["celsius", "fahrenheit"]}, "ratio": {"type": "number", "default": 0.5}},
+        "required": ["city"]}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}}}}
+
+
+def call(name, args, i=0):
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+# (tools, messages): tool definitions, assistant tool calls (arguments as a
+# mapping, as vLLM passes them to templates) and tool messages
+TOOL_CASES = [
+    ([WEATHER], [U]),
+    ([WEATHER, SEARCH], [{"role": "system", "content": "You are terse."}, U]),
+    ([WEATHER], [U, {"role": "assistant", "content": "",
+                     "tool_calls": [call("get_weather", {"city": "Paris", "days": 2})]},
+                 {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"}]),
+    ([WEATHER, SEARCH], [U, {"role": "assistant", "content": "Let me check.",
+                             "tool_calls": [call("get_weather", {"city": "Zürich \"old\" town", "unit": "celsius"}),
+                                            call("search", {"query": "a\nb", "filters": {"year": 2024, "tags": ["x", None, True]}}, 1)]},
+                         {"role": "tool", "tool_call_id": "call_0", "content": "rain"},
+                         {"role": "tool", "tool_call_id": "call_1", "content": "  [result]  "},
+                         {"role": "assistant", "content": "It rains."}, {"role": "user", "content": "Thanks"}]),
+    ([SEARCH], [U, {"role": "assistant", "content": "<think>\nneed data\n</think>\n\n",
+                    "tool_calls": [call("search", {"query": "capital", "filters": {"ratio": 0.1, "big": 1e20, "small": 1.5e-7, "n": -3, "f": 2.0}})]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "Paris"}]),
+    (None, [U, {"role": "assistant", "content": "",
+                "tool_calls": [call("search", {"query": "q", "flag": False})]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "ok"}]),
+]
+
 # (add_generation_prompt, enable_thinking: None = not given)
 MODES = [(True, None), (True, True), (True, False), (False, None)]
 
 
-def render(env, tmpl, messages, add, think):
+def render(env, tmpl, messages, add, think, tools=None):
     kw = {"messages": messages, "add_generation_prompt": add}
+    if tools is not None:
+        kw["tools"] = tools
     if think is not None:
         kw["enable_thinking"] = think
     try:
@@ -75,6 +114,11 @@ def main():
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = fail
+    # transformers' tojson (chat_template_utils), not Jinja's HTML-safe,
+    # key-sorting one
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, \
+        sort_keys=False: json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                    separators=separators, sort_keys=sort_keys)
     tmpls = {name: (open(f"{a.templates}/{f}").read(), think, q35)
              for name, (f, think, q35) in TEMPLATES.items()}
     with open(a.mkmodel_config) as f:
@@ -86,6 +130,18 @@ def main():
                 r = render(env, tmpl, messages, add, th)
                 case = {"template": name, "think": think, "qwen35": q35, "messages": messages,
                         "add_generation_prompt": add, "enable_thinking": th}
+                if isinstance(r, dict):
+                    case["error"] = r["error"]
+                else:
+                    case["text"] = r
+                out.append(case)
+        if name == "hpd-mkmodel":
+            continue  # its template is the text format only
+        for tools, messages in TOOL_CASES:
+            for add, th in MODES[:3]:
+                r = render(env, tmpl, messages, add, th, tools)
+                case = {"template": name, "think": think, "qwen35": q35, "messages": messages,
+                        "tools": tools, "add_generation_prompt": add, "enable_thinking": th}
                 if isinstance(r, dict):
                     case["error"] = r["error"]
                 else:

@@ -41,6 +41,8 @@ static void test_official_templates(void **state)
             .qwen35 = json_is_true(json_object_get(c, "qwen35"))};
         json_t *msgs = json_object_get(c, "messages"), *m;
         hpd_chat_msg_t mv[8];
+        hpd_chat_call_t calls[8][4];
+        char *args[8][4] = {{0}};
         size_t k;
         assert_true(json_array_size(msgs) <= 8);
         json_array_foreach(msgs, k, m) {
@@ -48,15 +50,33 @@ static void test_official_templates(void **state)
                 .role = json_string_value(json_object_get(m, "role")),
                 .content = json_string_value(json_object_get(m, "content")),
                 .reasoning = json_string_value(json_object_get(m, "reasoning_content"))};
+            /* tool calls as an API gives them: arguments a JSON object's text */
+            json_t *tc = json_object_get(m, "tool_calls"), *x;
+            size_t q;
+            assert_true(json_array_size(tc) <= 4);
+            json_array_foreach(tc, q, x) {
+                json_t *fn = json_object_get(x, "function");
+                args[k][q] = json_dumps(json_object_get(fn, "arguments"), JSON_COMPACT);
+                calls[k][q] = (hpd_chat_call_t){.name = json_string_value(json_object_get(fn, "name")),
+                                                .arguments = args[k][q]};
+            }
+            mv[k].calls = calls[k];
+            mv[k].n_calls = json_array_size(tc);
         }
+        json_t *tools = json_object_get(c, "tools");
+        char *tools_json = json_is_array(tools) ? json_dumps(tools, JSON_COMPACT) : NULL;
         const json_t *th = json_object_get(c, "enable_thinking");
         const int think = json_is_null(th) ? -1 : json_is_true(th) ? 1 : 0;
         char *text = NULL, err[256] = "";
         size_t len = 0;
-        const hpd_status_t st =
-            hpd_chat_render(&f, mv, json_array_size(msgs),
-                            json_is_true(json_object_get(c, "add_generation_prompt")), think,
-                            &text, &len, err, sizeof(err));
+        const hpd_status_t st = hpd_chat_render_tools(
+            &f, mv, json_array_size(msgs), tools_json,
+            json_is_true(json_object_get(c, "add_generation_prompt")), think, &text, &len, NULL,
+            NULL, err, sizeof(err));
+        free(tools_json);
+        for (size_t a = 0; a < 8; a++)
+            for (size_t q = 0; q < 4; q++)
+                free(args[a][q]);
         const char *want = json_string_value(json_object_get(c, "text"));
         if (want == NULL) {
             if (st == HPD_OK)
@@ -71,9 +91,15 @@ static void test_official_templates(void **state)
         if (st != HPD_OK)
             fail_msg("case %zu (%s): %s", i, json_string_value(json_object_get(c, "template")),
                      err);
-        if (len != strlen(want) || memcmp(text, want, len) != 0)
-            fail_msg("case %zu (%s):\n got [%s]\nwant [%s]", i,
-                     json_string_value(json_object_get(c, "template")), text, want);
+        if (len != strlen(want) || memcmp(text, want, len) != 0) {
+            size_t d = 0; /* the first difference, and around it */
+            while (d < len && want[d] == text[d])
+                d++;
+            const size_t from = d > 60 ? d - 60 : 0;
+            fail_msg("case %zu (%s) differs at byte %zu of %zu:\n got [%.120s]\nwant [%.120s]", i,
+                     json_string_value(json_object_get(c, "template")), d, strlen(want),
+                     text + from, want + from);
+        }
         free(text);
         n_ok++;
     }
@@ -185,10 +211,25 @@ static void test_refusals(void **state)
     char *text = NULL, err[256];
     size_t len;
     const hpd_chat_msg_t tool[] = {{.role = "user", .content = "hi"},
-                                   {.role = "tool", .content = "42"}};
+                                   {.role = "function", .content = "42"}};
     assert_int_equal(hpd_chat_render(&f, tool, 2, true, -1, &text, &len, err, sizeof(err)),
                      HPD_ERR_INVALID_ARG);
-    assert_non_null(strstr(err, "messages[1].role: 'tool'"));
+    assert_non_null(strstr(err, "messages[1].role: 'function'"));
+    /* a call without a name, or with arguments that are not an object */
+    const hpd_chat_call_t bad_calls[] = {{.name = "", .arguments = "{}"},
+                                         {.name = "f", .arguments = "[1]"}};
+    for (int b = 0; b < 2; b++) {
+        const hpd_chat_msg_t m[] = {{.role = "user", .content = "hi"},
+                                    {.role = "assistant", .calls = &bad_calls[b], .n_calls = 1}};
+        assert_int_equal(hpd_chat_render(&f, m, 2, true, -1, &text, &len, err, sizeof(err)),
+                         HPD_ERR_INVALID_ARG);
+        assert_non_null(strstr(err, b ? "messages[1].tool_calls[0]: function.arguments is not"
+                                      : "messages[1].tool_calls[0]: function.name is missing"));
+    }
+    assert_int_equal(hpd_chat_render_tools(&f, tool, 1, "{}", true, -1, &text, &len, NULL, NULL,
+                                           err, sizeof(err)),
+                     HPD_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "tools: expected an array"));
     const hpd_chat_msg_t rs[] = {{.role = "user", .content = "hi", .reasoning = "x"}};
     assert_int_equal(hpd_chat_render(&f, rs, 1, true, -1, &text, &len, err, sizeof(err)),
                      HPD_ERR_INVALID_ARG);
