@@ -30,6 +30,7 @@
 #include "coordinator/credentials.h"
 #include "coordinator/reasoning.h"
 #include "coordinator/text.h"
+#include "coordinator/toolcall.h"
 #include "grammar/grammar.h"
 #include "transport/http_guard.h"
 #include "transport/rpc_codec.h"
@@ -107,6 +108,14 @@ typedef struct {
     bool echo;
     bool echoed; /* streamed: the prompt's chunk went out */
     int32_t *prompt;
+    /* tools (docs/api.md, "Tool calls"): the request's, the parser of the
+     * content (tool_choice other than none), the calls so far (not
+     * streamed), whether only the first counts */
+    json_t *tools;
+    bool parse_calls, one_call;
+    hpd_toolcall_t tc;
+    json_t *calls;
+    uint32_t n_calls;
 } call_t;
 
 /* ------------------------------------------------------------ replies */
@@ -298,14 +307,8 @@ static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
     if ((x = json_object_get(body, "suffix")) != NULL && !json_is_null(x) &&
         !(json_is_string(x) && json_string_length(x) == 0))
         return BAD(req, "suffix", "suffix is not supported");
-    if ((x = json_object_get(body, "tools")) != NULL && !json_is_null(x) &&
-        !(json_is_array(x) && json_array_size(x) == 0))
-        return BAD(req, "tools", "tools are not supported");
     if ((x = json_object_get(body, "functions")) != NULL && !json_is_null(x))
-        return BAD(req, "functions", "functions are not supported");
-    if ((x = json_object_get(body, "tool_choice")) != NULL && !json_is_null(x) &&
-        !(json_is_string(x) && strcmp(json_string_value(x), "none") == 0))
-        return BAD(req, "tool_choice", "tool_choice: only \"none\" is supported");
+        return BAD(req, "functions", "functions are not supported (use tools)");
     if ((x = json_object_get(body, "logit_bias")) != NULL && !json_is_null(x) &&
         !(json_is_object(x) && json_object_size(x) == 0))
         return BAD(req, "logit_bias", "logit_bias is not supported");
@@ -367,6 +370,74 @@ static bool get_response_format(struct evhttp_request *req, json_t *body, char *
     }
     hpd_grammar_destroy(g);
     *spec_p = text;
+    return true;
+}
+
+static bool check_tools(struct evhttp_request *req, const json_t *tools);
+
+/* tools, tool_choice and parallel_tool_calls (chat): whether the content
+ * is parsed for calls, and for "required" or a named function the grammar
+ * every answer must be a call of (*spec_p, hpd_grammar_from_spec's
+ * tool_call form) */
+static bool get_tools(hpd_openai_t *api, struct evhttp_request *req, json_t *body, call_t *k,
+                      char **spec_p)
+{
+    json_t *tools = json_object_get(body, "tools"), *choice = json_object_get(body, "tool_choice");
+    const bool have = json_is_array(tools) && json_array_size(tools) > 0;
+    bool parallel = true;
+    if (!get_bool(req, body, "parallel_tool_calls", &parallel))
+        return false;
+    k->one_call = !parallel;
+    if (tools != NULL && !json_is_null(tools) && !k->chat)
+        return BAD(req, "tools", "tools: only on chat completions");
+    if (tools != NULL && !json_is_null(tools) && !check_tools(req, tools))
+        return false;
+    const char *mode = choice == NULL || json_is_null(choice) ? (have ? "auto" : "none")
+                       : json_is_string(choice) ? json_string_value(choice)
+                                                : "function";
+    const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
+    if (strcmp(mode, "none") != 0 && strcmp(mode, "auto") != 0 && strcmp(mode, "required") != 0 &&
+        !(strcmp(mode, "function") == 0 && json_is_object(choice) && json_is_string(named)))
+        return BAD(req, "tool_choice", "tool_choice: expected \"none\", \"auto\", "
+                   "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (strcmp(mode, "none") != 0 && !have)
+        return BAD(req, "tool_choice", "tool_choice: %s without tools", mode);
+    if (!have || strcmp(mode, "none") == 0)
+        return true;
+    k->tools = json_incref(tools);
+    k->parse_calls = true;
+    k->calls = json_array();
+    hpd_toolcall_init(&k->tc, hpd_text_tools_xml(api->text) ? HPD_TOOLCALL_XML : HPD_TOOLCALL_JSON,
+                      k->tools);
+    if (strcmp(mode, "auto") == 0)
+        return true;
+    if (*spec_p != NULL)
+        return BAD(req, "tool_choice", "tool_choice: %s cannot be combined with response_format",
+                   strcmp(mode, "required") == 0 ? "\"required\"" : "a named function");
+    json_t *allowed = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *name = json_object_get(json_object_get(t, "function"), "name");
+        if (strcmp(mode, "required") == 0 || json_equal(name, named))
+            json_array_append(allowed, t);
+    }
+    if (json_array_size(allowed) == 0) {
+        json_decref(allowed);
+        return BAD(req, "tool_choice", "tool_choice.function.name: no tool is named '%s'",
+                   json_string_value(named));
+    }
+    json_t *spec = json_pack("{s:{s:s, s:o}}", "tool_call", "format",
+                             k->tc.format == HPD_TOOLCALL_XML ? "xml" : "json", "tools", allowed);
+    *spec_p = spec != NULL ? json_dumps(spec, JSON_COMPACT) : NULL;
+    json_decref(spec);
+    hpd_grammar_t *g;
+    char why[256];
+    if (*spec_p == NULL)
+        return reply_error(req, 500, NULL, NULL, "out of memory"), false;
+    if (hpd_grammar_from_spec(*spec_p, strlen(*spec_p), &g, why, sizeof(why)) != HPD_OK)
+        return BAD(req, "tools", "tools: %s", why);
+    hpd_grammar_destroy(g);
     return true;
 }
 
@@ -456,6 +527,85 @@ static bool message_content(struct evhttp_request *req, const json_t *c, size_t 
     return true;
 }
 
+/* tools: an array of {"type": "function", "function": {"name", "description",
+ * "parameters"}}, each named */
+static bool check_tools(struct evhttp_request *req, const json_t *tools)
+{
+    size_t i;
+    json_t *t;
+    if (!json_is_array(tools))
+        return BAD(req, "tools", "tools: expected an array of {\"type\": \"function\", "
+                   "\"function\": {...}}");
+    json_array_foreach(tools, i, t) {
+        const json_t *type = json_object_get(t, "type"), *f = json_object_get(t, "function");
+        const json_t *name = json_object_get(f, "name"), *params = json_object_get(f, "parameters");
+        if (type != NULL && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0))
+            return BAD(req, "tools", "tools[%zu].type: only \"function\" is supported", i);
+        if (!json_is_object(f) || !json_is_string(name) || json_string_length(name) == 0)
+            return BAD(req, "tools", "tools[%zu].function.name: expected a non-empty string", i);
+        if (params != NULL && !json_is_null(params) && !json_is_object(params))
+            return BAD(req, "tools", "tools[%zu].function.parameters: expected a JSON Schema "
+                       "object", i);
+    }
+    return true;
+}
+
+/* An assistant message's tool calls (*calls_p, their arguments' texts
+ * owned in *owned_p), their ids added to ids. */
+static bool message_calls(struct evhttp_request *req, const json_t *tc, size_t i,
+                          hpd_chat_msg_t *m, char ***owned_p, json_t *ids)
+{
+    if (tc == NULL || json_is_null(tc))
+        return true;
+    char field[80];
+    snprintf(field, sizeof(field), "messages[%zu].tool_calls", i);
+    if (!json_is_array(tc) || strcmp(m->role, "assistant") != 0)
+        return BAD(req, field, "%s: expected an array, on an assistant message", field);
+    const size_t n = json_array_size(tc);
+    hpd_chat_call_t *calls = calloc(n + 1, sizeof(*calls));
+    char **owned = calloc(n + 1, sizeof(*owned));
+    m->calls = calls;
+    *owned_p = owned;
+    if (calls == NULL || owned == NULL)
+        return BAD(req, NULL, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        const json_t *c = json_array_get(tc, k), *f = json_object_get(c, "function");
+        const json_t *id = json_object_get(c, "id"), *name = json_object_get(f, "name");
+        const json_t *args = json_object_get(f, "arguments");
+        if (!json_is_string(name) || json_string_length(name) == 0)
+            return BAD(req, field, "%s[%zu].function.name: expected a non-empty string", field, k);
+        if (json_is_string(args)) {
+            calls[k].arguments = json_string_value(args);
+        } else if (json_is_object(args)) {
+            calls[k].arguments = owned[k] = json_dumps(args, JSON_COMPACT);
+        } else if (args != NULL && !json_is_null(args)) {
+            return BAD(req, field, "%s[%zu].function.arguments: expected a JSON object's text",
+                       field, k);
+        }
+        calls[k].name = json_string_value(name);
+        m->n_calls++;
+        if (json_is_string(id))
+            json_array_append(ids, (json_t *)id);
+    }
+    return true;
+}
+
+/* A tool message answers an earlier call: its tool_call_id is one of them. */
+static bool check_tool_message(struct evhttp_request *req, const json_t *m, size_t i,
+                               const json_t *ids)
+{
+    const json_t *id = json_object_get(m, "tool_call_id");
+    size_t k;
+    json_t *x;
+    char field[64];
+    snprintf(field, sizeof(field), "messages[%zu].tool_call_id", i);
+    if (!json_is_string(id))
+        return BAD(req, field, "%s: expected the id of an earlier tool call", field);
+    json_array_foreach(ids, k, x) if (json_equal(x, id)) return true;
+    return BAD(req, field, "%s: no earlier tool call has the id '%s'", field,
+               json_string_value(id));
+}
+
 /* chat's messages, through the chat format */
 static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *body,
                         int32_t **ids_p, size_t *n_p, int *thinking_p)
@@ -483,9 +633,15 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
     const size_t n = json_array_size(msgs);
     hpd_chat_msg_t *mv = calloc(n, sizeof(*mv));
     char **owned = calloc(n, sizeof(*owned));
-    bool ok = mv != NULL && owned != NULL;
+    char ***owned_args = calloc(n, sizeof(*owned_args));
+    json_t *ids = json_array(), *tools = json_object_get(body, "tools");
+    char *tools_json = NULL;
+    bool ok = mv != NULL && owned != NULL && owned_args != NULL && ids != NULL;
     if (!ok)
         reply_error(req, 500, NULL, NULL, "out of memory");
+    if (ok && tools != NULL && !json_is_null(tools) &&
+        (ok = check_tools(req, tools)) && json_array_size(tools) > 0)
+        tools_json = json_dumps(tools, JSON_COMPACT);
     for (size_t i = 0; ok && i < n; i++) {
         const json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
         const json_t *rc = json_object_get(m, "reasoning_content");
@@ -498,19 +654,30 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
         }
         mv[i].role = json_string_value(role);
         mv[i].reasoning = json_is_string(rc) ? json_string_value(rc) : NULL;
-        ok = message_content(req, json_object_get(m, "content"), i, &mv[i].content, &owned[i]);
+        ok = message_content(req, json_object_get(m, "content"), i, &mv[i].content, &owned[i]) &&
+             message_calls(req, json_object_get(m, "tool_calls"), i, &mv[i], &owned_args[i], ids) &&
+             (strcmp(mv[i].role, "tool") != 0 || check_tool_message(req, m, i, ids));
     }
     if (ok) {
         char err[400];
-        const hpd_status_t st = hpd_text_chat(api->text, mv, n, thinking, ids_p, n_p, err,
-                                              sizeof(err));
+        const hpd_status_t st = hpd_text_chat_tools(api->text, mv, n, tools_json, thinking, ids_p,
+                                                    n_p, err, sizeof(err));
         if (st != HPD_OK)
             ok = BAD(req, st == HPD_ERR_INVALID_ARG ? "messages" : NULL, "%s", err);
     }
     for (size_t i = 0; owned != NULL && i < n; i++)
         free(owned[i]);
+    for (size_t i = 0; owned_args != NULL && mv != NULL && i < n; i++) {
+        for (size_t k = 0; owned_args[i] != NULL && k < mv[i].n_calls + 1; k++)
+            free(owned_args[i][k]);
+        free(owned_args[i]);
+        free((void *)mv[i].calls);
+    }
+    free(owned_args);
     free(owned);
     free(mv);
+    free(tools_json);
+    json_decref(ids);
     return ok;
 }
 
@@ -752,13 +919,57 @@ static void stream_piece(call_t *k, const char *piece, size_t len, bool first, b
 }
 
 /* A piece of the answer as it goes out: reasoning or content. */
-static void put_piece(void *arg, bool thought, const char *piece, size_t len)
+static void out_piece(call_t *k, bool thought, const char *piece, size_t len)
 {
-    call_t *k = arg;
     if (k->stream && !k->gone)
         stream_piece(k, piece, len, false, thought);
     else if (!k->stream)
         evbuffer_add(thought ? k->thought : k->text, piece, len);
+}
+
+static void tc_content(void *arg, const char *text, size_t len)
+{
+    out_piece(arg, false, text, len);
+}
+
+/* A whole tool call: streamed as two deltas (its id and name, then its
+ * arguments), or kept for the message. */
+static void tc_call(void *arg, uint32_t index, const char *name, const char *arguments)
+{
+    call_t *k = arg;
+    char id[80];
+    if (k->one_call && index > 0) /* parallel_tool_calls false: the first only */
+        return;
+    snprintf(id, sizeof(id), "call_%s_%u", strchr(k->id, '-') ? strchr(k->id, '-') + 1 : k->id,
+             index);
+    k->n_calls++;
+    if (!k->stream) {
+        json_array_append_new(k->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                  "function", "function", "name", name,
+                                                  "arguments", arguments));
+        return;
+    }
+    if (k->gone)
+        return;
+    json_t *first = json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
+                              (json_int_t)index, "id", id, "type", "function", "function", "name",
+                              name, "arguments", "");
+    json_t *args = json_pack("{s:[{s:I, s:{s:s}}]}", "tool_calls", "index", (json_int_t)index,
+                             "function", "arguments", arguments);
+    for (int i = 0; i < 2; i++)
+        send_event(k, envelope(k, json_pack("[{s:i, s:o, s:o, s:n}]", "index", 0, "delta",
+                                            i == 0 ? first : args, "logprobs",
+                                            i == 0 ? json_null() : take_lp(k), "finish_reason")),
+                   false);
+}
+
+static void put_piece(void *arg, bool thought, const char *piece, size_t len)
+{
+    call_t *k = arg;
+    if (!thought && k->parse_calls)
+        hpd_toolcall_feed(&k->tc, piece, len, tc_content, tc_call, k);
+    else
+        out_piece(k, thought, piece, len);
 }
 
 /* The text the answer's ids gave: split when the model thinks. */
@@ -782,6 +993,9 @@ static void call_free(call_t *k)
     if (k->thought != NULL)
         evbuffer_free(k->thought);
     json_decref(k->lp);
+    json_decref(k->tools);
+    json_decref(k->calls);
+    hpd_toolcall_free(&k->tc);
     free(k->prompt);
     free(k);
 }
@@ -848,7 +1062,11 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         put_text(k, piece, len);
         if (k->split)
             hpd_reasoning_finish(&k->reasoning, put_piece, k);
+        if (k->parse_calls)
+            hpd_toolcall_finish(&k->tc, tc_content, tc_call, k);
         const char *finish = k->out.stopped ? "stop" : res->finish_reason;
+        if (k->n_calls > 0 && strcmp(finish, "stop") == 0)
+            finish = "tool_calls";
         const uint32_t completion = k->out.stopped ? k->out.n_ids : res->n_tokens;
         if (k->stream) {
             send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false,
@@ -877,9 +1095,17 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
             const char *all = (const char *)evbuffer_pullup(k->text, -1);
             const size_t nr = k->thought != NULL ? evbuffer_get_length(k->thought) : 0;
             const char *thought = nr > 0 ? (const char *)evbuffer_pullup(k->thought, -1) : NULL;
-            json_t *j = envelope(k, json_pack("[o]", choice_json(k, all != NULL ? all : "", n,
-                                                                 finish, false, false, thought,
-                                                                 nr)));
+            json_t *choice = choice_json(k, all != NULL ? all : "", n, finish, false, false,
+                                         thought, nr);
+            if (k->chat && k->n_calls > 0) { /* the calls; content null when only space */
+                json_t *m = json_object_get(choice, "message");
+                size_t cn = n;
+                while (cn > 0 && strchr(" \n\t\r", all[cn - 1]) != NULL)
+                    cn--;
+                json_object_set_new(m, "content", cn > 0 ? json_stringn(all, cn) : json_null());
+                json_object_set(m, "tool_calls", k->calls);
+            }
+            json_t *j = envelope(k, json_pack("[o]", choice));
             json_object_set_new(j, "usage", usage_json(k, completion, res->cached_tokens));
             reply_json(k->req, 200, j);
         }
@@ -1050,7 +1276,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
          !get_uint(req, body, "max_completion_tokens", 1, UINT32_MAX >> 1, &max_tokens)) ||
         !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
         !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k) ||
-        !get_logprobs(req, body, k) || !get_response_format(req, body, &grammar))
+        !get_logprobs(req, body, k) || !get_response_format(req, body, &grammar) ||
+        !get_tools(api, req, body, k, &grammar))
         goto out;
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {

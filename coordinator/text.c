@@ -53,6 +53,18 @@ hpd_status_t hpd_text_chat(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size
                            int enable_thinking, int32_t **ids_p, size_t *n_p, char *err,
                            size_t err_len)
 {
+    return hpd_text_chat_tools(t, msgs, n, NULL, enable_thinking, ids_p, n_p, err, err_len);
+}
+
+bool hpd_text_tools_xml(const hpd_text_t *t)
+{
+    return t->have_chat && t->chat.qwen35;
+}
+
+hpd_status_t hpd_text_chat_tools(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size_t n,
+                                 const char *tools_json, int enable_thinking, int32_t **ids_p,
+                                 size_t *n_p, char *err, size_t err_len)
+{
     char *prompt;
     size_t len, n_lit = 0;
     hpd_text_range_t *lit = NULL;
@@ -60,8 +72,8 @@ hpd_status_t hpd_text_chat(const hpd_text_t *t, const hpd_chat_msg_t *msgs, size
         snprintf(err, err_len, "%s", t->chat_err);
         return HPD_ERR_UNSUPPORTED;
     }
-    hpd_status_t st = hpd_chat_render_ranges(&t->chat, msgs, n, true, enable_thinking, &prompt,
-                                             &len, &lit, &n_lit, err, err_len);
+    hpd_status_t st = hpd_chat_render_tools(&t->chat, msgs, n, tools_json, true, enable_thinking,
+                                            &prompt, &len, &lit, &n_lit, err, err_len);
     if (st != HPD_OK)
         return st;
     /* the messages' text is text: only the template's markers are special

@@ -38,6 +38,16 @@ hpd_status_t hpd_text_chat(const hpd_text_t *text, const hpd_chat_msg_t *msgs, s
  * split into reasoning and content: coordinator/reasoning.h), and whether
  * the generation prompt opens it for this enable_thinking (1 on, 0 off,
  * -1 the model's default). */
+/* hpd_text_chat with the request's tools (a JSON array's text, NULL: none),
+ * rendered as the model's template renders them (tokenizer/chat.h). */
+hpd_status_t hpd_text_chat_tools(const hpd_text_t *text, const hpd_chat_msg_t *msgs, size_t n,
+                                 const char *tools_json, int enable_thinking, int32_t **ids_p,
+                                 size_t *n_p, char *err, size_t err_len);
+
+/* Whether the model writes tool calls in Qwen3.5's XML form (else Qwen3's
+ * JSON form: coordinator/toolcall.h). */
+bool hpd_text_tools_xml(const hpd_text_t *text);
+
 bool hpd_text_chat_thinks(const hpd_text_t *text);
 bool hpd_text_chat_opens_think(const hpd_text_t *text, int enable_thinking);
 

@@ -522,6 +522,133 @@ static void test_structured_outputs(void **state)
     cl.passed++;
 }
 
+/* A chat answer's tool calls: the message's (not streamed) or the
+ * stream's deltas joined; "name(arguments);" each, and the finish reason. */
+static void tool_calls_of(const char *body, bool stream, char *calls, size_t size, char *finish)
+{
+    resp_t r = http("POST", "/v1/chat/completions", KEY, body);
+    if (r.status != 200)
+        fail_msg("%s: %d %s", body, r.status, r.body);
+    size_t len = 0;
+    calls[0] = finish[0] = '\0';
+    if (!stream) {
+        json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0), *x;
+        size_t i;
+        json_array_foreach(json_object_get(json_object_get(c, "message"), "tool_calls"), i, x) {
+            json_t *f = json_object_get(x, "function");
+            assert_string_equal(json_string_value(json_object_get(x, "type")), "function");
+            assert_true(strncmp(json_string_value(json_object_get(x, "id")), "call_", 5) == 0);
+            len += (size_t)snprintf(calls + len, size - len, "%s(%s);",
+                                    json_string_value(json_object_get(f, "name")),
+                                    json_string_value(json_object_get(f, "arguments")));
+        }
+        snprintf(finish, 16, "%s", json_string_value(json_object_get(c, "finish_reason")));
+        json_decref(j);
+        free(r.body);
+        return;
+    }
+    for (const char *ev = r.body; (ev = strstr(ev, "data: {")) != NULL; ev++) {
+        const char *end = strstr(ev, "\n\n");
+        json_t *j = json_loadb(ev + 6, (size_t)(end - ev - 6), 0, NULL);
+        json_t *c = json_array_get(json_object_get(j, "choices"), 0), *x;
+        size_t i;
+        json_array_foreach(json_object_get(json_object_get(c, "delta"), "tool_calls"), i, x) {
+            json_t *f = json_object_get(x, "function");
+            if (json_object_get(f, "name") != NULL) /* a call's first delta: its id and name */
+                len += (size_t)snprintf(calls + len, size - len, "%s%s(", len ? ");" : "",
+                                        json_string_value(json_object_get(f, "name")));
+            len += (size_t)snprintf(calls + len, size - len, "%s",
+                                    json_string_value(json_object_get(f, "arguments")));
+        }
+        if (json_is_string(json_object_get(c, "finish_reason")))
+            snprintf(finish, 16, "%s", json_string_value(json_object_get(c, "finish_reason")));
+        json_decref(j);
+    }
+    if (len > 0)
+        snprintf(calls + len, size - len, ");");
+    free(r.body);
+}
+
+/* Tool calls: with tool_choice required or named, a random model answers
+ * a call of an allowed function whose arguments are of its parameters'
+ * types, the same streamed and not, finish_reason tool_calls; a
+ * conversation with assistant tool calls and tool messages is rendered;
+ * bad tools, choices and tool messages are refused by name. */
+static void test_tool_calls(void **state)
+{
+    static const char tools[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"set_alarm\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"hour\": {\"type\": \"integer\"}, \"loud\": "
+        "{\"type\": \"boolean\"}, \"day\": {\"enum\": [\"mon\", \"tue\"]}}, \"required\": "
+        "[\"hour\", \"day\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"ping\", "
+        "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}]";
+    char body[8192], calls[2][2048], finish[2][16];
+    int n_set_alarm = 0;
+    for (int seed = 0; seed < 4; seed++) {
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof(body),
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"Wake me.\"}], "
+                     "\"max_tokens\": 200, \"temperature\": 1, \"seed\": %d, \"stream\": %s, "
+                     "\"chat_template_kwargs\": {\"enable_thinking\": false}, \"tools\": %s, "
+                     "\"tool_choice\": %s}",
+                     seed, stream ? "true" : "false", tools,
+                     seed < 2 ? "\"required\""
+                              : "{\"type\": \"function\", \"function\": {\"name\": \"set_alarm\"}}");
+            tool_calls_of(body, stream, calls[stream], sizeof(calls[stream]), finish[stream]);
+        }
+        assert_string_equal(calls[0], calls[1]); /* streamed = not streamed */
+        assert_string_equal(finish[0], "tool_calls");
+        assert_string_equal(finish[1], "tool_calls");
+        if (strncmp(calls[0], "set_alarm(", 10) == 0) {
+            n_set_alarm++;
+            char *args = strndup(calls[0] + 10, strlen(calls[0]) - 12);
+            json_t *a = json_loads(args, JSON_DECODE_INT_AS_REAL, NULL);
+            if (!json_is_number(json_object_get(a, "hour")) ||
+                !json_is_string(json_object_get(a, "day")))
+                fail_msg("seed %d: arguments %s are not of the parameters' types", seed, args);
+            json_decref(a);
+            free(args);
+        } else {
+            assert_true(seed < 2); /* a named function is that one */
+            assert_string_equal(calls[0], "ping({});");
+        }
+    }
+    assert_true(n_set_alarm >= 2);
+    /* a conversation with a call and its answer is rendered and answered */
+    snprintf(body, sizeof(body),
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Wake me.\"}, {\"role\": "
+             "\"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": "
+             "\"function\", \"function\": {\"name\": \"set_alarm\", \"arguments\": "
+             "\"{\\\"hour\\\": 7, \\\"day\\\": \\\"mon\\\"}\"}}]}, {\"role\": \"tool\", "
+             "\"tool_call_id\": \"call_1\", \"content\": \"set\"}], \"max_tokens\": 4, "
+             "\"tools\": %s}", tools);
+    answer_t a = generate(true, body);
+    answer_free(&a);
+    /* refused by name */
+    snprintf(body, sizeof(body),
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", "
+             "\"tool_call_id\": \"call_9\", \"content\": \"y\"}], \"tools\": %s}", tools);
+    expect_error("POST", "/v1/chat/completions", KEY, body, 400,
+                 "messages[1].tool_call_id: no earlier tool call has the id 'call_9'");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                 "[{\"type\": \"function\", \"function\": {\"description\": \"no name\"}}]}",
+                 400, "tools[0].function.name: expected a non-empty string");
+    snprintf(body, sizeof(body),
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": %s, "
+             "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}}",
+             tools);
+    expect_error("POST", "/v1/chat/completions", KEY, body, 400, "no tool is named 'nope'");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+                 "\"required\"}", 400, "tool_choice: required without tools");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"tools\": []}", 400,
+                 "tools: only on chat completions");
+    print_message("tool calls: required and named through the cluster, %d of 4 set_alarm, "
+                  "streamed = unstreamed\n", n_set_alarm);
+    cl.passed++;
+}
+
 /* chat: the conversation in the chat format; both modes give hpd-run's text
  * for the ids /tokenize gives the same messages */
 static void test_chat_as_hpd_run(void **state)
@@ -1005,7 +1132,7 @@ static void test_errors(void **state)
                  "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": true}", 400,
                  "stream_options");
     expect_error("POST", "/v1/chat/completions", KEY,
-                 "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "'tool'");
+                 "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", 400, "'function'");
     expect_error("POST", "/v1/chat/completions", KEY,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
                  "[{\"type\": \"function\"}]}", 400, "tools");
@@ -1352,7 +1479,7 @@ static int setup(void **state)
     char keys[400], http_file[400];
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 12;
+    cl.cases = 13;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
@@ -1390,6 +1517,7 @@ int main(void)
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_msgpack_text),
