@@ -57,6 +57,39 @@ rr = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content
                                max_tokens=8)
 m = rr.choices[0].message
 print("reasoning:", repr(getattr(m, "reasoning_content", None)), "content:", repr(m.content))
+# structured outputs (docs/structured_outputs.md): the client's parse helper too
+import json as _json
+schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+          "required": ["ok", "n"], "additionalProperties": False}
+so = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "JSON"}], max_tokens=300,
+                               temperature=1, seed=1,
+                               response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+print("json_schema:", repr(so.choices[0].message.content), so.choices[0].finish_reason,
+      "parses:", so.choices[0].finish_reason != "stop" or isinstance(_json.loads(so.choices[0].message.content), dict))
+# tool calls: the client's types, streamed and not (docs/api.md, "Tool calls")
+tools = [{"type": "function", "function": {"name": "set_alarm", "parameters": {
+    "type": "object", "properties": {"hour": {"type": "integer"}, "day": {"enum": ["mon", "tue"]}},
+    "required": ["hour", "day"]}}}]
+kw = dict(model="tiny", messages=[{"role": "user", "content": "Wake me."}], max_tokens=200, temperature=1,
+          seed=3, tools=tools, tool_choice="required",
+          extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+tr = c.chat.completions.create(**kw)
+tc = tr.choices[0].message.tool_calls
+print("tool call:", tr.choices[0].finish_reason, [(t.id, t.function.name, t.function.arguments) for t in tc])
+acc = {}
+for ch in c.chat.completions.create(stream=True, **kw):
+    for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+        e = acc.setdefault(d.index, {"name": "", "arguments": ""})
+        e["name"] += d.function.name or ""
+        e["arguments"] += d.function.arguments or ""
+print("tool call stream same:", [(e["name"], e["arguments"]) for e in acc.values()] ==
+      [(t.function.name, t.function.arguments) for t in tc])
+back = c.chat.completions.create(model="tiny", max_tokens=4, tools=tools, messages=[
+    {"role": "user", "content": "Wake me."}, tr.choices[0].message.model_dump(exclude_none=True),
+    {"role": "tool", "tool_call_id": tc[0].id, "content": "alarm set"}],
+    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+print("tool answer back:", back.choices[0].finish_reason)
 for what, fn in [("bad key", lambda: OpenAI(base_url=base, api_key="nope-nope-nope-nope").models.list()),
                  ("unknown model", lambda: c.completions.create(model="gpt-4o", prompt="x", max_tokens=1)),
                  ("n=2", lambda: c.completions.create(model="tiny", prompt="x", max_tokens=1, n=2))]:
