@@ -691,7 +691,7 @@ static void test_check(void **state)
     free(out);
     snprintf(bad, sizeof(bad), "%s/huge.yaml", cl.root);
     /* about 4 TiB of pools: more than any host this runs on */
-    manifest_with(bad, "max_context: 1024", "max_context: 1000000\n  max_batch: 1024");
+    manifest_with(bad, "max_context: 4096", "max_context: 1000000\n  max_batch: 1024");
     {
         char *t;
         size_t l;
