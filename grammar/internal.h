@@ -18,6 +18,8 @@ typedef enum {
     G_STRING,  /* min_len..max_len characters, .dfa (G_NONE: any) */
     G_NUMBER,  /* .integer: no fraction or exponent */
     G_LITERAL, /* exactly lit[0..lit_len) (true, false, null, a const) */
+    G_SEQ,     /* .alts[0..n_alts) one after the other (a tool call's parts) */
+    G_TEXT,    /* any text that does not contain literal .lit (a tool call's string value) */
 } g_kind_t;
 
 typedef struct {
@@ -81,7 +83,13 @@ struct hpd_grammar {
     uint32_t n_dfas;
     g_ntrie_t *ntries;
     uint32_t n_ntries;
+    /* per node, the bytes its values may start with (all for one that may
+     * be empty): an any-of tries only the alternatives a byte can start */
+    uint32_t (*first)[8];
 };
+
+/* Fills g->first (after the last node is added); false on no memory. */
+bool g_first_bytes(hpd_grammar_t *g);
 
 /* A frame of a matcher's stack (16 bytes: stacks are copied per byte). */
 typedef struct {
@@ -102,7 +110,7 @@ typedef struct {
 
 /* The frames of any string (what the mask's shortcut for plain tokens
  * needs to recognise). */
-enum { F_VALUE = 0, F_OBJECT, F_ARRAY, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_DEAD };
+enum { F_VALUE = 0, F_OBJECT, F_ARRAY, F_STRING, F_KEY, F_NUMBER, F_LITERAL, F_DEAD, F_SEQ, F_TEXT };
 enum { S_CHARS = 1 }; /* F_STRING / F_KEY: inside, at a character boundary */
 
 /* Grammar building (schema.c) */
@@ -153,7 +161,6 @@ struct hpd_matcher {
     g_frame_t *sframes;
     uint32_t n_sframes;
     g_set_t handoff;
-    uint32_t first[8]; /* the bytes the set takes next (mask.c) */
     g_dcache_t dcache[G_DFA_CACHE];
     uint32_t n_dcache;
 };

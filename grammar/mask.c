@@ -274,8 +274,7 @@ static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t
                          uint32_t end, uint32_t base, const g_set_t *root, uint32_t *mask,
                          bool *found_p)
 {
-    /* from the matcher's own set, the first bytes it takes are known */
-    const uint32_t *first = root == &m->cur && base == 0 ? m->first : NULL;
+
     const uint32_t levels = t->max_depth + 1;
     if (m->n_levels < levels) {
         g_set_t *l = realloc(m->levels, levels * sizeof(*l));
@@ -288,10 +287,6 @@ static hpd_status_t walk(hpd_matcher_t *m, const hpd_vocab_t *v, const trie_t *t
     for (uint32_t i = begin; i < end;) {
         const trie_node_t *nd = &t->nodes[i];
         const uint32_t depth = nd->depth - base;
-        if (depth == 1 && first != NULL && !(first[nd->byte / 32] >> (nd->byte % 32) & 1)) {
-            i = nd->next;
-            continue;
-        }
         const g_set_t *from = depth == 1 ? root : &m->levels[depth - 1];
         g_set_t *to = &m->levels[depth];
         if (!g_set_step(m->g, from, nd->byte, to))
@@ -422,11 +417,29 @@ static hpd_status_t forced_bytes(hpd_matcher_t *m, uint8_t *forced, uint32_t *n_
     uint32_t n = 0;
     if (!g_set_copy(&m->forced, &m->cur))
         return HPD_ERR_NO_MEMORY;
+    static uint8_t order[256];
+    static int ordered; /* (set once; any thread sets the same) */
+    if (!__atomic_load_n(&ordered, __ATOMIC_ACQUIRE)) {
+        /* the bytes JSON documents use most first: a second byte that
+         * fits, and so no forcing, is found in a few steps */
+        static const char common[] = "\" ,:{}[]0123456789-.etrufalsnabcdghijkmopqvwxyz"
+                                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ_<>/=\n";
+        bool seen[256] = {0};
+        uint32_t k = 0;
+        for (const char *p = common; *p; p++)
+            if (!seen[(uint8_t)*p]) {
+                seen[(uint8_t)*p] = true;
+                order[k++] = (uint8_t)*p;
+            }
+        for (unsigned c = 0; c < 256; c++)
+            if (!seen[c])
+                order[k++] = (uint8_t)c;
+        __atomic_store_n(&ordered, 1, __ATOMIC_RELEASE);
+    }
     while (n < MAX_FORCED && !g_set_can_end(m->g, &m->forced)) {
         int only = -1;
-        for (unsigned c = 0; c < 256; c++) {
-            if (n == 0 && !(m->first[c / 32] >> (c % 32) & 1))
-                continue;
+        for (unsigned k = 0; k < 256; k++) {
+            const uint8_t c = order[k];
             if (!g_set_step(m->g, &m->forced, (uint8_t)c, &m->tmp))
                 return HPD_ERR_NO_MEMORY;
             if (m->tmp.n == 0)
@@ -589,6 +602,19 @@ static hpd_status_t mask_forced(hpd_matcher_t *m, const hpd_vocab_t *v, uint32_t
     return st;
 }
 
+/* The plain tokens of at most `left` characters set in mask (which holds
+ * no plain token yet): all of them, less the few longer ones (the list is
+ * by ascending length). */
+static void plain_upto(const hpd_vocab_t *v, uint32_t left, uint32_t *mask)
+{
+    const uint32_t words = (v->n_tokens + 31) / 32;
+    for (uint32_t w = 0; w < words; w++)
+        mask[w] |= v->plain_mask[w];
+    for (uint32_t i = v->n_plain; i-- > 0 && v->plain_chars[i] > left;)
+        for (int32_t id = v->plain_ids[i]; id >= 0; id = v->dup_next[id])
+            mask[id / 32] &= ~(1u << (id % 32));
+}
+
 /* The top frame of a stack of s that is inside a string at a character
  * boundary, and whether it takes every plain token (no pattern, no
  * maxLength); NULL when none is. */
@@ -621,14 +647,6 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
     memset(mask, 0, words * sizeof(*mask));
     if (m->ended)
         return HPD_OK;
-    /* the bytes that may come next */
-    memset(m->first, 0, sizeof(m->first));
-    for (unsigned c = 0; c < 256; c++) {
-        if (!g_set_step(m->g, &m->cur, (uint8_t)c, &m->tmp))
-            return HPD_ERR_NO_MEMORY;
-        if (m->tmp.n > 0)
-            m->first[c / 32] |= 1u << (c % 32);
-    }
     bool done = false;
     hpd_status_t st = v->tokenize != NULL ? mask_forced(m, v, mask, &done) : HPD_OK;
     if (st != HPD_OK || done)
@@ -654,19 +672,16 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
             for (uint32_t w = 0; w < words; w++)
                 mask[w] |= pm[w];
         } else {
-            const uint32_t left = n->max_len - top->a;
-            for (uint32_t i = 0; i < v->n_plain && v->plain_chars[i] <= left; i++) {
-                const int32_t id = v->plain_ids[i];
-                if (pm[id / 32] >> (id % 32) & 1)
-                    set_token(v, id, mask);
-            }
+            /* those of at most the characters left, that the DFA takes */
+            plain_upto(v, n->max_len - top->a, mask);
+            for (uint32_t w = 0; w < words; w++)
+                mask[w] &= pm[w] | ~v->plain_mask[w];
         }
         t = &v->nonplain;
     } else if (s != NULL) {
         /* the one stack is in a string of at most max_len characters */
         const uint32_t left = m->g->nodes[s->node].max_len - s->a;
-        for (uint32_t i = 0; i < v->n_plain && v->plain_chars[i] <= left; i++)
-            set_token(v, v->plain_ids[i], mask);
+        plain_upto(v, left, mask);
         t = &v->nonplain;
     }
     if ((st = one_string ? walk_string(m, v, t, mask) : walk(m, v, t, 0, t->n, 0, &m->cur, mask, NULL)) !=

@@ -99,6 +99,10 @@ static bool completable(const hpd_grammar_t *g, const g_frame_t *t)
         return t->st == N_ZERO || t->st == N_INT || t->st == N_FRAC || t->st == N_EXP;
     case F_LITERAL:
         return t->a == g->lits[t->b].len;
+    case F_SEQ:
+        return t->a == g->nodes[t->node].n_alts;
+    case F_TEXT:
+        return true;
     default:
         return false;
     }
@@ -116,6 +120,8 @@ static void child_done(const hpd_grammar_t *g, g_frame_t *p)
         }
     } else if (p->kind == F_ARRAY) {
         p->st = A_AFTER;
+        p->a++;
+    } else if (p->kind == F_SEQ) {
         p->a++;
     }
 }
@@ -632,6 +638,43 @@ static bool literal_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8
     return emit(out, f, d);
 }
 
+/* A sequence: its next part begins with c. */
+static bool seq_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
+{
+    const g_frame_t *t = &f[d - 1];
+    const g_node_t *n = &g->nodes[t->node];
+    if (t->a >= n->n_alts)
+        return true;
+    return push_value(g, f, d, g->alts[n->alt0 + t->a], c, out);
+}
+
+/* Text that must not contain the terminator: a holds how much of it the
+ * text ends with (KMP), and a byte that would complete it is refused. */
+static bool text_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
+{
+    g_frame_t *t = &f[d - 1];
+    const g_lit_t *l = &g->lits[g->nodes[t->node].lit];
+    const uint8_t *term = g->bytes + l->off;
+    uint32_t m = t->a;
+    for (;;) {
+        if (term[m] == c) {
+            m++;
+            break;
+        }
+        if (m == 0)
+            break;
+        /* the longest proper border of term[0..m) */
+        uint32_t b = m - 1;
+        while (b > 0 && memcmp(term, term + m - b, b) != 0)
+            b--;
+        m = b;
+    }
+    if (m == l->len)
+        return true;
+    t->a = m;
+    return emit(out, f, d);
+}
+
 /* The concrete frame a value node starts as. */
 static g_frame_t start_frame(const hpd_grammar_t *g, uint32_t node)
 {
@@ -649,6 +692,10 @@ static g_frame_t start_frame(const hpd_grammar_t *g, uint32_t node)
         return (g_frame_t){.kind = F_NUMBER, .node = id};
     case G_LITERAL:
         return (g_frame_t){.kind = F_LITERAL, .node = id, .b = n->lit};
+    case G_SEQ:
+        return (g_frame_t){.kind = F_SEQ, .node = id};
+    case G_TEXT:
+        return (g_frame_t){.kind = F_TEXT, .node = id};
     default: /* a $ref that leads only to itself: nothing matches */
         return (g_frame_t){.kind = F_DEAD, .node = id};
     }
@@ -668,8 +715,10 @@ static bool step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_
             /* aux counts the any-ofs entered without a byte: a cycle of
              * them (anyOf with a $ref to itself) matches nothing */
             for (uint32_t i = 0; i < n->n_alts && ok && saved.aux < G_MAX_DEPTH; i++) {
-                *t = (g_frame_t){.kind = F_VALUE, .node = g->alts[n->alt0 + i],
-                                 .aux = (uint16_t)(saved.aux + 1)};
+                const uint32_t alt = g->alts[n->alt0 + i];
+                if (!(g->first[alt][c / 32] >> (c % 32) & 1))
+                    continue; /* c cannot start it */
+                *t = (g_frame_t){.kind = F_VALUE, .node = alt, .aux = (uint16_t)(saved.aux + 1)};
                 ok = step(g, f, d, c, out);
             }
             *t = saved;
@@ -696,6 +745,12 @@ static bool step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_
         break;
     case F_LITERAL:
         ok = literal_step(g, f, d, c, out);
+        break;
+    case F_SEQ:
+        ok = seq_step(g, f, d, c, out);
+        break;
+    case F_TEXT:
+        ok = text_step(g, f, d, c, out);
         break;
     default:
         break;
@@ -755,11 +810,18 @@ bool g_set_step(const hpd_grammar_t *g, const g_set_t *in, uint8_t byte, g_set_t
 
 bool g_set_can_end(const hpd_grammar_t *g, const g_set_t *s)
 {
+    g_frame_t f[G_MAX_DEPTH + 1];
     for (uint32_t r = 0; r < s->used;) {
-        const uint32_t d = s->buf[r].node;
-        if (d == 1 && completable(g, &s->buf[r + 1]))
-            return true;
+        uint32_t d = s->buf[r].node;
+        memcpy(f, &s->buf[r + 1], (size_t)d * sizeof(*f));
         r += d + 1;
+        /* whole frames pop, their parents move on (a sequence's last part) */
+        while (d > 1 && completable(g, &f[d - 1])) {
+            child_done(g, &f[d - 2]);
+            d--;
+        }
+        if (d == 1 && completable(g, &f[0]))
+            return true;
     }
     return false;
 }

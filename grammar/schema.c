@@ -622,6 +622,194 @@ hpd_grammar_t *hpd_grammar_retain(hpd_grammar_t *g)
     return g;
 }
 
+/* ------------------------------------------------------------ tool calls */
+
+static uint32_t lit_text(compiler_t *c, const char *a, const char *b, const char *z)
+{
+    char buf[1024];
+    const int n = snprintf(buf, sizeof(buf), "%s%s%s", a, b, z);
+    if (n < 0 || (size_t)n >= sizeof(buf)) {
+        failf(c, HPD_ERR_INVALID_ARG, "%s: %s", "a tool's name or parameter is too long");
+        return G_NONE;
+    }
+    return lit_node(c->g, buf, (size_t)n);
+}
+
+static uint32_t seq_node(hpd_grammar_t *g, const uint32_t *parts, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (parts[i] == G_NONE)
+            return G_NONE;
+    const uint32_t a0 = add_alts(g, parts, n);
+    return a0 == G_NONE ? G_NONE : g_add_node(g, &(g_node_t){.kind = G_SEQ, .alt0 = a0, .n_alts = n});
+}
+
+/* An XML parameter's value: text for a string (a string enum: one of its
+ * texts), else the JSON value of its schema. */
+static uint32_t xml_value(compiler_t *c, json_t *schema, const char *path)
+{
+    const json_t *type = json_object_get(schema, "type"), *e = json_object_get(schema, "enum");
+    if (json_is_array(e) && json_array_size(e) > 0) {
+        bool strings = true;
+        size_t i;
+        json_t *v;
+        json_array_foreach(e, i, v) strings &= json_is_string(v);
+        if (strings) {
+            uint32_t alts[64];
+            const size_t n = json_array_size(e) < 64 ? json_array_size(e) : 64;
+            for (i = 0; i < n; i++) {
+                json_t *s = json_array_get(e, i);
+                alts[i] = lit_node(c->g, json_string_value(s), json_string_length(s));
+            }
+            return anyof_node(c->g, alts, (uint32_t)n);
+        }
+    }
+    if (json_is_string(type) && strcmp(json_string_value(type), "string") == 0) {
+        const uint32_t term = g_add_lit(c->g, (const uint8_t *)"\n</parameter>", 13);
+        return term == G_NONE ? G_NONE : g_add_node(c->g, &(g_node_t){.kind = G_TEXT, .lit = term});
+    }
+    return compile_at(c, schema, path);
+}
+
+/* One tool's call, as the format writes it. */
+static uint32_t tool_call_node(compiler_t *c, json_t *tool, bool xml, size_t index)
+{
+    json_t *f = json_object_get(tool, "function"), *name = json_object_get(f, "name");
+    json_t *params = json_object_get(f, "parameters");
+    char path[64];
+    snprintf(path, sizeof(path), "tools/%zu/function/parameters", index);
+    if (!json_is_string(name) || json_string_length(name) == 0) {
+        failf(c, HPD_ERR_INVALID_ARG, "%s: %s", "a tool without a function name");
+        return G_NONE;
+    }
+    if (!xml) {
+        char *quoted = json_dumps(name, JSON_ENCODE_ANY);
+        const uint32_t head = quoted != NULL ? lit_text(c, "<tool_call>\n{\"name\": ", quoted,
+                                                        ", \"arguments\": ")
+                                             : G_NONE;
+        free(quoted);
+        json_t *any = params == NULL || json_is_null(params) ? json_pack("{s:s}", "type", "object") : NULL;
+        const uint32_t args = compile_at(c, any != NULL ? any : params, path);
+        json_decref(any);
+        const uint32_t parts[] = {head, args, lit_text(c, "}\n</tool_call>", "", "")};
+        return seq_node(c->g, parts, 3);
+    }
+    uint32_t parts[66];
+    uint32_t n = 0;
+    parts[n++] = lit_text(c, "<tool_call>\n<function=", json_string_value(name), ">\n");
+    json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    const char *key;
+    json_t *ps;
+    json_object_foreach(props, key, ps) {
+        if (n >= 64) {
+            failf(c, HPD_ERR_UNSUPPORTED, "%s: %s", "a tool with more than 63 parameters");
+            return G_NONE;
+        }
+        char ppath[320];
+        snprintf(ppath, sizeof(ppath), "%s/properties/%s", path, key);
+        const uint32_t block[] = {lit_text(c, "<parameter=", key, ">\n"), xml_value(c, ps, ppath),
+                                  lit_text(c, "\n</parameter>\n", "", "")};
+        uint32_t part = seq_node(c->g, block, 3);
+        bool required = false;
+        size_t i;
+        json_t *r;
+        json_array_foreach(req, i, r) required |= json_is_string(r) && strcmp(json_string_value(r), key) == 0;
+        if (!required && part != G_NONE) { /* or left out */
+            const uint32_t alts[] = {part, lit_node(c->g, "", 0)};
+            part = anyof_node(c->g, alts, 2);
+        }
+        parts[n++] = part;
+    }
+    parts[n++] = lit_text(c, "</function>\n</tool_call>", "", "");
+    return seq_node(c->g, parts, n);
+}
+
+/* A call of one of tools (an array), in Qwen3's JSON form or Qwen3.5's XML. */
+static uint32_t tool_calls_node(compiler_t *c, json_t *tools, bool xml)
+{
+    const size_t n = json_array_size(tools);
+    if (!json_is_array(tools) || n == 0 || n > 256) {
+        failf(c, HPD_ERR_INVALID_ARG, "%s: %s", "tool_call.tools: expected 1 to 256 tools");
+        return G_NONE;
+    }
+    uint32_t alts[256];
+    for (size_t i = 0; i < n; i++)
+        if ((alts[i] = tool_call_node(c, json_array_get(tools, i), xml, i)) == G_NONE)
+            return G_NONE;
+    return anyof_node(c->g, alts, (uint32_t)n);
+}
+
+/* ------------------------------------------------------------ first bytes */
+
+static void first_of(hpd_grammar_t *g, uint32_t node, uint8_t *state)
+{
+    uint32_t *f = g->first[node];
+    if (state[node] == 2)
+        return;
+    if (state[node] == 1) { /* a cycle without a byte: anything */
+        memset(f, 0xff, 8 * sizeof(uint32_t));
+        return;
+    }
+    state[node] = 1;
+    const g_node_t *n = &g->nodes[node];
+    memset(f, 0, 8 * sizeof(uint32_t));
+    switch (n->kind) {
+    case G_REF:
+        first_of(g, n->target, state);
+        memcpy(f, g->first[n->target], 8 * sizeof(uint32_t));
+        break;
+    case G_ANYOF:
+        for (uint32_t i = 0; i < n->n_alts; i++) {
+            const uint32_t a = g->alts[n->alt0 + i];
+            first_of(g, a, state);
+            for (int w = 0; w < 8; w++)
+                f[w] |= g->first[a][w];
+        }
+        break;
+    case G_OBJECT:
+        f['{' / 32] |= 1u << ('{' % 32);
+        break;
+    case G_ARRAY:
+    case G_TUPLE:
+        f['[' / 32] |= 1u << ('[' % 32);
+        break;
+    case G_STRING:
+        f['"' / 32] |= 1u << ('"' % 32);
+        break;
+    case G_NUMBER:
+        for (int c = '0'; c <= '9'; c++)
+            f[c / 32] |= 1u << (c % 32);
+        f['-' / 32] |= 1u << ('-' % 32);
+        break;
+    case G_LITERAL:
+        if (g->lits[n->lit].len > 0) {
+            const uint8_t c = g->bytes[g->lits[n->lit].off];
+            f[c / 32] |= 1u << (c % 32);
+        } else {
+            memset(f, 0xff, 8 * sizeof(uint32_t));
+        }
+        break;
+    default: /* a sequence or text may be empty at its start: anything */
+        memset(f, 0xff, 8 * sizeof(uint32_t));
+        break;
+    }
+    state[node] = 2;
+}
+
+bool g_first_bytes(hpd_grammar_t *g)
+{
+    uint8_t *state = calloc(g->n_nodes + 1, 1);
+    g->first = calloc(g->n_nodes + 1, sizeof(*g->first));
+    if (state == NULL || g->first == NULL) {
+        free(state);
+        return false;
+    }
+    for (uint32_t i = 0; i < g->n_nodes; i++)
+        first_of(g, i, state);
+    free(state);
+    return true;
+}
+
 void hpd_grammar_destroy(hpd_grammar_t *g)
 {
     if (g == NULL || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0)
@@ -633,6 +821,7 @@ void hpd_grammar_destroy(hpd_grammar_t *g)
         free(g->ntries[i].end);
     }
     free(g->dfas);
+    free(g->first);
     free(g->ntries);
     free(g->nodes);
     free(g->alts);
@@ -663,6 +852,8 @@ hpd_status_t hpd_grammar_from_schema(const char *schema, size_t len,
         c.g->root = compile(&c, c.root);
         if (c.g->root == G_NONE && c.st == HPD_OK)
             oom(&c);
+        if (c.st == HPD_OK && !g_first_bytes(c.g))
+            oom(&c);
     }
     json_decref(c.root);
     free(c.memo);
@@ -684,6 +875,35 @@ hpd_status_t hpd_grammar_from_spec(const char *spec, size_t len, hpd_grammar_t *
     if (err != NULL && errlen > 0)
         err[0] = '\0';
     json_t *schema = json_object_get(root, "json_schema"), *obj = json_object_get(root, "json_object");
+    json_t *tc = json_object_get(root, "tool_call");
+    if (tc != NULL && schema == NULL && obj == NULL) { /* a call of one of the tools */
+        const json_t *fmt_name = json_object_get(tc, "format");
+        compiler_t c = {.err = err, .errlen = errlen, .root = json_object_get(tc, "tools")};
+        json_t *after_tc = json_object_get(root, "after_token");
+        if ((c.g = g_new(&fmt)) == NULL || (c.any = g_any(c.g)) == G_NONE) {
+            oom(&c);
+        } else if (!json_is_string(fmt_name) ||
+                   (strcmp(json_string_value(fmt_name), "xml") != 0 &&
+                    strcmp(json_string_value(fmt_name), "json") != 0)) {
+            failf(&c, HPD_ERR_INVALID_ARG, "%s: %s", "tool_call.format: expected xml or json");
+        } else {
+            c.g->root = tool_calls_node(&c, c.root, strcmp(json_string_value(fmt_name), "xml") == 0);
+            if (c.g->root == G_NONE && c.st == HPD_OK)
+                oom(&c);
+        }
+        if (c.st == HPD_OK && json_is_integer(after_tc))
+            c.g->after_token = (int32_t)json_integer_value(after_tc);
+        if (c.st == HPD_OK && !g_first_bytes(c.g))
+            oom(&c);
+        free(c.memo);
+        json_decref(root);
+        if (c.st != HPD_OK) {
+            hpd_grammar_destroy(c.g);
+            return c.st;
+        }
+        *g_p = c.g;
+        return HPD_OK;
+    }
     json_t *flex = json_object_get(root, "whitespace_flexible");
     json_t *after = json_object_get(root, "after_token");
     if (root == NULL || !json_is_object(root) || (schema == NULL) == (obj == NULL) ||
@@ -730,7 +950,7 @@ int32_t hpd_grammar_after_token(const hpd_grammar_t *g)
 hpd_status_t hpd_grammar_json_object(const hpd_grammar_format_t *format, hpd_grammar_t **g_p)
 {
     hpd_grammar_t *g = g_new(format);
-    if (g == NULL || (g->root = g_any_object(g)) == G_NONE) {
+    if (g == NULL || (g->root = g_any_object(g)) == G_NONE || !g_first_bytes(g)) {
         hpd_grammar_destroy(g);
         return HPD_ERR_NO_MEMORY;
     }
