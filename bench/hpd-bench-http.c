@@ -10,7 +10,14 @@
  *   http-text  POST /v1/completions with the prompt as text, tokenized at
  *              the coordinator (the text is the decode of the ids)
  * A 1-token request ends with its first token, so its latency is the TTFT
- * the client sees. Prints p50 / mean of each and the ratios to msgpack. */
+ * the client sees. Prints p50 / mean of each and the ratios to msgpack.
+ *
+ * Then structured outputs (docs/structured_outputs.md), what a grammar
+ * costs per token: the same prompts as --decode-tokens-token requests with
+ * a JSON Schema (an object whose one string the model writes) and without,
+ * alternating, each request's TPOT ((total - TTFT) / (tokens - 1), the
+ * coordinator's times; requests of at least 8 tokens) and TTFT, p50 and
+ * mean, and the ratios. */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -77,14 +84,72 @@ static int post(uint16_t port, const char *body)
     return status;
 }
 
+/* TPOT and TTFT with a grammar and without, alternating per prompt */
+static void structured(hpd_client_t *client, json_t **ids, uint32_t n_prompts,
+                       uint32_t decode_tokens)
+{
+    static const char spec[] =
+        "{\"json_schema\": {\"type\": \"object\", \"properties\": {\"text\": {\"type\": "
+        "\"string\"}}, \"required\": [\"text\"], \"additionalProperties\": false}}";
+    double *tpot[2], *ttft[2];
+    uint32_t n[2] = {0, 0}, tokens[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        tpot[k] = malloc(n_prompts * sizeof(double));
+        ttft[k] = malloc(n_prompts * sizeof(double));
+    }
+    for (uint32_t i = 0; i < n_prompts; i++) {
+        const size_t n_ids = json_array_size(ids[i]);
+        int32_t *p = malloc(n_ids * sizeof(int32_t));
+        for (size_t t = 0; t < n_ids; t++)
+            p[t] = (int32_t)json_integer_value(json_array_get(ids[i], t));
+        for (int j = 0; j < 2; j++) {
+            const int k = (int)((i + (uint32_t)j) % 2); /* 1: with the grammar */
+            hpd_generate_params_t gp = {.prompt = p, .n_prompt = (uint32_t)n_ids,
+                                        .max_tokens = decode_tokens, .ignore_eos = k == 0,
+                                        .sampling = {.top_p = 1}, .grammar = k ? spec : NULL};
+            hpd_generate_result_t r;
+            if (hpd_client_generate(client, &gp, NULL, NULL, &r) != HPD_OK) {
+                fprintf(stderr, "hpd-bench-http: structured: %s\n", r.error);
+                exit(1);
+            }
+            if (r.n_tokens >= 8) {
+                tpot[k][n[k]] = (r.total_ms - r.ttft_ms) / (r.n_tokens - 1);
+                ttft[k][n[k]++] = r.ttft_ms;
+                tokens[k] += r.n_tokens;
+            }
+            hpd_generate_result_free(&r);
+        }
+        free(p);
+    }
+    if (n[0] == 0 || n[1] == 0) {
+        printf("  structured: no request of 8 tokens or more\n");
+        return;
+    }
+    printf("hpd-bench-http: structured outputs, %u prompts, up to %u tokens each, greedy; "
+           "%u and %u requests of >= 8 tokens (%.1f and %.1f tokens on average)\n", n_prompts,
+           decode_tokens, n[0], n[1], (double)tokens[0] / n[0], (double)tokens[1] / n[1]);
+    const double t0 = mean(tpot[0], n[0]), t1 = mean(tpot[1], n[1]);
+    const double f0 = mean(ttft[0], n[0]), f1 = mean(ttft[1], n[1]);
+    const double tp0 = median(tpot[0], n[0]), tp1 = median(tpot[1], n[1]);
+    printf("  no grammar   TPOT p50 %7.3f ms  mean %7.3f ms   TTFT mean %7.2f ms\n", tp0, t0, f0);
+    printf("  json_schema  TPOT p50 %7.3f ms  mean %7.3f ms   TTFT mean %7.2f ms\n", tp1, t1, f1);
+    printf("  ratio with / without a grammar: TPOT p50 x%.3f, mean x%.3f; TTFT mean x%.3f\n",
+           tp1 / tp0, t1 / t0, f1 / f0);
+    for (int k = 0; k < 2; k++) {
+        free(tpot[k]);
+        free(ttft[k]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
-    uint32_t n_prompts = 40, len = 256, threads = 1;
+    uint32_t n_prompts = 40, len = 256, threads = 1, decode_tokens = 64;
     static const struct option longopts[] = {{"model", 1, 0, 'm'},
                                              {"prompts", 1, 0, 'n'},
                                              {"prompt-len", 1, 0, 'l'},
                                              {"threads", 1, 0, 'j'},
+                                             {"decode-tokens", 1, 0, 'd'},
                                              {0, 0, 0, 0}};
     int c;
     uint64_t v;
@@ -105,6 +170,11 @@ int main(int argc, char **argv)
             if (hpd_parse_u64(optarg, 1, 1024, &v))
                 goto usage;
             threads = (uint32_t)v;
+            break;
+        case 'd':
+            if (hpd_parse_u64(optarg, 8, 4096, &v))
+                goto usage;
+            decode_tokens = (uint32_t)v;
             break;
         default: goto usage;
         }
@@ -146,7 +216,7 @@ int main(int argc, char **argv)
     snprintf(port_file, sizeof(port_file), "%s/port", dir);
     snprintf(http_file, sizeof(http_file), "%s/http", dir);
     snprintf(th, sizeof(th), "%u", threads);
-    snprintf(ctx, sizeof(ctx), "%u", 2 * len + 64);
+    snprintf(ctx, sizeof(ctx), "%u", 2 * len + 64 + decode_tokens);
     snprintf(log, sizeof(log), "%s/coordinator.log", dir);
     char *cargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file, "--http-port",
                      "0", "--http-port-file", http_file, "--model", (char *)model_dir,
@@ -243,6 +313,7 @@ int main(int argc, char **argv)
                    p50 / base_p50, m - base_mean, m / base_mean);
         printf("\n");
     }
+    structured(client, ids, n_prompts, decode_tokens);
     hpd_client_destroy(client);
     for (int i = 0; i < 3; i++) {
         kill(pids[i], SIGTERM);
@@ -256,6 +327,6 @@ int main(int argc, char **argv)
     return 0;
 usage:
     fprintf(stderr, "usage: hpd-bench-http --model DIR [--prompts N (40)] [--prompt-len T "
-                    "(256)] [--threads N (1)]\n");
+                    "(256)] [--threads N (1)] [--decode-tokens N (64)]\n");
     return 2;
 }

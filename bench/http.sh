@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # TTFT through the HTTP API (docs/api.md) against the msgpack client, on one
-# local cluster and the same prompts (bench/hpd-bench-http.c):
+# local cluster and the same prompts, then TPOT and TTFT with a JSON Schema
+# against without (docs/structured_outputs.md) (bench/hpd-bench-http.c):
 #   bash bench/http.sh [MODEL_DIR] [hpd-bench-http options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
