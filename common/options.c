@@ -138,6 +138,8 @@ const hpd_opt_t hpd_options[] = {
         "end-of-sequence ids)", RUN, NULL),
     TXT("json-schema", "FILE", NULL, "structured output: every token the JSON Schema in FILE\n"
         "allows (docs/structured_outputs.md)", RUN, NULL),
+    INT("n", U32, 1, HPD_MAX_CHOICES, 1, "1", "choices per prompt from one prefill, choice c\n"
+        "seeded with --seed + c (a line of tokens each)", RUN, NULL),
     {.name = "json-object", .kind = HPD_OPT_ON, .roles = RUN,
      .help = "structured output: any JSON object"},
     {.name = "json-flexible", .kind = HPD_OPT_ON, .roles = RUN,

@@ -15,6 +15,9 @@ typedef struct {
     uint64_t seed;
 } hpd_sampling_t;
 
+/* Choices of one request (n): the most the engine forks. */
+#define HPD_MAX_CHOICES 16
+
 /* A field a request did not set: temperature and top_p NAN, top_k this.
  * hpd_sampling_resolve gives such fields the model's generation defaults
  * (generation_config.json) or greedy ones. */

@@ -121,6 +121,13 @@ typedef struct {
      * request's first token are fed to it too. The engine takes a reference
      * (hpd_grammar_retain) for the request's life. NULL: none. */
     hpd_grammar_t *grammar;
+    /* Choices (0 or 1: one): n answers from one prefill. Once the prompt is
+     * computed, choice c > 0 (seed + c for its sampling) is a request of its
+     * own that shares the prompt's full KV pages by reference, holds a copy
+     * of the partly filled last one and of the GDN state, and draws its
+     * first token from the same logits; it equals a single request with
+     * that seed. hpd_engine_choices gives their ids. Not with replay. */
+    uint32_t n;
 } hpd_request_params_t;
 
 #define HPD_MAX_STOP_IDS 64
@@ -131,6 +138,11 @@ typedef enum {
     HPD_FINISH_STOP,     /* a stop or end-of-sequence token */
     HPD_FINISH_LENGTH,   /* max_tokens */
 } hpd_finish_reason_t;
+
+/* The ids of a request's choices (params.n): its own first, then the
+ * others' once its first token came (*n_p 1 before). Released with it. */
+hpd_status_t hpd_engine_choices(const hpd_engine_t *engine, uint64_t id, const uint64_t **ids_p,
+                                uint32_t *n_p);
 
 /* "stop", "length" or "" (none). */
 const char *hpd_finish_reason_name(hpd_finish_reason_t reason);

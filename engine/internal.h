@@ -54,6 +54,10 @@ typedef struct {
     bool grammar_failed; /* a token the grammar refuses came (a replay) */
     bool grammar_waits;  /* for the grammar's after token: no mask until it came */
     bool raw_fresh;      /* raw holds this step's row (it was masked) */
+    /* choices (params.n): ids[0] is this request's, the others its
+     * choices' once forked; batch places held for them until then */
+    uint32_t n_choices, n_forked, held;
+    uint64_t choice_ids[HPD_MAX_CHOICES];
 } request_t;
 
 /* One row group of the current forward pass. */

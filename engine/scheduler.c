@@ -102,6 +102,11 @@ static hpd_status_t validate_request(const hpd_engine_t *e, const hpd_request_pa
         (st = check_ids(p->replay, p->n_replay, e->cfg->vocab_size, "replayed")) != HPD_OK ||
         (st = check_ids(p->stop_ids, p->n_stop, e->cfg->vocab_size, "stop")) != HPD_OK)
         return st;
+    if (p->n > HPD_MAX_CHOICES || p->n > e->p.max_batch || (p->n > 1 && p->n_replay > 0)) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "%u choices (expected 1 to %u, this engine's max batch, and "
+                      "none with replayed tokens)", p->n, HPD_MIN(HPD_MAX_CHOICES, e->p.max_batch));
+        return HPD_ERR_INVALID_ARG;
+    }
     if (p->grammar != NULL && e->p.vocab == NULL) {
         HPD_LOG_ERROR(LOG_COMPONENT, "a structured output needs the model's tokenizer "
                       "(tokenizer.json beside the model): none was loaded");
@@ -227,12 +232,14 @@ static hpd_status_t new_request(hpd_engine_t *e, const hpd_request_params_t *p, 
     r->max_tokens = p->max_tokens;
     r->sampling = p->sampling;
     r->n_replay = p->n_replay;
+    r->n_choices = p->n > 1 ? p->n : 1;
     if (p->grammar != NULL && (st = grammar_begin(e, r, p)) != HPD_OK) {
         hpd_engine_request_destroy(r);
         return st;
     }
     r->state = HPD_REQ_WAITING;
     r->id = e->n_reqs + 1;
+    r->choice_ids[0] = r->id;
     e->reqs[e->n_reqs++] = r;
     *r_p = r;
     return HPD_OK;
@@ -259,6 +266,8 @@ static void finish(hpd_engine_t *e, request_t *r, hpd_request_state_t state)
 {
     if (r->state == HPD_REQ_RUNNING)
         e->n_running--;
+    e->n_running -= r->held; /* places for choices never forked */
+    r->held = 0;
     if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING) {
         uint32_t i = 0;
         while (i < e->n_active && e->active[i] != r)
@@ -385,6 +394,8 @@ static hpd_status_t admit(hpd_engine_t *e, request_t *r)
     }
     r->state = HPD_REQ_RUNNING;
     e->n_running++;
+    r->held = r->n_choices - 1; /* its choices' places in the batch */
+    e->n_running += r->held;
     return HPD_OK;
 fail:
     hpd_engine_request_free_resources(e, r);
@@ -401,6 +412,8 @@ static void admit_waiting(hpd_engine_t *e)
 
         if (r->state != HPD_REQ_WAITING)
             continue;
+        if (e->n_running + r->n_choices > e->p.max_batch)
+            break; /* its choices need places too */
         st = admit(e, r);
         if (st == HPD_ERR_NO_RESOURCE)
             break; /* first come, first served: wait for frees */
@@ -482,6 +495,110 @@ static void build_batch(hpd_engine_t *e, batch_t *bt)
         e->logit_rows[bt->n_logits + j] = e->plp_rows[j];
 }
 
+/* Choice c of request r: a request of its own (seed + c) that shares r's
+ * full prompt pages, copies its partly filled last one and its GDN state,
+ * and draws its first token from r's logits row i (raw: the row before a
+ * grammar's mask, on the host, for its logprobs; NULL: the row is). */
+static hpd_status_t fork_choice(hpd_engine_t *e, request_t *r, uint32_t i, uint32_t c,
+                                const float *raw)
+{
+    const uint32_t V = e->cfg->vocab_size;
+    hpd_request_params_t p = {.prompt = r->prompt, .n_prompt = r->n_prompt,
+                              .max_tokens = r->max_tokens, .sampling = r->sampling,
+                              .stop_ids = r->stop_ids, .n_stop = r->n_stop,
+                              .ignore_eos = r->ignore_eos, .min_tokens = r->min_tokens,
+                              .logprobs = r->lp != NULL, .top_logprobs = r->top_logprobs,
+                              .grammar = r->grammar};
+    p.sampling.seed = r->sampling.seed + c;
+    request_t *ch;
+    hpd_status_t st = new_request(e, &p, &ch);
+    if (st != HPD_OK)
+        return st;
+    r->choice_ids[c] = ch->id;
+    r->held--;
+    e->n_running--; /* the place it held is its own now (below) or given back */
+    /* its first token, from the same row */
+    const uint64_t pos = r->n_prompt;
+    int32_t tok;
+    hpd_sample_args_t sa = {.logits = e->logits + (size_t)i * V, .ld = V, .n_rows = 1,
+                            .vocab = V, .params = &ch->sampling, .positions = &pos, .out = &tok};
+    if ((st = hpd_sample(e->be, &sa)) != HPD_OK)
+        goto fail;
+    /* its pages: the prompt's full blocks shared, the rest its own, the
+     * block the prompt ends in copied */
+    if (e->pages != NULL) {
+        const uint32_t B = e->p.kv_layout.block_size, full = r->n_prompt / B;
+        const uint64_t pb = hpd_kv_layout_page_bytes(&e->p.kv_layout);
+        char *base = hpd_page_pool_base(e->pages);
+        ch->n_blocks = r->n_blocks;
+        const uint32_t own = (r->n_blocks - full) * e->n_groups;
+        uint32_t *ids = malloc((own + 1) * sizeof(uint32_t));
+        ch->pages = malloc((size_t)r->n_blocks * e->n_groups * sizeof(uint32_t));
+        if (ids == NULL || ch->pages == NULL) {
+            free(ids);
+            st = HPD_ERR_NO_MEMORY;
+            goto fail;
+        }
+        for (uint32_t k = 0; k < r->n_blocks * e->n_groups; k++)
+            ch->pages[k] = NO_PAGE;
+        if ((st = take_pages(e, own, ids)) != HPD_OK) {
+            free(ids);
+            goto fail;
+        }
+        for (uint32_t g = 0; g < e->n_groups; g++) { /* every page its table's first */
+            uint32_t *pt = r->pages + (size_t)g * r->n_blocks, *ct = ch->pages + (size_t)g * r->n_blocks;
+            for (uint32_t b = 0; b < full; b++) {
+                hpd_page_pool_ref(e->pages, pt[b]);
+                ct[b] = pt[b];
+            }
+            for (uint32_t b = full; b < r->n_blocks; b++)
+                ct[b] = ids[(size_t)g * (r->n_blocks - full) + (b - full)];
+        }
+        free(ids);
+        for (uint32_t g = 0; g < e->n_groups && r->n_prompt % B != 0 && full < r->n_blocks; g++) {
+            const uint32_t src = r->pages[(size_t)g * r->n_blocks + full];
+            const uint32_t dst = ch->pages[(size_t)g * r->n_blocks + full];
+            if ((st = hpd_backend_copy(e->be, base + (size_t)dst * pb, base + (size_t)src * pb,
+                                       pb)) != HPD_OK)
+                goto fail;
+        }
+    }
+    if (e->slots != NULL) {
+        if ((st = hpd_slot_pool_alloc(e->slots, &ch->slot)) != HPD_OK)
+            goto fail;
+        const hpd_slot_copy_args_t ca = {.dst = hpd_slot_pool_ptr(e->slots, ch->slot),
+                                         .src = hpd_slot_pool_ptr(e->slots, r->slot),
+                                         .bytes = hpd_slot_pool_slot_bytes(e->slots)};
+        if ((st = hpd_slot_copy(e->be, &ca)) != HPD_OK)
+            goto fail;
+    }
+    ch->n_done = r->n_prompt;
+    ch->out[0] = tok;
+    if (ch->lp != NULL && e->rank == 0) {
+        if (raw == NULL &&
+            (st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
+                                      V * sizeof(float))) != HPD_OK)
+            goto fail;
+        hpd_logprobs_compute(raw != NULL ? raw : e->logits_host, V, tok, ch->top_logprobs,
+                             &ch->lp[0]);
+    }
+    grammar_accept(e, ch, tok);
+    ch->n_out = 1;
+    ch->state = HPD_REQ_RUNNING;
+    e->n_running++;
+    e->active[e->n_active++] = ch;
+    if (ch->grammar_failed)
+        finish(e, ch, HPD_REQ_FAILED);
+    else
+        end_if_done(e, ch);
+    return HPD_OK;
+fail:
+    HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: choice %u could not start: %s",
+                  (unsigned long long)r->id, c, hpd_status_str(st));
+    finish(e, ch, HPD_REQ_FAILED);
+    return HPD_OK; /* the other choices go on */
+}
+
 /* Samples (or replays) the next token of every request that got logits. */
 static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
 {
@@ -540,6 +657,11 @@ static hpd_status_t emit_tokens(hpd_engine_t *e, const batch_t *bt)
             hpd_logprobs_compute(raw ? r->raw : e->logits_host, V, r->out[r->n_out],
                                  r->top_logprobs, &r->lp[r->n_out]);
         }
+        /* a request of several choices: the others start from this row */
+        for (uint32_t c = 1; r->n_out == 0 && c < r->n_choices; c++)
+            if ((st = fork_choice(e, r, i, c, r->raw_fresh ? r->raw : NULL)) != HPD_OK)
+                return st;
+        r->n_forked = r->n_out == 0 ? r->n_choices : r->n_forked;
         r->raw_fresh = false;
         grammar_accept(e, r, r->out[r->n_out]);
         r->n_out++;
@@ -669,12 +791,26 @@ static hpd_status_t cancel_rank(hpd_engine_t *e, uint64_t id)
     return HPD_OK;
 }
 
+hpd_status_t hpd_engine_choices(const hpd_engine_t *e, uint64_t id, const uint64_t **ids_p,
+                                uint32_t *n_p)
+{
+    const request_t *r = find(e, id);
+    if (r == NULL)
+        return HPD_ERR_NOT_FOUND;
+    *ids_p = r->choice_ids;
+    *n_p = r->n_forked > 0 ? r->n_forked : 1;
+    return HPD_OK;
+}
+
 static void release_rank(hpd_engine_t *e, uint64_t id)
 {
     request_t *r = find(e, id);
 
     if (r == NULL)
         return;
+    for (uint32_t c = 1; c < r->n_forked; c++) /* its choices go with it */
+        if (r->choice_ids[c] != 0 && r->choice_ids[c] != id)
+            release_rank(e, r->choice_ids[c]);
     cancel_rank(e, id);
     hpd_engine_request_destroy(r);
     e->reqs[id - 1] = NULL;

@@ -151,6 +151,7 @@ int main(int argc, char **argv)
     bool tp_fast = false;
     const char *json_schema = NULL;
     bool json_object = false, json_flexible = false;
+    uint32_t n_choices = 1;
     hpd_grammar_t *grammar = NULL;
     hpd_vocab_t *vocab = NULL;
     hpd_engine_t *engine = NULL;
@@ -197,6 +198,7 @@ int main(int argc, char **argv)
         HPD_OPT_BIND("json-schema", &json_schema),
         HPD_OPT_BIND("json-object", &json_object),
         HPD_OPT_BIND("json-flexible", &json_flexible),
+        HPD_OPT_BIND("n", &n_choices),
         {.name = "log-level", .dst = &level, .def = "warn"},
     };
     const int prc = hpd_opt_parse(argc, argv, "hpd-run", HPD_OPT_ROLE_RUN,
@@ -315,7 +317,8 @@ int main(int argc, char **argv)
                                    .logprobs = logprobs != UINT32_MAX,
                                    .top_logprobs = logprobs != UINT32_MAX ? logprobs : 0,
                                    .prompt_logprobs = prompt_logprobs,
-                                   .grammar = grammar};
+                                   .grammar = grammar,
+                                   .n = n_choices};
         if (hpd_engine_submit(engine, &rp, &ids[i]) != HPD_OK) {
             if (n_prompts > 1)
                 fprintf(stderr, "hpd-run: prompt %zu was refused\n", i + 1);
@@ -327,11 +330,16 @@ int main(int argc, char **argv)
     if (hpd_engine_run(engine) != HPD_OK)
         goto out;
     for (size_t i = 0; i < n_prompts; i++) {
+        const uint64_t *choices;
+        uint32_t n_ch = 1;
+        hpd_engine_choices(engine, ids[i], &choices, &n_ch);
+        for (uint32_t ch = 0; ch < n_ch; ch++) { /* each choice a line (--n) */
+        const uint64_t cid = choices[ch];
         const int32_t *toks;
         uint32_t n;
         hpd_request_state_t state;
 
-        hpd_engine_result(engine, ids[i], &toks, &n, &state);
+        hpd_engine_result(engine, cid, &toks, &n, &state);
         if (state != HPD_REQ_FINISHED) {
             fprintf(stderr, "hpd-run: prompt %zu failed\n", i + 1);
             goto out;
@@ -350,11 +358,12 @@ int main(int argc, char **argv)
         printf("\n");
         const hpd_token_logprobs_t *lp;
         uint32_t n_lp;
-        if (prompt_logprobs &&
+        if (prompt_logprobs && ch == 0 &&
             hpd_engine_prompt_logprobs(engine, ids[i], &lp, &n_lp) == HPD_OK)
             hpd_logprobs_print(stdout, lp, n_lp);
-        if (logprobs != UINT32_MAX && hpd_engine_logprobs(engine, ids[i], &lp, &n_lp) == HPD_OK)
+        if (logprobs != UINT32_MAX && hpd_engine_logprobs(engine, cid, &lp, &n_lp) == HPD_OK)
             hpd_logprobs_print(stdout, lp, n_lp);
+        }
     }
     fflush(stdout);
     if (logits_out != NULL) {

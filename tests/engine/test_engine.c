@@ -769,6 +769,127 @@ static void test_structured_outputs(void **state)
     hpd_tokenizer_destroy(tok);
 }
 
+/* One request's tokens (and logprobs' logprob values) for a seed. */
+static uint32_t run_one(hpd_engine_t *e, const int32_t *prompt, uint32_t n_prompt, uint64_t seed,
+                        float temp, hpd_grammar_t *g, int32_t *out, float *lps)
+{
+    uint64_t id;
+    const int32_t *toks;
+    const hpd_token_logprobs_t *lp;
+    uint32_t n, n_lp;
+    hpd_request_state_t st;
+    hpd_request_params_t p = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = 10,
+                              .sampling = {.temperature = temp, .top_p = 1, .seed = seed},
+                              .ignore_eos = true, .logprobs = true, .grammar = g};
+    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+    assert_int_equal(hpd_engine_run(e), HPD_OK);
+    assert_int_equal(hpd_engine_result(e, id, &toks, &n, &st), HPD_OK);
+    assert_int_equal(st, HPD_REQ_FINISHED);
+    assert_int_equal(hpd_engine_logprobs(e, id, &lp, &n_lp), HPD_OK);
+    memcpy(out, toks, n * sizeof(int32_t));
+    for (uint32_t t = 0; t < n; t++)
+        lps[t] = lp[t].logprob;
+    hpd_engine_release(e, id);
+    return n;
+}
+
+/* n choices from one prefill: greedy, each is the single answer; seeded,
+ * choice c is the single request with seed + c, its logprobs too, with a
+ * grammar or without, whether the prompt ends inside a KV block or on its
+ * edge, with the prefix cache holding the prompt's blocks or not; every
+ * page and slot comes back; too many choices, or choices with replayed
+ * tokens, are refused. */
+static void test_choices(void **state)
+{
+    char path[600];
+    hpd_tokenizer_t *tok;
+    hpd_vocab_t *v;
+    snprintf(path, sizeof(path), "%s/model", root);
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    const char *spec = "{\"json_object\": true}";
+    hpd_grammar_t *g;
+    assert_int_equal(hpd_grammar_from_spec(spec, strlen(spec), &g, NULL, 0), HPD_OK);
+    for (int cache = 0; cache < 2; cache++) {
+        hpd_engine_params_t ep;
+        hpd_engine_params_init(&ep);
+        ep.vocab = v;
+        ep.prefix_cache = cache;
+        hpd_engine_t *e = engine_with(&ep, model);
+        uint32_t pu0, pt, su0, stot;
+        hpd_engine_usage(e, &pu0, &pt, &su0, &stot);
+        static const uint32_t lens[] = {26, 64, 130};
+        for (size_t li = 0; li < 3; li++) {
+            int32_t prompt[130];
+            prompt_of(prompt, lens[li], 40 + li);
+            for (int with_g = 0; with_g < 2; with_g++) {
+                for (int sampled = 0; sampled < 2; sampled++) {
+                    const uint32_t n_ch = 4;
+                    const float temp = sampled ? 1.0f : 0.0f;
+                    int32_t want[HPD_MAX_CHOICES][16];
+                    float want_lp[HPD_MAX_CHOICES][16];
+                    uint32_t want_n[HPD_MAX_CHOICES];
+                    for (uint32_t c = 0; c < n_ch; c++)
+                        want_n[c] = run_one(e, prompt, lens[li], 5 + (sampled ? c : 0), temp,
+                                            with_g ? g : NULL, want[c], want_lp[c]);
+                    uint64_t id;
+                    hpd_request_params_t p = {.prompt = prompt, .n_prompt = lens[li],
+                                              .max_tokens = 10,
+                                              .sampling = {.temperature = temp, .top_p = 1,
+                                                           .seed = 5},
+                                              .ignore_eos = true, .logprobs = true,
+                                              .grammar = with_g ? g : NULL, .n = n_ch};
+                    assert_int_equal(hpd_engine_submit(e, &p, &id), HPD_OK);
+                    assert_int_equal(hpd_engine_run(e), HPD_OK);
+                    const uint64_t *ids;
+                    uint32_t n_ids;
+                    assert_int_equal(hpd_engine_choices(e, id, &ids, &n_ids), HPD_OK);
+                    assert_int_equal(n_ids, n_ch);
+                    assert_int_equal(ids[0], id);
+                    for (uint32_t c = 0; c < n_ch; c++) {
+                        const int32_t *toks;
+                        const hpd_token_logprobs_t *lp;
+                        uint32_t n, n_lp;
+                        hpd_request_state_t st;
+                        assert_int_equal(hpd_engine_result(e, ids[c], &toks, &n, &st), HPD_OK);
+                        assert_int_equal(st, HPD_REQ_FINISHED);
+                        assert_int_equal(hpd_engine_logprobs(e, ids[c], &lp, &n_lp), HPD_OK);
+                        if (n != want_n[c] || memcmp(toks, want[c], n * sizeof(int32_t)) != 0)
+                            fail_msg("prompt %u grammar %d sampled %d cache %d: choice %u is not "
+                                     "the single request with seed %u", lens[li], with_g,
+                                     sampled, cache, c, 5 + (sampled ? c : 0));
+                        for (uint32_t t = 0; t < n; t++)
+                            if (memcmp(&lp[t].logprob, &want_lp[c][t], 4) != 0)
+                                fail_msg("choice %u token %u: logprob %.9g, the single's %.9g",
+                                         c, t, lp[t].logprob, want_lp[c][t]);
+                    }
+                    hpd_engine_release(e, id); /* the choices with it */
+                }
+            }
+        }
+        uint32_t pu, su;
+        hpd_engine_usage(e, &pu, &pt, &su, &stot);
+        if (!cache) /* (a cache keeps the prompts' blocks) */
+            assert_int_equal(pu, pu0);
+        assert_int_equal(su, su0);
+        /* refused: more choices than the batch, choices with a replay */
+        uint64_t id;
+        int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        const int32_t rep = 3;
+        hpd_request_params_t bad = {.prompt = prompt, .n_prompt = 8, .max_tokens = 4,
+                                    .sampling = {.top_p = 1}, .n = 17};
+        assert_int_equal(hpd_engine_submit(e, &bad, &id), HPD_ERR_INVALID_ARG);
+        bad.n = 2;
+        bad.replay = &rep;
+        bad.n_replay = 1;
+        assert_int_equal(hpd_engine_submit(e, &bad, &id), HPD_ERR_INVALID_ARG);
+        hpd_engine_destroy(e);
+    }
+    hpd_grammar_destroy(g);
+    hpd_vocab_destroy(v);
+    hpd_tokenizer_destroy(tok);
+}
+
 static void test_pool_pressure_and_cancel(void **state)
 {
     int32_t ref[N_REQS][32], got[N_REQS][32], prompt[256];
@@ -864,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_pool_pressure_and_cancel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
