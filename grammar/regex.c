@@ -7,9 +7,10 @@
 
 #include "grammar/internal.h"
 
-#define NFA_MAX 4096
+#define NFA_MAX 32768
 #define DFA_MAX 4096
 #define REPEAT_MAX 100
+#define DFA_WORK 100000000 /* ~0.1 s of subset construction */
 
 typedef struct {
     uint32_t set[8]; /* the bytes of the edge to .next */
@@ -25,6 +26,7 @@ typedef struct {
     char *err;
     size_t errlen;
     bool failed;
+    uint32_t depth; /* groups open (a hostile pattern must not exhaust the stack) */
 } nfa_t;
 
 typedef struct {
@@ -34,8 +36,8 @@ typedef struct {
 static bool fail(nfa_t *a, const char *what)
 {
     if (!a->failed && a->err != NULL)
-        snprintf(a->err, a->errlen, "pattern \"%s\": %s at offset %zu is not supported", a->p, what,
-                 a->pos);
+        snprintf(a->err, a->errlen, "pattern \"%.40s%s\": %s at offset %zu is not supported", a->p,
+                 a->len > 40 ? "..." : "", what, a->pos);
     a->failed = true;
     return false;
 }
@@ -377,6 +379,10 @@ static frag_t parse_atom(nfa_t *a)
     const unsigned char c = (unsigned char)a->p[a->pos];
     uint32_t set[8] = {0};
     if (c == '(') {
+        if (++a->depth > 64) {
+            fail(a, "groups nested deeper than 64");
+            return (frag_t){-1, -1};
+        }
         a->pos++;
         if (a->pos + 1 < a->len && a->p[a->pos] == '?') {
             if (a->p[a->pos + 1] != ':') {
@@ -393,6 +399,7 @@ static frag_t parse_atom(nfa_t *a)
             return (frag_t){-1, -1};
         }
         a->pos++;
+        a->depth--;
         return f;
     }
     if (c == '[')
@@ -711,6 +718,7 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
     closure(&a, cur, stack);
     find_or_add(&d, cur);
     /* bytes that every edge takes alike share one column's work */
+    uint64_t work = 0;
     uint8_t rep[256];
     int16_t cls_of[256];
     unsigned n_cls = 0;
@@ -734,6 +742,15 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
                 dfa->trans[(size_t)q * 256 + c] = dfa->trans[(size_t)q * 256 + rep[cls_of[c]]];
                 continue;
             }
+            /* a budget of NFA states visited: a pattern whose DFA would
+             * take long to build is refused, not built on the event loop */
+            if ((work += a.n) > DFA_WORK) {
+                if (err != NULL)
+                    snprintf(err, errlen, "pattern \"%.40s%s\" is too complex to compile (over %d "
+                             "NFA state visits)", pattern, a.len > 40 ? "..." : "", DFA_WORK);
+                st = HPD_ERR_UNSUPPORTED;
+                goto out;
+            }
             memset(cur, 0, d.words * 8);
             bool any = false;
             const uint64_t *from = &d.sets[(size_t)q * d.words];
@@ -748,8 +765,8 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
                 closure(&a, cur, stack);
                 if ((to = find_or_add(&d, cur)) == -2) {
                     if (err != NULL)
-                        snprintf(err, errlen, "pattern \"%s\" needs over %d DFA states", pattern,
-                                 DFA_MAX);
+                        snprintf(err, errlen, "pattern \"%.40s%s\" needs over %d DFA states",
+                                 pattern, a.len > 40 ? "..." : "", DFA_MAX);
                     st = HPD_ERR_UNSUPPORTED;
                     goto out;
                 }

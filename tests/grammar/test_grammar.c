@@ -173,7 +173,27 @@ static void test_refusals(void **state)
         {"false", "allows nothing", HPD_ERR_INVALID_ARG},
         {"{\"type\": ", "not JSON", HPD_ERR_INVALID_ARG},
         {"{\"enum\": []}", "'enum' must be a non-empty array", HPD_ERR_INVALID_ARG},
+        /* hostile patterns: refused, not followed into the stack or the DFA */
+        {"{\"type\": \"string\", \"pattern\": \"^(a|b)*a(a|b){20}$\"}", "needs over 4096 DFA states",
+         HPD_ERR_UNSUPPORTED},
+        {"{\"type\": \"string\", \"pattern\": \"^((a{100}){100}){100}$\"}", "a pattern this large",
+         HPD_ERR_UNSUPPORTED},
     };
+    /* 20,000 nested groups */
+    char *deep = malloc(40100);
+    size_t dn = (size_t)sprintf(deep, "{\"type\": \"string\", \"pattern\": \"");
+    for (int i = 0; i < 20000; i++)
+        deep[dn++] = '(';
+    deep[dn++] = 'a';
+    for (int i = 0; i < 20000; i++)
+        deep[dn++] = ')';
+    dn += (size_t)sprintf(deep + dn, "\"}");
+    hpd_grammar_t *dg = NULL;
+    char derr[256];
+    assert_int_equal(hpd_grammar_from_schema(deep, dn, NULL, &dg, derr, sizeof(derr)),
+                     HPD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(derr, "groups nested deeper than 64"));
+    free(deep);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         hpd_grammar_t *g = NULL;
         char err[256];
