@@ -12,6 +12,16 @@
 
 #include "common/log.h"
 
+hpd_status_t hpd_append(char **out, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (hpd_grow(out, cap, *len + n + 1, 1) != HPD_OK)
+        return HPD_ERR_NO_MEMORY;
+    memcpy(*out + *len, s, n);
+    *len += n;
+    (*out)[*len] = '\0';
+    return HPD_OK;
+}
+
 hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem)
 {
     void **items = items_p;

@@ -17,6 +17,10 @@
  * HPD_ERR_NO_MEMORY is returned. items_p points to the array pointer. */
 hpd_status_t hpd_grow(void *items_p, size_t *cap_p, size_t need, size_t elem);
 
+/* Appends n bytes to the text *out (*len bytes, *cap of room; grown with
+ * hpd_grow), keeping it NUL-terminated. */
+hpd_status_t hpd_append(char **out, size_t *len, size_t *cap, const char *s, size_t n);
+
 /* Parses a comma-separated list of non-negative integers ("1,2,3", spaces
  * allowed around commas). On success *ids_p is a malloc'ed array owned by the
  * caller. An empty list, a negative or non-numeric item, or a value above

@@ -41,24 +41,14 @@ static void content_out(hpd_toolcall_t *t, const char *s, size_t n,
 
 static bool buf_add(hpd_toolcall_t *t, const char *s, size_t n)
 {
-    if (hpd_grow(&t->buf, &t->cap, t->len + n + 1, 1) != HPD_OK)
-        return false;
-    memcpy(t->buf + t->len, s, n);
-    t->len += n;
-    t->buf[t->len] = '\0';
-    return true;
+    return hpd_append(&t->buf, &t->len, &t->cap, s, n) == HPD_OK;
 }
 
 /* ---- parsing one call */
 
 static bool append(char **out, size_t *len, size_t *cap, const char *s, size_t n)
 {
-    if (hpd_grow(out, cap, *len + n + 1, 1) != HPD_OK)
-        return false;
-    memcpy(*out + *len, s, n);
-    *len += n;
-    (*out)[*len] = '\0';
-    return true;
+    return hpd_append(out, len, cap, s, n) == HPD_OK;
 }
 
 static void trim(const char **s, size_t *n)

@@ -236,16 +236,6 @@ static void put_text(out_t *o, span_t s)
 
 /* ------------------------------------------------------------ Python's JSON */
 
-static hpd_status_t app(char **out, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (hpd_grow(out, cap, *len + n + 1, 1) != HPD_OK)
-        return HPD_ERR_NO_MEMORY;
-    memcpy(*out + *len, s, n);
-    *len += n;
-    (*out)[*len] = '\0';
-    return HPD_OK;
-}
-
 /* repr(float): the shortest digits that read back, fixed notation for
  * exponents -4..15 (".0" when integral), else d.ddde+XX */
 static void py_float(double d, char *buf, size_t size)
@@ -303,7 +293,7 @@ static void py_float(double d, char *buf, size_t size)
 
 static hpd_status_t py_string(const char *s, size_t n, char **out, size_t *len, size_t *cap)
 {
-    hpd_status_t st = app(out, len, cap, "\"", 1);
+    hpd_status_t st = hpd_append(out, len, cap, "\"", 1);
     for (size_t i = 0; i < n && st == HPD_OK; i++) {
         const unsigned char c = (unsigned char)s[i];
         char esc[8];
@@ -322,9 +312,9 @@ static hpd_status_t py_string(const char *s, size_t n, char **out, size_t *len, 
                 e = esc;
             }
         }
-        st = e != NULL ? app(out, len, cap, e, strlen(e)) : app(out, len, cap, (const char *)&s[i], 1);
+        st = e != NULL ? hpd_append(out, len, cap, e, strlen(e)) : hpd_append(out, len, cap, (const char *)&s[i], 1);
     }
-    return st == HPD_OK ? app(out, len, cap, "\"", 1) : st;
+    return st == HPD_OK ? hpd_append(out, len, cap, "\"", 1) : st;
 }
 
 hpd_status_t hpd_json_dumps_py(const json_t *v, char **out, size_t *len, size_t *cap)
@@ -337,43 +327,43 @@ hpd_status_t hpd_json_dumps_py(const json_t *v, char **out, size_t *len, size_t 
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         bool first = true;
-        st = app(out, len, cap, "{", 1);
+        st = hpd_append(out, len, cap, "{", 1);
         json_object_foreach((json_t *)v, key, x) {
             if (st == HPD_OK && !first)
-                st = app(out, len, cap, ", ", 2);
+                st = hpd_append(out, len, cap, ", ", 2);
             first = false;
             if (st == HPD_OK)
                 st = py_string(key, strlen(key), out, len, cap);
             if (st == HPD_OK)
-                st = app(out, len, cap, ": ", 2);
+                st = hpd_append(out, len, cap, ": ", 2);
             if (st == HPD_OK)
                 st = hpd_json_dumps_py(x, out, len, cap);
         }
-        return st == HPD_OK ? app(out, len, cap, "}", 1) : st;
+        return st == HPD_OK ? hpd_append(out, len, cap, "}", 1) : st;
     }
     case JSON_ARRAY:
-        st = app(out, len, cap, "[", 1);
+        st = hpd_append(out, len, cap, "[", 1);
         json_array_foreach((json_t *)v, i, x) {
             if (st == HPD_OK && i > 0)
-                st = app(out, len, cap, ", ", 2);
+                st = hpd_append(out, len, cap, ", ", 2);
             if (st == HPD_OK)
                 st = hpd_json_dumps_py(x, out, len, cap);
         }
-        return st == HPD_OK ? app(out, len, cap, "]", 1) : st;
+        return st == HPD_OK ? hpd_append(out, len, cap, "]", 1) : st;
     case JSON_STRING:
         return py_string(json_string_value(v), json_string_length(v), out, len, cap);
     case JSON_INTEGER:
         snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        return app(out, len, cap, num, strlen(num));
+        return hpd_append(out, len, cap, num, strlen(num));
     case JSON_REAL:
         py_float(json_real_value(v), num, sizeof(num));
-        return app(out, len, cap, num, strlen(num));
+        return hpd_append(out, len, cap, num, strlen(num));
     case JSON_TRUE:
-        return app(out, len, cap, "true", 4);
+        return hpd_append(out, len, cap, "true", 4);
     case JSON_FALSE:
-        return app(out, len, cap, "false", 5);
+        return hpd_append(out, len, cap, "false", 5);
     default:
-        return app(out, len, cap, "null", 4);
+        return hpd_append(out, len, cap, "null", 4);
     }
 }
 
@@ -382,13 +372,13 @@ static hpd_status_t py_str(const json_t *v, char **out, size_t *len, size_t *cap
 {
     switch (json_typeof(v)) {
     case JSON_STRING:
-        return app(out, len, cap, json_string_value(v), json_string_length(v));
+        return hpd_append(out, len, cap, json_string_value(v), json_string_length(v));
     case JSON_TRUE:
-        return app(out, len, cap, "True", 4);
+        return hpd_append(out, len, cap, "True", 4);
     case JSON_FALSE:
-        return app(out, len, cap, "False", 5);
+        return hpd_append(out, len, cap, "False", 5);
     case JSON_NULL:
-        return app(out, len, cap, "None", 4);
+        return hpd_append(out, len, cap, "None", 4);
     default:
         return hpd_json_dumps_py(v, out, len, cap);
     }

@@ -552,6 +552,15 @@ static void test_logprobs(void **state)
 
 /* A pool that fits one request at a time: requests wait, all finish with the
  * same tokens, one that can never fit fails alone, nothing leaks. */
+/* The test model's tokenizer and its vocabulary (structured outputs). */
+static void load_vocab(hpd_tokenizer_t **tok_p, hpd_vocab_t **v_p)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/model", root);
+    assert_int_equal(hpd_tokenizer_load(path, tok_p), HPD_OK);
+    assert_int_equal(hpd_vocab_from_tokenizer(*tok_p, v_p), HPD_OK);
+}
+
 /* Runs one request with grammar g (and logprobs) to the end: its tokens. */
 static uint32_t run_structured(hpd_engine_t *e, hpd_grammar_t *g, hpd_sampling_t s,
                                const int32_t *prompt, int32_t *out, uint32_t max_tokens,
@@ -629,12 +638,9 @@ static void test_structured_outputs(void **state)
         "{\"type\": \"array\", \"items\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, "
         "\"maxItems\": 2}, \"maxItems\": 2}",
     };
-    char path[600];
     hpd_tokenizer_t *tok;
     hpd_vocab_t *v;
-    snprintf(path, sizeof(path), "%s/model", root);
-    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
-    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    load_vocab(&tok, &v);
     static rows_t all[2];
     hpd_engine_params_t ep;
     hpd_engine_params_init(&ep);
@@ -801,12 +807,9 @@ static uint32_t run_one(hpd_engine_t *e, const int32_t *prompt, uint32_t n_promp
  * tokens, are refused. */
 static void test_choices(void **state)
 {
-    char path[600];
     hpd_tokenizer_t *tok;
     hpd_vocab_t *v;
-    snprintf(path, sizeof(path), "%s/model", root);
-    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
-    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    load_vocab(&tok, &v);
     const char *spec = "{\"json_object\": true}";
     hpd_grammar_t *g;
     assert_int_equal(hpd_grammar_from_spec(spec, strlen(spec), &g, NULL, 0), HPD_OK);
