@@ -30,12 +30,16 @@ static bool all_space(const char *s, size_t n)
     return true;
 }
 
-/* Content goes out, but not the whitespace around calls. */
+/* Content goes out, but not the whitespace that follows a call (however
+ * the text is cut into pieces). */
 static void content_out(hpd_toolcall_t *t, const char *s, size_t n,
                         hpd_toolcall_content_cb_t content, void *arg)
 {
-    if (n == 0 || (t->after_call && all_space(s, n)))
+    while (t->after_call && n > 0 && (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r'))
+        s++, n--;
+    if (n == 0)
         return;
+    t->after_call = false;
     content(arg, s, n);
 }
 
@@ -122,21 +126,18 @@ static const json_t *param_schema(const json_t *tools, const char *fn, const cha
     return NULL;
 }
 
-/* An XML value's JSON: read as the schema's type where it reads so, else
- * a string. */
+/* An XML value's JSON (a number's is its text: parse_xml_call): read as
+ * the schema's type where it reads so, else a string. */
 static json_t *typed_value(const json_t *schema, const char *text, size_t len)
 {
-    static const char *const typed[] = {"integer", "number", "boolean", "null", "object", "array"};
+    static const char *const typed[] = {"boolean", "null", "object", "array"};
     bool want_json = false;
     for (size_t i = 0; i < sizeof(typed) / sizeof(typed[0]); i++)
         want_json |= schema_allows(schema, typed[i]);
     if (want_json) {
         json_t *v = json_loadb(text, len, JSON_DECODE_ANY, NULL);
         if (v != NULL) {
-            const bool fits = (json_is_integer(v) && (schema_allows(schema, "integer") ||
-                                                      schema_allows(schema, "number"))) ||
-                              (json_is_real(v) && schema_allows(schema, "number")) ||
-                              (json_is_boolean(v) && schema_allows(schema, "boolean")) ||
+            const bool fits = (json_is_boolean(v) && schema_allows(schema, "boolean")) ||
                               (json_is_null(v) && schema_allows(schema, "null")) ||
                               (json_is_object(v) && schema_allows(schema, "object")) ||
                               (json_is_array(v) && schema_allows(schema, "array"));
@@ -282,8 +283,7 @@ static void call_done(hpd_toolcall_t *t, hpd_toolcall_content_cb_t content,
         content(arg, t->buf, t->len);
         content(arg, CLOSE, strlen(CLOSE));
     }
-    t->len = 0;
-    t->inside = false;
+    t->inside = false; /* (buf starts over at the next <tool_call>) */
 }
 
 void hpd_toolcall_feed(hpd_toolcall_t *t, const char *text, size_t len,

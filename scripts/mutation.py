@@ -131,6 +131,19 @@ MODULES = {
         "left_out": {},
         "tests": ["test_engine", "test_logprobs"],
     },
+    # Structured outputs: the schema compiler, patterns, the matcher and
+    # the masks (docs/structured_outputs.md).
+    "grammar": {
+        "files": ["grammar/schema.c", "grammar/regex.c", "grammar/matcher.c", "grammar/mask.c"],
+        "left_out": {},
+        "tests": ["test_grammar"],
+    },
+    # Tool calls parsed from a chat answer (coordinator/toolcall.h).
+    "toolcall": {
+        "files": ["coordinator/toolcall.c"],
+        "left_out": {},
+        "tests": ["test_toolcall"],
+    },
     # What each prefill rank sends each decode rank (node/tp_plan.h).
     "tp_plan": {
         "files": ["node/tp_plan.c"],

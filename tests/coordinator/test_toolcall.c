@@ -62,7 +62,7 @@ static const char TOOLS[] =
     "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
     "{\"type\": \"integer\"}, \"ratio\": {\"type\": \"number\"}, \"metric\": {\"type\": "
     "\"boolean\"}, \"opts\": {\"type\": \"object\"}, \"tags\": {\"type\": \"array\"}, \"code\": "
-    "{\"type\": \"string\"}}}}}]";
+    "{\"type\": \"string\"}, \"nothing\": {\"type\": [\"null\", \"integer\"]}}}}}]";
 
 static const struct {
     hpd_toolcall_format_t f;
@@ -84,6 +84,14 @@ static const struct {
      "a <tool> b <tool_call>\n{\"nam\": 1}\n</tool_call> c", ""},
     /* never closed */
     {HPD_TOOLCALL_JSON, "x<tool_call>\n{\"name\": \"f\"", "x<tool_call>\n{\"name\": \"f\"", ""},
+    {HPD_TOOLCALL_JSON, "x<tool_call>y", "x<tool_call>y", ""},
+    /* no arguments: an empty object; text after a call is content, space is not */
+    {HPD_TOOLCALL_JSON, "<tool_call>\n{\"name\": \"ping\"}\n</tool_call>\n \nand more\n",
+     "and more\n", "ping({});"},
+    /* an empty call, and arguments that are not an object: content */
+    {HPD_TOOLCALL_JSON, "<tool_call>\n \n</tool_call>", "<tool_call>\n \n</tool_call>", ""},
+    {HPD_TOOLCALL_JSON, "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+     "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", ""},
     {HPD_TOOLCALL_XML,
      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
@@ -108,6 +116,17 @@ static const struct {
      "</parameter>\n</function>\n</tool_call>",
      "", "get_weather({\"days\": 123456789012345678901234567890, \"ratio\": -1.5e3, \"opts\": \"[1]\"});"
          "get_weather({\"days\": \"2.5\"});"},
+    /* text between parameters, or after the function: no call */
+    {HPD_TOOLCALL_XML,
+     "<tool_call>\n<function=f>\nnoise<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=f>\nnoise<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>", ""},
+    {HPD_TOOLCALL_XML, "<tool_call>\n<function=f>\n</function>\nx</tool_call>",
+     "<tool_call>\n<function=f>\n</function>\nx</tool_call>", ""},
+    /* null where the schema allows it */
+    {HPD_TOOLCALL_XML,
+     "<tool_call>\n<function=get_weather>\n<parameter=nothing>\nnull\n</parameter>\n"
+     "<parameter=city>\nnull\n</parameter>\n</function>\n</tool_call>",
+     "", "get_weather({\"nothing\": null, \"city\": \"null\"});"},
     /* a malformed XML call: content */
     {HPD_TOOLCALL_XML, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>",
      "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>", ""},

@@ -256,12 +256,114 @@ static void test_json_object(void **state)
     hpd_grammar_destroy(g);
 }
 
+/* accepted bytes and whole: the spec's grammar on doc */
+static void judge(const char *spec, const char *doc, bool valid, bool whole)
+{
+    hpd_grammar_t *g;
+    hpd_matcher_t *m;
+    char err[256];
+    if (hpd_grammar_from_spec(spec, strlen(spec), &g, err, sizeof(err)) != HPD_OK)
+        fail_msg("%s: %s", spec, err);
+    assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+    const bool ok = hpd_matcher_accept_bytes(m, (const uint8_t *)doc, strlen(doc));
+    if (ok != valid || (ok && hpd_matcher_can_end(m) != whole))
+        fail_msg("%s on [%s]: valid %d whole %d (expected %d %d)", spec, doc, ok,
+                 ok && hpd_matcher_can_end(m), valid, whole);
+    hpd_matcher_destroy(m);
+    hpd_grammar_destroy(g);
+}
+
+/* Specs (the cluster's grammar field): json_schema, json_object, the
+ * layout, after_token; tool calls in both forms (a string value is text
+ * that cannot hold its terminator); refs into arrays; the end of a
+ * document a later stack holds; a whole document that may still grow. */
+static void test_specs(void **state)
+{
+    judge("{\"json_object\": true}", "{\"a\": [1]}", true, true);
+    judge("{\"json_object\": true, \"whitespace_flexible\": true}", "{ \"a\" :\n[1] }", true, true);
+    judge("{\"json_object\": true}", "{ \"a\": 1}", false, false);
+    judge("{\"json_schema\": {\"anyOf\": [{\"type\": \"integer\"}, {\"$ref\": \"#/anyOf/0\"}]}}", "5",
+          true, true);
+    judge("{\"json_schema\": {\"$defs\": {\"l\": [{\"type\": \"integer\"}, {\"type\": \"boolean\"}]}, "
+          "\"$ref\": \"#/$defs/l/1\"}}", "true", true, true);
+    judge("{\"json_schema\": {\"enum\": [12, 1]}}", "1", true, true); /* the second stack ends */
+    judge("{\"json_schema\": {\"enum\": [12, 1]}}", "12", true, true);
+    static const char tools[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"s\": {\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}, "
+        "\"e\": {\"enum\": [\"x\", \"y\"]}}, \"required\": [\"s\"]}}}, {\"type\": \"function\", "
+        "\"function\": {\"name\": \"g\"}}]";
+    char xml[1024], json[1024];
+    snprintf(xml, sizeof(xml), "{\"tool_call\": {\"format\": \"xml\", \"tools\": %s}}", tools);
+    snprintf(json, sizeof(json), "{\"tool_call\": {\"format\": \"json\", \"tools\": %s}}", tools);
+    judge(xml, "<tool_call>\n<function=f>\n<parameter=s>\nline one\n</param\n</parameter>\n"
+               "<parameter=e>\ny\n</parameter>\n</function>\n</tool_call>", true, true);
+    judge(xml, "<tool_call>\n<function=f>\n<parameter=s>\na\n</parameter>\n<parameter=n>\n-3\n"
+               "</parameter>\n</function>\n</tool_call>", true, true);
+    judge(xml, "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n", false, false);
+    judge(xml, "<tool_call>\n<function=f>\n<parameter=s>\na\n</parameter>\n<parameter=e>\nz",
+          false, false);
+    judge(xml, "<tool_call>\n<function=g>\n</function>\n</tool_call>", true, true);
+    judge(xml, "<tool_call>\n<function=h>", false, false);
+    judge(json, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a\", \"n\": 2}}\n</tool_call>",
+          true, true);
+    judge(json, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"any\": [true]}}\n</tool_call>", true,
+          true);
+    judge(json, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 2}}", false, false);
+    /* after_token */
+    const char *obj = "{\"json_object\": true}";
+    char *after = hpd_grammar_spec_after(obj, strlen(obj), 77);
+    assert_non_null(after);
+    hpd_grammar_t *g;
+    assert_int_equal(hpd_grammar_from_spec(after, strlen(after), &g, NULL, 0), HPD_OK);
+    assert_int_equal(hpd_grammar_after_token(g), 77);
+    hpd_grammar_destroy(g);
+    free(after);
+    const char *plain = "{\"json_object\": true}";
+    assert_int_equal(hpd_grammar_from_spec(plain, strlen(plain), &g, NULL, 0), HPD_OK);
+    assert_int_equal(hpd_grammar_after_token(g), -1);
+    hpd_grammar_destroy(g);
+    /* a whole number may still grow; a closed object may not */
+    hpd_matcher_t *m;
+    const char *num = "{\"json_schema\": {\"type\": \"integer\"}}";
+    assert_int_equal(hpd_grammar_from_spec(num, strlen(num), &g, NULL, 0), HPD_OK);
+    assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+    assert_true(hpd_matcher_accept_bytes(m, (const uint8_t *)"12", 2));
+    assert_true(hpd_matcher_can_end(m));
+    assert_false(hpd_matcher_must_end(m));
+    hpd_matcher_destroy(m);
+    hpd_grammar_destroy(g);
+    /* bad specs and types, by name */
+    static const struct {
+        const char *spec, *msg;
+    } bad[] = {
+        {"{\"json_object\": false}", "expected {\"json_schema\""},
+        {"{\"json_schema\": {}, \"json_object\": true}", "expected {\"json_schema\""},
+        {"{\"json_object\": true, \"after_token\": -1}", "after_token"},
+        {"{\"json_schema\": {\"type\": \"any\"}}", "unknown type 'any'"},
+        {"{\"tool_call\": {\"format\": \"yaml\", \"tools\": []}}", "tool_call.format"},
+        {"{\"tool_call\": {\"format\": \"xml\", \"tools\": []}}", "1 to 256 tools"},
+        {"{\"tool_call\": {\"format\": \"json\", \"tools\": [{\"function\": {}}]}}",
+         "a tool without a function name"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char err[256] = "";
+        g = NULL;
+        assert_int_not_equal(hpd_grammar_from_spec(bad[i].spec, strlen(bad[i].spec), &g, err,
+                                                   sizeof(err)),
+                             HPD_OK);
+        if (strstr(err, bad[i].msg) == NULL)
+            fail_msg("%s: '%s' does not say '%s'", bad[i].spec, err, bad[i].msg);
+        assert_null(g);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus),       cmocka_unit_test(test_masks),
         cmocka_unit_test(test_refusals),     cmocka_unit_test(test_self_reference),
-        cmocka_unit_test(test_json_object),
+        cmocka_unit_test(test_json_object),   cmocka_unit_test(test_specs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
