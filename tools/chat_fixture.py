@@ -135,8 +135,6 @@ def main():
                 else:
                     case["text"] = r
                 out.append(case)
-        if name == "hpd-mkmodel":
-            continue  # its template is the text format only
         for tools, messages in TOOL_CASES:
             for add, th in MODES[:3]:
                 r = render(env, tmpl, messages, add, th, tools)
