@@ -50,10 +50,6 @@ static bool buf_add(hpd_toolcall_t *t, const char *s, size_t n)
 
 /* ---- parsing one call */
 
-static bool append(char **out, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    return hpd_append(out, len, cap, s, n) == HPD_OK;
-}
 
 static void trim(const char **s, size_t *n)
 {
@@ -205,7 +201,7 @@ static bool parse_xml_call(const json_t *tools, const char *body, size_t len, ch
     char *out = NULL;
     size_t olen = 0, ocap = 0;
     bool ok = name != NULL && all_space(fend + 11, (size_t)(end - fend - 11)) &&
-              append(&out, &olen, &ocap, "{", 1);
+              hpd_append(&out, &olen, &ocap, "{", 1) == HPD_OK;
     p = gt + 1;
     while (ok) {
         const size_t left = (size_t)(fend - p);
@@ -231,15 +227,15 @@ static bool parse_xml_call(const json_t *tools, const char *body, size_t len, ch
             vn--;
         const json_t *schema = key != NULL ? param_schema(tools, name, key) : NULL;
         json_t *k = key != NULL ? json_string(key) : NULL;
-        ok = k != NULL && (olen == 1 || append(&out, &olen, &ocap, ", ", 2)) &&
+        ok = k != NULL && (olen == 1 || hpd_append(&out, &olen, &ocap, ", ", 2) == HPD_OK) &&
              hpd_json_dumps_py(k, &out, &olen, &ocap) == HPD_OK &&
-             append(&out, &olen, &ocap, ": ", 2);
+             hpd_append(&out, &olen, &ocap, ": ", 2) == HPD_OK;
         json_decref(k);
         const bool integer = schema_allows(schema, "integer") && vn > 0 &&
                              memchr(v, '.', vn) == NULL && memchr(v, 'e', vn) == NULL &&
                              memchr(v, 'E', vn) == NULL;
         if (ok && number_syntax(v, vn) && (integer || schema_allows(schema, "number"))) {
-            ok = append(&out, &olen, &ocap, v, vn); /* the digits as written */
+            ok = hpd_append(&out, &olen, &ocap, v, vn) == HPD_OK; /* the digits as written */
         } else if (ok) {
             json_t *val = typed_value(schema, v, vn);
             ok = val != NULL && hpd_json_dumps_py(val, &out, &olen, &ocap) == HPD_OK;
@@ -248,7 +244,7 @@ static bool parse_xml_call(const json_t *tools, const char *body, size_t len, ch
         free(key);
         p = close + 12;
     }
-    if (ok && append(&out, &olen, &ocap, "}", 1)) {
+    if (ok && hpd_append(&out, &olen, &ocap, "}", 1) == HPD_OK) {
         *name_p = name;
         *args_p = out;
         return true;

@@ -165,11 +165,15 @@ static hpd_status_t grammar_mask_row(hpd_engine_t *e, request_t *r, uint32_t i)
 {
     const uint32_t V = e->cfg->vocab_size;
     float *row = e->logits + (size_t)i * V;
+    /* the row itself where the backend's memory is the host's, else a copy
+     * written back */
+    const bool direct = hpd_backend_host_memory(e->be);
+    float *host = direct ? row : e->logits_host;
     hpd_status_t st;
-    if ((st = hpd_backend_to_host(e->be, e->logits_host, row, V * sizeof(float))) != HPD_OK)
+    if (!direct && (st = hpd_backend_to_host(e->be, host, row, V * sizeof(float))) != HPD_OK)
         return st;
     if (r->raw != NULL) {
-        memcpy(r->raw, e->logits_host, V * sizeof(float));
+        memcpy(r->raw, host, V * sizeof(float));
         r->raw_fresh = true;
     }
     memset(e->grammar_mask, 0, (V + 31) / 32 * sizeof(uint32_t));
@@ -179,7 +183,7 @@ static hpd_status_t grammar_mask_row(hpd_engine_t *e, request_t *r, uint32_t i)
     bool any = false;
     for (uint32_t t = 0; t < V; t++) {
         if (!(e->grammar_mask[t / 32] >> (t % 32) & 1))
-            e->logits_host[t] = -INFINITY;
+            host[t] = -INFINITY;
         else
             any = true;
     }
@@ -188,7 +192,7 @@ static hpd_status_t grammar_mask_row(hpd_engine_t *e, request_t *r, uint32_t i)
                       "position %u", (unsigned long long)r->id, r->n_out);
         r->grammar_failed = true;
     }
-    return hpd_backend_from_host(e->be, row, e->logits_host, V * sizeof(float));
+    return direct ? HPD_OK : hpd_backend_from_host(e->be, row, host, V * sizeof(float));
 }
 
 /* Validates and records a request (not yet in the active list). */

@@ -117,9 +117,9 @@ enum { S_CHARS = 1 }; /* F_STRING / F_KEY: inside, at a character boundary */
 uint32_t g_add_node(hpd_grammar_t *g, const g_node_t *n);
 uint32_t g_add_lit(hpd_grammar_t *g, const uint8_t *bytes, uint32_t len);
 hpd_grammar_t *g_new(const hpd_grammar_format_t *format);
-/* the node of any JSON value, and of any object (built once per grammar) */
-uint32_t g_any(hpd_grammar_t *g);
-uint32_t g_any_object(hpd_grammar_t *g);
+/* the node of any JSON value (built once per grammar), and in *object_p
+ * (may be NULL) its alternative of any object */
+uint32_t g_any(hpd_grammar_t *g, uint32_t *object_p);
 
 /* Regexes (regex.c): a pattern compiled to a DFA over the string's decoded
  * UTF-8 bytes, unanchored unless it starts with ^ / ends with $.
@@ -152,6 +152,7 @@ typedef struct {
 struct hpd_matcher {
     const hpd_grammar_t *g;
     g_set_t cur, tmp;
+    g_set_t next;   /* accept_bytes' second set (the two alternate) */
     g_set_t forced; /* after the forced bytes (mask.c) */
     bool ended;
     /* the mask's per-depth sets (mask.c), and its per-depth string frames

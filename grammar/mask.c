@@ -615,29 +615,20 @@ static void plain_upto(const hpd_vocab_t *v, uint32_t left, uint32_t *mask)
             mask[id / 32] &= ~(1u << (id % 32));
 }
 
-/* The top frame of a stack of s that is inside a string at a character
- * boundary, and whether it takes every plain token (no pattern, no
- * maxLength); NULL when none is. */
-static const g_frame_t *string_top(const hpd_grammar_t *g, const g_set_t *s, bool *free_p)
+/* Some stack of s is inside a string at a character boundary that takes
+ * every plain token (a key, or a string with no pattern and no maxLength). */
+static bool in_free_string(const hpd_grammar_t *g, const g_set_t *s)
 {
-    const g_frame_t *found = NULL;
     for (uint32_t r = 0; r < s->used;) {
         const uint32_t d = s->buf[r].node;
         const g_frame_t *t = &s->buf[r + d];
-        if ((t->kind == F_STRING || t->kind == F_KEY) && t->st == S_CHARS) {
-            const bool any = t->kind == F_KEY || (g->nodes[t->node].dfa == G_NONE &&
-                                                  g->nodes[t->node].max_len == UINT32_MAX);
-            if (any) {
-                *free_p = true;
-                return t;
-            }
-            if (s->n == 1 && g->nodes[t->node].dfa == G_NONE)
-                found = t;
-        }
+        if (t->st == S_CHARS &&
+            (t->kind == F_KEY || (t->kind == F_STRING && g->nodes[t->node].dfa == G_NONE &&
+                                  g->nodes[t->node].max_len == UINT32_MAX)))
+            return true;
         r += d + 1;
     }
-    *free_p = false;
-    return found;
+    return false;
 }
 
 hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int32_t *end_ids,
@@ -651,37 +642,28 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
     hpd_status_t st = v->tokenize != NULL ? mask_forced(m, v, mask, &done) : HPD_OK;
     if (st != HPD_OK || done)
         return st;
-    bool any = false;
-    const g_frame_t *s = string_top(m->g, &m->cur, &any);
     const g_frame_t *top = &m->cur.buf[m->cur.buf[0].node];
     const bool one_string = m->cur.n == 1 && (top->kind == F_STRING || top->kind == F_KEY) &&
                             top->st != S_EXPECT && top->st != S_CLOSED;
     const trie_t *t = &v->all;
-    if (any) {
+    if (in_free_string(m->g, &m->cur)) {
         memcpy(mask, v->plain_mask, words * sizeof(*mask));
         t = &v->nonplain;
-    } else if (one_string && top->kind == F_STRING && top->st == S_CHARS &&
-               m->g->nodes[top->node].dfa != G_NONE) {
-        /* a patterned string: its plain tokens from the DFA's cached
-         * mask, no more than max_len characters */
+    } else if (one_string && top->kind == F_STRING && top->st == S_CHARS) {
+        /* the one stack is in a bounded or a patterned string: the plain
+         * tokens of at most the characters left, that the DFA takes */
         const g_node_t *n = &m->g->nodes[top->node];
-        const uint32_t *pm = dfa_plain_mask(m, v, n->dfa, top->b);
-        if (pm == NULL)
+        const uint32_t *pm = n->dfa != G_NONE ? dfa_plain_mask(m, v, n->dfa, top->b) : NULL;
+        if (n->dfa != G_NONE && pm == NULL)
             return HPD_ERR_NO_MEMORY;
         if (n->max_len == UINT32_MAX) {
             for (uint32_t w = 0; w < words; w++)
                 mask[w] |= pm[w];
         } else {
-            /* those of at most the characters left, that the DFA takes */
             plain_upto(v, n->max_len - top->a, mask);
-            for (uint32_t w = 0; w < words; w++)
+            for (uint32_t w = 0; pm != NULL && w < words; w++)
                 mask[w] &= pm[w] | ~v->plain_mask[w];
         }
-        t = &v->nonplain;
-    } else if (s != NULL) {
-        /* the one stack is in a string of at most max_len characters */
-        const uint32_t left = m->g->nodes[s->node].max_len - s->a;
-        plain_upto(v, left, mask);
         t = &v->nonplain;
     }
     if ((st = one_string ? walk_string(m, v, t, mask) : walk(m, v, t, 0, t->n, 0, &m->cur, mask, NULL)) !=

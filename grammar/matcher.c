@@ -845,6 +845,7 @@ void hpd_matcher_destroy(hpd_matcher_t *m)
         return;
     g_set_free(&m->cur);
     g_set_free(&m->tmp);
+    g_set_free(&m->next);
     g_set_free(&m->forced);
     g_set_free(&m->handoff);
     for (uint32_t i = 0; i < m->n_dcache; i++)
@@ -858,22 +859,24 @@ void hpd_matcher_destroy(hpd_matcher_t *m)
 
 bool hpd_matcher_accept_bytes(hpd_matcher_t *m, const uint8_t *bytes, size_t n)
 {
-    g_set_t a = {0}, b = {0};
-    bool ok = !m->ended && g_set_copy(&a, &m->cur);
-    for (size_t i = 0; i < n && ok; i++) {
-        ok = g_set_step(m->g, &a, bytes[i], &b) && b.n > 0;
-        const g_set_t t = a;
-        a = b;
-        b = t;
+    /* cur -> tmp -> next -> tmp ...: cur is left as it was unless every
+     * byte is taken, then the last set becomes it (no allocation a token) */
+    if (m->ended)
+        return false;
+    if (n == 0)
+        return true;
+    const g_set_t *from = &m->cur;
+    g_set_t *to = &m->tmp;
+    for (size_t i = 0; i < n; i++) {
+        if (!g_set_step(m->g, from, bytes[i], to) || to->n == 0)
+            return false;
+        from = to;
+        to = to == &m->tmp ? &m->next : &m->tmp;
     }
-    if (ok) {
-        g_set_t t = m->cur;
-        m->cur = a;
-        a = t;
-    }
-    g_set_free(&a);
-    g_set_free(&b);
-    return ok;
+    g_set_t *last = (g_set_t *)from, t = m->cur;
+    m->cur = *last;
+    *last = t;
+    return true;
 }
 
 bool hpd_matcher_can_end(const hpd_matcher_t *m)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "grammar/internal.h"
 
 #define NFA_MAX 32768
@@ -21,6 +22,7 @@ typedef struct {
 typedef struct {
     nstate_t *s;
     uint32_t n;
+    size_t cap;
     const char *p; /* the pattern */
     size_t len, pos;
     char *err;
@@ -46,6 +48,10 @@ static int32_t new_state(nfa_t *a)
 {
     if (a->n >= NFA_MAX) {
         fail(a, "a pattern this large");
+        return -1;
+    }
+    if (hpd_grow(&a->s, &a->cap, a->n + 1, sizeof(*a->s)) != HPD_OK) { /* as the pattern needs */
+        fail(a, "a pattern this large (no memory)");
         return -1;
     }
     a->s[a->n] = (nstate_t){.next = -1, .eps = {-1, -1}};
@@ -690,8 +696,6 @@ hpd_status_t g_regex_compile(const char *pattern, g_dfa_t *dfa, char *err, size_
     int32_t *stack = NULL;
     uint64_t *cur = NULL;
     *dfa = (g_dfa_t){0};
-    if ((a.s = malloc(NFA_MAX * sizeof(*a.s))) == NULL)
-        return HPD_ERR_NO_MEMORY;
     const bool head = a.len > 0 && pattern[0] == '^';
     const bool tail = a.len > 0 && pattern[a.len - 1] == '$' &&
                       (a.len < 2 || pattern[a.len - 2] != '\\');

@@ -139,13 +139,15 @@ static uint32_t string_node(hpd_grammar_t *g)
 /* Any JSON value: an object or array of anything, a string, a number,
  * true, false or null. The any-node is made first and filled last: the
  * containers refer to it. */
-uint32_t g_any(hpd_grammar_t *g)
+uint32_t g_any(hpd_grammar_t *g, uint32_t *object_p)
 {
     const uint32_t any = g_add_node(g, &(g_node_t){.kind = G_REF});
     if (any == G_NONE)
         return G_NONE;
+    const uint32_t object =
+        g_add_node(g, &(g_node_t){.kind = G_OBJECT, .additional = any, .names = G_NONE});
     const uint32_t alts[] = {
-        g_add_node(g, &(g_node_t){.kind = G_OBJECT, .additional = any, .names = G_NONE}),
+        object,
         g_add_node(g, &(g_node_t){.kind = G_ARRAY, .items = any, .max_items = UINT32_MAX}),
         string_node(g),
         g_add_node(g, &(g_node_t){.kind = G_NUMBER}),
@@ -157,17 +159,9 @@ uint32_t g_any(hpd_grammar_t *g)
     if (a == G_NONE)
         return G_NONE;
     g->nodes[any].target = a;
+    if (object_p != NULL)
+        *object_p = object;
     return any;
-}
-
-uint32_t g_any_object(hpd_grammar_t *g)
-{
-    const uint32_t any = g_any(g);
-    if (any == G_NONE)
-        return G_NONE;
-    return g->nodes[g->alts[g->nodes[g->nodes[any].target].alt0]].kind == G_OBJECT
-               ? g->alts[g->nodes[g->nodes[any].target].alt0]
-               : G_NONE;
 }
 
 static bool failf(compiler_t *c, hpd_status_t st, const char *fmt, const char *what)
@@ -846,7 +840,7 @@ hpd_status_t hpd_grammar_from_schema(const char *schema, size_t len,
                      je.line, je.column);
         return HPD_ERR_INVALID_ARG;
     }
-    if ((c.g = g_new(format)) == NULL || (c.any = g_any(c.g)) == G_NONE) {
+    if ((c.g = g_new(format)) == NULL || (c.any = g_any(c.g, NULL)) == G_NONE) {
         oom(&c);
     } else {
         c.g->root = compile(&c, c.root);
@@ -880,7 +874,7 @@ hpd_status_t hpd_grammar_from_spec(const char *spec, size_t len, hpd_grammar_t *
         const json_t *fmt_name = json_object_get(tc, "format");
         compiler_t c = {.err = err, .errlen = errlen, .root = json_object_get(tc, "tools")};
         json_t *after_tc = json_object_get(root, "after_token");
-        if ((c.g = g_new(&fmt)) == NULL || (c.any = g_any(c.g)) == G_NONE) {
+        if ((c.g = g_new(&fmt)) == NULL || (c.any = g_any(c.g, NULL)) == G_NONE) {
             oom(&c);
         } else if (!json_is_string(fmt_name) ||
                    (strcmp(json_string_value(fmt_name), "xml") != 0 &&
@@ -950,7 +944,7 @@ int32_t hpd_grammar_after_token(const hpd_grammar_t *g)
 hpd_status_t hpd_grammar_json_object(const hpd_grammar_format_t *format, hpd_grammar_t **g_p)
 {
     hpd_grammar_t *g = g_new(format);
-    if (g == NULL || (g->root = g_any_object(g)) == G_NONE || !g_first_bytes(g)) {
+    if (g == NULL || g_any(g, &g->root) == G_NONE || !g_first_bytes(g)) {
         hpd_grammar_destroy(g);
         return HPD_ERR_NO_MEMORY;
     }
