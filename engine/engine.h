@@ -126,7 +126,9 @@ typedef struct {
      * own that shares the prompt's full KV pages by reference, holds a copy
      * of the partly filled last one and of the GDN state, and draws its
      * first token from the same logits; it equals a single request with
-     * that seed. hpd_engine_choices gives their ids. Not with replay. */
+     * that seed. hpd_engine_choices gives their ids. Not with replay. A
+ * choice that ends at its first token (max_tokens 1) takes no pages or
+ * state. Reserved: see hpd_engine_start_choices. */
     uint32_t n;
 } hpd_request_params_t;
 
@@ -256,6 +258,16 @@ hpd_status_t hpd_engine_reserve(hpd_engine_t *engine, const hpd_request_params_t
  * joins the batch in its decode phase with first_token (sampled by the
  * prefill side) as its first output token. */
 hpd_status_t hpd_engine_start(hpd_engine_t *engine, uint64_t id, int32_t first_token);
+
+/* The same for a request of n choices (params.n; n is 1 without): choice c
+ * starts with first[c]. A reservation of several choices takes, for each
+ * choice past the first, its own pages (those past the prompt's full
+ * blocks) and GDN slot at once; at the start each shares the prompt's full
+ * pages by reference and copies the page the prompt ends in and the GDN
+ * state the peer wrote (hpd_engine_choices gives their ids). Canceling
+ * the reservation cancels its choices. */
+hpd_status_t hpd_engine_start_choices(hpd_engine_t *engine, uint64_t id, const int32_t *first,
+                                      uint32_t n);
 
 #define HPD_ENGINE_MAX_GROUPS 256
 

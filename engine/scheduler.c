@@ -499,14 +499,9 @@ static void build_batch(hpd_engine_t *e, batch_t *bt)
         e->logit_rows[bt->n_logits + j] = e->plp_rows[j];
 }
 
-/* Choice c of request r: a request of its own (seed + c) that shares r's
- * full prompt pages, copies its partly filled last one and its GDN state,
- * and draws its first token from r's logits row i (raw: the row before a
- * grammar's mask, on the host, for its logprobs; NULL: the row is). */
-static hpd_status_t fork_choice(hpd_engine_t *e, request_t *r, uint32_t i, uint32_t c,
-                                const float *raw)
+/* Choice c of request r: a request of its own, seed + c for its sampling. */
+static hpd_status_t choice_new(hpd_engine_t *e, request_t *r, uint32_t c, request_t **ch_p)
 {
-    const uint32_t V = e->cfg->vocab_size;
     hpd_request_params_t p = {.prompt = r->prompt, .n_prompt = r->n_prompt,
                               .max_tokens = r->max_tokens, .sampling = r->sampling,
                               .stop_ids = r->stop_ids, .n_stop = r->n_stop,
@@ -514,78 +509,80 @@ static hpd_status_t fork_choice(hpd_engine_t *e, request_t *r, uint32_t i, uint3
                               .logprobs = r->lp != NULL, .top_logprobs = r->top_logprobs,
                               .grammar = r->grammar};
     p.sampling.seed = r->sampling.seed + c;
-    request_t *ch;
-    hpd_status_t st = new_request(e, &p, &ch);
-    if (st != HPD_OK)
-        return st;
-    r->choice_ids[c] = ch->id;
-    r->held--;
-    e->n_running--; /* the place it held is its own now (below) or given back */
-    /* its first token, from the same row */
-    const uint64_t pos = r->n_prompt;
-    int32_t tok;
-    hpd_sample_args_t sa = {.logits = e->logits + (size_t)i * V, .ld = V, .n_rows = 1,
-                            .vocab = V, .params = &ch->sampling, .positions = &pos, .out = &tok};
-    if ((st = hpd_sample(e->be, &sa)) != HPD_OK)
-        goto fail;
-    /* its pages: the prompt's full blocks shared, the rest its own, the
-     * block the prompt ends in copied */
+    hpd_status_t st = new_request(e, &p, ch_p);
+    if (st == HPD_OK)
+        r->choice_ids[c] = (*ch_p)->id;
+    return st;
+}
+
+/* What choice ch of r holds alone: the pages of the blocks past the
+ * prompt's full ones (those are r's, shared at choice_join: NO_PAGE until
+ * then) and a GDN slot. */
+static hpd_status_t choice_take(hpd_engine_t *e, const request_t *r, request_t *ch)
+{
+    hpd_status_t st;
     if (e->pages != NULL) {
-        const uint32_t B = e->p.kv_layout.block_size, full = r->n_prompt / B;
-        const uint64_t pb = hpd_kv_layout_page_bytes(&e->p.kv_layout);
-        char *base = hpd_page_pool_base(e->pages);
-        ch->n_blocks = r->n_blocks;
-        const uint32_t own = (r->n_blocks - full) * e->n_groups;
+        const uint32_t full = r->n_prompt / e->p.kv_layout.block_size;
+        const uint32_t per_group = r->n_blocks - full, own = per_group * e->n_groups;
         uint32_t *ids = malloc((own + 1) * sizeof(uint32_t));
+        ch->n_blocks = r->n_blocks;
         ch->pages = malloc((size_t)r->n_blocks * e->n_groups * sizeof(uint32_t));
         if (ids == NULL || ch->pages == NULL) {
             free(ids);
-            st = HPD_ERR_NO_MEMORY;
-            goto fail;
+            return HPD_ERR_NO_MEMORY;
         }
         for (uint32_t k = 0; k < r->n_blocks * e->n_groups; k++)
             ch->pages[k] = NO_PAGE;
         if ((st = take_pages(e, own, ids)) != HPD_OK) {
             free(ids);
-            goto fail;
+            return st;
         }
-        for (uint32_t g = 0; g < e->n_groups; g++) { /* every page its table's first */
-            uint32_t *pt = r->pages + (size_t)g * r->n_blocks, *ct = ch->pages + (size_t)g * r->n_blocks;
+        for (uint32_t g = 0; g < e->n_groups; g++)
+            memcpy(ch->pages + (size_t)g * r->n_blocks + full, ids + (size_t)g * per_group,
+                   per_group * sizeof(uint32_t));
+        free(ids);
+    }
+    if (e->slots != NULL)
+        return hpd_slot_pool_alloc(e->slots, &ch->slot);
+    return HPD_OK;
+}
+
+/* Choice ch takes r's prompt as its own: r's full prompt pages by
+ * reference, copies of the page the prompt ends in and of the GDN state. */
+static hpd_status_t choice_join(hpd_engine_t *e, const request_t *r, request_t *ch)
+{
+    hpd_status_t st;
+    if (e->pages != NULL) {
+        const uint32_t B = e->p.kv_layout.block_size, full = r->n_prompt / B;
+        const uint64_t pb = hpd_kv_layout_page_bytes(&e->p.kv_layout);
+        char *base = hpd_page_pool_base(e->pages);
+        for (uint32_t g = 0; g < e->n_groups; g++) {
+            const uint32_t *pt = r->pages + (size_t)g * r->n_blocks;
+            uint32_t *ct = ch->pages + (size_t)g * r->n_blocks;
             for (uint32_t b = 0; b < full; b++) {
                 hpd_page_pool_ref(e->pages, pt[b]);
                 ct[b] = pt[b];
             }
-            for (uint32_t b = full; b < r->n_blocks; b++)
-                ct[b] = ids[(size_t)g * (r->n_blocks - full) + (b - full)];
-        }
-        free(ids);
-        for (uint32_t g = 0; g < e->n_groups && r->n_prompt % B != 0 && full < r->n_blocks; g++) {
-            const uint32_t src = r->pages[(size_t)g * r->n_blocks + full];
-            const uint32_t dst = ch->pages[(size_t)g * r->n_blocks + full];
-            if ((st = hpd_backend_copy(e->be, base + (size_t)dst * pb, base + (size_t)src * pb,
-                                       pb)) != HPD_OK)
-                goto fail;
+            if (r->n_prompt % B != 0 && full < r->n_blocks &&
+                (st = hpd_backend_copy(e->be, base + (size_t)ct[full] * pb,
+                                       base + (size_t)pt[full] * pb, pb)) != HPD_OK)
+                return st;
         }
     }
     if (e->slots != NULL) {
-        if ((st = hpd_slot_pool_alloc(e->slots, &ch->slot)) != HPD_OK)
-            goto fail;
         const hpd_slot_copy_args_t ca = {.dst = hpd_slot_pool_ptr(e->slots, ch->slot),
                                          .src = hpd_slot_pool_ptr(e->slots, r->slot),
                                          .bytes = hpd_slot_pool_slot_bytes(e->slots)};
-        if ((st = hpd_slot_copy(e->be, &ca)) != HPD_OK)
-            goto fail;
+        return hpd_slot_copy(e->be, &ca);
     }
-    ch->n_done = r->n_prompt;
+    return HPD_OK;
+}
+
+/* Choice ch, its prompt in place, joins the batch with its first token. */
+static void choice_run(hpd_engine_t *e, request_t *ch, int32_t tok)
+{
+    ch->n_done = ch->n_prompt;
     ch->out[0] = tok;
-    if (ch->lp != NULL && e->rank == 0) {
-        if (raw == NULL &&
-            (st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
-                                      V * sizeof(float))) != HPD_OK)
-            goto fail;
-        hpd_logprobs_compute(raw != NULL ? raw : e->logits_host, V, tok, ch->top_logprobs,
-                             &ch->lp[0]);
-    }
     grammar_accept(e, ch, tok);
     ch->n_out = 1;
     ch->state = HPD_REQ_RUNNING;
@@ -595,6 +592,40 @@ static hpd_status_t fork_choice(hpd_engine_t *e, request_t *r, uint32_t i, uint3
         finish(e, ch, HPD_REQ_FAILED);
     else
         end_if_done(e, ch);
+}
+
+/* Choice c of request r, forked once r's prompt is computed: it draws its
+ * first token from r's logits row i (raw: the row before a grammar's mask,
+ * on the host, for its logprobs; NULL: the row is). One that ends at its
+ * first token (max_tokens 1: a prefill node's) needs no pages or state. */
+static hpd_status_t fork_choice(hpd_engine_t *e, request_t *r, uint32_t i, uint32_t c,
+                                const float *raw)
+{
+    const uint32_t V = e->cfg->vocab_size;
+    request_t *ch;
+    hpd_status_t st = choice_new(e, r, c, &ch);
+    if (st != HPD_OK)
+        return st;
+    r->held--;
+    e->n_running--; /* the place it held is its own now (choice_run) or given back */
+    const uint64_t pos = r->n_prompt;
+    int32_t tok;
+    hpd_sample_args_t sa = {.logits = e->logits + (size_t)i * V, .ld = V, .n_rows = 1,
+                            .vocab = V, .params = &ch->sampling, .positions = &pos, .out = &tok};
+    if ((st = hpd_sample(e->be, &sa)) != HPD_OK)
+        goto fail;
+    if (r->max_tokens > 1 &&
+        ((st = choice_take(e, r, ch)) != HPD_OK || (st = choice_join(e, r, ch)) != HPD_OK))
+        goto fail;
+    if (ch->lp != NULL && e->rank == 0) {
+        if (raw == NULL &&
+            (st = hpd_backend_to_host(e->be, e->logits_host, e->logits + (size_t)i * V,
+                                      V * sizeof(float))) != HPD_OK)
+            goto fail;
+        hpd_logprobs_compute(raw != NULL ? raw : e->logits_host, V, tok, ch->top_logprobs,
+                             &ch->lp[0]);
+    }
+    choice_run(e, ch, tok);
     return HPD_OK;
 fail:
     HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: choice %u could not start: %s",
@@ -789,6 +820,12 @@ static hpd_status_t cancel_rank(hpd_engine_t *e, uint64_t id)
 
     if (r == NULL)
         return HPD_ERR_NOT_FOUND;
+    if (r->state == HPD_REQ_RESERVED) /* its choices are reserved with it */
+        for (uint32_t c = 1; c < r->n_forked; c++) {
+            request_t *ch = find(e, r->choice_ids[c]);
+            if (ch != NULL && ch->state == HPD_REQ_RESERVED)
+                finish(e, ch, HPD_REQ_FAILED);
+        }
     if (r->state == HPD_REQ_WAITING || r->state == HPD_REQ_RUNNING ||
         r->state == HPD_REQ_RESERVED)
         finish(e, r, HPD_REQ_FAILED);
@@ -856,6 +893,8 @@ hpd_status_t hpd_engine_request_info(const hpd_engine_t *e, uint64_t id,
     return HPD_OK;
 }
 
+static void unadd_rank(hpd_engine_t *e, uint64_t id);
+
 static hpd_status_t reserve_rank(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
 {
     request_t *r;
@@ -873,9 +912,24 @@ static hpd_status_t reserve_rank(hpd_engine_t *e, const hpd_request_params_t *p,
         hpd_engine_request_destroy(r);
         return st;
     }
-    /* admit() counted it as running; it runs only once started */
-    e->n_running--;
+    /* admit() counted it (and its choices) as running; they run only once
+     * started */
+    e->n_running -= 1 + r->held;
+    r->held = 0;
     r->state = HPD_REQ_RESERVED;
+    /* its choices' own pages and slots, now or never */
+    for (uint32_t c = 1; c < r->n_choices; c++) {
+        request_t *ch;
+        if ((st = choice_new(e, r, c, &ch)) == HPD_OK) {
+            ch->state = HPD_REQ_RESERVED;
+            r->n_forked = c + 1;
+            st = choice_take(e, r, ch);
+        }
+        if (st != HPD_OK) {
+            unadd_rank(e, r->id); /* and the choices taken */
+            return st;
+        }
+    }
     /* a peer writes the slot next, maybe straight into device memory: the
      * zeroing of the slot must have landed (a device backend runs it
      * asynchronously) */
@@ -887,34 +941,58 @@ static hpd_status_t reserve_rank(hpd_engine_t *e, const hpd_request_params_t *p,
     return HPD_OK;
 }
 
-static hpd_status_t start_rank(hpd_engine_t *e, uint64_t id, int32_t first_token)
+static hpd_status_t start_rank(hpd_engine_t *e, uint64_t id, const int32_t *first,
+                               uint32_t n_first)
 {
     request_t *r = find(e, id);
+    hpd_status_t st;
 
     if (r == NULL || r->state != HPD_REQ_RESERVED)
         return HPD_ERR_NOT_FOUND;
-    if (first_token < 0 || (uint32_t)first_token >= e->cfg->vocab_size) {
-        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d is outside the vocabulary "
-                      "(0 to %u)", (unsigned long long)id, first_token, e->cfg->vocab_size - 1);
+    if (n_first != r->n_choices) {
+        HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: %u first tokens for %u choices",
+                      (unsigned long long)id, n_first, r->n_choices);
         return HPD_ERR_INVALID_ARG;
     }
-    if (r->n_replay > 0 && r->replay[0] != first_token) {
+    for (uint32_t c = 0; c < n_first; c++)
+        if (first[c] < 0 || (uint32_t)first[c] >= e->cfg->vocab_size) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d is outside the "
+                          "vocabulary (0 to %u)", (unsigned long long)id, first[c],
+                          e->cfg->vocab_size - 1);
+            return HPD_ERR_INVALID_ARG;
+        }
+    if (r->n_replay > 0 && r->replay[0] != first[0]) {
         /* the prefill node and the earlier decode disagree: determinism broke */
         HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: first token %d differs from the replayed %d",
-                      (unsigned long long)id, first_token, r->replay[0]);
+                      (unsigned long long)id, first[0], r->replay[0]);
         return HPD_ERR_INVALID_ARG;
     }
-    if (hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + 1, sizeof(*e->active)) !=
-        HPD_OK)
+    if (hpd_grow(&e->active, &e->cap_active, (size_t)e->n_active + n_first,
+                 sizeof(*e->active)) != HPD_OK)
         return HPD_ERR_NO_MEMORY;
     if (r->matcher != NULL) {
-        grammar_accept(e, r, first_token);
+        grammar_accept(e, r, first[0]);
         if (r->grammar_failed)
             return HPD_ERR_INVALID_ARG;
     }
+    /* the choices copy the prompt's state before any step changes it */
+    for (uint32_t c = 1; c < r->n_forked; c++) {
+        request_t *ch = find(e, r->choice_ids[c]);
+        if (ch == NULL || ch->state != HPD_REQ_RESERVED)
+            continue; /* canceled on its own */
+        if ((st = choice_join(e, r, ch)) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "request %llu: choice %u could not start: %s",
+                          (unsigned long long)id, c, hpd_status_str(st));
+            finish(e, ch, HPD_REQ_FAILED);
+            continue;
+        }
+        if (ch->lp != NULL) /* sampled by the prefill side, which has its logprobs */
+            ch->lp[0] = (hpd_token_logprobs_t){.logprob = NAN};
+        choice_run(e, ch, first[c]);
+    }
     r->n_done = r->n_prompt;
-    r->out[0] = first_token;
-    if (r->lp != NULL) /* sampled by the prefill side, which has its logprobs */
+    r->out[0] = first[0];
+    if (r->lp != NULL)
         r->lp[0] = (hpd_token_logprobs_t){.logprob = NAN};
     r->n_out = 1;
     r->state = HPD_REQ_RUNNING;
@@ -957,9 +1035,9 @@ static void refused_by_peer(uint32_t r, const char *what, hpd_status_t st)
  * so that the rank numbers its next request as the others do. */
 static void unadd_rank(hpd_engine_t *e, uint64_t id)
 {
-    release_rank(e, id);
-    if (e->n_reqs == id)
-        e->n_reqs--;
+    release_rank(e, id); /* and its reserved choices, numbered right after it */
+    if (e->n_reqs >= id)
+        e->n_reqs = id - 1;
 }
 
 /* submit and reserve: the same id on every rank, or the request nowhere */
@@ -999,8 +1077,15 @@ hpd_status_t hpd_engine_submit(hpd_engine_t *e, const hpd_request_params_t *p, u
 static bool same_memory(const hpd_engine_t *e, const hpd_engine_t *peer, uint64_t id)
 {
     const request_t *a = find(e, id), *b = find(peer, id);
-    return a != NULL && b != NULL && a->slot == b->slot && a->n_blocks == b->n_blocks &&
-           (e->n_groups == 0 || memcmp(a->pages, b->pages, (size_t)e->n_groups * a->n_blocks * sizeof(uint32_t)) == 0);
+    if (a == NULL || b == NULL || a->slot != b->slot || a->n_blocks != b->n_blocks ||
+        a->n_forked != b->n_forked ||
+        (e->n_groups > 0 &&
+         memcmp(a->pages, b->pages, (size_t)e->n_groups * a->n_blocks * sizeof(uint32_t)) != 0))
+        return false;
+    for (uint32_t c = 1; c < a->n_forked; c++) /* its reserved choices' */
+        if (a->choice_ids[c] == id || !same_memory(e, peer, a->choice_ids[c]))
+            return false;
+    return true;
 }
 
 hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, uint64_t *id_p)
@@ -1023,9 +1108,15 @@ hpd_status_t hpd_engine_reserve(hpd_engine_t *e, const hpd_request_params_t *p, 
 
 hpd_status_t hpd_engine_start(hpd_engine_t *e, uint64_t id, int32_t first_token)
 {
-    hpd_status_t st = start_rank(e, id, first_token);
+    return hpd_engine_start_choices(e, id, &first_token, 1);
+}
+
+hpd_status_t hpd_engine_start_choices(hpd_engine_t *e, uint64_t id, const int32_t *first,
+                                      uint32_t n)
+{
+    hpd_status_t st = start_rank(e, id, first, n);
     for (uint32_t r = 1; r < e->tp && e->rank == 0 && st == HPD_OK; r++)
-        if ((st = start_rank(e->peers[r], id, first_token)) != HPD_OK) {
+        if ((st = start_rank(e->peers[r], id, first, n)) != HPD_OK) {
             refused_by_peer(r, "a start", st);
             for (uint32_t k = 0; k < e->tp; k++)
                 cancel_rank(k == 0 ? e : e->peers[k], id);

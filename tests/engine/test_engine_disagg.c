@@ -271,11 +271,148 @@ static void test_reservations(void **state)
     hpd_engine_destroy(e);
 }
 
+/* n choices handed over: the prefill engine draws the n first tokens from
+ * the prompt's logits (its choices, at max_tokens 1, take no pages or
+ * slots), the decode engine reserves the choices' own pages and slots at
+ * once and forks them at the start; each choice equals the monolithic
+ * engine's (choice c: seed + c), whether the prompt ends inside a
+ * destination block or on its edge; a reservation of choices the pools
+ * cannot hold is refused whole, and cancel frees every choice's pages. */
+static void test_choices_handover(void **state)
+{
+    static handover_t h;
+    static const uint32_t lens[] = {16, 77, 130};
+    const uint32_t n_ch = 3, max_tokens = 9;
+    int32_t prompt[256], ref[3][HPD_MAX_CHOICES][16];
+    uint32_t ref_n[3][HPD_MAX_CHOICES];
+    hpd_engine_params_t mp, pp, dp;
+    const hpd_sampling_t samp = {0.9f, 0.95f, 0, 11};
+    uint32_t used, slots, used0, slots0;
+
+    hpd_engine_params_init(&mp);
+    hpd_engine_t *mono = engine_with(&mp);
+    for (size_t i = 0; i < 3; i++) {
+        prompt_of(prompt, lens[i], 300 + i);
+        hpd_request_params_t rp = {.prompt = prompt, .n_prompt = lens[i],
+                                   .max_tokens = max_tokens, .sampling = samp, .n = n_ch};
+        uint64_t id;
+        const uint64_t *cids;
+        uint32_t nc;
+        assert_int_equal(hpd_engine_submit(mono, &rp, &id), HPD_OK);
+        assert_int_equal(hpd_engine_run(mono), HPD_OK);
+        assert_int_equal(hpd_engine_choices(mono, id, &cids, &nc), HPD_OK);
+        assert_int_equal(nc, n_ch);
+        for (uint32_t c = 0; c < n_ch; c++) {
+            const int32_t *t;
+            hpd_engine_result(mono, cids[c], &t, &ref_n[i][c], NULL);
+            memcpy(ref[i][c], t, ref_n[i][c] * sizeof(int32_t));
+        }
+    }
+    hpd_engine_destroy(mono);
+
+    memset(&h, 0, sizeof(h));
+    h.cfg = &model->config;
+    hpd_engine_params_init(&pp);
+    pp.layer_cb = on_layer;
+    pp.layer_cb_arg = &h;
+    h.pre = engine_with(&pp);
+    hpd_engine_params_init(&dp);
+    dp.prefix_cache = false;
+    assert_int_equal(hpd_kv_layout_parse("16,2,hnd", &dp.kv_layout), HPD_OK);
+    h.dec = engine_with(&dp);
+    hpd_engine_usage(h.pre, &used0, NULL, &slots0, NULL);
+    for (size_t i = 0; i < 3; i++) {
+        prompt_of(prompt, lens[i], 300 + i);
+        hpd_request_params_t dr = {.prompt = prompt, .n_prompt = lens[i],
+                                   .max_tokens = max_tokens, .sampling = samp, .n = n_ch};
+        hpd_request_params_t pr = dr;
+        pr.max_tokens = 1;
+        assert_int_equal(hpd_engine_reserve(h.dec, &dr, &h.dec_id[i]), HPD_OK);
+        assert_int_equal(hpd_engine_submit(h.pre, &pr, &h.pre_id[i]), HPD_OK);
+    }
+    hpd_engine_usage(h.dec, &used, NULL, &slots, NULL);
+    assert_int_equal(slots, 3 * n_ch);
+    assert_int_equal(hpd_engine_audit(h.dec), 0);
+    assert_int_equal(hpd_engine_run(h.pre), HPD_OK);
+    hpd_engine_usage(h.pre, &used, NULL, &slots, NULL);
+    assert_int_equal(slots, slots0); /* the choices took no slot */
+    for (size_t i = 0; i < 3; i++) {
+        const uint64_t *cids;
+        uint32_t nc;
+        int32_t first[HPD_MAX_CHOICES];
+        assert_int_equal(hpd_engine_choices(h.pre, h.pre_id[i], &cids, &nc), HPD_OK);
+        assert_int_equal(nc, n_ch);
+        for (uint32_t c = 0; c < n_ch; c++) {
+            const int32_t *t;
+            uint32_t n;
+            hpd_request_state_t st;
+            hpd_engine_result(h.pre, cids[c], &t, &n, &st);
+            assert_int_equal(st, HPD_REQ_FINISHED);
+            assert_int_equal(n, 1);
+            first[c] = t[0];
+        }
+        assert_int_equal(hpd_engine_start_choices(h.dec, h.dec_id[i], first, n_ch - 1),
+                         HPD_ERR_INVALID_ARG);
+        assert_int_equal(hpd_engine_start_choices(h.dec, h.dec_id[i], first, n_ch), HPD_OK);
+    }
+    assert_int_equal(hpd_engine_run(h.dec), HPD_OK);
+    for (size_t i = 0; i < 3; i++) {
+        const uint64_t *cids;
+        uint32_t nc;
+        assert_int_equal(hpd_engine_choices(h.dec, h.dec_id[i], &cids, &nc), HPD_OK);
+        assert_int_equal(nc, n_ch);
+        for (uint32_t c = 0; c < n_ch; c++) {
+            const int32_t *t;
+            uint32_t n;
+            hpd_request_state_t st;
+            hpd_engine_result(h.dec, cids[c], &t, &n, &st);
+            assert_int_equal(st, HPD_REQ_FINISHED);
+            if (n != ref_n[i][c] || memcmp(t, ref[i][c], n * sizeof(int32_t)) != 0)
+                fail_msg("prompt %u: choice %u differs from the monolithic engine's", lens[i],
+                         c);
+        }
+        hpd_engine_release(h.dec, h.dec_id[i]);
+    }
+    hpd_engine_usage(h.dec, &used, NULL, &slots, NULL);
+    assert_int_equal(used, 0);
+    assert_int_equal(slots, 0);
+    assert_int_equal(hpd_engine_audit(h.dec), 0);
+    assert_int_equal(hpd_engine_audit(h.pre), 0);
+    hpd_engine_destroy(h.pre);
+    hpd_engine_destroy(h.dec);
+
+    /* four slots: three choices fit once, not twice; refused whole */
+    hpd_engine_params_init(&dp);
+    dp.prefix_cache = false;
+    dp.max_batch = 4;
+    hpd_engine_t *e = engine_with(&dp);
+    uint64_t a, b;
+    prompt_of(prompt, 40, 9);
+    hpd_request_params_t rp = {.prompt = prompt, .n_prompt = 40, .max_tokens = 8,
+                               .sampling = samp, .n = n_ch};
+    assert_int_equal(hpd_engine_reserve(e, &rp, &a), HPD_OK);
+    assert_int_equal(hpd_engine_reserve(e, &rp, &b), HPD_ERR_NO_RESOURCE);
+    hpd_engine_usage(e, &used, NULL, &slots, NULL);
+    assert_int_equal(slots, n_ch);
+    assert_int_equal(hpd_engine_audit(e), 0);
+    assert_int_equal(hpd_engine_cancel(e, a), HPD_OK); /* its choices with it */
+    hpd_engine_usage(e, &used, NULL, &slots, NULL);
+    assert_int_equal(used, 0);
+    assert_int_equal(slots, 0);
+    assert_int_equal(hpd_engine_reserve(e, &rp, &b), HPD_OK);
+    assert_int_equal(b, a + n_ch); /* the refused one's ids were given back */
+    hpd_engine_release(e, a);
+    hpd_engine_release(e, b);
+    assert_int_equal(hpd_engine_audit(e), 0);
+    hpd_engine_destroy(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handover_across_layouts),
         cmocka_unit_test(test_reservations),
+        cmocka_unit_test(test_choices_handover),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
