@@ -69,21 +69,24 @@ int64_t hpd_admit(const hpd_route_node_t *nodes, size_t n, const hpd_admit_state
     return 0;
 }
 
-bool hpd_admit_placeable(const hpd_route_node_t *nodes, size_t n, uint32_t tokens,
+bool hpd_admit_placeable(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *req,
                          uint32_t *need_p, uint32_t *largest_p)
 {
-    bool any = false;
+    const uint32_t tokens = req->n_prompt + req->max_tokens;
+    const uint32_t slots = HPD_MAX(1u, req->n_choices);
+    bool any = false, context = false;
     *need_p = *largest_p = 0;
     for (size_t i = 0; i < n; i++) {
         const hpd_route_node_t *d = &nodes[i];
         if (!d->usable || d->prefill)
             continue;
         any = true;
-        const uint32_t need = hpd_route_pages(&d->layout, tokens);
-        if (d->slots > 0 && d->max_context >= tokens && need <= d->pages)
+        const uint32_t need = hpd_route_request_pages(&d->layout, req);
+        context |= d->max_context >= tokens;
+        if (d->slots >= slots && d->max_context >= tokens && need <= d->pages)
             return true;
-        if (d->max_context >= tokens && d->pages >= *largest_p)
+        if (d->max_context >= tokens && d->slots >= slots && d->pages >= *largest_p)
             *need_p = need, *largest_p = d->pages;
     }
-    return !any || *need_p == 0;
+    return !any || !context;
 }

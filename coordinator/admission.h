@@ -38,13 +38,15 @@ typedef struct {
 int64_t hpd_admit(const hpd_route_node_t *nodes, size_t n, const hpd_admit_state_t *state,
                   const hpd_msg_generate_t *g, char *err, size_t len);
 
-/* Whether a usable decode node could ever hold tokens (prompt + max_tokens)
- * were its pool empty. False only when decode nodes are registered and none
- * of them could; then *need_p and *largest_p say how many pages the
- * request needs on the node whose pool comes closest (*largest_p pages).
- * True while none is registered (the request waits for one) and when none
- * has the context (admission refuses those). */
-bool hpd_admit_placeable(const hpd_route_node_t *nodes, size_t n, uint32_t tokens,
+/* Whether a usable decode node could ever hold the request (prompt +
+ * max_tokens, its choices' pages and slots: hpd_route_request_pages) were
+ * its pools empty. False only when decode nodes are registered and none of
+ * them could; then *need_p and *largest_p say how many pages the request
+ * needs on the node whose pool comes closest (*largest_p pages), or both
+ * are 0 when it is slots that no node has enough of. True while none is
+ * registered (the request waits for one) and when none has the context
+ * (admission refuses those). */
+bool hpd_admit_placeable(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *req,
                          uint32_t *need_p, uint32_t *largest_p);
 
 #endif

@@ -85,24 +85,34 @@ typedef struct node {
     struct node *next;
 } node_t;
 
+/* One of a request's answers (n choices from one prompt; one without). */
+typedef struct {
+    int32_t *out; /* [max_tokens] */
+    uint32_t n_out;
+    hpd_token_logprobs_t *lp; /* [max_tokens]; NULL: not asked for */
+    bool stopped;             /* its sink ended it (a stop string) */
+    bool done;                /* its last tokens came */
+    char finish_reason[8];    /* from the decode node's last tokens notice */
+} choice_t;
+
 typedef struct req {
     uint64_t id;
     hpd_coord_sink_t sink;
     const void *owner; /* a msgpack client's connection (its cancel by tag, its close) */
     uint64_t tag;
-    bool stopped;      /* the sink ended it (a stop string): it finishes as "stop" */
+    bool stopped;      /* every choice ended, one by its sink (a stop string): it finishes
+                          (those choices as "stop") and the nodes let go of it */
     int32_t *prompt;
     uint32_t n_prompt, max_tokens;
     hpd_sampling_t sampling;
     int32_t *stop_ids; /* [n_stop] */
     uint32_t n_stop, min_tokens;
     bool ignore_eos;
-    char finish_reason[8]; /* from the decode node's last tokens notice */
     hpd_block_hash_t *hashes;
-    int32_t *out;
-    uint32_t n_out;
-    /* the tokens' log probabilities ([max_tokens]; NULL: not asked for) */
-    hpd_token_logprobs_t *lp;
+    /* its answers: n_ch choices from one prefill (choice c: seed + c), the
+     * tokens with their log probabilities when asked for */
+    choice_t ch[HPD_MAX_CHOICES];
+    uint32_t n_ch;
     uint32_t top_logprobs;
     hpd_token_logprobs_t *plp; /* the prompt's ([n_prompt - 1]; NULL: not asked for) */
     bool have_plp;             /* they came */
@@ -275,24 +285,56 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r->prompt);
     free(r->stop_ids);
     free(r->hashes);
-    free(r->out);
-    free(r->lp);
+    for (uint32_t k = 0; k < r->n_ch; k++) {
+        free(r->ch[k].out);
+        free(r->ch[k].lp);
+    }
     free(r->plp);
     free(r->grammar);
     free(r);
 }
 
-/* Gives the sink tokens [from, n_out); it may stop the request there,
- * keeping the tokens up to the one that ended it. */
-static void stream(req_t *r, uint32_t from)
+/* Whether every choice of r has ended (its last tokens came, or its sink
+ * stopped it) / has come to its end on the node. */
+static bool all_over(const req_t *r)
 {
-    uint32_t keep = r->n_out;
-    if (r->sink.tokens != NULL && !r->stopped && from < r->n_out &&
-        !r->sink.tokens(r->sink.arg, r->out, r->lp, from, r->n_out, &keep)) {
-        r->stopped = true;
-        if (keep > from && keep < r->n_out)
-            r->n_out = keep;
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        if (!r->ch[k].stopped && !r->ch[k].done)
+            return false;
+    return true;
+}
+
+static bool all_done(const req_t *r)
+{
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        if (!r->ch[k].done)
+            return false;
+    return true;
+}
+
+/* Gives the sink choice k's tokens [from, n_out); it may stop the choice
+ * there, keeping the tokens up to the one that ended it. */
+static void stream(req_t *r, uint32_t k, uint32_t from)
+{
+    choice_t *ch = &r->ch[k];
+    uint32_t keep = ch->n_out;
+    if (r->sink.tokens != NULL && !ch->stopped && from < ch->n_out &&
+        !r->sink.tokens(r->sink.arg, k, ch->out, ch->lp, from, ch->n_out, &keep)) {
+        ch->stopped = true;
+        if (keep > from && keep < ch->n_out)
+            ch->n_out = keep;
+        r->stopped = all_over(r);
     }
+}
+
+/* The choices as the sink gets them at the end. */
+static void result_choices(const req_t *r, hpd_coord_choice_t *out)
+{
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        out[k] = (hpd_coord_choice_t){.tokens = r->ch[k].out,
+                                      .logprobs = r->ch[k].lp,
+                                      .n_tokens = r->ch[k].n_out,
+                                      .finish_reason = r->ch[k].finish_reason};
 }
 
 /* Its attempts, for the client and the log: the failed ones, the last
@@ -304,14 +346,18 @@ static uint32_t attempts_of(const req_t *r)
 
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
 {
+    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
+    result_choices(r, chs);
     const hpd_coord_result_t res = {.outcome = outcome,
                                     .code = code,
                                     .error = why,
                                     .request = r->id,
-                                    .tokens = r->out,
-                                    .logprobs = r->lp,
+                                    .tokens = r->ch[0].out,
+                                    .logprobs = r->ch[0].lp,
                                     .top_logprobs = r->top_logprobs,
-                                    .n_tokens = r->n_out,
+                                    .n_tokens = r->ch[0].n_out,
+                                    .choices = chs,
+                                    .n_choices = r->n_ch,
                                     .prompt_tokens = r->n_prompt,
                                     .cached_tokens = r->cached_tokens,
                                     .attempts = attempts_of(r)};
@@ -321,16 +367,24 @@ static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const 
 static void reply_finished(hpd_coord_t *c, req_t *r)
 {
     const double now = hpd_time_now();
+    const choice_t *c0 = &r->ch[0];
     const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
-    const double tpot = r->n_out > 1 ? (now - r->t_first) / (r->n_out - 1) : 0;
+    const double tpot = c0->n_out > 1 ? (now - r->t_first) / (c0->n_out - 1) : 0;
+    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
+    uint32_t generated = 0;
+    result_choices(r, chs);
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        generated += r->ch[k].n_out;
     const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
                                     .request = r->id,
-                                    .tokens = r->out,
-                                    .logprobs = r->lp,
+                                    .tokens = c0->out,
+                                    .logprobs = c0->lp,
                                     .prompt_logprobs = r->have_plp ? r->plp : NULL,
                                     .top_logprobs = r->top_logprobs,
-                                    .n_tokens = r->n_out,
-                                    .finish_reason = r->finish_reason,
+                                    .n_tokens = c0->n_out,
+                                    .finish_reason = c0->finish_reason,
+                                    .choices = chs,
+                                    .n_choices = r->n_ch,
                                     .prompt_tokens = r->n_prompt,
                                     .cached_tokens = r->cached_tokens,
                                     .attempts = attempts_of(r),
@@ -340,21 +394,24 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
                                     .push_ms = r->push_ms,
                                     .exposed_push_ms = r->exposed_push_ms};
     r->sink.done(r->sink.arg, &res);
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s), ttft %.1f ms, tpot %.2f ms, "
-                  "%u of %u prompt tokens cached, %u attempt(s)", r->n_out, r->finish_reason,
-                  ttft * 1e3, tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
-    if (strcmp(r->finish_reason, "stop") == 0)
-        hpd_metric_inc(c->m.finish_stop, 1);
-    else if (strcmp(r->finish_reason, "length") == 0)
-        hpd_metric_inc(c->m.finish_length, 1);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s)%s, ttft %.1f ms, tpot %.2f "
+                  "ms, %u of %u prompt tokens cached, %u attempt(s)", c0->n_out,
+                  c0->finish_reason, r->n_ch > 1 ? " in its first choice" : "", ttft * 1e3,
+                  tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
+    for (uint32_t k = 0; k < r->n_ch; k++) {
+        if (strcmp(r->ch[k].finish_reason, "stop") == 0)
+            hpd_metric_inc(c->m.finish_stop, 1);
+        else if (strcmp(r->ch[k].finish_reason, "length") == 0)
+            hpd_metric_inc(c->m.finish_length, 1);
+    }
     c->finished++;
     hpd_metric_inc(c->m.ok, 1);
     hpd_metric_observe(c->m.ttft, ttft);
-    if (r->n_out > 1)
+    if (c0->n_out > 1)
         hpd_metric_observe(c->m.tpot, tpot);
     hpd_metric_observe(c->m.duration, total);
     hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
-    hpd_metric_inc(c->m.generated_tokens, r->n_out);
+    hpd_metric_inc(c->m.generated_tokens, generated);
     hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
 }
 
@@ -375,8 +432,8 @@ static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why)
     r->own_over |= r->fsm.state == HPD_REQ_QUEUED; /* it waited for the hedge */
     if (won) {
         hpd_metric_inc(c->m.hedge_wins, 1);
-        snprintf(r->finish_reason, sizeof(r->finish_reason), "%s",
-                 h->stopped ? "stop" : h->finish_reason);
+        snprintf(r->ch[0].finish_reason, sizeof(r->ch[0].finish_reason), "%s",
+                 h->ch[0].stopped ? "stop" : h->ch[0].finish_reason);
         r->cached_tokens = h->cached_tokens;
         r->prefill_ms = h->prefill_ms;
         r->push_ms = h->push_ms;
@@ -409,7 +466,7 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
     if (p.pair_failure)
         hpd_metric_inc(c->m.pair_failures, 1);
     if (p.unbook_decode && d != NULL) {
-        d->slots_reserved--;
+        d->slots_reserved -= r->n_ch;
         d->pages_reserved -= r->dpages;
     }
     if (p.unbook_prefill && pn != NULL) {
@@ -487,7 +544,9 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
     case HPD_REQ_FINISH: reply_finished(c, r); break;
     case HPD_REQ_CANCELED:
         if (r->stopped) { /* by its sink: a stop string, the end of a normal answer */
-            snprintf(r->finish_reason, sizeof(r->finish_reason), "stop");
+            for (uint32_t k = 0; k < r->n_ch; k++)
+                if (r->ch[k].stopped)
+                    snprintf(r->ch[k].finish_reason, sizeof(r->ch[k].finish_reason), "stop");
             reply_finished(c, r);
             break;
         }
@@ -513,62 +572,75 @@ static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *
     return carry_out(c, r, hpd_req_fsm_event(&r->fsm, ev, c->o.max_attempts), why);
 }
 
-/* Appends tokens reported from index `index` on; earlier ones (replayed
- * after a failover) must match what the client already has. */
-static void add_tokens(req_t *r, uint32_t index, const int32_t *ids,
+/* Appends choice k's tokens reported from index `index` on; earlier ones
+ * (replayed or computed again after a failover) must match what the client
+ * already has. */
+static void add_tokens(req_t *r, uint32_t k, uint32_t index, const int32_t *ids,
                        const hpd_token_logprobs_t *lp, uint32_t n)
 {
-    const uint32_t before = r->n_out;
-    if (r->stopped)
+    choice_t *ch = &r->ch[k];
+    const uint32_t before = ch->n_out;
+    if (ch->stopped)
         return; /* its sink has what it wanted */
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t pos = index + i;
-        if (pos < r->n_out) {
-            if (r->out[pos] != ids[i])
-                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "token %u is %d after a retry, %d "
-                               "before (determinism broken)", pos, ids[i], r->out[pos]);
-        } else if (pos == r->n_out && r->n_out < r->max_tokens) {
-            if (r->lp != NULL && lp != NULL)
-                r->lp[r->n_out] = lp[i];
-            r->out[r->n_out++] = ids[i];
+        if (pos < ch->n_out) {
+            if (ch->out[pos] != ids[i])
+                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "choice %u: token %u is %d after a retry, "
+                               "%d before (determinism broken)", k, pos, ids[i], ch->out[pos]);
+        } else if (pos == ch->n_out && ch->n_out < r->max_tokens) {
+            if (ch->lp != NULL && lp != NULL)
+                ch->lp[ch->n_out] = lp[i];
+            ch->out[ch->n_out++] = ids[i];
         }
     }
-    if (before == 0 && r->n_out > 0)
+    if (r->t_first == 0 && ch->n_out > 0)
         r->t_first = hpd_time_now();
-    stream(r, before);
+    stream(r, k, before);
 }
 
-/* A hedge's tokens go to its primary (whose sink may stop both). */
-static bool hedge_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t *lp,
-                         uint32_t from, uint32_t n, uint32_t *keep_p)
+/* A hedge's tokens go to its primary (whose sink may stop both); only
+ * requests of one choice are hedged. */
+static bool hedge_tokens(void *arg, uint32_t k, const int32_t *out,
+                         const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
+                         uint32_t *keep_p)
 {
     req_t *h = arg, *r = h->primary;
     *keep_p = n;
     if (r == NULL)
         return false; /* its primary ended: it is canceled */
-    add_tokens(r, from, out + from, lp != NULL ? lp + from : NULL, n - from);
-    return !r->stopped;
+    add_tokens(r, k, from, out + from, lp != NULL ? lp + from : NULL, n - from);
+    return !r->ch[k].stopped;
 }
 
-/* A request with its own copies of the prompt, the stop ids and the
- * prefix hashes, room for its tokens, queued at *at; NULL: out of memory. */
+/* A request of n_ch choices with its own copies of the prompt, the stop
+ * ids and the prefix hashes, room for its tokens (their logprobs with
+ * logprobs), queued at *at; NULL: out of memory. */
 static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
                       uint32_t max_tokens, const int32_t *stop_ids, uint32_t n_stop,
-                      req_t **at)
+                      uint32_t n_ch, bool logprobs, req_t **at)
 {
     req_t *r = calloc(1, sizeof(*r));
-    if (r == NULL || (r->out = malloc(max_tokens * sizeof(int32_t))) == NULL ||
+    bool ok = r != NULL;
+    for (uint32_t k = 0; ok && k < n_ch; k++)
+        ok = (r->ch[k].out = malloc(max_tokens * sizeof(int32_t))) != NULL &&
+             (!logprobs || (r->ch[k].lp = calloc(max_tokens, sizeof(*r->ch[k].lp))) != NULL);
+    if (!ok ||
         (r->hashes = malloc((n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL ||
         (r->prompt = malloc(n_prompt * sizeof(int32_t))) == NULL ||
         (n_stop > 0 && (r->stop_ids = malloc(n_stop * sizeof(int32_t))) == NULL)) {
         if (r != NULL) {
-            free(r->out);
+            for (uint32_t k = 0; k < n_ch; k++) {
+                free(r->ch[k].out);
+                free(r->ch[k].lp);
+            }
             free(r->hashes);
             free(r->prompt);
             free(r);
         }
         return NULL;
     }
+    r->n_ch = n_ch;
     memcpy(r->prompt, prompt, n_prompt * sizeof(int32_t));
     if (n_stop > 0)
         memcpy(r->stop_ids, stop_ids, n_stop * sizeof(int32_t));
@@ -592,8 +664,10 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
 {
     if (r->plp != NULL && !r->have_plp)
         return false; /* its prompt's logprobs come with its own prefill: it runs again */
-    req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop,
-                       &r->next);
+    if (r->n_ch > 1)
+        return false; /* its choices run again (a hedge replays one answer) */
+    req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop, 1,
+                       r->ch[0].lp != NULL, &r->next);
     if (h == NULL)
         return false;
     h->is_hedge = true;
@@ -602,17 +676,11 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     h->sampling = r->sampling;
     h->ignore_eos = r->ignore_eos;
     h->min_tokens = r->min_tokens;
-    memcpy(h->out, r->out, r->n_out * sizeof(int32_t));
-    h->n_out = r->n_out;
-    if (r->lp != NULL) {
-        if ((h->lp = calloc(h->max_tokens, sizeof(*h->lp))) == NULL) {
-            h->primary = NULL;
-            r->hedge = NULL;
-            return false; /* (it is freed as a hedge whose primary ended) */
-        }
-        memcpy(h->lp, r->lp, r->n_out * sizeof(*r->lp));
-        h->top_logprobs = r->top_logprobs;
-    }
+    memcpy(h->ch[0].out, r->ch[0].out, r->ch[0].n_out * sizeof(int32_t));
+    h->ch[0].n_out = r->ch[0].n_out;
+    if (r->ch[0].lp != NULL)
+        memcpy(h->ch[0].lp, r->ch[0].lp, r->ch[0].n_out * sizeof(*r->ch[0].lp));
+    h->top_logprobs = r->top_logprobs;
     h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
     r->hedge = h;
     r->hedges++;
@@ -621,7 +689,7 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "hedged: its %s node %s is suspect; request %llu "
                   "races it elsewhere from token %u, the first to finish answers",
                   role_name(n), n->name,
-                  (unsigned long long)h->id, r->n_out);
+                  (unsigned long long)h->id, r->ch[0].n_out);
     return true;
 }
 
@@ -689,6 +757,7 @@ static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *page
         return NULL; /* out of memory: the request waits in the queue */
     const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
                                 .max_tokens = r->max_tokens,
+                                .n_choices = r->n_ch,
                                 .hashes = r->hashes,
                                 .avoid_decode = r->avoid_decode};
     const int i = prefill ? hpd_route_prefill(v, n, &rr) : hpd_route_decode(v, n, &rr, pages_p);
@@ -794,37 +863,54 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
     pair_ok(p, d);
     if (!req_event(c, r, HPD_REQ_EV_PREFILLED, "prefilled on %s", p->name))
-        return;
+        goto out;
     r->cached_tokens = m.cached_tokens;
     r->prefill_ms = m.prefill_ms;
     r->push_ms = m.push_ms;
     r->exposed_push_ms = m.exposed_push_ms;
-    const int32_t t = (int32_t)m.first_token;
-    hpd_token_logprobs_t lp0;
+    /* each choice's first token (one without), with its logprobs */
+    int32_t first[HPD_MAX_CHOICES] = {(int32_t)m.first_token};
+    hpd_token_logprobs_t lp0[HPD_MAX_CHOICES];
+    const bool has_lp = r->ch[0].lp != NULL;
     char why[200];
-    if (r->lp != NULL && !hpd_logprobs_decode(m.logprobs, m.logprobs_len, 1, r->top_logprobs,
-                                              p->vocab, &lp0, why, sizeof(why))) {
+    if (r->n_ch > 1 && (m.first_tokens_n != r->n_ch || m.first_tokens[0] != first[0] ||
+                        !hpd_msg_ids_below(m.first_tokens, m.first_tokens_n, p->vocab,
+                                           "first_tokens", &err))) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: first_tokens has %u ids "
+                  "below the vocabulary (expected %u, the first equal to first_token)", p->name,
+                  m.first_tokens_n, r->n_ch);
+        goto out;
+    }
+    for (uint32_t k = 1; k < r->n_ch; k++)
+        first[k] = m.first_tokens[k];
+    if (has_lp && !hpd_logprobs_decode(m.logprobs, m.logprobs_len, r->n_ch, r->top_logprobs,
+                                       p->vocab, lp0, why, sizeof(why))) {
         req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, why);
-        return;
+        goto out;
     }
     if (r->plp != NULL && !r->have_plp) { /* (a retry's are the same) */
         if (!hpd_logprobs_decode(m.prompt_logprobs, m.prompt_logprobs_len, r->n_prompt - 1,
                                  r->top_logprobs, p->vocab, r->plp, why, sizeof(why))) {
             req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: prompt %s", p->name,
                       why);
-            return;
+            goto out;
         }
         r->have_plp = true;
     }
-    add_tokens(r, 0, &t, r->lp != NULL ? &lp0 : NULL, 1);
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        add_tokens(r, k, 0, &first[k], has_lp ? &lp0[k] : NULL, 1);
     if (r->stopped) {
-        req_event(c, r, HPD_REQ_EV_CANCEL, "its first token ended it (a stop string)");
-        return;
+        req_event(c, r, HPD_REQ_EV_CANCEL, "its first tokens ended it (a stop string)");
+        goto out;
     }
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_start,
-                 &(hpd_msg_start_t){.job = r->job, .first_token = m.first_token}, &b.pk);
+                 &(hpd_msg_start_t){.job = r->job,
+                                    .first_token = m.first_token,
+                                    .first_tokens = r->n_ch > 1 ? first : NULL,
+                                    .first_tokens_n = r->n_ch > 1 ? r->n_ch : 0},
+                 &b.pk);
     call_ctx_t *sc = ctx_new(c, r->job, d->id);
     const hpd_status_t sst = sc == NULL ? HPD_ERR_NO_MEMORY
                                         : hpd_rpc_call(d->client, "start", &b, CALL_TIMEOUT_MS,
@@ -834,6 +920,8 @@ static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         free(sc);
         req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
     }
+out:
+    hpd_msg_free(&hpd_msg_prefilled, &m);
 }
 
 /* The prefill job: the prompt and where its state goes (the decode node's
@@ -894,11 +982,12 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                                       .sampling_raw_len = (uint32_t)samp.sb.size,
                                       .decode_raw = dest.sb.data,
                                       .decode_raw_len = (uint32_t)dest.sb.size,
-                                      .logprobs = r->lp != NULL,
+                                      .logprobs = r->ch[0].lp != NULL,
                                       .top_logprobs = r->top_logprobs,
                                       .prompt_logprobs = r->plp != NULL,
                                       .grammar = r->grammar,
-                                      .grammar_len = r->grammar_len};
+                                      .grammar_len = r->grammar_len,
+                                      .n = r->n_ch > 1 ? r->n_ch : 0};
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_prefill_job, &pj, &b.pk);
     hpd_rpc_buf_destroy(&dest);
@@ -959,17 +1048,23 @@ static void schedule(hpd_coord_t *c)
             size_t n;
             node_t **map;
             hpd_route_node_t *v = route_view(c, &n, &map);
-            const bool placeable = v == NULL || hpd_admit_placeable(v, n, r->n_prompt +
-                                                                    r->max_tokens, &pages,
-                                                                    &largest);
+            const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
+                                        .max_tokens = r->max_tokens,
+                                        .n_choices = r->n_ch};
+            const bool placeable = v == NULL || hpd_admit_placeable(v, n, &rr, &pages, &largest);
             free(v);
             free(map);
             if (placeable)
                 break;
-            req_event(c, r, HPD_REQ_EV_REFUSED,
-                      "the request needs %u KV pages for %u prompt + %u new tokens, but the "
-                      "largest decode pool holds %u pages",
-                      pages, r->n_prompt, r->max_tokens, largest);
+            if (pages == 0)
+                req_event(c, r, HPD_REQ_EV_REFUSED, "the request's %u choices need as many GDN "
+                          "slots, but no decode node has that many", r->n_ch);
+            else
+                req_event(c, r, HPD_REQ_EV_REFUSED,
+                          "the request needs %u KV pages for %u prompt + %u new tokens%s, but "
+                          "the largest decode pool holds %u pages",
+                          pages, r->n_prompt, r->max_tokens,
+                          r->n_ch > 1 ? " in its choices" : "", largest);
             continue;
         }
         /* a prefill node that could take it now, or the request waits */
@@ -980,7 +1075,7 @@ static void schedule(hpd_coord_t *c)
         r->dnode = d;
         r->dpages = pages;
         r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
-        d->slots_reserved++;
+        d->slots_reserved += r->n_ch;
         d->pages_reserved += pages;
         req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
         hpd_metric_observe(c->m.queue_wait, hpd_time_now() - r->t_queued);
@@ -996,17 +1091,19 @@ static void schedule(hpd_coord_t *c)
                                           .max_tokens = r->max_tokens,
                                           .sampling_raw = samp.sb.data,
                                           .sampling_raw_len = (uint32_t)samp.sb.size,
-                                          /* what the client already has */
-                                          .replay = r->out,
-                                          .replay_n = r->n_out,
+                                          /* what the client already has (choices
+                                             are computed again: determinism) */
+                                          .replay = r->n_ch > 1 ? NULL : r->ch[0].out,
+                                          .replay_n = r->n_ch > 1 ? 0 : r->ch[0].n_out,
                                           .stop_token_ids = r->stop_ids,
                                           .stop_token_ids_n = r->n_stop,
                                           .ignore_eos = r->ignore_eos,
                                           .min_tokens = r->min_tokens,
-                                          .logprobs = r->lp != NULL,
+                                          .logprobs = r->ch[0].lp != NULL,
                                           .top_logprobs = r->top_logprobs,
                                           .grammar = r->grammar,
-                                          .grammar_len = r->grammar_len},
+                                          .grammar_len = r->grammar_len,
+                                          .n = r->n_ch > 1 ? r->n_ch : 0},
                      &b.pk);
         hpd_rpc_buf_destroy(&samp);
         call_ctx_t *x = ctx_new(c, r->job, d->id);
@@ -1123,10 +1220,14 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
                           "pushed; the request avoids %s", r->pnode->name, n->name, m.error,
                           n->name);
         req_event(c, r, HPD_REQ_EV_DECODE_ENDED, "decode on %s: %s", n->name, m.error);
+    } else if (m.choice >= r->n_ch) {
+        HPD_LOGR_WARN(LOG_COMPONENT, r->id, "tokens of choice %u from %s ignored: the request "
+                      "has %u", m.choice, n->name, r->n_ch);
     } else if (r->fsm.state == HPD_REQ_DECODING) {
         hpd_token_logprobs_t *lp = NULL;
+        choice_t *ch = &r->ch[m.choice];
         char why[200] = "out of memory";
-        if (r->lp != NULL && m.ids_n > 0 &&
+        if (ch->lp != NULL && m.ids_n > 0 &&
             ((lp = malloc(m.ids_n * sizeof(*lp))) == NULL ||
              !hpd_logprobs_decode(m.logprobs, m.logprobs_len, m.ids_n, r->top_logprobs,
                                   n->vocab, lp, why, sizeof(why)))) {
@@ -1135,14 +1236,18 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
             hpd_msg_free(&hpd_msg_tokens, &m);
             return;
         }
-        add_tokens(r, m.index, m.ids, lp, m.ids_n);
+        add_tokens(r, m.choice, m.index, m.ids, lp, m.ids_n);
         free(lp);
-        if (r->stopped && !m.done) {
-            req_event(c, r, HPD_REQ_EV_CANCEL, "its client stopped it (a stop string)");
-        } else if (m.done) {
-            snprintf(r->finish_reason, sizeof(r->finish_reason), "%s",
-                     r->stopped ? "stop" : m.finish_reason);
+        if (m.done && !ch->done) {
+            ch->done = true;
+            snprintf(ch->finish_reason, sizeof(ch->finish_reason), "%s",
+                     ch->stopped ? "stop" : m.finish_reason);
+        }
+        if (all_done(r)) {
             req_event(c, r, HPD_REQ_EV_DONE, "done");
+        } else if (all_over(r)) { /* the rest stopped by the sink: the node lets go */
+            r->stopped = true;
+            req_event(c, r, HPD_REQ_EV_CANCEL, "its client stopped it (a stop string)");
         }
     }
     hpd_msg_free(&hpd_msg_tokens, &m);
@@ -1554,6 +1659,12 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
         hpd_metric_inc(c->m.invalid, 1);
         return HPD_RPC_ERR_PARAMS;
     }
+    if (q->n > HPD_MAX_CHOICES) {
+        snprintf(err, err_len, "generate: n is %u (expected 1 to %d choices)", q->n,
+                 HPD_MAX_CHOICES);
+        hpd_metric_inc(c->m.invalid, 1);
+        return HPD_RPC_ERR_PARAMS;
+    }
     if (q->grammar != NULL) { /* refused here, by name, before any node sees it */
         hpd_grammar_t *g;
         char why[256];
@@ -1599,7 +1710,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     req_t **tail = &c->reqs;
     while (*tail != NULL)
         tail = &(*tail)->next;
-    hpd_token_logprobs_t *lp = NULL, *plp = NULL;
+    hpd_token_logprobs_t *plp = NULL;
     char *grammar = NULL;
     const int32_t think_end = q->grammar_after_think && c->text != NULL
                                   ? hpd_tokenizer_id(hpd_text_tokenizer(c->text), "</think>")
@@ -1609,11 +1720,9 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
                       ? hpd_grammar_spec_after(q->grammar, q->grammar_len, think_end)
                       : strndup(q->grammar, q->grammar_len);
     if ((q->grammar != NULL && grammar == NULL) ||
-        (q->logprobs && (lp = calloc(q->max_tokens, sizeof(*lp))) == NULL) ||
         (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
         (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
-                     tail)) == NULL) {
-        free(lp);
+                     HPD_MAX(1u, q->n), q->logprobs, tail)) == NULL) {
         free(plp);
         free(grammar);
         snprintf(err, err_len, "generate: out of memory");
@@ -1624,7 +1733,6 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     r->sampling = q->sampling;
     r->grammar = grammar;
     r->grammar_len = grammar != NULL ? (uint32_t)strlen(grammar) : 0;
-    r->lp = lp;
     r->plp = plp;
     r->top_logprobs = q->top_logprobs;
     if (c->o.no_generation_defaults) { /* what the client left out: greedy */
@@ -1641,8 +1749,9 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     r->tag = q->tag;
     c->n_reqs++;
     const char *who = q->who != NULL ? q->who : "";
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u%s%s%s",
-                  r->n_prompt, r->max_tokens, q->stream ? ", streaming" : "",
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u, %u "
+                  "choice(s)%s%s%s", r->n_prompt, r->max_tokens, r->n_ch,
+                  q->stream ? ", streaming" : "",
                   strncmp(who, "tenant ", 7) == 0 ? ", " : "",
                   strncmp(who, "tenant ", 7) == 0 ? who : "");
     *id_p = r->id;
@@ -1693,6 +1802,17 @@ void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_con
     *max_context_p = ctx;
 }
 
+/* One choice of a msgpack client's request, as text. */
+typedef struct {
+    hpd_text_out_t out;
+    char *text; /* the answer's text so far */
+    size_t text_len, text_cap;
+    hpd_reasoning_t rs; /* a thinking model's chat: its reasoning apart (reasoning.h) */
+    char *reasoning;
+    size_t reasoning_len, reasoning_cap;
+    bool bad_token;
+} rpc_choice_t;
+
 /* A msgpack client's request: its generate call is answered at the end,
  * its tokens streamed as notifications when it asked. */
 typedef struct {
@@ -1701,70 +1821,67 @@ typedef struct {
     uint64_t tag;
     bool stream;
     bool detokenize; /* the answer as text too (out), with the stop strings */
-    hpd_text_out_t out;
     char *stops[HPD_TEXT_MAX_STOPS];
     size_t n_stops;
-    char *text; /* the answer's text so far */
-    size_t text_len, text_cap;
-    bool bad_token;
     uint32_t top_logprobs; /* the request asked for logprobs with these top ones */
-    /* a thinking model's chat: its reasoning apart (coordinator/reasoning.h) */
-    bool split;
-    hpd_reasoning_t rs;
-    char *reasoning;
-    size_t reasoning_len, reasoning_cap;
+    bool split;            /* a thinking model's chat */
+    rpc_choice_t ch[HPD_MAX_CHOICES];
+    uint32_t n_ch;
 } rpc_sink_t;
 
 static void rpc_sink_free(rpc_sink_t *s)
 {
     for (size_t i = 0; i < s->n_stops; i++)
         free(s->stops[i]);
-    hpd_text_out_free(&s->out);
-    free(s->text);
-    free(s->reasoning);
+    for (uint32_t k = 0; k < s->n_ch; k++) {
+        hpd_text_out_free(&s->ch[k].out);
+        free(s->ch[k].text);
+        free(s->ch[k].reasoning);
+    }
     free(s);
 }
 
-/* Appends a piece of the answer's content or reasoning. */
+/* Appends a piece of a choice's content or reasoning. */
 static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
 {
-    rpc_sink_t *s = arg;
-    char **buf = reasoning ? &s->reasoning : &s->text;
-    size_t *n = reasoning ? &s->reasoning_len : &s->text_len;
-    size_t *cap = reasoning ? &s->reasoning_cap : &s->text_cap;
+    rpc_choice_t *ch = arg;
+    char **buf = reasoning ? &ch->reasoning : &ch->text;
+    size_t *n = reasoning ? &ch->reasoning_len : &ch->text_len;
+    size_t *cap = reasoning ? &ch->reasoning_cap : &ch->text_cap;
     if (hpd_grow(buf, cap, *n + len + 1, 1) != HPD_OK) {
-        s->bad_token = true; /* (out of memory: the answer is refused) */
+        ch->bad_token = true; /* (out of memory: the answer is refused) */
         return;
     }
     memcpy(*buf + *n, piece, len);
     *n += len;
 }
 
-/* Appends a piece of the answer's text: split when the model thinks. */
-static bool add_text(rpc_sink_t *s, const char *piece, size_t len)
+/* Appends a piece of a choice's text: split when the model thinks. */
+static bool add_text(const rpc_sink_t *s, rpc_choice_t *ch, const char *piece, size_t len)
 {
     if (s->split)
-        hpd_reasoning_feed(&s->rs, piece, len, add_piece, s);
+        hpd_reasoning_feed(&ch->rs, piece, len, add_piece, ch);
     else
-        add_piece(s, false, piece, len);
-    return !s->bad_token;
+        add_piece(ch, false, piece, len);
+    return !ch->bad_token;
 }
 
-static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t *lp,
+static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_token_logprobs_t *lp,
                        uint32_t from, uint32_t n, uint32_t *keep_p)
 {
     rpc_sink_t *s = arg;
+    rpc_choice_t *ch = &s->ch[k];
     hpd_rpc_buf_t b;
-    const size_t text_before = s->text_len, reasoning_before = s->reasoning_len;
+    const size_t text_before = ch->text_len, reasoning_before = ch->reasoning_len;
     bool more = true;
     uint32_t upto = n;
     for (uint32_t i = from; s->detokenize && i < n && more; i++) {
         const char *piece;
         size_t len;
         hpd_status_t st;
-        more = !hpd_text_out_feed(&s->out, out[i], &piece, &len, &st);
-        if (st != HPD_OK || !add_text(s, piece, len)) {
-            s->bad_token = true;
+        more = !hpd_text_out_feed(&ch->out, out[i], &piece, &len, &st);
+        if (st != HPD_OK || !add_text(s, ch, piece, len)) {
+            ch->bad_token = true;
             more = false;
         }
         upto = i + 1;
@@ -1783,14 +1900,15 @@ static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t
                          .index = from,
                          .ids = out + from,
                          .ids_n = upto - from,
-                         .text = s->text + text_before,
-                         .text_len = (uint32_t)(s->text_len - text_before),
-                         .reasoning = s->reasoning + reasoning_before,
-                         .reasoning_len = (uint32_t)(s->reasoning_len - reasoning_before),
+                         .text = ch->text + text_before,
+                         .text_len = (uint32_t)(ch->text_len - text_before),
+                         .reasoning = ch->reasoning + reasoning_before,
+                         .reasoning_len = (uint32_t)(ch->reasoning_len - reasoning_before),
                          .logprobs = wire,
                          .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
                                                             upto - from, s->top_logprobs)
-                                                      : 0},
+                                                      : 0,
+                         .choice = k},
                      &b.pk);
         hpd_rpc_notify(s->conn, "tokens", &b);
         hpd_rpc_buf_destroy(&b);
@@ -1800,28 +1918,68 @@ static bool rpc_tokens(void *arg, const int32_t *out, const hpd_token_logprobs_t
     return more;
 }
 
+/* A choice's logprobs in wire form (malloc'd; NULL when not asked for). */
+static uint8_t *wire_logprobs(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top,
+                              uint32_t *len_p)
+{
+    uint8_t *wire = lp != NULL && n > 0 ? malloc(hpd_logprobs_wire_bytes(n, top)) : NULL;
+    *len_p = 0;
+    if (wire != NULL) {
+        hpd_logprobs_encode(lp, n, top, wire);
+        *len_p = (uint32_t)hpd_logprobs_wire_bytes(n, top);
+    }
+    return wire;
+}
+
+/* The reply's choices (n > 1): one map each, packed into b. */
+static void pack_choices(rpc_sink_t *s, const hpd_coord_result_t *res, hpd_rpc_buf_t *b)
+{
+    msgpack_pack_array(&b->pk, res->n_choices);
+    for (uint32_t k = 0; k < res->n_choices; k++) {
+        const hpd_coord_choice_t *rc = &res->choices[k];
+        const rpc_choice_t *ch = &s->ch[k];
+        hpd_msg_choice_t m = {.index = k,
+                              .tokens = rc->tokens,
+                              .tokens_n = rc->n_tokens,
+                              .text = ch->text,
+                              .text_len = (uint32_t)ch->text_len,
+                              .reasoning = ch->reasoning,
+                              .reasoning_len = (uint32_t)ch->reasoning_len};
+        snprintf(m.finish_reason, sizeof(m.finish_reason), "%s", rc->finish_reason);
+        uint8_t *wire = wire_logprobs(rc->logprobs, rc->n_tokens, res->top_logprobs,
+                                      &m.logprobs_len);
+        m.logprobs = wire;
+        hpd_msg_pack(&hpd_msg_choice, &m, &b->pk);
+        free(wire);
+    }
+}
+
 static void rpc_done(void *arg, const hpd_coord_result_t *res)
 {
     rpc_sink_t *s = arg;
-    if (res->outcome == HPD_COORD_FINISHED && s->bad_token) {
+    bool bad = false;
+    for (uint32_t k = 0; k < s->n_ch; k++)
+        bad |= s->ch[k].bad_token;
+    if (res->outcome == HPD_COORD_FINISHED && bad) {
         hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_INTERNAL, "generate: the model "
                             "made a token its tokenizer does not know (or out of memory)");
     } else if (res->outcome == HPD_COORD_FINISHED) {
-        if (s->detokenize) {
+        for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
             const char *piece;
             size_t len;
-            hpd_text_out_finish(&s->out, &piece, &len);
-            add_text(s, piece, len);
+            hpd_text_out_finish(&s->ch[k].out, &piece, &len);
+            add_text(s, &s->ch[k], piece, len);
             if (s->split)
-                hpd_reasoning_finish(&s->rs, add_piece, s);
+                hpd_reasoning_finish(&s->ch[k].rs, add_piece, &s->ch[k]);
         }
+        const rpc_choice_t *c0 = &s->ch[0];
         hpd_msg_generated_t g = {.request = res->request,
                                  .tokens = res->tokens,
                                  .tokens_n = res->n_tokens,
-                                 .text = s->text,
-                                 .text_len = (uint32_t)s->text_len,
-                                 .reasoning = s->reasoning,
-                                 .reasoning_len = (uint32_t)s->reasoning_len,
+                                 .text = c0->text,
+                                 .text_len = (uint32_t)c0->text_len,
+                                 .reasoning = c0->reasoning,
+                                 .reasoning_len = (uint32_t)c0->reasoning_len,
                                  .prompt_tokens = res->prompt_tokens,
                                  .cached_tokens = res->cached_tokens,
                                  .attempts = res->attempts,
@@ -1832,28 +1990,29 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
                                  .exposed_push_ms = res->exposed_push_ms};
         snprintf(g.finish_reason, sizeof(g.finish_reason), "%s", res->finish_reason);
         uint8_t *wire = NULL, *pwire = NULL;
-        if (res->prompt_logprobs != NULL && res->prompt_tokens > 1 &&
-            (pwire = malloc(hpd_logprobs_wire_bytes(res->prompt_tokens - 1,
-                                                    res->top_logprobs))) != NULL) {
-            hpd_logprobs_encode(res->prompt_logprobs, res->prompt_tokens - 1, res->top_logprobs,
-                                pwire);
+        if (res->prompt_logprobs != NULL && res->prompt_tokens > 1) {
+            pwire = wire_logprobs(res->prompt_logprobs, res->prompt_tokens - 1,
+                                  res->top_logprobs, &g.prompt_logprobs_len);
             g.prompt_logprobs = pwire;
-            g.prompt_logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(res->prompt_tokens - 1,
-                                                                      res->top_logprobs);
             g.top_logprobs = res->top_logprobs;
         }
-        if (res->logprobs != NULL && res->n_tokens > 0 &&
-            (wire = malloc(hpd_logprobs_wire_bytes(res->n_tokens, res->top_logprobs))) != NULL) {
-            hpd_logprobs_encode(res->logprobs, res->n_tokens, res->top_logprobs, wire);
+        if ((wire = wire_logprobs(res->logprobs, res->n_tokens, res->top_logprobs,
+                                  &g.logprobs_len)) != NULL) {
             g.logprobs = wire;
-            g.logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(res->n_tokens, res->top_logprobs);
             g.top_logprobs = res->top_logprobs;
         }
-        hpd_rpc_buf_t b;
+        hpd_rpc_buf_t b, chs;
+        hpd_rpc_buf_init(&chs);
+        if (res->n_choices > 1) {
+            pack_choices(s, res, &chs);
+            g.choices_raw = chs.sb.data;
+            g.choices_raw_len = (uint32_t)chs.sb.size;
+        }
         hpd_rpc_buf_init(&b);
         hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
         hpd_rpc_reply(s->conn, s->call_id, &b);
         hpd_rpc_buf_destroy(&b);
+        hpd_rpc_buf_destroy(&chs);
         free(wire);
         free(pwire);
     } else if (res->outcome == HPD_COORD_FAILED) {
@@ -2008,13 +2167,14 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         free(ids);
         return;
     }
-    if (s->detokenize) {
-        hpd_text_out_init(&s->out, hpd_text_tokenizer(c->text), (const char *const *)s->stops,
-                          s->n_stops);
+    s->n_ch = HPD_MIN(HPD_MAX(1u, g.n), (uint32_t)HPD_MAX_CHOICES); /* (submit checks n) */
+    for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
+        hpd_text_out_init(&s->ch[k].out, hpd_text_tokenizer(c->text),
+                          (const char *const *)s->stops, s->n_stops);
         /* a thinking model's chat: the reasoning apart */
         const int thinking = g.thinking == 0 ? hpd_coord_default_thinking(c) : g.thinking == 1;
         s->split = g.messages != NULL && hpd_text_chat_thinks(c->text);
-        hpd_reasoning_init(&s->rs, hpd_text_chat_opens_think(c->text, thinking));
+        hpd_reasoning_init(&s->ch[k].rs, hpd_text_chat_opens_think(c->text, thinking));
     }
     hpd_coord_request_t q = {.prompt = ids != NULL ? ids : g.prompt,
                              .n_prompt = ids != NULL ? (uint32_t)n_ids : g.prompt_n,
@@ -2034,10 +2194,11 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .grammar = g.grammar,
                              .grammar_len = g.grammar_len,
                              .grammar_after_think = s->detokenize && s->split &&
-                                                    s->rs.state == HPD_REASONING_INSIDE,
+                                                    s->ch[0].rs.state == HPD_REASONING_INSIDE,
                              .logprobs = g.logprobs,
                              .top_logprobs = g.top_logprobs,
-                             .prompt_logprobs = g.prompt_logprobs};
+                             .prompt_logprobs = g.prompt_logprobs,
+                             .n = g.n};
     /* what the client left out: the model's defaults (see submit) */
     if (hpd_rpc_map_get(params, "temperature") == NULL)
         q.sampling.temperature = NAN;

@@ -95,6 +95,10 @@ typedef struct {
     /* the prompt opened a thinking model's think block: the document starts
      * after its </think> (the reasoning before it is free) */
     bool grammar_after_think;
+    /* choices: n answers from one prefill (choice c: the seed + c), each
+     * streamed and ended apart (the sink's choice index); 0 or 1: one. At
+     * most HPD_MAX_CHOICES. */
+    uint32_t n;
 } hpd_coord_request_t;
 
 typedef enum {
@@ -102,6 +106,14 @@ typedef enum {
     HPD_COORD_FAILED,   /* code and error say why */
     HPD_COORD_CANCELED, /* hpd_coord_cancel, or its client went away */
 } hpd_coord_outcome_t;
+
+/* One choice's answer. */
+typedef struct {
+    const int32_t *tokens;
+    const hpd_token_logprobs_t *logprobs; /* [n_tokens] when asked for; else NULL */
+    uint32_t n_tokens;
+    const char *finish_reason; /* FINISHED: "stop" or "length" */
+} hpd_coord_choice_t;
 
 typedef struct {
     hpd_coord_outcome_t outcome;
@@ -115,19 +127,24 @@ typedef struct {
     const char *finish_reason; /* FINISHED: "stop" or "length" */
     uint32_t prompt_tokens, cached_tokens, attempts;
     float ttft_ms, total_ms, prefill_ms, push_ms, exposed_push_ms;
+    /* every choice (the fields above are choice 0's) */
+    const hpd_coord_choice_t *choices;
+    uint32_t n_choices;
 } hpd_coord_result_t;
 
 /* Where a request's tokens and its end go. Neither callback may cancel
  * its own request (hpd_coord_cancel): tokens ends it by returning false,
  * and done comes at its end. */
 typedef struct {
-    /* tokens[from, n) are new (in order; a failover's replay is not
-     * repeated), with their logprobs[from, n) when asked for (else NULL). Returning false ends the request here (a stop string)
-     * with its first *keep_p tokens (from < *keep_p <= n): the nodes free
-     * what they hold and it finishes as "stop". NULL: only the end is
-     * wanted. */
-    bool (*tokens)(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *logprobs,
-                   uint32_t from, uint32_t n, uint32_t *keep_p);
+    /* choice k's tokens[from, n) are new (in order; a failover's replay is
+     * not repeated), with their logprobs[from, n) when asked for (else
+     * NULL). Returning false ends the choice here (a stop string) with its
+     * first *keep_p tokens (from < *keep_p <= n): it finishes as "stop",
+     * and once every choice has ended the nodes free what they hold. NULL:
+     * only the end is wanted. */
+    bool (*tokens)(void *arg, uint32_t k, const int32_t *tokens,
+                   const hpd_token_logprobs_t *logprobs, uint32_t from, uint32_t n,
+                   uint32_t *keep_p);
     /* the end, exactly once; the request is gone when it returns */
     void (*done)(void *arg, const hpd_coord_result_t *res);
     void *arg;

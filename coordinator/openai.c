@@ -1018,8 +1018,9 @@ static void stream_echo(call_t *k)
     free(text);
 }
 
-static bool on_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *lp,
-                      uint32_t from, uint32_t n, uint32_t *keep_p)
+static bool on_tokens(void *arg, uint32_t choice, const int32_t *tokens,
+                      const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
+                      uint32_t *keep_p)
 {
     call_t *k = arg;
     if (k->echo && k->stream && !k->echoed && !k->gone)

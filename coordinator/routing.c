@@ -9,6 +9,15 @@ uint32_t hpd_route_pages(const hpd_kv_layout_t *l, uint32_t tokens)
     return hpd_kv_layout_n_groups(l) * HPD_DIV_UP(tokens, l->block_size);
 }
 
+uint32_t hpd_route_request_pages(const hpd_kv_layout_t *l, const hpd_route_req_t *r)
+{
+    const uint32_t all = hpd_route_pages(l, r->n_prompt + r->max_tokens);
+    const uint32_t shared = l->block_size > 0
+                                ? hpd_route_pages(l, r->n_prompt / l->block_size * l->block_size)
+                                : 0;
+    return all + (r->n_choices > 1 ? r->n_choices - 1 : 0) * (all - shared);
+}
+
 int hpd_route_prefill(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *r)
 {
     int best = -1;
@@ -43,9 +52,9 @@ int hpd_route_decode(const hpd_route_node_t *nodes, size_t n, const hpd_route_re
         if (!d->usable || d->prefill || d->max_context < r->n_prompt + r->max_tokens ||
             (others && d->id == r->avoid_decode))
             continue;
-        const uint32_t need = hpd_route_pages(&d->layout, r->n_prompt + r->max_tokens);
+        const uint32_t need = hpd_route_request_pages(&d->layout, r);
         const uint32_t free_slots = d->slots - d->slots_reserved;
-        if (free_slots == 0 || d->pages - d->pages_reserved < need)
+        if (free_slots < HPD_MAX(1u, r->n_choices) || d->pages - d->pages_reserved < need)
             continue;
         if (free_slots > best_free) {
             best = (int)i;

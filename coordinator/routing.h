@@ -37,12 +37,16 @@ typedef struct {
 
 typedef struct {
     uint32_t n_prompt, max_tokens;
+    uint32_t n_choices;             /* answers from one prompt; 0 or 1: one */
     const hpd_block_hash_t *hashes; /* the prompt's full blocks */
     uint64_t avoid_decode;          /* 0: none */
 } hpd_route_req_t;
 
 /* Pages a decode node with this layout needs for tokens (every pack group). */
 uint32_t hpd_route_pages(const hpd_kv_layout_t *layout, uint32_t tokens);
+/* ... for a request: prompt + max_tokens, and for each choice past the
+ * first the blocks past the prompt's full ones (those it shares). */
+uint32_t hpd_route_request_pages(const hpd_kv_layout_t *layout, const hpd_route_req_t *req);
 
 /* The index of the chosen node in nodes[0..n), or -1 for none. */
 int hpd_route_prefill(const hpd_route_node_t *nodes, size_t n, const hpd_route_req_t *req);

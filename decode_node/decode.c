@@ -35,8 +35,10 @@ typedef struct dreq {
     uint32_t n_prompt; /* its prompt pages are where the prefill node writes */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
     hpd_join_t join; /* notice and start (decode_node/join.h) */
-    int32_t first_token;
-    uint32_t n_sent;      /* tokens already streamed (index of the next one) */
+    uint32_t n_choices;   /* answers from one prompt (1 without) */
+    int32_t first[HPD_MAX_CHOICES]; /* each choice's first token, from `start` */
+    uint32_t sent[HPD_MAX_CHOICES]; /* a choice's tokens already streamed (the next index) */
+    bool ended[HPD_MAX_CHOICES];    /* its last tokens went out */
     bool logprobs;        /* the tokens' log probabilities go with them */
     uint32_t top_logprobs;
     struct event *expiry;
@@ -84,22 +86,25 @@ static void dreq_free(decode_t *d, dreq_t *r)
     free(r);
 }
 
-/* tokens {job, index, ids, done, error?}: ids are the tokens from index on. */
-static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t n, bool done,
-                          const char *error)
+/* tokens {job, index, ids, done, error?, choice?}: ids are choice c's
+ * tokens from index on (eng_id its engine request); an error ends every
+ * choice. */
+static void notify_tokens(decode_t *d, dreq_t *r, uint32_t c, uint64_t eng_id,
+                          const int32_t *toks, uint32_t n, bool done, const char *error)
 {
     hpd_rpc_buf_t b;
-    const uint32_t from = HPD_MIN(r->n_sent, n);
+    const uint32_t from = HPD_MIN(r->sent[c], n);
     hpd_msg_tokens_t m = {.job = r->job,
                           .index = from,
                           .ids = toks != NULL ? toks + from : NULL,
                           .ids_n = n - from,
-                          .done = done};
+                          .done = done,
+                          .choice = c};
     if (error != NULL)
         snprintf(m.error, sizeof(m.error), "%s", error);
     hpd_request_info_t info;
     if (done && error == NULL &&
-        hpd_engine_request_info(d->node->engine, r->eng_id, &info) == HPD_OK)
+        hpd_engine_request_info(d->node->engine, eng_id, &info) == HPD_OK)
         snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
                  hpd_finish_reason_name(info.finish_reason));
     /* the log probabilities of these ids (from index 1: the first is the
@@ -108,7 +113,7 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
     uint32_t n_lp;
     uint8_t *wire = NULL;
     if (r->logprobs && m.ids_n > 0 &&
-        hpd_engine_logprobs(d->node->engine, r->eng_id, &lp, &n_lp) == HPD_OK && n_lp >= n &&
+        hpd_engine_logprobs(d->node->engine, eng_id, &lp, &n_lp) == HPD_OK && n_lp >= n &&
         (wire = malloc(hpd_logprobs_wire_bytes(m.ids_n, r->top_logprobs))) != NULL) {
         hpd_logprobs_encode(lp + from, m.ids_n, r->top_logprobs, wire);
         m.logprobs = wire;
@@ -119,14 +124,15 @@ static void notify_tokens(decode_t *d, dreq_t *r, const int32_t *toks, uint32_t 
     hpd_rpc_notify(r->conn, "tokens", &b);
     hpd_rpc_buf_destroy(&b);
     free(wire);
-    r->n_sent = n;
+    r->sent[c] = n;
+    r->ended[c] = done;
 }
 
 static void fail_req(decode_t *d, dreq_t *r, const char *why)
 {
     HPD_LOGR_WARN(LOG_COMPONENT, r->request, "%s: job %llu failed: %s", d->node->o.name,
                   (unsigned long long)r->job, why);
-    notify_tokens(d, r, NULL, 0, true, why);
+    notify_tokens(d, r, 0, r->eng_id, NULL, 0, true, why);
     d->failed++;
     dreq_free(d, r);
 }
@@ -135,42 +141,58 @@ static void fail_req(decode_t *d, dreq_t *r, const char *why)
 static void run(decode_t *d, dreq_t *r)
 {
     hpd_status_t st;
-    if ((st = hpd_engine_start(d->node->engine, r->eng_id, r->first_token)) != HPD_OK) {
+    if ((st = hpd_engine_start_choices(d->node->engine, r->eng_id, r->first, r->n_choices)) !=
+        HPD_OK) {
         fail_req(d, r, "the first token does not continue the replayed tokens");
         return;
     }
     event_del(r->expiry);
     r->t_running = hpd_time_now();
-    r->n_first = r->n_sent;
+    r->n_first = r->sent[0];
     d->started++;
     hpd_node_kick(d->node);
 }
 
+/* Streams what each running request's choices added; a request ends once
+ * every choice has (a failed one fails it whole). */
 static void after_step(hpd_node_t *n)
 {
     decode_t *d = n->role_data;
     dreq_t *r = d->reqs;
     while (r != NULL) {
         dreq_t *next = r->next;
-        const int32_t *toks;
-        uint32_t nt;
-        hpd_request_state_t st;
-        if (r->join.state == HPD_JOIN_RUNNING && hpd_engine_result(n->engine, r->eng_id, &toks, &nt, &st) == HPD_OK) {
-            if (st == HPD_REQ_FAILED) {
-                fail_req(d, r, "the decode step failed");
-            } else if (nt > r->n_sent || st == HPD_REQ_FINISHED) {
-                notify_tokens(d, r, toks, nt, st == HPD_REQ_FINISHED, NULL);
-                if (st == HPD_REQ_FINISHED) {
-                    const double t = hpd_time_now() - r->t_running;
-                    if (nt > r->n_first)
-                        hpd_metric_observe(d->m.tpot_s, t / (nt - r->n_first));
-                    HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu finished: %u tokens "
-                                  "in %.1f ms of decode", n->o.name, (unsigned long long)r->job,
-                                  nt, t * 1e3);
-                    d->finished++;
-                    dreq_free(d, r);
-                }
-            }
+        const uint64_t *ids;
+        uint32_t n_ids, open = 0, nt0 = 0;
+        bool failed = false;
+        if (r->join.state != HPD_JOIN_RUNNING ||
+            hpd_engine_choices(n->engine, r->eng_id, &ids, &n_ids) != HPD_OK) {
+            r = next;
+            continue;
+        }
+        for (uint32_t c = 0; c < n_ids && c < r->n_choices && !failed; c++) {
+            const int32_t *toks;
+            uint32_t nt;
+            hpd_request_state_t st;
+            if (r->ended[c] || hpd_engine_result(n->engine, ids[c], &toks, &nt, &st) != HPD_OK)
+                continue;
+            if (st == HPD_REQ_FAILED)
+                failed = true;
+            else if (nt > r->sent[c] || st == HPD_REQ_FINISHED)
+                notify_tokens(d, r, c, ids[c], toks, nt, st == HPD_REQ_FINISHED, NULL);
+            open += !r->ended[c];
+            nt0 = c == 0 ? nt : nt0;
+        }
+        if (failed) {
+            fail_req(d, r, "the decode step failed");
+        } else if (open == 0) {
+            const double t = hpd_time_now() - r->t_running;
+            if (nt0 > r->n_first)
+                hpd_metric_observe(d->m.tpot_s, t / (nt0 - r->n_first));
+            HPD_LOGR_INFO(LOG_COMPONENT, r->request, "%s: job %llu finished: %u tokens%s "
+                          "in %.1f ms of decode", n->o.name, (unsigned long long)r->job, nt0,
+                          r->n_choices > 1 ? " (its first choice)" : "", t * 1e3);
+            d->finished++;
+            dreq_free(d, r);
         }
         r = next;
     }
@@ -211,7 +233,7 @@ static void on_expiry(evutil_socket_t fd, short what, void *arg)
                   "started%s", d->node->o.name, (unsigned long long)r->job,
                   had_notice ? "" : "; its pages stay held until its writer has stopped");
     d->expired++;
-    notify_tokens(d, r, NULL, 0, true, "reservation expired");
+    notify_tokens(d, r, 0, r->eng_id, NULL, 0, true, "reservation expired");
     if (p.verdict == HPD_JOIN_EXPIRE) {
         dreq_free(d, r);
         return;
@@ -251,6 +273,7 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     rp.min_tokens = q.min_tokens;
     rp.logprobs = q.logprobs;
     rp.top_logprobs = q.logprobs ? q.top_logprobs : 0;
+    rp.n = q.n;
     if (q.grammar != NULL &&
         !hpd_node_grammar(n, q.grammar, q.grammar_len, "reserve", &rp.grammar, &err)) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
@@ -274,15 +297,21 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         uint32_t pu, pt, su, stot;
         hpd_engine_usage(n->engine, &pu, &pt, &su, &stot);
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_OVERLOADED,
-                            "reserve: no room for %u + %u tokens (%u of %u slots and %u of %u "
-                            "pages free)",
-                            rp.n_prompt, rp.max_tokens, stot - su, stot, pt - pu, pt);
+                            "reserve: no room for %u + %u tokens%s (%u of %u slots and %u of "
+                            "%u pages free)",
+                            rp.n_prompt, rp.max_tokens, rp.n > 1 ? " in each choice" : "",
+                            stot - su, stot, pt - pu, pt);
         goto out;
     }
     if (st != HPD_OK) {
+        char choices[64] = "";
+        if (rp.n > 1)
+            snprintf(choices, sizeof(choices), ", %u choices (at most %u, the max batch)", rp.n,
+                     HPD_MIN(hpd_engine_params(n->engine)->max_batch, HPD_MAX_CHOICES));
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
-                            "reserve: request refused (%u prompt tokens, %u new, max context %u)",
-                            rp.n_prompt, rp.max_tokens, hpd_engine_params(n->engine)->max_context);
+                            "reserve: request refused (%u prompt tokens, %u new%s, max context "
+                            "%u)", rp.n_prompt, rp.max_tokens, choices,
+                            hpd_engine_params(n->engine)->max_context);
         goto out;
     }
     r->job = job;
@@ -292,7 +321,9 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     r->top_logprobs = rp.top_logprobs;
     r->t_reserved = hpd_time_now();
     r->conn = conn;
-    r->n_sent = HPD_MAX(1u, rp.n_replay); /* the coordinator has these already */
+    r->n_choices = HPD_MAX(1u, rp.n);
+    for (uint32_t c = 0; c < r->n_choices; c++) /* the coordinator has these already */
+        r->sent[c] = c == 0 ? HPD_MAX(1u, rp.n_replay) : 1;
     hpd_rpc_conn_ref(conn);
     r->next = d->reqs;
     d->reqs = r;
@@ -345,6 +376,34 @@ out:
     hpd_msg_free(&hpd_msg_reserve, &q);
 }
 
+/* Checks a start's first tokens against r (NULL: no such job) into r->first;
+ * false with err filled. */
+static bool start_tokens(const hpd_node_t *n, dreq_t *r, const hpd_msg_start_t *m,
+                         hpd_proto_err_t *err)
+{
+    const uint32_t vocab = n->model->config.vocab_size, n_ch = r != NULL ? r->n_choices : 1;
+    if (n_ch > 1 && (m->first_tokens_n != n_ch || m->first_tokens[0] != (int32_t)m->first_token)) {
+        snprintf(err->text, sizeof(err->text), "start: first_tokens has %u ids (expected %u, "
+                 "one per choice, the first equal to first_token)", m->first_tokens_n, n_ch);
+        return false;
+    }
+    for (uint32_t c = 0; c < n_ch; c++) {
+        const int32_t t = c == 0 ? (int32_t)m->first_token : m->first_tokens[c];
+        if ((uint32_t)t >= vocab) {
+            if (c == 0)
+                snprintf(err->text, sizeof(err->text), "start: first_token %d is not a token id "
+                         "(vocabulary %u)", t, vocab);
+            else
+                snprintf(err->text, sizeof(err->text), "start: first_tokens[%u] is %d, not a "
+                         "token id (vocabulary %u)", c, t, vocab);
+            return false;
+        }
+        if (r != NULL)
+            r->first[c] = t;
+    }
+    return true;
+}
+
 static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
     hpd_node_t *n = arg;
@@ -355,27 +414,28 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
 
     if (!hpd_msg_unpack(&hpd_msg_start, params, &m, &err)) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
-        return;
+        goto out;
     }
-    if (m.first_token >= n->model->config.vocab_size) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
-                            "start: first_token %u is not a token id (vocabulary %u)",
-                            m.first_token, n->model->config.vocab_size);
-        return;
+    r = find(d, m.job);
+    const bool waits = r != NULL && r->join.state == HPD_JOIN_RESERVED && !r->join.have_start;
+    if (!start_tokens(n, waits ? r : NULL, &m, &err)) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        goto out;
     }
     hpd_join_plan_t p = {.verdict = HPD_JOIN_REFUSE};
-    if ((r = find(d, m.job)) != NULL)
+    if (r != NULL)
         p = hpd_join_event(&r->join, HPD_JOIN_EV_START);
     if (p.verdict == HPD_JOIN_REFUSE) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS,
                             "start: job %llu is not reserved here (expired, canceled or started)",
                             (unsigned long long)m.job);
-        return;
+        goto out;
     }
-    r->first_token = (int32_t)m.first_token;
     hpd_rpc_reply(conn, id, NULL);
     if (p.verdict == HPD_JOIN_RUN)
         run(d, r);
+out:
+    hpd_msg_free(&hpd_msg_start, &m);
 }
 
 static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)

@@ -26,6 +26,7 @@ HPD_MSG_DESC(hpd_msg_prefilled, "prefill reply", hpd_msg_prefilled_t, HPD_MSG_PR
 HPD_MSG_DESC(hpd_msg_reserve, "reserve", hpd_msg_reserve_t, HPD_MSG_RESERVE)
 HPD_MSG_DESC(hpd_msg_generate, "generate", hpd_msg_generate_t, HPD_MSG_GENERATE)
 HPD_MSG_DESC(hpd_msg_generated, "generate reply", hpd_msg_generated_t, HPD_MSG_GENERATED)
+HPD_MSG_DESC(hpd_msg_choice, "choice", hpd_msg_choice_t, HPD_MSG_CHOICE)
 HPD_MSG_DESC(hpd_msg_stream, "tokens", hpd_msg_stream_t, HPD_MSG_STREAM)
 HPD_MSG_DESC(hpd_msg_cancel_request, "cancel", hpd_msg_cancel_request_t,
              HPD_MSG_CANCEL_REQUEST)
@@ -40,7 +41,8 @@ const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_regi
                                              &hpd_msg_tokens,     &hpd_msg_cancel_job,
                                              &hpd_msg_start,      &hpd_msg_prefilled,
                                              &hpd_msg_reserve,    &hpd_msg_generate,
-                                             &hpd_msg_generated,  &hpd_msg_stream,
+                                             &hpd_msg_generated,  &hpd_msg_choice,
+                                             &hpd_msg_stream,
                                              &hpd_msg_cancel_request, &hpd_msg_canceled};
 const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
 

@@ -191,7 +191,8 @@ HPD_MSG_STRUCT(hpd_msg_destination_t, HPD_MSG_DESTINATION)
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
-    X(T, grammar, BIN, HPD_OPT, 0)
+    X(T, grammar, BIN, HPD_OPT, 0)                                                           \
+    X(T, n, U32, HPD_OPT, HPD_MAX_CHOICES)
 HPD_MSG_STRUCT(hpd_msg_prefill_job_t, HPD_MSG_PREFILL_JOB)
 
 /* a node's stats map: the stats method's reply, and its heartbeat's
@@ -296,7 +297,8 @@ HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
     X(T, done, BOOL, HPD_REQ, 0)                                                             \
     X(T, error, STR, HPD_OPT, 160)                                                           \
     X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
-    X(T, logprobs, BIN, HPD_OPT, 0)
+    X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
+    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)
 HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
 
 /* cancel (coordinator -> a node: a job). To a decode node, writer names
@@ -310,7 +312,8 @@ HPD_MSG_STRUCT(hpd_msg_cancel_job_t, HPD_MSG_CANCEL_JOB)
 /* start (coordinator -> decode node: the prefill's first token) */
 #define HPD_MSG_START(T, X)                                                                 \
     X(T, job, U64, HPD_REQ, UINT64_MAX)                                                      \
-    X(T, first_token, U32, HPD_REQ, INT32_MAX)
+    X(T, first_token, U32, HPD_REQ, INT32_MAX)                                               \
+    X(T, first_tokens, IDS, HPD_OPT, INT32_MAX) /* n choices: each one's, in order */
 HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
 
 /* the prefill call's reply; logprobs (a job that asked): the first
@@ -324,7 +327,8 @@ HPD_MSG_STRUCT(hpd_msg_start_t, HPD_MSG_START)
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
-    X(T, prompt_logprobs, BIN, HPD_OPT, 0)
+    X(T, prompt_logprobs, BIN, HPD_OPT, 0)                                                   \
+    X(T, first_tokens, IDS, HPD_OPT, INT32_MAX) /* n choices: each one's, in order */
 HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
 
 /* reserve (coordinator -> decode node): a slot and pages for a request;
@@ -343,7 +347,8 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
     X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
-    X(T, grammar, BIN, HPD_OPT, 0)
+    X(T, grammar, BIN, HPD_OPT, 0)                                                           \
+    X(T, n, U32, HPD_OPT, HPD_MAX_CHOICES)
 HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* ---- the client's messages (docs/protocol.md) */
@@ -376,7 +381,8 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
-    X(T, grammar, BIN, HPD_OPT, 0)
+    X(T, grammar, BIN, HPD_OPT, 0)                                                           \
+    X(T, n, U32, HPD_OPT, UINT32_MAX)
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */
@@ -396,8 +402,19 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, reasoning, BIN, HPD_OPT, 0) /* a thinking model's chat: its reasoning apart */       \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
-    X(T, prompt_logprobs, BIN, HPD_OPT, 0)
+    X(T, prompt_logprobs, BIN, HPD_OPT, 0)                                                   \
+    X(T, choices, ARR, HPD_OPT, 0) /* n > 1: a choice map each (hpd_msg_choice) */
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
+
+/* one of generate's choices (n > 1; the reply's own fields are choice 0's) */
+#define HPD_MSG_CHOICE(T, X)                                                                \
+    X(T, index, U32, HPD_REQ, HPD_MAX_CHOICES - 1)                                           \
+    X(T, tokens, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
+    X(T, text, BIN, HPD_OPT, 0)                                                              \
+    X(T, reasoning, BIN, HPD_OPT, 0)                                                         \
+    X(T, logprobs, BIN, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_choice_t, HPD_MSG_CHOICE)
 
 /* tokens (coordinator -> a streaming client): ids from index on; with
  * detokenize, the text they complete (text held back for a possible stop
@@ -408,7 +425,8 @@ HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
     X(T, ids, IDS, HPD_REQ, INT32_MAX)                                                       \
     X(T, text, BIN, HPD_OPT, 0)                                                              \
     X(T, reasoning, BIN, HPD_OPT, 0)                                                         \
-    X(T, logprobs, BIN, HPD_OPT, 0)
+    X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
+    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)
 HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
 
 /* cancel (client -> coordinator: the client's request of that tag) and
@@ -423,7 +441,7 @@ extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reserv
     hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_prefill_load, hpd_msg_decode_load,
     hpd_msg_stats, hpd_msg_engine_stats, hpd_msg_cache_stats, hpd_msg_xfer_stats, hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled, hpd_msg_reserve, hpd_msg_generate,
-    hpd_msg_generated, hpd_msg_stream, hpd_msg_cancel_request, hpd_msg_canceled;
+    hpd_msg_generated, hpd_msg_choice, hpd_msg_stream, hpd_msg_cancel_request, hpd_msg_canceled;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;
 

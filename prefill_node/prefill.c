@@ -41,9 +41,10 @@ typedef struct job {
     int32_t *prompt;
     uint32_t n_prompt;
     hpd_sampling_t sampling;
-    bool logprobs;         /* the first token's log probabilities, with top_logprobs */
+    bool logprobs;         /* the first tokens' log probabilities, with top_logprobs */
     uint32_t top_logprobs;
-    hpd_token_logprobs_t first_lp;
+    uint32_t n_choices;    /* first tokens drawn from the prompt's logits (seed + c) */
+    hpd_token_logprobs_t first_lp[HPD_MAX_CHOICES];
     bool prompt_logprobs;  /* the prompt's too (n_prompt - 1 of them) */
     hpd_grammar_t *grammar; /* a structured output (NULL: none) */
     uint8_t *prompt_lp;    /* in wire form (malloc'd) */
@@ -71,7 +72,7 @@ typedef struct job {
     bool failed;
     bool pair_failed; /* the transfer to the decode node failed: HPD_RPC_ERR_PEER */
     char error[200];
-    int32_t first_token;
+    int32_t first[HPD_MAX_CHOICES]; /* each choice's first token */
     uint32_t cached_tokens;
     double t_recv, t_start, t_end;
     double t_first_put, t_computed; /* transfer start, end of the prefill compute */
@@ -202,6 +203,29 @@ static void job_free(prefill_t *p, job_t *j)
 static void try_start(prefill_t *p);
 static void on_reap(evutil_socket_t fd, short what, void *arg);
 
+/* The first token of each of j's choices (its engine request's, all
+ * finished), with their logprobs when asked: false when one failed. */
+static bool first_tokens(hpd_engine_t *e, job_t *j)
+{
+    const uint64_t *ids;
+    uint32_t n;
+    if (hpd_engine_choices(e, j->eng_id, &ids, &n) != HPD_OK || n != j->n_choices)
+        return false;
+    for (uint32_t c = 0; c < n; c++) {
+        const int32_t *toks;
+        const hpd_token_logprobs_t *lp;
+        uint32_t nt, n_lp;
+        hpd_request_state_t rs;
+        if (hpd_engine_result(e, ids[c], &toks, &nt, &rs) != HPD_OK ||
+            rs != HPD_REQ_FINISHED || nt < 1)
+            return false;
+        j->first[c] = toks[0];
+        if (j->logprobs && hpd_engine_logprobs(e, ids[c], &lp, &n_lp) == HPD_OK && n_lp > 0)
+            j->first_lp[c] = lp[0];
+    }
+    return true;
+}
+
 /* Answers the prefill call and frees the job. */
 static void job_end(prefill_t *p, job_t *j)
 {
@@ -219,17 +243,19 @@ static void job_end(prefill_t *p, job_t *j)
                                 j->error);
             p->jobs_failed++;
         } else {
-            uint8_t lp[4 + 8 * HPD_MAX_TOP_LOGPROBS];
+            uint8_t lp[HPD_MAX_CHOICES * (4 + 8 * HPD_MAX_TOP_LOGPROBS)];
             if (j->logprobs)
-                hpd_logprobs_encode(&j->first_lp, 1, j->top_logprobs, lp);
+                hpd_logprobs_encode(j->first_lp, j->n_choices, j->top_logprobs, lp);
             const hpd_msg_prefilled_t m = {
                 .prompt_logprobs = j->prompt_lp,
                 .prompt_logprobs_len = j->prompt_lp_len,
                 .logprobs = j->logprobs ? lp : NULL,
-                .logprobs_len = j->logprobs
-                                    ? (uint32_t)hpd_logprobs_wire_bytes(1, j->top_logprobs)
-                                    : 0,
-                .first_token = (uint32_t)j->first_token,
+                .logprobs_len = j->logprobs ? (uint32_t)hpd_logprobs_wire_bytes(
+                                                  j->n_choices, j->top_logprobs)
+                                            : 0,
+                .first_token = (uint32_t)j->first[0],
+                .first_tokens = j->n_choices > 1 ? j->first : NULL,
+                .first_tokens_n = j->n_choices > 1 ? j->n_choices : 0,
                 .cached_tokens = j->cached_tokens,
                 .queue_ms = (float)((j->t_start - j->t_recv) * 1e3),
                 .prefill_ms = (float)((j->t_computed - j->t_start) * 1e3),
@@ -382,7 +408,8 @@ static void try_start(prefill_t *p)
                                    .logprobs = j->logprobs,
                                    .top_logprobs = j->top_logprobs,
                                    .prompt_logprobs = j->prompt_logprobs,
-                                   .grammar = j->grammar};
+                                   .grammar = j->grammar,
+                                   .n = j->n_choices};
         hpd_status_t st = hpd_engine_submit(n->engine, &rp, &j->eng_id);
         if (st != HPD_OK) {
             j->eng_id = 0;
@@ -558,12 +585,14 @@ static void after_step(hpd_node_t *n)
         } else if (rs == HPD_REQ_FINISHED) {
             hpd_request_info_t info;
             j->t_computed = hpd_time_now();
-            j->first_token = toks[0];
             const hpd_token_logprobs_t *lp;
             uint32_t n_lp;
-            if (j->logprobs && hpd_engine_logprobs(n->engine, j->eng_id, &lp, &n_lp) == HPD_OK &&
-                n_lp > 0)
-                j->first_lp = lp[0];
+            if (!first_tokens(n->engine, j)) {
+                job_fail(p, j, "a choice's first token could not be drawn");
+                job_stop(p, j);
+                j = p->jobs;
+                continue;
+            }
             if (j->prompt_logprobs &&
                 hpd_engine_prompt_logprobs(n->engine, j->eng_id, &lp, &n_lp) == HPD_OK &&
                 (j->prompt_lp = malloc(hpd_logprobs_wire_bytes(n_lp, j->top_logprobs) + 1)) !=
@@ -645,6 +674,7 @@ static bool parse_job(prefill_t *p, job_t *j, const msgpack_object *params,
     j->logprobs = pj.logprobs;
     j->prompt_logprobs = pj.prompt_logprobs;
     j->top_logprobs = pj.logprobs || pj.prompt_logprobs ? pj.top_logprobs : 0;
+    j->n_choices = pj.n > 1 ? pj.n : 1;
     j->prompt = (int32_t *)pj.prompt; /* the job owns it now */
     j->n_prompt = pj.prompt_n;
     for (uint32_t i = 0; i < j->n_prompt; i++)

@@ -697,6 +697,156 @@ static void test_admission_and_cli(void **state)
 
 /* Last: every process exits 0 on SIGTERM (the nodes drain, then the
  * coordinator drains and stops), and no log holds a sanitizer report. */
+/* n choices from one prefill: 16 prompts of 4 seeded choices each through
+ * both prefill and both decode layouts equal hpd-run --n 4's lines (choice
+ * c is the request with seed + c); choice 0 streams as a single answer
+ * does. Then again with the decode node that holds some of them killed
+ * (-9) mid-stream: they run again elsewhere, computed again (a request of
+ * several choices replays nothing) and still right. Nothing stays held. */
+#define CH_PROMPTS 16
+#define CH_N 4
+typedef struct {
+    int32_t tokens[CH_PROMPTS][CH_N][MAX_TOKENS];
+    uint32_t n[CH_PROMPTS][CH_N], streamed[CH_PROMPTS], attempts[CH_PROMPTS];
+    hpd_status_t status[CH_PROMPTS];
+    uint64_t handles[CH_PROMPTS];
+    uint32_t done;
+    bool stream_ok[CH_PROMPTS];
+    cl_proc_t *victim; /* killed once it holds requests mid-stream (NULL: none) */
+    bool killed;
+} ch_batch_t;
+
+static int ch_index(const ch_batch_t *b, uint64_t h)
+{
+    for (int i = 0; i < CH_PROMPTS; i++)
+        if (b->handles[i] == h)
+            return i;
+    return -1;
+}
+
+static void ch_token(void *arg, uint64_t h, uint32_t index, const int32_t *ids, uint32_t n)
+{
+    ch_batch_t *b = arg;
+    const int i = ch_index(b, h);
+    if (i < 0)
+        return;
+    if (index != b->streamed[i])
+        b->stream_ok[i] = false;
+    for (uint32_t k = 0; k < n && index + k < MAX_TOKENS; k++)
+        b->tokens[i][0][index + k] = ids[k];
+    b->streamed[i] = index + n;
+}
+
+static void ch_done(void *arg, uint64_t h, hpd_generate_result_t *r)
+{
+    ch_batch_t *b = arg;
+    const int i = ch_index(b, h);
+    if (i < 0)
+        return;
+    b->status[i] = r->status;
+    b->attempts[i] = r->attempts;
+    b->done++;
+    if (r->status != HPD_OK) {
+        print_message("choices of prompt %d: %s\n", i, r->error);
+        return;
+    }
+    if (r->n_more != CH_N - 1 || b->streamed[i] != r->n_tokens ||
+        memcmp(b->tokens[i][0], r->tokens, r->n_tokens * sizeof(int32_t)) != 0)
+        b->stream_ok[i] = false;
+    b->n[i][0] = r->n_tokens;
+    for (uint32_t k = 0; k < r->n_more && k + 1 < CH_N; k++) {
+        b->n[i][k + 1] = r->more[k].n_tokens;
+        memcpy(b->tokens[i][k + 1], r->more[k].tokens,
+               HPD_MIN(r->more[k].n_tokens, MAX_TOKENS) * sizeof(int32_t));
+    }
+}
+
+static bool ch_over(cl_t *c, void *arg)
+{
+    ch_batch_t *b = arg;
+    uint32_t streaming = 0;
+    for (int i = 0; i < CH_PROMPTS; i++)
+        streaming += b->streamed[i] > 1 && b->streamed[i] < MAX_TOKENS;
+    if (b->victim != NULL && !b->killed && streaming > 0) {
+        cl_status_t s;
+        cl_pause(b->victim);
+        cl_status(&cl, &s);
+        const msgpack_object *d = cl_status_node(&s, b->victim->name);
+        const uint64_t held = d != NULL ? cl_u64(d, "reserved_slots") : 0;
+        cl_status_free(&s);
+        if (held >= CH_N) {
+            print_message("killing %s, which holds %llu slots of choices, with %u requests "
+                          "done\n", b->victim->name, (unsigned long long)held, b->done);
+            cl_kill9(&cl, b->victim);
+            b->killed = true;
+        } else {
+            cl_resume(b->victim);
+        }
+    }
+    return b->done == CH_PROMPTS;
+}
+
+static void run_choices(ch_batch_t *b, const int32_t (*ref)[MAX_TOKENS], const char *what)
+{
+    hpd_client_t *c = cl_client(&cl);
+    for (int i = 0; i < CH_PROMPTS; i++) {
+        hpd_generate_params_t p = {.prompt = prompts[i].ids,
+                                   .n_prompt = (uint32_t)prompts[i].n,
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = seeded,
+                                   .n = CH_N};
+        b->stream_ok[i] = true;
+        assert_int_equal(hpd_client_submit(c, &p, ch_token, ch_done, b, &b->handles[i]), HPD_OK);
+    }
+    cl_wait(&cl, c, 300, ch_over, b, "the requests of choices");
+    hpd_client_destroy(c);
+    int bad = 0;
+    for (int i = 0; i < CH_PROMPTS; i++)
+        for (int k = 0; k < CH_N; k++)
+            if (b->status[i] != HPD_OK || !b->stream_ok[i] || b->n[i][k] != MAX_TOKENS ||
+                memcmp(b->tokens[i][k], ref[i * CH_N + k], sizeof(ref[0])) != 0) {
+                print_message("%s: prompt %d choice %d differs from hpd-run --n %d's (status "
+                              "%s, %u tokens, stream %s)\n", what, i, k, CH_N,
+                              hpd_status_str(b->status[i]), b->n[i][k],
+                              b->stream_ok[i] ? "ok" : "bad");
+                bad++;
+            }
+    assert_int_equal(bad, 0);
+}
+
+static void test_choices(void **state)
+{
+    static int32_t ref[CH_PROMPTS * CH_N][MAX_TOKENS];
+    static ch_batch_t b;
+    char file[320];
+    snprintf(file, sizeof(file), "%s/prompts-choices", cl.root);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    for (int i = 0; i < CH_PROMPTS; i++)
+        for (size_t t = 0; t < prompts[i].n; t++)
+            fprintf(f, t + 1 < prompts[i].n ? "%d," : "%d\n", prompts[i].ids[t]);
+    fclose(f);
+    cl_reference(&cl, file, CH_PROMPTS * CH_N, MAX_TOKENS, "--n 4 " SEEDED_ARGS, &ref[0][0]);
+    memset(&b, 0, sizeof(b));
+    run_choices(&b, (const int32_t(*)[MAX_TOKENS])ref, "choices");
+    print_message("choices: %d prompts x %d choices identical to hpd-run --n %d\n", CH_PROMPTS,
+                  CH_N, CH_N);
+    wait_idle();
+    const cl_requests_t before = cl_requests(&cl);
+    memset(&b, 0, sizeof(b));
+    b.victim = nodes[3].p;
+    run_choices(&b, (const int32_t(*)[MAX_TOKENS])ref, "choices after a kill");
+    assert_true(b.killed);
+    const cl_requests_t after = cl_requests(&cl);
+    print_message("choices after kill -9 of %s: identical, %llu retries\n", nodes[3].name,
+                  (unsigned long long)(after.retried - before.retried));
+    assert_true(after.retried > before.retried);
+    assert_int_equal(after.failed, before.failed);
+    start_node(&nodes[3]);
+    wait_idle();
+    cl.passed++;
+}
+
 static void test_clean_exit(void **state)
 {
     cl_stop_all(&cl);
@@ -710,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_stop_tokens),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_failover),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_cancels_and_disconnects),
         cmocka_unit_test(test_admission_and_cli),
         cmocka_unit_test(test_clean_exit), /* last: stops the cluster */

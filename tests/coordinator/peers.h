@@ -44,6 +44,9 @@ typedef struct {
     bool ignore_eos;
     uint64_t seed;
     double temperature; /* NAN: not given */
+    uint32_t n_choices; /* reserve and prefill: n (0: one) */
+    int32_t first[16];  /* start: first_token, then first_tokens' others */
+    uint32_t n_first;
 } peer_job_t;
 
 typedef struct {
@@ -127,6 +130,7 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     j->min_tokens = m.min_tokens;
     j->stop_n = m.stop_token_ids_n;
     j->ignore_eos = m.ignore_eos;
+    j->n_choices = m.n;
     const msgpack_object *seed = m.sampling ? hpd_rpc_map_get(m.sampling, "seed") : NULL;
     const msgpack_object *t = m.sampling ? hpd_rpc_map_get(m.sampling, "temperature") : NULL;
     j->seed = seed != NULL ? seed->via.u64 : 0;
@@ -152,8 +156,18 @@ static void m_start(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *par
     peer_job_t *j = peer_job(p, job_of(params));
     p->starts++;
     p->coord_conn = conn;
-    if (j != NULL)
+    if (j != NULL) {
+        hpd_msg_start_t m = {0};
+        hpd_proto_err_t err;
+        if (!hpd_msg_unpack(&hpd_msg_start, params, &m, &err))
+            fail_msg("%s: a start it cannot read: %s", p->name, err.text);
         j->started = true;
+        j->first[0] = (int32_t)m.first_token;
+        j->n_first = HPD_MAX(1u, HPD_MIN(m.first_tokens_n, 16u));
+        for (uint32_t k = 1; k < j->n_first; k++)
+            j->first[k] = m.first_tokens[k];
+        hpd_msg_free(&hpd_msg_start, &m);
+    }
     hpd_rpc_reply(conn, id, NULL);
     if (j != NULL && p->autocomplete) {
         static const int32_t rest[] = {10, 11, 12};
@@ -207,6 +221,7 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     if (!hpd_msg_unpack(&hpd_msg_prefill_job, params, &m, &err))
         fail_msg("%s: a prefill job it cannot read: %s", p->name, err.text);
     j->prefill_n = m.prompt_n;
+    j->n_choices = m.n;
     memcpy(j->prompt, m.prompt, HPD_MIN(m.prompt_n, PEER_MAX_PROMPT) * sizeof(int32_t));
     hpd_msg_free(&hpd_msg_prefill_job, &m);
     const msgpack_object *dest = hpd_rpc_map_get(hpd_rpc_map_get(params, "decode"), "node");
@@ -256,11 +271,12 @@ static inline void peer_answer_error(peer_t *p, uint64_t job, int64_t code)
     held_release(j);
 }
 
-/* A decode node's tokens notification for job: ids from index on. */
-static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *ids, uint32_t n,
-                        bool done, const char *error)
+/* A decode node's tokens notification for choice k of job: ids from index on. */
+static void peer_choice_tokens(peer_t *p, uint64_t job, uint32_t k, uint32_t index,
+                               const int32_t *ids, uint32_t n, bool done, const char *error)
 {
-    hpd_msg_tokens_t m = {.job = job, .index = index, .ids = ids, .ids_n = n, .done = done};
+    hpd_msg_tokens_t m = {.job = job, .index = index, .ids = ids, .ids_n = n, .done = done,
+                          .choice = k};
     if (done)
         snprintf(m.finish_reason, sizeof(m.finish_reason), "length");
     if (error != NULL)
@@ -271,6 +287,12 @@ static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *
     assert_non_null(p->coord_conn);
     assert_int_equal(hpd_rpc_notify(p->coord_conn, "tokens", &b), HPD_OK);
     hpd_rpc_buf_destroy(&b);
+}
+
+static void peer_tokens(peer_t *p, uint64_t job, uint32_t index, const int32_t *ids, uint32_t n,
+                        bool done, const char *error)
+{
+    peer_choice_tokens(p, job, 0, index, ids, n, done, error);
 }
 
 static void on_peer_notify(void *arg, const hpd_rpc_msg_t *msg)
@@ -475,11 +497,12 @@ typedef struct {
     char finish_reason[8];
 } outcome_t;
 
-static bool sink_tokens(void *arg, const int32_t *tokens, const hpd_token_logprobs_t *lp,
-                        uint32_t from, uint32_t n, uint32_t *keep_p)
+static bool sink_tokens(void *arg, uint32_t k, const int32_t *tokens,
+                        const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
+                        uint32_t *keep_p)
 {
     outcome_t *o = arg;
-    if (from != o->n_streamed || n <= from || n > 256)
+    if (k != 0 || from != o->n_streamed || n <= from || n > 256)
         o->streamed_wrong = true;
     for (uint32_t i = from; i < n && o->n_streamed < 256; i++) {
         o->streamed[o->n_streamed++] = tokens[i];

@@ -134,26 +134,43 @@ static void test_invalid(void **state)
 static void test_placeable(void **state)
 {
     uint32_t need, largest;
+    hpd_route_req_t rq = {.n_prompt = 100, .max_tokens = 28};
     hpd_route_node_t v[3] = {node(true, 100, 4096), node(false, 100, 4096),
                              node(false, 100, 4096)};
     v[1].pages = 8;  /* 16-token pages, 2 layers: 128 tokens need 16 pages */
     v[2].pages = 12;
-    assert_false(hpd_admit_placeable(v, 3, 128, &need, &largest));
+    assert_false(hpd_admit_placeable(v, 3, &rq, &need, &largest));
     assert_int_equal(need, 16);
     assert_int_equal(largest, 12);
     v[2].pages = 16;
-    assert_true(hpd_admit_placeable(v, 3, 128, &need, &largest));
+    assert_true(hpd_admit_placeable(v, 3, &rq, &need, &largest));
     v[2].slots = 0; /* no slot at all: it can never take one */
-    assert_false(hpd_admit_placeable(v, 3, 128, &need, &largest));
+    assert_false(hpd_admit_placeable(v, 3, &rq, &need, &largest));
     v[2].slots = 4;
     v[2].usable = false; /* draining: not counted */
-    assert_false(hpd_admit_placeable(v, 3, 128, &need, &largest));
+    assert_false(hpd_admit_placeable(v, 3, &rq, &need, &largest));
     assert_int_equal(largest, 8);
+    /* choices: each past the first adds the blocks past the prompt's 6 full
+     * ones (2 a group: 4 pages) and a slot */
+    v[2].usable = true;
+    rq.n_choices = 2;
+    assert_int_equal(hpd_route_request_pages(&v[2].layout, &rq), 20);
+    assert_false(hpd_admit_placeable(v, 3, &rq, &need, &largest));
+    assert_int_equal(need, 20);
+    v[2].pages = 20;
+    assert_true(hpd_admit_placeable(v, 3, &rq, &need, &largest));
+    rq.n_choices = 5; /* more than any node's 4 slots */
+    v[2].pages = 100;
+    assert_false(hpd_admit_placeable(v, 3, &rq, &need, &largest));
+    assert_int_equal(need, 0);
+    rq.n_choices = 1;
+    v[2].pages = 16;
+    v[2].usable = false;
     /* none registered: the request waits for one */
-    assert_true(hpd_admit_placeable(v, 1, 128, &need, &largest));
+    assert_true(hpd_admit_placeable(v, 1, &rq, &need, &largest));
     /* none with the context: admission refuses those, by context */
     v[1].max_context = 64;
-    assert_true(hpd_admit_placeable(v, 3, 128, &need, &largest));
+    assert_true(hpd_admit_placeable(v, 3, &rq, &need, &largest));
 }
 
 int main(void)

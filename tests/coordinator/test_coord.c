@@ -996,6 +996,134 @@ static void test_stop_inside_a_batch(void **state)
     pair_stop(&p, &d);
 }
 
+/* A request of n choices: the sink's end hears each. */
+typedef struct {
+    bool done;
+    hpd_coord_outcome_t outcome;
+    char error[300];
+    uint32_t n_choices;
+    int32_t tokens[4][8];
+    uint32_t n[4];
+    char finish[4][8];
+    int32_t stop_at[4]; /* the sink ends choice k at this token (0: never) */
+    uint32_t streamed[4];
+    bool streamed_wrong;
+} choices_t;
+
+static bool choices_tokens(void *arg, uint32_t k, const int32_t *tokens,
+                           const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
+                           uint32_t *keep_p)
+{
+    choices_t *o = arg;
+    if (k >= 4 || from != o->streamed[k] || n <= from) {
+        o->streamed_wrong = true;
+        return true;
+    }
+    for (uint32_t i = from; i < n; i++) {
+        o->streamed[k] = i + 1;
+        if (o->stop_at[k] != 0 && tokens[i] == o->stop_at[k]) {
+            *keep_p = i + 1;
+            return false;
+        }
+    }
+    return true;
+}
+
+static void choices_done(void *arg, const hpd_coord_result_t *res)
+{
+    choices_t *o = arg;
+    o->done = true;
+    o->outcome = res->outcome;
+    snprintf(o->error, sizeof(o->error), "%s", res->error != NULL ? res->error : "");
+    o->n_choices = res->n_choices;
+    for (uint32_t k = 0; k < res->n_choices && k < 4; k++) {
+        o->n[k] = HPD_MIN(res->choices[k].n_tokens, 8u);
+        memcpy(o->tokens[k], res->choices[k].tokens, o->n[k] * sizeof(int32_t));
+        snprintf(o->finish[k], sizeof(o->finish[k]), "%s",
+                 res->choices[k].finish_reason != NULL ? res->choices[k].finish_reason : "");
+    }
+}
+
+/* The prefill node's answer with each choice's first token. */
+static void answer_choices(peer_t *p, uint64_t job, const int32_t *first, uint32_t n)
+{
+    peer_job_t *j = peer_held(p, job);
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_prefilled,
+                 &(hpd_msg_prefilled_t){.first_token = (uint32_t)first[0],
+                                        .first_tokens = first,
+                                        .first_tokens_n = n},
+                 &b.pk);
+    hpd_rpc_reply(j->conn, j->call, &b);
+    hpd_rpc_buf_destroy(&b);
+    held_release(j);
+}
+
+/* n choices: reserve and prefill carry n; a prefill answer without a first
+ * token per choice fails the attempt (it runs again); the start carries
+ * each choice's first token; each choice streams and ends apart (one the
+ * sink stopped ends as "stop" while the others go on; tokens of a choice
+ * the request lacks change nothing), and once every choice has ended the
+ * request finishes and the decode node is told to let go; n above 16 is
+ * refused. */
+static void test_choices(void **state)
+{
+    peer_t p, d;
+    choices_t o = {.stop_at = {0, 11, 0}};
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    coord_start(NULL);
+    peer_start(&p, "p0", true);
+    peer_start(&d, "d0", false);
+    p.mode = PEER_HOLD;
+    hpd_coord_request_t q = {.prompt = prompt, .n_prompt = 5, .max_tokens = 4,
+                             .sampling = {.temperature = 1, .top_p = 1, .seed = 3}, .n = 17};
+    const hpd_coord_sink_t sink = {.tokens = choices_tokens, .done = choices_done, .arg = &o};
+    uint64_t id;
+    char err[300];
+    assert_int_equal(hpd_coord_submit(coord, &q, &sink, &id, err, sizeof(err)),
+                     HPD_RPC_ERR_PARAMS);
+    assert_string_equal(err, "generate: n is 17 (expected 1 to 16 choices)");
+    q.n = 3;
+    assert_int_equal(hpd_coord_submit(coord, &q, &sink, &id, err, sizeof(err)), 0);
+    LOOP_UNTIL(p.prefills == 1);
+    assert_int_equal(d.jobs[0].n_choices, 3);
+    assert_int_equal(p.jobs[0].n_choices, 3);
+    static const int32_t first[] = {7, 8, 9};
+    answer_choices(&p, p.jobs[0].job, first, 2); /* one short: the attempt fails */
+    LOOP_UNTIL(p.prefills == 2);
+    assert_int_equal(d.starts, 0);
+    answer_choices(&p, p.jobs[1].job, first, 3);
+    LOOP_UNTIL(d.starts == 1);
+    peer_job_t *j = peer_job(&d, p.jobs[1].job);
+    assert_non_null(j);
+    assert_int_equal(j->n_first, 3);
+    assert_memory_equal(j->first, first, sizeof(first));
+    static const int32_t a[] = {10, 11, 12}, b[] = {20, 21, 22};
+    peer_choice_tokens(&d, j->job, 5, 1, a, 3, true, NULL); /* no such choice */
+    peer_choice_tokens(&d, j->job, 1, 1, a, 3, false, NULL); /* stopped at 11 */
+    peer_choice_tokens(&d, j->job, 0, 1, a, 3, true, NULL);
+    peer_choice_tokens(&d, j->job, 2, 1, b, 2, false, NULL);
+    peer_choice_tokens(&d, j->job, 2, 3, b + 2, 1, true, NULL);
+    LOOP_UNTIL(o.done);
+    assert_int_equal(o.outcome, HPD_COORD_FINISHED);
+    assert_false(o.streamed_wrong);
+    assert_int_equal(o.n_choices, 3);
+    static const int32_t want0[] = {7, 10, 11, 12}, want1[] = {8, 10, 11},
+                         want2[] = {9, 20, 21, 22};
+    assert_int_equal(o.n[0], 4);
+    assert_memory_equal(o.tokens[0], want0, sizeof(want0));
+    assert_int_equal(o.n[1], 3);
+    assert_memory_equal(o.tokens[1], want1, sizeof(want1));
+    assert_int_equal(o.n[2], 4);
+    assert_memory_equal(o.tokens[2], want2, sizeof(want2));
+    assert_string_equal(o.finish[0], "length");
+    assert_string_equal(o.finish[1], "stop");
+    assert_string_equal(o.finish[2], "length");
+    LOOP_UNTIL(j->canceled); /* choice 1 never ended there: the node lets go */
+    pair_stop(&p, &d);
+}
+
 /* generate with detokenize and stop strings, on a coordinator that has
  * the model's tokenizer: the answer's text ends before the stop string,
  * with the tokens up to the one that completed it ("stop"); stop strings
@@ -1412,6 +1540,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hedge_fails_too, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heartbeats_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_choices, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
