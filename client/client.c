@@ -21,6 +21,7 @@ typedef struct pending {
     void *arg;
     double t_submit, t_first;
     uint32_t streamed; /* tokens delivered to on_token */
+    uint32_t n_choices;
     struct pending *next;
 } pending_t;
 
@@ -55,6 +56,10 @@ static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
         return;
     if (!hpd_msg_unpack(&hpd_msg_stream, msg->params, &m, &err)) {
         HPD_LOG_WARN(LOG_COMPONENT, "bad tokens notification: %s", err.text);
+        return;
+    }
+    if (m.choice != 0) { /* (choice 0 streams; the others come with the reply) */
+        hpd_msg_free(&hpd_msg_stream, &m);
         return;
     }
     if ((q = find(c, m.tag)) != NULL && m.ids_n > 0) {
@@ -171,6 +176,70 @@ static hpd_status_t status_of_code(int64_t code)
     }
 }
 
+static void free_more(hpd_generate_result_t *r)
+{
+    for (uint32_t k = 0; r->more != NULL && k < r->n_more; k++) {
+        free(r->more[k].tokens);
+        free(r->more[k].text);
+        free(r->more[k].reasoning);
+        free(r->more[k].logprobs);
+    }
+    free(r->more);
+    r->more = NULL;
+    r->n_more = 0;
+}
+
+static char *dup_bin(const void *data, uint32_t len)
+{
+    char *s = data != NULL ? malloc(len + 1) : NULL;
+    if (s != NULL) {
+        memcpy(s, data, len);
+        s[len] = '\0';
+    }
+    return s;
+}
+
+/* The reply's choices 1 .. n - 1 into r->more; a reply without them (or
+ * with others) is a bad reply. */
+static void more_choices(const hpd_msg_generated_t *g, uint32_t n, hpd_generate_result_t *r)
+{
+    const msgpack_object *a = g->choices;
+    char why[200] = "out of memory";
+    if (a == NULL || a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size != n) {
+        snprintf(why, sizeof(why), "expected %u choices", n);
+        goto bad;
+    }
+    if ((r->more = calloc(n - 1, sizeof(*r->more))) == NULL)
+        goto bad;
+    r->n_more = n - 1;
+    for (uint32_t k = 1; k < n; k++) {
+        hpd_msg_choice_t m = {0};
+        hpd_proto_err_t err;
+        hpd_generate_choice_t *ch = &r->more[k - 1];
+        if (!hpd_msg_unpack(&hpd_msg_choice, &a->via.array.ptr[k], &m, &err) || m.index != k) {
+            snprintf(why, sizeof(why), "choice %u: %.180s", k,
+                     m.index != k ? "out of order" : err.text);
+            hpd_msg_free(&hpd_msg_choice, &m);
+            goto bad;
+        }
+        ch->tokens = (int32_t *)m.tokens; /* ours now */
+        ch->n_tokens = m.tokens_n;
+        memcpy(ch->finish_reason, m.finish_reason, sizeof(ch->finish_reason));
+        ch->text = dup_bin(m.text, m.text_len);
+        ch->text_len = m.text_len;
+        ch->reasoning = dup_bin(m.reasoning, m.reasoning_len);
+        if (m.logprobs != NULL &&
+            ((ch->logprobs = malloc((ch->n_tokens + 1) * sizeof(*ch->logprobs))) == NULL ||
+             !hpd_logprobs_decode(m.logprobs, m.logprobs_len, ch->n_tokens, g->top_logprobs,
+                                  UINT32_MAX, ch->logprobs, why, sizeof(why))))
+            goto bad;
+    }
+    return;
+bad:
+    r->status = HPD_ERR_FORMAT;
+    snprintf(r->error, sizeof(r->error), "bad reply: %s", why);
+}
+
 static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     pending_t *q = arg;
@@ -240,6 +309,8 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
             memcpy(r.reasoning, g.reasoning, g.reasoning_len);
             r.reasoning[g.reasoning_len] = '\0';
         }
+        if (r.status == HPD_OK && q->n_choices > 1)
+            more_choices(&g, q->n_choices, &r);
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
@@ -252,6 +323,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     free(r.reasoning);
     free(r.logprobs);
     free(r.prompt_logprobs);
+    free_more(&r);
     drop(c, q);
 }
 
@@ -276,7 +348,8 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                      .on_text = p->on_text,
                      .text_arg = p->text_arg,
                      .arg = arg,
-                     .t_submit = hpd_time_now()};
+                     .t_submit = hpd_time_now(),
+                     .n_choices = p->n};
     /* a chat's messages and the stop strings, packed apart */
     hpd_rpc_buf_t msgs, stops;
     hpd_rpc_buf_init(&msgs);
@@ -320,7 +393,8 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .top_logprobs = p->top_logprobs,
                                            .prompt_logprobs = p->prompt_logprobs,
                                            .grammar = p->grammar,
-                                           .grammar_len = p->grammar ? (uint32_t)strlen(p->grammar) : 0},
+                                           .grammar_len = p->grammar ? (uint32_t)strlen(p->grammar) : 0,
+                                           .n = p->n},
                      &b.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);
@@ -390,6 +464,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     r->reasoning = NULL;
     r->logprobs = NULL;
     r->prompt_logprobs = NULL;
+    r->more = NULL;
 }
 
 static void sync_token(void *arg, uint64_t handle, uint32_t index, const int32_t *ids,
@@ -432,6 +507,7 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
     r->logprobs = NULL;
     free(r->prompt_logprobs);
     r->prompt_logprobs = NULL;
+    free_more(r);
 }
 
 hpd_status_t hpd_client_status(hpd_client_t *c, hpd_rpc_result_t *r)

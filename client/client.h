@@ -56,7 +56,21 @@ typedef struct {
     /* a structured output: {"json_schema": SCHEMA} or {"json_object": true}
      * (docs/structured_outputs.md); NULL: none */
     const char *grammar;
+    /* choices: n answers from one prefill (choice c: the seed + c); 0 or 1:
+     * one. The result's fields are choice 0's, the others in result.more;
+     * on_token and on_text stream choice 0's. */
+    uint32_t n;
 } hpd_generate_params_t;
+
+/* One more answer of a request of n choices. */
+typedef struct {
+    int32_t *tokens; /* malloc'd */
+    uint32_t n_tokens;
+    char finish_reason[8];
+    char *text, *reasoning; /* as the result's (malloc'd or NULL) */
+    size_t text_len;
+    hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
+} hpd_generate_choice_t;
 
 typedef struct {
     hpd_status_t status;   /* HPD_OK, or why not (HPD_ERR_INVALID_ARG: the request was refused
@@ -77,13 +91,16 @@ typedef struct {
     double push_ms;           /* its transfer, first put to completion */
     double exposed_push_ms;   /* the part of the transfer after the compute ended */
     double client_ttft_ms, client_total_ms; /* measured here (first streamed token) */
+    hpd_generate_choice_t *more; /* n > 1: choices 1 .. n - 1 (malloc'd, n_more of them) */
+    uint32_t n_more;
 } hpd_generate_result_t;
 
 /* Streamed tokens: ids are the tokens from position index on. */
 typedef void (*hpd_client_token_cb_t)(void *arg, uint64_t handle, uint32_t index,
                                       const int32_t *ids, uint32_t n);
 /* The end of a request; result is valid during the call (take ownership of
- * result->tokens, text, logprobs or prompt_logprobs by setting it to NULL). */
+ * result->tokens, text, logprobs, prompt_logprobs or more by setting it to
+ * NULL). */
 typedef void (*hpd_client_done_cb_t)(void *arg, uint64_t handle, hpd_generate_result_t *result);
 
 /* Connects and authenticates (HPD_ERR_IO: unreachable; HPD_ERR_INVALID_ARG:

@@ -52,6 +52,8 @@ static void usage(FILE *f)
             "                          FILE allows (docs/structured_outputs.md)\n"
             "    --json-object         structured output: any JSON object\n"
             "    --json-flexible       with those: any JSON whitespace inside the document\n"
+            "    --n N                 N answers from one prefill (1 to 16; answer c: the\n"
+            "                          seed + c), a line each, as hpd-run --n N prints them\n"
             "    --stream              print tokens as they arrive\n"
             "    --concurrency N       requests in flight at once (64)\n"
             "    --stats-json FILE     per-request TTFT, total time, cached tokens and\n"
@@ -111,6 +113,13 @@ static void flush_output(void)
                                G.results[i].prompt_tokens - 1);
         if (G.results[i].logprobs != NULL) /* a line of them after the ids' */
             hpd_logprobs_print(stdout, G.results[i].logprobs, G.results[i].n_tokens);
+        for (uint32_t k = 0; k < G.results[i].n_more; k++) { /* --n: each answer a line */
+            const hpd_generate_choice_t *ch = &G.results[i].more[k];
+            print_ids(ch->tokens, ch->n_tokens, false);
+            printf("\n");
+            if (ch->logprobs != NULL)
+                hpd_logprobs_print(stdout, ch->logprobs, ch->n_tokens);
+        }
         G.printed++;
         G.streamed_on_line = 0;
     }
@@ -144,10 +153,12 @@ static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     const size_t i = index_of(handle);
     if (i == G.n)
         return;
-    G.results[i] = *r;
+    G.results[i] = *r; /* ours now */
     r->tokens = NULL;
+    r->text = r->reasoning = NULL;
     r->logprobs = NULL;
     r->prompt_logprobs = NULL;
+    r->more = NULL;
     G.done[i] = true;
     G.n_done++;
     if (G.results[i].status != HPD_OK)
@@ -216,6 +227,16 @@ static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
             printf(i ? " %d" : "%d", r.tokens[i]);
     }
     printf("\n");
+    for (uint32_t k = 0; k < r.n_more; k++) { /* --n: the other answers, each its own */
+        const hpd_generate_choice_t *ch = &r.more[k];
+        if (print_text && ch->reasoning != NULL)
+            fprintf(stderr, "[reasoning %u] %s\n", k + 1, ch->reasoning);
+        if (print_text && ch->text != NULL)
+            fwrite(ch->text, 1, ch->text_len, stdout);
+        for (uint32_t i = 0; !print_text && i < ch->n_tokens; i++)
+            printf(i ? " %d" : "%d", ch->tokens[i]);
+        printf("\n");
+    }
     hpd_generate_result_free(&r);
     return 0;
 }
@@ -407,7 +428,7 @@ int main(int argc, char **argv)
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
            O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS, O_PLOGPROBS,
-           O_SCHEMA, O_JOBJECT, O_JFLEX };
+           O_SCHEMA, O_JOBJECT, O_JFLEX, O_N };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -421,7 +442,7 @@ int main(int argc, char **argv)
         {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
         {"logprobs", 1, 0, O_LOGPROBS}, {"prompt-logprobs", 0, 0, O_PLOGPROBS},
         {"json-schema", 1, 0, O_SCHEMA}, {"json-object", 0, 0, O_JOBJECT},
-        {"json-flexible", 0, 0, O_JFLEX},
+        {"json-flexible", 0, 0, O_JFLEX}, {"n", 1, 0, O_N},
         {0, 0, 0, 0}};
     const char *schema_file = NULL;
     bool json_object = false, json_flexible = false;
@@ -522,6 +543,11 @@ int main(int argc, char **argv)
         case O_SCHEMA: schema_file = optarg; break;
         case O_JOBJECT: json_object = true; break;
         case O_JFLEX: json_flexible = true; break;
+        case O_N: /* choices per prompt */
+            if (hpd_parse_u64(optarg, 1, HPD_MAX_CHOICES, &v) != 0)
+                goto bad_number;
+            gp.n = (uint32_t)v;
+            break;
         case O_PROMPT: prompt = optarg; break;
         case O_TEXT: print_text = true; break;
         case O_SYSTEM: system = optarg; break;
