@@ -72,7 +72,27 @@ struct hpd_openai {
     hpd_metric_t *closed[N_CLOSED];          /* by the guard, by reason */
 };
 
+typedef struct call call_t;
+
+/* One choice of a call (n of them; one without): its answer as it comes. */
 typedef struct {
+    call_t *k;
+    uint32_t index;
+    hpd_text_out_t out;
+    struct evbuffer *text; /* the answer so far (not streamed) */
+    bool bad_token;        /* an id the tokenizer does not know came */
+    hpd_reasoning_t reasoning; /* a thinking model's chat: the split (coordinator/reasoning.h) */
+    struct evbuffer *thought;  /* the reasoning so far (not streamed) */
+    /* log probabilities: the entries of the tokens not yet sent (see call) */
+    json_t *lp;
+    size_t text_offset; /* completions: characters of the tokens so far */
+    bool echoed;        /* streamed: the prompt's chunk went out */
+    hpd_toolcall_t tc;  /* tools: the parser of its content */
+    json_t *calls;      /* the calls so far (not streamed) */
+    uint32_t n_calls;
+} choice_t;
+
+struct call {
     hpd_openai_t *api;
     struct evhttp_request *req;
     struct evhttp_connection *evcon;
@@ -87,36 +107,29 @@ typedef struct {
     uint32_t n_prompt;
     char *stops[HPD_TEXT_MAX_STOPS];
     size_t n_stops;
-    hpd_text_out_t out;
-    struct evbuffer *text; /* the answer so far (not streamed) */
-    bool bad_token;        /* an id the tokenizer does not know came */
-    /* a chat of a thinking model: its answer split into reasoning and
+    /* a chat of a thinking model: its answers split into reasoning and
      * content (coordinator/reasoning.h) */
     bool split;
-    hpd_reasoning_t reasoning;
-    struct evbuffer *thought; /* the reasoning so far (not streamed) */
-    /* log probabilities (docs/api.md): the entries of the tokens not yet
-     * sent (stream: they go with the next chunk; else all at the end) in
-     * the endpoint's form: chat, an array of {token, logprob, bytes,
+    /* log probabilities (docs/api.md): a choice's entries of the tokens not
+     * yet sent (stream: they go with the next chunk; else all at the end)
+     * in the endpoint's form: chat, an array of {token, logprob, bytes,
      * top_logprobs}; completions, {tokens, token_logprobs, top_logprobs,
      * text_offset} */
     bool logprobs;
     uint32_t top_logprobs;
-    json_t *lp;
-    size_t text_offset; /* completions: characters of the tokens so far */
     /* completions' echo: the prompt (its ids, kept for its logprobs) */
     bool echo;
-    bool echoed; /* streamed: the prompt's chunk went out */
     int32_t *prompt;
-    /* tools (docs/api.md, "Tool calls"): the request's, the parser of the
-     * content (tool_choice other than none), the calls so far (not
-     * streamed), whether only the first counts */
+    /* tools (docs/api.md, "Tool calls"): the request's, whether the content
+     * is parsed for calls (tool_choice other than none) and in which form,
+     * whether only the first call counts */
     json_t *tools;
     bool parse_calls, one_call;
-    hpd_toolcall_t tc;
-    json_t *calls;
-    uint32_t n_calls;
-} call_t;
+    hpd_toolcall_format_t tc_format;
+    /* its choices (n; one without) */
+    choice_t ch[HPD_MAX_CHOICES];
+    uint32_t n_ch;
+};
 
 /* ------------------------------------------------------------ replies */
 
@@ -298,9 +311,6 @@ static bool get_bool(struct evhttp_request *req, json_t *body, const char *name,
 static bool refuse_unsupported(struct evhttp_request *req, json_t *body)
 {
     const json_t *x;
-    json_int_t n = 1;
-    if (!get_uint(req, body, "n", 1, 1, &n))
-        return false;
     if ((x = json_object_get(body, "best_of")) != NULL && !json_is_null(x) &&
         !(json_is_integer(x) && json_integer_value(x) == 1))
         return BAD(req, "best_of", "best_of: only 1 is supported");
@@ -406,9 +416,7 @@ static bool get_tools(hpd_openai_t *api, struct evhttp_request *req, json_t *bod
         return true;
     k->tools = json_incref(tools);
     k->parse_calls = true;
-    k->calls = json_array();
-    hpd_toolcall_init(&k->tc, hpd_text_tools_xml(api->text) ? HPD_TOOLCALL_XML : HPD_TOOLCALL_JSON,
-                      k->tools);
+    k->tc_format = hpd_text_tools_xml(api->text) ? HPD_TOOLCALL_XML : HPD_TOOLCALL_JSON;
     if (strcmp(mode, "auto") == 0)
         return true;
     if (*spec_p != NULL)
@@ -428,7 +436,7 @@ static bool get_tools(hpd_openai_t *api, struct evhttp_request *req, json_t *bod
                    json_string_value(named));
     }
     json_t *spec = json_pack("{s:{s:s, s:o}}", "tool_call", "format",
-                             k->tc.format == HPD_TOOLCALL_XML ? "xml" : "json", "tools", allowed);
+                             k->tc_format == HPD_TOOLCALL_XML ? "xml" : "json", "tools", allowed);
     *spec_p = spec != NULL ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     hpd_grammar_t *g;
@@ -774,10 +782,11 @@ static json_t *chat_lp_entry(const call_t *k, int32_t id, float logprob)
                      bytes);
 }
 
-/* The entries of generated token id (its logprobs lp) onto k->lp. */
-static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
+/* The entries of generated token id (its logprobs lp) onto c->lp. */
+static bool add_lp(choice_t *c, int32_t id, const hpd_token_logprobs_t *lp)
 {
-    if (k->lp == NULL && (k->lp = k->chat ? json_array() : completion_lp_new()) == NULL)
+    const call_t *k = c->k;
+    if (c->lp == NULL && (c->lp = k->chat ? json_array() : completion_lp_new()) == NULL)
         return false;
     if (k->chat) {
         json_t *e = chat_lp_entry(k, id, lp->logprob), *top = json_array();
@@ -788,9 +797,9 @@ static bool add_lp(call_t *k, int32_t id, const hpd_token_logprobs_t *lp)
             return false;
         }
         json_object_set_new(e, "top_logprobs", top);
-        return json_array_append_new(k->lp, e) == 0;
+        return json_array_append_new(c->lp, e) == 0;
     }
-    return completion_lp_add(k, k->lp, id, lp, &k->text_offset);
+    return completion_lp_add(k, c->lp, id, lp, &c->text_offset);
 }
 
 /* The characters of a token's text (U+FFFD counts one) */
@@ -806,8 +815,9 @@ static size_t token_chars(const call_t *k, int32_t id)
 
 /* completions' echo with logprobs: the prompt's entries before the
  * answer's (its first token has none: null), offsets from 0 */
-static bool prepend_prompt_lp(call_t *k, const hpd_token_logprobs_t *plp)
+static bool prepend_prompt_lp(choice_t *c, const hpd_token_logprobs_t *plp)
 {
+    const call_t *k = c->k;
     json_t *all = completion_lp_new();
     size_t offset = 0;
     for (uint32_t i = 0; all != NULL && i < k->n_prompt; i++)
@@ -817,21 +827,22 @@ static bool prepend_prompt_lp(call_t *k, const hpd_token_logprobs_t *plp)
         }
     static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs",
                                        "text_offset"};
-    for (size_t i = 0; all != NULL && k->lp != NULL && i < 4; i++)
-        json_array_extend(json_object_get(all, keys[i]), json_object_get(k->lp, keys[i]));
-    json_decref(k->lp);
-    k->lp = all;
+    for (size_t i = 0; all != NULL && c->lp != NULL && i < 4; i++)
+        json_array_extend(json_object_get(all, keys[i]), json_object_get(c->lp, keys[i]));
+    json_decref(c->lp);
+    c->lp = all;
     return all != NULL;
 }
 
-/* The entries so far, as a choice's logprobs (taken: k->lp starts over);
+/* The entries so far, as a choice's logprobs (taken: c->lp starts over);
  * null when none were asked for. */
-static json_t *take_lp(call_t *k)
+static json_t *take_lp(choice_t *c)
 {
+    const call_t *k = c->k;
     if (!k->logprobs)
         return json_null();
-    json_t *lp = k->lp;
-    k->lp = NULL;
+    json_t *lp = c->lp;
+    c->lp = NULL;
     if (lp == NULL) /* none yet: an empty list */
         lp = k->chat ? json_array() : completion_lp_new();
     return k->chat ? json_pack("{s:o, s:n}", "content", lp, "refusal") : lp;
@@ -848,21 +859,23 @@ static void set_reasoning(json_t *o, const char *text, size_t len)
 
 /* One choice: a chunk's delta (stream: text is content, or reasoning when
  * thought) or the whole message (thought: its reasoning, NULL for none). */
-static json_t *choice_json(call_t *k, const char *text, size_t len, const char *finish,
+static json_t *choice_json(choice_t *c, const char *text, size_t len, const char *finish,
                            bool first, bool thought, const char *reasoning, size_t reasoning_len)
 {
+    const call_t *k = c->k;
+    const json_int_t index = c->index;
     json_t *t = json_stringn(text, len);
     json_t *fr = finish != NULL ? json_string(finish) : json_null();
     /* the first chunk (the role) carries none */
-    json_t *lp = first ? json_null() : take_lp(k);
+    json_t *lp = first ? json_null() : take_lp(c);
     if (!k->chat)
-        return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "text", t, "logprobs", lp,
+        return json_pack("{s:I, s:o, s:o, s:o}", "index", index, "text", t, "logprobs", lp,
                          "finish_reason", fr);
     if (!k->stream) {
         json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", t);
         if (k->split)
             set_reasoning(m, reasoning, reasoning_len);
-        return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "message", m, "logprobs", lp,
+        return json_pack("{s:I, s:o, s:o, s:o}", "index", index, "message", m, "logprobs", lp,
                          "finish_reason", fr);
     }
     json_t *delta;
@@ -878,7 +891,7 @@ static json_t *choice_json(call_t *k, const char *text, size_t len, const char *
     } else {
         delta = json_pack("{s:o}", "content", t);
     }
-    return json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", lp,
+    return json_pack("{s:I, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs", lp,
                      "finish_reason", fr);
 }
 
@@ -909,22 +922,23 @@ static void send_event(call_t *k, json_t *j, bool done)
     free(text);
 }
 
-static void stream_piece(call_t *k, const char *piece, size_t len, bool first, bool thought)
+static void stream_piece(choice_t *c, const char *piece, size_t len, bool first, bool thought)
 {
     if (len == 0 && !first) /* (its tokens' logprobs wait for the next piece) */
         return;
-    send_event(k, envelope(k, json_pack("[o]", choice_json(k, piece, len, NULL, first, thought,
-                                                           NULL, 0))),
+    send_event(c->k, envelope(c->k, json_pack("[o]", choice_json(c, piece, len, NULL, first,
+                                                                 thought, NULL, 0))),
                false);
 }
 
-/* A piece of the answer as it goes out: reasoning or content. */
-static void out_piece(call_t *k, bool thought, const char *piece, size_t len)
+/* A piece of a choice's answer as it goes out: reasoning or content. */
+static void out_piece(choice_t *c, bool thought, const char *piece, size_t len)
 {
+    const call_t *k = c->k;
     if (k->stream && !k->gone)
-        stream_piece(k, piece, len, false, thought);
+        stream_piece(c, piece, len, false, thought);
     else if (!k->stream)
-        evbuffer_add(thought ? k->thought : k->text, piece, len);
+        evbuffer_add(thought ? c->thought : c->text, piece, len);
 }
 
 static void tc_content(void *arg, const char *text, size_t len)
@@ -936,15 +950,18 @@ static void tc_content(void *arg, const char *text, size_t len)
  * arguments), or kept for the message. */
 static void tc_call(void *arg, uint32_t index, const char *name, const char *arguments)
 {
-    call_t *k = arg;
-    char id[80];
+    choice_t *c = arg;
+    call_t *k = c->k;
+    char id[96], of[16] = "";
     if (k->one_call && index > 0) /* parallel_tool_calls false: the first only */
         return;
-    snprintf(id, sizeof(id), "call_%s_%u", strchr(k->id, '-') ? strchr(k->id, '-') + 1 : k->id,
-             index);
-    k->n_calls++;
+    if (k->n_ch > 1) /* each choice's calls their own ids */
+        snprintf(of, sizeof(of), "%u_", c->index);
+    snprintf(id, sizeof(id), "call_%s_%s%u", strchr(k->id, '-') ? strchr(k->id, '-') + 1 : k->id,
+             of, index);
+    c->n_calls++;
     if (!k->stream) {
-        json_array_append_new(k->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+        json_array_append_new(c->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
                                                   "function", "function", "name", name,
                                                   "arguments", arguments));
         return;
@@ -957,28 +974,29 @@ static void tc_call(void *arg, uint32_t index, const char *name, const char *arg
     json_t *args = json_pack("{s:[{s:I, s:{s:s}}]}", "tool_calls", "index", (json_int_t)index,
                              "function", "arguments", arguments);
     for (int i = 0; i < 2; i++)
-        send_event(k, envelope(k, json_pack("[{s:i, s:o, s:o, s:n}]", "index", 0, "delta",
+        send_event(k, envelope(k, json_pack("[{s:I, s:o, s:o, s:n}]", "index",
+                                            (json_int_t)c->index, "delta",
                                             i == 0 ? first : args, "logprobs",
-                                            i == 0 ? json_null() : take_lp(k), "finish_reason")),
+                                            i == 0 ? json_null() : take_lp(c), "finish_reason")),
                    false);
 }
 
 static void put_piece(void *arg, bool thought, const char *piece, size_t len)
 {
-    call_t *k = arg;
-    if (!thought && k->parse_calls)
-        hpd_toolcall_feed(&k->tc, piece, len, tc_content, tc_call, k);
+    choice_t *c = arg;
+    if (!thought && c->k->parse_calls)
+        hpd_toolcall_feed(&c->tc, piece, len, tc_content, tc_call, c);
     else
-        out_piece(k, thought, piece, len);
+        out_piece(c, thought, piece, len);
 }
 
-/* The text the answer's ids gave: split when the model thinks. */
-static void put_text(call_t *k, const char *piece, size_t len)
+/* The text a choice's ids gave: split when the model thinks. */
+static void put_text(choice_t *c, const char *piece, size_t len)
 {
-    if (k->split)
-        hpd_reasoning_feed(&k->reasoning, piece, len, put_piece, k);
+    if (c->k->split)
+        hpd_reasoning_feed(&c->reasoning, piece, len, put_piece, c);
     else
-        put_piece(k, false, piece, len);
+        put_piece(c, false, piece, len);
 }
 
 static void call_free(call_t *k)
@@ -987,34 +1005,39 @@ static void call_free(call_t *k)
         event_free(k->watch);
     for (size_t i = 0; i < k->n_stops; i++)
         free(k->stops[i]);
-    hpd_text_out_free(&k->out);
-    if (k->text != NULL)
-        evbuffer_free(k->text);
-    if (k->thought != NULL)
-        evbuffer_free(k->thought);
-    json_decref(k->lp);
+    for (uint32_t i = 0; i < k->n_ch; i++) {
+        choice_t *c = &k->ch[i];
+        hpd_text_out_free(&c->out);
+        if (c->text != NULL)
+            evbuffer_free(c->text);
+        if (c->thought != NULL)
+            evbuffer_free(c->thought);
+        json_decref(c->lp);
+        json_decref(c->calls);
+        if (k->parse_calls)
+            hpd_toolcall_free(&c->tc);
+    }
     json_decref(k->tools);
-    json_decref(k->calls);
-    hpd_toolcall_free(&k->tc);
     free(k->prompt);
     free(k);
 }
 
 /* Streamed echo: the prompt's text (and its logprobs) as the first chunk,
  * when the first token came (with it the prefill's answer). */
-static void stream_echo(call_t *k)
+static void stream_echo(choice_t *c)
 {
+    const call_t *k = c->k;
     char *text = NULL;
     size_t len = 0;
-    k->echoed = true;
+    c->echoed = true;
     if (k->logprobs) {
         const hpd_token_logprobs_t *plp = hpd_coord_prompt_logprobs(k->api->p.coord, k->request);
         if (plp != NULL)
-            prepend_prompt_lp(k, plp);
+            prepend_prompt_lp(c, plp);
     }
     if (hpd_tokenizer_decode(hpd_text_tokenizer(k->api->text), k->prompt, k->n_prompt, false,
                              &text, &len) == HPD_OK)
-        stream_piece(k, text, len, false, false);
+        stream_piece(c, text, len, false, false);
     free(text);
 }
 
@@ -1023,19 +1046,22 @@ static bool on_tokens(void *arg, uint32_t choice, const int32_t *tokens,
                       uint32_t *keep_p)
 {
     call_t *k = arg;
-    if (k->echo && k->stream && !k->echoed && !k->gone)
-        stream_echo(k);
+    if (choice >= k->n_ch)
+        return false;
+    choice_t *c = &k->ch[choice];
+    if (k->echo && k->stream && !c->echoed && !k->gone)
+        stream_echo(c);
     for (uint32_t i = from; i < n; i++) {
         *keep_p = i + 1;
         const char *piece;
         size_t len;
         hpd_status_t st;
-        const bool stop = hpd_text_out_feed(&k->out, tokens[i], &piece, &len, &st);
-        if (st != HPD_OK || (lp != NULL && !add_lp(k, tokens[i], &lp[i]))) {
-            k->bad_token = true;
+        const bool stop = hpd_text_out_feed(&c->out, tokens[i], &piece, &len, &st);
+        if (st != HPD_OK || (lp != NULL && !add_lp(c, tokens[i], &lp[i]))) {
+            c->bad_token = true;
             return false;
         }
-        put_text(k, piece, len);
+        put_text(c, piece, len);
         if (stop)
             return false;
     }
@@ -1047,6 +1073,9 @@ static void on_close(struct evhttp_connection *evcon, void *arg);
 static void on_done(void *arg, const hpd_coord_result_t *res)
 {
     call_t *k = arg;
+    bool bad = false;
+    for (uint32_t i = 0; i < k->n_ch; i++)
+        bad |= k->ch[i].bad_token;
     if (!k->gone)
         hpd_http_guard_set_closecb(k->api->guard, k->evcon, NULL, NULL);
     if (k->gone) {
@@ -1056,23 +1085,60 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
             evhttp_send_reply_end(k->req);
         else if (k->detached)
             evhttp_send_error(k->req, 499, NULL);
-    } else if (res->outcome == HPD_COORD_FINISHED && !k->bad_token) {
-        const char *piece;
-        size_t len;
-        hpd_text_out_finish(&k->out, &piece, &len);
-        put_text(k, piece, len);
-        if (k->split)
-            hpd_reasoning_finish(&k->reasoning, put_piece, k);
-        if (k->parse_calls)
-            hpd_toolcall_finish(&k->tc, tc_content, tc_call, k);
-        const char *finish = k->out.stopped ? "stop" : res->finish_reason;
-        if (k->n_calls > 0 && strcmp(finish, "stop") == 0)
-            finish = "tool_calls";
-        const uint32_t completion = k->out.stopped ? k->out.n_ids : res->n_tokens;
+    } else if (res->outcome == HPD_COORD_FINISHED && !bad) {
+        uint32_t completion = 0;
+        json_t *choices = json_array();
+        const char *finish0 = "";
+        for (uint32_t i = 0; i < k->n_ch && i < res->n_choices; i++) {
+            choice_t *c = &k->ch[i];
+            const char *piece;
+            size_t len;
+            hpd_text_out_finish(&c->out, &piece, &len);
+            put_text(c, piece, len);
+            if (k->split)
+                hpd_reasoning_finish(&c->reasoning, put_piece, c);
+            if (k->parse_calls)
+                hpd_toolcall_finish(&c->tc, tc_content, tc_call, c);
+            const char *finish = c->out.stopped ? "stop" : res->choices[i].finish_reason;
+            if (c->n_calls > 0 && strcmp(finish, "stop") == 0)
+                finish = "tool_calls";
+            finish0 = i == 0 ? finish : finish0;
+            completion += c->out.stopped ? c->out.n_ids : res->choices[i].n_tokens;
+            if (k->stream) {
+                send_event(k, envelope(k, json_pack("[o]", choice_json(c, "", 0, finish, false,
+                                                                       false, NULL, 0))),
+                           false);
+                continue;
+            }
+            /* echo: the prompt's text first (and its logprobs) */
+            if (k->echo) {
+                char *ptext = NULL;
+                size_t plen = 0;
+                if (hpd_tokenizer_decode(hpd_text_tokenizer(k->api->text), k->prompt,
+                                         k->n_prompt, false, &ptext, &plen) == HPD_OK)
+                    evbuffer_prepend(c->text, ptext, plen);
+                free(ptext);
+                if (k->logprobs && res->prompt_logprobs != NULL)
+                    prepend_prompt_lp(c, res->prompt_logprobs);
+            }
+            const size_t n = evbuffer_get_length(c->text);
+            const char *all = (const char *)evbuffer_pullup(c->text, -1);
+            const size_t nr = c->thought != NULL ? evbuffer_get_length(c->thought) : 0;
+            const char *thought = nr > 0 ? (const char *)evbuffer_pullup(c->thought, -1) : NULL;
+            json_t *choice = choice_json(c, all != NULL ? all : "", n, finish, false, false,
+                                         thought, nr);
+            if (k->chat && c->n_calls > 0) { /* the calls; content null when only space */
+                json_t *m = json_object_get(choice, "message");
+                size_t cn = n;
+                while (cn > 0 && strchr(" \n\t\r", all[cn - 1]) != NULL)
+                    cn--;
+                json_object_set_new(m, "content", cn > 0 ? json_stringn(all, cn) : json_null());
+                json_object_set(m, "tool_calls", c->calls);
+            }
+            json_array_append_new(choices, choice);
+        }
         if (k->stream) {
-            send_event(k, envelope(k, json_pack("[o]", choice_json(k, "", 0, finish, false,
-                                                                   false, NULL, 0))),
-                       false);
+            json_decref(choices);
             if (k->include_usage) {
                 json_t *u = envelope(k, json_array());
                 json_object_set_new(u, "usage", usage_json(k, completion, res->cached_tokens));
@@ -1081,43 +1147,19 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
             send_event(k, NULL, true);
             evhttp_send_reply_end(k->req);
         } else {
-            /* echo: the prompt's text first (and its logprobs) */
-            if (k->echo) {
-                char *ptext = NULL;
-                size_t plen = 0;
-                if (hpd_tokenizer_decode(hpd_text_tokenizer(k->api->text), k->prompt,
-                                         k->n_prompt, false, &ptext, &plen) == HPD_OK)
-                    evbuffer_prepend(k->text, ptext, plen);
-                free(ptext);
-                if (k->logprobs && res->prompt_logprobs != NULL)
-                    prepend_prompt_lp(k, res->prompt_logprobs);
-            }
-            const size_t n = evbuffer_get_length(k->text);
-            const char *all = (const char *)evbuffer_pullup(k->text, -1);
-            const size_t nr = k->thought != NULL ? evbuffer_get_length(k->thought) : 0;
-            const char *thought = nr > 0 ? (const char *)evbuffer_pullup(k->thought, -1) : NULL;
-            json_t *choice = choice_json(k, all != NULL ? all : "", n, finish, false, false,
-                                         thought, nr);
-            if (k->chat && k->n_calls > 0) { /* the calls; content null when only space */
-                json_t *m = json_object_get(choice, "message");
-                size_t cn = n;
-                while (cn > 0 && strchr(" \n\t\r", all[cn - 1]) != NULL)
-                    cn--;
-                json_object_set_new(m, "content", cn > 0 ? json_stringn(all, cn) : json_null());
-                json_object_set(m, "tool_calls", k->calls);
-            }
-            json_t *j = envelope(k, json_pack("[o]", choice));
+            json_t *j = envelope(k, choices);
             json_object_set_new(j, "usage", usage_json(k, completion, res->cached_tokens));
             reply_json(k->req, 200, j);
         }
-        HPD_LOGR_INFO(LOG_COMPONENT, res->request, "%s %s: %u tokens (%s)", k->id,
-                      k->chat ? "chat" : "completion", completion, finish);
+        HPD_LOGR_INFO(LOG_COMPONENT, res->request, "%s %s: %u tokens (%s)%s", k->id,
+                      k->chat ? "chat" : "completion", completion, finish0,
+                      k->n_ch > 1 ? " in its choices, the first's reason" : "");
     } else {
         int status = 500;
         char msg[600];
         if (k->peer_closed) /* answered to let evhttp free the connection */
             snprintf(msg, sizeof(msg), "the client went away"), status = 499;
-        else if (k->bad_token)
+        else if (bad)
             snprintf(msg, sizeof(msg), "the model generated a token the tokenizer does not "
                      "know (tokenizer.json and the model's vocabulary disagree)");
         else if (res->outcome == HPD_COORD_CANCELED)
@@ -1265,9 +1307,10 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     k->api = api;
     k->chat = chat;
     double temperature = NAN, top_p = NAN;
-    json_int_t top_k = -2, seed = 0, max_tokens = -1, min_tokens = 0;
+    json_int_t top_k = -2, seed = 0, max_tokens = -1, min_tokens = 0, n = 1;
     bool ignore_eos = false;
     if (!refuse_unsupported(req, body) || !get_bool(req, body, "stream", &k->stream) ||
+        !get_uint(req, body, "n", 1, HPD_MAX_CHOICES, &n) ||
         !get_number(req, body, "temperature", 0, 1e6, &temperature) ||
         !get_number(req, body, "top_p", 1e-9, 1, &top_p) ||
         !get_uint(req, body, "top_k", -1, HPD_TOP_K_UNSET - 1, &top_k) ||
@@ -1299,13 +1342,13 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
          !get_ids(req, sti, "stop_token_ids", hpd_tokenizer_size(hpd_text_tokenizer(api->text)),
                   &stop_ids, &n_stop_ids)))
         goto out;
+    k->n_ch = (uint32_t)n;
     int thinking = -1;
     if (!(chat ? chat_prompt(api, req, body, &prompt, &n_prompt, &thinking)
                : completion_prompt(api, req, body, &prompt, &n_prompt)))
         goto out;
     /* a thinking model's chat: reasoning apart from content */
     k->split = chat && hpd_text_chat_thinks(api->text);
-    hpd_reasoning_init(&k->reasoning, hpd_text_chat_opens_think(api->text, thinking));
     if (max_tokens < 0) {
         uint32_t vocab, ctx;
         hpd_coord_limits(api->p.coord, &vocab, &ctx);
@@ -1324,16 +1367,27 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         }
         memcpy(k->prompt, prompt, n_prompt * sizeof(int32_t));
         for (size_t i = 0; k->logprobs && i < n_prompt; i++) /* the answer's offsets after */
-            k->text_offset += token_chars(k, prompt[i]);
-    }
-    if (!k->stream && ((k->text = evbuffer_new()) == NULL ||
-                       (k->split && (k->thought = evbuffer_new()) == NULL))) {
-        reply_error(req, 500, NULL, NULL, "out of memory");
-        goto out;
+            k->ch[0].text_offset += token_chars(k, prompt[i]);
     }
     new_id(k, chat ? "chatcmpl" : "cmpl");
-    hpd_text_out_init(&k->out, hpd_text_tokenizer(api->text), (const char *const *)k->stops,
-                      k->n_stops);
+    for (uint32_t i = 0; i < k->n_ch; i++) { /* each choice's answer as it comes */
+        choice_t *c = &k->ch[i];
+        c->k = k;
+        c->index = i;
+        c->text_offset = k->ch[0].text_offset;
+        hpd_reasoning_init(&c->reasoning, hpd_text_chat_opens_think(api->text, thinking));
+        hpd_text_out_init(&c->out, hpd_text_tokenizer(api->text),
+                          (const char *const *)k->stops, k->n_stops);
+        if (k->parse_calls) {
+            c->calls = json_array();
+            hpd_toolcall_init(&c->tc, k->tc_format, k->tools);
+        }
+        if (!k->stream && ((c->text = evbuffer_new()) == NULL ||
+                           (k->split && (c->thought = evbuffer_new()) == NULL))) {
+            reply_error(req, 500, NULL, NULL, "out of memory");
+            goto out;
+        }
+    }
     const hpd_coord_request_t q = {
         .prompt = prompt,
         .n_prompt = (uint32_t)n_prompt,
@@ -1355,7 +1409,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .prompt_logprobs = k->echo && k->logprobs,
         .grammar = grammar,
         .grammar_len = grammar != NULL ? strlen(grammar) : 0,
-        .grammar_after_think = k->split && k->reasoning.state == HPD_REASONING_INSIDE};
+        .grammar_after_think = k->split && k->ch[0].reasoning.state == HPD_REASONING_INSIDE,
+        .n = k->n_ch};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];
     const int64_t code = hpd_coord_submit(api->p.coord, &q, &sink, &k->request, err, sizeof(err));
@@ -1370,8 +1425,8 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
-        if (chat)
-            stream_piece(k, "", 0, true, false);
+        for (uint32_t i = 0; chat && i < k->n_ch; i++)
+            stream_piece(&k->ch[i], "", 0, true, false);
     }
     hpd_http_guard_set_closecb(api->guard, k->evcon, on_close, k);
     if (!k->stream) {

@@ -4,7 +4,8 @@ cluster with the HTTP API, e.g. deploy/examples/local.yaml after
 `hpdctl up` (port 17602, the model `tiny`, the key in .hpd/local/client-keys):
 models, chat and completions, streamed and not (streamed = unstreamed),
 usage, a stop string, logprobs (chat streamed and not, completions with
-echo), reasoning, and the 401 / 404 / 400 errors as the client raises
+echo), reasoning, tool calls, n choices, and the 401 / 404 / 400 errors
+as the client raises
 them. Tooling only (docs/api.md).
 
   python3 tools/openai_check.py [BASE_URL] [KEY_FILE]
@@ -90,9 +91,24 @@ back = c.chat.completions.create(model="tiny", max_tokens=4, tools=tools, messag
     {"role": "tool", "tool_call_id": tc[0].id, "content": "alarm set"}],
     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
 print("tool answer back:", back.choices[0].finish_reason)
+# n choices (docs/api.md): each streamed chunk names its choice; joined by
+# index they equal the unstreamed choices; tool calls per choice
+nk = dict(model="tiny", messages=[{"role": "user", "content": "Name a city."}], max_tokens=12, n=3,
+          temperature=1, seed=5, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+nr = c.chat.completions.create(**nk)
+got = {}
+for ch in c.chat.completions.create(stream=True, **nk):
+    for x in ch.choices:
+        got[x.index] = got.get(x.index, "") + (x.delta.content or "")
+print("n=3:", [x.index for x in nr.choices], "streamed same:",
+      [got.get(i) for i in range(3)] == [x.message.content for x in nr.choices], nr.usage)
+ntr = c.chat.completions.create(**dict(kw, n=2))
+ids = [t.id for x in ntr.choices for t in x.message.tool_calls]
+print("n=2 tool calls:", [(x.index, x.finish_reason, [t.function.name for t in x.message.tool_calls]) for x in ntr.choices],
+      "ids unique:", len(set(ids)) == len(ids))
 for what, fn in [("bad key", lambda: OpenAI(base_url=base, api_key="nope-nope-nope-nope").models.list()),
                  ("unknown model", lambda: c.completions.create(model="gpt-4o", prompt="x", max_tokens=1)),
-                 ("n=2", lambda: c.completions.create(model="tiny", prompt="x", max_tokens=1, n=2))]:
+                 ("n=17", lambda: c.completions.create(model="tiny", prompt="x", max_tokens=1, n=17))]:
     try:
         fn()
         print(what, "NOT refused")

@@ -255,7 +255,20 @@ static void read_usage(answer_t *a, const json_t *u)
 }
 
 /* POST a generation request; non-streamed or as server-sent events. */
-static answer_t generate(bool chat, const char *body)
+/* The element of a response's choices whose index is `index` (NULL: none). */
+static json_t *choice_at(const json_t *choices, json_int_t index)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(choices, i, c) {
+        if (json_integer_value(json_object_get(c, "index")) == index)
+            return c;
+    }
+    return NULL;
+}
+
+/* Choice `index` of the answer to body (n > 1: one of several). */
+static answer_t generate_at(bool chat, const char *body, json_int_t index)
 {
     answer_t a = {0};
     const char *path = chat ? "/v1/chat/completions" : "/v1/completions";
@@ -263,7 +276,8 @@ static answer_t generate(bool chat, const char *body)
     if (r.status != 200)
         fail_msg("POST %s %s: %d %s", path, body, r.status, r.body);
     if (strncmp(r.body, "data: ", 6) != 0) {
-        json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *j = json_of(&r), *c = choice_at(json_object_get(j, "choices"), index);
+        assert_non_null(c);
         const json_t *t = chat ? json_object_get(json_object_get(c, "message"), "content")
                                : json_object_get(c, "text");
         assert_string_equal(json_string_value(json_object_get(j, "object")),
@@ -304,11 +318,11 @@ static answer_t generate(bool chat, const char *body)
             json_t *j = json_loads(ev + 6, JSON_ALLOW_NUL, &e);
             assert_non_null(j);
             assert_null(json_object_get(j, "error"));
-            json_t *choices = json_object_get(j, "choices"), *c = json_array_get(choices, 0);
+            json_t *choices = json_object_get(j, "choices"), *c = choice_at(choices, index);
             if (json_array_size(choices) == 0) { /* the usage chunk, last */
                 read_usage(&a, json_object_get(j, "usage"));
                 a.usage_chunk = true;
-            } else {
+            } else if (c != NULL) { /* (another choice's: not this answer's) */
                 const json_t *t = chat ? json_object_get(json_object_get(c, "delta"), "content")
                                        : json_object_get(c, "text");
                 const json_t *d = json_object_get(c, "delta");
@@ -339,6 +353,11 @@ static answer_t generate(bool chat, const char *body)
     a.len = len;
     free(r.body);
     return a;
+}
+
+static answer_t generate(bool chat, const char *body)
+{
+    return generate_at(chat, body, 0);
 }
 
 /* The answer is hpd-run's text, byte for byte. */
@@ -986,6 +1005,62 @@ static void test_logprobs(void **state)
     cl.passed++;
 }
 
+/* n choices from one prefill: choice c of a seeded request is hpd-run's
+ * answer with seed + c (the same request sent n times with those seeds),
+ * streamed and not, each streamed chunk naming its choice's index; greedy,
+ * every choice of a chat is the single answer; the usage counts every
+ * choice's tokens. */
+static void test_choices(void **state)
+{
+    char body[4096], flags[256];
+    size_t len[3];
+    char *want[3];
+    for (int c = 0; c < 3; c++) {
+        snprintf(flags, sizeof(flags), "--max-tokens 12 --ignore-eos --temperature 0.8 "
+                 "--top-p 0.9 --seed %d", 7 + c);
+        want[c] = reference(prompt_ids, flags, &len[c]);
+    }
+    assert_true(len[0] != len[1] || memcmp(want[0], want[1], len[0]) != 0);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 12, \"ignore_eos\": "
+                 "true, \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": 7, \"n\": 3, \"stream\": "
+                 "%s, \"stream_options\": %s}", prompt_ids, stream ? "true" : "false",
+                 stream ? "{\"include_usage\": true}" : "null");
+        for (int c = 0; c < 3; c++) {
+            answer_t a = generate_at(false, body, c);
+            same_text(&a, want[c], len[c]);
+            assert_string_equal(a.finish, "length");
+            assert_int_equal(a.completion_tokens, 36);
+            answer_free(&a);
+        }
+    }
+    for (int c = 0; c < 3; c++)
+        free(want[c]);
+    /* chat, greedy: every choice the single answer */
+    static const char msgs[] = "[{\"role\": \"user\", \"content\": \"Name a city.\"}]";
+    size_t n, wl;
+    snprintf(body, sizeof(body), "{\"messages\": %s, \"chat_template_kwargs\": "
+             "{\"enable_thinking\": false}}", msgs);
+    char *ids = tokenize(body, &n);
+    char *w = reference(ids, "--max-tokens 10 --ignore-eos", &wl);
+    free(ids);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof(body), "{\"messages\": %s, \"max_tokens\": 10, \"ignore_eos\": "
+                 "true, \"temperature\": 0, \"n\": 2, \"chat_template_kwargs\": "
+                 "{\"enable_thinking\": false}, \"stream\": %s}", msgs,
+                 stream ? "true" : "false");
+        for (int c = 0; c < 2; c++) {
+            answer_t a = generate_at(true, body, c);
+            same_text(&a, w, wl);
+            answer_free(&a);
+        }
+    }
+    free(w);
+    print_message("n: 3 seeded choices each equal to hpd-run with seed 7 + c, and 2 greedy chat "
+                  "choices equal to the single answer, streamed or not\n");
+    cl.passed++;
+}
+
 /* a stop string made of the end of one token's text and the start of the
  * next one's ends the answer before it, streamed or not */
 static void test_stop_strings(void **state)
@@ -1093,7 +1168,11 @@ static void test_errors(void **state)
                  "temperature");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400,
                  "max_tokens");
-    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"n\": 2}", 400, "n:");
+    expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"n\": 0}", 400,
+                 "n: expected an integer in [1, 16]");
+    expect_error("POST", "/v1/chat/completions", KEY,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 17}", 400,
+                 "n: expected an integer in [1, 16]");
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"logprobs\": 21}", 400,
                  "logprobs: expected an integer in [0, 20]");
     expect_error("POST", "/v1/chat/completions", KEY,
@@ -1516,6 +1595,7 @@ int main(void)
         cmocka_unit_test(test_chat_as_hpd_run),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_structured_outputs),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_stop_strings),
