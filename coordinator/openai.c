@@ -7,6 +7,8 @@
  * call never touches its evhttp request after the close callback. */
 #include "coordinator/openai.h"
 
+#include "coordinator/chatreq.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
@@ -27,6 +29,7 @@
 #include "common/log.h"
 #include "common/sampling.h"
 #include "common/util.h"
+#include "coordinator/chatreq.h"
 #include "coordinator/credentials.h"
 #include "coordinator/reasoning.h"
 #include "coordinator/text.h"
@@ -271,6 +274,14 @@ static bool authorized(hpd_openai_t *api, struct evhttp_request *req, char *who,
 /* A field's problem, answered 400 naming it. */
 #define BAD(req, field, ...) (reply_error((req), 400, (field), NULL, __VA_ARGS__), false)
 
+/* A chat request's error (coordinator/chatreq.h): 400 naming the field,
+ * or 500 for what was not the client's doing. */
+static void reply_chatreq_error(struct evhttp_request *req, const hpd_chatreq_err_t *err)
+{
+    reply_error(req, err->internal ? 500 : 400, err->param[0] != '\0' ? err->param : NULL, NULL,
+                "%s", err->msg);
+}
+
 static bool get_number(struct evhttp_request *req, json_t *body, const char *name, double lo,
                        double hi, double *v)
 {
@@ -383,7 +394,6 @@ static bool get_response_format(struct evhttp_request *req, json_t *body, char *
     return true;
 }
 
-static bool check_tools(struct evhttp_request *req, const json_t *tools);
 
 /* tools, tool_choice and parallel_tool_calls (chat): whether the content
  * is parsed for calls, and for "required" or a named function the grammar
@@ -392,61 +402,30 @@ static bool check_tools(struct evhttp_request *req, const json_t *tools);
 static bool get_tools(hpd_openai_t *api, struct evhttp_request *req, json_t *body, call_t *k,
                       char **spec_p)
 {
-    json_t *tools = json_object_get(body, "tools"), *choice = json_object_get(body, "tool_choice");
-    const bool have = json_is_array(tools) && json_array_size(tools) > 0;
     bool parallel = true;
     if (!get_bool(req, body, "parallel_tool_calls", &parallel))
         return false;
-    k->one_call = !parallel;
+    const json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && !json_is_null(tools) && !k->chat)
         return BAD(req, "tools", "tools: only on chat completions");
-    if (tools != NULL && !json_is_null(tools) && !check_tools(req, tools))
-        return false;
-    const char *mode = choice == NULL || json_is_null(choice) ? (have ? "auto" : "none")
-                       : json_is_string(choice) ? json_string_value(choice)
-                                                : "function";
-    const json_t *named = json_object_get(json_object_get(choice, "function"), "name");
-    if (strcmp(mode, "none") != 0 && strcmp(mode, "auto") != 0 && strcmp(mode, "required") != 0 &&
-        !(strcmp(mode, "function") == 0 && json_is_object(choice) && json_is_string(named)))
-        return BAD(req, "tool_choice", "tool_choice: expected \"none\", \"auto\", "
-                   "\"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (strcmp(mode, "none") != 0 && !have)
-        return BAD(req, "tool_choice", "tool_choice: %s without tools", mode);
-    if (!have || strcmp(mode, "none") == 0)
-        return true;
-    k->tools = json_incref(tools);
-    k->parse_calls = true;
-    k->tc_format = hpd_text_tools_xml(api->text) ? HPD_TOOLCALL_XML : HPD_TOOLCALL_JSON;
-    if (strcmp(mode, "auto") == 0)
-        return true;
-    if (*spec_p != NULL)
-        return BAD(req, "tool_choice", "tool_choice: %s cannot be combined with response_format",
-                   strcmp(mode, "required") == 0 ? "\"required\"" : "a named function");
-    json_t *allowed = json_array();
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t) {
-        const json_t *name = json_object_get(json_object_get(t, "function"), "name");
-        if (strcmp(mode, "required") == 0 || json_equal(name, named))
-            json_array_append(allowed, t);
+    hpd_chatreq_tools_t t;
+    hpd_chatreq_err_t err;
+    const bool ok = hpd_chatreq_tools(api->text, tools, json_object_get(body, "tool_choice"),
+                                      parallel, *spec_p != NULL, &t, &err);
+    if (!ok) {
+        reply_chatreq_error(req, &err);
+    } else {
+        k->tools = json_incref(t.tools);
+        k->parse_calls = t.parse_calls;
+        k->one_call = t.one_call;
+        k->tc_format = t.format;
+        if (t.spec != NULL) {
+            *spec_p = t.spec;
+            t.spec = NULL;
+        }
     }
-    if (json_array_size(allowed) == 0) {
-        json_decref(allowed);
-        return BAD(req, "tool_choice", "tool_choice.function.name: no tool is named '%s'",
-                   json_string_value(named));
-    }
-    json_t *spec = json_pack("{s:{s:s, s:o}}", "tool_call", "format",
-                             k->tc_format == HPD_TOOLCALL_XML ? "xml" : "json", "tools", allowed);
-    *spec_p = spec != NULL ? json_dumps(spec, JSON_COMPACT) : NULL;
-    json_decref(spec);
-    hpd_grammar_t *g;
-    char why[256];
-    if (*spec_p == NULL)
-        return reply_error(req, 500, NULL, NULL, "out of memory"), false;
-    if (hpd_grammar_from_spec(*spec_p, strlen(*spec_p), &g, why, sizeof(why)) != HPD_OK)
-        return BAD(req, "tools", "tools: %s", why);
-    hpd_grammar_destroy(g);
-    return true;
+    hpd_chatreq_tools_free(&t);
+    return ok;
 }
 
 /* Token ids of a JSON array: each in [0, vocab). */
@@ -494,131 +473,14 @@ static bool completion_prompt(hpd_openai_t *api, struct evhttp_request *req, jso
     return BAD(req, "prompt", "prompt: expected a string or an array of token ids");
 }
 
-/* A message's content: a string, null, or text parts. *owned: malloc'd. */
-static bool message_content(struct evhttp_request *req, const json_t *c, size_t i,
-                            const char **text, char **owned)
-{
-    char field[64];
-    snprintf(field, sizeof(field), "messages[%zu].content", i);
-    *owned = NULL;
-    if (c == NULL || json_is_null(c)) {
-        *text = "";
-        return true;
-    }
-    if (json_is_string(c)) {
-        *text = json_string_value(c);
-        return true;
-    }
-    if (!json_is_array(c))
-        return BAD(req, field, "%s: expected a string or an array of text parts", field);
-    size_t k, len = 0;
-    json_t *part;
-    json_array_foreach(c, k, part) {
-        const json_t *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
-            !json_is_string(t))
-            return BAD(req, field, "%s[%zu]: only {\"type\": \"text\", \"text\": ...} parts "
-                       "are supported", field, k);
-        len += json_string_length(t);
-    }
-    char *s = malloc(len + 1);
-    if (s == NULL)
-        return BAD(req, field, "out of memory");
-    len = 0;
-    json_array_foreach(c, k, part) {
-        const json_t *t = json_object_get(part, "text");
-        memcpy(s + len, json_string_value(t), json_string_length(t));
-        len += json_string_length(t);
-    }
-    s[len] = '\0';
-    *text = *owned = s;
-    return true;
-}
 
-/* tools: an array of {"type": "function", "function": {"name", "description",
- * "parameters"}}, each named */
-static bool check_tools(struct evhttp_request *req, const json_t *tools)
-{
-    size_t i;
-    json_t *t;
-    if (!json_is_array(tools))
-        return BAD(req, "tools", "tools: expected an array of {\"type\": \"function\", "
-                   "\"function\": {...}}");
-    json_array_foreach(tools, i, t) {
-        const json_t *type = json_object_get(t, "type"), *f = json_object_get(t, "function");
-        const json_t *name = json_object_get(f, "name"), *params = json_object_get(f, "parameters");
-        if (type != NULL && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0))
-            return BAD(req, "tools", "tools[%zu].type: only \"function\" is supported", i);
-        if (!json_is_object(f) || !json_is_string(name) || json_string_length(name) == 0)
-            return BAD(req, "tools", "tools[%zu].function.name: expected a non-empty string", i);
-        if (params != NULL && !json_is_null(params) && !json_is_object(params))
-            return BAD(req, "tools", "tools[%zu].function.parameters: expected a JSON Schema "
-                       "object", i);
-    }
-    return true;
-}
 
-/* An assistant message's tool calls (*calls_p, their arguments' texts
- * owned in *owned_p), their ids added to ids. */
-static bool message_calls(struct evhttp_request *req, const json_t *tc, size_t i,
-                          hpd_chat_msg_t *m, char ***owned_p, json_t *ids)
-{
-    if (tc == NULL || json_is_null(tc))
-        return true;
-    char field[80];
-    snprintf(field, sizeof(field), "messages[%zu].tool_calls", i);
-    if (!json_is_array(tc) || strcmp(m->role, "assistant") != 0)
-        return BAD(req, field, "%s: expected an array, on an assistant message", field);
-    const size_t n = json_array_size(tc);
-    hpd_chat_call_t *calls = calloc(n + 1, sizeof(*calls));
-    char **owned = calloc(n + 1, sizeof(*owned));
-    m->calls = calls;
-    *owned_p = owned;
-    if (calls == NULL || owned == NULL)
-        return BAD(req, NULL, "out of memory");
-    for (size_t k = 0; k < n; k++) {
-        const json_t *c = json_array_get(tc, k), *f = json_object_get(c, "function");
-        const json_t *id = json_object_get(c, "id"), *name = json_object_get(f, "name");
-        const json_t *args = json_object_get(f, "arguments");
-        if (!json_is_string(name) || json_string_length(name) == 0)
-            return BAD(req, field, "%s[%zu].function.name: expected a non-empty string", field, k);
-        if (json_is_string(args)) {
-            calls[k].arguments = json_string_value(args);
-        } else if (json_is_object(args)) {
-            calls[k].arguments = owned[k] = json_dumps(args, JSON_COMPACT);
-        } else if (args != NULL && !json_is_null(args)) {
-            return BAD(req, field, "%s[%zu].function.arguments: expected a JSON object's text",
-                       field, k);
-        }
-        calls[k].name = json_string_value(name);
-        m->n_calls++;
-        if (json_is_string(id))
-            json_array_append(ids, (json_t *)id);
-    }
-    return true;
-}
 
-/* A tool message answers an earlier call: its tool_call_id is one of them. */
-static bool check_tool_message(struct evhttp_request *req, const json_t *m, size_t i,
-                               const json_t *ids)
-{
-    const json_t *id = json_object_get(m, "tool_call_id");
-    size_t k;
-    json_t *x;
-    char field[64];
-    snprintf(field, sizeof(field), "messages[%zu].tool_call_id", i);
-    if (!json_is_string(id))
-        return BAD(req, field, "%s: expected the id of an earlier tool call", field);
-    json_array_foreach(ids, k, x) if (json_equal(x, id)) return true;
-    return BAD(req, field, "%s: no earlier tool call has the id '%s'", field,
-               json_string_value(id));
-}
 
 /* chat's messages, through the chat format */
 static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *body,
                         int32_t **ids_p, size_t *n_p, int *thinking_p)
 {
-    const json_t *msgs = json_object_get(body, "messages");
     int thinking = hpd_coord_default_thinking(api->p.coord); /* unless the request says */
     const json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw != NULL && !json_is_null(kw)) {
@@ -634,59 +496,11 @@ static bool chat_prompt(hpd_openai_t *api, struct evhttp_request *req, json_t *b
         }
     }
     *thinking_p = thinking;
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0 ||
-        json_array_size(msgs) > HPD_TEXT_MAX_MESSAGES)
-        return BAD(req, "messages", "messages: expected an array of 1 to %d messages",
-                   HPD_TEXT_MAX_MESSAGES);
-    const size_t n = json_array_size(msgs);
-    hpd_chat_msg_t *mv = calloc(n, sizeof(*mv));
-    char **owned = calloc(n, sizeof(*owned));
-    char ***owned_args = calloc(n, sizeof(*owned_args));
-    json_t *ids = json_array(), *tools = json_object_get(body, "tools");
-    char *tools_json = NULL;
-    bool ok = mv != NULL && owned != NULL && owned_args != NULL && ids != NULL;
-    if (!ok)
-        reply_error(req, 500, NULL, NULL, "out of memory");
-    if (ok && tools != NULL && !json_is_null(tools) &&
-        (ok = check_tools(req, tools)) && json_array_size(tools) > 0)
-        tools_json = json_dumps(tools, JSON_COMPACT);
-    for (size_t i = 0; ok && i < n; i++) {
-        const json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role");
-        const json_t *rc = json_object_get(m, "reasoning_content");
-        if (!json_is_string(role) || (rc != NULL && !json_is_null(rc) && !json_is_string(rc))) {
-            char field[64];
-            snprintf(field, sizeof(field), "messages[%zu].%s", i,
-                     json_is_string(role) ? "reasoning_content" : "role");
-            ok = BAD(req, field, "%s: expected a string", field);
-            break;
-        }
-        mv[i].role = json_string_value(role);
-        mv[i].reasoning = json_is_string(rc) ? json_string_value(rc) : NULL;
-        ok = message_content(req, json_object_get(m, "content"), i, &mv[i].content, &owned[i]) &&
-             message_calls(req, json_object_get(m, "tool_calls"), i, &mv[i], &owned_args[i], ids) &&
-             (strcmp(mv[i].role, "tool") != 0 || check_tool_message(req, m, i, ids));
-    }
-    if (ok) {
-        char err[400];
-        const hpd_status_t st = hpd_text_chat_tools(api->text, mv, n, tools_json, thinking, ids_p,
-                                                    n_p, err, sizeof(err));
-        if (st != HPD_OK)
-            ok = BAD(req, st == HPD_ERR_INVALID_ARG ? "messages" : NULL, "%s", err);
-    }
-    for (size_t i = 0; owned != NULL && i < n; i++)
-        free(owned[i]);
-    for (size_t i = 0; owned_args != NULL && mv != NULL && i < n; i++) {
-        for (size_t k = 0; owned_args[i] != NULL && k < mv[i].n_calls + 1; k++)
-            free(owned_args[i][k]);
-        free(owned_args[i]);
-        free((void *)mv[i].calls);
-    }
-    free(owned_args);
-    free(owned);
-    free(mv);
-    free(tools_json);
-    json_decref(ids);
-    return ok;
+    hpd_chatreq_err_t err;
+    if (!hpd_chatreq_prompt(api->text, json_object_get(body, "messages"),
+                            json_object_get(body, "tools"), thinking, ids_p, n_p, &err))
+        return reply_chatreq_error(req, &err), false;
+    return true;
 }
 
 /* ------------------------------------------------------------ answers */
