@@ -22,6 +22,7 @@ typedef struct pending {
     double t_submit, t_first;
     uint32_t streamed; /* tokens delivered to on_token */
     uint32_t n_choices;
+    bool detokenize; /* the answer's text is wanted (an empty one too) */
     struct pending *next;
 } pending_t;
 
@@ -182,6 +183,7 @@ static void free_more(hpd_generate_result_t *r)
         free(r->more[k].tokens);
         free(r->more[k].text);
         free(r->more[k].reasoning);
+        free(r->more[k].tool_calls);
         free(r->more[k].logprobs);
     }
     free(r->more);
@@ -201,7 +203,8 @@ static char *dup_bin(const void *data, uint32_t len)
 
 /* The reply's choices 1 .. n - 1 into r->more; a reply without them (or
  * with others) is a bad reply. */
-static void more_choices(const hpd_msg_generated_t *g, uint32_t n, hpd_generate_result_t *r)
+static void more_choices(const hpd_msg_generated_t *g, uint32_t n, bool q_detok,
+                         hpd_generate_result_t *r)
 {
     const msgpack_object *a = g->choices;
     char why[200] = "out of memory";
@@ -225,9 +228,10 @@ static void more_choices(const hpd_msg_generated_t *g, uint32_t n, hpd_generate_
         ch->tokens = (int32_t *)m.tokens; /* ours now */
         ch->n_tokens = m.tokens_n;
         memcpy(ch->finish_reason, m.finish_reason, sizeof(ch->finish_reason));
-        ch->text = dup_bin(m.text, m.text_len);
+        ch->text = dup_bin(m.text != NULL || !q_detok ? m.text : "", m.text_len);
         ch->text_len = m.text_len;
         ch->reasoning = dup_bin(m.reasoning, m.reasoning_len);
+        ch->tool_calls = dup_bin(m.tool_calls, m.tool_calls_len);
         if (m.logprobs != NULL &&
             ((ch->logprobs = malloc((ch->n_tokens + 1) * sizeof(*ch->logprobs))) == NULL ||
              !hpd_logprobs_decode(m.logprobs, m.logprobs_len, ch->n_tokens, g->top_logprobs,
@@ -297,20 +301,21 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
             snprintf(r.error, sizeof(r.error), "bad reply: prompt %s",
                      r.prompt_logprobs == NULL ? "logprobs missing or out of memory" : why);
         }
-        /* (an answer that is all reasoning has no text: an empty one) */
-        if ((g.text != NULL || g.reasoning != NULL) &&
+        /* (an answer that is all reasoning or calls has no text: an empty one) */
+        if ((g.text != NULL || g.reasoning != NULL || q->detokenize) &&
             (r.text = malloc(g.text_len + 1)) != NULL) {
             if (g.text_len > 0)
                 memcpy(r.text, g.text, g.text_len);
             r.text[g.text_len] = '\0';
             r.text_len = g.text_len;
         }
+        r.tool_calls = dup_bin(g.tool_calls, g.tool_calls_len);
         if (g.reasoning != NULL && (r.reasoning = malloc(g.reasoning_len + 1)) != NULL) {
             memcpy(r.reasoning, g.reasoning, g.reasoning_len);
             r.reasoning[g.reasoning_len] = '\0';
         }
         if (r.status == HPD_OK && q->n_choices > 1)
-            more_choices(&g, q->n_choices, &r);
+            more_choices(&g, q->n_choices, q->detokenize, &r);
         /* tokens the stream did not deliver yet (a non-streaming request) */
         if (q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
@@ -321,6 +326,7 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     free(r.tokens);
     free(r.text);
     free(r.reasoning);
+    free(r.tool_calls);
     free(r.logprobs);
     free(r.prompt_logprobs);
     free_more(&r);
@@ -349,7 +355,8 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                      .text_arg = p->text_arg,
                      .arg = arg,
                      .t_submit = hpd_time_now(),
-                     .n_choices = p->n};
+                     .n_choices = p->n,
+                     .detokenize = p->detokenize || p->n_stops > 0 || p->tools != NULL};
     /* a chat's messages and the stop strings, packed apart */
     hpd_rpc_buf_t msgs, stops;
     hpd_rpc_buf_init(&msgs);
@@ -394,7 +401,14 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                            .prompt_logprobs = p->prompt_logprobs,
                                            .grammar = p->grammar,
                                            .grammar_len = p->grammar ? (uint32_t)strlen(p->grammar) : 0,
-                                           .n = p->n},
+                                           .n = p->n,
+                                           .tools = p->tools,
+                                           .tools_len = p->tools ? (uint32_t)strlen(p->tools) : 0,
+                                           .tool_choice = p->tool_choice,
+                                           .tool_choice_len = p->tool_choice
+                                                                  ? (uint32_t)strlen(p->tool_choice)
+                                                                  : 0,
+                                           .single_tool_call = p->single_tool_call},
                      &b.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);
@@ -462,6 +476,7 @@ static void sync_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
     r->tokens = NULL; /* ours now */
     r->text = NULL;
     r->reasoning = NULL;
+    r->tool_calls = NULL;
     r->logprobs = NULL;
     r->prompt_logprobs = NULL;
     r->more = NULL;
@@ -503,6 +518,8 @@ void hpd_generate_result_free(hpd_generate_result_t *r)
     r->text = NULL;
     free(r->reasoning);
     r->reasoning = NULL;
+    free(r->tool_calls);
+    r->tool_calls = NULL;
     free(r->logprobs);
     r->logprobs = NULL;
     free(r->prompt_logprobs);

@@ -56,6 +56,12 @@ typedef struct {
     /* a structured output: {"json_schema": SCHEMA} or {"json_object": true}
      * (docs/structured_outputs.md); NULL: none */
     const char *grammar;
+    /* a chat's tools (docs/api.md, "Tool calls"): OpenAI's tools array and
+     * tool_choice ("\"required\"", or {"type": "function", ...}) as JSON
+     * text; single_tool_call: parallel_tool_calls false. The calls come in
+     * result.tool_calls. NULL: none. */
+    const char *tools, *tool_choice;
+    bool single_tool_call;
     /* choices: n answers from one prefill (choice c: the seed + c); 0 or 1:
      * one. The result's fields are choice 0's, the others in result.more;
      * on_token and on_text stream choice 0's. */
@@ -66,8 +72,8 @@ typedef struct {
 typedef struct {
     int32_t *tokens; /* malloc'd */
     uint32_t n_tokens;
-    char finish_reason[8];
-    char *text, *reasoning; /* as the result's (malloc'd or NULL) */
+    char finish_reason[16]; /* "stop", "length" or "tool_calls" */
+    char *text, *reasoning, *tool_calls; /* as the result's (malloc'd or NULL) */
     size_t text_len;
     hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
 } hpd_generate_choice_t;
@@ -80,9 +86,11 @@ typedef struct {
     int32_t *tokens;       /* malloc'd */
     uint32_t n_tokens;
     uint32_t prompt_tokens, cached_tokens, attempts;
-    char finish_reason[8];    /* "stop" (a stop or end-of-sequence token) or "length" */
+    char finish_reason[16];   /* "stop" (a stop or end-of-sequence token), "length", or
+                                 "tool_calls" (a chat with tools that called one) */
     char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
     char *reasoning;          /* a thinking model's chat: its reasoning apart (or NULL) */
+    char *tool_calls;         /* a chat with tools: its calls, OpenAI's JSON array (or NULL) */
     hpd_token_logprobs_t *logprobs; /* asked for: n_tokens of them (malloc'd) */
     hpd_token_logprobs_t *prompt_logprobs; /* prompt tokens 1..: prompt_tokens - 1 of them */
     size_t text_len;

@@ -62,6 +62,10 @@ static void usage(FILE *f)
             "                          answer (the generate options apply)\n"
             "    --system TEXT         a system message first\n"
             "    --thinking on|off     the model's thinking switch (its default)\n"
+            "    --tools FILE          the tools the model may call (OpenAI's tools array);\n"
+            "                          its calls print as a line 'tool_calls: [...]'\n"
+            "    --tool-choice C       auto (with tools), none, required, or a function's\n"
+            "                          name (a call of it); required and a name are enforced\n"
             "  status [--json]         nodes, load, pools, cache hits, request counts\n"
             "common options:\n"
             "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
@@ -155,7 +159,7 @@ static void on_done(void *arg, uint64_t handle, hpd_generate_result_t *r)
         return;
     G.results[i] = *r; /* ours now */
     r->tokens = NULL;
-    r->text = r->reasoning = NULL;
+    r->text = r->reasoning = r->tool_calls = NULL;
     r->logprobs = NULL;
     r->prompt_logprobs = NULL;
     r->more = NULL;
@@ -217,6 +221,8 @@ static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
     }
     if (print_text && r.reasoning != NULL) /* a thinking model's: on stderr */
         fprintf(stderr, "[reasoning] %s\n", r.reasoning);
+    if (r.tool_calls != NULL) /* a chat with tools: its calls, a line before the content */
+        printf("tool_calls: %s\n", r.tool_calls);
     if (print_text && G.stream) { /* the streamed pieces may stop short of the whole */
         if (r.text_len > G.text_streamed)
             fwrite(r.text + G.text_streamed, 1, r.text_len - G.text_streamed, stdout);
@@ -231,6 +237,8 @@ static int cmd_text(hpd_client_t *c, hpd_generate_params_t *p, bool print_text)
         const hpd_generate_choice_t *ch = &r.more[k];
         if (print_text && ch->reasoning != NULL)
             fprintf(stderr, "[reasoning %u] %s\n", k + 1, ch->reasoning);
+        if (ch->tool_calls != NULL)
+            printf("tool_calls: %s\n", ch->tool_calls);
         if (print_text && ch->text != NULL)
             fwrite(ch->text, 1, ch->text_len, stdout);
         for (uint32_t i = 0; !print_text && i < ch->n_tokens; i++)
@@ -394,6 +402,40 @@ static int cmd_status(hpd_client_t *c, bool as_json)
 
 /* The grammar field of --json-schema FILE / --json-object (the
  * coordinator checks the schema). */
+/* chat --tools FILE (OpenAI's tools array) and --tool-choice MODE|NAME
+ * ("auto", "none", "required", or a function's name) as JSON texts. */
+static hpd_status_t make_tools(bool chat, const char *file, const char *mode, char **tools_p,
+                               char **choice_p)
+{
+    size_t len;
+    if (!chat) {
+        fprintf(stderr, "hpd-client: --tools and --tool-choice: only with chat\n");
+        return HPD_ERR_INVALID_ARG;
+    }
+    if (file != NULL && hpd_read_file(file, tools_p, &len) != HPD_OK) {
+        fprintf(stderr, "hpd-client: --tools: cannot read %s\n", file);
+        return HPD_ERR_IO;
+    }
+    if (mode == NULL)
+        return HPD_OK;
+    if (strchr(mode, '"') != NULL || strchr(mode, '\\') != NULL) {
+        fprintf(stderr, "hpd-client: --tool-choice '%s': expected auto, none, required or a "
+                "function's name\n", mode);
+        return HPD_ERR_INVALID_ARG;
+    }
+    const bool plain = strcmp(mode, "auto") == 0 || strcmp(mode, "none") == 0 ||
+                       strcmp(mode, "required") == 0;
+    const size_t cap = strlen(mode) + 64;
+    if ((*choice_p = malloc(cap)) == NULL)
+        return HPD_ERR_NO_MEMORY;
+    if (plain)
+        snprintf(*choice_p, cap, "\"%s\"", mode);
+    else
+        snprintf(*choice_p, cap, "{\"type\": \"function\", \"function\": {\"name\": \"%s\"}}",
+                 mode);
+    return HPD_OK;
+}
+
 static hpd_status_t make_grammar(const char *schema_file, bool object, bool flexible, char **spec_p)
 {
     char *schema = NULL;
@@ -428,7 +470,7 @@ int main(int argc, char **argv)
     enum { O_COORD = 256, O_TOKEN, O_TIMEOUT, O_LOG, O_IDS, O_FILE, O_MAXTOK, O_TEMP, O_TOPP,
            O_TOPK, O_SEED, O_STREAM, O_CONC, O_STATS, O_JSON, O_STOP, O_NOEOS, O_MINTOK,
            O_HELP, O_PROMPT, O_TEXT, O_STOPSTR, O_SYSTEM, O_THINK, O_LOGPROBS, O_PLOGPROBS,
-           O_SCHEMA, O_JOBJECT, O_JFLEX, O_N };
+           O_SCHEMA, O_JOBJECT, O_JFLEX, O_N, O_TOOLS, O_TOOLCHOICE };
     static const struct option longopts[] = {
         {"coordinator", 1, 0, O_COORD}, {"token-file", 1, 0, O_TOKEN},
         {"timeout-ms", 1, 0, O_TIMEOUT}, {"log-level", 1, 0, O_LOG},
@@ -442,9 +484,10 @@ int main(int argc, char **argv)
         {"stop", 1, 0, O_STOPSTR}, {"system", 1, 0, O_SYSTEM}, {"thinking", 1, 0, O_THINK},
         {"logprobs", 1, 0, O_LOGPROBS}, {"prompt-logprobs", 0, 0, O_PLOGPROBS},
         {"json-schema", 1, 0, O_SCHEMA}, {"json-object", 0, 0, O_JOBJECT},
-        {"json-flexible", 0, 0, O_JFLEX}, {"n", 1, 0, O_N},
+        {"json-flexible", 0, 0, O_JFLEX}, {"n", 1, 0, O_N}, {"tools", 1, 0, O_TOOLS},
+        {"tool-choice", 1, 0, O_TOOLCHOICE},
         {0, 0, 0, 0}};
-    const char *schema_file = NULL;
+    const char *schema_file = NULL, *tools_file = NULL, *tool_choice = NULL;
     bool json_object = false, json_flexible = false;
     const char *prompt = NULL, *system = NULL, *stops[16];
     bool print_text = false;
@@ -543,6 +586,8 @@ int main(int argc, char **argv)
         case O_SCHEMA: schema_file = optarg; break;
         case O_JOBJECT: json_object = true; break;
         case O_JFLEX: json_flexible = true; break;
+        case O_TOOLS: tools_file = optarg; break;
+        case O_TOOLCHOICE: tool_choice = optarg; break;
         case O_N: /* choices per prompt */
             if (hpd_parse_u64(optarg, 1, HPD_MAX_CHOICES, &v) != 0)
                 goto bad_number;
@@ -633,6 +678,14 @@ int main(int argc, char **argv)
         make_grammar(schema_file, json_object, json_flexible, &grammar) != HPD_OK)
         return 2;
     gp.grammar = grammar;
+    char *tools = NULL, *choice = NULL;
+    if ((tools_file != NULL || tool_choice != NULL) &&
+        make_tools(chat, tools_file, tool_choice, &tools, &choice) != HPD_OK) {
+        free(grammar);
+        return 2;
+    }
+    gp.tools = tools;
+    gp.tool_choice = choice;
     char *token = NULL;
     if (token_file != NULL && hpd_rpc_read_token(token_file, &token) != HPD_OK) {
         fprintf(stderr, "hpd-client: cannot read the key file %s\n", token_file);
@@ -648,6 +701,8 @@ int main(int argc, char **argv)
                 cp.port, st == HPD_ERR_INVALID_ARG ? "token refused" : hpd_status_str(st));
         free(token);
         free(grammar);
+        free(tools);
+        free(choice);
         return 1;
     }
     const int rc = chat || gp.text != NULL ? cmd_text(client, &gp, print_text)
@@ -657,6 +712,8 @@ int main(int argc, char **argv)
     hpd_prompts_free(G.prompts, G.n);
     free(token);
     free(grammar);
+    free(tools);
+    free(choice);
     free(stop_ids);
     return rc;
 }

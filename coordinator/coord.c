@@ -16,6 +16,7 @@
  * never inside their own callbacks. */
 #include "coordinator/coordinator.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include "coordinator/admission.h"
 #include "coordinator/alive.h"
 #include "coordinator/breaker.h"
+#include "coordinator/chatreq.h"
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
 #include "coordinator/routing.h"
@@ -1802,8 +1804,12 @@ void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_con
     *max_context_p = ctx;
 }
 
+struct rpc_sink;
+
 /* One choice of a msgpack client's request, as text. */
 typedef struct {
+    struct rpc_sink *s;
+    uint32_t index;
     hpd_text_out_t out;
     char *text; /* the answer's text so far */
     size_t text_len, text_cap;
@@ -1811,20 +1817,24 @@ typedef struct {
     char *reasoning;
     size_t reasoning_len, reasoning_cap;
     bool bad_token;
+    hpd_toolcall_t tc; /* tools: the parser of its content, and the calls so far */
+    json_t *calls;
 } rpc_choice_t;
 
 /* A msgpack client's request: its generate call is answered at the end,
  * its tokens streamed as notifications when it asked. */
-typedef struct {
+typedef struct rpc_sink {
     hpd_rpc_conn_t *conn; /* a reference held until the end */
     uint32_t call_id;
     uint64_t tag;
+    uint64_t call_key; /* random: its tool calls' ids */
     bool stream;
     bool detokenize; /* the answer as text too (out), with the stop strings */
     char *stops[HPD_TEXT_MAX_STOPS];
     size_t n_stops;
     uint32_t top_logprobs; /* the request asked for logprobs with these top ones */
     bool split;            /* a thinking model's chat */
+    hpd_chatreq_tools_t tools; /* a chat's tools (coordinator/chatreq.h) */
     rpc_choice_t ch[HPD_MAX_CHOICES];
     uint32_t n_ch;
 } rpc_sink_t;
@@ -1837,14 +1847,16 @@ static void rpc_sink_free(rpc_sink_t *s)
         hpd_text_out_free(&s->ch[k].out);
         free(s->ch[k].text);
         free(s->ch[k].reasoning);
+        hpd_toolcall_free(&s->ch[k].tc);
+        json_decref(s->ch[k].calls);
     }
+    hpd_chatreq_tools_free(&s->tools);
     free(s);
 }
 
 /* Appends a piece of a choice's content or reasoning. */
-static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
+static void append(rpc_choice_t *ch, bool reasoning, const char *piece, size_t len)
 {
-    rpc_choice_t *ch = arg;
     char **buf = reasoning ? &ch->reasoning : &ch->text;
     size_t *n = reasoning ? &ch->reasoning_len : &ch->text_len;
     size_t *cap = reasoning ? &ch->reasoning_cap : &ch->text_cap;
@@ -1854,6 +1866,52 @@ static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
     }
     memcpy(*buf + *n, piece, len);
     *n += len;
+}
+
+static void tc_content(void *arg, const char *text, size_t len)
+{
+    append(arg, false, text, len);
+}
+
+/* A whole tool call of a choice's content (docs/api.md, "Tool calls"). */
+static void tc_call(void *arg, uint32_t index, const char *name, const char *arguments)
+{
+    rpc_choice_t *ch = arg;
+    char id[96], of[16] = "";
+    if (ch->s->tools.one_call && index > 0)
+        return;
+    if (ch->s->n_ch > 1)
+        snprintf(of, sizeof(of), "%u_", ch->index);
+    snprintf(id, sizeof(id), "call_%016llx_%s%u", (unsigned long long)ch->s->call_key, of, index);
+    if (json_array_append_new(ch->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                   "function", "function", "name", name,
+                                                   "arguments", arguments)) != 0)
+        ch->bad_token = true; /* (out of memory) */
+}
+
+/* A piece of content goes through the tool-call parser when the chat has
+ * tools; reasoning does not. */
+static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
+{
+    rpc_choice_t *ch = arg;
+    if (!reasoning && ch->s->tools.parse_calls)
+        hpd_toolcall_feed(&ch->tc, piece, len, tc_content, tc_call, ch);
+    else
+        append(ch, reasoning, piece, len);
+}
+
+/* Calls [from, ..) of a choice as a JSON array's text (malloc'd; NULL:
+ * none). */
+static char *calls_text(const rpc_choice_t *ch, size_t from)
+{
+    if (ch->calls == NULL || json_array_size(ch->calls) <= from)
+        return NULL;
+    json_t *a = json_array();
+    for (size_t i = from; i < json_array_size(ch->calls); i++)
+        json_array_append(a, json_array_get(ch->calls, i));
+    char *text = json_dumps(a, JSON_COMPACT);
+    json_decref(a);
+    return text;
 }
 
 /* Appends a piece of a choice's text: split when the model thinks. */
@@ -1873,6 +1931,7 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
     rpc_choice_t *ch = &s->ch[k];
     hpd_rpc_buf_t b;
     const size_t text_before = ch->text_len, reasoning_before = ch->reasoning_len;
+    const size_t calls_before = ch->calls != NULL ? json_array_size(ch->calls) : 0;
     bool more = true;
     uint32_t upto = n;
     for (uint32_t i = from; s->detokenize && i < n && more; i++) {
@@ -1893,6 +1952,7 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
                             : NULL;
         if (wire != NULL)
             hpd_logprobs_encode(lp + from, upto - from, s->top_logprobs, wire);
+        char *calls = calls_text(ch, calls_before);
         hpd_rpc_buf_init(&b);
         hpd_msg_pack(&hpd_msg_stream,
                      &(hpd_msg_stream_t){
@@ -1908,11 +1968,14 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
                          .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
                                                             upto - from, s->top_logprobs)
                                                       : 0,
-                         .choice = k},
+                         .choice = k,
+                         .tool_calls = calls,
+                         .tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0},
                      &b.pk);
         hpd_rpc_notify(s->conn, "tokens", &b);
         hpd_rpc_buf_destroy(&b);
         free(wire);
+        free(calls);
     }
     *keep_p = upto;
     return more;
@@ -1931,6 +1994,14 @@ static uint8_t *wire_logprobs(const hpd_token_logprobs_t *lp, uint32_t n, uint32
     return wire;
 }
 
+/* A choice's finish reason: tool_calls when it stopped after a call. */
+static const char *finish_of(const rpc_choice_t *ch, const char *finish)
+{
+    return ch->calls != NULL && json_array_size(ch->calls) > 0 && strcmp(finish, "stop") == 0
+               ? "tool_calls"
+               : finish;
+}
+
 /* The reply's choices (n > 1): one map each, packed into b. */
 static void pack_choices(rpc_sink_t *s, const hpd_coord_result_t *res, hpd_rpc_buf_t *b)
 {
@@ -1945,12 +2016,17 @@ static void pack_choices(rpc_sink_t *s, const hpd_coord_result_t *res, hpd_rpc_b
                               .text_len = (uint32_t)ch->text_len,
                               .reasoning = ch->reasoning,
                               .reasoning_len = (uint32_t)ch->reasoning_len};
-        snprintf(m.finish_reason, sizeof(m.finish_reason), "%s", rc->finish_reason);
+        snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
+                 finish_of(ch, rc->finish_reason));
         uint8_t *wire = wire_logprobs(rc->logprobs, rc->n_tokens, res->top_logprobs,
                                       &m.logprobs_len);
+        char *calls = calls_text(ch, 0);
         m.logprobs = wire;
+        m.tool_calls = calls;
+        m.tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0;
         hpd_msg_pack(&hpd_msg_choice, &m, &b->pk);
         free(wire);
+        free(calls);
     }
 }
 
@@ -1971,6 +2047,8 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
             add_text(s, &s->ch[k], piece, len);
             if (s->split)
                 hpd_reasoning_finish(&s->ch[k].rs, add_piece, &s->ch[k]);
+            if (s->tools.parse_calls)
+                hpd_toolcall_finish(&s->ch[k].tc, tc_content, tc_call, &s->ch[k]);
         }
         const rpc_choice_t *c0 = &s->ch[0];
         hpd_msg_generated_t g = {.request = res->request,
@@ -1988,7 +2066,11 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
                                  .prefill_ms = res->prefill_ms,
                                  .push_ms = res->push_ms,
                                  .exposed_push_ms = res->exposed_push_ms};
-        snprintf(g.finish_reason, sizeof(g.finish_reason), "%s", res->finish_reason);
+        snprintf(g.finish_reason, sizeof(g.finish_reason), "%s",
+                 finish_of(c0, res->finish_reason));
+        char *calls = calls_text(c0, 0);
+        g.tool_calls = calls;
+        g.tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0;
         uint8_t *wire = NULL, *pwire = NULL;
         if (res->prompt_logprobs != NULL && res->prompt_tokens > 1) {
             pwire = wire_logprobs(res->prompt_logprobs, res->prompt_tokens - 1,
@@ -2015,6 +2097,7 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
         hpd_rpc_buf_destroy(&chs);
         free(wire);
         free(pwire);
+        free(calls);
     } else if (res->outcome == HPD_COORD_FAILED) {
         hpd_rpc_reply_error(s->conn, s->call_id, res->code, "%s", res->error);
     } else { /* a closed connection is not answered (nothing is sent) */
@@ -2022,6 +2105,58 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
     }
     hpd_rpc_conn_unref(s->conn);
     rpc_sink_free(s);
+}
+
+/* A msgpack chat's messages as coordinator/chatreq.h takes them (JSON):
+ * role, content, reasoning_content and tool_call_id strings; tool_calls
+ * the text of a JSON array (OpenAI's calls). NULL with err set. */
+static json_t *messages_json(const msgpack_object *m, char *err, size_t err_len)
+{
+    static const char *const keys[] = {"role", "content", "reasoning_content", "tool_call_id",
+                                       "tool_calls"};
+    if (m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size == 0 ||
+        m->via.array.size > HPD_TEXT_MAX_MESSAGES) {
+        snprintf(err, err_len, "generate: messages: expected an array of 1 to %d maps",
+                 HPD_TEXT_MAX_MESSAGES);
+        return NULL;
+    }
+    json_t *out = json_array();
+    for (uint32_t i = 0; out != NULL && i < m->via.array.size; i++) {
+        json_t *o = json_object();
+        json_array_append_new(out, o);
+        for (size_t k = 0; o != NULL && k < HPD_ARRAY_SIZE(keys); k++) {
+            const msgpack_object *v = hpd_rpc_map_get(&m->via.array.ptr[i], keys[k]);
+            json_t *x = NULL;
+            json_error_t je;
+            if (v == NULL && k == 0) {
+                snprintf(err, err_len, "generate: messages[%u].role: missing", i);
+                goto bad;
+            }
+            if (v == NULL || v->type == MSGPACK_OBJECT_NIL)
+                continue; /* no content is empty */
+            if (v->type != MSGPACK_OBJECT_STR && (k < 4 || v->type != MSGPACK_OBJECT_BIN)) {
+                snprintf(err, err_len, "generate: messages[%u].%s: expected a string%s", i,
+                         keys[k], k == 4 ? " (a JSON array's text)" : "");
+                goto bad;
+            }
+            if (k < 4 && (x = json_stringn(v->via.str.ptr, v->via.str.size)) == NULL) {
+                snprintf(err, err_len, "generate: messages[%u].%s: not UTF-8", i, keys[k]);
+                goto bad;
+            }
+            if (k == 4 && (x = json_loadb(v->via.bin.ptr, v->via.bin.size, 0, &je)) == NULL) {
+                snprintf(err, err_len, "generate: messages[%u].tool_calls: not JSON (%s)", i,
+                         je.text);
+                goto bad;
+            }
+            json_object_set_new(o, keys[k], x);
+        }
+    }
+    if (out == NULL)
+        snprintf(err, err_len, "generate: out of memory");
+    return out;
+bad:
+    json_decref(out);
+    return NULL;
 }
 
 /* A generate's prompt given as text or as a chat: its ids (the model's
@@ -2045,51 +2180,21 @@ static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **i
         snprintf(err, err_len, "generate: text: cannot be encoded");
         return false;
     }
-    const msgpack_object_array *a = &g->messages->via.array;
-    if (g->messages->type != MSGPACK_OBJECT_ARRAY || a->size == 0 ||
-        a->size > HPD_TEXT_MAX_MESSAGES) {
-        snprintf(err, err_len, "generate: messages: expected an array of 1 to %d maps",
-                 HPD_TEXT_MAX_MESSAGES);
-        return false;
-    }
-    hpd_chat_msg_t *mv = calloc(a->size, sizeof(*mv));
-    char **strs = calloc(3 * (size_t)a->size, sizeof(char *));
-    bool ok = mv != NULL && strs != NULL;
-    static const char *const keys[] = {"role", "content", "reasoning_content"};
-    for (uint32_t i = 0; ok && i < a->size; i++) {
-        for (int k = 0; k < 3 && ok; k++) {
-            const msgpack_object *v = hpd_rpc_map_get(&a->ptr[i], keys[k]);
-            if (v == NULL)
-                continue; /* a role is checked below; no content is empty */
-            if (v->type != MSGPACK_OBJECT_STR) {
-                snprintf(err, err_len, "generate: messages[%u].%s: expected a string", i,
-                         keys[k]);
-                ok = false;
-                break;
-            }
-            ok = (strs[3 * i + k] = strndup(v->via.str.ptr, v->via.str.size)) != NULL;
-        }
-        if (ok && strs[3 * i] == NULL) {
-            snprintf(err, err_len, "generate: messages[%u].role: missing", i);
-            ok = false;
-        }
-        if (ok)
-            mv[i] = (hpd_chat_msg_t){.role = strs[3 * i],
-                                     .content = strs[3 * i + 1],
-                                     .reasoning = strs[3 * i + 2]};
-    }
+    json_t *msgs = messages_json(g->messages, err, err_len), *tools = NULL;
+    json_error_t je;
+    if (msgs != NULL && g->tools != NULL &&
+        (tools = json_loadb(g->tools, g->tools_len, JSON_REJECT_DUPLICATES, &je)) == NULL)
+        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
+    bool ok = msgs != NULL && (g->tools == NULL || tools != NULL);
     if (ok) {
-        char why[400];
+        hpd_chatreq_err_t e;
         const int thinking = g->thinking == 0 ? hpd_coord_default_thinking(c) : g->thinking == 1;
-        ok = hpd_text_chat(c->text, mv, a->size, thinking, ids_p, n_p, why, sizeof(why)) ==
-             HPD_OK;
+        ok = hpd_chatreq_prompt(c->text, msgs, tools, thinking, ids_p, n_p, &e);
         if (!ok)
-            snprintf(err, err_len, "generate: messages: %.200s", why);
+            snprintf(err, err_len, "generate: %.200s", e.msg);
     }
-    for (size_t i = 0; strs != NULL && i < 3 * (size_t)a->size; i++)
-        free(strs[i]);
-    free(strs);
-    free(mv);
+    json_decref(msgs);
+    json_decref(tools);
     return ok;
 }
 
@@ -2119,6 +2224,35 @@ static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, 
         s->n_stops++;
     }
     return true;
+}
+
+/* A chat's tools (tools, tool_choice, single_tool_call) into s->tools;
+ * with them the answer is decoded, its content parsed for calls. */
+static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, rpc_sink_t *s, char *err,
+                       size_t err_len)
+{
+    if (g->tools == NULL && g->tool_choice == NULL)
+        return true;
+    if (g->messages == NULL) {
+        snprintf(err, err_len, "generate: tools: only with messages (a chat)");
+        return false;
+    }
+    json_error_t je;
+    json_t *tools = NULL, *choice = NULL;
+    hpd_chatreq_err_t e;
+    bool ok = false;
+    if (g->tools != NULL && (tools = json_loadb(g->tools, g->tools_len, 0, &je)) == NULL)
+        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
+    else if (g->tool_choice != NULL && (choice = json_loadb(g->tool_choice, g->tool_choice_len,
+                                                            JSON_DECODE_ANY, &je)) == NULL)
+        snprintf(err, err_len, "generate: tool_choice: not JSON (%s)", je.text);
+    else if (!(ok = hpd_chatreq_tools(c->text, tools, choice, !g->single_tool_call,
+                                      g->grammar != NULL, &s->tools, &e)))
+        snprintf(err, err_len, "generate: %.200s", e.msg);
+    json_decref(tools);
+    json_decref(choice);
+    s->detokenize |= s->tools.parse_calls;
+    return ok;
 }
 
 static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
@@ -2158,7 +2292,7 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     ok = ok &&
          ((g.text_len == 0 && g.messages == NULL) ||
           text_prompt(c, &g, &ids, &n_ids, why, sizeof(why))) &&
-         stop_strings(&g, s, why, sizeof(why));
+         stop_strings(&g, s, why, sizeof(why)) && chat_tools(c, &g, s, why, sizeof(why));
     if (!ok) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", why);
         hpd_metric_inc(c->m.invalid, 1);
@@ -2168,6 +2302,16 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
         return;
     }
     s->n_ch = HPD_MIN(HPD_MAX(1u, g.n), (uint32_t)HPD_MAX_CHOICES); /* (submit checks n) */
+    if (getrandom(&s->call_key, sizeof(s->call_key), 0) != sizeof(s->call_key))
+        s->call_key = (uint64_t)(hpd_time_now() * 1e6) ^ id;
+    for (uint32_t k = 0; k < s->n_ch; k++) {
+        s->ch[k].s = s;
+        s->ch[k].index = k;
+        if (s->tools.parse_calls) {
+            hpd_toolcall_init(&s->ch[k].tc, s->tools.format, s->tools.tools);
+            s->ch[k].calls = json_array();
+        }
+    }
     for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
         hpd_text_out_init(&s->ch[k].out, hpd_text_tokenizer(c->text),
                           (const char *const *)s->stops, s->n_stops);
@@ -2191,8 +2335,9 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                              .stream = g.stream,
                              .owner = conn,
                              .tag = g.tag,
-                             .grammar = g.grammar,
-                             .grammar_len = g.grammar_len,
+                             .grammar = s->tools.spec != NULL ? s->tools.spec : g.grammar,
+                             .grammar_len = s->tools.spec != NULL ? strlen(s->tools.spec)
+                                                                  : g.grammar_len,
                              .grammar_after_think = s->detokenize && s->split &&
                                                     s->ch[0].rs.state == HPD_REASONING_INSIDE,
                              .logprobs = g.logprobs,

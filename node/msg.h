@@ -382,7 +382,10 @@ HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
     X(T, grammar, BIN, HPD_OPT, 0)                                                           \
-    X(T, n, U32, HPD_OPT, UINT32_MAX)
+    X(T, n, U32, HPD_OPT, UINT32_MAX)                                                        \
+    X(T, tools, BIN, HPD_OPT, 0)            /* a chat's tools: OpenAI's JSON array, as text */ \
+    X(T, tool_choice, BIN, HPD_OPT, 0)      /* OpenAI's tool_choice, as JSON text */        \
+    X(T, single_tool_call, BOOL, HPD_OPT, 0) /* parallel_tool_calls false */
 HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
 
 /* generate's reply */
@@ -397,23 +400,25 @@ HPD_MSG_STRUCT(hpd_msg_generate_t, HPD_MSG_GENERATE)
     X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
     X(T, push_ms, F32, HPD_OPT, 0)                                                           \
     X(T, exposed_push_ms, F32, HPD_OPT, 0)                                                   \
-    X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
+    X(T, finish_reason, STR, HPD_OPT, 16)                                                    \
     X(T, text, BIN, HPD_OPT, 0) /* detokenize: the answer (before a stop string) */          \
     X(T, reasoning, BIN, HPD_OPT, 0) /* a thinking model's chat: its reasoning apart */       \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, prompt_logprobs, BIN, HPD_OPT, 0)                                                   \
-    X(T, choices, ARR, HPD_OPT, 0) /* n > 1: a choice map each (hpd_msg_choice) */
+    X(T, choices, ARR, HPD_OPT, 0) /* n > 1: a choice map each (hpd_msg_choice) */          \
+    X(T, tool_calls, BIN, HPD_OPT, 0) /* tools: the calls (OpenAI's JSON array, as text) */
 HPD_MSG_STRUCT(hpd_msg_generated_t, HPD_MSG_GENERATED)
 
 /* one of generate's choices (n > 1; the reply's own fields are choice 0's) */
 #define HPD_MSG_CHOICE(T, X)                                                                \
     X(T, index, U32, HPD_REQ, HPD_MAX_CHOICES - 1)                                           \
     X(T, tokens, IDS, HPD_REQ, INT32_MAX)                                                    \
-    X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
+    X(T, finish_reason, STR, HPD_OPT, 16)                                                    \
     X(T, text, BIN, HPD_OPT, 0)                                                              \
     X(T, reasoning, BIN, HPD_OPT, 0)                                                         \
-    X(T, logprobs, BIN, HPD_OPT, 0)
+    X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
+    X(T, tool_calls, BIN, HPD_OPT, 0)
 HPD_MSG_STRUCT(hpd_msg_choice_t, HPD_MSG_CHOICE)
 
 /* tokens (coordinator -> a streaming client): ids from index on; with
@@ -426,7 +431,8 @@ HPD_MSG_STRUCT(hpd_msg_choice_t, HPD_MSG_CHOICE)
     X(T, text, BIN, HPD_OPT, 0)                                                              \
     X(T, reasoning, BIN, HPD_OPT, 0)                                                         \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
-    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)
+    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)                                          \
+    X(T, tool_calls, BIN, HPD_OPT, 0) /* the calls these ids completed (JSON array text) */
 HPD_MSG_STRUCT(hpd_msg_stream_t, HPD_MSG_STREAM)
 
 /* cancel (client -> coordinator: the client's request of that tag) and

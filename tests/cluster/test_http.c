@@ -593,6 +593,41 @@ static void tool_calls_of(const char *body, bool stream, char *calls, size_t siz
  * types, the same streamed and not, finish_reason tool_calls; a
  * conversation with assistant tool calls and tool messages is rendered;
  * bad tools, choices and tool messages are refused by name. */
+static char *client(const char *args);
+
+/* The same chat through the msgpack door (the client library): the calls
+ * of its answer, as tool_calls_of writes them, are want. */
+static void msgpack_tool_calls(const char *tools, int seed, const char *choice, const char *want)
+{
+    char key[] = KEY, got[2048] = "";
+    hpd_client_params_t cp = {.host = "127.0.0.1", .port = cl.port, .token = key};
+    hpd_client_t *c;
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+    const char *roles[] = {"user"}, *contents[] = {"Wake me."};
+    hpd_generate_params_t gp = {.roles = roles, .contents = contents, .n_messages = 1,
+                                .thinking = 2, .max_tokens = 200,
+                                .sampling = {.temperature = 1, .top_p = 1, .seed = (uint64_t)seed},
+                                .tools = tools, .tool_choice = choice};
+    hpd_generate_result_t r;
+    if (hpd_client_generate(c, &gp, NULL, NULL, &r) != HPD_OK)
+        fail_msg("msgpack tools: %s", r.error);
+    assert_string_equal(r.finish_reason, "tool_calls");
+    assert_non_null(r.tool_calls);
+    json_t *calls = json_loads(r.tool_calls, 0, NULL), *x;
+    size_t i, len = 0;
+    json_array_foreach(calls, i, x) {
+        json_t *f = json_object_get(x, "function");
+        assert_true(strncmp(json_string_value(json_object_get(x, "id")), "call_", 5) == 0);
+        len += (size_t)snprintf(got + len, sizeof(got) - len, "%s(%s);",
+                                json_string_value(json_object_get(f, "name")),
+                                json_string_value(json_object_get(f, "arguments")));
+    }
+    json_decref(calls);
+    assert_string_equal(got, want);
+    hpd_generate_result_free(&r);
+    hpd_client_destroy(c);
+}
+
 static void test_tool_calls(void **state)
 {
     static const char tools[] =
@@ -618,6 +653,10 @@ static void test_tool_calls(void **state)
         assert_string_equal(calls[0], calls[1]); /* streamed = not streamed */
         assert_string_equal(finish[0], "tool_calls");
         assert_string_equal(finish[1], "tool_calls");
+        msgpack_tool_calls(tools, seed, seed < 2 ? "\"required\""
+                                                 : "{\"type\": \"function\", \"function\": "
+                                                   "{\"name\": \"set_alarm\"}}",
+                           calls[0]);
         if (strncmp(calls[0], "set_alarm(", 10) == 0) {
             n_set_alarm++;
             char *args = strndup(calls[0] + 10, strlen(calls[0]) - 12);
@@ -633,6 +672,18 @@ static void test_tool_calls(void **state)
         }
     }
     assert_true(n_set_alarm >= 2);
+    /* hpd-client chat --tools: the calls on a line of their own */
+    char file[400], args[600];
+    snprintf(file, sizeof(file), "%s/tools.json", cl.root);
+    assert_int_equal(hpd_write_file(file, tools, strlen(tools)), HPD_OK);
+    snprintf(args, sizeof(args), "chat --prompt 'Wake me.' --thinking off --max-tokens 200 "
+             "--temperature 1 --seed 2 --tools %s --tool-choice set_alarm", file);
+    char *out = client(args);
+    static const char lead[] = "tool_calls: [{\"id\":\"call_";
+    if (strncmp(out, lead, strlen(lead)) != 0 ||
+        strstr(out, "\"name\":\"set_alarm\"") == NULL)
+        fail_msg("hpd-client chat --tools printed: %s", out);
+    free(out);
     /* a conversation with a call and its answer is rendered and answered */
     snprintf(body, sizeof(body),
              "{\"messages\": [{\"role\": \"user\", \"content\": \"Wake me.\"}, {\"role\": "
@@ -664,7 +715,7 @@ static void test_tool_calls(void **state)
     expect_error("POST", "/v1/completions", KEY, "{\"prompt\": \"x\", \"tools\": []}", 400,
                  "tools: only on chat completions");
     print_message("tool calls: required and named through the cluster, %d of 4 set_alarm, "
-                  "streamed = unstreamed\n", n_set_alarm);
+                  "streamed = unstreamed = the msgpack door's\n", n_set_alarm);
     cl.passed++;
 }
 

@@ -27,6 +27,7 @@
 
 #include "common/metrics.h"
 #include "common/util.h"
+#include "coordinator/chatreq.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/text.h"
 #include "tokenizer/chat.h"
@@ -1254,6 +1255,184 @@ static uint32_t pack_messages(uint8_t *buf, const char *const (*msgs)[3], uint32
     return at;
 }
 
+/* msgpack [{role, content?, tool_calls?, tool_call_id?} ...] (tool_calls:
+ * a JSON array's text, as bin) into b. */
+static void pack_tool_chat(hpd_rpc_buf_t *b, const char *const (*msgs)[4], uint32_t n)
+{
+    static const char *const keys[] = {"role", "content", "tool_calls", "tool_call_id"};
+    msgpack_pack_array(&b->pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t fields = 0;
+        for (int k = 0; k < 4; k++)
+            fields += msgs[i][k] != NULL;
+        msgpack_pack_map(&b->pk, fields);
+        for (int k = 0; k < 4; k++) {
+            if (msgs[i][k] == NULL)
+                continue;
+            hpd_rpc_pack_str(&b->pk, keys[k]);
+            if (k == 2)
+                hpd_proto_pack_bin(&b->pk, msgs[i][k], strlen(msgs[i][k]));
+            else
+                hpd_rpc_pack_str(&b->pk, msgs[i][k]);
+        }
+    }
+}
+
+/* The prompt the HTTP door makes of the same chat (chatreq.c). */
+static void chat_ids(const char *dir, const char *msgs_json, const char *tools_json,
+                     int32_t **ids_p, size_t *n_p)
+{
+    hpd_text_t *text;
+    char err[300];
+    hpd_chatreq_err_t e;
+    assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
+    json_t *m = json_loads(msgs_json, 0, NULL), *t = json_loads(tools_json, 0, NULL);
+    assert_non_null(m);
+    if (!hpd_chatreq_prompt(text, m, t, 0, ids_p, n_p, &e))
+        fail_msg("chatreq: %s", e.msg);
+    json_decref(m);
+    json_decref(t);
+    hpd_text_destroy(text);
+}
+
+/* A chat with tools over msgpack: the tools are rendered into the prompt
+ * as the HTTP door renders them (chatreq.c), an answer that calls one
+ * comes back in tool_calls (an id, the name, the arguments as JSON with
+ * the parameter's type) with its text apart and finish_reason tool_calls;
+ * an assistant's tool_calls and a tool message are rendered back; a tool
+ * message whose tool_call_id no call has, tools without messages and a
+ * tool_choice naming no tool are refused naming the field. */
+static void test_tools_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c;
+    char dir[256], err[300];
+    chat_model_dir(dir, sizeof(dir));
+    const hpd_coord_opts_t opts = {.model_dir = dir};
+    peer_vocab = 1179; /* the tokenizer's */
+    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, &opts);
+    peer_vocab = 1000;
+    static const char tools[] = "[{\"type\": \"function\", \"function\": {\"name\": \"set_alarm\", "
+                                "\"parameters\": {\"type\": \"object\", \"properties\": {\"hour\": "
+                                "{\"type\": \"integer\"}}}}}]";
+    int32_t *want, *call;
+    size_t want_n, call_n;
+    chat_ids(dir, "[{\"role\": \"user\", \"content\": \"Wake me.\"}]", tools, &want, &want_n);
+    hpd_text_t *text;
+    assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
+    static const char call_text[] = "<tool_call>\n<function=set_alarm>\n<parameter=hour>\n7\n"
+                                    "</parameter>\n</function>\n</tool_call>";
+    assert_int_equal(hpd_tokenizer_encode(hpd_text_tokenizer(text), call_text,
+                                          strlen(call_text), &call, &call_n), HPD_OK);
+    hpd_text_destroy(text);
+
+    d.autocomplete = false;
+    static const char *const chat1[1][4] = {{"user", "Wake me.", NULL, NULL}};
+    hpd_rpc_buf_t msgs, b;
+    hpd_rpc_buf_init(&msgs);
+    pack_tool_chat(&msgs, chat1, 1);
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_generate,
+                 &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
+                                       .messages_raw_len = (uint32_t)msgs.sb.size,
+                                       .max_tokens = 64, .thinking = 2, .tools = tools,
+                                       .tools_len = (uint32_t)strlen(tools)},
+                 &b.pk);
+    memset(&c, 0, sizeof(c));
+    assert_int_equal(hpd_rpc_call(cl, "generate", &b, 30000, on_generated, &c), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&msgs);
+    LOOP_UNTIL(d.starts == 1);
+    assert_int_equal(p.jobs[0].prefill_n, want_n); /* the tools are in the prompt */
+    assert_memory_equal(p.jobs[0].prompt, want, HPD_MIN(want_n, PEER_MAX_PROMPT) *
+                                                    sizeof(int32_t));
+    hpd_msg_tokens_t m = {.job = d.jobs[0].job, .index = 1, .ids = call,
+                          .ids_n = (uint32_t)call_n, .done = true};
+    snprintf(m.finish_reason, sizeof(m.finish_reason), "stop");
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+    assert_int_equal(hpd_rpc_notify(d.coord_conn, "tokens", &b), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    LOOP_UNTIL(c.done);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    assert_string_equal(c.g.finish_reason, "tool_calls");
+    assert_null(strstr(c.text, "<tool_call>"));
+    json_t *calls = json_loadb(c.g.tool_calls, c.g.tool_calls_len, 0, NULL);
+    assert_non_null(calls);
+    assert_int_equal(json_array_size(calls), 1);
+    const json_t *f = json_object_get(json_array_get(calls, 0), "function");
+    assert_string_equal(json_string_value(json_object_get(f, "name")), "set_alarm");
+    assert_string_equal(json_string_value(json_object_get(f, "arguments")), "{\"hour\": 7}");
+    assert_true(strncmp(json_string_value(json_object_get(json_array_get(calls, 0), "id")),
+                        "call_", 5) == 0);
+    json_decref(calls);
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+    free(want);
+    free(call);
+
+    /* the call and its answer rendered back; a wrong tool_call_id refused */
+    d.autocomplete = true;
+    static const char calls_json[] = "[{\"id\": \"call_a\", \"type\": \"function\", \"function\": "
+                                     "{\"name\": \"set_alarm\", \"arguments\": \"{\\\"hour\\\": 7}\"}}]";
+    char msgs_json[1024];
+    snprintf(msgs_json, sizeof(msgs_json), "[{\"role\": \"user\", \"content\": \"Wake me.\"}, "
+             "{\"role\": \"assistant\", \"tool_calls\": %s}, {\"role\": \"tool\", \"content\": "
+             "\"set\", \"tool_call_id\": \"call_a\"}]", calls_json);
+    chat_ids(dir, msgs_json, tools, &want, &want_n);
+    for (int wrong = 0; wrong < 2; wrong++) {
+        const char *const chat3[3][4] = {{"user", "Wake me.", NULL, NULL},
+                                         {"assistant", NULL, calls_json, NULL},
+                                         {"tool", "set", NULL, wrong ? "call_b" : "call_a"}};
+        hpd_rpc_buf_init(&msgs);
+        pack_tool_chat(&msgs, chat3, 3);
+        generate(cl, &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
+                                           .messages_raw_len = (uint32_t)msgs.sb.size,
+                                           .max_tokens = 4, .thinking = 2, .tools = tools,
+                                           .tools_len = (uint32_t)strlen(tools)},
+                 &c);
+        hpd_rpc_buf_destroy(&msgs);
+        if (wrong) {
+            assert_true(c.is_error);
+            assert_string_equal(c.message, "generate: messages[2].tool_call_id: no earlier tool "
+                                           "call has the id 'call_b'");
+        } else {
+            if (c.is_error)
+                fail_msg("generate: %s", c.message);
+            hpd_msg_free(&hpd_msg_generated, &c.g);
+            const peer_job_t *j = &p.jobs[(p.n_jobs - 1) % PEER_MAX_JOBS];
+            assert_int_equal(j->prefill_n, want_n);
+            assert_memory_equal(j->prompt, want, HPD_MIN(want_n, PEER_MAX_PROMPT) *
+                                                     sizeof(int32_t));
+        }
+    }
+    free(want);
+    /* refused by name */
+    static const int32_t prompt[] = {1, 2, 3};
+    generate(cl, &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 3, .max_tokens = 4,
+                                       .tools = tools, .tools_len = (uint32_t)strlen(tools)},
+             &c);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: tools: only with messages (a chat)");
+    static const char named[] = "{\"type\": \"function\", \"function\": {\"name\": \"nope\"}}";
+    hpd_rpc_buf_init(&msgs);
+    pack_tool_chat(&msgs, chat1, 1);
+    generate(cl, &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
+                                       .messages_raw_len = (uint32_t)msgs.sb.size,
+                                       .max_tokens = 4, .tools = tools,
+                                       .tools_len = (uint32_t)strlen(tools),
+                                       .tool_choice = named,
+                                       .tool_choice_len = (uint32_t)strlen(named)},
+             &c);
+    hpd_rpc_buf_destroy(&msgs);
+    assert_true(c.is_error);
+    assert_string_equal(c.message, "generate: tool_choice.function.name: no tool is named "
+                                   "'nope'");
+    hpd_rpc_client_destroy(cl);
+    pair_stop(&p, &d);
+    test_rmtree(dir);
+}
+
 /* generate with messages on a coordinator with a chat template: the
  * prefill node gets the chat put in the model's format and tokenized
  * (the same ids as hpd_text_chat gives for those messages, in their
@@ -1541,6 +1720,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_heartbeats_and_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_choices, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tools_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),

@@ -115,8 +115,8 @@ static void test_optional_fields(void **state)
     hpd_rpc_buf_init(&p.b);
     hpd_msg_pack_all(&hpd_msg_generate, &(hpd_msg_generate_t){0}, &p.b.pk);
     o = unpack_buf(&p);
-    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields - 4); /* no text, messages,
-                                                                           stop, grammar */
+    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields - 6); /* no text, messages,
+                                                         stop, grammar, tools, tool_choice */
     hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1, .stream = true};
     assert_true(hpd_msg_unpack(&hpd_msg_generate, o, &g, &err));
     assert_int_equal(g.max_tokens, 0);
@@ -138,8 +138,8 @@ static void test_optional_fields(void **state)
                                            .top_k = HPD_TOP_K_UNSET},
                      &p.b.pk);
     o = unpack_buf(&p);
-    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields - 2 - 4); /* and no text,
-                                                                        messages, stop, grammar */
+    assert_int_equal(o->via.map.size, hpd_msg_generate.n_fields - 2 - 6); /* and no text,
+                                    messages, stop, grammar, tools, tool_choice */
     assert_null(hpd_rpc_map_get(o, "temperature"));
     assert_null(hpd_rpc_map_get(o, "top_k"));
     assert_non_null(hpd_rpc_map_get(o, "top_p"));
