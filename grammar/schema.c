@@ -665,8 +665,21 @@ static uint32_t xml_value(compiler_t *c, json_t *schema, const char *path)
     return compile_at(c, schema, path);
 }
 
-/* One tool's call, as the format writes it. */
+static uint32_t tool_call_at(compiler_t *c, json_t *tool, bool xml, size_t index);
+
+/* One tool's call, as the format writes it; a $ref in its parameters
+ * names a place in them ("#" is the parameters' schema, as a request
+ * validator reading the function's schema alone resolves it). */
 static uint32_t tool_call_node(compiler_t *c, json_t *tool, bool xml, size_t index)
+{
+    json_t *const root = c->root;
+    c->root = json_object_get(json_object_get(tool, "function"), "parameters");
+    const uint32_t node = tool_call_at(c, tool, xml, index);
+    c->root = root;
+    return node;
+}
+
+static uint32_t tool_call_at(compiler_t *c, json_t *tool, bool xml, size_t index)
 {
     json_t *f = json_object_get(tool, "function"), *name = json_object_get(f, "name");
     json_t *params = json_object_get(f, "parameters");

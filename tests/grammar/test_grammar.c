@@ -310,6 +310,15 @@ static void test_specs(void **state)
     judge(json, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"any\": [true]}}\n</tool_call>", true,
           true);
     judge(json, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 2}}", false, false);
+    /* a $ref in a tool's parameters names a place in them */
+    static const char reftool[] =
+        "{\"tool_call\": {\"format\": \"json\", \"tools\": [{\"type\": \"function\", "
+        "\"function\": {\"name\": \"r\", \"parameters\": {\"$defs\": {\"h\": {\"type\": "
+        "\"boolean\"}}, \"type\": \"object\", \"properties\": {\"b\": {\"$ref\": "
+        "\"#/$defs/h\"}}, \"required\": [\"b\"], \"additionalProperties\": false}}}]}}";
+    judge(reftool, "<tool_call>\n{\"name\": \"r\", \"arguments\": {\"b\": true}}\n</tool_call>",
+          true, true);
+    judge(reftool, "<tool_call>\n{\"name\": \"r\", \"arguments\": {\"b\": 1", false, false);
     /* after_token */
     const char *obj = "{\"json_object\": true}";
     char *after = hpd_grammar_spec_after(obj, strlen(obj), 77);
