@@ -19,7 +19,8 @@ typedef enum {
     G_NUMBER,  /* .integer: no fraction or exponent */
     G_LITERAL, /* exactly lit[0..lit_len) (true, false, null, a const) */
     G_SEQ,     /* .alts[0..n_alts) one after the other (a tool call's parts) */
-    G_TEXT,    /* any text that does not contain literal .lit (a tool call's string value) */
+    G_TEXT,    /* text that does not contain literal .lit (a tool call's string value),
+                  min_len..max_len characters, .dfa (G_NONE: any) */
 } g_kind_t;
 
 typedef struct {
@@ -37,8 +38,8 @@ typedef struct {
     uint32_t names;                /* G_OBJECT: the keys' trie (into g->ntrie), G_NONE if no props */
     uint32_t items;                /* G_ARRAY */
     uint32_t min_items, max_items; /* G_ARRAY */
-    uint32_t min_len, max_len;     /* G_STRING */
-    uint32_t dfa;                  /* G_STRING */
+    uint32_t min_len, max_len;     /* G_STRING, G_TEXT */
+    uint32_t dfa;                  /* G_STRING, G_TEXT */
     bool integer;                  /* G_NUMBER */
     uint32_t lit;                  /* G_LITERAL: into g->lits */
 } g_node_t;

@@ -101,8 +101,10 @@ static bool completable(const hpd_grammar_t *g, const g_frame_t *t)
         return t->a == g->lits[t->b].len;
     case F_SEQ:
         return t->a == g->nodes[t->node].n_alts;
-    case F_TEXT:
-        return true;
+    case F_TEXT: {
+        const g_node_t *n = &g->nodes[t->node];
+        return t->a >= n->min_len && (n->dfa == G_NONE || g->dfas[n->dfa].accept[t->b]);
+    }
     default:
         return false;
     }
@@ -653,9 +655,10 @@ static bool seq_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c
 static bool text_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t c, g_set_t *out)
 {
     g_frame_t *t = &f[d - 1];
-    const g_lit_t *l = &g->lits[g->nodes[t->node].lit];
+    const g_node_t *n = &g->nodes[t->node];
+    const g_lit_t *l = &g->lits[n->lit];
     const uint8_t *term = g->bytes + l->off;
-    uint32_t m = t->a;
+    uint32_t m = t->st; /* the terminator's bytes the text ends with */
     for (;;) {
         if (term[m] == c) {
             m++;
@@ -670,8 +673,18 @@ static bool text_step(const hpd_grammar_t *g, g_frame_t *f, uint32_t d, uint8_t 
         m = b;
     }
     if (m == l->len)
+        return true; /* the text cannot hold its terminator */
+    /* c is the value's: a character counted at its first byte, and the
+     * pattern's DFA (a: characters, b: its state) */
+    if ((c & 0xc0) != 0x80 && ++t->a > n->max_len)
         return true;
-    t->a = m;
+    if (n->dfa != G_NONE) {
+        const int32_t nx = g->dfas[n->dfa].trans[(size_t)t->b * 256 + c];
+        if (nx < 0)
+            return true;
+        t->b = (uint32_t)nx;
+    }
+    t->st = (uint8_t)m;
     return emit(out, f, d);
 }
 

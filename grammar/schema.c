@@ -424,33 +424,41 @@ static uint32_t array_node(compiler_t *c, json_t *s)
                                         .max_items = max});
 }
 
-static uint32_t string_schema(compiler_t *c, json_t *s)
+/* A string's minLength, maxLength and pattern (a DFA) into n. */
+static bool string_limits(compiler_t *c, json_t *s, g_node_t *n)
 {
-    g_node_t n = {.kind = G_STRING, .dfa = G_NONE};
     json_t *pat = json_object_get(s, "pattern");
-    if (!count(c, s, "minLength", 0, &n.min_len) || !count(c, s, "maxLength", UINT32_MAX, &n.max_len))
-        return G_NONE;
+    n->dfa = G_NONE;
+    if (!count(c, s, "minLength", 0, &n->min_len) ||
+        !count(c, s, "maxLength", UINT32_MAX, &n->max_len))
+        return false;
     if (pat != NULL) {
         if (!json_is_string(pat)) {
             failf(c, HPD_ERR_INVALID_ARG, "%s: '%s' must be a string", "pattern");
-            return G_NONE;
+            return false;
         }
         hpd_grammar_t *g = c->g;
         g_dfa_t *d = realloc(g->dfas, (g->n_dfas + 1) * sizeof(*d));
         if (d == NULL) {
             oom(c);
-            return G_NONE;
+            return false;
         }
         g->dfas = d;
         char msg[256];
         const hpd_status_t st = g_regex_compile(json_string_value(pat), &d[g->n_dfas], msg, sizeof(msg));
         if (st != HPD_OK) {
             failf(c, st, "%s: %s", msg);
-            return G_NONE;
+            return false;
         }
-        n.dfa = g->n_dfas++;
+        n->dfa = g->n_dfas++;
     }
-    return g_add_node(c->g, &n);
+    return true;
+}
+
+static uint32_t string_schema(compiler_t *c, json_t *s)
+{
+    g_node_t n = {.kind = G_STRING};
+    return string_limits(c, s, &n) ? g_add_node(c->g, &n) : G_NONE;
 }
 
 /* The node of one JSON type name under schema s's keywords. */
@@ -659,8 +667,16 @@ static uint32_t xml_value(compiler_t *c, json_t *schema, const char *path)
         }
     }
     if (json_is_string(type) && strcmp(json_string_value(type), "string") == 0) {
-        const uint32_t term = g_add_lit(c->g, (const uint8_t *)"\n</parameter>", 13);
-        return term == G_NONE ? G_NONE : g_add_node(c->g, &(g_node_t){.kind = G_TEXT, .lit = term});
+        /* the value's text as it is (the template writes a string raw),
+         * held to the string's length and pattern */
+        g_node_t n = {.kind = G_TEXT};
+        n.lit = g_add_lit(c->g, (const uint8_t *)"\n</parameter>", 13);
+        const size_t len = strlen(c->path);
+        snprintf(c->path + len, sizeof(c->path) - len, "%s/%s", len == 0 ? "#" : "", path);
+        const bool ok = n.lit != G_NONE && check_keywords(c, schema) &&
+                        string_limits(c, schema, &n);
+        c->path[len] = '\0';
+        return ok ? g_add_node(c->g, &n) : G_NONE;
     }
     return compile_at(c, schema, path);
 }

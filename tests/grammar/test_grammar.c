@@ -310,6 +310,20 @@ static void test_specs(void **state)
     judge(json, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"any\": [true]}}\n</tool_call>", true,
           true);
     judge(json, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 2}}", false, false);
+    /* Qwen3.5's raw string values keep their schema's pattern and length */
+    static const char xmlpat[] =
+        "{\"tool_call\": {\"format\": \"xml\", \"tools\": [{\"type\": \"function\", "
+        "\"function\": {\"name\": \"p\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"c\": {\"type\": \"string\", \"pattern\": \"^[a-z]+$\", "
+        "\"maxLength\": 3}, \"d\": {\"type\": \"string\", \"minLength\": 2}}, "
+        "\"required\": [\"c\", \"d\"]}}}]}}";
+    judge(xmlpat, "<tool_call>\n<function=p>\n<parameter=c>\nab\n</parameter>\n<parameter=d>\n"
+                  "\u00e9\u00e9\n</parameter>\n</function>\n</tool_call>", true, true);
+    judge(xmlpat, "<tool_call>\n<function=p>\n<parameter=c>\nabcd", false, false);
+    judge(xmlpat, "<tool_call>\n<function=p>\n<parameter=c>\na1", false, false);
+    judge(xmlpat, "<tool_call>\n<function=p>\n<parameter=c>\n\n</parameter>", false, false);
+    judge(xmlpat, "<tool_call>\n<function=p>\n<parameter=c>\nab\n</parameter>\n<parameter=d>\n"
+                  "\u00e9\n</parameter>", false, false);
     /* a $ref in a tool's parameters names a place in them */
     static const char reftool[] =
         "{\"tool_call\": {\"format\": \"json\", \"tools\": [{\"type\": \"function\", "
