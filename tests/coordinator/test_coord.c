@@ -1228,6 +1228,18 @@ static void chat_model_dir(char *dir, size_t len)
                                     strlen(hpd_chat_template_qwen35)), HPD_OK);
 }
 
+/* keyed_pair_start on a coordinator with a chat model (chat_model_dir:
+ * dir, removed by the caller). */
+static hpd_rpc_client_t *chat_pair_start(peer_t *p, peer_t *d, char *dir, size_t len)
+{
+    chat_model_dir(dir, len);
+    const hpd_coord_opts_t opts = {.model_dir = dir};
+    peer_vocab = 1179; /* the tokenizer's */
+    hpd_rpc_client_t *cl = keyed_pair_start(p, d, &opts);
+    peer_vocab = 1000;
+    return cl;
+}
+
 /* msgpack [{role, content[, reasoning_content]} ...] of n messages (at
  * most 4, each string under 32 bytes) into buf; NULL fields left out. */
 static uint32_t pack_messages(uint8_t *buf, const char *const (*msgs)[3], uint32_t n)
@@ -1307,11 +1319,7 @@ static void test_tools_over_rpc(void **state)
     peer_t p, d;
     called_t c;
     char dir[256], err[300];
-    chat_model_dir(dir, sizeof(dir));
-    const hpd_coord_opts_t opts = {.model_dir = dir};
-    peer_vocab = 1179; /* the tokenizer's */
-    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, &opts);
-    peer_vocab = 1000;
+    hpd_rpc_client_t *cl = chat_pair_start(&p, &d, dir, sizeof(dir));
     static const char tools[] = "[{\"type\": \"function\", \"function\": {\"name\": \"set_alarm\", "
                                 "\"parameters\": {\"type\": \"object\", \"properties\": {\"hour\": "
                                 "{\"type\": \"integer\"}}}}}]";
@@ -1443,11 +1451,7 @@ static void test_chat_over_rpc(void **state)
     peer_t p, d;
     called_t c;
     char dir[256], err[300];
-    chat_model_dir(dir, sizeof(dir));
-    const hpd_coord_opts_t opts = {.model_dir = dir};
-    peer_vocab = 1179; /* the tokenizer's */
-    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, &opts);
-    peer_vocab = 1000;
+    hpd_rpc_client_t *cl = chat_pair_start(&p, &d, dir, sizeof(dir));
     static const char *const chat[3][3] = {
         {"system", "Be brief.", NULL},
         {"user", "Hi there", NULL},

@@ -137,12 +137,25 @@ static void on_layer(void *arg, uint32_t layer, const hpd_engine_step_item_t *it
     }
 }
 
+/* Every page and slot of the decode engine came back, both engines'
+ * books balance; then both go. */
+static void handover_end(handover_t *h)
+{
+    uint32_t used, slots;
+    hpd_engine_usage(h->dec, &used, NULL, &slots, NULL);
+    assert_int_equal(used, 0);
+    assert_int_equal(slots, 0);
+    assert_int_equal(hpd_engine_audit(h->dec), 0);
+    assert_int_equal(hpd_engine_audit(h->pre), 0);
+    hpd_engine_destroy(h->pre);
+    hpd_engine_destroy(h->dec);
+}
+
 static void run_disaggregated(const char *dst_layout, int32_t ref[][32])
 {
     static handover_t h;
     int32_t prompt[256], first[N_REQS];
     hpd_engine_params_t pp, dp;
-    uint32_t used, slots;
 
     memset(&h, 0, sizeof(h));
     h.cfg = &model->config;
@@ -204,13 +217,7 @@ static void run_disaggregated(const char *dst_layout, int32_t ref[][32])
         assert_memory_equal(t, ref[i], n * sizeof(int32_t));
         hpd_engine_release(h.dec, h.dec_id[i]);
     }
-    hpd_engine_usage(h.dec, &used, NULL, &slots, NULL);
-    assert_int_equal(used, 0);
-    assert_int_equal(slots, 0);
-    assert_int_equal(hpd_engine_audit(h.dec), 0);
-    assert_int_equal(hpd_engine_audit(h.pre), 0);
-    hpd_engine_destroy(h.pre);
-    hpd_engine_destroy(h.dec);
+    handover_end(&h);
 }
 
 static void test_handover_across_layouts(void **state)
@@ -373,13 +380,7 @@ static void test_choices_handover(void **state)
         }
         hpd_engine_release(h.dec, h.dec_id[i]);
     }
-    hpd_engine_usage(h.dec, &used, NULL, &slots, NULL);
-    assert_int_equal(used, 0);
-    assert_int_equal(slots, 0);
-    assert_int_equal(hpd_engine_audit(h.dec), 0);
-    assert_int_equal(hpd_engine_audit(h.pre), 0);
-    hpd_engine_destroy(h.pre);
-    hpd_engine_destroy(h.dec);
+    handover_end(&h);
 
     /* four slots: three choices fit once, not twice; refused whole */
     hpd_engine_params_init(&dp);
