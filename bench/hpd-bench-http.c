@@ -141,6 +141,74 @@ static void structured(hpd_client_t *client, json_t **ids, uint32_t n_prompts,
     }
 }
 
+/* TPOT and TTFT of a chat with tools whose answer must be a call
+ * (tool_choice "required": the tool-call grammar) against the same chat,
+ * the same tools rendered, with tool_choice "none" (no grammar): the same
+ * prompt, alternating per request. */
+static void tool_calls(hpd_client_t *client, uint32_t n_requests, uint32_t decode_tokens)
+{
+    static const char tools[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"set_alarm\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"hour\": {\"type\": \"integer\"}, \"day\": "
+        "{\"enum\": [\"mon\", \"tue\"]}}, \"required\": [\"hour\", \"day\"]}}}, {\"type\": "
+        "\"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 24}}, "
+        "\"required\": [\"city\"]}}}]";
+    double *tpot[2], *ttft[2];
+    uint32_t n[2] = {0, 0}, tokens[2] = {0, 0}, calls = 0;
+    for (int k = 0; k < 2; k++) {
+        tpot[k] = malloc(n_requests * sizeof(double));
+        ttft[k] = malloc(n_requests * sizeof(double));
+    }
+    for (uint32_t i = 0; i < n_requests; i++) {
+        char question[64];
+        snprintf(question, sizeof(question), "Request %u: wake me, or tell me the weather.", i);
+        const char *roles[] = {"user"}, *contents[] = {question};
+        for (int j = 0; j < 2; j++) {
+            const int k = (int)((i + (uint32_t)j) % 2); /* 1: a call required */
+            hpd_generate_params_t gp = {.roles = roles, .contents = contents, .n_messages = 1,
+                                        .thinking = 2, .max_tokens = decode_tokens,
+                                        .ignore_eos = k == 0,
+                                        .sampling = {.temperature = 1, .top_p = 1, .seed = i},
+                                        .tools = tools,
+                                        .tool_choice = k ? "\"required\"" : "\"none\""};
+            hpd_generate_result_t r;
+            if (hpd_client_generate(client, &gp, NULL, NULL, &r) != HPD_OK) {
+                fprintf(stderr, "hpd-bench-http: tool calls: %s\n", r.error);
+                exit(1);
+            }
+            calls += k == 1 && strcmp(r.finish_reason, "tool_calls") == 0;
+            if (r.n_tokens >= 8) {
+                tpot[k][n[k]] = (r.total_ms - r.ttft_ms) / (r.n_tokens - 1);
+                ttft[k][n[k]++] = r.ttft_ms;
+                tokens[k] += r.n_tokens;
+            }
+            hpd_generate_result_free(&r);
+        }
+    }
+    if (n[0] == 0 || n[1] == 0) {
+        printf("  tool calls: no request of 8 tokens or more\n");
+        return;
+    }
+    printf("hpd-bench-http: tool calls, %u chats with 2 tools, up to %u tokens, seeded; %u of %u "
+           "required answers ended in a call; %u and %u requests of >= 8 tokens (%.1f and %.1f "
+           "tokens on average)\n", n_requests, decode_tokens, calls, n_requests, n[0], n[1],
+           (double)tokens[0] / n[0], (double)tokens[1] / n[1]);
+    const double t0 = mean(tpot[0], n[0]), t1 = mean(tpot[1], n[1]);
+    const double f0 = mean(ttft[0], n[0]), f1 = mean(ttft[1], n[1]);
+    const double tp0 = median(tpot[0], n[0]), tp1 = median(tpot[1], n[1]);
+    printf("  tool_choice none      TPOT p50 %7.3f ms  mean %7.3f ms   TTFT mean %7.2f ms\n", tp0,
+           t0, f0);
+    printf("  tool_choice required  TPOT p50 %7.3f ms  mean %7.3f ms   TTFT mean %7.2f ms\n", tp1,
+           t1, f1);
+    printf("  ratio required / none: TPOT p50 x%.3f, mean x%.3f; TTFT mean x%.3f\n", tp1 / tp0,
+           t1 / t0, f1 / f0);
+    for (int k = 0; k < 2; k++) {
+        free(tpot[k]);
+        free(ttft[k]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
@@ -314,6 +382,7 @@ int main(int argc, char **argv)
         printf("\n");
     }
     structured(client, ids, n_prompts, decode_tokens);
+    tool_calls(client, n_prompts, decode_tokens);
     hpd_client_destroy(client);
     for (int i = 0; i < 3; i++) {
         kill(pids[i], SIGTERM);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # TTFT through the HTTP API (docs/api.md) against the msgpack client, on one
 # local cluster and the same prompts, then TPOT and TTFT with a JSON Schema
-# against without (docs/structured_outputs.md) (bench/hpd-bench-http.c):
+# against without (docs/structured_outputs.md), and of chats whose answer
+# must be a tool call against the same chats free (bench/hpd-bench-http.c):
 #   bash bench/http.sh [MODEL_DIR] [hpd-bench-http options]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -2227,7 +2227,8 @@ static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, 
 }
 
 /* A chat's tools (tools, tool_choice, single_tool_call) into s->tools;
- * with them the answer is decoded, its content parsed for calls. */
+ * with them the answer is decoded, its content parsed for calls unless
+ * tool_choice is none. */
 static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, rpc_sink_t *s, char *err,
                        size_t err_len)
 {
@@ -2251,7 +2252,7 @@ static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, rpc_sink_t *
         snprintf(err, err_len, "generate: %.200s", e.msg);
     json_decref(tools);
     json_decref(choice);
-    s->detokenize |= s->tools.parse_calls;
+    s->detokenize = true; /* a chat with tools is answered in text (calls apart) */
     return ok;
 }
 

@@ -145,6 +145,13 @@ MODULES = {
         "tests": ["test_toolcall"],
     },
     # What each prefill rank sends each decode rank (node/tp_plan.h).
+    # A chat request's messages and tools for both doors (coordinator/chatreq.h):
+    # the msgpack door in process, the HTTP door through a cluster.
+    "chatreq": {
+        "files": ["coordinator/chatreq.c"],
+        "left_out": {},
+        "tests": ["test_coord", "test_http"],
+    },
     "tp_plan": {
         "files": ["node/tp_plan.c"],
         "left_out": {},

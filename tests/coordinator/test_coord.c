@@ -1290,21 +1290,52 @@ static void pack_tool_chat(hpd_rpc_buf_t *b, const char *const (*msgs)[4], uint3
     }
 }
 
-/* The prompt the HTTP door makes of the same chat (chatreq.c). */
-static void chat_ids(const char *dir, const char *msgs_json, const char *tools_json,
+/* The prompt of a chat with tools as the model's format renders it
+ * (hpd_text_chat_tools), thinking off. */
+static void chat_ids(const char *dir, const hpd_chat_msg_t *mv, size_t n, const char *tools_json,
                      int32_t **ids_p, size_t *n_p)
 {
     hpd_text_t *text;
     char err[300];
-    hpd_chatreq_err_t e;
     assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
-    json_t *m = json_loads(msgs_json, 0, NULL), *t = json_loads(tools_json, 0, NULL);
-    assert_non_null(m);
-    if (!hpd_chatreq_prompt(text, m, t, 0, ids_p, n_p, &e))
-        fail_msg("chatreq: %s", e.msg);
-    json_decref(m);
-    json_decref(t);
+    if (hpd_text_chat_tools(text, mv, n, tools_json, 0, ids_p, n_p, err, sizeof(err)) != HPD_OK)
+        fail_msg("chat: %s", err);
     hpd_text_destroy(text);
+}
+
+/* generate of a one-message chat with tools (and tool_choice, JSON text
+ * or NULL), whose decode node d answers with ids after the first token,
+ * ending with "stop"; the reply in *c. */
+static void tool_chat_answered(hpd_rpc_client_t *cl, peer_t *d, const char *const (*chat)[4],
+                               const char *tools, const char *choice, const int32_t *ids,
+                               uint32_t n, called_t *c)
+{
+    hpd_rpc_buf_t msgs, b;
+    const uint32_t starts = d->starts;
+    hpd_rpc_buf_init(&msgs);
+    pack_tool_chat(&msgs, chat, 1);
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_generate,
+                 &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
+                                       .messages_raw_len = (uint32_t)msgs.sb.size,
+                                       .max_tokens = 64, .thinking = 2, .tools = tools,
+                                       .tools_len = (uint32_t)strlen(tools),
+                                       .tool_choice = choice,
+                                       .tool_choice_len = choice ? (uint32_t)strlen(choice) : 0},
+                 &b.pk);
+    memset(c, 0, sizeof(*c));
+    assert_int_equal(hpd_rpc_call(cl, "generate", &b, 30000, on_generated, c), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    hpd_rpc_buf_destroy(&msgs);
+    LOOP_UNTIL(d->starts == starts + 1);
+    hpd_msg_tokens_t m = {.job = d->jobs[(d->n_jobs - 1) % PEER_MAX_JOBS].job, .index = 1,
+                          .ids = ids, .ids_n = n, .done = true};
+    snprintf(m.finish_reason, sizeof(m.finish_reason), "stop");
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+    assert_int_equal(hpd_rpc_notify(d->coord_conn, "tokens", &b), HPD_OK);
+    hpd_rpc_buf_destroy(&b);
+    LOOP_UNTIL(c->done);
 }
 
 /* A chat with tools over msgpack: the tools are rendered into the prompt
@@ -1325,7 +1356,8 @@ static void test_tools_over_rpc(void **state)
                                 "{\"type\": \"integer\"}}}}}]";
     int32_t *want, *call;
     size_t want_n, call_n;
-    chat_ids(dir, "[{\"role\": \"user\", \"content\": \"Wake me.\"}]", tools, &want, &want_n);
+    const hpd_chat_msg_t wake = {.role = "user", .content = "Wake me."};
+    chat_ids(dir, &wake, 1, tools, &want, &want_n);
     hpd_text_t *text;
     assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
     static const char call_text[] = "<tool_call>\n<function=set_alarm>\n<parameter=hour>\n7\n"
@@ -1336,32 +1368,11 @@ static void test_tools_over_rpc(void **state)
 
     d.autocomplete = false;
     static const char *const chat1[1][4] = {{"user", "Wake me.", NULL, NULL}};
-    hpd_rpc_buf_t msgs, b;
-    hpd_rpc_buf_init(&msgs);
-    pack_tool_chat(&msgs, chat1, 1);
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_generate,
-                 &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
-                                       .messages_raw_len = (uint32_t)msgs.sb.size,
-                                       .max_tokens = 64, .thinking = 2, .tools = tools,
-                                       .tools_len = (uint32_t)strlen(tools)},
-                 &b.pk);
-    memset(&c, 0, sizeof(c));
-    assert_int_equal(hpd_rpc_call(cl, "generate", &b, 30000, on_generated, &c), HPD_OK);
-    hpd_rpc_buf_destroy(&b);
-    hpd_rpc_buf_destroy(&msgs);
-    LOOP_UNTIL(d.starts == 1);
-    assert_int_equal(p.jobs[0].prefill_n, want_n); /* the tools are in the prompt */
-    assert_memory_equal(p.jobs[0].prompt, want, HPD_MIN(want_n, PEER_MAX_PROMPT) *
-                                                    sizeof(int32_t));
-    hpd_msg_tokens_t m = {.job = d.jobs[0].job, .index = 1, .ids = call,
-                          .ids_n = (uint32_t)call_n, .done = true};
-    snprintf(m.finish_reason, sizeof(m.finish_reason), "stop");
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
-    assert_int_equal(hpd_rpc_notify(d.coord_conn, "tokens", &b), HPD_OK);
-    hpd_rpc_buf_destroy(&b);
-    LOOP_UNTIL(c.done);
+    hpd_rpc_buf_t msgs;
+    tool_chat_answered(cl, &d, chat1, tools, NULL, call, (uint32_t)call_n, &c);
+    const peer_job_t *pj = &p.jobs[(p.n_jobs - 1) % PEER_MAX_JOBS];
+    assert_int_equal(pj->prefill_n, want_n); /* the tools are in the prompt */
+    assert_memory_equal(pj->prompt, want, HPD_MIN(want_n, PEER_MAX_PROMPT) * sizeof(int32_t));
     if (c.is_error)
         fail_msg("generate: %s", c.message);
     assert_string_equal(c.g.finish_reason, "tool_calls");
@@ -1376,6 +1387,16 @@ static void test_tools_over_rpc(void **state)
                         "call_", 5) == 0);
     json_decref(calls);
     hpd_msg_free(&hpd_msg_generated, &c.g);
+    /* tool_choice none: the tools are in the prompt, the answer is content */
+    tool_chat_answered(cl, &d, chat1, tools, "\"none\"", call, (uint32_t)call_n, &c);
+    pj = &p.jobs[(p.n_jobs - 1) % PEER_MAX_JOBS];
+    assert_int_equal(pj->prefill_n, want_n);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    assert_null(c.g.tool_calls);
+    assert_string_equal(c.g.finish_reason, "stop");
+    assert_non_null(strstr(c.text, "<tool_call>"));
+    hpd_msg_free(&hpd_msg_generated, &c.g);
     free(want);
     free(call);
 
@@ -1383,11 +1404,12 @@ static void test_tools_over_rpc(void **state)
     d.autocomplete = true;
     static const char calls_json[] = "[{\"id\": \"call_a\", \"type\": \"function\", \"function\": "
                                      "{\"name\": \"set_alarm\", \"arguments\": \"{\\\"hour\\\": 7}\"}}]";
-    char msgs_json[1024];
-    snprintf(msgs_json, sizeof(msgs_json), "[{\"role\": \"user\", \"content\": \"Wake me.\"}, "
-             "{\"role\": \"assistant\", \"tool_calls\": %s}, {\"role\": \"tool\", \"content\": "
-             "\"set\", \"tool_call_id\": \"call_a\"}]", calls_json);
-    chat_ids(dir, msgs_json, tools, &want, &want_n);
+    const hpd_chat_call_t set = {.name = "set_alarm", .arguments = "{\"hour\": 7}"};
+    const hpd_chat_msg_t conv[3] = {{.role = "user", .content = "Wake me."},
+                                    {.role = "assistant", .content = "", .calls = &set,
+                                     .n_calls = 1},
+                                    {.role = "tool", .content = "set"}};
+    chat_ids(dir, conv, 3, tools, &want, &want_n);
     for (int wrong = 0; wrong < 2; wrong++) {
         const char *const chat3[3][4] = {{"user", "Wake me.", NULL, NULL},
                                          {"assistant", NULL, calls_json, NULL},
@@ -1436,6 +1458,32 @@ static void test_tools_over_rpc(void **state)
     assert_true(c.is_error);
     assert_string_equal(c.message, "generate: tool_choice.function.name: no tool is named "
                                    "'nope'");
+    const struct {
+        const char *tools, *choice, *want;
+    } bad[] = {
+        {tools, "\"sometimes\"", "generate: tool_choice: expected \"none\", \"auto\", "
+                                "\"required\" or {\"type\": \"function\", \"function\": {\"name\": "
+                                "...}}"},
+        {"[{\"type\": \"retrieval\", \"function\": {\"name\": \"f\"}}]", NULL,
+         "generate: tools[0].type: only \"function\" is supported"},
+        {"[]", "\"required\"", "generate: tool_choice: required without tools"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        hpd_rpc_buf_init(&msgs);
+        pack_tool_chat(&msgs, chat1, 1);
+        generate(cl, &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
+                                           .messages_raw_len = (uint32_t)msgs.sb.size,
+                                           .max_tokens = 4, .tools = bad[i].tools,
+                                           .tools_len = (uint32_t)strlen(bad[i].tools),
+                                           .tool_choice = bad[i].choice,
+                                           .tool_choice_len = bad[i].choice != NULL
+                                                                  ? (uint32_t)strlen(bad[i].choice)
+                                                                  : 0},
+                 &c);
+        hpd_rpc_buf_destroy(&msgs);
+        assert_true(c.is_error);
+        assert_string_equal(c.message, bad[i].want);
+    }
     hpd_rpc_client_destroy(cl);
     pair_stop(&p, &d);
     test_rmtree(dir);
