@@ -284,7 +284,8 @@ int main(int argc, char **argv)
     snprintf(port_file, sizeof(port_file), "%s/port", dir);
     snprintf(http_file, sizeof(http_file), "%s/http", dir);
     snprintf(th, sizeof(th), "%u", threads);
-    snprintf(ctx, sizeof(ctx), "%u", 2 * len + 64 + decode_tokens);
+    /* (a chat with the tool-call run's two tools is ~1,100 tokens) */
+    snprintf(ctx, sizeof(ctx), "%u", HPD_MAX(2 * len + 64, 1536u) + decode_tokens);
     snprintf(log, sizeof(log), "%s/coordinator.log", dir);
     char *cargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file, "--http-port",
                      "0", "--http-port-file", http_file, "--model", (char *)model_dir,
@@ -382,7 +383,7 @@ int main(int argc, char **argv)
         printf("\n");
     }
     structured(client, ids, n_prompts, decode_tokens);
-    tool_calls(client, n_prompts, decode_tokens);
+    tool_calls(client, n_prompts, HPD_MAX(decode_tokens, 160u)); /* room for whole calls */
     hpd_client_destroy(client);
     for (int i = 0; i < 3; i++) {
         kill(pids[i], SIGTERM);

@@ -6,7 +6,8 @@
  * the walk would visit all of it: there, the "plain" tokens (no '"', no
  * '\', no control byte, whole UTF-8 characters), which such a string takes
  * whatever follows, are allowed from a precomputed list, and only the
- * trie of the other tokens is walked. */
+ * trie of the other tokens is walked. A tool call's raw text value takes
+ * them the same way (none holds its terminator's '\n'). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -616,15 +617,20 @@ static void plain_upto(const hpd_vocab_t *v, uint32_t left, uint32_t *mask)
 }
 
 /* Some stack of s is inside a string at a character boundary that takes
- * every plain token (a key, or a string with no pattern and no maxLength). */
+ * every plain token (a key, or a string with no pattern and no maxLength),
+ * or in a tool call's raw text with no such limits, not inside its
+ * terminator (which starts with '\n': no plain token holds one, so none
+ * can complete it). */
 static bool in_free_string(const hpd_grammar_t *g, const g_set_t *s)
 {
     for (uint32_t r = 0; r < s->used;) {
         const uint32_t d = s->buf[r].node;
         const g_frame_t *t = &s->buf[r + d];
-        if (t->st == S_CHARS &&
-            (t->kind == F_KEY || (t->kind == F_STRING && g->nodes[t->node].dfa == G_NONE &&
-                                  g->nodes[t->node].max_len == UINT32_MAX)))
+        const g_node_t *n = &g->nodes[t->node];
+        const bool free_limits = n->dfa == G_NONE && n->max_len == UINT32_MAX;
+        if ((t->st == S_CHARS && (t->kind == F_KEY || (t->kind == F_STRING && free_limits))) ||
+            (t->kind == F_TEXT && t->st == 0 && free_limits &&
+             g->bytes[g->lits[n->lit].off] == '\n'))
             return true;
         r += d + 1;
     }
@@ -649,9 +655,12 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
     if (in_free_string(m->g, &m->cur)) {
         memcpy(mask, v->plain_mask, words * sizeof(*mask));
         t = &v->nonplain;
-    } else if (one_string && top->kind == F_STRING && top->st == S_CHARS) {
-        /* the one stack is in a bounded or a patterned string: the plain
-         * tokens of at most the characters left, that the DFA takes */
+    } else if ((one_string && top->kind == F_STRING && top->st == S_CHARS) ||
+               (m->cur.n == 1 && top->kind == F_TEXT && top->st == 0 &&
+                m->g->bytes[m->g->lits[m->g->nodes[top->node].lit].off] == '\n')) {
+        /* the one stack is in a bounded or a patterned string, or raw text
+         * (no plain token holds its terminator's '\n'): the plain tokens of
+         * at most the characters left, that the DFA takes */
         const g_node_t *n = &m->g->nodes[top->node];
         const uint32_t *pm = n->dfa != G_NONE ? dfa_plain_mask(m, v, n->dfa, top->b) : NULL;
         if (n->dfa != G_NONE && pm == NULL)

@@ -140,6 +140,79 @@ static void test_masks(void **state)
     json_decref(corpus);
 }
 
+/* Inside a tool call's raw string value (Qwen3.5's XML form), where no
+ * byte is forced, the mask is the tokens that continue the call, token by
+ * token: the shortcut for plain tokens in free text agrees with the
+ * matcher, in the value, after a piece of the terminator or a false start
+ * of it, and in a value held to a pattern. */
+static void test_text_masks(void **state)
+{
+    hpd_tokenizer_t *tok;
+    hpd_vocab_t *v;
+    assert_int_equal(hpd_tokenizer_load(HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json", &tok), HPD_OK);
+    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    const uint32_t n = hpd_vocab_size(v), words = (n + 31) / 32;
+    uint32_t *mask = calloc(words, 4);
+    static const char *const specs[] = {
+        "{\"tool_call\": {\"format\": \"xml\", \"tools\": [{\"type\": \"function\", \"function\": "
+        "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"s\": "
+        "{\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}}, \"required\": [\"s\"]}}}]}}",
+        "{\"tool_call\": {\"format\": \"xml\", \"tools\": [{\"type\": \"function\", \"function\": "
+        "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"s\": "
+        "{\"type\": \"string\", \"pattern\": \"^[a-z ]+$\", \"maxLength\": 6}}}}}]}}",
+    };
+    static const char *const prefixes[] = {
+        "<tool_call>\n<function=f>\n<parameter=s>\n",
+        "<tool_call>\n<function=f>\n<parameter=s>\nab",
+        "<tool_call>\n<function=f>\n<parameter=s>\nab\n",
+        "<tool_call>\n<function=f>\n<parameter=s>\nab\n</par",
+        "<tool_call>\n<function=f>\n<parameter=s>\nab\n</x",
+    };
+    uint32_t checked = 0;
+    for (size_t si = 0; si < 2; si++) {
+        hpd_grammar_t *g;
+        char err[256];
+        if (hpd_grammar_from_spec(specs[si], strlen(specs[si]), &g, err, sizeof(err)) != HPD_OK)
+            fail_msg("%s", err);
+        for (size_t pi = 0; pi < sizeof(prefixes) / sizeof(prefixes[0]); pi++) {
+            hpd_matcher_t *m;
+            assert_int_equal(hpd_matcher_create(g, &m), HPD_OK);
+            const bool live = hpd_matcher_accept_bytes(m, (const uint8_t *)prefixes[pi],
+                                                       strlen(prefixes[pi]));
+            if (!live || (si == 1 && pi >= 2)) { /* the pattern refuses '\n' in the value:
+                                                     what is left is forced, spelled as the
+                                                     tokenizer spells it (test_masks) */
+                hpd_matcher_destroy(m);
+                continue;
+            }
+            assert_int_equal(hpd_matcher_mask(m, v, NULL, 0, mask), HPD_OK);
+            hpd_matcher_destroy(m);
+            for (uint32_t id = 0; id < n; id++) {
+                hpd_matcher_t *one;
+                assert_int_equal(hpd_matcher_create(g, &one), HPD_OK);
+                assert_true(hpd_matcher_accept_bytes(one, (const uint8_t *)prefixes[pi],
+                                                     strlen(prefixes[pi])));
+                const bool ok = hpd_matcher_accept_token(one, v, (int32_t)id, NULL, 0) == HPD_OK;
+                hpd_matcher_destroy(one);
+                if (ok != (bool)(mask[id / 32] >> (id % 32) & 1)) {
+                    char *b;
+                    size_t len;
+                    hpd_tokenizer_token_bytes(tok, (int32_t)id, &b, &len);
+                    fail_msg("spec %zu after [%s]: token %u '%.*s' is %s by the mask, %s by the "
+                             "matcher", si, prefixes[pi], id, (int)len, b,
+                             ok ? "refused" : "allowed", ok ? "taken" : "refused");
+                }
+            }
+            checked++;
+        }
+        hpd_grammar_destroy(g);
+    }
+    assert_int_equal(checked, 7);
+    free(mask);
+    hpd_vocab_destroy(v);
+    hpd_tokenizer_destroy(tok);
+}
+
 /* Outside the subset, or malformed: refused, the message naming the
  * keyword or the value and where it is. */
 static void test_refusals(void **state)
@@ -385,6 +458,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus),       cmocka_unit_test(test_masks),
+        cmocka_unit_test(test_text_masks),
         cmocka_unit_test(test_refusals),     cmocka_unit_test(test_self_reference),
         cmocka_unit_test(test_json_object),   cmocka_unit_test(test_specs),
     };
