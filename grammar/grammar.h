@@ -103,13 +103,18 @@ typedef struct {
     const uint8_t *const *bytes; /* [n_tokens], NULL for an id without bytes */
     const uint32_t *lens;        /* [n_tokens] */
     const bool *special;         /* [n_tokens] or NULL */
+    /* [n_tokens] or NULL: special tokens a grammar takes by their bytes
+     * where it forces them (and the tokenizer spells those bytes so), as
+     * Qwen3.5's <tool_call>; never allowed anywhere else */
+    const bool *marker;
     hpd_vocab_tokenize_cb_t tokenize;
     void *tokenize_arg;
 } hpd_vocab_params_t;
 
 hpd_status_t hpd_vocab_create(const hpd_vocab_params_t *p, hpd_vocab_t **v_p);
 
-/* The vocabulary of a tokenizer (its added tokens marked special are). */
+/* The vocabulary of a tokenizer (its added tokens marked special are
+ * special; its markers, hpd_tokenizer_is_marker, are markers). */
 struct hpd_tokenizer;
 hpd_status_t hpd_vocab_from_tokenizer(const struct hpd_tokenizer *tok, hpd_vocab_t **v_p);
 void hpd_vocab_destroy(hpd_vocab_t *v);

@@ -34,6 +34,7 @@ struct hpd_vocab {
     uint8_t **bytes;
     uint32_t *lens;
     bool *special;
+    bool *marker; /* special, taken by its bytes where forced (hpd_vocab_params_t) */
     int32_t *dup_next; /* the next id with the same bytes, or -1 */
     trie_t all, nonplain, plain;
     /* the plain tokens by ascending character count */
@@ -168,20 +169,24 @@ hpd_status_t hpd_vocab_create(const hpd_vocab_params_t *p, hpd_vocab_t **v_p)
     v->bytes = calloc(n + 1, sizeof(*v->bytes));
     v->lens = calloc(n + 1, sizeof(*v->lens));
     v->special = calloc(n + 1, sizeof(*v->special));
+    v->marker = calloc(n + 1, sizeof(*v->marker));
     v->dup_next = malloc((n + 1) * sizeof(*v->dup_next));
     v->plain_mask = calloc(words + 1, sizeof(*v->plain_mask));
-    if (!v->bytes || !v->lens || !v->special || !v->dup_next || !v->plain_mask)
+    if (!v->bytes || !v->lens || !v->special || !v->marker || !v->dup_next || !v->plain_mask)
         goto err_alloc;
     uint32_t n_ids = 0, n_np = 0;
     for (uint32_t i = 0; i < n; i++) {
         v->dup_next[i] = -1;
         v->special[i] = p->special != NULL && p->special[i];
-        if (p->bytes[i] == NULL || p->lens[i] == 0 || v->special[i])
+        v->marker[i] = v->special[i] && p->marker != NULL && p->marker[i];
+        if (p->bytes[i] == NULL || p->lens[i] == 0 || (v->special[i] && !v->marker[i]))
             continue;
         if ((v->bytes[i] = malloc(p->lens[i])) == NULL)
             goto err_alloc;
         memcpy(v->bytes[i], p->bytes[i], p->lens[i]);
         v->lens[i] = p->lens[i];
+        if (v->marker[i])
+            continue; /* its bytes for accept_token, kept out of the tries */
         if (v->lens[i] > v->max_len)
             v->max_len = v->lens[i];
         ids[n_ids++] = (int32_t)i;
@@ -246,6 +251,7 @@ void hpd_vocab_destroy(hpd_vocab_t *v)
     free(v->bytes);
     free(v->lens);
     free(v->special);
+    free(v->marker);
     free(v->dup_next);
     free(v->all.nodes);
     free(v->nonplain.nodes);
@@ -697,7 +703,7 @@ hpd_status_t hpd_matcher_accept_token(hpd_matcher_t *m, const hpd_vocab_t *v, in
             m->ended = true;
             return HPD_OK;
         }
-    if (v->special[id] || v->lens[id] == 0 ||
+    if ((v->special[id] && !v->marker[id]) || v->lens[id] == 0 ||
         !hpd_matcher_accept_bytes(m, v->bytes[id], v->lens[id]))
         return HPD_ERR_INVALID_ARG;
     return HPD_OK;

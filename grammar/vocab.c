@@ -19,14 +19,15 @@ hpd_status_t hpd_vocab_from_tokenizer(const hpd_tokenizer_t *tok, hpd_vocab_t **
     const uint32_t n = hpd_tokenizer_size(tok);
     uint8_t **bytes = calloc(n + 1, sizeof(*bytes));
     uint32_t *lens = calloc(n + 1, sizeof(*lens));
-    bool *special = calloc(n + 1, sizeof(*special));
+    bool *special = calloc(n + 1, sizeof(*special)), *marker = calloc(n + 1, sizeof(*marker));
     hpd_status_t st = HPD_ERR_NO_MEMORY;
-    if (bytes == NULL || lens == NULL || special == NULL)
+    if (bytes == NULL || lens == NULL || special == NULL || marker == NULL)
         goto out;
     for (uint32_t i = 0; i < n; i++) {
         char *b;
         size_t len;
         special[i] = hpd_tokenizer_is_special(tok, (int32_t)i);
+        marker[i] = hpd_tokenizer_is_marker(tok, (int32_t)i);
         if ((st = hpd_tokenizer_token_bytes(tok, (int32_t)i, &b, &len)) != HPD_OK)
             goto out;
         bytes[i] = (uint8_t *)b;
@@ -36,6 +37,7 @@ hpd_status_t hpd_vocab_from_tokenizer(const hpd_tokenizer_t *tok, hpd_vocab_t **
                                                 .bytes = (const uint8_t *const *)bytes,
                                                 .lens = lens,
                                                 .special = special,
+                                                .marker = marker,
                                                 .tokenize = tokenize,
                                                 .tokenize_arg = (void *)tok},
                           v_p);
@@ -45,5 +47,6 @@ out:
     free(bytes);
     free(lens);
     free(special);
+    free(marker);
     return st;
 }

@@ -559,6 +559,18 @@ bool hpd_tokenizer_is_special(const hpd_tokenizer_t *t, int32_t id)
     return id >= 0 && (uint32_t)id < t->size && t->kind[id] == 3;
 }
 
+bool hpd_tokenizer_is_marker(const hpd_tokenizer_t *t, int32_t id)
+{
+    static const char *const markers[] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
+    if (!hpd_tokenizer_is_special(t, id))
+        return false;
+    for (size_t i = 0; i < sizeof(markers) / sizeof(markers[0]); i++)
+        if (t->tok_len[id] == strlen(markers[i]) &&
+            memcmp(t->tokens[id], markers[i], t->tok_len[id]) == 0)
+            return true;
+    return false;
+}
+
 int32_t hpd_tokenizer_id(const hpd_tokenizer_t *t, const char *token)
 {
     for (uint32_t i = 0; i < t->n_added; i++)
@@ -926,7 +938,8 @@ hpd_status_t hpd_detok_next(const hpd_tokenizer_t *t, hpd_detok_t *d, int32_t id
     size_t rn = 0, rc = 0, kept;
     hpd_status_t st;
 
-    if (d->skip_special && id >= 0 && (uint32_t)id < t->size && t->kind[id] == 3)
+    if (d->skip_special && id >= 0 && (uint32_t)id < t->size && t->kind[id] == 3 &&
+        !hpd_tokenizer_is_marker(t, id))
         return HPD_OK;
     if ((st = put(&raw, &rn, &rc, d->pending, d->n_pending)) != HPD_OK ||
         (st = token_bytes(t, id, &raw, &rn, &rc)) != HPD_OK ||

@@ -29,6 +29,11 @@ void hpd_tokenizer_destroy(hpd_tokenizer_t *tok);
 uint32_t hpd_tokenizer_size(const hpd_tokenizer_t *tok);
 /* True for an added token marked special (<|im_end|>: never text). */
 bool hpd_tokenizer_is_special(const hpd_tokenizer_t *tok, int32_t id);
+/* Whether id is a special token that marks the answer's structure for the
+ * parsers reading its text: <think>, </think>, <tool_call>, </tool_call>
+ * (Qwen3.5's are special; Qwen3's are not). Decoding keeps their text even
+ * when it skips special tokens, and a grammar takes them by their text. */
+bool hpd_tokenizer_is_marker(const hpd_tokenizer_t *tok, int32_t id);
 /* The id of a token's text (an added token's content, or a vocabulary
  * entry in its byte-level form), -1 for none. */
 int32_t hpd_tokenizer_id(const hpd_tokenizer_t *tok, const char *token);

@@ -12,7 +12,9 @@
 
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "grammar/grammar.h"
+#include "tests/test_helpers.h"
 #include "tokenizer/tokenizer.h"
 
 static json_t *load_corpus(void)
@@ -188,6 +190,10 @@ static void test_text_masks(void **state)
             assert_int_equal(hpd_matcher_mask(m, v, NULL, 0, mask), HPD_OK);
             hpd_matcher_destroy(m);
             for (uint32_t id = 0; id < n; id++) {
+                if (hpd_tokenizer_is_marker(tok, (int32_t)id)) { /* offered only where forced */
+                    assert_false(mask[id / 32] >> (id % 32) & 1);
+                    continue;
+                }
                 hpd_matcher_t *one;
                 assert_int_equal(hpd_matcher_create(g, &one), HPD_OK);
                 assert_true(hpd_matcher_accept_bytes(one, (const uint8_t *)prefixes[pi],
@@ -211,6 +217,99 @@ static void test_text_masks(void **state)
     free(mask);
     hpd_vocab_destroy(v);
     hpd_tokenizer_destroy(tok);
+}
+
+/* Qwen3.5's <tool_call> and </tool_call> are special tokens, which the
+ * model writes its calls with: a required call's mask offers them where
+ * the literal is forced (the tokenizer spells it so), the matcher takes
+ * them by their text, and no JSON string or free text offers them; the
+ * text of a </think> marker is kept when specials are skipped, an
+ * <|im_end|>'s is not. */
+static void test_markers(void **state)
+{
+    char *text, path[320], dir[256];
+    size_t len;
+    assert_int_equal(hpd_read_file(HPD_TOKENIZER_DIR "/qwen3_5.tokenizer.json", &text, &len),
+                     HPD_OK);
+    json_t *j = json_loadb(text, len, 0, NULL);
+    free(text);
+    assert_non_null(j);
+    json_t *vocab = json_object_get(json_object_get(j, "model"), "vocab"), *x;
+    json_int_t next = 0;
+    const char *k;
+    size_t i;
+    json_object_foreach(vocab, k, x) next = json_integer_value(x) >= next ? json_integer_value(x) + 1 : next;
+    json_array_foreach(json_object_get(j, "added_tokens"), i, x)
+        next = json_integer_value(json_object_get(x, "id")) >= next
+                   ? json_integer_value(json_object_get(x, "id")) + 1
+                   : next;
+    const json_int_t open_id = next, close_id = next + 1;
+    static const char *const marks[] = {"<tool_call>", "</tool_call>"};
+    for (int m = 0; m < 2; m++)
+        json_array_append_new(json_object_get(j, "added_tokens"),
+                              json_pack("{s:I, s:s, s:b, s:b, s:b, s:b, s:b}", "id", open_id + m,
+                                        "content", marks[m], "single_word", 0, "lstrip", 0,
+                                        "rstrip", 0, "normalized", 0, "special", 1));
+    test_tmpdir(dir, sizeof(dir), "markers");
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    assert_int_equal(json_dump_file(j, path, 0), 0);
+    json_decref(j);
+    hpd_tokenizer_t *tok;
+    hpd_vocab_t *v;
+    assert_int_equal(hpd_tokenizer_load(path, &tok), HPD_OK);
+    assert_true(hpd_tokenizer_is_special(tok, (int32_t)open_id));
+    assert_true(hpd_tokenizer_is_marker(tok, (int32_t)open_id));
+    assert_false(hpd_tokenizer_is_marker(tok, hpd_tokenizer_id(tok, "<|im_end|>")));
+    assert_int_equal(hpd_vocab_from_tokenizer(tok, &v), HPD_OK);
+    const uint32_t words = (hpd_vocab_size(v) + 31) / 32;
+    uint32_t *mask = calloc(words, 4);
+    /* a required call: the call opens with the marker, closes with the other */
+    static const char spec[] =
+        "{\"tool_call\": {\"format\": \"xml\", \"tools\": [{\"type\": \"function\", \"function\": "
+        "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"s\": "
+        "{\"type\": \"string\"}}, \"required\": [\"s\"]}}}]}}";
+    hpd_grammar_t *g;
+    hpd_matcher_t *mt;
+    assert_int_equal(hpd_grammar_from_spec(spec, sizeof(spec) - 1, &g, NULL, 0), HPD_OK);
+    assert_int_equal(hpd_matcher_create(g, &mt), HPD_OK);
+    assert_int_equal(hpd_matcher_mask(mt, v, NULL, 0, mask), HPD_OK);
+    assert_true(mask[open_id / 32] >> (open_id % 32) & 1);
+    assert_int_equal(hpd_matcher_accept_token(mt, v, (int32_t)open_id, NULL, 0), HPD_OK);
+    static const char body[] = "\n<function=f>\n<parameter=s>\nab\n</parameter>\n</function>\n";
+    assert_true(hpd_matcher_accept_bytes(mt, (const uint8_t *)body, sizeof(body) - 1));
+    assert_int_equal(hpd_matcher_mask(mt, v, NULL, 0, mask), HPD_OK);
+    assert_true(mask[close_id / 32] >> (close_id % 32) & 1);
+    assert_int_equal(hpd_matcher_accept_token(mt, v, (int32_t)close_id, NULL, 0), HPD_OK);
+    assert_true(hpd_matcher_can_end(mt));
+    hpd_matcher_destroy(mt);
+    /* never inside free text or a JSON string */
+    assert_int_equal(hpd_matcher_create(g, &mt), HPD_OK);
+    static const char in_value[] = "<tool_call>\n<function=f>\n<parameter=s>\nab";
+    assert_true(hpd_matcher_accept_bytes(mt, (const uint8_t *)in_value, sizeof(in_value) - 1));
+    assert_int_equal(hpd_matcher_mask(mt, v, NULL, 0, mask), HPD_OK);
+    assert_false(mask[open_id / 32] >> (open_id % 32) & 1);
+    hpd_matcher_destroy(mt);
+    hpd_grammar_destroy(g);
+    static const char str[] = "{\"json_schema\": {\"type\": \"string\"}}";
+    assert_int_equal(hpd_grammar_from_spec(str, sizeof(str) - 1, &g, NULL, 0), HPD_OK);
+    assert_int_equal(hpd_matcher_create(g, &mt), HPD_OK);
+    assert_true(hpd_matcher_accept_bytes(mt, (const uint8_t *)"\"a", 2));
+    assert_int_equal(hpd_matcher_mask(mt, v, NULL, 0, mask), HPD_OK);
+    assert_false(mask[open_id / 32] >> (open_id % 32) & 1);
+    assert_int_equal(hpd_matcher_accept_token(mt, v, (int32_t)open_id, NULL, 0), HPD_OK);
+    hpd_matcher_destroy(mt);
+    hpd_grammar_destroy(g);
+    /* decoding with specials skipped keeps a marker's text */
+    const int32_t ids[] = {hpd_tokenizer_id(tok, "</think>"), hpd_tokenizer_id(tok, "<|im_end|>")};
+    char *out;
+    size_t n;
+    assert_int_equal(hpd_tokenizer_decode(tok, ids, 2, true, &out, &n), HPD_OK);
+    assert_string_equal(out, "</think>");
+    free(out);
+    free(mask);
+    hpd_vocab_destroy(v);
+    hpd_tokenizer_destroy(tok);
+    test_rmtree(dir);
 }
 
 /* Outside the subset, or malformed: refused, the message naming the
@@ -459,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus),       cmocka_unit_test(test_masks),
         cmocka_unit_test(test_text_masks),
+        cmocka_unit_test(test_markers),
         cmocka_unit_test(test_refusals),     cmocka_unit_test(test_self_reference),
         cmocka_unit_test(test_json_object),   cmocka_unit_test(test_specs),
     };
