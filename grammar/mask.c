@@ -627,11 +627,14 @@ static void plain_upto(const hpd_vocab_t *v, uint32_t left, uint32_t *mask)
  * or in a tool call's raw text with no such limits, not inside its
  * terminator (which starts with '\n': no plain token holds one, so none
  * can complete it). */
+static bool text_top(const hpd_grammar_t *g, const g_frame_t *f, uint32_t d, g_frame_t *t_p);
+
 static bool in_free_string(const hpd_grammar_t *g, const g_set_t *s)
 {
     for (uint32_t r = 0; r < s->used;) {
         const uint32_t d = s->buf[r].node;
-        const g_frame_t *t = &s->buf[r + d];
+        g_frame_t tt;
+        const g_frame_t *t = text_top(g, &s->buf[r + 1], d, &tt) ? &tt : &s->buf[r + d];
         const g_node_t *n = &g->nodes[t->node];
         const bool free_limits = n->dfa == G_NONE && n->max_len == UINT32_MAX;
         if ((t->st == S_CHARS && (t->kind == F_KEY || (t->kind == F_STRING && free_limits))) ||
@@ -641,6 +644,30 @@ static bool in_free_string(const hpd_grammar_t *g, const g_set_t *s)
         r += d + 1;
     }
     return false;
+}
+
+/* The raw text frame the stack f[0..d) is in, or is about to start: its
+ * top, or the next element of the sequence below a literal the last byte
+ * completed (frames move on with the next byte): in *t_p. */
+static bool text_top(const hpd_grammar_t *g, const g_frame_t *f, uint32_t d, g_frame_t *t_p)
+{
+    const g_frame_t *top = &f[d - 1], *seq = top;
+    uint32_t next = top->a;
+    if (top->kind == F_TEXT) {
+        *t_p = *top;
+        return true;
+    }
+    if (top->kind == F_LITERAL && d >= 2 && top->a == g->lits[top->b].len) {
+        seq = &f[d - 2];
+        next = seq->a + 1;
+    }
+    if (seq->kind != F_SEQ || next >= g->nodes[seq->node].n_alts)
+        return false;
+    const uint32_t id = g->alts[g->nodes[seq->node].alt0 + next];
+    if (g->nodes[id].kind != G_TEXT)
+        return false;
+    *t_p = (g_frame_t){.kind = F_TEXT, .node = id};
+    return true;
 }
 
 hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int32_t *end_ids,
@@ -657,16 +684,20 @@ hpd_status_t hpd_matcher_mask(hpd_matcher_t *m, const hpd_vocab_t *v, const int3
     const g_frame_t *top = &m->cur.buf[m->cur.buf[0].node];
     const bool one_string = m->cur.n == 1 && (top->kind == F_STRING || top->kind == F_KEY) &&
                             top->st != S_EXPECT && top->st != S_CLOSED;
+    g_frame_t tt;
+    const bool one_text = m->cur.n == 1 &&
+                          text_top(m->g, &m->cur.buf[1], m->cur.buf[0].node, &tt) && tt.st == 0 &&
+                          m->g->bytes[m->g->lits[m->g->nodes[tt.node].lit].off] == '\n';
     const trie_t *t = &v->all;
     if (in_free_string(m->g, &m->cur)) {
         memcpy(mask, v->plain_mask, words * sizeof(*mask));
         t = &v->nonplain;
-    } else if ((one_string && top->kind == F_STRING && top->st == S_CHARS) ||
-               (m->cur.n == 1 && top->kind == F_TEXT && top->st == 0 &&
-                m->g->bytes[m->g->lits[m->g->nodes[top->node].lit].off] == '\n')) {
+    } else if ((one_string && top->kind == F_STRING && top->st == S_CHARS) || one_text) {
         /* the one stack is in a bounded or a patterned string, or raw text
          * (no plain token holds its terminator's '\n'): the plain tokens of
          * at most the characters left, that the DFA takes */
+        if (one_text)
+            top = &tt;
         const g_node_t *n = &m->g->nodes[top->node];
         const uint32_t *pm = n->dfa != G_NONE ? dfa_plain_mask(m, v, n->dfa, top->b) : NULL;
         if (n->dfa != G_NONE && pm == NULL)
