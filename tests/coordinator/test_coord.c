@@ -1303,12 +1303,12 @@ static void chat_ids(const char *dir, const hpd_chat_msg_t *mv, size_t n, const 
     hpd_text_destroy(text);
 }
 
-/* generate of a one-message chat with tools (and tool_choice, JSON text
- * or NULL), whose decode node d answers with ids after the first token,
- * ending with "stop"; the reply in *c. */
-static void tool_chat_answered(hpd_rpc_client_t *cl, peer_t *d, const char *const (*chat)[4],
-                               const char *tools, const char *choice, const int32_t *ids,
-                               uint32_t n, called_t *c)
+/* generate of a one-message chat (thinking 1 on, 2 off) with tools (NULL:
+ * none; tool_choice JSON text or NULL), whose decode node d answers with
+ * ids after the first token, ending with "stop"; the reply in *c. */
+static void chat_answered(hpd_rpc_client_t *cl, peer_t *d, const char *const (*chat)[4],
+                          uint32_t thinking, const char *tools, const char *choice,
+                          const int32_t *ids, uint32_t n, called_t *c)
 {
     hpd_rpc_buf_t msgs, b;
     const uint32_t starts = d->starts;
@@ -1318,8 +1318,9 @@ static void tool_chat_answered(hpd_rpc_client_t *cl, peer_t *d, const char *cons
     hpd_msg_pack(&hpd_msg_generate,
                  &(hpd_msg_generate_t){.messages_raw = msgs.sb.data,
                                        .messages_raw_len = (uint32_t)msgs.sb.size,
-                                       .max_tokens = 64, .thinking = 2, .tools = tools,
-                                       .tools_len = (uint32_t)strlen(tools),
+                                       .max_tokens = 64, .thinking = thinking,
+                                       .detokenize = true, .tools = tools,
+                                       .tools_len = tools ? (uint32_t)strlen(tools) : 0,
                                        .tool_choice = choice,
                                        .tool_choice_len = choice ? (uint32_t)strlen(choice) : 0},
                  &b.pk);
@@ -1336,6 +1337,48 @@ static void tool_chat_answered(hpd_rpc_client_t *cl, peer_t *d, const char *cons
     assert_int_equal(hpd_rpc_notify(d->coord_conn, "tokens", &b), HPD_OK);
     hpd_rpc_buf_destroy(&b);
     LOOP_UNTIL(c->done);
+}
+
+/* A thinking chat whose model closes its reasoning with the </think>
+ * special token (Qwen3.5's tokenizer marks it special): its text is kept
+ * for the split, so the answer has its reasoning and its content apart. */
+static void test_reasoning_marker_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c;
+    char dir[256], err[300];
+    hpd_rpc_client_t *cl = chat_pair_start(&p, &d, dir, sizeof(dir));
+    hpd_text_t *text;
+    assert_int_equal(hpd_text_load(dir, &text, err, sizeof(err)), HPD_OK);
+    const hpd_tokenizer_t *tok = hpd_text_tokenizer(text);
+    const int32_t close = hpd_tokenizer_id(tok, "</think>");
+    assert_true(hpd_tokenizer_is_special(tok, close));
+    int32_t *a, *b, ids[64];
+    size_t na, nb;
+    assert_int_equal(hpd_tokenizer_encode(tok, "I think", 7, &a, &na), HPD_OK);
+    assert_int_equal(hpd_tokenizer_encode(tok, "\n\nHello", 7, &b, &nb), HPD_OK);
+    assert_true(na + nb + 1 <= 64);
+    memcpy(ids, a, na * sizeof(int32_t));
+    ids[na] = close;
+    memcpy(ids + na + 1, b, nb * sizeof(int32_t));
+    free(a);
+    free(b);
+    hpd_text_destroy(text);
+    d.autocomplete = false;
+    static const char *const chat1[1][4] = {{"user", "Hi", NULL, NULL}};
+    chat_answered(cl, &d, chat1, 1, NULL, NULL, ids, (uint32_t)(na + nb + 1), &c);
+    if (c.is_error)
+        fail_msg("generate: %s", c.message);
+    char reasoning[256];
+    snprintf(reasoning, sizeof(reasoning), "%.*s", (int)c.g.reasoning_len,
+             c.g.reasoning != NULL ? (const char *)c.g.reasoning : "");
+    if (strstr(reasoning, "I think") == NULL || strstr(reasoning, "Hello") != NULL ||
+        strstr(c.text, "Hello") == NULL || strstr(c.text, "think") != NULL)
+        fail_msg("reasoning [%s], content [%s]: not split at </think>", reasoning, c.text);
+    hpd_msg_free(&hpd_msg_generated, &c.g);
+    hpd_rpc_client_destroy(cl);
+    pair_stop(&p, &d);
+    test_rmtree(dir);
 }
 
 /* A chat with tools over msgpack: the tools are rendered into the prompt
@@ -1369,7 +1412,7 @@ static void test_tools_over_rpc(void **state)
     d.autocomplete = false;
     static const char *const chat1[1][4] = {{"user", "Wake me.", NULL, NULL}};
     hpd_rpc_buf_t msgs;
-    tool_chat_answered(cl, &d, chat1, tools, NULL, call, (uint32_t)call_n, &c);
+    chat_answered(cl, &d, chat1, 2, tools, NULL, call, (uint32_t)call_n, &c);
     const peer_job_t *pj = &p.jobs[(p.n_jobs - 1) % PEER_MAX_JOBS];
     assert_int_equal(pj->prefill_n, want_n); /* the tools are in the prompt */
     assert_memory_equal(pj->prompt, want, HPD_MIN(want_n, PEER_MAX_PROMPT) * sizeof(int32_t));
@@ -1388,7 +1431,7 @@ static void test_tools_over_rpc(void **state)
     json_decref(calls);
     hpd_msg_free(&hpd_msg_generated, &c.g);
     /* tool_choice none: the tools are in the prompt, the answer is content */
-    tool_chat_answered(cl, &d, chat1, tools, "\"none\"", call, (uint32_t)call_n, &c);
+    chat_answered(cl, &d, chat1, 2, tools, "\"none\"", call, (uint32_t)call_n, &c);
     pj = &p.jobs[(p.n_jobs - 1) % PEER_MAX_JOBS];
     assert_int_equal(pj->prefill_n, want_n);
     if (c.is_error)
@@ -1773,6 +1816,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_inside_a_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_choices, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tools_over_rpc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reasoning_marker_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stop_strings_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_carries_the_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_lost_leaves_the_others, setup, teardown),
