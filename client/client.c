@@ -201,6 +201,22 @@ static char *dup_bin(const void *data, uint32_t len)
     return s;
 }
 
+/* n tokens' logprobs from their wire form into *lp_p (malloc'd); false
+ * with why (NULL *lp_p: out of memory). */
+static bool decode_lp(const void *wire, uint32_t len, uint32_t n, uint32_t top,
+                      hpd_token_logprobs_t **lp_p, char *why, size_t why_len)
+{
+    return (*lp_p = malloc((n + 1) * sizeof(**lp_p))) != NULL &&
+           hpd_logprobs_decode(wire, len, n, top, UINT32_MAX, *lp_p, why, why_len);
+}
+
+/* An answer's text (NUL-terminated, malloc'd): "" when it has none but is
+ * wanted, NULL when neither. */
+static char *answer_text(const void *text, uint32_t len, bool wanted)
+{
+    return text != NULL || wanted ? dup_bin(text != NULL ? text : "", len) : NULL;
+}
+
 /* The reply's choices 1 .. n - 1 into r->more; a reply without them (or
  * with others) is a bad reply. */
 static void more_choices(const hpd_msg_generated_t *g, uint32_t n, bool q_detok,
@@ -228,14 +244,12 @@ static void more_choices(const hpd_msg_generated_t *g, uint32_t n, bool q_detok,
         ch->tokens = (int32_t *)m.tokens; /* ours now */
         ch->n_tokens = m.tokens_n;
         memcpy(ch->finish_reason, m.finish_reason, sizeof(ch->finish_reason));
-        ch->text = dup_bin(m.text != NULL || !q_detok ? m.text : "", m.text_len);
+        ch->text = answer_text(m.text, m.text_len, q_detok);
         ch->text_len = m.text_len;
         ch->reasoning = dup_bin(m.reasoning, m.reasoning_len);
         ch->tool_calls = dup_bin(m.tool_calls, m.tool_calls_len);
-        if (m.logprobs != NULL &&
-            ((ch->logprobs = malloc((ch->n_tokens + 1) * sizeof(*ch->logprobs))) == NULL ||
-             !hpd_logprobs_decode(m.logprobs, m.logprobs_len, ch->n_tokens, g->top_logprobs,
-                                  UINT32_MAX, ch->logprobs, why, sizeof(why))))
+        if (m.logprobs != NULL && !decode_lp(m.logprobs, m.logprobs_len, ch->n_tokens,
+                                             g->top_logprobs, &ch->logprobs, why, sizeof(why)))
             goto bad;
     }
     return;
@@ -283,37 +297,26 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.exposed_push_ms = g.exposed_push_ms;
         memcpy(r.finish_reason, g.finish_reason, sizeof(r.finish_reason));
         char why[200];
-        if (g.logprobs != NULL &&
-            ((r.logprobs = malloc((r.n_tokens + 1) * sizeof(*r.logprobs))) == NULL ||
-             !hpd_logprobs_decode(g.logprobs, g.logprobs_len, r.n_tokens, g.top_logprobs,
-                                  UINT32_MAX, r.logprobs, why, sizeof(why)))) {
+        if (g.logprobs != NULL && !decode_lp(g.logprobs, g.logprobs_len, r.n_tokens,
+                                             g.top_logprobs, &r.logprobs, why, sizeof(why))) {
             r.status = HPD_ERR_FORMAT;
             snprintf(r.error, sizeof(r.error), "bad reply: %s",
                      r.logprobs == NULL ? "out of memory" : why);
         }
         if (r.status == HPD_OK && g.prompt_logprobs != NULL &&
             (r.prompt_tokens < 2 ||
-             (r.prompt_logprobs = malloc(r.prompt_tokens * sizeof(*r.prompt_logprobs))) == NULL ||
-             !hpd_logprobs_decode(g.prompt_logprobs, g.prompt_logprobs_len, r.prompt_tokens - 1,
-                                  g.top_logprobs, UINT32_MAX, r.prompt_logprobs, why,
-                                  sizeof(why)))) {
+             !decode_lp(g.prompt_logprobs, g.prompt_logprobs_len, r.prompt_tokens - 1,
+                        g.top_logprobs, &r.prompt_logprobs, why, sizeof(why)))) {
             r.status = HPD_ERR_FORMAT;
             snprintf(r.error, sizeof(r.error), "bad reply: prompt %s",
                      r.prompt_logprobs == NULL ? "logprobs missing or out of memory" : why);
         }
         /* (an answer that is all reasoning or calls has no text: an empty one) */
-        if ((g.text != NULL || g.reasoning != NULL || q->detokenize) &&
-            (r.text = malloc(g.text_len + 1)) != NULL) {
-            if (g.text_len > 0)
-                memcpy(r.text, g.text, g.text_len);
-            r.text[g.text_len] = '\0';
+        r.text = answer_text(g.text, g.text_len, g.reasoning != NULL || q->detokenize);
+        if (r.text != NULL)
             r.text_len = g.text_len;
-        }
         r.tool_calls = dup_bin(g.tool_calls, g.tool_calls_len);
-        if (g.reasoning != NULL && (r.reasoning = malloc(g.reasoning_len + 1)) != NULL) {
-            memcpy(r.reasoning, g.reasoning, g.reasoning_len);
-            r.reasoning[g.reasoning_len] = '\0';
-        }
+        r.reasoning = dup_bin(g.reasoning, g.reasoning_len);
         if (r.status == HPD_OK && q->n_choices > 1)
             more_choices(&g, q->n_choices, q->detokenize, &r);
         /* tokens the stream did not deliver yet (a non-streaming request) */

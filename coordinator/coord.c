@@ -2161,8 +2161,8 @@ bad:
 
 /* A generate's prompt given as text or as a chat: its ids (the model's
  * tokenizer and chat format). False with err when it cannot be. */
-static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **ids_p,
-                        size_t *n_p, char *err, size_t err_len)
+static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, const json_t *tools,
+                        int32_t **ids_p, size_t *n_p, char *err, size_t err_len)
 {
     if (c->text == NULL) {
         snprintf(err, err_len, "generate: a prompt as text or messages needs the "
@@ -2180,12 +2180,8 @@ static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **i
         snprintf(err, err_len, "generate: text: cannot be encoded");
         return false;
     }
-    json_t *msgs = messages_json(g->messages, err, err_len), *tools = NULL;
-    json_error_t je;
-    if (msgs != NULL && g->tools != NULL &&
-        (tools = json_loadb(g->tools, g->tools_len, JSON_REJECT_DUPLICATES, &je)) == NULL)
-        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
-    bool ok = msgs != NULL && (g->tools == NULL || tools != NULL);
+    json_t *msgs = messages_json(g->messages, err, err_len);
+    bool ok = msgs != NULL;
     if (ok) {
         hpd_chatreq_err_t e;
         const int thinking = g->thinking == 0 ? hpd_coord_default_thinking(c) : g->thinking == 1;
@@ -2194,7 +2190,6 @@ static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, int32_t **i
             snprintf(err, err_len, "generate: %.200s", e.msg);
     }
     json_decref(msgs);
-    json_decref(tools);
     return ok;
 }
 
@@ -2229,28 +2224,40 @@ static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, 
 /* A chat's tools (tools, tool_choice, single_tool_call) into s->tools;
  * with them the answer is decoded, its content parsed for calls unless
  * tool_choice is none. */
-static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, rpc_sink_t *s, char *err,
-                       size_t err_len)
+/* A chat's tools (OpenAI's array as JSON text) read once, for the prompt
+ * and the answer (*tools_p NULL: none). */
+static bool tools_json(const hpd_msg_generate_t *g, json_t **tools_p, char *err, size_t err_len)
 {
+    json_error_t je;
+    *tools_p = NULL;
     if (g->tools == NULL && g->tool_choice == NULL)
         return true;
     if (g->messages == NULL) {
         snprintf(err, err_len, "generate: tools: only with messages (a chat)");
         return false;
     }
+    if (g->tools != NULL && (*tools_p = json_loadb(g->tools, g->tools_len, 0, &je)) == NULL) {
+        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
+        return false;
+    }
+    return true;
+}
+
+static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, const json_t *tools,
+                       rpc_sink_t *s, char *err, size_t err_len)
+{
+    if (g->tools == NULL && g->tool_choice == NULL)
+        return true;
     json_error_t je;
-    json_t *tools = NULL, *choice = NULL;
+    json_t *choice = NULL;
     hpd_chatreq_err_t e;
     bool ok = false;
-    if (g->tools != NULL && (tools = json_loadb(g->tools, g->tools_len, 0, &je)) == NULL)
-        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
-    else if (g->tool_choice != NULL && (choice = json_loadb(g->tool_choice, g->tool_choice_len,
-                                                            JSON_DECODE_ANY, &je)) == NULL)
+    if (g->tool_choice != NULL && (choice = json_loadb(g->tool_choice, g->tool_choice_len,
+                                                       JSON_DECODE_ANY, &je)) == NULL)
         snprintf(err, err_len, "generate: tool_choice: not JSON (%s)", je.text);
     else if (!(ok = hpd_chatreq_tools(c->text, tools, choice, !g->single_tool_call,
                                       g->grammar != NULL, &s->tools, &e)))
         snprintf(err, err_len, "generate: %.200s", e.msg);
-    json_decref(tools);
     json_decref(choice);
     s->detokenize = true; /* a chat with tools is answered in text (calls apart) */
     return ok;
@@ -2290,10 +2297,12 @@ static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
                  "model (--model)");
         ok = false;
     }
-    ok = ok &&
+    json_t *tools = NULL;
+    ok = ok && tools_json(&g, &tools, why, sizeof(why)) &&
          ((g.text_len == 0 && g.messages == NULL) ||
-          text_prompt(c, &g, &ids, &n_ids, why, sizeof(why))) &&
-         stop_strings(&g, s, why, sizeof(why)) && chat_tools(c, &g, s, why, sizeof(why));
+          text_prompt(c, &g, tools, &ids, &n_ids, why, sizeof(why))) &&
+         stop_strings(&g, s, why, sizeof(why)) && chat_tools(c, &g, tools, s, why, sizeof(why));
+    json_decref(tools);
     if (!ok) {
         hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", why);
         hpd_metric_inc(c->m.invalid, 1);

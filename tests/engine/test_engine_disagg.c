@@ -285,6 +285,21 @@ static void test_reservations(void **state)
  * engine's (choice c: seed + c), whether the prompt ends inside a
  * destination block or on its edge; a reservation of choices the pools
  * cannot hold is refused whole, and cancel frees every choice's pages. */
+/* Choice c of request id (of n_ch choices), finished: its tokens. */
+static const int32_t *finished_choice(hpd_engine_t *e, uint64_t id, uint32_t n_ch, uint32_t c,
+                                      uint32_t *n_p)
+{
+    const uint64_t *cids;
+    const int32_t *t;
+    uint32_t nc;
+    hpd_request_state_t st;
+    assert_int_equal(hpd_engine_choices(e, id, &cids, &nc), HPD_OK);
+    assert_int_equal(nc, n_ch);
+    assert_int_equal(hpd_engine_result(e, cids[c], &t, n_p, &st), HPD_OK);
+    assert_int_equal(st, HPD_REQ_FINISHED);
+    return t;
+}
+
 static void test_choices_handover(void **state)
 {
     static handover_t h;
@@ -303,15 +318,10 @@ static void test_choices_handover(void **state)
         hpd_request_params_t rp = {.prompt = prompt, .n_prompt = lens[i],
                                    .max_tokens = max_tokens, .sampling = samp, .n = n_ch};
         uint64_t id;
-        const uint64_t *cids;
-        uint32_t nc;
         assert_int_equal(hpd_engine_submit(mono, &rp, &id), HPD_OK);
         assert_int_equal(hpd_engine_run(mono), HPD_OK);
-        assert_int_equal(hpd_engine_choices(mono, id, &cids, &nc), HPD_OK);
-        assert_int_equal(nc, n_ch);
         for (uint32_t c = 0; c < n_ch; c++) {
-            const int32_t *t;
-            hpd_engine_result(mono, cids[c], &t, &ref_n[i][c], NULL);
+            const int32_t *t = finished_choice(mono, id, n_ch, c, &ref_n[i][c]);
             memcpy(ref[i][c], t, ref_n[i][c] * sizeof(int32_t));
         }
     }
@@ -344,19 +354,11 @@ static void test_choices_handover(void **state)
     hpd_engine_usage(h.pre, &used, NULL, &slots, NULL);
     assert_int_equal(slots, slots0); /* the choices took no slot */
     for (size_t i = 0; i < 3; i++) {
-        const uint64_t *cids;
-        uint32_t nc;
         int32_t first[HPD_MAX_CHOICES];
-        assert_int_equal(hpd_engine_choices(h.pre, h.pre_id[i], &cids, &nc), HPD_OK);
-        assert_int_equal(nc, n_ch);
         for (uint32_t c = 0; c < n_ch; c++) {
-            const int32_t *t;
             uint32_t n;
-            hpd_request_state_t st;
-            hpd_engine_result(h.pre, cids[c], &t, &n, &st);
-            assert_int_equal(st, HPD_REQ_FINISHED);
+            first[c] = finished_choice(h.pre, h.pre_id[i], n_ch, c, &n)[0];
             assert_int_equal(n, 1);
-            first[c] = t[0];
         }
         assert_int_equal(hpd_engine_start_choices(h.dec, h.dec_id[i], first, n_ch - 1),
                          HPD_ERR_INVALID_ARG);
@@ -364,16 +366,9 @@ static void test_choices_handover(void **state)
     }
     assert_int_equal(hpd_engine_run(h.dec), HPD_OK);
     for (size_t i = 0; i < 3; i++) {
-        const uint64_t *cids;
-        uint32_t nc;
-        assert_int_equal(hpd_engine_choices(h.dec, h.dec_id[i], &cids, &nc), HPD_OK);
-        assert_int_equal(nc, n_ch);
         for (uint32_t c = 0; c < n_ch; c++) {
-            const int32_t *t;
             uint32_t n;
-            hpd_request_state_t st;
-            hpd_engine_result(h.dec, cids[c], &t, &n, &st);
-            assert_int_equal(st, HPD_REQ_FINISHED);
+            const int32_t *t = finished_choice(h.dec, h.dec_id[i], n_ch, c, &n);
             if (n != ref_n[i][c] || memcmp(t, ref[i][c], n * sizeof(int32_t)) != 0)
                 fail_msg("prompt %u: choice %u differs from the monolithic engine's", lens[i],
                          c);
