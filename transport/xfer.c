@@ -10,15 +10,20 @@
 /* ------------------------------------------------------------ progress */
 
 static void arm_tick_now(hpd_xfer_ctx_t *c);
+static void reap_closes(hpd_xfer_ctx_t *c);
 
 /* Progress, bounded: a transport retrying towards a dead peer reports
  * progress forever, and the event loop must get its turn (the timer comes
- * back). Then arm the event fd, unless polling. */
+ * back). Endpoint closes asked for from UCX's callbacks go first, between
+ * rounds. Then arm the event fd, unless polling. */
 static void progress_and_arm(hpd_xfer_ctx_t *c)
 {
     for (int round = 0; round < 16; round++) {
+        reap_closes(c);
         for (int i = 0; i < 256 && ucp_worker_progress(c->worker) != 0; i++)
             ;
+        if (c->closes_due > 0)
+            continue;
         if (c->polling || ucp_worker_arm(c->worker) != UCS_ERR_BUSY)
             return;
     }
@@ -355,12 +360,17 @@ ucx_err:
 }
 
 
-/* Progresses the worker while requests are in flight, for a bounded time. */
+/* Progresses the worker while requests are in flight or closes wait, for
+ * a bounded time. */
 static void drain_worker(hpd_xfer_ctx_t *c)
 {
-    for (int i = 0; i < 100 && c->worker != NULL && c->st.inflight > 0; i++)
+    for (int i = 0; i < 100 && c->worker != NULL; i++) {
+        reap_closes(c);
+        if (c->st.inflight == 0)
+            break;
         for (int k = 0; k < 256 && ucp_worker_progress(c->worker) != 0; k++)
             ;
+    }
 }
 
 void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
@@ -374,9 +384,8 @@ void hpd_xfer_destroy(hpd_xfer_ctx_t *c)
      * forced closes and cancelled requests complete */
     drain_worker(c);
     for (hpd_xfer_peer_t *p = c->closing, *next; p != NULL; p = next) {
-        next = p->next; /* the close may complete p's last request, and free it */
-        if (!p->ep_closed)
-            hpd_xfer_close_ep(p);
+        next = p->next;
+        hpd_xfer_close_ep(p); /* issued by the drain below */
     }
     drain_worker(c);
     /* peers whose close never completed are freed below, after the worker;
@@ -757,8 +766,7 @@ static void on_close_done(void *request, ucs_status_t status, void *user_data)
 static void on_bye_flushed(void *request, ucs_status_t status, void *user_data)
 {
     hpd_xfer_peer_t *p = user_data;
-    if (!p->ep_closed)
-        hpd_xfer_close_ep(p);
+    hpd_xfer_close_ep(p);
     hpd_xfer_request_done(request, p);
 }
 
@@ -799,19 +807,35 @@ void hpd_xfer_disconnect(hpd_xfer_peer_t *p)
     hpd_xfer_peer_unref(p); /* the connection's reference */
 }
 
-/* Closes the endpoint at once: UCX cancels its requests (their callbacks
- * run with an error), and the peer is held until the close completed. */
+/* Asks for the endpoint's forced close: UCX cancels its requests (their
+ * callbacks run with an error), and the peer is held until the close
+ * completed. The close itself waits for the next turn of progress: this is
+ * often called from a UCX callback (a bye's flush that failed), and UCX 1.13
+ * runs those while it sets the endpoint failed; an endpoint closed then is
+ * freed under it, and it goes on to use the freed memory (an assertion
+ * `signal.tid == ucs_get_tid()` in wireup_ep.c, or worse). */
 void hpd_xfer_close_ep(hpd_xfer_peer_t *p)
 {
-    hpd_xfer_ctx_t *c = p->ctx;
+    if (p->ep_closed)
+        return;
     p->ep_closed = true;
+    p->close_due = true;
+    p->refs++; /* held until the close is issued */
+    p->ctx->closes_due++;
+    arm_tick_now(p->ctx);
+}
+
+static void issue_close(hpd_xfer_peer_t *p)
+{
+    hpd_xfer_ctx_t *c = p->ctx;
     ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                               UCP_OP_ATTR_FIELD_USER_DATA |
                                               UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_EP_CLOSE_FLAG_FORCE,
                               .cb.send = on_close_done,
                               .user_data = p};
-    p->refs++; /* the forced close may complete p's last request (a bye's flush) */
+    p->close_due = false;
+    c->closes_due--;
     ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &rp);
     if (r != NULL && !UCS_PTR_IS_ERR(r)) {
         p->refs++;
@@ -819,7 +843,28 @@ void hpd_xfer_close_ep(hpd_xfer_peer_t *p)
         c->st.inflight++;
         hpd_xfer_arm_tick(c);
     }
-    hpd_xfer_peer_unref(p);
+    hpd_xfer_peer_unref(p); /* the close may have completed p's last request */
+}
+
+static hpd_xfer_peer_t *close_due_in(hpd_xfer_peer_t *list)
+{
+    for (hpd_xfer_peer_t *p = list; p != NULL; p = p->next)
+        if (p->close_due)
+            return p;
+    return NULL;
+}
+
+/* Issues the closes asked for; never from within a UCX callback. */
+static void reap_closes(hpd_xfer_ctx_t *c)
+{
+    while (c->closes_due > 0) {
+        hpd_xfer_peer_t *p = close_due_in(c->closing);
+        if (p == NULL)
+            p = close_due_in(c->peers);
+        if (p == NULL)
+            break;
+        issue_close(p); /* may free p and change the lists: look again */
+    }
 }
 
 uint64_t hpd_xfer_peer_node(const hpd_xfer_peer_t *p)

@@ -121,7 +121,8 @@ struct hpd_xfer_peer {
     uint32_t refs;     /* 1 while connected + one per UCX request in flight */
     uint32_t inflight; /* UCX requests in flight on this peer */
     bool failed, closed;
-    bool ep_closed; /* a missed deadline closed the endpoint already */
+    bool ep_closed; /* its close was asked for (a bye flushed, a deadline missed) */
+    bool close_due; /* ... and waits for a turn of the loop outside UCX's callbacks */
     hello_hdr_t hello, bye; /* bye: lives while its request does */
     /* what deadlines of transfers to it assume: its link's measured rate
      * and round trip (flush latencies), each 0 until measured; the probe
@@ -153,6 +154,7 @@ struct hpd_xfer_ctx {
     uint32_t n_regions;
     hpd_xfer_peer_t *peers;
     hpd_xfer_peer_t *closing; /* disconnected, UCX requests still pending */
+    uint32_t closes_due;      /* peers whose endpoint close waits (close_due) */
     xfer_t *orphans;          /* ended transfers a UCX request still points to */
     hpd_xfer_stats_t st;
     uint32_t n_waiting; /* transfers with puts waiting on fences */

@@ -430,8 +430,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
     p->failed = true;
     p->refs++; /* the callbacks below may disconnect it */
     hpd_xfer_fail_transfers(p, HPD_ERR_TIMEOUT); /* x becomes an orphan */
-    if (!p->ep_closed)
-        hpd_xfer_close_ep(p); /* cancels the flush: the orphan goes */
+    hpd_xfer_close_ep(p); /* cancels the flush: the orphan goes */
     if (!p->closed && c->p.on_peer_error != NULL)
         c->p.on_peer_error(c->p.arg, p, HPD_ERR_TIMEOUT);
     hpd_xfer_peer_unref(p);

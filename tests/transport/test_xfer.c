@@ -296,7 +296,7 @@ static void tx_done(void *arg, uint64_t id, hpd_status_t st)
     t->status = st;
 }
 
-typedef enum { RUN_OK, RUN_CORRUPT, RUN_KILL } mode_t_;
+typedef enum { RUN_OK, RUN_CORRUPT, RUN_KILL, RUN_KILL_EARLY } mode_t_;
 
 /* On transports that cannot tell that a peer died (shared memory), a node
  * learns it from the control plane (in the cluster: the RPC connection or the
@@ -344,6 +344,26 @@ static void run(const char *tls, const char *dev, mode_t_ mode)
     char *raw = recv_msg(sv[0], &z, &o);
     assert_non_null(raw);
     assert_int_equal(hpd_xfer_connect(ctx, hpd_rpc_map_get(&o, "info"), &peer), HPD_OK);
+    if (mode == RUN_KILL_EARLY) {
+        /* the receiver dies before it ever progressed UCX: the sender's
+         * lanes are still being wired up, and its hello and then its bye
+         * wait in them; UCX fails them when the connection breaks, and the
+         * bye's flush completing closes the endpoint (UCX 1.13 read freed
+         * memory where that close ran inside its callback) */
+        int status;
+        kill(pid, SIGKILL);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        hpd_xfer_disconnect(peer);
+        hpd_xfer_stats_t s;
+        hpd_xfer_stats(ctx, &s);
+        PROGRESS_UNTIL(base, s.inflight == 0, (hpd_xfer_progress(ctx), hpd_xfer_stats(ctx, &s)));
+        hpd_xfer_destroy(ctx);
+        event_base_free(base);
+        msgpack_zone_destroy(&z);
+        free(raw);
+        close(sv[0]);
+        return;
+    }
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_xfer_pack_info(ctx, &b);
@@ -515,6 +535,10 @@ static void test_kill_receiver_shm(void **state)
 {
     run_with(MEM_MALLOC, false, "sm,self", NULL, RUN_KILL);
 }
+static void test_kill_receiver_early_tcp(void **state)
+{
+    run_with(MEM_MALLOC, false, "tcp", "lo", RUN_KILL_EARLY);
+}
 static void test_mirror_tcp(void **state) { run_with(MEM_MIRROR, false, "tcp", "lo", RUN_OK); }
 static void test_mirror_shm(void **state) { run_with(MEM_MIRROR, false, "sm,self", NULL, RUN_OK); }
 static void test_mirror_corrupt(void **state)
@@ -549,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_kill_receiver_tcp),
         cmocka_unit_test(test_kill_receiver_shm),
+        cmocka_unit_test(test_kill_receiver_early_tcp),
         cmocka_unit_test(test_mirror_tcp),
         cmocka_unit_test(test_mirror_shm),
         cmocka_unit_test(test_mirror_corrupt),

@@ -1914,7 +1914,8 @@ static void test_deadline_fails_the_pair(void **state)
         fail_msg("no deadline of %.6f s (rtt %.6f s, rate %.0f B/s)", want, rtt, rate);
     const int closes = n_ep_closes;
     PROGRESS_UNTIL(d.n == 1, (void)0);
-    assert_int_equal(n_ep_closes, closes + 1);
+    /* the close is issued on the loop's next turn, outside UCX's callbacks */
+    PROGRESS_UNTIL(n_ep_closes == closes + 1, (void)0);
     hold_flushes = false;
     assert_int_equal(d.status, HPD_ERR_TIMEOUT);
     assert_int_equal(srx.n_peer_errors, 1);
