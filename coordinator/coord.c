@@ -1,10 +1,9 @@
-/* The coordinator (coordinator/coordinator.h): the node registry, routing,
- * the requests, token streaming, cancellation and failover
- * (docs/cluster.md).
+/* The coordinator's core (coordinator/coordinator.h, coord_internal.h): a
+ * request's life, scheduling, hedging, metrics and the context
+ * (docs/cluster.md). The node registry is registry.c; the msgpack front
+ * door msgdoor.c.
  *
- * Nodes register over their own connection and heartbeat on it; the
- * coordinator connects back to each node's RPC server to send commands. A
- * request's life is the state machine of coordinator/request.h: this file
+ * A request's life is the state machine of coordinator/request.h: this file
  * feeds it the events (replies, notifications, node losses, timeouts) and
  * carries out its plans (carry_out). Each attempt has its own job id;
  * replies and notifications of an older attempt are ignored. A lost node
@@ -14,200 +13,21 @@
  * Who frees what: a request holds a reference on its client's connection
  * until it is answered; node clients are destroyed from a deferred event,
  * never inside their own callbacks. */
-#include "coordinator/coordinator.h"
+#include "coordinator/coord_internal.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
-#include "cache/prefix_hash.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "coordinator/admission.h"
-#include "coordinator/alive.h"
-#include "coordinator/breaker.h"
-#include "coordinator/chatreq.h"
-#include "coordinator/credentials.h"
-#include "coordinator/request.h"
-#include "coordinator/routing.h"
-#include "coordinator/reasoning.h"
-#include "coordinator/text.h"
+#include "coordinator/msgdoor.h"
 #include "grammar/grammar.h"
 #include "node/msg.h"
-#include "node/proto.h"
-#include "transport/rpc.h"
-#include "transport/xfer_info.h"
-
-#define LOG_COMPONENT "coordinator"
-#define SUMMARY_BYTES 8192
-#define PREFILL_TIMEOUT_MS 600000
-#define CALL_TIMEOUT_MS 30000
-#define FULL_RETRY_MS 20 /* a decode node that had no room after all: try again after */
-#define TICK_MS 100       /* leases, liveness and queue timeouts are checked this often */
-
-typedef enum { ROLE_PREFILL, ROLE_DECODE } role_t;
-
-typedef struct node {
-    uint64_t id;
-    role_t role;
-    char name[64], host[64];
-    char numerics[32]; /* its backend's arithmetic (register) */
-    uint32_t tp;       /* its tensor-parallel degree (register; 1 without) */
-    bool has_map;      /* it sent a shard map: heads are the whole model's */
-    uint32_t heads[3]; /* KV, GDN key and GDN value heads its shard map covers */
-    uint16_t port;
-    uint64_t incarnation; /* of its register call (node.h): a lower one later is stale */
-    hpd_breaker_t breaker; /* out of rotation after failed pairs (coordinator/breaker.h) */
-    bool alive;
-    bool draining; /* the node said it is finishing its work to stop: no new jobs */
-    double lease_until;
-    uint64_t alive_key;  /* its liveness pings name it (node/liveness.h) */
-    hpd_alive_t liveness; /* its pings (coordinator/alive.h), with liveness on */
-    bool suspect;         /* its pings stopped for its suspect window: no new work */
-    hpd_coord_t *coord;
-    hpd_rpc_client_t *client; /* coordinator -> node */
-    hpd_rpc_conn_t *reg_conn; /* node -> coordinator */
-    hpd_kv_layout_t layout;
-    uint32_t pages, slots, max_context, vocab, max_batch;
-    char *xfer_info; /* packed msgpack */
-    size_t xfer_info_len;
-    /* what the coordinator has handed out */
-    uint32_t slots_reserved, pages_reserved; /* decode */
-    uint32_t jobs;                           /* prefill */
-    uint64_t queued_tokens;
-    uint8_t summary[SUMMARY_BYTES];
-    bool have_summary;
-    char *stats; /* last heartbeat without the summary, packed */
-    size_t stats_len;
-    struct node *next;
-} node_t;
-
-/* One of a request's answers (n choices from one prompt; one without). */
-typedef struct {
-    int32_t *out; /* [max_tokens] */
-    uint32_t n_out;
-    hpd_token_logprobs_t *lp; /* [max_tokens]; NULL: not asked for */
-    bool stopped;             /* its sink ended it (a stop string) */
-    bool done;                /* its last tokens came */
-    char finish_reason[8];    /* from the decode node's last tokens notice */
-} choice_t;
-
-typedef struct req {
-    uint64_t id;
-    hpd_coord_sink_t sink;
-    const void *owner; /* a msgpack client's connection (its cancel by tag, its close) */
-    uint64_t tag;
-    bool stopped;      /* every choice ended, one by its sink (a stop string): it finishes
-                          (those choices as "stop") and the nodes let go of it */
-    int32_t *prompt;
-    uint32_t n_prompt, max_tokens;
-    hpd_sampling_t sampling;
-    int32_t *stop_ids; /* [n_stop] */
-    uint32_t n_stop, min_tokens;
-    bool ignore_eos;
-    hpd_block_hash_t *hashes;
-    /* its answers: n_ch choices from one prefill (choice c: seed + c), the
-     * tokens with their log probabilities when asked for */
-    choice_t ch[HPD_MAX_CHOICES];
-    uint32_t n_ch;
-    uint32_t top_logprobs;
-    hpd_token_logprobs_t *plp; /* the prompt's ([n_prompt - 1]; NULL: not asked for) */
-    bool have_plp;             /* they came */
-    char *grammar;             /* a structured output's spec (NULL: none), to the nodes */
-    uint32_t grammar_len;
-    hpd_req_fsm_t fsm;
-    uint64_t job;          /* the current attempt's; 0 while queued */
-    node_t *pnode, *dnode; /* the current attempt's nodes (NULL: none, or lost) */
-    uint32_t dpages;       /* booked on dnode */
-    uint64_t avoid_decode; /* the decode node of a pair that failed this request */
-    uint64_t lost_writer;  /* the prefill node lost while pushing for this attempt */
-    bool probe_p, probe_d; /* this attempt probes its prefill / decode node (breaker.h) */
-    /* Hedging: a request whose node went suspect races a copy of itself
-     * (its hedge, placed elsewhere, replaying what the client has); both
-     * run, the first to finish answers and the other is canceled. A hedge
-     * streams into its primary (bit-identical tokens: add_tokens keeps
-     * each position once); it is never hedged itself, is not one of the
-     * clients' open requests, and ends as soon as its primary does. */
-    bool is_hedge;
-    struct req *hedge;   /* the primary's running hedge (NULL: none) */
-    struct req *primary; /* the hedge's primary (NULL: it ended: cancel the hedge) */
-    uint32_t hedges;     /* hedges started for this request (attempts, for the client) */
-    bool gave_up;        /* out of attempts while its hedge runs: the hedge is its last */
-    bool own_over;       /* its own last attempt failed (counted in fsm.attempts) */
-    char last_error[256];
-    double t_submit, t_queued, t_first;
-    uint32_t cached_tokens;
-    float prefill_ms, push_ms, exposed_push_ms;
-    struct req *next;
-} req_t;
-
-/* docs/operations.md lists these. */
-typedef struct {
-    hpd_metrics_t *reg;
-    hpd_metric_t *ok, *failed, *canceled, *overloaded, *invalid, *retries;
-    hpd_metric_t *ttft, *tpot, *duration, *queue_wait;
-    hpd_metric_t *prompt_tokens, *generated_tokens, *cached_tokens;
-    hpd_metric_t *queued, *running, *nodes_prefill, *nodes_decode, *nodes_draining;
-    hpd_metric_t *node_losses, *pair_failures;
-    hpd_metric_t *out_of_rotation, *breaker_openings, *suspects, *hedges, *hedge_wins;
-    hpd_metric_t *finish_stop, *finish_length;
-    hpd_metric_t *conns_authed, *conns_unauthed, *conns_refused, *conns_evicted;
-    hpd_metric_t *auth_timeouts, *auth_failures;
-} metrics_t;
-
-struct hpd_coord {
-    hpd_coord_opts_t o;
-    struct event_base *base;
-    hpd_rpc_server_t *server;
-    char *token;
-    node_t *nodes;
-    node_t *dead; /* waiting for the reaper */
-    req_t *reqs;  /* in arrival order */
-    uint32_t n_reqs;
-    uint64_t next_node, next_req, next_job;
-    uint64_t stale_registrations; /* register calls refused as stale (older incarnation) */
-    uint8_t fingerprint[16];
-    bool have_fingerprint;
-    hpd_block_hash_t root;
-    struct event *tick, *reap, *sched;
-    hpd_credentials_t *creds; /* NULL: an open coordinator (no token file) */
-    hpd_text_t *text;         /* NULL: no model directory (token ids only) */
-    uint64_t finished, failed, canceled, retried, hedged, rejected;
-    metrics_t m;
-    bool draining; /* no new requests; open ones go on */
-    double last_tick;
-};
-
-static void schedule_soon(hpd_coord_t *c);
-static void schedule_later(hpd_coord_t *c, uint32_t ms);
-
-/* ------------------------------------------------------------ helpers */
-
-static node_t *node_by_id(hpd_coord_t *c, uint64_t id)
-{
-    for (node_t *n = c->nodes; n != NULL; n = n->next)
-        if (n->id == id)
-            return n;
-    return NULL;
-}
-
-static req_t *req_by_job(hpd_coord_t *c, uint64_t job)
-{
-    for (req_t *r = c->reqs; r != NULL; r = r->next)
-        if (r->job == job)
-            return r;
-    return NULL;
-}
-
-static const char *role_name(const node_t *n)
-{
-    return n->role == ROLE_PREFILL ? "prefill" : "decode";
-}
 
 /* A call's context: which attempt it belongs to. */
 typedef struct {
@@ -218,401 +38,153 @@ typedef struct {
     bool fence;       /* ... whose connection the decode node closes first */
 } call_ctx_t;
 
-static call_ctx_t *ctx_new(hpd_coord_t *c, uint64_t job, uint64_t node)
-{
-    call_ctx_t *x = malloc(sizeof(*x));
-    if (x != NULL)
-        *x = (call_ctx_t){.coord = c, .job = job, .node = node};
-    return x;
-}
-
-static void ignore_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
-{
-    free(arg);
-}
-
-static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
-                        void *arg)
-{
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job, .writer = writer},
-                 &b.pk);
-    if (n == NULL || !n->alive ||
-        hpd_rpc_call(n->client, "cancel", &b, CALL_TIMEOUT_MS, cb, arg) != HPD_OK)
-        cb(arg, HPD_ERR_IO, NULL);
-    hpd_rpc_buf_destroy(&b);
-}
-
-/* The decode side is freed only after the prefill side stopped writing:
- * it answered its cancel (its puts landed, or its endpoint was closed).
- * Where the pair failed, or the prefill node could not answer, puts may
- * still be on their way: the decode node closes that prefill node's
- * connection before it reuses the memory. */
-static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
-{
-    call_ctx_t *x = arg; /* node: the decode node, 0 for none */
-    const bool fence = x->fence || st != HPD_OK;
-    if (x->node != 0)
-        send_cancel(node_by_id(x->coord, x->node), x->job, fence ? x->prefill : 0,
-                    ignore_reply, NULL);
-    free(x);
-}
-
-/* The attempt's probes are over: the pair's outcome (pair_ok,
- * pair_failed) said how they went, or nothing did (the attempt canceled,
- * moved off a suspect node) and the next request may probe. */
-static void probes_over(req_t *r)
-{
-    if (r->probe_p && r->pnode != NULL)
-        hpd_breaker_probe_ended(&r->pnode->breaker);
-    if (r->probe_d && r->dnode != NULL)
-        hpd_breaker_probe_ended(&r->dnode->breaker);
-    r->probe_p = r->probe_d = false;
-}
-
-static void req_free(hpd_coord_t *c, req_t *r)
-{
-    probes_over(r);
-    if (r->hedge != NULL) /* the race is over: carry_out's schedule() cancels the hedge */
-        r->hedge->primary = NULL;
-    if (r->primary != NULL)
-        r->primary->hedge = NULL;
-    for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
-    c->n_reqs -= !r->is_hedge;
-    free(r->prompt);
-    free(r->stop_ids);
-    free(r->hashes);
-    for (uint32_t k = 0; k < r->n_ch; k++) {
-        free(r->ch[k].out);
-        free(r->ch[k].lp);
-    }
-    free(r->plp);
-    free(r->grammar);
-    free(r);
-}
-
-/* Whether every choice of r has ended (its last tokens came, or its sink
- * stopped it) / has come to its end on the node. */
-static bool all_over(const req_t *r)
-{
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        if (!r->ch[k].stopped && !r->ch[k].done)
-            return false;
-    return true;
-}
-
-static bool all_done(const req_t *r)
-{
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        if (!r->ch[k].done)
-            return false;
-    return true;
-}
-
-/* Gives the sink choice k's tokens [from, n_out); it may stop the choice
- * there, keeping the tokens up to the one that ended it. */
-static void stream(req_t *r, uint32_t k, uint32_t from)
-{
-    choice_t *ch = &r->ch[k];
-    uint32_t keep = ch->n_out;
-    if (r->sink.tokens != NULL && !ch->stopped && from < ch->n_out &&
-        !r->sink.tokens(r->sink.arg, k, ch->out, ch->lp, from, ch->n_out, &keep)) {
-        ch->stopped = true;
-        if (keep > from && keep < ch->n_out)
-            ch->n_out = keep;
-        r->stopped = all_over(r);
-    }
-}
-
-/* The choices as the sink gets them at the end. */
-static void result_choices(const req_t *r, hpd_coord_choice_t *out)
-{
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        out[k] = (hpd_coord_choice_t){.tokens = r->ch[k].out,
-                                      .logprobs = r->ch[k].lp,
-                                      .n_tokens = r->ch[k].n_out,
-                                      .finish_reason = r->ch[k].finish_reason};
-}
-
-/* Its attempts, for the client and the log: the failed ones, the last
- * (unless it failed too) and its hedges. */
-static uint32_t attempts_of(const req_t *r)
-{
-    return r->fsm.attempts + !r->own_over + r->hedges;
-}
-
-static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
-{
-    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
-    result_choices(r, chs);
-    const hpd_coord_result_t res = {.outcome = outcome,
-                                    .code = code,
-                                    .error = why,
-                                    .request = r->id,
-                                    .tokens = r->ch[0].out,
-                                    .logprobs = r->ch[0].lp,
-                                    .top_logprobs = r->top_logprobs,
-                                    .n_tokens = r->ch[0].n_out,
-                                    .choices = chs,
-                                    .n_choices = r->n_ch,
-                                    .prompt_tokens = r->n_prompt,
-                                    .cached_tokens = r->cached_tokens,
-                                    .attempts = attempts_of(r)};
-    r->sink.done(r->sink.arg, &res);
-}
-
-static void reply_finished(hpd_coord_t *c, req_t *r)
-{
-    const double now = hpd_time_now();
-    const choice_t *c0 = &r->ch[0];
-    const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
-    const double tpot = c0->n_out > 1 ? (now - r->t_first) / (c0->n_out - 1) : 0;
-    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
-    uint32_t generated = 0;
-    result_choices(r, chs);
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        generated += r->ch[k].n_out;
-    const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
-                                    .request = r->id,
-                                    .tokens = c0->out,
-                                    .logprobs = c0->lp,
-                                    .prompt_logprobs = r->have_plp ? r->plp : NULL,
-                                    .top_logprobs = r->top_logprobs,
-                                    .n_tokens = c0->n_out,
-                                    .finish_reason = c0->finish_reason,
-                                    .choices = chs,
-                                    .n_choices = r->n_ch,
-                                    .prompt_tokens = r->n_prompt,
-                                    .cached_tokens = r->cached_tokens,
-                                    .attempts = attempts_of(r),
-                                    .ttft_ms = (float)(ttft * 1e3),
-                                    .total_ms = (float)(total * 1e3),
-                                    .prefill_ms = r->prefill_ms,
-                                    .push_ms = r->push_ms,
-                                    .exposed_push_ms = r->exposed_push_ms};
-    r->sink.done(r->sink.arg, &res);
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s)%s, ttft %.1f ms, tpot %.2f "
-                  "ms, %u of %u prompt tokens cached, %u attempt(s)", c0->n_out,
-                  c0->finish_reason, r->n_ch > 1 ? " in its first choice" : "", ttft * 1e3,
-                  tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
-    for (uint32_t k = 0; k < r->n_ch; k++) {
-        if (strcmp(r->ch[k].finish_reason, "stop") == 0)
-            hpd_metric_inc(c->m.finish_stop, 1);
-        else if (strcmp(r->ch[k].finish_reason, "length") == 0)
-            hpd_metric_inc(c->m.finish_length, 1);
-    }
-    c->finished++;
-    hpd_metric_inc(c->m.ok, 1);
-    hpd_metric_observe(c->m.ttft, ttft);
-    if (c0->n_out > 1)
-        hpd_metric_observe(c->m.tpot, tpot);
-    hpd_metric_observe(c->m.duration, total);
-    hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
-    hpd_metric_inc(c->m.generated_tokens, generated);
-    hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
-}
-
-static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *why);
+static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
+                      uint32_t max_tokens, const int32_t *stop_ids, uint32_t n_stop,
+                      uint32_t n_ch, bool logprobs, req_t **at);
+static bool attempt_healthy(const req_t *r);
+static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *pages_p);
+static call_ctx_t *ctx_new(hpd_coord_t *c, uint64_t job, uint64_t node);
+static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply);
+static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply);
+static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply);
+static void add_tokens(req_t *r, uint32_t k, uint32_t index, const int32_t *ids,
+                       const hpd_token_logprobs_t *lp, uint32_t n);
+static bool all_over(const req_t *r);
+static bool all_done(const req_t *r);
+static void stream(req_t *r, uint32_t k, uint32_t from);
 static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-
-/* Hedge h ended (won: it finished first, its tokens are its primary's):
- * the primary finishes with them, or goes on alone (placed again where
- * it waited in the queue; failed where it had no attempts left). */
-static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why)
-{
-    req_t *r = h->primary;
-    if (r == NULL)
-        return; /* its primary ended first */
-    r->hedge = NULL;
-    h->primary = NULL;
-    r->own_over |= r->fsm.state == HPD_REQ_QUEUED; /* it waited for the hedge */
-    if (won) {
-        hpd_metric_inc(c->m.hedge_wins, 1);
-        snprintf(r->ch[0].finish_reason, sizeof(r->ch[0].finish_reason), "%s",
-                 h->ch[0].stopped ? "stop" : h->ch[0].finish_reason);
-        r->cached_tokens = h->cached_tokens;
-        r->prefill_ms = h->prefill_ms;
-        r->push_ms = h->push_ms;
-        r->exposed_push_ms = h->exposed_push_ms;
-        req_event(c, r, HPD_REQ_EV_HEDGE_WON, "its hedge (request %llu) finished first",
-                  (unsigned long long)h->id);
-        return;
-    }
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "its hedge (request %llu) ended: %s",
-                  (unsigned long long)h->id, why);
-    if (r->gave_up) {
-        carry_out(c, r, (hpd_req_plan_t){.verdict = HPD_REQ_FAIL, .code = HPD_RPC_ERR_APP,
-                                          .gave_up = true}, why);
-        return;
-    }
-    r->t_queued = hpd_time_now(); /* its queue timeout starts now, if it waited */
-    schedule_soon(c);
-}
-
-/* Carries out what the state machine decided for r after an event; `why`
- * says what happened (logs, the client's error). Returns false when r is
- * gone (answered and freed). */
-static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *why)
-{
-    node_t *d = r->dnode, *pn = r->pnode;
-    if (p.verdict == HPD_REQ_IGNORE)
-        return true;
-    if (p.avoid_decode && d != NULL)
-        r->avoid_decode = d->id;
-    if (p.pair_failure)
-        hpd_metric_inc(c->m.pair_failures, 1);
-    if (p.unbook_decode && d != NULL) {
-        d->slots_reserved -= r->n_ch;
-        d->pages_reserved -= r->dpages;
-    }
-    if (p.unbook_prefill && pn != NULL) {
-        pn->jobs--;
-        pn->queued_tokens -= r->n_prompt;
-    }
-    if (p.cancel_prefill && pn != NULL) {
-        call_ctx_t *x = ctx_new(c, r->job, p.cancel_decode && d != NULL ? d->id : 0);
-        if (x != NULL) {
-            x->prefill = pn->id;
-            x->fence = p.fence_writer;
-            send_cancel(pn, r->job, 0, on_prefill_canceled, x);
-        }
-    } else if (p.cancel_decode && d != NULL) {
-        send_cancel(d, r->job, p.fence_writer ? r->lost_writer : 0, ignore_reply, NULL);
-    }
-    if (r->fsm.state == HPD_REQ_DECODING) {
-        probes_over(r); /* the pair worked (pair_ok) */
-        r->pnode = NULL; /* the prefill node is done with it */
-    }
-    if (r->fsm.state == HPD_REQ_QUEUED) { /* the attempt is over */
-        probes_over(r);
-        r->dnode = r->pnode = NULL;
-        r->dpages = 0;
-        r->job = 0;
-        r->lost_writer = 0;
-    }
-    if (p.verdict == HPD_REQ_FAIL && p.gave_up && r->hedge != NULL) {
-        /* out of attempts, but its hedge still runs: that is its last */
-        r->gave_up = r->own_over = true;
-        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
-        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "attempt %u failed (%s); its hedge is its last",
-                      r->fsm.attempts, why);
-        return true;
-    }
-    if (r->is_hedge && (p.verdict == HPD_REQ_FAIL || p.verdict == HPD_REQ_FINISH ||
-                        p.verdict == HPD_REQ_CANCELED)) {
-        hedge_ended(c, r, p.verdict == HPD_REQ_FINISH || (p.verdict == HPD_REQ_CANCELED &&
-                                                          r->stopped), why);
-        req_free(c, r);
-        schedule_soon(c);
-        return false;
-    }
-    switch (p.verdict) {
-    case HPD_REQ_IGNORE:
-    case HPD_REQ_GO_ON: return true;
-    case HPD_REQ_WAIT:
-        schedule_later(c, FULL_RETRY_MS);
-        return true;
-    case HPD_REQ_RETRY:
-        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
-        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "retrying (attempt %u): %s", r->fsm.attempts + 1,
-                      why);
-        c->retried++;
-        hpd_metric_inc(c->m.retries, 1);
-        r->t_queued = hpd_time_now();
-        schedule_soon(c);
-        return true;
-    case HPD_REQ_FAIL: {
-        char msg[320];
-        r->own_over |= p.gave_up;
-        if (p.gave_up)
-            snprintf(msg, sizeof(msg), "gave up after %u attempts; last: %s", attempts_of(r),
-                     why);
-        else
-            snprintf(msg, sizeof(msg), "%s", why);
-        HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
-        tell_end(r, HPD_COORD_FAILED, p.code, msg);
-        c->failed++;
-        hpd_metric_inc(p.code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
-                       : p.code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
-                                                        : c->m.failed, 1);
-        break;
-    }
-    case HPD_REQ_FINISH: reply_finished(c, r); break;
-    case HPD_REQ_CANCELED:
-        if (r->stopped) { /* by its sink: a stop string, the end of a normal answer */
-            for (uint32_t k = 0; k < r->n_ch; k++)
-                if (r->ch[k].stopped)
-                    snprintf(r->ch[k].finish_reason, sizeof(r->ch[k].finish_reason), "stop");
-            reply_finished(c, r);
-            break;
-        }
-        tell_end(r, HPD_COORD_CANCELED, 0, why);
-        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: %s", why);
-        c->canceled++;
-        hpd_metric_inc(c->m.canceled, 1);
-        break;
-    }
-    req_free(c, r);
-    schedule_soon(c);
-    return false;
-}
-
-/* Feeds r an event; the rest as carry_out. */
-static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
-{
-    char why[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
-    va_end(ap);
-    return carry_out(c, r, hpd_req_fsm_event(&r->fsm, ev, c->o.max_attempts), why);
-}
-
-/* Appends choice k's tokens reported from index `index` on; earlier ones
- * (replayed or computed again after a failover) must match what the client
- * already has. */
-static void add_tokens(req_t *r, uint32_t k, uint32_t index, const int32_t *ids,
-                       const hpd_token_logprobs_t *lp, uint32_t n)
-{
-    choice_t *ch = &r->ch[k];
-    const uint32_t before = ch->n_out;
-    if (ch->stopped)
-        return; /* its sink has what it wanted */
-    for (uint32_t i = 0; i < n; i++) {
-        const uint32_t pos = index + i;
-        if (pos < ch->n_out) {
-            if (ch->out[pos] != ids[i])
-                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "choice %u: token %u is %d after a retry, "
-                               "%d before (determinism broken)", k, pos, ids[i], ch->out[pos]);
-        } else if (pos == ch->n_out && ch->n_out < r->max_tokens) {
-            if (ch->lp != NULL && lp != NULL)
-                ch->lp[ch->n_out] = lp[i];
-            ch->out[ch->n_out++] = ids[i];
-        }
-    }
-    if (r->t_first == 0 && ch->n_out > 0)
-        r->t_first = hpd_time_now();
-    stream(r, k, before);
-}
-
-/* A hedge's tokens go to its primary (whose sink may stop both); only
- * requests of one choice are hedged. */
+static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n);
 static bool hedge_tokens(void *arg, uint32_t k, const int32_t *out,
                          const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
-                         uint32_t *keep_p)
+                         uint32_t *keep_p);
+static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why);
+static void reply_finished(hpd_coord_t *c, req_t *r);
+static void result_choices(const req_t *r, hpd_coord_choice_t *out);
+static uint32_t attempts_of(const req_t *r);
+static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why);
+static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
+                        void *arg);
+static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply);
+static void probes_over(req_t *r);
+static void req_free(hpd_coord_t *c, req_t *r);
+
+/* ------------------------------------------------------------ a request arrives */
+
+int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
+                         const hpd_coord_sink_t *sink, uint64_t *id_p, char *err,
+                         size_t err_len)
 {
-    req_t *h = arg, *r = h->primary;
-    *keep_p = n;
-    if (r == NULL)
-        return false; /* its primary ended: it is canceled */
-    add_tokens(r, k, from, out + from, lp != NULL ? lp + from : NULL, n - from);
-    return !r->ch[k].stopped;
+    size_t n;
+    node_t **map;
+    hpd_route_node_t *view;
+    req_t *r = NULL;
+
+    if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
+        (q->top_logprobs > 0 && !q->logprobs && !q->prompt_logprobs)) {
+        snprintf(err, err_len, "generate: top_logprobs is %u (expected at most %d, with "
+                 "logprobs)", q->top_logprobs, HPD_MAX_TOP_LOGPROBS);
+        hpd_metric_inc(c->m.invalid, 1);
+        return HPD_RPC_ERR_PARAMS;
+    }
+    if (q->n > HPD_MAX_CHOICES) {
+        snprintf(err, err_len, "generate: n is %u (expected 1 to %d choices)", q->n,
+                 HPD_MAX_CHOICES);
+        hpd_metric_inc(c->m.invalid, 1);
+        return HPD_RPC_ERR_PARAMS;
+    }
+    if (q->grammar != NULL) { /* refused here, by name, before any node sees it */
+        hpd_grammar_t *g;
+        char why[256];
+        if (hpd_grammar_from_spec(q->grammar, q->grammar_len, &g, why, sizeof(why)) != HPD_OK) {
+            snprintf(err, err_len, "generate: %s", why);
+            hpd_metric_inc(c->m.invalid, 1);
+            return HPD_RPC_ERR_PARAMS;
+        }
+        hpd_grammar_destroy(g);
+    }
+    if ((view = hpd_reg_route_view(c, &n, &map)) == NULL) {
+        snprintf(err, err_len, "generate: out of memory");
+        return HPD_RPC_ERR_INTERNAL;
+    }
+    /* what admission checks: the values given (an unset one: greedy's) */
+    const hpd_sampling_t *sp = &q->sampling;
+    const hpd_msg_generate_t g = {.prompt = q->prompt,
+                                  .prompt_n = q->n_prompt,
+                                  .max_tokens = q->max_tokens,
+                                  .temperature = isnan(sp->temperature) ? 0 : sp->temperature,
+                                  .top_p = isnan(sp->top_p) ? 1 : sp->top_p,
+                                  .top_k = sp->top_k == HPD_TOP_K_UNSET ? 0 : sp->top_k,
+                                  .seed = sp->seed,
+                                  .stop_token_ids = q->stop_ids,
+                                  .stop_token_ids_n = q->n_stop,
+                                  .ignore_eos = q->ignore_eos,
+                                  .min_tokens = q->min_tokens};
+    const hpd_admit_state_t as = {.draining = c->draining,
+                                  .open_requests = c->n_reqs,
+                                  .max_requests = c->o.max_requests};
+    const int64_t code = hpd_admit(view, n, &as, &g, err, err_len);
+    free(view);
+    free(map);
+    if (code != 0) {
+        if (code == HPD_RPC_ERR_OVERLOADED) {
+            c->rejected++;
+            hpd_metric_inc(c->m.overloaded, 1);
+        } else {
+            hpd_metric_inc(c->m.invalid, 1);
+        }
+        return code;
+    }
+    req_t **tail = &c->reqs;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    hpd_token_logprobs_t *plp = NULL;
+    char *grammar = NULL;
+    const int32_t think_end = q->grammar_after_think && c->text != NULL
+                                  ? hpd_tokenizer_id(hpd_text_tokenizer(c->text), "</think>")
+                                  : -1;
+    if (q->grammar != NULL)
+        grammar = q->grammar_after_think && think_end >= 0
+                      ? hpd_grammar_spec_after(q->grammar, q->grammar_len, think_end)
+                      : strndup(q->grammar, q->grammar_len);
+    if ((q->grammar != NULL && grammar == NULL) ||
+        (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
+        (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
+                     HPD_MAX(1u, q->n), q->logprobs, tail)) == NULL) {
+        free(plp);
+        free(grammar);
+        snprintf(err, err_len, "generate: out of memory");
+        return HPD_RPC_ERR_INTERNAL;
+    }
+    r->ignore_eos = q->ignore_eos;
+    r->min_tokens = q->min_tokens;
+    r->sampling = q->sampling;
+    r->grammar = grammar;
+    r->grammar_len = grammar != NULL ? (uint32_t)strlen(grammar) : 0;
+    r->plp = plp;
+    r->top_logprobs = q->top_logprobs;
+    if (c->o.no_generation_defaults) { /* what the client left out: greedy */
+        if (isnan(r->sampling.temperature))
+            r->sampling.temperature = 0;
+        if (isnan(r->sampling.top_p))
+            r->sampling.top_p = 1;
+        if (r->sampling.top_k == HPD_TOP_K_UNSET)
+            r->sampling.top_k = 0;
+    }
+    /* else the nodes take what is unset from the model (generation_config.json) */
+    r->sink = *sink;
+    r->owner = q->owner;
+    r->tag = q->tag;
+    c->n_reqs++;
+    const char *who = q->who != NULL ? q->who : "";
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u, %u "
+                  "choice(s)%s%s%s", r->n_prompt, r->max_tokens, r->n_ch,
+                  q->stream ? ", streaming" : "",
+                  strncmp(who, "tenant ", 7) == 0 ? ", " : "",
+                  strncmp(who, "tenant ", 7) == 0 ? who : "");
+    *id_p = r->id;
+    hpd_core_schedule_soon(c);
+    return 0;
 }
 
 /* A request of n_ch choices with its own copies of the prompt, the stop
@@ -658,103 +230,130 @@ static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
     return r;
 }
 
-/* Races r, whose attempt is on the suspect node n, with a copy of it
- * placed elsewhere (right behind r in the queue, so with r's turn),
- * replaying the tokens the client has. False: out of memory, or a request
- * still waiting for its prompt's logprobs. */
-static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
+static req_t *req_by_job(hpd_coord_t *c, uint64_t job)
 {
-    if (r->plp != NULL && !r->have_plp)
-        return false; /* its prompt's logprobs come with its own prefill: it runs again */
-    if (r->n_ch > 1)
-        return false; /* its choices run again (a hedge replays one answer) */
-    req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop, 1,
-                       r->ch[0].lp != NULL, &r->next);
-    if (h == NULL)
-        return false;
-    h->is_hedge = true;
-    h->primary = r;
-    h->sink = (hpd_coord_sink_t){.tokens = hedge_tokens, .arg = h};
-    h->sampling = r->sampling;
-    h->ignore_eos = r->ignore_eos;
-    h->min_tokens = r->min_tokens;
-    memcpy(h->ch[0].out, r->ch[0].out, r->ch[0].n_out * sizeof(int32_t));
-    h->ch[0].n_out = r->ch[0].n_out;
-    if (r->ch[0].lp != NULL)
-        memcpy(h->ch[0].lp, r->ch[0].lp, r->ch[0].n_out * sizeof(*r->ch[0].lp));
-    h->top_logprobs = r->top_logprobs;
-    h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
-    r->hedge = h;
-    r->hedges++;
-    c->hedged++;
-    hpd_metric_inc(c->m.hedges, 1);
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "hedged: its %s node %s is suspect; request %llu "
-                  "races it elsewhere from token %u, the first to finish answers",
-                  role_name(n), n->name,
-                  (unsigned long long)h->id, r->ch[0].n_out);
-    return true;
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        if (r->job == job)
+            return r;
+    return NULL;
 }
 
-/* ------------------------------------------------------------ routing */
+/* ------------------------------------------------------------ scheduling */
 
-/* Whether a node takes new work: registered, not draining, not suspect
- * and in rotation. */
-static bool node_usable(const node_t *x, double now)
+/* Places queued requests in arrival order. A request that fits no decode
+ * node now waits, and so does everything behind it (first come, first
+ * served); one that no registered decode node could ever hold fails at once
+ * instead of holding up the queue until it times out. */
+static void schedule(hpd_coord_t *c)
 {
-    return x->alive && !x->draining && !x->suspect && hpd_breaker_usable(&x->breaker, now);
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->is_hedge && r->primary == NULL) {
+            req_event(c, r, HPD_REQ_EV_CANCEL, "the request it raced ended first");
+        } else if (r->is_hedge && r->fsm.state == HPD_REQ_QUEUED &&
+                   attempt_healthy(r->primary)) {
+            r->primary->hedges--; /* it never ran */
+            req_event(c, r, HPD_REQ_EV_CANCEL, "not placed before its request's node pinged "
+                      "again: the race is off");
+        }
+    }
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        uint32_t pages = 0, largest;
+        node_t *d;
+        next = r->next;
+        if (r->fsm.state != HPD_REQ_QUEUED || r->hedge != NULL)
+            continue; /* a primary waits for its hedge */
+        if ((d = pick(c, r, false, &pages)) == NULL) {
+            size_t n;
+            node_t **map;
+            hpd_route_node_t *v = hpd_reg_route_view(c, &n, &map);
+            const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
+                                        .max_tokens = r->max_tokens,
+                                        .n_choices = r->n_ch};
+            const bool placeable = v == NULL || hpd_admit_placeable(v, n, &rr, &pages, &largest);
+            free(v);
+            free(map);
+            if (placeable)
+                break;
+            if (pages == 0)
+                req_event(c, r, HPD_REQ_EV_REFUSED, "the request's %u choices need as many GDN "
+                          "slots, but no decode node has that many", r->n_ch);
+            else
+                req_event(c, r, HPD_REQ_EV_REFUSED,
+                          "the request needs %u KV pages for %u prompt + %u new tokens%s, but "
+                          "the largest decode pool holds %u pages",
+                          pages, r->n_prompt, r->max_tokens,
+                          r->n_ch > 1 ? " in its choices" : "", largest);
+            continue;
+        }
+        /* a prefill node that could take it now, or the request waits */
+        if (!hpd_reg_prefill_can_take(c, r->n_prompt))
+            break;
+        r->job = ++c->next_job;
+        r->own_over = false; /* an attempt of its own again */
+        r->dnode = d;
+        r->dpages = pages;
+        r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
+        d->slots_reserved += r->n_ch;
+        d->pages_reserved += pages;
+        req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
+        hpd_metric_observe(c->m.queue_wait, hpd_time_now() - r->t_queued);
+        hpd_rpc_buf_t b, samp;
+        hpd_rpc_buf_init(&samp);
+        hpd_proto_pack_sampling(&samp.pk, &r->sampling);
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_reserve,
+                     &(hpd_msg_reserve_t){.job = r->job,
+                                          .request = r->id,
+                                          .prompt = r->prompt,
+                                          .prompt_n = r->n_prompt,
+                                          .max_tokens = r->max_tokens,
+                                          .sampling_raw = samp.sb.data,
+                                          .sampling_raw_len = (uint32_t)samp.sb.size,
+                                          /* what the client already has (choices
+                                             are computed again: determinism) */
+                                          .replay = r->n_ch > 1 ? NULL : r->ch[0].out,
+                                          .replay_n = r->n_ch > 1 ? 0 : r->ch[0].n_out,
+                                          .stop_token_ids = r->stop_ids,
+                                          .stop_token_ids_n = r->n_stop,
+                                          .ignore_eos = r->ignore_eos,
+                                          .min_tokens = r->min_tokens,
+                                          .logprobs = r->ch[0].lp != NULL,
+                                          .top_logprobs = r->top_logprobs,
+                                          .grammar = r->grammar,
+                                          .grammar_len = r->grammar_len,
+                                          .n = r->n_ch > 1 ? r->n_ch : 0},
+                     &b.pk);
+        hpd_rpc_buf_destroy(&samp);
+        call_ctx_t *x = ctx_new(c, r->job, d->id);
+        const hpd_status_t st = x == NULL ? HPD_ERR_NO_MEMORY
+                                          : hpd_rpc_call(d->client, "reserve", &b,
+                                                         CALL_TIMEOUT_MS, on_reserved, x);
+        hpd_rpc_buf_destroy(&b);
+        if (st != HPD_OK) {
+            free(x);
+            req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
+            return; /* the retry schedules again */
+        }
+    }
 }
 
-/* Whether some prefill node could take a prompt of n_prompt tokens now
- * (hpd_route_prefill's choice without its prefix-cache costing). */
-static bool prefill_can_take(const hpd_coord_t *c, uint32_t n_prompt)
+/* Whether r's attempt runs on nodes that are all well again (a hedge
+ * not placed yet is called off then: it would race r on the same nodes,
+ * or next to them). */
+static bool attempt_healthy(const req_t *r)
 {
     const double now = hpd_time_now();
-    for (const node_t *x = c->nodes; x != NULL; x = x->next)
-        if (x->role == ROLE_PREFILL && node_usable(x, now) && x->max_context > n_prompt)
-            return true;
-    return false;
-}
-
-/* The registry as the routing policy sees it (coordinator/routing.h). */
-static hpd_route_node_t *route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p)
-{
-    size_t n = 0, i = 0;
-    const double now = hpd_time_now();
-    for (node_t *x = c->nodes; x != NULL; x = x->next)
-        n++;
-    hpd_route_node_t *v = calloc(n ? n : 1, sizeof(*v));
-    node_t **map = calloc(n ? n : 1, sizeof(*map));
-    if (v == NULL || map == NULL) {
-        free(v);
-        free(map);
-        return NULL;
-    }
-    for (node_t *x = c->nodes; x != NULL; x = x->next, i++) {
-        map[i] = x;
-        v[i] = (hpd_route_node_t){.id = x->id,
-                                  .prefill = x->role == ROLE_PREFILL,
-                                  .usable = node_usable(x, now),
-                                  .max_context = x->max_context,
-                                  .vocab = x->vocab,
-                                  .summary = x->have_summary ? x->summary : NULL,
-                                  .summary_bytes = SUMMARY_BYTES,
-                                  .queued_tokens = x->queued_tokens,
-                                  .slots = x->slots,
-                                  .slots_reserved = x->slots_reserved,
-                                  .pages = x->pages,
-                                  .pages_reserved = x->pages_reserved,
-                                  .layout = x->layout};
-    }
-    *n_p = n;
-    *map_p = map;
-    return v;
+    return r->fsm.state != HPD_REQ_QUEUED && (r->pnode != NULL || r->dnode != NULL) &&
+           (r->pnode == NULL || hpd_reg_node_usable(r->pnode, now)) &&
+           (r->dnode == NULL || hpd_reg_node_usable(r->dnode, now));
 }
 
 static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *pages_p)
 {
     size_t n;
     node_t **map, *chosen = NULL;
-    hpd_route_node_t *v = route_view(c, &n, &map);
+    hpd_route_node_t *v = hpd_reg_route_view(c, &n, &map);
     if (v == NULL)
         return NULL; /* out of memory: the request waits in the queue */
     const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
@@ -770,160 +369,146 @@ static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *page
     return chosen;
 }
 
-/* ------------------------------------------------------------ sick peers */
-
-static uint32_t usable_of(const hpd_coord_t *c, role_t role)
+static void on_sched(evutil_socket_t fd, short what, void *arg)
 {
-    uint32_t k = 0;
-    for (const node_t *n = c->nodes; n != NULL; n = n->next)
-        k += n->alive && !n->draining && n->role == role;
-    return k;
+    schedule(arg);
 }
 
-/* A failed pair counts against both of its nodes (coordinator/breaker.h):
- * a node that fails with several counterparts goes out of rotation. */
-static void pair_failed(hpd_coord_t *c, node_t *p, node_t *d, const char *why)
+void hpd_core_schedule_soon(hpd_coord_t *c)
 {
-    const double now = hpd_time_now();
-    node_t *both[2] = {d, p};
-    for (int i = 0; i < 2; i++) {
-        node_t *n = both[i], *other = both[1 - i];
-        if (n == NULL)
-            continue;
-        const uint32_t others = usable_of(c, n->role == ROLE_PREFILL ? ROLE_DECODE : ROLE_PREFILL);
-        if (!hpd_breaker_failure(&n->breaker, other != NULL ? other->id : 0, others, now))
-            continue;
-        hpd_metric_inc(c->m.breaker_openings, 1);
-        HPD_LOG_WARN(LOG_COMPONENT, "%s node %s out of rotation for %.1f s after %u failed "
-                     "pairs (the last: %s); then one request probes it", role_name(n),
-                     n->name, n->breaker.open_until - now,
-                     n->breaker.failures ? n->breaker.failures : 1, why);
-    }
+    static const struct timeval now = {0, 0};
+    evtimer_add(c->sched, &now); /* (re)arms it to run at once */
 }
 
-static void pair_ok(node_t *p, node_t *d)
+static void schedule_later(hpd_coord_t *c, uint32_t ms)
 {
-    node_t *both[2] = {p, d};
-    for (int i = 0; i < 2; i++)
-        if (both[i] != NULL && hpd_breaker_success(&both[i]->breaker))
-            HPD_LOG_INFO(LOG_COMPONENT, "%s node %s back in rotation: a probe succeeded",
-                         role_name(both[i]), both[i]->name);
+    const struct timeval tv = {0, ms * 1000};
+    if (!evtimer_pending(c->sched, NULL))
+        evtimer_add(c->sched, &tv);
 }
 
 /* ------------------------------------------------------------ an attempt */
 
-static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+
+static call_ctx_t *ctx_new(hpd_coord_t *c, uint64_t job, uint64_t node)
 {
-    call_ctx_t *x = arg;
-    req_t *r = req_by_job(x->coord, x->job);
-    if (r != NULL && r->fsm.state == HPD_REQ_DECODING && (st != HPD_OK || reply->is_error))
-        req_event(x->coord, r, HPD_REQ_EV_FAILED, "decode start failed: %s",
-                  st != HPD_OK ? hpd_status_str(st) : "refused by the decode node");
-    free(x);
+    call_ctx_t *x = malloc(sizeof(*x));
+    if (x != NULL)
+        *x = (call_ctx_t){.coord = c, .job = job, .node = node};
+    return x;
 }
 
-static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+static void ignore_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
-    call_ctx_t *x = arg;
-    hpd_coord_t *c = x->coord;
-    req_t *r = req_by_job(c, x->job);
-    hpd_proto_err_t err;
-    hpd_msg_prefilled_t m = {0};
-    free(x);
-    if (r == NULL || r->fsm.state != HPD_REQ_PREFILLING)
-        return; /* an older attempt */
-    node_t *p = r->pnode, *d = r->dnode;
-    if (st != HPD_OK) {
-        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %s", p->name, hpd_status_str(st));
-        return;
+    free(arg);
+}
+
+/* Carries out what the state machine decided for r after an event; `why`
+ * says what happened (logs, the client's error). Returns false when r is
+ * gone (answered and freed). */
+static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *why)
+{
+    node_t *d = r->dnode, *pn = r->pnode;
+    if (p.verdict == HPD_REQ_IGNORE)
+        return true;
+    if (p.avoid_decode && d != NULL)
+        r->avoid_decode = d->id;
+    if (p.pair_failure)
+        hpd_metric_inc(c->m.pair_failures, 1);
+    if (p.unbook_decode && d != NULL) {
+        d->slots_reserved -= r->n_ch;
+        d->pages_reserved -= r->dpages;
     }
-    if (reply->is_error) {
-        const int len = (int)reply->error_message_len;
-        const char *text = reply->error_message;
-        if (reply->error_code == HPD_RPC_ERR_PARAMS) {
-            req_event(c, r, HPD_REQ_EV_REFUSED, "%.*s", len, text);
-        } else if (reply->error_code == HPD_RPC_ERR_PEER) {
-            /* the data path between the two failed (a cut, a stopped
-             * decode node, a missed transfer deadline): the next attempt
-             * goes to another decode node where there is one */
-            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %.*s; the request "
-                          "avoids %s", p->name, d != NULL ? d->name : "?", len, text,
-                          d != NULL ? d->name : "?");
-            pair_failed(c, p, d, "the prefill node could not put into the decode node");
-            req_event(c, r, HPD_REQ_EV_PAIR_FAILED, "prefill on %s: %.*s", p->name, len, text);
-        } else {
-            /* a job the prefill node failed counts against it (and its pair) */
-            if (reply->error_code != HPD_RPC_ERR_OVERLOADED)
-                pair_failed(c, p, d, "the prefill job failed");
-            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %.*s", p->name, len, text);
+    if (p.unbook_prefill && pn != NULL) {
+        pn->jobs--;
+        pn->queued_tokens -= r->n_prompt;
+    }
+    if (p.cancel_prefill && pn != NULL) {
+        call_ctx_t *x = ctx_new(c, r->job, p.cancel_decode && d != NULL ? d->id : 0);
+        if (x != NULL) {
+            x->prefill = pn->id;
+            x->fence = p.fence_writer;
+            send_cancel(pn, r->job, 0, on_prefill_canceled, x);
         }
-        return;
+    } else if (p.cancel_decode && d != NULL) {
+        send_cancel(d, r->job, p.fence_writer ? r->lost_writer : 0, ignore_reply, NULL);
     }
-    if (!hpd_msg_unpack(&hpd_msg_prefilled, reply->result, &m, &err)) {
-        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, err.text);
-        return;
+    if (r->fsm.state == HPD_REQ_DECODING) {
+        probes_over(r); /* the pair worked (hpd_reg_pair_ok) */
+        r->pnode = NULL; /* the prefill node is done with it */
     }
-    pair_ok(p, d);
-    if (!req_event(c, r, HPD_REQ_EV_PREFILLED, "prefilled on %s", p->name))
-        goto out;
-    r->cached_tokens = m.cached_tokens;
-    r->prefill_ms = m.prefill_ms;
-    r->push_ms = m.push_ms;
-    r->exposed_push_ms = m.exposed_push_ms;
-    /* each choice's first token (one without), with its logprobs */
-    int32_t first[HPD_MAX_CHOICES] = {(int32_t)m.first_token};
-    hpd_token_logprobs_t lp0[HPD_MAX_CHOICES];
-    const bool has_lp = r->ch[0].lp != NULL;
-    char why[200];
-    if (r->n_ch > 1 && (m.first_tokens_n != r->n_ch || m.first_tokens[0] != first[0] ||
-                        !hpd_msg_ids_below(m.first_tokens, m.first_tokens_n, p->vocab,
-                                           "first_tokens", &err))) {
-        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: first_tokens has %u ids "
-                  "below the vocabulary (expected %u, the first equal to first_token)", p->name,
-                  m.first_tokens_n, r->n_ch);
-        goto out;
+    if (r->fsm.state == HPD_REQ_QUEUED) { /* the attempt is over */
+        probes_over(r);
+        r->dnode = r->pnode = NULL;
+        r->dpages = 0;
+        r->job = 0;
+        r->lost_writer = 0;
     }
-    for (uint32_t k = 1; k < r->n_ch; k++)
-        first[k] = m.first_tokens[k];
-    if (has_lp && !hpd_logprobs_decode(m.logprobs, m.logprobs_len, r->n_ch, r->top_logprobs,
-                                       p->vocab, lp0, why, sizeof(why))) {
-        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, why);
-        goto out;
+    if (p.verdict == HPD_REQ_FAIL && p.gave_up && r->hedge != NULL) {
+        /* out of attempts, but its hedge still runs: that is its last */
+        r->gave_up = r->own_over = true;
+        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "attempt %u failed (%s); its hedge is its last",
+                      r->fsm.attempts, why);
+        return true;
     }
-    if (r->plp != NULL && !r->have_plp) { /* (a retry's are the same) */
-        if (!hpd_logprobs_decode(m.prompt_logprobs, m.prompt_logprobs_len, r->n_prompt - 1,
-                                 r->top_logprobs, p->vocab, r->plp, why, sizeof(why))) {
-            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: prompt %s", p->name,
+    if (r->is_hedge && (p.verdict == HPD_REQ_FAIL || p.verdict == HPD_REQ_FINISH ||
+                        p.verdict == HPD_REQ_CANCELED)) {
+        hedge_ended(c, r, p.verdict == HPD_REQ_FINISH || (p.verdict == HPD_REQ_CANCELED &&
+                                                          r->stopped), why);
+        req_free(c, r);
+        hpd_core_schedule_soon(c);
+        return false;
+    }
+    switch (p.verdict) {
+    case HPD_REQ_IGNORE:
+    case HPD_REQ_GO_ON: return true;
+    case HPD_REQ_WAIT:
+        schedule_later(c, FULL_RETRY_MS);
+        return true;
+    case HPD_REQ_RETRY:
+        snprintf(r->last_error, sizeof(r->last_error), "%s", why);
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "retrying (attempt %u): %s", r->fsm.attempts + 1,
                       why);
-            goto out;
+        c->retried++;
+        hpd_metric_inc(c->m.retries, 1);
+        r->t_queued = hpd_time_now();
+        hpd_core_schedule_soon(c);
+        return true;
+    case HPD_REQ_FAIL: {
+        char msg[320];
+        r->own_over |= p.gave_up;
+        if (p.gave_up)
+            snprintf(msg, sizeof(msg), "gave up after %u attempts; last: %s", attempts_of(r),
+                     why);
+        else
+            snprintf(msg, sizeof(msg), "%s", why);
+        HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
+        tell_end(r, HPD_COORD_FAILED, p.code, msg);
+        c->failed++;
+        hpd_metric_inc(p.code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
+                       : p.code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
+                                                        : c->m.failed, 1);
+        break;
+    }
+    case HPD_REQ_FINISH: reply_finished(c, r); break;
+    case HPD_REQ_CANCELED:
+        if (r->stopped) { /* by its sink: a stop string, the end of a normal answer */
+            for (uint32_t k = 0; k < r->n_ch; k++)
+                if (r->ch[k].stopped)
+                    snprintf(r->ch[k].finish_reason, sizeof(r->ch[k].finish_reason), "stop");
+            reply_finished(c, r);
+            break;
         }
-        r->have_plp = true;
+        tell_end(r, HPD_COORD_CANCELED, 0, why);
+        HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: %s", why);
+        c->canceled++;
+        hpd_metric_inc(c->m.canceled, 1);
+        break;
     }
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        add_tokens(r, k, 0, &first[k], has_lp ? &lp0[k] : NULL, 1);
-    if (r->stopped) {
-        req_event(c, r, HPD_REQ_EV_CANCEL, "its first tokens ended it (a stop string)");
-        goto out;
-    }
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_start,
-                 &(hpd_msg_start_t){.job = r->job,
-                                    .first_token = m.first_token,
-                                    .first_tokens = r->n_ch > 1 ? first : NULL,
-                                    .first_tokens_n = r->n_ch > 1 ? r->n_ch : 0},
-                 &b.pk);
-    call_ctx_t *sc = ctx_new(c, r->job, d->id);
-    const hpd_status_t sst = sc == NULL ? HPD_ERR_NO_MEMORY
-                                        : hpd_rpc_call(d->client, "start", &b, CALL_TIMEOUT_MS,
-                                                       on_started, sc);
-    hpd_rpc_buf_destroy(&b);
-    if (sst != HPD_OK) {
-        free(sc);
-        req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
-    }
-out:
-    hpd_msg_free(&hpd_msg_prefilled, &m);
+    req_free(c, r);
+    hpd_core_schedule_soon(c);
+    return false;
 }
 
 /* The prefill job: the prompt and where its state goes (the decode node's
@@ -1012,189 +597,125 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     }
 }
 
-/* Whether r's attempt runs on nodes that are all well again (a hedge
- * not placed yet is called off then: it would race r on the same nodes,
- * or next to them). */
-static bool attempt_healthy(const req_t *r)
+static void on_prefilled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
-    const double now = hpd_time_now();
-    return r->fsm.state != HPD_REQ_QUEUED && (r->pnode != NULL || r->dnode != NULL) &&
-           (r->pnode == NULL || node_usable(r->pnode, now)) &&
-           (r->dnode == NULL || node_usable(r->dnode, now));
-}
-
-/* Places queued requests in arrival order. A request that fits no decode
- * node now waits, and so does everything behind it (first come, first
- * served); one that no registered decode node could ever hold fails at once
- * instead of holding up the queue until it times out. */
-static void schedule(hpd_coord_t *c)
-{
-    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        next = r->next;
-        if (r->is_hedge && r->primary == NULL) {
-            req_event(c, r, HPD_REQ_EV_CANCEL, "the request it raced ended first");
-        } else if (r->is_hedge && r->fsm.state == HPD_REQ_QUEUED &&
-                   attempt_healthy(r->primary)) {
-            r->primary->hedges--; /* it never ran */
-            req_event(c, r, HPD_REQ_EV_CANCEL, "not placed before its request's node pinged "
-                      "again: the race is off");
-        }
-    }
-    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        uint32_t pages = 0, largest;
-        node_t *d;
-        next = r->next;
-        if (r->fsm.state != HPD_REQ_QUEUED || r->hedge != NULL)
-            continue; /* a primary waits for its hedge */
-        if ((d = pick(c, r, false, &pages)) == NULL) {
-            size_t n;
-            node_t **map;
-            hpd_route_node_t *v = route_view(c, &n, &map);
-            const hpd_route_req_t rr = {.n_prompt = r->n_prompt,
-                                        .max_tokens = r->max_tokens,
-                                        .n_choices = r->n_ch};
-            const bool placeable = v == NULL || hpd_admit_placeable(v, n, &rr, &pages, &largest);
-            free(v);
-            free(map);
-            if (placeable)
-                break;
-            if (pages == 0)
-                req_event(c, r, HPD_REQ_EV_REFUSED, "the request's %u choices need as many GDN "
-                          "slots, but no decode node has that many", r->n_ch);
-            else
-                req_event(c, r, HPD_REQ_EV_REFUSED,
-                          "the request needs %u KV pages for %u prompt + %u new tokens%s, but "
-                          "the largest decode pool holds %u pages",
-                          pages, r->n_prompt, r->max_tokens,
-                          r->n_ch > 1 ? " in its choices" : "", largest);
-            continue;
-        }
-        /* a prefill node that could take it now, or the request waits */
-        if (!prefill_can_take(c, r->n_prompt))
-            break;
-        r->job = ++c->next_job;
-        r->own_over = false; /* an attempt of its own again */
-        r->dnode = d;
-        r->dpages = pages;
-        r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
-        d->slots_reserved += r->n_ch;
-        d->pages_reserved += pages;
-        req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
-        hpd_metric_observe(c->m.queue_wait, hpd_time_now() - r->t_queued);
-        hpd_rpc_buf_t b, samp;
-        hpd_rpc_buf_init(&samp);
-        hpd_proto_pack_sampling(&samp.pk, &r->sampling);
-        hpd_rpc_buf_init(&b);
-        hpd_msg_pack(&hpd_msg_reserve,
-                     &(hpd_msg_reserve_t){.job = r->job,
-                                          .request = r->id,
-                                          .prompt = r->prompt,
-                                          .prompt_n = r->n_prompt,
-                                          .max_tokens = r->max_tokens,
-                                          .sampling_raw = samp.sb.data,
-                                          .sampling_raw_len = (uint32_t)samp.sb.size,
-                                          /* what the client already has (choices
-                                             are computed again: determinism) */
-                                          .replay = r->n_ch > 1 ? NULL : r->ch[0].out,
-                                          .replay_n = r->n_ch > 1 ? 0 : r->ch[0].n_out,
-                                          .stop_token_ids = r->stop_ids,
-                                          .stop_token_ids_n = r->n_stop,
-                                          .ignore_eos = r->ignore_eos,
-                                          .min_tokens = r->min_tokens,
-                                          .logprobs = r->ch[0].lp != NULL,
-                                          .top_logprobs = r->top_logprobs,
-                                          .grammar = r->grammar,
-                                          .grammar_len = r->grammar_len,
-                                          .n = r->n_ch > 1 ? r->n_ch : 0},
-                     &b.pk);
-        hpd_rpc_buf_destroy(&samp);
-        call_ctx_t *x = ctx_new(c, r->job, d->id);
-        const hpd_status_t st = x == NULL ? HPD_ERR_NO_MEMORY
-                                          : hpd_rpc_call(d->client, "reserve", &b,
-                                                         CALL_TIMEOUT_MS, on_reserved, x);
-        hpd_rpc_buf_destroy(&b);
-        if (st != HPD_OK) {
-            free(x);
-            req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
-            return; /* the retry schedules again */
-        }
-    }
-}
-
-static void on_sched(evutil_socket_t fd, short what, void *arg)
-{
-    schedule(arg);
-}
-
-static void schedule_soon(hpd_coord_t *c)
-{
-    static const struct timeval now = {0, 0};
-    evtimer_add(c->sched, &now); /* (re)arms it to run at once */
-}
-
-static void schedule_later(hpd_coord_t *c, uint32_t ms)
-{
-    const struct timeval tv = {0, ms * 1000};
-    if (!evtimer_pending(c->sched, NULL))
-        evtimer_add(c->sched, &tv);
-}
-
-/* ------------------------------------------------------------ nodes */
-
-static void on_reap(evutil_socket_t fd, short what, void *arg)
-{
-    hpd_coord_t *c = arg;
-    while (c->dead != NULL) {
-        node_t *n = c->dead;
-        c->dead = n->next;
-        hpd_rpc_client_destroy(n->client);
-        if (n->reg_conn != NULL)
-            hpd_rpc_conn_unref(n->reg_conn);
-        free(n->xfer_info);
-        free(n->stats);
-        free(n);
-    }
-}
-
-static void node_lost(hpd_coord_t *c, node_t *n, const char *why)
-{
-    static const struct timeval now = {0, 0};
-    if (!n->alive)
+    call_ctx_t *x = arg;
+    hpd_coord_t *c = x->coord;
+    req_t *r = req_by_job(c, x->job);
+    hpd_proto_err_t err;
+    hpd_msg_prefilled_t m = {0};
+    free(x);
+    if (r == NULL || r->fsm.state != HPD_REQ_PREFILLING)
+        return; /* an older attempt */
+    node_t *p = r->pnode, *d = r->dnode;
+    if (st != HPD_OK) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %s", p->name, hpd_status_str(st));
         return;
-    HPD_LOG_WARN(LOG_COMPONENT, "%s node %s (%llu) lost: %s", role_name(n), n->name,
-                 (unsigned long long)n->id, why);
-    n->alive = false;
-    hpd_metric_inc(c->m.node_losses, 1);
-    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        next = r->next;
-        /* nothing is sent to the dead node: what it held died with it; the
-         * survivor of the pair is told to stop */
-        if (r->dnode == n) {
-            r->dnode = NULL;
-            r->dpages = 0;
-            req_event(c, r, HPD_REQ_EV_DECODE_LOST, "decode node %s lost", n->name);
-        } else if (r->pnode == n) {
-            r->pnode = NULL;
-            r->lost_writer = n->id;
-            req_event(c, r, HPD_REQ_EV_PREFILL_LOST, "prefill node %s lost", n->name);
-        }
     }
-    for (node_t **pp = &c->nodes; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == n) {
-            *pp = n->next;
-            break;
+    if (reply->is_error) {
+        const int len = (int)reply->error_message_len;
+        const char *text = reply->error_message;
+        if (reply->error_code == HPD_RPC_ERR_PARAMS) {
+            req_event(c, r, HPD_REQ_EV_REFUSED, "%.*s", len, text);
+        } else if (reply->error_code == HPD_RPC_ERR_PEER) {
+            /* the data path between the two failed (a cut, a stopped
+             * decode node, a missed transfer deadline): the next attempt
+             * goes to another decode node where there is one */
+            HPD_LOGR_WARN(LOG_COMPONENT, r->id, "pair %s -> %s failed: %.*s; the request "
+                          "avoids %s", p->name, d != NULL ? d->name : "?", len, text,
+                          d != NULL ? d->name : "?");
+            hpd_reg_pair_failed(c, p, d, "the prefill node could not put into the decode node");
+            req_event(c, r, HPD_REQ_EV_PAIR_FAILED, "prefill on %s: %.*s", p->name, len, text);
+        } else {
+            /* a job the prefill node failed counts against it (and its pair) */
+            if (reply->error_code != HPD_RPC_ERR_OVERLOADED)
+                hpd_reg_pair_failed(c, p, d, "the prefill job failed");
+            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: %.*s", p->name, len, text);
         }
-    if (n->reg_conn != NULL)
-        hpd_rpc_conn_close(n->reg_conn, false);
-    n->next = c->dead;
-    c->dead = n;
-    evtimer_add(c->reap, &now);
-    schedule_soon(c);
+        return;
+    }
+    if (!hpd_msg_unpack(&hpd_msg_prefilled, reply->result, &m, &err)) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, err.text);
+        return;
+    }
+    hpd_reg_pair_ok(p, d);
+    if (!req_event(c, r, HPD_REQ_EV_PREFILLED, "prefilled on %s", p->name))
+        goto out;
+    r->cached_tokens = m.cached_tokens;
+    r->prefill_ms = m.prefill_ms;
+    r->push_ms = m.push_ms;
+    r->exposed_push_ms = m.exposed_push_ms;
+    /* each choice's first token (one without), with its logprobs */
+    int32_t first[HPD_MAX_CHOICES] = {(int32_t)m.first_token};
+    hpd_token_logprobs_t lp0[HPD_MAX_CHOICES];
+    const bool has_lp = r->ch[0].lp != NULL;
+    char why[200];
+    if (r->n_ch > 1 && (m.first_tokens_n != r->n_ch || m.first_tokens[0] != first[0] ||
+                        !hpd_msg_ids_below(m.first_tokens, m.first_tokens_n, p->vocab,
+                                           "first_tokens", &err))) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: first_tokens has %u ids "
+                  "below the vocabulary (expected %u, the first equal to first_token)", p->name,
+                  m.first_tokens_n, r->n_ch);
+        goto out;
+    }
+    for (uint32_t k = 1; k < r->n_ch; k++)
+        first[k] = m.first_tokens[k];
+    if (has_lp && !hpd_logprobs_decode(m.logprobs, m.logprobs_len, r->n_ch, r->top_logprobs,
+                                       p->vocab, lp0, why, sizeof(why))) {
+        req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: %s", p->name, why);
+        goto out;
+    }
+    if (r->plp != NULL && !r->have_plp) { /* (a retry's are the same) */
+        if (!hpd_logprobs_decode(m.prompt_logprobs, m.prompt_logprobs_len, r->n_prompt - 1,
+                                 r->top_logprobs, p->vocab, r->plp, why, sizeof(why))) {
+            req_event(c, r, HPD_REQ_EV_FAILED, "prefill on %s: bad reply: prompt %s", p->name,
+                      why);
+            goto out;
+        }
+        r->have_plp = true;
+    }
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        add_tokens(r, k, 0, &first[k], has_lp ? &lp0[k] : NULL, 1);
+    if (r->stopped) {
+        req_event(c, r, HPD_REQ_EV_CANCEL, "its first tokens ended it (a stop string)");
+        goto out;
+    }
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_start,
+                 &(hpd_msg_start_t){.job = r->job,
+                                    .first_token = m.first_token,
+                                    .first_tokens = r->n_ch > 1 ? first : NULL,
+                                    .first_tokens_n = r->n_ch > 1 ? r->n_ch : 0},
+                 &b.pk);
+    call_ctx_t *sc = ctx_new(c, r->job, d->id);
+    const hpd_status_t sst = sc == NULL ? HPD_ERR_NO_MEMORY
+                                        : hpd_rpc_call(d->client, "start", &b, CALL_TIMEOUT_MS,
+                                                       on_started, sc);
+    hpd_rpc_buf_destroy(&b);
+    if (sst != HPD_OK) {
+        free(sc);
+        req_event(c, r, HPD_REQ_EV_FAILED, "cannot reach decode node %s", d->name);
+    }
+out:
+    hpd_msg_free(&hpd_msg_prefilled, &m);
 }
+
+static void on_started(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg;
+    req_t *r = req_by_job(x->coord, x->job);
+    if (r != NULL && r->fsm.state == HPD_REQ_DECODING && (st != HPD_OK || reply->is_error))
+        req_event(x->coord, r, HPD_REQ_EV_FAILED, "decode start failed: %s",
+                  st != HPD_OK ? hpd_status_str(st) : "refused by the decode node");
+    free(x);
+}
+
+/* ------------------------------------------------------------ its tokens */
 
 /* A node's notification (the RPC client's arg is the node: the client is
  * destroyed before the node is freed; a lost node's are ignored). */
-static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
+void hpd_core_on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
 {
     node_t *n = arg;
     hpd_coord_t *c = n->coord;
@@ -1255,56 +776,77 @@ static void on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
     hpd_msg_free(&hpd_msg_tokens, &m);
 }
 
-static void on_node_close(void *arg, hpd_status_t why)
+/* Appends choice k's tokens reported from index `index` on; earlier ones
+ * (replayed or computed again after a failover) must match what the client
+ * already has. */
+static void add_tokens(req_t *r, uint32_t k, uint32_t index, const int32_t *ids,
+                       const hpd_token_logprobs_t *lp, uint32_t n)
 {
-    node_t *n = arg;
-    node_lost(n->coord, n, "its RPC connection closed");
+    choice_t *ch = &r->ch[k];
+    const uint32_t before = ch->n_out;
+    if (ch->stopped)
+        return; /* its sink has what it wanted */
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t pos = index + i;
+        if (pos < ch->n_out) {
+            if (ch->out[pos] != ids[i])
+                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "choice %u: token %u is %d after a retry, "
+                               "%d before (determinism broken)", k, pos, ids[i], ch->out[pos]);
+        } else if (pos == ch->n_out && ch->n_out < r->max_tokens) {
+            if (ch->lp != NULL && lp != NULL)
+                ch->lp[ch->n_out] = lp[i];
+            ch->out[ch->n_out++] = ids[i];
+        }
+    }
+    if (r->t_first == 0 && ch->n_out > 0)
+        r->t_first = hpd_time_now();
+    stream(r, k, before);
 }
 
-/* A node's pings (coordinator/alive.h): silent for its suspect window, it
- * gets no new work and what it holds runs again elsewhere (its attempts
- * there are canceled; it may resume); silent for its lost window (longer,
- * and wider for a node whose pings come irregularly), it is lost. */
-static void judge_liveness(hpd_coord_t *c, node_t *n, double now)
+/* Whether every choice of r has ended (its last tokens came, or its sink
+ * stopped it) / has come to its end on the node. */
+static bool all_over(const req_t *r)
 {
-    const double window = c->o.liveness_ms / 1000.0, cap = c->o.lease_ms / 1000.0;
-    const hpd_alive_verdict_t v = hpd_alive_judge(&n->liveness, now, window, cap);
-    if (v == HPD_ALIVE_LOST) {
-        char why[160];
-        snprintf(why, sizeof(why), "no liveness ping for %.0f ms (its window %.0f ms, from "
-                 "its pings' intervals): the process is stopped or hung",
-                 (now - n->liveness.last) * 1e3,
-                 hpd_alive_lost_after(&n->liveness, window, cap) * 1e3);
-        node_lost(c, n, why);
-        return;
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        if (!r->ch[k].stopped && !r->ch[k].done)
+            return false;
+    return true;
+}
+
+static bool all_done(const req_t *r)
+{
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        if (!r->ch[k].done)
+            return false;
+    return true;
+}
+
+/* Gives the sink choice k's tokens [from, n_out); it may stop the choice
+ * there, keeping the tokens up to the one that ended it. */
+static void stream(req_t *r, uint32_t k, uint32_t from)
+{
+    choice_t *ch = &r->ch[k];
+    uint32_t keep = ch->n_out;
+    if (r->sink.tokens != NULL && !ch->stopped && from < ch->n_out &&
+        !r->sink.tokens(r->sink.arg, k, ch->out, ch->lp, from, ch->n_out, &keep)) {
+        ch->stopped = true;
+        if (keep > from && keep < ch->n_out)
+            ch->n_out = keep;
+        r->stopped = all_over(r);
     }
-    if (v != HPD_ALIVE_SUSPECT || n->suspect)
-        return;
-    n->suspect = true;
-    hpd_metric_inc(c->m.suspects, 1);
-    uint32_t hedged = 0, moved = 0;
-    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        next = r->next; /* before a hedge is queued behind r */
-        if ((r->dnode != n && r->pnode != n) || r->fsm.state == HPD_REQ_QUEUED ||
-            r->hedge != NULL || r->stopped)
-            continue;
-        if (!r->is_hedge && start_hedge(c, r, n)) {
-            hedged++;
-            continue;
-        }
-        /* a hedge (or out of memory): runs again elsewhere */
-        moved++;
-        req_event(c, r, HPD_REQ_EV_FAILED, "%s node %s is suspect (no liveness ping for "
-                  "%.0f ms): the request runs again elsewhere", role_name(n), n->name,
-                  (now - n->liveness.last) * 1e3);
-    }
-    HPD_LOG_WARN(LOG_COMPONENT, "%s node %s suspect: no liveness ping for %.0f ms (its window "
-                 "%.0f ms); no new work goes there, %u of its requests raced elsewhere "
-                 "(hedged), %u run again; lost after %.0f ms", role_name(n), n->name,
-                 (now - n->liveness.last) * 1e3,
-                 hpd_alive_suspect_after(&n->liveness, window, cap) * 1e3, hedged, moved,
-                 hpd_alive_lost_after(&n->liveness, window, cap) * 1e3);
-    schedule_soon(c);
+}
+
+/* ------------------------------------------------------------ events: failures, losses, timeouts, hedges */
+
+/* Feeds r an event; the rest as carry_out. */
+static bool req_event(hpd_coord_t *c, req_t *r, hpd_req_event_t ev, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    return carry_out(c, r, hpd_req_fsm_event(&r->fsm, ev, c->o.max_attempts), why);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -1321,14 +863,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     if (late)
         HPD_LOG_DEBUG(LOG_COMPONENT, "the loop was busy for %.0f ms: node checks wait a tick",
                       since * 1e3);
-    for (node_t *n = c->nodes, *next; n != NULL && !late; n = next) {
-        next = n->next;
-        if (n->lease_until < now) {
-            node_lost(c, n, "lease expired (no heartbeat)");
-        } else if (c->o.liveness_ms > 0 && n->alive_key != 0) {
-            judge_liveness(c, n, now);
-        }
-    }
+    if (!late)
+        hpd_reg_tick(c, now);
     bool waiting = false;
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
@@ -1343,423 +879,293 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     /* a node out of rotation comes back by time (its cooldown): the queue
      * is looked at again each tick while something waits */
     if (waiting)
-        schedule_soon(c);
+        hpd_core_schedule_soon(c);
 }
 
-static void m_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
-                       void *arg)
+/* A node was lost: nothing is sent to it, what it held died with it; the
+ * survivor of each of its pairs is told to stop, and its requests run
+ * again. */
+void hpd_core_node_gone(hpd_coord_t *c, node_t *n)
 {
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err = {{0}};
-    hpd_msg_register_t m = {0};
-    node_t *n = calloc(1, sizeof(*n));
-
-    if (n == NULL) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "out of memory");
-        return;
-    }
-    if (!hpd_msg_unpack(&hpd_msg_register, params, &m, &err))
-        goto bad;
-    /* an attempt the node gave up on (queued behind a flood: it closed the
-     * connection and tries again on another) is not served: each would
-     * replace the one before, the last a dead one */
-    if (hpd_rpc_conn_peer_gone(conn)) {
-        c->stale_registrations++;
-        HPD_LOG_WARN(LOG_COMPONENT, "register: node %.32s gave up this attempt (its connection "
-                     "closed): not served", m.name);
-        snprintf(err.text, sizeof(err.text), "register: the attempt was given up");
-        goto bad;
-    }
-    /* an attempt the node made before the one registered (a late one) is
-     * refused, not served: it would replace the node's live registration */
-    for (const node_t *o = c->nodes; o != NULL; o = o->next) {
-        if (o->alive && strcmp(o->name, m.name) == 0 && strcmp(o->host, m.host) == 0 &&
-            o->port == m.port && m.incarnation != 0 && o->incarnation >= m.incarnation) {
-            c->stale_registrations++;
-            snprintf(err.text, sizeof(err.text),
-                     "register: a stale attempt of node %.32s (incarnation %llu; %llu is "
-                     "registered)", m.name, (unsigned long long)m.incarnation,
-                     (unsigned long long)o->incarnation);
-            HPD_LOG_WARN(LOG_COMPONENT, "%s", err.text);
-            goto bad;
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        /* nothing is sent to the dead node: what it held died with it; the
+         * survivor of the pair is told to stop */
+        if (r->dnode == n) {
+            r->dnode = NULL;
+            r->dpages = 0;
+            req_event(c, r, HPD_REQ_EV_DECODE_LOST, "decode node %s lost", n->name);
+        } else if (r->pnode == n) {
+            r->pnode = NULL;
+            r->lost_writer = n->id;
+            req_event(c, r, HPD_REQ_EV_PREFILL_LOST, "prefill node %s lost", n->name);
         }
     }
-    n->incarnation = m.incarnation;
-    const char *role = m.role;
-    const void *fp = m.fingerprint;
-    const uint32_t fp_len = m.fingerprint_len, port = m.port;
-    const msgpack_object *info = m.xfer;
-    memcpy(n->name, m.name, sizeof(n->name));
-    memcpy(n->host, m.host, sizeof(n->host));
-    n->vocab = m.vocab;
-    n->max_context = m.max_context;
-    n->layout = m.layout;
-    n->layout.n_layers = m.kv_layers;
-    n->pages = m.pages;
-    n->slots = m.slots;
-    n->max_batch = m.max_batch;
-    if (strcmp(role, "prefill") == 0) {
-        n->role = ROLE_PREFILL;
-    } else if (strcmp(role, "decode") == 0) {
-        n->role = ROLE_DECODE;
-    } else {
-        snprintf(err.text, sizeof(err.text),
-                 "register: role is '%s' (expected prefill or decode)", role);
-        goto bad;
-    }
-    if (fp_len != 16) {
-        snprintf(err.text, sizeof(err.text), "register: fingerprint has %u bytes (expected 16)",
-                 fp_len);
-        goto bad;
-    }
-    /* a UCX address or region other nodes could not use (or that would
-     * abort them) is refused here, before any node sees it */
-    char why[200];
-    if (hpd_xfer_check_info(info, why, sizeof(why)) != HPD_OK) {
-        snprintf(err.text, sizeof(err.text), "register: xfer: %s", why);
-        goto bad;
-    }
-    if (c->have_fingerprint && memcmp(c->fingerprint, fp, 16) != 0) {
-        snprintf(err.text, sizeof(err.text),
-                 "register: node %s serves a different model than the cluster (fingerprint "
-                 "differs)",
-                 n->name);
-        goto bad;
-    }
-    /* nodes that multiply differently give different tokens for the same
-     * request (and a prefill node's pages would not be what the decode node
-     * computes): one arithmetic per cluster, that of the nodes alive now
-     * (none alive: the newcomer's); a node that names none is fp32 */
-    snprintf(n->numerics, sizeof(n->numerics), "%s", m.numerics[0] ? m.numerics : "fp32");
-    const node_t *ref = NULL;
-    for (const node_t *o = c->nodes; o != NULL && ref == NULL; o = o->next)
-        if (o->alive && !(strcmp(o->name, n->name) == 0 && strcmp(o->host, n->host) == 0 &&
-                          o->port == port)) /* not its own old registration */
-            ref = o;
-    if (ref != NULL && strcmp(ref->numerics, n->numerics) != 0) {
-        snprintf(err.text, sizeof(err.text),
-                 "register: node %.32s computes with %s where the cluster uses %s "
-                 "(cpu/cuda: fp32, cpu-bf16: bf16-products, cuda-bf16: bf16-tensor-cores, "
-                 "cuda-fast: cublas)",
-                 n->name, n->numerics, ref->numerics);
-        goto bad;
-    }
-    /* the shard maps: each the one its degree gives, and of the same heads
-     * as the cluster's (the nodes map ranks to ranks from them) */
-    n->tp = m.tp > 0 ? m.tp : 1;
-    if (m.shard_map_n > 0) {
-        hpd_proto_err_t merr;
-        if (!hpd_proto_shard_map(m.shard_map, m.shard_map_n, n->tp, n->heads, &merr)) {
-            snprintf(err.text, sizeof(err.text), "register: node %.32s's %.200s", n->name,
-                     merr.text);
-            goto bad;
-        }
-        n->has_map = true;
-        const node_t *mref = NULL;
-        for (const node_t *o = c->nodes; o != NULL && mref == NULL; o = o->next)
-            if (o->alive && o->has_map && !(strcmp(o->name, n->name) == 0 &&
-                                            strcmp(o->host, n->host) == 0 && o->port == port))
-                mref = o;
-        if (mref != NULL && memcmp(mref->heads, n->heads, sizeof(n->heads)) != 0) {
-            snprintf(err.text, sizeof(err.text),
-                     "register: node %.32s's shard map (tp %u) covers %u KV heads, %u GDN key "
-                     "heads and %u value heads where node %.32s's (tp %u) covers %u, %u and "
-                     "%u: their ranks cannot be paired", n->name, n->tp, n->heads[0],
-                     n->heads[1], n->heads[2], mref->name, mref->tp, mref->heads[0],
-                     mref->heads[1], mref->heads[2]);
-            goto bad;
-        }
-    }
-    if (!c->have_fingerprint) {
-        memcpy(c->fingerprint, fp, 16);
-        hpd_prefix_hash_root(c->fingerprint, &c->root);
-        c->have_fingerprint = true;
-    }
-    hpd_rpc_buf_t ib;
-    hpd_rpc_buf_init(&ib);
-    msgpack_pack_object(&ib.pk, *info);
-    n->xfer_info_len = ib.sb.size;
-    n->xfer_info = msgpack_sbuffer_release(&ib.sb);
-    hpd_rpc_client_params_t cp = {.base = c->base,
-                                  .host = n->host,
-                                  .port = (uint16_t)port,
-                                  .token = c->token,
-                                  .timeout_ms = 30000,
-                                  .on_notify = on_node_notify,
-                                  .on_close = on_node_close};
-    n->id = ++c->next_node;
-    n->port = (uint16_t)port;
-    n->coord = c;
-    cp.arg = n;
-    if (hpd_rpc_client_connect(&cp, &n->client) != HPD_OK) {
-        snprintf(err.text, sizeof(err.text), "register: cannot connect back to %s:%u", n->host,
-                 port);
-        free(n->xfer_info);
-        goto bad;
-    }
-    /* a node registering again (it lost this coordinator, or restarted)
-     * replaces its old registration: what that held is re-routed */
-    for (node_t *o = c->nodes, *next; o != NULL; o = next) {
-        next = o->next;
-        if (o->alive && strcmp(o->name, n->name) == 0 && strcmp(o->host, n->host) == 0 &&
-            o->port == n->port)
-            node_lost(c, o, "it registered again");
-    }
-    n->alive = true;
-    n->reg_conn = conn;
-    hpd_rpc_conn_ref(conn);
-    hpd_rpc_conn_set_user(conn, (void *)(uintptr_t)n->id);
-    n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
-    n->next = c->nodes;
-    c->nodes = n;
-    HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, tp %u, kv layout "
-                 "%u,%u,%s, %u pages, %u slots", role, n->name, (unsigned long long)n->id,
-                 n->host, port, n->tp,
-                 n->layout.block_size, n->layout.pack_size,
-                 n->layout.order == HPD_KV_HND ? "hnd" : "nhd", n->pages, n->slots);
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    const bool liveness = c->o.liveness_ms > 0 && getrandom(&n->alive_key, sizeof(n->alive_key),
-                                                            0) == sizeof(n->alive_key);
-    /* judged from now: a node that hangs before its first ping is too */
-    if (liveness)
-        hpd_alive_start(&n->liveness, hpd_time_now(), HPD_MAX(c->o.liveness_ms / 5, 10u) / 1e3);
-    const hpd_msg_registered_t reg = {
-        .node_id = n->id,
-        .heartbeat_ms = c->o.heartbeat_ms,
-        .lease_ms = c->o.lease_ms,
-        /* five pings per liveness lease */
-        .alive_ms = liveness ? HPD_MAX(c->o.liveness_ms / 5, 10u) : 0,
-        .alive_key = liveness ? n->alive_key : 0,
-        /* the node fences itself this long after its last answered ping:
-         * never later than this coordinator can declare it lost */
-        .alive_lease_ms = liveness ? HPD_ALIVE_LOST_WINDOWS * c->o.liveness_ms : 0};
-    hpd_msg_pack(&hpd_msg_registered, &reg, &b.pk);
-    hpd_rpc_reply(conn, id, &b);
-    hpd_rpc_buf_destroy(&b);
-    hpd_msg_free(&hpd_msg_register, &m);
-    schedule_soon(c);
-    return;
-bad:
-    hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
-    hpd_msg_free(&hpd_msg_register, &m);
-    free(n);
 }
 
-/* A liveness ping, from the node's pinger thread on a connection of its
- * own: the key from the registration proves it is that node's. */
-static void m_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
+/* A node went suspect: each request it holds races a hedge elsewhere, or
+ * (a hedge itself, or out of memory) runs again elsewhere. */
+void hpd_core_node_suspect(hpd_coord_t *c, node_t *n, double now, uint32_t *hedged_p,
+                           uint32_t *moved_p)
 {
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err = {{0}};
-    hpd_msg_alive_t m = {0};
-    node_t *n;
-
-    if (!hpd_msg_unpack(&hpd_msg_alive, params, &m, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
-        return;
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next; /* before a hedge is queued behind r */
+        if ((r->dnode != n && r->pnode != n) || r->fsm.state == HPD_REQ_QUEUED ||
+            r->hedge != NULL || r->stopped)
+            continue;
+        if (!r->is_hedge && start_hedge(c, r, n)) {
+            (*hedged_p)++;
+            continue;
+        }
+        /* a hedge (or out of memory): runs again elsewhere */
+        (*moved_p)++;
+        req_event(c, r, HPD_REQ_EV_FAILED, "%s node %s is suspect (no liveness ping for "
+                  "%.0f ms): the request runs again elsewhere", hpd_reg_role_name(n), n->name,
+                  (now - n->liveness.last) * 1e3);
     }
-    if ((n = node_by_id(c, m.node_id)) == NULL || !n->alive || n->alive_key == 0 ||
-        n->alive_key != m.key) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
-                            "alive: node %llu is not registered with that key",
-                            (unsigned long long)m.node_id);
-        return;
-    }
-    hpd_alive_link(&n->liveness, hpd_rpc_conn_rto(conn));
-    hpd_alive_ping(&n->liveness, hpd_time_now());
-    if (n->suspect) {
-        n->suspect = false;
-        HPD_LOG_INFO(LOG_COMPONENT, "%s node %s pings again: it takes work again",
-                     role_name(n), n->name);
-        schedule_soon(c);
-    }
-    hpd_rpc_reply(conn, id, NULL);
 }
 
-static void m_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+/* Races r, whose attempt is on the suspect node n, with a copy of it
+ * placed elsewhere (right behind r in the queue, so with r's turn),
+ * replaying the tokens the client has. False: out of memory, or a request
+ * still waiting for its prompt's logprobs. */
+static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
+{
+    if (r->plp != NULL && !r->have_plp)
+        return false; /* its prompt's logprobs come with its own prefill: it runs again */
+    if (r->n_ch > 1)
+        return false; /* its choices run again (a hedge replays one answer) */
+    req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop, 1,
+                       r->ch[0].lp != NULL, &r->next);
+    if (h == NULL)
+        return false;
+    h->is_hedge = true;
+    h->primary = r;
+    h->sink = (hpd_coord_sink_t){.tokens = hedge_tokens, .arg = h};
+    h->sampling = r->sampling;
+    h->ignore_eos = r->ignore_eos;
+    h->min_tokens = r->min_tokens;
+    memcpy(h->ch[0].out, r->ch[0].out, r->ch[0].n_out * sizeof(int32_t));
+    h->ch[0].n_out = r->ch[0].n_out;
+    if (r->ch[0].lp != NULL)
+        memcpy(h->ch[0].lp, r->ch[0].lp, r->ch[0].n_out * sizeof(*r->ch[0].lp));
+    h->top_logprobs = r->top_logprobs;
+    h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
+    r->hedge = h;
+    r->hedges++;
+    c->hedged++;
+    hpd_metric_inc(c->m.hedges, 1);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "hedged: its %s node %s is suspect; request %llu "
+                  "races it elsewhere from token %u, the first to finish answers",
+                  hpd_reg_role_name(n), n->name,
+                  (unsigned long long)h->id, r->ch[0].n_out);
+    return true;
+}
+
+/* A hedge's tokens go to its primary (whose sink may stop both); only
+ * requests of one choice are hedged. */
+static bool hedge_tokens(void *arg, uint32_t k, const int32_t *out,
+                         const hpd_token_logprobs_t *lp, uint32_t from, uint32_t n,
+                         uint32_t *keep_p)
+{
+    req_t *h = arg, *r = h->primary;
+    *keep_p = n;
+    if (r == NULL)
+        return false; /* its primary ended: it is canceled */
+    add_tokens(r, k, from, out + from, lp != NULL ? lp + from : NULL, n - from);
+    return !r->ch[k].stopped;
+}
+
+/* Hedge h ended (won: it finished first, its tokens are its primary's):
+ * the primary finishes with them, or goes on alone (placed again where
+ * it waited in the queue; failed where it had no attempts left). */
+static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why)
+{
+    req_t *r = h->primary;
+    if (r == NULL)
+        return; /* its primary ended first */
+    r->hedge = NULL;
+    h->primary = NULL;
+    r->own_over |= r->fsm.state == HPD_REQ_QUEUED; /* it waited for the hedge */
+    if (won) {
+        hpd_metric_inc(c->m.hedge_wins, 1);
+        snprintf(r->ch[0].finish_reason, sizeof(r->ch[0].finish_reason), "%s",
+                 h->ch[0].stopped ? "stop" : h->ch[0].finish_reason);
+        r->cached_tokens = h->cached_tokens;
+        r->prefill_ms = h->prefill_ms;
+        r->push_ms = h->push_ms;
+        r->exposed_push_ms = h->exposed_push_ms;
+        req_event(c, r, HPD_REQ_EV_HEDGE_WON, "its hedge (request %llu) finished first",
+                  (unsigned long long)h->id);
+        return;
+    }
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "its hedge (request %llu) ended: %s",
+                  (unsigned long long)h->id, why);
+    if (r->gave_up) {
+        carry_out(c, r, (hpd_req_plan_t){.verdict = HPD_REQ_FAIL, .code = HPD_RPC_ERR_APP,
+                                          .gave_up = true}, why);
+        return;
+    }
+    r->t_queued = hpd_time_now(); /* its queue timeout starts now, if it waited */
+    hpd_core_schedule_soon(c);
+}
+
+/* ------------------------------------------------------------ its end */
+
+static void reply_finished(hpd_coord_t *c, req_t *r)
+{
+    const double now = hpd_time_now();
+    const choice_t *c0 = &r->ch[0];
+    const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
+    const double tpot = c0->n_out > 1 ? (now - r->t_first) / (c0->n_out - 1) : 0;
+    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
+    uint32_t generated = 0;
+    result_choices(r, chs);
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        generated += r->ch[k].n_out;
+    const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
+                                    .request = r->id,
+                                    .tokens = c0->out,
+                                    .logprobs = c0->lp,
+                                    .prompt_logprobs = r->have_plp ? r->plp : NULL,
+                                    .top_logprobs = r->top_logprobs,
+                                    .n_tokens = c0->n_out,
+                                    .finish_reason = c0->finish_reason,
+                                    .choices = chs,
+                                    .n_choices = r->n_ch,
+                                    .prompt_tokens = r->n_prompt,
+                                    .cached_tokens = r->cached_tokens,
+                                    .attempts = attempts_of(r),
+                                    .ttft_ms = (float)(ttft * 1e3),
+                                    .total_ms = (float)(total * 1e3),
+                                    .prefill_ms = r->prefill_ms,
+                                    .push_ms = r->push_ms,
+                                    .exposed_push_ms = r->exposed_push_ms};
+    r->sink.done(r->sink.arg, &res);
+    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s)%s, ttft %.1f ms, tpot %.2f "
+                  "ms, %u of %u prompt tokens cached, %u attempt(s)", c0->n_out,
+                  c0->finish_reason, r->n_ch > 1 ? " in its first choice" : "", ttft * 1e3,
+                  tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
+    for (uint32_t k = 0; k < r->n_ch; k++) {
+        if (strcmp(r->ch[k].finish_reason, "stop") == 0)
+            hpd_metric_inc(c->m.finish_stop, 1);
+        else if (strcmp(r->ch[k].finish_reason, "length") == 0)
+            hpd_metric_inc(c->m.finish_length, 1);
+    }
+    c->finished++;
+    hpd_metric_inc(c->m.ok, 1);
+    hpd_metric_observe(c->m.ttft, ttft);
+    if (c0->n_out > 1)
+        hpd_metric_observe(c->m.tpot, tpot);
+    hpd_metric_observe(c->m.duration, total);
+    hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
+    hpd_metric_inc(c->m.generated_tokens, generated);
+    hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
+}
+
+/* The choices as the sink gets them at the end. */
+static void result_choices(const req_t *r, hpd_coord_choice_t *out)
+{
+    for (uint32_t k = 0; k < r->n_ch; k++)
+        out[k] = (hpd_coord_choice_t){.tokens = r->ch[k].out,
+                                      .logprobs = r->ch[k].lp,
+                                      .n_tokens = r->ch[k].n_out,
+                                      .finish_reason = r->ch[k].finish_reason};
+}
+
+/* Its attempts, for the client and the log: the failed ones, the last
+ * (unless it failed too) and its hedges. */
+static uint32_t attempts_of(const req_t *r)
+{
+    return r->fsm.attempts + !r->own_over + r->hedges;
+}
+
+static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
+{
+    hpd_coord_choice_t chs[HPD_MAX_CHOICES];
+    result_choices(r, chs);
+    const hpd_coord_result_t res = {.outcome = outcome,
+                                    .code = code,
+                                    .error = why,
+                                    .request = r->id,
+                                    .tokens = r->ch[0].out,
+                                    .logprobs = r->ch[0].lp,
+                                    .top_logprobs = r->top_logprobs,
+                                    .n_tokens = r->ch[0].n_out,
+                                    .choices = chs,
+                                    .n_choices = r->n_ch,
+                                    .prompt_tokens = r->n_prompt,
+                                    .cached_tokens = r->cached_tokens,
+                                    .attempts = attempts_of(r)};
+    r->sink.done(r->sink.arg, &res);
+}
+
+static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
                         void *arg)
 {
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err = {{0}};
-    hpd_msg_stats_t m = {0};
-    uint64_t node_id;
-    node_t *n;
-
-    /* whose it is first: a heartbeat counts only from the connection that
-     * registered that node; then the whole stats map is checked */
-    if (!hpd_proto_u64(params, "node_id", true, UINT64_MAX, &node_id, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
-        return;
-    }
-    if ((n = node_by_id(c, node_id)) == NULL || !n->alive) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP,
-                            "heartbeat: node %llu is not registered (lease lapsed?)",
-                            (unsigned long long)node_id);
-        return;
-    }
-    if (n->reg_conn != conn) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_APP, "heartbeat: node %llu registered on "
-                            "another connection; a node's heartbeats come on the connection "
-                            "that registered it", (unsigned long long)node_id);
-        return;
-    }
-    if (!hpd_msg_unpack(&hpd_msg_stats, params, &m, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "heartbeat: %s", err.text);
-        return;
-    }
-    n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
-    const bool draining = m.draining;
-    if (draining != n->draining) {
-        n->draining = draining;
-        HPD_LOG_INFO(LOG_COMPONENT, "%s node %s %s", n->role == ROLE_PREFILL ? "prefill" : "decode",
-                     n->name, draining ? "is draining: no new work goes there" : "serves again");
-        if (!draining)
-            schedule_soon(c);
-    }
-    if (m.prefix_summary_len == SUMMARY_BYTES) {
-        memcpy(n->summary, m.prefix_summary, SUMMARY_BYTES);
-        n->have_summary = true;
-    }
-    /* keep the rest for status */
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
-    uint32_t keep = 0;
-    for (uint32_t i = 0; i < params->via.map.size; i++)
-        keep += !hpd_rpc_str_eq(params->via.map.ptr[i].key.via.str.ptr,
-                                params->via.map.ptr[i].key.via.str.size, "prefix_summary");
-    msgpack_pack_map(&b.pk, keep);
-    for (uint32_t i = 0; i < params->via.map.size; i++) {
-        const msgpack_object_kv *kv = &params->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR &&
-            hpd_rpc_str_eq(kv->key.via.str.ptr, kv->key.via.str.size, "prefix_summary"))
-            continue;
-        msgpack_pack_object(&b.pk, kv->key);
-        msgpack_pack_object(&b.pk, kv->val);
+    hpd_msg_pack(&hpd_msg_cancel_job, &(hpd_msg_cancel_job_t){.job = job, .writer = writer},
+                 &b.pk);
+    if (n == NULL || !n->alive ||
+        hpd_rpc_call(n->client, "cancel", &b, CALL_TIMEOUT_MS, cb, arg) != HPD_OK)
+        cb(arg, HPD_ERR_IO, NULL);
+    hpd_rpc_buf_destroy(&b);
+}
+
+/* The decode side is freed only after the prefill side stopped writing:
+ * it answered its cancel (its puts landed, or its endpoint was closed).
+ * Where the pair failed, or the prefill node could not answer, puts may
+ * still be on their way: the decode node closes that prefill node's
+ * connection before it reuses the memory. */
+static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    call_ctx_t *x = arg; /* node: the decode node, 0 for none */
+    const bool fence = x->fence || st != HPD_OK;
+    if (x->node != 0)
+        send_cancel(hpd_reg_node_by_id(x->coord, x->node), x->job, fence ? x->prefill : 0,
+                    ignore_reply, NULL);
+    free(x);
+}
+
+/* The attempt's probes are over: the pair's outcome (hpd_reg_pair_ok,
+ * hpd_reg_pair_failed) said how they went, or nothing did (the attempt canceled,
+ * moved off a suspect node) and the next request may probe. */
+static void probes_over(req_t *r)
+{
+    if (r->probe_p && r->pnode != NULL)
+        hpd_breaker_probe_ended(&r->pnode->breaker);
+    if (r->probe_d && r->dnode != NULL)
+        hpd_breaker_probe_ended(&r->dnode->breaker);
+    r->probe_p = r->probe_d = false;
+}
+
+static void req_free(hpd_coord_t *c, req_t *r)
+{
+    probes_over(r);
+    if (r->hedge != NULL) /* the race is over: carry_out's schedule() cancels the hedge */
+        r->hedge->primary = NULL;
+    if (r->primary != NULL)
+        r->primary->hedge = NULL;
+    for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    c->n_reqs -= !r->is_hedge;
+    free(r->prompt);
+    free(r->stop_ids);
+    free(r->hashes);
+    for (uint32_t k = 0; k < r->n_ch; k++) {
+        free(r->ch[k].out);
+        free(r->ch[k].lp);
     }
-    free(n->stats);
-    n->stats_len = b.sb.size;
-    n->stats = msgpack_sbuffer_release(&b.sb);
-    hpd_rpc_reply(conn, id, NULL);
+    free(r->plp);
+    free(r->grammar);
+    free(r);
 }
 
 /* ------------------------------------------------------------ clients */
-
-int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
-                         const hpd_coord_sink_t *sink, uint64_t *id_p, char *err,
-                         size_t err_len)
-{
-    size_t n;
-    node_t **map;
-    hpd_route_node_t *view;
-    req_t *r = NULL;
-
-    if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
-        (q->top_logprobs > 0 && !q->logprobs && !q->prompt_logprobs)) {
-        snprintf(err, err_len, "generate: top_logprobs is %u (expected at most %d, with "
-                 "logprobs)", q->top_logprobs, HPD_MAX_TOP_LOGPROBS);
-        hpd_metric_inc(c->m.invalid, 1);
-        return HPD_RPC_ERR_PARAMS;
-    }
-    if (q->n > HPD_MAX_CHOICES) {
-        snprintf(err, err_len, "generate: n is %u (expected 1 to %d choices)", q->n,
-                 HPD_MAX_CHOICES);
-        hpd_metric_inc(c->m.invalid, 1);
-        return HPD_RPC_ERR_PARAMS;
-    }
-    if (q->grammar != NULL) { /* refused here, by name, before any node sees it */
-        hpd_grammar_t *g;
-        char why[256];
-        if (hpd_grammar_from_spec(q->grammar, q->grammar_len, &g, why, sizeof(why)) != HPD_OK) {
-            snprintf(err, err_len, "generate: %s", why);
-            hpd_metric_inc(c->m.invalid, 1);
-            return HPD_RPC_ERR_PARAMS;
-        }
-        hpd_grammar_destroy(g);
-    }
-    if ((view = route_view(c, &n, &map)) == NULL) {
-        snprintf(err, err_len, "generate: out of memory");
-        return HPD_RPC_ERR_INTERNAL;
-    }
-    /* what admission checks: the values given (an unset one: greedy's) */
-    const hpd_sampling_t *sp = &q->sampling;
-    const hpd_msg_generate_t g = {.prompt = q->prompt,
-                                  .prompt_n = q->n_prompt,
-                                  .max_tokens = q->max_tokens,
-                                  .temperature = isnan(sp->temperature) ? 0 : sp->temperature,
-                                  .top_p = isnan(sp->top_p) ? 1 : sp->top_p,
-                                  .top_k = sp->top_k == HPD_TOP_K_UNSET ? 0 : sp->top_k,
-                                  .seed = sp->seed,
-                                  .stop_token_ids = q->stop_ids,
-                                  .stop_token_ids_n = q->n_stop,
-                                  .ignore_eos = q->ignore_eos,
-                                  .min_tokens = q->min_tokens};
-    const hpd_admit_state_t as = {.draining = c->draining,
-                                  .open_requests = c->n_reqs,
-                                  .max_requests = c->o.max_requests};
-    const int64_t code = hpd_admit(view, n, &as, &g, err, err_len);
-    free(view);
-    free(map);
-    if (code != 0) {
-        if (code == HPD_RPC_ERR_OVERLOADED) {
-            c->rejected++;
-            hpd_metric_inc(c->m.overloaded, 1);
-        } else {
-            hpd_metric_inc(c->m.invalid, 1);
-        }
-        return code;
-    }
-    req_t **tail = &c->reqs;
-    while (*tail != NULL)
-        tail = &(*tail)->next;
-    hpd_token_logprobs_t *plp = NULL;
-    char *grammar = NULL;
-    const int32_t think_end = q->grammar_after_think && c->text != NULL
-                                  ? hpd_tokenizer_id(hpd_text_tokenizer(c->text), "</think>")
-                                  : -1;
-    if (q->grammar != NULL)
-        grammar = q->grammar_after_think && think_end >= 0
-                      ? hpd_grammar_spec_after(q->grammar, q->grammar_len, think_end)
-                      : strndup(q->grammar, q->grammar_len);
-    if ((q->grammar != NULL && grammar == NULL) ||
-        (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
-        (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
-                     HPD_MAX(1u, q->n), q->logprobs, tail)) == NULL) {
-        free(plp);
-        free(grammar);
-        snprintf(err, err_len, "generate: out of memory");
-        return HPD_RPC_ERR_INTERNAL;
-    }
-    r->ignore_eos = q->ignore_eos;
-    r->min_tokens = q->min_tokens;
-    r->sampling = q->sampling;
-    r->grammar = grammar;
-    r->grammar_len = grammar != NULL ? (uint32_t)strlen(grammar) : 0;
-    r->plp = plp;
-    r->top_logprobs = q->top_logprobs;
-    if (c->o.no_generation_defaults) { /* what the client left out: greedy */
-        if (isnan(r->sampling.temperature))
-            r->sampling.temperature = 0;
-        if (isnan(r->sampling.top_p))
-            r->sampling.top_p = 1;
-        if (r->sampling.top_k == HPD_TOP_K_UNSET)
-            r->sampling.top_k = 0;
-    }
-    /* else the nodes take what is unset from the model (generation_config.json) */
-    r->sink = *sink;
-    r->owner = q->owner;
-    r->tag = q->tag;
-    c->n_reqs++;
-    const char *who = q->who != NULL ? q->who : "";
-    HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u, %u "
-                  "choice(s)%s%s%s", r->n_prompt, r->max_tokens, r->n_ch,
-                  q->stream ? ", streaming" : "",
-                  strncmp(who, "tenant ", 7) == 0 ? ", " : "",
-                  strncmp(who, "tenant ", 7) == 0 ? who : "");
-    *id_p = r->id;
-    schedule_soon(c);
-    return 0;
-}
 
 bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
 {
@@ -1769,6 +1175,30 @@ bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
             return true;
         }
     return false;
+}
+
+bool hpd_coord_cancel_tagged(hpd_coord_t *c, const void *owner, uint64_t tag, const char *why)
+{
+    for (req_t *r = c->reqs; r != NULL; r = r->next)
+        if (r->owner == owner && r->tag == tag && !r->is_hedge) {
+            req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
+            return true;
+        }
+    return false;
+}
+
+void hpd_coord_cancel_owned(hpd_coord_t *c, const void *owner, const char *why)
+{
+    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->owner == owner && !r->is_hedge)
+            req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
+    }
+}
+
+void hpd_coord_count_invalid(hpd_coord_t *c)
+{
+    hpd_metric_inc(c->m.invalid, 1);
 }
 
 const hpd_token_logprobs_t *hpd_coord_prompt_logprobs(const hpd_coord_t *c, uint64_t request)
@@ -1789,692 +1219,18 @@ bool hpd_coord_draining(const hpd_coord_t *c)
     return c->draining;
 }
 
-void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_context_p)
-{
-    uint32_t vocab = 0, ctx = 0;
-    for (const node_t *n = c->nodes; n != NULL; n = n->next) {
-        if (!n->alive || n->draining)
-            continue;
-        if (vocab == 0 || n->vocab < vocab)
-            vocab = n->vocab;
-        if (n->role == ROLE_DECODE && n->max_context > ctx)
-            ctx = n->max_context;
-    }
-    *vocab_p = vocab;
-    *max_context_p = ctx;
-}
-
-struct rpc_sink;
-
-/* One choice of a msgpack client's request, as text. */
-typedef struct {
-    struct rpc_sink *s;
-    uint32_t index;
-    hpd_text_out_t out;
-    char *text; /* the answer's text so far */
-    size_t text_len, text_cap;
-    hpd_reasoning_t rs; /* a thinking model's chat: its reasoning apart (reasoning.h) */
-    char *reasoning;
-    size_t reasoning_len, reasoning_cap;
-    bool bad_token;
-    hpd_toolcall_t tc; /* tools: the parser of its content, and the calls so far */
-    json_t *calls;
-} rpc_choice_t;
-
-/* A msgpack client's request: its generate call is answered at the end,
- * its tokens streamed as notifications when it asked. */
-typedef struct rpc_sink {
-    hpd_rpc_conn_t *conn; /* a reference held until the end */
-    uint32_t call_id;
-    uint64_t tag;
-    uint64_t call_key; /* random: its tool calls' ids */
-    bool stream;
-    bool detokenize; /* the answer as text too (out), with the stop strings */
-    char *stops[HPD_TEXT_MAX_STOPS];
-    size_t n_stops;
-    uint32_t top_logprobs; /* the request asked for logprobs with these top ones */
-    bool split;            /* a thinking model's chat */
-    hpd_chatreq_tools_t tools; /* a chat's tools (coordinator/chatreq.h) */
-    rpc_choice_t ch[HPD_MAX_CHOICES];
-    uint32_t n_ch;
-} rpc_sink_t;
-
-static void rpc_sink_free(rpc_sink_t *s)
-{
-    for (size_t i = 0; i < s->n_stops; i++)
-        free(s->stops[i]);
-    for (uint32_t k = 0; k < s->n_ch; k++) {
-        hpd_text_out_free(&s->ch[k].out);
-        free(s->ch[k].text);
-        free(s->ch[k].reasoning);
-        hpd_toolcall_free(&s->ch[k].tc);
-        json_decref(s->ch[k].calls);
-    }
-    hpd_chatreq_tools_free(&s->tools);
-    free(s);
-}
-
-/* Appends a piece of a choice's content or reasoning. */
-static void append(rpc_choice_t *ch, bool reasoning, const char *piece, size_t len)
-{
-    char **buf = reasoning ? &ch->reasoning : &ch->text;
-    size_t *n = reasoning ? &ch->reasoning_len : &ch->text_len;
-    size_t *cap = reasoning ? &ch->reasoning_cap : &ch->text_cap;
-    if (hpd_grow(buf, cap, *n + len + 1, 1) != HPD_OK) {
-        ch->bad_token = true; /* (out of memory: the answer is refused) */
-        return;
-    }
-    memcpy(*buf + *n, piece, len);
-    *n += len;
-}
-
-static void tc_content(void *arg, const char *text, size_t len)
-{
-    append(arg, false, text, len);
-}
-
-/* A whole tool call of a choice's content (docs/api.md, "Tool calls"). */
-static void tc_call(void *arg, uint32_t index, const char *name, const char *arguments)
-{
-    rpc_choice_t *ch = arg;
-    char id[96], of[16] = "";
-    if (ch->s->tools.one_call && index > 0)
-        return;
-    if (ch->s->n_ch > 1)
-        snprintf(of, sizeof(of), "%u_", ch->index);
-    snprintf(id, sizeof(id), "call_%016llx_%s%u", (unsigned long long)ch->s->call_key, of, index);
-    if (json_array_append_new(ch->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
-                                                   "function", "function", "name", name,
-                                                   "arguments", arguments)) != 0)
-        ch->bad_token = true; /* (out of memory) */
-}
-
-/* A piece of content goes through the tool-call parser when the chat has
- * tools; reasoning does not. */
-static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
-{
-    rpc_choice_t *ch = arg;
-    if (!reasoning && ch->s->tools.parse_calls)
-        hpd_toolcall_feed(&ch->tc, piece, len, tc_content, tc_call, ch);
-    else
-        append(ch, reasoning, piece, len);
-}
-
-/* Calls [from, ..) of a choice as a JSON array's text (malloc'd; NULL:
- * none). */
-static char *calls_text(const rpc_choice_t *ch, size_t from)
-{
-    if (ch->calls == NULL || json_array_size(ch->calls) <= from)
-        return NULL;
-    json_t *a = json_array();
-    for (size_t i = from; i < json_array_size(ch->calls); i++)
-        json_array_append(a, json_array_get(ch->calls, i));
-    char *text = json_dumps(a, JSON_COMPACT);
-    json_decref(a);
-    return text;
-}
-
-/* Appends a piece of a choice's text: split when the model thinks. */
-static bool add_text(const rpc_sink_t *s, rpc_choice_t *ch, const char *piece, size_t len)
-{
-    if (s->split)
-        hpd_reasoning_feed(&ch->rs, piece, len, add_piece, ch);
-    else
-        add_piece(ch, false, piece, len);
-    return !ch->bad_token;
-}
-
-static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_token_logprobs_t *lp,
-                       uint32_t from, uint32_t n, uint32_t *keep_p)
-{
-    rpc_sink_t *s = arg;
-    rpc_choice_t *ch = &s->ch[k];
-    hpd_rpc_buf_t b;
-    const size_t text_before = ch->text_len, reasoning_before = ch->reasoning_len;
-    const size_t calls_before = ch->calls != NULL ? json_array_size(ch->calls) : 0;
-    bool more = true;
-    uint32_t upto = n;
-    for (uint32_t i = from; s->detokenize && i < n && more; i++) {
-        const char *piece;
-        size_t len;
-        hpd_status_t st;
-        more = !hpd_text_out_feed(&ch->out, out[i], &piece, &len, &st);
-        if (st != HPD_OK || !add_text(s, ch, piece, len)) {
-            ch->bad_token = true;
-            more = false;
-        }
-        upto = i + 1;
-    }
-    if (s->stream) {
-        /* the ids' log probabilities, when asked for */
-        uint8_t *wire = lp != NULL && upto > from
-                            ? malloc(hpd_logprobs_wire_bytes(upto - from, s->top_logprobs))
-                            : NULL;
-        if (wire != NULL)
-            hpd_logprobs_encode(lp + from, upto - from, s->top_logprobs, wire);
-        char *calls = calls_text(ch, calls_before);
-        hpd_rpc_buf_init(&b);
-        hpd_msg_pack(&hpd_msg_stream,
-                     &(hpd_msg_stream_t){
-                         .tag = s->tag,
-                         .index = from,
-                         .ids = out + from,
-                         .ids_n = upto - from,
-                         .text = ch->text + text_before,
-                         .text_len = (uint32_t)(ch->text_len - text_before),
-                         .reasoning = ch->reasoning + reasoning_before,
-                         .reasoning_len = (uint32_t)(ch->reasoning_len - reasoning_before),
-                         .logprobs = wire,
-                         .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
-                                                            upto - from, s->top_logprobs)
-                                                      : 0,
-                         .choice = k,
-                         .tool_calls = calls,
-                         .tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0},
-                     &b.pk);
-        hpd_rpc_notify(s->conn, "tokens", &b);
-        hpd_rpc_buf_destroy(&b);
-        free(wire);
-        free(calls);
-    }
-    *keep_p = upto;
-    return more;
-}
-
-/* A choice's logprobs in wire form (malloc'd; NULL when not asked for). */
-static uint8_t *wire_logprobs(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top,
-                              uint32_t *len_p)
-{
-    uint8_t *wire = lp != NULL && n > 0 ? malloc(hpd_logprobs_wire_bytes(n, top)) : NULL;
-    *len_p = 0;
-    if (wire != NULL) {
-        hpd_logprobs_encode(lp, n, top, wire);
-        *len_p = (uint32_t)hpd_logprobs_wire_bytes(n, top);
-    }
-    return wire;
-}
-
-/* A choice's finish reason: tool_calls when it stopped after a call. */
-static const char *finish_of(const rpc_choice_t *ch, const char *finish)
-{
-    return ch->calls != NULL && json_array_size(ch->calls) > 0 && strcmp(finish, "stop") == 0
-               ? "tool_calls"
-               : finish;
-}
-
-/* The reply's choices (n > 1): one map each, packed into b. */
-static void pack_choices(rpc_sink_t *s, const hpd_coord_result_t *res, hpd_rpc_buf_t *b)
-{
-    msgpack_pack_array(&b->pk, res->n_choices);
-    for (uint32_t k = 0; k < res->n_choices; k++) {
-        const hpd_coord_choice_t *rc = &res->choices[k];
-        const rpc_choice_t *ch = &s->ch[k];
-        hpd_msg_choice_t m = {.index = k,
-                              .tokens = rc->tokens,
-                              .tokens_n = rc->n_tokens,
-                              .text = ch->text,
-                              .text_len = (uint32_t)ch->text_len,
-                              .reasoning = ch->reasoning,
-                              .reasoning_len = (uint32_t)ch->reasoning_len};
-        snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
-                 finish_of(ch, rc->finish_reason));
-        uint8_t *wire = wire_logprobs(rc->logprobs, rc->n_tokens, res->top_logprobs,
-                                      &m.logprobs_len);
-        char *calls = calls_text(ch, 0);
-        m.logprobs = wire;
-        m.tool_calls = calls;
-        m.tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0;
-        hpd_msg_pack(&hpd_msg_choice, &m, &b->pk);
-        free(wire);
-        free(calls);
-    }
-}
-
-static void rpc_done(void *arg, const hpd_coord_result_t *res)
-{
-    rpc_sink_t *s = arg;
-    bool bad = false;
-    for (uint32_t k = 0; k < s->n_ch; k++)
-        bad |= s->ch[k].bad_token;
-    if (res->outcome == HPD_COORD_FINISHED && bad) {
-        hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_INTERNAL, "generate: the model "
-                            "made a token its tokenizer does not know (or out of memory)");
-    } else if (res->outcome == HPD_COORD_FINISHED) {
-        for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
-            const char *piece;
-            size_t len;
-            hpd_text_out_finish(&s->ch[k].out, &piece, &len);
-            add_text(s, &s->ch[k], piece, len);
-            if (s->split)
-                hpd_reasoning_finish(&s->ch[k].rs, add_piece, &s->ch[k]);
-            if (s->tools.parse_calls)
-                hpd_toolcall_finish(&s->ch[k].tc, tc_content, tc_call, &s->ch[k]);
-        }
-        const rpc_choice_t *c0 = &s->ch[0];
-        hpd_msg_generated_t g = {.request = res->request,
-                                 .tokens = res->tokens,
-                                 .tokens_n = res->n_tokens,
-                                 .text = c0->text,
-                                 .text_len = (uint32_t)c0->text_len,
-                                 .reasoning = c0->reasoning,
-                                 .reasoning_len = (uint32_t)c0->reasoning_len,
-                                 .prompt_tokens = res->prompt_tokens,
-                                 .cached_tokens = res->cached_tokens,
-                                 .attempts = res->attempts,
-                                 .ttft_ms = res->ttft_ms,
-                                 .total_ms = res->total_ms,
-                                 .prefill_ms = res->prefill_ms,
-                                 .push_ms = res->push_ms,
-                                 .exposed_push_ms = res->exposed_push_ms};
-        snprintf(g.finish_reason, sizeof(g.finish_reason), "%s",
-                 finish_of(c0, res->finish_reason));
-        char *calls = calls_text(c0, 0);
-        g.tool_calls = calls;
-        g.tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0;
-        uint8_t *wire = NULL, *pwire = NULL;
-        if (res->prompt_logprobs != NULL && res->prompt_tokens > 1) {
-            pwire = wire_logprobs(res->prompt_logprobs, res->prompt_tokens - 1,
-                                  res->top_logprobs, &g.prompt_logprobs_len);
-            g.prompt_logprobs = pwire;
-            g.top_logprobs = res->top_logprobs;
-        }
-        if ((wire = wire_logprobs(res->logprobs, res->n_tokens, res->top_logprobs,
-                                  &g.logprobs_len)) != NULL) {
-            g.logprobs = wire;
-            g.top_logprobs = res->top_logprobs;
-        }
-        hpd_rpc_buf_t b, chs;
-        hpd_rpc_buf_init(&chs);
-        if (res->n_choices > 1) {
-            pack_choices(s, res, &chs);
-            g.choices_raw = chs.sb.data;
-            g.choices_raw_len = (uint32_t)chs.sb.size;
-        }
-        hpd_rpc_buf_init(&b);
-        hpd_msg_pack(&hpd_msg_generated, &g, &b.pk);
-        hpd_rpc_reply(s->conn, s->call_id, &b);
-        hpd_rpc_buf_destroy(&b);
-        hpd_rpc_buf_destroy(&chs);
-        free(wire);
-        free(pwire);
-        free(calls);
-    } else if (res->outcome == HPD_COORD_FAILED) {
-        hpd_rpc_reply_error(s->conn, s->call_id, res->code, "%s", res->error);
-    } else { /* a closed connection is not answered (nothing is sent) */
-        hpd_rpc_reply_error(s->conn, s->call_id, HPD_RPC_ERR_APP, "canceled");
-    }
-    hpd_rpc_conn_unref(s->conn);
-    rpc_sink_free(s);
-}
-
-/* A msgpack chat's messages as coordinator/chatreq.h takes them (JSON):
- * role, content, reasoning_content and tool_call_id strings; tool_calls
- * the text of a JSON array (OpenAI's calls). NULL with err set. */
-static json_t *messages_json(const msgpack_object *m, char *err, size_t err_len)
-{
-    static const char *const keys[] = {"role", "content", "reasoning_content", "tool_call_id",
-                                       "tool_calls"};
-    if (m->type != MSGPACK_OBJECT_ARRAY || m->via.array.size == 0 ||
-        m->via.array.size > HPD_TEXT_MAX_MESSAGES) {
-        snprintf(err, err_len, "generate: messages: expected an array of 1 to %d maps",
-                 HPD_TEXT_MAX_MESSAGES);
-        return NULL;
-    }
-    json_t *out = json_array();
-    for (uint32_t i = 0; out != NULL && i < m->via.array.size; i++) {
-        json_t *o = json_object();
-        json_array_append_new(out, o);
-        for (size_t k = 0; o != NULL && k < HPD_ARRAY_SIZE(keys); k++) {
-            const msgpack_object *v = hpd_rpc_map_get(&m->via.array.ptr[i], keys[k]);
-            json_t *x = NULL;
-            json_error_t je;
-            if (v == NULL && k == 0) {
-                snprintf(err, err_len, "generate: messages[%u].role: missing", i);
-                goto bad;
-            }
-            if (v == NULL || v->type == MSGPACK_OBJECT_NIL)
-                continue; /* no content is empty */
-            if (v->type != MSGPACK_OBJECT_STR && (k < 4 || v->type != MSGPACK_OBJECT_BIN)) {
-                snprintf(err, err_len, "generate: messages[%u].%s: expected a string%s", i,
-                         keys[k], k == 4 ? " (a JSON array's text)" : "");
-                goto bad;
-            }
-            if (k < 4 && (x = json_stringn(v->via.str.ptr, v->via.str.size)) == NULL) {
-                snprintf(err, err_len, "generate: messages[%u].%s: not UTF-8", i, keys[k]);
-                goto bad;
-            }
-            if (k == 4 && (x = json_loadb(v->via.bin.ptr, v->via.bin.size, 0, &je)) == NULL) {
-                snprintf(err, err_len, "generate: messages[%u].tool_calls: not JSON (%s)", i,
-                         je.text);
-                goto bad;
-            }
-            json_object_set_new(o, keys[k], x);
-        }
-    }
-    if (out == NULL)
-        snprintf(err, err_len, "generate: out of memory");
-    return out;
-bad:
-    json_decref(out);
-    return NULL;
-}
-
-/* A generate's prompt given as text or as a chat: its ids (the model's
- * tokenizer and chat format). False with err when it cannot be. */
-static bool text_prompt(hpd_coord_t *c, const hpd_msg_generate_t *g, const json_t *tools,
-                        int32_t **ids_p, size_t *n_p, char *err, size_t err_len)
-{
-    if (c->text == NULL) {
-        snprintf(err, err_len, "generate: a prompt as text or messages needs the "
-                 "coordinator's model (--model): send token ids");
-        return false;
-    }
-    if (g->prompt_n > 0 || (g->text_len > 0 && g->messages != NULL)) {
-        snprintf(err, err_len, "generate: give one of prompt, text and messages");
-        return false;
-    }
-    if (g->text_len > 0) {
-        if (hpd_tokenizer_encode(hpd_text_tokenizer(c->text), g->text, g->text_len, ids_p,
-                                 n_p) == HPD_OK)
-            return true;
-        snprintf(err, err_len, "generate: text: cannot be encoded");
-        return false;
-    }
-    json_t *msgs = messages_json(g->messages, err, err_len);
-    bool ok = msgs != NULL;
-    if (ok) {
-        hpd_chatreq_err_t e;
-        const int thinking = g->thinking == 0 ? hpd_coord_default_thinking(c) : g->thinking == 1;
-        ok = hpd_chatreq_prompt(c->text, msgs, tools, thinking, ids_p, n_p, &e);
-        if (!ok)
-            snprintf(err, err_len, "generate: %.200s", e.msg);
-    }
-    json_decref(msgs);
-    return ok;
-}
-
-/* The stop strings of a detokenizing generate, copied into s. */
-static bool stop_strings(const hpd_msg_generate_t *g, rpc_sink_t *s, char *err, size_t err_len)
-{
-    if (g->stop == NULL)
-        return true;
-    const msgpack_object *o = g->stop;
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > HPD_TEXT_MAX_STOPS) {
-        snprintf(err, err_len, "generate: stop: expected at most %d strings", HPD_TEXT_MAX_STOPS);
-        return false;
-    }
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-        const msgpack_object *v = &o->via.array.ptr[i];
-        if (v->type != MSGPACK_OBJECT_STR || v->via.str.size == 0 ||
-            v->via.str.size > HPD_TEXT_MAX_STOP_LEN ||
-            memchr(v->via.str.ptr, 0, v->via.str.size) != NULL) {
-            snprintf(err, err_len, "generate: stop[%u]: expected a string of 1 to %d bytes", i,
-                     HPD_TEXT_MAX_STOP_LEN);
-            return false;
-        }
-        if ((s->stops[s->n_stops] = strndup(v->via.str.ptr, v->via.str.size)) == NULL) {
-            snprintf(err, err_len, "generate: out of memory");
-            return false;
-        }
-        s->n_stops++;
-    }
-    return true;
-}
-
-/* A chat's tools (tools, tool_choice, single_tool_call) into s->tools;
- * with them the answer is decoded, its content parsed for calls unless
- * tool_choice is none. */
-/* A chat's tools (OpenAI's array as JSON text) read once, for the prompt
- * and the answer (*tools_p NULL: none). */
-static bool tools_json(const hpd_msg_generate_t *g, json_t **tools_p, char *err, size_t err_len)
-{
-    json_error_t je;
-    *tools_p = NULL;
-    if (g->tools == NULL && g->tool_choice == NULL)
-        return true;
-    if (g->messages == NULL) {
-        snprintf(err, err_len, "generate: tools: only with messages (a chat)");
-        return false;
-    }
-    if (g->tools != NULL && (*tools_p = json_loadb(g->tools, g->tools_len, 0, &je)) == NULL) {
-        snprintf(err, err_len, "generate: tools: not JSON (%s)", je.text);
-        return false;
-    }
-    return true;
-}
-
-static bool chat_tools(hpd_coord_t *c, const hpd_msg_generate_t *g, const json_t *tools,
-                       rpc_sink_t *s, char *err, size_t err_len)
-{
-    if (g->tools == NULL && g->tool_choice == NULL)
-        return true;
-    json_error_t je;
-    json_t *choice = NULL;
-    hpd_chatreq_err_t e;
-    bool ok = false;
-    if (g->tool_choice != NULL && (choice = json_loadb(g->tool_choice, g->tool_choice_len,
-                                                       JSON_DECODE_ANY, &je)) == NULL)
-        snprintf(err, err_len, "generate: tool_choice: not JSON (%s)", je.text);
-    else if (!(ok = hpd_chatreq_tools(c->text, tools, choice, !g->single_tool_call,
-                                      g->grammar != NULL, &s->tools, &e)))
-        snprintf(err, err_len, "generate: %.200s", e.msg);
-    json_decref(choice);
-    s->detokenize = true; /* a chat with tools is answered in text (calls apart) */
-    return ok;
-}
-
-static void m_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
-                       void *arg)
-{
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err = {{0}};
-    hpd_msg_generate_t g = {.max_tokens = 16, .top_p = 1}; /* the defaults: greedy */
-    rpc_sink_t *s = NULL;
-    uint64_t req_id;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    char why[sizeof(err.text)];
-
-    if (!hpd_msg_unpack(&hpd_msg_generate, params, &g, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text); /* "generate: ..." */
-        hpd_metric_inc(c->m.invalid, 1);
-        return;
-    }
-    if ((s = calloc(1, sizeof(*s))) == NULL) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_INTERNAL, "generate: out of memory");
-        hpd_msg_free(&hpd_msg_generate, &g);
-        return;
-    }
-    *s = (rpc_sink_t){.conn = conn,
-                      .call_id = id,
-                      .tag = g.tag,
-                      .stream = g.stream,
-                      .detokenize = g.detokenize || g.stop != NULL,
-                      .top_logprobs = g.top_logprobs};
-    bool ok = true;
-    if (s->detokenize && c->text == NULL) {
-        snprintf(why, sizeof(why), "generate: detokenize and stop need the coordinator's "
-                 "model (--model)");
-        ok = false;
-    }
-    json_t *tools = NULL;
-    ok = ok && tools_json(&g, &tools, why, sizeof(why)) &&
-         ((g.text_len == 0 && g.messages == NULL) ||
-          text_prompt(c, &g, tools, &ids, &n_ids, why, sizeof(why))) &&
-         stop_strings(&g, s, why, sizeof(why)) && chat_tools(c, &g, tools, s, why, sizeof(why));
-    json_decref(tools);
-    if (!ok) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", why);
-        hpd_metric_inc(c->m.invalid, 1);
-        hpd_msg_free(&hpd_msg_generate, &g);
-        rpc_sink_free(s);
-        free(ids);
-        return;
-    }
-    s->n_ch = HPD_MIN(HPD_MAX(1u, g.n), (uint32_t)HPD_MAX_CHOICES); /* (submit checks n) */
-    if (getrandom(&s->call_key, sizeof(s->call_key), 0) != sizeof(s->call_key))
-        s->call_key = (uint64_t)(hpd_time_now() * 1e6) ^ id;
-    for (uint32_t k = 0; k < s->n_ch; k++) {
-        s->ch[k].s = s;
-        s->ch[k].index = k;
-        if (s->tools.parse_calls) {
-            hpd_toolcall_init(&s->ch[k].tc, s->tools.format, s->tools.tools);
-            s->ch[k].calls = json_array();
-        }
-    }
-    for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
-        hpd_text_out_init(&s->ch[k].out, hpd_text_tokenizer(c->text),
-                          (const char *const *)s->stops, s->n_stops);
-        /* a thinking model's chat: the reasoning apart */
-        const int thinking = g.thinking == 0 ? hpd_coord_default_thinking(c) : g.thinking == 1;
-        s->split = g.messages != NULL && hpd_text_chat_thinks(c->text);
-        hpd_reasoning_init(&s->ch[k].rs, hpd_text_chat_opens_think(c->text, thinking));
-    }
-    hpd_coord_request_t q = {.prompt = ids != NULL ? ids : g.prompt,
-                             .n_prompt = ids != NULL ? (uint32_t)n_ids : g.prompt_n,
-                             .max_tokens = g.max_tokens,
-                             .sampling = {.temperature = g.temperature,
-                                          .top_p = g.top_p,
-                                          .top_k = g.top_k,
-                                          .seed = g.seed},
-                             .stop_ids = g.stop_token_ids,
-                             .n_stop = g.stop_token_ids_n,
-                             .min_tokens = g.min_tokens,
-                             .ignore_eos = g.ignore_eos,
-                             .who = hpd_rpc_conn_who(conn),
-                             .stream = g.stream,
-                             .owner = conn,
-                             .tag = g.tag,
-                             .grammar = s->tools.spec != NULL ? s->tools.spec : g.grammar,
-                             .grammar_len = s->tools.spec != NULL ? strlen(s->tools.spec)
-                                                                  : g.grammar_len,
-                             .grammar_after_think = s->detokenize && s->split &&
-                                                    s->ch[0].rs.state == HPD_REASONING_INSIDE,
-                             .logprobs = g.logprobs,
-                             .top_logprobs = g.top_logprobs,
-                             .prompt_logprobs = g.prompt_logprobs,
-                             .n = g.n};
-    /* what the client left out: the model's defaults (see submit) */
-    if (hpd_rpc_map_get(params, "temperature") == NULL)
-        q.sampling.temperature = NAN;
-    if (hpd_rpc_map_get(params, "top_p") == NULL)
-        q.sampling.top_p = NAN;
-    if (hpd_rpc_map_get(params, "top_k") == NULL)
-        q.sampling.top_k = HPD_TOP_K_UNSET;
-    const hpd_coord_sink_t sink = {.tokens = g.stream || s->detokenize ? rpc_tokens : NULL,
-                                   .done = rpc_done,
-                                   .arg = s};
-    const int64_t code = hpd_coord_submit(c, &q, &sink, &req_id, why, sizeof(why));
-    hpd_msg_free(&hpd_msg_generate, &g);
-    free(ids);
-    if (code != 0) {
-        hpd_rpc_reply_error(conn, id, code, "%s", why);
-        rpc_sink_free(s);
-        return;
-    }
-    hpd_rpc_conn_ref(conn);
-}
-
-static void m_cancel(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
-{
-    hpd_coord_t *c = arg;
-    hpd_proto_err_t err;
-    hpd_msg_cancel_request_t m = {0};
-    bool found = false;
-
-    if (!hpd_msg_unpack(&hpd_msg_cancel_request, params, &m, &err)) {
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
-        return;
-    }
-    for (req_t *r = c->reqs; r != NULL; r = r->next) {
-        if (r->owner == conn && r->tag == m.tag) {
-            req_event(c, r, HPD_REQ_EV_CANCEL, "by the client"); /* answers "canceled" */
-            found = true;
-            break;
-        }
-    }
-    hpd_rpc_buf_t b;
-    hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_canceled, &(hpd_msg_canceled_t){.canceled = found}, &b.pk);
-    hpd_rpc_reply(conn, id, &b);
-    hpd_rpc_buf_destroy(&b);
-}
-
-/* What a client key may see is the cluster's shape and load; where the
- * nodes listen is for node credentials only. */
-static void m_status(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
-{
-    hpd_coord_t *c = arg;
-    const bool addresses = (hpd_rpc_conn_roles(conn) & HPD_ROLE_NODE) != 0;
-    hpd_rpc_buf_t b;
-    uint32_t n_nodes = 0, queued = 0;
-    for (node_t *n = c->nodes; n != NULL; n = n->next)
-        n_nodes++;
-    for (req_t *r = c->reqs; r != NULL; r = r->next)
-        queued += !r->is_hedge && r->fsm.state == HPD_REQ_QUEUED;
-    hpd_rpc_buf_init(&b);
-    msgpack_pack_map(&b.pk, 2);
-    hpd_proto_key(&b.pk, "nodes");
-    msgpack_pack_array(&b.pk, n_nodes);
-    for (node_t *n = c->nodes; n != NULL; n = n->next) {
-        msgpack_pack_map(&b.pk, addresses ? 10 : 9);
-        hpd_proto_kv_u64(&b.pk, "id", n->id);
-        hpd_proto_kv_u64(&b.pk, "tp", n->tp);
-        hpd_proto_key(&b.pk, "draining");
-        if (n->draining)
-            msgpack_pack_true(&b.pk);
-        else
-            msgpack_pack_false(&b.pk);
-        hpd_proto_key(&b.pk, "role");
-        hpd_rpc_pack_str(&b.pk, n->role == ROLE_PREFILL ? "prefill" : "decode");
-        hpd_proto_key(&b.pk, "name");
-        hpd_rpc_pack_str(&b.pk, n->name);
-        if (addresses) {
-            char addr[96];
-            snprintf(addr, sizeof(addr), "%s:%u", n->host, n->port);
-            hpd_proto_key(&b.pk, "address");
-            hpd_rpc_pack_str(&b.pk, addr);
-        }
-        hpd_proto_key(&b.pk, "layout");
-        hpd_proto_pack_layout(&b.pk, &n->layout);
-        hpd_proto_kv_u64(&b.pk, "reserved_slots", n->slots_reserved);
-        hpd_proto_kv_u64(&b.pk, "jobs", n->jobs);
-        hpd_proto_key(&b.pk, "stats");
-        if (n->stats != NULL)
-            msgpack_sbuffer_write(&b.sb, n->stats, n->stats_len);
-        else
-            msgpack_pack_nil(&b.pk);
-    }
-    hpd_proto_key(&b.pk, "requests");
-    msgpack_pack_map(&b.pk, 8);
-    hpd_proto_kv_u64(&b.pk, "active", c->n_reqs);
-    hpd_proto_kv_u64(&b.pk, "queued", queued);
-    hpd_proto_kv_u64(&b.pk, "finished", c->finished);
-    hpd_proto_kv_u64(&b.pk, "failed", c->failed);
-    hpd_proto_kv_u64(&b.pk, "canceled", c->canceled);
-    hpd_proto_kv_u64(&b.pk, "retried", c->retried);
-    hpd_proto_kv_u64(&b.pk, "hedged", c->hedged);
-    hpd_proto_kv_u64(&b.pk, "rejected", c->rejected);
-    hpd_rpc_reply(conn, id, &b);
-    hpd_rpc_buf_destroy(&b);
-}
-
 /* A client's connection closed: its requests go; a node's: the node is lost. */
 static void on_disconnect(hpd_rpc_conn_t *conn, void *arg)
 {
     hpd_coord_t *c = arg;
     const uint64_t node_id = (uint64_t)(uintptr_t)hpd_rpc_conn_user(conn);
     if (node_id != 0) {
-        node_t *n = node_by_id(c, node_id);
+        node_t *n = hpd_reg_node_by_id(c, node_id);
         if (n != NULL)
-            node_lost(c, n, "its registration connection closed");
+            hpd_reg_node_lost(c, n, "its registration connection closed");
         return;
     }
-    for (req_t *r = c->reqs, *next; r != NULL; r = next) {
-        next = r->next;
-        if (r->owner == conn)
-            req_event(c, r, HPD_REQ_EV_CANCEL, "the client disconnected");
-    }
+    hpd_coord_cancel_owned(c, conn, "the client disconnected");
 }
 
 /* ------------------------------------------------------------ metrics */
@@ -2614,7 +1370,6 @@ void hpd_coord_collect(hpd_coord_t *c)
     hpd_metric_set(c->m.auth_failures, (double)rs.auth_failures);
 }
 
-
 /* ------------------------------------------------------------ the context */
 
 /* Ready while not draining; the body says what the coordinator has. */
@@ -2731,12 +1486,12 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
                               hpd_coord_t **coord_p, char *err, size_t err_len)
 {
     static const hpd_rpc_method_t methods[] = {
-        {.name = "register", .fn = m_register, .roles = HPD_ROLE_NODE},
-        {.name = "heartbeat", .fn = m_heartbeat, .roles = HPD_ROLE_NODE},
-        {.name = "alive", .fn = m_alive, .roles = HPD_ROLE_NODE},
-        {.name = "generate", .fn = m_generate, .roles = HPD_ROLE_CLIENT},
-        {.name = "cancel", .fn = m_cancel, .roles = HPD_ROLE_CLIENT},
-        {.name = "status", .fn = m_status, .roles = HPD_ROLE_CLIENT | HPD_ROLE_NODE},
+        {.name = "register", .fn = hpd_reg_register, .roles = HPD_ROLE_NODE},
+        {.name = "heartbeat", .fn = hpd_reg_heartbeat, .roles = HPD_ROLE_NODE},
+        {.name = "alive", .fn = hpd_reg_alive, .roles = HPD_ROLE_NODE},
+        {.name = "generate", .fn = hpd_msgdoor_generate, .roles = HPD_ROLE_CLIENT},
+        {.name = "cancel", .fn = hpd_msgdoor_cancel, .roles = HPD_ROLE_CLIENT},
+        {.name = "status", .fn = hpd_reg_status, .roles = HPD_ROLE_CLIENT | HPD_ROLE_NODE},
     };
     hpd_status_t st;
     hpd_coord_t *c = calloc(1, sizeof(*c));
@@ -2770,7 +1525,7 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
     const int64_t ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000 - 1577836800000;
     c->next_node = c->next_job = ms > 0 ? (uint64_t)ms << 14 : 0;
     c->tick = event_new(base, -1, EV_PERSIST, on_tick, c);
-    c->reap = evtimer_new(base, on_reap, c);
+    c->reap = evtimer_new(base, hpd_reg_on_reap, c);
     c->sched = evtimer_new(base, on_sched, c);
     if (c->tick == NULL || c->reap == NULL || c->sched == NULL) {
         st = HPD_ERR_NO_MEMORY;
@@ -2813,7 +1568,7 @@ void hpd_coord_destroy(hpd_coord_t *c)
         n->next = c->dead;
         c->dead = n;
     }
-    on_reap(-1, 0, c);
+    hpd_reg_on_reap(-1, 0, c);
     hpd_rpc_server_destroy(c->server);
     hpd_metrics_destroy(c->m.reg);
     struct event *evs[] = {c->tick, c->reap, c->sched};

@@ -160,6 +160,15 @@ int64_t hpd_coord_submit(hpd_coord_t *coord, const hpd_coord_request_t *req,
 /* Cancels a request on every node: its sink's done (CANCELED, why) comes
  * before this returns. False: no such request (it ended). */
 bool hpd_coord_cancel(hpd_coord_t *coord, uint64_t id, const char *why);
+/* Cancels the request its owner (hpd_coord_request_t) tagged so; false:
+ * none open. */
+bool hpd_coord_cancel_tagged(hpd_coord_t *coord, const void *owner, uint64_t tag,
+                             const char *why);
+/* Cancels every request of owner (its connection closed). */
+void hpd_coord_cancel_owned(hpd_coord_t *coord, const void *owner, const char *why);
+/* Counts a request a front door refused as malformed
+ * (hpd_requests_total{outcome="invalid"}). */
+void hpd_coord_count_invalid(hpd_coord_t *coord);
 bool hpd_coord_draining(const hpd_coord_t *coord);
 /* The roles (coordinator/credentials.h) a presented client key or node
  * secret grants, as the RPC server checks them (all on an open

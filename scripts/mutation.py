@@ -66,6 +66,8 @@ MODULES = {
         "left_out": {"node/node.c": "the node module's",
                      "node/proto.c": "the node module's",
                      "coordinator/coord.c": "the coordinator module's",
+                     "coordinator/registry.c": "the coordinator module's",
+                     "coordinator/msgdoor.c": "the coordinator module's",
                      "coordinator/alive.c": "the coordinator module's",
                      "coordinator/breaker.c": "the coordinator module's",
                      "coordinator/main.c": "options and the service shell: the cluster tests",
@@ -87,7 +89,8 @@ MODULES = {
     # (tests/coordinator/peers.h: fake nodes in process, no cluster), and the
     # failure detector and breaker it judges nodes with.
     "coordinator": {
-        "files": ["coordinator/coord.c", "coordinator/alive.c", "coordinator/breaker.c"],
+        "files": ["coordinator/coord.c", "coordinator/registry.c", "coordinator/msgdoor.c",
+                  "coordinator/alive.c", "coordinator/breaker.c"],
         "left_out": {"coordinator/main.c": "options and the service shell: the cluster tests",
                      "coordinator/openai.c": "the api module's",
                      "coordinator/text.c": "the chat module's",

@@ -581,6 +581,88 @@ static void test_generate_over_rpc(void **state)
     pair_stop(&p, &d);
 }
 
+/* A msgpack client's cancel names its request by its tag: of two open
+ * requests on one connection only the tagged one ends ("canceled"), an
+ * unknown tag cancels nothing, and another connection's request with the
+ * same tag is not touched; a closed connection cancels its own requests
+ * only. */
+/* A call whose connection the test closes: only that it was answered. */
+static void on_answered_or_closed(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    *(bool *)arg = true;
+}
+
+static void test_cancel_by_tag_over_rpc(void **state)
+{
+    peer_t p, d;
+    called_t c[4]; /* the other connection's tag 2, then this one's tags 1 and 2, then 3 */
+    hpd_rpc_client_t *cl = keyed_pair_start(&p, &d, NULL), *other;
+    d.autocomplete = false;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1",
+                                        .port = hpd_coord_port(coord),
+                                        .token = "client-key-of-tenant-t-0123456789"};
+    assert_int_equal(hpd_rpc_client_connect(&cp, &other), HPD_OK);
+    static const int32_t prompt[] = {1, 2, 3, 4, 5};
+    static const uint64_t tags[] = {2, 1, 2, 3};
+    for (uint32_t i = 0; i < 4; i++) {
+        hpd_rpc_buf_t b;
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_generate,
+                     &(hpd_msg_generate_t){.prompt = prompt, .prompt_n = 5, .max_tokens = 4,
+                                           .tag = tags[i]},
+                     &b.pk);
+        memset(&c[i], 0, sizeof(c[i]));
+        if (i == 3) /* its connection closes under it */
+            assert_int_equal(hpd_rpc_call(cl, "generate", &b, 30000, on_answered_or_closed,
+                                          &c[i].done),
+                             HPD_OK);
+        else
+            assert_int_equal(hpd_rpc_call(i == 0 ? other : cl, "generate", &b, 30000,
+                                          on_generated, &c[i]),
+                             HPD_OK);
+        hpd_rpc_buf_destroy(&b);
+        LOOP_UNTIL(d.starts == i + 1);
+    }
+    hpd_rpc_result_t r;
+    for (uint64_t tag = 9; tag != 0; tag = tag == 9 ? 2 : 0) {
+        hpd_rpc_buf_t b;
+        hpd_rpc_buf_init(&b);
+        hpd_msg_pack(&hpd_msg_cancel_request, &(hpd_msg_cancel_request_t){.tag = tag}, &b.pk);
+        assert_int_equal(hpd_rpc_call_sync(cl, "cancel", &b, 30000, &r), HPD_OK);
+        hpd_rpc_buf_destroy(&b);
+        assert_false(r.is_error);
+        const msgpack_object *v = hpd_rpc_map_get(&r.result, "canceled");
+        assert_non_null(v);
+        assert_true(v->via.boolean == (tag == 2));
+        hpd_rpc_result_destroy(&r);
+    }
+    LOOP_UNTIL(c[2].done);
+    assert_true(c[2].is_error);
+    if (strstr(c[2].message, "cancel") == NULL)
+        fail_msg("the canceled request answered \"%s\"", c[2].message);
+    assert_false(c[0].done || c[1].done || c[3].done);
+    assert_false(d.jobs[0].canceled || d.jobs[1].canceled);
+    /* tag 1 runs on */
+    static const int32_t rest[] = {10, 11, 12};
+    peer_tokens(&d, d.jobs[1].job, 1, rest, 3, true, NULL);
+    LOOP_UNTIL(c[1].done);
+    if (c[1].is_error)
+        fail_msg("generate: %s", c[1].message);
+    assert_int_equal(c[1].g.tokens_n, 4);
+    hpd_msg_free(&hpd_msg_generated, &c[1].g);
+    /* this connection closes with tag 3 open: it ends, the other's not */
+    hpd_rpc_client_destroy(cl);
+    LOOP_UNTIL(d.jobs[3].canceled);
+    assert_false(d.jobs[0].canceled || c[0].done);
+    peer_tokens(&d, d.jobs[0].job, 1, rest, 3, true, NULL);
+    LOOP_UNTIL(c[0].done);
+    if (c[0].is_error)
+        fail_msg("generate: %s", c[0].message);
+    hpd_msg_free(&hpd_msg_generated, &c[0].g);
+    hpd_rpc_client_destroy(other);
+    pair_stop(&p, &d);
+}
+
 /* A decode node that answers a reservation with "no room" (its frees
  * behind the coordinator's count): the request waits and asks again, with
  * no failed attempt, and runs once there is room. */
@@ -1803,6 +1885,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chat_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_liveness_pings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate_over_rpc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_by_tag_over_rpc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_decode_node_waits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_prefill_node_routed_around, setup,
