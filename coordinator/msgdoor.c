@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "coordinator/answer.h"
 #include "coordinator/chatreq.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/reasoning.h"
@@ -27,15 +28,13 @@ struct rpc_sink;
 typedef struct {
     struct rpc_sink *s;
     uint32_t index;
-    hpd_text_out_t out;
-    char *text; /* the answer's text so far */
+    hpd_answer_t a; /* with detokenize: its text (coordinator/answer.h) */
+    char *text;     /* the answer's text so far */
     size_t text_len, text_cap;
-    hpd_reasoning_t rs; /* a thinking model's chat: its reasoning apart (reasoning.h) */
-    char *reasoning;
+    char *reasoning; /* a thinking model's chat: its reasoning apart */
     size_t reasoning_len, reasoning_cap;
     bool bad_token;
-    hpd_toolcall_t tc; /* tools: the parser of its content, and the calls so far */
-    json_t *calls;
+    json_t *calls; /* tools: the calls so far */
 } rpc_choice_t;
 
 /* A msgpack client's request: its generate call is answered at the end,
@@ -61,10 +60,10 @@ static void rpc_sink_free(rpc_sink_t *s)
     for (size_t i = 0; i < s->n_stops; i++)
         free(s->stops[i]);
     for (uint32_t k = 0; k < s->n_ch; k++) {
-        hpd_text_out_free(&s->ch[k].out);
+        if (s->detokenize)
+            hpd_answer_free(&s->ch[k].a);
         free(s->ch[k].text);
         free(s->ch[k].reasoning);
-        hpd_toolcall_free(&s->ch[k].tc);
         json_decref(s->ch[k].calls);
     }
     hpd_chatreq_tools_free(&s->tools);
@@ -85,9 +84,14 @@ static void append(rpc_choice_t *ch, bool reasoning, const char *piece, size_t l
     *n += len;
 }
 
-static void tc_content(void *arg, const char *text, size_t len)
+static void answer_content(void *arg, const char *piece, size_t len)
 {
-    append(arg, false, text, len);
+    append(arg, false, piece, len);
+}
+
+static void answer_reasoning(void *arg, const char *piece, size_t len)
+{
+    append(arg, true, piece, len);
 }
 
 /* A whole tool call of a choice's content (docs/api.md, "Tool calls"). */
@@ -106,16 +110,8 @@ static void tc_call(void *arg, uint32_t index, const char *name, const char *arg
         ch->bad_token = true; /* (out of memory) */
 }
 
-/* A piece of content goes through the tool-call parser when the chat has
- * tools; reasoning does not. */
-static void add_piece(void *arg, bool reasoning, const char *piece, size_t len)
-{
-    rpc_choice_t *ch = arg;
-    if (!reasoning && ch->s->tools.parse_calls)
-        hpd_toolcall_feed(&ch->tc, piece, len, tc_content, tc_call, ch);
-    else
-        append(ch, reasoning, piece, len);
-}
+static const hpd_answer_ops_t answer_ops = {
+    .content = answer_content, .reasoning = answer_reasoning, .call = tc_call};
 
 /* Calls [from, ..) of a choice as a JSON array's text (malloc'd; NULL:
  * none). */
@@ -131,16 +127,6 @@ static char *calls_text(const rpc_choice_t *ch, size_t from)
     return text;
 }
 
-/* Appends a piece of a choice's text: split when the model thinks. */
-static bool add_text(const rpc_sink_t *s, rpc_choice_t *ch, const char *piece, size_t len)
-{
-    if (s->split)
-        hpd_reasoning_feed(&ch->rs, piece, len, add_piece, ch);
-    else
-        add_piece(ch, false, piece, len);
-    return !ch->bad_token;
-}
-
 static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_token_logprobs_t *lp,
                        uint32_t from, uint32_t n, uint32_t *keep_p)
 {
@@ -152,11 +138,9 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
     bool more = true;
     uint32_t upto = n;
     for (uint32_t i = from; s->detokenize && i < n && more; i++) {
-        const char *piece;
-        size_t len;
         hpd_status_t st;
-        more = !hpd_text_out_feed(&ch->out, out[i], &piece, &len, &st);
-        if (st != HPD_OK || !add_text(s, ch, piece, len)) {
+        more = !hpd_answer_feed(&ch->a, out[i], &st);
+        if (st != HPD_OK || ch->bad_token) {
             ch->bad_token = true;
             more = false;
         }
@@ -258,14 +242,7 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
                             "made a token its tokenizer does not know (or out of memory)");
     } else if (res->outcome == HPD_COORD_FINISHED) {
         for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
-            const char *piece;
-            size_t len;
-            hpd_text_out_finish(&s->ch[k].out, &piece, &len);
-            add_text(s, &s->ch[k], piece, len);
-            if (s->split)
-                hpd_reasoning_finish(&s->ch[k].rs, add_piece, &s->ch[k]);
-            if (s->tools.parse_calls)
-                hpd_toolcall_finish(&s->ch[k].tc, tc_content, tc_call, &s->ch[k]);
+            hpd_answer_finish(&s->ch[k].a);
         }
         const rpc_choice_t *c0 = &s->ch[0];
         hpd_msg_generated_t g = {.request = res->request,
@@ -534,19 +511,26 @@ void hpd_msgdoor_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_objec
     for (uint32_t k = 0; k < s->n_ch; k++) {
         s->ch[k].s = s;
         s->ch[k].index = k;
-        if (s->tools.parse_calls) {
-            hpd_toolcall_init(&s->ch[k].tc, s->tools.format, s->tools.tools);
+        if (s->tools.parse_calls)
             s->ch[k].calls = json_array();
-        }
     }
-    for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++) {
-        hpd_text_out_init(&s->ch[k].out, hpd_text_tokenizer(hpd_coord_text(c)),
-                          (const char *const *)s->stops, s->n_stops);
-        /* a thinking model's chat: the reasoning apart */
-        const int thinking = g.thinking == 0 ? hpd_coord_default_thinking(c) : g.thinking == 1;
-        s->split = g.messages != NULL && hpd_text_chat_thinks(hpd_coord_text(c));
-        hpd_reasoning_init(&s->ch[k].rs, hpd_text_chat_opens_think(hpd_coord_text(c), thinking));
-    }
+    /* a thinking model's chat: the reasoning apart */
+    const hpd_text_t *text = hpd_coord_text(c);
+    const int thinking = g.thinking == 0 ? hpd_coord_default_thinking(c) : g.thinking == 1;
+    s->split = s->detokenize && g.messages != NULL && hpd_text_chat_thinks(text);
+    for (uint32_t k = 0; k < s->n_ch && s->detokenize; k++)
+        hpd_answer_init(&s->ch[k].a,
+                        &(hpd_answer_params_t){.text = text,
+                                               .stops = (const char *const *)s->stops,
+                                               .n_stops = s->n_stops,
+                                               .split = s->split,
+                                               .opens_think = hpd_text_chat_opens_think(text,
+                                                                                        thinking),
+                                               .parse_calls = s->tools.parse_calls,
+                                               .format = s->tools.format,
+                                               .tools = s->tools.tools,
+                                               .ops = &answer_ops,
+                                               .arg = &s->ch[k]});
     hpd_coord_request_t q = {.prompt = ids != NULL ? ids : g.prompt,
                              .n_prompt = ids != NULL ? (uint32_t)n_ids : g.prompt_n,
                              .max_tokens = g.max_tokens,
@@ -566,7 +550,7 @@ void hpd_msgdoor_generate(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_objec
                              .grammar_len = s->tools.spec != NULL ? strlen(s->tools.spec)
                                                                   : g.grammar_len,
                              .grammar_after_think = s->detokenize && s->split &&
-                                                    s->ch[0].rs.state == HPD_REASONING_INSIDE,
+                                                    s->ch[0].a.rs.state == HPD_REASONING_INSIDE,
                              .logprobs = g.logprobs,
                              .top_logprobs = g.top_logprobs,
                              .prompt_logprobs = g.prompt_logprobs,

@@ -7,8 +7,6 @@
  * call never touches its evhttp request after the close callback. */
 #include "coordinator/openai.h"
 
-#include "coordinator/chatreq.h"
-
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
@@ -29,6 +27,7 @@
 #include "common/log.h"
 #include "common/sampling.h"
 #include "common/util.h"
+#include "coordinator/answer.h"
 #include "coordinator/chatreq.h"
 #include "coordinator/credentials.h"
 #include "coordinator/reasoning.h"
@@ -81,17 +80,15 @@ typedef struct call call_t;
 typedef struct {
     call_t *k;
     uint32_t index;
-    hpd_text_out_t out;
+    hpd_answer_t a;        /* its text, reasoning and tool calls (coordinator/answer.h) */
     struct evbuffer *text; /* the answer so far (not streamed) */
     bool bad_token;        /* an id the tokenizer does not know came */
-    hpd_reasoning_t reasoning; /* a thinking model's chat: the split (coordinator/reasoning.h) */
-    struct evbuffer *thought;  /* the reasoning so far (not streamed) */
+    struct evbuffer *thought; /* a thinking model's reasoning so far (not streamed) */
     /* log probabilities: the entries of the tokens not yet sent (see call) */
     json_t *lp;
     size_t text_offset; /* completions: characters of the tokens so far */
     bool echoed;        /* streamed: the prompt's chunk went out */
-    hpd_toolcall_t tc;  /* tools: the parser of its content */
-    json_t *calls;      /* the calls so far (not streamed) */
+    json_t *calls;      /* tools: the calls so far (not streamed) */
     uint32_t n_calls;
 } choice_t;
 
@@ -755,11 +752,6 @@ static void out_piece(choice_t *c, bool thought, const char *piece, size_t len)
         evbuffer_add(thought ? c->thought : c->text, piece, len);
 }
 
-static void tc_content(void *arg, const char *text, size_t len)
-{
-    out_piece(arg, false, text, len);
-}
-
 /* A whole tool call: streamed as two deltas (its id and name, then its
  * arguments), or kept for the message. */
 static void tc_call(void *arg, uint32_t index, const char *name, const char *arguments)
@@ -795,23 +787,18 @@ static void tc_call(void *arg, uint32_t index, const char *name, const char *arg
                    false);
 }
 
-static void put_piece(void *arg, bool thought, const char *piece, size_t len)
+static void answer_content(void *arg, const char *piece, size_t len)
 {
-    choice_t *c = arg;
-    if (!thought && c->k->parse_calls)
-        hpd_toolcall_feed(&c->tc, piece, len, tc_content, tc_call, c);
-    else
-        out_piece(c, thought, piece, len);
+    out_piece(arg, false, piece, len);
 }
 
-/* The text a choice's ids gave: split when the model thinks. */
-static void put_text(choice_t *c, const char *piece, size_t len)
+static void answer_reasoning(void *arg, const char *piece, size_t len)
 {
-    if (c->k->split)
-        hpd_reasoning_feed(&c->reasoning, piece, len, put_piece, c);
-    else
-        put_piece(c, false, piece, len);
+    out_piece(arg, true, piece, len);
 }
+
+static const hpd_answer_ops_t answer_ops = {
+    .content = answer_content, .reasoning = answer_reasoning, .call = tc_call};
 
 static void call_free(call_t *k)
 {
@@ -821,15 +808,13 @@ static void call_free(call_t *k)
         free(k->stops[i]);
     for (uint32_t i = 0; i < k->n_ch; i++) {
         choice_t *c = &k->ch[i];
-        hpd_text_out_free(&c->out);
+        hpd_answer_free(&c->a);
         if (c->text != NULL)
             evbuffer_free(c->text);
         if (c->thought != NULL)
             evbuffer_free(c->thought);
         json_decref(c->lp);
         json_decref(c->calls);
-        if (k->parse_calls)
-            hpd_toolcall_free(&c->tc);
     }
     json_decref(k->tools);
     free(k->prompt);
@@ -867,15 +852,17 @@ static bool on_tokens(void *arg, uint32_t choice, const int32_t *tokens,
         stream_echo(c);
     for (uint32_t i = from; i < n; i++) {
         *keep_p = i + 1;
-        const char *piece;
-        size_t len;
         hpd_status_t st;
-        const bool stop = hpd_text_out_feed(&c->out, tokens[i], &piece, &len, &st);
-        if (st != HPD_OK || (lp != NULL && !add_lp(c, tokens[i], &lp[i]))) {
+        /* the logprobs first: the piece's chunk carries them */
+        if (lp != NULL && !add_lp(c, tokens[i], &lp[i])) {
             c->bad_token = true;
             return false;
         }
-        put_text(c, piece, len);
+        const bool stop = hpd_answer_feed(&c->a, tokens[i], &st);
+        if (st != HPD_OK) {
+            c->bad_token = true;
+            return false;
+        }
         if (stop)
             return false;
     }
@@ -905,19 +892,12 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         const char *finish0 = "";
         for (uint32_t i = 0; i < k->n_ch && i < res->n_choices; i++) {
             choice_t *c = &k->ch[i];
-            const char *piece;
-            size_t len;
-            hpd_text_out_finish(&c->out, &piece, &len);
-            put_text(c, piece, len);
-            if (k->split)
-                hpd_reasoning_finish(&c->reasoning, put_piece, c);
-            if (k->parse_calls)
-                hpd_toolcall_finish(&c->tc, tc_content, tc_call, c);
-            const char *finish = c->out.stopped ? "stop" : res->choices[i].finish_reason;
+            hpd_answer_finish(&c->a);
+            const char *finish = c->a.out.stopped ? "stop" : res->choices[i].finish_reason;
             if (c->n_calls > 0 && strcmp(finish, "stop") == 0)
                 finish = "tool_calls";
             finish0 = i == 0 ? finish : finish0;
-            completion += c->out.stopped ? c->out.n_ids : res->choices[i].n_tokens;
+            completion += c->a.out.stopped ? c->a.out.n_ids : res->choices[i].n_tokens;
             if (k->stream) {
                 send_event(k, envelope(k, json_pack("[o]", choice_json(c, "", 0, finish, false,
                                                                        false, NULL, 0))),
@@ -1189,13 +1169,19 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         c->k = k;
         c->index = i;
         c->text_offset = k->ch[0].text_offset;
-        hpd_reasoning_init(&c->reasoning, hpd_text_chat_opens_think(api->text, thinking));
-        hpd_text_out_init(&c->out, hpd_text_tokenizer(api->text),
-                          (const char *const *)k->stops, k->n_stops);
-        if (k->parse_calls) {
+        hpd_answer_init(&c->a, &(hpd_answer_params_t){
+                                   .text = api->text,
+                                   .stops = (const char *const *)k->stops,
+                                   .n_stops = k->n_stops,
+                                   .split = k->split,
+                                   .opens_think = hpd_text_chat_opens_think(api->text, thinking),
+                                   .parse_calls = k->parse_calls,
+                                   .format = k->tc_format,
+                                   .tools = k->tools,
+                                   .ops = &answer_ops,
+                                   .arg = c});
+        if (k->parse_calls)
             c->calls = json_array();
-            hpd_toolcall_init(&c->tc, k->tc_format, k->tools);
-        }
         if (!k->stream && ((c->text = evbuffer_new()) == NULL ||
                            (k->split && (c->thought = evbuffer_new()) == NULL))) {
             reply_error(req, 500, NULL, NULL, "out of memory");
@@ -1223,7 +1209,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         .prompt_logprobs = k->echo && k->logprobs,
         .grammar = grammar,
         .grammar_len = grammar != NULL ? strlen(grammar) : 0,
-        .grammar_after_think = k->split && k->ch[0].reasoning.state == HPD_REASONING_INSIDE,
+        .grammar_after_think = k->split && k->ch[0].a.rs.state == HPD_REASONING_INSIDE,
         .n = k->n_ch};
     const hpd_coord_sink_t sink = {.tokens = on_tokens, .done = on_done, .arg = k};
     char err[400];

@@ -141,6 +141,12 @@ MODULES = {
         "left_out": {},
         "tests": ["test_grammar"],
     },
+    # One answer's text through its stages, for both doors (coordinator/answer.h).
+    "answer": {
+        "files": ["coordinator/answer.c"],
+        "left_out": {},
+        "tests": ["test_answer"],
+    },
     # Tool calls parsed from a chat answer (coordinator/toolcall.h).
     "toolcall": {
         "files": ["coordinator/toolcall.c"],
