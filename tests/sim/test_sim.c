@@ -1,0 +1,182 @@
+/* The real coordinator (a process) in front of simulated nodes (sim/sim.h,
+ * in this process) under a load (sim/load.h) whose every answer is
+ * checked token by token and by the nodes that served it:
+ * - 200 nodes register and serve 3,000 requests, every one right, every
+ *   decode node used;
+ * - faults from the simulator while the load runs: a decode node dies, one
+ *   stops past the liveness window, one slows down fivefold, two send a
+ *   malformed tokens notice, a prefill node dies: every request is still
+ *   answered right, some after a retry or a hedge. */
+#include "tests/cluster/harness.h"
+
+#include "sim/load.h"
+#include "sim/sim.h"
+
+static cl_t cl;
+static struct event_base *base;
+
+static int setup(void **state)
+{
+    test_tmpdir(cl.root, sizeof(cl.root), "sim");
+    snprintf(cl.token_file, sizeof(cl.token_file), "%s/token", cl.root);
+    snprintf(cl.keys_file, sizeof(cl.keys_file), "%s/client-keys", cl.root);
+    if (hpd_write_file(cl.token_file, "sim-secret\n", 11) != HPD_OK ||
+        hpd_write_file(cl.keys_file, CL_CLIENT_KEY " tests\n", strlen(CL_CLIENT_KEY) + 7) !=
+            HPD_OK)
+        return -1;
+    base = event_base_new();
+    return base != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    event_base_free(base);
+    cl_finish(&cl);
+    return 0;
+}
+
+/* A coordinator with liveness pings (400 ms), room for the load's
+ * requests, and the simulated nodes registered on it. */
+static hpd_sim_t *start(uint32_t n_prefill, uint32_t n_decode)
+{
+    static const char *const extra[] = {"--liveness-ms", "400", "--max-requests", "4096",
+                                        "--heartbeat-ms", "500", "--lease-ms", "10000",
+                                        "--log-level", "warn", NULL};
+    cl_start_coordinator(&cl, "coordinator", extra);
+    const hpd_sim_params_t sp = {.base = base,
+                                 .coord_host = "127.0.0.1",
+                                 .coord_port = cl.port,
+                                 .token = "sim-secret",
+                                 .n_prefill = n_prefill,
+                                 .n_decode = n_decode,
+                                 .prefill_us_per_token = 10,
+                                 .push_us_per_page = 20,
+                                 .step_us = 2000,
+                                 .speed_spread = 0.3,
+                                 .vocab = 5000,
+                                 .slots = 32,
+                                 .pages = 100000,
+                                 .max_context = 8192,
+                                 .seed = 7};
+    hpd_sim_t *sim;
+    assert_int_equal(hpd_sim_create(&sp, &sim), HPD_OK);
+    const double t0 = hpd_time_now();
+    char why[400] = "";
+    while (hpd_sim_registered(sim) < n_prefill + n_decode) {
+        if (hpd_sim_refused(sim, why, sizeof(why)) > 0)
+            fail_msg("a node was refused: %s", why);
+        if (hpd_time_now() - t0 > 60)
+            fail_msg("%u of %u nodes registered after 60 s", hpd_sim_registered(sim),
+                     n_prefill + n_decode);
+        event_base_loop(base, EVLOOP_ONCE);
+        cl_check_alive(&cl);
+    }
+    return sim;
+}
+
+static hpd_load_params_t load_of(const hpd_sim_t *sim, uint32_t requests)
+{
+    return (hpd_load_params_t){.base = base,
+                               .host = "127.0.0.1",
+                               .port = cl.port,
+                               .key = CL_CLIENT_KEY,
+                               .requests = requests,
+                               .window = 256,
+                               .connections = 4,
+                               .prompt_tokens = 48,
+                               .max_tokens = 8,
+                               .vocab = 5000,
+                               .prefixes = 16,
+                               .prefix_tokens = 32,
+                               .seed = 3,
+                               .sim = sim};
+}
+
+static void expect_all_right(const hpd_load_result_t *r, uint32_t requests)
+{
+    print_message("%llu requests: %llu right, %llu wrong, %llu failed, %llu retried in %.2f s "
+                  "(answer p50 %.1f ms, p99 %.1f ms)\n",
+                  (unsigned long long)r->sent, (unsigned long long)r->ok,
+                  (unsigned long long)r->wrong, (unsigned long long)r->failed,
+                  (unsigned long long)r->retried, r->duration_s, r->p50_ms, r->p99_ms);
+    if (r->wrong > 0 || r->failed > 0 || r->ok != requests)
+        fail_msg("%llu of %u right: %s", (unsigned long long)r->ok, requests, r->first_wrong);
+}
+
+static void stop(hpd_sim_t *sim)
+{
+    hpd_sim_destroy(sim);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+static void test_two_hundred_nodes(void **state)
+{
+    cl.cases++;
+    hpd_sim_t *sim = start(60, 140);
+    hpd_load_params_t lp = load_of(sim, 3000);
+    hpd_load_result_t r;
+    assert_int_equal(hpd_load_run(&lp, 120, &r), HPD_OK);
+    expect_all_right(&r, 3000);
+    /* every decode node took a share */
+    uint32_t idle = 0;
+    for (uint32_t i = 60; i < 200; i++)
+        idle += hpd_sim_node_done(sim, i) == 0;
+    if (idle > 0)
+        fail_msg("%u of 140 decode nodes served nothing", idle);
+    stop(sim);
+}
+
+typedef struct {
+    hpd_sim_t *sim;
+    bool done;
+} faults_t;
+
+/* At the first tick (1 s into the load) the faults come. Decode nodes
+ * are 20 .. 59 (20 prefill nodes first). */
+static void faults(void *arg, double t_s, uint32_t answered)
+{
+    faults_t *f = arg;
+    if (f->done)
+        return;
+    f->done = true;
+    assert_int_equal(hpd_sim_fault(f->sim, 20, HPD_SIM_DIE, 0), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 21, HPD_SIM_STOP, 0), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 22, HPD_SIM_SLOW, 5), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 23, HPD_SIM_BAD_NOTICE, 0), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 24, HPD_SIM_BAD_NOTICE, 0), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 0, HPD_SIM_DIE, 0), HPD_OK);
+    assert_int_equal(hpd_sim_fault(f->sim, 0, HPD_SIM_DIE, 0), HPD_ERR_INVALID_ARG);
+}
+
+static void test_faults_under_load(void **state)
+{
+    cl.cases++;
+    hpd_sim_t *sim = start(20, 40);
+    faults_t f = {.sim = sim};
+    hpd_load_params_t lp = load_of(sim, 2400);
+    lp.rate = 1200; /* two seconds of arrivals: the faults land midway */
+    lp.max_tokens = 24;
+    lp.tick = faults;
+    lp.arg = &f;
+    hpd_load_result_t r;
+    assert_int_equal(hpd_load_run(&lp, 120, &r), HPD_OK);
+    assert_true(f.done);
+    expect_all_right(&r, 2400);
+    /* the dead and the stopped decode nodes' requests ran again elsewhere */
+    if (r.retried == 0)
+        fail_msg("no request was retried or hedged");
+    assert_int_equal(hpd_sim_fault(sim, 21, HPD_SIM_RESUME, 0), HPD_OK);
+    stop(sim);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_hundred_nodes),
+        cmocka_unit_test(test_faults_under_load),
+    };
+    const int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed;
+}
