@@ -5,7 +5,9 @@
  * cut is a bogus neighbour entry for d0 inside p0's namespace (its packets
  * to d0 go to a MAC nobody has). Requests placed on the pair p0 -> d0 end
  * when p0's transfer to d0 misses its deadline (--xfer-deadline-ms, 1 s
- * by default, before d0's reservation would expire at 3 s): p0 closes the
+ * by default, plus the bytes at a quarter of the pair's measured rate, at
+ * least 0.1 MB/s: under 4 s for these pushes, before d0's reservation
+ * would expire at 5 s): p0 closes the
  * endpoint and answers that the pair failed, the coordinator avoids d0 for
  * them, they run on p0 -> d1 and are right; none hangs. Once the path
  * heals every page of d0 is free again.
@@ -175,7 +177,9 @@ static void test_cut_path(void **state)
 {
     const char *args[] = {"--host", "0.0.0.0", "--heartbeat-ms", "100", "--lease-ms", "120000",
                           "--max-attempts", "6", NULL};
-    const char *reserve[] = {"--reserve-timeout-ms", "3000", NULL};
+    /* above the deadline's bound (under the sanitizers a pair measures
+     * 0.6 MB/s, and the deadline of a 274 KB push comes 2.9 s after it) */
+    const char *reserve[] = {"--reserve-timeout-ms", "5000", NULL};
     req_t q[N];
     cl_start_coordinator(&cl, "coordinator", args);
     cl_proc_t *p0 = node(0, NULL);
@@ -215,8 +219,8 @@ static void test_cut_path(void **state)
             t_all - t0);
     assert_true(rerouted > 0); /* some were placed on d0 first */
     assert_true(cl_file_has(cl.coord->log, "pair p0 -> d0 failed"));
-    /* found by p0's transfer deadline (1 s + the bytes at the link rate),
-     * before d0's reservation expired (3 s) */
+    /* found by p0's transfer deadline (1 s + the bytes at the pair's rate),
+     * before d0's reservation expired (5 s) */
     assert_true(cl_file_has(p0->log, "to node") && cl_file_has(p0->log, "missed its deadline"));
     assert_false(cl_file_has(d0->log, "expired before it started"));
     /* d0 closed p0's connection before it freed those reservations */
