@@ -22,7 +22,7 @@ typedef struct {
     run_t *run;
     uint32_t index;
     int32_t *prompt;
-    double t_sent, t_done, ttft_ms;
+    double t_sent, t_done, ttft_ms, sched_ms;
     bool done;
 } lreq_t;
 
@@ -120,6 +120,11 @@ static void on_answer(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
                 wrong(k, q, "served by", "nodes of the wrong role", (uint64_t)pn, (uint64_t)dn);
                 ok = false;
             }
+        }
+        if (p->sim != NULL) {
+            const double at = hpd_sim_reserved_at(
+                p->sim, hpd_sim_request_key(q->prompt, p->prompt_tokens, q->index + 1));
+            q->sched_ms = at > 0 ? (at - q->t_sent) * 1e3 : -1;
         }
         k->r->ok += ok;
         k->r->retried += g.attempts > 1;
@@ -246,22 +251,29 @@ hpd_status_t hpd_load_run(const hpd_load_params_t *params, double timeout_s,
     result_p->duration_s = hpd_time_now() - k.t0;
     double *lat = malloc((k.p.requests + 1) * sizeof(double));
     double *ttft = malloc((k.p.requests + 1) * sizeof(double));
-    size_t n = 0;
-    for (uint32_t i = 0; lat != NULL && ttft != NULL && i < k.next; i++)
+    double *sched = malloc((k.p.requests + 1) * sizeof(double));
+    size_t n = 0, n_sched = 0;
+    for (uint32_t i = 0; lat != NULL && ttft != NULL && sched != NULL && i < k.next; i++)
         if (k.reqs[i].done && k.reqs[i].t_done > 0) {
             lat[n] = (k.reqs[i].t_done - k.reqs[i].t_sent) * 1e3;
             ttft[n++] = k.reqs[i].ttft_ms;
+            if (k.reqs[i].sched_ms >= 0 && k.p.sim != NULL)
+                sched[n_sched++] = k.reqs[i].sched_ms;
         }
-    if (lat != NULL && ttft != NULL) {
+    if (lat != NULL && ttft != NULL && sched != NULL) {
         qsort(lat, n, sizeof(double), cmp_double);
         qsort(ttft, n, sizeof(double), cmp_double);
+        qsort(sched, n_sched, sizeof(double), cmp_double);
         result_p->p50_ms = pct(lat, n, 0.5);
         result_p->p99_ms = pct(lat, n, 0.99);
         result_p->p50_ttft_ms = pct(ttft, n, 0.5);
         result_p->p99_ttft_ms = pct(ttft, n, 0.99);
+        result_p->p50_sched_ms = pct(sched, n_sched, 0.5);
+        result_p->p99_sched_ms = pct(sched, n_sched, 0.99);
     }
     free(lat);
     free(ttft);
+    free(sched);
 out:
     /* the clients first: their pending calls' callbacks still see the records */
     k.stopping = true;

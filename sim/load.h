@@ -39,6 +39,9 @@ typedef struct {
     double duration_s;
     double p50_ms, p99_ms;       /* a request's time to its answer */
     double p50_ttft_ms, p99_ttft_ms;
+    /* with the simulator: from the request's send to its first reserve at
+     * a decode node, the coordinator's part of the first token's time */
+    double p50_sched_ms, p99_sched_ms;
     uint64_t tokens;
 } hpd_load_result_t;
 

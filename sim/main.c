@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -30,7 +32,39 @@ static const char usage[] =
     "  --window N            open requests at most (default 256)\n"
     "  --connections N       client connections (default 4)\n"
     "  --prompt-tokens N --max-tokens N --prefixes N --prefix-tokens N\n"
-    "  --seed N\n";
+    "  --seed N\n"
+    "  --coordinator-pid P   report the coordinator's CPU and memory from /proc\n";
+
+/* A process's CPU seconds and its resident and peak memory (KiB), from
+ * /proc; false where it cannot be read. */
+static bool proc_usage(long pid, double *cpu_s_p, long *rss_kib_p, long *hwm_kib_p)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long utime = 0, stime = 0;
+    /* after the name: state, then fields 4 .. 13, then utime and stime */
+    if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+                            &stime) != 2)
+        return false;
+    *cpu_s_p = (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+    snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return false;
+    *rss_kib_p = *hwm_kib_p = 0;
+    while (fgets(buf, sizeof(buf), f) != NULL) {
+        sscanf(buf, "VmRSS: %ld", rss_kib_p);
+        sscanf(buf, "VmHWM: %ld", hwm_kib_p);
+    }
+    fclose(f);
+    return true;
+}
 
 static volatile sig_atomic_t stop;
 static void on_signal(int sig) { stop = 1; }
@@ -45,6 +79,7 @@ int main(int argc, char **argv)
                             .max_tokens = 16, .seed = 1};
     const char *coord = NULL, *token_file = NULL;
     char *token = NULL;
+    long coord_pid = 0;
     static const struct option longs[] = {
         {"coordinator", 1, 0, 'c'}, {"token-file", 1, 0, 't'}, {"client-key", 1, 0, 'k'},
         {"prefill", 1, 0, 'P'}, {"decode", 1, 0, 'D'}, {"prefill-us-per-token", 1, 0, 1},
@@ -52,7 +87,8 @@ int main(int argc, char **argv)
         {"slots", 1, 0, 5}, {"pages", 1, 0, 6}, {"vocab", 1, 0, 7}, {"requests", 1, 0, 8},
         {"rate", 1, 0, 9}, {"window", 1, 0, 10}, {"connections", 1, 0, 11},
         {"prompt-tokens", 1, 0, 12}, {"max-tokens", 1, 0, 13}, {"prefixes", 1, 0, 14},
-        {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"coordinator-pid", 1, 0, 17}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (o) {
@@ -77,6 +113,7 @@ int main(int argc, char **argv)
         case 14: lp.prefixes = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 15: lp.prefix_tokens = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 16: sp.seed = lp.seed = strtoull(optarg, NULL, 10); break;
+        case 17: coord_pid = strtol(optarg, NULL, 10); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -110,6 +147,9 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     struct event_base *base = event_base_new();
     sp.base = lp.base = base;
+    double cpu0 = 0, cpu1 = 0, cpu2 = 0;
+    long rss0 = 0, rss1 = 0, rss2 = 0, hwm = 0;
+    const bool watch = coord_pid > 0 && proc_usage(coord_pid, &cpu0, &rss0, &hwm);
     hpd_sim_t *sim;
     if (hpd_sim_create(&sp, &sim) != HPD_OK) {
         fprintf(stderr, "hpd-sim: cannot start the nodes\n");
@@ -128,13 +168,19 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "hpd-sim: %u nodes registered in %.2f s\n", all, hpd_time_now() - t0);
+    if (watch) { /* the registrations settle: a heartbeat round */
+        const double t1 = hpd_time_now();
+        while (hpd_time_now() - t1 < 2.0)
+            event_base_loop(base, EVLOOP_ONCE);
+        proc_usage(coord_pid, &cpu1, &rss1, &hwm);
+    }
     int rc = 0;
     if (lp.requests > 0) {
         hpd_load_result_t r;
         lp.sim = sim;
         const hpd_status_t st = hpd_load_run(&lp, 600, &r);
-        hpd_sim_stats_t ss;
-        hpd_sim_stats(sim, &ss);
+        if (watch)
+            proc_usage(coord_pid, &cpu2, &rss2, &hwm);
         printf("requests %llu ok %llu wrong %llu failed %llu retried %llu in %.2f s: "
                "%.0f requests/s, %.0f tokens/s; answer p50 %.1f ms p99 %.1f ms; "
                "ttft p50 %.1f ms p99 %.1f ms; nodes %u\n",
@@ -142,6 +188,27 @@ int main(int argc, char **argv)
                (unsigned long long)r.wrong, (unsigned long long)r.failed,
                (unsigned long long)r.retried, r.duration_s, r.ok / r.duration_s,
                r.tokens / r.duration_s, r.p50_ms, r.p99_ms, r.p50_ttft_ms, r.p99_ttft_ms, all);
+        printf("the coordinator's delay to the first reserve: p50 %.2f ms p99 %.2f ms\n",
+               r.p50_sched_ms, r.p99_sched_ms);
+        /* load balance: decode jobs finished per decode node */
+        double sum = 0, sq = 0, most = 0;
+        for (uint32_t i = sp.n_prefill; i < all; i++) {
+            const double d = (double)hpd_sim_node_done(sim, i);
+            sum += d;
+            sq += d * d;
+            most = d > most ? d : most;
+        }
+        const double mean = sum / sp.n_decode;
+        printf("decode jobs per decode node: mean %.1f, max %.0f (%.2fx the mean), "
+               "coefficient of variation %.3f\n", mean, most, mean > 0 ? most / mean : 0,
+               mean > 0 ? sqrt(HPD_MAX(0.0, sq / sp.n_decode - mean * mean)) / mean : 0);
+        if (watch)
+            printf("coordinator: %.2f CPU s for the load, %.0f requests per CPU second; "
+                   "memory %ld KiB idle, %.1f KiB per node, peak %ld KiB (%.1f KiB per "
+                   "request of a window of %u)\n",
+                   cpu2 - cpu1, r.ok / HPD_MAX(1e-9, cpu2 - cpu1), rss0,
+                   (double)(rss1 - rss0) / all, hwm,
+                   (double)(hwm - rss1) / HPD_MAX(1u, lp.window), lp.window);
         if (r.first_wrong[0])
             printf("first wrong: %s\n", r.first_wrong);
         rc = st == HPD_OK && r.ok == r.sent ? 0 : 1;

@@ -62,6 +62,7 @@ typedef struct {
     uint64_t key; /* hpd_sim_request_key; 0: an empty entry */
     int32_t prefill, decode;
     uint32_t jobs;
+    double t_reserve; /* its first reserve */
 } served_t;
 
 struct hpd_sim {
@@ -312,8 +313,8 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     n->slots_used += n_ch;
     n->pages_used += pages;
     served_t *e = served_of(s, j->key);
-    if (e != NULL)
-        e->jobs++;
+    if (e != NULL && e->jobs++ == 0)
+        e->t_reserve = hpd_time_now();
     hpd_msg_free(&hpd_msg_reserve, &m);
     /* one pack group of one page: nothing is ever written there */
     static const uint8_t tables[] = {0x91, 0x91, 0x01}; /* msgpack [[1]] */
@@ -757,6 +758,12 @@ uint32_t hpd_sim_refused(const hpd_sim_t *sim, char *why, size_t len)
 const char *hpd_sim_node_name(const hpd_sim_t *sim, uint32_t node)
 {
     return node < sim->n_nodes ? sim->nodes[node].name : "";
+}
+
+double hpd_sim_reserved_at(const hpd_sim_t *sim, uint64_t key)
+{
+    const served_t *e = served_slot((hpd_sim_t *)sim, key);
+    return e->key == key ? e->t_reserve : 0;
 }
 
 uint64_t hpd_sim_node_done(const hpd_sim_t *sim, uint32_t node)

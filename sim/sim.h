@@ -66,6 +66,11 @@ uint64_t hpd_sim_request_key(const int32_t *prompt, uint32_t n_prompt, uint64_t 
 bool hpd_sim_served(const hpd_sim_t *sim, uint64_t key, int32_t *prefill_p, int32_t *decode_p,
                     uint32_t *jobs_p);
 
+/* When the first reserve of the request of key reached a decode node
+ * (hpd_time_now's clock; 0: none): the load generator, in the same
+ * process, takes the coordinator's scheduling delay from it. */
+double hpd_sim_reserved_at(const hpd_sim_t *sim, uint64_t key);
+
 /* A node by index: prefill nodes 0 .. n_prefill - 1, then decode nodes. */
 const char *hpd_sim_node_name(const hpd_sim_t *sim, uint32_t node);
 bool hpd_sim_node_prefill(const hpd_sim_t *sim, uint32_t node);
