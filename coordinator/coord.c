@@ -40,7 +40,7 @@ typedef struct {
 
 static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
                       uint32_t max_tokens, const int32_t *stop_ids, uint32_t n_stop,
-                      uint32_t n_ch, bool logprobs, req_t **at);
+                      uint32_t n_ch, bool logprobs, req_t *after);
 static bool attempt_healthy(const req_t *r);
 static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *pages_p);
 static call_ctx_t *ctx_new(hpd_coord_t *c, uint64_t job, uint64_t node);
@@ -124,8 +124,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
                                   .open_requests = c->n_reqs,
                                   .max_requests = c->o.max_requests};
     const int64_t code = hpd_admit(view, n, &as, &g, err, err_len);
-    free(view);
-    free(map);
+    (void)map;
     if (code != 0) {
         if (code == HPD_RPC_ERR_OVERLOADED) {
             c->rejected++;
@@ -135,9 +134,6 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
         }
         return code;
     }
-    req_t **tail = &c->reqs;
-    while (*tail != NULL)
-        tail = &(*tail)->next;
     hpd_token_logprobs_t *plp = NULL;
     char *grammar = NULL;
     const int32_t think_end = q->grammar_after_think && c->text != NULL
@@ -150,7 +146,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     if ((q->grammar != NULL && grammar == NULL) ||
         (q->prompt_logprobs && (plp = calloc(q->n_prompt, sizeof(*plp))) == NULL) ||
         (r = req_new(c, q->prompt, q->n_prompt, q->max_tokens, q->stop_ids, q->n_stop,
-                     HPD_MAX(1u, q->n), q->logprobs, tail)) == NULL) {
+                     HPD_MAX(1u, q->n), q->logprobs, NULL)) == NULL) {
         free(plp);
         free(grammar);
         snprintf(err, err_len, "generate: out of memory");
@@ -190,10 +186,14 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
 /* A request of n_ch choices with its own copies of the prompt, the stop
  * ids and the prefix hashes, room for its tokens (their logprobs with
  * logprobs), queued at *at; NULL: out of memory. */
+/* A request of the context's (linked after `after`, at the end for
+ * NULL), with room for its jobs' entry in c->jobs. NULL: out of memory. */
 static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
                       uint32_t max_tokens, const int32_t *stop_ids, uint32_t n_stop,
-                      uint32_t n_ch, bool logprobs, req_t **at)
+                      uint32_t n_ch, bool logprobs, req_t *after)
 {
+    if (hpd_u64map_reserve(&c->jobs, c->n_all + 1) != HPD_OK) /* one job each at most */
+        return NULL;
     req_t *r = calloc(1, sizeof(*r));
     bool ok = r != NULL;
     for (uint32_t k = 0; ok && k < n_ch; k++)
@@ -225,17 +225,34 @@ static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
     hpd_prefix_hash_chain(&c->root, r->prompt, r->n_prompt / HPD_PREFIX_BLOCK, r->hashes);
     r->id = ++c->next_req;
     r->t_submit = r->t_queued = hpd_time_now();
-    r->next = *at;
-    *at = r;
+    c->n_all++;
+    r->prev = after != NULL ? after : c->reqs_tail;
+    r->next = r->prev != NULL ? r->prev->next : NULL;
+    if (r->prev != NULL)
+        r->prev->next = r;
+    else
+        c->reqs = r;
+    if (r->next != NULL)
+        r->next->prev = r;
+    else
+        c->reqs_tail = r;
     return r;
+}
+
+/* r's current attempt is job (0: none), found by it in c->jobs (room for
+ * it was made with the request). */
+static void set_job(hpd_coord_t *c, req_t *r, uint64_t job)
+{
+    if (r->job != 0)
+        hpd_u64map_del(&c->jobs, r->job);
+    r->job = job;
+    if (job != 0)
+        (void)hpd_u64map_put(&c->jobs, job, r);
 }
 
 static req_t *req_by_job(hpd_coord_t *c, uint64_t job)
 {
-    for (req_t *r = c->reqs; r != NULL; r = r->next)
-        if (r->job == job)
-            return r;
-    return NULL;
+    return hpd_u64map_get(&c->jobs, job);
 }
 
 /* ------------------------------------------------------------ scheduling */
@@ -271,8 +288,6 @@ static void schedule(hpd_coord_t *c)
                                         .max_tokens = r->max_tokens,
                                         .n_choices = r->n_ch};
             const bool placeable = v == NULL || hpd_admit_placeable(v, n, &rr, &pages, &largest);
-            free(v);
-            free(map);
             if (placeable)
                 break;
             if (pages == 0)
@@ -289,13 +304,14 @@ static void schedule(hpd_coord_t *c)
         /* a prefill node that could take it now, or the request waits */
         if (!hpd_reg_prefill_can_take(c, r->n_prompt))
             break;
-        r->job = ++c->next_job;
+        set_job(c, r, ++c->next_job);
         r->own_over = false; /* an attempt of its own again */
         r->dnode = d;
         r->dpages = pages;
         r->probe_d = hpd_breaker_placed(&d->breaker, hpd_time_now());
         d->slots_reserved += r->n_ch;
         d->pages_reserved += pages;
+        hpd_reg_view_sync(d);
         req_event(c, r, HPD_REQ_EV_PLACED, "placed on %s", d->name);
         hpd_metric_observe(c->m.queue_wait, hpd_time_now() - r->t_queued);
         hpd_rpc_buf_t b, samp;
@@ -364,8 +380,6 @@ static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *page
     const int i = prefill ? hpd_route_prefill(v, n, &rr) : hpd_route_decode(v, n, &rr, pages_p);
     if (i >= 0)
         chosen = map[i];
-    free(v);
-    free(map);
     return chosen;
 }
 
@@ -418,10 +432,12 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
     if (p.unbook_decode && d != NULL) {
         d->slots_reserved -= r->n_ch;
         d->pages_reserved -= r->dpages;
+        hpd_reg_view_sync(d);
     }
     if (p.unbook_prefill && pn != NULL) {
         pn->jobs--;
         pn->queued_tokens -= r->n_prompt;
+        hpd_reg_view_sync(pn);
     }
     if (p.cancel_prefill && pn != NULL) {
         call_ctx_t *x = ctx_new(c, r->job, p.cancel_decode && d != NULL ? d->id : 0);
@@ -441,7 +457,7 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
         probes_over(r);
         r->dnode = r->pnode = NULL;
         r->dpages = 0;
-        r->job = 0;
+        set_job(c, r, 0);
         r->lost_writer = 0;
     }
     if (p.verdict == HPD_REQ_FAIL && p.gave_up && r->hedge != NULL) {
@@ -583,6 +599,7 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
     r->probe_p = hpd_breaker_placed(&p->breaker, hpd_time_now());
     p->jobs++;
     p->queued_tokens += r->n_prompt;
+    hpd_reg_view_sync(p);
     req_event(c, r, HPD_REQ_EV_RESERVED, "reserved on %s", d->name);
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "job %llu: prefill on %s, decode on %s",
                   (unsigned long long)job, p->name, d->name);
@@ -936,7 +953,7 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     if (r->n_ch > 1)
         return false; /* its choices run again (a hedge replays one answer) */
     req_t *h = req_new(c, r->prompt, r->n_prompt, r->max_tokens, r->stop_ids, r->n_stop, 1,
-                       r->ch[0].lp != NULL, &r->next);
+                       r->ch[0].lp != NULL, r);
     if (h == NULL)
         return false;
     h->is_hedge = true;
@@ -1133,10 +1150,14 @@ static void on_prefill_canceled(void *arg, hpd_status_t st, const hpd_rpc_msg_t 
  * moved off a suspect node) and the next request may probe. */
 static void probes_over(req_t *r)
 {
-    if (r->probe_p && r->pnode != NULL)
+    if (r->probe_p && r->pnode != NULL) {
         hpd_breaker_probe_ended(&r->pnode->breaker);
-    if (r->probe_d && r->dnode != NULL)
+        hpd_reg_view_sync(r->pnode);
+    }
+    if (r->probe_d && r->dnode != NULL) {
         hpd_breaker_probe_ended(&r->dnode->breaker);
+        hpd_reg_view_sync(r->dnode);
+    }
     r->probe_p = r->probe_d = false;
 }
 
@@ -1147,12 +1168,17 @@ static void req_free(hpd_coord_t *c, req_t *r)
         r->hedge->primary = NULL;
     if (r->primary != NULL)
         r->primary->hedge = NULL;
-    for (req_t **pp = &c->reqs; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
+    set_job(c, r, 0);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        c->reqs = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    else
+        c->reqs_tail = r->prev;
     c->n_reqs -= !r->is_hedge;
+    c->n_all--;
     free(r->prompt);
     free(r->stop_ids);
     free(r->hashes);
@@ -1512,7 +1538,7 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
     if (o->model_dir != NULL && (st = hpd_text_load(o->model_dir, &c->text, err, err_len)) !=
                                     HPD_OK)
         goto fail;
-    if ((st = metrics_init(&c->m)) != HPD_OK) {
+    if ((st = metrics_init(&c->m)) != HPD_OK || (st = hpd_reg_view_init(c)) != HPD_OK) {
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
@@ -1578,6 +1604,11 @@ void hpd_coord_destroy(hpd_coord_t *c)
     free(c->token);
     hpd_credentials_destroy(c->creds);
     hpd_text_destroy(c->text);
+    hpd_u64map_free(&c->node_ids);
+    hpd_u64map_free(&c->jobs);
+    free(c->view);
+    free(c->view_map);
+    free(c->watched);
     free(c);
 }
 

@@ -12,6 +12,7 @@
 
 #include "cache/prefix_hash.h"
 #include "common/metrics.h"
+#include "common/u64map.h"
 #include "coordinator/alive.h"
 #include "coordinator/breaker.h"
 #include "coordinator/coordinator.h"
@@ -63,6 +64,11 @@ typedef struct node {
     bool have_summary;
     char *stats; /* last heartbeat without the summary, packed */
     size_t stats_len;
+    /* its entry in the context's route view (while registered), kept up to
+     * date by hpd_reg_view_sync; watched: its breaker's state changes
+     * with time, so the view reads it again at each pick */
+    size_t view_idx;
+    bool in_view, watched;
     struct node *next;
 } node_t;
 
@@ -122,7 +128,7 @@ typedef struct req {
     double t_submit, t_queued, t_first;
     uint32_t cached_tokens;
     float prefill_ms, push_ms, exposed_push_ms;
-    struct req *next;
+    struct req *next, *prev;
 } req_t;
 
 /* docs/operations.md lists these. */
@@ -146,8 +152,18 @@ struct hpd_coord {
     char *token;
     node_t *nodes;
     node_t *dead; /* waiting for the reaper */
-    req_t *reqs;  /* in arrival order */
-    uint32_t n_reqs;
+    req_t *reqs, *reqs_tail; /* in arrival order (a hedge after its primary) */
+    uint32_t n_reqs;         /* the clients' (hedges not counted) */
+    uint32_t n_all;          /* ... and the hedges */
+    hpd_u64map_t node_ids; /* the registered nodes (c->nodes) by id */
+    hpd_u64map_t jobs;     /* requests by their current attempt's job id */
+    /* the registry as routing sees it (hpd_reg_route_view): an entry per
+     * registered node, written when the node changes, not at each pick */
+    hpd_route_node_t *view;
+    node_t **view_map;
+    size_t view_n, view_cap;
+    node_t **watched; /* nodes whose breaker's state changes with time */
+    size_t n_watched, watched_cap;
     uint64_t next_node, next_req, next_job;
     uint64_t stale_registrations; /* register calls refused as stale (older incarnation) */
     uint8_t fingerprint[16];
@@ -170,11 +186,18 @@ const char *hpd_reg_role_name(const node_t *n);
  * and in rotation. */
 bool hpd_reg_node_usable(const node_t *x, double now);
 /* Whether some prefill node could take a prompt of n_prompt tokens now. */
-bool hpd_reg_prefill_can_take(const hpd_coord_t *c, uint32_t n_prompt);
+bool hpd_reg_prefill_can_take(hpd_coord_t *c, uint32_t n_prompt);
 /* The registry as the routing policy sees it (coordinator/routing.h):
- * [*n_p] nodes, map_p[i] the node of entry i; both freed by the caller.
- * NULL: out of memory. */
+ * [*n_p] nodes, map_p[i] the node of entry i; both the context's, valid
+ * until the registry changes. Entries are written when their node
+ * changes (hpd_reg_view_sync); only nodes whose breaker's state changes
+ * with time are read again here. */
 hpd_route_node_t *hpd_reg_route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p);
+/* n changed what routing sees of it (its reservations, jobs, breaker,
+ * draining, suspicion, summary): its view entry is written again. */
+void hpd_reg_view_sync(node_t *n);
+/* The view's first room (at the context's creation). */
+hpd_status_t hpd_reg_view_init(hpd_coord_t *c);
 /* A pair of nodes failed a request, or a probe of theirs succeeded
  * (coordinator/breaker.h). */
 void hpd_reg_pair_failed(hpd_coord_t *c, node_t *p, node_t *d, const char *why);

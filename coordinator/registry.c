@@ -10,12 +10,16 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "node/msg.h"
 #include "transport/xfer_info.h"
 
 static void on_node_close(void *arg, hpd_status_t why);
+static hpd_status_t view_room(hpd_coord_t *c, size_t n);
+static void view_add(hpd_coord_t *c, node_t *x);
+static void view_remove(hpd_coord_t *c, node_t *x);
 static void judge_liveness(hpd_coord_t *c, node_t *n, double now);
 
 /* ------------------------------------------------------------ a node registers */
@@ -161,6 +165,12 @@ void hpd_reg_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
                                   .timeout_ms = 30000,
                                   .on_notify = hpd_core_on_node_notify,
                                   .on_close = on_node_close};
+    if (hpd_u64map_reserve(&c->node_ids, c->node_ids.n + 1) != HPD_OK ||
+        view_room(c, c->view_n + 1) != HPD_OK) {
+        snprintf(err.text, sizeof(err.text), "register: out of memory");
+        free(n->xfer_info);
+        goto bad;
+    }
     n->id = ++c->next_node;
     n->port = (uint16_t)port;
     n->coord = c;
@@ -186,6 +196,8 @@ void hpd_reg_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     n->lease_until = hpd_time_now() + c->o.lease_ms / 1000.0;
     n->next = c->nodes;
     c->nodes = n;
+    (void)hpd_u64map_put(&c->node_ids, n->id, n); /* room was made above */
+    view_add(c, n);
     HPD_LOG_INFO(LOG_COMPONENT, "%s node %s (%llu) registered from %s:%u, tp %u, kv layout "
                  "%u,%u,%s, %u pages, %u slots", role, n->name, (unsigned long long)n->id,
                  n->host, port, n->tp,
@@ -263,6 +275,7 @@ void hpd_reg_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     const bool draining = m.draining;
     if (draining != n->draining) {
         n->draining = draining;
+        hpd_reg_view_sync(n);
         HPD_LOG_INFO(LOG_COMPONENT, "%s node %s %s", n->role == ROLE_PREFILL ? "prefill" : "decode",
                      n->name, draining ? "is draining: no new work goes there" : "serves again");
         if (!draining)
@@ -270,7 +283,10 @@ void hpd_reg_heartbeat(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *
     }
     if (m.prefix_summary_len == SUMMARY_BYTES) {
         memcpy(n->summary, m.prefix_summary, SUMMARY_BYTES);
-        n->have_summary = true;
+        if (!n->have_summary) {
+            n->have_summary = true;
+            hpd_reg_view_sync(n);
+        }
     }
     /* keep the rest for status */
     hpd_rpc_buf_t b;
@@ -318,6 +334,7 @@ void hpd_reg_alive(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *para
     hpd_alive_ping(&n->liveness, hpd_time_now());
     if (n->suspect) {
         n->suspect = false;
+        hpd_reg_view_sync(n);
         HPD_LOG_INFO(LOG_COMPONENT, "%s node %s pings again: it takes work again",
                      hpd_reg_role_name(n), n->name);
         hpd_core_schedule_soon(c);
@@ -358,6 +375,7 @@ static void judge_liveness(hpd_coord_t *c, node_t *n, double now)
     if (v != HPD_ALIVE_SUSPECT || n->suspect)
         return;
     n->suspect = true;
+    hpd_reg_view_sync(n);
     hpd_metric_inc(c->m.suspects, 1);
     uint32_t hedged = 0, moved = 0;
     hpd_core_node_suspect(c, n, now, &hedged, &moved);
@@ -387,6 +405,8 @@ void hpd_reg_node_lost(hpd_coord_t *c, node_t *n, const char *why)
             *pp = n->next;
             break;
         }
+    hpd_u64map_del(&c->node_ids, n->id);
+    view_remove(c, n);
     if (n->reg_conn != NULL)
         hpd_rpc_conn_close(n->reg_conn, false);
     n->next = c->dead;
@@ -414,10 +434,7 @@ void hpd_reg_on_reap(evutil_socket_t fd, short what, void *arg)
 
 node_t *hpd_reg_node_by_id(hpd_coord_t *c, uint64_t id)
 {
-    for (node_t *n = c->nodes; n != NULL; n = n->next)
-        if (n->id == id)
-            return n;
-    return NULL;
+    return hpd_u64map_get(&c->node_ids, id);
 }
 
 const char *hpd_reg_role_name(const node_t *n)
@@ -434,48 +451,150 @@ bool hpd_reg_node_usable(const node_t *x, double now)
 
 /* Whether some prefill node could take a prompt of n_prompt tokens now
  * (hpd_route_prefill's choice without its prefix-cache costing). */
-bool hpd_reg_prefill_can_take(const hpd_coord_t *c, uint32_t n_prompt)
+bool hpd_reg_prefill_can_take(hpd_coord_t *c, uint32_t n_prompt)
 {
-    const double now = hpd_time_now();
-    for (const node_t *x = c->nodes; x != NULL; x = x->next)
-        if (x->role == ROLE_PREFILL && hpd_reg_node_usable(x, now) && x->max_context > n_prompt)
+    size_t n;
+    node_t **map;
+    const hpd_route_node_t *v = hpd_reg_route_view(c, &n, &map);
+    for (size_t i = 0; i < n; i++)
+        if (v[i].prefill && v[i].usable && v[i].max_context > n_prompt)
             return true;
     return false;
 }
 
-/* The registry as the routing policy sees it (coordinator/routing.h). */
+/* ------------------------------------------------------------ the route view */
+
+static bool time_dependent(const node_t *x)
+{
+    return x->breaker.open_until != 0 || x->breaker.probe_since != 0;
+}
+
+static void view_fill(hpd_coord_t *c, const node_t *x, double now)
+{
+    c->view[x->view_idx] = (hpd_route_node_t){.id = x->id,
+                                              .prefill = x->role == ROLE_PREFILL,
+                                              .usable = hpd_reg_node_usable(x, now),
+                                              .max_context = x->max_context,
+                                              .vocab = x->vocab,
+                                              .summary = x->have_summary ? x->summary : NULL,
+                                              .summary_bytes = SUMMARY_BYTES,
+                                              .queued_tokens = x->queued_tokens,
+                                              .slots = x->slots,
+                                              .slots_reserved = x->slots_reserved,
+                                              .pages = x->pages,
+                                              .pages_reserved = x->pages_reserved,
+                                              .layout = x->layout};
+}
+
+static hpd_status_t view_room(hpd_coord_t *c, size_t n)
+{
+    if (n <= c->view_cap)
+        return HPD_OK;
+    const size_t cap = HPD_MAX(2 * c->view_cap, n);
+    hpd_route_node_t *v = realloc(c->view, cap * sizeof(*v));
+    if (v == NULL)
+        return HPD_ERR_NO_MEMORY;
+    c->view = v;
+    node_t **map = realloc(c->view_map, cap * sizeof(*map));
+    node_t **w = map != NULL ? realloc(c->watched, cap * sizeof(*w)) : NULL;
+    if (map != NULL)
+        c->view_map = map;
+    if (w == NULL)
+        return HPD_ERR_NO_MEMORY;
+    c->watched = w;
+    c->view_cap = c->watched_cap = cap;
+    return HPD_OK;
+}
+
+hpd_status_t hpd_reg_view_init(hpd_coord_t *c)
+{
+    return view_room(c, 16);
+}
+
+void hpd_reg_view_sync(node_t *x)
+{
+    hpd_coord_t *c = x->coord;
+    if (!x->in_view)
+        return;
+    view_fill(c, x, hpd_time_now());
+    if (time_dependent(x) && !x->watched) { /* (room: one slot a node) */
+        c->watched[c->n_watched++] = x;
+        x->watched = true;
+    }
+}
+
+/* A registered node's entry, first: the view keeps the registry's order
+ * (the newest node first, which routing prefers among equals). Room was
+ * made with view_room; registrations are rare, so the shift is cheap. */
+static void view_add(hpd_coord_t *c, node_t *x)
+{
+    memmove(c->view + 1, c->view, c->view_n * sizeof(*c->view));
+    memmove(c->view_map + 1, c->view_map, c->view_n * sizeof(*c->view_map));
+    c->view_n++;
+    for (size_t i = 1; i < c->view_n; i++)
+        c->view_map[i]->view_idx = i;
+    x->view_idx = 0;
+    c->view_map[0] = x;
+    x->in_view = true;
+    hpd_reg_view_sync(x);
+}
+
+static void unwatch(hpd_coord_t *c, size_t i)
+{
+    c->watched[i]->watched = false;
+    c->watched[i] = c->watched[--c->n_watched];
+}
+
+/* A lost node's entry goes; the rest keep their order. */
+static void view_remove(hpd_coord_t *c, node_t *x)
+{
+    if (!x->in_view)
+        return;
+    const size_t at = x->view_idx;
+    memmove(c->view + at, c->view + at + 1, (c->view_n - at - 1) * sizeof(*c->view));
+    memmove(c->view_map + at, c->view_map + at + 1, (c->view_n - at - 1) * sizeof(*c->view_map));
+    c->view_n--;
+    for (size_t i = at; i < c->view_n; i++)
+        c->view_map[i]->view_idx = i;
+    x->in_view = false;
+    for (size_t i = 0; x->watched && i < c->n_watched; i++)
+        if (c->watched[i] == x)
+            unwatch(c, i);
+}
+
+#ifdef HPD_DEBUG
+/* Debug builds: every entry is what its node says now (a change without
+ * its hpd_reg_view_sync would route on stale books). */
+static void view_check(hpd_coord_t *c, double now)
+{
+    for (size_t i = 0; i < c->view_n; i++) {
+        const node_t *x = c->view_map[i];
+        const hpd_route_node_t *e = &c->view[i];
+        HPD_ASSERT_ALWAYS(x->view_idx == i && x->in_view && e->id == x->id);
+        HPD_ASSERT_ALWAYS(e->usable == hpd_reg_node_usable(x, now) || time_dependent(x));
+        HPD_ASSERT_ALWAYS(e->slots_reserved == x->slots_reserved &&
+                          e->pages_reserved == x->pages_reserved &&
+                          e->queued_tokens == x->queued_tokens &&
+                          (e->summary != NULL) == x->have_summary);
+    }
+}
+#endif
+
 hpd_route_node_t *hpd_reg_route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_p)
 {
-    size_t n = 0, i = 0;
     const double now = hpd_time_now();
-    for (node_t *x = c->nodes; x != NULL; x = x->next)
-        n++;
-    hpd_route_node_t *v = calloc(n ? n : 1, sizeof(*v));
-    node_t **map = calloc(n ? n : 1, sizeof(*map));
-    if (v == NULL || map == NULL) {
-        free(v);
-        free(map);
-        return NULL;
+    for (size_t i = c->n_watched; i-- > 0;) {
+        node_t *x = c->watched[i];
+        view_fill(c, x, now);
+        if (!time_dependent(x))
+            unwatch(c, i);
     }
-    for (node_t *x = c->nodes; x != NULL; x = x->next, i++) {
-        map[i] = x;
-        v[i] = (hpd_route_node_t){.id = x->id,
-                                  .prefill = x->role == ROLE_PREFILL,
-                                  .usable = hpd_reg_node_usable(x, now),
-                                  .max_context = x->max_context,
-                                  .vocab = x->vocab,
-                                  .summary = x->have_summary ? x->summary : NULL,
-                                  .summary_bytes = SUMMARY_BYTES,
-                                  .queued_tokens = x->queued_tokens,
-                                  .slots = x->slots,
-                                  .slots_reserved = x->slots_reserved,
-                                  .pages = x->pages,
-                                  .pages_reserved = x->pages_reserved,
-                                  .layout = x->layout};
-    }
-    *n_p = n;
-    *map_p = map;
-    return v;
+#ifdef HPD_DEBUG
+    view_check(c, now);
+#endif
+    *n_p = c->view_n;
+    *map_p = c->view_map;
+    return c->view;
 }
 
 void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_context_p)
@@ -514,7 +633,10 @@ void hpd_reg_pair_failed(hpd_coord_t *c, node_t *p, node_t *d, const char *why)
         if (n == NULL)
             continue;
         const uint32_t others = usable_of(c, n->role == ROLE_PREFILL ? ROLE_DECODE : ROLE_PREFILL);
-        if (!hpd_breaker_failure(&n->breaker, other != NULL ? other->id : 0, others, now))
+        const bool opened =
+            hpd_breaker_failure(&n->breaker, other != NULL ? other->id : 0, others, now);
+        hpd_reg_view_sync(n);
+        if (!opened)
             continue;
         hpd_metric_inc(c->m.breaker_openings, 1);
         HPD_LOG_WARN(LOG_COMPONENT, "%s node %s out of rotation for %.1f s after %u failed "
@@ -527,10 +649,14 @@ void hpd_reg_pair_failed(hpd_coord_t *c, node_t *p, node_t *d, const char *why)
 void hpd_reg_pair_ok(node_t *p, node_t *d)
 {
     node_t *both[2] = {p, d};
-    for (int i = 0; i < 2; i++)
-        if (both[i] != NULL && hpd_breaker_success(&both[i]->breaker))
+    for (int i = 0; i < 2; i++) {
+        if (both[i] == NULL)
+            continue;
+        if (hpd_breaker_success(&both[i]->breaker))
             HPD_LOG_INFO(LOG_COMPONENT, "%s node %s back in rotation: a probe succeeded",
                          hpd_reg_role_name(both[i]), both[i]->name);
+        hpd_reg_view_sync(both[i]);
+    }
 }
 
 /* ------------------------------------------------------------ status */
