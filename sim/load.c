@@ -161,6 +161,7 @@ static void send_one(run_t *k)
     q->t_sent = hpd_time_now();
     k->r->sent++;
     k->open++;
+    k->r->peak_open = HPD_MAX(k->r->peak_open, k->open);
     if (hpd_rpc_call(k->cl[q->index % k->n_cl], "generate", &b, 0, on_answer, q) != HPD_OK) {
         k->open--;
         q->done = true;

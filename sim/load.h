@@ -43,6 +43,7 @@ typedef struct {
      * a decode node, the coordinator's part of the first token's time */
     double p50_sched_ms, p99_sched_ms;
     uint64_t tokens;
+    uint32_t peak_open; /* requests open at once, at most */
 } hpd_load_result_t;
 
 /* Runs the load until every request was answered (or timeout_s passed:

@@ -205,10 +205,10 @@ int main(int argc, char **argv)
         if (watch)
             printf("coordinator: %.2f CPU s for the load, %.0f requests per CPU second; "
                    "memory %ld KiB idle, %.1f KiB per node, peak %ld KiB (%.1f KiB per "
-                   "request of a window of %u)\n",
+                   "request of the %u open at most)\n",
                    cpu2 - cpu1, r.ok / HPD_MAX(1e-9, cpu2 - cpu1), rss0,
                    (double)(rss1 - rss0) / all, hwm,
-                   (double)(hwm - rss1) / HPD_MAX(1u, lp.window), lp.window);
+                   (double)(hwm - rss1) / HPD_MAX(1u, r.peak_open), r.peak_open);
         if (r.first_wrong[0])
             printf("first wrong: %s\n", r.first_wrong);
         rc = st == HPD_OK && r.ok == r.sent ? 0 : 1;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The coordinator at scale (docs/benchmarks.md, "The coordinator at
+# scale"): hpd-coordinator in front of NODES simulated nodes (hpd-sim, a
+# quarter prefill), pinned to one core with the nodes and the load on the
+# other. Two runs, each on a fresh coordinator: REQUESTS as fast as a
+# window of 1,024 open ones allows (the throughput), then Poisson arrivals
+# at 80 % of that (the delay the coordinator adds at load). Every answer is
+# checked token by token and by the nodes that served it. Prints each run's
+# line from hpd-sim and the ratio of the requests routed per coordinator
+# CPU second to issue 39's goal (20,000).
+#   bash bench/coordinator.sh [NODES] [REQUESTS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh > /dev/null
+nodes=${1:-1000}
+requests=${2:-20000}
+prefill=$((nodes / 4))
+decode=$((nodes - prefill))
+goal=20000
+ulimit -n "$(ulimit -Hn)"
+dir=$(mktemp -d)
+coord=
+cleanup() {
+    [ -n "$coord" ] && kill "$coord" 2> /dev/null && wait "$coord" 2> /dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+printf 'bench-secret\n' > "$dir/token"
+key=bench-client-key-0123456789abcdef
+printf '%s bench\n' "$key" > "$dir/keys"
+pin_coord=() pin_sim=()
+if command -v taskset > /dev/null && [ "$(nproc)" -ge 2 ]; then
+    pin_coord=(taskset -c 0)
+    pin_sim=(taskset -c 1-$(($(nproc) - 1)))
+fi
+
+start_coordinator() {
+    rm -f "$dir/port"
+    "${pin_coord[@]}" ./build/coordinator/hpd-coordinator --host 127.0.0.1 --port 0 \
+        --port-file "$dir/port" --token-file "$dir/token" --client-keys-file "$dir/keys" \
+        --max-requests 100000 --max-connections $((4 * nodes + 256)) --log-level warn \
+        > "$dir/coordinator.log" 2>&1 &
+    coord=$!
+    for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
+    [ -s "$dir/port" ] || { cat "$dir/coordinator.log"; exit 1; }
+}
+
+stop_coordinator() {
+    kill "$coord"
+    wait "$coord" || true
+    coord=
+}
+
+run() { # extra hpd-sim flags
+    start_coordinator
+    "${pin_sim[@]}" ./build/sim/hpd-sim --coordinator "127.0.0.1:$(cat "$dir/port")" \
+        --token-file "$dir/token" --client-key "$key" --prefill "$prefill" --decode "$decode" \
+        --requests "$requests" --connections 8 --prompt-tokens 256 --max-tokens 8 \
+        --prefixes 64 --prefix-tokens 128 --step-us 20000 --prefill-us-per-token 1 \
+        --push-us-per-page 1 --coordinator-pid "$coord" "$@" | tee "$dir/run.txt"
+    stop_coordinator
+}
+
+echo "== $nodes nodes ($prefill prefill, $decode decode), $requests requests of 256 prompt" \
+     "and 8 new tokens: as fast as a window of 1024 allows"
+run --window 1024
+rate=$(sed -n 's/.*s: \([0-9]*\) requests\/s.*/\1/p' "$dir/run.txt")
+per_cpu=$(sed -n 's/.*, \([0-9]*\) requests per CPU second.*/\1/p' "$dir/run.txt")
+echo "== Poisson arrivals at 80 % of that: $((rate * 8 / 10)) a second"
+run --window 100000 --rate $((rate * 8 / 10))
+awk -v a="$per_cpu" -v g="$goal" 'BEGIN {
+    printf "requests routed per coordinator CPU second: %d; the goal %d; ratio %.3f\n",
+           a, g, a / g }'
