@@ -69,6 +69,12 @@ const hpd_opt_t hpd_options[] = {
         NULL),
     INT("max-connections", U32, 4, 1u << 20, 1, NULL, "open RPC connections, clients and\n"
         "nodes; half at most unauthenticated (1024, or what the fd limit allows)", C, NULL),
+    TXT("etcd", "URL", NULL, "elect the cluster's coordinator through etcd at URL\n"
+        "(http://HOST:PORT): a standby listens only once it leads", C, NULL),
+    TXT("etcd-key", "KEY", "/hybridpd/coordinator", "the election's key in etcd (one a cluster)",
+        C, NULL),
+    INT("etcd-ttl-s", U32, 2, 60, 1, "2", "the leader's lease: a standby takes over this\n"
+        "long at most after the leader stops renewing it", C, NULL),
     /* ---- nodes */
     {.name = "coordinator", .kind = HPD_OPT_CUSTOM, .arg = "HOST:PORT",
      .help = "the coordinator's RPC endpoint", .roles = N},

@@ -80,6 +80,10 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     hpd_route_node_t *view;
     req_t *r = NULL;
 
+    if (c->o.leading != NULL && !c->o.leading(c->o.leading_arg)) {
+        snprintf(err, err_len, "generate: this coordinator no longer leads; try the leader");
+        return HPD_RPC_ERR_OVERLOADED;
+    }
     if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
         (q->top_logprobs > 0 && !q->logprobs && !q->prompt_logprobs)) {
         snprintf(err, err_len, "generate: top_logprobs is %u (expected at most %d, with "

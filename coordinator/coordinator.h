@@ -39,6 +39,11 @@ typedef struct {
     /* the model directory: its tokenizer.json and chat template make requests
      * as text and chats possible (coordinator/text.h); NULL: token ids only */
     const char *model_dir;
+    /* a coordinator elected through etcd (coordinator/election.h): whether
+     * it still leads; while it does not, it takes no registration and no
+     * request (NULL: always) */
+    bool (*leading)(void *arg);
+    void *leading_arg;
 } hpd_coord_opts_t;
 
 /* Listens and serves from base. On an error, err says what (a credentials

@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/options.h"
 #include "common/util.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/election.h"
 #include "coordinator/openai.h"
 #include "service/service.h"
 
@@ -23,6 +25,8 @@ typedef struct {
     int32_t http_port;    /* -1: no OpenAI-compatible API */
     const char *model, *served_model_name, *http_port_file, *thinking;
     uint32_t drain_timeout_ms;
+    const char *etcd, *etcd_key;
+    uint32_t etcd_ttl_s;
 } opts_t;
 
 /* The coordinator's options (common/options.h has them all). Returns as
@@ -51,6 +55,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         HPD_OPT_BIND("http-port-file", &o->http_port_file),
         HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
         HPD_OPT_BIND("max-connections", &o->c.max_connections),
+        HPD_OPT_BIND("etcd", &o->etcd),
+        HPD_OPT_BIND("etcd-key", &o->etcd_key),
+        HPD_OPT_BIND("etcd-ttl-s", &o->etcd_ttl_s),
         HPD_OPT_BIND("no-generation-defaults", &gen_defaults),
         HPD_OPT_BIND("log-level", &level),
     };
@@ -100,7 +107,27 @@ typedef struct {
     hpd_openai_t *api;
     hpd_service_t *svc;
     struct event_base *base;
+    hpd_election_t *election; /* NULL: no --etcd */
+    struct event *lost, *check;
 } app_t;
+
+static bool leading(void *arg)
+{
+    return hpd_election_leads(arg);
+}
+
+/* Leadership lost (its lease could not be renewed in time): the process
+ * ends at once, serving nothing more; a standby leads (docs/cluster.md). */
+static void on_lost(evutil_socket_t fd, short what, void *arg)
+{
+    app_t *a = arg;
+    if (hpd_election_leads(a->election))
+        return;
+    HPD_LOG_ERROR(LOG_COMPONENT, "no longer the leader (%s): stopping now",
+                  hpd_election_why(a->election)[0] ? hpd_election_why(a->election)
+                                                   : "its lease ran out");
+    _exit(3);
+}
 
 static void collect(void *arg)
 {
@@ -160,6 +187,38 @@ int main(int argc, char **argv)
         return prc > 0 ? 0 : 2;
     if ((a.base = event_base_new()) == NULL)
         return 1;
+    if (o.etcd != NULL) {
+        /* a standby: nothing listens until this process leads */
+        const hpd_election_params_t ep = {.endpoint = o.etcd,
+                                          .key = o.etcd_key,
+                                          .ttl_s = o.etcd_ttl_s,
+                                          .name = "coordinator"};
+        if (hpd_election_create(&ep, &a.election, err, sizeof(err)) != HPD_OK) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "%s", err);
+            rc = 2;
+            goto out;
+        }
+        HPD_LOG_INFO(LOG_COMPONENT, "campaigning for %s at %s (lease %u s)", o.etcd_key, o.etcd,
+                     o.etcd_ttl_s);
+        if (!hpd_election_wait(a.election))
+            goto out;
+        o.c.leading = leading;
+        o.c.leading_arg = a.election;
+        /* checked often: a leader stopped (SIGSTOP) past its lease ends on
+         * its first turn of the loop after it runs again */
+        static const struct timeval often = {0, 20000};
+        if ((a.lost = event_new(a.base, hpd_election_fd(a.election), EV_READ | EV_PERSIST,
+                                on_lost, &a)) == NULL ||
+            event_add(a.lost, NULL) != 0) {
+            rc = 2;
+            goto out;
+        }
+        if ((a.check = event_new(a.base, -1, EV_PERSIST, on_lost, &a)) == NULL ||
+            event_add(a.check, &often) != 0) {
+            rc = 2;
+            goto out;
+        }
+    }
     if (hpd_coord_create(a.base, &o.c, &a.coord, err, sizeof(err)) != HPD_OK) {
         HPD_LOG_ERROR(LOG_COMPONENT, "%s", err);
         rc = 2;
@@ -184,6 +243,15 @@ int main(int argc, char **argv)
         if (o.http_port_file != NULL &&
             hpd_write_file(o.http_port_file, text, (size_t)len) != HPD_OK) {
             HPD_LOG_ERROR(LOG_COMPONENT, "cannot write the port file %s", o.http_port_file);
+            goto out;
+        }
+    }
+    if (a.election != NULL) { /* where the nodes and clients find the leader */
+        char addr[128];
+        snprintf(addr, sizeof(addr), "%s:%u", o.c.host != NULL ? o.c.host : "127.0.0.1",
+                 hpd_coord_port(a.coord));
+        if (hpd_election_publish(a.election, addr) != HPD_OK) {
+            rc = 3;
             goto out;
         }
     }
@@ -224,6 +292,11 @@ out:
     hpd_service_destroy(svc);
     hpd_coord_destroy(a.coord); /* ends every request, HTTP ones too */
     hpd_openai_destroy(a.api);
+    hpd_election_destroy(a.election); /* the lease goes back: a standby leads now */
+    if (a.lost != NULL)
+        event_free(a.lost);
+    if (a.check != NULL)
+        event_free(a.check);
     event_base_free(a.base);
     return rc;
 }

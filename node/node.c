@@ -22,14 +22,55 @@
 
 /* ------------------------------------------------------------ options */
 
+/* HOST:PORT, or several comma-separated (a leader and its standbys). */
 static bool parse_coordinator(const char *text, void *dst, char *err, size_t len)
 {
     hpd_node_opts_t *o = dst;
-    if (hpd_proto_parse_endpoint(text, o->coordinator_host, sizeof(o->coordinator_host),
-                                 &o->coordinator_port))
-        return true;
-    snprintf(err, len, "expected HOST:PORT");
-    return false;
+    char one[128];
+    o->n_coordinators = 0;
+    for (const char *p = text; *p != '\0';) {
+        const char *comma = strchr(p, ',');
+        const size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (o->n_coordinators == HPD_NODE_MAX_COORDINATORS || n >= sizeof(one)) {
+            snprintf(err, len, "expected at most %d coordinators, HOST:PORT each",
+                     HPD_NODE_MAX_COORDINATORS);
+            return false;
+        }
+        memcpy(one, p, n);
+        one[n] = '\0';
+        const uint32_t i = o->n_coordinators;
+        if (!hpd_proto_parse_endpoint(one, o->coordinators[i].host,
+                                      sizeof(o->coordinators[i].host),
+                                      &o->coordinators[i].port)) {
+            if (strchr(text, ',') == NULL)
+                snprintf(err, len, "expected HOST:PORT");
+            else
+                snprintf(err, len, "expected HOST:PORT,HOST:PORT,...: '%s' is none", one);
+            return false;
+        }
+        o->n_coordinators++;
+        p += n + (comma != NULL);
+    }
+    if (o->n_coordinators == 0) {
+        snprintf(err, len, "expected HOST:PORT");
+        return false;
+    }
+    o->coordinator_at = 0;
+    memcpy(o->coordinator_host, o->coordinators[0].host, sizeof(o->coordinator_host));
+    o->coordinator_port = o->coordinators[0].port;
+    return true;
+}
+
+/* The next coordinator given, after a registration that failed (a standby
+ * does not listen; the leader is one of the others). */
+static void next_coordinator(hpd_node_opts_t *o)
+{
+    if (o->n_coordinators < 2)
+        return;
+    o->coordinator_at = (o->coordinator_at + 1) % o->n_coordinators;
+    memcpy(o->coordinator_host, o->coordinators[o->coordinator_at].host,
+           sizeof(o->coordinator_host));
+    o->coordinator_port = o->coordinators[o->coordinator_at].port;
 }
 
 /* The options of a node of `role` (common/options.h has them all). Returns
@@ -387,7 +428,14 @@ static hpd_status_t registration_done(hpd_node_t *n, hpd_status_t st, const hpd_
     hpd_xfer_set_node_id(n->xfer, n->node_id);
     /* a coordinator that asks for liveness pings gets them from the
      * pinger thread (its connection is made on the first) */
+    if (n->liveness != NULL && n->liveness_at != n->o.coordinator_at) {
+        /* registered with another coordinator (the standby that leads now):
+         * the pings go there */
+        hpd_liveness_stop(n->liveness);
+        n->liveness = NULL;
+    }
     if (reg.alive_ms > 0 && n->liveness == NULL) {
+        n->liveness_at = n->o.coordinator_at;
         hpd_liveness_params_t lp = {.host = n->o.coordinator_host,
                                     .port = n->o.coordinator_port,
                                     .token = n->token,
@@ -426,6 +474,7 @@ static void register_failed(hpd_node_t *n, const char *why)
                      "trying again (try %u, %.1f s since %s)", n->o.name, n->o.coordinator_host,
                      n->o.coordinator_port, why, t, hpd_time_now() - n->lost_at,
                      n->registrations == 0 ? "the start" : "the loss");
+    next_coordinator(&n->o); /* the next try goes to the next one given */
 }
 
 static void on_register_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)

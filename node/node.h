@@ -20,9 +20,19 @@
 
 typedef struct hpd_node hpd_node_t;
 
+#define HPD_NODE_MAX_COORDINATORS 8
+
 typedef struct {
+    /* the coordinator registered with (or tried next): one of the
+     * coordinators given (a leader and its standbys, docs/cluster.md); a
+     * registration that fails tries the next */
     char coordinator_host[64];
     uint16_t coordinator_port;
+    struct {
+        char host[64];
+        uint16_t port;
+    } coordinators[HPD_NODE_MAX_COORDINATORS];
+    uint32_t n_coordinators, coordinator_at;
     const char *token_file;
     const char *model_dir;
     const char *name;
@@ -107,6 +117,7 @@ struct hpd_node {
     hpd_rpc_server_t *server;
     hpd_rpc_client_t *coord;
     hpd_liveness_t *liveness; /* pings from a thread of its own (node/liveness.h) */
+    uint32_t liveness_at;     /* ... to the coordinator of this index */
     char *token;
     uint64_t node_id;      /* the coordinator's id for this node (new at each registration) */
     uint32_t heartbeat_ms, lease_ms; /* from the registration */

@@ -7,7 +7,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       libjansson-dev libxxhash-dev libcmocka-dev
       libevent-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev
-      libpcre2-dev libutf8proc-dev curl python3-pip)
+      libpcre2-dev libutf8proc-dev libcurl4-openssl-dev curl python3-pip
+      etcd-server)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -34,6 +34,8 @@ expect "a bad value" "--xfer-deadline-ms: 'soon' is invalid (expected an integer
 expect "no coordinator" "--coordinator is required" "$prefill" --model /x
 expect "no model" "--model is required" "$decode" --coordinator 127.0.0.1:1
 expect "a bad endpoint" "--coordinator: 'nowhere' is invalid (expected HOST:PORT)" "$decode" --coordinator nowhere --model /x
+expect "a bad one of several" "(expected HOST:PORT,HOST:PORT,...: 'nowhere' is none)" "$decode" --coordinator 127.0.0.1:7000,nowhere --model /x
+expect "too many" "(expected at most 8 coordinators, HOST:PORT each)" "$decode" --coordinator a:1,a:2,a:3,a:4,a:5,a:6,a:7,a:8,a:9 --model /x
 expect "a coordinator option" "--lease-ms is an option of the coordinator, not of prefill nodes" "$prefill" $c --lease-ms 100
 echo "$pass passed, $fails failed"
 exit "$fails"

@@ -1,0 +1,213 @@
+/* A standby coordinator elected through a real etcd on loopback
+ * (coordinator/election.h; etcd-server from Debian, skipped where it is
+ * missing unless HPD_REQUIRE_ETCD=1):
+ * - two coordinators campaign; the first leads and listens, the other
+ *   waits without listening; nodes given both register with the leader;
+ * - kill -9 of the leader: the standby leads within the lease (2 s) and a
+ *   little, the nodes register with it, and requests give the tokens
+ *   hpd-run gives;
+ * - the leader stopped (SIGSTOP) past its lease: the standby (a restarted
+ *   one) takes over, and the old leader, once it runs again, ends (exit
+ *   3) without serving: it never leads beside the new one. */
+#include "tests/cluster/harness.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
+                   "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
+                   "--lin-k-dim 32 --lin-v-dim 32 --seed 5"
+#define N 4
+#define MAX_TOKENS 6
+
+static cl_t cl;
+static int32_t prompts[N][CL_PROMPT_MAX];
+static uint32_t prompt_len[N];
+static int32_t ref[N][MAX_TOKENS];
+static char etcd_url[64];
+static uint16_t ports[2];
+static char both[64]; /* the coordinators, as the nodes are given them */
+
+static uint16_t free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static const char *etcd_binary(void)
+{
+    const char *e = getenv("HPD_ETCD");
+    return e != NULL ? e : "/usr/bin/etcd";
+}
+
+static int setup(void **state)
+{
+    char path[400];
+    if (access(etcd_binary(), X_OK) != 0) {
+        const char *req = getenv("HPD_REQUIRE_ETCD");
+        fprintf(stderr, "%s: no etcd at %s (Debian's etcd-server; HPD_ETCD names another)\n",
+                req != NULL && strcmp(req, "1") == 0 ? "failed" : "skipped", etcd_binary());
+        exit(req != NULL && strcmp(req, "1") == 0 ? 1 : 77);
+    }
+    if (cl_init(&cl, "standby", MODEL_ARGS) != 0)
+        return -1;
+    cl_make_prompts(&cl, N, 31, prompts, prompt_len, path, sizeof(path));
+    cl_reference(&cl, path, N, MAX_TOKENS, "", &ref[0][0]);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cl_finish(&cl);
+    return 0;
+}
+
+static bool etcd_ready(cl_t *c, void *arg)
+{
+    return cl_file_has(arg, "ready to serve client requests");
+}
+
+static cl_proc_t *start_etcd(void)
+{
+    char data[320], client[64], peer[64], cluster[96], *argv[CL_MAX_ARGS];
+    const uint16_t cport = free_port(), pport = free_port();
+    snprintf(data, sizeof(data), "%s/etcd", cl.root);
+    snprintf(client, sizeof(client), "http://127.0.0.1:%u", cport);
+    snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", pport);
+    snprintf(cluster, sizeof(cluster), "default=%s", peer);
+    snprintf(etcd_url, sizeof(etcd_url), "%s", client);
+    const char *base[] = {etcd_binary(), "--data-dir", data, "--listen-client-urls", client,
+                          "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                          "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster};
+    cl_args(argv, base, sizeof(base) / sizeof(base[0]), NULL);
+    cl_proc_t *p = cl_spawn(&cl, "etcd", argv);
+    cl_wait(&cl, NULL, 30, etcd_ready, p->log, "etcd ready");
+    return p;
+}
+
+/* A coordinator named name on port i (0 or 1), campaigning. */
+static cl_proc_t *start_coordinator(int i, const char *name)
+{
+    char port[8], port_file[400], *argv[CL_MAX_ARGS];
+    snprintf(port, sizeof(port), "%u", ports[i]);
+    snprintf(port_file, sizeof(port_file), "%s/%s.port", cl.root, name);
+    unlink(port_file);
+    const char *base[] = {HPD_COORDINATOR, "--host", "127.0.0.1", "--port", port,
+                          "--port-file", port_file, "--token-file", cl.token_file,
+                          "--client-keys-file", cl.keys_file, "--log-level", "info",
+                          "--liveness-ms", "0", "--heartbeat-ms", "200", "--lease-ms", "3000",
+                          "--etcd", etcd_url, "--etcd-ttl-s", "2"};
+    cl_args(argv, base, sizeof(base) / sizeof(base[0]), NULL);
+    return cl_spawn(&cl, name, argv);
+}
+
+static bool leads(cl_t *c, void *arg)
+{
+    return cl_file_has(arg, "listening on");
+}
+
+/* The leader is coordinator i: the harness's status and clients go there. */
+static void follow(int i, cl_proc_t *p)
+{
+    hpd_client_destroy(cl.status_client);
+    cl.status_client = NULL;
+    cl.coord = p;
+    cl.port = ports[i];
+    snprintf(cl.addr, sizeof(cl.addr), "127.0.0.1:%u", cl.port);
+    snprintf(cl.host, sizeof(cl.host), "127.0.0.1");
+}
+
+/* Every prompt through the leader: the tokens hpd-run gives. */
+static void expect_right(const char *when)
+{
+    hpd_client_t *c = cl_client(&cl);
+    cl_req_t q[N];
+    memset(q, 0, sizeof(q));
+    for (int i = 0; i < N; i++) {
+        hpd_generate_params_t p = {.prompt = prompts[i],
+                                   .n_prompt = prompt_len[i],
+                                   .max_tokens = MAX_TOKENS,
+                                   .sampling = {.top_p = 1}};
+        assert_int_equal(hpd_client_submit(c, &p, NULL, cl_on_done, &q[i], NULL), HPD_OK);
+    }
+    cl_client_wait(&cl, c, 120, when);
+    for (int i = 0; i < N; i++) {
+        if (q[i].status != HPD_OK)
+            fail_msg("%s: request %d: %s: %s", when, i, hpd_status_str(q[i].status), q[i].error);
+        assert_int_equal(q[i].n, MAX_TOKENS);
+        assert_memory_equal(q[i].tokens, ref[i], sizeof(ref[i]));
+    }
+    hpd_client_destroy(c);
+}
+
+static void test_failover(void **state)
+{
+    cl_proc_t *etcd = start_etcd();
+    ports[0] = free_port();
+    ports[1] = free_port();
+    snprintf(both, sizeof(both), "127.0.0.1:%u,127.0.0.1:%u", ports[0], ports[1]);
+    cl_proc_t *a = start_coordinator(0, "a");
+    cl_wait(&cl, NULL, 30, leads, a->log, "a leading");
+    cl_proc_t *b = start_coordinator(1, "b");
+    cl_wait_log(&cl, b, "campaigning for", 30);
+    follow(0, a);
+    /* the nodes are given both; the standby does not listen */
+    snprintf(cl.addr, sizeof(cl.addr), "%.63s", both);
+    cl_start_node(&cl, "prefill", "p0", NULL);
+    cl_start_node(&cl, "decode", "d0", NULL);
+    follow(0, a);
+    cl_wait_idle(&cl, 2, 120);
+    assert_false(cl_file_has(b->log, "listening on"));
+    expect_right("through the first leader");
+
+    /* the leader dies: the standby leads after the lease, the nodes follow */
+    const double t0 = hpd_time_now();
+    cl_kill9(&cl, a);
+    cl_wait(&cl, NULL, 30, leads, b->log, "b leading after a's kill -9");
+    const double t_lead = hpd_time_now() - t0;
+    follow(1, b);
+    cl_wait_idle(&cl, 2, 120);
+    const double t_nodes = hpd_time_now() - t0;
+    expect_right("through the standby, leading");
+    print_message("kill -9 of the leader: the standby led after %.2f s, both nodes registered "
+                  "with it after %.2f s\n", t_lead, t_nodes);
+    assert_true(t_lead < 6.0); /* the lease (2 s), the campaign's turn, a loaded machine */
+
+    /* the leader stops past its lease: a standby leads, and the old leader
+     * ends when it runs again, without serving */
+    a = start_coordinator(0, "a2");
+    cl_wait_log(&cl, a, "campaigning for", 30);
+    cl_pause(b);
+    cl_wait(&cl, NULL, 30, leads, a->log, "a2 leading while b is stopped");
+    follow(0, a);
+    cl_ending(b); /* it ends by itself once it runs */
+    cl_resume(b);
+    cl_expect_end(&cl, b, 3, 30);
+    assert_true(cl_file_has(b->log, "no longer the leader"));
+    cl_wait_idle(&cl, 2, 120);
+    expect_right("through the leader after the stopped one ended");
+    /* the leader drains and gives its lease back (it ends 0, its nodes
+     * too); then etcd goes */
+    cl_ending(a);
+    assert_int_equal(kill(a->pid, SIGTERM), 0);
+    cl_expect_end(&cl, a, 0, 60);
+    cl_kill9(&cl, etcd);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_failover),
+    };
+    cl.cases = sizeof(tests) / sizeof(tests[0]);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
