@@ -8,7 +8,9 @@
  *   hpd-run gives;
  * - the leader stopped (SIGSTOP) past its lease: the standby (a restarted
  *   one) takes over, and the old leader, once it runs again, ends (exit
- *   3) without serving: it never leads beside the new one. */
+ *   3) without serving: it never leads beside the new one;
+ * - etcd stops answering: the leader steps down (exit 3) before its lease
+ *   could have ended; once etcd answers again the standby leads. */
 #include "tests/cluster/harness.h"
 
 #include <arpa/inet.h>
@@ -193,6 +195,28 @@ static void test_failover(void **state)
     assert_true(cl_file_has(b->log, "no longer the leader"));
     cl_wait_idle(&cl, 2, 120);
     expect_right("through the leader after the stopped one ended");
+
+    /* etcd stops answering: the leader cannot know whether its lease
+     * still holds, and steps down before it could have ended; once etcd
+     * answers again the standby leads and the nodes follow */
+    cl_proc_t *b2 = start_coordinator(1, "b2");
+    cl_wait_log(&cl, b2, "campaigning for", 30);
+    cl_ending(a);
+    const double t1 = hpd_time_now();
+    cl_pause(etcd);
+    cl_expect_end(&cl, a, 3, 30);
+    const double t_down = hpd_time_now() - t1;
+    assert_true(cl_file_has(a->log, "no longer the leader"));
+    cl_resume(etcd);
+    cl_wait(&cl, NULL, 30, leads, b2->log, "b2 leading once etcd answers again");
+    follow(1, b2);
+    cl_wait_idle(&cl, 2, 120);
+    print_message("etcd stopped: the leader stepped down after %.2f s (its lease: 2 s)\n",
+                  t_down);
+    assert_true(t_down < 2.0); /* before the lease could have ended at etcd */
+    expect_right("through the leader elected after etcd's pause");
+    a = b2;
+
     /* the leader drains and gives its lease back (it ends 0, its nodes
      * too); then etcd goes */
     cl_ending(a);
