@@ -111,6 +111,14 @@ typedef struct {
     struct event *lost, *check;
 } app_t;
 
+/* A standby holds nothing: asked to stop while it waits to lead, it ends
+ * at once, as a drained coordinator does (exit 0). */
+static void on_standby_signal(int sig)
+{
+    (void)sig;
+    _exit(0);
+}
+
 static bool leading(void *arg)
 {
     return hpd_election_leads(arg);
@@ -200,7 +208,14 @@ int main(int argc, char **argv)
         }
         HPD_LOG_INFO(LOG_COMPONENT, "campaigning for %s at %s (lease %u s)", o.etcd_key, o.etcd,
                      o.etcd_ttl_s);
-        if (!hpd_election_wait(a.election))
+        struct sigaction sa = {.sa_handler = on_standby_signal}, term_was, int_was;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, &term_was);
+        sigaction(SIGINT, &sa, &int_was);
+        const bool leads = hpd_election_wait(a.election);
+        sigaction(SIGTERM, &term_was, NULL); /* the service shell's own come later */
+        sigaction(SIGINT, &int_was, NULL);
+        if (!leads)
             goto out;
         o.c.leading = leading;
         o.c.leading_arg = a.election;

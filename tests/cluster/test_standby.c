@@ -2,7 +2,8 @@
  * (coordinator/election.h; etcd-server from Debian, skipped where it is
  * missing unless HPD_REQUIRE_ETCD=1):
  * - two coordinators campaign; the first leads and listens, the other
- *   waits without listening; nodes given both register with the leader;
+ *   waits without listening (and ends with exit 0 when told to stop);
+ *   nodes given both register with the leader;
  * - kill -9 of the leader: the standby leads within the lease (2 s) and a
  *   little, the nodes register with it, and requests give the tokens
  *   hpd-run gives;
@@ -157,13 +158,19 @@ static void test_failover(void **state)
     snprintf(both, sizeof(both), "127.0.0.1:%u,127.0.0.1:%u", ports[0], ports[1]);
     cl_proc_t *a = start_coordinator(0, "a");
     cl_wait(&cl, NULL, 30, leads, a->log, "a leading");
+    /* a standby asked to stop ends as a drained coordinator does */
+    cl_proc_t *s = start_coordinator(1, "s");
+    cl_wait_log(&cl, s, "campaigning for", 30);
+    cl_ending(s);
+    assert_int_equal(kill(s->pid, SIGTERM), 0);
+    cl_expect_end(&cl, s, 0, 30);
     cl_proc_t *b = start_coordinator(1, "b");
     cl_wait_log(&cl, b, "campaigning for", 30);
     follow(0, a);
     /* the nodes are given both; the standby does not listen */
     snprintf(cl.addr, sizeof(cl.addr), "%.63s", both);
-    cl_start_node(&cl, "prefill", "p0", NULL);
-    cl_start_node(&cl, "decode", "d0", NULL);
+    cl_proc_t *p0 = cl_start_node(&cl, "prefill", "p0", NULL);
+    cl_proc_t *d0 = cl_start_node(&cl, "decode", "d0", NULL);
     follow(0, a);
     cl_wait_idle(&cl, 2, 120);
     assert_false(cl_file_has(b->log, "listening on"));
@@ -217,11 +224,15 @@ static void test_failover(void **state)
     expect_right("through the leader elected after etcd's pause");
     a = b2;
 
-    /* the leader drains and gives its lease back (it ends 0, its nodes
-     * too); then etcd goes */
+    /* the leader drains and gives its lease back; it tells its nodes to
+     * stop, and all end 0; then etcd goes */
     cl_ending(a);
+    cl_ending(p0);
+    cl_ending(d0);
     assert_int_equal(kill(a->pid, SIGTERM), 0);
     cl_expect_end(&cl, a, 0, 60);
+    cl_expect_end(&cl, p0, 0, 60);
+    cl_expect_end(&cl, d0, 0, 60);
     cl_kill9(&cl, etcd);
     cl_stop_all(&cl);
     cl.passed++;
