@@ -23,10 +23,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -304,6 +307,19 @@ static inline uint16_t cl_metrics_port(cl_t *cl, const cl_proc_t *coord)
     free(text);
     assert_true(port > 0 && port < 65536);
     return (uint16_t)port;
+}
+
+/* A port nothing listens on now on 127.0.0.1 (bound, read, released). */
+static inline uint16_t cl_free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 /* argv: base[0..n_base), then extra (NULL-terminated; later flags win). */

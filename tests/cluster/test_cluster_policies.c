@@ -742,19 +742,6 @@ static void test_idle_connections(void **state)
     small_end(&s, 3);
 }
 
-/* A port nothing listens on now (bound, read, released). */
-static uint16_t free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    socklen_t len = sizeof(a);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* A node started before its coordinator keeps trying, says why in its log
  * and on /healthz, and registers once the coordinator listens (on 02a8551
  * it exited 3 after 10 s without a line saying why, and under hpdctl
@@ -763,7 +750,7 @@ static uint16_t free_port(void)
 static void test_node_keeps_trying(void **state)
 {
     char addr[32], port[8], mport[8];
-    const uint16_t p = free_port(), mp = free_port();
+    const uint16_t p = cl_free_port(), mp = cl_free_port();
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", p);
     snprintf(port, sizeof(port), "%u", p);
     snprintf(mport, sizeof(mport), "%u", mp);
@@ -791,7 +778,7 @@ static void test_node_keeps_trying(void **state)
     cl_wait(&cl, NULL, 60, health_is, &w, "/healthz ok once registered");
     /* the bound: it gives up, says so, exits 3 */
     char gone[32];
-    snprintf(gone, sizeof(gone), "127.0.0.1:%u", free_port());
+    snprintf(gone, sizeof(gone), "127.0.0.1:%u", cl_free_port());
     const char *ga[] = {"--coordinator", gone, "--connect-timeout-ms", "1500", NULL};
     cl_proc_t *g = cl_start_node(&cl, "prefill", "impatient-p", ga);
     cl_ending(g);

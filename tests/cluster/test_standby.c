@@ -32,18 +32,6 @@ static char etcd_url[64];
 static uint16_t ports[2];
 static char both[64]; /* the coordinators, as the nodes are given them */
 
-static uint16_t free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    socklen_t len = sizeof(a);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static const char *etcd_binary(void)
 {
     const char *e = getenv("HPD_ETCD");
@@ -80,7 +68,7 @@ static bool etcd_ready(cl_t *c, void *arg)
 static cl_proc_t *start_etcd(void)
 {
     char data[320], client[64], peer[64], cluster[96], *argv[CL_MAX_ARGS];
-    const uint16_t cport = free_port(), pport = free_port();
+    const uint16_t cport = cl_free_port(), pport = cl_free_port();
     snprintf(data, sizeof(data), "%s/etcd", cl.root);
     snprintf(client, sizeof(client), "http://127.0.0.1:%u", cport);
     snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", pport);
@@ -153,8 +141,8 @@ static void expect_right(const char *when)
 static void test_failover(void **state)
 {
     cl_proc_t *etcd = start_etcd();
-    ports[0] = free_port();
-    ports[1] = free_port();
+    ports[0] = cl_free_port();
+    ports[1] = cl_free_port();
     snprintf(both, sizeof(both), "127.0.0.1:%u,127.0.0.1:%u", ports[0], ports[1]);
     cl_proc_t *a = start_coordinator(0, "a");
     cl_wait(&cl, NULL, 30, leads, a->log, "a leading");
