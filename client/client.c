@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "common/log.h"
 #include "common/util.h"
 #include "node/msg.h"
@@ -23,15 +25,32 @@ typedef struct pending {
     uint32_t streamed; /* tokens delivered to on_token */
     uint32_t n_choices;
     bool detokenize; /* the answer's text is wanted (an empty one too) */
+    /* submitted again after a lost coordinator: the generate as sent, the
+     * tokens streamed (a later run must stream the same), the text bytes
+     * streamed (a later run's first ones are not streamed again) */
+    hpd_rpc_buf_t msg;
+    int32_t *seen;
+    uint32_t seen_cap, sends, tries; /* sends: times sent; tries: to connect, failed */
+    size_t text_streamed, text_skip;
+    bool diverged;         /* a later run streamed other tokens */
+    bool canceled;         /* asked to: not submitted again */
+    struct event *retry;   /* waiting to be submitted again */
     struct pending *next;
 } pending_t;
+
+#define MAX_COORDINATORS 8
+#define RESUBMIT_DEFAULT_MS 30000
+#define RESUBMIT_FIRST_MS 50 /* the first wait; doubled up to RESUBMIT_MAX_MS */
+#define RESUBMIT_MAX_MS 800
 
 struct hpd_client {
     hpd_client_params_t p;
     struct event_base *base;
     hpd_rpc_client_t *rpc;
     hpd_rpc_client_params_t rp;
-    char host[256]; /* copies: the client connects again later */
+    hpd_endpoint_t coords[MAX_COORDINATORS]; /* copies: the client connects again later */
+    uint32_t n_coords, at;                   /* at: the one connected to (or last tried) */
+    uint32_t resubmit_ms;                    /* 0: never */
     char *token;
     pending_t *pending;
     uint32_t n_pending;
@@ -44,6 +63,35 @@ static pending_t *find(hpd_client_t *c, uint64_t handle)
         if (q->handle == handle)
             return q;
     return NULL;
+}
+
+/* New tokens of the stream to on_token (and kept, where the request may
+ * be submitted again). */
+static void stream_tokens(pending_t *q, const int32_t *ids, uint32_t n)
+{
+    if (q->t_first == 0)
+        q->t_first = hpd_time_now();
+    if (q->client->resubmit_ms > 0) {
+        if (q->streamed + n > q->seen_cap) {
+            uint32_t cap = q->seen_cap ? q->seen_cap : 64;
+            while (cap < q->streamed + n)
+                cap *= 2;
+            int32_t *grown = realloc(q->seen, cap * sizeof(*grown));
+            if (grown == NULL) { /* (then a later run cannot be checked: not resubmitted) */
+                free(q->seen);
+                q->seen = NULL;
+                q->seen_cap = 0;
+            } else {
+                q->seen = grown;
+                q->seen_cap = cap;
+            }
+        }
+        if (q->seen != NULL)
+            memcpy(q->seen + q->streamed, ids, n * sizeof(*ids));
+    }
+    if (q->on_token != NULL)
+        q->on_token(q->arg, q->handle, q->streamed, ids, n);
+    q->streamed += n;
 }
 
 static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
@@ -63,17 +111,23 @@ static void on_notify(void *arg, const hpd_rpc_msg_t *msg)
         hpd_msg_free(&hpd_msg_stream, &m);
         return;
     }
-    if ((q = find(c, m.tag)) != NULL && m.ids_n > 0) {
-        if (q->t_first == 0)
-            q->t_first = hpd_time_now();
-        /* the coordinator sends every position once, in order */
-        if (m.index == q->streamed && q->on_token != NULL)
-            q->on_token(q->arg, q->handle, m.index, m.ids, m.ids_n);
-        if (m.index == q->streamed)
-            q->streamed += m.ids_n;
+    /* the coordinator sends every position once, in order; a run after a
+     * resubmission sends again what an earlier one streamed */
+    if ((q = find(c, m.tag)) != NULL && m.ids_n > 0 && m.index <= q->streamed && !q->diverged) {
+        const uint32_t old = q->streamed - m.index < m.ids_n ? q->streamed - m.index : m.ids_n;
+        if (old > 0 && (q->seen == NULL ||
+                        memcmp(q->seen + m.index, m.ids, old * sizeof(*m.ids)) != 0))
+            q->diverged = true;
+        else if (old < m.ids_n)
+            stream_tokens(q, m.ids + old, m.ids_n - old);
     }
-    if (q != NULL && m.text_len > 0 && q->on_text != NULL)
-        q->on_text(q->text_arg, q->handle, m.text, m.text_len);
+    if (q != NULL && m.text_len > 0 && q->on_text != NULL && !q->diverged) {
+        const size_t skip = q->text_skip < m.text_len ? q->text_skip : m.text_len;
+        q->text_skip -= skip;
+        q->text_streamed += m.text_len - skip;
+        if (m.text_len > skip)
+            q->on_text(q->text_arg, q->handle, m.text + skip, m.text_len - skip);
+    }
     hpd_msg_free(&hpd_msg_stream, &m);
 }
 
@@ -84,23 +138,64 @@ static void on_close(void *arg, hpd_status_t why)
                   hpd_status_str(why));
 }
 
+/* Connects to the coordinators from the one at `first` on, taking the
+ * first that answers: with auth checked (sync, at the start) or not
+ * (inside the loop). A refused token ends the search. */
+static hpd_status_t connect_any(hpd_client_t *c, uint32_t first, bool sync)
+{
+    hpd_status_t st = HPD_ERR_IO;
+    for (uint32_t k = 0; k < c->n_coords; k++) {
+        const uint32_t i = (first + k) % c->n_coords;
+        hpd_rpc_client_t *fresh;
+        c->rp.host = c->coords[i].host;
+        c->rp.port = c->coords[i].port;
+        st = sync ? hpd_rpc_client_create(&c->rp, &fresh) : hpd_rpc_client_connect(&c->rp, &fresh);
+        if (st == HPD_OK) {
+            hpd_rpc_client_destroy(c->rpc);
+            c->rpc = fresh;
+            c->at = i;
+            c->p.host = c->coords[i].host;
+            c->p.port = c->coords[i].port;
+            return HPD_OK;
+        }
+        if (st == HPD_ERR_INVALID_ARG)
+            break;
+    }
+    return st;
+}
+
 hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t **client_p)
 {
     hpd_client_t *c = calloc(1, sizeof(*c));
     hpd_status_t st;
+    char why[160];
 
     if (c == NULL)
         return HPD_ERR_NO_MEMORY;
     c->p = *params;
-    snprintf(c->host, sizeof(c->host), "%s", params->host ? params->host : "127.0.0.1");
-    c->p.host = c->host;
+    if (params->coordinators != NULL) {
+        if (!hpd_proto_parse_endpoints(params->coordinators, c->coords, MAX_COORDINATORS,
+                                       &c->n_coords, why, sizeof(why))) {
+            HPD_LOG_ERROR(LOG_COMPONENT, "coordinators '%s': %s", params->coordinators, why);
+            free(c);
+            return HPD_ERR_INVALID_ARG;
+        }
+    } else {
+        snprintf(c->coords[0].host, sizeof(c->coords[0].host), "%s",
+                 params->host ? params->host : "127.0.0.1");
+        c->coords[0].port = params->port ? params->port : 7000;
+        c->n_coords = 1;
+    }
+    c->p.coordinators = NULL; /* (not kept) */
+    c->resubmit_ms = params->no_resubmit        ? 0
+                     : params->resubmit_ms > 0  ? params->resubmit_ms
+                     : c->n_coords > 1          ? RESUBMIT_DEFAULT_MS
+                                                : 0;
     if (params->token != NULL && (c->token = strdup(params->token)) == NULL) {
         free(c);
         return HPD_ERR_NO_MEMORY;
     }
     c->p.token = c->token;
-    if (c->p.port == 0)
-        c->p.port = 7000;
     if (c->p.timeout_ms == 0)
         c->p.timeout_ms = 600000;
     c->next_handle = 1;
@@ -110,14 +205,12 @@ hpd_status_t hpd_client_create(const hpd_client_params_t *params, hpd_client_t *
         return HPD_ERR_NO_MEMORY;
     }
     c->rp = (hpd_rpc_client_params_t){.base = c->base,
-                                      .host = c->p.host,
-                                      .port = c->p.port,
                                       .token = c->p.token,
                                       .timeout_ms = 10000,
                                       .on_notify = on_notify,
                                       .on_close = on_close,
                                       .arg = c};
-    if ((st = hpd_rpc_client_create(&c->rp, &c->rpc)) != HPD_OK) {
+    if ((st = connect_any(c, 0, true)) != HPD_OK) {
         event_base_free(c->base);
         free(c->token);
         free(c);
@@ -135,35 +228,39 @@ static void drop(hpd_client_t *c, pending_t *q)
             break;
         }
     c->n_pending--;
+    if (q->retry != NULL)
+        event_free(q->retry);
+    hpd_rpc_buf_destroy(&q->msg);
+    free(q->seen);
     free(q);
 }
+
+static void end_unsent(pending_t *q, hpd_status_t st, const char *why);
 
 void hpd_client_destroy(hpd_client_t *c)
 {
     if (c == NULL)
         return;
-    /* the pending calls fail with HPD_ERR_CANCELED through on_reply */
+    /* the pending calls fail with HPD_ERR_CANCELED through on_reply; the
+     * ones waiting to be submitted again end here */
     hpd_rpc_client_destroy(c->rpc);
+    while (c->pending != NULL)
+        end_unsent(c->pending, HPD_ERR_CANCELED, "canceled: the client was destroyed");
     event_base_free(c->base);
     free(c->token);
     free(c);
 }
 
 /* After the connection was lost (the coordinator restarted, or a failover
- * to a standby behind the same address): connects again, without running
- * the loop (this may run inside a callback); the token goes first and the
- * calls queue behind it. */
+ * to a standby): connects again, to the next coordinator that answers
+ * (the same one where there is one), without running the loop (this may
+ * run inside a callback); the token goes first and the calls queue behind
+ * it. */
 static hpd_status_t ensure_connected(hpd_client_t *c)
 {
     if (hpd_rpc_client_is_open(c->rpc))
         return HPD_OK;
-    hpd_rpc_client_t *fresh;
-    const hpd_status_t st = hpd_rpc_client_connect(&c->rp, &fresh);
-    if (st != HPD_OK)
-        return st;
-    hpd_rpc_client_destroy(c->rpc);
-    c->rpc = fresh;
-    return HPD_OK;
+    return connect_any(c, c->at + 1, false);
 }
 
 static hpd_status_t status_of_code(int64_t code)
@@ -258,19 +355,103 @@ bad:
     snprintf(r->error, sizeof(r->error), "bad reply: %s", why);
 }
 
-static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+/* The end of a request: its done callback, then it is gone. */
+static void finish(pending_t *q, hpd_generate_result_t *r)
+{
+    r->client_total_ms = (hpd_time_now() - q->t_submit) * 1e3;
+    r->client_ttft_ms = q->t_first > 0 ? (q->t_first - q->t_submit) * 1e3 : 0;
+    r->resubmits = q->sends > 1 ? q->sends - 1 : 0;
+    if (q->on_done != NULL)
+        q->on_done(q->arg, q->handle, r);
+    free(r->tokens);
+    free(r->text);
+    free(r->reasoning);
+    free(r->tool_calls);
+    free(r->logprobs);
+    free(r->prompt_logprobs);
+    free_more(r);
+    drop(q->client, q);
+}
+
+/* A request ended without a reply (canceled, or no coordinator took it
+ * again in time). */
+static void end_unsent(pending_t *q, hpd_status_t st, const char *why)
+{
+    hpd_generate_result_t r;
+    memset(&r, 0, sizeof(r));
+    r.status = st;
+    snprintf(r.error, sizeof(r.error), "%s", why);
+    finish(q, &r);
+}
+
+static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply);
+
+/* Submits the request again, on the connection there is or a new one; while
+ * no coordinator answers, waits longer each time, until resubmit_ms after
+ * the first submission. */
+static void on_retry(evutil_socket_t fd, short what, void *arg)
 {
     pending_t *q = arg;
     hpd_client_t *c = q->client;
+    if (ensure_connected(c) == HPD_OK &&
+        hpd_rpc_call(c->rpc, "generate", &q->msg, c->p.timeout_ms, on_reply, q) == HPD_OK) {
+        q->sends++;
+        HPD_LOG_DEBUG(LOG_COMPONENT, "request %llu submitted again to %s:%u (%u tokens streamed)",
+                      (unsigned long long)q->handle, c->p.host, c->p.port, q->streamed);
+        return;
+    }
+    const double waited_ms = (hpd_time_now() - q->t_submit) * 1e3;
+    if (waited_ms >= c->resubmit_ms) {
+        char why[200];
+        snprintf(why, sizeof(why), "the connection to the coordinator was lost and none of the "
+                 "%u coordinators took the request again within %u ms", c->n_coords,
+                 c->resubmit_ms);
+        end_unsent(q, HPD_ERR_IO, why);
+        return;
+    }
+    unsigned ms = RESUBMIT_FIRST_MS;
+    for (uint32_t k = 0; k < q->tries && ms < RESUBMIT_MAX_MS; k++)
+        ms *= 2;
+    q->tries++;
+    const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(q->retry, &tv);
+}
+
+/* A reply that lost its coordinator (the connection, or the coordinator
+ * stepped down) is submitted again where the client may. */
+static bool resubmitted(pending_t *q, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    hpd_client_t *c = q->client;
+    const bool lost = st == HPD_ERR_IO ||
+                      (st == HPD_OK && reply->is_error && reply->error_code == HPD_RPC_ERR_NOT_LEADER);
+    if (!lost || c->resubmit_ms == 0 || q->diverged || q->canceled ||
+        (hpd_time_now() - q->t_submit) * 1e3 >= c->resubmit_ms)
+        return false;
+    if (q->retry == NULL && (q->retry = evtimer_new(c->base, on_retry, q)) == NULL)
+        return false;
+    q->text_skip = q->text_streamed; /* the next run's text starts again */
+    const struct timeval tv = {0, RESUBMIT_FIRST_MS * 1000};
+    evtimer_add(q->retry, &tv);
+    return true;
+}
+
+static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
+{
+    pending_t *q = arg;
     hpd_generate_result_t r;
     hpd_msg_generated_t g = {0};
     hpd_proto_err_t err;
 
+    if (resubmitted(q, st, reply))
+        return;
     memset(&r, 0, sizeof(r));
     r.status = st;
-    r.client_total_ms = (hpd_time_now() - q->t_submit) * 1e3;
-    r.client_ttft_ms = q->t_first > 0 ? (q->t_first - q->t_submit) * 1e3 : 0;
-    if (st == HPD_ERR_IO) {
+    if (q->diverged) {
+        r.status = HPD_ERR_INTERNAL;
+        snprintf(r.error, sizeof(r.error), "the request, submitted again after its coordinator "
+                 "was lost, streamed other tokens than its first run did (the cluster broke its "
+                 "determinism: docs/determinism.md)");
+    } else if (st == HPD_ERR_IO) {
         snprintf(r.error, sizeof(r.error), "the connection to the coordinator was lost before "
                  "the request finished (it may or may not have run); submitting it again is "
                  "safe");
@@ -319,21 +500,20 @@ static void on_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         r.reasoning = dup_bin(g.reasoning, g.reasoning_len);
         if (r.status == HPD_OK && q->n_choices > 1)
             more_choices(&g, q->n_choices, q->detokenize, &r);
+        /* a run after a resubmission answers what the first streamed */
+        if (r.status == HPD_OK && q->streamed > 0 && q->sends > 1 &&
+            (r.n_tokens < q->streamed || q->seen == NULL ||
+             memcmp(r.tokens, q->seen, q->streamed * sizeof(*r.tokens)) != 0)) {
+            r.status = HPD_ERR_INTERNAL;
+            snprintf(r.error, sizeof(r.error), "the request, submitted again after its "
+                     "coordinator was lost, answered other tokens than its first run streamed");
+        }
         /* tokens the stream did not deliver yet (a non-streaming request) */
-        if (q->on_token != NULL && q->streamed < r.n_tokens)
+        if (r.status == HPD_OK && q->on_token != NULL && q->streamed < r.n_tokens)
             q->on_token(q->arg, q->handle, q->streamed, r.tokens + q->streamed,
                         r.n_tokens - q->streamed);
     }
-    if (q->on_done != NULL)
-        q->on_done(q->arg, q->handle, &r);
-    free(r.tokens);
-    free(r.text);
-    free(r.reasoning);
-    free(r.tool_calls);
-    free(r.logprobs);
-    free(r.prompt_logprobs);
-    free_more(&r);
-    drop(c, q);
+    finish(q, &r);
 }
 
 hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
@@ -341,14 +521,15 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                void *arg, uint64_t *handle_p)
 {
     pending_t *q = calloc(1, sizeof(*q));
-    hpd_rpc_buf_t b;
     hpd_status_t st;
 
     if (q == NULL)
         return HPD_ERR_NO_MEMORY;
-    if ((st = ensure_connected(c)) != HPD_OK) {
+    /* no coordinator answers: an error, or (resubmitting) later */
+    const hpd_status_t connected = ensure_connected(c);
+    if (connected != HPD_OK && (c->resubmit_ms == 0 || connected == HPD_ERR_INVALID_ARG)) {
         free(q);
-        return st;
+        return connected;
     }
     *q = (pending_t){.client = c,
                      .handle = c->next_handle++,
@@ -375,7 +556,7 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
     msgpack_pack_array(&stops.pk, p->n_stops);
     for (uint32_t i = 0; i < p->n_stops; i++)
         hpd_rpc_pack_str(&stops.pk, p->stops[i]);
-    hpd_rpc_buf_init(&b);
+    hpd_rpc_buf_init(&q->msg);
     /* every value, zeros too: the coordinator judges them */
     hpd_msg_pack_all(&hpd_msg_generate,
                      &(hpd_msg_generate_t){.prompt = p->prompt,
@@ -412,12 +593,24 @@ hpd_status_t hpd_client_submit(hpd_client_t *c, const hpd_generate_params_t *p,
                                                                   ? (uint32_t)strlen(p->tool_choice)
                                                                   : 0,
                                            .single_tool_call = p->single_tool_call},
-                     &b.pk);
+                     &q->msg.pk);
     hpd_rpc_buf_destroy(&msgs);
     hpd_rpc_buf_destroy(&stops);
-    st = hpd_rpc_call(c->rpc, "generate", &b, c->p.timeout_ms, on_reply, q);
-    hpd_rpc_buf_destroy(&b);
+    if (connected == HPD_OK) {
+        st = hpd_rpc_call(c->rpc, "generate", &q->msg, c->p.timeout_ms, on_reply, q);
+        q->sends = st == HPD_OK;
+    } else { /* sent once a coordinator answers */
+        q->retry = evtimer_new(c->base, on_retry, q);
+        const struct timeval tv = {0, RESUBMIT_FIRST_MS * 1000};
+        st = q->retry != NULL && evtimer_add(q->retry, &tv) == 0 ? HPD_OK : HPD_ERR_NO_MEMORY;
+    }
+    if (st != HPD_OK || c->resubmit_ms == 0) { /* (kept only to be sent again) */
+        hpd_rpc_buf_destroy(&q->msg);
+        memset(&q->msg, 0, sizeof(q->msg));
+    }
     if (st != HPD_OK) {
+        if (q->retry != NULL)
+            event_free(q->retry);
         free(q);
         return st;
     }
@@ -437,6 +630,14 @@ hpd_status_t hpd_client_cancel(hpd_client_t *c, uint64_t handle)
 {
     hpd_rpc_buf_t b;
     hpd_status_t st;
+    pending_t *q = find(c, handle);
+    if (q != NULL) {
+        q->canceled = true; /* not submitted again */
+        if (q->retry != NULL && evtimer_pending(q->retry, NULL)) {
+            end_unsent(q, HPD_ERR_CANCELED, "canceled");
+            return HPD_OK;
+        }
+    }
     if (!hpd_rpc_client_is_open(c->rpc))
         return HPD_ERR_IO; /* its request failed with the connection */
     hpd_rpc_buf_init(&b);

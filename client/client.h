@@ -17,8 +17,23 @@ typedef struct hpd_client hpd_client_t;
 typedef struct {
     const char *host;     /* coordinator address; default 127.0.0.1 */
     uint16_t port;        /* default 7000 */
+    /* or a leader and its standbys, "HOST:PORT,HOST:PORT,..." (host and
+     * port are then not read): the client talks to the one that answers,
+     * and after a lost connection to the next that does (a standby does
+     * not listen until it leads; docs/operations.md) */
+    const char *coordinators;
     const char *token;    /* shared secret or NULL */
     uint32_t timeout_ms;  /* per request, from submit to the last token; default 600000 */
+    /* A request whose coordinator was lost (its connection closed, or it
+     * stepped down) is submitted again, to whichever coordinator answers,
+     * until resubmit_ms after its first submission: a generate is
+     * idempotent, its tokens a function of its parameters (the seed
+     * included, docs/determinism.md). Tokens already streamed are not
+     * streamed again; a run that gave other ones ends the request with
+     * HPD_ERR_INTERNAL. 0: 30000 with more than one coordinator, never with
+     * one (the request then ends with HPD_ERR_IO); no_resubmit: never. */
+    uint32_t resubmit_ms;
+    bool no_resubmit;
 } hpd_client_params_t;
 
 typedef struct {
@@ -86,6 +101,7 @@ typedef struct {
     int32_t *tokens;       /* malloc'd */
     uint32_t n_tokens;
     uint32_t prompt_tokens, cached_tokens, attempts;
+    uint32_t resubmits;    /* times this client submitted it again (a lost coordinator) */
     char finish_reason[16];   /* "stop" (a stop or end-of-sequence token), "length", or
                                  "tool_calls" (a chat with tools that called one) */
     char *text;               /* detokenize: the answer (malloc'd, NUL-terminated) */
@@ -121,11 +137,10 @@ void hpd_client_destroy(hpd_client_t *client);
 
 /* Sends a request; on_token (may be NULL: no streaming) runs as tokens
  * arrive and on_done once, from hpd_client_run*. When the connection to
- * the coordinator is lost, the requests in flight end with HPD_ERR_IO and an
- * error saying they may be submitted again; the next submit or status
- * connects again (status, idempotent, is also retried once on a new
- * connection). Generate is not retried by the library: whether it ran is
- * not known. */
+ * the coordinator is lost, the requests in flight are submitted again as
+ * params.resubmit_ms says, or end with HPD_ERR_IO and an error saying they
+ * may be submitted again; the next submit or status connects again
+ * (status is also retried once on a new connection). */
 hpd_status_t hpd_client_submit(hpd_client_t *client, const hpd_generate_params_t *params,
                                hpd_client_token_cb_t on_token, hpd_client_done_cb_t on_done,
                                void *arg, uint64_t *handle_p);

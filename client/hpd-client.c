@@ -68,7 +68,9 @@ static void usage(FILE *f)
             "                          name (a call of it); required and a name are enforced\n"
             "  status [--json]         nodes, load, pools, cache hits, request counts\n"
             "common options:\n"
-            "  --coordinator HOST:PORT (127.0.0.1:7000)\n"
+            "  --coordinator HOST:PORT (127.0.0.1:7000), or a leader and its standbys,\n"
+            "                          HOST:PORT,HOST:PORT,...: requests whose coordinator is\n"
+            "                          lost are submitted again to the next that leads\n"
             "  --token-file F          a client key: the first word of F's first line\n"
             "                          (the coordinator's client keys file works as it is)\n"
             "  --timeout-ms N          per request (600000)\n"
@@ -493,7 +495,7 @@ int main(int argc, char **argv)
     bool print_text = false;
     hpd_client_params_t cp = {.host = "127.0.0.1", .port = 7000};
     hpd_generate_params_t gp = {.max_tokens = 16, .sampling = hpd_sampling_unset()};
-    char host[64] = "127.0.0.1", err[160];
+    char err[160];
     const char *token_file = NULL, *ids = NULL, *file = NULL, *stats = NULL;
     uint32_t concurrency = 64;
     int32_t *stop_ids = NULL;
@@ -504,14 +506,16 @@ int main(int argc, char **argv)
     hpd_log_set_level(HPD_LOG_LEVEL_WARN);
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (c) {
-        case O_COORD:
-            if (!hpd_proto_parse_endpoint(optarg, host, sizeof(host), &cp.port)) {
-                fprintf(stderr, "hpd-client: --coordinator '%s' is invalid (expected HOST:PORT)\n",
-                        optarg);
+        case O_COORD: {
+            hpd_endpoint_t e[8];
+            uint32_t n;
+            if (!hpd_proto_parse_endpoints(optarg, e, 8, &n, err, sizeof(err))) {
+                fprintf(stderr, "hpd-client: --coordinator '%s' is invalid (%s)\n", optarg, err);
                 return 2;
             }
-            cp.host = host;
+            cp.coordinators = optarg;
             break;
+        }
         case O_TOKEN: token_file = optarg; break;
         case O_TIMEOUT:
             if (hpd_parse_u64(optarg, 1, UINT32_MAX, &v) != 0)
@@ -697,8 +701,9 @@ int main(int argc, char **argv)
     hpd_client_t *client;
     hpd_status_t st = hpd_client_create(&cp, &client);
     if (st != HPD_OK) {
-        fprintf(stderr, "hpd-client: cannot reach the coordinator at %s:%u: %s\n", cp.host,
-                cp.port, st == HPD_ERR_INVALID_ARG ? "token refused" : hpd_status_str(st));
+        fprintf(stderr, "hpd-client: cannot reach the coordinator at %s: %s\n",
+                cp.coordinators != NULL ? cp.coordinators : "127.0.0.1:7000",
+                st == HPD_ERR_INVALID_ARG ? "token refused" : hpd_status_str(st));
         free(token);
         free(grammar);
         free(tools);

@@ -82,7 +82,7 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
 
     if (c->o.leading != NULL && !c->o.leading(c->o.leading_arg)) {
         snprintf(err, err_len, "generate: this coordinator no longer leads; try the leader");
-        return HPD_RPC_ERR_OVERLOADED;
+        return HPD_RPC_ERR_NOT_LEADER;
     }
     if (q->top_logprobs > HPD_MAX_TOP_LOGPROBS ||
         (q->top_logprobs > 0 && !q->logprobs && !q->prompt_logprobs)) {

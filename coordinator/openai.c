@@ -218,6 +218,8 @@ static int status_of(const hpd_openai_t *api, int64_t code)
         return 400;
     if (code == HPD_RPC_ERR_OVERLOADED)
         return hpd_coord_draining(api->p.coord) ? 503 : 429;
+    if (code == HPD_RPC_ERR_NOT_LEADER)
+        return 503; /* (a standby leads by now, or soon: try again) */
     return 500;
 }
 
@@ -1217,7 +1219,10 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     if (code != 0) {
         const char *msg = strncmp(err, "generate: ", 10) == 0 ? err + 10 : err;
         reply_error(req, status_of(api, code), NULL,
-                    code == HPD_RPC_ERR_OVERLOADED ? "overloaded" : NULL, "%s", msg);
+                    code == HPD_RPC_ERR_OVERLOADED    ? "overloaded"
+                    : code == HPD_RPC_ERR_NOT_LEADER ? "not_leader"
+                                                     : NULL,
+                    "%s", msg);
         goto out;
     }
     if (k->stream) {

@@ -39,8 +39,12 @@ void hpd_reg_register(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     if (!hpd_msg_unpack(&hpd_msg_register, params, &m, &err))
         goto bad;
     if (c->o.leading != NULL && !c->o.leading(c->o.leading_arg)) {
-        snprintf(err.text, sizeof(err.text), "register: this coordinator no longer leads");
-        goto bad;
+        /* not a refusal of the node: it tries the next coordinator */
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_NOT_LEADER,
+                            "register: this coordinator no longer leads");
+        hpd_msg_free(&hpd_msg_register, &m);
+        free(n);
+        return;
     }
     /* an attempt the node gave up on (queued behind a flood: it closed the
      * connection and tries again on another) is not served: each would

@@ -18,6 +18,7 @@
 /* a register call not answered in this long is given up (its connection
  * closed: the coordinator does not serve it late) and made again */
 #define REGISTER_TIMEOUT_MS 5000
+#define REGISTER_STANDBY_MS 200 /* the most between tries with several coordinators */
 #define LOG_COMPONENT "node"
 
 /* ------------------------------------------------------------ options */
@@ -26,35 +27,9 @@
 static bool parse_coordinator(const char *text, void *dst, char *err, size_t len)
 {
     hpd_node_opts_t *o = dst;
-    char one[128];
-    o->n_coordinators = 0;
-    for (const char *p = text; *p != '\0';) {
-        const char *comma = strchr(p, ',');
-        const size_t n = comma != NULL ? (size_t)(comma - p) : strlen(p);
-        if (o->n_coordinators == HPD_NODE_MAX_COORDINATORS || n >= sizeof(one)) {
-            snprintf(err, len, "expected at most %d coordinators, HOST:PORT each",
-                     HPD_NODE_MAX_COORDINATORS);
-            return false;
-        }
-        memcpy(one, p, n);
-        one[n] = '\0';
-        const uint32_t i = o->n_coordinators;
-        if (!hpd_proto_parse_endpoint(one, o->coordinators[i].host,
-                                      sizeof(o->coordinators[i].host),
-                                      &o->coordinators[i].port)) {
-            if (strchr(text, ',') == NULL)
-                snprintf(err, len, "expected HOST:PORT");
-            else
-                snprintf(err, len, "expected HOST:PORT,HOST:PORT,...: '%s' is none", one);
-            return false;
-        }
-        o->n_coordinators++;
-        p += n + (comma != NULL);
-    }
-    if (o->n_coordinators == 0) {
-        snprintf(err, len, "expected HOST:PORT");
+    if (!hpd_proto_parse_endpoints(text, o->coordinators, HPD_NODE_MAX_COORDINATORS,
+                                   &o->n_coordinators, err, len))
         return false;
-    }
     o->coordinator_at = 0;
     memcpy(o->coordinator_host, o->coordinators[0].host, sizeof(o->coordinator_host));
     o->coordinator_port = o->coordinators[0].port;
@@ -485,7 +460,10 @@ static void on_register_reply(void *arg, hpd_status_t st, const hpd_rpc_msg_t *r
     if (st == HPD_ERR_CANCELED) /* the node is stopping */
         return;
     const bool first = n->registrations == 0;
-    const bool refused = (st == HPD_OK && reply->is_error) ||
+    /* (a coordinator that no longer leads refuses no node: the next one
+     * given may lead) */
+    const bool refused = (st == HPD_OK && reply->is_error &&
+                          reply->error_code != HPD_RPC_ERR_NOT_LEADER) ||
                          (n->coord != NULL && hpd_rpc_client_refused(n->coord));
     if (!refused && registration_done(n, st, reply, why, sizeof(why)) == HPD_OK) {
         if (first)
@@ -570,8 +548,12 @@ static void on_register(evutil_socket_t fd, short what, void *arg)
 
 static void schedule_register(hpd_node_t *n)
 {
+    /* with standbys given, one of them leads within a lease of the loss:
+     * tried often (a refused connection is cheap), so that service comes
+     * back as soon as it leads */
+    const uint32_t most = n->o.n_coordinators > 1 ? REGISTER_STANDBY_MS : 2000u;
     const uint32_t shift = HPD_MIN(n->reg_attempts > 0 ? n->reg_attempts - 1 : 0, 5u);
-    const uint32_t ms = HPD_MIN(100u << shift, 2000u);
+    const uint32_t ms = HPD_MIN(100u << shift, most);
     const struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(n->reg_ev, &tv);
 }

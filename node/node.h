@@ -28,10 +28,7 @@ typedef struct {
      * registration that fails tries the next */
     char coordinator_host[64];
     uint16_t coordinator_port;
-    struct {
-        char host[64];
-        uint16_t port;
-    } coordinators[HPD_NODE_MAX_COORDINATORS];
+    hpd_endpoint_t coordinators[HPD_NODE_MAX_COORDINATORS];
     uint32_t n_coordinators, coordinator_at;
     const char *token_file;
     const char *model_dir;

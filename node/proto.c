@@ -332,6 +332,37 @@ bool hpd_proto_parse_endpoint(const char *text, char *host, size_t cap, uint16_t
     return true;
 }
 
+bool hpd_proto_parse_endpoints(const char *text, hpd_endpoint_t *out, uint32_t cap,
+                               uint32_t *n, char *err, size_t err_len)
+{
+    char one[128];
+    *n = 0;
+    for (const char *p = text; *p != '\0';) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (*n == cap || len >= sizeof(one)) {
+            snprintf(err, err_len, "expected at most %u coordinators, HOST:PORT each", cap);
+            return false;
+        }
+        memcpy(one, p, len);
+        one[len] = '\0';
+        if (!hpd_proto_parse_endpoint(one, out[*n].host, sizeof(out[*n].host), &out[*n].port)) {
+            if (strchr(text, ',') == NULL)
+                snprintf(err, err_len, "expected HOST:PORT");
+            else
+                snprintf(err, err_len, "expected HOST:PORT,HOST:PORT,...: '%s' is none", one);
+            return false;
+        }
+        (*n)++;
+        p += len + (comma != NULL);
+    }
+    if (*n == 0) {
+        snprintf(err, err_len, "expected HOST:PORT");
+        return false;
+    }
+    return true;
+}
+
 bool hpd_proto_shard_map(const int32_t *map, uint32_t n, uint32_t tp, uint32_t heads[3],
                          hpd_proto_err_t *err)
 {

@@ -77,4 +77,15 @@ bool hpd_proto_shard_map(const int32_t *map, uint32_t n, uint32_t tp, uint32_t h
 /* "host:port" into host (cap bytes) and port. */
 bool hpd_proto_parse_endpoint(const char *text, char *host, size_t cap, uint16_t *port);
 
+/* A coordinator's address, one of a list (a leader and its standbys). */
+typedef struct {
+    char host[64];
+    uint16_t port;
+} hpd_endpoint_t;
+
+/* "HOST:PORT" or "HOST:PORT,HOST:PORT,..." into out (at most cap of
+ * them) and *n; false with why in err (naming the part that is none). */
+bool hpd_proto_parse_endpoints(const char *text, hpd_endpoint_t *out, uint32_t cap,
+                               uint32_t *n, char *err, size_t err_len);
+
 #endif

@@ -40,6 +40,7 @@ typedef enum {
     HPD_RPC_ERR_CLOSED = -32004,       /* (client side) connection closed */
     HPD_RPC_ERR_OVERLOADED = -32005,
     HPD_RPC_ERR_PEER = -32006,         /* the callee's data-plane peer failed */
+    HPD_RPC_ERR_NOT_LEADER = -32007,   /* a coordinator that no longer leads: try another */
     HPD_RPC_ERR_APP = -32000,          /* an application error */
 } hpd_rpc_error_code_t;
 
