@@ -20,11 +20,19 @@
  * (tests/cluster/forwarder.c: delay and loss where the kernel has no
  * `tc netem`) and the coordinator in a namespace of its own.
  *
+ * test_leader_cut_from_etcd: etcd in a namespace of its own (e0), the
+ * leading coordinator in c0, a standby on the bridge; c0's path to etcd
+ * cut (a bogus neighbour entry in c0) under load, its paths to the nodes
+ * and clients whole. The leader steps down (exit 3) before its lease can
+ * have ended and before the standby leads; the standby leads, and every
+ * request of a client given both ends right. Needs etcd (Debian's
+ * etcd-server): skipped without it unless HPD_REQUIRE_ETCD=1.
+ *
  * Needs root for `ip netns` and veth pairs; skips (77) where the machine
  * does not allow it. Only this test's own namespaces are ever targets. */
 #include <fnmatch.h>
 
-#include "tests/cluster/harness.h"
+#include "tests/cluster/failover.h"
 
 #define MODEL_ARGS "--hidden 128 --layers 8 --full-interval 2 --intermediate 256 --vocab 512 " \
                    "--heads 4 --kv-heads 2 --head-dim 32 --lin-k-heads 2 --lin-v-heads 4 "     \
@@ -54,11 +62,12 @@ static int sh(const char *fmt, ...)
 /* p1 reaches the bridge through the forwarder (its host-side veth is not
  * on the bridge: hpd-test-forwarder joins it to <tag>f1b, whose peer is);
  * c0 holds a coordinator of its own */
-enum { P0, D0, D1, P1, C0, N_HOSTS };
-static const char *const hosts[N_HOSTS] = {"p0", "d0", "d1", "p1", "c0"};
+enum { P0, D0, D1, P1, C0, E0, N_HOSTS };
+static const char *const hosts[N_HOSTS] = {"p0", "d0", "d1", "p1", "c0", "e0"};
 static const char *const ips[N_HOSTS] = {"10.77.0.11", "10.77.0.21", "10.77.0.22",
-                                         "10.77.0.12", "10.77.0.10"};
+                                         "10.77.0.12", "10.77.0.10", "10.77.0.30"};
 static const char *coord_ip = "10.77.0.1"; /* where the nodes find the coordinator */
+static const char *coordinators; /* or these: a leader and its standbys */
 
 static void net_down(void)
 {
@@ -123,6 +132,8 @@ static cl_proc_t *node(int i, const char *const *extra)
     char ns[32], coord[64], *argv[CL_MAX_ARGS];
     snprintf(ns, sizeof(ns), "%s%s", tag, hosts[i]);
     snprintf(coord, sizeof(coord), "%s:%u", coord_ip, cl.port);
+    if (coordinators != NULL)
+        snprintf(coord, sizeof(coord), "%s", coordinators);
     const char *base[] = {"/usr/sbin/ip", "netns", "exec", ns,
                           hosts[i][0] == 'p' ? HPD_PREFILL : HPD_DECODE, "--coordinator", coord,
                           "--token-file", cl.token_file, "--model", cl.model, "--name", hosts[i],
@@ -402,6 +413,111 @@ static void test_very_slow_lossy_link(void **state)
     cl.passed++;
 }
 
+/* The time of day in seconds, as the logs write it (UTC). */
+static double wall_of_day(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)(ts.tv_sec % 86400) + ts.tv_nsec * 1e-9;
+}
+
+/* A coordinator campaigning through etcd at url, on ip:port, in namespace
+ * ns (or this one). */
+static cl_proc_t *campaigner(const char *name, const char *ns, const char *ip, uint16_t port,
+                             const char *url)
+{
+    char port_text[8], *argv[CL_MAX_ARGS];
+    snprintf(port_text, sizeof(port_text), "%u", port);
+    const char *in_ns[] = {"/usr/sbin/ip", "netns", "exec", ns};
+    const char *base[] = {HPD_COORDINATOR, "--host", ip, "--port", port_text, "--token-file",
+                          cl.token_file, "--client-keys-file", cl.keys_file, "--log-level",
+                          "info", "--liveness-ms", "0", "--heartbeat-ms", "200", "--lease-ms",
+                          "3000", "--etcd", url, "--etcd-ttl-s", "2"};
+    const char *all[4 + sizeof(base) / sizeof(base[0])];
+    size_t n = 0;
+    for (size_t i = 0; ns != NULL && i < 4; i++)
+        all[n++] = in_ns[i];
+    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
+        all[n++] = base[i];
+    cl_args(argv, all, n, NULL);
+    return cl_spawn(&cl, name, argv);
+}
+
+static cl_load_t load;
+
+static bool stepped_down(void *log)
+{
+    return cl_file_has(log, "no longer the leader");
+}
+
+static void test_leader_cut_from_etcd(void **state)
+{
+    char url[64], both[96], ns_e0[32], ns_c0[32];
+    if (!cl_etcd_present())
+        skip();
+    snprintf(ns_e0, sizeof(ns_e0), "%se0", tag);
+    snprintf(ns_c0, sizeof(ns_c0), "%sc0", tag);
+    uint16_t etcd_ports[2] = {2379, 2380}; /* (its namespace's own) */
+    cl_proc_t *etcd =
+        cl_start_etcd(&cl, "etcd-e0", "etcd-e0", ns_e0, ips[E0], etcd_ports, url, sizeof(url));
+    const uint16_t port_a = 7000, port_b = cl_free_port();
+    snprintf(both, sizeof(both), "%s:%u,%s:%u", ips[C0], port_a, coord_ip, port_b);
+    cl_proc_t *a = campaigner("leader-c0", ns_c0, ips[C0], port_a, url);
+    cl_wait(&cl, NULL, 30, cl_leads, a->log, "the coordinator in c0 leading");
+    cl_proc_t *b = campaigner("standby", NULL, coord_ip, port_b, url);
+    cl_wait_log(&cl, b, "campaigning for", 30);
+    cl.coord = a;
+    cl.port = port_a;
+    snprintf(cl.host, sizeof(cl.host), "%s", ips[C0]);
+    coordinators = both;
+    cl_proc_t *p0 = node(P0, NULL);
+    cl_proc_t *d0 = node(D0, NULL);
+    coordinators = NULL;
+    cl_wait_idle(&cl, 2, 120);
+    cl_forget_coordinator(&cl, a);
+
+    /* under load, c0 loses etcd: its packets to e0 go to a MAC nobody has */
+    load = (cl_load_t){.prompts = prompts, .prompt_len = prompt_len, .ref = &ref[0][0], .n = N,
+                       .max_tokens = MAX_TOKENS};
+    cl_load_start(&load, both);
+    cl_load_for(&cl, 1.0);
+    assert_true(load.right > 0);
+    cl_ending(a);
+    const double cut_at = wall_of_day();
+    assert_int_equal(sh("ip netns exec %s ip neigh replace %s lladdr 02:00:00:77:00:02 dev eth0 "
+                        "nud permanent", ns_c0, ips[E0]), 0);
+    /* it serves until it steps down; service is back once the standby does */
+    cl_load_until(&cl, &(cl_load_stop_t){stepped_down, a->log}, 30, "the leader stepping down");
+    load.t_mark = hpd_time_now();
+    cl_load_until_back(&cl, b->log, 2 * CL_LOAD_DEPTH, "service through the standby");
+    cl_expect_end(&cl, a, 3, 30);
+    cl_load_for(&cl, 0.5);
+    cl_load_end(&cl, &load, "the leader cut from etcd under load", 120);
+
+    /* it stepped down before its lease could have ended, and before the
+     * standby led: never two leaders (the logs' clocks are this machine's) */
+    const double down = cl_log_time(a->log, "no longer the leader");
+    const double led = cl_log_time(b->log, "leads (key");
+    print_message("the leader cut from etcd stepped down %.2f s after the cut (its lease: 2 s); "
+                  "the standby led %.2f s after the cut\n", down - cut_at, led - cut_at);
+    assert_true(down > 0 && led > 0);
+    assert_true(down - cut_at < 2.0);
+    assert_true(down < led);
+
+    /* healed; the standby, leading, drains and its nodes with it */
+    assert_int_equal(sh("ip netns exec %s ip neigh del %s dev eth0", ns_c0, ips[E0]), 0);
+    cl_ending(b);
+    cl_ending(p0);
+    cl_ending(d0);
+    assert_int_equal(kill(b->pid, SIGTERM), 0);
+    cl_expect_end(&cl, b, 0, 60);
+    cl_expect_end(&cl, p0, 0, 60);
+    cl_expect_end(&cl, d0, 0, 60);
+    cl_kill9(&cl, etcd);
+    cl_stop_all(&cl);
+    cl.passed++;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -409,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_link_down),
         cmocka_unit_test(test_slow_lossy_link),
         cmocka_unit_test(test_very_slow_lossy_link),
+        cmocka_unit_test(test_leader_cut_from_etcd),
     };
     cl.cases = sizeof(tests) / sizeof(tests[0]);
     /* some of the tests (a pattern of their names, * and ?): by hand, and
