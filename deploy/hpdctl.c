@@ -287,16 +287,15 @@ static bool ensure_credentials(const hpd_manifest_t *m)
                          "a client key (tenant 'default') in");
 }
 
-static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin)
-{
-    char log[PATH_MAX], pidfile[PATH_MAX], text[24];
-    char **argv;
-    pid_t pid;
+static void stop_pids(const pid_t *pids, uint32_t n, double grace_s);
+static void signal_pid(pid_t pid, int sig);
 
-    if (hpd_manifest_args(m, p, bin, &argv) < 0)
-        return -1;
-    state_path(m, p, "log", log, sizeof(log));
-    state_path(m, p, "pid", pidfile, sizeof(pidfile));
+/* Runs argv detached, its output appended to log, its pid into pidfile. */
+static pid_t spawn_argv(char **argv, const char *log, const char *pidfile)
+{
+    char text[24];
+    pid_t pid;
+    const char *bin = argv[0];
     fflush(stdout);
     if ((pid = fork()) == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -313,7 +312,6 @@ static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const 
         fprintf(stderr, "hpdctl: cannot run %s: %s\n", bin, strerror(errno));
         _exit(127);
     }
-    hpd_manifest_args_free(argv);
     if (pid > 0) {
         int len = snprintf(text, sizeof(text), "%d\n", (int)pid);
         hpd_write_file(pidfile, text, (size_t)len);
@@ -321,16 +319,217 @@ static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const 
     return pid;
 }
 
-static void stop_pids(const pid_t *pids, uint32_t n, double grace_s);
-static void signal_pid(pid_t pid, int sig);
+static pid_t spawn(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin)
+{
+    char log[PATH_MAX], pidfile[PATH_MAX];
+    char **argv;
+    if (hpd_manifest_args(m, p, bin, &argv) < 0)
+        return -1;
+    state_path(m, p, "log", log, sizeof(log));
+    state_path(m, p, "pid", pidfile, sizeof(pidfile));
+    const pid_t pid = spawn_argv(argv, log, pidfile);
+    hpd_manifest_args_free(argv);
+    return pid;
+}
+
+/* ------------------------------------------------------------ etcd */
+
+/* coordinator.etcd.start, and its host is this one: up starts it first
+ * and down stops it last; its pid, log and data are in the state dir. */
+static bool etcd_here(const hpd_manifest_t *m)
+{
+    return m->etcd.start && is_local(m->etcd.host);
+}
+
+static void etcd_path(const hpd_manifest_t *m, const char *ext, char *out, size_t len)
+{
+    snprintf(out, len, "%s/etcd.%s", O.state_dir ? O.state_dir : m->state_dir, ext);
+}
+
+/* HPD_ETCD, else Debian's /usr/bin/etcd, else etcd on PATH. */
+static bool find_etcd(char *out, size_t len)
+{
+    const char *e = getenv("HPD_ETCD");
+    if (e != NULL) {
+        snprintf(out, len, "%s", e);
+        return access(out, X_OK) == 0;
+    }
+    snprintf(out, len, "/usr/bin/etcd");
+    if (access(out, X_OK) == 0)
+        return true;
+    const char *path = getenv("PATH");
+    char *copy = path ? strdup(path) : NULL, *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(out, len, "%s/etcd", d);
+        if (access(out, X_OK) == 0) {
+            free(copy);
+            return true;
+        }
+    }
+    free(copy);
+    snprintf(out, len, "/usr/bin/etcd");
+    return false;
+}
+
+/* The pid in etcd.pid when that process still runs etcd, else 0
+ * (*recorded_p: the pid the file holds, 0 without one). */
+static pid_t etcd_pid(const hpd_manifest_t *m, pid_t *recorded_p)
+{
+    char path[PATH_MAX], *text = NULL, cmd[PATH_MAX];
+    size_t len;
+    uint64_t pid;
+    pid_t out = 0;
+    *recorded_p = 0;
+    etcd_path(m, "pid", path, sizeof(path));
+    if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
+        return 0;
+    if (hpd_parse_u64(strtok(text, "\n") ? text : "", 1, INT32_MAX, &pid) == 0) {
+        *recorded_p = (pid_t)pid;
+        snprintf(path, sizeof(path), "/proc/%llu/cmdline", (unsigned long long)pid);
+        FILE *f = alive((pid_t)pid) ? fopen(path, "r") : NULL;
+        if (f != NULL) {
+            const size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+            cmd[n] = '\0';
+            fclose(f);
+            const char *base = strrchr(cmd, '/');
+            if (strcmp(base ? base + 1 : cmd, "etcd") == 0)
+                out = (pid_t)pid;
+        }
+    }
+    free(text);
+    return out;
+}
+
+/* etcd's GET /health: it answers {"health":"true"} once it serves. */
+static bool etcd_healthy(const hpd_manifest_t *m)
+{
+    int code = 0;
+    char *body = NULL;
+    const char *host = strcmp(m->etcd.host, "0.0.0.0") == 0 ? "127.0.0.1" : m->etcd.host;
+    const bool ok = hpd_http_get(host, m->etcd.port, "/health", 1000, &code, &body) == HPD_OK &&
+                    code == 200 && body != NULL && strstr(body, "\"true\"") != NULL;
+    free(body);
+    return ok;
+}
+
+/* Starts the manifest's etcd unless it runs, and waits until it serves.
+ * *started_p: its pid when this call started it. Returns 0, or 1 having
+ * said why. */
+static int etcd_up(const hpd_manifest_t *m, double t0, pid_t *started_p)
+{
+    char bin[PATH_MAX], log[PATH_MAX], pidfile[PATH_MAX], data[PATH_MAX];
+    char **argv;
+    pid_t recorded, pid = etcd_pid(m, &recorded);
+    *started_p = 0;
+    if (pid > 0) {
+        printf("  [%5.1fs] %-16s running  (pid %d, left alone)\n", hpd_time_now() - t0, "etcd",
+               (int)pid);
+    } else {
+        if (!find_etcd(bin, sizeof(bin))) {
+            fprintf(stderr, "hpdctl: coordinator.etcd.start (line %u): no etcd at %s (expected "
+                    "Debian's etcd-server installed, or HPD_ETCD naming the program)\n",
+                    m->etcd.line, bin);
+            return 1;
+        }
+        etcd_path(m, "log", log, sizeof(log));
+        etcd_path(m, "pid", pidfile, sizeof(pidfile));
+        etcd_path(m, "data", data, sizeof(data));
+        if (hpd_manifest_etcd_args(m, bin, data, &argv) < 0)
+            return 1;
+        pid = spawn_argv(argv, log, pidfile);
+        hpd_manifest_args_free(argv);
+        if (pid <= 0) {
+            fprintf(stderr, "hpdctl: cannot start etcd: %s\n", strerror(errno));
+            return 1;
+        }
+        *started_p = pid;
+        printf("  [%5.1fs] %-16s started  (etcd, pid %d, %s, data in %s)\n",
+               hpd_time_now() - t0, "etcd", (int)pid, m->etcd.endpoint, data);
+    }
+    const double deadline = t0 + O.timeout_s;
+    while (!etcd_healthy(m)) {
+        int status;
+        const bool ended = *started_p > 0 ? waitpid(pid, &status, WNOHANG) == pid : !alive(pid);
+        if (ended || hpd_time_now() > deadline) {
+            etcd_path(m, "log", log, sizeof(log));
+            fprintf(stderr, "hpdctl: etcd %s; the end of %s:\n",
+                    ended ? "exited" : "does not answer /health in time", log);
+            tail_file(log, 15, stderr);
+            return 1;
+        }
+        usleep(100 * 1000);
+    }
+    printf("  [%5.1fs] %-16s healthy  (%s)\n", hpd_time_now() - t0, "etcd", m->etcd.endpoint);
+    return 0;
+}
+
+/* Stops the local etcd last, after the coordinators gave their leases
+ * back. */
+static void etcd_down(const hpd_manifest_t *m, double t0)
+{
+    pid_t recorded, pid = etcd_pid(m, &recorded);
+    char path[PATH_MAX];
+    if (pid > 0) {
+        stop_pids(&pid, 1, 10);
+        printf("  [%5.1fs] %-16s stopped\n", hpd_time_now() - t0, "etcd");
+    }
+    etcd_path(m, "pid", path, sizeof(path));
+    if (pid > 0 || recorded > 0)
+        unlink(path);
+}
 
 typedef struct {
     const hpd_manifest_proc_t *p;
     pid_t pid;
     bool healthy, exited;
     bool kept; /* it was running already: waited for, never stopped by up */
+    bool standby; /* a coordinator campaigning while another leads (counts as healthy) */
+    off_t log_from; /* its log's size when up started it */
     char last[160];
 } up_t;
+
+/* Whether the log holds text after its first `from` bytes. */
+static bool log_has_since(const char *path, off_t from, const char *text)
+{
+    char *all = NULL;
+    size_t len = 0;
+    bool yes = false;
+    if (hpd_read_file(path, &all, &len) == HPD_OK && (size_t)from <= len)
+        yes = strstr(all + from, text) != NULL;
+    free(all);
+    return yes;
+}
+
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_size : 0;
+}
+
+/* The coordinator that answers /healthz (the leader where there is an
+ * election), or NULL. */
+static const hpd_manifest_proc_t *leader(const hpd_manifest_t *m)
+{
+    char body[160];
+    for (uint32_t i = 0; i < m->n_coordinators; i++)
+        if (health(&m->procs[i], body, sizeof(body)) == 200)
+            return &m->procs[i];
+    return NULL;
+}
+
+/* A coordinator under an election that does not answer because another
+ * leads: it campaigns (its log says so since up started it, or up found it
+ * running) and does not listen until it leads. */
+static bool is_standby(const hpd_manifest_t *m, const up_t *u)
+{
+    char log[PATH_MAX];
+    if (u->p->role != HPD_PROC_COORDINATOR || m->etcd.endpoint[0] == '\0')
+        return false;
+    state_path(m, u->p, "log", log, sizeof(log));
+    const hpd_manifest_proc_t *l = leader(m);
+    return l != NULL && l != u->p &&
+           (u->kept || log_has_since(log, u->log_from, "campaigning for"));
+}
 
 /* Waits until every process of u answers /healthz with 200. */
 static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
@@ -366,6 +565,12 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
                 healthy++;
                 printf("  [%5.1fs] %-16s healthy  (%s)\n", hpd_time_now() - t0, u[i].p->name, body);
                 fflush(stdout);
+            } else if (code == 0 && is_standby(m, &u[i])) {
+                u[i].healthy = u[i].standby = true;
+                healthy++;
+                printf("  [%5.1fs] %-16s standby  (campaigning through %s; %s leads)\n",
+                       hpd_time_now() - t0, u[i].p->name, m->etcd.endpoint, leader(m)->name);
+                fflush(stdout);
             } else if (strcmp(body, u[i].last) != 0 && body[0]) {
                 snprintf(u[i].last, sizeof(u[i].last), "%s", body);
                 printf("  [%5.1fs] %-16s %s\n", hpd_time_now() - t0, u[i].p->name, body);
@@ -379,9 +584,14 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
                 if (!u[i].healthy) {
                     char log[PATH_MAX];
                     state_path(m, u[i].p, "log", log, sizeof(log));
-                    fprintf(stderr, "hpdctl: %s is not healthy after %u s (last health: %s); "
+                    fprintf(stderr, "hpdctl: %s is not healthy after %u s (last health: %s%s); "
                             "the end of %s:\n", u[i].p->name, O.timeout_s,
-                            u[i].last[0] ? u[i].last : "no answer", log);
+                            u[i].last[0] ? u[i].last : "no answer",
+                            u[i].p->role == HPD_PROC_COORDINATOR && m->etcd.endpoint[0] &&
+                                    leader(m) == NULL
+                                ? "; no coordinator leads"
+                                : "",
+                            log);
                     tail_file(log, 15, stderr);
                 }
             return -1;
@@ -459,13 +669,21 @@ static int cmd_up(const hpd_manifest_t *m)
     else
         printf("hpdctl: starting %u processes of cluster '%s' (logs in %s)%s\n", n - kept,
                m->cluster, sd, kept ? "; the running ones are left alone" : "");
-    /* the coordinator first (m->procs[0]), so that nodes register at once */
+    /* the election's etcd first, where up starts it */
+    pid_t etcd_started = 0;
+    if (etcd_here(m) && etcd_up(m, t0, &etcd_started) != 0)
+        goto fail;
+    /* the coordinators first (m->procs[0], then its standbys: each leads or
+     * campaigns before the next starts), so that nodes register at once */
     for (uint32_t i = 0; i < n; i++) {
         if (u[i].kept) {
             printf("  [%5.1fs] %-16s running  (pid %d, left alone)\n", hpd_time_now() - t0,
                    u[i].p->name, (int)u[i].pid);
             continue;
         }
+        char log[PATH_MAX];
+        state_path(m, u[i].p, "log", log, sizeof(log));
+        u[i].log_from = file_size(log);
         u[i].pid = spawn(m, u[i].p, bins[u[i].p->role]);
         if (u[i].pid < 0) {
             fprintf(stderr, "hpdctl: cannot start %s: %s\n", u[i].p->name, strerror(errno));
@@ -481,10 +699,15 @@ static int cmd_up(const hpd_manifest_t *m)
     }
     if (wait_healthy(m, u, n, t0) != 0)
         goto fail;
-    const hpd_manifest_proc_t *co = &m->procs[0];
-    printf("hpdctl: cluster '%s' is up in %.1f s: coordinator %s:%u, %u local processes "
-           "healthy (%u started, %u were running)\n", m->cluster, hpd_time_now() - t0, co->host,
-           co->port, n, started, kept);
+    const hpd_manifest_proc_t *co = leader(m) ? leader(m) : &m->procs[0];
+    uint32_t standbys = 0;
+    for (uint32_t i = 0; i < n; i++)
+        standbys += u[i].standby;
+    printf("hpdctl: cluster '%s' is up in %.1f s: coordinator %s:%u%s%s, %u local processes "
+           "healthy (%u started, %u were running%s)\n", m->cluster, hpd_time_now() - t0,
+           co->host, co->port, m->n_coordinators > 1 ? " leading: " : "",
+           m->n_coordinators > 1 ? co->name : "", n, started, kept,
+           standbys ? "; standbys counted healthy" : "");
     rc = 0;
     goto out;
 fail:
@@ -498,6 +721,12 @@ fail:
     for (uint32_t i = 0; i < n; i++)
         if (!u[i].kept && u[i].pid > 0)
             forget(m, u[i].p);
+    if (etcd_started > 0) {
+        char path[PATH_MAX];
+        stop_pids(&etcd_started, 1, 10);
+        etcd_path(m, "pid", path, sizeof(path));
+        unlink(path);
+    }
     rc = 1;
 out:
     free(u);
@@ -627,13 +856,31 @@ static int cmd_down(const hpd_manifest_t *m)
             }
             continue;
         }
-        if (p->role == HPD_PROC_COORDINATOR)
+        char body[160];
+        /* under an election the local coordinator that answers leads; the
+         * others are standbys */
+        if (p->role == HPD_PROC_COORDINATOR &&
+            (m->etcd.endpoint[0] == '\0' || health(p, body, sizeof(body)) == 200))
             coord = pid;
         procs[n] = p;
         pids[n++] = pid;
     }
+    /* standbys first: none must take over while the leader drains */
+    for (uint32_t i = 0; i < n; i++) {
+        if (procs[i]->role != HPD_PROC_COORDINATOR || pids[i] == coord)
+            continue;
+        stop_pids(&pids[i], 1, 10);
+        printf("  [%5.1fs] %-16s stopped  (a standby)\n", hpd_time_now() - t0, procs[i]->name);
+        forget(m, procs[i]);
+        pids[i] = 0;
+    }
     const double deadline = t0 + (O.timeout_s ? O.timeout_s : drain_s + 10);
-    if (n == 0) {
+    uint32_t running = 0;
+    for (uint32_t i = 0; i < n; i++)
+        running += pids[i] != 0;
+    if (running == 0) {
+        if (etcd_here(m))
+            etcd_down(m, t0);
         printf("hpdctl: nothing of cluster '%s' runs on this host\n", m->cluster);
         rc = n_gone > 0 ? 1 : 0;
         goto out;
@@ -689,6 +936,8 @@ static int cmd_down(const hpd_manifest_t *m)
             rc = 1;
         }
     }
+    if (etcd_here(m)) /* the election's etcd last: the leases went back */
+        etcd_down(m, t0);
     printf("hpdctl: cluster '%s' is down on this host (%.1f s)\n", m->cluster, hpd_time_now() - t0);
     if (n_gone > 0)
         fprintf(stderr, "hpdctl: %u process%s had exited before the down (named above)\n",
@@ -707,6 +956,20 @@ static int cmd_status(const hpd_manifest_t *m)
     int rc = 0;
     printf("cluster %s (%s)\n%-18s %-12s %-22s %-8s %-8s %s\n", m->cluster, m->path, "NAME",
            "ROLE", "ADDRESS", "PID", "HEALTH", "DETAIL");
+    if (m->etcd.endpoint[0] != '\0') {
+        char addr[160], pid_text[16] = "-";
+        pid_t recorded, pid = etcd_here(m) ? etcd_pid(m, &recorded) : 0;
+        const bool ok = etcd_healthy(m);
+        if (pid > 0)
+            snprintf(pid_text, sizeof(pid_text), "%d", (int)pid);
+        else if (!etcd_here(m))
+            snprintf(pid_text, sizeof(pid_text), m->etcd.start ? "remote" : "external");
+        snprintf(addr, sizeof(addr), "%s:%u", m->etcd.host, m->etcd.port);
+        printf("%-18s %-12s %-22s %-8s %-8s %s\n", "etcd", "etcd", addr, pid_text,
+               ok ? "ok" : "down", ok ? "the coordinators' election" : "(no answer on /health)");
+        rc |= !ok;
+    }
+    const hpd_manifest_proc_t *lead = leader(m);
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
         char addr[160], body[160], pid_text[16] = "-";
@@ -717,13 +980,19 @@ static int cmd_status(const hpd_manifest_t *m)
         else if (!is_local(p->host))
             snprintf(pid_text, sizeof(pid_text), "remote");
         snprintf(addr, sizeof(addr), "%s:%u", p->host, p->port);
+        /* a coordinator that campaigns while another leads does not listen */
+        const bool standby = p->role == HPD_PROC_COORDINATOR && m->etcd.endpoint[0] != '\0' &&
+                             code == 0 && lead != NULL && (pid > 0 || !is_local(p->host));
+        if (standby)
+            snprintf(body, sizeof(body), "campaigning; listens once it leads (%s leads)",
+                     lead->name);
         printf("%-18s %-12s %-22s %-8s %-8s %s\n", p->name, hpd_proc_role_name(p->role), addr,
-               pid_text, code == 200 ? "ok" : code ? "unready" : "down",
+               pid_text, code == 200 ? "ok" : standby ? "standby" : code ? "unready" : "down",
                body[0] ? body : "(no answer on /healthz)");
-        rc |= code != 200;
+        rc |= code != 200 && !standby;
     }
-    const hpd_manifest_proc_t *co = &m->procs[0];
-    if (co->http_port != 0) { /* the OpenAI-compatible API (docs/api.md) */
+    const hpd_manifest_proc_t *co = lead != NULL ? lead : &m->procs[0];
+    if (co->http_port != 0) { /* the leader's OpenAI-compatible API (docs/api.md) */
         int code = 0;
         char *body = NULL;
         const char *name = co->served_model_name, *slash = strrchr(m->model, '/');
@@ -743,12 +1012,16 @@ static int cmd_logs(const hpd_manifest_t *m, const char *name)
 {
     const hpd_manifest_proc_t *p = hpd_manifest_find(m, name);
     char path[PATH_MAX];
-    if (p == NULL) {
-        fprintf(stderr, "hpdctl logs: no process named '%s' in %s (expected coordinator or one "
-                "of the nodes)\n", name, m->path);
+    const bool etcd = p == NULL && strcmp(name, "etcd") == 0 && m->etcd.start;
+    if (p == NULL && !etcd) {
+        fprintf(stderr, "hpdctl logs: no process named '%s' in %s (expected coordinator%s or "
+                "one of the nodes)\n", name, m->path, m->etcd.start ? ", etcd" : "");
         return 2;
     }
-    state_path(m, p, "log", path, sizeof(path));
+    if (etcd)
+        etcd_path(m, "log", path, sizeof(path));
+    else
+        state_path(m, p, "log", path, sizeof(path));
     if (!O.follow) {
         tail_file(path, O.lines, stdout);
         return 0;

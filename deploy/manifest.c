@@ -459,6 +459,141 @@ static void check_ports(ctx_t *c, const hpd_manifest_t *m, const yaml_node_t *co
     }
 }
 
+/* "HOST:PORT" into host (cap bytes) and a port of 1 to 65535. */
+static bool host_port(const char *text, char *host, size_t cap, uint16_t *port)
+{
+    const char *colon = strrchr(text, ':');
+    uint64_t v;
+    if (colon == NULL || colon == text || (size_t)(colon - text) >= cap ||
+        hpd_parse_u64(colon + 1, 1, 65535, &v) != 0)
+        return false;
+    memcpy(host, text, (size_t)(colon - text));
+    host[colon - text] = '\0';
+    *port = (uint16_t)v;
+    return true;
+}
+
+/* coordinator.etcd: {endpoint, key, ttl_s, start, peer_port}. */
+static void parse_etcd(ctx_t *c, const yaml_node_t *v, hpd_manifest_t *m)
+{
+    hpd_manifest_etcd_t *e = &m->etcd;
+    if (v == NULL)
+        return;
+    e->line = (uint32_t)v->start_mark.line + 1;
+    if (v->type != YAML_MAPPING_NODE) {
+        fail(c, v, "coordinator.etcd", "%s where a mapping was expected (endpoint, key, ttl_s, "
+             "start, peer_port)", type_name(v));
+        return;
+    }
+    const yaml_node_t *peer = NULL;
+    bool have_endpoint = false;
+    for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top;
+         pr++) {
+        const yaml_node_t *k = yaml_document_get_node(&c->doc, pr->key);
+        const yaml_node_t *x = yaml_document_get_node(&c->doc, pr->value);
+        const char *key = scalar(k) ? scalar(k) : "?";
+        char path[64];
+        uint64_t u;
+        snprintf(path, sizeof(path), "coordinator.etcd.%s", key);
+        if (strcmp(key, "endpoint") == 0) {
+            have_endpoint = set_str(c, x, path, e->endpoint, sizeof(e->endpoint));
+            const char *hp = e->endpoint + 7;
+            if (have_endpoint && (strncmp(e->endpoint, "http://", 7) != 0 ||
+                                  strchr(hp, '/') != NULL ||
+                                  !host_port(hp, e->host, sizeof(e->host), &e->port))) {
+                fail(c, x, path, "'%s' is invalid (expected http://HOST:PORT, etcd's client URL)",
+                     e->endpoint);
+                have_endpoint = false;
+            }
+        } else if (strcmp(key, "key") == 0) {
+            if (set_str(c, x, path, e->key, sizeof(e->key)) && e->key[0] != '/')
+                fail(c, x, path, "'%s' is invalid (expected a key starting with '/')", e->key);
+        } else if (strcmp(key, "ttl_s") == 0) {
+            const hpd_opt_t *o = hpd_opt_find("etcd-ttl-s");
+            if (parse_u64(c, x, path, o->min, o->max, 1, &u))
+                e->ttl_s = (uint32_t)u;
+        } else if (strcmp(key, "start") == 0) {
+            parse_bool(c, x, path, &e->start);
+        } else if (strcmp(key, "peer_port") == 0) {
+            peer = x;
+            if (parse_u64(c, x, path, 1, 65535, 1, &u))
+                e->peer_port = (uint16_t)u;
+        } else {
+            fail(c, k, "coordinator.etcd", "unknown field '%s' (expected endpoint, key, ttl_s, "
+                 "start or peer_port)", key);
+        }
+    }
+    if (!have_endpoint) {
+        if (map_get(c, v, "endpoint") == NULL)
+            fail(c, v, "coordinator.etcd.endpoint", "missing (expected http://HOST:PORT, etcd's "
+                 "client URL)");
+        e->endpoint[0] = '\0';
+        return;
+    }
+    if (e->key[0] == '\0')
+        snprintf(e->key, sizeof(e->key), "/hybridpd/%s", m->cluster);
+    if (e->peer_port == 0 && peer == NULL)
+        e->peer_port = e->port < 65535 ? (uint16_t)(e->port + 1) : (uint16_t)(e->port - 1);
+    if (e->peer_port == e->port)
+        fail(c, peer != NULL ? peer : v, "coordinator.etcd.peer_port", "%u is the client "
+             "port too (expected another port)", e->peer_port);
+}
+
+/* coordinator.standbys: more coordinators, each the coordinator's fields
+ * with its own address (host, port, metrics_port, http_port, ...). */
+static void parse_standbys(ctx_t *c, const yaml_node_t *v, hpd_manifest_t *m,
+                           const yaml_node_t **where)
+{
+    if (v == NULL)
+        return;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        fail(c, v, "coordinator.standbys", "%s where a list of coordinators was expected",
+             type_name(v));
+        return;
+    }
+    const uint32_t n = (uint32_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > 0 && m->etcd.line == 0)
+        fail(c, v, "coordinator.standbys", "%u standbys but no coordinator.etcd (expected etcd: "
+             "{endpoint: http://HOST:PORT}; without an election every coordinator would lead)",
+             n);
+    for (uint32_t i = 0; i < n; i++) {
+        const yaml_node_t *sd = yaml_document_get_node(&c->doc, v->data.sequence.items.start[i]);
+        char path[48];
+        snprintf(path, sizeof(path), "coordinator.standbys[%u]", i);
+        if (sd->type != YAML_MAPPING_NODE) {
+            fail(c, sd, path, "%s where a coordinator (a mapping) was expected", type_name(sd));
+            continue;
+        }
+        hpd_manifest_proc_t *p = &m->procs[m->n_procs];
+        *p = m->procs[0];
+        snprintf(p->name, sizeof(p->name), "coordinator-%u", i + 2);
+        p->line = (uint32_t)sd->start_mark.line + 1;
+        where[m->n_procs] = sd;
+        parse_map(c, sd, path, proc_fields, R_COORD, p, NULL);
+        m->n_procs++;
+    }
+}
+
+/* An etcd that hpdctl starts takes two ports on its host. */
+static void check_etcd_ports(ctx_t *c, const hpd_manifest_t *m, const yaml_node_t *coord)
+{
+    const hpd_manifest_etcd_t *e = &m->etcd;
+    const yaml_node_t *at = map_get(c, coord, "etcd");
+    for (uint32_t i = 0; i < m->n_procs; i++) {
+        const hpd_manifest_proc_t *p = &m->procs[i];
+        const uint16_t pp[3] = {p->port, p->metrics_port, p->http_port};
+        static const char *names[3] = {"port", "metrics_port", "http_port"};
+        if (strcmp(host_key(p->host), host_key(e->host)) != 0)
+            continue;
+        for (int x = 0; x < 3; x++)
+            if (pp[x] != 0 && (pp[x] == e->port || pp[x] == e->peer_port))
+                fail(c, at, "coordinator.etcd", "its %s port %u on host %s is already taken by "
+                     "%s.%s (line %u); the etcd hpdctl starts needs its own ports",
+                     pp[x] == e->port ? "client" : "peer", pp[x], e->host, p->name, names[x],
+                     p->line);
+    }
+}
+
 static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
 {
     static const char *top[] = {"cluster",   "model",     "token_file", "client_keys_file",
@@ -559,8 +694,13 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
         fail(c, nodes, "nodes", "%s where a list of nodes was expected", type_name(nodes));
     const uint32_t n_nodes = nodes && nodes->type == YAML_SEQUENCE_NODE
         ? (uint32_t)(nodes->data.sequence.items.top - nodes->data.sequence.items.start) : 0;
-    m->procs = calloc(n_nodes + 1, sizeof(*m->procs));
-    where = calloc(n_nodes + 1, sizeof(*where));
+    const yaml_node_t *standbys = coord && coord->type == YAML_MAPPING_NODE
+                                      ? map_get(c, coord, "standbys") : NULL;
+    const uint32_t n_standbys = standbys && standbys->type == YAML_SEQUENCE_NODE
+        ? (uint32_t)(standbys->data.sequence.items.top - standbys->data.sequence.items.start)
+        : 0;
+    m->procs = calloc(n_nodes + 1 + n_standbys, sizeof(*m->procs));
+    where = calloc(n_nodes + 1 + n_standbys, sizeof(*where));
     if (m->procs == NULL || where == NULL) {
         fail(c, root, "manifest", "out of memory");
         free(where);
@@ -577,7 +717,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
     if (coord != NULL && coord->type != YAML_MAPPING_NODE) {
         fail(c, coord, "coordinator", "%s where a mapping was expected", type_name(coord));
     } else if (coord != NULL) {
-        parse_map(c, coord, "coordinator", proc_fields, R_COORD, cp, NULL);
+        static const char *const own[] = {"etcd", "standbys", NULL};
+        parse_map(c, coord, "coordinator", proc_fields, R_COORD, cp, own);
         if (map_get(c, coord, "port") == NULL)
             fail(c, coord, "coordinator.port", "missing (expected the RPC port, 1 to 65535)");
         else if (cp->port == 0 && c->n_errors == 0)
@@ -593,7 +734,10 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
         if (cp->lease_ms != 0 && cp->lease_ms <= hb)
             fail(c, map_get(c, coord, "lease_ms"), "coordinator.lease_ms",
                  "%u must exceed heartbeat_ms %u", cp->lease_ms, hb);
+        parse_etcd(c, map_get(c, coord, "etcd"), m);
+        parse_standbys(c, standbys, m, where);
     }
+    m->n_coordinators = m->n_procs;
 
     /* the nodes */
     uint32_t n_prefill = 0, n_decode = 0;
@@ -639,8 +783,9 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
                      "'-', not 'coordinator')", p->name);
             for (uint32_t j = 1; j < m->n_procs; j++)
                 if (strcmp(m->procs[j].name, p->name) == 0)
-                    fail(c, name, rpath, "'%s' is already the name of the node at line %u",
-                         p->name, m->procs[j].line);
+                    fail(c, name, rpath, "'%s' is already the name of the %s at line %u",
+                         p->name, j < m->n_coordinators ? "standby coordinator" : "node",
+                         m->procs[j].line);
         }
         static const char *const skip[] = {"role", "name", NULL};
         parse_map(c, nd, path, proc_fields, 1u << p->role, p, skip);
@@ -655,6 +800,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
              n_prefill, n_decode);
     if (c->n_errors == 0)
         check_ports(c, m, where);
+    if (c->n_errors == 0 && m->etcd.start)
+        check_etcd_ports(c, m, coord);
     free(where);
 }
 
@@ -843,8 +990,22 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
             if (given(p, nums[i].flag))
                 arg_opt(&a, nums[i].flag, nums[i].v);
+        if (m->etcd.endpoint[0] != '\0') {
+            arg(&a, "--etcd");
+            arg(&a, m->etcd.endpoint);
+            arg(&a, "--etcd-key");
+            arg(&a, m->etcd.key);
+            if (m->etcd.ttl_s != 0)
+                arg_u(&a, "--etcd-ttl-s", m->etcd.ttl_s);
+        }
     } else {
-        snprintf(text, sizeof(text), "%s:%u", co->host, co->port);
+        /* the coordinator and its standbys: the node registers with the one
+         * that leads */
+        size_t used = 0;
+        text[0] = '\0';
+        for (uint32_t i = 0; i < m->n_coordinators && used < sizeof(text); i++)
+            used += (size_t)snprintf(text + used, sizeof(text) - used, "%s%s:%u", i ? "," : "",
+                                     co[i].host, co[i].port);
         arg(&a, "--coordinator");
         arg(&a, text);
         arg(&a, "--model");
@@ -883,6 +1044,29 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
             arg_u(&a, "--host-cache-mb", p->host_cache_mb);
         }
     }
+    if (a.oom) {
+        hpd_manifest_args_free(a.v);
+        return -1;
+    }
+    *argv_p = a.v;
+    return (int)a.n;
+}
+
+int hpd_manifest_etcd_args(const hpd_manifest_t *m, const char *bin, const char *data_dir,
+                           char ***argv_p)
+{
+    argv_t a = {0};
+    char client[200], peer[200], cluster[260];
+    const hpd_manifest_etcd_t *e = &m->etcd;
+    snprintf(client, sizeof(client), "http://%s:%u", e->host, e->port);
+    snprintf(peer, sizeof(peer), "http://%s:%u", e->host, e->peer_port);
+    snprintf(cluster, sizeof(cluster), "%s=%s", m->cluster, peer);
+    const char *words[] = {bin, "--name", m->cluster, "--data-dir", data_dir,
+                           "--listen-client-urls", client, "--advertise-client-urls", client,
+                           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                           "--initial-cluster", cluster};
+    for (size_t i = 0; i < HPD_ARRAY_SIZE(words); i++)
+        arg(&a, words[i]);
     if (a.oom) {
         hpd_manifest_args_free(a.v);
         return -1;

@@ -56,6 +56,20 @@ typedef struct {
     uint64_t given;
 } hpd_manifest_proc_t;
 
+/* coordinator.etcd: the coordinators campaign for leadership through it
+ * (docs/operations.md, "A standby coordinator"). */
+typedef struct {
+    char endpoint[160];  /* http://HOST:PORT; "": no election */
+    char key[160];       /* default /hybridpd/<cluster> */
+    uint32_t ttl_s;      /* 0: the coordinator's default */
+    bool start;          /* hpdctl up starts it (etcd-server) where its host is this one;
+                            render writes its unit or its StatefulSet */
+    char host[128];      /* the endpoint's */
+    uint16_t port;       /* the endpoint's: clients */
+    uint16_t peer_port;  /* peer_port, default port + 1 */
+    uint32_t line;
+} hpd_manifest_etcd_t;
+
 typedef struct {
     char path[HPD_MANIFEST_PATH_MAX];   /* the file as given */
     char cluster[HPD_MANIFEST_NAME_MAX + 1];
@@ -67,8 +81,12 @@ typedef struct {
     char log_level[8];
     char k8s_image[256];     /* kubernetes.image (hybridpd:latest) */
     char k8s_namespace[64];  /* kubernetes.namespace (default) */
-    hpd_manifest_proc_t *procs; /* [0] is the coordinator, then the nodes in order */
-    uint32_t n_procs;
+    hpd_manifest_etcd_t etcd;
+    /* [0] is the coordinator, then its standbys (coordinator.standbys:
+     * n_coordinators - 1 of them, named coordinator-2, ...), then the
+     * nodes in order */
+    hpd_manifest_proc_t *procs;
+    uint32_t n_procs, n_coordinators;
 } hpd_manifest_t;
 
 /* Reads and validates a manifest. On a mistake returns HPD_ERR_INVALID_ARG
@@ -93,5 +111,11 @@ const char *hpd_proc_role_name(hpd_proc_role_t role);
 int hpd_manifest_args(const hpd_manifest_t *manifest, const hpd_manifest_proc_t *proc,
                       const char *bin, char ***argv_p);
 void hpd_manifest_args_free(char **argv);
+
+/* The command line of the etcd that coordinator.etcd.start asks for (one
+ * member named after the cluster, its data in data_dir), as
+ * hpd_manifest_args. */
+int hpd_manifest_etcd_args(const hpd_manifest_t *manifest, const char *bin, const char *data_dir,
+                           char ***argv_p);
 
 #endif

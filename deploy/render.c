@@ -42,6 +42,42 @@ static void put_word(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* coordinator.etcd.start: one etcd member of the cluster's own (etcd-server
+ * from Debian), its data under the state dir; the coordinators on its host
+ * start after it. */
+static int etcd_unit(const hpd_manifest_t *m, const char *dir, const char *name, char *err,
+                     size_t errlen)
+{
+    char path[HPD_MANIFEST_PATH_MAX + 128], data[HPD_MANIFEST_PATH_MAX + 16], **argv;
+    FILE *f;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    snprintf(data, sizeof(data), "%s/etcd.data", m->state_dir);
+    if (hpd_manifest_etcd_args(m, "/usr/bin/etcd", data, &argv) < 0 ||
+        (f = fopen(path, "w")) == NULL) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "# hybridpd cluster %s: the coordinators' election (etcd-server from Debian) on "
+               "%s (from %s)\n", m->cluster, m->etcd.host, m->path);
+    fprintf(f, "[Unit]\nDescription=hybridpd %s etcd (coordinator election)\n"
+               "Wants=network-online.target\nAfter=network-online.target\n"
+               "\n[Service]\nType=notify\nExecStart=", m->cluster);
+    for (int k = 0; argv[k] != NULL; k++) {
+        if (k)
+            fputc(' ', f);
+        put_word(f, argv[k]);
+    }
+    fprintf(f, "\nRestart=on-failure\nRestartSec=2\n"
+               "\n[Install]\nWantedBy=multi-user.target\n");
+    hpd_manifest_args_free(argv);
+    if (fclose(f) != 0) {
+        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        return 1;
+    }
+    printf("%s  (host %s)\n", path, m->etcd.host);
+    return 0;
+}
+
 int hpd_render_systemd(const hpd_render_params_t *rp, char *err, size_t errlen)
 {
     const hpd_manifest_t *m = rp->manifest;
@@ -56,6 +92,12 @@ int hpd_render_systemd(const hpd_render_params_t *rp, char *err, size_t errlen)
         return 1;
     }
     unit_name(m, &m->procs[0], co_unit, sizeof(co_unit));
+    char etcd_name[160] = "";
+    if (m->etcd.start) {
+        snprintf(etcd_name, sizeof(etcd_name), "hybridpd-%s-etcd.service", m->cluster);
+        if (etcd_unit(m, rp->out, etcd_name, err, errlen) != 0)
+            return 1;
+    }
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
         char **argv;
@@ -68,14 +110,18 @@ int hpd_render_systemd(const hpd_render_params_t *rp, char *err, size_t errlen)
         }
         const bool node = p->role != HPD_PROC_COORDINATOR;
         const bool same_host = node && strcmp(p->host, m->procs[0].host) == 0;
+        /* a coordinator starts after the election's etcd on its host */
+        const bool after_etcd = !node && m->etcd.start && strcmp(p->host, m->etcd.host) == 0;
         fprintf(f, "# hybridpd cluster %s: %s %s on %s (from %s)\n", m->cluster,
                 hpd_proc_role_name(p->role), p->name, p->host, m->path);
         fprintf(f, "[Unit]\nDescription=hybridpd %s %s %s\n", m->cluster,
                 hpd_proc_role_name(p->role), p->name);
         fprintf(f, "Documentation=https://github.com/hybridpd/hybridpd/blob/main/docs/"
                    "operations.md\n");
-        fprintf(f, "Wants=network-online.target\nAfter=network-online.target%s%s\n",
-                same_host ? " " : "", same_host ? co_unit : "");
+        fprintf(f, "Wants=network-online.target%s%s\nAfter=network-online.target%s%s\n",
+                after_etcd ? " " : "", after_etcd ? etcd_name : "",
+                same_host || after_etcd ? " " : "",
+                same_host ? co_unit : after_etcd ? etcd_name : "");
         fprintf(f, "\n[Service]\nType=exec\nExecStart=");
         for (int k = 0; argv[k] != NULL; k++) {
             if (k)
@@ -309,7 +355,8 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
  * role share one container spec, so they listen on the ports of the role's
  * first node; on a GPU the pod sees its one GPU as cuda:0. */
 static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
-                       const hpd_manifest_proc_t *first, char *out, size_t len)
+                       const hpd_manifest_proc_t *first, const char *etcd_url, char *out,
+                       size_t len)
 {
     hpd_manifest_proc_t q = *p;
     q.port = first->port;
@@ -328,6 +375,12 @@ static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
             k++;
             continue;
         }
+        if (!strcmp(a, "--etcd") && etcd_url != NULL && argv[k + 1] != NULL) {
+            used += (size_t)snprintf(out + used, len - used, "%s--etcd %s", used ? " " : "",
+                                     etcd_url);
+            k++;
+            continue;
+        }
         used += (size_t)snprintf(out + used, len - used, "%s%s", used ? " " : "", a);
     }
     hpd_manifest_args_free(argv);
@@ -336,6 +389,80 @@ static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
 static int emit(yaml_emitter_t *e, doc_t *y)
 {
     return yaml_emitter_dump(e, &y->d) ? 0 : -1; /* dump deletes the document */
+}
+
+/* coordinator.etcd.start: a headless Service and a StatefulSet of one etcd
+ * member (the image's etcd, on PATH). The election's state is soft: on an
+ * emptyDir, a new pod starts empty, the leader's lease is gone, it steps
+ * down and the coordinators elect again. */
+static int y_etcd(yaml_emitter_t *e, doc_t *y, const hpd_manifest_t *m, const char *name,
+                  const char *client_url)
+{
+    char peer_url[400], cluster[480], script[2048];
+    int rc = 0;
+    snprintf(peer_url, sizeof(peer_url), "http://%s-0.%s.%s.svc:%u", name, name,
+             m->k8s_namespace, m->etcd.peer_port);
+    snprintf(cluster, sizeof(cluster), "%s=%s", m->cluster, peer_url);
+    int root = y_object(y, m, "v1", "Service", name, "etcd", NULL), spec = y_map(y);
+    y_put(y, root, "spec", spec);
+    y_put(y, spec, "clusterIP", y_str(y, "None"));
+    y_put(y, spec, "publishNotReadyAddresses", y_str(y, "true"));
+    y_put(y, spec, "selector", y_selector(y, m, "etcd"));
+    int ports = y_seq(y);
+    y_put(y, spec, "ports", ports);
+    y_add(y, ports, y_port(y, "client", m->etcd.port));
+    y_add(y, ports, y_port(y, "peer", m->etcd.peer_port));
+    rc |= emit(e, y);
+
+    root = y_object(y, m, "apps/v1", "StatefulSet", name, "etcd", NULL);
+    spec = y_map(y);
+    int sel = y_map(y), tmpl = y_map(y), meta = y_map(y), labels = y_map(y), pspec = y_map(y);
+    int containers = y_seq(y), c = y_map(y), cmd = y_seq(y), cports = y_seq(y);
+    int probe = y_map(y), get = y_map(y), mounts = y_seq(y), mt = y_map(y), vols = y_seq(y);
+    int vol = y_map(y), empty = y_map(y);
+    y_put(y, root, "spec", spec);
+    y_put(y, spec, "serviceName", y_str(y, name));
+    y_put(y, spec, "replicas", y_int(y, 1));
+    y_put(y, spec, "selector", sel);
+    y_put(y, sel, "matchLabels", y_selector(y, m, "etcd"));
+    y_put(y, spec, "template", tmpl);
+    y_put(y, tmpl, "metadata", meta);
+    y_put(y, meta, "labels", labels);
+    y_put(y, labels, "app.kubernetes.io/name", y_str(y, "hybridpd"));
+    y_put(y, labels, "app.kubernetes.io/instance", y_str(y, m->cluster));
+    y_put(y, labels, "app.kubernetes.io/component", y_str(y, "etcd"));
+    y_put(y, tmpl, "spec", pspec);
+    y_put(y, pspec, "containers", containers);
+    y_add(y, containers, c);
+    y_put(y, c, "name", y_str(y, "etcd"));
+    y_put(y, c, "image", y_str(y, m->k8s_image));
+    y_put(y, c, "command", cmd);
+    y_add(y, cmd, y_str(y, "/bin/sh"));
+    y_add(y, cmd, y_str(y, "-c"));
+    snprintf(script, sizeof(script),
+             "exec etcd --name %s --data-dir /var/lib/etcd --listen-client-urls http://0.0.0.0:%u "
+             "--advertise-client-urls %s --listen-peer-urls http://0.0.0.0:%u "
+             "--initial-advertise-peer-urls %s --initial-cluster %s",
+             m->cluster, m->etcd.port, client_url, m->etcd.peer_port, peer_url, cluster);
+    y_add(y, cmd, y_str(y, script));
+    y_put(y, c, "ports", cports);
+    y_add(y, cports, y_port(y, "client", m->etcd.port));
+    y_add(y, cports, y_port(y, "peer", m->etcd.peer_port));
+    y_put(y, c, "readinessProbe", probe);
+    y_put(y, probe, "httpGet", get);
+    y_put(y, get, "path", y_str(y, "/health"));
+    y_put(y, get, "port", y_str(y, "client"));
+    y_put(y, probe, "periodSeconds", y_int(y, 2));
+    y_put(y, c, "volumeMounts", mounts);
+    y_put(y, mt, "name", y_str(y, "data"));
+    y_put(y, mt, "mountPath", y_str(y, "/var/lib/etcd"));
+    y_add(y, mounts, mt);
+    y_put(y, pspec, "volumes", vols);
+    y_put(y, vol, "name", y_str(y, "data"));
+    y_put(y, vol, "emptyDir", empty);
+    y_add(y, vols, vol);
+    rc |= emit(e, y);
+    return rc;
 }
 
 static int write_handler(void *data, unsigned char *buffer, size_t size)
@@ -360,6 +487,10 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     snprintf(co_name, sizeof(co_name), "%s-coordinator", m->cluster);
     snprintf(co_addr, sizeof(co_addr), "%s.%s.svc:%u", co_name, m->k8s_namespace,
              m->procs[0].port);
+    char etcd_name[128], etcd_url[300];
+    snprintf(etcd_name, sizeof(etcd_name), "%s-etcd", m->cluster);
+    snprintf(etcd_url, sizeof(etcd_url), "http://%s.%s.svc:%u", etcd_name, m->k8s_namespace,
+             m->etcd.port);
     if (hpd_read_file(m->token_file, &token, &tlen) != HPD_OK) {
         snprintf(err, errlen, "token_file: cannot read %s (the Secret carries it; hpdctl up "
                  "creates one, or write a random line there)", m->token_file);
@@ -414,20 +545,30 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
         char key[160];
+        if (p->role == HPD_PROC_COORDINATOR && i > 0)
+            continue; /* the replicas share the coordinator's flags */
         if (p->role == HPD_PROC_COORDINATOR)
             snprintf(key, sizeof(key), "coordinator");
         else
             snprintf(key, sizeof(key), "%s-%u", groups[p->role].name, ordinal[p->role]++);
-        flags_text(m, p, groups[p->role].first, flags, sizeof(flags));
+        flags_text(m, p, groups[p->role].first, m->etcd.start ? etcd_url : NULL, flags,
+                   sizeof(flags));
         y_put(&y, data, key, y_str(&y, flags));
     }
     rc |= emit(&e, &y);
 
-    /* the coordinator: a Deployment of one and its Service */
+    /* the election's etcd, where the manifest starts one */
+    if (m->etcd.start)
+        rc |= y_etcd(&e, &y, m, etcd_name, etcd_url);
+
+    /* the coordinator: a Deployment of one, or of the leader and its
+     * standbys (they campaign through etcd; only the leader listens and
+     * is ready, so the Service sends nodes and clients to it), and its
+     * Service */
     root = y_object(&y, m, "apps/v1", "Deployment", co_name, "coordinator", NULL);
     int spec = y_map(&y), sel = y_map(&y);
     y_put(&y, root, "spec", spec);
-    y_put(&y, spec, "replicas", y_int(&y, 1));
+    y_put(&y, spec, "replicas", y_int(&y, m->n_coordinators));
     y_put(&y, spec, "selector", sel);
     y_put(&y, sel, "matchLabels", y_selector(&y, m, "coordinator"));
     y_put(&y, spec, "template", y_pod(&y, m, &groups[HPD_PROC_COORDINATOR], "hpd-coordinator",

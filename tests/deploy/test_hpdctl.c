@@ -5,10 +5,12 @@
  * to what the client saw), logs with request ids, a graceful down with a
  * request in flight, a failing up that names the process and stops the
  * rest, up on a partly running cluster (starts only what is missing),
- * restart of one process, a 1,000-node manifest, and render output
- * (systemd-analyze verify where available; the
- * Kubernetes YAML parses and names every node). */
-#include "tests/cluster/harness.h"
+ * restart of one process, a 1,000-node manifest, render output
+ * (systemd-analyze verify where available; the Kubernetes YAML parses and
+ * names every node), and a cluster whose coordinator has a standby elected
+ * through an etcd that up starts (skipped without etcd-server unless
+ * HPD_REQUIRE_ETCD=1). */
+#include "tests/cluster/failover.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -24,13 +26,14 @@
 
 static cl_t cl; /* its directory, and waits with deadlines (no process of its own) */
 static char manifest[300], token_file[300], keys_file[300], state_dir[300];
+static char ha[400]; /* test_standby_through_etcd's manifest */
 static pid_t fake_node; /* test_up_with_a_node_left's, while it runs */
 
 /* The ports of local.yaml (176xx) and the free ones that replace them. */
 static struct {
     unsigned example;
     uint16_t port;
-} ports[16];
+} ports[24];
 static uint32_t n_ports;
 
 static uint16_t port_of(unsigned example)
@@ -63,7 +66,9 @@ static void pick_ports(void)
 {
     char src[512], *text;
     size_t len;
-    int fds[16];
+    int fds[24];
+    /* and the ones test_standby_through_etcd adds: etcd's two, a standby's three */
+    static const unsigned extra[] = {17630, 17631, 17700, 17701, 17702};
     unsigned ephemeral = 32768;
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f != NULL) {
@@ -75,14 +80,21 @@ static void pick_ports(void)
     assert_int_equal(hpd_read_file(src, &text, &len), HPD_OK);
     uint64_t draw = 0;
     const uint64_t seed = (uint64_t)getpid() << 32 ^ (uint64_t)(hpd_time_now() * 1e6);
-    for (const char *s = strstr(text, "port: 176"); s != NULL; s = strstr(s + 1, "port: 176")) {
-        const unsigned example = (unsigned)atoi(s + 6);
+    const char *s = strstr(text, "port: 176");
+    for (size_t x = 0; s != NULL || x < HPD_ARRAY_SIZE(extra);) {
+        unsigned example;
+        if (s != NULL) {
+            example = (unsigned)atoi(s + 6);
+            s = strstr(s + 1, "port: 176");
+        } else {
+            example = extra[x++];
+        }
         bool seen = false;
         for (uint32_t i = 0; i < n_ports; i++)
             seen |= ports[i].example == example;
         if (seen)
             continue;
-        assert_true(n_ports < 16);
+        assert_true(n_ports < 24);
         do {
             assert_true(draw < 1000);
             ports[n_ports].port =
@@ -168,6 +180,8 @@ static int teardown(void **state)
         waitpid(fake_node, NULL, 0);
     }
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* whatever a failure left */
+    if (ha[0] != '\0')
+        hpdctl(NULL, "down %s --timeout-s 10", ha);
     cl_finish(&cl);
     return 0;
 }
@@ -613,6 +627,119 @@ static void test_up_idempotent_and_restart(void **state)
     cl.passed++;
 }
 
+/* The same prompt's tokens through the coordinators of both (ids[0..3]). */
+static void generate_through(const char *both, int32_t ids[4])
+{
+    char *key;
+    hpd_client_t *c;
+    hpd_generate_result_t r;
+    static const int32_t prompt[] = {9, 8, 7, 6, 5};
+    assert_int_equal(hpd_rpc_read_token(keys_file, &key), HPD_OK);
+    key[strcspn(key, " ")] = '\0';
+    const hpd_client_params_t cp = {.coordinators = both, .token = key, .timeout_ms = 120000};
+    assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
+    const hpd_generate_params_t gp = {.prompt = prompt, .n_prompt = 5, .max_tokens = 4,
+                                      .sampling = {.top_p = 1}};
+    if (hpd_client_generate(c, &gp, NULL, NULL, &r) != HPD_OK)
+        fail_msg("generate: %s", r.error);
+    assert_int_equal(r.n_tokens, 4);
+    memcpy(ids, r.tokens, 4 * sizeof(*ids));
+    hpd_generate_result_free(&r);
+    hpd_client_destroy(c);
+    free(key);
+}
+
+static bool coordinator2_leads(cl_t *c, void *arg)
+{
+    int code = 0;
+    return hpd_http_get("127.0.0.1", port_of(17701), "/healthz", 500, &code, NULL) == HPD_OK &&
+           code == 200;
+}
+
+/* coordinator.etcd with start: up starts etcd first, then the coordinator
+ * (it leads), its standby (it campaigns and does not listen) and the
+ * nodes, given both; status tells the standby from a coordinator that is
+ * down. kill -9 of the leader: the standby leads and serves the same
+ * tokens; up brings the old one back as a standby. down stops the standby
+ * first (none takes over during the drain) and etcd last. */
+static void test_standby_through_etcd(void **state)
+{
+    char sd[400], cmd[2048], both[64], *out;
+    int32_t before[4], after[4];
+    if (!cl_etcd_present())
+        skip();
+    snprintf(ha, sizeof(ha), "%s/ha.yaml", cl.root);
+    snprintf(sd, sizeof(sd), "%s/ha-state", cl.root);
+    snprintf(both, sizeof(both), "127.0.0.1:%u,127.0.0.1:%u", port_of(17600), port_of(17700));
+    /* the test's local.yaml, another cluster, with etcd and a standby */
+    char *text, *at, out_text[20000];
+    assert_int_equal(hpd_read_file(manifest, &text, &(size_t){0}), HPD_OK);
+    assert_non_null(at = strstr(text, "  drain_timeout_ms: 30000\n"));
+    at += strlen("  drain_timeout_ms: 30000\n");
+    snprintf(out_text, sizeof(out_text),
+             "%.*s  etcd: {endpoint: \"http://127.0.0.1:%u\", peer_port: %u, start: true}\n"
+             "  standbys:\n    - {port: %u, metrics_port: %u, http_port: %u}\n%s",
+             (int)(at - text), text, port_of(17630), port_of(17631), port_of(17700),
+             port_of(17701), port_of(17702), at);
+    free(text);
+    assert_int_equal(hpd_write_file(ha, out_text, strlen(out_text)), HPD_OK);
+    snprintf(cmd, sizeof(cmd), "sed -i -e 's#^cluster: local#cluster: ha#' -e "
+             "'s#^state_dir:.*#state_dir: %s#' %s", sd, ha);
+    assert_int_equal(system(cmd), 0);
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if a test before failed */
+
+    assert_int_equal(hpdctl(&out, "up %s", ha), 0);
+    assert_non_null(strstr(out, "etcd             healthy"));
+    assert_non_null(strstr(out, "coordinator      healthy"));
+    assert_non_null(strstr(out, "coordinator-2    standby  (campaigning through"));
+    assert_non_null(strstr(out, "leading: coordinator,"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "status %s", ha), 0);
+    assert_non_null(strstr(out, "the coordinators' election"));
+    assert_non_null(strstr(out, " standby  campaigning"));
+    free(out);
+    generate_through(both, before);
+
+    /* the leader dies: the standby leads and serves the same tokens */
+    char pidfile[450];
+    snprintf(pidfile, sizeof(pidfile), "%s/coordinator.pid", sd);
+    assert_int_equal(hpd_read_file(pidfile, &text, &(size_t){0}), HPD_OK);
+    const pid_t leader = (pid_t)atoi(text);
+    free(text);
+    assert_int_equal(kill(leader, SIGKILL), 0);
+    cl_wait(&cl, NULL, 30, coordinator2_leads, NULL, "coordinator-2 leading");
+    generate_through(both, after);
+    assert_memory_equal(before, after, sizeof(before));
+    assert_int_equal(hpdctl(&out, "status %s", ha), 1); /* the old leader is down */
+    assert_non_null(strstr(out, "  -        down     (no answer on /healthz)"));
+    assert_non_null(strstr(out, "model 'model': ok")); /* the leader's HTTP API */
+    free(out);
+
+    /* up: the old leader comes back as a standby */
+    assert_int_equal(hpdctl(&out, "up %s", ha), 0);
+    assert_non_null(strstr(out, "coordinator      standby"));
+    assert_non_null(strstr(out, "leading: coordinator-2,"));
+    assert_non_null(strstr(out, "1 started, 3 were running"));
+    free(out);
+    assert_int_equal(hpdctl(&out, "status %s", ha), 0);
+    free(out);
+
+    /* down: the standby first, the leader drains, etcd last */
+    assert_int_equal(hpdctl(&out, "down %s", ha), 0);
+    const char *standby = strstr(out, "coordinator      stopped  (a standby)");
+    const char *drain = strstr(out, "draining the coordinator");
+    const char *etcd = strstr(out, "etcd             stopped");
+    assert_true(standby != NULL && drain != NULL && etcd != NULL);
+    assert_true(standby < drain && drain < etcd);
+    free(out);
+    snprintf(pidfile, sizeof(pidfile), "%s/etcd.pid", sd);
+    assert_int_not_equal(access(pidfile, F_OK), 0);
+    int code;
+    assert_int_not_equal(
+        hpd_http_get("127.0.0.1", port_of(17630), "/health", 500, &code, NULL), HPD_OK);
+    cl.passed++;
+}
+
 /* A manifest of 1,000 local nodes: parsed, checked, rendered, and up fails
  * with a message (its programs here are stand-ins that exit), never a
  * stack overflow (02a8551 kept local processes in arrays of 256). */
@@ -888,6 +1015,7 @@ int main(void)
         cmocka_unit_test(test_up_failure),
         cmocka_unit_test(test_up_with_a_node_left),
         cmocka_unit_test(test_up_idempotent_and_restart),
+        cmocka_unit_test(test_standby_through_etcd),
         cmocka_unit_test(test_thousand_nodes),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_render),

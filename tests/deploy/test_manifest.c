@@ -445,6 +445,156 @@ static void test_missing_model(void **state)
     expect_error(edit(11, NULL), "m.yaml:8: nodes[0].metrics_port: missing", NULL);
 }
 
+/* coordinator.etcd and coordinator.standbys: the standbys are coordinators
+ * (procs[1..]) with the coordinator's fields and their own address; every
+ * coordinator campaigns through etcd and every node is given them all;
+ * the etcd hpdctl starts gets its command line and its ports checked;
+ * mistakes are named. */
+static void test_standbys_and_etcd(void **state)
+{
+    char text[4096], err[4096], args[2048], **argv;
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%s",
+             edit(6, "  metrics_port: 7001\n  heartbeat_ms: 300\n"
+                     "  etcd: {endpoint: \"http://10.0.0.5:2379\", start: true, ttl_s: 3}\n"
+                     "  standbys:\n    - {host: 10.0.0.6}\n"
+                     "    - {port: 7100, metrics_port: 7101}"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    assert_int_equal(m->n_coordinators, 3);
+    assert_int_equal(m->n_procs, 5);
+    assert_string_equal(m->procs[1].name, "coordinator-2");
+    assert_string_equal(m->procs[1].host, "10.0.0.6");
+    assert_int_equal(m->procs[1].port, 7000); /* the coordinator's, on its own host */
+    assert_int_equal(m->procs[2].port, 7100);
+    assert_int_equal(m->procs[2].role, HPD_PROC_COORDINATOR);
+    assert_string_equal(m->procs[3].name, "p0");
+    assert_string_equal(m->etcd.host, "10.0.0.5");
+    assert_int_equal(m->etcd.port, 2379);
+    assert_int_equal(m->etcd.peer_port, 2380);
+    assert_string_equal(m->etcd.key, "/hybridpd/t");
+    for (uint32_t i = 0; i < 3; i++) {
+        joined_args(m, &m->procs[i], args, sizeof(args));
+        assert_non_null(strstr(args, "--etcd http://10.0.0.5:2379 --etcd-key /hybridpd/t "
+                                     "--etcd-ttl-s 3"));
+        assert_non_null(strstr(args, "--heartbeat-ms 300")); /* the coordinator's fields */
+    }
+    joined_args(m, &m->procs[4], args, sizeof(args));
+    assert_non_null(strstr(args, "--coordinator 127.0.0.1:7000,10.0.0.6:7000,127.0.0.1:7100 "));
+    assert_null(strstr(args, "--etcd"));
+    assert_true(hpd_manifest_etcd_args(m, "/usr/bin/etcd", "/var/etcd", &argv) > 0);
+    args[0] = '\0';
+    for (int i = 0; argv[i] != NULL; i++)
+        snprintf(args + strlen(args), sizeof(args) - strlen(args), "%s ", argv[i]);
+    hpd_manifest_args_free(argv);
+    assert_string_equal(args, "/usr/bin/etcd --name t --data-dir /var/etcd --listen-client-urls "
+                              "http://10.0.0.5:2379 --advertise-client-urls http://10.0.0.5:2379 "
+                              "--listen-peer-urls http://10.0.0.5:2380 "
+                              "--initial-advertise-peer-urls http://10.0.0.5:2380 "
+                              "--initial-cluster t=http://10.0.0.5:2380 ");
+    hpd_manifest_destroy(m);
+
+    /* mistakes */
+    expect_error(edit(6, "  metrics_port: 7001\n  standbys:\n    - {port: 7100, metrics_port: "
+                         "7101}"),
+                 "coordinator.standbys: 1 standbys but no coordinator.etcd", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"https://e:2379\"}"),
+                 "coordinator.etcd.endpoint: 'https://e:2379' is invalid (expected "
+                 "http://HOST:PORT", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e\"}"),
+                 "coordinator.etcd.endpoint: 'http://e' is invalid", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {start: true}"),
+                 "coordinator.etcd.endpoint: missing", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e:1\", lease: 2}"),
+                 "unknown field 'lease' (expected endpoint, key, ttl_s, start or peer_port)", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e:1\", ttl_s: 1}"),
+                 "coordinator.etcd.ttl_s: 1 is out of range (expected 2 to 60)", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e:1\", key: k}"),
+                 "coordinator.etcd.key: 'k' is invalid (expected a key starting with '/')", NULL);
+    /* a standby on the coordinator's host needs ports of its own */
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e:1\"}\n"
+                         "  standbys:\n    - {metrics_port: 7101}"),
+                 "coordinator-2.port: port 7000 on host 127.0.0.1 is already taken by "
+                 "coordinator.port", NULL);
+    /* the etcd hpdctl starts takes its two ports */
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://127.0.0.1:7010\", "
+                         "start: true}"),
+                 "coordinator.etcd: its client port 7010 on host 127.0.0.1 is already taken by "
+                 "p0.port", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://127.0.0.1:7020\", "
+                         "peer_port: 7021, start: true}"),
+                 "its client port 7020", "its peer port 7021");
+    expect_error(edit(6, "  metrics_port: 7001\n  etcd: {endpoint: \"http://e:1\"}\n"
+                         "  standbys: {port: 1}"),
+                 "coordinator.standbys: a mapping where a list of coordinators was expected",
+                 NULL);
+}
+
+/* Rendered, a cluster with a standby and the etcd it starts: systemd gets
+ * an etcd unit the coordinators on its host follow and a unit per
+ * coordinator; Kubernetes a Deployment of both coordinators (one flags
+ * entry, etcd at its in-cluster Service) and etcd's Service and
+ * StatefulSet. */
+static void test_render_standbys(void **state)
+{
+    char text[4096], err[4096], dir[256], path[600], *unit, *all;
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%s",
+             edit(6, "  metrics_port: 7001\n"
+                     "  etcd: {endpoint: \"http://127.0.0.1:7030\", start: true}\n"
+                     "  standbys:\n    - {port: 7100, metrics_port: 7101}"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    test_tmpdir(dir, sizeof(dir), "units");
+    hpd_render_params_t rp = {.manifest = m, .bins = {"/bin/c", "/bin/p", "/bin/d"}, .out = dir};
+    assert_int_equal(hpd_render_systemd(&rp, err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/hybridpd-t-etcd.service", dir);
+    assert_int_equal(hpd_read_file(path, &unit, &(size_t){0}), HPD_OK);
+    assert_non_null(strstr(unit, "ExecStart=/usr/bin/etcd --name t --data-dir "
+                                 "/tmp/hybridpd-t/etcd.data --listen-client-urls "
+                                 "http://127.0.0.1:7030"));
+    free(unit);
+    const char *coords[] = {"coordinator", "coordinator-2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/hybridpd-t-%s.service", dir, coords[i]);
+        assert_int_equal(hpd_read_file(path, &unit, &(size_t){0}), HPD_OK);
+        assert_non_null(strstr(unit, "After=network-online.target hybridpd-t-etcd.service\n"));
+        assert_non_null(strstr(unit, "--etcd http://127.0.0.1:7030"));
+        free(unit);
+    }
+    snprintf(path, sizeof(path), "%s/hybridpd-t-d0.service", dir);
+    assert_int_equal(hpd_read_file(path, &unit, &(size_t){0}), HPD_OK);
+    assert_non_null(strstr(unit, "--coordinator 127.0.0.1:7000,127.0.0.1:7100 "));
+    free(unit);
+    test_rmtree(dir);
+
+    /* Kubernetes (the Secret needs a token file) */
+    test_tmpdir(dir, sizeof(dir), "k8s");
+    snprintf(path, sizeof(path), "%s/token", dir);
+    assert_int_equal(hpd_write_file(path, "secret\n", 7), HPD_OK);
+    snprintf(m->token_file, sizeof(m->token_file), "%s", path);
+    m->client_keys_file[0] = '\0';
+    snprintf(path, sizeof(path), "%s/all.yaml", dir);
+    rp.out = path;
+    assert_int_equal(hpd_render_k8s(&rp, err, sizeof(err)), 0);
+    assert_int_equal(hpd_read_file(path, &all, &(size_t){0}), HPD_OK);
+    const char *deploy = strstr(all, "kind: Deployment");
+    assert_non_null(deploy);
+    assert_non_null(strstr(deploy, "replicas: 2"));
+    assert_non_null(strstr(all, "kind: StatefulSet\nmetadata:\n  name: t-etcd"));
+    /* (the emitter folds long lines) */
+    assert_non_null(strstr(all, "--etcd http://t-etcd.default.svc:7030"));
+    assert_non_null(strstr(all, "--etcd-key /hybridpd/t"));
+    assert_null(strstr(all, "--etcd http://127.0.0.1")); /* the host's address is not the pod's */
+    assert_non_null(strstr(all, "exec etcd --name t"));
+    const char *first = strstr(all, "\n  coordinator: ");
+    assert_non_null(first);
+    assert_null(strstr(first + 1, "\n  coordinator: ")); /* one flags entry */
+    free(all);
+    test_rmtree(dir);
+    hpd_manifest_destroy(m);
+}
+
 static void test_several_errors_and_syntax(void **state)
 {
     /* every mistake is listed, not just the first */
@@ -475,6 +625,8 @@ int main(void)
         cmocka_unit_test(test_bad_layout),
         cmocka_unit_test(test_missing_model),
         cmocka_unit_test(test_several_errors_and_syntax),
+        cmocka_unit_test(test_standbys_and_etcd),
+        cmocka_unit_test(test_render_standbys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
