@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,15 @@ struct hpd_rpc_conn {
     hpd_status_t close_reason;
     void *data; /* the owner's (the server keeps its bookkeeping here) */
     void *user; /* the application's */
+    /* Messages sent during one turn of the loop go out together at its end:
+     * one write for all of them, straight to the socket, where the
+     * bufferevent would arm and disarm its write event around each burst
+     * (two epoll_ctl calls and a wakeup). What the socket does not take
+     * goes to the bufferevent, and what is sent while that waits goes
+     * behind it there. */
+    struct evbuffer *out;
+    struct event *flush_ev;
+    bool flush_due;
 };
 
 void hpd_rpc_buf_init(hpd_rpc_buf_t *b)
@@ -49,7 +59,45 @@ void hpd_rpc_buf_destroy(hpd_rpc_buf_t *b)
 
 static void conn_free(hpd_rpc_conn_t *c)
 {
+    if (c->flush_ev != NULL)
+        event_free(c->flush_ev);
+    if (c->out != NULL)
+        evbuffer_free(c->out);
     free(c);
+}
+
+/* The turn's messages to the socket (sendmsg, MSG_NOSIGNAL: a peer gone
+ * is an error here, not a SIGPIPE); the rest, and a failed write, to the
+ * bufferevent, which writes it when the socket takes more or reports the
+ * error through on_event. */
+static void flush_out(hpd_rpc_conn_t *c)
+{
+    c->flush_due = false;
+    if (c->bev == NULL || c->out == NULL || evbuffer_get_length(c->out) == 0)
+        return;
+    const evutil_socket_t fd = bufferevent_getfd(c->bev);
+    while (fd >= 0 && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 &&
+           evbuffer_get_length(c->out) > 0) {
+        struct evbuffer_iovec vec[64];
+        struct iovec iov[64];
+        const int n = evbuffer_peek(c->out, -1, NULL, vec, 64);
+        for (int i = 0; i < n && i < 64; i++)
+            iov[i] = (struct iovec){vec[i].iov_base, vec[i].iov_len};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)(n < 64 ? n : 64)};
+        const ssize_t sent = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0 && errno == EINTR)
+            continue;
+        if (sent <= 0)
+            break;
+        evbuffer_drain(c->out, (size_t)sent);
+    }
+    if (evbuffer_get_length(c->out) > 0)
+        bufferevent_write_buffer(c->bev, c->out);
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    flush_out(arg);
 }
 
 void hpd_rpc_conn_ref(hpd_rpc_conn_t *c)
@@ -70,6 +118,10 @@ static void conn_finish(hpd_rpc_conn_t *c)
     if (c->closed)
         return;
     c->closed = true;
+    if (c->flush_ev != NULL) {
+        event_free(c->flush_ev);
+        c->flush_ev = NULL;
+    }
     if (c->bev != NULL) {
         bufferevent_free(c->bev);
         c->bev = NULL;
@@ -206,7 +258,11 @@ hpd_status_t hpd_rpc_conn_create(struct event_base *base, int fd, const hpd_rpc_
     c->ops = *ops;
     c->refs = 1;
     c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (c->bev == NULL) {
+    c->out = evbuffer_new();
+    c->flush_ev = event_new(base, -1, 0, on_flush, c);
+    if (c->bev == NULL || c->out == NULL || c->flush_ev == NULL) {
+        if (c->bev != NULL)
+            bufferevent_free(c->bev);
         conn_free(c);
         return HPD_ERR_IO;
     }
@@ -220,8 +276,15 @@ hpd_status_t hpd_rpc_conn_send(hpd_rpc_conn_t *c, const void *data, size_t len)
 {
     if (c->closed || c->bev == NULL)
         return HPD_ERR_IO;
-    if (bufferevent_write(c->bev, data, len) != 0)
+    /* behind what already waits for the socket, or with this turn's */
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+        return bufferevent_write(c->bev, data, len) == 0 ? HPD_OK : HPD_ERR_IO;
+    if (evbuffer_add(c->out, data, len) != 0)
         return HPD_ERR_IO;
+    if (!c->flush_due) {
+        c->flush_due = true;
+        event_active(c->flush_ev, EV_READ, 0); /* (not a timer: nothing waits) */
+    }
     return HPD_OK;
 }
 
@@ -231,6 +294,8 @@ void hpd_rpc_conn_close(hpd_rpc_conn_t *c, bool flush)
         return;
     c->closing = true;
     bufferevent_disable(c->bev, EV_READ);
+    if (flush)
+        flush_out(c);
     if (flush && evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) {
         /* on_write finishes it; a peer that never reads gets 5 s */
         const struct timeval tv = {5, 0};
