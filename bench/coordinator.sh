@@ -7,7 +7,9 @@
 # at 80 % of that (the delay the coordinator adds at load). Every answer is
 # checked token by token and by the nodes that served it. Prints each run's
 # line from hpd-sim and the ratio of the requests routed per coordinator
-# CPU second to issue 39's goal (20,000).
+# CPU second to issue 39's goal (20,000). A third run streams long answers
+# (64 tokens at a 2 ms step) and prints the tokens the coordinator relays
+# per CPU second.
 #   bash bench/coordinator.sh [NODES] [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +70,15 @@ rate=$(sed -n 's/.*s: \([0-9]*\) requests\/s.*/\1/p' "$dir/run.txt")
 per_cpu=$(sed -n 's/.*, \([0-9]*\) requests per CPU second.*/\1/p' "$dir/run.txt")
 echo "== Poisson arrivals at 80 % of that: $((rate * 8 / 10)) a second"
 run --window 100000 --rate $((rate * 8 / 10))
+echo "== token relay: $((requests / 4)) requests of 64 new tokens, a decode step of 2 ms," \
+     "a window of 1024: every token passes the coordinator (node -> coordinator -> client)"
+run --window 1024 --requests $((requests / 4)) --max-tokens 64 --step-us 2000
+tokens=$(sed -n 's/.*requests\/s, \([0-9]*\) tokens\/s.*/\1/p' "$dir/run.txt")
+secs=$(sed -n 's/.* in \([0-9.]*\) s: .*/\1/p' "$dir/run.txt")
+cpu=$(sed -n 's/^coordinator: \([0-9.]*\) CPU s for the load.*/\1/p' "$dir/run.txt")
+awk -v t="$tokens" -v s="$secs" -v c="$cpu" 'BEGIN {
+    printf "tokens relayed per coordinator CPU second: %d (%d tokens/s over %.2f CPU s)\n",
+           t * s / c, t, c }'
 awk -v a="$per_cpu" -v g="$goal" 'BEGIN {
     printf "requests routed per coordinator CPU second: %d; the goal %d; ratio %.3f\n",
            a, g, a / g }'
