@@ -32,6 +32,8 @@ static const char usage[] =
     "  --window N            open requests at most (default 256)\n"
     "  --connections N       client connections (default 4)\n"
     "  --prompt-tokens N --max-tokens N --prefixes N --prefix-tokens N\n"
+    "  --cache-blocks N      each prefill node's prefix cache, blocks of 64 tokens, with\n"
+    "                        its summary in the heartbeats (default 4096; 0: none)\n"
     "  --seed N\n"
     "  --coordinator-pid P   report the coordinator's CPU and memory from /proc\n";
 
@@ -74,7 +76,7 @@ int main(int argc, char **argv)
     hpd_sim_params_t sp = {.n_prefill = 2, .n_decode = 2, .prefill_us_per_token = 20,
                            .push_us_per_page = 50, .step_us = 20000, .speed_spread = 0.2,
                            .vocab = 1000, .slots = 64, .pages = 100000, .max_context = 32768,
-                           .seed = 1};
+                           .seed = 1, .cache_blocks = 4096};
     hpd_load_params_t lp = {.window = 256, .connections = 4, .prompt_tokens = 64,
                             .max_tokens = 16, .seed = 1};
     const char *coord = NULL, *token_file = NULL;
@@ -87,7 +89,8 @@ int main(int argc, char **argv)
         {"slots", 1, 0, 5}, {"pages", 1, 0, 6}, {"vocab", 1, 0, 7}, {"requests", 1, 0, 8},
         {"rate", 1, 0, 9}, {"window", 1, 0, 10}, {"connections", 1, 0, 11},
         {"prompt-tokens", 1, 0, 12}, {"max-tokens", 1, 0, 13}, {"prefixes", 1, 0, 14},
-        {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"coordinator-pid", 1, 0, 17}, {"help", 0, 0, 'h'},
+        {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"coordinator-pid", 1, 0, 17}, {"cache-blocks", 1, 0, 18},
+        {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", longs, NULL)) != -1) {
@@ -114,6 +117,7 @@ int main(int argc, char **argv)
         case 15: lp.prefix_tokens = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 16: sp.seed = lp.seed = strtoull(optarg, NULL, 10); break;
         case 17: coord_pid = strtol(optarg, NULL, 10); break;
+        case 18: sp.cache_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -202,6 +206,16 @@ int main(int argc, char **argv)
         printf("decode jobs per decode node: mean %.1f, max %.0f (%.2fx the mean), "
                "coefficient of variation %.3f\n", mean, most, mean > 0 ? most / mean : 0,
                mean > 0 ? sqrt(HPD_MAX(0.0, sq / sp.n_decode - mean * mean)) / mean : 0);
+        /* routing quality: the prefix hits against an ideal router's */
+        hpd_sim_stats_t ss;
+        hpd_sim_stats(sim, &ss);
+        if (sp.cache_blocks > 0)
+            printf("prefix cache: %llu of %llu prompt tokens cached where the prefill ran; an "
+                   "ideal router (every cache known) %llu: %.3f of the ideal\n",
+                   (unsigned long long)ss.cached_tokens, (unsigned long long)ss.prompt_tokens,
+                   (unsigned long long)ss.ideal_cached_tokens,
+                   ss.ideal_cached_tokens ? (double)ss.cached_tokens / ss.ideal_cached_tokens
+                                          : 1.0);
         if (watch)
             printf("coordinator: %.2f CPU s for the load, %.0f requests per CPU second; "
                    "memory %ld KiB idle, %.1f KiB per node, peak %ld KiB (%.1f KiB per "

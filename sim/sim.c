@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/prefix_hash.h"
 #include "common/log.h"
+#include "common/u64map.h"
 #include "common/util.h"
 #include "node/msg.h"
 #include "node/proto.h"
@@ -18,6 +20,7 @@
 
 #define LOG_COMPONENT "sim"
 #define BLOCK 16
+#define SUMMARY_BYTES 8192 /* what the coordinator takes (coordinator/coord_internal.h) */
 #define CALL_TIMEOUT_MS 30000
 #define SERVED_MIN 1024 /* the served table's first size (a power of two) */
 
@@ -29,9 +32,10 @@ typedef struct job {
     int32_t *prompt;
     uint32_t n_prompt, max_tokens, n_ch, pages;
     uint64_t seed;
-    /* prefill: the call answered when its time is up */
+    /* prefill: the call answered when its time is up; cached: the prompt
+     * tokens its node had */
     hpd_rpc_conn_t *conn;
-    uint32_t call;
+    uint32_t call, cached;
     struct event *due;
     /* decode: the next index each choice streams (token 0 came from prefill) */
     bool started;
@@ -39,8 +43,19 @@ typedef struct job {
     struct job *next_job;
 } job_t;
 
+/* A prefill node's prefix cache: the blocks it holds (a set) and their
+ * order (a ring: the oldest goes when it is full). */
+typedef struct {
+    hpd_u64map_t held;      /* block_key -> 1 */
+    hpd_block_hash_t *ring; /* the blocks held, oldest at at - n */
+    uint32_t n, at;
+    uint8_t summary[SUMMARY_BYTES];
+    bool summary_stale;
+} prefix_cache_t;
+
 struct sim_node {
     hpd_sim_t *sim;
+    prefix_cache_t cache;
     uint32_t index;
     bool prefill, registered, refused, stopped, dead, bad_notice;
     char name[64], why[400];
@@ -67,6 +82,9 @@ typedef struct {
 
 struct hpd_sim {
     hpd_sim_params_t p;
+    hpd_block_hash_t root;   /* the chain's h_{-1}, from the nodes' fingerprint */
+    hpd_u64map_t holders;    /* a block's key -> how many prefill nodes hold it (as a
+                                pointer-sized count) */
     node_t *nodes;
     uint32_t n_nodes;
     served_t *served; /* open addressing on the key */
@@ -75,6 +93,8 @@ struct hpd_sim {
 };
 
 /* ------------------------------------------------------------ the answers */
+
+static const uint8_t fp[16] = {'h', 'p', 'd', '-', 's', 'i', 'm'}; /* the model's */
 
 static uint64_t mix(uint64_t h, uint64_t v)
 {
@@ -227,6 +247,7 @@ static void prefill_due(evutil_socket_t fd, short what, void *arg)
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_prefilled,
                  &(hpd_msg_prefilled_t){.first_token = (uint32_t)first[0],
+                                        .cached_tokens = j->cached,
                                         .first_tokens = j->n_ch > 1 ? first : NULL,
                                         .first_tokens_n = j->n_ch > 1 ? j->n_ch : 0},
                  &b.pk);
@@ -234,6 +255,90 @@ static void prefill_due(evutil_socket_t fd, short what, void *arg)
     hpd_rpc_buf_destroy(&b);
     n->done++;
     job_free(j);
+}
+
+/* A block's key in the maps (never 0: that is an empty slot). */
+static uint64_t block_key(const hpd_block_hash_t *h)
+{
+    uint64_t a, b;
+    memcpy(&a, h->bytes, 8);
+    memcpy(&b, h->bytes + 8, 8);
+    return (a ^ b) | 1;
+}
+
+/* Leading blocks of hashes that node n holds (n NULL: that some prefill
+ * node holds). */
+static uint32_t cached_blocks(const hpd_sim_t *s, const node_t *n, const uint64_t *keys,
+                              uint32_t n_blocks)
+{
+    uint32_t b = 0;
+    while (b < n_blocks && hpd_u64map_get(n != NULL ? &n->cache.held : &s->holders, keys[b]))
+        b++;
+    return b;
+}
+
+static void holders_add(hpd_sim_t *s, uint64_t key, intptr_t d)
+{
+    const intptr_t now = (intptr_t)hpd_u64map_get(&s->holders, key) + d;
+    if (now > 0)
+        hpd_u64map_put(&s->holders, key, (void *)now);
+    else
+        hpd_u64map_del(&s->holders, key);
+}
+
+/* The node caches the blocks it computed (the oldest go past the cap). */
+static void cache_put(node_t *n, const hpd_block_hash_t *h, const uint64_t *keys,
+                      uint32_t n_blocks)
+{
+    hpd_sim_t *s = n->sim;
+    prefix_cache_t *c = &n->cache;
+    if (c->ring == NULL && (c->ring = calloc(s->p.cache_blocks, sizeof(*c->ring))) == NULL)
+        return;
+    for (uint32_t b = 0; b < n_blocks; b++) {
+        if (hpd_u64map_get(&c->held, keys[b]) != NULL)
+            continue;
+        if (c->n == s->p.cache_blocks) { /* the oldest goes */
+            const uint64_t old = block_key(&c->ring[c->at]);
+            hpd_u64map_del(&c->held, old);
+            holders_add(s, old, -1);
+            c->n--;
+        }
+        if (hpd_u64map_put(&c->held, keys[b], (void *)1) != HPD_OK)
+            return;
+        holders_add(s, keys[b], 1);
+        c->ring[c->at] = h[b];
+        c->at = (c->at + 1) % s->p.cache_blocks;
+        c->n++;
+        c->summary_stale = true;
+    }
+}
+
+/* The prompt's cached part on node n (tokens; at least its last token is
+ * computed), counting what an ideal router would have had; then n caches
+ * the prompt's full blocks. */
+static uint32_t prefix_hit(node_t *n, const int32_t *prompt, uint32_t n_prompt)
+{
+    hpd_sim_t *s = n->sim;
+    const uint32_t n_blocks = n_prompt / HPD_PREFIX_BLOCK;
+    if (s->p.cache_blocks == 0 || n_blocks == 0)
+        return 0;
+    hpd_block_hash_t *h = malloc(n_blocks * sizeof(*h));
+    uint64_t *keys = malloc(n_blocks * sizeof(*keys));
+    uint32_t hit = 0;
+    if (h != NULL && keys != NULL) {
+        hpd_prefix_hash_chain(&s->root, prompt, n_blocks, h);
+        for (uint32_t b = 0; b < n_blocks; b++)
+            keys[b] = block_key(&h[b]);
+        const uint32_t best = cached_blocks(s, NULL, keys, n_blocks);
+        hit = cached_blocks(s, n, keys, n_blocks);
+        const uint32_t most = n_prompt - 1;
+        s->st.cached_tokens += HPD_MIN(hit * HPD_PREFIX_BLOCK, most);
+        s->st.ideal_cached_tokens += HPD_MIN(best * HPD_PREFIX_BLOCK, most);
+        cache_put(n, h, keys, n_blocks);
+    }
+    free(h);
+    free(keys);
+    return HPD_MIN(hit * HPD_PREFIX_BLOCK, n_prompt - 1);
 }
 
 static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
@@ -260,7 +365,9 @@ static void m_prefill(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
     j->conn = conn;
     j->call = id;
     hpd_rpc_conn_ref(conn);
-    const double us = (m.prompt_n * s->p.prefill_us_per_token +
+    s->st.prompt_tokens += m.prompt_n;
+    j->cached = prefix_hit(n, m.prompt, m.prompt_n);
+    const double us = ((m.prompt_n - j->cached) * s->p.prefill_us_per_token +
                        (m.prompt_n + BLOCK - 1) / BLOCK * s->p.push_us_per_page) /
                       n->speed;
     const struct timeval tv = {(time_t)(us / 1e6), (suseconds_t)fmod(us, 1e6)};
@@ -485,6 +592,19 @@ static void send_heartbeat(node_t *n)
                          .load_raw_len = 1};
     snprintf(m.role, sizeof(m.role), "%s", n->prefill ? "prefill" : "decode");
     snprintf(m.name, sizeof(m.name), "%s", n->name);
+    prefix_cache_t *c = &n->cache;
+    if (n->prefill && n->sim->p.cache_blocks > 0) { /* the Bloom summary of its blocks */
+        if (c->summary_stale) {
+            const uint32_t cap = n->sim->p.cache_blocks;
+            memset(c->summary, 0, sizeof(c->summary));
+            for (uint32_t i = 0; i < c->n; i++)
+                hpd_prefix_summary_add(c->summary, sizeof(c->summary),
+                                       &c->ring[(c->at + cap - c->n + i) % cap]);
+            c->summary_stale = false;
+        }
+        m.prefix_summary = c->summary;
+        m.prefix_summary_len = sizeof(c->summary);
+    }
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_stats, &m, &b.pk);
@@ -561,7 +681,6 @@ static void on_reg_notify(void *arg, const hpd_rpc_msg_t *msg) {}
 static void pack_register(node_t *n, hpd_rpc_buf_t *info, hpd_rpc_buf_t *b)
 {
     const hpd_sim_params_t *p = &n->sim->p;
-    static const uint8_t fp[16] = {'h', 'p', 'd', '-', 's', 'i', 'm'};
     uint8_t address[32], rkey[8] = {1};
     memset(address, 0x11, sizeof(address));
     address[0] = 0x00;
@@ -664,6 +783,13 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
 static void node_die(node_t *n)
 {
     n->dead = true; /* before its client goes: its failed calls see it */
+    /* its cache is gone: an ideal router no longer counts it */
+    const uint32_t cap = n->sim->p.cache_blocks;
+    for (uint32_t i = 0; i < n->cache.n; i++)
+        holders_add(n->sim, block_key(&n->cache.ring[(n->cache.at + cap - n->cache.n + i) % cap]),
+                    -1);
+    n->cache.n = 0;
+    hpd_u64map_free(&n->cache.held);
     while (n->jobs != NULL)
         job_free(n->jobs);
     struct event *evs[] = {n->heartbeat, n->ping, n->step, n->retry};
@@ -701,6 +827,8 @@ hpd_status_t hpd_sim_create(const hpd_sim_params_t *params, hpd_sim_t **sim_p)
         s->p.name_prefix = "sim";
     s->n_nodes = params->n_prefill + params->n_decode;
     s->served_cap = SERVED_MIN;
+    hpd_prefix_hash_root(fp, &s->root);
+    hpd_u64map_init(&s->holders);
     if ((s->nodes = calloc(s->n_nodes ? s->n_nodes : 1, sizeof(*s->nodes))) == NULL ||
         (s->served = calloc(s->served_cap, sizeof(*s->served))) == NULL)
         goto err;
@@ -733,6 +861,11 @@ void hpd_sim_destroy(hpd_sim_t *sim)
     for (uint32_t i = 0; sim->nodes != NULL && i < sim->n_nodes; i++)
         if (!sim->nodes[i].dead)
             node_die(&sim->nodes[i]);
+    for (uint32_t i = 0; sim->nodes != NULL && i < sim->n_nodes; i++) {
+        hpd_u64map_free(&sim->nodes[i].cache.held);
+        free(sim->nodes[i].cache.ring);
+    }
+    hpd_u64map_free(&sim->holders);
     free(sim->nodes);
     free(sim->served);
     free(sim);

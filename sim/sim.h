@@ -38,6 +38,12 @@ typedef struct {
     uint32_t max_context; /* each node's */
     uint64_t seed;
     const char *name_prefix; /* "sim" -> sim-p0, sim-d0 */
+    /* each prefill node's prefix cache, in blocks of 64 tokens (the keys
+     * the coordinator hashes, cache/prefix_hash.h), the oldest going first
+     * when full: a prefill computes only what its node has not cached, and
+     * the node's heartbeats carry the Bloom summary of it, as a real
+     * node's do. 0: none (no summaries). */
+    uint32_t cache_blocks;
 } hpd_sim_params_t;
 
 hpd_status_t hpd_sim_create(const hpd_sim_params_t *params, hpd_sim_t **sim_p);
@@ -93,6 +99,10 @@ hpd_status_t hpd_sim_fault(hpd_sim_t *sim, uint32_t node, hpd_sim_fault_t fault,
 typedef struct {
     uint64_t prefills, reserves, starts, cancels, tokens, notices, heartbeats, pings;
     uint32_t running; /* decode jobs streaming now */
+    /* routing quality: prompt tokens of the prefills, those the chosen
+     * node had cached, and those the best node had cached when the prefill
+     * came (an ideal router, which knows every cache exactly) */
+    uint64_t prompt_tokens, cached_tokens, ideal_cached_tokens;
 } hpd_sim_stats_t;
 
 void hpd_sim_stats(const hpd_sim_t *sim, hpd_sim_stats_t *stats_p);
