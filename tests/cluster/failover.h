@@ -10,6 +10,24 @@
 
 /* ------------------------------------------------------------ etcd */
 
+/* Spawns the n words of base as process name, inside network namespace ns
+ * (`ip netns exec NS ...`) unless ns is NULL. */
+static inline cl_proc_t *cl_spawn_in(cl_t *cl, const char *name, const char *ns,
+                                     const char *const *base, size_t n)
+{
+    const char *in_ns[] = {"/usr/sbin/ip", "netns", "exec", ns};
+    const char *all[CL_MAX_ARGS];
+    char *argv[CL_MAX_ARGS];
+    size_t k = 0;
+    assert_true(n + 4 < CL_MAX_ARGS);
+    for (size_t i = 0; ns != NULL && i < 4; i++)
+        all[k++] = in_ns[i];
+    for (size_t i = 0; i < n; i++)
+        all[k++] = base[i];
+    cl_args(argv, all, k, NULL);
+    return cl_spawn(cl, name, argv);
+}
+
 static inline const char *cl_etcd_binary(void)
 {
     const char *e = getenv("HPD_ETCD");
@@ -46,7 +64,7 @@ static inline cl_proc_t *cl_start_etcd(cl_t *cl, const char *name, const char *d
                                        const char *ns, const char *host, uint16_t ports[2],
                                        char *url, size_t url_len)
 {
-    char data[320], client[64], peer[64], cluster[96], *argv[CL_MAX_ARGS];
+    char data[320], client[64], peer[64], cluster[96];
     for (int i = 0; i < 2; i++)
         if (ports[i] == 0)
             ports[i] = cl_free_port();
@@ -55,20 +73,28 @@ static inline cl_proc_t *cl_start_etcd(cl_t *cl, const char *name, const char *d
     snprintf(peer, sizeof(peer), "http://%s:%u", host, ports[1]);
     snprintf(cluster, sizeof(cluster), "default=%s", peer);
     snprintf(url, url_len, "%s", client);
-    const char *in_ns[] = {"/usr/sbin/ip", "netns", "exec", ns};
     const char *base[] = {cl_etcd_binary(), "--data-dir", data, "--listen-client-urls", client,
                           "--advertise-client-urls", client, "--listen-peer-urls", peer,
                           "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster};
-    const char *all[4 + sizeof(base) / sizeof(base[0])];
-    size_t n = 0;
-    for (size_t i = 0; ns != NULL && i < 4; i++)
-        all[n++] = in_ns[i];
-    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
-        all[n++] = base[i];
-    cl_args(argv, all, n, NULL);
-    cl_proc_t *p = cl_spawn(cl, name, argv);
+    cl_proc_t *p = cl_spawn_in(cl, name, ns, base, sizeof(base) / sizeof(base[0]));
     cl_wait(cl, NULL, 30, cl_etcd_ready, p->log, "etcd ready");
     return p;
+}
+
+/* The end of a failover test: the leader drains and gives its lease back,
+ * tells its nodes to stop, all end 0; then etcd goes. */
+static inline void cl_end_election(cl_t *cl, cl_proc_t *leader, cl_proc_t *p0, cl_proc_t *d0,
+                                   cl_proc_t *etcd)
+{
+    cl_ending(leader);
+    cl_ending(p0);
+    cl_ending(d0);
+    assert_int_equal(kill(leader->pid, SIGTERM), 0);
+    cl_expect_end(cl, leader, 0, 60);
+    cl_expect_end(cl, p0, 0, 60);
+    cl_expect_end(cl, d0, 0, 60);
+    cl_kill9(cl, etcd);
+    cl_stop_all(cl);
 }
 
 static inline bool cl_leads(cl_t *c, void *log)

@@ -426,21 +426,13 @@ static double wall_of_day(void)
 static cl_proc_t *campaigner(const char *name, const char *ns, const char *ip, uint16_t port,
                              const char *url)
 {
-    char port_text[8], *argv[CL_MAX_ARGS];
+    char port_text[8];
     snprintf(port_text, sizeof(port_text), "%u", port);
-    const char *in_ns[] = {"/usr/sbin/ip", "netns", "exec", ns};
     const char *base[] = {HPD_COORDINATOR, "--host", ip, "--port", port_text, "--token-file",
                           cl.token_file, "--client-keys-file", cl.keys_file, "--log-level",
                           "info", "--liveness-ms", "0", "--heartbeat-ms", "200", "--lease-ms",
                           "3000", "--etcd", url, "--etcd-ttl-s", "2"};
-    const char *all[4 + sizeof(base) / sizeof(base[0])];
-    size_t n = 0;
-    for (size_t i = 0; ns != NULL && i < 4; i++)
-        all[n++] = in_ns[i];
-    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
-        all[n++] = base[i];
-    cl_args(argv, all, n, NULL);
-    return cl_spawn(&cl, name, argv);
+    return cl_spawn_in(&cl, name, ns, base, sizeof(base) / sizeof(base[0]));
 }
 
 static cl_load_t load;
@@ -506,15 +498,7 @@ static void test_leader_cut_from_etcd(void **state)
 
     /* healed; the standby, leading, drains and its nodes with it */
     assert_int_equal(sh("ip netns exec %s ip neigh del %s dev eth0", ns_c0, ips[E0]), 0);
-    cl_ending(b);
-    cl_ending(p0);
-    cl_ending(d0);
-    assert_int_equal(kill(b->pid, SIGTERM), 0);
-    cl_expect_end(&cl, b, 0, 60);
-    cl_expect_end(&cl, p0, 0, 60);
-    cl_expect_end(&cl, d0, 0, 60);
-    cl_kill9(&cl, etcd);
-    cl_stop_all(&cl);
+    cl_end_election(&cl, b, p0, d0, etcd);
     cl.passed++;
 }
 

@@ -240,15 +240,7 @@ static void test_failover(void **state)
 
     /* the leader drains and gives its lease back; it tells its nodes to
      * stop, and all end 0; then etcd goes */
-    cl_ending(a);
-    cl_ending(p0);
-    cl_ending(d0);
-    assert_int_equal(kill(a->pid, SIGTERM), 0);
-    cl_expect_end(&cl, a, 0, 60);
-    cl_expect_end(&cl, p0, 0, 60);
-    cl_expect_end(&cl, d0, 0, 60);
-    cl_kill9(&cl, etcd);
-    cl_stop_all(&cl);
+    cl_end_election(&cl, a, p0, d0, etcd);
     cl.passed++;
 }
 

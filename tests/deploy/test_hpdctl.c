@@ -542,25 +542,14 @@ static pid_t pid_of(const char *name)
 }
 
 /* A request through the cluster, with the key up wrote. */
+static void generate_through(const char *coordinators, int32_t ids[4]);
+
 static void serves(void)
 {
-    char *key;
-    hpd_client_t *c;
-    hpd_generate_result_t r;
-    static const int32_t prompt[] = {5, 6, 7, 8};
-    assert_int_equal(hpd_rpc_read_token(keys_file, &key), HPD_OK);
-    key[strcspn(key, " ")] = '\0';
-    const hpd_client_params_t cp = {.host = "127.0.0.1", .port = port_of(17600), .token = key,
-                                    .timeout_ms = 120000};
-    assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
-    const hpd_generate_params_t gp = {.prompt = prompt, .n_prompt = 4, .max_tokens = 4,
-                                      .sampling = {.top_p = 1}};
-    if (hpd_client_generate(c, &gp, NULL, NULL, &r) != HPD_OK)
-        fail_msg("generate: %s", r.error);
-    assert_int_equal(r.n_tokens, 4);
-    hpd_generate_result_free(&r);
-    hpd_client_destroy(c);
-    free(key);
+    char one[32];
+    int32_t ids[4];
+    snprintf(one, sizeof(one), "127.0.0.1:%u", port_of(17600));
+    generate_through(one, ids);
 }
 
 /* up on a partly running cluster starts what is missing and leaves the
@@ -627,8 +616,9 @@ static void test_up_idempotent_and_restart(void **state)
     cl.passed++;
 }
 
-/* The same prompt's tokens through the coordinators of both (ids[0..3]). */
-static void generate_through(const char *both, int32_t ids[4])
+/* A prompt's 4 tokens (ids) through the coordinators given, with the key
+ * up wrote. */
+static void generate_through(const char *coordinators, int32_t ids[4])
 {
     char *key;
     hpd_client_t *c;
@@ -636,7 +626,8 @@ static void generate_through(const char *both, int32_t ids[4])
     static const int32_t prompt[] = {9, 8, 7, 6, 5};
     assert_int_equal(hpd_rpc_read_token(keys_file, &key), HPD_OK);
     key[strcspn(key, " ")] = '\0';
-    const hpd_client_params_t cp = {.coordinators = both, .token = key, .timeout_ms = 120000};
+    const hpd_client_params_t cp = {.coordinators = coordinators, .token = key,
+                                    .timeout_ms = 120000};
     assert_int_equal(hpd_client_create(&cp, &c), HPD_OK);
     const hpd_generate_params_t gp = {.prompt = prompt, .n_prompt = 5, .max_tokens = 4,
                                       .sampling = {.top_p = 1}};
