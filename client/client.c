@@ -41,7 +41,7 @@ typedef struct pending {
 #define MAX_COORDINATORS 8
 #define RESUBMIT_DEFAULT_MS 30000
 #define RESUBMIT_FIRST_MS 50 /* the first wait; doubled up to RESUBMIT_MAX_MS */
-#define RESUBMIT_MAX_MS 800
+#define RESUBMIT_MAX_MS 200 /* (a refused connection is cheap: a standby that leads is found soon) */
 
 struct hpd_client {
     hpd_client_params_t p;

@@ -19,7 +19,7 @@
 
 #define LOG_COMPONENT "election"
 #define HTTP_TIMEOUT_MS 1000
-#define CAMPAIGN_EVERY_MS 250
+#define CAMPAIGN_EVERY_MS 100
 
 typedef enum { CAMPAIGN, LEADER, LOST, STOPPED } state_t;
 
