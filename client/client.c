@@ -30,7 +30,9 @@ typedef struct pending {
      * streamed (a later run's first ones are not streamed again) */
     hpd_rpc_buf_t msg;
     int32_t *seen;
-    uint32_t seen_cap, sends, tries; /* sends: times sent; tries: to connect, failed */
+    size_t seen_cap;
+    bool seen_lost;        /* no room to keep them: not submitted again */
+    uint32_t sends, tries; /* sends: times sent; tries: to connect, failed */
     size_t text_streamed, text_skip;
     bool diverged;         /* a later run streamed other tokens */
     bool canceled;         /* asked to: not submitted again */
@@ -71,23 +73,11 @@ static void stream_tokens(pending_t *q, const int32_t *ids, uint32_t n)
 {
     if (q->t_first == 0)
         q->t_first = hpd_time_now();
-    if (q->client->resubmit_ms > 0) {
-        if (q->streamed + n > q->seen_cap) {
-            uint32_t cap = q->seen_cap ? q->seen_cap : 64;
-            while (cap < q->streamed + n)
-                cap *= 2;
-            int32_t *grown = realloc(q->seen, cap * sizeof(*grown));
-            if (grown == NULL) { /* (then a later run cannot be checked: not resubmitted) */
-                free(q->seen);
-                q->seen = NULL;
-                q->seen_cap = 0;
-            } else {
-                q->seen = grown;
-                q->seen_cap = cap;
-            }
-        }
-        if (q->seen != NULL)
+    if (q->client->resubmit_ms > 0 && !q->seen_lost) {
+        if (hpd_grow(&q->seen, &q->seen_cap, q->streamed + n, sizeof(*q->seen)) == HPD_OK)
             memcpy(q->seen + q->streamed, ids, n * sizeof(*ids));
+        else
+            q->seen_lost = true; /* a later run could not be checked */
     }
     if (q->on_token != NULL)
         q->on_token(q->arg, q->handle, q->streamed, ids, n);
@@ -363,13 +353,7 @@ static void finish(pending_t *q, hpd_generate_result_t *r)
     r->resubmits = q->sends > 1 ? q->sends - 1 : 0;
     if (q->on_done != NULL)
         q->on_done(q->arg, q->handle, r);
-    free(r->tokens);
-    free(r->text);
-    free(r->reasoning);
-    free(r->tool_calls);
-    free(r->logprobs);
-    free(r->prompt_logprobs);
-    free_more(r);
+    hpd_generate_result_free(r);
     drop(q->client, q);
 }
 
@@ -424,7 +408,7 @@ static bool resubmitted(pending_t *q, hpd_status_t st, const hpd_rpc_msg_t *repl
     hpd_client_t *c = q->client;
     const bool lost = st == HPD_ERR_IO ||
                       (st == HPD_OK && reply->is_error && reply->error_code == HPD_RPC_ERR_NOT_LEADER);
-    if (!lost || c->resubmit_ms == 0 || q->diverged || q->canceled ||
+    if (!lost || c->resubmit_ms == 0 || q->diverged || q->canceled || q->seen_lost ||
         (hpd_time_now() - q->t_submit) * 1e3 >= c->resubmit_ms)
         return false;
     if (q->retry == NULL && (q->retry = evtimer_new(c->base, on_retry, q)) == NULL)

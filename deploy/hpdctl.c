@@ -63,6 +63,23 @@ static const char *build_subdir(hpd_proc_role_t role)
                                         : "decode_node";
 }
 
+/* name in a directory of PATH (out: its path, or name where none). */
+static bool find_on_path(const char *name, char *out, size_t len)
+{
+    const char *path = getenv("PATH");
+    char *copy = path ? strdup(path) : NULL, *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(out, len, "%s/%s", d, name);
+        if (access(out, X_OK) == 0) {
+            free(copy);
+            return true;
+        }
+    }
+    free(copy);
+    snprintf(out, len, "%s", name);
+    return false;
+}
+
 /* The programs: --bin-dir, else beside hpdctl (installed) or in the build
  * tree it came from (build/deploy/hpdctl -> build/<component>/), else PATH. */
 static bool find_bin(hpd_proc_role_t role, char *out, size_t len)
@@ -87,18 +104,7 @@ static bool find_bin(hpd_proc_role_t role, char *out, size_t len)
             return true;
         }
     }
-    const char *path = getenv("PATH");
-    char *copy = path ? strdup(path) : NULL, *save = NULL;
-    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
-        snprintf(out, len, "%s/%s", d, name);
-        if (access(out, X_OK) == 0) {
-            free(copy);
-            return true;
-        }
-    }
-    free(copy);
-    snprintf(out, len, "%s", name);
-    return false;
+    return find_on_path(name, out, len);
 }
 
 /* Is this address one of this machine's? */
@@ -161,8 +167,20 @@ static bool alive(pid_t pid);
  * when it does not (or there is no pid file). *recorded_p (may be NULL)
  * is the pid the file holds, 0 without one: a file whose process is gone
  * belongs to a process that exited without hpdctl down. */
+static pid_t pidfile_runs(const char *pidfile, const char *program, pid_t *recorded_p);
+
 static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
                          pid_t *recorded_p)
+{
+    char path[PATH_MAX];
+    state_path(m, p, "pid", path, sizeof(path));
+    return pidfile_runs(path, bin_name(p->role), recorded_p);
+}
+
+/* The pid in pidfile when that process still runs program (by its
+ * command line's first word), else 0; *recorded_p (may be NULL): the pid
+ * the file holds, 0 without one. */
+static pid_t pidfile_runs(const char *pidfile, const char *program, pid_t *recorded_p)
 {
     char path[PATH_MAX], *text = NULL, cmd[PATH_MAX];
     size_t len;
@@ -171,7 +189,7 @@ static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
 
     if (recorded_p != NULL)
         *recorded_p = 0;
-    state_path(m, p, "pid", path, sizeof(path));
+    snprintf(path, sizeof(path), "%s", pidfile);
     if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
         return 0;
     text[strcspn(text, "\n")] = '\0';
@@ -186,7 +204,7 @@ static pid_t running_pid(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
             cmd[n] = '\0';
             fclose(f);
             char *base = strrchr(cmd, '/');
-            if (strcmp(base ? base + 1 : cmd, bin_name(p->role)) == 0)
+            if (strcmp(base ? base + 1 : cmd, program) == 0)
                 out = (pid_t)pid;
         }
     }
@@ -355,18 +373,8 @@ static bool find_etcd(char *out, size_t len)
         return access(out, X_OK) == 0;
     }
     snprintf(out, len, "/usr/bin/etcd");
-    if (access(out, X_OK) == 0)
+    if (access(out, X_OK) == 0 || find_on_path("etcd", out, len))
         return true;
-    const char *path = getenv("PATH");
-    char *copy = path ? strdup(path) : NULL, *save = NULL;
-    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
-        snprintf(out, len, "%s/etcd", d);
-        if (access(out, X_OK) == 0) {
-            free(copy);
-            return true;
-        }
-    }
-    free(copy);
     snprintf(out, len, "/usr/bin/etcd");
     return false;
 }
@@ -375,29 +383,9 @@ static bool find_etcd(char *out, size_t len)
  * (*recorded_p: the pid the file holds, 0 without one). */
 static pid_t etcd_pid(const hpd_manifest_t *m, pid_t *recorded_p)
 {
-    char path[PATH_MAX], *text = NULL, cmd[PATH_MAX];
-    size_t len;
-    uint64_t pid;
-    pid_t out = 0;
-    *recorded_p = 0;
+    char path[PATH_MAX];
     etcd_path(m, "pid", path, sizeof(path));
-    if (access(path, R_OK) != 0 || hpd_read_file(path, &text, &len) != HPD_OK)
-        return 0;
-    if (hpd_parse_u64(strtok(text, "\n") ? text : "", 1, INT32_MAX, &pid) == 0) {
-        *recorded_p = (pid_t)pid;
-        snprintf(path, sizeof(path), "/proc/%llu/cmdline", (unsigned long long)pid);
-        FILE *f = alive((pid_t)pid) ? fopen(path, "r") : NULL;
-        if (f != NULL) {
-            const size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
-            cmd[n] = '\0';
-            fclose(f);
-            const char *base = strrchr(cmd, '/');
-            if (strcmp(base ? base + 1 : cmd, "etcd") == 0)
-                out = (pid_t)pid;
-        }
-    }
-    free(text);
-    return out;
+    return pidfile_runs(path, "etcd", recorded_p);
 }
 
 /* etcd's GET /health: it answers {"health":"true"} once it serves. */
@@ -699,7 +687,7 @@ static int cmd_up(const hpd_manifest_t *m)
     }
     if (wait_healthy(m, u, n, t0) != 0)
         goto fail;
-    const hpd_manifest_proc_t *co = leader(m) ? leader(m) : &m->procs[0];
+    const hpd_manifest_proc_t *lead = leader(m), *co = lead != NULL ? lead : &m->procs[0];
     uint32_t standbys = 0;
     for (uint32_t i = 0; i < n; i++)
         standbys += u[i].standby;
