@@ -89,6 +89,9 @@ typedef struct {
     /* the roles (bits the application defines, given at authentication)
      * that may call it; 0: any authenticated connection */
     uint32_t roles;
+    /* it takes notifications (hpd_rpc_client_notify; id is 0 and nothing
+     * answers), not calls; a notification no method takes is dropped */
+    bool notification;
 } hpd_rpc_method_t;
 
 /* Decides what a presented token may do: the roles it grants (0: refused)
@@ -194,6 +197,11 @@ hpd_status_t hpd_rpc_client_create(const hpd_rpc_client_params_t *params,
  * the queued calls fail). */
 hpd_status_t hpd_rpc_client_connect(const hpd_rpc_client_params_t *params,
                                     hpd_rpc_client_t **client_p);
+
+/* A notification to the server (a method of its that takes them):
+ * nothing answers it. HPD_ERR_IO: the connection is closed. */
+hpd_status_t hpd_rpc_client_notify(hpd_rpc_client_t *client, const char *method,
+                                   const hpd_rpc_buf_t *params);
 
 /* Fails pending calls with HPD_ERR_CANCELED and closes. Accepts NULL. */
 void hpd_rpc_client_destroy(hpd_rpc_client_t *client);

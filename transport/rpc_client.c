@@ -146,6 +146,14 @@ hpd_status_t hpd_rpc_call(hpd_rpc_client_t *c, const char *method, const hpd_rpc
     return HPD_OK;
 }
 
+hpd_status_t hpd_rpc_client_notify(hpd_rpc_client_t *c, const char *method,
+                                   const hpd_rpc_buf_t *params)
+{
+    if (!c->open)
+        return HPD_ERR_IO;
+    return hpd_rpc_notify(c->conn, method, params);
+}
+
 static void keep_result(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
 {
     hpd_rpc_result_t *r = arg;

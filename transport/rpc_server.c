@@ -77,8 +77,20 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
     conn_node_t *node = hpd_rpc_conn_data(conn);
 
     if (msg->type != HPD_RPC_REQUEST) {
-        if (msg->type == HPD_RPC_NOTIFY && node->authed)
-            return; /* notifications to the server carry nothing it acts on yet */
+        if (msg->type == HPD_RPC_NOTIFY && node->authed) {
+            /* a method that takes notifications (one its roles may send);
+             * any other is dropped: nothing answers a notification */
+            for (size_t i = 0; i < s->p.n_methods; i++) {
+                const hpd_rpc_method_t *m = &s->p.methods[i];
+                if (m->notification &&
+                    hpd_rpc_str_eq(msg->method, msg->method_len, m->name) &&
+                    (m->roles == 0 || (m->roles & node->roles) != 0)) {
+                    m->fn(conn, 0, msg->params, s->p.arg);
+                    break;
+                }
+            }
+            return;
+        }
         hpd_rpc_conn_invalid(conn, NULL, "the server takes requests only");
         return;
     }
@@ -132,7 +144,7 @@ static void on_msg(hpd_rpc_conn_t *conn, const hpd_rpc_msg_t *msg, void *arg)
     }
     for (size_t i = 0; i < s->p.n_methods; i++) {
         const hpd_rpc_method_t *m = &s->p.methods[i];
-        if (!hpd_rpc_str_eq(msg->method, msg->method_len, m->name))
+        if (m->notification || !hpd_rpc_str_eq(msg->method, msg->method_len, m->name))
             continue;
         if (m->roles != 0 && (m->roles & node->roles) == 0) {
             HPD_LOG_WARN(LOG_COMPONENT, "refused '%s' to a connection authenticated as %s",
