@@ -73,6 +73,11 @@ const hpd_opt_t hpd_options[] = {
         "(http://HOST:PORT): a standby listens only once it leads", C, NULL),
     TXT("etcd-key", "KEY", "/hybridpd/coordinator", "the election's key in etcd (one a cluster)",
         C, NULL),
+    TXT("scheduler", "HOST:PORT[,...]", NULL, "run as a front door of this scheduler (a\n"
+        "coordinator, its standbys after a comma): the doors\nhere, decode nodes stream the "
+        "tokens here", C, NULL),
+    TXT("advertise", "HOST", NULL, "a front door: the host decode nodes reach it at\n"
+        "(--host)", C, NULL),
     INT("etcd-ttl-s", U32, 2, 60, 1, "2", "the leader's lease: a standby takes over this\n"
         "long at most after the leader stops renewing it", C, NULL),
     /* ---- nodes */

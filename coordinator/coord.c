@@ -14,6 +14,7 @@
  * until it is answered; node clients are destroyed from a deferred event,
  * never inside their own callbacks. */
 #include "coordinator/coord_internal.h"
+#include "coordinator/door.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -60,7 +61,6 @@ static bool hedge_tokens(void *arg, uint32_t k, const int32_t *out,
                          uint32_t *keep_p);
 static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why);
 static void reply_finished(hpd_coord_t *c, req_t *r);
-static void result_choices(const req_t *r, hpd_coord_choice_t *out);
 static uint32_t attempts_of(const req_t *r);
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why);
 static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
@@ -80,6 +80,13 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     hpd_route_node_t *view;
     req_t *r = NULL;
 
+    if (c->door != NULL)
+        return hpd_door_submit(c->door, q, sink, id_p, err, err_len);
+    if (q->door != NULL && strlen(q->door) >= sizeof(r->door)) {
+        snprintf(err, err_len, "schedule: door is %zu bytes (expected HOST:PORT in fewer than "
+                 "%zu)", strlen(q->door), sizeof(r->door));
+        return HPD_RPC_ERR_PARAMS;
+    }
     if (c->o.leading != NULL && !c->o.leading(c->o.leading_arg)) {
         snprintf(err, err_len, "generate: this coordinator no longer leads; try the leader");
         return HPD_RPC_ERR_NOT_LEADER;
@@ -175,6 +182,8 @@ int64_t hpd_coord_submit(hpd_coord_t *c, const hpd_coord_request_t *q,
     r->sink = *sink;
     r->owner = q->owner;
     r->tag = q->tag;
+    if (q->door != NULL)
+        snprintf(r->door, sizeof(r->door), "%s", q->door);
     c->n_reqs++;
     const char *who = q->who != NULL ? q->who : "";
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "accepted: %u prompt tokens, max_tokens %u, %u "
@@ -199,23 +208,16 @@ static req_t *req_new(hpd_coord_t *c, const int32_t *prompt, uint32_t n_prompt,
     if (hpd_u64map_reserve(&c->jobs, c->n_all + 1) != HPD_OK) /* one job each at most */
         return NULL;
     req_t *r = calloc(1, sizeof(*r));
-    bool ok = r != NULL;
-    for (uint32_t k = 0; ok && k < n_ch; k++)
-        ok = (r->ch[k].out = malloc(max_tokens * sizeof(int32_t))) != NULL &&
-             (!logprobs || (r->ch[k].lp = calloc(max_tokens, sizeof(*r->ch[k].lp))) != NULL);
-    if (!ok ||
+    if (r == NULL)
+        return NULL;
+    if (hpd_choices_alloc(r->ch, n_ch, max_tokens, logprobs, false) != HPD_OK ||
         (r->hashes = malloc((n_prompt / HPD_PREFIX_BLOCK + 1) * sizeof(*r->hashes))) == NULL ||
         (r->prompt = malloc(n_prompt * sizeof(int32_t))) == NULL ||
         (n_stop > 0 && (r->stop_ids = malloc(n_stop * sizeof(int32_t))) == NULL)) {
-        if (r != NULL) {
-            for (uint32_t k = 0; k < n_ch; k++) {
-                free(r->ch[k].out);
-                free(r->ch[k].lp);
-            }
-            free(r->hashes);
-            free(r->prompt);
-            free(r);
-        }
+        hpd_choices_free(r->ch, n_ch);
+        free(r->hashes);
+        free(r->prompt);
+        free(r);
         return NULL;
     }
     r->n_ch = n_ch;
@@ -322,8 +324,7 @@ static void schedule(hpd_coord_t *c)
         hpd_rpc_buf_init(&samp);
         hpd_proto_pack_sampling(&samp.pk, &r->sampling);
         hpd_rpc_buf_init(&b);
-        hpd_msg_pack(&hpd_msg_reserve,
-                     &(hpd_msg_reserve_t){.job = r->job,
+        hpd_msg_reserve_t rm = {.job = r->job,
                                           .request = r->id,
                                           .prompt = r->prompt,
                                           .prompt_n = r->n_prompt,
@@ -342,8 +343,10 @@ static void schedule(hpd_coord_t *c)
                                           .top_logprobs = r->top_logprobs,
                                           .grammar = r->grammar,
                                           .grammar_len = r->grammar_len,
-                                          .n = r->n_ch > 1 ? r->n_ch : 0},
-                     &b.pk);
+                                          .n = r->n_ch > 1 ? r->n_ch : 0,
+                                          .door_request = r->door[0] != '\0' ? r->tag : 0};
+        snprintf(rm.door, sizeof(rm.door), "%s", r->door);
+        hpd_msg_pack(&hpd_msg_reserve, &rm, &b.pk);
         hpd_rpc_buf_destroy(&samp);
         call_ctx_t *x = ctx_new(c, r->job, d->id);
         const hpd_status_t st = x == NULL ? HPD_ERR_NO_MEMORY
@@ -782,6 +785,8 @@ void hpd_core_on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         }
         add_tokens(r, m.choice, m.index, m.ids, lp, m.ids_n);
         free(lp);
+        if (r->door[0] != '\0') /* the rest went to the front door: their count */
+            ch->n_elsewhere = HPD_MAX(ch->n_elsewhere, m.index + m.ids_n);
         if (m.done && !ch->done) {
             ch->done = true;
             snprintf(ch->finish_reason, sizeof(ch->finish_reason), "%s",
@@ -805,56 +810,32 @@ static void add_tokens(req_t *r, uint32_t k, uint32_t index, const int32_t *ids,
 {
     choice_t *ch = &r->ch[k];
     const uint32_t before = ch->n_out;
-    if (ch->stopped)
-        return; /* its sink has what it wanted */
-    for (uint32_t i = 0; i < n; i++) {
-        const uint32_t pos = index + i;
-        if (pos < ch->n_out) {
-            if (ch->out[pos] != ids[i])
-                HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "choice %u: token %u is %d after a retry, "
-                               "%d before (determinism broken)", k, pos, ids[i], ch->out[pos]);
-        } else if (pos == ch->n_out && ch->n_out < r->max_tokens) {
-            if (ch->lp != NULL && lp != NULL)
-                ch->lp[ch->n_out] = lp[i];
-            ch->out[ch->n_out++] = ids[i];
-        }
-    }
+    uint32_t pos;
+    int32_t was, now;
+    if (hpd_choice_add(ch, r->max_tokens, index, ids, lp, n, &pos, &was, &now) > 0)
+        HPD_LOGR_ERROR(LOG_COMPONENT, r->id, "choice %u: token %u is %d after a retry, "
+                       "%d before (determinism broken)", k, pos, now, was);
     if (r->t_first == 0 && ch->n_out > 0)
         r->t_first = hpd_time_now();
     stream(r, k, before);
 }
 
-/* Whether every choice of r has ended (its last tokens came, or its sink
- * stopped it) / has come to its end on the node. */
 static bool all_over(const req_t *r)
 {
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        if (!r->ch[k].stopped && !r->ch[k].done)
-            return false;
-    return true;
+    return hpd_choices_over(r->ch, r->n_ch);
 }
 
 static bool all_done(const req_t *r)
 {
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        if (!r->ch[k].done)
-            return false;
-    return true;
+    return hpd_choices_done(r->ch, r->n_ch);
 }
 
 /* Gives the sink choice k's tokens [from, n_out); it may stop the choice
- * there, keeping the tokens up to the one that ended it. */
+ * there (a stop string). */
 static void stream(req_t *r, uint32_t k, uint32_t from)
 {
-    choice_t *ch = &r->ch[k];
-    uint32_t keep = ch->n_out;
-    if (r->sink.tokens != NULL && !ch->stopped && from < ch->n_out &&
-        !r->sink.tokens(r->sink.arg, k, ch->out, ch->lp, from, ch->n_out, &keep)) {
-        ch->stopped = true;
-        if (keep > from && keep < ch->n_out)
-            ch->n_out = keep;
+    if (hpd_choice_stream(&r->ch[k], &r->sink, k, from))
         r->stopped = all_over(r);
-    }
 }
 
 /* ------------------------------------------------------------ events: failures, losses, timeouts, hedges */
@@ -971,6 +952,8 @@ static bool start_hedge(hpd_coord_t *c, req_t *r, const node_t *n)
     if (r->ch[0].lp != NULL)
         memcpy(h->ch[0].lp, r->ch[0].lp, r->ch[0].n_out * sizeof(*r->ch[0].lp));
     h->top_logprobs = r->top_logprobs;
+    memcpy(h->door, r->door, sizeof(h->door)); /* it streams to its primary's door too */
+    h->tag = r->tag;
     h->avoid_decode = n->role == ROLE_DECODE ? n->id : r->avoid_decode;
     r->hedge = h;
     r->hedges++;
@@ -1012,6 +995,7 @@ static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why)
         hpd_metric_inc(c->m.hedge_wins, 1);
         snprintf(r->ch[0].finish_reason, sizeof(r->ch[0].finish_reason), "%s",
                  h->ch[0].stopped ? "stop" : h->ch[0].finish_reason);
+        r->ch[0].n_elsewhere = HPD_MAX(r->ch[0].n_elsewhere, h->ch[0].n_elsewhere);
         r->cached_tokens = h->cached_tokens;
         r->prefill_ms = h->prefill_ms;
         r->push_ms = h->push_ms;
@@ -1038,12 +1022,14 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     const double now = hpd_time_now();
     const choice_t *c0 = &r->ch[0];
     const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
-    const double tpot = c0->n_out > 1 ? (now - r->t_first) / (c0->n_out - 1) : 0;
+    /* a remote door's choices: the tokens the decode node counted */
+    const uint32_t n0 = HPD_MAX(c0->n_out, c0->n_elsewhere);
+    const double tpot = n0 > 1 ? (now - r->t_first) / (n0 - 1) : 0;
     hpd_coord_choice_t chs[HPD_MAX_CHOICES];
     uint32_t generated = 0;
-    result_choices(r, chs);
+    hpd_choices_result(r->ch, r->n_ch, chs);
     for (uint32_t k = 0; k < r->n_ch; k++)
-        generated += r->ch[k].n_out;
+        generated += HPD_MAX(r->ch[k].n_out, r->ch[k].n_elsewhere);
     const hpd_coord_result_t res = {.outcome = HPD_COORD_FINISHED,
                                     .request = r->id,
                                     .tokens = c0->out,
@@ -1064,7 +1050,7 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
                                     .exposed_push_ms = r->exposed_push_ms};
     r->sink.done(r->sink.arg, &res);
     HPD_LOGR_INFO(LOG_COMPONENT, r->id, "finished: %u tokens (%s)%s, ttft %.1f ms, tpot %.2f "
-                  "ms, %u of %u prompt tokens cached, %u attempt(s)", c0->n_out,
+                  "ms, %u of %u prompt tokens cached, %u attempt(s)", n0,
                   c0->finish_reason, r->n_ch > 1 ? " in its first choice" : "", ttft * 1e3,
                   tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
     for (uint32_t k = 0; k < r->n_ch; k++) {
@@ -1076,22 +1062,12 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     c->finished++;
     hpd_metric_inc(c->m.ok, 1);
     hpd_metric_observe(c->m.ttft, ttft);
-    if (c0->n_out > 1)
+    if (n0 > 1)
         hpd_metric_observe(c->m.tpot, tpot);
     hpd_metric_observe(c->m.duration, total);
     hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
     hpd_metric_inc(c->m.generated_tokens, generated);
     hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
-}
-
-/* The choices as the sink gets them at the end. */
-static void result_choices(const req_t *r, hpd_coord_choice_t *out)
-{
-    for (uint32_t k = 0; k < r->n_ch; k++)
-        out[k] = (hpd_coord_choice_t){.tokens = r->ch[k].out,
-                                      .logprobs = r->ch[k].lp,
-                                      .n_tokens = r->ch[k].n_out,
-                                      .finish_reason = r->ch[k].finish_reason};
 }
 
 /* Its attempts, for the client and the log: the failed ones, the last
@@ -1104,7 +1080,7 @@ static uint32_t attempts_of(const req_t *r)
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why)
 {
     hpd_coord_choice_t chs[HPD_MAX_CHOICES];
-    result_choices(r, chs);
+    hpd_choices_result(r->ch, r->n_ch, chs);
     const hpd_coord_result_t res = {.outcome = outcome,
                                     .code = code,
                                     .error = why,
@@ -1186,10 +1162,7 @@ static void req_free(hpd_coord_t *c, req_t *r)
     free(r->prompt);
     free(r->stop_ids);
     free(r->hashes);
-    for (uint32_t k = 0; k < r->n_ch; k++) {
-        free(r->ch[k].out);
-        free(r->ch[k].lp);
-    }
+    hpd_choices_free(r->ch, r->n_ch);
     free(r->plp);
     free(r->grammar);
     free(r);
@@ -1199,6 +1172,8 @@ static void req_free(hpd_coord_t *c, req_t *r)
 
 bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
 {
+    if (c->door != NULL)
+        return hpd_door_cancel(c->door, id, why);
     for (req_t *r = c->reqs; r != NULL; r = r->next)
         if (r->id == id && !r->is_hedge) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
@@ -1209,6 +1184,8 @@ bool hpd_coord_cancel(hpd_coord_t *c, uint64_t id, const char *why)
 
 bool hpd_coord_cancel_tagged(hpd_coord_t *c, const void *owner, uint64_t tag, const char *why)
 {
+    if (c->door != NULL)
+        return hpd_door_cancel_tagged(c->door, owner, tag, why);
     for (req_t *r = c->reqs; r != NULL; r = r->next)
         if (r->owner == owner && r->tag == tag && !r->is_hedge) {
             req_event(c, r, HPD_REQ_EV_CANCEL, "%s", why);
@@ -1217,8 +1194,27 @@ bool hpd_coord_cancel_tagged(hpd_coord_t *c, const void *owner, uint64_t tag, co
     return false;
 }
 
+bool hpd_coord_stop_tagged(hpd_coord_t *c, const void *owner, uint64_t tag, uint32_t k)
+{
+    for (req_t *r = c->reqs; r != NULL; r = r->next) {
+        if (r->owner != owner || r->tag != tag || r->is_hedge)
+            continue;
+        if (k >= r->n_ch || r->ch[k].stopped)
+            return true;
+        r->ch[k].stopped = true;
+        if ((r->stopped = all_over(r)))
+            req_event(c, r, HPD_REQ_EV_CANCEL, "its front door stopped it (a stop string)");
+        return true;
+    }
+    return false;
+}
+
 void hpd_coord_cancel_owned(hpd_coord_t *c, const void *owner, const char *why)
 {
+    if (c->door != NULL) {
+        hpd_door_cancel_owned(c->door, owner, why);
+        return;
+    }
     for (req_t *r = c->reqs, *next; r != NULL; r = next) {
         next = r->next;
         if (r->owner == owner && !r->is_hedge)
@@ -1233,6 +1229,8 @@ void hpd_coord_count_invalid(hpd_coord_t *c)
 
 const hpd_token_logprobs_t *hpd_coord_prompt_logprobs(const hpd_coord_t *c, uint64_t request)
 {
+    if (c->door != NULL)
+        return hpd_door_prompt_logprobs(c->door, request);
     for (const req_t *r = c->reqs; r != NULL; r = r->next)
         if (r->id == request && !r->is_hedge)
             return r->have_plp ? r->plp : NULL;
@@ -1405,6 +1403,10 @@ void hpd_coord_collect(hpd_coord_t *c)
 /* Ready while not draining; the body says what the coordinator has. */
 bool hpd_coord_health(hpd_coord_t *c, char *msg, size_t len)
 {
+    if (c->door != NULL) {
+        const bool up = hpd_door_health(c->door, msg, len);
+        return up && !c->draining;
+    }
     uint32_t prefill = 0, decode = 0;
     for (node_t *n = c->nodes; n != NULL; n = n->next) {
         prefill += n->alive && !n->draining && n->role == ROLE_PREFILL;
@@ -1483,12 +1485,14 @@ void hpd_coord_drain(hpd_coord_t *c)
 
 uint32_t hpd_coord_open_requests(const hpd_coord_t *c)
 {
-    return c->n_reqs;
+    return c->door != NULL ? hpd_door_open_requests(c->door) : c->n_reqs;
 }
 
 void hpd_coord_end_drain(hpd_coord_t *c, bool stop_nodes)
 {
     c->draining = true;
+    if (c->door != NULL)
+        hpd_door_end_all(c->door, "front door shutting down (drain deadline passed)");
     while (c->reqs != NULL) /* the deadline passed */
         req_event(c, c->reqs, HPD_REQ_EV_SHUTDOWN, "coordinator shutting down (drain deadline "
                   "passed)");
@@ -1512,6 +1516,16 @@ hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *c)
     return c->m.reg;
 }
 
+/* A front door's: tokens a decode node streams (coordinator/door.h). */
+static void door_tokens(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                        void *arg)
+{
+    hpd_coord_t *c = arg;
+    (void)conn;
+    (void)id;
+    hpd_door_tokens(c->door, params);
+}
+
 hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o,
                               hpd_coord_t **coord_p, char *err, size_t err_len)
 {
@@ -1522,7 +1536,19 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
         {.name = "generate", .fn = hpd_msgdoor_generate, .roles = HPD_ROLE_CLIENT},
         {.name = "cancel", .fn = hpd_msgdoor_cancel, .roles = HPD_ROLE_CLIENT},
         {.name = "status", .fn = hpd_reg_status, .roles = HPD_ROLE_CLIENT | HPD_ROLE_NODE},
+        /* remote front doors (coordinator/door.h) present the node secret */
+        {.name = "schedule", .fn = hpd_link_schedule, .roles = HPD_ROLE_NODE},
+        {.name = "unschedule", .fn = hpd_link_unschedule, .roles = HPD_ROLE_NODE,
+         .notification = true},
+        {.name = "limits", .fn = hpd_link_limits, .roles = HPD_ROLE_NODE},
     };
+    /* a front door's: its clients' calls and the decode nodes' tokens */
+    static const hpd_rpc_method_t door_methods[] = {
+        {.name = "generate", .fn = hpd_msgdoor_generate, .roles = HPD_ROLE_CLIENT},
+        {.name = "cancel", .fn = hpd_msgdoor_cancel, .roles = HPD_ROLE_CLIENT},
+        {.name = "tokens", .fn = door_tokens, .roles = HPD_ROLE_NODE, .notification = true},
+    };
+    const bool door = o->scheduler != NULL;
     hpd_status_t st;
     hpd_coord_t *c = calloc(1, sizeof(*c));
     *coord_p = NULL;
@@ -1566,8 +1592,9 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
                                         .host = o->host,
                                         .port = o->port,
                                         .token = c->token,
-                                        .methods = methods,
-                                        .n_methods = HPD_ARRAY_SIZE(methods),
+                                        .methods = door ? door_methods : methods,
+                                        .n_methods = door ? HPD_ARRAY_SIZE(door_methods)
+                                                          : HPD_ARRAY_SIZE(methods),
                                         .arg = c,
                                         .on_disconnect = on_disconnect,
                                         .max_conns = o->max_connections,
@@ -1576,6 +1603,17 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
         snprintf(err, err_len, "cannot listen on %s:%u (%s)", o->host, o->port,
                  hpd_status_str(st));
         goto fail;
+    }
+    if (door) {
+        char at[80];
+        snprintf(at, sizeof(at), "%s:%u", o->advertise != NULL ? o->advertise : o->host,
+                 hpd_rpc_server_port(c->server));
+        const hpd_door_params_t dp = {.base = base,
+                                      .schedulers = o->scheduler,
+                                      .token = c->token,
+                                      .address = at};
+        if ((st = hpd_door_create(&dp, &c->door, err, err_len)) != HPD_OK)
+            goto fail;
     }
     static const struct timeval tick = {0, TICK_MS * 1000};
     event_add(c->tick, &tick);
@@ -1590,6 +1628,7 @@ void hpd_coord_destroy(hpd_coord_t *c)
 {
     if (c == NULL)
         return;
+    hpd_door_destroy(c->door); /* its open requests end ("shutting down") */
     while (c->reqs != NULL)
         req_event(c, c->reqs, HPD_REQ_EV_SHUTDOWN, "coordinator shutting down");
     while (c->nodes != NULL) {

@@ -15,6 +15,7 @@
 #include "common/u64map.h"
 #include "coordinator/alive.h"
 #include "coordinator/breaker.h"
+#include "coordinator/choices.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/credentials.h"
 #include "coordinator/request.h"
@@ -73,14 +74,7 @@ typedef struct node {
 } node_t;
 
 /* One of a request's answers (n choices from one prompt; one without). */
-typedef struct {
-    int32_t *out; /* [max_tokens] */
-    uint32_t n_out;
-    hpd_token_logprobs_t *lp; /* [max_tokens]; NULL: not asked for */
-    bool stopped;             /* its sink ended it (a stop string) */
-    bool done;                /* its last tokens came */
-    char finish_reason[8];    /* from the decode node's last tokens notice */
-} choice_t;
+typedef hpd_choice_t choice_t;
 
 typedef struct req {
     uint64_t id;
@@ -103,6 +97,11 @@ typedef struct req {
     uint32_t top_logprobs;
     hpd_token_logprobs_t *plp; /* the prompt's ([n_prompt - 1]; NULL: not asked for) */
     bool have_plp;             /* they came */
+    /* a front door of its own process (coordinator/door.h): its
+     * "HOST:PORT", where the decode node streams the tokens from the
+     * second on (owner is the door's connection, tag its id there);
+     * empty: they come here */
+    char door[72];
     char *grammar;             /* a structured output's spec (NULL: none), to the nodes */
     uint32_t grammar_len;
     hpd_req_fsm_t fsm;
@@ -176,7 +175,20 @@ struct hpd_coord {
     metrics_t m;
     bool draining; /* no new requests; open ones go on */
     double last_tick;
+    /* a front door's (opts.scheduler): its requests go there
+     * (coordinator/door.h); NULL: this is the scheduler */
+    struct hpd_door *door;
 };
+
+/* ------------------------------------------------------------ remote front doors
+ * (doorlink.c: the scheduler's end of coordinator/door.h) */
+
+void hpd_link_schedule(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                       void *arg);
+void hpd_link_unschedule(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                         void *arg);
+void hpd_link_limits(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
+                     void *arg);
 
 /* ------------------------------------------------------------ the registry */
 

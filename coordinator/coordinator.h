@@ -44,6 +44,13 @@ typedef struct {
      * request (NULL: always) */
     bool (*leading)(void *arg);
     void *leading_arg;
+    /* a front door (coordinator/door.h): "HOST:PORT[,HOST:PORT...]", the
+     * scheduler (a leader and its standbys) its requests go to; its doors
+     * stay here (tokenization, detokenization, stop strings, streaming) and
+     * decode nodes stream the tokens to it. NULL: the whole coordinator */
+    const char *scheduler;
+    /* a front door: the host decode nodes reach it at (NULL: host) */
+    const char *advertise;
 } hpd_coord_opts_t;
 
 /* Listens and serves from base. On an error, err says what (a credentials
@@ -104,6 +111,11 @@ typedef struct {
      * streamed and ended apart (the sink's choice index); 0 or 1: one. At
      * most HPD_MAX_CHOICES. */
     uint32_t n;
+    /* a remote front door's request (its owner the door's connection, tag
+     * its id there): "HOST:PORT" where the decode node streams the tokens
+     * after the first; the sink then hears only the first tokens and the
+     * end. NULL: every token comes through here */
+    const char *door;
 } hpd_coord_request_t;
 
 typedef enum {
@@ -169,6 +181,9 @@ bool hpd_coord_cancel(hpd_coord_t *coord, uint64_t id, const char *why);
  * none open. */
 bool hpd_coord_cancel_tagged(hpd_coord_t *coord, const void *owner, uint64_t tag,
                              const char *why);
+/* Ends choice k of the request its owner tagged so, as a sink's stop
+ * would (a remote front door's stop string); false: none open. */
+bool hpd_coord_stop_tagged(hpd_coord_t *coord, const void *owner, uint64_t tag, uint32_t k);
 /* Cancels every request of owner (its connection closed). */
 void hpd_coord_cancel_owned(hpd_coord_t *coord, const void *owner, const char *why);
 /* Counts a request a front door refused as malformed

@@ -55,6 +55,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         HPD_OPT_BIND("http-port-file", &o->http_port_file),
         HPD_OPT_BIND("drain-timeout-ms", &o->drain_timeout_ms),
         HPD_OPT_BIND("max-connections", &o->c.max_connections),
+        HPD_OPT_BIND("scheduler", &o->c.scheduler),
+        HPD_OPT_BIND("advertise", &o->c.advertise),
         HPD_OPT_BIND("etcd", &o->etcd),
         HPD_OPT_BIND("etcd-key", &o->etcd_key),
         HPD_OPT_BIND("etcd-ttl-s", &o->etcd_ttl_s),
@@ -97,6 +99,11 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     if (o->c.lease_ms <= o->c.heartbeat_ms) {
         fprintf(stderr, "hpd-coordinator: --lease-ms %u must exceed --heartbeat-ms %u\n",
                 o->c.lease_ms, o->c.heartbeat_ms);
+        return -1;
+    }
+    if (o->c.scheduler != NULL && o->etcd != NULL) {
+        fprintf(stderr, "hpd-coordinator: a front door (--scheduler) is not elected: give it "
+                "the scheduler and its standbys, not --etcd\n");
         return -1;
     }
     return 0;

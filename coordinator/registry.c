@@ -4,6 +4,7 @@
  * (docs/cluster.md). A node's loss or suspicion is handed to the core,
  * which moves its requests. */
 #include "coordinator/coord_internal.h"
+#include "coordinator/door.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -608,6 +609,10 @@ hpd_route_node_t *hpd_reg_route_view(hpd_coord_t *c, size_t *n_p, node_t ***map_
 void hpd_coord_limits(const hpd_coord_t *c, uint32_t *vocab_p, uint32_t *max_context_p)
 {
     uint32_t vocab = 0, ctx = 0;
+    if (c->door != NULL) { /* its scheduler's */
+        hpd_door_limits(c->door, vocab_p, max_context_p);
+        return;
+    }
     for (const node_t *n = c->nodes; n != NULL; n = n->next) {
         if (!n->alive || n->draining)
             continue;

@@ -25,6 +25,18 @@
 
 #define LOG_COMPONENT "decode"
 
+/* A remote front door (coordinator/door.h) this node streams tokens to:
+ * one connection per door, shared by its requests; a closed one is
+ * replaced by the next request naming the door and freed once no request
+ * holds it. */
+typedef struct door_link {
+    char addr[72]; /* "HOST:PORT" */
+    hpd_rpc_client_t *client;
+    bool closed;
+    uint32_t refs;
+    struct door_link *next;
+} door_link_t;
+
 typedef struct dreq {
     struct decode *owner;
     uint64_t job;
@@ -34,6 +46,10 @@ typedef struct dreq {
     uint32_t n_first; /* tokens the request had when it joined the batch */
     uint32_t n_prompt; /* its prompt pages are where the prefill node writes */
     hpd_rpc_conn_t *conn; /* the coordinator's, for notifications */
+    /* a remote front door's request: the tokens go there (its id there:
+     * door_request); the coordinator hears only how many and the end */
+    door_link_t *door;
+    uint64_t door_request;
     hpd_join_t join; /* notice and start (decode_node/join.h) */
     uint32_t n_choices;   /* answers from one prompt (1 without) */
     int32_t first[HPD_MAX_CHOICES]; /* each choice's first token, from `start` */
@@ -48,6 +64,7 @@ typedef struct dreq {
 typedef struct decode {
     hpd_node_t *node;
     dreq_t *reqs;
+    door_link_t *doors;
     /* each rank's page pool and slot pool (tensor parallelism: one pair a rank) */
     uint32_t tp;
     uint32_t kv_regions[HPD_TP_MAX], slot_regions[HPD_TP_MAX];
@@ -83,7 +100,68 @@ static void dreq_free(decode_t *d, dreq_t *r)
         event_free(r->expiry);
     if (r->conn)
         hpd_rpc_conn_unref(r->conn);
+    if (r->door != NULL)
+        r->door->refs--;
     free(r);
+}
+
+static void on_door_close(void *arg, hpd_status_t why)
+{
+    door_link_t *l = arg;
+    (void)why;
+    l->closed = true; /* its client goes once no request holds it */
+}
+
+/* The connection to the front door at addr (connected now if there is
+ * none open); NULL with err filled when addr is not HOST:PORT or the
+ * connection cannot start. Closed links no request holds go here. */
+static door_link_t *door_get(decode_t *d, const char *addr, hpd_proto_err_t *err)
+{
+    door_link_t *found = NULL;
+    for (door_link_t **pp = &d->doors; *pp != NULL;) {
+        door_link_t *l = *pp;
+        if (l->closed && l->refs == 0) {
+            *pp = l->next;
+            hpd_rpc_client_destroy(l->client);
+            free(l);
+            continue;
+        }
+        if (!l->closed && strcmp(l->addr, addr) == 0)
+            found = l;
+        pp = &l->next;
+    }
+    if (found != NULL)
+        return found;
+    hpd_endpoint_t ep;
+    uint32_t n_ep;
+    char why[160];
+    door_link_t *l;
+    if (!hpd_proto_parse_endpoints(addr, &ep, 1, &n_ep, why, sizeof(why)) || n_ep != 1) {
+        snprintf(err->text, sizeof(err->text), "reserve: door is \"%s\" (expected HOST:PORT)",
+                 addr);
+        return NULL;
+    }
+    if ((l = calloc(1, sizeof(*l))) == NULL) {
+        snprintf(err->text, sizeof(err->text), "reserve: out of memory");
+        return NULL;
+    }
+    snprintf(l->addr, sizeof(l->addr), "%s", addr);
+    const hpd_rpc_client_params_t cp = {.base = d->node->base,
+                                        .host = ep.host,
+                                        .port = ep.port,
+                                        .token = d->node->token,
+                                        .on_close = on_door_close,
+                                        .arg = l};
+    if (hpd_rpc_client_connect(&cp, &l->client) != HPD_OK) {
+        free(l);
+        snprintf(err->text, sizeof(err->text), "reserve: cannot connect to the front door %s",
+                 addr);
+        return NULL;
+    }
+    HPD_LOG_INFO(LOG_COMPONENT, "%s: streaming to the front door %s", d->node->o.name, addr);
+    l->next = d->doors;
+    d->doors = l;
+    return l;
 }
 
 /* tokens {job, index, ids, done, error?, choice?}: ids are choice c's
@@ -120,8 +198,27 @@ static void notify_tokens(decode_t *d, dreq_t *r, uint32_t c, uint64_t eng_id,
         m.logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(m.ids_n, r->top_logprobs);
     }
     hpd_rpc_buf_init(&b);
-    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
-    hpd_rpc_notify(r->conn, "tokens", &b);
+    if (r->door != NULL && error == NULL) {
+        /* the ids to the front door; the coordinator hears only their
+         * count, with the last ones (its cost per request stays the same
+         * however long the answer) */
+        m.job = r->door_request;
+        hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+        if (!r->door->closed)
+            (void)hpd_rpc_client_notify(r->door->client, "tokens", &b);
+        m.job = r->job;
+        m.index = n;
+        m.ids = NULL;
+        m.ids_n = 0;
+        m.logprobs = NULL;
+        m.logprobs_len = 0;
+        hpd_rpc_buf_destroy(&b);
+        hpd_rpc_buf_init(&b);
+    }
+    if (r->door == NULL || error != NULL || done) {
+        hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+        hpd_rpc_notify(r->conn, "tokens", &b);
+    }
     hpd_rpc_buf_destroy(&b);
     free(wire);
     r->sent[c] = n;
@@ -313,6 +410,15 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
                             "%u)", rp.n_prompt, rp.max_tokens, choices,
                             hpd_engine_params(n->engine)->max_context);
         goto out;
+    }
+    if (q.door[0] != '\0' && (r->door = door_get(d, q.door, &err)) == NULL) {
+        hpd_engine_release(n->engine, r->eng_id);
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        goto out;
+    }
+    if (r->door != NULL) {
+        r->door->refs++;
+        r->door_request = q.door_request;
     }
     r->job = job;
     r->request = request;
@@ -702,6 +808,12 @@ static void fini(hpd_node_t *n)
         return;
     while (d->reqs != NULL)
         dreq_free(d, d->reqs);
+    while (d->doors != NULL) {
+        door_link_t *l = d->doors;
+        d->doors = l->next;
+        hpd_rpc_client_destroy(l->client);
+        free(l);
+    }
     /* d itself goes with the node (node_destroy) */
 }
 

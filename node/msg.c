@@ -31,6 +31,11 @@ HPD_MSG_DESC(hpd_msg_stream, "tokens", hpd_msg_stream_t, HPD_MSG_STREAM)
 HPD_MSG_DESC(hpd_msg_cancel_request, "cancel", hpd_msg_cancel_request_t,
              HPD_MSG_CANCEL_REQUEST)
 HPD_MSG_DESC(hpd_msg_canceled, "cancel reply", hpd_msg_canceled_t, HPD_MSG_CANCELED)
+HPD_MSG_DESC(hpd_msg_schedule, "schedule", hpd_msg_schedule_t, HPD_MSG_SCHEDULE)
+HPD_MSG_DESC(hpd_msg_scheduled, "schedule reply", hpd_msg_scheduled_t, HPD_MSG_SCHEDULED)
+HPD_MSG_DESC(hpd_msg_ended, "ended", hpd_msg_ended_t, HPD_MSG_ENDED)
+HPD_MSG_DESC(hpd_msg_unschedule, "unschedule", hpd_msg_unschedule_t, HPD_MSG_UNSCHEDULE)
+HPD_MSG_DESC(hpd_msg_limits, "limits reply", hpd_msg_limits_t, HPD_MSG_LIMITS)
 
 const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_registered,
                                              &hpd_msg_reservation, &hpd_msg_destination,
@@ -43,7 +48,10 @@ const hpd_msg_desc_t *const hpd_msg_all[] = {&hpd_msg_register,    &hpd_msg_regi
                                              &hpd_msg_reserve,    &hpd_msg_generate,
                                              &hpd_msg_generated,  &hpd_msg_choice,
                                              &hpd_msg_stream,
-                                             &hpd_msg_cancel_request, &hpd_msg_canceled};
+                                             &hpd_msg_cancel_request, &hpd_msg_canceled,
+                                             &hpd_msg_schedule,   &hpd_msg_scheduled,
+                                             &hpd_msg_ended,      &hpd_msg_unschedule,
+                                             &hpd_msg_limits};
 const uint32_t hpd_msg_n_all = sizeof(hpd_msg_all) / sizeof(hpd_msg_all[0]);
 
 #define AT(msg, off, type) ((type *)((char *)(msg) + (off)))

@@ -298,7 +298,8 @@ HPD_MSG_STRUCT(hpd_msg_alive_t, HPD_MSG_ALIVE)
     X(T, error, STR, HPD_OPT, 160)                                                           \
     X(T, finish_reason, STR, HPD_OPT, 8)                                                     \
     X(T, logprobs, BIN, HPD_OPT, 0)                                                          \
-    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)
+    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)                                          \
+    X(T, prompt_logprobs, BIN, HPD_OPT, 0) /* scheduler -> door: with the first tokens */
 HPD_MSG_STRUCT(hpd_msg_tokens_t, HPD_MSG_TOKENS)
 
 /* cancel (coordinator -> a node: a job). To a decode node, writer names
@@ -348,7 +349,9 @@ HPD_MSG_STRUCT(hpd_msg_prefilled_t, HPD_MSG_PREFILLED)
     X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
     X(T, top_logprobs, U32, HPD_OPT, HPD_MAX_TOP_LOGPROBS)                                   \
     X(T, grammar, BIN, HPD_OPT, 0)                                                           \
-    X(T, n, U32, HPD_OPT, HPD_MAX_CHOICES)
+    X(T, n, U32, HPD_OPT, HPD_MAX_CHOICES)                                                   \
+    X(T, door, STR, HPD_OPT, 72) /* "HOST:PORT": the front door the tokens go to */         \
+    X(T, door_request, U64, HPD_OPT, UINT64_MAX) /* the door's id of the request */
 HPD_MSG_STRUCT(hpd_msg_reserve_t, HPD_MSG_RESERVE)
 
 /* ---- the client's messages (docs/protocol.md) */
@@ -442,12 +445,74 @@ HPD_MSG_STRUCT(hpd_msg_cancel_request_t, HPD_MSG_CANCEL_REQUEST)
 #define HPD_MSG_CANCELED(T, X) X(T, canceled, BOOL, HPD_REQ, 0)
 HPD_MSG_STRUCT(hpd_msg_canceled_t, HPD_MSG_CANCELED)
 
+/* ---- a front door and its scheduler (docs/cluster.md, "Front doors") */
+
+/* schedule (door -> scheduler): a request in token ids, as
+ * hpd_coord_request_t has it; door: the address decode nodes stream its
+ * tokens to, tag its id there. The reply: {request} */
+#define HPD_MSG_SCHEDULE(T, X)                                                              \
+    X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, door, STR, HPD_REQ, 72)                                                             \
+    X(T, prompt, IDS, HPD_REQ, INT32_MAX)                                                    \
+    X(T, max_tokens, U32, HPD_REQ, UINT32_MAX)                                               \
+    X(T, sampling, OBJ, HPD_OPT, 0)                                                          \
+    X(T, stop_token_ids, IDS, HPD_OPT, INT32_MAX)                                            \
+    X(T, ignore_eos, BOOL, HPD_OPT, 0)                                                       \
+    X(T, min_tokens, U32, HPD_OPT, UINT32_MAX)                                               \
+    X(T, logprobs, BOOL, HPD_OPT, 0)                                                         \
+    X(T, top_logprobs, U32, HPD_OPT, UINT32_MAX)                                             \
+    X(T, prompt_logprobs, BOOL, HPD_OPT, 0)                                                  \
+    X(T, grammar, BIN, HPD_OPT, 0)                                                           \
+    X(T, grammar_after_think, BOOL, HPD_OPT, 0)                                              \
+    X(T, n, U32, HPD_OPT, UINT32_MAX)                                                        \
+    X(T, who, STR, HPD_OPT, 96)                                                              \
+    X(T, stream, BOOL, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_schedule_t, HPD_MSG_SCHEDULE)
+
+/* schedule's reply */
+#define HPD_MSG_SCHEDULED(T, X) X(T, request, U64, HPD_REQ, UINT64_MAX)
+HPD_MSG_STRUCT(hpd_msg_scheduled_t, HPD_MSG_SCHEDULED)
+
+/* ended (scheduler -> door): the end of the door's request tag. outcome:
+ * hpd_coord_outcome_t; code: a failure's RPC error code, negated (they
+ * are negative); the tokens are the door's already */
+#define HPD_MSG_ENDED(T, X)                                                                 \
+    X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, outcome, U32, HPD_REQ, 2)                                                           \
+    X(T, code, U32, HPD_OPT, UINT32_MAX)                                                     \
+    X(T, error, STR, HPD_OPT, 320)                                                           \
+    X(T, prompt_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
+    X(T, cached_tokens, U32, HPD_OPT, UINT32_MAX)                                            \
+    X(T, attempts, U32, HPD_OPT, UINT32_MAX)                                                 \
+    X(T, ttft_ms, F32, HPD_OPT, 0)                                                           \
+    X(T, prefill_ms, F32, HPD_OPT, 0)                                                        \
+    X(T, push_ms, F32, HPD_OPT, 0)                                                           \
+    X(T, exposed_push_ms, F32, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_ended_t, HPD_MSG_ENDED)
+
+/* unschedule (door -> scheduler, a notification): the door's request tag
+ * is canceled (its client went away), or with stop its choice ended at a
+ * stop string (the request finishes once every choice has) */
+#define HPD_MSG_UNSCHEDULE(T, X)                                                            \
+    X(T, tag, U64, HPD_REQ, UINT64_MAX)                                                      \
+    X(T, stop, BOOL, HPD_OPT, 0)                                                             \
+    X(T, choice, U32, HPD_OPT, HPD_MAX_CHOICES - 1)
+HPD_MSG_STRUCT(hpd_msg_unschedule_t, HPD_MSG_UNSCHEDULE)
+
+/* limits' reply (scheduler -> door): what hpd_coord_limits says */
+#define HPD_MSG_LIMITS(T, X)                                                                \
+    X(T, vocab, U32, HPD_OPT, UINT32_MAX)                                                    \
+    X(T, max_context, U32, HPD_OPT, UINT32_MAX)                                              \
+    X(T, draining, BOOL, HPD_OPT, 0)
+HPD_MSG_STRUCT(hpd_msg_limits_t, HPD_MSG_LIMITS)
+
 /* Every message's descriptor, for the fuzzer and the tests. */
 extern const hpd_msg_desc_t hpd_msg_register, hpd_msg_registered, hpd_msg_reservation,
     hpd_msg_destination, hpd_msg_prefill_job, hpd_msg_prefill_load, hpd_msg_decode_load,
     hpd_msg_stats, hpd_msg_engine_stats, hpd_msg_cache_stats, hpd_msg_xfer_stats, hpd_msg_alive, hpd_msg_tokens,
     hpd_msg_cancel_job, hpd_msg_start, hpd_msg_prefilled, hpd_msg_reserve, hpd_msg_generate,
-    hpd_msg_generated, hpd_msg_choice, hpd_msg_stream, hpd_msg_cancel_request, hpd_msg_canceled;
+    hpd_msg_generated, hpd_msg_choice, hpd_msg_stream, hpd_msg_cancel_request, hpd_msg_canceled,
+    hpd_msg_schedule, hpd_msg_scheduled, hpd_msg_ended, hpd_msg_unschedule, hpd_msg_limits;
 extern const hpd_msg_desc_t *const hpd_msg_all[];
 extern const uint32_t hpd_msg_n_all;
 
