@@ -9,7 +9,9 @@
 # line from hpd-sim and the ratio of the requests routed per coordinator
 # CPU second to issue 39's goal (20,000). A third run streams long answers
 # (64 tokens at a 2 ms step) and prints the tokens the coordinator relays
-# per CPU second.
+# per CPU second; a fourth the same through two front doors (the decode
+# nodes stream to them), printing the coordinator's CPU per request both
+# ways and the tokens a door streams per CPU second.
 #   bash bench/coordinator.sh [NODES] [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +81,38 @@ cpu=$(sed -n 's/^coordinator: \([0-9.]*\) CPU s for the load.*/\1/p' "$dir/run.t
 awk -v t="$tokens" -v s="$secs" -v c="$cpu" 'BEGIN {
     printf "tokens relayed per coordinator CPU second: %d (%d tokens/s over %.2f CPU s)\n",
            t * s / c, t, c }'
+relay_cpu_req=$(awk -v c="$cpu" -v r="$((requests / 4))" 'BEGIN { printf "%.1f", c * 1e6 / r }')
+echo "== the same through 2 front doors (hpd-coordinator --scheduler, on the load's cores):" \
+     "the decode nodes stream to the doors, the coordinator hears each answer's end"
+start_coordinator
+door_pids=() doors=()
+for i in 1 2; do
+    rm -f "$dir/door$i.port"
+    "${pin_sim[@]}" ./build/coordinator/hpd-coordinator --host 127.0.0.1 --port 0 \
+        --port-file "$dir/door$i.port" --token-file "$dir/token" \
+        --client-keys-file "$dir/keys" --scheduler "127.0.0.1:$(cat "$dir/port")" \
+        --max-requests 100000 --max-connections 4096 --log-level warn \
+        > "$dir/door$i.log" 2>&1 &
+    door_pids+=($!)
+    for _ in $(seq 100); do [ -s "$dir/door$i.port" ] && break; sleep 0.1; done
+    doors+=("127.0.0.1:$(cat "$dir/door$i.port")")
+done
+"${pin_sim[@]}" ./build/sim/hpd-sim --coordinator "127.0.0.1:$(cat "$dir/port")" \
+    --token-file "$dir/token" --client-key "$key" --prefill "$prefill" --decode "$decode" \
+    --requests $((requests / 4)) --connections 8 --prompt-tokens 256 --max-tokens 64 \
+    --prefixes 64 --prefix-tokens 128 --step-us 2000 --prefill-us-per-token 1 \
+    --push-us-per-page 1 --window 1024 --coordinator-pid "$coord" \
+    --doors "$(IFS=,; echo "${doors[*]}")" --door-pids "$(IFS=,; echo "${door_pids[*]}")" |
+    tee "$dir/run.txt"
+kill "${door_pids[@]}"
+wait "${door_pids[@]}" || true
+stop_coordinator
+dcpu=$(sed -n 's/^coordinator: \([0-9.]*\) CPU s for the load.*/\1/p' "$dir/run.txt")
+dtokens=$(sed -n 's/^doors: .*, \([0-9]*\) tokens per door CPU second/\1/p' "$dir/run.txt")
+awk -v c="$dcpu" -v r="$((requests / 4))" -v was="$relay_cpu_req" -v t="$dtokens" 'BEGIN {
+    printf "coordinator CPU per request of 64 tokens: %.1f us through the doors, %.1f us " \
+           "relaying (%.2fx); tokens per door CPU second: %d\n", c * 1e6 / r, was,
+           was / (c * 1e6 / r), t }'
 awk -v a="$per_cpu" -v g="$goal" 'BEGIN {
     printf "requests routed per coordinator CPU second: %d; the goal %d; ratio %.3f\n",
            a, g, a / g }'

@@ -226,8 +226,11 @@ hpd_status_t hpd_load_run(const hpd_load_params_t *params, double timeout_s,
     if ((k.reqs = calloc(k.p.requests ? k.p.requests : 1, sizeof(*k.reqs))) == NULL)
         return HPD_ERR_NO_MEMORY;
     for (uint32_t i = 0; i < k.p.connections; i++) {
-        const hpd_rpc_client_params_t cp = {.base = k.p.base, .host = k.p.host,
-                                            .port = k.p.port, .token = k.p.key,
+        const hpd_endpoint_t *door = k.p.n_doors > 0 ? &k.p.doors[i % k.p.n_doors] : NULL;
+        const hpd_rpc_client_params_t cp = {.base = k.p.base,
+                                            .host = door != NULL ? door->host : k.p.host,
+                                            .port = door != NULL ? door->port : k.p.port,
+                                            .token = k.p.key,
                                             .timeout_ms = (uint32_t)(timeout_s * 1000)};
         if ((st = hpd_rpc_client_create(&cp, &k.cl[i])) != HPD_OK)
             goto out;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "node/proto.h"
 #include "sim/sim.h"
 
 typedef struct {
@@ -18,6 +19,10 @@ typedef struct {
     const char *host;
     uint16_t port;
     const char *key; /* a client key (NULL: an open coordinator) */
+    /* front doors of that coordinator (docs/cluster.md): the connections
+     * go to them in turn instead (NULL or 0: none) */
+    const hpd_endpoint_t *doors;
+    uint32_t n_doors;
     uint32_t requests;
     double rate;          /* arrivals per second, Poisson (0: as fast as the window allows) */
     uint32_t window;      /* requests open at once, at most */

@@ -15,6 +15,7 @@
 #include "common/util.h"
 #include "sim/load.h"
 #include "sim/sim.h"
+#include "node/proto.h"
 #include "transport/rpc.h"
 
 static const char usage[] =
@@ -35,7 +36,10 @@ static const char usage[] =
     "  --cache-blocks N      each prefill node's prefix cache, blocks of 64 tokens, with\n"
     "                        its summary in the heartbeats (default 4096; 0: none)\n"
     "  --seed N\n"
-    "  --coordinator-pid P   report the coordinator's CPU and memory from /proc\n";
+    "  --coordinator-pid P   report the coordinator's CPU and memory from /proc\n"
+    "  --doors H:P[,H:P...]  the load's connections go to these front doors of the\n"
+    "                        coordinator in turn (docs/cluster.md, \"Front doors\")\n"
+    "  --door-pids P[,P...]  report the doors' CPU from /proc\n";
 
 /* A process's CPU seconds and its resident and peak memory (KiB), from
  * /proc; false where it cannot be read. */
@@ -82,6 +86,9 @@ int main(int argc, char **argv)
     const char *coord = NULL, *token_file = NULL;
     char *token = NULL;
     long coord_pid = 0;
+    hpd_endpoint_t doors[8];
+    long door_pids[8];
+    uint32_t n_door_pids = 0;
     static const struct option longs[] = {
         {"coordinator", 1, 0, 'c'}, {"token-file", 1, 0, 't'}, {"client-key", 1, 0, 'k'},
         {"prefill", 1, 0, 'P'}, {"decode", 1, 0, 'D'}, {"prefill-us-per-token", 1, 0, 1},
@@ -90,6 +97,7 @@ int main(int argc, char **argv)
         {"rate", 1, 0, 9}, {"window", 1, 0, 10}, {"connections", 1, 0, 11},
         {"prompt-tokens", 1, 0, 12}, {"max-tokens", 1, 0, 13}, {"prefixes", 1, 0, 14},
         {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"coordinator-pid", 1, 0, 17}, {"cache-blocks", 1, 0, 18},
+        {"doors", 1, 0, 19}, {"door-pids", 1, 0, 20},
         {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
@@ -118,6 +126,19 @@ int main(int argc, char **argv)
         case 16: sp.seed = lp.seed = strtoull(optarg, NULL, 10); break;
         case 17: coord_pid = strtol(optarg, NULL, 10); break;
         case 18: sp.cache_blocks = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 19: {
+            char why[200];
+            if (!hpd_proto_parse_endpoints(optarg, doors, 8, &lp.n_doors, why, sizeof(why))) {
+                fprintf(stderr, "hpd-sim: --doors: %s\n", why);
+                return 2;
+            }
+            lp.doors = doors;
+            break;
+        }
+        case 20:
+            for (char *t = strtok(optarg, ","); t != NULL && n_door_pids < 8; t = strtok(NULL, ","))
+                door_pids[n_door_pids++] = strtol(t, NULL, 10);
+            break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return 2;
         }
@@ -154,6 +175,7 @@ int main(int argc, char **argv)
     double cpu0 = 0, cpu1 = 0, cpu2 = 0;
     long rss0 = 0, rss1 = 0, rss2 = 0, hwm = 0;
     const bool watch = coord_pid > 0 && proc_usage(coord_pid, &cpu0, &rss0, &hwm);
+    double doors_cpu1 = 0, doors_cpu2 = 0;
     hpd_sim_t *sim;
     if (hpd_sim_create(&sp, &sim) != HPD_OK) {
         fprintf(stderr, "hpd-sim: cannot start the nodes\n");
@@ -178,6 +200,12 @@ int main(int argc, char **argv)
             event_base_loop(base, EVLOOP_ONCE);
         proc_usage(coord_pid, &cpu1, &rss1, &hwm);
     }
+    for (uint32_t i = 0; i < n_door_pids; i++) {
+        double c = 0;
+        long rss, peak;
+        if (proc_usage(door_pids[i], &c, &rss, &peak))
+            doors_cpu1 += c;
+    }
     int rc = 0;
     if (lp.requests > 0) {
         hpd_load_result_t r;
@@ -185,6 +213,12 @@ int main(int argc, char **argv)
         const hpd_status_t st = hpd_load_run(&lp, 600, &r);
         if (watch)
             proc_usage(coord_pid, &cpu2, &rss2, &hwm);
+        for (uint32_t i = 0; i < n_door_pids; i++) {
+            double c = 0;
+            long rss, peak;
+            if (proc_usage(door_pids[i], &c, &rss, &peak))
+                doors_cpu2 += c;
+        }
         printf("requests %llu ok %llu wrong %llu failed %llu retried %llu in %.2f s: "
                "%.0f requests/s, %.0f tokens/s; answer p50 %.1f ms p99 %.1f ms; "
                "ttft p50 %.1f ms p99 %.1f ms; nodes %u\n",
@@ -223,6 +257,10 @@ int main(int argc, char **argv)
                    cpu2 - cpu1, r.ok / HPD_MAX(1e-9, cpu2 - cpu1), rss0,
                    (double)(rss1 - rss0) / all, hwm,
                    (double)(hwm - rss1) / HPD_MAX(1u, r.peak_open), r.peak_open);
+        if (n_door_pids > 0)
+            printf("doors: %.2f CPU s for the load over %u of them, %.0f tokens per door CPU "
+                   "second\n", doors_cpu2 - doors_cpu1, n_door_pids,
+                   r.tokens / HPD_MAX(1e-9, doors_cpu2 - doors_cpu1));
         if (r.first_wrong[0])
             printf("first wrong: %s\n", r.first_wrong);
         rc = st == HPD_OK && r.ok == r.sent ? 0 : 1;

@@ -40,8 +40,20 @@ typedef struct job {
     /* decode: the next index each choice streams (token 0 came from prefill) */
     bool started;
     uint32_t next;
+    /* a front door's request (reserve's door): the tokens go there, the
+     * coordinator hears their count with the last */
+    struct sim_door *door;
+    uint64_t door_request;
     struct job *next_job;
 } job_t;
+
+/* A front door the decode nodes stream to: one connection for the whole
+ * simulator (a real decode node opens its own). */
+typedef struct sim_door {
+    char addr[72];
+    hpd_rpc_client_t *client;
+    struct sim_door *next;
+} sim_door_t;
 
 /* A prefill node's prefix cache: the blocks it holds (a set) and their
  * order (a ring: the oldest goes when it is full). */
@@ -89,6 +101,7 @@ struct hpd_sim {
     uint32_t n_nodes;
     served_t *served; /* open addressing on the key */
     size_t served_cap, served_n;
+    sim_door_t *doors;
     hpd_sim_stats_t st;
 };
 
@@ -386,6 +399,32 @@ static void arm_step(node_t *n)
     evtimer_add(n->step, &tv);
 }
 
+/* The connection to the front door at addr ("HOST:PORT"), opened on first
+ * use; NULL: not an address, or it cannot start. */
+static sim_door_t *door_of(hpd_sim_t *s, const char *addr)
+{
+    for (sim_door_t *d = s->doors; d != NULL; d = d->next)
+        if (strcmp(d->addr, addr) == 0)
+            return d;
+    hpd_endpoint_t ep;
+    uint32_t n_ep;
+    char why[160];
+    sim_door_t *d;
+    if (!hpd_proto_parse_endpoints(addr, &ep, 1, &n_ep, why, sizeof(why)) || n_ep != 1 ||
+        (d = calloc(1, sizeof(*d))) == NULL)
+        return NULL;
+    snprintf(d->addr, sizeof(d->addr), "%s", addr);
+    const hpd_rpc_client_params_t cp = {.base = s->p.base, .host = ep.host, .port = ep.port,
+                                        .token = s->p.token};
+    if (hpd_rpc_client_connect(&cp, &d->client) != HPD_OK) {
+        free(d);
+        return NULL;
+    }
+    d->next = s->doors;
+    s->doors = d;
+    return d;
+}
+
 static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params, void *arg)
 {
     node_t *n = arg;
@@ -415,6 +454,14 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         hpd_msg_free(&hpd_msg_reserve, &m);
         return;
     }
+    if (m.door[0] != '\0' && (j->door = door_of(s, m.door)) == NULL) {
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "reserve: door %s: not a front door "
+                            "this node can reach", m.door);
+        job_free(j);
+        hpd_msg_free(&hpd_msg_reserve, &m);
+        return;
+    }
+    j->door_request = m.door_request;
     j->max_tokens = m.max_tokens;
     j->pages = pages;
     n->slots_used += n_ch;
@@ -513,11 +560,25 @@ static bool send_tokens(node_t *n, job_t *j, uint32_t k, uint32_t index, bool do
                           .choice = k};
     if (done)
         snprintf(m.finish_reason, sizeof(m.finish_reason), "length");
-    hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
-    hpd_rpc_notify(n->coord_conn, "tokens", &b);
+    const uint32_t sent = m.ids_n;
+    if (j->door != NULL) { /* the ids to the door, their count to the coordinator */
+        m.job = j->door_request;
+        hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+        (void)hpd_rpc_client_notify(j->door->client, "tokens", &b);
+        hpd_rpc_buf_destroy(&b);
+        hpd_rpc_buf_init(&b);
+        m.job = j->job;
+        m.index += m.ids_n;
+        m.ids = NULL;
+        m.ids_n = 0;
+    }
+    if (j->door == NULL || done) {
+        hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);
+        hpd_rpc_notify(n->coord_conn, "tokens", &b);
+    }
     hpd_rpc_buf_destroy(&b);
     s->st.notices++;
-    s->st.tokens += m.ids_n;
+    s->st.tokens += sent;
     return true;
 }
 
@@ -866,6 +927,12 @@ void hpd_sim_destroy(hpd_sim_t *sim)
         free(sim->nodes[i].cache.ring);
     }
     hpd_u64map_free(&sim->holders);
+    while (sim->doors != NULL) {
+        sim_door_t *d = sim->doors;
+        sim->doors = d->next;
+        hpd_rpc_client_destroy(d->client);
+        free(d);
+    }
     free(sim->nodes);
     free(sim->served);
     free(sim);

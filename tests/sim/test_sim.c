@@ -3,6 +3,8 @@
  * checked token by token and by the nodes that served it:
  * - 200 nodes register and serve 3,000 requests, every one right, every
  *   decode node used;
+ * - 80 nodes serve 1,500 requests through two front doors (the decode
+ *   nodes stream to the doors), every one right;
  * - faults from the simulator while the load runs: a decode node dies, one
  *   stops past the liveness window, one slows down fivefold, two send a
  *   malformed tokens notice, a prefill node dies: every request is still
@@ -140,6 +142,39 @@ static void test_two_hundred_nodes(void **state)
     stop(sim);
 }
 
+/* The load through two front doors of the coordinator (coordinator/door.h):
+ * the simulated decode nodes stream to the doors, every answer is still
+ * right and served by the nodes the simulator saw. */
+static void test_through_front_doors(void **state)
+{
+    cl.cases++;
+    hpd_sim_t *sim = start(20, 60);
+    hpd_endpoint_t doors[2];
+    for (int i = 0; i < 2; i++) {
+        char name[16], port_file[400], sched[32], *argv[CL_MAX_ARGS];
+        snprintf(name, sizeof(name), "door-%d", i);
+        snprintf(port_file, sizeof(port_file), "%s/%s.port", cl.root, name);
+        snprintf(sched, sizeof(sched), "127.0.0.1:%u", cl.port);
+        const char *args[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
+                              "--token-file", cl.token_file, "--client-keys-file",
+                              cl.keys_file, "--scheduler", sched, "--host", "127.0.0.1",
+                              "--max-requests", "4096", "--log-level", "info"};
+        cl_args(argv, args, sizeof(args) / sizeof(args[0]), NULL);
+        cl_proc_t *p = cl_spawn(&cl, name, argv);
+        snprintf(doors[i].host, sizeof(doors[i].host), "127.0.0.1");
+        doors[i].port = cl_port_file(&cl, port_file);
+        cl_wait_log(&cl, p, "answers", 60); /* it heard the scheduler's decode nodes */
+    }
+    hpd_load_params_t lp = load_of(sim, 1500);
+    lp.max_tokens = 32;
+    lp.doors = doors;
+    lp.n_doors = 2;
+    hpd_load_result_t r;
+    assert_int_equal(hpd_load_run(&lp, 120, &r), HPD_OK);
+    expect_all_right(&r, 1500);
+    stop(sim);
+}
+
 typedef struct {
     hpd_sim_t *sim;
     bool done;
@@ -220,6 +255,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_hundred_nodes),
+        cmocka_unit_test(test_through_front_doors),
         cmocka_unit_test(test_faults_under_load),
         cmocka_unit_test(test_prefix_routing),
     };
