@@ -37,7 +37,9 @@ uint32_t hpd_choice_add(hpd_choice_t *ch, uint32_t max_tokens, uint32_t index,
     uint32_t bad = 0;
     if (ch->stopped)
         return 0; /* its sink has what it wanted */
-    for (uint32_t i = 0; i < n; i++) {
+    if (index >= max_tokens)
+        return 0; /* (and index + i cannot wrap) */
+    for (uint32_t i = 0; i < n && index + i < max_tokens; i++) {
         const uint32_t pos = index + i;
         if (pos < ch->n_out || (ch->early != NULL && pos < max_tokens && ch->early[pos])) {
             if (ch->out[pos] != ids[i] && bad++ == 0) {

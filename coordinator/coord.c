@@ -786,7 +786,8 @@ void hpd_core_on_node_notify(void *arg, const hpd_rpc_msg_t *msg)
         add_tokens(r, m.choice, m.index, m.ids, lp, m.ids_n);
         free(lp);
         if (r->door[0] != '\0') /* the rest went to the front door: their count */
-            ch->n_elsewhere = HPD_MAX(ch->n_elsewhere, m.index + m.ids_n);
+            ch->n_elsewhere = (uint32_t)HPD_MAX(
+                (uint64_t)ch->n_elsewhere, HPD_MIN((uint64_t)m.index + m.ids_n, r->max_tokens));
         if (m.done && !ch->done) {
             ch->done = true;
             snprintf(ch->finish_reason, sizeof(ch->finish_reason), "%s",

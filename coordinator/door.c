@@ -237,7 +237,8 @@ void hpd_door_tokens(hpd_door_t *d, const msgpack_object *params)
      * missing (the first may come after them; a lost notice leaves a gap,
      * and the tail wait fails the request) */
     if (m.done && ch->end_at == 0) {
-        ch->end_at = HPD_MAX(1u, m.index + m.ids_n);
+        ch->end_at = (uint32_t)HPD_MIN((uint64_t)m.index + m.ids_n, (uint64_t)r->max_tokens);
+        ch->end_at = HPD_MAX(1u, ch->end_at);
         snprintf(ch->finish_reason, sizeof(ch->finish_reason), "%s", m.finish_reason);
     }
     if (!ch->done && ch->end_at > 0 && (ch->n_out >= ch->end_at || ch->n_out == r->max_tokens))
