@@ -51,14 +51,14 @@ static opts_t O;
 
 static const char *bin_name(hpd_proc_role_t role)
 {
-    return role == HPD_PROC_COORDINATOR ? "hpd-coordinator"
+    return role == HPD_PROC_COORDINATOR || role == HPD_PROC_DOOR ? "hpd-coordinator"
            : role == HPD_PROC_PREFILL   ? "hpd-prefill"
                                         : "hpd-decode";
 }
 
 static const char *build_subdir(hpd_proc_role_t role)
 {
-    return role == HPD_PROC_COORDINATOR ? "coordinator"
+    return role == HPD_PROC_COORDINATOR || role == HPD_PROC_DOOR ? "coordinator"
            : role == HPD_PROC_PREFILL   ? "prefill_node"
                                         : "decode_node";
 }
@@ -591,7 +591,7 @@ static int wait_healthy(const hpd_manifest_t *m, up_t *u, uint32_t n, double t0)
 
 /* What up needs before it starts anything: the model (for nodes), the
  * binaries, the state directory and the credentials. */
-static int up_prepare(const hpd_manifest_t *m, char bins[3][PATH_MAX])
+static int up_prepare(const hpd_manifest_t *m, char bins[HPD_PROC_DOOR + 1][PATH_MAX])
 {
     char dir[PATH_MAX];
     struct stat st;
@@ -604,7 +604,7 @@ static int up_prepare(const hpd_manifest_t *m, char bins[3][PATH_MAX])
                 "build/tools/hpd-mkmodel --out DIR writes a small one)\n", m->model);
         return 2;
     }
-    for (int r = 0; r < 3; r++)
+    for (int r = 0; r <= HPD_PROC_DOOR; r++)
         if (!find_bin((hpd_proc_role_t)r, bins[r], PATH_MAX)) {
             fprintf(stderr, "hpdctl: cannot find %s (expected beside hpdctl, in its build tree "
                     "or on PATH; or give --bin-dir)\n", bins[r]);
@@ -624,7 +624,7 @@ static int up_prepare(const hpd_manifest_t *m, char bins[3][PATH_MAX])
  * process is healthy. On a failure it stops only what it started. */
 static int cmd_up(const hpd_manifest_t *m)
 {
-    char bins[3][PATH_MAX];
+    char bins[HPD_PROC_DOOR + 1][PATH_MAX];
     const double t0 = hpd_time_now();
     int rc = up_prepare(m, bins);
     if (rc != 0)
@@ -853,7 +853,24 @@ static int cmd_down(const hpd_manifest_t *m)
         procs[n] = p;
         pids[n++] = pid;
     }
-    /* standbys first: none must take over while the leader drains */
+    /* the front doors first: their open requests finish while the
+     * coordinator still serves them */
+    pid_t *door_pids = calloc(n + 1, sizeof(*door_pids));
+    uint32_t n_doors = 0;
+    for (uint32_t i = 0; door_pids != NULL && i < n; i++)
+        if (procs[i]->role == HPD_PROC_DOOR)
+            door_pids[n_doors++] = pids[i];
+    stop_pids(door_pids, n_doors, drain_s);
+    free(door_pids);
+    for (uint32_t i = 0; n_doors > 0 && i < n; i++) {
+        if (procs[i]->role != HPD_PROC_DOOR)
+            continue;
+        printf("  [%5.1fs] %-16s stopped  (a front door)\n", hpd_time_now() - t0,
+               procs[i]->name);
+        forget(m, procs[i]);
+        pids[i] = 0;
+    }
+    /* standbys next: none must take over while the leader drains */
     for (uint32_t i = 0; i < n; i++) {
         if (procs[i]->role != HPD_PROC_COORDINATOR || pids[i] == coord)
             continue;
@@ -993,6 +1010,19 @@ static int cmd_status(const hpd_manifest_t *m)
                st != HPD_OK ? "down" : code == 200 ? "ok" : "draining");
         rc |= st != HPD_OK || code != 200;
     }
+    for (uint32_t i = 0; i < m->n_procs; i++) { /* the front doors' */
+        const hpd_manifest_proc_t *d = &m->procs[i];
+        int code = 0;
+        char *body = NULL;
+        if (d->role != HPD_PROC_DOOR || d->http_port == 0)
+            continue;
+        const hpd_status_t st =
+            hpd_http_get(probe_host(d), d->http_port, "/health", 1000, &code, &body);
+        free(body);
+        printf("HTTP API of %s: http://%s:%u/v1: %s\n", d->name, d->host, d->http_port,
+               st != HPD_OK ? "down" : code == 200 ? "ok" : "draining");
+        rc |= st != HPD_OK || code != 200;
+    }
     return rc ? 1 : 0;
 }
 
@@ -1055,7 +1085,7 @@ static int cmd_check(const hpd_manifest_t *m, const char *path)
         hpd_engine_params_t ep;
         hpd_engine_plan_t plan;
         char why[300];
-        if (p->role == HPD_PROC_COORDINATOR)
+        if (p->role == HPD_PROC_COORDINATOR || p->role == HPD_PROC_DOOR)
             continue;
         /* a zero field is the node's default, as on its command line */
         hpd_engine_params_init(&ep);
@@ -1156,7 +1186,7 @@ static int run_status(const hpd_manifest_t *m, const char *arg)
 
 static int run_render(const hpd_manifest_t *m, const char *arg)
 {
-    char bins[3][PATH_MAX], err[8192];
+    char bins[HPD_PROC_DOOR + 1][PATH_MAX], err[8192];
     if (O.systemd == O.k8s) {
         fprintf(stderr, "hpdctl render: give exactly one of --systemd and --k8s\n");
         return 2;
@@ -1166,9 +1196,9 @@ static int run_render(const hpd_manifest_t *m, const char *arg)
                 "process)\n");
         return 2;
     }
-    for (int r = 0; r < 3; r++)
+    for (int r = 0; r <= HPD_PROC_DOOR; r++)
         find_bin((hpd_proc_role_t)r, bins[r], sizeof(bins[r]));
-    hpd_render_params_t rp = {.manifest = m, .bins = {bins[0], bins[1], bins[2]}, .out = O.out};
+    hpd_render_params_t rp = {.manifest = m, .bins = {bins[0], bins[1], bins[2], bins[3]}, .out = O.out};
     const int rc = O.systemd ? hpd_render_systemd(&rp, err, sizeof(err))
                              : hpd_render_k8s(&rp, err, sizeof(err));
     if (rc != 0)

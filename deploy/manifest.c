@@ -574,6 +574,51 @@ static void parse_standbys(ctx_t *c, const yaml_node_t *v, hpd_manifest_t *m,
     }
 }
 
+/* coordinator.doors: front doors of the coordinator, each with the
+ * coordinator's fields (the HTTP API's, max_requests, ...) and its own
+ * address: host, port and metrics_port (required), http_port. */
+static void parse_doors(ctx_t *c, const yaml_node_t *v, hpd_manifest_t *m,
+                        const yaml_node_t **where)
+{
+    if (v == NULL)
+        return;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        fail(c, v, "coordinator.doors", "%s where a list of front doors was expected",
+             type_name(v));
+        return;
+    }
+    const uint32_t n = (uint32_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    for (uint32_t i = 0; i < n; i++) {
+        const yaml_node_t *sd = yaml_document_get_node(&c->doc, v->data.sequence.items.start[i]);
+        char path[48], sub[64];
+        snprintf(path, sizeof(path), "coordinator.doors[%u]", i);
+        if (sd->type != YAML_MAPPING_NODE) {
+            fail(c, sd, path, "%s where a front door (a mapping) was expected", type_name(sd));
+            continue;
+        }
+        hpd_manifest_proc_t *p = &m->procs[m->n_procs];
+        *p = m->procs[0];
+        p->role = HPD_PROC_DOOR;
+        p->port = p->metrics_port = p->http_port = 0;
+        snprintf(p->name, sizeof(p->name), "door-%u", i + 1);
+        p->line = (uint32_t)sd->start_mark.line + 1;
+        where[m->n_procs] = sd;
+        parse_map(c, sd, path, proc_fields, R_COORD, p, NULL);
+        static const char *const need[] = {"port", "metrics_port"};
+        for (size_t k = 0; k < HPD_ARRAY_SIZE(need); k++)
+            if (map_get(c, sd, need[k]) == NULL) {
+                snprintf(sub, sizeof(sub), "%s.%s", path, need[k]);
+                fail(c, sd, sub, "missing (expected 1 to 65535)");
+            }
+        for (uint32_t j = 0; j < m->n_procs; j++)
+            if (strcmp(m->procs[j].name, p->name) == 0)
+                fail(c, sd, path, "its name '%s' is already the name of the node at line %u",
+                     p->name, m->procs[j].line);
+        m->n_procs++;
+        m->n_doors++;
+    }
+}
+
 /* An etcd that hpdctl starts takes two ports on its host. */
 static void check_etcd_ports(ctx_t *c, const hpd_manifest_t *m, const yaml_node_t *coord)
 {
@@ -699,8 +744,13 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
     const uint32_t n_standbys = standbys && standbys->type == YAML_SEQUENCE_NODE
         ? (uint32_t)(standbys->data.sequence.items.top - standbys->data.sequence.items.start)
         : 0;
-    m->procs = calloc(n_nodes + 1 + n_standbys, sizeof(*m->procs));
-    where = calloc(n_nodes + 1 + n_standbys, sizeof(*where));
+    const yaml_node_t *doors = coord && coord->type == YAML_MAPPING_NODE
+                                   ? map_get(c, coord, "doors") : NULL;
+    const uint32_t n_doors = doors && doors->type == YAML_SEQUENCE_NODE
+        ? (uint32_t)(doors->data.sequence.items.top - doors->data.sequence.items.start)
+        : 0;
+    m->procs = calloc(n_nodes + 1 + n_standbys + n_doors, sizeof(*m->procs));
+    where = calloc(n_nodes + 1 + n_standbys + n_doors, sizeof(*where));
     if (m->procs == NULL || where == NULL) {
         fail(c, root, "manifest", "out of memory");
         free(where);
@@ -717,7 +767,7 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
     if (coord != NULL && coord->type != YAML_MAPPING_NODE) {
         fail(c, coord, "coordinator", "%s where a mapping was expected", type_name(coord));
     } else if (coord != NULL) {
-        static const char *const own[] = {"etcd", "standbys", NULL};
+        static const char *const own[] = {"etcd", "standbys", "doors", NULL};
         parse_map(c, coord, "coordinator", proc_fields, R_COORD, cp, own);
         if (map_get(c, coord, "port") == NULL)
             fail(c, coord, "coordinator.port", "missing (expected the RPC port, 1 to 65535)");
@@ -798,6 +848,8 @@ static void parse_root(ctx_t *c, const yaml_node_t *root, hpd_manifest_t *m)
     if (nodes != NULL && nodes->type == YAML_SEQUENCE_NODE && (n_prefill == 0 || n_decode == 0))
         fail(c, nodes, "nodes", "%u prefill and %u decode nodes (expected at least one of each)",
              n_prefill, n_decode);
+    if (coord != NULL && coord->type == YAML_MAPPING_NODE)
+        parse_doors(c, doors, m, where);
     if (c->n_errors == 0)
         check_ports(c, m, where);
     if (c->n_errors == 0 && m->etcd.start)
@@ -907,8 +959,10 @@ const hpd_manifest_proc_t *hpd_manifest_find(const hpd_manifest_t *m, const char
 
 const char *hpd_proc_role_name(hpd_proc_role_t role)
 {
-    return role == HPD_PROC_COORDINATOR ? "coordinator" : role == HPD_PROC_PREFILL ? "prefill"
-                                                                                   : "decode";
+    return role == HPD_PROC_COORDINATOR ? "coordinator"
+           : role == HPD_PROC_PREFILL   ? "prefill"
+           : role == HPD_PROC_DECODE    ? "decode"
+                                        : "door";
 }
 
 /* ------------------------------------------------------------ command lines */
@@ -950,12 +1004,22 @@ static void arg_opt(argv_t *a, const char *opt, uint64_t v)
     arg_u(a, flag, v);
 }
 
+/* "HOST:PORT,HOST:PORT,...": the coordinator and its standbys. */
+static const char *coordinators_text(const hpd_manifest_t *m, char *text, size_t len)
+{
+    size_t used = 0;
+    text[0] = '\0';
+    for (uint32_t i = 0; i < m->n_coordinators && used < len; i++)
+        used += (size_t)snprintf(text + used, len - used, "%s%s:%u", i ? "," : "",
+                                 m->procs[i].host, m->procs[i].port);
+    return text;
+}
+
 int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, const char *bin,
                       char ***argv_p)
 {
     argv_t a = {0};
     char text[HPD_MANIFEST_PATH_MAX + 160];
-    const hpd_manifest_proc_t *co = &m->procs[0];
 
     arg(&a, bin);
     arg(&a, "--host");
@@ -968,7 +1032,7 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
     arg(&a, p->log_level[0] ? p->log_level : m->log_level);
     if (given(p, "drain-timeout-ms"))
         arg_opt(&a, "drain-timeout-ms", p->drain_timeout_ms);
-    if (p->role == HPD_PROC_COORDINATOR) {
+    if (p->role == HPD_PROC_COORDINATOR || p->role == HPD_PROC_DOOR) {
         if (m->client_keys_file[0] != '\0') {
             arg(&a, "--client-keys-file");
             arg(&a, m->client_keys_file);
@@ -990,7 +1054,10 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
         for (size_t i = 0; i < HPD_ARRAY_SIZE(nums); i++)
             if (given(p, nums[i].flag))
                 arg_opt(&a, nums[i].flag, nums[i].v);
-        if (m->etcd.endpoint[0] != '\0') {
+        if (p->role == HPD_PROC_DOOR) { /* its scheduler: the coordinator and its standbys */
+            arg(&a, "--scheduler");
+            arg(&a, coordinators_text(m, text, sizeof(text)));
+        } else if (m->etcd.endpoint[0] != '\0') {
             arg(&a, "--etcd");
             arg(&a, m->etcd.endpoint);
             arg(&a, "--etcd-key");
@@ -1001,13 +1068,8 @@ int hpd_manifest_args(const hpd_manifest_t *m, const hpd_manifest_proc_t *p, con
     } else {
         /* the coordinator and its standbys: the node registers with the one
          * that leads */
-        size_t used = 0;
-        text[0] = '\0';
-        for (uint32_t i = 0; i < m->n_coordinators && used < sizeof(text); i++)
-            used += (size_t)snprintf(text + used, sizeof(text) - used, "%s%s:%u", i ? "," : "",
-                                     co[i].host, co[i].port);
         arg(&a, "--coordinator");
-        arg(&a, text);
+        arg(&a, coordinators_text(m, text, sizeof(text)));
         arg(&a, "--model");
         arg(&a, m->model);
         arg(&a, "--name");

@@ -21,6 +21,9 @@ typedef enum {
     HPD_PROC_COORDINATOR,
     HPD_PROC_PREFILL,
     HPD_PROC_DECODE,
+    /* a front door of the coordinator (hpd-coordinator --scheduler,
+     * docs/cluster.md "Front doors") */
+    HPD_PROC_DOOR,
 } hpd_proc_role_t;
 
 /* One process. A numeric field the manifest did not give (given) is left
@@ -84,9 +87,10 @@ typedef struct {
     hpd_manifest_etcd_t etcd;
     /* [0] is the coordinator, then its standbys (coordinator.standbys:
      * n_coordinators - 1 of them, named coordinator-2, ...), then the
-     * nodes in order */
+     * nodes in order, then the front doors (coordinator.doors: n_doors of
+     * them, named door-1, ...) */
     hpd_manifest_proc_t *procs;
-    uint32_t n_procs, n_coordinators;
+    uint32_t n_procs, n_coordinators, n_doors;
 } hpd_manifest_t;
 
 /* Reads and validates a manifest. On a mistake returns HPD_ERR_INVALID_ARG

@@ -246,7 +246,7 @@ static int y_env_field(doc_t *y, const char *name, const char *path)
 /* inside the image, the programs are on PATH */
 static const char *bin_of(int role)
 {
-    return role == HPD_PROC_COORDINATOR ? "hpd-coordinator"
+    return role == HPD_PROC_COORDINATOR || role == HPD_PROC_DOOR ? "hpd-coordinator"
            : role == HPD_PROC_PREFILL   ? "hpd-prefill"
                                         : "hpd-decode";
 }
@@ -269,6 +269,7 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     int probe = y_map(y), get = y_map(y), mounts = y_seq(y), vols = y_seq(y);
     char script[2048];
     const bool coord = g->first->role == HPD_PROC_COORDINATOR;
+    const bool door = g->first->role == HPD_PROC_DOOR;
     const uint32_t drain_s = (g->first->drain_timeout_ms ? g->first->drain_timeout_ms : 30000) /
                              1000;
 
@@ -288,12 +289,12 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     y_add(y, cmd, y_str(y, "-c"));
     /* the client keys, when the manifest has them, are in the Secret too
      * (the coordinator reads them again on SIGHUP) */
-    const bool keys = coord && m->client_keys_file[0] != '\0';
+    const bool keys = (coord || door) && m->client_keys_file[0] != '\0';
     snprintf(script, sizeof(script),
              "exec %s $(cat /etc/hybridpd/flags/%s) --host \"$POD_IP\" --token-file "
              "/etc/hybridpd/secret/token%s%s%s",
-             bin, coord ? "coordinator" : "$(hostname)", coord ? "" : " --coordinator ",
-             coord ? "" : co_addr,
+             bin, coord || door ? hpd_proc_role_name(g->first->role) : "$(hostname)",
+             coord ? "" : door ? " --scheduler " : " --coordinator ", coord ? "" : co_addr,
              keys ? " --client-keys-file /etc/hybridpd/secret/client-keys" : "");
     y_add(y, cmd, y_str(y, script));
     y_put(y, c, "env", env);
@@ -305,6 +306,8 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     y_put(y, c, "ports", ports);
     y_add(y, ports, y_port(y, "rpc", g->first->port));
     y_add(y, ports, y_port(y, "metrics", g->first->metrics_port));
+    if (g->first->http_port != 0)
+        y_add(y, ports, y_port(y, "http", g->first->http_port));
     y_put(y, c, "readinessProbe", probe);
     y_put(y, probe, "httpGet", get);
     y_put(y, get, "path", y_str(y, "/healthz"));
@@ -321,7 +324,9 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     struct { const char *name, *path; bool ro; } mv[3] = {
         {"flags", "/etc/hybridpd/flags", true}, {"token", "/etc/hybridpd/secret", true},
         {"model", m->model, true}};
-    for (int i = 0; i < (coord ? 2 : 3); i++) {
+    /* the model: the nodes', and the HTTP API's tokenizer */
+    const bool model = !(coord || door) || g->first->http_port != 0;
+    for (int i = 0; i < (model ? 3 : 2); i++) {
         int mt = y_map(y);
         y_put(y, mt, "name", y_str(y, mv[i].name));
         y_put(y, mt, "mountPath", y_str(y, mv[i].path));
@@ -339,7 +344,7 @@ static int y_pod(doc_t *y, const hpd_manifest_t *m, const group_t *g, const char
     y_put(y, sec, "secretName", y_str(y, secret_name));
     y_put(y, sec, "defaultMode", y_int(y, 0400));
     y_add(y, vols, v2);
-    if (!coord) {
+    if (model) {
         int v3 = y_map(y), hp = y_map(y);
         y_put(y, v3, "name", y_str(y, "model"));
         y_put(y, v3, "hostPath", hp);
@@ -371,7 +376,7 @@ static void flags_text(const hpd_manifest_t *m, const hpd_manifest_proc_t *p,
     for (int k = 1; argv[k] != NULL && used + 1 < len; k++) {
         const char *a = argv[k];
         if (!strcmp(a, "--host") || !strcmp(a, "--token-file") || !strcmp(a, "--coordinator") ||
-            !strcmp(a, "--client-keys-file")) {
+            !strcmp(a, "--client-keys-file") || !strcmp(a, "--scheduler")) {
             k++;
             continue;
         }
@@ -479,7 +484,7 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     char secret[128], cm[128], co_name[128], co_addr[256], *token = NULL, flags[4096];
     char *keys = NULL;
     size_t tlen = 0, klen = 0;
-    group_t groups[3];
+    group_t groups[HPD_PROC_DOOR + 1];
     int rc = 0;
 
     snprintf(secret, sizeof(secret), "%s-token", m->cluster);
@@ -520,7 +525,8 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
             snprintf(g->name, sizeof(g->name), "%s-%s", m->cluster,
                      hpd_proc_role_name(m->procs[i].role));
         }
-        g->gpu |= m->procs[i].gpu >= 0 && m->procs[i].role != HPD_PROC_COORDINATOR;
+        g->gpu |= m->procs[i].gpu >= 0 && m->procs[i].role != HPD_PROC_COORDINATOR &&
+                  m->procs[i].role != HPD_PROC_DOOR;
     }
     yaml_emitter_initialize(&e);
     yaml_emitter_set_output(&e, write_handler, f);
@@ -541,14 +547,15 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
     root = y_object(&y, m, "v1", "ConfigMap", cm, NULL, NULL);
     data = y_map(&y);
     y_put(&y, root, "data", data);
-    uint32_t ordinal[3] = {0, 0, 0};
+    uint32_t ordinal[HPD_PROC_DOOR + 1] = {0};
     for (uint32_t i = 0; i < m->n_procs; i++) {
         const hpd_manifest_proc_t *p = &m->procs[i];
         char key[160];
-        if (p->role == HPD_PROC_COORDINATOR && i > 0)
-            continue; /* the replicas share the coordinator's flags */
-        if (p->role == HPD_PROC_COORDINATOR)
-            snprintf(key, sizeof(key), "coordinator");
+        if ((p->role == HPD_PROC_COORDINATOR && i > 0) ||
+            (p->role == HPD_PROC_DOOR && p != groups[HPD_PROC_DOOR].first))
+            continue; /* the replicas share the first one's flags */
+        if (p->role == HPD_PROC_COORDINATOR || p->role == HPD_PROC_DOOR)
+            snprintf(key, sizeof(key), "%s", hpd_proc_role_name(p->role));
         else
             snprintf(key, sizeof(key), "%s-%u", groups[p->role].name, ordinal[p->role]++);
         flags_text(m, p, groups[p->role].first, m->etcd.start ? etcd_url : NULL, flags,
@@ -590,6 +597,39 @@ int hpd_render_k8s(const hpd_render_params_t *rp, char *err, size_t errlen)
         y_add(&y, ports, p);
     }
     rc |= emit(&e, &y);
+
+    /* the front doors: a Deployment of them (they share the first one's
+     * flags) and the Service clients use */
+    if (m->n_doors > 0) {
+        const group_t *g = &groups[HPD_PROC_DOOR];
+        root = y_object(&y, m, "apps/v1", "Deployment", g->name, g->component, NULL);
+        spec = y_map(&y);
+        sel = y_map(&y);
+        y_put(&y, root, "spec", spec);
+        y_put(&y, spec, "replicas", y_int(&y, m->n_doors));
+        y_put(&y, spec, "selector", sel);
+        y_put(&y, sel, "matchLabels", y_selector(&y, m, g->component));
+        y_put(&y, spec, "template", y_pod(&y, m, g, "hpd-coordinator", cm, secret, co_addr));
+        rc |= emit(&e, &y);
+        root = y_object(&y, m, "v1", "Service", g->name, g->component, NULL);
+        spec = y_map(&y);
+        y_put(&y, root, "spec", spec);
+        y_put(&y, spec, "selector", y_selector(&y, m, g->component));
+        ports = y_seq(&y);
+        y_put(&y, spec, "ports", ports);
+        const char *dn[3] = {"rpc", "metrics", "http"};
+        const long dv[3] = {g->first->port, g->first->metrics_port, g->first->http_port};
+        for (int i = 0; i < 3; i++) {
+            if (dv[i] == 0)
+                continue;
+            int p = y_map(&y);
+            y_put(&y, p, "name", y_str(&y, dn[i]));
+            y_put(&y, p, "port", y_int(&y, dv[i]));
+            y_put(&y, p, "targetPort", y_str(&y, dn[i]));
+            y_add(&y, ports, p);
+        }
+        rc |= emit(&e, &y);
+    }
 
     /* each node role: a headless Service and a StatefulSet; pod N runs the
      * role's N-th node of the manifest (annotation hybridpd.io/nodes) */

@@ -11,7 +11,7 @@
 
 typedef struct {
     const hpd_manifest_t *manifest;
-    const char *bins[3]; /* program paths by hpd_proc_role_t */
+    const char *bins[HPD_PROC_DOOR + 1]; /* program paths by hpd_proc_role_t */
     const char *out;     /* systemd: a directory (required); k8s: a file, NULL = stdout */
 } hpd_render_params_t;
 

@@ -27,6 +27,7 @@
 static cl_t cl; /* its directory, and waits with deadlines (no process of its own) */
 static char manifest[300], token_file[300], keys_file[300], state_dir[300];
 static char ha[400]; /* test_standby_through_etcd's manifest */
+static char doors[400]; /* test_up_with_a_door's */
 static pid_t fake_node; /* test_up_with_a_node_left's, while it runs */
 
 /* The ports of local.yaml (176xx) and the free ones that replace them. */
@@ -67,8 +68,9 @@ static void pick_ports(void)
     char src[512], *text;
     size_t len;
     int fds[24];
-    /* and the ones test_standby_through_etcd adds: etcd's two, a standby's three */
-    static const unsigned extra[] = {17630, 17631, 17700, 17701, 17702};
+    /* and the ones test_standby_through_etcd adds: etcd's two, a standby's
+     * three; test_up_with_a_door's door's three */
+    static const unsigned extra[] = {17630, 17631, 17700, 17701, 17702, 17640, 17641, 17642};
     unsigned ephemeral = 32768;
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f != NULL) {
@@ -182,6 +184,8 @@ static int teardown(void **state)
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* whatever a failure left */
     if (ha[0] != '\0')
         hpdctl(NULL, "down %s --timeout-s 10", ha);
+    if (doors[0] != '\0')
+        hpdctl(NULL, "down %s --timeout-s 10", doors);
     cl_finish(&cl);
     return 0;
 }
@@ -731,6 +735,53 @@ static void test_standby_through_etcd(void **state)
     cl.passed++;
 }
 
+/* coordinator.doors: up starts the front door after the nodes and waits
+ * until it is healthy (its scheduler has decode nodes); a request through
+ * it gives the coordinator's tokens; status shows it and its HTTP API;
+ * down stops it first, then drains the coordinator. */
+static void test_up_with_a_door(void **state)
+{
+    char sd[400], cmd[2048], door[64], coord[64], *out;
+    int32_t direct[4], through[4];
+    snprintf(doors, sizeof(doors), "%s/doors.yaml", cl.root);
+    snprintf(sd, sizeof(sd), "%s/doors-state", cl.root);
+    snprintf(door, sizeof(door), "127.0.0.1:%u", port_of(17640));
+    snprintf(coord, sizeof(coord), "127.0.0.1:%u", port_of(17600));
+    char *text, *at, out_text[20000];
+    assert_int_equal(hpd_read_file(manifest, &text, &(size_t){0}), HPD_OK);
+    assert_non_null(at = strstr(text, "  drain_timeout_ms: 30000\n"));
+    at += strlen("  drain_timeout_ms: 30000\n");
+    snprintf(out_text, sizeof(out_text),
+             "%.*s  doors:\n    - {port: %u, metrics_port: %u, http_port: %u}\n%s",
+             (int)(at - text), text, port_of(17640), port_of(17641), port_of(17642), at);
+    free(text);
+    assert_int_equal(hpd_write_file(doors, out_text, strlen(out_text)), HPD_OK);
+    snprintf(cmd, sizeof(cmd), "sed -i -e 's#^cluster: local#cluster: doors#' -e "
+             "'s#^state_dir:.*#state_dir: %s#' %s", sd, doors);
+    assert_int_equal(system(cmd), 0);
+    hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if a test before failed */
+
+    assert_int_equal(hpdctl(&out, "up %s", doors), 0);
+    const char *nodes = strstr(out, "decode-0         started");
+    const char *started = strstr(out, "door-1           started  (door,");
+    assert_true(nodes != NULL && started != NULL && nodes < started);
+    assert_non_null(strstr(out, "door-1           healthy  (ok: front door of scheduler"));
+    free(out);
+    generate_through(coord, direct);
+    generate_through(door, through);
+    assert_memory_equal(direct, through, sizeof(direct));
+    assert_int_equal(hpdctl(&out, "status %s", doors), 0);
+    assert_non_null(strstr(out, "door-1             door "));
+    assert_non_null(strstr(out, "HTTP API of door-1: "));
+    free(out);
+    assert_int_equal(hpdctl(&out, "down %s", doors), 0);
+    const char *first = strstr(out, "door-1           stopped  (a front door)");
+    const char *drain = strstr(out, "draining the coordinator");
+    assert_true(first != NULL && drain != NULL && first < drain);
+    free(out);
+    cl.passed++;
+}
+
 /* A manifest of 1,000 local nodes: parsed, checked, rendered, and up fails
  * with a message (its programs here are stand-ins that exit), never a
  * stack overflow (02a8551 kept local processes in arrays of 256). */
@@ -1007,6 +1058,7 @@ int main(void)
         cmocka_unit_test(test_up_with_a_node_left),
         cmocka_unit_test(test_up_idempotent_and_restart),
         cmocka_unit_test(test_standby_through_etcd),
+        cmocka_unit_test(test_up_with_a_door),
         cmocka_unit_test(test_thousand_nodes),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_render),

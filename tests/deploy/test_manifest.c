@@ -546,7 +546,7 @@ static void test_render_standbys(void **state)
     assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
                                         sizeof(err)), HPD_OK);
     test_tmpdir(dir, sizeof(dir), "units");
-    hpd_render_params_t rp = {.manifest = m, .bins = {"/bin/c", "/bin/p", "/bin/d"}, .out = dir};
+    hpd_render_params_t rp = {.manifest = m, .bins = {"/bin/c", "/bin/p", "/bin/d", "/bin/c"}, .out = dir};
     assert_int_equal(hpd_render_systemd(&rp, err, sizeof(err)), 0);
     snprintf(path, sizeof(path), "%s/hybridpd-t-etcd.service", dir);
     assert_int_equal(hpd_read_file(path, &unit, &(size_t){0}), HPD_OK);
@@ -595,6 +595,88 @@ static void test_render_standbys(void **state)
     hpd_manifest_destroy(m);
 }
 
+/* coordinator.doors: front doors after the nodes, each the coordinator's
+ * fields with its own ports, started with --scheduler naming the
+ * coordinator and its standbys (never --etcd); rendered, each its unit
+ * after the coordinator's, and in Kubernetes a Deployment of them behind
+ * a Service, their pods given the coordinator's Service as scheduler and
+ * the model for the HTTP API. */
+static void test_doors(void **state)
+{
+    char text[4096], err[4096], args[2048], dir[256], path[600], *unit, *all;
+    hpd_manifest_t *m;
+    snprintf(text, sizeof(text), "%s",
+             edit(6, "  metrics_port: 7001\n  max_requests: 900\n"
+                     "  etcd: {endpoint: \"http://10.0.0.5:2379\"}\n"
+                     "  standbys:\n    - {port: 7100, metrics_port: 7101}\n"
+                     "  doors:\n    - {port: 7200, metrics_port: 7201, http_port: 7202}\n"
+                     "    - {host: 10.0.0.7, port: 7200, metrics_port: 7201}"));
+    assert_int_equal(hpd_manifest_parse(text, strlen(text), "m.yaml", "/srv", &m, err,
+                                        sizeof(err)), HPD_OK);
+    assert_int_equal(m->n_coordinators, 2);
+    assert_int_equal(m->n_doors, 2);
+    assert_int_equal(m->n_procs, 6);
+    const hpd_manifest_proc_t *d = &m->procs[4];
+    assert_string_equal(d->name, "door-1");
+    assert_int_equal(d->role, HPD_PROC_DOOR);
+    assert_string_equal(hpd_proc_role_name(d->role), "door");
+    assert_int_equal(d->http_port, 7202);
+    assert_int_equal(m->procs[5].http_port, 0); /* not the first door's */
+    assert_string_equal(m->procs[5].host, "10.0.0.7");
+    joined_args(m, d, args, sizeof(args));
+    assert_non_null(strstr(args, "--port 7200 --metrics-port 7201 "));
+    assert_non_null(strstr(args, "--http-port 7202 --model "));
+    assert_non_null(strstr(args, "--max-requests 900"));
+    assert_non_null(strstr(args, "--scheduler 127.0.0.1:7000,127.0.0.1:7100"));
+    assert_null(strstr(args, "--etcd"));
+    joined_args(m, &m->procs[3], args, sizeof(args)); /* a node registers with coordinators */
+    assert_non_null(strstr(args, "--coordinator 127.0.0.1:7000,127.0.0.1:7100 "));
+
+    test_tmpdir(dir, sizeof(dir), "units");
+    hpd_render_params_t rp = {.manifest = m, .bins = {"/bin/c", "/bin/p", "/bin/d", "/bin/c"},
+                              .out = dir};
+    assert_int_equal(hpd_render_systemd(&rp, err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/hybridpd-t-door-1.service", dir);
+    assert_int_equal(hpd_read_file(path, &unit, &(size_t){0}), HPD_OK);
+    assert_non_null(strstr(unit, "After=network-online.target hybridpd-t-coordinator.service"));
+    assert_non_null(strstr(unit, "ExecStart=/bin/c --host 127.0.0.1 --port 7200 "));
+    free(unit);
+    test_rmtree(dir);
+    test_tmpdir(dir, sizeof(dir), "k8s");
+    snprintf(path, sizeof(path), "%s/token", dir);
+    assert_int_equal(hpd_write_file(path, "secret\n", 7), HPD_OK);
+    snprintf(m->token_file, sizeof(m->token_file), "%s", path);
+    m->client_keys_file[0] = '\0';
+    snprintf(path, sizeof(path), "%s/all.yaml", dir);
+    rp.out = path;
+    assert_int_equal(hpd_render_k8s(&rp, err, sizeof(err)), 0);
+    assert_int_equal(hpd_read_file(path, &all, &(size_t){0}), HPD_OK);
+    const char *deploy = strstr(all, "kind: Deployment\nmetadata:\n  name: t-door");
+    assert_non_null(deploy);
+    assert_non_null(strstr(deploy, "replicas: 2"));
+    assert_non_null(strstr(deploy, "flags/door)"));
+    assert_non_null(strstr(deploy, "--scheduler t-coordinator.default.svc:7000"));
+    assert_non_null(strstr(deploy, "name: model"));       /* the HTTP API's tokenizer */
+    assert_non_null(strstr(deploy, "containerPort: 7202"));
+    assert_non_null(strstr(all, "kind: Service\nmetadata:\n  name: t-door"));
+    const char *flags = strstr(all, "\n  door: ");
+    assert_non_null(flags);
+    assert_null(strstr(flags + 1, "\n  door: ")); /* one flags entry */
+    assert_null(strstr(flags, "--scheduler 127.0.0.1")); /* the host's address is not the pod's */
+    free(all);
+    test_rmtree(dir);
+    hpd_manifest_destroy(m);
+
+    /* mistakes */
+    expect_error(edit(6, "  metrics_port: 7001\n  doors:\n    - {port: 7200}"),
+                 "coordinator.doors[0].metrics_port: missing", NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  doors:\n    - {port: 7000, metrics_port: 7201}"),
+                 "door-1.port: port 7000 on host 127.0.0.1 is already taken by coordinator.port",
+                 NULL);
+    expect_error(edit(6, "  metrics_port: 7001\n  doors: {port: 1}"),
+                 "coordinator.doors: a mapping where a list of front doors was expected", NULL);
+}
+
 static void test_several_errors_and_syntax(void **state)
 {
     /* every mistake is listed, not just the first */
@@ -627,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_several_errors_and_syntax),
         cmocka_unit_test(test_standbys_and_etcd),
         cmocka_unit_test(test_render_standbys),
+        cmocka_unit_test(test_doors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
