@@ -120,6 +120,9 @@ struct call {
     /* completions' echo: the prompt (its ids, kept for its logprobs) */
     bool echo;
     int32_t *prompt;
+    /* vLLM's return_token_ids (not streamed): the prompt's ids and each
+     * choice's as the answer has them, beside the text */
+    bool return_ids;
     /* tools (docs/api.md, "Tool calls"): the request's, whether the content
      * is parsed for calls (tool_choice other than none) and in which form,
      * whether only the first call counts */
@@ -708,6 +711,14 @@ static json_t *choice_json(choice_t *c, const char *text, size_t len, const char
                      "finish_reason", fr);
 }
 
+static json_t *ids_json(const int32_t *ids, uint32_t n)
+{
+    json_t *a = json_array();
+    for (uint32_t i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
 static json_t *envelope(const call_t *k, json_t *choices)
 {
     const char *object = k->chat ? (k->stream ? "chat.completion.chunk" : "chat.completion")
@@ -931,6 +942,13 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
                 json_object_set_new(m, "content", cn > 0 ? json_stringn(all, cn) : json_null());
                 json_object_set(m, "tool_calls", c->calls);
             }
+            if (k->return_ids) { /* the answer's ids (to a stop string's end), vLLM's names */
+                const uint32_t nt = c->a.out.stopped ? c->a.out.n_ids : res->choices[i].n_tokens;
+                json_object_set_new(choice, "token_ids", ids_json(res->choices[i].tokens, nt));
+                if (!k->chat)
+                    json_object_set_new(choice, "prompt_token_ids",
+                                        ids_json(k->prompt, k->n_prompt));
+            }
             json_array_append_new(choices, choice);
         }
         if (k->stream) {
@@ -945,6 +963,8 @@ static void on_done(void *arg, const hpd_coord_result_t *res)
         } else {
             json_t *j = envelope(k, choices);
             json_object_set_new(j, "usage", usage_json(k, completion, res->cached_tokens));
+            if (k->return_ids && k->chat)
+                json_object_set_new(j, "prompt_token_ids", ids_json(k->prompt, k->n_prompt));
             reply_json(k->req, 200, j);
         }
         HPD_LOGR_INFO(LOG_COMPONENT, res->request, "%s %s: %u tokens (%s)%s", k->id,
@@ -1117,8 +1137,14 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
         !get_uint(req, body, "min_tokens", 0, UINT32_MAX >> 1, &min_tokens) ||
         !get_bool(req, body, "ignore_eos", &ignore_eos) || !get_stops(req, body, k) ||
         !get_logprobs(req, body, k) || !get_response_format(req, body, &grammar) ||
-        !get_tools(api, req, body, k, &grammar))
+        !get_tools(api, req, body, k, &grammar) ||
+        !get_bool(req, body, "return_token_ids", &k->return_ids))
         goto out;
+    if (k->return_ids && k->stream) {
+        reply_error(req, 400, "return_token_ids", NULL,
+                    "return_token_ids: not with stream (the ids come in the answer)");
+        goto out;
+    }
     const json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
         if (!json_is_object(so)) {
@@ -1156,7 +1182,7 @@ static void generate(hpd_openai_t *api, struct evhttp_request *req, bool chat)
     k->evcon = evhttp_request_get_connection(req);
     k->created = (long long)time(NULL);
     k->n_prompt = (uint32_t)n_prompt;
-    if (k->echo) { /* its ids, for its text and logprobs at the end */
+    if (k->echo || k->return_ids) { /* its ids, for its text and logprobs at the end */
         if ((k->prompt = malloc(n_prompt * sizeof(int32_t))) == NULL) {
             reply_error(req, 500, NULL, NULL, "out of memory");
             goto out;

@@ -470,6 +470,56 @@ static void test_completions_as_hpd_run(void **state)
     cl.passed++;
 }
 
+/* The ids of a JSON array, as "1,2,3". */
+static void ids_text(const json_t *a, char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    assert_true(json_is_array(a));
+    for (size_t i = 0; i < json_array_size(a); i++)
+        used += (size_t)snprintf(out + used, len - used, "%s%lld", i ? "," : "",
+                                 (long long)json_integer_value(json_array_get(a, i)));
+}
+
+/* vLLM's return_token_ids: a completion's token_ids are hpd-run's ids and
+ * its prompt_token_ids the prompt's; a chat has the prompt's at the top
+ * and as many answer ids as its usage counts; refused with stream. */
+static void test_return_token_ids(void **state)
+{
+    char body[4096], cmd[16384], want[8192], got[8192];
+    snprintf(cmd, sizeof(cmd), "OMP_WAIT_POLICY=passive timeout 300 %s --model %s --prompt-ids "
+             "%s --threads 2 --max-tokens 24 --ignore-eos", HPD_RUN, cl.model, prompt_ids);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(want, sizeof(want), p));
+    assert_int_equal(pclose(p), 0);
+    want[strcspn(want, "\n")] = '\0';
+    for (char *c = want; *c; c++) /* hpd-run separates its ids with spaces */
+        *c = *c == ' ' ? ',' : *c;
+    snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 24, \"ignore_eos\": true, "
+             "\"temperature\": 0, \"return_token_ids\": true}", prompt_ids);
+    json_t *j = post("/v1/completions", body, 200);
+    const json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    ids_text(json_object_get(ch, "token_ids"), got, sizeof(got));
+    assert_string_equal(got, want);
+    ids_text(json_object_get(ch, "prompt_token_ids"), got, sizeof(got));
+    assert_string_equal(got, prompt_ids);
+    json_decref(j);
+    j = post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+                                     "\"hi\"}], \"max_tokens\": 9, \"ignore_eos\": true, "
+                                     "\"return_token_ids\": true}", 200);
+    ch = json_array_get(json_object_get(j, "choices"), 0);
+    assert_int_equal(json_array_size(json_object_get(ch, "token_ids")), 9);
+    const json_t *usage = json_object_get(j, "usage");
+    assert_int_equal(json_array_size(json_object_get(j, "prompt_token_ids")),
+                     json_integer_value(json_object_get(usage, "prompt_tokens")));
+    json_decref(j);
+    expect_error("POST", "/v1/completions", KEY,
+                 "{\"prompt\": [1, 2], \"stream\": true, \"return_token_ids\": true}", 400,
+                 "return_token_ids: not with stream");
+    cl.passed++;
+}
+
 /* Structured outputs: response_format json_schema gives hpd-run
  * --json-schema's text, greedy and seeded, streamed and not, a document of
  * the schema; json_object on chat gives an object; what the grammar engine
@@ -1609,7 +1659,7 @@ static int setup(void **state)
     char keys[400], http_file[400];
     if (cl_init(&cl, "http", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 13;
+    cl.cases = 14;
     snprintf(keys, sizeof(keys), "%s/client-keys", cl.root);
     snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
     static const char lines[] = KEY " acme\n" CL_CLIENT_KEY " tests\n"; /* the harness's too */
@@ -1643,6 +1693,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models_and_tokenize),
         cmocka_unit_test(test_completions_as_hpd_run),
+        cmocka_unit_test(test_return_token_ids),
         cmocka_unit_test(test_chat_as_hpd_run),
         cmocka_unit_test(test_chat_reasoning),
         cmocka_unit_test(test_logprobs),
