@@ -23,6 +23,12 @@ typedef struct {
      * go to them in turn instead (NULL or 0: none) */
     const hpd_endpoint_t *doors;
     uint32_t n_doors;
+    /* the HTTP API (docs/api.md) at these addresses instead of msgpack:
+     * completions of the prompt's ids with return_token_ids, `connections`
+     * keep-alive connections (up to 1024) over them in turn (NULL or 0:
+     * msgpack) */
+    const hpd_endpoint_t *http;
+    uint32_t n_http;
     uint32_t requests;
     double rate;          /* arrivals per second, Poisson (0: as fast as the window allows) */
     uint32_t window;      /* requests open at once, at most */

@@ -39,7 +39,10 @@ static const char usage[] =
     "  --coordinator-pid P   report the coordinator's CPU and memory from /proc\n"
     "  --doors H:P[,H:P...]  the load's connections go to these front doors of the\n"
     "                        coordinator in turn (docs/cluster.md, \"Front doors\")\n"
-    "  --door-pids P[,P...]  report the doors' CPU from /proc\n";
+    "  --door-pids P[,P...]  report the doors' CPU from /proc\n"
+    "  --http H:P[,H:P...]   the load through the HTTP API at these addresses\n"
+    "                        (completions with return_token_ids; --connections up to\n"
+    "                        1024 keep-alive connections, a request at a time each)\n";
 
 /* A process's CPU seconds and its resident and peak memory (KiB), from
  * /proc; false where it cannot be read. */
@@ -86,7 +89,7 @@ int main(int argc, char **argv)
     const char *coord = NULL, *token_file = NULL;
     char *token = NULL;
     long coord_pid = 0;
-    hpd_endpoint_t doors[8];
+    hpd_endpoint_t doors[8], http[8];
     long door_pids[8];
     uint32_t n_door_pids = 0;
     static const struct option longs[] = {
@@ -97,7 +100,7 @@ int main(int argc, char **argv)
         {"rate", 1, 0, 9}, {"window", 1, 0, 10}, {"connections", 1, 0, 11},
         {"prompt-tokens", 1, 0, 12}, {"max-tokens", 1, 0, 13}, {"prefixes", 1, 0, 14},
         {"prefix-tokens", 1, 0, 15}, {"seed", 1, 0, 16}, {"coordinator-pid", 1, 0, 17}, {"cache-blocks", 1, 0, 18},
-        {"doors", 1, 0, 19}, {"door-pids", 1, 0, 20},
+        {"doors", 1, 0, 19}, {"door-pids", 1, 0, 20}, {"http", 1, 0, 21},
         {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     int o;
@@ -133,6 +136,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             lp.doors = doors;
+            break;
+        }
+        case 21: {
+            char why[200];
+            if (!hpd_proto_parse_endpoints(optarg, http, 8, &lp.n_http, why, sizeof(why))) {
+                fprintf(stderr, "hpd-sim: --http: %s\n", why);
+                return 2;
+            }
+            lp.http = http;
             break;
         }
         case 20:
@@ -219,13 +231,16 @@ int main(int argc, char **argv)
             if (proc_usage(door_pids[i], &c, &rss, &peak))
                 doors_cpu2 += c;
         }
+        char ttft[80] = "ttft not in the HTTP answer";
+        if (lp.n_http == 0)
+            snprintf(ttft, sizeof(ttft), "ttft p50 %.1f ms p99 %.1f ms", r.p50_ttft_ms,
+                     r.p99_ttft_ms);
         printf("requests %llu ok %llu wrong %llu failed %llu retried %llu in %.2f s: "
-               "%.0f requests/s, %.0f tokens/s; answer p50 %.1f ms p99 %.1f ms; "
-               "ttft p50 %.1f ms p99 %.1f ms; nodes %u\n",
+               "%.0f requests/s, %.0f tokens/s; answer p50 %.1f ms p99 %.1f ms; %s; nodes %u\n",
                (unsigned long long)r.sent, (unsigned long long)r.ok,
                (unsigned long long)r.wrong, (unsigned long long)r.failed,
                (unsigned long long)r.retried, r.duration_s, r.ok / r.duration_s,
-               r.tokens / r.duration_s, r.p50_ms, r.p99_ms, r.p50_ttft_ms, r.p99_ttft_ms, all);
+               r.tokens / r.duration_s, r.p50_ms, r.p99_ms, ttft, all);
         printf("the coordinator's delay to the first reserve: p50 %.2f ms p99 %.2f ms\n",
                r.p50_sched_ms, r.p99_sched_ms);
         /* load balance: decode jobs finished per decode node */

@@ -5,6 +5,8 @@
  *   decode node used;
  * - 80 nodes serve 1,500 requests through two front doors (the decode
  *   nodes stream to the doors), every one right;
+ * - 40 nodes serve 1,000 requests through the coordinator's HTTP API
+ *   (return_token_ids), every one right;
  * - faults from the simulator while the load runs: a decode node dies, one
  *   stops past the liveness window, one slows down fivefold, two send a
  *   malformed tokens notice, a prefill node dies: every request is still
@@ -175,6 +177,54 @@ static void test_through_front_doors(void **state)
     stop(sim);
 }
 
+/* The load through the coordinator's HTTP API (completions of ids with
+ * return_token_ids; the coordinator given a model for its tokenizer, the
+ * nodes' ids within its vocabulary): every answer right. */
+static void test_through_the_http_api(void **state)
+{
+    char model[400], http_file[400];
+    cl.cases++;
+    snprintf(model, sizeof(model), "%s/model", cl.root);
+    snprintf(http_file, sizeof(http_file), "%s/http.port", cl.root);
+    assert_int_equal(test_mkmodel(model, "--vocab 1024 --seed 3"), 0);
+    const char *const extra[] = {"--liveness-ms", "400", "--max-requests", "4096",
+                                 "--log-level", "warn", "--model", model, "--http-port", "0",
+                                 "--http-port-file", http_file, NULL};
+    cl_start_coordinator(&cl, "coordinator", extra);
+    hpd_endpoint_t http = {.host = "127.0.0.1", .port = cl_port_file(&cl, http_file)};
+    const hpd_sim_params_t sp = {.base = base,
+                                 .coord_host = "127.0.0.1",
+                                 .coord_port = cl.port,
+                                 .token = "sim-secret",
+                                 .n_prefill = 10,
+                                 .n_decode = 30,
+                                 .prefill_us_per_token = 10,
+                                 .push_us_per_page = 20,
+                                 .step_us = 2000,
+                                 .speed_spread = 0.3,
+                                 .vocab = 1024,
+                                 .slots = 32,
+                                 .pages = 100000,
+                                 .max_context = 8192,
+                                 .seed = 7};
+    hpd_sim_t *sim;
+    assert_int_equal(hpd_sim_create(&sp, &sim), HPD_OK);
+    while (hpd_sim_registered(sim) < 40) {
+        assert_int_equal(hpd_sim_refused(sim, NULL, 0), 0);
+        event_base_loop(base, EVLOOP_ONCE);
+        cl_check_alive(&cl);
+    }
+    hpd_load_params_t lp = load_of(sim, 1000);
+    lp.vocab = 1024;
+    lp.connections = 128;
+    lp.http = &http;
+    lp.n_http = 1;
+    hpd_load_result_t r;
+    assert_int_equal(hpd_load_run(&lp, 120, &r), HPD_OK);
+    expect_all_right(&r, 1000);
+    stop(sim);
+}
+
 typedef struct {
     hpd_sim_t *sim;
     bool done;
@@ -256,6 +306,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_hundred_nodes),
         cmocka_unit_test(test_through_front_doors),
+        cmocka_unit_test(test_through_the_http_api),
         cmocka_unit_test(test_faults_under_load),
         cmocka_unit_test(test_prefix_routing),
     };
