@@ -11,7 +11,8 @@
 # (64 tokens at a 2 ms step) and prints the tokens the coordinator relays
 # per CPU second; a fourth the same through two front doors (the decode
 # nodes stream to them), printing the coordinator's CPU per request both
-# ways and the tokens a door streams per CPU second.
+# ways and the tokens a door streams per CPU second; a fifth the first
+# run's load through the HTTP API (ids in, token_ids out, checked alike).
 #   bash bench/coordinator.sh [NODES] [REQUESTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,11 +39,11 @@ if command -v taskset > /dev/null && [ "$(nproc)" -ge 2 ]; then
     pin_sim=(taskset -c 1-$(($(nproc) - 1)))
 fi
 
-start_coordinator() {
+start_coordinator() { # extra hpd-coordinator flags
     rm -f "$dir/port"
     "${pin_coord[@]}" ./build/coordinator/hpd-coordinator --host 127.0.0.1 --port 0 \
         --port-file "$dir/port" --token-file "$dir/token" --client-keys-file "$dir/keys" \
-        --max-requests 100000 --max-connections $((4 * nodes + 256)) --log-level warn \
+        --max-requests 100000 --max-connections $((4 * nodes + 256)) --log-level warn "$@" \
         > "$dir/coordinator.log" 2>&1 &
     coord=$!
     for _ in $(seq 100); do [ -s "$dir/port" ] && break; sleep 0.1; done
@@ -113,6 +114,21 @@ awk -v c="$dcpu" -v r="$((requests / 4))" -v was="$relay_cpu_req" -v t="$dtokens
     printf "coordinator CPU per request of 64 tokens: %.1f us through the doors, %.1f us " \
            "relaying (%.2fx); tokens per door CPU second: %d\n", c * 1e6 / r, was,
            was / (c * 1e6 / r), t }'
+echo "== the first run's load through the HTTP API (completions of ids with" \
+     "return_token_ids, 64 keep-alive connections: the HTTP guard takes 64 new ones at once): $((requests / 4)) requests"
+./build/tools/hpd-mkmodel --out "$dir/model" --vocab 1024 --seed 3 > /dev/null
+rm -f "$dir/http.port"
+start_coordinator --model "$dir/model" --http-port 0 --http-port-file "$dir/http.port"
+for _ in $(seq 100); do [ -s "$dir/http.port" ] && break; sleep 0.1; done
+"${pin_sim[@]}" ./build/sim/hpd-sim --coordinator "127.0.0.1:$(cat "$dir/port")" \
+    --token-file "$dir/token" --client-key "$key" --prefill "$prefill" --decode "$decode" \
+    --requests $((requests / 4)) --connections 64 --prompt-tokens 256 --max-tokens 8 \
+    --prefixes 64 --prefix-tokens 128 --step-us 20000 --prefill-us-per-token 1 \
+    --push-us-per-page 1 --window 64 --vocab 1024 --coordinator-pid "$coord" \
+    --http "127.0.0.1:$(cat "$dir/http.port")" | tee "$dir/run.txt"
+stop_coordinator
+http_cpu=$(sed -n 's/.*, \([0-9]*\) requests per CPU second.*/\1/p' "$dir/run.txt")
+echo "requests per coordinator CPU second through HTTP: $http_cpu (msgpack: $per_cpu)"
 awk -v a="$per_cpu" -v g="$goal" 'BEGIN {
     printf "requests routed per coordinator CPU second: %d; the goal %d; ratio %.3f\n",
            a, g, a / g }'

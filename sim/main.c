@@ -206,11 +206,19 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "hpd-sim: %u nodes registered in %.2f s\n", all, hpd_time_now() - t0);
-    if (watch) { /* the registrations settle: a heartbeat round */
+    double idle = 0; /* the coordinator's CPU s a second with no request */
+    if (watch) { /* the registrations settle: a heartbeat round; then its idle cost */
         const double t1 = hpd_time_now();
         while (hpd_time_now() - t1 < 2.0)
             event_base_loop(base, EVLOOP_ONCE);
         proc_usage(coord_pid, &cpu1, &rss1, &hwm);
+        const double t2 = hpd_time_now();
+        while (hpd_time_now() - t2 < 2.0)
+            event_base_loop(base, EVLOOP_ONCE);
+        double c = cpu1;
+        proc_usage(coord_pid, &c, &rss1, &hwm);
+        idle = (c - cpu1) / (hpd_time_now() - t2);
+        cpu1 = c;
     }
     for (uint32_t i = 0; i < n_door_pids; i++) {
         double c = 0;
@@ -272,6 +280,12 @@ int main(int argc, char **argv)
                    cpu2 - cpu1, r.ok / HPD_MAX(1e-9, cpu2 - cpu1), rss0,
                    (double)(rss1 - rss0) / all, hwm,
                    (double)(hwm - rss1) / HPD_MAX(1u, r.peak_open), r.peak_open);
+        if (watch) {
+            const double above = cpu2 - cpu1 - idle * r.duration_s;
+            printf("coordinator idle (heartbeats, liveness pings, ticks): %.3f CPU s a second; "
+                   "above that the load took %.2f CPU s: %.0f requests per CPU second\n",
+                   idle, above, r.ok / HPD_MAX(1e-9, above));
+        }
         if (n_door_pids > 0)
             printf("doors: %.2f CPU s for the load over %u of them, %.0f tokens per door CPU "
                    "second\n", doors_cpu2 - doors_cpu1, n_door_pids,
