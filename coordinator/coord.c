@@ -383,7 +383,8 @@ static node_t *pick(hpd_coord_t *c, const req_t *r, bool prefill, uint32_t *page
                                 .max_tokens = r->max_tokens,
                                 .n_choices = r->n_ch,
                                 .hashes = r->hashes,
-                                .avoid_decode = r->avoid_decode};
+                                .avoid_decode = r->avoid_decode,
+                                .start = r->id}; /* equal nodes take turns */
     const int i = prefill ? hpd_route_prefill(v, n, &rr) : hpd_route_decode(v, n, &rr, pages_p);
     if (i >= 0)
         chosen = map[i];

@@ -4,11 +4,15 @@
  *
  * Prefill: the usable prefill node with the lowest cost, the prompt tokens
  * left after its expected prefix hit (its Bloom summary of cached block
- * keys) plus the tokens already queued there; the first of equals.
+ * keys) plus the tokens already queued there.
  * Decode: the usable decode node with the most free slots among those with
  * a free slot, the context and the pages for the whole request (prompt +
  * max_tokens), avoiding the decode node of a pair that failed the request
- * while another one is usable. */
+ * while another one is usable.
+ * Among equals, the one a mix of the request's `start` and the node's id
+ * ranks first: with a start that changes with each request (the
+ * coordinator gives its id), equal nodes take turns wherever they stand,
+ * instead of the lowest index taking every request of a quiet cluster. */
 #ifndef HPD_COORDINATOR_ROUTING_H
 #define HPD_COORDINATOR_ROUTING_H
 
@@ -40,6 +44,7 @@ typedef struct {
     uint32_t n_choices;             /* answers from one prompt; 0 or 1: one */
     const hpd_block_hash_t *hashes; /* the prompt's full blocks */
     uint64_t avoid_decode;          /* 0: none */
+    uint64_t start;                 /* ranks equal nodes (a request counter) */
 } hpd_route_req_t;
 
 /* Pages a decode node with this layout needs for tokens (every pack group). */
