@@ -1518,6 +1518,44 @@ hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *c)
     return c->m.reg;
 }
 
+/* A front door's request ended: its metrics, as the core counts its own
+ * (docs/operations.md). */
+static void door_ended(void *arg, const hpd_coord_result_t *res)
+{
+    hpd_coord_t *c = arg;
+    if (res->outcome == HPD_COORD_CANCELED) {
+        c->canceled++;
+        hpd_metric_inc(c->m.canceled, 1);
+        return;
+    }
+    if (res->outcome == HPD_COORD_FAILED) {
+        c->failed++;
+        hpd_metric_inc(res->code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
+                       : res->code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
+                                                           : c->m.failed, 1);
+        return;
+    }
+    uint32_t generated = 0;
+    for (uint32_t k = 0; k < res->n_choices; k++) {
+        generated += res->choices[k].n_tokens;
+        const char *fr = res->choices[k].finish_reason;
+        if (strcmp(fr, "stop") == 0)
+            hpd_metric_inc(c->m.finish_stop, 1);
+        else if (strcmp(fr, "length") == 0)
+            hpd_metric_inc(c->m.finish_length, 1);
+    }
+    c->finished++;
+    hpd_metric_inc(c->m.ok, 1);
+    hpd_metric_observe(c->m.ttft, res->ttft_ms / 1e3);
+    if (res->n_tokens > 1)
+        hpd_metric_observe(c->m.tpot,
+                           (res->total_ms - res->ttft_ms) / 1e3 / (res->n_tokens - 1));
+    hpd_metric_observe(c->m.duration, res->total_ms / 1e3);
+    hpd_metric_inc(c->m.prompt_tokens, res->prompt_tokens);
+    hpd_metric_inc(c->m.generated_tokens, generated);
+    hpd_metric_inc(c->m.cached_tokens, res->cached_tokens);
+}
+
 /* A front door's: tokens a decode node streams (coordinator/door.h). */
 static void door_tokens(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *params,
                         void *arg)
@@ -1613,7 +1651,9 @@ hpd_status_t hpd_coord_create(struct event_base *base, const hpd_coord_opts_t *o
         const hpd_door_params_t dp = {.base = base,
                                       .schedulers = o->scheduler,
                                       .token = c->token,
-                                      .address = at};
+                                      .address = at,
+                                      .ended = door_ended,
+                                      .arg = c};
         if ((st = hpd_door_create(&dp, &c->door, err, err_len)) != HPD_OK)
             goto fail;
     }

@@ -65,6 +65,8 @@ struct hpd_door {
     dreq_t *list;
     uint32_t n_open;
     uint64_t next_id;
+    void (*ended)(void *arg, const hpd_coord_result_t *res);
+    void *ended_arg;
 };
 
 typedef struct {
@@ -134,6 +136,8 @@ static void finish(hpd_door_t *d, dreq_t *r, hpd_coord_outcome_t outcome, int64_
         HPD_LOG_INFO(LOG_COMPONENT, "request %llu %s: %s", (unsigned long long)r->id,
                      outcome == HPD_COORD_FAILED ? "failed" : "canceled", why);
     r->sink.done(r->sink.arg, &res);
+    if (d->ended != NULL)
+        d->ended(d->ended_arg, &res);
     dreq_free(d, r);
 }
 
@@ -602,6 +606,8 @@ hpd_status_t hpd_door_create(const hpd_door_params_t *p, hpd_door_t **door_p, ch
         return HPD_ERR_NO_MEMORY;
     }
     d->base = p->base;
+    d->ended = p->ended;
+    d->ended_arg = p->arg;
     hpd_u64map_init(&d->reqs);
     d->backoff_ms = BACKOFF_MIN_MS;
     snprintf(d->address, sizeof(d->address), "%s", p->address);

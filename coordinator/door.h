@@ -31,6 +31,9 @@ typedef struct {
     const char *schedulers; /* "HOST:PORT[,HOST:PORT...]": a leader and its standbys */
     const char *token;      /* the node secret, presented to the scheduler (NULL: none) */
     const char *address;    /* "HOST:PORT": where decode nodes reach this door */
+    /* optional: each request's end, after its sink's (the door's metrics) */
+    void (*ended)(void *arg, const hpd_coord_result_t *res);
+    void *arg;
 } hpd_door_params_t;
 
 /* Connects to the first scheduler (the others in turn when it is lost). */

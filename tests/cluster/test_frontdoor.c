@@ -52,7 +52,8 @@ static cl_proc_t *start_door(int i, bool http)
     const char *base[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
                           "--token-file", cl.token_file, "--client-keys-file", cl.keys_file,
                           "--scheduler", cl.addr, "--host", "127.0.0.1", "--model", cl.model,
-                          "--log-level", "info", "--drain-timeout-ms", "5000"};
+                          "--log-level", "info", "--drain-timeout-ms", "5000",
+                          "--metrics-port", "0"};
     const char *extra[] = {"--http-port", "0", "--http-port-file", http_file, NULL};
     cl_args(argv, base, sizeof(base) / sizeof(base[0]), http ? extra : NULL);
     cl_proc_t *p = cl_spawn(&cl, name, argv);
@@ -166,6 +167,18 @@ static void test_doors_equal_the_scheduler(void **state)
     }
     for (int d = 0; d < 3; d++)
         hpd_client_destroy(to[d]);
+    /* each door counts what it answered (its /metrics), as a coordinator does */
+    for (int d = 0; d < 2; d++) {
+        int code = 0;
+        char *body = NULL;
+        assert_int_equal(hpd_http_get("127.0.0.1", cl_metrics_port(&cl, doors[d]), "/metrics",
+                                      5000, &code, &body), HPD_OK);
+        const char *ok = strstr(body, "hpd_requests_total{outcome=\"ok\"} ");
+        assert_non_null(ok);
+        assert_true(atol(ok + strlen("hpd_requests_total{outcome=\"ok\"} ")) >= 3 * N_PROMPTS);
+        assert_non_null(strstr(body, "hpd_ttft_seconds_count"));
+        free(body);
+    }
     print_message("%d prompts x 3 kinds: both doors answer as the scheduler does, greedy as "
                   "hpd-run\n", N_PROMPTS);
     cl.passed++;
