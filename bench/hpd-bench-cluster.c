@@ -1,12 +1,14 @@
 /* hpd-bench-cluster: the overhead of the disaggregated path at low load.
  *
  * Runs the same prompts, one at a time, through the monolithic engine in
- * this process and through a local cluster (a coordinator, one prefill and
+ * this process, through a local cluster (a coordinator, one prefill and
  * one decode node, started here on 127.0.0.1 with the same thread count per
- * node), and prints TTFT and TPOT p50/p99 of both with their ratio, and the
- * share of the KV/state transfer time hidden behind prefill compute by the
- * layerwise push (1 - exposed / total transfer time). The tokens of both
- * must be identical. */
+ * node) and through a front door of that cluster (hpd-coordinator
+ * --scheduler: the decode node streams the tokens to it, not through the
+ * coordinator), and prints TTFT and TPOT p50/p99 of each with their ratio
+ * to the engine's, and the share of the KV/state transfer time hidden
+ * behind prefill compute by the layerwise push (1 - exposed / total
+ * transfer time). The tokens of all must be identical. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,8 +81,8 @@ int main(int argc, char **argv)
 
     int32_t *prompts = malloc((size_t)n_prompts * len * sizeof(int32_t));
     int32_t *ref = malloc((size_t)n_prompts * max_tokens * sizeof(int32_t));
-    double *ttft[2], *tpot[2];
-    for (int k = 0; k < 2; k++) {
+    double *ttft[3], *tpot[3];
+    for (int k = 0; k < 3; k++) {
         ttft[k] = malloc(n_prompts * sizeof(double));
         tpot[k] = malloc(n_prompts * sizeof(double));
     }
@@ -139,7 +141,7 @@ int main(int argc, char **argv)
     snprintf(log, sizeof(log), "%s/coordinator.log", dir);
     char *cargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", port_file,
                      "--heartbeat-ms", "100", "--lease-ms", "30000", NULL};
-    pid_t pids[3];
+    pid_t pids[4];
     pids[0] = hpd_bench_spawn(cargv, log);
     const uint16_t port = hpd_bench_read_port(port_file);
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
@@ -154,45 +156,62 @@ int main(int argc, char **argv)
     snprintf(log, sizeof(log), "%s/decode.log", dir);
     pids[2] = hpd_bench_spawn(dargv, log);
 
-    hpd_client_t *client = hpd_bench_client(port);
-    if (client == NULL) {
-        fprintf(stderr, "hpd-bench-cluster: the coordinator did not come up (logs in %s)\n", dir);
-        return 1;
-    }
+    /* a front door of it */
+    char door_port_file[128], sched[80];
+    snprintf(door_port_file, sizeof(door_port_file), "%s/door.port", dir);
+    snprintf(sched, sizeof(sched), "%s", addr);
+    char *fargv[] = {HPD_COORDINATOR, "--port", "0", "--port-file", door_port_file,
+                     "--scheduler", sched, "--log-level", "warn", NULL};
+    snprintf(log, sizeof(log), "%s/door.log", dir);
+    pids[3] = hpd_bench_spawn(fargv, log);
+    const uint16_t door_port = hpd_bench_read_port(door_port_file);
+
     double push = 0, exposed = 0, prefill = 0;
     uint32_t identical = 0;
-    for (uint32_t i = 0; i < n_prompts; i++) {
-        hpd_generate_params_t gp = {.prompt = prompts + (size_t)i * len,
-                                    .n_prompt = len,
-                                    .max_tokens = max_tokens,
-                                    .sampling = {.top_p = 1}};
-        hpd_generate_result_t r;
-        stream_t s = {hpd_time_now(), 0, 0};
-        hpd_status_t st;
-        /* nodes register within a moment of the coordinator */
-        int tries = 0;
-        while ((st = hpd_client_generate(client, &gp, on_token, &s, &r)) == HPD_ERR_NO_RESOURCE &&
-               i == 0 && ++tries < 100) {
-            hpd_generate_result_free(&r);
-            usleep(100000);
-            s = (stream_t){hpd_time_now(), 0, 0};
-        }
-        if (st != HPD_OK) {
-            fprintf(stderr, "hpd-bench-cluster: request %u failed: %s (logs in %s)\n", i, r.error,
-                    dir);
+    for (int k = 1; k < 3; k++) { /* straight to the coordinator, then through the door */
+        hpd_client_t *client = hpd_bench_client(k == 1 ? port : door_port);
+        if (client == NULL) {
+            fprintf(stderr, "hpd-bench-cluster: the %s did not come up (logs in %s)\n",
+                    k == 1 ? "coordinator" : "front door", dir);
             return 1;
         }
-        ttft[1][i] = (s.t_first - s.t_submit) * 1e3;
-        tpot[1][i] = (s.t_last - s.t_first) * 1e3 / (max_tokens - 1);
-        push += r.push_ms;
-        exposed += r.exposed_push_ms;
-        prefill += r.prefill_ms;
-        identical += r.n_tokens == max_tokens &&
-                     memcmp(r.tokens, ref + (size_t)i * max_tokens, max_tokens * 4) == 0;
-        hpd_generate_result_free(&r);
+        for (uint32_t i = 0; i < n_prompts; i++) {
+            hpd_generate_params_t gp = {.prompt = prompts + (size_t)i * len,
+                                        .n_prompt = len,
+                                        .max_tokens = max_tokens,
+                                        .sampling = {.top_p = 1}};
+            hpd_generate_result_t r;
+            stream_t s = {hpd_time_now(), 0, 0};
+            hpd_status_t st;
+            /* nodes register within a moment of the coordinator (and a door
+             * hears of them within a second) */
+            int tries = 0;
+            while ((st = hpd_client_generate(client, &gp, on_token, &s, &r)) ==
+                       HPD_ERR_NO_RESOURCE &&
+                   i == 0 && ++tries < 100) {
+                hpd_generate_result_free(&r);
+                usleep(100000);
+                s = (stream_t){hpd_time_now(), 0, 0};
+            }
+            if (st != HPD_OK) {
+                fprintf(stderr, "hpd-bench-cluster: request %u failed: %s (logs in %s)\n", i,
+                        r.error, dir);
+                return 1;
+            }
+            ttft[k][i] = (s.t_first - s.t_submit) * 1e3;
+            tpot[k][i] = (s.t_last - s.t_first) * 1e3 / (max_tokens - 1);
+            if (k == 1) {
+                push += r.push_ms;
+                exposed += r.exposed_push_ms;
+                prefill += r.prefill_ms;
+            }
+            identical += r.n_tokens == max_tokens &&
+                         memcmp(r.tokens, ref + (size_t)i * max_tokens, max_tokens * 4) == 0;
+            hpd_generate_result_free(&r);
+        }
+        hpd_client_destroy(client);
     }
-    hpd_client_destroy(client);
-    for (int i = 2; i >= 0; i--) {
+    for (int i = 3; i >= 0; i--) {
         int st;
         kill(pids[i], SIGTERM);
         waitpid(pids[i], &st, 0);
@@ -202,12 +221,12 @@ int main(int argc, char **argv)
     if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", dir);
 
-    const char *names[2] = {"hpd-run engine", "cluster"};
-    double q[2][4];
+    const char *names[3] = {"hpd-run engine", "cluster", "through a door"};
+    double q[3][4];
     printf("model %s: %u prompts of %u tokens, %u new tokens each, one at a time, %u thread(s) "
            "per process; prefill %s -> decode %s over UCX tcp/lo\n",
            model_dir, n_prompts, len, max_tokens, threads, players, dlayout);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         q[k][0] = pct(ttft[k], (int)n_prompts, 0.5);
         q[k][1] = pct(ttft[k], (int)n_prompts, 0.99);
         q[k][2] = pct(tpot[k], (int)n_prompts, 0.5);
@@ -215,15 +234,17 @@ int main(int argc, char **argv)
         printf("%-15s TTFT p50 %8.2f ms  p99 %8.2f ms   TPOT p50 %7.3f ms  p99 %7.3f ms\n",
                names[k], q[k][0], q[k][1], q[k][2], q[k][3]);
     }
-    printf("tokens identical: %u/%u\n", identical, n_prompts);
+    printf("tokens identical: %u/%u\n", identical, 2 * n_prompts);
     printf("transfer: %.2f ms per request on average, %.2f ms of it after the prefill compute "
            "(%.2f ms): %.1f%% hidden by the layerwise push\n",
            push / n_prompts, exposed / n_prompts, prefill / n_prompts,
            push > 0 ? 100.0 * (1.0 - exposed / push) : 0.0);
-    printf("cluster / engine: TTFT p50 %.3f  p99 %.3f   TPOT p50 %.3f  p99 %.3f\n",
-           q[1][0] / q[0][0], q[1][1] / q[0][1], q[1][2] / q[0][2], q[1][3] / q[0][3]);
+    for (int k = 1; k < 3; k++)
+        printf("%s / engine: TTFT p50 %.3f  p99 %.3f   TPOT p50 %.3f  p99 %.3f\n",
+               k == 1 ? "cluster" : "through a door", q[k][0] / q[0][0], q[k][1] / q[0][1],
+               q[k][2] / q[0][2], q[k][3] / q[0][3]);
     hpd_model_destroy(model);
-    return identical == n_prompts ? 0 : 1;
+    return identical == 2 * n_prompts ? 0 : 1;
 usage:
     fprintf(stderr, "usage: hpd-bench-cluster --model DIR [--prompts N (16)] [--prompt-len L "
                     "(512)] [--max-tokens T (32)] [--threads N (1)] [--prefill-layout B,P,O "
