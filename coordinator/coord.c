@@ -552,6 +552,13 @@ static void on_reserved(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         req_event(c, r, HPD_REQ_EV_FAILED, "reserve on %s: %s", d->name, hpd_status_str(st));
         return;
     }
+    if (reply->is_error && reply->error_code == HPD_RPC_ERR_PEER) {
+        /* it cannot reach the request's front door: another decode node */
+        r->avoid_decode = d->id;
+        req_event(c, r, HPD_REQ_EV_FAILED, "reserve on %s: %.*s", d->name,
+                  (int)reply->error_message_len, reply->error_message);
+        return;
+    }
     if (reply->is_error) {
         /* our accounting was ahead of the node's frees: wait in the queue */
         req_event(c, r, reply->error_code == HPD_RPC_ERR_OVERLOADED ? HPD_REQ_EV_FULL
@@ -1023,10 +1030,11 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
 {
     const double now = hpd_time_now();
     const choice_t *c0 = &r->ch[0];
-    const double ttft = r->t_first - r->t_submit, total = now - r->t_submit;
+    /* (a door's request stopped before its first token came here: none) */
+    const double ttft = r->t_first > 0 ? r->t_first - r->t_submit : 0, total = now - r->t_submit;
     /* a remote door's choices: the tokens the decode node counted */
     const uint32_t n0 = HPD_MAX(c0->n_out, c0->n_elsewhere);
-    const double tpot = n0 > 1 ? (now - r->t_first) / (n0 - 1) : 0;
+    const double tpot = n0 > 1 && r->t_first > 0 ? (now - r->t_first) / (n0 - 1) : 0;
     hpd_coord_choice_t chs[HPD_MAX_CHOICES];
     uint32_t generated = 0;
     hpd_choices_result(r->ch, r->n_ch, chs);
@@ -1063,8 +1071,9 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
     }
     c->finished++;
     hpd_metric_inc(c->m.ok, 1);
-    hpd_metric_observe(c->m.ttft, ttft);
-    if (n0 > 1)
+    if (r->t_first > 0)
+        hpd_metric_observe(c->m.ttft, ttft);
+    if (n0 > 1 && r->t_first > 0)
         hpd_metric_observe(c->m.tpot, tpot);
     hpd_metric_observe(c->m.duration, total);
     hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);

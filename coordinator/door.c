@@ -27,6 +27,11 @@
 #define TAIL_MS 5000
 /* a request waits this long for a scheduler (a failover) before it fails */
 #define PENDING_MS 30000
+/* ... and goes to a new one this often at most (a request that takes its
+ * schedulers down with it is not sent to every restart) */
+#define MAX_RESUBMITS 3
+/* connecting to a scheduler blocks the loop this long at most */
+#define CONNECT_MS 1000
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 #define MAX_SCHEDULERS 8
@@ -43,6 +48,7 @@ typedef struct dreq {
     bool have_plp;
     hpd_rpc_buf_t schedule; /* the message, for each scheduler it goes to */
     bool sent;              /* to the connected scheduler */
+    uint32_t resubmits;     /* schedulers lost while it ran */
     double t_submit, t_first, t_pending;
     bool ended; /* the scheduler's end came */
     hpd_msg_ended_t end;
@@ -304,8 +310,10 @@ static void on_limits(void *arg, hpd_status_t st, const hpd_rpc_msg_t *reply)
         return; /* a closed connection rotates; a refusal too (on_scheduled) */
     d->vocab = m.vocab;
     d->max_context = m.max_context;
-    /* requests go once it has decode nodes (after a restart they
-     * register again first) */
+    /* requests go while it has decode nodes (after a restart they
+     * register again first; meanwhile new ones wait, for 30 s) */
+    if (m.max_context == 0)
+        d->ready = false;
     if (!d->ready && m.max_context > 0) {
         d->ready = true;
         d->backoff_ms = BACKOFF_MIN_MS;
@@ -334,11 +342,18 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
         HPD_LOG_WARN(LOG_COMPONENT, "scheduler %s:%u lost; %u open request(s) wait for the "
                      "next", d->eps[d->at].host, d->eps[d->at].port, d->n_open);
         const double now = hpd_time_now();
-        for (dreq_t *r = d->list; r != NULL; r = r->next)
-            if (r->sent) {
-                r->sent = false;
-                r->t_pending = now;
-            }
+        for (dreq_t *r = d->list, *next; r != NULL; r = next) {
+            next = r->next;
+            if (!r->sent || r->ended)
+                continue; /* not there yet, or its end came (its last tokens may follow) */
+            r->sent = false;
+            r->t_pending = now;
+            if (hpd_choices_over(r->ch, r->n_ch)) /* all here: its end is not needed */
+                finish(d, r, HPD_COORD_FINISHED, 0, NULL);
+            else if (++r->resubmits > MAX_RESUBMITS)
+                finish(d, r, HPD_COORD_FAILED, HPD_RPC_ERR_INTERNAL,
+                       "its scheduler was lost while it ran, more than 3 times");
+        }
         hpd_rpc_client_t *old = d->sched;
         d->sched = NULL;
         d->ready = false;
@@ -356,7 +371,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
                                         .host = e->host,
                                         .port = e->port,
                                         .token = d->token,
-                                        .timeout_ms = CALL_MS,
+                                        .timeout_ms = CONNECT_MS, /* (calls give their own) */
                                         .on_notify = on_notify,
                                         .on_close = on_sched_close,
                                         .arg = d};
@@ -459,6 +474,11 @@ int64_t hpd_door_submit(hpd_door_t *d, const hpd_coord_request_t *q, const hpd_c
                                                           "door");
         return HPD_RPC_ERR_OVERLOADED;
     }
+    if (q->max_tokens > d->max_context) { /* (the scheduler's admission says the rest) */
+        snprintf(err, err_len, "generate: max_tokens %u is more than the largest context, %u "
+                 "tokens", q->max_tokens, d->max_context);
+        return HPD_RPC_ERR_PARAMS;
+    }
     if (q->who != NULL && strlen(q->who) >= sizeof(((hpd_msg_schedule_t *)0)->who)) {
         snprintf(err, err_len, "generate: the client's name is too long");
         return HPD_RPC_ERR_PARAMS;
@@ -470,8 +490,7 @@ int64_t hpd_door_submit(hpd_door_t *d, const hpd_coord_request_t *q, const hpd_c
     r->door = d;
     r->id = ++d->next_id;
     r->n_ch = n_ch;
-    /* a request longer than the context is refused by the scheduler */
-    r->max_tokens = HPD_MIN(q->max_tokens, d->max_context);
+    r->max_tokens = q->max_tokens;
     r->n_prompt = q->n_prompt;
     r->top_logprobs = q->top_logprobs;
     r->sink = *sink;

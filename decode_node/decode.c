@@ -31,11 +31,15 @@
  * holds it. */
 typedef struct door_link {
     char addr[72]; /* "HOST:PORT" */
-    hpd_rpc_client_t *client;
+    hpd_rpc_client_t *client; /* NULL: the connection could not start (at failed_at) */
     bool closed;
+    double failed_at;
     uint32_t refs;
     struct door_link *next;
 } door_link_t;
+
+#define DOOR_CONNECT_MS 1000 /* the connect blocks the loop this long at most */
+#define DOOR_RETRY_S 5.0     /* a door that could not be reached is not tried again before */
 
 typedef struct dreq {
     struct decode *owner;
@@ -118,17 +122,24 @@ static void on_door_close(void *arg, hpd_status_t why)
 static door_link_t *door_get(decode_t *d, const char *addr, hpd_proto_err_t *err)
 {
     door_link_t *found = NULL;
+    const double now = hpd_time_now();
     for (door_link_t **pp = &d->doors; *pp != NULL;) {
         door_link_t *l = *pp;
-        if (l->closed && l->refs == 0) {
+        const bool unreachable = l->client == NULL && now - l->failed_at < DOOR_RETRY_S;
+        if (l->closed && l->refs == 0 && !unreachable) {
             *pp = l->next;
             hpd_rpc_client_destroy(l->client);
             free(l);
             continue;
         }
-        if (!l->closed && strcmp(l->addr, addr) == 0)
+        if ((!l->closed || unreachable) && strcmp(l->addr, addr) == 0)
             found = l;
         pp = &l->next;
+    }
+    if (found != NULL && found->client == NULL) {
+        snprintf(err->text, sizeof(err->text), "reserve: cannot connect to the front door %s "
+                 "(tried %.1f s ago)", addr, now - found->failed_at);
+        return NULL;
     }
     if (found != NULL)
         return found;
@@ -150,10 +161,16 @@ static door_link_t *door_get(decode_t *d, const char *addr, hpd_proto_err_t *err
                                         .host = ep.host,
                                         .port = ep.port,
                                         .token = d->node->token,
+                                        .timeout_ms = DOOR_CONNECT_MS,
                                         .on_close = on_door_close,
                                         .arg = l};
     if (hpd_rpc_client_connect(&cp, &l->client) != HPD_OK) {
-        free(l);
+        /* remembered: the next reserves naming it are refused at once */
+        l->client = NULL;
+        l->closed = true;
+        l->failed_at = now;
+        l->next = d->doors;
+        d->doors = l;
         snprintf(err->text, sizeof(err->text), "reserve: cannot connect to the front door %s",
                  addr);
         return NULL;
@@ -263,6 +280,13 @@ static void after_step(hpd_node_t *n)
         bool failed = false;
         if (r->join.state != HPD_JOIN_RUNNING ||
             hpd_engine_choices(n->engine, r->eng_id, &ids, &n_ids) != HPD_OK) {
+            r = next;
+            continue;
+        }
+        if (r->door != NULL && r->door->closed) {
+            /* its tokens would reach nobody: the coordinator runs it again,
+             * streaming to the door over a new connection */
+            fail_req(d, r, "the connection to its front door closed");
             r = next;
             continue;
         }
@@ -412,8 +436,9 @@ static void m_reserve(hpd_rpc_conn_t *conn, uint32_t id, const msgpack_object *p
         goto out;
     }
     if (q.door[0] != '\0' && (r->door = door_get(d, q.door, &err)) == NULL) {
+        /* not the request's fault: the coordinator tries another decode node */
         hpd_engine_release(n->engine, r->eng_id);
-        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PARAMS, "%s", err.text);
+        hpd_rpc_reply_error(conn, id, HPD_RPC_ERR_PEER, "%s", err.text);
         goto out;
     }
     if (r->door != NULL) {

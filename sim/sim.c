@@ -52,6 +52,7 @@ typedef struct job {
 typedef struct sim_door {
     char addr[72];
     hpd_rpc_client_t *client;
+    bool closed; /* the next reserve naming it connects again */
     struct sim_door *next;
 } sim_door_t;
 
@@ -401,10 +402,16 @@ static void arm_step(node_t *n)
 
 /* The connection to the front door at addr ("HOST:PORT"), opened on first
  * use; NULL: not an address, or it cannot start. */
+static void on_door_close(void *arg, hpd_status_t why)
+{
+    (void)why;
+    ((sim_door_t *)arg)->closed = true;
+}
+
 static sim_door_t *door_of(hpd_sim_t *s, const char *addr)
 {
     for (sim_door_t *d = s->doors; d != NULL; d = d->next)
-        if (strcmp(d->addr, addr) == 0)
+        if (strcmp(d->addr, addr) == 0 && !d->closed)
             return d;
     hpd_endpoint_t ep;
     uint32_t n_ep;
@@ -415,7 +422,8 @@ static sim_door_t *door_of(hpd_sim_t *s, const char *addr)
         return NULL;
     snprintf(d->addr, sizeof(d->addr), "%s", addr);
     const hpd_rpc_client_params_t cp = {.base = s->p.base, .host = ep.host, .port = ep.port,
-                                        .token = s->p.token};
+                                        .token = s->p.token, .timeout_ms = 1000,
+                                        .on_close = on_door_close, .arg = d};
     if (hpd_rpc_client_connect(&cp, &d->client) != HPD_OK) {
         free(d);
         return NULL;

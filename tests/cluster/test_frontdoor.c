@@ -9,12 +9,17 @@
  * - the tokens after the first go from the decode node to the door, not
  *   through the scheduler: a streamed answer goes on while the scheduler
  *   is stopped (SIGSTOP);
+ * - a door address no decode node can reach: every decode node refuses
+ *   the reservation, the request fails saying so, the nodes go on;
  * - a door killed with requests open: the scheduler cancels them on every
  *   node (the cluster goes idle);
  * - the scheduler killed (-9) and started again on its port: the door
  *   submits its open requests again and they complete with the tokens
  *   they had, none lost or repeated. */
 #include "tests/cluster/harness.h"
+
+#include "coordinator/coordinator.h"
+#include "node/msg.h"
 
 #include <arpa/inet.h>
 #include <jansson.h>
@@ -364,12 +369,83 @@ static void test_scheduler_restart_door_resubmits(void **state)
     cl.passed++;
 }
 
+/* A door address no decode node can reach (a peer's mistake, or a door
+ * gone): each decode node refuses the reservation as a failed peer, the
+ * scheduler tries the others and then fails the request, saying why, and
+ * the nodes serve the next request at once. */
+typedef struct {
+    bool ended;
+    uint32_t outcome;
+    char error[400];
+} ended_t;
+
+static void on_sched_notify(void *arg, const hpd_rpc_msg_t *msg)
+{
+    ended_t *e = arg;
+    hpd_msg_ended_t m = {0};
+    hpd_proto_err_t err;
+    if (!hpd_rpc_str_eq(msg->method, msg->method_len, "ended") ||
+        !hpd_msg_unpack(&hpd_msg_ended, msg->params, &m, &err))
+        return;
+    e->ended = true;
+    e->outcome = m.outcome;
+    snprintf(e->error, sizeof(e->error), "%s", m.error);
+}
+
+static void test_unreachable_door(void **state)
+{
+    (void)state;
+    char *token;
+    assert_int_equal(hpd_rpc_read_token(cl.token_file, &token), HPD_OK);
+    struct event_base *base = event_base_new();
+    ended_t e = {0};
+    hpd_rpc_client_t *sched;
+    const hpd_rpc_client_params_t cp = {.base = base, .host = "127.0.0.1", .port = cl.port,
+                                        .token = token, .on_notify = on_sched_notify,
+                                        .arg = &e};
+    assert_int_equal(hpd_rpc_client_create(&cp, &sched), HPD_OK);
+    const int32_t prompt[] = {4, 8, 15, 16, 23, 42};
+    hpd_msg_schedule_t m = {.tag = 7, .prompt = prompt, .prompt_n = 6, .max_tokens = 8};
+    snprintf(m.door, sizeof(m.door), "127.0.0.1:1"); /* nothing listens there */
+    hpd_rpc_buf_t b;
+    hpd_rpc_buf_init(&b);
+    hpd_msg_pack(&hpd_msg_schedule, &m, &b.pk);
+    hpd_rpc_result_t r;
+    assert_int_equal(hpd_rpc_call_sync(sched, "schedule", &b, 10000, &r), HPD_OK);
+    assert_false(r.is_error);
+    hpd_rpc_result_destroy(&r);
+    hpd_rpc_buf_destroy(&b);
+    const double t0 = hpd_time_now();
+    while (!e.ended && hpd_time_now() - t0 < 60)
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK), usleep(10000);
+    assert_true(e.ended);
+    assert_int_equal(e.outcome, HPD_COORD_FAILED);
+    /* tried on the other decode node too, not refused as the request's fault */
+    if (strstr(e.error, "cannot connect to the front door 127.0.0.1:1") == NULL ||
+        strstr(e.error, "gave up after") == NULL)
+        fail_msg("ended with: %s", e.error);
+    print_message("an unreachable door: failed in %.2f s: %s\n", hpd_time_now() - t0, e.error);
+    hpd_rpc_client_destroy(sched);
+    event_base_free(base);
+    free(token);
+    /* the nodes serve the next request at once */
+    hpd_client_t *c = client_at(door_port[0]);
+    const int32_t p2[] = {1, 2, 3};
+    hpd_generate_result_t g;
+    const hpd_generate_params_t gp = {.prompt = p2, .n_prompt = 3, .max_tokens = 4,
+                                      .sampling = {.top_p = 1}};
+    assert_int_equal(hpd_client_generate(c, &gp, NULL, NULL, &g), HPD_OK);
+    hpd_generate_result_free(&g);
+    hpd_client_destroy(c);
+    cl.passed++;
+}
+
 static int setup(void **state)
 {
     (void)state;
     if (cl_init(&cl, "frontdoor", MODEL_ARGS) != 0)
         return -1;
-    cl.cases = 5;
+    cl.cases = 6;
     /* its model: the same requests straight to it, as text */
     const char *args[] = {"--lease-ms", "120000", "--model", cl.model, NULL};
     cl_start_coordinator(&cl, "scheduler", args);
@@ -402,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_doors_equal_the_scheduler),
         cmocka_unit_test(test_http_door),
         cmocka_unit_test(test_tokens_bypass_the_scheduler),
+        cmocka_unit_test(test_unreachable_door),
         cmocka_unit_test(test_killed_door_frees_its_requests),
         cmocka_unit_test(test_scheduler_restart_door_resubmits),
     };
