@@ -3,7 +3,7 @@
  * - prefill: the lowest cost (prompt tokens left after the expected prefix
  *   hit + tokens queued), a summary hit worth whole blocks, nodes that are
  *   not usable, decode nodes, or whose context is too small are skipped;
- *   ties go to the first;
+ *   equal nodes take turns from request to request;
  * - decode: the most free slots among nodes with a slot, the context and
  *   the pages of prompt + max_tokens (per pack group); a failed pair's
  *   decode node is avoided while another is usable, and used when it is
