@@ -2,6 +2,7 @@
 #include "common/logprobs.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,18 @@ void hpd_logprobs_compute(const float *logits, uint32_t vocab, int32_t token, ui
 size_t hpd_logprobs_wire_bytes(uint32_t n, uint32_t top)
 {
     return (size_t)n * (4 + 8 * (size_t)top);
+}
+
+uint8_t *hpd_logprobs_wire(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top,
+                           uint32_t *len_p)
+{
+    uint8_t *wire = lp != NULL && n > 0 ? malloc(hpd_logprobs_wire_bytes(n, top)) : NULL;
+    *len_p = 0;
+    if (wire != NULL) {
+        hpd_logprobs_encode(lp, n, top, wire);
+        *len_p = (uint32_t)hpd_logprobs_wire_bytes(n, top);
+    }
+    return wire;
 }
 
 static void put32(uint8_t *p, uint32_t v)

@@ -31,6 +31,10 @@ void hpd_logprobs_compute(const float *logits, uint32_t vocab, int32_t token, ui
  * its logprob (float), then top pairs of (id int32, logprob float). */
 size_t hpd_logprobs_wire_bytes(uint32_t n, uint32_t top);
 void hpd_logprobs_encode(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top, uint8_t *out);
+/* n tokens' log probabilities in wire form, malloc'd, with their length in
+ * *len_p; NULL (len 0) when lp is NULL, n is 0 or out of memory. */
+uint8_t *hpd_logprobs_wire(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top,
+                           uint32_t *len_p);
 /* false (why names it) when bytes is not n tokens of top, a logprob is NaN
  * or above 0, or an id is outside [0, vocab). */
 bool hpd_logprobs_decode(const uint8_t *in, size_t bytes, uint32_t n, uint32_t top,

@@ -61,6 +61,8 @@ static bool hedge_tokens(void *arg, uint32_t k, const int32_t *out,
                          uint32_t *keep_p);
 static void hedge_ended(hpd_coord_t *c, req_t *h, bool won, const char *why);
 static void reply_finished(hpd_coord_t *c, req_t *r);
+static void count_end(hpd_coord_t *c, const hpd_coord_result_t *res, uint32_t generated,
+                      double tpot_s);
 static uint32_t attempts_of(const req_t *r);
 static void tell_end(req_t *r, hpd_coord_outcome_t outcome, int64_t code, const char *why);
 static void send_cancel(node_t *n, uint64_t job, uint64_t writer, hpd_rpc_reply_cb_t cb,
@@ -509,10 +511,7 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
             snprintf(msg, sizeof(msg), "%s", why);
         HPD_LOGR_WARN(LOG_COMPONENT, r->id, "failed: %s", msg);
         tell_end(r, HPD_COORD_FAILED, p.code, msg);
-        c->failed++;
-        hpd_metric_inc(p.code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
-                       : p.code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
-                                                        : c->m.failed, 1);
+        count_end(c, &(hpd_coord_result_t){.outcome = HPD_COORD_FAILED, .code = p.code}, 0, 0);
         break;
     }
     case HPD_REQ_FINISH: reply_finished(c, r); break;
@@ -526,8 +525,7 @@ static bool carry_out(hpd_coord_t *c, req_t *r, hpd_req_plan_t p, const char *wh
         }
         tell_end(r, HPD_COORD_CANCELED, 0, why);
         HPD_LOGR_INFO(LOG_COMPONENT, r->id, "canceled: %s", why);
-        c->canceled++;
-        hpd_metric_inc(c->m.canceled, 1);
+        count_end(c, &(hpd_coord_result_t){.outcome = HPD_COORD_CANCELED}, 0, 0);
         break;
     }
     req_free(c, r);
@@ -1063,22 +1061,44 @@ static void reply_finished(hpd_coord_t *c, req_t *r)
                   "ms, %u of %u prompt tokens cached, %u attempt(s)", n0,
                   c0->finish_reason, r->n_ch > 1 ? " in its first choice" : "", ttft * 1e3,
                   tpot * 1e3, r->cached_tokens, r->n_prompt, attempts_of(r));
-    for (uint32_t k = 0; k < r->n_ch; k++) {
-        if (strcmp(r->ch[k].finish_reason, "stop") == 0)
+    count_end(c, &res, generated, tpot);
+}
+
+/* A request's end in the metrics (docs/operations.md), the core's own
+ * and a front door's alike: its outcome, and for a finished one its
+ * times (TTFT where its first token came, TPOT where tpot_s > 0), tokens
+ * (generated: every choice's) and finish reasons. */
+static void count_end(hpd_coord_t *c, const hpd_coord_result_t *res, uint32_t generated,
+                      double tpot_s)
+{
+    if (res->outcome == HPD_COORD_CANCELED) {
+        c->canceled++;
+        hpd_metric_inc(c->m.canceled, 1);
+        return;
+    }
+    if (res->outcome == HPD_COORD_FAILED) {
+        c->failed++;
+        hpd_metric_inc(res->code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
+                       : res->code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
+                                                           : c->m.failed, 1);
+        return;
+    }
+    for (uint32_t k = 0; k < res->n_choices; k++) {
+        if (strcmp(res->choices[k].finish_reason, "stop") == 0)
             hpd_metric_inc(c->m.finish_stop, 1);
-        else if (strcmp(r->ch[k].finish_reason, "length") == 0)
+        else if (strcmp(res->choices[k].finish_reason, "length") == 0)
             hpd_metric_inc(c->m.finish_length, 1);
     }
     c->finished++;
     hpd_metric_inc(c->m.ok, 1);
-    if (r->t_first > 0)
-        hpd_metric_observe(c->m.ttft, ttft);
-    if (n0 > 1 && r->t_first > 0)
-        hpd_metric_observe(c->m.tpot, tpot);
-    hpd_metric_observe(c->m.duration, total);
-    hpd_metric_inc(c->m.prompt_tokens, r->n_prompt);
+    if (res->ttft_ms > 0)
+        hpd_metric_observe(c->m.ttft, res->ttft_ms / 1e3);
+    if (tpot_s > 0)
+        hpd_metric_observe(c->m.tpot, tpot_s);
+    hpd_metric_observe(c->m.duration, res->total_ms / 1e3);
+    hpd_metric_inc(c->m.prompt_tokens, res->prompt_tokens);
     hpd_metric_inc(c->m.generated_tokens, generated);
-    hpd_metric_inc(c->m.cached_tokens, r->cached_tokens);
+    hpd_metric_inc(c->m.cached_tokens, res->cached_tokens);
 }
 
 /* Its attempts, for the client and the log: the failed ones, the last
@@ -1531,38 +1551,13 @@ hpd_metrics_t *hpd_coord_metrics(hpd_coord_t *c)
  * (docs/operations.md). */
 static void door_ended(void *arg, const hpd_coord_result_t *res)
 {
-    hpd_coord_t *c = arg;
-    if (res->outcome == HPD_COORD_CANCELED) {
-        c->canceled++;
-        hpd_metric_inc(c->m.canceled, 1);
-        return;
-    }
-    if (res->outcome == HPD_COORD_FAILED) {
-        c->failed++;
-        hpd_metric_inc(res->code == HPD_RPC_ERR_OVERLOADED ? c->m.overloaded
-                       : res->code == HPD_RPC_ERR_PARAMS   ? c->m.invalid
-                                                           : c->m.failed, 1);
-        return;
-    }
     uint32_t generated = 0;
-    for (uint32_t k = 0; k < res->n_choices; k++) {
+    for (uint32_t k = 0; k < res->n_choices; k++)
         generated += res->choices[k].n_tokens;
-        const char *fr = res->choices[k].finish_reason;
-        if (strcmp(fr, "stop") == 0)
-            hpd_metric_inc(c->m.finish_stop, 1);
-        else if (strcmp(fr, "length") == 0)
-            hpd_metric_inc(c->m.finish_length, 1);
-    }
-    c->finished++;
-    hpd_metric_inc(c->m.ok, 1);
-    hpd_metric_observe(c->m.ttft, res->ttft_ms / 1e3);
-    if (res->n_tokens > 1)
-        hpd_metric_observe(c->m.tpot,
-                           (res->total_ms - res->ttft_ms) / 1e3 / (res->n_tokens - 1));
-    hpd_metric_observe(c->m.duration, res->total_ms / 1e3);
-    hpd_metric_inc(c->m.prompt_tokens, res->prompt_tokens);
-    hpd_metric_inc(c->m.generated_tokens, generated);
-    hpd_metric_inc(c->m.cached_tokens, res->cached_tokens);
+    const double tpot = res->n_tokens > 1 && res->ttft_ms > 0
+                            ? (res->total_ms - res->ttft_ms) / 1e3 / (res->n_tokens - 1)
+                            : 0;
+    count_end(arg, res, generated, tpot);
 }
 
 /* A front door's: tokens a decode node streams (coordinator/door.h). */

@@ -28,28 +28,19 @@ static bool link_tokens(void *arg, uint32_t k, const int32_t *tokens,
                         uint32_t *keep_p)
 {
     link_t *l = arg;
-    uint8_t *wire = NULL, *pwire = NULL;
     *keep_p = n;
     hpd_msg_tokens_t m = {.job = l->tag, .index = from, .ids = tokens + from,
                           .ids_n = n - from, .choice = k};
-    const uint32_t top = l->top_logprobs;
-    if (lp != NULL && (wire = malloc(hpd_logprobs_wire_bytes(n - from, top))) != NULL) {
-        hpd_logprobs_encode(lp + from, n - from, top, wire);
-        m.logprobs = wire;
-        m.logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(n - from, top);
-    }
-    const hpd_token_logprobs_t *plp;
-    if (!l->sent_plp &&
-        (plp = hpd_coord_prompt_logprobs(l->coord, l->request)) != NULL) {
-        const uint32_t n_prompt = l->n_prompt;
-        if (n_prompt > 1 &&
-            (pwire = malloc(hpd_logprobs_wire_bytes(n_prompt - 1, top))) != NULL) {
-            hpd_logprobs_encode(plp, n_prompt - 1, top, pwire);
-            m.prompt_logprobs = pwire;
-            m.prompt_logprobs_len = (uint32_t)hpd_logprobs_wire_bytes(n_prompt - 1, top);
-            l->sent_plp = true;
-        }
-    }
+    uint8_t *wire = hpd_logprobs_wire(lp != NULL ? lp + from : NULL, n - from, l->top_logprobs,
+                                      &m.logprobs_len);
+    m.logprobs = wire;
+    /* the prompt's, with the first tokens (once) */
+    const hpd_token_logprobs_t *plp =
+        l->sent_plp || l->n_prompt < 2 ? NULL : hpd_coord_prompt_logprobs(l->coord, l->request);
+    uint8_t *pwire = hpd_logprobs_wire(plp, l->n_prompt - 1, l->top_logprobs,
+                                       &m.prompt_logprobs_len);
+    m.prompt_logprobs = pwire;
+    l->sent_plp |= pwire != NULL;
     hpd_rpc_buf_t b;
     hpd_rpc_buf_init(&b);
     hpd_msg_pack(&hpd_msg_tokens, &m, &b.pk);

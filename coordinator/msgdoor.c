@@ -148,11 +148,9 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
     }
     if (s->stream) {
         /* the ids' log probabilities, when asked for */
-        uint8_t *wire = lp != NULL && upto > from
-                            ? malloc(hpd_logprobs_wire_bytes(upto - from, s->top_logprobs))
-                            : NULL;
-        if (wire != NULL)
-            hpd_logprobs_encode(lp + from, upto - from, s->top_logprobs, wire);
+        uint32_t wire_len;
+        uint8_t *wire = hpd_logprobs_wire(lp != NULL ? lp + from : NULL, upto - from,
+                                          s->top_logprobs, &wire_len);
         char *calls = calls_text(ch, calls_before);
         hpd_rpc_buf_init(&b);
         hpd_msg_pack(&hpd_msg_stream,
@@ -166,9 +164,7 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
                          .reasoning = ch->reasoning + reasoning_before,
                          .reasoning_len = (uint32_t)(ch->reasoning_len - reasoning_before),
                          .logprobs = wire,
-                         .logprobs_len = wire != NULL ? (uint32_t)hpd_logprobs_wire_bytes(
-                                                            upto - from, s->top_logprobs)
-                                                      : 0,
+                         .logprobs_len = wire_len,
                          .choice = k,
                          .tool_calls = calls,
                          .tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0},
@@ -180,19 +176,6 @@ static bool rpc_tokens(void *arg, uint32_t k, const int32_t *out, const hpd_toke
     }
     *keep_p = upto;
     return more;
-}
-
-/* A choice's logprobs in wire form (malloc'd; NULL when not asked for). */
-static uint8_t *wire_logprobs(const hpd_token_logprobs_t *lp, uint32_t n, uint32_t top,
-                              uint32_t *len_p)
-{
-    uint8_t *wire = lp != NULL && n > 0 ? malloc(hpd_logprobs_wire_bytes(n, top)) : NULL;
-    *len_p = 0;
-    if (wire != NULL) {
-        hpd_logprobs_encode(lp, n, top, wire);
-        *len_p = (uint32_t)hpd_logprobs_wire_bytes(n, top);
-    }
-    return wire;
 }
 
 /* A choice's finish reason: tool_calls when it stopped after a call. */
@@ -219,7 +202,7 @@ static void pack_choices(rpc_sink_t *s, const hpd_coord_result_t *res, hpd_rpc_b
                               .reasoning_len = (uint32_t)ch->reasoning_len};
         snprintf(m.finish_reason, sizeof(m.finish_reason), "%s",
                  finish_of(ch, rc->finish_reason));
-        uint8_t *wire = wire_logprobs(rc->logprobs, rc->n_tokens, res->top_logprobs,
+        uint8_t *wire = hpd_logprobs_wire(rc->logprobs, rc->n_tokens, res->top_logprobs,
                                       &m.logprobs_len);
         char *calls = calls_text(ch, 0);
         m.logprobs = wire;
@@ -267,12 +250,12 @@ static void rpc_done(void *arg, const hpd_coord_result_t *res)
         g.tool_calls_len = calls != NULL ? (uint32_t)strlen(calls) : 0;
         uint8_t *wire = NULL, *pwire = NULL;
         if (res->prompt_logprobs != NULL && res->prompt_tokens > 1) {
-            pwire = wire_logprobs(res->prompt_logprobs, res->prompt_tokens - 1,
+            pwire = hpd_logprobs_wire(res->prompt_logprobs, res->prompt_tokens - 1,
                                   res->top_logprobs, &g.prompt_logprobs_len);
             g.prompt_logprobs = pwire;
             g.top_logprobs = res->top_logprobs;
         }
-        if ((wire = wire_logprobs(res->logprobs, res->n_tokens, res->top_logprobs,
+        if ((wire = hpd_logprobs_wire(res->logprobs, res->n_tokens, res->top_logprobs,
                                   &g.logprobs_len)) != NULL) {
             g.logprobs = wire;
             g.top_logprobs = res->top_logprobs;

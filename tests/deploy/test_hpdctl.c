@@ -644,6 +644,23 @@ static void generate_through(const char *coordinators, int32_t ids[4])
     free(key);
 }
 
+/* The test's local.yaml as another cluster at path: its name, its state
+ * directory, and more coordinator fields (YAML lines) after its own. */
+static void another_cluster(const char *path, const char *name, const char *state,
+                            const char *coord_fields)
+{
+    char *text, *at, out[20000], cmd[2048];
+    assert_int_equal(hpd_read_file(manifest, &text, &(size_t){0}), HPD_OK);
+    assert_non_null(at = strstr(text, "  drain_timeout_ms: 30000\n"));
+    at += strlen("  drain_timeout_ms: 30000\n");
+    snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - text), text, coord_fields, at);
+    free(text);
+    assert_int_equal(hpd_write_file(path, out, strlen(out)), HPD_OK);
+    snprintf(cmd, sizeof(cmd), "sed -i -e 's#^cluster: local#cluster: %s#' -e "
+             "'s#^state_dir:.*#state_dir: %s#' %s", name, state, path);
+    assert_int_equal(system(cmd), 0);
+}
+
 static bool coordinator2_leads(cl_t *c, void *arg)
 {
     int code = 0;
@@ -659,7 +676,7 @@ static bool coordinator2_leads(cl_t *c, void *arg)
  * first (none takes over during the drain) and etcd last. */
 static void test_standby_through_etcd(void **state)
 {
-    char sd[400], cmd[2048], both[64], *out;
+    char sd[400], both[64], *out;
     int32_t before[4], after[4];
     if (!cl_etcd_present())
         skip();
@@ -667,20 +684,13 @@ static void test_standby_through_etcd(void **state)
     snprintf(sd, sizeof(sd), "%s/ha-state", cl.root);
     snprintf(both, sizeof(both), "127.0.0.1:%u,127.0.0.1:%u", port_of(17600), port_of(17700));
     /* the test's local.yaml, another cluster, with etcd and a standby */
-    char *text, *at, out_text[20000];
-    assert_int_equal(hpd_read_file(manifest, &text, &(size_t){0}), HPD_OK);
-    assert_non_null(at = strstr(text, "  drain_timeout_ms: 30000\n"));
-    at += strlen("  drain_timeout_ms: 30000\n");
-    snprintf(out_text, sizeof(out_text),
-             "%.*s  etcd: {endpoint: \"http://127.0.0.1:%u\", peer_port: %u, start: true}\n"
-             "  standbys:\n    - {port: %u, metrics_port: %u, http_port: %u}\n%s",
-             (int)(at - text), text, port_of(17630), port_of(17631), port_of(17700),
-             port_of(17701), port_of(17702), at);
-    free(text);
-    assert_int_equal(hpd_write_file(ha, out_text, strlen(out_text)), HPD_OK);
-    snprintf(cmd, sizeof(cmd), "sed -i -e 's#^cluster: local#cluster: ha#' -e "
-             "'s#^state_dir:.*#state_dir: %s#' %s", sd, ha);
-    assert_int_equal(system(cmd), 0);
+    char coord_fields[400];
+    snprintf(coord_fields, sizeof(coord_fields),
+             "  etcd: {endpoint: \"http://127.0.0.1:%u\", peer_port: %u, start: true}\n"
+             "  standbys:\n    - {port: %u, metrics_port: %u, http_port: %u}\n",
+             port_of(17630), port_of(17631), port_of(17700), port_of(17701), port_of(17702));
+    another_cluster(ha, "ha", sd, coord_fields);
+    char *text;
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if a test before failed */
 
     assert_int_equal(hpdctl(&out, "up %s", ha), 0);
@@ -741,24 +751,17 @@ static void test_standby_through_etcd(void **state)
  * down stops it first, then drains the coordinator. */
 static void test_up_with_a_door(void **state)
 {
-    char sd[400], cmd[2048], door[64], coord[64], *out;
+    char sd[400], door[64], coord[64], *out;
     int32_t direct[4], through[4];
     snprintf(doors, sizeof(doors), "%s/doors.yaml", cl.root);
     snprintf(sd, sizeof(sd), "%s/doors-state", cl.root);
     snprintf(door, sizeof(door), "127.0.0.1:%u", port_of(17640));
     snprintf(coord, sizeof(coord), "127.0.0.1:%u", port_of(17600));
-    char *text, *at, out_text[20000];
-    assert_int_equal(hpd_read_file(manifest, &text, &(size_t){0}), HPD_OK);
-    assert_non_null(at = strstr(text, "  drain_timeout_ms: 30000\n"));
-    at += strlen("  drain_timeout_ms: 30000\n");
-    snprintf(out_text, sizeof(out_text),
-             "%.*s  doors:\n    - {port: %u, metrics_port: %u, http_port: %u}\n%s",
-             (int)(at - text), text, port_of(17640), port_of(17641), port_of(17642), at);
-    free(text);
-    assert_int_equal(hpd_write_file(doors, out_text, strlen(out_text)), HPD_OK);
-    snprintf(cmd, sizeof(cmd), "sed -i -e 's#^cluster: local#cluster: doors#' -e "
-             "'s#^state_dir:.*#state_dir: %s#' %s", sd, doors);
-    assert_int_equal(system(cmd), 0);
+    char coord_fields[200];
+    snprintf(coord_fields, sizeof(coord_fields),
+             "  doors:\n    - {port: %u, metrics_port: %u, http_port: %u}\n", port_of(17640),
+             port_of(17641), port_of(17642));
+    another_cluster(doors, "doors", sd, coord_fields);
     hpdctl(NULL, "down %s --timeout-s 10", manifest); /* if a test before failed */
 
     assert_int_equal(hpdctl(&out, "up %s", doors), 0);

@@ -530,6 +530,24 @@ static void test_standbys_and_etcd(void **state)
                  NULL);
 }
 
+/* m rendered for Kubernetes in a new directory (dir): its objects' text
+ * (the Secret needs a token file: one there; no client keys). */
+static char *render_k8s(hpd_manifest_t *m, hpd_render_params_t *rp, char *dir, size_t dir_len)
+{
+    char path[600], err[4096], *all;
+    test_tmpdir(dir, dir_len, "k8s");
+    snprintf(path, sizeof(path), "%s/token", dir);
+    assert_int_equal(hpd_write_file(path, "secret\n", 7), HPD_OK);
+    snprintf(m->token_file, sizeof(m->token_file), "%s", path);
+    m->client_keys_file[0] = '\0';
+    snprintf(path, sizeof(path), "%s/all.yaml", dir);
+    rp->out = path;
+    assert_int_equal(hpd_render_k8s(rp, err, sizeof(err)), 0);
+    assert_int_equal(hpd_read_file(path, &all, &(size_t){0}), HPD_OK);
+    rp->out = NULL;
+    return all;
+}
+
 /* Rendered, a cluster with a standby and the etcd it starts: systemd gets
  * an etcd unit the coordinators on its host follow and a unit per
  * coordinator; Kubernetes a Deployment of both coordinators (one flags
@@ -568,16 +586,8 @@ static void test_render_standbys(void **state)
     free(unit);
     test_rmtree(dir);
 
-    /* Kubernetes (the Secret needs a token file) */
-    test_tmpdir(dir, sizeof(dir), "k8s");
-    snprintf(path, sizeof(path), "%s/token", dir);
-    assert_int_equal(hpd_write_file(path, "secret\n", 7), HPD_OK);
-    snprintf(m->token_file, sizeof(m->token_file), "%s", path);
-    m->client_keys_file[0] = '\0';
-    snprintf(path, sizeof(path), "%s/all.yaml", dir);
-    rp.out = path;
-    assert_int_equal(hpd_render_k8s(&rp, err, sizeof(err)), 0);
-    assert_int_equal(hpd_read_file(path, &all, &(size_t){0}), HPD_OK);
+    /* Kubernetes */
+    all = render_k8s(m, &rp, dir, sizeof(dir));
     const char *deploy = strstr(all, "kind: Deployment");
     assert_non_null(deploy);
     assert_non_null(strstr(deploy, "replicas: 2"));
@@ -642,15 +652,7 @@ static void test_doors(void **state)
     assert_non_null(strstr(unit, "ExecStart=/bin/c --host 127.0.0.1 --port 7200 "));
     free(unit);
     test_rmtree(dir);
-    test_tmpdir(dir, sizeof(dir), "k8s");
-    snprintf(path, sizeof(path), "%s/token", dir);
-    assert_int_equal(hpd_write_file(path, "secret\n", 7), HPD_OK);
-    snprintf(m->token_file, sizeof(m->token_file), "%s", path);
-    m->client_keys_file[0] = '\0';
-    snprintf(path, sizeof(path), "%s/all.yaml", dir);
-    rp.out = path;
-    assert_int_equal(hpd_render_k8s(&rp, err, sizeof(err)), 0);
-    assert_int_equal(hpd_read_file(path, &all, &(size_t){0}), HPD_OK);
+    all = render_k8s(m, &rp, dir, sizeof(dir));
     const char *deploy = strstr(all, "kind: Deployment\nmetadata:\n  name: t-door");
     assert_non_null(deploy);
     assert_non_null(strstr(deploy, "replicas: 2"));
